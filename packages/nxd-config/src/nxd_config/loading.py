@@ -1,0 +1,125 @@
+"""`load_config`: YAML file or mapping -> overrides -> older spellings -> interpolation -> schema
+-> cross-field rules. Every problem found on the way is reported together in one ConfigError."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from . import aliases, rules
+from .errors import ConfigError, ConfigIssue, ConfigNotice
+from .overrides import apply_overrides
+from .schema import NxdConfig
+from .validation import dotted, validate
+
+
+def _multiply(a: Any, b: Any) -> Any:
+    for value in (a, b):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"multiply takes numbers, found {value!r}")
+    return a * b
+
+
+# OmegaConf 2.4 renamed register_new_resolver; accept both so that 2.3 keeps working.
+_register = getattr(OmegaConf, "register_resolver", OmegaConf.register_new_resolver)
+_register("multiply", _multiply, replace=True)
+
+
+def load_config(
+    source: str | PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = ()
+) -> NxdConfig:
+    """Load, override, resolve and validate a config.
+
+    `source` is a YAML file path or a mapping; `overrides` are `a.b=c`, `+a.b=c` or `~a.b`
+    strings. Raises ConfigError listing every problem; warns (ConfigNotice) about accepted
+    keys that deserve attention.
+    """
+    name = "<mapping>" if isinstance(source, Mapping) else str(source)
+    config = _read(source, name)
+    issues = apply_overrides(config, list(overrides))
+    tree = OmegaConf.to_container(config, resolve=False)
+    issues += aliases.normalise(tree)
+    resolved, resolve_issues = _resolve(tree)
+    issues += resolve_issues
+    built, type_issues, repaired = validate(resolved)
+    issues += type_issues
+    findings = rules.check(built, repaired) if built is not None else []
+    issues += [finding.issue for finding in findings if not finding.notice]
+    if issues:
+        raise ConfigError(issues, name)
+    for finding in findings:
+        warnings.warn(finding.issue.render(), ConfigNotice, stacklevel=2)
+    assert built is not None
+    return built
+
+
+def _read(source: str | PathLike[str] | Mapping[str, Any], name: str) -> DictConfig:
+    try:
+        if isinstance(source, Mapping):
+            config = OmegaConf.create(dict(source))
+        else:
+            path = Path(source)
+            if not path.is_file():
+                found = "a directory" if path.is_dir() else "no such file"
+                raise ConfigError(ConfigIssue.mismatch("", "a YAML config file", found), name)
+            config = OmegaConf.create(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(ConfigIssue("", f"expected valid YAML, found {_yaml_problem(exc)}"), name) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(ConfigIssue.mismatch("", "UTF-8 text", f"undecodable byte at offset {exc.start}"), name) from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(ConfigIssue("", f"expected a YAML mapping, found {_first_line(exc)}"), name) from None
+    if not isinstance(config, DictConfig):
+        raise ConfigError(ConfigIssue.mismatch("", "a mapping of sections at the top level", "a list"), name)
+    return config
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
+def _resolve(tree: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIssue]]:
+    """Resolve interpolations key by key, so that every broken one is reported.
+
+    Interpolations may point at keys the file leaves to their defaults (`${distributed_strategy.
+    context_parallel_size}`), so they resolve against the defaults merged under the file; only
+    the file's own keys are kept, so that 'set by the user' stays meaningful downstream.
+    """
+    issues: list[ConfigIssue] = []
+    defaults = NxdConfig().model_dump(mode="json", by_alias=True)
+    merged = OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.create(tree))
+
+    def walk(node: DictConfig | ListConfig, raw: Any, keys: list[str | int]) -> Any:
+        is_dict = isinstance(node, DictConfig)
+        result: dict[Any, Any] | list[Any] = {} if is_dict else []
+        for key in list(raw.keys()) if is_dict else range(len(raw)):
+            path = [*keys, key]
+            try:
+                value = node[key]
+            except OmegaConfBaseException as exc:
+                issues.append(ConfigIssue.mismatch(dotted(path), "a resolvable value", raw[key], _first_line(exc)))
+                value = None
+            if isinstance(value, DictConfig | ListConfig):
+                value = walk(value, raw[key] if isinstance(raw[key], dict | list) else value, path)
+            if isinstance(result, dict):
+                result[key] = value
+            else:
+                result.append(value)
+        return result
+
+    return walk(merged, tree, []), issues
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

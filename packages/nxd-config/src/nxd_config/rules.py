@@ -1,0 +1,394 @@
+"""Cross-field rules: what no single key's type can say.
+
+Each rule reads a built `NxdConfig` and yields `Finding`s that name the keys they depend on, so
+that a finding about a key the validator had to repair (because its value was invalid) can be
+dropped. A finding is an error unless it is a notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .errors import ConfigIssue
+from .schema import NxdConfig
+from .schema.precision import MANUAL_KNOBS
+
+TP = "distributed_strategy.tensor_model_parallel_size"
+PP = "distributed_strategy.pipeline_model_parallel_size"
+CP = "distributed_strategy.context_parallel_size"
+VPP = "distributed_strategy.virtual_pipeline_model_parallel_size"
+SP = "distributed_strategy.sequence_parallel"
+DEVICES, NODES = "trainer.devices", "trainer.num_nodes"
+MBS, GBS = "data.micro_batch_size", "data.global_batch_size"
+SEQ = ("model.encoder_seq_length", "data.seq_length")
+ALIGN = "model_alignment_strategy"
+
+MEGATRON_ONLY = (
+    "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "kv_channels", "init_method_std",
+    "use_scaled_init_method", "hidden_dropout", "attention_dropout", "ffn_dropout",
+    "apply_query_key_layer_scaling", "normalization", "layernorm_epsilon",
+    "make_vocab_size_divisible_by", "persist_layer_norm", "share_embeddings_and_output_weights",
+    "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
+    "has_bias", "sliding_window_size", "moe",
+)  # fmt: skip
+"""Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    issue: ConfigIssue
+    inputs: tuple[str, ...]
+    notice: bool = False
+
+
+Rule = Callable[[NxdConfig], Iterator[Finding]]
+RULES: list[Rule] = []
+
+
+def rule(function: Rule) -> Rule:
+    RULES.append(function)
+    return function
+
+
+def error(path: str, message: str, *inputs: str) -> Finding:
+    return Finding(ConfigIssue(path, message), inputs or (path,))
+
+
+def notice(path: str, message: str, *inputs: str) -> Finding:
+    return Finding(ConfigIssue(path, message), inputs or (path,), notice=True)
+
+
+def check(config: NxdConfig, repaired: list[str]) -> list[Finding]:
+    """Run every rule; drop findings that depend on a repaired key."""
+    findings = [finding for rule_ in RULES for finding in rule_(config)]
+    return [f for f in findings if not any(_overlaps(i, r) for i in f.inputs for r in repaired)]
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".") or a.startswith(b + "[")
+
+
+# --------------------------------------------------------------------------- parallel layout
+
+
+@rule
+def parallel_sizes_divide_world(c: NxdConfig) -> Iterator[Finding]:
+    ds, tr = c.distributed_strategy, c.trainer
+    if c.world_size % c.model_parallel_size:
+        yield error(
+            "distributed_strategy",
+            f"expected tensor * pipeline * context parallel sizes ({ds.tensor_model_parallel_size} * "
+            f"{ds.pipeline_model_parallel_size} * {ds.context_parallel_size} = {c.model_parallel_size}) "
+            f"to divide trainer.devices * trainer.num_nodes ({tr.devices} * {tr.num_nodes} = "
+            f"{c.world_size}), found a remainder of {c.world_size % c.model_parallel_size}",
+            TP, PP, CP, DEVICES, NODES,
+        )
+
+
+@rule
+def global_batch_divisible(c: NxdConfig) -> Iterator[Finding]:
+    gbs = c.data.global_batch_size
+    if gbs is None or c.world_size % c.model_parallel_size:
+        return
+    per_step = c.data.micro_batch_size * c.data_parallel_size
+    if gbs % per_step:
+        yield error(
+            GBS,
+            f"expected a multiple of data.micro_batch_size * data-parallel size "
+            f"({c.data.micro_batch_size} * {c.data_parallel_size} = {per_step}), found {gbs}",
+            GBS, MBS, TP, PP, CP, DEVICES, NODES,
+        )
+
+
+@rule
+def heads_divisible_by_tp(c: NxdConfig) -> Iterator[Finding]:
+    m, tp = c.model, c.distributed_strategy.tensor_model_parallel_size
+    if m.num_attention_heads is not None and m.num_attention_heads % tp:
+        yield error(
+            "model.num_attention_heads",
+            f"expected a multiple of tensor_model_parallel_size ({tp}), found {m.num_attention_heads}",
+            "model.num_attention_heads", TP,
+        )
+
+
+@rule
+def kv_heads_fit_tp(c: NxdConfig) -> Iterator[Finding]:
+    m, ds = c.model, c.distributed_strategy
+    if m.num_attention_heads is None:
+        return
+    kv_heads = m.num_kv_heads or m.num_attention_heads
+    if m.num_kv_heads is not None and m.num_attention_heads % m.num_kv_heads:
+        yield error(
+            "model.num_kv_heads",
+            f"expected a divisor of model.num_attention_heads ({m.num_attention_heads}), found {kv_heads}",
+            "model.num_kv_heads", "model.num_attention_heads",
+        )
+    copies = kv_heads * ds.kv_replicator
+    if copies % ds.tensor_model_parallel_size:
+        yield error(
+            "distributed_strategy.kv_replicator",
+            f"expected num_kv_heads * kv_replicator ({kv_heads} * {ds.kv_replicator} = {copies}) to be "
+            f"a multiple of tensor_model_parallel_size ({ds.tensor_model_parallel_size}), found it is not "
+            f"(try kv_replicator: {_kv_replicator_hint(kv_heads, ds.tensor_model_parallel_size)})",
+            "distributed_strategy.kv_replicator", "model.num_kv_heads", "model.num_attention_heads", TP,
+        )
+
+
+def _kv_replicator_hint(kv_heads: int, tp: int) -> int:
+    return next(r for r in range(1, tp + 1) if (kv_heads * r) % tp == 0)
+
+
+@rule
+def sequence_splits_evenly(c: NxdConfig) -> Iterator[Finding]:
+    ds = c.distributed_strategy
+    lengths = {SEQ[0]: c.model.encoder_seq_length, SEQ[1]: c.data.seq_length}
+    for path, length in lengths.items():
+        if length is None:
+            continue
+        tp, cp = ds.tensor_model_parallel_size, ds.context_parallel_size
+        if ds.sequence_parallel and length % tp:
+            yield error(
+                path,
+                f"expected a multiple of tensor_model_parallel_size ({tp}) because sequence_parallel "
+                f"is on, found {length}",
+                path, TP, SP,
+            )
+        if cp > 1 and length % (2 * cp):
+            yield error(
+                path,
+                f"expected a multiple of 2 * context_parallel_size ({2 * cp}) for the load-balanced "
+                f"context split, found {length}",
+                path, CP,
+            )
+
+
+@rule
+def context_parallel_needs_ring_attention(c: NxdConfig) -> Iterator[Finding]:
+    cp = c.distributed_strategy.context_parallel_size
+    if cp > 1 and not c.model.fusions.ring_attention:
+        yield error(
+            "model.fusions.ring_attention",
+            f"expected True because context_parallel_size is {cp}, found {c.model.fusions.ring_attention}",
+            "model.fusions.ring_attention", CP,
+        )
+
+
+@rule
+def pipeline_cuts_match_stages(c: NxdConfig) -> Iterator[Finding]:
+    cuts, pp = c.model.pipeline_cuts, c.distributed_strategy.pipeline_model_parallel_size
+    if cuts is not None and len(cuts) != pp - 1:
+        yield error(
+            "model.pipeline_cuts",
+            f"expected pipeline_model_parallel_size - 1 = {pp - 1} cut(s), found {len(cuts)}",
+            "model.pipeline_cuts", PP,
+        )
+
+
+@rule
+def virtual_pipeline_fits(c: NxdConfig) -> Iterator[Finding]:
+    ds = c.distributed_strategy
+    vpp, pp, layers = ds.virtual_pipeline_model_parallel_size or 1, ds.pipeline_model_parallel_size, c.model.num_layers
+    if vpp <= 1:
+        return
+    if pp <= 1:
+        yield error(VPP, f"expected 1 unless pipeline_model_parallel_size > 1, found {vpp} with pp = {pp}", VPP, PP)
+    elif layers is not None and layers % (pp * vpp):
+        yield error(
+            "model.num_layers",
+            f"expected a multiple of pipeline * virtual pipeline sizes ({pp} * {vpp} = {pp * vpp}), found {layers}",
+            "model.num_layers", VPP, PP,
+        )
+
+
+# --------------------------------------------------------------------------- model
+
+
+@rule
+def model_source_keys(c: NxdConfig) -> Iterator[Finding]:
+    m = c.model
+    if c.model_source == "hf":
+        if m.hf_model_config is None:
+            yield error("model.model_config", "expected the path of a Hugging Face config.json "
+                        "(model_source is hf), found nothing", "model.model_config", "model_source")
+        for name in MEGATRON_ONLY:
+            if m.is_set(name):
+                yield error(
+                    f"model.{name}",
+                    "expected no value: this key describes a Megatron-style architecture and "
+                    "model_source is hf, whose architecture comes from model.model_config",
+                    f"model.{name}", "model_source",
+                )
+        return
+    if m.hf_model_config is not None:
+        yield error("model.model_config", "expected no value with model_source: megatron (set "
+                    "model_source: hf to build a Hugging Face architecture)", "model.model_config", "model_source")
+    for name in ("num_layers", "hidden_size", "num_attention_heads"):
+        if getattr(m, name) is None:
+            yield error(f"model.{name}", "expected a value (required for model_source: megatron)", f"model.{name}")
+    if m.kv_channels is None and m.hidden_size and m.num_attention_heads and m.hidden_size % m.num_attention_heads:
+        yield error(
+            "model.hidden_size",
+            f"expected a multiple of num_attention_heads ({m.num_attention_heads}) when kv_channels "
+            f"is null, found {m.hidden_size}",
+            "model.hidden_size", "model.num_attention_heads", "model.kv_channels",
+        )
+
+
+@rule
+def sequence_length_required(c: NxdConfig) -> Iterator[Finding]:
+    if c.model.encoder_seq_length is None:
+        yield error("model.encoder_seq_length", "expected the training sequence length, found nothing")
+
+
+@rule
+def positions_cover_sequence(c: NxdConfig) -> Iterator[Finding]:
+    m = c.model
+    if c.model_source != "megatron" or m.position_embedding_type != "learned_absolute":
+        return
+    if m.max_position_embeddings and c.seq_length and c.seq_length > m.max_position_embeddings:
+        yield error(
+            "model.max_position_embeddings",
+            f"expected at least the sequence length ({c.seq_length}) with learned_absolute positions, "
+            f"found {m.max_position_embeddings}",
+            "model.max_position_embeddings", *SEQ,
+        )
+
+
+@rule
+def unsupported_architecture(c: NxdConfig) -> Iterator[Finding]:
+    m, ds = c.model, c.distributed_strategy
+    if m.transformer_block_type != "pre_ln":
+        yield error("model.transformer_block_type", f"expected 'pre_ln' (the only block type nxd "
+                    f"builds), found {m.transformer_block_type!r}")
+    if m.moe is not None:
+        yield error("model.moe", "expected null: nxd has no mixture-of-experts models, found a moe block")
+    for key in ("expert_model_parallel_size", "token_shuffle_group_size"):
+        if getattr(ds, key) != 1:
+            yield error(f"distributed_strategy.{key}", f"expected 1: nxd has no mixture-of-experts "
+                        f"models, found {getattr(ds, key)}")
+    if c.model_source == "megatron" and m.sliding_window_size is not None:
+        yield error("model.sliding_window_size", f"expected null: nxd's Megatron-style attention is "
+                    f"full causal, found {m.sliding_window_size}")
+
+
+@rule
+def recompute_needs_selective(c: NxdConfig) -> Iterator[Finding]:
+    m = c.model
+    granularity = m.activations_checkpoint_granularity
+    if m.activations_checkpoint_recompute and granularity != "selective":
+        yield error(
+            "model.activations_checkpoint_recompute",
+            f"expected null unless activations_checkpoint_granularity is 'selective', found "
+            f"{list(m.activations_checkpoint_recompute)} with granularity {granularity!r}",
+            "model.activations_checkpoint_recompute", "model.activations_checkpoint_granularity",
+        )
+    if m.activations_checkpoint_recompute_mlp and granularity is None:
+        yield error(
+            "model.activations_checkpoint_recompute_mlp",
+            "expected False when activations_checkpoint_granularity is null (no recomputation), found True",
+            "model.activations_checkpoint_recompute_mlp", "model.activations_checkpoint_granularity",
+        )
+
+
+@rule
+def optimizer_required(c: NxdConfig) -> Iterator[Finding]:
+    if c.model.optim is None:
+        yield error("model.optim", "expected an optimizer such as {name: adamw, lr: 3.0e-4}, found nothing")
+
+
+# --------------------------------------------------------------------------- trainer, data, checkpoints
+
+
+@rule
+def training_has_an_end(c: NxdConfig) -> Iterator[Finding]:
+    if c.trainer.max_steps <= 0 and c.trainer.max_epochs <= 0:
+        yield error(
+            "trainer.max_steps",
+            f"expected trainer.max_steps or trainer.max_epochs to be positive, found "
+            f"{c.trainer.max_steps} and {c.trainer.max_epochs} (training would never end)",
+            "trainer.max_steps", "trainer.max_epochs",
+        )
+
+
+@rule
+def tabular_tokenizer_unsupported(c: NxdConfig) -> Iterator[Finding]:
+    tokenizer = c.data.tokenizer
+    if tokenizer is not None and tokenizer.delimiter is not None:
+        yield error("data.tokenizer.delimiter", f"expected null: the delimiter belongs to NeMo's "
+                    f"tabular tokenizer, which nxd does not support, found {tokenizer.delimiter!r}")
+
+
+@rule
+def checkpoint_model_parallel_size(c: NxdConfig) -> Iterator[Finding]:
+    given = c.exp_manager.checkpoint_callback_params.model_parallel_size
+    ds = c.distributed_strategy
+    derived = ds.tensor_model_parallel_size * ds.pipeline_model_parallel_size
+    if given is not None and given != derived:
+        path = "exp_manager.checkpoint_callback_params.model_parallel_size"
+        yield error(path, f"expected tensor * pipeline parallel sizes ({derived}), found {given}", path, TP, PP)
+
+
+# --------------------------------------------------------------------------- precision
+
+
+@rule
+def manual_knobs_need_manual(c: NxdConfig) -> Iterator[Finding]:
+    p = c.precision
+    if p.type == "manual":
+        return
+    for name, default in MANUAL_KNOBS.items():
+        if getattr(p, name) != default:
+            yield notice(
+                f"precision.{name}",
+                f"ignored: only read when precision.type is 'manual', found type {p.type!r} "
+                f"(which sets this itself)",
+                f"precision.{name}", "precision.type",
+            )
+
+
+# --------------------------------------------------------------------------- alignment
+
+
+@rule
+def one_alignment_method(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if a is None:
+        return
+    chosen = [name for name in ("sft", "dpo", "orpo") if getattr(a, name) is not None]
+    if len(chosen) > 1:
+        yield error(ALIGN, f"expected at most one of sft, dpo, orpo (peft combines with any), "
+                    f"found {', '.join(chosen)}")
+
+
+@rule
+def dpo_needs_precomputed_reference(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if a is not None and a.dpo is not None and not a.dpo.precompute_ref_log_probs:
+        yield error(f"{ALIGN}.dpo.precompute_ref_log_probs", "expected True: reference log-probs "
+                    "are always precomputed before training (False is not supported), found False")
+
+
+@rule
+def preference_prompt_length(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if a is None:
+        return
+    for name in ("dpo", "orpo"):
+        block = getattr(a, name)
+        if block is None:
+            continue
+        path = f"{ALIGN}.{name}.max_prompt_length"
+        if block.max_prompt_length is None:
+            yield error(path, "expected the longest prompt length in tokens, found nothing")
+        elif c.seq_length is not None and block.max_prompt_length >= c.seq_length:
+            yield error(path, f"expected less than the sequence length ({c.seq_length}) so that a "
+                        f"response fits, found {block.max_prompt_length}", path, *SEQ)
+
+
+@rule
+def alignment_needs_train_data(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if a is not None and a.method is not None and c.data.train_dir is None:
+        yield error("data.train_dir", f"expected the {a.method.upper()} training data (a jsonl, "
+                    f"arrow or parquet file or a saved dataset), found nothing", "data.train_dir", ALIGN)

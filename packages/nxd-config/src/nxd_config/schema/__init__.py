@@ -1,0 +1,108 @@
+"""The typed NxDT-dialect config: `NxdConfig` and its sections."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import BaseModel
+
+from ._base import Section, Status, key
+from .alignment import AlignmentConfig
+from .data import DataConfig
+from .distributed import DistributedStrategyConfig
+from .exp_manager import ExpManagerConfig
+from .model import ModelConfig
+from .precision import PrecisionConfig
+from .trainer import TrainerConfig
+
+RUNTIME = "nxd-precision"
+_NEURON_NOTE = "mapped to the Neuron runtime's environment on Neuron devices only"
+
+
+class NxdConfig(Section):
+    """A whole, validated nxd config. Immutable: derive a new one with `load_config` overrides."""
+
+    name: str = key("nxd", "Experiment name.", by="nxd-train")
+    model_source: Literal["megatron", "hf"] = key(
+        "megatron", "megatron: the Megatron-style model built from model keys; hf: a Hugging Face "
+        "architecture from model.model_config.", by="nxd-models",
+    )
+    seed: int = key(1234, "Seed of every random number generator (per rank offsets derived).", by="nxd-train")
+    trainer: TrainerConfig = key(TrainerConfig(), "Loop length, logging, validation, clipping.")
+    exp_manager: ExpManagerConfig = key(ExpManagerConfig(), "Log directory, checkpoints, resume.")
+    distributed_strategy: DistributedStrategyConfig = key(
+        DistributedStrategyConfig(), "Parallel layout."
+    )
+    data: DataConfig = key(DataConfig(), "Data, batch sizes and tokenizer.")
+    model: ModelConfig = key(ModelConfig(), "Architecture, fusions, memory and optimizer.")
+    precision: PrecisionConfig = key(PrecisionConfig(), "Dtype policy.")
+    model_alignment_strategy: AlignmentConfig | None = key(
+        None, "Fine-tuning method (sft, dpo, orpo) and LoRA. Older spelling: data.alignment_strategy."
+    )
+    compiler_flags: str | None = key(
+        None, "Neuron compiler flags (NEURON_CC_FLAGS).", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
+    )
+    compiler_cache_url: str | None = key(
+        None, "Neuron compiled-artifact cache.", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
+    )
+    aync_exec_max_inflight_requests: int | None = key(
+        None, "Neuron runtime queue depth (the reference's spelling).", by=RUNTIME,
+        status=Status.NEURON_ONLY, note=_NEURON_NOTE, ge=1,
+    )
+    bucket_size_collectives: int | None = key(
+        None, "Neuron collectives bucket size in MB.", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE, ge=1
+    )
+    neuron_rt_exec_timeout: int | None = key(
+        None, "Neuron runtime execution timeout in seconds.", by=RUNTIME,
+        status=Status.NEURON_ONLY, note=_NEURON_NOTE, ge=1,
+    )
+    neuron_experimental_compress_rg: bool | None = key(
+        None, "Neuron compressed replica groups.", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
+    )
+
+    # ------------------------------------------------------------------ derived quantities
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.devices * self.trainer.num_nodes
+
+    @property
+    def model_parallel_size(self) -> int:
+        """tp * pp * cp: the processes that hold one replica of the model."""
+        ds = self.distributed_strategy
+        return ds.tensor_model_parallel_size * ds.pipeline_model_parallel_size * ds.context_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // self.model_parallel_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.data.global_batch_size or self.data.micro_batch_size * self.data_parallel_size
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.global_batch_size // (self.data.micro_batch_size * self.data_parallel_size)
+
+    @property
+    def seq_length(self) -> int | None:
+        return self.data.seq_length or self.model.encoder_seq_length
+
+    def set_keys_with_status(self, status: Status) -> list[str]:
+        """Dotted keys the user wrote whose status is `status` (e.g. the Neuron-only ones)."""
+        return [path for path, _, field_status in _walk_set(self, "") if field_status == status]
+
+
+def _walk_set(model: BaseModel, prefix: str) -> Iterator[tuple[str, object, str]]:
+    for name in model.model_fields_set:
+        field = type(model).model_fields[name]
+        value = getattr(model, name)
+        path = f"{prefix}{field.alias or name}"
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        yield path, value, str(extra.get("status", Status.HONOURED))
+        if isinstance(value, BaseModel):
+            yield from _walk_set(value, path + ".")
+
+
+__all__ = ["NxdConfig", "Section", "Status"]

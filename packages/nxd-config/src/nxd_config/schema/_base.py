@@ -1,0 +1,75 @@
+"""Building blocks of the schema: the section base class and the per-key metadata.
+
+Every key is declared with `key(...)`, which records what the key does, which nxd package acts
+on it and its status. The key reference table in the package README is generated from these
+declarations, so the documentation cannot drift from the schema.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+
+class Status(StrEnum):
+    """What nxd does with a key."""
+
+    HONOURED = "honoured"
+    """The key does what the reference says."""
+    NEURON_ONLY = "Neuron only"
+    """Acted on only on AWS Neuron devices; elsewhere accepted and reported as ignored."""
+    NO_EFFECT = "no effect"
+    """Accepted for compatibility; the note says why it changes nothing in nxd."""
+    LIMITED = "limited"
+    """Only some values are supported; the others are rejected with a message saying so."""
+
+
+def key(
+    default: Any = ...,
+    doc: str = "",
+    *,
+    by: str = "",
+    status: Status = Status.HONOURED,
+    note: str = "",
+    alias: str | None = None,
+    **constraints: Any,
+) -> Any:
+    """Declare a config key: its default, effect (`doc`), consuming package (`by`) and status."""
+    extra = {"status": str(status), "by": by, "note": note}
+    return Field(default, description=doc, alias=alias, json_schema_extra=extra, **constraints)
+
+
+def _list_to_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def frozen_list(item: Any) -> Any:
+    """A YAML list stored as a tuple, so that the loaded config stays immutable."""
+    return Annotated[tuple[item, ...], BeforeValidator(_list_to_tuple)]
+
+
+def _none_string_to_none(value: Any) -> Any:
+    return None if isinstance(value, str) and value in ("None", "none", "null") else value
+
+
+NoneString = BeforeValidator(_none_string_to_none)
+"""Some published NxDT configs write `None` (a string in YAML) where they mean null."""
+
+
+class Section(BaseModel):
+    """Base of every config section: strict types, no unknown keys, immutable once loaded."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        populate_by_name=True,
+        protected_namespaces=(),
+        use_attribute_docstrings=False,
+    )
+
+    def is_set(self, name: str) -> bool:
+        """Whether the user wrote this key (as opposed to it taking its default)."""
+        return name in self.model_fields_set

@@ -1,0 +1,156 @@
+"""`data`: batch sizes, Megatron indexed-dataset keys, Hugging Face and alignment data, tokenizer."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator
+
+from ._base import Section, Status, frozen_list, key
+
+DATA = "nxd-data"
+APP = "nxd-train"
+
+
+def _check_blend(value: Any) -> Any:
+    """A blend is one prefix, a list of prefixes, or alternating [weight, prefix, ...] pairs."""
+    if isinstance(value, str):
+        return value
+    items = list(value)
+    if not items:
+        raise ValueError("expected at least one data prefix, found an empty list")
+    if all(isinstance(item, str) for item in items):
+        return value
+    if len(items) % 2:
+        raise ValueError(
+            f"expected [weight, prefix, weight, prefix, ...] pairs, found {len(items)} items"
+        )
+    for index in range(0, len(items), 2):
+        weight, prefix = items[index], items[index + 1]
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
+            raise ValueError(f"expected a weight >= 0 at position {index}, found {weight!r}")
+        if not isinstance(prefix, str):
+            raise ValueError(f"expected a path prefix at position {index + 1}, found {prefix!r}")
+    if sum(items[0::2]) <= 0:
+        raise ValueError("expected at least one positive weight, found all weights 0")
+    return value
+
+
+Blend = Annotated[str | frozen_list(float | str), AfterValidator(_check_blend)]
+
+
+class DataPrefixSplits(Section):
+    train: Blend | None = key(None, "Blend for the training split.", by=DATA)
+    validation: Blend | None = key(None, "Blend for the validation split.", by=DATA)
+    test: Blend | None = key(None, "Blend for the test split.", by=DATA)
+
+
+def _splits_to_str(value: Any) -> Any:
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _check_splits(value: str) -> str:
+    parts = [part.strip() for part in value.replace("/", ",").split(",")]
+    try:
+        numbers = [float(part) for part in parts]
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers such as '980,10,10', found {value!r}") from None
+    if len(numbers) > 3 or any(number < 0 for number in numbers) or sum(numbers) <= 0:
+        raise ValueError(
+            f"expected up to three non-negative numbers (train,validation,test) with a positive sum, "
+            f"found {value!r}"
+        )
+    return value
+
+
+class TokenizerConfig(Section):
+    library: Literal["huggingface", "megatron", "sentencepiece"] = key(
+        "huggingface",
+        "Tokenizer family: a Hugging Face tokenizer, Megatron's GPT2BPETokenizer from vocab/merge "
+        "files, or a SentencePiece model.",
+        by=DATA,
+        status=Status.LIMITED,
+        note="NeMo's tabular, regex and byte-level libraries are rejected",
+    )
+    type: str | None = key(
+        None, "Hugging Face tokenizer directory or file, or the Megatron tokenizer class name.", by=DATA
+    )
+    model: str | None = key(None, "SentencePiece model file.", by=DATA)
+    vocab_file: str | None = key(None, "Vocabulary file (GPT-2 BPE vocab.json).", by=DATA)
+    merge_file: str | None = key(None, "BPE merges file (GPT-2 merges.txt).", by=DATA)
+    delimiter: str | None = key(
+        None,
+        "Column delimiter of NeMo's tabular tokenizer.",
+        by=DATA,
+        status=Status.LIMITED,
+        note="only null: the tabular tokenizer is not supported",
+    )
+    sentencepiece_legacy: bool = key(
+        False, "SentencePiece legacy mode (allows adding special tokens).", by=DATA
+    )
+    use_fast: bool = key(True, "Prefer the Rust (fast) Hugging Face tokenizer.", by=DATA)
+
+
+class DataConfig(Section):
+    # --- common to every data module
+    micro_batch_size: int = key(1, "Samples per forward/backward pass on one data-parallel rank.", by=APP, ge=1)
+    global_batch_size: int | None = key(
+        None,
+        "Samples per optimizer step over all ranks; sets gradient accumulation. Null means "
+        "micro_batch_size * data-parallel size (no accumulation).",
+        by=APP,
+        ge=1,
+    )
+    seq_length: int | None = key(
+        None,
+        "Tokens per sample; for DPO/ORPO prompt + response. Null uses model.encoder_seq_length.",
+        by=DATA,
+        ge=1,
+    )
+    num_workers: int = key(0, "DataLoader worker processes per rank.", by=DATA, ge=0)
+    tokenizer: TokenizerConfig | None = key(None, "Tokenizer used to read or prepare text data.", by=DATA)
+    # --- Megatron indexed datasets
+    data_prefix: Blend | DataPrefixSplits | None = key(
+        None,
+        "Indexed dataset prefix(es): a path, [w1, p1, w2, p2, ...] blended by weight, or "
+        "{train, validation, test}.",
+        by=DATA,
+    )
+    index_mapping_dir: str | None = key(
+        None, "Where the sample/shuffle index files are cached; null caches next to the data.", by=DATA
+    )
+    data_impl: Literal["mmap"] = key(
+        "mmap",
+        "Indexed dataset implementation.",
+        by=DATA,
+        status=Status.LIMITED,
+        note="only mmap (the format Megatron-LM and GPT-NeoX write)",
+    )
+    splits_string: Annotated[str, BeforeValidator(_splits_to_str), AfterValidator(_check_splits)] = key(
+        "980,10,10", "Train,validation,test proportions of a single-blend dataset.", by=DATA
+    )
+    skip_warmup: bool = key(True, "Skip paging the memory-mapped index in before training.", by=DATA)
+    dataloader_type: Literal["single", "cyclic"] = key(
+        "single", "single: one pass in order of the shuffle index; cyclic: reshuffle each epoch.", by=DATA
+    )
+    reset_position_ids: bool = key(False, "Restart position ids after each end-of-document token.", by=DATA)
+    reset_attention_mask: bool = key(False, "Stop attention across end-of-document tokens.", by=DATA)
+    eod_mask_loss: bool = key(False, "Exclude end-of-document tokens from the loss.", by=DATA)
+    validation_drop_last: bool = key(True, "Drop the last partial validation batch.", by=DATA)
+    no_seqlen_plus_one_input_tokens: bool = key(
+        False, "Read seq_length tokens per sample (last label masked) instead of seq_length + 1.", by=DATA
+    )
+    pad_samples_to_global_batch_size: bool = key(
+        False, "Pad the last partial global batch with masked samples instead of dropping it.", by=DATA
+    )
+    # --- Hugging Face and alignment data
+    train_dir: str | None = key(
+        None, "Training data: a datasets.save_to_disk folder, or a jsonl, arrow or parquet file.", by=DATA
+    )
+    val_dir: str | None = key(None, "Validation data, in the same forms as train_dir.", by=DATA)
+    dev_choose_samples: int | None = key(
+        None, "Use only the first N records of the data; null uses all.", by=DATA, ge=1
+    )
+    use_sft_style_data_module: bool = key(
+        False, "Read train_dir/val_dir (Hugging Face style) instead of data_prefix for a Megatron model.", by=DATA
+    )

@@ -1,0 +1,46 @@
+"""`distributed_strategy`: how the model and data are spread over the processes."""
+
+from __future__ import annotations
+
+from ._base import Section, Status, key
+
+PAR = "nxd-parallel"
+
+
+class DistributedStrategyConfig(Section):
+    tensor_model_parallel_size: int = key(1, "Tensor-parallel degree (tp).", by=PAR, ge=1)
+    pipeline_model_parallel_size: int = key(1, "Pipeline-parallel degree (pp).", by=PAR, ge=1)
+    virtual_pipeline_model_parallel_size: int | None = key(
+        1, "Virtual stages per pipeline rank (interleaved 1F1B); 1 or null means none.", by=PAR, ge=1
+    )
+    context_parallel_size: int = key(
+        1, "Context-parallel degree (cp); > 1 needs model.fusions.ring_attention.", by=PAR, ge=1
+    )
+    zero1: bool = key(
+        True, "Shard optimizer state and gradients over data-parallel ranks (ZeRO-1).", by=PAR
+    )
+    sequence_parallel: bool = key(
+        False, "Shard norm and dropout activations along the sequence over the tp ranks.", by=PAR
+    )
+    kv_replicator: int = key(
+        1,
+        "Copies of each KV head, so that tp may exceed num_kv_heads (an integer, not a flag).",
+        by=PAR,
+        ge=1,
+    )
+    expert_model_parallel_size: int = key(
+        1,
+        "Expert-parallel degree for mixture-of-experts models.",
+        by=PAR,
+        status=Status.LIMITED,
+        note="only 1: nxd has no mixture-of-experts models",
+        ge=1,
+    )
+    token_shuffle_group_size: int = key(
+        1,
+        "Token shuffle group for mixture-of-experts routing.",
+        by=PAR,
+        status=Status.LIMITED,
+        note="only 1: nxd has no mixture-of-experts models",
+        ge=1,
+    )

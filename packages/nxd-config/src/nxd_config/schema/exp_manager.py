@@ -1,0 +1,111 @@
+"""`exp_manager`: log directory, loggers, checkpoint cadence and retention, resume."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field
+
+from ._base import Section, Status, key
+
+CKPT = "nxd-ckpt"
+APP = "nxd-train"
+
+_HMS = re.compile(r"^(?:(\d+):)?(\d{1,2}):(\d{2}):(\d{2})$")
+
+
+def _interval_seconds(value: float | str) -> float | str:
+    if isinstance(value, str) and not _HMS.match(value):
+        raise ValueError(f"expected seconds or 'HH:MM:SS' (optionally 'D:HH:MM:SS'), found {value!r}")
+    return value
+
+
+class CheckpointCallbackParams(Section):
+    monitor: str = key(
+        "step", "Logged value that ranks checkpoints for save_top_k (step, loss, val_loss ...).", by=CKPT
+    )
+    save_top_k: int = key(
+        1, "Checkpoints kept: the best k by monitor/mode; -1 keeps all, 0 keeps none.", by=CKPT, ge=-1
+    )
+    mode: Literal["min", "max"] = key("max", "Whether a smaller or larger monitor value is better.", by=CKPT)
+    save_last: bool = key(False, "Also keep the most recent checkpoint as 'last'.", by=CKPT)
+    filename: str | None = key(
+        None,
+        "Checkpoint name template; {step}, {consumed_samples} and other logged values are filled in. "
+        "Null uses '<name>--{step}-{consumed_samples}'.",
+        by=CKPT,
+    )
+    every_n_train_steps: int | None = key(
+        None, "Save every N optimizer steps; null or 0 disables step-based saving.", by=CKPT, ge=0
+    )
+    train_time_interval: Annotated[
+        Annotated[float, Field(gt=0)] | str | None, AfterValidator(_interval_seconds)
+    ] = key(None, "Save when this much training time has passed (seconds or 'HH:MM:SS').", by=CKPT)
+    model_parallel_size: int | None = key(
+        None,
+        "tensor * pipeline parallel size, as NxDT recipes interpolate it; checked against "
+        "distributed_strategy.",
+        by=CKPT,
+        ge=1,
+    )
+    enable_version_counter: bool = key(
+        True, "Append -v1, -v2 ... instead of overwriting a checkpoint of the same name.", by=CKPT
+    )
+    use_master_weights_in_ckpt: bool = key(
+        False, "Save the fp32 master weights (when precision keeps them) instead of the model copy.", by=CKPT
+    )
+
+
+class ExpManagerConfig(Section):
+    log_local_rank_0_only: bool = key(False, "Only local rank 0 of each node writes logs.", by=APP)
+    create_tensorboard_logger: bool = key(False, "Write loss and metrics as TensorBoard events.", by=APP)
+    explicit_log_dir: str | None = key(
+        None,
+        "Log and checkpoint directory, used as is. Older spelling: exp_log_dir.",
+        by=APP,
+    )
+    exp_dir: str | None = key(
+        None, "Base directory; logs go to <exp_dir>/<name> when explicit_log_dir is null.", by=APP
+    )
+    name: str | None = key(None, "Experiment name used for the log directory; null uses the top-level name.", by=APP)
+    log_step_timing: bool = key(True, "Log the wall time of each training step.", by=APP)
+    resume_if_exists: bool = key(False, "Resume from the newest complete checkpoint in the log directory.", by=CKPT)
+    resume_ignore_no_checkpoint: bool = key(
+        False, "With resume_if_exists, start fresh (with a notice) when no checkpoint exists instead of failing.", by=CKPT
+    )
+    resume_from_checkpoint: str | None = key(None, "Resume from this checkpoint path explicitly.", by=CKPT)
+    create_checkpoint_callback: bool = key(True, "Save checkpoints as checkpoint_callback_params says.", by=CKPT)
+    checkpoint_callback_params: CheckpointCallbackParams = key(
+        CheckpointCallbackParams(), "When checkpoints are written and how many are kept.", by=CKPT
+    )
+    log_parameter_norm: bool = key(False, "Log the global parameter norm across model-parallel ranks.", by=APP)
+    log_gradient_norm: bool = key(False, "Log the global gradient norm across model-parallel ranks.", by=APP)
+    enable_recovery_time_instrumentation: bool = key(
+        False, "Log how long checkpoint loading and recovery take.", by=CKPT
+    )
+    async_checkpointing: bool = key(
+        False, "Write checkpoints in the background; at most one save in flight.", by=CKPT
+    )
+    save_bf16: bool = key(False, "Store floating-point model weights as bf16 in checkpoints.", by=CKPT)
+    save_xser: bool = key(
+        False,
+        "Save with torch-xla serialization.",
+        by=CKPT,
+        status=Status.NEURON_ONLY,
+        note="not applicable off Neuron: nxd writes torch.distributed.checkpoint shards",
+    )
+    load_xser: bool = key(
+        False,
+        "Load with torch-xla serialization.",
+        by=CKPT,
+        status=Status.NEURON_ONLY,
+        note="not applicable off Neuron: nxd reads torch.distributed.checkpoint shards",
+    )
+    ckpt_ptl_version: str = key(
+        "2.5.0",
+        "PyTorch Lightning version of a checkpoint that does not record it.",
+        by=CKPT,
+        status=Status.NEURON_ONLY,
+        note="only NxDT's Lightning checkpoints need it; nxd checkpoints record their own versions",
+    )

@@ -1,0 +1,162 @@
+"""`model`: architecture (Megatron-style or a Hugging Face config.json), fusions, memory, optimizer.
+
+Megatron-style defaults are those of NeMo 1.x's GPT model, which NxDT inherits. Keys that only
+describe a Megatron-style architecture are rejected for `model_source: hf`, where config.json
+defines the architecture (see the cross-field rules).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from ._base import NoneString, Section, Status, frozen_list, key
+from .optim import Optimizer
+
+MODELS = "nxd-models"
+PAR = "nxd-parallel"
+APP = "nxd-train"
+
+
+class FusionsConfig(Section):
+    softmax: bool = key(False, "Use the fused (scale + mask + softmax) attention path.", by=MODELS)
+    flash_attention: bool = key(
+        False, "Use flash / memory-efficient attention kernels where the device has them.", by=MODELS
+    )
+    ring_attention: bool = key(
+        False, "Ring attention over the context-parallel group; required when cp > 1.", by=PAR
+    )
+
+
+class MoEConfig(Section):
+    """Mixture-of-experts block of NxDT's Mixtral recipes: known, so it is rejected by name."""
+
+    num_experts: int | None = key(None, "Experts per MoE layer.", ge=1)
+    frequency: int = key(1, "Every n-th layer is an MoE layer.", ge=1)
+    dropout: float = key(0.0, "Dropout in the MoE layer.", ge=0.0, le=1.0)
+    capacity_factor: Annotated[float | None, NoneString] = key(None, "Expert capacity factor.", gt=0.0)
+    dropless: bool = key(False, "Dropless routing.")
+    routing_algorithm: Literal["top_k", "sinkhorn"] = key("top_k", "Router algorithm.")
+    router_activation: Literal["softmax", "sigmoid"] = key("softmax", "Router activation.")
+    sinkhorn_iterations: int = key(30, "Sinkhorn iterations.", ge=1)
+    sinkhorn_tol: Annotated[float | None, NoneString] = key(None, "Sinkhorn tolerance.")
+    top_k: int = key(1, "Experts per token.", ge=1)
+    output_router_logits: bool = key(False, "Return router logits.")
+    router_aux_loss_coef: float = key(0.0, "Load-balancing loss coefficient.", ge=0.0)
+    normalize_top_k_affinities: bool = key(False, "Normalise the top-k affinities.")
+
+
+class ModelConfig(Section):
+    # --- common to Megatron-style and Hugging Face models
+    hf_model_config: str | None = key(
+        None,
+        "Path of a Hugging Face config.json that defines the architecture (model_source: hf).",
+        by=MODELS,
+        alias="model_config",
+    )
+    encoder_seq_length: int | None = key(None, "Training sequence length (required).", by=MODELS, ge=1)
+    max_position_embeddings: int | None = key(
+        None, "Longest position the model supports; null uses encoder_seq_length.", by=MODELS, ge=1
+    )
+    num_layers: int | None = key(
+        None, "Transformer layers (required for megatron; overrides config.json for hf).", by=MODELS, ge=1
+    )
+    hidden_size: int | None = key(
+        None, "Hidden width (required for megatron; overrides config.json for hf).", by=MODELS, ge=1
+    )
+    rope_theta: float | None = key(
+        None, "RoPE base; null keeps config.json's value (hf) or 10000 (megatron).", by=MODELS, gt=0.0
+    )
+    qkv_linear: bool = key(False, "Use one GQA-aware QKV projection module (with kv_replicator).", by=PAR)
+    fuse_qkv: bool = key(True, "Fuse the q, k and v weights of that module into one matmul.", by=PAR)
+    transpose_nki_inputs: bool = key(
+        True,
+        "Transpose the inputs of the NKI flash-attention kernel.",
+        by=MODELS,
+        status=Status.NEURON_ONLY,
+        note="a layout option of Neuron's NKI kernel",
+    )
+    pipeline_cuts: frozen_list(str) | None = key(
+        None, "Layer names where pipeline stages start after the first, e.g. model.layers.10 (pp - 1 of them).", by=PAR
+    )
+    use_cpu_initialization: bool = key(
+        True, "Materialise weights on the CPU, then move them; False materialises on the device.", by=MODELS
+    )
+    weight_init_only: bool = key(
+        False, "When loading a checkpoint, take only the model weights (new optimizer, step 0).", by="nxd-ckpt"
+    )
+    activations_checkpoint_granularity: Literal["selective", "full"] | None = key(
+        None, "Recompute activations in backward: whole layers (full), named modules (selective) or none.", by=PAR
+    )
+    activations_checkpoint_recompute: frozen_list(str) | None = key(
+        None, "Module names recomputed with selective granularity (CoreAttention = the attention core).", by=PAR
+    )
+    activations_checkpoint_recompute_mlp: bool = key(
+        False, "Also recompute the MLP (selective); full granularity recomputes it anyway.", by=PAR
+    )
+    fusions: FusionsConfig = key(FusionsConfig(), "Attention kernel choices.", by=MODELS)
+    do_layer_norm_weight_decay: bool = key(
+        False, "Apply weight decay to norm weights and biases too.", by=APP
+    )
+    optim: Optimizer | None = key(None, "Optimizer (required) with its learning-rate schedule.", by=APP)
+    # --- Megatron-style architecture
+    ffn_hidden_size: int | None = key(None, "MLP inner width; null means 4 * hidden_size.", by=MODELS, ge=1)
+    num_attention_heads: int | None = key(None, "Query heads (required for megatron).", by=MODELS, ge=1)
+    num_kv_heads: int | None = key(None, "Key/value heads (GQA/MQA); null means num_attention_heads.", by=MODELS, ge=1)
+    kv_channels: int | None = key(
+        None, "Per-head width; null means hidden_size / num_attention_heads.", by=MODELS, ge=1
+    )
+    init_method_std: float = key(0.02, "Standard deviation of the normal weight init.", by=MODELS, gt=0.0)
+    use_scaled_init_method: bool = key(
+        True, "Scale output-projection init by 1/sqrt(2 * num_layers).", by=MODELS
+    )
+    hidden_dropout: float = key(0.1, "Dropout on the residual branches.", by=MODELS, ge=0.0, lt=1.0)
+    attention_dropout: float = key(0.1, "Dropout on the attention probabilities.", by=MODELS, ge=0.0, lt=1.0)
+    ffn_dropout: float = key(0.0, "Dropout inside the MLP.", by=MODELS, ge=0.0, lt=1.0)
+    apply_query_key_layer_scaling: bool = key(
+        True, "Scale Q*K^T by 1/layer_number (undone inside an fp32 softmax).", by=MODELS
+    )
+    normalization: Literal["rmsnorm", "layernorm"] = key("layernorm", "Norm layer.", by=MODELS)
+    layernorm_epsilon: float = key(1e-5, "Norm epsilon.", by=MODELS, gt=0.0)
+    make_vocab_size_divisible_by: int = key(
+        128, "Pad the vocabulary to a multiple of this (times tp).", by=MODELS, ge=1
+    )
+    persist_layer_norm: bool = key(
+        True,
+        "Use Apex's persistent fused layer-norm kernel.",
+        by=MODELS,
+        status=Status.NO_EFFECT,
+        note="a CUDA kernel choice of Megatron/Apex with identical results; nxd uses torch's norms",
+    )
+    share_embeddings_and_output_weights: bool = key(
+        True, "Tie the output layer to the input embedding.", by=MODELS
+    )
+    position_embedding_type: Literal["learned_absolute", "rope"] = key(
+        "learned_absolute", "Position encoding.", by=MODELS
+    )
+    rotary_percentage: float = key(
+        1.0, "Fraction of each head's dimensions that RoPE rotates.", by=MODELS, gt=0.0, le=1.0
+    )
+    activation: Literal["swiglu", "gelu"] = key("gelu", "MLP activation.", by=MODELS)
+    transformer_block_type: Literal["pre_ln", "post_ln", "normformer", "gpt_j"] = key(
+        "pre_ln",
+        "Where the norms sit in a block.",
+        by=MODELS,
+        status=Status.LIMITED,
+        note="only pre_ln; the other NeMo block types are rejected",
+    )
+    has_bias: bool = key(True, "Biases in the linear layers.", by=MODELS)
+    sliding_window_size: int | None = key(
+        None,
+        "Sliding-window attention width.",
+        by=MODELS,
+        status=Status.LIMITED,
+        note="only null for megatron: attention is full causal (HF models take it from config.json)",
+        ge=1,
+    )
+    moe: MoEConfig | None = key(
+        None,
+        "Mixture-of-experts layers.",
+        by=MODELS,
+        status=Status.LIMITED,
+        note="only null: nxd has no mixture-of-experts models",
+    )

@@ -1,0 +1,231 @@
+"""`model.optim` and `model.optim.sched`: every optimizer and LR scheduler the reference names.
+
+Each name selects its own parameter set (NeMo 1.x's optimizer and scheduler parameter classes,
+which the reference points to), so a parameter that the chosen optimizer does not take is an
+unknown key, not a silently ignored one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from ._base import NoneString, Section, frozen_list, key
+
+APP = "nxd-train"
+
+_Pair = Annotated[frozen_list(float), Field(min_length=2, max_length=2)]
+
+# --------------------------------------------------------------------------- schedulers
+
+
+class _Scheduler(Section):
+    max_steps: int | None = key(
+        None, "Step at which the schedule ends; null uses trainer.max_steps.", by=APP, ge=1
+    )
+
+
+class _Warmup(_Scheduler):
+    warmup_steps: int | None = key(None, "Linear warmup length in steps.", by=APP, ge=0)
+    warmup_ratio: float | None = key(
+        None, "Warmup length as a fraction of max_steps.", by=APP, ge=0.0, le=1.0
+    )
+
+    @model_validator(mode="after")
+    def _one_warmup(self) -> _Warmup:
+        if self.warmup_steps is not None and self.warmup_ratio is not None:
+            raise ValueError("expected warmup_steps or warmup_ratio, found both set")
+        return self
+
+
+class LinearAnnealingWithWarmUp(_Scheduler):
+    name: Literal["LinearAnnealingWithWarmUp"]
+    warmup_steps: int = key(0, "Linear warmup from 0 to lr over this many steps, then linear decay to 0.", by=APP, ge=0)
+
+
+class CosineAnnealing(_Warmup):
+    name: Literal["CosineAnnealing"]
+    constant_steps: int | None = key(None, "Steps held at min_lr at the end of the schedule.", by=APP, ge=0)
+    constant_ratio: float | None = key(None, "constant_steps as a fraction of max_steps.", by=APP, ge=0.0, le=1.0)
+    min_lr: float = key(0.0, "Learning rate reached at the end of the cosine decay.", by=APP, ge=0.0)
+
+    @model_validator(mode="after")
+    def _one_constant(self) -> CosineAnnealing:
+        if self.constant_steps is not None and self.constant_ratio is not None:
+            raise ValueError("expected constant_steps or constant_ratio, found both set")
+        return self
+
+
+class WarmupPolicy(_Warmup):
+    name: Literal["WarmupPolicy"]
+
+
+class WarmupHoldPolicy(_Warmup):
+    name: Literal["WarmupHoldPolicy"]
+    hold_steps: int | None = key(None, "Steps held at lr after warmup.", by=APP, ge=0)
+    hold_ratio: float | None = key(None, "hold_steps as a fraction of max_steps.", by=APP, ge=0.0, le=1.0)
+    min_lr: float = key(0.0, "Lower bound of the learning rate.", by=APP, ge=0.0)
+
+
+class SquareAnnealing(_Warmup):
+    name: Literal["SquareAnnealing"]
+    min_lr: float = key(1e-5, "Learning rate reached at max_steps.", by=APP, ge=0.0)
+
+
+class NoamAnnealing(_Warmup):
+    name: Literal["NoamAnnealing"]
+    d_model: int = key(..., "Model width in the Noam formula lr * d_model^-0.5 * min(...).", by=APP, ge=1)
+    min_lr: float = key(0.0, "Lower bound of the learning rate.", by=APP, ge=0.0)
+
+
+class WarmupAnnealing(_Warmup):
+    name: Literal["WarmupAnnealing"]
+    min_lr: float = key(0.0, "Learning rate reached at max_steps (linear decay after warmup).", by=APP, ge=0.0)
+
+
+class StepLR(Section):
+    name: Literal["StepLR"]
+    step_size: int = key(..., "Multiply the learning rate by gamma every step_size steps.", by=APP, ge=1)
+    gamma: float = key(0.1, "Decay factor.", by=APP, gt=0.0)
+
+
+class ExponentialLR(Section):
+    name: Literal["ExponentialLR"]
+    gamma: float = key(0.9, "Multiply the learning rate by gamma every step.", by=APP, gt=0.0)
+
+
+SCHEDULER_NAMES = (
+    "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy",
+    "SquareAnnealing", "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR",
+)  # fmt: skip
+
+
+def _reject_rprop_scheduler(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("name") == "rprop":
+        raise ValueError(
+            "expected a scheduler name, found 'rprop' (the reference lists it among schedulers, "
+            "but Rprop is an optimizer: set model.optim.name: rprop instead)"
+        )
+    return value
+
+
+Scheduler = Annotated[
+    LinearAnnealingWithWarmUp | CosineAnnealing | WarmupPolicy | WarmupHoldPolicy | SquareAnnealing
+    | NoamAnnealing | WarmupAnnealing | StepLR | ExponentialLR,
+    Field(discriminator="name"),
+    BeforeValidator(_reject_rprop_scheduler),
+]
+
+# --------------------------------------------------------------------------- optimizers
+
+
+class _Optimizer(Section):
+    lr: float = key(..., "Peak learning rate.", by=APP, ge=0.0)
+    weight_decay: float = key(0.0, "Weight decay (decoupled for AdamW variants).", by=APP, ge=0.0)
+    sched: Scheduler | None = key(None, "Learning-rate schedule; null keeps lr constant.", by=APP)
+
+
+class _Capturable(_Optimizer):
+    capturable: bool = key(
+        False, "torch's capturable optimizer step (state on the device, for CUDA graphs).", by=APP
+    )
+
+
+class _AdamFamily(_Capturable):
+    betas: _Pair = key((0.9, 0.999), "Coefficients of the running averages of the gradient and its square.", by=APP)
+    eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
+    amsgrad: bool = key(False, "Use the AMSGrad variant.", by=APP)
+
+
+class AdamW(_AdamFamily):
+    name: Literal["adamw"]
+
+
+class AdamWFp32OptState(_AdamFamily):
+    name: Literal["adamw_fp32OptState"]
+
+
+class Adam(_AdamFamily):
+    name: Literal["adam"]
+
+
+class Adamax(_Capturable):
+    name: Literal["adamax"]
+    betas: _Pair = key((0.9, 0.999), "Coefficients of the running averages.", by=APP)
+    eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
+
+
+class SGD(_Optimizer):
+    name: Literal["sgd"]
+    momentum: float = key(0.0, "Momentum factor.", by=APP, ge=0.0)
+    dampening: float = key(0.0, "Dampening for momentum.", by=APP, ge=0.0)
+    nesterov: bool = key(False, "Nesterov momentum.", by=APP)
+
+
+class Adadelta(_Capturable):
+    name: Literal["adadelta"]
+    rho: float = key(0.9, "Coefficient of the running average of squared gradients.", by=APP, ge=0.0, le=1.0)
+    eps: float = key(1e-6, "Term added to the denominator for stability.", by=APP, gt=0.0)
+
+
+class Adagrad(_Optimizer):
+    name: Literal["adagrad"]
+    lr_decay: float = key(0.0, "Learning-rate decay.", by=APP, ge=0.0)
+    initial_accumulator_value: float = key(0.0, "Initial value of the sum of squares.", by=APP, ge=0.0)
+    eps: float = key(1e-10, "Term added to the denominator for stability.", by=APP, gt=0.0)
+
+
+class RMSprop(_Capturable):
+    name: Literal["rmsprop"]
+    alpha: float = key(0.99, "Smoothing constant.", by=APP, ge=0.0, le=1.0)
+    eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
+    momentum: float = key(0.0, "Momentum factor.", by=APP, ge=0.0)
+    centered: bool = key(False, "Normalise by an estimate of the gradient's variance.", by=APP)
+
+
+class Rprop(_Capturable):
+    name: Literal["rprop"]
+    etas: _Pair = key((0.5, 1.2), "Multiplicative decrease and increase factors.", by=APP)
+    step_sizes: _Pair = key((1e-6, 50.0), "Minimal and maximal step sizes.", by=APP)
+
+
+class Novograd(_Optimizer):
+    name: Literal["novograd"]
+    betas: _Pair = key((0.95, 0.98), "Coefficients of the running averages.", by=APP)
+    eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
+    grad_averaging: bool = key(False, "Scale the gradient by (1 - beta1) in the first moment.", by=APP)
+    amsgrad: bool = key(False, "Use the AMSGrad variant.", by=APP)
+    luc: bool = key(False, "Layer-wise update clipping.", by=APP)
+    luc_trust: float = key(1e-3, "Trust ratio of layer-wise update clipping.", by=APP, gt=0.0)
+    luc_eps: float = key(1e-8, "Epsilon of layer-wise update clipping.", by=APP, gt=0.0)
+
+
+class Adafactor(_Optimizer):
+    name: Literal["adafactor"]
+    lr: float | None = key(None, "Learning rate; null only with relative_step: True.", by=APP, ge=0.0)
+    beta1: Annotated[float | None, NoneString] = key(None, "First-moment coefficient; null keeps no first moment.", by=APP)
+    eps: _Pair = key((1e-30, 1e-3), "Regularisation constants for the square gradient and the parameter scale.", by=APP)
+    clip_threshold: float = key(1.0, "Threshold of the root-mean-square of the final update.", by=APP, gt=0.0)
+    decay_rate: float = key(0.8, "Coefficient of the running average of the squared gradient.", by=APP)
+    scale_parameter: bool = key(True, "Scale the learning rate by the root-mean-square of the parameter.", by=APP)
+    relative_step: bool = key(False, "Compute a time-dependent learning rate instead of using lr.", by=APP)
+    warmup_init: bool = key(False, "Warm the time-dependent learning rate up (needs relative_step).", by=APP)
+
+    @model_validator(mode="after")
+    def _lr_or_relative(self) -> Adafactor:
+        if self.lr is None and not self.relative_step:
+            raise ValueError("expected lr to be set, or relative_step: True, found neither")
+        return self
+
+
+OPTIMIZER_NAMES = (
+    "adamw", "adamw_fp32OptState", "sgd", "adam", "adadelta", "adamax", "adagrad", "rmsprop",
+    "rprop", "novograd", "adafactor",
+)  # fmt: skip
+
+Optimizer = Annotated[
+    AdamW | AdamWFp32OptState | SGD | Adam | Adadelta | Adamax | Adagrad | RMSprop | Rprop
+    | Novograd | Adafactor,
+    Field(discriminator="name"),
+]

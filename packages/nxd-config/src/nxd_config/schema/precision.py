@@ -1,0 +1,60 @@
+"""`precision`: the dtype policy of parameters, compute, gradients and optimizer state."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator
+
+from ._base import Section, key
+
+PREC = "nxd-precision"
+
+PrecisionType = Literal["fp32", "bf16SR", "autocast", "mixed_precision", "mixed_precisionSR", "manual"]
+
+
+def _flag_to_str(value: Any) -> Any:
+    """The runtime knobs are environment-variable strings ('0'/'1'); accept 0/1 integers too."""
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return str(value)
+    return value
+
+
+Flag = Annotated[Literal["0", "1"], BeforeValidator(_flag_to_str)]
+
+MANUAL_KNOBS: dict[str, Any] = {
+    "master_weights": False,
+    "fp32_grad_acc": False,
+    "fp32_grads_cc": False,
+    "xla_use_bf16": "0",
+    "xla_downcast_bf16": "0",
+    "neuron_rt_stochastic_rounding_en": "0",
+}
+"""Keys read only with `type: manual`, with their defaults."""
+
+
+class PrecisionConfig(Section):
+    type: PrecisionType = key(
+        "mixed_precision",
+        "fp32; mixed_precision (bf16 compute, fp32 master weights, fp32 grad accumulation and "
+        "reduction); mixed_precisionSR (the same with stochastic rounding); bf16SR (all bf16, "
+        "stochastically rounded updates); autocast (torch.autocast bf16); manual (the knobs below).",
+        by=PREC,
+    )
+    master_weights: bool = key(False, "manual: keep fp32 master weights for bf16 parameters.", by=PREC)
+    fp32_grad_acc: bool = key(False, "manual: accumulate gradients in fp32.", by=PREC)
+    fp32_grads_cc: bool = key(False, "manual: reduce gradients across ranks in fp32.", by=PREC)
+    xla_use_bf16: Flag = key("0", "manual: '1' keeps parameters and compute in bf16.", by=PREC)
+    xla_downcast_bf16: Flag = key(
+        "0", "manual: '1' computes in bf16 over fp32 parameters (downcast copies).", by=PREC
+    )
+    neuron_rt_stochastic_rounding_en: Flag = key(
+        "0", "manual: '1' applies bf16 updates with stochastic rounding.", by=PREC
+    )
+    parallel_layers_reduce_dtype: Literal["bf16", "fp32"] | None = key(
+        None,
+        "Dtype of tensor-parallel all-reduce / reduce-scatter; null means fp32 for type fp32, "
+        "bf16 otherwise.",
+        by="nxd-parallel",
+    )
+

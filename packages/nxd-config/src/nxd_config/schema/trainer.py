@@ -1,0 +1,69 @@
+"""`trainer`: the loop's length, logging, validation cadence and gradient clipping.
+
+Defaults follow the PyTorch Lightning Trainer, whose definitions the reference adopts.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from ._base import Section, Status, key
+
+_Count = Annotated[int, Field(ge=0)]
+_Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+APP = "nxd-train"
+
+
+class TrainerConfig(Section):
+    devices: int = key(1, "Devices (processes) per node; with torchrun, nproc_per_node.", by=APP, ge=1)
+    num_nodes: int = key(1, "Number of nodes; world size is devices * num_nodes.", by=APP, ge=1)
+    max_epochs: int = key(
+        -1, "Maximum epochs; -1 means the length is set by max_steps alone.", by=APP, ge=-1
+    )
+    max_steps: int = key(
+        -1, "Maximum optimizer steps; -1 means the length is set by max_epochs alone.", by=APP, ge=-1
+    )
+    log_every_n_steps: int = key(1, "Log loss and metrics every N optimizer steps.", by=APP, ge=1)
+    val_check_interval: Annotated[int, Field(ge=1)] | _Fraction = key(
+        1.0,
+        "Validate every N training steps (int) or at this fraction of each epoch (float).",
+        by=APP,
+    )
+    check_val_every_n_epoch: int | None = key(
+        1,
+        "Validate every N epochs; null lets val_check_interval count steps across epochs.",
+        by=APP,
+        ge=1,
+    )
+    num_sanity_val_steps: int = key(
+        2, "Validation batches run before training starts; 0 disables, -1 runs all.", by=APP, ge=-1
+    )
+    limit_val_batches: _Count | _Fraction = key(
+        1.0, "Validation batches per run: int = batches, float = fraction, 0 = off.", by=APP
+    )
+    limit_test_batches: _Count | _Fraction = key(
+        1.0, "Test batches per run: int = batches, float = fraction, 0 = off.", by=APP
+    )
+    gradient_clip_val: float | None = key(
+        None, "Clip the global gradient norm to this value; null or 0 disables.", by=APP, ge=0.0
+    )
+    lnc: int | None = key(
+        None,
+        "Logical-to-physical NeuronCore ratio (1 or 2).",
+        by="nxd-precision",
+        status=Status.NEURON_ONLY,
+        note="sets NEURON_LOGICAL_NC_CONFIG on Neuron devices",
+        ge=1,
+        le=2,
+    )
+    sequential_move_factor: int = key(
+        11,
+        "Ranks that initialise and move weights to the device at the same time.",
+        status=Status.NO_EFFECT,
+        note="nxd builds models on the meta device and materialises each rank's shards in place, "
+        "so there is no sequential move to stagger",
+        ge=1,
+    )

@@ -1,0 +1,255 @@
+"""Schema validation that reports every problem at once.
+
+pydantic stops before model-level checks when a field is invalid, but a user should see a wrong
+type, an unknown key and a broken cross-field rule in one run. So invalid entries are removed
+(their defaults take over) and validation is repeated until the config builds; the cross-field
+rules then run on that repaired config, and any rule finding that depends on a repaired key is
+dropped, because it would be about a value the user did not write.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .errors import MISSING, ConfigIssue
+from .schema import NxdConfig
+
+_EXPECTED = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "dict_type": "a mapping",
+    "none_required": "null",
+}
+_MAX_REPAIRS = 50
+
+
+def validate(raw: dict[str, Any]) -> tuple[NxdConfig | None, list[ConfigIssue], list[str]]:
+    """Validate a resolved config tree: the config (None if it cannot be built), its type
+    issues, and the dotted paths that had to be repaired to build it."""
+    data = copy.deepcopy(raw)
+    issues: list[ConfigIssue] = []
+    repaired: list[str] = []
+    for _ in range(_MAX_REPAIRS):
+        try:
+            return NxdConfig.model_validate(data), issues, repaired
+        except ValidationError as error:
+            found = _issues_from(error, data)
+            issues.extend(issue for issue in found if issue not in issues)
+            progress = False
+            for entry in error.errors():
+                keys = _existing_keys(entry["loc"], data, drop_missing_leaf=True)
+                if _remove(data, keys):
+                    repaired.append(dotted(keys))
+                    progress = True
+            if not progress:
+                break
+    return None, issues, repaired
+
+
+def dotted(keys: list[str | int] | tuple[str | int, ...]) -> str:
+    """('model', 'optim', 'betas', 1) -> 'model.optim.betas[1]'."""
+    text = ""
+    for part in keys:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text
+
+
+def _issues_from(error: ValidationError, data: dict[str, Any]) -> list[ConfigIssue]:
+    """One issue per key: union alternatives at the same key are merged into one 'or'."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for entry in error.errors():
+        keys = _existing_keys(entry["loc"], data, drop_missing_leaf=False)
+        grouped.setdefault(dotted(keys), []).append(entry)
+    return [_issue(path, entries) for path, entries in grouped.items()]
+
+
+def _issue(path: str, entries: list[dict[str, Any]]) -> ConfigIssue:
+    first = entries[0]
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return _unknown_key(path, first["loc"])
+    if kind in ("value_error", "assertion_error"):
+        return ConfigIssue(path, first["msg"].removeprefix("Value error, "))
+    if kind == "union_tag_invalid":
+        ctx = first["ctx"]
+        tags = [tag.strip("'") for tag in ctx["expected_tags"].split(", ")]
+        hint = _close(ctx["tag"], tags)
+        return ConfigIssue.mismatch(
+            f"{path}.name", f"one of {', '.join(tags)}", ctx["tag"], f"did you mean {hint!r}?" if hint else ""
+        )
+    if kind == "union_tag_not_found":
+        return ConfigIssue.mismatch(path, f"a mapping with a 'name' key ({first['ctx']['discriminator']})")
+    if kind == "missing":
+        return ConfigIssue.mismatch(path, "a value (this key is required)")
+    expected: list[str] = []
+    for entry in entries:
+        text = _expected(entry)
+        if text not in expected:
+            expected.append(text)
+    return ConfigIssue.mismatch(path, " or ".join(expected), first.get("input", MISSING))
+
+
+def _expected(entry: dict[str, Any]) -> str:
+    kind, ctx = entry["type"], entry.get("ctx", {})
+    if kind == "literal_error":
+        return f"one of {ctx['expected']}"
+    bounds = {
+        "greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<=",
+    }  # fmt: skip
+    if kind in bounds:
+        limit = next(iter(ctx.values()))
+        return f"a value {bounds[kind]} {limit}"
+    if kind in ("too_short", "too_long"):
+        count = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
+        return f"a list of {count} items (found {ctx.get('actual_length')})"
+    return _EXPECTED.get(kind, entry["msg"].lower().removeprefix("input should be "))
+
+
+def _unknown_key(path: str, loc: tuple[Any, ...]) -> ConfigIssue:
+    name = str(loc[-1])
+    parent = _model_at(loc[:-1])
+    siblings = _key_names(parent) if parent else []
+    hint = _close(name, siblings)
+    if hint:
+        suggestion = f"did you mean {hint!r}?"
+    else:
+        elsewhere = [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == name and "[" not in p]
+        suggestion = f"did you mean {elsewhere[0]!r}?" if elsewhere else ""
+    section = dotted(list(loc[:-1])) or "the top level"
+    tail = f" ({suggestion})" if suggestion else ""
+    return ConfigIssue(path, f"unknown key; expected a key that {section} defines{tail}")
+
+
+def _close(word: str, candidates: list[str]) -> str | None:
+    matches = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+# ----------------------------------------------------------------------- locating keys in data
+
+
+def _existing_keys(loc: tuple[Any, ...], data: Any, *, drop_missing_leaf: bool) -> list[str | int]:
+    """Map a pydantic location onto the user's tree, skipping union-member tags.
+
+    A trailing key that is absent (a missing required key) is kept for reporting and dropped
+    for repair, where the enclosing mapping is what gets removed.
+    """
+    keys: list[str | int] = []
+    node = data
+    for index, part in enumerate(loc):
+        last = index == len(loc) - 1
+        if isinstance(node, dict) and part in node:
+            keys.append(part)
+            node = node[part]
+        elif isinstance(node, list | tuple) and isinstance(part, int) and part < len(node):
+            keys.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and last and not drop_missing_leaf:
+            keys.append(part)
+        elif not isinstance(node, dict | list | tuple):
+            break
+    if drop_missing_leaf:
+        while keys and isinstance(keys[-1], int):
+            keys.pop()  # repair a list by dropping the whole key
+    return keys
+
+
+def _remove(data: dict[str, Any], keys: list[str | int]) -> bool:
+    if not keys:
+        return False
+    node: Any = data
+    for part in keys[:-1]:
+        node = node[part]
+    if isinstance(node, dict) and keys[-1] in node:
+        del node[keys[-1]]
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------- walking the schema
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The BaseModel classes inside an annotation (through Optional, Union and Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _models_in(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
+    return []
+
+
+def _field(model: type[BaseModel], name: str) -> Any:
+    for field_name, field in model.model_fields.items():
+        if name in (field_name, field.alias):
+            return field
+    return None
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The schema class that holds the keys at a pydantic location."""
+    candidates: list[type[BaseModel]] = [NxdConfig]
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        tagged = [model for model in candidates if _tag(model) == part]
+        if len(candidates) > 1 and tagged:
+            candidates = tagged
+            continue
+        field = next((f for f in (_field(m, part) for m in candidates) if f is not None), None)
+        if field is None:
+            return None
+        candidates = _models_in(field.annotation)
+        if not candidates:
+            return None
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _tag(model: type[BaseModel]) -> str | None:
+    field = model.model_fields.get("name")
+    if field is None or typing.get_origin(field.annotation) is not typing.Literal:
+        return None
+    return typing.get_args(field.annotation)[0]
+
+
+def _key_names(model: type[BaseModel]) -> list[str]:
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
+def all_key_paths() -> list[str]:
+    """Every dotted key the schema defines (optimizer/scheduler keys under each choice)."""
+    return [path for path, _, _ in iter_keys()]
+
+
+def iter_keys(model: type[BaseModel] = NxdConfig, prefix: str = "") -> Iterator[tuple[str, Any, type]]:
+    """(dotted path, pydantic FieldInfo, owning class) for every key, depth first."""
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{field.alias or name}"
+        yield path, field, model
+        members = _models_in(field.annotation)
+        for member in members:
+            tag = _tag(member)
+            child_prefix = f"{path}[{tag}]." if tag and len(members) > 1 else f"{path}."
+            yield from iter_keys(member, child_prefix)
+
+
+__all__ = ["all_key_paths", "dotted", "iter_keys", "validate"]

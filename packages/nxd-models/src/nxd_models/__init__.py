@@ -1,0 +1,3 @@
+"""nxd_models."""
+
+__version__ = "0.1.0"

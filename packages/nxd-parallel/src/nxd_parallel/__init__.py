@@ -1,0 +1,3 @@
+"""nxd_parallel."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""nxd_precision."""
+
+__version__ = "0.1.0"
