@@ -17,7 +17,7 @@ def show(value: Any) -> str:
     """Render a found value briefly and unambiguously (strings quoted, long values cut)."""
     if isinstance(value, dict):
         return "a mapping" if value else "an empty mapping"
-    text = repr(value)
+    text = repr(list(value) if isinstance(value, tuple) else value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

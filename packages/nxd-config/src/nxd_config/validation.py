@@ -54,7 +54,7 @@ def validate(raw: dict[str, Any]) -> tuple[NxdConfig | None, list[ConfigIssue], 
             issues.extend(issue for issue in found if issue not in issues)
             progress = False
             for entry in error.errors():
-                keys = _existing_keys(entry["loc"], data, drop_missing_leaf=True)
+                keys = _existing_keys(entry["loc"], data, for_repair=True)
                 if _remove(data, keys):
                     repaired.append(dotted(keys))
                     progress = True
@@ -75,7 +75,7 @@ def _issues_from(error: ValidationError, data: dict[str, Any]) -> list[ConfigIss
     """One issue per key: union alternatives at the same key are merged into one 'or'."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for entry in error.errors():
-        keys = _existing_keys(entry["loc"], data, drop_missing_leaf=False)
+        keys = _existing_keys(entry["loc"], data, keep_absent_leaf=entry["type"] == "missing")
         grouped.setdefault(dotted(keys), []).append(entry)
     return [_issue(path, entries) for path, entries in grouped.items()]
 
@@ -98,6 +98,9 @@ def _issue(path: str, entries: list[dict[str, Any]]) -> ConfigIssue:
         return ConfigIssue.mismatch(path, f"a mapping with a 'name' key ({first['ctx']['discriminator']})")
     if kind == "missing":
         return ConfigIssue.mismatch(path, "a value (this key is required)")
+    custom = _field_expected(first["loc"])
+    if custom and len(entries) > 1:
+        return ConfigIssue.mismatch(path, custom, first.get("input", MISSING))
     expected: list[str] = []
     for entry in entries:
         text = _expected(entry)
@@ -132,24 +135,27 @@ def _unknown_key(path: str, loc: tuple[Any, ...]) -> ConfigIssue:
     else:
         elsewhere = [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == name and "[" not in p]
         suggestion = f"did you mean {elsewhere[0]!r}?" if elsewhere else ""
-    section = dotted(list(loc[:-1])) or "the top level"
+    section = path.rpartition(".")[0] or "the top level"
     tail = f" ({suggestion})" if suggestion else ""
     return ConfigIssue(path, f"unknown key; expected a key that {section} defines{tail}")
 
 
 def _close(word: str, candidates: list[str]) -> str | None:
-    matches = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
-    return matches[0] if matches else None
+    by_lower = {candidate.lower(): candidate for candidate in candidates}
+    matches = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[matches[0]] if matches else None
 
 
 # ----------------------------------------------------------------------- locating keys in data
 
 
-def _existing_keys(loc: tuple[Any, ...], data: Any, *, drop_missing_leaf: bool) -> list[str | int]:
+def _existing_keys(
+    loc: tuple[Any, ...], data: Any, *, keep_absent_leaf: bool = False, for_repair: bool = False
+) -> list[str | int]:
     """Map a pydantic location onto the user's tree, skipping union-member tags.
 
-    A trailing key that is absent (a missing required key) is kept for reporting and dropped
-    for repair, where the enclosing mapping is what gets removed.
+    An absent trailing key (a missing required key) is kept for reporting when asked; for
+    repair, a list is removed whole, and a missing key's enclosing mapping is removed.
     """
     keys: list[str | int] = []
     node = data
@@ -161,11 +167,11 @@ def _existing_keys(loc: tuple[Any, ...], data: Any, *, drop_missing_leaf: bool) 
         elif isinstance(node, list | tuple) and isinstance(part, int) and part < len(node):
             keys.append(part)
             node = node[part]
-        elif isinstance(node, dict) and last and not drop_missing_leaf:
+        elif isinstance(node, dict) and last and keep_absent_leaf:
             keys.append(part)
         elif not isinstance(node, dict | list | tuple):
             break
-    if drop_missing_leaf:
+    if for_repair:
         while keys and isinstance(keys[-1], int):
             keys.pop()  # repair a list by dropping the whole key
     return keys
@@ -222,6 +228,17 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         if not candidates:
             return None
     return candidates[0] if len(candidates) == 1 else None
+
+
+def _field_expected(loc: tuple[Any, ...]) -> str | None:
+    """A key's own wording of what it accepts, when its type is a union of alternatives."""
+    for end in range(len(loc), 0, -1):
+        model = _model_at(loc[: end - 1])
+        field = _field(model, loc[end - 1]) if model and isinstance(loc[end - 1], str) else None
+        if field is not None:
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            return extra.get("expected")
+    return None
 
 
 def _tag(model: type[BaseModel]) -> str | None:

@@ -95,8 +95,9 @@ class NxdConfig(Section):
 
 
 def _walk_set(model: BaseModel, prefix: str) -> Iterator[tuple[str, object, str]]:
-    for name in model.model_fields_set:
-        field = type(model).model_fields[name]
+    for name, field in type(model).model_fields.items():
+        if name not in model.model_fields_set:
+            continue
         value = getattr(model, name)
         path = f"{prefix}{field.alias or name}"
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}

@@ -34,10 +34,16 @@ def key(
     status: Status = Status.HONOURED,
     note: str = "",
     alias: str | None = None,
+    expected: str | None = None,
     **constraints: Any,
 ) -> Any:
-    """Declare a config key: its default, effect (`doc`), consuming package (`by`) and status."""
+    """Declare a config key: its default, effect (`doc`), consuming package (`by`) and status.
+
+    `expected` words what a key with alternative types accepts, for error messages.
+    """
     extra = {"status": str(status), "by": by, "note": note}
+    if expected:
+        extra["expected"] = expected
     return Field(default, description=doc, alias=alias, json_schema_extra=extra, **constraints)
 
 

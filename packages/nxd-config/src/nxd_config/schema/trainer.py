@@ -13,6 +13,8 @@ from ._base import Section, Status, key
 
 _Count = Annotated[int, Field(ge=0)]
 _Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+_Interval = Annotated[float, Field(gt=0.0, le=1.0)]
+_LIMIT = "an integer >= 0 (batches) or a number from 0.0 to 1.0 (fraction)"
 
 APP = "nxd-train"
 
@@ -27,10 +29,11 @@ class TrainerConfig(Section):
         -1, "Maximum optimizer steps; -1 means the length is set by max_epochs alone.", by=APP, ge=-1
     )
     log_every_n_steps: int = key(1, "Log loss and metrics every N optimizer steps.", by=APP, ge=1)
-    val_check_interval: Annotated[int, Field(ge=1)] | _Fraction = key(
+    val_check_interval: Annotated[int, Field(ge=1)] | _Interval = key(
         1.0,
         "Validate every N training steps (int) or at this fraction of each epoch (float).",
         by=APP,
+        expected="an integer >= 1 (steps) or a number in (0, 1] (fraction of an epoch)",
     )
     check_val_every_n_epoch: int | None = key(
         1,
@@ -42,10 +45,10 @@ class TrainerConfig(Section):
         2, "Validation batches run before training starts; 0 disables, -1 runs all.", by=APP, ge=-1
     )
     limit_val_batches: _Count | _Fraction = key(
-        1.0, "Validation batches per run: int = batches, float = fraction, 0 = off.", by=APP
+        1.0, "Validation batches per run: int = batches, float = fraction, 0 = off.", by=APP, expected=_LIMIT
     )
     limit_test_batches: _Count | _Fraction = key(
-        1.0, "Test batches per run: int = batches, float = fraction, 0 = off.", by=APP
+        1.0, "Test batches per run: int = batches, float = fraction, 0 = off.", by=APP, expected=_LIMIT
     )
     gradient_clip_val: float | None = key(
         None, "Clip the global gradient norm to this value; null or 0 disables.", by=APP, ge=0.0

@@ -1,0 +1,114 @@
+"""The `nxd-train` command line.
+
+    nxd-train [train] [--config FILE] [OVERRIDE ...]   run the job (the embedded tiny config by default)
+    nxd-train config show FILE [OVERRIDE ...]          print the resolved config as YAML
+    nxd-train config check FILE [OVERRIDE ...]         exit 0 if valid, 1 with every problem listed
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from nxd_config import ConfigError, ConfigNotice, NxdConfig, Status, load_config
+
+SUBCOMMANDS = ("train", "config")
+OVERRIDE_HELP = "a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML)"
+
+
+def default_config_path() -> Path:
+    """The embedded default config (the same file as configs/tiny.yaml)."""
+    return Path(str(resources.files("nxd_train") / "tiny.yaml"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nxd-train",
+        description="Train large language models from one NxDT-dialect YAML file.",
+        epilog="Without a subcommand, nxd-train runs 'train'. Overrides: " + OVERRIDE_HELP,
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = commands.add_parser("train", help="run the job a config describes (the default command)")
+    train.add_argument("--config", "-c", type=Path, default=None,
+                       help="config file (default: the embedded tiny config)")
+    train.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
+
+    config = commands.add_parser("config", help="inspect a config without running it")
+    actions = config.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, text in (("show", "print the resolved config (defaults filled in) as YAML"),
+                       ("check", "validate a config: exit 0 if valid, 1 listing every problem")):
+        action = actions.add_parser(name, help=text, description=text)
+        action.add_argument("file", type=Path, metavar="CONFIG")
+        action.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or (args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help")):
+        args_list.insert(0, "train")
+    args = build_parser().parse_args(args_list)
+    if args.command == "config":
+        return _config_command(args.action, args.file, args.overrides)
+    return _train_command(args.config or default_config_path(), args.overrides)
+
+
+def _load(path: Path, overrides: Sequence[str]) -> NxdConfig | None:
+    """Load a config, printing notices and errors to stderr; None when it is invalid."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigNotice)
+        try:
+            config = load_config(path, overrides)
+        except ConfigError as error:
+            config = None
+            message = str(error)
+    for warning in caught:
+        if issubclass(warning.category, ConfigNotice):
+            print(f"notice: {warning.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    if config is None:
+        print(message, file=sys.stderr)
+    return config
+
+
+def _config_command(action: str, path: Path, overrides: Sequence[str]) -> int:
+    config = _load(path, overrides)
+    if config is None:
+        return 1
+    if action == "show":
+        print(to_yaml(config), end="")
+        return 0
+    neuron_keys = config.set_keys_with_status(Status.NEURON_ONLY)
+    if neuron_keys:
+        print(f"notice: acted on only on AWS Neuron devices: {', '.join(neuron_keys)}", file=sys.stderr)
+    print(f"{path}: valid ({config.world_size} processes: tp={config.distributed_strategy.tensor_model_parallel_size} "
+          f"pp={config.distributed_strategy.pipeline_model_parallel_size} "
+          f"cp={config.distributed_strategy.context_parallel_size} dp={config.data_parallel_size}, "
+          f"gradient accumulation {config.gradient_accumulation_steps})")
+    return 0
+
+
+def _train_command(path: Path, overrides: Sequence[str]) -> int:
+    config = _load(path, overrides)
+    if config is None:
+        return 1
+    print(to_yaml(config), end="")
+    print("nxd-train: the configuration above is valid; this release of nxd-train validates and "
+          "resolves configs, and the training engine is not part of it yet.", file=sys.stderr)
+    return 0
+
+
+def to_yaml(config: NxdConfig) -> str:
+    """The resolved config as YAML, in the key order of the schema."""
+    return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
