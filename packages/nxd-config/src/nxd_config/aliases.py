@@ -41,6 +41,7 @@ def normalise(tree: dict[str, Any]) -> list[ConfigIssue]:
             issues.append(ConfigIssue.mismatch(
                 old, f"only one of {old!r} (older spelling) and {new!r}", "both set", f"keep {new!r}"
             ))
+            del old_parent[old_leaf]  # reported once here, not again as an unknown key
             continue
         new_parent[new_leaf] = old_parent.pop(old_leaf)
         _notice(f"{old!r} is the older spelling of {new!r}; read as {new!r}")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import warnings
 from collections.abc import Mapping, Sequence
 from os import PathLike
@@ -96,8 +98,7 @@ def _resolve(tree: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIssue]]:
     the file's own keys are kept, so that 'set by the user' stays meaningful downstream.
     """
     issues: list[ConfigIssue] = []
-    defaults = NxdConfig().model_dump(mode="json", by_alias=True)
-    merged = OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.create(tree))
+    merged = OmegaConf.create(_overlay(_defaults(), tree))
 
     def walk(node: DictConfig | ListConfig, raw: Any, keys: list[str | int]) -> Any:
         is_dict = isinstance(node, DictConfig)
@@ -118,6 +119,22 @@ def _resolve(tree: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIssue]]:
         return result
 
     return walk(merged, tree, []), issues
+
+
+@functools.cache
+def _defaults_cached() -> dict[str, Any]:
+    return NxdConfig().model_dump(mode="json", by_alias=True)
+
+
+def _defaults() -> dict[str, Any]:
+    return copy.deepcopy(_defaults_cached())
+
+
+def _overlay(base: Any, top: Any) -> Any:
+    """`top` laid over `base`, mapping by mapping (lists and scalars in `top` win whole)."""
+    if isinstance(base, dict) and isinstance(top, dict):
+        return {**base, **{key: _overlay(base.get(key), value) for key, value in top.items()}}
+    return top
 
 
 def _first_line(exc: Exception) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -43,7 +44,7 @@ def _apply(config: DictConfig, override: str) -> ConfigIssue | None:
         )
     try:
         value = _parse_value(raw_value)
-    except OmegaConfBaseException as exc:
+    except (OmegaConfBaseException, yaml.YAMLError) as exc:
         return ConfigIssue.mismatch(f"override {override!r}", "a YAML value", raw_value, _first_line(exc))
     exists = _get(config, key) is not _ABSENT
     if add and exists:

@@ -51,7 +51,10 @@ def validate(raw: dict[str, Any]) -> tuple[NxdConfig | None, list[ConfigIssue], 
             return NxdConfig.model_validate(data), issues, repaired
         except ValidationError as error:
             found = _issues_from(error, data)
-            issues.extend(issue for issue in found if issue not in issues)
+            issues.extend(
+                issue for issue in found
+                if issue not in issues and not any(_within(issue.path, path) for path in repaired)
+            )
             progress = False
             for entry in error.errors():
                 keys = _existing_keys(entry["loc"], data, for_repair=True)
@@ -61,6 +64,10 @@ def validate(raw: dict[str, Any]) -> tuple[NxdConfig | None, list[ConfigIssue], 
             if not progress:
                 break
     return None, issues, repaired
+
+
+def _within(path: str, ancestor: str) -> bool:
+    return path == ancestor or path.startswith((ancestor + ".", ancestor + "["))
 
 
 def dotted(keys: list[str | int] | tuple[str | int, ...]) -> str:

@@ -1,0 +1,291 @@
+"""Every cross-field rule: one test each, asserting the exact message."""
+
+import warnings
+
+import pytest
+from nxd_config import ConfigError, ConfigNotice, load_config
+
+from .conftest import messages
+
+
+def errors(config) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    return messages(info.value)
+
+
+def test_minimal_is_valid(minimal) -> None:
+    load_config(minimal)
+
+
+def test_parallel_sizes_must_divide_world(minimal) -> None:
+    minimal["distributed_strategy"]["tensor_model_parallel_size"] = 3
+    minimal["model"].update(num_attention_heads=6, hidden_size=96, num_kv_heads=3)
+    assert errors(minimal) == [
+        "distributed_strategy: expected tensor * pipeline * context parallel sizes (3 * 1 * 1 = 3) to "
+        "divide trainer.devices * trainer.num_nodes (4 * 1 = 4), found a remainder of 1"
+    ]
+
+
+def test_global_batch_must_be_multiple_of_micro_batch_times_dp(minimal) -> None:
+    minimal["data"].update(micro_batch_size=2, global_batch_size=6)
+    assert errors(minimal) == [
+        "data.global_batch_size: expected a multiple of data.micro_batch_size * data-parallel size "
+        "(2 * 2 = 4), found 6"
+    ]
+
+
+def test_attention_heads_divisible_by_tp(minimal) -> None:
+    minimal["distributed_strategy"]["tensor_model_parallel_size"] = 4
+    minimal["model"].update(num_attention_heads=6, hidden_size=96, num_kv_heads=2, )
+    minimal["distributed_strategy"]["kv_replicator"] = 2
+    minimal["data"]["global_batch_size"] = 1
+    assert errors(minimal) == [
+        "model.num_attention_heads: expected a multiple of tensor_model_parallel_size (4), found 6"
+    ]
+
+
+def test_kv_heads_times_replicator_divisible_by_tp(minimal) -> None:
+    minimal["distributed_strategy"]["tensor_model_parallel_size"] = 4
+    minimal["data"]["global_batch_size"] = 1
+    minimal["model"].update(num_attention_heads=8, num_kv_heads=2)
+    assert errors(minimal) == [
+        "distributed_strategy.kv_replicator: expected num_kv_heads * kv_replicator (2 * 1 = 2) to be a "
+        "multiple of tensor_model_parallel_size (4), found it is not (try kv_replicator: 2)"
+    ]
+    minimal["distributed_strategy"]["kv_replicator"] = 2
+    load_config(minimal)
+
+
+def test_kv_heads_divide_attention_heads(minimal) -> None:
+    minimal["model"].update(num_attention_heads=4, num_kv_heads=3)
+    minimal["distributed_strategy"]["kv_replicator"] = 2
+    assert errors(minimal) == ["model.num_kv_heads: expected a divisor of model.num_attention_heads (4), found 3"]
+
+
+def test_sequence_parallel_needs_length_divisible_by_tp(minimal) -> None:
+    minimal["distributed_strategy"]["sequence_parallel"] = True
+    minimal["model"]["encoder_seq_length"] = 127
+    assert errors(minimal) == [
+        "model.encoder_seq_length: expected a multiple of tensor_model_parallel_size (2) because "
+        "sequence_parallel is on, found 127"
+    ]
+
+
+def test_context_parallel_needs_length_divisible_by_2cp(minimal) -> None:
+    minimal["distributed_strategy"].update(tensor_model_parallel_size=1, context_parallel_size=2)
+    minimal["model"]["fusions"] = {"ring_attention": True}
+    minimal["data"].update(seq_length=130, global_batch_size=2)
+    assert errors(minimal) == [
+        "data.seq_length: expected a multiple of 2 * context_parallel_size (4) for the load-balanced "
+        "context split, found 130"
+    ]
+
+
+def test_context_parallel_requires_ring_attention(minimal) -> None:
+    minimal["distributed_strategy"].update(tensor_model_parallel_size=1, context_parallel_size=2)
+    minimal["data"]["global_batch_size"] = 2
+    assert errors(minimal) == [
+        "model.fusions.ring_attention: expected True because context_parallel_size is 2, found False"
+    ]
+
+
+def test_pipeline_cuts_count_is_pp_minus_one(minimal) -> None:
+    minimal["distributed_strategy"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
+    minimal["model"]["pipeline_cuts"] = ["model.layers.1", "model.layers.2"]
+    assert errors(minimal) == ["model.pipeline_cuts: expected pipeline_model_parallel_size - 1 = 1 cut(s), found 2"]
+
+
+def test_virtual_pipeline_needs_pipeline(minimal) -> None:
+    minimal["distributed_strategy"]["virtual_pipeline_model_parallel_size"] = 2
+    assert errors(minimal) == [
+        "distributed_strategy.virtual_pipeline_model_parallel_size: expected 1 unless "
+        "pipeline_model_parallel_size > 1, found 2 with pp = 1"
+    ]
+
+
+def test_virtual_pipeline_needs_layers_divisible_by_pp_times_vpp(minimal) -> None:
+    minimal["distributed_strategy"].update(
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2
+    )
+    minimal["model"]["num_layers"] = 6
+    assert errors(minimal) == [
+        "model.num_layers: expected a multiple of pipeline * virtual pipeline sizes (2 * 2 = 4), found 6"
+    ]
+
+
+def test_manual_precision_knobs_warn_without_manual(minimal) -> None:
+    minimal["precision"] = {"type": "mixed_precision", "master_weights": True}
+    with pytest.warns(ConfigNotice) as record:
+        load_config(minimal)
+    assert [str(w.message) for w in record] == [
+        "precision.master_weights: ignored: only read when precision.type is 'manual', found type "
+        "'mixed_precision' (which sets this itself)"
+    ]
+
+
+def test_manual_precision_knobs_at_defaults_or_with_manual_are_quiet(minimal) -> None:
+    minimal["precision"] = {"type": "mixed_precision", "master_weights": False, "xla_use_bf16": "0"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(minimal)
+        minimal["precision"] = {"type": "manual", "master_weights": True, "fp32_grad_acc": True}
+        load_config(minimal)
+
+
+def test_recompute_list_only_with_selective(minimal) -> None:
+    minimal["model"].update(activations_checkpoint_granularity="full", activations_checkpoint_recompute=["CoreAttention"])
+    assert errors(minimal) == [
+        "model.activations_checkpoint_recompute: expected null unless activations_checkpoint_granularity "
+        "is 'selective', found ['CoreAttention'] with granularity 'full'"
+    ]
+
+
+def test_recompute_mlp_needs_some_recomputation(minimal) -> None:
+    minimal["model"]["activations_checkpoint_recompute_mlp"] = True
+    assert errors(minimal) == [
+        "model.activations_checkpoint_recompute_mlp: expected False when activations_checkpoint_granularity "
+        "is null (no recomputation), found True"
+    ]
+
+
+def test_at_most_one_alignment_method(minimal) -> None:
+    minimal["data"]["train_dir"] = "/data/x.jsonl"
+    minimal["model_alignment_strategy"] = {"sft": {}, "orpo": {"max_prompt_length": 64}, "peft": {}}
+    assert errors(minimal) == [
+        "model_alignment_strategy: expected at most one of sft, dpo, orpo (peft combines with any), found sft, orpo"
+    ]
+
+
+def test_peft_combines_with_a_method(minimal) -> None:
+    minimal["data"]["train_dir"] = "/data/x.jsonl"
+    minimal["model_alignment_strategy"] = {"dpo": {"max_prompt_length": 64}, "peft": {"lora_rank": 8}}
+    config = load_config(minimal)
+    assert config.model_alignment_strategy.method == "dpo"
+    assert config.model_alignment_strategy.peft.lora_rank == 8
+
+
+def test_dpo_without_precomputed_reference_is_rejected(minimal) -> None:
+    minimal["data"]["train_dir"] = "/data/x.jsonl"
+    minimal["model_alignment_strategy"] = {"dpo": {"max_prompt_length": 64, "precompute_ref_log_probs": False}}
+    assert errors(minimal) == [
+        "model_alignment_strategy.dpo.precompute_ref_log_probs: expected True: reference log-probs are "
+        "always precomputed before training (False is not supported), found False"
+    ]
+
+
+def test_preference_prompt_length_required_and_shorter_than_sequence(minimal) -> None:
+    minimal["data"]["train_dir"] = "/data/x.jsonl"
+    minimal["model_alignment_strategy"] = {"orpo": {}}
+    assert errors(minimal) == [
+        "model_alignment_strategy.orpo.max_prompt_length: expected the longest prompt length in tokens, found nothing"
+    ]
+    minimal["model_alignment_strategy"] = {"dpo": {"max_prompt_length": 128}}
+    assert errors(minimal) == [
+        "model_alignment_strategy.dpo.max_prompt_length: expected less than the sequence length (128) so "
+        "that a response fits, found 128"
+    ]
+
+
+def test_alignment_needs_training_data(minimal) -> None:
+    minimal["model_alignment_strategy"] = {"sft": {"packing": True}}
+    assert errors(minimal) == [
+        "data.train_dir: expected the SFT training data (a jsonl, arrow or parquet file or a saved dataset), found nothing"
+    ]
+
+
+def test_megatron_model_requires_its_architecture(minimal) -> None:
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "encoder_seq_length"):
+        del minimal["model"][key]
+    assert errors(minimal) == [
+        "model.num_layers: expected a value (required for model_source: megatron)",
+        "model.hidden_size: expected a value (required for model_source: megatron)",
+        "model.num_attention_heads: expected a value (required for model_source: megatron)",
+        "model.encoder_seq_length: expected the training sequence length, found nothing",
+    ]
+
+
+def test_hidden_size_divisible_by_heads_without_kv_channels(minimal) -> None:
+    minimal["model"]["hidden_size"] = 66
+    assert errors(minimal) == [
+        "model.hidden_size: expected a multiple of num_attention_heads (4) when kv_channels is null, found 66"
+    ]
+    minimal["model"]["kv_channels"] = 16
+    load_config(minimal)
+
+
+def test_hf_model_needs_config_json_and_rejects_megatron_architecture_keys(minimal) -> None:
+    minimal["model_source"] = "hf"
+    del minimal["model"]["num_attention_heads"]
+    minimal["model"]["activation"] = "gelu"
+    assert errors(minimal) == [
+        "model.model_config: expected the path of a Hugging Face config.json (model_source is hf), found nothing",
+        "model.activation: expected no value: this key describes a Megatron-style architecture and "
+        "model_source is hf, whose architecture comes from model.model_config",
+    ]
+
+
+def test_megatron_model_rejects_hf_config(minimal) -> None:
+    minimal["model"]["model_config"] = "/x/config.json"
+    assert errors(minimal) == [
+        "model.model_config: expected no value with model_source: megatron (set model_source: hf to build "
+        "a Hugging Face architecture)"
+    ]
+
+
+def test_learned_positions_must_cover_the_sequence(minimal) -> None:
+    minimal["model"].update(position_embedding_type="learned_absolute", max_position_embeddings=64)
+    assert errors(minimal) == [
+        "model.max_position_embeddings: expected at least the sequence length (128) with learned_absolute "
+        "positions, found 64"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("model", "transformer_block_type", "post_ln",
+         "expected 'pre_ln' (the only block type nxd builds), found 'post_ln'"),
+        ("model", "moe", {"num_experts": 8, "top_k": 2, "sinkhorn_tol": "None"},
+         "expected null: nxd has no mixture-of-experts models, found a moe block"),
+        ("distributed_strategy", "expert_model_parallel_size", 2,
+         "expected 1: nxd has no mixture-of-experts models, found 2"),
+        ("distributed_strategy", "token_shuffle_group_size", 4,
+         "expected 1: nxd has no mixture-of-experts models, found 4"),
+        ("model", "sliding_window_size", 4096,
+         "expected null: nxd's Megatron-style attention is full causal, found 4096"),
+    ],
+)
+def test_unsupported_features_are_rejected_by_name(minimal, section, key, value, message) -> None:
+    minimal[section][key] = value
+    assert errors(minimal) == [f"{section}.{key}: {message}"]
+
+
+def test_training_must_end(minimal) -> None:
+    minimal["trainer"]["max_steps"] = -1
+    assert errors(minimal) == [
+        "trainer.max_steps: expected trainer.max_steps or trainer.max_epochs to be positive, found -1 and -1 "
+        "(training would never end)"
+    ]
+    minimal["trainer"]["max_epochs"] = 2
+    load_config(minimal)
+
+
+def test_optimizer_required(minimal) -> None:
+    del minimal["model"]["optim"]
+    assert errors(minimal) == ["model.optim: expected an optimizer such as {name: adamw, lr: 3.0e-4}, found nothing"]
+
+
+def test_tabular_tokenizer_delimiter_rejected(minimal) -> None:
+    minimal["data"]["tokenizer"] = {"type": "/tok", "delimiter": ","}
+    assert errors(minimal) == [
+        "data.tokenizer.delimiter: expected null: the delimiter belongs to NeMo's tabular tokenizer, which "
+        "nxd does not support, found ','"
+    ]
+
+
+def test_checkpoint_model_parallel_size_must_match_layout(minimal) -> None:
+    minimal["exp_manager"] = {"checkpoint_callback_params": {"model_parallel_size": 8}}
+    assert errors(minimal) == [
+        "exp_manager.checkpoint_callback_params.model_parallel_size: expected tensor * pipeline parallel sizes (2), found 8"
+    ]
