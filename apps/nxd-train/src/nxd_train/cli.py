@@ -88,7 +88,8 @@ def _config_command(action: str, path: Path, overrides: Sequence[str]) -> int:
     neuron_keys = config.set_keys_with_status(Status.NEURON_ONLY)
     if neuron_keys:
         print(f"notice: acted on only on AWS Neuron devices: {', '.join(neuron_keys)}", file=sys.stderr)
-    print(f"{path}: valid ({config.world_size} processes: tp={config.distributed_strategy.tensor_model_parallel_size} "
+    processes = f"{config.world_size} process{'es' if config.world_size != 1 else ''}"
+    print(f"{path}: valid ({processes}: tp={config.distributed_strategy.tensor_model_parallel_size} "
           f"pp={config.distributed_strategy.pipeline_model_parallel_size} "
           f"cp={config.distributed_strategy.context_parallel_size} dp={config.data_parallel_size}, "
           f"gradient accumulation {config.gradient_accumulation_steps})")

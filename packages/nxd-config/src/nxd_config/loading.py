@@ -75,7 +75,8 @@ def _read(source: str | PathLike[str] | Mapping[str, Any], name: str) -> DictCon
     except yaml.YAMLError as exc:
         raise ConfigError(ConfigIssue("", f"expected valid YAML, found {_yaml_problem(exc)}"), name) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(ConfigIssue.mismatch("", "UTF-8 text", f"undecodable byte at offset {exc.start}"), name) from None
+        issue = ConfigIssue.mismatch("", "UTF-8 text", f"undecodable byte at offset {exc.start}")
+        raise ConfigError(issue, name) from None
     except OmegaConfBaseException as exc:
         raise ConfigError(ConfigIssue("", f"expected a YAML mapping, found {_first_line(exc)}"), name) from None
     if not isinstance(config, DictConfig):

@@ -168,10 +168,9 @@ def _existing_keys(
     node = data
     for index, part in enumerate(loc):
         last = index == len(loc) - 1
-        if isinstance(node, dict) and part in node:
-            keys.append(part)
-            node = node[part]
-        elif isinstance(node, list | tuple) and isinstance(part, int) and part < len(node):
+        in_dict = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list | tuple) and isinstance(part, int) and part < len(node)
+        if in_dict or in_list:
             keys.append(part)
             node = node[part]
         elif isinstance(node, dict) and last and keep_absent_leaf:
@@ -264,16 +263,52 @@ def all_key_paths() -> list[str]:
     return [path for path, _, _ in iter_keys()]
 
 
-def iter_keys(model: type[BaseModel] = NxdConfig, prefix: str = "") -> Iterator[tuple[str, Any, type]]:
-    """(dotted path, pydantic FieldInfo, owning class) for every key, depth first."""
-    for name, field in model.model_fields.items():
-        path = f"{prefix}{field.alias or name}"
-        yield path, field, model
-        members = _models_in(field.annotation)
+def iter_keys(
+    model: type[BaseModel] = NxdConfig, prefix: str = ""
+) -> Iterator[tuple[str, Any, tuple[type[BaseModel], ...]]]:
+    """(dotted path, pydantic FieldInfo, owning classes) for every key, depth first.
+
+    Under a choice such as model.optim, keys every choice shares appear once (model.optim.lr);
+    the others carry the choice: model.optim[sgd].momentum.
+    """
+    yield from _iter_members((model,), prefix)
+
+
+def _iter_members(members: tuple[type[BaseModel], ...], prefix: str) -> Iterator[tuple[str, Any, tuple]]:
+    common = [name for name in members[0].model_fields if all(name in m.model_fields for m in members)]
+    variant: dict[type[BaseModel], list[str]] = {m: [n for n in m.model_fields if n not in common] for m in members}
+    for name in common:
+        if name == "name" and len(members) > 1:  # the discriminator: one key, many values
+            yield f"{prefix}name", members[0].model_fields[name], members
+            continue
+        groups: dict[str, list[type[BaseModel]]] = {}
         for member in members:
-            tag = _tag(member)
-            child_prefix = f"{path}[{tag}]." if tag and len(members) > 1 else f"{path}."
-            yield from iter_keys(member, child_prefix)
+            groups.setdefault(_signature(member.model_fields[name]), []).append(member)
+        usual = max(groups.values(), key=len)
+        yield from _iter_field(usual[0].model_fields[name], f"{prefix}{_key_name(usual[0], name)}", tuple(usual))
+        for member in members:
+            if member not in usual:
+                variant[member].insert(0, name)
+    if len(members) > 1:
+        for member in members:
+            for name in variant[member]:
+                path = f"{prefix.rstrip('.')}[{_tag(member)}].{name}"
+                yield from _iter_field(member.model_fields[name], path, (member,))
+
+
+def _signature(field: Any) -> str:
+    return repr((field.annotation, field.default, field.description))
+
+
+def _iter_field(field: Any, path: str, owners: tuple) -> Iterator[tuple[str, Any, tuple]]:
+    yield path, field, owners
+    children = tuple(_models_in(field.annotation))
+    if children:
+        yield from _iter_members(children, path + ".")
+
+
+def _key_name(model: type[BaseModel], name: str) -> str:
+    return model.model_fields[name].alias or name
 
 
 __all__ = ["all_key_paths", "dotted", "iter_keys", "validate"]

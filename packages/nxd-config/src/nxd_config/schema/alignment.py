@@ -57,7 +57,9 @@ class PeftConfig(Section):
     target_modules: frozen_list(str) = key(
         ("qkv_proj",), "Modules that get adapters (e.g. qkv_proj, o_proj, gate_up_proj, down_proj).", by=ALIGN
     )
-    load_lora_from_ckpt: bool = key(False, "Load the adapter together with the base model from the checkpoint.", by="nxd-ckpt")
+    load_lora_from_ckpt: bool = key(
+        False, "Load the adapter together with the base model from the checkpoint.", by="nxd-ckpt"
+    )
     save_lora_base: bool = key(False, "Also save the frozen base model in checkpoints.", by="nxd-ckpt")
     merge_lora: bool = key(False, "Merge the adapter into the base weights when saving.", by="nxd-ckpt")
     save_lora_config_adapter: bool = key(

@@ -72,7 +72,9 @@ class ExpManagerConfig(Section):
     log_step_timing: bool = key(True, "Log the wall time of each training step.", by=APP)
     resume_if_exists: bool = key(False, "Resume from the newest complete checkpoint in the log directory.", by=CKPT)
     resume_ignore_no_checkpoint: bool = key(
-        False, "With resume_if_exists, start fresh (with a notice) when no checkpoint exists instead of failing.", by=CKPT
+        False,
+        "With resume_if_exists, start fresh (with a notice) when no checkpoint exists instead of failing.",
+        by=CKPT,
     )
     resume_from_checkpoint: str | None = key(None, "Resume from this checkpoint path explicitly.", by=CKPT)
     create_checkpoint_callback: bool = key(True, "Save checkpoints as checkpoint_callback_params says.", by=CKPT)

@@ -204,7 +204,9 @@ class Novograd(_Optimizer):
 class Adafactor(_Optimizer):
     name: Literal["adafactor"]
     lr: float | None = key(None, "Learning rate; null only with relative_step: True.", by=APP, ge=0.0)
-    beta1: Annotated[float | None, NoneString] = key(None, "First-moment coefficient; null keeps no first moment.", by=APP)
+    beta1: Annotated[float | None, NoneString] = key(
+        None, "First-moment coefficient; null keeps no first moment.", by=APP
+    )
     eps: _Pair = key((1e-30, 1e-3), "Regularisation constants for the square gradient and the parameter scale.", by=APP)
     clip_threshold: float = key(1.0, "Threshold of the root-mean-square of the final update.", by=APP, gt=0.0)
     decay_rate: float = key(0.8, "Coefficient of the running average of the squared gradient.", by=APP)

@@ -1,0 +1,124 @@
+"""The key reference table (key, type, default, effect, used by, status), generated from the schema.
+
+    python -m nxd_config.reference            print the table as Markdown
+    python -m nxd_config.reference --update README.md   rewrite the table between its markers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from .schema import Status
+from .validation import iter_keys
+
+START, END = "<!-- keys:start -->", "<!-- keys:end -->"
+
+
+def key_table() -> str:
+    """Every key of the schema as a Markdown table."""
+    rows = ["| key | type | default | effect | used by | status |", "|---|---|---|---|---|---|"]
+    for path, field, owners in iter_keys():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if len(owners) > 1 and path.endswith(".name"):
+            names = " | ".join(json.dumps(typing.get_args(o.model_fields["name"].annotation)[0]) for o in owners)
+            rows.append(f"| `{path}` | {names.replace('|', chr(92) + '|')} | required | Which one; "
+                        f"selects the keys below. | {_by(owners[0])} | honoured |")
+            continue
+        status = extra.get("status", str(Status.HONOURED))
+        note = extra.get("note", "")
+        if _is_section(field.annotation):
+            status, default = "", "(section)"
+        else:
+            default = _default(field.default)
+        cells = [f"`{path}`", _type(field.annotation), default, field.description or "",
+                 extra.get("by", ""), f"{status}: {note}" if note else status]
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _by(model: type[BaseModel]) -> str:
+    for field in model.model_fields.values():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if extra.get("by"):
+            return extra["by"]
+    return ""
+
+
+def _is_section(annotation: Any) -> bool:
+    args = [a for a in _flatten(annotation) if a is not type(None)]
+    return bool(args) and all(isinstance(a, type) and issubclass(a, BaseModel) for a in args)
+
+
+def _flatten(annotation: Any) -> list[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _flatten(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [a for arg in typing.get_args(annotation) for a in _flatten(arg)]
+    return [annotation]
+
+
+def _type(annotation: Any) -> str:
+    names = []
+    for arg in _flatten(annotation):
+        origin = typing.get_origin(arg)
+        if arg is type(None):
+            name = "null"
+        elif origin is typing.Literal:
+            name = " | ".join(json.dumps(v) for v in typing.get_args(arg))
+        elif origin is tuple:
+            items = typing.get_args(arg)
+            name = f"list[{_type(items[0])}]" if items else "list"
+        elif isinstance(arg, type) and issubclass(arg, BaseModel):
+            name = "mapping"
+        else:
+            name = getattr(arg, "__name__", str(arg))
+        if name not in names:
+            names.append(name)
+    return " | ".join(names)
+
+
+def _default(value: Any) -> str:
+    if value is PydanticUndefined:
+        return "required"
+    if isinstance(value, tuple):
+        value = list(value)
+    return f"`{json.dumps(value)}`"
+
+
+def update(readme: Path) -> bool:
+    """Rewrite the table between the markers in `readme`; True if it changed."""
+    text = readme.read_text(encoding="utf-8")
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    new = f"{head}{START}\n{key_table()}{END}{tail}"
+    if new == text:
+        return False
+    temporary = readme.with_suffix(readme.suffix + ".tmp")
+    temporary.write_text(new, encoding="utf-8")
+    temporary.replace(readme)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nxd_config.reference", description=__doc__)
+    parser.add_argument("--update", type=Path, metavar="README", help="rewrite the table in this file")
+    args = parser.parse_args(argv)
+    if args.update:
+        print(f"{args.update}: {'updated' if update(args.update) else 'already current'}")
+    else:
+        sys.stdout.write(key_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Every shipped config passes validation; the NxDT-shaped ones keep NxDT's layout."""
+
+from pathlib import Path
+
+import pytest
+from nxd_config import load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_the_shipped_examples_are_all_there() -> None:
+    names = {path.stem for path in CONFIGS}
+    assert {"tiny", "megatron_llama_7B", "hf_llama3_8B", "hf_llama3_8B_SFT", "hf_llama3_8B_SFT_lora",
+            "hf_llama3_8B_DPO", "hf_llama3_8B_ORPO"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_example_is_valid(path: Path) -> None:
+    load_config(path)
+
+
+def test_examples_say_what_they_are() -> None:
+    by_name = {path.stem: load_config(path) for path in CONFIGS}
+    assert by_name["megatron_llama_7B"].distributed_strategy.tensor_model_parallel_size == 8
+    assert by_name["hf_llama3_8B"].model_source == "hf"
+    assert by_name["hf_llama3_8B_SFT"].model_alignment_strategy.method == "sft"
+    lora = by_name["hf_llama3_8B_SFT_lora"].model_alignment_strategy
+    assert lora.method == "sft" and lora.peft.target_modules == ("qkv_proj",)
+    assert by_name["hf_llama3_8B_DPO"].model_alignment_strategy.method == "dpo"
+    assert by_name["hf_llama3_8B_ORPO"].model_alignment_strategy.method == "orpo"
+    for config in by_name.values():
+        if config.model_source == "hf":
+            assert Path(config.model.hf_model_config).is_file() or config.model.hf_model_config.startswith("configs/")

@@ -1,0 +1,21 @@
+"""`pip install packages/nxd-config` into an empty virtualenv brings no torch."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "packages" / "nxd-config"
+
+
+def test_isolated_install_pulls_no_torch(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(PACKAGE)], check=True, timeout=600)
+    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], check=True,
+                            capture_output=True, text=True).stdout.lower()
+    assert "nxd-config==0.1.0" in listed or "nxd_config==0.1.0" in listed
+    assert "torch" not in listed
+    out = subprocess.run([str(python), "-c", "import nxd_config, sys; print('torch' in sys.modules)"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    assert out == "False"
