@@ -112,7 +112,8 @@ def _resolve(tree: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIssue]]:
                 issues.append(ConfigIssue.mismatch(dotted(path), "a resolvable value", raw[key], _first_line(exc)))
                 value = None
             if isinstance(value, DictConfig | ListConfig):
-                value = walk(value, raw[key] if isinstance(raw[key], dict | list) else value, path)
+                child = raw[key] if isinstance(raw[key], dict | list) else OmegaConf.to_container(value, resolve=False)
+                value = walk(value, child, path)
             if isinstance(result, dict):
                 result[key] = value
             else:
