@@ -71,7 +71,7 @@ def test_old_and_new_spelling_together_is_an_error(minimal) -> None:
         load_config(minimal)
     assert messages(info.value) == [
         "exp_manager.exp_log_dir: expected only one of 'exp_manager.exp_log_dir' (older spelling) and "
-        "'exp_manager.explicit_log_dir', found 'both set' (keep 'exp_manager.explicit_log_dir')"
+        "'exp_manager.explicit_log_dir', found both set (keep 'exp_manager.explicit_log_dir')"
     ]
 
 

@@ -44,7 +44,7 @@ def test_changing_absent_key_needs_plus(minimal) -> None:
         load_config(minimal, ["trainer.gradient_clip_val=1.0"])
     assert messages(info.value) == [
         "trainer.gradient_clip_val: expected a key the file has for 'trainer.gradient_clip_val=...', "
-        "found 'no such key in the file' (use +trainer.gradient_clip_val=... to add it)"
+        "found no such key in the file (use +trainer.gradient_clip_val=... to add it)"
     ]
 
 
@@ -52,8 +52,8 @@ def test_adding_present_key_is_an_error(minimal) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(minimal, ["+trainer.max_steps=5"])
     assert messages(info.value) == [
-        "trainer.max_steps: expected a key the file lacks for '+trainer.max_steps=...', found 'it is "
-        "already set' (use trainer.max_steps=... to change it)"
+        "trainer.max_steps: expected a key the file lacks for '+trainer.max_steps=...', found it set in the "
+        "file (use trainer.max_steps=... to change it)"
     ]
 
 
@@ -61,7 +61,7 @@ def test_deleting_absent_key_is_an_error(minimal) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(minimal, ["~trainer.lnc"])
     assert messages(info.value) == [
-        "trainer.lnc: expected a key the file has for '~trainer.lnc', found 'no such key in the file'"
+        "trainer.lnc: expected a key the file has for '~trainer.lnc', found no such key in the file"
     ]
 
 
@@ -77,7 +77,7 @@ def test_override_errors_and_file_errors_reported_together(minimal) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(minimal, ["trainer.nope=1", "trainer.devices=abc"])
     assert messages(info.value) == [
-        "trainer.nope: expected a key the file has for 'trainer.nope=...', found 'no such key in the file' "
+        "trainer.nope: expected a key the file has for 'trainer.nope=...', found no such key in the file "
         "(use +trainer.nope=... to add it)",
         "trainer.devices: expected an integer, found 'abc'",
     ]

@@ -66,7 +66,7 @@ def test_train_with_config_and_overrides(capsys) -> None:
 
 def test_missing_config_file_exits_1(tmp_path: Path, capsys) -> None:
     assert main(["config", "check", str(tmp_path / "none.yaml")]) == 1
-    assert capsys.readouterr().err == f"{tmp_path / 'none.yaml'}: <root>: expected a YAML config file, found 'no such file'\n"
+    assert capsys.readouterr().err == f"{tmp_path / 'none.yaml'}: <root>: expected a YAML config file, found no such file\n"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["config", "--help"], ["config", "check", "--help"]])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .errors import ConfigDeprecation, ConfigIssue
+from .errors import ConfigDeprecation, ConfigIssue, Described
 
 # (old dotted key, new dotted key); applied in order, so later entries see earlier moves.
 KEY_ALIASES: tuple[tuple[str, str], ...] = (
@@ -39,7 +39,7 @@ def normalise(tree: dict[str, Any]) -> list[ConfigIssue]:
             continue
         if new_leaf in new_parent and new_parent[new_leaf] is not None:
             issues.append(ConfigIssue.mismatch(
-                old, f"only one of {old!r} (older spelling) and {new!r}", "both set", f"keep {new!r}"
+                old, f"only one of {old!r} (older spelling) and {new!r}", Described("both set"), f"keep {new!r}"
             ))
             del old_parent[old_leaf]  # reported once here, not again as an unknown key
             continue

@@ -15,10 +15,16 @@ MISSING: Any = object()
 
 def show(value: Any) -> str:
     """Render a found value briefly and unambiguously (strings quoted, long values cut)."""
+    if isinstance(value, Described):
+        return str(value)
     if isinstance(value, dict):
         return "a mapping" if value else "an empty mapping"
     text = repr(list(value) if isinstance(value, tuple) else value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Described(str):
+    """A found value that is a description ('no such file'), shown as is rather than quoted."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import aliases, rules
-from .errors import ConfigError, ConfigIssue, ConfigNotice
+from .errors import ConfigError, ConfigIssue, ConfigNotice, Described
 from .overrides import apply_overrides
 from .schema import NxdConfig
 from .validation import dotted, validate
@@ -69,18 +69,18 @@ def _read(source: str | PathLike[str] | Mapping[str, Any], name: str) -> DictCon
         else:
             path = Path(source)
             if not path.is_file():
-                found = "a directory" if path.is_dir() else "no such file"
+                found = Described("a directory" if path.is_dir() else "no such file")
                 raise ConfigError(ConfigIssue.mismatch("", "a YAML config file", found), name)
             config = OmegaConf.create(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(ConfigIssue("", f"expected valid YAML, found {_yaml_problem(exc)}"), name) from None
     except UnicodeDecodeError as exc:
-        issue = ConfigIssue.mismatch("", "UTF-8 text", f"undecodable byte at offset {exc.start}")
+        issue = ConfigIssue.mismatch("", "UTF-8 text", Described(f"an undecodable byte at offset {exc.start}"))
         raise ConfigError(issue, name) from None
     except OmegaConfBaseException as exc:
         raise ConfigError(ConfigIssue("", f"expected a YAML mapping, found {_first_line(exc)}"), name) from None
     if not isinstance(config, DictConfig):
-        raise ConfigError(ConfigIssue.mismatch("", "a mapping of sections at the top level", "a list"), name)
+        raise ConfigError(ConfigIssue.mismatch("", "a mapping of sections at the top level", Described("a list")), name)
     return config
 
 

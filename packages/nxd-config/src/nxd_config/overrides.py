@@ -15,7 +15,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .errors import ConfigIssue
+from .errors import ConfigIssue, Described
 
 _ABSENT = object()
 
@@ -48,10 +48,10 @@ def _apply(config: DictConfig, override: str) -> ConfigIssue | None:
         return ConfigIssue.mismatch(f"override {override!r}", "a YAML value", raw_value, _first_line(exc))
     exists = _get(config, key) is not _ABSENT
     if add and exists:
-        return ConfigIssue.mismatch(key, f"a key the file lacks for '+{key}=...'", "it is already set",
+        return ConfigIssue.mismatch(key, f"a key the file lacks for '+{key}=...'", Described("it set in the file"),
                                     f"use {key}=... to change it")
     if not add and not exists:
-        return ConfigIssue.mismatch(key, f"a key the file has for '{key}=...'", "no such key in the file",
+        return ConfigIssue.mismatch(key, f"a key the file has for '{key}=...'", Described("no such key in the file"),
                                     f"use +{key}=... to add it")
     try:
         OmegaConf.update(config, key, value, merge=False, force_add=True)
@@ -64,7 +64,7 @@ def _delete(config: DictConfig, key: str, override: str) -> ConfigIssue | None:
     if not key or not _valid_key(key):
         return ConfigIssue.mismatch(f"override {override!r}", "~KEY with a dotted KEY such as trainer.lnc")
     if _get(config, key) is _ABSENT:
-        return ConfigIssue.mismatch(key, f"a key the file has for '~{key}'", "no such key in the file")
+        return ConfigIssue.mismatch(key, f"a key the file has for '~{key}'", Described("no such key in the file"))
     parent_key, _, leaf = key.rpartition(".")
     parent = config if not parent_key else OmegaConf.select(config, parent_key, throw_on_resolution_failure=False)
     if isinstance(parent, DictConfig):

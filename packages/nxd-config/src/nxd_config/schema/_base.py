@@ -73,7 +73,6 @@ class Section(BaseModel):
         strict=True,
         populate_by_name=True,
         protected_namespaces=(),
-        use_attribute_docstrings=False,
     )
 
     def is_set(self, name: str) -> bool:
