@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._base import Section, Status, key
 
 PAR = "nxd-parallel"
+_NO_MOE = "only 1: nxd has no mixture-of-experts models"
 
 
 class DistributedStrategyConfig(Section):
@@ -33,7 +34,7 @@ class DistributedStrategyConfig(Section):
         "Expert-parallel degree for mixture-of-experts models.",
         by=PAR,
         status=Status.LIMITED,
-        note="only 1: nxd has no mixture-of-experts models",
+        note=_NO_MOE,
         ge=1,
     )
     token_shuffle_group_size: int = key(
@@ -41,6 +42,6 @@ class DistributedStrategyConfig(Section):
         "Token shuffle group for mixture-of-experts routing.",
         by=PAR,
         status=Status.LIMITED,
-        note="only 1: nxd has no mixture-of-experts models",
+        note=_NO_MOE,
         ge=1,
     )
