@@ -27,6 +27,16 @@ def test_defaults_fill_what_the_file_omits(minimal) -> None:
     assert config.model.optim.betas == (0.9, 0.999)
 
 
+def test_one_load_does_not_leak_into_the_next(minimal) -> None:
+    # interpolation resolves against shared defaults; a load must never change them
+    first = dict(minimal, exp_manager={"checkpoint_callback_params": {"save_top_k": 5}})
+    first["model"] = dict(minimal["model"], fusions={"flash_attention": "${model.fusions.softmax}"})
+    assert load_config(first).exp_manager.checkpoint_callback_params.save_top_k == 5
+    again = load_config(minimal)
+    assert again.exp_manager.checkpoint_callback_params.save_top_k == 1
+    assert again.model.fusions == type(again.model.fusions)()
+
+
 def test_config_is_immutable(minimal) -> None:
     config = load_config(minimal)
     with pytest.raises(pydantic.ValidationError):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import warnings
 from collections.abc import Mapping, Sequence
@@ -124,12 +123,9 @@ def _resolve(tree: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIssue]]:
 
 
 @functools.cache
-def _defaults_cached() -> dict[str, Any]:
-    return NxdConfig().model_dump(mode="json", by_alias=True)
-
-
 def _defaults() -> dict[str, Any]:
-    return copy.deepcopy(_defaults_cached())
+    """Every key's default as YAML data; read only (the overlay builds new mappings over it)."""
+    return NxdConfig().model_dump(mode="json", by_alias=True)
 
 
 def _overlay(base: Any, top: Any) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from .schema import Status
+from .schema._base import alternatives, key_meta
 from .validation import iter_keys
 
 START, END = "<!-- keys:start -->", "<!-- keys:end -->"
@@ -27,7 +27,7 @@ def key_table() -> str:
     """Every key of the schema as a Markdown table."""
     rows = ["| key | type | default | effect | used by | status |", "|---|---|---|---|---|---|"]
     for path, field, owners in iter_keys():
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        extra = key_meta(field)
         if len(owners) > 1 and path.endswith(".name"):
             names = " | ".join(json.dumps(typing.get_args(o.model_fields["name"].annotation)[0]) for o in owners)
             rows.append(f"| `{path}` | {names.replace('|', chr(92) + '|')} | required | Which one; "
@@ -46,30 +46,17 @@ def key_table() -> str:
 
 
 def _by(model: type[BaseModel]) -> str:
-    for field in model.model_fields.values():
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        if extra.get("by"):
-            return extra["by"]
-    return ""
+    return next((key_meta(f)["by"] for f in model.model_fields.values() if key_meta(f).get("by")), "")
 
 
 def _is_section(annotation: Any) -> bool:
-    args = [a for a in _flatten(annotation) if a is not type(None)]
+    args = [a for a in alternatives(annotation) if a is not type(None)]
     return bool(args) and all(isinstance(a, type) and issubclass(a, BaseModel) for a in args)
-
-
-def _flatten(annotation: Any) -> list[Any]:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _flatten(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [a for arg in typing.get_args(annotation) for a in _flatten(arg)]
-    return [annotation]
 
 
 def _type(annotation: Any) -> str:
     names = []
-    for arg in _flatten(annotation):
+    for arg in alternatives(annotation):
         origin = typing.get_origin(arg)
         if arg is type(None):
             name = "null"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-import types
+import functools
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import MISSING, ConfigIssue
 from .schema import NxdConfig
+from .schema._base import alternatives, key_meta
 
 _EXPECTED = {
     "int_type": "an integer",
@@ -199,15 +200,8 @@ def _remove(data: dict[str, Any], keys: list[str | int]) -> bool:
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The BaseModel classes inside an annotation (through Optional, Union and Annotated)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _models_in(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
-    return []
+    """The sections (BaseModel classes) an annotation admits."""
+    return [alt for alt in alternatives(annotation) if isinstance(alt, type) and issubclass(alt, BaseModel)]
 
 
 def _field(model: type[BaseModel], name: str) -> Any:
@@ -242,8 +236,7 @@ def _field_expected(loc: tuple[Any, ...]) -> str | None:
         model = _model_at(loc[: end - 1])
         field = _field(model, loc[end - 1]) if model and isinstance(loc[end - 1], str) else None
         if field is not None:
-            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-            return extra.get("expected")
+            return key_meta(field).get("expected")
     return None
 
 
@@ -258,9 +251,10 @@ def _key_names(model: type[BaseModel]) -> list[str]:
     return [field.alias or name for name, field in model.model_fields.items()]
 
 
-def all_key_paths() -> list[str]:
+@functools.cache
+def all_key_paths() -> tuple[str, ...]:
     """Every dotted key the schema defines (optimizer/scheduler keys under each choice)."""
-    return [path for path, _, _ in iter_keys()]
+    return tuple(path for path, _, _ in iter_keys())
 
 
 def iter_keys(

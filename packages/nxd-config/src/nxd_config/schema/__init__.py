@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from ._base import Section, Status, key
+from ._base import Section, Status, key, key_meta
 from .alignment import AlignmentConfig
 from .data import DataConfig
 from .distributed import DistributedStrategyConfig
@@ -100,8 +100,7 @@ def _walk_set(model: BaseModel, prefix: str) -> Iterator[tuple[str, object, str]
             continue
         value = getattr(model, name)
         path = f"{prefix}{field.alias or name}"
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        yield path, value, str(extra.get("status", Status.HONOURED))
+        yield path, value, str(key_meta(field).get("status", Status.HONOURED))
         if isinstance(value, BaseModel):
             yield from _walk_set(value, path + ".")
 

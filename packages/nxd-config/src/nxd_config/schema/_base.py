@@ -7,6 +7,8 @@ declarations, so the documentation cannot drift from the schema.
 
 from __future__ import annotations
 
+import types
+import typing
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -45,6 +47,21 @@ def key(
     if expected:
         extra["expected"] = expected
     return Field(default, description=doc, alias=alias, json_schema_extra=extra, **constraints)
+
+
+def key_meta(field: Any) -> dict[str, Any]:
+    """What `key(...)` recorded for a field: status, by, note and, where given, expected."""
+    return field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+
+
+def alternatives(annotation: Any) -> list[Any]:
+    """The types an annotation admits, through Annotated, Optional and unions."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return alternatives(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [alt for arg in typing.get_args(annotation) for alt in alternatives(arg)]
+    return [annotation]
 
 
 def _list_to_tuple(value: Any) -> Any:
