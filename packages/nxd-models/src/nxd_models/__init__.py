@@ -1,3 +1,17 @@
-"""nxd_models."""
+"""nxd-models: the Megatron-style GPT/Llama decoder and Hugging Face causal LMs, with their TP plans."""
+
+from .attention import AttentionKernel, CoreAttention
+from .build import build_causal_lm, causal_lm_logits
+from .errors import ModelConfigError
+from .flops import training_flops_per_token
+from .gpt import GPT_TP_PLAN, GPTConfig, GPTForCausalLM
+from .hf import SUPPORTED_MODEL_TYPES, HFOverrides, hf_tp_plan, load_hf_config
+from .hf_mapping import HFMapping, hf_mapping
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "GPT_TP_PLAN", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "CoreAttention", "GPTConfig", "GPTForCausalLM",
+    "HFMapping", "HFOverrides", "ModelConfigError", "build_causal_lm", "causal_lm_logits", "hf_mapping",
+    "hf_tp_plan", "load_hf_config", "training_flops_per_token",
+]  # fmt: skip

@@ -1,0 +1,104 @@
+"""Rotary embeddings and the attention core shared by the Megatron-style decoder.
+
+Three attention paths, chosen by the fusions keys:
+- flash: `scaled_dot_product_attention` with the flash / memory-efficient / cuDNN kernels allowed;
+- fused softmax: `scaled_dot_product_attention` restricted to its math kernel (scale, mask and
+  softmax in one op chain);
+- unfused: Megatron's CoreAttention written out (Q*K^T, scale, causal mask, fp32 softmax, dropout,
+  times V), the only path where `apply_query_key_layer_scaling` changes the arithmetic: scores are
+  divided by the layer number and multiplied back inside the fp32 softmax, which keeps fp16/bf16
+  scores in range. The fused kernels accumulate the softmax in fp32 already, where that scaling is an
+  identity.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+class AttentionKernel(str, Enum):
+    FLASH = "flash"
+    FUSED_SOFTMAX = "fused_softmax"
+    UNFUSED = "unfused"
+
+    @classmethod
+    def from_fusions(cls, flash_attention: bool, softmax: bool) -> AttentionKernel:
+        if flash_attention:
+            return cls.FLASH
+        return cls.FUSED_SOFTMAX if softmax else cls.UNFUSED
+
+
+_FAST_BACKENDS = [
+    SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH,
+]  # fmt: skip
+
+
+def rotary_inverse_frequencies(rotary_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
+    """RoPE inverse frequencies theta^(-2i/d) for i < d/2, in fp32."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
+    return 1.0 / (theta**exponents)
+
+
+def rotary_cos_sin(
+    position_ids: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (batch, seq, rotary_dim) in the rotate-half layout (Megatron and HF Llama)."""
+    inv_freq = rotary_inverse_frequencies(rotary_dim, theta, position_ids.device)
+    freqs = position_ids[..., None].float() * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] dims of each head of x (batch, heads, seq, head_dim)."""
+    rotary_dim = cos.shape[-1]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    rotated, passthrough = x[..., :rotary_dim], x[..., rotary_dim:]
+    rotated = rotated * cos + _rotate_half(rotated) * sin
+    return torch.cat((rotated, passthrough), dim=-1) if passthrough.shape[-1] else rotated
+
+
+class CoreAttention(nn.Module):
+    """softmax(Q K^T / sqrt(d)) V with a causal mask; the unit selective recomputation names."""
+
+    def __init__(self, layer_number: int, kernel: AttentionKernel, dropout: float, query_key_layer_scaling: bool):
+        super().__init__()
+        self.layer_number = layer_number
+        self.kernel = kernel
+        self.dropout = dropout
+        self.query_key_layer_scaling = query_key_layer_scaling
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """query (b, hq, s, d), key/value (b, hkv, s, d) with hq a multiple of hkv; returns (b, hq, s, d)."""
+        dropout = self.dropout if self.training else 0.0
+        if self.kernel is AttentionKernel.UNFUSED:
+            return self._unfused(query, key, value, dropout)
+        backends = _FAST_BACKENDS if self.kernel is AttentionKernel.FLASH else [SDPBackend.MATH]
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(
+                query, key, value, dropout_p=dropout, is_causal=True, enable_gqa=key.shape[1] != query.shape[1]
+            )
+
+    def _unfused(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float) -> torch.Tensor:
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        coefficient = float(self.layer_number) if self.query_key_layer_scaling else 1.0
+        scores = torch.matmul(query, key.transpose(-2, -1)) / (math.sqrt(query.shape[-1]) * coefficient)
+        seq_q, seq_k = scores.shape[-2], scores.shape[-1]
+        future = torch.ones(seq_q, seq_k, dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.float().masked_fill(future, float("-inf")) * coefficient
+        probs = torch.softmax(scores, dim=-1).to(query.dtype)
+        probs = F.dropout(probs, p=dropout, training=dropout > 0)
+        return torch.matmul(probs, value)

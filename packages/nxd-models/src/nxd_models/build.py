@@ -1,0 +1,66 @@
+"""Build either model family on the meta device, then materialise it once where it will live."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from .attention import _FAST_BACKENDS, AttentionKernel
+from .gpt import GPTConfig, GPTForCausalLM
+
+
+def build_causal_lm(
+    spec: GPTConfig | PretrainedConfig,
+    device: torch.device | str = "cpu",
+    *,
+    use_cpu_initialization: bool = True,
+    attention: AttentionKernel = AttentionKernel.FLASH,
+) -> nn.Module:
+    """A randomly initialised causal LM with fp32 parameters on `device`.
+
+    The module tree is created on the meta device (no memory), then each parameter is allocated once:
+    on the CPU and moved (`use_cpu_initialization`, values independent of the device's RNG) or directly
+    on `device`. `attention` picks the kernel of a Hugging Face model (a Megatron-style model carries
+    its choice in `GPTConfig`).
+    """
+    device = torch.device(device)
+    init_device = torch.device("cpu") if use_cpu_initialization else device
+    with torch.device("meta"):
+        if isinstance(spec, GPTConfig):
+            model = GPTForCausalLM(spec)
+        else:
+            implementation = "eager" if attention is AttentionKernel.UNFUSED else "sdpa"
+            model = AutoModelForCausalLM.from_config(spec, attn_implementation=implementation, dtype=torch.float32)
+            model.nxd_attention = attention
+    model.to_empty(device=init_device)
+    if isinstance(model, GPTForCausalLM):
+        if spec.share_embeddings_and_output_weights:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.init_weights()
+    else:
+        model.init_weights()
+    return model.to(device)
+
+
+@contextlib.contextmanager
+def _kernel_for(model: nn.Module) -> Iterator[None]:
+    attention = getattr(model, "nxd_attention", None)
+    if attention is None or attention is AttentionKernel.UNFUSED:
+        yield
+        return
+    with sdpa_kernel(_FAST_BACKENDS if attention is AttentionKernel.FLASH else [SDPBackend.MATH]):
+        yield
+
+
+def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Logits (batch, seq, vocab) of either family; a DDP/FSDP wrapper around the model is fine."""
+    inner = getattr(model, "module", model)
+    if isinstance(inner, PreTrainedModel):
+        with _kernel_for(inner):
+            return model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+    return model(input_ids, position_ids)

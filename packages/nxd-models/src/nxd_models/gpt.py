@@ -1,0 +1,267 @@
+"""The Megatron-style decoder: GPT / Llama shapes from NxDT's `model` keys.
+
+Module names follow Hugging Face's causal-LM layout (`model.embed_tokens`, `model.layers.N.self_attn.q_proj`,
+`lm_head` ...) so that pipeline cuts read the same for both model families and the Hugging Face key
+mapping of a Llama-shaped model is a rename-free table (see `hf_mapping.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionKernel, CoreAttention, apply_rotary, rotary_cos_sin
+from .errors import ModelConfigError
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Architecture of the Megatron-style decoder (plain values; nxd-train fills them from `model`)."""
+
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    ffn_hidden_size: int | None = None
+    num_kv_heads: int | None = None
+    kv_channels: int | None = None
+    max_position_embeddings: int | None = None
+    init_method_std: float = 0.02
+    use_scaled_init_method: bool = True
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    ffn_dropout: float = 0.0
+    apply_query_key_layer_scaling: bool = True
+    normalization: str = "layernorm"
+    layernorm_epsilon: float = 1e-5
+    transformer_block_type: str = "pre_ln"
+    make_vocab_size_divisible_by: int = 128
+    tensor_parallel_size: int = 1
+    share_embeddings_and_output_weights: bool = True
+    position_embedding_type: str = "learned_absolute"
+    rotary_percentage: float = 1.0
+    rope_theta: float = 10000.0
+    activation: str = "gelu"
+    has_bias: bool = True
+    flash_attention: bool = False
+    fused_softmax: bool = False
+
+    def __post_init__(self) -> None:
+        problems = _problems(self)
+        if problems:
+            raise ModelConfigError("invalid Megatron-style model:\n  " + "\n  ".join(problems))
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_position_embeddings or self.seq_length
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.rotary_percentage) // 2 * 2
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocabulary rounded up to a multiple of make_vocab_size_divisible_by * tp, as Megatron pads it."""
+        multiple = self.make_vocab_size_divisible_by * self.tensor_parallel_size
+        return math.ceil(self.vocab_size / multiple) * multiple
+
+
+def _problems(c: GPTConfig) -> list[str]:
+    found = []
+    if c.transformer_block_type != "pre_ln":
+        found.append(
+            f"model.transformer_block_type: expected pre_ln (the only block type nxd builds), "
+            f"found {c.transformer_block_type!r}"
+        )
+    for name, allowed in (("normalization", ("rmsnorm", "layernorm")), ("activation", ("swiglu", "gelu")),
+                          ("position_embedding_type", ("rope", "learned_absolute"))):
+        if getattr(c, name) not in allowed:
+            found.append(f"model.{name}: expected one of {', '.join(allowed)}, found {getattr(c, name)!r}")
+    if c.kv_channels is None and c.hidden_size % c.num_attention_heads:
+        found.append(
+            f"model.hidden_size: expected a multiple of num_attention_heads ({c.num_attention_heads}) "
+            f"when kv_channels is null, found {c.hidden_size}"
+        )
+    if c.num_attention_heads % c.kv_heads:
+        found.append(
+            f"model.num_kv_heads: expected a divisor of num_attention_heads ({c.num_attention_heads}), "
+            f"found {c.kv_heads}"
+        )
+    if c.position_embedding_type == "rope" and c.rotary_dim < 2:
+        found.append(f"model.rotary_percentage: rotates {c.rotary_dim} of {c.head_dim} dims; expected at least 2")
+    if c.seq_length > c.max_positions:
+        found.append(
+            f"model.encoder_seq_length: expected at most max_position_embeddings ({c.max_positions}), "
+            f"found {c.seq_length}"
+        )
+    return found
+
+
+def _norm(config: GPTConfig) -> nn.Module:
+    if config.normalization == "rmsnorm":
+        return nn.RMSNorm(config.hidden_size, eps=config.layernorm_epsilon)
+    return nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_number: int):
+        super().__init__()
+        self.config = config
+        heads, kv_heads, head_dim, bias = config.num_attention_heads, config.kv_heads, config.head_dim, config.has_bias
+        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
+        kernel = AttentionKernel.from_fusions(config.flash_attention, config.fused_softmax)
+        self.core_attention = CoreAttention(
+            layer_number, kernel, config.attention_dropout, config.apply_query_key_layer_scaling
+        )
+
+    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        batch, seq, _ = hidden.shape
+        head_dim = self.config.head_dim
+        # -1 heads: under tensor parallelism a rank holds a slice of the heads.
+        query = self.q_proj(hidden).view(batch, seq, -1, head_dim).transpose(1, 2)
+        key = self.k_proj(hidden).view(batch, seq, -1, head_dim).transpose(1, 2)
+        value = self.v_proj(hidden).view(batch, seq, -1, head_dim).transpose(1, 2)
+        if rotary is not None:
+            query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
+        context = self.core_attention(query, key, value)
+        return self.o_proj(context.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class MLP(nn.Module):
+    """swiglu: down(silu(gate(x)) * up(x)); gelu: down(gelu(up(x))). ffn_dropout after the activation."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        hidden, ffn, bias = config.hidden_size, config.ffn_size, config.has_bias
+        self.gated = config.activation == "swiglu"
+        if self.gated:
+            self.gate_proj = nn.Linear(hidden, ffn, bias=bias)
+        self.up_proj = nn.Linear(hidden, ffn, bias=bias)
+        self.down_proj = nn.Linear(ffn, hidden, bias=bias)
+        self.dropout = nn.Dropout(config.ffn_dropout)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            inner = F.silu(self.gate_proj(hidden)) * self.up_proj(hidden)
+        else:
+            inner = F.gelu(self.up_proj(hidden))
+        return self.down_proj(self.dropout(inner))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-LN block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
+
+    def __init__(self, config: GPTConfig, layer_number: int):
+        super().__init__()
+        self.input_layernorm = _norm(config)
+        self.self_attn = SelfAttention(config, layer_number)
+        self.post_attention_layernorm = _norm(config)
+        self.mlp = MLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        hidden = hidden + self.dropout(self.self_attn(self.input_layernorm(hidden), rotary))
+        return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
+
+
+class GPTDecoder(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        if config.position_embedding_type == "learned_absolute":
+            self.position_embeddings = nn.Embedding(config.max_positions, config.hidden_size)
+        self.embedding_dropout = nn.Dropout(config.hidden_dropout)
+        self.layers = nn.ModuleList(DecoderLayer(config, number) for number in range(1, config.num_layers + 1))
+        self.norm = _norm(config)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        rotary = None
+        if self.config.position_embedding_type == "learned_absolute":
+            hidden = hidden + self.position_embeddings(position_ids)
+        else:
+            rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)
+        hidden = self.embedding_dropout(hidden)
+        for layer in self.layers:
+            hidden = layer(hidden, rotary)
+        return self.norm(hidden)
+
+
+class GPTForCausalLM(nn.Module):
+    """Decoder plus output layer. forward(input_ids, position_ids) -> logits over the padded vocabulary."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.model = GPTDecoder(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
+        if config.share_embeddings_and_output_weights:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return self.lm_head(self.model(input_ids, position_ids))
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Megatron's init: N(0, std) for weights, std / sqrt(2 * layers) on the output projections when
+        use_scaled_init_method, zero biases, unit norms. Consumes the current torch RNG in module order."""
+        std = self.config.init_method_std
+        output_std = std / math.sqrt(2.0 * self.config.num_layers) if self.config.use_scaled_init_method else std
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                if name.endswith(("o_proj", "down_proj")):
+                    nn.init.normal_(module.weight, 0.0, output_std)
+                elif not (name == "lm_head" and self.config.share_embeddings_and_output_weights):
+                    nn.init.normal_(module.weight, 0.0, std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    @staticmethod
+    def tp_plan() -> dict[str, str]:
+        """How each module shards under tensor parallelism (applied by nxd-parallel)."""
+        return dict(GPT_TP_PLAN)
+
+
+GPT_TP_PLAN: dict[str, str] = {
+    "model.embed_tokens": "vocab",
+    "model.layers.*.input_layernorm": "sequence",
+    "model.layers.*.self_attn.q_proj": "colwise",
+    "model.layers.*.self_attn.k_proj": "colwise",
+    "model.layers.*.self_attn.v_proj": "colwise",
+    "model.layers.*.self_attn.o_proj": "rowwise",
+    "model.layers.*.post_attention_layernorm": "sequence",
+    "model.layers.*.mlp.gate_proj": "colwise",
+    "model.layers.*.mlp.up_proj": "colwise",
+    "model.layers.*.mlp.down_proj": "rowwise",
+    "model.norm": "sequence",
+    "lm_head": "colwise_output",
+}
+"""Module-name pattern -> sharding style: colwise/rowwise linear, vocab-parallel embedding, sequence-parallel
+norm, and a column-parallel output layer whose logits stay sharded for a vocab-parallel loss."""

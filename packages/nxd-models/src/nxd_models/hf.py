@@ -1,0 +1,74 @@
+"""Hugging Face causal LMs built from a local config.json (never a download), with NxDT's overrides."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoConfig, PretrainedConfig
+
+from .errors import ModelConfigError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""Decoder families whose layout (q/k/v/o and gate/up/down projections, RMSNorm, RoPE) nxd shards."""
+
+
+@dataclass(frozen=True)
+class HFOverrides:
+    """The `model` keys NxDT lets a user set over config.json (None keeps the file's value)."""
+
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    max_position_embeddings: int | None = None
+    rope_theta: float | None = None
+
+
+def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> PretrainedConfig:
+    """Read config.json (a file, or a directory holding one) and apply the overrides."""
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ModelConfigError(f"model.model_config: expected a config.json file or a directory with one, "
+                               f"found no file at {file}")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ModelConfigError(f"{file}: expected a JSON object, found unreadable content ({error})") from None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        architectures = raw.get("architectures") if isinstance(raw, dict) else None
+        raise ModelConfigError(
+            f"{file}: model_type: expected one of {', '.join(SUPPORTED_MODEL_TYPES)}, found {model_type!r}"
+            + (f" (architectures {architectures})" if architectures else "")
+        )
+    try:
+        config = AutoConfig.for_model(**raw)
+    except (TypeError, ValueError) as error:
+        raise ModelConfigError(f"{file}: transformers rejects this {model_type} config: {error}") from None
+    if overrides.num_layers is not None:
+        config.num_hidden_layers = overrides.num_layers
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = [config.layer_types[0]] * overrides.num_layers
+    if overrides.hidden_size is not None:
+        config.hidden_size = overrides.hidden_size
+    if overrides.max_position_embeddings is not None:
+        config.max_position_embeddings = overrides.max_position_embeddings
+    if overrides.rope_theta is not None:
+        config.rope_parameters = {**(config.rope_parameters or {"rope_type": "default"}),
+                                  "rope_theta": overrides.rope_theta}
+    return config
+
+
+def hf_tp_plan(config: PretrainedConfig) -> dict[str, str]:
+    """The family's own TP plan (transformers' `base_model_tp_plan`) under `model.`, plus the
+    embedding, norms and output layer in nxd's vocabulary of styles."""
+    plan = {f"model.{pattern}": style for pattern, style in (config.base_model_tp_plan or {}).items()}
+    plan.update({
+        "model.embed_tokens": "vocab",
+        "model.layers.*.input_layernorm": "sequence",
+        "model.layers.*.post_attention_layernorm": "sequence",
+        "model.norm": "sequence",
+        "lm_head": "colwise_output",
+    })
+    return plan

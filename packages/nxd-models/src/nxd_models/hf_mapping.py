@@ -1,0 +1,77 @@
+"""The Hugging Face counterpart of a Megatron-style model, declared as data for nxd-ckpt to apply.
+
+A Llama-shaped decoder (rmsnorm, swiglu, full-width RoPE) is a `LlamaForCausalLM`. Both use RoPE in the
+rotate-half layout (Megatron's default, `rotary_interleaved: False`), so query and key weights need no
+permutation; the only transform is the vocabulary padding, sliced off on export and added back on import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ModelConfigError
+from .gpt import GPTConfig
+
+
+@dataclass(frozen=True)
+class HFMapping:
+    architecture: str
+    config: dict[str, Any]
+    """config.json content for the Hugging Face model (transformers' keys)."""
+    keys: dict[str, str]
+    """Our state-dict key -> the Hugging Face key."""
+    vocab_padded_keys: tuple[str, ...]
+    """Our keys whose first dimension is the padded vocabulary (keep the first config['vocab_size'] rows)."""
+
+
+def hf_mapping(config: GPTConfig) -> HFMapping:
+    """The LlamaForCausalLM that holds the same function as `config`; a clear error for other shapes."""
+    mismatches = [
+        f"{key} is {value!r} (Llama needs {needed!r})"
+        for key, value, needed in (
+            ("normalization", config.normalization, "rmsnorm"),
+            ("activation", config.activation, "swiglu"),
+            ("position_embedding_type", config.position_embedding_type, "rope"),
+            ("rotary_percentage", config.rotary_percentage, 1.0),
+        )
+        if value != needed
+    ]
+    if mismatches:
+        raise ModelConfigError(
+            "no Hugging Face architecture matches this Megatron-style model: " + "; ".join(mismatches)
+        )
+    hf_config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.ffn_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_positions,
+        "initializer_range": config.init_method_std,
+        "rms_norm_eps": config.layernorm_epsilon,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "attention_bias": config.has_bias,
+        "mlp_bias": config.has_bias,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": config.share_embeddings_and_output_weights,
+    }
+    layer_keys = [
+        "input_layernorm.weight", "post_attention_layernorm.weight",
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    ]  # fmt: skip
+    if config.has_bias:
+        layer_keys += [k.replace(".weight", ".bias") for k in layer_keys if "proj" in k]
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    names += [f"model.layers.{i}.{key}" for i in range(config.num_layers) for key in layer_keys]
+    vocab_keys = ["model.embed_tokens.weight"]
+    if not config.share_embeddings_and_output_weights:
+        names.append("lm_head.weight")
+        vocab_keys.append("lm_head.weight")
+    return HFMapping("LlamaForCausalLM", hf_config, {name: name for name in names}, tuple(vocab_keys))

@@ -1,0 +1,74 @@
+"""Hugging Face models from a local config.json: families, overrides, meta build, TP plan, bad input."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+
+import pytest
+import torch
+from nxd_models import HFOverrides, ModelConfigError, build_causal_lm, causal_lm_logits, hf_tp_plan, load_hf_config
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64, "rope_theta": 10000.0}  # fmt: skip
+FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM"}  # fmt: skip
+
+
+def _write(tmp_path, **content):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(content))
+    return path
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_family_builds_trains_and_declares_a_tp_plan(tmp_path, family):
+    path = _write(tmp_path, model_type=family, architectures=[FAMILIES[family]], **TINY)
+    config = load_hf_config(tmp_path)  # a directory holding config.json works too
+    assert load_hf_config(path).to_dict() == config.to_dict()
+    model = build_causal_lm(config)
+    assert type(model).__name__ == FAMILIES[family]
+    assert not any(p.is_meta for p in model.parameters()) and not any(b.is_meta for b in model.buffers())
+    input_ids = torch.randint(0, 128, (2, 16))
+    logits = causal_lm_logits(model, input_ids, torch.arange(16).expand(2, 16))
+    assert logits.shape == (2, 16, 128)
+    logits.sum().backward()
+    names = [name for name, _ in model.named_modules()]
+    for pattern in hf_tp_plan(config):
+        assert fnmatch.filter(names, pattern), pattern
+
+
+def test_rotary_buffers_are_materialised_correctly(tmp_path):
+    config = load_hf_config(_write(tmp_path, model_type="llama", **TINY), HFOverrides(rope_theta=500.0))
+    model = build_causal_lm(config)
+    expected = 1.0 / (500.0 ** (torch.arange(0, 8, 2).float() / 8))
+    assert torch.allclose(model.model.rotary_emb.inv_freq, expected)
+
+
+def test_documented_overrides_replace_config_json_values(tmp_path):
+    path = _write(tmp_path, model_type="llama", **TINY)
+    config = load_hf_config(path, HFOverrides(num_layers=3, hidden_size=64, max_position_embeddings=256, rope_theta=1e6))
+    assert (config.num_hidden_layers, config.hidden_size, config.max_position_embeddings) == (3, 64, 256)
+    assert config.rope_parameters["rope_theta"] == 1e6
+    assert len(build_causal_lm(config).model.layers) == 3
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ModelConfigError, match=r"model.model_config: expected a config.json file or a directory with one, found no file at .*nope.json"):
+        load_hf_config(tmp_path / "nope.json")
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    path = _write(tmp_path, model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=32)
+    with pytest.raises(ModelConfigError) as caught:
+        load_hf_config(path)
+    assert str(caught.value) == (
+        f"{path}: model_type: expected one of llama, mistral, qwen2, qwen3, found 'gpt2' (architectures ['GPT2LMHeadModel'])"
+    )
+
+
+def test_unreadable_json_is_named(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("{not json")
+    with pytest.raises(ModelConfigError, match=r"config.json: expected a JSON object, found unreadable content"):
+        load_hf_config(path)
