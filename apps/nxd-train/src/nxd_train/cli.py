@@ -100,9 +100,21 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     config = _load(path, overrides)
     if config is None:
         return 1
-    print(to_yaml(config), end="")
-    print("nxd-train: the configuration above is valid; this release of nxd-train validates and "
-          "resolves configs, and the training engine is not part of it yet.", file=sys.stderr)
+    from .corpus import default_cache_dir  # the training stack loads only when training
+    from .preflight import PreflightError, plan_run
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigNotice)
+            plan = plan_run(config, default_cache_dir())
+    except PreflightError as error:
+        print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    for warning in caught:
+        print(f"notice: {warning.message}", file=sys.stderr)
+    from .loop import train
+
+    train(config, plan)
     return 0
 
 

@@ -1,0 +1,7 @@
+"""`python -m nxd_train` (and `torchrun ... -m nxd_train`) is the nxd-train command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

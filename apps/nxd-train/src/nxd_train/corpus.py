@@ -1,0 +1,104 @@
+"""The built-in pretraining text: Python's own standard-library sources, present on every machine.
+
+Until a run names its data (`data.data_prefix`, `data.train_dir` ...), nxd pretrains on this corpus,
+tokenised by `data.tokenizer` when given, otherwise by a byte-level BPE trained on the corpus on
+first use. Tokenizer and token ids are cached under `cache_dir`, written atomically, so concurrent
+ranks and interrupted runs never see half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+BUILTIN_VOCAB_SIZE = 4096
+EOD_TOKEN = "<|endoftext|>"
+CORPUS_BYTES = 3_000_000
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nxd"
+
+
+def stdlib_documents(limit_bytes: int = CORPUS_BYTES) -> list[str]:
+    """Source files of the running Python's standard library, in a fixed order, up to `limit_bytes`."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    documents, total = [], 0
+    packages = (d for d in sorted(root.iterdir()) if d.is_dir() and d.name not in ("site-packages", "test"))
+    for path in itertools.chain(sorted(root.glob("*.py")), (p for d in packages for p in sorted(d.glob("*.py")))):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        documents.append(text)
+        total += len(text)
+        if total >= limit_bytes:
+            break
+    return documents
+
+
+def _write_atomically(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(handle)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _corpus_key(documents: list[str]) -> str:
+    digest = hashlib.sha256()
+    for document in documents:
+        digest.update(document.encode("utf-8", "replace"))
+    return digest.hexdigest()[:16]
+
+
+def builtin_tokenizer(documents: list[str], cache_dir: Path) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with BUILTIN_VOCAB_SIZE entries trained on `documents` (cached)."""
+    path = cache_dir / f"stdlib-bpe-{BUILTIN_VOCAB_SIZE}-{_corpus_key(documents)}.json"
+    if not path.exists():
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=BUILTIN_VOCAB_SIZE, special_tokens=[EOD_TOKEN],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        )  # fmt: skip
+        tokenizer.train_from_iterator(documents, trainer)
+        _write_atomically(path, tokenizer.save)
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=EOD_TOKEN)
+
+
+def load_tokenizer(location: str) -> PreTrainedTokenizerFast:
+    """A local Hugging Face tokenizer: a tokenizer.json file or a directory saved by transformers."""
+    path = Path(location)
+    if path.is_file():
+        return PreTrainedTokenizerFast(tokenizer_file=str(path))
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def tokenize_documents(
+    documents: list[str], tokenizer: PreTrainedTokenizerFast, eod_id: int, cache_dir: Path
+) -> np.ndarray:
+    """All documents as one token stream, each followed by the end-of-document token (cached)."""
+    fingerprint = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
+    path = cache_dir / f"stdlib-tokens-{_corpus_key(documents)}-{fingerprint}.npy"
+    if not path.exists():
+        ids = tokenizer(documents, add_special_tokens=False)["input_ids"]
+        stream = np.fromiter((t for doc in ids for t in [*doc, eod_id]), dtype=np.int64)
+        dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.int32
+
+        def save(temporary: str) -> None:
+            with open(temporary, "wb") as handle:
+                np.save(handle, stream.astype(dtype))
+
+        _write_atomically(path, save)
+    return np.load(path, mmap_mode="r")

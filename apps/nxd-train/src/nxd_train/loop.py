@@ -1,0 +1,209 @@
+"""The pretraining loop on Lightning Fabric: launch, build, then step, log and validate.
+
+Loss normalisation: every micro-batch contributes the *sum* of its token losses, divided by the
+number of non-ignored tokens in the whole global batch (all micro-batches of all data-parallel
+ranks). DDP averages gradients over the dp ranks, so each rank scales its part by dp. The result is
+the gradient of one big batch, whatever the split into processes and micro-batches.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+from lightning_fabric import Fabric
+from nxd_config import NxdConfig
+from nxd_models import build_causal_lm, causal_lm_logits, training_flops_per_token
+from torch import nn
+
+from .data import IGNORE_INDEX, TokenWindows, collate
+from .logdir import next_log_dir
+from .monitor import Monitor
+from .optimizers import build_optimizer
+from .preflight import RunPlan
+from .sampling import BatchPlan
+from .schedules import build_scheduler
+from .throughput import matmul_ceiling
+
+
+@dataclass
+class Batches:
+    """The micro-batches of one data-parallel rank for each step of a split."""
+
+    dataset: TokenWindows
+    plan: BatchPlan
+    fabric: Fabric
+
+    def step(self, epoch: int, index: int) -> list[dict[str, torch.Tensor]]:
+        return [self.fabric.to_device(collate([self.dataset[i] for i in indices]))
+                for indices in self.plan.micro_batches(epoch, index) if indices]  # fmt: skip
+
+
+def token_losses(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of every label position (0 where the label is ignored), from fp32 logits."""
+    logits = causal_lm_logits(model, batch["input_ids"], batch["position_ids"])
+    return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX,
+                           reduction="none")  # fmt: skip
+
+
+def count_tokens(fabric: Fabric, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    local = sum((batch["labels"] != IGNORE_INDEX).sum() for batch in micro_batches)
+    return fabric.all_reduce(torch.as_tensor(local, dtype=torch.float32, device=fabric.device), reduce_op="sum")
+
+
+def batch_limit(limit: int | float, available: int) -> int:
+    """Lightning's limit_*_batches: an int counts batches, a float is a fraction, -1 (sanity) is all."""
+    if isinstance(limit, float):
+        return int(available * limit)
+    return available if limit < 0 else min(limit, available)
+
+
+def total_steps(cfg: NxdConfig, steps_per_epoch: int) -> int:
+    """max_steps and max_epochs, whichever ends first (-1 means unbounded)."""
+    bounds = [cfg.trainer.max_steps] if cfg.trainer.max_steps > 0 else []
+    if cfg.trainer.max_epochs > 0:
+        bounds.append(cfg.trainer.max_epochs * steps_per_epoch)
+    return min(bounds)
+
+
+def validation_due(cfg: NxdConfig, global_step: int, epoch: int, index: int, steps_per_epoch: int) -> bool:
+    """Lightning's cadence: an int val_check_interval counts steps (across epochs when
+    check_val_every_n_epoch is null), a float is a fraction of each epoch."""
+    interval, every = cfg.trainer.val_check_interval, cfg.trainer.check_val_every_n_epoch
+    if isinstance(interval, int) and every is None:
+        return (global_step + 1) % interval == 0
+    if every is not None and (epoch + 1) % every:
+        return False
+    steps = interval if isinstance(interval, int) else max(1, int(interval * steps_per_epoch))
+    return (index + 1) % steps == 0
+
+
+def train(cfg: NxdConfig, plan: RunPlan) -> Path:
+    """Run the job `plan` describes; returns the log directory."""
+    fabric = Fabric(
+        accelerator="auto", devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
+        strategy="ddp" if cfg.world_size > 1 else "auto", precision=plan.precision,
+    )  # fmt: skip
+    fabric.launch()
+    fabric.seed_everything(cfg.seed, verbose=False)
+    dp, rank = fabric.world_size, fabric.global_rank
+    log_dir = Path(fabric.broadcast(str(next_log_dir(cfg.exp_manager, cfg.name)) if rank == 0 else None, src=0))
+    if rank == 0:
+        (log_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False))
+
+    gbs, mbs = cfg.global_batch_size, cfg.data.micro_batch_size
+    data_options = dict(global_batch_size=gbs, micro_batch_size=mbs, data_parallel_size=dp, data_parallel_rank=rank,
+                        seed=cfg.seed)  # fmt: skip
+    train_plan = BatchPlan(len(plan.data.train), **data_options,
+                           reshuffle_each_epoch=cfg.data.dataloader_type == "cyclic")  # fmt: skip
+    train_batches = Batches(plan.data.train, train_plan, fabric)
+    steps_per_epoch = train_plan.steps_per_epoch
+    steps = total_steps(cfg, steps_per_epoch)
+    monitor = Monitor(log_dir, global_rank=rank, local_rank=fabric.local_rank, total_steps=steps,
+                      local_rank_0_only=cfg.exp_manager.log_local_rank_0_only,
+                      tensorboard=cfg.exp_manager.create_tensorboard_logger)  # fmt: skip
+
+    model = build_causal_lm(plan.model, fabric.device, use_cpu_initialization=cfg.model.use_cpu_initialization,
+                            attention=plan.attention)  # fmt: skip
+    flops_per_token = training_flops_per_token(model, plan.seq_length)
+    parameters = sum(p.numel() for p in model.parameters())
+    optim = cfg.model.optim
+    optimizer = build_optimizer(optim, model, decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay,
+                                shard_over_data_parallel=cfg.distributed_strategy.zero1 and dp > 1)  # fmt: skip
+    scheduler = build_scheduler(optimizer, optim.sched, optim.lr or 0.0, steps)
+    model, optimizer = fabric.setup(model, optimizer)
+    compute_dtype = torch.bfloat16 if plan.precision == "bf16-mixed" else torch.float32
+    ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, compute_dtype), device=fabric.device),
+                                reduce_op="sum").item()  # fmt: skip
+    monitor.info(f"nxd-train: {cfg.name}: {parameters:,} parameters, {dp} process(es), global batch {gbs} "
+                 f"({gbs // (mbs * dp)} x {mbs} per rank), {steps} steps of {steps_per_epoch} per epoch, "
+                 f"{plan.data.tokenizer}; logs in {log_dir}")  # fmt: skip
+
+    def evaluate(dataset: TokenWindows, limit: int | float) -> float | None:
+        eval_plan = BatchPlan(len(dataset), **data_options, shuffle=False, drop_last=cfg.data.validation_drop_last)
+        batches = Batches(dataset, eval_plan, fabric)
+        count = batch_limit(limit, eval_plan.steps_per_epoch)
+        if count == 0:
+            return None
+        model.eval()
+        loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
+        tokens = torch.zeros((), device=fabric.device)
+        with torch.no_grad():
+            for index in range(count):
+                micro_batches = batches.step(0, index)
+                tokens += count_tokens(fabric, micro_batches)
+                for batch in micro_batches:
+                    loss += token_losses(model, batch).double().sum()
+        model.train()
+        return (fabric.all_reduce(loss, reduce_op="sum") / tokens).item()
+
+    if cfg.trainer.num_sanity_val_steps:
+        sanity = evaluate(plan.data.validation, cfg.trainer.num_sanity_val_steps)
+        if sanity is not None:
+            monitor.info(f"sanity check: val_loss {sanity:.4f}")
+
+    model.train()
+    window_start, window_steps = time.perf_counter(), 0
+    for step in range(steps):
+        epoch, index = divmod(step, steps_per_epoch)
+        micro_batches = train_batches.step(epoch, index)
+        tokens = count_tokens(fabric, micro_batches)
+        loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
+        for number, batch in enumerate(micro_batches, start=1):
+            with fabric.no_backward_sync(model, enabled=dp > 1 and number < len(micro_batches)):
+                losses = token_losses(model, batch)
+                fabric.backward(losses.sum() * dp / tokens)
+            loss += losses.detach().double().sum()  # reported in fp64: no rounding of a large fp32 sum
+        grad_norm = _gradient_norm(model, cfg)
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss = (fabric.all_reduce(loss, reduce_op="sum") / tokens).item()
+        window_steps += 1
+        monitor.advance()
+
+        done = step + 1
+        if done % cfg.trainer.log_every_n_steps == 0 or done == steps:
+            elapsed = time.perf_counter() - window_start
+            step_time = elapsed / window_steps
+            processed = gbs * plan.seq_length
+            values = {"loss": loss, "lr": lr, "epoch": epoch, "consumed_samples": done * gbs}
+            if grad_norm is not None and cfg.exp_manager.log_gradient_norm:
+                values["grad_norm"] = grad_norm
+            if cfg.exp_manager.log_parameter_norm:
+                values["param_norm"] = torch.nn.utils.get_total_norm(list(model.parameters())).item()
+            values.update(tokens_per_s=processed / step_time, samples_per_s=gbs / step_time,
+                          mfu=flops_per_token * processed / step_time / ceiling)  # fmt: skip
+            if cfg.exp_manager.log_step_timing:
+                values["step_time"] = step_time
+            monitor.metrics(done, values)
+            window_start, window_steps = time.perf_counter(), 0
+        if validation_due(cfg, step, epoch, index, steps_per_epoch):
+            val_loss = evaluate(plan.data.validation, cfg.trainer.limit_val_batches)
+            if val_loss is not None:
+                monitor.metrics(done, {"val_loss": val_loss})
+            window_start = time.perf_counter()
+
+    test_loss = evaluate(plan.data.test, cfg.trainer.limit_test_batches)
+    if test_loss is not None:
+        monitor.metrics(steps, {"test_loss": test_loss})
+    monitor.info(f"done: {steps} steps; logs in {log_dir}")
+    monitor.close()
+    fabric.barrier()
+    return log_dir
+
+
+def _gradient_norm(model: nn.Module, cfg: NxdConfig) -> float | None:
+    """Clip to gradient_clip_val (null or 0: no clipping) and return the global norm before clipping.
+    Gradients are already all-reduced over the data-parallel ranks, so the norm is the global one."""
+    clip = cfg.trainer.gradient_clip_val
+    if clip:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
+    if cfg.exp_manager.log_gradient_norm:
+        return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]).item()
+    return None

@@ -1,0 +1,75 @@
+"""`model.optim`: the optimizer of every name the reference lists, with its documented parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from nxd_config.schema.optim import Optimizer as OptimizerConfig
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from transformers.optimization import Adafactor
+
+from .novograd import Novograd
+
+_TORCH = {
+    "adamw": torch.optim.AdamW,
+    "adamw_fp32OptState": torch.optim.AdamW,
+    "adam": torch.optim.Adam,
+    "sgd": torch.optim.SGD,
+    "adadelta": torch.optim.Adadelta,
+    "adamax": torch.optim.Adamax,
+    "adagrad": torch.optim.Adagrad,
+    "rmsprop": torch.optim.RMSprop,
+    "rprop": torch.optim.Rprop,
+    "novograd": Novograd,
+    "adafactor": Adafactor,
+}
+_NOT_PASSED = {"name", "sched"}
+
+
+def optimizer_class_and_arguments(optim: OptimizerConfig) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The optimizer class and the keyword arguments the config gives it (every documented key)."""
+    arguments = {name: getattr(optim, name) for name in type(optim).model_fields if name not in _NOT_PASSED}
+    for name in ("betas", "etas", "step_sizes", "eps"):
+        if isinstance(arguments.get(name), tuple | list):
+            arguments[name] = tuple(arguments[name])
+    if optim.name == "rprop" and arguments.pop("weight_decay"):
+        raise ValueError("model.optim.weight_decay: Rprop takes no weight decay; expected 0")
+    if optim.name in ("adamw", "adamw_fp32OptState", "adam", "adamax", "adadelta", "rmsprop", "rprop", "sgd", "adagrad"):
+        arguments["foreach"] = False  # see DESIGN.md: a mix of DTensor and plain parameters breaks foreach
+    return _TORCH[optim.name], arguments
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, decay_norms_and_biases: bool) -> list[dict[str, Any]]:
+    """Megatron's grouping: no weight decay on biases and norm weights (1-D parameters) unless
+    do_layer_norm_weight_decay asks for it."""
+    decay, no_decay = [], []
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            (decay if decay_norms_and_biases or parameter.ndim > 1 else no_decay).append(parameter)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(
+    optim: OptimizerConfig, model: nn.Module, *, decay_norms_and_biases: bool, shard_over_data_parallel: bool
+) -> torch.optim.Optimizer:
+    """The configured optimizer; with `shard_over_data_parallel` (zero1 at dp > 1) its state is split
+    over the data-parallel ranks by ZeroRedundancyOptimizer."""
+    cls, arguments = optimizer_class_and_arguments(optim)
+    weight_decay = arguments.pop("weight_decay", 0.0)
+    groups = parameter_groups(model, weight_decay, decay_norms_and_biases)
+    if optim.name == "rprop":
+        for group in groups:
+            group.pop("weight_decay")
+    if not shard_over_data_parallel:
+        return cls(groups, **arguments)
+    first, *rest = groups
+    optimizer = ZeroRedundancyOptimizer(first["params"], optimizer_class=cls, **arguments,
+                                        **{k: v for k, v in first.items() if k != "params"})
+    for group in rest:
+        optimizer.add_param_group(group)
+    return optimizer

@@ -1,0 +1,151 @@
+"""Everything about a run that can be checked before any process is spawned.
+
+`plan_run` turns the config into the plain arguments the packages take (a model description, the
+datasets, the Fabric precision) and collects every problem into one `PreflightError`, so a user sees
+the full list at once and no worker starts on a run that cannot finish.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from nxd_config import ConfigNotice, NxdConfig
+from nxd_models import AttentionKernel, GPTConfig, HFOverrides, ModelConfigError, load_hf_config
+from transformers import PretrainedConfig
+
+from .data import DataSplits, build_datasets, unavailable_data_keys
+
+FABRIC_PRECISION = {"fp32": "32-true", "autocast": "bf16-mixed"}
+
+
+class PreflightError(Exception):
+    """Problems found before launch, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("cannot train this config:\n" + "\n".join(f"  {problem}" for problem in problems))
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    model: GPTConfig | PretrainedConfig
+    attention: AttentionKernel
+    data: DataSplits
+    seq_length: int
+    precision: str
+    """Fabric's precision plugin name."""
+
+
+def _not_in_this_release(cfg: NxdConfig) -> list[str]:
+    ds, model, exp = cfg.distributed_strategy, cfg.model, cfg.exp_manager
+    found = [
+        f"distributed_strategy.{key}: {feature} is not in this release (nxd-parallel adds it); expected 1, found {value}"
+        for key, feature, value in (
+            ("tensor_model_parallel_size", "tensor parallelism", ds.tensor_model_parallel_size),
+            ("pipeline_model_parallel_size", "pipeline parallelism", ds.pipeline_model_parallel_size),
+            ("context_parallel_size", "context parallelism", ds.context_parallel_size),
+            ("kv_replicator", "KV-head replication", ds.kv_replicator),
+        )
+        if value != 1
+    ]
+    if model.qkv_linear:
+        found.append("model.qkv_linear: the fused GQA QKV module is not in this release (nxd-parallel adds it); "
+                     "expected False")
+    if model.activations_checkpoint_granularity is not None:
+        found.append("model.activations_checkpoint_granularity: activation checkpointing is not in this release "
+                     f"(nxd-parallel adds it); expected null, found {model.activations_checkpoint_granularity!r}")
+    if cfg.precision.type not in FABRIC_PRECISION:
+        found.append(f"precision.type: {cfg.precision.type} is not in this release (nxd-precision adds it); "
+                     f"expected one of {', '.join(FABRIC_PRECISION)}")
+    if cfg.model_alignment_strategy is not None:
+        found.append("model_alignment_strategy: fine-tuning methods are not in this release (nxd-align adds them); "
+                     "remove the section to pretrain")
+    for key, value in (("resume_if_exists", exp.resume_if_exists), ("resume_from_checkpoint", exp.resume_from_checkpoint),
+                       ("async_checkpointing", exp.async_checkpointing), ("save_bf16", exp.save_bf16)):
+        if value:
+            found.append(f"exp_manager.{key}: checkpoints are not in this release (nxd-ckpt adds them); "
+                         f"expected it unset, found {value!r}")
+    if model.weight_init_only:
+        found.append("model.weight_init_only: checkpoints are not in this release (nxd-ckpt adds them); expected False")
+    return found + unavailable_data_keys(cfg.data)
+
+
+def _optimizer_problems(cfg: NxdConfig, accelerator: str) -> list[str]:
+    optim = cfg.model.optim
+    found = []
+    if getattr(optim, "capturable", False) and accelerator != "cuda":
+        found.append(f"model.optim.capturable: expected False on {accelerator} (torch's capturable step "
+                     "needs CUDA tensors), found True")
+    if optim.name == "adafactor" and optim.relative_step and optim.sched is not None:
+        found.append("model.optim.sched: adafactor with relative_step computes its own learning rate; "
+                     f"expected no sched, found {optim.sched.name}")
+    if optim.name == "rprop" and optim.weight_decay:
+        found.append(f"model.optim.weight_decay: Rprop takes no weight decay; expected 0, found {optim.weight_decay}")
+    return found
+
+
+def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConfig:
+    m = cfg.model
+    return GPTConfig(
+        vocab_size=vocab_size, num_layers=m.num_layers, hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads, seq_length=seq_length, ffn_hidden_size=m.ffn_hidden_size,
+        num_kv_heads=m.num_kv_heads, kv_channels=m.kv_channels, max_position_embeddings=m.max_position_embeddings,
+        init_method_std=m.init_method_std, use_scaled_init_method=m.use_scaled_init_method,
+        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout, ffn_dropout=m.ffn_dropout,
+        apply_query_key_layer_scaling=m.apply_query_key_layer_scaling, normalization=m.normalization,
+        layernorm_epsilon=m.layernorm_epsilon, transformer_block_type=m.transformer_block_type,
+        make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
+        tensor_parallel_size=cfg.distributed_strategy.tensor_model_parallel_size,
+        share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
+        position_embedding_type=m.position_embedding_type, rotary_percentage=m.rotary_percentage,
+        rope_theta=m.rope_theta or 10000.0, activation=m.activation, has_bias=m.has_bias,
+        flash_attention=m.fusions.flash_attention, fused_softmax=m.fusions.softmax,
+    )  # fmt: skip
+
+
+def _hf_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> PretrainedConfig:
+    m = cfg.model
+    overrides = HFOverrides(m.num_layers, m.hidden_size, m.max_position_embeddings, m.rope_theta)
+    config = load_hf_config(m.hf_model_config, overrides)
+    problems = []
+    if config.vocab_size < vocab_size:
+        problems.append(f"{m.hf_model_config}: vocab_size: expected at least the tokenizer's {vocab_size} tokens, "
+                        f"found {config.vocab_size}")
+    if seq_length > config.max_position_embeddings:
+        problems.append(f"data.seq_length: expected at most max_position_embeddings ({config.max_position_embeddings}) "
+                        f"of {m.hf_model_config}, found {seq_length}")
+    if problems:
+        raise ModelConfigError("\n  ".join(problems))
+    return config
+
+
+def accelerator_name() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
+    """The checked plan of a run, or a PreflightError listing every problem."""
+    problems = _not_in_this_release(cfg) + _optimizer_problems(cfg, accelerator_name())
+    if problems:
+        raise PreflightError(problems)
+    if cfg.exp_manager.create_checkpoint_callback:
+        warnings.warn("exp_manager.create_checkpoint_callback: checkpoints are not in this release (nxd-ckpt adds "
+                      "them); this run writes none", ConfigNotice, stacklevel=2)
+    seq_length = cfg.seq_length
+    try:
+        data = build_datasets(cfg.data, seq_length, cache_dir)
+    except (OSError, ValueError) as error:
+        raise PreflightError([f"data: {error}"]) from None
+    try:
+        if cfg.model_source == "hf":
+            model = _hf_model(cfg, data.vocab_size, seq_length)
+        else:
+            model = _megatron_model(cfg, data.vocab_size, seq_length)
+    except ModelConfigError as error:
+        raise PreflightError(str(error).splitlines()) from None
+    fusions = cfg.model.fusions
+    attention = AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax)
+    return RunPlan(model, attention, data, seq_length, FABRIC_PRECISION[cfg.precision.type])
