@@ -93,7 +93,8 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     dp, rank = fabric.world_size, fabric.global_rank
     log_dir = Path(fabric.broadcast(str(next_log_dir(cfg.exp_manager, cfg.name)) if rank == 0 else None, src=0))
     if rank == 0:
-        (log_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False))
+        resolved = yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)
+        (log_dir / "config.yaml").write_text(resolved)
 
     gbs, mbs = cfg.global_batch_size, cfg.data.micro_batch_size
     data_options = dict(global_batch_size=gbs, micro_batch_size=mbs, data_parallel_size=dp, data_parallel_rank=rank,

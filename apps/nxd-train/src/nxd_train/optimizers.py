@@ -26,6 +26,7 @@ _TORCH = {
     "adafactor": Adafactor,
 }
 _NOT_PASSED = {"name", "sched"}
+_FOREACH = {"adamw", "adamw_fp32OptState", "adam", "adamax", "adadelta", "rmsprop", "rprop", "sgd", "adagrad"}
 
 
 def optimizer_class_and_arguments(optim: OptimizerConfig) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
@@ -34,9 +35,9 @@ def optimizer_class_and_arguments(optim: OptimizerConfig) -> tuple[type[torch.op
     for name in ("betas", "etas", "step_sizes", "eps"):
         if isinstance(arguments.get(name), tuple | list):
             arguments[name] = tuple(arguments[name])
-    if optim.name == "rprop" and arguments.pop("weight_decay"):
-        raise ValueError("model.optim.weight_decay: Rprop takes no weight decay; expected 0")
-    if optim.name in ("adamw", "adamw_fp32OptState", "adam", "adamax", "adadelta", "rmsprop", "rprop", "sgd", "adagrad"):
+    if optim.name == "adafactor":  # transformers' Adafactor takes the exponent negated
+        arguments["decay_rate"] = -abs(arguments["decay_rate"])
+    if optim.name in _FOREACH:
         arguments["foreach"] = False  # see DESIGN.md: a mix of DTensor and plain parameters breaks foreach
     return _TORCH[optim.name], arguments
 
@@ -62,7 +63,7 @@ def build_optimizer(
     cls, arguments = optimizer_class_and_arguments(optim)
     weight_decay = arguments.pop("weight_decay", 0.0)
     groups = parameter_groups(model, weight_decay, decay_norms_and_biases)
-    if optim.name == "rprop":
+    if optim.name == "rprop":  # takes no weight decay (preflight rejects a non-zero one)
         for group in groups:
             group.pop("weight_decay")
     if not shard_over_data_parallel:

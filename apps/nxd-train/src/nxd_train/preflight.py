@@ -42,7 +42,8 @@ class RunPlan:
 def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     ds, model, exp = cfg.distributed_strategy, cfg.model, cfg.exp_manager
     found = [
-        f"distributed_strategy.{key}: {feature} is not in this release (nxd-parallel adds it); expected 1, found {value}"
+        f"distributed_strategy.{key}: {feature} is not in this release (nxd-parallel adds it); "
+        f"expected 1, found {value}"
         for key, feature, value in (
             ("tensor_model_parallel_size", "tensor parallelism", ds.tensor_model_parallel_size),
             ("pipeline_model_parallel_size", "pipeline parallelism", ds.pipeline_model_parallel_size),
@@ -63,9 +64,8 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     if cfg.model_alignment_strategy is not None:
         found.append("model_alignment_strategy: fine-tuning methods are not in this release (nxd-align adds them); "
                      "remove the section to pretrain")
-    for key, value in (("resume_if_exists", exp.resume_if_exists), ("resume_from_checkpoint", exp.resume_from_checkpoint),
-                       ("async_checkpointing", exp.async_checkpointing), ("save_bf16", exp.save_bf16)):
-        if value:
+    for key in ("resume_if_exists", "resume_from_checkpoint", "async_checkpointing", "save_bf16"):
+        if value := getattr(exp, key):
             found.append(f"exp_manager.{key}: checkpoints are not in this release (nxd-ckpt adds them); "
                          f"expected it unset, found {value!r}")
     if model.weight_init_only:

@@ -14,7 +14,7 @@ Three attention paths, chosen by the fusions keys:
 from __future__ import annotations
 
 import math
-from enum import Enum
+from enum import StrEnum
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-class AttentionKernel(str, Enum):
+class AttentionKernel(StrEnum):
     FLASH = "flash"
     FUSED_SOFTMAX = "fused_softmax"
     UNFUSED = "unfused"

@@ -161,10 +161,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.ffn_dropout)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.gated:
-            inner = F.silu(self.gate_proj(hidden)) * self.up_proj(hidden)
-        else:
-            inner = F.gelu(self.up_proj(hidden))
+        up = self.up_proj(hidden)
+        inner = F.silu(self.gate_proj(hidden)) * up if self.gated else F.gelu(up)
         return self.down_proj(self.dropout(inner))
 
 

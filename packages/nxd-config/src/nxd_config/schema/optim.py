@@ -209,7 +209,9 @@ class Adafactor(_Optimizer):
     )
     eps: _Pair = key((1e-30, 1e-3), "Regularisation constants for the square gradient and the parameter scale.", by=APP)
     clip_threshold: float = key(1.0, "Threshold of the root-mean-square of the final update.", by=APP, gt=0.0)
-    decay_rate: float = key(0.8, "Coefficient of the running average of the squared gradient.", by=APP)
+    decay_rate: float = key(
+        0.8, "Decay exponent c of the squared-gradient average, beta2(t) = 1 - t^-c (-0.8 reads the same).", by=APP
+    )
     scale_parameter: bool = key(True, "Scale the learning rate by the root-mean-square of the parameter.", by=APP)
     relative_step: bool = key(False, "Compute a time-dependent learning rate instead of using lr.", by=APP)
     warmup_init: bool = key(False, "Warm the time-dependent learning rate up (needs relative_step).", by=APP)

@@ -1,0 +1,94 @@
+"""Every optimizer name: the class it builds, its documented parameters, weight-decay groups, a real step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from nxd_config.schema.optim import OPTIMIZER_NAMES, Optimizer
+from nxd_train.novograd import Novograd
+from nxd_train.optimizers import build_optimizer, parameter_groups
+from pydantic import TypeAdapter
+from transformers.optimization import Adafactor
+
+CASES = {
+    "adamw": ({"lr": 0.01, "betas": [0.8, 0.9], "eps": 1e-6, "amsgrad": True}, torch.optim.AdamW,
+              {"betas": (0.8, 0.9), "eps": 1e-6, "amsgrad": True}),
+    "adamw_fp32OptState": ({"lr": 0.01}, torch.optim.AdamW, {"betas": (0.9, 0.999)}),
+    "adam": ({"lr": 0.01, "weight_decay": 0.1}, torch.optim.Adam, {"weight_decay": 0.1}),
+    "sgd": ({"lr": 0.1, "momentum": 0.9, "nesterov": True}, torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
+    "adadelta": ({"lr": 1.0, "rho": 0.8, "eps": 1e-5}, torch.optim.Adadelta, {"rho": 0.8, "eps": 1e-5}),
+    "adamax": ({"lr": 0.01, "betas": [0.7, 0.9]}, torch.optim.Adamax, {"betas": (0.7, 0.9)}),
+    "adagrad": ({"lr": 0.1, "lr_decay": 0.01, "initial_accumulator_value": 0.1}, torch.optim.Adagrad,
+                {"lr_decay": 0.01, "initial_accumulator_value": 0.1}),
+    "rmsprop": ({"lr": 0.01, "alpha": 0.9, "centered": True, "momentum": 0.5}, torch.optim.RMSprop,
+                {"alpha": 0.9, "centered": True, "momentum": 0.5}),
+    "rprop": ({"lr": 0.01, "etas": [0.4, 1.5], "step_sizes": [1e-5, 10.0]}, torch.optim.Rprop,
+              {"etas": (0.4, 1.5), "step_sizes": (1e-5, 10.0)}),
+    "novograd": ({"lr": 0.01, "betas": [0.9, 0.99], "luc": True}, Novograd, {"betas": (0.9, 0.99), "luc": True}),
+    "adafactor": ({"lr": 0.01, "beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False}, Adafactor,
+                  {"beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": -0.8}),
+}  # fmt: skip
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 1))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_optimizer_is_built_with_its_parameters_and_learns(name):
+    config, cls, expected = CASES[name]
+    optim = TypeAdapter(Optimizer).validate_python({"name": name, **config})
+    model = _model()
+    optimizer = build_optimizer(optim, model, decay_norms_and_biases=False, shard_over_data_parallel=False)
+    assert type(optimizer) is cls
+    group = optimizer.param_groups[0]
+    for key, value in expected.items():
+        assert group[key] == value, key
+    inputs, targets = torch.randn(64, 8), torch.randn(64, 1)
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert losses[-1] < losses[0]
+
+
+def test_every_optimizer_name_has_a_case():
+    assert set(CASES) == set(OPTIMIZER_NAMES)
+
+
+def test_norm_weights_and_biases_get_no_weight_decay_unless_asked():
+    model = _model()
+    groups = parameter_groups(model, 0.1, decay_norms_and_biases=False)
+    assert [len(g["params"]) for g in groups] == [2, 4]  # two weight matrices; 2 biases + norm weight and bias
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    everything = parameter_groups(model, 0.1, decay_norms_and_biases=True)
+    assert len(everything) == 1 and len(everything[0]["params"]) == 6
+
+
+def test_adafactor_relative_step_needs_no_lr():
+    optim = TypeAdapter(Optimizer).validate_python({"name": "adafactor", "relative_step": True, "warmup_init": True})
+    optimizer = build_optimizer(optim, _model(), decay_norms_and_biases=False, shard_over_data_parallel=False)
+    assert optimizer.param_groups[0]["relative_step"] and optimizer.param_groups[0]["lr"] is None
+
+
+def test_novograd_two_steps_by_hand():
+    """NeMo's NovoGrad on f(p) = |p|^2 / 2 (gradient p), worked with plain floats."""
+    param = torch.nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    optimizer = Novograd([param], lr=0.1, betas=(0.95, 0.98), eps=1e-8, weight_decay=0.01)
+    p, m, v = [1.0, 2.0], [0.0, 0.0], None
+    for _ in range(2):
+        norm = sum(x * x for x in p)
+        v = norm if v is None else 0.98 * v + 0.02 * norm
+        update = [x / (math.sqrt(v) + 1e-8) + 0.01 * x for x in p]
+        m = [0.95 * a + u for a, u in zip(m, update, strict=True)]
+        p = [x - 0.1 * a for x, a in zip(p, m, strict=True)]
+        optimizer.zero_grad()
+        (param.pow(2).sum() / 2).backward()
+        optimizer.step()
+    assert param.tolist() == pytest.approx(p, abs=1e-12)
