@@ -54,14 +54,19 @@ def test_deprecation_notice_is_one_line(tmp_path: Path, capsys) -> None:
             "read as 'mixed_precisionSR'\n") in capsys.readouterr().err
 
 
-def test_bare_command_runs_the_default_job(capsys) -> None:
-    assert main([]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["name"] == "tiny_llama"
+def test_train_with_config_and_overrides(tmp_path: Path, capsys) -> None:
+    assert main(["--config", str(ROOT / "configs" / "tiny.yaml"), "trainer.max_steps=3", "trainer.log_every_n_steps=1",
+                 f"+exp_manager.explicit_log_dir={tmp_path}", "exp_manager.create_tensorboard_logger=False"]) == 0
+    out = capsys.readouterr().out
+    assert "step 3/3 | loss" in out and f"done: 3 steps; logs in {tmp_path}" in out
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["trainer"]["max_steps"] == 3
 
 
-def test_train_with_config_and_overrides(capsys) -> None:
-    assert main(["--config", str(ROOT / "configs" / "tiny.yaml"), "trainer.max_steps=3"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["max_steps"] == 3
+def test_train_refuses_what_it_cannot_do_before_launch(capsys) -> None:
+    assert main(["precision.type=bf16SR"]) == 1
+    err = capsys.readouterr().err
+    assert err.endswith("tiny.yaml: cannot train this config:\n  precision.type: bf16SR is not in this release "
+                        "(nxd-precision adds it); expected one of fp32, autocast\n")
 
 
 def test_missing_config_file_exits_1(tmp_path: Path, capsys) -> None:

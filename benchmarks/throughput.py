@@ -1,0 +1,139 @@
+"""Training throughput: nxd-train against transformers' Trainer on the same model, data and batch.
+
+    uv run --group bench python benchmarks/throughput.py [--models 20m,125m] [--precisions fp32,bf16]
+
+For each configs/bench_*.yaml and precision, one run trains the Megatron-style Llama through nxd's loop
+and the identical LlamaForCausalLM (same weights layout, same random tokens, same micro/global batch)
+through `transformers.Trainer`, then prints tokens/s of each, their ratio, and MFU against a matmul
+ceiling measured on this device in this run. Runs on CUDA when a GPU is present, else on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from nxd_config import load_config
+from nxd_models import build_causal_lm, hf_mapping, training_flops_per_token
+from nxd_train.corpus import default_cache_dir
+from nxd_train.data import DataSplits, TokenWindows
+from nxd_train.loop import train
+from nxd_train.preflight import plan_run
+from nxd_train.throughput import matmul_ceiling
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 32000
+PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("autocast", torch.bfloat16)}
+
+
+def random_splits(seq_length: int, samples: int) -> DataSplits:
+    tokens = np.random.default_rng(0).integers(0, VOCAB, samples * seq_length + 1).astype(np.int32)
+    windows = TokenWindows(tokens, 0, samples, seq_length, eod_id=0)
+    return DataSplits(windows, windows, windows, VOCAB, "random tokens")
+
+
+def nxd_tokens_per_second(config_path: Path, precision: str, steps: int, log_dir: Path) -> float:
+    cfg = load_config(config_path, [f"precision.type={precision}", f"trainer.max_steps={steps}",
+                                    f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
+    plan = plan_run(cfg, default_cache_dir())
+    plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, vocab_size=VOCAB),
+                               data=random_splits(cfg.seq_length, steps * cfg.global_batch_size))  # fmt: skip
+    train(cfg, plan)
+    with open(log_dir / "metrics.csv") as handle:
+        rates = [float(row["tokens_per_s"]) for row in csv.DictReader(handle) if row.get("tokens_per_s")]
+    return statistics.median(rates[1:])  # the first step pays for warm-up
+
+
+class _StepTimer(TrainerCallback):
+    def __init__(self) -> None:
+        self.durations: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.durations.append(time.perf_counter() - self.started)
+
+
+def trainer_tokens_per_second(config_path: Path, precision: str, steps: int, out: Path) -> float:
+    cfg = load_config(config_path)
+    plan = plan_run(cfg, default_cache_dir())
+    model_config = dataclasses.replace(plan.model, vocab_size=VOCAB)
+    hf_config = LlamaConfig(**hf_mapping(model_config).config)
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM._from_config(hf_config, attn_implementation="sdpa")
+    windows = random_splits(cfg.seq_length, steps * cfg.global_batch_size).train
+
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(windows)
+
+        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+            sample = windows[index]  # labels already shifted: give Trainer the unshifted window
+            return {"input_ids": sample["input_ids"], "labels": sample["input_ids"]}
+
+    accumulation = cfg.global_batch_size // cfg.data.micro_batch_size
+    timer = _StepTimer()
+    arguments = TrainingArguments(
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=cfg.data.micro_batch_size,
+        gradient_accumulation_steps=accumulation, learning_rate=cfg.model.optim.lr, weight_decay=0.01,
+        adam_beta2=0.95, max_grad_norm=1.0, bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(),
+        report_to=[], save_strategy="no", logging_steps=1000, dataloader_num_workers=0, disable_tqdm=True,
+        lr_scheduler_type="constant",
+    )  # fmt: skip
+    Trainer(model=model, args=arguments, train_dataset=Samples(), callbacks=[timer]).train()
+    tokens = cfg.global_batch_size * cfg.seq_length
+    return tokens / statistics.median(timer.durations[1:])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="20m,125m")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--steps", type=int, default=6)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    ceilings = {key: matmul_ceiling(device, dtype, seconds=2.0, size=2048 if device.type == "cpu" else 8192)
+                for key, (_, dtype) in PRECISION.items()}  # fmt: skip
+    print(f"device: {name}; torch {torch.__version__}")
+    print("matmul ceiling: " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in ceilings.items()))
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for model in args.models.split(","):
+            config_path = ROOT / "configs" / f"bench_{model}.yaml"
+            cfg = load_config(config_path)
+            spec = dataclasses.replace(plan_run(cfg, default_cache_dir()).model, vocab_size=VOCAB)
+            reference_model = build_causal_lm(spec)
+            flops_per_token = training_flops_per_token(reference_model, cfg.seq_length)
+            parameters = sum(p.numel() for p in reference_model.parameters())
+            del reference_model
+            for precision in args.precisions.split(","):
+                ours = nxd_tokens_per_second(config_path, PRECISION[precision][0], args.steps,
+                                             Path(scratch) / f"nxd-{model}-{precision}")  # fmt: skip
+                theirs = trainer_tokens_per_second(config_path, precision, args.steps,
+                                                   Path(scratch) / f"hf-{model}-{precision}")  # fmt: skip
+                mfu = [rate * flops_per_token / ceilings[precision] for rate in (ours, theirs)]
+                rows.append((f"{model} ({parameters / 1e6:.0f}M)", precision, ours, theirs, ours / theirs, *mfu))
+    print()
+    print(f"{'model':<14} {'precision':<9} {'nxd tok/s':>10} {'Trainer tok/s':>14} {'ratio':>6} {'nxd MFU':>8} "
+          f"{'Trainer MFU':>11}")  # fmt: skip
+    for model, precision, ours, theirs, ratio, mfu_ours, mfu_theirs in rows:
+        print(f"{model:<14} {precision:<9} {ours:>10,.0f} {theirs:>14,.0f} {ratio:>5.2f}x {mfu_ours:>8.1%} "
+              f"{mfu_theirs:>11.1%}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The training loop in one process: accumulation parity, epochs, validation cadence, logging, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from nxd_config import load_config
+from nxd_train.cli import default_config_path
+from nxd_train.corpus import default_cache_dir
+from nxd_train.loop import batch_limit, validation_due
+from nxd_train.monitor import Monitor
+from nxd_train.preflight import PreflightError, plan_run
+
+from tests.training_runs import losses
+
+
+def test_accumulation_4x1_equals_1x4(train_here):
+    """Four micro-batches of one sample give the gradients of one micro-batch of four."""
+    four_by_one = losses(train_here("trainer.max_steps=5", "data.micro_batch_size=1", "data.global_batch_size=4"))
+    one_by_four = losses(train_here("trainer.max_steps=5", "data.micro_batch_size=4", "data.global_batch_size=4"))
+    assert len(four_by_one) == 5
+    assert max(abs(a - b) for a, b in zip(four_by_one, one_by_four, strict=True)) < 1e-6
+
+
+def test_epochs_bound_the_run_and_splits_string_sizes_the_data(train_here):
+    # 12,780 windows of 64 tokens; 10/1000 of them for training = 128 samples = 16 global batches of 8
+    rows = train_here("trainer.max_steps=-1", "trainer.max_epochs=2", "+data.splits_string='10,985,5'",
+                      "model.optim.sched.max_steps=32")  # fmt: skip
+    steps = [row for row in rows if "loss" in row]
+    assert len(steps) == 32
+    assert {row["epoch"] for row in steps} == {0.0, 1.0}
+    assert steps[-1]["consumed_samples"] == 32 * 8
+
+
+def test_validation_and_test_losses_are_logged(train_here):
+    rows = train_here("trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
+                      "trainer.limit_test_batches=1", "+exp_manager.log_parameter_norm=True")  # fmt: skip
+    assert [row["step"] for row in rows if "val_loss" in row] == [2.0, 4.0]
+    assert [row["step"] for row in rows if "test_loss" in row] == [4.0]
+    assert all(row["param_norm"] > 0 and 0 < row["mfu"] < 1 for row in rows if "loss" in row)
+
+
+@pytest.mark.parametrize(
+    ("interval", "every", "expected"),
+    [(3, None, [2, 5, 8, 11]), (2, 1, [1, 3, 6, 8, 11]), (1.0, 1, [4, 9]), (0.5, 1, [1, 3, 6, 8, 11]),
+     (1.0, 2, [9]), (5, 2, [9])],
+)  # fmt: skip
+def test_validation_cadence_follows_lightning(interval, every, expected):
+    cfg = load_config(default_config_path(), [f"trainer.val_check_interval={interval}",
+                                              f"trainer.check_val_every_n_epoch={'null' if every is None else every}"])
+    steps_per_epoch = 5
+    due = [step for step in range(12) if validation_due(cfg, step, *divmod(step, steps_per_epoch), steps_per_epoch)]
+    assert due == expected
+
+
+@pytest.mark.parametrize(("limit", "available", "expected"), [(0, 10, 0), (3, 10, 3), (30, 10, 10), (0.25, 10, 2),
+                                                              (1.0, 10, 10), (0.0, 10, 0), (-1, 10, 10)])  # fmt: skip
+def test_batch_limits_count_or_fraction(limit, available, expected):
+    assert batch_limit(limit, available) == expected
+
+
+def test_only_local_rank_0_writes_a_log_file_when_asked(tmp_path):
+    for local_rank in (0, 1):
+        Monitor(tmp_path, global_rank=local_rank + 2, local_rank=local_rank, total_steps=1, local_rank_0_only=True,
+                tensorboard=False).close()  # fmt: skip
+    assert [p.name for p in tmp_path.iterdir()] == ["nxd_log_globalrank-2_localrank-0.txt"]
+
+
+def _plan_problems(*overrides: str, source=None) -> str:
+    cfg = load_config(source or default_config_path(), list(overrides))
+    with pytest.raises(PreflightError) as caught:
+        plan_run(cfg, default_cache_dir())
+    return str(caught.value)
+
+
+def test_features_of_later_releases_are_rejected_by_key():
+    message = _plan_problems("distributed_strategy.tensor_model_parallel_size=2", "trainer.devices=2",
+                             "precision.type=mixed_precision", "+data.data_prefix=[corpus]")  # fmt: skip
+    assert message.splitlines() == [
+        "cannot train this config:",
+        "  distributed_strategy.tensor_model_parallel_size: tensor parallelism is not in this release "
+        "(nxd-parallel adds it); expected 1, found 2",
+        "  precision.type: mixed_precision is not in this release (nxd-precision adds it); expected one of fp32, autocast",
+        "  data.data_prefix: Megatron indexed datasets are not in this release (nxd-data adds them); remove the key "
+        "to pretrain on the built-in corpus",
+    ]
+
+
+def test_capturable_on_cpu_is_rejected():
+    assert ("model.optim.capturable: expected False on cpu (torch's capturable step needs CUDA tensors), found True"
+            in _plan_problems("+model.optim.capturable=True"))  # fmt: skip
+
+
+def test_sequence_longer_than_positions_is_rejected_before_launch():
+    message = _plan_problems("model.max_position_embeddings=32")
+    assert "model.encoder_seq_length: expected at most max_position_embeddings (32), found 64" in message
+
+
+def _hf_config(tmp_path, vocab_size: int, max_positions: int = 128):
+    (tmp_path / "config.json").write_text(
+        f'{{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
+        f'"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": {vocab_size}, '
+        f'"max_position_embeddings": {max_positions}}}'
+    )
+    source = tmp_path / "hf.yaml"
+    text = default_config_path().read_text().replace("model_source: megatron", "model_source: hf")
+    keep = ("encoder_seq_length", "optim", "name: adamw", "lr:", "weight_decay", "betas", "sched", "warmup_steps",
+            "constant_steps", "min_lr", "max_steps: ${trainer", "model:", "CosineAnnealing")  # fmt: skip
+    lines, in_model = [], False
+    for line in text.splitlines():
+        in_model = in_model or line.startswith("model:")
+        if in_model and line.startswith("precision:"):
+            in_model = False
+        if in_model and line.strip() and (not any(k in line for k in keep) or "max_position" in line):
+            continue
+        lines.append(line)
+        if line.startswith("model:"):
+            lines.append(f"  model_config: {tmp_path / 'config.json'}")
+    source.write_text("\n".join(lines) + "\n")
+    return source
+
+
+def test_hf_vocab_smaller_than_the_tokenizer_is_rejected(tmp_path):
+    message = _plan_problems(source=_hf_config(tmp_path, vocab_size=1000))
+    assert f"{tmp_path / 'config.json'}: vocab_size: expected at least the tokenizer's 4096 tokens, found 1000" in message
+
+
+def test_hf_sequence_longer_than_its_positions_is_rejected(tmp_path):
+    message = _plan_problems(source=_hf_config(tmp_path, vocab_size=4096, max_positions=32))
+    assert "data.seq_length: expected at most max_position_embeddings (32)" in message
+
+
+def test_missing_hf_config_file_is_rejected(tmp_path):
+    source = _hf_config(tmp_path, vocab_size=4096)
+    (tmp_path / "config.json").unlink()
+    assert "model.model_config: expected a config.json file or a directory with one, found no file at" in _plan_problems(
+        source=source
+    )
+
+
+def test_hf_model_trains(tmp_path, train_here):
+    source = _hf_config(tmp_path, vocab_size=4096)
+    cfg = load_config(source, ["trainer.max_steps=3", "exp_manager.create_tensorboard_logger=False",
+                               f"+exp_manager.explicit_log_dir={tmp_path / 'hf_logs'}", "trainer.limit_val_batches=0"])
+    from nxd_train.loop import train
+
+    from tests.training_runs import read_metrics
+
+    rows = read_metrics(train(cfg, plan_run(cfg, default_cache_dir())))
+    assert [row["step"] for row in rows if "loss" in row] == [3.0]
