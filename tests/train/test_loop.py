@@ -147,3 +147,23 @@ def test_hf_model_trains(tmp_path, train_here):
 
     rows = read_metrics(train(cfg, plan_run(cfg, default_cache_dir())))
     assert [row["step"] for row in rows if "loss" in row] == [3.0]
+
+
+def test_worker_processes_read_the_same_batches(train_here):
+    inline = losses(train_here("trainer.max_steps=3"))
+    workers = losses(train_here("trainer.max_steps=3", "+data.num_workers=2"))
+    assert inline == workers
+
+
+@pytest.mark.parametrize(("dp", "mbs"), [(1, 8), (2, 2), (4, 1), (2, 4)])
+def test_ranks_and_micro_batches_cover_the_global_batch_exactly(dp, mbs):
+    from nxd_train.sampling import BatchPlan, MicroBatchSampler
+
+    def plan(rank: int) -> BatchPlan:
+        return BatchPlan(100, global_batch_size=8, micro_batch_size=mbs, data_parallel_size=dp,
+                         data_parallel_rank=rank, seed=3)  # fmt: skip
+
+    for step in range(3):
+        union = sorted(i for rank in range(dp) for micro in plan(rank).micro_batches(0, step) for i in micro)
+        assert union == sorted(plan(0).order(0)[step * 8 : (step + 1) * 8].tolist())
+    assert len(list(MicroBatchSampler(plan(0), 0, 3))) == 3 * 8 // (mbs * dp)

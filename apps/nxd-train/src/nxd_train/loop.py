@@ -9,7 +9,6 @@ the gradient of one big batch, whatever the split into processes and micro-batch
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,28 +18,22 @@ from lightning_fabric import Fabric
 from nxd_config import NxdConfig
 from nxd_models import build_causal_lm, causal_lm_logits, training_flops_per_token
 from torch import nn
+from torch.utils.data import DataLoader
 
 from .data import IGNORE_INDEX, TokenWindows, collate
 from .logdir import next_log_dir
 from .monitor import Monitor
 from .optimizers import build_optimizer
 from .preflight import RunPlan
-from .sampling import BatchPlan
+from .sampling import BatchPlan, MicroBatchSampler
 from .schedules import build_scheduler
 from .throughput import matmul_ceiling
 
 
-@dataclass
-class Batches:
-    """The micro-batches of one data-parallel rank for each step of a split."""
-
-    dataset: TokenWindows
-    plan: BatchPlan
-    fabric: Fabric
-
-    def step(self, epoch: int, index: int) -> list[dict[str, torch.Tensor]]:
-        return [self.fabric.to_device(collate([self.dataset[i] for i in indices]))
-                for indices in self.plan.micro_batches(epoch, index) if indices]  # fmt: skip
+def micro_batches(dataset: TokenWindows, plan: BatchPlan, steps: int, num_workers: int) -> DataLoader:
+    """This rank's micro-batches of the first `steps` steps, read by `num_workers` worker processes."""
+    return DataLoader(dataset, batch_sampler=MicroBatchSampler(plan, 0, steps), collate_fn=collate,
+                      num_workers=num_workers)  # fmt: skip
 
 
 def token_losses(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -51,8 +44,8 @@ def token_losses(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
 
 
 def count_tokens(fabric: Fabric, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-    local = sum((batch["labels"] != IGNORE_INDEX).sum() for batch in micro_batches)
-    return fabric.all_reduce(torch.as_tensor(local, dtype=torch.float32, device=fabric.device), reduce_op="sum")
+    local = sum(int((batch["labels"] != IGNORE_INDEX).sum()) for batch in micro_batches)
+    return fabric.all_reduce(torch.tensor(float(local), device=fabric.device), reduce_op="sum")
 
 
 def batch_limit(limit: int | float, available: int) -> int:
@@ -101,7 +94,6 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
                         seed=cfg.seed)  # fmt: skip
     train_plan = BatchPlan(len(plan.data.train), **data_options,
                            reshuffle_each_epoch=cfg.data.dataloader_type == "cyclic")  # fmt: skip
-    train_batches = Batches(plan.data.train, train_plan, fabric)
     steps_per_epoch = train_plan.steps_per_epoch
     steps = total_steps(cfg, steps_per_epoch)
     monitor = Monitor(log_dir, global_rank=rank, local_rank=fabric.local_rank, total_steps=steps,
@@ -126,20 +118,19 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
 
     def evaluate(dataset: TokenWindows, limit: int | float) -> float | None:
         eval_plan = BatchPlan(len(dataset), **data_options, shuffle=False, drop_last=cfg.data.validation_drop_last)
-        batches = Batches(dataset, eval_plan, fabric)
         count = batch_limit(limit, eval_plan.steps_per_epoch)
         if count == 0:
             return None
         model.eval()
         loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
-        tokens = torch.zeros((), device=fabric.device)
+        seen = []
         with torch.no_grad():
-            for index in range(count):
-                micro_batches = batches.step(0, index)
-                tokens += count_tokens(fabric, micro_batches)
-                for batch in micro_batches:
-                    loss += token_losses(model, batch).double().sum()
+            for batch in micro_batches(dataset, eval_plan, count, cfg.data.num_workers):
+                batch = fabric.to_device(batch)
+                seen.append(batch)
+                loss += token_losses(model, batch).double().sum()
         model.train()
+        tokens = count_tokens(fabric, seen)
         return (fabric.all_reduce(loss, reduce_op="sum") / tokens).item()
 
     if cfg.trainer.num_sanity_val_steps:
@@ -148,14 +139,16 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
             monitor.info(f"sanity check: val_loss {sanity:.4f}")
 
     model.train()
+    accumulation = gbs // (mbs * dp)
+    train_batches = iter(micro_batches(plan.data.train, train_plan, steps, cfg.data.num_workers))
     window_start, window_steps = time.perf_counter(), 0
     for step in range(steps):
         epoch, index = divmod(step, steps_per_epoch)
-        micro_batches = train_batches.step(epoch, index)
-        tokens = count_tokens(fabric, micro_batches)
+        batches = [fabric.to_device(next(train_batches)) for _ in range(accumulation)]
+        tokens = count_tokens(fabric, batches)
         loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
-        for number, batch in enumerate(micro_batches, start=1):
-            with fabric.no_backward_sync(model, enabled=dp > 1 and number < len(micro_batches)):
+        for number, batch in enumerate(batches, start=1):
+            with fabric.no_backward_sync(model, enabled=dp > 1 and number < accumulation):
                 losses = token_losses(model, batch)
                 fabric.backward(losses.sum() * dp / tokens)
             loss += losses.detach().double().sum()  # reported in fp64: no rounding of a large fp32 sum

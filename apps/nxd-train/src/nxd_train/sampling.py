@@ -46,3 +46,21 @@ class BatchPlan:
             batch[(m * dp + self.data_parallel_rank) * mbs : (m * dp + self.data_parallel_rank + 1) * mbs].tolist()
             for m in range(accumulation)
         ]
+
+
+@dataclass(frozen=True)
+class MicroBatchSampler:
+    """A DataLoader batch sampler: this rank's non-empty micro-batches of `steps` consecutive steps
+    from global step `start`, in order (so `data.num_workers` processes can prefetch them)."""
+
+    plan: BatchPlan
+    start: int
+    steps: int
+
+    def __iter__(self):
+        for step in range(self.start, self.start + self.steps):
+            epoch, index = divmod(step, self.plan.steps_per_epoch)
+            yield from (indices for indices in self.plan.micro_batches(epoch, index) if indices)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
