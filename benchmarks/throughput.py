@@ -31,22 +31,23 @@ from nxd_train.throughput import matmul_ceiling
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB = 32000
+VOCABULARY = {"20m": 8192, "125m": 32000}
+"""Random-token vocabulary per model: with these, bench_20m has 19M parameters and bench_125m 134M."""
 PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("autocast", torch.bfloat16)}
 
 
-def random_splits(seq_length: int, samples: int) -> DataSplits:
-    tokens = np.random.default_rng(0).integers(0, VOCAB, samples * seq_length + 1).astype(np.int32)
+def random_splits(seq_length: int, samples: int, vocab: int) -> DataSplits:
+    tokens = np.random.default_rng(0).integers(0, vocab, samples * seq_length + 1).astype(np.int32)
     windows = TokenWindows(tokens, 0, samples, seq_length, eod_id=0)
-    return DataSplits(windows, windows, windows, VOCAB, "random tokens")
+    return DataSplits(windows, windows, windows, vocab, "random tokens")
 
 
-def nxd_tokens_per_second(config_path: Path, precision: str, steps: int, log_dir: Path) -> float:
+def nxd_tokens_per_second(config_path: Path, vocab: int, precision: str, steps: int, log_dir: Path) -> float:
     cfg = load_config(config_path, [f"precision.type={precision}", f"trainer.max_steps={steps}",
                                     f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
     plan = plan_run(cfg, default_cache_dir())
-    plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, vocab_size=VOCAB),
-                               data=random_splits(cfg.seq_length, steps * cfg.global_batch_size))  # fmt: skip
+    plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, vocab_size=vocab),
+                               data=random_splits(cfg.seq_length, steps * cfg.global_batch_size, vocab))  # fmt: skip
     train(cfg, plan)
     with open(log_dir / "metrics.csv") as handle:
         rates = [float(row["tokens_per_s"]) for row in csv.DictReader(handle) if row.get("tokens_per_s")]
@@ -66,14 +67,14 @@ class _StepTimer(TrainerCallback):
         self.durations.append(time.perf_counter() - self.started)
 
 
-def trainer_tokens_per_second(config_path: Path, precision: str, steps: int, out: Path) -> float:
+def trainer_tokens_per_second(config_path: Path, vocab: int, precision: str, steps: int, out: Path) -> float:
     cfg = load_config(config_path)
     plan = plan_run(cfg, default_cache_dir())
-    model_config = dataclasses.replace(plan.model, vocab_size=VOCAB)
+    model_config = dataclasses.replace(plan.model, vocab_size=vocab)
     hf_config = LlamaConfig(**hf_mapping(model_config).config)
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM._from_config(hf_config, attn_implementation="sdpa")
-    windows = random_splits(cfg.seq_length, steps * cfg.global_batch_size).train
+    windows = random_splits(cfg.seq_length, steps * cfg.global_batch_size, vocab).train
 
     class Samples(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -114,15 +115,16 @@ def main() -> int:
         for model in args.models.split(","):
             config_path = ROOT / "configs" / f"bench_{model}.yaml"
             cfg = load_config(config_path)
-            spec = dataclasses.replace(plan_run(cfg, default_cache_dir()).model, vocab_size=VOCAB)
+            vocab = VOCABULARY[model]
+            spec = dataclasses.replace(plan_run(cfg, default_cache_dir()).model, vocab_size=vocab)
             reference_model = build_causal_lm(spec)
             flops_per_token = training_flops_per_token(reference_model, cfg.seq_length)
             parameters = sum(p.numel() for p in reference_model.parameters())
             del reference_model
             for precision in args.precisions.split(","):
-                ours = nxd_tokens_per_second(config_path, PRECISION[precision][0], args.steps,
+                ours = nxd_tokens_per_second(config_path, vocab, PRECISION[precision][0], args.steps,
                                              Path(scratch) / f"nxd-{model}-{precision}")  # fmt: skip
-                theirs = trainer_tokens_per_second(config_path, precision, args.steps,
+                theirs = trainer_tokens_per_second(config_path, vocab, precision, args.steps,
                                                    Path(scratch) / f"hf-{model}-{precision}")  # fmt: skip
                 mfu = [rate * flops_per_token / ceilings[precision] for rate in (ours, theirs)]
                 rows.append((f"{model} ({parameters / 1e6:.0f}M)", precision, ours, theirs, ours / theirs, *mfu))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.training_runs import FAST, losses, read_metrics, run_command
@@ -20,3 +24,17 @@ def test_two_processes_match_one_process(tmp_path, train_here, zero1):
     assert max(abs(a - b) for a, b in zip(single, double, strict=True)) < 1e-6
     assert sorted(p.name for p in (tmp_path / "dp2").glob("nxd_log_*")) == [
         "nxd_log_globalrank-0_localrank-0.txt", "nxd_log_globalrank-1_localrank-1.txt"]  # fmt: skip
+
+
+def test_torchrun_launches_the_same_job(tmp_path, train_here):
+    overrides = ["trainer.max_steps=3", "data.micro_batch_size=2", "data.global_batch_size=8"]
+    single = losses(train_here(*overrides))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    result = subprocess.run(
+        [str(torchrun), "--nproc_per_node", "2", "-m", "nxd_train", *FAST, *overrides, "trainer.devices=2",
+         f"+exp_manager.explicit_log_dir={tmp_path / 'torchrun'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    double = losses(read_metrics(tmp_path / "torchrun"))
+    assert max(abs(a - b) for a, b in zip(single, double, strict=True)) < 1e-6

@@ -64,7 +64,8 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     if cfg.model_alignment_strategy is not None:
         found.append("model_alignment_strategy: fine-tuning methods are not in this release (nxd-align adds them); "
                      "remove the section to pretrain")
-    for key in ("resume_if_exists", "resume_from_checkpoint", "async_checkpointing", "save_bf16"):
+    for key in ("resume_if_exists", "resume_from_checkpoint", "async_checkpointing", "save_bf16",
+                "enable_recovery_time_instrumentation"):
         if value := getattr(exp, key):
             found.append(f"exp_manager.{key}: checkpoints are not in this release (nxd-ckpt adds them); "
                          f"expected it unset, found {value!r}")
