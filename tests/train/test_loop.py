@@ -167,3 +167,8 @@ def test_ranks_and_micro_batches_cover_the_global_batch_exactly(dp, mbs):
         union = sorted(i for rank in range(dp) for micro in plan(rank).micro_batches(0, step) for i in micro)
         assert union == sorted(plan(0).order(0)[step * 8 : (step + 1) * 8].tolist())
     assert len(list(MicroBatchSampler(plan(0), 0, 3))) == 3 * 8 // (mbs * dp)
+
+
+def test_training_split_smaller_than_a_global_batch_is_rejected():
+    message = _plan_problems("+data.splits_string='1,10000,10000'")
+    assert "data.global_batch_size: expected at most the 1 samples of the training split, found 8" in message

@@ -141,8 +141,9 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     model.train()
     accumulation = gbs // (mbs * dp)
     train_batches = iter(micro_batches(plan.data.train, train_plan, steps, cfg.data.num_workers))
-    window_start, window_steps = time.perf_counter(), 0
+    window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     for step in range(steps):
+        started = time.perf_counter()
         epoch, index = divmod(step, steps_per_epoch)
         batches = [fabric.to_device(next(train_batches)) for _ in range(accumulation)]
         tokens = count_tokens(fabric, batches)
@@ -158,13 +159,13 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         loss = (fabric.all_reduce(loss, reduce_op="sum") / tokens).item()
+        window_time += time.perf_counter() - started
         window_steps += 1
         monitor.advance()
 
         done = step + 1
         if done % cfg.trainer.log_every_n_steps == 0 or done == steps:
-            elapsed = time.perf_counter() - window_start
-            step_time = elapsed / window_steps
+            step_time = window_time / window_steps
             processed = gbs * plan.seq_length
             values = {"loss": loss, "lr": lr, "epoch": epoch, "consumed_samples": done * gbs}
             if grad_norm is not None and cfg.exp_manager.log_gradient_norm:
@@ -176,12 +177,11 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
             if cfg.exp_manager.log_step_timing:
                 values["step_time"] = step_time
             monitor.metrics(done, values)
-            window_start, window_steps = time.perf_counter(), 0
+            window_time, window_steps = 0.0, 0
         if validation_due(cfg, step, epoch, index, steps_per_epoch):
             val_loss = evaluate(plan.data.validation, cfg.trainer.limit_val_batches)
             if val_loss is not None:
                 monitor.metrics(done, {"val_loss": val_loss})
-            window_start = time.perf_counter()
 
     test_loss = evaluate(plan.data.test, cfg.trainer.limit_test_batches)
     if test_loss is not None:

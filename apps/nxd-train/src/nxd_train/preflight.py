@@ -140,6 +140,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
         data = build_datasets(cfg.data, seq_length, cache_dir)
     except (OSError, ValueError) as error:
         raise PreflightError([f"data: {error}"]) from None
+    if len(data.train) < cfg.global_batch_size:
+        raise PreflightError([f"data.global_batch_size: expected at most the {len(data.train)} samples of the "
+                              f"training split, found {cfg.global_batch_size}"])
     try:
         if cfg.model_source == "hf":
             model = _hf_model(cfg, data.vocab_size, seq_length)
