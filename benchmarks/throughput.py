@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from nxd_config import load_config
+from nxd_config import NxdConfig, load_config
 from nxd_models import build_causal_lm, hf_mapping, training_flops_per_token
 from nxd_train.corpus import default_cache_dir
 from nxd_train.data import DataSplits, TokenWindows
 from nxd_train.loop import train
-from nxd_train.preflight import plan_run
+from nxd_train.preflight import FABRIC_PRECISION, RunPlan, plan_run
 from nxd_train.throughput import matmul_ceiling
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
@@ -42,13 +42,10 @@ def random_splits(seq_length: int, samples: int, vocab: int) -> DataSplits:
     return DataSplits(windows, windows, windows, vocab, "random tokens")
 
 
-def nxd_tokens_per_second(config_path: Path, vocab: int, precision: str, steps: int, log_dir: Path) -> float:
+def nxd_tokens_per_second(config_path: Path, plan: RunPlan, precision: str, steps: int, log_dir: Path) -> float:
     cfg = load_config(config_path, [f"precision.type={precision}", f"trainer.max_steps={steps}",
                                     f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
-    plan = plan_run(cfg, default_cache_dir())
-    plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, vocab_size=vocab),
-                               data=random_splits(cfg.seq_length, steps * cfg.global_batch_size, vocab))  # fmt: skip
-    train(cfg, plan)
+    train(cfg, dataclasses.replace(plan, precision=FABRIC_PRECISION[precision]))
     with open(log_dir / "metrics.csv") as handle:
         rates = [float(row["tokens_per_s"]) for row in csv.DictReader(handle) if row.get("tokens_per_s")]
     return statistics.median(rates[1:])  # the first step pays for warm-up
@@ -67,14 +64,11 @@ class _StepTimer(TrainerCallback):
         self.durations.append(time.perf_counter() - self.started)
 
 
-def trainer_tokens_per_second(config_path: Path, vocab: int, precision: str, steps: int, out: Path) -> float:
-    cfg = load_config(config_path)
-    plan = plan_run(cfg, default_cache_dir())
-    model_config = dataclasses.replace(plan.model, vocab_size=vocab)
-    hf_config = LlamaConfig(**hf_mapping(model_config).config)
+def trainer_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, steps: int, out: Path) -> float:
+    hf_config = LlamaConfig(**hf_mapping(plan.model).config)
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM._from_config(hf_config, attn_implementation="sdpa")
-    windows = random_splits(cfg.seq_length, steps * cfg.global_batch_size, vocab).train
+    windows = plan.data.train
 
     class Samples(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -116,15 +110,17 @@ def main() -> int:
             config_path = ROOT / "configs" / f"bench_{model}.yaml"
             cfg = load_config(config_path)
             vocab = VOCABULARY[model]
-            spec = dataclasses.replace(plan_run(cfg, default_cache_dir()).model, vocab_size=vocab)
-            reference_model = build_causal_lm(spec)
+            plan = plan_run(cfg, default_cache_dir())
+            plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, vocab_size=vocab),
+                                       data=random_splits(cfg.seq_length, args.steps * cfg.global_batch_size, vocab))
+            reference_model = build_causal_lm(plan.model)
             flops_per_token = training_flops_per_token(reference_model, cfg.seq_length)
             parameters = sum(p.numel() for p in reference_model.parameters())
             del reference_model
             for precision in args.precisions.split(","):
-                ours = nxd_tokens_per_second(config_path, vocab, PRECISION[precision][0], args.steps,
+                ours = nxd_tokens_per_second(config_path, plan, PRECISION[precision][0], args.steps,
                                              Path(scratch) / f"nxd-{model}-{precision}")  # fmt: skip
-                theirs = trainer_tokens_per_second(config_path, vocab, precision, args.steps,
+                theirs = trainer_tokens_per_second(cfg, plan, precision, args.steps,
                                                    Path(scratch) / f"hf-{model}-{precision}")  # fmt: skip
                 mfu = [rate * flops_per_token / ceilings[precision] for rate in (ours, theirs)]
                 rows.append((f"{model} ({parameters / 1e6:.0f}M)", precision, ours, theirs, ours / theirs, *mfu))

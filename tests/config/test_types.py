@@ -121,6 +121,11 @@ def test_rprop_as_scheduler_is_explained(minimal) -> None:
     assert "set model.optim.name: rprop instead" in line
 
 
+def test_rprop_takes_no_weight_decay(minimal) -> None:
+    minimal["model"]["optim"] = {"name": "rprop", "lr": 0.01, "weight_decay": 0.1}
+    assert error_lines(minimal) == ["model.optim.weight_decay: unknown key; expected a key that model.optim defines"]
+
+
 def test_required_scheduler_parameter(minimal) -> None:
     minimal["model"]["optim"]["sched"] = {"name": "StepLR"}
     assert error_lines(minimal) == ["model.optim.sched.step_size: expected a value (this key is required)"]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from nxd_models import GPTConfig, ModelConfigError, build_causal_lm, training_flops_per_token
+from nxd_models import AttentionKernel, GPTConfig, ModelConfigError, build_causal_lm, training_flops_per_token
 
 BASE = dict(vocab_size=300, num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=16,
             hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
@@ -32,10 +32,11 @@ def test_unfused_core_attention_equals_sdpa(rope, scaling):
     softmax: in fp32 the unfused path must equal the fused kernels."""
     torch.manual_seed(0)
     models = {}
-    for name, flags in {"unfused": {}, "softmax": {"fused_softmax": True}, "flash": {"flash_attention": True}}.items():
+    for name, kernel in {"unfused": AttentionKernel.UNFUSED, "softmax": AttentionKernel.FUSED_SOFTMAX,
+                         "flash": AttentionKernel.FLASH}.items():  # fmt: skip
         torch.manual_seed(0)
-        models[name] = build_causal_lm(_config(position_embedding_type=rope, num_kv_heads=2,
-                                               apply_query_key_layer_scaling=scaling, **flags)).eval()
+        config = _config(position_embedding_type=rope, num_kv_heads=2, apply_query_key_layer_scaling=scaling)
+        models[name] = build_causal_lm(config, attention=kernel).eval()
     input_ids = torch.randint(0, 300, (2, 16))
     with torch.no_grad():
         logits = {name: model(input_ids) for name, model in models.items()}
@@ -145,3 +146,20 @@ def test_invalid_architectures_are_rejected_by_key(changes, message):
     with pytest.raises(ModelConfigError) as caught:
         _config(**changes)
     assert message in str(caught.value)
+
+
+def test_hf_mapping_names_what_llama_cannot_hold():
+    from nxd_models import hf_mapping
+
+    with pytest.raises(ModelConfigError) as caught:
+        hf_mapping(_config(activation="gelu", normalization="layernorm", position_embedding_type="rope"))
+    assert caught.value.problems == [
+        "no Hugging Face architecture matches this Megatron-style model: normalization is 'layernorm' (Llama needs "
+        "'rmsnorm'); activation is 'gelu' (Llama needs 'swiglu')"
+    ]
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ModelConfigError) as caught:
+        _config(transformer_block_type="post_ln", num_kv_heads=3)
+    assert len(caught.value.problems) == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nxd_models import GPTConfig, build_causal_lm, causal_lm_logits, hf_mapping
+from nxd_models import AttentionKernel, GPTConfig, build_causal_lm, causal_lm_logits, hf_mapping
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
 
 SEQ = 24
@@ -27,21 +27,21 @@ def _llama_shape(**changes) -> GPTConfig:
 
 
 @pytest.mark.parametrize(
-    "changes",
+    ("changes", "kernel"),
     [
-        {},
-        {"share_embeddings_and_output_weights": True},
-        {"has_bias": True, "num_kv_heads": 1},
-        {"kv_channels": 16, "num_kv_heads": 8},
-        {"flash_attention": True},
-        {"fused_softmax": True, "apply_query_key_layer_scaling": False},
+        ({}, AttentionKernel.UNFUSED),
+        ({"share_embeddings_and_output_weights": True}, AttentionKernel.UNFUSED),
+        ({"has_bias": True, "num_kv_heads": 1}, AttentionKernel.UNFUSED),
+        ({"kv_channels": 16, "num_kv_heads": 8}, AttentionKernel.UNFUSED),
+        ({}, AttentionKernel.FLASH),
+        ({"apply_query_key_layer_scaling": False}, AttentionKernel.FUSED_SOFTMAX),
     ],
     ids=["gqa", "tied", "bias-mqa", "kv-channels-mha", "flash", "fused-softmax"],
 )
-def test_llama_shape_matches_transformers_llama(changes):
+def test_llama_shape_matches_transformers_llama(changes, kernel):
     torch.manual_seed(0)
     config = _llama_shape(**changes)
-    ours = build_causal_lm(config).eval()
+    ours = build_causal_lm(config, attention=kernel).eval()
     mapping = hf_mapping(config)
     assert config.padded_vocab_size == 1024  # 1000 rounded up to a multiple of 128
     reference = LlamaForCausalLM(LlamaConfig(**mapping.config)).eval()
@@ -70,7 +70,7 @@ def test_gelu_layernorm_partial_rotary_matches_transformers_gpt_neox():
         rotary_percentage=0.25, rope_theta=10000.0, has_bias=True, share_embeddings_and_output_weights=False,
         hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=128,
     )  # fmt: skip
-    ours = build_causal_lm(config).eval()
+    ours = build_causal_lm(config, attention=AttentionKernel.UNFUSED).eval()
     reference = GPTNeoXForCausalLM(GPTNeoXConfig(
         vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
         hidden_act="gelu", rotary_pct=0.25, rope_theta=10000.0, max_position_embeddings=SEQ, layer_norm_eps=1e-5,

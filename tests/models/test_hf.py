@@ -72,3 +72,10 @@ def test_unreadable_json_is_named(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ModelConfigError, match=r"config.json: expected a JSON object, found unreadable content"):
         load_hf_config(path)
+
+
+def test_fewer_layers_keep_the_layer_type_pattern(tmp_path):
+    path = _write(tmp_path, model_type="qwen2", **TINY, use_sliding_window=True, sliding_window=16,
+                  layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    config = load_hf_config(path, HFOverrides(num_layers=3))
+    assert config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]

@@ -6,11 +6,11 @@ import pytest
 from nxd_config import load_config
 from nxd_train.cli import default_config_path
 from nxd_train.corpus import default_cache_dir
-from nxd_train.loop import batch_limit, validation_due
+from nxd_train.loop import batch_limit, train, validation_due
 from nxd_train.monitor import Monitor
 from nxd_train.preflight import PreflightError, plan_run
 
-from tests.training_runs import losses
+from tests.training_runs import losses, read_metrics
 
 
 def test_accumulation_4x1_equals_1x4(train_here):
@@ -96,26 +96,20 @@ def test_sequence_longer_than_positions_is_rejected_before_launch():
 
 
 def _hf_config(tmp_path, vocab_size: int, max_positions: int = 128):
+    """A tiny Llama config.json and an hf run config that points at it."""
     (tmp_path / "config.json").write_text(
         f'{{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
         f'"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": {vocab_size}, '
         f'"max_position_embeddings": {max_positions}}}'
     )
     source = tmp_path / "hf.yaml"
-    text = default_config_path().read_text().replace("model_source: megatron", "model_source: hf")
-    keep = ("encoder_seq_length", "optim", "name: adamw", "lr:", "weight_decay", "betas", "sched", "warmup_steps",
-            "constant_steps", "min_lr", "max_steps: ${trainer", "model:", "CosineAnnealing")  # fmt: skip
-    lines, in_model = [], False
-    for line in text.splitlines():
-        in_model = in_model or line.startswith("model:")
-        if in_model and line.startswith("precision:"):
-            in_model = False
-        if in_model and line.strip() and (not any(k in line for k in keep) or "max_position" in line):
-            continue
-        lines.append(line)
-        if line.startswith("model:"):
-            lines.append(f"  model_config: {tmp_path / 'config.json'}")
-    source.write_text("\n".join(lines) + "\n")
+    source.write_text(
+        "name: tiny_hf\nmodel_source: hf\ntrainer: {max_steps: 3, num_sanity_val_steps: 0}\n"
+        "exp_manager: {create_checkpoint_callback: False}\ndistributed_strategy: {zero1: False}\n"
+        "data: {micro_batch_size: 2, global_batch_size: 4}\nprecision: {type: fp32}\n"
+        f"model:\n  model_config: {tmp_path / 'config.json'}\n  encoder_seq_length: 64\n"
+        "  optim: {name: adamw, lr: 1e-3}\n"
+    )
     return source
 
 
@@ -137,16 +131,10 @@ def test_missing_hf_config_file_is_rejected(tmp_path):
     )
 
 
-def test_hf_model_trains(tmp_path, train_here):
-    source = _hf_config(tmp_path, vocab_size=4096)
-    cfg = load_config(source, ["trainer.max_steps=3", "exp_manager.create_tensorboard_logger=False",
-                               f"+exp_manager.explicit_log_dir={tmp_path / 'hf_logs'}", "trainer.limit_val_batches=0"])
-    from nxd_train.loop import train
-
-    from tests.training_runs import read_metrics
-
+def test_hf_model_trains(tmp_path):
+    cfg = load_config(_hf_config(tmp_path, vocab_size=4096), [f"+exp_manager.explicit_log_dir={tmp_path / 'logs'}"])
     rows = read_metrics(train(cfg, plan_run(cfg, default_cache_dir())))
-    assert [row["step"] for row in rows if "loss" in row] == [3.0]
+    assert [row["step"] for row in rows if "loss" in row] == [1.0, 2.0, 3.0]
 
 
 def test_worker_processes_read_the_same_batches(train_here):

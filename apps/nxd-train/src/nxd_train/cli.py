@@ -8,9 +8,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -59,23 +60,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _train_command(args.config or default_config_path(), args.overrides)
 
 
-def _load(path: Path, overrides: Sequence[str]) -> NxdConfig | None:
-    """Load a config, printing notices and errors to stderr; None when it is invalid."""
+@contextlib.contextmanager
+def _notices_to_stderr() -> Iterator[None]:
+    """Print ConfigNotices raised inside as 'notice: ...' lines once the block ends (even on error)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigNotice)
         try:
-            config = load_config(path, overrides)
-        except ConfigError as error:
-            config = None
-            message = str(error)
-    for warning in caught:
-        if issubclass(warning.category, ConfigNotice):
-            print(f"notice: {warning.message}", file=sys.stderr)
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-    if config is None:
-        print(message, file=sys.stderr)
-    return config
+            yield
+        finally:
+            for warning in caught:
+                if issubclass(warning.category, ConfigNotice):
+                    print(f"notice: {warning.message}", file=sys.stderr)
+                else:
+                    warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def _load(path: Path, overrides: Sequence[str]) -> NxdConfig | None:
+    """Load a config, printing notices and errors to stderr; None when it is invalid."""
+    try:
+        with _notices_to_stderr():
+            return load_config(path, overrides)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return None
 
 
 def _config_command(action: str, path: Path, overrides: Sequence[str]) -> int:
@@ -104,14 +111,11 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     from .preflight import PreflightError, plan_run
 
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConfigNotice)
+        with _notices_to_stderr():
             plan = plan_run(config, default_cache_dir())
     except PreflightError as error:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
-    for warning in caught:
-        print(f"notice: {warning.message}", file=sys.stderr)
     from .loop import train
 
     train(config, plan)

@@ -8,11 +8,13 @@ ranks and interrupted runs never see half a file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
 import sysconfig
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,20 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nxd"
 
 
-def stdlib_documents(limit_bytes: int = CORPUS_BYTES) -> list[str]:
+@dataclass(frozen=True)
+class Corpus:
+    documents: list[str]
+
+    @functools.cached_property
+    def key(self) -> str:
+        """A digest of the text, naming the cached tokenizer and token files (computed once)."""
+        digest = hashlib.sha256()
+        for document in self.documents:
+            digest.update(document.encode("utf-8", "replace"))
+        return digest.hexdigest()[:16]
+
+
+def stdlib_corpus(limit_bytes: int = CORPUS_BYTES) -> Corpus:
     """Source files of the running Python's standard library, in a fixed order, up to `limit_bytes`."""
     root = Path(sysconfig.get_paths()["stdlib"])
     documents, total = [], 0
@@ -39,7 +54,7 @@ def stdlib_documents(limit_bytes: int = CORPUS_BYTES) -> list[str]:
         total += len(text)
         if total >= limit_bytes:
             break
-    return documents
+    return Corpus(documents)
 
 
 def _write_atomically(path: Path, write) -> None:
@@ -54,16 +69,9 @@ def _write_atomically(path: Path, write) -> None:
             os.unlink(temporary)
 
 
-def _corpus_key(documents: list[str]) -> str:
-    digest = hashlib.sha256()
-    for document in documents:
-        digest.update(document.encode("utf-8", "replace"))
-    return digest.hexdigest()[:16]
-
-
-def builtin_tokenizer(documents: list[str], cache_dir: Path) -> PreTrainedTokenizerFast:
-    """A byte-level BPE with BUILTIN_VOCAB_SIZE entries trained on `documents` (cached)."""
-    path = cache_dir / f"stdlib-bpe-{BUILTIN_VOCAB_SIZE}-{_corpus_key(documents)}.json"
+def builtin_tokenizer(corpus: Corpus, cache_dir: Path) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with BUILTIN_VOCAB_SIZE entries trained on the corpus (cached)."""
+    path = cache_dir / f"stdlib-bpe-{BUILTIN_VOCAB_SIZE}-{corpus.key}.json"
     if not path.exists():
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -72,7 +80,7 @@ def builtin_tokenizer(documents: list[str], cache_dir: Path) -> PreTrainedTokeni
             vocab_size=BUILTIN_VOCAB_SIZE, special_tokens=[EOD_TOKEN],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
         )  # fmt: skip
-        tokenizer.train_from_iterator(documents, trainer)
+        tokenizer.train_from_iterator(corpus.documents, trainer)
         _write_atomically(path, tokenizer.save)
     return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=EOD_TOKEN)
 
@@ -85,14 +93,12 @@ def load_tokenizer(location: str) -> PreTrainedTokenizerFast:
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def tokenize_documents(
-    documents: list[str], tokenizer: PreTrainedTokenizerFast, eod_id: int, cache_dir: Path
-) -> np.ndarray:
+def tokenize_corpus(corpus: Corpus, tokenizer: PreTrainedTokenizerFast, eod_id: int, cache_dir: Path) -> np.ndarray:
     """All documents as one token stream, each followed by the end-of-document token (cached)."""
     fingerprint = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
-    path = cache_dir / f"stdlib-tokens-{_corpus_key(documents)}-{fingerprint}.npy"
+    path = cache_dir / f"stdlib-tokens-{corpus.key}-{fingerprint}.npy"
     if not path.exists():
-        ids = tokenizer(documents, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(corpus.documents, add_special_tokens=False)["input_ids"]
         stream = np.fromiter((t for doc in ids for t in [*doc, eod_id]), dtype=np.int64)
         dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.int32
 

@@ -15,7 +15,7 @@ import torch
 from nxd_config.schema.data import DataConfig
 from torch.utils.data import Dataset
 
-from .corpus import builtin_tokenizer, load_tokenizer, stdlib_documents, tokenize_documents
+from .corpus import builtin_tokenizer, load_tokenizer, stdlib_corpus, tokenize_corpus
 
 IGNORE_INDEX = -100
 
@@ -101,15 +101,15 @@ def _split_counts(total: int, splits_string: str) -> tuple[int, int, int]:
 
 def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path) -> DataSplits:
     """The run's datasets (today: the built-in corpus split by `splits_string`)."""
-    documents = stdlib_documents()
+    corpus = stdlib_corpus()
     if data.tokenizer is not None:
         tokenizer, name = load_tokenizer(data.tokenizer.type), data.tokenizer.type
     else:
-        tokenizer, name = builtin_tokenizer(documents, cache_dir), "built-in byte-level BPE (4096 tokens)"
+        tokenizer, name = builtin_tokenizer(corpus, cache_dir), "built-in byte-level BPE (4096 tokens)"
     eod_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
     if eod_id is None:
         raise ValueError(f"data.tokenizer.type: {name} has no end-of-sequence token to separate documents")
-    tokens = tokenize_documents(documents, tokenizer, eod_id, cache_dir)
+    tokens = tokenize_corpus(corpus, tokenizer, eod_id, cache_dir)
     windows = (len(tokens) - 1) // seq_length
     train, validation, test = _split_counts(windows, data.splits_string)
     options = dict(plus_one=not data.no_seqlen_plus_one_input_tokens, eod_mask_loss=data.eod_mask_loss,

@@ -43,9 +43,9 @@ def token_losses(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
                            reduction="none")  # fmt: skip
 
 
-def count_tokens(fabric: Fabric, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-    local = sum(int((batch["labels"] != IGNORE_INDEX).sum()) for batch in micro_batches)
-    return fabric.all_reduce(torch.tensor(float(local), device=fabric.device), reduce_op="sum")
+def label_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Non-ignored labels of a micro-batch, as a device tensor (no host synchronisation)."""
+    return (batch["labels"] != IGNORE_INDEX).sum()
 
 
 def batch_limit(limit: int | float, available: int) -> int:
@@ -123,15 +123,15 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
             return None
         model.eval()
         loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
-        seen = []
+        tokens = torch.zeros((), device=fabric.device, dtype=torch.float64)
         with torch.no_grad():
             for batch in micro_batches(dataset, eval_plan, count, cfg.data.num_workers):
                 batch = fabric.to_device(batch)
-                seen.append(batch)
                 loss += token_losses(model, batch).double().sum()
+                tokens += label_count(batch)
         model.train()
-        tokens = count_tokens(fabric, seen)
-        return (fabric.all_reduce(loss, reduce_op="sum") / tokens).item()
+        totals = fabric.all_reduce(torch.stack([loss, tokens]), reduce_op="sum")
+        return (totals[0] / totals[1]).item()
 
     if cfg.trainer.num_sanity_val_steps:
         sanity = evaluate(plan.data.validation, cfg.trainer.num_sanity_val_steps)
@@ -146,7 +146,7 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         started = time.perf_counter()
         epoch, index = divmod(step, steps_per_epoch)
         batches = [fabric.to_device(next(train_batches)) for _ in range(accumulation)]
-        tokens = count_tokens(fabric, batches)
+        tokens = fabric.all_reduce(sum(label_count(batch) for batch in batches).float(), reduce_op="sum")
         loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
         for number, batch in enumerate(batches, start=1):
             with fabric.no_backward_sync(model, enabled=dp > 1 and number < accumulation):

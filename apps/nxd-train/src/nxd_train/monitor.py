@@ -21,7 +21,7 @@ FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "test_loss": "{:.4f}", "lr": 
 class Monitor:
     def __init__(self, log_dir: Path, *, global_rank: int, local_rank: int, total_steps: int,
                  local_rank_0_only: bool, tensorboard: bool):  # fmt: skip
-        self.log_dir, self.total_steps, self.is_main = log_dir, total_steps, global_rank == 0
+        self.total_steps, self.is_main = total_steps, global_rank == 0
         self.text = logging.getLogger(f"nxd_train.rank{global_rank}")
         self.text.setLevel(logging.INFO)
         self.text.propagate = False
@@ -52,7 +52,7 @@ class Monitor:
             else:
                 print(message, flush=True)
 
-    def metrics(self, step: int, values: dict[str, float], *, console: bool = True) -> None:
+    def metrics(self, step: int, values: dict[str, float]) -> None:
         """Record metrics of optimizer step `step` (1-based) in every logger, the console and the log file."""
         for logger in self.metric_loggers:
             logger.log_metrics(values, step)
@@ -62,7 +62,7 @@ class Monitor:
         eta = datetime.timedelta(seconds=round(elapsed / max(step, 1) * (self.total_steps - step)))
         line = f"step {step}/{self.total_steps} | {shown} | eta {eta}"
         self.text.info(line)
-        if not self.is_main or not console:
+        if not self.is_main:
             return
         if self.bar is not None:
             self.bar.set_postfix_str(shown, refresh=False)

@@ -32,9 +32,6 @@ _FOREACH = {"adamw", "adamw_fp32OptState", "adam", "adamax", "adadelta", "rmspro
 def optimizer_class_and_arguments(optim: OptimizerConfig) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """The optimizer class and the keyword arguments the config gives it (every documented key)."""
     arguments = {name: getattr(optim, name) for name in type(optim).model_fields if name not in _NOT_PASSED}
-    for name in ("betas", "etas", "step_sizes", "eps"):
-        if isinstance(arguments.get(name), tuple | list):
-            arguments[name] = tuple(arguments[name])
     if optim.name == "adafactor":  # transformers' Adafactor takes the exponent negated
         arguments["decay_rate"] = -abs(arguments["decay_rate"])
     if optim.name in _FOREACH:
@@ -42,9 +39,13 @@ def optimizer_class_and_arguments(optim: OptimizerConfig) -> tuple[type[torch.op
     return _TORCH[optim.name], arguments
 
 
-def parameter_groups(model: nn.Module, weight_decay: float, decay_norms_and_biases: bool) -> list[dict[str, Any]]:
+def parameter_groups(
+    model: nn.Module, weight_decay: float | None, decay_norms_and_biases: bool
+) -> list[dict[str, Any]]:
     """Megatron's grouping: no weight decay on biases and norm weights (1-D parameters) unless
-    do_layer_norm_weight_decay asks for it."""
+    do_layer_norm_weight_decay asks for it; one group for an optimizer without weight decay (None)."""
+    if weight_decay is None:
+        return [{"params": [p for p in model.parameters() if p.requires_grad]}]
     decay, no_decay = [], []
     for parameter in model.parameters():
         if parameter.requires_grad:
@@ -61,11 +62,8 @@ def build_optimizer(
     """The configured optimizer; with `shard_over_data_parallel` (zero1 at dp > 1) its state is split
     over the data-parallel ranks by ZeroRedundancyOptimizer."""
     cls, arguments = optimizer_class_and_arguments(optim)
-    weight_decay = arguments.pop("weight_decay", 0.0)
+    weight_decay = arguments.pop("weight_decay", None)
     groups = parameter_groups(model, weight_decay, decay_norms_and_biases)
-    if optim.name == "rprop":  # takes no weight decay (preflight rejects a non-zero one)
-        for group in groups:
-            group.pop("weight_decay")
     if not shard_over_data_parallel:
         return cls(groups, **arguments)
     first, *rest = groups

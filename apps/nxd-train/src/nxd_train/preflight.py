@@ -83,8 +83,6 @@ def _optimizer_problems(cfg: NxdConfig, accelerator: str) -> list[str]:
     if optim.name == "adafactor" and optim.relative_step and optim.sched is not None:
         found.append("model.optim.sched: adafactor with relative_step computes its own learning rate; "
                      f"expected no sched, found {optim.sched.name}")
-    if optim.name == "rprop" and optim.weight_decay:
-        found.append(f"model.optim.weight_decay: Rprop takes no weight decay; expected 0, found {optim.weight_decay}")
     return found
 
 
@@ -103,7 +101,6 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConf
         share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
         position_embedding_type=m.position_embedding_type, rotary_percentage=m.rotary_percentage,
         rope_theta=m.rope_theta or 10000.0, activation=m.activation, has_bias=m.has_bias,
-        flash_attention=m.fusions.flash_attention, fused_softmax=m.fusions.softmax,
     )  # fmt: skip
 
 
@@ -119,7 +116,7 @@ def _hf_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> PretrainedCon
         problems.append(f"data.seq_length: expected at most max_position_embeddings ({config.max_position_embeddings}) "
                         f"of {m.hf_model_config}, found {seq_length}")
     if problems:
-        raise ModelConfigError("\n  ".join(problems))
+        raise ModelConfigError(*problems)
     return config
 
 
@@ -149,7 +146,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
         else:
             model = _megatron_model(cfg, data.vocab_size, seq_length)
     except ModelConfigError as error:
-        raise PreflightError(str(error).splitlines()) from None
+        raise PreflightError(error.problems) from None
     fusions = cfg.model.fusions
     attention = AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax)
     return RunPlan(model, attention, data, seq_length, FABRIC_PRECISION[cfg.precision.type])

@@ -7,9 +7,18 @@ union over ranks and micro-batches is the same global batch whatever the data-pa
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@functools.lru_cache(maxsize=2)
+def _permutation(num_samples: int, seed: int) -> np.ndarray:
+    """One epoch's order, computed once per epoch rather than once per step."""
+    order = np.random.default_rng(seed).permutation(num_samples)
+    order.flags.writeable = False
+    return order
 
 
 @dataclass(frozen=True)
@@ -32,8 +41,7 @@ class BatchPlan:
     def order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.num_samples)
-        seed = self.seed + (epoch if self.reshuffle_each_epoch else 0)
-        return np.random.default_rng(seed).permutation(self.num_samples)
+        return _permutation(self.num_samples, self.seed + (epoch if self.reshuffle_each_epoch else 0))
 
     def micro_batches(self, epoch: int, step: int) -> list[list[int]]:
         """This rank's micro-batches (lists of sample indices) for `step` of `epoch`; the last global
@@ -61,6 +69,3 @@ class MicroBatchSampler:
         for step in range(self.start, self.start + self.steps):
             epoch, index = divmod(step, self.plan.steps_per_epoch)
             yield from (indices for indices in self.plan.micro_batches(epoch, index) if indices)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)

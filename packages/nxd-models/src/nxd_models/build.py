@@ -25,25 +25,21 @@ def build_causal_lm(
 
     The module tree is created on the meta device (no memory), then each parameter is allocated once:
     on the CPU and moved (`use_cpu_initialization`, values independent of the device's RNG) or directly
-    on `device`. `attention` picks the kernel of a Hugging Face model (a Megatron-style model carries
-    its choice in `GPTConfig`).
+    on `device`. `attention` is the attention kernel of either family (the fusions keys).
     """
     device = torch.device(device)
     init_device = torch.device("cpu") if use_cpu_initialization else device
     with torch.device("meta"):
         if isinstance(spec, GPTConfig):
-            model = GPTForCausalLM(spec)
+            model = GPTForCausalLM(spec, attention)
         else:
             implementation = "eager" if attention is AttentionKernel.UNFUSED else "sdpa"
             model = AutoModelForCausalLM.from_config(spec, attn_implementation=implementation, dtype=torch.float32)
             model.nxd_attention = attention
     model.to_empty(device=init_device)
-    if isinstance(model, GPTForCausalLM):
-        if spec.share_embeddings_and_output_weights:
-            model.lm_head.weight = model.model.embed_tokens.weight
-        model.init_weights()
-    else:
-        model.init_weights()
+    if isinstance(spec, GPTConfig) and spec.share_embeddings_and_output_weights:
+        model.lm_head.weight = model.model.embed_tokens.weight  # to_empty allocated the two apart
+    model.init_weights()
     return model.to(device)
 
 

@@ -4,4 +4,9 @@ from __future__ import annotations
 
 
 class ModelConfigError(ValueError):
-    """A model description that cannot be built; the message names the key or file and what was found."""
+    """A model description that cannot be built: one problem per entry of `problems`, each naming the
+    key or file, what was expected and what was found."""
+
+    def __init__(self, *problems: str):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))

@@ -48,13 +48,11 @@ class GPTConfig:
     rope_theta: float = 10000.0
     activation: str = "gelu"
     has_bias: bool = True
-    flash_attention: bool = False
-    fused_softmax: bool = False
 
     def __post_init__(self) -> None:
         problems = _problems(self)
         if problems:
-            raise ModelConfigError("invalid Megatron-style model:\n  " + "\n  ".join(problems))
+            raise ModelConfigError(*problems)
 
     @property
     def kv_heads(self) -> int:
@@ -121,7 +119,7 @@ def _norm(config: GPTConfig) -> nn.Module:
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig, layer_number: int):
+    def __init__(self, config: GPTConfig, layer_number: int, kernel: AttentionKernel):
         super().__init__()
         self.config = config
         heads, kv_heads, head_dim, bias = config.num_attention_heads, config.kv_heads, config.head_dim, config.has_bias
@@ -129,7 +127,6 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
-        kernel = AttentionKernel.from_fusions(config.flash_attention, config.fused_softmax)
         self.core_attention = CoreAttention(
             layer_number, kernel, config.attention_dropout, config.apply_query_key_layer_scaling
         )
@@ -169,10 +166,10 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-LN block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
 
-    def __init__(self, config: GPTConfig, layer_number: int):
+    def __init__(self, config: GPTConfig, layer_number: int, kernel: AttentionKernel):
         super().__init__()
         self.input_layernorm = _norm(config)
-        self.self_attn = SelfAttention(config, layer_number)
+        self.self_attn = SelfAttention(config, layer_number, kernel)
         self.post_attention_layernorm = _norm(config)
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
@@ -183,14 +180,16 @@ class DecoderLayer(nn.Module):
 
 
 class GPTDecoder(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, kernel: AttentionKernel):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         if config.position_embedding_type == "learned_absolute":
             self.position_embeddings = nn.Embedding(config.max_positions, config.hidden_size)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
-        self.layers = nn.ModuleList(DecoderLayer(config, number) for number in range(1, config.num_layers + 1))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, number, kernel) for number in range(1, config.num_layers + 1)
+        )
         self.norm = _norm(config)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -207,12 +206,13 @@ class GPTDecoder(nn.Module):
 
 
 class GPTForCausalLM(nn.Module):
-    """Decoder plus output layer. forward(input_ids, position_ids) -> logits over the padded vocabulary."""
+    """Decoder plus output layer. forward(input_ids, position_ids) -> logits over the padded vocabulary.
+    `attention` is the kernel of every layer's attention core (the fusions keys)."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, attention: AttentionKernel = AttentionKernel.FLASH):
         super().__init__()
         self.config = config
-        self.model = GPTDecoder(config)
+        self.model = GPTDecoder(config, attention)
         self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         if config.share_embeddings_and_output_weights:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -247,19 +247,25 @@ class GPTForCausalLM(nn.Module):
         return dict(GPT_TP_PLAN)
 
 
-GPT_TP_PLAN: dict[str, str] = {
+EMBEDDING_NORMS_OUTPUT_PLAN: dict[str, str] = {
     "model.embed_tokens": "vocab",
     "model.layers.*.input_layernorm": "sequence",
+    "model.layers.*.post_attention_layernorm": "sequence",
+    "model.norm": "sequence",
+    "lm_head": "colwise_output",
+}
+"""The non-projection entries shared by every decoder nxd builds (both families use these names):
+vocab-parallel embedding, sequence-parallel norms, and a column-parallel output layer whose logits stay
+sharded for a vocab-parallel loss."""
+
+GPT_TP_PLAN: dict[str, str] = {
+    **EMBEDDING_NORMS_OUTPUT_PLAN,
     "model.layers.*.self_attn.q_proj": "colwise",
     "model.layers.*.self_attn.k_proj": "colwise",
     "model.layers.*.self_attn.v_proj": "colwise",
     "model.layers.*.self_attn.o_proj": "rowwise",
-    "model.layers.*.post_attention_layernorm": "sequence",
     "model.layers.*.mlp.gate_proj": "colwise",
     "model.layers.*.mlp.up_proj": "colwise",
     "model.layers.*.mlp.down_proj": "rowwise",
-    "model.norm": "sequence",
-    "lm_head": "colwise_output",
 }
-"""Module-name pattern -> sharding style: colwise/rowwise linear, vocab-parallel embedding, sequence-parallel
-norm, and a column-parallel output layer whose logits stay sharded for a vocab-parallel loss."""
+"""Module-name pattern -> sharding style (colwise / rowwise linear, plus the shared entries above)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from transformers import AutoConfig, PretrainedConfig
 
 from .errors import ModelConfigError
+from .gpt import EMBEDDING_NORMS_OUTPUT_PLAN
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 """Decoder families whose layout (q/k/v/o and gate/up/down projections, RMSNorm, RoPE) nxd shards."""
@@ -48,8 +49,9 @@ def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> 
         raise ModelConfigError(f"{file}: transformers rejects this {model_type} config: {error}") from None
     if overrides.num_layers is not None:
         config.num_hidden_layers = overrides.num_layers
-        if getattr(config, "layer_types", None) is not None:
-            config.layer_types = [config.layer_types[0]] * overrides.num_layers
+        if getattr(config, "layer_types", None):  # keep the file's pattern (e.g. sliding/full alternation)
+            pattern = config.layer_types
+            config.layer_types = [pattern[i % len(pattern)] for i in range(overrides.num_layers)]
     if overrides.hidden_size is not None:
         config.hidden_size = overrides.hidden_size
     if overrides.max_position_embeddings is not None:
@@ -64,11 +66,4 @@ def hf_tp_plan(config: PretrainedConfig) -> dict[str, str]:
     """The family's own TP plan (transformers' `base_model_tp_plan`) under `model.`, plus the
     embedding, norms and output layer in nxd's vocabulary of styles."""
     plan = {f"model.{pattern}": style for pattern, style in (config.base_model_tp_plan or {}).items()}
-    plan.update({
-        "model.embed_tokens": "vocab",
-        "model.layers.*.input_layernorm": "sequence",
-        "model.layers.*.post_attention_layernorm": "sequence",
-        "model.norm": "sequence",
-        "lm_head": "colwise_output",
-    })
-    return plan
+    return {**plan, **EMBEDDING_NORMS_OUTPUT_PLAN}

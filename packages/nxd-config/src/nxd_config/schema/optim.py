@@ -120,16 +120,20 @@ Scheduler = Annotated[
 # --------------------------------------------------------------------------- optimizers
 
 
-class _Optimizer(Section):
+class _LearningRate(Section):
     lr: float = key(..., "Peak learning rate.", by=APP, ge=0.0)
-    weight_decay: float = key(0.0, "Weight decay (decoupled for AdamW variants).", by=APP, ge=0.0)
     sched: Scheduler | None = key(None, "Learning-rate schedule; null keeps lr constant.", by=APP)
 
 
+class _Optimizer(_LearningRate):
+    weight_decay: float = key(0.0, "Weight decay (decoupled for AdamW variants).", by=APP, ge=0.0)
+
+
+_CAPTURABLE = "torch's capturable optimizer step (state on the device, for CUDA graphs)."
+
+
 class _Capturable(_Optimizer):
-    capturable: bool = key(
-        False, "torch's capturable optimizer step (state on the device, for CUDA graphs).", by=APP
-    )
+    capturable: bool = key(False, _CAPTURABLE, by=APP)
 
 
 class _AdamFamily(_Capturable):
@@ -184,8 +188,11 @@ class RMSprop(_Capturable):
     centered: bool = key(False, "Normalise by an estimate of the gradient's variance.", by=APP)
 
 
-class Rprop(_Capturable):
+class Rprop(_LearningRate):
+    """Rprop adapts each step size from gradient signs alone: it takes no weight decay."""
+
     name: Literal["rprop"]
+    capturable: bool = key(False, _CAPTURABLE, by=APP)
     etas: _Pair = key((0.5, 1.2), "Multiplicative decrease and increase factors.", by=APP)
     step_sizes: _Pair = key((1e-6, 50.0), "Minimal and maximal step sizes.", by=APP)
 
