@@ -1,7 +1,7 @@
 """nxd-models: the Megatron-style GPT/Llama decoder and Hugging Face causal LMs, with their TP plans."""
 
 from .attention import AttentionKernel, CoreAttention
-from .build import build_causal_lm, causal_lm_logits
+from .build import build_causal_lm, build_on_meta, causal_lm_logits
 from .errors import ModelConfigError
 from .flops import training_flops_per_token
 from .gpt import GPT_TP_PLAN, GPTConfig, GPTForCausalLM
@@ -12,6 +12,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "GPT_TP_PLAN", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "CoreAttention", "GPTConfig", "GPTForCausalLM",
-    "HFMapping", "HFOverrides", "ModelConfigError", "build_causal_lm", "causal_lm_logits", "hf_mapping",
-    "hf_tp_plan", "load_hf_config", "training_flops_per_token",
+    "HFMapping", "HFOverrides", "ModelConfigError", "build_causal_lm", "build_on_meta", "causal_lm_logits",
+    "hf_mapping", "hf_tp_plan", "load_hf_config", "training_flops_per_token",
 ]  # fmt: skip

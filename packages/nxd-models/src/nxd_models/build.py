@@ -14,6 +14,18 @@ from .attention import _FAST_BACKENDS, AttentionKernel
 from .gpt import GPTConfig, GPTForCausalLM
 
 
+def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH) -> nn.Module:
+    """The module tree of either family on the meta device: shapes and names, no memory. Shard it,
+    then materialise it (nxd-parallel), or use `build_causal_lm` for a whole model."""
+    with torch.device("meta"):
+        if isinstance(spec, GPTConfig):
+            return GPTForCausalLM(spec, attention)
+        implementation = "eager" if attention is AttentionKernel.UNFUSED else "sdpa"
+        model = AutoModelForCausalLM.from_config(spec, attn_implementation=implementation, dtype=torch.float32)
+        model.nxd_attention = attention
+        return model
+
+
 def build_causal_lm(
     spec: GPTConfig | PretrainedConfig,
     device: torch.device | str = "cpu",
@@ -28,15 +40,8 @@ def build_causal_lm(
     on `device`. `attention` is the attention kernel of either family (the fusions keys).
     """
     device = torch.device(device)
-    init_device = torch.device("cpu") if use_cpu_initialization else device
-    with torch.device("meta"):
-        if isinstance(spec, GPTConfig):
-            model = GPTForCausalLM(spec, attention)
-        else:
-            implementation = "eager" if attention is AttentionKernel.UNFUSED else "sdpa"
-            model = AutoModelForCausalLM.from_config(spec, attn_implementation=implementation, dtype=torch.float32)
-            model.nxd_attention = attention
-    model.to_empty(device=init_device)
+    model = build_on_meta(spec, attention)
+    model.to_empty(device=torch.device("cpu") if use_cpu_initialization else device)
     if isinstance(spec, GPTConfig) and spec.share_embeddings_and_output_weights:
         model.lm_head.weight = model.model.embed_tokens.weight  # to_empty allocated the two apart
     model.init_weights()

@@ -261,11 +261,12 @@ sharded for a vocab-parallel loss."""
 GPT_TP_PLAN: dict[str, str] = {
     **EMBEDDING_NORMS_OUTPUT_PLAN,
     "model.layers.*.self_attn.q_proj": "colwise",
-    "model.layers.*.self_attn.k_proj": "colwise",
-    "model.layers.*.self_attn.v_proj": "colwise",
+    "model.layers.*.self_attn.k_proj": "colwise_kv",
+    "model.layers.*.self_attn.v_proj": "colwise_kv",
     "model.layers.*.self_attn.o_proj": "rowwise",
     "model.layers.*.mlp.gate_proj": "colwise",
     "model.layers.*.mlp.up_proj": "colwise",
     "model.layers.*.mlp.down_proj": "rowwise",
 }
-"""Module-name pattern -> sharding style (colwise / rowwise linear, plus the shared entries above)."""
+"""Module-name pattern -> sharding style (colwise / rowwise linear, colwise_kv for the key and value
+projections that kv_replicator may replicate, plus the shared entries above)."""

@@ -64,6 +64,10 @@ def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> 
 
 def hf_tp_plan(config: PretrainedConfig) -> dict[str, str]:
     """The family's own TP plan (transformers' `base_model_tp_plan`) under `model.`, plus the
-    embedding, norms and output layer in nxd's vocabulary of styles."""
-    plan = {f"model.{pattern}": style for pattern, style in (config.base_model_tp_plan or {}).items()}
+    embedding, norms and output layer in nxd's vocabulary of styles; key and value projections are
+    `colwise_kv` (kv_replicator may replicate them)."""
+    plan = {}
+    for pattern, style in (config.base_model_tp_plan or {}).items():
+        kv = pattern.endswith(("self_attn.k_proj", "self_attn.v_proj")) and style == "colwise"
+        plan[f"model.{pattern}"] = "colwise_kv" if kv else style
     return {**plan, **EMBEDDING_NORMS_OUTPUT_PLAN}

@@ -1,3 +1,23 @@
-"""nxd_parallel."""
+"""nxd-parallel: device mesh, tensor/sequence parallel, GQA KV replication, ZeRO-1 on FSDP2,
+activation checkpointing, sharded initialisation and global norms, on torch.distributed only."""
+
+from torch.distributed.tensor.parallel import loss_parallel
+
+from .activation_checkpointing import apply_activation_checkpointing, modules_of_classes
+from .data_parallel import apply_data_parallel, set_gradient_sync
+from .dims import ParallelDims, ParallelMesh
+from .errors import ParallelConfigError
+from .kv_replication import replicated_heads
+from .loss import token_cross_entropy
+from .materialise import load_whole_weights, materialise
+from .norms import clip_gradients, global_norm
+from .tensor_parallel import STYLES, apply_tensor_parallel, check_plan
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "STYLES", "ParallelConfigError", "ParallelDims", "ParallelMesh", "apply_activation_checkpointing",
+    "apply_data_parallel", "apply_tensor_parallel", "check_plan", "clip_gradients", "global_norm",
+    "load_whole_weights", "loss_parallel", "materialise", "modules_of_classes", "replicated_heads",
+    "set_gradient_sync", "token_cross_entropy",
+]  # fmt: skip

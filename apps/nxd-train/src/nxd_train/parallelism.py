@@ -1,0 +1,131 @@
+"""`distributed_strategy` and the activation-checkpointing keys, turned into a sharded model.
+
+The order is torchtitan's: build on the meta device, tensor/sequence parallel, activation
+checkpointing, data parallel (FSDP2 sharding for zero1, replication otherwise), then materialise
+every rank's shards from the same seeded initialisation a single process would make.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from nxd_config import NxdConfig
+from nxd_models import GPT_TP_PLAN, AttentionKernel, GPTConfig, build_causal_lm, build_on_meta, hf_tp_plan
+from nxd_parallel import (
+    ParallelConfigError,
+    ParallelMesh,
+    apply_activation_checkpointing,
+    apply_data_parallel,
+    apply_tensor_parallel,
+    check_plan,
+    materialise,
+    modules_of_classes,
+)
+from torch import nn
+from transformers import PretrainedConfig
+
+FIRST_LAYER = "model.layers.0"
+"""Both model families name their decoder layers model.layers.N."""
+
+_REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the model is split and recomputed (plain values from the config)."""
+
+    sequence_parallel: bool = False
+    zero1: bool = False
+    kv_replicator: int = 1
+    recompute: str | None = None
+    """"full" (whole layers), "selective" (`recompute_modules`) or None."""
+    recompute_modules: tuple[str, ...] = ()
+    recompute_mlp: bool = False
+    reduce_dtype: torch.dtype | None = None
+    """Dtype of the tensor-parallel reductions; None keeps the activations' dtype."""
+    ranks_at_once: int = 11
+
+    @classmethod
+    def from_config(cls, cfg: NxdConfig) -> Layout:
+        ds, m, reduce = cfg.distributed_strategy, cfg.model, cfg.precision.parallel_layers_reduce_dtype
+        return cls(
+            sequence_parallel=ds.sequence_parallel and ds.tensor_model_parallel_size > 1, zero1=ds.zero1,
+            kv_replicator=ds.kv_replicator, recompute=m.activations_checkpoint_granularity,
+            recompute_modules=tuple(m.activations_checkpoint_recompute or ()),
+            recompute_mlp=m.activations_checkpoint_recompute_mlp,
+            reduce_dtype=_REDUCE_DTYPES[reduce] if reduce else None, ranks_at_once=cfg.trainer.sequential_move_factor,
+        )  # fmt: skip
+
+
+def tp_plan(spec: GPTConfig | PretrainedConfig) -> dict[str, str]:
+    """The model family's declared TP plan."""
+    return dict(GPT_TP_PLAN) if isinstance(spec, GPTConfig) else hf_tp_plan(spec)
+
+
+def head_dim(spec: GPTConfig | PretrainedConfig) -> int:
+    if isinstance(spec, GPTConfig):
+        return spec.head_dim
+    return getattr(spec, "head_dim", None) or spec.hidden_size // spec.num_attention_heads
+
+
+def _recomputed_modules(model: nn.Module, layout: Layout) -> list[nn.Module]:
+    layers = list(model.model.layers)
+    if layout.recompute == "full":
+        return layers
+    if layout.recompute != "selective":
+        return []
+    names = set(layout.recompute_modules)
+    modules, missing = modules_of_classes(model, names)
+    if missing:
+        raise ParallelConfigError(
+            f"model.activations_checkpoint_recompute: {', '.join(missing)} names no module of "
+            f"{type(model).__name__}; expected class names such as CoreAttention"
+        )
+    if layout.recompute_mlp:
+        modules += [layer.mlp for layer in layers if layer.mlp not in modules]
+    return modules
+
+
+def build_parallel_model(
+    spec: GPTConfig | PretrainedConfig,
+    attention: AttentionKernel,
+    layout: Layout,
+    mesh: ParallelMesh,
+    device: torch.device,
+    *,
+    seed: int,
+    use_cpu_initialization: bool = True,
+) -> nn.Module:
+    """The model, sharded over `mesh` as `layout` says; its values are those `build_causal_lm` makes
+    after `torch.manual_seed(seed)` in one process."""
+
+    def whole() -> nn.Module:
+        torch.manual_seed(seed)
+        return build_causal_lm(spec, device, use_cpu_initialization=use_cpu_initialization, attention=attention)
+
+    tp, dp = mesh.get("tp"), mesh.get("dp")
+    if tp is None and dp is None:
+        model = whole()
+        apply_activation_checkpointing(_recomputed_modules(model, layout))
+        return model
+    model = build_on_meta(spec, attention)
+    if tp is not None:
+        apply_tensor_parallel(model, tp_plan(spec), tp, sequence_parallel=layout.sequence_parallel,
+                              first_layer=FIRST_LAYER, reduce_dtype=layout.reduce_dtype,
+                              kv_replicator=layout.kv_replicator, head_dim=head_dim(spec))  # fmt: skip
+    apply_activation_checkpointing(_recomputed_modules(model, layout))
+    if dp is not None:
+        apply_data_parallel(model, dp, zero1=layout.zero1, blocks=list(model.model.layers))
+    return materialise(model, whole, device, ranks_at_once=layout.ranks_at_once)
+
+
+def plan_problems(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel, layout: Layout) -> list[str]:
+    """What would stop the model from being sharded or recomputed, checked on a meta-device build."""
+    model = build_on_meta(spec, attention)
+    problems = check_plan(model, tp_plan(spec))
+    try:
+        _recomputed_modules(model, layout)
+    except ParallelConfigError as error:
+        problems += error.problems
+    return problems

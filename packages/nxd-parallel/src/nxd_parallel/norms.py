@@ -1,0 +1,55 @@
+"""Global L2 norms of tensors that may be DTensor shards, plain replicated tensors, or a mix of both.
+
+Each distinct element counts once: a shard's squares are summed over the mesh dimensions it is
+sharded on; replicated copies (over tp, or over dp with replicated data parallel) are counted once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
+
+
+def _local_and_shard_dims(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    if not isinstance(tensor, DTensor):
+        return tensor, ()
+    if any(placement.is_partial() for placement in tensor.placements):  # a pending sum: finish it first
+        tensor = tensor.redistribute(placements=[Replicate() if p.is_partial() else p for p in tensor.placements])
+    mesh = tensor.device_mesh  # Shard and FSDP's strided shard both split the tensor
+    groups = tuple(mesh.get_group(dim) for dim, place in enumerate(tensor.placements) if not place.is_replicate())
+    return tensor.to_local(), groups
+
+
+def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of all elements of `tensors` across every rank that holds a part (a 0-d fp32 tensor)."""
+    by_groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    device = None
+    for tensor in tensors:
+        local, groups = _local_and_shard_dims(tensor)
+        by_groups[groups].append(local)
+        device = local.device
+    if device is None:
+        return torch.zeros(())
+    total = torch.zeros((), device=device, dtype=torch.float32)
+    for groups, locals_ in by_groups.items():
+        squares = torch.stack(torch._foreach_norm(locals_)).float().pow(2).sum()
+        for group in groups:
+            dist.all_reduce(squares, group=group)
+        total += squares
+    return total.sqrt()
+
+
+def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale gradients so that their global norm is at most `max_norm` (torch's clip_grad_norm_ rule,
+    coefficient max_norm / (norm + 1e-6) capped at 1); returns the norm before clipping."""
+    grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
+    norm = global_norm(grads)
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for grad in grads:
+        (grad.to_local() if isinstance(grad, DTensor) else grad).mul_(coefficient.to(grad.device, grad.dtype))
+    return norm

@@ -1,0 +1,168 @@
+"""Apply a model's declared TP plan (module-name pattern -> style) with DTensor's parallel styles.
+
+Styles a plan may name:
+
+- `colwise` / `rowwise`: Megatron's column- and row-parallel linear layers.
+- `colwise_kv`: a key or value projection; column-parallel, or with `kv_replicator` > 1 replicated
+  heads (see `kv_replication.py`).
+- `vocab`: vocab-parallel embedding; its output is whole and replicated.
+- `colwise_output`: the output layer; logits stay sharded over the vocabulary for `vocab_parallel_token_losses`.
+- `sequence`: a norm that runs on sequence shards when sequence parallelism is on (replicated otherwise).
+- `replicated_with_grad_allreduce` (transformers' name): a module that sees a slice of the heads (dim 2);
+  weights replicated, gradients summed over the tp ranks.
+
+With sequence parallelism the residual stream between the layers is split along the sequence: the
+first decoder layer (`first_layer`) scatters its input, row-parallel outputs reduce-scatter, and
+column-parallel inputs all-gather. `reduce_dtype` is the dtype of those forward and backward reductions.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from .errors import ParallelConfigError
+from .kv_replication import ReplicatedKVParallel
+from .ties import retie, tied_parameters
+
+STYLES = ("colwise", "colwise_kv", "rowwise", "vocab", "colwise_output", "sequence", "replicated_with_grad_allreduce")
+
+
+class _GradInDtype(torch.autograd.Function):
+    """Identity forward; the gradient flows back in `dtype`, so the reduction DTensor runs next uses it."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.original = tensor.dtype
+        ctx.dtype = dtype
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.to(ctx.dtype), None
+
+
+class _ColwiseReducing(ColwiseParallel):
+    """Column-parallel whose input-gradient reduction (all-reduce, or reduce-scatter with SP) runs in
+    `reduce_dtype`."""
+
+    def __init__(self, *, reduce_dtype: torch.dtype | None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.reduce_dtype = reduce_dtype
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module = super()._apply(module, device_mesh)
+        if self.reduce_dtype is not None:
+            dtype = self.reduce_dtype
+            module.register_forward_pre_hook(lambda _, args: (_GradInDtype.apply(args[0], dtype), *args[1:]))
+        return module
+
+
+class _RowwiseReducing(RowwiseParallel):
+    """Row-parallel (or vocab-parallel embedding) whose output all-reduce / reduce-scatter runs in `reduce_dtype`."""
+
+    def __init__(self, *, reduce_dtype: torch.dtype | None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.reduce_dtype = reduce_dtype
+
+    def _prepare_output_fn(self, output_layouts, use_local_output, mod, outputs, device_mesh):  # noqa: ANN001, ANN202
+        dtype = outputs.dtype
+        if self.reduce_dtype is not None and self.reduce_dtype != dtype:
+            outputs = outputs.to(self.reduce_dtype).redistribute(placements=output_layouts).to(dtype)
+        elif outputs.placements != output_layouts:
+            outputs = outputs.redistribute(placements=output_layouts, async_op=True)
+        return outputs.to_local() if use_local_output else outputs
+
+
+def _scatter_sequence(mesh: DeviceMesh):  # noqa: ANN202
+    """Forward pre-hook: the first layer's whole hidden states -> this rank's sequence shard."""
+
+    def hook(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        whole = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
+        return (whole.redistribute(mesh, [Shard(1)]).to_local(), *args[1:]), kwargs
+
+    return hook
+
+
+def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | None, kv_replicator: int,
+           head_dim: int | None) -> ParallelStyle | None:  # fmt: skip
+    activations = Shard(1) if sequence_parallel else Replicate()
+    if name == "colwise_kv" and kv_replicator > 1:
+        return ReplicatedKVParallel(kv_replicator, head_dim, sequence_parallel=sequence_parallel)
+    if name in ("colwise", "colwise_kv"):
+        return _ColwiseReducing(input_layouts=activations, reduce_dtype=reduce_dtype)
+    if name == "colwise_output":
+        return _ColwiseReducing(input_layouts=activations, output_layouts=Shard(-1), use_local_output=False,
+                                reduce_dtype=reduce_dtype)  # fmt: skip
+    if name == "rowwise":
+        return _RowwiseReducing(output_layouts=activations, reduce_dtype=reduce_dtype)
+    if name == "vocab":
+        return _RowwiseReducing(input_layouts=Replicate(), output_layouts=Replicate(), reduce_dtype=reduce_dtype)
+    if name == "sequence":
+        return SequenceParallel() if sequence_parallel else None
+    if name == "replicated_with_grad_allreduce":
+        return SequenceParallel(sequence_dim=2, use_local_output=True)
+    raise AssertionError(name)
+
+
+def check_plan(model: nn.Module, plan: Mapping[str, str]) -> list[str]:
+    """Problems with a plan: unknown styles, and patterns that name no module of the model."""
+    names = [name for name, _ in model.named_modules()]
+    problems = [f"TP plan {pattern!r}: style {style!r} is not one of {', '.join(STYLES)}"
+                for pattern, style in plan.items() if style not in STYLES]  # fmt: skip
+    problems += [f"TP plan {pattern!r}: names no module of {type(model).__name__}"
+                 for pattern in plan if not fnmatch.filter(names, pattern)]  # fmt: skip
+    return problems
+
+
+def apply_tensor_parallel(
+    model: nn.Module,
+    plan: Mapping[str, str],
+    mesh: DeviceMesh,
+    *,
+    sequence_parallel: bool = False,
+    first_layer: str | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    kv_replicator: int = 1,
+    head_dim: int | None = None,
+) -> nn.Module:
+    """Shard `model` in place over the 1-D tensor-parallel `mesh` as `plan` declares.
+
+    `first_layer` (needed with sequence parallelism) is the module whose first argument enters the
+    sequence-parallel region; `head_dim` is needed when `kv_replicator` > 1. Tied weights (an output
+    layer sharing the embedding) stay tied.
+    """
+    problems = check_plan(model, plan)
+    if kv_replicator > 1 and head_dim is None:
+        problems.append("kv_replicator > 1 needs the head dimension of the key/value projections")
+    if sequence_parallel and first_layer not in dict(model.named_modules()):
+        problems.append(f"sequence parallelism needs the first decoder layer; {first_layer!r} is no module of "
+                        f"{type(model).__name__}")  # fmt: skip
+    if problems:
+        raise ParallelConfigError(*problems)
+    tied = tied_parameters(model)
+    styles = {}
+    for pattern, name in plan.items():
+        style = _style(name, sequence_parallel=sequence_parallel, reduce_dtype=reduce_dtype,
+                       kv_replicator=kv_replicator, head_dim=head_dim)  # fmt: skip
+        if style is not None:
+            styles[pattern] = style
+    parallelize_module(model, mesh, styles)
+    retie(model, tied)
+    if sequence_parallel:
+        model.get_submodule(first_layer).register_forward_pre_hook(_scatter_sequence(mesh), with_kwargs=True)
+    return model
+
