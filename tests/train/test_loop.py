@@ -73,12 +73,12 @@ def _plan_problems(*overrides: str, source=None) -> str:
 
 
 def test_features_of_later_releases_are_rejected_by_key():
-    message = _plan_problems("distributed_strategy.tensor_model_parallel_size=2", "trainer.devices=2",
+    message = _plan_problems("distributed_strategy.pipeline_model_parallel_size=2", "trainer.devices=2",
                              "precision.type=mixed_precision", "+data.data_prefix=[corpus]")  # fmt: skip
     assert message.splitlines() == [
         "cannot train this config:",
-        "  distributed_strategy.tensor_model_parallel_size: tensor parallelism is not in this release "
-        "(nxd-parallel adds it); expected 1, found 2",
+        "  distributed_strategy.pipeline_model_parallel_size: pipeline parallelism is not in this release "
+        "(nxd-parallel part 2 adds it); expected 1, found 2",
         "  precision.type: mixed_precision is not in this release (nxd-precision adds it); expected one of fp32, autocast",
         "  data.data_prefix: Megatron indexed datasets are not in this release (nxd-data adds them); remove the key "
         "to pretrain on the built-in corpus",

@@ -42,7 +42,7 @@ def test_optimizer_is_built_with_its_parameters_and_learns(name):
     config, cls, expected = CASES[name]
     optim = TypeAdapter(Optimizer).validate_python({"name": name, **config})
     model = _model()
-    optimizer = build_optimizer(optim, model, decay_norms_and_biases=False, shard_over_data_parallel=False)
+    optimizer = build_optimizer(optim, model, decay_norms_and_biases=False)
     assert type(optimizer) is cls
     group = optimizer.param_groups[0]
     for key, value in expected.items():
@@ -73,7 +73,7 @@ def test_norm_weights_and_biases_get_no_weight_decay_unless_asked():
 
 def test_adafactor_relative_step_needs_no_lr():
     optim = TypeAdapter(Optimizer).validate_python({"name": "adafactor", "relative_step": True, "warmup_init": True})
-    optimizer = build_optimizer(optim, _model(), decay_norms_and_biases=False, shard_over_data_parallel=False)
+    optimizer = build_optimizer(optim, _model(), decay_norms_and_biases=False)
     assert optimizer.param_groups[0]["relative_step"] and optimizer.param_groups[0]["lr"] is None
 
 

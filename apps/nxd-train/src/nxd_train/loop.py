@@ -12,18 +12,27 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import yaml
 from lightning_fabric import Fabric
 from nxd_config import NxdConfig
-from nxd_models import build_causal_lm, causal_lm_logits, training_flops_per_token
+from nxd_models import causal_lm_logits, training_flops_per_token
+from nxd_parallel import (
+    ParallelDims,
+    clip_gradients,
+    global_norm,
+    loss_parallel,
+    set_gradient_sync,
+    token_cross_entropy,
+)
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.data import DataLoader
 
 from .data import IGNORE_INDEX, TokenWindows, collate
 from .logdir import next_log_dir
 from .monitor import Monitor
 from .optimizers import build_optimizer
+from .parallelism import Layout, build_parallel_model
 from .preflight import RunPlan
 from .sampling import BatchPlan, MicroBatchSampler
 from .schedules import build_scheduler
@@ -37,10 +46,18 @@ def micro_batches(dataset: TokenWindows, plan: BatchPlan, steps: int, num_worker
 
 
 def token_losses(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Cross-entropy of every label position (0 where the label is ignored), from fp32 logits."""
+    """Cross-entropy of every label position (0 where the label is ignored), from fp32 logits; logits
+    sharded over the vocabulary (tensor parallel) are reduced without gathering them (call it, and
+    run the backward, inside `loss_parallel()`)."""
     logits = causal_lm_logits(model, batch["input_ids"], batch["position_ids"])
-    return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="none")  # fmt: skip
+    return token_cross_entropy(logits, batch["labels"], IGNORE_INDEX)
+
+
+def sum_over(tensor: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
+    """`tensor` summed over the ranks of a 1-D mesh (data parallel), in place; unchanged without one."""
+    if mesh is not None:
+        torch.distributed.all_reduce(tensor, group=mesh.get_group())
+    return tensor
 
 
 def label_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -83,15 +100,20 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     )  # fmt: skip
     fabric.launch()
     fabric.seed_everything(cfg.seed, verbose=False)
-    dp, rank = fabric.world_size, fabric.global_rank
+    ds = cfg.distributed_strategy
+    dims = ParallelDims(fabric.world_size, tp=ds.tensor_model_parallel_size, pp=ds.pipeline_model_parallel_size,
+                        cp=ds.context_parallel_size)  # fmt: skip
+    mesh = dims.build_mesh(fabric.device.type)
+    data_mesh = mesh.get("dp")
+    dp, rank = dims.dp, fabric.global_rank
     log_dir = Path(fabric.broadcast(str(next_log_dir(cfg.exp_manager, cfg.name)) if rank == 0 else None, src=0))
     if rank == 0:
         resolved = yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)
         (log_dir / "config.yaml").write_text(resolved)
 
     gbs, mbs = cfg.global_batch_size, cfg.data.micro_batch_size
-    data_options = dict(global_batch_size=gbs, micro_batch_size=mbs, data_parallel_size=dp, data_parallel_rank=rank,
-                        seed=cfg.seed)  # fmt: skip
+    data_options = dict(global_batch_size=gbs, micro_batch_size=mbs, data_parallel_size=dp,
+                        data_parallel_rank=mesh.data_parallel_rank, seed=cfg.seed)  # fmt: skip
     train_plan = BatchPlan(len(plan.data.train), **data_options,
                            reshuffle_each_epoch=cfg.data.dataloader_type == "cyclic")  # fmt: skip
     steps_per_epoch = train_plan.steps_per_epoch
@@ -100,19 +122,19 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
                       local_rank_0_only=cfg.exp_manager.log_local_rank_0_only,
                       tensorboard=cfg.exp_manager.create_tensorboard_logger)  # fmt: skip
 
-    model = build_causal_lm(plan.model, fabric.device, use_cpu_initialization=cfg.model.use_cpu_initialization,
-                            attention=plan.attention)  # fmt: skip
+    model = build_parallel_model(plan.model, plan.attention, Layout.from_config(cfg), mesh, fabric.device,
+                                 seed=cfg.seed, use_cpu_initialization=cfg.model.use_cpu_initialization)  # fmt: skip
     flops_per_token = training_flops_per_token(model, plan.seq_length)
     parameters = sum(p.numel() for p in model.parameters())
     optim = cfg.model.optim
-    optimizer = build_optimizer(optim, model, decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay,
-                                shard_over_data_parallel=cfg.distributed_strategy.zero1 and dp > 1)  # fmt: skip
+    optimizer = build_optimizer(optim, model, decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay)
     scheduler = build_scheduler(optimizer, optim.sched, optim.lr or 0.0, steps)
-    model, optimizer = fabric.setup(model, optimizer)
     compute_dtype = torch.bfloat16 if plan.precision == "bf16-mixed" else torch.float32
     ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, compute_dtype), device=fabric.device),
                                 reduce_op="sum").item()  # fmt: skip
-    monitor.info(f"nxd-train: {cfg.name}: {parameters:,} parameters, {dp} process(es), global batch {gbs} "
+    layout = " x ".join(f"{name} {size}" for name, size in dims.sizes().items() if size > 1) or "one process"
+    monitor.info(f"nxd-train: {cfg.name}: {parameters:,} parameters, {fabric.world_size} process(es) ({layout}), "
+                 f"global batch {gbs} "
                  f"({gbs // (mbs * dp)} x {mbs} per rank), {steps} steps of {steps_per_epoch} per epoch, "
                  f"{plan.data.tokenizer}; logs in {log_dir}")  # fmt: skip
 
@@ -127,10 +149,11 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         with torch.no_grad():
             for batch in micro_batches(dataset, eval_plan, count, cfg.data.num_workers):
                 batch = fabric.to_device(batch)
-                loss += token_losses(model, batch).double().sum()
+                with loss_parallel(), fabric.autocast():
+                    loss += token_losses(model, batch).double().sum()
                 tokens += label_count(batch)
         model.train()
-        totals = fabric.all_reduce(torch.stack([loss, tokens]), reduce_op="sum")
+        totals = sum_over(torch.stack([loss, tokens]), data_mesh)
         return (totals[0] / totals[1]).item()
 
     if cfg.trainer.num_sanity_val_steps:
@@ -146,19 +169,21 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         started = time.perf_counter()
         epoch, index = divmod(step, steps_per_epoch)
         batches = [fabric.to_device(next(train_batches)) for _ in range(accumulation)]
-        tokens = fabric.all_reduce(sum(label_count(batch) for batch in batches).float(), reduce_op="sum")
+        tokens = sum_over(sum(label_count(batch) for batch in batches).float(), data_mesh)
         loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
         for number, batch in enumerate(batches, start=1):
-            with fabric.no_backward_sync(model, enabled=dp > 1 and number < accumulation):
-                losses = token_losses(model, batch)
-                fabric.backward(losses.sum() * dp / tokens)
+            set_gradient_sync(model, number == accumulation)  # reduce gradients once, after the last micro-batch
+            with loss_parallel():
+                with fabric.autocast():
+                    losses = token_losses(model, batch)
+                (losses.sum() * dp / tokens).backward()
             loss += losses.detach().double().sum()  # reported in fp64: no rounding of a large fp32 sum
         grad_norm = _gradient_norm(model, cfg)
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        loss = (fabric.all_reduce(loss, reduce_op="sum") / tokens).item()
+        loss = (sum_over(loss, data_mesh) / tokens).item()
         window_time += time.perf_counter() - started
         window_steps += 1
         monitor.advance()
@@ -171,7 +196,7 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
             if grad_norm is not None and cfg.exp_manager.log_gradient_norm:
                 values["grad_norm"] = grad_norm
             if cfg.exp_manager.log_parameter_norm:
-                values["param_norm"] = torch.nn.utils.get_total_norm(list(model.parameters())).item()
+                values["param_norm"] = global_norm(p.detach() for p in model.parameters()).item()
             values.update(tokens_per_s=processed / step_time, samples_per_s=gbs / step_time,
                           mfu=flops_per_token * processed / step_time / ceiling)  # fmt: skip
             if cfg.exp_manager.log_step_timing:
@@ -193,11 +218,11 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
 
 
 def _gradient_norm(model: nn.Module, cfg: NxdConfig) -> float | None:
-    """Clip to gradient_clip_val (null or 0: no clipping) and return the global norm before clipping.
-    Gradients are already all-reduced over the data-parallel ranks, so the norm is the global one."""
+    """Clip to gradient_clip_val (null or 0: no clipping) and return the norm before clipping: the
+    global one, over every tensor- and data-parallel shard, as one process would compute it."""
     clip = cfg.trainer.gradient_clip_val
     if clip:
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
+        return clip_gradients(model.parameters(), clip).item()
     if cfg.exp_manager.log_gradient_norm:
-        return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]).item()
+        return global_norm(p.grad for p in model.parameters() if p.grad is not None).item()
     return None

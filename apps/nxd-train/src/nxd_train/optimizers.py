@@ -7,7 +7,6 @@ from typing import Any
 import torch
 from nxd_config.schema.optim import Optimizer as OptimizerConfig
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from transformers.optimization import Adafactor
 
 from .novograd import Novograd
@@ -57,18 +56,10 @@ def parameter_groups(
 
 
 def build_optimizer(
-    optim: OptimizerConfig, model: nn.Module, *, decay_norms_and_biases: bool, shard_over_data_parallel: bool
+    optim: OptimizerConfig, model: nn.Module, *, decay_norms_and_biases: bool
 ) -> torch.optim.Optimizer:
-    """The configured optimizer; with `shard_over_data_parallel` (zero1 at dp > 1) its state is split
-    over the data-parallel ranks by ZeroRedundancyOptimizer."""
+    """The configured optimizer over the model's parameters. With zero1 they are 1/dp shards (FSDP2),
+    so its state is sharded with them."""
     cls, arguments = optimizer_class_and_arguments(optim)
     weight_decay = arguments.pop("weight_decay", None)
-    groups = parameter_groups(model, weight_decay, decay_norms_and_biases)
-    if not shard_over_data_parallel:
-        return cls(groups, **arguments)
-    first, *rest = groups
-    optimizer = ZeroRedundancyOptimizer(first["params"], optimizer_class=cls, **arguments,
-                                        **{k: v for k, v in first.items() if k != "params"})
-    for group in rest:
-        optimizer.add_param_group(group)
-    return optimizer
+    return cls(parameter_groups(model, weight_decay, decay_norms_and_biases), **arguments)

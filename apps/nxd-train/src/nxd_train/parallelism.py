@@ -120,10 +120,36 @@ def build_parallel_model(
     return materialise(model, whole, device, ranks_at_once=layout.ranks_at_once)
 
 
-def plan_problems(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel, layout: Layout) -> list[str]:
-    """What would stop the model from being sharded or recomputed, checked on a meta-device build."""
+def _shape(spec: GPTConfig | PretrainedConfig) -> dict[str, int]:
+    """The sizes tensor parallelism splits, under the names a user looks for."""
+    if isinstance(spec, GPTConfig):
+        return {"num_attention_heads": spec.num_attention_heads, "num_kv_heads": spec.kv_heads,
+                "ffn_hidden_size": spec.ffn_size, "vocab_size (padded)": spec.padded_vocab_size}  # fmt: skip
+    return {"num_attention_heads": spec.num_attention_heads,
+            "num_key_value_heads": spec.num_key_value_heads or spec.num_attention_heads,
+            "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size}  # fmt: skip
+
+
+def plan_problems(
+    spec: GPTConfig | PretrainedConfig, attention: AttentionKernel, layout: Layout, tp: int
+) -> list[str]:
+    """What would stop the model from being sharded over `tp` ranks or recomputed as `layout` says,
+    checked on a meta-device build before any process starts."""
+    source = "model" if isinstance(spec, GPTConfig) else "model.model_config"
+    (heads, kv_name), shape = list(_shape(spec))[:2], _shape(spec)
+    problems = []
+    if tp > 1:
+        kv_copies = shape[kv_name] * layout.kv_replicator
+        problems += [f"{source}: {name}: expected a multiple of tensor_model_parallel_size ({tp}), found {size}"
+                     for name, size in shape.items() if name != kv_name and size % tp]  # fmt: skip
+        if kv_copies % tp:
+            problems.append(f"distributed_strategy.kv_replicator: {shape[kv_name]} KV heads x {layout.kv_replicator} "
+                            f"= {kv_copies}; expected a multiple of tensor_model_parallel_size ({tp})")  # fmt: skip
+        elif shape[heads] % kv_copies:
+            problems.append(f"distributed_strategy.kv_replicator: {shape[kv_name]} KV heads x {layout.kv_replicator} "
+                            f"= {kv_copies}; expected a divisor of {heads} ({shape[heads]})")  # fmt: skip
     model = build_on_meta(spec, attention)
-    problems = check_plan(model, tp_plan(spec))
+    problems += check_plan(model, tp_plan(spec))
     try:
         _recomputed_modules(model, layout)
     except ParallelConfigError as error:

@@ -65,8 +65,7 @@ class TrainerConfig(Section):
     sequential_move_factor: int = key(
         11,
         "Ranks that initialise and move weights to the device at the same time.",
-        status=Status.NO_EFFECT,
-        note="nxd builds models on the meta device and materialises each rank's shards in place, "
-        "so there is no sequential move to stagger",
+        by="nxd-parallel",
+        note="each rank builds the whole seeded model on the host and keeps its shards; this many ranks do it at once",
         ge=1,
     )
