@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 import torch
 from nxd_config import NxdConfig
-from nxd_models import GPT_TP_PLAN, AttentionKernel, GPTConfig, build_causal_lm, build_on_meta, hf_tp_plan
+from nxd_models import (
+    GPT_TP_PLAN,
+    AttentionKernel,
+    GPTConfig,
+    build_causal_lm,
+    build_on_meta,
+    hf_tp_plan,
+    recompute_core_attention,
+)
 from nxd_parallel import (
     ParallelConfigError,
     ParallelMesh,
@@ -23,7 +31,7 @@ from nxd_parallel import (
     modules_of_classes,
 )
 from torch import nn
-from transformers import PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedModel
 
 FIRST_LAYER = "model.layers.0"
 """Both model families name their decoder layers model.layers.N."""
@@ -69,14 +77,17 @@ def head_dim(spec: GPTConfig | PretrainedConfig) -> int:
     return getattr(spec, "head_dim", None) or spec.hidden_size // spec.num_attention_heads
 
 
-def _recomputed_modules(model: nn.Module, layout: Layout) -> list[nn.Module]:
+def _recomputation(model: nn.Module, layout: Layout) -> tuple[list[nn.Module], bool]:
+    """The modules to checkpoint, and whether a transformers model's attention core (a function,
+    not a module) is recomputed too."""
     layers = list(model.model.layers)
     if layout.recompute == "full":
-        return layers
+        return layers, False
     if layout.recompute != "selective":
-        return []
+        return [], False
     names = set(layout.recompute_modules)
-    modules, missing = modules_of_classes(model, names)
+    hf_core = isinstance(model, PreTrainedModel) and "CoreAttention" in names
+    modules, missing = modules_of_classes(model, names - {"CoreAttention"} if hf_core else names)
     if missing:
         raise ParallelConfigError(
             f"model.activations_checkpoint_recompute: {', '.join(missing)} names no module of "
@@ -84,7 +95,14 @@ def _recomputed_modules(model: nn.Module, layout: Layout) -> list[nn.Module]:
         )
     if layout.recompute_mlp:
         modules += [layer.mlp for layer in layers if layer.mlp not in modules]
-    return modules
+    return modules, hf_core
+
+
+def _apply_recomputation(model: nn.Module, layout: Layout) -> None:
+    modules, hf_core = _recomputation(model, layout)
+    if hf_core:
+        recompute_core_attention(model)
+    apply_activation_checkpointing(modules)
 
 
 def build_parallel_model(
@@ -107,14 +125,14 @@ def build_parallel_model(
     tp, dp = mesh.get("tp"), mesh.get("dp")
     if tp is None and dp is None:
         model = whole()
-        apply_activation_checkpointing(_recomputed_modules(model, layout))
+        _apply_recomputation(model, layout)
         return model
     model = build_on_meta(spec, attention)
     if tp is not None:
         apply_tensor_parallel(model, tp_plan(spec), tp, sequence_parallel=layout.sequence_parallel,
                               first_layer=FIRST_LAYER, reduce_dtype=layout.reduce_dtype,
                               kv_replicator=layout.kv_replicator, head_dim=head_dim(spec))  # fmt: skip
-    apply_activation_checkpointing(_recomputed_modules(model, layout))
+    _apply_recomputation(model, layout)
     if dp is not None:
         apply_data_parallel(model, dp, zero1=layout.zero1, blocks=list(model.model.layers))
     return materialise(model, whole, device, ranks_at_once=layout.ranks_at_once)
@@ -151,7 +169,7 @@ def plan_problems(
     model = build_on_meta(spec, attention)
     problems += check_plan(model, tp_plan(spec))
     try:
-        _recomputed_modules(model, layout)
+        _recomputation(model, layout)
     except ParallelConfigError as error:
         problems += error.problems
     return problems

@@ -7,11 +7,12 @@ from .flops import training_flops_per_token
 from .gpt import GPT_TP_PLAN, GPTConfig, GPTForCausalLM
 from .hf import SUPPORTED_MODEL_TYPES, HFOverrides, hf_tp_plan, load_hf_config
 from .hf_mapping import HFMapping, hf_mapping
+from .hf_recompute import recompute_core_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GPT_TP_PLAN", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "CoreAttention", "GPTConfig", "GPTForCausalLM",
     "HFMapping", "HFOverrides", "ModelConfigError", "build_causal_lm", "build_on_meta", "causal_lm_logits",
-    "hf_mapping", "hf_tp_plan", "load_hf_config", "training_flops_per_token",
+    "hf_mapping", "hf_tp_plan", "load_hf_config", "recompute_core_attention", "training_flops_per_token",
 ]  # fmt: skip

@@ -1,0 +1,48 @@
+"""Selective recomputation of a transformers model's attention core (NxDT's `CoreAttention`).
+
+A transformers decoder computes softmax(QK^T)V in a function looked up by name
+(`config._attn_implementation`), not in a module, so there is no module to checkpoint. This
+registers a recomputed variant of the model's attention function (and the same mask builder) under
+a new name and points the model at it: the attention probabilities are then rebuilt in backward
+instead of kept, while the projections around them keep their activations.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .build import _kernel_for
+
+
+def _attention_function(model: PreTrainedModel, implementation: str) -> Callable[..., Any]:
+    if implementation == "eager":  # each model family defines its own eager function
+        return sys.modules[type(model).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+def recompute_core_attention(model: PreTrainedModel) -> None:
+    """Make every attention layer of `model` recompute its attention core in backward."""
+    implementation = model.config._attn_implementation
+    if implementation.startswith("nxd_recompute_"):
+        return
+    inner = _attention_function(model, implementation)
+
+    def recomputed(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        def core(*inputs: Any) -> Any:
+            with _kernel_for(model):  # the same kernel in forward and in the recomputation
+                return inner(module, *inputs, **kwargs)
+
+        return checkpoint(core, *args, use_reentrant=False)
+
+    name = f"nxd_recompute_{implementation}_{id(model)}"
+    AttentionInterface.register(name, recomputed)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
+    model.config._attn_implementation = name

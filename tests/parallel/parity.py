@@ -1,0 +1,127 @@
+"""Train tiny models for a few steps in N real gloo processes and record what parity tests compare.
+
+`run_scenarios(world, scenarios)` spawns `world` processes (FileStore rendezvous) that run every
+scenario in turn with the same wiring nxd-train uses (`build_parallel_model`, `loss_parallel`, the
+gradient sync and global norms), and returns rank 0's records: the initial full parameters, per
+step the loss, gradient norm and full gradients, and the optimizer-state bytes this rank holds.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from nxd_models import AttentionKernel, GPTConfig, causal_lm_logits
+from nxd_parallel import ParallelDims, clip_gradients, loss_parallel, set_gradient_sync, token_cross_entropy
+from torch.distributed.tensor import DTensor
+from transformers import LlamaConfig
+
+from nxd_train.parallelism import Layout, build_parallel_model
+
+STEPS, GLOBAL_BATCH, MICRO_BATCH, SEQ, VOCAB = 5, 8, 2, 16, 120
+HANG_SECONDS = 300
+
+
+def model_spec(family: str, kv_heads: int = 2) -> GPTConfig | LlamaConfig:
+    """A two-layer Llama shape of either family (no dropout, so every layout computes the same)."""
+    if family == "megatron":
+        return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=kv_heads,
+                         seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0, attention_dropout=0.0,
+                         normalization="rmsnorm", activation="swiglu", position_embedding_type="rope", has_bias=False,
+                         make_vocab_size_divisible_by=8)  # fmt: skip
+    return LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=kv_heads, max_position_embeddings=SEQ, tie_word_embeddings=False)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    family: str = "megatron"
+    tp: int = 1
+    kv_heads: int = 2
+    layout: Layout = field(default_factory=Layout)
+    clip: float = 0.0
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of the whole tensor (a replicated DTensor's full_tensor() is its storage, not a copy)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
+
+
+def _batches() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1234)
+    return [torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=generator) for _ in range(STEPS)]
+
+
+def train_scenario(scenario: Scenario, world: int) -> dict:
+    """Run one scenario in this process (one of `world`); every rank returns the same record."""
+    dims = ParallelDims(world, tp=scenario.tp)
+    mesh = dims.build_mesh("cpu")
+    model = build_parallel_model(model_spec(scenario.family, scenario.kv_heads), AttentionKernel.FLASH,
+                                 scenario.layout, mesh, torch.device("cpu"), seed=11)  # fmt: skip
+    record = {"init": {name: _full(p) for name, p in model.named_parameters()}, "loss": [], "norm": [], "grads": []}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    data_mesh, dp, rank = mesh.get("dp"), dims.dp, mesh.data_parallel_rank
+    per_rank = GLOBAL_BATCH // dp
+    for batch in _batches():
+        mine = batch[rank * per_rank:(rank + 1) * per_rank]
+        tokens = batch[:, 1:].numel()
+        loss = torch.zeros((), dtype=torch.float64)
+        micro = list(mine.split(MICRO_BATCH))
+        for number, ids in enumerate(micro, start=1):
+            set_gradient_sync(model, number == len(micro))
+            positions = torch.arange(SEQ).expand(ids.shape[0], SEQ)
+            with loss_parallel():
+                losses = token_cross_entropy(causal_lm_logits(model, ids[:, :-1], positions), ids[:, 1:])
+                (losses.sum() * dp / tokens).backward()
+            loss += losses.detach().double().sum()
+        if data_mesh is not None:
+            dist.all_reduce(loss, group=data_mesh.get_group())
+        record["loss"].append(loss.item() / tokens)
+        record["norm"].append(clip_gradients(model.parameters(), scenario.clip or float("inf")).item())
+        record["grads"].append({name: _full(p.grad) for name, p in model.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    record["optimizer_state_bytes"] = sum(
+        (value.to_local() if isinstance(value, DTensor) else value).nbytes
+        for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value) and value.ndim
+    )  # fmt: skip
+    return record
+
+
+def _worker(rank: int, world: int, scenarios: list[Scenario], directory: str) -> None:
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)  # a hang fails the test instead of stalling CI
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(directory, "store"), world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    try:
+        for scenario in scenarios:
+            record = train_scenario(scenario, world)
+            if rank == 0:
+                torch.save(record, os.path.join(directory, f"{scenario.name}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_scenarios(world: int, scenarios: list[Scenario]) -> dict[str, dict]:
+    """Each scenario's record from `world` spawned processes."""
+    with tempfile.TemporaryDirectory() as directory:
+        mp.start_processes(_worker, args=(world, scenarios, directory), nprocs=world, start_method="spawn")
+        return {s.name: torch.load(os.path.join(directory, f"{s.name}.pt"), weights_only=False) for s in scenarios}
+
+
+def max_difference(reference: dict, other: dict) -> dict[str, float]:
+    """Largest absolute differences of losses, gradient norms and gradients over all steps."""
+    grads = max((reference_grad[name] - step[name]).abs().max().item()
+                for reference_grad, step in zip(reference["grads"], other["grads"], strict=True)
+                for name in reference_grad)  # fmt: skip
+    return {
+        "loss": max(abs(a - b) for a, b in zip(reference["loss"], other["loss"], strict=True)),
+        "norm": max(abs(a - b) for a, b in zip(reference["norm"], other["norm"], strict=True)),
+        "grad": grads,
+    }

@@ -1,0 +1,109 @@
+"""nxd-parallel's pieces in one process, against values worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from nxd_models import AttentionKernel, build_causal_lm
+from nxd_parallel import (
+    ParallelConfigError,
+    ParallelDims,
+    apply_activation_checkpointing,
+    check_plan,
+    clip_gradients,
+    global_norm,
+    replicated_heads,
+    token_cross_entropy,
+)
+
+from .parity import model_spec
+
+
+def test_data_parallel_size_is_what_the_model_parallel_degrees_leave():
+    dims = ParallelDims(16, tp=2, pp=2, cp=2)
+    assert dims.dp == 2
+    assert dims.sizes() == {"pp": 2, "dp": 2, "cp": 2, "tp": 2}
+
+
+def test_a_layout_that_does_not_fit_the_world_is_refused():
+    with pytest.raises(ParallelConfigError) as caught:
+        ParallelDims(6, tp=4)
+    assert str(caught.value) == "tp * pp * cp = 4 * 1 * 1 = 4: expected a divisor of the world size 6"
+
+
+def test_one_process_has_no_mesh_and_rank_zero_everywhere():
+    mesh = ParallelDims(1).build_mesh("cpu")
+    assert mesh.mesh is None and mesh.get("tp") is None and mesh.get("dp_cp") is None
+    assert mesh.data_parallel_rank == 0
+
+
+@pytest.mark.parametrize(("heads", "copies", "tp", "expected"), [
+    (1, 2, 2, [[0], [0]]),            # one KV head, both ranks compute it
+    (2, 2, 2, [[0, 0], [1, 1]]),      # each rank its own head (twice)
+    (2, 4, 8, [[0], [0], [0], [0], [1], [1], [1], [1]]),
+    (4, 1, 2, [[0, 1], [2, 3]]),      # no replication: plain column split
+])  # fmt: skip
+def test_each_rank_gets_the_kv_heads_its_query_heads_use(heads, copies, tp, expected):
+    assert [replicated_heads(heads, copies, tp, rank) for rank in range(tp)] == expected
+
+
+def test_kv_copies_must_split_evenly_over_tp():
+    with pytest.raises(ParallelConfigError, match="1 KV heads x 1 copies = 1; expected a multiple of the "
+                                                  "tensor-parallel size 2"):  # fmt: skip
+        replicated_heads(1, 1, 2, 0)
+
+
+def test_a_plan_naming_a_missing_module_or_an_unknown_style_is_reported():
+    model = build_causal_lm(model_spec("megatron"))
+    problems = check_plan(model, {"model.layers.*.self_attn.qkv": "colwise", "lm_head": "diagonal"})
+    assert problems == [
+        "TP plan 'lm_head': style 'diagonal' is not one of colwise, colwise_kv, rowwise, vocab, colwise_output, "
+        "sequence, replicated_with_grad_allreduce",
+        "TP plan 'model.layers.*.self_attn.qkv': names no module of GPTForCausalLM",
+    ]
+
+
+def test_global_norm_of_plain_tensors_is_the_l2_norm():
+    assert global_norm([torch.tensor([3.0]), torch.tensor([[4.0]])]).item() == 5.0
+
+
+def test_clipping_scales_gradients_to_the_limit_as_torch_does():
+    weights = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))]
+    weights[0].grad, weights[1].grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])
+    norm = clip_gradients(weights, 1.0)
+    assert norm.item() == 5.0
+    scale = 1.0 / (5.0 + 1e-6)
+    assert torch.allclose(weights[0].grad, torch.tensor([3.0 * scale, 0.0]))
+    assert math.isclose(weights[1].grad.item(), 4.0 * scale, rel_tol=1e-6)
+
+
+def test_token_cross_entropy_of_uniform_logits_is_log_vocab_and_zero_where_ignored():
+    losses = token_cross_entropy(torch.zeros(1, 3, 10), torch.tensor([[1, -100, 9]]))
+    assert torch.allclose(losses, torch.tensor([math.log(10), 0.0, math.log(10)]))
+
+
+def _saved_bytes(model: torch.nn.Module) -> int:
+    saved = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(ids).sum()
+    loss.backward()
+    return sum(saved)
+
+
+def test_full_recomputation_keeps_fewer_activations_and_the_same_gradients():
+    plain = build_causal_lm(model_spec("megatron"), attention=AttentionKernel.FLASH)
+    recomputed = build_causal_lm(model_spec("megatron"), attention=AttentionKernel.FLASH)
+    recomputed.load_state_dict(plain.state_dict())
+    assert apply_activation_checkpointing(recomputed.model.layers) == 2
+    kept, kept_recomputed = _saved_bytes(plain), _saved_bytes(recomputed)
+    assert kept_recomputed < kept / 2, (kept_recomputed, kept)
+    for (name, a), b in zip(plain.named_parameters(), recomputed.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-7), name
