@@ -18,10 +18,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_models import AttentionKernel, GPTConfig, causal_lm_logits
 from nxd_parallel import ParallelDims, clip_gradients, loss_parallel, set_gradient_sync, token_cross_entropy
+from nxd_train.parallelism import Layout, build_parallel_model
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig
-
-from nxd_train.parallelism import Layout, build_parallel_model
 
 STEPS, GLOBAL_BATCH, MICRO_BATCH, SEQ, VOCAB = 5, 8, 2, 16, 120
 HANG_SECONDS = 300

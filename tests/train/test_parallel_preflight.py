@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from nxd_config import ConfigError, load_config
-
 from nxd_train.cli import default_config_path
 from nxd_train.corpus import default_cache_dir
 from nxd_train.preflight import PreflightError, plan_run
@@ -26,6 +25,7 @@ def _hf_source(tmp_path, heads: int, kv_heads: int, hidden: int = 48):
     source = tmp_path / "run.yaml"
     source.write_text(
         "name: tiny_hf\nmodel_source: hf\ntrainer: {max_steps: 3, devices: 1}\nprecision: {type: fp32}\n"
+        "exp_manager: {create_checkpoint_callback: False}\n"
         "data: {micro_batch_size: 2, global_batch_size: 4}\ndistributed_strategy: {tensor_model_parallel_size: 1}\n"
         f"model:\n  model_config: {tmp_path / 'config.json'}\n  encoder_seq_length: 64\n"
         "  optim: {name: adamw, lr: 1e-3}\n"

@@ -2,6 +2,8 @@
 
 Each distinct element counts once: a shard's squares are summed over the mesh dimensions it is
 sharded on; replicated copies (over tp, or over dp with replicated data parallel) are counted once.
+Squares accumulate in fp64: an fp32 sum over a large embedding gradient drifts by 1e-5 relative,
+enough to make the same gradients report different norms under different layouts.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def _local_and_shard_dims(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple]:
 
 
 def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of all elements of `tensors` across every rank that holds a part (a 0-d fp32 tensor)."""
+    """The L2 norm of all elements of `tensors` across every rank that holds a part (a 0-d fp64 tensor; fp32 on MPS)."""
     by_groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     device = None
     for tensor in tensors:
@@ -34,10 +36,11 @@ def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
         by_groups[groups].append(local)
         device = local.device
     if device is None:
-        return torch.zeros(())
-    total = torch.zeros((), device=device, dtype=torch.float32)
+        return torch.zeros((), dtype=torch.float64)
+    dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no fp64
+    total = torch.zeros((), device=device, dtype=dtype)
     for groups, locals_ in by_groups.items():
-        squares = torch.stack(torch._foreach_norm(locals_)).float().pow(2).sum()
+        squares = torch.stack(torch._foreach_norm(locals_, 2, dtype=dtype)).pow(2).sum()
         for group in groups:
             dist.all_reduce(squares, group=group)
         total += squares
