@@ -163,3 +163,31 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(ModelConfigError) as caught:
         _config(transformer_block_type="post_ln", num_kv_heads=3)
     assert len(caught.value.problems) == 2
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate"])
+def test_qkv_linear_computes_what_the_separate_projections_compute(fuse):
+    """The one-module QKV projection (qkv_linear) draws its init in the q, k, v order of three
+    Linear layers, so with the same seed the two models hold the same weights and logits."""
+    config = _config(num_kv_heads=2, has_bias=True)
+    torch.manual_seed(3)
+    separate = build_causal_lm(config)
+    torch.manual_seed(3)
+    fused = build_causal_lm(_config(num_kv_heads=2, has_bias=True, qkv_linear=True, fuse_qkv=fuse))
+    attention = fused.model.layers[0].self_attn.qkv_proj
+    assert torch.equal(attention.weight_k, separate.model.layers[0].self_attn.k_proj.weight)
+    input_ids = torch.randint(0, 300, (2, 16))
+    torch.testing.assert_close(fused(input_ids), separate(input_ids), rtol=0, atol=1e-6)
+    assert training_flops_per_token(fused, 16) == training_flops_per_token(separate, 16)
+    names = [name for name, _ in fused.named_modules()]
+    for pattern in fused.tp_plan():
+        assert fnmatch.filter(names, pattern), pattern
+
+
+def test_hf_mapping_of_a_qkv_linear_model_names_the_llama_projections():
+    from nxd_models import hf_mapping
+
+    keys = hf_mapping(_config(activation="swiglu", normalization="rmsnorm", position_embedding_type="rope",
+                              has_bias=False, qkv_linear=True)).keys  # fmt: skip
+    assert keys["model.layers.0.self_attn.qkv_proj.weight_q"] == "model.layers.0.self_attn.q_proj.weight"
+    assert keys["model.layers.3.self_attn.qkv_proj.weight_v"] == "model.layers.3.self_attn.v_proj.weight"

@@ -26,13 +26,19 @@ STEPS, GLOBAL_BATCH, MICRO_BATCH, SEQ, VOCAB = 5, 8, 2, 16, 120
 HANG_SECONDS = 300
 
 
-def model_spec(family: str, kv_heads: int = 2) -> GPTConfig | LlamaConfig:
-    """A two-layer Llama shape of either family (no dropout, so every layout computes the same)."""
+def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None) -> GPTConfig | LlamaConfig:
+    """A two-layer Llama shape of either family, or the Megatron-style GPT shape (no dropout, so every
+    layout computes the same);
+    `qkv` "fused" or "separate" builds the Megatron-style model with one QKV module (qkv_linear)."""
     if family == "megatron":
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=kv_heads,
                          seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0, attention_dropout=0.0,
                          normalization="rmsnorm", activation="swiglu", position_embedding_type="rope", has_bias=False,
-                         make_vocab_size_divisible_by=8)  # fmt: skip
+                         make_vocab_size_divisible_by=8, qkv_linear=qkv is not None,
+                         fuse_qkv=qkv == "fused")  # fmt: skip
+    if family == "gpt":  # GPT-2 / NeoX shape: layernorm, gelu, biases, learned positions, tied output
+        return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+                         hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8)  # fmt: skip
     return LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=kv_heads, max_position_embeddings=SEQ, tie_word_embeddings=False)  # fmt: skip
 
@@ -45,6 +51,7 @@ class Scenario:
     kv_heads: int = 2
     layout: Layout = field(default_factory=Layout)
     clip: float = 0.0
+    qkv: str | None = None
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -61,7 +68,7 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     """Run one scenario in this process (one of `world`); every rank returns the same record."""
     dims = ParallelDims(world, tp=scenario.tp)
     mesh = dims.build_mesh("cpu")
-    model = build_parallel_model(model_spec(scenario.family, scenario.kv_heads), AttentionKernel.FLASH,
+    model = build_parallel_model(model_spec(scenario.family, scenario.kv_heads, scenario.qkv), AttentionKernel.FLASH,
                                  scenario.layout, mesh, torch.device("cpu"), seed=11)  # fmt: skip
     record = {"init": {name: _full(p) for name, p in model.named_parameters()}, "loss": [], "norm": [], "grads": []}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)

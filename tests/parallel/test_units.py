@@ -59,7 +59,7 @@ def test_a_plan_naming_a_missing_module_or_an_unknown_style_is_reported():
     model = build_causal_lm(model_spec("megatron"))
     problems = check_plan(model, {"model.layers.*.self_attn.qkv": "colwise", "lm_head": "diagonal"})
     assert problems == [
-        "TP plan 'lm_head': style 'diagonal' is not one of colwise, colwise_kv, rowwise, vocab, colwise_output, "
+        "TP plan 'lm_head': style 'diagonal' is not one of colwise, colwise_kv, qkv, rowwise, vocab, colwise_output, "
         "sequence, replicated_with_grad_allreduce",
         "TP plan 'model.layers.*.self_attn.qkv': names no module of GPTForCausalLM",
     ]

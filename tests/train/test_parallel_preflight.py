@@ -65,3 +65,10 @@ def test_a_recompute_list_naming_no_module_is_refused():
         "model.activations_checkpoint_recompute: FlashAttn names no module of GPTForCausalLM; expected class names "
         "such as CoreAttention"
     ]
+
+
+def test_a_gelu_model_with_biases_is_accepted_for_tensor_parallelism():
+    cfg = load_config(default_config_path(), ["model.activation=gelu", "model.normalization=layernorm",
+                                              "model.has_bias=True", "trainer.devices=2",
+                                              "distributed_strategy.tensor_model_parallel_size=2"])  # fmt: skip
+    assert plan_run(cfg, default_cache_dir()).model.activation == "gelu"

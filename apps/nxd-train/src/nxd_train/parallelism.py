@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 from nxd_config import NxdConfig
 from nxd_models import (
-    GPT_TP_PLAN,
     AttentionKernel,
     GPTConfig,
     build_causal_lm,
     build_on_meta,
+    gpt_tp_plan,
     hf_tp_plan,
     recompute_core_attention,
 )
@@ -68,7 +68,7 @@ class Layout:
 
 def tp_plan(spec: GPTConfig | PretrainedConfig) -> dict[str, str]:
     """The model family's declared TP plan."""
-    return dict(GPT_TP_PLAN) if isinstance(spec, GPTConfig) else hf_tp_plan(spec)
+    return gpt_tp_plan(spec) if isinstance(spec, GPTConfig) else hf_tp_plan(spec)
 
 
 def head_dim(spec: GPTConfig | PretrainedConfig) -> int:

@@ -51,9 +51,9 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
         )
         if value != 1
     ]
-    if model.qkv_linear:
-        found.append("model.qkv_linear: the fused GQA QKV module is not in this release; expected False "
-                     "(the separate q/k/v projections shard the same way)")
+    if model.qkv_linear and cfg.model_source == "hf":
+        found.append("model.qkv_linear: applies to megatron models (a Hugging Face model keeps transformers' "
+                     "q/k/v projections); expected False")
     if cfg.precision.type not in FABRIC_PRECISION:
         found.append(f"precision.type: {cfg.precision.type} is not in this release (nxd-precision adds it); "
                      f"expected one of {', '.join(FABRIC_PRECISION)}")
@@ -96,7 +96,8 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConf
         tensor_parallel_size=cfg.distributed_strategy.tensor_model_parallel_size,
         share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
         position_embedding_type=m.position_embedding_type, rotary_percentage=m.rotary_percentage,
-        rope_theta=m.rope_theta or 10000.0, activation=m.activation, has_bias=m.has_bias,
+        rope_theta=m.rope_theta or 10000.0, activation=m.activation, has_bias=m.has_bias, qkv_linear=m.qkv_linear,
+        fuse_qkv=m.fuse_qkv,
     )  # fmt: skip
 
 

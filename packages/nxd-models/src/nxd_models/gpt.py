@@ -16,6 +16,7 @@ from torch import nn
 
 from .attention import AttentionKernel, CoreAttention, apply_rotary, rotary_cos_sin
 from .errors import ModelConfigError
+from .qkv import QKVLinear
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class GPTConfig:
     rope_theta: float = 10000.0
     activation: str = "gelu"
     has_bias: bool = True
+    qkv_linear: bool = False
+    fuse_qkv: bool = True
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -123,9 +126,13 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.config = config
         heads, kv_heads, head_dim, bias = config.num_attention_heads, config.kv_heads, config.head_dim, config.has_bias
-        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
+        if config.qkv_linear:
+            self.qkv_proj = QKVLinear(config.hidden_size, heads * head_dim, kv_heads * head_dim, bias=bias,
+                                      fuse=config.fuse_qkv)  # fmt: skip
+        else:
+            self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=bias)
+            self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
+            self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
         self.core_attention = CoreAttention(
             layer_number, kernel, config.attention_dropout, config.apply_query_key_layer_scaling
@@ -135,9 +142,11 @@ class SelfAttention(nn.Module):
         batch, seq, _ = hidden.shape
         head_dim = self.config.head_dim
         # -1 heads: under tensor parallelism a rank holds a slice of the heads.
-        query = self.q_proj(hidden).view(batch, seq, -1, head_dim).transpose(1, 2)
-        key = self.k_proj(hidden).view(batch, seq, -1, head_dim).transpose(1, 2)
-        value = self.v_proj(hidden).view(batch, seq, -1, head_dim).transpose(1, 2)
+        if self.config.qkv_linear:
+            projections = self.qkv_proj(hidden)
+        else:
+            projections = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
+        query, key, value = (p.view(batch, seq, -1, head_dim).transpose(1, 2) for p in projections)
         if rotary is not None:
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
         context = self.core_attention(query, key, value)
@@ -236,15 +245,19 @@ class GPTForCausalLM(nn.Module):
                     nn.init.normal_(module.weight, 0.0, std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+            elif isinstance(module, QKVLinear):  # the same draws, in the same order, as q/k/v Linear layers
+                for name in ("q", "k", "v"):
+                    nn.init.normal_(getattr(module, f"weight_{name}"), 0.0, std)
+                    if getattr(module, f"bias_{name}") is not None:
+                        nn.init.zeros_(getattr(module, f"bias_{name}"))
             elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
                 nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
 
-    @staticmethod
-    def tp_plan() -> dict[str, str]:
+    def tp_plan(self) -> dict[str, str]:
         """How each module shards under tensor parallelism (applied by nxd-parallel)."""
-        return dict(GPT_TP_PLAN)
+        return gpt_tp_plan(self.config)
 
 
 EMBEDDING_NORMS_OUTPUT_PLAN: dict[str, str] = {
@@ -269,4 +282,17 @@ GPT_TP_PLAN: dict[str, str] = {
     "model.layers.*.mlp.down_proj": "rowwise",
 }
 """Module-name pattern -> sharding style (colwise / rowwise linear, colwise_kv for the key and value
-projections that kv_replicator may replicate, plus the shared entries above)."""
+projections that kv_replicator may replicate, plus the shared entries above) of a swiglu model with
+separate q/k/v projections; `gpt_tp_plan(config)` gives any model's."""
+
+
+def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
+    """The plan of a model built from `config`: only swiglu has a gate projection, and with qkv_linear
+    the fused module replaces the q/k/v entries."""
+    dropped = ("q_proj", "k_proj", "v_proj") if config.qkv_linear else ()
+    if config.activation != "swiglu":
+        dropped += ("gate_proj",)
+    plan = {pattern: style for pattern, style in GPT_TP_PLAN.items() if not pattern.endswith(dropped)}
+    if config.qkv_linear:
+        plan["model.layers.*.self_attn.qkv_proj"] = "qkv"
+    return plan

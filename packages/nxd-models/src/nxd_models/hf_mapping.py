@@ -74,4 +74,13 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
     if not config.share_embeddings_and_output_weights:
         names.append("lm_head.weight")
         vocab_keys.append("lm_head.weight")
-    return HFMapping("LlamaForCausalLM", hf_config, {name: name for name in names}, tuple(vocab_keys))
+    return HFMapping("LlamaForCausalLM", hf_config, {_ours(name, config): name for name in names}, tuple(vocab_keys))
+
+
+def _ours(hf_name: str, config: GPTConfig) -> str:
+    """Our key for a Llama key: identical, except the fused module's q/k/v parameters under qkv_linear."""
+    for projection in ("q", "k", "v"):
+        for kind in ("weight", "bias"):
+            if config.qkv_linear and hf_name.endswith(f"self_attn.{projection}_proj.{kind}"):
+                return hf_name.replace(f"{projection}_proj.{kind}", f"qkv_proj.{kind}_{projection}")
+    return hf_name

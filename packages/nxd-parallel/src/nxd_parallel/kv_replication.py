@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial
+from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from .errors import ParallelConfigError
@@ -46,14 +46,30 @@ def replicated_heads(num_heads: int, kv_replicator: int, tp: int, rank: int) -> 
     return [(rank * per_rank + index) // kv_replicator for index in range(per_rank)]
 
 
+def whole_input(hidden: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """A projection's input as a whole local tensor whose gradient is summed over the tp ranks: sequence
+    shards (a DTensor) are gathered and their gradient reduce-scattered; a replicated input's gradient
+    is all-reduced, since each rank's heads give only part of it."""
+    if isinstance(hidden, DTensor):
+        return hidden.full_tensor(grad_placements=[Partial()])
+    return SumGradOverGroup.apply(hidden, group)
+
+
+def select_heads(tensor: torch.Tensor, heads: list[int], head_dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """The rows of the listed `head_dim`-sized heads of a replicated weight or bias; the gradients of
+    all copies of a head are summed over `group`, so the replicated tensor stays identical."""
+    index = torch.tensor(heads, device=tensor.device)
+    rows = SumGradOverGroup.apply(tensor, group).view(-1, head_dim, *tensor.shape[1:])
+    return rows.index_select(0, index).flatten(0, 1)
+
+
 class ReplicatedKVParallel(ParallelStyle):
     """A Linear of `head_dim`-sized output heads, replicated `kv_replicator` times across the tp ranks."""
 
-    def __init__(self, kv_replicator: int, head_dim: int, *, sequence_parallel: bool):
+    def __init__(self, kv_replicator: int, head_dim: int):
         super().__init__()
         self.kv_replicator = kv_replicator
         self.head_dim = head_dim
-        self.sequence_parallel = sequence_parallel
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, nn.Linear) or module.out_features % self.head_dim:
@@ -64,17 +80,44 @@ class ReplicatedKVParallel(ParallelStyle):
         group, head_dim = device_mesh.get_group(), self.head_dim
 
         def forward(hidden: torch.Tensor) -> torch.Tensor:
-            if isinstance(hidden, DTensor):  # sequence shards: gather; the input gradient is reduce-scattered
-                hidden = hidden.full_tensor(grad_placements=[Partial()])
-            else:  # replicated input: this rank's heads give part of its gradient
-                hidden = SumGradOverGroup.apply(hidden, group)
-            index = torch.tensor(heads, device=hidden.device)
-            weight = SumGradOverGroup.apply(module.weight, group)
-            weight = weight.view(-1, head_dim, weight.shape[-1]).index_select(0, index).flatten(0, 1)
-            bias = None
-            if module.bias is not None:
-                bias = SumGradOverGroup.apply(module.bias, group).view(-1, head_dim).index_select(0, index).flatten()
-            return F.linear(hidden, weight, bias)
+            bias = None if module.bias is None else select_heads(module.bias, heads, head_dim, group)
+            return F.linear(whole_input(hidden, group), select_heads(module.weight, heads, head_dim, group), bias)
+
+        module.forward = forward
+        return module
+
+
+class QKVParallel(ParallelStyle):
+    """A fused query/key/value module (`weight_q/k/v`, `bias_q/k/v` and `project(hidden, weights,
+    biases)`, as nxd-models' QKVLinear): every projection split by heads over the tp ranks, or with
+    `kv_replicator` > 1 the keys and values as replicated heads."""
+
+    def __init__(self, kv_replicator: int, head_dim: int | None):
+        super().__init__()
+        self.kv_replicator = kv_replicator
+        self.head_dim = head_dim
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        group, head_dim, replicate_kv = device_mesh.get_group(), self.head_dim, self.kv_replicator > 1
+        for name in ("q",) if replicate_kv else ("q", "k", "v"):
+            for kind in ("weight", "bias"):
+                if (parameter := getattr(module, f"{kind}_{name}")) is not None:
+                    shards = distribute_tensor(parameter.data, device_mesh, [Shard(0)], src_data_rank=None)
+                    module.register_parameter(f"{kind}_{name}", nn.Parameter(shards))
+        heads = []
+        if replicate_kv:
+            heads = replicated_heads(module.weight_k.shape[0] // head_dim, self.kv_replicator, device_mesh.size(),
+                                     device_mesh.get_local_rank())  # fmt: skip
+
+        def part(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            if tensor is None or isinstance(tensor, DTensor):
+                return None if tensor is None else tensor.to_local()
+            return select_heads(tensor, heads, head_dim, group)
+
+        def forward(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            weights = tuple(part(getattr(module, f"weight_{name}")) for name in "qkv")
+            biases = tuple(part(getattr(module, f"bias_{name}")) for name in "qkv")
+            return module.project(whole_input(hidden, group), weights, biases)
 
         module.forward = forward
         return module

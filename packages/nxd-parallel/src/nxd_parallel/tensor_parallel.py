@@ -5,6 +5,7 @@ Styles a plan may name:
 - `colwise` / `rowwise`: Megatron's column- and row-parallel linear layers.
 - `colwise_kv`: a key or value projection; column-parallel, or with `kv_replicator` > 1 replicated
   heads (see `kv_replication.py`).
+- `qkv`: a fused query/key/value module (NxD's GQAQKVLinear), split by heads the same way.
 - `vocab`: vocab-parallel embedding; its output is whole and replicated.
 - `colwise_output`: the output layer; logits stay sharded over the vocabulary for `vocab_parallel_token_losses`.
 - `sequence`: a norm that runs on sequence shards when sequence parallelism is on (replicated otherwise).
@@ -35,10 +36,12 @@ from torch.distributed.tensor.parallel import (
 )
 
 from .errors import ParallelConfigError
-from .kv_replication import ReplicatedKVParallel
+from .kv_replication import QKVParallel, ReplicatedKVParallel
 from .ties import retie, tied_parameters
 
-STYLES = ("colwise", "colwise_kv", "rowwise", "vocab", "colwise_output", "sequence", "replicated_with_grad_allreduce")
+STYLES = (
+    "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "sequence", "replicated_with_grad_allreduce"
+)  # fmt: skip
 
 
 class _GradInDtype(torch.autograd.Function):
@@ -46,7 +49,6 @@ class _GradInDtype(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        ctx.original = tensor.dtype
         ctx.dtype = dtype
         return tensor.view_as(tensor)
 
@@ -101,7 +103,9 @@ def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | No
            head_dim: int | None) -> ParallelStyle | None:  # fmt: skip
     activations = Shard(1) if sequence_parallel else Replicate()
     if name == "colwise_kv" and kv_replicator > 1:
-        return ReplicatedKVParallel(kv_replicator, head_dim, sequence_parallel=sequence_parallel)
+        return ReplicatedKVParallel(kv_replicator, head_dim)
+    if name == "qkv":
+        return QKVParallel(kv_replicator, head_dim)
     if name in ("colwise", "colwise_kv"):
         return _ColwiseReducing(input_layouts=activations, reduce_dtype=reduce_dtype)
     if name == "colwise_output":
