@@ -71,7 +71,7 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     model = build_parallel_model(model_spec(scenario.family, scenario.kv_heads, scenario.qkv), AttentionKernel.FLASH,
                                  scenario.layout, mesh, torch.device("cpu"), seed=11)  # fmt: skip
     record = {"init": {name: _full(p) for name, p in model.named_parameters()}, "loss": [], "norm": [], "grads": []}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, foreach=False)
     data_mesh, dp, rank = mesh.get("dp"), dims.dp, mesh.data_parallel_rank
     per_rank = GLOBAL_BATCH // dp
     for batch in _batches():
