@@ -1,9 +1,10 @@
-"""The pretraining loop on Lightning Fabric: launch, build, then step, log and validate.
+"""The pretraining loop: Lightning Fabric launches the processes (its ddp strategy only sets up the
+process group; nxd-parallel shards the model), then build, step, log and validate.
 
 Loss normalisation: every micro-batch contributes the *sum* of its token losses, divided by the
 number of non-ignored tokens in the whole global batch (all micro-batches of all data-parallel
-ranks). DDP averages gradients over the dp ranks, so each rank scales its part by dp. The result is
-the gradient of one big batch, whatever the split into processes and micro-batches.
+ranks). FSDP2 averages gradients over the dp ranks, so each rank scales its part by dp. The result
+is the gradient of one big batch, whatever the layout and the split into micro-batches.
 """
 
 from __future__ import annotations
