@@ -20,13 +20,13 @@ from nxd_models import AttentionKernel, GPTConfig, causal_lm_logits
 from nxd_parallel import ParallelDims, clip_gradients, loss_parallel, set_gradient_sync, token_cross_entropy
 from nxd_train.parallelism import Layout, build_parallel_model
 from torch.distributed.tensor import DTensor
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Qwen3Config
 
 STEPS, GLOBAL_BATCH, MICRO_BATCH, SEQ, VOCAB = 5, 8, 2, 16, 120
 HANG_SECONDS = 300
 
 
-def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None) -> GPTConfig | LlamaConfig:
+def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None) -> GPTConfig | LlamaConfig | Qwen3Config:
     """A two-layer Llama shape of either family, or the Megatron-style GPT shape (no dropout, so every
     layout computes the same);
     `qkv` "fused" or "separate" builds the Megatron-style model with one QKV module (qkv_linear)."""
@@ -39,6 +39,10 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None) -> GPTCon
     if family == "gpt":  # GPT-2 / NeoX shape: layernorm, gelu, biases, learned positions, tied output
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8)  # fmt: skip
+    if family == "qwen3":  # per-head q/k norms: transformers' replicated_with_grad_allreduce style
+        return Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8, max_position_embeddings=SEQ,
+                           tie_word_embeddings=False)  # fmt: skip
     return LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=kv_heads, max_position_embeddings=SEQ, tie_word_embeddings=False)  # fmt: skip
 

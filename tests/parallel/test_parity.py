@@ -35,6 +35,7 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("megatron-tp2-sp-fused-qkv-kv-replicator", tp=2, kv_heads=1, qkv="fused",
                  layout=Layout(kv_replicator=2, sequence_parallel=True)),  # fmt: skip
         Scenario("gpt-tp2", "gpt", tp=2),
+        Scenario("qwen3-tp2-sp", "qwen3", tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("gpt-tp2-sp", "gpt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("megatron-tp2-sp-bf16-reductions", tp=2, layout=Layout(sequence_parallel=True,
                                                                         reduce_dtype=torch.bfloat16)),  # fmt: skip
