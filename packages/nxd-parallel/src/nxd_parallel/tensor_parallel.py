@@ -13,8 +13,9 @@ Styles a plan may name:
   weights replicated, gradients summed over the tp ranks.
 
 With sequence parallelism the residual stream between the layers is split along the sequence: the
-first decoder layer (`first_layer`) scatters its input, row-parallel outputs reduce-scatter, and
-column-parallel inputs all-gather. `reduce_dtype` is the dtype of those forward and backward reductions.
+first decoder layer (`first_layer`) scatters its input, row-parallel outputs reduce-scatter, and the
+block holding column-parallel projections (attention, MLP) all-gathers its input once for all of them.
+`reduce_dtype` is the dtype of those forward and backward reductions.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from torch.distributed.tensor.parallel import (
 from .errors import ParallelConfigError
 from .kv_replication import QKVParallel, ReplicatedKVParallel
 from .ties import retie, tied_parameters
+
+_GATHERED_ONCE = ("colwise", "colwise_kv", "qkv")
+"""Styles whose parent block's input is gathered once under sequence parallelism."""
 
 STYLES = (
     "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "sequence", "replicated_with_grad_allreduce"
@@ -95,6 +99,25 @@ def _scatter_sequence(mesh: DeviceMesh):  # noqa: ANN202
     def hook(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         whole = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
         return (whole.redistribute(mesh, [Shard(1)]).to_local(), *args[1:]), kwargs
+
+    return hook
+
+
+def _gather_sequence_once(mesh: DeviceMesh):  # noqa: ANN202
+    """Forward pre-hook on a block whose input feeds only column-parallel projections (attention,
+    MLP): gather the sequence shards once for all of them (and reduce-scatter their gradients once)."""
+
+    def gather(hidden: object) -> object:
+        if isinstance(hidden, DTensor) and hidden.placements[0].is_shard():
+            return hidden.redistribute(mesh, [Replicate()])
+        return hidden
+
+    def hook(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (gather(args[0]), *args[1:]), kwargs
+        if "hidden_states" in kwargs:  # transformers calls its blocks with keywords
+            kwargs = {**kwargs, "hidden_states": gather(kwargs["hidden_states"])}
+        return args, kwargs
 
     return hook
 
@@ -168,5 +191,9 @@ def apply_tensor_parallel(
     retie(model, tied)
     if sequence_parallel:
         model.get_submodule(first_layer).register_forward_pre_hook(_scatter_sequence(mesh), with_kwargs=True)
+        names = [name for name, _ in model.named_modules()]
+        blocks = {pattern.rpartition(".")[0] for pattern, style in plan.items() if style in _GATHERED_ONCE}
+        for block in {name for pattern in blocks for name in fnmatch.filter(names, pattern)}:
+            model.get_submodule(block).register_forward_pre_hook(_gather_sequence_once(mesh), with_kwargs=True)
     return model
 
