@@ -52,8 +52,9 @@ def main() -> None:
     args = parser.parse_args()
     results = {}
     for name in args.layouts.split(","):
-        processes = 2 if "2" in name else 1
-        times = step_times(args.config, LAYOUTS[name], args.steps, processes)
+        overrides = LAYOUTS[name]
+        processes = int(next(o for o in overrides if o.startswith("trainer.devices=")).split("=")[1])
+        times = step_times(args.config, overrides, args.steps, processes)
         results[name] = statistics.median(times[2:])  # the first steps pay for warm-up
     base = results.get("TP1")
     print(f"{args.config.name}, {args.steps} steps, median step time after 2 warm-up steps")

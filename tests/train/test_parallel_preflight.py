@@ -72,3 +72,12 @@ def test_a_gelu_model_with_biases_is_accepted_for_tensor_parallelism():
                                               "model.has_bias=True", "trainer.devices=2",
                                               "distributed_strategy.tensor_model_parallel_size=2"])  # fmt: skip
     assert plan_run(cfg, default_cache_dir()).model.activation == "gelu"
+
+
+def test_tensor_parallel_keys_without_tensor_parallelism_are_noticed():
+    from nxd_config import ConfigNotice
+
+    cfg = load_config(default_config_path(), ["distributed_strategy.sequence_parallel=True"])
+    with pytest.warns(ConfigNotice, match="distributed_strategy.sequence_parallel: True acts across tensor-parallel "
+                                          "ranks; with tensor_model_parallel_size 1 it changes nothing"):  # fmt: skip
+        plan_run(cfg, default_cache_dir())

@@ -33,7 +33,7 @@ from .data import IGNORE_INDEX, TokenWindows, collate
 from .logdir import next_log_dir
 from .monitor import Monitor
 from .optimizers import build_optimizer
-from .parallelism import Layout, build_parallel_model
+from .parallelism import build_parallel_model
 from .preflight import RunPlan
 from .sampling import BatchPlan, MicroBatchSampler
 from .schedules import build_scheduler
@@ -123,7 +123,7 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
                       local_rank_0_only=cfg.exp_manager.log_local_rank_0_only,
                       tensorboard=cfg.exp_manager.create_tensorboard_logger)  # fmt: skip
 
-    model = build_parallel_model(plan.model, plan.attention, Layout.from_config(cfg), mesh, fabric.device,
+    model = build_parallel_model(plan.model, plan.attention, plan.layout, mesh, fabric.device,
                                  seed=cfg.seed, use_cpu_initialization=cfg.model.use_cpu_initialization)  # fmt: skip
     flops_per_token = training_flops_per_token(model, plan.seq_length)
     parameters = sum(p.numel() for p in model.parameters())

@@ -154,7 +154,8 @@ def plan_problems(
     """What would stop the model from being sharded over `tp` ranks or recomputed as `layout` says,
     checked on a meta-device build before any process starts."""
     source = "model" if isinstance(spec, GPTConfig) else "model.model_config"
-    (heads, kv_name), shape = list(_shape(spec))[:2], _shape(spec)
+    shape = _shape(spec)
+    heads, kv_name = list(shape)[:2]  # the query-head and KV-head entries come first
     problems = []
     if tp > 1:
         kv_copies = shape[kv_name] * layout.kv_replicator

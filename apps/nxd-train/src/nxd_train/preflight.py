@@ -38,6 +38,8 @@ class RunPlan:
     seq_length: int
     precision: str
     """Fabric's precision plugin name."""
+    layout: Layout = Layout()
+    """How the model is split and recomputed."""
 
 
 def _not_in_this_release(cfg: NxdConfig) -> list[str]:
@@ -51,9 +53,6 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
         )
         if value != 1
     ]
-    if model.qkv_linear and cfg.model_source == "hf":
-        found.append("model.qkv_linear: applies to megatron models (a Hugging Face model keeps transformers' "
-                     "q/k/v projections); expected False")
     if cfg.precision.type not in FABRIC_PRECISION:
         found.append(f"precision.type: {cfg.precision.type} is not in this release (nxd-precision adds it); "
                      f"expected one of {', '.join(FABRIC_PRECISION)}")
@@ -106,6 +105,9 @@ def _hf_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> PretrainedCon
     overrides = HFOverrides(m.num_layers, m.hidden_size, m.max_position_embeddings, m.rope_theta)
     config = load_hf_config(m.hf_model_config, overrides)
     problems = []
+    if m.qkv_linear:
+        problems.append("model.qkv_linear: applies to megatron models (a Hugging Face model keeps transformers' "
+                        "q/k/v projections); expected False")
     if config.vocab_size < vocab_size:
         problems.append(f"{m.hf_model_config}: vocab_size: expected at least the tokenizer's {vocab_size} tokens, "
                         f"found {config.vocab_size}")
@@ -129,6 +131,13 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     if cfg.exp_manager.create_checkpoint_callback:
         warnings.warn("exp_manager.create_checkpoint_callback: checkpoints are not in this release (nxd-ckpt adds "
                       "them); this run writes none", ConfigNotice, stacklevel=2)
+    ds = cfg.distributed_strategy
+    if ds.tensor_model_parallel_size == 1:
+        for key, value, default in (("sequence_parallel", ds.sequence_parallel, False),
+                                    ("kv_replicator", ds.kv_replicator, 1)):  # fmt: skip
+            if value != default:
+                warnings.warn(f"distributed_strategy.{key}: {value} acts across tensor-parallel ranks; with "
+                              "tensor_model_parallel_size 1 it changes nothing", ConfigNotice, stacklevel=2)
     seq_length = cfg.seq_length
     try:
         data = build_datasets(cfg.data, seq_length, cache_dir)
@@ -147,6 +156,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     fusions = cfg.model.fusions
     attention = AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax)
     tp = cfg.distributed_strategy.tensor_model_parallel_size
-    if problems := plan_problems(model, attention, Layout.from_config(cfg), tp):
+    layout = Layout.from_config(cfg)
+    if problems := plan_problems(model, attention, layout, tp):
         raise PreflightError(problems)
-    return RunPlan(model, attention, data, seq_length, FABRIC_PRECISION[cfg.precision.type])
+    return RunPlan(model, attention, data, seq_length, FABRIC_PRECISION[cfg.precision.type], layout)

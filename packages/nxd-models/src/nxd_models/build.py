@@ -49,8 +49,8 @@ def build_causal_lm(
 
 
 @contextlib.contextmanager
-def _kernel_for(model: nn.Module) -> Iterator[None]:
-    attention = getattr(model, "nxd_attention", None)
+def sdpa_kernel_of(attention: AttentionKernel | None) -> Iterator[None]:
+    """The SDPA backends an HF model's `nxd_attention` asks for (no restriction for None or UNFUSED)."""
     if attention is None or attention is AttentionKernel.UNFUSED:
         yield
         return
@@ -62,6 +62,6 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
     """Logits (batch, seq, vocab) of either family; a DDP/FSDP wrapper around the model is fine."""
     inner = getattr(model, "module", model)
     if isinstance(inner, PreTrainedModel):
-        with _kernel_for(inner):
+        with sdpa_kernel_of(getattr(inner, "nxd_attention", None)):
             return model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
     return model(input_ids, position_ids)

@@ -19,7 +19,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .build import _kernel_for
+from .build import sdpa_kernel_of
 
 
 def _attention_function(model: PreTrainedModel, implementation: str) -> Callable[..., Any]:
@@ -29,20 +29,23 @@ def _attention_function(model: PreTrainedModel, implementation: str) -> Callable
 
 
 def recompute_core_attention(model: PreTrainedModel) -> None:
-    """Make every attention layer of `model` recompute its attention core in backward."""
+    """Make every attention layer of `model` recompute its attention core in backward. One variant is
+    registered per model family, attention function and kernel, and shared by the models using it."""
     implementation = model.config._attn_implementation
     if implementation.startswith("nxd_recompute_"):
         return
-    inner = _attention_function(model, implementation)
+    attention = getattr(model, "nxd_attention", None)
+    name = f"nxd_recompute_{model.config.model_type}_{implementation}_{attention}"
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        inner = _attention_function(model, implementation)
 
-    def recomputed(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        def core(*inputs: Any) -> Any:
-            with _kernel_for(model):  # the same kernel in forward and in the recomputation
-                return inner(module, *inputs, **kwargs)
+        def recomputed(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            def core(*inputs: Any) -> Any:
+                with sdpa_kernel_of(attention):  # the same kernel in forward and in the recomputation
+                    return inner(module, *inputs, **kwargs)
 
-        return checkpoint(core, *args, use_reentrant=False)
+            return checkpoint(core, *args, use_reentrant=False)
 
-    name = f"nxd_recompute_{implementation}_{id(model)}"
-    AttentionInterface.register(name, recomputed)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
+        AttentionInterface.register(name, recomputed)
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
     model.config._attn_implementation = name

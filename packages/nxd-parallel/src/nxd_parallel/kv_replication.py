@@ -55,12 +55,20 @@ def whole_input(hidden: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return SumGradOverGroup.apply(hidden, group)
 
 
-def select_heads(tensor: torch.Tensor, heads: list[int], head_dim: int, group: dist.ProcessGroup) -> torch.Tensor:
-    """The rows of the listed `head_dim`-sized heads of a replicated weight or bias; the gradients of
-    all copies of a head are summed over `group`, so the replicated tensor stays identical."""
-    index = torch.tensor(heads, device=tensor.device)
-    rows = SumGradOverGroup.apply(tensor, group).view(-1, head_dim, *tensor.shape[1:])
-    return rows.index_select(0, index).flatten(0, 1)
+class HeadRows:
+    """The rows of the listed `head_dim`-sized heads of a replicated weight or bias, as one rank
+    computes them; the gradients of all copies of a head are summed over `group`, so the replicated
+    tensor stays identical. The index tensor is made once per device, not on every forward."""
+
+    def __init__(self, heads: list[int], head_dim: int, group: dist.ProcessGroup):
+        self.heads, self.head_dim, self.group = heads, head_dim, group
+        self._index: dict[torch.device, torch.Tensor] = {}
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        if (index := self._index.get(tensor.device)) is None:
+            index = self._index[tensor.device] = torch.tensor(self.heads, device=tensor.device)
+        rows = SumGradOverGroup.apply(tensor, self.group).view(-1, self.head_dim, *tensor.shape[1:])
+        return rows.index_select(0, index).flatten(0, 1)
 
 
 class ReplicatedKVParallel(ParallelStyle):
@@ -77,11 +85,12 @@ class ReplicatedKVParallel(ParallelStyle):
                                       f"found {module}")  # fmt: skip
         heads = replicated_heads(module.out_features // self.head_dim, self.kv_replicator, device_mesh.size(),
                                  device_mesh.get_local_rank())  # fmt: skip
-        group, head_dim = device_mesh.get_group(), self.head_dim
+        group = device_mesh.get_group()
+        rows = HeadRows(heads, self.head_dim, group)
 
         def forward(hidden: torch.Tensor) -> torch.Tensor:
-            bias = None if module.bias is None else select_heads(module.bias, heads, head_dim, group)
-            return F.linear(whole_input(hidden, group), select_heads(module.weight, heads, head_dim, group), bias)
+            bias = None if module.bias is None else rows(module.bias)
+            return F.linear(whole_input(hidden, group), rows(module.weight), bias)
 
         module.forward = forward
         return module
@@ -98,21 +107,23 @@ class QKVParallel(ParallelStyle):
         self.head_dim = head_dim
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        group, head_dim, replicate_kv = device_mesh.get_group(), self.head_dim, self.kv_replicator > 1
+        group, replicate_kv = device_mesh.get_group(), self.kv_replicator > 1
         for name in ("q",) if replicate_kv else ("q", "k", "v"):
             for kind in ("weight", "bias"):
                 if (parameter := getattr(module, f"{kind}_{name}")) is not None:
                     shards = distribute_tensor(parameter.data, device_mesh, [Shard(0)], src_data_rank=None)
                     module.register_parameter(f"{kind}_{name}", nn.Parameter(shards))
-        heads = []
+        rows = None
         if replicate_kv:
-            heads = replicated_heads(module.weight_k.shape[0] // head_dim, self.kv_replicator, device_mesh.size(),
-                                     device_mesh.get_local_rank())  # fmt: skip
+            heads = replicated_heads(module.weight_k.shape[0] // self.head_dim, self.kv_replicator,
+                                     device_mesh.size(), device_mesh.get_local_rank())  # fmt: skip
+            rows = HeadRows(heads, self.head_dim, group)
 
         def part(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            if tensor is None or isinstance(tensor, DTensor):
-                return None if tensor is None else tensor.to_local()
-            return select_heads(tensor, heads, head_dim, group)
+            """This rank's slice: a head shard's local tensor, or the heads it needs of a replicated one."""
+            if tensor is None:
+                return None
+            return tensor.to_local() if isinstance(tensor, DTensor) else rows(tensor)
 
         def forward(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             weights = tuple(part(getattr(module, f"weight_{name}")) for name in "qkv")

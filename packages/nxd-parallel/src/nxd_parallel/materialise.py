@@ -49,9 +49,10 @@ def materialise(
     retie(model, tied)  # to_empty allocates tied parameters apart
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    waves = -(-world // max(1, ranks_at_once))
+    ranks_at_once = max(1, ranks_at_once)
+    waves = -(-world // ranks_at_once)
     for wave in range(waves):
-        if rank // max(1, ranks_at_once) == wave:
+        if rank // ranks_at_once == wave:
             whole = build_whole()
             load_whole_weights(model, whole)
             del whole

@@ -17,7 +17,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
 
-def _local_and_shard_dims(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+def _local_part_and_groups(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    """This rank's elements, and the process groups over which the other parts lie."""
     if not isinstance(tensor, DTensor):
         return tensor, ()
     if any(placement.is_partial() for placement in tensor.placements):  # a pending sum: finish it first
@@ -32,7 +33,7 @@ def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     by_groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     device = None
     for tensor in tensors:
-        local, groups = _local_and_shard_dims(tensor)
+        local, groups = _local_part_and_groups(tensor)
         by_groups[groups].append(local)
         device = local.device
     if device is None:

@@ -86,10 +86,9 @@ class _RowwiseReducing(RowwiseParallel):
 
     def _prepare_output_fn(self, output_layouts, use_local_output, mod, outputs, device_mesh):  # noqa: ANN001, ANN202
         dtype = outputs.dtype
-        if self.reduce_dtype is not None and self.reduce_dtype != dtype:
-            outputs = outputs.to(self.reduce_dtype).redistribute(placements=output_layouts).to(dtype)
-        elif outputs.placements != output_layouts:
-            outputs = outputs.redistribute(placements=output_layouts, async_op=True)
+        if self.reduce_dtype is None or self.reduce_dtype == dtype:
+            return RowwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh)
+        outputs = outputs.to(self.reduce_dtype).redistribute(placements=output_layouts).to(dtype)
         return outputs.to_local() if use_local_output else outputs
 
 
