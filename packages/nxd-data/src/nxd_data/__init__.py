@@ -1,3 +1,41 @@
-"""nxd_data."""
+"""nxd_data: Megatron indexed datasets, GPT pretraining samples, blending, Hugging Face data and
+exact-resume sampling."""
+
+from .blending import BlendedDataset, blend_indices
+from .errors import DataError
+from .gpt_dataset import GPTDataset, split_documents
+from .hf_data import hf_pretraining_dataset, load_records
+from .indexed import IndexedDataset, IndexedDatasetWriter, token_dtype
+from .indices import build_indices
+from .megatron import MegatronDataBuilder
+from .preprocess import PreprocessSummary, preprocess_jsonl
+from .sampler import PADDING, PretrainingSampler, WithPadding
+from .samples import IGNORE_INDEX, SampleFormat, collate
+from .tokenizer import TextTokenizer, load_tokenizer
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "IGNORE_INDEX",
+    "PADDING",
+    "BlendedDataset",
+    "DataError",
+    "GPTDataset",
+    "IndexedDataset",
+    "IndexedDatasetWriter",
+    "MegatronDataBuilder",
+    "PreprocessSummary",
+    "PretrainingSampler",
+    "SampleFormat",
+    "TextTokenizer",
+    "WithPadding",
+    "blend_indices",
+    "build_indices",
+    "collate",
+    "hf_pretraining_dataset",
+    "load_records",
+    "load_tokenizer",
+    "preprocess_jsonl",
+    "split_documents",
+    "token_dtype",
+]

@@ -1,0 +1,53 @@
+"""Blending several datasets by weight, with Megatron's greedy error-minimising assignment."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .errors import DataError
+
+
+def normalise_weights(weights: Sequence[float], where: str) -> list[float]:
+    """Weights scaled to sum to one; a DataError naming `where` unless they sum to a positive number."""
+    total = float(sum(weights))
+    if any(weight < 0 for weight in weights) or not total > 0:
+        raise DataError(f"{where}: expected non-negative blend weights with a positive sum, found {list(weights)}")
+    return [weight / total for weight in weights]
+
+
+def blend_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which dataset each of `size` samples comes from, and its sample number there: sample i goes to
+    the dataset furthest behind its share (weight * max(i, 1) - drawn so far; ties to the first), as
+    Megatron's helpers.build_blending_indices does."""
+    drawn = [0] * len(weights)
+    sources = np.empty(size, dtype=np.int16)
+    numbers = np.empty(size, dtype=np.int64)
+    for sample in range(size):
+        scale = max(sample, 1.0)
+        errors = [weight * scale - count for weight, count in zip(weights, drawn, strict=True)]
+        chosen = errors.index(max(errors))
+        sources[sample], numbers[sample] = chosen, drawn[chosen]
+        drawn[chosen] += 1
+    return sources, numbers
+
+
+class BlendedDataset(Dataset):
+    """`size` samples drawn from `datasets` in proportion to `weights` (normalised here)."""
+
+    def __init__(self, datasets: Sequence[Dataset], weights: Sequence[float], size: int, where: str = "data_prefix"):
+        self.datasets, self.weights = list(datasets), normalise_weights(weights, where)
+        self.sources, self.numbers = blend_indices(self.weights, size)
+        for source, dataset in enumerate(self.datasets):
+            needed = int((self.sources == source).sum())
+            if needed > len(dataset):
+                raise DataError(f"{where}: source {source} is asked for {needed} samples but holds {len(dataset)}")
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.datasets[int(self.sources[index])][int(self.numbers[index])]

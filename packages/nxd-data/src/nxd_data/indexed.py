@@ -1,0 +1,162 @@
+"""Megatron's memory-mapped indexed dataset: a `.bin` file of tokens and an `.idx` file describing it.
+
+The layout (Megatron-LM `MMapIndexedDataset`, GPT-NeoX, Megatron-core `IndexedDataset`), all
+little-endian:
+
+    .idx  magic b"MMIDIDX\\x00\\x00" | version u64 = 1 | dtype code u8 | sequence count u64 |
+          document-index count u64 | sequence lengths int32[n] | byte pointers int64[n] |
+          document indices int64[d] (0, ..., n: sequence boundaries of documents)
+    .bin  the tokens of every sequence, back to back, in the dtype of the code
+
+Files are written under temporary names and renamed when complete, so a crashed writer never leaves
+a half-written dataset under the real name.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from .errors import DataError
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+DTYPE_CODES: dict[int, type[np.generic]] = {
+    1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16,
+}  # fmt: skip
+CODE_OF = {np.dtype(dtype): code for code, dtype in DTYPE_CODES.items()}
+_HEADER = struct.Struct("<9sQBQQ")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest dtype Megatron stores token ids in: uint16 when every id fits, int32 otherwise."""
+    return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
+
+
+def data_files(prefix: str | os.PathLike) -> tuple[Path, Path]:
+    """The `.idx` and `.bin` paths of a dataset prefix."""
+    return Path(f"{os.fspath(prefix)}.idx"), Path(f"{os.fspath(prefix)}.bin")
+
+
+class IndexedDataset:
+    """A read-only view of a `.bin/.idx` pair; sequences come from a memory map (nothing is loaded).
+
+    Every inconsistency — missing files, a foreign magic, another version, an unknown dtype code, an
+    index or token file shorter than its header promises — is a DataError naming the file.
+    """
+
+    def __init__(self, prefix: str | os.PathLike):
+        self.prefix = os.fspath(prefix)
+        self.index_path, self.bin_path = data_files(prefix)
+        missing = [str(path) for path in (self.index_path, self.bin_path) if not path.is_file()]
+        if missing:
+            raise DataError(f"data prefix {self.prefix}: expected {self.index_path.name} and {self.bin_path.name}, "
+                            f"missing {', '.join(missing)}")  # fmt: skip
+        index = np.memmap(self.index_path, dtype=np.uint8, mode="r")
+        if index.size < _HEADER.size:
+            raise DataError(f"{self.index_path}: expected an index header of {_HEADER.size} bytes, found a "
+                            f"{index.size}-byte file")  # fmt: skip
+        magic, version, code, count, documents = _HEADER.unpack(index[: _HEADER.size].tobytes())
+        if magic != MAGIC:
+            raise DataError(
+                f"{self.index_path}: expected the magic {MAGIC!r} of a Megatron mmap index, found {magic!r}"
+            )
+        if version != VERSION:
+            raise DataError(f"{self.index_path}: expected index version {VERSION}, found {version}")
+        if code not in DTYPE_CODES:
+            raise DataError(f"{self.index_path}: expected a dtype code in {sorted(DTYPE_CODES)}, found {code}")
+        self.dtype = np.dtype(DTYPE_CODES[code])
+        expected = _HEADER.size + count * 4 + count * 8 + documents * 8
+        if index.size != expected:
+            raise DataError(f"{self.index_path}: expected {expected} bytes for {count} sequences and {documents} "
+                            f"document indices, found {index.size} (truncated or not an index)")  # fmt: skip
+        offset = _HEADER.size
+        self.sizes = np.frombuffer(index, dtype=np.int32, count=count, offset=offset)
+        self.pointers = np.frombuffer(index, dtype=np.int64, count=count, offset=offset + count * 4)
+        self.document_indices = np.frombuffer(index, dtype=np.int64, count=documents, offset=offset + count * 12)
+        if documents and (self.document_indices[0] != 0 or self.document_indices[-1] != count):
+            raise DataError(f"{self.index_path}: expected document indices from 0 to {count}, found "
+                            f"{self.document_indices[0]} to {self.document_indices[-1]}")  # fmt: skip
+        needed = int(self.pointers[-1]) + int(self.sizes[-1]) * self.dtype.itemsize if count else 0
+        found = self.bin_path.stat().st_size
+        if found < needed:
+            raise DataError(f"{self.bin_path}: expected at least {needed} bytes of tokens as {self.index_path.name} "
+                            f"describes, found {found} (truncated?)")  # fmt: skip
+        self.tokens = np.memmap(self.bin_path, dtype=self.dtype, mode="r") if found else np.empty(0, self.dtype)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.get(index)
+
+    def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens `offset` to `offset + length` of sequence `index` (to its end when length is None)."""
+        start = int(self.pointers[index]) // self.dtype.itemsize + offset
+        stop = start - offset + int(self.sizes[index]) if length is None else start + length
+        return self.tokens[start:stop]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sizes.sum(dtype=np.int64))
+
+
+class IndexedDatasetWriter:
+    """Writes a `.bin/.idx` pair: `add_document(tokens)` appends one document (one sequence), or
+    `add_sequence` several followed by `end_document`. The pair appears under its names only when the
+    `with` block ends without an error."""
+
+    def __init__(self, prefix: str | os.PathLike, dtype: np.dtype | type[np.generic]):
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in CODE_OF:
+            raise DataError(f"{prefix}: expected a token dtype in {sorted(map(str, CODE_OF))}, found {self.dtype}")
+        self.index_path, self.bin_path = data_files(prefix)
+        self.bin_path.parent.mkdir(parents=True, exist_ok=True)
+        handle, self._bin_temporary = tempfile.mkstemp(dir=self.bin_path.parent, prefix=f".{self.bin_path.name}.")
+        self._bin = os.fdopen(handle, "wb")
+        self.sizes: list[int] = []
+        self.document_indices: list[int] = [0]
+
+    def add_sequence(self, tokens: np.ndarray | list[int]) -> None:
+        array = np.asarray(tokens)
+        limits = np.iinfo(self.dtype) if self.dtype.kind in "iu" else None
+        if array.size and limits and (array.min() < limits.min or array.max() > limits.max):
+            raise DataError(f"{self.bin_path}: token ids {array.min()}..{array.max()} do not fit {self.dtype}")
+        self._bin.write(array.astype(self.dtype, copy=False).tobytes(order="C"))
+        self.sizes.append(array.size)
+
+    def end_document(self) -> None:
+        self.document_indices.append(len(self.sizes))
+
+    def add_document(self, tokens: np.ndarray | list[int]) -> None:
+        self.add_sequence(tokens)
+        self.end_document()
+
+    def __enter__(self) -> IndexedDatasetWriter:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._bin.close()
+        if kind is not None:
+            os.unlink(self._bin_temporary)
+            return
+        if self.document_indices[-1] != len(self.sizes):
+            self.end_document()
+        sizes = np.asarray(self.sizes, dtype=np.int32)
+        pointers = np.zeros(len(sizes), dtype=np.int64)
+        np.cumsum(sizes[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
+        handle, index_temporary = tempfile.mkstemp(dir=self.index_path.parent, prefix=f".{self.index_path.name}.")
+        with os.fdopen(handle, "wb") as index:
+            index.write(_HEADER.pack(MAGIC, VERSION, CODE_OF[self.dtype], len(sizes), len(self.document_indices)))
+            index.write(sizes.tobytes())
+            index.write(pointers.tobytes())
+            index.write(np.asarray(self.document_indices, dtype=np.int64).tobytes())
+        os.replace(self._bin_temporary, self.bin_path)  # tokens first: an index never points at missing data
+        os.replace(index_temporary, self.index_path)

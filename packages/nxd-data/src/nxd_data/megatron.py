@@ -1,0 +1,90 @@
+"""Train, validation and test datasets from `data_prefix`, as Megatron builds them: one prefix split
+by `splits_string`, a weighted blend of prefixes (each split the same way), or a blend per split."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from torch.utils.data import Dataset
+
+from .blending import BlendedDataset, normalise_weights
+from .errors import DataError
+from .gpt_dataset import GPTDataset, split_documents
+from .indexed import IndexedDataset
+from .samples import SampleFormat
+
+SPLITS = ("train", "validation", "test")
+BLEND_MARGIN = 1.005
+"""Each source builds this much more than its share, so the greedy assignment never runs it dry."""
+
+Blend = str | Sequence[float | str]
+
+
+def parse_blend(blend: Blend, where: str) -> list[tuple[float | None, str]]:
+    """(weight, prefix) pairs; weight None when the prefixes were listed without weights."""
+    if isinstance(blend, str):
+        return [(1.0, blend)]
+    items = list(blend)
+    if all(isinstance(item, str) for item in items):
+        return [(None, item) for item in items]
+    if len(items) % 2 or not all(isinstance(p, str) for p in items[1::2]):
+        raise DataError(f"{where}: expected [weight, prefix, weight, prefix, ...], found {items}")
+    weights = normalise_weights([float(w) for w in items[0::2]], where)
+    return list(zip(weights, items[1::2], strict=True))
+
+
+class MegatronDataBuilder:
+    """Builds the splits, opening each indexed dataset once."""
+
+    def __init__(self, format: SampleFormat, seed: int, cache_dir: Path | None):
+        self.format, self.seed, self.cache_dir = format, seed, cache_dir
+        self._opened: dict[str, IndexedDataset] = {}
+
+    def open(self, prefix: str) -> IndexedDataset:
+        if prefix not in self._opened:
+            self._opened[prefix] = IndexedDataset(prefix)
+        return self._opened[prefix]
+
+    def build(self, data_prefix: Blend | Mapping[str, Blend | None], splits_string: str,
+              num_samples: Sequence[int | None]) -> dict[str, Dataset | None]:  # fmt: skip
+        """{train, validation, test} -> dataset (None for an empty split); `num_samples` per split,
+        None meaning one epoch of that split."""
+        if isinstance(data_prefix, Mapping):
+            return {split: self._blend(data_prefix[split], f"data.data_prefix.{split}", split, None, count)
+                    if data_prefix.get(split) is not None else None
+                    for split, count in zip(SPLITS, num_samples, strict=True)}  # fmt: skip
+        return {split: self._blend(data_prefix, "data.data_prefix", split, splits_string, count)
+                for split, count in zip(SPLITS, num_samples, strict=True)}  # fmt: skip
+
+    def _blend(
+        self, blend: Blend, where: str, split: str, splits_string: str | None, count: int | None
+    ) -> Dataset | None:
+        sources = parse_blend(blend, where)
+        if sources[0][0] is None:  # listed without weights: in proportion to their tokens
+            sources = list(zip(normalise_weights([self.open(p).num_tokens for _, p in sources], where),
+                               [p for _, p in sources], strict=True))  # fmt: skip
+        parts = []
+        for weight, prefix in sources:
+            indexed = self.open(prefix)
+            documents = (
+                split_documents(splits_string, len(indexed))[SPLITS.index(split)]
+                if splits_string
+                else (0, len(indexed))
+            )
+            if documents[1] > documents[0] and weight > 0:
+                parts.append((weight, indexed, documents))
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return GPTDataset(parts[0][1], split, parts[0][2], count, self.format, self.seed, self.cache_dir)
+        weights = normalise_weights([weight for weight, _, _ in parts], where)
+        shares = [None if count is None else math.ceil(count * w * BLEND_MARGIN) for w in weights]
+        datasets = [
+            GPTDataset(indexed, split, documents, share, self.format, self.seed, self.cache_dir)
+            for share, (_, indexed, documents) in zip(shares, parts, strict=True)
+        ]
+        if count is None:  # one epoch: as many samples as the scarcest source allows at its weight
+            count = min(int((len(d) - 1) / w) for d, w in zip(datasets, weights, strict=True))
+        return BlendedDataset(datasets, weights, count, where)

@@ -1,0 +1,143 @@
+"""Which samples each data-parallel rank reads, driven by the number of samples consumed so far.
+
+The global sample stream is epoch after epoch of the dataset's order (identity, or a permutation
+seeded by `seed` — and `seed + epoch` when reshuffling each epoch). Each optimizer step takes the
+next `global_batch_size` samples of the stream; micro-batch m of rank r is the slice
+[(m * dp + r) * mbs, (m * dp + r + 1) * mbs) of that global batch, so the set of samples in a step
+does not depend on the data-parallel size. The only state is `consumed_samples`, so a run resumed
+from a checkpoint at consumed_samples = k, at any data-parallel size, reads exactly the batches an
+uninterrupted run would have read next. Map-style datasets and workers hold no other position.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+PADDING = -1
+"""Index of a padding sample: it fills a batch and adds nothing to the loss."""
+
+
+@functools.lru_cache(maxsize=4)
+def _permutation(num_samples: int, seed: int) -> np.ndarray:
+    order = np.random.default_rng(seed).permutation(num_samples)
+    order.flags.writeable = False
+    return order
+
+
+@dataclass(frozen=True)
+class PretrainingSampler:
+    """A DataLoader batch sampler yielding this rank's micro-batches from `consumed_samples` on, for
+    `steps` optimizer steps (None: every remaining step of the current pass when drop_last is False,
+    otherwise without end)."""
+
+    total_samples: int
+    global_batch_size: int
+    micro_batch_size: int
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
+    consumed_samples: int = 0
+    shuffle: bool = False
+    reshuffle_each_epoch: bool = False
+    seed: int = 0
+    drop_last: bool = True
+    pad_to_global_batch: bool = False
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        per_step = self.micro_batch_size * self.data_parallel_size
+        if self.global_batch_size % per_step:
+            raise ValueError(f"global batch {self.global_batch_size} is not a multiple of micro batch "
+                             f"{self.micro_batch_size} x data-parallel size {self.data_parallel_size}")  # fmt: skip
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ValueError(f"data-parallel rank {self.data_parallel_rank} of {self.data_parallel_size}")
+
+    @property
+    def accumulation(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.data_parallel_size)
+
+    @property
+    def epoch_samples(self) -> int:
+        """Samples of the stream per epoch (whole global batches only when drop_last)."""
+        if self.drop_last:
+            return self.total_samples - self.total_samples % self.global_batch_size
+        return self.total_samples
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.epoch_samples // self.global_batch_size)
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.total_samples)
+        return _permutation(self.total_samples, self.seed + (epoch if self.reshuffle_each_epoch else 0))
+
+    def global_batch(self, consumed: int) -> list[int]:
+        """The global batch starting at stream position `consumed` (shorter at the end of a pass
+        without drop_last)."""
+        if self.epoch_samples == 0:
+            raise ValueError(f"{self.total_samples} samples hold no global batch of {self.global_batch_size}")
+        batch: list[int] = []
+        while len(batch) < self.global_batch_size:
+            epoch, offset = divmod(consumed, self.epoch_samples)
+            take = self.order(epoch)[offset : min(self.epoch_samples, offset + self.global_batch_size - len(batch))]
+            batch += take.tolist()
+            consumed += len(take)
+            if not self.drop_last and consumed % self.epoch_samples == 0:
+                break  # the last, partial batch of a pass
+        return batch
+
+    def micro_batches(self, batch: list[int]) -> list[list[int]]:
+        """This rank's micro-batches of one global batch. A short batch still gives every rank the
+        same number of non-empty micro-batches (so collective operations stay matched): padded to
+        full size with `pad_to_global_batch`, otherwise holes filled by one padding sample."""
+        if self.pad_to_global_batch:
+            batch = batch + [PADDING] * (self.global_batch_size - len(batch))
+        mbs, dp, rank = self.micro_batch_size, self.data_parallel_size, self.data_parallel_rank
+        slices = [batch[(m * dp + rank) * mbs : (m * dp + rank + 1) * mbs] for m in range(self.accumulation)]
+        if len(batch) < self.global_batch_size:
+            used = -(-len(batch) // (mbs * dp))  # micro-batch rounds that hold any real sample
+            slices = [indices or [PADDING] for indices in slices[:used]]
+        return slices
+
+    def __iter__(self) -> Iterator[list[int]]:
+        consumed, step = self.consumed_samples, 0
+        end = None if self.drop_last else self.epoch_samples * (self.consumed_samples // self.epoch_samples + 1)
+        while (self.steps is None or step < self.steps) and (end is None or consumed < end):
+            batch = self.global_batch(consumed)
+            yield from self.micro_batches(batch)
+            consumed += len(batch)
+            step += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the stream position and what defines the stream."""
+        names = ("consumed_samples", "total_samples", "shuffle", "reshuffle_each_epoch", "seed")
+        return {name: getattr(self, name) for name in names}
+
+    def resumed(self, state: dict[str, Any], *, steps: int | None = None) -> PretrainingSampler:
+        """This sampler continued from a saved state (any data-parallel size); a state saved from another
+        sample stream is refused rather than read as a different order."""
+        for name in ("total_samples", "shuffle", "reshuffle_each_epoch", "seed"):
+            if state[name] != getattr(self, name):
+                raise ValueError(f"the saved data position was taken on another sample stream: {name} was "
+                                 f"{state[name]!r}, this run has {getattr(self, name)!r}")  # fmt: skip
+        return replace(self, consumed_samples=int(state["consumed_samples"]), steps=steps)
+
+
+class WithPadding(Dataset):
+    """`dataset` whose index PADDING gives `padding` (a sample that adds nothing to the loss)."""
+
+    def __init__(self, dataset: Dataset, padding: dict[str, torch.Tensor]):
+        self.dataset, self.padding = dataset, padding
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.padding if index == PADDING else self.dataset[index]

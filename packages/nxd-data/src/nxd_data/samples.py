@@ -1,0 +1,58 @@
+"""One training sample of causal language modelling, from a window of tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100
+"""Label of positions that do not count in the loss (transformers' and torch's convention)."""
+
+
+@dataclass(frozen=True)
+class SampleFormat:
+    """How a token window becomes model inputs (the `data.*` keys of Megatron's GPT dataset)."""
+
+    seq_length: int
+    eod_id: int
+    plus_one: bool = True
+    """Windows hold seq_length + 1 tokens (labels are the inputs shifted by one); False: seq_length
+    tokens, and the last position has no label (`no_seqlen_plus_one_input_tokens`)."""
+    eod_mask_loss: bool = False
+    reset_position_ids: bool = False
+
+    @property
+    def window(self) -> int:
+        return self.seq_length + 1 if self.plus_one else self.seq_length
+
+    def sample(self, window: np.ndarray) -> dict[str, torch.Tensor]:
+        """input_ids, labels and position_ids of one window; a short window (the end of a document
+        list) is padded with ignored labels."""
+        tokens = torch.from_numpy(np.asarray(window, dtype=np.int64))
+        length = min(len(tokens), self.window)
+        padded = torch.full((self.window,), self.eod_id, dtype=torch.int64)
+        padded[:length] = tokens[:length]
+        input_ids = padded[: self.seq_length]
+        labels = torch.full((self.seq_length,), IGNORE_INDEX, dtype=torch.int64)
+        labels[: self.window - 1] = padded[1:]
+        labels[max(length - 1, 0) :] = IGNORE_INDEX
+        if self.eod_mask_loss:
+            labels[labels == self.eod_id] = IGNORE_INDEX
+        position_ids = torch.arange(self.seq_length)
+        if self.reset_position_ids:  # Megatron's get_ltor_masks_and_position_ids
+            previous = 0
+            for end in input_ids[:length].eq(self.eod_id).nonzero().flatten().tolist():
+                position_ids[end + 1 :] -= end + 1 - previous
+                previous = end + 1
+        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+
+    def padding(self) -> dict[str, torch.Tensor]:
+        """A sample that adds nothing to the loss (`pad_samples_to_global_batch_size`)."""
+        return self.sample(np.empty(0, dtype=np.int64))
+
+
+def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Stack samples into a batch, key by key."""
+    return {key: torch.stack([sample[key] for sample in samples]) for key in samples[0]}

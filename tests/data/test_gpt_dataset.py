@@ -1,0 +1,154 @@
+"""Megatron's GPT dataset indices against a transcription of Megatron-LM's own algorithm (the C++
+build_sample_idx loop and legacy _build_index_mappings), hand-worked splits and sample windows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from nxd_data import (
+    DataError,
+    GPTDataset,
+    IndexedDataset,
+    IndexedDatasetWriter,
+    SampleFormat,
+    build_indices,
+    split_documents,
+)
+
+
+def megatron_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch, add_extra_token=1):
+    """helpers.cpp build_sample_idx, line by line."""
+    num_samples = (num_epochs * tokens_per_epoch - add_extra_token) // seq_length
+    sample_idx = np.zeros((num_samples + 1, 2), dtype=np.int64)
+    sample_index, doc_idx_index, doc_offset = 1, 0, 0
+    while sample_index <= num_samples:
+        remaining = seq_length + add_extra_token
+        while remaining != 0:
+            doc_length = sizes[doc_idx[doc_idx_index]] - doc_offset
+            remaining -= doc_length
+            if remaining <= 0:
+                doc_offset += remaining + doc_length - add_extra_token
+                remaining = 0
+            else:
+                doc_idx_index += 1
+                doc_offset = 0
+        sample_idx[sample_index] = (doc_idx_index, doc_offset)
+        sample_index += 1
+    return sample_idx
+
+
+def megatron_index_mappings(documents, sizes, num_samples, seq_length, seed, add_extra_token=1):
+    """Megatron-LM legacy gpt_dataset._build_index_mappings (without the caching)."""
+    tokens_per_epoch = np.sum(sizes[documents])
+    num_epochs, total = 0, 0
+    while True:
+        num_epochs += 1
+        total += tokens_per_epoch
+        if (total - add_extra_token) // seq_length >= num_samples:
+            break
+    rng = np.random.RandomState(seed=seed)
+    if num_epochs == 1:
+        separate_last_epoch = False
+    else:
+        from_minus_one = ((num_epochs - 1) * tokens_per_epoch - add_extra_token) // seq_length
+        last_epoch_num_samples = num_samples - from_minus_one
+        per_epoch = (tokens_per_epoch - add_extra_token) // seq_length
+        separate_last_epoch = last_epoch_num_samples < int(0.80 * per_epoch)
+
+    def doc_index(epochs, separate):
+        if not separate or epochs == 1:
+            idx = np.mgrid[0:epochs, 0 : len(documents)][1]
+            idx[:] = documents
+            idx = idx.reshape(-1).astype(np.int32)
+            rng.shuffle(idx)
+            return idx
+        return np.concatenate((doc_index(epochs - 1, False), doc_index(1, False)))
+
+    doc_idx = doc_index(num_epochs, separate_last_epoch)
+    sample_idx = megatron_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch, add_extra_token)
+    total_samples = sample_idx.shape[0] - 1
+    shuffled = from_minus_one if separate_last_epoch else total_samples
+    first = np.arange(0, shuffled, dtype=np.uint32)
+    rng.shuffle(first)
+    if shuffled == total_samples:
+        return doc_idx, sample_idx, first
+    last = np.arange(shuffled, total_samples, dtype=np.uint32)
+    rng.shuffle(last)
+    return doc_idx, sample_idx, np.concatenate((first, last))
+
+
+@pytest.mark.parametrize("extra", [1, 0])
+@pytest.mark.parametrize(("num_samples", "seq_length", "seed"), [(10, 7, 1), (57, 5, 3), (200, 16, 1234), (31, 40, 9)])
+def test_indices_equal_megatrons(num_samples: int, seq_length: int, seed: int, extra: int) -> None:
+    sizes = np.random.default_rng(0).integers(0, 30, size=40).astype(np.int32)  # zero-length documents included
+    documents = np.arange(5, 35)
+    ours = build_indices(sizes, documents, num_samples, seq_length, seed, extra)
+    doc_idx, sample_idx, shuffle_idx = megatron_index_mappings(documents, sizes, num_samples, seq_length, seed, extra)
+    np.testing.assert_array_equal(ours.doc_idx, doc_idx)
+    np.testing.assert_array_equal(ours.sample_idx, sample_idx)
+    np.testing.assert_array_equal(ours.shuffle_idx, shuffle_idx)
+
+
+def test_splits_worked_by_hand() -> None:
+    assert split_documents("980,10,10", 1000) == [(0, 980), (980, 990), (990, 1000)]
+    # 10 documents in thirds: rounded bounds 0, 3, 6, 9; the missing one shifts every bound after the first
+    assert split_documents("1,1,1", 10) == [(0, 4), (4, 7), (7, 10)]
+    assert split_documents("1", 6) == [(0, 6), (6, 6), (6, 6)]
+
+
+def write(prefix: Path, documents: list[list[int]]) -> IndexedDataset:
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        for document in documents:
+            writer.add_document(document)
+    return IndexedDataset(prefix)
+
+
+def test_samples_are_overlapping_windows_of_the_shuffled_stream(tmp_path: Path) -> None:
+    documents = [list(range(100 * d, 100 * d + n)) for d, n in enumerate([5, 9, 3, 12, 7, 1, 8])]
+    indexed = write(tmp_path / "d", documents)
+    dataset = GPTDataset(indexed, "train", (0, 7), 20, SampleFormat(seq_length=4, eod_id=0), seed=5, cache_dir=tmp_path)
+    stream = np.concatenate([documents[d] for d in dataset.doc_idx])
+    for index in range(len(dataset)):
+        start = int(dataset.shuffle_idx[index]) * 4
+        assert dataset.tokens(index).tolist() == stream[start : start + 5].tolist()
+    sample = dataset[0]
+    window = dataset.tokens(0)
+    assert sample["input_ids"].tolist() == window[:4].tolist()
+    assert sample["labels"].tolist() == window[1:].tolist()
+
+
+def test_indices_are_cached_under_what_defines_them(tmp_path: Path) -> None:
+    indexed = write(tmp_path / "d", [[1, 2, 3]] * 20)
+    fmt = SampleFormat(seq_length=4, eod_id=0)
+    GPTDataset(indexed, "train", (0, 20), 10, fmt, seed=1, cache_dir=tmp_path / "cache")
+    files = sorted(p.name for p in (tmp_path / "cache").glob("*.npy"))
+    assert len(files) == 3
+    stamps = [p.stat().st_mtime_ns for p in sorted((tmp_path / "cache").glob("*.npy"))]
+    GPTDataset(indexed, "train", (0, 20), 10, fmt, seed=1, cache_dir=tmp_path / "cache")
+    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "cache").glob("*.npy"))] == stamps
+    GPTDataset(indexed, "train", (0, 20), 10, fmt, seed=2, cache_dir=tmp_path / "cache")
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 6
+
+
+def test_a_split_too_small_for_one_sample_is_refused(tmp_path: Path) -> None:
+    indexed = write(tmp_path / "d", [[1, 2]])
+    with pytest.raises(DataError, match=r"d: the train split holds 2 tokens in 1 documents; expected at least"):
+        GPTDataset(indexed, "train", (0, 1), None, SampleFormat(seq_length=4, eod_id=0), seed=1, cache_dir=tmp_path)
+
+
+def test_sample_format_keys() -> None:
+    eod = 0
+    window = np.array([5, 6, 0, 7, 8, 0, 9])
+    plain = SampleFormat(seq_length=6, eod_id=eod).sample(window)
+    assert plain["labels"].tolist() == [6, 0, 7, 8, 0, 9]
+    masked = SampleFormat(seq_length=6, eod_id=eod, eod_mask_loss=True).sample(window)
+    assert masked["labels"].tolist() == [6, -100, 7, 8, -100, 9]
+    reset = SampleFormat(seq_length=6, eod_id=eod, reset_position_ids=True).sample(window)
+    assert reset["position_ids"].tolist() == [0, 1, 2, 0, 1, 2]
+    exact = SampleFormat(seq_length=7, eod_id=eod, plus_one=False).sample(window)
+    assert exact["input_ids"].tolist() == window.tolist()
+    assert exact["labels"].tolist() == [6, 0, 7, 8, 0, 9, -100]
+    padding = SampleFormat(seq_length=6, eod_id=eod).padding()
+    assert padding["labels"].tolist() == [-100] * 6

@@ -1,0 +1,91 @@
+"""Exact resume: a sampler restored at consumed_samples = k yields what an uninterrupted one yields next,
+for every data-parallel rank, also when the data-parallel size changes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from nxd_data import PADDING, PretrainingSampler
+
+GBS, MBS, TOTAL, STEPS = 8, 2, 37, 12
+
+
+def per_step(sampler: PretrainingSampler, steps: int) -> list[list[int]]:
+    """Each step's samples, rank by rank and micro-batch by micro-batch, flattened in that order."""
+    batches = list(itertools.islice(iter(sampler), steps * sampler.accumulation))
+    return [sum(batches[s * sampler.accumulation : (s + 1) * sampler.accumulation], []) for s in range(steps)]
+
+
+def global_steps(dp: int, consumed: int, steps: int, **options) -> list[set[int]]:
+    """What all ranks of a dp-sized run read, step by step, as sets of sample ids."""
+    ranks = [PretrainingSampler(TOTAL, GBS, MBS, dp, r, consumed_samples=consumed, **options) for r in range(dp)]
+    per_rank = [per_step(sampler, steps) for sampler in ranks]
+    return [set().union(*(rank[s] for rank in per_rank)) for s in range(steps)]
+
+
+@pytest.mark.parametrize("options", [{}, {"shuffle": True, "seed": 4}, {"shuffle": True, "reshuffle_each_epoch": True}])
+@pytest.mark.parametrize(("saved_dp", "resumed_dp"), [(1, 1), (2, 2), (2, 1), (1, 2)])
+def test_resume_reads_what_an_uninterrupted_run_reads(options: dict, saved_dp: int, resumed_dp: int) -> None:
+    k = 5
+    uninterrupted = [PretrainingSampler(TOTAL, GBS, MBS, resumed_dp, r, **options) for r in range(resumed_dp)]
+    saved = PretrainingSampler(TOTAL, GBS, MBS, saved_dp, 0, **options)
+    state = {**saved.state_dict(), "consumed_samples": k * GBS}  # the loop advances it by GBS per step
+    for rank, sampler in enumerate(uninterrupted):
+        resumed = PretrainingSampler(TOTAL, GBS, MBS, resumed_dp, rank, **options).resumed(state)
+        assert per_step(resumed, STEPS - k) == per_step(sampler, STEPS)[k:]
+    assert global_steps(saved_dp, 0, STEPS, **options) == global_steps(resumed_dp, 0, STEPS, **options)
+
+
+def test_ranks_split_each_global_batch_into_disjoint_micro_batches() -> None:
+    ranks = [per_step(PretrainingSampler(TOTAL, GBS, MBS, 2, r), 1)[0] for r in range(2)]
+    assert not set(ranks[0]) & set(ranks[1])
+    assert sorted(ranks[0] + ranks[1]) == list(range(GBS))
+    assert ranks[0] == [0, 1, 4, 5]  # micro-batch m of rank r: slice (m * dp + r) * mbs
+
+
+def test_epochs_drop_the_partial_batch_and_reshuffle_when_asked() -> None:
+    steps = per_step(PretrainingSampler(TOTAL, GBS, MBS, shuffle=True, reshuffle_each_epoch=True, seed=1), 8)
+    first, second = sum(steps[:4], []), sum(steps[4:], [])
+    assert len(set(first)) == 32 and len(set(second)) == 32 and first != second
+    fixed = per_step(PretrainingSampler(TOTAL, GBS, MBS, shuffle=True, seed=1), 8)
+    assert sum(fixed[:4], []) == sum(fixed[4:], [])
+
+
+def test_a_short_last_batch_is_padded_so_every_rank_runs_the_same_micro_batches() -> None:
+    # 37 samples, no drop_last: the last global batch holds 5 samples (32..36)
+    options = dict(drop_last=False, steps=None)
+    for pad in (False, True):
+        ranks = [list(PretrainingSampler(TOTAL, GBS, MBS, 2, r, pad_to_global_batch=pad, **options)) for r in range(2)]
+        assert len(ranks[0]) == len(ranks[1])
+        last = [batch for rank in ranks for batch in rank[-2:]]
+        assert sorted(i for batch in last for i in batch if i != PADDING) == [32, 33, 34, 35, 36]
+        if pad:
+            assert all(len(batch) == MBS for batch in last)
+    unpadded = [list(PretrainingSampler(TOTAL, GBS, MBS, 2, r, **options)) for r in range(2)]
+    assert unpadded[0][-2:] == [[32, 33], [36]] and unpadded[1][-2:] == [[34, 35], [PADDING]]
+
+
+def test_a_state_from_another_stream_is_refused() -> None:
+    state = PretrainingSampler(TOTAL, GBS, MBS, shuffle=True, seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed was 1, this run has 2"):
+        PretrainingSampler(TOTAL, GBS, MBS, shuffle=True, seed=2).resumed(state)
+
+
+@pytest.mark.parametrize(("saved_dp", "resumed_dp"), [(1, 1), (2, 2), (2, 1)])
+def test_data_loaders_with_workers_resume_exactly(saved_dp: int, resumed_dp: int) -> None:
+    from torch.utils.data import DataLoader
+
+    def loader(dp: int, rank: int, sampler_state: dict | None, steps: int) -> list[list[int]]:
+        sampler = PretrainingSampler(TOTAL, GBS, MBS, dp, rank, shuffle=True, seed=7, steps=steps)
+        if sampler_state is not None:
+            sampler = sampler.resumed(sampler_state, steps=steps)
+        batches = DataLoader(range(TOTAL), batch_sampler=sampler, num_workers=2)
+        return [batch.tolist() for batch in batches]
+
+    k = 4
+    state = {**PretrainingSampler(TOTAL, GBS, MBS, saved_dp, 0, shuffle=True, seed=7).state_dict(),
+             "consumed_samples": k * GBS}  # fmt: skip
+    for rank in range(resumed_dp):
+        accumulation = GBS // (MBS * resumed_dp)
+        assert loader(resumed_dp, rank, state, STEPS - k) == loader(resumed_dp, rank, None, STEPS)[k * accumulation :]
