@@ -1,0 +1,80 @@
+"""jsonl -> .bin/.idx: tokens equal the tokenizer's own, whatever the compression and worker count."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import zstandard
+from nxd_data import DataError, IndexedDataset, load_tokenizer, preprocess_jsonl
+from tokenizers import Tokenizer
+
+from .conftest import TEXT
+
+
+def write_jsonl(path: Path, records: list[dict], compress: str = "") -> Path:
+    text = "".join(json.dumps(record) + "\n" for record in records)
+    if compress == "gz":
+        path = path.with_suffix(".jsonl.gz")
+        path.write_bytes(gzip.compress(text.encode()))
+    elif compress == "zst":
+        path = path.with_suffix(".jsonl.zst")
+        path.write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+RECORDS = [{"text": line, "title": line[:9]} for line in TEXT[:40]]
+
+
+@pytest.mark.parametrize("compress", ["", "gz", "zst"])
+def test_documents_are_the_tokenizers_ids_plus_eod(tmp_path: Path, tokenizer_file: Path, compress: str) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", RECORDS, compress)
+    summary = preprocess_jsonl([source], tmp_path / "out", tokenizer_file, append_eod=True, progress=False)
+    reference = Tokenizer.from_file(str(tokenizer_file))
+    eod = reference.token_to_id("<|endoftext|>")
+    expected = [reference.encode(record["text"], add_special_tokens=False).ids + [eod] for record in RECORDS]
+    dataset = IndexedDataset(tmp_path / "out_text_document")
+    assert [dataset[i].tolist() for i in range(len(dataset))] == expected
+    assert summary.documents == 40 and summary.tokens == sum(map(len, expected))
+    assert summary.tokens_per_second > 0
+
+
+def test_two_workers_write_the_same_files_as_one(tmp_path: Path, tokenizer_file: Path, monkeypatch) -> None:
+    monkeypatch.setattr("nxd_data.preprocess.BATCH_LINES", 7)  # several batches in flight
+    source = write_jsonl(tmp_path / "in.jsonl", RECORDS * 5)
+    for workers in (1, 2):
+        preprocess_jsonl([source], tmp_path / f"w{workers}", tokenizer_file, json_keys=("text", "title"),
+                         workers=workers, progress=False)  # fmt: skip
+    for key in ("text", "title"):
+        for suffix in (".bin", ".idx"):
+            one = (tmp_path / f"w1_{key}_document{suffix}").read_bytes()
+            assert one == (tmp_path / f"w2_{key}_document{suffix}").read_bytes()
+
+
+def test_a_bad_line_names_file_and_line(tmp_path: Path, tokenizer_file: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "one"}\n{"text": "two"\n{"body": "three"}\n{"text": "four"}\n')
+    with pytest.raises(DataError, match=r"in\.jsonl:2: expected a JSON object with string keys text"):
+        preprocess_jsonl([source], tmp_path / "out", tokenizer_file, progress=False)
+    assert not list(tmp_path.glob("out*"))
+    summary = preprocess_jsonl([source], tmp_path / "out", tokenizer_file, skip_bad_lines=True, progress=False)
+    assert summary.skipped_lines == 2 and summary.documents == 2
+    assert len(IndexedDataset(tmp_path / "out_text_document")) == 2
+
+
+def test_an_input_without_tokens_writes_nothing(tmp_path: Path, tokenizer_file: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": ""}, {"text": ""}])
+    with pytest.raises(DataError, match=r"in\.jsonl yielded no tokens for keys text; nothing was written"):
+        preprocess_jsonl([source], tmp_path / "out", tokenizer_file, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_an_unknown_tokenizer_path_is_named(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"--tokenizer: expected a tokenizer.json file .* no such file .*nope"):
+        load_tokenizer(tmp_path / "nope", "--tokenizer")
+    with pytest.raises(DataError, match=r"a directory without tokenizer.json"):
+        load_tokenizer(tmp_path)
