@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from nxd_config import NxdConfig, load_config
+from nxd_data import SampleFormat, TokenStream
 from nxd_models import build_causal_lm, hf_mapping, training_flops_per_token
 from nxd_train.corpus import default_cache_dir
-from nxd_train.data import DataSplits, TokenWindows
+from nxd_train.data import DataSplits
 from nxd_train.loop import train
 from nxd_train.preflight import FABRIC_PRECISION, RunPlan, plan_run
 from nxd_train.throughput import matmul_ceiling
@@ -38,8 +39,9 @@ PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("autocast", torch.bfloat1
 
 def random_splits(seq_length: int, samples: int, vocab: int) -> DataSplits:
     tokens = np.random.default_rng(0).integers(0, vocab, samples * seq_length + 1).astype(np.int32)
-    windows = TokenWindows(tokens, 0, samples, seq_length, eod_id=0)
-    return DataSplits(windows, windows, windows, vocab, "random tokens")
+    format = SampleFormat(seq_length=seq_length, eod_id=0)
+    windows = TokenStream(tokens, format)
+    return DataSplits(windows, windows, windows, format, vocab, "random tokens", shuffled=False)
 
 
 def nxd_tokens_per_second(config_path: Path, plan: RunPlan, precision: str, steps: int, log_dir: Path) -> float:

@@ -22,13 +22,16 @@ def test_accumulation_4x1_equals_1x4(train_here):
 
 
 def test_epochs_bound_the_run_and_splits_string_sizes_the_data(train_here):
-    # 12,780 windows of 64 tokens; 10/1000 of them for training = 128 samples = 16 global batches of 8
-    rows = train_here("trainer.max_steps=-1", "trainer.max_epochs=2", "+data.splits_string='10,985,5'",
-                      "model.optim.sched.max_steps=32")  # fmt: skip
+    # the corpus is 105 files; 10/1000 of them rounds to one, a 1,742-token file: (1742 - 1) // 64 = 27
+    # samples of one epoch, so 3 whole global batches of 8 per epoch
+    overrides = ["trainer.max_steps=-1", "trainer.max_epochs=2", "+data.splits_string='10,985,5'"]
+    assert len(plan_run(load_config(default_config_path(), overrides + ["model.optim.sched.max_steps=6"]),
+                        default_cache_dir()).data.train) == 27  # fmt: skip
+    rows = train_here(*overrides, "model.optim.sched.max_steps=6")
     steps = [row for row in rows if "loss" in row]
-    assert len(steps) == 32
-    assert {row["epoch"] for row in steps} == {0.0, 1.0}
-    assert steps[-1]["consumed_samples"] == 32 * 8
+    assert len(steps) == 6
+    assert [row["epoch"] for row in steps] == [0.0] * 3 + [1.0] * 3
+    assert steps[-1]["consumed_samples"] == 6 * 8
 
 
 def test_validation_and_test_losses_are_logged(train_here):
@@ -74,14 +77,14 @@ def _plan_problems(*overrides: str, source=None) -> str:
 
 def test_features_of_later_releases_are_rejected_by_key():
     message = _plan_problems("distributed_strategy.pipeline_model_parallel_size=2", "trainer.devices=2",
-                             "precision.type=mixed_precision", "+data.data_prefix=[corpus]")  # fmt: skip
+                             "precision.type=mixed_precision", "+data.reset_attention_mask=True")  # fmt: skip
     assert message.splitlines() == [
         "cannot train this config:",
         "  distributed_strategy.pipeline_model_parallel_size: pipeline parallelism is not in this release "
         "(nxd-parallel part 2 adds it); expected 1, found 2",
         "  precision.type: mixed_precision is not in this release (nxd-precision adds it); expected one of fp32, autocast",
-        "  data.data_prefix: Megatron indexed datasets are not in this release (nxd-data adds them); remove the key "
-        "to pretrain on the built-in corpus",
+        "  data.reset_attention_mask: document-wise attention masks are not in this release; expected False "
+        "(reset_position_ids and eod_mask_loss are available)",
     ]
 
 
@@ -143,20 +146,9 @@ def test_worker_processes_read_the_same_batches(train_here):
     assert inline == workers
 
 
-@pytest.mark.parametrize(("dp", "mbs"), [(1, 8), (2, 2), (4, 1), (2, 4)])
-def test_ranks_and_micro_batches_cover_the_global_batch_exactly(dp, mbs):
-    from nxd_train.sampling import BatchPlan, MicroBatchSampler
-
-    def plan(rank: int) -> BatchPlan:
-        return BatchPlan(100, global_batch_size=8, micro_batch_size=mbs, data_parallel_size=dp,
-                         data_parallel_rank=rank, seed=3)  # fmt: skip
-
-    for step in range(3):
-        union = sorted(i for rank in range(dp) for micro in plan(rank).micro_batches(0, step) for i in micro)
-        assert union == sorted(plan(0).order(0)[step * 8 : (step + 1) * 8].tolist())
-    assert len(list(MicroBatchSampler(plan(0), 0, 3))) == 3 * 8 // (mbs * dp)
-
-
 def test_training_split_smaller_than_a_global_batch_is_rejected():
-    message = _plan_problems("+data.splits_string='1,10000,10000'")
-    assert "data.global_batch_size: expected at most the 1 samples of the training split, found 8" in message
+    message = _plan_problems("trainer.max_steps=-1", "trainer.max_epochs=1", "model.optim.sched.max_steps=1",
+                             "+data.splits_string='10,985,5'", "data.global_batch_size=32")  # fmt: skip
+    assert "data.global_batch_size: expected at most the 27 samples of the training split, found 32" in message
+    message = _plan_problems("+data.splits_string='0,0,1'")
+    assert "data.splits_string: '0,0,1' leaves no documents for training" in message

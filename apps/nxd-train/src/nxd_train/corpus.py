@@ -2,8 +2,8 @@
 
 Until a run names its data (`data.data_prefix`, `data.train_dir` ...), nxd pretrains on this corpus,
 tokenised by `data.tokenizer` when given, otherwise by a byte-level BPE trained on the corpus on
-first use. Tokenizer and token ids are cached under `cache_dir`, written atomically, so concurrent
-ranks and interrupted runs never see half a file.
+first use (cached under `cache_dir`, written atomically, so concurrent ranks and interrupted runs
+never see half a file).
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 BUILTIN_VOCAB_SIZE = 4096
 EOD_TOKEN = "<|endoftext|>"
@@ -69,8 +67,8 @@ def _write_atomically(path: Path, write) -> None:
             os.unlink(temporary)
 
 
-def builtin_tokenizer(corpus: Corpus, cache_dir: Path) -> PreTrainedTokenizerFast:
-    """A byte-level BPE with BUILTIN_VOCAB_SIZE entries trained on the corpus (cached)."""
+def builtin_tokenizer(corpus: Corpus, cache_dir: Path) -> Path:
+    """A byte-level BPE with BUILTIN_VOCAB_SIZE entries trained on the corpus: its tokenizer.json (cached)."""
     path = cache_dir / f"stdlib-bpe-{BUILTIN_VOCAB_SIZE}-{corpus.key}.json"
     if not path.exists():
         tokenizer = Tokenizer(models.BPE())
@@ -82,29 +80,4 @@ def builtin_tokenizer(corpus: Corpus, cache_dir: Path) -> PreTrainedTokenizerFas
         )  # fmt: skip
         tokenizer.train_from_iterator(corpus.documents, trainer)
         _write_atomically(path, tokenizer.save)
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=EOD_TOKEN)
-
-
-def load_tokenizer(location: str) -> PreTrainedTokenizerFast:
-    """A local Hugging Face tokenizer: a tokenizer.json file or a directory saved by transformers."""
-    path = Path(location)
-    if path.is_file():
-        return PreTrainedTokenizerFast(tokenizer_file=str(path))
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
-
-def tokenize_corpus(corpus: Corpus, tokenizer: PreTrainedTokenizerFast, eod_id: int, cache_dir: Path) -> np.ndarray:
-    """All documents as one token stream, each followed by the end-of-document token (cached)."""
-    fingerprint = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
-    path = cache_dir / f"stdlib-tokens-{corpus.key}-{fingerprint}.npy"
-    if not path.exists():
-        ids = tokenizer(corpus.documents, add_special_tokens=False)["input_ids"]
-        stream = np.fromiter((t for doc in ids for t in [*doc, eod_id]), dtype=np.int64)
-        dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.int32
-
-        def save(temporary: str) -> None:
-            with open(temporary, "wb") as handle:
-                np.save(handle, stream.astype(dtype))
-
-        _write_atomically(path, save)
-    return np.load(path, mmap_mode="r")
+    return path

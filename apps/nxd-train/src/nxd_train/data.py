@@ -1,8 +1,8 @@
-"""The dataset factory: what `data.*` asks for, as train / validation / test datasets of token windows.
+"""The dataset factory: what `data.*` asks for, as train / validation / test datasets (nxd-data).
 
-This release reads the built-in corpus (corpus.py); Megatron indexed datasets and Hugging Face data
-arrive with nxd-data behind the same `build_datasets` seam, and the keys that select them are
-rejected by name until then.
+Three sources, in this order: Megatron indexed data (`data_prefix`), Hugging Face data (`train_dir`,
+`val_dir`), or — when a run names neither — the built-in corpus, preprocessed once into an indexed
+dataset in the cache and then read exactly like `data_prefix` data.
 """
 
 from __future__ import annotations
@@ -10,118 +10,126 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
+from filelock import FileLock
 from nxd_config.schema.data import DataConfig
+from nxd_data import (
+    DataError,
+    IndexedDatasetWriter,
+    MegatronDataBuilder,
+    SampleFormat,
+    TextTokenizer,
+    hf_pretraining_dataset,
+    load_tokenizer,
+    token_dtype,
+)
 from torch.utils.data import Dataset
 
-from .corpus import builtin_tokenizer, load_tokenizer, stdlib_corpus, tokenize_corpus
+from .corpus import builtin_tokenizer, stdlib_corpus
 
-IGNORE_INDEX = -100
-
-NOT_IN_THIS_RELEASE = {
-    "data_prefix": "Megatron indexed datasets",
-    "index_mapping_dir": "Megatron indexed datasets",
-    "data_impl": "Megatron indexed datasets",
-    "skip_warmup": "Megatron indexed datasets",
-    "reset_attention_mask": "document-wise attention masks",
-    "pad_samples_to_global_batch_size": "padded global batches",
-    "train_dir": "Hugging Face datasets",
-    "val_dir": "Hugging Face datasets",
-    "dev_choose_samples": "Hugging Face datasets",
-    "use_sft_style_data_module": "Hugging Face datasets",
-}
-"""data keys whose feature arrives with nxd-data: setting one is an error, never a silent no-op."""
+NOT_IN_THIS_RELEASE = {"reset_attention_mask": "document-wise attention masks"}
+"""data keys whose feature nxd does not have: setting one is an error, never a silent no-op."""
 
 
 def unavailable_data_keys(data: DataConfig) -> list[str]:
     """One message per data key the user set whose feature this release does not have."""
     messages = [
-        f"data.{key}: {feature} are not in this release (nxd-data adds them); remove the key to "
-        f"pretrain on the built-in corpus"
+        f"data.{key}: {feature} are not in this release; expected False (reset_position_ids and eod_mask_loss "
+        "are available)"
         for key, feature in NOT_IN_THIS_RELEASE.items()
-        if data.is_set(key)
+        if getattr(data, key)
     ]
     if data.tokenizer is not None and data.tokenizer.library != "huggingface":
-        messages.append(
-            f"data.tokenizer.library: expected huggingface in this release (nxd-data adds the others), "
-            f"found {data.tokenizer.library!r}"
-        )
+        messages.append(f"data.tokenizer.library: expected huggingface (a tokenizer.json file or a directory "
+                        f"holding one), found {data.tokenizer.library!r}")  # fmt: skip
+    if data.tokenizer is not None:
+        t = data.tokenizer
+        foreign = (("model", t.model, "sentencepiece"), ("vocab_file", t.vocab_file, "megatron"),
+                   ("merge_file", t.merge_file, "megatron"),
+                   ("sentencepiece_legacy", t.sentencepiece_legacy or None, "sentencepiece"),
+                   ("use_fast", None if t.use_fast else False, "a slow tokenizer"))  # fmt: skip
+        messages += [f"data.tokenizer.{name}: applies to {library}, which nxd does not read (it reads tokenizer.json "
+                     f"with the tokenizers library); expected it unset, found {value!r}"
+                     for name, value, library in foreign if value is not None]  # fmt: skip
     if data.tokenizer is not None and data.tokenizer.type is None:
         messages.append("data.tokenizer.type: expected a tokenizer.json file or a tokenizer directory, found null")
+    if data.is_set("data_prefix") and data.train_dir is not None and not data.use_sft_style_data_module:
+        messages.append("data.train_dir: expected one data source, found data_prefix as well (set "
+                        "use_sft_style_data_module: True to read train_dir)")  # fmt: skip
+    if data.use_sft_style_data_module and data.train_dir is None:
+        messages.append("data.use_sft_style_data_module: expected data.train_dir to read, found none")
     return messages
-
-
-class TokenWindows(Dataset):
-    """Consecutive windows of a token stream: sample i holds seq_length + 1 tokens starting at
-    i * seq_length (neighbours overlap by one), as Megatron's GPT dataset samples them."""
-
-    def __init__(self, tokens: np.ndarray, first: int, count: int, seq_length: int, eod_id: int,
-                 *, plus_one: bool = True, eod_mask_loss: bool = False, reset_position_ids: bool = False):  # fmt: skip
-        self.tokens, self.first, self.count, self.seq_length, self.eod_id = tokens, first, count, seq_length, eod_id
-        self.plus_one, self.eod_mask_loss, self.reset_position_ids = plus_one, eod_mask_loss, reset_position_ids
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        start = (self.first + index) * self.seq_length
-        length = self.seq_length + 1 if self.plus_one else self.seq_length
-        window = torch.from_numpy(self.tokens[start : start + length].astype(np.int64))
-        input_ids = window[: self.seq_length]
-        labels = window[1:].clone()
-        if not self.plus_one:  # the last position has no next token inside the sample
-            labels = torch.cat([labels, torch.tensor([IGNORE_INDEX])])
-        if self.eod_mask_loss:
-            labels[labels == self.eod_id] = IGNORE_INDEX
-        position_ids = torch.arange(self.seq_length)
-        if self.reset_position_ids:
-            for end in (input_ids == self.eod_id).nonzero().flatten().tolist():
-                position_ids[end + 1 :] -= position_ids[end + 1].clone()
-        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
 
 
 @dataclass(frozen=True)
 class DataSplits:
-    train: TokenWindows
-    validation: TokenWindows
-    test: TokenWindows
+    train: Dataset
+    validation: Dataset | None
+    test: Dataset | None
+    format: SampleFormat
     vocab_size: int
     """Tokens the tokenizer can produce (the model's vocabulary must hold at least this many)."""
     tokenizer: str
+    shuffled: bool
+    """The dataset is already in a shuffled order (Megatron's shuffle index): the sampler reads it in order."""
 
 
-def _split_counts(total: int, splits_string: str) -> tuple[int, int, int]:
-    weights = [float(part) for part in splits_string.replace("/", ",").split(",")]
-    weights += [0.0] * (3 - len(weights))
-    bounds = np.cumsum([0.0] + [w / sum(weights) for w in weights]) * total
-    edges = [round(bound) for bound in bounds]
-    return edges[1] - edges[0], edges[2] - edges[1], edges[3] - edges[2]
-
-
-def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path) -> DataSplits:
-    """The run's datasets (today: the built-in corpus split by `splits_string`)."""
-    corpus = stdlib_corpus()
+def _tokenizer(data: DataConfig, cache_dir: Path) -> tuple[TextTokenizer | None, str]:
     if data.tokenizer is not None:
-        tokenizer, name = load_tokenizer(data.tokenizer.type), data.tokenizer.type
+        return load_tokenizer(data.tokenizer.type, "data.tokenizer.type"), data.tokenizer.type
+    if data.is_set("data_prefix") or data.train_dir is not None:
+        return None, ""
+    return load_tokenizer(builtin_tokenizer(stdlib_corpus(), cache_dir)), "built-in byte-level BPE (4096 tokens)"
+
+
+def _builtin_prefix(tokenizer: TextTokenizer, cache_dir: Path) -> str:
+    """The built-in corpus as an indexed dataset (one document per source file, each ended by the
+    end-of-document token), written once per corpus and tokenizer."""
+    corpus = stdlib_corpus()
+    prefix = cache_dir / f"stdlib-{corpus.key}-{tokenizer.fingerprint}"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{prefix}.lock"):
+        if not Path(f"{prefix}.idx").exists():
+            with IndexedDatasetWriter(prefix, token_dtype(tokenizer.vocab_size)) as writer:
+                for ids in tokenizer.encode(corpus.documents):
+                    writer.add_document(ids + [tokenizer.eod_id])
+    return str(prefix)
+
+
+def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None,
+                   seed: int) -> DataSplits:  # fmt: skip
+    """The run's datasets; `train_samples` None means one epoch of the training data. DataError names
+    the key and file of any problem."""
+    tokenizer, name = _tokenizer(data, cache_dir)
+    if tokenizer is None:
+        key = "data_prefix" if data.is_set("data_prefix") else "train_dir"
+        raise DataError(f"data.tokenizer: expected a tokenizer with data.{key} (it gives the vocabulary size and the "
+                        "end-of-document id), found none")  # fmt: skip
+    format = SampleFormat(seq_length=seq_length, eod_id=tokenizer.eod_id,
+                          plus_one=not data.no_seqlen_plus_one_input_tokens, eod_mask_loss=data.eod_mask_loss,
+                          reset_position_ids=data.reset_position_ids)  # fmt: skip
+    if data.train_dir is not None and (data.use_sft_style_data_module or not data.is_set("data_prefix")):
+        hf_cache = cache_dir / "hf-data"
+        train = hf_pretraining_dataset(data.train_dir, "data.train_dir", "train", format, tokenizer, hf_cache,
+                                       data.dev_choose_samples)  # fmt: skip
+        validation = None
+        if data.val_dir is not None:
+            validation = hf_pretraining_dataset(data.val_dir, "data.val_dir", "validation", format, tokenizer,
+                                                hf_cache, data.dev_choose_samples)  # fmt: skip
+        return DataSplits(train, validation, None, format, tokenizer.vocab_size, name, shuffled=False)
+    if data.is_set("data_prefix"):
+        prefix, index_dir = _plain(data.data_prefix), data.index_mapping_dir
     else:
-        tokenizer, name = builtin_tokenizer(corpus, cache_dir), "built-in byte-level BPE (4096 tokens)"
-    eod_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
-    if eod_id is None:
-        raise ValueError(f"data.tokenizer.type: {name} has no end-of-sequence token to separate documents")
-    tokens = tokenize_corpus(corpus, tokenizer, eod_id, cache_dir)
-    windows = (len(tokens) - 1) // seq_length
-    train, validation, test = _split_counts(windows, data.splits_string)
-    options = dict(plus_one=not data.no_seqlen_plus_one_input_tokens, eod_mask_loss=data.eod_mask_loss,
-                   reset_position_ids=data.reset_position_ids)  # fmt: skip
-    return DataSplits(
-        train=TokenWindows(tokens, 0, train, seq_length, eod_id, **options),
-        validation=TokenWindows(tokens, train, validation, seq_length, eod_id, **options),
-        test=TokenWindows(tokens, train + validation, test, seq_length, eod_id, **options),
-        vocab_size=len(tokenizer),
-        tokenizer=name,
-    )
+        prefix, index_dir = _builtin_prefix(tokenizer, cache_dir), str(cache_dir / "index-cache")
+    builder = MegatronDataBuilder(format, seed, Path(index_dir) if index_dir else None, warmup=not data.skip_warmup)
+    splits = builder.build(prefix, data.splits_string, [train_samples, None, None])
+    if splits["train"] is None:
+        raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")
+    return DataSplits(splits["train"], splits["validation"], splits["test"], format, tokenizer.vocab_size, name,
+                      shuffled=True)  # fmt: skip
 
 
-def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {key: torch.stack([sample[key] for sample in samples]) for key in samples[0]}
+def _plain(value):
+    """A config value as plain str / list / dict (the schema keeps lists frozen and sections as models)."""
+    if hasattr(value, "model_dump"):
+        return {split: _plain(blend) for split, blend in value.model_dump().items()}
+    return value if value is None or isinstance(value, str) else list(value)

@@ -10,12 +10,14 @@ is the gradient of one big batch, whatever the layout and the split into micro-b
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import yaml
 from lightning_fabric import Fabric
 from nxd_config import NxdConfig
+from nxd_data import IGNORE_INDEX, PretrainingSampler, WithPadding, collate
 from nxd_models import causal_lm_logits, training_flops_per_token
 from nxd_parallel import (
     ParallelDims,
@@ -27,22 +29,21 @@ from nxd_parallel import (
 )
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
-from .data import IGNORE_INDEX, TokenWindows, collate
+from .data import DataSplits
 from .logdir import next_log_dir
 from .monitor import Monitor
 from .optimizers import build_optimizer
 from .parallelism import build_parallel_model
 from .preflight import RunPlan
-from .sampling import BatchPlan, MicroBatchSampler
 from .schedules import build_scheduler
 from .throughput import matmul_ceiling
 
 
-def micro_batches(dataset: TokenWindows, plan: BatchPlan, steps: int, num_workers: int) -> DataLoader:
-    """This rank's micro-batches of the first `steps` steps, read by `num_workers` worker processes."""
-    return DataLoader(dataset, batch_sampler=MicroBatchSampler(plan, 0, steps), collate_fn=collate,
+def micro_batches(dataset: Dataset, sampler: PretrainingSampler, data: DataSplits, num_workers: int) -> DataLoader:
+    """This rank's micro-batches as `sampler` orders them, read by `num_workers` worker processes."""
+    return DataLoader(WithPadding(dataset, data.format.padding()), batch_sampler=sampler, collate_fn=collate,
                       num_workers=num_workers)  # fmt: skip
 
 
@@ -115,9 +116,10 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     gbs, mbs = cfg.global_batch_size, cfg.data.micro_batch_size
     data_options = dict(global_batch_size=gbs, micro_batch_size=mbs, data_parallel_size=dp,
                         data_parallel_rank=mesh.data_parallel_rank, seed=cfg.seed)  # fmt: skip
-    train_plan = BatchPlan(len(plan.data.train), **data_options,
-                           reshuffle_each_epoch=cfg.data.dataloader_type == "cyclic")  # fmt: skip
-    steps_per_epoch = train_plan.steps_per_epoch
+    cyclic = cfg.data.dataloader_type == "cyclic"
+    train_sampler = PretrainingSampler(len(plan.data.train), **data_options, shuffle=cyclic or not plan.data.shuffled,
+                                       reshuffle_each_epoch=cyclic)  # fmt: skip
+    steps_per_epoch = train_sampler.steps_per_epoch
     steps = total_steps(cfg, steps_per_epoch)
     monitor = Monitor(log_dir, global_rank=rank, local_rank=fabric.local_rank, total_steps=steps,
                       local_rank_0_only=cfg.exp_manager.log_local_rank_0_only,
@@ -139,16 +141,19 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
                  f"({gbs // (mbs * dp)} x {mbs} per rank), {steps} steps of {steps_per_epoch} per epoch, "
                  f"{plan.data.tokenizer}; logs in {log_dir}")  # fmt: skip
 
-    def evaluate(dataset: TokenWindows, limit: int | float) -> float | None:
-        eval_plan = BatchPlan(len(dataset), **data_options, shuffle=False, drop_last=cfg.data.validation_drop_last)
-        count = batch_limit(limit, eval_plan.steps_per_epoch)
+    def evaluate(dataset: Dataset | None, limit: int | float) -> float | None:
+        if dataset is None:
+            return None
+        sampler = PretrainingSampler(len(dataset), **data_options, drop_last=cfg.data.validation_drop_last,
+                                     pad_to_global_batch=cfg.data.pad_samples_to_global_batch_size)  # fmt: skip
+        count = batch_limit(limit, sampler.steps_per_epoch)
         if count == 0:
             return None
         model.eval()
         loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
         tokens = torch.zeros((), device=fabric.device, dtype=torch.float64)
         with torch.no_grad():
-            for batch in micro_batches(dataset, eval_plan, count, cfg.data.num_workers):
+            for batch in micro_batches(dataset, replace(sampler, steps=count), plan.data, cfg.data.num_workers):
                 batch = fabric.to_device(batch)
                 with loss_parallel(), fabric.autocast():
                     loss += token_losses(model, batch).double().sum()
@@ -164,7 +169,8 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
 
     model.train()
     accumulation = gbs // (mbs * dp)
-    train_batches = iter(micro_batches(plan.data.train, train_plan, steps, cfg.data.num_workers))
+    train_batches = iter(micro_batches(plan.data.train, replace(train_sampler, steps=steps), plan.data,
+                                       cfg.data.num_workers))  # fmt: skip
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     for step in range(steps):
         started = time.perf_counter()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from nxd_config import ConfigNotice, NxdConfig
+from nxd_data import DataError
 from nxd_models import AttentionKernel, GPTConfig, HFOverrides, ModelConfigError, load_hf_config
 from transformers import PretrainedConfig
 
@@ -139,10 +140,11 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
                 warnings.warn(f"distributed_strategy.{key}: {value} acts across tensor-parallel ranks; with "
                               "tensor_model_parallel_size 1 it changes nothing", ConfigNotice, stacklevel=2)
     seq_length = cfg.seq_length
+    train_samples = cfg.trainer.max_steps * cfg.global_batch_size if cfg.trainer.max_steps > 0 else None
     try:
-        data = build_datasets(cfg.data, seq_length, cache_dir)
-    except (OSError, ValueError) as error:
-        raise PreflightError([f"data: {error}"]) from None
+        data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed)
+    except DataError as error:
+        raise PreflightError([str(error)]) from None
     if len(data.train) < cfg.global_batch_size:
         raise PreflightError([f"data.global_batch_size: expected at most the {len(data.train)} samples of the "
                               f"training split, found {cfg.global_batch_size}"])

@@ -4,7 +4,7 @@ exact-resume sampling."""
 from .blending import BlendedDataset, blend_indices
 from .errors import DataError
 from .gpt_dataset import GPTDataset, split_documents
-from .hf_data import hf_pretraining_dataset, load_records
+from .hf_data import TokenStream, hf_pretraining_dataset, load_records
 from .indexed import IndexedDataset, IndexedDatasetWriter, token_dtype
 from .indices import build_indices
 from .megatron import MegatronDataBuilder
@@ -28,6 +28,7 @@ __all__ = [
     "PretrainingSampler",
     "SampleFormat",
     "TextTokenizer",
+    "TokenStream",
     "WithPadding",
     "blend_indices",
     "build_indices",

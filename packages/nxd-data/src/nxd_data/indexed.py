@@ -31,6 +31,7 @@ DTYPE_CODES: dict[int, type[np.generic]] = {
 }  # fmt: skip
 CODE_OF = {np.dtype(dtype): code for code, dtype in DTYPE_CODES.items()}
 _HEADER = struct.Struct("<9sQBQQ")
+WARMUP_CHUNK = 100 * 1024 * 1024
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -50,7 +51,7 @@ class IndexedDataset:
     index or token file shorter than its header promises — is a DataError naming the file.
     """
 
-    def __init__(self, prefix: str | os.PathLike):
+    def __init__(self, prefix: str | os.PathLike, *, warmup: bool = False):
         self.prefix = os.fspath(prefix)
         self.index_path, self.bin_path = data_files(prefix)
         missing = [str(path) for path in (self.index_path, self.bin_path) if not path.is_file()]
@@ -88,6 +89,11 @@ class IndexedDataset:
             raise DataError(f"{self.bin_path}: expected at least {needed} bytes of tokens as {self.index_path.name} "
                             f"describes, found {found} (truncated?)")  # fmt: skip
         self.tokens = np.memmap(self.bin_path, dtype=self.dtype, mode="r") if found else np.empty(0, self.dtype)
+        if warmup:  # page both files in now rather than during the first steps (`data.skip_warmup: False`)
+            for path in (self.index_path, self.bin_path):
+                with path.open("rb") as file:
+                    while file.read(WARMUP_CHUNK):
+                        pass
 
     def __len__(self) -> int:
         return len(self.sizes)

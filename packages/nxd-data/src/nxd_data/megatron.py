@@ -38,13 +38,13 @@ def parse_blend(blend: Blend, where: str) -> list[tuple[float | None, str]]:
 class MegatronDataBuilder:
     """Builds the splits, opening each indexed dataset once."""
 
-    def __init__(self, format: SampleFormat, seed: int, cache_dir: Path | None):
-        self.format, self.seed, self.cache_dir = format, seed, cache_dir
+    def __init__(self, format: SampleFormat, seed: int, cache_dir: Path | None, *, warmup: bool = False):
+        self.format, self.seed, self.cache_dir, self.warmup = format, seed, cache_dir, warmup
         self._opened: dict[str, IndexedDataset] = {}
 
     def open(self, prefix: str) -> IndexedDataset:
         if prefix not in self._opened:
-            self._opened[prefix] = IndexedDataset(prefix)
+            self._opened[prefix] = IndexedDataset(prefix, warmup=self.warmup)
         return self._opened[prefix]
 
     def build(self, data_prefix: Blend | Mapping[str, Blend | None], splits_string: str,

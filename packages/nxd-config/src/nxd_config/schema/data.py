@@ -70,14 +70,24 @@ class TokenizerConfig(Section):
         "files, or a SentencePiece model.",
         by=DATA,
         status=Status.LIMITED,
-        note="NeMo's tabular, regex and byte-level libraries are rejected",
+        note="only huggingface (a tokenizer.json file or a directory holding one); megatron and sentencepiece "
+        "are rejected",
     )
     type: str | None = key(
         None, "Hugging Face tokenizer directory or file, or the Megatron tokenizer class name.", by=DATA
     )
-    model: str | None = key(None, "SentencePiece model file.", by=DATA)
-    vocab_file: str | None = key(None, "Vocabulary file (GPT-2 BPE vocab.json).", by=DATA)
-    merge_file: str | None = key(None, "BPE merges file (GPT-2 merges.txt).", by=DATA)
+    model: str | None = key(
+        None, "SentencePiece model file.", by=DATA, status=Status.LIMITED,
+        note="only null: library sentencepiece is rejected",
+    )  # fmt: skip
+    vocab_file: str | None = key(
+        None, "Vocabulary file (GPT-2 BPE vocab.json).", by=DATA, status=Status.LIMITED,
+        note="only null: library megatron is rejected",
+    )  # fmt: skip
+    merge_file: str | None = key(
+        None, "BPE merges file (GPT-2 merges.txt).", by=DATA, status=Status.LIMITED,
+        note="only null: library megatron is rejected",
+    )  # fmt: skip
     delimiter: str | None = key(
         None,
         "Column delimiter of NeMo's tabular tokenizer.",
@@ -86,9 +96,13 @@ class TokenizerConfig(Section):
         note="only null: the tabular tokenizer is not supported",
     )
     sentencepiece_legacy: bool = key(
-        False, "SentencePiece legacy mode (allows adding special tokens).", by=DATA
-    )
-    use_fast: bool = key(True, "Prefer the Rust (fast) Hugging Face tokenizer.", by=DATA)
+        False, "SentencePiece legacy mode (allows adding special tokens).", by=DATA, status=Status.LIMITED,
+        note="only false: library sentencepiece is rejected",
+    )  # fmt: skip
+    use_fast: bool = key(
+        True, "Prefer the Rust (fast) Hugging Face tokenizer.", by=DATA, status=Status.LIMITED,
+        note="only true: nxd reads tokenizer.json with the Rust tokenizers library",
+    )  # fmt: skip
 
 
 class DataConfig(Section):
@@ -112,12 +126,12 @@ class DataConfig(Section):
     # --- Megatron indexed datasets
     data_prefix: Blend | DataPrefixSplits | None = key(
         None,
-        "Indexed dataset prefix(es): a path, [w1, p1, w2, p2, ...] blended by weight, or "
-        "{train, validation, test}.",
+        "Indexed dataset prefix(es): a path, [w1, p1, w2, p2, ...] blended by weight, a list of paths "
+        "(blended by token count), or {train, validation, test}.",
         by=DATA,
     )
     index_mapping_dir: str | None = key(
-        None, "Where the sample/shuffle index files are cached; null caches next to the data.", by=DATA
+        None, "Where the sample/shuffle index files are cached; null: an index-cache folder next to the data.", by=DATA
     )
     data_impl: Literal["mmap"] = key(
         "mmap",
@@ -134,14 +148,20 @@ class DataConfig(Section):
         "single", "single: one pass in order of the shuffle index; cyclic: reshuffle each epoch.", by=DATA
     )
     reset_position_ids: bool = key(False, "Restart position ids after each end-of-document token.", by=DATA)
-    reset_attention_mask: bool = key(False, "Stop attention across end-of-document tokens.", by=DATA)
+    reset_attention_mask: bool = key(
+        False, "Stop attention across end-of-document tokens.", by=DATA, status=Status.LIMITED,
+        note="only false: document-wise attention masks are not supported (reset_position_ids and eod_mask_loss are)",
+    )  # fmt: skip
     eod_mask_loss: bool = key(False, "Exclude end-of-document tokens from the loss.", by=DATA)
     validation_drop_last: bool = key(True, "Drop the last partial validation batch.", by=DATA)
     no_seqlen_plus_one_input_tokens: bool = key(
         False, "Read seq_length tokens per sample (last label masked) instead of seq_length + 1.", by=DATA
     )
     pad_samples_to_global_batch_size: bool = key(
-        False, "Pad the last partial global batch with masked samples instead of dropping it.", by=DATA
+        False,
+        "Pad the last partial validation/test global batch (validation_drop_last: False) to full size with "
+        "samples that add nothing to the loss, so every micro-batch has the same shape.",
+        by=DATA,
     )
     # --- Hugging Face and alignment data
     train_dir: str | None = key(
@@ -152,5 +172,5 @@ class DataConfig(Section):
         None, "Use only the first N records of the data; null uses all.", by=DATA, ge=1
     )
     use_sft_style_data_module: bool = key(
-        False, "Read train_dir/val_dir (Hugging Face style) instead of data_prefix for a Megatron model.", by=DATA
+        False, "Read train_dir/val_dir (Hugging Face style) even when data_prefix is set.", by=DATA
     )
