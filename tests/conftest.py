@@ -1,6 +1,17 @@
-"""Shared test options (slower tests run only with --runslow) and the in-process training fixture."""
+"""Shared test options (slower tests run only with --runslow), the in-process training fixture and a
+small tokenizer trained on local text (no download)."""
+
+from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+TEXT = [
+    "the quick brown fox jumps over the lazy dog",
+    "pack my box with five dozen liquor jugs",
+    "how vexingly quick daft zebras jump",
+    "sphinx of black quartz, judge my vow",
+] * 20
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -23,3 +34,17 @@ def train_here(tmp_path):
 
     runs = iter(range(1000))
     return lambda *overrides: train_in_process(tmp_path / f"run{next(runs)}", *overrides)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE of 300 tokens (with <|endoftext|>) trained on TEXT, saved as tokenizer.json."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    tokenizer.train_from_iterator(TEXT, trainer)
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path

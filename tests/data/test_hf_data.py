@@ -10,7 +10,7 @@ import pytest
 from nxd_data import DataError, SampleFormat, hf_pretraining_dataset, load_tokenizer
 from tokenizers import Tokenizer
 
-from .conftest import TEXT
+from tests.conftest import TEXT
 
 FORMAT = SampleFormat(seq_length=8, eod_id=0)
 

@@ -11,7 +11,7 @@ import zstandard
 from nxd_data import DataError, IndexedDataset, load_tokenizer, preprocess_jsonl
 from tokenizers import Tokenizer
 
-from .conftest import TEXT
+from tests.conftest import TEXT
 
 
 def write_jsonl(path: Path, records: list[dict], compress: str = "") -> Path:

@@ -3,6 +3,8 @@
     nxd-train [train] [--config FILE] [OVERRIDE ...]   run the job (the embedded tiny config by default)
     nxd-train config show FILE [OVERRIDE ...]          print the resolved config as YAML
     nxd-train config check FILE [OVERRIDE ...]         exit 0 if valid, 1 with every problem listed
+    nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
+                                                      jsonl -> Megatron .bin/.idx
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import yaml
 from nxd_config import ConfigError, ConfigNotice, NxdConfig, Status, load_config
 
-SUBCOMMANDS = ("train", "config")
+SUBCOMMANDS = ("train", "config", "data")
 OVERRIDE_HELP = "a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML)"
 
 
@@ -47,6 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
         action = actions.add_parser(name, help=text, description=text)
         action.add_argument("file", type=Path, metavar="CONFIG")
         action.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
+
+    data = commands.add_parser("data", help="prepare training data")
+    data_actions = data.add_subparsers(dest="action", metavar="ACTION", required=True)
+    text = "tokenise jsonl files (plain, .gz or .zst) into Megatron .bin/.idx files, one pair per json key"
+    preprocess = data_actions.add_parser("preprocess", help=text, description=text)
+    preprocess.add_argument("--input", nargs="+", type=Path, required=True, metavar="FILE", help="jsonl input files")
+    preprocess.add_argument("--output-prefix", required=True, help="writes PREFIX_{key}_document.bin/.idx")
+    preprocess.add_argument("--tokenizer", required=True, help="a tokenizer.json file or a directory holding one")
+    preprocess.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY", help="keys to tokenise")
+    preprocess.add_argument("--append-eod", action="store_true", help="end each document with the EOD token")
+    preprocess.add_argument("--workers", type=int, default=1, help="tokenising processes (default 1)")
+    preprocess.add_argument("--skip-bad-lines", action="store_true",
+                            help="skip lines that are not JSON objects with the keys (default: stop at the first)")
+    preprocess.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -57,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(args_list)
     if args.command == "config":
         return _config_command(args.action, args.file, args.overrides)
+    if args.command == "data":
+        return _preprocess_command(args)
     return _train_command(args.config or default_config_path(), args.overrides)
 
 
@@ -119,6 +137,22 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     from .loop import train
 
     train(config, plan)
+    return 0
+
+
+def _preprocess_command(args: argparse.Namespace) -> int:
+    from nxd_data import DataError, preprocess_jsonl
+
+    try:
+        summary = preprocess_jsonl(args.input, args.output_prefix, args.tokenizer, json_keys=args.json_keys,
+                                   append_eod=args.append_eod, workers=args.workers,
+                                   skip_bad_lines=args.skip_bad_lines, progress=not args.no_progress)  # fmt: skip
+    except DataError as error:
+        print(f"nxd-train data preprocess: {error}", file=sys.stderr)
+        return 1
+    skipped = f"; skipped {summary.skipped_lines} bad lines" if summary.skipped_lines else ""
+    print(f"wrote {', '.join(f'{prefix}.bin/.idx' for prefix in summary.outputs)}: {summary.documents:,} documents, "
+          f"{summary.tokens:,} tokens in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s){skipped}")
     return 0
 
 

@@ -1,0 +1,106 @@
+"""nxd-train on each data source: Megatron indexed data (made by `nxd-train data preprocess`),
+blends, Hugging Face folders, and the errors bad data gets before any process starts."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import datasets
+import pytest
+from nxd_config import ConfigError, load_config
+from nxd_train.cli import default_config_path, main
+from nxd_train.corpus import default_cache_dir
+from nxd_train.preflight import PreflightError, plan_run
+
+from tests.conftest import TEXT
+from tests.training_runs import losses
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """60 documents of 4 to 12 sentences as jsonl."""
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": " ".join(rng.choices(TEXT[:4], k=rng.randint(4, 12)))}) + "\n"
+                            for _ in range(60)))  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def prefixes(corpus: Path, tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The corpus preprocessed twice by the command (1 and 2 workers)."""
+    out = tmp_path_factory.mktemp("indexed")
+    for workers in (1, 2):
+        assert main(["data", "preprocess", "--input", str(corpus), "--output-prefix", str(out / f"w{workers}"),
+                     "--tokenizer", str(tokenizer_file), "--append-eod", "--workers", str(workers),
+                     "--no-progress"]) == 0  # fmt: skip
+    return str(out / "w1_text_document"), str(out / "w2_text_document")
+
+
+def test_preprocess_command_reports_what_it_wrote(corpus: Path, tokenizer_file: Path, tmp_path: Path, capsys) -> None:
+    assert main(["data", "preprocess", "--input", str(corpus), "--output-prefix", str(tmp_path / "c"),
+                 "--tokenizer", str(tokenizer_file), "--no-progress"]) == 0  # fmt: skip
+    assert f"wrote {tmp_path / 'c'}_text_document.bin/.idx: 60 documents," in capsys.readouterr().out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\nnot json\n')
+    assert main(["data", "preprocess", "--input", str(bad), "--output-prefix", str(tmp_path / "b"),
+                 "--tokenizer", str(tokenizer_file), "--no-progress"]) == 1  # fmt: skip
+    assert f"{bad}:2: expected a JSON object" in capsys.readouterr().err
+
+
+def test_trains_on_preprocessed_and_blended_data(train_here, prefixes, tokenizer_file) -> None:
+    one, two = prefixes
+    data = [f"+data.tokenizer.type={tokenizer_file}", "trainer.max_steps=4", "model.optim.sched.max_steps=4"]
+    single = losses(train_here(*data, f"+data.data_prefix=[1.0,{one}]", "+data.index_mapping_dir=" + one + "-idx"))
+    same_files = losses(train_here(*data, f"+data.data_prefix={two}"))  # 2 workers wrote the same tokens
+    assert single == same_files and len(single) == 4
+    blended = train_here(*data, f"+data.data_prefix=[0.7,{one},0.3,{two}]")
+    assert len(losses(blended)) == 4
+
+
+def test_trains_on_hugging_face_folders_and_logs_validation(train_here, tokenizer_file, tmp_path) -> None:
+    rows = [[random.Random(r).randrange(300) for _ in range(65)] for r in range(40)]
+    datasets.Dataset.from_dict({"input_ids": rows[:32]}).save_to_disk(str(tmp_path / "train"))
+    datasets.Dataset.from_dict({"input_ids": rows[32:]}).save_to_disk(str(tmp_path / "val"))
+    metrics = train_here(f"+data.tokenizer.type={tokenizer_file}", f"+data.train_dir={tmp_path / 'train'}",
+                         f"+data.val_dir={tmp_path / 'val'}", "trainer.max_steps=2", "model.optim.sched.max_steps=2",
+                         "trainer.val_check_interval=2", "trainer.limit_val_batches=1.0")  # fmt: skip
+    assert len(losses(metrics)) == 2 and [row["step"] for row in metrics if "val_loss" in row] == [2.0]
+
+
+def test_padding_the_last_validation_batch_changes_no_loss(train_here, prefixes, tokenizer_file) -> None:
+    options = [f"+data.tokenizer.type={tokenizer_file}", f"+data.data_prefix={prefixes[0]}", "trainer.max_steps=1",
+               "model.optim.sched.max_steps=1", "trainer.val_check_interval=1", "trainer.limit_val_batches=1.0",
+               "+data.splits_string='50,50,0'", "+data.validation_drop_last=False"]  # fmt: skip
+    validation = plan_run(load_config(default_config_path(), options), default_cache_dir()).data.validation
+    assert len(validation) % 8  # a short last global batch
+    padded = train_here(*options, "+data.pad_samples_to_global_batch_size=True")
+    unpadded = train_here(*options)
+    val = [[row["val_loss"] for row in run if "val_loss" in row] for run in (padded, unpadded)]
+    assert len(val[0]) == 1 and val[0] == pytest.approx(val[1], rel=1e-12)
+
+
+def problems(*overrides: str) -> str:
+    cfg = load_config(default_config_path(), list(overrides))
+    with pytest.raises(PreflightError) as caught:
+        plan_run(cfg, default_cache_dir())
+    return str(caught.value)
+
+
+def test_bad_data_is_named_before_launch(tmp_path: Path, tokenizer_file: Path) -> None:
+    tokenizer = f"+data.tokenizer.type={tokenizer_file}"
+    missing = tmp_path / "absent_text_document"
+    assert f"data prefix {missing}: expected absent_text_document.idx and absent_text_document.bin" in problems(
+        tokenizer, f"+data.data_prefix={missing}"
+    )
+    assert "data.tokenizer: expected a tokenizer with data.data_prefix" in problems(f"+data.data_prefix={missing}")
+    assert f"data.tokenizer.type: expected a tokenizer.json file or a directory holding one, found no such file " \
+           f"or directory: {tmp_path / 'none'}" in problems(f"+data.tokenizer.type={tmp_path / 'none'}")  # fmt: skip
+    with pytest.raises(ConfigError, match="data.data_prefix: expected at least one positive weight"):
+        load_config(default_config_path(), [tokenizer, f"+data.data_prefix=[0,{missing}]"])
+    assert "data.train_dir: expected one data source, found data_prefix as well" in problems(
+        tokenizer, f"+data.data_prefix={missing}", f"+data.train_dir={tmp_path}"
+    )
+    assert "data.tokenizer.vocab_file: applies to megatron" in problems("+data.tokenizer.vocab_file=vocab.json")
