@@ -27,6 +27,8 @@ from .indexed import IndexedDatasetWriter, token_dtype
 from .tokenizer import TextTokenizer, load_tokenizer
 
 BATCH_LINES = 512
+BATCH_BYTES = 256 * 1024
+"""A batch of lines goes to one worker once it holds this many lines or bytes, whichever comes first."""
 
 
 @dataclass
@@ -100,12 +102,13 @@ def _batches(
 ) -> Iterator[tuple[str, int, list[str], tuple[str, ...], bool]]:
     for path in inputs:
         with open_text(path) as lines:
-            first, batch = 1, []
-            for batch_number, line in enumerate(lines, start=1):
+            first, batch, size = 1, [], 0
+            for number, line in enumerate(lines, start=1):
                 batch.append(line)
-                if len(batch) == BATCH_LINES:
+                size += len(line)
+                if len(batch) == BATCH_LINES or size >= BATCH_BYTES:
                     yield str(path), first, batch, keys, append_eod
-                    first, batch = batch_number + 1, []
+                    first, batch, size = number + 1, [], 0
             if batch:
                 yield str(path), first, batch, keys, append_eod
 
