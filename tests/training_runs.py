@@ -39,3 +39,21 @@ def run_command(*args: str, cwd: Path, timeout: int = 600) -> subprocess.Complet
     command = [str(Path(sys.executable).with_name("nxd-train")), *args]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=environment)
+
+
+def hf_run_config(tmp_path, vocab_size: int, max_positions: int = 128):
+    """A tiny Llama config.json and an hf run config that points at it."""
+    (tmp_path / "config.json").write_text(
+        f'{{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
+        f'"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": {vocab_size}, '
+        f'"max_position_embeddings": {max_positions}}}'
+    )
+    source = tmp_path / "hf.yaml"
+    source.write_text(
+        "name: tiny_hf\nmodel_source: hf\ntrainer: {max_steps: 3, num_sanity_val_steps: 0}\n"
+        "exp_manager: {create_checkpoint_callback: False}\ndistributed_strategy: {zero1: False}\n"
+        "data: {micro_batch_size: 2, global_batch_size: 4}\nprecision: {type: fp32}\n"
+        f"model:\n  model_config: {tmp_path / 'config.json'}\n  encoder_seq_length: 64\n"
+        "  optim: {name: adamw, lr: 1e-3}\n"
+    )
+    return source

@@ -150,5 +150,7 @@ def test_sample_format_keys() -> None:
     exact = SampleFormat(seq_length=7, eod_id=eod, plus_one=False).sample(window)
     assert exact["input_ids"].tolist() == window.tolist()
     assert exact["labels"].tolist() == [6, 0, 7, 8, 0, 9, -100]
+    documents = SampleFormat(seq_length=6, eod_id=eod, reset_attention_mask=True).sample(window)
+    assert documents["document_ids"].tolist() == [0, 0, 0, 1, 1, 1]  # an EOD ends its own document
     padding = SampleFormat(seq_length=6, eod_id=eod).padding()
     assert padding["labels"].tolist() == [-100] * 6

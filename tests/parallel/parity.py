@@ -56,6 +56,11 @@ class Scenario:
     layout: Layout = field(default_factory=Layout)
     clip: float = 0.0
     qkv: str | None = None
+    documents: bool = False
+    """Each sample packs documents of DOCUMENTS tokens: positions restart and attention stays inside them."""
+
+
+DOCUMENTS = (5, 7, 4)
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -85,9 +90,13 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
         micro = list(mine.split(MICRO_BATCH))
         for number, ids in enumerate(micro, start=1):
             set_gradient_sync(model, number == len(micro))
-            positions = torch.arange(SEQ).expand(ids.shape[0], SEQ)
+            positions, documents = torch.arange(SEQ).expand(ids.shape[0], SEQ), None
+            if scenario.documents:
+                positions = torch.cat([torch.arange(n) for n in DOCUMENTS]).expand(ids.shape[0], SEQ)
+                documents = torch.cat([torch.full((n,), d) for d, n in enumerate(DOCUMENTS)]).expand(ids.shape[0], SEQ)
             with loss_parallel():
-                losses = token_cross_entropy(causal_lm_logits(model, ids[:, :-1], positions), ids[:, 1:])
+                logits = causal_lm_logits(model, ids[:, :-1], positions, documents)
+                losses = token_cross_entropy(logits, ids[:, 1:])
                 (losses.sum() * dp / tokens).backward()
             loss += losses.detach().double().sum()
         if data_mesh is not None:

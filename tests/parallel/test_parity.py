@@ -37,6 +37,8 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("gpt-tp2", "gpt", tp=2),
         Scenario("qwen3-tp2-sp", "qwen3", tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("gpt-tp2-sp", "gpt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
+        Scenario("megatron-tp2-sp-documents", tp=2, layout=Layout(sequence_parallel=True), documents=True),
+        Scenario("hf-tp2-sp-documents", "hf", tp=2, layout=Layout(sequence_parallel=True), documents=True),
         Scenario("megatron-tp2-sp-bf16-reductions", tp=2, layout=Layout(sequence_parallel=True,
                                                                         reduce_dtype=torch.bfloat16)),  # fmt: skip
     ]
@@ -48,14 +50,15 @@ def _four_process_scenarios() -> list[Scenario]:
 
 
 def _key(scenario: Scenario) -> tuple:
-    return scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv
+    return scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents
 
 
 @pytest.fixture(scope="module")
 def references() -> dict[tuple, dict]:
     """One process for each model the scenarios train."""
     needed = {_key(s) for s in _two_process_scenarios() + _four_process_scenarios()}
-    return {key: train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3]), world=1)
+    return {key: train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4]),
+                                world=1)
             for key in needed}  # fmt: skip
 
 

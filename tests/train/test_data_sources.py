@@ -12,10 +12,11 @@ import pytest
 from nxd_config import ConfigError, load_config
 from nxd_train.cli import default_config_path, main
 from nxd_train.corpus import default_cache_dir
+from nxd_train.loop import train
 from nxd_train.preflight import PreflightError, plan_run
 
 from tests.conftest import TEXT
-from tests.training_runs import losses
+from tests.training_runs import hf_run_config, losses, read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +105,11 @@ def test_bad_data_is_named_before_launch(tmp_path: Path, tokenizer_file: Path) -
         tokenizer, f"+data.data_prefix={missing}", f"+data.train_dir={tmp_path}"
     )
     assert "data.tokenizer.vocab_file: applies to megatron" in problems("+data.tokenizer.vocab_file=vocab.json")
+
+
+def test_document_keys_train_both_families(train_here, tmp_path) -> None:
+    documents = ["+data.reset_position_ids=True", "+data.reset_attention_mask=True", "+data.eod_mask_loss=True"]
+    assert len(losses(train_here(*documents, "trainer.max_steps=2", "model.optim.sched.max_steps=2"))) == 2
+    source = hf_run_config(tmp_path, vocab_size=4096)
+    cfg = load_config(source, [*documents, f"+exp_manager.explicit_log_dir={tmp_path / 'hf'}"])
+    assert len(losses(read_metrics(train(cfg, plan_run(cfg, default_cache_dir()))))) == 3

@@ -10,7 +10,7 @@ from nxd_train.loop import batch_limit, train, validation_due
 from nxd_train.monitor import Monitor
 from nxd_train.preflight import PreflightError, plan_run
 
-from tests.training_runs import losses, read_metrics
+from tests.training_runs import hf_run_config, losses, read_metrics
 
 
 def test_accumulation_4x1_equals_1x4(train_here):
@@ -77,14 +77,12 @@ def _plan_problems(*overrides: str, source=None) -> str:
 
 def test_features_of_later_releases_are_rejected_by_key():
     message = _plan_problems("distributed_strategy.pipeline_model_parallel_size=2", "trainer.devices=2",
-                             "precision.type=mixed_precision", "+data.reset_attention_mask=True")  # fmt: skip
+                             "precision.type=mixed_precision")  # fmt: skip
     assert message.splitlines() == [
         "cannot train this config:",
         "  distributed_strategy.pipeline_model_parallel_size: pipeline parallelism is not in this release "
         "(nxd-parallel part 2 adds it); expected 1, found 2",
         "  precision.type: mixed_precision is not in this release (nxd-precision adds it); expected one of fp32, autocast",
-        "  data.reset_attention_mask: document-wise attention masks are not in this release; expected False "
-        "(reset_position_ids and eod_mask_loss are available)",
     ]
 
 
@@ -98,36 +96,18 @@ def test_sequence_longer_than_positions_is_rejected_before_launch():
     assert "model.encoder_seq_length: expected at most max_position_embeddings (32), found 64" in message
 
 
-def _hf_config(tmp_path, vocab_size: int, max_positions: int = 128):
-    """A tiny Llama config.json and an hf run config that points at it."""
-    (tmp_path / "config.json").write_text(
-        f'{{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
-        f'"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": {vocab_size}, '
-        f'"max_position_embeddings": {max_positions}}}'
-    )
-    source = tmp_path / "hf.yaml"
-    source.write_text(
-        "name: tiny_hf\nmodel_source: hf\ntrainer: {max_steps: 3, num_sanity_val_steps: 0}\n"
-        "exp_manager: {create_checkpoint_callback: False}\ndistributed_strategy: {zero1: False}\n"
-        "data: {micro_batch_size: 2, global_batch_size: 4}\nprecision: {type: fp32}\n"
-        f"model:\n  model_config: {tmp_path / 'config.json'}\n  encoder_seq_length: 64\n"
-        "  optim: {name: adamw, lr: 1e-3}\n"
-    )
-    return source
-
-
 def test_hf_vocab_smaller_than_the_tokenizer_is_rejected(tmp_path):
-    message = _plan_problems(source=_hf_config(tmp_path, vocab_size=1000))
+    message = _plan_problems(source=hf_run_config(tmp_path, vocab_size=1000))
     assert f"{tmp_path / 'config.json'}: vocab_size: expected at least the tokenizer's 4096 tokens, found 1000" in message
 
 
 def test_hf_sequence_longer_than_its_positions_is_rejected(tmp_path):
-    message = _plan_problems(source=_hf_config(tmp_path, vocab_size=4096, max_positions=32))
+    message = _plan_problems(source=hf_run_config(tmp_path, vocab_size=4096, max_positions=32))
     assert "data.seq_length: expected at most max_position_embeddings (32)" in message
 
 
 def test_missing_hf_config_file_is_rejected(tmp_path):
-    source = _hf_config(tmp_path, vocab_size=4096)
+    source = hf_run_config(tmp_path, vocab_size=4096)
     (tmp_path / "config.json").unlink()
     assert "model.model_config: expected a config.json file or a directory with one, found no file at" in _plan_problems(
         source=source
@@ -135,7 +115,7 @@ def test_missing_hf_config_file_is_rejected(tmp_path):
 
 
 def test_hf_model_trains(tmp_path):
-    cfg = load_config(_hf_config(tmp_path, vocab_size=4096), [f"+exp_manager.explicit_log_dir={tmp_path / 'logs'}"])
+    cfg = load_config(hf_run_config(tmp_path, vocab_size=4096), [f"+exp_manager.explicit_log_dir={tmp_path / 'logs'}"])
     rows = read_metrics(train(cfg, plan_run(cfg, default_cache_dir())))
     assert [row["step"] for row in rows if "loss" in row] == [1.0, 2.0, 3.0]
 

@@ -26,18 +26,10 @@ from torch.utils.data import Dataset
 
 from .corpus import builtin_tokenizer, stdlib_corpus
 
-NOT_IN_THIS_RELEASE = {"reset_attention_mask": "document-wise attention masks"}
-"""data keys whose feature nxd does not have: setting one is an error, never a silent no-op."""
-
 
 def unavailable_data_keys(data: DataConfig) -> list[str]:
-    """One message per data key the user set whose feature this release does not have."""
-    messages = [
-        f"data.{key}: {feature} are not in this release; expected False (reset_position_ids and eod_mask_loss "
-        "are available)"
-        for key, feature in NOT_IN_THIS_RELEASE.items()
-        if getattr(data, key)
-    ]
+    """One message per data key whose value nxd cannot act on (never a silent no-op)."""
+    messages = []
     if data.tokenizer is not None and data.tokenizer.library != "huggingface":
         messages.append(f"data.tokenizer.library: expected huggingface (a tokenizer.json file or a directory "
                         f"holding one), found {data.tokenizer.library!r}")  # fmt: skip
@@ -106,7 +98,8 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
                         "end-of-document id), found none")  # fmt: skip
     format = SampleFormat(seq_length=seq_length, eod_id=tokenizer.eod_id,
                           plus_one=not data.no_seqlen_plus_one_input_tokens, eod_mask_loss=data.eod_mask_loss,
-                          reset_position_ids=data.reset_position_ids)  # fmt: skip
+                          reset_position_ids=data.reset_position_ids,
+                          reset_attention_mask=data.reset_attention_mask)  # fmt: skip
     if data.train_dir is not None and (data.use_sft_style_data_module or not data.is_set("data_prefix")):
         hf_cache = cache_dir / "hf-data"
         train = hf_pretraining_dataset(data.train_dir, "data.train_dir", "train", format, tokenizer, hf_cache,

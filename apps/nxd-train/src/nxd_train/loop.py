@@ -51,7 +51,7 @@ def token_losses(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
     """Cross-entropy of every label position (0 where the label is ignored), from fp32 logits; logits
     sharded over the vocabulary (tensor parallel) are reduced without gathering them (call it, and
     run the backward, inside `loss_parallel()`)."""
-    logits = causal_lm_logits(model, batch["input_ids"], batch["position_ids"])
+    logits = causal_lm_logits(model, batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
     return token_cross_entropy(logits, batch["labels"], IGNORE_INDEX)
 
 

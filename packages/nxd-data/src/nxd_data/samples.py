@@ -22,6 +22,9 @@ class SampleFormat:
     tokens, and the last position has no label (`no_seqlen_plus_one_input_tokens`)."""
     eod_mask_loss: bool = False
     reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    """Add `document_ids` (how many end-of-document tokens precede each position), so the model
+    confines attention to each document as Megatron's get_ltor_masks_and_position_ids does."""
 
     @property
     def window(self) -> int:
@@ -46,7 +49,11 @@ class SampleFormat:
             for end in input_ids[:length].eq(self.eod_id).nonzero().flatten().tolist():
                 position_ids[end + 1 :] -= end + 1 - previous
                 previous = end + 1
-        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+        sample = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+        if self.reset_attention_mask:
+            ends = input_ids.eq(self.eod_id).long()
+            sample["document_ids"] = torch.cat([torch.zeros(1, dtype=torch.int64), ends[:-1].cumsum(0)])
+        return sample
 
     def padding(self) -> dict[str, torch.Tensor]:
         """A sample that adds nothing to the loss (`pad_samples_to_global_batch_size`)."""

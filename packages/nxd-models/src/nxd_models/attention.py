@@ -69,6 +69,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((rotated, passthrough), dim=-1) if passthrough.shape[-1] else rotated
 
 
+def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
+    """(b, 1, s, s) True where query i may attend key j: j <= i within the same document."""
+    seq = document_ids.shape[-1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=document_ids.device).tril()
+    return (causal & (document_ids[:, :, None] == document_ids[:, None, :])).unsqueeze(1)
+
+
 class CoreAttention(nn.Module):
     """softmax(Q K^T / sqrt(d)) V with a causal mask; the unit selective recomputation names."""
 
@@ -79,26 +86,33 @@ class CoreAttention(nn.Module):
         self.dropout = dropout
         self.query_key_layer_scaling = query_key_layer_scaling
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """query (b, hq, s, d), key/value (b, hkv, s, d) with hq a multiple of hkv; returns (b, hq, s, d)."""
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                allowed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """query (b, hq, s, d), key/value (b, hkv, s, d) with hq a multiple of hkv; returns (b, hq, s, d).
+        `allowed` (b, 1, s, s) replaces the causal mask (True: may attend), see `document_mask`."""
         dropout = self.dropout if self.training else 0.0
         if self.kernel is AttentionKernel.UNFUSED:
-            return self._unfused(query, key, value, dropout)
+            return self._unfused(query, key, value, dropout, allowed)
         backends = _FAST_BACKENDS if self.kernel is AttentionKernel.FLASH else [SDPBackend.MATH]
         with sdpa_kernel(backends):
             return F.scaled_dot_product_attention(
-                query, key, value, dropout_p=dropout, is_causal=True, enable_gqa=key.shape[1] != query.shape[1]
-            )
+                query, key, value, attn_mask=allowed, dropout_p=dropout, is_causal=allowed is None,
+                enable_gqa=key.shape[1] != query.shape[1],
+            )  # fmt: skip
 
-    def _unfused(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float) -> torch.Tensor:
+    def _unfused(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float,
+                 allowed: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         groups = query.shape[1] // key.shape[1]
         if groups > 1:
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         coefficient = float(self.layer_number) if self.query_key_layer_scaling else 1.0
         scores = torch.matmul(query, key.transpose(-2, -1)) / (math.sqrt(query.shape[-1]) * coefficient)
         seq_q, seq_k = scores.shape[-2], scores.shape[-1]
-        future = torch.ones(seq_q, seq_k, dtype=torch.bool, device=scores.device).triu(1)
-        scores = scores.float().masked_fill(future, float("-inf")) * coefficient
+        if allowed is None:
+            hidden = torch.ones(seq_q, seq_k, dtype=torch.bool, device=scores.device).triu(1)
+        else:
+            hidden = ~allowed
+        scores = scores.float().masked_fill(hidden, float("-inf")) * coefficient
         probs = torch.softmax(scores, dim=-1).to(query.dtype)
         probs = F.dropout(probs, p=dropout, training=dropout > 0)
         return torch.matmul(probs, value)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.masking_utils import create_causal_mask, packed_sequence_mask_function
 
 from .attention import _FAST_BACKENDS, AttentionKernel
 from .gpt import GPTConfig, GPTForCausalLM
@@ -58,10 +59,24 @@ def sdpa_kernel_of(attention: AttentionKernel | None) -> Iterator[None]:
         yield
 
 
-def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """Logits (batch, seq, vocab) of either family; a DDP/FSDP wrapper around the model is fine."""
+def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                     document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Logits (batch, seq, vocab) of either family; a DDP/FSDP wrapper around the model is fine.
+
+    `document_ids` (batch, seq), when given, restricts attention to earlier tokens of the same
+    document (Megatron's reset_attention_mask); otherwise attention is causal over the whole sample,
+    whatever the position ids (transformers would otherwise read restarting positions as packed
+    sequences and mask across them).
+    """
     inner = getattr(model, "module", model)
     if isinstance(inner, PreTrainedModel):
+        if document_ids is None:
+            mask = torch.ones_like(input_ids)
+        else:
+            shape_only = torch.empty(*input_ids.shape, 0, device=input_ids.device)  # batch, length, dtype, device
+            mask = create_causal_mask(config=inner.config, inputs_embeds=shape_only, attention_mask=None,
+                                      past_key_values=None,
+                                      and_mask_function=packed_sequence_mask_function(document_ids))  # fmt: skip
         with sdpa_kernel_of(getattr(inner, "nxd_attention", None)):
-            return model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
-    return model(input_ids, position_ids)
+            return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
+    return model(input_ids, position_ids, document_ids)

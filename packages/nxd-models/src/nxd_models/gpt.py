@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionKernel, CoreAttention, apply_rotary, rotary_cos_sin
+from .attention import AttentionKernel, CoreAttention, apply_rotary, document_mask, rotary_cos_sin
 from .errors import ModelConfigError
 from .qkv import QKVLinear
 
@@ -138,7 +138,8 @@ class SelfAttention(nn.Module):
             layer_number, kernel, config.attention_dropout, config.apply_query_key_layer_scaling
         )
 
-    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
+                allowed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         batch, seq, _ = hidden.shape
         head_dim = self.config.head_dim
         # -1 heads: under tensor parallelism a rank holds a slice of the heads.
@@ -149,7 +150,7 @@ class SelfAttention(nn.Module):
         query, key, value = (p.view(batch, seq, -1, head_dim).transpose(1, 2) for p in projections)
         if rotary is not None:
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
-        context = self.core_attention(query, key, value)
+        context = self.core_attention(query, key, value, allowed)
         return self.o_proj(context.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -183,8 +184,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        hidden = hidden + self.dropout(self.self_attn(self.input_layernorm(hidden), rotary))
+    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
+                allowed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        hidden = hidden + self.dropout(self.self_attn(self.input_layernorm(hidden), rotary, allowed))
         return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
 
 
@@ -201,8 +203,10 @@ class GPTDecoder(nn.Module):
         )
         self.norm = _norm(config)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         hidden = self.embed_tokens(input_ids)
+        allowed = None if document_ids is None else document_mask(document_ids)
         rotary = None
         if self.config.position_embedding_type == "learned_absolute":
             hidden = hidden + self.position_embeddings(position_ids)
@@ -210,7 +214,7 @@ class GPTDecoder(nn.Module):
             rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)
         hidden = self.embedding_dropout(hidden)
         for layer in self.layers:
-            hidden = layer(hidden, rotary)
+            hidden = layer(hidden, rotary, allowed)
         return self.norm(hidden)
 
 
@@ -226,10 +230,12 @@ class GPTForCausalLM(nn.Module):
         if config.share_embeddings_and_output_weights:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """`document_ids` (batch, seq), when given, confines attention to each document."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return self.lm_head(self.model(input_ids, position_ids))
+        return self.lm_head(self.model(input_ids, position_ids, document_ids))
 
     @torch.no_grad()
     def init_weights(self) -> None:

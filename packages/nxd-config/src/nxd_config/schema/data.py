@@ -148,10 +148,7 @@ class DataConfig(Section):
         "single", "single: one pass in order of the shuffle index; cyclic: reshuffle each epoch.", by=DATA
     )
     reset_position_ids: bool = key(False, "Restart position ids after each end-of-document token.", by=DATA)
-    reset_attention_mask: bool = key(
-        False, "Stop attention across end-of-document tokens.", by=DATA, status=Status.LIMITED,
-        note="only false: document-wise attention masks are not supported (reset_position_ids and eod_mask_loss are)",
-    )  # fmt: skip
+    reset_attention_mask: bool = key(False, "Stop attention across end-of-document tokens.", by=DATA)
     eod_mask_loss: bool = key(False, "Exclude end-of-document tokens from the loss.", by=DATA)
     validation_drop_last: bool = key(True, "Drop the last partial validation batch.", by=DATA)
     no_seqlen_plus_one_input_tokens: bool = key(
