@@ -154,3 +154,37 @@ def test_sample_format_keys() -> None:
     assert documents["document_ids"].tolist() == [0, 0, 0, 1, 1, 1]  # an EOD ends its own document
     padding = SampleFormat(seq_length=6, eod_id=eod).padding()
     assert padding["labels"].tolist() == [-100] * 6
+
+
+def _open_in_a_process(prefix: str, cache: str, log: str, result: str) -> None:
+    import nxd_data.indices as indices
+
+    build = indices.build_indices
+
+    def logged(*args, **kwargs):
+        with open(log, "a") as handle:
+            handle.write("built\n")
+        return build(*args, **kwargs)
+
+    indices.build_indices = logged
+    dataset = GPTDataset(IndexedDataset(prefix), "train", (0, 200), 500, SampleFormat(seq_length=8, eod_id=0), seed=3,
+                         cache_dir=Path(cache))  # fmt: skip
+    np.save(result, np.asarray(dataset.shuffle_idx))
+
+
+def test_concurrent_processes_build_the_indices_once(tmp_path: Path) -> None:
+    import multiprocessing
+
+    write(tmp_path / "d", [[1, 2, 3, 4, 5]] * 200)
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=_open_in_a_process, args=(str(tmp_path / "d"), str(tmp_path / "cache"),
+                                                                   str(tmp_path / "log"), str(tmp_path / f"r{i}.npy")))
+                 for i in range(3)]  # fmt: skip
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    assert (tmp_path / "log").read_text() == "built\n"
+    results = [np.load(tmp_path / f"r{i}.npy") for i in range(3)]
+    assert all(np.array_equal(results[0], other) for other in results[1:])
