@@ -78,3 +78,11 @@ def test_an_unknown_tokenizer_path_is_named(tmp_path: Path) -> None:
         load_tokenizer(tmp_path / "nope", "--tokenizer")
     with pytest.raises(DataError, match=r"a directory without tokenizer.json"):
         load_tokenizer(tmp_path)
+
+
+def test_a_corrupt_compressed_file_is_named(tmp_path: Path, tokenizer_file: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", RECORDS, "gz")
+    source.write_bytes(source.read_bytes()[:40])  # cut inside the compressed stream
+    with pytest.raises(DataError, match=r"in\.jsonl\.gz:1: expected UTF-8 jsonl .* cannot read on"):
+        preprocess_jsonl([source], tmp_path / "out", tokenizer_file, progress=False)
+    assert not list(tmp_path.glob("out*"))

@@ -57,6 +57,7 @@ def test_trains_on_preprocessed_and_blended_data(train_here, prefixes, tokenizer
     single = losses(train_here(*data, f"+data.data_prefix=[1.0,{one}]", "+data.index_mapping_dir=" + one + "-idx"))
     same_files = losses(train_here(*data, f"+data.data_prefix={two}"))  # 2 workers wrote the same tokens
     assert single == same_files and len(single) == 4
+    assert len(list(Path(one + "-idx").glob("*.npy"))) == 3 * 3  # doc, sample and shuffle index of each split
     blended = train_here(*data, f"+data.data_prefix=[0.7,{one},0.3,{two}]")
     assert len(losses(blended)) == 4
 

@@ -100,17 +100,23 @@ def _encode(
 def _batches(
     inputs: Sequence[Path], keys: tuple[str, ...], append_eod: bool
 ) -> Iterator[tuple[str, int, list[str], tuple[str, ...], bool]]:
+    import zstandard
+
     for path in inputs:
-        with open_text(path) as lines:
-            first, batch, size = 1, [], 0
-            for number, line in enumerate(lines, start=1):
-                batch.append(line)
-                size += len(line)
-                if len(batch) == BATCH_LINES or size >= BATCH_BYTES:
-                    yield str(path), first, batch, keys, append_eod
-                    first, batch, size = number + 1, [], 0
-            if batch:
-                yield str(path), first, batch, keys, append_eod
+        first, batch, size, number = 1, [], 0, 0
+        try:
+            with open_text(path) as lines:
+                for number, line in enumerate(lines, start=1):
+                    batch.append(line)
+                    size += len(line)
+                    if len(batch) == BATCH_LINES or size >= BATCH_BYTES:
+                        yield str(path), first, batch, keys, append_eod
+                        first, batch, size = number + 1, [], 0
+        except (OSError, EOFError, UnicodeDecodeError, zstandard.ZstdError) as error:
+            raise DataError(f"{path}:{number + 1}: expected UTF-8 jsonl (plain, .gz or .zst), cannot read on: "
+                            f"{error}") from None  # fmt: skip
+        if batch:
+            yield str(path), first, batch, keys, append_eod
 
 
 def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path, tokenizer: str | Path, *,

@@ -73,10 +73,12 @@ class PretrainingSampler:
     def steps_per_epoch(self) -> int:
         return -(-self.epoch_samples // self.global_batch_size)
 
-    def order(self, epoch: int) -> np.ndarray:
+    def order(self, epoch: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Positions `start` to `stop` of epoch `epoch`'s sample order."""
+        stop = self.total_samples if stop is None else stop
         if not self.shuffle:
-            return np.arange(self.total_samples)
-        return _permutation(self.total_samples, self.seed + (epoch if self.reshuffle_each_epoch else 0))
+            return np.arange(start, stop)  # no whole-epoch array per batch
+        return _permutation(self.total_samples, self.seed + (epoch if self.reshuffle_each_epoch else 0))[start:stop]
 
     def global_batch(self, consumed: int) -> list[int]:
         """The global batch starting at stream position `consumed` (shorter at the end of a pass
@@ -86,7 +88,7 @@ class PretrainingSampler:
         batch: list[int] = []
         while len(batch) < self.global_batch_size:
             epoch, offset = divmod(consumed, self.epoch_samples)
-            take = self.order(epoch)[offset : min(self.epoch_samples, offset + self.global_batch_size - len(batch))]
+            take = self.order(epoch, offset, min(self.epoch_samples, offset + self.global_batch_size - len(batch)))
             batch += take.tolist()
             consumed += len(take)
             if not self.drop_last and consumed % self.epoch_samples == 0:
