@@ -1,3 +1,19 @@
-"""nxd_precision."""
+"""nxd_precision: precision policies, stochastic rounding and the Neuron runtime's variables."""
+
+from .errors import PrecisionConfigError
+from .neuron_runtime import neuron_runtime_env
+from .policy import TYPES, PrecisionPolicy, bf16_support_problem, resolve_policy
+from .stochastic_rounding import copy_stochastically_rounded_, stochastic_round
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "TYPES",
+    "PrecisionConfigError",
+    "PrecisionPolicy",
+    "bf16_support_problem",
+    "copy_stochastically_rounded_",
+    "neuron_runtime_env",
+    "resolve_policy",
+    "stochastic_round",
+]
