@@ -2,6 +2,7 @@
 
 from .errors import PrecisionConfigError
 from .neuron_runtime import neuron_runtime_env
+from .optimizer import PrecisionOptimizer
 from .policy import TYPES, PrecisionPolicy, bf16_support_problem, resolve_policy
 from .stochastic_rounding import copy_stochastically_rounded_, stochastic_round
 
@@ -10,6 +11,7 @@ __version__ = "0.1.0"
 __all__ = [
     "TYPES",
     "PrecisionConfigError",
+    "PrecisionOptimizer",
     "PrecisionPolicy",
     "bf16_support_problem",
     "copy_stochastically_rounded_",

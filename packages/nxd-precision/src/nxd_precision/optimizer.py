@@ -1,0 +1,140 @@
+"""Any torch optimizer under a PrecisionPolicy: it steps on fp32 copies of low-precision parameters.
+
+- With master weights (mixed_precision, mixed_precisionSR, manual master_weights) the fp32 copies
+  persist: they are the weights; the bf16 parameters are rounded from them after every step
+  (stochastically when the policy says so). Under ZeRO-1 the parameters are shards, so the masters
+  and the optimizer state are sharded with them.
+- Without master weights but with bf16 parameters (bf16SR, manual xla_use_bf16) the fp32 copies are
+  made from the parameters for the step only (their memory is released in between): the update is
+  computed in fp32 and applied to the bf16 parameters with stochastic rounding (or to nearest).
+- With fp32 parameters it is the optimizer itself.
+
+Gradients accumulate in the policy's accumulation dtype: with fp32 accumulation of bf16 parameters
+each gradient is added into the fp32 copy's gradient as autograd produces it, and the bf16 one freed.
+Optimizer state is kept in the policy's state dtype between steps (the step itself runs in fp32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from .policy import FP32, PrecisionPolicy
+from .stochastic_rounding import stochastic_round
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class PrecisionOptimizer:
+    """`build(tensors)` makes the optimizer over the tensors it steps on (the fp32 copies, or the
+    parameters themselves); `step`, `zero_grad` and `param_groups` act as an optimizer's do, and
+    `optimizer` is what an LR scheduler drives. Call `collect_gradients` before reading or clipping
+    `gradient_tensors`."""
+
+    def __init__(self, parameters: Iterable[torch.Tensor], policy: PrecisionPolicy,
+                 build: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+                 generator: torch.Generator | None = None):  # fmt: skip
+        self.parameters = [p for p in parameters if p.requires_grad]
+        self.policy, self.generator = policy, generator
+        self.copies_needed = any(p.dtype != FP32 for p in self.parameters)
+        self.persistent = policy.master_dtype is not None
+        if not self.copies_needed:
+            self.copies = self.parameters
+        else:
+            self.copies = [p.detach().to(FP32).requires_grad_(True) for p in self.parameters]
+        self.optimizer = build(self.copies)
+        if self.copies_needed and not self.persistent:
+            self._release()
+        self._hooks = []
+        if self.copies_needed and policy.grad_accumulation_dtype == FP32:
+            for parameter, copy in zip(self.parameters, self.copies, strict=True):
+                self._hooks.append(parameter.register_post_accumulate_grad_hook(self._accumulator(copy)))
+
+    @staticmethod
+    def _accumulator(copy: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        def accumulate(parameter: torch.Tensor) -> None:
+            _add_gradient(copy, parameter)
+
+        return accumulate
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        """The tensors whose `.grad` the step uses (the fp32 copies when there are some)."""
+        return self.copies
+
+    def collect_gradients(self) -> None:
+        """Move gradients that reached the parameters (data-parallel reductions assign them) onto the
+        fp32 copies."""
+        if self.copies_needed:
+            for parameter, copy in zip(self.parameters, self.copies, strict=True):
+                _add_gradient(copy, parameter)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.collect_gradients()
+        if not self.copies_needed:
+            self.optimizer.step()
+            return
+        if not self.persistent:
+            self._restore()
+        for state in self._states():
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.is_floating_point() and value.ndim:
+                    state[key] = value.to(FP32)
+        self.optimizer.step()
+        for state in self._states():
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.is_floating_point() and value.ndim:
+                    state[key] = self._round(value, self.policy.optimizer_state_dtype)
+        for parameter, copy in zip(self.parameters, self.copies, strict=True):
+            _local(parameter).copy_(_local(self._round(copy, parameter.dtype)))
+        if not self.persistent:
+            self._release()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        for parameter in self.parameters:
+            parameter.grad = None
+
+    def _states(self) -> Iterator[dict[str, Any]]:
+        return (self.optimizer.state[copy] for copy in self.copies if copy in self.optimizer.state)
+
+    def _round(self, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if dtype == value.dtype:
+            return value
+        if dtype == torch.bfloat16 and self.policy.stochastic_rounding:
+            rounded = stochastic_round(_local(value), self.generator)
+            if isinstance(value, DTensor):
+                return DTensor.from_local(rounded, value.device_mesh, value.placements, run_check=False,
+                                          shape=value.shape, stride=value.stride())  # fmt: skip
+            return rounded
+        return value.to(dtype)
+
+    def _release(self) -> None:
+        """Free the fp32 copies' memory between steps (their identity, which the state is keyed by, stays)."""
+        for copy in self.copies:
+            _local(copy).untyped_storage().resize_(0)
+
+    def _restore(self) -> None:
+        for parameter, copy in zip(self.parameters, self.copies, strict=True):
+            local = _local(copy)
+            local.untyped_storage().resize_(local.numel() * local.element_size())
+            local.copy_(_local(parameter))
+
+
+def _add_gradient(copy: torch.Tensor, parameter: torch.Tensor) -> None:
+    """copy.grad += parameter.grad in fp32, then free the parameter's gradient."""
+    if parameter.grad is None:
+        return
+    gradient = parameter.grad.to(FP32)
+    parameter.grad = None
+    copy.grad = gradient if copy.grad is None else copy.grad.add_(gradient)
