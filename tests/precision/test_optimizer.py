@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nxd_precision import PrecisionOptimizer, resolve_policy
+from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
 from torch import nn
 
 F, B = torch.float32, torch.bfloat16
@@ -14,12 +14,12 @@ F, B = torch.float32, torch.bfloat16
 def train_step(type_name: str, fp32_state: bool = False, micro_batches: int = 2, **knobs):
     policy = resolve_policy(type_name, fp32_optimizer_state=fp32_state, **knobs)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(policy.param_dtype)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    prepare_parameters(model, policy)
     optimizer = PrecisionOptimizer(model.parameters(), policy, lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False))
     for _ in range(micro_batches):
         model(torch.randn(3, 8, dtype=policy.param_dtype)).float().square().mean().backward()
-    optimizer.collect_gradients()
-    gradients = {g.grad.dtype for g in optimizer.gradient_tensors}
+    gradients = {p.grad.dtype for p in model.parameters()}  # as accumulated over the micro-batches
     optimizer.step()
     state = {v.dtype for s in optimizer.optimizer.state.values() for v in s.values() if v.ndim}
     return model, optimizer, gradients, state
@@ -27,12 +27,12 @@ def train_step(type_name: str, fp32_state: bool = False, micro_batches: int = 2,
 
 @pytest.mark.parametrize(
     ("type_name", "fp32_state", "knobs", "expected"),
-    [  # parameters, gradients the step reads, master weights, optimizer state
+    [  # parameters, accumulated gradients, master weights, optimizer state
         ("fp32", False, {}, (F, F, None, F)),
         ("mixed_precision", False, {}, (B, F, F, F)),
         ("mixed_precisionSR", False, {}, (B, F, F, F)),
-        ("bf16SR", False, {}, (B, F, None, B)),
-        ("bf16SR", True, {}, (B, F, None, F)),  # adamw_fp32OptState
+        ("bf16SR", False, {}, (B, B, None, B)),
+        ("bf16SR", True, {}, (B, B, None, F)),  # adamw_fp32OptState
         ("manual", False, {"xla_use_bf16": True, "fp32_grad_acc": True}, (B, F, None, B)),
     ],
 )
@@ -49,13 +49,12 @@ def test_dtypes_after_a_step(type_name, fp32_state, knobs, expected):
 
 def test_bf16_gradients_accumulate_in_fp32_when_asked():
     """Two micro-batches whose bf16 gradients differ in size by 2**10: an fp32 sum keeps the small one."""
-    policy = resolve_policy("mixed_precision")
-    weight = nn.Parameter(torch.ones(4, dtype=B))
-    optimizer = PrecisionOptimizer([weight], policy, lambda p: torch.optim.SGD(p, lr=1.0))
+    weight = nn.Parameter(torch.ones(4))
+    prepare_parameters(nn.ParameterList([weight]), resolve_policy("mixed_precision"))
+    assert weight.dtype == B
     (weight * 256.0).sum().backward()
     (weight * 0.25).sum().backward()
-    optimizer.collect_gradients()
-    assert torch.equal(optimizer.gradient_tensors[0].grad, torch.full((4,), 256.25))  # bf16 would give 256
+    assert torch.equal(weight.grad, torch.full((4,), 256.25))  # a bf16 sum would give 256
 
 
 def sgd_run(type_name: str, steps: int = 3000, **knobs) -> float:

@@ -2,7 +2,7 @@
 
 from .errors import PrecisionConfigError
 from .neuron_runtime import neuron_runtime_env
-from .optimizer import PrecisionOptimizer
+from .optimizer import PrecisionOptimizer, prepare_parameters
 from .policy import TYPES, PrecisionPolicy, bf16_support_problem, resolve_policy
 from .stochastic_rounding import copy_stochastically_rounded_, stochastic_round
 
@@ -16,6 +16,7 @@ __all__ = [
     "bf16_support_problem",
     "copy_stochastically_rounded_",
     "neuron_runtime_env",
+    "prepare_parameters",
     "resolve_policy",
     "stochastic_round",
 ]

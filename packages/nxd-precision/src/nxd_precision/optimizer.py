@@ -9,9 +9,9 @@
   computed in fp32 and applied to the bf16 parameters with stochastic rounding (or to nearest).
 - With fp32 parameters it is the optimizer itself.
 
-Gradients accumulate in the policy's accumulation dtype: with fp32 accumulation of bf16 parameters
-each gradient is added into the fp32 copy's gradient as autograd produces it, and the bf16 one freed.
-Optimizer state is kept in the policy's state dtype between steps (the step itself runs in fp32).
+Gradients accumulate in the policy's accumulation dtype through the parameters' `grad_dtype`
+(`prepare_parameters`), so autograd and FSDP2 accumulate them in it. Optimizer state is kept in the
+policy's state dtype between steps (the step itself runs in fp32).
 """
 
 from __future__ import annotations
@@ -50,17 +50,6 @@ class PrecisionOptimizer:
         self.optimizer = build(self.copies)
         if self.copies_needed and not self.persistent:
             self._release()
-        self._hooks = []
-        if self.copies_needed and policy.grad_accumulation_dtype == FP32:
-            for parameter, copy in zip(self.parameters, self.copies, strict=True):
-                self._hooks.append(parameter.register_post_accumulate_grad_hook(self._accumulator(copy)))
-
-    @staticmethod
-    def _accumulator(copy: torch.Tensor) -> Callable[[torch.Tensor], None]:
-        def accumulate(parameter: torch.Tensor) -> None:
-            _add_gradient(copy, parameter)
-
-        return accumulate
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -129,6 +118,22 @@ class PrecisionOptimizer:
             local = _local(copy)
             local.untyped_storage().resize_(local.numel() * local.element_size())
             local.copy_(_local(parameter))
+
+
+@torch.no_grad()
+def prepare_parameters(module: torch.nn.Module, policy: PrecisionPolicy, *, cast: bool = True) -> None:
+    """Hold `module`'s floating-point parameters in the policy's parameter dtype (in place, so tied
+    parameters stay tied; buffers such as rotary frequencies keep theirs) and let autograd accumulate
+    their gradients in its accumulation dtype. Call it before tensor parallelism (which replaces the
+    parameters) with `cast`, and again after it with cast=False and before data parallelism, which
+    reads the gradient dtype when it wraps the module."""
+    for parameter in module.parameters():
+        if not parameter.is_floating_point():
+            continue
+        if cast and parameter.dtype != policy.param_dtype:
+            parameter.data = parameter.data.to(policy.param_dtype)
+        if parameter.dtype != policy.grad_accumulation_dtype:
+            parameter.grad_dtype = policy.grad_accumulation_dtype
 
 
 def _add_gradient(copy: torch.Tensor, parameter: torch.Tensor) -> None:
