@@ -63,10 +63,11 @@ def test_train_with_config_and_overrides(tmp_path: Path, capsys) -> None:
 
 
 def test_train_refuses_what_it_cannot_do_before_launch(capsys) -> None:
-    assert main(["precision.type=bf16SR"]) == 1
+    assert main(["precision.type=manual", "+precision.xla_use_bf16=1", "+precision.xla_downcast_bf16=1"]) == 1
     err = capsys.readouterr().err
-    assert err.endswith("tiny.yaml: cannot train this config:\n  precision.type: bf16SR is not in this release "
-                        "(nxd-precision adds it); expected one of fp32, autocast\n")
+    assert err.endswith("tiny.yaml: cannot train this config:\n  precision.xla_use_bf16 and precision.xla_downcast_bf16: "
+                        "expected at most one of them '1' (bf16 parameters, or bf16 compute over fp32 parameters), "
+                        "found both\n")
 
 
 def test_missing_config_file_exits_1(tmp_path: Path, capsys) -> None:

@@ -42,7 +42,7 @@ def test_optimizer_is_built_with_its_parameters_and_learns(name):
     config, cls, expected = CASES[name]
     optim = TypeAdapter(Optimizer).validate_python({"name": name, **config})
     model = _model()
-    optimizer = build_optimizer(optim, model, decay_norms_and_biases=False)
+    optimizer = build_optimizer(optim, model.parameters(), decay_norms_and_biases=False)
     assert type(optimizer) is cls
     group = optimizer.param_groups[0]
     for key, value in expected.items():
@@ -64,16 +64,16 @@ def test_every_optimizer_name_has_a_case():
 
 def test_norm_weights_and_biases_get_no_weight_decay_unless_asked():
     model = _model()
-    groups = parameter_groups(model, 0.1, decay_norms_and_biases=False)
+    groups = parameter_groups(model.parameters(), 0.1, decay_norms_and_biases=False)
     assert [len(g["params"]) for g in groups] == [2, 4]  # two weight matrices; 2 biases + norm weight and bias
     assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
-    everything = parameter_groups(model, 0.1, decay_norms_and_biases=True)
+    everything = parameter_groups(model.parameters(), 0.1, decay_norms_and_biases=True)
     assert len(everything) == 1 and len(everything[0]["params"]) == 6
 
 
 def test_adafactor_relative_step_needs_no_lr():
     optim = TypeAdapter(Optimizer).validate_python({"name": "adafactor", "relative_step": True, "warmup_init": True})
-    optimizer = build_optimizer(optim, _model(), decay_norms_and_biases=False)
+    optimizer = build_optimizer(optim, _model().parameters(), decay_norms_and_biases=False)
     assert optimizer.param_groups[0]["relative_step"] and optimizer.param_groups[0]["lr"] is None
 
 

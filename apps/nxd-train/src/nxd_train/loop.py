@@ -27,6 +27,7 @@ from nxd_parallel import (
     set_gradient_sync,
     token_cross_entropy,
 )
+from nxd_precision import PrecisionOptimizer
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.data import DataLoader, Dataset
@@ -125,16 +126,17 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
                       local_rank_0_only=cfg.exp_manager.log_local_rank_0_only,
                       tensorboard=cfg.exp_manager.create_tensorboard_logger)  # fmt: skip
 
-    model = build_parallel_model(plan.model, plan.attention, plan.layout, mesh, fabric.device,
-                                 seed=cfg.seed, use_cpu_initialization=cfg.model.use_cpu_initialization)  # fmt: skip
+    model = build_parallel_model(plan.model, plan.attention, plan.layout, mesh, fabric.device, seed=cfg.seed,
+                                 use_cpu_initialization=cfg.model.use_cpu_initialization,
+                                 policy=plan.policy)  # fmt: skip
     flops_per_token = training_flops_per_token(model, plan.seq_length)
     parameters = sum(p.numel() for p in model.parameters())
     optim = cfg.model.optim
-    optimizer = build_optimizer(optim, model, decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay)
-    scheduler = build_scheduler(optimizer, optim.sched, optim.lr or 0.0, steps)
-    compute_dtype = torch.bfloat16 if plan.precision == "bf16-mixed" else torch.float32
-    ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, compute_dtype), device=fabric.device),
-                                reduce_op="sum").item()  # fmt: skip
+    optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(
+        optim, tensors, decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay))  # fmt: skip
+    scheduler = build_scheduler(optimizer.optimizer, optim.sched, optim.lr or 0.0, steps)
+    ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, plan.policy.compute_dtype),
+                                             device=fabric.device), reduce_op="sum").item()  # fmt: skip
     layout = " x ".join(f"{name} {size}" for name, size in dims.sizes().items() if size > 1) or "one process"
     monitor.info(f"nxd-train: {cfg.name}: {parameters:,} parameters, {fabric.world_size} process(es) ({layout}), "
                  f"global batch {gbs} "
@@ -185,7 +187,8 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
                     losses = token_losses(model, batch)
                 (losses.sum() * dp / tokens).backward()
             loss += losses.detach().double().sum()  # reported in fp64: no rounding of a large fp32 sum
-        grad_norm = _gradient_norm(model, cfg)
+        optimizer.collect_gradients()
+        grad_norm = _gradient_norm(optimizer.gradient_tensors, cfg)
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         scheduler.step()
@@ -224,12 +227,13 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     return log_dir
 
 
-def _gradient_norm(model: nn.Module, cfg: NxdConfig) -> float | None:
-    """Clip to gradient_clip_val (null or 0: no clipping) and return the norm before clipping: the
-    global one, over every tensor- and data-parallel shard, as one process would compute it."""
+def _gradient_norm(tensors: list[torch.Tensor], cfg: NxdConfig) -> float | None:
+    """Clip the gradients of `tensors` (the ones the optimizer steps on) to gradient_clip_val (null or 0:
+    no clipping) and return the norm before clipping: the global one, over every tensor- and
+    data-parallel shard, as one process would compute it."""
     clip = cfg.trainer.gradient_clip_val
     if clip:
-        return clip_gradients(model.parameters(), clip).item()
+        return clip_gradients(tensors, clip).item()
     if cfg.exp_manager.log_gradient_norm:
-        return global_norm(p.grad for p in model.parameters() if p.grad is not None).item()
+        return global_norm(t.grad for t in tensors if t.grad is not None).item()
     return None

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from nxd_config.schema.optim import Optimizer as OptimizerConfig
-from torch import nn
 from transformers.optimization import Adafactor
 
 from .novograd import Novograd
@@ -39,14 +39,15 @@ def optimizer_class_and_arguments(optim: OptimizerConfig) -> tuple[type[torch.op
 
 
 def parameter_groups(
-    model: nn.Module, weight_decay: float | None, decay_norms_and_biases: bool
+    parameters: Iterable[torch.Tensor], weight_decay: float | None, decay_norms_and_biases: bool
 ) -> list[dict[str, Any]]:
     """Megatron's grouping: no weight decay on biases and norm weights (1-D parameters) unless
     do_layer_norm_weight_decay asks for it; one group for an optimizer without weight decay (None)."""
+    parameters = list(parameters)
     if weight_decay is None:
-        return [{"params": [p for p in model.parameters() if p.requires_grad]}]
+        return [{"params": [p for p in parameters if p.requires_grad]}]
     decay, no_decay = [], []
-    for parameter in model.parameters():
+    for parameter in parameters:
         if parameter.requires_grad:
             (decay if decay_norms_and_biases or parameter.ndim > 1 else no_decay).append(parameter)
     groups = [{"params": decay, "weight_decay": weight_decay}]
@@ -56,10 +57,10 @@ def parameter_groups(
 
 
 def build_optimizer(
-    optim: OptimizerConfig, model: nn.Module, *, decay_norms_and_biases: bool
+    optim: OptimizerConfig, parameters: Iterable[torch.Tensor], *, decay_norms_and_biases: bool
 ) -> torch.optim.Optimizer:
-    """The configured optimizer over the model's parameters. With zero1 they are 1/dp shards (FSDP2),
-    so its state is sharded with them."""
+    """The configured optimizer over `parameters` (a model's, or their fp32 copies). With zero1 they
+    are 1/dp shards (FSDP2), so its state is sharded with them."""
     cls, arguments = optimizer_class_and_arguments(optim)
     weight_decay = arguments.pop("weight_decay", None)
-    return cls(parameter_groups(model, weight_decay, decay_norms_and_biases), **arguments)
+    return cls(parameter_groups(parameters, weight_decay, decay_norms_and_biases), **arguments)

@@ -30,13 +30,16 @@ from nxd_parallel import (
     materialise,
     modules_of_classes,
 )
+from nxd_precision import PrecisionPolicy, prepare_parameters, resolve_policy
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import PretrainedConfig, PreTrainedModel
 
+FP32_POLICY = resolve_policy("fp32")
 FIRST_LAYER = "model.layers.0"
 """Both model families name their decoder layers model.layers.N."""
 
-_REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class Layout:
             kv_replicator=ds.kv_replicator, recompute=m.activations_checkpoint_granularity,
             recompute_modules=tuple(m.activations_checkpoint_recompute or ()),
             recompute_mlp=m.activations_checkpoint_recompute_mlp,
-            reduce_dtype=_REDUCE_DTYPES[reduce] if reduce else None, ranks_at_once=cfg.trainer.sequential_move_factor,
+            reduce_dtype=REDUCE_DTYPES[reduce] if reduce else None, ranks_at_once=cfg.trainer.sequential_move_factor,
         )  # fmt: skip
 
 
@@ -114,9 +117,11 @@ def build_parallel_model(
     *,
     seed: int,
     use_cpu_initialization: bool = True,
+    policy: PrecisionPolicy = FP32_POLICY,
 ) -> nn.Module:
     """The model, sharded over `mesh` as `layout` says; its values are those `build_causal_lm` makes
-    after `torch.manual_seed(seed)` in one process."""
+    after `torch.manual_seed(seed)` in one process, held in the policy's parameter dtype, with
+    gradients accumulated and reduced over data-parallel ranks in the policy's dtypes."""
 
     def whole() -> nn.Module:
         torch.manual_seed(seed)
@@ -125,16 +130,20 @@ def build_parallel_model(
     tp, dp = mesh.get("tp"), mesh.get("dp")
     if tp is None and dp is None:
         model = whole()
+        prepare_parameters(model, policy)
         _apply_recomputation(model, layout)
         return model
     model = build_on_meta(spec, attention)
+    prepare_parameters(model, policy)
     if tp is not None:
         apply_tensor_parallel(model, tp_plan(spec), tp, sequence_parallel=layout.sequence_parallel,
                               first_layer=FIRST_LAYER, reduce_dtype=layout.reduce_dtype,
                               kv_replicator=layout.kv_replicator, head_dim=head_dim(spec))  # fmt: skip
+        prepare_parameters(model, policy, cast=False)  # the TP parameters are new objects
     _apply_recomputation(model, layout)
     if dp is not None:
-        apply_data_parallel(model, dp, zero1=layout.zero1, blocks=list(model.model.layers))
+        apply_data_parallel(model, dp, zero1=layout.zero1, blocks=list(model.model.layers),
+                            mp_policy=MixedPrecisionPolicy(reduce_dtype=policy.grad_reduction_dtype))  # fmt: skip
     return materialise(model, whole, device, ranks_at_once=layout.ranks_at_once)
 
 

@@ -15,12 +15,16 @@ import torch
 from nxd_config import ConfigNotice, NxdConfig
 from nxd_data import DataError
 from nxd_models import AttentionKernel, GPTConfig, HFOverrides, ModelConfigError, load_hf_config
+from nxd_precision import PrecisionConfigError, PrecisionPolicy, bf16_support_problem, resolve_policy
 from transformers import PretrainedConfig
 
 from .data import DataSplits, build_datasets, unavailable_data_keys
-from .parallelism import Layout, plan_problems
+from .parallelism import FP32_POLICY, REDUCE_DTYPES, Layout, plan_problems
 
-FABRIC_PRECISION = {"fp32": "32-true", "autocast": "bf16-mixed"}
+
+def fabric_precision(policy: PrecisionPolicy) -> str:
+    """Fabric's precision plugin: its autocast for the autocast type; nxd holds every other dtype itself."""
+    return "bf16-mixed" if policy.autocast else "32-true"
 
 
 class PreflightError(Exception):
@@ -40,6 +44,8 @@ class RunPlan:
     precision: str
     """Fabric's precision plugin name."""
     layout: Layout = Layout()
+    policy: PrecisionPolicy = FP32_POLICY
+    """The dtypes of parameters, compute, master weights, gradients and optimizer state."""
     """How the model is split and recomputed."""
 
 
@@ -54,9 +60,6 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
         )
         if value != 1
     ]
-    if cfg.precision.type not in FABRIC_PRECISION:
-        found.append(f"precision.type: {cfg.precision.type} is not in this release (nxd-precision adds it); "
-                     f"expected one of {', '.join(FABRIC_PRECISION)}")
     if cfg.model_alignment_strategy is not None:
         found.append("model_alignment_strategy: fine-tuning methods are not in this release (nxd-align adds them); "
                      "remove the section to pretrain")
@@ -124,9 +127,28 @@ def accelerator_name() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def precision_policy(cfg: NxdConfig) -> PrecisionPolicy:
+    """The policy `precision` describes (the manual knobs are read for type manual only)."""
+    p = cfg.precision
+    return resolve_policy(
+        p.type, master_weights=p.master_weights, fp32_grad_acc=p.fp32_grad_acc, fp32_grads_cc=p.fp32_grads_cc,
+        xla_use_bf16=p.xla_use_bf16 == "1", xla_downcast_bf16=p.xla_downcast_bf16 == "1",
+        stochastic_rounding=p.neuron_rt_stochastic_rounding_en == "1",
+        parallel_layers_reduce_dtype=REDUCE_DTYPES.get(p.parallel_layers_reduce_dtype),
+        fp32_optimizer_state=cfg.model.optim.name == "adamw_fp32OptState",
+    )  # fmt: skip
+
+
 def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     """The checked plan of a run, or a PreflightError listing every problem."""
     problems = _not_in_this_release(cfg) + _optimizer_problems(cfg, accelerator_name())
+    try:
+        policy = precision_policy(cfg)
+    except PrecisionConfigError as error:
+        problems.append(str(error))
+    else:
+        if problem := bf16_support_problem(policy, torch.device(accelerator_name())):
+            problems.append(problem)
     if problems:
         raise PreflightError(problems)
     if cfg.exp_manager.create_checkpoint_callback:
@@ -161,4 +183,4 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     layout = Layout.from_config(cfg)
     if problems := plan_problems(model, attention, layout, tp):
         raise PreflightError(problems)
-    return RunPlan(model, attention, data, seq_length, FABRIC_PRECISION[cfg.precision.type], layout)
+    return RunPlan(model, attention, data, seq_length, fabric_precision(policy), layout, policy)
