@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_models import AttentionKernel, GPTConfig, causal_lm_logits
 from nxd_parallel import ParallelDims, clip_gradients, loss_parallel, set_gradient_sync, token_cross_entropy
+from nxd_precision import PrecisionOptimizer, resolve_policy
 from nxd_train.parallelism import Layout, build_parallel_model
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, Qwen3Config
@@ -58,6 +59,8 @@ class Scenario:
     qkv: str | None = None
     documents: bool = False
     """Each sample packs documents of DOCUMENTS tokens: positions restart and attention stays inside them."""
+    precision: str = "fp32"
+    """precision.type (every type but autocast, which is Fabric's autocast over the fp32 run)."""
 
 
 DOCUMENTS = (5, 7, 4)
@@ -77,10 +80,12 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     """Run one scenario in this process (one of `world`); every rank returns the same record."""
     dims = ParallelDims(world, tp=scenario.tp)
     mesh = dims.build_mesh("cpu")
+    policy = resolve_policy(scenario.precision)
     model = build_parallel_model(model_spec(scenario.family, scenario.kv_heads, scenario.qkv), AttentionKernel.FLASH,
-                                 scenario.layout, mesh, torch.device("cpu"), seed=11)  # fmt: skip
+                                 scenario.layout, mesh, torch.device("cpu"), seed=11, policy=policy)  # fmt: skip
     record = {"init": {name: _full(p) for name, p in model.named_parameters()}, "loss": [], "norm": [], "grads": []}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, foreach=False)
+    optimizer = PrecisionOptimizer(model.parameters(), policy,
+                                   lambda tensors: torch.optim.AdamW(tensors, lr=1e-3, weight_decay=0.1, foreach=False))
     data_mesh, dp, rank = mesh.get("dp"), dims.dp, mesh.data_parallel_rank
     per_rank = GLOBAL_BATCH // dp
     for batch in _batches():
@@ -102,15 +107,28 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
         if data_mesh is not None:
             dist.all_reduce(loss, group=data_mesh.get_group())
         record["loss"].append(loss.item() / tokens)
-        record["norm"].append(clip_gradients(model.parameters(), scenario.clip or float("inf")).item())
-        record["grads"].append({name: _full(p.grad) for name, p in model.named_parameters()})
+        record.setdefault("dtypes", _dtypes(model, optimizer))
+        optimizer.collect_gradients()
+        record["norm"].append(clip_gradients(optimizer.gradient_tensors, scenario.clip or float("inf")).item())
+        record["grads"].append({name: _full(t.grad) for (name, _), t in
+                                zip(model.named_parameters(), optimizer.gradient_tensors, strict=True)})  # fmt: skip
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    states = optimizer.optimizer.state.values()
     record["optimizer_state_bytes"] = sum(
         (value.to_local() if isinstance(value, DTensor) else value).nbytes
-        for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value) and value.ndim
+        for state in states for value in state.values() if torch.is_tensor(value) and value.ndim
     )  # fmt: skip
+    record["dtypes"]["state"] = {str(v.dtype) for s in states for v in s.values() if torch.is_tensor(v) and v.ndim}
     return record
+
+
+def _dtypes(model: torch.nn.Module, optimizer: PrecisionOptimizer) -> dict[str, set[str]]:
+    """The dtypes of parameters, accumulated gradients and master weights, before the first step."""
+    masters = optimizer.copies if optimizer.persistent and optimizer.copies_needed else []
+    return {"param": {str(p.dtype) for p in model.parameters()},
+            "grad": {str(p.grad.dtype) for p in model.parameters() if p.grad is not None},
+            "master": {str(m.dtype) for m in masters}}  # fmt: skip
 
 
 def _worker(rank: int, world: int, scenarios: list[Scenario], directory: str) -> None:
