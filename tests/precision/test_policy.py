@@ -56,3 +56,15 @@ def test_contradictory_manual_knobs_are_named() -> None:
         resolve_policy("manual", master_weights=True)
     with pytest.raises(PrecisionConfigError, match="precision.type: expected one of fp32, .* found 'bf16'"):
         resolve_policy("bf16")
+
+
+def test_a_device_without_bf16_is_named(monkeypatch) -> None:
+    from nxd_precision import bf16_support_problem
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    message = bf16_support_problem(resolve_policy("mixed_precision"), torch.device("cuda"))
+    assert message == ("precision.type: mixed_precision computes in bf16, which Tesla V100-SXM2-16GB does not "
+                       "support natively (compute capability 8.0 or newer); expected fp32 on this device")  # fmt: skip
+    assert bf16_support_problem(resolve_policy("fp32"), torch.device("cuda")) is None
+    assert bf16_support_problem(resolve_policy("bf16SR"), torch.device("cpu")) is None

@@ -9,6 +9,7 @@ is the gradient of one big batch, whatever the layout and the split into micro-b
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -37,9 +38,12 @@ from .logdir import next_log_dir
 from .monitor import Monitor
 from .optimizers import build_optimizer
 from .parallelism import build_parallel_model
-from .preflight import RunPlan
+from .preflight import RunPlan, neuron_environment
 from .schedules import build_scheduler
 from .throughput import matmul_ceiling
+
+NEURON_DEVICE_TYPES = ("neuron", "xla")
+"""Device types of AWS Neuron cores, whose runtime reads the variables of `neuron_environment`."""
 
 
 def micro_batches(dataset: Dataset, sampler: PretrainingSampler, data: DataSplits, num_workers: int) -> DataLoader:
@@ -102,6 +106,8 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         strategy="ddp" if cfg.world_size > 1 else "auto", precision=plan.precision,
     )  # fmt: skip
     fabric.launch()
+    if fabric.device.type in NEURON_DEVICE_TYPES:
+        os.environ.update(neuron_environment(cfg, os.environ))
     fabric.seed_everything(cfg.seed, verbose=False)
     ds = cfg.distributed_strategy
     dims = ParallelDims(fabric.world_size, tp=ds.tensor_model_parallel_size, pp=ds.pipeline_model_parallel_size,

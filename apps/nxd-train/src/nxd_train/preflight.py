@@ -8,6 +8,7 @@ the full list at once and no worker starts on a run that cannot finish.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,13 @@ import torch
 from nxd_config import ConfigNotice, NxdConfig
 from nxd_data import DataError
 from nxd_models import AttentionKernel, GPTConfig, HFOverrides, ModelConfigError, load_hf_config
-from nxd_precision import PrecisionConfigError, PrecisionPolicy, bf16_support_problem, resolve_policy
+from nxd_precision import (
+    PrecisionConfigError,
+    PrecisionPolicy,
+    bf16_support_problem,
+    neuron_runtime_env,
+    resolve_policy,
+)
 from transformers import PretrainedConfig
 
 from .data import DataSplits, build_datasets, unavailable_data_keys
@@ -136,6 +143,20 @@ def precision_policy(cfg: NxdConfig) -> PrecisionPolicy:
         stochastic_rounding=p.neuron_rt_stochastic_rounding_en == "1",
         parallel_layers_reduce_dtype=REDUCE_DTYPES.get(p.parallel_layers_reduce_dtype),
         fp32_optimizer_state=cfg.model.optim.name == "adamw_fp32OptState",
+    )  # fmt: skip
+
+
+def neuron_environment(cfg: NxdConfig, current: Mapping[str, str]) -> dict[str, str]:
+    """The AWS Neuron runtime variables the config asks for (set only when the device is a Neuron one)."""
+    p = cfg.precision
+    return neuron_runtime_env(
+        current, precision_type=p.type, manual_knobs=(p.xla_use_bf16, p.xla_downcast_bf16,
+                                                      p.neuron_rt_stochastic_rounding_en),
+        compiler_flags=cfg.compiler_flags, compiler_cache_url=cfg.compiler_cache_url,
+        async_exec_max_inflight_requests=cfg.aync_exec_max_inflight_requests,
+        bucket_size_collectives=cfg.bucket_size_collectives, neuron_rt_exec_timeout=cfg.neuron_rt_exec_timeout,
+        neuron_experimental_compress_rg=cfg.neuron_experimental_compress_rg, lnc=cfg.trainer.lnc,
+        fuse_softmax=cfg.model.fusions.softmax,
     )  # fmt: skip
 
 

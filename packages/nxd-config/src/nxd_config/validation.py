@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import re
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -114,7 +115,12 @@ def _issue(path: str, entries: list[dict[str, Any]]) -> ConfigIssue:
         text = _expected(entry)
         if text not in expected:
             expected.append(text)
-    return ConfigIssue.mismatch(path, " or ".join(expected), first.get("input", MISSING))
+    found = first.get("input", MISSING)
+    if kind == "literal_error" and len(entries) == 1 and isinstance(found, str):
+        hint = _close(found, re.findall(r"'([^']*)'", first["ctx"]["expected"]))
+        if hint:
+            return ConfigIssue.mismatch(path, " or ".join(expected), found, f"did you mean {hint!r}?")
+    return ConfigIssue.mismatch(path, " or ".join(expected), found)
 
 
 def _expected(entry: dict[str, Any]) -> str:
