@@ -20,8 +20,12 @@ EXPECTED = {  # parameters, accumulated gradients, master weights, optimizer sta
 
 
 def scenarios() -> list[Scenario]:
-    return [Scenario(f"{precision}-zero1-{zero1}", "megatron", layout=Layout(zero1=zero1), precision=precision)
-            for precision in EXPECTED for zero1 in (True, False)]  # fmt: skip
+    data_parallel = [Scenario(f"{precision}-zero1-{zero1}", "megatron", layout=Layout(zero1=zero1), precision=precision)
+                     for precision in EXPECTED for zero1 in (True, False)]  # fmt: skip
+    tensor_parallel = [Scenario(f"{precision}-tp2-sp-{family}", family, tp=2, layout=Layout(sequence_parallel=True),
+                                precision=precision) for precision in ("mixed_precision", "bf16SR")
+                       for family in ("megatron", "hf")]  # fmt: skip
+    return data_parallel + tensor_parallel
 
 
 @pytest.fixture(scope="module")

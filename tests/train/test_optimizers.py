@@ -92,3 +92,28 @@ def test_novograd_two_steps_by_hand():
         (param.pow(2).sum() / 2).backward()
         optimizer.step()
     assert param.tolist() == pytest.approx(p, abs=1e-12)
+
+
+@pytest.mark.parametrize("precision", ["bf16SR", "mixed_precisionSR"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_optimizer_learns_on_bf16_parameters(name, precision):
+    """nxd-precision's wrapper steps each optimizer on fp32 copies and rounds back stochastically."""
+    from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
+
+    config, _, _ = CASES[name]
+    optim = TypeAdapter(Optimizer).validate_python({"name": name, **config})
+    policy = resolve_policy(precision, fp32_optimizer_state=name == "adamw_fp32OptState")
+    model = _model()
+    prepare_parameters(model, policy)
+    optimizer = PrecisionOptimizer(model.parameters(), policy,
+                                   lambda tensors: build_optimizer(optim, tensors, decay_norms_and_biases=False))  # fmt: skip
+    inputs, targets = torch.randn(64, 8, dtype=torch.bfloat16), torch.randn(64, 1)
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.mse_loss(model(inputs).float(), targets)
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert losses[-1] < losses[0]
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())

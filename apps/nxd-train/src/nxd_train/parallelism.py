@@ -144,7 +144,9 @@ def build_parallel_model(
     if dp is not None:
         apply_data_parallel(model, dp, zero1=layout.zero1, blocks=list(model.model.layers),
                             mp_policy=MixedPrecisionPolicy(reduce_dtype=policy.grad_reduction_dtype))  # fmt: skip
-    return materialise(model, whole, device, ranks_at_once=layout.ranks_at_once)
+    materialise(model, whole, device, ranks_at_once=layout.ranks_at_once)
+    prepare_parameters(model, policy, cast=False)  # allocation swaps DTensor parameters, dropping their grad_dtype
+    return model
 
 
 def _shape(spec: GPTConfig | PretrainedConfig) -> dict[str, int]:
