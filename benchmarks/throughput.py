@@ -28,7 +28,7 @@ from nxd_precision import resolve_policy
 from nxd_train.corpus import default_cache_dir
 from nxd_train.data import DataSplits
 from nxd_train.loop import train
-from nxd_train.preflight import RunPlan, fabric_precision, plan_run
+from nxd_train.preflight import RunPlan, plan_run
 from nxd_train.throughput import matmul_ceiling
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
@@ -48,8 +48,7 @@ def random_splits(seq_length: int, samples: int, vocab: int) -> DataSplits:
 def nxd_tokens_per_second(config_path: Path, plan: RunPlan, precision: str, steps: int, log_dir: Path) -> float:
     cfg = load_config(config_path, [f"precision.type={precision}", f"trainer.max_steps={steps}",
                                     f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
-    policy = resolve_policy(precision)
-    train(cfg, dataclasses.replace(plan, precision=fabric_precision(policy), policy=policy))
+    train(cfg, dataclasses.replace(plan, policy=resolve_policy(precision)))
     with open(log_dir / "metrics.csv") as handle:
         rates = [float(row["tokens_per_s"]) for row in csv.DictReader(handle) if row.get("tokens_per_s")]
     return statistics.median(rates[1:])  # the first step pays for warm-up

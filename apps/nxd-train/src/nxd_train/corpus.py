@@ -13,10 +13,10 @@ import hashlib
 import itertools
 import os
 import sysconfig
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from nxd_data import save_atomically
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 BUILTIN_VOCAB_SIZE = 4096
@@ -55,18 +55,6 @@ def stdlib_corpus(limit_bytes: int = CORPUS_BYTES) -> Corpus:
     return Corpus(documents)
 
 
-def _write_atomically(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(handle)
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-
-
 def builtin_tokenizer(corpus: Corpus, cache_dir: Path) -> Path:
     """A byte-level BPE with BUILTIN_VOCAB_SIZE entries trained on the corpus: its tokenizer.json (cached)."""
     path = cache_dir / f"stdlib-bpe-{BUILTIN_VOCAB_SIZE}-{corpus.key}.json"
@@ -79,5 +67,6 @@ def builtin_tokenizer(corpus: Corpus, cache_dir: Path) -> Path:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
         )  # fmt: skip
         tokenizer.train_from_iterator(corpus.documents, trainer)
-        _write_atomically(path, tokenizer.save)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_atomically(path, tokenizer.to_str().encode())
     return path

@@ -24,17 +24,18 @@ from nxd_data import (
 )
 from torch.utils.data import Dataset
 
-from .corpus import builtin_tokenizer, stdlib_corpus
+from .corpus import Corpus, builtin_tokenizer, stdlib_corpus
 
 
 def unavailable_data_keys(data: DataConfig) -> list[str]:
     """One message per data key whose value nxd cannot act on (never a silent no-op)."""
     messages = []
-    if data.tokenizer is not None and data.tokenizer.library != "huggingface":
-        messages.append(f"data.tokenizer.library: expected huggingface (a tokenizer.json file or a directory "
-                        f"holding one), found {data.tokenizer.library!r}")  # fmt: skip
-    if data.tokenizer is not None:
-        t = data.tokenizer
+    if (t := data.tokenizer) is not None:
+        if t.library != "huggingface":
+            messages.append(f"data.tokenizer.library: expected huggingface (a tokenizer.json file or a directory "
+                            f"holding one), found {t.library!r}")  # fmt: skip
+        if t.type is None:
+            messages.append("data.tokenizer.type: expected a tokenizer.json file or a tokenizer directory, found null")
         foreign = (("model", t.model, "sentencepiece"), ("vocab_file", t.vocab_file, "megatron"),
                    ("merge_file", t.merge_file, "megatron"),
                    ("sentencepiece_legacy", t.sentencepiece_legacy or None, "sentencepiece"),
@@ -42,8 +43,6 @@ def unavailable_data_keys(data: DataConfig) -> list[str]:
         messages += [f"data.tokenizer.{name}: applies to {library}, which nxd does not read (it reads tokenizer.json "
                      f"with the tokenizers library); expected it unset, found {value!r}"
                      for name, value, library in foreign if value is not None]  # fmt: skip
-    if data.tokenizer is not None and data.tokenizer.type is None:
-        messages.append("data.tokenizer.type: expected a tokenizer.json file or a tokenizer directory, found null")
     if data.is_set("data_prefix") and data.train_dir is not None and not data.use_sft_style_data_module:
         messages.append("data.train_dir: expected one data source, found data_prefix as well (set "
                         "use_sft_style_data_module: True to read train_dir)")  # fmt: skip
@@ -65,18 +64,9 @@ class DataSplits:
     """The dataset is already in a shuffled order (Megatron's shuffle index): the sampler reads it in order."""
 
 
-def _tokenizer(data: DataConfig, cache_dir: Path) -> tuple[TextTokenizer | None, str]:
-    if data.tokenizer is not None:
-        return load_tokenizer(data.tokenizer.type, "data.tokenizer.type"), data.tokenizer.type
-    if data.is_set("data_prefix") or data.train_dir is not None:
-        return None, ""
-    return load_tokenizer(builtin_tokenizer(stdlib_corpus(), cache_dir)), "built-in byte-level BPE (4096 tokens)"
-
-
-def _builtin_prefix(tokenizer: TextTokenizer, cache_dir: Path) -> str:
+def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -> str:
     """The built-in corpus as an indexed dataset (one document per source file, each ended by the
     end-of-document token), written once per corpus and tokenizer."""
-    corpus = stdlib_corpus()
     prefix = cache_dir / f"stdlib-{corpus.key}-{tokenizer.fingerprint}"
     cache_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{prefix}.lock"):
@@ -91,11 +81,17 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
                    seed: int) -> DataSplits:  # fmt: skip
     """The run's datasets; `train_samples` None means one epoch of the training data. DataError names
     the key and file of any problem."""
-    tokenizer, name = _tokenizer(data, cache_dir)
-    if tokenizer is None:
+    own_data = data.is_set("data_prefix") or data.train_dir is not None
+    corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
+    if data.tokenizer is not None:
+        tokenizer, name = load_tokenizer(data.tokenizer.type, "data.tokenizer.type"), data.tokenizer.type
+    elif own_data:
         key = "data_prefix" if data.is_set("data_prefix") else "train_dir"
         raise DataError(f"data.tokenizer: expected a tokenizer with data.{key} (it gives the vocabulary size and the "
                         "end-of-document id), found none")  # fmt: skip
+    else:
+        tokenizer = load_tokenizer(builtin_tokenizer(corpus, cache_dir))
+        name = f"built-in byte-level BPE ({tokenizer.vocab_size} tokens)"
     format = SampleFormat(seq_length=seq_length, eod_id=tokenizer.eod_id,
                           plus_one=not data.no_seqlen_plus_one_input_tokens, eod_mask_loss=data.eod_mask_loss,
                           reset_position_ids=data.reset_position_ids,
@@ -112,7 +108,7 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     if data.is_set("data_prefix"):
         prefix, index_dir = _plain(data.data_prefix), data.index_mapping_dir
     else:
-        prefix, index_dir = _builtin_prefix(tokenizer, cache_dir), str(cache_dir / "index-cache")
+        prefix, index_dir = _builtin_prefix(corpus, tokenizer, cache_dir), str(cache_dir / "index-cache")
     builder = MegatronDataBuilder(format, seed, Path(index_dir) if index_dir else None, warmup=not data.skip_warmup)
     splits = builder.build(prefix, data.splits_string, [train_samples, None, None])
     if splits["train"] is None:

@@ -39,8 +39,6 @@ FP32_POLICY = resolve_policy("fp32")
 FIRST_LAYER = "model.layers.0"
 """Both model families name their decoder layers model.layers.N."""
 
-REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -58,14 +56,17 @@ class Layout:
     ranks_at_once: int = 11
 
     @classmethod
-    def from_config(cls, cfg: NxdConfig) -> Layout:
-        ds, m, reduce = cfg.distributed_strategy, cfg.model, cfg.precision.parallel_layers_reduce_dtype
+    def from_config(cls, cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
+        """The layout the config asks for; tensor-parallel reductions follow the precision policy (a
+        reduction in the activations' own dtype needs no cast)."""
+        ds, m, reduce = cfg.distributed_strategy, cfg.model, policy.parallel_layers_reduce_dtype
         return cls(
             sequence_parallel=ds.sequence_parallel and ds.tensor_model_parallel_size > 1, zero1=ds.zero1,
             kv_replicator=ds.kv_replicator, recompute=m.activations_checkpoint_granularity,
             recompute_modules=tuple(m.activations_checkpoint_recompute or ()),
             recompute_mlp=m.activations_checkpoint_recompute_mlp,
-            reduce_dtype=REDUCE_DTYPES[reduce] if reduce else None, ranks_at_once=cfg.trainer.sequential_move_factor,
+            reduce_dtype=None if reduce == policy.compute_dtype else reduce,
+            ranks_at_once=cfg.trainer.sequential_move_factor,
         )  # fmt: skip
 
 

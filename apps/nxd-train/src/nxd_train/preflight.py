@@ -26,12 +26,9 @@ from nxd_precision import (
 from transformers import PretrainedConfig
 
 from .data import DataSplits, build_datasets, unavailable_data_keys
-from .parallelism import FP32_POLICY, REDUCE_DTYPES, Layout, plan_problems
+from .parallelism import FP32_POLICY, Layout, plan_problems
 
-
-def fabric_precision(policy: PrecisionPolicy) -> str:
-    """Fabric's precision plugin: its autocast for the autocast type; nxd holds every other dtype itself."""
-    return "bf16-mixed" if policy.autocast else "32-true"
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class PreflightError(Exception):
@@ -48,12 +45,15 @@ class RunPlan:
     attention: AttentionKernel
     data: DataSplits
     seq_length: int
-    precision: str
-    """Fabric's precision plugin name."""
     layout: Layout = Layout()
+    """How the model is split and recomputed."""
     policy: PrecisionPolicy = FP32_POLICY
     """The dtypes of parameters, compute, master weights, gradients and optimizer state."""
-    """How the model is split and recomputed."""
+
+    @property
+    def precision(self) -> str:
+        """Fabric's precision plugin: its autocast for the autocast type; nxd holds every other dtype itself."""
+        return "bf16-mixed" if self.policy.autocast else "32-true"
 
 
 def _not_in_this_release(cfg: NxdConfig) -> list[str]:
@@ -201,7 +201,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     fusions = cfg.model.fusions
     attention = AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax)
     tp = cfg.distributed_strategy.tensor_model_parallel_size
-    layout = Layout.from_config(cfg)
+    layout = Layout.from_config(cfg, policy)
     if problems := plan_problems(model, attention, layout, tp):
         raise PreflightError(problems)
-    return RunPlan(model, attention, data, seq_length, fabric_precision(policy), layout, policy)
+    return RunPlan(model, attention, data, seq_length, layout, policy)

@@ -3,6 +3,7 @@ exact-resume sampling."""
 
 from .blending import BlendedDataset, blend_indices
 from .errors import DataError
+from .files import save_atomically
 from .gpt_dataset import GPTDataset, split_documents
 from .hf_data import TokenStream, hf_pretraining_dataset, load_records
 from .indexed import IndexedDataset, IndexedDatasetWriter, token_dtype
@@ -37,6 +38,7 @@ __all__ = [
     "load_records",
     "load_tokenizer",
     "preprocess_jsonl",
+    "save_atomically",
     "split_documents",
     "token_dtype",
 ]

@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from .errors import DataError
 from .indexed import IndexedDataset
-from .indices import IndexSpec, cached_indices, sizes_digest
+from .indices import IndexSpec, cached_indices
 from .samples import SampleFormat
 
 
@@ -45,7 +45,7 @@ class GPTDataset(Dataset):
                 f"expected at least seq_length + {extra} = {format.seq_length + extra}"
             )
         self.num_samples = self.samples_per_epoch if num_samples is None else num_samples
-        spec = IndexSpec(name=f"{Path(indexed.prefix).name}-{name}", sizes_digest=sizes_digest(indexed.sizes),
+        spec = IndexSpec(name=f"{Path(indexed.prefix).name}-{name}", sizes_digest=indexed.sizes_digest,
                          first_document=documents[0], documents=len(sequence_numbers), num_samples=self.num_samples,
                          seq_length=format.seq_length, seed=seed, add_extra_token=extra)  # fmt: skip
         directory = cache_dir if cache_dir is not None else Path(indexed.prefix).parent / "index-cache"

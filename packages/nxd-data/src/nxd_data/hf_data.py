@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from .errors import DataError
 from .files import save_atomically
+from .indexed import token_dtype
 from .samples import SampleFormat
 from .tokenizer import TextTokenizer
 
@@ -110,8 +111,7 @@ def tokenised_stream(records: datasets.Dataset, tokenizer: TextTokenizer, cache_
                 pieces += [
                     np.asarray(ids + [tokenizer.eod_id], dtype=np.int64) for ids in tokenizer.encode(batch["text"])
                 ]
-            dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.int32
-            save_atomically(path, np.concatenate(pieces).astype(dtype))
+            save_atomically(path, np.concatenate(pieces).astype(token_dtype(tokenizer.vocab_size)))
     return np.load(path, mmap_mode="r")
 
 

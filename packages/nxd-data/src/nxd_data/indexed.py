@@ -14,6 +14,8 @@ a half-written dataset under the real name.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import struct
 import tempfile
@@ -110,6 +112,11 @@ class IndexedDataset:
     @property
     def num_tokens(self) -> int:
         return int(self.sizes.sum(dtype=np.int64))
+
+    @functools.cached_property
+    def sizes_digest(self) -> str:
+        """A digest of the sequence lengths, naming index caches built from this dataset (computed once)."""
+        return hashlib.md5(np.ascontiguousarray(self.sizes).tobytes()).hexdigest()
 
 
 class IndexedDatasetWriter:

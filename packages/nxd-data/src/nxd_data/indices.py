@@ -47,10 +47,6 @@ class Indices:
     shuffle_idx: np.ndarray
 
 
-def sizes_digest(sizes: np.ndarray) -> str:
-    return hashlib.md5(np.ascontiguousarray(sizes).tobytes()).hexdigest()
-
-
 def num_epochs(tokens_per_epoch: int, seq_length: int, num_samples: int, add_extra_token: int = 1) -> int:
     """The fewest epochs whose tokens give `num_samples` samples (an epoch must hold one sample)."""
     epochs = 1

@@ -64,6 +64,23 @@ def _start_worker(tokenizer_path: str) -> None:
     _tokenizer = load_tokenizer(tokenizer_path, "--tokenizer")
 
 
+@contextlib.contextmanager
+def _in_this_process(tokenizer: TextTokenizer) -> Iterator[None]:
+    """Tokenise here on one core (as one worker process would), leaving the caller's environment as it was."""
+    global _tokenizer
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _tokenizer = tokenizer
+    try:
+        yield
+    finally:
+        _tokenizer = None
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
 def _encode(
     job: tuple[str, int, list[str], tuple[str, ...], bool],
 ) -> tuple[list[list[np.ndarray]], list[tuple[int, str]]]:
@@ -144,7 +161,7 @@ def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path, to
         bar = stack.enter_context(tqdm(unit=" docs", disable=not progress, desc="preprocess", mininterval=1.0))
         writers = [stack.enter_context(IndexedDatasetWriter(prefix, dtype)) for prefix in outputs]
         if workers == 1:
-            _start_worker(str(tokenizer))
+            stack.enter_context(_in_this_process(text_tokenizer))
             results = map(_encode, jobs)
         else:
             context = multiprocessing.get_context(

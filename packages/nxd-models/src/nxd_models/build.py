@@ -73,7 +73,8 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
         if document_ids is None:
             mask = torch.ones_like(input_ids)
         else:
-            shape_only = torch.empty(*input_ids.shape, 0, device=input_ids.device)  # batch, length, dtype, device
+            # transformers reads batch, length, dtype (of an additive eager mask) and device from it
+            shape_only = torch.empty(*input_ids.shape, 0, dtype=inner.dtype, device=input_ids.device)
             mask = create_causal_mask(config=inner.config, inputs_embeds=shape_only, attention_mask=None,
                                       past_key_values=None,
                                       and_mask_function=packed_sequence_mask_function(document_ids))  # fmt: skip
