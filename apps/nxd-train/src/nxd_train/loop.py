@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 from lightning_fabric import Fabric
+from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info
 from nxd_config import NxdConfig
 from nxd_data import IGNORE_INDEX, PretrainingSampler, WithPadding, collate
 from nxd_models import causal_lm_logits, training_flops_per_token
@@ -33,8 +34,18 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.data import DataLoader, Dataset
 
+from .checkpointing import (
+    LOGGED,
+    TrainingState,
+    export_record,
+    load_weights,
+    restore_rng_states,
+    rng_states,
+    save_policy,
+    versions,
+)
 from .data import DataSplits
-from .logdir import next_log_dir
+from .logdir import CHECKPOINT_DIR, next_log_dir
 from .monitor import Monitor
 from .optimizers import build_optimizer
 from .parallelism import build_parallel_model
@@ -115,7 +126,10 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     mesh = dims.build_mesh(fabric.device.type)
     data_mesh = mesh.get("dp")
     dp, rank = dims.dp, fabric.global_rank
-    log_dir = Path(fabric.broadcast(str(next_log_dir(cfg.exp_manager, cfg.name)) if rank == 0 else None, src=0))
+    log_dir = Path(fabric.broadcast(str(plan.log_dir or next_log_dir(cfg.exp_manager, cfg.name)) if rank == 0 else None,
+                                    src=0))  # fmt: skip
+    resume = fabric.broadcast(plan.resume, src=0)  # rank 0's choice, should a checkpoint appear meanwhile
+    checkpoint_group = torch.distributed.new_group(backend="gloo") if torch.distributed.is_initialized() else None
     if rank == 0:
         resolved = yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)
         (log_dir / "config.yaml").write_text(resolved)
@@ -135,12 +149,57 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     model = build_parallel_model(plan.model, plan.attention, plan.layout, mesh, fabric.device, seed=cfg.seed,
                                  use_cpu_initialization=cfg.model.use_cpu_initialization,
                                  policy=plan.policy)  # fmt: skip
+    if resume is not None and resume.weights_only:
+        load_weights(model, resume, plan.model, checkpoint_group)
     flops_per_token = training_flops_per_token(model, plan.seq_length)
     parameters = sum(p.numel() for p in model.parameters())
     optim = cfg.model.optim
     optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(
         optim, tensors, decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay))  # fmt: skip
     scheduler = build_scheduler(optimizer.optimizer, optim.sched, optim.lr or 0.0, steps)
+    exp = cfg.exp_manager
+    training = TrainingState(model, optimizer, scheduler,
+                             use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt)  # fmt: skip
+    start_step = 0
+    if resume is not None and not resume.weights_only:
+        started = time.perf_counter()
+        saved = read_info(resume.path)
+        same_world = saved.extra.get("world_size") == fabric.world_size
+        progress, sampler_state = {"step": 0, "consumed_samples": 0}, train_sampler.state_dict()
+        rng = {f"rank{rank}": None} if same_world else {}
+        training.load(resume.path, progress=progress, sampler=sampler_state, rng=rng, process_group=checkpoint_group)
+        try:
+            train_sampler = train_sampler.resumed(sampler_state)
+        except ValueError as error:
+            raise CheckpointError(f"{resume.path}: {error}") from None
+        start_step = progress["step"]
+        if same_world:
+            restore_rng_states(rng[f"rank{rank}"])
+        else:
+            monitor.info(f"resuming on {fabric.world_size} processes from a checkpoint of "
+                         f"{saved.extra.get('world_size')}: random states start fresh (dropout masks differ from an "
+                         "uninterrupted run)")  # fmt: skip
+        took = f" in {time.perf_counter() - started:.2f} s" if exp.enable_recovery_time_instrumentation else ""
+        monitor.info(f"resumed from {resume.path} at step {start_step} ({progress['consumed_samples']} samples){took}")
+    elif resume is not None:
+        monitor.info(f"initial weights from {resume.path}")
+    policy = save_policy(cfg)
+    record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
+              "config": cfg.model_dump(mode="json", by_alias=True), **export_record(plan.model)}  # fmt: skip
+
+    def saved(info: CheckpointInfo, seconds: float) -> None:
+        size = sum(info.files.values()) / 2**20
+        monitor.info(f"checkpoint {info.path.name}: {size:.1f} MiB in {seconds:.2f} s")
+
+    checkpointer = Checkpointer(log_dir / CHECKPOINT_DIR, policy, asynchronous=exp.async_checkpointing,
+                                process_group=checkpoint_group, on_complete=saved)  # fmt: skip
+
+    def save_checkpoint(done: int, values: dict[str, float]) -> None:
+        progress = {"step": done, "consumed_samples": train_sampler.consumed_samples + (done - start_step) * gbs}
+        sampler = train_sampler.state_dict() | {"consumed_samples": progress["consumed_samples"]}
+        state = training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()})
+        checkpointer.save(state, step=done, consumed_samples=progress["consumed_samples"],
+                          metrics={k: v for k, v in values.items() if k in LOGGED}, extra=record)  # fmt: skip
     ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, plan.policy.compute_dtype),
                                              device=fabric.device), reduce_op="sum").item()  # fmt: skip
     layout = " x ".join(f"{name} {size}" for name, size in dims.sizes().items() if size > 1) or "one process"
@@ -177,10 +236,11 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
 
     model.train()
     accumulation = gbs // (mbs * dp)
-    train_batches = iter(micro_batches(plan.data.train, replace(train_sampler, steps=steps), plan.data,
+    train_batches = iter(micro_batches(plan.data.train, replace(train_sampler, steps=steps - start_step), plan.data,
                                        cfg.data.num_workers))  # fmt: skip
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
-    for step in range(steps):
+    logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
+    for step in range(start_step, steps):
         started = time.perf_counter()
         epoch, index = divmod(step, steps_per_epoch)
         batches = [fabric.to_device(next(train_batches)) for _ in range(accumulation)]
@@ -200,6 +260,9 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         loss = (sum_over(loss, data_mesh) / tokens).item()
+        logged.update(loss=loss, lr=lr, epoch=epoch)
+        if grad_norm is not None:
+            logged["grad_norm"] = grad_norm
         window_time += time.perf_counter() - started
         window_steps += 1
         monitor.advance()
@@ -223,7 +286,18 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
             val_loss = evaluate(plan.data.validation, cfg.trainer.limit_val_batches)
             if val_loss is not None:
                 monitor.metrics(done, {"val_loss": val_loss})
+                logged["val_loss"] = val_loss
+        if exp.create_checkpoint_callback:
+            checkpointer.poll()
+            elapsed = time.monotonic() - checkpointer.saved_at
+            if policy.train_time_interval is not None:  # every rank follows rank 0's clock
+                elapsed = fabric.broadcast(elapsed, src=0)
+            epoch_end = policy.on_epoch_end and (index + 1 == steps_per_epoch or done == steps)
+            last = policy.save_last and done == steps
+            if policy.due(done, elapsed) or epoch_end or last:
+                save_checkpoint(done, {**logged, "step": done})
 
+    checkpointer.wait()
     test_loss = evaluate(plan.data.test, cfg.trainer.limit_test_batches)
     if test_loss is not None:
         monitor.metrics(steps, {"test_loss": test_loss})

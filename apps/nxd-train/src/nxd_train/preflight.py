@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from nxd_config import ConfigNotice, NxdConfig
+from nxd_ckpt import CheckpointError, CheckpointWarning
+from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_data import DataError
 from nxd_models import AttentionKernel, GPTConfig, HFOverrides, ModelConfigError, load_hf_config
 from nxd_precision import (
@@ -25,7 +26,9 @@ from nxd_precision import (
 )
 from transformers import PretrainedConfig
 
+from .checkpointing import Resume, checkpoint_problems, resume_choice
 from .data import DataSplits, build_datasets, unavailable_data_keys
+from .logdir import resumable_log_dir
 from .parallelism import FP32_POLICY, Layout, plan_problems
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -49,6 +52,10 @@ class RunPlan:
     """How the model is split and recomputed."""
     policy: PrecisionPolicy = FP32_POLICY
     """The dtypes of parameters, compute, master weights, gradients and optimizer state."""
+    resume: Resume | None = None
+    """The checkpoint (or weights) the run starts from."""
+    log_dir: Path | None = None
+    """An existing log directory the run continues in (resume_if_exists); None makes a new one."""
 
     @property
     def precision(self) -> str:
@@ -57,7 +64,7 @@ class RunPlan:
 
 
 def _not_in_this_release(cfg: NxdConfig) -> list[str]:
-    ds, model, exp = cfg.distributed_strategy, cfg.model, cfg.exp_manager
+    ds = cfg.distributed_strategy
     found = [
         f"distributed_strategy.{key}: {feature} is not in this release (nxd-parallel part 2 adds it); "
         f"expected 1, found {value}"
@@ -70,13 +77,6 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     if cfg.model_alignment_strategy is not None:
         found.append("model_alignment_strategy: fine-tuning methods are not in this release (nxd-align adds them); "
                      "remove the section to pretrain")
-    for key in ("resume_if_exists", "resume_from_checkpoint", "async_checkpointing", "save_bf16",
-                "enable_recovery_time_instrumentation"):
-        if value := getattr(exp, key):
-            found.append(f"exp_manager.{key}: checkpoints are not in this release (nxd-ckpt adds them); "
-                         f"expected it unset, found {value!r}")
-    if model.weight_init_only:
-        found.append("model.weight_init_only: checkpoints are not in this release (nxd-ckpt adds them); expected False")
     return found + unavailable_data_keys(cfg.data)
 
 
@@ -160,9 +160,37 @@ def neuron_environment(cfg: NxdConfig, current: Mapping[str, str]) -> dict[str, 
     )  # fmt: skip
 
 
+def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
+    """The checkpoint the resume keys select and the log directory a resumed run continues in, with
+    notices for checkpoint keys that change nothing here."""
+    exp, params = cfg.exp_manager, cfg.exp_manager.checkpoint_callback_params
+    search = resumable_log_dir(exp, cfg.name) if exp.resume_if_exists else None
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always", CheckpointWarning)
+        try:
+            resume = resume_choice(cfg, search)
+        except CheckpointError as error:
+            raise PreflightError([str(error)]) from None
+    for warning in skipped:
+        warnings.warn(str(warning.message), ConfigNotice, stacklevel=3)
+    if resume is None and exp.resume_if_exists:
+        warnings.warn(f"exp_manager.resume_if_exists: no complete checkpoint under {search}; starting a new run "
+                      "(resume_ignore_no_checkpoint)", ConfigNotice, stacklevel=3)  # fmt: skip
+    if cfg.model.weight_init_only and resume is None:
+        warnings.warn("model.weight_init_only: no checkpoint is loaded, so it changes nothing", ConfigNotice,
+                      stacklevel=3)  # fmt: skip
+    if exp.create_checkpoint_callback and not (params.save_top_k or params.save_last):
+        warnings.warn("exp_manager.checkpoint_callback_params.save_top_k: 0 keeps no checkpoint and save_last is "
+                      "False, so this run writes none", ConfigNotice, stacklevel=3)  # fmt: skip
+    if neuron_keys := cfg.set_keys_with_status(Status.NEURON_ONLY):
+        warnings.warn(f"acted on only on AWS Neuron devices: {', '.join(neuron_keys)}", ConfigNotice, stacklevel=3)
+    continues = resume is not None and exp.resume_if_exists and not exp.resume_from_checkpoint
+    return resume, search if continues else None
+
+
 def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     """The checked plan of a run, or a PreflightError listing every problem."""
-    problems = _not_in_this_release(cfg) + _optimizer_problems(cfg, accelerator_name())
+    problems = _not_in_this_release(cfg) + _optimizer_problems(cfg, accelerator_name()) + checkpoint_problems(cfg)
     try:
         policy = precision_policy(cfg)
     except PrecisionConfigError as error:
@@ -172,9 +200,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
             problems.append(problem)
     if problems:
         raise PreflightError(problems)
-    if cfg.exp_manager.create_checkpoint_callback:
-        warnings.warn("exp_manager.create_checkpoint_callback: checkpoints are not in this release (nxd-ckpt adds "
-                      "them); this run writes none", ConfigNotice, stacklevel=2)
+    resume, log_dir = _resume(cfg)
     ds = cfg.distributed_strategy
     if ds.tensor_model_parallel_size == 1:
         for key, value, default in (("sequence_parallel", ds.sequence_parallel, False),
@@ -204,4 +230,4 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     layout = Layout.from_config(cfg, policy)
     if problems := plan_problems(model, attention, layout, tp):
         raise PreflightError(problems)
-    return RunPlan(model, attention, data, seq_length, layout, policy)
+    return RunPlan(model, attention, data, seq_length, layout, policy, resume, log_dir)

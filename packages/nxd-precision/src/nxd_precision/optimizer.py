@@ -16,7 +16,7 @@ policy's state dtype between steps (the step itself runs in fp32).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -93,6 +93,65 @@ class PrecisionOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
         for parameter in self.parameters:
             parameter.grad = None
+
+    def state_dict(self, names: Sequence[str], *, masters: bool = True) -> dict[str, Any]:
+        """The optimizer's state keyed by parameter name (`names`, in the order of `parameters`) rather
+        than by position, so a checkpoint of it reshards across layouts: per-parameter state, the
+        parameter groups, and the fp32 master weights when they persist (and `masters`). The tensors
+        are the live ones: loading into them in place, then `load_state_dict`, restores the optimizer.
+        State is created first if no step has run yet, so it has something to be loaded into."""
+        if len(names) != len(self.parameters):
+            raise ValueError(f"{len(names)} names for {len(self.parameters)} trainable parameters")
+        self._create_state()
+        name_of = {id(copy): name for copy, name in zip(self.copies, names, strict=True)}
+        groups = {str(index): {**{k: v for k, v in group.items() if k != "params"},
+                               "params": [name_of[id(p)] for p in group["params"]]}
+                  for index, group in enumerate(self.optimizer.param_groups)}  # fmt: skip
+        result: dict[str, Any] = {
+            "state": {name_of[id(copy)]: dict(self.optimizer.state[copy]) for copy in self.copies
+                      if copy in self.optimizer.state},
+            "param_groups": groups,
+        }
+        if masters and self.persistent and self.copies_needed:
+            result["masters"] = self.masters(names)
+        return result
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (after its tensors were filled in place)."""
+        position: dict[str, int] = {}
+        groups = []
+        for index in range(len(state["param_groups"])):
+            group = state["param_groups"][str(index)]
+            groups.append({**group, "params": [position.setdefault(name, len(position)) for name in group["params"]]})
+        self.optimizer.load_state_dict(
+            {"state": {position[name]: values for name, values in state["state"].items()}, "param_groups": groups}
+        )
+
+    def masters(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """The persistent fp32 master weights by parameter name (the parameters themselves when they are fp32)."""
+        return dict(zip(names, self.copies, strict=True))
+
+    @torch.no_grad()
+    def sync_parameters(self) -> None:
+        """Round the master weights into the parameters (after the masters were loaded from a checkpoint)."""
+        if self.copies_needed and self.persistent:
+            for parameter, copy in zip(self.parameters, self.copies, strict=True):
+                _local(parameter).copy_(_local(copy).to(parameter.dtype))
+
+    @torch.no_grad()
+    def _create_state(self) -> None:
+        """Run one step on zero gradients if the optimizer has no state yet (optimizers create it
+        lazily); the weights it touches are overwritten by the load that follows."""
+        if self.optimizer.state:
+            return
+        if self.copies_needed and not self.persistent:
+            self._restore()
+        for copy in self.copies:
+            copy.grad = torch.zeros_like(copy)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.copies_needed and not self.persistent:
+            self._release()
 
     def _states(self) -> Iterator[dict[str, Any]]:
         return (self.optimizer.state[copy] for copy in self.copies if copy in self.optimizer.state)

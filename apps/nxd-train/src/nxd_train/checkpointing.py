@@ -1,0 +1,218 @@
+"""exp_manager's checkpoint and resume keys, turned into nxd-ckpt calls.
+
+A checkpoint holds the model (or its fp32 master weights with use_master_weights_in_ckpt), the
+optimizer state by parameter name (with the master weights), the LR scheduler, the step and consumed
+samples, the sampler's stream, every rank's RNG states, and — in its completion marker — the resolved
+config, the package versions, the layout and the Hugging Face mapping that `ckpt export-hf` applies.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from nxd_ckpt import (
+    MODEL_KEY,
+    CheckpointError,
+    HFExport,
+    SavePolicy,
+    hf_weights,
+    latest_checkpoint,
+    load_checkpoint,
+    read_info,
+    template_fields,
+)
+from nxd_config import NxdConfig
+from nxd_models import GPTConfig, ModelConfigError, build_on_meta, hf_mapping
+from nxd_precision import PrecisionOptimizer
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.optim.lr_scheduler import LRScheduler
+from transformers import PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from .logdir import CHECKPOINT_DIR
+
+LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
+"""Values a run logs, which monitor and the filename template may name."""
+PACKAGES = ("nxd-config", "nxd-parallel", "nxd-precision", "nxd-models", "nxd-data", "nxd-ckpt", "nxd-train", "torch")
+_HMS = re.compile(r"^(?:(\d+):)?(\d{1,2}):(\d{2}):(\d{2})$")
+
+
+def interval_seconds(value: float | str | None) -> float | None:
+    """train_time_interval in seconds (a number, or 'HH:MM:SS' / 'D:HH:MM:SS')."""
+    if value is None or isinstance(value, int | float):
+        return value
+    days, hours, minutes, seconds = (int(part or 0) for part in _HMS.match(value).groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def save_policy(cfg: NxdConfig) -> SavePolicy:
+    params = cfg.exp_manager.checkpoint_callback_params
+    return SavePolicy(
+        every_n_train_steps=params.every_n_train_steps,
+        train_time_interval=interval_seconds(params.train_time_interval),
+        save_top_k=params.save_top_k, monitor=params.monitor, mode=params.mode, save_last=params.save_last,
+        filename=params.filename or f"{cfg.exp_manager.name or cfg.name}--{{step}}-{{consumed_samples}}",
+        enable_version_counter=params.enable_version_counter,
+    )  # fmt: skip
+
+
+def checkpoint_problems(cfg: NxdConfig) -> list[str]:
+    """Checkpoint keys that name values this run never logs."""
+    params, key = cfg.exp_manager.checkpoint_callback_params, "exp_manager.checkpoint_callback_params"
+    if not cfg.exp_manager.create_checkpoint_callback:
+        return []
+    problems = []
+    if params.monitor not in LOGGED:
+        problems.append(f"{key}.monitor: expected one of {', '.join(LOGGED)}, found {params.monitor!r}")
+    for name in template_fields(params.filename or ""):
+        if name not in LOGGED:
+            problems.append(f"{key}.filename: {{{name}}} is not a logged value; expected one of {', '.join(LOGGED)}")
+    return problems
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a run starts from: a checkpoint to continue, or weights to start a new run from."""
+
+    path: Path
+    weights_only: bool
+    hugging_face: bool = False
+    """`path` is a Hugging Face model directory (safetensors + config.json), not an nxd checkpoint."""
+
+
+def is_hf_directory(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
+    """The checkpoint the resume keys select, or None; a CheckpointError when the one asked for is
+    missing, incomplete or damaged. `log_dir` is the directory resume_if_exists searches."""
+    exp, weights_only = cfg.exp_manager, cfg.model.weight_init_only
+    if exp.resume_from_checkpoint:
+        path = Path(exp.resume_from_checkpoint)
+        if is_hf_directory(path):
+            if not weights_only:
+                raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model "
+                                      "(weights only); expected model.weight_init_only: True to start from it")
+            return Resume(path.resolve(), True, hugging_face=True)
+        if not path.is_dir():
+            raise CheckpointError(f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint directory or a "
+                                  f"Hugging Face model directory, found no directory at {path}")  # fmt: skip
+        return Resume(read_info(path).verified().path.resolve(), weights_only)
+    if not exp.resume_if_exists:
+        return None
+    info = latest_checkpoint(log_dir / CHECKPOINT_DIR) if log_dir is not None else None
+    if info is None:
+        if exp.resume_ignore_no_checkpoint:
+            return None
+        where = log_dir / CHECKPOINT_DIR if log_dir is not None else "the log directory"
+        raise CheckpointError(f"exp_manager.resume_if_exists: no complete checkpoint in {where}; set "
+                              "exp_manager.resume_ignore_no_checkpoint: True to start a new run instead")  # fmt: skip
+    return Resume(info.path.resolve(), weights_only)
+
+
+def hf_export(spec: GPTConfig | PretrainedConfig) -> HFExport:
+    """The Hugging Face counterpart of the model `spec` describes; ModelConfigError when there is none."""
+    if isinstance(spec, GPTConfig):
+        mapping = hf_mapping(spec)
+        tied = {"lm_head.weight": "model.embed_tokens.weight"} if spec.share_embeddings_and_output_weights else {}
+        return HFExport(mapping.config, mapping.keys, spec.vocab_size, mapping.vocab_padded_keys, tied)
+    config = spec.to_dict()
+    config["architectures"] = config.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[spec.model_type]]
+    names = list(build_on_meta(spec).state_dict())
+    tied = {"lm_head.weight": "model.embed_tokens.weight"} if spec.tie_word_embeddings else {}
+    return HFExport(config, {name: name for name in names if name not in tied}, tied=tied)
+
+
+def export_record(spec: GPTConfig | PretrainedConfig) -> dict[str, Any]:
+    """What the completion marker says about Hugging Face export: the mapping, or why there is none."""
+    try:
+        return {"hf_export": hf_export(spec).to_json()}
+    except ModelConfigError as error:
+        return {"hf_export_problem": str(error)}
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for package in PACKAGES:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "unknown"
+    return found
+
+
+def rng_states() -> bytes:
+    """This process's python, numpy, torch (and CUDA) generator states, as one opaque value."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return pickle.dumps({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                         "cuda": cuda})  # fmt: skip
+
+
+def restore_rng_states(blob: bytes) -> None:
+    states = pickle.loads(blob)  # noqa: S301 - written by this program into the checkpoint
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class TrainingState:
+    """The DCP state of a run: built fresh for each save or load, so it always holds the live tensors."""
+
+    def __init__(self, model: nn.Module, optimizer: PrecisionOptimizer, scheduler: LRScheduler, *,
+                 use_master_weights: bool):  # fmt: skip
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.masters_as_model = use_master_weights and optimizer.persistent and optimizer.copies_needed
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        weights = self.model.state_dict()
+        if self.masters_as_model:
+            weights.update(self.optimizer.masters(self.names))
+        return weights
+
+    def state(self, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None]) -> dict:
+        optimizer = self.optimizer.state_dict(self.names, masters=not self.masters_as_model)
+        return {MODEL_KEY: self.model_state(), "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+                "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
+
+    def load(self, path: Path, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
+             process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
+        """Everything from checkpoint `path`, in place; `progress`, `sampler` and `rng` receive the saved values."""
+        state = self.state(progress=progress, sampler=sampler, rng=rng)
+        load_checkpoint(path, state, process_group=process_group)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as error:
+            raise CheckpointError(f"{path}: the optimizer state does not fit this run's optimizer: {error}") from None
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.masters_as_model:
+            self.optimizer.sync_parameters()
+
+
+def load_weights(model: nn.Module, resume: Resume, spec: GPTConfig | PretrainedConfig,
+                 process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
+    """Only the model weights of `resume` (an nxd checkpoint or a Hugging Face directory) into `model`,
+    whatever its layout."""
+    if not resume.hugging_face:
+        load_checkpoint(resume.path, {MODEL_KEY: model.state_dict()}, process_group=process_group)
+        return
+    live = model.state_dict()
+    try:
+        export = hf_export(spec)
+    except ModelConfigError as error:
+        raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {error}") from None
+    weights = hf_weights(resume.path, export, {key: value.shape for key, value in live.items()})
+    weights = {key: value.to(live[key].dtype) for key, value in weights.items()}
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))

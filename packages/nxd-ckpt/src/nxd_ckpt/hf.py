@@ -1,0 +1,120 @@
+"""Hugging Face safetensors export and import, driven by a model's declared key mapping.
+
+The mapping is data (`HFExport`): the config.json to write, our state-dict key -> the Hugging Face
+key, the keys whose rows are the padded vocabulary, and tied keys. A checkpoint records its mapping
+in the completion marker, so `export_hf` needs nothing but the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+from .errors import CheckpointError
+from .marker import read_info
+
+MODEL_KEY = "model"
+"""The top-level key of the model's weights in a checkpoint's state."""
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class HFExport:
+    config: dict[str, Any]
+    """config.json for transformers (with `architectures`)."""
+    keys: dict[str, str]
+    """Our model state-dict key -> the Hugging Face key."""
+    vocab_size: int | None = None
+    vocab_padded_keys: tuple[str, ...] = ()
+    """Our keys whose first dimension is a padded vocabulary: the first `vocab_size` rows are exported."""
+    tied: dict[str, str] = field(default_factory=dict)
+    """Our key -> our key it shares storage with (not exported; filled from its source on import)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HFExport:
+        return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"])})
+
+
+def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None) -> Path:
+    """Write `out/model.safetensors` and `out/config.json` from a complete checkpoint, as transformers'
+    AutoModelForCausalLM loads them. `out` appears whole or not at all."""
+    info = read_info(Path(checkpoint)).verified()
+    if "hf_export" not in info.extra:
+        reason = info.extra.get("hf_export_problem", "it records no Hugging Face mapping")
+        raise CheckpointError(f"{info.path}: cannot export to Hugging Face: {reason}")
+    export = HFExport.from_json(info.extra["hf_export"])
+    wanted = {f"{MODEL_KEY}.{key}" for key in export.keys}
+    with warnings.catch_warnings():  # one process reads the whole checkpoint, as intended
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        loaded = _load_state_dict_from_keys(wanted, checkpoint_id=str(info.path))[MODEL_KEY]
+    tensors = {}
+    for ours, theirs in export.keys.items():
+        tensor = loaded[ours]
+        if ours in export.vocab_padded_keys:
+            tensor = tensor[: export.vocab_size]
+        tensors[theirs] = (tensor.to(dtype) if dtype and tensor.is_floating_point() else tensor).contiguous()
+    config = dict(export.config)
+    if dtype is not None:
+        config["dtype"] = str(dtype).removeprefix("torch.")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{out}: expected a new or empty directory for the export, found files in it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        save_file(tensors, staging / WEIGHTS_FILE, metadata={"format": "pt"})
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def hf_weights(directory: Path, export: HFExport, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+    """Our full state dict from a Hugging Face directory of safetensors files: mapped back, the
+    vocabulary padded with zero rows to `shapes` (our global shapes), tied keys filled in. A missing,
+    extra or differently shaped tensor is a CheckpointError naming it."""
+    directory = Path(directory)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: expected Hugging Face *.safetensors files, found none")
+    found: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            found.update({key: handle.get_tensor(key) for key in handle.keys()})  # noqa: SIM118 - not a dict
+    theirs_to_ours = {theirs: ours for ours, theirs in export.keys.items()}
+    missing = sorted(set(theirs_to_ours) - set(found))
+    extra = sorted(set(found) - set(theirs_to_ours))
+    if missing or extra:
+        raise CheckpointError(f"{directory}: the weights do not match this model: "
+                              + "; ".join(part for part in (f"missing {', '.join(missing[:4])}" if missing else "",
+                                                            f"unexpected {', '.join(extra[:4])}" if extra else "")
+                                          if part))  # fmt: skip
+    weights: dict[str, torch.Tensor] = {}
+    for theirs, tensor in found.items():
+        ours = theirs_to_ours[theirs]
+        shape = tuple(shapes[ours])
+        if ours in export.vocab_padded_keys and tensor.shape[0] < shape[0] and tensor.shape[1:] == shape[1:]:
+            tensor = torch.cat([tensor, tensor.new_zeros(shape[0] - tensor.shape[0], *shape[1:])])
+        if tuple(tensor.shape) != shape:
+            raise CheckpointError(f"{directory}: {theirs} is {list(tensor.shape)}; this model's {ours} is "
+                                  f"{list(shape)}")
+        weights[ours] = tensor
+    for alias, source in export.tied.items():
+        weights[alias] = weights[source]
+    return weights

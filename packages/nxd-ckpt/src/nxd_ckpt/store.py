@@ -1,0 +1,188 @@
+"""Saving and loading training state with torch.distributed.checkpoint (DCP).
+
+Every rank writes its own shards (DTensor shards under tensor parallelism and ZeRO-1; one copy of
+replicated values) into `<name>.partial`. When the save has finished on every rank, rank 0 writes
+the completion marker and renames the directory to `<name>`, then applies retention — so a
+checkpoint is deleted only after a newer one is complete, and a crash at any moment leaves every
+complete checkpoint intact. DCP records global shapes, so a checkpoint loads at another layout.
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.stateful import Stateful
+
+from .discovery import list_checkpoints
+from .errors import CheckpointError
+from .marker import CheckpointInfo, read_info, write_marker
+from .retention import SavePolicy, checkpoint_name, point_last, to_delete
+
+STAGING_SUFFIX = ".partial"
+_SINGLE_PROCESS = ".*assuming the intent is to (save|load) in a single process"
+REPLACED_SUFFIX = ".replaced"
+
+
+@dataclass
+class _Save:
+    staging: Path
+    final: Path
+    record: dict[str, Any]
+    future: Future | None = None
+    started: float = 0.0
+
+
+class Checkpointer:
+    """Writes checkpoints of `state` under `root` as `policy` names and keeps them; at most one save is
+    in flight (`asynchronous`: DCP writes from a background thread after copying the state to host
+    memory). Call it on every rank; `process_group` should be a gloo group of all ranks used for
+    nothing else, so a background save never interleaves with training collectives."""
+
+    def __init__(self, root: Path, policy: SavePolicy, *, asynchronous: bool = False,
+                 process_group: dist.ProcessGroup | None = None,
+                 on_complete: Callable[[CheckpointInfo, float], None] | None = None):  # fmt: skip
+        self.root, self.policy, self.asynchronous = Path(root), policy, asynchronous
+        self.group = process_group
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.on_complete = on_complete
+        self._pending: _Save | None = None
+        self.saved_at = time.monotonic()
+        """When the last save started (train_time_interval counts from it)."""
+
+    def save(self, state: dict[str, Any], *, step: int, consumed_samples: int, metrics: Mapping[str, float],
+             extra: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+        """Save `state` (nested dicts of tensors, DTensors, Stateful objects and picklable values) after
+        optimizer step `step`; returns the checkpoint's final path. Returns once the state is copied
+        (asynchronous) or written (otherwise)."""
+        self.wait()
+        values = {"step": step, "consumed_samples": consumed_samples, **metrics}
+        final = self.root / self._broadcast(self._next_name(values) if self.rank == 0 else None)
+        staging = final.with_name(final.name + STAGING_SUFFIX)
+        record = dict(step=step, consumed_samples=consumed_samples, metrics=dict(metrics), extra=dict(extra or {}))
+        pending = _Save(staging, final, record, started=time.monotonic())
+        self.saved_at = pending.started
+        writer = FileSystemWriter(staging, sync_files=True)
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
+        if self.asynchronous:
+            pending.future = dcp.async_save(state, storage_writer=writer, process_group=self.group,
+                                            no_dist=not dist.is_initialized())
+            self._pending = pending
+        else:
+            dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=not dist.is_initialized())
+            self._finish(pending)
+        return final
+
+    def poll(self) -> None:
+        """Finish a background save that has completed (marker, rename, retention); never blocks."""
+        if self._pending is not None and self._pending.future is not None and self._pending.future.done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the save in flight, if any, is complete (the next save and process exit call it)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.future.result()
+        except Exception as error:
+            raise CheckpointError(f"{pending.final}: the background save failed: {error}") from error
+        self._finish(pending)
+
+    def _next_name(self, values: dict[str, float]) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        taken = {path.name for path in self.root.iterdir()}
+        name = checkpoint_name(self.policy.filename, values, taken, self.policy.enable_version_counter)
+        staging = self.root / (name + STAGING_SUFFIX)
+        if staging.exists():  # left by a save that never finished: not a checkpoint
+            shutil.rmtree(staging)
+        return name
+
+    def _broadcast(self, name: str | None) -> str:
+        """Rank 0's choice of name, on every rank (also keeps ranks from writing before the stale
+        staging directory is gone)."""
+        if not dist.is_initialized():
+            return name
+        box = [name]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+        return box[0]
+
+    def _finish(self, pending: _Save) -> None:
+        """On rank 0, once every rank's shards are written: the marker, the rename, retention."""
+        if self.rank != 0:
+            return
+        write_marker(pending.staging, **pending.record)
+        replaced = pending.final.with_name(pending.final.name + REPLACED_SUFFIX)
+        if pending.final.exists():  # the same name again without the version counter
+            pending.final.rename(replaced)
+        pending.staging.rename(pending.final)
+        shutil.rmtree(replaced, ignore_errors=True)
+        info = read_info(pending.final)
+        complete = [i for i in list_checkpoints(self.root) if i.complete]
+        for old in to_delete(complete, self.policy):
+            shutil.rmtree(old.path)
+        if self.policy.save_last:
+            point_last(self.root, pending.final)
+        if self.on_complete is not None:
+            self.on_complete(info, time.monotonic() - pending.started)
+
+
+def _leaves(state: Mapping[str, Any]) -> dict[str, Any]:
+    """DCP's flattened view of a nested state: dotted keys to leaves (Stateful objects expanded)."""
+    expanded = {key: value.state_dict() if isinstance(value, Stateful) and not isinstance(value, Mapping) else value
+                for key, value in state.items()}  # fmt: skip
+    return flatten_state_dict(expanded)[0]
+
+
+def saved_keys(path: Path) -> dict[str, tuple[int, ...] | None]:
+    """Every key a checkpoint holds: a tensor's global shape, or None for another value."""
+    metadata = FileSystemReader(path).read_metadata()
+    return {key: tuple(item.size) if isinstance(item, TensorStorageMetadata) else None
+            for key, item in metadata.state_dict_metadata.items()}  # fmt: skip
+
+
+def check_compatible(path: Path, state: Mapping[str, Any]) -> None:
+    """A CheckpointError naming the keys `state` needs that the checkpoint lacks or holds in another shape."""
+    saved = saved_keys(path)
+    missing, shapes = [], []
+    for key, value in _leaves(state).items():
+        if key not in saved:
+            missing.append(key)
+        elif torch.is_tensor(value) and saved[key] is not None and tuple(value.shape) != saved[key]:
+            shapes.append(f"{key} is {list(saved[key])} there, {list(value.shape)} here")
+    problems = []
+    if shapes:
+        problems.append(f"it was saved from another model shape: {'; '.join(shapes[:4])}"
+                        + (f" (and {len(shapes) - 4} more)" if len(shapes) > 4 else ""))  # fmt: skip
+    if missing:
+        problems.append(f"it lacks {', '.join(missing[:4])}" + (f" (and {len(missing) - 4} more)" if len(missing) > 4
+                                                                 else ""))  # fmt: skip
+    if problems:
+        raise CheckpointError(f"{path}: cannot load this checkpoint into this run: " + "; ".join(problems))
+
+
+def load_checkpoint(
+    path: Path, state: dict[str, Any], *, process_group: dist.ProcessGroup | None = None
+) -> CheckpointInfo:
+    """Load `state` in place (its keys only; tensors are resharded to this run's layout) from the
+    complete checkpoint `path`; a half-written, damaged or incompatible one is a CheckpointError."""
+    info = read_info(Path(path)).verified()
+    check_compatible(info.path, state)
+    if not dist.is_initialized():
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
+    dcp.load(state, storage_reader=FileSystemReader(info.path), process_group=process_group,
+             no_dist=not dist.is_initialized())
+    return info
