@@ -5,6 +5,8 @@
     nxd-train config check FILE [OVERRIDE ...]         exit 0 if valid, 1 with every problem listed
     nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
                                                       jsonl -> Megatron .bin/.idx
+    nxd-train ckpt list LOGDIR                         checkpoints with step, size and completeness
+    nxd-train ckpt export-hf CKPT OUT [--dtype D]      a checkpoint -> Hugging Face safetensors + config.json
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 import yaml
 from nxd_config import ConfigError, ConfigNotice, NxdConfig, Status, load_config
 
-SUBCOMMANDS = ("train", "config", "data")
+SUBCOMMANDS = ("train", "config", "data", "ckpt")
+EXPORT_DTYPES = ("fp32", "bf16", "fp16")
 OVERRIDE_HELP = "a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML)"
 
 
@@ -63,6 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     preprocess.add_argument("--skip-bad-lines", action="store_true",
                             help="skip lines that are not JSON objects with the keys (default: stop at the first)")
     preprocess.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    ckpt = commands.add_parser("ckpt", help="inspect and convert checkpoints")
+    ckpt_actions = ckpt.add_subparsers(dest="action", metavar="ACTION", required=True)
+    text = "list the checkpoints of a log directory with step, consumed samples, size and completeness"
+    listing = ckpt_actions.add_parser("list", help=text, description=text)
+    listing.add_argument("log_dir", type=Path, metavar="LOGDIR",
+                         help="a run's log directory, its checkpoints folder, or an experiment folder of versions")
+    text = "write a checkpoint as Hugging Face safetensors and config.json (AutoModelForCausalLM loads it)"
+    export = ckpt_actions.add_parser("export-hf", help=text, description=text)
+    export.add_argument("checkpoint", type=Path, metavar="CKPT",
+                        help="a checkpoint directory, or a log directory (its newest complete checkpoint)")
+    export.add_argument("out", type=Path, metavar="OUT", help="a new or empty directory")
+    export.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default=None,
+                        help="store floating-point weights in this dtype (default: as trained)")
     return parser
 
 
@@ -75,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _config_command(args.action, args.file, args.overrides)
     if args.command == "data":
         return _preprocess_command(args)
+    if args.command == "ckpt":
+        from .ckpt_commands import export_command, list_command
+
+        return list_command(args.log_dir) if args.action == "list" else export_command(args.checkpoint, args.out,
+                                                                                        args.dtype)  # fmt: skip
     return _train_command(args.config or default_config_path(), args.overrides)
 
 
@@ -137,7 +159,28 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     from .loop import train
 
     train(config, plan)
+    if torch_distributed_initialised():
+        _exit_after_distributed_run()
     return 0
+
+
+def torch_distributed_initialised() -> bool:
+    import torch.distributed
+
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _exit_after_distributed_run() -> None:
+    """End a process of a multi-process run: tear down the process group, flush, and leave without
+    interpreter finalisation, where threads of torch.distributed.checkpoint can abort the process."""
+    import os
+
+    import torch.distributed
+
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _preprocess_command(args: argparse.Namespace) -> int:

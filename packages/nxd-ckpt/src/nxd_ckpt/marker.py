@@ -71,6 +71,7 @@ def write_marker(path: Path, *, step: int, consumed_samples: int, metrics: dict[
             json.dump(record, file, indent=1)
             file.flush()
             os.fsync(file.fileno())
+        os.chmod(temporary, 0o644)
         os.replace(temporary, path / MARKER)
     finally:
         if os.path.exists(temporary):

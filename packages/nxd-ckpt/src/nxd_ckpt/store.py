@@ -10,8 +10,8 @@ complete checkpoint intact. DCP records global shapes, so a checkpoint loads at 
 from __future__ import annotations
 
 import shutil
-import warnings
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -77,13 +78,17 @@ class Checkpointer:
         writer = FileSystemWriter(staging, sync_files=True)
         if not dist.is_initialized():
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
-        if self.asynchronous:
-            pending.future = dcp.async_save(state, storage_writer=writer, process_group=self.group,
-                                            no_dist=not dist.is_initialized())
-            self._pending = pending
-        else:
+        try:
+            if self.asynchronous:
+                pending.future = dcp.async_save(state, storage_writer=writer, process_group=self.group,
+                                                no_dist=not dist.is_initialized())  # fmt: skip
+                self._pending = pending
+                return final
             dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=not dist.is_initialized())
-            self._finish(pending)
+        except (CheckpointException, OSError, ValueError, TypeError) as error:
+            self._abandon(pending)
+            raise CheckpointError(f"{final}: the save failed: {_first_line(error)}") from error
+        self._finish(pending)
         return final
 
     def poll(self) -> None:
@@ -98,9 +103,15 @@ class Checkpointer:
             return
         try:
             pending.future.result()
-        except Exception as error:
-            raise CheckpointError(f"{pending.final}: the background save failed: {error}") from error
+        except (CheckpointException, Exception) as error:
+            self._abandon(pending)
+            raise CheckpointError(f"{pending.final}: the background save failed: {_first_line(error)}") from error
         self._finish(pending)
+
+    def _abandon(self, pending: _Save) -> None:
+        """Remove what a failed save wrote (every rank has stopped writing: DCP fails on all of them)."""
+        if self.rank == 0:
+            shutil.rmtree(pending.staging, ignore_errors=True)
 
     def _next_name(self, values: dict[str, float]) -> str:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -138,6 +149,15 @@ class Checkpointer:
             point_last(self.root, pending.final)
         if self.on_complete is not None:
             self.on_complete(info, time.monotonic() - pending.started)
+
+
+def _first_line(error: BaseException) -> str:
+    """The gist of an error (DCP's CheckpointException carries every rank's traceback)."""
+    if isinstance(error, CheckpointException):
+        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in error.failures.values()]
+        if causes:
+            return f"{type(causes[0]).__name__}: {causes[0]}"
+    return f"{type(error).__name__}: {error}"
 
 
 def _leaves(state: Mapping[str, Any]) -> dict[str, Any]:
