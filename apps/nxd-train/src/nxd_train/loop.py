@@ -173,9 +173,7 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         except ValueError as error:
             raise CheckpointError(f"{resume.path}: {error}") from None
         start_step = progress["step"]
-        if same_world:
-            restore_rng_states(rng[f"rank{rank}"])
-        else:
+        if not same_world:
             monitor.info(f"resuming on {fabric.world_size} processes from a checkpoint of "
                          f"{saved.extra.get('world_size')}: random states start fresh (dropout masks differ from an "
                          "uninterrupted run)")  # fmt: skip
@@ -238,6 +236,8 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     accumulation = gbs // (mbs * dp)
     train_batches = iter(micro_batches(plan.data.train, replace(train_sampler, steps=steps - start_step), plan.data,
                                        cfg.data.num_workers))  # fmt: skip
+    if resume is not None and not resume.weights_only and same_world:
+        restore_rng_states(rng[f"rank{rank}"])  # now that the data loader has drawn its seed, as at the save
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
     for step in range(start_step, steps):

@@ -34,7 +34,7 @@ class Monitor:
         if self.is_main:
             with warnings.catch_warnings():  # the directory already holds config.yaml and the text logs
                 warnings.filterwarnings("ignore", message="Experiment logs directory")
-                csv = CSVLogger(log_dir, name="", version="")
+                csv = CSVLogger(log_dir, name="", version="", flush_logs_every_n_steps=1)  # a crash loses no rows
                 csv.experiment  # noqa: B018 - created now, inside this filter
             self.metric_loggers.append(csv)
             if tensorboard:

@@ -19,12 +19,13 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 
 def list_checkpoints(root: Path) -> list[CheckpointInfo]:
-    """The checkpoints directly under `root`, oldest first (by step, then modification time)."""
+    """The checkpoints directly under `root`, oldest first (by when their folder last changed: the
+    marker's writing for a complete one)."""
     root = Path(root)
     if not root.is_dir():
         return []
     infos = [read_info(path) for path in root.iterdir() if is_checkpoint_dir(path)]
-    return sorted(infos, key=lambda i: (i.step if i.step is not None else -1, i.path.stat().st_mtime, i.path.name))
+    return sorted(infos, key=lambda i: (i.path.stat().st_mtime, i.path.name))
 
 
 def latest_checkpoint(root: Path) -> CheckpointInfo | None:
@@ -33,7 +34,7 @@ def latest_checkpoint(root: Path) -> CheckpointInfo | None:
     infos = list_checkpoints(root)
     usable = None
     passed_over = []
-    for info in reversed(sorted(infos, key=lambda i: i.path.stat().st_mtime)):
+    for info in reversed(infos):
         try:
             usable = info.verified()
             break

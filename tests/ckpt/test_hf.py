@@ -1,0 +1,100 @@
+"""Hugging Face export and import: transformers' own model, loaded from the export, is the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from nxd_ckpt import MODEL_KEY, Checkpointer, CheckpointError, SavePolicy, export_hf, hf_weights
+from nxd_models import GPTConfig, build_causal_lm, causal_lm_logits
+from nxd_train.checkpointing import export_record, hf_export
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+SEQ = 16
+
+
+def llama_shaped(**changes) -> GPTConfig:
+    base = dict(
+        vocab_size=250, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2, seq_length=SEQ,
+        ffn_hidden_size=48, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
+        rope_theta=10000.0, has_bias=False, share_embeddings_and_output_weights=False, hidden_dropout=0.0,
+        attention_dropout=0.0, make_vocab_size_divisible_by=64,
+    )  # fmt: skip
+    return GPTConfig(**{**base, **changes})
+
+
+def checkpoint_of(model: torch.nn.Module, spec, root) -> object:
+    return Checkpointer(root, SavePolicy(filename="ckpt")).save(
+        {MODEL_KEY: model.state_dict()}, step=1, consumed_samples=1, metrics={}, extra=export_record(spec)
+    )
+
+
+def tokens(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(0))
+    return ids, torch.arange(SEQ).expand(2, SEQ)
+
+
+def random_weights(model: torch.nn.Module) -> None:
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.2)
+
+
+@pytest.mark.parametrize("changes", [{}, {"qkv_linear": True, "share_embeddings_and_output_weights": True},
+                                     {"has_bias": True}], ids=["plain", "fused_qkv_tied", "bias"])  # fmt: skip
+def test_megatron_export_loads_in_transformers(tmp_path, changes):
+    spec = llama_shaped(**changes)
+    ours = build_causal_lm(spec).eval()
+    random_weights(ours)
+    out = export_hf(checkpoint_of(ours, spec, tmp_path / "ckpts"), tmp_path / "hf")
+    theirs = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(theirs) is LlamaForCausalLM and theirs.config.vocab_size == spec.vocab_size
+    ids, positions = tokens(spec.vocab_size)
+    with torch.no_grad():
+        expected = theirs(input_ids=ids).logits
+        found = causal_lm_logits(ours, ids, positions)[..., : spec.vocab_size]
+    assert (found - expected).abs().max().item() < 1e-5
+
+
+def test_hf_family_export_loads_in_transformers(tmp_path):
+    spec = LlamaConfig(vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    ours = build_causal_lm(spec).eval()
+    random_weights(ours)
+    out = export_hf(checkpoint_of(ours, spec, tmp_path / "ckpts"), tmp_path / "hf", dtype=torch.bfloat16)
+    theirs = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert load_file(out / "model.safetensors")["lm_head.weight"].dtype == torch.bfloat16
+    for name, tensor in theirs.state_dict().items():
+        assert torch.equal(tensor, ours.state_dict()[name].to(torch.bfloat16).float()), name
+
+
+def test_import_then_export_round_trips_bit_exactly(tmp_path):
+    spec = llama_shaped()
+    source = LlamaForCausalLM(LlamaConfig(**hf_export(spec).config))
+    random_weights(source)
+    source.save_pretrained(tmp_path / "source")
+    ours = build_causal_lm(spec)
+    shapes = {key: value.shape for key, value in ours.state_dict().items()}
+    ours.load_state_dict(hf_weights(tmp_path / "source", hf_export(spec), shapes))
+    out = export_hf(checkpoint_of(ours, spec, tmp_path / "ckpts"), tmp_path / "hf")
+    before, after = load_file(tmp_path / "source" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[key], after[key]) for key in before)
+
+
+def test_import_names_what_does_not_fit(tmp_path):
+    spec = llama_shaped()
+    other = LlamaForCausalLM(LlamaConfig(**{**hf_export(spec).config, "intermediate_size": 64}))
+    other.save_pretrained(tmp_path / "other")
+    shapes = {key: value.shape for key, value in build_causal_lm(spec).state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"other: model.layers.0.mlp.\w+_proj.weight is \[\d+, \d+\]; this model.s"):
+        hf_weights(tmp_path / "other", hf_export(spec), shapes)
+
+
+def test_export_of_a_model_without_hf_counterpart_says_why(tmp_path):
+    spec = llama_shaped(normalization="layernorm", activation="gelu")
+    path = checkpoint_of(build_causal_lm(spec), spec, tmp_path / "ckpts")
+    with pytest.raises(CheckpointError, match="normalization is 'layernorm' \\(Llama needs 'rmsnorm'\\)"):
+        export_hf(path, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

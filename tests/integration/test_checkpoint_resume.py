@@ -1,0 +1,124 @@
+"""Exact resume after SIGKILL and resharding, with real processes on gloo launched by nxd-train.
+
+Each layout trains 10 steps uninterrupted, saving at steps 5 and 10. A second run of the same job is
+killed with SIGKILL once its step-5 checkpoint is complete, then resumed (resume_if_exists in the
+same log directory) to step 10: the losses of steps 6-10 and every model and optimizer tensor of the
+final checkpoints are identical. Validation after every step only slows the runs down, so the kill
+lands mid-run; it changes nothing in training (no dropout, no shuffling).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from nxd_ckpt import list_checkpoints
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+from tests.training_runs import FAST, read_metrics
+
+JOB = [*FAST, "trainer.max_steps=10", "data.micro_batch_size=2", "data.global_batch_size=8",
+       "trainer.val_check_interval=1", "trainer.limit_val_batches=6", "exp_manager.create_checkpoint_callback=True",
+       "+exp_manager.checkpoint_callback_params.every_n_train_steps=5",
+       "+exp_manager.checkpoint_callback_params.save_top_k=-1"]  # fmt: skip
+LAYOUTS = {
+    "dp2": ["trainer.devices=2"],
+    "tp2": ["trainer.devices=2", "distributed_strategy.tensor_model_parallel_size=2"],
+    "dp2_zero1": ["trainer.devices=2", "distributed_strategy.zero1=True"],
+}
+
+
+def command(log_dir: Path, *overrides: str) -> list[str]:
+    return [str(Path(sys.executable).with_name("nxd-train")), *JOB, *overrides,
+            f"+exp_manager.explicit_log_dir={log_dir}"]  # fmt: skip
+
+
+def run(log_dir: Path, *overrides: str) -> None:
+    result = subprocess.run(command(log_dir, *overrides), cwd=log_dir.parent, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def run_and_kill_after_step_5(log_dir: Path, *overrides: str) -> None:
+    """Start the job in its own process group and SIGKILL all of it once the step-5 checkpoint is complete."""
+    process = subprocess.Popen(command(log_dir, *overrides), cwd=log_dir.parent, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not any(i.complete and i.step == 5 for i in list_checkpoints(log_dir / "checkpoints")):
+            assert process.poll() is None, "the run ended before its step-5 checkpoint"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def step_losses(log_dir: Path) -> dict[int, float]:
+    """The loss of every step (the last record of a step wins: a resumed run logs it again)."""
+    return {int(row["step"]): row["loss"] for row in read_metrics(log_dir) if "loss" in row}
+
+
+def final_state(log_dir: Path) -> dict:
+    (final,) = [i.path for i in list_checkpoints(log_dir / "checkpoints") if i.step == 10]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _load_state_dict_from_keys({"model", "optimizer"}, checkpoint_id=str(final))
+
+
+def assert_identical(a, b, where: str = "") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}.{key}")
+    elif torch.is_tensor(a):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Each layout's uninterrupted run, made once for the module."""
+    made: dict[str, Path] = {}
+
+    def get(layout: str) -> Path:
+        if layout not in made:
+            made[layout] = tmp_path_factory.mktemp(f"{layout}_whole") / "run"
+            run(made[layout], *LAYOUTS[layout])
+        return made[layout]
+
+    return get
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_sigkill_then_resume_is_exact(tmp_path, uninterrupted, layout):
+    whole = uninterrupted(layout)
+    broken = tmp_path / "run"
+    run_and_kill_after_step_5(broken, *LAYOUTS[layout])
+    assert 10 not in step_losses(broken), "the kill came after the run had finished"
+    assert [i.step for i in list_checkpoints(broken / "checkpoints") if i.complete] == [5]
+    run(broken, *LAYOUTS[layout], "exp_manager.resume_if_exists=True")
+    expected, resumed = step_losses(whole), step_losses(broken)
+    assert [resumed[step] for step in range(6, 11)] == [expected[step] for step in range(6, 11)]
+    assert_identical(final_state(broken), final_state(whole))
+
+
+def test_tp2_checkpoint_resumes_at_tp1_and_dp2(tmp_path, uninterrupted, train_here):
+    whole = uninterrupted("tp2")
+    (step_5,) = [i.path for i in list_checkpoints(whole / "checkpoints") if i.step == 5]
+    expected = step_losses(whole)[6]
+    single = train_here(*JOB[len(FAST):], "trainer.max_steps=10", f"+exp_manager.resume_from_checkpoint={step_5}",
+                        "exp_manager.create_checkpoint_callback=False")  # fmt: skip
+    assert abs(single[0]["loss"] - expected) < 1e-6 and single[0]["step"] == 6
+    dp2 = tmp_path / "dp2"
+    run(dp2, "trainer.devices=2", f"+exp_manager.resume_from_checkpoint={step_5}",
+        "exp_manager.create_checkpoint_callback=False")  # fmt: skip
+    assert abs(step_losses(dp2)[6] - expected) < 1e-6

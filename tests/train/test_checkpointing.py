@@ -1,0 +1,121 @@
+"""nxd-train's checkpoint keys in one process: exact resume under each kind of weights, starting from
+weights only (nxd checkpoints and Hugging Face directories), the resume keys' errors, `ckpt list`."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from nxd_ckpt import MARKER, list_checkpoints
+from nxd_config import ConfigNotice, load_config
+from nxd_train.cli import default_config_path, main
+from nxd_train.corpus import default_cache_dir
+from nxd_train.preflight import PreflightError, plan_run
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+SAVE = ["exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.save_top_k=-1"]
+
+
+def checkpoints(log_dir):
+    return {info.step: info.path for info in list_checkpoints(log_dir / "checkpoints")}
+
+
+def saved(path, key: str) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _load_state_dict_from_keys({key}, checkpoint_id=str(path))[key]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "mixed_precision", "bf16SR"])
+def test_resume_continues_exactly(tmp_path, train_here, precision):
+    job = ["trainer.max_steps=6", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+           f"precision.type={precision}"]  # fmt: skip
+    whole = train_here(*job)
+    whole_dir = tmp_path / "run0"
+    resumed = train_here(*job, f"+exp_manager.resume_from_checkpoint={checkpoints(whole_dir)[3]}")
+    assert [row["loss"] for row in resumed] == [row["loss"] for row in whole[3:]]
+    for key in ("model", "optimizer"):
+        a, b = saved(checkpoints(whole_dir)[6], key), saved(checkpoints(tmp_path / "run1")[6], key)
+        flat_a, flat_b = torch.utils._pytree.tree_flatten(a)[0], torch.utils._pytree.tree_flatten(b)[0]
+        assert all(torch.equal(x, y) if torch.is_tensor(x) else x == y for x, y in zip(flat_a, flat_b, strict=True))
+
+
+def test_master_weights_in_checkpoint(tmp_path, train_here):
+    job = ["trainer.max_steps=2", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+           "precision.type=mixed_precision"]  # fmt: skip
+    train_here(*job, "+exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt=True")
+    train_here(*job)
+    with_masters, without = checkpoints(tmp_path / "run0")[2], checkpoints(tmp_path / "run1")[2]
+    assert saved(with_masters, "model")["model.norm.weight"].dtype == torch.float32
+    assert saved(without, "model")["model.norm.weight"].dtype == torch.bfloat16
+    assert "masters" in saved(without, "optimizer") and "masters" not in saved(with_masters, "optimizer")
+
+
+def test_weight_init_only_starts_a_new_run_from_the_weights(tmp_path, train_here):
+    train_here("trainer.max_steps=3", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=3")
+    source = checkpoints(tmp_path / "run0")[3]
+    rows = train_here("trainer.max_steps=1", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+                      f"+exp_manager.resume_from_checkpoint={source}", "+model.weight_init_only=True",
+                      "model.optim.lr=0")  # fmt: skip
+    assert rows[0]["step"] == 1 and rows[0]["consumed_samples"] == 8  # a new run: step 1, the first batch
+    after = saved(checkpoints(tmp_path / "run1")[1], "model")
+    assert all(torch.equal(tensor, after[key]) for key, tensor in saved(source, "model").items())
+
+
+def test_hugging_face_weights_start_a_megatron_run(tmp_path, train_here):
+    train_here("trainer.max_steps=2", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2")
+    assert main(["ckpt", "export-hf", str(tmp_path / "run0"), str(tmp_path / "hf")]) == 0
+    train_here("trainer.max_steps=1", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+               f"+exp_manager.resume_from_checkpoint={tmp_path / 'hf'}", "+model.weight_init_only=True",
+               "model.optim.lr=0")  # fmt: skip
+    assert main(["ckpt", "export-hf", str(checkpoints(tmp_path / "run1")[1]), str(tmp_path / "again")]) == 0
+    before, after = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "again" / "model.safetensors")
+    assert all(torch.equal(before[key], after[key]) for key in before)
+
+
+def plan(tmp_path, *overrides):
+    cfg = load_config(default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}", *overrides])
+    return plan_run(cfg, default_cache_dir())
+
+
+def test_resume_keys_fail_before_launch(tmp_path):
+    with pytest.raises(PreflightError, match="resume_if_exists: no complete checkpoint in .*resume_ignore_no_checkpoint"):
+        plan(tmp_path, "exp_manager.resume_if_exists=True")
+    with pytest.warns(ConfigNotice, match="starting a new run"):
+        assert plan(tmp_path, "exp_manager.resume_if_exists=True",
+                    "+exp_manager.resume_ignore_no_checkpoint=True").resume is None  # fmt: skip
+    half = tmp_path / "checkpoints" / "half"
+    half.mkdir(parents=True)
+    (half / ".metadata").write_bytes(b"")
+    with pytest.raises(PreflightError, match="half: no completion marker"):
+        plan(tmp_path, f"+exp_manager.resume_from_checkpoint={half}")
+    with pytest.raises(PreflightError, match=r"monitor: expected one of step, .* found 'accuracy'"):
+        plan(tmp_path, *SAVE, "+exp_manager.checkpoint_callback_params.monitor=accuracy")
+    with pytest.raises(PreflightError, match=r"filename: \{acc\} is not a logged value"):
+        plan(tmp_path, *SAVE, "+exp_manager.checkpoint_callback_params.filename='m-{acc}'")
+
+
+def test_hugging_face_directory_needs_weight_init_only(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(PreflightError, match="is a Hugging Face model .* expected model.weight_init_only: True"):
+        plan(tmp_path / "log", f"+exp_manager.resume_from_checkpoint={tmp_path / 'hf'}")
+
+
+def test_ckpt_list_shows_complete_incomplete_and_damaged(tmp_path, train_here, capsys):
+    train_here("trainer.max_steps=3", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=1")
+    found = checkpoints(tmp_path / "run0")
+    (found[2] / MARKER).unlink()
+    shard = next(found[3].glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    capsys.readouterr()
+    assert main(["ckpt", "list", str(tmp_path / "run0")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:5] == ["NAME", "STEP", "SAMPLES", "SIZE", "STATE"]
+    rows = {line.split()[0].split("--")[1]: line for line in lines[2:]}
+    assert rows["step=1-consumed_samples=8"].rstrip().endswith("complete")
+    assert "INCOMPLETE: no completion marker" in rows["step=2-consumed_samples=16"]
+    assert f"DAMAGED: {shard} is 100 bytes" in rows["step=3-consumed_samples=24"]
