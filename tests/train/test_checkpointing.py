@@ -53,6 +53,13 @@ def test_master_weights_in_checkpoint(tmp_path, train_here):
     assert "masters" in saved(without, "optimizer") and "masters" not in saved(with_masters, "optimizer")
 
 
+def test_save_bf16_stores_bf16_weights(tmp_path, train_here):
+    train_here("trainer.max_steps=1", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+               "+exp_manager.save_bf16=True")  # fmt: skip
+    weights = saved(checkpoints(tmp_path / "run0")[1], "model")
+    assert {tensor.dtype for tensor in weights.values()} == {torch.bfloat16}
+
+
 def test_weight_init_only_starts_a_new_run_from_the_weights(tmp_path, train_here):
     train_here("trainer.max_steps=3", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=3")
     source = checkpoints(tmp_path / "run0")[3]

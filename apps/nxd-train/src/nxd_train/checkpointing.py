@@ -171,21 +171,26 @@ class TrainingState:
     """The DCP state of a run: built fresh for each save or load, so it always holds the live tensors."""
 
     def __init__(self, model: nn.Module, optimizer: PrecisionOptimizer, scheduler: LRScheduler, *,
-                 use_master_weights: bool):  # fmt: skip
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+                 use_master_weights: bool, save_bf16: bool = False):  # fmt: skip
+        self.model, self.optimizer, self.scheduler, self.save_bf16 = model, optimizer, scheduler, save_bf16
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.masters_as_model = use_master_weights and optimizer.persistent and optimizer.copies_needed
 
-    def model_state(self) -> dict[str, torch.Tensor]:
+    def model_state(self, *, saving: bool = False) -> dict[str, torch.Tensor]:
+        """The model's weights (its master weights with use_master_weights_in_ckpt): the live tensors, or
+        bf16 copies of the floating-point ones when saving with save_bf16."""
         weights = self.model.state_dict()
         if self.masters_as_model:
             weights.update(self.optimizer.masters(self.names))
+        if saving and self.save_bf16:
+            weights = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}
         return weights
 
-    def state(self, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None]) -> dict:
+    def state(self, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
+              saving: bool = False) -> dict:  # fmt: skip
         optimizer = self.optimizer.state_dict(self.names, masters=not self.masters_as_model)
-        return {MODEL_KEY: self.model_state(), "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
-                "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
+        return {MODEL_KEY: self.model_state(saving=saving), "optimizer": optimizer,
+                "scheduler": self.scheduler.state_dict(), "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
 
     def load(self, path: Path, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
              process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip

@@ -159,7 +159,8 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     scheduler = build_scheduler(optimizer.optimizer, optim.sched, optim.lr or 0.0, steps)
     exp = cfg.exp_manager
     training = TrainingState(model, optimizer, scheduler,
-                             use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt)  # fmt: skip
+                             use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,
+                             save_bf16=exp.save_bf16)  # fmt: skip
     start_step = 0
     if resume is not None and not resume.weights_only:
         started = time.perf_counter()
@@ -195,7 +196,7 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     def save_checkpoint(done: int, values: dict[str, float]) -> None:
         progress = {"step": done, "consumed_samples": train_sampler.consumed_samples + (done - start_step) * gbs}
         sampler = train_sampler.state_dict() | {"consumed_samples": progress["consumed_samples"]}
-        state = training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()})
+        state = training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
         checkpointer.save(state, step=done, consumed_samples=progress["consumed_samples"],
                           metrics={k: v for k, v in values.items() if k in LOGGED}, extra=record)  # fmt: skip
     ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, plan.policy.compute_dtype),

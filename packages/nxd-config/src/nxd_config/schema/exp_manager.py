@@ -29,7 +29,9 @@ class CheckpointCallbackParams(Section):
         1, "Checkpoints kept: the best k by monitor/mode; -1 keeps all, 0 keeps none.", by=CKPT, ge=-1
     )
     mode: Literal["min", "max"] = key("max", "Whether a smaller or larger monitor value is better.", by=CKPT)
-    save_last: bool = key(False, "Also keep the most recent checkpoint as 'last'.", by=CKPT)
+    save_last: bool = key(
+        False, "Also keep the most recent checkpoint (linked as 'last') and save one at the end of training.", by=CKPT
+    )
     filename: str | None = key(
         None,
         "Checkpoint name template; {step}, {consumed_samples} and other logged values are filled in. "
@@ -37,7 +39,8 @@ class CheckpointCallbackParams(Section):
         by=CKPT,
     )
     every_n_train_steps: int | None = key(
-        None, "Save every N optimizer steps; null or 0 disables step-based saving.", by=CKPT, ge=0
+        None, "Save every N optimizer steps; with neither this nor train_time_interval set, a checkpoint is saved "
+        "at the end of each epoch and of training.", by=CKPT, ge=0
     )
     train_time_interval: Annotated[
         Annotated[float, Field(gt=0)] | str | None, AfterValidator(_interval_seconds)
@@ -87,7 +90,8 @@ class ExpManagerConfig(Section):
         False, "Log how long checkpoint loading and recovery take.", by=CKPT
     )
     async_checkpointing: bool = key(
-        False, "Write checkpoints in the background; at most one save in flight.", by=CKPT
+        False, "Write checkpoints from a background thread after copying them to host memory; at most one save in "
+        "flight, and the next save and process exit wait for it.", by=CKPT
     )
     save_bf16: bool = key(False, "Store floating-point model weights as bf16 in checkpoints.", by=CKPT)
     save_xser: bool = key(
