@@ -189,8 +189,9 @@ class TrainingState:
     def state(self, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
               saving: bool = False) -> dict:  # fmt: skip
         optimizer = self.optimizer.state_dict(self.names, masters=not self.masters_as_model)
-        return {MODEL_KEY: self.model_state(saving=saving), "optimizer": optimizer,
-                "scheduler": self.scheduler.state_dict(), "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
+        scheduler = self.scheduler.state_dict()
+        return {MODEL_KEY: self.model_state(saving=saving), "optimizer": optimizer, "scheduler": scheduler,
+                "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
 
     def load(self, path: Path, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
              process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip

@@ -202,8 +202,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
         raise PreflightError(problems)
     resume, log_dir = _resume(cfg)
     if cfg.exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt and policy.master_dtype is None:
-        warnings.warn(f"exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt: precision {cfg.precision.type} "
-                      "keeps no master weights; checkpoints hold the model weights", ConfigNotice, stacklevel=2)  # fmt: skip
+        warnings.warn(f"exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt: precision "
+                      f"{cfg.precision.type} keeps no master weights; checkpoints hold the model weights",
+                      ConfigNotice, stacklevel=2)  # fmt: skip
     ds = cfg.distributed_strategy
     if ds.tensor_model_parallel_size == 1:
         for key, value, default in (("sequence_parallel", ds.sequence_parallel, False),
