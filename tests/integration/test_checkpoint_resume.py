@@ -3,8 +3,8 @@
 Each layout trains 10 steps uninterrupted, saving at steps 5 and 10. A second run of the same job is
 killed with SIGKILL once its step-5 checkpoint is complete, then resumed (resume_if_exists in the
 same log directory) to step 10: the losses of steps 6-10 and every model and optimizer tensor of the
-final checkpoints are identical. Validation after every step only slows the runs down, so the kill
-lands mid-run; it changes nothing in training (no dropout, no shuffling).
+final checkpoints are identical. The killed run validates after every step only to slow it down, so
+the kill lands mid-run; validation changes nothing in training (no dropout, no shuffling).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 from tests.training_runs import FAST, read_metrics
 
 JOB = [*FAST, "trainer.max_steps=10", "data.micro_batch_size=2", "data.global_batch_size=8",
-       "trainer.val_check_interval=1", "trainer.limit_val_batches=6", "exp_manager.create_checkpoint_callback=True",
-       "+exp_manager.checkpoint_callback_params.every_n_train_steps=5",
+       "exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.every_n_train_steps=5",
        "+exp_manager.checkpoint_callback_params.save_top_k=-1"]  # fmt: skip
+SLOW = ["trainer.val_check_interval=1", "trainer.limit_val_batches=6"]
+"""Validation after every step: it slows the run to be killed, so the kill lands mid-run."""
 LAYOUTS = {
     "dp2": ["trainer.devices=2"],
     "tp2": ["trainer.devices=2", "distributed_strategy.tensor_model_parallel_size=2"],
@@ -48,7 +49,7 @@ def run(log_dir: Path, *overrides: str) -> None:
 
 def run_and_kill_after_step_5(log_dir: Path, *overrides: str) -> None:
     """Start the job in its own process group and SIGKILL all of it once the step-5 checkpoint is complete."""
-    process = subprocess.Popen(command(log_dir, *overrides), cwd=log_dir.parent, stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(command(log_dir, *overrides, *SLOW), cwd=log_dir.parent, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 600
@@ -115,7 +116,7 @@ def test_tp2_checkpoint_resumes_at_tp1_and_dp2(tmp_path, uninterrupted, train_he
     whole = uninterrupted("tp2")
     (step_5,) = [i.path for i in list_checkpoints(whole / "checkpoints") if i.step == 5]
     expected = step_losses(whole)[6]
-    single = train_here(*JOB[len(FAST):], "trainer.max_steps=10", f"+exp_manager.resume_from_checkpoint={step_5}",
+    single = train_here(*JOB[len(FAST):], f"+exp_manager.resume_from_checkpoint={step_5}",
                         "exp_manager.create_checkpoint_callback=False")  # fmt: skip
     assert abs(single[0]["loss"] - expected) < 1e-6 and single[0]["step"] == 6
     dp2 = tmp_path / "dp2"
