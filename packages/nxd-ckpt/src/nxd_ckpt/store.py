@@ -75,7 +75,7 @@ class Checkpointer:
         record = dict(step=step, consumed_samples=consumed_samples, metrics=dict(metrics), extra=dict(extra or {}))
         pending = _Save(staging, final, record, started=time.monotonic())
         self.saved_at = pending.started
-        writer = FileSystemWriter(staging, sync_files=True, thread_count=2)
+        writer = FileSystemWriter(staging, sync_files=True)  # one thread: extra DCP writer threads drop their errors
         if not dist.is_initialized():
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
         try:
