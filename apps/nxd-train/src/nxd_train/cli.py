@@ -156,9 +156,15 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     except PreflightError as error:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
+    from nxd_ckpt import CheckpointError
+
     from .loop import train
 
-    train(config, plan)
+    try:
+        train(config, plan)
+    except CheckpointError as error:  # found only once loading began (e.g. a sample stream that differs)
+        print(f"{path}: {error}", file=sys.stderr)
+        return 1
     if torch_distributed_initialised():
         _exit_after_distributed_run()
     return 0

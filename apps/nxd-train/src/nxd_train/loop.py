@@ -186,12 +186,12 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
               "config": cfg.model_dump(mode="json", by_alias=True), **export_record(plan.model)}  # fmt: skip
 
-    def saved(info: CheckpointInfo, seconds: float) -> None:
+    def report_save(info: CheckpointInfo, seconds: float) -> None:
         size = sum(info.files.values()) / 2**20
         monitor.info(f"checkpoint {info.path.name}: {size:.1f} MiB in {seconds:.2f} s")
 
     checkpointer = Checkpointer(log_dir / CHECKPOINT_DIR, policy, asynchronous=exp.async_checkpointing,
-                                process_group=checkpoint_group, on_complete=saved)  # fmt: skip
+                                process_group=checkpoint_group, on_complete=report_save)  # fmt: skip
 
     def save_checkpoint(done: int, values: dict[str, float]) -> None:
         progress = {"step": done, "consumed_samples": train_sampler.consumed_samples + (done - start_step) * gbs}
