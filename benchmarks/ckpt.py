@@ -101,7 +101,7 @@ def main() -> None:
         background.save(state(), step=2, consumed_samples=2 * batch, metrics={})
         stall = time.perf_counter() - started
         during = []
-        while background._pending is not None and not background._pending.future.done():
+        while background.in_flight:
             during.append(step())
         background.wait()
         step_time = statistics.median(steps)

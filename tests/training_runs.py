@@ -8,13 +8,17 @@ import csv
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
+import torch
 from nxd_config import load_config
 from nxd_train.cli import default_config_path
 from nxd_train.corpus import default_cache_dir
 from nxd_train.loop import train
 from nxd_train.preflight import plan_run
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 FAST = ["trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=False", "trainer.limit_val_batches=0"]
 
@@ -26,6 +30,25 @@ def read_metrics(log_dir: Path) -> list[dict[str, float]]:
 
 def losses(rows: list[dict[str, float]]) -> list[float]:
     return [row["loss"] for row in rows if "loss" in row]
+
+
+def saved_state(checkpoint: Path, *keys: str) -> dict[str, Any]:
+    """Parts of a checkpoint (top-level keys such as model, optimizer), read whole in this process."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _load_state_dict_from_keys(set(keys), checkpoint_id=str(checkpoint))
+
+
+def assert_identical(a: Any, b: Any, where: str = "") -> None:
+    """Nested dicts of tensors and values, equal bit for bit."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}.{key}")
+    elif torch.is_tensor(a):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
 
 
 def train_in_process(log_dir: Path, *overrides: str) -> list[dict[str, float]]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from nxd_ckpt import MODEL_KEY, Checkpointer, CheckpointError, SavePolicy, export_hf, hf_weights
 from nxd_models import GPTConfig, build_causal_lm, causal_lm_logits
-from nxd_train.checkpointing import export_record, hf_export
+from nxd_train.checkpointing import export_of, export_record, hf_export
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
@@ -25,7 +25,7 @@ def llama_shaped(**changes) -> GPTConfig:
 
 def checkpoint_of(model: torch.nn.Module, spec, root) -> object:
     return Checkpointer(root, SavePolicy(filename="ckpt")).save(
-        {MODEL_KEY: model.state_dict()}, step=1, consumed_samples=1, metrics={}, extra=export_record(spec)
+        {MODEL_KEY: model.state_dict()}, step=1, consumed_samples=1, metrics={}, extra=export_record(export_of(spec))
     )
 
 

@@ -15,15 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
-import torch
 from nxd_ckpt import list_checkpoints
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from tests.training_runs import FAST, read_metrics
+from tests.training_runs import FAST, assert_identical, read_metrics, saved_state
 
 JOB = [*FAST, "trainer.max_steps=10", "data.micro_batch_size=2", "data.global_batch_size=8",
        "exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.every_n_train_steps=5",
@@ -70,20 +67,7 @@ def step_losses(log_dir: Path) -> dict[int, float]:
 
 def final_state(log_dir: Path) -> dict:
     (final,) = [i.path for i in list_checkpoints(log_dir / "checkpoints") if i.step == 10]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _load_state_dict_from_keys({"model", "optimizer"}, checkpoint_id=str(final))
-
-
-def assert_identical(a, b, where: str = "") -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_identical(a[key], b[key], f"{where}.{key}")
-    elif torch.is_tensor(a):
-        assert torch.equal(a, b), where
-    else:
-        assert a == b, where
+    return saved_state(final, "model", "optimizer")
 
 
 @pytest.fixture(scope="module")

@@ -75,3 +75,39 @@ def test_plain_bf16_updates_stall_where_stochastic_rounding_and_masters_converge
     assert sgd_run("manual", xla_use_bf16=True) == 1.0  # round-to-nearest drops every update
     assert abs(sgd_run("bf16SR") - expected) < 0.005
     assert abs(sgd_run("mixed_precision") - expected) < 0.004  # fp32 masters, rounded for the forward
+
+
+@pytest.mark.parametrize("type_name", ["fp32", "mixed_precision"])
+def test_state_dict_by_name_restores_the_next_step(type_name):
+    names = ["0.weight", "0.bias", "2.weight", "2.bias"]
+    model, optimizer, _, _ = train_step(type_name)
+    saved = optimizer.state_dict(names)
+    assert sorted(saved["state"]) == sorted(names) and saved["param_groups"]["0"]["params"] == names
+    assert ("masters" in saved) == (type_name == "mixed_precision")
+    fresh_model, fresh, _, _ = train_step(type_name, micro_batches=1)  # other weights and moments
+    fresh.create_state()
+    target = fresh.state_dict(names)
+    with torch.no_grad():  # what a checkpoint load does: fill the live tensors in place
+        for name, values in saved["state"].items():
+            for key, value in values.items():
+                target["state"][name][key].copy_(value)
+        for name, master in saved.get("masters", {}).items():
+            target["masters"][name].copy_(master)
+        for mine, theirs in zip(fresh_model.parameters(), model.parameters(), strict=True):
+            mine.copy_(theirs)
+    fresh.load_state_dict(target)
+    for opt, net in ((optimizer, model), (fresh, fresh_model)):
+        opt.zero_grad()
+        torch.manual_seed(5)
+        net(torch.randn(3, 8, dtype=opt.policy.param_dtype)).float().square().mean().backward()
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh_model.parameters(), strict=True))
+
+
+def test_saving_a_stateless_optimizer_leaves_the_weights_alone():
+    model = nn.Linear(4, 2)
+    optimizer = PrecisionOptimizer(model.parameters(), resolve_policy("fp32"),
+                                   lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.5))  # fmt: skip
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.state_dict(["weight", "bias"])  # SGD without momentum keeps no state: nothing to create
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -3,8 +3,6 @@ weights only (nxd checkpoints and Hugging Face directories), the resume keys' er
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from nxd_ckpt import MARKER, list_checkpoints
@@ -13,7 +11,8 @@ from nxd_train.cli import default_config_path, main
 from nxd_train.corpus import default_cache_dir
 from nxd_train.preflight import PreflightError, plan_run
 from safetensors.torch import load_file
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+from tests.training_runs import assert_identical, saved_state
 
 SAVE = ["exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.save_top_k=-1"]
 
@@ -23,9 +22,7 @@ def checkpoints(log_dir):
 
 
 def saved(path, key: str) -> dict:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _load_state_dict_from_keys({key}, checkpoint_id=str(path))[key]
+    return saved_state(path, key)[key]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "mixed_precision", "bf16SR"])
@@ -36,10 +33,8 @@ def test_resume_continues_exactly(tmp_path, train_here, precision):
     whole_dir = tmp_path / "run0"
     resumed = train_here(*job, f"+exp_manager.resume_from_checkpoint={checkpoints(whole_dir)[3]}")
     assert [row["loss"] for row in resumed] == [row["loss"] for row in whole[3:]]
-    for key in ("model", "optimizer"):
-        a, b = saved(checkpoints(whole_dir)[6], key), saved(checkpoints(tmp_path / "run1")[6], key)
-        flat_a, flat_b = torch.utils._pytree.tree_flatten(a)[0], torch.utils._pytree.tree_flatten(b)[0]
-        assert all(torch.equal(x, y) if torch.is_tensor(x) else x == y for x, y in zip(flat_a, flat_b, strict=True))
+    assert_identical(saved_state(checkpoints(whole_dir)[6], "model", "optimizer"),
+                     saved_state(checkpoints(tmp_path / "run1")[6], "model", "optimizer"))
 
 
 def test_master_weights_in_checkpoint(tmp_path, train_here):

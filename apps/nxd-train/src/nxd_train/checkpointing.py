@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pickle
 import random
-import re
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +29,7 @@ from nxd_ckpt import (
     template_fields,
 )
 from nxd_config import NxdConfig
+from nxd_config.schema.exp_manager import interval_seconds
 from nxd_models import GPTConfig, ModelConfigError, build_on_meta, hf_mapping
 from nxd_precision import PrecisionOptimizer
 from torch import nn
@@ -43,15 +43,6 @@ from .logdir import CHECKPOINT_DIR
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""
 PACKAGES = ("nxd-config", "nxd-parallel", "nxd-precision", "nxd-models", "nxd-data", "nxd-ckpt", "nxd-train", "torch")
-_HMS = re.compile(r"^(?:(\d+):)?(\d{1,2}):(\d{2}):(\d{2})$")
-
-
-def interval_seconds(value: float | str | None) -> float | None:
-    """train_time_interval in seconds (a number, or 'HH:MM:SS' / 'D:HH:MM:SS')."""
-    if value is None or isinstance(value, int | float):
-        return value
-    days, hours, minutes, seconds = (int(part or 0) for part in _HMS.match(value).groups())
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def save_policy(cfg: NxdConfig) -> SavePolicy:
@@ -87,6 +78,8 @@ class Resume:
     weights_only: bool
     hugging_face: bool = False
     """`path` is a Hugging Face model directory (safetensors + config.json), not an nxd checkpoint."""
+    world_size: int | None = None
+    """Processes of the run that saved it (their RNG states are restored only at the same number)."""
 
 
 def is_hf_directory(path: Path) -> bool:
@@ -107,17 +100,19 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
         if not path.is_dir():
             raise CheckpointError(f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint directory or a "
                                   f"Hugging Face model directory, found no directory at {path}")  # fmt: skip
-        return Resume(read_info(path).verified().path.resolve(), weights_only)
-    if not exp.resume_if_exists:
+        info = read_info(path).verified()
+    elif not exp.resume_if_exists:
         return None
-    info = latest_checkpoint(log_dir / CHECKPOINT_DIR) if log_dir is not None else None
-    if info is None:
-        if exp.resume_ignore_no_checkpoint:
-            return None
-        where = log_dir / CHECKPOINT_DIR if log_dir is not None else "the log directory"
-        raise CheckpointError(f"exp_manager.resume_if_exists: no complete checkpoint in {where}; set "
-                              "exp_manager.resume_ignore_no_checkpoint: True to start a new run instead")  # fmt: skip
-    return Resume(info.path.resolve(), weights_only)
+    else:
+        info = latest_checkpoint(log_dir / CHECKPOINT_DIR) if log_dir is not None else None
+        if info is None:
+            if exp.resume_ignore_no_checkpoint:
+                return None
+            where = log_dir / CHECKPOINT_DIR if log_dir is not None else "the log directory"
+            raise CheckpointError(f"exp_manager.resume_if_exists: no complete checkpoint in {where}; set "
+                                  "exp_manager.resume_ignore_no_checkpoint: True to start a new run instead")
+    return Resume(info.path.resolve(), weights_only, world_size=info.extra.get("world_size"))
+
 
 
 def hf_export(spec: GPTConfig | PretrainedConfig) -> HFExport:
@@ -133,12 +128,17 @@ def hf_export(spec: GPTConfig | PretrainedConfig) -> HFExport:
     return HFExport(config, {name: name for name in names if name not in tied}, tied=tied)
 
 
-def export_record(spec: GPTConfig | PretrainedConfig) -> dict[str, Any]:
-    """What the completion marker says about Hugging Face export: the mapping, or why there is none."""
+def export_of(spec: GPTConfig | PretrainedConfig) -> HFExport | str:
+    """The model's Hugging Face mapping, or why it has none."""
     try:
-        return {"hf_export": hf_export(spec).to_json()}
+        return hf_export(spec)
     except ModelConfigError as error:
-        return {"hf_export_problem": str(error)}
+        return str(error)
+
+
+def export_record(export: HFExport | str) -> dict[str, Any]:
+    """What the completion marker says about Hugging Face export: the mapping, or why there is none."""
+    return {"hf_export": export.to_json()} if isinstance(export, HFExport) else {"hf_export_problem": export}
 
 
 def versions() -> dict[str, str]:
@@ -196,6 +196,7 @@ class TrainingState:
     def load(self, path: Path, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
              process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
         """Everything from checkpoint `path`, in place; `progress`, `sampler` and `rng` receive the saved values."""
+        self.optimizer.create_state()
         state = self.state(progress=progress, sampler=sampler, rng=rng)
         load_checkpoint(path, state, process_group=process_group)
         try:
@@ -207,18 +208,16 @@ class TrainingState:
             self.optimizer.sync_parameters()
 
 
-def load_weights(model: nn.Module, resume: Resume, spec: GPTConfig | PretrainedConfig,
+def load_weights(model: nn.Module, resume: Resume, export: HFExport | str,
                  process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
-    """Only the model weights of `resume` (an nxd checkpoint or a Hugging Face directory) into `model`,
-    whatever its layout."""
+    """Only the model weights of `resume` (an nxd checkpoint, or a Hugging Face directory read through
+    the model's mapping `export`) into `model`, whatever its layout."""
     if not resume.hugging_face:
         load_checkpoint(resume.path, {MODEL_KEY: model.state_dict()}, process_group=process_group)
         return
+    if not isinstance(export, HFExport):
+        raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
     live = model.state_dict()
-    try:
-        export = hf_export(spec)
-    except ModelConfigError as error:
-        raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {error}") from None
     weights = hf_weights(resume.path, export, {key: value.shape for key, value in live.items()})
     weights = {key: value.to(live[key].dtype) for key, value in weights.items()}
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))

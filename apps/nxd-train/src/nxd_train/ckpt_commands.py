@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 
 import torch
-from nxd_ckpt import CheckpointError, export_hf, latest_checkpoint, list_checkpoints, read_info
+from nxd_ckpt import CheckpointError, export_hf, is_checkpoint_dir, latest_checkpoint, list_checkpoints
 
+from .cli import EXPORT_DTYPES
 from .logdir import CHECKPOINT_DIR
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def checkpoint_folders(log_dir: Path) -> list[Path]:
@@ -55,13 +54,13 @@ def list_command(log_dir: Path) -> int:
 
 def export_command(checkpoint: Path, out: Path, dtype: str | None) -> int:
     try:
-        if not (checkpoint / ".metadata").exists() and not read_info(checkpoint).complete:
+        if not is_checkpoint_dir(checkpoint):  # a log directory: its newest complete checkpoint
             folders = checkpoint_folders(checkpoint)
             newest = latest_checkpoint(folders[0]) if folders else None
             if newest is None:
                 raise CheckpointError(f"{checkpoint}: expected a checkpoint or a log directory holding one, found none")
             checkpoint = newest.path
-        written = export_hf(checkpoint, out, dtype=DTYPES[dtype] if dtype else None)
+        written = export_hf(checkpoint, out, dtype=getattr(torch, EXPORT_DTYPES[dtype]) if dtype else None)
     except CheckpointError as error:
         print(f"nxd-train ckpt export-hf: {error}", file=sys.stderr)
         return 1

@@ -23,7 +23,8 @@ import yaml
 from nxd_config import ConfigError, ConfigNotice, NxdConfig, Status, load_config
 
 SUBCOMMANDS = ("train", "config", "data", "ckpt")
-EXPORT_DTYPES = ("fp32", "bf16", "fp16")
+EXPORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""--dtype choices of ckpt export-hf -> torch dtype names."""
 OVERRIDE_HELP = "a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML)"
 
 
@@ -165,24 +166,19 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     except CheckpointError as error:  # found only once loading began (e.g. a sample stream that differs)
         print(f"{path}: {error}", file=sys.stderr)
         return 1
-    if torch_distributed_initialised():
-        _exit_after_distributed_run()
+    _exit_if_distributed()
     return 0
 
 
-def torch_distributed_initialised() -> bool:
-    import torch.distributed
-
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def _exit_after_distributed_run() -> None:
+def _exit_if_distributed() -> None:
     """End a process of a multi-process run: tear down the process group, flush, and leave without
     interpreter finalisation, where threads of torch.distributed.checkpoint can abort the process."""
     import os
 
     import torch.distributed
 
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
     torch.distributed.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 from lightning_fabric import Fabric
-from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info
+from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo
 from nxd_config import NxdConfig
 from nxd_data import IGNORE_INDEX, PretrainingSampler, WithPadding, collate
 from nxd_models import causal_lm_logits, training_flops_per_token
@@ -35,8 +35,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.data import DataLoader, Dataset
 
 from .checkpointing import (
-    LOGGED,
     TrainingState,
+    export_of,
     export_record,
     load_weights,
     restore_rng_states,
@@ -129,7 +129,10 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     log_dir = Path(fabric.broadcast(str(plan.log_dir or next_log_dir(cfg.exp_manager, cfg.name)) if rank == 0 else None,
                                     src=0))  # fmt: skip
     resume = fabric.broadcast(plan.resume, src=0)  # rank 0's choice, should a checkpoint appear meanwhile
-    checkpoint_group = torch.distributed.new_group(backend="gloo") if torch.distributed.is_initialized() else None
+    exp = cfg.exp_manager
+    checkpoints_used = exp.create_checkpoint_callback or resume is not None
+    checkpoint_group = (torch.distributed.new_group(backend="gloo")
+                        if checkpoints_used and torch.distributed.is_initialized() else None)  # fmt: skip
     if rank == 0:
         resolved = yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)
         (log_dir / "config.yaml").write_text(resolved)
@@ -149,42 +152,43 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     model = build_parallel_model(plan.model, plan.attention, plan.layout, mesh, fabric.device, seed=cfg.seed,
                                  use_cpu_initialization=cfg.model.use_cpu_initialization,
                                  policy=plan.policy)  # fmt: skip
+    export = export_of(plan.model)
+
+    def load_time(started: float) -> str:
+        return f" in {time.perf_counter() - started:.2f} s" if exp.enable_recovery_time_instrumentation else ""
+
     if resume is not None and resume.weights_only:
-        load_weights(model, resume, plan.model, checkpoint_group)
+        started = time.perf_counter()
+        load_weights(model, resume, export, checkpoint_group)
+        monitor.info(f"initial weights from {resume.path}{load_time(started)}")
     flops_per_token = training_flops_per_token(model, plan.seq_length)
     parameters = sum(p.numel() for p in model.parameters())
     optim = cfg.model.optim
     optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(
         optim, tensors, decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay))  # fmt: skip
     scheduler = build_scheduler(optimizer.optimizer, optim.sched, optim.lr or 0.0, steps)
-    exp = cfg.exp_manager
     training = TrainingState(model, optimizer, scheduler,
                              use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,
                              save_bf16=exp.save_bf16)  # fmt: skip
-    start_step = 0
+    start_step, saved_rng = 0, None
     if resume is not None and not resume.weights_only:
         started = time.perf_counter()
-        saved = read_info(resume.path)
-        same_world = saved.extra.get("world_size") == fabric.world_size
         progress, sampler_state = {"step": 0, "consumed_samples": 0}, train_sampler.state_dict()
-        rng = {f"rank{rank}": None} if same_world else {}
+        rng = {f"rank{rank}": None} if resume.world_size == fabric.world_size else {}
         training.load(resume.path, progress=progress, sampler=sampler_state, rng=rng, process_group=checkpoint_group)
         try:
             train_sampler = train_sampler.resumed(sampler_state)
         except ValueError as error:
             raise CheckpointError(f"{resume.path}: {error}") from None
-        start_step = progress["step"]
-        if not same_world:
-            monitor.info(f"resuming on {fabric.world_size} processes from a checkpoint of "
-                         f"{saved.extra.get('world_size')}: random states start fresh (dropout masks differ from an "
-                         "uninterrupted run)")  # fmt: skip
-        took = f" in {time.perf_counter() - started:.2f} s" if exp.enable_recovery_time_instrumentation else ""
-        monitor.info(f"resumed from {resume.path} at step {start_step} ({progress['consumed_samples']} samples){took}")
-    elif resume is not None:
-        monitor.info(f"initial weights from {resume.path}")
+        start_step, saved_rng = progress["step"], rng.get(f"rank{rank}")
+        if saved_rng is None:
+            monitor.info(f"resuming on {fabric.world_size} processes from a checkpoint of {resume.world_size}: "
+                         "random states start fresh (dropout masks differ from an uninterrupted run)")  # fmt: skip
+        monitor.info(f"resumed from {resume.path} at step {start_step} ({progress['consumed_samples']} samples)"
+                     f"{load_time(started)}")  # fmt: skip
     policy = save_policy(cfg)
     record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
-              "config": cfg.model_dump(mode="json", by_alias=True), **export_record(plan.model)}  # fmt: skip
+              "config": cfg.model_dump(mode="json", by_alias=True), **export_record(export)}  # fmt: skip
 
     def report_save(info: CheckpointInfo, seconds: float) -> None:
         size = sum(info.files.values()) / 2**20
@@ -197,8 +201,8 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         progress = {"step": done, "consumed_samples": train_sampler.consumed_samples + (done - start_step) * gbs}
         sampler = train_sampler.state_dict() | {"consumed_samples": progress["consumed_samples"]}
         state = training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
-        checkpointer.save(state, step=done, consumed_samples=progress["consumed_samples"],
-                          metrics={k: v for k, v in values.items() if k in LOGGED}, extra=record)  # fmt: skip
+        checkpointer.save(state, step=done, consumed_samples=progress["consumed_samples"], metrics=values,
+                          extra=record)  # fmt: skip
     ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, plan.policy.compute_dtype),
                                              device=fabric.device), reduce_op="sum").item()  # fmt: skip
     layout = " x ".join(f"{name} {size}" for name, size in dims.sizes().items() if size > 1) or "one process"
@@ -237,8 +241,8 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     accumulation = gbs // (mbs * dp)
     train_batches = iter(micro_batches(plan.data.train, replace(train_sampler, steps=steps - start_step), plan.data,
                                        cfg.data.num_workers))  # fmt: skip
-    if resume is not None and not resume.weights_only and same_world:
-        restore_rng_states(rng[f"rank{rank}"])  # now that the data loader has drawn its seed, as at the save
+    if saved_rng is not None:
+        restore_rng_states(saved_rng)  # now that the data loader has drawn its seed, as at the save
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
     for step in range(start_step, steps):
@@ -296,7 +300,7 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
             epoch_end = policy.on_epoch_end and (index + 1 == steps_per_epoch or done == steps)
             last = policy.save_last and done == steps
             if policy.due(done, elapsed) or epoch_end or last:
-                save_checkpoint(done, {**logged, "step": done})
+                save_checkpoint(done, logged)
 
     checkpointer.wait()
     test_loss = evaluate(plan.data.test, cfg.trainer.limit_test_batches)

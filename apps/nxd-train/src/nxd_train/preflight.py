@@ -162,8 +162,8 @@ def neuron_environment(cfg: NxdConfig, current: Mapping[str, str]) -> dict[str, 
 
 def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
     """The checkpoint the resume keys select and the log directory a resumed run continues in, with
-    notices for checkpoint keys that change nothing here."""
-    exp, params = cfg.exp_manager, cfg.exp_manager.checkpoint_callback_params
+    notices for checkpoints passed over and resume keys that change nothing here."""
+    exp = cfg.exp_manager
     search = resumable_log_dir(exp, cfg.name) if exp.resume_if_exists else None
     with warnings.catch_warnings(record=True) as skipped:
         warnings.simplefilter("always", CheckpointWarning)
@@ -179,11 +179,6 @@ def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
     if cfg.model.weight_init_only and resume is None:
         warnings.warn("model.weight_init_only: no checkpoint is loaded, so it changes nothing", ConfigNotice,
                       stacklevel=3)  # fmt: skip
-    if exp.create_checkpoint_callback and not (params.save_top_k or params.save_last):
-        warnings.warn("exp_manager.checkpoint_callback_params.save_top_k: 0 keeps no checkpoint and save_last is "
-                      "False, so this run writes none", ConfigNotice, stacklevel=3)  # fmt: skip
-    if neuron_keys := cfg.set_keys_with_status(Status.NEURON_ONLY):
-        warnings.warn(f"acted on only on AWS Neuron devices: {', '.join(neuron_keys)}", ConfigNotice, stacklevel=3)
     continues = resume is not None and exp.resume_if_exists and not exp.resume_from_checkpoint
     return resume, search if continues else None
 
@@ -201,10 +196,16 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     if problems:
         raise PreflightError(problems)
     resume, log_dir = _resume(cfg)
-    if cfg.exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt and policy.master_dtype is None:
+    params = cfg.exp_manager.checkpoint_callback_params
+    if cfg.exp_manager.create_checkpoint_callback and not (params.save_top_k or params.save_last):
+        warnings.warn("exp_manager.checkpoint_callback_params.save_top_k: 0 keeps no checkpoint and save_last is "
+                      "False, so this run writes none", ConfigNotice, stacklevel=2)  # fmt: skip
+    if params.use_master_weights_in_ckpt and policy.master_dtype is None:
         warnings.warn(f"exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt: precision "
                       f"{cfg.precision.type} keeps no master weights; checkpoints hold the model weights",
                       ConfigNotice, stacklevel=2)  # fmt: skip
+    if neuron_keys := cfg.set_keys_with_status(Status.NEURON_ONLY):
+        warnings.warn(f"acted on only on AWS Neuron devices: {', '.join(neuron_keys)}", ConfigNotice, stacklevel=2)
     ds = cfg.distributed_strategy
     if ds.tensor_model_parallel_size == 1:
         for key, value, default in (("sequence_parallel", ds.sequence_parallel, False),

@@ -1,7 +1,7 @@
 """nxd-ckpt: sharded checkpoints on torch.distributed.checkpoint that resume exactly and reshard across
 layouts, with completion markers, retention, async save and Hugging Face safetensors export/import."""
 
-from .discovery import latest_checkpoint, list_checkpoints
+from .discovery import is_checkpoint_dir, latest_checkpoint, list_checkpoints
 from .errors import CheckpointError, CheckpointWarning
 from .hf import MODEL_KEY, HFExport, export_hf, hf_weights
 from .marker import MARKER, CheckpointInfo, read_info
@@ -12,6 +12,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MARKER", "MODEL_KEY", "CheckpointError", "CheckpointInfo", "CheckpointWarning", "Checkpointer", "HFExport",
-    "SavePolicy", "export_hf", "hf_weights", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "read_info",
-    "saved_keys", "template_fields",
+    "SavePolicy", "export_hf", "hf_weights", "is_checkpoint_dir", "latest_checkpoint", "list_checkpoints",
+    "load_checkpoint", "read_info", "saved_keys", "template_fields",
 ]  # fmt: skip

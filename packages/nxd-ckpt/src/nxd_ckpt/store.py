@@ -91,6 +91,11 @@ class Checkpointer:
         self._finish(pending)
         return final
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether a background save is still being written."""
+        return self._pending is not None and self._pending.future is not None and not self._pending.future.done()
+
     def poll(self) -> None:
         """Finish a background save that has completed (marker, rename, retention); never blocks."""
         if self._pending is not None and self._pending.future is not None and self._pending.future.done():

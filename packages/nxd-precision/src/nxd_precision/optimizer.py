@@ -98,11 +98,10 @@ class PrecisionOptimizer:
         """The optimizer's state keyed by parameter name (`names`, in the order of `parameters`) rather
         than by position, so a checkpoint of it reshards across layouts: per-parameter state, the
         parameter groups, and the fp32 master weights when they persist (and `masters`). The tensors
-        are the live ones: loading into them in place, then `load_state_dict`, restores the optimizer.
-        State is created first if no step has run yet, so it has something to be loaded into."""
+        are the live ones: after `create_state`, loading into them in place, then `load_state_dict`,
+        restores the optimizer."""
         if len(names) != len(self.parameters):
             raise ValueError(f"{len(names)} names for {len(self.parameters)} trainable parameters")
-        self._create_state()
         name_of = {id(copy): name for copy, name in zip(self.copies, names, strict=True)}
         groups = {str(index): {**{k: v for k, v in group.items() if k != "params"},
                                "params": [name_of[id(p)] for p in group["params"]]}
@@ -139,9 +138,10 @@ class PrecisionOptimizer:
                 _local(parameter).copy_(_local(copy).to(parameter.dtype))
 
     @torch.no_grad()
-    def _create_state(self) -> None:
-        """Run one step on zero gradients if the optimizer has no state yet (optimizers create it
-        lazily); the weights it touches are overwritten by the load that follows."""
+    def create_state(self) -> None:
+        """Before loading a checkpoint: run one step on zero gradients if the optimizer has no state yet
+        (optimizers create it lazily), so `state_dict` has tensors to load into. The step may change
+        the weights (weight decay), so call it only when a load overwrites them next."""
         if self.optimizer.state:
             return
         if self.copies_needed and not self.persistent:

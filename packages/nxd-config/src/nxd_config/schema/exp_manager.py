@@ -21,6 +21,14 @@ def _interval_seconds(value: float | str) -> float | str:
     return value
 
 
+def interval_seconds(value: float | str | None) -> float | None:
+    """A validated train_time_interval in seconds (None stays None)."""
+    if value is None or not isinstance(value, str):
+        return value
+    days, hours, minutes, seconds = (int(part or 0) for part in _HMS.match(value).groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 class CheckpointCallbackParams(Section):
     monitor: str = key(
         "step", "Logged value that ranks checkpoints for save_top_k (step, loss, val_loss ...).", by=CKPT
