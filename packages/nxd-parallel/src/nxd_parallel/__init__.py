@@ -4,6 +4,7 @@ activation checkpointing, sharded initialisation and global norms, on torch.dist
 from torch.distributed.tensor.parallel import loss_parallel
 
 from .activation_checkpointing import apply_activation_checkpointing, modules_of_classes
+from .context_parallel import ring_attention, split_sequence, zigzag_indices
 from .data_parallel import apply_data_parallel, set_gradient_sync
 from .dims import ParallelDims, ParallelMesh
 from .errors import ParallelConfigError
@@ -19,5 +20,5 @@ __all__ = [
     "STYLES", "ParallelConfigError", "ParallelDims", "ParallelMesh", "apply_activation_checkpointing",
     "apply_data_parallel", "apply_tensor_parallel", "check_plan", "clip_gradients", "global_norm",
     "load_whole_weights", "loss_parallel", "materialise", "modules_of_classes", "replicated_heads",
-    "set_gradient_sync", "token_cross_entropy",
+    "ring_attention", "set_gradient_sync", "split_sequence", "token_cross_entropy", "zigzag_indices",
 ]  # fmt: skip
