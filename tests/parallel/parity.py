@@ -17,9 +17,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_models import AttentionKernel, GPTConfig, causal_lm_logits
-from nxd_parallel import ParallelDims, clip_gradients, loss_parallel, set_gradient_sync, token_cross_entropy
+from nxd_parallel import (
+    ParallelDims,
+    build_schedule,
+    clip_gradients,
+    loss_parallel,
+    set_gradient_sync,
+    split_sequence,
+    token_cross_entropy,
+)
 from nxd_precision import PrecisionOptimizer, resolve_policy
-from nxd_train.parallelism import Layout, build_parallel_model
+from nxd_train.parallelism import Layout, StagedModel, build_parallel_model
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, Qwen3Config
 
@@ -27,16 +36,19 @@ STEPS, GLOBAL_BATCH, MICRO_BATCH, SEQ, VOCAB = 5, 8, 2, 16, 120
 HANG_SECONDS = 300
 
 
-def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None) -> GPTConfig | LlamaConfig | Qwen3Config:
+def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,
+               tied: bool = True) -> GPTConfig | LlamaConfig | Qwen3Config:  # fmt: skip
     """A two-layer Llama shape of either family, or the Megatron-style GPT shape (no dropout, so every
     layout computes the same);
-    `qkv` "fused" or "separate" builds the Megatron-style model with one QKV module (qkv_linear)."""
+    `qkv` "fused" or "separate" builds the Megatron-style model with one QKV module (qkv_linear);
+    `layers` and `tied` (output layer sharing the embedding) shape the Megatron-style model."""
     if family == "megatron":
-        return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=kv_heads,
-                         seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0, attention_dropout=0.0,
-                         normalization="rmsnorm", activation="swiglu", position_embedding_type="rope", has_bias=False,
-                         make_vocab_size_divisible_by=8, qkv_linear=qkv is not None,
-                         fuse_qkv=qkv == "fused")  # fmt: skip
+        return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4,
+                         num_kv_heads=kv_heads, seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0,
+                         attention_dropout=0.0, normalization="rmsnorm", activation="swiglu",
+                         position_embedding_type="rope", has_bias=False, make_vocab_size_divisible_by=8,
+                         qkv_linear=qkv is not None, fuse_qkv=qkv == "fused",
+                         share_embeddings_and_output_weights=tied)  # fmt: skip
     if family == "gpt":  # GPT-2 / NeoX shape: layernorm, gelu, biases, learned positions, tied output
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8)  # fmt: skip
@@ -61,6 +73,13 @@ class Scenario:
     """Each sample packs documents of DOCUMENTS tokens: positions restart and attention stays inside them."""
     precision: str = "fp32"
     """precision.type (every type but autocast, which is Fabric's autocast over the fp32 run)."""
+    pp: int = 1
+    cp: int = 1
+    layers: int = 2
+    tied: bool = True
+
+    def spec(self) -> GPTConfig | LlamaConfig | Qwen3Config:
+        return model_spec(self.family, self.kv_heads, self.qkv, self.layers, self.tied)
 
 
 DOCUMENTS = (5, 7, 4)
@@ -78,40 +97,57 @@ def _batches() -> list[torch.Tensor]:
 
 def train_scenario(scenario: Scenario, world: int) -> dict:
     """Run one scenario in this process (one of `world`); every rank returns the same record."""
-    dims = ParallelDims(world, tp=scenario.tp)
+    dims = ParallelDims(world, tp=scenario.tp, pp=scenario.pp, cp=scenario.cp)
     mesh = dims.build_mesh("cpu")
     policy = resolve_policy(scenario.precision)
-    model = build_parallel_model(model_spec(scenario.family, scenario.kv_heads, scenario.qkv), AttentionKernel.FLASH,
-                                 scenario.layout, mesh, torch.device("cpu"), seed=11, policy=policy)  # fmt: skip
-    record = {"init": {name: _full(p) for name, p in model.named_parameters()}, "loss": [], "norm": [], "grads": []}
+    model = build_parallel_model(scenario.spec(), AttentionKernel.FLASH, scenario.layout, mesh, torch.device("cpu"),
+                                 seed=11, policy=policy)  # fmt: skip
+    pp = mesh.get("pp")
+    stages = _Pipeline(model, pp, GLOBAL_BATCH // dims.dp // MICRO_BATCH) if pp is not None else None
+    record = {"init": _gathered({name: _full(p) for name, p in model.named_parameters()}, pp),
+              "loss": [], "norm": [], "grads": []}  # fmt: skip
     optimizer = PrecisionOptimizer(model.parameters(), policy,
                                    lambda tensors: torch.optim.AdamW(tensors, lr=1e-3, weight_decay=0.1, foreach=False))
-    data_mesh, dp, rank = mesh.get("dp"), dims.dp, mesh.data_parallel_rank
+    data_mesh, loss_mesh, rank = mesh.get("dp"), mesh.get("dp_cp"), mesh.data_parallel_rank
+    dp, cp, cp_rank = dims.dp, dims.cp, mesh.rank("cp")
     per_rank = GLOBAL_BATCH // dp
     for batch in _batches():
         mine = batch[rank * per_rank:(rank + 1) * per_rank]
         tokens = batch[:, 1:].numel()
         loss = torch.zeros((), dtype=torch.float64)
-        micro = list(mine.split(MICRO_BATCH))
-        for number, ids in enumerate(micro, start=1):
-            set_gradient_sync(model, number == len(micro))
+        micro = []
+        for ids in mine.split(MICRO_BATCH):
             positions, documents = torch.arange(SEQ).expand(ids.shape[0], SEQ), None
             if scenario.documents:
                 positions = torch.cat([torch.arange(n) for n in DOCUMENTS]).expand(ids.shape[0], SEQ)
                 documents = torch.cat([torch.full((n,), d) for d, n in enumerate(DOCUMENTS)]).expand(ids.shape[0], SEQ)
+            part = {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "position_ids": positions}
+            if documents is not None:
+                part["document_ids"] = documents
+            if cp > 1:  # this rank's zig-zag part of the sequence
+                part = {key: split_sequence(value, cp, cp_rank) for key, value in part.items()}
+            micro.append(part)
+        scale = dp * cp / tokens
+        if stages is not None:
+            loss += stages.step(micro, scale)
+        for number, part in enumerate(micro if stages is None else [], start=1):
+            set_gradient_sync(model, number == len(micro))
             with loss_parallel():
-                logits = causal_lm_logits(model, ids[:, :-1], positions, documents)
-                losses = token_cross_entropy(logits, ids[:, 1:])
-                (losses.sum() * dp / tokens).backward()
+                logits = causal_lm_logits(model, part["input_ids"], part["position_ids"], part.get("document_ids"))
+                losses = token_cross_entropy(logits, part["labels"])
+                (losses.sum() * scale).backward()
             loss += losses.detach().double().sum()
-        if data_mesh is not None:
-            dist.all_reduce(loss, group=data_mesh.get_group())
+        for group in (loss_mesh, pp):
+            if group is not None:
+                dist.all_reduce(loss, group=group.get_group())
         record["loss"].append(loss.item() / tokens)
         record.setdefault("dtypes", _dtypes(model, optimizer))
         optimizer.collect_gradients()
-        record["norm"].append(clip_gradients(optimizer.gradient_tensors, scenario.clip or float("inf")).item())
-        record["grads"].append({name: _full(t.grad) for (name, _), t in
-                                zip(model.named_parameters(), optimizer.gradient_tensors, strict=True)})  # fmt: skip
+        record["norm"].append(clip_gradients(optimizer.gradient_tensors, scenario.clip or float("inf"),
+                                             across=None if pp is None else pp.get_group()).item())  # fmt: skip
+        record["grads"].append(_gathered({name: _full(t.grad) for (name, _), t in
+                                          zip(model.named_parameters(), optimizer.gradient_tensors, strict=True)},
+                                         pp))  # fmt: skip
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     states = optimizer.optimizer.state.values()
@@ -121,6 +157,39 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     )  # fmt: skip
     record["dtypes"]["state"] = {str(v.dtype) for s in states for v in s.values() if torch.is_tensor(v) and v.ndim}
     return record
+
+
+class _Pipeline:
+    """The schedule nxd-train builds over this rank's stages, with the loss it normalises."""
+
+    def __init__(self, model: StagedModel, pp: DeviceMesh, microbatches: int):
+        self.scale = 1.0
+        self.schedule = build_schedule(model.stages, model.numbers, model.num_stages, pp.get_group(),
+                                       torch.device("cpu"), microbatches, self.loss)  # fmt: skip
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's summed token losses in fp64 (the reported total stays exact), normalised."""
+        return token_cross_entropy(logits, labels).double().sum() * self.scale
+
+    def step(self, micro: list[dict[str, torch.Tensor]], scale: float) -> torch.Tensor:
+        """Forward and backward of every micro-batch; this rank's share of the summed token losses."""
+        self.scale, losses = scale, []
+        kwargs = [{key: value for key, value in part.items() if key in ("position_ids", "document_ids")}
+                  for part in micro]  # fmt: skip
+        with loss_parallel():
+            self.schedule.step(arg_mbs=[(part["input_ids"],) for part in micro], kwarg_mbs=kwargs,
+                               target_mbs=[part["labels"] for part in micro], losses=losses,
+                               return_outputs=False)  # fmt: skip
+        return sum((loss.detach() for loss in losses), torch.zeros((), dtype=torch.float64)) / scale
+
+
+def _gathered(tensors: dict[str, torch.Tensor], pp: DeviceMesh | None) -> dict[str, torch.Tensor]:
+    """Every pipeline stage's tensors (each rank holds its stages' only)."""
+    if pp is None:
+        return tensors
+    parts = [None] * pp.size()
+    dist.all_gather_object(parts, tensors, group=pp.get_group())
+    return {name: value for part in parts for name, value in part.items()}
 
 
 def _dtypes(model: torch.nn.Module, optimizer: PrecisionOptimizer) -> dict[str, set[str]]:

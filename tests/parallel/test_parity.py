@@ -41,24 +41,52 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("hf-tp2-sp-documents", "hf", tp=2, layout=Layout(sequence_parallel=True), documents=True),
         Scenario("megatron-tp2-sp-bf16-reductions", tp=2, layout=Layout(sequence_parallel=True,
                                                                         reduce_dtype=torch.bfloat16)),  # fmt: skip
+        *_pipeline_and_context_scenarios(),
+    ]
+
+
+def _pipeline_and_context_scenarios() -> list[Scenario]:
+    """Pipeline stages of a 4-layer untied model (1F1B, interleaved, explicit cuts after layer 0, with
+    recomputation) and context parallel (ring attention) for both families."""
+    staged = dict(layers=4, tied=False)
+    return [
+        Scenario("megatron-pp2-1f1b", pp=2, **staged),
+        Scenario("megatron-pp2-interleaved", pp=2, layout=Layout(virtual_stages=2), clip=0.5, **staged),
+        Scenario("megatron-pp2-cuts", pp=2, layout=Layout(pipeline_cuts=(0,)), **staged),
+        Scenario("megatron-pp2-full-recompute", pp=2, layout=Layout(recompute="full"), **staged),
+        Scenario("megatron-cp2", cp=2, clip=0.5),
+        Scenario("hf-cp2", "hf", cp=2),
+        Scenario("megatron-cp2-documents", cp=2, documents=True),
+        Scenario("hf-cp2-documents-selective-recompute", "hf", cp=2, documents=True,
+                 layout=Layout(recompute="selective", recompute_modules=("CoreAttention",))),  # fmt: skip
     ]
 
 
 def _four_process_scenarios() -> list[Scenario]:
-    return [Scenario(f"{family}-dp2-tp2-zero1-sp", family, tp=2, layout=Layout(zero1=True, sequence_parallel=True),
-                     clip=0.5) for family in FAMILIES]  # fmt: skip
+    return [
+        *(Scenario(f"{family}-dp2-tp2-zero1-sp", family, tp=2, layout=Layout(zero1=True, sequence_parallel=True),
+                   clip=0.5) for family in FAMILIES),
+        Scenario("megatron-pp2-tp2", pp=2, tp=2, layers=4, tied=False, clip=0.5),
+        Scenario("megatron-pp2-tp2-sp-interleaved", pp=2, tp=2, layers=4, tied=False,
+                 layout=Layout(sequence_parallel=True, virtual_stages=2)),
+        Scenario("megatron-pp2-dp2-zero1", pp=2, layers=4, tied=False, layout=Layout(zero1=True), clip=0.5),
+        Scenario("megatron-cp2-tp2-sp", cp=2, tp=2, layout=Layout(sequence_parallel=True)),
+        Scenario("hf-cp2-tp2", "hf", cp=2, tp=2),
+        Scenario("megatron-cp2-dp2-zero1", cp=2, layout=Layout(zero1=True), clip=0.5),
+    ]  # fmt: skip
 
 
 def _key(scenario: Scenario) -> tuple:
-    return scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents
+    return (scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents, scenario.layers,
+            scenario.tied)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def references() -> dict[tuple, dict]:
     """One process for each model the scenarios train."""
     needed = {_key(s) for s in _two_process_scenarios() + _four_process_scenarios()}
-    return {key: train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4]),
-                                world=1)
+    return {key: train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
+                                         layers=key[5], tied=key[6]), world=1)
             for key in needed}  # fmt: skip
 
 

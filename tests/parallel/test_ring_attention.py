@@ -49,7 +49,7 @@ def _ring(heads: int, kv_heads: int, documents: bool, group: dist.ProcessGroup) 
     q, k, v, grad = (split_sequence(t, cp, rank, dim=2) for t in _inputs(heads, kv_heads))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     ids = split_sequence(_documents(), cp, rank) if documents else None
-    out = ring_attention(q, k, v, group, document_ids=ids)
+    out = ring_attention(q, k, v, ids, group=group)
     out.backward(grad)
     return [out.detach(), q.grad, k.grad, v.grad]
 

@@ -1,13 +1,17 @@
 """`distributed_strategy` and the activation-checkpointing keys, turned into a sharded model.
 
-The order is torchtitan's: build on the meta device, tensor/sequence parallel, activation
-checkpointing, data parallel (FSDP2 sharding for zero1, replication otherwise), then materialise
-every rank's shards from the same seeded initialisation a single process would make.
+The order is torchtitan's: build on the meta device, cut this rank's pipeline stages out of it,
+tensor/sequence parallel, context parallel, activation checkpointing, data parallel (FSDP2 sharding
+for zero1, replication otherwise, over the data x context ranks), then materialise every rank's
+shards from the same seeded initialisation a single process would make.
 """
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from nxd_config import NxdConfig
@@ -16,9 +20,12 @@ from nxd_models import (
     GPTConfig,
     build_causal_lm,
     build_on_meta,
+    decoder_layers,
     gpt_tp_plan,
     hf_tp_plan,
+    keep_pipeline_stage,
     recompute_core_attention,
+    use_context_parallel,
 )
 from nxd_parallel import (
     ParallelConfigError,
@@ -29,6 +36,9 @@ from nxd_parallel import (
     check_plan,
     materialise,
     modules_of_classes,
+    rank_stages,
+    ring_attention,
+    stage_ranges,
 )
 from nxd_precision import PrecisionPolicy, prepare_parameters, resolve_policy
 from torch import nn
@@ -36,8 +46,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import PretrainedConfig, PreTrainedModel
 
 FP32_POLICY = resolve_policy("fp32")
-FIRST_LAYER = "model.layers.0"
+LAYER_PREFIX = "model.layers."
+FIRST_LAYER = f"{LAYER_PREFIX}0"
 """Both model families name their decoder layers model.layers.N."""
+
+
+def layer_number(name: str) -> int:
+    """N of a decoder layer's name model.layers.N (a pipeline cut); -1 for any other name."""
+    suffix = name.removeprefix(LAYER_PREFIX)
+    return int(suffix) if name.startswith(LAYER_PREFIX) and suffix.isdigit() else -1
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,10 @@ class Layout:
     reduce_dtype: torch.dtype | None = None
     """Dtype of the tensor-parallel reductions; None keeps the activations' dtype."""
     ranks_at_once: int = 11
+    virtual_stages: int = 1
+    """Pipeline stages per pipeline rank (interleaved 1F1B above 1)."""
+    pipeline_cuts: tuple[int, ...] | None = None
+    """The layer that ends each stage but the last; None balances the stages."""
 
     @classmethod
     def from_config(cls, cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
@@ -67,6 +88,8 @@ class Layout:
             recompute_mlp=m.activations_checkpoint_recompute_mlp,
             reduce_dtype=None if reduce == policy.compute_dtype else reduce,
             ranks_at_once=cfg.trainer.sequential_move_factor,
+            virtual_stages=ds.virtual_pipeline_model_parallel_size or 1,
+            pipeline_cuts=None if m.pipeline_cuts is None else tuple(layer_number(cut) for cut in m.pipeline_cuts),
         )  # fmt: skip
 
 
@@ -84,7 +107,7 @@ def head_dim(spec: GPTConfig | PretrainedConfig) -> int:
 def _recomputation(model: nn.Module, layout: Layout) -> tuple[list[nn.Module], bool]:
     """The modules to checkpoint, and whether a transformers model's attention core (a function,
     not a module) is recomputed too."""
-    layers = list(model.model.layers)
+    layers = decoder_layers(model)
     if layout.recompute == "full":
         return layers, False
     if layout.recompute != "selective":
@@ -109,6 +132,49 @@ def _apply_recomputation(model: nn.Module, layout: Layout) -> None:
     apply_activation_checkpointing(modules)
 
 
+class StagedModel:
+    """The pipeline stages one rank holds, read as one model: parameters and state under their
+    whole-model names (the stages' names never overlap), train/eval for all of them."""
+
+    def __init__(self, stages: list[nn.Module], numbers: list[int], num_stages: int):
+        self.stages, self.numbers, self.num_stages = stages, numbers, num_stages
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        for stage in self.stages:
+            yield from stage.named_parameters()
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return (parameter for _, parameter in self.named_parameters())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {key: value for stage in self.stages for key, value in stage.state_dict().items()}
+
+    def train(self, mode: bool = True) -> StagedModel:
+        for stage in self.stages:
+            stage.train(mode)
+        return self
+
+    def eval(self) -> StagedModel:
+        return self.train(False)
+
+
+def pipeline_ranges(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel, layout: Layout,
+                    pp: int) -> list[range]:  # fmt: skip
+    """The decoder layers of every pipeline stage (pp x virtual stages): at `layout.pipeline_cuts`, or
+    balanced by parameter count with the embeddings on the first stage and the output layer (and
+    final norm) on the last."""
+    model = build_on_meta(spec, attention)
+    layers = decoder_layers(model)
+
+    def size(module: nn.Module | None) -> int:
+        return 0 if module is None else sum(p.numel() for p in module.parameters())
+
+    first = size(model.model.embed_tokens) + size(getattr(model.model, "position_embeddings", None))
+    return stage_ranges(len(layers), pp * layout.virtual_stages, cuts=layout.pipeline_cuts,
+                        layer_cost=size(layers[0]), first_cost=first,
+                        last_cost=size(model.lm_head) + size(model.model.norm))  # fmt: skip
+
+
 def build_parallel_model(
     spec: GPTConfig | PretrainedConfig,
     attention: AttentionKernel,
@@ -119,32 +185,61 @@ def build_parallel_model(
     seed: int,
     use_cpu_initialization: bool = True,
     policy: PrecisionPolicy = FP32_POLICY,
-) -> nn.Module:
-    """The model, sharded over `mesh` as `layout` says; its values are those `build_causal_lm` makes
-    after `torch.manual_seed(seed)` in one process, held in the policy's parameter dtype, with
-    gradients accumulated and reduced over data-parallel ranks in the policy's dtypes."""
+) -> nn.Module | StagedModel:
+    """The model, sharded over `mesh` as `layout` says (with pipeline parallelism: this rank's stages);
+    its values are those `build_causal_lm` makes after `torch.manual_seed(seed)` in one process, held
+    in the policy's parameter dtype, with gradients accumulated and reduced over data-parallel ranks
+    in the policy's dtypes."""
 
     def whole() -> nn.Module:
         torch.manual_seed(seed)
         return build_causal_lm(spec, device, use_cpu_initialization=use_cpu_initialization, attention=attention)
 
-    tp, dp = mesh.get("tp"), mesh.get("dp")
-    if tp is None and dp is None:
+    if all(mesh.get(name) is None for name in ("pp", "tp", "dp_cp")):
         model = whole()
         prepare_parameters(model, policy)
         _apply_recomputation(model, layout)
         return model
-    model = build_on_meta(spec, attention)
+    shard = partial(_shard, spec=spec, layout=layout, mesh=mesh, policy=policy)
+    pp = mesh.get("pp")
+    if pp is None:
+        model = shard(build_on_meta(spec, attention), first_layer=FIRST_LAYER)
+        return _materialised(model, whole, device, layout, policy)
+    ranges = pipeline_ranges(spec, attention, layout, pp.size())
+    numbers = rank_stages(pp.get_local_rank(), pp.size(), layout.virtual_stages)
+    stages = []
+    for number in numbers:
+        stage = keep_pipeline_stage(build_on_meta(spec, attention), ranges[number], first=number == 0,
+                                    last=number == len(ranges) - 1)  # fmt: skip
+        stage = shard(stage, first_layer=FIRST_LAYER if number == 0 else None)
+        stages.append(_materialised(stage, whole, device, layout, policy))
+    return StagedModel(stages, numbers, len(ranges))
+
+
+def _shard(model: nn.Module, *, spec: GPTConfig | PretrainedConfig, layout: Layout, mesh: ParallelMesh,
+           policy: PrecisionPolicy, first_layer: str | None) -> nn.Module:  # fmt: skip
+    """Tensor/sequence, context and data parallelism and recomputation, applied to a meta-device model
+    (or pipeline stage); `first_layer` is where its input enters the sequence-parallel region."""
+    tp, cp, data = mesh.get("tp"), mesh.get("cp"), mesh.get("dp_cp")
     prepare_parameters(model, policy)
     if tp is not None:
-        apply_tensor_parallel(model, tp_plan(spec), tp, sequence_parallel=layout.sequence_parallel,
-                              first_layer=FIRST_LAYER, reduce_dtype=layout.reduce_dtype,
+        names = [name for name, _ in model.named_modules()]  # a pipeline stage lacks the other stages' parts
+        plan = {pattern: style for pattern, style in tp_plan(spec).items() if fnmatch.filter(names, pattern)}
+        apply_tensor_parallel(model, plan, tp, sequence_parallel=layout.sequence_parallel,
+                              first_layer=first_layer, reduce_dtype=layout.reduce_dtype,
                               kv_replicator=layout.kv_replicator, head_dim=head_dim(spec))  # fmt: skip
         prepare_parameters(model, policy, cast=False)  # the TP parameters are new objects
+    if cp is not None:
+        use_context_parallel(model, partial(ring_attention, group=cp.get_group()))
     _apply_recomputation(model, layout)
-    if dp is not None:
-        apply_data_parallel(model, dp, zero1=layout.zero1, blocks=list(model.model.layers),
+    if data is not None:  # context-parallel ranks hold the same weights: their gradients are reduced too
+        apply_data_parallel(model, data, zero1=layout.zero1, blocks=decoder_layers(model),
                             mp_policy=MixedPrecisionPolicy(reduce_dtype=policy.grad_reduction_dtype))  # fmt: skip
+    return model
+
+
+def _materialised(model: nn.Module, whole: Callable[[], nn.Module], device: torch.device, layout: Layout,
+                  policy: PrecisionPolicy) -> nn.Module:  # fmt: skip
     materialise(model, whole, device, ranks_at_once=layout.ranks_at_once)
     prepare_parameters(model, policy, cast=False)  # allocation swaps DTensor parameters, dropping their grad_dtype
     return model

@@ -14,6 +14,7 @@ Three attention paths, chosen by the fusions keys:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from enum import StrEnum
 
 import torch
@@ -33,6 +34,12 @@ class AttentionKernel(StrEnum):
             return cls.FLASH
         return cls.FUSED_SOFTMAX if softmax else cls.UNFUSED
 
+
+ContextParallelAttention = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float | None], torch.Tensor
+]
+"""(query, key, value, document_ids, scale) -> output: causal attention of this rank's part of a
+sequence split across ranks (nxd-parallel's ring attention), in CoreAttention's layout."""
 
 _FAST_BACKENDS = [
     SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH,
@@ -85,11 +92,16 @@ class CoreAttention(nn.Module):
         self.kernel = kernel
         self.dropout = dropout
         self.query_key_layer_scaling = query_key_layer_scaling
+        self.context_parallel: ContextParallelAttention | None = None
+        """Set by `use_context_parallel`: attention over a sequence split across ranks."""
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                allowed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                allowed: torch.Tensor | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
         """query (b, hq, s, d), key/value (b, hkv, s, d) with hq a multiple of hkv; returns (b, hq, s, d).
-        `allowed` (b, 1, s, s) replaces the causal mask (True: may attend), see `document_mask`."""
+        `allowed` (b, 1, s, s) replaces the causal mask (True: may attend), see `document_mask`; a
+        context-parallel attention takes the document ids (b, s) instead."""
+        if self.context_parallel is not None:
+            return self.context_parallel(query, key, value, documents, None)
         dropout = self.dropout if self.training else 0.0
         if self.kernel is AttentionKernel.UNFUSED:
             return self._unfused(query, key, value, dropout, allowed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 
 import torch
@@ -12,6 +13,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, packed_sequence_mask_function
 
 from .attention import _FAST_BACKENDS, AttentionKernel
+from .context_parallel import DOCUMENTS_KWARG, is_context_parallel
 from .gpt import GPTConfig, GPTForCausalLM
 
 
@@ -22,7 +24,9 @@ def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel
         if isinstance(spec, GPTConfig):
             return GPTForCausalLM(spec, attention)
         implementation = "eager" if attention is AttentionKernel.UNFUSED else "sdpa"
-        model = AutoModelForCausalLM.from_config(spec, attn_implementation=implementation, dtype=torch.float32)
+        # a config of its own: transformers writes the attention choice into it, and nxd may change that
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(spec), attn_implementation=implementation,
+                                                 dtype=torch.float32)  # fmt: skip
         model.nxd_attention = attention
         return model
 
@@ -70,8 +74,11 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
     """
     inner = getattr(model, "module", model)
     if isinstance(inner, PreTrainedModel):
+        extra = {}
         if document_ids is None:
             mask = torch.ones_like(input_ids)
+        elif is_context_parallel(inner):  # the attention masks documents from their ids
+            mask, extra = torch.ones_like(input_ids), {DOCUMENTS_KWARG: document_ids}
         else:
             # transformers reads batch, length, dtype (of an additive eager mask) and device from it
             shape_only = torch.empty(*input_ids.shape, 0, dtype=inner.dtype, device=input_ids.device)
@@ -79,5 +86,6 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
                                       past_key_values=None,
                                       and_mask_function=packed_sequence_mask_function(document_ids))  # fmt: skip
         with sdpa_kernel_of(getattr(inner, "nxd_attention", None)):
-            return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
+            return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False,
+                         **extra).logits
     return model(input_ids, position_ids, document_ids)

@@ -8,6 +8,7 @@ mapping of a Llama-shaped model is a rename-free table (see `hf_mapping.py`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -139,7 +140,7 @@ class SelfAttention(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
-                allowed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                allowed: torch.Tensor | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, _ = hidden.shape
         head_dim = self.config.head_dim
         # -1 heads: under tensor parallelism a rank holds a slice of the heads.
@@ -150,7 +151,7 @@ class SelfAttention(nn.Module):
         query, key, value = (p.view(batch, seq, -1, head_dim).transpose(1, 2) for p in projections)
         if rotary is not None:
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
-        context = self.core_attention(query, key, value, allowed)
+        context = self.core_attention(query, key, value, allowed, documents)
         return self.o_proj(context.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -185,8 +186,8 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
-                allowed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        hidden = hidden + self.dropout(self.self_attn(self.input_layernorm(hidden), rotary, allowed))
+                allowed: torch.Tensor | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = hidden + self.dropout(self.self_attn(self.input_layernorm(hidden), rotary, allowed, documents))
         return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
 
 
@@ -202,20 +203,35 @@ class GPTDecoder(nn.Module):
             DecoderLayer(config, number, kernel) for number in range(1, config.num_layers + 1)
         )
         self.norm = _norm(config)
+        self.context_parallel = False
+        """Set by `use_context_parallel`: the layers' attention covers a split sequence."""
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        hidden = input_ids  # a later pipeline stage (no embeddings) takes the residual stream
+        if self.embed_tokens is not None:
+            hidden = self.embedding_dropout(self.embed(input_ids, position_ids))
+        hidden = self.run_layers([layer for layer in self.layers if layer is not None], hidden, position_ids,
+                                 document_ids)  # fmt: skip
+        return hidden if self.norm is None else self.norm(hidden)
+
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        allowed = None if document_ids is None else document_mask(document_ids)
-        rotary = None
         if self.config.position_embedding_type == "learned_absolute":
             hidden = hidden + self.position_embeddings(position_ids)
-        else:
+        return hidden
+
+    def run_layers(self, layers: Iterable[nn.Module], hidden: torch.Tensor, position_ids: torch.Tensor,
+                   document_ids: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """`hidden` through `layers` (all of them, or a pipeline stage's). A context-parallel attention
+        masks documents itself (its part of the sequence is not contiguous); the others get the mask."""
+        allowed = None if document_ids is None or self.context_parallel else document_mask(document_ids)
+        rotary = None
+        if self.config.position_embedding_type != "learned_absolute":
             rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)
-        hidden = self.embedding_dropout(hidden)
-        for layer in self.layers:
-            hidden = layer(hidden, rotary, allowed)
-        return self.norm(hidden)
+        for layer in layers:
+            hidden = layer(hidden, rotary, allowed, document_ids)
+        return hidden
 
 
 class GPTForCausalLM(nn.Module):
@@ -232,10 +248,13 @@ class GPTForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        """`document_ids` (batch, seq), when given, confines attention to each document."""
+        """`document_ids` (batch, seq), when given, confines attention to each document. A pipeline
+        stage (see `keep_pipeline_stage`) takes and returns the residual stream where it lacks the
+        embedding or the output layer."""
         if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return self.lm_head(self.model(input_ids, position_ids, document_ids))
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape[:2])
+        hidden = self.model(input_ids, position_ids, document_ids)
+        return hidden if self.lm_head is None else self.lm_head(hidden)
 
     @torch.no_grad()
     def init_weights(self) -> None:

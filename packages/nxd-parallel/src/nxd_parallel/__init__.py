@@ -12,13 +12,14 @@ from .kv_replication import replicated_heads
 from .loss import token_cross_entropy
 from .materialise import load_whole_weights, materialise
 from .norms import clip_gradients, global_norm
+from .pipeline import build_schedule, rank_stages, stage_ranges
 from .tensor_parallel import STYLES, apply_tensor_parallel, check_plan
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "STYLES", "ParallelConfigError", "ParallelDims", "ParallelMesh", "apply_activation_checkpointing",
-    "apply_data_parallel", "apply_tensor_parallel", "check_plan", "clip_gradients", "global_norm",
-    "load_whole_weights", "loss_parallel", "materialise", "modules_of_classes", "replicated_heads",
-    "ring_attention", "set_gradient_sync", "split_sequence", "token_cross_entropy", "zigzag_indices",
+    "ParallelConfigError", "ParallelDims", "ParallelMesh", "STYLES", "apply_activation_checkpointing",
+    "apply_data_parallel", "apply_tensor_parallel", "build_schedule", "check_plan", "clip_gradients", "global_norm",
+    "load_whole_weights", "loss_parallel", "materialise", "modules_of_classes", "rank_stages", "replicated_heads",
+    "ring_attention", "set_gradient_sync", "split_sequence", "stage_ranges", "token_cross_entropy", "zigzag_indices",
 ]  # fmt: skip

@@ -41,16 +41,17 @@ def ring_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    group: ProcessGroup,
-    *,
     document_ids: torch.Tensor | None = None,
     scale: float | None = None,
+    *,
+    group: ProcessGroup,
 ) -> torch.Tensor:
     """Causal attention of this rank's zig-zag part of the sequence against the whole sequence.
 
     query (b, hq, s, d), key/value (b, hkv, s, d) with hq a multiple of hkv (GQA), s = seq / cp as
     `split_sequence` gives it; `document_ids` (b, s), when given, also keeps attention inside each
     document. Returns (b, hq, s, d). Arithmetic runs in fp32 (or the inputs' wider dtype).
+    `partial(ring_attention, group=cp_group)` is a model's context-parallel attention.
     """
     if query.shape[1] % key.shape[1]:
         raise ValueError(f"{query.shape[1]} query heads: expected a multiple of the {key.shape[1]} key/value heads")
@@ -144,7 +145,7 @@ class _RingAttention(torch.autograd.Function):
             pending = None
             if step + 1 < ring.size:  # the next block travels while this one is computed
                 pending = ring.shift(kv, *(() if docs is None else (docs,)))
-            k_halves, v_halves = _halves(_expand(kv[0].to(dtype), groups), 2), _halves(_expand(kv[1].to(dtype), groups), 2)
+            k_halves, v_halves = (_halves(_expand(t.to(dtype), groups), 2) for t in kv)
             k_docs = _halves(docs, 1)
             for qh, kh, causal in _pairs(ring, step):
                 scores = _scores(q_halves[qh], k_halves[kh], scale, causal, q_docs[qh], k_docs[kh])
@@ -152,7 +153,8 @@ class _RingAttention(torch.autograd.Function):
                 block_out = torch.matmul(torch.exp(scores - _finite(block_lse)[..., None]), v_halves[kh])
                 merged = torch.logaddexp(lse[qh], block_lse)
                 safe = _finite(merged)[..., None]
-                out[qh] = out[qh] * torch.exp(lse[qh][..., None] - safe) + block_out * torch.exp(block_lse[..., None] - safe)
+                out[qh] = out[qh] * torch.exp(lse[qh][..., None] - safe) + block_out * torch.exp(
+                    block_lse[..., None] - safe)
                 lse[qh] = merged
             if pending is not None:
                 _wait(pending[0])
@@ -188,7 +190,8 @@ class _RingAttention(torch.autograd.Function):
                 scores = _scores(q_halves[qh], k_halves[kh], scale, causal, q_docs[qh], k_docs[kh])
                 probs = torch.exp(scores - lse_halves[qh][..., None])
                 dv[kh] += torch.matmul(probs.transpose(-2, -1), do_halves[qh])
-                dscores = probs * (torch.matmul(do_halves[qh], v_halves[kh].transpose(-2, -1)) - delta_halves[qh][..., None])
+                dprobs = torch.matmul(do_halves[qh], v_halves[kh].transpose(-2, -1))
+                dscores = probs * (dprobs - delta_halves[qh][..., None])
                 dq[qh] += torch.matmul(dscores, k_halves[kh]) * scale
                 dk[kh] += torch.matmul(dscores.transpose(-2, -1), q_halves[qh]) * scale
             dkv = dkv + torch.stack([_fold(torch.cat(dk, dim=2), groups), _fold(torch.cat(dv, dim=2), groups)])

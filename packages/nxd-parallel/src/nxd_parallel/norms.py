@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import ProcessGroup
 from torch.distributed.tensor import DTensor, Replicate
 
 
@@ -28,16 +29,18 @@ def _local_part_and_groups(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple]:
     return tensor.to_local(), groups
 
 
-def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of all elements of `tensors` across every rank that holds a part (a 0-d fp64 tensor; fp32 on MPS)."""
+def global_norm(tensors: Iterable[torch.Tensor], across: ProcessGroup | None = None) -> torch.Tensor:
+    """The L2 norm of all elements of `tensors` across every rank that holds a part (a 0-d fp64 tensor; fp32 on MPS).
+    `across` is a group whose ranks hold different tensors (pipeline stages): their squares add up."""
     by_groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     device = None
     for tensor in tensors:
         local, groups = _local_part_and_groups(tensor)
         by_groups[groups].append(local)
         device = local.device
-    if device is None:
+    if device is None and across is None:
         return torch.zeros((), dtype=torch.float64)
+    device = device or torch.device("cpu")
     dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no fp64
     total = torch.zeros((), device=device, dtype=dtype)
     for groups, locals_ in by_groups.items():
@@ -45,14 +48,18 @@ def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
         for group in groups:
             dist.all_reduce(squares, group=group)
         total += squares
+    if across is not None:
+        dist.all_reduce(total, group=across)
     return total.sqrt()
 
 
-def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Scale gradients so that their global norm is at most `max_norm` (torch's clip_grad_norm_ rule,
-    coefficient max_norm / (norm + 1e-6) capped at 1); returns the norm before clipping."""
+def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float, across: ProcessGroup | None = None
+                   ) -> torch.Tensor:  # fmt: skip
+    """Scale gradients so that their global norm (see `global_norm` for `across`) is at most `max_norm`
+    (torch's clip_grad_norm_ rule, coefficient max_norm / (norm + 1e-6) capped at 1); returns the norm
+    before clipping."""
     grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
-    norm = global_norm(grads)
+    norm = global_norm(grads, across)
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for grad in grads:
         (grad.to_local() if isinstance(grad, DTensor) else grad).mul_(coefficient.to(grad.device, grad.dtype))

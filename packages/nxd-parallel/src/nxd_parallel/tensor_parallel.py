@@ -167,14 +167,15 @@ def apply_tensor_parallel(
 ) -> nn.Module:
     """Shard `model` in place over the 1-D tensor-parallel `mesh` as `plan` declares.
 
-    `first_layer` (needed with sequence parallelism) is the module whose first argument enters the
-    sequence-parallel region; `head_dim` is needed when `kv_replicator` > 1. Tied weights (an output
-    layer sharing the embedding) stay tied.
+    `first_layer` (with sequence parallelism) is the module whose first argument enters the
+    sequence-parallel region; None means the input arrives already split (a later pipeline stage).
+    `head_dim` is needed when `kv_replicator` > 1. Tied weights (an output layer sharing the
+    embedding) stay tied.
     """
     problems = check_plan(model, plan)
     if kv_replicator > 1 and head_dim is None:
         problems.append("kv_replicator > 1 needs the head dimension of the key/value projections")
-    if sequence_parallel and first_layer not in dict(model.named_modules()):
+    if sequence_parallel and first_layer is not None and first_layer not in dict(model.named_modules()):
         problems.append(f"sequence parallelism needs the first decoder layer; {first_layer!r} is no module of "
                         f"{type(model).__name__}")  # fmt: skip
     if problems:
@@ -189,7 +190,8 @@ def apply_tensor_parallel(
     parallelize_module(model, mesh, styles)
     retie(model, tied)
     if sequence_parallel:
-        model.get_submodule(first_layer).register_forward_pre_hook(_scatter_sequence(mesh), with_kwargs=True)
+        if first_layer is not None:
+            model.get_submodule(first_layer).register_forward_pre_hook(_scatter_sequence(mesh), with_kwargs=True)
         names = [name for name, _ in model.named_modules()]
         blocks = {pattern.rpartition(".")[0] for pattern, style in plan.items() if style in _GATHERED_ONCE}
         for block in {name for pattern in blocks for name in fnmatch.filter(names, pattern)}:

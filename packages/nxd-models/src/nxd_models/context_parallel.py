@@ -1,0 +1,63 @@
+"""Point a model's attention at a context-parallel kernel (a sequence split across ranks).
+
+The kernel itself lives in nxd-parallel (ring attention); a model only needs to hand it the query,
+key and value of its part of the sequence, and the document ids when documents are masked: a mask
+built from a non-contiguous part of the sequence would be wrong. transformers models look their
+attention function up by name, so one is registered that calls the kernel the layer carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .attention import ContextParallelAttention, CoreAttention
+from .errors import ModelConfigError
+from .gpt import GPTForCausalLM
+
+HF_IMPLEMENTATION = "nxd_context_parallel"
+DOCUMENTS_KWARG = "nxd_document_ids"
+"""The keyword that carries document ids from `causal_lm_logits` to the attention function."""
+
+
+def _hf_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                  **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """transformers' attention-function protocol; the causal mask of the local part is not used."""
+    output = module.nxd_context_parallel(query, key, value, kwargs.get(DOCUMENTS_KWARG), scaling)
+    return output.transpose(1, 2).contiguous(), None
+
+
+def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAttention) -> None:
+    """Make every attention layer of `model` (either family) call `attention`. Attention dropout
+    is refused: the kernel has none."""
+    if isinstance(model, GPTForCausalLM):
+        if model.config.attention_dropout:
+            raise ModelConfigError(f"model.attention_dropout: expected 0 with context parallelism (ring attention "
+                                   f"has no dropout), found {model.config.attention_dropout}")  # fmt: skip
+        model.model.context_parallel = model.nxd_context_parallel = True
+        for module in model.modules():
+            if isinstance(module, CoreAttention):
+                module.context_parallel = attention
+        return
+    if not isinstance(model, PreTrainedModel):
+        raise ModelConfigError(f"context parallelism: expected an nxd or transformers causal LM, found {type(model)}")
+    if getattr(model.config, "attention_dropout", 0.0):
+        raise ModelConfigError(f"model.model_config.attention_dropout: expected 0 with context parallelism (ring "
+                               f"attention has no dropout), found {model.config.attention_dropout}")  # fmt: skip
+    if HF_IMPLEMENTATION not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(HF_IMPLEMENTATION, _hf_attention)
+        AttentionMaskInterface.register(HF_IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    for layer in model.model.layers:
+        layer.self_attn.nxd_context_parallel = attention
+    model.config._attn_implementation = HF_IMPLEMENTATION
+    model.nxd_context_parallel = True
+
+
+def is_context_parallel(model: torch.nn.Module) -> bool:
+    """Whether `use_context_parallel` was applied (a DDP/FSDP wrapper around the model is fine)."""
+    return bool(getattr(getattr(model, "module", model), "nxd_context_parallel", False))

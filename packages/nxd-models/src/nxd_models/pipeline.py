@@ -1,0 +1,41 @@
+"""A pipeline stage of the Megatron-style model: the same module tree with the other stages' parts
+removed (set to None), so every parameter keeps its whole-model name (`model.layers.7.mlp...`) and
+checkpoints, initialisation and TP plans read the same at any pipeline layout."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .errors import ModelConfigError
+from .gpt import GPTForCausalLM
+
+
+def keep_pipeline_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> nn.Module:
+    """Remove from `model` (in place, on the meta device or not) everything outside its stage:
+    decoder layers outside `layers`, the embeddings unless `first`, the final norm and output layer
+    unless `last`. The stage's forward then maps input ids (first) or the residual stream (others) to
+    logits (last) or the residual stream (others)."""
+    if not isinstance(model, GPTForCausalLM):
+        raise ModelConfigError(f"pipeline parallelism: expected a Megatron-style model (no model.model_config), "
+                               f"found {type(model).__name__}")  # fmt: skip
+    if model.config.share_embeddings_and_output_weights and not (first and last):
+        raise ModelConfigError("model.share_embeddings_and_output_weights: expected False with pipeline "
+                               "parallelism (the embedding and the output layer live on different stages), "
+                               "found True")  # fmt: skip
+    decoder = model.model
+    for index in range(len(decoder.layers)):
+        if index not in layers:
+            decoder.layers[index] = None
+    if not first:
+        decoder.embed_tokens = None
+        if hasattr(decoder, "position_embeddings"):
+            decoder.position_embeddings = None
+    if not last:
+        decoder.norm = None
+        model.lm_head = None
+    return model
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers `model` holds (a pipeline stage holds some of them)."""
+    return [layer for layer in model.model.layers if layer is not None]
