@@ -19,7 +19,6 @@ import torch.multiprocessing as mp
 from nxd_models import AttentionKernel, GPTConfig, causal_lm_logits
 from nxd_parallel import (
     ParallelDims,
-    build_schedule,
     clip_gradients,
     loss_parallel,
     set_gradient_sync,
@@ -27,7 +26,8 @@ from nxd_parallel import (
     token_cross_entropy,
 )
 from nxd_precision import PrecisionOptimizer, resolve_policy
-from nxd_train.parallelism import Layout, StagedModel, build_parallel_model
+from nxd_train.parallelism import Layout, build_parallel_model
+from nxd_train.pipelining import PipelineRunner
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, Qwen3Config
@@ -103,12 +103,12 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     model = build_parallel_model(scenario.spec(), AttentionKernel.FLASH, scenario.layout, mesh, torch.device("cpu"),
                                  seed=11, policy=policy)  # fmt: skip
     pp = mesh.get("pp")
-    stages = _Pipeline(model, pp, GLOBAL_BATCH // dims.dp // MICRO_BATCH) if pp is not None else None
+    stages = None if pp is None else PipelineRunner(model, pp, torch.device("cpu"), GLOBAL_BATCH // dims.dp // MICRO_BATCH)
     record = {"init": _gathered({name: _full(p) for name, p in model.named_parameters()}, pp),
               "loss": [], "norm": [], "grads": []}  # fmt: skip
     optimizer = PrecisionOptimizer(model.parameters(), policy,
                                    lambda tensors: torch.optim.AdamW(tensors, lr=1e-3, weight_decay=0.1, foreach=False))
-    data_mesh, loss_mesh, rank = mesh.get("dp"), mesh.get("dp_cp"), mesh.data_parallel_rank
+    loss_mesh, rank = mesh.get("dp_cp"), mesh.data_parallel_rank
     dp, cp, cp_rank = dims.dp, dims.cp, mesh.rank("cp")
     per_rank = GLOBAL_BATCH // dp
     for batch in _batches():
@@ -157,30 +157,6 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     )  # fmt: skip
     record["dtypes"]["state"] = {str(v.dtype) for s in states for v in s.values() if torch.is_tensor(v) and v.ndim}
     return record
-
-
-class _Pipeline:
-    """The schedule nxd-train builds over this rank's stages, with the loss it normalises."""
-
-    def __init__(self, model: StagedModel, pp: DeviceMesh, microbatches: int):
-        self.scale = 1.0
-        self.schedule = build_schedule(model.stages, model.numbers, model.num_stages, pp.get_group(),
-                                       torch.device("cpu"), microbatches, self.loss)  # fmt: skip
-
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The micro-batch's summed token losses in fp64 (the reported total stays exact), normalised."""
-        return token_cross_entropy(logits, labels).double().sum() * self.scale
-
-    def step(self, micro: list[dict[str, torch.Tensor]], scale: float) -> torch.Tensor:
-        """Forward and backward of every micro-batch; this rank's share of the summed token losses."""
-        self.scale, losses = scale, []
-        kwargs = [{key: value for key, value in part.items() if key in ("position_ids", "document_ids")}
-                  for part in micro]  # fmt: skip
-        with loss_parallel():
-            self.schedule.step(arg_mbs=[(part["input_ids"],) for part in micro], kwarg_mbs=kwargs,
-                               target_mbs=[part["labels"] for part in micro], losses=losses,
-                               return_outputs=False)  # fmt: skip
-        return sum((loss.detach() for loss in losses), torch.zeros((), dtype=torch.float64)) / scale
 
 
 def _gathered(tensors: dict[str, torch.Tensor], pp: DeviceMesh | None) -> dict[str, torch.Tensor]:

@@ -52,7 +52,7 @@ def _pipeline_and_context_scenarios() -> list[Scenario]:
     return [
         Scenario("megatron-pp2-1f1b", pp=2, **staged),
         Scenario("megatron-pp2-interleaved", pp=2, layout=Layout(virtual_stages=2), clip=0.5, **staged),
-        Scenario("megatron-pp2-cuts", pp=2, layout=Layout(pipeline_cuts=(0,)), **staged),
+        Scenario("megatron-pp2-cuts", pp=2, layout=Layout(pipeline_cuts=("model.layers.0",)), **staged),
         Scenario("megatron-pp2-full-recompute", pp=2, layout=Layout(recompute="full"), **staged),
         Scenario("megatron-cp2", cp=2, clip=0.5),
         Scenario("hf-cp2", "hf", cp=2),

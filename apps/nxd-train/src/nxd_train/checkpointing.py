@@ -39,6 +39,7 @@ from transformers import PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .logdir import CHECKPOINT_DIR
+from .parallelism import StagedModel
 
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""
@@ -170,7 +171,7 @@ def restore_rng_states(blob: bytes) -> None:
 class TrainingState:
     """The DCP state of a run: built fresh for each save or load, so it always holds the live tensors."""
 
-    def __init__(self, model: nn.Module, optimizer: PrecisionOptimizer, scheduler: LRScheduler, *,
+    def __init__(self, model: nn.Module | StagedModel, optimizer: PrecisionOptimizer, scheduler: LRScheduler, *,
                  use_master_weights: bool, save_bf16: bool = False):  # fmt: skip
         self.model, self.optimizer, self.scheduler, self.save_bf16 = model, optimizer, scheduler, save_bf16
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -208,16 +209,18 @@ class TrainingState:
             self.optimizer.sync_parameters()
 
 
-def load_weights(model: nn.Module, resume: Resume, export: HFExport | str,
-                 process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
+def load_weights(model: nn.Module | StagedModel, resume: Resume, export: HFExport | str,
+                 process_group: torch.distributed.ProcessGroup | None, shapes: dict[str, torch.Size]) -> None:
     """Only the model weights of `resume` (an nxd checkpoint, or a Hugging Face directory read through
-    the model's mapping `export`) into `model`, whatever its layout."""
+    the model's mapping `export` and checked against the whole model's `shapes`) into `model`,
+    whatever its layout (pipeline stages load their own parts)."""
     if not resume.hugging_face:
         load_checkpoint(resume.path, {MODEL_KEY: model.state_dict()}, process_group=process_group)
         return
     if not isinstance(export, HFExport):
         raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
-    live = model.state_dict()
-    weights = hf_weights(resume.path, export, {key: value.shape for key, value in live.items()})
-    weights = {key: value.to(live[key].dtype) for key, value in weights.items()}
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+    weights = hf_weights(resume.path, export, shapes)
+    for module in model.stages if isinstance(model, StagedModel) else [model]:
+        live = module.state_dict()
+        own = {key: weights[key].to(value.dtype) for key, value in live.items()}
+        set_model_state_dict(module, own, options=StateDictOptions(full_state_dict=True))

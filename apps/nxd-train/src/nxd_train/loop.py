@@ -3,8 +3,11 @@ process group; nxd-parallel shards the model), then build, step, log and validat
 
 Loss normalisation: every micro-batch contributes the *sum* of its token losses, divided by the
 number of non-ignored tokens in the whole global batch (all micro-batches of all data-parallel
-ranks). FSDP2 averages gradients over the dp ranks, so each rank scales its part by dp. The result
-is the gradient of one big batch, whatever the layout and the split into micro-batches.
+ranks, all context-parallel parts). FSDP2 averages gradients over the data x context ranks, so each
+rank scales its part by dp * cp. The result is the gradient of one big batch, whatever the layout
+and the split into micro-batches. With pipeline parallelism the schedule runs the micro-batches
+(`pipelining.py`) with the same normaliser; the losses live on the last stage and are summed over
+the pipeline ranks.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from lightning_fabric import Fabric
 from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo
 from nxd_config import NxdConfig
 from nxd_data import IGNORE_INDEX, PretrainingSampler, WithPadding, collate
-from nxd_models import causal_lm_logits, training_flops_per_token
+from nxd_models import build_on_meta, causal_lm_logits, training_flops_per_token
 from nxd_parallel import (
     ParallelDims,
     clip_gradients,
     global_norm,
     loss_parallel,
     set_gradient_sync,
+    split_sequence,
     token_cross_entropy,
 )
 from nxd_precision import PrecisionOptimizer
@@ -48,7 +52,8 @@ from .data import DataSplits
 from .logdir import CHECKPOINT_DIR, next_log_dir
 from .monitor import Monitor
 from .optimizers import build_optimizer
-from .parallelism import build_parallel_model
+from .parallelism import StagedModel, build_parallel_model
+from .pipelining import PipelineRunner
 from .preflight import RunPlan, neuron_environment
 from .schedules import build_scheduler
 from .throughput import matmul_ceiling
@@ -71,10 +76,11 @@ def token_losses(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
     return token_cross_entropy(logits, batch["labels"], IGNORE_INDEX)
 
 
-def sum_over(tensor: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
-    """`tensor` summed over the ranks of a 1-D mesh (data parallel), in place; unchanged without one."""
-    if mesh is not None:
-        torch.distributed.all_reduce(tensor, group=mesh.get_group())
+def sum_over(tensor: torch.Tensor, *meshes: DeviceMesh | None) -> torch.Tensor:
+    """`tensor` summed over the ranks of each 1-D mesh given (data, context, pipeline), in place."""
+    for mesh in meshes:
+        if mesh is not None:
+            torch.distributed.all_reduce(tensor, group=mesh.get_group())
     return tensor
 
 
@@ -124,8 +130,16 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     dims = ParallelDims(fabric.world_size, tp=ds.tensor_model_parallel_size, pp=ds.pipeline_model_parallel_size,
                         cp=ds.context_parallel_size)  # fmt: skip
     mesh = dims.build_mesh(fabric.device.type)
-    data_mesh = mesh.get("dp")
-    dp, rank = dims.dp, fabric.global_rank
+    token_mesh, pp_mesh = mesh.get("dp_cp"), mesh.get("pp")  # tokens split over data and context ranks
+    dp, cp, rank = dims.dp, dims.cp, fabric.global_rank
+
+    def on_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A micro-batch on the device; with context parallelism, this rank's part of each sequence."""
+        batch = fabric.to_device(batch)
+        if cp > 1:
+            batch = {key: split_sequence(value, cp, mesh.rank("cp")) for key, value in batch.items()}
+        return batch
+
     log_dir = Path(fabric.broadcast(str(plan.log_dir or next_log_dir(cfg.exp_manager, cfg.name)) if rank == 0 else None,
                                     src=0))  # fmt: skip
     resume = fabric.broadcast(plan.resume, src=0)  # rank 0's choice, should a checkpoint appear meanwhile
@@ -153,16 +167,20 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
                                  use_cpu_initialization=cfg.model.use_cpu_initialization,
                                  policy=plan.policy)  # fmt: skip
     export = export_of(plan.model)
+    whole = build_on_meta(plan.model, plan.attention)  # shapes and counts of the whole model, whatever the layout
+    accumulation = gbs // (mbs * dp)
+    pipeline = (PipelineRunner(model, pp_mesh, fabric.device, accumulation)
+                if isinstance(model, StagedModel) else None)  # fmt: skip
 
     def load_time(started: float) -> str:
         return f" in {time.perf_counter() - started:.2f} s" if exp.enable_recovery_time_instrumentation else ""
 
     if resume is not None and resume.weights_only:
         started = time.perf_counter()
-        load_weights(model, resume, export, checkpoint_group)
+        load_weights(model, resume, export, checkpoint_group, {k: v.shape for k, v in whole.state_dict().items()})
         monitor.info(f"initial weights from {resume.path}{load_time(started)}")
-    flops_per_token = training_flops_per_token(model, plan.seq_length)
-    parameters = sum(p.numel() for p in model.parameters())
+    flops_per_token = training_flops_per_token(whole, plan.seq_length)
+    parameters = sum(p.numel() for p in whole.parameters())
     optim = cfg.model.optim
     optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(
         optim, tensors, decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay))  # fmt: skip
@@ -222,15 +240,19 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         model.eval()
         loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
         tokens = torch.zeros((), device=fabric.device, dtype=torch.float64)
+        batches = iter(micro_batches(dataset, replace(sampler, steps=count), plan.data, cfg.data.num_workers))
         with torch.no_grad():
-            for batch in micro_batches(dataset, replace(sampler, steps=count), plan.data, cfg.data.num_workers):
-                batch = fabric.to_device(batch)
-                with loss_parallel(), fabric.autocast():
-                    loss += token_losses(model, batch).double().sum()
-                tokens += label_count(batch)
+            for _ in range(count):
+                step_batches = [on_device(next(batches)) for _ in range(accumulation)]
+                with fabric.autocast():
+                    if pipeline is not None:
+                        loss += pipeline.evaluate(step_batches)
+                    for batch in step_batches if pipeline is None else []:
+                        with loss_parallel():
+                            loss += token_losses(model, batch).double().sum()
+                tokens += sum(label_count(batch) for batch in step_batches)
         model.train()
-        totals = sum_over(torch.stack([loss, tokens]), data_mesh)
-        return (totals[0] / totals[1]).item()
+        return (sum_over(loss, token_mesh, pp_mesh) / sum_over(tokens, token_mesh)).item()
 
     if cfg.trainer.num_sanity_val_steps:
         sanity = evaluate(plan.data.validation, cfg.trainer.num_sanity_val_steps)
@@ -238,7 +260,6 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
             monitor.info(f"sanity check: val_loss {sanity:.4f}")
 
     model.train()
-    accumulation = gbs // (mbs * dp)
     train_batches = iter(micro_batches(plan.data.train, replace(train_sampler, steps=steps - start_step), plan.data,
                                        cfg.data.num_workers))  # fmt: skip
     if saved_rng is not None:
@@ -248,23 +269,26 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     for step in range(start_step, steps):
         started = time.perf_counter()
         epoch, index = divmod(step, steps_per_epoch)
-        batches = [fabric.to_device(next(train_batches)) for _ in range(accumulation)]
-        tokens = sum_over(sum(label_count(batch) for batch in batches).float(), data_mesh)
+        batches = [on_device(next(train_batches)) for _ in range(accumulation)]
+        tokens = sum_over(sum(label_count(batch) for batch in batches).float(), token_mesh)
         loss = torch.zeros((), device=fabric.device, dtype=torch.float64)
-        for number, batch in enumerate(batches, start=1):
+        if pipeline is not None:
+            with fabric.autocast():
+                loss += pipeline.step(batches, dp * cp / tokens.item())
+        for number, batch in enumerate(batches if pipeline is None else [], start=1):
             set_gradient_sync(model, number == accumulation)  # reduce gradients once, after the last micro-batch
             with loss_parallel():
                 with fabric.autocast():
                     losses = token_losses(model, batch)
-                (losses.sum() * dp / tokens).backward()
+                (losses.sum() * (dp * cp) / tokens).backward()
             loss += losses.detach().double().sum()  # reported in fp64: no rounding of a large fp32 sum
         optimizer.collect_gradients()
-        grad_norm = _gradient_norm(optimizer.gradient_tensors, cfg)
+        grad_norm = _gradient_norm(optimizer.gradient_tensors, cfg, pp_mesh)
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        loss = (sum_over(loss, data_mesh) / tokens).item()
+        loss = (sum_over(loss, token_mesh, pp_mesh) / tokens).item()
         logged.update(loss=loss, lr=lr, epoch=epoch)
         if grad_norm is not None:
             logged["grad_norm"] = grad_norm
@@ -280,7 +304,8 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
             if grad_norm is not None and cfg.exp_manager.log_gradient_norm:
                 values["grad_norm"] = grad_norm
             if cfg.exp_manager.log_parameter_norm:
-                values["param_norm"] = global_norm(p.detach() for p in model.parameters()).item()
+                values["param_norm"] = global_norm((p.detach() for p in model.parameters()),
+                                                   None if pp_mesh is None else pp_mesh.get_group()).item()  # fmt: skip
             values.update(tokens_per_s=processed / step_time, samples_per_s=gbs / step_time,
                           mfu=flops_per_token * processed / step_time / ceiling)  # fmt: skip
             if cfg.exp_manager.log_step_timing:
@@ -312,13 +337,13 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
     return log_dir
 
 
-def _gradient_norm(tensors: list[torch.Tensor], cfg: NxdConfig) -> float | None:
+def _gradient_norm(tensors: list[torch.Tensor], cfg: NxdConfig, pp_mesh: DeviceMesh | None) -> float | None:
     """Clip the gradients of `tensors` (the ones the optimizer steps on) to gradient_clip_val (null or 0:
     no clipping) and return the norm before clipping: the global one, over every tensor- and
-    data-parallel shard, as one process would compute it."""
-    clip = cfg.trainer.gradient_clip_val
+    data-parallel shard and pipeline stage, as one process would compute it."""
+    clip, stages = cfg.trainer.gradient_clip_val, None if pp_mesh is None else pp_mesh.get_group()
     if clip:
-        return clip_gradients(tensors, clip).item()
+        return clip_gradients(tensors, clip, stages).item()
     if cfg.exp_manager.log_gradient_norm:
-        return global_norm(t.grad for t in tensors if t.grad is not None).item()
+        return global_norm((t.grad for t in tensors if t.grad is not None), stages).item()
     return None

@@ -18,6 +18,7 @@ from nxd_config import NxdConfig
 from nxd_models import (
     AttentionKernel,
     GPTConfig,
+    ModelConfigError,
     build_causal_lm,
     build_on_meta,
     decoder_layers,
@@ -51,12 +52,6 @@ FIRST_LAYER = f"{LAYER_PREFIX}0"
 """Both model families name their decoder layers model.layers.N."""
 
 
-def layer_number(name: str) -> int:
-    """N of a decoder layer's name model.layers.N (a pipeline cut); -1 for any other name."""
-    suffix = name.removeprefix(LAYER_PREFIX)
-    return int(suffix) if name.startswith(LAYER_PREFIX) and suffix.isdigit() else -1
-
-
 @dataclass(frozen=True)
 class Layout:
     """How the model is split and recomputed (plain values from the config)."""
@@ -73,8 +68,8 @@ class Layout:
     ranks_at_once: int = 11
     virtual_stages: int = 1
     """Pipeline stages per pipeline rank (interleaved 1F1B above 1)."""
-    pipeline_cuts: tuple[int, ...] | None = None
-    """The layer that ends each stage but the last; None balances the stages."""
+    pipeline_cuts: tuple[str, ...] | None = None
+    """The layer (model.layers.N) that ends each stage but the last; None balances the stages."""
 
     @classmethod
     def from_config(cls, cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
@@ -89,7 +84,7 @@ class Layout:
             reduce_dtype=None if reduce == policy.compute_dtype else reduce,
             ranks_at_once=cfg.trainer.sequential_move_factor,
             virtual_stages=ds.virtual_pipeline_model_parallel_size or 1,
-            pipeline_cuts=None if m.pipeline_cuts is None else tuple(layer_number(cut) for cut in m.pipeline_cuts),
+            pipeline_cuts=None if m.pipeline_cuts is None else tuple(m.pipeline_cuts),
         )  # fmt: skip
 
 
@@ -170,9 +165,18 @@ def pipeline_ranges(spec: GPTConfig | PretrainedConfig, attention: AttentionKern
         return 0 if module is None else sum(p.numel() for p in module.parameters())
 
     first = size(model.model.embed_tokens) + size(getattr(model.model, "position_embeddings", None))
-    return stage_ranges(len(layers), pp * layout.virtual_stages, cuts=layout.pipeline_cuts,
-                        layer_cost=size(layers[0]), first_cost=first,
-                        last_cost=size(model.lm_head) + size(model.model.norm))  # fmt: skip
+    cuts, key = None, "distributed_strategy.pipeline_model_parallel_size"
+    if layout.pipeline_cuts is not None:
+        key, numbers = "model.pipeline_cuts", {f"{LAYER_PREFIX}{index}": index for index in range(len(layers))}
+        if unknown := [name for name in layout.pipeline_cuts if name not in numbers]:
+            raise ParallelConfigError(f"{key}: {', '.join(map(repr, unknown))} names no decoder layer; expected "
+                                      f"{LAYER_PREFIX}0 to {LAYER_PREFIX}{len(layers) - 1}")  # fmt: skip
+        cuts = [numbers[name] for name in layout.pipeline_cuts]
+    try:
+        return stage_ranges(len(layers), pp * layout.virtual_stages, cuts=cuts, layer_cost=size(layers[0]),
+                            first_cost=first, last_cost=size(model.lm_head) + size(model.model.norm))  # fmt: skip
+    except ParallelConfigError as error:
+        raise ParallelConfigError(*(f"{key}: {problem}" for problem in error.problems)) from None
 
 
 def build_parallel_model(
@@ -256,10 +260,11 @@ def _shape(spec: GPTConfig | PretrainedConfig) -> dict[str, int]:
 
 
 def plan_problems(
-    spec: GPTConfig | PretrainedConfig, attention: AttentionKernel, layout: Layout, tp: int
+    spec: GPTConfig | PretrainedConfig, attention: AttentionKernel, layout: Layout, tp: int, pp: int = 1, cp: int = 1
 ) -> list[str]:
-    """What would stop the model from being sharded over `tp` ranks or recomputed as `layout` says,
-    checked on a meta-device build before any process starts."""
+    """What would stop the model from being sharded over `tp` ranks, cut into `pp` x virtual pipeline
+    stages, split over `cp` context ranks or recomputed as `layout` says, checked on a meta-device
+    build before any process starts."""
     source = "model" if isinstance(spec, GPTConfig) else "model.model_config"
     shape = _shape(spec)
     heads, kv_name = list(shape)[:2]  # the query-head and KV-head entries come first
@@ -276,6 +281,17 @@ def plan_problems(
                             f"= {kv_copies}; expected a divisor of {heads} ({shape[heads]})")  # fmt: skip
     model = build_on_meta(spec, attention)
     problems += check_plan(model, tp_plan(spec))
+    if pp > 1:
+        try:
+            pipeline_ranges(spec, attention, layout, pp)
+            keep_pipeline_stage(build_on_meta(spec, attention), range(1), first=True, last=False)
+        except (ParallelConfigError, ModelConfigError) as error:
+            problems += error.problems
+    if cp > 1:
+        try:
+            use_context_parallel(build_on_meta(spec, attention), lambda *_: None)
+        except ModelConfigError as error:
+            problems += error.problems
     try:
         _recomputation(model, layout)
     except ParallelConfigError as error:

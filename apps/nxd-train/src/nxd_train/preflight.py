@@ -64,16 +64,7 @@ class RunPlan:
 
 
 def _not_in_this_release(cfg: NxdConfig) -> list[str]:
-    ds = cfg.distributed_strategy
-    found = [
-        f"distributed_strategy.{key}: {feature} is not in this release (nxd-parallel part 2 adds it); "
-        f"expected 1, found {value}"
-        for key, feature, value in (
-            ("pipeline_model_parallel_size", "pipeline parallelism", ds.pipeline_model_parallel_size),
-            ("context_parallel_size", "context parallelism", ds.context_parallel_size),
-        )
-        if value != 1
-    ]
+    found = []
     if cfg.model_alignment_strategy is not None:
         found.append("model_alignment_strategy: fine-tuning methods are not in this release (nxd-align adds them); "
                      "remove the section to pretrain")
@@ -231,8 +222,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
         raise PreflightError(error.problems) from None
     fusions = cfg.model.fusions
     attention = AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax)
-    tp = cfg.distributed_strategy.tensor_model_parallel_size
+    ds = cfg.distributed_strategy
     layout = Layout.from_config(cfg, policy)
-    if problems := plan_problems(model, attention, layout, tp):
+    if problems := plan_problems(model, attention, layout, ds.tensor_model_parallel_size,
+                                 ds.pipeline_model_parallel_size, ds.context_parallel_size):  # fmt: skip
         raise PreflightError(problems)
     return RunPlan(model, attention, data, seq_length, layout, policy, resume, log_dir)
