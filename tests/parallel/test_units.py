@@ -107,3 +107,24 @@ def test_full_recomputation_keeps_fewer_activations_and_the_same_gradients():
     assert kept_recomputed < kept / 2, (kept_recomputed, kept)
     for (name, a), b in zip(plain.named_parameters(), recomputed.parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-7), name
+
+
+def test_pipeline_cuts_end_the_named_layers():
+    from nxd_parallel import stage_ranges
+
+    assert stage_ranges(30, 3, cuts=[9, 19]) == [range(0, 10), range(10, 20), range(20, 30)]  # NxD's create_partition
+    with pytest.raises(ParallelConfigError, match="strictly increasing"):
+        stage_ranges(8, 3, cuts=[5, 2])
+    with pytest.raises(ParallelConfigError, match="expected 2 cut"):
+        stage_ranges(8, 3, cuts=[2])
+
+
+def test_balanced_stages_count_the_embedding_and_output_layer():
+    from nxd_parallel import rank_stages, stage_ranges
+
+    assert stage_ranges(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    assert stage_ranges(5, 2) == [range(0, 2), range(2, 5)]  # the odd layer goes to the later stage
+    # embeddings worth two layers, the output layer one: 13 units over 4 stages cost at least 4 on one of
+    # them; the first stage takes one layer (1 + 2), the last three (3 + 1)
+    assert stage_ranges(10, 4, first_cost=2.0, last_cost=1.0) == [range(0, 1), range(1, 4), range(4, 7), range(7, 10)]
+    assert rank_stages(1, 2, 2) == [1, 3]

@@ -75,15 +75,6 @@ def _plan_problems(*overrides: str, source=None) -> str:
     return str(caught.value)
 
 
-def test_features_of_later_releases_are_rejected_by_key():
-    message = _plan_problems("distributed_strategy.pipeline_model_parallel_size=2", "trainer.devices=2")
-    assert message.splitlines() == [
-        "cannot train this config:",
-        "  distributed_strategy.pipeline_model_parallel_size: pipeline parallelism is not in this release "
-        "(nxd-parallel part 2 adds it); expected 1, found 2",
-    ]
-
-
 def test_capturable_on_cpu_is_rejected():
     assert ("model.optim.capturable: expected False on cpu (torch's capturable step needs CUDA tensors), found True"
             in _plan_problems("+model.optim.capturable=True"))  # fmt: skip

@@ -81,3 +81,47 @@ def test_tensor_parallel_keys_without_tensor_parallelism_are_noticed():
     with pytest.warns(ConfigNotice, match="distributed_strategy.sequence_parallel: True acts across tensor-parallel "
                                           "ranks; with tensor_model_parallel_size 1 it changes nothing"):  # fmt: skip
         plan_run(cfg, default_cache_dir())
+
+
+PP2 = ["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2"]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["+model.pipeline_cuts=[model.layers.7]"],
+     "model.pipeline_cuts: 'model.layers.7' names no decoder layer; expected model.layers.0 to model.layers.1"),
+    (["+model.pipeline_cuts=[model.layers.1]"],
+     "model.pipeline_cuts: expected cuts after layers 0 to 0 (the last layer ends the last stage), found [1]"),
+    (["model.share_embeddings_and_output_weights=True"],
+     "model.share_embeddings_and_output_weights: expected False with pipeline parallelism (the embedding and the "
+     "output layer live on different stages), found True"),
+    (["trainer.devices=4", "distributed_strategy.pipeline_model_parallel_size=4"],
+     "distributed_strategy.pipeline_model_parallel_size: 4 pipeline stages need at least as many layers, found 2"),
+], ids=["missing-layer", "cut-after-the-last-layer", "tied-embeddings", "more-stages-than-layers"])  # fmt: skip
+def test_pipeline_layouts_the_model_cannot_take_are_named(overrides, expected):
+    assert _problems(*PP2, *overrides) == [expected]
+
+
+def test_pipeline_cut_count_and_interleaving_are_config_errors():
+    with pytest.raises(ConfigError, match=r"model.pipeline_cuts: expected pipeline_model_parallel_size - 1 = 1 "
+                                          r"cut\(s\), found 2"):  # fmt: skip
+        load_config(default_config_path(), [*PP2, "+model.pipeline_cuts=[model.layers.0,model.layers.1]"])
+    with pytest.raises(ConfigError, match=r"model.num_layers: expected a multiple of pipeline \* virtual pipeline "
+                                          r"sizes \(2 \* 2 = 4\), found 2"):  # fmt: skip
+        load_config(default_config_path(), [*PP2, "distributed_strategy.virtual_pipeline_model_parallel_size=2"])
+
+
+def test_context_parallel_needs_an_evenly_split_sequence_and_no_attention_dropout():
+    cp = ["trainer.devices=2", "distributed_strategy.context_parallel_size=2", "+model.fusions.ring_attention=True"]
+    with pytest.raises(ConfigError, match=r"expected a multiple of 2 \* context_parallel_size \(4\)"):
+        load_config(default_config_path(), [*cp, "model.encoder_seq_length=62"])
+    with pytest.raises(ConfigError, match="model.fusions.ring_attention: expected True"):
+        load_config(default_config_path(), cp[:2])
+    assert _problems(*cp, "model.attention_dropout=0.1") == [
+        "model.attention_dropout: expected 0 with context parallelism (ring attention has no dropout), found 0.1"]
+
+
+def test_pipeline_parallelism_of_a_hugging_face_model_is_refused(tmp_path):
+    problems = _problems("trainer.devices=2", "+distributed_strategy.pipeline_model_parallel_size=2",
+                         source=_hf_source(tmp_path, heads=4, kv_heads=2))  # fmt: skip
+    assert problems == ["pipeline parallelism: expected a Megatron-style model (no model.model_config), "
+                        "found LlamaForCausalLM"]  # fmt: skip

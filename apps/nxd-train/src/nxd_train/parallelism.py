@@ -283,10 +283,14 @@ def plan_problems(
     problems += check_plan(model, tp_plan(spec))
     if pp > 1:
         try:
-            pipeline_ranges(spec, attention, layout, pp)
             keep_pipeline_stage(build_on_meta(spec, attention), range(1), first=True, last=False)
-        except (ParallelConfigError, ModelConfigError) as error:
+        except ModelConfigError as error:
             problems += error.problems
+        else:
+            try:
+                pipeline_ranges(spec, attention, layout, pp)
+            except ParallelConfigError as error:
+                problems += error.problems
     if cp > 1:
         try:
             use_context_parallel(build_on_meta(spec, attention), lambda *_: None)

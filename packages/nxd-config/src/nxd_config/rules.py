@@ -176,13 +176,13 @@ def context_parallel_needs_ring_attention(c: NxdConfig) -> Iterator[Finding]:
 
 @rule
 def pipeline_cuts_match_stages(c: NxdConfig) -> Iterator[Finding]:
-    cuts, pp = c.model.pipeline_cuts, c.distributed_strategy.pipeline_model_parallel_size
-    if cuts is not None and len(cuts) != pp - 1:
-        yield error(
-            "model.pipeline_cuts",
-            f"expected pipeline_model_parallel_size - 1 = {pp - 1} cut(s), found {len(cuts)}",
-            "model.pipeline_cuts", PP,
-        )
+    ds, cuts = c.distributed_strategy, c.model.pipeline_cuts
+    pp, vpp = ds.pipeline_model_parallel_size, ds.virtual_pipeline_model_parallel_size or 1
+    if cuts is not None and len(cuts) != pp * vpp - 1:
+        expected = (f"pipeline_model_parallel_size - 1 = {pp - 1}" if vpp == 1 else
+                    f"pipeline * virtual pipeline sizes - 1 = {pp} * {vpp} - 1 = {pp * vpp - 1}")  # fmt: skip
+        yield error("model.pipeline_cuts", f"expected {expected} cut(s), found {len(cuts)}", "model.pipeline_cuts",
+                    PP, VPP)  # fmt: skip
 
 
 @rule

@@ -76,7 +76,8 @@ class ModelConfig(Section):
         note="a layout option of Neuron's NKI kernel",
     )
     pipeline_cuts: frozen_list(str) | None = key(
-        None, "Layer names where pipeline stages start after the first, e.g. model.layers.10 (pp - 1 of them).", by=PAR
+        None, "Layer names that end each pipeline stage but the last (NxD's cut after the named layer), e.g. "
+        "model.layers.9 (pp * virtual pp - 1 of them); unset balances the stages by parameter count.", by=PAR
     )
     use_cpu_initialization: bool = key(
         True, "Materialise weights on the CPU, then move them; False materialises on the device.", by=MODELS
