@@ -32,6 +32,8 @@ LAYOUTS = {
     "tp2": ["trainer.devices=2", "distributed_strategy.tensor_model_parallel_size=2"],
     "dp2_zero1": ["trainer.devices=2", "distributed_strategy.zero1=True"],
 }
+RESHARDED = {"pp2": ["trainer.devices=2", "+distributed_strategy.pipeline_model_parallel_size=2"]}
+"""Layouts whose checkpoints are only resumed at another layout."""
 
 
 def command(log_dir: Path, *overrides: str) -> list[str]:
@@ -78,7 +80,7 @@ def uninterrupted(tmp_path_factory):
     def get(layout: str) -> Path:
         if layout not in made:
             made[layout] = tmp_path_factory.mktemp(f"{layout}_whole") / "run"
-            run(made[layout], *LAYOUTS[layout])
+            run(made[layout], *(LAYOUTS | RESHARDED)[layout])
         return made[layout]
 
     return get
@@ -110,3 +112,12 @@ def test_tp2_checkpoint_resumes_at_tp1_and_dp2(tmp_path, uninterrupted, train_he
     run(dp2, "trainer.devices=2", f"+exp_manager.resume_from_checkpoint={step_5}",
         "exp_manager.create_checkpoint_callback=False")  # fmt: skip
     assert abs(step_losses(dp2)[6] - expected) < 1e-6
+
+
+def test_pp2_checkpoint_resumes_in_one_process(uninterrupted, train_here):
+    """Each pipeline stage saved its own layers under whole-model names; one process loads them all."""
+    whole = uninterrupted("pp2")
+    (step_5,) = [i.path for i in list_checkpoints(whole / "checkpoints") if i.step == 5]
+    single = train_here(*JOB[len(FAST):], f"+exp_manager.resume_from_checkpoint={step_5}",
+                        "exp_manager.create_checkpoint_callback=False")  # fmt: skip
+    assert single[0]["step"] == 6 and abs(single[0]["loss"] - step_losses(whole)[6]) < 1e-6
