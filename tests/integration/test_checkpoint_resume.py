@@ -32,7 +32,7 @@ LAYOUTS = {
     "tp2": ["trainer.devices=2", "distributed_strategy.tensor_model_parallel_size=2"],
     "dp2_zero1": ["trainer.devices=2", "distributed_strategy.zero1=True"],
 }
-RESHARDED = {"pp2": ["trainer.devices=2", "+distributed_strategy.pipeline_model_parallel_size=2"]}
+RESHARDED = {"pp2": ["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2"]}
 """Layouts whose checkpoints are only resumed at another layout."""
 
 

@@ -82,7 +82,7 @@ def test_state_dict_by_name_restores_the_next_step(type_name):
     names = ["0.weight", "0.bias", "2.weight", "2.bias"]
     model, optimizer, _, _ = train_step(type_name)
     saved = optimizer.state_dict(names)
-    assert sorted(saved["state"]) == sorted(names) and saved["param_groups"]["0"]["params"] == names
+    assert sorted(saved["state"]) == sorted(names) and "params" not in saved["param_groups"]["0"]
     assert ("masters" in saved) == (type_name == "mixed_precision")
     fresh_model, fresh, _, _ = train_step(type_name, micro_batches=1)  # other weights and moments
     fresh.create_state()
@@ -95,7 +95,7 @@ def test_state_dict_by_name_restores_the_next_step(type_name):
             target["masters"][name].copy_(master)
         for mine, theirs in zip(fresh_model.parameters(), model.parameters(), strict=True):
             mine.copy_(theirs)
-    fresh.load_state_dict(target)
+    fresh.load_state_dict(target, names)
     for opt, net in ((optimizer, model), (fresh, fresh_model)):
         opt.zero_grad()
         torch.manual_seed(5)

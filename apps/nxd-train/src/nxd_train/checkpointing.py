@@ -201,7 +201,7 @@ class TrainingState:
         state = self.state(progress=progress, sampler=sampler, rng=rng)
         load_checkpoint(path, state, process_group=process_group)
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.optimizer.load_state_dict(state["optimizer"], self.names)
         except (ValueError, KeyError) as error:
             raise CheckpointError(f"{path}: the optimizer state does not fit this run's optimizer: {error}") from None
         self.scheduler.load_state_dict(state["scheduler"])

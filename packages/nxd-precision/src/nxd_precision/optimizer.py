@@ -103,8 +103,9 @@ class PrecisionOptimizer:
         if len(names) != len(self.parameters):
             raise ValueError(f"{len(names)} names for {len(self.parameters)} trainable parameters")
         name_of = {id(copy): name for copy, name in zip(self.copies, names, strict=True)}
-        groups = {str(index): {**{k: v for k, v in group.items() if k != "params"},
-                               "params": [name_of[id(p)] for p in group["params"]]}
+        # hyperparameters only: which parameters a group holds is this run's business (a pipeline stage
+        # holds some of them, and every rank's checkpoint shares one copy of these values)
+        groups = {str(index): {k: v for k, v in group.items() if k != "params"}
                   for index, group in enumerate(self.optimizer.param_groups)}  # fmt: skip
         result: dict[str, Any] = {
             "state": {name_of[id(copy)]: dict(self.optimizer.state[copy]) for copy in self.copies
@@ -115,13 +116,14 @@ class PrecisionOptimizer:
             result["masters"] = self.masters(names)
         return result
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned (after its tensors were filled in place)."""
+    def load_state_dict(self, state: dict[str, Any], names: Sequence[str]) -> None:
+        """Restore what `state_dict(names)` returned (after its tensors were filled in place)."""
+        name_of = {id(copy): name for copy, name in zip(self.copies, names, strict=True)}
         position: dict[str, int] = {}
         groups = []
-        for index in range(len(state["param_groups"])):
-            group = state["param_groups"][str(index)]
-            groups.append({**group, "params": [position.setdefault(name, len(position)) for name in group["params"]]})
+        for index, live in enumerate(self.optimizer.param_groups):
+            params = [position.setdefault(name_of[id(p)], len(position)) for p in live["params"]]
+            groups.append({**state["param_groups"][str(index)], "params": params})
         self.optimizer.load_state_dict(
             {"state": {position[name]: values for name, values in state["state"].items()}, "param_groups": groups}
         )
