@@ -39,7 +39,8 @@ PP_LAYOUTS = {
 
 def long_sequence_layouts(seq: int) -> dict[str, list[str]]:
     model = ["model.num_layers=2", f"model.encoder_seq_length={seq}", f"data.seq_length={seq}",
-             f"+model.max_position_embeddings={seq}", "data.micro_batch_size=1", "data.global_batch_size=2"]  # fmt: skip
+             f"+model.max_position_embeddings={seq}", "data.micro_batch_size=1",
+             "data.global_batch_size=2"]  # fmt: skip
     return {
         "CP1": [*model, "trainer.devices=1", "distributed_strategy.zero1=False"],
         "CP2": [*model, "trainer.devices=2", "distributed_strategy.zero1=False",

@@ -130,13 +130,14 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
         scale = dp * cp / tokens
         if stages is not None:
             loss += stages.step(micro, scale)
-        for number, part in enumerate(micro if stages is None else [], start=1):
-            set_gradient_sync(model, number == len(micro))
-            with loss_parallel():
-                logits = causal_lm_logits(model, part["input_ids"], part["position_ids"], part.get("document_ids"))
-                losses = token_cross_entropy(logits, part["labels"])
-                (losses.sum() * scale).backward()
-            loss += losses.detach().double().sum()
+        else:
+            for number, part in enumerate(micro, start=1):
+                set_gradient_sync(model, number == len(micro))
+                with loss_parallel():
+                    logits = causal_lm_logits(model, part["input_ids"], part["position_ids"], part.get("document_ids"))
+                    losses = token_cross_entropy(logits, part["labels"])
+                    (losses.sum() * scale).backward()
+                loss += losses.detach().double().sum()
         for group in (loss_mesh, pp):
             if group is not None:
                 dist.all_reduce(loss, group=group.get_group())

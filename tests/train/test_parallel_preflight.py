@@ -74,12 +74,16 @@ def test_a_gelu_model_with_biases_is_accepted_for_tensor_parallelism():
     assert plan_run(cfg, default_cache_dir()).model.activation == "gelu"
 
 
-def test_tensor_parallel_keys_without_tensor_parallelism_are_noticed():
+def test_parallel_keys_without_their_parallelism_are_noticed():
     from nxd_config import ConfigNotice
 
     cfg = load_config(default_config_path(), ["distributed_strategy.sequence_parallel=True"])
     with pytest.warns(ConfigNotice, match="distributed_strategy.sequence_parallel: True acts across tensor-parallel "
                                           "ranks; with tensor_model_parallel_size 1 it changes nothing"):  # fmt: skip
+        plan_run(cfg, default_cache_dir())
+    cfg = load_config(default_config_path(), ["+model.fusions.ring_attention=True"])
+    with pytest.warns(ConfigNotice, match="model.fusions.ring_attention: True acts across context-parallel ranks; "
+                                          "with context_parallel_size 1 attention runs unsplit"):  # fmt: skip
         plan_run(cfg, default_cache_dir())
 
 

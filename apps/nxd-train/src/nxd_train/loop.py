@@ -131,13 +131,13 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
                         cp=ds.context_parallel_size)  # fmt: skip
     mesh = dims.build_mesh(fabric.device.type)
     token_mesh, pp_mesh = mesh.get("dp_cp"), mesh.get("pp")  # tokens split over data and context ranks
-    dp, cp, rank = dims.dp, dims.cp, fabric.global_rank
+    dp, cp, cp_rank, rank = dims.dp, dims.cp, mesh.rank("cp"), fabric.global_rank
 
     def on_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A micro-batch on the device; with context parallelism, this rank's part of each sequence."""
         batch = fabric.to_device(batch)
         if cp > 1:
-            batch = {key: split_sequence(value, cp, mesh.rank("cp")) for key, value in batch.items()}
+            batch = {key: split_sequence(value, cp, cp_rank) for key, value in batch.items()}
         return batch
 
     log_dir = Path(fabric.broadcast(str(plan.log_dir or next_log_dir(cfg.exp_manager, cfg.name)) if rank == 0 else None,
@@ -247,9 +247,9 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
                 with fabric.autocast():
                     if pipeline is not None:
                         loss += pipeline.evaluate(step_batches)
-                    for batch in step_batches if pipeline is None else []:
+                    else:
                         with loss_parallel():
-                            loss += token_losses(model, batch).double().sum()
+                            loss += sum(token_losses(model, batch).double().sum() for batch in step_batches)
                 tokens += sum(label_count(batch) for batch in step_batches)
         model.train()
         return (sum_over(loss, token_mesh, pp_mesh) / sum_over(tokens, token_mesh)).item()
@@ -275,13 +275,14 @@ def train(cfg: NxdConfig, plan: RunPlan) -> Path:
         if pipeline is not None:
             with fabric.autocast():
                 loss += pipeline.step(batches, dp * cp / tokens.item())
-        for number, batch in enumerate(batches if pipeline is None else [], start=1):
-            set_gradient_sync(model, number == accumulation)  # reduce gradients once, after the last micro-batch
-            with loss_parallel():
-                with fabric.autocast():
-                    losses = token_losses(model, batch)
-                (losses.sum() * (dp * cp) / tokens).backward()
-            loss += losses.detach().double().sum()  # reported in fp64: no rounding of a large fp32 sum
+        else:
+            for number, batch in enumerate(batches, start=1):
+                set_gradient_sync(model, number == accumulation)  # reduce gradients once, after the last one
+                with loss_parallel():
+                    with fabric.autocast():
+                        losses = token_losses(model, batch)
+                    (losses.sum() * (dp * cp) / tokens).backward()
+                loss += losses.detach().double().sum()  # reported in fp64: no rounding of a large fp32 sum
         optimizer.collect_gradients()
         grad_norm = _gradient_norm(optimizer.gradient_tensors, cfg, pp_mesh)
         lr = optimizer.param_groups[0]["lr"]

@@ -25,6 +25,7 @@ from nxd_models import (
     gpt_tp_plan,
     hf_tp_plan,
     keep_pipeline_stage,
+    pipeline_stage_problems,
     recompute_core_attention,
     use_context_parallel,
 )
@@ -153,12 +154,10 @@ class StagedModel:
         return self.train(False)
 
 
-def pipeline_ranges(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel, layout: Layout,
-                    pp: int) -> list[range]:  # fmt: skip
-    """The decoder layers of every pipeline stage (pp x virtual stages): at `layout.pipeline_cuts`, or
-    balanced by parameter count with the embeddings on the first stage and the output layer (and
-    final norm) on the last."""
-    model = build_on_meta(spec, attention)
+def pipeline_ranges(model: nn.Module, layout: Layout, pp: int) -> list[range]:
+    """The decoder layers of every pipeline stage (pp x virtual stages) of `model` (whole, on the meta
+    device): at `layout.pipeline_cuts`, or balanced by parameter count with the embeddings on the
+    first stage and the output layer (and final norm) on the last."""
     layers = decoder_layers(model)
 
     def size(module: nn.Module | None) -> int:
@@ -209,7 +208,7 @@ def build_parallel_model(
     if pp is None:
         model = shard(build_on_meta(spec, attention), first_layer=FIRST_LAYER)
         return _materialised(model, whole, device, layout, policy)
-    ranges = pipeline_ranges(spec, attention, layout, pp.size())
+    ranges = pipeline_ranges(build_on_meta(spec, attention), layout, pp.size())
     numbers = rank_stages(pp.get_local_rank(), pp.size(), layout.virtual_stages)
     stages = []
     for number in numbers:
@@ -281,23 +280,21 @@ def plan_problems(
                             f"= {kv_copies}; expected a divisor of {heads} ({shape[heads]})")  # fmt: skip
     model = build_on_meta(spec, attention)
     problems += check_plan(model, tp_plan(spec))
-    if pp > 1:
-        try:
-            keep_pipeline_stage(build_on_meta(spec, attention), range(1), first=True, last=False)
-        except ModelConfigError as error:
-            problems += error.problems
-        else:
-            try:
-                pipeline_ranges(spec, attention, layout, pp)
-            except ParallelConfigError as error:
-                problems += error.problems
-    if cp > 1:
-        try:
-            use_context_parallel(build_on_meta(spec, attention), lambda *_: None)
-        except ModelConfigError as error:
-            problems += error.problems
     try:
         _recomputation(model, layout)
     except ParallelConfigError as error:
         problems += error.problems
+    if pp > 1:
+        stage_problems = pipeline_stage_problems(model)
+        problems += stage_problems
+        try:
+            if not stage_problems:  # the stage counts matter only for a model that can be cut
+                pipeline_ranges(model, layout, pp)
+        except ParallelConfigError as error:
+            problems += error.problems
+    if cp > 1:
+        try:
+            use_context_parallel(model, lambda *_: None)  # last: it points the attention elsewhere
+        except ModelConfigError as error:
+            problems += error.problems
     return problems

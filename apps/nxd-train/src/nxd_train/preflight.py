@@ -204,6 +204,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
             if value != default:
                 warnings.warn(f"distributed_strategy.{key}: {value} acts across tensor-parallel ranks; with "
                               "tensor_model_parallel_size 1 it changes nothing", ConfigNotice, stacklevel=2)
+    if ds.context_parallel_size == 1 and cfg.model.fusions.ring_attention:
+        warnings.warn("model.fusions.ring_attention: True acts across context-parallel ranks; with "
+                      "context_parallel_size 1 attention runs unsplit", ConfigNotice, stacklevel=2)
     seq_length = cfg.seq_length
     train_samples = cfg.trainer.max_steps * cfg.global_batch_size if cfg.trainer.max_steps > 0 else None
     try:

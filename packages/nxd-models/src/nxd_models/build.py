@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, packed_sequence_mask_function
 
 from .attention import _FAST_BACKENDS, AttentionKernel
-from .context_parallel import DOCUMENTS_KWARG, is_context_parallel
+from .context_parallel import DOCUMENTS_KWARG, hf_splits_sequence
 from .gpt import GPTConfig, GPTForCausalLM
 
 
@@ -77,7 +77,7 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
         extra = {}
         if document_ids is None:
             mask = torch.ones_like(input_ids)
-        elif is_context_parallel(inner):  # the attention masks documents from their ids
+        elif hf_splits_sequence(inner):  # the attention masks documents from their ids
             mask, extra = torch.ones_like(input_ids), {DOCUMENTS_KWARG: document_ids}
         else:
             # transformers reads batch, length, dtype (of an additive eager mask) and device from it

@@ -39,7 +39,7 @@ def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAtten
         if model.config.attention_dropout:
             raise ModelConfigError(f"model.attention_dropout: expected 0 with context parallelism (ring attention "
                                    f"has no dropout), found {model.config.attention_dropout}")  # fmt: skip
-        model.model.context_parallel = model.nxd_context_parallel = True
+        model.model.context_parallel = True
         for module in model.modules():
             if isinstance(module, CoreAttention):
                 module.context_parallel = attention
@@ -55,9 +55,9 @@ def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAtten
     for layer in model.model.layers:
         layer.self_attn.nxd_context_parallel = attention
     model.config._attn_implementation = HF_IMPLEMENTATION
-    model.nxd_context_parallel = True
+    model.nxd_context_parallel = True  # recomputation may rename the implementation: a flag of its own
 
 
-def is_context_parallel(model: torch.nn.Module) -> bool:
-    """Whether `use_context_parallel` was applied (a DDP/FSDP wrapper around the model is fine)."""
-    return bool(getattr(getattr(model, "module", model), "nxd_context_parallel", False))
+def hf_splits_sequence(model: PreTrainedModel) -> bool:
+    """Whether `use_context_parallel` was applied to this transformers model."""
+    return bool(getattr(model, "nxd_context_parallel", False))

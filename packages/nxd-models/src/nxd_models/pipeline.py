@@ -15,13 +15,8 @@ def keep_pipeline_stage(model: nn.Module, layers: range, *, first: bool, last: b
     decoder layers outside `layers`, the embeddings unless `first`, the final norm and output layer
     unless `last`. The stage's forward then maps input ids (first) or the residual stream (others) to
     logits (last) or the residual stream (others)."""
-    if not isinstance(model, GPTForCausalLM):
-        raise ModelConfigError(f"pipeline parallelism: expected a Megatron-style model (no model.model_config), "
-                               f"found {type(model).__name__}")  # fmt: skip
-    if model.config.share_embeddings_and_output_weights and not (first and last):
-        raise ModelConfigError("model.share_embeddings_and_output_weights: expected False with pipeline "
-                               "parallelism (the embedding and the output layer live on different stages), "
-                               "found True")  # fmt: skip
+    if not (first and last) and (problems := pipeline_stage_problems(model)):
+        raise ModelConfigError(*problems)
     decoder = model.model
     for index in range(len(decoder.layers)):
         if index not in layers:
@@ -34,6 +29,17 @@ def keep_pipeline_stage(model: nn.Module, layers: range, *, first: bool, last: b
         decoder.norm = None
         model.lm_head = None
     return model
+
+
+def pipeline_stage_problems(model: nn.Module) -> list[str]:
+    """Why `model` cannot be cut into pipeline stages (empty when it can); the model is unchanged."""
+    if not isinstance(model, GPTForCausalLM):
+        return [f"pipeline parallelism: expected a Megatron-style model (no model.model_config), found "
+                f"{type(model).__name__}"]  # fmt: skip
+    if model.config.share_embeddings_and_output_weights:
+        return ["model.share_embeddings_and_output_weights: expected False with pipeline parallelism (the "
+                "embedding and the output layer live on different stages), found True"]  # fmt: skip
+    return []
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -79,7 +79,7 @@ class _Ring:
 
     def shift(self, *tensors: torch.Tensor) -> tuple[list[dist.Work], list[torch.Tensor]]:
         """Start sending `tensors` to the next rank and receiving the previous rank's into new buffers."""
-        buffers = [torch.empty_like(t) for t in tensors]
+        buffers = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
         ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, b, self.previous, self.group) for b in buffers]
         return dist.batch_isend_irecv(ops), buffers

@@ -83,8 +83,9 @@ def build_schedule(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> PipelineScheduleSingle | PipelineScheduleMulti:
     """The 1F1B schedule (one stage per rank) or interleaved 1F1B (several) over `modules`, the stage
-    modules this rank holds. `step(input_ids, target=labels, **per_token_kwargs)` runs forward and
-    backward of every micro-batch; `loss_fn(logits, labels)` must already be normalised."""
+    modules this rank holds. `step(arg_mbs=[(input_ids,)...], kwarg_mbs=[{"position_ids": ...}...],
+    target_mbs=[labels...])` runs forward and backward of every micro-batch (kwargs reach every
+    stage); `loss_fn(logits, labels)` must already be normalised."""
     stages = [PipelineStage(module, number, num_stages, device, group=group)
               for module, number in zip(modules, stage_numbers, strict=True)]  # fmt: skip
     if len(stages) == 1:
