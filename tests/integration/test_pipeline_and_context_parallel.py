@@ -10,11 +10,10 @@ from tests.training_runs import read_metrics, run_command
 
 OVERRIDES = ["trainer.max_steps=4", "trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=False",
              "data.micro_batch_size=2", "data.global_batch_size=8", "trainer.val_check_interval=4",
-             "trainer.limit_val_batches=2", "trainer.gradient_clip_val=0.5", "+exp_manager.log_parameter_norm=True",
-             "+model.fusions.ring_attention=True"]  # fmt: skip
+             "trainer.limit_val_batches=2", "trainer.gradient_clip_val=0.5", "+exp_manager.log_parameter_norm=True"]  # fmt: skip
 LAYOUTS = {
     "pp2": ["distributed_strategy.pipeline_model_parallel_size=2"],
-    "cp2": ["distributed_strategy.context_parallel_size=2"],
+    "cp2": ["distributed_strategy.context_parallel_size=2", "+model.fusions.ring_attention=True"],
 }
 
 
