@@ -51,7 +51,7 @@ def main() -> None:
 
     from nxd_ckpt import Checkpointer, SavePolicy, load_checkpoint
     from nxd_config import load_config
-    from nxd_models import build_causal_lm, causal_lm_logits
+    from nxd_models import causal_lm_logits
     from nxd_precision import PrecisionOptimizer, resolve_policy
     from nxd_train.checkpointing import TrainingState, rng_states
     from nxd_train.corpus import default_cache_dir
@@ -61,7 +61,7 @@ def main() -> None:
     cfg = load_config(args.config, ["trainer.max_steps=1"])
     plan = plan_run(cfg, default_cache_dir())
     torch.manual_seed(0)
-    model = build_causal_lm(plan.model)
+    model = plan.family.build()
     optimizer = PrecisionOptimizer(model.parameters(), resolve_policy("fp32"),
                                    lambda tensors: torch.optim.AdamW(tensors, lr=1e-4))  # fmt: skip
     scheduler = LambdaLR(optimizer.optimizer, lambda step: 1.0)

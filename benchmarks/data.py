@@ -36,7 +36,7 @@ CONFIGS = {"tiny": default_config_path(), "bench_20m": ROOT / "configs" / "bench
 
 def training_samples_per_second(config: Path, overrides: list[str], log_dir: Path) -> float:
     cfg = load_config(config, [*overrides, f"+exp_manager.explicit_log_dir={log_dir}"])
-    train(cfg, plan_run(cfg, default_cache_dir()))
+    train(plan_run(cfg, default_cache_dir()))
     with open(log_dir / "metrics.csv") as handle:
         rates = [float(row["samples_per_s"]) for row in csv.DictReader(handle) if row.get("samples_per_s")]
     return statistics.median(rates[1:])

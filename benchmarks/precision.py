@@ -34,7 +34,7 @@ def child(config: Path, precision: str, steps: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         cfg = load_config(config, [f"precision.type={precision}", f"trainer.max_steps={steps}",
                                    f"+exp_manager.explicit_log_dir={scratch}"])  # fmt: skip
-        train(cfg, plan_run(cfg, default_cache_dir()))
+        train(plan_run(cfg, default_cache_dir()))
         with open(Path(scratch) / "metrics.csv") as handle:
             rows = [row for row in csv.DictReader(handle) if row.get("step_time")]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from nxd_config import NxdConfig, load_config
 from nxd_data import SampleFormat, TokenStream
-from nxd_models import build_causal_lm, hf_mapping, training_flops_per_token
-from nxd_precision import resolve_policy
+from nxd_models import model_family
 from nxd_train.corpus import default_cache_dir
 from nxd_train.data import DataSplits
 from nxd_train.loop import train
-from nxd_train.preflight import RunPlan, plan_run
+from nxd_train.plan import RunPlan
+from nxd_train.preflight import plan_run
 from nxd_train.throughput import matmul_ceiling
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
@@ -45,13 +45,20 @@ def random_splits(seq_length: int, samples: int, vocab: int) -> DataSplits:
     return DataSplits(windows, windows, windows, format, vocab, "random tokens", shuffled=False)
 
 
-def nxd_tokens_per_second(config_path: Path, plan: RunPlan, precision: str, steps: int, log_dir: Path) -> float:
+def nxd_tokens_per_second(config_path: Path, vocab: int, precision: str, steps: int, log_dir: Path) -> float:
     cfg = load_config(config_path, [f"precision.type={precision}", f"trainer.max_steps={steps}",
                                     f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
-    train(cfg, dataclasses.replace(plan, policy=resolve_policy(precision)))
+    train(with_random_tokens(plan_run(cfg, default_cache_dir()), vocab, steps))
     with open(log_dir / "metrics.csv") as handle:
         rates = [float(row["tokens_per_s"]) for row in csv.DictReader(handle) if row.get("tokens_per_s")]
     return statistics.median(rates[1:])  # the first step pays for warm-up
+
+
+def with_random_tokens(plan: RunPlan, vocab: int, steps: int) -> RunPlan:
+    """`plan` trained on random tokens of a `vocab`-sized vocabulary."""
+    family = model_family(dataclasses.replace(plan.family.spec, vocab_size=vocab), plan.family.attention)
+    data = random_splits(plan.seq_length, steps * plan.batches.global_batch_size, vocab)
+    return dataclasses.replace(plan, family=family, data=data)
 
 
 class _StepTimer(TrainerCallback):
@@ -68,7 +75,7 @@ class _StepTimer(TrainerCallback):
 
 
 def trainer_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, steps: int, out: Path) -> float:
-    hf_config = LlamaConfig(**hf_mapping(plan.model).config)
+    hf_config = LlamaConfig(**plan.family.hf_mapping().config)
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM._from_config(hf_config, attn_implementation="sdpa")
     windows = plan.data.train
@@ -113,15 +120,11 @@ def main() -> int:
             config_path = ROOT / "configs" / f"bench_{model}.yaml"
             cfg = load_config(config_path)
             vocab = VOCABULARY[model]
-            plan = plan_run(cfg, default_cache_dir())
-            plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, vocab_size=vocab),
-                                       data=random_splits(cfg.seq_length, args.steps * cfg.global_batch_size, vocab))
-            reference_model = build_causal_lm(plan.model)
-            flops_per_token = training_flops_per_token(reference_model, cfg.seq_length)
-            parameters = sum(p.numel() for p in reference_model.parameters())
-            del reference_model
+            plan = with_random_tokens(plan_run(cfg, default_cache_dir()), vocab, args.steps)
+            flops_per_token = plan.family.flops_per_token(cfg.seq_length)
+            parameters = plan.family.parameter_count()
             for precision in args.precisions.split(","):
-                ours = nxd_tokens_per_second(config_path, plan, PRECISION[precision][0], args.steps,
+                ours = nxd_tokens_per_second(config_path, vocab, PRECISION[precision][0], args.steps,
                                              Path(scratch) / f"nxd-{model}-{precision}")  # fmt: skip
                 theirs = trainer_tokens_per_second(cfg, plan, precision, args.steps,
                                                    Path(scratch) / f"hf-{model}-{precision}")  # fmt: skip

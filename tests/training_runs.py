@@ -54,7 +54,7 @@ def assert_identical(a: Any, b: Any, where: str = "") -> None:
 def train_in_process(log_dir: Path, *overrides: str) -> list[dict[str, float]]:
     """Train the tiny config in this process (one process) with overrides; returns the metrics rows."""
     cfg = load_config(default_config_path(), [*FAST, f"+exp_manager.explicit_log_dir={log_dir}", *overrides])
-    return read_metrics(train(cfg, plan_run(cfg, default_cache_dir())))
+    return read_metrics(train(plan_run(cfg, default_cache_dir())))
 
 
 def run_command(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nxd_ckpt import MODEL_KEY, Checkpointer, CheckpointError, SavePolicy, export_hf, hf_weights
-from nxd_models import GPTConfig, build_causal_lm, causal_lm_logits
-from nxd_train.checkpointing import export_of, export_record, hf_export
+from nxd_ckpt import MODEL_KEY, Checkpointer, CheckpointError, HFExport, SavePolicy, export_hf, hf_weights
+from nxd_models import GPTConfig, ModelConfigError, build_causal_lm, causal_lm_logits, model_family
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
@@ -23,9 +22,19 @@ def llama_shaped(**changes) -> GPTConfig:
     return GPTConfig(**{**base, **changes})
 
 
+def hf_export(spec) -> HFExport:
+    return HFExport.of(model_family(spec).hf_mapping())
+
+
 def checkpoint_of(model: torch.nn.Module, spec, root) -> object:
+    """A checkpoint of `model` whose marker records its Hugging Face mapping (or why it has none), as
+    nxd-train writes it."""
+    try:
+        extra = {"hf_export": hf_export(spec).to_json()}
+    except ModelConfigError as error:
+        extra = {"hf_export_problem": str(error)}
     return Checkpointer(root, SavePolicy(filename="ckpt")).save(
-        {MODEL_KEY: model.state_dict()}, step=1, consumed_samples=1, metrics={}, extra=export_record(export_of(spec))
+        {MODEL_KEY: model.state_dict()}, step=1, consumed_samples=1, metrics={}, extra=extra
     )
 
 

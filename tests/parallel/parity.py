@@ -1,8 +1,8 @@
 """Train tiny models for a few steps in N real gloo processes and record what parity tests compare.
 
 `run_scenarios(world, scenarios)` spawns `world` processes (FileStore rendezvous) that run every
-scenario in turn with the same wiring nxd-train uses (`build_parallel_model`, `loss_parallel`, the
-gradient sync and global norms), and returns rank 0's records: the initial full parameters, per
+scenario in turn with the same wiring nxd-train uses (`build_parallel_model`, the step executors with
+the token objective, global norms), and returns rank 0's records: the initial full parameters, per
 step the loss, gradient norm and full gradients, and the optimizer-state bytes this rank holds.
 """
 
@@ -12,22 +12,15 @@ import faulthandler
 import os
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from nxd_models import AttentionKernel, GPTConfig, causal_lm_logits
-from nxd_parallel import (
-    ParallelDims,
-    clip_gradients,
-    loss_parallel,
-    set_gradient_sync,
-    split_sequence,
-    token_cross_entropy,
-)
-from nxd_precision import PrecisionOptimizer, resolve_policy
-from nxd_train.parallelism import Layout, build_parallel_model
-from nxd_train.pipelining import PipelineRunner
+from nxd_align import TokenObjective
+from nxd_models import GPTConfig, model_family
+from nxd_parallel import Layout, ParallelDims, build_executor, build_parallel_model, clip_gradients, split_sequence
+from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, Qwen3Config
@@ -100,10 +93,13 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     dims = ParallelDims(world, tp=scenario.tp, pp=scenario.pp, cp=scenario.cp)
     mesh = dims.build_mesh("cpu")
     policy = resolve_policy(scenario.precision)
-    model = build_parallel_model(scenario.spec(), AttentionKernel.FLASH, scenario.layout, mesh, torch.device("cpu"),
-                                 seed=11, policy=policy)  # fmt: skip
+    family = model_family(scenario.spec())
+    model = build_parallel_model(family, scenario.layout, mesh, torch.device("cpu"), seed=11,
+                                 prepare=partial(prepare_parameters, policy=policy))  # fmt: skip
     pp = mesh.get("pp")
-    stages = None if pp is None else PipelineRunner(model, pp, torch.device("cpu"), GLOBAL_BATCH // dims.dp // MICRO_BATCH)
+    executor = build_executor(model, family.logits, torch.device("cpu"), pp=pp,
+                              microbatches=GLOBAL_BATCH // dims.dp // MICRO_BATCH)  # fmt: skip
+    objective = TokenObjective()
     record = {"init": _gathered({name: _full(p) for name, p in model.named_parameters()}, pp),
               "loss": [], "norm": [], "grads": []}  # fmt: skip
     optimizer = PrecisionOptimizer(model.parameters(), policy,
@@ -114,7 +110,6 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     for batch in _batches():
         mine = batch[rank * per_rank:(rank + 1) * per_rank]
         tokens = batch[:, 1:].numel()
-        loss = torch.zeros((), dtype=torch.float64)
         micro = []
         for ids in mine.split(MICRO_BATCH):
             positions, documents = torch.arange(SEQ).expand(ids.shape[0], SEQ), None
@@ -127,17 +122,7 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
             if cp > 1:  # this rank's zig-zag part of the sequence
                 part = {key: split_sequence(value, cp, cp_rank) for key, value in part.items()}
             micro.append(part)
-        scale = dp * cp / tokens
-        if stages is not None:
-            loss += stages.step(micro, scale)
-        else:
-            for number, part in enumerate(micro, start=1):
-                set_gradient_sync(model, number == len(micro))
-                with loss_parallel():
-                    logits = causal_lm_logits(model, part["input_ids"], part["position_ids"], part.get("document_ids"))
-                    losses = token_cross_entropy(logits, part["labels"])
-                    (losses.sum() * scale).backward()
-                loss += losses.detach().double().sum()
+        loss = executor.run(micro, objective.loss, scale=dp * cp / tokens).loss
         for group in (loss_mesh, pp):
             if group is not None:
                 dist.all_reduce(loss, group=group.get_group())

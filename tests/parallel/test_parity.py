@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nxd_train.parallelism import Layout
+from nxd_parallel import Layout
 
 from .parity import Scenario, max_difference, run_scenarios, train_scenario
 

@@ -5,7 +5,7 @@ tracking the fp32 loss curve of the same run."""
 from __future__ import annotations
 
 import pytest
-from nxd_train.parallelism import Layout
+from nxd_parallel import Layout
 
 from tests.parallel.parity import Scenario, run_scenarios, train_scenario
 from tests.training_runs import losses

@@ -113,4 +113,4 @@ def test_document_keys_train_both_families(train_here, tmp_path) -> None:
     assert len(losses(train_here(*documents, "trainer.max_steps=2", "model.optim.sched.max_steps=2"))) == 2
     source = hf_run_config(tmp_path, vocab_size=4096)
     cfg = load_config(source, [*documents, f"+exp_manager.explicit_log_dir={tmp_path / 'hf'}"])
-    assert len(losses(read_metrics(train(cfg, plan_run(cfg, default_cache_dir()))))) == 3
+    assert len(losses(read_metrics(train(plan_run(cfg, default_cache_dir()))))) == 3

@@ -6,8 +6,9 @@ import pytest
 from nxd_config import load_config
 from nxd_train.cli import default_config_path
 from nxd_train.corpus import default_cache_dir
-from nxd_train.loop import batch_limit, train, validation_due
+from nxd_train.loop import train
 from nxd_train.monitor import Monitor
+from nxd_train.plan import Cadence, batch_limit
 from nxd_train.preflight import PreflightError, plan_run
 
 from tests.training_runs import hf_run_config, losses, read_metrics
@@ -48,10 +49,9 @@ def test_validation_and_test_losses_are_logged(train_here):
      (1.0, 2, [9]), (5, 2, [9])],
 )  # fmt: skip
 def test_validation_cadence_follows_lightning(interval, every, expected):
-    cfg = load_config(default_config_path(), [f"trainer.val_check_interval={interval}",
-                                              f"trainer.check_val_every_n_epoch={'null' if every is None else every}"])
+    cadence = Cadence(val_check_interval=interval, check_val_every_n_epoch=every)
     steps_per_epoch = 5
-    due = [step for step in range(12) if validation_due(cfg, step, *divmod(step, steps_per_epoch), steps_per_epoch)]
+    due = [step for step in range(12) if cadence.validation_due(step, *divmod(step, steps_per_epoch), steps_per_epoch)]
     assert due == expected
 
 
@@ -105,7 +105,7 @@ def test_missing_hf_config_file_is_rejected(tmp_path):
 
 def test_hf_model_trains(tmp_path):
     cfg = load_config(hf_run_config(tmp_path, vocab_size=4096), [f"+exp_manager.explicit_log_dir={tmp_path / 'logs'}"])
-    rows = read_metrics(train(cfg, plan_run(cfg, default_cache_dir())))
+    rows = read_metrics(train(plan_run(cfg, default_cache_dir())))
     assert [row["step"] for row in rows if "loss" in row] == [1.0, 2.0, 3.0]
 
 

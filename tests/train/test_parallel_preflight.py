@@ -71,7 +71,7 @@ def test_a_gelu_model_with_biases_is_accepted_for_tensor_parallelism():
     cfg = load_config(default_config_path(), ["model.activation=gelu", "model.normalization=layernorm",
                                               "model.has_bias=True", "trainer.devices=2",
                                               "distributed_strategy.tensor_model_parallel_size=2"])  # fmt: skip
-    assert plan_run(cfg, default_cache_dir()).model.activation == "gelu"
+    assert plan_run(cfg, default_cache_dir()).family.spec.activation == "gelu"
 
 
 def test_parallel_keys_without_their_parallelism_are_noticed():

@@ -30,16 +30,14 @@ from nxd_ckpt import (
 )
 from nxd_config import NxdConfig
 from nxd_config.schema.exp_manager import interval_seconds
-from nxd_models import GPTConfig, ModelConfigError, build_on_meta, hf_mapping
+from nxd_models import ModelConfigError, ModelFamily
+from nxd_parallel import StagedModel, modules_of
 from nxd_precision import PrecisionOptimizer
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.optim.lr_scheduler import LRScheduler
-from transformers import PretrainedConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .logdir import CHECKPOINT_DIR
-from .parallelism import StagedModel
 
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""
@@ -115,24 +113,15 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
     return Resume(info.path.resolve(), weights_only, world_size=info.extra.get("world_size"))
 
 
-
-def hf_export(spec: GPTConfig | PretrainedConfig) -> HFExport:
-    """The Hugging Face counterpart of the model `spec` describes; ModelConfigError when there is none."""
-    if isinstance(spec, GPTConfig):
-        mapping = hf_mapping(spec)
-        tied = {"lm_head.weight": "model.embed_tokens.weight"} if spec.share_embeddings_and_output_weights else {}
-        return HFExport(mapping.config, mapping.keys, spec.vocab_size, mapping.vocab_padded_keys, tied)
-    config = spec.to_dict()
-    config["architectures"] = config.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[spec.model_type]]
-    names = list(build_on_meta(spec).state_dict())
-    tied = {"lm_head.weight": "model.embed_tokens.weight"} if spec.tie_word_embeddings else {}
-    return HFExport(config, {name: name for name in names if name not in tied}, tied=tied)
+def hf_export(family: ModelFamily) -> HFExport:
+    """The Hugging Face counterpart of the model; ModelConfigError when there is none."""
+    return HFExport.of(family.hf_mapping())
 
 
-def export_of(spec: GPTConfig | PretrainedConfig) -> HFExport | str:
+def export_of(family: ModelFamily) -> HFExport | str:
     """The model's Hugging Face mapping, or why it has none."""
     try:
-        return hf_export(spec)
+        return hf_export(family)
     except ModelConfigError as error:
         return str(error)
 
@@ -220,7 +209,7 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, export: HFExpor
     if not isinstance(export, HFExport):
         raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
     weights = hf_weights(resume.path, export, shapes)
-    for module in model.stages if isinstance(model, StagedModel) else [model]:
+    for module in modules_of(model):
         live = module.state_dict()
         own = {key: weights[key].to(value.dtype) for key, value in live.items()}
         set_model_state_dict(module, own, options=StateDictOptions(full_state_dict=True))

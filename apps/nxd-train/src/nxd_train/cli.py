@@ -162,7 +162,7 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     from .loop import train
 
     try:
-        train(config, plan)
+        train(plan)
     except CheckpointError as error:  # found only once loading began (e.g. a sample stream that differs)
         print(f"{path}: {error}", file=sys.stderr)
         return 1

@@ -62,6 +62,8 @@ class DataSplits:
     tokenizer: str
     shuffled: bool
     """The dataset is already in a shuffled order (Megatron's shuffle index): the sampler reads it in order."""
+    notes: tuple[str, ...] = ()
+    """What the run should tell about its data (records skipped, fill of packed rows ...)."""
 
 
 def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -> str:

@@ -1,22 +1,33 @@
 """Everything about a run that can be checked before any process is spawned.
 
-`plan_run` turns the config into the plain arguments the packages take (a model description, the
-datasets, the Fabric precision) and collects every problem into one `PreflightError`, so a user sees
-the full list at once and no worker starts on a run that cannot finish.
+`plan_run` turns the config into the plan the loop runs (`plan.RunPlan`: the model family, the
+datasets, the layout, the precision policy, the cadence ...) and collects every problem into one
+`PreflightError`, so a user sees the full list at once and no worker starts on a run that cannot
+finish. This is the only module of a run that reads the config.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from nxd_align import objective_for
 from nxd_ckpt import CheckpointError, CheckpointWarning
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_data import DataError
-from nxd_models import AttentionKernel, GPTConfig, HFOverrides, ModelConfigError, load_hf_config
+from nxd_models import (
+    AttentionKernel,
+    GPTConfig,
+    HFOverrides,
+    ModelConfigError,
+    ModelFamily,
+    load_hf_config,
+    model_family,
+)
+from nxd_parallel import Layout
 from nxd_precision import (
     PrecisionConfigError,
     PrecisionPolicy,
@@ -26,10 +37,11 @@ from nxd_precision import (
 )
 from transformers import PretrainedConfig
 
-from .checkpointing import Resume, checkpoint_problems, resume_choice
-from .data import DataSplits, build_datasets, unavailable_data_keys
+from .checkpointing import Resume, checkpoint_problems, resume_choice, save_policy
+from .data import build_datasets, unavailable_data_keys
+from .layout_check import layout_problems
 from .logdir import resumable_log_dir
-from .parallelism import FP32_POLICY, Layout, plan_problems
+from .plan import Batches, Cadence, Checkpoints, Launch, Logging, RunPlan, Update
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -40,27 +52,6 @@ class PreflightError(Exception):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("cannot train this config:\n" + "\n".join(f"  {problem}" for problem in problems))
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    model: GPTConfig | PretrainedConfig
-    attention: AttentionKernel
-    data: DataSplits
-    seq_length: int
-    layout: Layout = Layout()
-    """How the model is split and recomputed."""
-    policy: PrecisionPolicy = FP32_POLICY
-    """The dtypes of parameters, compute, master weights, gradients and optimizer state."""
-    resume: Resume | None = None
-    """The checkpoint (or weights) the run starts from."""
-    log_dir: Path | None = None
-    """An existing log directory the run continues in (resume_if_exists); None makes a new one."""
-
-    @property
-    def precision(self) -> str:
-        """Fabric's precision plugin: its autocast for the autocast type; nxd holds every other dtype itself."""
-        return "bf16-mixed" if self.policy.autocast else "32-true"
 
 
 def _not_in_this_release(cfg: NxdConfig) -> list[str]:
@@ -151,11 +142,16 @@ def neuron_environment(cfg: NxdConfig, current: Mapping[str, str]) -> dict[str, 
     )  # fmt: skip
 
 
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
 def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
     """The checkpoint the resume keys select and the log directory a resumed run continues in, with
     notices for checkpoints passed over and resume keys that change nothing here."""
     exp = cfg.exp_manager
-    search = resumable_log_dir(exp, cfg.name) if exp.resume_if_exists else None
+    search = (resumable_log_dir(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name)
+              if exp.resume_if_exists else None)  # fmt: skip
     with warnings.catch_warnings(record=True) as skipped:
         warnings.simplefilter("always", CheckpointWarning)
         try:
@@ -174,6 +170,89 @@ def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
     return resume, search if continues else None
 
 
+def _notices(cfg: NxdConfig, policy: PrecisionPolicy) -> None:
+    """Keys that are valid but change nothing in this run, said once before launch."""
+    params = cfg.exp_manager.checkpoint_callback_params
+    if cfg.exp_manager.create_checkpoint_callback and not (params.save_top_k or params.save_last):
+        warnings.warn("exp_manager.checkpoint_callback_params.save_top_k: 0 keeps no checkpoint and save_last is "
+                      "False, so this run writes none", ConfigNotice, stacklevel=3)  # fmt: skip
+    if params.use_master_weights_in_ckpt and policy.master_dtype is None:
+        warnings.warn(f"exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt: precision "
+                      f"{cfg.precision.type} keeps no master weights; checkpoints hold the model weights",
+                      ConfigNotice, stacklevel=3)  # fmt: skip
+    if neuron_keys := cfg.set_keys_with_status(Status.NEURON_ONLY):
+        warnings.warn(f"acted on only on AWS Neuron devices: {', '.join(neuron_keys)}", ConfigNotice, stacklevel=3)
+    ds = cfg.distributed_strategy
+    if ds.tensor_model_parallel_size == 1:
+        for key, value, default in (("sequence_parallel", ds.sequence_parallel, False),
+                                    ("kv_replicator", ds.kv_replicator, 1)):  # fmt: skip
+            if value != default:
+                warnings.warn(f"distributed_strategy.{key}: {value} acts across tensor-parallel ranks; with "
+                              "tensor_model_parallel_size 1 it changes nothing", ConfigNotice, stacklevel=3)
+    if ds.context_parallel_size == 1 and cfg.model.fusions.ring_attention:
+        warnings.warn("model.fusions.ring_attention: True acts across context-parallel ranks; with "
+                      "context_parallel_size 1 attention runs unsplit", ConfigNotice, stacklevel=3)
+
+
+def layout_of(cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
+    """The layout the config asks for; tensor-parallel reductions follow the precision policy (a
+    reduction in the activations' own dtype needs no cast)."""
+    ds, m, reduce = cfg.distributed_strategy, cfg.model, policy.parallel_layers_reduce_dtype
+    return Layout(
+        sequence_parallel=ds.sequence_parallel and ds.tensor_model_parallel_size > 1, zero1=ds.zero1,
+        kv_replicator=ds.kv_replicator, recompute=m.activations_checkpoint_granularity,
+        recompute_modules=tuple(m.activations_checkpoint_recompute or ()),
+        recompute_mlp=m.activations_checkpoint_recompute_mlp,
+        reduce_dtype=None if reduce == policy.compute_dtype else reduce,
+        grad_reduce_dtype=policy.grad_reduction_dtype, ranks_at_once=cfg.trainer.sequential_move_factor,
+        virtual_stages=ds.virtual_pipeline_model_parallel_size or 1,
+        pipeline_cuts=None if m.pipeline_cuts is None else tuple(m.pipeline_cuts),
+    )  # fmt: skip
+
+
+def _settings(cfg: NxdConfig) -> dict:
+    """The loop's settings: cadence, launch, batches, update, logging and checkpoints."""
+    t, exp, d, optim = cfg.trainer, cfg.exp_manager, cfg.data, cfg.model.optim
+    ds = cfg.distributed_strategy
+    options = {name: getattr(optim, name) for name in type(optim).model_fields if name not in ("name", "sched")}
+    sched = optim.sched
+    return dict(
+        cadence=Cadence(max_steps=t.max_steps, max_epochs=t.max_epochs, log_every_n_steps=t.log_every_n_steps,
+                        val_check_interval=t.val_check_interval, check_val_every_n_epoch=t.check_val_every_n_epoch,
+                        num_sanity_val_steps=t.num_sanity_val_steps, limit_val_batches=t.limit_val_batches,
+                        limit_test_batches=t.limit_test_batches),
+        launch=Launch(devices=t.devices, num_nodes=t.num_nodes, tp=ds.tensor_model_parallel_size,
+                      pp=ds.pipeline_model_parallel_size, cp=ds.context_parallel_size, seed=cfg.seed,
+                      use_cpu_initialization=cfg.model.use_cpu_initialization,
+                      neuron_environment=neuron_environment(cfg, os.environ)),
+        batches=Batches(global_batch_size=cfg.global_batch_size, micro_batch_size=d.micro_batch_size,
+                        num_workers=d.num_workers, reshuffle_each_epoch=d.dataloader_type == "cyclic",
+                        validation_drop_last=d.validation_drop_last,
+                        pad_to_global_batch=d.pad_samples_to_global_batch_size),
+        update=Update(optimizer=optim.name, options=options,
+                      decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay,
+                      schedule=None if sched is None else sched.name,
+                      schedule_options={} if sched is None else sched.model_dump(exclude={"name"}),
+                      clip=t.gradient_clip_val),
+        logging=Logging(name=cfg.name, explicit_log_dir=_path(exp.explicit_log_dir),
+                        exp_dir=_path(exp.exp_dir), gradient_norm=exp.log_gradient_norm,
+                        parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
+                        local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger),
+        checkpoints=Checkpoints(enabled=exp.create_checkpoint_callback, policy=save_policy(cfg),
+                                asynchronous=exp.async_checkpointing,
+                                use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,
+                                save_bf16=exp.save_bf16, time_loads=exp.enable_recovery_time_instrumentation),
+        resolved_config=cfg.model_dump(mode="json", by_alias=True),
+    )  # fmt: skip
+
+
+def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily:
+    model = _hf_model if cfg.model_source == "hf" else _megatron_model
+    fusions = cfg.model.fusions
+    return model_family(model(cfg, vocab_size, seq_length),
+                        AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax))  # fmt: skip
+
+
 def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     """The checked plan of a run, or a PreflightError listing every problem."""
     problems = _not_in_this_release(cfg) + _optimizer_problems(cfg, accelerator_name()) + checkpoint_problems(cfg)
@@ -187,26 +266,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     if problems:
         raise PreflightError(problems)
     resume, log_dir = _resume(cfg)
-    params = cfg.exp_manager.checkpoint_callback_params
-    if cfg.exp_manager.create_checkpoint_callback and not (params.save_top_k or params.save_last):
-        warnings.warn("exp_manager.checkpoint_callback_params.save_top_k: 0 keeps no checkpoint and save_last is "
-                      "False, so this run writes none", ConfigNotice, stacklevel=2)  # fmt: skip
-    if params.use_master_weights_in_ckpt and policy.master_dtype is None:
-        warnings.warn(f"exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt: precision "
-                      f"{cfg.precision.type} keeps no master weights; checkpoints hold the model weights",
-                      ConfigNotice, stacklevel=2)  # fmt: skip
-    if neuron_keys := cfg.set_keys_with_status(Status.NEURON_ONLY):
-        warnings.warn(f"acted on only on AWS Neuron devices: {', '.join(neuron_keys)}", ConfigNotice, stacklevel=2)
-    ds = cfg.distributed_strategy
-    if ds.tensor_model_parallel_size == 1:
-        for key, value, default in (("sequence_parallel", ds.sequence_parallel, False),
-                                    ("kv_replicator", ds.kv_replicator, 1)):  # fmt: skip
-            if value != default:
-                warnings.warn(f"distributed_strategy.{key}: {value} acts across tensor-parallel ranks; with "
-                              "tensor_model_parallel_size 1 it changes nothing", ConfigNotice, stacklevel=2)
-    if ds.context_parallel_size == 1 and cfg.model.fusions.ring_attention:
-        warnings.warn("model.fusions.ring_attention: True acts across context-parallel ranks; with "
-                      "context_parallel_size 1 attention runs unsplit", ConfigNotice, stacklevel=2)
+    _notices(cfg, policy)
     seq_length = cfg.seq_length
     train_samples = cfg.trainer.max_steps * cfg.global_batch_size if cfg.trainer.max_steps > 0 else None
     try:
@@ -217,17 +277,14 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
         raise PreflightError([f"data.global_batch_size: expected at most the {len(data.train)} samples of the "
                               f"training split, found {cfg.global_batch_size}"])
     try:
-        if cfg.model_source == "hf":
-            model = _hf_model(cfg, data.vocab_size, seq_length)
-        else:
-            model = _megatron_model(cfg, data.vocab_size, seq_length)
+        family = _family(cfg, data.vocab_size, seq_length)
     except ModelConfigError as error:
         raise PreflightError(error.problems) from None
-    fusions = cfg.model.fusions
-    attention = AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax)
     ds = cfg.distributed_strategy
-    layout = Layout.from_config(cfg, policy)
-    if problems := plan_problems(model, attention, layout, ds.tensor_model_parallel_size,
-                                 ds.pipeline_model_parallel_size, ds.context_parallel_size):  # fmt: skip
+    layout = layout_of(cfg, policy)
+    if problems := layout_problems(family, layout, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size,
+                                   ds.context_parallel_size):  # fmt: skip
         raise PreflightError(problems)
-    return RunPlan(model, attention, data, seq_length, layout, policy, resume, log_dir)
+    method = None if cfg.model_alignment_strategy is None else cfg.model_alignment_strategy.method
+    return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=objective_for(method),
+                   resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip

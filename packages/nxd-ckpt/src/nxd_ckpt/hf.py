@@ -44,6 +44,12 @@ class HFExport:
         return asdict(self)
 
     @classmethod
+    def of(cls, mapping: Any) -> HFExport:
+        """The export of a model's declared mapping: any object with these fields (nxd-models' HFMapping)."""
+        return cls(mapping.config, mapping.keys, mapping.vocab_size, tuple(mapping.vocab_padded_keys),
+                   dict(mapping.tied))  # fmt: skip
+
+    @classmethod
     def from_json(cls, data: dict[str, Any]) -> HFExport:
         return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"])})
 

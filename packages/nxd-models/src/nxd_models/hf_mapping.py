@@ -1,28 +1,37 @@
-"""The Hugging Face counterpart of a Megatron-style model, declared as data for nxd-ckpt to apply.
+"""The Hugging Face counterpart of a model, declared as data for nxd-ckpt to apply.
 
-A Llama-shaped decoder (rmsnorm, swiglu, full-width RoPE) is a `LlamaForCausalLM`. Both use RoPE in the
-rotate-half layout (Megatron's default, `rotary_interleaved: False`), so query and key weights need no
-permutation; the only transform is the vocabulary padding, sliced off on export and added back on import.
+A transformers model maps to itself. A Llama-shaped Megatron-style decoder (rmsnorm, swiglu,
+full-width RoPE) is a `LlamaForCausalLM`. Both use RoPE in the rotate-half layout (Megatron's default,
+`rotary_interleaved: False`), so query and key weights need no permutation; the only transform is
+the vocabulary padding, sliced off on export and added back on import.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from transformers import PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .errors import ModelConfigError
 from .gpt import GPTConfig
 
+TIED_OUTPUT = {"lm_head.weight": "model.embed_tokens.weight"}
+
 
 @dataclass(frozen=True)
 class HFMapping:
-    architecture: str
     config: dict[str, Any]
-    """config.json content for the Hugging Face model (transformers' keys)."""
+    """config.json content for the Hugging Face model (transformers' keys, with `architectures`)."""
     keys: dict[str, str]
     """Our state-dict key -> the Hugging Face key."""
-    vocab_padded_keys: tuple[str, ...]
-    """Our keys whose first dimension is the padded vocabulary (keep the first config['vocab_size'] rows)."""
+    vocab_size: int | None = None
+    """The real vocabulary when our embedding rows are padded beyond it."""
+    vocab_padded_keys: tuple[str, ...] = ()
+    """Our keys whose first dimension is the padded vocabulary (keep the first `vocab_size` rows)."""
+    tied: dict[str, str] = field(default_factory=dict)
+    """Our key -> our key it shares storage with (not exported; filled from its source on import)."""
 
 
 def hf_mapping(config: GPTConfig) -> HFMapping:
@@ -74,7 +83,17 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
     if not config.share_embeddings_and_output_weights:
         names.append("lm_head.weight")
         vocab_keys.append("lm_head.weight")
-    return HFMapping("LlamaForCausalLM", hf_config, {_ours(name, config): name for name in names}, tuple(vocab_keys))
+    tied = TIED_OUTPUT if config.share_embeddings_and_output_weights else {}
+    return HFMapping(hf_config, {_ours(name, config): name for name in names}, config.vocab_size, tuple(vocab_keys),
+                     tied)  # fmt: skip
+
+
+def hf_self_mapping(config: PretrainedConfig, names: list[str]) -> HFMapping:
+    """A transformers model's own layout: every state-dict key (`names`) maps to itself."""
+    content = config.to_dict()
+    content["architectures"] = content.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    tied = TIED_OUTPUT if config.tie_word_embeddings else {}
+    return HFMapping(content, {name: name for name in names if name not in tied}, tied=tied)
 
 
 def _ours(hf_name: str, config: GPTConfig) -> str:

@@ -20,10 +20,3 @@ def apply_activation_checkpointing(modules: Iterable[nn.Module]) -> int:
         count += 1
     return count
 
-
-def modules_of_classes(model: nn.Module, class_names: Iterable[str]) -> tuple[list[nn.Module], list[str]]:
-    """The modules of `model` whose class is named in `class_names`, and the names no module has."""
-    wanted = set(class_names)
-    found = [module for module in model.modules() if type(module).__name__ in wanted]
-    present = {type(module).__name__ for module in found}
-    return found, sorted(wanted - present)

@@ -1,22 +1,34 @@
-"""nxd_precision: precision policies, stochastic rounding and the Neuron runtime's variables."""
+"""nxd_precision: precision policies, the update step (optimizers by NxDT name, LR schedules, fp32
+master weights), stochastic rounding and the Neuron runtime's variables."""
 
 from .errors import PrecisionConfigError
 from .neuron_runtime import neuron_runtime_env
+from .novograd import Novograd
 from .optimizer import PrecisionOptimizer, prepare_parameters
+from .optimizers import OPTIMIZER_NAMES, build_optimizer, optimizer_class, parameter_groups
 from .policy import TYPES, PrecisionPolicy, bf16_support_problem, resolve_policy
+from .schedules import SCHEDULE_NAMES, build_scheduler, schedule_function
 from .stochastic_rounding import copy_stochastically_rounded_, stochastic_round
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "OPTIMIZER_NAMES",
+    "SCHEDULE_NAMES",
     "TYPES",
+    "Novograd",
     "PrecisionConfigError",
     "PrecisionOptimizer",
     "PrecisionPolicy",
     "bf16_support_problem",
+    "build_optimizer",
+    "build_scheduler",
     "copy_stochastically_rounded_",
     "neuron_runtime_env",
+    "optimizer_class",
+    "parameter_groups",
     "prepare_parameters",
     "resolve_policy",
+    "schedule_function",
     "stochastic_round",
 ]

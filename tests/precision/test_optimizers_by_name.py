@@ -1,4 +1,4 @@
-"""Every optimizer name: the class it builds, its documented parameters, weight-decay groups, a real step."""
+"""Every optimizer name: the class it builds, its parameters, weight-decay groups, a real step."""
 
 from __future__ import annotations
 
@@ -6,28 +6,26 @@ import math
 
 import pytest
 import torch
-from nxd_config.schema.optim import OPTIMIZER_NAMES, Optimizer
-from nxd_train.novograd import Novograd
-from nxd_train.optimizers import build_optimizer, parameter_groups
-from pydantic import TypeAdapter
+from nxd_precision import OPTIMIZER_NAMES, Novograd, PrecisionConfigError, build_optimizer, parameter_groups
 from transformers.optimization import Adafactor
 
 CASES = {
-    "adamw": ({"lr": 0.01, "betas": [0.8, 0.9], "eps": 1e-6, "amsgrad": True}, torch.optim.AdamW,
+    "adamw": ({"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "amsgrad": True}, torch.optim.AdamW,
               {"betas": (0.8, 0.9), "eps": 1e-6, "amsgrad": True}),
     "adamw_fp32OptState": ({"lr": 0.01}, torch.optim.AdamW, {"betas": (0.9, 0.999)}),
     "adam": ({"lr": 0.01, "weight_decay": 0.1}, torch.optim.Adam, {"weight_decay": 0.1}),
     "sgd": ({"lr": 0.1, "momentum": 0.9, "nesterov": True}, torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
     "adadelta": ({"lr": 1.0, "rho": 0.8, "eps": 1e-5}, torch.optim.Adadelta, {"rho": 0.8, "eps": 1e-5}),
-    "adamax": ({"lr": 0.01, "betas": [0.7, 0.9]}, torch.optim.Adamax, {"betas": (0.7, 0.9)}),
+    "adamax": ({"lr": 0.01, "betas": (0.7, 0.9)}, torch.optim.Adamax, {"betas": (0.7, 0.9)}),
     "adagrad": ({"lr": 0.1, "lr_decay": 0.01, "initial_accumulator_value": 0.1}, torch.optim.Adagrad,
                 {"lr_decay": 0.01, "initial_accumulator_value": 0.1}),
     "rmsprop": ({"lr": 0.01, "alpha": 0.9, "centered": True, "momentum": 0.5}, torch.optim.RMSprop,
                 {"alpha": 0.9, "centered": True, "momentum": 0.5}),
-    "rprop": ({"lr": 0.01, "etas": [0.4, 1.5], "step_sizes": [1e-5, 10.0]}, torch.optim.Rprop,
+    "rprop": ({"lr": 0.01, "etas": (0.4, 1.5), "step_sizes": (1e-5, 10.0)}, torch.optim.Rprop,
               {"etas": (0.4, 1.5), "step_sizes": (1e-5, 10.0)}),
-    "novograd": ({"lr": 0.01, "betas": [0.9, 0.99], "luc": True}, Novograd, {"betas": (0.9, 0.99), "luc": True}),
-    "adafactor": ({"lr": 0.01, "beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False}, Adafactor,
+    "novograd": ({"lr": 0.01, "betas": (0.9, 0.99), "luc": True}, Novograd, {"betas": (0.9, 0.99), "luc": True}),
+    "adafactor": ({"lr": 0.01, "beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": 0.8,
+                   "relative_step": False}, Adafactor,
                   {"beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": -0.8}),
 }  # fmt: skip
 
@@ -40,9 +38,8 @@ def _model() -> torch.nn.Module:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_optimizer_is_built_with_its_parameters_and_learns(name):
     config, cls, expected = CASES[name]
-    optim = TypeAdapter(Optimizer).validate_python({"name": name, **config})
     model = _model()
-    optimizer = build_optimizer(optim, model.parameters(), decay_norms_and_biases=False)
+    optimizer = build_optimizer(name, model.parameters(), config, decay_norms_and_biases=False)
     assert type(optimizer) is cls
     group = optimizer.param_groups[0]
     for key, value in expected.items():
@@ -62,6 +59,11 @@ def test_every_optimizer_name_has_a_case():
     assert set(CASES) == set(OPTIMIZER_NAMES)
 
 
+def test_an_unknown_name_is_refused_with_the_valid_ones():
+    with pytest.raises(PrecisionConfigError, match="model.optim.name: expected one of adamw, .*, found 'adamx'"):
+        build_optimizer("adamx", _model().parameters(), {"lr": 0.1}, decay_norms_and_biases=False)
+
+
 def test_norm_weights_and_biases_get_no_weight_decay_unless_asked():
     model = _model()
     groups = parameter_groups(model.parameters(), 0.1, decay_norms_and_biases=False)
@@ -72,8 +74,8 @@ def test_norm_weights_and_biases_get_no_weight_decay_unless_asked():
 
 
 def test_adafactor_relative_step_needs_no_lr():
-    optim = TypeAdapter(Optimizer).validate_python({"name": "adafactor", "relative_step": True, "warmup_init": True})
-    optimizer = build_optimizer(optim, _model().parameters(), decay_norms_and_biases=False)
+    optimizer = build_optimizer("adafactor", _model().parameters(), {"lr": None, "relative_step": True,
+                                                                    "warmup_init": True}, decay_norms_and_biases=False)
     assert optimizer.param_groups[0]["relative_step"] and optimizer.param_groups[0]["lr"] is None
 
 
@@ -101,12 +103,11 @@ def test_every_optimizer_learns_on_bf16_parameters(name, precision):
     from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
 
     config, _, _ = CASES[name]
-    optim = TypeAdapter(Optimizer).validate_python({"name": name, **config})
     policy = resolve_policy(precision, fp32_optimizer_state=name == "adamw_fp32OptState")
     model = _model()
     prepare_parameters(model, policy)
     optimizer = PrecisionOptimizer(model.parameters(), policy,
-                                   lambda tensors: build_optimizer(optim, tensors, decay_norms_and_biases=False))  # fmt: skip
+                                   lambda tensors: build_optimizer(name, tensors, config, decay_norms_and_biases=False))  # fmt: skip
     inputs, targets = torch.randn(64, 8, dtype=torch.bfloat16), torch.randn(64, 1)
     losses = []
     for _ in range(30):

@@ -1,14 +1,17 @@
-"""`model.optim`: the optimizer of every name the reference lists, with its documented parameters."""
+"""Optimizers by the names of NxDT's `model.optim.name`, built from plain keyword options.
+
+Adafactor is transformers' (imported only when asked for: `pip install nxd-precision[adafactor]`);
+NovoGrad is NeMo's variant (`novograd.py`); every other name is a torch optimizer.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from nxd_config.schema.optim import Optimizer as OptimizerConfig
-from transformers.optimization import Adafactor
 
+from .errors import PrecisionConfigError
 from .novograd import Novograd
 
 _TORCH = {
@@ -22,20 +25,31 @@ _TORCH = {
     "rmsprop": torch.optim.RMSprop,
     "rprop": torch.optim.Rprop,
     "novograd": Novograd,
-    "adafactor": Adafactor,
 }
-_NOT_PASSED = {"name", "sched"}
+OPTIMIZER_NAMES = (*_TORCH, "adafactor")
 _FOREACH = {"adamw", "adamw_fp32OptState", "adam", "adamax", "adadelta", "rmsprop", "rprop", "sgd", "adagrad"}
 
 
-def optimizer_class_and_arguments(optim: OptimizerConfig) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
-    """The optimizer class and the keyword arguments the config gives it (every documented key)."""
-    arguments = {name: getattr(optim, name) for name in type(optim).model_fields if name not in _NOT_PASSED}
-    if optim.name == "adafactor":  # transformers' Adafactor takes the exponent negated
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor
+    if name not in _TORCH:
+        raise PrecisionConfigError(f"model.optim.name: expected one of {', '.join(OPTIMIZER_NAMES)}, found {name!r}")
+    return _TORCH[name]
+
+
+def optimizer_arguments(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments the optimizer class takes for `options` (the config's keys under their
+    own names): transformers' Adafactor takes its decay exponent negated; foreach is off (see
+    DESIGN.md: a mix of DTensor and plain parameters breaks it)."""
+    arguments = dict(options)
+    if name == "adafactor" and "decay_rate" in arguments:
         arguments["decay_rate"] = -abs(arguments["decay_rate"])
-    if optim.name in _FOREACH:
-        arguments["foreach"] = False  # see DESIGN.md: a mix of DTensor and plain parameters breaks foreach
-    return _TORCH[optim.name], arguments
+    if name in _FOREACH:
+        arguments["foreach"] = False
+    return arguments
 
 
 def parameter_groups(
@@ -57,10 +71,10 @@ def parameter_groups(
 
 
 def build_optimizer(
-    optim: OptimizerConfig, parameters: Iterable[torch.Tensor], *, decay_norms_and_biases: bool
+    name: str, parameters: Iterable[torch.Tensor], options: Mapping[str, Any], *, decay_norms_and_biases: bool
 ) -> torch.optim.Optimizer:
-    """The configured optimizer over `parameters` (a model's, or their fp32 copies). With zero1 they
-    are 1/dp shards (FSDP2), so its state is sharded with them."""
-    cls, arguments = optimizer_class_and_arguments(optim)
+    """Optimizer `name` over `parameters` (a model's, or their fp32 copies) with `options` (lr,
+    weight_decay, betas, ...). Under ZeRO-1 the parameters are 1/dp shards, so its state is too."""
+    cls, arguments = optimizer_class(name), optimizer_arguments(name, options)
     weight_decay = arguments.pop("weight_decay", None)
     return cls(parameter_groups(parameters, weight_decay, decay_norms_and_biases), **arguments)

@@ -1,0 +1,164 @@
+"""The checked plan of a run: everything the training loop needs, as plain values.
+
+`preflight.plan_run` builds it from the config before any process starts; the loop reads only the
+plan, never the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nxd_align import Objective, TokenObjective
+from nxd_ckpt import SavePolicy
+from nxd_models import ModelFamily
+from nxd_parallel import Layout
+from nxd_precision import PrecisionPolicy, resolve_policy
+
+from .checkpointing import Resume
+from .data import DataSplits
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How long the run lasts and when it logs and validates (`trainer` keys, Lightning's meanings)."""
+
+    max_steps: int = -1
+    max_epochs: int = -1
+    log_every_n_steps: int = 1
+    val_check_interval: int | float = 1.0
+    check_val_every_n_epoch: int | None = 1
+    num_sanity_val_steps: int = 0
+    limit_val_batches: int | float = 1.0
+    limit_test_batches: int | float = 1.0
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """max_steps and max_epochs, whichever ends first (-1 means unbounded)."""
+        bounds = [self.max_steps] if self.max_steps > 0 else []
+        if self.max_epochs > 0:
+            bounds.append(self.max_epochs * steps_per_epoch)
+        return min(bounds)
+
+    def validation_due(self, global_step: int, epoch: int, index: int, steps_per_epoch: int) -> bool:
+        """Lightning's cadence: an int val_check_interval counts steps (across epochs when
+        check_val_every_n_epoch is null), a float is a fraction of each epoch."""
+        interval, every = self.val_check_interval, self.check_val_every_n_epoch
+        if isinstance(interval, int) and every is None:
+            return (global_step + 1) % interval == 0
+        if every is not None and (epoch + 1) % every:
+            return False
+        steps = interval if isinstance(interval, int) else max(1, int(interval * steps_per_epoch))
+        return (index + 1) % steps == 0
+
+
+def batch_limit(limit: int | float, available: int) -> int:
+    """Lightning's limit_*_batches: an int counts batches, a float is a fraction, -1 (sanity) is all."""
+    if isinstance(limit, float):
+        return int(available * limit)
+    return available if limit < 0 else min(limit, available)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Processes, layout and seed."""
+
+    devices: int = 1
+    num_nodes: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    seed: int = 1234
+    use_cpu_initialization: bool = True
+    neuron_environment: dict[str, str] = field(default_factory=dict)
+    """AWS Neuron runtime variables, set only when the device is a Neuron core."""
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Batch sizes and how samples are read."""
+
+    global_batch_size: int
+    micro_batch_size: int
+    num_workers: int = 0
+    reshuffle_each_epoch: bool = False
+    validation_drop_last: bool = True
+    pad_to_global_batch: bool = False
+
+
+@dataclass(frozen=True)
+class Update:
+    """The optimizer, its learning-rate schedule and gradient clipping (`model.optim`)."""
+
+    optimizer: str = "adamw"
+    options: dict[str, Any] = field(default_factory=lambda: {"lr": 1e-4})
+    decay_norms_and_biases: bool = False
+    schedule: str | None = None
+    schedule_options: dict[str, Any] = field(default_factory=dict)
+    clip: float | None = None
+    """gradient_clip_val; None or 0 clips nothing."""
+
+    @property
+    def lr(self) -> float:
+        return self.options.get("lr") or 0.0
+
+
+@dataclass(frozen=True)
+class Logging:
+    """Where and what a run logs (`exp_manager`)."""
+
+    name: str
+    explicit_log_dir: Path | None = None
+    """Log here; otherwise in a new version_N under `exp_dir`/`name`."""
+    exp_dir: Path | None = None
+    gradient_norm: bool = True
+    parameter_norm: bool = False
+    step_timing: bool = True
+    local_rank_0_only: bool = False
+    tensorboard: bool = True
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """When checkpoints are written and what they hold (`exp_manager` checkpoint keys)."""
+
+    enabled: bool = False
+    policy: SavePolicy = field(default_factory=lambda: SavePolicy(filename="{step}"))
+    asynchronous: bool = False
+    use_master_weights: bool = False
+    save_bf16: bool = False
+    time_loads: bool = False
+    """Log how long a load took (enable_recovery_time_instrumentation)."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    family: ModelFamily
+    data: DataSplits
+    seq_length: int
+    logging: Logging
+    batches: Batches
+    cadence: Cadence = Cadence()
+    launch: Launch = Launch()
+    update: Update = Update()
+    checkpoints: Checkpoints = Checkpoints()
+    layout: Layout = Layout()
+    """How the model is split and recomputed."""
+    policy: PrecisionPolicy = field(default_factory=lambda: resolve_policy("fp32"))
+    """The dtypes of parameters, compute, master weights, gradients and optimizer state."""
+    objective: Objective = TokenObjective()
+    resume: Resume | None = None
+    """The checkpoint (or weights) the run starts from."""
+    log_dir: Path | None = None
+    """An existing log directory the run continues in (resume_if_exists); None makes a new one."""
+    resolved_config: dict[str, Any] = field(default_factory=dict)
+    """The resolved config, written beside the logs and into every checkpoint."""
+
+    @property
+    def precision(self) -> str:
+        """Fabric's precision plugin: its autocast for the autocast type; nxd holds every other dtype itself."""
+        return "bf16-mixed" if self.policy.autocast else "32-true"

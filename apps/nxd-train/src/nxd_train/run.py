@@ -1,0 +1,227 @@
+"""A run set up from its plan: processes (Lightning Fabric: launch, accelerator, seeding), the device
+mesh, the log directory and monitor, the sharded model and how a step executes on it, the optimizer
+and LR schedule, the sampler, the checkpointer, and where a resumed run starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import torch
+import yaml
+from lightning_fabric import Fabric
+from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo
+from nxd_data import PretrainingSampler, WithPadding, collate
+from nxd_parallel import (
+    DirectExecutor,
+    ParallelDims,
+    ParallelMesh,
+    PipelineExecutor,
+    StagedModel,
+    build_executor,
+    build_parallel_model,
+    split_sequence,
+)
+from nxd_precision import PrecisionOptimizer, build_optimizer, build_scheduler, prepare_parameters
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader, Dataset
+
+from .checkpointing import Resume, TrainingState, export_of, export_record, load_weights, rng_states, versions
+from .logdir import CHECKPOINT_DIR, next_log_dir
+from .monitor import Monitor
+from .plan import RunPlan
+from .throughput import matmul_ceiling
+
+NEURON_DEVICE_TYPES = ("neuron", "xla")
+"""Device types of AWS Neuron cores, whose runtime reads the plan's Neuron variables."""
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class Run:
+    plan: RunPlan
+    fabric: Fabric
+    dims: ParallelDims
+    mesh: ParallelMesh
+    log_dir: Path
+    monitor: Monitor
+    model: nn.Module | StagedModel
+    executor: DirectExecutor | PipelineExecutor
+    optimizer: PrecisionOptimizer
+    scheduler: LRScheduler
+    training: TrainingState
+    sampler: PretrainingSampler
+    """The training sampler, at the position the run starts from."""
+    checkpointer: Checkpointer
+    steps: int
+    start_step: int = 0
+    saved_rng: bytes | None = None
+    """This rank's RNG states from the checkpoint resumed (restored once the data loader has started)."""
+    flops_per_token: int = 0
+    ceiling: float = 1.0
+    """FLOP/s of a matmul measured on this run's devices (MFU's denominator)."""
+
+    @property
+    def token_mesh(self) -> DeviceMesh | None:
+        """Ranks that split the tokens of a step (data x context)."""
+        return self.mesh.get("dp_cp")
+
+    @property
+    def pp_mesh(self) -> DeviceMesh | None:
+        return self.mesh.get("pp")
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per rank per step."""
+        return self.sampler.accumulation
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch
+
+    def on_device(self, batch: Batch) -> Batch:
+        """A micro-batch on the device; with context parallelism, this rank's part of each sequence."""
+        batch = self.fabric.to_device(batch)
+        if self.dims.cp > 1:
+            batch = {key: split_sequence(value, self.dims.cp, self.mesh.rank("cp")) for key, value in batch.items()}
+        return batch
+
+    def micro_batches(self, dataset: Dataset, sampler: PretrainingSampler) -> Iterator[Batch]:
+        """This rank's micro-batches of `dataset` as `sampler` orders them, on the device."""
+        loader = DataLoader(WithPadding(dataset, self.plan.data.format.padding()), batch_sampler=sampler,
+                            collate_fn=collate, num_workers=self.plan.batches.num_workers)  # fmt: skip
+        return map(self.on_device, loader)
+
+    def eval_sampler(self, dataset: Dataset) -> PretrainingSampler:
+        b = self.plan.batches
+        return PretrainingSampler(len(dataset), b.global_batch_size, b.micro_batch_size, self.dims.dp,
+                                  self.mesh.data_parallel_rank, seed=self.plan.launch.seed,
+                                  drop_last=b.validation_drop_last,
+                                  pad_to_global_batch=b.pad_to_global_batch)  # fmt: skip
+
+    def summed(self, tensor: torch.Tensor, *meshes: DeviceMesh | None) -> torch.Tensor:
+        """`tensor` summed over the ranks of each 1-D mesh given (data x context, pipeline), in place."""
+        for mesh in meshes:
+            if mesh is not None:
+                torch.distributed.all_reduce(tensor, group=mesh.get_group())
+        return tensor
+
+    def save_checkpoint(self, done: int, logged: dict[str, float]) -> None:
+        """Everything needed to continue after optimizer step `done` (in the background when asynchronous)."""
+        gbs, rank = self.plan.batches.global_batch_size, self.fabric.global_rank
+        consumed = self.sampler.consumed_samples + (done - self.start_step) * gbs
+        progress = {"step": done, "consumed_samples": consumed}
+        sampler = self.sampler.state_dict() | {"consumed_samples": consumed}
+        state = self.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
+        record = {"world_size": self.fabric.world_size, "layout": self.dims.sizes(), "versions": versions(),
+                  "config": self.plan.resolved_config, **export_record(export_of(self.plan.family))}  # fmt: skip
+        self.checkpointer.save(state, step=done, consumed_samples=consumed, metrics=logged, extra=record)
+
+
+def setup(plan: RunPlan) -> Run:
+    """Launch the processes and build everything the loop needs, resumed where the plan says."""
+    launch = plan.launch
+    fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes,
+                    strategy="ddp" if launch.world_size > 1 else "auto", precision=plan.precision)  # fmt: skip
+    fabric.launch()
+    if fabric.device.type in NEURON_DEVICE_TYPES:
+        os.environ.update(launch.neuron_environment)
+    fabric.seed_everything(launch.seed, verbose=False)
+    dims = ParallelDims(fabric.world_size, tp=launch.tp, pp=launch.pp, cp=launch.cp)
+    mesh = dims.build_mesh(fabric.device.type)
+    rank, logging = fabric.global_rank, plan.logging
+    new_dir = partial(next_log_dir, logging.explicit_log_dir, logging.exp_dir, logging.name)
+    log_dir = Path(fabric.broadcast(str(plan.log_dir or new_dir()) if rank == 0 else None, src=0))
+    resume = fabric.broadcast(plan.resume, src=0)  # rank 0's choice, should a checkpoint appear meanwhile
+    if rank == 0:
+        (log_dir / "config.yaml").write_text(yaml.safe_dump(plan.resolved_config, sort_keys=False))
+
+    b = plan.batches
+    sampler = PretrainingSampler(len(plan.data.train), b.global_batch_size, b.micro_batch_size, dims.dp,
+                                 mesh.data_parallel_rank, seed=launch.seed,
+                                 shuffle=b.reshuffle_each_epoch or not plan.data.shuffled,
+                                 reshuffle_each_epoch=b.reshuffle_each_epoch)  # fmt: skip
+    steps = plan.cadence.total_steps(sampler.steps_per_epoch)
+    monitor = Monitor(log_dir, global_rank=rank, local_rank=fabric.local_rank, total_steps=steps,
+                      local_rank_0_only=logging.local_rank_0_only, tensorboard=logging.tensorboard)  # fmt: skip
+    model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=launch.seed,
+                                 use_cpu_initialization=launch.use_cpu_initialization,
+                                 prepare=partial(prepare_parameters, policy=plan.policy))  # fmt: skip
+    checkpoint_group = None
+    if (plan.checkpoints.enabled or resume is not None) and torch.distributed.is_initialized():
+        checkpoint_group = torch.distributed.new_group(backend="gloo")
+    if resume is not None and resume.weights_only:  # before the optimizer copies the weights
+        _load_weights(plan, model, resume, checkpoint_group, monitor)
+    executor = build_executor(model, plan.family.logits, fabric.device, pp=mesh.get("pp"),
+                              microbatches=sampler.accumulation, autocast=fabric.autocast)  # fmt: skip
+    update = plan.update
+    optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(
+        update.optimizer, tensors, update.options, decay_norms_and_biases=update.decay_norms_and_biases))  # fmt: skip
+    scheduler = build_scheduler(optimizer.optimizer, update.schedule, update.schedule_options, update.lr, steps)
+    training = TrainingState(model, optimizer, scheduler, use_master_weights=plan.checkpoints.use_master_weights,
+                             save_bf16=plan.checkpoints.save_bf16)  # fmt: skip
+
+    def report_save(info: CheckpointInfo, seconds: float) -> None:
+        monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
+
+    checkpointer = Checkpointer(log_dir / CHECKPOINT_DIR, plan.checkpoints.policy,
+                                asynchronous=plan.checkpoints.asynchronous, process_group=checkpoint_group,
+                                on_complete=report_save)  # fmt: skip
+    ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, plan.policy.compute_dtype),
+                                             device=fabric.device), reduce_op="sum").item()  # fmt: skip
+    run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,
+              checkpointer, steps, flops_per_token=plan.family.flops_per_token(plan.seq_length), ceiling=ceiling)
+    if resume is not None and not resume.weights_only:
+        _resume(run, resume, checkpoint_group)
+    layout = " x ".join(f"{name} {size}" for name, size in dims.sizes().items() if size > 1) or "one process"
+    monitor.info(f"nxd-train: {logging.name}: {plan.family.parameter_count():,} parameters, {fabric.world_size} "
+                 f"process(es) ({layout}), {plan.objective.name}, global batch {b.global_batch_size} "
+                 f"({sampler.accumulation} x {b.micro_batch_size} per rank), {steps} steps of "
+                 f"{sampler.steps_per_epoch} per epoch, {plan.data.tokenizer}; logs in {log_dir}")  # fmt: skip
+    for line in plan.data.notes:
+        monitor.info(line)
+    return run
+
+
+def _took(started: float, plan: RunPlan) -> str:
+    return f" in {time.perf_counter() - started:.2f} s" if plan.checkpoints.time_loads else ""
+
+
+def _load_weights(plan: RunPlan, model: nn.Module | StagedModel, resume: Resume,
+                  group: torch.distributed.ProcessGroup | None, monitor: Monitor) -> None:  # fmt: skip
+    """The initial weights from an nxd checkpoint or a Hugging Face directory (weight_init_only)."""
+    started = time.perf_counter()
+    shapes = {k: v.shape for k, v in plan.family.build_on_meta().state_dict().items()}
+    load_weights(model, resume, export_of(plan.family), group, shapes)
+    monitor.info(f"initial weights from {resume.path}{_took(started, plan)}")
+
+
+def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | None) -> None:
+    """Continue from a checkpoint: weights, optimizer, schedule, step, data position and, at the same
+    world size, every rank's RNG states."""
+    started, monitor, rank = time.perf_counter(), run.monitor, run.fabric.global_rank
+    progress, sampler_state = {"step": 0, "consumed_samples": 0}, run.sampler.state_dict()
+    rng = {f"rank{rank}": None} if resume.world_size == run.fabric.world_size else {}
+    run.training.load(resume.path, progress=progress, sampler=sampler_state, rng=rng, process_group=group)
+    try:
+        run.sampler = run.sampler.resumed(sampler_state)
+    except ValueError as error:
+        raise CheckpointError(f"{resume.path}: {error}") from None
+    run.start_step, run.saved_rng = progress["step"], rng.get(f"rank{rank}")
+    if run.saved_rng is None:
+        monitor.info(f"resuming on {run.fabric.world_size} processes from a checkpoint of {resume.world_size}: "
+                     "random states start fresh (dropout masks differ from an uninterrupted run)")  # fmt: skip
+    monitor.info(f"resumed from {resume.path} at step {run.start_step} ({progress['consumed_samples']} samples)"
+                 f"{_took(started, run.plan)}")  # fmt: skip
+
+
+def train_batches(run: Run) -> Iterator[Batch]:
+    """The training micro-batches from the run's start to its last step."""
+    return run.micro_batches(run.plan.data.train, replace(run.sampler, steps=run.steps - run.start_step))

@@ -1,0 +1,77 @@
+"""Objectives: what one micro-batch contributes to a step's loss.
+
+An objective turns a micro-batch's logits into a loss *sum* and metric sums, and counts the items its
+loss is normalised by (`count`). The loop divides by the global count over every micro-batch of every
+data-parallel (and context-parallel) rank, so gradient accumulation and any layout give the gradient
+of one big batch. Pretraining and supervised fine-tuning share the token objective: the data decides
+which labels count (SFT ignores the prompt and the padding); DPO and ORPO are objectives of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+IGNORE_INDEX = -100
+"""Label of positions that do not count in the loss (transformers' and torch's convention)."""
+
+Batch = dict[str, torch.Tensor]
+
+
+def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Per-token cross-entropy (0 where the label is ignored) of logits (..., vocab) in fp32.
+
+    Logits that are a DTensor sharded on the vocabulary (tensor parallel output layer) are reduced with
+    DTensor's vocab-parallel log-softmax: each rank holds vocab / tp columns, and only per-token
+    maxima and sums cross ranks. Call it, and run the backward, inside
+    `torch.distributed.tensor.parallel.loss_parallel()` (a no-op for plain tensors). The result is a
+    plain tensor either way.
+    """
+    losses = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=ignore_index,
+                             reduction="none")  # fmt: skip
+    return losses.full_tensor() if isinstance(losses, DTensor) else losses
+
+
+class Objective(Protocol):
+    """What the training loop asks of a fine-tuning or pretraining method."""
+
+    name: str
+    metric_names: tuple[str, ...]
+    """The metrics `loss` sums; each is logged divided by the global count, like the loss."""
+
+    def count(self, batch: Batch) -> torch.Tensor:
+        """How many items of `batch` the loss is averaged over (a device tensor, no host sync)."""
+
+    def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The fp64 loss sum of `batch` and its metric sums."""
+
+
+@dataclass(frozen=True)
+class TokenObjective:
+    """Causal language modelling: the mean cross-entropy of every label that is not ignored.
+
+    Pretraining counts every token (but padding, and end-of-document tokens with eod_mask_loss);
+    SFT data ignores the prompt, so the same mean runs over the response tokens of the global batch."""
+
+    name: str = "pretraining"
+    metric_names: tuple[str, ...] = ()
+
+    def count(self, batch: Batch) -> torch.Tensor:
+        return (batch["labels"] != IGNORE_INDEX).sum()
+
+    def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return token_cross_entropy(logits, batch["labels"]).double().sum(), {}
+
+
+def objective_for(method: str | None) -> Objective:
+    """The objective of an alignment method (`model_alignment_strategy`): None pretrains, "sft"
+    fine-tunes on responses."""
+    if method is None:
+        return TokenObjective()
+    if method == "sft":
+        return TokenObjective("sft")
+    raise ValueError(f"model_alignment_strategy: expected sft or no method, found {method!r}")

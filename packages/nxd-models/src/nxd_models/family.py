@@ -1,0 +1,185 @@
+"""The model protocol: everything the rest of nxd asks of a model family, answered by each family.
+
+nxd-parallel shards a model, nxd-ckpt exports it and nxd-train wires them through a `ModelFamily`;
+none of them asks which family a model is. `model_family(spec, attention)` picks the implementation
+from the description: a `GPTConfig` (the Megatron-style decoder) or a transformers `PretrainedConfig`.
+Both families name their parts alike (`model.embed_tokens`, `model.layers.N`, `model.norm`, `lm_head`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from .attention import AttentionKernel, ContextParallelAttention
+from .build import build_causal_lm, build_on_meta, causal_lm_logits
+from .context_parallel import use_context_parallel
+from .errors import ModelConfigError
+from .flops import training_flops_per_token
+from .gpt import GPTConfig, gpt_tp_plan
+from .hf import hf_tp_plan
+from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
+from .hf_recompute import recompute_core_attention
+from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
+
+CORE_ATTENTION = "CoreAttention"
+"""NxDT's name of the attention core (softmax(QK^T)V) in `activations_checkpoint_recompute`."""
+
+
+class ModelFamily(ABC):
+    """One model description (`spec`) with its attention kernel, and what nxd needs to know of it."""
+
+    source_key: str
+    """Where a user sets the architecture (named in messages)."""
+
+    def __init__(self, spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH):
+        self.spec, self.attention = spec, attention
+
+    def build_on_meta(self) -> nn.Module:
+        """The module tree on the meta device: shapes and names, no memory."""
+        return build_on_meta(self.spec, self.attention)
+
+    def build(self, device: torch.device | str = "cpu", *, use_cpu_initialization: bool = True) -> nn.Module:
+        """The whole model, initialised from the current torch RNG state."""
+        return build_causal_lm(self.spec, device, use_cpu_initialization=use_cpu_initialization,
+                               attention=self.attention)  # fmt: skip
+
+    @staticmethod
+    def logits(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logits (batch, seq, vocab) of a micro-batch (`input_ids`, `position_ids` and, for packed
+        documents, `document_ids`) through a model of this family, wrapped or sharded."""
+        return causal_lm_logits(model, batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
+
+    @abstractmethod
+    def tp_plan(self) -> dict[str, str]:
+        """Module-name pattern -> tensor-parallel style (applied by nxd-parallel)."""
+
+    @property
+    @abstractmethod
+    def head_dim(self) -> int: ...
+
+    @abstractmethod
+    def sharded_sizes(self) -> dict[str, int]:
+        """The sizes tensor parallelism splits, under the names a user looks for: query heads first,
+        then key/value heads, then the others."""
+
+    @abstractmethod
+    def hf_mapping(self) -> HFMapping:
+        """The Hugging Face counterpart (config.json and key table); ModelConfigError when there is none."""
+
+    @staticmethod
+    def decoder_layers(model: nn.Module) -> list[nn.Module]:
+        """The decoder layers `model` holds (a pipeline stage holds some of them)."""
+        return decoder_layers(model)
+
+    def recompute_units(self, model: nn.Module, names: Iterable[str], include_mlp: bool = False) -> list[nn.Module]:
+        """The modules of `model` whose activations NxDT's recompute names (`activations_checkpoint_recompute`)
+        select, plus each layer's MLP with `include_mlp`; ModelConfigError for a name no module has."""
+        wanted = set(names)
+        modules = [module for module in model.modules() if type(module).__name__ in wanted]
+        missing = sorted(wanted - {type(module).__name__ for module in modules})
+        if missing:
+            raise ModelConfigError(f"model.activations_checkpoint_recompute: {', '.join(missing)} names no module "
+                                   f"of {type(model).__name__}; expected class names such as {CORE_ATTENTION}")
+        if include_mlp:
+            modules += [layer.mlp for layer in self.decoder_layers(model) if layer.mlp not in modules]
+        return modules
+
+    @staticmethod
+    def pipeline_stage_problems(model: nn.Module) -> list[str]:
+        """Why `model` cannot be cut into pipeline stages (empty when it can)."""
+        return pipeline_stage_problems(model)
+
+    @staticmethod
+    def keep_pipeline_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> nn.Module:
+        """`model` reduced (in place) to one pipeline stage, with whole-model parameter names."""
+        return keep_pipeline_stage(model, layers, first=first, last=last)
+
+    @staticmethod
+    def stage_costs(model: nn.Module) -> tuple[int, int, int]:
+        """Parameters of one decoder layer, of what the first stage adds (embeddings) and of what the
+        last stage adds (final norm and output layer): the costs pipeline stages are balanced by."""
+
+        def size(module: nn.Module | None) -> int:
+            return 0 if module is None else sum(p.numel() for p in module.parameters())
+
+        decoder = model.model
+        first = size(decoder.embed_tokens) + size(getattr(decoder, "position_embeddings", None))
+        return size(decoder_layers(model)[0]), first, size(model.lm_head) + size(decoder.norm)
+
+    @staticmethod
+    def use_context_parallel(model: nn.Module, attention: ContextParallelAttention) -> None:
+        """Point every attention layer at a context-parallel kernel (ring attention)."""
+        use_context_parallel(model, attention)
+
+    def flops_per_token(self, seq_length: int) -> int:
+        """Training FLOPs per token (the numerator of MFU; see `training_flops_per_token`)."""
+        return training_flops_per_token(self.build_on_meta(), seq_length)
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.build_on_meta().parameters())
+
+
+class MegatronFamily(ModelFamily):
+    """The Megatron-style GPT / Llama decoder of nxd-models."""
+
+    source_key = "model"
+
+    def tp_plan(self) -> dict[str, str]:
+        return gpt_tp_plan(self.spec)
+
+    @property
+    def head_dim(self) -> int:
+        return self.spec.head_dim
+
+    def sharded_sizes(self) -> dict[str, int]:
+        s = self.spec
+        return {"num_attention_heads": s.num_attention_heads, "num_kv_heads": s.kv_heads,
+                "ffn_hidden_size": s.ffn_size, "vocab_size (padded)": s.padded_vocab_size}  # fmt: skip
+
+    def hf_mapping(self) -> HFMapping:
+        return hf_mapping(self.spec)
+
+
+class HuggingFaceFamily(ModelFamily):
+    """A transformers causal LM (Llama, Mistral, Qwen2, Qwen3) built from its config.json."""
+
+    source_key = "model.model_config"
+
+    def tp_plan(self) -> dict[str, str]:
+        return hf_tp_plan(self.spec)
+
+    @property
+    def head_dim(self) -> int:
+        return getattr(self.spec, "head_dim", None) or self.spec.hidden_size // self.spec.num_attention_heads
+
+    def sharded_sizes(self) -> dict[str, int]:
+        s = self.spec
+        return {"num_attention_heads": s.num_attention_heads,
+                "num_key_value_heads": s.num_key_value_heads or s.num_attention_heads,
+                "intermediate_size": s.intermediate_size, "vocab_size": s.vocab_size}  # fmt: skip
+
+    def hf_mapping(self) -> HFMapping:
+        return hf_self_mapping(self.spec, list(self.build_on_meta().state_dict()))
+
+    def recompute_units(self, model: nn.Module, names: Iterable[str], include_mlp: bool = False) -> list[nn.Module]:
+        """As for every family; the attention core is a function in transformers, not a module, so
+        `CoreAttention` switches the model's attention function to a recomputed one here."""
+        names = set(names)
+        if CORE_ATTENTION in names:
+            recompute_core_attention(model)
+        return super().recompute_units(model, names - {CORE_ATTENTION}, include_mlp)
+
+
+def model_family(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH) -> ModelFamily:
+    """The family that builds `spec`."""
+    if isinstance(spec, GPTConfig):
+        return MegatronFamily(spec, attention)
+    if isinstance(spec, PretrainedConfig):
+        return HuggingFaceFamily(spec, attention)
+    raise ModelConfigError(f"model: expected a GPTConfig or a transformers PretrainedConfig, "
+                           f"found {type(spec).__name__}")

@@ -1,0 +1,108 @@
+"""Learning-rate schedules by the names of NxDT's `model.optim.sched`, as NeMo 1.x defines them.
+
+Each schedule is a pure function step -> learning rate, wrapped in torch's LambdaLR, so that the value
+used by the optimizer update of step s (counted from 0) is `lr_at(s)`. Options arrive as the config's
+keys under their own names (warmup_steps, warmup_ratio, min_lr, ...); a missing one takes NeMo's default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+from .errors import PrecisionConfigError
+
+SCHEDULE_NAMES = (
+    "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy", "SquareAnnealing",
+    "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR",
+)  # fmt: skip
+_MIN_LR = {"SquareAnnealing": 1e-5}
+"""NeMo's default min_lr where it is not 0."""
+
+
+def _steps(count: int | None, ratio: float | None, max_steps: int) -> int:
+    return count if count is not None else int(ratio * max_steps) if ratio is not None else 0
+
+
+def schedule_function(name: str, options: Mapping[str, Any], lr: float, run_steps: int) -> Callable[[int], float]:
+    """step -> learning rate of schedule `name` with peak `lr`; its `max_steps` defaults to `run_steps`."""
+    if name not in SCHEDULE_NAMES:
+        raise PrecisionConfigError(f"model.optim.sched.name: expected one of {', '.join(SCHEDULE_NAMES)}, "
+                                   f"found {name!r}")  # fmt: skip
+    if name == "StepLR":
+        return lambda step: lr * options.get("gamma", 0.1) ** (step // options["step_size"])
+    if name == "ExponentialLR":
+        return lambda step: lr * options.get("gamma", 0.9) ** step
+    max_steps = options.get("max_steps") or run_steps
+    if name == "LinearAnnealingWithWarmUp":
+        linear_warmup = options.get("warmup_steps") or 0
+
+        def linear(step: int) -> float:
+            if step < linear_warmup:
+                return lr * step / max(1, linear_warmup)
+            return lr * max(0.0, (max_steps - step) / max(1, max_steps - linear_warmup))
+
+        return linear
+    warmup = _steps(options.get("warmup_steps"), options.get("warmup_ratio"), max_steps)
+    min_lr = options.get("min_lr", _MIN_LR.get(name, 0.0))
+    if name == "NoamAnnealing":
+        normalize = options["d_model"] ** -0.5
+
+        def noam(step: int) -> float:
+            step = max(1, step)
+            mult = normalize * (min(step**-0.5, step * warmup**-1.5) if warmup > 0 else step**-0.5)
+            return max(lr * mult, min_lr) if step > warmup else lr * mult
+
+        return noam
+    if name == "CosineAnnealing":
+        constant = _steps(options.get("constant_steps"), options.get("constant_ratio"), max_steps)
+        return _cosine(lr, max_steps, warmup, constant, min_lr)
+    hold = _steps(options.get("hold_steps"), options.get("hold_ratio"), max_steps) if name == "WarmupHoldPolicy" else 0
+
+    def decay(step: int) -> float:
+        if name == "SquareAnnealing":
+            return max(lr * ((max_steps - step) / (max_steps - warmup)) ** 2, min_lr)
+        if name == "WarmupAnnealing":
+            return min_lr + (1 - (step - warmup) / (max_steps - warmup)) * (lr - min_lr)
+        return lr  # WarmupPolicy, WarmupHoldPolicy: constant after warmup (and hold)
+
+    def warmup_policy(step: int) -> float:
+        if warmup > 0 and step <= warmup:
+            return lr * (step + 1) / (warmup + 1)
+        if warmup <= step < warmup + hold:
+            return lr
+        if step > max_steps:
+            return min_lr
+        return decay(step)
+
+    return warmup_policy
+
+
+def _cosine(lr: float, max_steps: int, warmup: int, constant: int, min_lr: float) -> Callable[[int], float]:
+    decay_steps = max_steps - (constant + warmup)
+
+    def cosine(step: int) -> float:
+        if warmup > 0 and step <= warmup:
+            return lr * (step + 1) / (warmup + 1)
+        if constant > 0 and warmup + decay_steps < step <= max_steps:
+            return min_lr
+        if step > max_steps:
+            return min_lr
+        if constant == 0:
+            return (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (max_steps - warmup))) + min_lr
+        return min_lr + 0.5 * (math.cos(math.pi * (step - warmup) / decay_steps) + 1.0) * (lr - min_lr)
+
+    return cosine
+
+
+def build_scheduler(optimizer: Optimizer, name: str | None, options: Mapping[str, Any], lr: float,
+                    run_steps: int) -> LRScheduler:  # fmt: skip
+    """A LambdaLR over every parameter group: schedule `name` (None: a constant learning rate)."""
+    if name is None or lr == 0:
+        return LambdaLR(optimizer, lambda step: 1.0)
+    function = schedule_function(name, options, lr, run_steps)
+    return LambdaLR(optimizer, lambda step: function(step) / lr)
