@@ -42,7 +42,7 @@ def random_splits(seq_length: int, samples: int, vocab: int) -> DataSplits:
     tokens = np.random.default_rng(0).integers(0, vocab, samples * seq_length + 1).astype(np.int32)
     format = SampleFormat(seq_length=seq_length, eod_id=0)
     windows = TokenStream(tokens, format)
-    return DataSplits(windows, windows, windows, format, vocab, "random tokens", shuffled=False)
+    return DataSplits(windows, windows, windows, format.padding(), vocab, "random tokens", shuffled=False)
 
 
 def nxd_tokens_per_second(config_path: Path, vocab: int, precision: str, steps: int, log_dir: Path) -> float:

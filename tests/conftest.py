@@ -1,6 +1,7 @@
 """Shared test options (slower tests run only with --runslow), the in-process training fixture and a
 small tokenizer trained on local text (no download)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,29 @@ def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
     tokenizer.save(str(path))
     return path
+
+
+CHATML = (
+    "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A ChatML template (the shape Qwen and many others use), written here rather than downloaded."""
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tokenizer directory for fine-tuning: a byte-level BPE trained on TEXT with <s> (BOS),
+    <|endoftext|> (EOS) and ChatML's turn markers, and a tokenizer_config.json naming them and the
+    chat template."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<s>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    tokenizer.train_from_iterator(TEXT, trainer)
+    directory = tmp_path_factory.mktemp("chat_tokenizer")
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "<|endoftext|>", "chat_template": CHATML}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory

@@ -1,8 +1,9 @@
 """The dataset factory: what `data.*` asks for, as train / validation / test datasets (nxd-data).
 
-Three sources, in this order: Megatron indexed data (`data_prefix`), Hugging Face data (`train_dir`,
-`val_dir`), or — when a run names neither — the built-in corpus, preprocessed once into an indexed
-dataset in the cache and then read exactly like `data_prefix` data.
+Fine-tuning (`model_alignment_strategy.sft`) reads SFT records from `train_dir` / `val_dir`. Pretraining
+has three sources, in this order: Megatron indexed data (`data_prefix`), Hugging Face data
+(`train_dir`, `val_dir`), or — when a run names neither — the built-in corpus, preprocessed once into
+an indexed dataset in the cache and then read exactly like `data_prefix` data.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from filelock import FileLock
+from nxd_config.schema.alignment import SFTConfig
 from nxd_config.schema.data import DataConfig
 from nxd_data import (
     DataError,
@@ -20,16 +23,31 @@ from nxd_data import (
     TextTokenizer,
     hf_pretraining_dataset,
     load_tokenizer,
+    sft_dataset,
     token_dtype,
 )
 from torch.utils.data import Dataset
 
 from .corpus import Corpus, builtin_tokenizer, stdlib_corpus
 
+PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss", "no_seqlen_plus_one_input_tokens")
+"""Megatron data flags that shape pretraining samples; SFT records set their own masks and positions."""
 
-def unavailable_data_keys(data: DataConfig) -> list[str]:
+
+def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[str]:
     """One message per data key whose value nxd cannot act on (never a silent no-op)."""
     messages = []
+    if fine_tuning:
+        messages += [f"data.{name}: applies to pretraining data (Megatron indexed datasets); fine-tuning reads "
+                     f"data.train_dir; expected it unset, found {getattr(data, name)!r}"
+                     for name in ("data_prefix", "splits_string", "index_mapping_dir") if data.is_set(name)
+                     and getattr(data, name) is not None]  # fmt: skip
+        messages += [f"data.{name}: applies to pretraining samples; fine-tuning records carry their own masks and "
+                     "positions (packing keeps each record apart); expected False, found True"
+                     for name in PRETRAINING_FLAGS if getattr(data, name)]  # fmt: skip
+        if data.tokenizer is None:
+            messages.append("data.tokenizer: expected the tokenizer of the model being fine-tuned (a tokenizer.json "
+                            "file or a directory holding one), found none")  # fmt: skip
     if (t := data.tokenizer) is not None:
         if t.library != "huggingface":
             messages.append(f"data.tokenizer.library: expected huggingface (a tokenizer.json file or a directory "
@@ -43,7 +61,8 @@ def unavailable_data_keys(data: DataConfig) -> list[str]:
         messages += [f"data.tokenizer.{name}: applies to {library}, which nxd does not read (it reads tokenizer.json "
                      f"with the tokenizers library); expected it unset, found {value!r}"
                      for name, value, library in foreign if value is not None]  # fmt: skip
-    if data.is_set("data_prefix") and data.train_dir is not None and not data.use_sft_style_data_module:
+    if data.is_set("data_prefix") and data.train_dir is not None and not (data.use_sft_style_data_module
+                                                                            or fine_tuning):  # fmt: skip
         messages.append("data.train_dir: expected one data source, found data_prefix as well (set "
                         "use_sft_style_data_module: True to read train_dir)")  # fmt: skip
     if data.use_sft_style_data_module and data.train_dir is None:
@@ -56,7 +75,8 @@ class DataSplits:
     train: Dataset
     validation: Dataset | None
     test: Dataset | None
-    format: SampleFormat
+    padding: dict[str, torch.Tensor]
+    """A sample that adds nothing to the loss (fills a short evaluation batch)."""
     vocab_size: int
     """Tokens the tokenizer can produce (the model's vocabulary must hold at least this many)."""
     tokenizer: str
@@ -80,9 +100,11 @@ def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -
 
 
 def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None,
-                   seed: int) -> DataSplits:  # fmt: skip
-    """The run's datasets; `train_samples` None means one epoch of the training data. DataError names
-    the key and file of any problem."""
+                   seed: int, sft: SFTConfig | None = None) -> DataSplits:  # fmt: skip
+    """The run's datasets (SFT records when `sft` is given); `train_samples` None means one epoch of the
+    training data. DataError names the key and file of any problem."""
+    if sft is not None:
+        return _sft_splits(data, seq_length, cache_dir, sft.packing)
     own_data = data.is_set("data_prefix") or data.train_dir is not None
     corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
     if data.tokenizer is not None:
@@ -106,7 +128,7 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
         if data.val_dir is not None:
             validation = hf_pretraining_dataset(data.val_dir, "data.val_dir", "validation", format, tokenizer,
                                                 hf_cache, data.dev_choose_samples)  # fmt: skip
-        return DataSplits(train, validation, None, format, tokenizer.vocab_size, name, shuffled=False)
+        return DataSplits(train, validation, None, format.padding(), tokenizer.vocab_size, name, shuffled=False)
     if data.is_set("data_prefix"):
         prefix, index_dir = _plain(data.data_prefix), data.index_mapping_dir
     else:
@@ -115,8 +137,23 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     splits = builder.build(prefix, data.splits_string, [train_samples, None, None])
     if splits["train"] is None:
         raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")
-    return DataSplits(splits["train"], splits["validation"], splits["test"], format, tokenizer.vocab_size, name,
-                      shuffled=True)  # fmt: skip
+    return DataSplits(splits["train"], splits["validation"], splits["test"], format.padding(), tokenizer.vocab_size,
+                      name, shuffled=True)  # fmt: skip
+
+
+def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: bool) -> DataSplits:
+    """SFT records of train_dir (and val_dir), padded or packed into rows of seq_length."""
+    tokenizer = load_tokenizer(data.tokenizer.type, "data.tokenizer.type")
+    splits = {}
+    for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
+                                                                              data.val_dir)):  # fmt: skip
+        if location is not None:
+            splits[key] = sft_dataset(location, key, split, tokenizer, seq_length, packing=packing,
+                                      cache_dir=cache_dir / "sft", limit=data.dev_choose_samples)  # fmt: skip
+    train = splits["data.train_dir"]
+    return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
+                      data.tokenizer.type, shuffled=False,
+                      notes=tuple(dataset.summary(key) for key, dataset in splits.items()))  # fmt: skip
 
 
 def _plain(value):

@@ -54,12 +54,24 @@ class PreflightError(Exception):
         super().__init__("cannot train this config:\n" + "\n".join(f"  {problem}" for problem in problems))
 
 
+LATER = {"dpo": "DPO", "orpo": "ORPO", "peft": "LoRA (peft)"}
+"""Alignment blocks of a later release."""
+
+
+def _method(cfg: NxdConfig) -> str | None:
+    """The fine-tuning method (sft, dpo, orpo), or None to pretrain."""
+    return None if cfg.model_alignment_strategy is None else cfg.model_alignment_strategy.method
+
+
 def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     found = []
-    if cfg.model_alignment_strategy is not None:
-        found.append("model_alignment_strategy: fine-tuning methods are not in this release (nxd-align adds them); "
-                     "remove the section to pretrain")
-    return found + unavailable_data_keys(cfg.data)
+    if (alignment := cfg.model_alignment_strategy) is not None:
+        found += [f"model_alignment_strategy.{name}: {label} is not in this release; expected sft (supervised "
+                  "fine-tuning) or no method" for name, label in LATER.items() if getattr(alignment, name) is not None]
+        if alignment.method is None and not found:
+            found.append("model_alignment_strategy: expected a method (sft), found an empty section; remove it to "
+                         "pretrain")  # fmt: skip
+    return found + unavailable_data_keys(cfg.data, fine_tuning=_method(cfg) is not None)
 
 
 def _optimizer_problems(cfg: NxdConfig, accelerator: str) -> list[str]:
@@ -226,7 +238,8 @@ def _settings(cfg: NxdConfig) -> dict:
                       use_cpu_initialization=cfg.model.use_cpu_initialization,
                       neuron_environment=neuron_environment(cfg, os.environ)),
         batches=Batches(global_batch_size=cfg.global_batch_size, micro_batch_size=d.micro_batch_size,
-                        num_workers=d.num_workers, reshuffle_each_epoch=d.dataloader_type == "cyclic",
+                        num_workers=d.num_workers,
+                        reshuffle_each_epoch=d.dataloader_type == "cyclic" or _method(cfg) is not None,
                         validation_drop_last=d.validation_drop_last,
                         pad_to_global_batch=d.pad_samples_to_global_batch_size),
         update=Update(optimizer=optim.name, options=options,
@@ -270,7 +283,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     seq_length = cfg.seq_length
     train_samples = cfg.trainer.max_steps * cfg.global_batch_size if cfg.trainer.max_steps > 0 else None
     try:
-        data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed)
+        data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed,
+                              sft=None if _method(cfg) is None else cfg.model_alignment_strategy.sft)  # fmt: skip
     except DataError as error:
         raise PreflightError([str(error)]) from None
     if len(data.train) < cfg.global_batch_size:
@@ -285,6 +299,5 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     if problems := layout_problems(family, layout, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size,
                                    ds.context_parallel_size):  # fmt: skip
         raise PreflightError(problems)
-    method = None if cfg.model_alignment_strategy is None else cfg.model_alignment_strategy.method
-    return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=objective_for(method),
+    return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=objective_for(_method(cfg)),
                    resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip

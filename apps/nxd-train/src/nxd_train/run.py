@@ -95,7 +95,7 @@ class Run:
 
     def micro_batches(self, dataset: Dataset, sampler: PretrainingSampler) -> Iterator[Batch]:
         """This rank's micro-batches of `dataset` as `sampler` orders them, on the device."""
-        loader = DataLoader(WithPadding(dataset, self.plan.data.format.padding()), batch_sampler=sampler,
+        loader = DataLoader(WithPadding(dataset, self.plan.data.padding), batch_sampler=sampler,
                             collate_fn=collate, num_workers=self.plan.batches.num_workers)  # fmt: skip
         return map(self.on_device, loader)
 

@@ -1,5 +1,5 @@
-"""nxd_data: Megatron indexed datasets, GPT pretraining samples, blending, Hugging Face data and
-exact-resume sampling."""
+"""nxd_data: Megatron indexed datasets, GPT pretraining samples, blending, Hugging Face data,
+supervised fine-tuning records (packed or padded) and exact-resume sampling."""
 
 from .blending import BlendedDataset, blend_indices
 from .errors import DataError
@@ -12,6 +12,7 @@ from .megatron import MegatronDataBuilder
 from .preprocess import PreprocessSummary, preprocess_jsonl
 from .sampler import PADDING, PretrainingSampler, WithPadding
 from .samples import IGNORE_INDEX, SampleFormat, collate
+from .sft import SFTDataset, pack_best_fit, read_records, sft_dataset, tokenize_records
 from .tokenizer import TextTokenizer, load_tokenizer
 
 __version__ = "0.1.0"
@@ -27,6 +28,7 @@ __all__ = [
     "MegatronDataBuilder",
     "PreprocessSummary",
     "PretrainingSampler",
+    "SFTDataset",
     "SampleFormat",
     "TextTokenizer",
     "TokenStream",
@@ -37,8 +39,12 @@ __all__ = [
     "hf_pretraining_dataset",
     "load_records",
     "load_tokenizer",
+    "pack_best_fit",
     "preprocess_jsonl",
+    "read_records",
     "save_atomically",
+    "sft_dataset",
     "split_documents",
     "token_dtype",
+    "tokenize_records",
 ]

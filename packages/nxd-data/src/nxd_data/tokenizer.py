@@ -1,5 +1,7 @@
 """A local Hugging Face tokenizer (a tokenizer.json file, or a directory that holds one), through the
-`tokenizers` library, with the end-of-document token Megatron appends between documents."""
+`tokenizers` library, with the end-of-document token Megatron appends between documents, the
+beginning-of-sequence token fine-tuning records start with, and the chat template of
+tokenizer_config.json (or chat_template.jinja) when the directory has one."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from .errors import DataError
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 """End-of-document tokens of common tokenizers, tried in order when tokenizer_config.json names none."""
+BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
+"""Beginning-of-sequence tokens of common tokenizers, tried when tokenizer_config.json names none; a
+tokenizer with none of them (GPT-2's) begins sequences with its end-of-document token, as GPT-2 does."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,10 @@ class TextTokenizer:
     tokenizer: Tokenizer
     eod_id: int
     path: str
+    bos_id: int | None = None
+    """None: the end-of-document token begins sequences too."""
+    chat_template: str | None = None
+    """The Jinja chat template of tokenizer_config.json (or chat_template.jinja), when there is one."""
 
     @property
     def vocab_size(self) -> int:
@@ -28,8 +37,17 @@ class TextTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     @property
+    def begin_id(self) -> int:
+        """The token a fine-tuning record starts with."""
+        return self.eod_id if self.bos_id is None else self.bos_id
+
+    def token(self, token_id: int) -> str:
+        return self.tokenizer.id_to_token(token_id)
+
+    @property
     def fingerprint(self) -> str:
-        return hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()[:16]
+        content = self.tokenizer.to_str() + f"|{self.bos_id}|{self.eod_id}|{self.chat_template}"
+        return hashlib.sha256(content.encode()).hexdigest()[:16]
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
@@ -48,16 +66,45 @@ def load_tokenizer(location: str | Path, where: str = "data.tokenizer.type") -> 
         tokenizer = Tokenizer.from_file(str(file))
     except Exception as error:  # the Rust library raises its own Exception type
         raise DataError(f"{where}: {file} is not a Hugging Face tokenizer file ({error})") from None
-    eod = _configured_eos(file.parent / "tokenizer_config.json")
-    for candidate in ([eod] if eod else []) + list(EOD_CANDIDATES):
-        if (eod_id := tokenizer.token_to_id(candidate)) is not None:
-            return TextTokenizer(tokenizer, eod_id, str(location))
-    raise DataError(f"{where}: {file} has no end-of-document token (expected one of {', '.join(EOD_CANDIDATES)} "
-                    "or eos_token in tokenizer_config.json)")  # fmt: skip
+    config = _tokenizer_config(file.parent / "tokenizer_config.json", where)
+    eod_id = _first_id(tokenizer, [_content(config.get("eos_token")), *EOD_CANDIDATES])
+    if eod_id is None:
+        raise DataError(f"{where}: {file} has no end-of-document token (expected one of {', '.join(EOD_CANDIDATES)} "
+                        "or eos_token in tokenizer_config.json)")  # fmt: skip
+    bos_id = _first_id(tokenizer, [_content(config.get("bos_token")), *BOS_CANDIDATES])
+    return TextTokenizer(tokenizer, eod_id, str(location), bos_id, _chat_template(config, file.parent))
 
 
-def _configured_eos(config: Path) -> str | None:
+def _tokenizer_config(config: Path, where: str) -> dict:
     if not config.is_file():
-        return None
-    eos = json.loads(config.read_text()).get("eos_token")
-    return eos.get("content") if isinstance(eos, dict) else eos
+        return {}
+    try:
+        content = json.loads(config.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise DataError(f"{where}: {config}: expected a JSON object, found unreadable content ({error})") from None
+    if not isinstance(content, dict):
+        raise DataError(f"{where}: {config}: expected a JSON object, found {type(content).__name__}")
+    return content
+
+
+def _content(token: str | dict | None) -> str | None:
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _first_id(tokenizer: Tokenizer, candidates: list[str | None]) -> int | None:
+    for candidate in candidates:
+        if candidate and (token_id := tokenizer.token_to_id(candidate)) is not None:
+            return token_id
+    return None
+
+
+def _chat_template(config: dict, directory: Path) -> str | None:
+    """tokenizer_config.json's chat_template (a string, or named templates: the "default" one), else
+    chat_template.jinja beside it (where transformers saves it)."""
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        template = named.get("default")
+    if template is None and (directory / "chat_template.jinja").is_file():
+        template = (directory / "chat_template.jinja").read_text()
+    return template if isinstance(template, str) else None
