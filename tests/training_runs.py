@@ -5,7 +5,9 @@ The `train_here` fixture (tests/conftest.py) wraps `train_in_process`."""
 from __future__ import annotations
 
 import csv
+import json
 import os
+import random
 import subprocess
 import sys
 import warnings
@@ -80,3 +82,23 @@ def hf_run_config(tmp_path, vocab_size: int, max_positions: int = 128):
         "  optim: {name: adamw, lr: 1e-3}\n"
     )
     return source
+
+
+SFT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "pack", "my", "box", "with",
+             "five", "dozen", "liquor", "jugs"]  # fmt: skip
+
+
+def sft_records(count: int, seed: int = 0) -> list[dict[str, str]]:
+    """`count` input/output records of 2-12 and 1-16 words, drawn with a fixed seed."""
+    generator = random.Random(seed)
+    return [{"input": " ".join(generator.choices(SFT_WORDS, k=generator.randint(2, 12))),
+             "output": " ".join(generator.choices(SFT_WORDS, k=generator.randint(1, 16)))} for _ in range(count)]  # fmt: skip
+
+
+def sft_job(directory: Path, tokenizer_dir: Path, *, packing: bool = True, records: int = 256) -> list[str]:
+    """Overrides that turn the tiny config into an SFT run on records written to `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, count, seed in (("train.jsonl", records, 0), ("validation.jsonl", 32, 1)):
+        (directory / name).write_text("".join(json.dumps(r) + "\n" for r in sft_records(count, seed)))
+    return [f"+model_alignment_strategy.sft.packing={packing}", f"+data.train_dir={directory / 'train.jsonl'}",
+            f"+data.val_dir={directory / 'validation.jsonl'}", f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip

@@ -118,10 +118,10 @@ def hf_export(family: ModelFamily) -> HFExport:
     return HFExport.of(family.hf_mapping())
 
 
-def export_of(family: ModelFamily) -> HFExport | str:
-    """The model's Hugging Face mapping, or why it has none."""
+def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None) -> HFExport | str:
+    """The model's Hugging Face mapping (with the tokenizer files an export copies), or why it has none."""
     try:
-        return hf_export(family)
+        return hf_export(family).with_tokenizer(tokenizer_files or {})
     except ModelConfigError as error:
         return str(error)
 

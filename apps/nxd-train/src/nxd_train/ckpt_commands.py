@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import torch
-from nxd_ckpt import CheckpointError, export_hf, is_checkpoint_dir, latest_checkpoint, list_checkpoints
+from nxd_ckpt import (
+    CheckpointError,
+    CheckpointWarning,
+    export_hf,
+    is_checkpoint_dir,
+    latest_checkpoint,
+    list_checkpoints,
+)
 
 from .cli import EXPORT_DTYPES
 from .logdir import CHECKPOINT_DIR
@@ -60,9 +68,14 @@ def export_command(checkpoint: Path, out: Path, dtype: str | None) -> int:
             if newest is None:
                 raise CheckpointError(f"{checkpoint}: expected a checkpoint or a log directory holding one, found none")
             checkpoint = newest.path
-        written = export_hf(checkpoint, out, dtype=getattr(torch, EXPORT_DTYPES[dtype]) if dtype else None)
+        with warnings.catch_warnings(record=True) as notices:
+            warnings.simplefilter("always", CheckpointWarning)
+            written = export_hf(checkpoint, out, dtype=getattr(torch, EXPORT_DTYPES[dtype]) if dtype else None)
     except CheckpointError as error:
         print(f"nxd-train ckpt export-hf: {error}", file=sys.stderr)
         return 1
-    print(f"exported {checkpoint} to {written} (model.safetensors, config.json)")
+    for notice in notices:
+        print(f"notice: {notice.message}", file=sys.stderr)
+    files = ", ".join(sorted(path.name for path in written.iterdir()))
+    print(f"exported {checkpoint} to {written} ({files})")
     return 0

@@ -8,7 +8,7 @@ an indexed dataset in the cache and then read exactly like `data_prefix` data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -84,6 +84,8 @@ class DataSplits:
     """The dataset is already in a shuffled order (Megatron's shuffle index): the sampler reads it in order."""
     notes: tuple[str, ...] = ()
     """What the run should tell about its data (records skipped, fill of packed rows ...)."""
+    tokenizer_files: dict[str, str] = field(default_factory=dict)
+    """The tokenizer's files (name -> path), which a Hugging Face export copies beside the weights."""
 
 
 def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -> str:
@@ -128,7 +130,8 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
         if data.val_dir is not None:
             validation = hf_pretraining_dataset(data.val_dir, "data.val_dir", "validation", format, tokenizer,
                                                 hf_cache, data.dev_choose_samples)  # fmt: skip
-        return DataSplits(train, validation, None, format.padding(), tokenizer.vocab_size, name, shuffled=False)
+        return DataSplits(train, validation, None, format.padding(), tokenizer.vocab_size, name, shuffled=False,
+                          tokenizer_files=tokenizer.files)  # fmt: skip
     if data.is_set("data_prefix"):
         prefix, index_dir = _plain(data.data_prefix), data.index_mapping_dir
     else:
@@ -138,7 +141,7 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     if splits["train"] is None:
         raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")
     return DataSplits(splits["train"], splits["validation"], splits["test"], format.padding(), tokenizer.vocab_size,
-                      name, shuffled=True)  # fmt: skip
+                      name, shuffled=True, tokenizer_files=tokenizer.files)  # fmt: skip
 
 
 def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: bool) -> DataSplits:
@@ -151,9 +154,9 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
             splits[key] = sft_dataset(location, key, split, tokenizer, seq_length, packing=packing,
                                       cache_dir=cache_dir / "sft", limit=data.dev_choose_samples)  # fmt: skip
     train = splits["data.train_dir"]
+    notes = tuple(dataset.summary(key) for key, dataset in splits.items())
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
-                      data.tokenizer.type, shuffled=False,
-                      notes=tuple(dataset.summary(key) for key, dataset in splits.items()))  # fmt: skip
+                      data.tokenizer.type, shuffled=False, notes=notes, tokenizer_files=tokenizer.files)  # fmt: skip
 
 
 def _plain(value):

@@ -121,7 +121,8 @@ class Run:
         sampler = self.sampler.state_dict() | {"consumed_samples": consumed}
         state = self.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
         record = {"world_size": self.fabric.world_size, "layout": self.dims.sizes(), "versions": versions(),
-                  "config": self.plan.resolved_config, **export_record(export_of(self.plan.family))}  # fmt: skip
+                  "config": self.plan.resolved_config,
+                  **export_record(export_of(self.plan.family, self.plan.data.tokenizer_files))}  # fmt: skip
         self.checkpointer.save(state, step=done, consumed_samples=consumed, metrics=logged, extra=record)
 
 

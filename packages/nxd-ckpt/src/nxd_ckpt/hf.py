@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointWarning
 from .marker import read_info
 
 MODEL_KEY = "model"
@@ -39,6 +39,8 @@ class HFExport:
     """Our keys whose first dimension is a padded vocabulary: the first `vocab_size` rows are exported."""
     tied: dict[str, str] = field(default_factory=dict)
     """Our key -> our key it shares storage with (not exported; filled from its source on import)."""
+    tokenizer_files: dict[str, str] = field(default_factory=dict)
+    """The run's tokenizer, copied beside the weights: file name in the export -> where it was read."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,10 +55,14 @@ class HFExport:
     def from_json(cls, data: dict[str, Any]) -> HFExport:
         return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"])})
 
+    def with_tokenizer(self, files: dict[str, str]) -> HFExport:
+        return HFExport(self.config, self.keys, self.vocab_size, self.vocab_padded_keys, self.tied, dict(files))
+
 
 def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None) -> Path:
     """Write `out/model.safetensors` and `out/config.json` from a complete checkpoint, as transformers'
-    AutoModelForCausalLM loads them. `out` appears whole or not at all."""
+    AutoModelForCausalLM loads them, with the run's tokenizer files when it recorded them. `out`
+    appears whole or not at all."""
     info = read_info(Path(checkpoint)).verified()
     if "hf_export" not in info.extra:
         reason = info.extra.get("hf_export_problem", "it records no Hugging Face mapping")
@@ -83,12 +89,24 @@ def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None) 
     try:
         save_file(tensors, staging / WEIGHTS_FILE, metadata={"format": "pt"})
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        _copy_tokenizer(export.tokenizer_files, staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def _copy_tokenizer(files: dict[str, str], directory: Path) -> None:
+    """The run's tokenizer files into the export; a notice for any that is gone since the run."""
+    missing = [source for source in files.values() if not Path(source).is_file()]
+    for name, source in files.items():
+        if Path(source).is_file():
+            shutil.copyfile(source, directory / name)
+    if missing:
+        warnings.warn(f"the run's tokenizer is no longer at {', '.join(missing)}; the export holds no copy of it",
+                      CheckpointWarning, stacklevel=3)  # fmt: skip
 
 
 def hf_weights(directory: Path, export: HFExport, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:

@@ -16,6 +16,8 @@ from .errors import DataError
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 """End-of-document tokens of common tokenizers, tried in order when tokenizer_config.json names none."""
+COMPANION_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+"""Files beside tokenizer.json that complete a Hugging Face tokenizer directory."""
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
 """Beginning-of-sequence tokens of common tokenizers, tried when tokenizer_config.json names none; a
 tokenizer with none of them (GPT-2's) begins sequences with its end-of-document token, as GPT-2 does."""
@@ -40,6 +42,16 @@ class TextTokenizer:
     def begin_id(self) -> int:
         """The token a fine-tuning record starts with."""
         return self.eod_id if self.bos_id is None else self.bos_id
+
+    @property
+    def files(self) -> dict[str, str]:
+        """The files that make this tokenizer a Hugging Face tokenizer directory: name there -> path here."""
+        path = Path(self.path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        found = {"tokenizer.json": str(file.resolve())}
+        found.update({name: str((file.parent / name).resolve()) for name in COMPANION_FILES
+                      if (file.parent / name).is_file()})  # fmt: skip
+        return found
 
     def token(self, token_id: int) -> str:
         return self.tokenizer.id_to_token(token_id)
