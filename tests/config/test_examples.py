@@ -29,6 +29,8 @@ def test_examples_say_what_they_are() -> None:
     assert lora.method == "sft" and lora.peft.target_modules == ("qkv_proj",)
     assert by_name["hf_llama3_8B_DPO"].model_alignment_strategy.method == "dpo"
     assert by_name["hf_llama3_8B_ORPO"].model_alignment_strategy.method == "orpo"
-    for config in by_name.values():
-        if config.model_source == "hf":  # shipped examples point at a config.json that ships too
+    assert by_name["tiny_sft"].model_alignment_strategy.sft.packing
+    for name, config in by_name.items():
+        # shipped examples point at a config.json that ships too; tiny_sft fine-tunes the export the README makes
+        if config.model_source == "hf" and name != "tiny_sft":
             assert (ROOT / config.model.hf_model_config).is_file(), config.model.hf_model_config

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 from nxd_train.cli import main
 
@@ -62,6 +61,13 @@ def test_fine_tune_a_model_you_have(tmp_path, train_here, monkeypatch, capsys):
                      f"+exp_manager.explicit_log_dir={tmp_path / name}", *start]) == 0  # fmt: skip
         runs[name] = losses(read_metrics(tmp_path / name))
     assert runs["fine-tuned"][0] < runs["from-scratch"][0] - 0.5  # the pretrained weights were loaded
+    # the same start from the nxd checkpoint itself, with the Megatron-style model it was trained as
+    nxd_start = train_here("trainer.max_steps=3", "+model_alignment_strategy.sft.packing=True",
+                           f"+data.train_dir={ROOT / 'configs/data/sft_train.jsonl'}",
+                           f"+data.tokenizer.type={tmp_path / 'tiny_hf'}", "+model.weight_init_only=True",
+                           f"+exp_manager.resume_from_checkpoint={checkpoints(tmp_path / 'run0')[40]}")  # fmt: skip
+    # the same weights and the same first batch: transformers' Llama and nxd's compute the same loss
+    assert abs(losses(nxd_start)[0] - runs["fine-tuned"][0]) < 1e-5
 
 
 def _train_error(capsys, *overrides: str) -> str:

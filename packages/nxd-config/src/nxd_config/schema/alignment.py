@@ -19,7 +19,8 @@ Truncation = Literal["keep_start", "keep_end"]
 
 class SFTConfig(Section):
     packing: bool = key(
-        False, "Concatenate records up to seq_length instead of padding each one.", by=DATA
+        False, "Pack records into rows of seq_length (best fit; each record attends only to itself and keeps its "
+        "prompt masking) instead of padding one record per row.", by=DATA,
     )
 
 
@@ -71,7 +72,10 @@ class PeftConfig(Section):
 
 
 class AlignmentConfig(Section):
-    sft: SFTConfig | None = key(None, "Supervised fine-tuning.", by=ALIGN)
+    sft: SFTConfig | None = key(
+        None, "Supervised fine-tuning: the loss on the outputs of input/output records, or on the assistant turns "
+        "of messages records (rendered with the tokenizer's chat template), in data.train_dir.", by=ALIGN,
+    )
     dpo: DPOConfig | None = key(None, "Direct preference optimisation.", by=ALIGN)
     orpo: ORPOConfig | None = key(None, "Odds-ratio preference optimisation.", by=ALIGN)
     peft: PeftConfig | None = key(None, "LoRA adapters; combines with any method.", by=ALIGN)

@@ -162,7 +162,9 @@ class DataConfig(Section):
     )
     # --- Hugging Face and alignment data
     train_dir: str | None = key(
-        None, "Training data: a datasets.save_to_disk folder, or a jsonl, arrow or parquet file.", by=DATA
+        None, "Training data: a datasets.save_to_disk folder, or a jsonl, arrow or parquet file (text or input_ids "
+        "rows to pretrain on; input/output or messages records to fine-tune on, where jsonl may be .gz or .zst).",
+        by=DATA,
     )
     val_dir: str | None = key(None, "Validation data, in the same forms as train_dir.", by=DATA)
     dev_choose_samples: int | None = key(
