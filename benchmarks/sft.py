@@ -1,0 +1,184 @@
+"""Supervised fine-tuning with packing: nxd-train against TRL's SFTTrainer on the same model and records.
+
+    uv run --group bench python benchmarks/sft.py [--steps 20] [--seq 512] [--records 1200]
+
+Both fine-tune the same small Llama (a transformers LlamaForCausalLM built from one config.json, same
+initial weights) on the same prompt/completion records (Python standard-library functions: a request
+naming the function and its docstring, answered by its source), tokenised by the same byte-level BPE,
+with the same rows per step (micro-batch 4, accumulation 2), AdamW at a constant learning rate,
+gradient clipping 1.0, fp32, SDPA attention, on this machine's device. Records are packed by
+best-fit decreasing in both: nxd into rows of `seq` tokens, each record attending only to itself
+through document ids; TRL with `packing_strategy="bfd"`, which turns on its padding-free collator
+(a micro-batch's packed rows flattened into one sequence, records kept apart through restarting
+position ids). The loss is on the completions in both.
+
+Printed per framework: real (non-padding) tokens per second over the median step after warm-up, the
+share of each row's capacity left to padding, and MFU against a matmul ceiling measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import inspect
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import datasets
+import torch
+from nxd_config import load_config
+from nxd_data import load_tokenizer
+from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
+from nxd_train.loop import train
+from nxd_train.preflight import plan_run
+from nxd_train.throughput import matmul_ceiling
+from transformers import LlamaConfig, PreTrainedTokenizerFast, TrainerCallback
+from trl import SFTConfig, SFTTrainer
+
+MODULES = ("os", "posixpath", "shutil", "json", "textwrap", "string", "collections", "functools", "itertools",
+           "heapq", "bisect", "random", "statistics", "fnmatch", "glob", "tempfile", "pathlib", "re", "difflib",
+           "base64", "csv", "datetime", "calendar", "copy", "pprint", "shlex", "argparse", "logging", "inspect",
+           "typing", "dataclasses", "enum", "ast", "tokenize", "zipfile", "tarfile", "gzip", "email.utils")  # fmt: skip
+MODEL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             rms_norm_eps=1e-5, tie_word_embeddings=False)  # fmt: skip
+MICRO_BATCH, ACCUMULATION, LR = 4, 2, 1e-4
+
+
+def records(limit: int) -> list[dict[str, str]]:
+    """Standard-library functions as prompt/completion pairs, in a fixed order."""
+    found = []
+    for name in MODULES:
+        module = importlib.import_module(name)
+        for attribute in sorted(vars(module)):
+            function = getattr(module, attribute)
+            if not inspect.isfunction(function) or function.__module__ != module.__name__ or not function.__doc__:
+                continue
+            try:
+                source = inspect.getsource(function)
+            except (OSError, TypeError):
+                continue
+            summary = inspect.getdoc(function).split("\n\n")[0]
+            found.append({"prompt": f"Write {name}.{attribute}: {summary}\n", "completion": source})
+    return found[:limit]
+
+
+def write_inputs(directory: Path, pairs: list[dict[str, str]], tokenizer: Path, seq: int) -> Path:
+    """The records as nxd's input/output jsonl, the model (initial weights, saved once for both), and
+    an nxd config that starts from it."""
+    from transformers import LlamaForCausalLM
+
+    with open(directory / "records.jsonl", "w") as handle:
+        handle.writelines(json.dumps({"input": p["prompt"], "output": p["completion"]}) + "\n" for p in pairs)
+    vocab = load_tokenizer(tokenizer).vocab_size
+    torch.manual_seed(1234)
+    model_config = LlamaConfig(vocab_size=vocab, max_position_embeddings=seq, **MODEL)
+    LlamaForCausalLM(model_config).save_pretrained(directory / "model")
+    config = directory / "sft.yaml"
+    config.write_text(f"""
+name: sft_bench
+model_source: hf
+trainer: {{max_steps: 1, log_every_n_steps: 1, val_check_interval: 1000000, limit_val_batches: 0,
+          num_sanity_val_steps: 0, gradient_clip_val: 1.0}}
+exp_manager: {{create_checkpoint_callback: False, create_tensorboard_logger: False, log_gradient_norm: True,
+              resume_from_checkpoint: {directory / 'model'}}}
+data: {{micro_batch_size: {MICRO_BATCH}, global_batch_size: {MICRO_BATCH * ACCUMULATION}, seq_length: {seq},
+       train_dir: {directory / 'records.jsonl'}, tokenizer: {{type: {tokenizer}}}}}
+model:
+  model_config: {directory / 'model'}
+  encoder_seq_length: {seq}
+  weight_init_only: True
+  optim: {{name: adamw, lr: {LR}, weight_decay: 0.0}}
+model_alignment_strategy: {{sft: {{packing: True}}}}
+precision: {{type: fp32}}
+""")
+    return config
+
+
+def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
+    cfg = load_config(config, [f"trainer.max_steps={steps}", f"+exp_manager.explicit_log_dir={log_dir}"])
+    plan = plan_run(cfg, default_cache_dir())
+    fill = plan.data.train.fill
+    train(plan)
+    with open(log_dir / "metrics.csv") as handle:
+        times = [float(row["step_time"]) for row in csv.DictReader(handle) if row.get("step_time")]
+    step_time = statistics.median(times[2:])
+    real = MICRO_BATCH * ACCUMULATION * plan.seq_length * fill
+    return {"tokens_per_s": real / step_time, "padding": 1 - fill, "flops_per_token": plan.family.flops_per_token(
+        plan.seq_length), "step_time": step_time, "rows": len(plan.data.train)}  # fmt: skip
+
+
+class StepTimer(TrainerCallback):
+    def __init__(self) -> None:
+        self.durations: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.durations.append(time.perf_counter() - self.started)
+
+
+def trl_run(pairs: list[dict[str, str]], tokenizer: Path, model_dir: Path, seq: int, steps: int,
+            out: Path) -> dict[str, float]:  # fmt: skip
+    from transformers import AutoModelForCausalLM
+
+    processing = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), eos_token="<|endoftext|>",
+                                         pad_token="<|endoftext|>")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
+    arguments = SFTConfig(
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=ACCUMULATION, learning_rate=LR, weight_decay=0.0, max_grad_norm=1.0,
+        lr_scheduler_type="constant", warmup_steps=0, use_cpu=not torch.cuda.is_available(), report_to=[],
+        save_strategy="no", logging_steps=1000, disable_tqdm=True, dataloader_num_workers=0, max_length=seq,
+        packing=True, packing_strategy="bfd", padding_free=True, completion_only_loss=True, seed=1234,
+    )  # fmt: skip
+    timer = StepTimer()
+    trainer = SFTTrainer(model=model, args=arguments, train_dataset=datasets.Dataset.from_list(pairs),
+                         processing_class=processing, callbacks=[timer])  # fmt: skip
+    lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
+    trainer.train()
+    step_time = statistics.median(timer.durations[2:])
+    real = MICRO_BATCH * ACCUMULATION * statistics.fmean(lengths)
+    return {"tokens_per_s": real / step_time, "padding": 1 - statistics.fmean(lengths) / seq, "step_time": step_time,
+            "rows": len(lengths)}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--records", type=int, default=1200)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    ceiling = matmul_ceiling(device, torch.float32, seconds=2.0, size=2048 if device.type == "cpu" else 8192)
+    import trl
+
+    print(f"device: {name}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
+          f"trl {trl.__version__}; fp32 matmul ceiling {ceiling / 1e9:,.0f} GFLOP/s")  # fmt: skip
+    pairs = records(args.records)
+    tokenizer = builtin_tokenizer(stdlib_corpus(), default_cache_dir())
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        config = write_inputs(directory, pairs, tokenizer, args.seq)
+        ours = nxd_run(config, args.steps, directory / "nxd")
+        theirs = trl_run(pairs, tokenizer, directory / "model", args.seq, args.steps, directory / "trl")
+    flops = ours["flops_per_token"]
+    print(f"{len(pairs)} records, seq {args.seq}, {MICRO_BATCH} x {ACCUMULATION} rows per step, {args.steps} steps "
+          f"(median step of steps 3-{args.steps})\n")  # fmt: skip
+    print(f"{'framework':<22} {'rows':>5} {'step s':>7} {'real tok/s':>11} {'padding':>8} {'MFU':>6}")
+    for label, figures in (("nxd-train", ours), ("TRL SFTTrainer (bfd)", theirs)):
+        mfu = figures["tokens_per_s"] * flops / ceiling
+        print(f"{label:<22} {figures['rows']:>5} {figures['step_time']:>7.3f} {figures['tokens_per_s']:>11,.0f} "
+              f"{figures['padding']:>8.1%} {mfu:>6.1%}")  # fmt: skip
+    print(f"\nratio nxd / TRL: {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
