@@ -1,6 +1,6 @@
 """Supervised fine-tuning with packing: nxd-train against TRL's SFTTrainer on the same model and records.
 
-    uv run --group bench python benchmarks/sft.py [--steps 20] [--seq 512] [--records 1200]
+    uv run --group bench python benchmarks/sft.py [--steps 10] [--seq 512,1024]
 
 Both fine-tune the same small Llama (a transformers LlamaForCausalLM built from one config.json, same
 initial weights) on the same prompt/completion records (Python standard-library functions: a request
@@ -12,8 +12,9 @@ through document ids; TRL with `packing_strategy="bfd"`, which turns on its padd
 (a micro-batch's packed rows flattened into one sequence, records kept apart through restarting
 position ids). The loss is on the completions in both.
 
-Printed per framework: real (non-padding) tokens per second over the median step after warm-up, the
-share of each row's capacity left to padding, and MFU against a matmul ceiling measured in this run.
+Printed per sequence length and framework: real (non-padding) tokens per second over the median step
+after warm-up, the share of each row's capacity left to padding, MFU against a matmul ceiling measured
+in this run, and the ratio.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ MODEL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_at
 MICRO_BATCH, ACCUMULATION, LR = 4, 2, 1e-4
 
 
-def records(limit: int) -> list[dict[str, str]]:
+def records() -> list[dict[str, str]]:
     """Standard-library functions as prompt/completion pairs, in a fixed order."""
     found = []
     for name in MODULES:
@@ -64,7 +65,7 @@ def records(limit: int) -> list[dict[str, str]]:
                 continue
             summary = inspect.getdoc(function).split("\n\n")[0]
             found.append({"prompt": f"Write {name}.{attribute}: {summary}\n", "completion": source})
-    return found[:limit]
+    return found
 
 
 def write_inputs(directory: Path, pairs: list[dict[str, str]], tokenizer: Path, seq: int) -> Path:
@@ -92,6 +93,7 @@ model:
   model_config: {directory / 'model'}
   encoder_seq_length: {seq}
   weight_init_only: True
+  fusions: {{flash_attention: True}}
   optim: {{name: adamw, lr: {LR}, weight_decay: 0.0}}
 model_alignment_strategy: {{sft: {{packing: True}}}}
 precision: {{type: fp32}}
@@ -150,33 +152,34 @@ def trl_run(pairs: list[dict[str, str]], tokenizer: Path, model_dir: Path, seq: 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--records", type=int, default=1200)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seq", default="512,1024", help="comma-separated sequence lengths")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     ceiling = matmul_ceiling(device, torch.float32, seconds=2.0, size=2048 if device.type == "cpu" else 8192)
     import trl
 
-    print(f"device: {name}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
+    pairs, tokenizer = records(), builtin_tokenizer(stdlib_corpus(), default_cache_dir())
+    table = []
+    for seq in (int(value) for value in args.seq.split(",")):
+        with tempfile.TemporaryDirectory() as scratch:
+            directory = Path(scratch)
+            config = write_inputs(directory, pairs, tokenizer, seq)
+            ours = nxd_run(config, args.steps, directory / "nxd")
+            theirs = trl_run(pairs, tokenizer, directory / "model", seq, args.steps, directory / "trl")
+        table.append((seq, ours, theirs))
+    print(f"\ndevice: {name}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
           f"trl {trl.__version__}; fp32 matmul ceiling {ceiling / 1e9:,.0f} GFLOP/s")  # fmt: skip
-    pairs = records(args.records)
-    tokenizer = builtin_tokenizer(stdlib_corpus(), default_cache_dir())
-    with tempfile.TemporaryDirectory() as scratch:
-        directory = Path(scratch)
-        config = write_inputs(directory, pairs, tokenizer, args.seq)
-        ours = nxd_run(config, args.steps, directory / "nxd")
-        theirs = trl_run(pairs, tokenizer, directory / "model", args.seq, args.steps, directory / "trl")
-    flops = ours["flops_per_token"]
-    print(f"{len(pairs)} records, seq {args.seq}, {MICRO_BATCH} x {ACCUMULATION} rows per step, {args.steps} steps "
-          f"(median step of steps 3-{args.steps})\n")  # fmt: skip
-    print(f"{'framework':<22} {'rows':>5} {'step s':>7} {'real tok/s':>11} {'padding':>8} {'MFU':>6}")
-    for label, figures in (("nxd-train", ours), ("TRL SFTTrainer (bfd)", theirs)):
-        mfu = figures["tokens_per_s"] * flops / ceiling
-        print(f"{label:<22} {figures['rows']:>5} {figures['step_time']:>7.3f} {figures['tokens_per_s']:>11,.0f} "
-              f"{figures['padding']:>8.1%} {mfu:>6.1%}")  # fmt: skip
-    print(f"\nratio nxd / TRL: {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x")
+    print(f"{len(pairs)} records; {MICRO_BATCH} x {ACCUMULATION} rows per step; median step of steps 3-{args.steps}")
+    print(f"{'seq':>5} {'framework':<22} {'rows':>5} {'step s':>7} {'real tok/s':>11} {'padding':>8} {'MFU':>6} "
+          f"{'ratio':>6}")  # fmt: skip
+    for seq, ours, theirs in table:
+        for label, figures in (("nxd-train", ours), ("TRL SFTTrainer (bfd)", theirs)):
+            mfu = figures["tokens_per_s"] * ours["flops_per_token"] / ceiling
+            ratio = f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x" if figures is ours else ""
+            print(f"{seq:>5} {label:<22} {figures['rows']:>5} {figures['step_time']:>7.3f} "
+                  f"{figures['tokens_per_s']:>11,.0f} {figures['padding']:>8.1%} {mfu:>6.1%} {ratio:>6}")  # fmt: skip
     return 0
 
 

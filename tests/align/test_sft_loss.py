@@ -78,11 +78,13 @@ def test_sft_loss_equals_transformers_loss_on_the_responses(tmp_path, chat_token
 
 
 def per_record(dataset, batch: dict[str, torch.Tensor], losses: torch.Tensor) -> list[float]:
-    """Summed token losses per record of the batch's rows (by document id, or one record per row)."""
-    losses = losses.view(batch["labels"].shape)
+    """Each record's loss (the mean over its response tokens) in the batch's rows, found by document
+    id, or one record per row."""
+    losses, counted = losses.view(batch["labels"].shape), batch["labels"] != -100
     if "document_ids" not in batch:
-        return [row.sum().item() for row in losses]
-    return [losses[batch["document_ids"] == document].sum().item() for document in range(len(dataset.rows[0]))]
+        return [(row.sum() / mask.sum()).item() for row, mask in zip(losses, counted, strict=True)]
+    records = [batch["document_ids"] == document for document in range(len(dataset.rows[0]))]
+    return [(losses[record].sum() / counted[record].sum()).item() for record in records]
 
 
 @pytest.mark.parametrize("family", ["megatron", "hf"])

@@ -62,3 +62,76 @@ def test_restarting_positions_alone_do_not_mask_attention(tmp_path) -> None:
     with torch.no_grad():
         before, after = (causal_lm_logits(model, tokens, positions) for tokens in (ids, changed))
     assert not torch.allclose(before[:, -1], after[:, -1])
+
+
+def test_document_spans_are_contiguous_runs_or_none() -> None:
+    from nxd_models.attention import document_spans
+
+    documents = torch.tensor([[0, 0, 0, 1, 1, 2], [0, 1, 1, 1, 1, 1]])
+    assert document_spans(documents) == [[(0, 3), (3, 5), (5, 6)], [(0, 1), (1, 6)]]
+    assert document_spans(torch.tensor([[0, 0, 1, 1, 0, 0]])) is None  # document 0 comes back: no spans
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_span_attention_equals_the_masked_product(kv_heads: int) -> None:
+    """Per-document causal SDPA against one SDPA over the whole row with the document mask, rows with
+    the same spans (one call per span) and with different ones."""
+    from nxd_models.attention import document_mask, document_spans, span_attention
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(3, 4, 16, 8, generator=generator)
+    key, value = (torch.randn(3, kv_heads, 16, 8, generator=generator) for _ in range(2))
+    for rows in ([(5, 7, 4)] * 3, [(5, 7, 4), (16,), (1, 2, 13)]):
+        documents = torch.stack([torch.cat([torch.full((n,), d) for d, n in enumerate(row)]) for row in rows])
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=document_mask(documents), enable_gqa=kv_heads != 4)
+        found = span_attention(query, key, value, document_spans(documents))
+        torch.testing.assert_close(found, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["megatron", "hf"])
+def test_a_document_split_in_two_runs_is_masked_as_one(tmp_path, family: str) -> None:
+    """Document ids that come back (0, 0, 1, 1, 0, 0 ...) fall back to the mask: the second run of
+    document 0 sees the first, and document 1 sees only itself."""
+    if family == "hf":
+        model = hf_llama(tmp_path, AttentionKernel.FLASH)
+    else:
+        config = GPTConfig(vocab_size=200, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2,
+                           seq_length=16, ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+        torch.manual_seed(0)
+        model = build_causal_lm(config)
+    ids = torch.randint(0, 200, (1, 12), generator=torch.Generator().manual_seed(1))
+    documents = torch.tensor([[0] * 4 + [1] * 4 + [0] * 4])
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        split = causal_lm_logits(model, ids, positions, documents)
+        middle = causal_lm_logits(model, ids[:, 4:8], torch.arange(4)[None])
+        joined = causal_lm_logits(model, torch.cat([ids[:, :4], ids[:, 8:]], dim=1), torch.arange(8)[None])
+    torch.testing.assert_close(split[:, 4:8], middle, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(split[:, 8:], joined[:, 4:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["megatron", "hf"])
+def test_contiguous_documents_take_the_span_path(tmp_path, monkeypatch, family: str) -> None:
+    import nxd_models.attention
+    import nxd_models.build
+
+    calls = []
+    original = nxd_models.attention.span_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(nxd_models.build, "span_attention", counted)
+    monkeypatch.setattr(nxd_models.attention, "span_attention", counted)
+    if family == "hf":
+        model = hf_llama(tmp_path, AttentionKernel.FLASH)
+    else:
+        config = GPTConfig(vocab_size=200, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2,
+                           seq_length=16, ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+        model = build_causal_lm(config)
+    ids, positions, documents = packed(200)
+    with torch.no_grad():
+        causal_lm_logits(model, ids, positions, documents)
+    assert len(calls) == 2  # once per layer

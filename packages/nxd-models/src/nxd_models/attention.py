@@ -76,6 +76,41 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((rotated, passthrough), dim=-1) if passthrough.shape[-1] else rotated
 
 
+Spans = list[list[tuple[int, int]]]
+"""Per row of a batch, the (start, end) positions of each document, covering the row."""
+
+
+def document_spans(document_ids: torch.Tensor) -> Spans | None:
+    """Each row's documents as (start, end) spans when every document is one contiguous run of
+    positions (packed records, Megatron's reset_attention_mask); None when a document is split."""
+    spans = []
+    for row in document_ids.detach().cpu():
+        starts = [0, *(torch.nonzero(row[1:] != row[:-1]).flatten() + 1).tolist()]
+        if len(starts) != len(torch.unique(row)):
+            return None
+        spans.append(list(zip(starts, [*starts[1:], len(row)], strict=True)))
+    return spans
+
+
+def span_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, spans: Spans, *,
+                   dropout: float = 0.0, scale: float | None = None) -> torch.Tensor:  # fmt: skip
+    """Causal attention within each document span of each row; query (b, hq, s, d), key/value
+    (b, hkv, s, d). SDPA's fused causal kernel runs on each document instead of one masked product
+    over the whole row: it costs the sum of the documents' squared lengths rather than the row's, and
+    builds no mask (on CPU a mask also forces SDPA's unfused path). Rows with the same spans share calls."""
+    gqa = key.shape[1] != query.shape[1]
+
+    def attend(rows: slice, start: int, end: int) -> torch.Tensor:
+        return F.scaled_dot_product_attention(query[rows, :, start:end], key[rows, :, start:end],
+                                              value[rows, :, start:end], dropout_p=dropout, is_causal=True,
+                                              scale=scale, enable_gqa=gqa)  # fmt: skip
+
+    if all(row == spans[0] for row in spans):
+        return torch.cat([attend(slice(None), start, end) for start, end in spans[0]], dim=2)
+    return torch.cat([torch.cat([attend(slice(index, index + 1), start, end) for start, end in row], dim=2)
+                      for index, row in enumerate(spans)])  # fmt: skip
+
+
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
     """(b, 1, s, s) True where query i may attend key j: j <= i within the same document."""
     seq = document_ids.shape[-1]
@@ -96,17 +131,21 @@ class CoreAttention(nn.Module):
         """Set by `use_context_parallel`: attention over a sequence split across ranks."""
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                allowed: torch.Tensor | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
+                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
         """query (b, hq, s, d), key/value (b, hkv, s, d) with hq a multiple of hkv; returns (b, hq, s, d).
-        `allowed` (b, 1, s, s) replaces the causal mask (True: may attend), see `document_mask`; a
-        context-parallel attention takes the document ids (b, s) instead."""
+        `allowed` confines attention to documents: their spans (`document_spans`), or a (b, 1, s, s)
+        mask replacing the causal one (True: may attend, see `document_mask`); a context-parallel
+        attention takes the document ids (b, s) instead."""
         if self.context_parallel is not None:
             return self.context_parallel(query, key, value, documents, None)
         dropout = self.dropout if self.training else 0.0
         if self.kernel is AttentionKernel.UNFUSED:
-            return self._unfused(query, key, value, dropout, allowed)
+            mask = document_mask(documents) if isinstance(allowed, list) else allowed
+            return self._unfused(query, key, value, dropout, mask)
         backends = _FAST_BACKENDS if self.kernel is AttentionKernel.FLASH else [SDPBackend.MATH]
         with sdpa_kernel(backends):
+            if isinstance(allowed, list):
+                return span_attention(query, key, value, allowed, dropout=dropout)
             return F.scaled_dot_product_attention(
                 query, key, value, attn_mask=allowed, dropout_p=dropout, is_causal=allowed is None,
                 enable_gqa=key.shape[1] != query.shape[1],

@@ -9,12 +9,43 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
-from transformers.masking_utils import create_causal_mask, packed_sequence_mask_function
+from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    AttentionMaskInterface,
+    create_causal_mask,
+    packed_sequence_mask_function,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention import _FAST_BACKENDS, AttentionKernel
+from .attention import _FAST_BACKENDS, AttentionKernel, document_spans, span_attention
 from .context_parallel import DOCUMENTS_KWARG, hf_splits_sequence
 from .gpt import GPTConfig, GPTForCausalLM
+
+HF_SDPA = "nxd_sdpa"
+"""transformers' SDPA attention, with packed documents attended span by span."""
+SPANS_KWARG = "nxd_document_spans"
+
+
+def _sdpa_with_spans(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """transformers' attention-function protocol: its own SDPA, or `span_attention` over the document
+    spans `causal_lm_logits` passes (the mask is then not used)."""
+    spans = kwargs.pop(SPANS_KWARG, None)
+    if spans is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)  # fmt: skip
+    return span_attention(query, key, value, spans, dropout=dropout, scale=scaling).transpose(1, 2).contiguous(), None
+
+
+def _use_span_sdpa(model: PreTrainedModel) -> None:
+    if HF_SDPA not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(HF_SDPA, _sdpa_with_spans)
+        AttentionMaskInterface.register(HF_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.config._attn_implementation = HF_SDPA
+    model.nxd_document_spans = True
 
 
 def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH) -> nn.Module:
@@ -28,6 +59,8 @@ def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel
         model = AutoModelForCausalLM.from_config(copy.deepcopy(spec), attn_implementation=implementation,
                                                  dtype=torch.float32)  # fmt: skip
         model.nxd_attention = attention
+        if implementation == "sdpa":
+            _use_span_sdpa(model)
         return model
 
 
@@ -79,6 +112,8 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
             mask = torch.ones_like(input_ids)
         elif hf_splits_sequence(inner):  # the attention masks documents from their ids
             mask, extra = torch.ones_like(input_ids), {DOCUMENTS_KWARG: document_ids}
+        elif getattr(inner, "nxd_document_spans", False) and (spans := document_spans(document_ids)) is not None:
+            mask, extra = torch.ones_like(input_ids), {SPANS_KWARG: spans}
         else:
             # transformers reads batch, length, dtype (of an additive eager mask) and device from it
             shape_only = torch.empty(*input_ids.shape, 0, dtype=inner.dtype, device=input_ids.device)

@@ -15,7 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionKernel, CoreAttention, apply_rotary, document_mask, rotary_cos_sin
+from .attention import (
+    AttentionKernel,
+    CoreAttention,
+    Spans,
+    apply_rotary,
+    document_mask,
+    document_spans,
+    rotary_cos_sin,
+)
 from .errors import ModelConfigError
 from .qkv import QKVLinear
 
@@ -140,7 +148,7 @@ class SelfAttention(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
-                allowed: torch.Tensor | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
+                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, _ = hidden.shape
         head_dim = self.config.head_dim
         # -1 heads: under tensor parallelism a rank holds a slice of the heads.
@@ -186,7 +194,7 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
-                allowed: torch.Tensor | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
+                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
         hidden = hidden + self.dropout(self.self_attn(self.input_layernorm(hidden), rotary, allowed, documents))
         return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
 
@@ -224,8 +232,11 @@ class GPTDecoder(nn.Module):
     def run_layers(self, layers: Iterable[nn.Module], hidden: torch.Tensor, position_ids: torch.Tensor,
                    document_ids: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """`hidden` through `layers` (all of them, or a pipeline stage's). A context-parallel attention
-        masks documents itself (its part of the sequence is not contiguous); the others get the mask."""
-        allowed = None if document_ids is None or self.context_parallel else document_mask(document_ids)
+        masks documents itself (its part of the sequence is not contiguous); the others get each
+        document's span, or a mask where a document is not one contiguous run."""
+        allowed = None
+        if document_ids is not None and not self.context_parallel:
+            allowed = document_spans(document_ids) or document_mask(document_ids)
         rotary = None
         if self.config.position_embedding_type != "learned_absolute":
             rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)
