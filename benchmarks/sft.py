@@ -27,7 +27,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import datasets
@@ -38,7 +37,8 @@ from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
 from nxd_train.loop import train
 from nxd_train.preflight import plan_run
 from nxd_train.throughput import matmul_ceiling
-from transformers import LlamaConfig, PreTrainedTokenizerFast, TrainerCallback
+from throughput import StepTimer  # benchmarks/ is the script's folder
+from transformers import LlamaConfig, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
 MODULES = ("os", "posixpath", "shutil", "json", "textwrap", "string", "collections", "functools", "itertools",
@@ -112,17 +112,6 @@ def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
     real = MICRO_BATCH * ACCUMULATION * plan.seq_length * fill
     return {"tokens_per_s": real / step_time, "padding": 1 - fill, "flops_per_token": plan.family.flops_per_token(
         plan.seq_length), "step_time": step_time, "rows": len(plan.data.train)}  # fmt: skip
-
-
-class StepTimer(TrainerCallback):
-    def __init__(self) -> None:
-        self.durations: list[float] = []
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.started = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.durations.append(time.perf_counter() - self.started)
 
 
 def trl_run(pairs: list[dict[str, str]], tokenizer: Path, model_dir: Path, seq: int, steps: int,

@@ -61,7 +61,9 @@ def with_random_tokens(plan: RunPlan, vocab: int, steps: int) -> RunPlan:
     return dataclasses.replace(plan, family=family, data=data)
 
 
-class _StepTimer(TrainerCallback):
+class StepTimer(TrainerCallback):
+    """Wall time of each optimizer step of a transformers Trainer."""
+
     def __init__(self) -> None:
         self.durations: list[float] = []
 
@@ -89,7 +91,7 @@ def trainer_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, ste
             return {"input_ids": sample["input_ids"], "labels": sample["input_ids"]}
 
     accumulation = cfg.global_batch_size // cfg.data.micro_batch_size
-    timer = _StepTimer()
+    timer = StepTimer()
     arguments = TrainingArguments(
         output_dir=str(out), max_steps=steps, per_device_train_batch_size=cfg.data.micro_batch_size,
         gradient_accumulation_steps=accumulation, learning_rate=cfg.model.optim.lr, weight_decay=0.01,

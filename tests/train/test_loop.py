@@ -121,3 +121,14 @@ def test_training_split_smaller_than_a_global_batch_is_rejected():
     assert "data.global_batch_size: expected at most the 27 samples of the training split, found 32" in message
     message = _plan_problems("+data.splits_string='0,0,1'")
     assert "data.splits_string: '0,0,1' leaves no documents for training" in message
+
+
+def test_logs_go_to_a_new_version_under_the_experiment_name(tmp_path, monkeypatch):
+    """exp_manager.name names the folder under exp_dir (the run's name when unset); versions count up."""
+    monkeypatch.chdir(tmp_path)
+    overrides = ["trainer.max_steps=1", "trainer.limit_val_batches=0", "exp_manager.create_tensorboard_logger=False",
+                 f"exp_manager.exp_dir={tmp_path / 'logs'}", "exp_manager.name=experiment"]  # fmt: skip
+    for _ in range(2):
+        cfg = load_config(default_config_path(), overrides)
+        train(plan_run(cfg, default_cache_dir()))
+    assert sorted(p.name for p in (tmp_path / "logs" / "experiment").iterdir()) == ["version_0", "version_1"]

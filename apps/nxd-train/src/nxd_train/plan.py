@@ -112,8 +112,11 @@ class Logging:
     """Where and what a run logs (`exp_manager`)."""
 
     name: str
+    """The run's name (`name`)."""
+    exp_name: str
+    """The experiment folder under exp_dir (`exp_manager.name`, else `name`)."""
     explicit_log_dir: Path | None = None
-    """Log here; otherwise in a new version_N under `exp_dir`/`name`."""
+    """Log here; otherwise in a new version_N under `exp_dir`/`exp_name`."""
     exp_dir: Path | None = None
     gradient_norm: bool = True
     parameter_norm: bool = False

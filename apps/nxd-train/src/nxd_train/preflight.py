@@ -247,7 +247,7 @@ def _settings(cfg: NxdConfig) -> dict:
                       schedule=None if sched is None else sched.name,
                       schedule_options={} if sched is None else sched.model_dump(exclude={"name"}),
                       clip=t.gradient_clip_val),
-        logging=Logging(name=cfg.name, explicit_log_dir=_path(exp.explicit_log_dir),
+        logging=Logging(name=cfg.name, exp_name=exp.name or cfg.name, explicit_log_dir=_path(exp.explicit_log_dir),
                         exp_dir=_path(exp.exp_dir), gradient_norm=exp.log_gradient_norm,
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
                         local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger),

@@ -138,7 +138,7 @@ def setup(plan: RunPlan) -> Run:
     dims = ParallelDims(fabric.world_size, tp=launch.tp, pp=launch.pp, cp=launch.cp)
     mesh = dims.build_mesh(fabric.device.type)
     rank, logging = fabric.global_rank, plan.logging
-    new_dir = partial(next_log_dir, logging.explicit_log_dir, logging.exp_dir, logging.name)
+    new_dir = partial(next_log_dir, logging.explicit_log_dir, logging.exp_dir, logging.exp_name)
     log_dir = Path(fabric.broadcast(str(plan.log_dir or new_dir()) if rank == 0 else None, src=0))
     resume = fabric.broadcast(plan.resume, src=0)  # rank 0's choice, should a checkpoint appear meanwhile
     if rank == 0:

@@ -12,7 +12,7 @@ from .megatron import MegatronDataBuilder
 from .preprocess import PreprocessSummary, preprocess_jsonl
 from .sampler import PADDING, PretrainingSampler, WithPadding
 from .samples import IGNORE_INDEX, SampleFormat, collate
-from .sft import SFTDataset, pack_best_fit, read_records, sft_dataset, tokenize_records
+from .sft import SFTDataset, pack_best_fit, sft_dataset
 from .tokenizer import TextTokenizer, load_tokenizer
 
 __version__ = "0.1.0"
@@ -41,10 +41,8 @@ __all__ = [
     "load_tokenizer",
     "pack_best_fit",
     "preprocess_jsonl",
-    "read_records",
     "save_atomically",
     "sft_dataset",
     "split_documents",
     "token_dtype",
-    "tokenize_records",
 ]
