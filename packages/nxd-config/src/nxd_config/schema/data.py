@@ -145,7 +145,10 @@ class DataConfig(Section):
     )
     skip_warmup: bool = key(True, "Skip paging the memory-mapped index in before training.", by=DATA)
     dataloader_type: Literal["single", "cyclic"] = key(
-        "single", "single: one pass in order of the shuffle index; cyclic: reshuffle each epoch.", by=DATA
+        "single",
+        "single: one pass in order of the shuffle index (Hugging Face and SFT data: one seeded shuffle, the same "
+        "every epoch); cyclic: reshuffle each epoch.",
+        by=DATA,
     )
     reset_position_ids: bool = key(False, "Restart position ids after each end-of-document token.", by=DATA)
     reset_attention_mask: bool = key(False, "Stop attention across end-of-document tokens.", by=DATA)
