@@ -188,3 +188,11 @@ def test_invalid_json_empty_files_and_missing_templates_are_named(tmp_path, chat
                                         r".*tokenizer.json has none"):  # fmt: skip
         sft_dataset(str(tmp_path / "chat.jsonl"), "data.train_dir", "train", load_tokenizer(tokenizer_file), 32,
                     packing=False)  # fmt: skip
+
+
+def test_a_bad_row_of_hugging_face_data_is_named_by_its_row(tmp_path, chat_tokenizer_dir):
+    datasets.Dataset.from_list([RECORDS[0], {"input": "pack my box", "output": None}]).save_to_disk(
+        str(tmp_path / "saved"))  # fmt: skip
+    with pytest.raises(DataError, match=r"^data.train_dir: .*saved row 1: output: expected a string, found NoneType$"):
+        sft_dataset(str(tmp_path / "saved"), "data.train_dir", "train", load_tokenizer(chat_tokenizer_dir), 32,
+                    packing=False)  # fmt: skip
