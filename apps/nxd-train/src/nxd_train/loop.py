@@ -20,18 +20,18 @@ from torch.utils.data import Dataset
 
 from .checkpointing import restore_rng_states
 from .plan import RunPlan, batch_limit
-from .run import Batch, Run, setup, train_batches
+from .run import Batch, Run, setup
 
 
 def train(plan: RunPlan) -> Path:
     """Run the job `plan` describes; returns the log directory."""
     run = setup(plan)
     cadence, checkpoints = plan.cadence, plan.checkpoints
-    if cadence.num_sanity_val_steps and (sanity := evaluate(run, plan.data.validation,
-                                                            cadence.num_sanity_val_steps)) is not None:  # fmt: skip
+    sanity = evaluate(run, plan.data.validation, cadence.num_sanity_val_steps) if cadence.num_sanity_val_steps else None
+    if sanity is not None:
         run.monitor.info(f"sanity check: val_loss {sanity:.4f}")
     run.model.train()
-    batches = train_batches(run)
+    batches = run.train_batches()
     if run.saved_rng is not None:
         restore_rng_states(run.saved_rng)  # now that the data loader has drawn its seed, as at the save
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)

@@ -99,6 +99,10 @@ class Run:
                             collate_fn=collate, num_workers=self.plan.batches.num_workers)  # fmt: skip
         return map(self.on_device, loader)
 
+    def train_batches(self) -> Iterator[Batch]:
+        """The training micro-batches from the run's start to its last step."""
+        return self.micro_batches(self.plan.data.train, replace(self.sampler, steps=self.steps - self.start_step))
+
     def eval_sampler(self, dataset: Dataset) -> PretrainingSampler:
         b = self.plan.batches
         return PretrainingSampler(len(dataset), b.global_batch_size, b.micro_batch_size, self.dims.dp,
@@ -222,7 +226,3 @@ def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | No
     monitor.info(f"resumed from {resume.path} at step {run.start_step} ({progress['consumed_samples']} samples)"
                  f"{_took(started, run.plan)}")  # fmt: skip
 
-
-def train_batches(run: Run) -> Iterator[Batch]:
-    """The training micro-batches from the run's start to its last step."""
-    return run.micro_batches(run.plan.data.train, replace(run.sampler, steps=run.steps - run.start_step))
