@@ -1,6 +1,6 @@
 """Supervised fine-tuning with packing in 2 real gloo processes, launched by the nxd-train command, against
 one process: tensor + sequence parallel, pipeline (1F1B), context parallel (ring attention over
-packed records' document ids) and data parallel with ZeRO-1 log the same training losses, gradient
+packed records' document ids) and data parallel with ZeRO-1 and full recomputation log the same training losses, gradient
 norms and validation losses within 1e-6; and a run killed with SIGKILL mid-epoch resumes to the
 uninterrupted losses and final state."""
 
@@ -18,7 +18,7 @@ LAYOUTS = {
     "tp2_sp": ["distributed_strategy.tensor_model_parallel_size=2", "distributed_strategy.sequence_parallel=True"],
     "pp2": ["distributed_strategy.pipeline_model_parallel_size=2"],
     "cp2": ["distributed_strategy.context_parallel_size=2", "+model.fusions.ring_attention=True"],
-    "dp2_zero1": ["distributed_strategy.zero1=True"],
+    "dp2_zero1_recompute": ["distributed_strategy.zero1=True", "model.activations_checkpoint_granularity=full"],
 }
 
 
