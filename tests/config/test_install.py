@@ -19,3 +19,20 @@ def test_isolated_install_pulls_no_torch(tmp_path: Path) -> None:
     out = subprocess.run([str(python), "-c", "import nxd_config, sys; print('torch' in sys.modules)"],
                          check=True, capture_output=True, text=True).stdout.strip()
     assert out == "False"
+
+
+def test_each_package_requires_only_what_the_dependency_rule_allows() -> None:
+    """DESIGN.md's rule, read from each pyproject.toml: optional extras (Adafactor, chat templates) aside,
+    nxd-parallel and nxd-precision need torch alone and no package but nxd-models pulls transformers."""
+    import re
+    import tomllib
+
+    def required(package: str) -> set[str]:
+        project = tomllib.loads((PACKAGE.parent / package / "pyproject.toml").read_text())["project"]
+        return {re.split(r"[<>=\[ ]", dependency)[0] for dependency in project["dependencies"]}
+
+    assert required("nxd-parallel") == {"torch"}
+    assert required("nxd-precision") == {"torch"}
+    assert required("nxd-models") == {"torch", "transformers"}
+    assert "transformers" not in required("nxd-data") | required("nxd-align") | required("nxd-ckpt")
+    assert not {name for name in required("nxd-align") if name.startswith("nxd-")} - {"nxd-models"}
