@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pickle
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,8 @@ from .logdir import CHECKPOINT_DIR
 
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""
-PACKAGES = ("nxd-config", "nxd-parallel", "nxd-precision", "nxd-models", "nxd-data", "nxd-ckpt", "nxd-train", "torch")
+PACKAGES = ("nxd-config", "nxd-parallel", "nxd-precision", "nxd-models", "nxd-data", "nxd-align", "nxd-ckpt",
+            "nxd-train", "torch")
 
 
 def save_policy(cfg: NxdConfig) -> SavePolicy:
@@ -113,15 +114,10 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
     return Resume(info.path.resolve(), weights_only, world_size=info.extra.get("world_size"))
 
 
-def hf_export(family: ModelFamily) -> HFExport:
-    """The Hugging Face counterpart of the model; ModelConfigError when there is none."""
-    return HFExport.of(family.hf_mapping())
-
-
 def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None) -> HFExport | str:
     """The model's Hugging Face mapping (with the tokenizer files an export copies), or why it has none."""
     try:
-        return hf_export(family).with_tokenizer(tokenizer_files or {})
+        return replace(HFExport.of(family.hf_mapping()), tokenizer_files=dict(tokenizer_files or {}))
     except ModelConfigError as error:
         return str(error)
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -60,6 +61,8 @@ class Run:
     sampler: PretrainingSampler
     """The training sampler, at the position the run starts from."""
     checkpointer: Checkpointer
+    checkpoint_record: dict[str, Any]
+    """What every checkpoint's marker records of the run (layout, versions, config, Hugging Face mapping)."""
     steps: int
     start_step: int = 0
     saved_rng: bytes | None = None
@@ -124,10 +127,8 @@ class Run:
         progress = {"step": done, "consumed_samples": consumed}
         sampler = self.sampler.state_dict() | {"consumed_samples": consumed}
         state = self.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
-        record = {"world_size": self.fabric.world_size, "layout": self.dims.sizes(), "versions": versions(),
-                  "config": self.plan.resolved_config,
-                  **export_record(export_of(self.plan.family, self.plan.data.tokenizer_files))}  # fmt: skip
-        self.checkpointer.save(state, step=done, consumed_samples=consumed, metrics=logged, extra=record)
+        self.checkpointer.save(state, step=done, consumed_samples=consumed, metrics=logged,
+                               extra=self.checkpoint_record)  # fmt: skip
 
 
 def setup(plan: RunPlan) -> Run:
@@ -181,8 +182,11 @@ def setup(plan: RunPlan) -> Run:
                                 on_complete=report_save)  # fmt: skip
     ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, plan.policy.compute_dtype),
                                              device=fabric.device), reduce_op="sum").item()  # fmt: skip
+    record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
+              "config": plan.resolved_config, **export_record(export_of(plan.family, plan.data.tokenizer_files))}
     run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,
-              checkpointer, steps, flops_per_token=plan.family.flops_per_token(plan.seq_length), ceiling=ceiling)
+              checkpointer, record, steps, flops_per_token=plan.family.flops_per_token(plan.seq_length),
+              ceiling=ceiling)  # fmt: skip
     if resume is not None and not resume.weights_only:
         _resume(run, resume, checkpoint_group)
     layout = " x ".join(f"{name} {size}" for name, size in dims.sizes().items() if size > 1) or "one process"
@@ -203,8 +207,7 @@ def _load_weights(plan: RunPlan, model: nn.Module | StagedModel, resume: Resume,
                   group: torch.distributed.ProcessGroup | None, monitor: Monitor) -> None:  # fmt: skip
     """The initial weights from an nxd checkpoint or a Hugging Face directory (weight_init_only)."""
     started = time.perf_counter()
-    shapes = {k: v.shape for k, v in plan.family.build_on_meta().state_dict().items()}
-    load_weights(model, resume, export_of(plan.family), group, shapes)
+    load_weights(model, resume, export_of(plan.family), group, plan.family.parameter_shapes())
     monitor.info(f"initial weights from {resume.path}{_took(started, plan)}")
 
 

@@ -55,8 +55,6 @@ class HFExport:
     def from_json(cls, data: dict[str, Any]) -> HFExport:
         return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"])})
 
-    def with_tokenizer(self, files: dict[str, str]) -> HFExport:
-        return HFExport(self.config, self.keys, self.vocab_size, self.vocab_padded_keys, self.tied, dict(files))
 
 
 def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None) -> Path:
@@ -100,10 +98,12 @@ def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None) 
 
 def _copy_tokenizer(files: dict[str, str], directory: Path) -> None:
     """The run's tokenizer files into the export; a notice for any that is gone since the run."""
-    missing = [source for source in files.values() if not Path(source).is_file()]
+    missing = []
     for name, source in files.items():
         if Path(source).is_file():
             shutil.copyfile(source, directory / name)
+        else:
+            missing.append(source)
     if missing:
         warnings.warn(f"the run's tokenizer is no longer at {', '.join(missing)}; the export holds no copy of it",
                       CheckpointWarning, stacklevel=3)  # fmt: skip

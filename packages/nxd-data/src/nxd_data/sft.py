@@ -130,9 +130,8 @@ def _pair_tokens(prompt: list[int], response: list[int], begin: int, end: int,
         room = seq_length - len(prompt)
         if room >= 1:
             response = response[:room]
-        else:
-            keep = max(seq_length - 2, 0)
-            prompt, response = [begin, *prompt[len(prompt) - keep:]] if keep else [begin], response[:1]
+        else:  # the prompt's end (BOS kept) and one response token
+            prompt, response = [begin, *prompt[len(prompt) - (seq_length - 2):]], response[:1]
     return prompt + response, [False] * len(prompt) + [True] * len(response), truncated
 
 
@@ -296,12 +295,12 @@ def sft_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer,
         path = cache_dir / f"sft-{key}.npz"
         cache_dir.mkdir(parents=True, exist_ok=True)
         with FileLock(f"{path}.lock"):
-            if not path.exists():
+            if path.exists():
+                with np.load(path) as saved:
+                    records = SFTRecords(saved["tokens"], saved["trained"], saved["lengths"], *saved["counts"].tolist())
+            else:
                 records = tokenized()
                 save_atomically(path, _npz(records))
-            with np.load(path) as saved:
-                counts = saved["counts"].tolist()
-                records = SFTRecords(saved["tokens"], saved["trained"], saved["lengths"], *counts)
     return SFTDataset(records, seq_length, tokenizer.eod_id, packing)
 
 

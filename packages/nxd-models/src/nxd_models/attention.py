@@ -133,15 +133,14 @@ class CoreAttention(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
         """query (b, hq, s, d), key/value (b, hkv, s, d) with hq a multiple of hkv; returns (b, hq, s, d).
-        `allowed` confines attention to documents: their spans (`document_spans`), or a (b, 1, s, s)
-        mask replacing the causal one (True: may attend, see `document_mask`); a context-parallel
-        attention takes the document ids (b, s) instead."""
+        `allowed` confines attention to documents: their spans (`document_spans`; fused kernels only),
+        or a (b, 1, s, s) mask replacing the causal one (True: may attend, see `document_mask`); a
+        context-parallel attention takes the document ids (b, s) instead."""
         if self.context_parallel is not None:
             return self.context_parallel(query, key, value, documents, None)
         dropout = self.dropout if self.training else 0.0
         if self.kernel is AttentionKernel.UNFUSED:
-            mask = document_mask(documents) if isinstance(allowed, list) else allowed
-            return self._unfused(query, key, value, dropout, mask)
+            return self._unfused(query, key, value, dropout, allowed)
         backends = _FAST_BACKENDS if self.kernel is AttentionKernel.FLASH else [SDPBackend.MATH]
         with sdpa_kernel(backends):
             if isinstance(allowed, list):

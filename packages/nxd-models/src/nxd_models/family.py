@@ -8,6 +8,7 @@ Both families name their parts alike (`model.embed_tokens`, `model.layers.N`, `m
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 
@@ -40,8 +41,17 @@ class ModelFamily(ABC):
         self.spec, self.attention = spec, attention
 
     def build_on_meta(self) -> nn.Module:
-        """The module tree on the meta device: shapes and names, no memory."""
+        """A new module tree on the meta device (shapes and names, no memory), for the caller to shard or cut."""
         return build_on_meta(self.spec, self.attention)
+
+    @functools.cached_property
+    def _reference(self) -> nn.Module:
+        """One meta build for the read-only questions below (names, shapes, counts), made once."""
+        return self.build_on_meta()
+
+    def parameter_shapes(self) -> dict[str, torch.Size]:
+        """The whole model's state-dict shapes, whatever the layout it is trained in."""
+        return {name: value.shape for name, value in self._reference.state_dict().items()}
 
     def build(self, device: torch.device | str = "cpu", *, use_cpu_initialization: bool = True) -> nn.Module:
         """The whole model, initialised from the current torch RNG state."""
@@ -118,10 +128,10 @@ class ModelFamily(ABC):
 
     def flops_per_token(self, seq_length: int) -> int:
         """Training FLOPs per token (the numerator of MFU; see `training_flops_per_token`)."""
-        return training_flops_per_token(self.build_on_meta(), seq_length)
+        return training_flops_per_token(self._reference, seq_length)
 
     def parameter_count(self) -> int:
-        return sum(p.numel() for p in self.build_on_meta().parameters())
+        return sum(p.numel() for p in self._reference.parameters())
 
 
 class MegatronFamily(ModelFamily):
@@ -164,7 +174,7 @@ class HuggingFaceFamily(ModelFamily):
                 "intermediate_size": s.intermediate_size, "vocab_size": s.vocab_size}  # fmt: skip
 
     def hf_mapping(self) -> HFMapping:
-        return hf_self_mapping(self.spec, list(self.build_on_meta().state_dict()))
+        return hf_self_mapping(self.spec, list(self.parameter_shapes()))
 
     def recompute_units(self, model: nn.Module, names: Iterable[str], include_mlp: bool = False) -> list[nn.Module]:
         """As for every family; the attention core is a function in transformers, not a module, so

@@ -202,7 +202,7 @@ class DecoderLayer(nn.Module):
 class GPTDecoder(nn.Module):
     def __init__(self, config: GPTConfig, kernel: AttentionKernel):
         super().__init__()
-        self.config = config
+        self.config, self.kernel = config, kernel
         self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         if config.position_embedding_type == "learned_absolute":
             self.position_embeddings = nn.Embedding(config.max_positions, config.hidden_size)
@@ -233,10 +233,12 @@ class GPTDecoder(nn.Module):
                    document_ids: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """`hidden` through `layers` (all of them, or a pipeline stage's). A context-parallel attention
         masks documents itself (its part of the sequence is not contiguous); the others get each
-        document's span, or a mask where a document is not one contiguous run."""
+        document's span, or a mask where a document is not one contiguous run (or the kernel is the
+        unfused one, which takes masks only)."""
         allowed = None
         if document_ids is not None and not self.context_parallel:
-            allowed = document_spans(document_ids) or document_mask(document_ids)
+            spans = None if self.kernel is AttentionKernel.UNFUSED else document_spans(document_ids)
+            allowed = spans or document_mask(document_ids)
         rotary = None
         if self.config.position_embedding_type != "learned_absolute":
             rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)

@@ -47,15 +47,11 @@ class Totals:
             self.metrics[name] = self.metrics[name] + value if name in self.metrics else value
 
 
-def _no_autocast() -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
-
-
 class DirectExecutor:
     """Micro-batches one after the other through a whole (or tensor/data/context-parallel) model."""
 
     def __init__(self, model: nn.Module, forward: Forward, device: torch.device,
-                 autocast: Callable[[], contextlib.AbstractContextManager] = _no_autocast):  # fmt: skip
+                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):  # fmt: skip
         self.model, self.forward, self.device, self.autocast = model, forward, device, autocast
 
     def run(self, batches: list[Batch], loss_fn: LossFunction, *, scale: torch.Tensor | float = 1.0,
@@ -83,7 +79,7 @@ class PipelineExecutor:
     so that call is overwritten by the real one."""
 
     def __init__(self, model: StagedModel, pp: DeviceMesh, device: torch.device, microbatches: int,
-                 autocast: Callable[[], contextlib.AbstractContextManager] = _no_autocast):  # fmt: skip
+                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):  # fmt: skip
         self.device, self.autocast = device, autocast
         self._loss_fn: LossFunction | None = None
         self._scale: torch.Tensor | float = 1.0
@@ -121,7 +117,7 @@ class PipelineExecutor:
 
 def build_executor(model: nn.Module | StagedModel, forward: Forward, device: torch.device, *,
                    pp: DeviceMesh | None, microbatches: int,
-                   autocast: Callable[[], contextlib.AbstractContextManager] = _no_autocast,
+                   autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                    ) -> DirectExecutor | PipelineExecutor:  # fmt: skip
     """The executor for `model`: the pipeline schedule when it is a rank's stages, otherwise direct."""
     if isinstance(model, StagedModel):

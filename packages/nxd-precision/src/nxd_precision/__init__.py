@@ -5,7 +5,7 @@ from .errors import PrecisionConfigError
 from .neuron_runtime import neuron_runtime_env
 from .novograd import Novograd
 from .optimizer import PrecisionOptimizer, prepare_parameters
-from .optimizers import OPTIMIZER_NAMES, build_optimizer, optimizer_class, parameter_groups
+from .optimizers import OPTIMIZER_NAMES, build_optimizer, parameter_groups
 from .policy import TYPES, PrecisionPolicy, bf16_support_problem, resolve_policy
 from .schedules import SCHEDULE_NAMES, build_scheduler, schedule_function
 from .stochastic_rounding import copy_stochastically_rounded_, stochastic_round
@@ -25,7 +25,6 @@ __all__ = [
     "build_scheduler",
     "copy_stochastically_rounded_",
     "neuron_runtime_env",
-    "optimizer_class",
     "parameter_groups",
     "prepare_parameters",
     "resolve_policy",

@@ -27,7 +27,8 @@ _TORCH = {
     "novograd": Novograd,
 }
 OPTIMIZER_NAMES = (*_TORCH, "adafactor")
-_FOREACH = {"adamw", "adamw_fp32OptState", "adam", "adamax", "adadelta", "rmsprop", "rprop", "sgd", "adagrad"}
+_FOREACH = set(_TORCH) - {"novograd"}
+"""The torch optimizers, whose foreach option is turned off."""
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
