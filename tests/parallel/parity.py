@@ -17,7 +17,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from nxd_align import TokenObjective
+from nxd_align import LoraFamily, LoraSpec, TokenObjective
 from nxd_models import GPTConfig, model_family
 from nxd_parallel import Layout, ParallelDims, build_executor, build_parallel_model, clip_gradients, split_sequence
 from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
@@ -70,6 +70,12 @@ class Scenario:
     cp: int = 1
     layers: int = 2
     tied: bool = True
+    lora: tuple[str, ...] = ()
+    """LoRA target modules (rank 4, alpha 8); empty trains the whole model."""
+
+    def built_family(self):  # noqa: ANN201
+        family = model_family(self.spec())
+        return LoraFamily(family, LoraSpec(rank=4, alpha=8, targets=self.lora)) if self.lora else family
 
     def spec(self) -> GPTConfig | LlamaConfig | Qwen3Config:
         return model_spec(self.family, self.kv_heads, self.qkv, self.layers, self.tied)
@@ -93,7 +99,7 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     dims = ParallelDims(world, tp=scenario.tp, pp=scenario.pp, cp=scenario.cp)
     mesh = dims.build_mesh("cpu")
     policy = resolve_policy(scenario.precision)
-    family = model_family(scenario.spec())
+    family = scenario.built_family()
     model = build_parallel_model(family, scenario.layout, mesh, torch.device("cpu"), seed=11,
                                  prepare=partial(prepare_parameters, policy=policy))  # fmt: skip
     pp = mesh.get("pp")
@@ -131,9 +137,9 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
         optimizer.collect_gradients()
         record["norm"].append(clip_gradients(optimizer.gradient_tensors, scenario.clip or float("inf"),
                                              across=None if pp is None else pp.get_group()).item())  # fmt: skip
-        record["grads"].append(_gathered({name: _full(t.grad) for (name, _), t in
-                                          zip(model.named_parameters(), optimizer.gradient_tensors, strict=True)},
-                                         pp))  # fmt: skip
+        trained = [name for name, p in model.named_parameters() if p.requires_grad]
+        record["grads"].append(_gathered({name: _full(t.grad) for name, t in
+                                          zip(trained, optimizer.gradient_tensors, strict=True)}, pp))  # fmt: skip
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     states = optimizer.optimizer.state.values()

@@ -42,6 +42,27 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("megatron-tp2-sp-bf16-reductions", tp=2, layout=Layout(sequence_parallel=True,
                                                                         reduce_dtype=torch.bfloat16)),  # fmt: skip
         *_pipeline_and_context_scenarios(),
+        *_lora_scenarios(),
+    ]
+
+
+LORA_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+"""Column-parallel (q, k, v, gate, up), row-parallel (o, down) and key/value (k, v) base layers."""
+
+
+def _lora_scenarios() -> list[Scenario]:
+    """LoRA adapters on every linear layer: only they train, sharded like their base layers."""
+    lora = dict(lora=LORA_TARGETS, clip=0.5)
+    return [
+        Scenario("megatron-lora-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), **lora),
+        Scenario("hf-lora-tp2-sp", "hf", tp=2, layout=Layout(sequence_parallel=True), **lora),
+        Scenario("megatron-lora-tp2-kv-replicator-full-recompute", tp=2, kv_heads=1,
+                 layout=Layout(kv_replicator=2, recompute="full"), **lora),  # fmt: skip
+        Scenario("hf-lora-tp2-sp-kv-replicator", "hf", tp=2, kv_heads=1,
+                 layout=Layout(kv_replicator=2, sequence_parallel=True), **lora),  # fmt: skip
+        Scenario("megatron-lora-dp2-zero1", layout=Layout(zero1=True), **lora),
+        Scenario("megatron-lora-pp2", pp=2, layers=4, tied=False, **lora),
+        Scenario("hf-lora-cp2", "hf", cp=2, **lora),
     ]
 
 
@@ -78,7 +99,7 @@ def _four_process_scenarios() -> list[Scenario]:
 
 def _key(scenario: Scenario) -> tuple:
     return (scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents, scenario.layers,
-            scenario.tied)  # fmt: skip
+            scenario.tied, scenario.lora)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +107,7 @@ def references() -> dict[tuple, dict]:
     """One process for each model the scenarios train."""
     needed = {_key(s) for s in _two_process_scenarios() + _four_process_scenarios()}
     return {key: train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
-                                         layers=key[5], tied=key[6]), world=1)
+                                         layers=key[5], tied=key[6], lora=key[7]), world=1)
             for key in needed}  # fmt: skip
 
 

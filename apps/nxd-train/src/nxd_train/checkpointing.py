@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from nxd_align import LoraFamily, base_key, is_adapter_key
 from nxd_ckpt import (
     MODEL_KEY,
     CheckpointError,
@@ -39,6 +40,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .logdir import CHECKPOINT_DIR
 
+LORA_RECORD = "lora"
+"""The completion marker's record of a LoRA run: peft's adapter config, key table, merges and base."""
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""
 PACKAGES = ("nxd-config", "nxd-parallel", "nxd-precision", "nxd-models", "nxd-data", "nxd-align", "nxd-ckpt",
@@ -154,18 +157,29 @@ def restore_rng_states(blob: bytes) -> None:
 
 
 class TrainingState:
-    """The DCP state of a run: built fresh for each save or load, so it always holds the live tensors."""
+    """The DCP state of a run: built fresh for each save or load, so it always holds the live tensors.
+
+    With LoRA (`lora`) the model part holds the adapters (the trained parameters) and, as `lora_base`
+    says, the frozen base ("frozen") or the merged weights ("merged") under the base model's names."""
 
     def __init__(self, model: nn.Module | StagedModel, optimizer: PrecisionOptimizer, scheduler: LRScheduler, *,
-                 use_master_weights: bool, save_bf16: bool = False):  # fmt: skip
+                 use_master_weights: bool, save_bf16: bool = False, lora: LoraFamily | None = None,
+                 lora_base: str | None = None):  # fmt: skip
         self.model, self.optimizer, self.scheduler, self.save_bf16 = model, optimizer, scheduler, save_bf16
+        self.lora, self.lora_base = lora, lora_base
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.masters_as_model = use_master_weights and optimizer.persistent and optimizer.copies_needed
 
-    def model_state(self, *, saving: bool = False) -> dict[str, torch.Tensor]:
+    def _weights(self, base: str | None) -> dict[str, torch.Tensor]:
+        if self.lora is None:
+            return self.model.state_dict()
+        return self.lora.checkpoint_weights(self.model, base=base)
+
+    def model_state(self, *, saving: bool = False, base: str | None = None) -> dict[str, torch.Tensor]:
         """The model's weights (its master weights with use_master_weights_in_ckpt): the live tensors, or
-        bf16 copies of the floating-point ones when saving with save_bf16."""
-        weights = self.model.state_dict()
+        bf16 copies of the floating-point ones when saving with save_bf16. A LoRA run saves its
+        `lora_base`, and loads the base only from a checkpoint that holds it unmerged (`base`)."""
+        weights = self._weights(self.lora_base if saving else base)
         if self.masters_as_model:
             weights.update(self.optimizer.masters(self.names))
         if saving and self.save_bf16:
@@ -173,17 +187,17 @@ class TrainingState:
         return weights
 
     def state(self, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
-              saving: bool = False) -> dict:  # fmt: skip
+              saving: bool = False, base: str | None = None) -> dict:  # fmt: skip
         optimizer = self.optimizer.state_dict(self.names, masters=not self.masters_as_model)
         scheduler = self.scheduler.state_dict()
-        return {MODEL_KEY: self.model_state(saving=saving), "optimizer": optimizer, "scheduler": scheduler,
-                "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
+        return {MODEL_KEY: self.model_state(saving=saving, base=base), "optimizer": optimizer,
+                "scheduler": scheduler, "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
 
     def load(self, path: Path, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
              process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
         """Everything from checkpoint `path`, in place; `progress`, `sampler` and `rng` receive the saved values."""
         self.optimizer.create_state()
-        state = self.state(progress=progress, sampler=sampler, rng=rng)
+        state = self.state(progress=progress, sampler=sampler, rng=rng, base=lora_base_of(path))
         load_checkpoint(path, state, process_group=process_group)
         try:
             self.optimizer.load_state_dict(state["optimizer"], self.names)
@@ -194,18 +208,36 @@ class TrainingState:
             self.optimizer.sync_parameters()
 
 
+def lora_base_of(path: Path) -> str | None:
+    """How a LoRA checkpoint holds the base model ("frozen", "merged"), or None (adapters only, or no LoRA)."""
+    return read_info(path).extra.get(LORA_RECORD, {}).get("base")
+
+
 def load_weights(model: nn.Module | StagedModel, resume: Resume, export: HFExport | str,
-                 process_group: torch.distributed.ProcessGroup | None, shapes: dict[str, torch.Size]) -> None:
+                 process_group: torch.distributed.ProcessGroup | None, shapes: dict[str, torch.Size],
+                 lora: LoraFamily | None = None) -> None:  # fmt: skip
     """Only the model weights of `resume` (an nxd checkpoint, or a Hugging Face directory read through
     the model's mapping `export` and checked against the whole model's `shapes`) into `model`,
-    whatever its layout (pipeline stages load their own parts)."""
+    whatever its layout (pipeline stages load their own parts). With `lora` they are the base
+    model's weights, and the adapters keep their initial values."""
     if not resume.hugging_face:
-        load_checkpoint(resume.path, {MODEL_KEY: model.state_dict()}, process_group=process_group)
+        weights = model.state_dict() if lora is None else lora.base_weights(model)
+        load_checkpoint(resume.path, {MODEL_KEY: weights}, process_group=process_group)
         return
     if not isinstance(export, HFExport):
         raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
     weights = hf_weights(resume.path, export, shapes)
     for module in modules_of(model):
         live = module.state_dict()
-        own = {key: weights[key].to(value.dtype) for key, value in live.items()}
-        set_model_state_dict(module, own, options=StateDictOptions(full_state_dict=True))
+        own = {key: weights[base_key(key)].to(value.dtype) for key, value in live.items() if not is_adapter_key(key)}
+        set_model_state_dict(module, own, options=StateDictOptions(full_state_dict=True, strict=lora is None))
+
+
+def load_adapters(model: nn.Module | StagedModel, path: Path, lora: LoraFamily,
+                  process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
+    """The adapters (and the base, when it was saved unmerged) of LoRA checkpoint `path` (load_lora_from_ckpt)."""
+    if LORA_RECORD not in read_info(path).extra:
+        raise CheckpointError(f"model_alignment_strategy.peft.load_lora_from_ckpt: {path} is not a checkpoint of a "
+                              "LoRA run; expected one whose run had model_alignment_strategy.peft")  # fmt: skip
+    weights = lora.checkpoint_weights(model, base=lora_base_of(path))
+    load_checkpoint(path, {MODEL_KEY: weights}, process_group=process_group)

@@ -139,6 +139,24 @@ class Checkpoints:
 
 
 @dataclass(frozen=True)
+class Adapters:
+    """LoRA (`model_alignment_strategy.peft`): what its checkpoints hold and where adapters start from."""
+
+    base: str | None = None
+    """The base model in checkpoints: "frozen" (save_lora_base), "merged" (merge_lora) or None (adapters only)."""
+    config_file: bool = True
+    """Write peft's adapter_config.json into each checkpoint (save_lora_config_adapter)."""
+    single_file: bool = False
+    """Write the whole adapter, gathered from every shard, as adapter_model.safetensors (merge_sharded_lora)."""
+    from_checkpoint: bool = False
+    """resume_from_checkpoint names a LoRA checkpoint whose adapters start this run (load_lora_from_ckpt)."""
+    base_source: Resume | None = None
+    """Where the base weights come from when a checkpoint loaded holds adapters only: the initial weights
+    of a run that continues, or the Hugging Face model directory with load_lora_from_ckpt."""
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
 class RunPlan:
     family: ModelFamily
     data: DataSplits
@@ -154,6 +172,8 @@ class RunPlan:
     policy: PrecisionPolicy = field(default_factory=lambda: resolve_policy("fp32"))
     """The dtypes of parameters, compute, master weights, gradients and optimizer state."""
     objective: Objective = TokenObjective()
+    adapters: Adapters | None = None
+    """LoRA settings when the family is a LoraFamily."""
     resume: Resume | None = None
     """The checkpoint (or weights) the run starts from."""
     log_dir: Path | None = None

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from nxd_align import objective_for
-from nxd_ckpt import CheckpointError, CheckpointWarning
+from nxd_align import LoraFamily, LoraSpec, objective_for
+from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_data import DataError
 from nxd_models import (
@@ -37,11 +37,11 @@ from nxd_precision import (
 )
 from transformers import PretrainedConfig
 
-from .checkpointing import Resume, checkpoint_problems, resume_choice, save_policy
+from .checkpointing import Resume, checkpoint_problems, is_hf_directory, resume_choice, save_policy
 from .data import build_datasets, unavailable_data_keys
 from .layout_check import layout_problems
-from .logdir import resumable_log_dir
-from .plan import Batches, Cadence, Checkpoints, Launch, Logging, RunPlan, Update
+from .logdir import CHECKPOINT_DIR, resumable_log_dir
+from .plan import Adapters, Batches, Cadence, Checkpoints, Launch, Logging, RunPlan, Update
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -54,7 +54,7 @@ class PreflightError(Exception):
         super().__init__("cannot train this config:\n" + "\n".join(f"  {problem}" for problem in problems))
 
 
-LATER = {"dpo": "DPO", "orpo": "ORPO", "peft": "LoRA (peft)"}
+LATER = {"dpo": "DPO", "orpo": "ORPO"}
 """Alignment blocks of a later release."""
 
 
@@ -68,9 +68,12 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     if (alignment := cfg.model_alignment_strategy) is not None:
         found += [f"model_alignment_strategy.{name}: {label} is not in this release; expected sft (supervised "
                   "fine-tuning) or no method" for name, label in LATER.items() if getattr(alignment, name) is not None]
-        if alignment.method is None and not found:
-            found.append("model_alignment_strategy: expected a method (sft), found an empty section; remove it to "
-                         "pretrain")  # fmt: skip
+        if alignment.method is None and alignment.peft is None and not found:
+            found.append("model_alignment_strategy: expected a method (sft) or peft, found an empty section; remove "
+                         "it to pretrain")  # fmt: skip
+        if (peft := alignment.peft) is not None and peft.save_lora_base and peft.merge_lora:
+            found.append("model_alignment_strategy.peft: save_lora_base and merge_lora both write the base weights "
+                         "of a checkpoint; expected at most one of them True")  # fmt: skip
     return found + unavailable_data_keys(cfg.data, fine_tuning=_method(cfg) is not None)
 
 
@@ -179,6 +182,9 @@ def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
         warnings.warn("model.weight_init_only: no checkpoint is loaded, so it changes nothing", ConfigNotice,
                       stacklevel=3)  # fmt: skip
     continues = resume is not None and exp.resume_if_exists and not exp.resume_from_checkpoint
+    lora_continues = _peft(cfg) is not None and exp.resume_from_checkpoint and search is not None
+    if lora_continues and (found := latest_checkpoint(search / CHECKPOINT_DIR)) is not None:  # on its base
+        return Resume(found.path.resolve(), False, world_size=found.extra.get("world_size")), search
     return resume, search if continues else None
 
 
@@ -258,11 +264,42 @@ def _settings(cfg: NxdConfig) -> dict:
     )  # fmt: skip
 
 
-def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily:
+def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily | LoraFamily:
+    """The model family, with LoRA adapters when `model_alignment_strategy.peft` asks for them."""
     model = _hf_model if cfg.model_source == "hf" else _megatron_model
     fusions = cfg.model.fusions
-    return model_family(model(cfg, vocab_size, seq_length),
-                        AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax))  # fmt: skip
+    family = model_family(model(cfg, vocab_size, seq_length),
+                          AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax))  # fmt: skip
+    if (peft := _peft(cfg)) is None:
+        return family
+    return LoraFamily(family, LoraSpec(rank=peft.lora_rank, alpha=peft.lora_alpha, dropout=peft.lora_dropout,
+                                       bias=peft.lora_bias, targets=tuple(peft.target_modules)))  # fmt: skip
+
+
+def _peft(cfg: NxdConfig):  # noqa: ANN202 - the config's PeftConfig or None
+    return None if cfg.model_alignment_strategy is None else cfg.model_alignment_strategy.peft
+
+
+def _adapters(cfg: NxdConfig, resume: Resume | None) -> Adapters | None:
+    """LoRA's checkpoint settings, and where its base comes from when a checkpoint holds adapters only:
+    a continuing run's initial weights (resume_from_checkpoint), or with load_lora_from_ckpt the Hugging
+    Face directory model.model_config."""
+    if (peft := _peft(cfg)) is None:
+        return None
+    base, source = "frozen" if peft.save_lora_base else "merged" if peft.merge_lora else None, None
+    exp = cfg.exp_manager
+    if resume is not None and not resume.weights_only and exp.resume_from_checkpoint:
+        source = resume_choice(cfg, None)
+    elif peft.load_lora_from_ckpt:
+        if not (exp.resume_from_checkpoint and cfg.model.weight_init_only):
+            raise PreflightError(["model_alignment_strategy.peft.load_lora_from_ckpt: expected the LoRA checkpoint "
+                                  "in exp_manager.resume_from_checkpoint with model.weight_init_only: True"])
+        directory = Path(cfg.model.hf_model_config) if cfg.model.hf_model_config else None
+        if directory is not None and is_hf_directory(directory):
+            source = Resume(directory.resolve(), True, hugging_face=True)
+    return Adapters(base=base, config_file=peft.save_lora_config_adapter, single_file=peft.merge_sharded_lora,
+                    from_checkpoint=peft.load_lora_from_ckpt, verbose=peft.lora_verbose,
+                    base_source=source)  # fmt: skip
 
 
 def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
@@ -299,4 +336,4 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
                                    ds.context_parallel_size):  # fmt: skip
         raise PreflightError(problems)
     return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=objective_for(_method(cfg)),
-                   resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip
+                   adapters=_adapters(cfg, resume), resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 import yaml
 from lightning_fabric import Fabric
-from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo
+from nxd_align import LoraFamily
+from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info
 from nxd_data import PretrainingSampler, WithPadding, collate
 from nxd_parallel import (
     DirectExecutor,
@@ -34,7 +35,17 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader, Dataset
 
-from .checkpointing import Resume, TrainingState, export_of, export_record, load_weights, rng_states, versions
+from .checkpointing import (
+    LORA_RECORD,
+    Resume,
+    TrainingState,
+    export_of,
+    export_record,
+    load_adapters,
+    load_weights,
+    rng_states,
+    versions,
+)
 from .logdir import CHECKPOINT_DIR, next_log_dir
 from .monitor import Monitor
 from .plan import RunPlan
@@ -171,8 +182,10 @@ def setup(plan: RunPlan) -> Run:
     optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(
         update.optimizer, tensors, update.options, decay_norms_and_biases=update.decay_norms_and_biases))  # fmt: skip
     scheduler = build_scheduler(optimizer.optimizer, update.schedule, update.schedule_options, update.lr, steps)
+    lora = plan.family if isinstance(plan.family, LoraFamily) else None
     training = TrainingState(model, optimizer, scheduler, use_master_weights=plan.checkpoints.use_master_weights,
-                             save_bf16=plan.checkpoints.save_bf16)  # fmt: skip
+                             save_bf16=plan.checkpoints.save_bf16, lora=lora,
+                             lora_base=None if plan.adapters is None else plan.adapters.base)  # fmt: skip
 
     def report_save(info: CheckpointInfo, seconds: float) -> None:
         monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
@@ -184,6 +197,8 @@ def setup(plan: RunPlan) -> Run:
                                              device=fabric.device), reduce_op="sum").item()  # fmt: skip
     record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
               "config": plan.resolved_config, **export_record(export_of(plan.family, plan.data.tokenizer_files))}
+    if lora is not None:
+        record[LORA_RECORD] = lora.adapter_export() | {"base": plan.adapters.base}
     run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,
               checkpointer, record, steps, flops_per_token=plan.family.flops_per_token(plan.seq_length),
               ceiling=ceiling)  # fmt: skip
@@ -196,7 +211,22 @@ def setup(plan: RunPlan) -> Run:
                  f"{sampler.steps_per_epoch} per epoch, {plan.data.tokenizer}; logs in {log_dir}")  # fmt: skip
     for line in plan.data.notes:
         monitor.info(line)
+    if lora is not None:
+        _report_adapters(lora, model, plan, monitor)
     return run
+
+
+def _report_adapters(lora: LoraFamily, model: nn.Module | StagedModel, plan: RunPlan, monitor: Monitor) -> None:
+    """The trainable share of the model; with lora_verbose, every adapted layer."""
+    s = lora.spec
+    monitor.info(f"LoRA r={s.rank} alpha={s.alpha:g} on {len(lora.modules)} layers: {lora.trainable_count():,} adapter "
+                 f"parameters ({lora.trainable_count() / plan.family.parameter_count():.2%} of the base model)")
+    if plan.adapters.verbose:
+        for name in lora.modules:
+            monitor.info(f"  LoRA {name}")
+        trained = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
+        monitor.info(f"  trainable on this rank: {len(trained)} tensors, "
+                     f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,} values")
 
 
 def _took(started: float, plan: RunPlan) -> str:
@@ -207,14 +237,38 @@ def _load_weights(plan: RunPlan, model: nn.Module | StagedModel, resume: Resume,
                   group: torch.distributed.ProcessGroup | None, monitor: Monitor) -> None:  # fmt: skip
     """The initial weights from an nxd checkpoint or a Hugging Face directory (weight_init_only)."""
     started = time.perf_counter()
-    load_weights(model, resume, export_of(plan.family), group, plan.family.parameter_shapes())
+    lora = plan.family if isinstance(plan.family, LoraFamily) else None
+    if lora is not None and plan.adapters.from_checkpoint:
+        _load_base(plan, lora, model, resume.path, group)
+        load_adapters(model, resume.path, lora, group)
+    else:
+        load_weights(model, resume, export_of(plan.family), group, plan.family.parameter_shapes(), lora)
     monitor.info(f"initial weights from {resume.path}{_took(started, plan)}")
+
+
+def _load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, checkpoint: Path,
+               group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
+    """The base weights under the adapters of LoRA checkpoint `checkpoint`, when it does not hold them
+    unmerged: from the plan's base source; none is needed when the run that saved it started from
+    the seeded initialisation (which this run repeats)."""
+    info = read_info(checkpoint)
+    if info.extra.get(LORA_RECORD, {}).get("base") == "frozen":
+        return
+    if (source := plan.adapters.base_source) is None:
+        if info.extra.get("config", {}).get("exp_manager", {}).get("resume_from_checkpoint") is None:
+            return
+        raise CheckpointError(f"{checkpoint}: holds LoRA adapters without their base model (saved without "
+                              "save_lora_base); expected the base in exp_manager.resume_from_checkpoint (continuing "
+                              "a run) or in model.model_config as a Hugging Face directory (load_lora_from_ckpt)")
+    load_weights(model, source, export_of(plan.family), group, plan.family.parameter_shapes(), lora)
 
 
 def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | None) -> None:
     """Continue from a checkpoint: weights, optimizer, schedule, step, data position and, at the same
-    world size, every rank's RNG states."""
+    world size, every rank's RNG states (a LoRA run's base first, when the checkpoint holds adapters only)."""
     started, monitor, rank = time.perf_counter(), run.monitor, run.fabric.global_rank
+    if isinstance(run.plan.family, LoraFamily):
+        _load_base(run.plan, run.plan.family, run.model, resume.path, group)
     progress, sampler_state = {"step": 0, "consumed_samples": 0}, run.sampler.state_dict()
     rng = {f"rank{rank}": None} if resume.world_size == run.fabric.world_size else {}
     run.training.load(resume.path, progress=progress, sampler=sampler_state, rng=rng, process_group=group)

@@ -11,6 +11,9 @@ Styles a plan may name:
 - `sequence`: a norm that runs on sequence shards when sequence parallelism is on (replicated otherwise).
 - `replicated_with_grad_allreduce` (transformers' name): a module that sees a slice of the heads (dim 2);
   weights replicated, gradients summed over the tp ranks.
+- `lora_a_*` / `lora_b_*`: the two halves of a low-rank adapter beside a sharded base layer (see
+  `low_rank.py`). An adapter wrapper holds its base layer as `base_layer` (peft's convention): the
+  wrapper, not the base layer, is then the projection whose block gathers the sequence once.
 
 With sequence parallelism the residual stream between the layers is split along the sequence: the
 first decoder layer (`first_layer`) scatters its input, row-parallel outputs reduce-scatter, and the
@@ -38,14 +41,18 @@ from torch.distributed.tensor.parallel import (
 
 from .errors import ParallelConfigError
 from .kv_replication import QKVParallel, ReplicatedKVParallel
+from .low_rank import LOW_RANK_STYLES, LowRankParallel
 from .ties import retie, tied_parameters
 
 _GATHERED_ONCE = ("colwise", "colwise_kv", "qkv")
 """Styles whose parent block's input is gathered once under sequence parallelism."""
 
 STYLES = (
-    "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "sequence", "replicated_with_grad_allreduce"
+    "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "sequence", "replicated_with_grad_allreduce",
+    *LOW_RANK_STYLES,
 )  # fmt: skip
+BASE_LAYER = ".base_layer"
+"""Where an adapter wrapper keeps the layer it adapts."""
 
 
 class _GradInDtype(torch.autograd.Function):
@@ -141,6 +148,9 @@ def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | No
         return SequenceParallel() if sequence_parallel else None
     if name == "replicated_with_grad_allreduce":
         return SequenceParallel(sequence_dim=2, use_local_output=True)
+    if name in LOW_RANK_STYLES:
+        return LowRankParallel(name, sequence_parallel=sequence_parallel, kv_replicator=kv_replicator,
+                               head_dim=head_dim)  # fmt: skip
     raise AssertionError(name)
 
 
@@ -187,13 +197,17 @@ def apply_tensor_parallel(
                        kv_replicator=kv_replicator, head_dim=head_dim)  # fmt: skip
         if style is not None:
             styles[pattern] = style
+    frozen = {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
     parallelize_module(model, mesh, styles)
     retie(model, tied)
+    for name, parameter in model.named_parameters():  # some styles make new parameters that require grad
+        parameter.requires_grad_(name not in frozen)
     if sequence_parallel:
         if first_layer is not None:
             model.get_submodule(first_layer).register_forward_pre_hook(_scatter_sequence(mesh), with_kwargs=True)
         names = [name for name, _ in model.named_modules()]
-        blocks = {pattern.rpartition(".")[0] for pattern, style in plan.items() if style in _GATHERED_ONCE}
+        blocks = {pattern.removesuffix(BASE_LAYER).rpartition(".")[0] for pattern, style in plan.items()
+                  if style in _GATHERED_ONCE}  # fmt: skip
         for block in {name for pattern in blocks for name in fnmatch.filter(names, pattern)}:
             model.get_submodule(block).register_forward_pre_hook(_gather_sequence_once(mesh), with_kwargs=True)
     return model
