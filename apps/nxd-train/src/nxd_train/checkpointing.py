@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from nxd_align import LoraFamily, base_key, is_adapter_key
 from nxd_ckpt import (
+    LORA_RECORD,
     MODEL_KEY,
     CheckpointError,
     HFExport,
@@ -40,8 +41,6 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .logdir import CHECKPOINT_DIR
 
-LORA_RECORD = "lora"
-"""The completion marker's record of a LoRA run: peft's adapter config, key table, merges and base."""
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""
 PACKAGES = ("nxd-config", "nxd-parallel", "nxd-precision", "nxd-models", "nxd-data", "nxd-align", "nxd-ckpt",

@@ -60,7 +60,7 @@ def list_command(log_dir: Path) -> int:
     return 0
 
 
-def export_command(checkpoint: Path, out: Path, dtype: str | None) -> int:
+def export_command(checkpoint: Path, out: Path, dtype: str | None, merged: bool = False) -> int:
     try:
         if not is_checkpoint_dir(checkpoint):  # a log directory: its newest complete checkpoint
             folders = checkpoint_folders(checkpoint)
@@ -70,7 +70,8 @@ def export_command(checkpoint: Path, out: Path, dtype: str | None) -> int:
             checkpoint = newest.path
         with warnings.catch_warnings(record=True) as notices:
             warnings.simplefilter("always", CheckpointWarning)
-            written = export_hf(checkpoint, out, dtype=getattr(torch, EXPORT_DTYPES[dtype]) if dtype else None)
+            written = export_hf(checkpoint, out, dtype=getattr(torch, EXPORT_DTYPES[dtype]) if dtype else None,
+                                merged=merged)  # fmt: skip
     except CheckpointError as error:
         print(f"nxd-train ckpt export-hf: {error}", file=sys.stderr)
         return 1

@@ -6,7 +6,9 @@
     nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
                                                       jsonl -> Megatron .bin/.idx
     nxd-train ckpt list LOGDIR                         checkpoints with step, size and completeness
-    nxd-train ckpt export-hf CKPT OUT [--dtype D]      a checkpoint -> Hugging Face safetensors + config.json
+    nxd-train ckpt export-hf CKPT OUT [--dtype D] [--merged]
+                                                      a checkpoint -> Hugging Face safetensors + config.json
+                                                      (a LoRA one -> a peft adapter folder, or merged)
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out", type=Path, metavar="OUT", help="a new or empty directory")
     export.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default=None,
                         help="store floating-point weights in this dtype (default: as trained)")
+    export.add_argument("--merged", action="store_true",
+                        help="a LoRA checkpoint saved with its base (save_lora_base or merge_lora): the model with "
+                             "the adapter merged in, instead of the peft adapter folder")  # fmt: skip
     return parser
 
 
@@ -96,8 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "ckpt":
         from .ckpt_commands import export_command, list_command
 
-        return list_command(args.log_dir) if args.action == "list" else export_command(args.checkpoint, args.out,
-                                                                                        args.dtype)  # fmt: skip
+        if args.action == "list":
+            return list_command(args.log_dir)
+        return export_command(args.checkpoint, args.out, args.dtype, args.merged)
     return _train_command(args.config or default_config_path(), args.overrides)
 
 

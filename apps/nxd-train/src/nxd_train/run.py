@@ -17,7 +17,7 @@ import torch
 import yaml
 from lightning_fabric import Fabric
 from nxd_align import LoraFamily
-from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info
+from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info, write_adapter_files
 from nxd_data import PretrainingSampler, WithPadding, collate
 from nxd_parallel import (
     DirectExecutor,
@@ -190,9 +190,16 @@ def setup(plan: RunPlan) -> Run:
     def report_save(info: CheckpointInfo, seconds: float) -> None:
         monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
 
+    adapters, attach = plan.adapters, None
+    if lora is not None and (adapters.config_file or adapters.single_file):
+        files = lora.adapter_export()
+
+        def attach(folder: Path) -> None:  # peft's adapter folder inside each checkpoint
+            write_adapter_files(folder, files, weights_from=folder if adapters.single_file else None)
+
     checkpointer = Checkpointer(log_dir / CHECKPOINT_DIR, plan.checkpoints.policy,
                                 asynchronous=plan.checkpoints.asynchronous, process_group=checkpoint_group,
-                                on_complete=report_save)  # fmt: skip
+                                on_complete=report_save, attach=attach)  # fmt: skip
     ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, plan.policy.compute_dtype),
                                              device=fabric.device), reduce_op="sum").item()  # fmt: skip
     record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),

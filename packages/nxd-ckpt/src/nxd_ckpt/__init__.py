@@ -3,7 +3,7 @@ layouts, with completion markers, retention, async save and Hugging Face safeten
 
 from .discovery import is_checkpoint_dir, latest_checkpoint, list_checkpoints
 from .errors import CheckpointError, CheckpointWarning
-from .hf import MODEL_KEY, HFExport, export_hf, hf_weights
+from .hf import LORA_RECORD, MODEL_KEY, HFExport, export_adapter, export_hf, hf_weights, write_adapter_files
 from .marker import MARKER, CheckpointInfo, read_info
 from .retention import SavePolicy, template_fields
 from .store import Checkpointer, load_checkpoint, saved_keys
@@ -11,7 +11,7 @@ from .store import Checkpointer, load_checkpoint, saved_keys
 __version__ = "0.1.0"
 
 __all__ = [
-    "MARKER", "MODEL_KEY", "CheckpointError", "CheckpointInfo", "CheckpointWarning", "Checkpointer", "HFExport",
-    "SavePolicy", "export_hf", "hf_weights", "is_checkpoint_dir", "latest_checkpoint", "list_checkpoints",
-    "load_checkpoint", "read_info", "saved_keys", "template_fields",
+    "LORA_RECORD", "MARKER", "MODEL_KEY", "CheckpointError", "CheckpointInfo", "CheckpointWarning", "Checkpointer",
+    "HFExport", "SavePolicy", "export_adapter", "export_hf", "hf_weights", "is_checkpoint_dir", "latest_checkpoint",
+    "list_checkpoints", "load_checkpoint", "read_info", "saved_keys", "template_fields", "write_adapter_files",
 ]  # fmt: skip

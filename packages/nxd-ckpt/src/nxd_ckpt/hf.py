@@ -11,6 +11,7 @@ import json
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,12 @@ from .marker import read_info
 MODEL_KEY = "model"
 """The top-level key of the model's weights in a checkpoint's state."""
 WEIGHTS_FILE = "model.safetensors"
+ADAPTER_FILE, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
+"""peft's adapter folder."""
+LORA_RECORD = "lora"
+"""The completion marker's record of a LoRA run: `config` (adapter_config.json), `keys` (our adapter key
+-> peft's), `merges` ([base weight, A, B] keys), `scaling` (alpha / r) and `base` ("frozen", "merged" or
+None: how the checkpoint holds the base model)."""
 
 
 @dataclass(frozen=True)
@@ -57,37 +64,94 @@ class HFExport:
 
 
 
-def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None) -> Path:
+def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None, merged: bool = False) -> Path:
     """Write `out/model.safetensors` and `out/config.json` from a complete checkpoint, as transformers'
-    AutoModelForCausalLM loads them, with the run's tokenizer files when it recorded them. `out`
-    appears whole or not at all."""
+    AutoModelForCausalLM loads them, with the run's tokenizer files when it recorded them. A LoRA
+    checkpoint exports its adapter as a peft adapter folder (`export_adapter`), or with `merged` the
+    model with the adapter merged in (fp32). `out` appears whole or not at all."""
     info = read_info(Path(checkpoint)).verified()
+    lora = info.extra.get(LORA_RECORD)
+    if lora is not None and not merged:
+        return export_adapter(info.path, out, dtype=dtype)
     if "hf_export" not in info.extra:
         reason = info.extra.get("hf_export_problem", "it records no Hugging Face mapping")
         raise CheckpointError(f"{info.path}: cannot export to Hugging Face: {reason}")
+    if merged and (lora is None or lora.get("base") is None):
+        what = "is not a LoRA checkpoint" if lora is None else "holds the adapters without their base model"
+        raise CheckpointError(f"{info.path}: --merged: the checkpoint {what}; expected one saved with "
+                              "model_alignment_strategy.peft.save_lora_base or merge_lora")  # fmt: skip
     export = HFExport.from_json(info.extra["hf_export"])
-    wanted = {f"{MODEL_KEY}.{key}" for key in export.keys}
-    with warnings.catch_warnings():  # one process reads the whole checkpoint, as intended
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        loaded = _load_state_dict_from_keys(wanted, checkpoint_id=str(info.path))[MODEL_KEY]
+    wanted = set(export.keys)
+    if lora is not None and lora["base"] == "frozen":
+        wanted |= {key for merge in lora["merges"] for key in merge[1:]}
+    loaded = _read_model(info.path, wanted)
+    if lora is not None and lora["base"] == "frozen":
+        for weight, a, b in lora["merges"]:
+            loaded[weight] = loaded[weight].float() + lora["scaling"] * (loaded[b].float() @ loaded[a].float())
     tensors = {}
     for ours, theirs in export.keys.items():
         tensor = loaded[ours]
         if ours in export.vocab_padded_keys:
             tensor = tensor[: export.vocab_size]
-        tensors[theirs] = (tensor.to(dtype) if dtype and tensor.is_floating_point() else tensor).contiguous()
+        tensors[theirs] = _cast(tensor, dtype)
     config = dict(export.config)
     if dtype is not None:
         config["dtype"] = str(dtype).removeprefix("torch.")
-    out = Path(out)
+
+    def write(staging: Path) -> None:
+        save_file(tensors, staging / WEIGHTS_FILE, metadata={"format": "pt"})
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        _copy_tokenizer(export.tokenizer_files, staging)
+
+    return _write_whole(Path(out), write)
+
+
+def export_adapter(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None) -> Path:
+    """A LoRA checkpoint's adapter as the folder peft's `PeftModel.from_pretrained` loads on the base
+    model: adapter_model.safetensors (every shard gathered, under peft's names for the base model's
+    Hugging Face layers) and adapter_config.json."""
+    info = read_info(Path(checkpoint)).verified()
+    if (lora := info.extra.get(LORA_RECORD)) is None:
+        raise CheckpointError(f"{info.path}: holds no LoRA adapter; expected a checkpoint of a run with "
+                              "model_alignment_strategy.peft")  # fmt: skip
+
+    def write(staging: Path) -> None:
+        write_adapter_files(staging, lora, weights_from=info.path, dtype=dtype)
+
+    return _write_whole(Path(out), write)
+
+
+def write_adapter_files(directory: Path, lora: dict[str, Any], *, weights_from: Path | None = None,
+                        dtype: torch.dtype | None = None) -> None:  # fmt: skip
+    """adapter_config.json (from a LoRA record) into `directory`, and adapter_model.safetensors read from
+    the DCP files in `weights_from` when given (a checkpoint, or one being finished)."""
+    directory = Path(directory)
+    if weights_from is not None:
+        loaded = _read_model(Path(weights_from), set(lora["keys"]))
+        tensors = {theirs: _cast(loaded[ours], dtype) for ours, theirs in lora["keys"].items()}
+        save_file(tensors, directory / ADAPTER_FILE, metadata={"format": "pt"})
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(lora["config"], indent=2, sort_keys=True))
+
+
+def _read_model(path: Path, keys: set[str]) -> dict[str, torch.Tensor]:
+    """The whole tensors of model `keys` from the DCP files in `path`, read in this one process."""
+    with warnings.catch_warnings():  # one process reads the whole checkpoint, as intended
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        return _load_state_dict_from_keys({f"{MODEL_KEY}.{key}" for key in keys}, checkpoint_id=str(path))[MODEL_KEY]
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return (tensor.to(dtype) if dtype and tensor.is_floating_point() else tensor).contiguous()
+
+
+def _write_whole(out: Path, write: Callable[[Path], None]) -> Path:
+    """Run `write` on a staging folder beside `out`, then rename it to `out` (new or empty)."""
     if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"{out}: expected a new or empty directory for the export, found files in it")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        save_file(tensors, staging / WEIGHTS_FILE, metadata={"format": "pt"})
-        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        _copy_tokenizer(export.tokenizer_files, staging)
+        write(staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)

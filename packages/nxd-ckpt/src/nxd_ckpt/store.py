@@ -54,8 +54,12 @@ class Checkpointer:
 
     def __init__(self, root: Path, policy: SavePolicy, *, asynchronous: bool = False,
                  process_group: dist.ProcessGroup | None = None,
-                 on_complete: Callable[[CheckpointInfo, float], None] | None = None):  # fmt: skip
+                 on_complete: Callable[[CheckpointInfo, float], None] | None = None,
+                 attach: Callable[[Path], None] | None = None):  # fmt: skip
         self.root, self.policy, self.asynchronous = Path(root), policy, asynchronous
+        self.attach = attach
+        """Called on rank 0 with a save's folder once its shards are written, before the marker: files
+        it writes there belong to the checkpoint."""
         self.group = process_group
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.on_complete = on_complete
@@ -140,6 +144,8 @@ class Checkpointer:
         """On rank 0, once every rank's shards are written: the marker, the rename, retention."""
         if self.rank != 0:
             return
+        if self.attach is not None:
+            self.attach(pending.staging)
         write_marker(pending.staging, **pending.record)
         replaced = pending.final.with_name(pending.final.name + REPLACED_SUFFIX)
         if pending.final.exists():  # the same name again without the version counter
