@@ -60,6 +60,9 @@ def _lora_scenarios() -> list[Scenario]:
                  layout=Layout(kv_replicator=2, recompute="full"), **lora),  # fmt: skip
         Scenario("hf-lora-tp2-sp-kv-replicator", "hf", tp=2, kv_heads=1,
                  layout=Layout(kv_replicator=2, sequence_parallel=True), **lora),  # fmt: skip
+        Scenario("megatron-lora-tp2-sp-fused-qkv-kv-replicator", tp=2, kv_heads=1, qkv="fused",
+                 layout=Layout(kv_replicator=2, sequence_parallel=True), **lora),  # fmt: skip
+        Scenario("megatron-lora-tp2-qkv-module-q-and-v", tp=2, qkv="separate", lora=("q_proj", "v_proj")),
         Scenario("megatron-lora-dp2-zero1", layout=Layout(zero1=True), **lora),
         Scenario("megatron-lora-pp2", pp=2, layers=4, tied=False, **lora),
         Scenario("hf-lora-cp2", "hf", cp=2, **lora),
@@ -94,6 +97,8 @@ def _four_process_scenarios() -> list[Scenario]:
         Scenario("megatron-cp2-tp2-sp", cp=2, tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("hf-cp2-tp2", "hf", cp=2, tp=2),
         Scenario("megatron-cp2-dp2-zero1", cp=2, layout=Layout(zero1=True), clip=0.5),
+        Scenario("hf-lora-dp2-tp2-zero1-sp", "hf", tp=2, layout=Layout(zero1=True, sequence_parallel=True), clip=0.5,
+                 lora=LORA_TARGETS),
     ]  # fmt: skip
 
 

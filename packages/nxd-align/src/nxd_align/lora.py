@@ -15,6 +15,7 @@ names, each meaning its parts: `qkv_proj` (q, k and v) and `gate_up_proj` (gate 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from nxd_models import ModelConfigError, ModelFamily
 from peft import LoraConfig, inject_adapter_in_model
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from .fused_lora import PARTS, FusedQKVLora, is_fused_qkv
 
 ADAPTER = "default"
 """peft's adapter name, which its layers put into parameter names (`lora_A.default.weight`)."""
@@ -67,15 +70,16 @@ def is_adapter_key(key: str) -> bool:
     return ".lora_A." in key or ".lora_B." in key
 
 
-def peft_key(key: str, hf_key: str | None = None) -> str:
-    """peft's saved name of adapter parameter `key` (`...q_proj.lora_A.default.weight` ->
-    `base_model.model....q_proj.lora_A.weight`); `hf_key` is the Hugging Face name of its base weight
-    where the family names it differently."""
-    module, _, rest = key.partition(".lora_")
-    half = rest.split(".", 1)[0]  # A or B
-    if hf_key is not None:
-        module = hf_key.removesuffix(".weight")
-    return f"base_model.model.{module}.lora_{half}.weight"
+@dataclass(frozen=True)
+class AdaptedWeight:
+    """One adapted weight: its adapter's A and B and the base weight, under the adapted model's names,
+    and the base weight under the wrapped family's name."""
+
+    module: str
+    a: str
+    b: str
+    live: str
+    weight: str
 
 
 class LoraFamily:
@@ -84,16 +88,40 @@ class LoraFamily:
 
     def __init__(self, family: ModelFamily, spec: LoraSpec):
         self.base, self.spec = family, spec
-        self.modules = adapted_modules(family, spec.targets)
+        self.linear, self.fused = adapted_modules(family, spec.targets)
         self.peft_config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias=spec.bias,
-                                      target_modules=list(self.modules))  # fmt: skip
+                                      target_modules=list(self.linear) or None)  # fmt: skip
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
 
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The adapted modules, in model order."""
+        return tuple(dict.fromkeys(w.module for w in self.weights))
+
+    @property
+    def weights(self) -> list[AdaptedWeight]:
+        found = [AdaptedWeight(name, *(f"{name}.lora_{half}.{ADAPTER}.weight" for half in "AB"),
+                               f"{name}{BASE_LAYER}.weight", f"{name}.weight") for name in self.linear]
+        found += [AdaptedWeight(name, f"{name}.lora_A.{part}.weight", f"{name}.lora_B.{part}.weight",
+                                f"{name}{BASE_LAYER}.weight_{part}", f"{name}.weight_{part}")
+                  for name, parts in self.fused.items() for part in parts]  # fmt: skip
+        order = {name: index for index, name in enumerate(self.base.parameter_shapes())}
+        return sorted(found, key=lambda w: order[w.weight])
+
     def adapt(self, model: nn.Module) -> nn.Module:
         """`model` (a build of the wrapped family) with adapters; only they (and `bias`) train."""
-        return inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
+        if self.linear:
+            model = inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
+        else:
+            model.requires_grad_(False)
+        for name, parts in self.fused.items():
+            parent, _, leaf = name.rpartition(".")
+            s = self.spec
+            fused = FusedQKVLora(model.get_submodule(name), parts, s.rank, s.alpha, s.dropout)
+            model.get_submodule(parent).register_module(leaf, fused)
+        return model
 
     def build_on_meta(self) -> nn.Module:
         return self.adapt(self.base.build_on_meta())
@@ -109,23 +137,23 @@ class LoraFamily:
         for pattern, style in self.base.tp_plan().items():
             if pattern.rpartition(".")[2] not in leaves:
                 plan[pattern] = style
-                continue
-            if style not in ADAPTER_STYLES:
+            elif style == "qkv":
+                plan |= {pattern + BASE_LAYER: style, f"{pattern}.lora_A.*": "lora_a_colwise",
+                         f"{pattern}.lora_B.q": "lora_b_colwise", f"{pattern}.lora_B.k": "lora_b_colwise_kv",
+                         f"{pattern}.lora_B.v": "lora_b_colwise_kv"}  # fmt: skip
+            elif style in ADAPTER_STYLES:
+                a, b = ADAPTER_STYLES[style]
+                plan |= {pattern + BASE_LAYER: style, f"{pattern}.lora_A.*": a, f"{pattern}.lora_B.*": b}
+            else:
                 raise LoraConfigError(f"{KEY}.target_modules: {pattern} shards as {style!r}; LoRA follows "
-                                      f"{', '.join(ADAPTER_STYLES)} layers only")  # fmt: skip
-            a, b = ADAPTER_STYLES[style]
-            plan |= {pattern + BASE_LAYER: style, f"{pattern}.lora_A.*": a, f"{pattern}.lora_B.*": b}
-        return plan
+                                      f"{', '.join(ADAPTER_STYLES)} and qkv layers only")  # fmt: skip
+        names = {name for name, _ in self.build_on_meta().named_modules()}  # only the parts that have adapters
+        return {pattern: style for pattern, style in plan.items() if fnmatch.filter(names, pattern)}
 
     def trainable_count(self) -> int:
-        """Adapter parameters: r x (in + out) per adapted layer (biases under `bias` not included)."""
+        """Adapter parameters: r x (in + out) per adapted weight (biases under `bias` not included)."""
         shapes = self.base.parameter_shapes()
-        return sum(self.spec.rank * (shape[0] + shape[1]) for shape in (shapes[f"{name}.weight"]
-                                                                         for name in self.modules))  # fmt: skip
-
-    def adapter_keys(self) -> list[str]:
-        """The adapted model's names of the adapter weights."""
-        return [f"{name}.lora_{half}.{ADAPTER}.weight" for name in self.modules for half in "AB"]
+        return sum(self.spec.rank * (shapes[w.weight][0] + shapes[w.weight][1]) for w in self.weights)
 
     def base_weights(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """`model`'s live tensors of the base model (adapters left out), under the wrapped family's names:
@@ -144,61 +172,75 @@ class LoraFamily:
             return weights
         frozen = self.base_weights(model)
         if base == "merged":
-            for name in self.modules:
-                if (live := f"{name}{BASE_LAYER}.weight") not in state:  # another pipeline stage's layer
+            for w in self.weights:
+                if w.live not in state:  # another pipeline stage's layer
                     continue
-                a, b = (state[f"{name}.lora_{half}.{ADAPTER}.weight"].float() for half in "AB")
-                delta = self.spec.scaling * (b @ a)
-                if isinstance(delta, DTensor) and not isinstance(state[live], DTensor):
+                delta = self.spec.scaling * (state[w.b].float() @ state[w.a].float())
+                if isinstance(delta, DTensor) and not isinstance(state[w.live], DTensor):
                     delta = delta.full_tensor()
-                frozen[f"{name}.weight"] = state[live].float() + delta
+                frozen[w.weight] = state[w.live].float() + delta
         return weights | frozen
 
     def adapter_export(self) -> dict[str, Any]:
         """What nxd-ckpt needs to write the adapters as a peft adapter folder (adapter_config.json and
-        the key table) and to merge them into the base weights, as plain data."""
+        the key table for the Hugging Face model) and to merge them into the base weights, as plain data."""
         hf_keys = self.base.hf_mapping().keys
-        keys, merges = {}, []
-        for name in self.modules:
-            weight = f"{name}.weight"
-            a, b = (f"{name}.lora_{half}.{ADAPTER}.weight" for half in "AB")
-            keys |= {a: peft_key(a, hf_keys.get(weight)), b: peft_key(b, hf_keys.get(weight))}
-            merges.append([weight, a, b])
+        keys, merges, leaves = {}, [], set()
+        for w in self.weights:
+            hf_module = hf_keys.get(w.weight, w.weight).removesuffix(".weight")
+            keys |= {w.a: f"base_model.model.{hf_module}.lora_A.weight",
+                     w.b: f"base_model.model.{hf_module}.lora_B.weight"}  # fmt: skip
+            merges.append([w.weight, w.a, w.b])
+            leaves.add(hf_module.rpartition(".")[2])
         config = json.loads(json.dumps(self.peft_config.to_dict(), default=sorted))  # sets as lists
-        leaves = sorted({hf_keys.get(f"{name}.weight", name).removesuffix(".weight").rpartition(".")[2]
-                         for name in self.modules})  # fmt: skip
-        config |= {"target_modules": leaves, "task_type": "CAUSAL_LM", "base_model_name_or_path": None}
+        config |= {"target_modules": sorted(leaves), "task_type": "CAUSAL_LM", "base_model_name_or_path": None}
         return {"config": config, "keys": keys, "merges": merges, "scaling": self.spec.scaling}
 
 
-def adapted_modules(family: ModelFamily, targets: Iterable[str]) -> tuple[str, ...]:
-    """The full names of the linear layers `targets` select, in model order; LoraConfigError for a
-    name no decoder layer has, or one that is not a linear layer."""
+Fused = dict[str, tuple[str, ...]]
+"""A fused QKV module's name -> the projections (q, k, v) that get adapters."""
+
+
+def adapted_modules(family: ModelFamily, targets: Iterable[str]) -> tuple[tuple[str, ...], Fused]:
+    """The full names of the linear layers `targets` select, and the fused QKV modules with the
+    projections (q, k, v) selected, in model order; LoraConfigError for a name no decoder layer has,
+    or one that is not a linear layer."""
     model = family.build_on_meta()
     layers = {id(layer) for layer in family.decoder_layers(model)}
     inside: dict[str, nn.Module] = {}
     for prefix, layer in model.named_modules():
         if id(layer) in layers:
             inside |= {f"{prefix}.{name}": module for name, module in layer.named_modules() if name}
-    linear = {name.rpartition(".")[2] for name, module in inside.items() if isinstance(module, nn.Linear)}
-    other = {name.rpartition(".")[2] for name, module in inside.items()} - linear
-    fused = {name: parts for name, parts in FUSED_NAMES.items() if name not in other and set(parts) <= linear}
-    wanted: list[str] = []
+    leaf = {name: name.rpartition(".")[2] for name in inside}
+    linear = {leaf[name] for name, module in inside.items() if isinstance(module, nn.Linear)}
+    fused_modules = [name for name, module in inside.items() if is_fused_qkv(module)]
+    fused_leaves = {leaf[name] for name in fused_modules}
+    other = set(leaf.values()) - linear - fused_leaves
+    names = {name: parts for name, parts in FUSED_NAMES.items() if name not in other and set(parts) <= linear}
+    if fused_leaves:  # the fused module's own name, and each projection's
+        names |= {name: (name,) for name in fused_leaves} | {f"{part}_proj": (f"{part}_proj",) for part in PARTS}
+    valid = ", ".join(sorted(linear | set(names)))
+    wanted: set[str] = set()
     problems = []
     for target in targets:
         if target in other:
             problems.append(f"{KEY}.target_modules: {target!r} is a {type(_first(inside, target)).__name__}, not a "
-                            f"linear layer; LoRA adapts linear layers: {', '.join(sorted(linear | set(fused)))}")
-        elif target not in linear and target not in fused:
-            problems.append(f"{KEY}.target_modules: {target!r} names no linear layer of this model; expected "
-                            f"some of {', '.join(sorted(linear | set(fused)))}")  # fmt: skip
+                            f"linear layer; LoRA adapts linear layers: {valid}")  # fmt: skip
+        elif target not in linear and target not in names:
+            problems.append(f"{KEY}.target_modules: {target!r} names no linear layer of this model; expected some "
+                            f"of {valid}")  # fmt: skip
         else:
-            wanted += fused.get(target, (target,))
+            wanted |= set(names.get(target, (target,)))
     if not list(targets):
         problems.append(f"{KEY}.target_modules: expected at least one module, found an empty list")
     if problems:
         raise LoraConfigError(*problems)
-    return tuple(name for name in inside if name.rpartition(".")[2] in wanted)
+    fused = {}
+    for name in fused_modules:
+        parts = PARTS if leaf[name] in wanted else tuple(p for p in PARTS if f"{p}_proj" in wanted)
+        if parts:
+            fused[name] = parts
+    return tuple(name for name in inside if leaf[name] in wanted and leaf[name] in linear), fused
 
 
 def _first(modules: dict[str, nn.Module], leaf: str) -> nn.Module:
