@@ -6,6 +6,8 @@ uninterrupted losses and final state."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.integration.test_checkpoint_resume import final_state, run, run_and_kill_after_step_5, step_losses
@@ -60,3 +62,37 @@ def test_sft_killed_mid_epoch_resumes_exactly(tmp_path, data):
     expected, resumed = step_losses(whole / "run"), step_losses(broken / "run")
     assert [resumed[step] for step in range(6, 11)] == [expected[step] for step in range(6, 11)]
     assert_identical(final_state(broken / "run"), final_state(whole / "run"))
+
+
+LORA = ["+model_alignment_strategy.peft.lora_rank=4", "+model_alignment_strategy.peft.lora_alpha=8",
+        "+model_alignment_strategy.peft.lora_dropout=0.0", "+model_alignment_strategy.peft.merge_sharded_lora=True",
+        "+model_alignment_strategy.peft.target_modules=[qkv_proj,o_proj,gate_up_proj,down_proj]",
+        "+model_alignment_strategy.peft.save_lora_base=True", "exp_manager.create_checkpoint_callback=True"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lora_one_process(tmp_path_factory, data) -> Path:
+    from tests.training_runs import train_in_process
+
+    log_dir = tmp_path_factory.mktemp("lora_one")
+    train_in_process(log_dir, *OVERRIDES, *data, *LORA)
+    return log_dir
+
+
+@pytest.mark.parametrize("layout", ["tp2_sp", "pp2"])
+def test_lora_in_two_processes_logs_and_saves_what_one_process_does(layout, data, lora_one_process, tmp_path):
+    """Adapters sharded like their base layers (TP2 + SP) or split by stage (PP2): the same losses and
+    gradient norms, and a checkpoint whose peft adapter file holds the same adapter."""
+    from safetensors.torch import load_file
+
+    result = run_command(*OVERRIDES, *data, *LORA, *LAYOUTS[layout], "trainer.devices=2",
+                         f"+exp_manager.explicit_log_dir={tmp_path / layout}", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected, found = read_metrics(lora_one_process), read_metrics(tmp_path / layout)
+    for key in ("loss", "grad_norm", "val_loss"):
+        pairs = list(zip([r[key] for r in expected if key in r], [r[key] for r in found if key in r], strict=True))
+        assert pairs and max(abs(a - b) for a, b in pairs) < 1e-6, (key, pairs)
+    adapters = [load_file(next((log / "checkpoints").glob("*/adapter_model.safetensors")))
+                for log in (lora_one_process, tmp_path / layout)]  # fmt: skip
+    assert set(adapters[0]) == set(adapters[1]) and len(adapters[0]) == 28
+    assert max((adapters[0][k] - adapters[1][k]).abs().max().item() for k in adapters[0]) < 1e-6

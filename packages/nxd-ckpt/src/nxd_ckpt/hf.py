@@ -19,7 +19,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .errors import CheckpointError, CheckpointWarning
 from .marker import read_info
@@ -134,10 +136,12 @@ def write_adapter_files(directory: Path, lora: dict[str, Any], *, weights_from: 
 
 
 def _read_model(path: Path, keys: set[str]) -> dict[str, torch.Tensor]:
-    """The whole tensors of model `keys` from the DCP files in `path`, read in this one process."""
-    with warnings.catch_warnings():  # one process reads the whole checkpoint, as intended
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        return _load_state_dict_from_keys({f"{MODEL_KEY}.{key}" for key in keys}, checkpoint_id=str(path))[MODEL_KEY]
+    """The whole tensors of model `keys` from the DCP files in `path`, read in this one process without
+    any collective (so rank 0 alone may call it inside a distributed run), as DCP's own format tools do."""
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(str(path)), no_dist=True,
+                     planner=_EmptyStateDictLoadPlanner(keys={f"{MODEL_KEY}.{key}" for key in keys}))  # fmt: skip
+    return state[MODEL_KEY]
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
