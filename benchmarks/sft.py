@@ -1,6 +1,11 @@
 """Supervised fine-tuning with packing: nxd-train against TRL's SFTTrainer on the same model and records.
 
-    uv run --group bench python benchmarks/sft.py [--steps 10] [--seq 512,1024]
+    uv run --group bench python benchmarks/sft.py [--steps 10] [--seq 512,1024] [--lora RANK]
+
+With `--lora RANK` both train LoRA adapters (rank RANK, alpha 2 x RANK, no dropout) on every linear
+layer of the decoder (q, k, v, o, gate, up, down) with the base frozen: nxd from
+`model_alignment_strategy.peft`, TRL through peft's LoraConfig. Each framework then runs in a process
+of its own, so that its peak resident memory is its own.
 
 Both fine-tune the same small Llama (a transformers LlamaForCausalLM built from one config.json, same
 initial weights) on the same prompt/completion records (Python standard-library functions: a request
@@ -24,7 +29,9 @@ import csv
 import importlib
 import inspect
 import json
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -68,7 +75,10 @@ def records() -> list[dict[str, str]]:
     return found
 
 
-def write_inputs(directory: Path, pairs: list[dict[str, str]], tokenizer: Path, seq: int) -> Path:
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_inputs(directory: Path, pairs: list[dict[str, str]], tokenizer: Path, seq: int, lora: int = 0) -> Path:
     """The records as nxd's input/output jsonl, the model (initial weights, saved once for both), and
     an nxd config that starts from it."""
     from transformers import LlamaForCausalLM
@@ -95,10 +105,19 @@ model:
   weight_init_only: True
   fusions: {{flash_attention: True}}
   optim: {{name: adamw, lr: {LR}, weight_decay: 0.0}}
-model_alignment_strategy: {{sft: {{packing: True}}}}
+model_alignment_strategy:
+  sft: {{packing: True}}
+{peft_block(lora)}
 precision: {{type: fp32}}
 """)
     return config
+
+
+def peft_block(rank: int) -> str:
+    if not rank:
+        return ""
+    return (f"  peft: {{lora_rank: {rank}, lora_alpha: {2 * rank}, lora_dropout: 0.0, "
+            f"target_modules: [{', '.join(TARGETS)}]}}")
 
 
 def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
@@ -115,7 +134,7 @@ def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
 
 
 def trl_run(pairs: list[dict[str, str]], tokenizer: Path, model_dir: Path, seq: int, steps: int,
-            out: Path) -> dict[str, float]:  # fmt: skip
+            out: Path, lora: int = 0) -> dict[str, float]:  # fmt: skip
     from transformers import AutoModelForCausalLM
 
     processing = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), eos_token="<|endoftext|>",
@@ -129,8 +148,14 @@ def trl_run(pairs: list[dict[str, str]], tokenizer: Path, model_dir: Path, seq: 
         packing=True, packing_strategy="bfd", padding_free=True, completion_only_loss=True, seed=1234,
     )  # fmt: skip
     timer = StepTimer()
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0, target_modules=list(TARGETS),
+                                 task_type="CAUSAL_LM")  # fmt: skip
     trainer = SFTTrainer(model=model, args=arguments, train_dataset=datasets.Dataset.from_list(pairs),
-                         processing_class=processing, callbacks=[timer])  # fmt: skip
+                         processing_class=processing, callbacks=[timer], peft_config=peft_config)  # fmt: skip
     lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
     trainer.train()
     step_time = statistics.median(timer.durations[2:])
@@ -139,36 +164,61 @@ def trl_run(pairs: list[dict[str, str]], tokenizer: Path, model_dir: Path, seq: 
             "rows": len(lengths)}  # fmt: skip
 
 
+def worker(framework: str, seq: int, steps: int, lora: int) -> None:
+    """One framework's run, in this process; prints its figures (with peak resident memory) as JSON."""
+    pairs, tokenizer = records(), builtin_tokenizer(stdlib_corpus(), default_cache_dir())
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        config = write_inputs(directory, pairs, tokenizer, seq, lora)
+        if framework == "nxd":
+            figures = nxd_run(config, steps, directory / "nxd")
+        else:
+            figures = trl_run(pairs, tokenizer, directory / "model", seq, steps, directory / "trl", lora)
+    figures["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(figures))
+
+
+def measured(framework: str, seq: int, steps: int, lora: int) -> dict[str, float]:
+    command = [sys.executable, __file__, "--worker", framework, "--seq", str(seq), "--steps", str(steps),
+               "--lora", str(lora)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{framework} at seq {seq} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seq", default="512,1024", help="comma-separated sequence lengths")
+    parser.add_argument("--lora", type=int, default=0, help="train LoRA adapters of this rank (0: the whole model)")
+    parser.add_argument("--worker", choices=("nxd", "trl"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, int(args.seq), args.steps, args.lora)
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     ceiling = matmul_ceiling(device, torch.float32, seconds=2.0, size=2048 if device.type == "cpu" else 8192)
+    import peft
     import trl
 
-    pairs, tokenizer = records(), builtin_tokenizer(stdlib_corpus(), default_cache_dir())
-    table = []
-    for seq in (int(value) for value in args.seq.split(",")):
-        with tempfile.TemporaryDirectory() as scratch:
-            directory = Path(scratch)
-            config = write_inputs(directory, pairs, tokenizer, seq)
-            ours = nxd_run(config, args.steps, directory / "nxd")
-            theirs = trl_run(pairs, tokenizer, directory / "model", seq, args.steps, directory / "trl")
-        table.append((seq, ours, theirs))
+    table = [(seq, measured("nxd", seq, args.steps, args.lora), measured("trl", seq, args.steps, args.lora))
+             for seq in (int(value) for value in args.seq.split(","))]  # fmt: skip
+    what = f"LoRA r={args.lora} on {', '.join(TARGETS)}" if args.lora else "full fine-tuning"
     print(f"\ndevice: {name}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
-          f"trl {trl.__version__}; fp32 matmul ceiling {ceiling / 1e9:,.0f} GFLOP/s")  # fmt: skip
-    print(f"{len(pairs)} records; {MICRO_BATCH} x {ACCUMULATION} rows per step; median step of steps 3-{args.steps}")
+          f"trl {trl.__version__}, peft {peft.__version__}; fp32 matmul ceiling {ceiling / 1e9:,.0f} GFLOP/s")
+    print(f"{what}; {len(records())} records; {MICRO_BATCH} x {ACCUMULATION} rows per step; median step of "
+          f"steps 3-{args.steps}" + ("" if args.lora else "; MFU by 6 x parameters + attention FLOPs per token"))
     print(f"{'seq':>5} {'framework':<22} {'rows':>5} {'step s':>7} {'real tok/s':>11} {'padding':>8} {'MFU':>6} "
-          f"{'ratio':>6}")  # fmt: skip
+          f"{'peak RSS':>9} {'ratio':>6}")  # fmt: skip
     for seq, ours, theirs in table:
         for label, figures in (("nxd-train", ours), ("TRL SFTTrainer (bfd)", theirs)):
-            mfu = figures["tokens_per_s"] * ours["flops_per_token"] / ceiling
+            mfu = f"{figures['tokens_per_s'] * ours['flops_per_token'] / ceiling:.1%}" if not args.lora else "-"
             ratio = f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x" if figures is ours else ""
             print(f"{seq:>5} {label:<22} {figures['rows']:>5} {figures['step_time']:>7.3f} "
-                  f"{figures['tokens_per_s']:>11,.0f} {figures['padding']:>8.1%} {mfu:>6.1%} {ratio:>6}")  # fmt: skip
+                  f"{figures['tokens_per_s']:>11,.0f} {figures['padding']:>8.1%} {mfu:>6} "
+                  f"{figures['peak_rss'] / 2**20:>7,.0f} MiB {ratio:>6}")  # fmt: skip
     return 0
 
 

@@ -52,22 +52,35 @@ class ORPOConfig(Section):
 class PeftConfig(Section):
     lora_rank: int = key(16, "LoRA rank r.", by=ALIGN, ge=1)
     lora_alpha: int = key(32, "LoRA scaling numerator (updates are scaled by alpha / r).", by=ALIGN, ge=1)
-    lora_dropout: float = key(0.05, "Dropout on the LoRA input.", by=ALIGN, ge=0.0, lt=1.0)
-    lora_bias: Literal["none", "all", "lora_only"] = key("none", "Which biases are trained.", by=ALIGN)
-    lora_verbose: bool = key(False, "Log the adapted modules and trainable parameter counts.", by=ALIGN)
+    lora_dropout: float = key(0.05, "Dropout on the input of each adapter (its A).", by=ALIGN, ge=0.0, lt=1.0)
+    lora_bias: Literal["none", "all", "lora_only"] = key(
+        "none", "Biases that train with the adapters: none, all (every bias of the model) or lora_only (those of the "
+        "adapted layers).", by=ALIGN,
+    )
+    lora_verbose: bool = key(False, "Log every adapted layer and this rank's trainable tensors.", by=ALIGN)
     target_modules: frozen_list(str) = key(
-        ("qkv_proj",), "Modules that get adapters (e.g. qkv_proj, o_proj, gate_up_proj, down_proj).", by=ALIGN
+        ("qkv_proj",), "Linear layers of the decoder that get adapters: NxDT's qkv_proj (q, k and v, or the fused QKV "
+        "module), gate_up_proj (gate and up), o_proj, down_proj, or transformers' q_proj, k_proj, v_proj, gate_proj, "
+        "up_proj.", by=ALIGN,
     )
     load_lora_from_ckpt: bool = key(
-        False, "Load the adapter together with the base model from the checkpoint.", by="nxd-ckpt"
+        False, "exp_manager.resume_from_checkpoint names a LoRA checkpoint: start from its adapters, and its base "
+        "when saved with save_lora_base (else the base is the Hugging Face directory model.model_config).",
+        by="nxd-ckpt",
     )
-    save_lora_base: bool = key(False, "Also save the frozen base model in checkpoints.", by="nxd-ckpt")
-    merge_lora: bool = key(False, "Merge the adapter into the base weights when saving.", by="nxd-ckpt")
+    save_lora_base: bool = key(
+        False, "Checkpoints also hold the frozen base model, under its own names.", by="nxd-ckpt"
+    )
+    merge_lora: bool = key(
+        False, "Checkpoints also hold the merged weights W + (alpha / r) B A under the base model's names, computed "
+        "in fp32 (the live weights never change).", by="nxd-ckpt",
+    )
     save_lora_config_adapter: bool = key(
-        True, "Save the LoRA config next to the adapter weights.", by="nxd-ckpt"
+        True, "Each checkpoint holds peft's adapter_config.json.", by="nxd-ckpt"
     )
     merge_sharded_lora: bool = key(
-        False, "Gather tensor-parallel adapter shards into one adapter when saving.", by="nxd-ckpt"
+        False, "Each checkpoint also holds adapter_model.safetensors: the whole adapter gathered from every shard, "
+        "in peft's layout for the Hugging Face model.", by="nxd-ckpt",
     )
 
 
