@@ -110,3 +110,16 @@ def test_targets_that_name_no_linear_layer_are_refused(targets, expected):
     with pytest.raises(LoraConfigError) as error:
         LoraFamily(model_family(model_spec("megatron")), LoraSpec(targets=targets))
     assert f"model_alignment_strategy.peft.target_modules: {expected}" in str(error.value)
+
+
+def test_the_base_is_held_in_the_policy_s_dtype_and_only_adapters_get_master_weights():
+    from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
+
+    policy = resolve_policy("mixed_precision")  # bf16 parameters, fp32 master weights and optimizer state
+    lora = LoraFamily(model_family(model_spec("hf")), LoraSpec(rank=4, targets=EVERY))
+    model = _built(lora)
+    prepare_parameters(model, policy)
+    optimizer = PrecisionOptimizer(model.parameters(), policy, lambda tensors: torch.optim.AdamW(tensors))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert sum(copy.numel() for copy in optimizer.copies) == lora.trainable_count()
+    assert {copy.dtype for copy in optimizer.copies} == {torch.float32}
