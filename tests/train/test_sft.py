@@ -90,9 +90,10 @@ def test_a_bad_record_is_one_message_naming_file_and_line(tmp_path, capsys, chat
 
 def test_fine_tuning_keys_of_later_releases_and_pretraining_flags_are_refused(tmp_path, capsys, chat_tokenizer_dir):
     job = sft_job(tmp_path / "data", chat_tokenizer_dir)
-    err = _train_error(capsys, *job, "+model_alignment_strategy.peft.lora_rank=8", "+data.reset_attention_mask=True",
-                       "+data.data_prefix=corpus_text_document")  # fmt: skip
-    assert "model_alignment_strategy.peft: LoRA (peft) is not in this release; expected sft" in err
+    err = _train_error(capsys, *job, "+data.reset_attention_mask=True", "+data.data_prefix=corpus_text_document")
+    preference = [override for override in job if "sft.packing" not in override]
+    assert "model_alignment_strategy.orpo: ORPO is not in this release; expected sft" in _train_error(
+        capsys, *preference, "+model_alignment_strategy.orpo.max_prompt_length=32")  # fmt: skip
     assert "data.reset_attention_mask: applies to pretraining samples; fine-tuning records carry their own" in err
     assert "data.data_prefix: applies to pretraining data (Megatron indexed datasets); fine-tuning reads" in err
     no_tokenizer = [override for override in job if not override.startswith("+data.tokenizer")]

@@ -93,6 +93,9 @@ class LoraFamily:
                                       target_modules=list(self.linear) or None)  # fmt: skip
 
     def __getattr__(self, name: str) -> Any:
+        """The wrapped family's protocol (never a dunder, so copying and pickling see this class)."""
+        if name.startswith("__") or name == "base":
+            raise AttributeError(name)
         return getattr(self.base, name)
 
     @property
