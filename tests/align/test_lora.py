@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nxd_align import LoraConfigError, LoraFamily, LoraSpec
+from nxd_align import LoraConfigError, LoraFamily, LoraSpec, adapters_disabled
 from nxd_models import model_family
 
 from tests.parallel.parity import model_spec
@@ -123,3 +123,19 @@ def test_the_base_is_held_in_the_policy_s_dtype_and_only_adapters_get_master_wei
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert sum(copy.numel() for copy in optimizer.copies) == lora.trainable_count()
     assert {copy.dtype for copy in optimizer.copies} == {torch.float32}
+
+
+@pytest.mark.parametrize("qkv", [None, "fused"])
+@torch.no_grad()
+def test_with_adapters_disabled_the_model_computes_its_base(qkv):
+    base = model_family(model_spec("megatron", qkv=qkv))
+    lora = LoraFamily(base, LoraSpec(rank=4, alpha=8, targets=EVERY))
+    plain, adapted = _built(base), _built(lora)
+    for name, parameter in adapted.named_parameters():
+        if ".lora_B." in name:
+            parameter.normal_()
+    trained = {name for name, p in adapted.named_parameters() if p.requires_grad}
+    assert not torch.equal(lora.logits(adapted, _batch()), base.logits(plain, _batch()))
+    with adapters_disabled([adapted]):
+        assert torch.equal(lora.logits(adapted, _batch()), base.logits(plain, _batch()))
+    assert {name for name, p in adapted.named_parameters() if p.requires_grad} == trained

@@ -34,14 +34,21 @@ class FusedQKVLora(nn.Module):
         self.lora_B = nn.ModuleDict({p: nn.Linear(rank, getattr(base_layer, f"weight_{p}").shape[0], bias=False,
                                                   device=device) for p in parts})  # fmt: skip
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.disable_adapters = False
         for parameter in base_layer.parameters():
             parameter.requires_grad_(False)
         for part in parts:  # peft's LoRA initialisation: Kaiming-uniform A, zero B
             nn.init.kaiming_uniform_(self.lora_A[part].weight, a=math.sqrt(5))
             nn.init.zeros_(self.lora_B[part].weight)
 
+    def enable_adapters(self, enabled: bool) -> None:
+        """As peft's layers: with False the module computes its base projections only."""
+        self.disable_adapters = not enabled
+
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         outputs = list(self.base_layer(hidden))
+        if self.disable_adapters:
+            return tuple(outputs)
         dropped = self.lora_dropout(hidden)
         for index, part in enumerate(PARTS):
             if part in self.parts:

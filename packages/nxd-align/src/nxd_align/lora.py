@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from nxd_models import ModelConfigError, ModelFamily
 from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -68,6 +70,22 @@ def base_key(key: str) -> str:
 
 def is_adapter_key(key: str) -> bool:
     return ".lora_A." in key or ".lora_B." in key
+
+
+@contextmanager
+def adapters_disabled(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """Inside, the adapted `modules` (a model, or a rank's pipeline stages) compute the base model: every
+    adapter layer switched off with peft's `enable_adapters(False)` and back on after, so a reference
+    pass (DPO) needs no second copy of the model. Only for passes without backward: peft's switch also
+    clears and restores the adapters' requires_grad."""
+    layers = [m for module in modules for m in module.modules() if isinstance(m, BaseTunerLayer | FusedQKVLora)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 @dataclass(frozen=True)
