@@ -110,18 +110,28 @@ def test_lora_checkpoints_are_small_and_their_exports_load_in_peft_and_transform
     assert (peft.logits - plain.logits).abs().max() > 1e-2  # the adapters trained
     torch.testing.assert_close(peft.logits, ours, rtol=0, atol=1e-5)
     torch.testing.assert_close(merged.logits, ours, rtol=0, atol=1e-5)
+    # merge_lora: the checkpoint's merged weights are the same model
+    assert main(_job(hf_base, tmp_path / "merging", *LORA, *SAVE, f"{PEFT}.merge_lora=True", "model.optim.lr=1e-2")) == 0
+    assert main(["ckpt", "export-hf", str(_checkpoints(tmp_path / "merging")[6]), str(tmp_path / "m2"), "--merged"]) == 0
+    with torch.no_grad():
+        torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(tmp_path / "m2")(ids).logits, ours, rtol=0,
+                                   atol=1e-5)  # fmt: skip
     # the adapter folder a checkpoint holds (merge_sharded_lora) is the same adapter
     with torch.no_grad():
         inside = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(hf_base), lora)(ids)
     assert torch.equal(inside.logits, peft.logits)
 
 
-def test_a_lora_run_resumes_exactly_on_its_base(tmp_path, hf_base):
-    whole = read_metrics(tmp_path / "whole") if main(_job(hf_base, tmp_path / "whole", *LORA, *SAVE)) == 0 else None
+@pytest.mark.parametrize("base", [None, "save_lora_base", "merge_lora"])
+def test_a_lora_run_resumes_exactly_on_its_base(tmp_path, hf_base, base):
+    """Adapters only or with the merged weights: the base comes from resume_from_checkpoint; with
+    save_lora_base, from the checkpoint itself."""
+    job = [*LORA, *SAVE, *([f"{PEFT}.{base}=True"] if base else [])]
+    whole = read_metrics(tmp_path / "whole") if main(_job(hf_base, tmp_path / "whole", *job)) == 0 else None
     step_3 = _checkpoints(tmp_path / "whole")[3]
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
     shutil.copytree(step_3, tmp_path / "resumed" / "checkpoints" / step_3.name)
-    assert main(_job(hf_base, tmp_path / "resumed", *LORA, *SAVE, "exp_manager.resume_if_exists=True")) == 0
+    assert main(_job(hf_base, tmp_path / "resumed", *job, "exp_manager.resume_if_exists=True")) == 0
     resumed = read_metrics(tmp_path / "resumed")
     assert [row["loss"] for row in resumed if "loss" in row and row["step"] > 3] == losses(whole)[3:]
     log = (tmp_path / "resumed" / "nxd_log_globalrank-0_localrank-0.txt").read_text()

@@ -177,7 +177,7 @@ class TrainingState:
     def model_state(self, *, saving: bool = False, base: str | None = None) -> dict[str, torch.Tensor]:
         """The model's weights (its master weights with use_master_weights_in_ckpt): the live tensors, or
         bf16 copies of the floating-point ones when saving with save_bf16. A LoRA run saves its
-        `lora_base`, and loads the base only from a checkpoint that holds it unmerged (`base`)."""
+        `lora_base`, and loads the base only from a checkpoint that holds it unmerged (`base` "frozen")."""
         weights = self._weights(self.lora_base if saving else base)
         if self.masters_as_model:
             weights.update(self.optimizer.masters(self.names))
@@ -196,7 +196,8 @@ class TrainingState:
              process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
         """Everything from checkpoint `path`, in place; `progress`, `sampler` and `rng` receive the saved values."""
         self.optimizer.create_state()
-        state = self.state(progress=progress, sampler=sampler, rng=rng, base=lora_base_of(path))
+        base = "frozen" if holds_frozen_base(path) else None
+        state = self.state(progress=progress, sampler=sampler, rng=rng, base=base)
         load_checkpoint(path, state, process_group=process_group)
         try:
             self.optimizer.load_state_dict(state["optimizer"], self.names)
@@ -207,9 +208,10 @@ class TrainingState:
             self.optimizer.sync_parameters()
 
 
-def lora_base_of(path: Path) -> str | None:
-    """How a LoRA checkpoint holds the base model ("frozen", "merged"), or None (adapters only, or no LoRA)."""
-    return read_info(path).extra.get(LORA_RECORD, {}).get("base")
+def holds_frozen_base(path: Path) -> bool:
+    """Whether LoRA checkpoint `path` holds the base model unmerged (save_lora_base), so loading it
+    restores the base too (merged weights are for export, never a base to train on)."""
+    return read_info(path).extra.get(LORA_RECORD, {}).get("base") == "frozen"
 
 
 def load_weights(model: nn.Module | StagedModel, resume: Resume, export: HFExport | str,
@@ -238,5 +240,5 @@ def load_adapters(model: nn.Module | StagedModel, path: Path, lora: LoraFamily,
     if LORA_RECORD not in read_info(path).extra:
         raise CheckpointError(f"model_alignment_strategy.peft.load_lora_from_ckpt: {path} is not a checkpoint of a "
                               "LoRA run; expected one whose run had model_alignment_strategy.peft")  # fmt: skip
-    weights = lora.checkpoint_weights(model, base=lora_base_of(path))
+    weights = lora.checkpoint_weights(model, base="frozen" if holds_frozen_base(path) else None)
     load_checkpoint(path, {MODEL_KEY: weights}, process_group=process_group)

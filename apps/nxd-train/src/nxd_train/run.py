@@ -41,6 +41,7 @@ from .checkpointing import (
     TrainingState,
     export_of,
     export_record,
+    holds_frozen_base,
     load_adapters,
     load_weights,
     rng_states,
@@ -258,11 +259,11 @@ def _load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, 
     """The base weights under the adapters of LoRA checkpoint `checkpoint`, when it does not hold them
     unmerged: from the plan's base source; none is needed when the run that saved it started from
     the seeded initialisation (which this run repeats)."""
-    info = read_info(checkpoint)
-    if info.extra.get(LORA_RECORD, {}).get("base") == "frozen":
+    if holds_frozen_base(checkpoint):
         return
     if (source := plan.adapters.base_source) is None:
-        if info.extra.get("config", {}).get("exp_manager", {}).get("resume_from_checkpoint") is None:
+        saved_config = read_info(checkpoint).extra.get("config", {})
+        if saved_config.get("exp_manager", {}).get("resume_from_checkpoint") is None:
             return
         raise CheckpointError(f"{checkpoint}: holds LoRA adapters without their base model (saved without "
                               "save_lora_base); expected the base in exp_manager.resume_from_checkpoint (continuing "
