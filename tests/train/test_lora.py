@@ -122,11 +122,12 @@ def test_lora_checkpoints_are_small_and_their_exports_load_in_peft_and_transform
     assert torch.equal(inside.logits, peft.logits)
 
 
-@pytest.mark.parametrize("base", [None, "save_lora_base", "merge_lora"])
-def test_a_lora_run_resumes_exactly_on_its_base(tmp_path, hf_base, base):
-    """Adapters only or with the merged weights: the base comes from resume_from_checkpoint; with
-    save_lora_base, from the checkpoint itself."""
-    job = [*LORA, *SAVE, *([f"{PEFT}.{base}=True"] if base else [])]
+@pytest.mark.parametrize("base", [None, "save_lora_base", "merge_lora", "full fine-tuning"])
+def test_a_restarted_run_continues_exactly_on_its_base(tmp_path, hf_base, base):
+    """A run started from resume_from_checkpoint (weight_init_only) and restarted with resume_if_exists
+    continues from its own newest checkpoint. LoRA with adapters only or with the merged weights: the
+    base comes from resume_from_checkpoint; with save_lora_base, from the checkpoint itself."""
+    job = [*SAVE] if base == "full fine-tuning" else [*LORA, *SAVE, *([f"{PEFT}.{base}=True"] if base else [])]
     whole = read_metrics(tmp_path / "whole") if main(_job(hf_base, tmp_path / "whole", *job)) == 0 else None
     step_3 = _checkpoints(tmp_path / "whole")[3]
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)

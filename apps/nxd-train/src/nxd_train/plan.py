@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nxd_align import Objective, TokenObjective
+from nxd_align import LoraFamily, Objective, TokenObjective
 from nxd_ckpt import SavePolicy
 from nxd_models import ModelFamily
 from nxd_parallel import Layout
@@ -158,7 +158,7 @@ class Adapters:
 
 @dataclass(frozen=True)
 class RunPlan:
-    family: ModelFamily
+    family: ModelFamily | LoraFamily
     data: DataSplits
     seq_length: int
     logging: Logging
@@ -180,6 +180,11 @@ class RunPlan:
     """An existing log directory the run continues in (resume_if_exists); None makes a new one."""
     resolved_config: dict[str, Any] = field(default_factory=dict)
     """The resolved config, written beside the logs and into every checkpoint."""
+
+    @property
+    def lora(self) -> LoraFamily | None:
+        """The family, when it carries LoRA adapters."""
+        return self.family if isinstance(self.family, LoraFamily) else None
 
     @property
     def precision(self) -> str:

@@ -163,7 +163,9 @@ def _path(value: str | None) -> Path | None:
 
 def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
     """The checkpoint the resume keys select and the log directory a resumed run continues in, with
-    notices for checkpoints passed over and resume keys that change nothing here."""
+    notices for checkpoints passed over and resume keys that change nothing here. A run that starts
+    from initial weights (weight_init_only) and is restarted with resume_if_exists continues from its
+    newest complete checkpoint."""
     exp = cfg.exp_manager
     search = (resumable_log_dir(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name)
               if exp.resume_if_exists else None)  # fmt: skip
@@ -182,8 +184,9 @@ def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
         warnings.warn("model.weight_init_only: no checkpoint is loaded, so it changes nothing", ConfigNotice,
                       stacklevel=3)  # fmt: skip
     continues = resume is not None and exp.resume_if_exists and not exp.resume_from_checkpoint
-    lora_continues = _peft(cfg) is not None and exp.resume_from_checkpoint and search is not None
-    if lora_continues and (found := latest_checkpoint(search / CHECKPOINT_DIR)) is not None:  # on its base
+    restarted = resume is not None and resume.weights_only and search is not None
+    if restarted and (found := latest_checkpoint(search / CHECKPOINT_DIR)) is not None:
+        # a run started from initial weights (a LoRA run: on its base) continues from its own checkpoint
         return Resume(found.path.resolve(), False, world_size=found.extra.get("world_size")), search
     return resume, search if continues else None
 

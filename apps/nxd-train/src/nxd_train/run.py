@@ -183,7 +183,7 @@ def setup(plan: RunPlan) -> Run:
     optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(
         update.optimizer, tensors, update.options, decay_norms_and_biases=update.decay_norms_and_biases))  # fmt: skip
     scheduler = build_scheduler(optimizer.optimizer, update.schedule, update.schedule_options, update.lr, steps)
-    lora = plan.family if isinstance(plan.family, LoraFamily) else None
+    lora = plan.lora
     training = TrainingState(model, optimizer, scheduler, use_master_weights=plan.checkpoints.use_master_weights,
                              save_bf16=plan.checkpoints.save_bf16, lora=lora,
                              lora_base=None if plan.adapters is None else plan.adapters.base)  # fmt: skip
@@ -245,7 +245,7 @@ def _load_weights(plan: RunPlan, model: nn.Module | StagedModel, resume: Resume,
                   group: torch.distributed.ProcessGroup | None, monitor: Monitor) -> None:  # fmt: skip
     """The initial weights from an nxd checkpoint or a Hugging Face directory (weight_init_only)."""
     started = time.perf_counter()
-    lora = plan.family if isinstance(plan.family, LoraFamily) else None
+    lora = plan.lora
     if lora is not None and plan.adapters.from_checkpoint:
         _load_base(plan, lora, model, resume.path, group)
         load_adapters(model, resume.path, lora, group)
@@ -275,8 +275,8 @@ def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | No
     """Continue from a checkpoint: weights, optimizer, schedule, step, data position and, at the same
     world size, every rank's RNG states (a LoRA run's base first, when the checkpoint holds adapters only)."""
     started, monitor, rank = time.perf_counter(), run.monitor, run.fabric.global_rank
-    if isinstance(run.plan.family, LoraFamily):
-        _load_base(run.plan, run.plan.family, run.model, resume.path, group)
+    if run.plan.lora is not None:
+        _load_base(run.plan, run.plan.lora, run.model, resume.path, group)
     progress, sampler_state = {"step": 0, "consumed_samples": 0}, run.sampler.state_dict()
     rng = {f"rank{rank}": None} if resume.world_size == run.fabric.world_size else {}
     run.training.load(resume.path, progress=progress, sampler=sampler_state, rng=rng, process_group=group)
