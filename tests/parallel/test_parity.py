@@ -64,6 +64,9 @@ def _lora_scenarios() -> list[Scenario]:
                  layout=Layout(kv_replicator=2, sequence_parallel=True), **lora),  # fmt: skip
         Scenario("megatron-lora-tp2-qkv-module-q-and-v", tp=2, qkv="separate", lora=("q_proj", "v_proj")),
         Scenario("megatron-lora-dp2-zero1", layout=Layout(zero1=True), **lora),
+        Scenario("hf-lora-dp2-zero1-selective-recompute", "hf",
+                 layout=Layout(zero1=True, recompute="selective", recompute_modules=("CoreAttention",),
+                               recompute_mlp=True), **lora),  # fmt: skip
         Scenario("megatron-lora-pp2", pp=2, layers=4, tied=False, **lora),
         Scenario("hf-lora-cp2", "hf", cp=2, **lora),
     ]
