@@ -3,6 +3,8 @@ trainable count by formula, the merge, the fused QKV module, and one clear error
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from nxd_align import LoraConfigError, LoraFamily, LoraSpec, adapters_disabled
@@ -91,12 +93,20 @@ def test_merged_weights_are_w_plus_scaled_b_a_in_fp32_and_leave_the_live_weights
     assert set(only_adapters) == {name for name, p in model.named_parameters() if p.requires_grad}
 
 
-def test_lora_bias_all_trains_every_bias():
-    base = model_family(model_spec("gpt"))  # biases everywhere
-    model = _built(LoraFamily(base, LoraSpec(rank=2, bias="all", targets=("q_proj",))))
-    trained = [name for name, p in model.named_parameters() if p.requires_grad]
-    assert any(name.endswith("mlp.up_proj.bias") for name in trained)
-    assert not any(name.endswith("up_proj.weight") for name in trained)
+@pytest.mark.parametrize("qkv", [False, True])
+def test_lora_bias_trains_every_bias_or_those_of_the_adapted_layers(qkv):
+    spec = dataclasses.replace(model_spec("gpt"), qkv_linear=qkv)  # biases everywhere
+    layer = "model.layers.0"
+    trained = {}
+    for bias in ("none", "all", "lora_only"):
+        model = _built(LoraFamily(model_family(spec), LoraSpec(rank=2, bias=bias, targets=("q_proj", "o_proj"))))
+        trained[bias] = {name for name, p in model.named_parameters() if p.requires_grad and ".lora_" not in name}
+    q_bias = f"{layer}.self_attn.qkv_proj.base_layer.bias_q" if qkv else f"{layer}.self_attn.q_proj.base_layer.bias"
+    assert trained["none"] == set()
+    assert {q_bias, f"{layer}.self_attn.o_proj.base_layer.bias", f"{layer}.mlp.up_proj.bias"} <= trained["all"]
+    assert not any(name.endswith("weight") for name in trained["all"])
+    assert trained["lora_only"] == {name.replace("layers.0", f"layers.{i}") for i in range(2)
+                                    for name in (q_bias, f"{layer}.self_attn.o_proj.base_layer.bias")}  # fmt: skip
 
 
 @pytest.mark.parametrize("targets, expected", [

@@ -135,13 +135,16 @@ class LoraFamily:
         """`model` (a build of the wrapped family) with adapters; only they (and `bias`) train."""
         if self.linear:
             model = inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
-        else:
-            model.requires_grad_(False)
+        model.requires_grad_(False)
         for name, parts in self.fused.items():
             parent, _, leaf = name.rpartition(".")
             s = self.spec
             fused = FusedQKVLora(model.get_submodule(name), parts, s.rank, s.alpha, s.dropout)
             model.get_submodule(parent).register_module(leaf, fused)
+        adapted_biases = {w.live.replace(".weight", ".bias") for w in self.weights}
+        for name, parameter in model.named_parameters():  # lora_bias as peft's `bias` option means it
+            bias = {"all": "bias" in name.rpartition(".")[2], "lora_only": name in adapted_biases}.get(self.spec.bias)
+            parameter.requires_grad_(is_adapter_key(name) or bool(bias))
         return model
 
     def build_on_meta(self) -> nn.Module:
