@@ -179,3 +179,16 @@ def test_an_adapter_checkpoint_for_another_shape_is_refused_by_name(tmp_path, hf
     err = _error(capsys, *_job(hf_base, tmp_path / "second", *LORA, f"{SET}.lora_rank=8",
                                f"exp_manager.resume_from_checkpoint={saved}", f"{PEFT}.load_lora_from_ckpt=True"))
     assert str(saved) in err and "lora_A" in err
+
+
+def test_continued_pretraining_with_lora_trains_only_the_adapters(tmp_path, train_here):
+    """The default job (Megatron data, the Megatron-style model) with adapters: the checkpoint holds
+    the adapters, every one of them moved, and lora_verbose names each adapted layer."""
+    rows = train_here(*LORA, f"{PEFT}.lora_verbose=True", "trainer.max_steps=3",
+                      "exp_manager.create_checkpoint_callback=True")  # fmt: skip
+    assert len(losses(rows)) == 3
+    log = (tmp_path / "run0" / "nxd_log_globalrank-0_localrank-0.txt").read_text()
+    assert "pretraining" in log and "  LoRA model.layers.0.self_attn.q_proj" in log
+    saved = saved_state(_checkpoints(tmp_path / "run0")[3], MODEL_KEY)[MODEL_KEY]
+    assert saved and all(".lora_A." in key or ".lora_B." in key for key in saved)
+    assert all(saved[key].abs().max() > 0 for key in saved if ".lora_B." in key)  # B left zero
