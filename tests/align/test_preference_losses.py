@@ -1,0 +1,59 @@
+"""DPO's and ORPO's losses on fixed log-probs against their published formulas worked by hand, and
+ORPO's odds-ratio term finite as the average log-prob nears 0."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from nxd_align.preference import dpo_loss, log1mexp, orpo_loss, sequence_log_probs
+
+
+@pytest.mark.parametrize("beta, chosen, rejected, ref_chosen, ref_rejected, expected", [
+    (0.1, -4.0, -6.0, -4.0, -6.0, math.log(2)),           # policy == reference: ln 2 whatever the log-probs
+    (0.1, -1.0, -2.0, -1.5, -1.5, 0.6443966600735709),    # rewards 0.05, -0.05: ln(1 + e^-0.1)
+    (0.5, -3.0, -1.0, -2.0, -2.0, 1.3132616875182228),    # rewards -0.5, 0.5: ln(1 + e)
+    (1.0, -10.0, -30.0, -20.0, -20.0, 2.061153620314381e-09),  # margin 20: ln(1 + e^-20)
+])  # fmt: skip
+def test_dpo_sigmoid_loss_is_the_published_formula(beta, chosen, rejected, ref_chosen, ref_rejected, expected):
+    terms = dpo_loss(*(torch.tensor([value]) for value in (chosen, rejected, ref_chosen, ref_rejected)), beta)
+    assert abs(terms.loss.item() - expected) < 1e-6 * max(1.0, expected)
+    assert terms.chosen_rewards.item() == pytest.approx(beta * (chosen - ref_chosen))
+    assert terms.rejected_rewards.item() == pytest.approx(beta * (rejected - ref_rejected))
+    assert terms.accuracies.item() == float(terms.margins.item() > 0)
+
+
+@pytest.mark.parametrize("nll, chosen, rejected, beta, expected", [
+    (2.0, math.log(0.5), math.log(0.25), 0.1, 2.0 + 0.1 * -math.log(0.75)),  # odds 1 and 1/3: log-odds ln 3
+    (1.5, math.log(0.2), math.log(0.2), 0.5, 1.5 + 0.5 * math.log(2)),         # equal odds: -log sigmoid(0)
+    (0.0, math.log(0.1), math.log(0.9), 1.0, math.log(1 + 81)),                # odds 1/9 and 9: log-odds -ln 81
+])  # fmt: skip
+def test_orpo_loss_is_the_published_formula(nll, chosen, rejected, beta, expected):
+    terms = orpo_loss(torch.tensor([nll]), torch.tensor([chosen]), torch.tensor([rejected]), beta)
+    assert terms.loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_orpo_odds_ratio_stays_finite_near_zero_log_probs(dtype):
+    chosen = torch.tensor([-1e-8, -1e-30, 0.0, -3.0], dtype=dtype, requires_grad=True)
+    rejected = torch.tensor([-2.0, -1e-8, -1e-8, -1e-8], dtype=dtype, requires_grad=True)
+    terms = orpo_loss(torch.zeros(4), chosen, rejected, 0.1)
+    terms.loss.sum().backward()
+    assert torch.isfinite(terms.loss).all() and torch.isfinite(chosen.grad).all() and torch.isfinite(rejected.grad).all()
+    naive = torch.log1p(-torch.exp(torch.tensor(-1e-8, dtype=dtype)))  # what the naive form gives
+    assert naive.isinf()
+
+
+def test_log1mexp_is_accurate_on_both_branches():
+    x = torch.tensor([-1e-10, -0.1, -math.log(2), -5.0, -50.0], dtype=torch.float64)
+    expected = torch.tensor([math.log(1e-10) - 5e-11, math.log(1 - math.exp(-0.1)), math.log(0.5),
+                             math.log(1 - math.exp(-5.0)), -math.exp(-50.0)], dtype=torch.float64)  # fmt: skip
+    torch.testing.assert_close(log1mexp(x), expected, rtol=1e-12, atol=1e-30)
+
+
+def test_sequence_log_probs_sum_the_counted_labels():
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6]]]))
+    labels = torch.tensor([[0, -100, 2]])
+    total, count = sequence_log_probs(logits, labels)
+    assert total.item() == pytest.approx(math.log(0.5) + math.log(0.6)) and count.item() == 2
