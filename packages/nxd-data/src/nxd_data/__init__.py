@@ -1,5 +1,5 @@
 """nxd_data: Megatron indexed datasets, GPT pretraining samples, blending, Hugging Face data,
-supervised fine-tuning records (packed or padded) and exact-resume sampling."""
+supervised fine-tuning records (packed or padded), preference pairs and exact-resume sampling."""
 
 from .blending import BlendedDataset, blend_indices
 from .errors import DataError
@@ -9,6 +9,7 @@ from .hf_data import TokenStream, hf_pretraining_dataset, load_records
 from .indexed import IndexedDataset, IndexedDatasetWriter, token_dtype
 from .indices import build_indices
 from .megatron import MegatronDataBuilder
+from .preference import PreferenceDataset, preference_dataset
 from .preprocess import PreprocessSummary, preprocess_jsonl
 from .sampler import PADDING, PretrainingSampler, WithPadding
 from .samples import IGNORE_INDEX, SampleFormat, collate
@@ -26,6 +27,7 @@ __all__ = [
     "IndexedDataset",
     "IndexedDatasetWriter",
     "MegatronDataBuilder",
+    "PreferenceDataset",
     "PreprocessSummary",
     "PretrainingSampler",
     "SFTDataset",
@@ -40,6 +42,7 @@ __all__ = [
     "load_records",
     "load_tokenizer",
     "pack_best_fit",
+    "preference_dataset",
     "preprocess_jsonl",
     "save_atomically",
     "sft_dataset",

@@ -1,0 +1,153 @@
+"""Preference data (DPO, ORPO): records of a prompt and a chosen and a rejected response -> one sample
+per pair holding both sequences, so that a pair always lands in one micro-batch.
+
+Records come from jsonl (plain, .gz, .zst) or Hugging Face data, in one of two forms:
+- `{"prompt": str, "chosen": str, "rejected": str}`: tokens are BOS + prompt, then each response + EOS;
+- the conversational form, `prompt` a list of messages and `chosen` / `rejected` lists of the
+  assistant's messages: the prompt is rendered with the tokenizer's chat template and its generation
+  prompt, each response as the rest of the conversation it completes, then EOS.
+
+Labels are ignored over the prompt. When prompt + the longer response exceeds `seq_length`, the
+prompt is cut to `max_prompt_length` tokens (`truncation_mode` keep_start keeps its start, keep_end its
+end, BOS kept), then each response to the room left (its start kept), so prompt + response never
+exceeds `seq_length`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .chat import ChatRenderer, message_problem
+from .errors import DataError
+from .samples import IGNORE_INDEX
+from .sft import read_records
+from .tokenizer import TextTokenizer
+
+TRUNCATION_MODES = ("keep_start", "keep_end")
+RESPONSES = ("chosen", "rejected")
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    prompt: list[int]
+    chosen: list[int]
+    rejected: list[int]
+    truncated: bool = False
+
+
+def _texts(record: Any, place: str, where: str, renderer: ChatRenderer | None) -> tuple[str, str, str, bool]:
+    """(prompt, chosen, rejected) texts of a record, and whether they came from a conversation."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: {place}: expected a JSON object, found {type(record).__name__}")
+    if missing := [name for name in ("prompt", *RESPONSES) if name not in record]:
+        raise DataError(f"{where}: {place}: expected prompt, chosen and rejected, found no {', '.join(missing)} "
+                        f"(keys: {', '.join(sorted(record)) or 'none'})")  # fmt: skip
+    if all(isinstance(record[name], str) for name in ("prompt", *RESPONSES)):
+        for name in RESPONSES:
+            if not record[name].strip():
+                raise DataError(f"{where}: {place}: {name}: expected a response, found an empty string")
+        return record["prompt"], record["chosen"], record["rejected"], False
+    if not all(isinstance(record[name], list) for name in ("prompt", *RESPONSES)):
+        kinds = ", ".join(f"{name} {type(record[name]).__name__}" for name in ("prompt", *RESPONSES))
+        raise DataError(f"{where}: {place}: expected prompt, chosen and rejected all strings or all message lists, "
+                        f"found {kinds}")  # fmt: skip
+    if renderer is None:
+        raise DataError(f"{where}: {place}: a conversational record needs the tokenizer's chat template, which it "
+                        "lacks (expected chat_template in tokenizer_config.json or a chat_template.jinja file)")
+    prompt = renderer.render(record["prompt"], generation_prompt=True)
+    responses = []
+    for name in RESPONSES:
+        messages = [*record["prompt"], *record[name]]
+        if problem := message_problem(messages):
+            raise DataError(f"{where}: {place}: prompt + {name}: {problem}")
+        if not any(m["role"] == "assistant" and m["content"].strip() for m in record[name]):
+            raise DataError(f"{where}: {place}: {name}: expected an assistant message with content, found none")
+        whole = renderer.render(messages)
+        if not whole.startswith(prompt):
+            raise DataError(f"{where}: {place}: the chat template does not render the prompt as the start of the "
+                            "conversation; expected a template whose prefixes render as prefixes")  # fmt: skip
+        responses.append(whole[len(prompt):])
+    return prompt, responses[0], responses[1], True
+
+
+def _truncated(prompt: list[int], chosen: list[int], rejected: list[int], seq_length: int, max_prompt_length: int,
+               mode: str) -> PreferencePair:  # fmt: skip
+    """The pair cut as the module docstring says."""
+    if len(prompt) + max(len(chosen), len(rejected)) <= seq_length:
+        return PreferencePair(prompt, chosen, rejected)
+    if len(prompt) > max_prompt_length:
+        prompt = prompt[:max_prompt_length] if mode == "keep_start" else [prompt[0], *prompt[len(prompt) -
+                                                                                        max_prompt_length + 1:]]
+    room = seq_length - len(prompt)
+    return PreferencePair(prompt, chosen[:room], rejected[:room], truncated=True)
+
+
+def tokenize_pairs(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer, seq_length: int,
+                   max_prompt_length: int, truncation_mode: str, where: str) -> list[PreferencePair]:  # fmt: skip
+    """Every record as token lists (see the module docstring); a DataError names the first bad record."""
+    renderer = ChatRenderer(tokenizer) if tokenizer.chat_template is not None else None
+    pairs = []
+    for place, record in records:
+        prompt, chosen, rejected, conversation = _texts(record, place, where, renderer)
+        ids = tokenizer.encode([prompt, chosen, rejected])
+        prompt_ids = ids[0] if conversation else [tokenizer.begin_id, *ids[0]]  # the template writes its own BOS
+        pairs.append(_truncated(prompt_ids, [*ids[1], tokenizer.eod_id], [*ids[2], tokenizer.eod_id], seq_length,
+                                max_prompt_length, truncation_mode))  # fmt: skip
+    if not pairs:
+        raise DataError(f"{where}: holds no records")
+    return pairs
+
+
+class PreferenceDataset(Dataset):
+    """One sample per pair: `input_ids`, `labels` and `position_ids` of shape (2, seq_length), the
+    chosen sequence first, padded; labels ignored over the prompt and the padding."""
+
+    def __init__(self, pairs: list[PreferencePair], seq_length: int, pad_id: int):
+        self.pairs, self.seq_length, self.pad_id = pairs, seq_length, pad_id
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    @property
+    def truncated(self) -> int:
+        return sum(pair.truncated for pair in self.pairs)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        pair = self.pairs[int(index)]
+        return self._sample(pair.prompt, (pair.chosen, pair.rejected))
+
+    def padding(self) -> dict[str, torch.Tensor]:
+        """A pair that adds nothing to the loss (fills a short evaluation batch)."""
+        return self._sample([], ([], []))
+
+    def _sample(self, prompt: list[int], responses: tuple[list[int], list[int]]) -> dict[str, torch.Tensor]:
+        seq = self.seq_length
+        input_ids = np.full((2, seq), self.pad_id, dtype=np.int64)
+        labels = np.full((2, seq), IGNORE_INDEX, dtype=np.int64)
+        for row, response in enumerate(responses):
+            tokens = [*prompt, *response]
+            input_ids[row, : len(tokens)] = tokens
+            labels[row, len(prompt) - 1 : len(tokens) - 1] = response  # position t predicts token t + 1
+        positions = np.broadcast_to(np.arange(seq), (2, seq)).copy()
+        return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
+                "position_ids": torch.from_numpy(positions)}  # fmt: skip
+
+
+def preference_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer, seq_length: int, *,
+                       max_prompt_length: int, truncation_mode: str = "keep_start",
+                       limit: int | None = None) -> PreferenceDataset:  # fmt: skip
+    """The preference pairs of the data at `location` (see the module docstring)."""
+    if truncation_mode not in TRUNCATION_MODES:
+        raise DataError(f"truncation_mode: expected one of {', '.join(TRUNCATION_MODES)}, found {truncation_mode!r}")
+    if not 1 <= max_prompt_length < seq_length:
+        raise DataError(f"max_prompt_length: expected at least 1 and below data.seq_length ({seq_length}) so that a "
+                        f"response has room, found {max_prompt_length}")  # fmt: skip
+    pairs = tokenize_pairs(read_records(location, where, split, limit), tokenizer, seq_length, max_prompt_length,
+                           truncation_mode, where)  # fmt: skip
+    return PreferenceDataset(pairs, seq_length, tokenizer.eod_id)
