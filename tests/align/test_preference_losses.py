@@ -57,3 +57,41 @@ def test_sequence_log_probs_sum_the_counted_labels():
     labels = torch.tensor([[0, -100, 2]])
     total, count = sequence_log_probs(logits, labels)
     assert total.item() == pytest.approx(math.log(0.5) + math.log(0.6)) and count.item() == 2
+
+
+def _pair_batch() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Two pairs (the second padding) over a vocabulary of 4: logits are log-probabilities, so each
+    counted label's log-prob is known. Chosen: labels 1, 2 with p 0.5, 0.5; rejected: 0.25, 0.5."""
+    table = torch.tensor([[0.5, 0.25, 0.125, 0.125], [0.25, 0.5, 0.125, 0.125], [0.125, 0.125, 0.5, 0.25]])
+    logits = table.log().expand(4, 3, 4).clone()
+    labels = torch.tensor([[0, 1, -100], [1, 1, -100], [-100] * 3, [-100] * 3])  # chosen, rejected, padding pair
+    return logits, {"labels": labels, "reference_log_probs": torch.tensor([-1.5, -2.5, 0.0, 0.0])}
+
+
+def test_the_dpo_objective_sums_the_formula_over_real_pairs():
+    from nxd_align import DPOObjective
+
+    logits, batch = _pair_batch()
+    chosen, rejected = 2 * math.log(0.5), math.log(0.25) + math.log(0.5)
+    margin = 0.1 * ((chosen + 1.5) - (rejected + 2.5))
+    objective = DPOObjective(beta=0.1)
+    loss, metrics = objective.loss(logits, batch)
+    assert objective.count(batch).item() == 1
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-margin)), abs=1e-6)
+    assert metrics["rewards/chosen"].item() == pytest.approx(0.1 * (chosen + 1.5), abs=1e-6)
+    assert metrics["rewards/margins"].item() == pytest.approx(margin, abs=1e-6)
+    assert metrics["logps/rejected"].item() == pytest.approx(rejected, abs=1e-6)
+    assert metrics["rewards/accuracies"].item() == float(margin > 0)
+
+
+def test_the_orpo_objective_uses_average_log_probs():
+    from nxd_align import ORPOObjective
+
+    logits, batch = _pair_batch()
+    chosen, rejected = math.log(0.5), (math.log(0.25) + math.log(0.5)) / 2
+    odds = (chosen - math.log(1 - math.exp(chosen))) - (rejected - math.log(1 - math.exp(rejected)))
+    ratio = -math.log(1 / (1 + math.exp(-odds)))
+    loss, metrics = ORPOObjective(beta=0.25).loss(logits, batch)
+    assert loss.item() == pytest.approx(-chosen + 0.25 * ratio, abs=1e-6)
+    assert metrics["nll_loss"].item() == pytest.approx(-chosen, abs=1e-6)
+    assert metrics["log_odds_ratio"].item() == pytest.approx(-ratio, abs=1e-6)

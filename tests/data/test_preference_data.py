@@ -89,3 +89,15 @@ def test_a_bad_record_is_one_message_naming_file_and_line(tmp_path, chat_tokeniz
 def test_max_prompt_length_must_leave_room_for_a_response(tmp_path, chat_tokenizer_dir):
     with pytest.raises(DataError, match=r"max_prompt_length: expected at least 1 and below data.seq_length \(32\)"):
         pairs(tmp_path, chat_tokenizer_dir, [PAIR], max_prompt_length=32)
+
+
+def test_collated_pairs_put_each_chosen_row_beside_its_rejected_row(tmp_path, chat_tokenizer_dir):
+    from nxd_data import collate_pairs
+
+    other = {"prompt": "pack my box", "chosen": "with five dozen liquor jugs", "rejected": "no"}
+    dataset = pairs(tmp_path, chat_tokenizer_dir, [PAIR, other])
+    batch = collate_pairs([dataset[0], dataset[1]])
+    assert batch["input_ids"].shape == (4, 32)
+    for number in range(2):
+        for row in range(2):
+            assert torch.equal(batch["input_ids"][2 * number + row], dataset[number]["input_ids"][row])

@@ -9,7 +9,7 @@ from .hf_data import TokenStream, hf_pretraining_dataset, load_records
 from .indexed import IndexedDataset, IndexedDatasetWriter, token_dtype
 from .indices import build_indices
 from .megatron import MegatronDataBuilder
-from .preference import PreferenceDataset, preference_dataset
+from .preference import PreferenceDataset, collate_pairs, preference_dataset
 from .preprocess import PreprocessSummary, preprocess_jsonl
 from .sampler import PADDING, PretrainingSampler, WithPadding
 from .samples import IGNORE_INDEX, SampleFormat, collate
@@ -38,6 +38,7 @@ __all__ = [
     "blend_indices",
     "build_indices",
     "collate",
+    "collate_pairs",
     "hf_pretraining_dataset",
     "load_records",
     "load_tokenizer",

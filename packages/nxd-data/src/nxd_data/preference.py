@@ -151,3 +151,9 @@ def preference_dataset(location: str, where: str, split: str, tokenizer: TextTok
     pairs = tokenize_pairs(read_records(location, where, split, limit), tokenizer, seq_length, max_prompt_length,
                            truncation_mode, where)  # fmt: skip
     return PreferenceDataset(pairs, seq_length, tokenizer.eod_id)
+
+
+def collate_pairs(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Pair samples -> one batch of sequences, each pair's chosen and rejected on adjacent rows
+    (2i chosen, 2i + 1 rejected), so a model sees ordinary rows and a pair never splits."""
+    return {key: torch.stack([sample[key] for sample in samples]).flatten(0, 1) for key in samples[0]}
