@@ -102,3 +102,25 @@ def sft_job(directory: Path, tokenizer_dir: Path, *, packing: bool = True, recor
         (directory / name).write_text("".join(json.dumps(r) + "\n" for r in sft_records(count, seed)))
     return [f"+model_alignment_strategy.sft.packing={packing}", f"+data.train_dir={directory / 'train.jsonl'}",
             f"+data.val_dir={directory / 'validation.jsonl'}", f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+
+
+def preference_records(count: int, seed: int = 0) -> list[dict[str, str]]:
+    """`count` prompt/chosen/rejected records: the chosen response sorts the prompt's words, the rejected
+    one is random words (a preference a tiny model can learn)."""
+    generator = random.Random(seed)
+    records = []
+    for _ in range(count):
+        prompt = generator.choices(SFT_WORDS, k=generator.randint(2, 8))
+        records.append({"prompt": " ".join(prompt), "chosen": " ".join(sorted(prompt)),
+                        "rejected": " ".join(generator.choices(SFT_WORDS, k=generator.randint(1, 8)))})  # fmt: skip
+    return records
+
+
+def orpo_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.2, records: int = 128) -> list[str]:
+    """Overrides that turn the tiny config into an ORPO run on records written to `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, count, seed in (("train.jsonl", records, 0), ("validation.jsonl", 16, 1)):
+        (directory / name).write_text("".join(json.dumps(r) + "\n" for r in preference_records(count, seed)))
+    return [f"+model_alignment_strategy.orpo.beta={beta}", "+model_alignment_strategy.orpo.max_prompt_length=32",
+            f"+data.train_dir={directory / 'train.jsonl'}", f"+data.val_dir={directory / 'validation.jsonl'}",
+            f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip

@@ -26,3 +26,4 @@ def test_token_objective_sums_the_counted_labels_and_counts_them():
 def test_sft_shares_the_token_objective_under_its_own_name():
     assert objective_for("sft") == TokenObjective("sft")
     assert objective_for(None).name == "pretraining"
+    assert objective_for("orpo", beta=0.1).name == "orpo" and objective_for("orpo", beta=0.1).beta == 0.1

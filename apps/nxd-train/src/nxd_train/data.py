@@ -1,6 +1,7 @@
 """The dataset factory: what `data.*` asks for, as train / validation / test datasets (nxd-data).
 
-Fine-tuning (`model_alignment_strategy.sft`) reads SFT records from `train_dir` / `val_dir`. Pretraining
+Fine-tuning reads SFT records (`model_alignment_strategy.sft`) or preference pairs (`orpo`) from
+`train_dir` / `val_dir`. Pretraining
 has three sources, in this order: Megatron indexed data (`data_prefix`), Hugging Face data
 (`train_dir`, `val_dir`), or — when a run names neither — the built-in corpus, preprocessed once into
 an indexed dataset in the cache and then read exactly like `data_prefix` data.
@@ -8,12 +9,13 @@ an indexed dataset in the cache and then read exactly like `data_prefix` data.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from filelock import FileLock
-from nxd_config.schema.alignment import SFTConfig
+from nxd_config.schema.alignment import ORPOConfig, SFTConfig
 from nxd_config.schema.data import DataConfig
 from nxd_data import (
     DataError,
@@ -21,8 +23,11 @@ from nxd_data import (
     MegatronDataBuilder,
     SampleFormat,
     TextTokenizer,
+    collate,
+    collate_pairs,
     hf_pretraining_dataset,
     load_tokenizer,
+    preference_dataset,
     sft_dataset,
     token_dtype,
 )
@@ -86,6 +91,12 @@ class DataSplits:
     """What the run should tell about its data (records skipped, fill of packed rows ...)."""
     tokenizer_files: dict[str, str] = field(default_factory=dict)
     """The tokenizer's files (name -> path), which a Hugging Face export copies beside the weights."""
+    rows_per_sample: int = 1
+    """Sequences per sample: 2 for preference pairs (chosen and rejected, collated onto adjacent rows)."""
+
+    @property
+    def collate(self) -> Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]:
+        return collate_pairs if self.rows_per_sample == 2 else collate
 
 
 def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -> str:
@@ -101,12 +112,15 @@ def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -
     return str(prefix)
 
 
-def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None,
-                   seed: int, sft: SFTConfig | None = None) -> DataSplits:  # fmt: skip
-    """The run's datasets (SFT records when `sft` is given); `train_samples` None means one epoch of the
-    training data. DataError names the key and file of any problem."""
+def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None, seed: int,
+                   sft: SFTConfig | None = None, preference: ORPOConfig | None = None) -> DataSplits:
+    """The run's datasets (SFT records when `sft` is given, preference pairs with `preference`);
+    `train_samples` None means one epoch of the training data. DataError names the key and file of any
+    problem."""
     if sft is not None:
         return _sft_splits(data, seq_length, cache_dir, sft.packing)
+    if preference is not None:
+        return _preference_splits(data, seq_length, preference)
     own_data = data.is_set("data_prefix") or data.train_dir is not None
     corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
     if data.tokenizer is not None:
@@ -157,6 +171,25 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
     notes = tuple(dataset.summary(key) for key, dataset in splits.items())
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
                       data.tokenizer.type, shuffled=False, notes=notes, tokenizer_files=tokenizer.files)  # fmt: skip
+
+
+def _preference_splits(data: DataConfig, seq_length: int, preference: ORPOConfig) -> DataSplits:
+    """Preference pairs of train_dir (and val_dir), one sample per pair."""
+    tokenizer = load_tokenizer(data.tokenizer.type, "data.tokenizer.type")
+    splits, notes = {}, []
+    for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
+                                                                              data.val_dir)):  # fmt: skip
+        if location is not None:
+            splits[key] = preference_dataset(location, key, split, tokenizer, seq_length,
+                                             max_prompt_length=preference.max_prompt_length,
+                                             truncation_mode=preference.truncation_mode,
+                                             limit=data.dev_choose_samples)  # fmt: skip
+            notes.append(f"{key}: {len(splits[key])} preference pairs ({splits[key].truncated} truncated to "
+                         f"seq_length {seq_length})")  # fmt: skip
+    train = splits["data.train_dir"]
+    return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
+                      data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,
+                      rows_per_sample=2)  # fmt: skip
 
 
 def _plain(value):

@@ -76,8 +76,9 @@ def train_step(run: Run, batches: list[Batch]) -> dict[str, float]:
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    values = {name: (run.summed(value, run.token_mesh, run.pp_mesh) / count).item()
-              for name, value in {"loss": totals.loss, **totals.metrics}.items()}  # fmt: skip
+    sums = {"loss": totals.loss, **{name: totals.metrics.get(name, torch.zeros_like(totals.loss))
+                                    for name in objective.metric_names}}  # none on ranks without the last stage
+    values = {name: (run.summed(value, run.token_mesh, run.pp_mesh) / count).item() for name, value in sums.items()}
     values["lr"] = lr
     if grad_norm is not None:
         values["grad_norm"] = grad_norm
@@ -122,7 +123,7 @@ def gradient_norm(run: Run) -> float | None:
 def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_time: float) -> dict[str, float]:
     """What a log line records after optimizer step `done`, given the mean time of the recent steps."""
     logging, gbs = run.plan.logging, run.plan.batches.global_batch_size
-    processed = gbs * run.plan.seq_length
+    processed = gbs * run.plan.data.rows_per_sample * run.plan.seq_length
     shown = {"loss": values["loss"], **{name: values[name] for name in run.plan.objective.metric_names},
              "lr": values["lr"], "epoch": epoch, "consumed_samples": done * gbs}  # fmt: skip
     if "grad_norm" in values and logging.gradient_norm:

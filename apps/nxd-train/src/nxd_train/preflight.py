@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from nxd_align import LoraFamily, LoraSpec, objective_for
+from nxd_align import LoraFamily, LoraSpec, Objective, objective_for
 from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_data import DataError
@@ -54,7 +54,7 @@ class PreflightError(Exception):
         super().__init__("cannot train this config:\n" + "\n".join(f"  {problem}" for problem in problems))
 
 
-LATER = {"dpo": "DPO", "orpo": "ORPO"}
+LATER = {"dpo": "DPO"}
 """Alignment blocks of a later release."""
 
 
@@ -67,10 +67,15 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     found = []
     if (alignment := cfg.model_alignment_strategy) is not None:
         found += [f"model_alignment_strategy.{name}: {label} is not in this release; expected sft (supervised "
-                  "fine-tuning) or no method" for name, label in LATER.items() if getattr(alignment, name) is not None]
+                  "fine-tuning), orpo or no method" for name, label in LATER.items()
+                  if getattr(alignment, name) is not None]  # fmt: skip
+        if alignment.orpo is not None and cfg.distributed_strategy.context_parallel_size > 1:
+            found.append(f"distributed_strategy.context_parallel_size: ORPO sums each sequence's log-probs whole, "
+                         f"which context parallelism splits; expected 1, found "
+                         f"{cfg.distributed_strategy.context_parallel_size}")  # fmt: skip
         if alignment.method is None and alignment.peft is None and not found:
-            found.append("model_alignment_strategy: expected a method (sft) or peft, found an empty section; remove "
-                         "it to pretrain")  # fmt: skip
+            found.append("model_alignment_strategy: expected a method (sft, orpo) or peft, found an empty section; "
+                         "remove it to pretrain")  # fmt: skip
         if (peft := alignment.peft) is not None and peft.save_lora_base and peft.merge_lora:
             found.append("model_alignment_strategy.peft: save_lora_base and merge_lora both write the base weights "
                          "of a checkpoint; expected at most one of them True")  # fmt: skip
@@ -279,6 +284,11 @@ def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily | L
                                        bias=peft.lora_bias, targets=tuple(peft.target_modules)))  # fmt: skip
 
 
+def _objective(cfg: NxdConfig) -> Objective:
+    alignment = cfg.model_alignment_strategy
+    return objective_for(_method(cfg), beta=alignment.orpo.beta if alignment and alignment.orpo else None)
+
+
 def _peft(cfg: NxdConfig):  # noqa: ANN202 - the config's PeftConfig or None
     return None if cfg.model_alignment_strategy is None else cfg.model_alignment_strategy.peft
 
@@ -322,8 +332,10 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     seq_length = cfg.seq_length
     train_samples = cfg.trainer.max_steps * cfg.global_batch_size if cfg.trainer.max_steps > 0 else None
     try:
+        alignment = cfg.model_alignment_strategy
         data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed,
-                              sft=None if _method(cfg) is None else cfg.model_alignment_strategy.sft)  # fmt: skip
+                              sft=None if alignment is None else alignment.sft,
+                              preference=None if alignment is None else alignment.orpo)  # fmt: skip
     except DataError as error:
         raise PreflightError([str(error)]) from None
     if len(data.train) < cfg.global_batch_size:
@@ -338,5 +350,5 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     if problems := layout_problems(family, layout, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size,
                                    ds.context_parallel_size):  # fmt: skip
         raise PreflightError(problems)
-    return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=objective_for(_method(cfg)),
+    return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=_objective(cfg),
                    adapters=_adapters(cfg, resume), resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip

@@ -18,7 +18,7 @@ import yaml
 from lightning_fabric import Fabric
 from nxd_align import LoraFamily
 from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info, write_adapter_files
-from nxd_data import PretrainingSampler, WithPadding, collate
+from nxd_data import PretrainingSampler, WithPadding
 from nxd_parallel import (
     DirectExecutor,
     ParallelDims,
@@ -111,7 +111,7 @@ class Run:
     def micro_batches(self, dataset: Dataset, sampler: PretrainingSampler) -> Iterator[Batch]:
         """This rank's micro-batches of `dataset` as `sampler` orders them, on the device."""
         loader = DataLoader(WithPadding(dataset, self.plan.data.padding), batch_sampler=sampler,
-                            collate_fn=collate, num_workers=self.plan.batches.num_workers)  # fmt: skip
+                            collate_fn=self.plan.data.collate, num_workers=self.plan.batches.num_workers)  # fmt: skip
         return map(self.on_device, loader)
 
     def train_batches(self) -> Iterator[Batch]:

@@ -67,11 +67,15 @@ class TokenObjective:
         return token_cross_entropy(logits, batch["labels"]).double().sum(), {}
 
 
-def objective_for(method: str | None) -> Objective:
+def objective_for(method: str | None, beta: float | None = None) -> Objective:
     """The objective of an alignment method (`model_alignment_strategy`): None pretrains, "sft"
-    fine-tunes on responses."""
+    fine-tunes on responses, "orpo" (with its `beta`) trains on preference pairs."""
     if method is None:
         return TokenObjective()
     if method == "sft":
         return TokenObjective("sft")
-    raise ValueError(f"model_alignment_strategy: expected sft or no method, found {method!r}")
+    if method == "orpo" and beta is not None:
+        from .preference import ORPOObjective
+
+        return ORPOObjective(beta)
+    raise ValueError(f"model_alignment_strategy: expected sft, orpo (with beta) or no method, found {method!r}")
