@@ -101,3 +101,16 @@ def test_collated_pairs_put_each_chosen_row_beside_its_rejected_row(tmp_path, ch
     for number in range(2):
         for row in range(2):
             assert torch.equal(batch["input_ids"][2 * number + row], dataset[number]["input_ids"][row])
+
+
+def test_collated_pairs_can_drop_their_trailing_padding(tmp_path, chat_tokenizer_dir):
+    from nxd_data import collate_pairs
+
+    dataset = pairs(tmp_path, chat_tokenizer_dir, [PAIR, {"prompt": "a", "chosen": "b", "rejected": "c"}], seq_length=64)
+    whole = collate_pairs([dataset[0], dataset[1]])
+    longest = max(int((row != IGNORED).nonzero().max()) + 2 for row in whole["labels"])
+    trimmed = collate_pairs([dataset[0], dataset[1]], trim_to=8)
+    assert trimmed["input_ids"].shape == (4, -(-longest // 8) * 8) and longest < 64
+    for key in whole:  # the same batch, without columns that hold only padding
+        assert torch.equal(trimmed[key], whole[key][:, : trimmed[key].shape[1]])
+    assert (whole["labels"][:, trimmed["labels"].shape[1]:] == IGNORED).all()

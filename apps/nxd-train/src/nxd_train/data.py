@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -94,9 +95,10 @@ class DataSplits:
     rows_per_sample: int = 1
     """Sequences per sample: 2 for preference pairs (chosen and rejected, collated onto adjacent rows)."""
 
-    @property
-    def collate(self) -> Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]:
-        return collate_pairs if self.rows_per_sample == 2 else collate
+    def collate(self, trim_to: int | None) -> Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]:
+        """How samples become a micro-batch; pairs drop their trailing padding columns (to a multiple of
+        `trim_to`, None keeps every column)."""
+        return partial(collate_pairs, trim_to=trim_to) if self.rows_per_sample == 2 else collate
 
 
 def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -> str:

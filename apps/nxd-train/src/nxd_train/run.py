@@ -5,6 +5,7 @@ and LR schedule, the sampler, the checkpointer, and where a resumed run starts.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -111,8 +112,15 @@ class Run:
     def micro_batches(self, dataset: Dataset, sampler: PretrainingSampler) -> Iterator[Batch]:
         """This rank's micro-batches of `dataset` as `sampler` orders them, on the device."""
         loader = DataLoader(WithPadding(dataset, self.plan.data.padding), batch_sampler=sampler,
-                            collate_fn=self.plan.data.collate, num_workers=self.plan.batches.num_workers)  # fmt: skip
+                            collate_fn=self.plan.data.collate(self.trim_to),
+                            num_workers=self.plan.batches.num_workers)  # fmt: skip
         return map(self.on_device, loader)
+
+    @property
+    def trim_to(self) -> int | None:
+        """Micro-batches of pairs are cut to their longest sequence, in multiples of 8 and of the ranks
+        that split the sequence; pipeline stages keep one shape, so every column stays."""
+        return None if self.dims.pp > 1 else math.lcm(8, self.dims.tp * self.dims.cp * 2)
 
     def train_batches(self) -> Iterator[Batch]:
         """The training micro-batches from the run's start to its last step."""

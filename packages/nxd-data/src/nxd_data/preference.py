@@ -153,7 +153,15 @@ def preference_dataset(location: str, where: str, split: str, tokenizer: TextTok
     return PreferenceDataset(pairs, seq_length, tokenizer.eod_id)
 
 
-def collate_pairs(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def collate_pairs(samples: list[dict[str, torch.Tensor]], trim_to: int | None = None) -> dict[str, torch.Tensor]:
     """Pair samples -> one batch of sequences, each pair's chosen and rejected on adjacent rows
-    (2i chosen, 2i + 1 rejected), so a model sees ordinary rows and a pair never splits."""
-    return {key: torch.stack([sample[key] for sample in samples]).flatten(0, 1) for key in samples[0]}
+    (2i chosen, 2i + 1 rejected), so a model sees ordinary rows and a pair never splits. With
+    `trim_to`, the columns after the batch's longest sequence (rounded up to a multiple of `trim_to`)
+    are dropped: they are padding, which causal attention keeps from every real token."""
+    batch = {key: torch.stack([sample[key] for sample in samples]).flatten(0, 1) for key in samples[0]}
+    if trim_to is not None:
+        counted = (batch["labels"] != IGNORE_INDEX).any(0).nonzero()
+        length = int(counted.max()) + 2 if len(counted) else 1  # through the last label's input and its target
+        length = min(-(-length // trim_to) * trim_to, batch["labels"].shape[-1])
+        batch = {key: value[..., :length] for key, value in batch.items()}
+    return batch

@@ -1,0 +1,160 @@
+"""ORPO: nxd-train against TRL's ORPOTrainer on the same model, preference pairs, batch and precision.
+
+    uv run --group bench python benchmarks/preference.py [--steps 10] [--seq 512]
+
+Both train the small Llama of benchmarks/sft.py (one set of initial weights saved once) on the same
+pairs built from Python's standard library: the prompt asks for a function by name and docstring, the
+chosen response is its source, the rejected one the source of the next function in the list. Same
+pairs per step (micro-batch 4 pairs x accumulation 2), AdamW at a constant 1e-4, clipping 1.0, fp32,
+SDPA, beta 0.1, prompts cut to 128 tokens and prompt + response to `seq` (keep_start). Each framework
+runs in a process of its own. Printed: real (non-padding) tokens of both sequences per second over the
+median step after warm-up, peak resident memory, and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import datasets
+import torch
+from nxd_config import load_config
+from nxd_data import load_tokenizer
+from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
+from nxd_train.loop import train
+from nxd_train.preflight import plan_run
+from sft import MODEL, records  # benchmarks/ is the script's folder
+from throughput import StepTimer
+from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+MICRO_BATCH, ACCUMULATION, LR, BETA, PROMPT = 4, 2, 1e-4, 0.1, 128
+
+
+def pairs() -> list[dict[str, str]]:
+    found = records()
+    return [{"prompt": r["prompt"], "chosen": r["completion"], "rejected": found[(i + 1) % len(found)]["completion"]}
+            for i, r in enumerate(found)]  # fmt: skip
+
+
+def write_inputs(directory: Path, tokenizer: Path, seq: int) -> Path:
+    from transformers import LlamaForCausalLM
+
+    with open(directory / "pairs.jsonl", "w") as handle:
+        handle.writelines(json.dumps(pair) + "\n" for pair in pairs())
+    torch.manual_seed(1234)
+    LlamaForCausalLM(LlamaConfig(vocab_size=load_tokenizer(tokenizer).vocab_size, max_position_embeddings=seq,
+                                 **MODEL)).save_pretrained(directory / "model")  # fmt: skip
+    config = directory / "orpo.yaml"
+    config.write_text(f"""
+name: orpo_bench
+model_source: hf
+trainer: {{max_steps: 1, log_every_n_steps: 1, val_check_interval: 1000000, limit_val_batches: 0,
+          num_sanity_val_steps: 0, gradient_clip_val: 1.0}}
+exp_manager: {{create_checkpoint_callback: False, create_tensorboard_logger: False, log_gradient_norm: True,
+              resume_from_checkpoint: {directory / 'model'}}}
+data: {{micro_batch_size: {MICRO_BATCH}, global_batch_size: {MICRO_BATCH * ACCUMULATION}, seq_length: {seq},
+       train_dir: {directory / 'pairs.jsonl'}, tokenizer: {{type: {tokenizer}}}}}
+model:
+  model_config: {directory / 'model'}
+  encoder_seq_length: {seq}
+  weight_init_only: True
+  fusions: {{flash_attention: True}}
+  optim: {{name: adamw, lr: {LR}, weight_decay: 0.0}}
+model_alignment_strategy: {{orpo: {{beta: {BETA}, max_prompt_length: {PROMPT}, truncation_mode: keep_start}}}}
+precision: {{type: fp32}}
+""")
+    return config
+
+
+def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
+    plan = plan_run(load_config(config, [f"trainer.max_steps={steps}", f"+exp_manager.explicit_log_dir={log_dir}"]),
+                    default_cache_dir())  # fmt: skip
+    train_pairs = plan.data.train.pairs
+    real = statistics.fmean(len(p.prompt) * 2 + len(p.chosen) + len(p.rejected) for p in train_pairs)
+    train(plan)
+    with open(log_dir / "metrics.csv") as handle:
+        times = [float(row["step_time"]) for row in csv.DictReader(handle) if row.get("step_time")]
+    step_time = statistics.median(times[2:])
+    return {"tokens_per_s": MICRO_BATCH * ACCUMULATION * real / step_time, "step_time": step_time}
+
+
+def trl_run(tokenizer: Path, model_dir: Path, seq: int, steps: int, out: Path) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    processing = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), eos_token="<|endoftext|>",
+                                         pad_token="<|endoftext|>", bos_token="<|endoftext|>")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
+    arguments = ORPOConfig(
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=ACCUMULATION, learning_rate=LR, weight_decay=0.0, max_grad_norm=1.0,
+        lr_scheduler_type="constant", warmup_steps=0, use_cpu=not torch.cuda.is_available(), report_to=[],
+        save_strategy="no", logging_steps=1000, disable_tqdm=True, dataloader_num_workers=0, max_length=seq,
+        max_completion_length=seq - PROMPT, beta=BETA, seed=1234,
+    )  # fmt: skip
+    timer = StepTimer()
+    trainer = ORPOTrainer(model=model, args=arguments, train_dataset=datasets.Dataset.from_list(pairs()),
+                          processing_class=processing, callbacks=[timer])  # fmt: skip
+    data = trainer.train_dataset
+    real = statistics.fmean(len(c) + len(r) for c, r in zip(data["chosen_input_ids"], data["rejected_input_ids"],
+                                                             strict=True))  # fmt: skip
+    trainer.train()
+    step_time = statistics.median(timer.durations[2:])
+    return {"tokens_per_s": MICRO_BATCH * ACCUMULATION * real / step_time, "step_time": step_time}
+
+
+def worker(framework: str, seq: int, steps: int) -> None:
+    tokenizer = builtin_tokenizer(stdlib_corpus(), default_cache_dir())
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        config = write_inputs(directory, tokenizer, seq)
+        if framework == "nxd":
+            figures = nxd_run(config, steps, directory / "nxd")
+        else:
+            figures = trl_run(tokenizer, directory / "model", seq, steps, directory / "trl")
+    figures["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(figures))
+
+
+def measured(framework: str, seq: int, steps: int) -> dict[str, float]:
+    command = [sys.executable, __file__, "--worker", framework, "--seq", str(seq), "--steps", str(steps)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{framework} at seq {seq} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--worker", choices=("nxd", "trl"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.seq, args.steps)
+        return 0
+    import trl
+
+    ours, theirs = measured("nxd", args.seq, args.steps), measured("trl", args.seq, args.steps)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
+    print(f"\ndevice: {device}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
+          f"trl {trl.__version__}")  # fmt: skip
+    print(f"ORPO, {len(pairs())} pairs, seq {args.seq}, {MICRO_BATCH} x {ACCUMULATION} pairs per step; median step "
+          f"of steps 3-{args.steps}")  # fmt: skip
+    print(f"{'framework':<16} {'step s':>7} {'real tok/s':>11} {'peak RSS':>9} {'ratio':>6}")
+    for label, figures in (("nxd-train", ours), ("TRL ORPOTrainer", theirs)):
+        ratio = f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x" if figures is ours else ""
+        print(f"{label:<16} {figures['step_time']:>7.3f} {figures['tokens_per_s']:>11,.0f} "
+              f"{figures['peak_rss'] / 2**20:>5,.0f} MiB {ratio:>6}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
