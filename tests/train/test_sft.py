@@ -92,8 +92,8 @@ def test_fine_tuning_keys_of_later_releases_and_pretraining_flags_are_refused(tm
     job = sft_job(tmp_path / "data", chat_tokenizer_dir)
     err = _train_error(capsys, *job, "+data.reset_attention_mask=True", "+data.data_prefix=corpus_text_document")
     preference = [override for override in job if "sft.packing" not in override]
-    assert "model_alignment_strategy.orpo: ORPO is not in this release; expected sft" in _train_error(
-        capsys, *preference, "+model_alignment_strategy.orpo.max_prompt_length=32")  # fmt: skip
+    assert "model_alignment_strategy.dpo: DPO is not in this release; expected sft" in _train_error(
+        capsys, *preference, "+model_alignment_strategy.dpo.max_prompt_length=32")  # fmt: skip
     assert "data.reset_attention_mask: applies to pretraining samples; fine-tuning records carry their own" in err
     assert "data.data_prefix: applies to pretraining data (Megatron indexed datasets); fine-tuning reads" in err
     no_tokenizer = [override for override in job if not override.startswith("+data.tokenizer")]
