@@ -14,7 +14,6 @@ median step after warm-up, peak resident memory, and the ratio.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import resource
 import statistics
@@ -26,15 +25,14 @@ from pathlib import Path
 import datasets
 import torch
 from nxd_config import load_config
-from nxd_data import load_tokenizer
 from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
 from nxd_train.loop import train
 from nxd_train.preflight import plan_run
-from sft import MODEL, records  # benchmarks/ is the script's folder
+from sft import ACCUMULATION, LR, MICRO_BATCH, bench_config, median_step_time, records  # the script's folder
 from throughput import StepTimer
-from transformers import LlamaConfig, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
-MICRO_BATCH, ACCUMULATION, LR, BETA, PROMPT = 4, 2, 1e-4, 0.1, 128
+BETA, PROMPT = 0.1, 128
 
 
 def pairs() -> list[dict[str, str]]:
@@ -44,44 +42,18 @@ def pairs() -> list[dict[str, str]]:
 
 
 def write_inputs(directory: Path, tokenizer: Path, seq: int) -> Path:
-    from transformers import LlamaForCausalLM
-
     with open(directory / "pairs.jsonl", "w") as handle:
         handle.writelines(json.dumps(pair) + "\n" for pair in pairs())
-    torch.manual_seed(1234)
-    LlamaForCausalLM(LlamaConfig(vocab_size=load_tokenizer(tokenizer).vocab_size, max_position_embeddings=seq,
-                                 **MODEL)).save_pretrained(directory / "model")  # fmt: skip
-    config = directory / "orpo.yaml"
-    config.write_text(f"""
-name: orpo_bench
-model_source: hf
-trainer: {{max_steps: 1, log_every_n_steps: 1, val_check_interval: 1000000, limit_val_batches: 0,
-          num_sanity_val_steps: 0, gradient_clip_val: 1.0}}
-exp_manager: {{create_checkpoint_callback: False, create_tensorboard_logger: False, log_gradient_norm: True,
-              resume_from_checkpoint: {directory / 'model'}}}
-data: {{micro_batch_size: {MICRO_BATCH}, global_batch_size: {MICRO_BATCH * ACCUMULATION}, seq_length: {seq},
-       train_dir: {directory / 'pairs.jsonl'}, tokenizer: {{type: {tokenizer}}}}}
-model:
-  model_config: {directory / 'model'}
-  encoder_seq_length: {seq}
-  weight_init_only: True
-  fusions: {{flash_attention: True}}
-  optim: {{name: adamw, lr: {LR}, weight_decay: 0.0}}
-model_alignment_strategy: {{orpo: {{beta: {BETA}, max_prompt_length: {PROMPT}, truncation_mode: keep_start}}}}
-precision: {{type: fp32}}
-""")
-    return config
+    return bench_config(directory, directory / "pairs.jsonl", tokenizer, seq,
+                        f"  orpo: {{beta: {BETA}, max_prompt_length: {PROMPT}, truncation_mode: keep_start}}")
 
 
 def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
     plan = plan_run(load_config(config, [f"trainer.max_steps={steps}", f"+exp_manager.explicit_log_dir={log_dir}"]),
                     default_cache_dir())  # fmt: skip
-    train_pairs = plan.data.train.pairs
-    real = statistics.fmean(len(p.prompt) * 2 + len(p.chosen) + len(p.rejected) for p in train_pairs)
+    real = statistics.fmean(len(p.prompt) * 2 + len(p.chosen) + len(p.rejected) for p in plan.data.train.pairs)
     train(plan)
-    with open(log_dir / "metrics.csv") as handle:
-        times = [float(row["step_time"]) for row in csv.DictReader(handle) if row.get("step_time")]
-    step_time = statistics.median(times[2:])
+    step_time = median_step_time(log_dir)
     return {"tokens_per_s": MICRO_BATCH * ACCUMULATION * real / step_time, "step_time": step_time, "per_pair": real}
 
 

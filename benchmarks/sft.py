@@ -79,26 +79,31 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def write_inputs(directory: Path, pairs: list[dict[str, str]], tokenizer: Path, seq: int, lora: int = 0) -> Path:
-    """The records as nxd's input/output jsonl, the model (initial weights, saved once for both), and
-    an nxd config that starts from it."""
-    from transformers import LlamaForCausalLM
-
+    """The records as nxd's input/output jsonl, the model and an nxd config that starts from it."""
     with open(directory / "records.jsonl", "w") as handle:
         handle.writelines(json.dumps({"input": p["prompt"], "output": p["completion"]}) + "\n" for p in pairs)
-    vocab = load_tokenizer(tokenizer).vocab_size
+    return bench_config(directory, directory / "records.jsonl", tokenizer, seq,
+                        f"  sft: {{packing: True}}\n{peft_block(lora)}")  # fmt: skip
+
+
+def bench_config(directory: Path, data: Path, tokenizer: Path, seq: int, alignment: str) -> Path:
+    """The bench model (initial weights, saved once for both frameworks) and an nxd config that starts
+    from it on `data` with the `model_alignment_strategy` lines `alignment`."""
+    from transformers import LlamaForCausalLM
+
     torch.manual_seed(1234)
-    model_config = LlamaConfig(vocab_size=vocab, max_position_embeddings=seq, **MODEL)
+    model_config = LlamaConfig(vocab_size=load_tokenizer(tokenizer).vocab_size, max_position_embeddings=seq, **MODEL)
     LlamaForCausalLM(model_config).save_pretrained(directory / "model")
-    config = directory / "sft.yaml"
+    config = directory / "bench.yaml"
     config.write_text(f"""
-name: sft_bench
+name: bench
 model_source: hf
 trainer: {{max_steps: 1, log_every_n_steps: 1, val_check_interval: 1000000, limit_val_batches: 0,
           num_sanity_val_steps: 0, gradient_clip_val: 1.0}}
 exp_manager: {{create_checkpoint_callback: False, create_tensorboard_logger: False, log_gradient_norm: True,
               resume_from_checkpoint: {directory / 'model'}}}
 data: {{micro_batch_size: {MICRO_BATCH}, global_batch_size: {MICRO_BATCH * ACCUMULATION}, seq_length: {seq},
-       train_dir: {directory / 'records.jsonl'}, tokenizer: {{type: {tokenizer}}}}}
+       train_dir: {data}, tokenizer: {{type: {tokenizer}}}}}
 model:
   model_config: {directory / 'model'}
   encoder_seq_length: {seq}
@@ -106,11 +111,17 @@ model:
   fusions: {{flash_attention: True}}
   optim: {{name: adamw, lr: {LR}, weight_decay: 0.0}}
 model_alignment_strategy:
-  sft: {{packing: True}}
-{peft_block(lora)}
+{alignment}
 precision: {{type: fp32}}
 """)
     return config
+
+
+def median_step_time(log_dir: Path) -> float:
+    """The median step time nxd logged, after two steps of warm-up."""
+    with open(log_dir / "metrics.csv") as handle:
+        times = [float(row["step_time"]) for row in csv.DictReader(handle) if row.get("step_time")]
+    return statistics.median(times[2:])
 
 
 def peft_block(rank: int) -> str:
@@ -125,9 +136,7 @@ def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
     plan = plan_run(cfg, default_cache_dir())
     fill = plan.data.train.fill
     train(plan)
-    with open(log_dir / "metrics.csv") as handle:
-        times = [float(row["step_time"]) for row in csv.DictReader(handle) if row.get("step_time")]
-    step_time = statistics.median(times[2:])
+    step_time = median_step_time(log_dir)
     real = MICRO_BATCH * ACCUMULATION * plan.seq_length * fill
     return {"tokens_per_s": real / step_time, "padding": 1 - fill, "flops_per_token": plan.family.flops_per_token(
         plan.seq_length), "step_time": step_time, "rows": len(plan.data.train)}  # fmt: skip
