@@ -200,11 +200,11 @@ def setup(plan: RunPlan) -> Run:
         monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
 
     adapters, attach = plan.adapters, None
+    adapter_export = None if lora is None else lora.adapter_export()
     if lora is not None and (adapters.config_file or adapters.single_file):
-        files = lora.adapter_export()
 
         def attach(folder: Path) -> None:  # peft's adapter folder inside each checkpoint
-            write_adapter_files(folder, files, weights_from=folder if adapters.single_file else None)
+            write_adapter_files(folder, adapter_export, weights_from=folder if adapters.single_file else None)
 
     checkpointer = Checkpointer(log_dir / CHECKPOINT_DIR, plan.checkpoints.policy,
                                 asynchronous=plan.checkpoints.asynchronous, process_group=checkpoint_group,
@@ -214,7 +214,7 @@ def setup(plan: RunPlan) -> Run:
     record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
               "config": plan.resolved_config, **export_record(export_of(plan.family, plan.data.tokenizer_files))}
     if lora is not None:
-        record[LORA_RECORD] = lora.adapter_export() | {"base": plan.adapters.base}
+        record[LORA_RECORD] = adapter_export | {"base": plan.adapters.base}
     run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,
               checkpointer, record, steps, flops_per_token=plan.family.flops_per_token(plan.seq_length),
               ceiling=ceiling)  # fmt: skip

@@ -20,6 +20,7 @@ import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -121,8 +122,9 @@ class LoraFamily:
         """The adapted modules, in model order."""
         return tuple(dict.fromkeys(w.module for w in self.weights))
 
-    @property
+    @cached_property
     def weights(self) -> list[AdaptedWeight]:
+        """Every adapted weight, in model order (fixed by the targets, so found once)."""
         found = [AdaptedWeight(name, *(f"{name}.lora_{half}.{ADAPTER}.weight" for half in "AB"),
                                f"{name}{BASE_LAYER}.weight", f"{name}.weight") for name in self.linear]
         found += [AdaptedWeight(name, f"{name}.lora_A.{part}.weight", f"{name}.lora_B.{part}.weight",
