@@ -1,12 +1,17 @@
-"""ORPO: nxd-train against TRL's ORPOTrainer on the same model, preference pairs, batch and precision.
+"""DPO and ORPO: nxd-train against TRL's DPOTrainer and ORPOTrainer on the same model, preference pairs,
+batch and precision.
 
-    uv run --group bench python benchmarks/preference.py [--steps 10] [--seq 512]
+    uv run --group bench python benchmarks/preference.py [--method dpo|orpo] [--steps 10] [--seq 512]
+
+DPO runs with precomputed reference log-probs on both sides (nxd's default; TRL's
+precompute_ref_log_probs=True), and the time of that reference pass is printed beside the steps.
 
 Both train the small Llama of benchmarks/sft.py (one set of initial weights saved once) on the same
 pairs built from Python's standard library: the prompt asks for a function by name and docstring, the
 chosen response is its source, the rejected one the source of the next function in the list. Same
 pairs per step (micro-batch 4 pairs x accumulation 2), AdamW at a constant 1e-4, clipping 1.0, fp32,
-SDPA, beta 0.1, prompts cut to 128 tokens and prompt + response to `seq` (keep_start). Each framework
+SDPA, beta 0.1, prompts cut to 128 tokens and prompt + response to `seq` (keep_start; TRL's DPO cuts
+prompt + response to `seq` only, so its token counts may differ: both are printed). Each framework
 runs in a process of its own. Printed: real (non-padding) tokens of both sequences per second over the
 median step after warm-up, peak resident memory, and the ratio.
 """
@@ -15,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import datasets
@@ -41,11 +48,12 @@ def pairs() -> list[dict[str, str]]:
             for i, r in enumerate(found)]  # fmt: skip
 
 
-def write_inputs(directory: Path, tokenizer: Path, seq: int) -> Path:
+def write_inputs(directory: Path, tokenizer: Path, seq: int, method: str) -> Path:
     with open(directory / "pairs.jsonl", "w") as handle:
         handle.writelines(json.dumps(pair) + "\n" for pair in pairs())
+    beta = "kl_beta" if method == "dpo" else "beta"
     return bench_config(directory, directory / "pairs.jsonl", tokenizer, seq,
-                        f"  orpo: {{beta: {BETA}, max_prompt_length: {PROMPT}, truncation_mode: keep_start}}")
+                        f"  {method}: {{{beta}: {BETA}, max_prompt_length: {PROMPT}, truncation_mode: keep_start}}")
 
 
 def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
@@ -54,49 +62,73 @@ def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
     real = statistics.fmean(len(p.prompt) * 2 + len(p.chosen) + len(p.rejected) for p in plan.data.train.pairs)
     train(plan)
     step_time = median_step_time(log_dir)
-    return {"tokens_per_s": MICRO_BATCH * ACCUMULATION * real / step_time, "step_time": step_time, "per_pair": real}
+    log = next(log_dir.glob("nxd_log_globalrank-0*.txt")).read_text()
+    reference = re.search(r"reference log-probs of .* computed in ([0-9.]+) s", log)
+    return {"tokens_per_s": MICRO_BATCH * ACCUMULATION * real / step_time, "step_time": step_time, "per_pair": real,
+            "reference_s": float(reference.group(1)) if reference else None}  # fmt: skip
 
 
-def trl_run(tokenizer: Path, model_dir: Path, seq: int, steps: int, out: Path) -> dict[str, float]:
+def trl_run(tokenizer: Path, model_dir: Path, seq: int, steps: int, out: Path, method: str) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
+    from trl import DPOConfig, DPOTrainer
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
     processing = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), eos_token="<|endoftext|>",
                                          pad_token="<|endoftext|>", bos_token="<|endoftext|>")  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
-    arguments = ORPOConfig(
+    common = dict(
         output_dir=str(out), max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
         gradient_accumulation_steps=ACCUMULATION, learning_rate=LR, weight_decay=0.0, max_grad_norm=1.0,
         lr_scheduler_type="constant", warmup_steps=0, use_cpu=not torch.cuda.is_available(), report_to=[],
         save_strategy="no", logging_steps=1000, disable_tqdm=True, dataloader_num_workers=0, max_length=seq,
-        max_completion_length=seq - PROMPT, beta=BETA, seed=1234,
+        beta=BETA, seed=1234,
     )  # fmt: skip
-    timer = StepTimer()
-    trainer = ORPOTrainer(model=model, args=arguments, train_dataset=datasets.Dataset.from_list(pairs()),
-                          processing_class=processing, callbacks=[timer])  # fmt: skip
+    timer, reference = StepTimer(), []
+    if method == "dpo":
+        arguments, trainer_class = DPOConfig(**common, precompute_ref_log_probs=True), DPOTrainer
+        precompute = DPOTrainer._precompute_ref_logps
+
+        def timed(self, *args, **kwargs):  # the reference pass, timed
+            started = time.perf_counter()
+            try:
+                return precompute(self, *args, **kwargs)
+            finally:
+                reference.append(time.perf_counter() - started)
+
+        DPOTrainer._precompute_ref_logps = timed
+    else:
+        arguments, trainer_class = ORPOConfig(**common, max_completion_length=seq - PROMPT), ORPOTrainer
+    trainer = trainer_class(model=model, args=arguments, train_dataset=datasets.Dataset.from_list(pairs()),
+                            processing_class=processing, callbacks=[timer])  # fmt: skip
     data = trainer.train_dataset
-    real = statistics.fmean(len(c) + len(r) for c, r in zip(data["chosen_input_ids"], data["rejected_input_ids"],
-                                                             strict=True))  # fmt: skip
+    if method == "dpo":
+        real = statistics.fmean(2 * len(p) + len(c) + len(r) for p, c, r in zip(
+            data["prompt_ids"], data["chosen_ids"], data["rejected_ids"], strict=True))  # fmt: skip
+    else:
+        real = statistics.fmean(len(c) + len(r) for c, r in zip(data["chosen_input_ids"], data["rejected_input_ids"],
+                                                                 strict=True))  # fmt: skip
     trainer.train()
     step_time = statistics.median(timer.durations[2:])
-    return {"tokens_per_s": MICRO_BATCH * ACCUMULATION * real / step_time, "step_time": step_time, "per_pair": real}
+    return {"tokens_per_s": MICRO_BATCH * ACCUMULATION * real / step_time, "step_time": step_time, "per_pair": real,
+            "reference_s": sum(reference) if reference else None}  # fmt: skip
 
 
-def worker(framework: str, seq: int, steps: int) -> None:
+def worker(framework: str, seq: int, steps: int, method: str) -> None:
     tokenizer = builtin_tokenizer(stdlib_corpus(), default_cache_dir())
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
-        config = write_inputs(directory, tokenizer, seq)
+        config = write_inputs(directory, tokenizer, seq, method)
         if framework == "nxd":
             figures = nxd_run(config, steps, directory / "nxd")
         else:
-            figures = trl_run(tokenizer, directory / "model", seq, steps, directory / "trl")
+            figures = trl_run(tokenizer, directory / "model", seq, steps, directory / "trl", method)
     figures["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps(figures))
 
 
-def measured(framework: str, seq: int, steps: int) -> dict[str, float]:
-    command = [sys.executable, __file__, "--worker", framework, "--seq", str(seq), "--steps", str(steps)]
+def measured(framework: str, seq: int, steps: int, method: str) -> dict[str, float]:
+    command = [sys.executable, __file__, "--worker", framework, "--seq", str(seq), "--steps", str(steps),
+               "--method", method]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{framework} at seq {seq} failed:\n{done.stderr[-3000:]}")
@@ -107,23 +139,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--method", choices=("dpo", "orpo"), default="dpo")
     parser.add_argument("--worker", choices=("nxd", "trl"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.seq, args.steps)
+        worker(args.worker, args.seq, args.steps, args.method)
         return 0
     import trl
 
-    ours, theirs = measured("nxd", args.seq, args.steps), measured("trl", args.seq, args.steps)
+    ours = measured("nxd", args.seq, args.steps, args.method)
+    theirs = measured("trl", args.seq, args.steps, args.method)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     print(f"\ndevice: {device}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
           f"trl {trl.__version__}")  # fmt: skip
-    print(f"ORPO, {len(pairs())} pairs, seq {args.seq}, {MICRO_BATCH} x {ACCUMULATION} pairs per step; median step "
-          f"of steps 3-{args.steps}")  # fmt: skip
-    print(f"{'framework':<16} {'tokens/pair':>11} {'step s':>7} {'real tok/s':>11} {'peak RSS':>9} {'ratio':>6}")
-    for label, figures in (("nxd-train", ours), ("TRL ORPOTrainer", theirs)):
+    print(f"{args.method.upper()}, {len(pairs())} pairs, seq {args.seq}, {MICRO_BATCH} x {ACCUMULATION} pairs per "
+          f"step; median step of steps 3-{args.steps}")  # fmt: skip
+    peer = "TRL DPOTrainer" if args.method == "dpo" else "TRL ORPOTrainer"
+    print(f"{'framework':<16} {'tokens/pair':>11} {'reference s':>11} {'step s':>7} {'real tok/s':>11} {'peak RSS':>9} "
+          f"{'ratio':>6}")  # fmt: skip
+    for label, figures in (("nxd-train", ours), (peer, theirs)):
         ratio = f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x" if figures is ours else ""
-        print(f"{label:<16} {figures['per_pair']:>11,.0f} {figures['step_time']:>7.3f} "
+        reference = "-" if figures["reference_s"] is None else f"{figures['reference_s']:.2f}"
+        print(f"{label:<16} {figures['per_pair']:>11,.0f} {reference:>11} {figures['step_time']:>7.3f} "
               f"{figures['tokens_per_s']:>11,.0f} {figures['peak_rss'] / 2**20:>5,.0f} MiB {ratio:>6}")  # fmt: skip
     return 0
 

@@ -116,11 +116,22 @@ def preference_records(count: int, seed: int = 0) -> list[dict[str, str]]:
     return records
 
 
-def orpo_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.2, records: int = 128) -> list[str]:
-    """Overrides that turn the tiny config into an ORPO run on records written to `directory`."""
+def _preference_data(directory: Path, records: int) -> list[str]:
     directory.mkdir(parents=True, exist_ok=True)
     for name, count, seed in (("train.jsonl", records, 0), ("validation.jsonl", 16, 1)):
         (directory / name).write_text("".join(json.dumps(r) + "\n" for r in preference_records(count, seed)))
+    return [f"+data.train_dir={directory / 'train.jsonl'}", f"+data.val_dir={directory / 'validation.jsonl'}"]
+
+
+def orpo_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.2, records: int = 128) -> list[str]:
+    """Overrides that turn the tiny config into an ORPO run on records written to `directory`."""
     return [f"+model_alignment_strategy.orpo.beta={beta}", "+model_alignment_strategy.orpo.max_prompt_length=32",
-            f"+data.train_dir={directory / 'train.jsonl'}", f"+data.val_dir={directory / 'validation.jsonl'}",
-            f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+            *_preference_data(directory, records), f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+
+
+def dpo_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5, precompute: bool = True,
+            records: int = 128) -> list[str]:  # fmt: skip
+    """Overrides that turn the tiny config into a DPO run on records written to `directory`."""
+    return [f"+model_alignment_strategy.dpo.kl_beta={beta}", "+model_alignment_strategy.dpo.max_prompt_length=32",
+            f"+model_alignment_strategy.dpo.precompute_ref_log_probs={precompute}",
+            *_preference_data(directory, records), f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip

@@ -88,12 +88,9 @@ def test_a_bad_record_is_one_message_naming_file_and_line(tmp_path, capsys, chat
     assert (tmp_path / "data" / "train.jsonl").read_bytes() == before and not (tmp_path / "run").exists()
 
 
-def test_fine_tuning_keys_of_later_releases_and_pretraining_flags_are_refused(tmp_path, capsys, chat_tokenizer_dir):
+def test_pretraining_flags_are_refused_in_fine_tuning(tmp_path, capsys, chat_tokenizer_dir):
     job = sft_job(tmp_path / "data", chat_tokenizer_dir)
     err = _train_error(capsys, *job, "+data.reset_attention_mask=True", "+data.data_prefix=corpus_text_document")
-    preference = [override for override in job if "sft.packing" not in override]
-    assert "model_alignment_strategy.dpo: DPO is not in this release; expected sft" in _train_error(
-        capsys, *preference, "+model_alignment_strategy.dpo.max_prompt_length=32")  # fmt: skip
     assert "data.reset_attention_mask: applies to pretraining samples; fine-tuning records carry their own" in err
     assert "data.data_prefix: applies to pretraining data (Megatron indexed datasets); fine-tuning reads" in err
     no_tokenizer = [override for override in job if not override.startswith("+data.tokenizer")]

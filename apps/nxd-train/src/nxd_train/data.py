@@ -1,10 +1,10 @@
 """The dataset factory: what `data.*` asks for, as train / validation / test datasets (nxd-data).
 
-Fine-tuning reads SFT records (`model_alignment_strategy.sft`) or preference pairs (`orpo`) from
-`train_dir` / `val_dir`. Pretraining
-has three sources, in this order: Megatron indexed data (`data_prefix`), Hugging Face data
-(`train_dir`, `val_dir`), or — when a run names neither — the built-in corpus, preprocessed once into
-an indexed dataset in the cache and then read exactly like `data_prefix` data.
+Fine-tuning reads SFT records (`model_alignment_strategy.sft`) or preference pairs (`dpo`, `orpo`)
+from `train_dir` / `val_dir`. Pretraining has three sources, in this order: Megatron indexed data
+(`data_prefix`), Hugging Face data (`train_dir`, `val_dir`), or — when a run names neither — the
+built-in corpus, preprocessed once into an indexed dataset in the cache and then read exactly like
+`data_prefix` data.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
-from nxd_config.schema.alignment import ORPOConfig, SFTConfig
+from nxd_config.schema.alignment import DPOConfig, ORPOConfig, SFTConfig
 from nxd_config.schema.data import DataConfig
 from nxd_data import (
     DataError,
@@ -115,7 +115,7 @@ def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -
 
 
 def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None, seed: int,
-                   sft: SFTConfig | None = None, preference: ORPOConfig | None = None) -> DataSplits:
+                   sft: SFTConfig | None = None, preference: DPOConfig | ORPOConfig | None = None) -> DataSplits:
     """The run's datasets (SFT records when `sft` is given, preference pairs with `preference`);
     `train_samples` None means one epoch of the training data. DataError names the key and file of any
     problem."""
@@ -175,7 +175,7 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
                       data.tokenizer.type, shuffled=False, notes=notes, tokenizer_files=tokenizer.files)  # fmt: skip
 
 
-def _preference_splits(data: DataConfig, seq_length: int, preference: ORPOConfig) -> DataSplits:
+def _preference_splits(data: DataConfig, seq_length: int, preference: DPOConfig | ORPOConfig) -> DataSplits:
     """Preference pairs of train_dir (and val_dir), one sample per pair."""
     tokenizer = load_tokenizer(data.tokenizer.type, "data.tokenizer.type")
     splits, notes = {}, []

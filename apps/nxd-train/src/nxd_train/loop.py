@@ -27,7 +27,7 @@ def train(plan: RunPlan) -> Path:
     """Run the job `plan` describes; returns the log directory."""
     run = setup(plan)
     cadence, checkpoints = plan.cadence, plan.checkpoints
-    sanity = evaluate(run, plan.data.validation, cadence.num_sanity_val_steps) if cadence.num_sanity_val_steps else None
+    sanity = evaluate(run, run.validation_data, cadence.num_sanity_val_steps) if cadence.num_sanity_val_steps else None
     if sanity is not None:
         run.monitor.info(f"sanity check: val_loss {sanity:.4f}")
     run.model.train()
@@ -48,7 +48,7 @@ def train(plan: RunPlan) -> Path:
             run.monitor.metrics(done, log_values(run, values, epoch, done, window_time / window_steps))
             window_time, window_steps = 0.0, 0
         if cadence.validation_due(step, epoch, index, run.steps_per_epoch):
-            val_loss = evaluate(run, plan.data.validation, cadence.limit_val_batches)
+            val_loss = evaluate(run, run.validation_data, cadence.limit_val_batches)
             if val_loss is not None:
                 run.monitor.metrics(done, {"val_loss": val_loss})
                 logged["val_loss"] = val_loss
@@ -67,7 +67,9 @@ def train(plan: RunPlan) -> Path:
 def train_step(run: Run, batches: list[Batch]) -> dict[str, float]:
     """One optimizer step over this rank's micro-batches of a global batch: the objective's loss and
     metrics (means over the global count), the learning rate used and the gradient norm."""
-    objective = run.plan.objective
+    objective = run.objective
+    if run.reference_pass is not None:
+        run.reference_pass(batches)
     count = run.summed(sum(objective.count(batch) for batch in batches).double(), run.token_mesh)
     totals = run.executor.run(batches, objective.loss, scale=run.dims.dp * run.dims.cp / count)
     run.optimizer.collect_gradients()
@@ -94,13 +96,15 @@ def evaluate(run: Run, dataset: Dataset | None, limit: int | float) -> float | N
     count = batch_limit(limit, sampler.steps_per_epoch)
     if count == 0:
         return None
-    objective, device = run.plan.objective, run.fabric.device
+    objective, device = run.objective, run.fabric.device
     run.model.eval()
     loss = torch.zeros((), dtype=torch.float64, device=device)
     total = torch.zeros((), dtype=torch.float64, device=device)
     batches = run.micro_batches(dataset, replace(sampler, steps=count))
     for _ in range(count):
         step_batches = [next(batches) for _ in range(run.accumulation)]
+        if run.reference_pass is not None:
+            run.reference_pass(step_batches)
         loss += run.executor.run(step_batches, objective.loss, training=False).loss
         total += sum(objective.count(batch) for batch in step_batches)
     run.model.train()

@@ -157,6 +157,20 @@ class Adapters:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """DPO's reference model: the run's initial weights (under LoRA, the base with adapters off)."""
+
+    precompute: bool = True
+    """Log-probs computed once before the first step into a table kept with the run and its checkpoints
+    (precompute_ref_log_probs); False runs the reference beside the policy every step."""
+    initial: Resume | None = None
+    """Where the initial weights come from (weight_init_only); None: the seeded initialisation."""
+    digest: str = ""
+    """What decides the table (model, initial weights, precision, data): a table stored under another
+    digest belongs to another run."""
+
+
+@dataclass(frozen=True)
 class RunPlan:
     family: ModelFamily | LoraFamily
     data: DataSplits
@@ -174,6 +188,8 @@ class RunPlan:
     objective: Objective = TokenObjective()
     adapters: Adapters | None = None
     """LoRA settings when the family is a LoraFamily."""
+    reference: Reference | None = None
+    """DPO's reference log-probs, when the objective needs them."""
     resume: Resume | None = None
     """The checkpoint (or weights) the run starts from."""
     log_dir: Path | None = None

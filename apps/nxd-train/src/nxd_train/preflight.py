@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from nxd_align import LoraFamily, LoraSpec, Objective, objective_for
+from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_digest
 from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint
 from nxd_config import ConfigNotice, NxdConfig, Status
+from nxd_config.schema.alignment import DPOConfig, ORPOConfig
 from nxd_data import DataError
 from nxd_models import (
     AttentionKernel,
@@ -38,10 +39,10 @@ from nxd_precision import (
 from transformers import PretrainedConfig
 
 from .checkpointing import Resume, checkpoint_problems, is_hf_directory, resume_choice, save_policy
-from .data import build_datasets, unavailable_data_keys
+from .data import DataSplits, build_datasets, unavailable_data_keys
 from .layout_check import layout_problems
 from .logdir import CHECKPOINT_DIR, resumable_log_dir
-from .plan import Adapters, Batches, Cadence, Checkpoints, Launch, Logging, RunPlan, Update
+from .plan import Adapters, Batches, Cadence, Checkpoints, Launch, Logging, Reference, RunPlan, Update
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -54,10 +55,6 @@ class PreflightError(Exception):
         super().__init__("cannot train this config:\n" + "\n".join(f"  {problem}" for problem in problems))
 
 
-LATER = {"dpo": "DPO"}
-"""Alignment blocks of a later release."""
-
-
 def _method(cfg: NxdConfig) -> str | None:
     """The fine-tuning method (sft, dpo, orpo), or None to pretrain."""
     return None if cfg.model_alignment_strategy is None else cfg.model_alignment_strategy.method
@@ -66,16 +63,9 @@ def _method(cfg: NxdConfig) -> str | None:
 def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     found = []
     if (alignment := cfg.model_alignment_strategy) is not None:
-        found += [f"model_alignment_strategy.{name}: {label} is not in this release; expected sft (supervised "
-                  "fine-tuning), orpo or no method" for name, label in LATER.items()
-                  if getattr(alignment, name) is not None]  # fmt: skip
-        if alignment.orpo is not None and cfg.distributed_strategy.context_parallel_size > 1:
-            found.append(f"distributed_strategy.context_parallel_size: ORPO sums each sequence's log-probs whole, "
-                         f"which context parallelism splits; expected 1, found "
-                         f"{cfg.distributed_strategy.context_parallel_size}")  # fmt: skip
-        if alignment.method is None and alignment.peft is None and not found:
-            found.append("model_alignment_strategy: expected a method (sft, orpo) or peft, found an empty section; "
-                         "remove it to pretrain")  # fmt: skip
+        if alignment.method is None and alignment.peft is None:
+            found.append("model_alignment_strategy: expected a method (sft, dpo, orpo) or peft, found an empty "
+                         "section; remove it to pretrain")  # fmt: skip
         if (peft := alignment.peft) is not None and peft.save_lora_base and peft.merge_lora:
             found.append("model_alignment_strategy.peft: save_lora_base and merge_lora both write the base weights "
                          "of a checkpoint; expected at most one of them True")  # fmt: skip
@@ -284,9 +274,41 @@ def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily | L
                                        bias=peft.lora_bias, targets=tuple(peft.target_modules)))  # fmt: skip
 
 
-def _objective(cfg: NxdConfig) -> Objective:
+def _preference(cfg: NxdConfig) -> DPOConfig | ORPOConfig | None:
+    """The dpo or orpo block, when the run trains on preference pairs."""
     alignment = cfg.model_alignment_strategy
-    return objective_for(_method(cfg), beta=alignment.orpo.beta if alignment and alignment.orpo else None)
+    return None if alignment is None else alignment.dpo or alignment.orpo
+
+
+def _objective(cfg: NxdConfig) -> Objective:
+    preference = _preference(cfg)
+    beta = preference.kl_beta if isinstance(preference, DPOConfig) else getattr(preference, "beta", None)
+    return objective_for(_method(cfg), beta=beta)
+
+
+def _initial_weights(cfg: NxdConfig, resume: Resume | None) -> Resume | None:
+    """The weights the run started from at step 0 (weight_init_only), even when it now continues from
+    its own checkpoint; None: the seeded initialisation."""
+    if resume is not None and resume.weights_only:
+        return resume
+    if cfg.model.weight_init_only and cfg.exp_manager.resume_from_checkpoint:
+        return resume_choice(cfg, None)
+    return None
+
+
+def _reference(cfg: NxdConfig, resume: Resume | None, family: ModelFamily | LoraFamily, data: DataSplits,
+               policy: PrecisionPolicy) -> Reference | None:  # fmt: skip
+    """DPO's reference: precomputed or live, from the initial weights, with the digest of its table."""
+    alignment = cfg.model_alignment_strategy
+    if alignment is None or alignment.dpo is None:
+        return None
+    initial = _initial_weights(cfg, resume)
+    parts = {"model": str(family.spec), "attention": str(family.attention), "seq_length": cfg.seq_length,
+             "initial": f"seed {cfg.seed}" if initial is None else str(initial.path), "policy": repr(policy),
+             "train": data.train.fingerprint,
+             "validation": None if data.validation is None else data.validation.fingerprint}  # fmt: skip
+    return Reference(precompute=alignment.dpo.precompute_ref_log_probs, initial=initial,
+                     digest=reference_digest(parts))  # fmt: skip
 
 
 def _peft(cfg: NxdConfig):  # noqa: ANN202 - the config's PeftConfig or None
@@ -335,7 +357,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
         alignment = cfg.model_alignment_strategy
         data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed,
                               sft=None if alignment is None else alignment.sft,
-                              preference=None if alignment is None else alignment.orpo)  # fmt: skip
+                              preference=_preference(cfg))  # fmt: skip
     except DataError as error:
         raise PreflightError([str(error)]) from None
     if len(data.train) < cfg.global_batch_size:
@@ -351,4 +373,5 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
                                    ds.context_parallel_size):  # fmt: skip
         raise PreflightError(problems)
     return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=_objective(cfg),
-                   adapters=_adapters(cfg, resume), resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip
+                   adapters=_adapters(cfg, resume), reference=_reference(cfg, resume, family, data, policy),
+                   resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import yaml
 from lightning_fabric import Fabric
-from nxd_align import LoraFamily
+from nxd_align import LoraFamily, Objective
 from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info, write_adapter_files
 from nxd_data import PretrainingSampler, WithPadding
 from nxd_parallel import (
@@ -83,6 +83,18 @@ class Run:
     flops_per_token: int = 0
     ceiling: float = 1.0
     """FLOP/s of a matmul measured on this run's devices (MFU's denominator)."""
+    objective: Objective | None = None
+    """The plan's objective, told how this run splits sequences (context parallel); set by `setup`."""
+    train_data: Dataset | None = None
+    validation_data: Dataset | None = None
+    """The datasets trained and validated on: the plan's, with DPO's reference log-probs when precomputed."""
+    padding: Batch | None = None
+    """The sample that fills short batches (adds nothing to the loss)."""
+    reference_pass: Callable[[list[Batch]], None] | None = None
+    """DPO's live reference: adds `reference_log_probs` to a step's micro-batches."""
+    attach: list[Callable[[Path], None]] = field(default_factory=list)
+    """What rank 0 writes into each checkpoint folder beside the shards (peft adapter files, DPO's table)."""
+    checkpoint_group: torch.distributed.ProcessGroup | None = None
 
     @property
     def token_mesh(self) -> DeviceMesh | None:
@@ -105,13 +117,14 @@ class Run:
     def on_device(self, batch: Batch) -> Batch:
         """A micro-batch on the device; with context parallelism, this rank's part of each sequence."""
         batch = self.fabric.to_device(batch)
-        if self.dims.cp > 1:
-            batch = {key: split_sequence(value, self.dims.cp, self.mesh.rank("cp")) for key, value in batch.items()}
+        if self.dims.cp > 1:  # per-token entries only (per-row values such as reference log-probs stay whole)
+            batch = {key: split_sequence(value, self.dims.cp, self.mesh.rank("cp")) if value.dim() > 1 else value
+                     for key, value in batch.items()}  # fmt: skip
         return batch
 
-    def micro_batches(self, dataset: Dataset, sampler: PretrainingSampler) -> Iterator[Batch]:
+    def micro_batches(self, dataset: Dataset, sampler: Iterable[list[int]]) -> Iterator[Batch]:
         """This rank's micro-batches of `dataset` as `sampler` orders them, on the device."""
-        loader = DataLoader(WithPadding(dataset, self.plan.data.padding), batch_sampler=sampler,
+        loader = DataLoader(WithPadding(dataset, self.padding), batch_sampler=sampler,
                             collate_fn=self.plan.data.collate(self.trim_to),
                             num_workers=self.plan.batches.num_workers)  # fmt: skip
         return map(self.on_device, loader)
@@ -124,7 +137,7 @@ class Run:
 
     def train_batches(self) -> Iterator[Batch]:
         """The training micro-batches from the run's start to its last step."""
-        return self.micro_batches(self.plan.data.train, replace(self.sampler, steps=self.steps - self.start_step))
+        return self.micro_batches(self.train_data, replace(self.sampler, steps=self.steps - self.start_step))
 
     def eval_sampler(self, dataset: Dataset) -> PretrainingSampler:
         b = self.plan.batches
@@ -199,16 +212,18 @@ def setup(plan: RunPlan) -> Run:
     def report_save(info: CheckpointInfo, seconds: float) -> None:
         monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
 
-    adapters, attach = plan.adapters, None
+    adapters, attach = plan.adapters, []
     adapter_export = None if lora is None else lora.adapter_export()
     if lora is not None and (adapters.config_file or adapters.single_file):
 
-        def attach(folder: Path) -> None:  # peft's adapter folder inside each checkpoint
+        def adapter_files(folder: Path) -> None:  # peft's adapter folder inside each checkpoint
             write_adapter_files(folder, adapter_export, weights_from=folder if adapters.single_file else None)
+
+        attach.append(adapter_files)
 
     checkpointer = Checkpointer(log_dir / CHECKPOINT_DIR, plan.checkpoints.policy,
                                 asynchronous=plan.checkpoints.asynchronous, process_group=checkpoint_group,
-                                on_complete=report_save, attach=attach)  # fmt: skip
+                                on_complete=report_save, attach=partial(_write_all, attach))  # fmt: skip
     ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, plan.policy.compute_dtype),
                                              device=fabric.device), reduce_op="sum").item()  # fmt: skip
     record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
@@ -217,7 +232,14 @@ def setup(plan: RunPlan) -> Run:
         record[LORA_RECORD] = adapter_export | {"base": plan.adapters.base}
     run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,
               checkpointer, record, steps, flops_per_token=plan.family.flops_per_token(plan.seq_length),
-              ceiling=ceiling)  # fmt: skip
+              ceiling=ceiling, objective=plan.objective.split_over(_group(mesh.get("cp"))),
+              train_data=plan.data.train, validation_data=plan.data.validation, padding=plan.data.padding,
+              attach=attach, checkpoint_group=checkpoint_group)  # fmt: skip
+    if plan.reference is not None:  # from the initial weights, before a resume loads trained ones
+        from .reference import prepare_reference
+
+        with torch.random.fork_rng(devices=[fabric.device] if fabric.device.type == "cuda" else []):
+            prepare_reference(run, resume)  # draws nothing from the run's random streams
     if resume is not None and not resume.weights_only:
         _resume(run, resume, checkpoint_group)
     layout = " x ".join(f"{name} {size}" for name, size in dims.sizes().items() if size > 1) or "one process"
@@ -230,6 +252,16 @@ def setup(plan: RunPlan) -> Run:
     if lora is not None:
         _report_adapters(lora, model, plan, monitor)
     return run
+
+
+def _group(mesh: DeviceMesh | None) -> torch.distributed.ProcessGroup | None:
+    return None if mesh is None else mesh.get_group()
+
+
+def _write_all(writers: list[Callable[[Path], None]], folder: Path) -> None:
+    """Every writer's files into a checkpoint folder."""
+    for write in writers:
+        write(folder)
 
 
 def _report_adapters(lora: LoraFamily, model: nn.Module | StagedModel, plan: RunPlan, monitor: Monitor) -> None:

@@ -1,14 +1,34 @@
-"""nxd_align: objectives (pretraining and SFT token cross-entropy), LoRA adapters, and the DPO and ORPO
-losses (their objectives, with reference log-probs, to come)."""
+"""nxd_align: objectives (pretraining and SFT token cross-entropy, DPO and ORPO on preference pairs),
+DPO's reference log-probs, and LoRA adapters."""
 
 from .lora import LoraConfigError, LoraFamily, LoraSpec, adapters_disabled, base_key, is_adapter_key
 from .objectives import IGNORE_INDEX, Objective, TokenObjective, objective_for, token_cross_entropy
-from .preference import DPOObjective, ORPOObjective, PreferenceTerms, dpo_loss, orpo_loss, sequence_log_probs
+from .preference import (
+    DPOObjective,
+    ORPOObjective,
+    PairObjective,
+    PreferenceTerms,
+    dpo_loss,
+    orpo_loss,
+    sequence_log_probs,
+)
+from .reference import (
+    REFERENCE_KEY,
+    TABLE_FILE,
+    ReferenceError,
+    RowLogProbs,
+    WithReference,
+    load_reference,
+    reference_digest,
+    save_reference,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "IGNORE_INDEX", "DPOObjective", "LoraConfigError", "LoraFamily", "LoraSpec", "ORPOObjective", "Objective",
-    "PreferenceTerms", "TokenObjective", "adapters_disabled", "base_key", "dpo_loss", "is_adapter_key",
-    "objective_for", "orpo_loss", "sequence_log_probs", "token_cross_entropy",
+    "IGNORE_INDEX", "REFERENCE_KEY", "TABLE_FILE", "DPOObjective", "LoraConfigError", "LoraFamily", "LoraSpec",
+    "ORPOObjective", "Objective", "PairObjective", "PreferenceTerms", "ReferenceError", "RowLogProbs",
+    "TokenObjective", "WithReference", "adapters_disabled", "base_key", "dpo_loss", "is_adapter_key",
+    "load_reference", "objective_for", "orpo_loss", "reference_digest", "save_reference", "sequence_log_probs",
+    "token_cross_entropy",
 ]  # fmt: skip

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.distributed import ProcessGroup
 from torch.distributed.tensor import DTensor
 
 IGNORE_INDEX = -100
@@ -49,6 +50,9 @@ class Objective(Protocol):
     def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The fp64 loss sum of `batch` and its metric sums."""
 
+    def split_over(self, group: ProcessGroup | None) -> Objective:
+        """This objective on batches whose sequences are split over `group` (context parallelism)."""
+
 
 @dataclass(frozen=True)
 class TokenObjective:
@@ -66,16 +70,20 @@ class TokenObjective:
     def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return token_cross_entropy(logits, batch["labels"]).double().sum(), {}
 
+    def split_over(self, group: ProcessGroup | None) -> TokenObjective:
+        """Unchanged: token sums and counts add up over the parts of a sequence."""
+        return self
+
 
 def objective_for(method: str | None, beta: float | None = None) -> Objective:
     """The objective of an alignment method (`model_alignment_strategy`): None pretrains, "sft"
-    fine-tunes on responses, "orpo" (with its `beta`) trains on preference pairs."""
+    fine-tunes on responses, "dpo" and "orpo" (with their `beta`) train on preference pairs."""
     if method is None:
         return TokenObjective()
     if method == "sft":
         return TokenObjective("sft")
-    if method == "orpo" and beta is not None:
-        from .preference import ORPOObjective
+    if method in ("dpo", "orpo") and beta is not None:
+        from .preference import DPOObjective, ORPOObjective
 
-        return ORPOObjective(beta)
-    raise ValueError(f"model_alignment_strategy: expected sft, orpo (with beta) or no method, found {method!r}")
+        return (DPOObjective if method == "dpo" else ORPOObjective)(beta)
+    raise ValueError(f"model_alignment_strategy: expected sft, dpo or orpo (with beta) or no method, found {method!r}")

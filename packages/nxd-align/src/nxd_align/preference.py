@@ -8,17 +8,20 @@ reference; ORPO (Hong et al. 2024) needs no reference: the NLL of the chosen res
 The objectives read batches of pairs as nxd-data's `collate_pairs` makes them: row 2i a chosen
 sequence, row 2i + 1 its rejected one, labels only on the responses; DPO's also carry
 `reference_log_probs` (one per row). Each pair counts once: the loop divides the loss sum by the
-pairs of the global batch. A sequence's log-prob is a sum over all its tokens, so the rows must be
-whole on each rank (context parallelism splits them).
+pairs of the global batch. A sequence's log-prob is a sum over all its tokens: under context
+parallelism the objectives add each row's parts over the sequence's ranks first (`split_over`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
+from torch.distributed import ProcessGroup
 
 from .objectives import IGNORE_INDEX, Batch, token_cross_entropy
 
@@ -42,19 +45,20 @@ class PreferenceTerms:
 
 
 def sequence_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence (rows of `labels`): the fp32 sum of the log-probs of the labels that count, and how
-    many count. Logits may be sharded over the vocabulary (see `token_cross_entropy`)."""
+    """Per sequence (rows of `labels`): the sum of the log-probs of the labels that count, in fp64 (a sum
+    near -100 in fp32 would keep only about 6 digits, and DPO subtracts two such sums), and how many
+    count. Logits may be sharded over the vocabulary (see `token_cross_entropy`)."""
     counted = labels != IGNORE_INDEX
     log_probs = -token_cross_entropy(logits, labels).view(labels.shape)
-    return (log_probs * counted).sum(-1), counted.sum(-1)
+    return (log_probs.double() * counted).sum(-1), counted.sum(-1)
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
              reference_rejected: torch.Tensor, beta: float) -> PreferenceTerms:  # fmt: skip
     """DPO's sigmoid loss per pair from summed response log-probs: -log sigmoid(beta ((pi_c - ref_c) -
-    (pi_r - ref_r))); the implicit rewards are beta (pi - ref)."""
-    chosen = beta * (policy_chosen.float() - reference_chosen.float())
-    rejected = beta * (policy_rejected.float() - reference_rejected.float())
+    (pi_r - ref_r))), in fp64 (the differences of large sums); the implicit rewards are beta (pi - ref)."""
+    chosen = beta * (policy_chosen.double() - reference_chosen.double())
+    rejected = beta * (policy_rejected.double() - reference_rejected.double())
     return PreferenceTerms(-F.logsigmoid(chosen - rejected), chosen.detach(), rejected.detach())
 
 
@@ -86,11 +90,6 @@ PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rew
 """What DPO and ORPO log per pair, under the names preference tools (TRL) use."""
 
 
-def _pairs(batch: Batch) -> torch.Tensor:
-    """1 for each real pair of the batch, 0 for padding pairs (no label counts)."""
-    return (batch["labels"][0::2] != IGNORE_INDEX).any(-1).double()
-
-
 def _sums(terms: PreferenceTerms, chosen: torch.Tensor, rejected: torch.Tensor,
           valid: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
     values = (terms.chosen_rewards, terms.rejected_rewards, terms.accuracies, terms.margins, chosen.detach(),
@@ -100,42 +99,73 @@ def _sums(terms: PreferenceTerms, chosen: torch.Tensor, rejected: torch.Tensor,
 
 
 @dataclass(frozen=True)
-class DPOObjective:
-    """DPO's sigmoid loss, the mean over the pairs of the global batch; the reference log-probs come
-    with the batch (`reference_log_probs`)."""
+class PairObjective:
+    """What DPO and ORPO share: a loss per pair from whole-sequence log-probs, averaged over the pairs
+    of the global batch.
+
+    With `sequence_group` (context parallelism: each rank holds part of every sequence), the rows'
+    partial sums are added over the group, differentiably, so every rank sees whole sequences; each
+    rank then reports 1 / group size of the pairs, loss and metrics, so that summing over the ranks
+    counts each pair once and the gradient is that of one process."""
 
     beta: float
-    name: str = "dpo"
-    metric_names: tuple[str, ...] = PAIR_METRICS
+    sequence_group: ProcessGroup | None = None
+
+    def split_over(self, group: ProcessGroup | None) -> PairObjective:
+        """This objective on sequences split over `group` (None: whole on each rank)."""
+        return replace(self, sequence_group=group)
+
+    @property
+    def _parts(self) -> int:
+        return 1 if self.sequence_group is None else dist.get_world_size(self.sequence_group)
+
+    def _whole(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.sequence_group is None:
+            return tensor
+        return funcol.wait_tensor(funcol.all_reduce(tensor, "sum", self.sequence_group))
+
+    def _valid(self, labels: torch.Tensor) -> torch.Tensor:
+        """1 for each real pair, 0 for padding pairs (no label counts on any part)."""
+        return (self._whole((labels != IGNORE_INDEX).sum(-1))[0::2] > 0).double()
 
     def count(self, batch: Batch) -> torch.Tensor:
-        return _pairs(batch).sum()
-
-    def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        total, _ = sequence_log_probs(logits, batch["labels"])
-        reference = batch["reference_log_probs"]
-        terms = dpo_loss(total[0::2], total[1::2], reference[0::2], reference[1::2], self.beta)
-        return _sums(terms, total[0::2], total[1::2], _pairs(batch))
-
-
-@dataclass(frozen=True)
-class ORPOObjective:
-    """ORPO's loss, the mean over the pairs of the global batch; logs its NLL and log odds-ratio parts
-    beside the pair metrics (log-probs there are per-token averages, as ORPO uses them)."""
-
-    beta: float
-    name: str = "orpo"
-    metric_names: tuple[str, ...] = (*PAIR_METRICS, "nll_loss", "log_odds_ratio")
-
-    def count(self, batch: Batch) -> torch.Tensor:
-        return _pairs(batch).sum()
+        return self._valid(batch["labels"]).sum() / self._parts
 
     def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         total, count = sequence_log_probs(logits, batch["labels"])
+        loss, metrics = self.pair_sums(self._whole(total), self._whole(count), batch)
+        return loss / self._parts, {name: value / self._parts for name, value in metrics.items()}
+
+
+@dataclass(frozen=True)
+class DPOObjective(PairObjective):
+    """DPO's sigmoid loss; the reference log-probs come with the batch (`reference_log_probs`, one per
+    row)."""
+
+    name: str = "dpo"
+    metric_names: tuple[str, ...] = PAIR_METRICS
+
+    def pair_sums(self, total: torch.Tensor, count: torch.Tensor,
+                  batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        reference = batch["reference_log_probs"]
+        terms = dpo_loss(total[0::2], total[1::2], reference[0::2], reference[1::2], self.beta)
+        return _sums(terms, total[0::2], total[1::2], (count[0::2] > 0).double())
+
+
+@dataclass(frozen=True)
+class ORPOObjective(PairObjective):
+    """ORPO's loss; logs its NLL and log odds-ratio parts beside the pair metrics (log-probs there are
+    per-token averages, as ORPO uses them)."""
+
+    name: str = "orpo"
+    metric_names: tuple[str, ...] = (*PAIR_METRICS, "nll_loss", "log_odds_ratio")
+
+    def pair_sums(self, total: torch.Tensor, count: torch.Tensor,
+                  batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
         mean = total / count.clamp(min=1)
         chosen, rejected = mean[0::2], mean[1::2]
         terms = orpo_loss(-chosen, chosen, rejected, self.beta)
-        valid = _pairs(batch)
+        valid = (count[0::2] > 0).double()
         loss, metrics = _sums(terms, chosen, rejected, valid)
         nll = -chosen.detach().double()
         metrics |= {"nll_loss": (nll * valid).sum(),

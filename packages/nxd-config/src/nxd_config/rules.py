@@ -362,14 +362,6 @@ def one_alignment_method(c: NxdConfig) -> Iterator[Finding]:
 
 
 @rule
-def dpo_needs_precomputed_reference(c: NxdConfig) -> Iterator[Finding]:
-    a = c.model_alignment_strategy
-    if a is not None and a.dpo is not None and not a.dpo.precompute_ref_log_probs:
-        yield error(f"{ALIGN}.dpo.precompute_ref_log_probs", "expected True: reference log-probs "
-                    "are always precomputed before training (False is not supported), found False")
-
-
-@rule
 def preference_prompt_length(c: NxdConfig) -> Iterator[Finding]:
     a = c.model_alignment_strategy
     if a is None:

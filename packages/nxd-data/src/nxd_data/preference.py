@@ -15,6 +15,8 @@ exceeds `seq_length`.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +120,15 @@ class PreferenceDataset(Dataset):
     def truncated(self) -> int:
         return sum(pair.truncated for pair in self.pairs)
 
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 of every pair's tokens, in order, and the row length: equal exactly when the samples are."""
+        digest = hashlib.sha256(f"{self.seq_length} {self.pad_id}".encode())
+        for pair in self.pairs:
+            for tokens in (pair.prompt, pair.chosen, pair.rejected):
+                digest.update(np.asarray(tokens, dtype=np.int64).tobytes() + b"|")
+        return digest.hexdigest()
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         pair = self.pairs[int(index)]
         return self._sample(pair.prompt, (pair.chosen, pair.rejected))
@@ -155,7 +166,8 @@ def preference_dataset(location: str, where: str, split: str, tokenizer: TextTok
 
 def collate_pairs(samples: list[dict[str, torch.Tensor]], trim_to: int | None = None) -> dict[str, torch.Tensor]:
     """Pair samples -> one batch of sequences, each pair's chosen and rejected on adjacent rows
-    (2i chosen, 2i + 1 rejected), so a model sees ordinary rows and a pair never splits. With
+    (2i chosen, 2i + 1 rejected), so a model sees ordinary rows and a pair never splits; per-row values
+    (a sample's entries of shape (2,)) become one value per row. With
     `trim_to`, the columns after the batch's longest sequence (rounded up to a multiple of `trim_to`)
     are dropped: they are padding, which causal attention keeps from every real token."""
     batch = {key: torch.stack([sample[key] for sample in samples]).flatten(0, 1) for key in samples[0]}
@@ -163,5 +175,5 @@ def collate_pairs(samples: list[dict[str, torch.Tensor]], trim_to: int | None = 
         counted = (batch["labels"] != IGNORE_INDEX).any(0).nonzero()
         length = int(counted.max()) + 2 if len(counted) else 1  # through the last label's input and its target
         length = min(-(-length // trim_to) * trim_to, batch["labels"].shape[-1])
-        batch = {key: value[..., :length] for key, value in batch.items()}
+        batch = {key: value[..., :length] if value.dim() > 1 else value for key, value in batch.items()}
     return batch

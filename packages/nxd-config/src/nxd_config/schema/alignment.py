@@ -26,13 +26,16 @@ class SFTConfig(Section):
 
 class DPOConfig(Section):
     kl_beta: float = key(0.01, "Beta of the DPO loss (strength of the pull towards the reference).", by=ALIGN, gt=0.0)
-    loss_type: Literal["sigmoid"] = key("sigmoid", "DPO loss variant.", by=ALIGN)
+    loss_type: Literal["sigmoid"] = key("sigmoid", "DPO loss variant: sigmoid, -log sigmoid(beta x the difference "
+                                        "of the implicit rewards' log-ratios).", by=ALIGN)
     max_prompt_length: int | None = key(
         None, "Longest prompt kept in prompt + response (required). Older spelling: max_dpo_prompt_length.",
         by=DATA, ge=1,
     )
     precompute_ref_log_probs: bool = key(
-        True, "Compute the reference model's log-probs once before training (False is not supported).", by=ALIGN
+        True, "Compute the reference model's log-probs (the initial weights; under LoRA, the base) once before "
+        "training, for train and validation data, kept with the run and its checkpoints; False runs the reference "
+        "beside the policy every step (LoRA: the adapters switched off; else a frozen copy of the model).", by=ALIGN
     )
     truncation_mode: Truncation = key(
         "keep_start", "Which end of an over-long prompt + response is kept.", by=DATA

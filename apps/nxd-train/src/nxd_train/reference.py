@@ -1,0 +1,188 @@
+"""DPO's reference model in a run (nxd-align's tables and row log-probs, wired to the run's executor).
+
+Precomputed (the default): before the first step, every pair of the training and validation data
+goes once through the initial weights (under LoRA, the base with its adapters off), in eval mode,
+sharded over the data-parallel ranks in dataset order; the table is gathered on every rank, written
+beside the logs and into each checkpoint, and read by dataset index. A resumed run reads the table
+of the checkpoint it continues and never recomputes it from trained weights; a fresh run reuses the
+log directory's table when its digest matches and otherwise computes it anew, saying so.
+
+Live (`precompute_ref_log_probs: False`): the reference runs beside the policy on each step's
+micro-batches: the policy with adapters off under LoRA, else a frozen copy of the initial weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+
+import torch
+from nxd_align import (
+    REFERENCE_KEY,
+    TABLE_FILE,
+    ReferenceError,
+    RowLogProbs,
+    WithReference,
+    adapters_disabled,
+    load_reference,
+    save_reference,
+)
+from nxd_ckpt import CheckpointError
+from nxd_data import PADDING
+from nxd_parallel import DirectExecutor, PipelineExecutor, StagedModel, build_executor, build_parallel_model
+from nxd_precision import prepare_parameters
+from torch import nn
+from torch.utils.data import Dataset
+
+from .checkpointing import Resume, export_of, load_weights
+from .run import Batch, Run
+
+SPLITS = ("train", "validation")
+
+
+@contextlib.contextmanager
+def _reference_mode(model: nn.Module | StagedModel, lora: bool) -> Iterator[None]:
+    """`model` computing the reference: eval mode (no dropout), adapters off under LoRA, no gradients."""
+    stages = model.stages if isinstance(model, StagedModel) else [model]
+    modes = [stage.training for stage in stages]
+    model.eval()
+    try:
+        with torch.no_grad(), adapters_disabled(stages) if lora else contextlib.nullcontext():
+            yield
+    finally:
+        for stage, training in zip(stages, modes, strict=True):
+            stage.train(training)
+
+
+def _row_log_probs(executor: DirectExecutor | PipelineExecutor, batches: list[Batch]) -> torch.Tensor:
+    """Every row's summed response log-prob, the micro-batches' rows in order (zeros on pipeline
+    ranks without the last stage; partial sums under context parallelism)."""
+    found = executor.run(batches, RowLogProbs(batches), training=False).metrics.get("log_probs")
+    if found is None:
+        rows = sum(batch["labels"].shape[0] for batch in batches)
+        return torch.zeros(rows, dtype=torch.float64, device=batches[0]["labels"].device)
+    return found
+
+
+def compute_table(run: Run, dataset: Dataset) -> torch.Tensor:
+    """The (pairs x 2) reference log-probs of `dataset`, on every rank: each data-parallel rank takes a
+    contiguous share, in calls of the step's micro-batches, padded so that every rank makes as many."""
+    pairs, dp, rank = len(dataset), run.dims.dp, run.mesh.data_parallel_rank
+    micro, per_call = run.plan.batches.micro_batch_size, run.plan.batches.micro_batch_size * run.accumulation
+    share = -(-pairs // dp)
+    calls = max(1, -(-share // per_call))
+    mine = list(range(rank * share, min(pairs, (rank + 1) * share)))
+    order = mine + [PADDING] * (calls * per_call - len(mine))
+    batches = run.micro_batches(dataset, [order[i : i + micro] for i in range(0, len(order), micro)])
+    table = torch.zeros(pairs, 2, dtype=torch.float64, device=run.fabric.device)
+    with _reference_mode(run.model, run.plan.lora is not None):
+        for call in range(calls):
+            values = _row_log_probs(run.executor, [next(batches) for _ in range(run.accumulation)]).view(per_call, 2)
+            indices = torch.tensor(order[call * per_call : (call + 1) * per_call])
+            real = indices != PADDING
+            table[indices[real].to(table.device)] = values[real.to(values.device)]
+    return run.summed(table, run.token_mesh, run.pp_mesh)
+
+
+def _broadcast(run: Run, tables: dict[str, torch.Tensor] | None, sizes: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Rank 0's tables (None elsewhere) on every rank."""
+    received = {}
+    for split, size in sizes.items():
+        table = torch.empty(size, 2, dtype=torch.float64) if tables is None else tables[split].double()
+        table = table.to(run.fabric.device)
+        if torch.distributed.is_initialized():
+            torch.distributed.broadcast(table, src=0)
+        received[split] = table.cpu()
+    return received
+
+
+def _stored(run: Run, path: Path, sizes: dict[str, int], *, required: bool) -> dict[str, torch.Tensor] | None:
+    """The tables stored at `path`, read on rank 0 and sent to every rank; None when absent or (for a
+    fresh run, `required` False) made for another run, said in the log."""
+    problem = None
+    if run.fabric.global_rank == 0:
+        try:
+            tables = load_reference(path, run.plan.reference.digest) if path.exists() else None
+            if tables is not None and {split: len(table) for split, table in tables.items()} != sizes:
+                raise ReferenceError(f"{path}: expected reference log-probs for {sizes} pairs, found "
+                                     f"{ {split: len(table) for split, table in tables.items()} }")  # fmt: skip
+        except ReferenceError as error:
+            tables, problem = None, str(error)
+        state = "found" if tables is not None else "absent" if problem is None else problem
+    state = run.fabric.broadcast(state if run.fabric.global_rank == 0 else None, src=0)
+    if state == "found":
+        return _broadcast(run, tables if run.fabric.global_rank == 0 else None, sizes)
+    if required:
+        found = "no reference_log_probs table" if state == "absent" else state
+        raise CheckpointError(f"{path.parent}: expected the DPO reference log-probs saved with the checkpoint "
+                              f"(they are never recomputed from trained weights), found {found}")  # fmt: skip
+    if state != "absent":
+        run.monitor.info(f"{state}: computing them anew")
+    return None
+
+
+def prepare_reference(run: Run, resume: Resume | None) -> None:
+    """Give the run its reference log-probs: the table (read back or computed) on its datasets, or the
+    live reference pass; the objective then finds `reference_log_probs` in every micro-batch."""
+    plan = run.plan
+    if not plan.reference.precompute:
+        run.reference_pass = _live_pass(run)
+        return
+    datasets = {"train": plan.data.train, "validation": plan.data.validation}
+    datasets = {split: dataset for split, dataset in datasets.items() if dataset is not None}
+    sizes = {split: len(dataset) for split, dataset in datasets.items()}
+    continuing = resume is not None and not resume.weights_only
+    stored = run.log_dir / TABLE_FILE
+    tables = _stored(run, resume.path / TABLE_FILE if continuing else stored, sizes, required=continuing)
+    if tables is None:
+        started = time.perf_counter()
+        tables = {split: compute_table(run, dataset).cpu()
+                  for split, dataset in datasets.items()}  # fmt: skip
+        run.monitor.info(f"reference log-probs of {', '.join(f'{n} {s} pairs' for s, n in sizes.items())} computed "
+                         f"in {time.perf_counter() - started:.2f} s")  # fmt: skip
+        if run.fabric.global_rank == 0:
+            save_reference(stored, tables, plan.reference.digest)
+    else:
+        run.monitor.info(f"reference log-probs from {resume.path if continuing else run.log_dir}/{TABLE_FILE}")
+    run.train_data = WithReference(plan.data.train, tables["train"])
+    if "validation" in tables:
+        run.validation_data = WithReference(plan.data.validation, tables["validation"])
+    run.padding = run.train_data.padding()
+    run.attach.append(partial(_keep_with_checkpoint, tables=tables, digest=plan.reference.digest))
+
+
+def _keep_with_checkpoint(folder: Path, *, tables: dict[str, torch.Tensor], digest: str) -> None:
+    save_reference(folder / TABLE_FILE, tables, digest)
+
+
+def _live_pass(run: Run) -> Callable[[list[Batch]], None]:
+    """Each step's reference log-probs, computed just before the policy's pass on the same micro-batches."""
+    plan = run.plan
+    if plan.lora is not None:
+        model, executor = run.model, run.executor
+    else:  # a frozen copy of the initial weights, sharded like the policy
+        model = build_parallel_model(plan.family, plan.layout, run.mesh, run.fabric.device, seed=plan.launch.seed,
+                                     use_cpu_initialization=plan.launch.use_cpu_initialization,
+                                     prepare=partial(prepare_parameters, policy=plan.policy))  # fmt: skip
+        if (initial := plan.reference.initial) is not None:
+            load_weights(model, initial, export_of(plan.family), run.checkpoint_group, plan.family.parameter_shapes())
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        executor = build_executor(model, plan.family.logits, run.fabric.device, pp=run.pp_mesh,
+                                  microbatches=run.accumulation, autocast=run.fabric.autocast)  # fmt: skip
+    lora = plan.lora is not None
+    sequence = run.mesh.get("cp")
+
+    def attach(batches: list[Batch]) -> None:
+        with _reference_mode(model, lora):
+            values = run.summed(_row_log_probs(executor, batches), sequence, run.pp_mesh)
+        start = 0
+        for batch in batches:
+            rows = batch["labels"].shape[0]
+            batch[REFERENCE_KEY] = values[start : start + rows]
+            start += rows
+
+    return attach

@@ -1,0 +1,132 @@
+"""DPO through nxd-train in one process: the reference table equals an independent forward of the
+initial weights, step 1 is ln 2 (policy == reference), the preference is learnt; the table is kept
+with every checkpoint and read back on resume (never recomputed from trained weights), a table made
+for another run is recomputed (fresh run) or refused (resume); a live reference (the frozen copy, or
+LoRA's adapters switched off) trains exactly as the precomputed one."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from nxd_ckpt import list_checkpoints
+from nxd_config import load_config
+from nxd_train.cli import default_config_path, main
+from nxd_train.corpus import default_cache_dir
+from nxd_train.preflight import plan_run
+from safetensors.torch import load_file, save_file
+
+from tests.training_runs import FAST, dpo_job, losses, orpo_job, read_metrics
+
+TABLE = "reference_log_probs.safetensors"
+SAVE = ["exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=3"]  # fmt: skip
+SHORT = ["trainer.max_steps=6", "model.optim.lr=3e-3", "trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
+COMPARED = ("loss", "val_loss", "grad_norm", "rewards/chosen", "rewards/margins", "logps/rejected")
+
+
+def _log(log_dir) -> str:
+    return (log_dir / "nxd_log_globalrank-0_localrank-0.txt").read_text()
+
+
+def _same(a: list[dict], b: list[dict]) -> None:
+    for key in COMPARED:
+        assert [row[key] for row in a if key in row] == [row[key] for row in b if key in row], key
+
+
+def _independent_log_probs(job: list[str], split: str) -> torch.Tensor:
+    """Each pair's summed response log-probs under the seeded initial model, by a plain forward and
+    log-softmax gather (not nxd's loss code)."""
+    plan = plan_run(load_config(default_config_path(), [*FAST, *job]), default_cache_dir())
+    torch.manual_seed(plan.launch.seed)
+    model = plan.family.build().eval()
+    dataset = plan.data.train if split == "train" else plan.data.validation
+    rows = []
+    with torch.no_grad():
+        for index in range(len(dataset)):
+            sample = dataset[index]
+            log_probs = F.log_softmax(plan.family.logits(model, sample).double(), dim=-1)
+            labels = sample["labels"]
+            counted = labels != -100
+            picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            rows.append((picked * counted).sum(-1))
+    return torch.stack(rows)
+
+
+def test_dpo_learns_from_a_reference_table_equal_to_an_independent_forward(tmp_path, train_here, chat_tokenizer_dir):
+    job = dpo_job(tmp_path / "data", chat_tokenizer_dir)
+    rows = train_here(*job, "trainer.max_steps=24", "model.optim.lr=3e-3", "trainer.val_check_interval=12",
+                      "trainer.limit_val_batches=2")  # fmt: skip
+    trained = [row for row in rows if "loss" in row]
+    assert abs(trained[0]["loss"] - math.log(2)) < 1e-6  # the policy is the reference at step 1
+    assert trained[0]["rewards/chosen"] == trained[0]["rewards/margins"] == 0.0
+    assert losses(rows)[-1] < losses(rows)[0] - 0.2 and trained[-1]["rewards/accuracies"] > 0.7
+    assert [row["step"] for row in rows if "val_loss" in row] == [12.0, 24.0]
+    table = load_file(tmp_path / "run0" / TABLE)
+    for split in ("train", "validation"):
+        expected = _independent_log_probs(job, split)
+        assert table[split].shape == expected.shape and (table[split] - expected).abs().max() < 1e-4, split
+    log = _log(tmp_path / "run0")
+    assert "reference log-probs of 128 train pairs, 16 validation pairs computed in" in log and ", dpo, " in log
+
+
+def test_a_resumed_run_reads_the_checkpoint_table_and_continues_exactly(tmp_path, train_here, chat_tokenizer_dir):
+    job = [*dpo_job(tmp_path / "data", chat_tokenizer_dir), *SHORT, *SAVE]
+    whole = train_here(*job)
+    step_3 = next(info.path for info in list_checkpoints(tmp_path / "run0" / "checkpoints") if info.step == 3)
+    assert torch.equal(load_file(step_3 / TABLE)["train"], load_file(tmp_path / "run0" / TABLE)["train"])
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)  # the run killed after step 3: its table is gone
+    shutil.copytree(step_3, tmp_path / "resumed" / "checkpoints" / step_3.name)
+    resumed = read_metrics_of(tmp_path / "resumed", *job, "exp_manager.resume_if_exists=True")
+    _same([row for row in whole if row["step"] > 3], [row for row in resumed if row["step"] > 3])
+    log = _log(tmp_path / "resumed")
+    copied = tmp_path / "resumed" / "checkpoints" / step_3.name
+    assert f"reference log-probs from {copied}/{TABLE}" in log and "computed in" not in log
+
+
+def read_metrics_of(log_dir, *overrides: str) -> list[dict]:
+    assert main([*FAST, *overrides, f"+exp_manager.explicit_log_dir={log_dir}"]) == 0
+    return read_metrics(log_dir)
+
+
+def test_a_table_of_another_run_is_recomputed_fresh_and_refused_on_resume(tmp_path, capsys, chat_tokenizer_dir):
+    job = [*dpo_job(tmp_path / "data", chat_tokenizer_dir), *SHORT, *SAVE]
+    log_dir = tmp_path / "run"
+    read_metrics_of(log_dir, *job)
+    again = read_metrics_of(tmp_path / "again", *job)
+    shutil.copy(log_dir / TABLE, tmp_path / "again" / TABLE)  # a fresh run in a directory holding a table reuses it
+    shutil.rmtree(tmp_path / "again" / "checkpoints")
+    _same(again, read_metrics_of(tmp_path / "again", *job, "exp_manager.resume_if_exists=True",
+                                "+exp_manager.resume_ignore_no_checkpoint=True"))
+    assert f"reference log-probs from {tmp_path / 'again'}/{TABLE}" in _log(tmp_path / "again")
+    other = [*dpo_job(tmp_path / "other", chat_tokenizer_dir, records=96), *SHORT, *SAVE]
+    read_metrics_of(log_dir, *other)  # another dataset in the same directory: recomputed, said so
+    assert "reference log-probs made for another model, data, tokenizer or precision" in _log(log_dir)
+    step_3 = next(info.path for info in list_checkpoints(log_dir / "checkpoints") if info.step == 3)
+    tables = load_file(step_3 / TABLE)
+    save_file(tables, step_3 / TABLE, metadata={"digest": "0" * 64})
+    capsys.readouterr()
+    assert main([*FAST, *other, f"+exp_manager.resume_from_checkpoint={step_3}"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"{step_3}/{TABLE}: reference log-probs made for another model" in err
+    (step_3 / TABLE).unlink()  # the completion marker lists the table: a checkpoint without it is damaged
+    assert main([*FAST, *other, f"+exp_manager.resume_from_checkpoint={step_3}"]) == 1
+    assert f"{step_3}/{TABLE} is missing (the completion marker lists it" in capsys.readouterr().err
+    orpo = [*orpo_job(tmp_path / "other", chat_tokenizer_dir, records=96), *SHORT, *SAVE]
+    read_metrics_of(tmp_path / "orpo", *orpo)  # a checkpoint saved without a table cannot continue as DPO
+    orpo_step_3 = next(info.path for info in list_checkpoints(tmp_path / "orpo" / "checkpoints") if info.step == 3)
+    assert main([*FAST, *other, f"+exp_manager.resume_from_checkpoint={orpo_step_3}"]) == 1
+    assert f"{orpo_step_3}: expected the DPO reference log-probs saved with the checkpoint (they are never " \
+           "recomputed from trained weights), found no reference_log_probs table" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["frozen_copy", "lora_adapters_off"])
+def test_a_live_reference_trains_exactly_as_the_precomputed_one(tmp_path, train_here, chat_tokenizer_dir, lora):
+    adapters = ["+model_alignment_strategy.peft.lora_rank=4", "model.optim.lr=1e-2"] if lora else []
+    precomputed = train_here(*dpo_job(tmp_path / "data", chat_tokenizer_dir), *SHORT, *adapters)
+    live = train_here(*dpo_job(tmp_path / "data", chat_tokenizer_dir, precompute=False), *SHORT, *adapters)
+    _same(precomputed, live)
+    assert not (tmp_path / "run1" / TABLE).exists()
