@@ -117,11 +117,15 @@ precision: {{type: fp32}}
     return config
 
 
+def step_times(log_dir: Path) -> list[float]:
+    """Every step's time as nxd logged it (log_every_n_steps 1)."""
+    with open(log_dir / "metrics.csv") as handle:
+        return [float(row["step_time"]) for row in csv.DictReader(handle) if row.get("step_time")]
+
+
 def median_step_time(log_dir: Path) -> float:
     """The median step time nxd logged, after two steps of warm-up."""
-    with open(log_dir / "metrics.csv") as handle:
-        times = [float(row["step_time"]) for row in csv.DictReader(handle) if row.get("step_time")]
-    return statistics.median(times[2:])
+    return statistics.median(step_times(log_dir)[2:])
 
 
 def peft_block(rank: int) -> str:
@@ -155,6 +159,7 @@ def trl_run(pairs: list[dict[str, str]], tokenizer: Path, model_dir: Path, seq: 
         lr_scheduler_type="constant", warmup_steps=0, use_cpu=not torch.cuda.is_available(), report_to=[],
         save_strategy="no", logging_steps=1000, disable_tqdm=True, dataloader_num_workers=0, max_length=seq,
         packing=True, packing_strategy="bfd", padding_free=True, completion_only_loss=True, seed=1234,
+        bf16=False, gradient_checkpointing=False,  # TRL's defaults (bf16 autocast, recomputation) are not nxd's here
     )  # fmt: skip
     timer = StepTimer()
     peft_config = None

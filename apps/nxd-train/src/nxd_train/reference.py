@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from nxd_align import (
@@ -38,7 +39,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .checkpointing import Resume, export_of, load_weights
-from .run import Batch, Run
+
+if TYPE_CHECKING:  # the run imports this module
+    from .run import Batch, Run
 
 SPLITS = ("train", "validation")
 

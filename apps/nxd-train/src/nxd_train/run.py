@@ -51,6 +51,7 @@ from .checkpointing import (
 from .logdir import CHECKPOINT_DIR, next_log_dir
 from .monitor import Monitor
 from .plan import RunPlan
+from .reference import prepare_reference
 from .throughput import matmul_ceiling
 
 NEURON_DEVICE_TYPES = ("neuron", "xla")
@@ -236,8 +237,6 @@ def setup(plan: RunPlan) -> Run:
               train_data=plan.data.train, validation_data=plan.data.validation, padding=plan.data.padding,
               attach=attach, checkpoint_group=checkpoint_group)  # fmt: skip
     if plan.reference is not None:  # from the initial weights, before a resume loads trained ones
-        from .reference import prepare_reference
-
         with torch.random.fork_rng(devices=[fabric.device] if fabric.device.type == "cuda" else []):
             prepare_reference(run, resume)  # draws nothing from the run's random streams
     if resume is not None and not resume.weights_only:
