@@ -18,7 +18,9 @@ from nxd_train.cli import default_config_path, main
 from nxd_train.corpus import default_cache_dir
 from nxd_train.preflight import plan_run
 from safetensors.torch import load_file, save_file
+from transformers import LlamaForCausalLM
 
+from tests.train.test_lora import _job, hf_base  # noqa: F401 - the fixture
 from tests.training_runs import FAST, dpo_job, losses, orpo_job, read_metrics
 
 TABLE = "reference_log_probs.safetensors"
@@ -130,3 +132,27 @@ def test_a_live_reference_trains_exactly_as_the_precomputed_one(tmp_path, train_
     live = train_here(*dpo_job(tmp_path / "data", chat_tokenizer_dir, precompute=False), *SHORT, *adapters)
     _same(precomputed, live)
     assert not (tmp_path / "run1" / TABLE).exists()
+
+
+def test_a_hugging_face_model_with_lora_gets_the_reference_transformers_computes(tmp_path, hf_base):  # noqa: F811
+    """The HF family, started from a model directory, LoRA on: the table is the base model's log-probs as
+    transformers' own LlamaForCausalLM gives them (adapters off), and DPO trains the adapters."""
+    data = tmp_path / "data"
+    dpo = dpo_job(data, hf_base)[:3]  # the dpo keys; the data files replace tiny_sft's
+    job = _job(hf_base, tmp_path / "run", "~model_alignment_strategy.sft", *dpo, f"data.train_dir={data / 'train.jsonl'}",
+               f"data.val_dir={data / 'validation.jsonl'}", "+model_alignment_strategy.peft.lora_rank=4",
+               "model.optim.lr=1e-2")  # fmt: skip
+    assert main(job) == 0
+    rows = read_metrics(tmp_path / "run")
+    assert abs(losses(rows)[0] - math.log(2)) < 1e-6 and losses(rows)[-1] < losses(rows)[0]
+    plan = plan_run(load_config(job[1], [item for item in job[2:] if not item.startswith("+exp_manager")]),
+                    default_cache_dir())  # fmt: skip
+    model = LlamaForCausalLM.from_pretrained(hf_base).eval()
+    table = load_file(tmp_path / "run" / TABLE)["train"]
+    with torch.no_grad():
+        for index in range(0, len(plan.data.train), 9):
+            sample = plan.data.train[index]
+            log_probs = F.log_softmax(model(input_ids=sample["input_ids"]).logits.double(), dim=-1)
+            labels = sample["labels"]
+            picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            assert torch.allclose(table[index], (picked * (labels != -100)).sum(-1), rtol=1e-6, atol=1e-5), index
