@@ -43,9 +43,6 @@ from .checkpointing import Resume, export_of, load_weights
 if TYPE_CHECKING:  # the run imports this module
     from .run import Batch, Run
 
-SPLITS = ("train", "validation")
-
-
 @contextlib.contextmanager
 def _reference_mode(model: nn.Module | StagedModel, lora: bool) -> Iterator[None]:
     """`model` computing the reference: eval mode (no dropout), adapters off under LoRA, no gradients."""
