@@ -3,6 +3,8 @@ fp32 training; losses, gradient norms and every gradient within 1e-6, for both m
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from nxd_parallel import Layout
@@ -28,6 +30,7 @@ def _two_process_scenarios() -> list[Scenario]:
             Scenario(f"{family}-dp2-zero1-selective-recompute", family,
                      layout=Layout(zero1=True, recompute="selective", recompute_modules=("CoreAttention",),
                                    recompute_mlp=True)),  # fmt: skip
+            *_recompute_scenarios(family),
         ]
     return scenarios + [
         Scenario("megatron-tp2-fused-qkv", tp=2, qkv="fused"),
@@ -44,6 +47,27 @@ def _two_process_scenarios() -> list[Scenario]:
         *_pipeline_and_context_scenarios(),
         *_lora_scenarios(),
     ]
+
+
+RECOMPUTE = {"full": Layout(recompute="full"),
+             "selective": Layout(recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True)}
+"""Each recompute setting: whole layers, or the attention core and the MLP by their NxDT names."""
+
+
+def _recompute_scenarios(family: str) -> list[Scenario]:
+    """Every recompute setting crossed with tensor + sequence parallel and context parallel (the first
+    layer's sequence split must replay from its whole input), and for the Megatron-style family with
+    pipeline stages."""
+    found = []
+    for name, recompute in RECOMPUTE.items():
+        found += [Scenario(f"{family}-tp2-sp-{name}-recompute", family, tp=2, clip=0.5,
+                           layout=replace(recompute, sequence_parallel=True)),
+                  Scenario(f"{family}-tp2-sp-kv-replicator-{name}-recompute", family, tp=2, kv_heads=1,
+                           layout=replace(recompute, sequence_parallel=True, kv_replicator=2)),
+                  Scenario(f"{family}-cp2-{name}-recompute", family, cp=2, layout=recompute)]  # fmt: skip
+        if family == "megatron":
+            found.append(Scenario(f"megatron-pp2-{name}-recompute", pp=2, layers=4, tied=False, layout=recompute))
+    return found
 
 
 LORA_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -80,7 +104,6 @@ def _pipeline_and_context_scenarios() -> list[Scenario]:
         Scenario("megatron-pp2-1f1b", pp=2, **staged),
         Scenario("megatron-pp2-interleaved", pp=2, layout=Layout(virtual_stages=2), clip=0.5, **staged),
         Scenario("megatron-pp2-cuts", pp=2, layout=Layout(pipeline_cuts=("model.layers.0",)), **staged),
-        Scenario("megatron-pp2-full-recompute", pp=2, layout=Layout(recompute="full"), **staged),
         Scenario("megatron-cp2", cp=2, clip=0.5),
         Scenario("hf-cp2", "hf", cp=2),
         Scenario("megatron-cp2-documents", cp=2, documents=True),
@@ -96,6 +119,8 @@ def _four_process_scenarios() -> list[Scenario]:
         Scenario("megatron-pp2-tp2", pp=2, tp=2, layers=4, tied=False, clip=0.5),
         Scenario("megatron-pp2-tp2-sp-interleaved", pp=2, tp=2, layers=4, tied=False,
                  layout=Layout(sequence_parallel=True, virtual_stages=2)),
+        Scenario("megatron-pp2-tp2-sp-full-recompute", pp=2, tp=2, layers=4, tied=False,
+                 layout=Layout(sequence_parallel=True, recompute="full")),
         Scenario("megatron-pp2-dp2-zero1", pp=2, layers=4, tied=False, layout=Layout(zero1=True), clip=0.5),
         Scenario("megatron-cp2-tp2-sp", cp=2, tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("hf-cp2-tp2", "hf", cp=2, tp=2),

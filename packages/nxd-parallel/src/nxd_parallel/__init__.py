@@ -23,7 +23,7 @@ from .parallelize import (
     tensor_parallel_problems,
 )
 from .pipeline import build_schedule, rank_stages, stage_ranges
-from .tensor_parallel import STYLES, apply_tensor_parallel, check_plan
+from .tensor_parallel import STYLES, apply_tensor_parallel, check_plan, enter_sequence_parallel
 
 __version__ = "0.1.0"
 
@@ -31,7 +31,8 @@ __all__ = [
     "STYLES", "DirectExecutor", "Layout", "LossFunction", "ParallelConfigError", "ParallelDims", "ParallelMesh",
     "PipelineExecutor", "ShardableModel", "StagedModel", "Totals", "apply_activation_checkpointing",
     "apply_data_parallel", "apply_tensor_parallel", "build_executor", "build_parallel_model", "build_schedule",
-    "check_plan", "clip_gradients", "global_norm", "load_whole_weights", "loss_parallel", "materialise", "modules_of",
-    "pipeline_ranges", "rank_stages", "recompute_units", "replicated_heads", "ring_attention", "set_gradient_sync",
-    "split_sequence", "stage_ranges", "tensor_parallel_problems", "zigzag_indices",
+    "check_plan", "clip_gradients", "enter_sequence_parallel", "global_norm", "load_whole_weights", "loss_parallel",
+    "materialise", "modules_of", "pipeline_ranges", "rank_stages", "recompute_units", "replicated_heads",
+    "ring_attention", "set_gradient_sync", "split_sequence", "stage_ranges", "tensor_parallel_problems",
+    "zigzag_indices",
 ]  # fmt: skip

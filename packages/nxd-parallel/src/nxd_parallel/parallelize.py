@@ -28,7 +28,7 @@ from .dims import ParallelMesh
 from .errors import ParallelConfigError
 from .materialise import materialise
 from .pipeline import rank_stages, stage_ranges
-from .tensor_parallel import apply_tensor_parallel
+from .tensor_parallel import apply_tensor_parallel, enter_sequence_parallel
 
 LAYER_PREFIX = "model.layers."
 FIRST_LAYER = f"{LAYER_PREFIX}0"
@@ -199,12 +199,14 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
         names = [name for name, _ in model.named_modules()]  # a pipeline stage lacks the other stages' parts
         plan = {pattern: style for pattern, style in family.tp_plan().items() if fnmatch.filter(names, pattern)}
         apply_tensor_parallel(model, plan, tp, sequence_parallel=layout.sequence_parallel,
-                              first_layer=first_layer, reduce_dtype=layout.reduce_dtype,
-                              kv_replicator=layout.kv_replicator, head_dim=family.head_dim)  # fmt: skip
+                              reduce_dtype=layout.reduce_dtype, kv_replicator=layout.kv_replicator,
+                              head_dim=family.head_dim)  # fmt: skip
         prepare(model, cast=False)  # the TP parameters are new objects
     if cp is not None:
         family.use_context_parallel(model, partial(ring_attention, group=cp.get_group()))
     apply_activation_checkpointing(recompute_units(family, model, layout))
+    if tp is not None and layout.sequence_parallel and first_layer is not None:
+        enter_sequence_parallel(model, first_layer, tp)  # after the checkpoints: a recompute must not split twice
     if data is not None:  # context-parallel ranks hold the same weights: their gradients are reduced too
         apply_data_parallel(model, data, zero1=layout.zero1, blocks=family.decoder_layers(model),
                             mp_policy=MixedPrecisionPolicy(reduce_dtype=layout.grad_reduce_dtype))  # fmt: skip

@@ -16,8 +16,9 @@ Styles a plan may name:
   wrapper, not the base layer, is then the projection whose block gathers the sequence once.
 
 With sequence parallelism the residual stream between the layers is split along the sequence: the
-first decoder layer (`first_layer`) scatters its input, row-parallel outputs reduce-scatter, and the
-block holding column-parallel projections (attention, MLP) all-gathers its input once for all of them.
+first decoder layer scatters its input (`enter_sequence_parallel`), row-parallel outputs
+reduce-scatter, and the block holding column-parallel projections (attention, MLP) all-gathers its
+input once for all of them.
 `reduce_dtype` is the dtype of those forward and backward reductions.
 """
 
@@ -170,24 +171,19 @@ def apply_tensor_parallel(
     mesh: DeviceMesh,
     *,
     sequence_parallel: bool = False,
-    first_layer: str | None = None,
     reduce_dtype: torch.dtype | None = None,
     kv_replicator: int = 1,
     head_dim: int | None = None,
 ) -> nn.Module:
     """Shard `model` in place over the 1-D tensor-parallel `mesh` as `plan` declares.
 
-    `first_layer` (with sequence parallelism) is the module whose first argument enters the
-    sequence-parallel region; None means the input arrives already split (a later pipeline stage).
+    With sequence parallelism, `enter_sequence_parallel` then marks where the input is split.
     `head_dim` is needed when `kv_replicator` > 1. Tied weights (an output layer sharing the
     embedding) stay tied.
     """
     problems = check_plan(model, plan)
     if kv_replicator > 1 and head_dim is None:
         problems.append("kv_replicator > 1 needs the head dimension of the key/value projections")
-    if sequence_parallel and first_layer is not None and first_layer not in dict(model.named_modules()):
-        problems.append(f"sequence parallelism needs the first decoder layer; {first_layer!r} is no module of "
-                        f"{type(model).__name__}")  # fmt: skip
     if problems:
         raise ParallelConfigError(*problems)
     tied = tied_parameters(model)
@@ -203,8 +199,6 @@ def apply_tensor_parallel(
     for name, parameter in model.named_parameters():  # some styles make new parameters that require grad
         parameter.requires_grad_(name not in frozen)
     if sequence_parallel:
-        if first_layer is not None:
-            model.get_submodule(first_layer).register_forward_pre_hook(_scatter_sequence(mesh), with_kwargs=True)
         names = [name for name, _ in model.named_modules()]
         blocks = {pattern.removesuffix(BASE_LAYER).rpartition(".")[0] for pattern, style in plan.items()
                   if style in _GATHERED_ONCE}  # fmt: skip
@@ -212,3 +206,16 @@ def apply_tensor_parallel(
             model.get_submodule(block).register_forward_pre_hook(_gather_sequence_once(mesh), with_kwargs=True)
     return model
 
+
+
+def enter_sequence_parallel(model: nn.Module, first_layer: str, mesh: DeviceMesh) -> None:
+    """Split the whole hidden states entering `first_layer` (the first decoder layer of a model or of
+    the first pipeline stage) along the sequence, for the tensor-parallel `mesh`.
+
+    Call it after activation checkpointing is applied: the split then runs after the checkpoint has
+    kept the layer's input, so a recomputation replays it from the whole input. Registered before, the
+    checkpoint would keep the split input and its replay would split it a second time."""
+    if first_layer not in dict(model.named_modules()):
+        raise ParallelConfigError(f"sequence parallelism needs the first decoder layer; {first_layer!r} is no "
+                                  f"module of {type(model).__name__}")  # fmt: skip
+    model.get_submodule(first_layer).register_forward_pre_hook(_scatter_sequence(mesh), with_kwargs=True)
