@@ -65,3 +65,28 @@ def test_bad_data_is_named(tmp_path: Path, records: dict, tokenizer: bool, messa
 def test_a_missing_path_is_named(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"data.train_dir: expected a datasets.save_to_disk folder .* no such file"):
         hf_pretraining_dataset(str(tmp_path / "none"), "data.train_dir", "train", FORMAT, None, tmp_path)
+
+
+def test_given_labels_and_attention_masks_decide_what_is_learned(tmp_path: Path) -> None:
+    """transformers' convention, as NxDT's HF datasets hold it: labels unshifted (-100: no loss), the
+    attention mask 0 on padding; position t learns labels[t + 1]."""
+    row = {"input_ids": [[7, 8, 9, 10, 11, 0, 0, 0]], "labels": [[7, -100, 9, 10, 12, -100, -100, -100]],
+           "attention_mask": [[1, 1, 1, 1, 1, 0, 0, 0]]}  # fmt: skip
+    datasets.Dataset.from_dict(row).save_to_disk(str(tmp_path / "saved"))
+    sample = hf_pretraining_dataset(str(tmp_path / "saved"), "data.train_dir", "train", FORMAT, None, tmp_path)[0]
+    assert sample["input_ids"].tolist() == [7, 8, 9, 10, 11, 0, 0, 0]
+    # by hand: t=0 learns labels[1] (-100), t=1 labels[2]=9, t=2 10, t=3 12 (the given label, not input 11),
+    # t=4..6 are padding (mask 0), t=7 has no next token
+    assert sample["labels"].tolist() == [-100, 9, 10, 12, -100, -100, -100, -100]
+
+
+def test_ids_outside_the_vocabulary_are_named_by_row(tmp_path: Path) -> None:
+    datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5], [6, 300, 7]]}).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(DataError, match=r"data.train_dir \(.*saved\): row 2 holds token id 300; expected ids in "
+                                        r"\[0, 300\) \(the model's vocabulary\)"):  # fmt: skip
+        hf_pretraining_dataset(str(tmp_path / "saved"), "data.train_dir", "train", FORMAT, None, tmp_path,
+                               vocab_size=300)  # fmt: skip
+    datasets.Dataset.from_dict({"input_ids": [[1, -4]]}).save_to_disk(str(tmp_path / "negative"))
+    with pytest.raises(DataError, match=r"row 0 holds token id -4"):
+        hf_pretraining_dataset(str(tmp_path / "negative"), "data.train_dir", "train", FORMAT, None, tmp_path,
+                               vocab_size=300)  # fmt: skip

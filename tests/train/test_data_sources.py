@@ -114,3 +114,31 @@ def test_document_keys_train_both_families(train_here, tmp_path) -> None:
     source = hf_run_config(tmp_path, vocab_size=4096)
     cfg = load_config(source, [*documents, f"+exp_manager.explicit_log_dir={tmp_path / 'hf'}"])
     assert len(losses(read_metrics(train(plan_run(cfg, default_cache_dir()))))) == 3
+
+
+def test_pre_tokenised_data_trains_a_hugging_face_model_with_no_tokenizer(tmp_path, capsys) -> None:
+    """NxDT's HF recipes: rows of input_ids (with labels and attention_mask) and no data.tokenizer; the
+    vocabulary and end-of-document id come from the model's config.json, and a resume continues exactly."""
+    source = hf_run_config(tmp_path, vocab_size=256)
+    generator = random.Random(0)
+    rows = [[generator.randrange(256) for _ in range(64)] for _ in range(48)]
+    columns = {"input_ids": rows, "labels": rows, "attention_mask": [[1] * 64 for _ in rows]}
+    datasets.Dataset.from_dict(columns).save_to_disk(str(tmp_path / "train"))
+    config = json.loads((tmp_path / "config.json").read_text()) | {"eos_token_id": [2, 3]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    job = ["-c", str(source), f"+data.train_dir={tmp_path / 'train'}", "trainer.max_steps=6",
+           "exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+           "+exp_manager.checkpoint_callback_params.every_n_train_steps=3"]  # fmt: skip
+    assert main([*job, f"+exp_manager.explicit_log_dir={tmp_path / 'whole'}"]) == 0
+    whole = read_metrics(tmp_path / "whole")
+    log = (tmp_path / "whole" / "nxd_log_globalrank-0_localrank-0.txt").read_text()
+    assert f"pre-tokenised ids (vocabulary 256, end of document 2: {tmp_path / 'config.json'})" in log
+    step_3 = next((tmp_path / "whole" / "checkpoints").glob("*step=3*"))
+    assert main([*job, f"+exp_manager.explicit_log_dir={tmp_path / 'resumed'}",
+                 f"+exp_manager.resume_from_checkpoint={step_3}"]) == 0  # fmt: skip
+    assert losses(read_metrics(tmp_path / "resumed")) == losses(whole)[3:]
+    datasets.Dataset.from_dict({"input_ids": [[300] * 64] * 8}).save_to_disk(str(tmp_path / "beyond"))
+    capsys.readouterr()
+    assert main(["-c", str(source), f"+data.train_dir={tmp_path / 'beyond'}"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "row 0 holds token id 300; expected ids in [0, 256)" in err

@@ -114,31 +114,44 @@ def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -
     return str(prefix)
 
 
+@dataclass(frozen=True)
+class ModelVocabulary:
+    """What pre-tokenised data needs of a tokenizer, read from the model's config.json instead."""
+
+    size: int
+    eod_id: int
+    source: str
+    """The file it was read from (named in the log and in errors)."""
+
+
 def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None, seed: int,
-                   sft: SFTConfig | None = None, preference: DPOConfig | ORPOConfig | None = None) -> DataSplits:
+                   sft: SFTConfig | None = None, preference: DPOConfig | ORPOConfig | None = None,
+                   vocabulary: ModelVocabulary | None = None) -> DataSplits:  # fmt: skip
     """The run's datasets (SFT records when `sft` is given, preference pairs with `preference`);
-    `train_samples` None means one epoch of the training data. DataError names the key and file of any
-    problem."""
+    `train_samples` None means one epoch of the training data. Pre-tokenised Hugging Face data with
+    no tokenizer takes its vocabulary and end-of-document id from `vocabulary` (the model's). DataError
+    names the key and file of any problem."""
     if sft is not None:
         return _sft_splits(data, seq_length, cache_dir, sft.packing)
     if preference is not None:
         return _preference_splits(data, seq_length, preference)
     own_data = data.is_set("data_prefix") or data.train_dir is not None
     corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
+    hf_data = data.train_dir is not None and (data.use_sft_style_data_module or not data.is_set("data_prefix"))
     if data.tokenizer is not None:
         tokenizer, name = load_tokenizer(data.tokenizer.type, "data.tokenizer.type"), data.tokenizer.type
+    elif hf_data and vocabulary is not None:
+        return _pre_tokenised_splits(data, seq_length, vocabulary)
     elif own_data:
         key = "data_prefix" if data.is_set("data_prefix") else "train_dir"
+        also = " or, for pre-tokenised data, a Hugging Face model (model.model_config)" if hf_data else ""
         raise DataError(f"data.tokenizer: expected a tokenizer with data.{key} (it gives the vocabulary size and the "
-                        "end-of-document id), found none")  # fmt: skip
+                        f"end-of-document id){also}, found none")  # fmt: skip
     else:
         tokenizer = load_tokenizer(builtin_tokenizer(corpus, cache_dir))
         name = f"built-in byte-level BPE ({tokenizer.vocab_size} tokens)"
-    format = SampleFormat(seq_length=seq_length, eod_id=tokenizer.eod_id,
-                          plus_one=not data.no_seqlen_plus_one_input_tokens, eod_mask_loss=data.eod_mask_loss,
-                          reset_position_ids=data.reset_position_ids,
-                          reset_attention_mask=data.reset_attention_mask)  # fmt: skip
-    if data.train_dir is not None and (data.use_sft_style_data_module or not data.is_set("data_prefix")):
+    format = _sample_format(data, seq_length, tokenizer.eod_id)
+    if hf_data:
         hf_cache = cache_dir / "hf-data"
         train = hf_pretraining_dataset(data.train_dir, "data.train_dir", "train", format, tokenizer, hf_cache,
                                        data.dev_choose_samples)  # fmt: skip
@@ -158,6 +171,27 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
         raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")
     return DataSplits(splits["train"], splits["validation"], splits["test"], format.padding(), tokenizer.vocab_size,
                       name, shuffled=True, tokenizer_files=tokenizer.files)  # fmt: skip
+
+
+def _sample_format(data: DataConfig, seq_length: int, eod_id: int) -> SampleFormat:
+    return SampleFormat(seq_length=seq_length, eod_id=eod_id, plus_one=not data.no_seqlen_plus_one_input_tokens,
+                        eod_mask_loss=data.eod_mask_loss, reset_position_ids=data.reset_position_ids,
+                        reset_attention_mask=data.reset_attention_mask)  # fmt: skip
+
+
+def _pre_tokenised_splits(data: DataConfig, seq_length: int, vocabulary: ModelVocabulary) -> DataSplits:
+    """Hugging Face rows of token ids with no tokenizer (NxDT's HF recipes): ids checked against the
+    model's vocabulary, end-of-document id from its config.json."""
+    format = _sample_format(data, seq_length, vocabulary.eod_id)
+    splits = {}
+    for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
+                                                                              data.val_dir)):  # fmt: skip
+        if location is not None:
+            splits[split] = hf_pretraining_dataset(location, key, split, format, None, Path(), data.dev_choose_samples,
+                                                   vocab_size=vocabulary.size)  # fmt: skip
+    name = f"pre-tokenised ids (vocabulary {vocabulary.size}, end of document {vocabulary.eod_id}: {vocabulary.source})"
+    return DataSplits(splits["train"], splits.get("validation"), None, format.padding(), vocabulary.size, name,
+                      shuffled=False)  # fmt: skip
 
 
 def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: bool) -> DataSplits:

@@ -39,7 +39,7 @@ from nxd_precision import (
 from transformers import PretrainedConfig
 
 from .checkpointing import Resume, checkpoint_problems, is_hf_directory, resume_choice, save_policy
-from .data import DataSplits, build_datasets, unavailable_data_keys
+from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_keys
 from .layout_check import layout_problems
 from .logdir import CHECKPOINT_DIR, resumable_log_dir
 from .plan import Adapters, Batches, Cadence, Checkpoints, Launch, Logging, Reference, RunPlan, Update
@@ -274,6 +274,22 @@ def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily | L
                                        bias=peft.lora_bias, targets=tuple(peft.target_modules)))  # fmt: skip
 
 
+def _model_vocabulary(cfg: NxdConfig) -> ModelVocabulary | None:
+    """For Hugging Face data already tokenised and no data.tokenizer (NxDT's HF recipes): the vocabulary
+    size and end-of-document id of the model's config.json; None when a tokenizer is set or the model
+    is not a Hugging Face one."""
+    if cfg.data.tokenizer is not None or cfg.model_source != "hf" or not cfg.model.hf_model_config:
+        return None
+    config = load_hf_config(cfg.model.hf_model_config)
+    path = Path(cfg.model.hf_model_config)
+    source = str(path / "config.json" if path.is_dir() else path)
+    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list | tuple) else config.eos_token_id
+    if not isinstance(eos, int):
+        raise ModelConfigError(f"{source}: eos_token_id: expected the end-of-document id that pre-tokenised data "
+                               f"is padded with (or set data.tokenizer), found {config.eos_token_id!r}")  # fmt: skip
+    return ModelVocabulary(config.vocab_size, eos, source)
+
+
 def _preference(cfg: NxdConfig) -> DPOConfig | ORPOConfig | None:
     """The dpo or orpo block, when the run trains on preference pairs."""
     alignment = cfg.model_alignment_strategy
@@ -356,10 +372,12 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     try:
         alignment = cfg.model_alignment_strategy
         data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed,
-                              sft=None if alignment is None else alignment.sft,
-                              preference=_preference(cfg))  # fmt: skip
+                              sft=None if alignment is None else alignment.sft, preference=_preference(cfg),
+                              vocabulary=_model_vocabulary(cfg))  # fmt: skip
     except DataError as error:
         raise PreflightError([str(error)]) from None
+    except ModelConfigError as error:
+        raise PreflightError(error.problems) from None
     if len(data.train) < cfg.global_batch_size:
         raise PreflightError([f"data.global_batch_size: expected at most the {len(data.train)} samples of the "
                               f"training split, found {cfg.global_batch_size}"])

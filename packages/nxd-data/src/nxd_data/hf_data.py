@@ -1,6 +1,10 @@
 """Hugging Face data for pretraining: a `datasets.save_to_disk` folder, or jsonl, arrow or parquet
 files, either pre-tokenised (an `input_ids` column, one sample per row) or text (a `text` column,
-tokenised, documents joined by the end-of-document token and cut into samples as Megatron does)."""
+tokenised, documents joined by the end-of-document token and cut into samples as Megatron does).
+
+Pre-tokenised rows may carry `labels` (transformers' convention: unshifted, -100 where no loss is
+taken) and `attention_mask` (0 on padding), as NxDT's Hugging Face datasets do; position t then
+learns labels[t + 1], and nothing where the mask or the label says so."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from filelock import FileLock
@@ -17,7 +22,7 @@ from torch.utils.data import Dataset
 from .errors import DataError
 from .files import save_atomically
 from .indexed import token_dtype
-from .samples import SampleFormat
+from .samples import IGNORE_INDEX, SampleFormat
 from .tokenizer import TextTokenizer
 
 READERS = {".jsonl": datasets.Dataset.from_json, ".json": datasets.Dataset.from_json,
@@ -66,22 +71,55 @@ def _read(files: str | list[str], suffix: str, where: str) -> datasets.Dataset:
 
 
 class TokenRows(Dataset):
-    """One sample per pre-tokenised row (rows shorter than a window are padded, labels ignored)."""
+    """One sample per pre-tokenised row (rows shorter than a window are padded, labels ignored); ids
+    are checked against `vocab_size` when it is given."""
 
-    def __init__(self, records: datasets.Dataset, format: SampleFormat, where: str):
-        lengths = pc.list_value_length(records.data.column("input_ids")).to_numpy(zero_copy_only=False)
+    def __init__(self, records: datasets.Dataset, format: SampleFormat, where: str, vocab_size: int | None = None):
+        ids = records.data.column("input_ids")
+        lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False)
         too_long = np.flatnonzero(lengths > format.window)
         if too_long.size:
             raise DataError(f"{where}: row {too_long[0]} has {lengths[too_long[0]]} input_ids; expected at most "
                             f"{format.window} (seq_length{' + 1' if format.plus_one else ''}); pack the data to "
                             "the sequence length or raise data.seq_length")  # fmt: skip
-        self.records, self.format = records.with_format("numpy", columns=["input_ids"]), format
+        if vocab_size is not None:
+            _check_ids(ids, vocab_size, where)
+        self.columns = [name for name in ("input_ids", "labels", "attention_mask") if name in records.column_names]
+        self.records, self.format = records.with_format("numpy", columns=self.columns), format
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.format.sample(self.records[int(index)]["input_ids"])
+        row = self.records[int(index)]
+        sample = self.format.sample(row["input_ids"])
+        length = min(len(row["input_ids"]), self.format.window)
+        targets = sample["labels"]
+        if "labels" in row:  # position t learns the given label of t + 1
+            given = torch.as_tensor(np.asarray(row["labels"][1:length], dtype=np.int64))
+            targets[: len(given)] = given
+        if "attention_mask" in row:
+            masked = torch.as_tensor(np.asarray(row["attention_mask"][1:length]) == 0)
+            targets[: len(masked)][masked] = IGNORE_INDEX
+        if self.format.eod_mask_loss:
+            targets[targets == self.format.eod_id] = IGNORE_INDEX
+        return sample
+
+
+def _check_ids(ids: pa.ChunkedArray, vocab_size: int, where: str) -> None:
+    """Every id in [0, vocab_size): an id the embedding lacks would fail (or read another row) deep in
+    the first step."""
+    flat = pc.list_flatten(ids)
+    if len(flat) == 0:
+        return
+    low, high = pc.min_max(flat).values()
+    if low.as_py() < 0 or high.as_py() >= vocab_size:
+        bad = pc.or_(pc.less(flat, 0), pc.greater_equal(flat, vocab_size))
+        position = pc.index(bad, True).as_py()
+        row = int(np.searchsorted(np.cumsum(pc.list_value_length(ids).to_numpy(zero_copy_only=False)), position,
+                                  side="right"))  # fmt: skip
+        raise DataError(f"{where}: row {row} holds token id {flat[position].as_py()}; expected ids in [0, "
+                        f"{vocab_size}) (the model's vocabulary)")  # fmt: skip
 
 
 class TokenStream(Dataset):
@@ -123,11 +161,14 @@ def hf_pretraining_dataset(
     tokenizer: TextTokenizer | None,
     cache_dir: Path,
     limit: int | None = None,
+    vocab_size: int | None = None,
 ) -> Dataset:
-    """The samples of the Hugging Face data at `location` (see the module docstring)."""
+    """The samples of the Hugging Face data at `location` (see the module docstring); pre-tokenised ids
+    are checked against `vocab_size` (default: the tokenizer's)."""
     records = load_records(location, where, split, limit)
     if "input_ids" in records.column_names:
-        return TokenRows(records, format, f"{where} ({location})")
+        vocab_size = vocab_size if vocab_size is not None or tokenizer is None else tokenizer.vocab_size
+        return TokenRows(records, format, f"{where} ({location})", vocab_size)
     if "text" not in records.column_names:
         raise DataError(f"{where}: {location} has columns {', '.join(records.column_names)}; expected input_ids "
                         "(pre-tokenised) or text")  # fmt: skip
