@@ -75,3 +75,32 @@ def chat_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = {"bos_token": "<s>", "eos_token": "<|endoftext|>", "chat_template": CHATML}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
+
+
+@pytest.fixture(scope="session")
+def gpt2_files(tmp_path_factory) -> tuple[str, str]:
+    """vocab.json and merges.txt of a byte-level BPE trained on TEXT, with GPT-2's <|endoftext|>."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    trained = ByteLevelBPETokenizer()
+    trained.train_from_iterator(TEXT, vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False)
+    directory = tmp_path_factory.mktemp("gpt2")
+    vocab, merges = trained.save_model(str(directory))
+    return vocab, merges
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_dir(tmp_path_factory) -> Path:
+    """A directory with only tokenizer.model (Llama 2's form): a SentencePiece BPE trained on TEXT with
+    Llama's settings (ids unk 0, <s> 1, </s> 2; byte fallback; digits split)."""
+    import sentencepiece
+
+    directory = tmp_path_factory.mktemp("spm")
+    (directory / "text.txt").write_text("\n".join(TEXT * 3))
+    sentencepiece.SentencePieceTrainer.train(input=str(directory / "text.txt"), model_prefix=str(directory / "tokenizer"),
+                                             vocab_size=400, model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                             byte_fallback=True, split_digits=True,
+                                             minloglevel=2)  # fmt: skip
+    (directory / "text.txt").unlink()
+    (directory / "tokenizer.vocab").unlink()
+    return directory

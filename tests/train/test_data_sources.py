@@ -98,14 +98,18 @@ def test_bad_data_is_named_before_launch(tmp_path: Path, tokenizer_file: Path) -
         tokenizer, f"+data.data_prefix={missing}"
     )
     assert "data.tokenizer: expected a tokenizer with data.data_prefix" in problems(f"+data.data_prefix={missing}")
-    assert f"data.tokenizer.type: expected a tokenizer.json file or a directory holding one, found no such file " \
-           f"or directory: {tmp_path / 'none'}" in problems(f"+data.tokenizer.type={tmp_path / 'none'}")  # fmt: skip
+    assert f"data.tokenizer.type: expected a tokenizer.json file or a directory holding one (or a SentencePiece " \
+           f"tokenizer.model), found no such file or directory: {tmp_path / 'none'}" in problems(f"+data.tokenizer.type={tmp_path / 'none'}")  # fmt: skip
     with pytest.raises(ConfigError, match="data.data_prefix: expected at least one positive weight"):
         load_config(default_config_path(), [tokenizer, f"+data.data_prefix=[0,{missing}]"])
     assert "data.train_dir: expected one data source, found data_prefix as well" in problems(
         tokenizer, f"+data.data_prefix={missing}", f"+data.train_dir={tmp_path}"
     )
-    assert "data.tokenizer.vocab_file: applies to megatron" in problems("+data.tokenizer.vocab_file=vocab.json")
+    assert "data.tokenizer.vocab_file: applies to library megatron, which this tokenizer is not" in problems(
+        tokenizer, "+data.tokenizer.vocab_file=vocab.json")  # fmt: skip
+    assert "data.tokenizer.library: expected huggingface (tokenizer.json, or a directory with a SentencePiece " \
+           "tokenizer.model) or megatron (GPT2BPETokenizer), found 'sentencepiece'" in problems(
+               tokenizer, "+data.tokenizer.library=sentencepiece")  # fmt: skip
 
 
 def test_document_keys_train_both_families(train_here, tmp_path) -> None:
@@ -142,3 +146,23 @@ def test_pre_tokenised_data_trains_a_hugging_face_model_with_no_tokenizer(tmp_pa
     assert main(["-c", str(source), f"+data.train_dir={tmp_path / 'beyond'}"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "row 0 holds token id 300; expected ids in [0, 256)" in err
+
+
+@pytest.mark.parametrize("form", ["gpt2_vocab_merges", "sentencepiece_directory"])
+def test_each_tokenizer_form_trains_and_preprocesses(form, train_here, corpus, gpt2_files, sentencepiece_dir, tmp_path,
+                                                     capsys) -> None:  # fmt: skip
+    """NxDT's tokenizer keys as its Megatron (GPT-2 vocab/merges) and Llama 2 (SentencePiece) recipes write
+    them: `data.tokenizer` trains on Hugging Face text, and `data preprocess` writes indexed data."""
+    if form == "gpt2_vocab_merges":
+        vocab, merges = gpt2_files
+        keys = ["+data.tokenizer.library=megatron", "+data.tokenizer.type=GPT2BPETokenizer",
+                f"+data.tokenizer.vocab_file={vocab}", f"+data.tokenizer.merge_file={merges}"]  # fmt: skip
+        flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
+    else:
+        keys = [f"+data.tokenizer.type={sentencepiece_dir}", "+data.tokenizer.use_fast=False"]
+        flags = ["--tokenizer", str(sentencepiece_dir)]
+    metrics = train_here(*keys, f"+data.train_dir={corpus}", "trainer.max_steps=2", "model.optim.sched.max_steps=2")
+    assert len(losses(metrics)) == 2
+    assert main(["data", "preprocess", "--input", str(corpus), "--output-prefix", str(tmp_path / "out"), *flags,
+                 "--append-eod", "--no-progress"]) == 0  # fmt: skip
+    assert "wrote " in capsys.readouterr().out and (tmp_path / "out_text_document.idx").is_file()

@@ -62,7 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     preprocess = data_actions.add_parser("preprocess", help=text, description=text)
     preprocess.add_argument("--input", nargs="+", type=Path, required=True, metavar="FILE", help="jsonl input files")
     preprocess.add_argument("--output-prefix", required=True, help="writes PREFIX_{key}_document.bin/.idx")
-    preprocess.add_argument("--tokenizer", required=True, help="a tokenizer.json file or a directory holding one")
+    preprocess.add_argument("--tokenizer", help="a tokenizer.json file, or a directory holding one or a SentencePiece "
+                            "tokenizer.model")  # fmt: skip
+    preprocess.add_argument("--tokenizer-type", choices=("GPT2BPETokenizer",),
+                            help="Megatron's tokenizer class, from --vocab-file and --merge-file (not --tokenizer)")
+    preprocess.add_argument("--vocab-file", help="GPT-2 vocab.json (with --tokenizer-type)")
+    preprocess.add_argument("--merge-file", help="GPT-2 merges.txt (with --tokenizer-type)")
     preprocess.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY", help="keys to tokenise")
     preprocess.add_argument("--append-eod", action="store_true", help="end each document with the EOD token")
     preprocess.add_argument("--workers", type=int, default=1, help="tokenising processes (default 1)")
@@ -192,10 +197,15 @@ def _exit_if_distributed() -> None:
 
 
 def _preprocess_command(args: argparse.Namespace) -> int:
-    from nxd_data import DataError, preprocess_jsonl
+    from nxd_data import DataError, TokenizerSource, preprocess_jsonl
 
+    if (args.tokenizer is None) == (args.tokenizer_type is None):
+        print("nxd-train data preprocess: expected either --tokenizer or --tokenizer-type (with --vocab-file and "
+              "--merge-file)", file=sys.stderr)  # fmt: skip
+        return 1
+    tokenizer = args.tokenizer or TokenizerSource(args.tokenizer_type, "megatron", args.vocab_file, args.merge_file)
     try:
-        summary = preprocess_jsonl(args.input, args.output_prefix, args.tokenizer, json_keys=args.json_keys,
+        summary = preprocess_jsonl(args.input, args.output_prefix, tokenizer, json_keys=args.json_keys,
                                    append_eod=args.append_eod, workers=args.workers,
                                    skip_bad_lines=args.skip_bad_lines, progress=not args.no_progress)  # fmt: skip
     except DataError as error:

@@ -24,6 +24,7 @@ from nxd_data import (
     MegatronDataBuilder,
     SampleFormat,
     TextTokenizer,
+    TokenizerSource,
     collate,
     collate_pairs,
     hf_pretraining_dataset,
@@ -38,6 +39,12 @@ from .corpus import Corpus, builtin_tokenizer, stdlib_corpus
 
 PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss", "no_seqlen_plus_one_input_tokens")
 """Megatron data flags that shape pretraining samples; SFT records set their own masks and positions."""
+
+
+def data_tokenizer(data: DataConfig) -> TextTokenizer:
+    """The tokenizer `data.tokenizer` names, in any form nxd-data reads."""
+    t = data.tokenizer
+    return load_tokenizer(TokenizerSource(t.type, t.library, t.vocab_file, t.merge_file), "data.tokenizer.type")
 
 
 def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[str]:
@@ -55,18 +62,20 @@ def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[s
             messages.append("data.tokenizer: expected the tokenizer of the model being fine-tuned (a tokenizer.json "
                             "file or a directory holding one), found none")  # fmt: skip
     if (t := data.tokenizer) is not None:
-        if t.library != "huggingface":
-            messages.append(f"data.tokenizer.library: expected huggingface (a tokenizer.json file or a directory "
-                            f"holding one), found {t.library!r}")  # fmt: skip
+        if t.library == "sentencepiece":
+            messages.append("data.tokenizer.library: expected huggingface (tokenizer.json, or a directory with a "
+                            "SentencePiece tokenizer.model) or megatron (GPT2BPETokenizer), found 'sentencepiece'; "
+                            "a SentencePiece model is read as library huggingface with type its directory")  # fmt: skip
         if t.type is None:
-            messages.append("data.tokenizer.type: expected a tokenizer.json file or a tokenizer directory, found null")
-        foreign = (("model", t.model, "sentencepiece"), ("vocab_file", t.vocab_file, "megatron"),
-                   ("merge_file", t.merge_file, "megatron"),
-                   ("sentencepiece_legacy", t.sentencepiece_legacy or None, "sentencepiece"),
-                   ("use_fast", None if t.use_fast else False, "a slow tokenizer"))  # fmt: skip
-        messages += [f"data.tokenizer.{name}: applies to {library}, which nxd does not read (it reads tokenizer.json "
-                     f"with the tokenizers library); expected it unset, found {value!r}"
-                     for name, value, library in foreign if value is not None]  # fmt: skip
+            messages.append("data.tokenizer.type: expected a tokenizer.json file, a tokenizer directory or (library "
+                            "megatron) GPT2BPETokenizer, found null")  # fmt: skip
+        megatron = t.library == "megatron"
+        foreign = (("model", t.model, "library sentencepiece"), ("sentencepiece_legacy", t.sentencepiece_legacy or None,
+                   "library sentencepiece"), *((("vocab_file", t.vocab_file, "library megatron"),
+                                                ("merge_file", t.merge_file, "library megatron")) if not megatron
+                                              else ()))  # fmt: skip
+        messages += [f"data.tokenizer.{name}: applies to {library}, which this tokenizer is not; expected it unset, "
+                     f"found {value!r}" for name, value, library in foreign if value is not None]  # fmt: skip
     if data.is_set("data_prefix") and data.train_dir is not None and not (data.use_sft_style_data_module
                                                                             or fine_tuning):  # fmt: skip
         messages.append("data.train_dir: expected one data source, found data_prefix as well (set "
@@ -139,7 +148,7 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
     hf_data = data.train_dir is not None and (data.use_sft_style_data_module or not data.is_set("data_prefix"))
     if data.tokenizer is not None:
-        tokenizer, name = load_tokenizer(data.tokenizer.type, "data.tokenizer.type"), data.tokenizer.type
+        tokenizer, name = data_tokenizer(data), data.tokenizer.type
     elif hf_data and vocabulary is not None:
         return _pre_tokenised_splits(data, seq_length, vocabulary)
     elif own_data:
@@ -196,7 +205,7 @@ def _pre_tokenised_splits(data: DataConfig, seq_length: int, vocabulary: ModelVo
 
 def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: bool) -> DataSplits:
     """SFT records of train_dir (and val_dir), padded or packed into rows of seq_length."""
-    tokenizer = load_tokenizer(data.tokenizer.type, "data.tokenizer.type")
+    tokenizer = data_tokenizer(data)
     splits = {}
     for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
                                                                               data.val_dir)):  # fmt: skip
@@ -211,7 +220,7 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
 
 def _preference_splits(data: DataConfig, seq_length: int, preference: DPOConfig | ORPOConfig) -> DataSplits:
     """Preference pairs of train_dir (and val_dir), one sample per pair."""
-    tokenizer = load_tokenizer(data.tokenizer.type, "data.tokenizer.type")
+    tokenizer = data_tokenizer(data)
     splits, notes = {}, []
     for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
                                                                               data.val_dir)):  # fmt: skip

@@ -205,6 +205,9 @@ def _notices(cfg: NxdConfig, policy: PrecisionPolicy) -> None:
             if value != default:
                 warnings.warn(f"distributed_strategy.{key}: {value} acts across tensor-parallel ranks; with "
                               "tensor_model_parallel_size 1 it changes nothing", ConfigNotice, stacklevel=3)
+    if cfg.data.tokenizer is not None and not cfg.data.tokenizer.use_fast:
+        warnings.warn("data.tokenizer.use_fast: False asks for transformers' Python tokenizer; nxd reads the Rust "
+                      "(fast) one, built from the same files, which gives the same ids", ConfigNotice, stacklevel=3)
     if ds.context_parallel_size == 1 and cfg.model.fusions.ring_attention:
         warnings.warn("model.fusions.ring_attention: True acts across context-parallel ranks; with "
                       "context_parallel_size 1 attention runs unsplit", ConfigNotice, stacklevel=3)

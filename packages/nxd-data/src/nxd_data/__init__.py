@@ -14,7 +14,7 @@ from .preprocess import PreprocessSummary, preprocess_jsonl
 from .sampler import PADDING, PretrainingSampler, WithPadding
 from .samples import IGNORE_INDEX, SampleFormat, collate
 from .sft import SFTDataset, pack_best_fit, sft_dataset
-from .tokenizer import TextTokenizer, load_tokenizer
+from .tokenizer import TextTokenizer, TokenizerSource, load_tokenizer
 
 __version__ = "0.1.0"
 
@@ -33,6 +33,7 @@ __all__ = [
     "SFTDataset",
     "SampleFormat",
     "TextTokenizer",
+    "TokenizerSource",
     "TokenStream",
     "WithPadding",
     "blend_indices",

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from .errors import DataError
 from .indexed import IndexedDatasetWriter, token_dtype
-from .tokenizer import TextTokenizer, load_tokenizer
+from .tokenizer import TextTokenizer, TokenizerSource, load_tokenizer
 
 BATCH_LINES = 512
 BATCH_BYTES = 256 * 1024
@@ -58,10 +58,10 @@ def open_text(path: Path) -> IO[str]:
 _tokenizer: TextTokenizer | None = None
 
 
-def _start_worker(tokenizer_path: str) -> None:
+def _start_worker(source: TokenizerSource) -> None:
     global _tokenizer
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one worker process, one core
-    _tokenizer = load_tokenizer(tokenizer_path, "--tokenizer")
+    _tokenizer = load_tokenizer(source, "--tokenizer")
 
 
 @contextlib.contextmanager
@@ -136,8 +136,9 @@ def _batches(
             yield str(path), first, batch, keys, append_eod
 
 
-def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path, tokenizer: str | Path, *,
-                     json_keys: Sequence[str] = ("text",), append_eod: bool = False, workers: int = 1,
+def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path,
+                     tokenizer: str | Path | TokenizerSource, *, json_keys: Sequence[str] = ("text",),
+                     append_eod: bool = False, workers: int = 1,
                      skip_bad_lines: bool = False, progress: bool = True) -> PreprocessSummary:  # fmt: skip
     """Tokenise every document of `inputs` into `{output_prefix}_{key}_document.bin/.idx`.
 
@@ -150,7 +151,8 @@ def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path, to
             raise DataError(f"--input: expected a jsonl file (plain, .gz or .zst), found no file at {path}")
     if workers < 1:
         raise DataError(f"--workers: expected at least 1, found {workers}")
-    text_tokenizer = load_tokenizer(tokenizer, "--tokenizer")
+    source = tokenizer if isinstance(tokenizer, TokenizerSource) else TokenizerSource(str(tokenizer))
+    text_tokenizer = load_tokenizer(source, "--tokenizer")
     keys = tuple(json_keys)
     outputs = [f"{output_prefix}_{key}_document" for key in keys]
     dtype = token_dtype(text_tokenizer.vocab_size)
@@ -167,7 +169,7 @@ def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path, to
             context = multiprocessing.get_context(
                 "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             )
-            pool = stack.enter_context(context.Pool(workers, initializer=_start_worker, initargs=(str(tokenizer),)))
+            pool = stack.enter_context(context.Pool(workers, initializer=_start_worker, initargs=(source,)))
             results = pool.imap(_encode, jobs, chunksize=1)
         for encoded, bad in results:
             if bad and not skip_bad_lines:

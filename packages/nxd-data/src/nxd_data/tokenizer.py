@@ -1,7 +1,13 @@
-"""A local Hugging Face tokenizer (a tokenizer.json file, or a directory that holds one), through the
-`tokenizers` library, with the end-of-document token Megatron appends between documents, the
-beginning-of-sequence token fine-tuning records start with, and the chat template of
-tokenizer_config.json (or chat_template.jinja) when the directory has one."""
+"""A local tokenizer, in each form NxDT configs name it (`data.tokenizer`), as a `tokenizers` tokenizer
+with the end-of-document token Megatron appends between documents, the beginning-of-sequence token
+fine-tuning records start with, and the chat template of tokenizer_config.json (or
+chat_template.jinja) when the directory has one:
+
+- a Hugging Face tokenizer.json file, or a directory holding one (read with `tokenizers`);
+- a Hugging Face directory holding only a SentencePiece tokenizer.model (Llama 2), converted by
+  transformers (the class tokenizer_config.json names, else LlamaTokenizer);
+- Megatron's GPT2BPETokenizer from a GPT-2 vocab.json and merges.txt (transformers' GPT2Tokenizer).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,14 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
 from .errors import DataError
+
+if TYPE_CHECKING:  # transformers (the `converters` extra) loads only for the forms that need it
+    from transformers import PreTrainedTokenizerBase
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 """End-of-document tokens of common tokenizers, tried in order when tokenizer_config.json names none."""
@@ -21,6 +31,21 @@ COMPANION_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_tem
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
 """Beginning-of-sequence tokens of common tokenizers, tried when tokenizer_config.json names none; a
 tokenizer with none of them (GPT-2's) begins sequences with its end-of-document token, as GPT-2 does."""
+
+
+MEGATRON_TYPES = ("GPT2BPETokenizer",)
+"""Megatron tokenizer classes nxd builds (from vocab_file and merge_file)."""
+
+
+@dataclass(frozen=True)
+class TokenizerSource:
+    """Where a tokenizer comes from, as `data.tokenizer` says it (picklable, for preprocessing workers)."""
+
+    location: str
+    """A tokenizer.json file or tokenizer directory; for library megatron, the tokenizer class name."""
+    library: str = "huggingface"
+    vocab_file: str | None = None
+    merge_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,9 +68,14 @@ class TextTokenizer:
         """The token a fine-tuning record starts with."""
         return self.eod_id if self.bos_id is None else self.bos_id
 
+    source_files: tuple[tuple[str, str], ...] = ()
+    """Files it was built from (name in a tokenizer directory, path here), when not a tokenizer.json."""
+
     @property
     def files(self) -> dict[str, str]:
         """The files that make this tokenizer a Hugging Face tokenizer directory: name there -> path here."""
+        if self.source_files:
+            return dict(self.source_files)
         path = Path(self.path)
         file = path / "tokenizer.json" if path.is_dir() else path
         found = {"tokenizer.json": str(file.resolve())}
@@ -65,15 +95,22 @@ class TextTokenizer:
         return [encoding.ids for encoding in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
-def load_tokenizer(location: str | Path, where: str = "data.tokenizer.type") -> TextTokenizer:
-    """The tokenizer at `location`; a DataError naming `where` and the path when there is none."""
+def load_tokenizer(source: str | Path | TokenizerSource, where: str = "data.tokenizer.type") -> TextTokenizer:
+    """The tokenizer `source` names (a path means a Hugging Face tokenizer); a DataError naming `where`
+    and the file when there is none or it does not parse."""
+    if not isinstance(source, TokenizerSource):
+        source = TokenizerSource(str(source))
+    if source.library == "megatron":
+        return _megatron_tokenizer(source, where)
+    location = source.location
     path = Path(location)
+    if path.is_dir() and not (path / "tokenizer.json").is_file() and (path / "tokenizer.model").is_file():
+        return _sentencepiece_directory(path, where)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         found = "a directory without tokenizer.json" if path.is_dir() else "no such file or directory"
-        raise DataError(
-            f"{where}: expected a tokenizer.json file or a directory holding one, found {found}: {location}"
-        )
+        raise DataError(f"{where}: expected a tokenizer.json file or a directory holding one (or a SentencePiece "
+                        f"tokenizer.model), found {found}: {location}")  # fmt: skip
     try:
         tokenizer = Tokenizer.from_file(str(file))
     except Exception as error:  # the Rust library raises its own Exception type
@@ -85,6 +122,57 @@ def load_tokenizer(location: str | Path, where: str = "data.tokenizer.type") -> 
                         "or eos_token in tokenizer_config.json)")  # fmt: skip
     bos_id = _first_id(tokenizer, [_content(config.get("bos_token")), *BOS_CANDIDATES])
     return TextTokenizer(tokenizer, eod_id, str(location), bos_id, _chat_template(config, file.parent))
+
+
+def _megatron_tokenizer(source: TokenizerSource, where: str) -> TextTokenizer:
+    """Megatron's GPT2BPETokenizer: byte-level BPE from a GPT-2 vocab.json and merges.txt, documents
+    ended (and begun) by <|endoftext|>."""
+    prefix = where.rpartition(".")[0] or where
+    if source.location not in MEGATRON_TYPES:
+        raise DataError(f"{prefix}.type: expected one of {', '.join(MEGATRON_TYPES)} with library megatron, found "
+                        f"{source.location!r}")  # fmt: skip
+    files = {"vocab_file": (source.vocab_file, "vocab.json"), "merge_file": (source.merge_file, "merges.txt")}
+    for key, (value, name) in files.items():
+        if value is None or not Path(value).is_file():
+            found = "none" if value is None else f"no file at {value}"
+            raise DataError(f"{prefix}.{key}: expected the GPT-2 {name} of {source.location}, found {found}")
+    from transformers import GPT2Tokenizer
+
+    try:
+        built = GPT2Tokenizer(vocab=source.vocab_file, merges=source.merge_file)
+    except Exception as error:  # json, tokenizers and transformers each raise their own types
+        raise DataError(f"{prefix}: {source.vocab_file} and {source.merge_file} are not a GPT-2 vocabulary and merges "
+                        f"({type(error).__name__}: {error})") from None  # fmt: skip
+    return _from_transformers(built, source.vocab_file, where, (("vocab.json", source.vocab_file),
+                                                                 ("merges.txt", source.merge_file)))  # fmt: skip
+
+
+def _sentencepiece_directory(path: Path, where: str) -> TextTokenizer:
+    """A directory with a SentencePiece tokenizer.model and no tokenizer.json (Llama 2), converted by
+    transformers: the class tokenizer_config.json names, else LlamaTokenizer."""
+    from transformers import AutoTokenizer, LlamaTokenizer
+
+    config = _tokenizer_config(path / "tokenizer_config.json", where)
+    try:
+        loader = AutoTokenizer if config.get("tokenizer_class") else LlamaTokenizer
+        built = loader.from_pretrained(str(path))
+    except Exception as error:  # sentencepiece, protobuf and transformers each raise their own types
+        raise DataError(f"{where}: {path / 'tokenizer.model'} is not a SentencePiece model transformers can load "
+                        f"({type(error).__name__}: {error})") from None  # fmt: skip
+    present = [name for name in ("tokenizer.model", *COMPANION_FILES) if (path / name).is_file()]
+    files = tuple((name, str((path / name).resolve())) for name in present)
+    return _from_transformers(built, str(path), where, files, _chat_template(config, path))
+
+
+def _from_transformers(built: PreTrainedTokenizerBase, path: str, where: str, files: tuple[tuple[str, str], ...],
+                       chat_template: str | None = None) -> TextTokenizer:  # fmt: skip
+    """A transformers tokenizer as a TextTokenizer: its Rust tokenizer and its own special tokens."""
+    tokenizer = built.backend_tokenizer
+    eod_id = _first_id(tokenizer, [built.eos_token, *EOD_CANDIDATES])
+    if eod_id is None:
+        raise DataError(f"{where}: {path} has no end-of-document token (expected one of {', '.join(EOD_CANDIDATES)})")
+    bos_id = _first_id(tokenizer, [built.bos_token, *BOS_CANDIDATES])
+    return TextTokenizer(tokenizer, eod_id, path, None if bos_id == eod_id else bos_id, chat_template, files)
 
 
 def _tokenizer_config(config: Path, where: str) -> dict:

@@ -70,8 +70,9 @@ class TokenizerConfig(Section):
         "files, or a SentencePiece model.",
         by=DATA,
         status=Status.LIMITED,
-        note="only huggingface (a tokenizer.json file or a directory holding one); megatron and sentencepiece "
-        "are rejected",
+        note="huggingface (tokenizer.json, or a directory with a SentencePiece tokenizer.model) and megatron "
+        "(GPT2BPETokenizer from vocab_file and merge_file); sentencepiece is rejected (name the model's directory "
+        "with library huggingface)",
     )
     type: str | None = key(
         None, "Hugging Face tokenizer directory or file, or the Megatron tokenizer class name.", by=DATA
@@ -80,14 +81,8 @@ class TokenizerConfig(Section):
         None, "SentencePiece model file.", by=DATA, status=Status.LIMITED,
         note="only null: library sentencepiece is rejected",
     )  # fmt: skip
-    vocab_file: str | None = key(
-        None, "Vocabulary file (GPT-2 BPE vocab.json).", by=DATA, status=Status.LIMITED,
-        note="only null: library megatron is rejected",
-    )  # fmt: skip
-    merge_file: str | None = key(
-        None, "BPE merges file (GPT-2 merges.txt).", by=DATA, status=Status.LIMITED,
-        note="only null: library megatron is rejected",
-    )  # fmt: skip
+    vocab_file: str | None = key(None, "Vocabulary file (GPT-2 BPE vocab.json) of library megatron.", by=DATA)
+    merge_file: str | None = key(None, "BPE merges file (GPT-2 merges.txt) of library megatron.", by=DATA)
     delimiter: str | None = key(
         None,
         "Column delimiter of NeMo's tabular tokenizer.",
@@ -101,7 +96,7 @@ class TokenizerConfig(Section):
     )  # fmt: skip
     use_fast: bool = key(
         True, "Prefer the Rust (fast) Hugging Face tokenizer.", by=DATA, status=Status.LIMITED,
-        note="only true: nxd reads tokenizer.json with the Rust tokenizers library",
+        note="False gets a notice: nxd always reads the Rust tokenizer, which gives the same ids",
     )  # fmt: skip
 
 
