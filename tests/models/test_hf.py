@@ -79,3 +79,30 @@ def test_fewer_layers_keep_the_layer_type_pattern(tmp_path):
                   layer_types=["sliding_attention", "full_attention"])  # fmt: skip
     config = load_hf_config(path, HFOverrides(num_layers=3))
     assert config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_nxdt_recompute_names_resolve_in_transformers_models_without_changing_them(model_type):
+    """`ActivationMultiplyMLP` becomes a module of each transformers MLP (act(gate) * up, as the MLP
+    computed inline): same parameters, same logits and gradients, bit for bit."""
+    from nxd_models import model_family
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=32, intermediate_size=48,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip
+    family = model_family(config)
+    torch.manual_seed(0)
+    model = family.build()
+    batch = {"input_ids": torch.randint(0, 64, (2, 10)), "position_ids": torch.arange(10).expand(2, 10)}
+    expected = family.logits(model, batch)
+    expected.sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    names = set(dict(model.named_parameters()))
+    units = family.recompute_units(model, ["ActivationMultiplyMLP", f"{type(model.model.norm).__name__}"])
+    assert [type(u).__name__ for u in units].count("ActivationMultiplyMLP") == 2
+    assert set(dict(model.named_parameters())) == names
+    model.zero_grad()
+    found = family.logits(model, batch)
+    found.sum().backward()
+    assert torch.equal(found, expected)
+    assert all(torch.equal(p.grad, grads[name]) for name, p in model.named_parameters())

@@ -50,8 +50,12 @@ def _two_process_scenarios() -> list[Scenario]:
 
 
 RECOMPUTE = {"full": Layout(recompute="full"),
-             "selective": Layout(recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True)}
-"""Each recompute setting: whole layers, or the attention core and the MLP by their NxDT names."""
+             "selective": Layout(recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True),
+             "activation-multiply-norm": Layout(recompute="selective",
+                                                recompute_modules=("ActivationMultiplyMLP", "LlamaRMSNorm")),
+             "llama-mlp": Layout(recompute="selective", recompute_modules=("CoreAttention", "LlamaMLP"))}
+"""Each recompute setting: whole layers, or units by their NxDT names (the attention core, the MLP's
+act(gate) * up, transformers' LlamaMLP and LlamaRMSNorm), which both families resolve."""
 
 
 def _recompute_scenarios(family: str) -> list[Scenario]:

@@ -63,7 +63,7 @@ def test_a_recompute_list_naming_no_module_is_refused():
                          "+model.activations_checkpoint_recompute=[CoreAttention,FlashAttn]")  # fmt: skip
     assert problems == [
         "model.activations_checkpoint_recompute: FlashAttn names no module of GPTForCausalLM; expected class names "
-        "such as CoreAttention"
+        "such as CoreAttention, ActivationMultiplyMLP, LlamaMLP, LlamaRMSNorm, MLP, RMSNorm, SelfAttention"
     ]
 
 

@@ -26,6 +26,7 @@ from .hf import hf_tp_plan
 from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
 from .hf_recompute import recompute_core_attention
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
+from .recompute_units import ACTIVATION_MULTIPLY, MEGATRON_ALIASES, split_activation_multiply
 
 CORE_ATTENTION = "CoreAttention"
 """NxDT's name of the attention core (softmax(QK^T)V) in `activations_checkpoint_recompute`."""
@@ -86,15 +87,21 @@ class ModelFamily(ABC):
         """The decoder layers `model` holds (a pipeline stage holds some of them)."""
         return decoder_layers(model)
 
+    aliases: dict[str, str] = {}
+    """NxDT unit names -> this family's class names computing the same thing."""
+
     def recompute_units(self, model: nn.Module, names: Iterable[str], include_mlp: bool = False) -> list[nn.Module]:
         """The modules of `model` whose activations NxDT's recompute names (`activations_checkpoint_recompute`)
         select, plus each layer's MLP with `include_mlp`; ModelConfigError for a name no module has."""
-        wanted = set(names)
+        wanted = {self.aliases.get(name, name): name for name in names}
         modules = [module for module in model.modules() if type(module).__name__ in wanted]
-        missing = sorted(wanted - {type(module).__name__ for module in modules})
+        missing = sorted(wanted[name] for name in set(wanted) - {type(module).__name__ for module in modules})
         if missing:
+            layers = self.decoder_layers(model)
+            parts = {type(child).__name__ for child in layers[0].children()} if layers else set()
+            known = [CORE_ATTENTION, ACTIVATION_MULTIPLY, *sorted((parts | set(self.aliases)) - {"Dropout"})]
             raise ModelConfigError(f"model.activations_checkpoint_recompute: {', '.join(missing)} names no module "
-                                   f"of {type(model).__name__}; expected class names such as {CORE_ATTENTION}")
+                                   f"of {type(model).__name__}; expected class names such as {', '.join(known)}")
         if include_mlp:
             modules += [layer.mlp for layer in self.decoder_layers(model) if layer.mlp not in modules]
         return modules
@@ -138,6 +145,7 @@ class MegatronFamily(ModelFamily):
     """The Megatron-style GPT / Llama decoder of nxd-models."""
 
     source_key = "model"
+    aliases = MEGATRON_ALIASES
 
     def tp_plan(self) -> dict[str, str]:
         return gpt_tp_plan(self.spec)
@@ -178,10 +186,13 @@ class HuggingFaceFamily(ModelFamily):
 
     def recompute_units(self, model: nn.Module, names: Iterable[str], include_mlp: bool = False) -> list[nn.Module]:
         """As for every family; the attention core is a function in transformers, not a module, so
-        `CoreAttention` switches the model's attention function to a recomputed one here."""
+        `CoreAttention` switches the model's attention function to a recomputed one here, and
+        `ActivationMultiplyMLP`, inline in transformers' MLPs, becomes a module of each first."""
         names = set(names)
         if CORE_ATTENTION in names:
             recompute_core_attention(model)
+        if ACTIVATION_MULTIPLY in names:
+            split_activation_multiply(model)
         return super().recompute_units(model, names - {CORE_ATTENTION}, include_mlp)
 
 

@@ -26,6 +26,7 @@ from .attention import (
 )
 from .errors import ModelConfigError
 from .qkv import QKVLinear
+from .recompute_units import ActivationMultiplyMLP
 
 
 @dataclass(frozen=True)
@@ -172,13 +173,14 @@ class MLP(nn.Module):
         self.gated = config.activation == "swiglu"
         if self.gated:
             self.gate_proj = nn.Linear(hidden, ffn, bias=bias)
+            self.activation_multiply = ActivationMultiplyMLP(F.silu)
         self.up_proj = nn.Linear(hidden, ffn, bias=bias)
         self.down_proj = nn.Linear(ffn, hidden, bias=bias)
         self.dropout = nn.Dropout(config.ffn_dropout)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         up = self.up_proj(hidden)
-        inner = F.silu(self.gate_proj(hidden)) * up if self.gated else F.gelu(up)
+        inner = self.activation_multiply(self.gate_proj(hidden), up) if self.gated else F.gelu(up)
         return self.down_proj(self.dropout(inner))
 
 
