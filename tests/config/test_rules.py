@@ -249,13 +249,20 @@ def test_learned_positions_must_cover_the_sequence(minimal) -> None:
          "expected 1: nxd has no mixture-of-experts models, found 2"),
         ("distributed_strategy", "token_shuffle_group_size", 4,
          "expected 1: nxd has no mixture-of-experts models, found 4"),
-        ("model", "sliding_window_size", 4096,
-         "expected null: nxd's Megatron-style attention is full causal, found 4096"),
     ],
 )
 def test_unsupported_features_are_rejected_by_name(minimal, section, key, value, message) -> None:
     minimal[section][key] = value
     assert errors(minimal) == [f"{section}.{key}: {message}"]
+
+
+def test_a_sliding_window_longer_than_the_sequence_is_rejected(minimal) -> None:
+    seq = load_config(minimal).seq_length
+    minimal["model"]["sliding_window_size"] = seq
+    assert load_config(minimal).model.sliding_window_size == seq  # as long as the sequence: full causal
+    minimal["model"]["sliding_window_size"] = seq + 1
+    assert errors(minimal) == [f"model.sliding_window_size: expected at most the sequence length ({seq}; equal means "
+                               f"full causal attention), found {seq + 1}"]
 
 
 def test_training_must_end(minimal) -> None:

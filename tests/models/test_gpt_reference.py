@@ -99,3 +99,34 @@ def test_gelu_layernorm_partial_rotary_matches_transformers_gpt_neox():
         expected = reference(input_ids=input_ids, position_ids=positions).logits
         found = causal_lm_logits(ours, input_ids, positions)[..., :512]
     assert (found - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("kernel", [AttentionKernel.UNFUSED, AttentionKernel.FLASH])
+def test_sliding_window_matches_transformers_mistral(kernel):
+    """Megatron-style Mistral: a window shorter than the sequence, against MistralForCausalLM with the
+    same window and weights; a window as long as the sequence is full causal attention."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = _llama_shape(sliding_window=7)
+    ours = build_causal_lm(config, attention=kernel).eval()
+    mapping = hf_mapping(config)
+    assert mapping.config["architectures"] == ["MistralForCausalLM"] and mapping.config["sliding_window"] == 7
+    reference = MistralForCausalLM(MistralConfig(**mapping.config)).eval()
+    state = ours.state_dict()
+    hf_state = {hf_key: state[our_key][: config.vocab_size] if our_key in mapping.vocab_padded_keys else state[our_key]
+                for our_key, hf_key in mapping.keys.items()}  # fmt: skip
+    missing, unexpected = reference.load_state_dict(hf_state, strict=False)
+    assert not missing and not unexpected
+    input_ids, positions = _tokens(config.vocab_size)
+    with torch.no_grad():
+        expected = reference(input_ids=input_ids, position_ids=positions).logits
+        found = causal_lm_logits(ours, input_ids, positions)[..., : config.vocab_size]
+        full = build_causal_lm(_llama_shape(sliding_window=SEQ), attention=kernel).eval()
+        full.load_state_dict(state)
+        causal = build_causal_lm(_llama_shape(), attention=kernel).eval()
+        causal.load_state_dict(state)
+        same = [causal_lm_logits(model, input_ids, positions)[..., : config.vocab_size] for model in (full, causal)]
+    assert (found - expected).abs().max().item() < 1e-5
+    assert (found - same[1]).abs().max().item() > 1e-3  # the window changes what a token sees
+    assert torch.equal(*same)

@@ -31,17 +31,18 @@ HANG_SECONDS = 300
 
 def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,
                tied: bool = True) -> GPTConfig | LlamaConfig | Qwen3Config:  # fmt: skip
-    """A two-layer Llama shape of either family, or the Megatron-style GPT shape (no dropout, so every
-    layout computes the same);
+    """A two-layer Llama shape of either family, the Megatron-style Mistral (sliding window) or GPT
+    shape (no dropout, so every layout computes the same);
     `qkv` "fused" or "separate" builds the Megatron-style model with one QKV module (qkv_linear);
     `layers` and `tied` (output layer sharing the embedding) shape the Megatron-style model."""
-    if family == "megatron":
+    if family in ("megatron", "mistral"):  # mistral: the same with a sliding window of a third of the sequence
         return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4,
                          num_kv_heads=kv_heads, seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0,
                          attention_dropout=0.0, normalization="rmsnorm", activation="swiglu",
                          position_embedding_type="rope", has_bias=False, make_vocab_size_divisible_by=8,
                          qkv_linear=qkv is not None, fuse_qkv=qkv == "fused",
-                         share_embeddings_and_output_weights=tied)  # fmt: skip
+                         share_embeddings_and_output_weights=tied,
+                         sliding_window=SEQ // 3 if family == "mistral" else None)  # fmt: skip
     if family == "gpt":  # GPT-2 / NeoX shape: layernorm, gelu, biases, learned positions, tied output
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8)  # fmt: skip

@@ -42,6 +42,10 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("gpt-tp2-sp", "gpt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("megatron-tp2-sp-documents", tp=2, layout=Layout(sequence_parallel=True), documents=True),
         Scenario("hf-tp2-sp-documents", "hf", tp=2, layout=Layout(sequence_parallel=True), documents=True),
+        Scenario("mistral-tp2-sp-sliding-window", "mistral", tp=2, layout=Layout(sequence_parallel=True)),
+        Scenario("mistral-tp2-sp-sliding-window-documents", "mistral", tp=2, documents=True,
+                 layout=Layout(sequence_parallel=True, recompute="full")),  # fmt: skip
+        Scenario("mistral-pp2-sliding-window", "mistral", pp=2, layers=4, tied=False),
         Scenario("megatron-tp2-sp-bf16-reductions", tp=2, layout=Layout(sequence_parallel=True,
                                                                         reduce_dtype=torch.bfloat16)),  # fmt: skip
         *_pipeline_and_context_scenarios(),

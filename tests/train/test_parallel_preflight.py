@@ -129,3 +129,19 @@ def test_pipeline_parallelism_of_a_hugging_face_model_is_refused(tmp_path):
                          source=_hf_source(tmp_path, heads=4, kv_heads=2))  # fmt: skip
     assert problems == ["pipeline parallelism: expected a Megatron-style model (no model.model_config), "
                         "found LlamaForCausalLM"]  # fmt: skip
+
+
+def test_a_sliding_window_trains_and_is_refused_where_it_cannot_hold(train_here):
+    """model.sliding_window_size (Megatron-style Mistral): a window below the sequence trains; one longer
+    than the sequence, or context parallelism below the sequence length, is refused by key."""
+    mistral = ["model.position_embedding_type=rope", "model.normalization=rmsnorm", "model.activation=swiglu",
+               "model.has_bias=False"]  # fmt: skip
+    rows = train_here(*mistral, "+model.sliding_window_size=16", "trainer.max_steps=2")
+    assert len([row for row in rows if "loss" in row]) == 2
+    seq = load_config(default_config_path()).seq_length
+    with pytest.raises(ConfigError, match=rf"model.sliding_window_size: expected at most the sequence length \({seq};"):
+        load_config(default_config_path(), [*mistral, f"+model.sliding_window_size={seq + 1}"])
+    problems = _problems(*mistral, "+model.sliding_window_size=16", "trainer.devices=2",
+                         "distributed_strategy.context_parallel_size=2", "+model.fusions.ring_attention=True")  # fmt: skip
+    assert problems == [f"model.sliding_window_size: ring attention has no sliding window; expected null or at least "
+                        f"the sequence length ({seq}) with context parallelism, found 16"]

@@ -267,9 +267,14 @@ def unsupported_architecture(c: NxdConfig) -> Iterator[Finding]:
         if getattr(ds, key) != 1:
             yield error(f"distributed_strategy.{key}", f"expected 1: nxd has no mixture-of-experts "
                         f"models, found {getattr(ds, key)}")
-    if c.model_source == "megatron" and m.sliding_window_size is not None:
-        yield error("model.sliding_window_size", f"expected null: nxd's Megatron-style attention is "
-                    f"full causal, found {m.sliding_window_size}")
+
+
+@rule
+def sliding_window_within_the_sequence(c: NxdConfig) -> Iterator[Finding]:
+    window = c.model.sliding_window_size
+    if c.model_source == "megatron" and window is not None and c.seq_length is not None and window > c.seq_length:
+        yield error("model.sliding_window_size", f"expected at most the sequence length ({c.seq_length}; equal means "
+                    f"full causal attention), found {window}", *SEQ)
 
 
 @rule

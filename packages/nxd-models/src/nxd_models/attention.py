@@ -118,6 +118,18 @@ def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
     return (causal & (document_ids[:, :, None] == document_ids[:, None, :])).unsqueeze(1)
 
 
+def sliding_window_mask(seq: int, window: int, document_ids: torch.Tensor | None,
+                        device: torch.device) -> torch.Tensor:  # fmt: skip
+    """(b or 1, 1, s, s) True where query i may attend key j: i - window < j <= i (Mistral's sliding
+    window, as transformers masks it), and within the same document when `document_ids` are given."""
+    position = torch.arange(seq, device=device)
+    distance = position[:, None] - position[None, :]
+    allowed = ((distance >= 0) & (distance < window))[None, None]
+    if document_ids is not None:
+        allowed = allowed & document_mask(document_ids)
+    return allowed
+
+
 class CoreAttention(nn.Module):
     """softmax(Q K^T / sqrt(d)) V with a causal mask; the unit selective recomputation names."""
 

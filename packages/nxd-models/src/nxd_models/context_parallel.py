@@ -36,6 +36,10 @@ def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAtten
     """Make every attention layer of `model` (either family) call `attention`. Attention dropout
     is refused: the kernel has none."""
     if isinstance(model, GPTForCausalLM):
+        if (window := model.config.sliding_window) is not None and window < model.config.seq_length:
+            raise ModelConfigError(f"model.sliding_window_size: ring attention has no sliding window; expected null "
+                                   f"or at least the sequence length ({model.config.seq_length}) with context "
+                                   f"parallelism, found {window}")  # fmt: skip
         if model.config.attention_dropout:
             raise ModelConfigError(f"model.attention_dropout: expected 0 with context parallelism (ring attention "
                                    f"has no dropout), found {model.config.attention_dropout}")  # fmt: skip
@@ -46,6 +50,10 @@ def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAtten
         return
     if not isinstance(model, PreTrainedModel):
         raise ModelConfigError(f"context parallelism: expected an nxd or transformers causal LM, found {type(model)}")
+    if getattr(model.config, "sliding_window", None) is not None and getattr(model.config, "use_sliding_window", True):
+        raise ModelConfigError(f"model.model_config: sliding_window {model.config.sliding_window}: ring attention has "
+                               "no sliding window; expected sliding_window null in config.json with context "
+                               "parallelism")  # fmt: skip
     if getattr(model.config, "attention_dropout", 0.0):
         raise ModelConfigError(f"model.model_config.attention_dropout: expected 0 with context parallelism (ring "
                                f"attention has no dropout), found {model.config.attention_dropout}")  # fmt: skip

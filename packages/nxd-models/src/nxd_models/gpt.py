@@ -23,6 +23,7 @@ from .attention import (
     document_mask,
     document_spans,
     rotary_cos_sin,
+    sliding_window_mask,
 )
 from .errors import ModelConfigError
 from .qkv import QKVLinear
@@ -61,6 +62,8 @@ class GPTConfig:
     has_bias: bool = True
     qkv_linear: bool = False
     fuse_qkv: bool = True
+    sliding_window: int | None = None
+    """Mistral's sliding-window attention: query i sees keys i - window < j <= i (None: full causal)."""
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -117,6 +120,9 @@ def _problems(c: GPTConfig) -> list[str]:
         )
     if c.position_embedding_type == "rope" and c.rotary_dim < 2:
         found.append(f"model.rotary_percentage: rotates {c.rotary_dim} of {c.head_dim} dims; expected at least 2")
+    if c.sliding_window is not None and not 1 <= c.sliding_window <= c.seq_length:
+        found.append(f"model.sliding_window_size: expected 1 to the sequence length ({c.seq_length}), found "
+                     f"{c.sliding_window}")  # fmt: skip
     if c.seq_length > c.max_positions:
         found.append(
             f"model.encoder_seq_length: expected at most max_position_embeddings ({c.max_positions}), "
@@ -238,7 +244,11 @@ class GPTDecoder(nn.Module):
         document's span, or a mask where a document is not one contiguous run (or the kernel is the
         unfused one, which takes masks only)."""
         allowed = None
-        if document_ids is not None and not self.context_parallel:
+        window = self.config.sliding_window
+        window = window if window is not None and window < hidden.shape[1] else None  # a wider one changes nothing
+        if window is not None:  # sliding window: a mask (and documents within it)
+            allowed = sliding_window_mask(hidden.shape[1], window, document_ids, hidden.device)
+        elif document_ids is not None and not self.context_parallel:
             spans = None if self.kernel is AttentionKernel.UNFUSED else document_spans(document_ids)
             allowed = spans or document_mask(document_ids)
         rotary = None

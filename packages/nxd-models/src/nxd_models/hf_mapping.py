@@ -35,7 +35,8 @@ class HFMapping:
 
 
 def hf_mapping(config: GPTConfig) -> HFMapping:
-    """The LlamaForCausalLM that holds the same function as `config`; a clear error for other shapes."""
+    """The LlamaForCausalLM (MistralForCausalLM with a sliding window) that holds the same function as
+    `config`; a clear error for other shapes."""
     mismatches = [
         f"{key} is {value!r} (Llama needs {needed!r})"
         for key, value, needed in (
@@ -46,13 +47,16 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         )
         if value != needed
     ]
+    if config.sliding_window is not None and config.has_bias:
+        mismatches.append("has_bias is True (Mistral, the sliding-window architecture, has no biases)")
     if mismatches:
         raise ModelConfigError(
             "no Hugging Face architecture matches this Megatron-style model: " + "; ".join(mismatches)
         )
+    mistral = config.sliding_window is not None
     hf_config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["MistralForCausalLM" if mistral else "LlamaForCausalLM"],
+        "model_type": "mistral" if mistral else "llama",
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.ffn_size,
@@ -70,6 +74,8 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         "attention_dropout": 0.0,
         "tie_word_embeddings": config.share_embeddings_and_output_weights,
     }
+    if mistral:
+        hf_config["sliding_window"] = config.sliding_window
     layer_keys = [
         "input_layernorm.weight", "post_attention_layernorm.weight",
         "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",

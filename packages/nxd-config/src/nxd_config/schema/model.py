@@ -148,10 +148,10 @@ class ModelConfig(Section):
     has_bias: bool = key(True, "Biases in the linear layers.", by=MODELS)
     sliding_window_size: int | None = key(
         None,
-        "Sliding-window attention width.",
+        "Sliding-window attention (Mistral) of the Megatron-style model: each token attends the previous "
+        "sliding_window_size tokens, itself included, within its document; at most the sequence length (equal: "
+        "full causal). Not with context parallelism below the sequence length. HF models take it from config.json.",
         by=MODELS,
-        status=Status.LIMITED,
-        note="only null for megatron: attention is full causal (HF models take it from config.json)",
         ge=1,
     )
     moe: MoEConfig | None = key(
