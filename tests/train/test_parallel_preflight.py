@@ -145,3 +145,14 @@ def test_a_sliding_window_trains_and_is_refused_where_it_cannot_hold(train_here)
                          "distributed_strategy.context_parallel_size=2", "+model.fusions.ring_attention=True")  # fmt: skip
     assert problems == [f"model.sliding_window_size: ring attention has no sliding window; expected null or at least "
                         f"the sequence length ({seq}) with context parallelism, found 16"]
+
+
+def test_every_stage_reports_in_one_run(tmp_path):
+    """An optimizer key, the data and a recompute name, each wrong: one refusal lists all three, so a
+    user fixing one does not meet the next on the next run."""
+    problems = _problems("+model.optim.capturable=True", f"+data.data_prefix={tmp_path / 'none'}",
+                         "+data.tokenizer.type=" + str(tmp_path / "none"),
+                         "model.activations_checkpoint_granularity=selective",
+                         "+model.activations_checkpoint_recompute=[FlashAttn]")  # fmt: skip
+    assert [problem.split(":")[0] for problem in problems] == [
+        "model.optim.capturable", "data.tokenizer.type", "model.activations_checkpoint_recompute"]

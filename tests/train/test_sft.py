@@ -98,8 +98,10 @@ def test_pretraining_flags_are_refused_in_fine_tuning(tmp_path, capsys, chat_tok
     assert "data.tokenizer: expected the tokenizer of the model being fine-tuned" in err
 
 
-def test_example_configs_point_at_the_shipped_data():
+def test_example_configs_point_at_the_shipped_data(capsys):
     config = yaml.safe_load((ROOT / "configs" / "tiny_sft.yaml").read_text())
     for key in ("train_dir", "val_dir"):
         assert (ROOT / config["data"][key]).is_file()
-    assert main(["config", "check", str(ROOT / "configs" / "tiny_sft.yaml")]) == 0
+    assert main(["config", "check", str(ROOT / "configs" / "tiny_sft.yaml")]) == 1
+    problems = capsys.readouterr().err.split("would stop a run on this machine:\n")[1].splitlines()
+    assert problems and all("tiny_hf" in line for line in problems)  # only the model the README exports first

@@ -2,7 +2,7 @@
 
     nxd-train [train] [--config FILE] [OVERRIDE ...]   run the job (the embedded tiny config by default)
     nxd-train config show FILE [OVERRIDE ...]          print the resolved config as YAML
-    nxd-train config check FILE [OVERRIDE ...]         exit 0 if valid, 1 with every problem listed
+    nxd-train config check FILE [OVERRIDE ...]         exit 0 if a run would start here, 1 with every problem
     nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
                                                       jsonl -> Megatron .bin/.idx
     nxd-train ckpt list LOGDIR                         checkpoints with step, size and completeness
@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
-from nxd_config import ConfigError, ConfigNotice, NxdConfig, Status, load_config
+from nxd_config import ConfigError, ConfigNotice, NxdConfig, load_config
 
 SUBCOMMANDS = ("train", "config", "data", "ckpt")
 EXPORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="inspect a config without running it")
     actions = config.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, text in (("show", "print the resolved config (defaults filled in) as YAML"),
-                       ("check", "validate a config: exit 0 if valid, 1 listing every problem")):
+                       ("check", "validate a config and run training's preflight (data, model, layout) without "
+                                  "launching: exit 0 if a run would start on this machine, 1 listing every problem")):
         action = actions.add_parser(name, help=text, description=text)
         action.add_argument("file", type=Path, metavar="CONFIG")
         action.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
@@ -144,14 +145,21 @@ def _config_command(action: str, path: Path, overrides: Sequence[str]) -> int:
     if action == "show":
         print(to_yaml(config), end="")
         return 0
-    neuron_keys = config.set_keys_with_status(Status.NEURON_ONLY)
-    if neuron_keys:
-        print(f"notice: acted on only on AWS Neuron devices: {', '.join(neuron_keys)}", file=sys.stderr)
     processes = f"{config.world_size} process{'es' if config.world_size != 1 else ''}"
     print(f"{path}: valid ({processes}: tp={config.distributed_strategy.tensor_model_parallel_size} "
           f"pp={config.distributed_strategy.pipeline_model_parallel_size} "
           f"cp={config.distributed_strategy.context_parallel_size} dp={config.data_parallel_size}, "
           f"gradient accumulation {config.gradient_accumulation_steps})")
+    from .corpus import default_cache_dir  # the same preflight as training, without launching
+    from .preflight import PreflightError, plan_run
+
+    try:
+        with _notices_to_stderr():
+            plan_run(config, default_cache_dir())
+    except PreflightError as error:
+        print(f"{path}: would stop a run on this machine:\n" + "\n".join(f"  {p}" for p in error.problems),
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

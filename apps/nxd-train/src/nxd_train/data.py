@@ -44,6 +44,9 @@ PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_los
 def data_tokenizer(data: DataConfig) -> TextTokenizer:
     """The tokenizer `data.tokenizer` names, in any form nxd-data reads."""
     t = data.tokenizer
+    if t is None or t.type is None:
+        raise DataError("data.tokenizer.type: expected a tokenizer file or directory (or GPT2BPETokenizer with library "
+                        "megatron), found none")  # fmt: skip
     return load_tokenizer(TokenizerSource(t.type, t.library, t.vocab_file, t.merge_file), "data.tokenizer.type")
 
 

@@ -356,9 +356,16 @@ def _adapters(cfg: NxdConfig, resume: Resume | None) -> Adapters | None:
                     base_source=source)  # fmt: skip
 
 
+PLACEHOLDER_VOCABULARY = 256
+"""The vocabulary a model is checked with when the data (which gives the real one) could not be read."""
+
+
 def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
-    """The checked plan of a run, or a PreflightError listing every problem."""
+    """The checked plan of a run, or one PreflightError listing every problem: the release, optimizer,
+    checkpoint and precision keys, the data, the model and the layout are all checked, each stage
+    going on from what the others could establish, so that one run shows everything to fix."""
     problems = _not_in_this_release(cfg) + _optimizer_problems(cfg, accelerator_name()) + checkpoint_problems(cfg)
+    policy = None
     try:
         policy = precision_policy(cfg)
     except PrecisionConfigError as error:
@@ -366,33 +373,40 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     else:
         if problem := bf16_support_problem(policy, torch.device(accelerator_name())):
             problems.append(problem)
-    if problems:
-        raise PreflightError(problems)
-    resume, log_dir = _resume(cfg)
-    _notices(cfg, policy)
+        _notices(cfg, policy)
+    resume = log_dir = None
+    try:
+        resume, log_dir = _resume(cfg)
+    except PreflightError as error:
+        problems += error.problems
     seq_length = cfg.seq_length
     train_samples = cfg.trainer.max_steps * cfg.global_batch_size if cfg.trainer.max_steps > 0 else None
+    data = None
+    if not any(problem.startswith("data.") for problem in problems):  # else the data keys themselves are wrong
+        try:
+            alignment = cfg.model_alignment_strategy
+            data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed,
+                                  sft=None if alignment is None else alignment.sft, preference=_preference(cfg),
+                                  vocabulary=_model_vocabulary(cfg))  # fmt: skip
+        except DataError as error:
+            problems.append(str(error))
+        except ModelConfigError as error:
+            problems += error.problems
+    if data is not None and len(data.train) < cfg.global_batch_size:
+        problems.append(f"data.global_batch_size: expected at most the {len(data.train)} samples of the training "
+                        f"split, found {cfg.global_batch_size}")  # fmt: skip
+    family = None
     try:
-        alignment = cfg.model_alignment_strategy
-        data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed,
-                              sft=None if alignment is None else alignment.sft, preference=_preference(cfg),
-                              vocabulary=_model_vocabulary(cfg))  # fmt: skip
-    except DataError as error:
-        raise PreflightError([str(error)]) from None
+        family = _family(cfg, PLACEHOLDER_VOCABULARY if data is None else data.vocab_size, seq_length)
     except ModelConfigError as error:
-        raise PreflightError(error.problems) from None
-    if len(data.train) < cfg.global_batch_size:
-        raise PreflightError([f"data.global_batch_size: expected at most the {len(data.train)} samples of the "
-                              f"training split, found {cfg.global_batch_size}"])
-    try:
-        family = _family(cfg, data.vocab_size, seq_length)
-    except ModelConfigError as error:
-        raise PreflightError(error.problems) from None
-    ds = cfg.distributed_strategy
-    layout = layout_of(cfg, policy)
-    if problems := layout_problems(family, layout, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size,
-                                   ds.context_parallel_size):  # fmt: skip
-        raise PreflightError(problems)
+        problems += [problem for problem in error.problems if data is not None or "vocab_size" not in problem]
+    layout = layout_of(cfg, policy or resolve_policy("fp32"))
+    if family is not None:
+        ds = cfg.distributed_strategy
+        problems += layout_problems(family, layout, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size,
+                                    ds.context_parallel_size)  # fmt: skip
+    if problems:
+        raise PreflightError(list(dict.fromkeys(problems)))
     return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=_objective(cfg),
                    adapters=_adapters(cfg, resume), reference=_reference(cfg, resume, family, data, policy),
                    resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip
