@@ -11,8 +11,8 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 def test_the_shipped_examples_are_all_there() -> None:
     names = {path.stem for path in CONFIGS}
-    assert {"tiny", "megatron_llama_7B", "hf_llama3_8B", "hf_llama3_8B_SFT", "hf_llama3_8B_SFT_lora",
-            "hf_llama3_8B_DPO", "hf_llama3_8B_ORPO"} <= names
+    assert {"tiny", "megatron_llama_7B", "megatron_gpt", "megatron_mistral", "hf_llama3_8B", "hf_llama3_8B_SFT",
+            "hf_llama3_8B_SFT_lora", "hf_llama3_8B_DPO", "hf_llama3_8B_ORPO"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -23,6 +23,8 @@ def test_example_is_valid(path: Path) -> None:
 def test_examples_say_what_they_are() -> None:
     by_name = {path.stem: load_config(path) for path in CONFIGS}
     assert by_name["megatron_llama_7B"].distributed_strategy.tensor_model_parallel_size == 8
+    assert by_name["megatron_gpt"].data.tokenizer.library == "megatron"
+    assert by_name["megatron_mistral"].model.sliding_window_size == 4096
     assert by_name["hf_llama3_8B"].model_source == "hf"
     assert by_name["hf_llama3_8B_SFT"].model_alignment_strategy.method == "sft"
     lora = by_name["hf_llama3_8B_SFT_lora"].model_alignment_strategy

@@ -57,6 +57,8 @@ class TextTokenizer:
     """None: the end-of-document token begins sequences too."""
     chat_template: str | None = None
     """The Jinja chat template of tokenizer_config.json (or chat_template.jinja), when there is one."""
+    source_files: tuple[tuple[str, str], ...] = ()
+    """Files it was built from (name in a tokenizer directory, path here), when not a tokenizer.json."""
 
     @property
     def vocab_size(self) -> int:
@@ -67,9 +69,6 @@ class TextTokenizer:
     def begin_id(self) -> int:
         """The token a fine-tuning record starts with."""
         return self.eod_id if self.bos_id is None else self.bos_id
-
-    source_files: tuple[tuple[str, str], ...] = ()
-    """Files it was built from (name in a tokenizer directory, path here), when not a tokenizer.json."""
 
     @property
     def files(self) -> dict[str, str]:
