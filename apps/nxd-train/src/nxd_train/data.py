@@ -41,7 +41,7 @@ PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_los
 """Megatron data flags that shape pretraining samples; SFT records set their own masks and positions."""
 
 
-def data_tokenizer(data: DataConfig) -> TextTokenizer:
+def _tokenizer_of(data: DataConfig) -> TextTokenizer:
     """The tokenizer `data.tokenizer` names, in any form nxd-data reads."""
     t = data.tokenizer
     if t is None or t.type is None:
@@ -72,11 +72,10 @@ def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[s
         if t.type is None:
             messages.append("data.tokenizer.type: expected a tokenizer.json file, a tokenizer directory or (library "
                             "megatron) GPT2BPETokenizer, found null")  # fmt: skip
-        megatron = t.library == "megatron"
-        foreign = (("model", t.model, "library sentencepiece"), ("sentencepiece_legacy", t.sentencepiece_legacy or None,
-                   "library sentencepiece"), *((("vocab_file", t.vocab_file, "library megatron"),
-                                                ("merge_file", t.merge_file, "library megatron")) if not megatron
-                                              else ()))  # fmt: skip
+        foreign = [("model", t.model, "library sentencepiece"),
+                   ("sentencepiece_legacy", t.sentencepiece_legacy or None, "library sentencepiece")]  # fmt: skip
+        if t.library != "megatron":
+            foreign += [(name, getattr(t, name), "library megatron") for name in ("vocab_file", "merge_file")]
         messages += [f"data.tokenizer.{name}: applies to {library}, which this tokenizer is not; expected it unset, "
                      f"found {value!r}" for name, value, library in foreign if value is not None]  # fmt: skip
     if data.is_set("data_prefix") and data.train_dir is not None and not (data.use_sft_style_data_module
@@ -151,9 +150,9 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
     hf_data = data.train_dir is not None and (data.use_sft_style_data_module or not data.is_set("data_prefix"))
     if data.tokenizer is not None:
-        tokenizer, name = data_tokenizer(data), data.tokenizer.type
+        tokenizer, name = _tokenizer_of(data), data.tokenizer.type
     elif hf_data and vocabulary is not None:
-        return _pre_tokenised_splits(data, seq_length, vocabulary)
+        return _pre_tokenised_splits(data, seq_length, vocabulary, cache_dir / "hf-data")
     elif own_data:
         key = "data_prefix" if data.is_set("data_prefix") else "train_dir"
         also = " or, for pre-tokenised data, a Hugging Face model (model.model_config)" if hf_data else ""
@@ -191,7 +190,8 @@ def _sample_format(data: DataConfig, seq_length: int, eod_id: int) -> SampleForm
                         reset_attention_mask=data.reset_attention_mask)  # fmt: skip
 
 
-def _pre_tokenised_splits(data: DataConfig, seq_length: int, vocabulary: ModelVocabulary) -> DataSplits:
+def _pre_tokenised_splits(data: DataConfig, seq_length: int, vocabulary: ModelVocabulary,
+                          cache_dir: Path) -> DataSplits:  # fmt: skip
     """Hugging Face rows of token ids with no tokenizer (NxDT's HF recipes): ids checked against the
     model's vocabulary, end-of-document id from its config.json."""
     format = _sample_format(data, seq_length, vocabulary.eod_id)
@@ -199,8 +199,8 @@ def _pre_tokenised_splits(data: DataConfig, seq_length: int, vocabulary: ModelVo
     for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
                                                                               data.val_dir)):  # fmt: skip
         if location is not None:
-            splits[split] = hf_pretraining_dataset(location, key, split, format, None, Path(), data.dev_choose_samples,
-                                                   vocab_size=vocabulary.size)  # fmt: skip
+            splits[split] = hf_pretraining_dataset(location, key, split, format, None, cache_dir,
+                                                   data.dev_choose_samples, vocab_size=vocabulary.size)  # fmt: skip
     name = f"pre-tokenised ids (vocabulary {vocabulary.size}, end of document {vocabulary.eod_id}: {vocabulary.source})"
     return DataSplits(splits["train"], splits.get("validation"), None, format.padding(), vocabulary.size, name,
                       shuffled=False)  # fmt: skip
@@ -208,7 +208,7 @@ def _pre_tokenised_splits(data: DataConfig, seq_length: int, vocabulary: ModelVo
 
 def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: bool) -> DataSplits:
     """SFT records of train_dir (and val_dir), padded or packed into rows of seq_length."""
-    tokenizer = data_tokenizer(data)
+    tokenizer = _tokenizer_of(data)
     splits = {}
     for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
                                                                               data.val_dir)):  # fmt: skip
@@ -223,7 +223,7 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
 
 def _preference_splits(data: DataConfig, seq_length: int, preference: DPOConfig | ORPOConfig) -> DataSplits:
     """Preference pairs of train_dir (and val_dir), one sample per pair."""
-    tokenizer = data_tokenizer(data)
+    tokenizer = _tokenizer_of(data)
     splits, notes = {}, []
     for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
                                                                               data.val_dir)):  # fmt: skip

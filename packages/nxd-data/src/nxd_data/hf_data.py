@@ -83,9 +83,9 @@ class TokenRows(Dataset):
                             f"{format.window} (seq_length{' + 1' if format.plus_one else ''}); pack the data to "
                             "the sequence length or raise data.seq_length")  # fmt: skip
         if vocab_size is not None:
-            _check_ids(ids, vocab_size, where)
-        self.columns = [name for name in ("input_ids", "labels", "attention_mask") if name in records.column_names]
-        self.records, self.format = records.with_format("numpy", columns=self.columns), format
+            _check_ids(ids, lengths, vocab_size, where)
+        columns = [name for name in ("input_ids", "labels", "attention_mask") if name in records.column_names]
+        self.records, self.format = records.with_format("numpy", columns=columns), format
 
     def __len__(self) -> int:
         return len(self.records)
@@ -106,7 +106,7 @@ class TokenRows(Dataset):
         return sample
 
 
-def _check_ids(ids: pa.ChunkedArray, vocab_size: int, where: str) -> None:
+def _check_ids(ids: pa.ChunkedArray, lengths: np.ndarray, vocab_size: int, where: str) -> None:
     """Every id in [0, vocab_size): an id the embedding lacks would fail (or read another row) deep in
     the first step."""
     flat = pc.list_flatten(ids)
@@ -116,8 +116,7 @@ def _check_ids(ids: pa.ChunkedArray, vocab_size: int, where: str) -> None:
     if low.as_py() < 0 or high.as_py() >= vocab_size:
         bad = pc.or_(pc.less(flat, 0), pc.greater_equal(flat, vocab_size))
         position = pc.index(bad, True).as_py()
-        row = int(np.searchsorted(np.cumsum(pc.list_value_length(ids).to_numpy(zero_copy_only=False)), position,
-                                  side="right"))  # fmt: skip
+        row = int(np.searchsorted(np.cumsum(lengths), position, side="right"))
         raise DataError(f"{where}: row {row} holds token id {flat[position].as_py()}; expected ids in [0, "
                         f"{vocab_size}) (the model's vocabulary)")  # fmt: skip
 
