@@ -129,6 +129,8 @@ def _four_process_scenarios() -> list[Scenario]:
                  layout=Layout(sequence_parallel=True, virtual_stages=2)),
         Scenario("megatron-pp2-tp2-sp-full-recompute", pp=2, tp=2, layers=4, tied=False,
                  layout=Layout(sequence_parallel=True, recompute="full")),
+        Scenario("mistral-pp2-tp2-sp-sliding-window", "mistral", pp=2, tp=2, layers=4, tied=False,
+                 layout=Layout(sequence_parallel=True)),
         Scenario("megatron-pp2-dp2-zero1", pp=2, layers=4, tied=False, layout=Layout(zero1=True), clip=0.5),
         Scenario("megatron-cp2-tp2-sp", cp=2, tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("hf-cp2-tp2", "hf", cp=2, tp=2),

@@ -244,10 +244,10 @@ class GPTDecoder(nn.Module):
         document's span, or a mask where a document is not one contiguous run (or the kernel is the
         unfused one, which takes masks only)."""
         allowed = None
-        window = self.config.sliding_window
-        window = window if window is not None and window < hidden.shape[1] else None  # a wider one changes nothing
+        seq, window = position_ids.shape[-1], self.config.sliding_window  # whole rows (sequence parallel splits hidden)
+        window = window if window is not None and window < seq else None  # a wider one changes nothing
         if window is not None:  # sliding window: a mask (and documents within it)
-            allowed = sliding_window_mask(hidden.shape[1], window, document_ids, hidden.device)
+            allowed = sliding_window_mask(seq, window, document_ids, hidden.device)
         elif document_ids is not None and not self.context_parallel:
             spans = None if self.kernel is AttentionKernel.UNFUSED else document_spans(document_ids)
             allowed = spans or document_mask(document_ids)
