@@ -121,3 +121,29 @@ def test_ckpt_list_shows_complete_incomplete_and_damaged(tmp_path, train_here, c
     assert rows["step=1-consumed_samples=8"].rstrip().endswith("complete")
     assert "INCOMPLETE: no completion marker" in rows["step=2-consumed_samples=16"]
     assert f"DAMAGED: {shard} is 100 bytes" in rows["step=3-consumed_samples=24"]
+
+
+def test_a_resumed_run_keeps_its_metrics_and_records_each_step_once(tmp_path, train_here):
+    """Killed after step 5 (rows 1-5 written, the step-6 checkpoint never made), then resumed in its own
+    directory from step 3: metrics.csv holds every step exactly once, rows 1-3 as first written."""
+    import csv
+    import shutil
+
+    from tests.training_runs import read_metrics, train_in_process
+
+    job = ["trainer.max_steps=6", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=3"]
+    whole = train_here(*job)
+    log_dir = tmp_path / "run0"
+    shutil.rmtree(checkpoints(log_dir)[6])
+    with open(log_dir / "metrics.csv", newline="") as handle:
+        reader = csv.DictReader(handle)
+        fields, rows = reader.fieldnames, [row for row in reader if float(row["step"]) <= 5]
+    with open(log_dir / "metrics.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    train_in_process(log_dir, *job, "exp_manager.resume_if_exists=True")
+    found = read_metrics(log_dir)
+    assert [row["step"] for row in found if "loss" in row] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert [row["loss"] for row in found if "loss" in row] == [row["loss"] for row in whole if "loss" in row]
+    assert found[:3] == whole[:3]

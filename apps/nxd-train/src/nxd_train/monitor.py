@@ -1,8 +1,11 @@
 """What a run reports: console (a progress bar on a terminal, plain lines otherwise), per-rank text
-logs, metrics.csv and TensorBoard events in the log directory."""
+logs, metrics.csv and TensorBoard events in the log directory. A run that continues in its own log
+directory keeps the rows of the steps its checkpoint covers and appends from there: no step is lost,
+none is recorded twice."""
 
 from __future__ import annotations
 
+import csv
 import datetime
 import logging
 import sys
@@ -20,7 +23,9 @@ FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "test_loss": "{:.4f}", "lr": 
 
 class Monitor:
     def __init__(self, log_dir: Path, *, global_rank: int, local_rank: int, total_steps: int,
-                 local_rank_0_only: bool, tensorboard: bool):  # fmt: skip
+                 local_rank_0_only: bool, tensorboard: bool, continue_after: int | None = None):  # fmt: skip
+        """`continue_after`: the step of the checkpoint a run resumes in this directory (rows and events
+        of later steps, written before an interruption, are dropped)."""
         self.total_steps, self.is_main = total_steps, global_rank == 0
         self.text = logging.getLogger(f"nxd_train.rank{global_rank}")
         self.text.setLevel(logging.INFO)
@@ -32,13 +37,17 @@ class Monitor:
         self.metric_loggers: list[Logger] = []
         self.bar: tqdm | None = None
         if self.is_main:
+            kept = _rows_through(log_dir / "metrics.csv", continue_after) if continue_after is not None else []
             with warnings.catch_warnings():  # the directory already holds config.yaml and the text logs
                 warnings.filterwarnings("ignore", message="Experiment logs directory")
-                csv = CSVLogger(log_dir, name="", version="", flush_logs_every_n_steps=1)  # a crash loses no rows
-                csv.experiment  # noqa: B018 - created now, inside this filter
-            self.metric_loggers.append(csv)
-            if tensorboard:
-                self.metric_loggers.append(TensorBoardLogger(log_dir, name="tensorboard", version=""))
+                table = CSVLogger(log_dir, name="", version="", flush_logs_every_n_steps=1)  # a crash loses no rows
+                table.experiment  # noqa: B018 - created now (it clears metrics.csv), inside this filter
+            for row in kept:  # written back: Lightning's logger starts every file anew
+                table.log_metrics({name: value for name, value in row.items() if name != "step"}, int(row["step"]))
+            self.metric_loggers.append(table)
+            if tensorboard:  # purge_step: TensorBoard drops events after the resumed step
+                purge = {} if continue_after is None else {"purge_step": continue_after + 1}
+                self.metric_loggers.append(TensorBoardLogger(log_dir, name="tensorboard", version="", **purge))
             if sys.stderr.isatty():
                 self.bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
         self.started = time.perf_counter()
@@ -81,3 +90,13 @@ class Monitor:
         for handler in list(self.text.handlers):
             handler.close()
             self.text.removeHandler(handler)
+
+
+def _rows_through(path: Path, step: int) -> list[dict[str, float]]:
+    """The metrics.csv rows of steps up to `step` (empty cells left out)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as handle:
+        rows = [{name: float(value) for name, value in row.items() if value not in ("", None)}
+                for row in csv.DictReader(handle)]  # fmt: skip
+    return [row for row in rows if row.get("step", step + 1) <= step]

@@ -189,8 +189,10 @@ def setup(plan: RunPlan) -> Run:
                                  shuffle=b.reshuffle_each_epoch or not plan.data.shuffled,
                                  reshuffle_each_epoch=b.reshuffle_each_epoch)  # fmt: skip
     steps = plan.cadence.total_steps(sampler.steps_per_epoch)
+    continues_here = resume is not None and not resume.weights_only and plan.log_dir is not None
     monitor = Monitor(log_dir, global_rank=rank, local_rank=fabric.local_rank, total_steps=steps,
-                      local_rank_0_only=logging.local_rank_0_only, tensorboard=logging.tensorboard)  # fmt: skip
+                      local_rank_0_only=logging.local_rank_0_only, tensorboard=logging.tensorboard,
+                      continue_after=read_info(resume.path).step if continues_here else None)  # fmt: skip
     model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=launch.seed,
                                  use_cpu_initialization=launch.use_cpu_initialization,
                                  prepare=partial(prepare_parameters, policy=plan.policy))  # fmt: skip
