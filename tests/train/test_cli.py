@@ -101,3 +101,12 @@ def test_installed_entry_point() -> None:
     assert result.returncode == 1, result.stderr
     assert "valid (32 processes" in result.stdout and "would stop a run on this machine:" in result.stderr
     assert "model.qkv_linear: applies to megatron models" in result.stderr  # NxDT's HF recipes, still refused
+
+
+def test_a_config_file_may_be_named_without_its_flag(tmp_path: Path, capsys) -> None:
+    """`nxd-train FILE.yaml [overrides]` reads like `--config FILE.yaml`; overrides ending in .yaml stay overrides."""
+    assert main([str(ROOT / "configs" / "tiny.yaml"), "trainer.max_steps=2", f"+exp_manager.explicit_log_dir={tmp_path}",
+                 "exp_manager.create_tensorboard_logger=False"]) == 0  # fmt: skip
+    assert "done: 2 steps" in capsys.readouterr().out
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 1
+    assert "missing.yaml" in capsys.readouterr().err

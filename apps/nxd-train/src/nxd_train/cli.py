@@ -1,6 +1,6 @@
 """The `nxd-train` command line.
 
-    nxd-train [train] [--config FILE] [OVERRIDE ...]   run the job (the embedded tiny config by default)
+    nxd-train [train] [[--config] FILE] [OVERRIDE ...] run the job (the embedded tiny config by default)
     nxd-train config show FILE [OVERRIDE ...]          print the resolved config as YAML
     nxd-train config check FILE [OVERRIDE ...]         exit 0 if a run would start here, 1 with every problem
     nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
@@ -99,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if not args_list or (args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help")):
         args_list.insert(0, "train")
+    if args_list[0] == "train" and len(args_list) > 1 and _is_config_file(args_list[1]):
+        args_list[1:2] = ["--config", args_list[1]]  # `nxd-train FILE.yaml ...` reads like `--config FILE.yaml`
     args = build_parser().parse_args(args_list)
     if args.command == "config":
         return _config_command(args.action, args.file, args.overrides)
@@ -111,6 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return list_command(args.log_dir)
         return export_command(args.checkpoint, args.out, args.dtype, args.merged)
     return _train_command(args.config or default_config_path(), args.overrides)
+
+
+def _is_config_file(argument: str) -> bool:
+    """A YAML file named where overrides go (an override always holds '=' or starts with '~')."""
+    return "=" not in argument and not argument.startswith(("~", "-")) and argument.endswith((".yaml", ".yml"))
 
 
 @contextlib.contextmanager
