@@ -25,7 +25,6 @@ import argparse
 import json
 import re
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,15 @@ from nxd_data import PretrainingSampler
 from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
 from nxd_train.loop import train
 from nxd_train.preflight import plan_run
-from sft import ACCUMULATION, LR, MICRO_BATCH, bench_config, records, step_times  # the script's folder
+from sft import (  # the script's folder
+    ACCUMULATION,
+    LR,
+    MICRO_BATCH,
+    bench_config,
+    records,
+    step_times,
+    worker_figures,
+)
 from throughput import StepTimer
 from transformers import PreTrainedTokenizerFast
 
@@ -153,12 +160,7 @@ def worker(framework: str, seq: int, steps: int, method: str) -> None:
 
 
 def measured(framework: str, seq: int, steps: int, method: str) -> dict[str, float]:
-    command = [sys.executable, __file__, "--worker", framework, "--seq", str(seq), "--steps", str(steps),
-               "--method", method]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise SystemExit(f"{framework} at seq {seq} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return worker_figures(__file__, framework, seq, steps, "--method", method)
 
 
 def main() -> int:

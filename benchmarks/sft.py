@@ -192,13 +192,17 @@ def worker(framework: str, seq: int, steps: int, lora: int) -> None:
     print(json.dumps(figures))
 
 
-def measured(framework: str, seq: int, steps: int, lora: int) -> dict[str, float]:
-    command = [sys.executable, __file__, "--worker", framework, "--seq", str(seq), "--steps", str(steps),
-               "--lora", str(lora)]  # fmt: skip
+def worker_figures(script: str, framework: str, seq: int, steps: int, *options: str) -> dict[str, float]:
+    """The figures a benchmark script's worker prints, run in a process of its own (its own peak memory)."""
+    command = [sys.executable, script, "--worker", framework, "--seq", str(seq), "--steps", str(steps), *options]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{framework} at seq {seq} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measured(framework: str, seq: int, steps: int, lora: int) -> dict[str, float]:
+    return worker_figures(__file__, framework, seq, steps, "--lora", str(lora))
 
 
 def main() -> int:
