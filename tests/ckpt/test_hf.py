@@ -107,3 +107,25 @@ def test_export_of_a_model_without_hf_counterpart_says_why(tmp_path):
     with pytest.raises(CheckpointError, match="normalization is 'layernorm' \\(Llama needs 'rmsnorm'\\)"):
         export_hf(path, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_hf_family_with_qkv_linear_exports_transformers_layout_and_imports_it(tmp_path):
+    """A transformers Llama trained with NxDT's qkv_linear exports q_proj/k_proj/v_proj (config.json
+    without nxd's setting), loads in transformers with equal logits, and imports back bit-exactly."""
+    from nxd_models import set_qkv_linear
+
+    spec = LlamaConfig(vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    set_qkv_linear(spec, True, True)
+    ours = build_causal_lm(spec).eval()
+    random_weights(ours)
+    out = export_hf(checkpoint_of(ours, spec, tmp_path / "ckpts"), tmp_path / "hf")
+    assert "nxd_qkv_linear" not in (out / "config.json").read_text()
+    theirs = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids, positions = tokens(spec.vocab_size)
+    with torch.no_grad():
+        assert (causal_lm_logits(ours, ids, positions) - theirs(input_ids=ids).logits).abs().max().item() < 1e-5
+    shapes = {key: value.shape for key, value in ours.state_dict().items()}
+    loaded = hf_weights(out, hf_export(spec), shapes)
+    assert all(torch.equal(loaded[key], value) for key, value in ours.state_dict().items() if key in loaded)
+    assert "model.layers.0.self_attn.qkv_proj.weight_v" in loaded

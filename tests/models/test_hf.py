@@ -106,3 +106,42 @@ def test_nxdt_recompute_names_resolve_in_transformers_models_without_changing_th
     found.sum().backward()
     assert torch.equal(found, expected)
     assert all(torch.equal(p.grad, grads[name]) for name, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate"])
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_qkv_linear_computes_what_transformers_model_computes(tmp_path, model_type, fuse):
+    """NxDT's qkv_linear (one GQA QKV module, one matmul with fuse_qkv) in a transformers model: the
+    module holds the q/k/v values transformers initialised, its keys map to q_proj/k_proj/v_proj, and
+    transformers' own model loaded with them computes the same logits (sliding window, biases and
+    query/key norms included), in training mode too (gradients)."""
+    from nxd_models import model_family
+    from transformers import AutoModelForCausalLM
+
+    content = {**TINY, "model_type": model_type, "attention_bias": True, "sliding_window": 5,
+               "head_dim": 8, "tie_word_embeddings": False}  # fmt: skip
+    config = load_hf_config(_write(tmp_path, **content), HFOverrides(qkv_linear=True, fuse_qkv=fuse))
+    plain = load_hf_config(tmp_path / "config.json")
+    family = model_family(config)
+    torch.manual_seed(0)
+    ours = family.build()
+    torch.manual_seed(0)
+    unfused = model_family(plain).build()
+    attention = ours.model.layers[0].self_attn
+    assert "q_proj.weight" not in dict(attention.named_parameters()) and attention.qkv_proj.fuse is fuse
+    keys = family.hf_mapping().keys
+    assert keys["model.layers.1.self_attn.qkv_proj.weight_k"] == "model.layers.1.self_attn.k_proj.weight"
+    state = {keys[name]: value for name, value in ours.state_dict().items()}
+    assert all(torch.equal(state[name], value) for name, value in unfused.state_dict().items())  # same init
+    assert "nxd_qkv_linear" not in family.hf_mapping().config
+    theirs = AutoModelForCausalLM.from_config(plain, attn_implementation="eager")
+    theirs.load_state_dict(state)
+    batch = {"input_ids": torch.randint(0, 128, (2, 12)), "position_ids": torch.arange(12).expand(2, 12)}
+    found = family.logits(ours, batch)
+    expected = theirs(input_ids=batch["input_ids"]).logits
+    assert (found - expected).abs().max().item() < 1e-5
+    found.square().mean().backward()
+    expected.square().mean().backward()
+    grads = {keys[name]: p.grad for name, p in ours.named_parameters()}
+    assert all((grads[name] - p.grad).abs().max() < 1e-5 for name, p in theirs.named_parameters())
+    assert any(name.endswith("qkv_proj") and style == "qkv" for name, style in family.tp_plan().items())

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_align import LoraFamily, LoraSpec, TokenObjective
-from nxd_models import GPTConfig, model_family
+from nxd_models import GPTConfig, model_family, set_qkv_linear
 from nxd_parallel import Layout, ParallelDims, build_executor, build_parallel_model, clip_gradients, split_sequence
 from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
 from torch.distributed.device_mesh import DeviceMesh
@@ -33,8 +33,8 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
                tied: bool = True) -> GPTConfig | LlamaConfig | Qwen3Config:  # fmt: skip
     """A two-layer Llama shape of either family, the Megatron-style Mistral (sliding window) or GPT
     shape (no dropout, so every layout computes the same);
-    `qkv` "fused" or "separate" builds the Megatron-style model with one QKV module (qkv_linear);
-    `layers` and `tied` (output layer sharing the embedding) shape the Megatron-style model."""
+    `qkv` "fused" or "separate" builds either family with one QKV module (qkv_linear);
+    `layers` shapes the Llama ones, `tied` (output layer sharing the embedding) the Megatron-style one."""
     if family in ("megatron", "mistral"):  # mistral: the same with a sliding window of a third of the sequence
         return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4,
                          num_kv_heads=kv_heads, seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0,
@@ -47,11 +47,16 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8)  # fmt: skip
     if family == "qwen3":  # per-head q/k norms: transformers' replicated_with_grad_allreduce style
-        return Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8, max_position_embeddings=SEQ,
-                           tie_word_embeddings=False)  # fmt: skip
-    return LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=kv_heads, max_position_embeddings=SEQ, tie_word_embeddings=False)  # fmt: skip
+        config = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8,
+                             max_position_embeddings=SEQ,
+                             tie_word_embeddings=False)  # fmt: skip
+    else:
+        config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=SEQ,
+                             tie_word_embeddings=False)  # fmt: skip
+    set_qkv_linear(config, qkv is not None, qkv == "fused")
+    return config
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,11 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("megatron-tp2-separate-qkv", tp=2, qkv="separate", clip=0.5),
         Scenario("megatron-tp2-sp-fused-qkv-kv-replicator", tp=2, kv_heads=1, qkv="fused",
                  layout=Layout(kv_replicator=2, sequence_parallel=True)),  # fmt: skip
+        Scenario("hf-tp2-sp-fused-qkv", "hf", tp=2, qkv="fused", layout=Layout(sequence_parallel=True)),
+        Scenario("hf-tp2-separate-qkv", "hf", tp=2, qkv="separate", clip=0.5),
+        Scenario("hf-tp2-sp-fused-qkv-kv-replicator", "hf", tp=2, kv_heads=1, qkv="fused",
+                 layout=Layout(kv_replicator=2, sequence_parallel=True)),
+        Scenario("qwen3-tp2-fused-qkv-full-recompute", "qwen3", tp=2, qkv="fused", layout=Layout(recompute="full")),
         Scenario("gpt-tp2", "gpt", tp=2),
         Scenario("qwen3-tp2-sp", "qwen3", tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("gpt-tp2-sp", "gpt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -95,6 +100,8 @@ def _lora_scenarios() -> list[Scenario]:
         Scenario("megatron-lora-tp2-sp-fused-qkv-kv-replicator", tp=2, kv_heads=1, qkv="fused",
                  layout=Layout(kv_replicator=2, sequence_parallel=True), **lora),  # fmt: skip
         Scenario("megatron-lora-tp2-qkv-module-q-and-v", tp=2, qkv="separate", lora=("q_proj", "v_proj")),
+        Scenario("hf-lora-tp2-sp-fused-qkv-kv-replicator", "hf", tp=2, kv_heads=1, qkv="fused",
+                 layout=Layout(kv_replicator=2, sequence_parallel=True), **lora),  # fmt: skip
         Scenario("megatron-lora-dp2-zero1", layout=Layout(zero1=True), **lora),
         Scenario("hf-lora-dp2-zero1-selective-recompute", "hf",
                  layout=Layout(zero1=True, recompute="selective", recompute_modules=("CoreAttention",),

@@ -105,12 +105,10 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConf
 
 def _hf_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> PretrainedConfig:
     m = cfg.model
-    overrides = HFOverrides(m.num_layers, m.hidden_size, m.max_position_embeddings, m.rope_theta)
+    overrides = HFOverrides(m.num_layers, m.hidden_size, m.max_position_embeddings, m.rope_theta,
+                            qkv_linear=m.qkv_linear, fuse_qkv=m.fuse_qkv)  # fmt: skip
     config = load_hf_config(m.hf_model_config, overrides)
     problems = []
-    if m.qkv_linear:
-        problems.append("model.qkv_linear: applies to megatron models (a Hugging Face model keeps transformers' "
-                        "q/k/v projections); expected False")
     if config.vocab_size < vocab_size:
         problems.append(f"{m.hf_model_config}: vocab_size: expected at least the tokenizer's {vocab_size} tokens, "
                         f"found {config.vocab_size}")

@@ -241,7 +241,8 @@ def adapted_modules(family: ModelFamily, targets: Iterable[str]) -> tuple[tuple[
     linear = {leaf[name] for name, module in inside.items() if isinstance(module, nn.Linear)}
     fused_modules = [name for name, module in inside.items() if is_fused_qkv(module)]
     fused_leaves = {leaf[name] for name in fused_modules}
-    other = set(leaf.values()) - linear - fused_leaves
+    parts = {f"{part}_proj" for part in PARTS} if fused_leaves else set()  # a transformers model keeps stand-ins
+    other = set(leaf.values()) - linear - fused_leaves - parts
     names = {name: parts for name, parts in FUSED_NAMES.items() if name not in other and set(parts) <= linear}
     if fused_leaves:  # the fused module's own name, and each projection's
         names |= {name: (name,) for name in fused_leaves} | {f"{part}_proj": (f"{part}_proj",) for part in PARTS}

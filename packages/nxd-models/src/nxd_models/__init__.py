@@ -10,6 +10,7 @@ from .flops import training_flops_per_token
 from .gpt import GPT_TP_PLAN, GPTConfig, GPTForCausalLM, gpt_tp_plan
 from .hf import SUPPORTED_MODEL_TYPES, HFOverrides, hf_tp_plan, load_hf_config
 from .hf_mapping import HFMapping, hf_mapping
+from .hf_qkv import set_qkv_linear
 from .hf_recompute import recompute_core_attention
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .qkv import QKVLinear
@@ -21,5 +22,5 @@ __all__ = [
     "HFMapping", "HFOverrides", "HuggingFaceFamily", "MegatronFamily", "ModelConfigError", "ModelFamily",
     "QKVLinear", "build_causal_lm", "build_on_meta", "causal_lm_logits", "decoder_layers", "gpt_tp_plan",
     "hf_mapping", "hf_tp_plan", "keep_pipeline_stage", "load_hf_config", "model_family", "pipeline_stage_problems",
-    "recompute_core_attention", "training_flops_per_token", "use_context_parallel",
+    "recompute_core_attention", "set_qkv_linear", "training_flops_per_token", "use_context_parallel",
 ]  # fmt: skip

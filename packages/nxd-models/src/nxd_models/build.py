@@ -22,6 +22,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .attention import _FAST_BACKENDS, AttentionKernel, document_spans, span_attention
 from .context_parallel import DOCUMENTS_KWARG, hf_splits_sequence
 from .gpt import GPTConfig, GPTForCausalLM
+from .hf_qkv import use_qkv_linear
 
 HF_SDPA = "nxd_sdpa"
 """transformers' SDPA attention, with packed documents attended span by span."""
@@ -51,6 +52,12 @@ def _use_span_sdpa(model: PreTrainedModel) -> None:
 def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH) -> nn.Module:
     """The module tree of either family on the meta device: shapes and names, no memory. Shard it,
     then materialise it (nxd-parallel), or use `build_causal_lm` for a whole model."""
+    model = _transformers_layout_on_meta(spec, attention)
+    return model if isinstance(spec, GPTConfig) else use_qkv_linear(model)
+
+
+def _transformers_layout_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -> nn.Module:
+    """The meta tree with a transformers model's own q/k/v layers (its initialisation knows those)."""
     with torch.device("meta"):
         if isinstance(spec, GPTConfig):
             return GPTForCausalLM(spec, attention)
@@ -78,11 +85,13 @@ def build_causal_lm(
     on `device`. `attention` is the attention kernel of either family (the fusions keys).
     """
     device = torch.device(device)
-    model = build_on_meta(spec, attention)
+    model = _transformers_layout_on_meta(spec, attention)
     model.to_empty(device=torch.device("cpu") if use_cpu_initialization else device)
     if isinstance(spec, GPTConfig) and spec.share_embeddings_and_output_weights:
         model.lm_head.weight = model.model.embed_tokens.weight  # to_empty allocated the two apart
     model.init_weights()
+    if not isinstance(spec, GPTConfig):  # the QKV module takes the q/k/v values transformers drew
+        use_qkv_linear(model)
     return model.to(device)
 
 

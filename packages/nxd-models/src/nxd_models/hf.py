@@ -10,6 +10,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from .errors import ModelConfigError
 from .gpt import EMBEDDING_NORMS_OUTPUT_PLAN
+from .hf_qkv import PROJECTIONS, qkv_linear_of, set_qkv_linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 """Decoder families whose layout (q/k/v/o and gate/up/down projections, RMSNorm, RoPE) nxd shards."""
@@ -23,6 +24,9 @@ class HFOverrides:
     hidden_size: int | None = None
     max_position_embeddings: int | None = None
     rope_theta: float | None = None
+    qkv_linear: bool = False
+    """NxDT's QKV module (see `hf_qkv`); `fuse_qkv` computes it in one matmul."""
+    fuse_qkv: bool = True
 
 
 def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> PretrainedConfig:
@@ -59,15 +63,20 @@ def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> 
     if overrides.rope_theta is not None:
         config.rope_parameters = {**(config.rope_parameters or {"rope_type": "default"}),
                                   "rope_theta": overrides.rope_theta}
+    set_qkv_linear(config, overrides.qkv_linear, overrides.fuse_qkv)
     return config
 
 
 def hf_tp_plan(config: PretrainedConfig) -> dict[str, str]:
     """The family's own TP plan (transformers' `base_model_tp_plan`) under `model.`, plus the
     embedding, norms and output layer in nxd's vocabulary of styles; key and value projections are
-    `colwise_kv` (kv_replicator may replicate them)."""
+    `colwise_kv` (kv_replicator may replicate them), or all three one `qkv` module under qkv_linear."""
     plan = {}
+    qkv_linear = qkv_linear_of(config) is not None
     for pattern, style in (config.base_model_tp_plan or {}).items():
+        if qkv_linear and pattern.endswith(tuple(f"self_attn.{name}" for name in PROJECTIONS)):
+            plan[f"model.{pattern.rpartition('.')[0]}.qkv_proj"] = "qkv"
+            continue
         kv = pattern.endswith(("self_attn.k_proj", "self_attn.v_proj")) and style == "colwise"
         plan[f"model.{pattern}"] = "colwise_kv" if kv else style
     return {**plan, **EMBEDDING_NORMS_OUTPUT_PLAN}

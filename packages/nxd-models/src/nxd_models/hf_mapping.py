@@ -16,6 +16,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from .errors import ModelConfigError
 from .gpt import GPTConfig
+from .hf_qkv import QKV_LINEAR, hf_key
 
 TIED_OUTPUT = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -95,11 +96,12 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
 
 
 def hf_self_mapping(config: PretrainedConfig, names: list[str]) -> HFMapping:
-    """A transformers model's own layout: every state-dict key (`names`) maps to itself."""
-    content = config.to_dict()
+    """A transformers model's own layout: every state-dict key (`names`) maps to itself, but for the
+    QKV module's (qkv_linear), which map to the q/k/v layers they came from."""
+    content = {key: value for key, value in config.to_dict().items() if key != QKV_LINEAR}
     content["architectures"] = content.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     tied = TIED_OUTPUT if config.tie_word_embeddings else {}
-    return HFMapping(content, {name: name for name in names if name not in tied}, tied=tied)
+    return HFMapping(content, {name: hf_key(name) for name in names if name not in tied}, tied=tied)
 
 
 def _ours(hf_name: str, config: GPTConfig) -> str:

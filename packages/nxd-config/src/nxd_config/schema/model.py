@@ -66,7 +66,9 @@ class ModelConfig(Section):
     rope_theta: float | None = key(
         None, "RoPE base; null keeps config.json's value (hf) or 10000 (megatron).", by=MODELS, gt=0.0
     )
-    qkv_linear: bool = key(False, "Use one GQA-aware QKV projection module (with kv_replicator).", by=PAR)
+    qkv_linear: bool = key(
+        False, "One GQA-aware QKV projection module (with kv_replicator), either family; exports keep q/k/v.", by=PAR
+    )
     fuse_qkv: bool = key(True, "Fuse the q, k and v weights of that module into one matmul.", by=PAR)
     transpose_nki_inputs: bool = key(
         True,
