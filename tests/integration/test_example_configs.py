@@ -1,7 +1,8 @@
-"""NxDT's Megatron-style family shapes as configs/ ships them, shrunk to 2 gloo processes and 2 layers with
-their own features kept (TP 2 with sequence parallel, ZeRO-1, mixed precision, selective recompute, their
-tokenizer form, Mistral's sliding window), each on indexed data the test preprocesses with that very
-tokenizer: every one trains 3 steps."""
+"""NxDT's family shapes as configs/ ships them, shrunk to 2 gloo processes and 2 layers (4 for pipeline
+stages) with their own features kept, each trains 3 steps. Megatron-style (TP 2 with sequence parallel,
+ZeRO-1, mixed precision, selective recompute, their tokenizer form, Mistral's sliding window) on indexed
+data the test preprocesses with that very tokenizer; Hugging Face Llama 3 8B (TP, kv_replicator, the QKV
+module) and 70B (pipeline stages) on data already tokenised, as NxDT's HF recipes read it."""
 
 from __future__ import annotations
 
@@ -56,3 +57,71 @@ def test_a_shipped_family_config_trains_shrunk(config, form, shape, corpus, gpt2
                          f"exp_manager.explicit_log_dir={tmp_path / 'run'}", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(losses(read_metrics(tmp_path / "run"))) == 3
+
+
+HF_SHRINK = ["trainer.devices=2", "trainer.num_nodes=1", "trainer.log_every_n_steps=1", "model.num_layers=2", "model.hidden_size=64",
+             "model.encoder_seq_length=64", "model.max_position_embeddings=64", "data.global_batch_size=4",
+             "model.optim.sched.warmup_steps=1", "exp_manager.resume_if_exists=False",
+             "exp_manager.create_tensorboard_logger=False"]  # fmt: skip
+VOCAB = 256
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory) -> Path:
+    """NxDT's HF recipes read data already tokenised: an `input_ids` column, no tokenizer named."""
+    import datasets
+
+    generator = random.Random(2)
+    path = tmp_path_factory.mktemp("tokenized") / "train"
+    rows = [[generator.randrange(VOCAB) for _ in range(65)] for _ in range(48)]
+    datasets.Dataset.from_dict({"input_ids": rows}).save_to_disk(str(path))
+    return path
+
+
+def _small_model_config(shipped: str, directory: Path, kv_heads: int) -> Path:
+    """The shipped config.json with the same architecture at a test's width (4 query heads)."""
+    content = json.loads((ROOT / "configs" / "hf" / shipped).read_text())
+    content |= {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": kv_heads,
+                "vocab_size": VOCAB, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+    path = directory / "config.json"
+    path.write_text(json.dumps(content))
+    return path
+
+
+def test_hf_llama3_8B_trains_shrunk(tokenized, tmp_path):
+    """TP 2 with sequence parallel, kv_replicator 2 over one KV head, the fused QKV module, ZeRO-1, mixed
+    precision with fp32 optimizer state and CoreAttention recompute, on pre-tokenised data."""
+    model_config = _small_model_config("llama3_8B_config.json", tmp_path, kv_heads=1)
+    result = run_command("-c", str(ROOT / "configs" / "hf_llama3_8B.yaml"), *HF_SHRINK, "trainer.max_steps=3",
+                         "distributed_strategy.tensor_model_parallel_size=2", "distributed_strategy.kv_replicator=2",
+                         f"model.model_config={model_config}", f"data.train_dir={tokenized}",
+                         "exp_manager.create_checkpoint_callback=False",
+                         f"exp_manager.explicit_log_dir={tmp_path / 'run'}", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(losses(read_metrics(tmp_path / "run"))) == 3
+
+
+def test_hf_llama3_70B_trains_shrunk_in_pipeline_stages_and_resumes_in_one_process(tokenized, tmp_path):
+    """Two pipeline stages of a 4-layer HF Llama with the fused QKV module, ZeRO-1, mixed precision and
+    CoreAttention + LlamaMLP recompute; its step-2 checkpoint resumes in one process, which then
+    computes the step-3 loss the pipeline run computed."""
+    model_config = _small_model_config("llama3_70B_config.json", tmp_path, kv_heads=2)
+    common = ["-c", str(ROOT / "configs" / "hf_llama3_70B.yaml"), *HF_SHRINK, "model.num_layers=4",
+              "trainer.max_steps=3", "distributed_strategy.tensor_model_parallel_size=1",
+              "distributed_strategy.kv_replicator=1", f"model.model_config={model_config}",
+              f"data.train_dir={tokenized}"]  # fmt: skip
+    staged = run_command(*common, "distributed_strategy.pipeline_model_parallel_size=2",
+                         "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+                         "exp_manager.checkpoint_callback_params.save_top_k=-1",
+                         f"exp_manager.explicit_log_dir={tmp_path / 'staged'}", cwd=tmp_path)  # fmt: skip
+    assert staged.returncode == 0, staged.stderr[-3000:]
+    expected = losses(read_metrics(tmp_path / "staged"))
+    (step_2,) = (tmp_path / "staged" / "checkpoints").glob("*step=2*")
+    single = run_command(*common, "trainer.devices=1", "distributed_strategy.pipeline_model_parallel_size=1",
+                         "exp_manager.create_checkpoint_callback=False",
+                         f"exp_manager.resume_from_checkpoint={step_2}",
+                         f"exp_manager.explicit_log_dir={tmp_path / 'single'}", cwd=tmp_path)  # fmt: skip
+    assert single.returncode == 0, single.stderr[-3000:]
+    resumed = read_metrics(tmp_path / "single")
+    assert len(expected) == 3 and [row["step"] for row in resumed if "loss" in row] == [3.0]
+    assert abs(losses(resumed)[0] - expected[2]) < 1e-6

@@ -145,3 +145,52 @@ def test_qkv_linear_computes_what_transformers_model_computes(tmp_path, model_ty
     grads = {keys[name]: p.grad for name, p in ours.named_parameters()}
     assert all((grads[name] - p.grad).abs().max() < 1e-5 for name, p in theirs.named_parameters())
     assert any(name.endswith("qkv_proj") and style == "qkv" for name, style in family.tp_plan().items())
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_pipeline_stages_of_a_transformers_model_chain_to_its_own_logits(model_type, documents):
+    """Cut into three stages (layers 0-1 with the embedding, 2, 3 with norm and output layer), a
+    transformers model passes ids -> residual stream -> logits equal to its own forward, with sliding
+    windows shorter than the row (mistral, qwen2 layer types) and packed documents."""
+    import copy
+
+    from nxd_models import AttentionKernel, model_family
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, **{**TINY, "num_hidden_layers": 4}, sliding_window=4, head_dim=8,
+                                  use_sliding_window=True, max_window_layers=2, tie_word_embeddings=False)  # fmt: skip
+    for kernel in (AttentionKernel.FLASH, AttentionKernel.UNFUSED):
+        family = model_family(config, kernel)
+        torch.manual_seed(0)
+        whole = family.build()
+        batch = {"input_ids": torch.randint(0, 128, (2, 12)), "position_ids": torch.arange(12).expand(2, 12)}
+        if documents:
+            batch["document_ids"] = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+            batch["position_ids"] = torch.tensor([[*range(5), *range(7)], list(range(12))])
+        expected = family.logits(whole, batch)
+        hidden = batch["input_ids"]
+        for layers, first, last in ((range(0, 2), True, False), (range(2, 3), False, False), (range(3, 4), False, True)):
+            stage = family.keep_pipeline_stage(copy.deepcopy(whole), layers, first=first, last=last)
+            assert len(family.decoder_layers(stage)) == len(layers)
+            hidden = stage(hidden, position_ids=batch["position_ids"], document_ids=batch.get("document_ids"))
+        assert hidden.shape == expected.shape and (hidden - expected).abs().max().item() < 1e-6, kernel
+
+
+def test_sliding_window_of_a_transformers_model_holds_inside_packed_documents():
+    """A packed row of two documents gives each document the logits transformers' Mistral computes on
+    that document alone (the window is kept inside documents, for the SDPA and the eager kernel)."""
+    from nxd_models import AttentionKernel, model_family
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("mistral", **TINY, sliding_window=3, tie_word_embeddings=False)
+    for kernel in (AttentionKernel.FLASH, AttentionKernel.UNFUSED):
+        family = model_family(config, kernel)
+        torch.manual_seed(0)
+        model = family.build()
+        ids = torch.randint(0, 128, (1, 13))
+        batch = {"input_ids": ids, "document_ids": torch.tensor([[0] * 6 + [1] * 7]),
+                 "position_ids": torch.tensor([[*range(6), *range(7)]])}  # fmt: skip
+        found = family.logits(model, batch)
+        alone = [model(input_ids=ids[:, :6]).logits, model(input_ids=ids[:, 6:]).logits]
+        assert (found - torch.cat(alone, dim=1)).abs().max().item() < 1e-5, kernel

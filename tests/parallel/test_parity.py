@@ -68,9 +68,8 @@ act(gate) * up, transformers' LlamaMLP and LlamaRMSNorm), which both families re
 
 
 def _recompute_scenarios(family: str) -> list[Scenario]:
-    """Every recompute setting crossed with tensor + sequence parallel and context parallel (the first
-    layer's sequence split must replay from its whole input), and for the Megatron-style family with
-    pipeline stages."""
+    """Every recompute setting crossed with tensor + sequence parallel, context parallel (the first
+    layer's sequence split must replay from its whole input) and pipeline stages."""
     found = []
     for name, recompute in RECOMPUTE.items():
         found += [Scenario(f"{family}-tp2-sp-{name}-recompute", family, tp=2, clip=0.5,
@@ -78,8 +77,7 @@ def _recompute_scenarios(family: str) -> list[Scenario]:
                   Scenario(f"{family}-tp2-sp-kv-replicator-{name}-recompute", family, tp=2, kv_heads=1,
                            layout=replace(recompute, sequence_parallel=True, kv_replicator=2)),
                   Scenario(f"{family}-cp2-{name}-recompute", family, cp=2, layout=recompute)]  # fmt: skip
-        if family == "megatron":
-            found.append(Scenario(f"megatron-pp2-{name}-recompute", pp=2, layers=4, tied=False, layout=recompute))
+        found.append(Scenario(f"{family}-pp2-{name}-recompute", family, pp=2, layers=4, tied=False, layout=recompute))
     return found
 
 
@@ -107,18 +105,23 @@ def _lora_scenarios() -> list[Scenario]:
                  layout=Layout(zero1=True, recompute="selective", recompute_modules=("CoreAttention",),
                                recompute_mlp=True), **lora),  # fmt: skip
         Scenario("megatron-lora-pp2", pp=2, layers=4, tied=False, **lora),
+        Scenario("hf-lora-pp2", "hf", pp=2, layers=4, **lora),
         Scenario("hf-lora-cp2", "hf", cp=2, **lora),
     ]
 
 
 def _pipeline_and_context_scenarios() -> list[Scenario]:
-    """Pipeline stages of a 4-layer untied model (1F1B, interleaved, explicit cuts after layer 0, with
-    recomputation) and context parallel (ring attention) for both families."""
+    """Pipeline stages of a 4-layer untied model (1F1B, interleaved, explicit cuts) and context parallel
+    (ring attention) for both families."""
     staged = dict(layers=4, tied=False)
     return [
         Scenario("megatron-pp2-1f1b", pp=2, **staged),
         Scenario("megatron-pp2-interleaved", pp=2, layout=Layout(virtual_stages=2), clip=0.5, **staged),
         Scenario("megatron-pp2-cuts", pp=2, layout=Layout(pipeline_cuts=("model.layers.0",)), **staged),
+        Scenario("hf-pp2-1f1b", "hf", pp=2, **staged),
+        Scenario("hf-pp2-interleaved", "hf", pp=2, layout=Layout(virtual_stages=2), clip=0.5, **staged),
+        Scenario("hf-pp2-cuts-documents", "hf", pp=2, layout=Layout(pipeline_cuts=("model.layers.2",)),
+                 documents=True, **staged),
         Scenario("megatron-cp2", cp=2, clip=0.5),
         Scenario("hf-cp2", "hf", cp=2),
         Scenario("megatron-cp2-documents", cp=2, documents=True),
@@ -139,6 +142,12 @@ def _four_process_scenarios() -> list[Scenario]:
         Scenario("mistral-pp2-tp2-sp-sliding-window", "mistral", pp=2, tp=2, layers=4, tied=False,
                  layout=Layout(sequence_parallel=True)),
         Scenario("megatron-pp2-dp2-zero1", pp=2, layers=4, tied=False, layout=Layout(zero1=True), clip=0.5),
+        Scenario("hf-pp2-tp2", "hf", pp=2, tp=2, layers=4, clip=0.5),
+        Scenario("hf-pp2-tp2-sp-interleaved-fused-qkv-kv-replicator", "hf", pp=2, tp=2, layers=4, kv_heads=1,
+                 qkv="fused", layout=Layout(sequence_parallel=True, virtual_stages=2, kv_replicator=2)),
+        Scenario("hf-pp2-tp2-sp-full-recompute-documents", "hf", pp=2, tp=2, layers=4, documents=True,
+                 layout=Layout(sequence_parallel=True, recompute="full")),
+        Scenario("hf-pp2-dp2-zero1", "hf", pp=2, layers=4, layout=Layout(zero1=True), clip=0.5),
         Scenario("megatron-cp2-tp2-sp", cp=2, tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("hf-cp2-tp2", "hf", cp=2, tp=2),
         Scenario("megatron-cp2-dp2-zero1", cp=2, layout=Layout(zero1=True), clip=0.5),

@@ -16,11 +16,11 @@ def _problems(*overrides: str, source=None) -> list[str]:
     return caught.value.problems
 
 
-def _hf_source(tmp_path, heads: int, kv_heads: int, hidden: int = 48):
+def _hf_source(tmp_path, heads: int, kv_heads: int, hidden: int = 48, tied: bool = False):
     (tmp_path / "config.json").write_text(
         f'{{"model_type": "llama", "hidden_size": {hidden}, "intermediate_size": 64, "num_hidden_layers": 1, '
         f'"num_attention_heads": {heads}, "num_key_value_heads": {kv_heads}, "vocab_size": 4096, '
-        '"max_position_embeddings": 128}'
+        f'"max_position_embeddings": 128, "tie_word_embeddings": {str(tied).lower()}}}'
     )
     source = tmp_path / "run.yaml"
     source.write_text(
@@ -124,11 +124,17 @@ def test_context_parallel_needs_an_evenly_split_sequence_and_no_attention_dropou
         "model.attention_dropout: expected 0 with context parallelism (ring attention has no dropout), found 0.1"]
 
 
-def test_pipeline_parallelism_of_a_hugging_face_model_is_refused(tmp_path):
+def test_pipeline_stages_of_a_hugging_face_model_refuse_tied_embeddings_and_unknown_cuts(tmp_path):
+    source = _hf_source(tmp_path, heads=4, kv_heads=2, tied=True)
     problems = _problems("trainer.devices=2", "+distributed_strategy.pipeline_model_parallel_size=2",
-                         source=_hf_source(tmp_path, heads=4, kv_heads=2))  # fmt: skip
-    assert problems == ["pipeline parallelism: expected a Megatron-style model (no model.model_config), "
-                        "found LlamaForCausalLM"]  # fmt: skip
+                         "+model.num_layers=2", source=source)  # fmt: skip
+    assert problems == ["model.model_config: tie_word_embeddings: expected false in config.json with pipeline "
+                        "parallelism (the embedding and the output layer live on different stages), found true"]
+    (tmp_path / "untied").mkdir()
+    untied = _hf_source(tmp_path / "untied", heads=4, kv_heads=2)
+    assert _problems("trainer.devices=2", "+distributed_strategy.pipeline_model_parallel_size=2",
+                     "+model.num_layers=2", "+model.pipeline_cuts=[model.layers.3]", source=untied) == [
+        "model.pipeline_cuts: 'model.layers.3' names no decoder layer; expected model.layers.0 to model.layers.1"]
 
 
 def test_a_sliding_window_trains_and_is_refused_where_it_cannot_hold(train_here):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,8 +14,8 @@ from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedCon
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import (
     ALL_MASK_ATTENTION_FUNCTIONS,
+    LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING,
     AttentionMaskInterface,
-    create_causal_mask,
     packed_sequence_mask_function,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -105,6 +106,47 @@ def sdpa_kernel_of(attention: AttentionKernel | None) -> Iterator[None]:
         yield
 
 
+def hf_attention_inputs(model: PreTrainedModel, shape: torch.Size, document_ids: torch.Tensor | None,
+                        device: torch.device) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """What transformers' decoder layers of `model` take for a micro-batch of `shape` (batch, whole
+    sequence): the attention mask (one, or one per layer type as `config.layer_types` names them;
+    None where SDPA's causal kernel needs none) and extra attention keywords.
+
+    Without documents attention is causal over the whole row. With them a context-parallel attention
+    masks documents from their ids, the span kernel takes each document's span (when every document is
+    one run and no sliding window is shorter than the row), and otherwise the masks are causal within
+    each document, sliding windows kept."""
+    if document_ids is not None and hf_splits_sequence(model):
+        return None, {DOCUMENTS_KWARG: document_ids}
+    if (document_ids is not None and getattr(model, "nxd_document_spans", False)
+            and not _window_applies(model.config, shape[1]) and (spans := document_spans(document_ids)) is not None):
+        return None, {SPANS_KWARG: spans}  # fmt: skip
+    # transformers reads batch, length, dtype (of an additive eager mask) and device from it
+    shape_only = torch.empty(*shape, 0, dtype=model.dtype, device=device)
+    documents = None if document_ids is None else packed_sequence_mask_function(document_ids)
+    masks = {kind: LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[kind](config=model.config, inputs_embeds=shape_only,
+                                                              attention_mask=None, past_key_values=None,
+                                                              and_mask_function=documents)
+             for kind in set(layer_mask_kinds(model.config))}  # fmt: skip
+    return masks if getattr(model.config, "layer_types", None) else next(iter(masks.values())), {}
+
+
+def layer_mask_kinds(config: PretrainedConfig) -> list[str]:
+    """Each decoder layer's mask kind, as the model's own forward picks it: `layer_types` (Qwen2,
+    Qwen3), Mistral's sliding window on every layer, or full causal attention (Llama keeps that
+    whatever a stray `sliding_window` in its config.json says)."""
+    if types := getattr(config, "layer_types", None):
+        return list(types)
+    sliding = config.model_type == "mistral" and config.sliding_window is not None
+    return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
+
+
+def _window_applies(config: PretrainedConfig, seq: int) -> bool:
+    """Whether some layer of a transformers model sees a sliding window shorter than `seq`."""
+    window = getattr(config, "sliding_window", None)
+    return window is not None and window < seq and "sliding_attention" in layer_mask_kinds(config)
+
+
 def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
                      document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Logits (batch, seq, vocab) of either family; a DDP/FSDP wrapper around the model is fine.
@@ -116,20 +158,10 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
     """
     inner = getattr(model, "module", model)
     if isinstance(inner, PreTrainedModel):
-        extra = {}
-        if document_ids is None:
-            mask = torch.ones_like(input_ids)
-        elif hf_splits_sequence(inner):  # the attention masks documents from their ids
-            mask, extra = torch.ones_like(input_ids), {DOCUMENTS_KWARG: document_ids}
-        elif getattr(inner, "nxd_document_spans", False) and (spans := document_spans(document_ids)) is not None:
-            mask, extra = torch.ones_like(input_ids), {SPANS_KWARG: spans}
-        else:
-            # transformers reads batch, length, dtype (of an additive eager mask) and device from it
-            shape_only = torch.empty(*input_ids.shape, 0, dtype=inner.dtype, device=input_ids.device)
-            mask = create_causal_mask(config=inner.config, inputs_embeds=shape_only, attention_mask=None,
-                                      past_key_values=None,
-                                      and_mask_function=packed_sequence_mask_function(document_ids))  # fmt: skip
+        masks, extra = hf_attention_inputs(inner, input_ids.shape, document_ids, input_ids.device)
+        if masks is None:  # transformers would build its own from the position ids: all positions it is
+            masks = torch.ones_like(input_ids)
         with sdpa_kernel_of(getattr(inner, "nxd_attention", None)):
-            return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False,
+            return model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=False,
                          **extra).logits
     return model(input_ids, position_ids, document_ids)

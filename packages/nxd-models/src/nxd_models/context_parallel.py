@@ -61,7 +61,8 @@ def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAtten
         AttentionInterface.register(HF_IMPLEMENTATION, _hf_attention)
         AttentionMaskInterface.register(HF_IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     for layer in model.model.layers:
-        layer.self_attn.nxd_context_parallel = attention
+        if layer is not None:  # a pipeline stage holds some of them
+            layer.self_attn.nxd_context_parallel = attention
     model.config._attn_implementation = HF_IMPLEMENTATION
     model.nxd_context_parallel = True  # recomputation may rename the implementation: a flag of its own
 

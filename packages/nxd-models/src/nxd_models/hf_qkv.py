@@ -78,7 +78,7 @@ def use_qkv_linear(model: PreTrainedModel) -> PreTrainedModel:
     kind = qkv_linear_of(model.config)
     if kind is None:
         return model
-    for layer in model.model.layers:
+    for layer in filter(None, model.model.layers):  # a pipeline stage holds some of them
         attention = layer.self_attn
         q, k, v = (getattr(attention, name) for name in PROJECTIONS)
         with torch.device("meta"):

@@ -1,13 +1,15 @@
-"""A pipeline stage of the Megatron-style model: the same module tree with the other stages' parts
-removed (set to None), so every parameter keeps its whole-model name (`model.layers.7.mlp...`) and
-checkpoints, initialisation and TP plans read the same at any pipeline layout."""
+"""A pipeline stage of either family: the same module tree with the other stages' parts removed (set
+to None), so every parameter keeps its whole-model name (`model.layers.7.mlp...`) and checkpoints,
+initialisation and TP plans read the same at any pipeline layout."""
 
 from __future__ import annotations
 
 from torch import nn
+from transformers import PreTrainedModel
 
 from .errors import ModelConfigError
 from .gpt import GPTForCausalLM
+from .hf_pipeline import hf_stage_problems, make_hf_stage
 
 
 def keep_pipeline_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> nn.Module:
@@ -28,14 +30,15 @@ def keep_pipeline_stage(model: nn.Module, layers: range, *, first: bool, last: b
     if not last:
         decoder.norm = None
         model.lm_head = None
-    return model
+    return make_hf_stage(model) if isinstance(model, PreTrainedModel) else model
 
 
 def pipeline_stage_problems(model: nn.Module) -> list[str]:
     """Why `model` cannot be cut into pipeline stages (empty when it can); the model is unchanged."""
+    if isinstance(model, PreTrainedModel):
+        return hf_stage_problems(model)
     if not isinstance(model, GPTForCausalLM):
-        return [f"pipeline parallelism: expected a Megatron-style model (no model.model_config), found "
-                f"{type(model).__name__}"]  # fmt: skip
+        return [f"pipeline parallelism: expected an nxd or transformers causal LM, found {type(model).__name__}"]
     if model.config.share_embeddings_and_output_weights:
         return ["model.share_embeddings_and_output_weights: expected False with pipeline parallelism (the "
                 "embedding and the output layer live on different stages), found True"]  # fmt: skip

@@ -1,0 +1,51 @@
+"""A pipeline stage of a transformers causal LM.
+
+transformers' own forward runs every layer from input ids to logits; a stage holds some layers (the
+others set to None, as the Megatron-style stages), and the first also the embedding, the last the
+final norm and output layer. Its forward, set on the instance by `make_hf_stage`, takes input ids
+(first stage) or the residual stream and returns the residual stream or logits (last stage), calling
+transformers' decoder layers as its model does: the rotary embedding of the position ids, each
+layer's mask kind, and the attention inputs `causal_lm_logits` uses, built from the whole row's
+positions, since under sequence parallelism a later stage receives a sequence shard.
+"""
+
+from __future__ import annotations
+
+from types import MethodType
+
+import torch
+from transformers import PreTrainedModel
+
+from .build import hf_attention_inputs, layer_mask_kinds, sdpa_kernel_of
+
+
+def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: torch.Tensor,
+                   document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    decoder = self.model
+    hidden = inputs if decoder.embed_tokens is None else decoder.embed_tokens(inputs)
+    masks, extra = hf_attention_inputs(self, position_ids.shape, document_ids, hidden.device)
+    kinds = layer_mask_kinds(self.config)
+    rotary = decoder.rotary_emb(hidden, position_ids)
+    with sdpa_kernel_of(getattr(self, "nxd_attention", None)):
+        for index, layer in enumerate(decoder.layers):
+            if layer is not None:
+                mask = masks[kinds[index]] if isinstance(masks, dict) else masks
+                hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids,
+                               past_key_values=None, use_cache=False, **extra)  # fmt: skip
+    if decoder.norm is not None:
+        hidden = decoder.norm(hidden)
+    return hidden if self.lm_head is None else self.lm_head(hidden)
+
+
+def make_hf_stage(model: PreTrainedModel) -> PreTrainedModel:
+    """Give `model` (already reduced to its stage's parts) the stage forward described above."""
+    model.forward = MethodType(_stage_forward, model)
+    return model
+
+
+def hf_stage_problems(model: PreTrainedModel) -> list[str]:
+    """Why a transformers model cannot be cut into pipeline stages (empty when it can)."""
+    if model.config.tie_word_embeddings:
+        return ["model.model_config: tie_word_embeddings: expected false in config.json with pipeline parallelism "
+                "(the embedding and the output layer live on different stages), found true"]  # fmt: skip
+    return []
