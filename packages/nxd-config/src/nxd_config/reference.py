@@ -35,8 +35,8 @@ def key_table() -> str:
             continue
         status = extra.get("status", str(Status.HONOURED))
         note = extra.get("note", "")
-        if _is_section(field.annotation):
-            status, default = "", "(section)"
+        if _is_section(field.annotation):  # a section's status says something only when it limits the section
+            status, default = ("" if "status" not in extra else status), "(section)"
         else:
             default = _default(field.default)
         cells = [f"`{path}`", _type(field.annotation), default, field.description or "",

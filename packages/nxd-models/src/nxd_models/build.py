@@ -53,11 +53,11 @@ def _use_span_sdpa(model: PreTrainedModel) -> None:
 def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH) -> nn.Module:
     """The module tree of either family on the meta device: shapes and names, no memory. Shard it,
     then materialise it (nxd-parallel), or use `build_causal_lm` for a whole model."""
-    model = _transformers_layout_on_meta(spec, attention)
+    model = _meta_tree(spec, attention)
     return model if isinstance(spec, GPTConfig) else use_qkv_linear(model)
 
 
-def _transformers_layout_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -> nn.Module:
+def _meta_tree(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -> nn.Module:
     """The meta tree with a transformers model's own q/k/v layers (its initialisation knows those)."""
     with torch.device("meta"):
         if isinstance(spec, GPTConfig):
@@ -86,7 +86,7 @@ def build_causal_lm(
     on `device`. `attention` is the attention kernel of either family (the fusions keys).
     """
     device = torch.device(device)
-    model = _transformers_layout_on_meta(spec, attention)
+    model = _meta_tree(spec, attention)
     model.to_empty(device=torch.device("cpu") if use_cpu_initialization else device)
     if isinstance(spec, GPTConfig) and spec.share_embeddings_and_output_weights:
         model.lm_head.weight = model.model.embed_tokens.weight  # to_empty allocated the two apart
@@ -159,8 +159,8 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
     inner = getattr(model, "module", model)
     if isinstance(inner, PreTrainedModel):
         masks, extra = hf_attention_inputs(inner, input_ids.shape, document_ids, input_ids.device)
-        if masks is None:  # transformers would build its own from the position ids: all positions it is
-            masks = torch.ones_like(input_ids)
+        if masks is None:  # SDPA's causal kernel; ones keep transformers from reading restarting positions as
+            masks = torch.ones_like(input_ids)  # packed sequences
         with sdpa_kernel_of(getattr(inner, "nxd_attention", None)):
             return model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=False,
                          **extra).logits
