@@ -1,7 +1,8 @@
 """Every tokenizer form NxDT configs use, against the library that defines it: Megatron's
 GPT2BPETokenizer from a GPT-2 vocab.json and merges.txt (ids as the tokenizers library's byte-level
 BPE gives them from the same files), and a Llama 2 style directory holding only a SentencePiece
-tokenizer.model (ids as sentencepiece itself gives them); and the errors bad files get."""
+tokenizer.model (ids as sentencepiece itself gives them), a tokenizer.json (ids as transformers' own
+tokenizer gives them); and the errors bad files get."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ def test_gpt2_bpe_from_vocab_and_merges_gives_the_libraries_ids(gpt2_files):
     assert ours.eod_id == reference.token_to_id("<|endoftext|>") and ours.begin_id == ours.eod_id
     assert ours.vocab_size == reference.get_vocab_size()
     assert set(ours.files) == {"vocab.json", "merges.txt"}
+
+
+def test_a_tokenizer_json_gives_transformers_ids(tokenizer_file):
+    from transformers import PreTrainedTokenizerFast
+
+    ours = load_tokenizer(tokenizer_file)
+    reference = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file))
+    assert ours.encode([SAMPLE, TEXT[2]]) == [reference(SAMPLE)["input_ids"], reference(TEXT[2])["input_ids"]]
+    assert ours.vocab_size == len(reference)
 
 
 def test_a_sentencepiece_directory_gives_sentencepieces_ids(sentencepiece_dir):
