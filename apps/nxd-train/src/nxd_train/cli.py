@@ -184,6 +184,7 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     from nxd_ckpt import CheckpointError
+    from nxd_precision import NonFiniteStop
 
     from .loop import train
 
@@ -192,8 +193,19 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     except CheckpointError as error:  # found only once loading began (e.g. a sample stream that differs)
         print(f"{path}: {error}", file=sys.stderr)
         return 1
+    except NonFiniteStop as error:  # every rank stops at the same step: one of them says so
+        if _is_first_rank():
+            print(f"{path}: {error}", file=sys.stderr)
+        return 1
     _exit_if_distributed()
     return 0
+
+
+def _is_first_rank() -> bool:
+    import torch.distributed
+
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or (
+        torch.distributed.get_rank() == 0)
 
 
 def _exit_if_distributed() -> None:

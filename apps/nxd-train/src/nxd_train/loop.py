@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from nxd_parallel import clip_gradients, global_norm
+from nxd_precision import NonFiniteGuard, NonFiniteStop
 from torch.utils.data import Dataset
 
 from .checkpointing import restore_rng_states
@@ -36,23 +37,32 @@ def train(plan: RunPlan) -> Path:
         restore_rng_states(run.saved_rng)  # now that the data loader has drawn its seed, as at the save
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
+    guard = NonFiniteGuard(plan.update.on_nonfinite, plan.update.max_consecutive_nonfinite)
     for step in range(run.start_step, run.steps):
         started = time.perf_counter()
         epoch, index = divmod(step, run.steps_per_epoch)
-        values = train_step(run, [next(batches) for _ in range(run.accumulation)])
+        try:
+            values = train_step(run, [next(batches) for _ in range(run.accumulation)], guard, step + 1)
+        except NonFiniteStop:
+            run.checkpointer.wait()
+            run.monitor.close()
+            raise
+        if warning := guard.zero_gradient_warning(step + 1, values["grad_norm"]):
+            run.monitor.info(warning)
         logged.update(values, epoch=epoch)
         window_time, window_steps = window_time + time.perf_counter() - started, window_steps + 1
         run.monitor.advance()
         done = step + 1
         if done % cadence.log_every_n_steps == 0 or done == run.steps:
-            run.monitor.metrics(done, log_values(run, values, epoch, done, window_time / window_steps))
+            shown = log_values(run, values, epoch, done, window_time / window_steps)
+            run.monitor.metrics(done, shown | ({"skipped_steps": guard.skipped} if guard.skipped else {}))
             window_time, window_steps = 0.0, 0
         if cadence.validation_due(step, epoch, index, run.steps_per_epoch):
             val_loss = evaluate(run, run.validation_data, cadence.limit_val_batches)
             if val_loss is not None:
                 run.monitor.metrics(done, {"val_loss": val_loss})
                 logged["val_loss"] = val_loss
-        if checkpoints.enabled and checkpoint_due(run, done, index):
+        if checkpoints.enabled and not guard.streak and checkpoint_due(run, done, index):
             run.save_checkpoint(done, logged)
     run.checkpointer.wait()
     test_loss = evaluate(run, plan.data.test, cadence.limit_test_batches)
@@ -64,9 +74,10 @@ def train(plan: RunPlan) -> Path:
     return run.log_dir
 
 
-def train_step(run: Run, batches: list[Batch]) -> dict[str, float]:
-    """One optimizer step over this rank's micro-batches of a global batch: the objective's loss and
-    metrics (means over the global count), the learning rate used and the gradient norm."""
+def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int) -> dict[str, float]:
+    """Optimizer step `step` over this rank's micro-batches of a global batch: the objective's loss and
+    metrics (means over the global count), the learning rate used and the gradient norm. A step whose
+    loss or gradient norm is not finite updates nothing (`guard` says whether to skip or stop)."""
     objective = run.objective
     if run.reference_pass is not None:
         run.reference_pass(batches)
@@ -74,16 +85,14 @@ def train_step(run: Run, batches: list[Batch]) -> dict[str, float]:
     totals = run.executor.run(batches, objective.loss, scale=run.dims.dp * run.dims.cp / count)
     run.optimizer.collect_gradients()
     grad_norm = gradient_norm(run)
-    lr = run.optimizer.param_groups[0]["lr"]
-    run.optimizer.step()
-    run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
     sums = {"loss": totals.loss, **{name: totals.metrics.get(name, torch.zeros_like(totals.loss))
                                     for name in objective.metric_names}}  # none on ranks without the last stage
     values = {name: (run.summed(value, run.token_mesh, run.pp_mesh) / count).item() for name, value in sums.items()}
-    values["lr"] = lr
-    if grad_norm is not None:
-        values["grad_norm"] = grad_norm
+    values.update(lr=run.optimizer.param_groups[0]["lr"], grad_norm=grad_norm)
+    if not guard.check(step, values["loss"], grad_norm):  # every rank sees the same global values
+        run.optimizer.step()
+        run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
     return values
 
 
@@ -111,17 +120,15 @@ def evaluate(run: Run, dataset: Dataset | None, limit: int | float) -> float | N
     return (run.summed(loss, run.token_mesh, run.pp_mesh) / run.summed(total, run.token_mesh)).item()
 
 
-def gradient_norm(run: Run) -> float | None:
-    """Clip the gradients the optimizer steps on to gradient_clip_val (null or 0: no clipping) and
-    return the norm before clipping: the global one, over every tensor- and data-parallel shard and
-    pipeline stage, as one process would compute it."""
+def gradient_norm(run: Run) -> float:
+    """The global gradient norm before clipping (over every tensor- and data-parallel shard and pipeline
+    stage, as one process would compute it), the gradients the optimizer steps on clipped to
+    gradient_clip_val (null or 0: no clipping)."""
     tensors, clip = run.optimizer.gradient_tensors, run.plan.update.clip
     stages = None if run.pp_mesh is None else run.pp_mesh.get_group()
     if clip:
         return clip_gradients(tensors, clip, stages).item()
-    if run.plan.logging.gradient_norm:
-        return global_norm((t.grad for t in tensors if t.grad is not None), stages).item()
-    return None
+    return global_norm((t.grad for t in tensors if t.grad is not None), stages).item()
 
 
 def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_time: float) -> dict[str, float]:
@@ -130,7 +137,7 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
     processed = gbs * run.plan.data.rows_per_sample * run.plan.seq_length
     shown = {"loss": values["loss"], **{name: values[name] for name in run.plan.objective.metric_names},
              "lr": values["lr"], "epoch": epoch, "consumed_samples": done * gbs}  # fmt: skip
-    if "grad_norm" in values and logging.gradient_norm:
+    if logging.gradient_norm:
         shown["grad_norm"] = values["grad_norm"]
     if logging.parameter_norm:
         stages = None if run.pp_mesh is None else run.pp_mesh.get_group()

@@ -101,6 +101,9 @@ class Update:
     schedule_options: dict[str, Any] = field(default_factory=dict)
     clip: float | None = None
     """gradient_clip_val; None or 0 clips nothing."""
+    on_nonfinite: str = "skip"
+    """A step with a NaN/inf loss or gradient norm: "skip" it, or "stop" the run (trainer.on_nonfinite)."""
+    max_consecutive_nonfinite: int = 10
 
     @property
     def lr(self) -> float:

@@ -3,6 +3,7 @@ master weights), stochastic rounding and the Neuron runtime's variables."""
 
 from .errors import PrecisionConfigError
 from .neuron_runtime import neuron_runtime_env
+from .nonfinite import NonFiniteGuard, NonFiniteStop
 from .novograd import Novograd
 from .optimizer import PrecisionOptimizer, prepare_parameters
 from .optimizers import OPTIMIZER_NAMES, build_optimizer, parameter_groups
@@ -16,6 +17,8 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "SCHEDULE_NAMES",
     "TYPES",
+    "NonFiniteGuard",
+    "NonFiniteStop",
     "Novograd",
     "PrecisionConfigError",
     "PrecisionOptimizer",

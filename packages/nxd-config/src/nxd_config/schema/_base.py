@@ -26,6 +26,8 @@ class Status(StrEnum):
     """Accepted for compatibility; the note says why it changes nothing in nxd."""
     LIMITED = "limited"
     """Only some values are supported; the others are rejected with a message saying so."""
+    EXTENSION = "nxd extension"
+    """A key nxd adds to the dialect (NxDT does not read it); its default keeps NxDT files meaning the same."""
 
 
 def key(

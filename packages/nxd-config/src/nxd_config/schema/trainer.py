@@ -5,7 +5,7 @@ Defaults follow the PyTorch Lightning Trainer, whose definitions the reference a
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -53,6 +53,16 @@ class TrainerConfig(Section):
     gradient_clip_val: float | None = key(
         None, "Clip the global gradient norm to this value; null or 0 disables.", by=APP, ge=0.0
     )
+    on_nonfinite: Literal["skip", "stop"] = key(
+        "skip",
+        "A step whose loss or gradient norm is NaN or infinite: skip it (no update) or stop the run.",
+        by="nxd-precision",
+        status=Status.EXTENSION,
+    )
+    max_consecutive_nonfinite: int = key(
+        10, "With on_nonfinite skip: stop the run after this many skipped steps in a row.", by="nxd-precision",
+        status=Status.EXTENSION, ge=1,
+    )  # fmt: skip
     lnc: int | None = key(
         None,
         "Logical-to-physical NeuronCore ratio (1 or 2).",
