@@ -28,7 +28,8 @@ class NxdConfig(Section):
         "megatron", "megatron: the Megatron-style model built from model keys; hf: a Hugging Face "
         "architecture from model.model_config.", by="nxd-models",
     )
-    seed: int = key(1234, "Seed of every random number generator (per rank offsets derived).", by="nxd-train")
+    seed: int = key(1234, "Seed of every random number generator (per rank offsets derived); below 2**32 (numpy's).",
+                    by="nxd-train", ge=0, lt=2**32)  # fmt: skip
     trainer: TrainerConfig = key(TrainerConfig(), "Loop length, logging, validation, clipping.")
     exp_manager: ExpManagerConfig = key(ExpManagerConfig(), "Log directory, checkpoints, resume.")
     distributed_strategy: DistributedStrategyConfig = key(

@@ -92,6 +92,7 @@ class Section(BaseModel):
         strict=True,
         populate_by_name=True,
         protected_namespaces=(),
+        allow_inf_nan=False,  # no key means anything at inf or NaN (YAML reads 1e400 as inf)
     )
 
     def is_set(self, name: str) -> bool:

@@ -16,6 +16,8 @@ from ._base import NoneString, Section, frozen_list, key
 APP = "nxd-train"
 
 _Pair = Annotated[frozen_list(float), Field(min_length=2, max_length=2)]
+_Betas = Annotated[frozen_list(Annotated[float, Field(ge=0.0, lt=1.0)]), Field(min_length=2, max_length=2)]
+"""Running-average coefficients: each in [0, 1), or the averages never forget (1) or diverge (above)."""
 
 # --------------------------------------------------------------------------- schedulers
 
@@ -137,7 +139,7 @@ class _Capturable(_Optimizer):
 
 
 class _AdamFamily(_Capturable):
-    betas: _Pair = key((0.9, 0.999), "Coefficients of the running averages of the gradient and its square.", by=APP)
+    betas: _Betas = key((0.9, 0.999), "Coefficients of the running averages of the gradient and its square.", by=APP)
     eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
     amsgrad: bool = key(False, "Use the AMSGrad variant.", by=APP)
 
@@ -156,7 +158,7 @@ class Adam(_AdamFamily):
 
 class Adamax(_Capturable):
     name: Literal["adamax"]
-    betas: _Pair = key((0.9, 0.999), "Coefficients of the running averages.", by=APP)
+    betas: _Betas = key((0.9, 0.999), "Coefficients of the running averages.", by=APP)
     eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
 
 
@@ -199,7 +201,7 @@ class Rprop(_LearningRate):
 
 class Novograd(_Optimizer):
     name: Literal["novograd"]
-    betas: _Pair = key((0.95, 0.98), "Coefficients of the running averages.", by=APP)
+    betas: _Betas = key((0.95, 0.98), "Coefficients of the running averages.", by=APP)
     eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
     grad_averaging: bool = key(False, "Scale the gradient by (1 - beta1) in the first moment.", by=APP)
     amsgrad: bool = key(False, "Use the AMSGrad variant.", by=APP)

@@ -58,10 +58,11 @@ class TrainerConfig(Section):
         "A step whose loss or gradient norm is NaN or infinite: skip it (no update) or stop the run.",
         by="nxd-precision",
         status=Status.EXTENSION,
+        note="NxDT trains on; skipping is what loss-scaled mixed precision does with an overflow",
     )
     max_consecutive_nonfinite: int = key(
         10, "With on_nonfinite skip: stop the run after this many skipped steps in a row.", by="nxd-precision",
-        status=Status.EXTENSION, ge=1,
+        status=Status.EXTENSION, note="a diverged run ends with a message instead of spinning", ge=1,
     )  # fmt: skip
     lnc: int | None = key(
         None,
