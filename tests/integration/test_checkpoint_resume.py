@@ -121,3 +121,47 @@ def test_pp2_checkpoint_resumes_in_one_process(uninterrupted, train_here):
     single = train_here(*JOB[len(FAST):], f"+exp_manager.resume_from_checkpoint={step_5}",
                         "exp_manager.create_checkpoint_callback=False")  # fmt: skip
     assert single[0]["step"] == 6 and abs(single[0]["loss"] - step_losses(whole)[6]) < 1e-6
+
+
+def _start(log_dir: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(command(log_dir, *overrides, *SLOW), cwd=log_dir.parent, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _after_step(process: subprocess.Popen, log_dir: Path, step: int) -> None:
+    """Wait until the run has logged optimizer step `step`."""
+    deadline = time.monotonic() + 600
+    while not (log_dir / "metrics.csv").exists() or max(step_losses(log_dir), default=0) < step:
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_sigterm_saves_after_the_step_on_every_rank_and_the_resume_is_exact(tmp_path, uninterrupted):
+    """A scheduler's preemption reaching rank 0 alone: both DP ranks finish the same step, a checkpoint of
+    it is written, the run exits 143 with one message and no traceback; resuming gives the
+    uninterrupted run's losses and final state bit for bit."""
+    whole = uninterrupted("dp2")
+    broken = tmp_path / "run"
+    process = _start(broken, *LAYOUTS["dp2"])
+    _after_step(process, broken, 2)
+    process.send_signal(signal.SIGTERM)
+    stderr = process.communicate(timeout=600)[1]
+    assert process.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr and stderr.count("stopped by SIGTERM after step") == 1, stderr[-3000:]
+    stopped = int(stderr.split("stopped by SIGTERM after step ")[1].split()[0])
+    assert stopped < 10 and stopped in [i.step for i in list_checkpoints(broken / "checkpoints") if i.complete]
+    run(broken, *LAYOUTS["dp2"], "exp_manager.resume_if_exists=True")
+    expected, resumed = step_losses(whole), step_losses(broken)
+    assert [resumed[step] for step in range(1, 11)] == [expected[step] for step in range(1, 11)]
+    assert_identical(final_state(broken), final_state(whole))
+
+
+def test_a_second_sigint_exits_at_once(tmp_path):
+    process = _start(tmp_path / "run")
+    _after_step(process, tmp_path / "run", 1)
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+    stderr = process.communicate(timeout=600)[1]
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert "SIGINT again: exiting at once" in stderr or "stopped by SIGINT" in stderr, stderr[-3000:]

@@ -186,6 +186,7 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     from nxd_ckpt import CheckpointError
     from nxd_precision import NonFiniteStop
 
+    from .interrupts import TrainingInterrupted
     from .loop import train
 
     try:
@@ -193,22 +194,33 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
     except CheckpointError as error:  # found only once loading began (e.g. a sample stream that differs)
         print(f"{path}: {error}", file=sys.stderr)
         return 1
-    except NonFiniteStop as error:  # every rank stops at the same step: one of them says so
-        if _is_first_rank():
-            print(f"{path}: {error}", file=sys.stderr)
-        return 1
+    except (NonFiniteStop, TrainingInterrupted) as error:  # every rank stops after the same step
+        return _stopped(f"{path}: {error}", getattr(error, "exit_code", 1))
+    except KeyboardInterrupt:  # Ctrl-C before the first step
+        print(f"{path}: interrupted before training began; nothing was saved", file=sys.stderr)
+        return 130
     _exit_if_distributed()
     return 0
 
 
-def _is_first_rank() -> bool:
+def _stopped(message: str, code: int) -> int:
+    """End a run every rank stopped early: the first rank says why and returns `code` (what the user or
+    scheduler sees); the others leave quietly with 0, so a launcher watching them takes the stop for
+    an orderly end rather than a crash to kill everything for."""
     import torch.distributed
 
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or (
-        torch.distributed.get_rank() == 0)
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        print(message, file=sys.stderr)
+        return code
+    first = torch.distributed.get_rank() == 0
+    if first:
+        print(message, file=sys.stderr, flush=True)
+    torch.distributed.barrier()
+    _exit_if_distributed(0 if not first else code)
+    return code
 
 
-def _exit_if_distributed() -> None:
+def _exit_if_distributed(code: int = 0) -> None:
     """End a process of a multi-process run: tear down the process group, flush, and leave without
     interpreter finalisation, where threads of torch.distributed.checkpoint can abort the process."""
     import os
@@ -220,7 +232,7 @@ def _exit_if_distributed() -> None:
     torch.distributed.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _preprocess_command(args: argparse.Namespace) -> int:

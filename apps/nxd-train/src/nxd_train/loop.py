@@ -10,6 +10,7 @@ gradient of one big batch, whatever the layout and the split into micro-batches.
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from nxd_precision import NonFiniteGuard, NonFiniteStop
 from torch.utils.data import Dataset
 
 from .checkpointing import restore_rng_states
+from .interrupts import StopRequests, TrainingInterrupted
 from .plan import RunPlan, batch_limit
 from .run import Batch, Run, setup
 
@@ -38,32 +40,36 @@ def train(plan: RunPlan) -> Path:
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
     guard = NonFiniteGuard(plan.update.on_nonfinite, plan.update.max_consecutive_nonfinite)
-    for step in range(run.start_step, run.steps):
-        started = time.perf_counter()
-        epoch, index = divmod(step, run.steps_per_epoch)
-        try:
-            values = train_step(run, [next(batches) for _ in range(run.accumulation)], guard, step + 1)
-        except NonFiniteStop:
-            run.checkpointer.wait()
-            run.monitor.close()
-            raise
-        if warning := guard.zero_gradient_warning(step + 1, values["grad_norm"]):
-            run.monitor.info(warning)
-        logged.update(values, epoch=epoch)
-        window_time, window_steps = window_time + time.perf_counter() - started, window_steps + 1
-        run.monitor.advance()
-        done = step + 1
-        if done % cadence.log_every_n_steps == 0 or done == run.steps:
-            shown = log_values(run, values, epoch, done, window_time / window_steps)
-            run.monitor.metrics(done, shown | ({"skipped_steps": guard.skipped} if guard.skipped else {}))
-            window_time, window_steps = 0.0, 0
-        if cadence.validation_due(step, epoch, index, run.steps_per_epoch):
-            val_loss = evaluate(run, run.validation_data, cadence.limit_val_batches)
-            if val_loss is not None:
-                run.monitor.metrics(done, {"val_loss": val_loss})
-                logged["val_loss"] = val_loss
-        if checkpoints.enabled and not guard.streak and checkpoint_due(run, done, index):
-            run.save_checkpoint(done, logged)
+    saved_at = None  # the step of the latest save
+    with StopRequests() as stops:
+        for step in range(run.start_step, run.steps):
+            started = time.perf_counter()
+            epoch, index = divmod(step, run.steps_per_epoch)
+            try:
+                values = train_step(run, [next(batches) for _ in range(run.accumulation)], guard, step + 1)
+            except NonFiniteStop:
+                _close(run)
+                raise
+            if warning := guard.zero_gradient_warning(step + 1, values["grad_norm"]):
+                run.monitor.info(warning)
+            logged.update(values, epoch=epoch)
+            window_time, window_steps = window_time + time.perf_counter() - started, window_steps + 1
+            run.monitor.advance()
+            done = step + 1
+            if done % cadence.log_every_n_steps == 0 or done == run.steps:
+                shown = log_values(run, values, epoch, done, window_time / window_steps)
+                run.monitor.metrics(done, shown | ({"skipped_steps": guard.skipped} if guard.skipped else {}))
+                window_time, window_steps = 0.0, 0
+            if cadence.validation_due(step, epoch, index, run.steps_per_epoch):
+                val_loss = evaluate(run, run.validation_data, cadence.limit_val_batches)
+                if val_loss is not None:
+                    run.monitor.metrics(done, {"val_loss": val_loss})
+                    logged["val_loss"] = val_loss
+            if checkpoints.enabled and not guard.streak and checkpoint_due(run, done, index):
+                run.save_checkpoint(done, logged)
+                saved_at = done
+            if (signum := stops.agreed(run.fabric.device)) is not None and done < run.steps:
+                _stop_on_signal(run, signum, done, logged, saved=saved_at == done, finite=not guard.streak)
     run.checkpointer.wait()
     test_loss = evaluate(run, plan.data.test, cadence.limit_test_batches)
     if test_loss is not None:
@@ -72,6 +78,30 @@ def train(plan: RunPlan) -> Path:
     run.monitor.close()
     run.fabric.barrier()
     return run.log_dir
+
+
+def _close(run: Run) -> None:
+    """End a run that stops early: the save in flight completes, the logs are flushed."""
+    run.checkpointer.wait()
+    run.monitor.close()
+
+
+def _stop_on_signal(run: Run, signum: int, done: int, logged: dict[str, float], *, saved: bool, finite: bool) -> None:
+    """After step `done`, on a signal: checkpoint (unless this step is saved already, or was not finite)
+    and raise TrainingInterrupted saying where to resume."""
+    if not run.plan.checkpoints.enabled:
+        where = "checkpointing is off, so nothing was saved; a resume starts from the last complete checkpoint"
+    elif not finite:
+        where = "the step was not finite, so nothing was saved; a resume starts from the last complete checkpoint"
+    else:
+        if not saved:
+            run.save_checkpoint(done, logged)
+        run.checkpointer.wait()
+        where = (f"checkpoint saved in {run.checkpointer.root}; run the same command with "
+                 "exp_manager.resume_if_exists=True (this log directory) to continue from it")  # fmt: skip
+    _close(run)
+    raise TrainingInterrupted(f"stopped by {signal.Signals(signum).name} after step {done} of {run.steps}: {where}",
+                              signum)  # fmt: skip
 
 
 def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int) -> dict[str, float]:
