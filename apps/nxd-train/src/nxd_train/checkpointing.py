@@ -102,7 +102,7 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
         if not path.is_dir():
             raise CheckpointError(f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint directory or a "
                                   f"Hugging Face model directory, found no directory at {path}")  # fmt: skip
-        info = read_info(path).verified()
+        info = read_info(path).verified(contents=True)
     elif not exp.resume_if_exists:
         return None
     else:
@@ -112,7 +112,9 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
                 return None
             where = log_dir / CHECKPOINT_DIR if log_dir is not None else "the log directory"
             raise CheckpointError(f"exp_manager.resume_if_exists: no complete checkpoint in {where}; set "
-                                  "exp_manager.resume_ignore_no_checkpoint: True to start a new run instead")
+                                  "exp_manager.resume_ignore_no_checkpoint: True (on the command line "
+                                  "+exp_manager.resume_ignore_no_checkpoint=True where the file lacks the key) to "
+                                  "start a new run instead")  # fmt: skip
     return Resume(info.path.resolve(), weights_only, world_size=info.extra.get("world_size"))
 
 

@@ -1,19 +1,23 @@
-"""`nxd-train ckpt list` and `nxd-train ckpt export-hf`."""
+"""`nxd-train ckpt list`, `nxd-train ckpt verify` and `nxd-train ckpt export-hf`."""
 
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 from pathlib import Path
 
 import torch
 from nxd_ckpt import (
+    MARKER,
     CheckpointError,
+    CheckpointInfo,
     CheckpointWarning,
     export_hf,
     is_checkpoint_dir,
     latest_checkpoint,
     list_checkpoints,
+    read_info,
 )
 
 from .cli import EXPORT_DTYPES
@@ -49,6 +53,8 @@ def list_command(log_dir: Path) -> int:
                 state = f"DAMAGED: {damage}" if damage else "complete"
                 if info.path.name == last_target:
                     state += " (last)"
+            elif (info.path / MARKER).exists():
+                state = f"DAMAGED: {_reason(info)}; never loaded"
             else:
                 state = "INCOMPLETE: no completion marker (the save did not finish); never loaded"
             step = "?" if info.step is None else str(info.step)
@@ -58,6 +64,49 @@ def list_command(log_dir: Path) -> int:
         for row in rows:
             print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])
     return 0
+
+
+def _reason(info: CheckpointInfo) -> str:
+    try:
+        info.verified()
+    except CheckpointError as error:
+        return str(error)
+    return "complete"
+
+
+def verify_command(path: Path) -> int:
+    """Read every file of each checkpoint `path` names and compare with its marker's record."""
+    if not path.is_dir():
+        print(f"nxd-train ckpt verify: {path}: expected a checkpoint or log directory, found no directory",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    if is_checkpoint_dir(path):
+        try:
+            infos = [read_info(path)]
+        except CheckpointError as error:
+            print(f"{path}: DAMAGED: {error}")
+            return 1
+    else:
+        infos = [info for folder in checkpoint_folders(path) for info in list_checkpoints(folder)]
+    if not infos:
+        print(f"{path}: no checkpoints")
+        return 0
+    damaged = 0
+    for info in infos:
+        started = time.perf_counter()
+        try:
+            info.verified(contents=True)
+        except CheckpointError as error:
+            damaged += 1
+            print(f"{info.path}: DAMAGED: {error}")
+            continue
+        seconds = time.perf_counter() - started
+        if not info.checksums:
+            print(f"{info.path}: ok: sizes match (saved before checksums were recorded)")
+            continue
+        print(f"{info.path}: ok: {len(info.checksums)} files, digest and sizes match; {_size(info.size)} read in "
+              f"{seconds:.2f} s ({info.size / max(seconds, 1e-9) / 2**30:,.2f} GiB/s)")  # fmt: skip
+    return 1 if damaged else 0
 
 
 def export_command(checkpoint: Path, out: Path, dtype: str | None, merged: bool = False) -> int:

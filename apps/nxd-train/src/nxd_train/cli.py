@@ -6,6 +6,7 @@
     nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
                                                       jsonl -> Megatron .bin/.idx
     nxd-train ckpt list LOGDIR                         checkpoints with step, size and completeness
+    nxd-train ckpt verify PATH                         every file's digest against the completion marker
     nxd-train ckpt export-hf CKPT OUT [--dtype D] [--merged]
                                                       a checkpoint -> Hugging Face safetensors + config.json
                                                       (a LoRA one -> a peft adapter folder, or merged)
@@ -82,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing = ckpt_actions.add_parser("list", help=text, description=text)
     listing.add_argument("log_dir", type=Path, metavar="LOGDIR",
                          help="a run's log directory, its checkpoints folder, or an experiment folder of versions")
+    text = "check every file of a checkpoint (or of each checkpoint of a log directory) against the digest and size " \
+           "its completion marker recorded; exit 1 if any is damaged"
+    verify = ckpt_actions.add_parser("verify", help=text, description=text)
+    verify.add_argument("path", type=Path, metavar="PATH", help="a checkpoint directory or a log directory")
     text = "write a checkpoint as Hugging Face safetensors and config.json (AutoModelForCausalLM loads it)"
     export = ckpt_actions.add_parser("export-hf", help=text, description=text)
     export.add_argument("checkpoint", type=Path, metavar="CKPT",
@@ -107,10 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "data":
         return _preprocess_command(args)
     if args.command == "ckpt":
-        from .ckpt_commands import export_command, list_command
+        from .ckpt_commands import export_command, list_command, verify_command
 
         if args.action == "list":
             return list_command(args.log_dir)
+        if args.action == "verify":
+            return verify_command(args.path)
         return export_command(args.checkpoint, args.out, args.dtype, args.merged)
     return _train_command(args.config or default_config_path(), args.overrides)
 

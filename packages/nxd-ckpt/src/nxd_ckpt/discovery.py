@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 
 from .errors import CheckpointError, CheckpointWarning
-from .marker import MARKER, CheckpointInfo, read_info
+from .marker import MARKER, UNREADABLE, CheckpointInfo, read_info
 
 DCP_METADATA = ".metadata"
 
@@ -19,24 +19,32 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 
 def list_checkpoints(root: Path) -> list[CheckpointInfo]:
-    """The checkpoints directly under `root`, oldest first (by when their folder last changed: the
-    marker's writing for a complete one)."""
+    """The checkpoints directly under `root`, oldest first: complete ones by the step their marker
+    records (file times change with a `touch` or a copy), then half-written ones (no marker) by name.
+    A marker that cannot be read counts as half written."""
     root = Path(root)
     if not root.is_dir():
         return []
-    infos = [read_info(path) for path in root.iterdir() if is_checkpoint_dir(path)]
-    return sorted(infos, key=lambda i: (i.path.stat().st_mtime, i.path.name))
+    infos = []
+    for path in root.iterdir():
+        if is_checkpoint_dir(path):
+            try:
+                infos.append(read_info(path))
+            except CheckpointError as error:
+                infos.append(CheckpointInfo(path, complete=False, extra={UNREADABLE: str(error)}))
+    return sorted(infos, key=lambda i: (i.complete is False, i.step or 0, i.consumed_samples or 0, i.path.name))
 
 
-def latest_checkpoint(root: Path) -> CheckpointInfo | None:
-    """The newest complete, undamaged checkpoint under `root`. Newer ones that are half written (no
-    marker) or damaged (a file shorter than recorded) are passed over with a CheckpointWarning."""
+def latest_checkpoint(root: Path, *, contents: bool = True) -> CheckpointInfo | None:
+    """The complete, undamaged checkpoint of the highest step under `root`. Half-written ones (no
+    marker) and damaged ones (a file missing, shorter or, with `contents`, whose digest differs from
+    the marker's record) are passed over with a CheckpointWarning."""
     infos = list_checkpoints(root)
     usable = None
     passed_over = []
-    for info in reversed(infos):
+    for info in [i for i in infos if not i.complete] + [i for i in reversed(infos) if i.complete]:
         try:
-            usable = info.verified()
+            usable = info.verified(contents=contents)
             break
         except CheckpointError as error:
             passed_over.append(str(error))

@@ -21,12 +21,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.stateful import Stateful
 
+from .checksums import ChecksummingWriter
 from .discovery import list_checkpoints
 from .errors import CheckpointError
 from .marker import CheckpointInfo, read_info, write_marker
@@ -42,6 +43,7 @@ class _Save:
     staging: Path
     final: Path
     record: dict[str, Any]
+    writer: ChecksummingWriter
     future: Future | None = None
     started: float = 0.0
 
@@ -77,9 +79,10 @@ class Checkpointer:
         final = self.root / self._broadcast(self._next_name(values) if self.rank == 0 else None)
         staging = final.with_name(final.name + STAGING_SUFFIX)
         record = dict(step=step, consumed_samples=consumed_samples, metrics=dict(metrics), extra=dict(extra or {}))
-        pending = _Save(staging, final, record, started=time.monotonic())
+        # one thread: extra DCP writer threads drop their errors
+        writer = ChecksummingWriter(staging, self.rank, sync_files=True)
+        pending = _Save(staging, final, record, writer, started=time.monotonic())
         self.saved_at = pending.started
-        writer = FileSystemWriter(staging, sync_files=True)  # one thread: extra DCP writer threads drop their errors
         if not dist.is_initialized():
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
         try:
@@ -146,7 +149,7 @@ class Checkpointer:
             return
         if self.attach is not None:
             self.attach(pending.staging)
-        write_marker(pending.staging, **pending.record)
+        write_marker(pending.staging, **pending.record, digests=pending.writer.digests)
         replaced = pending.final.with_name(pending.final.name + REPLACED_SUFFIX)
         if pending.final.exists():  # the same name again without the version counter
             pending.final.rename(replaced)
@@ -209,11 +212,33 @@ def load_checkpoint(
     path: Path, state: dict[str, Any], *, process_group: dist.ProcessGroup | None = None
 ) -> CheckpointInfo:
     """Load `state` in place (its keys only; tensors are resharded to this run's layout) from the
-    complete checkpoint `path`; a half-written, damaged or incompatible one is a CheckpointError."""
+    complete checkpoint `path`; a half-written, damaged (sizes, and every file's digest, each rank
+    reading its share of the files) or incompatible one is a CheckpointError, raised on every rank."""
     info = read_info(Path(path)).verified()
-    check_compatible(info.path, state)
-    if not dist.is_initialized():
-        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
-    dcp.load(state, storage_reader=FileSystemReader(info.path), process_group=process_group,
-             no_dist=not dist.is_initialized())
+    _verify_contents(info, process_group)
+    try:
+        check_compatible(info.path, state)
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
+        dcp.load(state, storage_reader=FileSystemReader(info.path), process_group=process_group,
+                 no_dist=not dist.is_initialized())  # fmt: skip
+    except CheckpointError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any unreadable piece is a message, never a traceback
+        raise CheckpointError(f"{info.path}: cannot be read: {_first_line(error)}") from error
     return info
+
+
+def _verify_contents(info: CheckpointInfo, process_group: dist.ProcessGroup | None) -> None:
+    """Every file's digest against the marker, file i checked by rank i mod world; all ranks agree."""
+    names = sorted(info.checksums)
+    distributed = dist.is_initialized()
+    rank, world = (dist.get_rank(process_group), dist.get_world_size(process_group)) if distributed else (0, 1)
+    mine = CheckpointInfo(info.path, True, files={}, checksums={n: info.checksums[n] for n in names[rank::world]})
+    problems = [mine.damage(contents=True)]
+    if world > 1:
+        gathered: list[str | None] = [None] * world
+        dist.all_gather_object(gathered, problems[0], group=process_group)
+        problems = gathered
+    if found := [problem for problem in problems if problem]:
+        raise CheckpointError(f"{info.path}: damaged checkpoint: {found[0]}")
