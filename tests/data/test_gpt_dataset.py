@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from nxd_data import (
     DataError,
+    DataWarning,
     GPTDataset,
     IndexedDataset,
     IndexedDatasetWriter,
@@ -130,6 +131,27 @@ def test_indices_are_cached_under_what_defines_them(tmp_path: Path) -> None:
     assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "cache").glob("*.npy"))] == stamps
     GPTDataset(indexed, "train", (0, 20), 10, fmt, seed=2, cache_dir=tmp_path / "cache")
     assert len(list((tmp_path / "cache").glob("*.npy"))) == 6
+
+
+@pytest.mark.parametrize("damage", ["truncate", "overwrite", "delete"])
+def test_damaged_cached_indices_are_built_again(tmp_path: Path, damage: str) -> None:
+    """A cached index file truncated, overwritten with other valid numbers, or deleted is noticed (its
+    size and XXH3-64 against the cache marker), said in a warning, and built again, the same as before."""
+    indexed = write(tmp_path / "d", [[1, 2, 3]] * 20)
+    fmt = SampleFormat(seq_length=4, eod_id=0)
+    first = GPTDataset(indexed, "train", (0, 20), 10, fmt, seed=1, cache_dir=tmp_path / "cache")
+    expected = [first[i]["input_ids"].tolist() for i in range(len(first))]
+    (shuffle,) = (tmp_path / "cache").glob("*shuffle_idx.npy")
+    if damage == "truncate":
+        shuffle.write_bytes(shuffle.read_bytes()[:-8])
+    elif damage == "overwrite":
+        values = np.load(shuffle)
+        np.save(shuffle, values[::-1].copy())
+    else:
+        shuffle.unlink()
+    with pytest.warns(DataWarning, match=f"{shuffle.name}.*building the indices again"):
+        again = GPTDataset(indexed, "train", (0, 20), 10, fmt, seed=1, cache_dir=tmp_path / "cache")
+    assert [again[i]["input_ids"].tolist() for i in range(len(again))] == expected
 
 
 def test_a_split_too_small_for_one_sample_is_refused(tmp_path: Path) -> None:

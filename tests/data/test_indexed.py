@@ -119,3 +119,15 @@ def test_truncated_files_name_the_file(tmp_path: Path) -> None:
 def test_a_missing_prefix_names_both_files(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"data prefix .*nothing: expected nothing\.idx and nothing\.bin, missing"):
         IndexedDataset(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("length", [2**30, -1, 0])
+def test_a_sequence_length_changed_in_place_is_refused(tmp_path: Path, length: int) -> None:
+    """The .idx keeps its size (a length rewritten in place, as a bad copy or a bit flip would): the
+    lengths no longer lead from one offset to the next, which names the file and the sequence."""
+    write_by_hand(tmp_path / "x", DOCUMENTS, "uint16")
+    index = bytearray((tmp_path / "x.idx").read_bytes())
+    struct.pack_into("<i", index, 9 + 8 + 1 + 8 + 8 + 1 * 4, length)  # after the header: sequence 1
+    (tmp_path / "x.idx").write_bytes(bytes(index))
+    with pytest.raises(DataError, match=r"x\.idx: sequence [12]: its length .* the index is damaged"):
+        IndexedDataset(tmp_path / "x")

@@ -129,14 +129,15 @@ def _is_config_file(argument: str) -> bool:
 
 @contextlib.contextmanager
 def _notices_to_stderr() -> Iterator[None]:
-    """Print ConfigNotices raised inside as 'notice: ...' lines once the block ends (even on error)."""
+    """Print the notices nxd's packages raise inside (ConfigNotice, and every warning class of an nxd
+    package) as 'notice: ...' lines once the block ends (even on error)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigNotice)
         try:
             yield
         finally:
             for warning in caught:
-                if issubclass(warning.category, ConfigNotice):
+                if issubclass(warning.category, ConfigNotice) or warning.category.__module__.startswith("nxd_"):
                     print(f"notice: {warning.message}", file=sys.stderr)
                 else:
                     warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)

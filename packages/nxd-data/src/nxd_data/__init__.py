@@ -2,7 +2,7 @@
 supervised fine-tuning records (packed or padded), preference pairs and exact-resume sampling."""
 
 from .blending import BlendedDataset, blend_indices
-from .errors import DataError
+from .errors import DataError, DataWarning
 from .files import save_atomically
 from .gpt_dataset import GPTDataset, split_documents
 from .hf_data import TokenStream, hf_pretraining_dataset, load_records
@@ -23,6 +23,7 @@ __all__ = [
     "PADDING",
     "BlendedDataset",
     "DataError",
+    "DataWarning",
     "GPTDataset",
     "IndexedDataset",
     "IndexedDatasetWriter",

@@ -85,6 +85,11 @@ class IndexedDataset:
         if documents and (self.document_indices[0] != 0 or self.document_indices[-1] != count):
             raise DataError(f"{self.index_path}: expected document indices from 0 to {count}, found "
                             f"{self.document_indices[0]} to {self.document_indices[-1]}")  # fmt: skip
+        if count and (bad := _inconsistent(self.sizes, self.pointers, self.dtype.itemsize)) is not None:
+            raise DataError(f"{self.index_path}: sequence {bad}: its length {int(self.sizes[bad])} and byte offset "
+                            f"{int(self.pointers[bad])} disagree with the sequences before it (lengths must be >= 0 "
+                            f"and each sequence must start where the previous one ends in {self.bin_path.name}); "
+                            "the index is damaged")  # fmt: skip
         needed = int(self.pointers[-1]) + int(self.sizes[-1]) * self.dtype.itemsize if count else 0
         found = self.bin_path.stat().st_size
         if found < needed:
@@ -173,3 +178,11 @@ class IndexedDatasetWriter:
             index.write(np.asarray(self.document_indices, dtype=np.int64).tobytes())
         os.replace(self._bin_temporary, self.bin_path)  # tokens first: an index never points at missing data
         os.replace(index_temporary, self.index_path)
+
+
+def _inconsistent(sizes: np.ndarray, pointers: np.ndarray, itemsize: int) -> int | None:
+    """The first sequence whose length is negative or whose byte offset does not follow from the lengths
+    before it (Megatron's writer lays sequences back to back from offset 0); None when all agree."""
+    expected = np.concatenate(([0], np.cumsum(sizes[:-1].astype(np.int64)) * itemsize))
+    wrong = np.flatnonzero((sizes < 0) | (pointers != expected))
+    return int(wrong[0]) if len(wrong) else None

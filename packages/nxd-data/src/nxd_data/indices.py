@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import xxhash
 from filelock import FileLock
 
+from .errors import DataWarning
 from .files import save_atomically
 
 
@@ -116,16 +119,48 @@ def build_indices(sizes: np.ndarray, documents: np.ndarray, num_samples: int, se
 
 def cached_indices(spec: IndexSpec, cache_dir: Path, sizes: np.ndarray, documents: np.ndarray) -> Indices:
     """The indices `spec` defines, memory-mapped from `cache_dir`; the first process to need them
-    builds them while the others wait on a file lock, and files appear only once complete."""
+    builds them while the others wait on a file lock, and files appear only once complete. The marker
+    records each file's size and XXH3-64; cached files that differ (truncated, overwritten, damaged)
+    are built again, with a warning."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     stem = cache_dir / f"{spec.name}-{spec.digest()}"
     marker = stem.with_suffix(".json")
+    files = {field: Path(f"{stem}.{field}.npy") for field in INDEX_FIELDS}
     with FileLock(f"{stem}.lock"):
+        if marker.exists() and (problem := _cache_problem(marker, files)) is not None:
+            warnings.warn(f"{problem}; building the indices again", DataWarning, stacklevel=2)
+            marker.unlink()
         if not marker.exists():
             built = build_indices(sizes, documents, spec.num_samples, spec.seq_length, spec.seed, spec.add_extra_token)
-            for field in ("doc_idx", "sample_idx", "shuffle_idx"):
-                save_atomically(Path(f"{stem}.{field}.npy"), getattr(built, field))
-            save_atomically(marker, json.dumps(asdict(spec), indent=1).encode())
-    return Indices(
-        *(np.load(f"{stem}.{field}.npy", mmap_mode="r") for field in ("doc_idx", "sample_idx", "shuffle_idx"))
-    )
+            for field, path in files.items():
+                save_atomically(path, getattr(built, field))
+            record = {**asdict(spec), "files": {field: [path.stat().st_size, _digest(path)]
+                                                for field, path in files.items()}}  # fmt: skip
+            save_atomically(marker, json.dumps(record, indent=1).encode())
+    return Indices(*(np.load(files[field], mmap_mode="r") for field in INDEX_FIELDS))
+
+
+INDEX_FIELDS = ("doc_idx", "sample_idx", "shuffle_idx")
+
+
+def _digest(path: Path) -> str:
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _cache_problem(marker: Path, files: dict[str, Path]) -> str | None:
+    """Why the cached index files differ from what their marker recorded, or None when they match."""
+    try:
+        recorded = json.loads(marker.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{marker}: unreadable or from an older nxd (no file digests)"
+    for field, path in files.items():
+        size, digest = recorded.get(field, (None, None))
+        if not path.is_file():
+            return f"{path}: missing from the index cache"
+        if path.stat().st_size != size or _digest(path) != digest:
+            return f"{path}: differs from the index its marker recorded (truncated or overwritten)"
+    return None
