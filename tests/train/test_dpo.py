@@ -12,7 +12,8 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from nxd_ckpt import list_checkpoints
+from nxd_ckpt import MARKER, list_checkpoints, read_info
+from nxd_ckpt.marker import write_marker
 from nxd_config import load_config
 from nxd_train.cli import default_config_path, main
 from nxd_train.corpus import default_cache_dir
@@ -111,6 +112,12 @@ def test_a_table_of_another_run_is_recomputed_fresh_and_refused_on_resume(tmp_pa
     tables = load_file(step_3 / TABLE)
     save_file(tables, step_3 / TABLE, metadata={"digest": "0" * 64})
     capsys.readouterr()
+    assert main([*FAST, *other, f"+exp_manager.resume_from_checkpoint={step_3}"]) == 1
+    assert f"{step_3}/{TABLE} has xxh3_64:" in capsys.readouterr().err  # first, the checkpoint's own digests
+    info = read_info(step_3)  # sealed again, as if saved with that table: now the table's own digest refuses it
+    (step_3 / MARKER).unlink()
+    write_marker(step_3, step=info.step, consumed_samples=info.consumed_samples, metrics=info.metrics,
+                 extra=info.extra)  # fmt: skip
     assert main([*FAST, *other, f"+exp_manager.resume_from_checkpoint={step_3}"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"{step_3}/{TABLE}: reference log-probs made for another model" in err
