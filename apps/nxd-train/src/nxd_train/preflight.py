@@ -264,6 +264,47 @@ def _settings(cfg: NxdConfig) -> dict:
     )  # fmt: skip
 
 
+SAMPLE_INDEX_BYTES = 20
+"""Bytes per training sample of Megatron's indices (shuffle entry, sample start, and documents)."""
+MAX_PARAMETERS = 10**13
+MAX_LAYERS = 4096
+
+
+def _sample_index_problem(cfg: NxdConfig, train_samples: int) -> str | None:
+    """Why the Megatron sample index of `train_samples` samples cannot be built on this machine (more
+    than half its memory), before anything is built; None for other data or when it fits."""
+    if cfg.data.train_dir is not None or cfg.model_alignment_strategy is not None:
+        return None  # records and Hugging Face data are read as they are, epoch after epoch
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    needed = train_samples * SAMPLE_INDEX_BYTES
+    if needed <= memory // 2:
+        return None
+    return (f"trainer.max_steps: {cfg.trainer.max_steps:,} steps x data.global_batch_size {cfg.global_batch_size:,} = "
+            f"{train_samples:,} samples; their index takes about {needed / 2**30:,.0f} GiB, expected at most half of "
+            f"this machine's {memory / 2**30:,.0f} GiB memory (fewer steps or a smaller global batch)")  # fmt: skip
+
+
+def _model_size_problem(cfg: NxdConfig, family: ModelFamily | LoraFamily) -> str | None:
+    """Why the model is beyond what nxd builds (counted from its sizes, before any module exists)."""
+    spec = getattr(family, "base", family).spec
+    if isinstance(spec, GPTConfig):
+        layers, hidden, ffn, vocab = spec.num_layers, spec.hidden_size, spec.ffn_size, spec.padded_vocab_size
+        attention = hidden * spec.head_dim * (2 * spec.num_attention_heads + 2 * spec.kv_heads)
+        source = "model"
+    else:
+        layers, hidden, vocab = spec.num_hidden_layers, spec.hidden_size, spec.vocab_size
+        ffn, attention, source = spec.intermediate_size, 4 * spec.hidden_size**2, "model.model_config"
+    if layers > MAX_LAYERS:
+        return (f"model.num_layers: expected at most {MAX_LAYERS} decoder layers (the largest published models have "
+                f"under 200; building more takes minutes before the first step), found {layers:,}")  # fmt: skip
+    parameters = 2 * vocab * hidden + layers * (attention + 3 * hidden * ffn)
+    if parameters > MAX_PARAMETERS:
+        return (f"{source}: hidden_size {hidden:,}, {layers:,} layers, ffn {ffn:,} and vocabulary {vocab:,} make about "
+                f"{parameters:.1e} parameters; expected at most {MAX_PARAMETERS:.0e} (a hundred times the largest "
+                "published models)")  # fmt: skip
+    return None
+
+
 def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily | LoraFamily:
     """The model family, with LoRA adapters when `model_alignment_strategy.peft` asks for them."""
     model = _hf_model if cfg.model_source == "hf" else _megatron_model
@@ -381,7 +422,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
     seq_length = cfg.seq_length
     train_samples = cfg.trainer.max_steps * cfg.global_batch_size if cfg.trainer.max_steps > 0 else None
     data = None
-    if not any(problem.startswith("data.") for problem in problems):  # else the data keys themselves are wrong
+    if train_samples is not None and (index_problem := _sample_index_problem(cfg, train_samples)):
+        problems.append(index_problem)
+    elif not any(problem.startswith("data.") for problem in problems):  # else the data keys themselves are wrong
         try:
             alignment = cfg.model_alignment_strategy
             data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed,
@@ -399,6 +442,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
         family = _family(cfg, PLACEHOLDER_VOCABULARY if data is None else data.vocab_size, seq_length)
     except ModelConfigError as error:
         problems += [problem for problem in error.problems if data is not None or "vocab_size" not in problem]
+    if family is not None and (size_problem := _model_size_problem(cfg, family)):
+        problems.append(size_problem)
+        family = None
     layout = layout_of(cfg, policy or resolve_policy("fp32"))
     if family is not None:
         ds = cfg.distributed_strategy

@@ -51,11 +51,10 @@ class Indices:
 
 
 def num_epochs(tokens_per_epoch: int, seq_length: int, num_samples: int, add_extra_token: int = 1) -> int:
-    """The fewest epochs whose tokens give `num_samples` samples (an epoch must hold one sample)."""
-    epochs = 1
-    while (epochs * tokens_per_epoch - add_extra_token) // seq_length < num_samples:
-        epochs += 1
-    return epochs
+    """The fewest epochs whose tokens give `num_samples` samples (an epoch must hold one sample):
+    the least e with (e * tokens - extra) // seq >= num_samples, i.e. e * tokens >= num_samples * seq
+    + extra (counted, not searched, so a huge request costs nothing here)."""
+    return max(1, -(-(num_samples * seq_length + add_extra_token) // tokens_per_epoch))
 
 
 def build_doc_idx(
