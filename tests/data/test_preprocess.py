@@ -80,9 +80,23 @@ def test_an_unknown_tokenizer_path_is_named(tmp_path: Path) -> None:
         load_tokenizer(tmp_path)
 
 
-def test_a_corrupt_compressed_file_is_named(tmp_path: Path, tokenizer_file: Path) -> None:
-    source = write_jsonl(tmp_path / "in.jsonl", RECORDS, "gz")
-    source.write_bytes(source.read_bytes()[:40])  # cut inside the compressed stream
-    with pytest.raises(DataError, match=r"in\.jsonl\.gz:1: expected UTF-8 jsonl .* cannot read on"):
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+def test_a_truncated_compressed_file_is_named_as_truncated_even_when_skipping_bad_lines(
+    tmp_path: Path, tokenizer_file: Path, compression: str
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", RECORDS * 20, compression)
+    size = source.stat().st_size
+    source.write_bytes(source.read_bytes()[: size // 2])  # cut inside the compressed stream
+    for skip in (False, True):
+        with pytest.raises(DataError, match=rf"in\.jsonl\.{compression}: truncated: after reading {size // 2:,} "
+                                            "bytes the compressed stream has not reached its end marker"):
+            preprocess_jsonl([source], tmp_path / "out", tokenizer_file, progress=False, skip_bad_lines=skip)
+        assert not list(tmp_path.glob("out*"))
+
+
+def test_a_line_that_is_not_utf8_is_named_by_its_own_number(tmp_path: Path, tokenizer_file: Path) -> None:
+    good = [json.dumps({"text": f"line {number} " + "x" * 300}) for number in range(40)]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(("\n".join(good[:25]) + "\n").encode() + b'{"text": "bad \xff"}\n' + "\n".join(good[25:]).encode())
+    with pytest.raises(DataError, match=r"in\.jsonl:26: expected UTF-8 text, found byte 0xff at column 15"):
         preprocess_jsonl([source], tmp_path / "out", tokenizer_file, progress=False)
-    assert not list(tmp_path.glob("out*"))

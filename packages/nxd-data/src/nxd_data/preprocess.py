@@ -8,8 +8,6 @@ threads are turned off) and written in input order, so the output does not depen
 from __future__ import annotations
 
 import contextlib
-import gzip
-import io
 import json
 import multiprocessing
 import os
@@ -17,13 +15,13 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 from tqdm import tqdm
 
 from .errors import DataError
 from .indexed import IndexedDatasetWriter, token_dtype
+from .jsonl import read_lines
 from .tokenizer import TextTokenizer, TokenizerSource, load_tokenizer
 
 BATCH_LINES = 512
@@ -42,17 +40,6 @@ class PreprocessSummary:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
-
-
-def open_text(path: Path) -> IO[str]:
-    """A jsonl file as text, decompressing .gz and .zst."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    if path.suffix == ".zst":
-        import zstandard
-
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(path.open("rb")), encoding="utf-8")
-    return path.open(encoding="utf-8")
 
 
 _tokenizer: TextTokenizer | None = None
@@ -117,21 +104,14 @@ def _encode(
 def _batches(
     inputs: Sequence[Path], keys: tuple[str, ...], append_eod: bool
 ) -> Iterator[tuple[str, int, list[str], tuple[str, ...], bool]]:
-    import zstandard
-
     for path in inputs:
-        first, batch, size, number = 1, [], 0, 0
-        try:
-            with open_text(path) as lines:
-                for number, line in enumerate(lines, start=1):
-                    batch.append(line)
-                    size += len(line)
-                    if len(batch) == BATCH_LINES or size >= BATCH_BYTES:
-                        yield str(path), first, batch, keys, append_eod
-                        first, batch, size = number + 1, [], 0
-        except (OSError, EOFError, UnicodeDecodeError, zstandard.ZstdError) as error:
-            raise DataError(f"{path}:{number + 1}: expected UTF-8 jsonl (plain, .gz or .zst), cannot read on: "
-                            f"{error}") from None  # fmt: skip
+        first, batch, size = 1, [], 0
+        for number, line in read_lines(path):
+            batch.append(line)
+            size += len(line)
+            if len(batch) == BATCH_LINES or size >= BATCH_BYTES:
+                yield str(path), first, batch, keys, append_eod
+                first, batch, size = number + 1, [], 0
         if batch:
             yield str(path), first, batch, keys, append_eod
 

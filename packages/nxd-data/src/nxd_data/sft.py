@@ -39,7 +39,7 @@ from .chat import ChatRenderer, message_problem
 from .errors import DataError
 from .files import save_atomically
 from .hf_data import load_records
-from .preprocess import open_text
+from .jsonl import read_lines
 from .samples import IGNORE_INDEX
 from .tokenizer import TextTokenizer
 
@@ -80,21 +80,22 @@ def read_records(location: str, where: str, split: str, limit: int | None = None
     count = 0
     if _is_json_lines(path):
         try:
-            with open_text(path) as lines:
-                for number, line in enumerate(lines, start=1):
-                    if not line.strip():
-                        continue
-                    if limit is not None and count >= limit:
-                        break
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as error:
-                        raise DataError(f"{where}: {location} line {number}: expected a JSON object, found invalid "
-                                        f"JSON ({error.msg})") from None  # fmt: skip
-                    count += 1
-                    yield f"{location} line {number}", record
-        except (OSError, EOFError, UnicodeDecodeError) as error:
-            raise DataError(f"{where}: cannot read {location}: {error}") from None
+            for number, line in read_lines(path):
+                if not line.strip():
+                    continue
+                if limit is not None and count >= limit:
+                    break
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DataError(f"{where}: {location} line {number}: expected a JSON object, found invalid "
+                                    f"JSON ({error.msg})") from None  # fmt: skip
+                count += 1
+                yield f"{location} line {number}", record
+        except DataError as error:
+            if str(error).startswith(f"{where}: "):
+                raise
+            raise DataError(f"{where}: {error}") from None
         if count == 0:
             raise DataError(f"{where}: {location} holds no records")
         return
