@@ -166,3 +166,27 @@ def test_each_tokenizer_form_trains_and_preprocesses(form, train_here, corpus, g
     assert main(["data", "preprocess", "--input", str(corpus), "--output-prefix", str(tmp_path / "out"), *flags,
                  "--append-eod", "--no-progress"]) == 0  # fmt: skip
     assert "wrote " in capsys.readouterr().out and (tmp_path / "out_text_document.idx").is_file()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_id_beyond_the_vocabulary_in_a_bin_file_is_named_with_its_document(tmp_path, tokenizer_file, capsys,
+                                                                                workers) -> None:  # fmt: skip
+    """A .bin written with another tokenizer (id 5000 where the tokenizer has 300): the run stops where the
+    sample is read, naming the file and document, with or without data-loader workers."""
+    import numpy as np
+    from nxd_data import IndexedDatasetWriter
+
+    generator = random.Random(3)
+    with IndexedDatasetWriter(tmp_path / "other", np.uint16) as writer:
+        for document in range(40):
+            tokens = [generator.randrange(1, 300) for _ in range(40)]
+            if document == 17:
+                tokens[5] = 5000
+            writer.add_document(tokens)
+    code = main(["-c", str(default_config_path()), f"+data.tokenizer.type={tokenizer_file}",
+                 f"+data.data_prefix={tmp_path / 'other'}", "trainer.max_steps=40", f"+data.num_workers={workers}",
+                 f"+exp_manager.explicit_log_dir={tmp_path / 'run'}", "exp_manager.create_tensorboard_logger=False",
+                 "trainer.limit_val_batches=0", "+data.splits_string='100,0,0'"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err[-2000:]
+    assert f"{tmp_path / 'other'}.bin: document 17 holds token id 5000, beyond the vocabulary of 300 ids" in err

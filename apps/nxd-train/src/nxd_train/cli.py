@@ -192,6 +192,7 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     from nxd_ckpt import CheckpointError
+    from nxd_data import DataError
     from nxd_precision import NonFiniteStop
 
     from .interrupts import TrainingInterrupted
@@ -201,6 +202,10 @@ def _train_command(path: Path, overrides: Sequence[str]) -> int:
         train(plan)
     except CheckpointError as error:  # found only once loading began (e.g. a sample stream that differs)
         print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    except DataError as error:  # met in a sample while training: only this rank knows, so it says so and leaves
+        print(f"{path}: {_worker_message(error)}", file=sys.stderr, flush=True)
+        _exit_if_distributed(1, group_wide=False)
         return 1
     except (NonFiniteStop, TrainingInterrupted) as error:  # every rank stops after the same step
         return _stopped(f"{path}: {error}", getattr(error, "exit_code", 1))
@@ -228,16 +233,27 @@ def _stopped(message: str, code: int) -> int:
     return code
 
 
-def _exit_if_distributed(code: int = 0) -> None:
-    """End a process of a multi-process run: tear down the process group, flush, and leave without
-    interpreter finalisation, where threads of torch.distributed.checkpoint can abort the process."""
+def _worker_message(error: Exception) -> str:
+    """An error's own message, also when a data-loader worker raised it (torch re-raises it with the
+    worker's traceback as text: its last line holds the message)."""
+    text = str(error)
+    if "Original Traceback" not in text:
+        return text
+    return text.strip().splitlines()[-1].partition(": ")[2]
+
+
+def _exit_if_distributed(code: int = 0, *, group_wide: bool = True) -> None:
+    """End a process of a multi-process run: tear down the process group (not when only this rank
+    stops: the others would wait for it), flush, and leave without interpreter finalisation, where
+    threads of torch.distributed.checkpoint can abort the process."""
     import os
 
     import torch.distributed
 
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
-    torch.distributed.destroy_process_group()
+    if group_wide:
+        torch.distributed.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

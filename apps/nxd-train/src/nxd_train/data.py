@@ -161,7 +161,7 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     else:
         tokenizer = load_tokenizer(builtin_tokenizer(corpus, cache_dir))
         name = f"built-in byte-level BPE ({tokenizer.vocab_size} tokens)"
-    format = _sample_format(data, seq_length, tokenizer.eod_id)
+    format = _sample_format(data, seq_length, tokenizer.eod_id, tokenizer.vocab_size)
     if hf_data:
         hf_cache = cache_dir / "hf-data"
         train = hf_pretraining_dataset(data.train_dir, "data.train_dir", "train", format, tokenizer, hf_cache,
@@ -184,10 +184,10 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
                       name, shuffled=True, tokenizer_files=tokenizer.files)  # fmt: skip
 
 
-def _sample_format(data: DataConfig, seq_length: int, eod_id: int) -> SampleFormat:
+def _sample_format(data: DataConfig, seq_length: int, eod_id: int, vocab_size: int | None = None) -> SampleFormat:
     return SampleFormat(seq_length=seq_length, eod_id=eod_id, plus_one=not data.no_seqlen_plus_one_input_tokens,
                         eod_mask_loss=data.eod_mask_loss, reset_position_ids=data.reset_position_ids,
-                        reset_attention_mask=data.reset_attention_mask)  # fmt: skip
+                        reset_attention_mask=data.reset_attention_mask, vocab_size=vocab_size)  # fmt: skip
 
 
 def _pre_tokenised_splits(data: DataConfig, seq_length: int, vocabulary: ModelVocabulary,

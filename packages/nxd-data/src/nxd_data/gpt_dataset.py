@@ -72,4 +72,20 @@ class GPTDataset(Dataset):
         return np.concatenate(parts)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.format.sample(self.tokens(index))
+        tokens = self.tokens(index)
+        vocab = self.format.vocab_size
+        if vocab is not None and len(tokens) and int(tokens.max()) >= vocab:
+            raise DataError(self._beyond_vocabulary(index, vocab))
+        return self.format.sample(tokens)
+
+    def _beyond_vocabulary(self, index: int, vocab: int) -> str:
+        """Which stored document of sample `index` holds an id at or beyond `vocab`, said plainly."""
+        position = int(self.shuffle_idx[index])
+        first, last = int(self.sample_idx[position][0]), int(self.sample_idx[position + 1][0])
+        for document in (int(self.doc_idx[i]) for i in range(first, last + 1)):
+            stored = self.indexed.get(document)
+            if len(stored) and (found := int(stored.max())) >= vocab:
+                return (f"{self.indexed.bin_path}: document {document} holds token id {found}, beyond the vocabulary "
+                        f"of {vocab} ids the tokenizer has (expected ids below {vocab}: tokenized with another "
+                        "tokenizer?)")  # fmt: skip
+        return f"{self.indexed.bin_path}: sample {index} holds a token id at or beyond the vocabulary of {vocab} ids"

@@ -25,6 +25,9 @@ class SampleFormat:
     reset_attention_mask: bool = False
     """Add `document_ids` (how many end-of-document tokens precede each position), so the model
     confines attention to each document as Megatron's get_ltor_masks_and_position_ids does."""
+    vocab_size: int | None = None
+    """The tokenizer's ids: a stored token at or beyond it is refused where it is read, naming the file
+    and document (None: not checked)."""
 
     @property
     def window(self) -> int:
