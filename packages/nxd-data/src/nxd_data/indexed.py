@@ -134,8 +134,12 @@ class IndexedDatasetWriter:
         if self.dtype not in CODE_OF:
             raise DataError(f"{prefix}: expected a token dtype in {sorted(map(str, CODE_OF))}, found {self.dtype}")
         self.index_path, self.bin_path = data_files(prefix)
-        self.bin_path.parent.mkdir(parents=True, exist_ok=True)
-        handle, self._bin_temporary = tempfile.mkstemp(dir=self.bin_path.parent, prefix=f".{self.bin_path.name}.")
+        try:
+            self.bin_path.parent.mkdir(parents=True, exist_ok=True)
+            handle, self._bin_temporary = tempfile.mkstemp(dir=self.bin_path.parent, prefix=f".{self.bin_path.name}.")
+        except OSError as error:
+            raise DataError(f"{self.bin_path}: cannot be created: {_reason(error)}; expected a writable directory "
+                            "for the output prefix") from None  # fmt: skip
         self._bin = os.fdopen(handle, "wb")
         self.sizes: list[int] = []
         self.document_indices: list[int] = [0]
@@ -145,7 +149,11 @@ class IndexedDatasetWriter:
         limits = np.iinfo(self.dtype) if self.dtype.kind in "iu" else None
         if array.size and limits and (array.min() < limits.min or array.max() > limits.max):
             raise DataError(f"{self.bin_path}: token ids {array.min()}..{array.max()} do not fit {self.dtype}")
-        self._bin.write(array.astype(self.dtype, copy=False).tobytes(order="C"))
+        try:
+            self._bin.write(array.astype(self.dtype, copy=False).tobytes(order="C"))
+        except OSError as error:
+            raise DataError(f"{self.bin_path}: writing failed after {self._bin.tell():,} bytes: {_reason(error)}; "
+                            "nothing was written under this name") from None  # fmt: skip
         self.sizes.append(array.size)
 
     def end_document(self) -> None:
@@ -161,7 +169,14 @@ class IndexedDatasetWriter:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        self._bin.close()
+        try:
+            self._bin.close()  # flushes the last tokens: a full disk may show only here
+        except OSError as error:
+            os.unlink(self._bin_temporary)
+            if kind is None:
+                raise DataError(f"{self.bin_path}: writing failed: {_reason(error)}; nothing was written under this "
+                                "name") from None  # fmt: skip
+            return
         if kind is not None:
             os.unlink(self._bin_temporary)
             return
@@ -171,13 +186,24 @@ class IndexedDatasetWriter:
         pointers = np.zeros(len(sizes), dtype=np.int64)
         np.cumsum(sizes[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
         handle, index_temporary = tempfile.mkstemp(dir=self.index_path.parent, prefix=f".{self.index_path.name}.")
-        with os.fdopen(handle, "wb") as index:
-            index.write(_HEADER.pack(MAGIC, VERSION, CODE_OF[self.dtype], len(sizes), len(self.document_indices)))
-            index.write(sizes.tobytes())
-            index.write(pointers.tobytes())
-            index.write(np.asarray(self.document_indices, dtype=np.int64).tobytes())
+        try:
+            with os.fdopen(handle, "wb") as index:
+                index.write(_HEADER.pack(MAGIC, VERSION, CODE_OF[self.dtype], len(sizes), len(self.document_indices)))
+                index.write(sizes.tobytes())
+                index.write(pointers.tobytes())
+                index.write(np.asarray(self.document_indices, dtype=np.int64).tobytes())
+        except OSError as error:
+            for temporary in (index_temporary, self._bin_temporary):
+                os.unlink(temporary)
+            raise DataError(f"{self.index_path}: writing failed: {_reason(error)}; nothing was written under this "
+                            "name") from None  # fmt: skip
         os.replace(self._bin_temporary, self.bin_path)  # tokens first: an index never points at missing data
         os.replace(index_temporary, self.index_path)
+
+
+def _reason(error: OSError) -> str:
+    """What the operating system said (e.g. "No space left on device", "Permission denied")."""
+    return error.strerror or str(error)
 
 
 def _inconsistent(sizes: np.ndarray, pointers: np.ndarray, itemsize: int) -> int | None:
