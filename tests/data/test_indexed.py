@@ -141,10 +141,10 @@ def test_an_output_prefix_that_cannot_be_created_is_named(tmp_path: Path) -> Non
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device that is always full)")
 def test_a_full_disk_is_said_plainly_and_leaves_nothing(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"out\.bin: writing failed.*No space left on device; nothing was written"):
-        with IndexedDatasetWriter(tmp_path / "out", np.uint16) as writer:
-            writer._bin.close()
-            writer._bin = open("/dev/full", "wb")  # noqa: SIM115 - the writer closes it
-            for _ in range(10):
-                writer.add_document(list(range(1000)))
+    full = r"out\.bin: writing failed.*No space left on device; nothing was written"
+    with pytest.raises(DataError, match=full), IndexedDatasetWriter(tmp_path / "out", np.uint16) as writer:
+        writer._bin.close()
+        writer._bin = open("/dev/full", "wb")  # noqa: SIM115 - the writer closes it
+        for _ in range(10):
+            writer.add_document(list(range(1000)))
     assert sorted(path.name for path in tmp_path.iterdir()) == []
