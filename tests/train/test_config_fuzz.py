@@ -1,0 +1,85 @@
+"""A scripted fuzz of configs: the default job's file with one thing broken at a time (a value of the
+wrong type or range, an unknown key, YAML that does not parse, an interpolation loop, an empty,
+binary or missing file). `nxd-train config check` must answer each with exit 0 or 1, never a
+traceback, and every problem it reports must name the file and a key or line. 240 cases, drawn from a
+fixed seed (about 20 s in all)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import yaml
+from nxd_train.cli import default_config_path, main
+
+WRONG_VALUES = ["abc", [1, 2], {"a": 1}, -1, 0, 1e400, None, True, 2**70, -0.5, "", "${missing.key}"]
+BROKEN_TEXTS = {
+    "unbalanced": "trainer: {max_steps: [1, 2\n",
+    "tab indent": "trainer:\n\tmax_steps: 3\n",
+    "duplicate key": "seed: 1\nseed: 2\n",
+    "scalar root": "just a string\n",
+    "list root": "- a\n- b\n",
+    "interpolation loop": "name: ${exp_manager.name}\nexp_manager: {name: ${name}}\n",
+    "empty": "",
+    "binary": "\x00\x01\x02\xff",
+}
+
+
+def _leaves(tree: dict, prefix: str = "") -> list[str]:
+    found = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        found += _leaves(value, f"{path}.") if isinstance(value, dict) else [path]
+    return found
+
+
+def _set(tree: dict, path: str, value: object) -> None:
+    *parents, leaf = path.split(".")
+    for part in parents:
+        tree = tree[part]
+    tree[leaf] = value
+
+
+def _cases() -> list[tuple[str, str]]:
+    """(name, file text) of every case, in a fixed order."""
+    base = yaml.safe_load(default_config_path().read_text())
+    generator = random.Random(20261123)
+    cases = [(f"text: {name}", text) for name, text in BROKEN_TEXTS.items()]
+    leaves = _leaves(base)
+    while len(cases) < 232:
+        tree = yaml.safe_load(default_config_path().read_text())
+        path, value = generator.choice(leaves), generator.choice(WRONG_VALUES)
+        _set(tree, path, value)
+        cases.append((f"{path} = {value!r}", yaml.safe_dump(tree)))
+    for section in ("trainer", "model", "data", "exp_manager", "distributed_strategy", "precision"):
+        tree = yaml.safe_load(default_config_path().read_text())
+        tree.setdefault(section, {})["no_such_key"] = 1
+        cases.append((f"unknown key in {section}", yaml.safe_dump(tree)))
+    cases += [("top-level unknown key", default_config_path().read_text() + "\nno_such_section: 1\n"),
+              ("missing file", "")]  # fmt: skip
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[name for name, _ in CASES])
+def test_config_check_answers_without_a_traceback(case, tmp_path, capsys):
+    name, text = case
+    path = tmp_path / "job.yaml"
+    if name != "missing file":
+        path.write_bytes(text.encode("utf-8", "surrogateescape") if text.isascii() else text.encode("latin-1"))
+    code = main(["config", "check", str(path)])
+    out, err = capsys.readouterr()
+    assert code in (0, 1), (name, code)
+    assert "Traceback" not in out + err, (name, err[-2000:])
+    if code == 1:
+        problems = [line.strip() for line in err.splitlines() if line.strip() and not line.startswith("notice:")]
+        assert problems, name
+        assert str(path) in err, (name, err)
+        for line in problems:  # each line names a key, the file or a line
+            assert "." in line or ":" in line, (name, line)
+
+
+def test_there_are_enough_cases():
+    assert len(CASES) >= 240 and len({name for name, _ in CASES}) > 150
