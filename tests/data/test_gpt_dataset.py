@@ -106,18 +106,41 @@ def write(prefix: Path, documents: list[list[int]]) -> IndexedDataset:
     return IndexedDataset(prefix)
 
 
-def test_samples_are_overlapping_windows_of_the_shuffled_stream(tmp_path: Path) -> None:
+def test_samples_are_overlapping_windows_of_each_epochs_shuffled_stream(tmp_path: Path) -> None:
+    """45 tokens give (45 - 1) // 4 = 11 samples an epoch; 22 samples take two epochs, each its own
+    shuffle of the documents and of the samples, the first Megatron's for one epoch with this seed."""
     documents = [list(range(100 * d, 100 * d + n)) for d, n in enumerate([5, 9, 3, 12, 7, 1, 8])]
     indexed = write(tmp_path / "d", documents)
-    dataset = GPTDataset(indexed, "train", (0, 7), 20, SampleFormat(seq_length=4, eod_id=0), seed=5, cache_dir=tmp_path)
-    stream = np.concatenate([documents[d] for d in dataset.doc_idx])
+    dataset = GPTDataset(indexed, "train", (0, 7), 22, SampleFormat(seq_length=4, eod_id=0), seed=5, cache_dir=tmp_path)
+    assert dataset.samples_per_epoch == 11
+    doc_idx, _, shuffle_idx = megatron_index_mappings(np.arange(7), indexed.sizes, 11, 4, 5, 1)
+    np.testing.assert_array_equal(dataset.indices(0).doc_idx, doc_idx)
+    np.testing.assert_array_equal(dataset.indices(0).shuffle_idx, shuffle_idx)
+    assert not np.array_equal(dataset.indices(1).doc_idx, doc_idx)
     for index in range(len(dataset)):
-        start = int(dataset.shuffle_idx[index]) * 4
+        epoch, number = divmod(index, 11)
+        indices = dataset.indices(epoch)
+        stream = np.concatenate([documents[d] for d in indices.doc_idx])
+        start = int(indices.shuffle_idx[number]) * 4
         assert dataset.tokens(index).tolist() == stream[start : start + 5].tolist()
+    every_token = sorted(token for document in documents for token in document)
+    for epoch in range(2):  # each epoch reads every token but its one leftover (45 = 11 x 4 + 1)
+        read = sorted(int(t) for index in range(11 * epoch, 11 * epoch + 11) for t in dataset.tokens(index)[:4])
+        assert len(read) == 44 and set(read) <= set(every_token)
     sample = dataset[0]
     window = dataset.tokens(0)
     assert sample["input_ids"].tolist() == window[:4].tolist()
     assert sample["labels"].tolist() == window[1:].tolist()
+
+
+def test_a_longer_run_continues_the_stream_of_a_shorter_one(tmp_path: Path) -> None:
+    """Sample k does not depend on how many samples were asked for (a raised max_steps), across epochs."""
+    indexed = write(tmp_path / "d", [list(range(1, n + 1)) for n in [5, 9, 3, 12, 7, 1, 8]])
+    fmt = SampleFormat(seq_length=4, eod_id=0)
+    short = GPTDataset(indexed, "train", (0, 7), 15, fmt, seed=5, cache_dir=tmp_path / "a")
+    long = GPTDataset(indexed, "train", (0, 7), 60, fmt, seed=5, cache_dir=tmp_path / "b")
+    assert [short.tokens(i).tolist() for i in range(15)] == [long.tokens(i).tolist() for i in range(15)]
+    assert len({tuple(long.indices(epoch).doc_idx) for epoch in range(6)}) == 6  # every epoch shuffled anew
 
 
 def test_indices_are_cached_under_what_defines_them(tmp_path: Path) -> None:
@@ -191,7 +214,7 @@ def _open_in_a_process(prefix: str, cache: str, log: str, result: str) -> None:
     indices.build_indices = logged
     dataset = GPTDataset(IndexedDataset(prefix), "train", (0, 200), 500, SampleFormat(seq_length=8, eod_id=0), seed=3,
                          cache_dir=Path(cache))  # fmt: skip
-    np.save(result, np.asarray(dataset.shuffle_idx))
+    np.save(result, np.stack([dataset.tokens(i) for i in range(len(dataset))]))
 
 
 def test_concurrent_processes_build_the_indices_once(tmp_path: Path) -> None:
@@ -207,6 +230,6 @@ def test_concurrent_processes_build_the_indices_once(tmp_path: Path) -> None:
     for process in processes:
         process.join(60)
         assert process.exitcode == 0
-    assert (tmp_path / "log").read_text() == "built\n"
+    assert (tmp_path / "log").read_text() == "built\n" * 5  # 500 samples of 124 an epoch: five epochs, each once
     results = [np.load(tmp_path / f"r{i}.npy") for i in range(3)]
     assert all(np.array_equal(results[0], other) for other in results[1:])

@@ -72,6 +72,26 @@ def test_a_state_from_another_stream_is_refused() -> None:
         PretrainingSampler(TOTAL, GBS, MBS, shuffle=True, seed=2).resumed(state)
 
 
+def test_a_longer_stream_continues_a_shorter_ones_position() -> None:
+    """A run of 5 steps (40 samples) resumed with 10 steps (80): the positions it reads next are those
+    a straight 80-sample run reads, on every rank."""
+    state = PretrainingSampler(40, GBS, MBS, 2, 0, consumed_samples=40).state_dict()
+    for rank in range(2):
+        resumed = PretrainingSampler(80, GBS, MBS, 2, rank).resumed(state, steps=5)
+        straight = PretrainingSampler(80, GBS, MBS, 2, rank)
+        assert list(resumed) == list(itertools.islice(iter(straight), 10 * straight.accumulation))[5 * 2 :]
+
+
+@pytest.mark.parametrize(("options", "consumed", "why"), [
+    ({"shuffle": True}, 16, "its shuffled order is drawn over all of them"),
+    ({}, 48, "its position lies beyond the first pass of the shorter stream"),
+])  # fmt: skip
+def test_another_length_is_refused_where_the_order_would_differ(options: dict, consumed: int, why: str) -> None:
+    state = PretrainingSampler(40, GBS, MBS, consumed_samples=consumed, **options).state_dict()
+    with pytest.raises(ValueError, match=f"total_samples was 40, this run has 80, and {why}"):
+        PretrainingSampler(80, GBS, MBS, **options).resumed(state)
+
+
 @pytest.mark.parametrize(("saved_dp", "resumed_dp"), [(1, 1), (2, 2), (2, 1)])
 def test_data_loaders_with_workers_resume_exactly(saved_dp: int, resumed_dp: int) -> None:
     from torch.utils.data import DataLoader

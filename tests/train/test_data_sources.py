@@ -9,6 +9,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from nxd_ckpt import CheckpointError
 from nxd_config import ConfigError, load_config
 from nxd_train.cli import default_config_path, main
 from nxd_train.corpus import default_cache_dir
@@ -190,3 +191,37 @@ def test_an_id_beyond_the_vocabulary_in_a_bin_file_is_named_with_its_document(tm
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err[-2000:]
     assert f"{tmp_path / 'other'}.bin: document 17 holds token id 5000, beyond the vocabulary of 300 ids" in err
+
+
+def test_a_finished_run_extended_from_5_to_10_steps_equals_a_straight_10_step_run(prefixes, tokenizer_file,
+                                                                                   tmp_path) -> None:  # fmt: skip
+    """Raising max_steps and resuming continues the sample stream exactly; the 80 samples cross the
+    training split's epochs, so later epochs' indices do not depend on the run's length either."""
+    from tests.training_runs import train_in_process
+
+    job = [f"+data.tokenizer.type={tokenizer_file}", f"+data.data_prefix={prefixes[0]}",
+           "+data.splits_string='25,40,35'", "model.optim.sched.max_steps=10", "model.optim.sched.warmup_steps=3",
+           "exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+           "+exp_manager.checkpoint_callback_params.every_n_train_steps=5"]  # fmt: skip
+    straight = losses(train_in_process(tmp_path / "straight", *job, "trainer.max_steps=10"))
+    short = losses(train_in_process(tmp_path / "extended", *job, "trainer.max_steps=5"))
+    extended = train_in_process(tmp_path / "extended", *job, "trainer.max_steps=10", "exp_manager.resume_if_exists=True")
+    assert short == straight[:5]
+    assert losses(extended) == straight  # metrics.csv: steps 1-5 of the first run, then 6-10 of the resumed one
+    cfg = load_config(default_config_path(), [*job, "trainer.max_steps=10"])
+    assert plan_run(cfg, default_cache_dir()).data.train.samples_per_epoch < 40  # crossed in both runs
+
+
+def test_extending_a_cyclic_run_over_megatron_data_is_refused_with_the_way_out(prefixes, tokenizer_file,
+                                                                               tmp_path) -> None:  # fmt: skip
+    """data.dataloader_type: cyclic shuffles all max_steps x global_batch_size samples at once, so a longer
+    run would read them in another order: one message naming the keys, no traceback."""
+    from tests.training_runs import train_in_process
+
+    job = [f"+data.tokenizer.type={tokenizer_file}", f"+data.data_prefix={prefixes[0]}",
+           "+data.dataloader_type=cyclic", "model.optim.sched.max_steps=4",
+           "exp_manager.create_checkpoint_callback=True"]  # fmt: skip
+    train_in_process(tmp_path / "run", *job, "trainer.max_steps=2")
+    with pytest.raises(CheckpointError, match=r"total_samples was 16, this run has 32, .*data.dataloader_type: "
+                                              r"cyclic shuffles them all at once"):  # fmt: skip
+        train_in_process(tmp_path / "run", *job, "trainer.max_steps=4", "exp_manager.resume_if_exists=True")

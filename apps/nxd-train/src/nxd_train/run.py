@@ -324,7 +324,12 @@ def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | No
     try:
         run.sampler = run.sampler.resumed(sampler_state)
     except ValueError as error:
-        raise CheckpointError(f"{resume.path}: {error}") from None
+        hint = ""
+        if sampler_state["total_samples"] != run.sampler.total_samples and run.sampler.shuffle:
+            hint = ("; the run's samples are trainer.max_steps x data.global_batch_size, which changed, and "
+                    "data.dataloader_type: cyclic shuffles them all at once: extend with dataloader_type: single, "
+                    "or start from this checkpoint's weights (model.weight_init_only: True)")  # fmt: skip
+        raise CheckpointError(f"{resume.path}: {error}{hint}") from None
     run.start_step, run.saved_rng = progress["step"], rng.get(f"rank{rank}")
     if run.saved_rng is None:
         monitor.info(f"resuming on {run.fabric.world_size} processes from a checkpoint of {resume.world_size}: "

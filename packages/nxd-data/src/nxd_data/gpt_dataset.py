@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from .errors import DataError
 from .indexed import IndexedDataset
-from .indices import IndexSpec, cached_indices
+from .indices import IndexSpec, Indices, cached_indices
 from .samples import SampleFormat
 
 
@@ -28,47 +28,82 @@ def split_documents(splits_string: str, count: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(3)]
 
 
+OPEN_EPOCHS = 8
+"""Epochs whose indices a dataset keeps memory-mapped at once (the sample stream moves through them in order)."""
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch `epoch`'s shuffles: `seed` itself for the first (Megatron's draws for a one-epoch
+    run), an independent stream of it for the others."""
+    return seed if epoch == 0 else int(np.random.SeedSequence((seed, epoch)).generate_state(1)[0])
+
+
 class GPTDataset(Dataset):
-    """Samples of `format.window` tokens cut across documents `documents` of an indexed dataset, in
-    the order of Megatron's shuffle index. `num_samples` None means one epoch (every token once)."""
+    """Samples of `format.window` tokens cut across documents `documents` of an indexed dataset, epoch
+    after epoch. Each epoch has its own indices: its documents shuffled, cut into samples and the
+    samples shuffled, as Megatron's indices for one epoch (the first epoch's are Megatron's own with
+    this seed). Sample k is therefore the same whatever `num_samples` asks for, so a longer run (a
+    raised max_steps) continues the stream a shorter one read. Megatron builds all epochs of a run
+    as one stream instead, whose order depends on the run's length; an epoch's leftover tokens (fewer
+    than a sample) are not used here. `num_samples` None means one epoch (every token once)."""
 
     def __init__(self, indexed: IndexedDataset, name: str, documents: tuple[int, int], num_samples: int | None,
                  format: SampleFormat, seed: int, cache_dir: Path | None = None):  # fmt: skip
-        self.indexed, self.format, self.name = indexed, format, name
+        self.indexed, self.format, self.name, self.seed = indexed, format, name, seed
         extra = int(format.plus_one)
-        sequence_numbers = np.arange(*documents, dtype=np.int64)
-        tokens = int(indexed.sizes[sequence_numbers].sum(dtype=np.int64))
+        self.sequence_numbers = np.arange(*documents, dtype=np.int64)
+        tokens = int(indexed.sizes[self.sequence_numbers].sum(dtype=np.int64))
         self.samples_per_epoch = (tokens - extra) // format.seq_length
         if self.samples_per_epoch < 1:
             raise DataError(
-                f"{indexed.prefix}: the {name} split holds {tokens} tokens in {len(sequence_numbers)} documents; "
-                f"expected at least seq_length + {extra} = {format.seq_length + extra}"
+                f"{indexed.prefix}: the {name} split holds {tokens} tokens in {len(self.sequence_numbers)} "
+                f"documents; expected at least seq_length + {extra} = {format.seq_length + extra}"
             )
         self.num_samples = self.samples_per_epoch if num_samples is None else num_samples
-        spec = IndexSpec(name=f"{Path(indexed.prefix).name}-{name}", sizes_digest=indexed.sizes_digest,
-                         first_document=documents[0], documents=len(sequence_numbers), num_samples=self.num_samples,
-                         seq_length=format.seq_length, seed=seed, add_extra_token=extra)  # fmt: skip
-        directory = cache_dir if cache_dir is not None else Path(indexed.prefix).parent / "index-cache"
-        indices = cached_indices(spec, directory, indexed.sizes, sequence_numbers)
-        self.doc_idx, self.sample_idx, self.shuffle_idx = indices.doc_idx, indices.sample_idx, indices.shuffle_idx
+        self.first_document = documents[0]
+        self.cache_dir = cache_dir if cache_dir is not None else Path(indexed.prefix).parent / "index-cache"
+        self._open: dict[int, Indices] = {}
+        for epoch in range(-(-self.num_samples // self.samples_per_epoch)):  # built now, not mid-run
+            self.indices(epoch)
+
+    def spec(self, epoch: int) -> IndexSpec:
+        return IndexSpec(name=f"{Path(self.indexed.prefix).name}-{self.name}", sizes_digest=self.indexed.sizes_digest,
+                         first_document=self.first_document, documents=len(self.sequence_numbers),
+                         num_samples=self.samples_per_epoch, seq_length=self.format.seq_length,
+                         seed=epoch_seed(self.seed, epoch), add_extra_token=int(self.format.plus_one),
+                         epoch=epoch)  # fmt: skip
+
+    def indices(self, epoch: int) -> Indices:
+        """Epoch `epoch`'s doc, sample and shuffle indices (built and cached on first use)."""
+        if (found := self._open.get(epoch)) is None:
+            found = cached_indices(self.spec(epoch), self.cache_dir, self.indexed.sizes, self.sequence_numbers)
+            self._open[epoch] = found
+            while len(self._open) > OPEN_EPOCHS:
+                del self._open[next(iter(self._open))]
+        return found
 
     def __len__(self) -> int:
         return self.num_samples
 
-    def tokens(self, index: int) -> np.ndarray:
-        """The window of sample `index` (after shuffling), as Megatron's GPTDataset reads it."""
+    def _locate(self, index: int) -> tuple[Indices, int]:
+        """Sample `index`'s epoch indices and its position in that epoch's sample index."""
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample {index} of a {self.name} dataset of {self.num_samples}")
-        position = int(self.shuffle_idx[index])
-        (first, first_offset), (last, last_offset) = self.sample_idx[position], self.sample_idx[position + 1]
+        epoch, number = divmod(index, self.samples_per_epoch)
+        indices = self.indices(epoch)
+        return indices, int(indices.shuffle_idx[number])
+
+    def tokens(self, index: int) -> np.ndarray:
+        """The window of sample `index` (after shuffling), as Megatron's GPTDataset reads it."""
+        indices, position = self._locate(index)
+        doc_idx = indices.doc_idx
+        (first, first_offset), (last, last_offset) = indices.sample_idx[position], indices.sample_idx[position + 1]
         extra = int(self.format.plus_one)
         if first == last:
-            return self.indexed.get(
-                int(self.doc_idx[first]), int(first_offset), int(last_offset - first_offset) + extra
-            )
-        parts = [self.indexed.get(int(self.doc_idx[first]), int(first_offset))]
-        parts += [self.indexed.get(int(self.doc_idx[i])) for i in range(first + 1, last)]
-        parts.append(self.indexed.get(int(self.doc_idx[last]), 0, int(last_offset) + extra))
+            return self.indexed.get(int(doc_idx[first]), int(first_offset), int(last_offset - first_offset) + extra)
+        parts = [self.indexed.get(int(doc_idx[first]), int(first_offset))]
+        parts += [self.indexed.get(int(doc_idx[i])) for i in range(first + 1, last)]
+        parts.append(self.indexed.get(int(doc_idx[last]), 0, int(last_offset) + extra))
         return np.concatenate(parts)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
@@ -80,9 +115,9 @@ class GPTDataset(Dataset):
 
     def _beyond_vocabulary(self, index: int, vocab: int) -> str:
         """Which stored document of sample `index` holds an id at or beyond `vocab`, said plainly."""
-        position = int(self.shuffle_idx[index])
-        first, last = int(self.sample_idx[position][0]), int(self.sample_idx[position + 1][0])
-        for document in (int(self.doc_idx[i]) for i in range(first, last + 1)):
+        indices, position = self._locate(index)
+        first, last = int(indices.sample_idx[position][0]), int(indices.sample_idx[position + 1][0])
+        for document in (int(indices.doc_idx[i]) for i in range(first, last + 1)):
             stored = self.indexed.get(document)
             if len(stored) and (found := int(stored.max())) >= vocab:
                 return (f"{self.indexed.bin_path}: document {document} holds token id {found}, beyond the vocabulary "

@@ -7,7 +7,7 @@ as (position in doc_idx, offset in that document)). `shuffle_idx` permutes the s
 last epoch is used for less than 80% of its samples it is shuffled apart from the others, so the
 partial epoch does not crowd out whole ones. This is Megatron-LM's `_build_index_mappings` and
 `helpers.build_sample_idx`, with the same random draws, so the same data, seed and lengths give
-the same samples as Megatron.
+the same samples as Megatron. `GPTDataset` asks for one epoch at a time (see there).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class IndexSpec:
     seq_length: int
     seed: int
     add_extra_token: int
+    epoch: int = 0
 
     def digest(self) -> str:
         return hashlib.md5(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()

@@ -124,12 +124,26 @@ class PretrainingSampler:
 
     def resumed(self, state: dict[str, Any], *, steps: int | None = None) -> PretrainingSampler:
         """This sampler continued from a saved state (any data-parallel size); a state saved from another
-        sample stream is refused rather than read as a different order."""
-        for name in ("total_samples", "shuffle", "reshuffle_each_epoch", "seed"):
+        sample stream is refused rather than read as a different order. Another `total_samples` is the
+        same stream when the order is not shuffled and both runs' positions so far lie in the first pass
+        (a longer run over a dataset whose sample k does not depend on its length, such as Megatron's)."""
+        for name in ("shuffle", "reshuffle_each_epoch", "seed"):
             if state[name] != getattr(self, name):
                 raise ValueError(f"the saved data position was taken on another sample stream: {name} was "
                                  f"{state[name]!r}, this run has {getattr(self, name)!r}")  # fmt: skip
-        return replace(self, consumed_samples=int(state["consumed_samples"]), steps=steps)
+        consumed, saved_total = int(state["consumed_samples"]), int(state["total_samples"])
+        if saved_total != self.total_samples and not self._extends(saved_total, consumed):
+            why = ("its shuffled order is drawn over all of them" if self.shuffle
+                   else "its position lies beyond the first pass of the shorter stream")  # fmt: skip
+            raise ValueError(f"the saved data position was taken on another sample stream: total_samples was "
+                             f"{saved_total!r}, this run has {self.total_samples!r}, and {why}")  # fmt: skip
+        return replace(self, consumed_samples=consumed, steps=steps)
+
+    def _extends(self, saved_total: int, consumed: int) -> bool:
+        """Whether a stream of `saved_total` samples, read to `consumed`, agrees with this one on every
+        position read so far and from there on to the end of this stream's first pass."""
+        saved = replace(self, total_samples=saved_total)
+        return not self.shuffle and consumed <= min(saved.epoch_samples, self.epoch_samples)
 
 
 class WithPadding(Dataset):
