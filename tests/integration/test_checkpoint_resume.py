@@ -11,6 +11,7 @@ asynchronous saves) runs by default; DP2 and DP2+zero1 run with --runslow.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -165,3 +166,27 @@ def test_a_second_sigint_exits_at_once(tmp_path):
     stderr = process.communicate(timeout=600)[1]
     assert process.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
     assert "SIGINT again: exiting at once" in stderr or "stopped by SIGINT" in stderr, stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draw", range(20))
+def test_sigterm_at_a_random_moment_resumes_to_the_uninterrupted_losses(tmp_path, uninterrupted, draw):
+    """Twenty preemptions of a DP2 run at random steps and moments within them, signalling rank 0
+    alone or every rank (as a scheduler does): each saves, exits 143 with no traceback, and its resume
+    logs the uninterrupted run's per-step losses bit for bit."""
+    rng = random.Random(draw)
+    whole = uninterrupted("dp2")
+    broken = tmp_path / "run"
+    process = subprocess.Popen(command(broken, *LAYOUTS["dp2"], *SLOW), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    _after_step(process, broken, rng.randint(1, 7))
+    time.sleep(rng.uniform(0.0, 0.1))  # a moment within the next step
+    if rng.random() < 0.5:
+        process.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(process.pid, signal.SIGTERM)
+    stderr = process.communicate(timeout=600)[1]
+    assert process.returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
+    run(broken, *LAYOUTS["dp2"], "exp_manager.resume_if_exists=True")
+    expected, resumed = step_losses(whole), step_losses(broken)
+    assert [resumed[step] for step in range(1, 11)] == [expected[step] for step in range(1, 11)]

@@ -121,6 +121,38 @@ def _check_ids(ids: pa.ChunkedArray, lengths: np.ndarray, vocab_size: int, where
                         f"{vocab_size}) (the model's vocabulary)")  # fmt: skip
 
 
+def _check_column(records: datasets.Dataset, name: str, where: str) -> None:
+    """Column `name` holds what a sample is made of in every row (a list of integers for input_ids, a
+    string for text): a row that lacks it or holds another type is named here, not deep in a worker."""
+    column = records.data.column(name)
+    kind = column.type
+    if name == "text":
+        fits = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        expected = "a string"
+    else:
+        fits = (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type)
+        expected = "a list of integer token ids"
+    if not fits:
+        raise DataError(f"{where}: column {name} holds {kind}; expected {expected} in every row")
+    if column.null_count:
+        row = pc.index(pc.is_null(column), True).as_py()
+        raise DataError(f"{where}: row {row} has no {name}; expected {expected} in every row")
+    if name == "text":
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            row = next(row for row, value in enumerate(column) if not _decodes(value))
+            raise DataError(f"{where}: row {row}: its text is not valid UTF-8") from None
+
+
+def _decodes(value: pa.Scalar) -> bool:
+    try:
+        value.as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class TokenStream(Dataset):
     """Consecutive windows of a token stream, neighbours overlapping by the extra token."""
 
@@ -166,6 +198,7 @@ def hf_pretraining_dataset(
     are checked against `vocab_size` (default: the tokenizer's)."""
     records = load_records(location, where, split, limit)
     if "input_ids" in records.column_names:
+        _check_column(records, "input_ids", f"{where} ({location})")
         vocab_size = vocab_size if vocab_size is not None or tokenizer is None else tokenizer.vocab_size
         return TokenRows(records, format, f"{where} ({location})", vocab_size)
     if "text" not in records.column_names:
@@ -173,6 +206,7 @@ def hf_pretraining_dataset(
                         "(pre-tokenised) or text")  # fmt: skip
     if tokenizer is None:
         raise DataError(f"{where}: {location} holds text; expected data.tokenizer to tokenise it")
+    _check_column(records, "text", f"{where} ({location})")
     stream = TokenStream(tokenised_stream(records, tokenizer, cache_dir), format)
     if len(stream) == 0:
         raise DataError(f"{where}: {location} tokenises to fewer than seq_length + 1 tokens")

@@ -60,10 +60,10 @@ class IndexedDataset:
         if missing:
             raise DataError(f"data prefix {self.prefix}: expected {self.index_path.name} and {self.bin_path.name}, "
                             f"missing {', '.join(missing)}")  # fmt: skip
-        index = np.memmap(self.index_path, dtype=np.uint8, mode="r")
-        if index.size < _HEADER.size:
+        if (size := self.index_path.stat().st_size) < _HEADER.size:  # an empty file cannot be memory-mapped
             raise DataError(f"{self.index_path}: expected an index header of {_HEADER.size} bytes, found a "
-                            f"{index.size}-byte file")  # fmt: skip
+                            f"{size}-byte file")  # fmt: skip
+        index = np.memmap(self.index_path, dtype=np.uint8, mode="r")
         magic, version, code, count, documents = _HEADER.unpack(index[: _HEADER.size].tobytes())
         if magic != MAGIC:
             raise DataError(
@@ -85,6 +85,10 @@ class IndexedDataset:
         if documents and (self.document_indices[0] != 0 or self.document_indices[-1] != count):
             raise DataError(f"{self.index_path}: expected document indices from 0 to {count}, found "
                             f"{self.document_indices[0]} to {self.document_indices[-1]}")  # fmt: skip
+        if documents and (falls := np.flatnonzero(np.diff(self.document_indices) < 0)).size:
+            at, values = int(falls[0]) + 1, self.document_indices
+            raise DataError(f"{self.index_path}: document index {at} is {values[at]}, below the one before it "
+                            f"({values[at - 1]}); expected them not to decrease (the index is damaged)")  # fmt: skip
         if count and (bad := _inconsistent(self.sizes, self.pointers, self.dtype.itemsize)) is not None:
             raise DataError(f"{self.index_path}: sequence {bad}: its length {int(self.sizes[bad])} and byte offset "
                             f"{int(self.pointers[bad])} disagree with the sequences before it (lengths must be >= 0 "
