@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -80,6 +81,25 @@ def test_keep_all_and_version_counter(tmp_path):
     for step in (1, 2, 3):
         save(checkpointer, step)
     assert sorted(i.path.name for i in list_checkpoints(tmp_path)) == ["same", "same-v1", "same-v2"]
+
+
+@pytest.mark.parametrize(("number", "text"), [(errno.ENOSPC, "No space left on device"),
+                                             (errno.EACCES, "Permission denied")])  # fmt: skip
+def test_a_write_error_says_what_happened_and_where_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
+                                                                                   number, text):  # fmt: skip
+    """A disk that fills up (or refuses) while a shard is written: one CheckpointError naming the checkpoint
+    and the system's reason, no partial folder left, the previous checkpoint still the newest."""
+    checkpointer = Checkpointer(tmp_path, SavePolicy(save_top_k=-1, filename="{step}"))
+    save(checkpointer, 1)
+
+    def refuse(self, data):
+        raise OSError(number, text)
+
+    monkeypatch.setattr("nxd_ckpt.checksums._HashingStream.write", refuse)
+    with pytest.raises(CheckpointError, match=rf"step=2: the save failed: .*{text}"):
+        save(checkpointer, 2)
+    assert [(i.path.name, i.complete) for i in list_checkpoints(tmp_path)] == [("step=1", True)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step=1"]
 
 
 def test_same_name_without_counter_replaces_only_when_complete(tmp_path):
