@@ -23,13 +23,12 @@ import numpy as np
 import torch
 from nxd_config import NxdConfig, load_config
 from nxd_data import SampleFormat, TokenStream
-from nxd_models import model_family
+from nxd_models import device_ceiling, model_family
 from nxd_train.corpus import default_cache_dir
 from nxd_train.data import DataSplits
 from nxd_train.loop import train
 from nxd_train.plan import RunPlan
 from nxd_train.preflight import plan_run
-from nxd_train.throughput import matmul_ceiling
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,8 +111,7 @@ def main() -> int:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    ceilings = {key: matmul_ceiling(device, dtype, seconds=2.0, size=2048 if device.type == "cpu" else 8192)
-                for key, (_, dtype) in PRECISION.items()}  # fmt: skip
+    ceilings = {key: device_ceiling(device, dtype).flops for key, (_, dtype) in PRECISION.items()}
     print(f"device: {name}; torch {torch.__version__}")
     print("matmul ceiling: " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in ceilings.items()))
     rows = []

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from nxd_models import peak_memory
 from nxd_parallel import clip_gradients, global_norm
 from nxd_precision import NonFiniteGuard, NonFiniteStop
 from torch.utils.data import Dataset
@@ -173,7 +174,8 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
         stages = None if run.pp_mesh is None else run.pp_mesh.get_group()
         shown["param_norm"] = global_norm((p.detach() for p in run.model.parameters()), stages).item()
     shown.update(tokens_per_s=processed / step_time, samples_per_s=gbs / step_time,
-                 mfu=run.flops_per_token * processed / step_time / run.ceiling)  # fmt: skip
+                 mfu=run.ceiling.utilisation(run.flops_per_token * processed / step_time),
+                 peak_memory_gib=peak_memory(run.fabric.device) / 2**30)  # fmt: skip
     if logging.step_timing:
         shown["step_time"] = step_time
     return shown
