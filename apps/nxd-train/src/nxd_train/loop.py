@@ -53,6 +53,10 @@ def train(plan: RunPlan) -> Path:
                 raise
             if warning := guard.zero_gradient_warning(step + 1, values["grad_norm"]):
                 run.monitor.info(warning)
+            if step == run.start_step and plan.layout.compile_blocks:
+                took = time.perf_counter() - started
+                run.monitor.info(f"model.fusions.torch_compile: the first step took {took:.1f} s, compiling the "
+                                 "decoder blocks")  # fmt: skip
             logged.update(values, epoch=epoch)
             window_time, window_steps = window_time + time.perf_counter() - started, window_steps + 1
             run.monitor.advance()

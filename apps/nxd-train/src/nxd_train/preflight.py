@@ -224,6 +224,7 @@ def layout_of(cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
         grad_reduce_dtype=policy.grad_reduction_dtype, ranks_at_once=cfg.trainer.sequential_move_factor,
         virtual_stages=ds.virtual_pipeline_model_parallel_size or 1,
         pipeline_cuts=None if m.pipeline_cuts is None else tuple(m.pipeline_cuts),
+        compile_blocks=m.fusions.torch_compile,
     )  # fmt: skip
 
 
