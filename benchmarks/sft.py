@@ -40,10 +40,10 @@ import datasets
 import torch
 from nxd_config import load_config
 from nxd_data import load_tokenizer
+from nxd_models import device_ceiling
 from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
 from nxd_train.loop import train
 from nxd_train.preflight import plan_run
-from nxd_train.throughput import matmul_ceiling
 from throughput import StepTimer  # benchmarks/ is the script's folder
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
@@ -217,7 +217,7 @@ def main() -> int:
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    ceiling = matmul_ceiling(device, torch.float32, seconds=2.0, size=2048 if device.type == "cpu" else 8192)
+    ceiling = device_ceiling(device, torch.float32).flops
     import peft
     import trl
 

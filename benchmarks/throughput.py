@@ -1,11 +1,19 @@
-"""Training throughput: nxd-train against transformers' Trainer on the same model, data and batch.
+"""Training throughput and peak memory: nxd-train (eager and with compiled blocks) against transformers'
+Trainer and a torchtitan-style loop, on the same model, data and batch.
 
     uv run --group bench python benchmarks/throughput.py [--models 20m,125m] [--precisions fp32,bf16]
 
-For each configs/bench_*.yaml and precision, one run trains the Megatron-style Llama through nxd's loop
-and the identical LlamaForCausalLM (same weights layout, same random tokens, same micro/global batch)
-through `transformers.Trainer`, then prints tokens/s of each, their ratio, and MFU against a matmul
-ceiling measured on this device in this run. Runs on CUDA when a GPU is present, else on the CPU.
+For each configs/bench_*.yaml and precision, four columns train the same Llama shape on the same
+random tokens with the same micro and global batch, AdamW and clipping 1.0, each in a fresh process
+(so each peak resident memory, or CUDA max allocated, is its own):
+- nxd: nxd-train's loop on the Megatron-style model (bf16 is `mixed_precision`, nxd's default type);
+- nxd compiled: the same with `model.fusions.torch_compile`;
+- Trainer: transformers' Trainer on the identical LlamaForCausalLM (bf16 is its `bf16=True`, autocast);
+- titan-style: the torchtitan recipe written from its documentation on the same LlamaForCausalLM:
+  FSDP2 `fully_shard` per block and at the root (bf16 parameters, fp32 reduction for bf16), each
+  block compiled with torch.compile before sharding, fused AdamW, a plain loop.
+Tokens/s is the median of steps 2 onwards (the first pays warm-up and compilation). MFU is model
+FLOPs over the device's peak (a datasheet for known GPUs, else a matmul ceiling measured here).
 """
 
 from __future__ import annotations
@@ -13,7 +21,10 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,19 +34,20 @@ import numpy as np
 import torch
 from nxd_config import NxdConfig, load_config
 from nxd_data import SampleFormat, TokenStream
-from nxd_models import model_family
+from nxd_models import device_ceiling, model_family, peak_memory
 from nxd_train.corpus import default_cache_dir
 from nxd_train.data import DataSplits
 from nxd_train.loop import train
 from nxd_train.plan import RunPlan
 from nxd_train.preflight import plan_run
-from nxd_train.throughput import matmul_ceiling
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCABULARY = {"20m": 8192, "125m": 32000}
 """Random-token vocabulary per model: with these, bench_20m has 19M parameters and bench_125m 134M."""
-PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("autocast", torch.bfloat16)}
+PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("mixed_precision", torch.bfloat16)}
+"""nxd's precision.type and the compute dtype of each column."""
+COLUMNS = ("nxd", "nxd compiled", "Trainer", "titan-style")
 
 
 def random_splits(seq_length: int, samples: int, vocab: int) -> DataSplits:
@@ -45,20 +57,22 @@ def random_splits(seq_length: int, samples: int, vocab: int) -> DataSplits:
     return DataSplits(windows, windows, windows, format.padding(), vocab, "random tokens", shuffled=False)
 
 
-def nxd_tokens_per_second(config_path: Path, vocab: int, precision: str, steps: int, log_dir: Path) -> float:
-    cfg = load_config(config_path, [f"precision.type={precision}", f"trainer.max_steps={steps}",
-                                    f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
-    train(with_random_tokens(plan_run(cfg, default_cache_dir()), vocab, steps))
-    with open(log_dir / "metrics.csv") as handle:
-        rates = [float(row["tokens_per_s"]) for row in csv.DictReader(handle) if row.get("tokens_per_s")]
-    return statistics.median(rates[1:])  # the first step pays for warm-up
-
-
 def with_random_tokens(plan: RunPlan, vocab: int, steps: int) -> RunPlan:
     """`plan` trained on random tokens of a `vocab`-sized vocabulary."""
     family = model_family(dataclasses.replace(plan.family.spec, vocab_size=vocab), plan.family.attention)
     data = random_splits(plan.seq_length, steps * plan.batches.global_batch_size, vocab)
     return dataclasses.replace(plan, family=family, data=data)
+
+
+def nxd_tokens_per_second(config_path: Path, vocab: int, precision: str, steps: int, log_dir: Path,
+                          compiled: bool) -> float:  # fmt: skip
+    cfg = load_config(config_path, [f"precision.type={precision}", f"trainer.max_steps={steps}",
+                                    f"+model.fusions.torch_compile={compiled}",
+                                    f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
+    train(with_random_tokens(plan_run(cfg, default_cache_dir()), vocab, steps))
+    with open(log_dir / "metrics.csv") as handle:
+        rates = [float(row["tokens_per_s"]) for row in csv.DictReader(handle) if row.get("tokens_per_s")]
+    return statistics.median(rates[1:])  # the first step pays for warm-up (and compilation)
 
 
 class StepTimer(TrainerCallback):
@@ -76,19 +90,26 @@ class StepTimer(TrainerCallback):
         self.durations.append(time.perf_counter() - self.started)
 
 
-def trainer_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, steps: int, out: Path) -> float:
-    hf_config = LlamaConfig(**plan.family.hf_mapping().config)
+def hf_model(cfg: NxdConfig, plan: RunPlan) -> LlamaForCausalLM:
+    """The LlamaForCausalLM identical in shape to the nxd model (its Hugging Face export mapping)."""
     torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM._from_config(hf_config, attn_implementation="sdpa")
-    windows = plan.data.train
+    return LlamaForCausalLM._from_config(LlamaConfig(**plan.family.hf_mapping().config), attn_implementation="sdpa")
+
+
+def unshifted_windows(plan: RunPlan) -> list[torch.Tensor]:
+    """The samples as Hugging Face models take them: the window, labels equal to it (shifted inside)."""
+    return [plan.data.train[index]["input_ids"] for index in range(len(plan.data.train))]
+
+
+def trainer_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, steps: int, out: Path) -> float:
+    model, windows = hf_model(cfg, plan), unshifted_windows(plan)
 
     class Samples(torch.utils.data.Dataset):
         def __len__(self) -> int:
             return len(windows)
 
         def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-            sample = windows[index]  # labels already shifted: give Trainer the unshifted window
-            return {"input_ids": sample["input_ids"], "labels": sample["input_ids"]}
+            return {"input_ids": windows[index], "labels": windows[index]}
 
     accumulation = cfg.global_batch_size // cfg.data.micro_batch_size
     timer = StepTimer()
@@ -104,40 +125,107 @@ def trainer_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, ste
     return tokens / statistics.median(timer.durations[1:])
 
 
+def titan_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, steps: int, device: torch.device) -> float:
+    """torchtitan's recipe on one device: per-block compile, FSDP2 (bf16 parameters and fp32 reduction
+    in bf16), fused AdamW, clip 1.0, a plain loop with gradient accumulation."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    mesh = init_device_mesh(device.type, (1,))
+    model = hf_model(cfg, plan).to(device)
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16"
+              else MixedPrecisionPolicy())  # fmt: skip
+    for block in model.model.layers:
+        block.compile()
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    optim = cfg.model.optim
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=0.01,
+                                  fused=True)  # fmt: skip
+    windows = unshifted_windows(plan)
+    micro, accumulation = cfg.data.micro_batch_size, cfg.global_batch_size // cfg.data.micro_batch_size
+    durations = []
+    for step in range(steps):
+        started = time.perf_counter()
+        for m in range(accumulation):
+            first = (step * accumulation + m) * micro
+            ids = torch.stack(windows[first : first + micro]).to(device)
+            (model(input_ids=ids, labels=ids).loss / accumulation).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        durations.append(time.perf_counter() - started)
+    dist.destroy_process_group()
+    return cfg.global_batch_size * cfg.seq_length / statistics.median(durations[1:])
+
+
+def measure(column: str, model: str, precision: str, steps: int) -> dict[str, float]:
+    """One column's tokens/s and peak memory, in this (fresh) process."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config_path = ROOT / "configs" / f"bench_{model}.yaml"
+    cfg = load_config(config_path)
+    plan = with_random_tokens(plan_run(cfg, default_cache_dir()), VOCABULARY[model], steps)
+    with tempfile.TemporaryDirectory() as scratch:
+        if column.startswith("nxd"):
+            rate = nxd_tokens_per_second(config_path, VOCABULARY[model], PRECISION[precision][0], steps,
+                                         Path(scratch) / "nxd", compiled=column == "nxd compiled")  # fmt: skip
+        elif column == "Trainer":
+            rate = trainer_tokens_per_second(cfg, plan, precision, steps, Path(scratch))
+        else:
+            rate = titan_tokens_per_second(cfg, plan, precision, steps, device)
+    return {"tokens_per_s": rate, "peak_gib": peak_memory(device) / 2**30,
+            "flops_per_token": plan.family.flops_per_token(cfg.seq_length),
+            "parameters": plan.family.parameter_count()}  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="20m,125m")
     parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--columns", default=",".join(COLUMNS))
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--child", nargs=3, metavar=("COLUMN", "MODEL", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(measure(*args.child, args.steps)))
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    ceilings = {key: matmul_ceiling(device, dtype, seconds=2.0, size=2048 if device.type == "cpu" else 8192)
-                for key, (_, dtype) in PRECISION.items()}  # fmt: skip
+    ceilings = {key: device_ceiling(device, dtype) for key, (_, dtype) in PRECISION.items()}
     print(f"device: {name}; torch {torch.__version__}")
-    print("matmul ceiling: " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in ceilings.items()))
-    rows = []
-    with tempfile.TemporaryDirectory() as scratch:
-        for model in args.models.split(","):
-            config_path = ROOT / "configs" / f"bench_{model}.yaml"
-            cfg = load_config(config_path)
-            vocab = VOCABULARY[model]
-            plan = with_random_tokens(plan_run(cfg, default_cache_dir()), vocab, args.steps)
-            flops_per_token = plan.family.flops_per_token(cfg.seq_length)
-            parameters = plan.family.parameter_count()
-            for precision in args.precisions.split(","):
-                ours = nxd_tokens_per_second(config_path, vocab, PRECISION[precision][0], args.steps,
-                                             Path(scratch) / f"nxd-{model}-{precision}")  # fmt: skip
-                theirs = trainer_tokens_per_second(cfg, plan, precision, args.steps,
-                                                   Path(scratch) / f"hf-{model}-{precision}")  # fmt: skip
-                mfu = [rate * flops_per_token / ceilings[precision] for rate in (ours, theirs)]
-                rows.append((f"{model} ({parameters / 1e6:.0f}M)", precision, ours, theirs, ours / theirs, *mfu))
-    print()
-    print(f"{'model':<14} {'precision':<9} {'nxd tok/s':>10} {'Trainer tok/s':>14} {'ratio':>6} {'nxd MFU':>8} "
-          f"{'Trainer MFU':>11}")  # fmt: skip
-    for model, precision, ours, theirs, ratio, mfu_ours, mfu_theirs in rows:
-        print(f"{model:<14} {precision:<9} {ours:>10,.0f} {theirs:>14,.0f} {ratio:>5.2f}x {mfu_ours:>8.1%} "
-              f"{mfu_theirs:>11.1%}")  # fmt: skip
+    for key, ceiling in ceilings.items():
+        print(f"MFU denominator, {key}: {ceiling.source}")
+    columns = args.columns.split(",")
+    print(f"\n{'model':<12} {'precision':<9} " + " ".join(f"{c + ' tok/s':>18} {'GiB':>5} {'MFU':>6}" for c in columns)
+          + "  nxd/Trainer  compiled/titan")  # fmt: skip
+    for model in args.models.split(","):
+        for precision in args.precisions.split(","):
+            found = {}
+            for column in columns:
+                run = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", column, model,
+                                      precision], capture_output=True, text=True)  # fmt: skip
+                lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+                if run.returncode or not lines:
+                    print(f"{column} {model} {precision} failed:\n{run.stderr[-3000:]}", file=sys.stderr)
+                    continue
+                found[column] = json.loads(lines[0].removeprefix("RESULT "))
+            cells = []
+            for column in columns:
+                r = found.get(column)
+                mfu = r and ceilings[precision].utilisation(r["tokens_per_s"] * r["flops_per_token"])
+                cells.append(f"{r['tokens_per_s']:>18,.0f} {r['peak_gib']:>5.2f} {mfu:>6.1%}" if r else f"{'-':>31}")
+            ratio = {pair: (found[pair[0]]["tokens_per_s"] / found[pair[1]]["tokens_per_s"]
+                            if pair[0] in found and pair[1] in found else float("nan"))
+                     for pair in (("nxd", "Trainer"), ("nxd compiled", "titan-style"))}  # fmt: skip
+            parameters = next(iter(found.values()))["parameters"] / 1e6 if found else 0
+            ratios = f"  {ratio[('nxd', 'Trainer')]:>10.2f}x {ratio[('nxd compiled', 'titan-style')]:>14.2f}x"
+            print(f"{model} ({parameters:.0f}M) {precision:<9} " + " ".join(cells) + ratios, flush=True)
     return 0
 
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from nxd_models import peak_memory
 from nxd_parallel import clip_gradients, global_norm
 from nxd_precision import NonFiniteGuard, NonFiniteStop
 from torch.utils.data import Dataset
@@ -52,6 +53,10 @@ def train(plan: RunPlan) -> Path:
                 raise
             if warning := guard.zero_gradient_warning(step + 1, values["grad_norm"]):
                 run.monitor.info(warning)
+            if step == run.start_step and plan.layout.compile_blocks:
+                took = time.perf_counter() - started
+                run.monitor.info(f"model.fusions.torch_compile: the first step took {took:.1f} s, compiling the "
+                                 "decoder blocks")  # fmt: skip
             logged.update(values, epoch=epoch)
             window_time, window_steps = window_time + time.perf_counter() - started, window_steps + 1
             run.monitor.advance()
@@ -173,7 +178,8 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
         stages = None if run.pp_mesh is None else run.pp_mesh.get_group()
         shown["param_norm"] = global_norm((p.detach() for p in run.model.parameters()), stages).item()
     shown.update(tokens_per_s=processed / step_time, samples_per_s=gbs / step_time,
-                 mfu=run.flops_per_token * processed / step_time / run.ceiling)  # fmt: skip
+                 mfu=run.ceiling.utilisation(run.flops_per_token * processed / step_time),
+                 peak_memory_gib=peak_memory(run.fabric.device) / 2**30)  # fmt: skip
     if logging.step_timing:
         shown["step_time"] = step_time
     return shown

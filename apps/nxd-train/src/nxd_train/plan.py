@@ -72,6 +72,8 @@ class Launch:
     use_cpu_initialization: bool = True
     neuron_environment: dict[str, str] = field(default_factory=dict)
     """AWS Neuron runtime variables, set only when the device is a Neuron core."""
+    fp32_matmul_precision: str = "highest"
+    """torch.set_float32_matmul_precision on CUDA devices."""
 
     @property
     def world_size(self) -> int:

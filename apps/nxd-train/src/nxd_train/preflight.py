@@ -224,6 +224,7 @@ def layout_of(cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
         grad_reduce_dtype=policy.grad_reduction_dtype, ranks_at_once=cfg.trainer.sequential_move_factor,
         virtual_stages=ds.virtual_pipeline_model_parallel_size or 1,
         pipeline_cuts=None if m.pipeline_cuts is None else tuple(m.pipeline_cuts),
+        compile_blocks=m.fusions.torch_compile,
     )  # fmt: skip
 
 
@@ -241,7 +242,8 @@ def _settings(cfg: NxdConfig) -> dict:
         launch=Launch(devices=t.devices, num_nodes=t.num_nodes, tp=ds.tensor_model_parallel_size,
                       pp=ds.pipeline_model_parallel_size, cp=ds.context_parallel_size, seed=cfg.seed,
                       use_cpu_initialization=cfg.model.use_cpu_initialization,
-                      neuron_environment=neuron_environment(cfg, os.environ)),
+                      neuron_environment=neuron_environment(cfg, os.environ),
+                      fp32_matmul_precision=cfg.precision.fp32_matmul_precision),
         batches=Batches(global_batch_size=cfg.global_batch_size, micro_batch_size=d.micro_batch_size,
                         num_workers=d.num_workers, reshuffle_each_epoch=d.dataloader_type == "cyclic",
                         validation_drop_last=d.validation_drop_last,

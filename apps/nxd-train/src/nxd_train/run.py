@@ -5,6 +5,7 @@ and LR schedule, the sampler, the checkpointer, and where a resumed run starts.
 
 from __future__ import annotations
 
+import logging as logging_module
 import math
 import os
 import time
@@ -20,6 +21,7 @@ from lightning_fabric import Fabric
 from nxd_align import LoraFamily, Objective
 from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info, write_adapter_files
 from nxd_data import PretrainingSampler, WithPadding
+from nxd_models import Ceiling, device_ceiling
 from nxd_parallel import (
     DirectExecutor,
     ParallelDims,
@@ -52,7 +54,6 @@ from .logdir import CHECKPOINT_DIR, next_log_dir
 from .monitor import Monitor
 from .plan import RunPlan
 from .reference import prepare_reference
-from .throughput import matmul_ceiling
 
 NEURON_DEVICE_TYPES = ("neuron", "xla")
 """Device types of AWS Neuron cores, whose runtime reads the plan's Neuron variables."""
@@ -82,8 +83,8 @@ class Run:
     saved_rng: bytes | None = None
     """This rank's RNG states from the checkpoint resumed (restored once the data loader has started)."""
     flops_per_token: int = 0
-    ceiling: float = 1.0
-    """FLOP/s of a matmul measured on this run's devices (MFU's denominator)."""
+    ceiling: Ceiling | None = None
+    """The peak FLOP/s of this run's devices together (MFU's denominator)."""
     objective: Objective | None = None
     """The plan's objective, told how this run splits sequences (context parallel); set by `setup`."""
     train_data: Dataset | None = None
@@ -165,9 +166,19 @@ class Run:
                                extra=self.checkpoint_record)  # fmt: skip
 
 
+class _NoMatmulPrecisionNotice(logging_module.Filter):
+    """Drops Lightning's advice to set the fp32 matmul precision: precision.fp32_matmul_precision sets it."""
+
+    def filter(self, record: logging_module.LogRecord) -> bool:
+        return "set_float32_matmul_precision" not in record.getMessage()
+
+
 def setup(plan: RunPlan) -> Run:
     """Launch the processes and build everything the loop needs, resumed where the plan says."""
     launch = plan.launch
+    if torch.cuda.is_available():  # the documented policy, said in the log (Lightning's own notice is dropped)
+        torch.set_float32_matmul_precision(launch.fp32_matmul_precision)
+        logging_module.getLogger("lightning_fabric.utilities.rank_zero").addFilter(_NoMatmulPrecisionNotice())
     fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes,
                     strategy="ddp" if launch.world_size > 1 else "auto", precision=plan.precision)  # fmt: skip
     fabric.launch()
@@ -227,8 +238,8 @@ def setup(plan: RunPlan) -> Run:
     checkpointer = Checkpointer(log_dir / CHECKPOINT_DIR, plan.checkpoints.policy,
                                 asynchronous=plan.checkpoints.asynchronous, process_group=checkpoint_group,
                                 on_complete=report_save, attach=partial(_write_all, attach))  # fmt: skip
-    ceiling = fabric.all_reduce(torch.tensor(matmul_ceiling(fabric.device, plan.policy.compute_dtype),
-                                             device=fabric.device), reduce_op="sum").item()  # fmt: skip
+    ceiling = device_ceiling(fabric.device, plan.policy.compute_dtype)
+    ceiling.flops = fabric.all_reduce(torch.tensor(ceiling.flops, device=fabric.device), reduce_op="sum").item()
     record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
               "config": plan.resolved_config, **export_record(export_of(plan.family, plan.data.tokenizer_files))}
     if lora is not None:
@@ -250,6 +261,8 @@ def setup(plan: RunPlan) -> Run:
                  f"{sampler.steps_per_epoch} per epoch, {plan.data.tokenizer}; logs in {log_dir}")  # fmt: skip
     for line in plan.data.notes:
         monitor.info(line)
+    monitor.info(f"MFU: model FLOPs (attention counted in full, not causal) against {ceiling.source}, per device; "
+                 f"fp32 matmul precision {torch.get_float32_matmul_precision()}")  # fmt: skip
     if lora is not None:
         _report_adapters(lora, model, plan, monitor)
     return run

@@ -4,6 +4,7 @@
 from .attention import AttentionKernel, CoreAttention
 from .build import build_causal_lm, build_on_meta, causal_lm_logits
 from .context_parallel import use_context_parallel
+from .device_peaks import PEAKS, Ceiling, datasheet_peak, device_ceiling, measured_peak, peak_memory
 from .errors import ModelConfigError
 from .family import HuggingFaceFamily, MegatronFamily, ModelFamily, model_family
 from .flops import training_flops_per_token
@@ -18,9 +19,10 @@ from .qkv import QKVLinear
 __version__ = "0.1.0"
 
 __all__ = [
-    "GPT_TP_PLAN", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "CoreAttention", "GPTConfig", "GPTForCausalLM",
-    "HFMapping", "HFOverrides", "HuggingFaceFamily", "MegatronFamily", "ModelConfigError", "ModelFamily",
-    "QKVLinear", "build_causal_lm", "build_on_meta", "causal_lm_logits", "decoder_layers", "gpt_tp_plan",
-    "hf_mapping", "hf_tp_plan", "keep_pipeline_stage", "load_hf_config", "model_family", "pipeline_stage_problems",
+    "GPT_TP_PLAN", "PEAKS", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "Ceiling", "CoreAttention", "GPTConfig",
+    "GPTForCausalLM", "HFMapping", "HFOverrides", "HuggingFaceFamily", "MegatronFamily", "ModelConfigError",
+    "ModelFamily", "QKVLinear", "build_causal_lm", "build_on_meta", "causal_lm_logits", "datasheet_peak",
+    "decoder_layers", "device_ceiling", "gpt_tp_plan", "hf_mapping", "hf_tp_plan", "keep_pipeline_stage",
+    "load_hf_config", "measured_peak", "model_family", "peak_memory", "pipeline_stage_problems",
     "recompute_core_attention", "set_qkv_linear", "training_flops_per_token", "use_context_parallel",
 ]  # fmt: skip

@@ -4,6 +4,7 @@ checkpointing, sharded initialisation, global norms and step executors, on torch
 from torch.distributed.tensor.parallel import loss_parallel
 
 from .activation_checkpointing import apply_activation_checkpointing
+from .compile import compile_blocks
 from .context_parallel import ring_attention, split_sequence, zigzag_indices
 from .data_parallel import apply_data_parallel, set_gradient_sync
 from .dims import ParallelDims, ParallelMesh
@@ -31,8 +32,8 @@ __all__ = [
     "STYLES", "DirectExecutor", "Layout", "LossFunction", "ParallelConfigError", "ParallelDims", "ParallelMesh",
     "PipelineExecutor", "ShardableModel", "StagedModel", "Totals", "apply_activation_checkpointing",
     "apply_data_parallel", "apply_tensor_parallel", "build_executor", "build_parallel_model", "build_schedule",
-    "check_plan", "clip_gradients", "enter_sequence_parallel", "global_norm", "load_whole_weights", "loss_parallel",
-    "materialise", "modules_of", "pipeline_ranges", "rank_stages", "recompute_units", "replicated_heads",
-    "ring_attention", "set_gradient_sync", "split_sequence", "stage_ranges", "tensor_parallel_problems",
-    "zigzag_indices",
+    "check_plan", "clip_gradients", "compile_blocks", "enter_sequence_parallel", "global_norm",
+    "load_whole_weights", "loss_parallel", "materialise", "modules_of", "pipeline_ranges", "rank_stages",
+    "recompute_units", "replicated_heads", "ring_attention", "set_gradient_sync", "split_sequence",
+    "stage_ranges", "tensor_parallel_problems", "zigzag_indices",
 ]  # fmt: skip

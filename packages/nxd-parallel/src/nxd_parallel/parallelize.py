@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .activation_checkpointing import apply_activation_checkpointing
+from .compile import compile_blocks
 from .context_parallel import ring_attention
 from .data_parallel import apply_data_parallel
 from .dims import ParallelMesh
@@ -83,6 +84,8 @@ class Layout:
     """Pipeline stages per pipeline rank (interleaved 1F1B above 1)."""
     pipeline_cuts: tuple[str, ...] | None = None
     """The layer (model.layers.N) that ends each stage but the last; None balances the stages."""
+    compile_blocks: bool = False
+    """torch.compile each decoder layer (after TP and recompute wrapping, before data parallelism)."""
 
 
 def recompute_units(family: ShardableModel, model: nn.Module, layout: Layout) -> list[nn.Module]:
@@ -168,6 +171,8 @@ def build_parallel_model(
         model = whole()
         prepare(model, cast=True)
         apply_activation_checkpointing(recompute_units(family, model, layout))
+        if layout.compile_blocks:
+            compile_blocks(family.decoder_layers(model))
         return model
     shard = partial(_shard, family=family, layout=layout, mesh=mesh, prepare=prepare)
     pp = mesh.get("pp")
@@ -207,6 +212,8 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
     apply_activation_checkpointing(recompute_units(family, model, layout))
     if tp is not None and layout.sequence_parallel and first_layer is not None:
         enter_sequence_parallel(model, first_layer, tp)  # after the checkpoints: a recompute must not split twice
+    if layout.compile_blocks:
+        compile_blocks(family.decoder_layers(model))
     if data is not None:  # context-parallel ranks hold the same weights: their gradients are reduced too
         apply_data_parallel(model, data, zero1=layout.zero1, blocks=family.decoder_layers(model),
                             mp_policy=MixedPrecisionPolicy(reduce_dtype=layout.grad_reduce_dtype))  # fmt: skip

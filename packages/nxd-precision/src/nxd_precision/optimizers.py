@@ -6,7 +6,7 @@ NovoGrad is NeMo's variant (`novograd.py`); every other name is a torch optimize
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +28,9 @@ _TORCH = {
 }
 OPTIMIZER_NAMES = (*_TORCH, "adafactor")
 _FOREACH = set(_TORCH) - {"novograd"}
-"""The torch optimizers, whose foreach option is turned off."""
+"""The torch optimizers with a foreach (multi-tensor) implementation."""
+_FUSED = {"adamw", "adamw_fp32OptState", "adam", "sgd", "adagrad"}
+"""Those with a fused kernel (one pass over each tensor's memory), on CPU and CUDA."""
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
@@ -43,14 +45,27 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
 
 def optimizer_arguments(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments the optimizer class takes for `options` (the config's keys under their
-    own names): transformers' Adafactor takes its decay exponent negated; foreach is off (see
-    DESIGN.md: a mix of DTensor and plain parameters breaks it)."""
+    own names): transformers' Adafactor takes its decay exponent negated."""
     arguments = dict(options)
     if name == "adafactor" and "decay_rate" in arguments:
         arguments["decay_rate"] = -abs(arguments["decay_rate"])
-    if name in _FOREACH:
-        arguments["foreach"] = False
     return arguments
+
+
+def implementation(name: str, parameters: Sequence[torch.Tensor]) -> dict[str, bool]:
+    """The fastest torch implementation `parameters` allow: the fused kernel where the optimizer has
+    one and every tensor is a floating-point tensor on a CPU or CUDA device; else foreach when every
+    tensor is of one kind (all plain, or all DTensors on one mesh: DESIGN.md's trap is the mix of
+    the two, which tensor parallelism without sequence parallelism leaves); else the for-loop."""
+    if name not in _FOREACH or not parameters:
+        return {}
+    kinds = {(type(p), getattr(p, "device_mesh", None), p.device.type) for p in parameters}
+    if len(kinds) > 1:
+        return {"foreach": False}
+    devices = {p.device.type for p in parameters}
+    if name in _FUSED and devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in parameters):
+        return {"fused": True}
+    return {"foreach": True}
 
 
 def parameter_groups(
@@ -78,4 +93,6 @@ def build_optimizer(
     weight_decay, betas, ...). Under ZeRO-1 the parameters are 1/dp shards, so its state is too."""
     cls, arguments = optimizer_class(name), optimizer_arguments(name, options)
     weight_decay = arguments.pop("weight_decay", None)
-    return cls(parameter_groups(parameters, weight_decay, decay_norms_and_biases), **arguments)
+    groups = parameter_groups(parameters, weight_decay, decay_norms_and_biases)
+    chosen = implementation(name, [p for group in groups for p in group["params"]])
+    return cls(groups, **(chosen | arguments))

@@ -15,12 +15,16 @@ HIGH_MASK = -LOW_BITS  # 0xFFFF0000 as int32
 
 
 def stochastic_round(values: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """`values` (any float dtype) rounded stochastically to bf16; inf and NaN pass through."""
+    """`values` (any float dtype) rounded stochastically to bf16; inf and NaN pass through.
+
+    Three passes over the noise, in place: add the bits, mask the low half, convert. inf has zero low
+    bits, so it stays inf; a NaN whose payload lies in the low half only would read as inf after the
+    mask, so NaNs are set again."""
     single = values.detach().to(torch.float32).contiguous()
-    bits = single.view(torch.int32)
-    noise = _random_low_bits(bits.numel(), bits.device, generator).view(bits.shape)
-    rounded = ((bits + noise) & HIGH_MASK).view(torch.float32).to(torch.bfloat16)  # exact: low bits are zero
-    return torch.where(torch.isfinite(single), rounded, single.to(torch.bfloat16))
+    noise = _random_low_bits(single.numel(), single.device, generator).view(single.shape)
+    noise.add_(single.view(torch.int32)).bitwise_and_(HIGH_MASK)
+    rounded = noise.view(torch.float32).to(torch.bfloat16)  # exact: the low bits are zero
+    return rounded.masked_fill_(torch.isnan(single), float("nan"))
 
 
 @torch.no_grad()
@@ -34,4 +38,4 @@ def _random_low_bits(count: int, device: torch.device, generator: torch.Generato
     """`count` uniform integers in [0, 2**16) as int32: 64-bit draws split in two halves, which is about
     1.5x faster than drawing 32-bit integers one by one on CPU (the draw dominates the rounding)."""
     words = torch.empty((count + 1) // 2, dtype=torch.int64, device=device).random_(generator=generator)
-    return words.view(torch.int32)[:count] & (LOW_BITS - 1)
+    return words.view(torch.int32)[:count].bitwise_and_(LOW_BITS - 1)

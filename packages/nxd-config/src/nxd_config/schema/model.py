@@ -25,6 +25,14 @@ class FusionsConfig(Section):
     ring_attention: bool = key(
         False, "Ring attention over the context-parallel group; required when cp > 1.", by=PAR
     )
+    torch_compile: bool = key(
+        False,
+        "Compile each decoder block with torch.compile (inductor), after tensor parallelism and recompute "
+        "wrapping, before data parallelism; the first step pays the compile time, which the log reports.",
+        by=PAR,
+        status=Status.EXTENSION,
+        note="NxDT compiles the whole graph with the Neuron compiler instead",
+    )
 
 
 class MoEConfig(Section):

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator
 
-from ._base import Section, key
+from ._base import Section, Status, key
 
 PREC = "nxd-precision"
 
@@ -50,6 +50,14 @@ class PrecisionConfig(Section):
     )
     neuron_rt_stochastic_rounding_en: Flag = key(
         "0", "manual: '1' applies bf16 updates with stochastic rounding.", by=PREC
+    )
+    fp32_matmul_precision: Literal["highest", "high", "medium"] = key(
+        "highest",
+        "How float32 matmuls run on CUDA (torch.set_float32_matmul_precision): highest in full fp32, high "
+        "on TF32 tensor cores, medium in bf16. MFU is reported against the matching peak.",
+        by="nxd-train",
+        status=Status.EXTENSION,
+        note="NxDT runs on Neuron devices; fp32 stays exact unless a run asks for TF32",
     )
     parallel_layers_reduce_dtype: Literal["bf16", "fp32"] | None = key(
         None,

@@ -1,0 +1,117 @@
+"""What a device can do at most: the denominator of MFU (its peak dense FLOP/s for the dtype its
+matmuls run in), and the peak memory a run has used on it.
+
+Known accelerators are matched by device name against their datasheets (dense rates, never the
+2:4-sparse ones); any other device (a CPU included) gets a ceiling measured on square matmuls grown
+until one takes long enough to reach the device's rate. A measured ceiling is a lower bound of the
+true peak, so `Ceiling.utilisation` raises it to any rate a run achieves: MFU never exceeds 100%.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+
+import torch
+
+TERA = 1e12
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """Datasheet dense peaks in TFLOP/s: bf16/fp16 tensor cores, TF32 tensor cores, plain fp32."""
+
+    match: str
+    """A substring of the device's name (torch.cuda.get_device_name)."""
+    bf16: float
+    tf32: float
+    fp32: float
+
+
+PEAKS = (  # most specific names first: "NVIDIA H100 PCIe" before "H100", "L40S" before "L4", "A100" before "A10"
+    DevicePeak("H100 PCIe", 756.4, 378.0, 51.2),
+    DevicePeak("H100 NVL", 835.5, 417.5, 60.0),
+    DevicePeak("H200 NVL", 835.5, 417.5, 60.0),
+    DevicePeak("GH200", 989.4, 494.7, 66.9),
+    DevicePeak("H200", 989.4, 494.7, 66.9),
+    DevicePeak("H100", 989.4, 494.7, 66.9),  # SXM5 ("NVIDIA H100 80GB HBM3")
+    DevicePeak("B200", 2250.0, 1100.0, 75.0),
+    DevicePeak("A100", 312.0, 156.0, 19.5),
+    DevicePeak("L40S", 362.05, 183.0, 91.6),
+    DevicePeak("L4", 121.0, 60.0, 30.3),
+    DevicePeak("A10", 125.0, 62.5, 31.2),
+    DevicePeak("MI300X", 1307.4, 653.7, 163.4),
+)
+
+
+def datasheet_peak(device_name: str, dtype: torch.dtype, matmul_precision: str = "highest") -> float | None:
+    """Peak dense FLOP/s of the named device for matmuls in `dtype` (fp32 ones at torch's
+    `matmul_precision`: "highest" is plain fp32, "high" TF32, "medium" bf16); None when not known."""
+    for peak in PEAKS:
+        if peak.match in device_name:
+            if dtype in (torch.bfloat16, torch.float16) or matmul_precision == "medium":
+                return peak.bf16 * TERA
+            return (peak.tf32 if matmul_precision == "high" else peak.fp32) * TERA
+    return None
+
+
+def measured_peak(device: torch.device, dtype: torch.dtype, *, budget_s: float = 0.6) -> float:
+    """The best FLOP/s of square matmuls on `device` in `dtype`, sizes doubling from 512 while one
+    matmul takes under a tenth of `budget_s` (large enough to reach the device's rate, bounded in time)."""
+    best, size, deadline = 0.0, 512, time.perf_counter() + budget_s
+    while True:
+        a = torch.randn(size, size, device=device, dtype=dtype)
+        b = torch.randn(size, size, device=device, dtype=dtype)
+        torch.matmul(a, b)  # warm up kernels and caches
+        _synchronize(device)
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        _synchronize(device)
+        took = time.perf_counter() - start
+        best = max(best, 2 * size**3 / took)
+        if took > budget_s / 10 or size >= 16384 or time.perf_counter() > deadline:
+            return best
+        size *= 2
+
+
+@dataclass
+class Ceiling:
+    """The FLOP/s MFU is reported against, and where it came from (said once in the log)."""
+
+    flops: float
+    source: str
+    measured: bool
+
+    def utilisation(self, achieved: float) -> float:
+        """achieved / ceiling, at most 1: a measured ceiling below an achieved rate was too low and becomes
+        that rate; a datasheet peak cannot be beaten, so a higher figure is a FLOP count's error, shown as 1."""
+        if self.measured and achieved > self.flops:
+            self.flops = achieved
+        return min(1.0, achieved / self.flops)
+
+
+def device_ceiling(device: torch.device, dtype: torch.dtype) -> Ceiling:
+    """The datasheet peak of `device` when it is a known accelerator, otherwise a measured ceiling."""
+    precision = torch.get_float32_matmul_precision()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    if device.type == "cuda" and (peak := datasheet_peak(name, dtype, precision)) is not None:
+        kind = "bf16" if dtype != torch.float32 or precision == "medium" else "tf32" if precision == "high" else "fp32"
+        return Ceiling(peak, f"{name}: datasheet dense {kind} peak, {peak / TERA:,.1f} TFLOP/s", measured=False)
+    flops = measured_peak(device, dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
+    source = f"{name}: no datasheet peak known, a {dtype_name} matmul measured at {flops / TERA:,.3f} TFLOP/s"
+    return Ceiling(flops, f"{source} (raised to any rate the run reaches)", measured=True)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device: torch.device) -> int:
+    """Bytes at most in use so far: tensors allocated on a CUDA device, else this process's resident
+    memory (its high-water mark, which includes everything the process holds)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux

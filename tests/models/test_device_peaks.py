@@ -1,0 +1,70 @@
+"""MFU's denominator: datasheet peaks matched by device name (dense rates from the vendors' datasheets,
+written here by hand), a measured ceiling elsewhere, and utilisation that never exceeds 1."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from nxd_models import PEAKS, Ceiling, datasheet_peak, device_ceiling, measured_peak, peak_memory
+
+TERA = 1e12
+DATASHEETS = {  # device name as torch.cuda.get_device_name gives it: (bf16, tf32, fp32) dense TFLOP/s
+    "NVIDIA H100 80GB HBM3": (989.4, 494.7, 66.9),
+    "NVIDIA H100 PCIe": (756.4, 378.0, 51.2),
+    "NVIDIA H100 NVL": (835.5, 417.5, 60.0),
+    "NVIDIA H200": (989.4, 494.7, 66.9),
+    "NVIDIA H200 NVL": (835.5, 417.5, 60.0),
+    "NVIDIA GH200 480GB": (989.4, 494.7, 66.9),
+    "NVIDIA B200": (2250.0, 1100.0, 75.0),
+    "NVIDIA A100-SXM4-80GB": (312.0, 156.0, 19.5),
+    "NVIDIA A100 80GB PCIe": (312.0, 156.0, 19.5),
+    "NVIDIA L40S": (362.05, 183.0, 91.6),
+    "NVIDIA L4": (121.0, 60.0, 30.3),
+    "NVIDIA A10": (125.0, 62.5, 31.2),
+    "AMD Instinct MI300X": (1307.4, 653.7, 163.4),
+}
+
+
+@pytest.mark.parametrize("name", DATASHEETS)
+def test_a_known_device_is_matched_to_its_own_datasheet(name):
+    bf16, tf32, fp32 = DATASHEETS[name]
+    assert datasheet_peak(name, torch.bfloat16) == pytest.approx(bf16 * TERA)
+    assert datasheet_peak(name, torch.float16) == pytest.approx(bf16 * TERA)
+    assert datasheet_peak(name, torch.float32, "highest") == pytest.approx(fp32 * TERA)
+    assert datasheet_peak(name, torch.float32, "high") == pytest.approx(tf32 * TERA)
+    assert datasheet_peak(name, torch.float32, "medium") == pytest.approx(bf16 * TERA)
+
+
+def test_an_unknown_device_has_no_datasheet_peak():
+    assert datasheet_peak("Tesla K80", torch.bfloat16) is None
+    assert len(PEAKS) == len(DATASHEETS) - 1  # every entry tested (H100 SXM by its own name)
+
+
+@pytest.mark.parametrize("name", DATASHEETS)
+def test_utilisation_never_exceeds_1_against_a_datasheet_peak(name):
+    peak = datasheet_peak(name, torch.bfloat16)
+    ceiling = Ceiling(peak, name, measured=False)
+    assert ceiling.utilisation(peak / 4) == pytest.approx(0.25)
+    assert ceiling.utilisation(peak * 3) == 1.0 and ceiling.flops == peak
+
+
+def test_a_measured_ceiling_is_raised_to_what_a_run_reaches():
+    ceiling = Ceiling(100.0, "cpu", measured=True)
+    assert ceiling.utilisation(50.0) == 0.5
+    assert ceiling.utilisation(250.0) == 1.0 and ceiling.flops == 250.0
+    assert ceiling.utilisation(125.0) == 0.5
+
+
+def test_the_cpu_ceiling_is_measured_within_its_time_budget():
+    started = time.perf_counter()
+    flops = measured_peak(torch.device("cpu"), torch.float32, budget_s=0.6)
+    assert time.perf_counter() - started < 3.0 and flops > 1e8
+    ceiling = device_ceiling(torch.device("cpu"), torch.float32)
+    assert ceiling.measured and "no datasheet peak known" in ceiling.source
+
+
+def test_peak_memory_of_this_process_covers_a_buffer_it_touched():
+    buffer = torch.ones(64 * 2**20 // 4)  # 64 MiB, written
+    assert peak_memory(torch.device("cpu")) >= buffer.numel() * 4
