@@ -114,8 +114,10 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     objective = TokenObjective()
     record = {"init": _gathered({name: _full(p) for name, p in model.named_parameters()}, pp),
               "loss": [], "norm": [], "grads": []}  # fmt: skip
-    optimizer = PrecisionOptimizer(model.parameters(), policy,
-                                   lambda tensors: torch.optim.AdamW(tensors, lr=1e-3, weight_decay=0.1, foreach=False))
+    # eps 1e-6: Adam turns a gradient near 0 into a step of about lr whose sign the gradient's last bits
+    # decide, so with the default 1e-8 layouts whose sums round differently drift apart by design
+    optimizer = PrecisionOptimizer(model.parameters(), policy, lambda tensors: torch.optim.AdamW(
+        tensors, lr=1e-3, weight_decay=0.1, eps=1e-6, foreach=False))  # fmt: skip
     loss_mesh, rank = mesh.get("dp_cp"), mesh.data_parallel_rank
     dp, cp, cp_rank = dims.dp, dims.cp, mesh.rank("cp")
     per_rank = GLOBAL_BATCH // dp
