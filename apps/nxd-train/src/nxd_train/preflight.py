@@ -69,7 +69,18 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
         if (peft := alignment.peft) is not None and peft.save_lora_base and peft.merge_lora:
             found.append("model_alignment_strategy.peft: save_lora_base and merge_lora both write the base weights "
                          "of a checkpoint; expected at most one of them True")  # fmt: skip
-    return found + unavailable_data_keys(cfg.data, fine_tuning=_method(cfg) is not None)
+    return found + _compile_problems(cfg) + unavailable_data_keys(cfg.data, fine_tuning=_method(cfg) is not None)
+
+
+def _compile_problems(cfg: NxdConfig) -> list[str]:
+    """The layouts compiled decoder blocks cannot take yet, by name: torch.compile over tensor-parallel
+    blocks fails inside DTensor's backward (with recomputation or with a transformers model) or drops
+    the embedding's gradient (a transformers model entering sequence parallelism)."""
+    tp = cfg.distributed_strategy.tensor_model_parallel_size
+    if not cfg.model.fusions.torch_compile or tp == 1:
+        return []
+    return [f"model.fusions.torch_compile: not available with tensor parallelism (distributed_strategy."
+            f"tensor_model_parallel_size: {tp}); expected one of them off"]  # fmt: skip
 
 
 def _optimizer_problems(cfg: NxdConfig, accelerator: str) -> list[str]:
