@@ -28,7 +28,8 @@ class FusionsConfig(Section):
     torch_compile: bool = key(
         False,
         "Compile each decoder block with torch.compile (inductor), after tensor parallelism and recompute "
-        "wrapping, before data parallelism; the first step pays the compile time, which the log reports.",
+        "wrapping, before data parallelism; the first step pays the compile time, which the log reports. "
+        "Not with tensor parallelism yet.",
         by=PAR,
         status=Status.EXTENSION,
         note="NxDT compiles the whole graph with the Neuron compiler instead",
