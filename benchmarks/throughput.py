@@ -3,11 +3,15 @@ Trainer and a torchtitan-style loop, on the same model, data and batch.
 
     uv run --group bench python benchmarks/throughput.py [--models 20m,125m] [--precisions fp32,bf16]
 
-For each configs/bench_*.yaml and precision, four columns train the same Llama shape on the same
-random tokens with the same micro and global batch, AdamW and clipping 1.0, each in a fresh process
-(so each peak resident memory, or CUDA max allocated, is its own):
-- nxd: nxd-train's loop on the Megatron-style model (bf16 is `mixed_precision`, nxd's default type);
+Models: 20m and 125m are configs/bench_*.yaml; 1b (hidden 2048, 16 layers, vocab 32000) and 8b-slice
+(4 layers of Llama-3-8B, vocab 128256) are bench_125m.yaml widened, at sequence 2048, for a GPU.
+For each model and precision, the columns train the same Llama shape on the same random tokens with
+the same micro and global batch, AdamW and clipping 1.0, each in a fresh process (so each peak
+resident memory, or CUDA max allocated, is its own):
+- nxd: nxd-train's loop on the Megatron-style model (bf16 is `mixed_precision`, nxd's default type;
+  bf16SR is that precision type, for the nxd columns only);
 - nxd compiled: the same with `model.fusions.torch_compile`;
+- nxd chunked loss: the same with `model.fusions.loss_chunk_tokens: 1024` (whole logits never exist);
 - Trainer: transformers' Trainer on the identical LlamaForCausalLM (bf16 is its `bf16=True`, autocast);
 - titan-style: the torchtitan recipe written from its documentation on the same LlamaForCausalLM:
   FSDP2 `fully_shard` per block and at the root (bf16 parameters, fp32 reduction for bf16), each
@@ -43,11 +47,22 @@ from nxd_train.preflight import plan_run
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
-VOCABULARY = {"20m": 8192, "125m": 32000}
-"""Random-token vocabulary per model: with these, bench_20m has 19M parameters and bench_125m 134M."""
-PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("mixed_precision", torch.bfloat16)}
+WIDER = ["data.seq_length=2048", "model.encoder_seq_length=2048", "data.micro_batch_size=2",
+         "data.global_batch_size=4", "model.num_attention_heads=32", "model.num_kv_heads=8"]  # fmt: skip
+MODELS = {
+    "20m": ("bench_20m", 8192, []),
+    "125m": ("bench_125m", 32000, []),
+    "1b": ("bench_125m", 32000, [*WIDER, "model.hidden_size=2048", "model.num_layers=16",
+                                 "model.ffn_hidden_size=8192"]),
+    "8b-slice": ("bench_125m", 128256, [*WIDER, "model.hidden_size=4096", "model.num_layers=4",
+                                        "model.ffn_hidden_size=14336", "+model.rope_theta=500000"]),
+}  # fmt: skip
+"""Config file, random-token vocabulary and overrides per model: bench_20m has 19M parameters,
+bench_125m 134M, 1b 1.3B and 8b-slice 1.9B."""
+PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("mixed_precision", torch.bfloat16),
+             "bf16SR": ("bf16SR", torch.bfloat16)}  # fmt: skip
 """nxd's precision.type and the compute dtype of each column."""
-COLUMNS = ("nxd", "nxd compiled", "Trainer", "titan-style")
+COLUMNS = ("nxd", "nxd compiled", "nxd chunked loss", "Trainer", "titan-style")
 
 
 def random_splits(seq_length: int, samples: int, vocab: int) -> DataSplits:
@@ -64,15 +79,19 @@ def with_random_tokens(plan: RunPlan, vocab: int, steps: int) -> RunPlan:
     return dataclasses.replace(plan, family=family, data=data)
 
 
-def nxd_tokens_per_second(config_path: Path, vocab: int, precision: str, steps: int, log_dir: Path,
-                          compiled: bool) -> float:  # fmt: skip
-    cfg = load_config(config_path, [f"precision.type={precision}", f"trainer.max_steps={steps}",
-                                    f"+model.fusions.torch_compile={compiled}",
+def nxd_tokens_per_second(config_path: Path, overrides: list[str], vocab: int, precision: str, steps: int,
+                          log_dir: Path, column: str) -> tuple[float, list[float]]:  # fmt: skip
+    """Median tokens/s of steps 2 onwards, and every step's loss."""
+    chunk = 1024 if column == "nxd chunked loss" else 0
+    cfg = load_config(config_path, [*overrides, f"precision.type={precision}", f"trainer.max_steps={steps}",
+                                    f"+model.fusions.torch_compile={column == 'nxd compiled'}",
+                                    f"+model.fusions.loss_chunk_tokens={chunk}",
                                     f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
     train(with_random_tokens(plan_run(cfg, default_cache_dir()), vocab, steps))
     with open(log_dir / "metrics.csv") as handle:
-        rates = [float(row["tokens_per_s"]) for row in csv.DictReader(handle) if row.get("tokens_per_s")]
-    return statistics.median(rates[1:])  # the first step pays for warm-up (and compilation)
+        rows = [row for row in csv.DictReader(handle) if row.get("tokens_per_s")]
+    # the first step pays for warm-up (and compilation)
+    return statistics.median(float(row["tokens_per_s"]) for row in rows[1:]), [float(row["loss"]) for row in rows]
 
 
 class StepTimer(TrainerCallback):
@@ -168,18 +187,20 @@ def titan_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, steps
 def measure(column: str, model: str, precision: str, steps: int) -> dict[str, float]:
     """One column's tokens/s and peak memory, in this (fresh) process."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    config_path = ROOT / "configs" / f"bench_{model}.yaml"
-    cfg = load_config(config_path)
-    plan = with_random_tokens(plan_run(cfg, default_cache_dir()), VOCABULARY[model], steps)
+    name, vocab, overrides = MODELS[model]
+    config_path = ROOT / "configs" / f"{name}.yaml"
+    cfg = load_config(config_path, overrides)
+    plan = with_random_tokens(plan_run(cfg, default_cache_dir()), vocab, steps)
+    losses: list[float] = []
     with tempfile.TemporaryDirectory() as scratch:
         if column.startswith("nxd"):
-            rate = nxd_tokens_per_second(config_path, VOCABULARY[model], PRECISION[precision][0], steps,
-                                         Path(scratch) / "nxd", compiled=column == "nxd compiled")  # fmt: skip
+            rate, losses = nxd_tokens_per_second(config_path, overrides, vocab, PRECISION[precision][0], steps,
+                                                 Path(scratch) / "nxd", column)  # fmt: skip
         elif column == "Trainer":
             rate = trainer_tokens_per_second(cfg, plan, precision, steps, Path(scratch))
         else:
             rate = titan_tokens_per_second(cfg, plan, precision, steps, device)
-    return {"tokens_per_s": rate, "peak_gib": peak_memory(device) / 2**30,
+    return {"tokens_per_s": rate, "peak_gib": peak_memory(device) / 2**30, "losses": losses,
             "flops_per_token": plan.family.flops_per_token(cfg.seq_length),
             "parameters": plan.family.parameter_count()}  # fmt: skip
 
@@ -197,15 +218,16 @@ def main() -> int:
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    ceilings = {key: device_ceiling(device, dtype) for key, (_, dtype) in PRECISION.items()}
+    precisions = args.precisions.split(",")
+    ceilings = {key: device_ceiling(device, PRECISION[key][1]) for key in precisions}
     print(f"device: {name}; torch {torch.__version__}")
     for key, ceiling in ceilings.items():
         print(f"MFU denominator, {key}: {ceiling.source}")
     columns = args.columns.split(",")
     print(f"\n{'model':<12} {'precision':<9} " + " ".join(f"{c + ' tok/s':>18} {'GiB':>5} {'MFU':>6}" for c in columns)
-          + "  nxd/Trainer  compiled/titan")  # fmt: skip
+          + "  nxd/Trainer  compiled/titan  memory chunked/nxd")  # fmt: skip
     for model in args.models.split(","):
-        for precision in args.precisions.split(","):
+        for precision in precisions:
             found = {}
             for column in columns:
                 run = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", column, model,
@@ -224,8 +246,15 @@ def main() -> int:
                             if pair[0] in found and pair[1] in found else float("nan"))
                      for pair in (("nxd", "Trainer"), ("nxd compiled", "titan-style"))}  # fmt: skip
             parameters = next(iter(found.values()))["parameters"] / 1e6 if found else 0
-            ratios = f"  {ratio[('nxd', 'Trainer')]:>10.2f}x {ratio[('nxd compiled', 'titan-style')]:>14.2f}x"
+            memory = (found["nxd chunked loss"]["peak_gib"] / found["nxd"]["peak_gib"]
+                      if "nxd" in found and "nxd chunked loss" in found else float("nan"))  # fmt: skip
+            ratios = (f"  {ratio[('nxd', 'Trainer')]:>10.2f}x {ratio[('nxd compiled', 'titan-style')]:>14.2f}x"
+                      f" {memory:>19.2f}x")  # fmt: skip
             print(f"{model} ({parameters:.0f}M) {precision:<9} " + " ".join(cells) + ratios, flush=True)
+            if "nxd" in found and "nxd chunked loss" in found:
+                chunked, whole = found["nxd chunked loss"]["losses"], found["nxd"]["losses"]
+                print(f"    losses, chunked against whole logits: {chunked} / {whole}, largest difference "
+                      f"{max(abs(a - b) for a, b in zip(chunked, whole, strict=True)):.2e}", flush=True)
     return 0
 
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from nxd_align.preference import dpo_loss, log1mexp, orpo_loss, sequence_log_probs
+from nxd_models import token_cross_entropy
 
 
 @pytest.mark.parametrize("beta, chosen, rejected, ref_chosen, ref_rejected, expected", [
@@ -55,7 +56,7 @@ def test_log1mexp_is_accurate_on_both_branches():
 def test_sequence_log_probs_sum_the_counted_labels():
     logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6]]]))
     labels = torch.tensor([[0, -100, 2]])
-    total, count = sequence_log_probs(logits, labels)
+    total, count = sequence_log_probs(token_cross_entropy(logits, labels), labels)
     assert total.item() == pytest.approx(math.log(0.5) + math.log(0.6)) and count.item() == 2
 
 
@@ -75,7 +76,7 @@ def test_the_dpo_objective_sums_the_formula_over_real_pairs():
     chosen, rejected = 2 * math.log(0.5), math.log(0.25) + math.log(0.5)
     margin = 0.1 * ((chosen + 1.5) - (rejected + 2.5))
     objective = DPOObjective(beta=0.1)
-    loss, metrics = objective.loss(logits, batch)
+    loss, metrics = objective.loss(token_cross_entropy(logits, batch["labels"]), batch)
     assert objective.count(batch).item() == 1
     assert loss.item() == pytest.approx(math.log1p(math.exp(-margin)), abs=1e-6)
     assert metrics["rewards/chosen"].item() == pytest.approx(0.1 * (chosen + 1.5), abs=1e-6)
@@ -91,7 +92,7 @@ def test_the_orpo_objective_uses_average_log_probs():
     chosen, rejected = math.log(0.5), (math.log(0.25) + math.log(0.5)) / 2
     odds = (chosen - math.log(1 - math.exp(chosen))) - (rejected - math.log(1 - math.exp(rejected)))
     ratio = -math.log(1 / (1 + math.exp(-odds)))
-    loss, metrics = ORPOObjective(beta=0.25).loss(logits, batch)
+    loss, metrics = ORPOObjective(beta=0.25).loss(token_cross_entropy(logits, batch["labels"]), batch)
     assert loss.item() == pytest.approx(-chosen + 0.25 * ratio, abs=1e-6)
     assert metrics["nll_loss"].item() == pytest.approx(-chosen, abs=1e-6)
     assert metrics["log_odds_ratio"].item() == pytest.approx(-ratio, abs=1e-6)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from nxd_align import TokenObjective, token_cross_entropy
+from nxd_align import TokenObjective
 from nxd_data import load_tokenizer, sft_dataset
 from nxd_models import GPTConfig, build_causal_lm, model_family
 from tokenizers import Tokenizer
@@ -62,7 +62,7 @@ def test_sft_loss_equals_transformers_loss_on_the_responses(tmp_path, chat_token
     dataset = rows(tmp_path, chat_tokenizer_dir, RECORDS[:2], 48, packing=False)
     batch, objective = batch_of(dataset, [0, 1]), TokenObjective("sft")
     with torch.no_grad():
-        loss_sum, _ = objective.loss(model_family(spec).logits(ours, batch), batch)
+        loss_sum, _ = objective.loss(model_family(spec).token_losses(ours, batch), batch)
         ours_mean = (loss_sum / objective.count(batch)).item()
         total, count = 0.0, 0
         bos, eos = reference_tokenizer.token_to_id("<s>"), reference_tokenizer.token_to_id("<|endoftext|>")
@@ -99,7 +99,7 @@ def test_packed_and_unpacked_records_give_the_same_losses_and_gradients(tmp_path
         torch.manual_seed(0)
         model = model_family(spec).build()
         batch = batch_of(dataset, indices)
-        losses = token_cross_entropy(model_family(spec).logits(model, batch), batch["labels"])
+        losses = model_family(spec).token_losses(model, batch)
         (losses.sum() / (batch["labels"] != -100).sum()).backward()
         results[name] = (per_record(dataset, batch, losses.detach()),
                          {key: p.grad.clone() for key, p in model.named_parameters()})  # fmt: skip

@@ -26,15 +26,19 @@ from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, Qwen3Config
 
 STEPS, GLOBAL_BATCH, MICRO_BATCH, SEQ, VOCAB = 5, 8, 2, 16, 120
+LOSS_CHUNK = 12
+"""Tokens per loss chunk of the Megatron-style models: a micro-batch (32 tokens, 16 per context-parallel
+rank) is cut into uneven chunks, so every layout's chunked loss is compared with whole logits."""
 HANG_SECONDS = 300
 
 
 def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,
-               tied: bool = True) -> GPTConfig | LlamaConfig | Qwen3Config:  # fmt: skip
+               tied: bool = True, loss_chunk: int = LOSS_CHUNK) -> GPTConfig | LlamaConfig | Qwen3Config:  # fmt: skip
     """A two-layer Llama shape of either family, the Megatron-style Mistral (sliding window) or GPT
     shape (no dropout, so every layout computes the same);
     `qkv` "fused" or "separate" builds either family with one QKV module (qkv_linear);
-    `layers` shapes the Llama ones, `tied` (output layer sharing the embedding) the Megatron-style one."""
+    `layers` shapes the Llama ones, `tied` (output layer sharing the embedding) and `loss_chunk` (tokens
+    per loss chunk, 0 for whole logits) the Megatron-style ones."""
     if family in ("megatron", "mistral"):  # mistral: the same with a sliding window of a third of the sequence
         return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4,
                          num_kv_heads=kv_heads, seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0,
@@ -42,10 +46,12 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
                          position_embedding_type="rope", has_bias=False, make_vocab_size_divisible_by=8,
                          qkv_linear=qkv is not None, fuse_qkv=qkv == "fused",
                          share_embeddings_and_output_weights=tied,
-                         sliding_window=SEQ // 3 if family == "mistral" else None)  # fmt: skip
+                         sliding_window=SEQ // 3 if family == "mistral" else None,
+                         loss_chunk_tokens=loss_chunk)  # fmt: skip
     if family == "gpt":  # GPT-2 / NeoX shape: layernorm, gelu, biases, learned positions, tied output
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
-                         hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8)  # fmt: skip
+                         hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
+                         loss_chunk_tokens=loss_chunk)  # fmt: skip
     if family == "qwen3":  # per-head q/k norms: transformers' replicated_with_grad_allreduce style
         config = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8,
@@ -78,13 +84,15 @@ class Scenario:
     tied: bool = True
     lora: tuple[str, ...] = ()
     """LoRA target modules (rank 4, alpha 8); empty trains the whole model."""
+    loss_chunk: int = LOSS_CHUNK
+    """Tokens per loss chunk (Megatron-style models); the one-process references use 0, whole logits."""
 
     def built_family(self):  # noqa: ANN201
         family = model_family(self.spec())
         return LoraFamily(family, LoraSpec(rank=4, alpha=8, targets=self.lora)) if self.lora else family
 
     def spec(self) -> GPTConfig | LlamaConfig | Qwen3Config:
-        return model_spec(self.family, self.kv_heads, self.qkv, self.layers, self.tied)
+        return model_spec(self.family, self.kv_heads, self.qkv, self.layers, self.tied, self.loss_chunk)
 
 
 DOCUMENTS = (5, 7, 4)
@@ -109,7 +117,7 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     model = build_parallel_model(family, scenario.layout, mesh, torch.device("cpu"), seed=11,
                                  prepare=partial(prepare_parameters, policy=policy))  # fmt: skip
     pp = mesh.get("pp")
-    executor = build_executor(model, family.logits, torch.device("cpu"), pp=pp,
+    executor = build_executor(model, family.token_losses, torch.device("cpu"), pp=pp,
                               microbatches=GLOBAL_BATCH // dims.dp // MICRO_BATCH)  # fmt: skip
     objective = TokenObjective()
     record = {"init": _gathered({name: _full(p) for name, p in model.named_parameters()}, pp),

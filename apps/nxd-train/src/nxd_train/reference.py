@@ -171,7 +171,7 @@ def _live_pass(run: Run) -> Callable[[list[Batch]], None]:
             load_weights(model, initial, export_of(plan.family), run.checkpoint_group, plan.family.parameter_shapes())
         for parameter in model.parameters():
             parameter.requires_grad_(False)
-        executor = build_executor(model, plan.family.logits, run.fabric.device, pp=run.pp_mesh,
+        executor = build_executor(model, plan.family.token_losses, run.fabric.device, pp=run.pp_mesh,
                                   microbatches=run.accumulation, autocast=run.fabric.autocast)  # fmt: skip
     lora = plan.lora is not None
     sequence = run.mesh.get("cp")

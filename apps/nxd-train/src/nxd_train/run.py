@@ -212,7 +212,7 @@ def setup(plan: RunPlan) -> Run:
         checkpoint_group = torch.distributed.new_group(backend="gloo")
     if resume is not None and resume.weights_only:  # before the optimizer copies the weights
         _load_weights(plan, model, resume, checkpoint_group, monitor)
-    executor = build_executor(model, plan.family.logits, fabric.device, pp=mesh.get("pp"),
+    executor = build_executor(model, plan.family.token_losses, fabric.device, pp=mesh.get("pp"),
                               microbatches=sampler.accumulation, autocast=fabric.autocast)  # fmt: skip
     update = plan.update
     optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(

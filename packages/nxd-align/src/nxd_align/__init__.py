@@ -2,7 +2,7 @@
 DPO's reference log-probs, and LoRA adapters."""
 
 from .lora import LoraConfigError, LoraFamily, LoraSpec, adapters_disabled, base_key, is_adapter_key
-from .objectives import IGNORE_INDEX, Objective, TokenObjective, objective_for, token_cross_entropy
+from .objectives import IGNORE_INDEX, Objective, TokenObjective, objective_for
 from .preference import (
     DPOObjective,
     ORPOObjective,
@@ -30,5 +30,4 @@ __all__ = [
     "ORPOObjective", "Objective", "PairObjective", "PreferenceTerms", "ReferenceError", "RowLogProbs",
     "TokenObjective", "WithReference", "adapters_disabled", "base_key", "dpo_loss", "is_adapter_key",
     "load_reference", "objective_for", "orpo_loss", "reference_digest", "save_reference", "sequence_log_probs",
-    "token_cross_entropy",
 ]  # fmt: skip

@@ -1,6 +1,7 @@
 """Objectives: what one micro-batch contributes to a step's loss.
 
-An objective turns a micro-batch's logits into a loss *sum* and metric sums, and counts the items its
+An objective turns a micro-batch's per-token cross-entropy (nxd-models' `ModelFamily.token_losses`,
+from which every objective here is computed) into a loss *sum* and metric sums, and counts the items its
 loss is normalised by (`count`). The loop divides by the global count over every micro-batch of every
 data-parallel (and context-parallel) rank, so gradient accumulation and any layout give the gradient
 of one big batch. Pretraining and supervised fine-tuning share the token objective: the data decides
@@ -13,28 +14,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
+from nxd_models import IGNORE_INDEX
 from torch.distributed import ProcessGroup
-from torch.distributed.tensor import DTensor
-
-IGNORE_INDEX = -100
-"""Label of positions that do not count in the loss (transformers' and torch's convention)."""
 
 Batch = dict[str, torch.Tensor]
-
-
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """Per-token cross-entropy (0 where the label is ignored) of logits (..., vocab) in fp32.
-
-    Logits that are a DTensor sharded on the vocabulary (tensor parallel output layer) are reduced with
-    DTensor's vocab-parallel log-softmax: each rank holds vocab / tp columns, and only per-token
-    maxima and sums cross ranks. Call it, and run the backward, inside
-    `torch.distributed.tensor.parallel.loss_parallel()` (a no-op for plain tensors). The result is a
-    plain tensor either way.
-    """
-    losses = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=ignore_index,
-                             reduction="none")  # fmt: skip
-    return losses.full_tensor() if isinstance(losses, DTensor) else losses
 
 
 class Objective(Protocol):
@@ -47,8 +30,9 @@ class Objective(Protocol):
     def count(self, batch: Batch) -> torch.Tensor:
         """How many items of `batch` the loss is averaged over (a device tensor, no host sync)."""
 
-    def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The fp64 loss sum of `batch` and its metric sums."""
+    def loss(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The fp64 loss sum of `batch` and its metric sums, from its per-token cross-entropy (batch, seq),
+        0 where a label is ignored."""
 
     def split_over(self, group: ProcessGroup | None) -> Objective:
         """This objective on batches whose sequences are split over `group` (context parallelism)."""
@@ -67,8 +51,8 @@ class TokenObjective:
     def count(self, batch: Batch) -> torch.Tensor:
         return (batch["labels"] != IGNORE_INDEX).sum()
 
-    def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return token_cross_entropy(logits, batch["labels"]).double().sum(), {}
+    def loss(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return token_losses.double().sum(), {}
 
     def split_over(self, group: ProcessGroup | None) -> TokenObjective:
         """Unchanged: token sums and counts add up over the parts of a sequence."""

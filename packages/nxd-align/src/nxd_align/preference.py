@@ -23,7 +23,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.distributed import ProcessGroup
 
-from .objectives import IGNORE_INDEX, Batch, token_cross_entropy
+from .objectives import IGNORE_INDEX, Batch
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,12 @@ class PreferenceTerms:
         return (self.chosen_rewards > self.rejected_rewards).to(self.chosen_rewards.dtype)
 
 
-def sequence_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence (rows of `labels`): the sum of the log-probs of the labels that count, in fp64 (a sum
-    near -100 in fp32 would keep only about 6 digits, and DPO subtracts two such sums), and how many
-    count. Logits may be sharded over the vocabulary (see `token_cross_entropy`)."""
+def sequence_log_probs(token_losses: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence (rows of `labels`): the sum of the log-probs of the labels that count (minus their
+    per-token cross-entropy `token_losses`), in fp64 (a sum near -100 in fp32 would keep only about 6
+    digits, and DPO subtracts two such sums), and how many count."""
     counted = labels != IGNORE_INDEX
-    log_probs = -token_cross_entropy(logits, labels).view(labels.shape)
-    return (log_probs.double() * counted).sum(-1), counted.sum(-1)
+    return (-token_losses.double() * counted).sum(-1), counted.sum(-1)
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
@@ -131,8 +130,8 @@ class PairObjective:
     def count(self, batch: Batch) -> torch.Tensor:
         return self._valid(batch["labels"]).sum() / self._parts
 
-    def loss(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        total, count = sequence_log_probs(logits, batch["labels"])
+    def loss(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        total, count = sequence_log_probs(token_losses, batch["labels"])
         loss, metrics = self.pair_sums(self._whole(total), self._whole(count), batch)
         return loss / self._parts, {name: value / self._parts for name, value in metrics.items()}
 

@@ -41,9 +41,9 @@ class RowLogProbs:
     def __init__(self, batches: list[Batch]):
         self.batches = batches
 
-    def __call__(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def __call__(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         position = next(i for i, known in enumerate(self.batches) if known is batch)
-        total, _ = sequence_log_probs(logits, batch["labels"])
+        total, _ = sequence_log_probs(token_losses, batch["labels"])
         rows = total.shape[0]
         values = torch.zeros(len(self.batches) * rows, dtype=torch.float64, device=total.device)
         values[position * rows : (position + 1) * rows] = total.double()

@@ -15,14 +15,16 @@ from .hf_qkv import set_qkv_linear
 from .hf_recompute import recompute_core_attention
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .qkv import QKVLinear
+from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy, token_cross_entropy
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "GPT_TP_PLAN", "PEAKS", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "Ceiling", "CoreAttention", "GPTConfig",
-    "GPTForCausalLM", "HFMapping", "HFOverrides", "HuggingFaceFamily", "MegatronFamily", "ModelConfigError",
-    "ModelFamily", "QKVLinear", "build_causal_lm", "build_on_meta", "causal_lm_logits", "datasheet_peak",
-    "decoder_layers", "device_ceiling", "gpt_tp_plan", "hf_mapping", "hf_tp_plan", "keep_pipeline_stage",
-    "load_hf_config", "measured_peak", "model_family", "peak_memory", "pipeline_stage_problems",
-    "recompute_core_attention", "set_qkv_linear", "training_flops_per_token", "use_context_parallel",
+    "GPT_TP_PLAN", "IGNORE_INDEX", "PEAKS", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "Ceiling", "CoreAttention",
+    "GPTConfig", "GPTForCausalLM", "HFMapping", "HFOverrides", "HuggingFaceFamily", "MegatronFamily",
+    "ModelConfigError", "ModelFamily", "QKVLinear", "build_causal_lm", "build_on_meta", "causal_lm_logits",
+    "chunked_token_cross_entropy", "datasheet_peak", "decoder_layers", "device_ceiling", "gpt_tp_plan",
+    "hf_mapping", "hf_tp_plan", "keep_pipeline_stage", "load_hf_config", "measured_peak", "model_family",
+    "peak_memory", "pipeline_stage_problems", "recompute_core_attention", "set_qkv_linear", "token_cross_entropy",
+    "training_flops_per_token", "use_context_parallel",
 ]  # fmt: skip

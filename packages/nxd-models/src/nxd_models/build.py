@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from .attention import _FAST_BACKENDS, AttentionKernel, document_spans, span_att
 from .context_parallel import DOCUMENTS_KWARG, hf_splits_sequence
 from .gpt import GPTConfig, GPTForCausalLM
 from .hf_qkv import use_qkv_linear
+from .token_losses import token_cross_entropy
 
 HF_SDPA = "nxd_sdpa"
 """transformers' SDPA attention, with packed documents attended span by span."""
@@ -165,3 +166,15 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
             return model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=False,
                          **extra).logits
     return model(input_ids, position_ids, document_ids)
+
+
+def causal_lm_token_losses(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Per-token cross-entropy (batch, seq) in fp32 of a micro-batch (`input_ids`, `labels`,
+    `position_ids`, optionally `document_ids`), 0 where the label is ignored, through either family.
+
+    The Megatron-style model computes it in chunks of `loss_chunk_tokens` (whole logits never exist);
+    a transformers model returns its whole logits first."""
+    inputs = (batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
+    if isinstance(getattr(model, "module", model), PreTrainedModel):
+        return token_cross_entropy(causal_lm_logits(model, *inputs), batch["labels"])
+    return model(*inputs, labels=batch["labels"])

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .attention import AttentionKernel, ContextParallelAttention
-from .build import build_causal_lm, build_on_meta, causal_lm_logits
+from .build import build_causal_lm, build_on_meta, causal_lm_logits, causal_lm_token_losses
 from .context_parallel import use_context_parallel
 from .errors import ModelConfigError
 from .flops import training_flops_per_token
@@ -64,6 +64,12 @@ class ModelFamily(ABC):
         """Logits (batch, seq, vocab) of a micro-batch (`input_ids`, `position_ids` and, for packed
         documents, `document_ids`) through a model of this family, wrapped or sharded."""
         return causal_lm_logits(model, batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
+
+    @staticmethod
+    def token_losses(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token cross-entropy (batch, seq) of a micro-batch with `labels`, in fp32 (0 where a label
+        is ignored): what every objective is computed from. Call it inside `loss_parallel()`."""
+        return causal_lm_token_losses(model, batch)
 
     @abstractmethod
     def tp_plan(self) -> dict[str, str]:

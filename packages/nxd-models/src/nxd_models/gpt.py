@@ -28,6 +28,7 @@ from .attention import (
 from .errors import ModelConfigError
 from .qkv import QKVLinear
 from .recompute_units import ActivationMultiplyMLP
+from .token_losses import chunked_token_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class GPTConfig:
     fuse_qkv: bool = True
     sliding_window: int | None = None
     """Mistral's sliding-window attention: query i sees keys i - window < j <= i (None: full causal)."""
+    loss_chunk_tokens: int = 0
+    """Per-token losses are computed this many tokens at a time (see `chunked_token_cross_entropy`);
+    0 computes the whole micro-batch's logits at once."""
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -260,7 +264,8 @@ class GPTDecoder(nn.Module):
 
 
 class GPTForCausalLM(nn.Module):
-    """Decoder plus output layer. forward(input_ids, position_ids) -> logits over the padded vocabulary.
+    """Decoder plus output layer. forward(input_ids, position_ids) -> logits over the padded vocabulary,
+    or with `labels`, the per-token cross-entropy (computed in chunks of `loss_chunk_tokens`).
     `attention` is the kernel of every layer's attention core (the fusions keys)."""
 
     def __init__(self, config: GPTConfig, attention: AttentionKernel = AttentionKernel.FLASH):
@@ -272,14 +277,19 @@ class GPTForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                document_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """`document_ids` (batch, seq), when given, confines attention to each document. A pipeline
         stage (see `keep_pipeline_stage`) takes and returns the residual stream where it lacks the
-        embedding or the output layer."""
+        embedding or the output layer (and then ignores `labels`)."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape[:2])
         hidden = self.model(input_ids, position_ids, document_ids)
-        return hidden if self.lm_head is None else self.lm_head(hidden)
+        if self.lm_head is None:
+            return hidden
+        if labels is None:
+            return self.lm_head(hidden)
+        return chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)
 
     @torch.no_grad()
     def init_weights(self) -> None:

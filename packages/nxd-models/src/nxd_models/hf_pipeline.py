@@ -3,7 +3,8 @@
 transformers' own forward runs every layer from input ids to logits; a stage holds some layers (the
 others set to None, as the Megatron-style stages), and the first also the embedding, the last the
 final norm and output layer. Its forward, set on the instance by `make_hf_stage`, takes input ids
-(first stage) or the residual stream and returns the residual stream or logits (last stage), calling
+(first stage) or the residual stream and returns the residual stream or logits (last stage; with
+`labels`, the per-token cross-entropy), calling
 transformers' decoder layers as its model does: the rotary embedding of the position ids, each
 layer's mask kind, and the attention inputs `causal_lm_logits` uses, built from the whole row's
 positions, since under sequence parallelism a later stage receives a sequence shard.
@@ -17,10 +18,12 @@ import torch
 from transformers import PreTrainedModel
 
 from .build import hf_attention_inputs, layer_mask_kinds, sdpa_kernel_of
+from .token_losses import token_cross_entropy
 
 
 def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: torch.Tensor,
-                   document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                   document_ids: torch.Tensor | None = None,
+                   labels: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     decoder = self.model
     hidden = inputs if decoder.embed_tokens is None else decoder.embed_tokens(inputs)
     masks, extra = hf_attention_inputs(self, position_ids.shape, document_ids, hidden.device)
@@ -34,7 +37,9 @@ def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: to
                                past_key_values=None, use_cache=False, **extra)  # fmt: skip
     if decoder.norm is not None:
         hidden = decoder.norm(hidden)
-    return hidden if self.lm_head is None else self.lm_head(hidden)
+    if self.lm_head is None:
+        return hidden
+    return self.lm_head(hidden) if labels is None else token_cross_entropy(self.lm_head(hidden), labels)
 
 
 def make_hf_stage(model: PreTrainedModel) -> PreTrainedModel:

@@ -1,6 +1,7 @@
 """How one step's micro-batches run through this rank's model: directly, one after the other, or
-through the pipeline schedule over this rank's stages. Either way a loss function (an objective)
-turns each micro-batch's logits into a loss sum and metric sums; training runs the backward of
+through the pipeline schedule over this rank's stages. Either way the model turns each micro-batch
+into its per-token cross-entropy (the last stage, given the labels), and a loss function (an
+objective) turns that into a loss sum and metric sums; training runs the backward of
 `loss * scale`, where `scale` normalises over the whole global batch, so every layout computes the
 gradient of one big batch.
 
@@ -26,11 +27,12 @@ from .pipeline import build_schedule
 
 Batch = dict[str, torch.Tensor]
 LossFunction = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-"""(logits, micro-batch) -> (its loss sum, its metric sums): what an objective contributes."""
+"""(per-token losses, micro-batch) -> (its loss sum, its metric sums): what an objective contributes."""
 Forward = Callable[[nn.Module, Batch], torch.Tensor]
-"""(model, micro-batch) -> logits."""
-MODEL_INPUTS = ("position_ids", "document_ids")
-"""Batch entries every pipeline stage reads besides input_ids (the loss function reads the rest)."""
+"""(model, micro-batch) -> per-token losses (batch, seq)."""
+MODEL_INPUTS = ("position_ids", "document_ids", "labels")
+"""Batch entries every pipeline stage is given besides input_ids (the last one turns its logits into
+per-token losses with the labels; the loss function reads the rest)."""
 
 
 @dataclass
@@ -88,8 +90,8 @@ class PipelineExecutor:
         self.schedule = build_schedule(model.stages, model.numbers, model.num_stages, pp.get_group(), device,
                                        microbatches, self._stage_loss)  # fmt: skip
 
-    def _stage_loss(self, logits: torch.Tensor, number: torch.Tensor) -> torch.Tensor:
-        loss, metrics = self._loss_fn(logits, self._batches[int(number)])
+    def _stage_loss(self, token_losses: torch.Tensor, number: torch.Tensor) -> torch.Tensor:
+        loss, metrics = self._loss_fn(token_losses, self._batches[int(number)])
         self._results[int(number)] = (loss, metrics)
         return loss * self._scale
 

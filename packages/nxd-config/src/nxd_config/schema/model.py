@@ -34,6 +34,19 @@ class FusionsConfig(Section):
         status=Status.EXTENSION,
         note="NxDT compiles the whole graph with the Neuron compiler instead",
     )
+    loss_chunk_tokens: int = key(
+        0,
+        "Compute the loss this many tokens at a time from the final hidden states and the output layer, "
+        "recomputing each chunk's logits in the backward, so that a micro-batch's whole logits never exist "
+        "(per-token values equal within rounding). It costs one more forward of the output layer and its "
+        "softmax (18% of the step of a 4-layer Llama-3-8B slice on an H100), so it pays where the logits "
+        "(micro-batch x sequence x vocabulary x 4 bytes, several times over) set the peak memory. 0 computes "
+        "the whole logits at once. Megatron-style models; a Hugging Face model computes its whole logits.",
+        ge=0,
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="NxDT computes the whole logits",
+    )
 
 
 class MoEConfig(Section):
