@@ -222,6 +222,22 @@ def test_hf_model_needs_config_json_and_rejects_megatron_architecture_keys(minim
     ]
 
 
+def test_hf_model_rejects_a_loss_chunk(minimal) -> None:
+    minimal["model_source"] = "hf"
+    del minimal["model"]["num_attention_heads"]
+    minimal["model"]["model_config"] = "/x/config.json"
+    minimal["model"]["fusions"] = {"loss_chunk_tokens": 1024}
+    assert errors(minimal) == [
+        "model.fusions.loss_chunk_tokens: expected no value: chunked loss is built into Megatron-style models, "
+        "and model_source is hf (its model computes the whole logits)"
+    ]
+    minimal["model"]["fusions"] = {"loss_chunk_tokens": -1}
+    minimal["model_source"] = "megatron"
+    del minimal["model"]["model_config"]
+    minimal["model"]["num_attention_heads"] = 4
+    assert "model.fusions.loss_chunk_tokens" in " ".join(errors(minimal))
+
+
 def test_megatron_model_rejects_hf_config(minimal) -> None:
     minimal["model"]["model_config"] = "/x/config.json"
     assert errors(minimal) == [

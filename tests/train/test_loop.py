@@ -22,6 +22,17 @@ def test_accumulation_4x1_equals_1x4(train_here):
     assert max(abs(a - b) for a, b in zip(four_by_one, one_by_four, strict=True)) < 1e-6
 
 
+def test_a_chunked_loss_trains_as_whole_logits_do(train_here):
+    """model.fusions.loss_chunk_tokens reaches the model: chunks of 50 tokens (uneven over a micro-batch)
+    give the losses of whole logits, and the model is planned with that chunk."""
+    cfg = load_config(default_config_path(), ["+model.fusions.loss_chunk_tokens=50"])
+    assert plan_run(cfg, default_cache_dir()).family.spec.loss_chunk_tokens == 50
+    whole = losses(train_here("trainer.max_steps=4"))
+    chunked = losses(train_here("trainer.max_steps=4", "+model.fusions.loss_chunk_tokens=50"))
+    assert len(chunked) == 4
+    assert max(abs(a - b) for a, b in zip(whole, chunked, strict=True)) < 1e-6
+
+
 def test_epochs_bound_the_run_and_splits_string_sizes_the_data(train_here):
     # the corpus is 105 files; 10/1000 of them rounds to one, a 1,742-token file: (1742 - 1) // 64 = 27
     # samples of one epoch, so 3 whole global batches of 8 per epoch
