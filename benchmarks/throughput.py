@@ -9,7 +9,7 @@ For each model and precision, the columns train the same Llama shape on the same
 the same micro and global batch, AdamW and clipping 1.0, each in a fresh process (so each peak
 resident memory, or CUDA max allocated, is its own):
 - nxd: nxd-train's loop on the Megatron-style model (bf16 is `mixed_precision`, nxd's default type;
-  bf16SR is that precision type, for the nxd columns only);
+  bf16SR is that precision type, against which the Trainer and titan-style columns run their bf16);
 - nxd compiled: the same with `model.fusions.torch_compile`;
 - nxd chunked loss: the same with `model.fusions.loss_chunk_tokens: 1024` (whole logits never exist);
 - Trainer: transformers' Trainer on the identical LlamaForCausalLM (bf16 is its `bf16=True`, autocast);
@@ -135,7 +135,7 @@ def trainer_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, ste
     arguments = TrainingArguments(
         output_dir=str(out), max_steps=steps, per_device_train_batch_size=cfg.data.micro_batch_size,
         gradient_accumulation_steps=accumulation, learning_rate=cfg.model.optim.lr, weight_decay=0.01,
-        adam_beta2=0.95, max_grad_norm=1.0, bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(),
+        adam_beta2=0.95, max_grad_norm=1.0, bf16=precision != "fp32", use_cpu=not torch.cuda.is_available(),
         report_to=[], save_strategy="no", logging_steps=1000, dataloader_num_workers=0, disable_tqdm=True,
         lr_scheduler_type="constant",
     )  # fmt: skip
@@ -156,7 +156,7 @@ def titan_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, steps
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     mesh = init_device_mesh(device.type, (1,))
     model = hf_model(cfg, plan).to(device)
-    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16"
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision != "fp32"
               else MixedPrecisionPolicy())  # fmt: skip
     for block in model.model.layers:
         block.compile()
