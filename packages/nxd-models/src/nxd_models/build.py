@@ -172,8 +172,9 @@ def causal_lm_token_losses(model: nn.Module, batch: Mapping[str, torch.Tensor]) 
     """Per-token cross-entropy (batch, seq) in fp32 of a micro-batch (`input_ids`, `labels`,
     `position_ids`, optionally `document_ids`), 0 where the label is ignored, through either family.
 
-    The Megatron-style model computes it in chunks of `loss_chunk_tokens` (whole logits never exist);
-    a transformers model returns its whole logits first."""
+    The Megatron-style model computes it from its final hidden states, in chunks of its config's
+    `loss_chunk_tokens` when that is set (then whole logits never exist); a transformers model returns
+    its whole logits first."""
     inputs = (batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
     if isinstance(getattr(model, "module", model), PreTrainedModel):
         return token_cross_entropy(causal_lm_logits(model, *inputs), batch["labels"])
