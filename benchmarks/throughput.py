@@ -58,7 +58,7 @@ MODELS = {
                                         "model.ffn_hidden_size=14336", "+model.rope_theta=500000"]),
 }  # fmt: skip
 """Config file, random-token vocabulary and overrides per model: bench_20m has 19M parameters,
-bench_125m 134M, 1b 1.3B and 8b-slice 1.9B."""
+bench_125m 134M, 1b 1.1B and 8b-slice 1.9B."""
 PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("mixed_precision", torch.bfloat16),
              "bf16SR": ("bf16SR", torch.bfloat16)}  # fmt: skip
 """nxd's precision.type and the compute dtype of each column."""

@@ -5,7 +5,6 @@ tests/parallel/test_parity.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -100,4 +99,3 @@ def test_one_chunk_or_none_is_the_plain_head():
     expected = token_cross_entropy(head(hidden), labels)
     for chunk in (0, 6, 100):
         assert torch.equal(chunked_token_cross_entropy(hidden, head, labels, chunk), expected)
-    assert dataclasses.replace(spec(0), loss_chunk_tokens=3).loss_chunk_tokens == 3
