@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nxd_ckpt import MODEL_KEY, Checkpointer, CheckpointError, HFExport, SavePolicy, export_hf, hf_weights
+from nxd_ckpt import MODEL_KEY, Checkpointer, CheckpointError, HFExport, SavePolicy, export_hf, load_hf_weights
 from nxd_models import GPTConfig, ModelConfigError, build_causal_lm, causal_lm_logits, model_family
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 SEQ = 16
@@ -85,7 +85,7 @@ def test_import_then_export_round_trips_bit_exactly(tmp_path):
     source.save_pretrained(tmp_path / "source")
     ours = build_causal_lm(spec)
     shapes = {key: value.shape for key, value in ours.state_dict().items()}
-    ours.load_state_dict(hf_weights(tmp_path / "source", hf_export(spec), shapes))
+    load_hf_weights(tmp_path / "source", hf_export(spec), shapes, ours.state_dict())
     out = export_hf(checkpoint_of(ours, spec, tmp_path / "ckpts"), tmp_path / "hf")
     before, after = load_file(tmp_path / "source" / "model.safetensors"), load_file(out / "model.safetensors")
     assert before.keys() == after.keys()
@@ -97,8 +97,8 @@ def test_import_names_what_does_not_fit(tmp_path):
     other = LlamaForCausalLM(LlamaConfig(**{**hf_export(spec).config, "intermediate_size": 64}))
     other.save_pretrained(tmp_path / "other")
     shapes = {key: value.shape for key, value in build_causal_lm(spec).state_dict().items()}
-    with pytest.raises(CheckpointError, match=r"other: model.layers.0.mlp.\w+_proj.weight is \[\d+, \d+\]; this model.s"):
-        hf_weights(tmp_path / "other", hf_export(spec), shapes)
+    with pytest.raises(CheckpointError, match=r"other/model.safetensors: model.layers.0.mlp.\w+_proj.weight is \[\d+, \d+\]; this model.s"):
+        load_hf_weights(tmp_path / "other", hf_export(spec), shapes, build_causal_lm(spec).state_dict())
 
 
 def test_export_of_a_model_without_hf_counterpart_says_why(tmp_path):
@@ -126,6 +126,27 @@ def test_hf_family_with_qkv_linear_exports_transformers_layout_and_imports_it(tm
     with torch.no_grad():
         assert (causal_lm_logits(ours, ids, positions) - theirs(input_ids=ids).logits).abs().max().item() < 1e-5
     shapes = {key: value.shape for key, value in ours.state_dict().items()}
-    loaded = hf_weights(out, hf_export(spec), shapes)
-    assert all(torch.equal(loaded[key], value) for key, value in ours.state_dict().items() if key in loaded)
-    assert "model.layers.0.self_attn.qkv_proj.weight_v" in loaded
+    loaded = build_causal_lm(spec)
+    load_hf_weights(out, hf_export(spec), shapes, loaded.state_dict())
+    assert all(torch.equal(loaded.state_dict()[key], value) for key, value in ours.state_dict().items())
+    assert "model.layers.0.self_attn.qkv_proj.weight_v" in loaded.state_dict()
+
+
+def test_import_names_a_damaged_file_and_a_missing_tensor_before_reading_any_value(tmp_path):
+    spec = llama_shaped()
+    source = LlamaForCausalLM(LlamaConfig(**hf_export(spec).config))
+    source.save_pretrained(tmp_path / "source")
+    shapes = {key: value.shape for key, value in build_causal_lm(spec).state_dict().items()}
+    file = tmp_path / "source" / "model.safetensors"
+    whole = load_file(file)
+    target = build_causal_lm(spec)
+    before = {key: value.clone() for key, value in target.state_dict().items()}
+    file.write_bytes(file.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match=r"source/model.safetensors: not a readable safetensors file"):
+        load_hf_weights(tmp_path / "source", hf_export(spec), shapes, target.state_dict())
+    del whole["model.layers.1.mlp.up_proj.weight"]
+    save_file(whole, file)
+    with pytest.raises(CheckpointError, match=r"source: the weights do not match this model: missing "
+                                              r"model.layers.1.mlp.up_proj.weight"):  # fmt: skip
+        load_hf_weights(tmp_path / "source", hf_export(spec), shapes, target.state_dict())
+    assert all(torch.equal(before[key], value) for key, value in target.state_dict().items())

@@ -82,6 +82,17 @@ def plan(tmp_path, *overrides):
     return plan_run(cfg, default_cache_dir())
 
 
+def test_a_damaged_hugging_face_directory_fails_before_launch(tmp_path, train_here):
+    train_here("trainer.max_steps=1", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=1")
+    assert main(["ckpt", "export-hf", str(tmp_path / "run0"), str(tmp_path / "hf")]) == 0
+    weights = tmp_path / "hf" / "model.safetensors"
+    start = [f"+exp_manager.resume_from_checkpoint={tmp_path / 'hf'}", "+model.weight_init_only=True"]
+    assert plan(tmp_path / "fine", *start).resume.hugging_face
+    weights.write_bytes(weights.read_bytes()[:-64])
+    with pytest.raises(PreflightError, match=r"hf/model.safetensors: not a readable safetensors file"):
+        plan(tmp_path / "damaged", *start)
+
+
 def test_resume_keys_fail_before_launch(tmp_path):
     with pytest.raises(PreflightError, match="resume_if_exists: no complete checkpoint in .*resume_ignore_no_checkpoint"):
         plan(tmp_path, "exp_manager.resume_if_exists=True")

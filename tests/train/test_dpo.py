@@ -44,8 +44,7 @@ def _independent_log_probs(job: list[str], split: str) -> torch.Tensor:
     """Each pair's summed response log-probs under the seeded initial model, by a plain forward and
     log-softmax gather (not nxd's loss code)."""
     plan = plan_run(load_config(default_config_path(), [*FAST, *job]), default_cache_dir())
-    torch.manual_seed(plan.launch.seed)
-    model = plan.family.build().eval()
+    model = plan.family.build(seed=plan.launch.seed).eval()
     dataset = plan.data.train if split == "train" else plan.data.validation
     rows = []
     with torch.no_grad():
@@ -151,7 +150,8 @@ def test_a_hugging_face_model_with_lora_gets_the_reference_transformers_computes
                "model.optim.lr=1e-2")  # fmt: skip
     assert main(job) == 0
     rows = read_metrics(tmp_path / "run")
-    assert abs(losses(rows)[0] - math.log(2)) < 1e-6 and losses(rows)[-1] < losses(rows)[0]
+    # the policy starts as its reference (log 2 exactly) and then moves: at lr 1e-2 the last steps may overshoot
+    assert abs(losses(rows)[0] - math.log(2)) < 1e-6 and min(losses(rows)[1:]) < losses(rows)[0] - 1e-3
     plan = plan_run(load_config(job[1], [item for item in job[2:] if not item.startswith("+exp_manager")]),
                     default_cache_dir())  # fmt: skip
     model = LlamaForCausalLM.from_pretrained(hf_base).eval()

@@ -24,9 +24,10 @@ from nxd_ckpt import (
     CheckpointError,
     HFExport,
     SavePolicy,
-    hf_weights,
+    check_hf_weights,
     latest_checkpoint,
     load_checkpoint,
+    load_hf_weights,
     read_info,
     template_fields,
 )
@@ -36,7 +37,6 @@ from nxd_models import ModelConfigError, ModelFamily
 from nxd_parallel import StagedModel, modules_of
 from nxd_precision import PrecisionOptimizer
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.optim.lr_scheduler import LRScheduler
 
 from .logdir import CHECKPOINT_DIR
@@ -124,6 +124,21 @@ def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None
         return replace(HFExport.of(family.hf_mapping()), tokenizer_files=dict(tokenizer_files or {}))
     except ModelConfigError as error:
         return str(error)
+
+
+def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> list[str]:
+    """Why a Hugging Face directory of initial weights cannot load into `family`'s model (its headers
+    only are read: names, shapes, damage), before launch."""
+    if initial is None or not initial.hugging_face:
+        return []
+    export = export_of(family)
+    if not isinstance(export, HFExport):
+        return [f"{initial.path}: cannot import Hugging Face weights: {export}"]
+    try:
+        check_hf_weights(initial.path, export, family.parameter_shapes())
+    except CheckpointError as error:
+        return [str(error)]
+    return []
 
 
 def export_record(export: HFExport | str) -> dict[str, Any]:
@@ -229,11 +244,9 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, export: HFExpor
         return
     if not isinstance(export, HFExport):
         raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
-    weights = hf_weights(resume.path, export, shapes)
-    for module in modules_of(model):
-        live = module.state_dict()
-        own = {key: weights[base_key(key)].to(value.dtype) for key, value in live.items() if not is_adapter_key(key)}
-        set_model_state_dict(module, own, options=StateDictOptions(full_state_dict=True, strict=lora is None))
+    for module in modules_of(model):  # each rank reads its own shards
+        live = {base_key(key): value for key, value in module.state_dict().items() if not is_adapter_key(key)}
+        load_hf_weights(resume.path, export, shapes, live)
 
 
 def load_adapters(model: nn.Module | StagedModel, path: Path, lora: LoraFamily,

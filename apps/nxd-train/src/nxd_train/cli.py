@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -25,7 +26,7 @@ from pathlib import Path
 import yaml
 from nxd_config import ConfigError, ConfigNotice, NxdConfig, load_config
 
-SUBCOMMANDS = ("train", "config", "data", "ckpt")
+SUBCOMMANDS = ("train", "config", "plan", "data", "ckpt")
 EXPORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """--dtype choices of ckpt export-hf -> torch dtype names."""
 OVERRIDE_HELP = "a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML)"
@@ -57,6 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
         action = actions.add_parser(name, help=text, description=text)
         action.add_argument("file", type=Path, metavar="CONFIG")
         action.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
+
+    text = ("count each rank's memory (parameters, gradients, master weights, optimizer state, activations, "
+            "loss, step) for the config's layout before launch, against the memory a rank has; exit 1, naming "
+            "the keys that would make it fit, when it does not fit")  # fmt: skip
+    plan = commands.add_parser("plan", help="each rank's memory before launch", description=text)
+    plan.add_argument("file", type=Path, metavar="CONFIG")
+    plan.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
+    plan.add_argument("--device-memory", type=float, metavar="GIB", default=None,
+                      help="memory of one rank in GiB (default: the local accelerator's, or the host's shared by "
+                           "the local ranks)")  # fmt: skip
 
     data = commands.add_parser("data", help="prepare training data")
     data_actions = data.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -109,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(args_list)
     if args.command == "config":
         return _config_command(args.action, args.file, args.overrides)
+    if args.command == "plan":
+        return _plan_command(args.file, args.overrides, args.device_memory)
     if args.command == "data":
         return _preprocess_command(args)
     if args.command == "ckpt":
@@ -178,16 +191,41 @@ def _config_command(action: str, path: Path, overrides: Sequence[str]) -> int:
     return 0
 
 
+def _plan_command(path: Path, overrides: Sequence[str], device_memory: float | None) -> int:
+    config = _load(path, overrides)
+    if config is None:
+        return 1
+    if device_memory is not None and device_memory <= 0:
+        print(f"--device-memory: expected a positive number of GiB, found {device_memory}", file=sys.stderr)
+        return 1
+    from .corpus import default_cache_dir
+    from .memory_check import memory_report
+    from .preflight import PreflightError, plan_run
+
+    try:
+        with _notices_to_stderr():
+            plan = plan_run(config, default_cache_dir(), data_required=False)
+    except PreflightError as error:
+        print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    report, fits = memory_report(plan, device_memory)
+    print(f"{path}: {report}")
+    return 0 if fits else 1
+
+
 def _train_command(path: Path, overrides: Sequence[str]) -> int:
     config = _load(path, overrides)
     if config is None:
         return 1
     from .corpus import default_cache_dir  # the training stack loads only when training
+    from .memory_check import memory_notice
     from .preflight import PreflightError, plan_run
 
     try:
         with _notices_to_stderr():
             plan = plan_run(config, default_cache_dir())
+            if os.environ.get("LOCAL_RANK", "0") == "0" and (notice := memory_notice(plan)):
+                warnings.warn(notice, ConfigNotice, stacklevel=1)  # the launching process says it once
     except PreflightError as error:
         print(f"{path}: {error}", file=sys.stderr)
         return 1

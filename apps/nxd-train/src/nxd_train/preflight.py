@@ -38,7 +38,14 @@ from nxd_precision import (
 )
 from transformers import PretrainedConfig
 
-from .checkpointing import Resume, checkpoint_problems, is_hf_directory, resume_choice, save_policy
+from .checkpointing import (
+    Resume,
+    checkpoint_problems,
+    initial_weights_problems,
+    is_hf_directory,
+    resume_choice,
+    save_policy,
+)
 from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_keys
 from .layout_check import layout_problems
 from .logdir import CHECKPOINT_DIR, resumable_log_dir
@@ -413,10 +420,13 @@ PLACEHOLDER_VOCABULARY = 256
 """The vocabulary a model is checked with when the data (which gives the real one) could not be read."""
 
 
-def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
+def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> RunPlan:
     """The checked plan of a run, or one PreflightError listing every problem: the release, optimizer,
     checkpoint and precision keys, the data, the model and the layout are all checked, each stage
-    going on from what the others could establish, so that one run shows everything to fix."""
+    going on from what the others could establish, so that one run shows everything to fix.
+
+    Without `data_required` (a memory plan made where the data is not), data that cannot be read is a
+    notice, and the plan has no data (a Megatron-style model then has a placeholder vocabulary)."""
     problems = _not_in_this_release(cfg) + _optimizer_problems(cfg, accelerator_name()) + checkpoint_problems(cfg)
     policy = None
     try:
@@ -432,7 +442,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
         resume, log_dir = _resume(cfg)
     except PreflightError as error:
         problems += error.problems
-    seq_length = cfg.seq_length
+    seq_length, unread = cfg.seq_length, []
     train_samples = cfg.trainer.max_steps * cfg.global_batch_size if cfg.trainer.max_steps > 0 else None
     data = None
     if train_samples is not None and (index_problem := _sample_index_problem(cfg, train_samples)):
@@ -444,7 +454,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
                                   sft=None if alignment is None else alignment.sft, preference=_preference(cfg),
                                   vocabulary=_model_vocabulary(cfg))  # fmt: skip
         except DataError as error:
-            problems.append(str(error))
+            unread.append(str(error))
         except ModelConfigError as error:
             problems += error.problems
     if data is not None and len(data.train) < cfg.global_batch_size:
@@ -463,8 +473,17 @@ def plan_run(cfg: NxdConfig, cache_dir: Path) -> RunPlan:
         ds = cfg.distributed_strategy
         problems += layout_problems(family, layout, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size,
                                     ds.context_parallel_size)  # fmt: skip
+    if family is not None and not problems:
+        problems += initial_weights_problems(family, _initial_weights(cfg, resume))
+    if data_required:
+        problems += unread
+    for problem in [] if data_required else unread:
+        warnings.warn(f"the data was not read ({problem}); planning with the model's vocabulary"
+                      + ("" if cfg.model_source == "hf" else f", or {PLACEHOLDER_VOCABULARY} tokens"),
+                      ConfigNotice, stacklevel=2)  # fmt: skip
     if problems:
         raise PreflightError(list(dict.fromkeys(problems)))
     return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=_objective(cfg),
-                   adapters=_adapters(cfg, resume), reference=_reference(cfg, resume, family, data, policy),
+                   adapters=_adapters(cfg, resume),
+                   reference=None if data is None else _reference(cfg, resume, family, data, policy),
                    resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip

@@ -21,6 +21,16 @@ def is_fused_qkv(module: nn.Module) -> bool:
     return all(isinstance(getattr(module, f"weight_{part}", None), torch.Tensor) for part in PARTS)
 
 
+@torch.no_grad()
+def init_adapter_half(weight: torch.Tensor, half: str) -> None:
+    """peft's LoRA initialisation (init_lora_weights=True) of `half` ("lora_A" or "lora_B"):
+    Kaiming-uniform A, zero B, so an adapted layer starts as its base layer."""
+    if half == "lora_A":
+        nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    else:
+        nn.init.zeros_(weight)
+
+
 class FusedQKVLora(nn.Module):
     """`base_layer` (a fused QKV module) plus, for each of `parts`, A (in -> r) and B (r -> that
     projection's rows) under `lora_A.<part>` / `lora_B.<part>`; the base stays frozen."""
@@ -37,9 +47,9 @@ class FusedQKVLora(nn.Module):
         self.disable_adapters = False
         for parameter in base_layer.parameters():
             parameter.requires_grad_(False)
-        for part in parts:  # peft's LoRA initialisation: Kaiming-uniform A, zero B
-            nn.init.kaiming_uniform_(self.lora_A[part].weight, a=math.sqrt(5))
-            nn.init.zeros_(self.lora_B[part].weight)
+        for part in parts:
+            init_adapter_half(self.lora_A[part].weight, "lora_A")
+            init_adapter_half(self.lora_B[part].weight, "lora_B")
 
     def enable_adapters(self, enabled: bool) -> None:
         """As peft's layers: with False the module computes its base projections only."""

@@ -17,20 +17,29 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import torch
-from nxd_models import ModelConfigError, ModelFamily
+from nxd_models import (
+    InitModule,
+    ModelConfigError,
+    ModelFamily,
+    Seeder,
+    init_rule,
+    initial_values,
+    initialise,
+    seed_or_drawn,
+)
 from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from .fused_lora import PARTS, FusedQKVLora, is_fused_qkv
+from .fused_lora import PARTS, FusedQKVLora, init_adapter_half, is_fused_qkv
 
 ADAPTER = "default"
 """peft's adapter name, which its layers put into parameter names (`lora_A.default.weight`)."""
@@ -152,10 +161,37 @@ class LoraFamily:
     def build_on_meta(self) -> nn.Module:
         return self.adapt(self.base.build_on_meta())
 
-    def build(self, device: torch.device, *, use_cpu_initialization: bool = True) -> nn.Module:
-        """The wrapped family's model with adapters: A drawn (peft's Kaiming init) after the base's
-        initialisation, B zero, so the adapted model starts as the base model."""
-        return self.adapt(self.base.build(device, use_cpu_initialization=use_cpu_initialization))
+    def build(self, device: torch.device | str = "cpu", *, seed: int | None = None,
+              use_cpu_initialization: bool = True) -> nn.Module:  # fmt: skip
+        """The wrapped family's model, with the values it builds from `seed`, and adapters: A drawn
+        (peft's Kaiming init), B zero, so the adapted model starts as the base model."""
+        seed = seed_or_drawn(seed)  # before the meta build, whatever it draws
+        meta = self.build_on_meta()
+        return initialise(meta, seed=seed, device=torch.device(device), use_cpu_initialization=use_cpu_initialization,
+                          rule=self._init_rule(meta))  # fmt: skip
+
+    def initial_values(self, *, seed: int, device: torch.device,
+                       names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+        """As the wrapped family's, with the adapters' initial values (what `build(seed=seed)` holds)."""
+        meta = self.build_on_meta()
+        return initial_values(meta, self._init_rule(meta), seed=seed, device=device, names=names)
+
+    @staticmethod
+    def _init_rule(model: nn.Module) -> InitModule:
+        """Adapter halves by peft's rule; a base layer under the name, and so with the values, it has in
+        the wrapped family's model."""
+        base = init_rule(model)
+
+        def rule(name: str, module: nn.Module, seeded: Seeder) -> None:
+            half = name.rpartition(".")[0].rpartition(".")[2]
+            if half in ("lora_A", "lora_B"):
+                init_adapter_half(module.weight, half)
+                return
+            base_name = name.replace(BASE_LAYER, "")
+            with seeded(base_name):
+                base(base_name, module, seeded)
+
+        return rule
 
     def tp_plan(self) -> dict[str, str]:
         plan: dict[str, str] = {}

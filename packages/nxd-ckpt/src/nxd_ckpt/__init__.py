@@ -3,7 +3,8 @@ layouts, with completion markers, retention, async save and Hugging Face safeten
 
 from .discovery import is_checkpoint_dir, latest_checkpoint, list_checkpoints
 from .errors import CheckpointError, CheckpointWarning
-from .hf import LORA_RECORD, MODEL_KEY, HFExport, export_adapter, export_hf, hf_weights, write_adapter_files
+from .hf import LORA_RECORD, MODEL_KEY, HFExport, export_adapter, export_hf, write_adapter_files
+from .hf_import import check_hf_weights, load_hf_weights
 from .marker import MARKER, CheckpointInfo, read_info
 from .retention import SavePolicy, template_fields
 from .store import Checkpointer, load_checkpoint, saved_keys
@@ -12,6 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LORA_RECORD", "MARKER", "MODEL_KEY", "CheckpointError", "CheckpointInfo", "CheckpointWarning", "Checkpointer",
-    "HFExport", "SavePolicy", "export_adapter", "export_hf", "hf_weights", "is_checkpoint_dir", "latest_checkpoint",
-    "list_checkpoints", "load_checkpoint", "read_info", "saved_keys", "template_fields", "write_adapter_files",
+    "HFExport", "SavePolicy", "check_hf_weights", "export_adapter", "export_hf", "is_checkpoint_dir",
+    "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_hf_weights", "read_info", "saved_keys",
+    "template_fields", "write_adapter_files",
 ]  # fmt: skip

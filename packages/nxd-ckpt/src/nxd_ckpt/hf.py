@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
@@ -175,38 +174,3 @@ def _copy_tokenizer(files: dict[str, str], directory: Path) -> None:
     if missing:
         warnings.warn(f"the run's tokenizer is no longer at {', '.join(missing)}; the export holds no copy of it",
                       CheckpointWarning, stacklevel=3)  # fmt: skip
-
-
-def hf_weights(directory: Path, export: HFExport, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
-    """Our full state dict from a Hugging Face directory of safetensors files: mapped back, the
-    vocabulary padded with zero rows to `shapes` (our global shapes), tied keys filled in. A missing,
-    extra or differently shaped tensor is a CheckpointError naming it."""
-    directory = Path(directory)
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{directory}: expected Hugging Face *.safetensors files, found none")
-    found: dict[str, torch.Tensor] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            found.update({key: handle.get_tensor(key) for key in handle.keys()})  # noqa: SIM118 - not a dict
-    theirs_to_ours = {theirs: ours for ours, theirs in export.keys.items()}
-    missing = sorted(set(theirs_to_ours) - set(found))
-    extra = sorted(set(found) - set(theirs_to_ours))
-    if missing or extra:
-        raise CheckpointError(f"{directory}: the weights do not match this model: "
-                              + "; ".join(part for part in (f"missing {', '.join(missing[:4])}" if missing else "",
-                                                            f"unexpected {', '.join(extra[:4])}" if extra else "")
-                                          if part))  # fmt: skip
-    weights: dict[str, torch.Tensor] = {}
-    for theirs, tensor in found.items():
-        ours = theirs_to_ours[theirs]
-        shape = tuple(shapes[ours])
-        if ours in export.vocab_padded_keys and tensor.shape[0] < shape[0] and tensor.shape[1:] == shape[1:]:
-            tensor = torch.cat([tensor, tensor.new_zeros(shape[0] - tensor.shape[0], *shape[1:])])
-        if tuple(tensor.shape) != shape:
-            raise CheckpointError(f"{directory}: {theirs} is {list(tensor.shape)}; this model's {ours} is "
-                                  f"{list(shape)}")
-        weights[ours] = tensor
-    for alias, source in export.tied.items():
-        weights[alias] = weights[source]
-    return weights

@@ -2,7 +2,7 @@
 (`ModelFamily`) through which the rest of nxd shards, recomputes, stages and exports them."""
 
 from .attention import AttentionKernel, CoreAttention
-from .build import build_causal_lm, build_on_meta, causal_lm_logits
+from .build import build_causal_lm, build_on_meta, causal_lm_logits, initialise
 from .context_parallel import use_context_parallel
 from .device_peaks import PEAKS, Ceiling, datasheet_peak, device_ceiling, measured_peak, peak_memory
 from .errors import ModelConfigError
@@ -13,6 +13,7 @@ from .hf import SUPPORTED_MODEL_TYPES, HFOverrides, hf_tp_plan, load_hf_config
 from .hf_mapping import HFMapping, hf_mapping
 from .hf_qkv import set_qkv_linear
 from .hf_recompute import recompute_core_attention
+from .initialisation import InitModule, Seeder, init_rule, initial_values, seed_or_drawn
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .qkv import QKVLinear
 from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy, token_cross_entropy
@@ -21,10 +22,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "GPT_TP_PLAN", "IGNORE_INDEX", "PEAKS", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "Ceiling", "CoreAttention",
-    "GPTConfig", "GPTForCausalLM", "HFMapping", "HFOverrides", "HuggingFaceFamily", "MegatronFamily",
-    "ModelConfigError", "ModelFamily", "QKVLinear", "build_causal_lm", "build_on_meta", "causal_lm_logits",
-    "chunked_token_cross_entropy", "datasheet_peak", "decoder_layers", "device_ceiling", "gpt_tp_plan",
-    "hf_mapping", "hf_tp_plan", "keep_pipeline_stage", "load_hf_config", "measured_peak", "model_family",
-    "peak_memory", "pipeline_stage_problems", "recompute_core_attention", "set_qkv_linear", "token_cross_entropy",
-    "training_flops_per_token", "use_context_parallel",
+    "GPTConfig", "GPTForCausalLM", "HFMapping", "HFOverrides", "HuggingFaceFamily", "InitModule", "MegatronFamily",
+    "ModelConfigError", "ModelFamily", "QKVLinear", "Seeder", "build_causal_lm", "build_on_meta", "causal_lm_logits",
+    "chunked_token_cross_entropy", "datasheet_peak", "decoder_layers", "device_ceiling", "gpt_tp_plan", "hf_mapping",
+    "hf_tp_plan", "init_rule", "initial_values", "initialise", "keep_pipeline_stage", "load_hf_config",
+    "measured_peak", "model_family", "peak_memory", "pipeline_stage_problems", "recompute_core_attention",
+    "seed_or_drawn", "set_qkv_linear", "token_cross_entropy", "training_flops_per_token", "use_context_parallel",
 ]  # fmt: skip

@@ -24,6 +24,7 @@ from .attention import _FAST_BACKENDS, AttentionKernel, document_spans, span_att
 from .context_parallel import DOCUMENTS_KWARG, hf_splits_sequence
 from .gpt import GPTConfig, GPTForCausalLM
 from .hf_qkv import use_qkv_linear
+from .initialisation import InitModule, init_rule, initial_values, seed_or_drawn
 from .token_losses import token_cross_entropy
 
 HF_SDPA = "nxd_sdpa"
@@ -77,23 +78,29 @@ def build_causal_lm(
     spec: GPTConfig | PretrainedConfig,
     device: torch.device | str = "cpu",
     *,
+    seed: int | None = None,
     use_cpu_initialization: bool = True,
     attention: AttentionKernel = AttentionKernel.FLASH,
 ) -> nn.Module:
     """A randomly initialised causal LM with fp32 parameters on `device`.
 
-    The module tree is created on the meta device (no memory), then each parameter is allocated once:
-    on the CPU and moved (`use_cpu_initialization`, values independent of the device's RNG) or directly
-    on `device`. `attention` is the attention kernel of either family (the fusions keys).
+    The module tree is created on the meta device (no memory), then initialised module by module from
+    `seed` (`initial_values`; None: a seed drawn from the torch RNG): on the CPU and moved
+    (`use_cpu_initialization`, values independent of the device's RNG) or directly on `device`.
+    `attention` is the attention kernel of either family (the fusions keys).
     """
-    device = torch.device(device)
-    model = _meta_tree(spec, attention)
-    model.to_empty(device=torch.device("cpu") if use_cpu_initialization else device)
-    if isinstance(spec, GPTConfig) and spec.share_embeddings_and_output_weights:
-        model.lm_head.weight = model.model.embed_tokens.weight  # to_empty allocated the two apart
-    model.init_weights()
-    if not isinstance(spec, GPTConfig):  # the QKV module takes the q/k/v values transformers drew
-        use_qkv_linear(model)
+    seed = seed_or_drawn(seed)  # before the meta build, whatever it draws
+    return initialise(build_on_meta(spec, attention), seed=seed, device=torch.device(device),
+                      use_cpu_initialization=use_cpu_initialization)  # fmt: skip
+
+
+def initialise(model: nn.Module, *, seed: int, device: torch.device, use_cpu_initialization: bool = True,
+               rule: InitModule | None = None) -> nn.Module:  # fmt: skip
+    """Meta tree `model` (of either family, possibly adapted) with its initial values from `seed`
+    under `rule` (the family's when None), on `device`."""
+    where = torch.device("cpu") if use_cpu_initialization else device
+    for _ in initial_values(model, rule or init_rule(model), seed=seed, device=where, keep=True):
+        pass
     return model.to(device)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -25,6 +25,7 @@ from .gpt import GPTConfig, gpt_tp_plan
 from .hf import hf_tp_plan
 from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
 from .hf_recompute import recompute_core_attention
+from .initialisation import init_rule, initial_values
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .recompute_units import ACTIVATION_MULTIPLY, MEGATRON_ALIASES, split_activation_multiply
 
@@ -54,10 +55,18 @@ class ModelFamily(ABC):
         """The whole model's state-dict shapes, whatever the layout it is trained in."""
         return {name: value.shape for name, value in self._reference.state_dict().items()}
 
-    def build(self, device: torch.device | str = "cpu", *, use_cpu_initialization: bool = True) -> nn.Module:
-        """The whole model, initialised from the current torch RNG state."""
-        return build_causal_lm(self.spec, device, use_cpu_initialization=use_cpu_initialization,
+    def build(self, device: torch.device | str = "cpu", *, seed: int | None = None,
+              use_cpu_initialization: bool = True) -> nn.Module:  # fmt: skip
+        """The whole model, initialised from `seed` (None: a seed drawn from the torch RNG)."""
+        return build_causal_lm(self.spec, device, seed=seed, use_cpu_initialization=use_cpu_initialization,
                                attention=self.attention)  # fmt: skip
+
+    def initial_values(self, *, seed: int, device: torch.device,
+                       names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+        """The whole model's initial tensors that `build(seed=seed)` holds, one module at a time, only the
+        modules owning a name in `names`: what a process keeping shards slices, never holding the model."""
+        meta = self.build_on_meta()
+        return initial_values(meta, init_rule(meta), seed=seed, device=device, names=names)
 
     @staticmethod
     def logits(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -143,6 +152,25 @@ class ModelFamily(ABC):
         """Training FLOPs per token (the numerator of MFU; see `training_flops_per_token`)."""
         return training_flops_per_token(self._reference, seq_length)
 
+    @property
+    def loss_chunk_tokens(self) -> int | None:
+        """Tokens per chunk of the loss: 0 whole logits at once, None when the family always computes
+        whole logits (`model.fusions.loss_chunk_tokens` is not for it)."""
+        return None
+
+    def layer_widths(self) -> dict[str, int | bool]:
+        """Per-token widths of a decoder layer and the output layer, for memory plans: hidden, query and
+        key_value (attention widths), ffn (gated: swiglu's gate beside up) and vocab (the output rows)."""
+        model = self._reference
+        attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+        qkv = getattr(attention, "qkv_proj", None)
+        query, key = ((qkv.weight_q, qkv.weight_k) if qkv is not None
+                      else (attention.q_proj.weight, attention.k_proj.weight))  # fmt: skip
+        gated = getattr(mlp, "gate_proj", None) is not None
+        return {"hidden": model.model.embed_tokens.weight.shape[1], "query": query.shape[0],
+                "key_value": key.shape[0], "ffn": mlp.up_proj.weight.shape[0], "gated": gated,
+                "vocab": model.lm_head.weight.shape[0]}  # fmt: skip
+
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self._reference.parameters())
 
@@ -167,6 +195,10 @@ class MegatronFamily(ModelFamily):
 
     def hf_mapping(self) -> HFMapping:
         return hf_mapping(self.spec)
+
+    @property
+    def loss_chunk_tokens(self) -> int | None:
+        return self.spec.loss_chunk_tokens
 
 
 class HuggingFaceFamily(ModelFamily):

@@ -8,7 +8,8 @@ mapping of a Llama-shaped model is a rename-free table (see `hf_mapping.py`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,7 @@ from .attention import (
     sliding_window_mask,
 )
 from .errors import ModelConfigError
-from .qkv import QKVLinear
+from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .token_losses import chunked_token_cross_entropy
 
@@ -292,28 +293,29 @@ class GPTForCausalLM(nn.Module):
         return chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)
 
     @torch.no_grad()
-    def init_weights(self) -> None:
-        """Megatron's init: N(0, std) for weights, std / sqrt(2 * layers) on the output projections when
-        use_scaled_init_method, zero biases, unit norms. Consumes the current torch RNG in module order."""
+    def init_module(self, name: str, module: nn.Module, seeded: Callable[[str], AbstractContextManager[None]]) -> None:
+        """Megatron's init of one module's own tensors (nxd-models' `initial_values` rule): N(0, std)
+        for weights, std / sqrt(2 * layers) on the output projections when use_scaled_init_method, zero
+        biases, unit norms. A QKV module's parts draw as the q/k/v Linear layers they stand for."""
         std = self.config.init_method_std
         output_std = std / math.sqrt(2.0 * self.config.num_layers) if self.config.use_scaled_init_method else std
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear | nn.Embedding):
-                if name.endswith(("o_proj", "down_proj")):
-                    nn.init.normal_(module.weight, 0.0, output_std)
-                elif not (name == "lm_head" and self.config.share_embeddings_and_output_weights):
-                    nn.init.normal_(module.weight, 0.0, std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, QKVLinear):  # the same draws, in the same order, as q/k/v Linear layers
-                for name in ("q", "k", "v"):
-                    nn.init.normal_(getattr(module, f"weight_{name}"), 0.0, std)
-                    if getattr(module, f"bias_{name}") is not None:
-                        nn.init.zeros_(getattr(module, f"bias_{name}"))
-            elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
-                nn.init.ones_(module.weight)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Linear | nn.Embedding):
+            if name.endswith(("o_proj", "down_proj")):
+                nn.init.normal_(module.weight, 0.0, output_std)
+            elif not (name == "lm_head" and self.config.share_embeddings_and_output_weights):
+                nn.init.normal_(module.weight, 0.0, std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, QKVLinear):
+            for part in ("q", "k", "v"):
+                with seeded(qkv_part_unit(name, part)):
+                    nn.init.normal_(getattr(module, f"weight_{part}"), 0.0, std)
+                if getattr(module, f"bias_{part}") is not None:
+                    nn.init.zeros_(getattr(module, f"bias_{part}"))
+        elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
 
     def tp_plan(self) -> dict[str, str]:
         """How each module shards under tensor parallelism (applied by nxd-parallel)."""

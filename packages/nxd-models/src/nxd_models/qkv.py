@@ -37,3 +37,9 @@ class QKVLinear(nn.Module):
         bias = None if biases[0] is None else torch.cat(biases)
         fused = F.linear(hidden, torch.cat(weights), bias)
         return fused.split([weight.shape[0] for weight in weights], dim=-1)
+
+
+def qkv_part_unit(name: str, part: str) -> str:
+    """The initialisation unit of QKV module `name`'s `part` ("q", "k" or "v"): the separate projection
+    it stands for, so that fusing changes no initial value."""
+    return f"{name.rpartition('.')[0]}.{part}_proj"

@@ -11,7 +11,8 @@ from .dims import ParallelDims, ParallelMesh
 from .errors import ParallelConfigError
 from .executor import DirectExecutor, LossFunction, PipelineExecutor, Totals, build_executor
 from .kv_replication import replicated_heads
-from .materialise import load_whole_weights, materialise
+from .materialise import copy_part, materialise
+from .memory_plan import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan
 from .norms import clip_gradients, global_norm
 from .parallelize import (
     Layout,
@@ -29,11 +30,11 @@ from .tensor_parallel import STYLES, apply_tensor_parallel, check_plan, enter_se
 __version__ = "0.1.0"
 
 __all__ = [
-    "STYLES", "DirectExecutor", "Layout", "LossFunction", "ParallelConfigError", "ParallelDims", "ParallelMesh",
-    "PipelineExecutor", "ShardableModel", "StagedModel", "Totals", "apply_activation_checkpointing",
-    "apply_data_parallel", "apply_tensor_parallel", "build_executor", "build_parallel_model", "build_schedule",
-    "check_plan", "clip_gradients", "compile_blocks", "enter_sequence_parallel", "global_norm",
-    "load_whole_weights", "loss_parallel", "materialise", "modules_of", "pipeline_ranges", "rank_stages",
-    "recompute_units", "replicated_heads", "ring_attention", "set_gradient_sync", "split_sequence",
-    "stage_ranges", "tensor_parallel_problems", "zigzag_indices",
+    "GIB", "STYLES", "DirectExecutor", "LayerWidths", "Layout", "LossFunction", "ParallelConfigError", "ParallelDims",
+    "ParallelMesh", "PipelineExecutor", "RankMemory", "ShardableModel", "Sizes", "StagedModel", "StateBytes",
+    "Totals", "Workload", "apply_activation_checkpointing", "apply_data_parallel", "apply_tensor_parallel",
+    "build_executor", "build_parallel_model", "build_schedule", "check_plan", "clip_gradients", "compile_blocks",
+    "copy_part", "enter_sequence_parallel", "global_norm", "loss_parallel", "materialise", "memory_plan",
+    "modules_of", "pipeline_ranges", "rank_stages", "recompute_units", "replicated_heads", "ring_attention",
+    "set_gradient_sync", "split_sequence", "stage_ranges", "tensor_parallel_problems", "zigzag_indices",
 ]  # fmt: skip

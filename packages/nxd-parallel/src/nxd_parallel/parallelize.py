@@ -12,7 +12,7 @@ nxd-parallel imports no model code: a family hands it what it needs through `Sha
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -27,7 +27,7 @@ from .context_parallel import ring_attention
 from .data_parallel import apply_data_parallel
 from .dims import ParallelMesh
 from .errors import ParallelConfigError
-from .materialise import materialise
+from .materialise import InitialValues, materialise
 from .pipeline import rank_stages, stage_ranges
 from .tensor_parallel import apply_tensor_parallel, enter_sequence_parallel
 
@@ -44,7 +44,10 @@ class ShardableModel(Protocol):
 
     def build_on_meta(self) -> nn.Module: ...
 
-    def build(self, device: torch.device, *, use_cpu_initialization: bool) -> nn.Module: ...
+    def build(self, device: torch.device, *, seed: int, use_cpu_initialization: bool) -> nn.Module: ...
+
+    def initial_values(self, *, seed: int, device: torch.device,
+                       names: Collection[str] | None = None) -> Iterable[tuple[str, torch.Tensor]]: ...
 
     def tp_plan(self) -> dict[str, str]: ...
 
@@ -159,16 +162,25 @@ def build_parallel_model(
     prepare: PrepareParameters | None = None,
 ) -> nn.Module | StagedModel:
     """The model, sharded over `mesh` as `layout` says (with pipeline parallelism: this rank's stages);
-    its values are those `family.build` makes after `torch.manual_seed(seed)` in one process, with the
-    parameter dtypes `prepare` sets (fp32 when None)."""
-    prepare = prepare or _keep_dtypes
+    its values are those `family.build(seed=seed)` makes in one process, with the parameter dtypes
+    `prepare` sets (fp32 when None). No rank holds more than its shards and one module of the whole.
+    The torch RNG is left seeded with `seed` on every rank, whatever building the mesh and the model
+    drew, so that the random streams after it (dropout) start alike in every layout."""
+    model = _build(family, layout, mesh, device, seed=seed, use_cpu_initialization=use_cpu_initialization,
+                   prepare=prepare or _keep_dtypes)  # fmt: skip
+    torch.manual_seed(seed)
+    return model
 
-    def whole() -> nn.Module:
-        torch.manual_seed(seed)
-        return family.build(device, use_cpu_initialization=use_cpu_initialization)
+
+def _build(family: ShardableModel, layout: Layout, mesh: ParallelMesh, device: torch.device, *, seed: int,
+           use_cpu_initialization: bool, prepare: PrepareParameters) -> nn.Module | StagedModel:  # fmt: skip
+    init_device = torch.device("cpu") if use_cpu_initialization else device
+
+    def whole(names: Collection[str]) -> Iterable[tuple[str, torch.Tensor]]:
+        return family.initial_values(seed=seed, device=init_device, names=names)
 
     if all(mesh.get(name) is None for name in ("pp", "tp", "dp_cp")):
-        model = whole()
+        model = family.build(device, seed=seed, use_cpu_initialization=use_cpu_initialization)
         prepare(model, cast=True)
         apply_activation_checkpointing(recompute_units(family, model, layout))
         if layout.compile_blocks:
@@ -220,7 +232,7 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
     return model
 
 
-def _materialised(model: nn.Module, whole: Callable[[], nn.Module], device: torch.device, layout: Layout,
+def _materialised(model: nn.Module, whole: InitialValues, device: torch.device, layout: Layout,
                   prepare: PrepareParameters) -> nn.Module:  # fmt: skip
     materialise(model, whole, device, ranks_at_once=layout.ranks_at_once)
     prepare(model, cast=False)  # allocation swaps DTensor parameters, dropping their grad_dtype

@@ -6,7 +6,7 @@ from .neuron_runtime import neuron_runtime_env
 from .nonfinite import NonFiniteGuard, NonFiniteStop
 from .novograd import Novograd
 from .optimizer import PrecisionOptimizer, prepare_parameters
-from .optimizers import OPTIMIZER_NAMES, build_optimizer, parameter_groups
+from .optimizers import OPTIMIZER_NAMES, build_optimizer, bytes_per_value, parameter_groups
 from .policy import TYPES, PrecisionPolicy, bf16_support_problem, resolve_policy
 from .schedules import SCHEDULE_NAMES, build_scheduler, schedule_function
 from .stochastic_rounding import copy_stochastically_rounded_, stochastic_round
@@ -26,6 +26,7 @@ __all__ = [
     "bf16_support_problem",
     "build_optimizer",
     "build_scheduler",
+    "bytes_per_value",
     "copy_stochastically_rounded_",
     "neuron_runtime_env",
     "parameter_groups",

@@ -13,6 +13,7 @@ import torch
 
 from .errors import PrecisionConfigError
 from .novograd import Novograd
+from .policy import PrecisionPolicy
 
 _TORCH = {
     "adamw": torch.optim.AdamW,
@@ -96,3 +97,32 @@ def build_optimizer(
     groups = parameter_groups(parameters, weight_decay, decay_norms_and_biases)
     chosen = implementation(name, [p for group in groups for p in group["params"]])
     return cls(groups, **(chosen | arguments))
+
+
+def state_tensors(name: str, options: Mapping[str, Any]) -> int:
+    """How many tensors the size of a parameter optimizer `name` keeps per parameter (its state)."""
+    if name in ("adamw", "adamw_fp32OptState", "adam"):
+        return 3 if options.get("amsgrad") else 2
+    if name in ("adamax", "adadelta", "rprop"):
+        return 2
+    if name == "sgd":
+        return 1 if options.get("momentum") else 0
+    if name == "rmsprop":
+        return 1 + bool(options.get("momentum")) + bool(options.get("centered"))
+    return 1  # adagrad's sum, novograd's first moment (its second is one value per tensor)
+
+
+def bytes_per_value(policy: PrecisionPolicy, optimizer: str, options: Mapping[str, Any]) -> dict[str, int]:
+    """Bytes per parameter value under `policy` and optimizer `optimizer` (for memory plans): the
+    parameter, its gradient, its master weight and optimizer state (trainable values), what the step
+    alone adds (fp32 copies of bf16 parameters and of their gradients when no master persists, and the
+    state held in fp32 while it steps), and the activations' dtype ("compute")."""
+    size = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.float64: 8}
+    states = state_tensors(optimizer, options)
+    copies = policy.param_dtype != torch.float32
+    persistent = copies and policy.master_dtype is not None
+    state_size = size[policy.optimizer_state_dtype]
+    return {"parameter": size[policy.param_dtype], "gradient": size[policy.grad_accumulation_dtype],
+            "master": 4 if persistent else 0, "optimizer_state": states * state_size,
+            "step_copies": (8 if copies and not persistent else 0) + (states * (4 - state_size) if copies else 0),
+            "compute": size[policy.compute_dtype]}  # fmt: skip

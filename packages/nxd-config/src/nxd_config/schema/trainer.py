@@ -77,6 +77,7 @@ class TrainerConfig(Section):
         11,
         "Ranks that initialise and move weights to the device at the same time.",
         by="nxd-parallel",
-        note="each rank builds the whole seeded model on the host and keeps its shards; this many ranks do it at once",
+        note="each rank initialises the modules it holds one at a time on the host and keeps its shards; "
+        "this many ranks do it at once",
         ge=1,
     )

@@ -1,0 +1,99 @@
+"""The memory plan against counts worked by hand and against autograd's own saved tensors."""
+
+from __future__ import annotations
+
+import torch
+from nxd_models import GPTConfig, build_causal_lm, model_family
+from nxd_models.attention import rotary_cos_sin
+from nxd_parallel import GIB, LayerWidths, Layout, Sizes, StateBytes, Workload, memory_plan, pipeline_ranges
+from nxd_precision import bytes_per_value, resolve_policy
+
+SPEC = GPTConfig(vocab_size=128, num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2, seq_length=32,
+                 ffn_hidden_size=96, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
+                 has_bias=False, make_vocab_size_divisible_by=8, share_embeddings_and_output_weights=False,
+                 hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+FP32 = StateBytes(parameter=4, gradient=4, master=0, optimizer_state=8, step_copies=0, compute=4)
+# one decoder layer: norms 2 x 64, q 64 x 64, k and v 32 x 64, o 64 x 64, gate/up/down 3 x 96 x 64
+LAYER = 2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 96 * 64
+EMBED = OUTPUT = 128 * 64
+
+
+def _plan(sizes: Sizes, layout: Layout = Layout(), state: StateBytes = FP32, work=Workload(2, 32, 4)) -> list:  # noqa: B008
+    family = model_family(SPEC)
+    meta = family.build_on_meta()
+    return memory_plan(meta, family.tp_plan(), pipeline_ranges(family, meta, layout, sizes.pp),
+                       LayerWidths(**family.layer_widths()), sizes=sizes, state=state, work=work, zero1=layout.zero1,
+                       sequence_parallel=layout.sequence_parallel, kv_replicator=layout.kv_replicator,
+                       recompute=layout.recompute, recompute_modules=layout.recompute_modules)  # fmt: skip
+
+
+def test_parameters_split_as_each_layout_shards_them():
+    whole = 4 * LAYER + EMBED + OUTPUT + 64  # the final norm
+    assert _plan(Sizes())[0].parameters == 4 * whole
+    # tp2: every matmul weight, the embedding and the output split; the 9 norms stay whole
+    norms = 4 * 2 * 64 + 64
+    assert _plan(Sizes(tp=2))[0].parameters == 4 * ((whole - norms) // 2 + norms)
+    # kv_replicator 2: the k and v weights stay whole on both ranks
+    kv = 4 * 2 * 32 * 64
+    assert _plan(Sizes(tp=2), Layout(kv_replicator=2))[0].parameters == 4 * ((whole - norms - kv) // 2 + norms + kv)
+    # pp2: two layers each, the embedding first and the final norm and output layer last
+    first, last = _plan(Sizes(pp=2))
+    assert (first.parameters, last.parameters) == (4 * (2 * LAYER + EMBED), 4 * (2 * LAYER + OUTPUT + 64))
+    # ZeRO-1 over 2 ranks: half of each state, plus the gathered parameters FSDP2 computes with
+    zero1 = _plan(Sizes(dp=2), Layout(zero1=True))[0]
+    assert (zero1.parameters, zero1.gradients, zero1.optimizer_state) == (4 * whole // 2 + 4 * whole,
+                                                                          4 * whole // 2, 8 * whole // 2)  # fmt: skip
+
+
+def test_precision_types_cost_what_their_dtypes_say():
+    mixed = bytes_per_value(resolve_policy("mixed_precision"), "adamw", {})
+    # bf16 weight 2, fp32 gradient 4, fp32 master 4, two fp32 moments 8: 18 bytes per trained value
+    assert (mixed["parameter"], mixed["gradient"], mixed["master"], mixed["optimizer_state"]) == (2, 4, 4, 8)
+    assert mixed["step_copies"] == 0 and mixed["compute"] == 2
+    sr = bytes_per_value(resolve_policy("bf16SR"), "adamw", {})
+    # bf16 weight, gradient and moments; the step makes fp32 copies of weights and gradients (8) and
+    # holds the two moments in fp32 (2 x 2 more)
+    assert (sr["parameter"], sr["gradient"], sr["master"], sr["optimizer_state"], sr["step_copies"]) == (2, 2, 0, 4, 12)
+    assert bytes_per_value(resolve_policy("fp32"), "sgd", {"momentum": 0.0})["optimizer_state"] == 0
+
+
+def _saved_layer_bytes() -> int:
+    """What autograd keeps for the backward of one decoder layer's forward (batch 2 x 32 tokens), each
+    storage once, weights and RoPE's shared tables left out: an independent count of the activations."""
+    layer = build_causal_lm(SPEC, seed=0).model.layers[0]
+    hidden = torch.randn(2, 32, 64, requires_grad=True)
+    rotary = rotary_cos_sin(torch.arange(32).expand(2, 32), SPEC.rotary_dim, SPEC.rope_theta, hidden.dtype)
+    skipped = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), *rotary)}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.untyped_storage().data_ptr() not in skipped:
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer(hidden, rotary)
+    return sum(storages.values())
+
+
+def test_activations_match_what_autograd_saves_within_two_percent():
+    widths = LayerWidths(**model_family(SPEC).layer_widths())
+    planned = _plan(Sizes(), work=Workload(2, 32, 1))[0].activations / SPEC.num_layers
+    measured = _saved_layer_bytes()
+    assert abs(planned - measured) <= 0.02 * measured, (planned, measured, widths)
+
+
+def test_recompute_and_sequence_parallelism_shrink_the_activations_as_counted():
+    work = Workload(2, 32, 1)
+    plain = _plan(Sizes(), work=work)[0].activations
+    full = _plan(Sizes(), Layout(recompute="full"), work=work)[0].activations
+    tokens = 2 * 32
+    assert full == 4 * tokens * (4 * 64) + plain // 4  # each layer's input, plus one layer recomputed
+    tp = _plan(Sizes(tp=2), work=work)[0].activations
+    sp = _plan(Sizes(tp=2), Layout(sequence_parallel=True), work=work)[0].activations
+    assert tp - sp == 4 * tokens * 4 * (2 * 64 // 2)  # the norm inputs split over the two ranks
+    assert _plan(Sizes(cp=2), work=work)[0].activations == plain // 2
+    first, last = _plan(Sizes(pp=2), work=Workload(2, 32, 4))
+    assert first.activations == 2 * last.activations  # 1F1B: the first stage holds two micro-batches in flight
+    assert first.loss == 0 and last.loss == tokens * 128 * (4 + 12)
+    assert GIB == 2**30
