@@ -45,32 +45,34 @@ def planned(overrides: list[str]) -> float:
     return float(found.group(1))
 
 
-def measured(overrides: list[str], steps: int, env: dict[str, str] | None = None) -> float:
+def measured(overrides: list[str], steps: int, env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Rank 0's peak memory over the run and its last step's time."""
     with tempfile.TemporaryDirectory() as log_dir:
         out = _nxd_train(str(CONFIG), *overrides, f"trainer.max_steps={steps}", "trainer.log_every_n_steps=1",
                          f"+exp_manager.explicit_log_dir={log_dir}", env=env)  # fmt: skip
     peaks = [float(value) for value in re.findall(r"peak_memory_gib ([\d.]+)", out)]
-    if not peaks:
+    times = [float(value) for value in re.findall(r"step_time ([\d.]+)", out)]
+    if not peaks or not times:
         raise SystemExit(f"the run logged no peak memory:\n{out[-3000:]}")
-    return max(peaks)
+    return max(peaks), times[-1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", default="1,tp2,dp2_zero1")
-    parser.add_argument("--steps", type=int, default=2, help="steps per run (the second has optimizer state)")
+    parser.add_argument("--steps", type=int, default=3, help="steps per run (from the second, optimizer state exists)")
     args = parser.parse_args()
     base = ["data.global_batch_size=2", "data.micro_batch_size=1"]
-    print("| layout | plan (GiB per rank) | measured, glibc default | plan / measured | measured, "
-          "MALLOC_MMAP_THRESHOLD_=131072 | plan / measured |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| layout | plan (GiB per rank) | measured, glibc default | plan / measured | last step (s) | measured, "
+          "MALLOC_MMAP_THRESHOLD_=131072 | plan / measured | last step (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for layout in args.layouts.split(","):
         overrides = [*base, *LAYOUTS[layout]]
         plan = planned(overrides)
-        default = measured(overrides, args.steps)
-        returned = measured(overrides, args.steps, {"MALLOC_MMAP_THRESHOLD_": "131072"})
-        print(f"| {layout} | {plan:.2f} | {default:.2f} | {plan / default:.2f} | {returned:.2f} | "
-              f"{plan / returned:.2f} |", flush=True)
+        (default, default_step) = measured(overrides, args.steps)
+        (returned, returned_step) = measured(overrides, args.steps, {"MALLOC_MMAP_THRESHOLD_": "131072"})
+        print(f"| {layout} | {plan:.2f} | {default:.2f} | {plan / default:.2f} | {default_step:.1f} | {returned:.2f} | "
+              f"{plan / returned:.2f} | {returned_step:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

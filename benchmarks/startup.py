@@ -11,8 +11,9 @@ layers: 1.92B parameters, 7.7 GB in fp32. Each measurement runs in fresh gloo pr
   slices out (nxd's start-up before shard-local initialisation), one rank at a time
   (sequential_move_factor 1), so that two whole copies never exist on this 23 GiB machine.
 With the Hugging Face part a directory of the model (fp32 safetensors, written once by transformers)
-is loaded at TP2 by nxd (shard-local initialisation, then `load_hf_weights`, each rank reading its
-slices) and by `AutoModelForCausalLM.from_pretrained` in one process.
+is loaded at TP2 by nxd as nxd-train loads initial weights (shards allocated without random values,
+then `load_hf_weights`, each rank reading its slices) and by `AutoModelForCausalLM.from_pretrained`
+in one process.
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ def _worker(rank: int, world: int, job: Job, directory: str) -> None:
         family = model_family(SPEC)
         mesh = ParallelDims(world, **sizes).build_mesh("cpu")
         layout = Layout(zero1=layout.zero1, ranks_at_once=1 if job.method == "whole" else world)
+        loaded = family.parameter_shapes() if job.hf_dir is not None else ()  # as nxd-train: no random draws
         model = build_parallel_model(WholeModelFirst(family) if job.method == "whole" else family, layout, mesh,
-                                     torch.device("cpu"), seed=1)  # fmt: skip
+                                     torch.device("cpu"), seed=1, loaded=loaded)  # fmt: skip
         if job.hf_dir is not None:
             export, shapes = HFExport.of(family.hf_mapping()), family.parameter_shapes()
             for module in modules_of(model):

@@ -164,10 +164,12 @@ def _live_pass(run: Run) -> Callable[[list[Batch]], None]:
     if plan.lora is not None:
         model, executor = run.model, run.executor
     else:  # a frozen copy of the initial weights, sharded like the policy
+        initial = plan.reference.initial
         model = build_parallel_model(plan.family, plan.layout, run.mesh, run.fabric.device, seed=plan.launch.seed,
                                      use_cpu_initialization=plan.launch.use_cpu_initialization,
-                                     prepare=partial(prepare_parameters, policy=plan.policy))  # fmt: skip
-        if (initial := plan.reference.initial) is not None:
+                                     prepare=partial(prepare_parameters, policy=plan.policy),
+                                     loaded=() if initial is None else plan.family.parameter_shapes())  # fmt: skip
+        if initial is not None:
             load_weights(model, initial, export_of(plan.family), run.checkpoint_group, plan.family.parameter_shapes())
         for parameter in model.parameters():
             parameter.requires_grad_(False)

@@ -204,9 +204,11 @@ def setup(plan: RunPlan) -> Run:
     monitor = Monitor(log_dir, global_rank=rank, local_rank=fabric.local_rank, total_steps=steps,
                       local_rank_0_only=logging.local_rank_0_only, tensorboard=logging.tensorboard,
                       continue_after=read_info(resume.path).step if continues_here else None)  # fmt: skip
+    starts_loaded = resume is not None and resume.weights_only and plan.lora is None  # no random values to draw
     model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=launch.seed,
                                  use_cpu_initialization=launch.use_cpu_initialization,
-                                 prepare=partial(prepare_parameters, policy=plan.policy))  # fmt: skip
+                                 prepare=partial(prepare_parameters, policy=plan.policy),
+                                 loaded=plan.family.parameter_shapes() if starts_loaded else ())  # fmt: skip
     checkpoint_group = None
     if (plan.checkpoints.enabled or resume is not None) and torch.distributed.is_initialized():
         checkpoint_group = torch.distributed.new_group(backend="gloo")

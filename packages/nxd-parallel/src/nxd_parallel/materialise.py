@@ -15,7 +15,8 @@ from collections.abc import Callable, Collection, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from .ties import retie, tied_parameters
 
@@ -26,28 +27,34 @@ own `names`, one at a time."""
 
 @torch.no_grad()
 def copy_part(target: torch.Tensor, source: torch.Tensor) -> None:
-    """Copy into `target` (a parameter or buffer, possibly a DTensor shard) its part of the whole `source`."""
-    if isinstance(target, DTensor):
-        part = distribute_tensor(source.to(target.device), target.device_mesh, target.placements,
-                                 src_data_rank=None)  # local slicing, no communication
-        target.to_local().copy_(part.to_local())
-    else:
+    """Copy into `target` (a parameter or buffer, possibly a DTensor shard) its part of the whole `source`,
+    read in place where the part is one box of it (no copy of the part is made first)."""
+    if not isinstance(target, DTensor):
         target.copy_(source)
+    elif all(type(placement) in (Shard, Replicate) for placement in target.placements):
+        size, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+        target.to_local().copy_(source[tuple(slice(o, o + n) for o, n in zip(offset, size, strict=True))])
+    else:  # FSDP2's strided shards under tensor parallelism: local slicing, no communication
+        part = distribute_tensor(source.to(target.device), target.device_mesh, target.placements, src_data_rank=None)
+        target.to_local().copy_(part.to_local())
 
 
-def materialise(model: nn.Module, values: InitialValues, device: torch.device, *, ranks_at_once: int) -> nn.Module:
+def materialise(model: nn.Module, values: InitialValues, device: torch.device, *, ranks_at_once: int,
+                loaded: Collection[str] = ()) -> nn.Module:  # fmt: skip
     """Allocate `model`'s shards on `device` and fill them from `values` (the same seeded values on
-    every rank), this rank's wave at a time."""
+    every rank), this rank's wave at a time; the tensors named in `loaded` (filled by the caller next)
+    are allocated only."""
     tied = tied_parameters(model)
     model.to_empty(device=device)
     retie(model, tied)  # to_empty allocates tied parameters apart
-    targets = dict(model.named_parameters()) | dict(model.named_buffers())
+    targets = {name: tensor for name, tensor in (dict(model.named_parameters()) | dict(model.named_buffers())).items()
+               if name not in loaded}  # fmt: skip
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     ranks_at_once = max(1, ranks_at_once)
     waves = -(-world // ranks_at_once)
     for wave in range(waves):
-        if rank // ranks_at_once == wave:
+        if rank // ranks_at_once == wave and targets:
             filled = set()
             for name, value in values(targets.keys()):
                 if name in targets:

@@ -44,8 +44,6 @@ class ShardableModel(Protocol):
 
     def build_on_meta(self) -> nn.Module: ...
 
-    def build(self, device: torch.device, *, seed: int, use_cpu_initialization: bool) -> nn.Module: ...
-
     def initial_values(self, *, seed: int, device: torch.device,
                        names: Collection[str] | None = None) -> Iterable[tuple[str, torch.Tensor]]: ...
 
@@ -160,46 +158,38 @@ def build_parallel_model(
     seed: int,
     use_cpu_initialization: bool = True,
     prepare: PrepareParameters | None = None,
+    loaded: Collection[str] = (),
 ) -> nn.Module | StagedModel:
     """The model, sharded over `mesh` as `layout` says (with pipeline parallelism: this rank's stages);
     its values are those `family.build(seed=seed)` makes in one process, with the parameter dtypes
     `prepare` sets (fp32 when None). No rank holds more than its shards and one module of the whole.
+    `loaded` names the tensors (whole-model state-dict names) the caller fills next from initial
+    weights: they are allocated, not initialised.
     The torch RNG is left seeded with `seed` on every rank, whatever building the mesh and the model
     drew, so that the random streams after it (dropout) start alike in every layout."""
-    model = _build(family, layout, mesh, device, seed=seed, use_cpu_initialization=use_cpu_initialization,
-                   prepare=prepare or _keep_dtypes)  # fmt: skip
-    torch.manual_seed(seed)
-    return model
-
-
-def _build(family: ShardableModel, layout: Layout, mesh: ParallelMesh, device: torch.device, *, seed: int,
-           use_cpu_initialization: bool, prepare: PrepareParameters) -> nn.Module | StagedModel:  # fmt: skip
+    prepare = prepare or _keep_dtypes
     init_device = torch.device("cpu") if use_cpu_initialization else device
 
     def whole(names: Collection[str]) -> Iterable[tuple[str, torch.Tensor]]:
         return family.initial_values(seed=seed, device=init_device, names=names)
 
-    if all(mesh.get(name) is None for name in ("pp", "tp", "dp_cp")):
-        model = family.build(device, seed=seed, use_cpu_initialization=use_cpu_initialization)
-        prepare(model, cast=True)
-        apply_activation_checkpointing(recompute_units(family, model, layout))
-        if layout.compile_blocks:
-            compile_blocks(family.decoder_layers(model))
-        return model
+    materialised = partial(_materialised, values=whole, device=device, layout=layout, prepare=prepare,
+                           loaded=loaded)  # fmt: skip
     shard = partial(_shard, family=family, layout=layout, mesh=mesh, prepare=prepare)
     pp = mesh.get("pp")
     if pp is None:
-        model = shard(family.build_on_meta(), first_layer=FIRST_LAYER)
-        return _materialised(model, whole, device, layout, prepare)
-    ranges = pipeline_ranges(family, family.build_on_meta(), layout, pp.size())
-    numbers = rank_stages(pp.get_local_rank(), pp.size(), layout.virtual_stages)
-    stages = []
-    for number in numbers:
-        stage = family.keep_pipeline_stage(family.build_on_meta(), ranges[number], first=number == 0,
-                                           last=number == len(ranges) - 1)  # fmt: skip
-        stage = shard(stage, first_layer=FIRST_LAYER if number == 0 else None)
-        stages.append(_materialised(stage, whole, device, layout, prepare))
-    return StagedModel(stages, numbers, len(ranges))
+        model = materialised(shard(family.build_on_meta(), first_layer=FIRST_LAYER))
+    else:
+        ranges = pipeline_ranges(family, family.build_on_meta(), layout, pp.size())
+        numbers = rank_stages(pp.get_local_rank(), pp.size(), layout.virtual_stages)
+        stages = []
+        for number in numbers:
+            stage = family.keep_pipeline_stage(family.build_on_meta(), ranges[number], first=number == 0,
+                                               last=number == len(ranges) - 1)  # fmt: skip
+            stages.append(materialised(shard(stage, first_layer=FIRST_LAYER if number == 0 else None)))
+        model = StagedModel(stages, numbers, len(ranges))
+    torch.manual_seed(seed)
+    return model
 
 
 def _keep_dtypes(module: nn.Module, cast: bool = True) -> None:
@@ -232,9 +222,9 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
     return model
 
 
-def _materialised(model: nn.Module, whole: InitialValues, device: torch.device, layout: Layout,
-                  prepare: PrepareParameters) -> nn.Module:  # fmt: skip
-    materialise(model, whole, device, ranks_at_once=layout.ranks_at_once)
+def _materialised(model: nn.Module, *, values: InitialValues, device: torch.device, layout: Layout,
+                  prepare: PrepareParameters, loaded: Collection[str]) -> nn.Module:  # fmt: skip
+    materialise(model, values, device, ranks_at_once=layout.ranks_at_once, loaded=loaded)
     prepare(model, cast=False)  # allocation swaps DTensor parameters, dropping their grad_dtype
     return model
 
