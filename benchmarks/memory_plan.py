@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "bench_125m.yaml"
 LAYOUTS = {
     "1": [],
-    "tp2": ["trainer.devices=2", "distributed_strategy.tensor_model_parallel_size=2"],
+    "tp2": ["trainer.devices=2", "+distributed_strategy.tensor_model_parallel_size=2"],
     "dp2_zero1": ["trainer.devices=2", "distributed_strategy.zero1=True"],
-    "pp2": ["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2"],
+    "pp2": ["trainer.devices=2", "+distributed_strategy.pipeline_model_parallel_size=2"],
 }
 
 

@@ -5,7 +5,7 @@ per rank, and streamed Hugging Face loading against transformers' `from_pretrain
 
 The model has Llama-3-8B's width (hidden 4096, 32 heads, 8 KV heads, ffn 14336, vocab 128256) and 4
 layers: 1.92B parameters, 7.7 GB in fp32. Each measurement runs in fresh gloo processes on the CPU
-(peak resident memory is the process's own, `ru_maxrss`; "base" is the resident memory after imports):
+(peak resident memory is the process's own, VmHWM; "base" is the resident memory after imports):
 - nxd: `build_parallel_model`, each rank initialising the modules it holds one at a time;
 - whole model per rank: the same, but every rank first builds the whole seeded model and copies its
   slices out (nxd's start-up before shard-local initialisation), one rank at a time
@@ -13,7 +13,8 @@ layers: 1.92B parameters, 7.7 GB in fp32. Each measurement runs in fresh gloo pr
 With the Hugging Face part a directory of the model (fp32 safetensors, written once by transformers)
 is loaded at TP2 by nxd as nxd-train loads initial weights (shards allocated without random values,
 then `load_hf_weights`, each rank reading its slices) and by `AutoModelForCausalLM.from_pretrained`
-in one process.
+in one process (whose weights may be views of the mapped file: each is read once after loading, as
+a first step would, so that they are resident). `--layouts ""` runs the Hugging Face part alone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_ckpt import HFExport, load_hf_weights
-from nxd_models import GPTConfig, model_family
+from nxd_models import GPTConfig, model_family, resident_memory
 from nxd_parallel import Layout, ParallelDims, build_parallel_model, modules_of
 
 SPEC = GPTConfig(vocab_size=128256, num_layers=4, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
@@ -71,24 +71,20 @@ class Job:
     hf_dir: str | None = None
 
 
-def _rss_gib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 2**20
-    return 0.0
-
-
 def _worker(rank: int, world: int, job: Job, directory: str) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world > 1:
         store = dist.FileStore(os.path.join(directory, "store"), world)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    base = _rss_gib()
+    base = resident_memory() / GIB
     started = time.perf_counter()
     if job.method == "from_pretrained":
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(job.hf_dir, dtype=torch.float32)
+        with torch.no_grad():  # its weights may still be pages of the mapped file: read each once, as a step would
+            for parameter in model.parameters():
+                parameter.sum()
     else:
         _, sizes, layout = LAYOUTS[job.layout]
         family = model_family(SPEC)
@@ -102,7 +98,7 @@ def _worker(rank: int, world: int, job: Job, directory: str) -> None:
             for module in modules_of(model):
                 load_hf_weights(Path(job.hf_dir), export, shapes, module.state_dict())
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak = resident_memory(peak=True) / GIB
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     result = {"rank": rank, "seconds": seconds, "peak_gib": peak, "base_gib": base, "held_gib": held * 4 / GIB}
     Path(directory, f"rank{rank}.json").write_text(json.dumps(result))
@@ -156,7 +152,7 @@ def main() -> None:
           f"{os.cpu_count()} CPUs")  # fmt: skip
     print("| start-up | parameters held per rank (GiB) | base RSS | peak RSS per rank (GiB) | seconds |")
     print("|---|---:|---:|---:|---:|")
-    for layout in args.layouts.split(","):
+    for layout in filter(None, args.layouts.split(",")):
         nxd, whole = measure(Job("nxd", layout)), measure(Job("whole", layout))
         print(_row(f"{layout}: nxd", nxd), flush=True)
         print(_row(f"{layout}: whole model per rank", whole), flush=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from pathlib import Path
 
 import torch
+from nxd_models import resident_memory
 from nxd_parallel import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan, pipeline_ranges
 from nxd_precision import bytes_per_value
 
@@ -26,12 +26,7 @@ COLUMNS = ("parameters", "gradients", "master_weights", "optimizer_state", "acti
 def runtime_bytes(device: torch.device) -> int:
     """What a training process holds besides the plan's tensors: on the host, this process's resident
     memory now (the training stack is imported); on an accelerator nothing counts against it."""
-    if device.type != "cpu":
-        return 0
-    for line in Path("/proc/self/status").read_text().splitlines() if Path("/proc/self/status").exists() else []:
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return resident_memory() if device.type == "cpu" else 0
 
 
 def rank_memory(plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = None) -> list[RankMemory]:

@@ -4,7 +4,7 @@
 from .attention import AttentionKernel, CoreAttention
 from .build import build_causal_lm, build_on_meta, causal_lm_logits, initialise
 from .context_parallel import use_context_parallel
-from .device_peaks import PEAKS, Ceiling, datasheet_peak, device_ceiling, measured_peak, peak_memory
+from .device_peaks import PEAKS, Ceiling, datasheet_peak, device_ceiling, measured_peak, peak_memory, resident_memory
 from .errors import ModelConfigError
 from .family import HuggingFaceFamily, MegatronFamily, ModelFamily, model_family
 from .flops import training_flops_per_token
@@ -27,5 +27,6 @@ __all__ = [
     "chunked_token_cross_entropy", "datasheet_peak", "decoder_layers", "device_ceiling", "gpt_tp_plan", "hf_mapping",
     "hf_tp_plan", "init_rule", "initial_values", "initialise", "keep_pipeline_stage", "load_hf_config",
     "measured_peak", "model_family", "peak_memory", "pipeline_stage_problems", "recompute_core_attention",
-    "seed_or_drawn", "set_qkv_linear", "token_cross_entropy", "training_flops_per_token", "use_context_parallel",
+    "resident_memory", "seed_or_drawn", "set_qkv_linear", "token_cross_entropy", "training_flops_per_token",
+    "use_context_parallel",
 ]  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -114,4 +115,16 @@ def peak_memory(device: torch.device) -> int:
     memory (its high-water mark, which includes everything the process holds)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    return resident_memory(peak=True)
+
+
+def resident_memory(*, peak: bool = False) -> int:
+    """This process's resident bytes now, or (`peak`) its high-water mark: Linux's VmRSS / VmHWM, which
+    count this program only (getrusage's maxrss carries over from the process that forked it)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        field = "VmHWM:" if peak else "VmRSS:"
+        for line in status.read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux

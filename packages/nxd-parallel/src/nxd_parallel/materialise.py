@@ -28,9 +28,14 @@ own `names`, one at a time."""
 @torch.no_grad()
 def copy_part(target: torch.Tensor, source: torch.Tensor) -> None:
     """Copy into `target` (a parameter or buffer, possibly a DTensor shard) its part of the whole `source`,
-    read in place where the part is one box of it (no copy of the part is made first)."""
+    read in place where the part is one box of it (no copy of the part is made first). A whole target
+    of the source's dtype and device takes the source's storage instead (its own was never written, so
+    it held no memory), so one process never holds a module twice."""
     if not isinstance(target, DTensor):
-        target.copy_(source)
+        if (target.shape, target.dtype, target.device) == (source.shape, source.dtype, source.device):
+            target.data = source
+        else:
+            target.copy_(source)
     elif all(type(placement) in (Shard, Replicate) for placement in target.placements):
         size, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
         target.to_local().copy_(source[tuple(slice(o, o + n) for o, n in zip(offset, size, strict=True))])

@@ -112,8 +112,8 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
     styles = {name: style for pattern, style in tp_plan.items() for name in fnmatch.filter(modules, pattern)}
     plans = []
     for pp_rank in range(sizes.pp):
-        numbers = rank_stages(pp_rank, sizes.pp, virtual_stages) if sizes.pp > 1 else [0]
-        held = trained = whole_tp = 0
+        numbers = rank_stages(pp_rank, sizes.pp, virtual_stages)
+        held = trained = 0
         for name, parameter in model.named_parameters():
             if not _on_stages(name, numbers, stages):
                 continue
@@ -121,7 +121,7 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
             held += share
             trained += share if parameter.requires_grad else 0
         data = sizes.dp * sizes.cp if zero1 else 1
-        whole_tp = held if zero1 and data > 1 else 0  # FSDP2 keeps the gathered parameters through the step
+        gathered = held if data > 1 else 0  # FSDP2 keeps them unsharded from forward to backward
         layers = sum(len(stages[number]) for number in numbers)
         in_flight = min(sizes.pp - pp_rank, work.microbatches) if sizes.pp > 1 else 1
         tokens = work.micro_batch * work.seq_length // sizes.cp
@@ -129,9 +129,10 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
                                                     sequence_parallel, recompute, recompute_modules)  # fmt: skip
         last = len(stages) - 1 in numbers
         loss_tokens = min(work.loss_chunk_tokens, tokens) if work.loss_chunk_tokens > 0 else tokens
+        # logits in the compute dtype; their fp32 copy, log-softmax and its gradient
         loss = loss_tokens * -(-widths.vocab // sizes.tp) * (state.compute + 12) if last else 0
         plans.append(RankMemory(
-            stage=pp_rank, parameters=held // data * state.parameter + whole_tp * state.parameter,
+            stage=pp_rank, parameters=(held // data + gathered) * state.parameter,
             gradients=trained // data * state.gradient, master_weights=trained // data * state.master,
             optimizer_state=trained // data * state.optimizer_state,
             activations=activations, loss=loss, step=trained // data * state.step_copies, runtime=runtime,
