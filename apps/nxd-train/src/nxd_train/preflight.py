@@ -454,7 +454,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
                                   sft=None if alignment is None else alignment.sft, preference=_preference(cfg),
                                   vocabulary=_model_vocabulary(cfg))  # fmt: skip
         except DataError as error:
-            unread.append(str(error))
+            (problems if data_required else unread).append(str(error))
         except ModelConfigError as error:
             problems += error.problems
     if data is not None and len(data.train) < cfg.global_batch_size:
@@ -475,9 +475,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
                                     ds.context_parallel_size)  # fmt: skip
     if family is not None and not problems:
         problems += initial_weights_problems(family, _initial_weights(cfg, resume))
-    if data_required:
-        problems += unread
-    for problem in [] if data_required else unread:
+    for problem in unread:
         warnings.warn(f"the data was not read ({problem}); planning with the model's vocabulary"
                       + ("" if cfg.model_source == "hf" else f", or {PLACEHOLDER_VOCABULARY} tokens"),
                       ConfigNotice, stacklevel=2)  # fmt: skip
