@@ -95,8 +95,8 @@ def _worker(rank: int, world: int, job: Job, directory: str) -> None:
                                      torch.device("cpu"), seed=1, loaded=loaded)  # fmt: skip
         if job.hf_dir is not None:
             export, shapes = HFExport.of(family.hf_mapping()), family.parameter_shapes()
-            for module in modules_of(model):
-                load_hf_weights(Path(job.hf_dir), export, shapes, module.state_dict())
+            live = {key: value for module in modules_of(model) for key, value in module.state_dict().items()}
+            load_hf_weights(Path(job.hf_dir), export, shapes, live)
     seconds = time.perf_counter() - started
     peak = resident_memory(peak=True) / GIB
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())

@@ -84,10 +84,10 @@ def _worker(rank: int, world: int, cases: list[Case], directory: str) -> None:
             model = build_parallel_model(family, case.layout, mesh, torch.device("cpu"), seed=3)
             export, shapes = HFExport.of(family.hf_mapping()), family.parameter_shapes()
             read[0] = 0
-            for module in modules_of(model):
-                load_hf_weights(Path(directory) / case.name, export, shapes, module.state_dict())
+            live = {name: t for module in modules_of(model) for name, t in module.state_dict().items()}
+            load_hf_weights(Path(directory) / case.name, export, shapes, live)
             full = {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
-                    for module in modules_of(model) for name, t in module.state_dict().items()}  # fmt: skip
+                    for name, t in live.items()}  # fmt: skip
             parts: list = [None] * world
             dist.all_gather_object(parts, (full, read[0]))
             if rank == 0:

@@ -244,9 +244,9 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, export: HFExpor
         return
     if not isinstance(export, HFExport):
         raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
-    for module in modules_of(model):  # each rank reads its own shards
-        live = {base_key(key): value for key, value in module.state_dict().items() if not is_adapter_key(key)}
-        load_hf_weights(resume.path, export, shapes, live)
+    live = {base_key(key): value for module in modules_of(model) for key, value in module.state_dict().items()
+            if not is_adapter_key(key)}  # fmt: skip
+    load_hf_weights(resume.path, export, shapes, live)  # each rank reads its own shards, the headers once
 
 
 def load_adapters(model: nn.Module | StagedModel, path: Path, lora: LoraFamily,

@@ -14,6 +14,7 @@ import torch
 from nxd_models import resident_memory
 from nxd_parallel import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan, pipeline_ranges
 from nxd_precision import bytes_per_value
+from torch import nn
 
 from .plan import RunPlan
 from .preflight import accelerator_name
@@ -29,11 +30,13 @@ def runtime_bytes(device: torch.device) -> int:
     return resident_memory() if device.type == "cpu" else 0
 
 
-def rank_memory(plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = None) -> list[RankMemory]:
-    """Each pipeline stage's per-rank memory for `plan` (with another loss chunk size when given)."""
+def rank_memory(plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = None,
+                meta: nn.Module | None = None) -> list[RankMemory]:  # fmt: skip
+    """Each pipeline stage's per-rank memory for `plan` (with another loss chunk size when given), from
+    `meta`, the family's meta build (made here when None)."""
     family, layout, launch, batches = plan.family, plan.layout, plan.launch, plan.batches
     dp = launch.world_size // (launch.tp * launch.pp * launch.cp)
-    meta = family.build_on_meta()
+    meta = family.build_on_meta() if meta is None else meta
     stages = pipeline_ranges(family, meta, layout, launch.pp)
     update = plan.update
     state = StateBytes(**bytes_per_value(plan.policy, update.optimizer, update.options))
@@ -60,7 +63,7 @@ def available_memory(plan: RunPlan, device: torch.device, given_gib: float | Non
     return total // ranks, f"host memory {total / GIB:.1f} GiB shared by {ranks} local rank{'s' * (ranks > 1)}"
 
 
-def fitting_changes(plan: RunPlan, limit: int, *, runtime: int) -> list[tuple[str, int]]:
+def fitting_changes(plan: RunPlan, limit: int, *, runtime: int, meta: nn.Module) -> list[tuple[str, int]]:
     """Single key changes that bring the largest rank under `limit`: (the key and value, the new peak)."""
     layout, launch, batches = plan.layout, plan.launch, plan.batches
     dp = launch.world_size // (launch.tp * launch.pp * launch.cp)
@@ -82,7 +85,7 @@ def fitting_changes(plan: RunPlan, limit: int, *, runtime: int) -> list[tuple[st
                            replace(plan, batches=replace(batches, micro_batch_size=size)), None))  # fmt: skip
     fitting = []
     for change, changed, chunk in candidates:
-        peak = max(rank.total for rank in rank_memory(changed, runtime=runtime, loss_chunk_tokens=chunk))
+        peak = max(rank.total for rank in rank_memory(changed, runtime=runtime, loss_chunk_tokens=chunk, meta=meta))
         if peak <= limit:
             fitting.append((change, peak))
             if change.startswith("data.micro_batch_size"):
@@ -95,7 +98,8 @@ def memory_report(plan: RunPlan, given_gib: float | None = None) -> tuple[str, b
     that would; and whether it fits (on this machine's accelerator, or the host)."""
     device = torch.device(accelerator_name())
     runtime = runtime_bytes(device)
-    ranks = rank_memory(plan, runtime=runtime)
+    meta = plan.family.build_on_meta()  # one meta build for the plan and every change it weighs
+    ranks = rank_memory(plan, runtime=runtime, meta=meta)
     limit, source = available_memory(plan, device, given_gib)
     launch = plan.launch
     lines = [f"memory plan per rank: {launch.world_size} rank(s), tp {launch.tp}, pp {launch.pp}, cp {launch.cp}; "
@@ -112,7 +116,7 @@ def memory_report(plan: RunPlan, given_gib: float | None = None) -> tuple[str, b
     verdict = "fits" if fits else "does not fit"
     lines.append(f"peak {peak / GIB:.2f} GiB per rank against {limit / GIB:.2f} GiB ({source}): {verdict}")
     if not fits:
-        changes = fitting_changes(plan, limit, runtime=runtime)
+        changes = fitting_changes(plan, limit, runtime=runtime, meta=meta)
         named = "; ".join(f"{change} ({value / GIB:.2f} GiB)" for change, value in changes)
         lines.append(f"would fit with: {named}" if changes else "no single change of zero1, sequence_parallel, full "
                      "recompute, the loss chunk or the micro-batch makes it fit: use more tensor or pipeline-parallel "
