@@ -18,8 +18,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_align import LoraFamily, LoraSpec, TokenObjective
-from nxd_models import GPTConfig, model_family, set_qkv_linear
-from nxd_parallel import Layout, ParallelDims, build_executor, build_parallel_model, clip_gradients, split_sequence
+from nxd_models import GPTConfig, MoESpec, model_family, set_aux_loss_weights, set_qkv_linear
+from nxd_parallel import (
+    Layout,
+    ParallelDims,
+    build_executor,
+    build_parallel_model,
+    clip_gradients,
+    modules_of,
+    split_sequence,
+)
 from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -30,6 +38,10 @@ LOSS_CHUNK = 12
 """Tokens per loss chunk of the Megatron-style models: a micro-batch (32 tokens, 16 per context-parallel
 rank) is cut into uneven chunks, so every layout's chunked loss is compared with whole logits."""
 HANG_SECONDS = 300
+MOE = MoESpec(num_experts=4, top_k=2, capacity_factor=1.25, normalize_top_k_affinities=True, router_aux_loss=True,
+              router_aux_loss_coef=0.05)
+"""The mixture of experts of the "moe" family: Mixtral's routing with a capacity that drops tokens, and a
+load-balancing loss large enough to move the gradients."""
 
 
 def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,
@@ -39,7 +51,7 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
     `qkv` "fused" or "separate" builds either family with one QKV module (qkv_linear);
     `layers` shapes the Llama ones, `tied` (output layer sharing the embedding) and `loss_chunk` (tokens
     per loss chunk, 0 for whole logits) the Megatron-style ones."""
-    if family in ("megatron", "mistral"):  # mistral: the same with a sliding window of a third of the sequence
+    if family in ("megatron", "mistral", "moe"):  # mistral: a sliding window of a third of the sequence; moe: MOE
         return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4,
                          num_kv_heads=kv_heads, seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0,
                          attention_dropout=0.0, normalization="rmsnorm", activation="swiglu",
@@ -47,7 +59,7 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
                          qkv_linear=qkv is not None, fuse_qkv=qkv == "fused",
                          share_embeddings_and_output_weights=tied,
                          sliding_window=SEQ // 3 if family == "mistral" else None,
-                         loss_chunk_tokens=loss_chunk)  # fmt: skip
+                         loss_chunk_tokens=loss_chunk, moe=MOE if family == "moe" else None)  # fmt: skip
     if family == "gpt":  # GPT-2 / NeoX shape: layernorm, gelu, biases, learned positions, tied output
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
@@ -80,6 +92,7 @@ class Scenario:
     """precision.type (every type but autocast, which is Fabric's autocast over the fp32 run)."""
     pp: int = 1
     cp: int = 1
+    ep: int = 1
     layers: int = 2
     tied: bool = True
     lora: tuple[str, ...] = ()
@@ -110,7 +123,7 @@ def _batches() -> list[torch.Tensor]:
 
 def train_scenario(scenario: Scenario, world: int) -> dict:
     """Run one scenario in this process (one of `world`); every rank returns the same record."""
-    dims = ParallelDims(world, tp=scenario.tp, pp=scenario.pp, cp=scenario.cp)
+    dims = ParallelDims(world, tp=scenario.tp, pp=scenario.pp, cp=scenario.cp, ep=scenario.ep)
     mesh = dims.build_mesh("cpu")
     policy = resolve_policy(scenario.precision)
     family = scenario.built_family()
@@ -119,6 +132,7 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     pp = mesh.get("pp")
     executor = build_executor(model, family.token_losses, torch.device("cpu"), pp=pp,
                               microbatches=GLOBAL_BATCH // dims.dp // MICRO_BATCH)  # fmt: skip
+    set_aux_loss_weights(modules_of(model), GLOBAL_BATCH // dims.dp // MICRO_BATCH)
     objective = TokenObjective()
     record = {"init": _gathered({name: _full(p) for name, p in model.named_parameters()}, pp),
               "loss": [], "norm": [], "grads": []}  # fmt: skip

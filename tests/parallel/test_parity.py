@@ -55,6 +55,20 @@ def _two_process_scenarios() -> list[Scenario]:
                                                                         reduce_dtype=torch.bfloat16)),  # fmt: skip
         *_pipeline_and_context_scenarios(),
         *_lora_scenarios(),
+        *_mixture_of_experts_scenarios(),
+    ]
+
+
+def _mixture_of_experts_scenarios() -> list[Scenario]:
+    """The "moe" model (capacity drops and the load-balancing loss) with experts over two ranks
+    (all-to-all), over data-parallel ranks, split by tensor parallelism, and in pipeline stages."""
+    return [
+        Scenario("moe-ep2", "moe", ep=2),
+        Scenario("moe-ep2-zero1-full-recompute", "moe", ep=2, layout=Layout(zero1=True, recompute="full"), clip=0.5),
+        Scenario("moe-dp2-zero1", "moe", layout=Layout(zero1=True)),
+        Scenario("moe-tp2", "moe", tp=2, clip=0.5),
+        Scenario("moe-tp2-sp", "moe", tp=2, layout=Layout(sequence_parallel=True)),
+        Scenario("moe-pp2", "moe", pp=2, layers=4, tied=False),
     ]
 
 
@@ -153,6 +167,10 @@ def _four_process_scenarios() -> list[Scenario]:
         Scenario("megatron-cp2-dp2-zero1", cp=2, layout=Layout(zero1=True), clip=0.5),
         Scenario("hf-lora-dp2-tp2-zero1-sp", "hf", tp=2, layout=Layout(zero1=True, sequence_parallel=True), clip=0.5,
                  lora=LORA_TARGETS),
+        Scenario("moe-ep2-tp2-sp", "moe", ep=2, tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
+        Scenario("moe-dp4-ep2-zero1", "moe", ep=2, layout=Layout(zero1=True)),
+        Scenario("moe-dp4-ep2-replicated", "moe", ep=2),
+        Scenario("moe-pp2-ep2-full-recompute", "moe", pp=2, ep=2, layers=4, tied=False, layout=Layout(recompute="full")),
     ]  # fmt: skip
 
 

@@ -16,8 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from nxd_models import peak_memory
-from nxd_parallel import clip_gradients, global_norm
+from nxd_models import peak_memory, routing_metrics, take_routing_totals
+from nxd_parallel import clip_gradients, global_norm, modules_of
 from nxd_precision import NonFiniteGuard, NonFiniteStop
 from torch.utils.data import Dataset
 
@@ -123,12 +123,26 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     sums = {"loss": totals.loss, **{name: totals.metrics.get(name, torch.zeros_like(totals.loss))
                                     for name in objective.metric_names}}  # none on ranks without the last stage
     values = {name: (run.summed(value, run.token_mesh, run.pp_mesh) / count).item() for name, value in sums.items()}
-    values.update(lr=run.optimizer.param_groups[0]["lr"], grad_norm=grad_norm)
+    moe = routing(run)
+    if "moe_aux_loss" in moe:  # the loss trained on: cross-entropy plus the weighted load-balancing loss
+        values["loss"] += run.plan.family.moe.router_aux_loss_coef * moe["moe_aux_loss"]
+    values.update(lr=run.optimizer.param_groups[0]["lr"], grad_norm=grad_norm, **moe)
     if not guard.check(step, values["loss"], grad_norm):  # every rank sees the same global values
         run.optimizer.step()
         run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     return values
+
+
+def routing(run: Run) -> dict[str, float]:
+    """A mixture-of-experts model's routing over the step (see nxd-models' `routing_metrics`), with the
+    weighted load-balancing loss that joined the training loss; nothing for a dense model."""
+    family = run.plan.family
+    if family.moe is None:
+        return {}
+    totals = take_routing_totals(modules_of(run.model))
+    return routing_metrics(totals, moe_layer_count=family.moe_layer_count, num_experts=family.moe.num_experts,
+                           copies=run.dims.tp)  # fmt: skip
 
 
 @torch.no_grad()
@@ -174,6 +188,7 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
              "lr": values["lr"], "epoch": epoch, "consumed_samples": done * gbs}  # fmt: skip
     if logging.gradient_norm:
         shown["grad_norm"] = values["grad_norm"]
+    shown.update({name: value for name, value in values.items() if name.startswith("moe_")})
     if logging.parameter_norm:
         stages = None if run.pp_mesh is None else run.pp_mesh.get_group()
         shown["param_norm"] = global_norm((p.detach() for p in run.model.parameters()), stages).item()

@@ -68,6 +68,7 @@ class Launch:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
     seed: int = 1234
     use_cpu_initialization: bool = True
     neuron_environment: dict[str, str] = field(default_factory=dict)

@@ -18,6 +18,7 @@ from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_
 from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_config.schema.alignment import DPOConfig, ORPOConfig
+from nxd_config.schema.model import MoEConfig
 from nxd_data import DataError
 from nxd_models import (
     AttentionKernel,
@@ -25,6 +26,7 @@ from nxd_models import (
     HFOverrides,
     ModelConfigError,
     ModelFamily,
+    MoESpec,
     load_hf_config,
     model_family,
 )
@@ -118,6 +120,20 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConf
         position_embedding_type=m.position_embedding_type, rotary_percentage=m.rotary_percentage,
         rope_theta=m.rope_theta or 10000.0, activation=m.activation, has_bias=m.has_bias, qkv_linear=m.qkv_linear,
         fuse_qkv=m.fuse_qkv, sliding_window=m.sliding_window_size, loss_chunk_tokens=m.fusions.loss_chunk_tokens,
+        moe=moe_spec(m.moe),
+    )  # fmt: skip
+
+
+def moe_spec(moe: MoEConfig | None) -> MoESpec | None:
+    """nxd-models' MoE layer from the `model.moe` block (None without one)."""
+    if moe is None:
+        return None
+    return MoESpec(
+        num_experts=moe.num_experts, top_k=moe.top_k, frequency=moe.frequency, routing=moe.routing_algorithm,
+        router_activation=moe.router_activation, normalize_top_k_affinities=moe.normalize_top_k_affinities,
+        capacity_factor=None if moe.dropless else moe.capacity_factor, dropout=moe.dropout,
+        sinkhorn_iterations=moe.sinkhorn_iterations, sinkhorn_tol=moe.sinkhorn_tol,
+        router_aux_loss=moe.output_router_logits, router_aux_loss_coef=moe.router_aux_loss_coef,
     )  # fmt: skip
 
 
@@ -258,7 +274,8 @@ def _settings(cfg: NxdConfig) -> dict:
                         num_sanity_val_steps=t.num_sanity_val_steps, limit_val_batches=t.limit_val_batches,
                         limit_test_batches=t.limit_test_batches),
         launch=Launch(devices=t.devices, num_nodes=t.num_nodes, tp=ds.tensor_model_parallel_size,
-                      pp=ds.pipeline_model_parallel_size, cp=ds.context_parallel_size, seed=cfg.seed,
+                      pp=ds.pipeline_model_parallel_size, cp=ds.context_parallel_size,
+                      ep=ds.expert_model_parallel_size, seed=cfg.seed,
                       use_cpu_initialization=cfg.model.use_cpu_initialization,
                       neuron_environment=neuron_environment(cfg, os.environ),
                       fp32_matmul_precision=cfg.precision.fp32_matmul_precision),

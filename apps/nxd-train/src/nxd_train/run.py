@@ -21,7 +21,7 @@ from lightning_fabric import Fabric
 from nxd_align import LoraFamily, Objective
 from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info, write_adapter_files
 from nxd_data import PretrainingSampler, WithPadding
-from nxd_models import Ceiling, device_ceiling
+from nxd_models import Ceiling, device_ceiling, set_aux_loss_weights
 from nxd_parallel import (
     DirectExecutor,
     ParallelDims,
@@ -30,6 +30,7 @@ from nxd_parallel import (
     StagedModel,
     build_executor,
     build_parallel_model,
+    modules_of,
     split_sequence,
 )
 from nxd_precision import PrecisionOptimizer, build_optimizer, build_scheduler, prepare_parameters
@@ -185,7 +186,7 @@ def setup(plan: RunPlan) -> Run:
     if fabric.device.type in NEURON_DEVICE_TYPES:
         os.environ.update(launch.neuron_environment)
     fabric.seed_everything(launch.seed, verbose=False)
-    dims = ParallelDims(fabric.world_size, tp=launch.tp, pp=launch.pp, cp=launch.cp)
+    dims = ParallelDims(fabric.world_size, tp=launch.tp, pp=launch.pp, cp=launch.cp, ep=launch.ep)
     mesh = dims.build_mesh(fabric.device.type)
     rank, logging = fabric.global_rank, plan.logging
     new_dir = partial(next_log_dir, logging.explicit_log_dir, logging.exp_dir, logging.exp_name)
@@ -209,6 +210,7 @@ def setup(plan: RunPlan) -> Run:
                                  use_cpu_initialization=launch.use_cpu_initialization,
                                  prepare=partial(prepare_parameters, policy=plan.policy),
                                  loaded=plan.family.parameter_shapes() if starts_loaded else ())  # fmt: skip
+    set_aux_loss_weights(modules_of(model), sampler.accumulation)
     checkpoint_group = None
     if (plan.checkpoints.enabled or resume is not None) and torch.distributed.is_initialized():
         checkpoint_group = torch.distributed.new_group(backend="gloo")

@@ -30,7 +30,7 @@ MEGATRON_ONLY = (
     "apply_query_key_layer_scaling", "normalization", "layernorm_epsilon",
     "make_vocab_size_divisible_by", "persist_layer_norm", "share_embeddings_and_output_weights",
     "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
-    "has_bias", "sliding_window_size", "moe",
+    "has_bias", "sliding_window_size",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -265,12 +265,51 @@ def unsupported_architecture(c: NxdConfig) -> Iterator[Finding]:
     if m.transformer_block_type != "pre_ln":
         yield error("model.transformer_block_type", f"expected 'pre_ln' (the only block type nxd "
                     f"builds), found {m.transformer_block_type!r}")
-    if m.moe is not None:
-        yield error("model.moe", "expected null: nxd has no mixture-of-experts models, found a moe block")
-    for key in ("expert_model_parallel_size", "token_shuffle_group_size"):
-        if getattr(ds, key) != 1:
-            yield error(f"distributed_strategy.{key}", f"expected 1: nxd has no mixture-of-experts "
-                        f"models, found {getattr(ds, key)}")
+    if ds.token_shuffle_group_size != 1:
+        yield error("distributed_strategy.token_shuffle_group_size", f"expected 1: nxd routes tokens in their "
+                    f"own order, found {ds.token_shuffle_group_size}")  # fmt: skip
+
+
+@rule
+def mixture_of_experts(c: NxdConfig) -> Iterator[Finding]:
+    moe, ds, key = c.model.moe, c.distributed_strategy, "model.moe"
+    ep, ep_key = ds.expert_model_parallel_size, "distributed_strategy.expert_model_parallel_size"
+    if moe is None:
+        if ep != 1:
+            yield error(ep_key, f"expected 1 without a model.moe block (a dense model has no experts), found {ep}")
+        return
+    if moe.num_experts is None or moe.num_experts < 2:
+        yield error(f"{key}.num_experts", f"expected at least 2 experts (one expert is the dense MLP: remove the "
+                    f"moe block), found {moe.num_experts}")  # fmt: skip
+    elif moe.top_k > moe.num_experts:
+        yield error(f"{key}.top_k", f"expected at most num_experts ({moe.num_experts}), found {moe.top_k}",
+                    f"{key}.top_k", f"{key}.num_experts")  # fmt: skip
+    elif moe.num_experts % ep:
+        yield error(ep_key, f"expected a divisor of model.moe.num_experts ({moe.num_experts}), found {ep}",
+                    ep_key, f"{key}.num_experts")  # fmt: skip
+    if moe.routing_algorithm == "sinkhorn" and moe.top_k != 1:
+        yield error(f"{key}.routing_algorithm", f"sinkhorn balances top-1 routing only: expected top_k 1, found "
+                    f"{moe.top_k}", f"{key}.routing_algorithm", f"{key}.top_k")  # fmt: skip
+    if moe.dropless and moe.capacity_factor:
+        yield error(f"{key}.capacity_factor", f"expected 0.0 or null with dropless: True (no token is dropped), "
+                    f"found {moe.capacity_factor}", f"{key}.capacity_factor", f"{key}.dropless")  # fmt: skip
+    if not moe.dropless and moe.capacity_factor == 0.0:
+        yield error(f"{key}.capacity_factor", "expected a positive factor, or dropless: True, found 0.0",
+                    f"{key}.capacity_factor", f"{key}.dropless")  # fmt: skip
+    if moe.router_aux_loss_coef and not moe.output_router_logits:
+        yield error(f"{key}.router_aux_loss_coef", f"the load-balancing loss is computed with output_router_logits:"
+                    f" True; found {moe.router_aux_loss_coef} with False", f"{key}.router_aux_loss_coef",
+                    f"{key}.output_router_logits")  # fmt: skip
+    if c.model_source == "hf" and moe.frequency != 1:
+        yield error(f"{key}.frequency", f"expected 1: a Hugging Face Mixtral has experts in every layer, found "
+                    f"{moe.frequency}", f"{key}.frequency", "model_source")  # fmt: skip
+    if ds.context_parallel_size > 1:
+        yield error(CP, f"expected 1 with a model.moe block (the router's balance is counted over whole "
+                    f"sequences), found {ds.context_parallel_size}", CP, key)  # fmt: skip
+    if c.world_size % c.model_parallel_size == 0 and c.data_parallel_size % ep:
+        yield error(ep_key, f"expected a divisor of the data-parallel size ({c.data_parallel_size}: expert-parallel "
+                    f"groups are formed from data-parallel ranks), found {ep}", ep_key, TP, PP, CP, DEVICES,
+                    NODES)  # fmt: skip
 
 
 @rule

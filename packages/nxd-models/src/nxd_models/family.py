@@ -26,6 +26,7 @@ from .hf import hf_tp_plan
 from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
 from .hf_recompute import recompute_core_attention
 from .initialisation import init_rule, initial_values
+from .moe import MoESpec, moe_layers
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .recompute_units import ACTIVATION_MULTIPLY, MEGATRON_ALIASES, split_activation_multiply
 
@@ -160,19 +161,34 @@ class ModelFamily(ABC):
 
     def layer_widths(self) -> dict[str, int | bool]:
         """Per-token widths of a decoder layer and the output layer, for memory plans: hidden, query and
-        key_value (attention widths), ffn (gated: swiglu's gate beside up) and vocab (the output rows)."""
+        key_value (attention widths), ffn (gated: swiglu's gate beside up), vocab (the output rows) and
+        experts_per_token (top_k of a mixture-of-experts model, whose ffn is one expert's; 0 when dense)."""
         model = self._reference
         attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
         qkv = getattr(attention, "qkv_proj", None)
         query, key = ((qkv.weight_q, qkv.weight_k) if qkv is not None
                       else (attention.q_proj.weight, attention.k_proj.weight))  # fmt: skip
-        gated = getattr(mlp, "gate_proj", None) is not None
+        moe = next(iter(moe_layers(model)), None)
+        if moe is not None:  # per token: top_k experts' MLPs
+            ffn, gated, experts_per_token = moe.experts.up_proj.shape[1], moe.experts.gated, moe.spec.top_k
+        else:
+            ffn, gated, experts_per_token = mlp.up_proj.weight.shape[0], hasattr(mlp, "gate_proj"), 0
         return {"hidden": model.model.embed_tokens.weight.shape[1], "query": query.shape[0],
-                "key_value": key.shape[0], "ffn": mlp.up_proj.weight.shape[0], "gated": gated,
-                "vocab": model.lm_head.weight.shape[0]}  # fmt: skip
+                "key_value": key.shape[0], "ffn": ffn, "gated": gated, "vocab": model.lm_head.weight.shape[0],
+                "experts_per_token": experts_per_token}  # fmt: skip
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self._reference.parameters())
+
+    @property
+    def moe(self) -> MoESpec | None:
+        """The mixture-of-experts layers' description (None for a dense model)."""
+        return None
+
+    @property
+    def moe_layer_count(self) -> int:
+        """How many decoder layers are MoE layers."""
+        return len(moe_layers(self._reference))
 
 
 class MegatronFamily(ModelFamily):
@@ -199,6 +215,10 @@ class MegatronFamily(ModelFamily):
     @property
     def loss_chunk_tokens(self) -> int | None:
         return self.spec.loss_chunk_tokens
+
+    @property
+    def moe(self) -> MoESpec | None:
+        return self.spec.moe
 
 
 class HuggingFaceFamily(ModelFamily):

@@ -27,6 +27,7 @@ from .attention import (
     sliding_window_mask,
 )
 from .errors import ModelConfigError
+from .moe import Experts, MoELayer, MoESpec
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .token_losses import chunked_token_cross_entropy
@@ -69,6 +70,8 @@ class GPTConfig:
     loss_chunk_tokens: int = 0
     """Per-token losses are computed this many tokens at a time (see `chunked_token_cross_entropy`);
     0 computes the whole micro-batch's logits at once."""
+    moe: MoESpec | None = None
+    """Mixture of experts in place of the MLP of layers frequency, 2 x frequency, ... (1-based)."""
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -86,6 +89,13 @@ class GPTConfig:
     @property
     def ffn_size(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """Indices (0-based) of the MoE layers."""
+        if self.moe is None:
+            return []
+        return [index for index in range(self.num_layers) if self.moe.is_moe_layer(index, one_based=True)]
 
     @property
     def max_positions(self) -> int:
@@ -128,6 +138,8 @@ def _problems(c: GPTConfig) -> list[str]:
     if c.sliding_window is not None and not 1 <= c.sliding_window <= c.seq_length:
         found.append(f"model.sliding_window_size: expected 1 to the sequence length ({c.seq_length}), found "
                      f"{c.sliding_window}")  # fmt: skip
+    if c.moe is not None and c.moe.frequency > c.num_layers:
+        found.append(f"model.moe.frequency: expected at most num_layers ({c.num_layers}), found {c.moe.frequency}")
     if c.seq_length > c.max_positions:
         found.append(
             f"model.encoder_seq_length: expected at most max_position_embeddings ({c.max_positions}), "
@@ -203,7 +215,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = _norm(config)
         self.self_attn = SelfAttention(config, layer_number, kernel)
         self.post_attention_layernorm = _norm(config)
-        self.mlp = MLP(config)
+        moe_layers = config.moe_layers
+        if layer_number - 1 in moe_layers:
+            gated = config.activation == "swiglu"
+            self.mlp = MoELayer(config.moe, config.hidden_size, config.ffn_size, F.silu if gated else F.gelu, gated,
+                                moe_layers.index(layer_number - 1), len(moe_layers))  # fmt: skip
+        else:
+            self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
@@ -306,6 +324,9 @@ class GPTForCausalLM(nn.Module):
                 nn.init.normal_(module.weight, 0.0, std)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
+        elif isinstance(module, Experts):
+            for key, parameter in module.named_parameters(recurse=False):
+                nn.init.normal_(parameter, 0.0, output_std if key == "down_proj" else std)
         elif isinstance(module, QKVLinear):
             for part in ("q", "k", "v"):
                 with seeded(qkv_part_unit(name, part)):
@@ -354,7 +375,15 @@ def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
     dropped = ("q_proj", "k_proj", "v_proj") if config.qkv_linear else ()
     if config.activation != "swiglu":
         dropped += ("gate_proj",)
+    if len(config.moe_layers) == config.num_layers:
+        dropped += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
     plan = {pattern: style for pattern, style in GPT_TP_PLAN.items() if not pattern.endswith(dropped)}
     if config.qkv_linear:
         plan["model.layers.*.self_attn.qkv_proj"] = "qkv"
-    return plan
+    return {**plan, **moe_tp_plan(config.moe_layers)}
+
+
+def moe_tp_plan(layers: Iterable[int]) -> dict[str, str]:
+    """The MoE layers' entries: each `model.layers.N.mlp` is a "moe" module (router replicated, stacked
+    experts split over the ffn dimension; nxd-parallel's expert parallelism)."""
+    return {f"model.layers.{index}.mlp": "moe" for index in layers}

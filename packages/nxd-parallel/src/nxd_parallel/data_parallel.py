@@ -18,6 +18,8 @@ def apply_data_parallel(
     zero1: bool,
     blocks: Sequence[nn.Module] = (),
     mp_policy: MixedPrecisionPolicy | None = None,
+    experts: Sequence[nn.Module] = (),
+    experts_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Shard (`zero1`) or replicate `model` over the 1-D data-parallel `mesh`.
 
@@ -26,14 +28,29 @@ def apply_data_parallel(
     reduce-scatters the gradients. Without it every rank holds everything and gradients are
     all-reduced. Each of `blocks` (the decoder layers) is its own communication group, so the
     reductions overlap the backward. `mp_policy` is the precision seam (parameter / reduction dtypes).
+
+    `experts` (mixture-of-experts modules split over expert-parallel ranks) are data-parallel over
+    `experts_mesh` only, the ranks holding the same experts; with none, their gradients need no
+    reduction (each rank's experts saw every token routed to them) and data parallelism leaves them be.
     """
     policy = mp_policy or MixedPrecisionPolicy()
-    for block in (*blocks, model):
-        if zero1:
-            fully_shard(block, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
+    ignored = set()
+    for module in experts:
+        if experts_mesh is not None:
+            _apply(module, experts_mesh, zero1, policy, set())
         else:
-            replicate(block, mesh=mesh, mp_policy=policy)
+            ignored |= set(module.parameters())
+    for block in (*blocks, model):
+        _apply(block, mesh, zero1, policy, ignored)
     return model
+
+
+def _apply(module: nn.Module, mesh: DeviceMesh, zero1: bool, policy: MixedPrecisionPolicy,
+           ignored: set[nn.Parameter]) -> None:  # fmt: skip
+    if zero1:
+        fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=policy, ignored_params=ignored or None)
+    else:
+        replicate(module, mesh=mesh, mp_policy=policy, ignored_params=ignored or None)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:

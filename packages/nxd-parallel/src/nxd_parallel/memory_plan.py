@@ -10,7 +10,8 @@ Per pipeline stage (tensor, data and context-parallel ranks of a stage hold the 
 - activations saved for the backward of one micro-batch (`LayerWidths`: per token, the values each
   decoder layer keeps: norm inputs, the linear layers' inputs, attention's q, k, v (grouped-query k
   and v repeated to the query heads, as the attention kernels take them) and output, the MLP's inner
-  products), times the stage's layers and the micro-batches in flight (1F1B: pp - stage);
+  products; a mixture of experts keeps those of top_k experts and the rows it exchanges, its experts
+  split over ep x tp ranks and balanced), times the stage's layers and the micro-batches in flight (1F1B: pp - stage);
   full recompute keeps each layer's input only (plus one layer recomputed), selective drops the parts
   it recomputes, sequence parallelism divides the norm inputs by tp, context parallelism the tokens;
 - the loss: the last stage's logits of one micro-batch (or of one chunk, with a loss chunk size) in
@@ -47,6 +48,8 @@ class LayerWidths:
     ffn: int
     gated: bool
     vocab: int
+    experts_per_token: int = 0
+    """Experts each token visits (MoE top_k, `ffn` then one expert's); 0 for a dense MLP."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class Sizes:
     pp: int = 1
     cp: int = 1
     dp: int = 1
+    ep: int = 1
 
 
 @dataclass(frozen=True)
@@ -113,15 +117,22 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
     plans = []
     for pp_rank in range(sizes.pp):
         numbers = rank_stages(pp_rank, sizes.pp, virtual_stages)
-        held = trained = 0
+        held = trained = 0.0  # values on a rank: a parameter's tensor-parallel share over its ZeRO-1 ranks
+        gathered = 0  # FSDP2's unsharded copy while computing
         for name, parameter in model.named_parameters():
             if not _on_stages(name, numbers, stages):
                 continue
-            share = _tp_share(parameter, styles.get(name.rpartition(".")[0]), sizes.tp, kv_replicator)
-            held += share
-            trained += share if parameter.requires_grad else 0
-        data = sizes.dp * sizes.cp if zero1 else 1
-        gathered = held if data > 1 else 0  # FSDP2 keeps them unsharded from forward to backward
+            module = name.rpartition(".")[0]
+            data = sizes.dp * sizes.cp if zero1 else 1
+            if module.endswith(".experts") and styles.get(module.removesuffix(".experts")) == "moe":
+                share = -(-parameter.numel() // (sizes.tp * sizes.ep))  # experts over ep, their ffn over tp
+                data = data // sizes.ep  # the ranks holding the same experts
+            else:
+                share = _tp_share(parameter, styles.get(module), sizes.tp, kv_replicator)
+            held += share / data
+            trained += share / data if parameter.requires_grad else 0
+            gathered += share if data > 1 else 0
+        held, trained = int(held), int(trained)
         layers = sum(len(stages[number]) for number in numbers)
         in_flight = min(sizes.pp - pp_rank, work.microbatches) if sizes.pp > 1 else 1
         tokens = work.micro_batch * work.seq_length // sizes.cp
@@ -132,10 +143,10 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
         # logits in the compute dtype; their fp32 copy, log-softmax and its gradient
         loss = loss_tokens * -(-widths.vocab // sizes.tp) * (state.compute + 12) if last else 0
         plans.append(RankMemory(
-            stage=pp_rank, parameters=(held // data + gathered) * state.parameter,
-            gradients=trained // data * state.gradient, master_weights=trained // data * state.master,
-            optimizer_state=trained // data * state.optimizer_state,
-            activations=activations, loss=loss, step=trained // data * state.step_copies, runtime=runtime,
+            stage=pp_rank, parameters=(held + gathered) * state.parameter,
+            gradients=trained * state.gradient, master_weights=trained * state.master,
+            optimizer_state=trained * state.optimizer_state,
+            activations=activations, loss=loss, step=trained * state.step_copies, runtime=runtime,
         ))  # fmt: skip
     return plans
 
@@ -171,6 +182,8 @@ def _activation_bytes(w: LayerWidths, tokens: int, layers: int, dtype_bytes: int
     # its output and o_proj's input; recomputing the core keeps q, the unrepeated k and v, and o_proj's input
     attention = 5 * w.query / tp
     mlp = (4 if w.gated else 2) * w.ffn / tp  # gate, up, activation and product (or up and activation)
+    if w.experts_per_token:  # each token's rows at top_k experts: sent, received and returned rows, their MLPs
+        mlp = w.experts_per_token * (mlp + 3 * w.hidden)
     if recompute == "selective":
         if "CoreAttention" in recompute_modules:
             attention = (2 * w.query + 2 * w.key_value) / tp

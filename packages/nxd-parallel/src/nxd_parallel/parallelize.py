@@ -27,6 +27,7 @@ from .context_parallel import ring_attention
 from .data_parallel import apply_data_parallel
 from .dims import ParallelMesh
 from .errors import ParallelConfigError
+from .expert_parallel import apply_expert_parallel, moe_modules
 from .materialise import InitialValues, materialise
 from .pipeline import rank_stages, stage_ranges
 from .tensor_parallel import apply_tensor_parallel, enter_sequence_parallel
@@ -202,13 +203,17 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
     (or pipeline stage); `first_layer` is where its input enters the sequence-parallel region."""
     tp, cp, data = mesh.get("tp"), mesh.get("cp"), mesh.get("dp_cp")
     prepare(model, cast=True)
+    names = [name for name, _ in model.named_modules()]  # a pipeline stage lacks the other stages' parts
+    plan = {pattern: style for pattern, style in family.tp_plan().items() if fnmatch.filter(names, pattern)}
     if tp is not None:
-        names = [name for name, _ in model.named_modules()]  # a pipeline stage lacks the other stages' parts
-        plan = {pattern: style for pattern, style in family.tp_plan().items() if fnmatch.filter(names, pattern)}
         apply_tensor_parallel(model, plan, tp, sequence_parallel=layout.sequence_parallel,
                               reduce_dtype=layout.reduce_dtype, kv_replicator=layout.kv_replicator,
                               head_dim=family.head_dim)  # fmt: skip
         prepare(model, cast=False)  # the TP parameters are new objects
+    moe = moe_modules(model, plan) if mesh.experts() is not None else []
+    if moe:
+        apply_expert_parallel(moe, mesh.experts(), sequence_parallel=layout.sequence_parallel)
+        prepare(model, cast=False)
     if cp is not None:
         family.use_context_parallel(model, partial(ring_attention, group=cp.get_group()))
     apply_activation_checkpointing(recompute_units(family, model, layout))
@@ -218,7 +223,9 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
         compile_blocks(family.decoder_layers(model))
     if data is not None:  # context-parallel ranks hold the same weights: their gradients are reduced too
         apply_data_parallel(model, data, zero1=layout.zero1, blocks=family.decoder_layers(model),
-                            mp_policy=MixedPrecisionPolicy(reduce_dtype=layout.grad_reduce_dtype))  # fmt: skip
+                            mp_policy=MixedPrecisionPolicy(reduce_dtype=layout.grad_reduce_dtype),
+                            experts=[layer.experts for layer in moe] if mesh.get("ep") is not None else (),
+                            experts_mesh=mesh.get("edp"))  # fmt: skip
     return model
 
 

@@ -9,6 +9,8 @@ Styles a plan may name:
 - `vocab`: vocab-parallel embedding; its output is whole and replicated.
 - `colwise_output`: the output layer; logits stay sharded over the vocabulary for `vocab_parallel_token_losses`.
 - `sequence`: a norm that runs on sequence shards when sequence parallelism is on (replicated otherwise).
+- `moe`: a mixture-of-experts layer; its experts' ffn is split over the tp ranks by
+  `apply_expert_parallel` (see `expert_parallel.py`), its router replicated.
 - `replicated_with_grad_allreduce` (transformers' name): a module that sees a slice of the heads (dim 2);
   weights replicated, gradients summed over the tp ranks.
 - `lora_a_*` / `lora_b_*`: the two halves of a low-rank adapter beside a sharded base layer (see
@@ -41,6 +43,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from .errors import ParallelConfigError
+from .expert_parallel import MOE_STYLE
 from .kv_replication import QKVParallel, ReplicatedKVParallel
 from .low_rank import LOW_RANK_STYLES, LowRankParallel
 from .ties import retie, tied_parameters
@@ -50,7 +53,7 @@ _GATHERED_ONCE = ("colwise", "colwise_kv", "qkv")
 
 STYLES = (
     "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "sequence", "replicated_with_grad_allreduce",
-    *LOW_RANK_STYLES,
+    MOE_STYLE, *LOW_RANK_STYLES,
 )  # fmt: skip
 BASE_LAYER = ".base_layer"
 """Where an adapter wrapper keeps the layer it adapts."""
@@ -147,6 +150,8 @@ def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | No
         return _RowwiseReducing(input_layouts=Replicate(), output_layouts=Replicate(), reduce_dtype=reduce_dtype)
     if name == "sequence":
         return SequenceParallel() if sequence_parallel else None
+    if name == MOE_STYLE:  # split with the experts (`apply_expert_parallel`)
+        return None
     if name == "replicated_with_grad_allreduce":
         return SequenceParallel(sequence_dim=2, use_local_output=True)
     if name in LOW_RANK_STYLES:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from ._base import Section, Status, key
 
 PAR = "nxd-parallel"
-_NO_MOE = "only 1: nxd has no mixture-of-experts models"
 
 
 class DistributedStrategyConfig(Section):
@@ -31,10 +30,10 @@ class DistributedStrategyConfig(Section):
     )
     expert_model_parallel_size: int = key(
         1,
-        "Expert-parallel degree for mixture-of-experts models.",
+        "Expert-parallel degree (ep) of a mixture-of-experts model: the data-parallel ranks form groups of ep, "
+        "each rank holding num_experts / ep experts of every MoE layer; tokens travel to their experts' ranks "
+        "and back by all-to-all. Must divide num_experts and the data-parallel size.",
         by=PAR,
-        status=Status.LIMITED,
-        note=_NO_MOE,
         ge=1,
     )
     token_shuffle_group_size: int = key(
@@ -42,6 +41,6 @@ class DistributedStrategyConfig(Section):
         "Token shuffle group for mixture-of-experts routing.",
         by=PAR,
         status=Status.LIMITED,
-        note=_NO_MOE,
+        note="only 1: nxd routes tokens in their own order (no shuffle)",
         ge=1,
     )

@@ -50,21 +50,59 @@ class FusionsConfig(Section):
 
 
 class MoEConfig(Section):
-    """Mixture-of-experts block of NxDT's Mixtral recipes: known, so it is rejected by name."""
+    """Mixture of experts (NxDT's Mixtral recipes): a router and stacked expert MLPs in place of the MLP
+    of every `frequency`-th decoder layer, in either model family (see nxd-models' `moe`)."""
 
-    num_experts: int | None = key(None, "Experts per MoE layer.", ge=1)
-    frequency: int = key(1, "Every n-th layer is an MoE layer.", ge=1)
-    dropout: float = key(0.0, "Dropout in the MoE layer.", ge=0.0, le=1.0)
-    capacity_factor: Annotated[float | None, NoneString] = key(None, "Expert capacity factor.", gt=0.0)
-    dropless: bool = key(False, "Dropless routing.")
-    routing_algorithm: Literal["top_k", "sinkhorn"] = key("top_k", "Router algorithm.")
-    router_activation: Literal["softmax", "sigmoid"] = key("softmax", "Router activation.")
-    sinkhorn_iterations: int = key(30, "Sinkhorn iterations.", ge=1)
-    sinkhorn_tol: Annotated[float | None, NoneString] = key(None, "Sinkhorn tolerance.")
-    top_k: int = key(1, "Experts per token.", ge=1)
-    output_router_logits: bool = key(False, "Return router logits.")
-    router_aux_loss_coef: float = key(0.0, "Load-balancing loss coefficient.", ge=0.0)
-    normalize_top_k_affinities: bool = key(False, "Normalise the top-k affinities.")
+    num_experts: int | None = key(None, "Experts per MoE layer (at least 2; required).", by=MODELS, ge=1)
+    frequency: int = key(
+        1,
+        "Every n-th decoder layer is an MoE layer: Megatron-style layers n, 2n, ... counted from 1, as NxDT's "
+        "Megatron model. A Hugging Face Mixtral has experts in every layer, so only 1 there.",
+        by=MODELS,
+        ge=1,
+    )
+    dropout: float = key(
+        0.0, "Dropout on each expert's inner activation (as ffn_dropout on a dense MLP's).", by=MODELS, ge=0.0, le=1.0
+    )
+    capacity_factor: Annotated[float | None, NoneString] = key(
+        None,
+        "Expert capacity: each expert takes at most min(T, ceil(T * top_k * capacity_factor / num_experts)) of a "
+        "micro-batch's T tokens, in token order; the rest are dropped for that expert (its affinity becomes "
+        "zero). null: no token is dropped. With dropless write 0.0 or null.",
+        by=MODELS,
+        ge=0.0,
+    )
+    dropless: bool = key(False, "No token is ever dropped (capacity_factor must then be 0.0 or null).", by=MODELS)
+    routing_algorithm: Literal["top_k", "sinkhorn"] = key(
+        "top_k",
+        "top_k: each token's top_k experts by router logit. sinkhorn: top-1 of a Sinkhorn-balanced assignment "
+        "while training (plain top-1 in evaluation); top_k must be 1.",
+        by=MODELS,
+    )
+    router_activation: Literal["softmax", "sigmoid"] = key(
+        "softmax", "Turns router logits into the affinities that weigh the experts' outputs.", by=MODELS
+    )
+    sinkhorn_iterations: int = key(30, "Sinkhorn iterations per routing.", by=MODELS, ge=1)
+    sinkhorn_tol: Annotated[float | None, NoneString] = key(
+        None, "When set, an error if Sinkhorn's last iteration changed by this much or more.", by=MODELS, gt=0.0
+    )
+    top_k: int = key(1, "Experts per token (at most num_experts).", by=MODELS, ge=1)
+    output_router_logits: bool = key(
+        False,
+        "Compute each MoE layer's load-balancing loss from its router logits (logged as moe_aux_loss; "
+        "router_aux_loss_coef weighs it into the training loss).",
+        by=MODELS,
+    )
+    router_aux_loss_coef: float = key(
+        0.0,
+        "Weight of the load-balancing loss (Switch Transformer's, scaled by num_experts / top_k as NxD scales "
+        "it, averaged over the MoE layers) in the training loss; needs output_router_logits.",
+        by=MODELS,
+        ge=0.0,
+    )
+    normalize_top_k_affinities: bool = key(
+        False, "Rescale each token's kept affinities to sum to 1 (Mixtral's routing).", by=MODELS
+    )
 
 
 class ModelConfig(Section):
@@ -180,8 +218,7 @@ class ModelConfig(Section):
     )
     moe: MoEConfig | None = key(
         None,
-        "Mixture-of-experts layers.",
+        "Mixture-of-experts layers (see the moe keys); null builds dense MLPs. With model_source: hf the "
+        "config.json must be a Mixtral's, and these keys set its experts and routing.",
         by=MODELS,
-        status=Status.LIMITED,
-        note="only null: nxd has no mixture-of-experts models",
     )
