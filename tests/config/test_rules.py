@@ -259,12 +259,10 @@ def test_learned_positions_must_cover_the_sequence(minimal) -> None:
     [
         ("model", "transformer_block_type", "post_ln",
          "expected 'pre_ln' (the only block type nxd builds), found 'post_ln'"),
-        ("model", "moe", {"num_experts": 8, "top_k": 2, "sinkhorn_tol": "None"},
-         "expected null: nxd has no mixture-of-experts models, found a moe block"),
         ("distributed_strategy", "expert_model_parallel_size", 2,
-         "expected 1: nxd has no mixture-of-experts models, found 2"),
+         "expected 1 without a model.moe block (a dense model has no experts), found 2"),
         ("distributed_strategy", "token_shuffle_group_size", 4,
-         "expected 1: nxd has no mixture-of-experts models, found 4"),
+         "expected 1: nxd routes tokens in their own order, found 4"),
     ],
 )
 def test_unsupported_features_are_rejected_by_name(minimal, section, key, value, message) -> None:
@@ -309,3 +307,53 @@ def test_checkpoint_model_parallel_size_must_match_layout(minimal) -> None:
     assert errors(minimal) == [
         "exp_manager.checkpoint_callback_params.model_parallel_size: expected tensor * pipeline parallel sizes (2), found 8"
     ]
+
+
+MOE = {"num_experts": 8, "top_k": 2, "capacity_factor": 2.0, "output_router_logits": True, "router_aux_loss_coef": 0.02,
+       "sinkhorn_tol": "None"}  # fmt: skip
+"""The moe block of NxDT's megatron_mixtral_8x7b_config.yaml."""
+
+
+def test_nxdt_mixtral_moe_blocks_are_accepted(minimal) -> None:
+    minimal["model"]["moe"] = dict(MOE)
+    minimal["distributed_strategy"]["expert_model_parallel_size"] = 2
+    assert load_config(minimal).model.moe.num_experts == 8
+    minimal["model"]["moe"].update(capacity_factor=0.0, dropless=True)  # the dropless recipe writes both
+    assert load_config(minimal).model.moe.dropless
+
+
+@pytest.mark.parametrize(
+    ("moe", "strategy", "message"),
+    [
+        ({"top_k": 9}, {}, "model.moe.top_k: expected at most num_experts (8), found 9"),
+        ({"num_experts": 1, "top_k": 1}, {},
+         "model.moe.num_experts: expected at least 2 experts (one expert is the dense MLP: remove the moe block), "
+         "found 1"),
+        ({"num_experts": 6}, {"expert_model_parallel_size": 4, "tensor_model_parallel_size": 1},
+         "distributed_strategy.expert_model_parallel_size: expected a divisor of model.moe.num_experts (6), found 4"),
+        ({"num_experts": 4}, {"expert_model_parallel_size": 4},
+         "distributed_strategy.expert_model_parallel_size: expected a divisor of the data-parallel size (2: "
+         "expert-parallel groups are formed from data-parallel ranks), found 4"),
+        ({"routing_algorithm": "sinkhorn"}, {},
+         "model.moe.routing_algorithm: sinkhorn balances top-1 routing only: expected top_k 1, found 2"),
+        ({"dropless": True}, {},
+         "model.moe.capacity_factor: expected 0.0 or null with dropless: True (no token is dropped), found 2.0"),
+        ({"capacity_factor": 0.0}, {}, "model.moe.capacity_factor: expected a positive factor, or dropless: True, "
+         "found 0.0"),
+        ({"output_router_logits": False}, {},
+         "model.moe.router_aux_loss_coef: the load-balancing loss is computed with output_router_logits: True; "
+         "found 0.02 with False"),
+    ],
+)  # fmt: skip
+def test_moe_mistakes_are_named_before_launch(minimal, moe, strategy, message) -> None:
+    minimal["model"]["moe"] = {**MOE, **moe}
+    minimal["distributed_strategy"].update(strategy)
+    assert errors(minimal) == [message]
+
+
+def test_moe_refuses_context_parallelism(minimal) -> None:
+    minimal["model"]["moe"] = dict(MOE)
+    minimal["model"]["fusions"] = {"ring_attention": True}
+    minimal["distributed_strategy"].update(context_parallel_size=2)
+    assert errors(minimal) == ["distributed_strategy.context_parallel_size: expected 1 with a model.moe block (the "
+                               "router's balance is counted over whole sequences), found 2"]

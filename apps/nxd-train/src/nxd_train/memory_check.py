@@ -44,8 +44,8 @@ def rank_memory(plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = 
                     microbatches=max(1, batches.global_batch_size // (batches.micro_batch_size * dp)),
                     loss_chunk_tokens=loss_chunk_tokens or family.loss_chunk_tokens or 0)  # fmt: skip
     return memory_plan(meta, family.tp_plan(), stages, LayerWidths(**family.layer_widths()),
-                       sizes=Sizes(tp=launch.tp, pp=launch.pp, cp=launch.cp, dp=dp, ep=launch.ep), state=state, work=work,
-                       zero1=layout.zero1, sequence_parallel=layout.sequence_parallel,
+                       sizes=Sizes(tp=launch.tp, pp=launch.pp, cp=launch.cp, dp=dp, ep=launch.ep), state=state,
+                       work=work, zero1=layout.zero1, sequence_parallel=layout.sequence_parallel,
                        kv_replicator=layout.kv_replicator, recompute=layout.recompute,
                        recompute_modules=layout.recompute_modules, virtual_stages=layout.virtual_stages,
                        runtime=runtime)  # fmt: skip

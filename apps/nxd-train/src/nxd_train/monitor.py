@@ -18,8 +18,9 @@ from tqdm import tqdm
 
 FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "test_loss": "{:.4f}", "lr": "{:.2e}", "grad_norm": "{:.3f}",
            "param_norm": "{:.2f}", "tokens_per_s": "{:,.0f}", "samples_per_s": "{:.1f}", "mfu": "{:.1%}",
-           "step_time": "{:.3f}", "skipped_steps": "{:.0f}", "peak_memory_gib": "{:.2f}", "moe_aux_loss": "{:.4f}",
-           "moe_dropped_fraction": "{:.1%}", "moe_expert_load_min": "{:.2f}", "moe_expert_load_max": "{:.2f}"}  # fmt: skip
+           "step_time": "{:.3f}", "skipped_steps": "{:.0f}", "peak_memory_gib": "{:.2f}",
+           "moe_aux_loss": "{:.4f}", "moe_dropped_fraction": "{:.1%}", "moe_expert_load_min": "{:.2f}",
+           "moe_expert_load_max": "{:.2f}"}  # fmt: skip
 
 
 class Monitor:
