@@ -140,7 +140,7 @@ def moe_spec(moe: MoEConfig | None) -> MoESpec | None:
 def _hf_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> PretrainedConfig:
     m = cfg.model
     overrides = HFOverrides(m.num_layers, m.hidden_size, m.max_position_embeddings, m.rope_theta,
-                            qkv_linear=m.qkv_linear, fuse_qkv=m.fuse_qkv)  # fmt: skip
+                            qkv_linear=m.qkv_linear, fuse_qkv=m.fuse_qkv, moe=moe_spec(m.moe))  # fmt: skip
     config = load_hf_config(m.hf_model_config, overrides)
     problems = []
     if config.vocab_size < vocab_size:

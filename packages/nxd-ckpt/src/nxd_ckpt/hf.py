@@ -1,8 +1,10 @@
 """Hugging Face safetensors export and import, driven by a model's declared key mapping.
 
 The mapping is data (`HFExport`): the config.json to write, our state-dict key -> the Hugging Face
-key, the keys whose rows are the padded vocabulary, and tied keys. A checkpoint records its mapping
-in the completion marker, so `export_hf` needs nothing but the checkpoint.
+key, the keys whose rows are the padded vocabulary, tied keys, and stacked keys (a tensor whose
+slices along its first dimension are separate Hugging Face tensors: a Mixtral's experts). A
+checkpoint records its mapping in the completion marker, so `export_hf` needs nothing but the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class HFExport:
     """Our key -> our key it shares storage with (not exported; filled from its source on import)."""
     tokenizer_files: dict[str, str] = field(default_factory=dict)
     """The run's tokenizer, copied beside the weights: file name in the export -> where it was read."""
+    stacked: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Our key -> the Hugging Face keys of its slices along the first dimension, in order (stacked experts)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,11 +61,12 @@ class HFExport:
     def of(cls, mapping: Any) -> HFExport:
         """The export of a model's declared mapping: any object with these fields (nxd-models' HFMapping)."""
         return cls(mapping.config, mapping.keys, mapping.vocab_size, tuple(mapping.vocab_padded_keys),
-                   dict(mapping.tied))  # fmt: skip
+                   dict(mapping.tied), stacked={key: tuple(keys) for key, keys in mapping.stacked.items()})  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HFExport:
-        return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"])})
+        stacked = {key: tuple(keys) for key, keys in data.get("stacked", {}).items()}
+        return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"]), "stacked": stacked})
 
 
 
@@ -82,7 +87,7 @@ def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None, 
         raise CheckpointError(f"{info.path}: --merged: the checkpoint {what}; expected one saved with "
                               "model_alignment_strategy.peft.save_lora_base or merge_lora")  # fmt: skip
     export = HFExport.from_json(info.extra["hf_export"])
-    wanted = set(export.keys)
+    wanted = set(export.keys) | set(export.stacked)
     if lora is not None and lora["base"] == "frozen":
         wanted |= {key for merge in lora["merges"] for key in merge[1:]}
     loaded = _read_model(info.path, wanted)
@@ -95,6 +100,9 @@ def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None, 
         if ours in export.vocab_padded_keys:
             tensor = tensor[: export.vocab_size]
         tensors[theirs] = _cast(tensor, dtype)
+    for ours, theirs in export.stacked.items():
+        for key, part in zip(theirs, loaded[ours].unbind(0), strict=True):
+            tensors[key] = _cast(part.contiguous(), dtype)
     config = dict(export.config)
     if dtype is not None:
         config["dtype"] = str(dtype).removeprefix("torch.")

@@ -47,20 +47,29 @@ def _headers(directory: Path) -> dict[str, _Entry]:
     return found
 
 
-def _matched(directory: Path, export: HFExport, shapes: Mapping[str, torch.Size]) -> dict[str, _Entry]:
-    """Our key -> its tensor in the files, every name and shape checked (vocabulary rows may be fewer)."""
+def _matched(directory: Path, export: HFExport, shapes: Mapping[str, torch.Size]) -> dict[str, _Entry | list[_Entry]]:
+    """Our key -> its tensor in the files (a stacked key: its slices' tensors), every name and shape
+    checked (vocabulary rows may be fewer)."""
     found = _headers(directory)
     theirs_to_ours = {theirs: ours for ours, theirs in export.keys.items()}
+    slices = {theirs: (ours, index) for ours, keys in export.stacked.items() for index, theirs in enumerate(keys)}
+    theirs_to_ours.update({theirs: ours for theirs, (ours, _) in slices.items()})
     missing, extra = sorted(set(theirs_to_ours) - set(found)), sorted(set(found) - set(theirs_to_ours))
     if missing or extra:
         raise CheckpointError(f"{directory}: the weights do not match this model: "
                               + "; ".join(part for part in (f"missing {', '.join(missing[:4])}" if missing else "",
                                                             f"unexpected {', '.join(extra[:4])}" if extra else "")
                                           if part))  # fmt: skip
-    matched = {}
+    matched: dict[str, _Entry | list[_Entry]] = {ours: [None] * len(keys) for ours, keys in export.stacked.items()}
     for theirs, entry in found.items():
         ours = theirs_to_ours[theirs]
         shape = tuple(shapes[ours])
+        if theirs in slices:
+            if entry.shape != shape[1:]:
+                raise CheckpointError(f"{entry.file}: {theirs} is {list(entry.shape)}; this model's {ours} holds "
+                                      f"{shape[0]} of {list(shape[1:])}")  # fmt: skip
+            matched[ours][slices[theirs][1]] = entry
+            continue
         padded = ours in export.vocab_padded_keys and entry.shape[0] <= shape[0] and entry.shape[1:] == shape[1:]
         if entry.shape != shape and not padded:
             raise CheckpointError(f"{entry.file}: {theirs} is {list(entry.shape)}; this model's {ours} is "
@@ -88,9 +97,17 @@ def _box(target: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]] | None
     return tuple(offset), tuple(size)
 
 
-def _read(entry: _Entry, offset: tuple[int, ...], size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _read(entry: _Entry | list[_Entry], offset: tuple[int, ...], size: tuple[int, ...],
+          dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
     """The box of `entry`'s tensor at `offset` of `size`, in `dtype`; rows beyond the file's (a padded
-    vocabulary) are zero."""
+    vocabulary) are zero. A stacked tensor reads the box's slices from their own tensors."""
+    if isinstance(entry, list):
+        parts = entry[offset[0]:offset[0] + size[0]]
+        return torch.stack([_read_one(part, offset[1:], size[1:], dtype) for part in parts])
+    return _read_one(entry, offset, size, dtype)
+
+
+def _read_one(entry: _Entry, offset: tuple[int, ...], size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     rows = min(offset[0] + size[0], entry.shape[0]) - offset[0] if size else 0
     if size and rows <= 0:
         return torch.zeros(size, dtype=dtype)

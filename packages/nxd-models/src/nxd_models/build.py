@@ -23,6 +23,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .attention import _FAST_BACKENDS, AttentionKernel, document_spans, span_attention
 from .context_parallel import DOCUMENTS_KWARG, hf_splits_sequence
 from .gpt import GPTConfig, GPTForCausalLM
+from .hf_moe import use_moe_layers
 from .hf_qkv import use_qkv_linear
 from .initialisation import InitModule, init_rule, initial_values, seed_or_drawn
 from .token_losses import token_cross_entropy
@@ -68,6 +69,7 @@ def _meta_tree(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -
         # a config of its own: transformers writes the attention choice into it, and nxd may change that
         model = AutoModelForCausalLM.from_config(copy.deepcopy(spec), attn_implementation=implementation,
                                                  dtype=torch.float32)  # fmt: skip
+        use_moe_layers(model)
         model.nxd_attention = attention
         if implementation == "sdpa":
             _use_span_sdpa(model)
@@ -141,11 +143,11 @@ def hf_attention_inputs(model: PreTrainedModel, shape: torch.Size, document_ids:
 
 def layer_mask_kinds(config: PretrainedConfig) -> list[str]:
     """Each decoder layer's mask kind, as the model's own forward picks it: `layer_types` (Qwen2,
-    Qwen3), Mistral's sliding window on every layer, or full causal attention (Llama keeps that
+    Qwen3), Mistral's (and Mixtral's) sliding window on every layer, or full causal attention (Llama keeps that
     whatever a stray `sliding_window` in its config.json says)."""
     if types := getattr(config, "layer_types", None):
         return list(types)
-    sliding = config.model_type == "mistral" and config.sliding_window is not None
+    sliding = config.model_type in ("mistral", "mixtral") and config.sliding_window is not None
     return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
 
 

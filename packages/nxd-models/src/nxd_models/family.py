@@ -24,6 +24,7 @@ from .flops import training_flops_per_token
 from .gpt import GPTConfig, gpt_tp_plan
 from .hf import hf_tp_plan
 from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
+from .hf_moe import moe_of
 from .hf_recompute import recompute_core_attention
 from .initialisation import init_rule, initial_values
 from .moe import MoESpec, moe_layers
@@ -222,7 +223,7 @@ class MegatronFamily(ModelFamily):
 
 
 class HuggingFaceFamily(ModelFamily):
-    """A transformers causal LM (Llama, Mistral, Qwen2, Qwen3) built from its config.json."""
+    """A transformers causal LM (Llama, Mistral, Mixtral, Qwen2, Qwen3) built from its config.json."""
 
     source_key = "model.model_config"
 
@@ -241,6 +242,10 @@ class HuggingFaceFamily(ModelFamily):
 
     def hf_mapping(self) -> HFMapping:
         return hf_self_mapping(self.spec, list(self.parameter_shapes()))
+
+    @property
+    def moe(self) -> MoESpec | None:
+        return moe_of(self.spec)
 
     def recompute_units(self, model: nn.Module, names: Iterable[str], include_mlp: bool = False) -> list[nn.Module]:
         """As for every family; the attention core is a function in transformers, not a module, so

@@ -9,11 +9,14 @@ from pathlib import Path
 from transformers import AutoConfig, PretrainedConfig
 
 from .errors import ModelConfigError
-from .gpt import EMBEDDING_NORMS_OUTPUT_PLAN
+from .gpt import EMBEDDING_NORMS_OUTPUT_PLAN, moe_tp_plan
+from .hf_moe import moe_of, set_moe
 from .hf_qkv import PROJECTIONS, qkv_linear_of, set_qkv_linear
+from .moe import MoESpec
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-"""Decoder families whose layout (q/k/v/o and gate/up/down projections, RMSNorm, RoPE) nxd shards."""
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+"""Decoder families whose layout (q/k/v/o and gate/up/down projections or Mixtral's experts, RMSNorm,
+RoPE) nxd shards."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class HFOverrides:
     qkv_linear: bool = False
     """NxDT's QKV module (see `hf_qkv`); `fuse_qkv` computes it in one matmul."""
     fuse_qkv: bool = True
+    moe: MoESpec | None = None
+    """The `model.moe` block: a Mixtral's experts and routing (see `hf_moe`)."""
 
 
 def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> PretrainedConfig:
@@ -64,6 +69,7 @@ def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> 
         config.rope_parameters = {**(config.rope_parameters or {"rope_type": "default"}),
                                   "rope_theta": overrides.rope_theta}
     set_qkv_linear(config, overrides.qkv_linear, overrides.fuse_qkv)
+    set_moe(config, overrides.moe, str(file))
     return config
 
 
@@ -73,10 +79,15 @@ def hf_tp_plan(config: PretrainedConfig) -> dict[str, str]:
     `colwise_kv` (kv_replicator may replicate them), or all three one `qkv` module under qkv_linear."""
     plan = {}
     qkv_linear = qkv_linear_of(config) is not None
+    moe = moe_of(config) is not None
     for pattern, style in (config.base_model_tp_plan or {}).items():
+        if moe and ".mlp." in f"{pattern}.":  # transformers' experts: nxd's MoE layer replaces them
+            continue
         if qkv_linear and pattern.endswith(tuple(f"self_attn.{name}" for name in PROJECTIONS)):
             plan[f"model.{pattern.rpartition('.')[0]}.qkv_proj"] = "qkv"
             continue
         kv = pattern.endswith(("self_attn.k_proj", "self_attn.v_proj")) and style == "colwise"
         plan[f"model.{pattern}"] = "colwise_kv" if kv else style
+    if moe:
+        plan.update(moe_tp_plan(range(config.num_hidden_layers)))
     return {**plan, **EMBEDDING_NORMS_OUTPUT_PLAN}

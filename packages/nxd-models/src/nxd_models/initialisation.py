@@ -23,6 +23,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .gpt import GPTForCausalLM
+from .hf_moe import init_experts
+from .moe import Experts
 from .qkv import QKVLinear, qkv_part_unit
 
 Seeder = Callable[[str], AbstractContextManager[None]]
@@ -53,7 +55,11 @@ def init_rule(model: nn.Module) -> InitModule:
 
 
 def _hf_init_module(model: PreTrainedModel, name: str, module: nn.Module, seeded: Seeder) -> None:
-    """transformers' own `_init_weights`; a QKV module's parts as the q/k/v Linear layers they replace."""
+    """transformers' own `_init_weights`; a QKV module's parts as the q/k/v Linear layers they replace,
+    and nxd's stacked experts as transformers' Mixtral experts."""
+    if isinstance(module, Experts):
+        init_experts(module, model.config.initializer_range)
+        return
     if not isinstance(module, QKVLinear):
         model._init_weights(module)
         return
