@@ -125,3 +125,51 @@ def test_hf_llama3_70B_trains_shrunk_in_pipeline_stages_and_resumes_in_one_proce
     resumed = read_metrics(tmp_path / "single")
     assert len(expected) == 3 and [row["step"] for row in resumed if "loss" in row] == [3.0]
     assert abs(losses(resumed)[0] - expected[2]) < 1e-6
+
+
+def test_megatron_mixtral_trains_shrunk_with_experts_over_two_ranks_and_resumes_in_one_process(
+        corpus, sentencepiece_dir, tmp_path):  # fmt: skip
+    """Mixtral's MoE (4 experts, top-2, capacity factor 2, the load-balancing loss) with its experts over two
+    expert-parallel ranks, ZeRO-1, mixed precision and full recompute; the step-2 checkpoint resumes in one
+    process, which computes the step-3 loss the two ranks computed, and the log shows the routing."""
+    keys, flags = _tokenizer("sentencepiece", None, sentencepiece_dir)
+    assert main(["data", "preprocess", "--input", str(corpus), "--output-prefix", str(tmp_path / "data"), *flags,
+                 "--append-eod", "--no-progress"]) == 0  # fmt: skip
+    common = ["-c", str(ROOT / "configs" / "megatron_mixtral_8x7b.yaml"), *SHRINK, *keys, "model.num_kv_heads=2",
+              "distributed_strategy.tensor_model_parallel_size=1", "distributed_strategy.pipeline_model_parallel_size=1",
+              "distributed_strategy.kv_replicator=1", "model.moe.num_experts=4", "trainer.log_every_n_steps=1",
+              f"data.data_prefix=[1.0,{tmp_path / 'data_text_document'}]"]  # fmt: skip
+    experts = run_command(*common, "distributed_strategy.expert_model_parallel_size=2",
+                          "exp_manager.create_checkpoint_callback=True",
+                          "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+                          f"exp_manager.explicit_log_dir={tmp_path / 'ep2'}", cwd=tmp_path)  # fmt: skip
+    assert experts.returncode == 0, experts.stderr[-3000:]
+    rows = read_metrics(tmp_path / "ep2")
+    assert len(losses(rows)) == 3 and all(0 < row["moe_aux_loss"] < 4 for row in rows if "loss" in row)
+    assert all(0 <= row["moe_dropped_fraction"] < 1 and row["moe_expert_load_max"] >= 1 for row in rows if "loss" in row)
+    (step_2,) = (tmp_path / "ep2" / "checkpoints").glob("*step=2*")
+    single = run_command(*common, "trainer.devices=1", f"exp_manager.resume_from_checkpoint={step_2}",
+                         f"exp_manager.explicit_log_dir={tmp_path / 'one'}", cwd=tmp_path)  # fmt: skip
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert abs(losses(read_metrics(tmp_path / "one"))[0] - losses(rows)[2]) < 1e-6
+
+
+def test_hf_mixtral_trains_shrunk_and_exports_a_mixtral(tokenized, tmp_path):
+    """A dropless Mixtral from its config.json: TP 2 with sequence parallel inside the experts, kv_replicator
+    2 over one KV head, the fused QKV module, ZeRO-1, mixed precision, full recompute; its checkpoint
+    exports a directory transformers loads as a MixtralForCausalLM."""
+    from transformers import AutoModelForCausalLM
+
+    model_config = _small_model_config("mixtral_8x7b_config.json", tmp_path, kv_heads=1)
+    result = run_command("-c", str(ROOT / "configs" / "hf_mixtral_8x7b.yaml"), *HF_SHRINK, "trainer.max_steps=3",
+                         "distributed_strategy.tensor_model_parallel_size=2", "distributed_strategy.kv_replicator=2",
+                         "distributed_strategy.pipeline_model_parallel_size=1", "model.moe.num_experts=4",
+                         f"model.model_config={model_config}", f"data.train_dir={tokenized}",
+                         "exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+                         f"exp_manager.explicit_log_dir={tmp_path / 'run'}", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [row for row in read_metrics(tmp_path / "run") if "loss" in row]
+    assert len(rows) == 3 and all(row["moe_dropped_fraction"] == 0 for row in rows)
+    assert main(["ckpt", "export-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert type(exported).__name__ == "MixtralForCausalLM" and exported.config.num_local_experts == 4

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_align import LoraFamily, LoraSpec, TokenObjective
-from nxd_models import GPTConfig, MoESpec, model_family, set_aux_loss_weights, set_qkv_linear
+from nxd_models import GPTConfig, MoESpec, model_family, set_aux_loss_weights, set_moe, set_qkv_linear
 from nxd_parallel import (
     Layout,
     ParallelDims,
@@ -31,7 +31,7 @@ from nxd_parallel import (
 from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from transformers import LlamaConfig, Qwen3Config
+from transformers import LlamaConfig, MixtralConfig, Qwen3Config
 
 STEPS, GLOBAL_BATCH, MICRO_BATCH, SEQ, VOCAB = 5, 8, 2, 16, 120
 LOSS_CHUNK = 12
@@ -64,6 +64,12 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
                          loss_chunk_tokens=loss_chunk)  # fmt: skip
+    if family == "mixtral":  # transformers' Mixtral with nxd's MoE layer: MOE's routing and capacity
+        config = MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                               num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=SEQ,
+                               num_local_experts=MOE.num_experts, tie_word_embeddings=False)  # fmt: skip
+        set_moe(config, MOE, "mixtral")
+        return config
     if family == "qwen3":  # per-head q/k norms: transformers' replicated_with_grad_allreduce style
         config = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8,

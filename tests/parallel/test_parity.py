@@ -61,7 +61,8 @@ def _two_process_scenarios() -> list[Scenario]:
 
 def _mixture_of_experts_scenarios() -> list[Scenario]:
     """The "moe" model (capacity drops and the load-balancing loss) with experts over two ranks
-    (all-to-all), over data-parallel ranks, split by tensor parallelism, and in pipeline stages."""
+    (all-to-all), over data-parallel ranks, split by tensor parallelism, and in pipeline stages; the
+    same layer in transformers' Mixtral ("mixtral")."""
     return [
         Scenario("moe-ep2", "moe", ep=2),
         Scenario("moe-ep2-zero1-full-recompute", "moe", ep=2, layout=Layout(zero1=True, recompute="full"), clip=0.5),
@@ -69,6 +70,9 @@ def _mixture_of_experts_scenarios() -> list[Scenario]:
         Scenario("moe-tp2", "moe", tp=2, clip=0.5),
         Scenario("moe-tp2-sp", "moe", tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("moe-pp2", "moe", pp=2, layers=4, tied=False),
+        Scenario("mixtral-ep2-zero1", "mixtral", ep=2, layout=Layout(zero1=True), clip=0.5),
+        Scenario("mixtral-tp2-sp", "mixtral", tp=2, layout=Layout(sequence_parallel=True)),
+        Scenario("mixtral-pp2", "mixtral", pp=2, layers=4),
     ]
 
 
@@ -171,6 +175,7 @@ def _four_process_scenarios() -> list[Scenario]:
         Scenario("moe-dp4-ep2-zero1", "moe", ep=2, layout=Layout(zero1=True)),
         Scenario("moe-dp4-ep2-replicated", "moe", ep=2),
         Scenario("moe-pp2-ep2-full-recompute", "moe", pp=2, ep=2, layers=4, tied=False, layout=Layout(recompute="full")),
+        Scenario("mixtral-ep2-tp2", "mixtral", ep=2, tp=2, clip=0.5),
     ]  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from .flops import training_flops_per_token
 from .gpt import GPT_TP_PLAN, GPTConfig, GPTForCausalLM, gpt_tp_plan
 from .hf import SUPPORTED_MODEL_TYPES, HFOverrides, hf_tp_plan, load_hf_config
 from .hf_mapping import HFMapping, hf_mapping
+from .hf_moe import set_moe
 from .hf_qkv import set_qkv_linear
 from .hf_recompute import recompute_core_attention
 from .initialisation import InitModule, Seeder, init_rule, initial_values, seed_or_drawn
@@ -38,6 +39,6 @@ __all__ = [
     "device_ceiling", "gpt_tp_plan", "hf_mapping", "hf_tp_plan", "init_rule", "initial_values", "initialise",
     "keep_pipeline_stage", "load_balancing_loss", "load_hf_config", "measured_peak", "model_family", "moe_layers",
     "peak_memory", "pipeline_stage_problems", "recompute_core_attention", "resident_memory", "routing_metrics",
-    "seed_or_drawn", "set_aux_loss_weights", "set_qkv_linear", "take_routing_totals", "token_cross_entropy",
+    "seed_or_drawn", "set_aux_loss_weights", "set_moe", "set_qkv_linear", "take_routing_totals", "token_cross_entropy",
     "training_flops_per_token", "use_context_parallel",
 ]  # fmt: skip
