@@ -157,8 +157,12 @@ def test_megatron_mixtral_trains_shrunk_with_experts_over_two_ranks_and_resumes_
 def test_hf_mixtral_trains_shrunk_and_exports_a_mixtral(tokenized, tmp_path):
     """A dropless Mixtral from its config.json: TP 2 with sequence parallel inside the experts, kv_replicator
     2 over one KV head, the fused QKV module, ZeRO-1, mixed precision, full recompute; its checkpoint
-    exports a directory transformers loads as a MixtralForCausalLM."""
+    exports a directory transformers loads as a MixtralForCausalLM, whose logits equal the trained model's."""
+    import torch
+    from nxd_models import HFOverrides, MoESpec, build_causal_lm, causal_lm_logits, load_hf_config
     from transformers import AutoModelForCausalLM
+
+    from tests.training_runs import saved_state
 
     model_config = _small_model_config("mixtral_8x7b_config.json", tmp_path, kv_heads=1)
     result = run_command("-c", str(ROOT / "configs" / "hf_mixtral_8x7b.yaml"), *HF_SHRINK, "trainer.max_steps=3",
@@ -171,5 +175,15 @@ def test_hf_mixtral_trains_shrunk_and_exports_a_mixtral(tokenized, tmp_path):
     rows = [row for row in read_metrics(tmp_path / "run") if "loss" in row]
     assert len(rows) == 3 and all(row["moe_dropped_fraction"] == 0 for row in rows)
     assert main(["ckpt", "export-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     assert type(exported).__name__ == "MixtralForCausalLM" and exported.config.num_local_experts == 4
+    moe = MoESpec(num_experts=4, top_k=2, normalize_top_k_affinities=True, router_aux_loss=True,
+                  router_aux_loss_coef=0.02)  # the config's moe block, dropless
+    ours = build_causal_lm(load_hf_config(model_config, HFOverrides(num_layers=2, hidden_size=64, qkv_linear=True,
+                                                                    moe=moe))).eval()  # fmt: skip
+    (checkpoint,) = (tmp_path / "run" / "checkpoints").glob("*step=3*")
+    ours.load_state_dict({key: value.float() for key, value in saved_state(checkpoint, "model")["model"].items()})
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        found = causal_lm_logits(ours, ids, torch.arange(16).expand(2, 16))
+        assert (found - exported(input_ids=ids).logits).abs().max().item() < 1e-5

@@ -1,4 +1,4 @@
-"""nxd-parallel: device mesh, tensor/sequence/pipeline/context parallel, ZeRO-1 on FSDP2, activation
+"""nxd-parallel: device mesh, tensor/sequence/pipeline/context/expert parallel, ZeRO-1 on FSDP2, activation
 checkpointing, sharded initialisation, global norms and step executors, on torch.distributed only."""
 
 from torch.distributed.tensor.parallel import loss_parallel
@@ -10,6 +10,7 @@ from .data_parallel import apply_data_parallel, set_gradient_sync
 from .dims import ParallelDims, ParallelMesh
 from .errors import ParallelConfigError
 from .executor import DirectExecutor, LossFunction, PipelineExecutor, Totals, build_executor
+from .expert_parallel import ExpertDispatch, apply_expert_parallel, moe_modules
 from .kv_replication import replicated_heads
 from .materialise import copy_part, materialise
 from .memory_plan import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan
@@ -30,11 +31,12 @@ from .tensor_parallel import STYLES, apply_tensor_parallel, check_plan, enter_se
 __version__ = "0.1.0"
 
 __all__ = [
-    "GIB", "STYLES", "DirectExecutor", "LayerWidths", "Layout", "LossFunction", "ParallelConfigError", "ParallelDims",
-    "ParallelMesh", "PipelineExecutor", "RankMemory", "ShardableModel", "Sizes", "StagedModel", "StateBytes",
-    "Totals", "Workload", "apply_activation_checkpointing", "apply_data_parallel", "apply_tensor_parallel",
-    "build_executor", "build_parallel_model", "build_schedule", "check_plan", "clip_gradients", "compile_blocks",
-    "copy_part", "enter_sequence_parallel", "global_norm", "loss_parallel", "materialise", "memory_plan",
-    "modules_of", "pipeline_ranges", "rank_stages", "recompute_units", "replicated_heads", "ring_attention",
-    "set_gradient_sync", "split_sequence", "stage_ranges", "tensor_parallel_problems", "zigzag_indices",
+    "GIB", "STYLES", "DirectExecutor", "ExpertDispatch", "LayerWidths", "Layout", "LossFunction", "ParallelConfigError",
+    "ParallelDims", "ParallelMesh", "PipelineExecutor", "RankMemory", "ShardableModel", "Sizes", "StagedModel",
+    "StateBytes", "Totals", "Workload", "apply_activation_checkpointing", "apply_data_parallel",
+    "apply_expert_parallel", "apply_tensor_parallel", "build_executor", "build_parallel_model", "build_schedule",
+    "check_plan", "clip_gradients", "compile_blocks", "copy_part", "enter_sequence_parallel", "global_norm",
+    "loss_parallel", "materialise", "memory_plan", "modules_of", "moe_modules", "pipeline_ranges", "rank_stages",
+    "recompute_units", "replicated_heads", "ring_attention", "set_gradient_sync", "split_sequence", "stage_ranges",
+    "tensor_parallel_problems", "zigzag_indices",
 ]  # fmt: skip
