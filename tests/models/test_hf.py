@@ -63,7 +63,7 @@ def test_unsupported_architecture_is_named(tmp_path):
     with pytest.raises(ModelConfigError) as caught:
         load_hf_config(path)
     assert str(caught.value) == (
-        f"{path}: model_type: expected one of llama, mistral, qwen2, qwen3, found 'gpt2' (architectures ['GPT2LMHeadModel'])"
+        f"{path}: model_type: expected one of llama, mistral, mixtral, qwen2, qwen3, found 'gpt2' (architectures ['GPT2LMHeadModel'])"
     )
 
 

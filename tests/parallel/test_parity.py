@@ -69,6 +69,8 @@ def _mixture_of_experts_scenarios() -> list[Scenario]:
         Scenario("moe-dp2-zero1", "moe", layout=Layout(zero1=True)),
         Scenario("moe-tp2", "moe", tp=2, clip=0.5),
         Scenario("moe-tp2-sp", "moe", tp=2, layout=Layout(sequence_parallel=True)),
+        Scenario("moe-tp2-sp-bf16-reductions", "moe", tp=2, layout=Layout(sequence_parallel=True,
+                                                                         reduce_dtype=torch.bfloat16)),  # fmt: skip
         Scenario("moe-pp2", "moe", pp=2, layers=4, tied=False),
         Scenario("mixtral-ep2-zero1", "mixtral", ep=2, layout=Layout(zero1=True), clip=0.5),
         Scenario("mixtral-tp2-sp", "mixtral", tp=2, layout=Layout(sequence_parallel=True)),

@@ -5,7 +5,8 @@ Sinkhorn routing, to the top-1 expert of a balanced assignment), whose gated MLP
 weighted by the router's affinities. The semantics are those of NeuronX Distributed's MoE module,
 which NxDT builds its Mixtral recipes from:
 
-- affinities: `router_activation` (softmax or sigmoid) of the router logits, computed in fp32;
+- affinities: `router_activation` (softmax or sigmoid) of the router logits (the router runs in its
+  parameters' dtype, outside autocast; the logits and what follows in fp32);
   `normalize_top_k_affinities` rescales a token's kept affinities to sum to one.
 - capacity: with a `capacity_factor` (and not dropless) each expert takes at most
   C = min(T, ceil(T * top_k * capacity_factor / num_experts)) of the T tokens of a micro-batch, in
@@ -168,10 +169,6 @@ class Experts(nn.Module):
     def _weights(self) -> list[torch.Tensor]:
         return [self.gate_proj, self.up_proj, self.down_proj] if self.gated else [self.up_proj, self.down_proj]
 
-    @property
-    def local_experts(self) -> int:
-        return local(self.up_proj).shape[0]
-
 
 class _GradientScale(torch.autograd.Function):
     @staticmethod
@@ -246,8 +243,8 @@ class MoELayer(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         tokens = hidden.reshape(-1, shape[-1])
-        with torch.autocast(tokens.device.type, enabled=False):
-            logits = F.linear(tokens.float(), local(self.router.weight).float())
+        with torch.autocast(tokens.device.type, enabled=False):  # the router in its parameters' dtype
+            logits = self.router(tokens.to(self.router.weight.dtype)).float()
         chosen, choice, weights = self._route(logits)
         pair_expert, pair_token = choice.t().nonzero(as_tuple=True)  # grouped by expert, then token order
         rows = self.dispatch(tokens[pair_token], choice.sum(0), self.experts)

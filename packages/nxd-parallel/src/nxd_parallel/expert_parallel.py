@@ -37,10 +37,11 @@ def moe_modules(model: nn.Module, plan: Mapping[str, str]) -> list[nn.Module]:
             for name in fnmatch.filter(names, pattern)]  # fmt: skip
 
 
-def apply_expert_parallel(layers: list[nn.Module], experts_mesh: DeviceMesh, *, sequence_parallel: bool = False
-                          ) -> None:  # fmt: skip
+def apply_expert_parallel(layers: list[nn.Module], experts_mesh: DeviceMesh, *, sequence_parallel: bool = False,
+                          reduce_dtype: torch.dtype | None = None) -> None:  # fmt: skip
     """Split the experts of each MoE layer of `layers` (meta or not) over `experts_mesh`, whose dimensions
-    are `ep` (whole experts), `tp` (each expert's ffn) or both, and route their tokens accordingly."""
+    are `ep` (whole experts), `tp` (each expert's ffn) or both, and route their tokens accordingly;
+    `reduce_dtype` is the dtype of the sum of the ffn slices over tp (None: the activations')."""
     names = experts_mesh.mesh_dim_names or ()
     ep = experts_mesh["ep"] if "ep" in names else None
     tp = experts_mesh["tp"] if "tp" in names else None
@@ -53,7 +54,7 @@ def apply_expert_parallel(layers: list[nn.Module], experts_mesh: DeviceMesh, *, 
             experts.register_parameter(key, nn.Parameter(sharded, parameter.requires_grad))
         if ep is not None:
             experts.gradient_scale = 1.0 / ep.size()
-        layer.dispatch = ExpertDispatch(ep, tp)
+        layer.dispatch = ExpertDispatch(ep, tp, reduce_dtype)
         if tp is not None:
             layer.register_forward_pre_hook(_whole_input(tp))
             if sequence_parallel:
@@ -64,8 +65,8 @@ class ExpertDispatch:
     """Rows grouped by expert -> their experts' ranks (all-to-all over ep) -> this rank's experts (their
     ffn slices summed over tp) -> back, in the order they came."""
 
-    def __init__(self, ep: DeviceMesh | None, tp: DeviceMesh | None):
-        self.ep, self.tp = ep, tp
+    def __init__(self, ep: DeviceMesh | None, tp: DeviceMesh | None, reduce_dtype: torch.dtype | None = None):
+        self.ep, self.tp, self.reduce_dtype = ep, tp, reduce_dtype
 
     def __call__(self, rows: torch.Tensor, counts: torch.Tensor, experts: nn.Module) -> torch.Tensor:
         if self.ep is None:
@@ -88,8 +89,9 @@ class ExpertDispatch:
             return experts(rows, counts)
         rows = DTensor.from_local(rows, self.tp, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
         partial = experts(rows, counts)
-        return DTensor.from_local(partial, self.tp, [Partial()], run_check=False).redistribute(
-            self.tp, [Replicate()]).to_local()  # fmt: skip
+        dtype = partial.dtype
+        summed = DTensor.from_local(partial.to(self.reduce_dtype or dtype), self.tp, [Partial()], run_check=False)
+        return summed.redistribute(self.tp, [Replicate()]).to_local().to(dtype)
 
 
 def _expert_major(by_source: list[list[int]]) -> torch.Tensor:

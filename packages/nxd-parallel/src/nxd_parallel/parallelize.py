@@ -212,7 +212,8 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
         prepare(model, cast=False)  # the TP parameters are new objects
     moe = moe_modules(model, plan) if mesh.experts() is not None else []
     if moe:
-        apply_expert_parallel(moe, mesh.experts(), sequence_parallel=layout.sequence_parallel)
+        apply_expert_parallel(moe, mesh.experts(), sequence_parallel=layout.sequence_parallel,
+                              reduce_dtype=layout.reduce_dtype)
         prepare(model, cast=False)
     if cp is not None:
         family.use_context_parallel(model, partial(ring_attention, group=cp.get_group()))
