@@ -97,3 +97,30 @@ def test_recompute_and_sequence_parallelism_shrink_the_activations_as_counted():
     assert first.activations == 2 * last.activations  # 1F1B: the first stage holds two micro-batches in flight
     assert first.loss == 0 and last.loss == tokens * 128 * (4 + 12)
     assert GIB == 2**30
+
+
+def test_experts_split_over_expert_and_tensor_parallel_ranks_as_counted():
+    from dataclasses import replace
+
+    from nxd_models import MoESpec
+
+    spec = replace(SPEC, moe=MoESpec(num_experts=4, top_k=2))
+    family = model_family(spec)
+    meta = family.build_on_meta()
+
+    def plan(sizes: Sizes, zero1: bool = False) -> int:
+        return memory_plan(meta, family.tp_plan(), pipeline_ranges(family, meta, Layout(), 1),
+                           LayerWidths(**family.layer_widths()), sizes=sizes, state=FP32, work=Workload(2, 32, 4),
+                           zero1=zero1, sequence_parallel=False, kv_replicator=1, recompute=None)[0].parameters  # fmt: skip
+
+    # per layer: norms, attention as above, a router 4 x 64 and 4 experts of gate/up/down 3 x 96 x 64
+    experts, dense = 4 * 4 * 3 * 96 * 64, 4 * (2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 4 * 64) + EMBED + OUTPUT + 64
+    assert plan(Sizes()) == 4 * (dense + experts)
+    # ep2 (of dp 2): half the experts on each rank, the rest whole
+    assert plan(Sizes(dp=2, ep=2)) == 4 * (dense + experts // 2)
+    # ep2 x tp2: the experts' ffn halves too; the tensor-parallel weights (attention, embedding, output) halve
+    norms_router = 4 * (2 * 64 + 4 * 64) + 64
+    assert plan(Sizes(dp=2, ep=2, tp=2)) == 4 * ((dense - norms_router) // 2 + norms_router + experts // 4)
+    # ZeRO-1 over dp 4 with ep 2: dense values over 4 ranks, experts (half per rank) over the 2 holding them,
+    # plus the gathered copy FSDP2 computes with
+    assert plan(Sizes(dp=4, ep=2), zero1=True) == 4 * (dense // 4 + experts // 2 // 2) + 4 * (dense + experts // 2)

@@ -126,7 +126,7 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
             data = sizes.dp * sizes.cp if zero1 else 1
             if module.endswith(".experts") and styles.get(module.removesuffix(".experts")) == "moe":
                 share = -(-parameter.numel() // (sizes.tp * sizes.ep))  # experts over ep, their ffn over tp
-                data = data // sizes.ep  # the ranks holding the same experts
+                data = sizes.dp * sizes.cp // sizes.ep if zero1 else 1  # ZeRO-1 over the ranks holding them
             else:
                 share = _tp_share(parameter, styles.get(module), sizes.tp, kv_replicator)
             held += share / data
