@@ -154,7 +154,9 @@ class Experts(nn.Module):
     def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Outputs of rows grouped by expert: the first counts[0] rows go to this rank's first expert...
         (called as a module, so that data parallelism gathers the weights first)."""
-        weights = [_scaled_gradient(local(w), self.gradient_scale) for w in self._weights()]
+        # unbind, not indexing: the backward then stacks the experts' gradients once per weight, where
+        # indexing would build a zero-filled gradient of the whole stack for every expert
+        weights = [_scaled_gradient(local(w), self.gradient_scale).unbind(0) for w in self._weights()]
         outputs = []
         for expert, part in enumerate(torch.split(rows, counts)):
             if self.gated:
