@@ -69,6 +69,16 @@ def test_global_norm_of_plain_tensors_is_the_l2_norm():
     assert global_norm([torch.tensor([3.0]), torch.tensor([[4.0]])]).item() == 5.0
 
 
+def test_global_norm_of_large_tensors_sums_in_fp64():
+    # more elements than one part, one of them a transposed (non-contiguous) view; fp32 accumulation
+    # over 2**21 values of this size drifts far beyond 1e-12
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(2**21 + 5, generator=generator) * 1e3, torch.randn(700, 600, generator=generator).t(),
+               torch.randn(3, generator=generator).bfloat16()]  # fmt: skip
+    by_hand = math.sqrt(sum((t.double() ** 2).sum().item() for t in tensors))
+    assert math.isclose(global_norm(tensors).item(), by_hand, rel_tol=1e-12)
+
+
 def test_clipping_scales_gradients_to_the_limit_as_torch_does():
     weights = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))]
     weights[0].grad, weights[1].grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])

@@ -85,7 +85,10 @@ class PrecisionOptimizer:
                 if torch.is_tensor(value) and value.is_floating_point() and value.ndim:
                     state[key] = self._round(value, self.policy.optimizer_state_dtype)
         for parameter, copy in zip(self.parameters, self.copies, strict=True):
-            _local(parameter).copy_(_local(self._round(copy, parameter.dtype)))
+            target, source = _local(parameter), _local(copy)
+            if target.dtype == torch.bfloat16 and self.policy.stochastic_rounding:
+                source = stochastic_round(source, self.generator)
+            target.copy_(source)  # to nearest converts in the copy, with no temporary
         if not self.persistent:
             self._release()
 
