@@ -64,6 +64,7 @@ def test_train_with_config_and_overrides(tmp_path: Path, capsys) -> None:
                  f"+exp_manager.explicit_log_dir={tmp_path}", "exp_manager.create_tensorboard_logger=False"]) == 0
     out = capsys.readouterr().out
     assert "step 3/3 | loss" in out and f"done: 3 steps; logs in {tmp_path}" in out
+    assert "host memory: " in out  # trainer.keep_freed_host_memory: what is in effect on the CPU
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["trainer"]["max_steps"] == 3
 
 

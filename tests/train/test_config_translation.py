@@ -27,3 +27,9 @@ def test_the_plan_carries_every_optimizer_and_schedule_key():
     assert update.schedule == cfg.model.optim.sched.name
     assert update.schedule_options == cfg.model.optim.sched.model_dump(exclude={"name"})
     assert update.clip == 0.25
+
+
+def test_the_plan_carries_the_host_memory_policy():
+    assert plan_run(load_config(default_config_path()), default_cache_dir()).launch.keep_freed_host_memory
+    cfg = load_config(default_config_path(), ["+trainer.keep_freed_host_memory=false"])
+    assert not plan_run(cfg, default_cache_dir()).launch.keep_freed_host_memory

@@ -75,6 +75,8 @@ class Launch:
     """AWS Neuron runtime variables, set only when the device is a Neuron core."""
     fp32_matmul_precision: str = "highest"
     """torch.set_float32_matmul_precision on CUDA devices."""
+    keep_freed_host_memory: bool = True
+    """glibc keeps freed host memory for the next step when the device is the CPU."""
 
     @property
     def world_size(self) -> int:

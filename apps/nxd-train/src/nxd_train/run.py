@@ -30,6 +30,7 @@ from nxd_parallel import (
     StagedModel,
     build_executor,
     build_parallel_model,
+    keep_freed_host_memory,
     modules_of,
     split_sequence,
 )
@@ -185,6 +186,7 @@ def setup(plan: RunPlan) -> Run:
     fabric.launch()
     if fabric.device.type in NEURON_DEVICE_TYPES:
         os.environ.update(launch.neuron_environment)
+    host_memory = keep_freed_host_memory() if launch.keep_freed_host_memory and fabric.device.type == "cpu" else None
     fabric.seed_everything(launch.seed, verbose=False)
     dims = ParallelDims(fabric.world_size, tp=launch.tp, pp=launch.pp, cp=launch.cp, ep=launch.ep)
     mesh = dims.build_mesh(fabric.device.type)
@@ -263,7 +265,7 @@ def setup(plan: RunPlan) -> Run:
                  f"process(es) ({layout}), {plan.objective.name}, global batch {b.global_batch_size} "
                  f"({sampler.accumulation} x {b.micro_batch_size} per rank), {steps} steps of "
                  f"{sampler.steps_per_epoch} per epoch, {plan.data.tokenizer}; logs in {log_dir}")  # fmt: skip
-    for line in plan.data.notes:
+    for line in (*plan.data.notes, *([host_memory] if host_memory else [])):
         monitor.info(line)
     monitor.info(f"MFU: model FLOPs (attention counted in full, not causal) against {ceiling.source}, per device; "
                  f"fp32 matmul precision {torch.get_float32_matmul_precision()}")  # fmt: skip

@@ -1,5 +1,6 @@
 """nxd-parallel: device mesh, tensor/sequence/pipeline/context/expert parallel, ZeRO-1 on FSDP2, activation
-checkpointing, sharded initialisation, global norms and step executors, on torch.distributed only."""
+checkpointing, sharded initialisation, global norms, step executors and host memory reuse for CPU steps, on
+torch.distributed only."""
 
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -11,6 +12,7 @@ from .dims import ParallelDims, ParallelMesh
 from .errors import ParallelConfigError
 from .executor import DirectExecutor, LossFunction, PipelineExecutor, Totals, build_executor
 from .expert_parallel import ExpertDispatch, apply_expert_parallel, moe_modules
+from .host_memory import keep_freed_host_memory
 from .kv_replication import replicated_heads
 from .materialise import copy_part, materialise
 from .memory_plan import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan
@@ -36,7 +38,8 @@ __all__ = [
     "StateBytes", "Totals", "Workload", "apply_activation_checkpointing", "apply_data_parallel",
     "apply_expert_parallel", "apply_tensor_parallel", "build_executor", "build_parallel_model", "build_schedule",
     "check_plan", "clip_gradients", "compile_blocks", "copy_part", "enter_sequence_parallel", "global_norm",
-    "loss_parallel", "materialise", "memory_plan", "modules_of", "moe_modules", "pipeline_ranges", "rank_stages",
+    "keep_freed_host_memory", "loss_parallel", "materialise", "memory_plan", "modules_of", "moe_modules",
+    "pipeline_ranges", "rank_stages",
     "recompute_units", "replicated_heads", "ring_attention", "set_gradient_sync", "split_sequence", "stage_ranges",
     "tensor_parallel_problems", "zigzag_indices",
 ]  # fmt: skip

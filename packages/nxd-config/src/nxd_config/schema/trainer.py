@@ -64,6 +64,16 @@ class TrainerConfig(Section):
         10, "With on_nonfinite skip: stop the run after this many skipped steps in a row.", by="nxd-precision",
         status=Status.EXTENSION, note="a diverged run ends with a message instead of spinning", ge=1,
     )  # fmt: skip
+    keep_freed_host_memory: bool = key(
+        True,
+        "When the training device is the CPU (glibc Linux): keep freed host memory in the process for the next "
+        "step (mallopt M_MMAP_MAX 0, no heap trimming) instead of faulting its large tensors in afresh every "
+        "step; peak host memory a few percent higher. A malloc setting in the environment (MALLOC_*_ or "
+        "GLIBC_TUNABLES) is kept instead.",
+        by="nxd-parallel",
+        status=Status.EXTENSION,
+        note="NxDT's steps run on Neuron devices; on the CPU, glibc unmaps and faults in every large tensor each step",
+    )
     lnc: int | None = key(
         None,
         "Logical-to-physical NeuronCore ratio (1 or 2).",
