@@ -5,6 +5,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +13,18 @@ glibc = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="a glibc policy"
 )
 
-PAGES = (64 << 20) // 4096
-"""Pages of the 64 MiB tensor the probe allocates and frees repeatedly."""
+
+def _page_bytes() -> int:
+    """What one page fault maps: a 2 MiB huge page where transparent huge pages are always on, else 4 KiB."""
+    try:
+        always = "[always]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        always = False
+    return 2 << 20 if always else 4096
+
+
+PAGES = (64 << 20) // _page_bytes()
+"""Page faults of a fresh 64 MiB tensor, which the probe allocates, fills and frees repeatedly."""
 
 PROBE = """
 import resource, sys, torch
@@ -45,7 +56,7 @@ def test_kept_memory_is_reused_without_page_faults() -> None:
     sentence, kept_faults = _probe("keep")
     assert "kept in the process" in sentence
     assert default_faults > PAGES // 2  # glibc unmaps the block on free: every page faults in again
-    assert kept_faults < PAGES // 100
+    assert kept_faults < PAGES // 8
 
 
 @glibc
