@@ -24,28 +24,40 @@ def _page_bytes() -> int:
 
 
 PAGES = (64 << 20) // _page_bytes()
-"""Page faults of a fresh 64 MiB tensor, which the probe allocates, fills and frees repeatedly."""
+"""Page faults of a fresh 64 MiB block, which the probe allocates, fills and frees repeatedly."""
 
 PROBE = """
-import resource, sys, torch
-from nxd_parallel.host_memory import keep_freed_host_memory
+import ctypes, importlib.util, resource, sys
+spec = importlib.util.spec_from_file_location("host_memory", sys.argv[2])
+host_memory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(host_memory)
 if sys.argv[1] == "keep":
-    print(keep_freed_host_memory())
+    print(host_memory.keep_freed_host_memory())
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
 faults = []
 for _ in range(4):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    x = torch.ones(16 << 20)  # 64 MiB of fp32
-    del x
+    block = libc.malloc(ctypes.c_size_t(64 << 20))
+    libc.memset(block, 1, 64 << 20)
+    libc.free(block)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print(faults[-1])
 """
+"""Allocates, fills and frees 64 MiB four times through glibc's malloc, where torch's CPU allocator takes
+its blocks. The module is loaded from its file so that the probe does not import torch: the policy is
+glibc's, and a fresh process per case stays cheap."""
+
+MODULE = Path(__file__).parents[2] / "packages/nxd-parallel/src/nxd_parallel/host_memory.py"
 
 
 def _probe(mode: str, **environment: str) -> tuple[str, int]:
     """The policy's log sentence and the page faults of the last of four 64 MiB allocate-fill-free rounds."""
     inherited = {name: value for name, value in os.environ.items() if not name.startswith(("MALLOC_", "GLIBC_"))}
     env = inherited | environment
-    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, env=env, check=True)
+    done = subprocess.run([sys.executable, "-c", PROBE, mode, str(MODULE)], capture_output=True, text=True, env=env, check=True)
     *sentence, faults = done.stdout.strip().splitlines()
     return " ".join(sentence), int(faults)
 
