@@ -102,9 +102,9 @@ def test_import_names_what_does_not_fit(tmp_path):
 
 
 def test_export_of_a_model_without_hf_counterpart_says_why(tmp_path):
-    spec = llama_shaped(normalization="layernorm", activation="gelu")
+    spec = llama_shaped(normalization="scalenorm")
     path = checkpoint_of(build_causal_lm(spec), spec, tmp_path / "ckpts")
-    with pytest.raises(CheckpointError, match="normalization is 'layernorm' \\(Llama needs 'rmsnorm'\\)"):
+    with pytest.raises(CheckpointError, match="normalization is 'scalenorm' \\(Llama needs 'rmsnorm'\\)"):
         export_hf(path, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 

@@ -258,7 +258,7 @@ def test_learned_positions_must_cover_the_sequence(minimal) -> None:
     ("section", "key", "value", "message"),
     [
         ("model", "transformer_block_type", "post_ln",
-         "expected 'pre_ln' (the only block type nxd builds), found 'post_ln'"),
+         "expected one of pre_ln, gpt_j, gpt_neox (the block types nxd builds), found 'post_ln'"),
         ("distributed_strategy", "expert_model_parallel_size", 2,
          "expected 1 without a model.moe block (a dense model has no experts), found 2"),
         ("distributed_strategy", "token_shuffle_group_size", 4,

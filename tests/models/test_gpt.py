@@ -135,7 +135,10 @@ def test_tp_plan_patterns_name_real_modules():
     ("changes", "message"),
     [
         ({"transformer_block_type": "post_ln"},
-         "model.transformer_block_type: expected pre_ln (the only block type nxd builds), found 'post_ln'"),
+         "model.transformer_block_type: expected one of pre_ln, gpt_j, gpt_neox, found 'post_ln'"),
+        ({"position_embedding_type": "sinusoidal", "hidden_size": 25, "num_attention_heads": 5},
+         "model.hidden_size: sinusoidal positions pair a sine with a cosine; expected an even width, found 25"),
+        ({"init_method": "kaiming"}, "model.init_method: expected one of normal, scaled_normal"),
         ({"seq_length": 128, "max_position_embeddings": 64},
          "model.encoder_seq_length: expected at most max_position_embeddings (64), found 128"),
         ({"num_kv_heads": 3}, "model.num_kv_heads: expected a divisor of num_attention_heads (4), found 3"),
@@ -152,10 +155,21 @@ def test_hf_mapping_names_what_llama_cannot_hold():
     from nxd_models import hf_mapping
 
     with pytest.raises(ModelConfigError) as caught:
-        hf_mapping(_config(activation="gelu", normalization="layernorm", position_embedding_type="rope"))
+        hf_mapping(_config(activation="geglu", normalization="scalenorm", position_embedding_type="rope"))
     assert caught.value.problems == [
-        "no Hugging Face architecture matches this Megatron-style model: normalization is 'layernorm' (Llama needs "
-        "'rmsnorm'); activation is 'gelu' (Llama needs 'swiglu')"
+        "no Hugging Face architecture matches this Megatron-style model: normalization is 'scalenorm' (Llama needs "
+        "'rmsnorm'); activation is 'geglu' (Llama needs 'swiglu')"
+    ]
+
+
+def test_hf_mapping_names_what_gpt_neox_cannot_hold():
+    from nxd_models import hf_mapping
+
+    with pytest.raises(ModelConfigError) as caught:
+        hf_mapping(_config(activation="softsign", normalization="layernorm", position_embedding_type="alibi"))
+    assert caught.value.problems == [
+        "no Hugging Face architecture matches this Megatron-style model: position_embedding_type is 'alibi' (GPT-NeoX "
+        "uses rope); activation is 'softsign' (GPT-NeoX's hidden_act takes approx-gelu, gelu, mish, relu, silu)"
     ]
 
 

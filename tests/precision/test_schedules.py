@@ -30,6 +30,18 @@ CASES = {
                          {0: 1 / 3, 2: 1.0, 4: 0.75, 10: 0.0}),
     "step": ({"name": "StepLR", "step_size": 3, "gamma": 0.5}, {0: 1.0, 2: 1.0, 3: 0.5, 6: 0.25}),
     "exponential": ({"name": "ExponentialLR", "gamma": 0.9}, {0: 1.0, 1: 0.9, 3: 0.729}),
+    # GPT-NeoX's AnnealingLR: warmup 0.2 x 10 = 2 steps (step 0 takes step 1's rate), then 8 steps of decay, min_lr a
+    # floor, no clamp after the horizon
+    "neox-linear": ({"name": "NeoXAnnealing", "decay_style": "linear", "warmup_ratio": 0.2, "min_lr": 0.1, "max_steps": 10},
+                    {0: 0.5, 1: 0.5, 2: 1.0, 3: 7 / 8, 6: 0.5, 10: 0.1, 14: 0.1}),
+    "neox-cosine": ({"name": "NeoXAnnealing", "decay_style": "cosine", "warmup_ratio": 0.2, "min_lr": 0.1, "max_steps": 10},
+                    {1: 0.5, 2: 1.0, 6: 0.55, 10: 0.1, 14: 0.55, 18: 1.0}),
+    "neox-exponential": ({"name": "NeoXAnnealing", "decay_style": "exponential", "warmup_ratio": 0.2, "max_steps": 10},
+                         {2: 1.0, 6: math.exp(-0.693 / 2), 10: math.exp(-0.693)}),
+    "neox-constant": ({"name": "NeoXAnnealing", "decay_style": "constant", "warmup_ratio": 0.25, "max_steps": 10},
+                      {0: 0.4, 2: 0.8, 3: 1.0, 9: 1.0}),
+    "neox-no-warmup": ({"name": "NeoXAnnealing", "decay_style": "linear", "warmup_ratio": 0.0, "max_steps": 4},
+                       {0: 1.0, 1: 0.75, 4: 0.0}),
 }  # fmt: skip
 
 

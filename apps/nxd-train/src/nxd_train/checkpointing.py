@@ -50,7 +50,7 @@ PACKAGES = ("nxd-config", "nxd-parallel", "nxd-precision", "nxd-models", "nxd-da
 def save_policy(cfg: NxdConfig) -> SavePolicy:
     params = cfg.exp_manager.checkpoint_callback_params
     return SavePolicy(
-        every_n_train_steps=params.every_n_train_steps,
+        every_n_train_steps=params.every_n_train_steps, save_at_steps=tuple(params.save_at_steps or ()),
         train_time_interval=interval_seconds(params.train_time_interval),
         save_top_k=params.save_top_k, monitor=params.monitor, mode=params.mode, save_last=params.save_last,
         filename=params.filename or f"{cfg.exp_manager.name or cfg.name}--{{step}}-{{consumed_samples}}",

@@ -53,6 +53,9 @@ class HFExport:
     """The run's tokenizer, copied beside the weights: file name in the export -> where it was read."""
     stacked: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Our key -> the Hugging Face keys of its slices along the first dimension, in order (stacked experts)."""
+    interleaved: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
+    """Hugging Face key -> (our keys, rows per head): one tensor holding our tensors' rows head by head (the first
+    head's rows of each of ours, then the second head's ...: GPT-NeoX's query_key_value)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,12 +64,29 @@ class HFExport:
     def of(cls, mapping: Any) -> HFExport:
         """The export of a model's declared mapping: any object with these fields (nxd-models' HFMapping)."""
         return cls(mapping.config, mapping.keys, mapping.vocab_size, tuple(mapping.vocab_padded_keys),
-                   dict(mapping.tied), stacked={key: tuple(keys) for key, keys in mapping.stacked.items()})  # fmt: skip
+                   dict(mapping.tied), stacked={key: tuple(keys) for key, keys in mapping.stacked.items()},
+                   interleaved={key: (tuple(ours), rows) for key, (ours, rows) in mapping.interleaved.items()})  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HFExport:
         stacked = {key: tuple(keys) for key, keys in data.get("stacked", {}).items()}
-        return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"]), "stacked": stacked})
+        interleaved = {key: (tuple(ours), rows) for key, (ours, rows) in data.get("interleaved", {}).items()}
+        return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"]), "stacked": stacked,
+                      "interleaved": interleaved})  # fmt: skip
+
+    @property
+    def parts(self) -> dict[str, tuple[str, int, int]]:
+        """Our key -> (the interleaved Hugging Face key holding it, its place among the parts, rows per head)."""
+        return {ours: (theirs, index, rows) for theirs, (keys, rows) in self.interleaved.items()
+                for index, ours in enumerate(keys)}  # fmt: skip
+
+
+def interleave_heads(parts: list[torch.Tensor], rows: int) -> torch.Tensor:
+    """One tensor of `parts` (each heads x rows along dimension 0) taken head by head: head 0's rows of each
+    part in turn, then head 1's ... (GPT-NeoX's query_key_value of q, k and v)."""
+    heads = parts[0].shape[0] // rows
+    return torch.stack([part.reshape(heads, rows, *part.shape[1:]) for part in parts], dim=1).reshape(
+        -1, *parts[0].shape[1:])
 
 
 
@@ -87,7 +107,7 @@ def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None, 
         raise CheckpointError(f"{info.path}: --merged: the checkpoint {what}; expected one saved with "
                               "model_alignment_strategy.peft.save_lora_base or merge_lora")  # fmt: skip
     export = HFExport.from_json(info.extra["hf_export"])
-    wanted = set(export.keys) | set(export.stacked)
+    wanted = set(export.keys) | set(export.stacked) | set(export.parts)
     if lora is not None and lora["base"] == "frozen":
         wanted |= {key for merge in lora["merges"] for key in merge[1:]}
     loaded = _read_model(info.path, wanted)
@@ -103,6 +123,8 @@ def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None, 
     for ours, theirs in export.stacked.items():
         for key, part in zip(theirs, loaded[ours].unbind(0), strict=True):
             tensors[key] = _cast(part.contiguous(), dtype)
+    for theirs, (ours, rows) in export.interleaved.items():
+        tensors[theirs] = _cast(interleave_heads([loaded[key] for key in ours], rows), dtype)
     config = dict(export.config)
     if dtype is not None:
         config["dtype"] = str(dtype).removeprefix("torch.")

@@ -30,6 +30,26 @@ class _Entry:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class _Part:
+    """Our tensor held in an interleaved one: part `index` of `count`, `rows` rows per head."""
+
+    entry: _Entry
+    index: int
+    count: int
+    rows: int
+
+    def boxes(self, start: int, length: int) -> list[tuple[int, int]]:
+        """(row in the interleaved tensor, row count) runs holding our rows start ... start + length."""
+        runs, row = [], start
+        while row < start + length:
+            head, within = divmod(row, self.rows)
+            take = min(self.rows - within, start + length - row)
+            runs.append((head * self.rows * self.count + self.index * self.rows + within, take))
+            row += take
+        return runs
+
+
 def _headers(directory: Path) -> dict[str, _Entry]:
     """Every tensor of the directory's safetensors files (its file and shape), from the headers alone."""
     files = sorted(directory.glob("*.safetensors"))
@@ -47,23 +67,33 @@ def _headers(directory: Path) -> dict[str, _Entry]:
     return found
 
 
-def _matched(directory: Path, export: HFExport, shapes: Mapping[str, torch.Size]) -> dict[str, _Entry | list[_Entry]]:
-    """Our key -> its tensor in the files (a stacked key: its slices' tensors), every name and shape
-    checked (vocabulary rows may be fewer)."""
+def _matched(directory: Path, export: HFExport,
+             shapes: Mapping[str, torch.Size]) -> dict[str, _Entry | _Part | list[_Entry]]:  # fmt: skip
+    """Our key -> its tensor in the files (a stacked key: its slices' tensors; an interleaved part: its place in
+    the tensor holding it), every name and shape checked (vocabulary rows may be fewer)."""
     found = _headers(directory)
     theirs_to_ours = {theirs: ours for ours, theirs in export.keys.items()}
     slices = {theirs: (ours, index) for ours, keys in export.stacked.items() for index, theirs in enumerate(keys)}
     theirs_to_ours.update({theirs: ours for theirs, (ours, _) in slices.items()})
+    theirs_to_ours.update({theirs: ours[0] for theirs, (ours, _) in export.interleaved.items()})
     missing, extra = sorted(set(theirs_to_ours) - set(found)), sorted(set(found) - set(theirs_to_ours))
     if missing or extra:
         raise CheckpointError(f"{directory}: the weights do not match this model: "
                               + "; ".join(part for part in (f"missing {', '.join(missing[:4])}" if missing else "",
                                                             f"unexpected {', '.join(extra[:4])}" if extra else "")
                                           if part))  # fmt: skip
-    matched: dict[str, _Entry | list[_Entry]] = {ours: [None] * len(keys) for ours, keys in export.stacked.items()}
+    matched: dict[str, _Entry | _Part | list[_Entry]] = {ours: [None] * len(keys) for ours, keys in export.stacked.items()}
     for theirs, entry in found.items():
         ours = theirs_to_ours[theirs]
         shape = tuple(shapes[ours])
+        if theirs in export.interleaved:
+            parts, rows = export.interleaved[theirs]
+            whole = (shape[0] * len(parts), *shape[1:])
+            if entry.shape != whole or any(tuple(shapes[part]) != shape for part in parts):
+                raise CheckpointError(f"{entry.file}: {theirs} is {list(entry.shape)}; this model's "
+                                      f"{', '.join(parts)} hold {list(whole)} together")  # fmt: skip
+            matched.update({part: _Part(entry, index, len(parts), rows) for index, part in enumerate(parts)})
+            continue
         if theirs in slices:
             if entry.shape != shape[1:]:
                 raise CheckpointError(f"{entry.file}: {theirs} is {list(entry.shape)}; this model's {ours} holds "
@@ -97,10 +127,16 @@ def _box(target: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]] | None
     return tuple(offset), tuple(size)
 
 
-def _read(entry: _Entry | list[_Entry], offset: tuple[int, ...], size: tuple[int, ...],
+def _read(entry: _Entry | _Part | list[_Entry], offset: tuple[int, ...], size: tuple[int, ...],
           dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
     """The box of `entry`'s tensor at `offset` of `size`, in `dtype`; rows beyond the file's (a padded
-    vocabulary) are zero. A stacked tensor reads the box's slices from their own tensors."""
+    vocabulary) are zero. A stacked tensor reads the box's slices from their own tensors, an interleaved part
+    its rows head by head."""
+    if isinstance(entry, _Part):
+        runs = entry.boxes(offset[0], size[0])
+        if not runs:
+            return torch.zeros(size, dtype=dtype)
+        return torch.cat([_read_one(entry.entry, (row, *offset[1:]), (count, *size[1:]), dtype) for row, count in runs])
     if isinstance(entry, list):
         parts = entry[offset[0]:offset[0] + size[0]]
         return torch.stack([_read_one(part, offset[1:], size[1:], dtype) for part in parts])

@@ -18,6 +18,8 @@ LAST_LINK = "last"
 @dataclass(frozen=True)
 class SavePolicy:
     every_n_train_steps: int | None = None
+    save_at_steps: tuple[int, ...] = ()
+    """Steps (1-based) that end with a save whatever the intervals say."""
     train_time_interval: float | None = None
     """Seconds of training between saves."""
     save_top_k: int = 1
@@ -35,14 +37,15 @@ class SavePolicy:
         """Whether optimizer step `step` (1-based) ends with a save."""
         if not self.keeps_any:
             return False
-        if self.every_n_train_steps and step % self.every_n_train_steps == 0:
+        if self.every_n_train_steps and step % self.every_n_train_steps == 0 or step in self.save_at_steps:
             return True
         return self.train_time_interval is not None and seconds_since_save >= self.train_time_interval
 
     @property
     def on_epoch_end(self) -> bool:
         """Lightning's default cadence: with no step or time interval, save at the end of each epoch."""
-        return self.keeps_any and not self.every_n_train_steps and self.train_time_interval is None
+        return (self.keeps_any and not self.every_n_train_steps and not self.save_at_steps
+                and self.train_time_interval is None)
 
 
 def template_fields(template: str) -> list[str]:

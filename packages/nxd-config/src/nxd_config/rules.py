@@ -23,6 +23,7 @@ DEVICES, NODES = "trainer.devices", "trainer.num_nodes"
 MBS, GBS = "data.micro_batch_size", "data.global_batch_size"
 SEQ = ("model.encoder_seq_length", "data.seq_length")
 ALIGN = "model_alignment_strategy"
+BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
 
 MEGATRON_ONLY = (
     "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "kv_channels", "init_method_std",
@@ -30,7 +31,7 @@ MEGATRON_ONLY = (
     "apply_query_key_layer_scaling", "normalization", "layernorm_epsilon",
     "make_vocab_size_divisible_by", "persist_layer_norm", "share_embeddings_and_output_weights",
     "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
-    "has_bias", "sliding_window_size",
+    "has_bias", "sliding_window_size", "attention_bias", "mlp_bias", "init_method", "output_layer_init_method",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -262,9 +263,14 @@ def positions_cover_sequence(c: NxdConfig) -> Iterator[Finding]:
 @rule
 def unsupported_architecture(c: NxdConfig) -> Iterator[Finding]:
     m, ds = c.model, c.distributed_strategy
-    if m.transformer_block_type != "pre_ln":
-        yield error("model.transformer_block_type", f"expected 'pre_ln' (the only block type nxd "
+    if m.transformer_block_type not in BLOCK_TYPES:
+        yield error("model.transformer_block_type", f"expected one of {', '.join(BLOCK_TYPES)} (the block types nxd "
                     f"builds), found {m.transformer_block_type!r}")
+    if m.position_embedding_type == "alibi" and ds.context_parallel_size > 1:
+        yield error("model.position_embedding_type", f"alibi is not available with context parallelism (ring "
+                    f"attention sees no whole score matrix to bias); expected distributed_strategy."
+                    f"context_parallel_size 1, found {ds.context_parallel_size}", "model.position_embedding_type",
+                    CP)  # fmt: skip
     if ds.token_shuffle_group_size != 1:
         yield error("distributed_strategy.token_shuffle_group_size", f"expected 1: nxd routes tokens in their "
                     f"own order, found {ds.token_shuffle_group_size}")  # fmt: skip

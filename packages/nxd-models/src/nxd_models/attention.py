@@ -130,6 +130,11 @@ def sliding_window_mask(seq: int, window: int, document_ids: torch.Tensor | None
     return allowed
 
 
+def _causal(seq_q: int, seq_k: int, device: torch.device) -> torch.Tensor:
+    """(s, s) True where query i may attend key j <= i."""
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril()
+
+
 class CoreAttention(nn.Module):
     """softmax(Q K^T / sqrt(d)) V with a causal mask; the unit selective recomputation names."""
 
@@ -143,38 +148,43 @@ class CoreAttention(nn.Module):
         """Set by `use_context_parallel`: attention over a sequence split across ranks."""
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
+                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """query (b, hq, s, d), key/value (b, hkv, s, d) with hq a multiple of hkv; returns (b, hq, s, d).
         `allowed` confines attention to documents: their spans (`document_spans`; fused kernels only),
         or a (b, 1, s, s) mask replacing the causal one (True: may attend, see `document_mask`); a
-        context-parallel attention takes the document ids (b, s) instead."""
+        context-parallel attention takes the document ids (b, s) instead. `bias` (hq, s, s), when given, is
+        added to the scaled scores (ALiBi); `allowed` is then a mask or None."""
         if self.context_parallel is not None:
             return self.context_parallel(query, key, value, documents, None)
         dropout = self.dropout if self.training else 0.0
         if self.kernel is AttentionKernel.UNFUSED:
-            return self._unfused(query, key, value, dropout, allowed)
+            return self._unfused(query, key, value, dropout, allowed, bias)
         backends = _FAST_BACKENDS if self.kernel is AttentionKernel.FLASH else [SDPBackend.MATH]
         with sdpa_kernel(backends):
             if isinstance(allowed, list):
                 return span_attention(query, key, value, allowed, dropout=dropout)
+            if bias is not None:
+                allowed = _causal(query.shape[2], key.shape[2], query.device) if allowed is None else allowed
+                allowed = bias.to(query.dtype).masked_fill(~allowed, float("-inf"))
             return F.scaled_dot_product_attention(
                 query, key, value, attn_mask=allowed, dropout_p=dropout, is_causal=allowed is None,
                 enable_gqa=key.shape[1] != query.shape[1],
             )  # fmt: skip
 
     def _unfused(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float,
-                 allowed: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+                 allowed: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         groups = query.shape[1] // key.shape[1]
         if groups > 1:
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         coefficient = float(self.layer_number) if self.query_key_layer_scaling else 1.0
         scores = torch.matmul(query, key.transpose(-2, -1)) / (math.sqrt(query.shape[-1]) * coefficient)
         seq_q, seq_k = scores.shape[-2], scores.shape[-1]
-        if allowed is None:
-            hidden = torch.ones(seq_q, seq_k, dtype=torch.bool, device=scores.device).triu(1)
-        else:
-            hidden = ~allowed
-        scores = scores.float().masked_fill(hidden, float("-inf")) * coefficient
+        hidden = ~_causal(seq_q, seq_k, scores.device) if allowed is None else ~allowed
+        scores = scores.float() * coefficient
+        if bias is not None:
+            scores = scores + bias
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(query.dtype)
         probs = F.dropout(probs, p=dropout, training=dropout > 0)
         return torch.matmul(probs, value)

@@ -13,9 +13,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from .activations import ACTIVATIONS
 from .attention import (
     AttentionKernel,
     CoreAttention,
@@ -27,7 +28,10 @@ from .attention import (
     sliding_window_mask,
 )
 from .errors import ModelConfigError
+from .init_methods import INIT_METHODS, init_weight, normal_std
 from .moe import Experts, MoELayer, MoESpec
+from .norms import NORMS, ScaleNorm, build_norm
+from .positions import alibi_bias, alibi_slopes, sinusoidal_embedding
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .token_losses import chunked_token_cross_entropy
@@ -63,6 +67,15 @@ class GPTConfig:
     rope_theta: float = 10000.0
     activation: str = "gelu"
     has_bias: bool = True
+    attention_bias: bool | None = None
+    """Biases of the q, k, v and output projections; None follows has_bias."""
+    mlp_bias: bool | None = None
+    """Biases of the MLP's linear layers; None follows has_bias."""
+    init_method: str = "normal"
+    """How every weight but the output projections is drawn (see `init_methods`)."""
+    output_layer_init_method: str | None = None
+    """How the attention output and MLP down projections are drawn; None: scaled_normal with
+    use_scaled_init_method, else normal."""
     qkv_linear: bool = False
     fuse_qkv: bool = True
     sliding_window: int | None = None
@@ -77,6 +90,25 @@ class GPTConfig:
         problems = _problems(self)
         if problems:
             raise ModelConfigError(*problems)
+
+    @property
+    def attention_has_bias(self) -> bool:
+        return self.has_bias if self.attention_bias is None else self.attention_bias
+
+    @property
+    def mlp_has_bias(self) -> bool:
+        return self.has_bias if self.mlp_bias is None else self.mlp_bias
+
+    @property
+    def output_init(self) -> str:
+        if self.output_layer_init_method is not None:
+            return self.output_layer_init_method
+        return "scaled_normal" if self.use_scaled_init_method else "normal"
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP computes act(gate(x)) * up(x)."""
+        return ACTIVATIONS[self.activation][1]
 
     @property
     def kv_heads(self) -> int:
@@ -114,15 +146,15 @@ class GPTConfig:
 
 def _problems(c: GPTConfig) -> list[str]:
     found = []
-    if c.transformer_block_type != "pre_ln":
-        found.append(
-            f"model.transformer_block_type: expected pre_ln (the only block type nxd builds), "
-            f"found {c.transformer_block_type!r}"
-        )
-    for name, allowed in (("normalization", ("rmsnorm", "layernorm")), ("activation", ("swiglu", "gelu")),
-                          ("position_embedding_type", ("rope", "learned_absolute"))):
+    for name, allowed in (("transformer_block_type", BLOCK_TYPES), ("normalization", NORMS),
+                          ("activation", tuple(ACTIVATIONS)), ("position_embedding_type", POSITIONS),
+                          ("init_method", INIT_METHODS), ("output_init", INIT_METHODS)):
         if getattr(c, name) not in allowed:
-            found.append(f"model.{name}: expected one of {', '.join(allowed)}, found {getattr(c, name)!r}")
+            key = "output_layer_init_method" if name == "output_init" else name
+            found.append(f"model.{key}: expected one of {', '.join(allowed)}, found {getattr(c, name)!r}")
+    if c.position_embedding_type == "sinusoidal" and c.hidden_size % 2:
+        found.append(f"model.hidden_size: sinusoidal positions pair a sine with a cosine; expected an even width, "
+                     f"found {c.hidden_size}")
     if c.kv_channels is None and c.hidden_size % c.num_attention_heads:
         found.append(
             f"model.hidden_size: expected a multiple of num_attention_heads ({c.num_attention_heads}) "
@@ -148,17 +180,22 @@ def _problems(c: GPTConfig) -> list[str]:
     return found
 
 
+BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
+"""pre_ln: sequential pre-norm blocks; gpt_j: attention and MLP in parallel from one norm of the input;
+gpt_neox: in parallel from two norms of the input (GPT-NeoX's gpt_j_residual, Pythia)."""
+POSITIONS = ("learned_absolute", "rope", "sinusoidal", "alibi", "none")
+
+
 def _norm(config: GPTConfig) -> nn.Module:
-    if config.normalization == "rmsnorm":
-        return nn.RMSNorm(config.hidden_size, eps=config.layernorm_epsilon)
-    return nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+    return build_norm(config.normalization, config.hidden_size, config.layernorm_epsilon)
 
 
 class SelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_number: int, kernel: AttentionKernel):
         super().__init__()
         self.config = config
-        heads, kv_heads, head_dim, bias = config.num_attention_heads, config.kv_heads, config.head_dim, config.has_bias
+        heads, kv_heads, head_dim = config.num_attention_heads, config.kv_heads, config.head_dim
+        bias = config.attention_has_bias
         if config.qkv_linear:
             self.qkv_proj = QKVLinear(config.hidden_size, heads * head_dim, kv_heads * head_dim, bias=bias,
                                       fuse=config.fuse_qkv)  # fmt: skip
@@ -170,6 +207,8 @@ class SelfAttention(nn.Module):
         self.core_attention = CoreAttention(
             layer_number, kernel, config.attention_dropout, config.apply_query_key_layer_scaling
         )
+        self.alibi = alibi_slopes(heads) if config.position_embedding_type == "alibi" else None
+        """ALiBi's slope of every query head (plain numbers: computed, never trained or saved)."""
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
                 allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
@@ -183,42 +222,57 @@ class SelfAttention(nn.Module):
         query, key, value = (p.view(batch, seq, -1, head_dim).transpose(1, 2) for p in projections)
         if rotary is not None:
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
-        context = self.core_attention(query, key, value, allowed, documents)
+        bias = None
+        if self.alibi is not None:
+            local = query.shape[1]
+            start = self._head_offset(local)
+            bias = alibi_bias(self.alibi[start:start + local], query.shape[2], query.device)
+        context = self.core_attention(query, key, value, allowed, documents, bias)
         return self.o_proj(context.transpose(1, 2).reshape(batch, seq, -1))
 
 
+    def _head_offset(self, local_heads: int) -> int:
+        """The index of this rank's first query head: tensor parallelism gives each rank an equal run of them."""
+        weight = self.qkv_proj.weight_q if self.config.qkv_linear else self.q_proj.weight
+        return weight.device_mesh.get_local_rank() * local_heads if isinstance(weight, DTensor) else 0
+
+
 class MLP(nn.Module):
-    """swiglu: down(silu(gate(x)) * up(x)); gelu: down(gelu(up(x))). ffn_dropout after the activation."""
+    """Gated (swiglu, geglu ...): down(act(gate(x)) * up(x)); otherwise down(act(up(x))). ffn_dropout after the
+    activation."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        hidden, ffn, bias = config.hidden_size, config.ffn_size, config.has_bias
-        self.gated = config.activation == "swiglu"
+        hidden, ffn, bias = config.hidden_size, config.ffn_size, config.mlp_has_bias
+        self.activation, self.gated = ACTIVATIONS[config.activation]
         if self.gated:
             self.gate_proj = nn.Linear(hidden, ffn, bias=bias)
-            self.activation_multiply = ActivationMultiplyMLP(F.silu)
+            self.activation_multiply = ActivationMultiplyMLP(self.activation)
         self.up_proj = nn.Linear(hidden, ffn, bias=bias)
         self.down_proj = nn.Linear(ffn, hidden, bias=bias)
         self.dropout = nn.Dropout(config.ffn_dropout)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         up = self.up_proj(hidden)
-        inner = self.activation_multiply(self.gate_proj(hidden), up) if self.gated else F.gelu(up)
+        inner = self.activation_multiply(self.gate_proj(hidden), up) if self.gated else self.activation(up)
         return self.down_proj(self.dropout(inner))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-LN block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
+    """pre_ln: x + drop(attn(norm1(x))), then + drop(mlp(norm2(.))); gpt_neox: x + drop(attn(norm1(x))) +
+    drop(mlp(norm2(x))); gpt_j: the same from one norm, x + drop(attn(norm1(x))) + drop(mlp(norm1(x)))."""
 
     def __init__(self, config: GPTConfig, layer_number: int, kernel: AttentionKernel):
         super().__init__()
+        self.block = config.transformer_block_type
         self.input_layernorm = _norm(config)
         self.self_attn = SelfAttention(config, layer_number, kernel)
-        self.post_attention_layernorm = _norm(config)
+        if self.block != "gpt_j":
+            self.post_attention_layernorm = _norm(config)
         moe_layers = config.moe_layers
         if layer_number - 1 in moe_layers:
-            gated = config.activation == "swiglu"
-            self.mlp = MoELayer(config.moe, config.hidden_size, config.ffn_size, F.silu if gated else F.gelu, gated,
+            activation, gated = ACTIVATIONS[config.activation]
+            self.mlp = MoELayer(config.moe, config.hidden_size, config.ffn_size, activation, gated,
                                 moe_layers.index(layer_number - 1), len(moe_layers))  # fmt: skip
         else:
             self.mlp = MLP(config)
@@ -226,8 +280,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
                 allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = hidden + self.dropout(self.self_attn(self.input_layernorm(hidden), rotary, allowed, documents))
-        return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
+        normed = self.input_layernorm(hidden)
+        attention = self.dropout(self.self_attn(normed, rotary, allowed, documents))
+        if self.block == "pre_ln":
+            hidden = hidden + attention
+            return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
+        mlp_input = normed if self.block == "gpt_j" else self.post_attention_layernorm(hidden)
+        return hidden + attention + self.dropout(self.mlp(mlp_input))
 
 
 class GPTDecoder(nn.Module):
@@ -258,6 +317,8 @@ class GPTDecoder(nn.Module):
         hidden = self.embed_tokens(input_ids)
         if self.config.position_embedding_type == "learned_absolute":
             hidden = hidden + self.position_embeddings(position_ids)
+        elif self.config.position_embedding_type == "sinusoidal":
+            hidden = hidden + sinusoidal_embedding(position_ids, self.config.hidden_size, hidden.dtype)
         return hidden
 
     def run_layers(self, layers: Iterable[nn.Module], hidden: torch.Tensor, position_ids: torch.Tensor,
@@ -272,10 +333,11 @@ class GPTDecoder(nn.Module):
         if window is not None:  # sliding window: a mask (and documents within it)
             allowed = sliding_window_mask(seq, window, document_ids, hidden.device)
         elif document_ids is not None and not self.context_parallel:
-            spans = None if self.kernel is AttentionKernel.UNFUSED else document_spans(document_ids)
+            masks_only = self.kernel is AttentionKernel.UNFUSED or self.config.position_embedding_type == "alibi"
+            spans = None if masks_only else document_spans(document_ids)
             allowed = spans or document_mask(document_ids)
         rotary = None
-        if self.config.position_embedding_type != "learned_absolute":
+        if self.config.position_embedding_type == "rope":
             rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)
         for layer in layers:
             hidden = layer(hidden, rotary, allowed, document_ids)
@@ -315,25 +377,38 @@ class GPTForCausalLM(nn.Module):
         """Megatron's init of one module's own tensors (nxd-models' `initial_values` rule): N(0, std)
         for weights, std / sqrt(2 * layers) on the output projections when use_scaled_init_method, zero
         biases, unit norms. A QKV module's parts draw as the q/k/v Linear layers they stand for."""
-        std = self.config.init_method_std
-        output_std = std / math.sqrt(2.0 * self.config.num_layers) if self.config.use_scaled_init_method else std
+        c = self.config
+
+        def draw(weight: torch.Tensor, method: str, fans: tuple[int, int] | None = None) -> None:
+            init_weight(weight, method, std=c.init_method_std, layers=c.num_layers, hidden=c.hidden_size, fans=fans)
+
+        qkv_fans = (c.hidden_size, (c.num_attention_heads + 2 * c.kv_heads) * c.head_dim)
         if isinstance(module, nn.Linear | nn.Embedding):
             if name.endswith(("o_proj", "down_proj")):
-                nn.init.normal_(module.weight, 0.0, output_std)
-            elif not (name == "lm_head" and self.config.share_embeddings_and_output_weights):
-                nn.init.normal_(module.weight, 0.0, std)
+                draw(module.weight, c.output_init)
+            elif name.endswith(("q_proj", "k_proj", "v_proj")):
+                draw(module.weight, c.init_method, qkv_fans)
+            elif name.endswith(("gate_proj", "up_proj")):  # one matrix [up | gate] in GPT-NeoX
+                draw(module.weight, c.init_method, (c.hidden_size, c.ffn_size * (2 if c.gated else 1)))
+            elif not (name == "lm_head" and c.share_embeddings_and_output_weights):
+                draw(module.weight, c.init_method)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, Experts):
             for key, parameter in module.named_parameters(recurse=False):
-                nn.init.normal_(parameter, 0.0, output_std if key == "down_proj" else std)
+                method = c.output_init if key == "down_proj" else c.init_method
+                if (sigma := normal_std(method, c.init_method_std, c.num_layers, c.hidden_size)) is not None:
+                    nn.init.normal_(parameter, 0.0, sigma)
+                else:
+                    for expert in parameter:
+                        draw(expert, method)
         elif isinstance(module, QKVLinear):
             for part in ("q", "k", "v"):
                 with seeded(qkv_part_unit(name, part)):
-                    nn.init.normal_(getattr(module, f"weight_{part}"), 0.0, std)
+                    draw(getattr(module, f"weight_{part}"), c.init_method, qkv_fans)
                 if getattr(module, f"bias_{part}") is not None:
                     nn.init.zeros_(getattr(module, f"bias_{part}"))
-        elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
+        elif isinstance(module, nn.LayerNorm | nn.RMSNorm | ScaleNorm):
             nn.init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
@@ -373,8 +448,10 @@ def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
     """The plan of a model built from `config`: only swiglu has a gate projection, and with qkv_linear
     the fused module replaces the q/k/v entries."""
     dropped = ("q_proj", "k_proj", "v_proj") if config.qkv_linear else ()
-    if config.activation != "swiglu":
+    if not config.gated:
         dropped += ("gate_proj",)
+    if config.transformer_block_type == "gpt_j":
+        dropped += ("post_attention_layernorm",)
     if len(config.moe_layers) == config.num_layers:
         dropped += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
     plan = {pattern: style for pattern, style in GPT_TP_PLAN.items() if not pattern.endswith(dropped)}

@@ -3,9 +3,11 @@
 A transformers model maps to itself. A Llama-shaped Megatron-style decoder (rmsnorm, swiglu,
 full-width RoPE) is a `LlamaForCausalLM`, with a sliding window a `MistralForCausalLM`, and with
 Mixtral's experts in every layer a `MixtralForCausalLM` (stacked experts map to the hub's one tensor
-per expert). All use RoPE in the rotate-half layout (Megatron's default, `rotary_interleaved: False`),
-so query and key weights need no permutation; the other transform is the vocabulary padding, sliced
-off on export and added back on import.
+per expert). A GPT-NeoX-shaped one (layernorm, an ungated MLP, RoPE on a fraction of each head, the
+parallel gpt_neox block or pre_ln) is a `GPTNeoXForCausalLM`, whose one query_key_value matrix holds q,
+k and v interleaved head by head. All use RoPE in the rotate-half layout (Megatron's default,
+`rotary_interleaved: False`), so query and key weights need no permutation; the other transform is the
+vocabulary padding, sliced off on export and added back on import.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from transformers import PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from .activations import HF_ACTIVATIONS
 from .errors import ModelConfigError
 from .gpt import GPTConfig
 from .hf_moe import MOE_SPEC, mixtral_keys, moe_of
@@ -38,11 +41,21 @@ class HFMapping:
     """Our key -> our key it shares storage with (not exported; filled from its source on import)."""
     stacked: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Our key -> the Hugging Face keys of its slices along the first dimension, in order (stacked experts)."""
+    interleaved: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
+    """Hugging Face key -> (our keys, rows per head): one tensor holding our tensors' rows head by head, the
+    first head's rows of each of ours in turn, then the second head's ... (GPT-NeoX's query_key_value)."""
 
 
 def hf_mapping(config: GPTConfig) -> HFMapping:
-    """The LlamaForCausalLM (MistralForCausalLM with a sliding window) that holds the same function as
-    `config`; a clear error for other shapes."""
+    """The Hugging Face model that holds the same function as `config`: LlamaForCausalLM (MistralForCausalLM
+    with a sliding window, MixtralForCausalLM with experts) or GPTNeoXForCausalLM; a clear error naming the keys
+    for shapes transformers has no class for."""
+    if config.normalization == "layernorm" and not config.gated:
+        return gpt_neox_mapping(config)
+    if config.transformer_block_type != "pre_ln":
+        raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: transformer_block_"
+                               f"type {config.transformer_block_type!r} needs layernorm and an ungated activation "
+                               f"(GPTNeoXForCausalLM)")  # fmt: skip
     mismatches = [
         f"{key} is {value!r} (Llama needs {needed!r})"
         for key, value, needed in (
@@ -53,15 +66,15 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         )
         if value != needed
     ]
-    if config.sliding_window is not None and config.has_bias:
-        mismatches.append("has_bias is True (Mistral, the sliding-window architecture, has no biases)")
+    if config.sliding_window is not None and (config.attention_has_bias or config.mlp_has_bias):
+        mismatches.append("the linear layers have biases (Mistral, the sliding-window architecture, has none)")
     moe = config.moe
     if moe is not None:
         mismatches += [f"moe.{key} is {value!r} (Mixtral needs {needed!r})" for key, value, needed in (
             ("frequency", moe.frequency, 1), ("routing_algorithm", moe.routing, "top_k"),
             ("router_activation", moe.router_activation, "softmax"),
             ("normalize_top_k_affinities", moe.normalize_top_k_affinities, True),
-            ("has_bias", config.has_bias, False)) if value != needed]  # fmt: skip
+            ("has_bias", config.attention_has_bias or config.mlp_has_bias, False)) if value != needed]  # fmt: skip
     if mismatches:
         raise ModelConfigError(
             "no Hugging Face architecture matches this Megatron-style model: " + "; ".join(mismatches)
@@ -83,8 +96,8 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         "initializer_range": config.init_method_std,
         "rms_norm_eps": config.layernorm_epsilon,
         "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-        "attention_bias": config.has_bias,
-        "mlp_bias": config.has_bias,
+        "attention_bias": config.attention_has_bias,
+        "mlp_bias": config.mlp_has_bias,
         "attention_dropout": 0.0,
         "tie_word_embeddings": config.share_embeddings_and_output_weights,
     }
@@ -101,8 +114,8 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
     ]  # fmt: skip
     if moe is not None:
         layer_keys = [key for key in layer_keys if not key.startswith("mlp.")]
-    if config.has_bias:
-        layer_keys += [k.replace(".weight", ".bias") for k in layer_keys if "proj" in k]
+    layer_keys += [k.replace(".weight", ".bias") for k in layer_keys
+                   if (config.attention_has_bias and "self_attn" in k) or (config.mlp_has_bias and "mlp." in k)]
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     names += [f"model.layers.{i}.{key}" for i in range(config.num_layers) for key in layer_keys]
     vocab_keys = ["model.embed_tokens.weight"]
@@ -113,6 +126,87 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
     experts, stacked = mixtral_keys(config.moe_layers, moe.num_experts) if moe is not None else ({}, {})
     return HFMapping(hf_config, {**{_ours(name, config): name for name in names}, **experts}, config.vocab_size,
                      tuple(vocab_keys), tied, stacked)  # fmt: skip
+
+
+GPT_NEOX_LAYER = {
+    "input_layernorm.weight": "input_layernorm.weight", "input_layernorm.bias": "input_layernorm.bias",
+    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+    "post_attention_layernorm.bias": "post_attention_layernorm.bias",
+    "self_attn.o_proj.weight": "attention.dense.weight", "self_attn.o_proj.bias": "attention.dense.bias",
+    "mlp.up_proj.weight": "mlp.dense_h_to_4h.weight", "mlp.up_proj.bias": "mlp.dense_h_to_4h.bias",
+    "mlp.down_proj.weight": "mlp.dense_4h_to_h.weight", "mlp.down_proj.bias": "mlp.dense_4h_to_h.bias",
+}  # fmt: skip
+"""Our decoder layer's keys -> GPTNeoXForCausalLM's, under model.layers.N / gpt_neox.layers.N."""
+
+
+def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
+    """The GPTNeoXForCausalLM of a layernorm model with an ungated MLP and rotary positions."""
+    mismatches = [f"{key} is {value!r} ({needed})" for key, value, needed in (
+        ("transformer_block_type", config.transformer_block_type, "GPT-NeoX runs gpt_neox or pre_ln blocks"),
+        ("position_embedding_type", config.position_embedding_type, "GPT-NeoX uses rope"),
+        ("activation", config.activation, f"GPT-NeoX's hidden_act takes {', '.join(sorted(HF_ACTIVATIONS))}"),
+        ("num_kv_heads", config.kv_heads, "GPT-NeoX has as many key/value heads as query heads"),
+        ("mlp_bias", config.mlp_has_bias, "GPT-NeoX's MLP always has biases"),
+        ("sliding_window_size", config.sliding_window, "GPT-NeoX attends the whole sequence"),
+        ("moe", config.moe, "GPT-NeoX has no experts"),
+    ) if not _gpt_neox_accepts(key, value, config)]  # fmt: skip
+    if config.position_embedding_type == "rope" and int(config.head_dim * config.rotary_percentage) % 2:
+        mismatches.append(f"rotary_percentage {config.rotary_percentage} rotates an odd "
+                          f"{int(config.head_dim * config.rotary_percentage)} of {config.head_dim} dims (GPT-NeoX "
+                          f"needs an even count)")  # fmt: skip
+    if mismatches:
+        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: " + "; ".join(mismatches))
+    hf_config = {
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.ffn_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "hidden_act": HF_ACTIVATIONS[config.activation],
+        "max_position_embeddings": config.max_positions,
+        "initializer_range": config.init_method_std,
+        "layer_norm_eps": config.layernorm_epsilon,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
+                            "partial_rotary_factor": config.rotary_percentage},
+        "use_parallel_residual": config.transformer_block_type == "gpt_neox",
+        "attention_bias": config.attention_has_bias,
+        "attention_dropout": 0.0,
+        "hidden_dropout": 0.0,
+        "tie_word_embeddings": config.share_embeddings_and_output_weights,
+    }
+    keys = {"model.embed_tokens.weight": "gpt_neox.embed_in.weight",
+            "model.norm.weight": "gpt_neox.final_layer_norm.weight",
+            "model.norm.bias": "gpt_neox.final_layer_norm.bias"}  # fmt: skip
+    interleaved = {}
+    kinds = ("weight", "bias") if config.attention_has_bias else ("weight",)
+    for index in range(config.num_layers):
+        ours, theirs = f"model.layers.{index}.", f"gpt_neox.layers.{index}."
+        keys.update({ours + key: theirs + key_there for key, key_there in GPT_NEOX_LAYER.items()
+                     if config.attention_has_bias or not key.startswith("self_attn.o_proj.bias")})  # fmt: skip
+        for kind in kinds:
+            parts = tuple(_ours(f"{ours}self_attn.{p}_proj.{kind}", config) for p in "qkv")
+            interleaved[f"{theirs}attention.query_key_value.{kind}"] = (parts, config.head_dim)
+    vocab_keys = ["model.embed_tokens.weight"]
+    if not config.share_embeddings_and_output_weights:
+        keys["lm_head.weight"] = "embed_out.weight"
+        vocab_keys.append("lm_head.weight")
+    tied = TIED_OUTPUT if config.share_embeddings_and_output_weights else {}
+    return HFMapping(hf_config, keys, config.vocab_size, tuple(vocab_keys), tied, interleaved=interleaved)
+
+
+def _gpt_neox_accepts(key: str, value: object, config: GPTConfig) -> bool:
+    accepted = {
+        "transformer_block_type": value in ("gpt_neox", "pre_ln"),
+        "position_embedding_type": value == "rope",
+        "activation": value in HF_ACTIVATIONS,
+        "num_kv_heads": value == config.num_attention_heads,
+        "mlp_bias": bool(value),
+        "sliding_window_size": value is None,
+        "moe": value is None,
+    }
+    return accepted[key]
 
 
 def hf_self_mapping(config: PretrainedConfig, names: list[str]) -> HFMapping:

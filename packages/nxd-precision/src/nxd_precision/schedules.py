@@ -18,7 +18,7 @@ from .errors import PrecisionConfigError
 
 SCHEDULE_NAMES = (
     "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy", "SquareAnnealing",
-    "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR",
+    "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR", "NeoXAnnealing",
 )  # fmt: skip
 _MIN_LR = {"SquareAnnealing": 1e-5}
 """NeMo's default min_lr where it is not 0."""
@@ -38,6 +38,9 @@ def schedule_function(name: str, options: Mapping[str, Any], lr: float, run_step
     if name == "ExponentialLR":
         return lambda step: lr * options.get("gamma", 0.9) ** step
     max_steps = options.get("max_steps") or run_steps
+    if name == "NeoXAnnealing":
+        return neox_annealing(lr, max_steps, options.get("warmup_ratio", 0.01), options.get("decay_style", "linear"),
+                              options.get("min_lr", 0.0))  # fmt: skip
     if name == "LinearAnnealingWithWarmUp":
         linear_warmup = options.get("warmup_steps") or 0
 
@@ -80,6 +83,32 @@ def schedule_function(name: str, options: Mapping[str, Any], lr: float, run_step
         return decay(step)
 
     return warmup_policy
+
+
+def neox_annealing(lr: float, decay_steps: int, warmup_ratio: float, style: str,
+                   min_lr: float) -> Callable[[int], float]:  # fmt: skip
+    """GPT-NeoX's AnnealingLR (megatron/learning_rates.py) at step s: linear warmup over warmup_ratio x
+    decay_steps steps (a fraction of a step counts; step 0 takes step 1's rate), then `style` over the steps from
+    warmup to decay_steps, floored at min_lr. Nothing stops the decay at decay_steps: linear stays at min_lr and
+    cosine climbs again, as in NeoX."""
+    warmup = warmup_ratio * decay_steps
+    span = decay_steps - warmup
+
+    def annealing(step: int) -> float:
+        if warmup > 0 and step <= warmup:
+            return lr * max(1, step) / warmup
+        done = step - warmup
+        if style == "linear":
+            value = lr * (span - done) / span
+        elif style == "cosine":
+            value = min_lr + (lr - min_lr) / 2.0 * (math.cos(math.pi * done / span) + 1)
+        elif style == "exponential":
+            value = lr * math.exp(-0.693 * done / span)
+        else:
+            value = lr
+        return max(value, min_lr)
+
+    return annealing
 
 
 def _cosine(lr: float, max_steps: int, warmup: int, constant: int, min_lr: float) -> Callable[[int], float]:

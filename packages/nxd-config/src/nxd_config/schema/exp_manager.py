@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
-from ._base import Section, Status, key
+from ._base import Section, Status, frozen_list, key
 
 CKPT = "nxd-ckpt"
 APP = "nxd-train"
@@ -49,6 +49,13 @@ class CheckpointCallbackParams(Section):
     every_n_train_steps: int | None = key(
         None, "Save every N optimizer steps; with neither this nor train_time_interval set, a checkpoint is saved "
         "at the end of each epoch and of training.", by=CKPT, ge=0
+    )
+    save_at_steps: frozen_list(Annotated[int, Field(ge=1)]) | None = key(
+        None,
+        "Also save at the end of these optimizer steps (counted from 1), whatever the other intervals say.",
+        by=CKPT,
+        status=Status.EXTENSION,
+        note="from GPT-NeoX's extra_save_iters and log-scaled checkpoint_factor",
     )
     train_time_interval: Annotated[
         Annotated[float, Field(gt=0)] | str | None, AfterValidator(_interval_seconds)

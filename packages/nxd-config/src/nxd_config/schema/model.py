@@ -13,6 +13,15 @@ from ._base import NoneString, Section, Status, frozen_list, key
 from .optim import Optimizer
 
 MODELS = "nxd-models"
+
+INIT_METHODS = (
+    "normal", "scaled_normal", "single_residual_scaled_normal", "small_init", "wang_init", "xavier_uniform",
+    "xavier_normal", "orthogonal", "scaled_orthogonal",
+)  # fmt: skip
+InitMethod = Literal[
+    "normal", "scaled_normal", "single_residual_scaled_normal", "small_init", "wang_init", "xavier_uniform",
+    "xavier_normal", "orthogonal", "scaled_orthogonal",
+]
 PAR = "nxd-parallel"
 APP = "nxd-train"
 
@@ -178,7 +187,12 @@ class ModelConfig(Section):
     apply_query_key_layer_scaling: bool = key(
         True, "Scale Q*K^T by 1/layer_number (undone inside an fp32 softmax).", by=MODELS
     )
-    normalization: Literal["rmsnorm", "layernorm"] = key("layernorm", "Norm layer.", by=MODELS)
+    normalization: Literal["rmsnorm", "layernorm", "scalenorm"] = key(
+        "layernorm",
+        "Norm layer: layernorm (with a bias), rmsnorm, or scalenorm (x / max(||x||, eps) times one learned scalar; an "
+        "nxd extension value, from GPT-NeoX).",
+        by=MODELS,
+    )
     layernorm_epsilon: float = key(1e-5, "Norm epsilon.", by=MODELS, gt=0.0)
     make_vocab_size_divisible_by: int = key(
         128, "Pad the vocabulary to a multiple of this (times tp).", by=MODELS, ge=1
@@ -193,21 +207,63 @@ class ModelConfig(Section):
     share_embeddings_and_output_weights: bool = key(
         True, "Tie the output layer to the input embedding.", by=MODELS
     )
-    position_embedding_type: Literal["learned_absolute", "rope"] = key(
-        "learned_absolute", "Position encoding.", by=MODELS
+    position_embedding_type: Literal["learned_absolute", "rope", "sinusoidal", "alibi", "none"] = key(
+        "learned_absolute",
+        "Position encoding: learned_absolute, rope, or the nxd extension values (from GPT-NeoX) sinusoidal (fixed "
+        "sin | cos added to the embedding), alibi (a per-head linear bias on attention scores; not with context "
+        "parallelism) and none.",
+        by=MODELS,
     )
     rotary_percentage: float = key(
         1.0, "Fraction of each head's dimensions that RoPE rotates.", by=MODELS, gt=0.0, le=1.0
     )
-    activation: Literal["swiglu", "gelu"] = key("gelu", "MLP activation.", by=MODELS)
-    transformer_block_type: Literal["pre_ln", "post_ln", "normformer", "gpt_j"] = key(
+    activation: Literal[
+        "swiglu", "gelu", "approx-gelu", "relu", "silu", "mish", "softsign", "geglu", "reglu", "bilinear", "glu"
+    ] = key(
+        "gelu",
+        "MLP activation: gelu (exact) or swiglu; the nxd extension values (from GPT-NeoX) approx-gelu (gelu's tanh "
+        "approximation), relu, silu, mish, softsign, and the gated geglu, reglu, bilinear (no activation) and glu "
+        "(sigmoid), each down(act(gate(x)) * up(x)) as swiglu.",
+        by=MODELS,
+    )
+    transformer_block_type: Literal["pre_ln", "post_ln", "normformer", "gpt_j", "gpt_neox"] = key(
         "pre_ln",
-        "Where the norms sit in a block.",
+        "Where the norms sit in a block: pre_ln, x + attn(norm(x)) then + mlp(norm(x)); gpt_j, attention and MLP in "
+        "parallel from one norm, x + attn(norm(x)) + mlp(norm(x)) (GPT-J); gpt_neox (an nxd extension value), in "
+        "parallel from two norms, x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX-20B, Pythia).",
         by=MODELS,
         status=Status.LIMITED,
-        note="only pre_ln; the other NeMo block types are rejected",
+        note="pre_ln, gpt_j and gpt_neox; NeMo's post_ln and normformer are rejected",
     )
     has_bias: bool = key(True, "Biases in the linear layers.", by=MODELS)
+    attention_bias: bool | None = key(
+        None, "Biases in the query, key, value and output projections; null follows has_bias.", by=MODELS,
+        status=Status.EXTENSION, note="from GPT-NeoX's use_bias_in_attn_linear; null keeps NxDT's has_bias",
+    )
+    mlp_bias: bool | None = key(
+        None, "Biases in the MLP's linear layers; null follows has_bias.", by=MODELS,
+        status=Status.EXTENSION, note="from GPT-NeoX's use_bias_in_mlp; null keeps NxDT's has_bias",
+    )
+    init_method: InitMethod = key(
+        "normal",
+        "Initialisation of every weight but the output projections (attention output, MLP down): normal "
+        "N(0, init_method_std); scaled_normal N(0, std / sqrt(2 num_layers)); single_residual_scaled_normal "
+        "N(0, std / sqrt(num_layers)); small_init N(0, sqrt(2 / (5 hidden_size))); wang_init "
+        "N(0, 2 / (num_layers sqrt(hidden_size))); xavier_uniform, xavier_normal (fans of the whole projection, q, k "
+        "and v together, gate and up together); orthogonal (gain sqrt(2)), scaled_orthogonal (gain "
+        "sqrt(2 / num_layers)).",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's init_method; normal is NxDT's Megatron initialisation",
+    )
+    output_layer_init_method: InitMethod | None = key(
+        None,
+        "Initialisation of the attention output and MLP down projections (the methods of init_method); null: "
+        "scaled_normal with use_scaled_init_method, else normal.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's output_layer_init_method; null keeps NxDT's use_scaled_init_method",
+    )
     sliding_window_size: int | None = key(
         None,
         "Sliding-window attention (Mistral) of the Megatron-style model: each token attends the previous "

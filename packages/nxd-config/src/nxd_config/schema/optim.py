@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from ._base import NoneString, Section, frozen_list, key
+from ._base import NoneString, Section, Status, frozen_list, key
 
 APP = "nxd-train"
 
@@ -86,6 +86,26 @@ class WarmupAnnealing(_Warmup):
     min_lr: float = key(0.0, "Learning rate reached at max_steps (linear decay after warmup).", by=APP, ge=0.0)
 
 
+class NeoXAnnealing(_Scheduler):
+    """GPT-NeoX's AnnealingLR: a linear warmup over a fraction of the decay horizon, then a decay of the chosen
+    style; min_lr floors the rate after warmup, and nothing stops the decay at the horizon (as in NeoX)."""
+
+    name: Literal["NeoXAnnealing"]
+    decay_style: Literal["constant", "linear", "cosine", "exponential"] = key(
+        "linear",
+        "After warmup, at n steps past it over the E steps from warmup to max_steps: constant lr; linear "
+        "lr (E - n) / E; cosine min_lr + (lr - min_lr) (1 + cos(pi n / E)) / 2; exponential lr exp(-0.693 n / E).",
+        by=APP, status=Status.EXTENSION, note="GPT-NeoX's lr_decay_style",
+    )  # fmt: skip
+    warmup_ratio: float = key(
+        0.01, "Warmup length as a fraction of max_steps (a fraction of a step counts): step s uses "
+        "lr max(1, s) / (warmup_ratio max_steps) while s <= that length.", by=APP, ge=0.0, lt=1.0,
+        status=Status.EXTENSION, note="GPT-NeoX's warmup",
+    )  # fmt: skip
+    min_lr: float = key(0.0, "Floor of the learning rate after warmup.", by=APP, ge=0.0, status=Status.EXTENSION,
+                        note="GPT-NeoX's min_lr")  # fmt: skip
+
+
 class StepLR(Section):
     name: Literal["StepLR"]
     step_size: int = key(..., "Multiply the learning rate by gamma every step_size steps.", by=APP, ge=1)
@@ -99,7 +119,7 @@ class ExponentialLR(Section):
 
 SCHEDULER_NAMES = (
     "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy",
-    "SquareAnnealing", "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR",
+    "SquareAnnealing", "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR", "NeoXAnnealing",
 )  # fmt: skip
 
 
@@ -114,7 +134,7 @@ def _reject_rprop_scheduler(value: Any) -> Any:
 
 Scheduler = Annotated[
     LinearAnnealingWithWarmUp | CosineAnnealing | WarmupPolicy | WarmupHoldPolicy | SquareAnnealing
-    | NoamAnnealing | WarmupAnnealing | StepLR | ExponentialLR,
+    | NoamAnnealing | WarmupAnnealing | StepLR | ExponentialLR | NeoXAnnealing,
     Field(discriminator="name"),
     BeforeValidator(_reject_rprop_scheduler),
 ]

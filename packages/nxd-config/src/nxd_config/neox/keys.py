@@ -1,0 +1,488 @@
+"""Every GPT-NeoX argument, with NeoX's default and what nxd does with it.
+
+The list is the union of NeoX's argument reference (the `NeoXArgs*` classes) and the arguments of its
+current source, so files written for either load. Each key is
+
+- **mapped**: translated onto nxd's engine (`consumer` names the nxd keys it becomes; the translator
+  refuses by name the values nxd cannot honour, as the note says);
+- **notice**: accepted; when a file sets it to something other than NeoX's default, a notice says why it
+  changes nothing here;
+- **refused**: accepted only at NeoX's default; any other value is an error that says why and what
+  would lift it.
+
+The key table in the package README is generated from these entries (`python -m nxd_config.neox.table`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class KeyStatus(StrEnum):
+    MAPPED = "mapped"
+    NOTICE = "notice"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class NeoXKey:
+    name: str
+    group: str
+    default: Any
+    status: KeyStatus
+    consumer: str
+    """The nxd keys (or package) the value reaches; empty for keys that reach nothing."""
+    note: str
+
+
+M, N, R = KeyStatus.MAPPED, KeyStatus.NOTICE, KeyStatus.REFUSED
+
+_KERNEL = "a CUDA kernel choice with the same arithmetic; nxd runs torch's own kernels"
+_LAUNCHER = ("a launcher setting of NeoX's deepy.py; nxd-train starts trainer.devices processes itself, or runs "
+             "under torchrun across machines")  # fmt: skip
+_DERIVED = "NeoX derives it while it runs (a value written in a file is overwritten); nxd derives its own"
+_GENERATION = "a setting of NeoX's generate.py / eval.py; nxd-train trains"
+_WANDB = "used only with use_wandb (not in nxd yet)"
+_COMET = "used only with use_comet, which nxd refuses"
+_MAMBA = "used only by mamba layers (attention_config), which nxd refuses"
+_RWKV = "used only by rwkv layers (attention_config), which nxd refuses"
+_MUP = "used only with use_mup, which nxd refuses"
+_TE_FP8 = "used only by Transformer Engine's fp8 layers (te_*), which nxd refuses"
+_RL = "used only with train_impl: reinforce (online RL with a generation server), which nxd refuses"
+_PREFERENCE = "used only with train_impl dpo / kto / rm, which nxd does not have yet (refused)"
+_FP16 = "used only with fp16 loss scaling, which nxd does not have yet (fp16 is refused)"
+_OLD_MOE = ("a key of GPT-NeoX's older MoE (DeepSpeed / megablocks), removed from current NeoX, whose dropless "
+            "MoE nxd follows; remove it (lifted if nxd gains that MoE)")  # fmt: skip
+_LABELS = "label, reward and pos/neg document files are not read by nxd yet; remove the key to pretrain on data_path"
+_DS_TOOL = "a DeepSpeed tool that nxd does not run"
+
+_ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
+    # ----------------------------------------------------------------------------- LR scheduler
+    ("lr_decay_style", "LR scheduler", "linear", M, "model.optim.sched.decay_style",
+     "NeoX's AnnealingLR formulas (constant, linear, cosine, exponential) as the nxd schedule NeoXAnnealing"),
+    ("lr_decay_iters", "LR scheduler", None, M, "model.optim.sched.max_steps",
+     "the decay horizon; null: lr_decay_fraction x train_iters, else train_iters"),
+    ("lr_decay_fraction", "LR scheduler", None, M, "model.optim.sched.max_steps", "floor(train_iters x fraction)"),
+    ("min_lr", "LR scheduler", 0.0, M, "model.optim.sched.min_lr", "a floor after warmup, as NeoX applies it"),
+    ("warmup", "LR scheduler", 0.01, M, "model.optim.sched.warmup_ratio",
+     "warmup steps are this fraction of the decay horizon"),
+    ("override_lr_scheduler", "LR scheduler", False, N, "",
+     "nxd always takes the schedule from the config on resume, which is what this asks for"),
+    ("use_checkpoint_lr_scheduler", "LR scheduler", False, R, "",
+     "nxd takes the schedule from the config on resume; a checkpoint does not carry schedule settings to replace "
+     "them"),
+    # ----------------------------------------------------------------------------- logging
+    ("use_wandb", "Logging", None, R, "",
+     "Weights & Biases logging is not in nxd yet; remove it or set false (TensorBoard: tensorboard_dir). NeoX's "
+     "null turns wandb on when an API key is found; nxd's null is off"),
+    ("wandb_group", "Logging", None, N, "", _WANDB),
+    ("wandb_team", "Logging", None, N, "", _WANDB),
+    ("wandb_project", "Logging", "neox", N, "", _WANDB),
+    ("wandb_host", "Logging", "https://api.wandb.ai", N, "", _WANDB),
+    ("wandb_init_all_ranks", "Logging", False, N, "", _WANDB),
+    ("wandb_run_name", "Logging", None, N, "", _WANDB),
+    ("git_hash", "Logging", None, N, "", "NeoX records its own source version; nxd records its versions in checkpoints"),
+    ("log_dir", "Logging", None, M, "exp_manager.explicit_log_dir",
+     "the run directory when save is not set (nxd keeps text logs, metrics and checkpoints in one directory)"),
+    ("tensorboard_dir", "Logging", None, M, "exp_manager.create_tensorboard_logger",
+     "turns TensorBoard events on; they are written in the run directory"),
+    ("use_comet", "Logging", None, R, "", "Comet logging is not in nxd; remove it or set false"),
+    ("comet_workspace", "Logging", None, N, "", _COMET),
+    ("comet_project", "Logging", None, N, "", _COMET),
+    ("comet_experiment_name", "Logging", None, N, "", _COMET),
+    ("comet_tags", "Logging", None, N, "", _COMET),
+    ("comet_others", "Logging", None, N, "", _COMET),
+    ("comet_experiment", "Logging", None, N, "", _COMET),
+    ("log_interval", "Logging", 100, M, "trainer.log_every_n_steps", ""),
+    ("log_grad_pct_zeros", "Logging", False, R, "", "nxd does not log the share of zero gradients; remove it"),
+    ("log_param_norm", "Logging", False, M, "exp_manager.log_parameter_norm", ""),
+    ("log_grad_norm", "Logging", False, M, "exp_manager.log_gradient_norm", ""),
+    ("log_optimizer_states", "Logging", False, R, "", "nxd does not log optimizer-state norms; remove it"),
+    ("log_gradient_noise_scale", "Logging", False, R, "", "nxd does not estimate the gradient noise scale; remove it"),
+    ("gradient_noise_scale_n_batches", "Logging", 5, N, "", "used only with log_gradient_noise_scale (refused)"),
+    ("gradient_noise_scale_cpu_offload", "Logging", False, N, "", "used only with log_gradient_noise_scale (refused)"),
+    ("memory_profiling", "Logging", False, R, "",
+     "nxd does not record CUDA memory snapshots; `nxd-train plan` counts each rank's memory"),
+    ("memory_profiling_path", "Logging", None, N, "", "used only with memory_profiling (refused)"),
+    ("profile", "Logging", False, R, "", "nxd does not run the profiler; remove it"),
+    ("profile_step_start", "Logging", 10, N, "", "used only with profile (refused)"),
+    ("profile_step_stop", "Logging", 12, N, "", "used only with profile (refused)"),
+    ("peak_theoretical_tflops", "Logging", None, N, "",
+     "nxd reports MFU against a matmul ceiling it measures on the device"),
+    # ----------------------------------------------------------------------------- model
+    ("precision", "Model", None, M, "precision.type",
+     "fp32 (also when no precision is set); bfloat16: mixed_precision (bf16 compute, fp32 master weights and "
+     "gradient reduction); fp16 is refused (no fp16 loss scaling in nxd yet)"),
+    ("num_layers", "Model", None, M, "model.num_layers", ""),
+    ("hidden_size", "Model", None, M, "model.hidden_size", ""),
+    ("intermediate_size", "Model", None, M, "model.ffn_hidden_size",
+     "NeoX's MLP width rule: the first linear's width (for gated activations 2/3 of it, split into up and gate), "
+     "rounded to mlp_multiple_of; mismatched widths are refused"),
+    ("mlp_multiple_of", "Model", 1, M, "model.ffn_hidden_size", "see intermediate_size"),
+    ("expansion_factor", "Model", None, M, "model.ffn_hidden_size", "width = expansion_factor x hidden_size"),
+    ("num_attention_heads", "Model", None, M, "model.num_attention_heads", ""),
+    ("num_kv_heads", "Model", None, M, "model.num_kv_heads", ""),
+    ("seq_length", "Model", None, M, "model.encoder_seq_length", ""),
+    ("sliding_window_width", "Model", None, M, "model.sliding_window_size",
+     "NeoX's window w lets a token see keys i - w ... i, which is nxd's (and Mistral's) window of w + 1"),
+    ("max_position_embeddings", "Model", None, M, "model.max_position_embeddings", ""),
+    ("norm", "Model", "layernorm", M, "model.normalization",
+     "layernorm, rmsnorm, scalenorm; non_parametric_layernorm and Transformer Engine's te_* norms are refused"),
+    ("layernorm_fusion", "Model", False, N, "", _KERNEL),
+    ("rmsnorm_fusion", "Model", False, N, "", _KERNEL),
+    ("use_qk_layernorm", "Model", False, R, "", "nxd has no query/key norm; remove it (lifted when the model gains one)"),
+    ("layernorm_epsilon", "Model", 1e-05, M, "model.layernorm_epsilon", "with norm: layernorm"),
+    ("rms_norm_epsilon", "Model", 1e-08, M, "model.layernorm_epsilon", "with norm: rmsnorm"),
+    ("scalenorm_epsilon", "Model", 1e-08, M, "model.layernorm_epsilon", "with norm: scalenorm"),
+    ("pos_emb", "Model", "learned", M, "model.position_embedding_type",
+     "learned, rotary, sinusoidal, alibi, none; rpe (T5 buckets) is refused"),
+    ("rpe_num_buckets", "Model", 32, N, "", "used only by pos_emb: rpe (refused)"),
+    ("rpe_max_distance", "Model", 128, N, "", "used only by pos_emb: rpe (refused)"),
+    ("opt_pos_emb_offset", "Model", 0, R, "", "OPT's position offset is not in nxd; only 0"),
+    ("no_weight_tying", "Model", False, M, "model.share_embeddings_and_output_weights", ""),
+    ("attention_config", "Model", None, M, "model.fusions.flash_attention",
+     "expanded as NeoX expands it; global and flash layers are dense causal attention; local, sparse_*, "
+     "bigbird, bslongformer, gmlp, amlp, mamba and rwkv layers are refused"),
+    ("sparsity_config", "Model", None, N, "", "used only by sparse attention layers, which nxd refuses"),
+    ("num_unique_layers", "Model", None, R, "", "layers sharing parameters are not in nxd; remove it"),
+    ("param_sharing_style", "Model", "grouped", N, "", "used only with num_unique_layers (refused)"),
+    ("make_vocab_size_divisible_by", "Model", 128, M, "model.make_vocab_size_divisible_by",
+     "padded to a multiple of it times the tensor-parallel size, as NeoX pads"),
+    ("activation", "Model", "gelu", M, "model.activation",
+     "gelu (exact; the tanh form with bias_gelu_fusion), relu, silu, swish (silu), mish, softsign, and the gated "
+     "geglu, reglu, swiglu, bilinear, glu (act(gate) x up)"),
+    ("use_flashattn_swiglu", "Model", False, N, "", _KERNEL),
+    ("scaled_upper_triang_masked_softmax_fusion", "Model", False, N, "", _KERNEL),
+    ("scaled_masked_softmax_fusion", "Model", False, N, "", _KERNEL),
+    ("bias_gelu_fusion", "Model", False, M, "model.activation",
+     "NeoX's fused bias-gelu computes gelu's tanh approximation, so gelu becomes approx-gelu"),
+    ("bias_dropout_fusion", "Model", False, N, "", _KERNEL),
+    ("rope_fusion", "Model", False, N, "", _KERNEL),
+    ("fp16_lm_cross_entropy", "Model", False, R, "", "needs fp16, which nxd does not have yet; nxd's loss is fp32"),
+    ("init_method_std", "Model", 0.02, M, "model.init_method_std", ""),
+    ("apply_query_key_layer_scaling", "Model", False, M, "model.apply_query_key_layer_scaling", ""),
+    ("use_cpu_initialization", "Model", False, M, "model.use_cpu_initialization", ""),
+    ("attention_softmax_in_fp32", "Model", False, N, "",
+     "nxd's attention kernels accumulate the softmax in fp32 already"),
+    ("rotary_pct", "Model", 1.0, M, "model.rotary_percentage", "rotates the first int(head_dim x rotary_pct) dims"),
+    ("rotary_emb_base", "Model", 10000, M, "model.rope_theta", ""),
+    ("rotary_save_freqs_buffer", "Model", False, N, "",
+     "nxd computes rotary frequencies on the fly and keeps no buffer in checkpoints"),
+    ("init_method", "Model", "normal", M, "model.init_method", ""),
+    ("output_layer_init_method", "Model", "scaled_normal", M, "model.output_layer_init_method", ""),
+    ("gmlp_attn_dim", "Model", 64, N, "", "used only by gmlp layers, which nxd refuses"),
+    ("gpt_j_residual", "Model", False, M, "model.transformer_block_type",
+     "attention and MLP in parallel: gpt_neox (two norms) or, with gpt_j_tied, gpt_j (one norm)"),
+    ("gpt_j_tied", "Model", False, M, "model.transformer_block_type", "see gpt_j_residual"),
+    ("use_bias_in_norms", "Model", True, N, "",
+     "GPT-NeoX never reads it: its layernorm always has a bias (rmsnorm and scalenorm none), as nxd's"),
+    ("use_bias_in_attn_linear", "Model", True, M, "model.attention_bias", ""),
+    ("use_bias_in_mlp", "Model", True, M, "model.mlp_bias", ""),
+    ("soft_prompt_tuning", "Model", None, R, "", "soft prompts are not in nxd; remove it"),
+    ("mamba_selective_scan_fusion", "Model", False, N, "", _MAMBA),
+    ("mamba_causal_conv_fusion", "Model", False, N, "", _MAMBA),
+    ("mamba_inner_func_fusion", "Model", False, N, "", _MAMBA),
+    ("mamba_selective_fp32_params", "Model", True, N, "", _MAMBA),
+    ("mamba_use_bias_in_conv", "Model", True, N, "", _MAMBA),
+    ("mamba_use_bias_in_linears", "Model", False, N, "", _MAMBA),
+    ("output_layer_parallelism", "Model", "column", M, "nxd-parallel",
+     "nxd's output layer is column-parallel (over the vocabulary)"),
+    ("dim_att", "Model", None, N, "", _RWKV),
+    ("head_size", "Model", None, N, "", _RWKV),
+    ("ffn_dim", "Model", None, N, "", _RWKV),
+    ("fused_kernels_build_path", "Model", None, N, "", "nxd builds no fused kernels"),
+    ("serve_model_weights", "Model", False, R, "", "serving weights to a generation server is not in nxd"),
+    ("weight_server_port", "Model", 6000, N, "", _RL),
+    ("online_dataserver_ips", "Model", "localhost", N, "", _RL),
+    ("online_dataserver_ports", "Model", 10000, N, "", _RL),
+    ("te_columnparallel", "Model", False, R, "", "Transformer Engine layers are not in nxd; remove it"),
+    ("te_rowparallel", "Model", False, R, "", "Transformer Engine layers are not in nxd; remove it"),
+    ("te_layernorm_mlp", "Model", False, R, "", "Transformer Engine layers are not in nxd; remove it"),
+    ("te_mha", "Model", False, R, "", "Transformer Engine layers are not in nxd; remove it"),
+    ("te_fp8_mha", "Model", False, R, "", "Transformer Engine fp8 is not in nxd; remove it"),
+    ("te_fp8_format", "Model", "hybrid", N, "", _TE_FP8),
+    ("te_fp8_wgrad", "Model", True, N, "", _TE_FP8),
+    ("te_fp8_amax_history_len", "Model", 1, N, "", _TE_FP8),
+    ("te_fp8_amax_compute_algo", "Model", "most_recent", N, "", _TE_FP8),
+    ("te_fp8_margin", "Model", 0, N, "", _TE_FP8),
+    # ----------------------------------------------------------------------------- optimizer
+    ("optimizer_type", "Optimizer", "adam", N, "", "NeoX derives it from optimizer.type, which nxd reads"),
+    ("use_bnb_optimizer", "Optimizer", False, R, "", "bitsandbytes' 8-bit Adam is not in nxd; remove it"),
+    ("zero_stage", "Optimizer", None, N, "", "NeoX derives it from zero_optimization.stage, which nxd reads"),
+    ("zero_reduce_scatter", "Optimizer", None, N, "", "NeoX derives it from zero_optimization"),
+    ("zero_contiguous_gradients", "Optimizer", None, N, "", "NeoX derives it from zero_optimization"),
+    ("zero_reduce_bucket_size", "Optimizer", None, N, "", "NeoX derives it from zero_optimization"),
+    ("zero_allgather_bucket_size", "Optimizer", None, N, "", "NeoX derives it from zero_optimization"),
+    ("lr", "Optimizer", None, N, "", "NeoX takes the learning rate from optimizer.params.lr, which nxd reads"),
+    # ----------------------------------------------------------------------------- other
+    ("distributed_backend", "Other", "nccl", N, "", "nxd uses nccl on CUDA devices and gloo on the CPU"),
+    ("local_rank", "Other", None, N, "", _DERIVED),
+    ("rank", "Other", None, N, "", _DERIVED),
+    ("lazy_mpu_init", "Other", False, N, "", "for tools that initialise NeoX's model parallelism themselves"),
+    ("short_seq_prob", "Other", 0.1, N, "", "NeoX's GPT datasets never read it"),
+    ("eod_mask_loss", "Other", False, M, "data.eod_mask_loss", ""),
+    ("adlr_autoresume", "Other", False, R, "",
+     "NVIDIA's ADLR autoresume service is not in nxd; resume with load (resume_if_exists) instead"),
+    ("adlr_autoresume_interval", "Other", 1000, N, "", "used only with adlr_autoresume (refused)"),
+    ("seed", "Other", 1234, M, "seed", ""),
+    ("onnx_safe", "Other", False, N, "", "an ONNX-exportable spelling of the same exact gelu"),
+    ("deepscale", "Other", False, N, "", "DeepSpeed's older name for the deepspeed switch"),
+    ("deepscale_config", "Other", None, N, "", "DeepSpeed's older name for its config file; NeoX builds its own"),
+    ("deepspeed_mpi", "Other", False, N, "", _LAUNCHER),
+    ("deepspeed_slurm", "Other", False, N, "", _LAUNCHER + "; under slurm, run torchrun from srun"),
+    ("user_script", "Other", None, N, "", _LAUNCHER),
+    ("iteration", "Other", None, R, "",
+     "nxd resumes from the newest complete checkpoint of load; name a checkpoint folder in load instead"),
+    ("do_train", "Other", None, N, "", _DERIVED),
+    ("do_valid", "Other", None, N, "", _DERIVED),
+    ("do_test", "Other", None, N, "", _DERIVED),
+    ("save_iters", "Other", None, N, "", _DERIVED),
+    ("global_num_gpus", "Other", None, N, "", _DERIVED),
+    # ----------------------------------------------------------------------------- parallelism
+    ("pipe_parallel_size", "Parallelism", 0, M, "distributed_strategy.pipeline_model_parallel_size",
+     "0 and 1 are one stage (NeoX's 0 skips its pipeline engine)"),
+    ("model_parallel_size", "Parallelism", 1, M, "distributed_strategy.tensor_model_parallel_size", ""),
+    ("pipe_partition_method", "Parallelism", "type:transformer|mlp", M, "model.pipeline_cuts",
+     "type:... and uniform: an equal number of layers per stage; parameters: balanced by parameter count"),
+    ("world_size", "Parallelism", None, N, "", _DERIVED),
+    ("is_pipe_parallel", "Parallelism", False, N, "", _DERIVED),
+    ("sequence_parallel", "Parallelism", False, M, "distributed_strategy.sequence_parallel", ""),
+    ("expert_interval", "Parallelism", 2, M, "model.moe.frequency",
+     "the older spelling of moe_expert_interval (only 1: nxd counts MoE layers from 1, NeoX from 0)"),
+    # ----------------------------------------------------------------------------- text generation
+    ("text_gen_type", "Text generation", None, N, "", _GENERATION),
+    ("precompute_model_name", "Text generation", None, N, "", _PREFERENCE),
+    ("temperature", "Text generation", 0.0, N, "", _GENERATION),
+    ("top_p", "Text generation", 0.0, N, "", _GENERATION),
+    ("top_k", "Text generation", 0, N, "", _GENERATION),
+    ("return_logits", "Text generation", False, N, "", _GENERATION),
+    ("maximum_tokens", "Text generation", 64, N, "", _GENERATION),
+    ("prompt_end", "Text generation", "\n", N, "", _GENERATION),
+    ("sample_input_file", "Text generation", None, N, "", _GENERATION),
+    ("sample_output_file", "Text generation", "samples.txt", N, "", _GENERATION),
+    ("num_samples", "Text generation", 1, N, "", _GENERATION),
+    ("recompute", "Text generation", False, N, "", _GENERATION),
+    ("eval_results_prefix", "Text generation", "", N, "", _GENERATION),
+    ("eval_tasks", "Text generation", None, N, "", _GENERATION),
+    # ----------------------------------------------------------------------------- mixture of experts
+    ("moe_num_experts", "MoE", 1, M, "model.moe.num_experts", "1: dense MLPs; more: dropless MoE layers"),
+    ("moe_top_k", "MoE", 1, M, "model.moe.top_k", ""),
+    ("moe_router_type", "MoE", "sinkhorn", M, "model.moe.routing_algorithm",
+     "topk (softmax affinities, not renormalised); NeoX's sinkhorn (three iterations from column-normalised "
+     "costs) differs from nxd's Megatron Sinkhorn and is refused"),
+    ("moe_expert_interval", "MoE", 1, M, "model.moe.frequency",
+     "only 1 (every layer): nxd counts MoE layers from 1, NeoX from 0"),
+    ("moe_jitter_eps", "MoE", None, R, "", "router input jitter is not in nxd; remove it"),
+    ("moe_lbl_in_fp32", "MoE", False, N, "", "current GPT-NeoX never reads it (its MoE has no load-balancing loss)"),
+    ("moe_expert_parallel_size", "MoE", 1, M, "distributed_strategy.expert_model_parallel_size", ""),
+    ("moe_type", "MoE", "megablocks", R, "", _OLD_MOE),
+    ("moe_loss_coeff", "MoE", 0.1, R, "", _OLD_MOE),
+    ("moe_train_capacity_factor", "MoE", 1.0, R, "", _OLD_MOE),
+    ("moe_eval_capacity_factor", "MoE", 1.0, R, "", _OLD_MOE),
+    ("moe_min_capacity", "MoE", 4, R, "", _OLD_MOE),
+    ("moe_token_dropping", "MoE", False, R, "", _OLD_MOE),
+    ("create_moe_param_group", "MoE", True, R, "", _OLD_MOE),
+    ("moe_use_residual", "MoE", True, R, "", _OLD_MOE),
+    ("moe_glu", "MoE", False, R, "", _OLD_MOE),
+    ("use_tutel", "MoE", False, R, "", _OLD_MOE),
+    ("enable_expert_tensor_parallelism", "MoE", False, R, "", _OLD_MOE),
+    # ----------------------------------------------------------------------------- tokenizer
+    ("tokenizer_type", "Tokenizer", "GPT2BPETokenizer", M, "data.tokenizer",
+     "GPT2BPETokenizer (vocab_file, merge_file), HFTokenizer (vocab_file: a tokenizer.json), HFGPT2Tokenizer (a "
+     "local GPT-2 tokenizer directory), SPMTokenizer (vocab_file: a tokenizer.model in a directory of its own); "
+     "CharLevelTokenizer and TiktokenTokenizer are refused"),
+    ("padded_vocab_size", "Tokenizer", None, N, "", _DERIVED + " from the tokenizer and make_vocab_size_divisible_by"),
+    # ----------------------------------------------------------------------------- training
+    ("data_path", "Training", None, M, "data.data_prefix", "one indexed dataset, cut by split"),
+    ("use_shared_fs", "Training", True, N, "", "nxd's first rank builds the index files and the others read them"),
+    ("train_data_paths", "Training", None, M, "data.data_prefix.train", "blended by train_data_weights"),
+    ("valid_data_paths", "Training", None, M, "data.data_prefix.validation", "blended by valid_data_weights"),
+    ("test_data_paths", "Training", None, M, "data.data_prefix.test", "blended by test_data_weights"),
+    ("train_data_weights", "Training", None, M, "data.data_prefix.train", ""),
+    ("valid_data_weights", "Training", None, M, "data.data_prefix.validation", ""),
+    ("test_data_weights", "Training", None, M, "data.data_prefix.test", ""),
+    ("train_label_data_paths", "Training", None, R, "", _LABELS),
+    ("valid_label_data_paths", "Training", None, R, "", _LABELS),
+    ("test_label_data_paths", "Training", None, R, "", _LABELS),
+    ("train_reward_data_paths", "Training", None, R, "", _LABELS),
+    ("valid_reward_data_paths", "Training", None, R, "", _LABELS),
+    ("test_reward_data_paths", "Training", None, R, "", _LABELS),
+    ("pos_train_data_paths", "Training", None, R, "", _LABELS),
+    ("neg_train_data_paths", "Training", None, R, "", _LABELS),
+    ("pos_train_label_data_paths", "Training", None, R, "", _LABELS),
+    ("neg_train_label_data_paths", "Training", None, R, "", _LABELS),
+    ("pos_valid_data_paths", "Training", None, R, "", _LABELS),
+    ("neg_valid_data_paths", "Training", None, R, "", _LABELS),
+    ("pos_valid_label_data_paths", "Training", None, R, "", _LABELS),
+    ("neg_valid_label_data_paths", "Training", None, R, "", _LABELS),
+    ("pos_test_data_paths", "Training", None, R, "", _LABELS),
+    ("neg_test_data_paths", "Training", None, R, "", _LABELS),
+    ("pos_test_label_data_paths", "Training", None, R, "", _LABELS),
+    ("neg_test_label_data_paths", "Training", None, R, "", _LABELS),
+    ("weight_by_num_documents", "Training", False, R, "",
+     "weights from document counts are not in nxd yet; give train_data_weights instead"),
+    ("weighted_sampler_alpha", "Training", 1.0, N, "", "used only with weight_by_num_documents (refused)"),
+    ("data_impl", "Training", "infer", M, "data.data_impl",
+     "infer and mmap read Megatron/NeoX .bin/.idx files; cached (the older format) is refused"),
+    ("pack_impl", "Training", "packed", M, "data.data_prefix",
+     "packed: documents concatenated into samples, as nxd's indexed data does; pack_until_overflow and unpacked "
+     "are refused"),
+    ("dataset_impl", "Training", "gpt2", M, "data.data_prefix", "gpt2; pairwise and online are refused"),
+    ("train_impl", "Training", "normal", M, "model_alignment_strategy",
+     "normal (pretraining); dpo, kto, rm and reinforce are refused"),
+    ("dpo_fp32", "Training", True, N, "", _PREFERENCE),
+    ("dpo_reference_free", "Training", False, N, "", _PREFERENCE),
+    ("dpo_beta", "Training", 0.1, N, "", _PREFERENCE),
+    ("kto_fp32", "Training", True, N, "", _PREFERENCE),
+    ("kto_desirable_weight", "Training", 1.0, N, "", _PREFERENCE),
+    ("kto_undesirable_weight", "Training", 1.0, N, "", _PREFERENCE),
+    ("kto_beta", "Training", 0.1, N, "", _PREFERENCE),
+    ("z_loss", "Training", 0.0, N, "", _PREFERENCE),
+    ("fp32_reinforce", "Training", True, N, "", _RL),
+    ("kl_impl", "Training", "mse", N, "", _RL),
+    ("kl_div_beta", "Training", 0.1, N, "", _RL),
+    ("reinforce_leave_one_out", "Training", False, N, "", _RL),
+    ("allow_chopped", "Training", True, N, "", "used only by unpacked preference data, which nxd refuses"),
+    ("mmap_warmup", "Training", False, M, "data.skip_warmup", ""),
+    ("save", "Training", None, M, "exp_manager.explicit_log_dir",
+     "the run directory; checkpoints go to its checkpoints folder"),
+    ("s3_path", "Training", None, R, "", "uploading checkpoints to S3 is not in nxd; remove it"),
+    ("s3_chunk_size", "Training", 104857600, N, "", "used only with s3_path (refused)"),
+    ("config_files", "Training", None, N, "", _DERIVED + "; nxd keeps the resolved config in every checkpoint"),
+    ("load", "Training", None, M, "exp_manager.resume_from_checkpoint",
+     "the same folder as save: resume from its newest complete checkpoint, or start fresh; another folder: a "
+     "checkpoint (or log directory) of an nxd run to continue"),
+    ("checkpoint_validation_with_forward_pass", "Training", False, N, "",
+     "nxd checks every checkpoint file against its recorded digest instead (nxd-train ckpt verify)"),
+    ("checkpoint_scale", "Training", "linear", M, "exp_manager.checkpoint_callback_params",
+     "linear: every checkpoint_factor steps; log: at the powers of checkpoint_factor"),
+    ("checkpoint_factor", "Training", None, M, "exp_manager.checkpoint_callback_params.every_n_train_steps", ""),
+    ("extra_save_iters", "Training", None, M, "exp_manager.checkpoint_callback_params.save_at_steps",
+     "iteration 0 (the untouched initial weights) is not saved"),
+    ("no_save_optim", "Training", False, N, "", "GPT-NeoX never reads it (its checkpoints always hold the optimizer)"),
+    ("no_save_rng", "Training", False, N, "", "nxd always saves the RNG states: an exact resume needs them"),
+    ("no_load_optim", "Training", False, R, "",
+     "NeoX's inference switch (a dummy optimizer); to start training from weights only, use finetune"),
+    ("no_load_rng", "Training", False, R, "", "nxd always restores the RNG states: an exact resume needs them"),
+    ("finetune", "Training", False, M, "model.weight_init_only",
+     "load's weights only: new optimizer, step 0"),
+    ("batch_size", "Training", None, N, "", _DERIVED + " (the micro batch)"),
+    ("train_iters", "Training", None, M, "trainer.max_steps", ""),
+    ("train_epochs", "Training", None, M, "trainer.max_epochs", ""),
+    ("eval_iters", "Training", 100, M, "trainer.limit_val_batches", ""),
+    ("keep_last_n_checkpoints", "Training", None, M, "exp_manager.checkpoint_callback_params.save_top_k",
+     "null keeps every checkpoint"),
+    ("eval_interval", "Training", 1000, M, "trainer.val_check_interval", ""),
+    ("split", "Training", "969, 30, 1", M, "data.splits_string", "train, validation, test by document ranges"),
+    ("vocab_file", "Training", None, M, "data.tokenizer", "see tokenizer_type"),
+    ("merge_file", "Training", None, M, "data.tokenizer.merge_file", "with GPT2BPETokenizer"),
+    ("num_workers", "Training", 2, M, "data.num_workers", ""),
+    ("exit_interval", "Training", None, R, "", "nxd has no exit interval; set train_iters, or stop the run (it "
+     "saves on SIGTERM) and resume with load"),
+    ("attention_dropout", "Training", 0.0, M, "model.attention_dropout", ""),
+    ("hidden_dropout", "Training", 0.0, M, "model.hidden_dropout", "also the embedding dropout, as in NeoX"),
+    ("weight_decay", "Training", 0.1, M, "model.optim.weight_decay",
+     "decoupled (NeoX's fused Adam is AdamW); norms and biases take none, as in NeoX"),
+    ("checkpoint_activations", "Training", False, M, "model.activations_checkpoint_granularity", "full recompute"),
+    ("checkpoint_num_layers", "Training", 1, M, "model.activations_checkpoint_granularity",
+     "nxd recomputes layer by layer; more layers per checkpoint only changes memory (a notice)"),
+    ("deepspeed_activation_checkpointing", "Training", True, N, "",
+     "which implementation recomputes; nxd uses torch's checkpointing"),
+    ("contiguous_checkpointing", "Training", False, N, "", "a DeepSpeed memory layout option"),
+    ("checkpoint_in_cpu", "Training", False, N, "", "a DeepSpeed memory option (checkpoints kept on the host)"),
+    ("synchronize_each_layer", "Training", False, N, "", "a DeepSpeed debugging option (CUDA syncs)"),
+    ("profile_backward", "Training", False, N, "", "a DeepSpeed profiling option"),
+    ("partition_activations", "Training", False, N, "",
+     "DeepSpeed splits recomputed layers' inputs over model-parallel ranks (memory only); nxd's sequence "
+     "parallelism shards them"),
+    ("clip_grad", "Training", 1.0, N, "", "NeoX derives it from gradient_clipping, which nxd reads"),
+    ("hysteresis", "Training", 2, N, "", _FP16),
+    ("dynamic_loss_scale", "Training", None, N, "", _FP16),
+    ("loss_scale", "Training", None, N, "", _FP16),
+    ("loss_scale_window", "Training", 1000.0, N, "", _FP16),
+    ("min_scale", "Training", 1.0, N, "", _FP16),
+    ("char_level_ppl", "Training", False, R, "", "character-level perplexity is not logged by nxd; remove it"),
+    ("use_mup", "Training", False, R, "", "muP parametrisation is not in nxd; remove it"),
+    ("coord_check", "Training", False, R, "", "muP coordinate checks are not in nxd; remove it"),
+    ("save_base_shapes", "Training", False, R, "", "muP base shapes are not in nxd; remove it"),
+    ("base_shapes_file", "Training", None, N, "", _MUP),
+    ("mup_init_scale", "Training", 1.0, N, "", _MUP),
+    ("mup_attn_temp", "Training", 1.0, N, "", _MUP),
+    ("mup_output_temp", "Training", 1.0, N, "", _MUP),
+    ("mup_embedding_mult", "Training", 1.0, N, "", _MUP),
+    ("mup_rp_embedding_mult", "Training", 1.0, N, "", _MUP),
+    ("mup_width_scale", "Training", 2, N, "", _MUP),
+    # ----------------------------------------------------------------------------- DeepSpeed config
+    ("deepspeed", "DeepSpeed", True, N, "", "nxd runs on native PyTorch distributed, not DeepSpeed"),
+    ("train_batch_size", "DeepSpeed", None, M, "data.global_batch_size",
+     "any two of the three batch keys give the third; all three must agree (DeepSpeed's rule)"),
+    ("train_micro_batch_size_per_gpu", "DeepSpeed", None, M, "data.micro_batch_size", "see train_batch_size"),
+    ("gradient_accumulation_steps", "DeepSpeed", 1, M, "data.global_batch_size", "see train_batch_size"),
+    ("optimizer", "DeepSpeed", None, M, "model.optim",
+     "type Adam / AdamW (decoupled decay, as NeoX's fused Adam), cpu_adam (the same Adam, a notice), sgd; lion, "
+     "madgrad_wd, sm3 and onebitadam are refused; params lr, betas, eps (sgd: momentum, nesterov ...)"),
+    ("scheduler", "DeepSpeed", None, R, "",
+     "NeoX schedules with its own lr_decay_style keys (DeepSpeed's scheduler block only drives onebitadam)"),
+    ("fp32_allreduce", "DeepSpeed", False, M, "precision.type",
+     "gradients are reduced in fp32 under every nxd type NeoX files reach"),
+    ("prescale_gradients", "DeepSpeed", False, N, "", "where the gradient average divides; fp32 reduction makes it moot"),
+    ("gradient_predivide_factor", "DeepSpeed", 1.0, N, "",
+     "where the gradient average divides; fp32 reduction makes it moot"),
+    ("sparse_gradients", "DeepSpeed", False, N, "", "DeepSpeed's sparse embedding gradients (same values)"),
+    ("fp16", "DeepSpeed", None, M, "precision.type",
+     "enabled: refused (fp16 loss scaling is not in nxd yet); a block holding type: bfloat16 is read as bf16, as "
+     "NeoX reads it"),
+    ("bf16", "DeepSpeed", None, M, "precision.type", "enabled: mixed_precision"),
+    ("amp", "DeepSpeed", None, R, "", "apex AMP is not in nxd; use bf16 instead"),
+    ("gradient_clipping", "DeepSpeed", 1.0, M, "trainer.gradient_clip_val",
+     "the global gradient norm is clipped to it (NeoX leaves the default 1.0 out of DeepSpeed's config, so "
+     "NeoX itself does not clip at 1.0 unless asked twice; nxd does what the key says)"),
+    ("zero_optimization", "DeepSpeed", None, M, "distributed_strategy.zero1",
+     "stage 0: replicated; stage 1: optimizer state sharded (zero1); stages 2 and 3 and cpu_offload are refused; "
+     "bucket and overlap settings get a notice"),
+    ("curriculum_learning", "DeepSpeed", None, R, "", "sequence-length curriculum is not in nxd; remove it"),
+    ("curriculum_seqlen", "DeepSpeed", 0, N, "", _DERIVED + " (with curriculum_learning, refused)"),
+    ("steps_per_print", "DeepSpeed", 10, N, "", "DeepSpeed's own progress print; nxd logs every log_interval steps"),
+    ("wall_clock_breakdown", "DeepSpeed", False, N, "", "nxd logs each step's time"),
+    ("dump_state", "DeepSpeed", False, N, "", _DS_TOOL),
+    ("flops_profiler", "DeepSpeed", None, N, "", _DS_TOOL + "; nxd logs MFU"),
+    ("communication_data_type", "DeepSpeed", None, N, "", "nxd reduces gradients in fp32"),
+    ("autotuning", "DeepSpeed", None, R, "", "DeepSpeed's autotuner is not in nxd; `nxd-train plan` sizes a layout"),
+    ("activation_checkpointing", "DeepSpeed", None, N, "",
+     "DeepSpeed's own copy of checkpoint_activations' settings; nxd reads checkpoint_activations"),
+    ("sparse_attention", "DeepSpeed", None, N, "", "used only by sparse attention layers, which nxd refuses"),
+    ("data_efficiency", "DeepSpeed", None, R, "", "DeepSpeed's data sampling and routing are not in nxd"),
+    ("tensorboard", "DeepSpeed", None, N, "", "DeepSpeed's own monitor; nxd writes TensorBoard with tensorboard_dir"),
+    ("wandb", "DeepSpeed", None, N, "", "DeepSpeed's own monitor"),
+    ("csv_monitor", "DeepSpeed", None, N, "", "DeepSpeed's own monitor; nxd writes metrics.csv in the run directory"),
+    ("elasticity", "DeepSpeed", None, R, "", "elastic batch sizes are not in nxd"),
+    ("comms_logger", "DeepSpeed", None, N, "", _DS_TOOL),
+    ("compression_training", "DeepSpeed", None, R, "", "DeepSpeed compression is not in nxd"),
+    ("checkpoint", "DeepSpeed", None, N, "", "DeepSpeed's checkpoint-writing options; nxd writes sharded DCP"),
+    ("data_types", "DeepSpeed", None, M, "precision.type",
+     "grad_accum_dtype fp32 is what nxd's mixed_precision does; other values are refused"),
+    ("deepspeed_extra_args", "DeepSpeed", None, R, "",
+     "extra DeepSpeed keys are not translated; write NeoX's own keys instead"),
+    # ----------------------------------------------------------------------------- launcher
+    ("hostfile", "Launcher", None, N, "", _LAUNCHER),
+    ("include", "Launcher", None, N, "", _LAUNCHER),
+    ("exclude", "Launcher", None, N, "", _LAUNCHER),
+    ("num_nodes", "Launcher", -1, M, "trainer.num_nodes", "-1 (all of the hostfile's) is one node here"),
+    ("num_gpus", "Launcher", None, M, "trainer.devices",
+     "processes per node; null is one (NeoX: every GPU of the node): set trainer.devices on the command line"),
+    ("master_port", "Launcher", 29500, N, "", _LAUNCHER),
+    ("master_addr", "Launcher", None, N, "", _LAUNCHER),
+    ("launcher", "Launcher", "pdsh", N, "", _LAUNCHER),
+    ("force_multi", "Launcher", False, N, "", _LAUNCHER),
+    ("autotuning_run", "Launcher", None, N, "", _LAUNCHER),
+    ("no_ssh_check", "Launcher", False, N, "", _LAUNCHER),
+    ("comment", "Launcher", None, N, "", _LAUNCHER),
+    ("account", "Launcher", None, N, "", _LAUNCHER),
+)  # fmt: skip
+
+NEOX_KEYS: dict[str, NeoXKey] = {entry[0]: NeoXKey(*entry) for entry in _ENTRIES}
+"""Every GPT-NeoX argument by name."""
+
+GROUPS = tuple(dict.fromkeys(key.group for key in NEOX_KEYS.values()))
