@@ -20,7 +20,7 @@ from nxd_ckpt import (
     read_info,
 )
 
-from .cli import EXPORT_DTYPES
+from .export_dtypes import EXPORT_DTYPES
 from .logdir import CHECKPOINT_DIR
 
 

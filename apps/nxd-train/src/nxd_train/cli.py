@@ -1,8 +1,13 @@
 """The `nxd-train` command line.
 
-    nxd-train [train] [[--config] FILE] [OVERRIDE ...] run the job (the embedded tiny config by default)
-    nxd-train config show FILE [OVERRIDE ...]          print the resolved config as YAML
-    nxd-train config check FILE [OVERRIDE ...]         exit 0 if a run would start here, 1 with every problem
+    nxd-train [train] [FILE ...] [OVERRIDE ...]        run the job (the embedded tiny config by default)
+    nxd-train config show FILE ... [OVERRIDE ...]      print the resolved config as YAML
+    nxd-train config check FILE ... [OVERRIDE ...]     exit 0 if a run would start here, 1 with every problem
+    nxd-train config translate FILE ... [--to nxdt]    print the run as an NxDT-dialect file
+    nxd-train plan FILE ... [OVERRIDE ...]             each rank's memory before launch
+
+FILE is one NxDT config, or one or more GPT-NeoX configs (merged as NeoX's launcher merges them); the
+dialect is recognised from the files, or forced with --dialect nxdt|neox. OVERRIDEs use the files' keys.
     nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
                                                       jsonl -> Megatron .bin/.idx
     nxd-train ckpt list LOGDIR                         checkpoints with step, size and completeness
@@ -24,12 +29,14 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
-from nxd_config import ConfigError, ConfigNotice, NxdConfig, load_config
+from nxd_config import DIALECTS, ConfigError, ConfigNotice, NxdConfig, load_config, to_nxdt_yaml
+
+from .export_dtypes import EXPORT_DTYPES
 
 SUBCOMMANDS = ("train", "config", "plan", "data", "ckpt")
-EXPORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-"""--dtype choices of ckpt export-hf -> torch dtype names."""
 OVERRIDE_HELP = "a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML)"
+ITEMS_HELP = "config files (one NxDT file, or GPT-NeoX files), then overrides: " + OVERRIDE_HELP
+DIALECT_HELP = "the files' dialect (default: recognised from the files)"
 
 
 def default_config_path() -> Path:
@@ -40,31 +47,36 @@ def default_config_path() -> Path:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nxd-train",
-        description="Train large language models from one NxDT-dialect YAML file.",
+        description="Train large language models from one NxDT-dialect YAML file (or GPT-NeoX config files).",
         epilog="Without a subcommand, nxd-train runs 'train'. Overrides: " + OVERRIDE_HELP,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     train = commands.add_parser("train", help="run the job a config describes (the default command)")
-    train.add_argument("--config", "-c", type=Path, default=None,
-                       help="config file (default: the embedded tiny config)")
+    train.add_argument("--config", "-c", type=Path, action="append", default=None,
+                       help="config file, repeatable for GPT-NeoX files (default: the embedded tiny config)")
+    train.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
     train.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
 
     config = commands.add_parser("config", help="inspect a config without running it")
     actions = config.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, text in (("show", "print the resolved config (defaults filled in) as YAML"),
                        ("check", "validate a config and run training's preflight (data, model, layout) without "
-                                  "launching: exit 0 if a run would start on this machine, 1 listing every problem")):
+                                  "launching: exit 0 if a run would start on this machine, 1 listing every problem"),
+                       ("translate", "print the same run as an NxDT-dialect file: the keys it sets, nxd extensions "
+                                      "marked (a GPT-NeoX run migrates to NxDT's dialect)")):
         action = actions.add_parser(name, help=text, description=text)
-        action.add_argument("file", type=Path, metavar="CONFIG")
-        action.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
+        action.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
+        action.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
+        if name == "translate":
+            action.add_argument("--to", choices=("nxdt",), default="nxdt", help="the dialect to write (nxdt)")
 
     text = ("count each rank's memory (parameters, gradients, master weights, optimizer state, activations, "
             "loss, step) for the config's layout before launch, against the memory a rank has; exit 1, naming "
             "the keys that would make it fit, when it does not fit")  # fmt: skip
     plan = commands.add_parser("plan", help="each rank's memory before launch", description=text)
-    plan.add_argument("file", type=Path, metavar="CONFIG")
-    plan.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
+    plan.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
+    plan.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
     plan.add_argument("--device-memory", type=float, metavar="GIB", default=None,
                       help="memory of one rank in GiB (default: the local accelerator's, or the host's shared by "
                            "the local ranks)")  # fmt: skip
@@ -115,13 +127,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if not args_list or (args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help")):
         args_list.insert(0, "train")
-    if args_list[0] == "train" and len(args_list) > 1 and _is_config_file(args_list[1]):
-        args_list[1:2] = ["--config", args_list[1]]  # `nxd-train FILE.yaml ...` reads like `--config FILE.yaml`
-    args = build_parser().parse_args(args_list)
-    if args.command == "config":
-        return _config_command(args.action, args.file, args.overrides)
-    if args.command == "plan":
-        return _plan_command(args.file, args.overrides, args.device_memory)
+    if args_list[0] == "train":  # `nxd-train A.yml B.yml ...` reads like `--config A.yml --config B.yml ...`
+        index = 1
+        while index < len(args_list) and _is_config_file(args_list[index]):
+            args_list[index:index + 1] = ["--config", args_list[index]]
+            index += 2
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.command in ("config", "plan"):
+        files, overrides = split_items(args.items)
+        if not files:
+            parser.error(f"{args.command}: expected a config file before the overrides, found {args.items[0]!r}")
+        if args.command == "plan":
+            return _plan_command(files, overrides, args.device_memory, args.dialect)
+        return _config_command(args.action, files, overrides, args.dialect)
     if args.command == "data":
         return _preprocess_command(args)
     if args.command == "ckpt":
@@ -132,12 +151,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "verify":
             return verify_command(args.path)
         return export_command(args.checkpoint, args.out, args.dtype, args.merged)
-    return _train_command(args.config or default_config_path(), args.overrides)
+    return _train_command(args.config or [default_config_path()], args.overrides, args.dialect)
 
 
 def _is_config_file(argument: str) -> bool:
-    """A YAML file named where overrides go (an override always holds '=' or starts with '~')."""
-    return "=" not in argument and not argument.startswith(("~", "-")) and argument.endswith((".yaml", ".yml"))
+    """A YAML or JSON file named where overrides go (an override always holds '=' or starts with '~')."""
+    return "=" not in argument and not argument.startswith(("~", "-")) and argument.endswith((".yaml", ".yml", ".json"))
+
+
+def split_items(items: Sequence[str]) -> tuple[list[Path], list[str]]:
+    """Leading config files, then the overrides (an override holds '=' or starts with '~' or '+')."""
+    files = []
+    for item in items:
+        if "=" in item or item.startswith(("~", "+")):
+            break
+        files.append(Path(item))
+    return files, list(items[len(files):])
+
+
+def _names(paths: Sequence[Path]) -> str:
+    return ", ".join(str(path) for path in paths)
 
 
 @contextlib.contextmanager
@@ -156,23 +189,27 @@ def _notices_to_stderr() -> Iterator[None]:
                     warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-def _load(path: Path, overrides: Sequence[str]) -> NxdConfig | None:
+def _load(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> NxdConfig | None:
     """Load a config, printing notices and errors to stderr; None when it is invalid."""
     try:
         with _notices_to_stderr():
-            return load_config(path, overrides)
+            return load_config(paths, overrides, dialect=dialect)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return None
 
 
-def _config_command(action: str, path: Path, overrides: Sequence[str]) -> int:
-    config = _load(path, overrides)
+def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
+    config = _load(paths, overrides, dialect)
     if config is None:
         return 1
     if action == "show":
         print(to_yaml(config), end="")
         return 0
+    if action == "translate":
+        print(f"# {_names(paths)} as an NxDT-dialect nxd config\n" + to_nxdt_yaml(config), end="")
+        return 0
+    path = _names(paths)
     processes = f"{config.world_size} process{'es' if config.world_size != 1 else ''}"
     print(f"{path}: valid ({processes}: tp={config.distributed_strategy.tensor_model_parallel_size} "
           f"pp={config.distributed_strategy.pipeline_model_parallel_size} "
@@ -191,10 +228,12 @@ def _config_command(action: str, path: Path, overrides: Sequence[str]) -> int:
     return 0
 
 
-def _plan_command(path: Path, overrides: Sequence[str], device_memory: float | None) -> int:
-    config = _load(path, overrides)
+def _plan_command(paths: Sequence[Path], overrides: Sequence[str], device_memory: float | None,
+                  dialect: str | None) -> int:  # fmt: skip
+    config = _load(paths, overrides, dialect)
     if config is None:
         return 1
+    path = _names(paths)
     if device_memory is not None and device_memory <= 0:
         print(f"--device-memory: expected a positive number of GiB, found {device_memory}", file=sys.stderr)
         return 1
@@ -213,10 +252,11 @@ def _plan_command(path: Path, overrides: Sequence[str], device_memory: float | N
     return 0 if fits else 1
 
 
-def _train_command(path: Path, overrides: Sequence[str]) -> int:
-    config = _load(path, overrides)
+def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
+    config = _load(paths, overrides, dialect)
     if config is None:
         return 1
+    path = _names(paths)
     from .corpus import default_cache_dir  # the training stack loads only when training
     from .memory_check import memory_notice
     from .preflight import PreflightError, plan_run

@@ -65,7 +65,8 @@ class HFExport:
         """The export of a model's declared mapping: any object with these fields (nxd-models' HFMapping)."""
         return cls(mapping.config, mapping.keys, mapping.vocab_size, tuple(mapping.vocab_padded_keys),
                    dict(mapping.tied), stacked={key: tuple(keys) for key, keys in mapping.stacked.items()},
-                   interleaved={key: (tuple(ours), rows) for key, (ours, rows) in mapping.interleaved.items()})  # fmt: skip
+                   interleaved={key: (tuple(ours), rows)
+                                for key, (ours, rows) in mapping.interleaved.items()})  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HFExport:

@@ -82,7 +82,8 @@ def _matched(directory: Path, export: HFExport,
                               + "; ".join(part for part in (f"missing {', '.join(missing[:4])}" if missing else "",
                                                             f"unexpected {', '.join(extra[:4])}" if extra else "")
                                           if part))  # fmt: skip
-    matched: dict[str, _Entry | _Part | list[_Entry]] = {ours: [None] * len(keys) for ours, keys in export.stacked.items()}
+    matched: dict[str, _Entry | _Part | list[_Entry]] = {ours: [None] * len(keys)
+                                                          for ours, keys in export.stacked.items()}  # fmt: skip
     for theirs, entry in found.items():
         ours = theirs_to_ours[theirs]
         shape = tuple(shapes[ours])

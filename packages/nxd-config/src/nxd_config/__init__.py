@@ -1,17 +1,21 @@
-"""nxd-config: NxDT-dialect YAML -> a typed, validated, immutable `NxdConfig`.
+"""nxd-config: NxDT-dialect YAML (or GPT-NeoX config files) -> a typed, validated, immutable `NxdConfig`.
 
     from nxd_config import load_config, ConfigError
     config = load_config("configs/tiny.yaml", ["trainer.max_steps=10"])
+    config = load_config(["neox/125M.yml", "neox/local_setup.yml"], ["train_iters=10"])
     config.distributed_strategy.tensor_model_parallel_size
 """
 
+from .dialects import DIALECTS
 from .errors import ConfigDeprecation, ConfigError, ConfigIssue, ConfigNotice
 from .loading import load_config
 from .schema import NxdConfig, Status
+from .writing import to_nxdt_yaml
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DIALECTS",
     "ConfigDeprecation",
     "ConfigError",
     "ConfigIssue",
@@ -19,4 +23,5 @@ __all__ = [
     "NxdConfig",
     "Status",
     "load_config",
+    "to_nxdt_yaml",
 ]

@@ -1,5 +1,6 @@
-"""`load_config`: YAML file or mapping -> overrides -> older spellings -> interpolation -> schema
--> cross-field rules. Every problem found on the way is reported together in one ConfigError."""
+"""`load_config`: config files or a mapping -> the dialect's reading (NxDT: overrides, older spellings,
+interpolation; GPT-NeoX: merging, overrides, translation) -> schema -> cross-field rules. Every problem found
+on the way is reported together in one ConfigError."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import aliases, rules
+from .dialects import dialect_of
 from .errors import ConfigError, ConfigIssue, ConfigNotice, Described
+from .neox.files import NeoXFile, canonical, merge, read_file
+from .neox.translate import Translation, translate
 from .overrides import apply_overrides
 from .schema import NxdConfig
 from .validation import dotted, validate
@@ -33,20 +37,40 @@ _register = getattr(OmegaConf, "register_resolver", OmegaConf.register_new_resol
 _register("multiply", _multiply, replace=True)
 
 
+Source = str | PathLike[str] | Mapping[str, Any]
+
+
 def load_config(
-    source: str | PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = ()
+    source: Source | Sequence[str | PathLike[str]], overrides: Sequence[str] = (), *, dialect: str | None = None
 ) -> NxdConfig:
     """Load, override, resolve and validate a config.
 
-    `source` is a YAML file path or a mapping; `overrides` are `a.b=c`, `+a.b=c` or `~a.b`
-    strings. Raises ConfigError listing every problem; warns (ConfigNotice) about accepted
-    keys that deserve attention.
+    `source` is a YAML file path, a mapping, or several GPT-NeoX files (merged as NeoX's launcher merges
+    them); `overrides` are `a.b=c`, `+a.b=c` or `~a.b` strings in the files' dialect. `dialect` ("nxdt" or
+    "neox") forces the dialect, which is otherwise recognised from the files. Raises ConfigError listing
+    every problem; warns (ConfigNotice) about accepted keys that deserve attention.
     """
-    name = "<mapping>" if isinstance(source, Mapping) else str(source)
-    config = _read(source, name)
+    sources = [source] if isinstance(source, str | PathLike | Mapping) else list(source)
+    if not sources:
+        raise ConfigError(ConfigIssue("", "expected a config file, found none"))
+    raw = [(_name(item), dict(item) if isinstance(item, Mapping) else read_file(Path(item))) for item in sources]
+    if dialect_of(raw, dialect) == "neox":
+        return _load_neox(raw, list(overrides))
+    name = raw[0][0]
+    config = _read(sources[0], name)
     issues = apply_overrides(config, list(overrides))
     tree = OmegaConf.to_container(config, resolve=False)
     issues += aliases.normalise(tree)
+    return _build(tree, issues, lambda found: ConfigError(found, name), lambda issue: issue.render())
+
+
+def _name(source: Source) -> str:
+    return "<mapping>" if isinstance(source, Mapping) else str(source)
+
+
+def _build(tree: dict[str, Any], issues: list[ConfigIssue], error: Any, render: Any) -> NxdConfig:
+    """Resolve, validate and judge the cross-field rules of an NxDT-dialect tree; ConfigError (made by `error`
+    from the issues) with every problem, or the config with its notices (each written by `render`) warned."""
     resolved, resolve_issues = _resolve(tree)
     issues += resolve_issues
     built, type_issues, repaired = validate(resolved)
@@ -54,14 +78,65 @@ def load_config(
     findings = rules.check(built, repaired) if built is not None else []
     issues += [finding.issue for finding in findings if not finding.notice]
     if issues:
-        raise ConfigError(issues, name)
+        raise error(issues)
     for finding in findings:
-        warnings.warn(finding.issue.render(), ConfigNotice, stacklevel=2)
+        warnings.warn(render(finding.issue), ConfigNotice, stacklevel=3)
     assert built is not None
     return built
 
 
-def _read(source: str | PathLike[str] | Mapping[str, Any], name: str) -> DictConfig:
+def _load_neox(raw: list[tuple[str, dict[str, Any]]], overrides: list[str]) -> NxdConfig:
+    """GPT-NeoX files merged, overridden (NeoX keys, dashes or underscores) and translated to NxDT's tree."""
+    merged, origin = merge([NeoXFile(name, values) for name, values in raw])
+    names = ", ".join(name for name, _ in raw)
+    config = OmegaConf.create(merged)
+    issues = apply_overrides(config, [_canonical_override(item) for item in overrides])
+    if issues:
+        raise ConfigError(issues, names)
+    values = OmegaConf.to_container(config, resolve=False)
+    translation = translate(values, Path(raw[0][0]).stem if raw[0][0] != "<mapping>" else "neox")
+
+    located = [_located(issue, origin, names) for issue in translation.issues]
+
+    def where(issue: ConfigIssue) -> ConfigIssue:
+        return issue if issue in located else _neox_issue(issue, translation, origin, names)
+
+    built = _build(translation.tree, list(located),
+                   lambda found: ConfigError([where(issue) for issue in found]),
+                   lambda issue: where(issue).render())  # fmt: skip
+    for notice in translation.notices:
+        key = notice.partition(":")[0].partition(".")[0]
+        warnings.warn(f"{origin.get(key, names)}: {notice}", ConfigNotice, stacklevel=2)
+    return built
+
+
+def _canonical_override(override: str) -> str:
+    """A NeoX override with its top-level key in NeoX's spelling (dashes are underscores)."""
+    prefix = override[:1] if override[:1] in "+~" else ""
+    key, sep, value = override[len(prefix):].partition("=")
+    top, dot, rest = key.partition(".")
+    return f"{prefix}{canonical(top)}{dot}{rest}{sep}{value}"
+
+
+def _neox_issue(issue: ConfigIssue, translation: Translation, origin: dict[str, str], names: str) -> ConfigIssue:
+    """An issue about the translated tree, told in the NeoX keys (and file) it came from."""
+    path, keys = issue.path, ()
+    while path and not keys:
+        keys = translation.sources.get(path, ())
+        path = path.rpartition(".")[0]
+    if not keys:
+        return ConfigIssue(f"{names}: {issue.path}", issue.message)
+    given = [key for key in keys if key in origin] or list(keys)
+    return ConfigIssue(f"{origin.get(given[0], names)}: {' / '.join(given)} (nxd: {issue.path})", issue.message)
+
+
+def _located(issue: ConfigIssue, origin: dict[str, str], names: str) -> ConfigIssue:
+    """A translation issue (its path a NeoX key) with the file that set the key."""
+    key = issue.path.partition(".")[0]
+    return ConfigIssue(f"{origin.get(key, names)}: {issue.path}", issue.message)
+
+
+def _read(source: Source, name: str) -> DictConfig:
     try:
         if isinstance(source, Mapping):
             config = OmegaConf.create(dict(source))

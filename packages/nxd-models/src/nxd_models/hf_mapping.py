@@ -155,7 +155,8 @@ def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
                           f"{int(config.head_dim * config.rotary_percentage)} of {config.head_dim} dims (GPT-NeoX "
                           f"needs an even count)")  # fmt: skip
     if mismatches:
-        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: " + "; ".join(mismatches))
+        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: "
+                               + "; ".join(mismatches))
     hf_config = {
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",

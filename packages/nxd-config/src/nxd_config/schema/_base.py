@@ -39,15 +39,19 @@ def key(
     note: str = "",
     alias: str | None = None,
     expected: str | None = None,
+    extension_values: tuple[Any, ...] = (),
     **constraints: Any,
 ) -> Any:
     """Declare a config key: its default, effect (`doc`), consuming package (`by`) and status.
 
-    `expected` words what a key with alternative types accepts, for error messages.
+    `expected` words what a key with alternative types accepts, for error messages; `extension_values` are
+    the values nxd adds to a key NxDT defines (a written config marks them as nxd extensions).
     """
-    extra = {"status": str(status), "by": by, "note": note}
+    extra: dict[str, Any] = {"status": str(status), "by": by, "note": note}
     if expected:
         extra["expected"] = expected
+    if extension_values:
+        extra["extension_values"] = list(extension_values)
     return Field(default, description=doc, alias=alias, json_schema_extra=extra, **constraints)
 
 

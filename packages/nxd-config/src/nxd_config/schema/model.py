@@ -192,6 +192,7 @@ class ModelConfig(Section):
         "Norm layer: layernorm (with a bias), rmsnorm, or scalenorm (x / max(||x||, eps) times one learned scalar; an "
         "nxd extension value, from GPT-NeoX).",
         by=MODELS,
+        extension_values=("scalenorm",),
     )
     layernorm_epsilon: float = key(1e-5, "Norm epsilon.", by=MODELS, gt=0.0)
     make_vocab_size_divisible_by: int = key(
@@ -213,6 +214,7 @@ class ModelConfig(Section):
         "sin | cos added to the embedding), alibi (a per-head linear bias on attention scores; not with context "
         "parallelism) and none.",
         by=MODELS,
+        extension_values=("sinusoidal", "alibi", "none"),
     )
     rotary_percentage: float = key(
         1.0, "Fraction of each head's dimensions that RoPE rotates.", by=MODELS, gt=0.0, le=1.0
@@ -225,6 +227,7 @@ class ModelConfig(Section):
         "approximation), relu, silu, mish, softsign, and the gated geglu, reglu, bilinear (no activation) and glu "
         "(sigmoid), each down(act(gate(x)) * up(x)) as swiglu.",
         by=MODELS,
+        extension_values=("approx-gelu", "relu", "silu", "mish", "softsign", "geglu", "reglu", "bilinear", "glu"),
     )
     transformer_block_type: Literal["pre_ln", "post_ln", "normformer", "gpt_j", "gpt_neox"] = key(
         "pre_ln",
@@ -234,6 +237,7 @@ class ModelConfig(Section):
         by=MODELS,
         status=Status.LIMITED,
         note="pre_ln, gpt_j and gpt_neox; NeMo's post_ln and normformer are rejected",
+        extension_values=("gpt_neox",),
     )
     has_bias: bool = key(True, "Biases in the linear layers.", by=MODELS)
     attention_bias: bool | None = key(

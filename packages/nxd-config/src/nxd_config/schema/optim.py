@@ -90,7 +90,8 @@ class NeoXAnnealing(_Scheduler):
     """GPT-NeoX's AnnealingLR: a linear warmup over a fraction of the decay horizon, then a decay of the chosen
     style; min_lr floors the rate after warmup, and nothing stops the decay at the horizon (as in NeoX)."""
 
-    name: Literal["NeoXAnnealing"]
+    name: Literal["NeoXAnnealing"] = key(..., "GPT-NeoX's AnnealingLR.", by=APP, status=Status.EXTENSION,
+                                         note="GPT-NeoX's learning-rate schedule")
     decay_style: Literal["constant", "linear", "cosine", "exponential"] = key(
         "linear",
         "After warmup, at n steps past it over the E steps from warmup to max_steps: constant lr; linear "
