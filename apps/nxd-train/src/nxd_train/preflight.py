@@ -120,8 +120,8 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConf
         position_embedding_type=m.position_embedding_type, rotary_percentage=m.rotary_percentage,
         rope_theta=m.rope_theta or 10000.0, activation=m.activation, has_bias=m.has_bias,
         attention_bias=m.attention_bias, mlp_bias=m.mlp_bias, init_method=m.init_method,
-        output_layer_init_method=m.output_layer_init_method, qkv_linear=m.qkv_linear, fuse_qkv=m.fuse_qkv, sliding_window=m.sliding_window_size, loss_chunk_tokens=m.fusions.loss_chunk_tokens,
-        moe=moe_spec(m.moe),
+        output_layer_init_method=m.output_layer_init_method, qkv_linear=m.qkv_linear, fuse_qkv=m.fuse_qkv,
+        sliding_window=m.sliding_window_size, loss_chunk_tokens=m.fusions.loss_chunk_tokens, moe=moe_spec(m.moe),
     )  # fmt: skip
 
 
