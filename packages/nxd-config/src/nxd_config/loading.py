@@ -101,9 +101,15 @@ def _load_neox(raw: list[tuple[str, dict[str, Any]]], overrides: list[str]) -> N
     def where(issue: ConfigIssue) -> ConfigIssue:
         return issue if issue in located else _neox_issue(issue, translation, origin, names)
 
-    built = _build(translation.tree, list(located),
-                   lambda found: ConfigError([where(issue) for issue in found]),
-                   lambda issue: where(issue).render())  # fmt: skip
+    def error(found: list[ConfigIssue]) -> ConfigError:
+        """Every problem once: a check of the translated config about keys already refused says no more."""
+        refused = translation.refused
+        kept = [issue for issue in found
+                if issue in located or not {key.partition(".")[0] for key in _provenance(issue.path, translation)}
+                & refused]  # fmt: skip
+        return ConfigError([where(issue) for issue in kept])
+
+    built = _build(translation.tree, list(located), error, lambda issue: where(issue).render())
     for notice in translation.notices:
         key = notice.partition(":")[0].partition(".")[0]
         warnings.warn(f"{origin.get(key, names)}: {notice}", ConfigNotice, stacklevel=2)
@@ -118,16 +124,23 @@ def _canonical_override(override: str) -> str:
     return f"{prefix}{canonical(top)}{dot}{rest}{sep}{value}"
 
 
-def _neox_issue(issue: ConfigIssue, translation: Translation, origin: dict[str, str], names: str) -> ConfigIssue:
-    """An issue about the translated tree, told in the NeoX keys (and file) it came from."""
-    path, keys = issue.path, ()
+def _provenance(path: str, translation: Translation) -> tuple[str, ...]:
+    """The NeoX keys an nxd key (or its nearest section) was made from."""
+    keys: tuple[str, ...] = ()
     while path and not keys:
         keys = translation.sources.get(path, ())
         path = path.rpartition(".")[0]
+    return keys
+
+
+def _neox_issue(issue: ConfigIssue, translation: Translation, origin: dict[str, str], names: str) -> ConfigIssue:
+    """An issue about the translated tree, told in the NeoX keys (and file) it came from."""
+    keys = _provenance(issue.path, translation)
     if not keys:
         return ConfigIssue(f"{names}: {issue.path}", issue.message)
-    given = [key for key in keys if key in origin] or list(keys)
-    return ConfigIssue(f"{origin.get(given[0], names)}: {' / '.join(given)} (nxd: {issue.path})", issue.message)
+    given = [key for key in keys if key.partition(".")[0] in origin] or list(keys)
+    file = origin.get(given[0].partition(".")[0], names)
+    return ConfigIssue(f"{file}: {' / '.join(given)} (nxd: {issue.path})", issue.message)
 
 
 def _located(issue: ConfigIssue, origin: dict[str, str], names: str) -> ConfigIssue:

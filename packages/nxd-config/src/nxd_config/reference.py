@@ -84,10 +84,15 @@ def _default(value: Any) -> str:
 
 def update(readme: Path) -> bool:
     """Rewrite the table between the markers in `readme`; True if it changed."""
+    return rewrite_between(readme, START, END, key_table())
+
+
+def rewrite_between(readme: Path, start: str, end: str, content: str) -> bool:
+    """Replace what lies between the markers `start` and `end` in `readme` with `content`; True if it changed."""
     text = readme.read_text(encoding="utf-8")
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    new = f"{head}{START}\n{key_table()}{END}{tail}"
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    new = f"{head}{start}\n{content}{end}{tail}"
     if new == text:
         return False
     temporary = readme.with_suffix(readme.suffix + ".tmp")

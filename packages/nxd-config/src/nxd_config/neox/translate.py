@@ -57,8 +57,17 @@ class Translation:
         node[leaf] = value
         self.sources[path] = keys
 
+    def claim(self, path: str, *keys: str) -> None:
+        """Record that nxd key `path` stands for NeoX `keys` even where nothing was written to it."""
+        self.sources.setdefault(path, keys)
+
     def refuse(self, key: str, message: str) -> None:
         self.issues.append(ConfigIssue(key, message))
+
+    @property
+    def refused(self) -> set[str]:
+        """The NeoX keys (top level) some refusal names."""
+        return {issue.path.partition(".")[0] for issue in self.issues}
 
     def notice(self, key: str, message: str) -> None:
         self.notices.append(f"{key}: {message}")
@@ -93,7 +102,9 @@ def is_default(value: Any, default: Any) -> bool:
 
 def translate(values: dict[str, Any], name: str) -> Translation:
     """The NxDT tree of NeoX arguments `values` (canonical spellings); `name` names the run."""
-    t, a = Translation(), Arguments(values)
+    t = Translation()
+    values = _with_extra_deepspeed_args(t, values)
+    a = Arguments(values)
     for key, value in values.items():
         entry = NEOX_KEYS.get(key)
         if entry is None:
@@ -107,6 +118,25 @@ def translate(values: dict[str, Any], name: str) -> Translation:
                   _checkpoints, _logging):  # fmt: skip
         group(a, t)
     return t
+
+
+def _with_extra_deepspeed_args(t: Translation, values: dict[str, Any]) -> dict[str, Any]:
+    """`deepspeed_extra_args` holds DeepSpeed config keys that NeoX passes on as they are: each is read as
+    the DeepSpeed key of that name written at the top level."""
+    extra = values.get("deepspeed_extra_args")
+    if not isinstance(extra, dict):
+        return values
+    merged = {key: value for key, value in values.items() if key != "deepspeed_extra_args"}
+    for key, value in extra.items():
+        entry = NEOX_KEYS.get(key)
+        if entry is None or entry.group != "DeepSpeed" or key == "deepspeed_extra_args":
+            t.refuse(f"deepspeed_extra_args.{key}", "expected a DeepSpeed config key (such as comms_logger or "
+                     "flops_profiler)")  # fmt: skip
+        elif key in merged:
+            t.refuse(f"deepspeed_extra_args.{key}", f"expected {key} once, found it at the top level too")
+        else:
+            merged[key] = value
+    return merged
 
 
 def _judge(t: Translation, entry: NeoXKey, value: Any) -> None:
@@ -343,7 +373,7 @@ def _parallel(a: Arguments, t: Translation) -> None:
     t.set("distributed_strategy.tensor_model_parallel_size", tp, "model_parallel_size")
     t.set("distributed_strategy.sequence_parallel", a["sequence_parallel"], "sequence_parallel")
     devices = a["num_gpus"]
-    t.set("trainer.devices", 1 if devices is None else devices, "num_gpus")
+    t.set("trainer.devices", tp * pp if devices is None else devices, "num_gpus")
     nodes = a["num_nodes"]
     t.set("trainer.num_nodes", 1 if nodes == -1 else nodes, "num_nodes")
     method, layers = a["pipe_partition_method"], a["num_layers"]
@@ -408,6 +438,7 @@ def _precision(a: Arguments, t: Translation) -> None:
 def _optimizer(a: Arguments, t: Translation) -> None:
     """The optimizer block (NeoX's training.py: get_optimizer) and NeoX's AnnealingLR schedule."""
     block = a["optimizer"]
+    t.claim("model.optim", "optimizer")
     if block is None:
         t.refuse("optimizer", "expected an optimizer block such as {type: Adam, params: {lr: 0.0006}}, found none "
                  "(GPT-NeoX stops without one too)")  # fmt: skip
@@ -446,7 +477,8 @@ def _optimizer(a: Arguments, t: Translation) -> None:
     options["weight_decay"] = a["weight_decay"]
     options["sched"] = _schedule(a, t, lr)
     for key, value in options.items():
-        t.set(f"model.optim.{key}", value, "optimizer", "weight_decay" if key == "weight_decay" else "optimizer")
+        source = {"weight_decay": "weight_decay", "sched": "lr_decay_style", "name": "optimizer.type"}
+        t.set(f"model.optim.{key}", value, source.get(key, f"optimizer.params.{key}"))
 
 
 def _schedule(a: Arguments, t: Translation, lr: Any) -> dict[str, Any]:
@@ -531,8 +563,9 @@ def _batches(a: Arguments, t: Translation) -> None:
     if not all(isinstance(size, int) or size is None for size in sizes):
         return
     devices, nodes, tp, pp = sizes
-    world = (devices or 1) * (1 if nodes in (None, -1) else nodes)
-    dp = world // (max(1, tp or 0) * max(1, pp or 0)) or 1
+    model_parallel = max(1, tp or 0) * max(1, pp or 0)
+    world = (devices or model_parallel) * (1 if nodes in (None, -1) else nodes)
+    dp = world // model_parallel or 1
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     if total is None and micro is None:
         t.refuse("train_batch_size", "expected train_batch_size or train_micro_batch_size_per_gpu, found neither")
