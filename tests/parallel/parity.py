@@ -44,6 +44,19 @@ MOE = MoESpec(num_experts=4, top_k=2, capacity_factor=1.25, normalize_top_k_affi
 load-balancing loss large enough to move the gradients."""
 
 
+NEOX_SHAPES = {
+    "pythia": dict(transformer_block_type="gpt_neox", position_embedding_type="rope", rotary_percentage=0.25,
+                   activation="approx-gelu", init_method="small_init", output_layer_init_method="wang_init"),
+    "alibi": dict(transformer_block_type="gpt_j", position_embedding_type="alibi", normalization="scalenorm",
+                  activation="geglu", mlp_bias=False, init_method="xavier_uniform"),
+    "sinusoidal": dict(position_embedding_type="sinusoidal", activation="mish", attention_bias=False,
+                       init_method="orthogonal", output_layer_init_method="single_residual_scaled_normal"),
+}
+"""GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
+gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feeding attention and a geglu MLP
+(GPT-J's block) without MLP biases; sinusoidal positions with mish and orthogonal weights."""
+
+
 def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,
                tied: bool = True, loss_chunk: int = LOSS_CHUNK) -> GPTConfig | LlamaConfig | Qwen3Config:  # fmt: skip
     """A two-layer Llama shape of either family, the Megatron-style Mistral (sliding window) or GPT
@@ -64,6 +77,11 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
                          loss_chunk_tokens=loss_chunk)  # fmt: skip
+    if family in NEOX_SHAPES:  # GPT-NeoX's shapes (untied, so that pipeline stages hold whole layers)
+        return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+                         ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
+                         share_embeddings_and_output_weights=False, loss_chunk_tokens=loss_chunk,
+                         **NEOX_SHAPES[family])  # fmt: skip
     if family == "mixtral":  # transformers' Mixtral with nxd's MoE layer: MOE's routing and capacity
         config = MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                                num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=SEQ,

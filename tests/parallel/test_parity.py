@@ -59,6 +59,30 @@ def _two_process_scenarios() -> list[Scenario]:
     ]
 
 
+def _neox_scenarios(slow: bool = False) -> list[Scenario]:
+    """GPT-NeoX's shapes (parity.NEOX_SHAPES) in every layout: tensor + sequence parallel (ALiBi's slopes follow
+    each rank's heads), pipeline stages, context parallel (sinusoids and rotary at each rank's positions; ALiBi
+    is refused there), ZeRO-1, recompute. `slow`: the further crossings, run with --runslow."""
+    staged = dict(layers=4)
+    if slow:
+        return [
+            Scenario("alibi-pp2-interleaved", "alibi", pp=2, layout=Layout(virtual_stages=2), **staged),
+            Scenario("alibi-dp2-zero1-full-recompute", "alibi", layout=Layout(zero1=True, recompute="full")),
+            Scenario("sinusoidal-tp2-sp", "sinusoidal", tp=2, layout=Layout(sequence_parallel=True)),
+            Scenario("sinusoidal-pp2", "sinusoidal", pp=2, **staged),
+        ]
+    return [
+        Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
+        Scenario("pythia-pp2", "pythia", pp=2, **staged),
+        Scenario("pythia-cp2", "pythia", cp=2),
+        Scenario("pythia-dp2-zero1", "pythia", layout=Layout(zero1=True), clip=0.5),
+        Scenario("pythia-tp2-sp-full-recompute", "pythia", tp=2, layout=Layout(sequence_parallel=True,
+                                                                                recompute="full")),  # fmt: skip
+        Scenario("alibi-tp2-sp", "alibi", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
+        Scenario("sinusoidal-cp2", "sinusoidal", cp=2, clip=0.5),
+    ]  # fmt: skip
+
+
 def _mixture_of_experts_scenarios() -> list[Scenario]:
     """The "moe" model (capacity drops and the load-balancing loss) with experts over two ranks
     (all-to-all), over data-parallel ranks, split by tensor parallelism, and in pipeline stages; the
@@ -189,7 +213,8 @@ def _key(scenario: Scenario) -> tuple:
 @pytest.fixture(scope="module")
 def references() -> dict[tuple, dict]:
     """One process for each model the scenarios train, computing whole logits (the layouts chunk the loss)."""
-    needed = {_key(s) for s in _two_process_scenarios() + _four_process_scenarios()}
+    needed = {_key(s) for s in _two_process_scenarios() + _four_process_scenarios() + _neox_scenarios()
+              + _neox_scenarios(slow=True)}
     return {key: train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
                                          layers=key[5], tied=key[6], lora=key[7], loss_chunk=0),
                                  world=1)
@@ -206,6 +231,16 @@ def four_processes() -> dict[str, dict]:
     return run_scenarios(4, _four_process_scenarios())
 
 
+@pytest.fixture(scope="module")
+def neox_two_processes() -> dict[str, dict]:
+    return run_scenarios(2, _neox_scenarios())
+
+
+@pytest.fixture(scope="module")
+def neox_two_processes_slow() -> dict[str, dict]:
+    return run_scenarios(2, _neox_scenarios(slow=True))
+
+
 def _check(scenario: Scenario, record: dict, references: dict) -> None:
     reference = references[_key(scenario)]
     for name, value in reference["init"].items():  # each shard is the slice of the one-process init
@@ -220,6 +255,17 @@ def _check(scenario: Scenario, record: dict, references: dict) -> None:
 @pytest.mark.parametrize("scenario", _two_process_scenarios(), ids=lambda s: s.name)
 def test_two_processes_match_one(scenario, two_processes, references):
     _check(scenario, two_processes[scenario.name], references)
+
+
+@pytest.mark.parametrize("scenario", _neox_scenarios(), ids=lambda s: s.name)
+def test_neox_shapes_in_two_processes_match_one(scenario, neox_two_processes, references):
+    _check(scenario, neox_two_processes[scenario.name], references)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", _neox_scenarios(slow=True), ids=lambda s: s.name)
+def test_more_neox_layouts_match_one_process(scenario, neox_two_processes_slow, references):
+    _check(scenario, neox_two_processes_slow[scenario.name], references)
 
 
 @pytest.mark.parametrize("scenario", _four_process_scenarios(), ids=lambda s: s.name)

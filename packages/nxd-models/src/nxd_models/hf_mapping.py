@@ -50,12 +50,8 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
     """The Hugging Face model that holds the same function as `config`: LlamaForCausalLM (MistralForCausalLM
     with a sliding window, MixtralForCausalLM with experts) or GPTNeoXForCausalLM; a clear error naming the keys
     for shapes transformers has no class for."""
-    if config.normalization == "layernorm" and not config.gated:
+    if config.transformer_block_type != "pre_ln" or (config.normalization == "layernorm" and not config.gated):
         return gpt_neox_mapping(config)
-    if config.transformer_block_type != "pre_ln":
-        raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: transformer_block_"
-                               f"type {config.transformer_block_type!r} needs layernorm and an ungated activation "
-                               f"(GPTNeoXForCausalLM)")  # fmt: skip
     mismatches = [
         f"{key} is {value!r} (Llama needs {needed!r})"
         for key, value, needed in (
@@ -143,6 +139,7 @@ def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
     """The GPTNeoXForCausalLM of a layernorm model with an ungated MLP and rotary positions."""
     mismatches = [f"{key} is {value!r} ({needed})" for key, value, needed in (
         ("transformer_block_type", config.transformer_block_type, "GPT-NeoX runs gpt_neox or pre_ln blocks"),
+        ("normalization", config.normalization, "GPT-NeoX uses layernorm"),
         ("position_embedding_type", config.position_embedding_type, "GPT-NeoX uses rope"),
         ("activation", config.activation, f"GPT-NeoX's hidden_act takes {', '.join(sorted(HF_ACTIVATIONS))}"),
         ("num_kv_heads", config.kv_heads, "GPT-NeoX has as many key/value heads as query heads"),
@@ -200,6 +197,7 @@ def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
 def _gpt_neox_accepts(key: str, value: object, config: GPTConfig) -> bool:
     accepted = {
         "transformer_block_type": value in ("gpt_neox", "pre_ln"),
+        "normalization": value == "layernorm",
         "position_embedding_type": value == "rope",
         "activation": value in HF_ACTIVATIONS,
         "num_kv_heads": value == config.num_attention_heads,

@@ -29,6 +29,17 @@ def normal_std(method: str, std: float, layers: int, hidden: int) -> float | Non
     }.get(method)
 
 
+def _orthogonal(weight: torch.Tensor, gain: float) -> None:
+    """torch's orthogonal init on one thread: LAPACK's QR rounds differently with the thread count, and a
+    process that keeps shards must draw what a one-process build draws."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        nn.init.orthogonal_(weight, gain=gain)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @torch.no_grad()
 def init_weight(weight: torch.Tensor, method: str, *, std: float, layers: int, hidden: int,
                 fans: tuple[int, int] | None = None) -> None:  # fmt: skip
@@ -42,6 +53,6 @@ def init_weight(weight: torch.Tensor, method: str, *, std: float, layers: int, h
     elif method == "xavier_normal":
         nn.init.normal_(weight, 0.0, math.sqrt(2.0 / (fan_in + fan_out)))
     elif method in ("orthogonal", "scaled_orthogonal"):
-        nn.init.orthogonal_(weight, gain=math.sqrt(2.0 / (1 if method == "orthogonal" else layers)))
+        _orthogonal(weight, math.sqrt(2.0 / (1 if method == "orthogonal" else layers)))
     else:
         raise ValueError(f"init method: expected one of {', '.join(INIT_METHODS)}, found {method!r}")

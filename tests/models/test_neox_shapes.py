@@ -1,0 +1,167 @@
+"""GPT-NeoX's model pieces against references worked by hand (or torch's own functions): norms, positions,
+activations, the parallel blocks and the init methods."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from nxd_models import GPTConfig, build_causal_lm
+from nxd_models.activations import ACTIVATIONS
+from nxd_models.attention import AttentionKernel, CoreAttention
+from nxd_models.init_methods import init_weight
+from nxd_models.norms import ScaleNorm
+from nxd_models.positions import alibi_bias, alibi_slopes, sinusoidal_embedding
+
+BASE = dict(vocab_size=64, num_layers=2, hidden_size=16, num_attention_heads=4, seq_length=8, ffn_hidden_size=24,
+            hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8)  # fmt: skip
+
+
+def _config(**changes) -> GPTConfig:
+    return GPTConfig(**{**BASE, **changes})
+
+
+def test_scalenorm_divides_by_the_clamped_l2_norm_and_scales_by_one_scalar():
+    norm = ScaleNorm(eps=0.5)
+    with torch.no_grad():
+        norm.weight.fill_(3.0)
+    x = torch.tensor([[3.0, 4.0], [0.1, 0.0]])
+    # rows: ||(3, 4)|| = 5 -> 3 x (0.6, 0.8); ||(0.1, 0)|| = 0.1 is clamped to eps 0.5 -> 3 x (0.2, 0)
+    assert torch.allclose(norm(x), torch.tensor([[1.8, 2.4], [0.6, 0.0]]))
+
+
+def test_sinusoids_are_all_sines_then_all_cosines():
+    hidden, positions = 6, torch.tensor([[0, 1, 5]])
+    found = sinusoidal_embedding(positions, hidden, torch.float32)
+    for row, p in enumerate([0, 1, 5]):
+        frequencies = [10000 ** (-i / hidden) for i in (0, 2, 4)]
+        expected = [math.sin(p * w) for w in frequencies] + [math.cos(p * w) for w in frequencies]
+        assert found[0, row].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(("heads", "slopes"), [
+    (8, [2 ** -i for i in range(1, 9)]),  # 2^(-8/8) to the powers 1 ... 8
+    (4, [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8]),  # 2^(-8/4) = 1/4 to the powers 1 ... 4
+    (6, [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]),  # the 4 of 4 heads, then 8 heads' 1st and 3rd
+])  # fmt: skip
+def test_alibi_slopes_follow_the_papers_rule(heads, slopes):
+    assert alibi_slopes(heads) == pytest.approx(slopes)
+
+
+@pytest.mark.parametrize("kernel", list(AttentionKernel), ids=str)
+def test_alibi_biases_scores_by_distance_under_every_kernel(kernel):
+    torch.manual_seed(0)
+    batch, heads, seq, dim = 2, 4, 6, 8
+    q, k, v = (torch.randn(batch, heads, seq, dim) for _ in range(3))
+    slopes = alibi_slopes(heads)
+    found = CoreAttention(3, kernel, 0.0, True)(q, k, v, bias=alibi_bias(slopes, seq, q.device))
+    expected = torch.empty_like(found)
+    for h in range(heads):  # softmax(q k / sqrt(d) - slope (i - j)) over j <= i, written out
+        for i in range(seq):
+            scores = torch.tensor([(q[:, h, i] * k[:, h, j]).sum(-1).tolist() for j in range(i + 1)]).T
+            scores = scores / math.sqrt(dim) - slopes[h] * torch.tensor([i - j for j in range(i + 1)])
+            expected[:, h, i] = torch.einsum("bj,bjd->bd", torch.softmax(scores, dim=-1), v[:, h, : i + 1])
+    assert torch.allclose(found, expected, atol=1e-5)
+
+
+GELU = lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))  # noqa: E731
+FORMULAS = {
+    "gelu": GELU,
+    "approx-gelu": lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "relu": lambda x: x.clamp(min=0),
+    "silu": lambda x: x / (1 + torch.exp(-x)),
+    "mish": lambda x: x * torch.tanh(torch.log1p(torch.exp(x))),
+    "softsign": lambda x: x / (1 + x.abs()),
+    "swiglu": lambda x: x / (1 + torch.exp(-x)),
+    "geglu": GELU,
+    "reglu": lambda x: x.clamp(min=0),
+    "bilinear": lambda x: x,
+    "glu": lambda x: 1 / (1 + torch.exp(-x)),
+}
+"""Each activation of the gate (gated ones: multiplied by up) or of up, written out."""
+
+
+@pytest.mark.parametrize("name", sorted(FORMULAS))
+def test_each_activation_is_its_formula(name):
+    assert set(FORMULAS) == set(ACTIVATIONS)
+    model = build_causal_lm(_config(activation=name, mlp_bias=False), seed=3)
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))
+    up = x @ mlp.up_proj.weight.T
+    inner = FORMULAS[name](x @ mlp.gate_proj.weight.T) * up if ACTIVATIONS[name][1] else FORMULAS[name](up)
+    assert torch.allclose(mlp(x), inner @ mlp.down_proj.weight.T, atol=1e-6)
+    assert hasattr(mlp, "gate_proj") == ACTIVATIONS[name][1]
+
+
+@pytest.mark.parametrize("block", ["gpt_j", "gpt_neox"])
+def test_parallel_blocks_add_attention_and_mlp_to_the_input(block):
+    model = build_causal_lm(_config(transformer_block_type=block, position_embedding_type="rope"), seed=5).eval()
+    layer = model.model.layers[0]
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(2))
+    positions = torch.arange(8).expand(2, 8)
+    from nxd_models.attention import rotary_cos_sin
+
+    rotary = rotary_cos_sin(positions, model.config.rotary_dim, 10000.0, x.dtype)
+    normed = layer.input_layernorm(x)
+    mlp_input = normed if block == "gpt_j" else layer.post_attention_layernorm(x)
+    expected = x + layer.self_attn(normed, rotary) + layer.mlp(mlp_input)
+    assert torch.allclose(layer(x, rotary), expected, atol=1e-6)
+    assert hasattr(layer, "post_attention_layernorm") == (block == "gpt_neox")
+
+
+def test_attention_and_mlp_biases_are_set_apart():
+    model = build_causal_lm(_config(attention_bias=False, mlp_bias=True))
+    layer = model.model.layers[0]
+    assert layer.self_attn.q_proj.bias is None and layer.self_attn.o_proj.bias is None
+    assert layer.mlp.up_proj.bias is not None and layer.mlp.down_proj.bias is not None
+
+
+LAYERS, HIDDEN, STD = 4, 64, 0.02
+NORMAL_STDS = {
+    "normal": STD,
+    "scaled_normal": STD / math.sqrt(2 * LAYERS),
+    "single_residual_scaled_normal": STD / math.sqrt(LAYERS),
+    "small_init": math.sqrt(2 / (5 * HIDDEN)),
+    "wang_init": 2 / (LAYERS * math.sqrt(HIDDEN)),
+}
+"""GPT-NeoX's init_functions.py, worked out for 4 layers of width 64."""
+
+
+@pytest.mark.parametrize("method", sorted(NORMAL_STDS))
+def test_normal_inits_draw_with_neox_standard_deviations(method):
+    weight = torch.empty(512, 512)
+    torch.manual_seed(0)
+    init_weight(weight, method, std=STD, layers=LAYERS, hidden=HIDDEN)
+    assert weight.mean().abs() < 0.01 * NORMAL_STDS[method]
+    assert weight.std().item() == pytest.approx(NORMAL_STDS[method], rel=0.01)
+
+
+def test_xavier_inits_use_the_given_fans():
+    uniform, normal = torch.empty(300, 200), torch.empty(300, 200)
+    torch.manual_seed(0)
+    init_weight(uniform, "xavier_uniform", std=STD, layers=LAYERS, hidden=HIDDEN, fans=(200, 900))  # a q of qkv
+    init_weight(normal, "xavier_normal", std=STD, layers=LAYERS, hidden=HIDDEN)
+    bound = math.sqrt(6 / (200 + 900))
+    assert uniform.abs().max() <= bound and uniform.abs().max() > 0.99 * bound
+    assert normal.std().item() == pytest.approx(math.sqrt(2 / (200 + 300)), rel=0.01)
+
+
+@pytest.mark.parametrize(("method", "gain"), [("orthogonal", math.sqrt(2)), ("scaled_orthogonal", math.sqrt(2 / LAYERS))])
+def test_orthogonal_inits_have_orthogonal_rows_times_the_gain(method, gain):
+    weight = torch.empty(8, 32)
+    init_weight(weight, method, std=STD, layers=LAYERS, hidden=HIDDEN)
+    assert torch.allclose(weight @ weight.T, gain**2 * torch.eye(8), atol=1e-5)
+
+
+def test_model_inits_follow_init_method_and_output_layer_init_method():
+    model = build_causal_lm(_config(num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+                                    init_method="small_init", output_layer_init_method="wang_init",
+                                    share_embeddings_and_output_weights=False), seed=7)  # fmt: skip
+    small, wang = math.sqrt(2 / (5 * 64)), 2 / (4 * math.sqrt(64))
+    layer = model.model.layers[0]
+    for weight in (layer.self_attn.q_proj.weight, layer.mlp.up_proj.weight, model.model.embed_tokens.weight,
+                   model.lm_head.weight):  # fmt: skip
+        assert weight.std().item() == pytest.approx(small, rel=0.1)
+    for weight in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+        assert weight.std().item() == pytest.approx(wang, rel=0.1)
