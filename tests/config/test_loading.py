@@ -69,11 +69,11 @@ def test_lr_written_as_1e_minus_4_is_a_number(tmp_path: Path) -> None:
 def test_missing_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "nope.yaml")
-    assert str(info.value) == f"{tmp_path / 'nope.yaml'}: <root>: expected a YAML config file, found no such file"
+    assert str(info.value) == f"{tmp_path / 'nope.yaml'}: <root>: expected a YAML or JSON config file, found no such file"
 
 
 def test_directory_is_not_a_config(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="expected a YAML config file, found a directory"):
+    with pytest.raises(ConfigError, match="expected a YAML or JSON config file, found a directory"):
         load_config(tmp_path)
 
 
@@ -90,7 +90,7 @@ def test_yaml_syntax_error_gives_line_and_column(tmp_path: Path) -> None:
 def test_top_level_list_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")
-    with pytest.raises(ConfigError, match="expected a mapping of sections at the top level, found a list"):
+    with pytest.raises(ConfigError, match="expected a mapping of keys at the top level, found a list"):
         load_config(path)
 
 

@@ -78,7 +78,7 @@ def test_train_refuses_what_it_cannot_do_before_launch(capsys) -> None:
 
 def test_missing_config_file_exits_1(tmp_path: Path, capsys) -> None:
     assert main(["config", "check", str(tmp_path / "none.yaml")]) == 1
-    assert capsys.readouterr().err == f"{tmp_path / 'none.yaml'}: <root>: expected a YAML config file, found no such file\n"
+    assert capsys.readouterr().err == f"{tmp_path / 'none.yaml'}: <root>: expected a YAML or JSON config file, found no such file\n"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["config", "--help"], ["config", "check", "--help"]])

@@ -34,11 +34,10 @@ def dialect_of(files: list[tuple[str, Mapping[str, Any]]], forced: str | None = 
     if kinds == {"nxdt", "neox"}:
         neox = next(name for name, kind in seen.items() if kind == "neox")
         nxdt = next(name for name, kind in seen.items() if kind == "nxdt")
-        raise ConfigError(ConfigIssue("", f"{neox} is a GPT-NeoX config and {nxdt} an NxDT config; expected files "
-                                          "of one dialect"))  # fmt: skip
+        raise ConfigError(ConfigIssue(neox, f"a GPT-NeoX config, and {nxdt} an NxDT config; expected files of one "
+                                            "dialect"))  # fmt: skip
     kind = kinds.pop() if kinds else "nxdt"
     if kind == "nxdt" and len(files) > 1:
-        names = ", ".join(name for name, _ in files)
-        raise ConfigError(ConfigIssue("", f"expected one NxDT config file (NxDT takes one), found {len(files)}: "
-                                          f"{names}"))  # fmt: skip
+        raise ConfigError(ConfigIssue(files[1][0], f"a second NxDT config after {files[0][0]}; expected one (NxDT "
+                                                   f"takes one file)"))  # fmt: skip
     return kind

@@ -11,13 +11,12 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import aliases, rules
 from .dialects import dialect_of
-from .errors import ConfigError, ConfigIssue, ConfigNotice, Described
+from .errors import ConfigError, ConfigIssue, ConfigNotice
 from .neox.files import NeoXFile, canonical, merge, read_file
 from .neox.translate import Translation, translate
 from .overrides import apply_overrides
@@ -150,32 +149,13 @@ def _located(issue: ConfigIssue, origin: dict[str, str], names: str) -> ConfigIs
 
 
 def _read(source: Source, name: str) -> DictConfig:
+    """An NxDT config (already read once as YAML, so well formed) as OmegaConf reads it: interpolations kept,
+    `1e-4` a float."""
     try:
-        if isinstance(source, Mapping):
-            config = OmegaConf.create(dict(source))
-        else:
-            path = Path(source)
-            if not path.is_file():
-                found = Described("a directory" if path.is_dir() else "no such file")
-                raise ConfigError(ConfigIssue.mismatch("", "a YAML config file", found), name)
-            config = OmegaConf.create(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(ConfigIssue("", f"expected valid YAML, found {_yaml_problem(exc)}"), name) from None
-    except UnicodeDecodeError as exc:
-        issue = ConfigIssue.mismatch("", "UTF-8 text", Described(f"an undecodable byte at offset {exc.start}"))
-        raise ConfigError(issue, name) from None
+        text = dict(source) if isinstance(source, Mapping) else Path(source).read_text(encoding="utf-8")
+        return OmegaConf.create(text)
     except OmegaConfBaseException as exc:
         raise ConfigError(ConfigIssue("", f"expected a YAML mapping, found {_first_line(exc)}"), name) from None
-    if not isinstance(config, DictConfig):
-        raise ConfigError(ConfigIssue.mismatch("", "a mapping of sections at the top level", Described("a list")), name)
-    return config
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{problem}{where}"
 
 
 def _resolve(tree: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIssue]]:

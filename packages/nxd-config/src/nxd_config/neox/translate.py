@@ -198,9 +198,10 @@ def _model(a: Arguments, t: Translation) -> None:
     position = _choice(t, a, "pos_emb", POSITIONS, "T5 relative buckets (rpe) are not in nxd")
     if position is not None:
         t.set("model.position_embedding_type", POSITIONS[position], "pos_emb")
+    fraction, base = a["rotary_pct"], a["rotary_emb_base"]
     if position == "rotary":
-        t.set("model.rotary_percentage", a["rotary_pct"], "rotary_pct")
-        t.set("model.rope_theta", a["rotary_emb_base"], "rotary_emb_base")
+        t.set("model.rotary_percentage", fraction, "rotary_pct")
+        t.set("model.rope_theta", base, "rotary_emb_base")
     elif a.given("rotary_pct") or a.given("rotary_emb_base"):
         t.notice("rotary_pct", f"accepted, changes nothing here: pos_emb is {a['pos_emb']!r}, not rotary")
     residual, tied = a["gpt_j_residual"], a["gpt_j_tied"]
@@ -557,8 +558,8 @@ def _batches(a: Arguments, t: Translation) -> None:
     and all three must agree (DeepSpeed's rule; NeoX's gradient_accumulation_steps defaults to 1)."""
     total = _typed(t, a, "train_batch_size", int, "a whole number")
     micro = _typed(t, a, "train_micro_batch_size_per_gpu", int, "a whole number")
-    steps = _typed(t, a, "gradient_accumulation_steps", int, "a whole number") if "gradient_accumulation_steps" in \
-        a.values else None  # fmt: skip
+    steps = _typed(t, a, "gradient_accumulation_steps", int, "a whole number")
+    steps = steps if "gradient_accumulation_steps" in a.values else None  # NeoX's default 1 is no choice
     sizes = [a[key] for key in ("num_gpus", "num_nodes", "model_parallel_size", "pipe_parallel_size")]
     if not all(isinstance(size, int) or size is None for size in sizes):
         return

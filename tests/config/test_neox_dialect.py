@@ -1,0 +1,406 @@
+"""GPT-NeoX config files: read and merged as NeoX reads them, every argument mapped, noticed or refused, NeoX's
+defaults and derivations, one clear message per problem naming the file and key."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nxd_config import ConfigError, ConfigNotice, load_config, to_nxdt_yaml
+from nxd_config.neox import NEOX_KEYS, KeyStatus
+from nxd_config.neox.translate import Arguments, translate
+
+MODEL: dict[str, Any] = {
+    "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 128, "max_position_embeddings": 128,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.0006, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+    "train_micro_batch_size_per_gpu": 2, "train_iters": 10,
+}  # fmt: skip
+"""The least a NeoX file needs to train (NeoX requires these too)."""
+
+
+def write(directory: Path, name: str, content: dict[str, Any] | str) -> Path:
+    path = directory / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content, indent=1))
+    return path
+
+
+def load(tmp_path: Path, *contents: dict[str, Any] | str, overrides: tuple[str, ...] = (), **kwargs: Any):
+    paths = [write(tmp_path, f"f{index}.yml", content) for index, content in enumerate(contents)]
+    return load_config(paths, overrides, **kwargs)
+
+
+def errors(tmp_path: Path, *contents: dict[str, Any] | str, **kwargs: Any) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, *contents, **kwargs)
+    return [issue.render(caught.value.source) for issue in caught.value.issues]
+
+
+def notices(tmp_path: Path, *contents: dict[str, Any] | str, **kwargs: Any) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load(tmp_path, *contents, **kwargs)
+    return [str(warning.message) for warning in caught if issubclass(warning.category, ConfigNotice)]
+
+
+# --------------------------------------------------------------------------- reading and merging
+
+
+def test_neox_json_like_files_load_with_comments_trailing_commas_and_python_booleans(tmp_path):
+    text = """# a NeoX config
+{
+  "num-layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+  "seq_length": 128, "max_position_embeddings": 128,
+  "optimizer": {"type": "Adam", "params": {"lr": 6e-4,},},   # 6e-4 is a number here
+  "train_micro_batch_size_per_gpu": 2, "train_iters": 10,
+  "no_weight_tying": True,
+  "sliding_window_width": None,
+}
+"""
+    config = load(tmp_path, text)
+    assert config.model.num_layers == 4 and config.model.optim.lr == 6e-4
+    assert config.model.share_embeddings_and_output_weights is False and config.model.sliding_window_size is None
+
+
+def test_files_merge_with_dashes_and_underscores_as_one_key(tmp_path):
+    config = load(tmp_path, {**MODEL, "hidden-dropout": 0.1}, {"save": "runs/x", "checkpoint-factor": 5})
+    assert config.model.hidden_dropout == 0.1
+    assert config.exp_manager.explicit_log_dir == "runs/x"
+    assert config.exp_manager.checkpoint_callback_params.every_n_train_steps == 5
+
+
+def test_a_key_set_again_in_a_later_file_names_both_files(tmp_path):
+    found = errors(tmp_path, MODEL, {"train-iters": 20})
+    assert found == [f"{tmp_path / 'f0.yml'}, {tmp_path / 'f1.yml'}: train-iters: set again in {tmp_path / 'f1.yml'}; "
+                     f"it was already set by {tmp_path / 'f0.yml'} (GPT-NeoX takes each key from one file: remove one "
+                     f"of them)"]  # fmt: skip
+
+
+def test_the_dialect_is_recognised_and_can_be_forced(tmp_path):
+    assert load(tmp_path, MODEL).model.num_layers == 4
+    assert load(tmp_path, MODEL, dialect="neox").model.num_layers == 4
+    found = errors(tmp_path, MODEL, dialect="nxdt")
+    assert any("num_layers: unknown key" in message for message in found)
+
+
+def test_neox_and_nxdt_files_together_are_refused(tmp_path):
+    nxdt = {"trainer": {"max_steps": 3}, "model": {"num_layers": 2}}
+    found = errors(tmp_path, MODEL, nxdt)
+    assert found == [f"{tmp_path / 'f0.yml'}: a GPT-NeoX config, and {tmp_path / 'f1.yml'} an NxDT config; expected "
+                     f"files of one dialect"]  # fmt: skip
+
+
+def test_two_nxdt_files_are_refused(tmp_path):
+    nxdt = {"trainer": {"max_steps": 3}}
+    found = errors(tmp_path, nxdt, nxdt)
+    assert found == [f"{tmp_path / 'f1.yml'}: a second NxDT config after {tmp_path / 'f0.yml'}; expected one (NxDT "
+                     f"takes one file)"]  # fmt: skip
+
+
+def test_unknown_keys_get_a_did_you_mean(tmp_path):
+    assert errors(tmp_path, {**MODEL, "num_layer": 3}) == [
+        f"{tmp_path / 'f0.yml'}: num_layer: unknown key; expected a GPT-NeoX argument (did you mean 'num_layers'?)"
+    ]
+
+
+def test_overrides_name_neox_keys_in_either_spelling(tmp_path):
+    config = load(tmp_path, MODEL, overrides=("num-layers=2", "optimizer.params.lr=1e-3", "+lr_decay_style=cosine"))
+    assert config.model.num_layers == 2 and config.model.optim.lr == 1e-3
+    assert config.model.optim.sched.decay_style == "cosine"
+
+
+def test_a_bad_value_names_the_file_the_neox_key_and_the_nxd_key(tmp_path):
+    assert errors(tmp_path, MODEL, {"hidden_dropout": "x"}) == [
+        f"{tmp_path / 'f1.yml'}: hidden_dropout (nxd: model.hidden_dropout): expected a number, found 'x'"
+    ]
+
+
+# --------------------------------------------------------------------------- the key table
+
+
+def test_every_neox_argument_is_mapped_noticed_or_refused():
+    listed = Path(__file__).parent / "data" / "neox_argument_names.txt"
+    names = [line for line in listed.read_text().splitlines() if line and not line.startswith("#")]
+    assert len(names) == 332
+    assert sorted(set(names) - set(NEOX_KEYS)) == []
+    for key in NEOX_KEYS.values():
+        assert key.note or key.status is KeyStatus.MAPPED, key.name
+
+
+def test_every_mapped_key_is_read_by_the_translation():
+    arguments = Arguments(dict(MODEL))
+    import nxd_config.neox.translate as module
+
+    original = module.Arguments
+    module.Arguments = lambda values: arguments  # the translation reads through this one
+    try:
+        translate(dict(MODEL), "run")
+    finally:
+        module.Arguments = original
+    mapped = {key.name for key in NEOX_KEYS.values() if key.status is KeyStatus.MAPPED}
+    assert sorted(mapped - arguments.read - {"mlp_type", "deepspeed_extra_args"}) == []
+
+
+def _other_value(default: Any) -> Any:
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int | float):
+        return default + 3
+    if isinstance(default, str):
+        return default + "x"
+    return {"enabled": True} if default is None else None
+
+
+NOTICED = [key for key in NEOX_KEYS.values() if key.status is KeyStatus.NOTICE]
+REFUSED = [key for key in NEOX_KEYS.values() if key.status is KeyStatus.REFUSED]
+
+
+@pytest.mark.parametrize("key", NOTICED, ids=lambda key: key.name)
+def test_each_notice_key_set_away_from_its_default_gets_a_notice(tmp_path, key):
+    found = notices(tmp_path, {**MODEL, key.name: _other_value(key.default)})
+    assert any(f": {key.name}: accepted, changes nothing here: {key.note}" in notice for notice in found), found
+
+
+@pytest.mark.parametrize("key", REFUSED, ids=lambda key: key.name)
+def test_each_refused_key_set_away_from_its_default_is_refused_by_name(tmp_path, key):
+    value = _other_value(key.default)
+    found = errors(tmp_path, {**MODEL, key.name: value})
+    assert any(f"f0.yml: {key.name}: expected " in message and key.note in message for message in found), found
+
+
+def test_a_disabled_deepspeed_block_is_no_request(tmp_path):
+    config = load(tmp_path, {**MODEL, "amp": {"enabled": False}, "curriculum_learning": {"enabled": False},
+                             "use_wandb": False})  # fmt: skip
+    assert config.model.num_layers == 4
+
+
+def test_extra_deepspeed_args_are_read_as_top_level_deepspeed_keys(tmp_path):
+    found = notices(tmp_path, {**MODEL, "deepspeed_extra_args": {"comms_logger": {"enabled": True}}})
+    assert any("comms_logger: accepted" in notice for notice in found)
+    assert "amp: expected" in " ".join(errors(tmp_path, {**MODEL, "deepspeed_extra_args": {"amp": {"enabled": True}}}))
+
+
+# --------------------------------------------------------------------------- NeoX's defaults and derivations
+
+
+def test_a_file_silent_on_a_key_gets_neox_defaults_not_nxdt_ones(tmp_path):
+    c = load(tmp_path, MODEL)
+    m = c.model
+    assert (m.hidden_dropout, m.attention_dropout, m.apply_query_key_layer_scaling) == (0.0, 0.0, False)
+    assert (m.position_embedding_type, m.normalization, m.layernorm_epsilon, m.activation) == (
+        "learned_absolute", "layernorm", 1e-5, "gelu")  # fmt: skip
+    assert (m.make_vocab_size_divisible_by, m.share_embeddings_and_output_weights, m.transformer_block_type) == (
+        128, True, "pre_ln")  # fmt: skip
+    assert (m.init_method, m.output_layer_init_method, m.init_method_std) == ("normal", "scaled_normal", 0.02)
+    assert m.ffn_hidden_size == 4 * 64 and m.attention_bias and m.mlp_bias
+    assert (m.optim.name, m.optim.weight_decay, m.optim.betas) == ("adamw", 0.1, (0.9, 0.95))
+    sched = m.optim.sched
+    assert (sched.name, sched.decay_style, sched.warmup_ratio, sched.min_lr) == ("NeoXAnnealing", "linear", 0.01, 0.0)
+    assert (c.seed, c.data.num_workers, c.trainer.gradient_clip_val, c.precision.type) == (1234, 2, 1.0, "fp32")
+    assert (c.trainer.val_check_interval, c.trainer.limit_val_batches, c.trainer.log_every_n_steps) == (1000, 100, 100)
+    assert c.exp_manager.create_checkpoint_callback is False and c.distributed_strategy.zero1 is False
+
+
+@pytest.mark.parametrize(("batch", "micro", "global_batch"), [
+    ({"train_micro_batch_size_per_gpu": 2}, 2, 4),  # 2 x 1 step x 2 data-parallel ranks
+    ({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, 2, 12),
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2}, 2, 16),  # 4 steps
+    ({"train_batch_size": 16, "gradient_accumulation_steps": 4}, 2, 16),
+    ({"train_batch_size": 8}, 4, 8),
+    ({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2}, 3, 12),
+])  # fmt: skip
+def test_any_two_batch_keys_give_the_third(tmp_path, batch, micro, global_batch):
+    model = {key: value for key, value in MODEL.items() if key != "train_micro_batch_size_per_gpu"}
+    config = load(tmp_path, {**model, **batch, "num_gpus": 2})
+    assert (config.data.micro_batch_size, config.global_batch_size) == (micro, global_batch)
+
+
+def test_batch_keys_that_disagree_are_refused(tmp_path):
+    model = {key: value for key, value in MODEL.items() if key != "train_micro_batch_size_per_gpu"}
+    bad = {"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
+    assert errors(tmp_path, {**model, **bad, "num_gpus": 2}) == [
+        f"{tmp_path / 'f0.yml'}: train_batch_size: expected train_micro_batch_size_per_gpu x gradient_accumulation_"
+        f"steps x data-parallel size (2 x 2 x 2 = 8), found 10"
+    ]
+    assert "train_batch_size: expected train_batch_size or train_micro_batch_size_per_gpu, found neither" in \
+        errors(tmp_path, model)[0]  # fmt: skip
+
+
+@pytest.mark.parametrize(("keys", "width"), [
+    ({}, 256),  # 4 x 64
+    ({"activation": "swiglu"}, 85),  # int(256 x 2/3) = 170, split in two
+    ({"activation": "swiglu", "hidden_size": 4096, "num_attention_heads": 32, "intermediate_size": 32768,
+      "mlp_multiple_of": 256}, 11008),  # NeoX's llama/7B.yml: int(32768 x 2/3) = 21845 -> 22016 / 2
+    ({"expansion_factor": 2.5}, 160),
+    ({"activation": "geglu", "intermediate_size": 300, "mlp_multiple_of": 4}, 100),  # 200 -> 200 and 100 -> 100
+    ({"mlp_type": "llama", "activation": "silu"}, 256),  # 256 x ceil(int(170.67) / 256)
+])  # fmt: skip
+def test_the_mlp_width_follows_neox_rule(tmp_path, keys, width):
+    assert load(tmp_path, {**MODEL, **keys}).model.ffn_hidden_size == width
+
+
+def test_an_mlp_width_rule_giving_mismatched_shapes_is_refused(tmp_path):
+    """NeoX's own mistral/7B.yml: intermediate_size 14336 without mlp_multiple_of makes NeoX crash."""
+    found = errors(tmp_path, {**MODEL, "activation": "swiglu", "intermediate_size": 14336})
+    assert found == [
+        f"{tmp_path / 'f0.yml'}: intermediate_size: intermediate_size 14336 with mlp_multiple_of 1 gives the first MLP "
+        "linear 9558 outputs and the second 4778 inputs; expected twice the second's (GPT-NeoX fails on these "
+        "shapes: set mlp_multiple_of, or an intermediate_size that rounds evenly)"
+    ]
+
+
+@pytest.mark.parametrize(("config", "flash"), [
+    ([[["global"], 4]], True), ([[["flash", "global"], 2]], True), ([[["flash"], "all"]], True),
+    (["global", "flash", "global", "flash"], True),
+])  # fmt: skip
+def test_attention_config_expands_as_neox_expands_it(tmp_path, config, flash):
+    assert load(tmp_path, {**MODEL, "attention_config": config}).model.fusions.flash_attention is flash
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ([[["global"], 3]], "attention_config: expected one kind per layer (num_layers: 4), found 3 after expansion"),
+    ([[["local", "global"], 2]], "attention_config: expected global or flash layers (dense causal attention), "
+                                 "found local: nxd has no local layers"),
+    ([[["mamba"], 4]], "found mamba: nxd has no mamba layers"),
+    ([[["rwkv"], 4]], "found rwkv: nxd has no rwkv layers"),
+    ([[["gmlp"], 4]], "found gmlp: nxd has no gmlp layers"),
+    ([[["sparse_fixed"], 4]], "found sparse_fixed: nxd has no sparse_fixed layers"),
+])  # fmt: skip
+def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, config, message):
+    assert any(message in found for found in errors(tmp_path, {**MODEL, "attention_config": config}))
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"norm": "te_rmsnorm"}, "norm: expected one of layernorm, rmsnorm, scalenorm, found 'te_rmsnorm'"),
+    ({"pos_emb": "rpe"}, "pos_emb: expected one of learned, rotary, sinusoidal, alibi, none, found 'rpe'"),
+    ({"pos_emb": "rotary", "rotary_pct": 1.5}, "rotary_pct (nxd: model.rotary_percentage): expected a value <= 1"),
+    ({"pos_emb": "rotary", "rotary_pct": 0}, "rotary_pct (nxd: model.rotary_percentage): expected a value > 0"),
+    ({"te_mha": True}, "te_mha: expected False (GPT-NeoX's default), found True: Transformer Engine layers"),
+    ({"moe_num_experts": 4}, "moe_router_type: expected topk, found 'sinkhorn'"),
+    ({"fp16": {"enabled": True}}, "fp16: fp16 training with loss scaling is not in nxd yet"),
+    ({"zero_optimization": {"stage": 2}}, "zero_optimization.stage: expected 0 or 1, found 2"),
+    ({"optimizer": {"type": "lion", "params": {"lr": 1e-4}}}, "optimizer.type: expected Adam, AdamW, cpu_adam or sgd"),
+    ({"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.1}}},
+     "optimizer.params.weight_decay: GPT-NeoX takes weight decay from the top-level weight_decay key"),
+    ({"train_impl": "kto"}, "train_impl: expected normal, found 'kto'"),
+    ({"pos_emb": "alibi", "model_parallel_size": 1, "num_gpus": 2},
+     None),  # alibi is fine without context parallelism
+])  # fmt: skip
+def test_architectures_and_settings_nxd_lacks_are_refused_by_key(tmp_path, keys, message):
+    if message is None:
+        assert load(tmp_path, {**MODEL, **keys}).model.position_embedding_type == "alibi"
+        return
+    assert any(message in found for found in errors(tmp_path, {**MODEL, **keys})), errors(tmp_path, {**MODEL, **keys})
+
+
+def test_neox_model_shapes_become_nxd_keys(tmp_path):
+    m = load(tmp_path, {**MODEL, "pos_emb": "rotary", "rotary_pct": 0.25, "rotary_emb_base": 50000,
+                        "gpt_j_residual": True, "bias_gelu_fusion": True, "no_weight_tying": True,
+                        "init_method": "small_init", "output_layer_init_method": "wang_init",
+                        "use_bias_in_attn_linear": False, "sliding_window_width": 31, "num_kv_heads": 2,
+                        "norm": "rmsnorm", "rms_norm_epsilon": 1e-6}).model  # fmt: skip
+    assert (m.position_embedding_type, m.rotary_percentage, m.rope_theta) == ("rope", 0.25, 50000.0)
+    assert (m.transformer_block_type, m.activation, m.share_embeddings_and_output_weights) == (
+        "gpt_neox", "approx-gelu", False)  # fmt: skip
+    assert (m.init_method, m.output_layer_init_method, m.attention_bias, m.mlp_bias) == (
+        "small_init", "wang_init", False, True)  # fmt: skip
+    assert (m.sliding_window_size, m.num_kv_heads, m.normalization, m.layernorm_epsilon) == (32, 2, "rmsnorm", 1e-6)
+    tied = load(tmp_path, {**MODEL, "gpt_j_residual": True, "gpt_j_tied": True, "norm": "scalenorm",
+                           "scalenorm_epsilon": 1e-4, "activation": "swish", "pos_emb": "sinusoidal"}).model
+    assert (tied.transformer_block_type, tied.normalization, tied.layernorm_epsilon) == ("gpt_j", "scalenorm", 1e-4)
+    assert (tied.activation, tied.position_embedding_type) == ("silu", "sinusoidal")
+
+
+def test_moe_keys_become_the_dropless_top_k_moe(tmp_path):
+    c = load(tmp_path, {**MODEL, "moe_num_experts": 4, "moe_top_k": 2, "moe_router_type": "topk",
+                        "moe_expert_parallel_size": 2, "num_gpus": 2})  # fmt: skip
+    moe = c.model.moe
+    assert (moe.num_experts, moe.top_k, moe.frequency, moe.dropless, moe.routing_algorithm) == (4, 2, 1, True, "top_k")
+    assert moe.normalize_top_k_affinities is False and moe.router_aux_loss_coef == 0.0
+    assert c.distributed_strategy.expert_model_parallel_size == 2 and c.model.ffn_hidden_size == 256
+
+
+def test_layout_keys(tmp_path):
+    c = load(tmp_path, {**MODEL, "pipe_parallel_size": 2, "model_parallel_size": 2, "sequence_parallel": True,
+                        "zero_optimization": {"stage": 1, "overlap_comm": True}, "num_layers": 5})  # fmt: skip
+    ds = c.distributed_strategy
+    assert (ds.pipeline_model_parallel_size, ds.tensor_model_parallel_size, ds.sequence_parallel, ds.zero1) == (
+        2, 2, True, True)  # fmt: skip
+    assert c.trainer.devices == 4  # no num_gpus: the processes the layout needs
+    assert c.model.pipeline_cuts == ("model.layers.2",)  # 3 + 2 layers, the first stage one more (DeepSpeed's rule)
+    assert load(tmp_path, {**MODEL, "pipe_parallel_size": 0}).distributed_strategy.pipeline_model_parallel_size == 1
+
+
+@pytest.mark.parametrize(("keys", "kind"), [
+    ({}, "fp32"), ({"precision": "fp32"}, "fp32"), ({"bf16": {"enabled": True}}, "mixed_precision"),
+    ({"precision": "bfloat16"}, "mixed_precision"), ({"bf16": {"enabled": False}}, "fp32"),
+    ({"fp16": {"enabled": True, "type": "bfloat16", "loss_scale": 0}}, "mixed_precision"),  # pythia/1B.yml
+    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "fp32_allreduce": True}, "mixed_precision"),
+])  # fmt: skip
+def test_precision(tmp_path, keys, kind):
+    assert load(tmp_path, {**MODEL, **keys}).precision.type == kind
+
+
+def test_an_fp16_block_of_type_bfloat16_is_read_as_bf16_with_a_notice(tmp_path):
+    found = notices(tmp_path, {**MODEL, "fp16": {"enabled": True, "type": "bfloat16"}})
+    assert any("fp16: the block holds type: bfloat16, which GPT-NeoX's DeeperSpeed reads as bf16" in n for n in found)
+
+
+def test_the_schedule_is_neox_annealing_over_neox_horizon(tmp_path):
+    sched = load(tmp_path, {**MODEL, "lr_decay_style": "cosine", "warmup": 0.1, "min_lr": 6e-5,
+                            "lr_decay_iters": 8}).model.optim.sched  # fmt: skip
+    assert (sched.decay_style, sched.warmup_ratio, sched.min_lr, sched.max_steps) == ("cosine", 0.1, 6e-5, 8)
+    assert load(tmp_path, {**MODEL, "lr_decay_fraction": 0.55}).model.optim.sched.max_steps == math.floor(10 * 0.55)
+    assert load(tmp_path, MODEL).model.optim.sched.max_steps is None  # train_iters: the run's length
+    assert any("min_lr: expected at most the learning rate (0.0006), found 0.001" in message
+               for message in errors(tmp_path, {**MODEL, "min_lr": 0.001}))  # fmt: skip
+
+
+def test_checkpoint_keys(tmp_path):
+    c = load(tmp_path, {**MODEL, "save": "runs/a", "load": "runs/a", "checkpoint_factor": 2, "checkpoint_scale": "log",
+                        "extra_save_iters": [0, 3], "keep_last_n_checkpoints": 2})  # fmt: skip
+    params = c.exp_manager.checkpoint_callback_params
+    assert params.save_at_steps == (1, 2, 3, 4, 8) and params.every_n_train_steps is None  # 2^k <= 10, and 3
+    assert (params.save_top_k, params.monitor, params.save_last) == (2, "step", True)
+    assert c.exp_manager.resume_if_exists and c.exp_manager.resume_ignore_no_checkpoint
+    other = load(tmp_path, {**MODEL, "load": "hub/pythia", "finetune": True})
+    assert other.exp_manager.resume_from_checkpoint == "hub/pythia" and other.model.weight_init_only
+    assert any("save: expected checkpoint_factor or extra_save_iters with save" in message
+               for message in errors(tmp_path, {**MODEL, "save": "runs/a"}))  # fmt: skip
+
+
+def test_data_keys(tmp_path):
+    d = load(tmp_path, {**MODEL, "data_path": "data/x_text_document", "split": "949,50,1"}).data
+    assert (d.data_prefix, d.splits_string, d.data_impl) == ("data/x_text_document", "949,50,1", "mmap")
+    paths = {"train_data_paths": ["a", "b"], "train_data_weights": [2.0, 1.0], "valid_data_paths": ["c"],
+             "test_data_paths": ["d"]}  # fmt: skip
+    blends = load(tmp_path, {**MODEL, **paths}).data.data_prefix
+    assert (blends.train, blends.validation, blends.test) == ((2.0, "a", 1.0, "b"), (1.0, "c"), (1.0, "d"))
+    assert any("valid_data_paths: expected train, valid and test data paths together" in message
+               for message in errors(tmp_path, {**MODEL, "train_data_paths": ["a"], "test_data_paths": ["d"]}))
+
+
+@pytest.mark.parametrize(("keys", "tokenizer"), [
+    ({"vocab_file": "v.json", "merge_file": "m.txt"},
+     {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": "v.json", "merge_file": "m.txt"}),
+    ({"tokenizer_type": "HFTokenizer", "vocab_file": "t/tokenizer.json"}, {"library": "huggingface", "type": "t/tokenizer.json"}),
+    ({"tokenizer_type": "SPMTokenizer", "vocab_file": "spm/tokenizer.model"}, {"library": "huggingface", "type": "spm"}),
+])  # fmt: skip
+def test_tokenizer_keys(tmp_path, keys, tokenizer):
+    found = load(tmp_path, {**MODEL, **keys}).data.tokenizer
+    assert {key: getattr(found, key) for key in tokenizer} == tokenizer
+
+
+def test_a_translated_run_writes_as_an_nxdt_file_that_loads_to_the_same_config(tmp_path):
+    c = load(tmp_path, {**MODEL, "pos_emb": "rotary", "rotary_pct": 0.25, "gpt_j_residual": True,
+                        "bias_gelu_fusion": True, "lr_decay_style": "cosine", "bf16": {"enabled": True},
+                        "zero_optimization": {"stage": 1}, "num_gpus": 2, "save": "runs/a", "checkpoint_factor": 5,
+                        "extra_save_iters": [1]})  # fmt: skip
+    text = to_nxdt_yaml(c)
+    assert "transformer_block_type: gpt_neox  # nxd extension" in text
+    assert "name: NeoXAnnealing  # nxd extension" in text and "position_embedding_type: rope\n" in text
+    again = load_config(write(tmp_path, "translated.yaml", text))
+    assert again.model_dump() == c.model_dump()
