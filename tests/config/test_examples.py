@@ -20,6 +20,12 @@ def test_example_is_valid(path: Path) -> None:
     load_config(path)
 
 
+def test_the_neox_example_loads_as_neox_users_pass_it() -> None:
+    config = load_config([ROOT / "configs" / "neox" / "pythia_tiny.yml", ROOT / "configs" / "neox" / "local_setup.yml"])
+    assert config.model.transformer_block_type == "gpt_neox" and config.model.rotary_percentage == 0.25
+    assert config.exp_manager.explicit_log_dir == "runs/pythia_tiny" and config.exp_manager.resume_if_exists
+
+
 def test_examples_say_what_they_are() -> None:
     by_name = {path.stem: load_config(path) for path in CONFIGS}
     assert by_name["megatron_llama_7B"].distributed_strategy.tensor_model_parallel_size == 8

@@ -325,13 +325,18 @@ def test_moe_keys_become_the_dropless_top_k_moe(tmp_path):
 
 def test_layout_keys(tmp_path):
     c = load(tmp_path, {**MODEL, "pipe_parallel_size": 2, "model_parallel_size": 2, "sequence_parallel": True,
-                        "zero_optimization": {"stage": 1, "overlap_comm": True}, "num_layers": 5})  # fmt: skip
+                        "zero_optimization": {"stage": 1, "overlap_comm": True}, "num_layers": 5,
+                        "gradient_accumulation_steps": 2})  # fmt: skip
     ds = c.distributed_strategy
     assert (ds.pipeline_model_parallel_size, ds.tensor_model_parallel_size, ds.sequence_parallel, ds.zero1) == (
         2, 2, True, True)  # fmt: skip
     assert c.trainer.devices == 4  # no num_gpus: the processes the layout needs
     assert c.model.pipeline_cuts == ("model.layers.2",)  # 3 + 2 layers, the first stage one more (DeepSpeed's rule)
     assert load(tmp_path, {**MODEL, "pipe_parallel_size": 0}).distributed_strategy.pipeline_model_parallel_size == 1
+    assert errors(tmp_path, {**MODEL, "pipe_parallel_size": 2}) == [
+        f"{tmp_path / 'f0.yml'}: train_micro_batch_size_per_gpu (nxd: data.global_batch_size): expected at least 2 micro-batches per step with 2 pipeline stages (1F1B), found "
+        "global_batch_size / (micro_batch_size * data-parallel size) = 2 / (2 * 1) = 1"
+    ]
 
 
 @pytest.mark.parametrize(("keys", "kind"), [

@@ -35,6 +35,22 @@ def test_global_batch_must_be_multiple_of_micro_batch_times_dp(minimal) -> None:
     ]
 
 
+def test_pipeline_stages_need_enough_micro_batches(minimal) -> None:
+    minimal["distributed_strategy"].update(pipeline_model_parallel_size=2, tensor_model_parallel_size=1)
+    minimal["data"].update(micro_batch_size=1, global_batch_size=2)  # 4 devices, pp 2: dp 2, one micro-batch
+    assert errors(minimal) == [
+        "data.global_batch_size: expected at least 2 micro-batches per step with 2 pipeline stages (1F1B), found "
+        "global_batch_size / (micro_batch_size * data-parallel size) = 2 / (1 * 2) = 1"
+    ]
+    minimal["distributed_strategy"]["virtual_pipeline_model_parallel_size"] = 2
+    minimal["data"]["global_batch_size"] = 10  # 5 micro-batches, rounds of 2 stages: 2 rounds
+    assert errors(minimal) == [
+        "data.global_batch_size: expected a multiple of 2 micro-batches per step (interleaved 1F1B runs them in "
+        "rounds of the pipeline size 2), found global_batch_size / (micro_batch_size * data-parallel size) = "
+        "10 / (1 * 2) = 5"
+    ]
+
+
 def test_attention_heads_divisible_by_tp(minimal) -> None:
     minimal["distributed_strategy"]["tensor_model_parallel_size"] = 4
     minimal["model"].update(num_attention_heads=6, hidden_size=96, num_kv_heads=2, )

@@ -98,7 +98,7 @@ PP2 = ["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2
     (["model.share_embeddings_and_output_weights=True"],
      "model.share_embeddings_and_output_weights: expected False with pipeline parallelism (the embedding and the "
      "output layer live on different stages), found True"),
-    (["trainer.devices=4", "distributed_strategy.pipeline_model_parallel_size=4"],
+    (["trainer.devices=4", "distributed_strategy.pipeline_model_parallel_size=4", "data.micro_batch_size=2"],
      "distributed_strategy.pipeline_model_parallel_size: 4 pipeline stages need at least as many layers, found 2"),
 ], ids=["missing-layer", "cut-after-the-last-layer", "tied-embeddings", "more-stages-than-layers"])  # fmt: skip
 def test_pipeline_layouts_the_model_cannot_take_are_named(overrides, expected):

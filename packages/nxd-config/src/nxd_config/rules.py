@@ -103,6 +103,27 @@ def global_batch_divisible(c: NxdConfig) -> Iterator[Finding]:
 
 
 @rule
+def pipeline_has_micro_batches_for_its_stages(c: NxdConfig) -> Iterator[Finding]:
+    """torch's 1F1B schedule runs at least as many micro-batches per step as stages; the interleaved one a
+    multiple of its rounds (micro-batches // stages)."""
+    ds = c.distributed_strategy
+    pp, vpp = ds.pipeline_model_parallel_size, ds.virtual_pipeline_model_parallel_size
+    gbs, per_step = c.global_batch_size, c.data.micro_batch_size * c.data_parallel_size
+    if pp == 1 or c.world_size % c.model_parallel_size or gbs % per_step:
+        return
+    count = gbs // per_step
+    rounds = max(1, count // pp)
+    how = f"global_batch_size / (micro_batch_size * data-parallel size) = {gbs} / ({c.data.micro_batch_size} * " \
+          f"{c.data_parallel_size}) = {count}"  # fmt: skip
+    if (vpp or 1) == 1 and count < pp:
+        yield error(GBS, f"expected at least {pp} micro-batches per step with {pp} pipeline stages (1F1B), found "
+                    f"{how}", GBS, MBS, PP, TP, CP, DEVICES, NODES)  # fmt: skip
+    elif (vpp or 1) > 1 and count % rounds:
+        yield error(GBS, f"expected a multiple of {rounds} micro-batches per step (interleaved 1F1B runs them in "
+                    f"rounds of the pipeline size {pp}), found {how}", GBS, MBS, PP, VPP, TP, CP, DEVICES, NODES)
+
+
+@rule
 def heads_divisible_by_tp(c: NxdConfig) -> Iterator[Finding]:
     m, tp = c.model, c.distributed_strategy.tensor_model_parallel_size
     if m.num_attention_heads is not None and m.num_attention_heads % tp:

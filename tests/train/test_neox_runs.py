@@ -1,0 +1,129 @@
+"""GPT-NeoX config files train: each file of tests/train/neox (one per model shape and key group, written in
+NeoX's format) with a local_setup-style second file naming the data and tokenizer, as NeoX users pass them,
+in two gloo processes; its `config translate` trains to the very same losses; a Llama-shaped NeoX file
+exports to transformers' LlamaForCausalLM."""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from nxd_config import load_config
+from nxd_config.neox.files import read_file
+from nxd_train.cli import main
+from nxd_train.corpus import default_cache_dir
+from nxd_train.preflight import plan_run
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+from tests.conftest import TEXT
+from tests.training_runs import losses, read_metrics, run_command
+
+NEOX = Path(__file__).parent / "neox"
+FILES = sorted(path.stem for path in NEOX.glob("*.yml"))
+DEFAULT = ("llama",)
+"""Files trained in the default suite (pythia trains there through the translation test); the others run with
+--runslow."""
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    generator = random.Random(3)
+    path = tmp_path_factory.mktemp("neox_corpus") / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": " ".join(generator.choices(TEXT, k=generator.randint(4, 12)))}) + "\n"
+                            for _ in range(200)))  # fmt: skip
+    return path
+
+
+def local_setup(name: str, directory: Path, corpus: Path, tokenizer_file, gpt2_files, sentencepiece_dir) -> Path:
+    """A local_setup.yml for `name`'s tokenizer: its files, the data preprocessed with it, the run's folders."""
+    model = read_file(NEOX / f"{name}.yml")
+    kind = model["tokenizer_type"]
+    if kind == "SPMTokenizer":
+        flags, files = ["--tokenizer", str(sentencepiece_dir)], {"vocab_file": str(sentencepiece_dir / "tokenizer.model")}
+    elif kind == "GPT2BPETokenizer":
+        vocab, merges = gpt2_files
+        flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
+        files = {"vocab-file": vocab, "merge-file": merges}
+    else:
+        flags, files = ["--tokenizer", str(tokenizer_file)], {"vocab_file": str(tokenizer_file)}
+    prefix = directory / "data" / "enwik8"
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    assert main(["data", "preprocess", "--input", str(corpus), "--output-prefix", str(prefix), *flags, "--append-eod",
+                 "--no-progress"]) == 0  # fmt: skip
+    setup = {"data_path": f"{prefix}_text_document", **files, "save": str(directory / "checkpoints"),
+             "load": str(directory / "checkpoints"), "tensorboard_dir": str(directory / "tb"),
+             "log_dir": str(directory / "logs")}  # fmt: skip
+    if "checkpoint_factor" not in model:  # NeoX's save needs a cadence; a file sets each key once
+        setup["checkpoint_factor"] = 1000
+    path = directory / "local_setup.yml"
+    path.write_text("# Suggested data paths when using GPT-NeoX locally\n" + json.dumps(setup, indent=2))
+    return path
+
+
+def _train(name: str, tmp_path: Path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir) -> tuple[Path, list]:
+    setup = local_setup(name, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    result = run_command(str(NEOX / f"{name}.yml"), str(setup), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = losses(read_metrics(tmp_path / "checkpoints"))
+    assert len(found) == 3 and all(loss == loss for loss in found), found
+    return setup, found
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in DEFAULT else pytest.mark.slow)
+                                  for name in FILES])  # fmt: skip
+def test_a_neox_file_trains_shrunk_in_two_processes(name, tmp_path, corpus, tokenizer_file, gpt2_files,
+                                                    sentencepiece_dir):  # fmt: skip
+    setup, _ = _train(name, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    assert (tmp_path / "checkpoints" / "checkpoints").is_dir()  # NeoX saves when training ends
+    if name == "pythia":  # and a restart with the same save/load folder resumes from it
+        again = run_command(str(NEOX / "pythia.yml"), str(setup), "train_iters=4", "lr_decay_iters=4", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "resum" in again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name == "pythia" else pytest.mark.slow)
+                                  for name in ("pythia", "gpt2", "alibi")])  # fmt: skip
+def test_config_translate_trains_to_the_same_losses(name, tmp_path, corpus, tokenizer_file, gpt2_files,
+                                                    sentencepiece_dir, capsys):  # fmt: skip
+    neox_dir, nxdt_dir = tmp_path / "neox", tmp_path / "nxdt"
+    neox_dir.mkdir()
+    setup, expected = _train(name, neox_dir, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    capsys.readouterr()
+    assert main(["config", "translate", str(NEOX / f"{name}.yml"), str(setup), "--to", "nxdt"]) == 0
+    translated = nxdt_dir / "translated.yaml"
+    nxdt_dir.mkdir()
+    translated.write_text(capsys.readouterr().out.replace(str(neox_dir / "checkpoints"), str(nxdt_dir / "run")))
+    result = run_command(str(translated), cwd=nxdt_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(read_metrics(nxdt_dir / "run")) == expected
+
+
+def test_a_llama_shaped_neox_file_is_a_llama_for_transformers(tmp_path, sentencepiece_dir):
+    """The model a NeoX Llama file describes (rmsnorm's epsilon, NeoX's MLP width rule, no biases, grouped key/value
+    heads, untied) exports as a LlamaForCausalLM with the same logits."""
+    from nxd_ckpt import export_hf
+    from nxd_models import build_causal_lm, causal_lm_logits
+
+    from tests.ckpt.test_hf import checkpoint_of, random_weights, tokens
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = load_config([NEOX / "llama.yml"], ["model_parallel_size=1", "num_gpus=1", "sequence_parallel=False",
+                                                    f"+vocab_file={sentencepiece_dir / 'tokenizer.model'}"])  # fmt: skip
+        spec = plan_run(config, default_cache_dir(), data_required=False).family.spec
+    model = build_causal_lm(spec, seed=1).eval()
+    random_weights(model)
+    out = export_hf(checkpoint_of(model, spec, tmp_path / "ckpts"), tmp_path / "hf")
+    theirs = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(theirs) is LlamaForCausalLM and theirs.config.rms_norm_eps == 1e-6
+    assert theirs.config.intermediate_size == 176  # NeoX's rule on intermediate_size 512, mlp_multiple_of 16
+    assert theirs.config.num_key_value_heads == 2 and not theirs.config.attention_bias
+    ids, positions = tokens(spec.vocab_size)
+    with torch.no_grad():
+        expected = theirs(input_ids=ids).logits
+        found = causal_lm_logits(model, ids, positions)[..., : spec.vocab_size]
+    assert (found - expected).abs().max().item() < 1e-5
