@@ -409,3 +409,26 @@ def test_a_translated_run_writes_as_an_nxdt_file_that_loads_to_the_same_config(t
     assert "name: NeoXAnnealing  # nxd extension" in text and "position_embedding_type: rope\n" in text
     again = load_config(write(tmp_path, "translated.yaml", text))
     assert again.model_dump() == c.model_dump()
+
+
+WRONG_VALUES = ["x", [1, [2]], {"a": 1}, -1, 0, 1.5, True, None, [], {}, [[["flash"], "x"]], {"stage": "x"},
+                {"enabled": True, "type": 3}, {"type": "Adam", "params": {"lr": "x"}}, 2**70]  # fmt: skip
+
+
+def _fuzz_cases() -> list[tuple[str, Any]]:
+    """300 (key, wrong value) pairs from a fixed seed, over every NeoX key."""
+    import random
+
+    generator = random.Random(20261125)
+    keys = sorted(NEOX_KEYS)
+    return [(generator.choice(keys), generator.choice(WRONG_VALUES)) for _ in range(300)]
+
+
+def test_any_value_of_any_key_gets_an_answer_never_a_traceback(tmp_path):
+    for key, value in _fuzz_cases():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                load(tmp_path, {**MODEL, key: value})
+        except ConfigError as error:
+            assert all(": " in issue.render(error.source) for issue in error.issues), (key, value)

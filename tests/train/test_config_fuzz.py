@@ -6,6 +6,7 @@ fixed seed (about 20 s in all)."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 
@@ -84,3 +85,23 @@ def test_config_check_answers_without_a_traceback(case, tmp_path, capsys):
 
 def test_there_are_enough_cases():
     assert len(CASES) >= 240 and len({name for name, _ in CASES}) > 150
+
+
+NEOX = default_config_path().parents[4] / "tests" / "train" / "neox" / "gpt2.yml"
+NEOX_CASES = [("num_kv_heads", 3), ("sliding_window_width", 500), ("max_position_embeddings", 16),
+              ("intermediate_size", 1001), ("model_parallel_size", 3), ("pos_emb", "alibi"),
+              ("attention_config", [[["global"], "all"]]), ("data_path", "no/such/prefix"),
+              ("vocab_file", "no/such/vocab.json"), ("moe_num_experts", 3)]  # fmt: skip
+"""GPT-NeoX files broken one key at a time, through training's whole preflight."""
+
+
+@pytest.mark.parametrize("case", NEOX_CASES, ids=[f"neox {key}={value!r}" for key, value in NEOX_CASES])
+def test_config_check_of_a_neox_file_answers_without_a_traceback(case, tmp_path, capsys):
+    key, value = case
+    broken = tmp_path / "broken.yml"
+    broken.write_text(NEOX.read_text() + f"{key}: {json.dumps(value)}\n")
+    code = main(["config", "check", str(broken)])
+    out, err = capsys.readouterr()
+    assert code in (0, 1) and "Traceback" not in out + err, (case, err[-2000:])
+    if code == 1:
+        assert str(broken) in err, err

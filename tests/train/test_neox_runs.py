@@ -127,3 +127,34 @@ def test_a_llama_shaped_neox_file_is_a_llama_for_transformers(tmp_path, sentence
         expected = theirs(input_ids=ids).logits
         found = causal_lm_logits(model, ids, positions)[..., : spec.vocab_size]
     assert (found - expected).abs().max().item() < 1e-5
+
+
+def test_a_hugging_face_gpt_neox_directory_starts_a_neox_run(tmp_path, corpus, tokenizer_file, gpt2_files,
+                                                             sentencepiece_dir):  # fmt: skip
+    """`load` at a directory transformers' GPTNeoXForCausalLM saved (as Pythia's are published) with `finetune`:
+    the run starts from those weights, streamed in; with a zero learning rate its export holds them unchanged."""
+    from nxd_train.loop import train
+    from safetensors.torch import load_file
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    hf = GPTNeoXConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+                       max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu",
+                       tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(0)
+    GPTNeoXForCausalLM(hf).save_pretrained(tmp_path / "pythia")
+    setup = local_setup("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    finetune = tmp_path / "finetune.yml"
+    finetune.write_text(json.dumps({"load": str(tmp_path / "pythia"), "finetune": True}))
+    text = setup.read_text().replace(f'"load": "{tmp_path / "checkpoints"}",', "")
+    setup.write_text(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = load_config([NEOX / "pythia.yml", setup, finetune],
+                             ["num_gpus=1", "bias_gelu_fusion=False", "optimizer.params.lr=0.0", "min_lr=0.0",
+                              "train_iters=1", "lr_decay_iters=1"])  # fmt: skip
+        log_dir = train(plan_run(config, default_cache_dir()))
+    assert main(["ckpt", "export-hf", str(log_dir), str(tmp_path / "out")]) == 0
+    original, exported = load_file(tmp_path / "pythia" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert exported.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(exported[name], tensor), name

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,15 +102,21 @@ def rewrite_between(readme: Path, start: str, end: str, content: str) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nxd_config.reference", description=__doc__)
+def table_command(argv: list[str] | None, prog: str, doc: str | None, table: Callable[[], str],
+                  rewrite: Callable[[Path], bool]) -> int:  # fmt: skip
+    """A generated table's command line: print `table()`, or `--update README` rewrites it there."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
     parser.add_argument("--update", type=Path, metavar="README", help="rewrite the table in this file")
     args = parser.parse_args(argv)
     if args.update:
-        print(f"{args.update}: {'updated' if update(args.update) else 'already current'}")
+        print(f"{args.update}: {'updated' if rewrite(args.update) else 'already current'}")
     else:
-        sys.stdout.write(key_table())
+        sys.stdout.write(table())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return table_command(argv, "python -m nxd_config.reference", __doc__, key_table, update)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
 from pathlib import Path
 
-from ..reference import rewrite_between
+from ..reference import rewrite_between, table_command
 from .keys import NEOX_KEYS, KeyStatus
 
 START, END = "<!-- neox-keys:start -->", "<!-- neox-keys:end -->"
@@ -43,14 +42,7 @@ def update(readme: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nxd_config.neox.table", description=__doc__)
-    parser.add_argument("--update", type=Path, metavar="README", help="rewrite the table in this file")
-    args = parser.parse_args(argv)
-    if args.update:
-        print(f"{args.update}: {'updated' if update(args.update) else 'already current'}")
-    else:
-        sys.stdout.write(key_table())
-    return 0
+    return table_command(argv, "python -m nxd_config.neox.table", __doc__, key_table, update)
 
 
 if __name__ == "__main__":

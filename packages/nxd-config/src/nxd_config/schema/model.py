@@ -14,10 +14,6 @@ from .optim import Optimizer
 
 MODELS = "nxd-models"
 
-INIT_METHODS = (
-    "normal", "scaled_normal", "single_residual_scaled_normal", "small_init", "wang_init", "xavier_uniform",
-    "xavier_normal", "orthogonal", "scaled_orthogonal",
-)  # fmt: skip
 InitMethod = Literal[
     "normal", "scaled_normal", "single_residual_scaled_normal", "small_init", "wang_init", "xavier_uniform",
     "xavier_normal", "orthogonal", "scaled_orthogonal",
