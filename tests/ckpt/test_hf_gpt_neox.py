@@ -6,6 +6,7 @@ import pytest
 import torch
 from nxd_ckpt import CheckpointError, HFExport, export_hf, load_hf_weights
 from nxd_models import GPTConfig, build_causal_lm, causal_lm_logits, model_family
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
 
 from .test_hf import SEQ, checkpoint_of, random_weights, tokens
@@ -54,8 +55,8 @@ def test_gpt_neox_shapes_export_to_transformers_and_import_back(tmp_path, change
 
 
 def test_a_transformers_gpt_neox_directory_is_a_starting_point(tmp_path):
-    """Weights saved by transformers' GPTNeoXForCausalLM (as Pythia's are) load into the same shape, each
-    query_key_value read head by head into q, k and v."""
+    """Weights saved by transformers' GPTNeoXForCausalLM (as Pythia's are, with the buffers older versions kept)
+    load into the same shape, each query_key_value read head by head into q, k and v."""
     config = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=64, max_position_embeddings=SEQ, rotary_pct=0.25,
                            use_parallel_residual=True, hidden_act="gelu", tie_word_embeddings=False)  # fmt: skip
@@ -63,6 +64,13 @@ def test_a_transformers_gpt_neox_directory_is_a_starting_point(tmp_path):
     pythia = GPTNeoXForCausalLM(config).eval()
     random_weights(pythia)
     pythia.save_pretrained(tmp_path / "pythia")
+    weights = tmp_path / "pythia" / "model.safetensors"  # as older transformers saved Pythia: with buffers
+    tensors = load_file(weights)
+    for layer in range(2):
+        tensors[f"gpt_neox.layers.{layer}.attention.bias"] = torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool).tril()
+        tensors[f"gpt_neox.layers.{layer}.attention.masked_bias"] = torch.tensor(-1e9)
+        tensors[f"gpt_neox.layers.{layer}.attention.rotary_emb.inv_freq"] = torch.ones(1)
+    save_file(tensors, weights, metadata={"format": "pt"})
     spec = pythia_shaped(activation="gelu")
     ours = build_causal_lm(spec).eval()
     family = model_family(spec)

@@ -29,8 +29,7 @@ SECOND_FILES = ("local_setup.yml", "local_setup_comet.yml", "local_setup_wandb.y
                 "prof.yml", "text_generation.yml", "sparse.yml")  # fmt: skip
 """Files that complete a model file (paths, logging, profiling, generation): run after bf16_125M.yml."""
 BASE = "bf16_125M.yml"
-WORDS = ("the quick brown fox jumps over the lazy dog pack my box with five dozen liquor jugs how vexingly quick "
-         "daft zebras jump sphinx of black quartz judge my vow").split()  # fmt: skip
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "pack", "my", "box", "with", "five", "dozen", "liquor", "jugs", "how", "vexingly", "quick", "daft", "zebras", "jump", "sphinx", "of", "black", "quartz", "judge", "my", "vow"]  # fmt: skip
 
 
 def tokenizers(directory: Path) -> dict[str, dict[str, str]]:

@@ -5,9 +5,6 @@
     nxd-train config check FILE ... [OVERRIDE ...]     exit 0 if a run would start here, 1 with every problem
     nxd-train config translate FILE ... [--to nxdt]    print the run as an NxDT-dialect file
     nxd-train plan FILE ... [OVERRIDE ...]             each rank's memory before launch
-
-FILE is one NxDT config, or one or more GPT-NeoX configs (merged as NeoX's launcher merges them); the
-dialect is recognised from the files, or forced with --dialect nxdt|neox. OVERRIDEs use the files' keys.
     nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
                                                       jsonl -> Megatron .bin/.idx
     nxd-train ckpt list LOGDIR                         checkpoints with step, size and completeness
@@ -15,6 +12,9 @@ dialect is recognised from the files, or forced with --dialect nxdt|neox. OVERRI
     nxd-train ckpt export-hf CKPT OUT [--dtype D] [--merged]
                                                       a checkpoint -> Hugging Face safetensors + config.json
                                                       (a LoRA one -> a peft adapter folder, or merged)
+
+FILE is one NxDT config, or one or more GPT-NeoX configs (merged as NeoX's launcher merges them); the
+dialect is recognised from the files, or forced with --dialect nxdt|neox. OVERRIDEs use the files' keys.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{args.command}: expected a config file before the overrides, found {args.items[0]!r}")
         if args.command == "plan":
             return _plan_command(files, overrides, args.device_memory, args.dialect)
-        return _config_command(args.action, files, overrides, args.dialect)
+        return _config_command(args.action, files, overrides, args.dialect, getattr(args, "to", "nxdt"))
     if args.command == "data":
         return _preprocess_command(args)
     if args.command == "ckpt":
@@ -199,7 +199,8 @@ def _load(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) 
         return None
 
 
-def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
+def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str], dialect: str | None,
+                    to: str = "nxdt") -> int:  # fmt: skip
     config = _load(paths, overrides, dialect)
     if config is None:
         return 1
@@ -207,7 +208,7 @@ def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str]
         print(to_yaml(config), end="")
         return 0
     if action == "translate":
-        print(f"# {_names(paths)} as an NxDT-dialect nxd config\n" + to_nxdt_yaml(config), end="")
+        print(f"# {_names(paths)} as an {to}-dialect nxd config\n" + to_nxdt_yaml(config), end="")
         return 0
     path = _names(paths)
     processes = f"{config.world_size} process{'es' if config.world_size != 1 else ''}"

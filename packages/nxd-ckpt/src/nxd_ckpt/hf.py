@@ -56,6 +56,8 @@ class HFExport:
     interleaved: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
     """Hugging Face key -> (our keys, rows per head): one tensor holding our tensors' rows head by head (the first
     head's rows of each of ours, then the second head's ...: GPT-NeoX's query_key_value)."""
+    buffers: tuple[str, ...] = ()
+    """Endings of Hugging Face keys that hold buffers, not weights: an import passes over them."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,15 +67,15 @@ class HFExport:
         """The export of a model's declared mapping: any object with these fields (nxd-models' HFMapping)."""
         return cls(mapping.config, mapping.keys, mapping.vocab_size, tuple(mapping.vocab_padded_keys),
                    dict(mapping.tied), stacked={key: tuple(keys) for key, keys in mapping.stacked.items()},
-                   interleaved={key: (tuple(ours), rows)
-                                for key, (ours, rows) in mapping.interleaved.items()})  # fmt: skip
+                   interleaved={key: (tuple(ours), rows) for key, (ours, rows) in mapping.interleaved.items()},
+                   buffers=tuple(mapping.buffers))  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HFExport:
         stacked = {key: tuple(keys) for key, keys in data.get("stacked", {}).items()}
         interleaved = {key: (tuple(ours), rows) for key, (ours, rows) in data.get("interleaved", {}).items()}
         return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"]), "stacked": stacked,
-                      "interleaved": interleaved})  # fmt: skip
+                      "interleaved": interleaved, "buffers": tuple(data.get("buffers", ()))})  # fmt: skip
 
     @property
     def parts(self) -> dict[str, tuple[str, int, int]]:

@@ -71,7 +71,8 @@ def _matched(directory: Path, export: HFExport,
              shapes: Mapping[str, torch.Size]) -> dict[str, _Entry | _Part | list[_Entry]]:  # fmt: skip
     """Our key -> its tensor in the files (a stacked key: its slices' tensors; an interleaved part: its place in
     the tensor holding it), every name and shape checked (vocabulary rows may be fewer)."""
-    found = _headers(directory)
+    found = {key: entry for key, entry in _headers(directory).items()
+             if not (export.buffers and key.endswith(export.buffers))}  # fmt: skip
     theirs_to_ours = {theirs: ours for ours, theirs in export.keys.items()}
     slices = {theirs: (ours, index) for ours, keys in export.stacked.items() for index, theirs in enumerate(keys)}
     theirs_to_ours.update({theirs: ours for theirs, (ours, _) in slices.items()})

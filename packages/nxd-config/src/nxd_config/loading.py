@@ -89,7 +89,7 @@ def _load_neox(raw: list[tuple[str, dict[str, Any]]], overrides: list[str]) -> N
     merged, origin = merge([NeoXFile(name, values) for name, values in raw])
     names = ", ".join(name for name, _ in raw)
     config = OmegaConf.create(merged)
-    issues = apply_overrides(config, [_canonical_override(item) for item in overrides])
+    issues = apply_overrides(config, [_neox_override(item, merged) for item in overrides])
     if issues:
         raise ConfigError(issues, names)
     values = OmegaConf.to_container(config, resolve=False)
@@ -115,12 +115,17 @@ def _load_neox(raw: list[tuple[str, dict[str, Any]]], overrides: list[str]) -> N
     return built
 
 
-def _canonical_override(override: str) -> str:
-    """A NeoX override with its top-level key in NeoX's spelling (dashes are underscores)."""
+def _neox_override(override: str, merged: dict[str, Any]) -> str:
+    """A NeoX override with its top-level key in NeoX's spelling (dashes are underscores). Every NeoX argument has
+    a default, so `key=VALUE` sets one the files leave out too; a misspelt key meets the key table's
+    did-you-mean."""
     prefix = override[:1] if override[:1] in "+~" else ""
     key, sep, value = override[len(prefix):].partition("=")
     top, dot, rest = key.partition(".")
-    return f"{prefix}{canonical(top)}{dot}{rest}{sep}{value}"
+    top = canonical(top)
+    if not prefix and sep and top not in merged:
+        prefix = "+"
+    return f"{prefix}{top}{dot}{rest}{sep}{value}"
 
 
 def _provenance(path: str, translation: Translation) -> tuple[str, ...]:

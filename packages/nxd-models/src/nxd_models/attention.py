@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .errors import ModelConfigError
+
 
 class AttentionKernel(StrEnum):
     FLASH = "flash"
@@ -156,6 +158,9 @@ class CoreAttention(nn.Module):
         context-parallel attention takes the document ids (b, s) instead. `bias` (hq, s, s), when given, is
         added to the scaled scores (ALiBi); `allowed` is then a mask or None."""
         if self.context_parallel is not None:
+            if bias is not None:
+                raise ModelConfigError("model.position_embedding_type: alibi is not available with context "
+                                       "parallelism (ring attention sees no whole score matrix to bias)")  # fmt: skip
             return self.context_parallel(query, key, value, documents, None)
         dropout = self.dropout if self.training else 0.0
         if self.kernel is AttentionKernel.UNFUSED:

@@ -44,6 +44,9 @@ class HFMapping:
     interleaved: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
     """Hugging Face key -> (our keys, rows per head): one tensor holding our tensors' rows head by head, the
     first head's rows of each of ours in turn, then the second head's ... (GPT-NeoX's query_key_value)."""
+    buffers: tuple[str, ...] = ()
+    """Endings of Hugging Face keys that hold buffers rather than weights (older transformers saved GPT-NeoX's
+    causal mask and rotary frequencies with the weights); an import passes over them."""
 
 
 def hf_mapping(config: GPTConfig) -> HFMapping:
@@ -135,6 +138,10 @@ GPT_NEOX_LAYER = {
 """Our decoder layer's keys -> GPTNeoXForCausalLM's, under model.layers.N / gpt_neox.layers.N."""
 
 
+GPT_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
+"""Buffers older transformers saved in GPT-NeoX checkpoints (Pythia's among them)."""
+
+
 def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
     """The GPTNeoXForCausalLM of a layernorm model with an ungated MLP and rotary positions."""
     mismatches = [f"{key} is {value!r} ({needed})" for key, value, needed in (
@@ -168,6 +175,8 @@ def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
         "layer_norm_eps": config.layernorm_epsilon,
         "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
                             "partial_rotary_factor": config.rotary_percentage},
+        "rotary_pct": config.rotary_percentage,  # the same, as transformers before 5 reads it
+        "rotary_emb_base": config.rope_theta,
         "use_parallel_residual": config.transformer_block_type == "gpt_neox",
         "attention_bias": config.attention_has_bias,
         "attention_dropout": 0.0,
@@ -191,7 +200,8 @@ def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
         keys["lm_head.weight"] = "embed_out.weight"
         vocab_keys.append("lm_head.weight")
     tied = TIED_OUTPUT if config.share_embeddings_and_output_weights else {}
-    return HFMapping(hf_config, keys, config.vocab_size, tuple(vocab_keys), tied, interleaved=interleaved)
+    return HFMapping(hf_config, keys, config.vocab_size, tuple(vocab_keys), tied, interleaved=interleaved,
+                     buffers=GPT_NEOX_BUFFERS)  # fmt: skip
 
 
 def _gpt_neox_accepts(key: str, value: object, config: GPTConfig) -> bool:

@@ -247,7 +247,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "0 and 1 are one stage (NeoX's 0 skips its pipeline engine)"),
     ("model_parallel_size", "Parallelism", 1, M, "distributed_strategy.tensor_model_parallel_size", ""),
     ("pipe_partition_method", "Parallelism", "type:transformer|mlp", M, "model.pipeline_cuts",
-     "type:... and uniform: an equal number of layers per stage; parameters: balanced by parameter count"),
+     "type:... and uniform: ceil(layers / stages) layers to each stage from the first, as DeepSpeed's balanced "
+     "split of equal layers; parameters: balanced by parameter count (the cut moves work, not results)"),
     ("world_size", "Parallelism", None, N, "", _DERIVED),
     ("is_pipe_parallel", "Parallelism", False, N, "", _DERIVED),
     ("sequence_parallel", "Parallelism", False, M, "distributed_strategy.sequence_parallel", ""),
@@ -328,11 +329,11 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("weighted_sampler_alpha", "Training", 1.0, N, "", "used only with weight_by_num_documents (refused)"),
     ("data_impl", "Training", "infer", M, "data.data_impl",
      "infer and mmap read Megatron/NeoX .bin/.idx files; cached (the older format) is refused"),
-    ("pack_impl", "Training", "packed", M, "data.data_prefix",
+    ("pack_impl", "Training", "packed", M, "",
      "packed: documents concatenated into samples, as nxd's indexed data does; pack_until_overflow and unpacked "
      "are refused"),
-    ("dataset_impl", "Training", "gpt2", M, "data.data_prefix", "gpt2; pairwise and online are refused"),
-    ("train_impl", "Training", "normal", M, "model_alignment_strategy",
+    ("dataset_impl", "Training", "gpt2", M, "", "gpt2; pairwise and online are refused"),
+    ("train_impl", "Training", "normal", M, "",
      "normal (pretraining); dpo, kto, rm and reinforce are refused"),
     ("dpo_fp32", "Training", True, N, "", _PREFERENCE),
     ("dpo_reference_free", "Training", False, N, "", _PREFERENCE),
@@ -440,8 +441,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("bf16", "DeepSpeed", None, M, "precision.type", "enabled: mixed_precision"),
     ("amp", "DeepSpeed", None, R, "", "apex AMP is not in nxd; use bf16 instead"),
     ("gradient_clipping", "DeepSpeed", 1.0, M, "trainer.gradient_clip_val",
-     "the global gradient norm is clipped to it (NeoX leaves the default 1.0 out of DeepSpeed's config, so "
-     "NeoX itself does not clip at 1.0 unless asked twice; nxd does what the key says)"),
+     "the global gradient norm is clipped to it; NeoX leaves the value 1.0 (its default) out of DeepSpeed's "
+     "config, so NeoX itself does not clip at 1.0: nxd does what the key says, with a notice"),
     ("zero_optimization", "DeepSpeed", None, M, "distributed_strategy.zero1",
      "stage 0: replicated; stage 1: optimizer state sharded (zero1); stages 2 and 3 and cpu_offload are refused; "
      "bucket and overlap settings get a notice"),

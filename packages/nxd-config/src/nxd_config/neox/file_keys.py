@@ -1,0 +1,178 @@
+"""GPT-NeoX's keys for what a run reads and writes: data, the tokenizer, checkpoints and logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import show
+from .translation import Arguments, Translation, choice, typed
+
+
+def data_keys(a: Arguments, t: Translation) -> None:
+    path, split = a["data_path"], a["split"]
+    paths = {name: a[f"{name}_data_paths"] for name in ("train", "valid", "test")}
+    weights = {name: a[f"{name}_data_weights"] for name in ("train", "valid", "test")}
+    given = [name for name, value in paths.items() if value is not None]
+    if path is not None and given:
+        t.refuse("data_path", f"expected data_path or train/valid/test_data_paths, found both (data_path and "
+                 f"{', '.join(f'{name}_data_paths' for name in given)})")  # fmt: skip
+    elif path is not None:
+        t.set("data.data_prefix", path, "data_path")
+        t.set("data.splits_string", str(split), "split")
+    elif given:
+        if len(given) != 3:
+            missing = sorted(set(paths) - set(given))
+            t.refuse(f"{missing[0]}_data_paths", f"expected train, valid and test data paths together (as GPT-NeoX "
+                     f"does), found only {', '.join(given)}")  # fmt: skip
+        else:
+            blends = {}
+            for name, section in (("train", "train"), ("valid", "validation"), ("test", "test")):
+                blend = _blend(t, name, paths[name], weights[name])
+                if blend is not None:
+                    blends[section] = blend
+            t.set("data.data_prefix", blends, *(f"{name}_data_paths" for name in paths))
+    impl = choice(t, a, "data_impl", ("infer", "mmap", "cached"))
+    if impl == "cached":
+        t.refuse("data_impl", "expected mmap (or infer): the older cached format is not read by nxd; preprocess the "
+                 "data again")  # fmt: skip
+    t.set("data.data_impl", "mmap", "data_impl")
+    for key, allowed, why in (("pack_impl", "packed", "unpacked and pack_until_overflow samples are not in nxd yet"),
+                              ("dataset_impl", "gpt2", "pairwise and online datasets are not in nxd yet"),
+                              ("train_impl", "normal", "dpo, kto, rm and reinforce training are not in nxd yet")):
+        if a[key] != allowed:
+            t.refuse(key, f"expected {allowed}, found {show(a[key])}: {why}")
+    t.set("data.num_workers", a["num_workers"], "num_workers")
+    t.set("data.eod_mask_loss", a["eod_mask_loss"], "eod_mask_loss")
+    warmup = typed(t, a, "mmap_warmup", bool, "true or false")
+    t.set("data.skip_warmup", not warmup, "mmap_warmup")
+    if path is None and not given:
+        t.notice("data_path", "no data_path or train/valid/test_data_paths: nxd trains on its built-in corpus "
+                 "(Python's standard library, with a BPE trained on it)")  # fmt: skip
+
+
+def _blend(t: Translation, name: str, paths: Any, weights: Any) -> list[Any] | None:
+    key = f"{name}_data_paths"
+    if not isinstance(paths, list) or not paths:
+        t.refuse(key, f"expected a list of data prefixes, found {show(paths)}")
+        return None
+    if weights is None:
+        weights = [1.0] * len(paths)
+    numbers = isinstance(weights, list) and all(isinstance(w, int | float) and not isinstance(w, bool) for w in weights)
+    if not numbers or len(weights) != len(paths):
+        t.refuse(f"{name}_data_weights", f"expected one number per path ({len(paths)}), found {show(weights)}")
+        return None
+    return [value for pair in zip(weights, paths, strict=True) for value in pair]
+
+
+def tokenizer_keys(a: Arguments, t: Translation) -> None:
+    """NeoX's tokenizers (megatron/tokenizer/tokenizer.py: build_tokenizer) as nxd's data.tokenizer."""
+    kind = a["tokenizer_type"]
+    vocab, merges = a["vocab_file"], a["merge_file"]
+    lowered = kind.lower() if isinstance(kind, str) else kind
+    keys = ("tokenizer_type", "vocab_file", "merge_file")
+    if lowered == "gpt2bpetokenizer":
+        if vocab is None and merges is None:
+            return  # no tokenizer named: the data's own (pre-tokenised) ids and the model's vocabulary decide
+        t.set("data.tokenizer", {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": vocab,
+                                 "merge_file": merges}, *keys)  # fmt: skip
+    elif lowered in ("hftokenizer", "hfgpt2tokenizer"):
+        if vocab is None:
+            t.refuse("vocab_file", f"expected a local tokenizer (a tokenizer.json, or a directory with one) for "
+                     f"{kind}, found none")  # fmt: skip
+            return
+        t.set("data.tokenizer", {"library": "huggingface", "type": vocab}, *keys)
+    elif lowered == "spmtokenizer":
+        if not isinstance(vocab, str) or Path(vocab).name != "tokenizer.model":
+            t.refuse("vocab_file", f"expected a SentencePiece model named tokenizer.model (nxd reads its directory), "
+                     f"found {show(vocab)}")  # fmt: skip
+            return
+        t.set("data.tokenizer", {"library": "huggingface", "type": str(Path(vocab).parent)}, *keys)
+    else:
+        t.refuse("tokenizer_type", f"expected GPT2BPETokenizer, HFTokenizer, HFGPT2Tokenizer or SPMTokenizer, found "
+                 f"{show(kind)}: CharLevelTokenizer and TiktokenTokenizer are not in nxd")  # fmt: skip
+
+
+def checkpoints_keys(a: Arguments, t: Translation) -> None:
+    """save / load / finetune, the save cadence (checkpoint_factor, checkpoint_scale, extra_save_iters) and
+    keep_last_n_checkpoints; NeoX also saves when training ends."""
+    save, load, finetune = a["save"], a["load"], typed(t, a, "finetune", bool, "true or false")
+    factor, scale, extra = a["checkpoint_factor"], a["checkpoint_scale"], a["extra_save_iters"]
+    t.set("exp_manager.create_checkpoint_callback", save is not None, "save")
+    if save is not None:
+        t.set("exp_manager.explicit_log_dir", save, "save")
+        if factor is None and extra is None:
+            t.refuse("save", "expected checkpoint_factor or extra_save_iters with save (GPT-NeoX's rule), found "
+                     "neither")  # fmt: skip
+    params = "exp_manager.checkpoint_callback_params"
+    steps: set[int] = set()
+    if scale not in ("linear", "log"):
+        t.refuse("checkpoint_scale", f"expected linear or log, found {show(scale)}")
+    elif factor is not None:
+        if not isinstance(factor, int | float) or isinstance(factor, bool) or factor <= 0:
+            t.refuse("checkpoint_factor", f"expected a positive number, found {show(factor)}")
+        elif scale == "linear":
+            if factor != int(factor):
+                t.refuse("checkpoint_factor", f"expected a whole number with checkpoint_scale linear, found {factor}")
+            else:
+                t.set(f"{params}.every_n_train_steps", int(factor), "checkpoint_factor")
+        elif factor <= 1:
+            t.refuse("checkpoint_factor", f"expected more than 1 with checkpoint_scale log, found {factor}")
+        elif not isinstance(a["train_iters"], int):
+            t.refuse("checkpoint_scale", "expected train_iters with checkpoint_scale log (its saves are the powers of "
+                     "checkpoint_factor up to train_iters), found none")  # fmt: skip
+        else:
+            steps |= _powers(factor, a["train_iters"])
+    if extra is not None:
+        if not isinstance(extra, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                   for s in extra):  # fmt: skip
+            t.refuse("extra_save_iters", f"expected a list of iterations (whole numbers from 0), found {show(extra)}")
+        else:
+            if 0 in extra:
+                t.notice("extra_save_iters", "iteration 0 (the initial weights, before any step) is not saved")
+            steps |= {step for step in extra if step > 0}
+    if steps:
+        t.set(f"{params}.save_at_steps", sorted(steps), "checkpoint_factor", "extra_save_iters")
+    keep = a["keep_last_n_checkpoints"]
+    t.set(f"{params}.save_top_k", -1 if keep is None else keep, "keep_last_n_checkpoints")
+    t.set(f"{params}.monitor", "step", "keep_last_n_checkpoints")
+    t.set(f"{params}.mode", "max", "keep_last_n_checkpoints")
+    t.set(f"{params}.save_last", save is not None, "save")
+    if load is not None:
+        if load == save:
+            t.set("exp_manager.resume_if_exists", True, "load")
+            t.set("exp_manager.resume_ignore_no_checkpoint", True, "load")
+        else:
+            t.set("exp_manager.resume_from_checkpoint", load, "load")
+    if finetune:
+        if load is None:
+            t.refuse("finetune", "expected load (the weights to fine-tune) with finetune: true, found no load")
+        t.set("model.weight_init_only", True, "finetune")
+
+
+def _powers(factor: float, until: int) -> set[int]:
+    """NeoX's log-scaled saves: int(factor ** k) for k = 0, 1 ... up to train_iters."""
+    steps, power = set(), 1.0
+    while power <= until:
+        steps.add(int(power))
+        power *= factor
+    return steps
+
+
+def logging_keys(a: Arguments, t: Translation) -> None:
+    save, log_dir, board = a["save"], a["log_dir"], a["tensorboard_dir"]
+    if log_dir is not None:
+        if save is None:
+            t.set("exp_manager.explicit_log_dir", log_dir, "log_dir")
+        elif log_dir != save:
+            t.notice("log_dir", f"nxd keeps text logs beside the checkpoints, in the run directory {save!r} (save)")
+    if board is not None:
+        t.set("exp_manager.create_tensorboard_logger", True, "tensorboard_dir")
+        where = save or log_dir
+        if board != where:
+            t.notice("tensorboard_dir", f"TensorBoard events are written in the run directory "
+                     f"({where!r}) rather than {board!r}" if where else "TensorBoard events are written in the run "
+                     "directory")  # fmt: skip
+    t.set("exp_manager.log_parameter_norm", a["log_param_norm"], "log_param_norm")
+    t.set("exp_manager.log_gradient_norm", a["log_grad_norm"], "log_grad_norm")
+

@@ -1,0 +1,231 @@
+"""GPT-NeoX's model keys: the architecture, attention layout, NeoX's MLP width rule and its dropless MoE, as the
+Megatron-style model's nxd keys."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import show
+from .translation import Arguments, Translation, choice, typed
+
+ATTENTION_KINDS = ("global", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
+                   "flash", "rwkv", "mamba")  # fmt: skip
+DENSE_ATTENTION = ("global", "flash")
+GATED = ("geglu", "reglu", "swiglu", "bilinear", "glu")
+ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "softsign": "softsign", "swish": "silu", "silu": "silu",
+               "mish": "mish", "geglu": "geglu", "reglu": "reglu", "swiglu": "swiglu", "bilinear": "bilinear",
+               "glu": "glu"}  # fmt: skip
+"""NeoX's activation names -> nxd's."""
+NORMS = {"layernorm": "layernorm_epsilon", "rmsnorm": "rms_norm_epsilon", "scalenorm": "scalenorm_epsilon"}
+"""Each norm and the key of its epsilon."""
+POSITIONS = {"learned": "learned_absolute", "rotary": "rope", "sinusoidal": "sinusoidal", "alibi": "alibi",
+             "none": "none"}  # fmt: skip
+
+
+def model_keys(a: Arguments, t: Translation) -> None:
+    plain = {"num_layers": "model.num_layers", "hidden_size": "model.hidden_size",
+             "num_attention_heads": "model.num_attention_heads", "num_kv_heads": "model.num_kv_heads",
+             "seq_length": "model.encoder_seq_length", "max_position_embeddings": "model.max_position_embeddings",
+             "init_method_std": "model.init_method_std",
+             "make_vocab_size_divisible_by": "model.make_vocab_size_divisible_by",
+             "apply_query_key_layer_scaling": "model.apply_query_key_layer_scaling",
+             "use_cpu_initialization": "model.use_cpu_initialization", "hidden_dropout": "model.hidden_dropout",
+             "attention_dropout": "model.attention_dropout", "init_method": "model.init_method",
+             "output_layer_init_method": "model.output_layer_init_method",
+             "use_bias_in_attn_linear": "model.attention_bias", "use_bias_in_mlp": "model.mlp_bias"}  # fmt: skip
+    for key, path in plain.items():
+        t.set(path, a[key], key)
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings"):
+        if a[key] is None:
+            t.refuse(key, "expected a value (GPT-NeoX requires it), found none")
+    t.set("model.ffn_dropout", 0.0)
+    t.set("model.share_embeddings_and_output_weights", not a["no_weight_tying"], "no_weight_tying")
+    choice(t, a, "output_layer_parallelism", ("column",))  # over the vocabulary, as nxd's output layer is
+    norm = choice(t, a, "norm", NORMS, "non_parametric_layernorm and Transformer Engine's te_* norms are not in nxd")
+    if norm is not None:
+        t.set("model.normalization", norm, "norm")
+        t.set("model.layernorm_epsilon", a[NORMS[norm]], NORMS[norm])
+    position = choice(t, a, "pos_emb", POSITIONS, "T5 relative buckets (rpe) are not in nxd")
+    if position is not None:
+        t.set("model.position_embedding_type", POSITIONS[position], "pos_emb")
+    fraction, base = a["rotary_pct"], a["rotary_emb_base"]
+    if position == "rotary":
+        t.set("model.rotary_percentage", fraction, "rotary_pct")
+        t.set("model.rope_theta", base, "rotary_emb_base")
+    elif a.given("rotary_pct") or a.given("rotary_emb_base"):
+        t.notice("rotary_pct", f"accepted, changes nothing here: pos_emb is {a['pos_emb']!r}, not rotary")
+    residual, tied = a["gpt_j_residual"], a["gpt_j_tied"]
+    t.set("model.transformer_block_type", ("gpt_j" if tied else "gpt_neox") if residual else "pre_ln",
+          "gpt_j_residual", "gpt_j_tied")
+    if tied and not residual:
+        t.notice("gpt_j_tied", "accepted, changes nothing here: it ties the norms of gpt_j_residual blocks only")
+    window, seq = typed(t, a, "sliding_window_width", int, "a whole number of tokens"), a["seq_length"]
+    if window is not None:  # a window as long as the sequence is full causal attention, as in NeoX
+        t.set("model.sliding_window_size", min(window + 1, seq) if isinstance(seq, int) else window + 1,
+              "sliding_window_width")  # fmt: skip
+    if position == "alibi" and a["apply_query_key_layer_scaling"] is True:
+        t.refuse("apply_query_key_layer_scaling", "expected false with pos_emb: alibi, found true: NeoX's global "
+                 "layers then scale the ALiBi bias by the layer number (its flash layers do not); nxd adds it as "
+                 "the ALiBi paper does")  # fmt: skip
+
+
+def attention_keys(a: Arguments, t: Translation) -> None:
+    layers = a["num_layers"]
+    kinds = expand_attention_config(t, a["attention_config"], layers if isinstance(layers, int) else None)
+    if kinds is None:
+        return
+    other = sorted(set(kinds) - set(DENSE_ATTENTION))
+    if other:
+        t.refuse("attention_config", f"expected global or flash layers (dense causal attention), found "
+                 f"{', '.join(other)}: nxd has no {', '.join(other)} layers")  # fmt: skip
+    t.set("model.fusions.flash_attention", True, "attention_config")
+
+
+def expand_attention_config(t: Translation, config: Any, layers: int | None) -> list[str] | None:
+    """NeoX's attention_config expanded to one kind per layer (megatron/utils.py: expand_attention_types):
+    [[kinds, n], ...] repeats each list n times; n "all" fills every layer with that pattern at once."""
+    if config is None:
+        return ["global"] * (layers or 0)
+    key = "attention_config"
+    if not isinstance(config, list):
+        t.refuse(key, f"expected a list such as [[[\"global\"], num_layers]], found {show(config)}")
+        return None
+    if all(isinstance(item, str) for item in config):
+        kinds = list(config)
+    else:
+        kinds = []
+        for item in config:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)):
+                t.refuse(key, f"expected items [[kinds ...], count], found {show(item)}")
+                return None
+            pattern, count = item
+            if count == "all":
+                if layers is None or layers % len(pattern):
+                    t.refuse(key, f"expected a pattern whose length divides num_layers ({layers}) with 'all', "
+                             f"found {len(pattern)} kinds")  # fmt: skip
+                    return None
+                kinds = pattern * (layers // len(pattern))
+                break
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                t.refuse(key, f"expected a count (a whole number or 'all') in {show(item)}, found {show(count)}")
+                return None
+            kinds += pattern * count
+    unknown = sorted({str(kind) for kind in kinds} - set(ATTENTION_KINDS))
+    if unknown:
+        t.refuse(key, f"expected attention kinds among {', '.join(ATTENTION_KINDS)}, found {', '.join(unknown)}")
+        return None
+    if layers is not None and len(kinds) != layers:
+        t.refuse(key, f"expected one kind per layer (num_layers: {layers}), found {len(kinds)} after expansion")
+        return None
+    return kinds
+
+
+def mlp_keys(a: Arguments, t: Translation) -> None:
+    """The activation and NeoX's MLP width rule (megatron/model/transformer.py: ParallelMLP): the first linear is
+    `intermediate_size` wide (else expansion_factor x hidden, else 4 x hidden), two thirds of that for gated
+    activations, split into up and gate; its width is rounded to 2 x mlp_multiple_of, the second linear's input
+    to mlp_multiple_of. Widths that do not then agree are refused (NeoX crashes on them)."""
+    name = choice(t, a, "activation", ACTIVATIONS)
+    old_style = a["mlp_type"] if "mlp_type" in a.values else None  # only older NeoX files write it
+    if old_style is not None:
+        old_mlp(a, t, name, old_style)
+        return
+    if name is not None:
+        activation = ACTIVATIONS[name]
+        if activation == "gelu" and a["bias_gelu_fusion"]:
+            if a["onnx_safe"]:
+                t.refuse("bias_gelu_fusion", "expected false with onnx_safe (GPT-NeoX refuses the two together), "
+                         "found true")  # fmt: skip
+            activation = "approx-gelu"
+        t.set("model.activation", activation, "activation", "bias_gelu_fusion")
+    hidden = typed(t, a, "hidden_size", int, "a whole number")
+    size = typed(t, a, "intermediate_size", int, "a whole number")
+    factor = typed(t, a, "expansion_factor", (int, float), "a number")
+    multiple = typed(t, a, "mlp_multiple_of", int, "a whole number")
+    if size is not None and factor is not None:
+        t.refuse("intermediate_size", f"expected intermediate_size or expansion_factor, found both ({size} and "
+                 f"{factor})")  # fmt: skip
+        return
+    if multiple is not None and multiple < 1:
+        t.refuse("mlp_multiple_of", f"expected a whole number of at least 1, found {multiple}")
+        return
+    if hidden is None or multiple is None or name is None:
+        return
+    width = size or (int(factor * hidden) if factor is not None else 4 * hidden)
+    first, second = width, width
+    if name in GATED:
+        first = int(width * 2 / 3)
+        second = first // 2
+    first = 2 * multiple * math.ceil(first / (2 * multiple))
+    second = multiple * math.ceil(second / multiple)
+    needed = 2 * second if name in GATED else second
+    if first != needed:
+        given = f"intermediate_size {size}" if size else f"expansion_factor {factor}" if factor else "4 x hidden_size"
+        t.refuse("intermediate_size", f"{given} with mlp_multiple_of {multiple} gives the first MLP linear {first} "
+                 f"outputs and the second {second} inputs; expected {'twice ' if name in GATED else ''}the second's "
+                 f"(GPT-NeoX fails on these shapes: set mlp_multiple_of, or an intermediate_size that rounds "
+                 f"evenly)")  # fmt: skip
+        return
+    t.set("model.ffn_hidden_size", second, "intermediate_size", "expansion_factor", "mlp_multiple_of")
+
+
+def old_mlp(a: Arguments, t: Translation, name: str | None, style: Any) -> None:
+    """`mlp_type` of NeoX before its MLP rework: regular (4 x hidden; a gated activation 2 x hidden per branch;
+    gelu's tanh form with bias_gelu_fusion) or llama (bias-free, gated by the activation, intermediate_size as is
+    or 256 x ceil(8 hidden / 3 / 256)). The width keys of the rework are refused beside it."""
+    hidden, size = a["hidden_size"], typed(t, a, "intermediate_size", int, "a whole number")
+    newer = [key for key in ("expansion_factor", "mlp_multiple_of") + (("intermediate_size",) if style == "regular"
+                                                                       else ()) if a.given(key)]  # fmt: skip
+    for key in newer:
+        t.refuse(key, f"expected no {key} with mlp_type: {style} (GPT-NeoX's MLP before its rework had none)")
+    if style not in ("regular", "llama"):
+        t.refuse("mlp_type", f"expected regular or llama, found {show(style)}")
+    if style not in ("regular", "llama") or not isinstance(hidden, int) or name is None or newer:
+        return
+    t.notice("mlp_type", "read as GPT-NeoX read it before its MLP rework (current NeoX removed the key)")
+    if style == "regular":
+        activation = "approx-gelu" if name == "gelu" and a["bias_gelu_fusion"] else ACTIVATIONS[name]
+        t.set("model.activation", activation, "activation", "bias_gelu_fusion", "mlp_type")
+        t.set("model.ffn_hidden_size", 2 * hidden if name in GATED else 4 * hidden, "mlp_type")
+        return
+    gated = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "relu": "reglu"}.get(name)
+    if gated is None:
+        t.refuse("activation", f"expected silu, swish, gelu or relu with mlp_type: llama, found {show(name)}")
+        return
+    t.set("model.activation", gated, "activation", "mlp_type")
+    t.set("model.ffn_hidden_size", size or 256 * math.ceil(int(8 * hidden / 3) / 256), "intermediate_size", "mlp_type")
+    t.set("model.mlp_bias", False, "mlp_type")
+
+
+def moe_keys(a: Arguments, t: Translation) -> None:
+    """NeoX's dropless MoE (megatron/model/moe.py): top-k routing with softmax affinities, not renormalised, no
+    load-balancing loss, ungated experts of intermediate_size (else 256 x ceil(4 hidden / 256))."""
+    experts = typed(t, a, "moe_num_experts", int, "a whole number")
+    top_k, router = a["moe_top_k"], a["moe_router_type"]
+    interval_key = "expert_interval" if "expert_interval" in a.values and "moe_expert_interval" not in a.values \
+        else "moe_expert_interval"  # fmt: skip
+    interval = a[interval_key] if interval_key in a.values else 1
+    t.set("distributed_strategy.expert_model_parallel_size", a["moe_expert_parallel_size"], "moe_expert_parallel_size")
+    if experts is None or experts <= 1:
+        return
+    if router != "topk":
+        t.refuse("moe_router_type", f"expected topk, found {show(router)}: GPT-NeoX's sinkhorn (three balancing "
+                 f"iterations from column-normalised costs) is not nxd's Megatron Sinkhorn")  # fmt: skip
+    if interval != 1:
+        t.refuse(interval_key, f"expected 1 (MoE in every layer), found {show(interval)}: NeoX counts MoE "
+                 f"layers from 0 (0, n, 2n ...), nxd from 1 (n, 2n ...)")  # fmt: skip
+    if a["activation"] in GATED:
+        t.refuse("activation", f"expected an ungated activation with moe_num_experts, found {a['activation']!r}: "
+                 f"GPT-NeoX's experts apply it without the gate")  # fmt: skip
+    hidden, size = a["hidden_size"], a["intermediate_size"]
+    if isinstance(hidden, int):
+        t.set("model.ffn_hidden_size", size or 256 * math.ceil(4 * hidden / 256), "intermediate_size",
+              "moe_num_experts")
+    t.set("model.moe", {"num_experts": experts, "top_k": top_k, "frequency": 1, "dropless": True,
+                        "routing_algorithm": "top_k", "router_activation": "softmax",
+                        "normalize_top_k_affinities": False},
+          "moe_num_experts", "moe_top_k", "moe_router_type")  # fmt: skip
+    for part, key in (("num_experts", "moe_num_experts"), ("top_k", "moe_top_k"), ("frequency", interval_key)):
+        t.claim(f"model.moe.{part}", key)
+

@@ -1,0 +1,265 @@
+"""GPT-NeoX's training keys: parallel layout, precision, the optimizer and NeoX's learning-rate schedule, the loop's
+length and cadence, DeepSpeed's batch arithmetic and ZeRO stage."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any
+
+from ..errors import show
+from .translation import Arguments, Translation, choice, mapping, typed
+
+ADAM_PARAMS = {"lr", "betas", "eps", "amsgrad", "adam_w_mode", "bias_correction"}
+
+SGD_PARAMS = {"lr", "momentum", "dampening", "nesterov"}
+
+OFFLOAD = ("cpu_offload", "offload_optimizer", "offload_param", "cpu_offload_params")
+ZERO_TUNING = ("allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
+               "contiguous_gradients", "round_robin_gradients", "sub_group_size", "elastic_checkpoint",
+               "load_from_fp32_weights", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")  # fmt: skip
+
+
+
+def parallel_keys(a: Arguments, t: Translation) -> None:
+    pp = max(1, typed(t, a, "pipe_parallel_size", int, "a whole number") or 0)
+    tp = max(1, typed(t, a, "model_parallel_size", int, "a whole number") or 0)
+    t.set("distributed_strategy.pipeline_model_parallel_size", pp, "pipe_parallel_size")
+    t.set("distributed_strategy.tensor_model_parallel_size", tp, "model_parallel_size")
+    t.set("distributed_strategy.sequence_parallel", a["sequence_parallel"], "sequence_parallel")
+    devices = a["num_gpus"]
+    t.set("trainer.devices", tp * pp if devices is None else devices, "num_gpus")
+    nodes = a["num_nodes"]
+    t.set("trainer.num_nodes", 1 if nodes == -1 else nodes, "num_nodes")
+    method, layers = a["pipe_partition_method"], a["num_layers"]
+    if not isinstance(method, str) or not (method.startswith("type:") or method in ("uniform", "parameters")):
+        t.refuse("pipe_partition_method", f"expected type:<regex>, uniform or parameters, found {show(method)}")
+    elif pp > 1 and method != "parameters" and isinstance(layers, int) and layers >= pp:
+        ends = layer_partition(layers, pp)[1:-1]
+        t.set("model.pipeline_cuts", [f"model.layers.{end - 1}" for end in ends], "pipe_partition_method")
+
+
+def layer_partition(layers: int, stages: int) -> list[int]:
+    """Stage boundaries of `layers` decoder layers, as DeepSpeed's balanced partition of equal layers cuts them:
+    ceil(layers / stages) to each stage from the first; where that would leave a stage without a layer, the
+    first stages take one more than the others (its uniform partition)."""
+    most = -(-layers // stages)
+    if most * (stages - 1) < layers:
+        return [min(index * most, layers) for index in range(stages + 1)]
+    size, extra = divmod(layers, stages)
+    bounds = [0]
+    for index in range(stages):
+        bounds.append(bounds[-1] + size + (1 if index < extra else 0))
+    return bounds
+
+
+def precision_keys(a: Arguments, t: Translation) -> None:
+    """NeoX's precision (arguments.py: calculate_derived): the precision key, or an enabled fp16 / bf16 block."""
+    precision, fp16, bf16 = a["precision"], mapping(t, "fp16", a["fp16"]), mapping(t, "bf16", a["bf16"])
+    fp16_on = fp16 is not None and bool(fp16.get("enabled", False))
+    bf16_on = bf16 is not None and bool(bf16.get("enabled", False))
+    if fp16_on and bf16_on:
+        t.refuse("bf16", "expected one of the fp16 and bf16 blocks enabled, found both (GPT-NeoX refuses that too)")
+        return
+    kind = precision
+    if fp16_on:
+        kind = "fp16" if precision in (None, "fp16") else "conflict"
+    elif bf16_on:
+        kind = "bfloat16" if precision in (None, "bfloat16") else "conflict"
+    if kind == "conflict":
+        t.refuse("precision", f"expected the precision the enabled {'fp16' if fp16_on else 'bf16'} block says, found "
+                 f"{show(precision)}")  # fmt: skip
+        return
+    if kind == "fp16" and fp16_on and fp16.get("type") == "bfloat16":
+        t.notice("fp16", "the block holds type: bfloat16, which GPT-NeoX's DeeperSpeed reads as bf16 training; read "
+                 "as bf16 (mixed_precision)")  # fmt: skip
+        kind = "bfloat16"
+    if kind == "fp16":
+        t.refuse("fp16" if fp16_on else "precision", "fp16 training with loss scaling is not in nxd yet; expected "
+                 "bf16 (bf16: {enabled: true}, or precision: bfloat16) or fp32 (no fp16 block)")  # fmt: skip
+        return
+    if kind not in (None, "fp32", "bfloat16"):
+        t.refuse("precision", f"expected fp16, fp32 or bfloat16, found {show(precision)}")
+        return
+    typed(t, a, "fp32_allreduce", bool, "true or false")  # either way: every type below reduces in fp32
+    types = mapping(t, "data_types", a["data_types"]) or {}
+    for key, value in types.items():
+        if key != "grad_accum_dtype":
+            t.refuse(f"data_types.{key}", "unknown DeepSpeed data type setting; expected grad_accum_dtype")
+        elif value not in ("fp32", "float32"):
+            t.refuse("data_types.grad_accum_dtype", f"expected fp32 (nxd accumulates bf16 runs' gradients in fp32), "
+                     f"found {show(value)}")  # fmt: skip
+    t.set("precision.type", "mixed_precision" if kind == "bfloat16" else "fp32", "precision", "fp16", "bf16")
+
+
+def optimizer_keys(a: Arguments, t: Translation) -> None:
+    """The optimizer block (NeoX's training.py: get_optimizer) and NeoX's AnnealingLR schedule."""
+    block = a["optimizer"]
+    t.claim("model.optim", "optimizer")
+    if block is None:
+        t.refuse("optimizer", "expected an optimizer block such as {type: Adam, params: {lr: 0.0006}}, found none "
+                 "(GPT-NeoX stops without one too)")  # fmt: skip
+        return
+    block = mapping(t, "optimizer", block)
+    if block is None:
+        return
+    if not isinstance(block.get("type"), str) or mapping(t, "optimizer.params", block.get("params")) is None:
+        t.refuse("optimizer", f"expected a block with a type (a string) and params (a mapping), found {show(block)}")
+        return
+    kind, params = block["type"].lower(), dict(block["params"])
+    if "weight_decay" in params:
+        t.refuse("optimizer.params.weight_decay", "GPT-NeoX takes weight decay from the top-level weight_decay key "
+                 "(both set fails in NeoX); move it there")  # fmt: skip
+        params.pop("weight_decay")
+    lr = params.get("lr", 0.001)
+    if kind in ("adam", "adamw", "cpu_adam", "cpu_torch_adam"):
+        if kind.startswith("cpu"):
+            t.notice("optimizer.type", f"{block['type']} is DeepSpeed's CPU Adam: the same update, by torch's AdamW")
+        options = {"name": "adamw" if params.pop("adam_w_mode", True) else "adam"}
+        allowed = ADAM_PARAMS
+        if params.pop("bias_correction", True) is not True:
+            t.refuse("optimizer.params.bias_correction", "expected true (torch's Adam always corrects the bias)")
+    elif kind == "sgd":
+        options, allowed = {"name": "sgd"}, SGD_PARAMS
+    else:
+        t.refuse("optimizer.type", f"expected Adam, AdamW, cpu_adam or sgd, found {show(block['type'])}: lion, "
+                 f"madgrad_wd, sm3 and onebitadam are not in nxd")  # fmt: skip
+        return
+    for key, value in params.items():
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            t.refuse(f"optimizer.params.{key}", f"unknown parameter of {block['type']}; expected one of "
+                     f"{', '.join(sorted(allowed))}{hint}")  # fmt: skip
+        else:
+            options[key] = value
+    options["lr"] = lr
+    options["weight_decay"] = a["weight_decay"]
+    options["sched"] = _schedule(a, t, lr)
+    for key, value in options.items():
+        source = {"weight_decay": "weight_decay", "sched": "lr_decay_style", "name": "optimizer.type"}
+        t.set(f"model.optim.{key}", value, source.get(key, f"optimizer.params.{key}"))
+    for key, source in (("decay_style", "lr_decay_style"), ("warmup_ratio", "warmup"), ("min_lr", "min_lr"),
+                        ("max_steps", "lr_decay_iters" if a.given("lr_decay_iters") else "lr_decay_fraction")):
+        t.claim(f"model.optim.sched.{key}", source)
+
+
+def _schedule(a: Arguments, t: Translation, lr: Any) -> dict[str, Any]:
+    """NeoX's AnnealingLR over `lr_decay_iters` (else lr_decay_fraction x train_iters, else train_iters)."""
+    style = choice(t, a, "lr_decay_style", ("constant", "linear", "cosine", "exponential"))
+    schedule = {"name": "NeoXAnnealing", "decay_style": style or "linear", "warmup_ratio": a["warmup"],
+                "min_lr": a["min_lr"]}  # fmt: skip
+    iters, fraction = a["lr_decay_iters"], a["lr_decay_fraction"]
+    if iters is not None:
+        schedule["max_steps"] = iters
+    elif fraction is not None:
+        train = a["train_iters"]
+        if not isinstance(train, int) or not isinstance(fraction, int | float):
+            t.refuse("lr_decay_fraction", "expected train_iters (a whole number) with it; nxd cannot take a fraction "
+                     "of an epoch count before the data is read: give lr_decay_iters instead")  # fmt: skip
+        else:
+            schedule["max_steps"] = max(1, math.floor(train * fraction))
+    if isinstance(lr, int | float) and isinstance(a["min_lr"], int | float) and a["min_lr"] > lr:
+        t.refuse("min_lr", f"expected at most the learning rate ({lr}), found {a['min_lr']}")
+    return schedule
+
+
+def loop_keys(a: Arguments, t: Translation) -> None:
+    """Loop length, batch arithmetic (DeepSpeed's rule), validation, clipping, recompute, seed."""
+    iters, epochs = a["train_iters"], a["train_epochs"]
+    if iters is not None and epochs is not None:
+        t.refuse("train_epochs", "expected train_iters or train_epochs, found both (GPT-NeoX refuses that too)")
+    elif iters is None and epochs is None:
+        t.refuse("train_iters", "expected train_iters or train_epochs, found neither")
+    t.set("trainer.max_steps", -1 if iters is None else iters, "train_iters")
+    t.set("trainer.max_epochs", -1 if epochs is None else epochs, "train_epochs")
+    _batches(a, t)
+    interval, count = a["eval_interval"], a["eval_iters"]
+    t.set("trainer.val_check_interval", interval, "eval_interval")
+    t.set("trainer.check_val_every_n_epoch", None, "eval_interval")
+    t.set("trainer.limit_val_batches", count, "eval_iters")
+    t.set("trainer.limit_test_batches", count, "eval_iters")
+    t.set("trainer.num_sanity_val_steps", 0)
+    t.set("trainer.log_every_n_steps", a["log_interval"], "log_interval")
+    clip = a["gradient_clipping"]
+    t.set("trainer.gradient_clip_val", clip if clip else None, "gradient_clipping")
+    if clip == 1.0:
+        t.notice("gradient_clipping", "clipped to 1.0 as the key says; GPT-NeoX leaves the value of its default, "
+                 "1.0, out of DeepSpeed's config, so NeoX itself does not clip at 1.0")  # fmt: skip
+    t.set("seed", a["seed"], "seed")
+    layers = typed(t, a, "checkpoint_num_layers", int, "a whole number")
+    if a["checkpoint_activations"]:
+        t.set("model.activations_checkpoint_granularity", "full", "checkpoint_activations")
+        if layers not in (None, 1):
+            t.notice("checkpoint_num_layers", f"{layers} layers per checkpoint: nxd recomputes layer by layer, which "
+                     f"computes the same and keeps a little more memory")  # fmt: skip
+    t.set("distributed_strategy.zero1", _zero_stage(t, a) == 1, "zero_optimization")
+
+
+def _zero_stage(t: Translation, a: Arguments) -> int:
+    """The ZeRO stage of `zero_optimization` (0 without the block): 0 and 1 are nxd's replicated and zero1 states;
+    2, 3 and offloading are refused; DeepSpeed's bucket and overlap settings get a notice."""
+    zero = mapping(t, "zero_optimization", a["zero_optimization"])
+    if zero is None:
+        return 0
+    stage = zero.get("stage")
+    if stage not in (0, 1):
+        found = "no stage" if stage is None else show(stage)
+        t.refuse("zero_optimization.stage", f"expected 0 or 1, found {found}: ZeRO stages 2 and 3 are not in nxd yet "
+                 f"(stage 1 shards the optimizer state, as nxd's zero1)")  # fmt: skip
+    for key in OFFLOAD:
+        value = zero.get(key)
+        if value not in (None, False, {}) and not (isinstance(value, dict) and value.get("device") in (None, "none")):
+            t.refuse(f"zero_optimization.{key}", f"expected false: offloading to the CPU is not in nxd yet, found "
+                     f"{show(value)}")  # fmt: skip
+    tuning = [key for key in zero if key in ZERO_TUNING]
+    if tuning:
+        t.notice("zero_optimization", f"accepted, changes nothing here: {', '.join(tuning)} tune DeepSpeed's "
+                 f"communication buckets and overlap; nxd's FSDP2 sizes its own")  # fmt: skip
+    for key in sorted(set(zero) - set(ZERO_TUNING) - set(OFFLOAD) - {"stage"}):
+        close = difflib.get_close_matches(key, [*ZERO_TUNING, *OFFLOAD, "stage"], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        t.refuse(f"zero_optimization.{key}", f"unknown ZeRO setting; expected stage, an offload or a bucket "
+                 f"setting{hint}")  # fmt: skip
+    return stage if stage in (0, 1) else 0
+
+
+def _batches(a: Arguments, t: Translation) -> None:
+    """train_batch_size = micro batch x gradient accumulation x data-parallel size: any two give the third
+    and all three must agree (DeepSpeed's rule; NeoX's gradient_accumulation_steps defaults to 1)."""
+    total = typed(t, a, "train_batch_size", int, "a whole number")
+    micro = typed(t, a, "train_micro_batch_size_per_gpu", int, "a whole number")
+    steps = typed(t, a, "gradient_accumulation_steps", int, "a whole number")
+    steps = steps if "gradient_accumulation_steps" in a.values else None  # NeoX's default 1 is no choice
+    for key, value in zip(("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"),
+                          (total, micro, steps), strict=True):  # fmt: skip
+        if value is not None and value < 1:
+            t.refuse(key, f"expected a positive whole number, found {value}")
+            return
+    sizes = [a[key] for key in ("num_gpus", "num_nodes", "model_parallel_size", "pipe_parallel_size")]
+    if not all(isinstance(size, int) or size is None for size in sizes):
+        return
+    devices, nodes, tp, pp = sizes
+    model_parallel = max(1, tp or 0) * max(1, pp or 0)
+    world = (devices or model_parallel) * (1 if nodes in (None, -1) else nodes)
+    dp = world // model_parallel or 1
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    if total is None and micro is None:
+        t.refuse("train_batch_size", "expected train_batch_size or train_micro_batch_size_per_gpu, found neither")
+        return
+    if micro is None:
+        micro, remainder = divmod(total, dp * (steps or 1))
+        if remainder or micro == 0:
+            t.refuse("train_batch_size", f"expected a multiple of gradient_accumulation_steps x data-parallel size "
+                     f"({steps or 1} x {dp}), found {total}")  # fmt: skip
+            return
+    elif total is None:
+        total = micro * (steps or 1) * dp
+    elif steps is not None and total != micro * steps * dp:
+        t.refuse("train_batch_size", f"expected train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
+                 f"data-parallel size ({micro} x {steps} x {dp} = {micro * steps * dp}), found {total}")  # fmt: skip
+        return
+    t.set("data.micro_batch_size", micro, *keys)
+    t.set("data.global_batch_size", total, *keys)
+
