@@ -93,7 +93,7 @@ def shrink(merged: dict) -> list[str]:
 
 
 def run(root: Path, name: str, work: Path, tokens: dict) -> str:
-    names = [COMPANIONS[prefix] for prefix in COMPANIONS if name.startswith(prefix)]
+    names = [COMPANIONS[prefix] for prefix in COMPANIONS if name.startswith(prefix) and COMPANIONS[prefix] != name]
     files = [BASE, name] if name in SECOND_FILES else [name, *names]
     merged = {}
     for file in files:
