@@ -24,9 +24,8 @@ from tests.training_runs import losses, read_metrics, run_command
 
 NEOX = Path(__file__).parent / "neox"
 FILES = sorted(path.stem for path in NEOX.glob("*.yml"))
-DEFAULT = ("llama",)
-"""Files trained in the default suite (pythia trains there through the translation test); the others run with
---runslow."""
+DEFAULT = ("pythia", "llama")
+"""Files trained in the default suite; the others, the resume and the translations run with --runslow."""
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +76,22 @@ def _train(name: str, tmp_path: Path, corpus, tokenizer_file, gpt2_files, senten
                                   for name in FILES])  # fmt: skip
 def test_a_neox_file_trains_shrunk_in_two_processes(name, tmp_path, corpus, tokenizer_file, gpt2_files,
                                                     sentencepiece_dir):  # fmt: skip
-    setup, _ = _train(name, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    _train(name, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
     assert (tmp_path / "checkpoints" / "checkpoints").is_dir()  # NeoX saves when training ends
-    if name == "pythia":  # and a restart with the same save/load folder resumes from it
-        again = run_command(str(NEOX / "pythia.yml"), str(setup), "train_iters=4", "lr_decay_iters=4", cwd=tmp_path)
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert "resum" in again.stdout + again.stderr
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name == "pythia" else pytest.mark.slow)
-                                  for name in ("pythia", "gpt2", "alibi")])  # fmt: skip
+@pytest.mark.slow
+def test_a_neox_run_restarted_with_the_same_save_and_load_continues(tmp_path, corpus, tokenizer_file, gpt2_files,
+                                                                     sentencepiece_dir):  # fmt: skip
+    setup, first = _train("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    again = run_command(str(NEOX / "pythia.yml"), str(setup), "train_iters=4", "lr_decay_iters=4", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resum" in again.stdout + again.stderr
+    assert losses(read_metrics(tmp_path / "checkpoints"))[:3] == first
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["pythia", "gpt2", "alibi"])
 def test_config_translate_trains_to_the_same_losses(name, tmp_path, corpus, tokenizer_file, gpt2_files,
                                                     sentencepiece_dir, capsys):  # fmt: skip
     neox_dir, nxdt_dir = tmp_path / "neox", tmp_path / "nxdt"
