@@ -291,7 +291,9 @@ def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, 
     ({"pos_emb": "rotary", "rotary_pct": 0}, "rotary_pct (nxd: model.rotary_percentage): expected a value > 0"),
     ({"te_mha": True}, "te_mha: expected False (GPT-NeoX's default), found True: Transformer Engine layers"),
     ({"moe_num_experts": 4}, "moe_router_type: expected topk, found 'sinkhorn'"),
-    ({"fp16": {"enabled": True}}, "fp16: fp16 training with loss scaling is not in nxd yet"),
+    ({"fp16": {"enabled": True, "loss_scal": 0}}, "fp16.loss_scal: unknown fp16 setting; expected one of enabled, "
+                                                  "loss_scale"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "bf16: expected one of the fp16 and bf16 blocks enabled"),
     ({"zero_optimization": {"stage": 2}}, "zero_optimization.stage: expected 0 or 1, found 2"),
     ({"optimizer": {"type": "lion", "params": {"lr": 1e-4}}}, "optimizer.type: expected Adam, AdamW, cpu_adam or sgd"),
     ({"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.1}}},
@@ -354,10 +356,22 @@ def test_layout_keys(tmp_path):
     ({}, "fp32"), ({"precision": "fp32"}, "fp32"), ({"bf16": {"enabled": True}}, "mixed_precision"),
     ({"precision": "bfloat16"}, "mixed_precision"), ({"bf16": {"enabled": False}}, "fp32"),
     ({"fp16": {"enabled": True, "type": "bfloat16", "loss_scale": 0}}, "mixed_precision"),  # pythia/1B.yml
+    ({"fp16": {"fp16": True, "enabled": True}}, "fp16"), ({"precision": "fp16"}, "fp16"),
     ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "fp32_allreduce": True}, "mixed_precision"),
 ])  # fmt: skip
 def test_precision(tmp_path, keys, kind):
     assert load(tmp_path, {**MODEL, **keys}).precision.type == kind
+
+
+def test_an_fp16_block_sets_deepspeed_loss_scaling(tmp_path):
+    """NeoX's pythia/160M.yml block; DeepSpeed's defaults where a block is silent."""
+    block = {"fp16": True, "enabled": True, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 12,
+             "hysteresis": 2, "min_loss_scale": 1}  # fmt: skip
+    p = load(tmp_path, {**MODEL, "fp16": block}).precision
+    assert (p.type, p.loss_scale, p.initial_scale_power, p.loss_scale_window, p.hysteresis, p.min_loss_scale) == (
+        "fp16", 0.0, 12, 1000, 2, 1.0)  # fmt: skip
+    p = load(tmp_path, {**MODEL, "fp16": {"enabled": True, "loss_scale": 128}}).precision
+    assert (p.type, p.loss_scale, p.initial_scale_power, p.hysteresis) == ("fp16", 128.0, 16, 2)
 
 
 def test_an_fp16_block_of_type_bfloat16_is_read_as_bf16_with_a_notice(tmp_path):

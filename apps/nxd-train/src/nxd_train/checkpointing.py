@@ -35,7 +35,7 @@ from nxd_config import NxdConfig
 from nxd_config.schema.exp_manager import interval_seconds
 from nxd_models import ModelConfigError, ModelFamily
 from nxd_parallel import StagedModel, modules_of
-from nxd_precision import PrecisionOptimizer
+from nxd_precision import LossScaler, PrecisionOptimizer
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -180,8 +180,9 @@ class TrainingState:
 
     def __init__(self, model: nn.Module | StagedModel, optimizer: PrecisionOptimizer, scheduler: LRScheduler, *,
                  use_master_weights: bool, save_bf16: bool = False, lora: LoraFamily | None = None,
-                 lora_base: str | None = None):  # fmt: skip
+                 lora_base: str | None = None, scaler: LossScaler | None = None):  # fmt: skip
         self.model, self.optimizer, self.scheduler, self.save_bf16 = model, optimizer, scheduler, save_bf16
+        self.scaler = scaler
         self.lora, self.lora_base = lora, lora_base
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.masters_as_model = use_master_weights and optimizer.persistent and optimizer.copies_needed
@@ -206,8 +207,11 @@ class TrainingState:
               saving: bool = False, base: str | None = None) -> dict:  # fmt: skip
         optimizer = self.optimizer.state_dict(self.names, masters=not self.masters_as_model)
         scheduler = self.scheduler.state_dict()
-        return {MODEL_KEY: self.model_state(saving=saving, base=base), "optimizer": optimizer,
-                "scheduler": scheduler, "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
+        state = {MODEL_KEY: self.model_state(saving=saving, base=base), "optimizer": optimizer,
+                 "scheduler": scheduler, "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
+        if self.scaler is not None:
+            state["loss_scaler"] = self.scaler.state_dict()
+        return state
 
     def load(self, path: Path, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
              process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
@@ -221,6 +225,8 @@ class TrainingState:
         except (ValueError, KeyError) as error:
             raise CheckpointError(f"{path}: the optimizer state does not fit this run's optimizer: {error}") from None
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["loss_scaler"])
         if self.masters_as_model:
             self.optimizer.sync_parameters()
 

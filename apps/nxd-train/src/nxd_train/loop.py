@@ -10,6 +10,7 @@ gradient of one big batch, whatever the layout and the split into micro-batches.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from dataclasses import replace
@@ -63,7 +64,8 @@ def train(plan: RunPlan) -> Path:
             done = step + 1
             if done % cadence.log_every_n_steps == 0 or done == run.steps:
                 shown = log_values(run, values, epoch, done, window_time / window_steps)
-                run.monitor.metrics(done, shown | ({"skipped_steps": guard.skipped} if guard.skipped else {}))
+                skipped = guard.skipped + (0 if run.scaler is None else run.scaler.skipped)
+                run.monitor.metrics(done, shown | ({"skipped_steps": skipped} if skipped else {}))
                 window_time, window_steps = 0.0, 0
             if cadence.validation_due(step, epoch, index, run.steps_per_epoch):
                 val_loss = evaluate(run, run.validation_data, cadence.limit_val_batches)
@@ -117,8 +119,11 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     if run.reference_pass is not None:
         run.reference_pass(batches)
     count = run.summed(sum(objective.count(batch) for batch in batches).double(), run.token_mesh)
-    totals = run.executor.run(batches, objective.loss, scale=run.dims.dp * run.dims.cp / count)
+    loss_scale = 1.0 if run.scaler is None else run.scaler.scale
+    totals = run.executor.run(batches, objective.loss, scale=run.dims.dp * run.dims.cp * loss_scale / count)
     run.optimizer.collect_gradients()
+    if run.scaler is not None:
+        run.scaler.unscale_(run.optimizer.gradient_tensors)
     grad_norm = gradient_norm(run)
     sums = {"loss": totals.loss, **{name: totals.metrics.get(name, torch.zeros_like(totals.loss))
                                     for name in objective.metric_names}}  # none on ranks without the last stage
@@ -127,11 +132,20 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     if "moe_aux_loss" in moe:  # the loss trained on: cross-entropy plus the weighted load-balancing loss
         values["loss"] += run.plan.family.moe.router_aux_loss_coef * moe["moe_aux_loss"]
     values.update(lr=run.optimizer.param_groups[0]["lr"], grad_norm=grad_norm, **moe)
-    if not guard.check(step, values["loss"], grad_norm):  # every rank sees the same global values
+    cause = ""
+    if run.scaler is not None:
+        values["loss_scale"] = loss_scale
+        overflow = math.isfinite(values["loss"]) and not math.isfinite(grad_norm)
+        cause = run.scaler.floor if overflow else ""
+        if run.scaler.update(overflow):  # skipped, with a smaller scale (or the hysteresis) for the next step
+            run.optimizer.zero_grad(set_to_none=True)
+            return values
+    if not guard.check(step, values["loss"], grad_norm, cause):  # every rank sees the same global values
         run.optimizer.step()
         run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     return values
+
 
 
 def routing(run: Run) -> dict[str, float]:
@@ -188,7 +202,7 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
              "lr": values["lr"], "epoch": epoch, "consumed_samples": done * gbs}  # fmt: skip
     if logging.gradient_norm:
         shown["grad_norm"] = values["grad_norm"]
-    shown.update({name: value for name, value in values.items() if name.startswith("moe_")})
+    shown.update({name: value for name, value in values.items() if name.startswith("moe_") or name == "loss_scale"})
     if logging.parameter_norm:
         stages = None if run.pp_mesh is None else run.pp_mesh.get_group()
         shown["param_norm"] = global_norm((p.detach() for p in run.model.parameters()), stages).item()

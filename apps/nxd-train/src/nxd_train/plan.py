@@ -14,7 +14,7 @@ from nxd_align import LoraFamily, Objective, TokenObjective
 from nxd_ckpt import SavePolicy
 from nxd_models import ModelFamily
 from nxd_parallel import Layout
-from nxd_precision import PrecisionPolicy, resolve_policy
+from nxd_precision import LossScaling, PrecisionPolicy, resolve_policy
 
 from .checkpointing import Resume
 from .data import DataSplits
@@ -109,6 +109,8 @@ class Update:
     on_nonfinite: str = "skip"
     """A step with a NaN/inf loss or gradient norm: "skip" it, or "stop" the run (trainer.on_nonfinite)."""
     max_consecutive_nonfinite: int = 10
+    loss_scaling: LossScaling | None = None
+    """fp16's loss scaling (None for every other precision type)."""
 
     @property
     def lr(self) -> float:

@@ -32,6 +32,7 @@ from nxd_models import (
 )
 from nxd_parallel import Layout
 from nxd_precision import (
+    LossScaling,
     PrecisionConfigError,
     PrecisionPolicy,
     bf16_support_problem,
@@ -171,6 +172,16 @@ def precision_policy(cfg: NxdConfig) -> PrecisionPolicy:
     )  # fmt: skip
 
 
+def loss_scaling(cfg: NxdConfig) -> LossScaling | None:
+    """fp16's loss scaling from the `precision` keys (None for the other types)."""
+    p = cfg.precision
+    if p.type != "fp16":
+        return None
+    return LossScaling(loss_scale=p.loss_scale, initial_scale_power=p.initial_scale_power,
+                       loss_scale_window=p.loss_scale_window, hysteresis=p.hysteresis,
+                       min_loss_scale=p.min_loss_scale, consecutive_hysteresis=p.consecutive_hysteresis)  # fmt: skip
+
+
 def neuron_environment(cfg: NxdConfig, current: Mapping[str, str]) -> dict[str, str]:
     """The AWS Neuron runtime variables the config asks for (set only when the device is a Neuron one)."""
     p = cfg.precision
@@ -290,7 +301,7 @@ def _settings(cfg: NxdConfig) -> dict:
                       schedule=None if sched is None else sched.name,
                       schedule_options={} if sched is None else sched.model_dump(exclude={"name"}),
                       clip=t.gradient_clip_val, on_nonfinite=t.on_nonfinite,
-                      max_consecutive_nonfinite=t.max_consecutive_nonfinite),
+                      max_consecutive_nonfinite=t.max_consecutive_nonfinite, loss_scaling=loss_scaling(cfg)),
         logging=Logging(name=cfg.name, exp_name=exp.name or cfg.name, explicit_log_dir=_path(exp.explicit_log_dir),
                         exp_dir=_path(exp.exp_dir), gradient_norm=exp.log_gradient_norm,
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,

@@ -34,7 +34,7 @@ from nxd_parallel import (
     modules_of,
     split_sequence,
 )
-from nxd_precision import PrecisionOptimizer, build_optimizer, build_scheduler, prepare_parameters
+from nxd_precision import LossScaler, PrecisionOptimizer, build_optimizer, build_scheduler, prepare_parameters
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
@@ -99,6 +99,8 @@ class Run:
     attach: list[Callable[[Path], None]] = field(default_factory=list)
     """What rank 0 writes into each checkpoint folder beside the shards (peft adapter files, DPO's table)."""
     checkpoint_group: torch.distributed.ProcessGroup | None = None
+    scaler: LossScaler | None = None
+    """fp16's loss scale (None for the other precision types)."""
 
     @property
     def token_mesh(self) -> DeviceMesh | None:
@@ -225,9 +227,11 @@ def setup(plan: RunPlan) -> Run:
         update.optimizer, tensors, update.options, decay_norms_and_biases=update.decay_norms_and_biases))  # fmt: skip
     scheduler = build_scheduler(optimizer.optimizer, update.schedule, update.schedule_options, update.lr, steps)
     lora = plan.lora
+    scaler = None if update.loss_scaling is None else LossScaler(update.loss_scaling)
     training = TrainingState(model, optimizer, scheduler, use_master_weights=plan.checkpoints.use_master_weights,
                              save_bf16=plan.checkpoints.save_bf16, lora=lora,
-                             lora_base=None if plan.adapters is None else plan.adapters.base)  # fmt: skip
+                             lora_base=None if plan.adapters is None else plan.adapters.base,
+                             scaler=scaler)  # fmt: skip
 
     def report_save(info: CheckpointInfo, seconds: float) -> None:
         monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
@@ -254,7 +258,7 @@ def setup(plan: RunPlan) -> Run:
               checkpointer, record, steps, flops_per_token=plan.family.flops_per_token(plan.seq_length),
               ceiling=ceiling, objective=plan.objective.split_over(_group(mesh.get("cp"))),
               train_data=plan.data.train, validation_data=plan.data.validation, padding=plan.data.padding,
-              attach=attach, checkpoint_group=checkpoint_group)  # fmt: skip
+              attach=attach, checkpoint_group=checkpoint_group, scaler=scaler)  # fmt: skip
     if plan.reference is not None:  # from the initial weights, before a resume loads trained ones
         with torch.random.fork_rng(devices=[fabric.device] if fabric.device.type == "cuda" else []):
             prepare_reference(run, resume)  # draws nothing from the run's random streams

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigIssue
 from .schema import NxdConfig
-from .schema.precision import MANUAL_KNOBS
+from .schema.precision import LOSS_SCALING, MANUAL_KNOBS
 
 TP = "distributed_strategy.tensor_model_parallel_size"
 PP = "distributed_strategy.pipeline_model_parallel_size"
@@ -420,6 +420,17 @@ def manual_knobs_need_manual(c: NxdConfig) -> Iterator[Finding]:
                 f"(which sets this itself)",
                 f"precision.{name}", "precision.type",
             )
+
+
+@rule
+def loss_scaling_needs_fp16(c: NxdConfig) -> Iterator[Finding]:
+    p = c.precision
+    if p.type == "fp16":
+        return
+    for name, default in LOSS_SCALING.items():
+        if getattr(p, name) != default:
+            yield error(f"precision.{name}", f"expected precision.type fp16 with loss scaling (it scales fp16 "
+                        f"gradients), found type {p.type!r}", f"precision.{name}", "precision.type")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- alignment

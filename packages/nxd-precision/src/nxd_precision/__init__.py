@@ -1,7 +1,8 @@
 """nxd_precision: precision policies, the update step (optimizers by NxDT name, LR schedules, fp32
-master weights), stochastic rounding and the Neuron runtime's variables."""
+master weights, fp16 loss scaling), stochastic rounding and the Neuron runtime's variables."""
 
 from .errors import PrecisionConfigError
+from .loss_scaling import LossScaler, LossScaling
 from .neuron_runtime import neuron_runtime_env
 from .nonfinite import NonFiniteGuard, NonFiniteStop
 from .novograd import Novograd
@@ -17,6 +18,8 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "SCHEDULE_NAMES",
     "TYPES",
+    "LossScaler",
+    "LossScaling",
     "NonFiniteGuard",
     "NonFiniteStop",
     "Novograd",

@@ -40,12 +40,13 @@ class NonFiniteGuard:
             raise PrecisionConfigError(f"trainer.on_nonfinite: expected one of {', '.join(POLICIES)}, "
                                        f"found {self.policy!r}")  # fmt: skip
 
-    def check(self, step: int, loss: float, grad_norm: float) -> bool:
-        """Whether optimizer step `step` (1-based) must be skipped; NonFiniteStop when the run must end."""
+    def check(self, step: int, loss: float, grad_norm: float, cause: str = "") -> bool:
+        """Whether optimizer step `step` (1-based) must be skipped; NonFiniteStop when the run must end. `cause`,
+        when given, says what else the step's values show (an fp16 loss scale at its floor)."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.streak, self._first_of_streak = 0, None
             return False
-        what = f"loss {loss}, gradient norm {grad_norm}"
+        what = f"loss {loss}, gradient norm {grad_norm}" + (f"; {cause}" if cause else "")
         if self.policy == "stop":
             raise NonFiniteStop(f"step {step}: {what}; stopping (trainer.on_nonfinite: stop). {_HINT}")
         self.skipped, self.streak = self.skipped + 1, self.streak + 1

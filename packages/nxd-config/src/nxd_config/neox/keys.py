@@ -52,7 +52,8 @@ _MUP = "used only with use_mup, which nxd refuses"
 _TE_FP8 = "used only by Transformer Engine's fp8 layers (te_*), which nxd refuses"
 _RL = "used only with train_impl: reinforce (online RL with a generation server), which nxd refuses"
 _PREFERENCE = "used only with train_impl dpo / kto / rm, which nxd does not have yet (refused)"
-_FP16 = "used only with fp16 loss scaling, which nxd does not have yet (fp16 is refused)"
+_FP16 = ("NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed: the fp16 block's loss_scale, "
+         "loss_scale_window, hysteresis and min_loss_scale set nxd's loss scaling")  # fmt: skip
 _OLD_MOE = ("a key of GPT-NeoX's older MoE (DeepSpeed / megablocks), removed from current NeoX, whose dropless "
             "MoE nxd follows; remove it (lifted if nxd gains that MoE)")  # fmt: skip
 _LABELS = "label, reward and pos/neg document files are not read by nxd yet; remove the key to pretrain on data_path"
@@ -114,7 +115,7 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     # ----------------------------------------------------------------------------- model
     ("precision", "Model", None, M, "precision.type",
      "fp32 (also when no precision is set); bfloat16: mixed_precision (bf16 compute, fp32 master weights and "
-     "gradient reduction); fp16 is refused (no fp16 loss scaling in nxd yet)"),
+     "gradient reduction); fp16: fp16 with fp32 master weights and DeepSpeed's loss scaling (the fp16 block)"),
     ("num_layers", "Model", None, M, "model.num_layers", ""),
     ("hidden_size", "Model", None, M, "model.hidden_size", ""),
     ("intermediate_size", "Model", None, M, "model.ffn_hidden_size",
@@ -162,7 +163,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "NeoX's fused bias-gelu computes gelu's tanh approximation, so gelu becomes approx-gelu"),
     ("bias_dropout_fusion", "Model", False, N, "", _KERNEL),
     ("rope_fusion", "Model", False, N, "", _KERNEL),
-    ("fp16_lm_cross_entropy", "Model", False, R, "", "needs fp16, which nxd does not have yet; nxd's loss is fp32"),
+    ("fp16_lm_cross_entropy", "Model", False, N, "",
+     "nxd computes the cross-entropy in fp32 under every precision type, a finer loss than fp16's"),
     ("init_method_std", "Model", 0.02, M, "model.init_method_std", ""),
     ("apply_query_key_layer_scaling", "Model", False, M, "model.apply_query_key_layer_scaling", ""),
     ("use_cpu_initialization", "Model", False, M, "model.use_cpu_initialization", ""),
@@ -436,8 +438,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "where the gradient average divides; fp32 reduction makes it moot"),
     ("sparse_gradients", "DeepSpeed", False, N, "", "DeepSpeed's sparse embedding gradients (same values)"),
     ("fp16", "DeepSpeed", None, M, "precision.type",
-     "enabled: refused (fp16 loss scaling is not in nxd yet); a block holding type: bfloat16 is read as bf16, as "
-     "NeoX reads it"),
+     "enabled: precision type fp16, with DeepSpeed's loss scaling from the block (loss_scale 0 dynamic from "
+     "2^initial_scale_power, loss_scale_window, hysteresis, min_loss_scale, consecutive_hysteresis); a block "
+     "holding type: bfloat16 is read as bf16, as NeoX reads it"),
     ("bf16", "DeepSpeed", None, M, "precision.type", "enabled: mixed_precision"),
     ("amp", "DeepSpeed", None, R, "", "apex AMP is not in nxd; use bf16 instead"),
     ("gradient_clipping", "DeepSpeed", 1.0, M, "trainer.gradient_clip_val",

@@ -76,10 +76,8 @@ def precision_keys(a: Arguments, t: Translation) -> None:
                  "as bf16 (mixed_precision)")  # fmt: skip
         kind = "bfloat16"
     if kind == "fp16":
-        t.refuse("fp16" if fp16_on else "precision", "fp16 training with loss scaling is not in nxd yet; expected "
-                 "bf16 (bf16: {enabled: true}, or precision: bfloat16) or fp32 (no fp16 block)")  # fmt: skip
-        return
-    if kind not in (None, "fp32", "bfloat16"):
+        _loss_scaling(t, fp16 or {})
+    if kind not in (None, "fp32", "bfloat16", "fp16"):
         t.refuse("precision", f"expected fp16, fp32 or bfloat16, found {show(precision)}")
         return
     typed(t, a, "fp32_allreduce", bool, "true or false")  # either way: every type below reduces in fp32
@@ -90,7 +88,26 @@ def precision_keys(a: Arguments, t: Translation) -> None:
         elif value not in ("fp32", "float32"):
             t.refuse("data_types.grad_accum_dtype", f"expected fp32 (nxd accumulates bf16 runs' gradients in fp32), "
                      f"found {show(value)}")  # fmt: skip
-    t.set("precision.type", "mixed_precision" if kind == "bfloat16" else "fp32", "precision", "fp16", "bf16")
+    nxd_type = {"bfloat16": "mixed_precision", "fp16": "fp16"}.get(kind, "fp32")
+    t.set("precision.type", nxd_type, "precision", "fp16", "bf16")
+
+
+FP16_BLOCK = {"loss_scale": "loss_scale", "initial_scale_power": "initial_scale_power",
+              "loss_scale_window": "loss_scale_window", "hysteresis": "hysteresis", "min_loss_scale": "min_loss_scale",
+              "consecutive_hysteresis": "consecutive_hysteresis"}  # fmt: skip
+"""DeepSpeed's fp16 block -> nxd's precision keys (DeepSpeed's defaults where the block is silent)."""
+
+
+def _loss_scaling(t: Translation, block: dict[str, Any]) -> None:
+    """DeepSpeed's loss scaling settings of the fp16 block; its switches (enabled, fp16, type) and auto_cast (the
+    model runs in fp16 either way) are read, anything else is refused by name."""
+    for key, value in block.items():
+        if key in FP16_BLOCK:
+            t.set(f"precision.{FP16_BLOCK[key]}", value, f"fp16.{key}")
+        elif key not in ("enabled", "fp16", "type", "auto_cast"):
+            close = difflib.get_close_matches(key, list(FP16_BLOCK), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            t.refuse(f"fp16.{key}", f"unknown fp16 setting; expected one of enabled, {', '.join(FP16_BLOCK)}{hint}")
 
 
 def optimizer_keys(a: Arguments, t: Translation) -> None:

@@ -10,7 +10,7 @@ from ._base import Section, Status, key
 
 PREC = "nxd-precision"
 
-PrecisionType = Literal["fp32", "bf16SR", "autocast", "mixed_precision", "mixed_precisionSR", "manual"]
+PrecisionType = Literal["fp32", "bf16SR", "autocast", "mixed_precision", "mixed_precisionSR", "fp16", "manual"]
 
 
 def _flag_to_str(value: Any) -> Any:
@@ -31,6 +31,10 @@ MANUAL_KNOBS: dict[str, Any] = {
     "neuron_rt_stochastic_rounding_en": "0",
 }
 """Keys read only with `type: manual`, with their defaults."""
+LOSS_SCALING: dict[str, Any] = {"loss_scale": 0.0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                                "hysteresis": 2, "min_loss_scale": 1.0, "consecutive_hysteresis": False}  # fmt: skip
+"""Keys read only with `type: fp16`, with their defaults (DeepSpeed's)."""
+_FP16 = "GPT-NeoX's (DeepSpeed's) fp16 block; NxDT has no fp16 type"
 
 
 class PrecisionConfig(Section):
@@ -38,8 +42,11 @@ class PrecisionConfig(Section):
         "mixed_precision",
         "fp32; mixed_precision (bf16 compute, fp32 master weights, fp32 grad accumulation and "
         "reduction); mixed_precisionSR (the same with stochastic rounding); bf16SR (all bf16, "
-        "stochastically rounded updates); autocast (torch.autocast bf16); manual (the knobs below).",
+        "stochastically rounded updates); autocast (torch.autocast bf16); fp16 (an nxd extension value: fp16 "
+        "parameters and compute, fp32 master weights, fp32 gradient accumulation and reduction, loss scaling by the "
+        "keys below); manual (the knobs below).",
         by=PREC,
+        extension_values=("fp16",),
     )
     master_weights: bool = key(False, "manual: keep fp32 master weights for bf16 parameters.", by=PREC)
     fp32_grad_acc: bool = key(False, "manual: accumulate gradients in fp32.", by=PREC)
@@ -59,9 +66,33 @@ class PrecisionConfig(Section):
         status=Status.EXTENSION,
         note="NxDT runs on Neuron devices; fp32 stays exact unless a run asks for TF32",
     )
+    loss_scale: float = key(
+        0.0, "fp16: a static loss scale; 0 scales dynamically, as the keys below say.", by=PREC, ge=0.0,
+        status=Status.EXTENSION, note=_FP16,
+    )  # fmt: skip
+    initial_scale_power: int = key(
+        16, "fp16, dynamic: the first scale is 2^initial_scale_power.", by=PREC, ge=0, le=100,
+        status=Status.EXTENSION, note=_FP16,
+    )  # fmt: skip
+    loss_scale_window: int = key(
+        1000, "fp16, dynamic: the scale doubles after this many steps without an overflow.", by=PREC, ge=1,
+        status=Status.EXTENSION, note=_FP16,
+    )  # fmt: skip
+    hysteresis: int = key(
+        2, "fp16, dynamic: overflows absorbed (each a skipped step) before the scale halves.", by=PREC, ge=1,
+        status=Status.EXTENSION, note=_FP16,
+    )  # fmt: skip
+    min_loss_scale: float = key(
+        1.0, "fp16, dynamic: the scale never drops below this; overflows at it count towards "
+        "trainer.max_consecutive_nonfinite.", by=PREC, gt=0.0, status=Status.EXTENSION, note=_FP16,
+    )  # fmt: skip
+    consecutive_hysteresis: bool = key(
+        False, "fp16, dynamic: restore the hysteresis after every step without an overflow (not only when the "
+        "scale grows).", by=PREC, status=Status.EXTENSION, note=_FP16,
+    )  # fmt: skip
     parallel_layers_reduce_dtype: Literal["bf16", "fp32"] | None = key(
         None,
-        "Dtype of tensor-parallel all-reduce / reduce-scatter; null means fp32 for type fp32, "
+        "Dtype of tensor-parallel all-reduce / reduce-scatter; null means fp32 for types fp32 and fp16, "
         "bf16 otherwise.",
         by="nxd-parallel",
     )
