@@ -294,7 +294,8 @@ def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, 
     ({"fp16": {"enabled": True, "loss_scal": 0}}, "fp16.loss_scal: unknown fp16 setting; expected one of enabled, "
                                                   "loss_scale"),
     ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "bf16: expected one of the fp16 and bf16 blocks enabled"),
-    ({"zero_optimization": {"stage": 2}}, "zero_optimization.stage: expected 0 or 1, found 2"),
+    ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage: expected 0, 1, 2 or 3, found 4"),
+    ({"zero_optimization": {"stage": 1, "cpu_offload": True}}, "zero_optimization.cpu_offload: expected false"),
     ({"optimizer": {"type": "lion", "params": {"lr": 1e-4}}}, "optimizer.type: expected Adam, AdamW, cpu_adam or sgd"),
     ({"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.1}}},
      "optimizer.params.weight_decay: GPT-NeoX takes weight decay from the top-level weight_decay key"),
@@ -346,6 +347,9 @@ def test_layout_keys(tmp_path):
     assert c.trainer.devices == 4  # no num_gpus: the processes the layout needs
     assert c.model.pipeline_cuts == ("model.layers.2",)  # 3 + 2 layers, the first stage one more (DeepSpeed's rule)
     assert load(tmp_path, {**MODEL, "pipe_parallel_size": 0}).distributed_strategy.pipeline_model_parallel_size == 1
+    for stage, zero1, zero3 in ((0, False, False), (1, True, False), (2, True, False), (3, True, True)):
+        ds = load(tmp_path, {**MODEL, "zero_optimization": {"stage": stage}}).distributed_strategy
+        assert (ds.zero1, ds.zero3) == (zero1, zero3), stage
     assert errors(tmp_path, {**MODEL, "pipe_parallel_size": 2}) == [
         f"{tmp_path / 'f0.yml'}: train_micro_batch_size_per_gpu (nxd: data.global_batch_size): expected at least 2 micro-batches per step with 2 pipeline stages (1F1B), found "
         "global_batch_size / (micro_batch_size * data-parallel size) = 2 / (2 * 1) = 1"

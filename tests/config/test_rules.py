@@ -35,6 +35,14 @@ def test_global_batch_must_be_multiple_of_micro_batch_times_dp(minimal) -> None:
     ]
 
 
+def test_zero3_needs_zero1(minimal) -> None:
+    minimal["distributed_strategy"].update(zero1=False, zero3=True)
+    assert errors(minimal) == [
+        "distributed_strategy.zero3: expected distributed_strategy.zero1 True with it (ZeRO-3 shards what ZeRO-1 "
+        "shards, and the parameters between uses), found zero1 False"
+    ]
+
+
 def test_pipeline_stages_need_enough_micro_batches(minimal) -> None:
     minimal["distributed_strategy"].update(pipeline_model_parallel_size=2, tensor_model_parallel_size=1)
     minimal["data"].update(micro_batch_size=1, global_batch_size=2)  # 4 devices, pp 2: dp 2, one micro-batch

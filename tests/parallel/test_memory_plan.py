@@ -23,7 +23,7 @@ def _plan(sizes: Sizes, layout: Layout = Layout(), state: StateBytes = FP32, wor
     meta = family.build_on_meta()
     return memory_plan(meta, family.tp_plan(), pipeline_ranges(family, meta, layout, sizes.pp),
                        LayerWidths(**family.layer_widths()), sizes=sizes, state=state, work=work, zero1=layout.zero1,
-                       sequence_parallel=layout.sequence_parallel, kv_replicator=layout.kv_replicator,
+                       zero3=layout.zero3, sequence_parallel=layout.sequence_parallel, kv_replicator=layout.kv_replicator,
                        recompute=layout.recompute, recompute_modules=layout.recompute_modules)  # fmt: skip
 
 
@@ -43,6 +43,10 @@ def test_parameters_split_as_each_layout_shards_them():
     zero1 = _plan(Sizes(dp=2), Layout(zero1=True))[0]
     assert (zero1.parameters, zero1.gradients, zero1.optimizer_state) == (4 * whole // 2 + 4 * whole,
                                                                           4 * whole // 2, 8 * whole // 2)  # fmt: skip
+    # ZeRO-3: the same shards; gathered, the embedding, final norm and output layer and two layers at a time
+    zero3 = _plan(Sizes(dp=2), Layout(zero1=True, zero3=True))[0]
+    assert (zero3.parameters, zero3.gradients) == (4 * whole // 2 + 4 * (EMBED + OUTPUT + 64 + 2 * LAYER),
+                                                   4 * whole // 2)  # fmt: skip
 
 
 def test_precision_types_cost_what_their_dtypes_say():

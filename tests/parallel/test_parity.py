@@ -22,6 +22,7 @@ def _two_process_scenarios() -> list[Scenario]:
             Scenario(f"{family}-tp2", family, tp=2),
             Scenario(f"{family}-tp2-sp", family, tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
             Scenario(f"{family}-dp2-zero1", family, layout=Layout(zero1=True), clip=0.5),
+            Scenario(f"{family}-dp2-zero3", family, layout=Layout(zero1=True, zero3=True), clip=0.5),
             Scenario(f"{family}-dp2-replicated", family, layout=Layout(ranks_at_once=1)),
             Scenario(f"{family}-tp2-kv-replicator", family, tp=2, kv_heads=1, layout=Layout(kv_replicator=2)),
             Scenario(f"{family}-tp2-sp-kv-replicator", family, tp=2, kv_heads=1,
@@ -68,6 +69,8 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         return [
             Scenario("alibi-pp2-interleaved", "alibi", pp=2, layout=Layout(virtual_stages=2), **staged),
             Scenario("alibi-dp2-zero1-full-recompute", "alibi", layout=Layout(zero1=True, recompute="full")),
+            Scenario("pythia-dp2-zero3-full-recompute", "pythia", layout=Layout(zero1=True, zero3=True,
+                                                                                 recompute="full")),
             Scenario("sinusoidal-tp2-sp", "sinusoidal", tp=2, layout=Layout(sequence_parallel=True)),
             Scenario("sinusoidal-pp2", "sinusoidal", pp=2, **staged),
         ]
@@ -186,6 +189,9 @@ def _four_process_scenarios() -> list[Scenario]:
         Scenario("mistral-pp2-tp2-sp-sliding-window", "mistral", pp=2, tp=2, layers=4, tied=False,
                  layout=Layout(sequence_parallel=True)),
         Scenario("megatron-pp2-dp2-zero1", pp=2, layers=4, tied=False, layout=Layout(zero1=True), clip=0.5),
+        Scenario("megatron-dp2-tp2-zero3-sp", tp=2, layout=Layout(zero1=True, zero3=True, sequence_parallel=True),
+                 clip=0.5),
+        Scenario("megatron-pp2-dp2-zero3", pp=2, layers=4, tied=False, layout=Layout(zero1=True, zero3=True)),
         Scenario("hf-pp2-tp2", "hf", pp=2, tp=2, layers=4, clip=0.5),
         Scenario("hf-pp2-tp2-sp-interleaved-fused-qkv-kv-replicator", "hf", pp=2, tp=2, layers=4, kv_heads=1,
                  qkv="fused", layout=Layout(sequence_parallel=True, virtual_stages=2, kv_replicator=2)),

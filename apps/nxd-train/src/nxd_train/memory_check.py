@@ -45,7 +45,7 @@ def rank_memory(plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = 
                     loss_chunk_tokens=loss_chunk_tokens or family.loss_chunk_tokens or 0)  # fmt: skip
     return memory_plan(meta, family.tp_plan(), stages, LayerWidths(**family.layer_widths()),
                        sizes=Sizes(tp=launch.tp, pp=launch.pp, cp=launch.cp, dp=dp, ep=launch.ep), state=state,
-                       work=work, zero1=layout.zero1, sequence_parallel=layout.sequence_parallel,
+                       work=work, zero1=layout.zero1, zero3=layout.zero3, sequence_parallel=layout.sequence_parallel,
                        kv_replicator=layout.kv_replicator, recompute=layout.recompute,
                        recompute_modules=layout.recompute_modules, virtual_stages=layout.virtual_stages,
                        runtime=runtime)  # fmt: skip
@@ -70,6 +70,8 @@ def fitting_changes(plan: RunPlan, limit: int, *, runtime: int, meta: nn.Module)
     candidates: list[tuple[str, RunPlan, int | None]] = []
     if dp * launch.cp > 1 and not layout.zero1:
         candidates.append(("distributed_strategy.zero1: True", replace(plan, layout=replace(layout, zero1=True)), None))
+    if dp * launch.cp > 1 and layout.zero1 and not layout.zero3:
+        candidates.append(("distributed_strategy.zero3: True", replace(plan, layout=replace(layout, zero3=True)), None))
     if launch.tp > 1 and not layout.sequence_parallel:
         candidates.append(("distributed_strategy.sequence_parallel: True",
                            replace(plan, layout=replace(layout, sequence_parallel=True)), None))  # fmt: skip

@@ -262,7 +262,7 @@ def layout_of(cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
     reduction in the activations' own dtype needs no cast)."""
     ds, m, reduce = cfg.distributed_strategy, cfg.model, policy.parallel_layers_reduce_dtype
     return Layout(
-        sequence_parallel=ds.sequence_parallel and ds.tensor_model_parallel_size > 1, zero1=ds.zero1,
+        sequence_parallel=ds.sequence_parallel and ds.tensor_model_parallel_size > 1, zero1=ds.zero1, zero3=ds.zero3,
         kv_replicator=ds.kv_replicator, recompute=m.activations_checkpoint_granularity,
         recompute_modules=tuple(m.activations_checkpoint_recompute or ()),
         recompute_mlp=m.activations_checkpoint_recompute_mlp,

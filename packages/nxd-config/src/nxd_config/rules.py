@@ -423,6 +423,15 @@ def manual_knobs_need_manual(c: NxdConfig) -> Iterator[Finding]:
 
 
 @rule
+def zero3_needs_zero1(c: NxdConfig) -> Iterator[Finding]:
+    ds = c.distributed_strategy
+    if ds.zero3 and not ds.zero1:
+        yield error("distributed_strategy.zero3", "expected distributed_strategy.zero1 True with it (ZeRO-3 shards "
+                    "what ZeRO-1 shards, and the parameters between uses), found zero1 False",
+                    "distributed_strategy.zero3", "distributed_strategy.zero1")  # fmt: skip
+
+
+@rule
 def loss_scaling_needs_fp16(c: NxdConfig) -> Iterator[Finding]:
     p = c.precision
     if p.type == "fp16":

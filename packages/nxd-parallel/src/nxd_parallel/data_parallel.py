@@ -1,5 +1,6 @@
 """Data parallelism on FSDP2: ZeRO-1 style sharding (`fully_shard`, parameters kept gathered between
-forward and backward) or plain replication (`replicate`), composed with tensor-parallel DTensors."""
+forward and backward), ZeRO-3 (each block's parameters gathered for its forward and again for its backward)
+or plain replication (`replicate`), composed with tensor-parallel DTensors."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def apply_data_parallel(
     mesh: DeviceMesh,
     *,
     zero1: bool,
+    zero3: bool = False,
     blocks: Sequence[nn.Module] = (),
     mp_policy: MixedPrecisionPolicy | None = None,
     experts: Sequence[nn.Module] = (),
@@ -25,9 +27,11 @@ def apply_data_parallel(
 
     With `zero1`, parameters, gradients and optimizer state live as 1/dp shards between steps; a
     forward all-gathers each block's parameters once and keeps them until its backward, which
-    reduce-scatters the gradients. Without it every rank holds everything and gradients are
-    all-reduced. Each of `blocks` (the decoder layers) is its own communication group, so the
-    reductions overlap the backward. `mp_policy` is the precision seam (parameter / reduction dtypes).
+    reduce-scatters the gradients. With `zero3` too, each of `blocks` frees its gathered parameters after its
+    forward and gathers them again for its backward (the root's stay gathered: the backward begins with them).
+    Without `zero1` every rank holds everything and gradients are all-reduced. Each of `blocks` (the decoder
+    layers) is its own communication group, so the reductions overlap the backward. `mp_policy` is the
+    precision seam (parameter / reduction dtypes).
 
     `experts` (mixture-of-experts modules split over expert-parallel ranks) are data-parallel over
     `experts_mesh` only, the ranks holding the same experts; with none, their gradients need no
@@ -40,15 +44,16 @@ def apply_data_parallel(
             _apply(module, experts_mesh, zero1, policy, set())
         else:
             ignored |= set(module.parameters())
-    for block in (*blocks, model):
-        _apply(block, mesh, zero1, policy, ignored)
+    for block in blocks:
+        _apply(block, mesh, zero1, policy, ignored, reshard=zero3)
+    _apply(model, mesh, zero1, policy, ignored)
     return model
 
 
 def _apply(module: nn.Module, mesh: DeviceMesh, zero1: bool, policy: MixedPrecisionPolicy,
-           ignored: set[nn.Parameter]) -> None:  # fmt: skip
+           ignored: set[nn.Parameter], reshard: bool = False) -> None:  # fmt: skip
     if zero1:
-        fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=policy, ignored_params=ignored or None)
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored or None)
     else:
         replicate(module, mesh=mesh, mp_policy=policy, ignored_params=ignored or None)
 

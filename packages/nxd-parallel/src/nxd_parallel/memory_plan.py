@@ -109,9 +109,11 @@ class RankMemory:
 def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], widths: LayerWidths, *,
                 sizes: Sizes, state: StateBytes, work: Workload, zero1: bool, sequence_parallel: bool,
                 kv_replicator: int, recompute: str | None, recompute_modules: tuple[str, ...] = (),
-                virtual_stages: int = 1, runtime: int = 0) -> list[RankMemory]:  # fmt: skip
+                virtual_stages: int = 1, runtime: int = 0, zero3: bool = False) -> list[RankMemory]:  # fmt: skip
     """Each pipeline rank's memory for `model` (a meta build of the whole model, adapters included) split
-    by `tp_plan` and `stages` (the layers of each pipeline stage, `pipeline_ranges`)."""
+    by `tp_plan` and `stages` (the layers of each pipeline stage, `pipeline_ranges`). FSDP2's gathered copies:
+    every layer's between forward and backward (zero1), or two layers' at a time (zero3: the one computing
+    and the one gathered ahead), beside the embedding's and output layer's."""
     modules = [name for name, _ in model.named_modules()]
     styles = {name: style for pattern, style in tp_plan.items() for name in fnmatch.filter(modules, pattern)}
     plans = []
@@ -119,6 +121,7 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
         numbers = rank_stages(pp_rank, sizes.pp, virtual_stages)
         held = trained = 0.0  # values on a rank: a parameter's tensor-parallel share over its ZeRO-1 ranks
         gathered = 0  # FSDP2's unsharded copy while computing
+        per_layer: dict[int, int] = {}  # the same of each decoder layer (zero3 gathers them one by one)
         for name, parameter in model.named_parameters():
             if not _on_stages(name, numbers, stages):
                 continue
@@ -131,7 +134,12 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
                 share = _tp_share(parameter, styles.get(module), sizes.tp, kv_replicator)
             held += share / data
             trained += share / data if parameter.requires_grad else 0
-            gathered += share if data > 1 else 0
+            layer = LAYER.search(name)
+            if data > 1 and zero3 and layer is not None:
+                per_layer[int(layer.group(1))] = per_layer.get(int(layer.group(1)), 0) + share
+            elif data > 1:
+                gathered += share
+        gathered += sum(sorted(per_layer.values())[-2:])
         held, trained = int(held), int(trained)
         layers = sum(len(stages[number]) for number in numbers)
         in_flight = min(sizes.pp - pp_rank, work.microbatches) if sizes.pp > 1 else 1

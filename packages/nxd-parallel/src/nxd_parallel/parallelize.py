@@ -72,6 +72,8 @@ class Layout:
 
     sequence_parallel: bool = False
     zero1: bool = False
+    zero3: bool = False
+    """With zero1: decoder layers free their gathered parameters after the forward (ZeRO-3)."""
     kv_replicator: int = 1
     recompute: str | None = None
     """"full" (whole layers), "selective" (`recompute_modules`) or None."""
@@ -223,7 +225,8 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
     if layout.compile_blocks:
         compile_blocks(family.decoder_layers(model))
     if data is not None:  # context-parallel ranks hold the same weights: their gradients are reduced too
-        apply_data_parallel(model, data, zero1=layout.zero1, blocks=family.decoder_layers(model),
+        apply_data_parallel(model, data, zero1=layout.zero1, zero3=layout.zero3,
+                            blocks=family.decoder_layers(model),
                             mp_policy=MixedPrecisionPolicy(reduce_dtype=layout.grad_reduce_dtype),
                             experts=[layer.experts for layer in moe] if mesh.get("ep") is not None else (),
                             experts_mesh=mesh.get("edp"))  # fmt: skip

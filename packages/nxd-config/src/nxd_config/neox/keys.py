@@ -447,7 +447,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "the global gradient norm is clipped to it; NeoX leaves the value 1.0 (its default) out of DeepSpeed's "
      "config, so NeoX itself does not clip at 1.0: nxd does what the key says, with a notice"),
     ("zero_optimization", "DeepSpeed", None, M, "distributed_strategy.zero1",
-     "stage 0: replicated; stage 1: optimizer state sharded (zero1); stages 2 and 3 and cpu_offload are refused; "
+     "stage 0: replicated; stages 1 and 2: zero1 (optimizer state and gradients sharded); stage 3: zero1 and zero3 "
+     "(parameters too, gathered layer by layer); cpu_offload is refused; "
      "bucket and overlap settings get a notice"),
     ("curriculum_learning", "DeepSpeed", None, R, "", "sequence-length curriculum is not in nxd; remove it"),
     ("curriculum_seqlen", "DeepSpeed", 0, N, "", _DERIVED + " (with curriculum_learning, refused)"),

@@ -211,20 +211,21 @@ def loop_keys(a: Arguments, t: Translation) -> None:
         if layers not in (None, 1):
             t.notice("checkpoint_num_layers", f"{layers} layers per checkpoint: nxd recomputes layer by layer, which "
                      f"computes the same and keeps a little more memory")  # fmt: skip
-    t.set("distributed_strategy.zero1", _zero_stage(t, a) == 1, "zero_optimization")
+    stage = _zero_stage(t, a)  # 1 and 2: nxd's zero1 shards the gradients too; 3: the parameters between uses
+    t.set("distributed_strategy.zero1", stage > 0, "zero_optimization")
+    t.set("distributed_strategy.zero3", stage == 3, "zero_optimization")
 
 
 def _zero_stage(t: Translation, a: Arguments) -> int:
-    """The ZeRO stage of `zero_optimization` (0 without the block): 0 and 1 are nxd's replicated and zero1 states;
-    2, 3 and offloading are refused; DeepSpeed's bucket and overlap settings get a notice."""
+    """The ZeRO stage of `zero_optimization` (0 without the block); offloading is refused, DeepSpeed's bucket and
+    overlap settings get a notice."""
     zero = mapping(t, "zero_optimization", a["zero_optimization"])
     if zero is None:
         return 0
     stage = zero.get("stage")
-    if stage not in (0, 1):
+    if stage not in (0, 1, 2, 3):
         found = "no stage" if stage is None else show(stage)
-        t.refuse("zero_optimization.stage", f"expected 0 or 1, found {found}: ZeRO stages 2 and 3 are not in nxd yet "
-                 f"(stage 1 shards the optimizer state, as nxd's zero1)")  # fmt: skip
+        t.refuse("zero_optimization.stage", f"expected 0, 1, 2 or 3, found {found}")
     for key in OFFLOAD:
         value = zero.get(key)
         if value not in (None, False, {}) and not (isinstance(value, dict) and value.get("device") in (None, "none")):
@@ -239,7 +240,7 @@ def _zero_stage(t: Translation, a: Arguments) -> int:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         t.refuse(f"zero_optimization.{key}", f"unknown ZeRO setting; expected stage, an offload or a bucket "
                  f"setting{hint}")  # fmt: skip
-    return stage if stage in (0, 1) else 0
+    return stage if stage in (0, 1, 2, 3) else 0
 
 
 def _batches(a: Arguments, t: Translation) -> None:

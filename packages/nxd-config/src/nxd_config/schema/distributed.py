@@ -17,8 +17,14 @@ class DistributedStrategyConfig(Section):
         1, "Context-parallel degree (cp); > 1 needs model.fusions.ring_attention.", by=PAR, ge=1
     )
     zero1: bool = key(
-        True, "Shard optimizer state and gradients over data-parallel ranks (ZeRO-1).", by=PAR
+        True, "Shard optimizer state and gradients over data-parallel ranks (ZeRO-1; the gradients too, which is "
+        "ZeRO-2's sharding).", by=PAR,
     )
+    zero3: bool = key(
+        False, "With zero1: each decoder layer gathers its parameters for its forward, frees them, and gathers them "
+        "again for its backward (ZeRO-3), so a rank holds its shards and about two layers' whole parameters.",
+        by=PAR, status=Status.EXTENSION, note="DeepSpeed's ZeRO stage 3 (GPT-NeoX files); NxDT has zero1 only",
+    )  # fmt: skip
     sequence_parallel: bool = key(
         False, "Shard norm and dropout activations along the sequence over the tp ranks.", by=PAR
     )
