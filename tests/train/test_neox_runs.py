@@ -163,3 +163,73 @@ def test_a_hugging_face_gpt_neox_directory_starts_a_neox_run(tmp_path, corpus, t
     assert exported.keys() == original.keys()
     for name, tensor in original.items():
         assert torch.equal(exported[name], tensor), name
+
+
+def _pythia_sources(tmp_path: Path) -> tuple[Path, Path]:
+    """The same GPT-NeoX model twice: as transformers saves it, and as GPT-NeoX saves it at iteration 2 over two
+    tensor-parallel ranks with pipeline layer files (tests/neox_checkpoints.py)."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from tests.neox_checkpoints import pythia_parts, write_neox_checkpoint
+
+    hf = GPTNeoXConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+                       max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu",
+                       tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(hf)
+    model.save_pretrained(tmp_path / "pythia")
+    write_neox_checkpoint(tmp_path / "neox", pythia_parts(model, 2, 512), iteration=2, pipelined=True)
+    return tmp_path / "pythia", tmp_path / "neox"
+
+
+def _from(load: Path, setup: Path, tmp_path: Path, name: str, *overrides: str, finetune: bool = True) -> list[dict]:
+    """A pythia.yml run (exact gelu, as transformers' model computes it) starting from `load`; its metrics. The
+    vocabulary is padded to 512 at TP1 and TP2 alike (padding rows take part in the softmax, as in NeoX)."""
+    run = tmp_path / name
+    start = tmp_path / f"{name}.yml"
+    start.write_text(json.dumps({"load": str(load), "finetune": finetune, "save": str(run)}))
+    result = run_command(str(NEOX / "pythia.yml"), str(setup), str(start), "bias_gelu_fusion=False",
+                         "make_vocab_size_divisible_by=256", *overrides,
+                         cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return read_metrics(run)
+
+
+@pytest.fixture
+def neox_start(tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir) -> tuple[Path, Path, Path, list]:
+    """The HF directory, the NeoX checkpoint, a local_setup without load and save, and the losses of a run that
+    starts from the HF directory (the reference)."""
+    hf, neox = _pythia_sources(tmp_path)
+    setup = local_setup("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    settings = json.loads(setup.read_text().split("\n", 1)[1])
+    setup.write_text(json.dumps({k: v for k, v in settings.items() if k not in ("load", "save")}))
+    return hf, neox, setup, losses(_from(hf, setup, tmp_path, "from_hf"))
+
+
+def test_a_neox_checkpoint_starts_a_run_as_its_weights_do(tmp_path, neox_start):
+    """finetune from a checkpoint GPT-NeoX wrote over two tensor-parallel ranks, trained here at TP1 x DP2:
+    the losses of the same weights read from transformers' directory."""
+    hf, neox, setup, expected = neox_start
+    found = losses(_from(neox, setup, tmp_path, "from_neox"))
+    assert found == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["model_parallel_size=2", "pipe_parallel_size=2"], ids=["tp2", "pp2"])
+def test_a_neox_checkpoint_continues_in_other_layouts(tmp_path, neox_start, layout):
+    """At TP2 or PP2 (one data-parallel rank, so twice the accumulation for the same batch of 8)."""
+    hf, neox, setup, expected = neox_start
+    found = losses(_from(neox, setup, tmp_path, "from_neox", layout, "gradient_accumulation_steps=4"))
+    assert found == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_neox_checkpoint_without_finetune_continues_at_its_iteration(tmp_path, neox_start):
+    """Without finetune the run goes on from the checkpoint's iteration (2 of 4): the schedule is where NeoX's is
+    at that step, as in a run that trained from step 0."""
+    hf, neox, setup, _ = neox_start
+    whole = _from(hf, setup, tmp_path, "whole", "train_iters=4", "lr_decay_iters=4")
+    continued = _from(neox, setup, tmp_path, "continued", "train_iters=4", "lr_decay_iters=4", finetune=False)
+    steps = [row["step"] for row in continued if "loss" in row]
+    assert steps == [3, 4]
+    assert [row["lr"] for row in continued if "loss" in row] == [row["lr"] for row in whole if "loss" in row][2:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import warnings
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -22,12 +23,17 @@ from nxd_ckpt import (
     LORA_RECORD,
     MODEL_KEY,
     CheckpointError,
+    CheckpointWarning,
     HFExport,
     SavePolicy,
     check_hf_weights,
+    check_neox_weights,
+    find_neox_checkpoint,
     latest_checkpoint,
     load_checkpoint,
     load_hf_weights,
+    load_neox_weights,
+    neox_iteration,
     read_info,
     template_fields,
 )
@@ -82,6 +88,10 @@ class Resume:
     """`path` is a Hugging Face model directory (safetensors + config.json), not an nxd checkpoint."""
     world_size: int | None = None
     """Processes of the run that saved it (their RNG states are restored only at the same number)."""
+    neox: bool = False
+    """`path` is a checkpoint GPT-NeoX wrote (its model weights are read; nothing else of it is)."""
+    start_step: int = 0
+    """The step a run continues at from these weights: a NeoX checkpoint's iteration, unless fine-tuning."""
 
 
 def is_hf_directory(path: Path) -> bool:
@@ -90,7 +100,8 @@ def is_hf_directory(path: Path) -> bool:
 
 def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
     """The checkpoint the resume keys select, or None; a CheckpointError when the one asked for is
-    missing, incomplete or damaged. `log_dir` is the directory resume_if_exists searches."""
+    missing, incomplete or damaged. `log_dir` is the directory resume_if_exists searches; a GPT-NeoX
+    checkpoint there (its `latest`) is the start when it holds no nxd checkpoint yet."""
     exp, weights_only = cfg.exp_manager, cfg.model.weight_init_only
     if exp.resume_from_checkpoint:
         path = Path(exp.resume_from_checkpoint)
@@ -99,6 +110,12 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model "
                                       "(weights only); expected model.weight_init_only: True to start from it")
             return Resume(path.resolve(), True, hugging_face=True)
+        if exp.resume_ignore_no_checkpoint and (not path.is_dir() or not any(path.iterdir())):
+            warnings.warn(f"exp_manager.resume_from_checkpoint: {path} is {'empty' if path.is_dir() else 'missing'}; "
+                          "starting a new run (resume_ignore_no_checkpoint)", CheckpointWarning, stacklevel=2)
+            return None
+        if (neox := _neox(path, weights_only)) is not None:
+            return neox
         if not path.is_dir():
             raise CheckpointError(f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint directory or a "
                                   f"Hugging Face model directory, found no directory at {path}")  # fmt: skip
@@ -107,6 +124,8 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
         return None
     else:
         info = latest_checkpoint(log_dir / CHECKPOINT_DIR) if log_dir is not None else None
+        if info is None and log_dir is not None and (neox := _neox(log_dir, weights_only)) is not None:
+            return neox
         if info is None:
             if exp.resume_ignore_no_checkpoint:
                 return None
@@ -118,6 +137,15 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
     return Resume(info.path.resolve(), weights_only, world_size=info.extra.get("world_size"))
 
 
+def _neox(path: Path, weights_only: bool) -> Resume | None:
+    """The GPT-NeoX checkpoint at `path` as a start: its weights, and unless only they are asked for
+    (finetune), the step after its iteration; None when `path` holds none."""
+    found = find_neox_checkpoint(path)
+    if found is None:
+        return None
+    return Resume(found.folder.resolve(), True, neox=True, start_step=0 if weights_only else neox_iteration(found))
+
+
 def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None) -> HFExport | str:
     """The model's Hugging Face mapping (with the tokenizer files an export copies), or why it has none."""
     try:
@@ -127,9 +155,16 @@ def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None
 
 
 def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> list[str]:
-    """Why a Hugging Face directory of initial weights cannot load into `family`'s model (its headers
-    only are read: names, shapes, damage), before launch."""
-    if initial is None or not initial.hugging_face:
+    """Why a Hugging Face directory or GPT-NeoX checkpoint of initial weights cannot load into `family`'s
+    model (its names and shapes only are read), before launch."""
+    if initial is None or not (initial.hugging_face or initial.neox):
+        return []
+    if initial.neox:
+        try:
+            check_neox_weights(initial.path, family.neox_layout(), family.parameter_shapes())
+        except (CheckpointError, ModelConfigError) as error:
+            return [f"{initial.path}: cannot read this GPT-NeoX checkpoint: {error}" if isinstance(
+                error, ModelConfigError) else str(error)]  # fmt: skip
         return []
     export = export_of(family)
     if not isinstance(export, HFExport):
@@ -237,22 +272,25 @@ def holds_frozen_base(path: Path) -> bool:
     return read_info(path).extra.get(LORA_RECORD, {}).get("base") == "frozen"
 
 
-def load_weights(model: nn.Module | StagedModel, resume: Resume, export: HFExport | str,
-                 process_group: torch.distributed.ProcessGroup | None, shapes: dict[str, torch.Size],
-                 lora: LoraFamily | None = None) -> None:  # fmt: skip
-    """Only the model weights of `resume` (an nxd checkpoint, or a Hugging Face directory read through
-    the model's mapping `export` and checked against the whole model's `shapes`) into `model`,
-    whatever its layout (pipeline stages load their own parts). With `lora` they are the base
-    model's weights, and the adapters keep their initial values."""
-    if not resume.hugging_face:
+def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFamily,
+                 process_group: torch.distributed.ProcessGroup | None, lora: LoraFamily | None = None) -> None:
+    """Only the model weights of `resume` (an nxd checkpoint, a Hugging Face directory read through the
+    model's mapping, or a GPT-NeoX checkpoint read through its NeoX layout, each checked against the whole
+    model's shapes) into `model`, whatever its layout (pipeline stages load their own parts). With `lora`
+    they are the base model's weights, and the adapters keep their initial values."""
+    if not (resume.hugging_face or resume.neox):
         weights = model.state_dict() if lora is None else lora.base_weights(model)
         load_checkpoint(resume.path, {MODEL_KEY: weights}, process_group=process_group)
         return
-    if not isinstance(export, HFExport):
-        raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
     live = {base_key(key): value for module in modules_of(model) for key, value in module.state_dict().items()
             if not is_adapter_key(key)}  # fmt: skip
-    load_hf_weights(resume.path, export, shapes, live)  # each rank reads its own shards, the headers once
+    if resume.neox:
+        load_neox_weights(resume.path, family.neox_layout(), family.parameter_shapes(), live)
+        return
+    export = export_of(family)
+    if not isinstance(export, HFExport):
+        raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
+    load_hf_weights(resume.path, export, family.parameter_shapes(), live)  # each rank reads its own shards
 
 
 def load_adapters(model: nn.Module | StagedModel, path: Path, lora: LoraFamily,

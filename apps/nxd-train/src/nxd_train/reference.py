@@ -38,7 +38,7 @@ from nxd_precision import prepare_parameters
 from torch import nn
 from torch.utils.data import Dataset
 
-from .checkpointing import Resume, export_of, load_weights
+from .checkpointing import Resume, load_weights
 
 if TYPE_CHECKING:  # the run imports this module
     from .run import Batch, Run
@@ -170,7 +170,7 @@ def _live_pass(run: Run) -> Callable[[list[Batch]], None]:
                                      prepare=partial(prepare_parameters, policy=plan.policy),
                                      loaded=() if initial is None else plan.family.parameter_shapes())  # fmt: skip
         if initial is not None:
-            load_weights(model, initial, export_of(plan.family), run.checkpoint_group, plan.family.parameter_shapes())
+            load_weights(model, initial, plan.family, run.checkpoint_group)
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         executor = build_executor(model, plan.family.token_losses, run.fabric.device, pp=run.pp_mesh,

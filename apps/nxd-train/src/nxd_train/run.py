@@ -9,6 +9,7 @@ import logging as logging_module
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -264,6 +265,8 @@ def setup(plan: RunPlan) -> Run:
             prepare_reference(run, resume)  # draws nothing from the run's random streams
     if resume is not None and not resume.weights_only:
         _resume(run, resume, checkpoint_group)
+    elif resume is not None and resume.start_step:
+        _continue_at(run, resume.start_step)
     layout = " x ".join(f"{name} {size}" for name, size in dims.sizes().items() if size > 1) or "one process"
     monitor.info(f"nxd-train: {logging.name}: {plan.family.parameter_count():,} parameters, {fabric.world_size} "
                  f"process(es) ({layout}), {plan.objective.name}, global batch {b.global_batch_size} "
@@ -314,7 +317,7 @@ def _load_weights(plan: RunPlan, model: nn.Module | StagedModel, resume: Resume,
         _load_base(plan, lora, model, resume.path, group)
         load_adapters(model, resume.path, lora, group)
     else:
-        load_weights(model, resume, export_of(plan.family), group, plan.family.parameter_shapes(), lora)
+        load_weights(model, resume, plan.family, group, lora)
     monitor.info(f"initial weights from {resume.path}{_took(started, plan)}")
 
 
@@ -332,7 +335,25 @@ def _load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, 
         raise CheckpointError(f"{checkpoint}: holds LoRA adapters without their base model (saved without "
                               "save_lora_base); expected the base in exp_manager.resume_from_checkpoint (continuing "
                               "a run) or in model.model_config as a Hugging Face directory (load_lora_from_ckpt)")
-    load_weights(model, source, export_of(plan.family), group, plan.family.parameter_shapes(), lora)
+    load_weights(model, source, plan.family, group, lora)
+
+
+def _continue_at(run: Run, step: int) -> None:
+    """Continue from weights alone at `step` (a GPT-NeoX checkpoint's iteration, as NeoX continues): the
+    schedule at that step, the data after step x global batch samples, a fresh optimizer."""
+    if step >= run.steps:
+        raise CheckpointError(f"the checkpoint's iteration is {step}; this run trains {run.steps} steps, so nothing "
+                              "is left to train (raise trainer.max_steps, or start from its weights alone with "
+                              "model.weight_init_only)")  # fmt: skip
+    run.start_step = step
+    run.sampler = replace(run.sampler, consumed_samples=step * run.plan.batches.global_batch_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # stepping the schedule before any optimizer step, on purpose
+        for _ in range(step):
+            run.scheduler.step()
+    run.monitor.info(f"continuing at step {step} from the weights alone: the optimizer state, the data position "
+                     "and the random states of the GPT-NeoX checkpoint are not read (a fresh optimizer, samples "
+                     "from step x global batch on)")  # fmt: skip
 
 
 def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | None) -> None:

@@ -118,7 +118,7 @@ def check_hf_weights(directory: Path, export: HFExport, shapes: Mapping[str, tor
     _matched(Path(directory), export, shapes)
 
 
-def _box(target: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def box_of(target: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(offset, size) per dimension of the part of the whole tensor `target` holds; None when that part is
     not one box (a placement other than plain Shard or Replicate)."""
     if not isinstance(target, DTensor):
@@ -177,7 +177,7 @@ def load_hf_weights(directory: Path, export: HFExport, shapes: Mapping[str, torc
     if unknown := sorted(set(targets) - set(matched)):
         raise CheckpointError(f"{directory}: holds nothing for this model's {', '.join(unknown[:4])}")
     for ours, target in targets.items():
-        box = _box(target)
+        box = box_of(target)
         if box is None:  # not one box: read the whole tensor and keep this rank's part
             whole = _read(matched[ours], (0,) * target.dim(), tuple(target.shape), target.dtype)
             target.to_local().copy_(distribute_tensor(whole.to(target.device), target.device_mesh, target.placements,

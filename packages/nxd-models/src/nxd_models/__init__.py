@@ -25,6 +25,7 @@ from .moe import (
     set_aux_loss_weights,
     take_routing_totals,
 )
+from .neox_layout import NeoXLayout, NeoXSource, neox_layout
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .qkv import QKVLinear
 from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy, token_cross_entropy
@@ -34,11 +35,11 @@ __version__ = "0.1.0"
 __all__ = [
     "GPT_TP_PLAN", "IGNORE_INDEX", "PEAKS", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "Ceiling", "CoreAttention",
     "GPTConfig", "GPTForCausalLM", "HFMapping", "HFOverrides", "HuggingFaceFamily", "InitModule", "MegatronFamily",
-    "MoELayer", "MoESpec", "ModelConfigError", "ModelFamily", "QKVLinear", "RoutingTotals", "Seeder", "build_causal_lm",
-    "build_on_meta", "causal_lm_logits", "chunked_token_cross_entropy", "datasheet_peak", "decoder_layers",
-    "device_ceiling", "gpt_tp_plan", "hf_mapping", "hf_tp_plan", "init_rule", "initial_values", "initialise",
-    "keep_pipeline_stage", "load_balancing_loss", "load_hf_config", "measured_peak", "model_family", "moe_layers",
-    "peak_memory", "pipeline_stage_problems", "recompute_core_attention", "resident_memory", "routing_metrics",
-    "seed_or_drawn", "set_aux_loss_weights", "set_moe", "set_qkv_linear", "take_routing_totals", "token_cross_entropy",
-    "training_flops_per_token", "use_context_parallel",
+    "MoELayer", "MoESpec", "ModelConfigError", "ModelFamily", "NeoXLayout", "NeoXSource", "QKVLinear", "RoutingTotals",
+    "Seeder", "build_causal_lm", "build_on_meta", "causal_lm_logits", "chunked_token_cross_entropy", "datasheet_peak",
+    "decoder_layers", "device_ceiling", "gpt_tp_plan", "hf_mapping", "hf_tp_plan", "init_rule", "initial_values",
+    "initialise", "keep_pipeline_stage", "load_balancing_loss", "load_hf_config", "measured_peak", "model_family",
+    "moe_layers", "neox_layout", "peak_memory", "pipeline_stage_problems", "recompute_core_attention",
+    "resident_memory", "routing_metrics", "seed_or_drawn", "set_aux_loss_weights", "set_moe", "set_qkv_linear",
+    "take_routing_totals", "token_cross_entropy", "training_flops_per_token", "use_context_parallel",
 ]  # fmt: skip

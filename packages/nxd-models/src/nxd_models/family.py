@@ -28,6 +28,7 @@ from .hf_moe import moe_of
 from .hf_recompute import recompute_core_attention
 from .initialisation import init_rule, initial_values
 from .moe import MoESpec, moe_layers
+from .neox_layout import NeoXLayout, neox_layout
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .recompute_units import ACTIVATION_MULTIPLY, MEGATRON_ALIASES, split_activation_multiply
 
@@ -98,6 +99,11 @@ class ModelFamily(ABC):
     @abstractmethod
     def hf_mapping(self) -> HFMapping:
         """The Hugging Face counterpart (config.json and key table); ModelConfigError when there is none."""
+
+    def neox_layout(self) -> NeoXLayout:
+        """Where each weight lies in a GPT-NeoX checkpoint of this model; ModelConfigError when NeoX has none."""
+        raise ModelConfigError(f"a GPT-NeoX checkpoint holds a Megatron-style model (model.num_layers and its "
+                               f"siblings); this run's model comes from {self.source_key}")  # fmt: skip
 
     @staticmethod
     def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -212,6 +218,9 @@ class MegatronFamily(ModelFamily):
 
     def hf_mapping(self) -> HFMapping:
         return hf_mapping(self.spec)
+
+    def neox_layout(self) -> NeoXLayout:
+        return neox_layout(self.spec)
 
     @property
     def loss_chunk_tokens(self) -> int | None:
