@@ -99,6 +99,10 @@ def test_resume_keys_fail_before_launch(tmp_path):
     with pytest.warns(ConfigNotice, match="starting a new run"):
         assert plan(tmp_path, "exp_manager.resume_if_exists=True",
                     "+exp_manager.resume_ignore_no_checkpoint=True").resume is None  # fmt: skip
+    for where in (tmp_path / "missing", tmp_path):  # GPT-NeoX's load: a missing or empty folder starts fresh
+        with pytest.warns(ConfigNotice, match="resume_from_checkpoint: .* is (missing|empty); starting a new run"):
+            assert plan(tmp_path, f"+exp_manager.resume_from_checkpoint={where}",
+                        "+exp_manager.resume_ignore_no_checkpoint=True").resume is None  # fmt: skip
     half = tmp_path / "checkpoints" / "half"
     half.mkdir(parents=True)
     (half / ".metadata").write_bytes(b"")
@@ -158,3 +162,24 @@ def test_a_resumed_run_keeps_its_metrics_and_records_each_step_once(tmp_path, tr
     assert [row["step"] for row in found if "loss" in row] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert [row["loss"] for row in found if "loss" in row] == [row["loss"] for row in whole if "loss" in row]
     assert found[:3] == whole[:3]
+
+
+def test_a_resume_without_the_optimizer_state_starts_it_and_the_schedule_afresh(tmp_path, train_here):
+    """resume_optimizer / resume_rng False (GPT-NeoX's no_load_optim / no_load_rng): the step and data go on, the
+    learning rate starts its warmup over; resume_schedule picks whose schedule, or refuses a changed one."""
+    job = ["trainer.max_steps=6", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=3"]
+    whole = train_here(*job)
+    middle = checkpoints(tmp_path / "run0")[3]
+    resumed = train_here(*job, f"+exp_manager.resume_from_checkpoint={middle}", "+exp_manager.resume_optimizer=False",
+                         "+exp_manager.resume_rng=False")  # fmt: skip
+    assert [row["step"] for row in resumed] == [4, 5, 6]
+    assert [row["consumed_samples"] for row in resumed] == [row["consumed_samples"] for row in whole[3:]]
+    assert [row["lr"] for row in resumed] == [row["lr"] for row in whole[:3]] != [row["lr"] for row in whole[3:]]
+    start = [f"+exp_manager.resume_from_checkpoint={middle}", "model.optim.sched.warmup_steps=10"]
+    with pytest.raises(PreflightError, match=r"resume_schedule: same: the learning-rate schedule differs .*"
+                                             r"model.optim.sched: .*'warmup_steps': 10.* here"):  # fmt: skip
+        plan(tmp_path / "same", *start, "+exp_manager.resume_schedule=same")
+    with pytest.warns(ConfigNotice, match=r"resume_schedule: checkpoint: model.optim sched from"):
+        taken = plan(tmp_path / "taken", *start, "+exp_manager.resume_schedule=checkpoint")
+    assert taken.update.schedule_options["warmup_steps"] == 30
+    assert plan(tmp_path / "config", *start).update.schedule_options["warmup_steps"] == 10

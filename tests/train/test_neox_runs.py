@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from nxd_config import load_config
 from nxd_config.neox.files import read_file
 from nxd_train.cli import main
@@ -83,11 +84,20 @@ def test_a_neox_file_trains_shrunk_in_two_processes(name, tmp_path, corpus, toke
 @pytest.mark.slow
 def test_a_neox_run_restarted_with_the_same_save_and_load_continues(tmp_path, corpus, tokenizer_file, gpt2_files,
                                                                      sentencepiece_dir):  # fmt: skip
+    """Extended to 4 iterations; a changed schedule is refused as NeoX refuses it, unless override_lr_scheduler
+    (this file's schedule) or use_checkpoint_lr_scheduler (the checkpoint's) says which to take."""
     setup, first = _train("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
-    again = run_command(str(NEOX / "pythia.yml"), str(setup), "train_iters=4", "lr_decay_iters=4", cwd=tmp_path)
+    refused = run_command(str(NEOX / "pythia.yml"), str(setup), "train_iters=4", "lr_decay_iters=4", cwd=tmp_path)
+    assert refused.returncode != 0 and "resume_schedule: same: the learning-rate schedule differs" in refused.stderr
+    again = run_command(str(NEOX / "pythia.yml"), str(setup), "train_iters=4", "lr_decay_iters=4",
+                        "+use_checkpoint_lr_scheduler=true", cwd=tmp_path)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resum" in again.stdout + again.stderr
-    assert losses(read_metrics(tmp_path / "checkpoints"))[:3] == first
+    rows = [row for row in read_metrics(tmp_path / "checkpoints") if "loss" in row]
+    assert [row["loss"] for row in rows][:3] == first
+    assert "resume_schedule: checkpoint: model.optim sched from" in again.stderr
+    written = yaml.safe_load((tmp_path / "checkpoints" / "config.yaml").read_text())
+    assert written["model"]["optim"]["sched"]["max_steps"] == 3  # the checkpoint's lr_decay_iters
 
 
 @pytest.mark.slow

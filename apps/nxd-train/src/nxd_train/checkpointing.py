@@ -249,21 +249,28 @@ class TrainingState:
         return state
 
     def load(self, path: Path, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
-             process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
-        """Everything from checkpoint `path`, in place; `progress`, `sampler` and `rng` receive the saved values."""
+             process_group: torch.distributed.ProcessGroup | None, optimizer: bool = True) -> None:  # fmt: skip
+        """Everything from checkpoint `path`, in place; `progress`, `sampler` and `rng` receive the saved values.
+        Without `optimizer` the optimizer state and the schedule's position are not read (resume_optimizer)."""
         self.optimizer.create_state()
         base = "frozen" if holds_frozen_base(path) else None
         state = self.state(progress=progress, sampler=sampler, rng=rng, base=base)
+        if not optimizer:
+            del state["optimizer"], state["scheduler"]
         load_checkpoint(path, state, process_group=process_group)
+        if optimizer:
+            self._load_optimizer(path, state)
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["loss_scaler"])
+        if self.masters_as_model:
+            self.optimizer.sync_parameters()
+
+    def _load_optimizer(self, path: Path, state: dict[str, Any]) -> None:
         try:
             self.optimizer.load_state_dict(state["optimizer"], self.names)
         except (ValueError, KeyError) as error:
             raise CheckpointError(f"{path}: the optimizer state does not fit this run's optimizer: {error}") from None
         self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler is not None:
-            self.scaler.load_state_dict(state["loss_scaler"])
-        if self.masters_as_model:
-            self.optimizer.sync_parameters()
 
 
 def holds_frozen_base(path: Path) -> bool:

@@ -146,6 +146,11 @@ class Checkpoints:
     save_bf16: bool = False
     time_loads: bool = False
     """Log how long a load took (enable_recovery_time_instrumentation)."""
+    resume_optimizer: bool = True
+    """A resume restores the optimizer state and the schedule's position (else a fresh optimizer, the
+    schedule from its start)."""
+    resume_rng: bool = True
+    """A resume restores the random states (at the same number of processes)."""
 
 
 @dataclass(frozen=True)

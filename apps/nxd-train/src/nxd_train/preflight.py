@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_digest
-from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint
+from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_config.schema.alignment import DPOConfig, ORPOConfig
 from nxd_config.schema.model import MoEConfig
@@ -274,6 +274,34 @@ def layout_of(cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
     )  # fmt: skip
 
 
+SCHEDULE_KEYS = ("lr", "sched")
+"""model.optim keys that make the learning-rate schedule (exp_manager.resume_schedule)."""
+
+
+def _resumed_schedule(cfg: NxdConfig, resume: Resume | None) -> NxdConfig:
+    """`cfg` with the learning rate and schedule exp_manager.resume_schedule picks when continuing from an
+    nxd checkpoint: this config's, the one the checkpoint recorded, or this config's when they are the same."""
+    choice = cfg.exp_manager.resume_schedule
+    if choice == "config" or resume is None or resume.weights_only:
+        return cfg
+    optim = cfg.model.optim
+    saved = read_info(resume.path).extra.get("config", {}).get("model", {}).get("optim", {})
+    ours = optim.model_dump(mode="json", by_alias=True)
+    differ = [key for key in SCHEDULE_KEYS if key in saved and saved[key] != ours.get(key)]
+    if not differ:
+        return cfg
+    if choice == "same":
+        found = "; ".join(f"model.optim.{key}: {ours.get(key)} here, {saved[key]} in the checkpoint" for key in differ)
+        raise PreflightError([f"exp_manager.resume_schedule: same: the learning-rate schedule differs from the one "
+                              f"{resume.path} recorded ({found}); expected the same, or resume_schedule config (this "
+                              "file's) or checkpoint (the checkpoint's); in a GPT-NeoX file override_lr_scheduler or "
+                              "use_checkpoint_lr_scheduler"])  # fmt: skip
+    replaced = type(optim).model_validate({**ours, **{key: saved[key] for key in differ}})
+    warnings.warn(f"exp_manager.resume_schedule: checkpoint: model.optim {', '.join(differ)} from {resume.path}",
+                  ConfigNotice, stacklevel=3)  # fmt: skip
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"optim": replaced})})
+
+
 def _settings(cfg: NxdConfig) -> dict:
     """The loop's settings: cadence, launch, batches, update, logging and checkpoints."""
     t, exp, d, optim = cfg.trainer, cfg.exp_manager, cfg.data, cfg.model.optim
@@ -309,7 +337,8 @@ def _settings(cfg: NxdConfig) -> dict:
         checkpoints=Checkpoints(enabled=exp.create_checkpoint_callback, policy=save_policy(cfg),
                                 asynchronous=exp.async_checkpointing,
                                 use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,
-                                save_bf16=exp.save_bf16, time_loads=exp.enable_recovery_time_instrumentation),
+                                save_bf16=exp.save_bf16, time_loads=exp.enable_recovery_time_instrumentation,
+                                resume_optimizer=exp.resume_optimizer, resume_rng=exp.resume_rng),
         resolved_config=cfg.model_dump(mode="json", by_alias=True),
     )  # fmt: skip
 
@@ -470,6 +499,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
     resume = log_dir = None
     try:
         resume, log_dir = _resume(cfg)
+        cfg = _resumed_schedule(cfg, resume)
     except PreflightError as error:
         problems += error.problems
     seq_length, unread = cfg.seq_length, []

@@ -347,10 +347,11 @@ def _continue_at(run: Run, step: int) -> None:
                               "model.weight_init_only)")  # fmt: skip
     run.start_step = step
     run.sampler = replace(run.sampler, consumed_samples=step * run.plan.batches.global_batch_size)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # stepping the schedule before any optimizer step, on purpose
-        for _ in range(step):
-            run.scheduler.step()
+    if run.plan.checkpoints.resume_optimizer:  # else the schedule starts from its start, as the optimizer does
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # stepping the schedule before any optimizer step
+            for _ in range(step):
+                run.scheduler.step()
     run.monitor.info(f"continuing at step {step} from the weights alone: the optimizer state, the data position "
                      "and the random states of the GPT-NeoX checkpoint are not read (a fresh optimizer, samples "
                      "from step x global batch on)")  # fmt: skip
@@ -363,8 +364,11 @@ def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | No
     if run.plan.lora is not None:
         _load_base(run.plan, run.plan.lora, run.model, resume.path, group)
     progress, sampler_state = {"step": 0, "consumed_samples": 0}, run.sampler.state_dict()
-    rng = {f"rank{rank}": None} if resume.world_size == run.fabric.world_size else {}
-    run.training.load(resume.path, progress=progress, sampler=sampler_state, rng=rng, process_group=group)
+    checkpoints = run.plan.checkpoints
+    same_world = resume.world_size == run.fabric.world_size
+    rng = {f"rank{rank}": None} if same_world and checkpoints.resume_rng else {}
+    run.training.load(resume.path, progress=progress, sampler=sampler_state, rng=rng, process_group=group,
+                      optimizer=checkpoints.resume_optimizer)  # fmt: skip
     try:
         run.sampler = run.sampler.resumed(sampler_state)
     except ValueError as error:
@@ -375,7 +379,11 @@ def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | No
                     "or start from this checkpoint's weights (model.weight_init_only: True)")  # fmt: skip
         raise CheckpointError(f"{resume.path}: {error}{hint}") from None
     run.start_step, run.saved_rng = progress["step"], rng.get(f"rank{rank}")
-    if run.saved_rng is None:
+    if not checkpoints.resume_optimizer:
+        monitor.info("a fresh optimizer and the learning-rate schedule from its start (resume_optimizer: False)")
+    if not checkpoints.resume_rng:
+        monitor.info("random states as seeded, not the checkpoint's (resume_rng: False)")
+    elif run.saved_rng is None:
         monitor.info(f"resuming on {run.fabric.world_size} processes from a checkpoint of {resume.world_size}: "
                      "random states start fresh (dropout masks differ from an uninterrupted run)")  # fmt: skip
     monitor.info(f"resumed from {resume.path} at step {run.start_step} ({progress['consumed_samples']} samples)"

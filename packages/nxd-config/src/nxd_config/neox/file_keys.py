@@ -94,9 +94,9 @@ def tokenizer_keys(a: Arguments, t: Translation) -> None:
 
 
 def checkpoints_keys(a: Arguments, t: Translation) -> None:
-    """save / load / finetune, the save cadence (checkpoint_factor, checkpoint_scale, extra_save_iters) and
+    """save, the save cadence (checkpoint_factor, checkpoint_scale, extra_save_iters) and
     keep_last_n_checkpoints; NeoX also saves when training ends."""
-    save, load, finetune = a["save"], a["load"], typed(t, a, "finetune", bool, "true or false")
+    save = a["save"]
     factor, scale, extra = a["checkpoint_factor"], a["checkpoint_scale"], a["extra_save_iters"]
     t.set("exp_manager.create_checkpoint_callback", save is not None, "save")
     if save is not None:
@@ -138,12 +138,33 @@ def checkpoints_keys(a: Arguments, t: Translation) -> None:
     t.set(f"{params}.monitor", "step", "keep_last_n_checkpoints")
     t.set(f"{params}.mode", "max", "keep_last_n_checkpoints")
     t.set(f"{params}.save_last", save is not None, "save")
-    if load is not None:
+
+
+def resume_keys(a: Arguments, t: Translation) -> None:
+    """load (an empty or missing folder starts fresh, as in NeoX), iteration, finetune, no_load_optim,
+    no_load_rng and the schedule on resume (override_lr_scheduler, use_checkpoint_lr_scheduler)."""
+    save, load, finetune = a["save"], a["load"], typed(t, a, "finetune", bool, "true or false")
+    iteration = a["iteration"]
+    if iteration is not None and (not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0):
+        t.refuse("iteration", f"expected a checkpoint's iteration (a whole number), found {show(iteration)}")
+    elif iteration is not None and load is None:
+        t.refuse("iteration", "expected load (the folder holding global_stepN) with it, found no load")
+    elif iteration is not None:
+        t.set("exp_manager.resume_from_checkpoint", f"{load}/global_step{iteration}", "load", "iteration")
+    elif load is not None:
         if load == save:
             t.set("exp_manager.resume_if_exists", True, "load")
-            t.set("exp_manager.resume_ignore_no_checkpoint", True, "load")
         else:
             t.set("exp_manager.resume_from_checkpoint", load, "load")
+        t.set("exp_manager.resume_ignore_no_checkpoint", True, "load")  # NeoX starts fresh from nothing
+    if typed(t, a, "no_load_optim", bool, "true or false"):
+        t.set("exp_manager.resume_optimizer", False, "no_load_optim")
+    if typed(t, a, "no_load_rng", bool, "true or false"):
+        t.set("exp_manager.resume_rng", False, "no_load_rng")
+    override = typed(t, a, "override_lr_scheduler", bool, "true or false")
+    from_checkpoint = typed(t, a, "use_checkpoint_lr_scheduler", bool, "true or false")
+    schedule = "config" if override else "checkpoint" if from_checkpoint else "same"  # NeoX checks override first
+    t.set("exp_manager.resume_schedule", schedule, "override_lr_scheduler", "use_checkpoint_lr_scheduler")
     if finetune:
         if load is None:
             t.refuse("finetune", "expected load (the weights to fine-tune) with finetune: true, found no load")

@@ -69,11 +69,11 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("min_lr", "LR scheduler", 0.0, M, "model.optim.sched.min_lr", "a floor after warmup, as NeoX applies it"),
     ("warmup", "LR scheduler", 0.01, M, "model.optim.sched.warmup_ratio",
      "warmup steps are this fraction of the decay horizon"),
-    ("override_lr_scheduler", "LR scheduler", False, N, "",
-     "nxd always takes the schedule from the config on resume, which is what this asks for"),
-    ("use_checkpoint_lr_scheduler", "LR scheduler", False, R, "",
-     "nxd takes the schedule from the config on resume; a checkpoint does not carry schedule settings to replace "
-     "them"),
+    ("override_lr_scheduler", "LR scheduler", False, M, "exp_manager.resume_schedule",
+     "config: on resume the schedule is this file's (without it or use_checkpoint_lr_scheduler, as in NeoX, a "
+     "resume whose schedule differs from the checkpoint's is refused: same)"),
+    ("use_checkpoint_lr_scheduler", "LR scheduler", False, M, "exp_manager.resume_schedule",
+     "checkpoint: on resume the learning rate and schedule are the ones the checkpoint recorded"),
     # ----------------------------------------------------------------------------- logging
     ("use_wandb", "Logging", None, R, "",
      "Weights & Biases logging is not in nxd yet; remove it or set false (TensorBoard: tensorboard_dir). NeoX's "
@@ -237,8 +237,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("deepspeed_mpi", "Other", False, N, "", _LAUNCHER),
     ("deepspeed_slurm", "Other", False, N, "", _LAUNCHER + "; under slurm, run torchrun from srun"),
     ("user_script", "Other", None, N, "", _LAUNCHER),
-    ("iteration", "Other", None, R, "",
-     "nxd resumes from the newest complete checkpoint of load; name a checkpoint folder in load instead"),
+    ("iteration", "Other", None, M, "exp_manager.resume_from_checkpoint",
+     "load/global_stepN: that GPT-NeoX checkpoint of load rather than the one `latest` names"),
     ("do_train", "Other", None, N, "", _DERIVED),
     ("do_valid", "Other", None, N, "", _DERIVED),
     ("do_test", "Other", None, N, "", _DERIVED),
@@ -357,8 +357,10 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("s3_chunk_size", "Training", 104857600, N, "", "used only with s3_path (refused)"),
     ("config_files", "Training", None, N, "", _DERIVED + "; nxd keeps the resolved config in every checkpoint"),
     ("load", "Training", None, M, "exp_manager.resume_from_checkpoint",
-     "the same folder as save: resume from its newest complete checkpoint, or start fresh; another folder: a "
-     "checkpoint (or log directory) of an nxd run to continue"),
+     "the same folder as save: resume from its newest complete checkpoint (or the GPT-NeoX one its `latest` "
+     "names), or start fresh; another folder: an nxd checkpoint, a GPT-NeoX load folder or checkpoint (its "
+     "weights; continued at its iteration unless finetune) or a Hugging Face directory (with finetune); missing "
+     "or empty: start fresh"),
     ("checkpoint_validation_with_forward_pass", "Training", False, N, "",
      "nxd checks every checkpoint file against its recorded digest instead (nxd-train ckpt verify)"),
     ("checkpoint_scale", "Training", "linear", M, "exp_manager.checkpoint_callback_params",
@@ -368,9 +370,10 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "iteration 0 (the untouched initial weights) is not saved"),
     ("no_save_optim", "Training", False, N, "", "GPT-NeoX never reads it (its checkpoints always hold the optimizer)"),
     ("no_save_rng", "Training", False, N, "", "nxd always saves the RNG states: an exact resume needs them"),
-    ("no_load_optim", "Training", False, R, "",
-     "NeoX's inference switch (a dummy optimizer); to start training from weights only, use finetune"),
-    ("no_load_rng", "Training", False, R, "", "nxd always restores the RNG states: an exact resume needs them"),
+    ("no_load_optim", "Training", False, M, "exp_manager.resume_optimizer",
+     "false: the weights, iteration and data position are read, the optimizer is fresh and the schedule starts "
+     "over, as in NeoX"),
+    ("no_load_rng", "Training", False, M, "exp_manager.resume_rng", "false: random states as seeded"),
     ("finetune", "Training", False, M, "model.weight_init_only",
      "load's weights only: new optimizer, step 0"),
     ("batch_size", "Training", None, N, "", _DERIVED + " (the micro batch)"),

@@ -95,6 +95,23 @@ class ExpManagerConfig(Section):
         by=CKPT,
     )
     resume_from_checkpoint: str | None = key(None, "Resume from this checkpoint path explicitly.", by=CKPT)
+    resume_optimizer: bool = key(
+        True,
+        "A resume restores the optimizer state and the LR schedule's position; false: the weights, step, data "
+        "position and random states only, with a fresh optimizer and the schedule from its start.",
+        by=APP, status=Status.EXTENSION, note="from GPT-NeoX's no_load_optim",
+    )
+    resume_rng: bool = key(
+        True, "A resume restores every rank's random states; false: the run's seeded ones.", by=APP,
+        status=Status.EXTENSION, note="from GPT-NeoX's no_load_rng",
+    )
+    resume_schedule: Literal["config", "checkpoint", "same"] = key(
+        "config",
+        "On resume the learning rate and schedule (model.optim.lr, model.optim.sched) come from this config; "
+        "checkpoint: from the config the checkpoint recorded; same: from this config, refused when they differ.",
+        by=APP, status=Status.EXTENSION,
+        note="from GPT-NeoX's override_lr_scheduler, use_checkpoint_lr_scheduler and its default check",
+    )
     create_checkpoint_callback: bool = key(True, "Save checkpoints as checkpoint_callback_params says.", by=CKPT)
     checkpoint_callback_params: CheckpointCallbackParams = key(
         CheckpointCallbackParams(), "When checkpoints are written and how many are kept.", by=CKPT
