@@ -135,3 +135,51 @@ def dpo_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5, precompu
     return [f"+model_alignment_strategy.dpo.kl_beta={beta}", "+model_alignment_strategy.dpo.max_prompt_length=32",
             f"+model_alignment_strategy.dpo.precompute_ref_log_probs={precompute}",
             *_preference_data(directory, records), f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+
+
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the TensorBoard event files under `directory`, by tag: (step, value), read from the
+    TFRecord framing (length, its CRC, the Event, its CRC) with tensorboardX's Event message."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    found: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(directory.rglob("events.out.tfevents.*")):
+        data, offset = path.read_bytes(), 0
+        while offset + 12 <= len(data):
+            length = int.from_bytes(data[offset:offset + 8], "little")
+            event = Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                found.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return found
+
+
+WANDB_HEADER = b":W&B\xe1\xbe\x00"
+"""A .wandb file's first 7 bytes: ":W&B", magic 0xBEE1 (little-endian), version 0."""
+
+
+def wandb_history(directory: Path) -> list[dict[str, Any]]:
+    """The history rows (_step and the logged values) of the offline W&B run under `directory`. Its .wandb file
+    is a LevelDB-style log: after the header, 32 KiB blocks of chunks (CRC-32 4 bytes, length 2, type 1: full,
+    first, middle, last), whose data joined make one wandb Record message each."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = directory.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:7] == WANDB_HEADER, data[:7]
+    rows, offset, pending = [], 7, b""
+    while offset + 7 <= len(data):
+        left_in_block = 32768 - offset % 32768
+        if left_in_block < 7:  # too little left for a chunk header: the block is padded
+            offset += left_in_block
+            continue
+        length, kind = int.from_bytes(data[offset + 4:offset + 6], "little"), data[offset + 6]
+        pending += data[offset + 7:offset + 7 + length]
+        offset += 7 + length
+        if kind in (1, 4):  # full, or the last chunk of a record
+            record = wandb_internal_pb2.Record.FromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})  # fmt: skip
+    return rows

@@ -406,6 +406,18 @@ def test_checkpoint_keys(tmp_path):
                for message in errors(tmp_path, {**MODEL, "save": "runs/a"}))  # fmt: skip
 
 
+def test_wandb_keys(tmp_path):
+    exp = load(tmp_path, {**MODEL, "use_wandb": True, "wandb_group": "g", "wandb_team": "t",
+                          "wandb_run_name": "r"}).exp_manager  # fmt: skip
+    w = exp.wandb_logger_kwargs
+    assert exp.create_wandb_logger and (w.project, w.group, w.entity, w.name, w.host) == ("neox", "g", "t", "r", None)
+    assert not load(tmp_path, {**MODEL, "wandb_project": "p"}).exp_manager.create_wandb_logger  # null: off
+    assert any("wandb_project: used only with use_wandb: true" in message
+               for message in notices(tmp_path, {**MODEL, "wandb_project": "p"}))  # fmt: skip
+    assert any("wandb_init_all_ranks: accepted, changes nothing here: nxd logs the job's global values once" in message
+               for message in notices(tmp_path, {**MODEL, "use_wandb": True, "wandb_init_all_ranks": True}))
+
+
 def test_resume_keys(tmp_path):
     """load elsewhere starts fresh when empty (NeoX's rule); iteration picks global_stepN; no_load_optim and
     no_load_rng skip what they name; the schedule on resume follows NeoX's three cases."""

@@ -276,10 +276,11 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
 
     from .interrupts import TrainingInterrupted
     from .loop import train
+    from .wandb_logger import WandbStartError
 
     try:
         train(plan)
-    except CheckpointError as error:  # found only once loading began (e.g. a sample stream that differs)
+    except (CheckpointError, WandbStartError) as error:  # found only once loading began or logging started
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     except DataError as error:  # met in a sample while training: only this rank knows, so it says so and leaves

@@ -1,5 +1,5 @@
 """What a run reports: console (a progress bar on a terminal, plain lines otherwise), per-rank text
-logs, metrics.csv and TensorBoard events in the log directory. A run that continues in its own log
+logs, metrics.csv, TensorBoard events and a W&B run in the log directory. A run that continues in its own log
 directory keeps the rows of the steps its checkpoint covers and appends from there: no step is lost,
 none is recorded twice."""
 
@@ -12,9 +12,13 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from lightning_fabric.loggers import CSVLogger, Logger, TensorBoardLogger
 from tqdm import tqdm
+
+from .plan import WandbSettings
+from .wandb_logger import WandbLogger
 
 FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "test_loss": "{:.4f}", "lr": "{:.2e}", "grad_norm": "{:.3f}",
            "param_norm": "{:.2f}", "tokens_per_s": "{:,.0f}", "samples_per_s": "{:.1f}", "mfu": "{:.1%}",
@@ -25,9 +29,11 @@ FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "test_loss": "{:.4f}", "lr": 
 
 class Monitor:
     def __init__(self, log_dir: Path, *, global_rank: int, local_rank: int, total_steps: int,
-                 local_rank_0_only: bool, tensorboard: bool, continue_after: int | None = None):  # fmt: skip
+                 local_rank_0_only: bool, tensorboard: bool, continue_after: int | None = None,
+                 wandb: WandbSettings | None = None, config: dict[str, Any] | None = None):  # fmt: skip
         """`continue_after`: the step of the checkpoint a run resumes in this directory (rows and events
-        of later steps, written before an interruption, are dropped)."""
+        of later steps, written before an interruption, are dropped). `wandb`: log to W&B too, with the
+        resolved `config`."""
         self.total_steps, self.is_main = total_steps, global_rank == 0
         self.text = logging.getLogger(f"nxd_train.rank{global_rank}")
         self.text.setLevel(logging.INFO)
@@ -50,6 +56,8 @@ class Monitor:
             if tensorboard:  # purge_step: TensorBoard drops events after the resumed step
                 purge = {} if continue_after is None else {"purge_step": continue_after + 1}
                 self.metric_loggers.append(TensorBoardLogger(log_dir, name="tensorboard", version="", **purge))
+            if wandb is not None:
+                self.metric_loggers.append(WandbLogger(log_dir, wandb, config or {}))
             if sys.stderr.isatty():
                 self.bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
         self.started = time.perf_counter()

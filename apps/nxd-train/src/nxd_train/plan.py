@@ -133,6 +133,19 @@ class Logging:
     step_timing: bool = True
     local_rank_0_only: bool = False
     tensorboard: bool = True
+    wandb: WandbSettings | None = None
+    """Log to Weights & Biases too (create_wandb_logger)."""
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    """Where a run's values go in Weights & Biases (exp_manager.wandb_logger_kwargs)."""
+
+    project: str | None = None
+    name: str | None = None
+    group: str | None = None
+    entity: str | None = None
+    host: str | None = None
 
 
 @dataclass(frozen=True)

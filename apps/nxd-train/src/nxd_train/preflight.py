@@ -52,7 +52,8 @@ from .checkpointing import (
 from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_keys
 from .layout_check import layout_problems
 from .logdir import CHECKPOINT_DIR, resumable_log_dir
-from .plan import Adapters, Batches, Cadence, Checkpoints, Launch, Logging, Reference, RunPlan, Update
+from .plan import Adapters, Batches, Cadence, Checkpoints, Launch, Logging, Reference, RunPlan, Update, WandbSettings
+from .wandb_logger import wandb_problem
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -274,6 +275,15 @@ def layout_of(cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
     )  # fmt: skip
 
 
+def _wandb(cfg: NxdConfig) -> WandbSettings | None:
+    exp = cfg.exp_manager
+    if not exp.create_wandb_logger:
+        return None
+    w = exp.wandb_logger_kwargs
+    return WandbSettings(project=w.project, name=w.name or exp.name or cfg.name, group=w.group, entity=w.entity,
+                         host=w.host)  # fmt: skip
+
+
 SCHEDULE_KEYS = ("lr", "sched")
 """model.optim keys that make the learning-rate schedule (exp_manager.resume_schedule)."""
 
@@ -333,7 +343,8 @@ def _settings(cfg: NxdConfig) -> dict:
         logging=Logging(name=cfg.name, exp_name=exp.name or cfg.name, explicit_log_dir=_path(exp.explicit_log_dir),
                         exp_dir=_path(exp.exp_dir), gradient_norm=exp.log_gradient_norm,
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
-                        local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger),
+                        local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger,
+                        wandb=_wandb(cfg)),
         checkpoints=Checkpoints(enabled=exp.create_checkpoint_callback, policy=save_policy(cfg),
                                 asynchronous=exp.async_checkpointing,
                                 use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,
@@ -487,6 +498,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
     Without `data_required` (a memory plan made where the data is not), data that cannot be read is a
     notice, and the plan has no data (a Megatron-style model then has a placeholder vocabulary)."""
     problems = _not_in_this_release(cfg) + _optimizer_problems(cfg, accelerator_name()) + checkpoint_problems(cfg)
+    if cfg.exp_manager.create_wandb_logger and (problem := wandb_problem()):
+        problems.append(problem)
     policy = None
     try:
         policy = precision_policy(cfg)

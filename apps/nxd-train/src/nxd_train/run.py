@@ -209,7 +209,8 @@ def setup(plan: RunPlan) -> Run:
     continues_here = resume is not None and not resume.weights_only and plan.log_dir is not None
     monitor = Monitor(log_dir, global_rank=rank, local_rank=fabric.local_rank, total_steps=steps,
                       local_rank_0_only=logging.local_rank_0_only, tensorboard=logging.tensorboard,
-                      continue_after=read_info(resume.path).step if continues_here else None)  # fmt: skip
+                      continue_after=read_info(resume.path).step if continues_here else None,
+                      wandb=logging.wandb, config=plan.resolved_config)  # fmt: skip
     starts_loaded = resume is not None and resume.weights_only and plan.lora is None  # no random values to draw
     model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=launch.seed,
                                  use_cpu_initialization=launch.use_cpu_initialization,

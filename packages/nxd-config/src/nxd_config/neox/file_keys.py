@@ -180,6 +180,9 @@ def _powers(factor: float, until: int) -> set[int]:
     return steps
 
 
+WANDB_HOST = "https://api.wandb.ai"
+
+
 def logging_keys(a: Arguments, t: Translation) -> None:
     save, log_dir, board = a["save"], a["log_dir"], a["tensorboard_dir"]
     if log_dir is not None:
@@ -194,6 +197,17 @@ def logging_keys(a: Arguments, t: Translation) -> None:
             t.notice("tensorboard_dir", f"TensorBoard events are written in the run directory "
                      f"({where!r}) rather than {board!r}" if where else "TensorBoard events are written in the run "
                      "directory")  # fmt: skip
+    wandb = typed(t, a, "use_wandb", bool, "true or false")
+    t.set("exp_manager.create_wandb_logger", bool(wandb), "use_wandb")
+    for key, ours in (("wandb_project", "project"), ("wandb_group", "group"), ("wandb_team", "entity"),
+                      ("wandb_host", "host"), ("wandb_run_name", "name")):  # fmt: skip
+        value = typed(t, a, key, str, "a name")
+        if value is None or (key, value) in (("wandb_host", WANDB_HOST), ("wandb_project", "neox")) and not wandb:
+            continue  # unset, or a default: W&B's own host (or WANDB_BASE_URL), NeoX's project
+        if not wandb:
+            t.notice(key, "used only with use_wandb: true, which this run does not set")
+        elif (key, value) != ("wandb_host", WANDB_HOST):
+            t.set(f"exp_manager.wandb_logger_kwargs.{ours}", value, key)
     t.set("exp_manager.log_parameter_norm", a["log_param_norm"], "log_param_norm")
     t.set("exp_manager.log_gradient_norm", a["log_grad_norm"], "log_grad_norm")
 

@@ -44,7 +44,6 @@ _LAUNCHER = ("a launcher setting of NeoX's deepy.py; nxd-train starts trainer.de
              "under torchrun across machines")  # fmt: skip
 _DERIVED = "NeoX derives it while it runs (a value written in a file is overwritten); nxd derives its own"
 _GENERATION = "a setting of NeoX's generate.py / eval.py; nxd-train trains"
-_WANDB = "used only with use_wandb (not in nxd yet)"
 _COMET = "used only with use_comet, which nxd refuses"
 _MAMBA = "used only by mamba layers (attention_config), which nxd refuses"
 _RWKV = "used only by rwkv layers (attention_config), which nxd refuses"
@@ -75,15 +74,16 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("use_checkpoint_lr_scheduler", "LR scheduler", False, M, "exp_manager.resume_schedule",
      "checkpoint: on resume the learning rate and schedule are the ones the checkpoint recorded"),
     # ----------------------------------------------------------------------------- logging
-    ("use_wandb", "Logging", None, R, "",
-     "Weights & Biases logging is not in nxd yet; remove it or set false (TensorBoard: tensorboard_dir). NeoX's "
-     "null turns wandb on when an API key is found; nxd's null is off"),
-    ("wandb_group", "Logging", None, N, "", _WANDB),
-    ("wandb_team", "Logging", None, N, "", _WANDB),
-    ("wandb_project", "Logging", "neox", N, "", _WANDB),
-    ("wandb_host", "Logging", "https://api.wandb.ai", N, "", _WANDB),
-    ("wandb_init_all_ranks", "Logging", False, N, "", _WANDB),
-    ("wandb_run_name", "Logging", None, N, "", _WANDB),
+    ("use_wandb", "Logging", None, M, "exp_manager.create_wandb_logger",
+     "true: log to Weights & Biases (nxd-train[wandb]; WANDB_MODE=offline writes the run to disk); null and false: "
+     "off (NeoX's null turns it on where an API key is found)"),
+    ("wandb_group", "Logging", None, M, "exp_manager.wandb_logger_kwargs.group", ""),
+    ("wandb_team", "Logging", None, M, "exp_manager.wandb_logger_kwargs.entity", ""),
+    ("wandb_project", "Logging", "neox", M, "exp_manager.wandb_logger_kwargs.project", ""),
+    ("wandb_host", "Logging", "https://api.wandb.ai", M, "exp_manager.wandb_logger_kwargs.host", ""),
+    ("wandb_init_all_ranks", "Logging", False, N, "",
+     "nxd logs the job's global values once, from rank 0; a run per rank would repeat them"),
+    ("wandb_run_name", "Logging", None, M, "exp_manager.wandb_logger_kwargs.name", ""),
     ("git_hash", "Logging", None, N, "", "NeoX records its source version; nxd records its versions in checkpoints"),
     ("log_dir", "Logging", None, M, "exp_manager.explicit_log_dir",
      "the run directory when save is not set (nxd keeps text logs, metrics and checkpoints in one directory)"),

@@ -75,6 +75,17 @@ class CheckpointCallbackParams(Section):
     )
 
 
+class WandbLoggerKwargs(Section):
+    project: str | None = key(None, "The W&B project (null: W&B's default).", by=APP)
+    name: str | None = key(None, "The run's name (null: the experiment name).", by=APP)
+    group: str | None = key(None, "Runs grouped together (with init_all_ranks, every rank's run of this job).", by=APP)
+    entity: str | None = key(None, "The W&B team or user the run belongs to.", by=APP)
+    host: str | None = key(None, "The W&B server (null: W&B's default, or WANDB_BASE_URL).", by=APP)
+    init_all_ranks: bool = key(
+        False, "Every rank logs its own run (grouped); false: rank 0 only, with the global values.", by=APP
+    )
+
+
 class ExpManagerConfig(Section):
     log_local_rank_0_only: bool = key(False, "Only local rank 0 of each node writes logs.", by=APP)
     create_tensorboard_logger: bool = key(False, "Write loss and metrics as TensorBoard events.", by=APP)
@@ -111,6 +122,17 @@ class ExpManagerConfig(Section):
         "checkpoint: from the config the checkpoint recorded; same: from this config, refused when they differ.",
         by=APP, status=Status.EXTENSION,
         note="from GPT-NeoX's override_lr_scheduler, use_checkpoint_lr_scheduler and its default check",
+    )
+    create_wandb_logger: bool = key(
+        False,
+        "Log the run's values to Weights & Biases (the wandb package: nxd-train[wandb]); WANDB_MODE=offline writes "
+        "the run under the log directory's wandb folder.",
+        by=APP, status=Status.EXTENSION, note="NeMo's exp_manager key; from GPT-NeoX's use_wandb",
+    )
+    wandb_logger_kwargs: WandbLoggerKwargs = key(
+        WandbLoggerKwargs(), "Where the W&B run goes.", by=APP, status=Status.EXTENSION,
+        note="from GPT-NeoX's wandb_project, wandb_group, wandb_team, wandb_host, wandb_run_name, "
+        "wandb_init_all_ranks",
     )
     create_checkpoint_callback: bool = key(True, "Save checkpoints as checkpoint_callback_params says.", by=CKPT)
     checkpoint_callback_params: CheckpointCallbackParams = key(
