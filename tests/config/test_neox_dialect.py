@@ -418,6 +418,17 @@ def test_wandb_keys(tmp_path):
                for message in notices(tmp_path, {**MODEL, "use_wandb": True, "wandb_init_all_ranks": True}))
 
 
+def test_weight_by_num_documents(tmp_path):
+    paths = {"train_data_paths": ["a", "b"], "train_data_weights": [2.0, 1.0], "valid_data_paths": ["c"],
+             "test_data_paths": ["d"], "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3}  # fmt: skip
+    assert load(tmp_path, {**MODEL, **paths}).data.blend_by_documents == 0.3
+    assert any("train_data_weights: replaced by weights from document counts" in message
+               for message in notices(tmp_path, {**MODEL, **paths}))  # fmt: skip
+    assert load(tmp_path, {**MODEL, "weighted_sampler_alpha": 0.3}).data.blend_by_documents is None
+    assert any("weighted_sampler_alpha: expected a number from 0, found -1" in message
+               for message in errors(tmp_path, {**MODEL, **paths, "weighted_sampler_alpha": -1}))  # fmt: skip
+
+
 def test_resume_keys(tmp_path):
     """load elsewhere starts fresh when empty (NeoX's rule); iteration picks global_stepN; no_load_optim and
     no_load_rng skip what they name; the schedule on resume follows NeoX's three cases."""

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nxd_data import BlendedDataset, DataError, IndexedDatasetWriter, MegatronDataBuilder, SampleFormat, blend_indices
+from nxd_data import (
+    BlendedDataset,
+    DataError,
+    IndexedDatasetWriter,
+    MegatronDataBuilder,
+    SampleFormat,
+    blend_indices,
+    weights_by_documents,
+)
 
 
 def test_greedy_assignment_worked_by_hand() -> None:
@@ -63,3 +71,21 @@ def test_a_missing_prefix_is_named(tmp_path: Path) -> None:
     builder = MegatronDataBuilder(SampleFormat(seq_length=6, eod_id=0), seed=3, cache_dir=tmp_path)
     with pytest.raises(DataError, match=r"data prefix .*absent: expected absent\.idx and absent\.bin"):
         builder.build([1, str(tmp_path / "absent")], "1,0,0", [4, None, None])
+
+
+def test_weights_by_document_counts_worked_by_hand() -> None:
+    # 10 and 30 documents: shares .25, .75. alpha 1: p = .25, .75; x (1 - share) = .1875, .1875 -> .5, .5.
+    assert weights_by_documents([10, 30], 1.0) == pytest.approx([0.5, 0.5])
+    # alpha .5: sqrt .5, .8660254 -> p .3660254, .6339746; x .75, .25 -> .2745190, .1584937 -> .6339746, .3660254
+    assert weights_by_documents([10, 30], 0.5) == pytest.approx([0.6339746, 0.3660254])
+    assert weights_by_documents([7], 0.3) == [1.0]
+
+
+def test_a_blend_by_documents_replaces_the_listed_weights(tmp_path: Path) -> None:
+    """GPT-NeoX's weight_by_num_documents: 10 and 30 documents at alpha 1 draw half the samples from each."""
+    first, second = corpus(tmp_path / "a", 1000, documents=10), corpus(tmp_path / "b", 2000, documents=30)
+    builder = MegatronDataBuilder(SampleFormat(seq_length=6, eod_id=0), seed=3, cache_dir=tmp_path / "cache",
+                                  documents_alpha=1.0)  # fmt: skip
+    train = builder.build({"train": [9, first, 1, second], "validation": None, "test": None}, "", [20, None, None])["train"]
+    origin = [int(train[i]["input_ids"][0]) // 1000 for i in range(20)]
+    assert origin.count(1) == 10 and origin.count(2) == 10

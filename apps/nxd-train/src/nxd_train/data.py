@@ -176,7 +176,8 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
         prefix, index_dir = _plain(data.data_prefix), data.index_mapping_dir
     else:
         prefix, index_dir = _builtin_prefix(corpus, tokenizer, cache_dir), str(cache_dir / "index-cache")
-    builder = MegatronDataBuilder(format, seed, Path(index_dir) if index_dir else None, warmup=not data.skip_warmup)
+    builder = MegatronDataBuilder(format, seed, Path(index_dir) if index_dir else None, warmup=not data.skip_warmup,
+                                  documents_alpha=data.blend_by_documents)  # fmt: skip
     splits = builder.build(prefix, data.splits_string, [train_samples, None, None])
     if splits["train"] is None:
         raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")

@@ -1,7 +1,7 @@
 """nxd_data: Megatron indexed datasets, GPT pretraining samples, blending, Hugging Face data,
 supervised fine-tuning records (packed or padded), preference pairs and exact-resume sampling."""
 
-from .blending import BlendedDataset, blend_indices
+from .blending import BlendedDataset, blend_indices, weights_by_documents
 from .errors import DataError, DataWarning
 from .files import save_atomically
 from .gpt_dataset import GPTDataset, split_documents
@@ -34,8 +34,8 @@ __all__ = [
     "SFTDataset",
     "SampleFormat",
     "TextTokenizer",
-    "TokenizerSource",
     "TokenStream",
+    "TokenizerSource",
     "WithPadding",
     "blend_indices",
     "build_indices",
@@ -51,4 +51,5 @@ __all__ = [
     "sft_dataset",
     "split_documents",
     "token_dtype",
+    "weights_by_documents",
 ]

@@ -19,6 +19,20 @@ def normalise_weights(weights: Sequence[float], where: str) -> list[float]:
     return [weight / total for weight in weights]
 
 
+def weights_by_documents(documents: Sequence[int], alpha: float) -> list[float]:
+    """Blend weights from each source's document count n (N in all): p = (n/N)^alpha normalised, times
+    1 - n/N, normalised again; alpha below 1 raises the share of small sources (XLM-R's sampling, as GPT-NeoX's
+    weight_by_num_documents computes it). One source gets weight 1."""
+    if len(documents) == 1:
+        return [1.0]
+    total = sum(documents)
+    shares = [count / total for count in documents]
+    raised = [share**alpha for share in shares]
+    probabilities = [value / sum(raised) for value in raised]
+    weights = [p * (1 - share) for p, share in zip(probabilities, shares, strict=True)]
+    return [weight / sum(weights) for weight in weights]
+
+
 def blend_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
     """Which dataset each of `size` samples comes from, and its sample number there: sample i goes to
     the dataset furthest behind its share (weight * max(i, 1) - drawn so far; ties to the first), as

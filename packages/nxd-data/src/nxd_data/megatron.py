@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from .blending import BlendedDataset, normalise_weights
+from .blending import BlendedDataset, normalise_weights, weights_by_documents
 from .errors import DataError
 from .gpt_dataset import GPTDataset, split_documents
 from .indexed import IndexedDataset
@@ -36,10 +36,13 @@ def parse_blend(blend: Blend, where: str) -> list[tuple[float | None, str]]:
 
 
 class MegatronDataBuilder:
-    """Builds the splits, opening each indexed dataset once."""
+    """Builds the splits, opening each indexed dataset once. With `documents_alpha` the prefixes of each
+    blend are weighted by their document counts (`weights_by_documents`), whatever weights were listed."""
 
-    def __init__(self, format: SampleFormat, seed: int, cache_dir: Path | None, *, warmup: bool = False):
+    def __init__(self, format: SampleFormat, seed: int, cache_dir: Path | None, *, warmup: bool = False,
+                 documents_alpha: float | None = None):  # fmt: skip
         self.format, self.seed, self.cache_dir, self.warmup = format, seed, cache_dir, warmup
+        self.documents_alpha = documents_alpha
         self._opened: dict[str, IndexedDataset] = {}
 
     def open(self, prefix: str) -> IndexedDataset:
@@ -62,7 +65,11 @@ class MegatronDataBuilder:
         self, blend: Blend, where: str, split: str, splits_string: str | None, count: int | None
     ) -> Dataset | None:
         sources = parse_blend(blend, where)
-        if sources[0][0] is None:  # listed without weights: in proportion to their tokens
+        if self.documents_alpha is not None:  # by the documents each prefix holds, whole
+            prefixes = [prefix for _, prefix in sources]
+            counts = [len(self.open(prefix)) for prefix in prefixes]
+            sources = list(zip(weights_by_documents(counts, self.documents_alpha), prefixes, strict=True))
+        elif sources[0][0] is None:  # listed without weights: in proportion to their tokens
             sources = list(zip(normalise_weights([self.open(p).num_tokens for _, p in sources], where),
                                [p for _, p in sources], strict=True))  # fmt: skip
         parts = []

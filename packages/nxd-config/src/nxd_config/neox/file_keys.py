@@ -32,6 +32,17 @@ def data_keys(a: Arguments, t: Translation) -> None:
                 if blend is not None:
                     blends[section] = blend
             t.set("data.data_prefix", blends, *(f"{name}_data_paths" for name in paths))
+    by_documents = typed(t, a, "weight_by_num_documents", bool, "true or false")
+    alpha = typed(t, a, "weighted_sampler_alpha", (int, float), "a number")
+    if by_documents and alpha is not None:
+        if alpha < 0:
+            t.refuse("weighted_sampler_alpha", f"expected a number from 0, found {alpha}")
+        else:
+            t.set("data.blend_by_documents", float(alpha), "weight_by_num_documents", "weighted_sampler_alpha")
+        if listed := [f"{name}_data_weights" for name, value in weights.items() if value is not None]:
+            t.notice(listed[0], "replaced by weights from document counts (weight_by_num_documents), as in NeoX")
+    elif alpha is not None and alpha != 1.0:
+        t.notice("weighted_sampler_alpha", "used only with weight_by_num_documents: true, which this run does not set")
     impl = choice(t, a, "data_impl", ("infer", "mmap", "cached"))
     if impl == "cached":
         t.refuse("data_impl", "expected mmap (or infer): the older cached format is not read by nxd; preprocess the "

@@ -125,6 +125,13 @@ class DataConfig(Section):
         "(blended by token count), or {train, validation, test}.",
         by=DATA,
     )
+    blend_by_documents: float | None = key(
+        None,
+        "Weight the prefixes of each data_prefix blend by their document counts n (N in all) instead of the listed "
+        "weights: p = (n/N)^alpha normalised, times 1 - n/N, normalised again; this is alpha.",
+        by=DATA, status=Status.EXTENSION, ge=0.0,
+        note="GPT-NeoX's weight_by_num_documents with weighted_sampler_alpha",
+    )
     index_mapping_dir: str | None = key(
         None, "Where the sample/shuffle index files are cached; null: an index-cache folder next to the data.", by=DATA
     )
