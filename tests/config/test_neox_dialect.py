@@ -429,6 +429,18 @@ def test_weight_by_num_documents(tmp_path):
                for message in errors(tmp_path, {**MODEL, **paths, "weighted_sampler_alpha": -1}))  # fmt: skip
 
 
+def test_label_data_paths(tmp_path):
+    paths = {"train_data_paths": ["a", "b"], "valid_data_paths": ["c"], "test_data_paths": ["d"],
+             "train_label_data_paths": ["la", "lb"], "valid_label_data_paths": ["lc"]}  # fmt: skip
+    assert load(tmp_path, {**MODEL, **paths}).data.label_prefixes == {"a": "la", "b": "lb", "c": "lc"}
+    found = errors(tmp_path, {**MODEL, **paths, "train_label_data_paths": ["la"]})
+    assert any("train_label_data_paths: expected one label prefix per train_data_paths entry (['a', 'b']), found "
+               "['la']" in message for message in found)  # fmt: skip
+    found = errors(tmp_path, {**MODEL, "data_path": "x", "train_label_data_paths": ["la"]})
+    assert any("train_label_data_paths: expected train/valid/test_data_paths with label data paths" in message
+               for message in found)  # fmt: skip
+
+
 def test_resume_keys(tmp_path):
     """load elsewhere starts fresh when empty (NeoX's rule); iteration picks global_stepN; no_load_optim and
     no_load_rng skip what they name; the schedule on resume follows NeoX's three cases."""

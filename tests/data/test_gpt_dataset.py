@@ -233,3 +233,40 @@ def test_concurrent_processes_build_the_indices_once(tmp_path: Path) -> None:
     assert (tmp_path / "log").read_text() == "built\n" * 5  # 500 samples of 124 an epoch: five epochs, each once
     results = [np.load(tmp_path / f"r{i}.npy") for i in range(3)]
     assert all(np.array_equal(results[0], other) for other in results[1:])
+
+
+def test_a_label_file_gives_the_labels_and_masks_exactly_its_negative_positions(tmp_path: Path) -> None:
+    """GPT-NeoX's label data: the label file's span of each sample, shifted by one as the tokens are, in place
+    of the tokens; -100 positions are not trained on, every other position keeps its label."""
+    documents = [list(range(100 * d + 1, 100 * d + 1 + n)) for d, n in enumerate([5, 9, 3, 12, 7, 1, 8])]
+    masked = {(1, 0), (1, 1), (1, 2), (3, 5), (6, 7)}  # (document, position) of a -100 label
+    label_documents = [[-100 if (d, i) in masked else token + 10_000 for i, token in enumerate(document)]
+                       for d, document in enumerate(documents)]  # fmt: skip
+    indexed = write(tmp_path / "d", documents)
+    with IndexedDatasetWriter(tmp_path / "l", np.int32) as writer:
+        for document in label_documents:
+            writer.add_document(document)
+    labels = IndexedDataset(tmp_path / "l")
+    fmt = SampleFormat(seq_length=4, eod_id=0)
+    plain = GPTDataset(indexed, "train", (0, 7), 11, fmt, seed=5, cache_dir=tmp_path)
+    labelled = GPTDataset(indexed, "train", (0, 7), 11, fmt, seed=5, cache_dir=tmp_path, labels=labels)
+    label_of = {token: label for document, label_document in zip(documents, label_documents, strict=True)
+                for token, label in zip(document, label_document, strict=True)}  # fmt: skip
+    ignored = 0
+    for index in range(11):
+        ours, theirs = labelled[index], plain[index]
+        assert ours["input_ids"].tolist() == theirs["input_ids"].tolist()
+        expected = [label_of[token] for token in theirs["labels"].tolist()]  # the label of each next token
+        assert ours["labels"].tolist() == expected
+        ignored += expected.count(-100)
+    assert ignored > 0
+
+
+def test_a_label_file_of_other_documents_is_refused(tmp_path: Path) -> None:
+    indexed = write(tmp_path / "d", [[1, 2, 3], [4, 5, 6, 7]])
+    with IndexedDatasetWriter(tmp_path / "l", np.int32) as writer:
+        for document in ([1, 2, 3], [4, 5, 6]):
+            writer.add_document(document)
+    with pytest.raises(DataError, match=r"l.idx: document 1 holds 3 labels; its data file .*d.idx holds 4 tokens"):
+        GPTDataset(indexed, "train", (0, 2), 1, SampleFormat(seq_length=4, eod_id=0), seed=5, cache_dir=tmp_path,
+                   labels=IndexedDataset(tmp_path / "l"))  # fmt: skip

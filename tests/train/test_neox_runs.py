@@ -17,7 +17,7 @@ from nxd_config import load_config
 from nxd_config.neox.files import read_file
 from nxd_train.cli import main
 from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import plan_run
+from nxd_train.preflight import PreflightError, plan_run
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from tests.conftest import TEXT
@@ -243,3 +243,47 @@ def test_a_neox_checkpoint_without_finetune_continues_at_its_iteration(tmp_path,
     steps = [row["step"] for row in continued if "loss" in row]
     assert steps == [3, 4]
     assert [row["lr"] for row in continued if "loss" in row] == [row["lr"] for row in whole if "loss" in row][2:]
+
+
+def test_neox_label_files_mask_what_they_say(tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir):
+    """train/valid/test_label_data_paths: a label file beside the data file (its tokens, but -100 for the first
+    three tokens of every document, as for a prompt) gives the run's labels; one of other documents is named."""
+    import numpy as np
+    from nxd_data import IndexedDataset, IndexedDatasetWriter
+
+    setup = local_setup("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    settings = json.loads(setup.read_text().split("\n", 1)[1])
+    data = settings.pop("data_path")
+    text = IndexedDataset(data)
+    with IndexedDatasetWriter(tmp_path / "labels", np.int32) as writer:
+        for document in range(len(text)):
+            tokens = text.get(document).astype(np.int32)
+            tokens[:3] = -100
+            writer.add_document(tokens)
+
+    def plan(labels: Path):
+        paths = {f"{split}_data_paths": [data] for split in ("train", "valid", "test")}
+        paths |= {f"{split}_label_data_paths": [str(labels)] for split in ("train", "valid", "test")}
+        setup.write_text(json.dumps({**settings, **paths}))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return plan_run(load_config([NEOX / "pythia.yml", setup], ["num_gpus=1"]), default_cache_dir())
+
+    planned = plan(tmp_path / "labels")
+    eod, masked = planned.data.padding["input_ids"][0].item(), 0
+    for index in range(8):
+        sample = planned.data.train[index]
+        inputs, labels = sample["input_ids"].tolist(), sample["labels"].tolist()
+        window = [*inputs, None]
+        for position, label in enumerate(labels):
+            if position < 3:  # the document start may lie before the window
+                continue
+            after_eod = eod in inputs[position - 2 : position + 1]  # the next token is among a document's first 3
+            assert (label == -100) == after_eod, (index, position)
+            masked += after_eod
+            assert label == -100 or position + 1 >= len(inputs) or label == window[position + 1]
+    assert masked > 0
+    with IndexedDatasetWriter(tmp_path / "short", np.int32) as writer:
+        writer.add_document([1, 2, 3])
+    with pytest.raises(PreflightError, match=r"short.idx: holds 1 documents; expected the 200 of its data file"):
+        plan(tmp_path / "short")

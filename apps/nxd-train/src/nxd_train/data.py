@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
@@ -177,12 +178,24 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     else:
         prefix, index_dir = _builtin_prefix(corpus, tokenizer, cache_dir), str(cache_dir / "index-cache")
     builder = MegatronDataBuilder(format, seed, Path(index_dir) if index_dir else None, warmup=not data.skip_warmup,
-                                  documents_alpha=data.blend_by_documents)  # fmt: skip
+                                  documents_alpha=data.blend_by_documents, labels=_labels(data, prefix))  # fmt: skip
     splits = builder.build(prefix, data.splits_string, [train_samples, None, None])
     if splits["train"] is None:
         raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")
     return DataSplits(splits["train"], splits["validation"], splits["test"], format.padding(), tokenizer.vocab_size,
                       name, shuffled=True, tokenizer_files=tokenizer.files)  # fmt: skip
+
+
+def _labels(data: DataConfig, prefix: Any) -> dict[str, str]:
+    """data.label_prefixes, each key one of data_prefix's prefixes (else a DataError naming it)."""
+    labels = dict(data.label_prefixes or {})
+    blends = prefix.values() if isinstance(prefix, dict) else [prefix]
+    known = {item for blend in blends if blend is not None
+             for item in ([blend] if isinstance(blend, str) else blend) if isinstance(item, str)}  # fmt: skip
+    if unknown := sorted(set(labels) - known):
+        raise DataError(f"data.label_prefixes: {unknown[0]!r} is not a prefix of data.data_prefix; expected labels "
+                        f"for the data prefixes ({', '.join(sorted(known))})")  # fmt: skip
+    return labels
 
 
 def _sample_format(data: DataConfig, seq_length: int, eod_id: int, vocab_size: int | None = None) -> SampleFormat:

@@ -38,6 +38,19 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return seed if epoch == 0 else int(np.random.SeedSequence((seed, epoch)).generate_state(1)[0])
 
 
+def check_labels(data: IndexedDataset, labels: IndexedDataset) -> None:
+    """A DataError naming both files and the first document that differs unless `labels` holds a label for
+    every token of `data`: the same documents of the same lengths."""
+    if len(labels) != len(data):
+        raise DataError(f"{labels.index_path}: holds {len(labels)} documents; expected the {len(data)} of its data "
+                        f"file {data.index_path} (a label for every token)")  # fmt: skip
+    if (differ := np.flatnonzero(labels.sizes != data.sizes)).size:
+        at = int(differ[0])
+        raise DataError(f"{labels.index_path}: document {at} holds {int(labels.sizes[at])} labels; its data file "
+                        f"{data.index_path} holds {int(data.sizes[at])} tokens there (expected a label for every "
+                        "token)")  # fmt: skip
+
+
 class GPTDataset(Dataset):
     """Samples of `format.window` tokens cut across documents `documents` of an indexed dataset, epoch
     after epoch. Each epoch has its own indices: its documents shuffled, cut into samples and the
@@ -48,8 +61,13 @@ class GPTDataset(Dataset):
     than a sample) are not used here. `num_samples` None means one epoch (every token once)."""
 
     def __init__(self, indexed: IndexedDataset, name: str, documents: tuple[int, int], num_samples: int | None,
-                 format: SampleFormat, seed: int, cache_dir: Path | None = None):  # fmt: skip
+                 format: SampleFormat, seed: int, cache_dir: Path | None = None,
+                 labels: IndexedDataset | None = None):  # fmt: skip
+        """`labels`: a label file of the same documents, read over the same spans for the labels."""
         self.indexed, self.format, self.name, self.seed = indexed, format, name, seed
+        if labels is not None:
+            check_labels(indexed, labels)
+        self.labels = labels
         extra = int(format.plus_one)
         self.sequence_numbers = np.arange(*documents, dtype=np.int64)
         tokens = int(indexed.sizes[self.sequence_numbers].sum(dtype=np.int64))
@@ -93,17 +111,19 @@ class GPTDataset(Dataset):
         indices = self.indices(epoch)
         return indices, int(indices.shuffle_idx[number])
 
-    def tokens(self, index: int) -> np.ndarray:
-        """The window of sample `index` (after shuffling), as Megatron's GPTDataset reads it."""
+    def tokens(self, index: int, source: IndexedDataset | None = None) -> np.ndarray:
+        """The window of sample `index` (after shuffling), as Megatron's GPTDataset reads it; from `source`
+        (the label file) instead of the data when given."""
+        source = self.indexed if source is None else source
         indices, position = self._locate(index)
         doc_idx = indices.doc_idx
         (first, first_offset), (last, last_offset) = indices.sample_idx[position], indices.sample_idx[position + 1]
         extra = int(self.format.plus_one)
         if first == last:
-            return self.indexed.get(int(doc_idx[first]), int(first_offset), int(last_offset - first_offset) + extra)
-        parts = [self.indexed.get(int(doc_idx[first]), int(first_offset))]
-        parts += [self.indexed.get(int(doc_idx[i])) for i in range(first + 1, last)]
-        parts.append(self.indexed.get(int(doc_idx[last]), 0, int(last_offset) + extra))
+            return source.get(int(doc_idx[first]), int(first_offset), int(last_offset - first_offset) + extra)
+        parts = [source.get(int(doc_idx[first]), int(first_offset))]
+        parts += [source.get(int(doc_idx[i])) for i in range(first + 1, last)]
+        parts.append(source.get(int(doc_idx[last]), 0, int(last_offset) + extra))
         return np.concatenate(parts)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
@@ -111,7 +131,11 @@ class GPTDataset(Dataset):
         vocab = self.format.vocab_size
         if vocab is not None and len(tokens) and int(tokens.max()) >= vocab:
             raise DataError(self._beyond_vocabulary(index, vocab))
-        return self.format.sample(tokens)
+        labels = None if self.labels is None else self.tokens(index, self.labels)
+        if vocab is not None and labels is not None and len(labels) and (found := int(labels.max())) >= vocab:
+            raise DataError(f"{self.labels.bin_path}: sample {index} holds label {found}, beyond the vocabulary of "
+                            f"{vocab} ids (expected token ids, or a negative label where nothing is trained)")
+        return self.format.sample(tokens, labels)
 
     def _beyond_vocabulary(self, index: int, vocab: int) -> str:
         """Which stored document of sample `index` holds an id at or beyond `vocab`, said plainly."""

@@ -40,9 +40,10 @@ class MegatronDataBuilder:
     blend are weighted by their document counts (`weights_by_documents`), whatever weights were listed."""
 
     def __init__(self, format: SampleFormat, seed: int, cache_dir: Path | None, *, warmup: bool = False,
-                 documents_alpha: float | None = None):  # fmt: skip
+                 documents_alpha: float | None = None, labels: Mapping[str, str] | None = None):  # fmt: skip
+        """`labels`: data prefix -> the prefix of its label file (labels read in place of the shifted tokens)."""
         self.format, self.seed, self.cache_dir, self.warmup = format, seed, cache_dir, warmup
-        self.documents_alpha = documents_alpha
+        self.documents_alpha, self.labels = documents_alpha, dict(labels or {})
         self._opened: dict[str, IndexedDataset] = {}
 
     def open(self, prefix: str) -> IndexedDataset:
@@ -85,13 +86,19 @@ class MegatronDataBuilder:
         if not parts:
             return None
         if len(parts) == 1:
-            return GPTDataset(parts[0][1], split, parts[0][2], count, self.format, self.seed, self.cache_dir)
+            return self._dataset(parts[0][1], split, parts[0][2], count)
         weights = normalise_weights([weight for weight, _, _ in parts], where)
         shares = [None if count is None else math.ceil(count * w * BLEND_MARGIN) for w in weights]
         datasets = [
-            GPTDataset(indexed, split, documents, share, self.format, self.seed, self.cache_dir)
+            self._dataset(indexed, split, documents, share)
             for share, (_, indexed, documents) in zip(shares, parts, strict=True)
         ]
         if count is None:  # one epoch: as many samples as the scarcest source allows at its weight
             count = min(int((len(d) - 1) / w) for d, w in zip(datasets, weights, strict=True))
         return BlendedDataset(datasets, weights, count, where)
+
+    def _dataset(self, indexed: IndexedDataset, split: str, documents: tuple[int, int],
+                 count: int | None) -> GPTDataset:  # fmt: skip
+        label_prefix = self.labels.get(indexed.prefix)
+        labels = None if label_prefix is None else self.open(label_prefix)
+        return GPTDataset(indexed, split, documents, count, self.format, self.seed, self.cache_dir, labels=labels)

@@ -33,14 +33,20 @@ class SampleFormat:
     def window(self) -> int:
         return self.seq_length + 1 if self.plus_one else self.seq_length
 
-    def sample(self, window: np.ndarray) -> dict[str, torch.Tensor]:
+    def sample(self, window: np.ndarray, label_window: np.ndarray | None = None) -> dict[str, torch.Tensor]:
         """input_ids, labels and position_ids of one window; a short window (the end of a document
-        list) is padded with ignored labels."""
+        list) is padded with ignored labels. `label_window`, the same span of a label file, gives the
+        labels in place of the shifted tokens (a negative label is not trained on), as GPT-NeoX reads
+        its label data."""
         tokens = torch.from_numpy(np.asarray(window, dtype=np.int64))
         length = min(len(tokens), self.window)
         padded = torch.full((self.window,), self.eod_id, dtype=torch.int64)
         padded[:length] = tokens[:length]
         input_ids = padded[: self.seq_length]
+        if label_window is not None:
+            padded = torch.full((self.window,), IGNORE_INDEX, dtype=torch.int64)
+            padded[:length] = torch.from_numpy(np.asarray(label_window[:length], dtype=np.int64))
+            padded[padded < 0] = IGNORE_INDEX
         labels = torch.full((self.seq_length,), IGNORE_INDEX, dtype=torch.int64)
         labels[: self.window - 1] = padded[1:]
         labels[max(length - 1, 0) :] = IGNORE_INDEX

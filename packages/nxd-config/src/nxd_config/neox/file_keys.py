@@ -14,6 +14,10 @@ def data_keys(a: Arguments, t: Translation) -> None:
     paths = {name: a[f"{name}_data_paths"] for name in ("train", "valid", "test")}
     weights = {name: a[f"{name}_data_weights"] for name in ("train", "valid", "test")}
     given = [name for name, value in paths.items() if value is not None]
+    labelled = [key for key in (f"{name}_label_data_paths" for name in paths) if a[key] is not None]
+    if path is not None and labelled:
+        t.refuse(labelled[0], "expected train/valid/test_data_paths with label data paths (GPT-NeoX reads labels only "
+                 "for them), found data_path")  # fmt: skip
     if path is not None and given:
         t.refuse("data_path", f"expected data_path or train/valid/test_data_paths, found both (data_path and "
                  f"{', '.join(f'{name}_data_paths' for name in given)})")  # fmt: skip
@@ -32,6 +36,7 @@ def data_keys(a: Arguments, t: Translation) -> None:
                 if blend is not None:
                     blends[section] = blend
             t.set("data.data_prefix", blends, *(f"{name}_data_paths" for name in paths))
+            _labels(a, t, paths)
     by_documents = typed(t, a, "weight_by_num_documents", bool, "true or false")
     alpha = typed(t, a, "weighted_sampler_alpha", (int, float), "a number")
     if by_documents and alpha is not None:
@@ -60,6 +65,28 @@ def data_keys(a: Arguments, t: Translation) -> None:
     if path is None and not given:
         t.notice("data_path", "no data_path or train/valid/test_data_paths: nxd trains on its built-in corpus "
                  "(Python's standard library, with a BPE trained on it)")  # fmt: skip
+
+
+def _labels(a: Arguments, t: Translation, paths: dict[str, Any]) -> None:
+    """*_label_data_paths: one label file per data path of the split, as data.label_prefixes."""
+    labels: dict[str, str] = {}
+    keys = []
+    for name, data_paths in paths.items():
+        key, given = f"{name}_label_data_paths", a[f"{name}_label_data_paths"]
+        if given is None:
+            continue
+        keys.append(key)
+        if not isinstance(given, list) or not all(isinstance(p, str) for p in given) or not isinstance(
+                data_paths, list) or len(given) != len(data_paths):  # fmt: skip
+            t.refuse(key, f"expected one label prefix per {name}_data_paths entry ({show(data_paths)}), found "
+                     f"{show(given)}")  # fmt: skip
+            continue
+        for data, label in zip(data_paths, given, strict=True):
+            if labels.get(data, label) != label:
+                t.refuse(key, f"expected one label file for {data!r}, found {labels[data]!r} and {label!r}")
+            labels[data] = label
+    if labels:
+        t.set("data.label_prefixes", labels, *keys)
 
 
 def _blend(t: Translation, name: str, paths: Any, weights: Any) -> list[Any] | None:

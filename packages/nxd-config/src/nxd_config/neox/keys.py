@@ -55,7 +55,7 @@ _FP16 = ("NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed
          "loss_scale_window, hysteresis and min_loss_scale set nxd's loss scaling")  # fmt: skip
 _OLD_MOE = ("a key of GPT-NeoX's older MoE (DeepSpeed / megablocks), removed from current NeoX, whose dropless "
             "MoE nxd follows; remove it (lifted if nxd gains that MoE)")  # fmt: skip
-_LABELS = "label, reward and pos/neg document files are not read by nxd yet; remove the key to pretrain on data_path"
+_LABELS = "reward and pos/neg document files are not read by nxd yet; remove the key to pretrain on data_path"
 _DS_TOOL = "a DeepSpeed tool that nxd does not run"
 
 _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
@@ -308,9 +308,12 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("train_data_weights", "Training", None, M, "data.data_prefix.train", ""),
     ("valid_data_weights", "Training", None, M, "data.data_prefix.validation", ""),
     ("test_data_weights", "Training", None, M, "data.data_prefix.test", ""),
-    ("train_label_data_paths", "Training", None, R, "", _LABELS),
-    ("valid_label_data_paths", "Training", None, R, "", _LABELS),
-    ("test_label_data_paths", "Training", None, R, "", _LABELS),
+    ("train_label_data_paths", "Training", None, M, "data.label_prefixes",
+     "one label file per train_data_paths entry: each token's label, -100 where nothing is trained"),
+    ("valid_label_data_paths", "Training", None, M, "data.label_prefixes",
+     "one label file per valid_data_paths entry: each token's label, -100 where nothing is trained"),
+    ("test_label_data_paths", "Training", None, M, "data.label_prefixes",
+     "one label file per test_data_paths entry: each token's label, -100 where nothing is trained"),
     ("train_reward_data_paths", "Training", None, R, "", _LABELS),
     ("valid_reward_data_paths", "Training", None, R, "", _LABELS),
     ("test_reward_data_paths", "Training", None, R, "", _LABELS),

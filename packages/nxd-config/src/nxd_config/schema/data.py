@@ -125,6 +125,12 @@ class DataConfig(Section):
         "(blended by token count), or {train, validation, test}.",
         by=DATA,
     )
+    label_prefixes: dict[str, str] | None = key(
+        None,
+        "Data prefix -> the prefix of its label file: an indexed dataset of the same documents holding each "
+        "token's label, read in place of the shifted tokens (a negative label, -100, is not trained on).",
+        by=DATA, status=Status.EXTENSION, note="GPT-NeoX's train/valid/test_label_data_paths",
+    )
     blend_by_documents: float | None = key(
         None,
         "Weight the prefixes of each data_prefix blend by their document counts n (N in all) instead of the listed "
