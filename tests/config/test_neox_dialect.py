@@ -445,11 +445,11 @@ def test_resume_keys(tmp_path):
     """load elsewhere starts fresh when empty (NeoX's rule); iteration picks global_stepN; no_load_optim and
     no_load_rng skip what they name; the schedule on resume follows NeoX's three cases."""
     plain = load(tmp_path, {**MODEL, "load": "runs/old"}).exp_manager
-    assert (plain.resume_from_checkpoint, plain.resume_ignore_no_checkpoint) == ("runs/old", True)
+    assert (plain.resume_from_checkpoint, plain.resume_from_checkpoint_optional) == ("runs/old", True)
     assert (plain.resume_optimizer, plain.resume_rng, plain.resume_schedule) == (True, True, "same")
     picked = load(tmp_path, {**MODEL, "load": "runs/old", "iteration": 2000, "no_load_optim": True,
                              "no_load_rng": True, "use_checkpoint_lr_scheduler": True}).exp_manager  # fmt: skip
-    assert (picked.resume_from_checkpoint, picked.resume_ignore_no_checkpoint) == ("runs/old/global_step2000", False)
+    assert (picked.resume_from_checkpoint, picked.resume_from_checkpoint_optional) == ("runs/old/global_step2000", False)
     assert (picked.resume_optimizer, picked.resume_rng, picked.resume_schedule) == (False, False, "checkpoint")
     both = {"override_lr_scheduler": True, "use_checkpoint_lr_scheduler": True}
     assert load(tmp_path, {**MODEL, **both}).exp_manager.resume_schedule == "config"  # NeoX checks override first

@@ -102,7 +102,10 @@ def test_resume_keys_fail_before_launch(tmp_path):
     for where in (tmp_path / "missing", tmp_path):  # GPT-NeoX's load: a missing or empty folder starts fresh
         with pytest.warns(ConfigNotice, match="resume_from_checkpoint: .* is (missing|empty); starting a new run"):
             assert plan(tmp_path, f"+exp_manager.resume_from_checkpoint={where}",
-                        "+exp_manager.resume_ignore_no_checkpoint=True").resume is None  # fmt: skip
+                        "+exp_manager.resume_from_checkpoint_optional=True").resume is None  # fmt: skip
+    with pytest.raises(PreflightError, match="found no directory at .*missing"):  # NxDT's key is for resume_if_exists
+        plan(tmp_path, f"+exp_manager.resume_from_checkpoint={tmp_path / 'missing'}",
+             "+exp_manager.resume_ignore_no_checkpoint=True")
     half = tmp_path / "checkpoints" / "half"
     half.mkdir(parents=True)
     (half / ".metadata").write_bytes(b"")

@@ -110,9 +110,9 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model "
                                       "(weights only); expected model.weight_init_only: True to start from it")
             return Resume(path.resolve(), True, hugging_face=True)
-        if exp.resume_ignore_no_checkpoint and (not path.is_dir() or not any(path.iterdir())):
+        if exp.resume_from_checkpoint_optional and (not path.is_dir() or not any(path.iterdir())):
             warnings.warn(f"exp_manager.resume_from_checkpoint: {path} is {'empty' if path.is_dir() else 'missing'}; "
-                          "starting a new run (resume_ignore_no_checkpoint)", CheckpointWarning, stacklevel=2)
+                          "starting a new run (resume_from_checkpoint_optional)", CheckpointWarning, stacklevel=2)
             return None
         if (neox := _neox(path, weights_only)) is not None:
             return neox

@@ -190,11 +190,12 @@ def resume_keys(a: Arguments, t: Translation) -> None:
     elif iteration is not None:
         t.set("exp_manager.resume_from_checkpoint", f"{load}/global_step{iteration}", "load", "iteration")
     elif load is not None:
-        if load == save:
+        if load == save:  # NeoX starts fresh from nothing
             t.set("exp_manager.resume_if_exists", True, "load")
+            t.set("exp_manager.resume_ignore_no_checkpoint", True, "load")
         else:
             t.set("exp_manager.resume_from_checkpoint", load, "load")
-        t.set("exp_manager.resume_ignore_no_checkpoint", True, "load")  # NeoX starts fresh from nothing
+            t.set("exp_manager.resume_from_checkpoint_optional", True, "load")
     if typed(t, a, "no_load_optim", bool, "true or false"):
         t.set("exp_manager.resume_optimizer", False, "no_load_optim")
     if typed(t, a, "no_load_rng", bool, "true or false"):

@@ -106,6 +106,11 @@ class ExpManagerConfig(Section):
         by=CKPT,
     )
     resume_from_checkpoint: str | None = key(None, "Resume from this checkpoint path explicitly.", by=CKPT)
+    resume_from_checkpoint_optional: bool = key(
+        False,
+        "A missing or empty resume_from_checkpoint starts a new run (with a notice) instead of failing.",
+        by=CKPT, status=Status.EXTENSION, note="from GPT-NeoX's load, which starts fresh from nothing",
+    )
     resume_optimizer: bool = key(
         True,
         "A resume restores the optimizer state and the LR schedule's position; false: the weights, step, data "
