@@ -476,10 +476,21 @@ def test_data_keys(tmp_path):
      {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": "v.json", "merge_file": "m.txt"}),
     ({"tokenizer_type": "HFTokenizer", "vocab_file": "t/tokenizer.json"}, {"library": "huggingface", "type": "t/tokenizer.json"}),
     ({"tokenizer_type": "SPMTokenizer", "vocab_file": "spm/tokenizer.model"}, {"library": "huggingface", "type": "spm"}),
+    ({"tokenizer_type": "CharLevelTokenizer"}, {"library": "megatron", "type": "CharLevelTokenizer"}),
+    ({"tokenizer_type": "TiktokenTokenizer", "vocab_file": "cl100k_base"},
+     {"library": "megatron", "type": "TiktokenTokenizer", "vocab_file": "cl100k_base"}),
 ])  # fmt: skip
 def test_tokenizer_keys(tmp_path, keys, tokenizer):
     found = load(tmp_path, {**MODEL, **keys}).data.tokenizer
     assert {key: getattr(found, key) for key in tokenizer} == tokenizer
+
+
+def test_tokenizer_keys_that_cannot_work_are_refused(tmp_path):
+    assert any("vocab_file: expected a tiktoken encoding name (such as cl100k_base) for TiktokenTokenizer, found "
+               "None" in message for message in errors(tmp_path, {**MODEL, "tokenizer_type": "TiktokenTokenizer"}))
+    assert any("tokenizer_type: expected GPT2BPETokenizer, HFTokenizer, HFGPT2Tokenizer, SPMTokenizer, "
+               "CharLevelTokenizer or TiktokenTokenizer, found 'BertTokenizer'" in message
+               for message in errors(tmp_path, {**MODEL, "tokenizer_type": "BertTokenizer"}))  # fmt: skip
 
 
 def test_a_translated_run_writes_as_an_nxdt_file_that_loads_to_the_same_config(tmp_path):

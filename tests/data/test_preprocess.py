@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from nxd_data import DataError, IndexedDataset, load_tokenizer, preprocess_jsonl
+from nxd_data import DataError, IndexedDataset, TokenizerSource, load_tokenizer, preprocess_jsonl
 from tokenizers import Tokenizer
 
 from tests.conftest import TEXT
@@ -41,6 +41,16 @@ def test_documents_are_the_tokenizers_ids_plus_eod(tmp_path: Path, tokenizer_fil
     assert [dataset[i].tolist() for i in range(len(dataset))] == expected
     assert summary.documents == 40 and summary.tokens == sum(map(len, expected))
     assert summary.tokens_per_second > 0
+
+
+def test_character_level_documents_are_their_utf8_bytes_then_zero(tmp_path: Path) -> None:
+    """GPT-NeoX's CharLevelTokenizer (preprocess_data.py --tokenizer-type CharLevelTokenizer): bytes, eod 0."""
+    records = [{"text": "héllo wörld"}, {"text": "€ 😀\n\tend"}]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    preprocess_jsonl([source], tmp_path / "out", TokenizerSource("CharLevelTokenizer", "megatron"), append_eod=True,
+                     progress=False)  # fmt: skip
+    dataset = IndexedDataset(tmp_path / "out_text_document")
+    assert [dataset[i].tolist() for i in range(len(dataset))] == [list(r["text"].encode()) + [0] for r in records]
 
 
 def test_two_workers_write_the_same_files_as_one(tmp_path: Path, tokenizer_file: Path, monkeypatch) -> None:

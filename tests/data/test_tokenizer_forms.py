@@ -55,7 +55,7 @@ def test_bad_tokenizer_files_are_one_clear_error(gpt2_files, tmp_path):
         (TokenizerSource("GPT2BPETokenizer", "megatron", vocab, None),
          "data.tokenizer.merge_file: expected the GPT-2 merges.txt of GPT2BPETokenizer, found none"),
         (TokenizerSource("BertWordPieceLowerCase", "megatron", vocab, merges),
-         "data.tokenizer.type: expected one of GPT2BPETokenizer with library megatron, found 'BertWordPieceLowerCase'"),
+         "data.tokenizer.type: expected one of GPT2BPETokenizer, CharLevelTokenizer, TiktokenTokenizer with library megatron, found 'BertWordPieceLowerCase'"),
         (TokenizerSource(str(tmp_path)), "expected a tokenizer.json file or a directory holding one (or a "
                                          "SentencePiece tokenizer.model), found a directory without tokenizer.json"),
     ]  # fmt: skip
@@ -67,3 +67,66 @@ def test_bad_tokenizer_files_are_one_clear_error(gpt2_files, tmp_path):
     with pytest.raises(DataError, match=r"tokenizer.model is not a SentencePiece model transformers can load"):
         load_tokenizer(tmp_path / "spm")
     assert json.loads(Path(vocab).read_text())  # the good files were left as they were
+
+
+def test_character_level_ids_are_the_texts_utf8_bytes():
+    """GPT-NeoX's CharLevelTokenizer: ids are the bytes, 0 ends a document, 512 ids declared."""
+    ours = load_tokenizer(TokenizerSource("CharLevelTokenizer", "megatron"))
+    texts = [SAMPLE, "héllo wörld\n\t€ 😀 <|endoftext|>", ""]
+    assert ours.encode(texts) == [list(text.encode("utf-8")) for text in texts]
+    assert (ours.eod_id, ours.vocab_size, ours.files) == (0, 512, {})
+    assert ours.tokenizer.decode(ours.encode(texts[1:2])[0]) == texts[1]
+
+
+R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@pytest.fixture
+def tiktoken_encoding(gpt2_files, tmp_path, monkeypatch) -> str:
+    """A tiktoken encoding registered as tiktoken's plugins register theirs (a tiktoken_ext module): the
+    byte-level BPE of gpt2_files as ranks (bytes first, then each merge), <|endoftext|> after a gap of ids."""
+    import tiktoken.registry
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
+    ranks = {bytes([byte]): byte for byte in range(256)}
+    for line in Path(gpt2_files[1]).read_text().splitlines()[1:]:
+        merged = bytes(to_byte[char] for char in line.replace(" ", ""))
+        ranks.setdefault(merged, len(ranks))
+    plugin = tmp_path / "tiktoken_ext"
+    plugin.mkdir()
+    ranks_file = tmp_path / "ranks.json"
+    ranks_file.write_text(json.dumps([[list(piece), rank] for piece, rank in ranks.items()]))
+    (plugin / "nxd_test_encodings.py").write_text(
+        "import json\n"
+        "def tiny():\n"
+        f"    ranks = {{bytes(piece): rank for piece, rank in json.load(open({str(ranks_file)!r}))}}\n"
+        f"    return dict(name='nxd_tiny', pat_str={R50K_PATTERN!r}, mergeable_ranks=ranks,\n"
+        f"                special_tokens={{'<|endoftext|>': {len(ranks) + 7}}})\n"
+        "ENCODING_CONSTRUCTORS = {'nxd_tiny': tiny}\n"
+    )  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(tiktoken.registry, "ENCODING_CONSTRUCTORS", None)  # tiktoken looks for plugins again
+    return "nxd_tiny"
+
+
+def test_a_tiktoken_encoding_gives_tiktokens_ids(tiktoken_encoding):
+    import tiktoken
+
+    reference = tiktoken.get_encoding(tiktoken_encoding)
+    ours = load_tokenizer(TokenizerSource("TiktokenTokenizer", "megatron", tiktoken_encoding))
+    texts = [SAMPLE, TEXT[1], "héllo wörld\n\n  €1234 😀<|endoftext|>the end", "don't  stop\r\n"]
+    assert ours.encode(texts) == reference.encode_batch(texts, allowed_special="all")
+    assert (ours.eod_id, ours.vocab_size) == (reference.eot_token, reference.n_vocab)
+    assert ours.files == {}
+
+
+def test_tiktoken_says_when_an_encoding_cannot_load(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # empty: nothing cached, and no network here
+    with pytest.raises(DataError, match=r"vocab_file: tiktoken could not load encoding 'cl100k_base': .* offline only "
+                                        r"from tiktoken's cache \(TIKTOKEN_CACHE_DIR"):  # fmt: skip
+        load_tokenizer(TokenizerSource("TiktokenTokenizer", "megatron", "cl100k_base"))
+    with pytest.raises(DataError, match=r"vocab_file: Unknown encoding nxd_nothing"):
+        load_tokenizer(TokenizerSource("TiktokenTokenizer", "megatron", "nxd_nothing"))
+    with pytest.raises(DataError, match=r"vocab_file: expected a tiktoken encoding name .* found None"):
+        load_tokenizer(TokenizerSource("TiktokenTokenizer", "megatron"))

@@ -48,6 +48,8 @@ def local_setup(name: str, directory: Path, corpus: Path, tokenizer_file, gpt2_f
         vocab, merges = gpt2_files
         flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
         files = {"vocab-file": vocab, "merge-file": merges}
+    elif kind == "CharLevelTokenizer":
+        flags, files = ["--tokenizer-type", "CharLevelTokenizer"], {}
     else:
         flags, files = ["--tokenizer", str(tokenizer_file)], {"vocab_file": str(tokenizer_file)}
     prefix = directory / "data" / "enwik8"

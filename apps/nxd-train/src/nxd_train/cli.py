@@ -89,9 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     preprocess.add_argument("--output-prefix", required=True, help="writes PREFIX_{key}_document.bin/.idx")
     preprocess.add_argument("--tokenizer", help="a tokenizer.json file, or a directory holding one or a SentencePiece "
                             "tokenizer.model")  # fmt: skip
-    preprocess.add_argument("--tokenizer-type", choices=("GPT2BPETokenizer",),
-                            help="Megatron's tokenizer class, from --vocab-file and --merge-file (not --tokenizer)")
-    preprocess.add_argument("--vocab-file", help="GPT-2 vocab.json (with --tokenizer-type)")
+    preprocess.add_argument("--tokenizer-type", choices=("GPT2BPETokenizer", "CharLevelTokenizer", "TiktokenTokenizer"),
+                            help="Megatron's tokenizer class (not --tokenizer): GPT2BPETokenizer from --vocab-file "
+                            "and --merge-file, CharLevelTokenizer, TiktokenTokenizer from --vocab-file")  # fmt: skip
+    preprocess.add_argument("--vocab-file",
+                            help="GPT-2 vocab.json, or a tiktoken encoding name (with --tokenizer-type)")
     preprocess.add_argument("--merge-file", help="GPT-2 merges.txt (with --tokenizer-type)")
     preprocess.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY", help="keys to tokenise")
     preprocess.add_argument("--append-eod", action="store_true", help="end each document with the EOD token")
@@ -343,8 +345,7 @@ def _preprocess_command(args: argparse.Namespace) -> int:
     from nxd_data import DataError, TokenizerSource, preprocess_jsonl
 
     if (args.tokenizer is None) == (args.tokenizer_type is None):
-        print("nxd-train data preprocess: expected either --tokenizer or --tokenizer-type (with --vocab-file and "
-              "--merge-file)", file=sys.stderr)  # fmt: skip
+        print("nxd-train data preprocess: expected either --tokenizer or --tokenizer-type", file=sys.stderr)
         return 1
     tokenizer = args.tokenizer or TokenizerSource(args.tokenizer_type, "megatron", args.vocab_file, args.merge_file)
     try:

@@ -6,16 +6,20 @@ chat_template.jinja) when the directory has one:
 - a Hugging Face tokenizer.json file, or a directory holding one (read with `tokenizers`);
 - a Hugging Face directory holding only a SentencePiece tokenizer.model (Llama 2), converted by
   transformers (the class tokenizer_config.json names, else LlamaTokenizer);
-- Megatron's GPT2BPETokenizer from a GPT-2 vocab.json and merges.txt (transformers' GPT2Tokenizer).
+- Megatron's GPT2BPETokenizer from a GPT-2 vocab.json and merges.txt (transformers' GPT2Tokenizer);
+- Megatron's CharLevelTokenizer (GPT-NeoX's): a text's UTF-8 bytes are its ids, 512 of them, 0 ends a document;
+- Megatron's TiktokenTokenizer: an encoding of OpenAI's tiktoken by name (the `tiktoken` extra), converted
+  to a `tokenizers` BPE by transformers' TikTokenConverter.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 
@@ -33,8 +37,11 @@ BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]
 tokenizer with none of them (GPT-2's) begins sequences with its end-of-document token, as GPT-2 does."""
 
 
-MEGATRON_TYPES = ("GPT2BPETokenizer",)
-"""Megatron tokenizer classes nxd builds (from vocab_file and merge_file)."""
+MEGATRON_TYPES = ("GPT2BPETokenizer", "CharLevelTokenizer", "TiktokenTokenizer")
+"""Megatron tokenizer classes nxd builds (GPT2BPETokenizer from vocab_file and merge_file, TiktokenTokenizer
+from the encoding vocab_file names)."""
+CHAR_LEVEL_VOCAB = 512
+"""The ids GPT-NeoX's CharLevelTokenizer declares (256 bytes used), which its models' embeddings hold."""
 
 
 @dataclass(frozen=True)
@@ -57,13 +64,18 @@ class TextTokenizer:
     """None: the end-of-document token begins sequences too."""
     chat_template: str | None = None
     """The Jinja chat template of tokenizer_config.json (or chat_template.jinja), when there is one."""
-    source_files: tuple[tuple[str, str], ...] = ()
-    """Files it was built from (name in a tokenizer directory, path here), when not a tokenizer.json."""
+    source_files: tuple[tuple[str, str], ...] | None = ()
+    """Files it was built from (name in a tokenizer directory, path here), when not a tokenizer.json; None:
+    built from no file (a character-level or tiktoken tokenizer)."""
+    declared_size: int | None = None
+    """Ids the tokenizer declares beyond those it produces (GPT-NeoX's character-level 512)."""
 
-    @property
+    @functools.cached_property
     def vocab_size(self) -> int:
-        """Ids the tokenizer can produce (added tokens included)."""
-        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+        """One more than the largest id (added tokens included; tiktoken encodings leave gaps), or the size the
+        tokenizer declares."""
+        largest = max(self.tokenizer.get_vocab(with_added_tokens=True).values())
+        return max(largest + 1, self.declared_size or 0)
 
     @property
     def begin_id(self) -> int:
@@ -73,6 +85,8 @@ class TextTokenizer:
     @property
     def files(self) -> dict[str, str]:
         """The files that make this tokenizer a Hugging Face tokenizer directory: name there -> path here."""
+        if self.source_files is None:
+            return {}
         if self.source_files:
             return dict(self.source_files)
         path = Path(self.path)
@@ -130,6 +144,10 @@ def _megatron_tokenizer(source: TokenizerSource, where: str) -> TextTokenizer:
     if source.location not in MEGATRON_TYPES:
         raise DataError(f"{prefix}.type: expected one of {', '.join(MEGATRON_TYPES)} with library megatron, found "
                         f"{source.location!r}")  # fmt: skip
+    if source.location == "CharLevelTokenizer":
+        return _char_level_tokenizer()
+    if source.location == "TiktokenTokenizer":
+        return _tiktoken_tokenizer(source.vocab_file, prefix)
     files = {"vocab_file": (source.vocab_file, "vocab.json"), "merge_file": (source.merge_file, "merges.txt")}
     for key, (value, name) in files.items():
         if value is None or not Path(value).is_file():
@@ -144,6 +162,68 @@ def _megatron_tokenizer(source: TokenizerSource, where: str) -> TextTokenizer:
                         f"({type(error).__name__}: {error})") from None  # fmt: skip
     return _from_transformers(built, source.vocab_file, where, (("vocab.json", source.vocab_file),
                                                                  ("merges.txt", source.merge_file)))  # fmt: skip
+
+
+def _char_level_tokenizer() -> TextTokenizer:
+    """GPT-NeoX's CharLevelTokenizer: a text's bytes are its ids (as NeoX reads them from the string), 0
+    ends a document, 512 ids declared. A byte-level BPE without merges gives exactly the bytes."""
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    tokenizer = Tokenizer(models.BPE(vocab, [], fuse_unk=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return TextTokenizer(tokenizer, 0, "CharLevelTokenizer", source_files=None, declared_size=CHAR_LEVEL_VOCAB)
+
+
+def _tiktoken_tokenizer(name: str | None, prefix: str) -> TextTokenizer:
+    """The tiktoken encoding `name` (tiktoken.get_encoding, as Megatron and GPT-NeoX load it: downloaded once,
+    then read from tiktoken's cache) as a `tokenizers` BPE with the encoding's ranks, split pattern and
+    special tokens at their own ids; documents end with its end-of-text token."""
+    if not isinstance(name, str) or not name:
+        raise DataError(f"{prefix}.vocab_file: expected a tiktoken encoding name (such as cl100k_base) for "
+                        f"TiktokenTokenizer, found {name!r}")  # fmt: skip
+    try:
+        import tiktoken
+    except ImportError:
+        raise DataError(f"{prefix}.type: TiktokenTokenizer needs the tiktoken package, which is not installed: "
+                        "pip install 'nxd-train[tiktoken]'") from None  # fmt: skip
+    try:
+        encoding = tiktoken.get_encoding(name)
+    except ValueError as error:  # an unknown name
+        raise DataError(f"{prefix}.vocab_file: {error}") from None
+    except OSError as error:  # requests' errors are OSErrors: no network and nothing cached
+        cache = "TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else the system temp folder's data-gym-cache"
+        raise DataError(f"{prefix}.vocab_file: tiktoken could not load encoding {name!r}: it is downloaded once and "
+                        f"then read offline only from tiktoken's cache ({cache}), and this machine has neither the "
+                        f"network nor a cached copy ({type(error).__name__})") from None  # fmt: skip
+    if encoding.eot_token is None:
+        raise DataError(f"{prefix}.vocab_file: tiktoken encoding {name!r} has no end-of-text token to end documents")
+    return TextTokenizer(_converted_encoding(encoding), encoding.eot_token, name, source_files=None)
+
+
+def _converted_encoding(encoding: Any) -> Tokenizer:
+    """A tiktoken Encoding as a `tokenizers` Tokenizer giving the same ids. tiktoken exposes its ranks only
+    through encode_single_token and its split pattern only as _pat_str."""
+    from tokenizers import AddedToken
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = {piece: encoding.encode_single_token(piece) for piece in encoding.token_byte_values()}
+    specials = {token: encoding.encode_single_token(token) for token in encoding.special_tokens_set}
+
+    class EncodingConverter(TikTokenConverter):
+        def extract_vocab_merges_from_model(self, tiktoken_url: str) -> tuple[dict[str, int], list]:
+            vocab, merges = super().extract_vocab_merges_from_model(tiktoken_url)
+            return {**vocab, **specials}, merges  # special tokens keep their own ids (encodings leave gaps)
+
+        @staticmethod
+        def load_tiktoken_bpe(tiktoken_url: str) -> dict[bytes, int]:
+            return ranks
+
+    tokenizer = EncodingConverter(vocab_file=encoding.name, pattern=encoding._pat_str).converted()
+    tokenizer.add_special_tokens([AddedToken(token, normalized=False, special=True) for token in specials])
+    return tokenizer
 
 
 def _sentencepiece_directory(path: Path, where: str) -> TextTokenizer:

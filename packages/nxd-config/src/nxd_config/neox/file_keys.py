@@ -126,9 +126,19 @@ def tokenizer_keys(a: Arguments, t: Translation) -> None:
                      f"found {show(vocab)}")  # fmt: skip
             return
         t.set("data.tokenizer", {"library": "huggingface", "type": str(Path(vocab).parent)}, *keys)
+    elif lowered == "charleveltokenizer":
+        if vocab is not None or merges is not None:
+            t.notice("vocab_file" if vocab is not None else "merge_file", "not read by CharLevelTokenizer (as in NeoX)")
+        t.set("data.tokenizer", {"library": "megatron", "type": "CharLevelTokenizer"}, *keys)
+    elif lowered == "tiktokentokenizer":
+        if not isinstance(vocab, str) or not vocab:
+            t.refuse("vocab_file", f"expected a tiktoken encoding name (such as cl100k_base) for TiktokenTokenizer, "
+                     f"found {show(vocab)}")  # fmt: skip
+            return
+        t.set("data.tokenizer", {"library": "megatron", "type": "TiktokenTokenizer", "vocab_file": vocab}, *keys)
     else:
-        t.refuse("tokenizer_type", f"expected GPT2BPETokenizer, HFTokenizer, HFGPT2Tokenizer or SPMTokenizer, found "
-                 f"{show(kind)}: CharLevelTokenizer and TiktokenTokenizer are not in nxd")  # fmt: skip
+        t.refuse("tokenizer_type", f"expected GPT2BPETokenizer, HFTokenizer, HFGPT2Tokenizer, SPMTokenizer, "
+                 f"CharLevelTokenizer or TiktokenTokenizer, found {show(kind)}")  # fmt: skip
 
 
 def checkpoints_keys(a: Arguments, t: Translation) -> None:

@@ -296,8 +296,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     # ----------------------------------------------------------------------------- tokenizer
     ("tokenizer_type", "Tokenizer", "GPT2BPETokenizer", M, "data.tokenizer",
      "GPT2BPETokenizer (vocab_file, merge_file), HFTokenizer (vocab_file: a tokenizer.json), HFGPT2Tokenizer (a "
-     "local GPT-2 tokenizer directory), SPMTokenizer (vocab_file: a tokenizer.model in a directory of its own); "
-     "CharLevelTokenizer and TiktokenTokenizer are refused"),
+     "local GPT-2 tokenizer directory), SPMTokenizer (vocab_file: a tokenizer.model in a directory of its own), "
+     "CharLevelTokenizer (UTF-8 bytes, 512 ids), TiktokenTokenizer (vocab_file: a tiktoken encoding name; the "
+     "nxd-train[tiktoken] extra; offline only from tiktoken's cache)"),
     ("padded_vocab_size", "Tokenizer", None, N, "", _DERIVED + " from the tokenizer and make_vocab_size_divisible_by"),
     # ----------------------------------------------------------------------------- training
     ("data_path", "Training", None, M, "data.data_prefix", "one indexed dataset, cut by split"),

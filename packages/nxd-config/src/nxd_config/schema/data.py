@@ -71,8 +71,8 @@ class TokenizerConfig(Section):
         by=DATA,
         status=Status.LIMITED,
         note="huggingface (tokenizer.json, or a directory with a SentencePiece tokenizer.model) and megatron "
-        "(GPT2BPETokenizer from vocab_file and merge_file); sentencepiece is rejected (name the model's directory "
-        "with library huggingface)",
+        "(GPT2BPETokenizer from vocab_file and merge_file, CharLevelTokenizer, TiktokenTokenizer with vocab_file a "
+        "tiktoken encoding name); sentencepiece is rejected (name the model's directory with library huggingface)",
     )
     type: str | None = key(
         None, "Hugging Face tokenizer directory or file, or the Megatron tokenizer class name.", by=DATA
@@ -81,7 +81,10 @@ class TokenizerConfig(Section):
         None, "SentencePiece model file.", by=DATA, status=Status.LIMITED,
         note="only null: library sentencepiece is rejected",
     )  # fmt: skip
-    vocab_file: str | None = key(None, "Vocabulary file (GPT-2 BPE vocab.json) of library megatron.", by=DATA)
+    vocab_file: str | None = key(
+        None, "Vocabulary file (GPT-2 BPE vocab.json) of library megatron; for TiktokenTokenizer, the tiktoken "
+        "encoding's name (such as cl100k_base).", by=DATA,
+    )  # fmt: skip
     merge_file: str | None = key(None, "BPE merges file (GPT-2 merges.txt) of library megatron.", by=DATA)
     delimiter: str | None = key(
         None,
