@@ -485,6 +485,16 @@ def test_tokenizer_keys(tmp_path, keys, tokenizer):
     assert {key: getattr(found, key) for key in tokenizer} == tokenizer
 
 
+def test_pack_impl_and_allow_chopped(tmp_path):
+    d = load(tmp_path, {**MODEL, "pack_impl": "pack_until_overflow", "allow_chopped": False}).data
+    assert (d.pack_impl, d.allow_chopped) == ("pack_until_overflow", False)
+    assert load(tmp_path, {**MODEL}).data.pack_impl == "packed"
+    assert any("pack_impl: expected one of packed, pack_until_overflow, unpacked, found 'padded'" in message
+               for message in errors(tmp_path, {**MODEL, "pack_impl": "padded"}))  # fmt: skip
+    with pytest.warns(ConfigNotice, match=r"allow_chopped \(nxd: data.allow_chopped\): acted on only with pack_impl pack_until_overflow"):
+        load(tmp_path, {**MODEL, "allow_chopped": False})
+
+
 def test_tokenizer_keys_that_cannot_work_are_refused(tmp_path):
     assert any("vocab_file: expected a tiktoken encoding name (such as cl100k_base) for TiktokenTokenizer, found "
                "None" in message for message in errors(tmp_path, {**MODEL, "tokenizer_type": "TiktokenTokenizer"}))

@@ -178,7 +178,8 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     else:
         prefix, index_dir = _builtin_prefix(corpus, tokenizer, cache_dir), str(cache_dir / "index-cache")
     builder = MegatronDataBuilder(format, seed, Path(index_dir) if index_dir else None, warmup=not data.skip_warmup,
-                                  documents_alpha=data.blend_by_documents, labels=_labels(data, prefix))  # fmt: skip
+                                  documents_alpha=data.blend_by_documents, labels=_labels(data, prefix),
+                                  packing=data.pack_impl, allow_chopped=data.allow_chopped)  # fmt: skip
     splits = builder.build(prefix, data.splits_string, [train_samples, None, None])
     if splits["train"] is None:
         raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")

@@ -479,3 +479,16 @@ def alignment_needs_train_data(c: NxdConfig) -> Iterator[Finding]:
     if a is not None and a.method is not None and c.data.train_dir is None:
         yield error("data.train_dir", f"expected the {a.method.upper()} training data (a jsonl, "
                     f"arrow or parquet file or a saved dataset), found nothing", "data.train_dir", ALIGN)
+
+
+@rule
+def whole_document_samples_need_indexed_data(c: NxdConfig) -> Iterator[Finding]:
+    d = c.data
+    reads_records = d.train_dir is not None and (d.use_sft_style_data_module or not d.is_set("data_prefix"))
+    if d.pack_impl != "packed" and reads_records:
+        yield error("data.pack_impl", f"expected packed with data.train_dir (its records are packed or padded by "
+                    f"their own keys); {d.pack_impl} cuts samples from data_prefix's indexed documents, found "
+                    f"{d.pack_impl}", "data.pack_impl", "data.train_dir")  # fmt: skip
+    if d.pack_impl == "packed" and not d.allow_chopped:
+        yield notice("data.allow_chopped", "acted on only with pack_impl pack_until_overflow or unpacked; packed "
+                     "samples are cut across documents whatever their length", "data.allow_chopped")  # fmt: skip

@@ -15,11 +15,13 @@ from .sampler import PADDING, PretrainingSampler, WithPadding
 from .samples import IGNORE_INDEX, SampleFormat, collate
 from .sft import SFTDataset, pack_best_fit, sft_dataset
 from .tokenizer import TextTokenizer, TokenizerSource, load_tokenizer
+from .whole_documents import PACKINGS, WholeDocumentDataset
 
 __version__ = "0.1.0"
 
 __all__ = [
     "IGNORE_INDEX",
+    "PACKINGS",
     "PADDING",
     "BlendedDataset",
     "DataError",
@@ -36,6 +38,7 @@ __all__ = [
     "TextTokenizer",
     "TokenStream",
     "TokenizerSource",
+    "WholeDocumentDataset",
     "WithPadding",
     "blend_indices",
     "build_indices",

@@ -14,6 +14,7 @@ from .errors import DataError
 from .gpt_dataset import GPTDataset, split_documents
 from .indexed import IndexedDataset
 from .samples import SampleFormat
+from .whole_documents import WholeDocumentDataset
 
 SPLITS = ("train", "validation", "test")
 BLEND_MARGIN = 1.005
@@ -40,10 +41,13 @@ class MegatronDataBuilder:
     blend are weighted by their document counts (`weights_by_documents`), whatever weights were listed."""
 
     def __init__(self, format: SampleFormat, seed: int, cache_dir: Path | None, *, warmup: bool = False,
-                 documents_alpha: float | None = None, labels: Mapping[str, str] | None = None):  # fmt: skip
-        """`labels`: data prefix -> the prefix of its label file (labels read in place of the shifted tokens)."""
+                 documents_alpha: float | None = None, labels: Mapping[str, str] | None = None,
+                 packing: str = "packed", allow_chopped: bool = True):  # fmt: skip
+        """`labels`: data prefix -> the prefix of its label file (labels read in place of the shifted tokens);
+        `packing` other than packed: samples of whole documents (`WholeDocumentDataset`)."""
         self.format, self.seed, self.cache_dir, self.warmup = format, seed, cache_dir, warmup
         self.documents_alpha, self.labels = documents_alpha, dict(labels or {})
+        self.packing, self.allow_chopped = packing, allow_chopped
         self._opened: dict[str, IndexedDataset] = {}
 
     def open(self, prefix: str) -> IndexedDataset:
@@ -98,7 +102,10 @@ class MegatronDataBuilder:
         return BlendedDataset(datasets, weights, count, where)
 
     def _dataset(self, indexed: IndexedDataset, split: str, documents: tuple[int, int],
-                 count: int | None) -> GPTDataset:  # fmt: skip
+                 count: int | None) -> Dataset:  # fmt: skip
         label_prefix = self.labels.get(indexed.prefix)
         labels = None if label_prefix is None else self.open(label_prefix)
+        if self.packing != "packed":
+            return WholeDocumentDataset(indexed, split, documents, count, self.format, self.seed, self.packing,
+                                        self.allow_chopped, labels)  # fmt: skip
         return GPTDataset(indexed, split, documents, count, self.format, self.seed, self.cache_dir, labels=labels)

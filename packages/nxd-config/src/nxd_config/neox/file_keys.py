@@ -53,8 +53,11 @@ def data_keys(a: Arguments, t: Translation) -> None:
         t.refuse("data_impl", "expected mmap (or infer): the older cached format is not read by nxd; preprocess the "
                  "data again")  # fmt: skip
     t.set("data.data_impl", "mmap", "data_impl")
-    for key, allowed, why in (("pack_impl", "packed", "unpacked and pack_until_overflow samples are not in nxd yet"),
-                              ("dataset_impl", "gpt2", "pairwise and online datasets are not in nxd yet"),
+    if (pack := choice(t, a, "pack_impl", ("packed", "pack_until_overflow", "unpacked"))) is not None:
+        t.set("data.pack_impl", pack, "pack_impl")
+    if (chopped := typed(t, a, "allow_chopped", bool, "true or false")) is not None:
+        t.set("data.allow_chopped", chopped, "allow_chopped")
+    for key, allowed, why in (("dataset_impl", "gpt2", "pairwise and online datasets are not in nxd yet"),
                               ("train_impl", "normal", "dpo, kto, rm and reinforce training are not in nxd yet")):
         if a[key] != allowed:
             t.refuse(key, f"expected {allowed}, found {show(a[key])}: {why}")

@@ -335,9 +335,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("weighted_sampler_alpha", "Training", 1.0, M, "data.blend_by_documents", "the alpha of that weighting"),
     ("data_impl", "Training", "infer", M, "data.data_impl",
      "infer and mmap read Megatron/NeoX .bin/.idx files; cached (the older format) is refused"),
-    ("pack_impl", "Training", "packed", M, "",
-     "packed: documents concatenated into samples, as nxd's indexed data does; pack_until_overflow and unpacked "
-     "are refused"),
+    ("pack_impl", "Training", "packed", M, "data.pack_impl",
+     "packed: documents concatenated and cut every seq_length tokens; pack_until_overflow: shuffled whole "
+     "documents joined while they fit; unpacked: one document a sample (padding not trained on)"),
     ("dataset_impl", "Training", "gpt2", M, "", "gpt2; pairwise and online are refused"),
     ("train_impl", "Training", "normal", M, "",
      "normal (pretraining); dpo, kto, rm and reinforce are refused"),
@@ -353,7 +353,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("kl_impl", "Training", "mse", N, "", _RL),
     ("kl_div_beta", "Training", 0.1, N, "", _RL),
     ("reinforce_leave_one_out", "Training", False, N, "", _RL),
-    ("allow_chopped", "Training", True, N, "", "used only by unpacked preference data, which nxd refuses"),
+    ("allow_chopped", "Training", True, M, "data.allow_chopped",
+     "with pack_until_overflow or unpacked: a document longer than seq_length + 1 is cut (true) or left out"),
     ("mmap_warmup", "Training", False, M, "data.skip_warmup", ""),
     ("save", "Training", None, M, "exp_manager.explicit_log_dir",
      "the run directory; checkpoints go to its checkpoints folder"),

@@ -141,6 +141,20 @@ class DataConfig(Section):
         by=DATA, status=Status.EXTENSION, ge=0.0,
         note="GPT-NeoX's weight_by_num_documents with weighted_sampler_alpha",
     )
+    pack_impl: Literal["packed", "pack_until_overflow", "unpacked"] = key(
+        "packed",
+        "How samples are cut from data_prefix's documents: packed, one stream cut every seq_length tokens across "
+        "documents; pack_until_overflow, shuffled whole documents joined while they fit, the one that would "
+        "overflow starting the next sample; unpacked, one document a sample. Short samples are padded with labels "
+        "not trained on.",
+        by=DATA, status=Status.EXTENSION, note="GPT-NeoX's pack_impl",
+    )
+    allow_chopped: bool = key(
+        True,
+        "With pack_impl pack_until_overflow or unpacked, a document longer than seq_length + 1 tokens is cut to "
+        "them; false: it is left out.",
+        by=DATA, status=Status.EXTENSION, note="GPT-NeoX's allow_chopped",
+    )
     index_mapping_dir: str | None = key(
         None, "Where the sample/shuffle index files are cached; null: an index-cache folder next to the data.", by=DATA
     )
