@@ -81,3 +81,10 @@ def test_label_files_give_the_labels_and_documents_without_any_are_left_out(tmp_
     sample = data[held.index(1)]  # labels: the label file's, shifted like the tokens; -100 and padding untrained
     assert sample["input_ids"].tolist() == [11, 12, 13, 14, 15] and sample["labels"].tolist() == [512, 513, 514, 515,
                                                                                                   -100]  # fmt: skip
+
+
+def test_an_id_beyond_the_vocabulary_names_its_document(tmp_path: Path) -> None:
+    fmt = SampleFormat(seq_length=5, eod_id=0, vocab_size=50)
+    data = WholeDocumentDataset(write(tmp_path / "d", DOCUMENTS), "train", (0, 6), None, fmt, 5, "unpacked")
+    with pytest.raises(DataError, match=r"d.bin: document 5 holds token id 51, beyond the vocabulary of 50 ids"):
+        data[[data.sample_documents(k) for k in range(6)].index([5])]

@@ -138,13 +138,18 @@ class GPTDataset(Dataset):
         return self.format.sample(tokens, labels)
 
     def _beyond_vocabulary(self, index: int, vocab: int) -> str:
-        """Which stored document of sample `index` holds an id at or beyond `vocab`, said plainly."""
         indices, position = self._locate(index)
         first, last = int(indices.sample_idx[position][0]), int(indices.sample_idx[position + 1][0])
-        for document in (int(indices.doc_idx[i]) for i in range(first, last + 1)):
-            stored = self.indexed.get(document)
-            if len(stored) and (found := int(stored.max())) >= vocab:
-                return (f"{self.indexed.bin_path}: document {document} holds token id {found}, beyond the vocabulary "
-                        f"of {vocab} ids the tokenizer has (expected ids below {vocab}: tokenized with another "
-                        "tokenizer?)")  # fmt: skip
-        return f"{self.indexed.bin_path}: sample {index} holds a token id at or beyond the vocabulary of {vocab} ids"
+        documents = [int(indices.doc_idx[i]) for i in range(first, last + 1)]
+        return beyond_vocabulary(self.indexed, documents, vocab, f"sample {index}")
+
+
+def beyond_vocabulary(indexed: IndexedDataset, documents: list[int], vocab: int, sample: str) -> str:
+    """Which of `documents` (those `sample` reads) holds an id at or beyond `vocab`, said plainly."""
+    for document in documents:
+        stored = indexed.get(document)
+        if len(stored) and (found := int(stored.max())) >= vocab:
+            return (f"{indexed.bin_path}: document {document} holds token id {found}, beyond the vocabulary of "
+                    f"{vocab} ids the tokenizer has (expected ids below {vocab}: tokenized with another "
+                    "tokenizer?)")  # fmt: skip
+    return f"{indexed.bin_path}: {sample} holds a token id at or beyond the vocabulary of {vocab} ids"

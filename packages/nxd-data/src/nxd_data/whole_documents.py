@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .errors import DataError
-from .gpt_dataset import check_labels, epoch_seed
+from .gpt_dataset import beyond_vocabulary, check_labels, epoch_seed
 from .indexed import IndexedDataset
 from .samples import SampleFormat
 
@@ -104,11 +104,8 @@ class WholeDocumentDataset(Dataset):
         documents = self.sample_documents(index)
         tokens = self._window(documents, self.indexed)
         vocab = self.format.vocab_size
-        if vocab is not None and int(tokens.max()) >= vocab:
-            document = next(d for d in documents if int(self.indexed.get(d).max()) >= vocab)
-            raise DataError(f"{self.indexed.bin_path}: document {document} holds token id "
-                            f"{int(self.indexed.get(document).max())}, beyond the vocabulary of {vocab} ids the "
-                            f"tokenizer has (expected ids below {vocab}: tokenized with another tokenizer?)")  # fmt: skip
+        if vocab is not None and len(tokens) and int(tokens.max()) >= vocab:
+            raise DataError(beyond_vocabulary(self.indexed, documents, vocab, f"sample {index}"))
         labels = None if self.labels is None else self._window(documents, self.labels)
         if vocab is not None and labels is not None and (found := int(labels.max())) >= vocab:
             raise DataError(f"{self.labels.bin_path}: sample {index} holds label {found}, beyond the vocabulary of "
