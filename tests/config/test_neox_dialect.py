@@ -295,7 +295,14 @@ def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, 
                                                   "loss_scale"),
     ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "bf16: expected one of the fp16 and bf16 blocks enabled"),
     ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage: expected 0, 1, 2 or 3, found 4"),
-    ({"zero_optimization": {"stage": 1, "cpu_offload": True}}, "zero_optimization.cpu_offload: expected false"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}, "num_gpus": 2},
+     "zero_optimization.offload_optimizer: expected device cpu or none (or true / false for the older cpu_offload "
+     "keys), found device 'nvme': offloading to NVMe is not in nxd"),
+    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}, "num_gpus": 2},
+     "zero_optimization.offload_param: expected ZeRO stage 3 with it"),
+    ({"zero_optimization": {"stage": 0, "cpu_offload": True}}, "zero_optimization.cpu_offload: expected ZeRO stage 1"),
+    ({"zero_optimization": {"stage": 1, "cpu_offload": True}}, "zero_optimization (nxd: distributed_strategy."
+     "cpu_offload): expected more than one data-parallel rank"),
     ({"optimizer": {"type": "lion", "params": {"lr": 1e-4}}}, "optimizer.type: expected Adam, AdamW, cpu_adam or sgd"),
     ({"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.1}}},
      "optimizer.params.weight_decay: GPT-NeoX takes weight decay from the top-level weight_decay key"),
@@ -350,6 +357,14 @@ def test_layout_keys(tmp_path):
     for stage, zero1, zero3 in ((0, False, False), (1, True, False), (2, True, False), (3, True, True)):
         ds = load(tmp_path, {**MODEL, "zero_optimization": {"stage": stage}}).distributed_strategy
         assert (ds.zero1, ds.zero3) == (zero1, zero3), stage
+    for zero in ({"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}, {"stage": 1, "cpu_offload": True},
+                 {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}):
+        assert load(tmp_path, {**MODEL, "num_gpus": 2, "zero_optimization": zero}).distributed_strategy.cpu_offload
+    assert not load(tmp_path, {**MODEL, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}
+                               }).distributed_strategy.cpu_offload  # fmt: skip
+    assert any("FSDP2 offloads each rank's parameter shards with the optimizer state" in message
+               for message in notices(tmp_path, {**MODEL, "num_gpus": 2, "zero_optimization": {
+                   "stage": 3, "offload_optimizer": {"device": "cpu"}}}))  # fmt: skip
     assert errors(tmp_path, {**MODEL, "pipe_parallel_size": 2}) == [
         f"{tmp_path / 'f0.yml'}: train_micro_batch_size_per_gpu (nxd: data.global_batch_size): expected at least 2 micro-batches per step with 2 pipeline stages (1F1B), found "
         "global_batch_size / (micro_batch_size * data-parallel size) = 2 / (2 * 1) = 1"

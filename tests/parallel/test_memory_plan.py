@@ -24,7 +24,8 @@ def _plan(sizes: Sizes, layout: Layout = Layout(), state: StateBytes = FP32, wor
     return memory_plan(meta, family.tp_plan(), pipeline_ranges(family, meta, layout, sizes.pp),
                        LayerWidths(**family.layer_widths()), sizes=sizes, state=state, work=work, zero1=layout.zero1,
                        zero3=layout.zero3, sequence_parallel=layout.sequence_parallel, kv_replicator=layout.kv_replicator,
-                       recompute=layout.recompute, recompute_modules=layout.recompute_modules)  # fmt: skip
+                       recompute=layout.recompute, recompute_modules=layout.recompute_modules,
+                       cpu_offload=layout.cpu_offload)  # fmt: skip
 
 
 def test_parameters_split_as_each_layout_shards_them():
@@ -47,6 +48,13 @@ def test_parameters_split_as_each_layout_shards_them():
     zero3 = _plan(Sizes(dp=2), Layout(zero1=True, zero3=True))[0]
     assert (zero3.parameters, zero3.gradients) == (4 * whole // 2 + 4 * (EMBED + OUTPUT + 64 + 2 * LAYER),
                                                    4 * whole // 2)  # fmt: skip
+    # CPU offload: the shards (parameters, gradients, optimizer state) in host memory, the gathered copies on
+    # the device
+    offloaded = _plan(Sizes(dp=2), Layout(zero1=True, zero3=True, cpu_offload=True))[0]
+    assert (offloaded.parameters, offloaded.gradients, offloaded.optimizer_state) == (
+        4 * (EMBED + OUTPUT + 64 + 2 * LAYER), 0, 0)  # fmt: skip
+    assert offloaded.offloaded == (4 + 4 + 8) * whole // 2
+    assert offloaded.total == zero3.total - (4 + 4 + 8) * whole // 2
 
 
 def test_precision_types_cost_what_their_dtypes_say():

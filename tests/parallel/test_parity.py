@@ -34,6 +34,7 @@ def _two_process_scenarios() -> list[Scenario]:
             *_recompute_scenarios(family),
         ]
     return scenarios + [
+        Scenario("megatron-dp2-zero3-cpu-offload", layout=Layout(zero1=True, zero3=True, cpu_offload=True), clip=0.5),
         Scenario("megatron-tp2-fused-qkv", tp=2, qkv="fused"),
         Scenario("megatron-tp2-separate-qkv", tp=2, qkv="separate", clip=0.5),
         Scenario("megatron-tp2-sp-fused-qkv-kv-replicator", tp=2, kv_heads=1, qkv="fused",
@@ -192,6 +193,8 @@ def _four_process_scenarios() -> list[Scenario]:
         Scenario("megatron-dp2-tp2-zero3-sp", tp=2, layout=Layout(zero1=True, zero3=True, sequence_parallel=True),
                  clip=0.5),
         Scenario("megatron-pp2-dp2-zero3", pp=2, layers=4, tied=False, layout=Layout(zero1=True, zero3=True)),
+        Scenario("hf-dp2-tp2-zero1-sp-cpu-offload", "hf", tp=2, clip=0.5,
+                 layout=Layout(zero1=True, sequence_parallel=True, cpu_offload=True)),
         Scenario("hf-pp2-tp2", "hf", pp=2, tp=2, layers=4, clip=0.5),
         Scenario("hf-pp2-tp2-sp-interleaved-fused-qkv-kv-replicator", "hf", pp=2, tp=2, layers=4, kv_heads=1,
                  qkv="fused", layout=Layout(sequence_parallel=True, virtual_stages=2, kv_replicator=2)),

@@ -22,6 +22,8 @@ from .preflight import accelerator_name
 LOSS_CHUNK = 1024
 """The loss chunk size a plan proposes (tokens)."""
 COLUMNS = ("parameters", "gradients", "master_weights", "optimizer_state", "activations", "loss", "step", "runtime")
+OFFLOADED = "offloaded"
+"""The column of host memory CPU offload uses (not in the peak), shown when a plan offloads."""
 
 
 def runtime_bytes(device: torch.device) -> int:
@@ -33,7 +35,8 @@ def runtime_bytes(device: torch.device) -> int:
 def rank_memory(plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = None,
                 meta: nn.Module | None = None) -> list[RankMemory]:  # fmt: skip
     """Each pipeline stage's per-rank memory for `plan` (with another loss chunk size when given), from
-    `meta`, the family's meta build (made here when None)."""
+    `meta`, the family's meta build (made here when None). CPU offload moves the shards off an accelerator;
+    on a CPU run they stay in the memory counted."""
     family, layout, launch, batches = plan.family, plan.layout, plan.launch, plan.batches
     dp = launch.world_size // (launch.tp * launch.pp * launch.cp)
     meta = family.build_on_meta() if meta is None else meta
@@ -48,7 +51,7 @@ def rank_memory(plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = 
                        work=work, zero1=layout.zero1, zero3=layout.zero3, sequence_parallel=layout.sequence_parallel,
                        kv_replicator=layout.kv_replicator, recompute=layout.recompute,
                        recompute_modules=layout.recompute_modules, virtual_stages=layout.virtual_stages,
-                       runtime=runtime)  # fmt: skip
+                       runtime=runtime, cpu_offload=layout.cpu_offload and accelerator_name() != "cpu")  # fmt: skip
 
 
 def available_memory(plan: RunPlan, device: torch.device, given_gib: float | None = None) -> tuple[int, str]:
@@ -104,13 +107,15 @@ def memory_report(plan: RunPlan, given_gib: float | None = None) -> tuple[str, b
     ranks = rank_memory(plan, runtime=runtime, meta=meta)
     limit, source = available_memory(plan, device, given_gib)
     launch = plan.launch
+    columns = COLUMNS + ((OFFLOADED,) if any(rank.offloaded for rank in ranks) else ())
     lines = [f"memory plan per rank: {launch.world_size} rank(s), tp {launch.tp}, pp {launch.pp}, cp {launch.cp}; "
              f"precision {plan.policy.type}, optimizer {plan.update.optimizer}; micro-batch "
              f"{plan.batches.micro_batch_size} x {plan.seq_length} tokens",
-             "| pipeline stage | " + " | ".join(name.replace("_", " ") for name in COLUMNS) + " | peak (GiB) |",
-             "|---" * (len(COLUMNS) + 2) + "|"]  # fmt: skip
+             "| pipeline stage | " + " | ".join(name.replace("_", " ") for name in columns).replace(
+                 OFFLOADED, "offloaded to host (not in peak)") + " | peak (GiB) |",
+             "|---" * (len(columns) + 2) + "|"]  # fmt: skip
     for rank in ranks:
-        values = [getattr(rank, name) / GIB for name in COLUMNS]
+        values = [getattr(rank, name) / GIB for name in columns]
         cells = " | ".join(f"{value:.2f}" for value in values)
         lines.append(f"| {rank.stage} | {cells} | {rank.total / GIB:.2f} |")
     peak = max(rank.total for rank in ranks)

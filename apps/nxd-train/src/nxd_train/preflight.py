@@ -256,6 +256,9 @@ def _notices(cfg: NxdConfig, policy: PrecisionPolicy) -> None:
     if ds.context_parallel_size == 1 and cfg.model.fusions.ring_attention:
         warnings.warn("model.fusions.ring_attention: True acts across context-parallel ranks; with "
                       "context_parallel_size 1 attention runs unsplit", ConfigNotice, stacklevel=3)
+    if ds.cpu_offload and accelerator_name() == "cpu":
+        warnings.warn("distributed_strategy.cpu_offload: on a CPU run the shards are in host memory already; it "
+                      "frees no device memory here", ConfigNotice, stacklevel=3)  # fmt: skip
 
 
 def layout_of(cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
@@ -264,7 +267,7 @@ def layout_of(cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:
     ds, m, reduce = cfg.distributed_strategy, cfg.model, policy.parallel_layers_reduce_dtype
     return Layout(
         sequence_parallel=ds.sequence_parallel and ds.tensor_model_parallel_size > 1, zero1=ds.zero1, zero3=ds.zero3,
-        kv_replicator=ds.kv_replicator, recompute=m.activations_checkpoint_granularity,
+        cpu_offload=ds.cpu_offload, kv_replicator=ds.kv_replicator, recompute=m.activations_checkpoint_granularity,
         recompute_modules=tuple(m.activations_checkpoint_recompute or ()),
         recompute_mlp=m.activations_checkpoint_recompute_mlp,
         reduce_dtype=None if reduce == policy.compute_dtype else reduce,

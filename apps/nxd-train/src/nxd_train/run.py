@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import yaml
 from lightning_fabric import Fabric
+from lightning_fabric.strategies import DDPStrategy
 from nxd_align import LoraFamily, Objective
 from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info, write_adapter_files
 from nxd_data import PretrainingSampler, WithPadding
@@ -184,8 +185,11 @@ def setup(plan: RunPlan) -> Run:
     if torch.cuda.is_available():  # the documented policy, said in the log (Lightning's own notice is dropped)
         torch.set_float32_matmul_precision(launch.fp32_matmul_precision)
         logging_module.getLogger("lightning_fabric.utilities.rank_zero").addFilter(_NoMatmulPrecisionNotice())
-    fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes,
-                    strategy="ddp" if launch.world_size > 1 else "auto", precision=plan.precision)  # fmt: skip
+    strategy = "ddp" if launch.world_size > 1 else "auto"
+    if plan.layout.cpu_offload and torch.cuda.is_available():  # the offloaded shards' reductions (the gradient
+        strategy = DDPStrategy(process_group_backend="cuda:nccl,cpu:gloo")  # norm) run on the host
+    fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes, strategy=strategy,
+                    precision=plan.precision)  # fmt: skip
     fabric.launch()
     if fabric.device.type in NEURON_DEVICE_TYPES:
         os.environ.update(launch.neuron_environment)

@@ -432,6 +432,21 @@ def zero3_needs_zero1(c: NxdConfig) -> Iterator[Finding]:
 
 
 @rule
+def cpu_offload_needs_sharding(c: NxdConfig) -> Iterator[Finding]:
+    ds = c.distributed_strategy
+    if not ds.cpu_offload:
+        return
+    if not ds.zero1:
+        yield error("distributed_strategy.cpu_offload", "expected distributed_strategy.zero1 True with it (what is "
+                    "offloaded is each rank's shard), found zero1 False",
+                    "distributed_strategy.cpu_offload", "distributed_strategy.zero1")  # fmt: skip
+    elif c.world_size % c.model_parallel_size == 0 and c.data_parallel_size * ds.context_parallel_size == 1:
+        yield error("distributed_strategy.cpu_offload", "expected more than one data-parallel rank (the offloaded "
+                    "state is the data-parallel shards), found one", "distributed_strategy.cpu_offload",
+                    "trainer.devices", "trainer.num_nodes")  # fmt: skip
+
+
+@rule
 def loss_scaling_needs_fp16(c: NxdConfig) -> Iterator[Finding]:
     p = c.precision
     if p.type == "fp16":

@@ -1,6 +1,7 @@
 """Data parallelism on FSDP2: ZeRO-1 style sharding (`fully_shard`, parameters kept gathered between
-forward and backward), ZeRO-3 (each block's parameters gathered for its forward and again for its backward)
-or plain replication (`replicate`), composed with tensor-parallel DTensors."""
+forward and backward), ZeRO-3 (each block's parameters gathered for its forward and again for its backward),
+either with the shards in host memory (CPU offload), or plain replication (`replicate`), composed with
+tensor-parallel DTensors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 
 def apply_data_parallel(
@@ -18,6 +19,7 @@ def apply_data_parallel(
     *,
     zero1: bool,
     zero3: bool = False,
+    cpu_offload: bool = False,
     blocks: Sequence[nn.Module] = (),
     mp_policy: MixedPrecisionPolicy | None = None,
     experts: Sequence[nn.Module] = (),
@@ -29,7 +31,9 @@ def apply_data_parallel(
     forward all-gathers each block's parameters once and keeps them until its backward, which
     reduce-scatters the gradients. With `zero3` too, each of `blocks` frees its gathered parameters after its
     forward and gathers them again for its backward (the root's stay gathered: the backward begins with them).
-    Without `zero1` every rank holds everything and gradients are all-reduced. Each of `blocks` (the decoder
+    With `cpu_offload` too, the shards (parameters, gradients, so the optimizer state and step) live in host
+    memory; the gathered parameters are copied to the device for computing (FSDP2's CPUOffloadPolicy, pinned
+    on CUDA). Without `zero1` every rank holds everything and gradients are all-reduced. Each of `blocks` (the decoder
     layers) is its own communication group, so the reductions overlap the backward. `mp_policy` is the
     precision seam (parameter / reduction dtypes).
 
@@ -38,22 +42,24 @@ def apply_data_parallel(
     reduction (each rank's experts saw every token routed to them) and data parallelism leaves them be.
     """
     policy = mp_policy or MixedPrecisionPolicy()
+    offload = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
     ignored = set()
     for module in experts:
         if experts_mesh is not None:
-            _apply(module, experts_mesh, zero1, policy, set())
+            _apply(module, experts_mesh, zero1, policy, set(), offload=offload)
         else:
             ignored |= set(module.parameters())
     for block in blocks:
-        _apply(block, mesh, zero1, policy, ignored, reshard=zero3)
-    _apply(model, mesh, zero1, policy, ignored)
+        _apply(block, mesh, zero1, policy, ignored, reshard=zero3, offload=offload)
+    _apply(model, mesh, zero1, policy, ignored, offload=offload)
     return model
 
 
 def _apply(module: nn.Module, mesh: DeviceMesh, zero1: bool, policy: MixedPrecisionPolicy,
-           ignored: set[nn.Parameter], reshard: bool = False) -> None:  # fmt: skip
+           ignored: set[nn.Parameter], reshard: bool = False, offload: OffloadPolicy | None = None) -> None:
     if zero1:
-        fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored or None)
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored or None,
+                    offload_policy=offload or OffloadPolicy())  # fmt: skip
     else:
         replicate(module, mesh=mesh, mp_policy=policy, ignored_params=ignored or None)
 

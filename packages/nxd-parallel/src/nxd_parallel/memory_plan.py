@@ -99,6 +99,9 @@ class RankMemory:
     loss: int
     step: int
     runtime: int
+    offloaded: int = 0
+    """Host memory of the shards CPU offload keeps there (parameters, gradients, masters, optimizer state and
+    the step's copies), not in `total`."""
 
     @property
     def total(self) -> int:
@@ -109,11 +112,13 @@ class RankMemory:
 def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], widths: LayerWidths, *,
                 sizes: Sizes, state: StateBytes, work: Workload, zero1: bool, sequence_parallel: bool,
                 kv_replicator: int, recompute: str | None, recompute_modules: tuple[str, ...] = (),
-                virtual_stages: int = 1, runtime: int = 0, zero3: bool = False) -> list[RankMemory]:  # fmt: skip
+                virtual_stages: int = 1, runtime: int = 0, zero3: bool = False,
+                cpu_offload: bool = False) -> list[RankMemory]:  # fmt: skip
     """Each pipeline rank's memory for `model` (a meta build of the whole model, adapters included) split
     by `tp_plan` and `stages` (the layers of each pipeline stage, `pipeline_ranges`). FSDP2's gathered copies:
     every layer's between forward and backward (zero1), or two layers' at a time (zero3: the one computing
-    and the one gathered ahead), beside the embedding's and output layer's."""
+    and the one gathered ahead), beside the embedding's and output layer's. With `cpu_offload` the sharded
+    state is counted in host memory (`offloaded`) and the device keeps the gathered copies only."""
     modules = [name for name, _ in model.named_modules()]
     styles = {name: style for pattern, style in tp_plan.items() for name in fnmatch.filter(modules, pattern)}
     plans = []
@@ -150,11 +155,15 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
         loss_tokens = min(work.loss_chunk_tokens, tokens) if work.loss_chunk_tokens > 0 else tokens
         # logits in the compute dtype; their fp32 copy, log-softmax and its gradient
         loss = loss_tokens * -(-widths.vocab // sizes.tp) * (state.compute + 12) if last else 0
+        sharded = {"gradients": trained * state.gradient, "master_weights": trained * state.master,
+                   "optimizer_state": trained * state.optimizer_state, "step": trained * state.step_copies}
+        offloaded = 0
+        if cpu_offload and zero1 and sizes.dp * sizes.cp > 1:
+            offloaded = held * state.parameter + sum(sharded.values())
+            held, sharded = 0, dict.fromkeys(sharded, 0)
         plans.append(RankMemory(
-            stage=pp_rank, parameters=(held + gathered) * state.parameter,
-            gradients=trained * state.gradient, master_weights=trained * state.master,
-            optimizer_state=trained * state.optimizer_state,
-            activations=activations, loss=loss, step=trained * state.step_copies, runtime=runtime,
+            stage=pp_rank, parameters=(held + gathered) * state.parameter, **sharded, activations=activations,
+            loss=loss, runtime=runtime, offloaded=offloaded,
         ))  # fmt: skip
     return plans
 

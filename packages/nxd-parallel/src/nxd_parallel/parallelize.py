@@ -74,6 +74,8 @@ class Layout:
     zero1: bool = False
     zero3: bool = False
     """With zero1: decoder layers free their gathered parameters after the forward (ZeRO-3)."""
+    cpu_offload: bool = False
+    """With zero1: the shards of parameters, gradients and optimizer state live in host memory."""
     kv_replicator: int = 1
     recompute: str | None = None
     """"full" (whole layers), "selective" (`recompute_modules`) or None."""
@@ -225,7 +227,7 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
     if layout.compile_blocks:
         compile_blocks(family.decoder_layers(model))
     if data is not None:  # context-parallel ranks hold the same weights: their gradients are reduced too
-        apply_data_parallel(model, data, zero1=layout.zero1, zero3=layout.zero3,
+        apply_data_parallel(model, data, zero1=layout.zero1, zero3=layout.zero3, cpu_offload=layout.cpu_offload,
                             blocks=family.decoder_layers(model),
                             mp_policy=MixedPrecisionPolicy(reduce_dtype=layout.grad_reduce_dtype),
                             experts=[layer.experts for layer in moe] if mesh.get("ep") is not None else (),

@@ -456,7 +456,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "config, so NeoX itself does not clip at 1.0: nxd does what the key says, with a notice"),
     ("zero_optimization", "DeepSpeed", None, M, "distributed_strategy.zero1",
      "stage 0: replicated; stages 1 and 2: zero1 (optimizer state and gradients sharded); stage 3: zero1 and zero3 "
-     "(parameters too, gathered layer by layer); cpu_offload is refused; "
+     "(parameters too, gathered layer by layer); offload_optimizer / offload_param (or cpu_offload / "
+     "cpu_offload_params) to the CPU: distributed_strategy.cpu_offload (NVMe is refused); "
      "bucket and overlap settings get a notice"),
     ("curriculum_learning", "DeepSpeed", None, R, "", "sequence-length curriculum is not in nxd; remove it"),
     ("curriculum_seqlen", "DeepSpeed", 0, N, "", _DERIVED + " (with curriculum_learning, refused)"),

@@ -211,26 +211,36 @@ def loop_keys(a: Arguments, t: Translation) -> None:
         if layers not in (None, 1):
             t.notice("checkpoint_num_layers", f"{layers} layers per checkpoint: nxd recomputes layer by layer, which "
                      f"computes the same and keeps a little more memory")  # fmt: skip
-    stage = _zero_stage(t, a)  # 1 and 2: nxd's zero1 shards the gradients too; 3: the parameters between uses
+    stage, offload = _zero_stage(t, a)  # 1 and 2: nxd's zero1 shards the gradients too; 3: the parameters as well
     t.set("distributed_strategy.zero1", stage > 0, "zero_optimization")
     t.set("distributed_strategy.zero3", stage == 3, "zero_optimization")
+    if offload:
+        t.set("distributed_strategy.cpu_offload", True, "zero_optimization")
 
 
-def _zero_stage(t: Translation, a: Arguments) -> int:
-    """The ZeRO stage of `zero_optimization` (0 without the block); offloading is refused, DeepSpeed's bucket and
-    overlap settings get a notice."""
+def _zero_stage(t: Translation, a: Arguments) -> tuple[int, bool]:
+    """The ZeRO stage of `zero_optimization` (0 without the block) and whether it offloads to the CPU
+    (DeepSpeed's offload_optimizer / cpu_offload, and offload_param / cpu_offload_params at stage 3: FSDP2
+    offloads the shards of both together); NVMe is refused, DeepSpeed's bucket and overlap settings get a notice."""
     zero = mapping(t, "zero_optimization", a["zero_optimization"])
     if zero is None:
-        return 0
+        return 0, False
     stage = zero.get("stage")
     if stage not in (0, 1, 2, 3):
         found = "no stage" if stage is None else show(stage)
         t.refuse("zero_optimization.stage", f"expected 0, 1, 2 or 3, found {found}")
-    for key in OFFLOAD:
-        value = zero.get(key)
-        if value not in (None, False, {}) and not (isinstance(value, dict) and value.get("device") in (None, "none")):
-            t.refuse(f"zero_optimization.{key}", f"expected false: offloading to the CPU is not in nxd yet, found "
-                     f"{show(value)}")  # fmt: skip
+    offloaded = [key for key in OFFLOAD if _offload_device(t, key, zero.get(key)) == "cpu"]
+    for key in offloaded:
+        if stage == 0:
+            t.refuse(f"zero_optimization.{key}", "expected ZeRO stage 1, 2 or 3 with it (what is offloaded is each "
+                     "rank's shard), found stage 0")  # fmt: skip
+        elif key in ("offload_param", "cpu_offload_params") and stage != 3:
+            t.refuse(f"zero_optimization.{key}", f"expected ZeRO stage 3 with it (DeepSpeed offloads parameters only "
+                     f"at stage 3), found stage {show(stage)}")  # fmt: skip
+    if stage == 3 and len(offloaded) == 1 and offloaded[0] in ("offload_optimizer", "cpu_offload"):
+        t.notice(f"zero_optimization.{offloaded[0]}", "FSDP2 offloads each rank's parameter shards with the "
+                 "optimizer state (as offload_param would too); the gathered parameters stay on the "
+                 "device")  # fmt: skip
     tuning = [key for key in zero if key in ZERO_TUNING]
     if tuning:
         t.notice("zero_optimization", f"accepted, changes nothing here: {', '.join(tuning)} tune DeepSpeed's "
@@ -240,7 +250,25 @@ def _zero_stage(t: Translation, a: Arguments) -> int:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         t.refuse(f"zero_optimization.{key}", f"unknown ZeRO setting; expected stage, an offload or a bucket "
                  f"setting{hint}")  # fmt: skip
-    return stage if stage in (0, 1, 2, 3) else 0
+    return (stage if stage in (0, 1, 2, 3) else 0), bool(offloaded)
+
+
+def _offload_device(t: Translation, key: str, value: object) -> str | None:
+    """Where DeepSpeed's offload setting `key` puts the state: cpu, or None (not offloaded); nvme and
+    values DeepSpeed does not take are refused."""
+    if value in (None, False, {}):
+        return None
+    if value is True and key in ("cpu_offload", "cpu_offload_params"):
+        return "cpu"
+    device = value.get("device") if isinstance(value, dict) else None
+    if isinstance(value, dict) and device in (None, "none"):
+        return None
+    if device == "cpu":
+        return "cpu"
+    found = f"device {show(device)}" if isinstance(value, dict) else show(value)
+    t.refuse(f"zero_optimization.{key}", f"expected device cpu or none (or true / false for the older cpu_offload "
+             f"keys), found {found}: offloading to NVMe is not in nxd")  # fmt: skip
+    return None
 
 
 def _batches(a: Arguments, t: Translation) -> None:

@@ -25,6 +25,13 @@ class DistributedStrategyConfig(Section):
         "again for its backward (ZeRO-3), so a rank holds its shards and about two layers' whole parameters.",
         by=PAR, status=Status.EXTENSION, note="DeepSpeed's ZeRO stage 3 (GPT-NeoX files); NxDT has zero1 only",
     )  # fmt: skip
+    cpu_offload: bool = key(
+        False, "With zero1: each rank's shards of the parameters, gradients and optimizer state live in host memory "
+        "and the optimizer steps there (FSDP2's CPUOffloadPolicy); the device holds the gathered parameters while "
+        "computing. Needs more than one data-parallel rank.",
+        by=PAR, status=Status.EXTENSION,
+        note="DeepSpeed's zero_optimization offload_optimizer / offload_param (GPT-NeoX files)",
+    )  # fmt: skip
     sequence_parallel: bool = key(
         False, "Shard norm and dropout activations along the sequence over the tp ranks.", by=PAR
     )
