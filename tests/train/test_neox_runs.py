@@ -291,20 +291,25 @@ def test_neox_label_files_mask_what_they_say(tmp_path, corpus, tokenizer_file, g
         plan(tmp_path / "short")
 
 
-@pytest.mark.parametrize("pack_impl", ["pack_until_overflow", "unpacked"])
-def test_neox_whole_document_samples_start_at_documents(pack_impl, tmp_path, corpus, tokenizer_file, gpt2_files,
-                                                        sentencepiece_dir):  # fmt: skip
-    """pack_impl: every training sample starts at a document's start and holds whole documents (unpacked: one),
-    the rest padding that is not trained on; the run trains on them."""
-    from nxd_data import IndexedDataset
-
+def _whole_document_setup(pack_impl, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir) -> Path:
     setup = local_setup("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
     settings = json.loads(setup.read_text().split("\n", 1)[1])
     setup.write_text(json.dumps({**settings, "pack_impl": pack_impl}))
+    return setup
+
+
+@pytest.mark.parametrize("pack_impl", ["pack_until_overflow", "unpacked"])
+def test_neox_whole_document_samples_start_at_documents(pack_impl, tmp_path, corpus, tokenizer_file, gpt2_files,
+                                                        sentencepiece_dir):  # fmt: skip
+    """pack_impl: every training sample starts at a document's start and holds whole documents (unpacked: one
+    end of document at most), the rest padding that is not trained on."""
+    from nxd_data import IndexedDataset
+
+    setup = _whole_document_setup(pack_impl, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         planned = plan_run(load_config([NEOX / "pythia.yml", setup], ["num_gpus=1"]), default_cache_dir())
-    text = IndexedDataset(settings["data_path"])
+    text = IndexedDataset(json.loads(setup.read_text())["data_path"])
     starts = {tuple(text.get(d)[:4].tolist()) for d in range(len(text))}
     eod = planned.data.padding["input_ids"][0].item()
     for index in range(8):
@@ -315,8 +320,12 @@ def test_neox_whole_document_samples_start_at_documents(pack_impl, tmp_path, cor
         ends = [p for p, token in enumerate(inputs[: trained + 1]) if token == eod]
         assert pack_impl == "pack_until_overflow" or len(ends) <= 1, (index, ends)  # one document at most
         assert all(label == -100 for label in labels[trained:]), index  # padding is not trained on
-    if pack_impl == "unpacked":
-        result = run_command(str(NEOX / "pythia.yml"), str(setup), cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
-        found = losses(read_metrics(tmp_path / "checkpoints"))
-        assert len(found) == 3 and all(loss == loss for loss in found), found
+
+
+@pytest.mark.slow
+def test_a_neox_run_trains_on_unpacked_documents(tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir):
+    setup = _whole_document_setup("unpacked", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    result = run_command(str(NEOX / "pythia.yml"), str(setup), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = losses(read_metrics(tmp_path / "checkpoints"))
+    assert len(found) == 3 and all(loss == loss for loss in found), found
