@@ -214,6 +214,17 @@ def _four_process_scenarios() -> list[Scenario]:
     ]  # fmt: skip
 
 
+def _four_process_zero_stages() -> list[Scenario]:
+    """ZeRO stages over four data-parallel ranks: 0 (replicated), 1 and 2 (zero1), 3 (zero3), the last with CPU
+    offload too (two ranks and TP2 x DP2 run in the default suite)."""
+    return [
+        Scenario("megatron-dp4-replicated", layout=Layout(ranks_at_once=1)),
+        Scenario("hf-dp4-zero1", "hf", layout=Layout(zero1=True), clip=0.5),
+        Scenario("megatron-dp4-zero3", layout=Layout(zero1=True, zero3=True), clip=0.5),
+        Scenario("hf-dp4-zero3-cpu-offload", "hf", layout=Layout(zero1=True, zero3=True, cpu_offload=True), clip=0.5),
+    ]
+
+
 def _key(scenario: Scenario) -> tuple:
     return (scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents, scenario.layers,
             scenario.tied, scenario.lora)  # fmt: skip
@@ -223,7 +234,7 @@ def _key(scenario: Scenario) -> tuple:
 def references() -> dict[tuple, dict]:
     """One process for each model the scenarios train, computing whole logits (the layouts chunk the loss)."""
     needed = {_key(s) for s in _two_process_scenarios() + _four_process_scenarios() + _neox_scenarios()
-              + _neox_scenarios(slow=True)}
+              + _neox_scenarios(slow=True) + _four_process_zero_stages()}
     return {key: train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
                                          layers=key[5], tied=key[6], lora=key[7], loss_chunk=0),
                                  world=1)
@@ -238,6 +249,11 @@ def two_processes() -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def four_processes() -> dict[str, dict]:
     return run_scenarios(4, _four_process_scenarios())
+
+
+@pytest.fixture(scope="module")
+def four_processes_zero() -> dict[str, dict]:
+    return run_scenarios(4, _four_process_zero_stages())
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +296,12 @@ def test_more_neox_layouts_match_one_process(scenario, neox_two_processes_slow, 
 @pytest.mark.parametrize("scenario", _four_process_scenarios(), ids=lambda s: s.name)
 def test_four_processes_match_one(scenario, four_processes, references):
     _check(scenario, four_processes[scenario.name], references)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", _four_process_zero_stages(), ids=lambda s: s.name)
+def test_zero_stages_over_four_ranks_match_one(scenario, four_processes_zero, references):
+    _check(scenario, four_processes_zero[scenario.name], references)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
