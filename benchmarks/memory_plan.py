@@ -1,6 +1,6 @@
 """`nxd-train plan` against the peak memory training measures, per layout, on this machine.
 
-    uv run --group bench python benchmarks/memory_plan.py [--layouts 1,tp2,dp2_zero1,pp2] [--steps 2]
+    uv run --group bench python benchmarks/memory_plan.py [--layouts 1,tp2,dp2,dp2_zero1,dp2_zero3,pp2] [--steps 2]
 
 For each layout of configs/bench_125m.yaml (sequence 1024, micro-batch 1, global batch 2, AdamW), the
 plan's peak per rank (`nxd-train plan`) is set beside the `peak_memory_gib` rank 0 logs over a short
@@ -26,7 +26,9 @@ CONFIG = ROOT / "configs" / "bench_125m.yaml"
 LAYOUTS = {
     "1": [],
     "tp2": ["trainer.devices=2", "+distributed_strategy.tensor_model_parallel_size=2"],
+    "dp2": ["trainer.devices=2", "distributed_strategy.zero1=False"],
     "dp2_zero1": ["trainer.devices=2", "distributed_strategy.zero1=True"],
+    "dp2_zero3": ["trainer.devices=2", "distributed_strategy.zero1=True", "+distributed_strategy.zero3=True"],
     "pp2": ["trainer.devices=2", "+distributed_strategy.pipeline_model_parallel_size=2"],
 }
 
