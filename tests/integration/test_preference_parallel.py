@@ -54,8 +54,12 @@ def one_process(tmp_path_factory, data) -> dict[str, tuple]:
     return runs
 
 
-@pytest.mark.parametrize("method", JOBS)
-@pytest.mark.parametrize("layout", ["tp2_sp", "pp2", "cp2", "dp2_zero1_recompute"])
+PAIRS = [pytest.param(method, layout, marks=[pytest.mark.slow] if method == "orpo" and layout != "tp2_sp" else [])
+         for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute") for method in JOBS]
+"""Every layout with DPO, ORPO in tensor + sequence parallel; the other ORPO crossings run with --runslow."""
+
+
+@pytest.mark.parametrize(("method", "layout"), PAIRS)
 def test_preference_in_two_processes_logs_what_one_process_logs(method, layout, data, one_process, tmp_path):
     result = run_command(*OVERRIDES, *data[method], *LAYOUTS[layout], "trainer.devices=2",
                          f"+exp_manager.explicit_log_dir={tmp_path / layout}", cwd=tmp_path)  # fmt: skip

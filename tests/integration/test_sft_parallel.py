@@ -49,8 +49,10 @@ def test_packed_sft_in_two_processes_logs_what_one_process_logs(layout, data, on
         assert max(abs(a - b) for a, b in zip(expected, found, strict=True)) < 1e-6, (key, expected, found)
 
 
+@pytest.mark.slow
 def test_sft_killed_mid_epoch_resumes_exactly(tmp_path, data):
-    """DP2 with ZeRO-1: 10 steps of 8 rows, well inside the first epoch of 100+ packed rows."""
+    """DP2 with ZeRO-1: 10 steps of 8 rows, well inside the first epoch of 100+ packed rows (slow: the default
+    suite resumes SFT mid-epoch in one process, tests/train/test_sft.py, and kills pretraining runs)."""
     layout = ["trainer.devices=2", "distributed_strategy.zero1=True", *data]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     whole.mkdir()

@@ -21,7 +21,7 @@ def _check(reference: dict, record: dict, name: str) -> None:
     assert max(differences.values()) < TOLERANCE, (name, differences)
 
 
-@pytest.mark.parametrize("family", ["megatron", "hf"])
+@pytest.mark.parametrize("family", ["megatron", pytest.param("hf", marks=pytest.mark.slow)])
 def test_one_process_compiled_matches_eager(family):
     eager = Scenario(f"{family}-eager", family)
     compiled = replace(eager, name=f"{family}-compiled", layout=COMPILED)

@@ -85,6 +85,8 @@ def plan(tmp_path, *overrides):
 def test_a_damaged_hugging_face_directory_fails_before_launch(tmp_path, train_here):
     train_here("trainer.max_steps=1", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=1")
     assert main(["ckpt", "export-hf", str(tmp_path / "run0"), str(tmp_path / "hf")]) == 0
+    run = plan(tmp_path / "next", f"+exp_manager.resume_from_checkpoint={tmp_path / 'run0'}").resume  # a run directory
+    assert run.path == checkpoints(tmp_path / "run0")[1].resolve() and not run.weights_only
     weights = tmp_path / "hf" / "model.safetensors"
     start = [f"+exp_manager.resume_from_checkpoint={tmp_path / 'hf'}", "+model.weight_init_only=True"]
     assert plan(tmp_path / "fine", *start).resume.hugging_face
@@ -103,6 +105,11 @@ def test_resume_keys_fail_before_launch(tmp_path):
         with pytest.warns(ConfigNotice, match="resume_from_checkpoint: .* is (missing|empty); starting a new run"):
             assert plan(tmp_path, f"+exp_manager.resume_from_checkpoint={where}",
                         "+exp_manager.resume_from_checkpoint_optional=True").resume is None  # fmt: skip
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("no checkpoint here")
+    with pytest.warns(ConfigNotice, match="notes holds no checkpoint .*; starting a new run"):
+        assert plan(tmp_path, f"+exp_manager.resume_from_checkpoint={tmp_path / 'notes'}",
+                    "+exp_manager.resume_from_checkpoint_optional=True").resume is None  # fmt: skip
     with pytest.raises(PreflightError, match="found no directory at .*missing"):  # NxDT's key is for resume_if_exists
         plan(tmp_path, f"+exp_manager.resume_from_checkpoint={tmp_path / 'missing'}",
              "+exp_manager.resume_ignore_no_checkpoint=True")

@@ -21,6 +21,7 @@ import torch
 from nxd_align import LoraFamily, base_key, is_adapter_key
 from nxd_ckpt import (
     LORA_RECORD,
+    MARKER,
     MODEL_KEY,
     CheckpointError,
     CheckpointWarning,
@@ -101,7 +102,9 @@ def is_hf_directory(path: Path) -> bool:
 def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
     """The checkpoint the resume keys select, or None; a CheckpointError when the one asked for is
     missing, incomplete or damaged. `log_dir` is the directory resume_if_exists searches; a GPT-NeoX
-    checkpoint there (its `latest`) is the start when it holds no nxd checkpoint yet."""
+    checkpoint there (its `latest`) is the start when it holds no nxd checkpoint yet. resume_from_checkpoint
+    may name a run's log directory too (its newest complete checkpoint, as GPT-NeoX's load names a save
+    folder); with resume_from_checkpoint_optional a folder holding no checkpoint starts a new run."""
     exp, weights_only = cfg.exp_manager, cfg.model.weight_init_only
     if exp.resume_from_checkpoint:
         path = Path(exp.resume_from_checkpoint)
@@ -119,7 +122,22 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
         if not path.is_dir():
             raise CheckpointError(f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint directory or a "
                                   f"Hugging Face model directory, found no directory at {path}")  # fmt: skip
-        info = read_info(path).verified(contents=True)
+        if (path / CHECKPOINT_DIR).is_dir() and not read_info(path).complete:  # a run's log directory: its newest
+            info = latest_checkpoint(path / CHECKPOINT_DIR)
+            if info is None and exp.resume_from_checkpoint_optional:
+                warnings.warn(f"exp_manager.resume_from_checkpoint: {path} holds no complete checkpoint; starting a "
+                              "new run (resume_from_checkpoint_optional)", CheckpointWarning, stacklevel=2)  # fmt: skip
+                return None
+            if info is None:
+                raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a run directory whose "
+                                      f"{CHECKPOINT_DIR} folder holds no complete checkpoint")  # fmt: skip
+        elif exp.resume_from_checkpoint_optional and not any((path / name).exists() for name in (MARKER, ".metadata")):
+            warnings.warn(f"exp_manager.resume_from_checkpoint: {path} holds no checkpoint (no nxd completion marker, "
+                          "GPT-NeoX latest or checkpoints folder); starting a new run "
+                          "(resume_from_checkpoint_optional)", CheckpointWarning, stacklevel=2)  # fmt: skip
+            return None
+        else:
+            info = read_info(path).verified(contents=True)
     elif not exp.resume_if_exists:
         return None
     else:

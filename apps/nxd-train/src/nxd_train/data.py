@@ -46,8 +46,8 @@ def _tokenizer_of(data: DataConfig) -> TextTokenizer:
     """The tokenizer `data.tokenizer` names, in any form nxd-data reads."""
     t = data.tokenizer
     if t is None or t.type is None:
-        raise DataError("data.tokenizer.type: expected a tokenizer file or directory (or GPT2BPETokenizer with library "
-                        "megatron), found none")  # fmt: skip
+        raise DataError("data.tokenizer.type: expected a tokenizer file or directory (or, with library megatron, "
+                        "GPT2BPETokenizer, CharLevelTokenizer or TiktokenTokenizer), found none")  # fmt: skip
     return load_tokenizer(TokenizerSource(t.type, t.library, t.vocab_file, t.merge_file), "data.tokenizer.type")
 
 
@@ -68,15 +68,21 @@ def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[s
     if (t := data.tokenizer) is not None:
         if t.library == "sentencepiece":
             messages.append("data.tokenizer.library: expected huggingface (tokenizer.json, or a directory with a "
-                            "SentencePiece tokenizer.model) or megatron (GPT2BPETokenizer), found 'sentencepiece'; "
+                            "SentencePiece tokenizer.model) or megatron (GPT2BPETokenizer, CharLevelTokenizer, "
+                            "TiktokenTokenizer), found 'sentencepiece'; "
                             "a SentencePiece model is read as library huggingface with type its directory")  # fmt: skip
         if t.type is None:
             messages.append("data.tokenizer.type: expected a tokenizer.json file, a tokenizer directory or (library "
-                            "megatron) GPT2BPETokenizer, found null")  # fmt: skip
+                            "megatron) GPT2BPETokenizer, CharLevelTokenizer or TiktokenTokenizer, found "
+                            "null")  # fmt: skip
         foreign = [("model", t.model, "library sentencepiece"),
                    ("sentencepiece_legacy", t.sentencepiece_legacy or None, "library sentencepiece")]  # fmt: skip
         if t.library != "megatron":
             foreign += [(name, getattr(t, name), "library megatron") for name in ("vocab_file", "merge_file")]
+        elif t.type in ("CharLevelTokenizer", "TiktokenTokenizer"):
+            foreign.append(("merge_file", t.merge_file, "GPT2BPETokenizer"))
+            if t.type == "CharLevelTokenizer":
+                foreign.append(("vocab_file", t.vocab_file, "GPT2BPETokenizer and TiktokenTokenizer"))
         messages += [f"data.tokenizer.{name}: applies to {library}, which this tokenizer is not; expected it unset, "
                      f"found {value!r}" for name, value, library in foreign if value is not None]  # fmt: skip
     if data.is_set("data_prefix") and data.train_dir is not None and not (data.use_sft_style_data_module

@@ -100,6 +100,9 @@ def _optimizer_problems(cfg: NxdConfig, accelerator: str) -> list[str]:
     if getattr(optim, "capturable", False) and accelerator != "cuda":
         found.append(f"model.optim.capturable: expected False on {accelerator} (torch's capturable step "
                      "needs CUDA tensors), found True")
+    elif getattr(optim, "capturable", False) and cfg.distributed_strategy.cpu_offload:
+        found.append("model.optim.capturable: expected False with distributed_strategy.cpu_offload (the offloaded "
+                     "step runs on host tensors; torch's capturable step needs CUDA ones), found True")  # fmt: skip
     if optim.name == "adafactor" and optim.relative_step and optim.sched is not None:
         found.append("model.optim.sched: adafactor with relative_step computes its own learning rate; "
                      f"expected no sched, found {optim.sched.name}")

@@ -132,16 +132,23 @@ class GPTDataset(Dataset):
         if vocab is not None and len(tokens) and int(tokens.max()) >= vocab:
             raise DataError(self._beyond_vocabulary(index, vocab))
         labels = None if self.labels is None else self.tokens(index, self.labels)
-        if vocab is not None and labels is not None and len(labels) and (found := int(labels.max())) >= vocab:
-            raise DataError(f"{self.labels.bin_path}: sample {index} holds label {found}, beyond the vocabulary of "
-                            f"{vocab} ids (expected token ids, or a negative label where nothing is trained)")
+        if vocab is not None and labels is not None:
+            check_label_ids(self.labels, labels, vocab, f"sample {index}")
         return self.format.sample(tokens, labels)
 
     def _beyond_vocabulary(self, index: int, vocab: int) -> str:
+        """Which stored document of sample `index` holds an id at or beyond `vocab`, said plainly."""
         indices, position = self._locate(index)
         first, last = int(indices.sample_idx[position][0]), int(indices.sample_idx[position + 1][0])
         documents = [int(indices.doc_idx[i]) for i in range(first, last + 1)]
         return beyond_vocabulary(self.indexed, documents, vocab, f"sample {index}")
+
+
+def check_label_ids(labels: IndexedDataset, window: np.ndarray, vocab: int, sample: str) -> None:
+    """A DataError unless every label of `window` (read from the label file `labels`) is below `vocab`."""
+    if len(window) and (found := int(window.max())) >= vocab:
+        raise DataError(f"{labels.bin_path}: {sample} holds label {found}, beyond the vocabulary of {vocab} ids "
+                        "(expected token ids, or a negative label where nothing is trained)")
 
 
 def beyond_vocabulary(indexed: IndexedDataset, documents: list[int], vocab: int, sample: str) -> str:

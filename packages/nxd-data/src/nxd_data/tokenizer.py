@@ -74,7 +74,7 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         """One more than the largest id (added tokens included; tiktoken encodings leave gaps), or the size the
         tokenizer declares."""
-        largest = max(self.tokenizer.get_vocab(with_added_tokens=True).values())
+        largest = max(self.tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
         return max(largest + 1, self.declared_size or 0)
 
     @property
@@ -138,8 +138,8 @@ def load_tokenizer(source: str | Path | TokenizerSource, where: str = "data.toke
 
 
 def _megatron_tokenizer(source: TokenizerSource, where: str) -> TextTokenizer:
-    """Megatron's GPT2BPETokenizer: byte-level BPE from a GPT-2 vocab.json and merges.txt, documents
-    ended (and begun) by <|endoftext|>."""
+    """A Megatron tokenizer class: CharLevelTokenizer, TiktokenTokenizer, or GPT2BPETokenizer (byte-level
+    BPE from a GPT-2 vocab.json and merges.txt, documents ended and begun by <|endoftext|>)."""
     prefix = where.rpartition(".")[0] or where
     if source.location not in MEGATRON_TYPES:
         raise DataError(f"{prefix}.type: expected one of {', '.join(MEGATRON_TYPES)} with library megatron, found "
@@ -180,7 +180,8 @@ def _char_level_tokenizer() -> TextTokenizer:
 def _tiktoken_tokenizer(name: str | None, prefix: str) -> TextTokenizer:
     """The tiktoken encoding `name` (tiktoken.get_encoding, as Megatron and GPT-NeoX load it: downloaded once,
     then read from tiktoken's cache) as a `tokenizers` BPE with the encoding's ranks, split pattern and
-    special tokens at their own ids; documents end with its end-of-text token."""
+    special tokens at their own ids; documents end with its end-of-text token. Special-token text in a
+    document encodes as the special token (GPT-NeoX's tokenize_batch: allowed_special="all")."""
     if not isinstance(name, str) or not name:
         raise DataError(f"{prefix}.vocab_file: expected a tiktoken encoding name (such as cl100k_base) for "
                         f"TiktokenTokenizer, found {name!r}")  # fmt: skip
@@ -198,8 +199,8 @@ def _tiktoken_tokenizer(name: str | None, prefix: str) -> TextTokenizer:
         raise DataError(f"{prefix}.vocab_file: tiktoken could not load encoding {name!r}: it is downloaded once and "
                         f"then read offline only from tiktoken's cache ({cache}), and this machine has neither the "
                         f"network nor a cached copy ({type(error).__name__})") from None  # fmt: skip
-    if encoding.eot_token is None:
-        raise DataError(f"{prefix}.vocab_file: tiktoken encoding {name!r} has no end-of-text token to end documents")
+    if "<|endoftext|>" not in encoding.special_tokens_set:  # tiktoken's eot_token raises without one
+        raise DataError(f"{prefix}.vocab_file: tiktoken encoding {name!r} has no <|endoftext|> token to end documents")
     return TextTokenizer(_converted_encoding(encoding), encoding.eot_token, name, source_files=None)
 
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .errors import DataError
-from .gpt_dataset import beyond_vocabulary, check_labels, epoch_seed
+from .gpt_dataset import beyond_vocabulary, check_label_ids, check_labels, epoch_seed
 from .indexed import IndexedDataset
 from .samples import SampleFormat
 
@@ -28,9 +28,14 @@ class WholeDocumentDataset(Dataset):
 
     A document longer than the window is cut to it (`allow_chopped`) or left out; with a label file, a
     document whose window holds no trained label is left out (as in NeoX). A short sample is padded with
-    labels nothing is trained on. Unlike NeoX, nothing of the following document is appended as the
-    last label (NeoX reads one token past the sample's documents), and documents are this dataset's own
-    (NeoX's unpacked reads document numbers from the start of the file, whatever the split).
+    labels nothing is trained on. Where NeoX differs, nxd does what the modes mean:
+    - NeoX appends the next document's first token as the last label (it reads one token past the
+      sample's documents); nxd's samples hold their own documents only.
+    - NeoX trains on its padding (token 0) when there is no label file, and its unpacked mode needs one
+      (it reads label data unconditionally); nxd trains on neither padding nor pads, with or without.
+    - NeoX numbers documents from the start of the file whatever the split; nxd reads the split's own.
+    - NeoX packs one stream over all its samples, reshuffling the documents after each pass and
+      shuffling all samples together; nxd builds an epoch at a time (below).
 
     An epoch is one pass over the documents with its own shuffles (`epoch_seed`), so sample k is the
     same whatever `num_samples` asks for; `num_samples` None means one epoch."""
@@ -38,8 +43,8 @@ class WholeDocumentDataset(Dataset):
     def __init__(self, indexed: IndexedDataset, name: str, documents: tuple[int, int], num_samples: int | None,
                  format: SampleFormat, seed: int, packing: str, allow_chopped: bool = True,
                  labels: IndexedDataset | None = None):  # fmt: skip
-        if packing not in PACKINGS[1:]:
-            raise DataError(f"data.pack_impl: expected one of {', '.join(PACKINGS)}, found {packing!r}")
+        if packing not in PACKINGS[1:]:  # packed samples are GPTDataset's
+            raise DataError(f"data.pack_impl: expected one of {', '.join(PACKINGS[1:])}, found {packing!r}")
         if labels is not None:
             check_labels(indexed, labels)
         self.indexed, self.name, self.format, self.seed = indexed, name, format, seed
@@ -50,8 +55,8 @@ class WholeDocumentDataset(Dataset):
         usable = sizes > 0
         if not allow_chopped:
             usable &= sizes <= window
-        if labels is not None:
-            usable &= np.array([bool((labels.get(int(n), 0, min(int(s), window)) >= 0).any())
+        if labels is not None:  # a sample trains the labels of positions 1 .. length - 1 of its window
+            usable &= np.array([s > 1 and bool((labels.get(int(n), 1, min(int(s), window) - 1) >= 0).any())
                                 for n, s in zip(numbers, sizes, strict=True)], dtype=bool)  # fmt: skip
         self.documents, self.sizes = numbers[usable], np.minimum(sizes[usable], window)
         if len(self.documents) == 0:
@@ -107,7 +112,6 @@ class WholeDocumentDataset(Dataset):
         if vocab is not None and len(tokens) and int(tokens.max()) >= vocab:
             raise DataError(beyond_vocabulary(self.indexed, documents, vocab, f"sample {index}"))
         labels = None if self.labels is None else self._window(documents, self.labels)
-        if vocab is not None and labels is not None and (found := int(labels.max())) >= vocab:
-            raise DataError(f"{self.labels.bin_path}: sample {index} holds label {found}, beyond the vocabulary of "
-                            f"{vocab} ids (expected token ids, or a negative label where nothing is trained)")
+        if vocab is not None and labels is not None:
+            check_label_ids(self.labels, labels, vocab, f"sample {index}")
         return self.format.sample(tokens, labels)

@@ -237,9 +237,9 @@ def _zero_stage(t: Translation, a: Arguments) -> tuple[int, bool]:
         elif key in ("offload_param", "cpu_offload_params") and stage != 3:
             t.refuse(f"zero_optimization.{key}", f"expected ZeRO stage 3 with it (DeepSpeed offloads parameters only "
                      f"at stage 3), found stage {show(stage)}")  # fmt: skip
-    if stage == 3 and len(offloaded) == 1 and offloaded[0] in ("offload_optimizer", "cpu_offload"):
+    if stage in (1, 2, 3) and set(offloaded) <= {"offload_optimizer", "cpu_offload"} and offloaded:
         t.notice(f"zero_optimization.{offloaded[0]}", "FSDP2 offloads each rank's parameter shards with the "
-                 "optimizer state (as offload_param would too); the gathered parameters stay on the "
+                 "optimizer state (as DeepSpeed's offload_param would); the gathered parameters stay on the "
                  "device")  # fmt: skip
     tuning = [key for key in zero if key in ZERO_TUNING]
     if tuning:
@@ -254,21 +254,33 @@ def _zero_stage(t: Translation, a: Arguments) -> tuple[int, bool]:
 
 
 def _offload_device(t: Translation, key: str, value: object) -> str | None:
-    """Where DeepSpeed's offload setting `key` puts the state: cpu, or None (not offloaded); nvme and
-    values DeepSpeed does not take are refused."""
+    """Where DeepSpeed's offload setting `key` puts the state: cpu, or None (not offloaded); NVMe, partial
+    offload and values DeepSpeed does not take are refused, its tuning settings get a notice."""
     if value in (None, False, {}):
         return None
-    if value is True and key in ("cpu_offload", "cpu_offload_params"):
-        return "cpu"
-    device = value.get("device") if isinstance(value, dict) else None
-    if isinstance(value, dict) and device in (None, "none"):
+    if key in ("cpu_offload", "cpu_offload_params"):
+        if value is True:
+            return "cpu"
+        t.refuse(f"zero_optimization.{key}", f"expected true or false, found {show(value)}")
         return None
-    if device == "cpu":
-        return "cpu"
-    found = f"device {show(device)}" if isinstance(value, dict) else show(value)
-    t.refuse(f"zero_optimization.{key}", f"expected device cpu or none (or true / false for the older cpu_offload "
-             f"keys), found {found}: offloading to NVMe is not in nxd")  # fmt: skip
-    return None
+    if not isinstance(value, dict):
+        t.refuse(f"zero_optimization.{key}", f"expected a mapping such as {{device: cpu}}, found {show(value)}")
+        return None
+    device = value.get("device")
+    if device in (None, "none"):
+        return None
+    if device != "cpu":
+        t.refuse(f"zero_optimization.{key}.device", f"expected cpu or none, found {show(device)}: offloading to "
+                 f"NVMe is not in nxd")  # fmt: skip
+        return None
+    ratio = value.get("ratio", 1.0)
+    if ratio != 1.0:
+        t.refuse(f"zero_optimization.{key}.ratio", f"expected 1 (the whole state offloaded; FSDP2 offloads all or "
+                 f"nothing), found {show(ratio)}")  # fmt: skip
+    if tuning := sorted(set(value) - {"device", "ratio"}):
+        t.notice(f"zero_optimization.{key}", f"accepted, changes nothing here: {', '.join(tuning)} tune DeepSpeed's "
+                 "offload; FSDP2 pins its host shards on CUDA itself")  # fmt: skip
+    return "cpu"
 
 
 def _batches(a: Arguments, t: Translation) -> None:
