@@ -307,7 +307,10 @@ def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, 
     ({"zero_optimization": {"stage": 0, "cpu_offload": True}}, "zero_optimization.cpu_offload: expected ZeRO stage 1"),
     ({"zero_optimization": {"stage": 1, "cpu_offload": True}}, "zero_optimization (nxd: distributed_strategy."
      "cpu_offload): expected more than one data-parallel rank"),
-    ({"optimizer": {"type": "lion", "params": {"lr": 1e-4}}}, "optimizer.type: expected Adam, AdamW, cpu_adam or sgd"),
+    ({"optimizer": {"type": "sm3", "params": {"lr": 1e-4}}}, "optimizer.type: expected Adam, AdamW, cpu_adam, sgd, "
+     "lion or madgrad_wd, found 'sm3': sm3 and onebitadam are not in nxd"),
+    ({"optimizer": {"type": "lion", "params": {"lr": 1e-4, "eps": 1e-8}}}, "optimizer.params.eps: unknown parameter "
+     "of lion; expected one of betas, lr"),
     ({"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.1}}},
      "optimizer.params.weight_decay: GPT-NeoX takes weight decay from the top-level weight_decay key"),
     ({"train_impl": "kto"}, "train_impl: expected normal, found 'kto'"),
@@ -502,6 +505,15 @@ def test_data_keys(tmp_path):
 def test_tokenizer_keys(tmp_path, keys, tokenizer):
     found = load(tmp_path, {**MODEL, **keys}).data.tokenizer
     assert {key: getattr(found, key) for key in tokenizer} == tokenizer
+
+
+def test_neox_optimizers_lion_and_madgrad_wd(tmp_path):
+    lion = load(tmp_path, {**MODEL, "weight_decay": 0.1,
+                           "optimizer": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.95, 0.98]}}}).model.optim
+    assert (lion.name, lion.lr, lion.betas, lion.weight_decay) == ("lion", 1e-4, (0.95, 0.98), 0.1)
+    madgrad = load(tmp_path, {**MODEL, "optimizer": {"type": "madgrad_wd", "params": {"lr": 0.01, "momentum": 0.8,
+                                                                                     "eps": 1e-7}}}).model.optim
+    assert (madgrad.name, madgrad.lr, madgrad.momentum, madgrad.eps) == ("madgrad_wd", 0.01, 0.8, 1e-7)
 
 
 def test_pack_impl_and_allow_chopped(tmp_path):

@@ -6,7 +6,15 @@ import math
 
 import pytest
 import torch
-from nxd_precision import OPTIMIZER_NAMES, Novograd, PrecisionConfigError, build_optimizer, parameter_groups
+from nxd_precision import (
+    OPTIMIZER_NAMES,
+    Lion,
+    MadgradWD,
+    Novograd,
+    PrecisionConfigError,
+    build_optimizer,
+    parameter_groups,
+)
 from transformers.optimization import Adafactor
 
 CASES = {
@@ -24,6 +32,8 @@ CASES = {
     "rprop": ({"lr": 0.01, "etas": (0.4, 1.5), "step_sizes": (1e-5, 10.0)}, torch.optim.Rprop,
               {"etas": (0.4, 1.5), "step_sizes": (1e-5, 10.0)}),
     "novograd": ({"lr": 0.01, "betas": (0.9, 0.99), "luc": True}, Novograd, {"betas": (0.9, 0.99), "luc": True}),
+    "lion": ({"lr": 0.003, "betas": (0.95, 0.98), "weight_decay": 0.1}, Lion, {"betas": (0.95, 0.98)}),
+    "madgrad_wd": ({"lr": 0.01, "momentum": 0.8, "eps": 1e-6, "weight_decay": 0.01}, MadgradWD, {"momentum": 0.8}),
     "adafactor": ({"lr": 0.01, "beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": 0.8,
                    "relative_step": False}, Adafactor,
                   {"beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": -0.8}),

@@ -3,6 +3,7 @@ master weights, fp16 loss scaling), stochastic rounding and the Neuron runtime's
 
 from .errors import PrecisionConfigError
 from .loss_scaling import LossScaler, LossScaling
+from .neox_optimizers import Lion, MadgradWD
 from .neuron_runtime import neuron_runtime_env
 from .nonfinite import NonFiniteGuard, NonFiniteStop
 from .novograd import Novograd
@@ -18,8 +19,10 @@ __all__ = [
     "OPTIMIZER_NAMES",
     "SCHEDULE_NAMES",
     "TYPES",
+    "Lion",
     "LossScaler",
     "LossScaling",
+    "MadgradWD",
     "NonFiniteGuard",
     "NonFiniteStop",
     "Novograd",

@@ -1,7 +1,8 @@
 """Optimizers by the names of NxDT's `model.optim.name`, built from plain keyword options.
 
 Adafactor is transformers' (imported only when asked for: `pip install nxd-precision[adafactor]`);
-NovoGrad is NeMo's variant (`novograd.py`); every other name is a torch optimizer.
+NovoGrad is NeMo's variant (`novograd.py`), lion and madgrad_wd are GPT-NeoX's (`neox_optimizers.py`);
+every other name is a torch optimizer.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 
 from .errors import PrecisionConfigError
+from .neox_optimizers import Lion, MadgradWD
 from .novograd import Novograd
 from .policy import PrecisionPolicy
 
@@ -26,9 +28,11 @@ _TORCH = {
     "rmsprop": torch.optim.RMSprop,
     "rprop": torch.optim.Rprop,
     "novograd": Novograd,
+    "lion": Lion,
+    "madgrad_wd": MadgradWD,
 }
 OPTIMIZER_NAMES = (*_TORCH, "adafactor")
-_FOREACH = set(_TORCH) - {"novograd"}
+_FOREACH = set(_TORCH) - {"novograd", "lion", "madgrad_wd"}
 """The torch optimizers with a foreach (multi-tensor) implementation."""
 _FUSED = {"adamw", "adamw_fp32OptState", "adam", "sgd", "adagrad"}
 """Those with a fused kernel (one pass over each tensor's memory), on CPU and CUDA."""
@@ -109,6 +113,8 @@ def state_tensors(name: str, options: Mapping[str, Any]) -> int:
         return 1 if options.get("momentum") else 0
     if name == "rmsprop":
         return 1 + bool(options.get("momentum")) + bool(options.get("centered"))
+    if name == "madgrad_wd":  # the sum of squares, the dual average s and (with momentum) the start x0
+        return 2 + bool(options.get("momentum", 0.9))
     return 1  # adagrad's sum, novograd's first moment (its second is one value per tensor)
 
 

@@ -434,8 +434,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("train_micro_batch_size_per_gpu", "DeepSpeed", None, M, "data.micro_batch_size", "see train_batch_size"),
     ("gradient_accumulation_steps", "DeepSpeed", 1, M, "data.global_batch_size", "see train_batch_size"),
     ("optimizer", "DeepSpeed", None, M, "model.optim",
-     "type Adam / AdamW (decoupled decay, as NeoX's fused Adam), cpu_adam (the same Adam, a notice), sgd; lion, "
-     "madgrad_wd, sm3 and onebitadam are refused; params lr, betas, eps (sgd: momentum, nesterov ...)"),
+     "type Adam / AdamW (decoupled decay, as NeoX's fused Adam), cpu_adam (the same Adam, a notice), sgd, lion "
+     "and madgrad_wd (NeoX's own steps); sm3 and onebitadam are refused; params lr, betas, eps (sgd: momentum, "
+     "nesterov ...; madgrad_wd: momentum, eps)"),
     ("scheduler", "DeepSpeed", None, R, "",
      "NeoX schedules with its own lr_decay_style keys (DeepSpeed's scheduler block only drives onebitadam)"),
     ("fp32_allreduce", "DeepSpeed", False, M, "precision.type",

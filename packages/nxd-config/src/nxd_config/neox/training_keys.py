@@ -13,6 +13,8 @@ from .translation import Arguments, Translation, choice, mapping, typed
 ADAM_PARAMS = {"lr", "betas", "eps", "amsgrad", "adam_w_mode", "bias_correction"}
 
 SGD_PARAMS = {"lr", "momentum", "dampening", "nesterov"}
+LION_PARAMS = {"lr", "betas"}
+MADGRAD_PARAMS = {"lr", "momentum", "eps"}
 
 OFFLOAD = ("cpu_offload", "offload_optimizer", "offload_param", "cpu_offload_params")
 ZERO_TUNING = ("allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
@@ -139,9 +141,11 @@ def optimizer_keys(a: Arguments, t: Translation) -> None:
             t.refuse("optimizer.params.bias_correction", "expected true (torch's Adam always corrects the bias)")
     elif kind == "sgd":
         options, allowed = {"name": "sgd"}, SGD_PARAMS
+    elif kind in ("lion", "madgrad_wd"):  # NeoX's own (megatron/optimizers.py), weight decay from weight_decay
+        options, allowed = {"name": kind}, LION_PARAMS if kind == "lion" else MADGRAD_PARAMS
     else:
-        t.refuse("optimizer.type", f"expected Adam, AdamW, cpu_adam or sgd, found {show(block['type'])}: lion, "
-                 f"madgrad_wd, sm3 and onebitadam are not in nxd")  # fmt: skip
+        t.refuse("optimizer.type", f"expected Adam, AdamW, cpu_adam, sgd, lion or madgrad_wd, found "
+                 f"{show(block['type'])}: sm3 and onebitadam are not in nxd")  # fmt: skip
         return
     for key, value in params.items():
         if key not in allowed:

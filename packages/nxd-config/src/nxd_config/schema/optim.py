@@ -231,6 +231,19 @@ class Novograd(_Optimizer):
     luc_eps: float = key(1e-8, "Epsilon of layer-wise update clipping.", by=APP, gt=0.0)
 
 
+class Lion(_Optimizer):
+    name: Literal["lion"] = key(..., "Lion: the sign of the interpolated momentum is the update.", by=APP,
+                                status=Status.EXTENSION, note="GPT-NeoX's optimizer type lion")
+    betas: _Betas = key((0.9, 0.99), "Interpolation (update) and running-average (momentum) coefficients.", by=APP)
+
+
+class MadgradWD(_Optimizer):
+    name: Literal["madgrad_wd"] = key(..., "MADGRAD with decoupled weight decay, as GPT-NeoX steps it.", by=APP,
+                                      status=Status.EXTENSION, note="GPT-NeoX's optimizer type madgrad_wd")
+    momentum: float = key(0.9, "Momentum towards each step's dual-averaging point.", by=APP, ge=0.0, lt=1.0)
+    eps: float = key(1e-6, "Added to the cube root of the sum of squares, and to lr.", by=APP, ge=0.0)
+
+
 class Adafactor(_Optimizer):
     name: Literal["adafactor"]
     lr: float | None = key(None, "Learning rate; null only with relative_step: True.", by=APP, ge=0.0)
@@ -255,11 +268,11 @@ class Adafactor(_Optimizer):
 
 OPTIMIZER_NAMES = (
     "adamw", "adamw_fp32OptState", "sgd", "adam", "adadelta", "adamax", "adagrad", "rmsprop",
-    "rprop", "novograd", "adafactor",
+    "rprop", "novograd", "adafactor", "lion", "madgrad_wd",
 )  # fmt: skip
 
 Optimizer = Annotated[
     AdamW | AdamWFp32OptState | SGD | Adam | Adadelta | Adamax | Adagrad | RMSprop | Rprop
-    | Novograd | Adafactor,
+    | Novograd | Adafactor | Lion | MadgradWD,
     Field(discriminator="name"),
 ]

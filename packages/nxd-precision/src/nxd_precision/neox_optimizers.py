@@ -1,0 +1,95 @@
+"""GPT-NeoX's own optimizers, as its megatron/optimizers.py steps them: Lion and MADGRAD with decoupled
+weight decay (madgrad_wd). Neither is in torch; the PyPI packages differ from NeoX's (madgrad decays after
+the step, from the old weights) or keep a global step counter outside the per-parameter state that
+torch's distributed checkpoints save, so they are written here, with those packages as test references."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, arXiv:2302.06675): the sign of the momentum interpolated with the gradient is
+    the update; weight decay multiplies the weights by 1 - lr x weight_decay first. One state tensor."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0) -> None:  # fmt: skip
+        if lr < 0 or weight_decay < 0 or not all(0.0 <= beta <= 1.0 for beta in betas):
+            raise ValueError(f"Lion: expected lr and weight_decay >= 0 and betas in [0, 1], found lr {lr}, "
+                             f"weight_decay {weight_decay}, betas {betas}")  # fmt: skip
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, decay, (beta1, beta2) = group["lr"], group["weight_decay"], group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                momentum = state["exp_avg"]
+                p.mul_(1 - lr * decay)
+                p.add_(momentum.mul(beta1).add_(p.grad, alpha=1 - beta1).sign_(), alpha=-lr)
+                momentum.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+        return loss
+
+
+class MadgradWD(torch.optim.Optimizer):
+    """MADGRAD (Defazio and Jelassi 2021, arXiv:2101.11075) with GPT-NeoX's decoupled weight decay: the
+    weights are multiplied by 1 - (lr + eps) x weight_decay before the dual-averaging step; step k weighs
+    its gradient by (lr + eps) sqrt(k + 1), the denominator is the cube root of the weighted sum of squared
+    gradients plus eps, and momentum averages the weights towards the step's point. The step count is
+    kept per parameter (`step`), where NeoX keeps one for the optimizer."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-2, momentum: float = 0.9, weight_decay: float = 0.0,
+                 eps: float = 1e-6) -> None:  # fmt: skip
+        if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0 or eps < 0:
+            raise ValueError(f"madgrad_wd: expected lr > 0, momentum in [0, 1), weight_decay >= 0 and eps >= 0, "
+                             f"found lr {lr}, momentum {momentum}, weight_decay {weight_decay}, eps {eps}")  # fmt: skip
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            eps, momentum, decay = group["eps"], group["momentum"], group["weight_decay"]
+            lr = group["lr"] + eps
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, state = p.grad, self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["grad_sum_sq"] = torch.zeros_like(p)
+                    state["s"] = torch.zeros_like(p)
+                    if momentum != 0:
+                        state["x0"] = p.detach().clone()
+                weight = lr * math.sqrt(int(state["step"].item()) + 1)
+                grad_sum_sq, s = state["grad_sum_sq"], state["s"]
+                if decay:
+                    p.mul_(1 - lr * decay)
+                # without momentum x0 follows from what is known, as MADGRAD does
+                x0 = state["x0"] if momentum != 0 else p.addcdiv(s, grad_sum_sq.pow(1 / 3).add_(eps), value=1)
+                grad_sum_sq.addcmul_(grad, grad, value=weight)
+                rms = grad_sum_sq.pow(1 / 3).add_(eps)
+                s.add_(grad, alpha=weight)
+                z = x0.addcdiv(s, rms, value=-1)
+                if momentum == 0:
+                    p.copy_(z)
+                else:
+                    p.mul_(momentum).add_(z, alpha=1 - momentum)
+                state["step"] += 1
+        return loss
