@@ -215,13 +215,15 @@ def _four_process_scenarios() -> list[Scenario]:
 
 
 def _four_process_zero_stages() -> list[Scenario]:
-    """ZeRO stages over four data-parallel ranks: 0 (replicated), 1 and 2 (zero1), 3 (zero3), the last with CPU
-    offload too (two ranks and TP2 x DP2 run in the default suite)."""
+    """ZeRO stages over four ranks: 0 (replicated), 1 and 2 (zero1), 3 (zero3; with CPU offload, context
+    parallelism and experts over two ranks too); two ranks and TP2 x DP2 run in the default suite."""
     return [
         Scenario("megatron-dp4-replicated", layout=Layout(ranks_at_once=1)),
         Scenario("hf-dp4-zero1", "hf", layout=Layout(zero1=True), clip=0.5),
         Scenario("megatron-dp4-zero3", layout=Layout(zero1=True, zero3=True), clip=0.5),
         Scenario("hf-dp4-zero3-cpu-offload", "hf", layout=Layout(zero1=True, zero3=True, cpu_offload=True), clip=0.5),
+        Scenario("megatron-cp2-dp2-zero3", cp=2, layout=Layout(zero1=True, zero3=True), clip=0.5),
+        Scenario("moe-dp4-ep2-zero3", "moe", ep=2, layout=Layout(zero1=True, zero3=True)),
     ]
 
 
