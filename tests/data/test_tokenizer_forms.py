@@ -69,13 +69,20 @@ def test_bad_tokenizer_files_are_one_clear_error(gpt2_files, tmp_path):
     assert json.loads(Path(vocab).read_text())  # the good files were left as they were
 
 
-def test_character_level_ids_are_the_texts_utf8_bytes():
-    """GPT-NeoX's CharLevelTokenizer: ids are the bytes, 0 ends a document, 512 ids declared."""
+def test_character_level_ids_are_the_texts_utf8_bytes(tmp_path):
+    """GPT-NeoX's CharLevelTokenizer: ids are the bytes, 0 ends a document, 512 ids declared; its exported
+    tokenizer.json gives transformers the same ids."""
+    from transformers import PreTrainedTokenizerFast
+
     ours = load_tokenizer(TokenizerSource("CharLevelTokenizer", "megatron"))
     texts = [SAMPLE, "héllo wörld\n\t€ 😀 <|endoftext|>", ""]
     assert ours.encode(texts) == [list(text.encode("utf-8")) for text in texts]
     assert (ours.eod_id, ours.vocab_size, ours.files) == (0, 512, {})
     assert ours.tokenizer.decode(ours.encode(texts[1:2])[0]) == texts[1]
+    exported = ours.export_files(tmp_path)
+    assert ours.export_files(tmp_path) == exported and set(exported) == {"tokenizer.json"}
+    reference = PreTrainedTokenizerFast(tokenizer_file=exported["tokenizer.json"])
+    assert [reference(text)["input_ids"] for text in texts] == ours.encode(texts)
 
 
 R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""

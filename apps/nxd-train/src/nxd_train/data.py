@@ -178,7 +178,7 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
             validation = hf_pretraining_dataset(data.val_dir, "data.val_dir", "validation", format, tokenizer,
                                                 hf_cache, data.dev_choose_samples)  # fmt: skip
         return DataSplits(train, validation, None, format.padding(), tokenizer.vocab_size, name, shuffled=False,
-                          tokenizer_files=tokenizer.files)  # fmt: skip
+                          tokenizer_files=tokenizer.export_files(cache_dir / "tokenizers"))  # fmt: skip
     if data.is_set("data_prefix"):
         prefix, index_dir = _plain(data.data_prefix), data.index_mapping_dir
     else:
@@ -189,8 +189,9 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     splits = builder.build(prefix, data.splits_string, [train_samples, None, None])
     if splits["train"] is None:
         raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")
+    files = tokenizer.export_files(cache_dir / "tokenizers")
     return DataSplits(splits["train"], splits["validation"], splits["test"], format.padding(), tokenizer.vocab_size,
-                      name, shuffled=True, tokenizer_files=tokenizer.files)  # fmt: skip
+                      name, shuffled=True, tokenizer_files=files)  # fmt: skip
 
 
 def _labels(data: DataConfig, prefix: Any) -> dict[str, str]:
@@ -238,8 +239,9 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
                                       cache_dir=cache_dir / "sft", limit=data.dev_choose_samples)  # fmt: skip
     train = splits["data.train_dir"]
     notes = tuple(dataset.summary(key) for key, dataset in splits.items())
+    files = tokenizer.export_files(cache_dir / "tokenizers")
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
-                      data.tokenizer.type, shuffled=False, notes=notes, tokenizer_files=tokenizer.files)  # fmt: skip
+                      data.tokenizer.type, shuffled=False, notes=notes, tokenizer_files=files)  # fmt: skip
 
 
 def _preference_splits(data: DataConfig, seq_length: int, preference: DPOConfig | ORPOConfig) -> DataSplits:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import Tokenizer
 
 from .errors import DataError
+from .files import save_atomically
 
 if TYPE_CHECKING:  # transformers (the `converters` extra) loads only for the forms that need it
     from transformers import PreTrainedTokenizerBase
@@ -95,6 +96,17 @@ class TextTokenizer:
         found.update({name: str((file.parent / name).resolve()) for name in COMPANION_FILES
                       if (file.parent / name).is_file()})  # fmt: skip
         return found
+
+    def export_files(self, directory: Path) -> dict[str, str]:
+        """`files`; for a tokenizer built from no file (character-level, tiktoken) its tokenizer.json, written
+        once under `directory` (by its fingerprint), so that a Hugging Face export carries it too."""
+        if self.source_files is not None:
+            return self.files
+        path = Path(directory) / self.fingerprint / "tokenizer.json"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_atomically(path, self.tokenizer.to_str().encode())
+        return {"tokenizer.json": str(path.resolve())}
 
     def token(self, token_id: int) -> str:
         return self.tokenizer.id_to_token(token_id)
