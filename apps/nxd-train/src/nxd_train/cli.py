@@ -178,7 +178,9 @@ def _names(paths: Sequence[Path]) -> str:
 @contextlib.contextmanager
 def _notices_to_stderr() -> Iterator[None]:
     """Print the notices nxd's packages raise inside (ConfigNotice, and every warning class of an nxd
-    package) as 'notice: ...' lines once the block ends (even on error)."""
+    package) as 'notice: ...' lines once the block ends (even on error). The processes a launch starts
+    besides the first of each machine plan the same run again: they keep its notices to themselves."""
+    launched = os.environ.get("LOCAL_RANK", "0") != "0"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigNotice)
         try:
@@ -186,7 +188,8 @@ def _notices_to_stderr() -> Iterator[None]:
         finally:
             for warning in caught:
                 if issubclass(warning.category, ConfigNotice) or warning.category.__module__.startswith("nxd_"):
-                    print(f"notice: {warning.message}", file=sys.stderr)
+                    if not launched:
+                        print(f"notice: {warning.message}", file=sys.stderr)
                 else:
                     warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
