@@ -105,7 +105,10 @@ class ExpManagerConfig(Section):
         "With resume_if_exists, start fresh (with a notice) when no checkpoint exists instead of failing.",
         by=CKPT,
     )
-    resume_from_checkpoint: str | None = key(None, "Resume from this checkpoint path explicitly.", by=CKPT)
+    resume_from_checkpoint: str | None = key(
+        None, "Resume from this checkpoint path explicitly (a run's log directory: its newest complete checkpoint).",
+        by=CKPT,
+    )
     resume_from_checkpoint_optional: bool = key(
         False,
         "A missing or empty resume_from_checkpoint starts a new run (with a notice) instead of failing.",
