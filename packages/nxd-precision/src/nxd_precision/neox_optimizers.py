@@ -12,6 +12,14 @@ from typing import Any
 import torch
 
 
+def _evaluate(closure: Callable[[], float] | None) -> float | None:
+    """The loss a step's closure recomputes (with gradients), as torch's optimizers take it."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class Lion(torch.optim.Optimizer):
     """Lion (Chen et al. 2023, arXiv:2302.06675): the sign of the momentum interpolated with the gradient is
     the update; weight decay multiplies the weights by 1 - lr x weight_decay first. One state tensor."""
@@ -25,10 +33,7 @@ class Lion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         for group in self.param_groups:
             lr, decay, (beta1, beta2) = group["lr"], group["weight_decay"], group["betas"]
             for p in group["params"]:
@@ -60,10 +65,7 @@ class MadgradWD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         for group in self.param_groups:
             eps, momentum, decay = group["eps"], group["momentum"], group["weight_decay"]
             lr = group["lr"] + eps
