@@ -25,7 +25,8 @@ from torch.utils.data import Dataset
 from .checkpointing import restore_rng_states
 from .interrupts import StopRequests, TrainingInterrupted
 from .plan import RunPlan, batch_limit
-from .run import Batch, Run, setup
+from .run import setup
+from .run_state import Batch, Run
 
 
 def train(plan: RunPlan) -> Path:

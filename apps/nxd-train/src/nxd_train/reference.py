@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from nxd_align import (
@@ -39,9 +38,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .checkpointing import Resume, load_weights
+from .run_state import Batch, Run
 
-if TYPE_CHECKING:  # the run imports this module
-    from .run import Batch, Run
 
 @contextlib.contextmanager
 def _reference_mode(model: nn.Module | StagedModel, lora: bool) -> Iterator[None]:

@@ -6,41 +6,33 @@ and LR schedule, the sampler, the checkpointer, and where a resumed run starts.
 from __future__ import annotations
 
 import logging as logging_module
-import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 import yaml
 from lightning_fabric import Fabric
 from lightning_fabric.strategies import DDPStrategy
-from nxd_align import LoraFamily, Objective
+from nxd_align import LoraFamily
 from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info, write_adapter_files
-from nxd_data import PretrainingSampler, WithPadding
-from nxd_models import Ceiling, device_ceiling, set_aux_loss_weights
+from nxd_data import PretrainingSampler
+from nxd_models import device_ceiling, set_aux_loss_weights
 from nxd_parallel import (
-    DirectExecutor,
     ParallelDims,
-    ParallelMesh,
-    PipelineExecutor,
     StagedModel,
     build_executor,
     build_parallel_model,
     keep_freed_host_memory,
     modules_of,
-    split_sequence,
 )
 from nxd_precision import LossScaler, PrecisionOptimizer, build_optimizer, build_scheduler, prepare_parameters
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.optim.lr_scheduler import LRScheduler
-from torch.utils.data import DataLoader, Dataset
 
 from .checkpointing import (
     LORA_RECORD,
@@ -51,127 +43,16 @@ from .checkpointing import (
     holds_frozen_base,
     load_adapters,
     load_weights,
-    rng_states,
     versions,
 )
 from .logdir import CHECKPOINT_DIR, next_log_dir
 from .monitor import Monitor
 from .plan import RunPlan
 from .reference import prepare_reference
+from .run_state import Run
 
 NEURON_DEVICE_TYPES = ("neuron", "xla")
 """Device types of AWS Neuron cores, whose runtime reads the plan's Neuron variables."""
-Batch = dict[str, torch.Tensor]
-
-
-@dataclass
-class Run:
-    plan: RunPlan
-    fabric: Fabric
-    dims: ParallelDims
-    mesh: ParallelMesh
-    log_dir: Path
-    monitor: Monitor
-    model: nn.Module | StagedModel
-    executor: DirectExecutor | PipelineExecutor
-    optimizer: PrecisionOptimizer
-    scheduler: LRScheduler
-    training: TrainingState
-    sampler: PretrainingSampler
-    """The training sampler, at the position the run starts from."""
-    checkpointer: Checkpointer
-    checkpoint_record: dict[str, Any]
-    """What every checkpoint's marker records of the run (layout, versions, config, Hugging Face mapping)."""
-    steps: int
-    start_step: int = 0
-    saved_rng: bytes | None = None
-    """This rank's RNG states from the checkpoint resumed (restored once the data loader has started)."""
-    flops_per_token: int = 0
-    ceiling: Ceiling | None = None
-    """The peak FLOP/s of this run's devices together (MFU's denominator)."""
-    objective: Objective | None = None
-    """The plan's objective, told how this run splits sequences (context parallel); set by `setup`."""
-    train_data: Dataset | None = None
-    validation_data: Dataset | None = None
-    """The datasets trained and validated on: the plan's, with DPO's reference log-probs when precomputed."""
-    padding: Batch | None = None
-    """The sample that fills short batches (adds nothing to the loss)."""
-    reference_pass: Callable[[list[Batch]], None] | None = None
-    """DPO's live reference: adds `reference_log_probs` to a step's micro-batches."""
-    attach: list[Callable[[Path], None]] = field(default_factory=list)
-    """What rank 0 writes into each checkpoint folder beside the shards (peft adapter files, DPO's table)."""
-    checkpoint_group: torch.distributed.ProcessGroup | None = None
-    scaler: LossScaler | None = None
-    """fp16's loss scale (None for the other precision types)."""
-
-    @property
-    def token_mesh(self) -> DeviceMesh | None:
-        """Ranks that split the tokens of a step (data x context)."""
-        return self.mesh.get("dp_cp")
-
-    @property
-    def pp_mesh(self) -> DeviceMesh | None:
-        return self.mesh.get("pp")
-
-    @property
-    def accumulation(self) -> int:
-        """Micro-batches per rank per step."""
-        return self.sampler.accumulation
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.sampler.steps_per_epoch
-
-    def on_device(self, batch: Batch) -> Batch:
-        """A micro-batch on the device; with context parallelism, this rank's part of each sequence."""
-        batch = self.fabric.to_device(batch)
-        if self.dims.cp > 1:  # per-token entries only (per-row values such as reference log-probs stay whole)
-            batch = {key: split_sequence(value, self.dims.cp, self.mesh.rank("cp")) if value.dim() > 1 else value
-                     for key, value in batch.items()}  # fmt: skip
-        return batch
-
-    def micro_batches(self, dataset: Dataset, sampler: Iterable[list[int]]) -> Iterator[Batch]:
-        """This rank's micro-batches of `dataset` as `sampler` orders them, on the device."""
-        loader = DataLoader(WithPadding(dataset, self.padding), batch_sampler=sampler,
-                            collate_fn=self.plan.data.collate(self.trim_to),
-                            num_workers=self.plan.batches.num_workers)  # fmt: skip
-        return map(self.on_device, loader)
-
-    @property
-    def trim_to(self) -> int | None:
-        """Micro-batches of pairs are cut to their longest sequence, in multiples of 8 and of the ranks
-        that split the sequence; pipeline stages keep one shape, so every column stays."""
-        return None if self.dims.pp > 1 else math.lcm(8, self.dims.tp * self.dims.cp * 2)
-
-    def train_batches(self) -> Iterator[Batch]:
-        """The training micro-batches from the run's start to its last step."""
-        return self.micro_batches(self.train_data, replace(self.sampler, steps=self.steps - self.start_step))
-
-    def eval_sampler(self, dataset: Dataset) -> PretrainingSampler:
-        b = self.plan.batches
-        return PretrainingSampler(len(dataset), b.global_batch_size, b.micro_batch_size, self.dims.dp,
-                                  self.mesh.data_parallel_rank, seed=self.plan.launch.seed,
-                                  drop_last=b.validation_drop_last,
-                                  pad_to_global_batch=b.pad_to_global_batch)  # fmt: skip
-
-    def summed(self, tensor: torch.Tensor, *meshes: DeviceMesh | None) -> torch.Tensor:
-        """`tensor` summed over the ranks of each 1-D mesh given (data x context, pipeline), in place."""
-        for mesh in meshes:
-            if mesh is not None:
-                torch.distributed.all_reduce(tensor, group=mesh.get_group())
-        return tensor
-
-    def save_checkpoint(self, done: int, logged: dict[str, float]) -> None:
-        """Everything needed to continue after optimizer step `done` (in the background when asynchronous)."""
-        gbs, rank = self.plan.batches.global_batch_size, self.fabric.global_rank
-        consumed = self.sampler.consumed_samples + (done - self.start_step) * gbs
-        progress = {"step": done, "consumed_samples": consumed}
-        sampler = self.sampler.state_dict() | {"consumed_samples": consumed}
-        state = self.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
-        self.checkpointer.save(state, step=done, consumed_samples=consumed, metrics=logged,
-                               extra=self.checkpoint_record)  # fmt: skip
-
-
 class _NoMatmulPrecisionNotice(logging_module.Filter):
     """Drops Lightning's advice to set the fp32 matmul precision: precision.fp32_matmul_precision sets it."""
 

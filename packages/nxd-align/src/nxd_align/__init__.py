@@ -2,7 +2,8 @@
 DPO's reference log-probs, and LoRA adapters."""
 
 from .lora import LoraConfigError, LoraFamily, LoraSpec, adapters_disabled, base_key, is_adapter_key
-from .objectives import IGNORE_INDEX, Objective, TokenObjective, objective_for
+from .objective_choice import objective_for
+from .objectives import IGNORE_INDEX, Objective, TokenObjective
 from .preference import (
     DPOObjective,
     ORPOObjective,

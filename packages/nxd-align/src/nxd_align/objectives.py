@@ -58,16 +58,3 @@ class TokenObjective:
         """Unchanged: token sums and counts add up over the parts of a sequence."""
         return self
 
-
-def objective_for(method: str | None, beta: float | None = None) -> Objective:
-    """The objective of an alignment method (`model_alignment_strategy`): None pretrains, "sft"
-    fine-tunes on responses, "dpo" and "orpo" (with their `beta`) train on preference pairs."""
-    if method is None:
-        return TokenObjective()
-    if method == "sft":
-        return TokenObjective("sft")
-    if method in ("dpo", "orpo") and beta is not None:
-        from .preference import DPOObjective, ORPOObjective
-
-        return (DPOObjective if method == "dpo" else ORPOObjective)(beta)
-    raise ValueError(f"model_alignment_strategy: expected sft, dpo or orpo (with beta) or no method, found {method!r}")
