@@ -24,6 +24,7 @@ LOSS_CHUNK = 1024
 COLUMNS = ("parameters", "gradients", "master_weights", "optimizer_state", "activations", "loss", "step", "runtime")
 OFFLOADED = "offloaded"
 """The column of host memory CPU offload uses (not in the peak), shown when a plan offloads."""
+HEADINGS = {OFFLOADED: "offloaded to host (not in peak)"}
 
 
 def runtime_bytes(device: torch.device) -> int:
@@ -111,8 +112,8 @@ def memory_report(plan: RunPlan, given_gib: float | None = None) -> tuple[str, b
     lines = [f"memory plan per rank: {launch.world_size} rank(s), tp {launch.tp}, pp {launch.pp}, cp {launch.cp}; "
              f"precision {plan.policy.type}, optimizer {plan.update.optimizer}; micro-batch "
              f"{plan.batches.micro_batch_size} x {plan.seq_length} tokens",
-             "| pipeline stage | " + " | ".join(name.replace("_", " ") for name in columns).replace(
-                 OFFLOADED, "offloaded to host (not in peak)") + " | peak (GiB) |",
+             "| pipeline stage | " + " | ".join(HEADINGS.get(name, name.replace("_", " ")) for name in columns)
+             + " | peak (GiB) |",
              "|---" * (len(columns) + 2) + "|"]  # fmt: skip
     for rank in ranks:
         values = [getattr(rank, name) / GIB for name in columns]

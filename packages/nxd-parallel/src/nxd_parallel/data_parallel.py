@@ -46,20 +46,20 @@ def apply_data_parallel(
     ignored = set()
     for module in experts:
         if experts_mesh is not None:
-            _apply(module, experts_mesh, zero1, policy, set(), offload=offload)
+            _apply(module, experts_mesh, zero1, policy, set(), offload)
         else:
             ignored |= set(module.parameters())
     for block in blocks:
-        _apply(block, mesh, zero1, policy, ignored, reshard=zero3, offload=offload)
-    _apply(model, mesh, zero1, policy, ignored, offload=offload)
+        _apply(block, mesh, zero1, policy, ignored, offload, reshard=zero3)
+    _apply(model, mesh, zero1, policy, ignored, offload)
     return model
 
 
 def _apply(module: nn.Module, mesh: DeviceMesh, zero1: bool, policy: MixedPrecisionPolicy,
-           ignored: set[nn.Parameter], reshard: bool = False, offload: OffloadPolicy | None = None) -> None:
+           ignored: set[nn.Parameter], offload: OffloadPolicy, reshard: bool = False) -> None:
     if zero1:
         fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored or None,
-                    offload_policy=offload or OffloadPolicy())  # fmt: skip
+                    offload_policy=offload)  # fmt: skip
     else:
         replicate(module, mesh=mesh, mp_policy=policy, ignored_params=ignored or None)
 
