@@ -224,6 +224,16 @@ def test_a_neox_checkpoint_starts_a_run_as_its_weights_do(tmp_path, neox_start):
     hf, neox, setup, expected = neox_start
     found = losses(_from(neox, setup, tmp_path, "from_neox"))
     assert found == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    start = tmp_path / "no_rng.yml"  # resume keys a NeoX checkpoint cannot act on are said to change nothing
+    start.write_text(json.dumps({"load": str(neox), "finetune": True, "save": str(tmp_path / "again"),
+                                 "no_load_rng": True}))  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan_run(load_config([NEOX / "pythia.yml", setup, start], ["bias_gelu_fusion=False",
+                                                                   "make_vocab_size_divisible_by=256"]),
+                 default_cache_dir())  # fmt: skip
+    assert any("exp_manager.resume_rng: False changes nothing when starting from the GPT-NeoX checkpoint"
+               in str(warning.message) for warning in caught)  # fmt: skip
 
 
 @pytest.mark.slow

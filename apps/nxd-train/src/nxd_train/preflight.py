@@ -226,6 +226,13 @@ def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
     if cfg.model.weight_init_only and resume is None:
         warnings.warn("model.weight_init_only: no checkpoint is loaded, so it changes nothing", ConfigNotice,
                       stacklevel=3)  # fmt: skip
+    if resume is not None and resume.neox:
+        for key, value, inert in (("resume_rng", exp.resume_rng, False), ("resume_schedule", exp.resume_schedule,
+                                                                          "checkpoint")):  # fmt: skip
+            if value == inert:
+                warnings.warn(f"exp_manager.{key}: {value} changes nothing when starting from the GPT-NeoX checkpoint "
+                              f"{resume.path}: only its weights are read; random states and the schedule come from "
+                              "this run", ConfigNotice, stacklevel=3)  # fmt: skip
     continues = resume is not None and exp.resume_if_exists and not exp.resume_from_checkpoint
     restarted = resume is not None and resume.weights_only and search is not None
     if restarted and (found := latest_checkpoint(search / CHECKPOINT_DIR)) is not None:

@@ -146,10 +146,13 @@ def _part(tensor: torch.Tensor, part: str, layout: Any, ranks: int) -> torch.Ten
     return tensor.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=0)[index]
 
 
-def neox_tensor(reader: _Reader, key: str, layout: Any) -> torch.Tensor:
-    """Our tensor `key`, whole, from every rank's part."""
+def neox_tensor(reader: _Reader, key: str, layout: Any, *, shape_only: bool = False) -> torch.Tensor:
+    """Our tensor `key`, whole, from every rank's part; `shape_only`: merged on the meta device, so that
+    its shape is known without reading the parts' values."""
     source, ranks = layout.sources[key], reader.checkpoint.ranks
     parts = reader.parts(source.layer, source.name)
+    if shape_only:
+        parts = [torch.empty_like(part, device="meta") for part in parts]
     if source.part is not None:
         parts = [_part(part, source.part, layout, ranks) for part in parts]
     if source.join == "rows":
@@ -173,7 +176,7 @@ def check_neox_weights(path: Path, layout: Any, shapes: Mapping[str, torch.Size]
     for key, shape in shapes.items():
         if key not in layout.sources:
             continue
-        found = neox_tensor(reader, key, layout)
+        found = neox_tensor(reader, key, layout, shape_only=True)
         _check_shape(checkpoint, key, tuple(found.shape), tuple(shape), key in layout.vocab_padded_keys)
 
 
