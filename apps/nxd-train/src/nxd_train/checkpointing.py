@@ -113,10 +113,9 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model "
                                       "(weights only); expected model.weight_init_only: True to start from it")
             return Resume(path.resolve(), True, hugging_face=True)
-        if exp.resume_from_checkpoint_optional and (not path.is_dir() or not any(path.iterdir())):
-            warnings.warn(f"exp_manager.resume_from_checkpoint: {path} is {'empty' if path.is_dir() else 'missing'}; "
-                          "starting a new run (resume_from_checkpoint_optional)", CheckpointWarning, stacklevel=2)
-            return None
+        optional = exp.resume_from_checkpoint_optional
+        if optional and (not path.is_dir() or not any(path.iterdir())):
+            return _new_run(path, "is empty" if path.is_dir() else "is missing")
         if (neox := _neox(path, weights_only)) is not None:
             return neox
         if not path.is_dir():
@@ -124,18 +123,14 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
                                   f"Hugging Face model directory, found no directory at {path}")  # fmt: skip
         if (path / CHECKPOINT_DIR).is_dir() and not read_info(path).complete:  # a run's log directory: its newest
             info = latest_checkpoint(path / CHECKPOINT_DIR)
-            if info is None and exp.resume_from_checkpoint_optional:
-                warnings.warn(f"exp_manager.resume_from_checkpoint: {path} holds no complete checkpoint; starting a "
-                              "new run (resume_from_checkpoint_optional)", CheckpointWarning, stacklevel=2)  # fmt: skip
-                return None
+            if info is None and optional:
+                return _new_run(path, "holds no complete checkpoint")
             if info is None:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a run directory whose "
                                       f"{CHECKPOINT_DIR} folder holds no complete checkpoint")  # fmt: skip
-        elif exp.resume_from_checkpoint_optional and not any((path / name).exists() for name in (MARKER, ".metadata")):
-            warnings.warn(f"exp_manager.resume_from_checkpoint: {path} holds no checkpoint (no nxd completion marker, "
-                          "GPT-NeoX latest or checkpoints folder); starting a new run "
-                          "(resume_from_checkpoint_optional)", CheckpointWarning, stacklevel=2)  # fmt: skip
-            return None
+        elif optional and not any((path / name).exists() for name in (MARKER, ".metadata")):
+            return _new_run(path, "holds no checkpoint (no nxd completion marker, GPT-NeoX latest or checkpoints "
+                            "folder)")  # fmt: skip
         else:
             info = read_info(path).verified(contents=True)
     elif not exp.resume_if_exists:
@@ -153,6 +148,12 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
                                   "+exp_manager.resume_ignore_no_checkpoint=True where the file lacks the key) to "
                                   "start a new run instead")  # fmt: skip
     return Resume(info.path.resolve(), weights_only, world_size=info.extra.get("world_size"))
+
+
+def _new_run(path: Path, why: str) -> None:
+    """No checkpoint to start from at `path` (resume_from_checkpoint_optional): a new run, said once."""
+    warnings.warn(f"exp_manager.resume_from_checkpoint: {path} {why}; starting a new run "
+                  "(resume_from_checkpoint_optional)", CheckpointWarning, stacklevel=3)  # fmt: skip
 
 
 def _neox(path: Path, weights_only: bool) -> Resume | None:
