@@ -137,6 +137,29 @@ def dpo_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5, precompu
             *_preference_data(directory, records), f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
 
 
+def kto_records(count: int, seed: int = 0) -> list[dict]:
+    """`count` prompt/completion/label records, alternately desirable (the prompt's words sorted) and
+    undesirable (random words), from the same preference a tiny model can learn."""
+    records = []
+    for index, pair in enumerate(preference_records(count, seed)):
+        desirable = index % 2 == 0
+        records.append({"prompt": pair["prompt"], "completion": pair["chosen" if desirable else "rejected"],
+                        "label": desirable})  # fmt: skip
+    return records
+
+
+def kto_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5, precompute: bool = True,
+            records: int = 128) -> list[str]:  # fmt: skip
+    """Overrides that turn the tiny config into a KTO run on records written to `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, count, seed in (("train.jsonl", records, 0), ("validation.jsonl", 16, 1)):
+        (directory / name).write_text("".join(json.dumps(r) + "\n" for r in kto_records(count, seed)))
+    return [f"+model_alignment_strategy.kto.beta={beta}", "+model_alignment_strategy.kto.max_prompt_length=32",
+            f"+model_alignment_strategy.kto.precompute_ref_log_probs={precompute}",
+            f"+data.train_dir={directory / 'train.jsonl'}", f"+data.val_dir={directory / 'validation.jsonl'}",
+            f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+
+
 def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar of the TensorBoard event files under `directory`, by tag: (step, value), read from the
     TFRecord framing (length, its CRC, the Event, its CRC) with tensorboardX's Event message."""

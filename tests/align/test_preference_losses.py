@@ -1,5 +1,5 @@
-"""DPO's and ORPO's losses on fixed log-probs against their published formulas worked by hand, and
-ORPO's odds-ratio term finite as the average log-prob nears 0."""
+"""DPO's (each loss type) and ORPO's losses on fixed log-probs against their published formulas
+worked by hand, and ORPO's odds-ratio term finite as the average log-prob nears 0."""
 
 from __future__ import annotations
 
@@ -23,6 +23,55 @@ def test_dpo_sigmoid_loss_is_the_published_formula(beta, chosen, rejected, ref_c
     assert terms.chosen_rewards.item() == pytest.approx(beta * (chosen - ref_chosen))
     assert terms.rejected_rewards.item() == pytest.approx(beta * (rejected - ref_rejected))
     assert terms.accuracies.item() == float(terms.margins.item() > 0)
+
+
+def _softplus(x: float) -> float:
+    """-log sigmoid(-x) = log(1 + e^x), by hand."""
+    return math.log(1 + math.exp(x))
+
+
+# policy chosen -10, rejected -12; reference -11, -11: log-ratios 1 and -1, h = 2
+@pytest.mark.parametrize("loss_type, beta, smoothing, expected", [
+    ("sigmoid", 0.5, 0.0, _softplus(-1)),                                   # -log sigmoid(beta h), beta h = 1
+    ("sigmoid", 0.5, 0.1, 0.9 * _softplus(-1) + 0.1 * _softplus(1)),        # cDPO: labels flipped 10% of the time
+    ("robust", 0.5, 0.1, (0.9 * _softplus(-1) - 0.1 * _softplus(1)) / 0.8),  # the flip divided out
+    ("robust", 0.5, 0.0, _softplus(-1)),                                    # no flips: sigmoid
+    ("hinge", 0.25, 0.0, 0.5),                                              # max(0, 1 - 0.25 x 2)
+    ("hinge", 0.5, 0.0, 0.0),                                               # max(0, 1 - 1)
+    ("ipo", 0.5, 0.0, (1 / 4 + 1 / 2 - 1) ** 2),                            # (1/4 - (-1)/2 - 1/(2 x 0.5))^2
+    ("ipo", 0.1, 0.0, (1 / 4 + 1 / 2 - 5) ** 2),                            # 1/(2 x 0.1) = 5
+])  # fmt: skip
+def test_each_dpo_loss_type_is_its_formula(loss_type, beta, smoothing, expected):
+    values = (torch.tensor([value]) for value in (-10.0, -12.0, -11.0, -11.0))
+    lengths = (torch.tensor([4]), torch.tensor([2]))  # response tokens, which ipo averages over
+    terms = dpo_loss(*values, beta, loss_type, smoothing, lengths)
+    assert abs(terms.loss.item() - expected) < 1e-6 * max(1.0, expected)
+    assert terms.chosen_rewards.item() == pytest.approx(beta) and terms.rejected_rewards.item() == pytest.approx(-beta)
+
+
+def test_reference_free_dpo_counts_the_reference_as_zero():
+    from nxd_align import DPOObjective
+
+    logits, batch = _pair_batch()
+    chosen, rejected = 2 * math.log(0.5), math.log(0.25) + math.log(0.5)
+    loss, metrics = DPOObjective(beta=0.1, reference_free=True).loss(token_cross_entropy(logits, batch["labels"]),
+                                                                      batch)  # fmt: skip
+    assert loss.item() == pytest.approx(_softplus(-0.1 * (chosen - rejected)), abs=1e-6)
+    assert metrics["rewards/chosen"].item() == pytest.approx(0.1 * chosen, abs=1e-6)
+
+
+def test_the_ipo_objective_averages_each_response_over_its_tokens():
+    from nxd_align import DPOObjective
+
+    logits, batch = _pair_batch()  # two counted labels per response
+    chosen, rejected = (2 * math.log(0.5) + 1.5) / 2, (math.log(0.25) + math.log(0.5) + 2.5) / 2
+    loss, _ = DPOObjective(beta=0.5, loss_type="ipo").loss(token_cross_entropy(logits, batch["labels"]), batch)
+    assert loss.item() == pytest.approx((chosen - rejected - 1) ** 2, abs=1e-6)
+
+
+def test_an_unknown_dpo_loss_type_is_named():
+    with pytest.raises(ValueError, match="loss_type: expected one of sigmoid, ipo, hinge, robust, found 'exo'"):
+        dpo_loss(*(torch.zeros(1) for _ in range(4)), 0.1, "exo")
 
 
 @pytest.mark.parametrize("nll, chosen, rejected, beta, expected", [

@@ -177,7 +177,21 @@ def test_at_most_one_alignment_method(minimal) -> None:
     minimal["data"]["train_dir"] = "/data/x.jsonl"
     minimal["model_alignment_strategy"] = {"sft": {}, "orpo": {"max_prompt_length": 64}, "peft": {}}
     assert errors(minimal) == [
-        "model_alignment_strategy: expected at most one of sft, dpo, orpo (peft combines with any), found sft, orpo"
+        "model_alignment_strategy: expected at most one of sft, dpo, orpo, kto (peft combines with any), found sft, orpo"
+    ]
+
+
+def test_kto_needs_a_prompt_length_and_dpo_label_smoothing_fits_its_loss(minimal) -> None:
+    minimal["data"]["train_dir"] = "/data/x.jsonl"
+    minimal["model_alignment_strategy"] = {"kto": {}}
+    assert errors(minimal) == [
+        "model_alignment_strategy.kto.max_prompt_length: expected the longest prompt length in tokens, found nothing"
+    ]
+    minimal["model_alignment_strategy"] = {"dpo": {"max_prompt_length": 8, "loss_type": "hinge",
+                                                   "label_smoothing": 0.1}}  # fmt: skip
+    assert errors(minimal) == [
+        "model_alignment_strategy.dpo.label_smoothing: expected 0 with loss_type hinge (label smoothing applies to "
+        "sigmoid and robust), found 0.1"
     ]
 
 

@@ -127,7 +127,7 @@ def test_a_table_of_another_run_is_recomputed_fresh_and_refused_on_resume(tmp_pa
     read_metrics_of(tmp_path / "orpo", *orpo)  # a checkpoint saved without a table cannot continue as DPO
     orpo_step_3 = next(info.path for info in list_checkpoints(tmp_path / "orpo" / "checkpoints") if info.step == 3)
     assert main([*FAST, *other, f"+exp_manager.resume_from_checkpoint={orpo_step_3}"]) == 1
-    assert f"{orpo_step_3}: expected the DPO reference log-probs saved with the checkpoint (they are never " \
+    assert f"{orpo_step_3}: expected the reference log-probs saved with the checkpoint (they are never " \
            "recomputed from trained weights), found no reference_log_probs table" in capsys.readouterr().err
 
 

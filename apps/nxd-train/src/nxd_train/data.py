@@ -1,6 +1,6 @@
 """The dataset factory: what `data.*` asks for, as train / validation / test datasets (nxd-data).
 
-Fine-tuning reads SFT records (`model_alignment_strategy.sft`) or preference pairs (`dpo`, `orpo`)
+Fine-tuning reads SFT records (`model_alignment_strategy.sft`), preference pairs (`dpo`, `orpo`) or KTO examples (`kto`)
 from `train_dir` / `val_dir`. Pretraining has three sources, in this order: Megatron indexed data
 (`data_prefix`), Hugging Face data (`train_dir`, `val_dir`), or — when a run names neither — the
 built-in corpus, preprocessed once into an indexed dataset in the cache and then read exactly like
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from filelock import FileLock
-from nxd_config.schema.alignment import DPOConfig, ORPOConfig, SFTConfig
+from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, SFTConfig
 from nxd_config.schema.data import DataConfig
 from nxd_data import (
     DataError,
@@ -29,6 +29,7 @@ from nxd_data import (
     collate,
     collate_pairs,
     hf_pretraining_dataset,
+    kto_dataset,
     load_tokenizer,
     preference_dataset,
     sft_dataset,
@@ -143,7 +144,7 @@ class ModelVocabulary:
 
 
 def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None, seed: int,
-                   sft: SFTConfig | None = None, preference: DPOConfig | ORPOConfig | None = None,
+                   sft: SFTConfig | None = None, preference: DPOConfig | ORPOConfig | KTOConfig | None = None,
                    vocabulary: ModelVocabulary | None = None) -> DataSplits:  # fmt: skip
     """The run's datasets (SFT records when `sft` is given, preference pairs with `preference`);
     `train_samples` None means one epoch of the training data. Pre-tokenised Hugging Face data with
@@ -244,19 +245,29 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
                       data.tokenizer.type, shuffled=False, notes=notes, tokenizer_files=files)  # fmt: skip
 
 
-def _preference_splits(data: DataConfig, seq_length: int, preference: DPOConfig | ORPOConfig) -> DataSplits:
-    """Preference pairs of train_dir (and val_dir), one sample per pair."""
+def _preference_splits(data: DataConfig, seq_length: int,
+                       preference: DPOConfig | ORPOConfig | KTOConfig) -> DataSplits:  # fmt: skip
+    """Preference pairs (DPO, ORPO) or KTO examples of train_dir (and val_dir), one sample each, of
+    two sequences (a pair; an example and its KL sequence)."""
     tokenizer = _tokenizer_of(data)
+    kto = isinstance(preference, KTOConfig)
     splits, notes = {}, []
     for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
                                                                               data.val_dir)):  # fmt: skip
-        if location is not None:
-            splits[key] = preference_dataset(location, key, split, tokenizer, seq_length,
-                                             max_prompt_length=preference.max_prompt_length,
-                                             truncation_mode=preference.truncation_mode,
-                                             limit=data.dev_choose_samples)  # fmt: skip
-            notes.append(f"{key}: {len(splits[key])} preference pairs ({splits[key].truncated} truncated to "
+        if location is None:
+            continue
+        cut = {"max_prompt_length": preference.max_prompt_length, "truncation_mode": preference.truncation_mode,
+               "limit": data.dev_choose_samples}  # fmt: skip
+        if kto:
+            dataset = kto_dataset(location, key, split, tokenizer, seq_length, need_both=split == "train", **cut)
+            notes.append(f"{key}: {len(dataset)} KTO examples, {dataset.desirable} desirable and "
+                         f"{len(dataset) - dataset.desirable} undesirable ({dataset.truncated} truncated to "
                          f"seq_length {seq_length})")  # fmt: skip
+        else:
+            dataset = preference_dataset(location, key, split, tokenizer, seq_length, **cut)
+            notes.append(f"{key}: {len(dataset)} preference pairs ({dataset.truncated} truncated to "
+                         f"seq_length {seq_length})")  # fmt: skip
+        splits[key] = dataset
     train = splits["data.train_dir"]
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
                       data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,

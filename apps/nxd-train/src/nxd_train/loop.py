@@ -117,8 +117,8 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     metrics (means over the global count), the learning rate used and the gradient norm. A step whose
     loss or gradient norm is not finite updates nothing (`guard` says whether to skip or stop)."""
     objective = run.objective
-    if run.reference_pass is not None:
-        run.reference_pass(batches)
+    for step_pass in run.step_passes:
+        step_pass(batches)
     count = run.summed(sum(objective.count(batch) for batch in batches).double(), run.token_mesh)
     loss_scale = 1.0 if run.scaler is None else run.scaler.scale
     totals = run.executor.run(batches, objective.loss, scale=run.dims.dp * run.dims.cp * loss_scale / count)
@@ -129,6 +129,7 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     sums = {"loss": totals.loss, **{name: totals.metrics.get(name, torch.zeros_like(totals.loss))
                                     for name in objective.metric_names}}  # none on ranks without the last stage
     values = {name: (run.summed(value, run.token_mesh, run.pp_mesh) / count).item() for name, value in sums.items()}
+    values = objective.report(values)
     moe = routing(run)
     if "moe_aux_loss" in moe:  # the loss trained on: cross-entropy plus the weighted load-balancing loss
         values["loss"] += run.plan.family.moe.router_aux_loss_coef * moe["moe_aux_loss"]
@@ -176,8 +177,8 @@ def evaluate(run: Run, dataset: Dataset | None, limit: int | float) -> float | N
     batches = run.micro_batches(dataset, replace(sampler, steps=count))
     for _ in range(count):
         step_batches = [next(batches) for _ in range(run.accumulation)]
-        if run.reference_pass is not None:
-            run.reference_pass(step_batches)
+        for step_pass in run.step_passes:
+            step_pass(step_batches)
         loss += run.executor.run(step_batches, objective.loss, training=False).loss
         total += sum(objective.count(batch) for batch in step_batches)
     run.model.train()

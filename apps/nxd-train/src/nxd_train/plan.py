@@ -186,7 +186,7 @@ class Adapters:
 
 @dataclass(frozen=True)
 class Reference:
-    """DPO's reference model: the run's initial weights (under LoRA, the base with adapters off)."""
+    """DPO's and KTO's reference model: the run's initial weights (under LoRA, the base with adapters off)."""
 
     precompute: bool = True
     """Log-probs computed once before the first step into a table kept with the run and its checkpoints
@@ -196,6 +196,8 @@ class Reference:
     digest: str = ""
     """What decides the table (model, initial weights, precision, data): a table stored under another
     digest belongs to another run."""
+    kl_baseline: bool = False
+    """KTO: each sample's second row is its mismatched KL sequence, measured each step for the baseline."""
 
 
 @dataclass(frozen=True)

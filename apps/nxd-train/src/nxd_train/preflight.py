@@ -17,7 +17,7 @@ import torch
 from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_digest
 from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig, Status
-from nxd_config.schema.alignment import DPOConfig, ORPOConfig
+from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig
 from nxd_config.schema.model import MoEConfig
 from nxd_data import DataError
 from nxd_models import (
@@ -67,7 +67,7 @@ class PreflightError(Exception):
 
 
 def _method(cfg: NxdConfig) -> str | None:
-    """The fine-tuning method (sft, dpo, orpo), or None to pretrain."""
+    """The fine-tuning method (sft, dpo, orpo, kto), or None to pretrain."""
     return None if cfg.model_alignment_strategy is None else cfg.model_alignment_strategy.method
 
 
@@ -75,7 +75,7 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     found = []
     if (alignment := cfg.model_alignment_strategy) is not None:
         if alignment.method is None and alignment.peft is None:
-            found.append("model_alignment_strategy: expected a method (sft, dpo, orpo) or peft, found an empty "
+            found.append("model_alignment_strategy: expected a method (sft, dpo, orpo, kto) or peft, found an empty "
                          "section; remove it to pretrain")  # fmt: skip
         if (peft := alignment.peft) is not None and peft.save_lora_base and peft.merge_lora:
             found.append("model_alignment_strategy.peft: save_lora_base and merge_lora both write the base weights "
@@ -436,16 +436,23 @@ def _model_vocabulary(cfg: NxdConfig) -> ModelVocabulary | None:
     return ModelVocabulary(config.vocab_size, eos, source)
 
 
-def _preference(cfg: NxdConfig) -> DPOConfig | ORPOConfig | None:
-    """The dpo or orpo block, when the run trains on preference pairs."""
+def _preference(cfg: NxdConfig) -> DPOConfig | ORPOConfig | KTOConfig | None:
+    """The dpo, orpo or kto block, when the run trains on preference data."""
     alignment = cfg.model_alignment_strategy
-    return None if alignment is None else alignment.dpo or alignment.orpo
+    return None if alignment is None else alignment.dpo or alignment.orpo or alignment.kto
 
 
 def _objective(cfg: NxdConfig) -> Objective:
-    preference = _preference(cfg)
-    beta = preference.kl_beta if isinstance(preference, DPOConfig) else getattr(preference, "beta", None)
-    return objective_for(_method(cfg), beta=beta)
+    block = _preference(cfg)
+    if isinstance(block, DPOConfig):
+        settings = {"beta": block.kl_beta, "loss_type": block.loss_type, "label_smoothing": block.label_smoothing,
+                    "reference_free": block.reference_free}  # fmt: skip
+    elif isinstance(block, KTOConfig):
+        settings = {"beta": block.beta, "desirable_weight": block.desirable_weight,
+                    "undesirable_weight": block.undesirable_weight}  # fmt: skip
+    else:
+        settings = {} if block is None else {"beta": block.beta}
+    return objective_for(_method(cfg), **settings)
 
 
 def _initial_weights(cfg: NxdConfig, resume: Resume | None) -> Resume | None:
@@ -460,17 +467,18 @@ def _initial_weights(cfg: NxdConfig, resume: Resume | None) -> Resume | None:
 
 def _reference(cfg: NxdConfig, resume: Resume | None, family: ModelFamily | LoraFamily, data: DataSplits,
                policy: PrecisionPolicy) -> Reference | None:  # fmt: skip
-    """DPO's reference: precomputed or live, from the initial weights, with the digest of its table."""
-    alignment = cfg.model_alignment_strategy
-    if alignment is None or alignment.dpo is None:
+    """DPO's and KTO's reference: precomputed or live, from the initial weights, with the digest of its
+    table; none for reference-free DPO."""
+    block = _preference(cfg)
+    if not isinstance(block, DPOConfig | KTOConfig) or getattr(block, "reference_free", False):
         return None
     initial = _initial_weights(cfg, resume)
     parts = {"model": str(family.spec), "attention": str(family.attention), "seq_length": cfg.seq_length,
              "initial": f"seed {cfg.seed}" if initial is None else str(initial.path), "policy": repr(policy),
              "train": data.train.fingerprint,
              "validation": None if data.validation is None else data.validation.fingerprint}  # fmt: skip
-    return Reference(precompute=alignment.dpo.precompute_ref_log_probs, initial=initial,
-                     digest=reference_digest(parts))  # fmt: skip
+    return Reference(precompute=block.precompute_ref_log_probs, initial=initial, digest=reference_digest(parts),
+                     kl_baseline=isinstance(block, KTOConfig))  # fmt: skip
 
 
 def _peft(cfg: NxdConfig):  # noqa: ANN202 - the config's PeftConfig or None

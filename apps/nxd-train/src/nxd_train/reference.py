@@ -1,4 +1,5 @@
-"""DPO's reference model in a run (nxd-align's tables and row log-probs, wired to the run's executor).
+"""DPO's and KTO's reference model in a run (nxd-align's tables and row log-probs, wired to the run's
+executor), and KTO's KL baseline pass.
 
 Precomputed (the default): before the first step, every pair of the training and validation data
 goes once through the initial weights (under LoRA, the base with its adapters off), in eval mode,
@@ -21,12 +22,15 @@ from pathlib import Path
 
 import torch
 from nxd_align import (
+    IGNORE_INDEX,
+    KL_KEY,
     REFERENCE_KEY,
     TABLE_FILE,
     ReferenceError,
     RowLogProbs,
     WithReference,
     adapters_disabled,
+    kl_baseline,
     load_reference,
     save_reference,
 )
@@ -115,7 +119,7 @@ def _stored(run: Run, path: Path, sizes: dict[str, int], *, required: bool) -> d
         return _broadcast(run, tables if run.fabric.global_rank == 0 else None, sizes)
     if required:
         found = "no reference_log_probs table" if state == "absent" else state
-        raise CheckpointError(f"{path.parent}: expected the DPO reference log-probs saved with the checkpoint "
+        raise CheckpointError(f"{path.parent}: expected the reference log-probs saved with the checkpoint "
                               f"(they are never recomputed from trained weights), found {found}")  # fmt: skip
     if state != "absent":
         run.monitor.info(f"{state}: computing them anew")
@@ -126,8 +130,10 @@ def prepare_reference(run: Run, resume: Resume | None) -> None:
     """Give the run its reference log-probs: the table (read back or computed) on its datasets, or the
     live reference pass; the objective then finds `reference_log_probs` in every micro-batch."""
     plan = run.plan
+    if plan.reference.kl_baseline:  # after the reference values, which it reads for the KL rows
+        run.step_passes.insert(0, partial(_baseline_pass, run))
     if not plan.reference.precompute:
-        run.reference_pass = _live_pass(run)
+        run.step_passes.insert(0, _live_pass(run))
         return
     datasets = {"train": plan.data.train, "validation": plan.data.validation}
     datasets = {split: dataset for split, dataset in datasets.items() if dataset is not None}
@@ -154,6 +160,25 @@ def prepare_reference(run: Run, resume: Resume | None) -> None:
 
 def _keep_with_checkpoint(folder: Path, *, tables: dict[str, torch.Tensor], digest: str) -> None:
     save_reference(folder / TABLE_FILE, tables, digest)
+
+
+def _baseline_pass(run: Run, batches: list[Batch]) -> None:
+    """KTO's KL baseline for a step: the policy's log-probs of every micro-batch's KL rows (the odd
+    rows), without gradients or dropout, against their reference values, averaged over the step's
+    global batch and clamped at 0 (nxd-align's `kl_baseline`); then each micro-batch keeps only its
+    example rows, with the baseline as `kto_kl`."""
+    kl_rows = [{key: value[1::2] for key, value in batch.items()} for batch in batches]
+    with _reference_mode(run.model, lora=False):
+        policy = run.summed(_row_log_probs(run.executor, kl_rows), run.mesh.get("cp"), run.pp_mesh)
+    counted = torch.cat([(rows["labels"] != IGNORE_INDEX).sum(-1) for rows in kl_rows])
+    reference = torch.cat([rows[REFERENCE_KEY] for rows in kl_rows])
+    valid = run.summed(counted, run.mesh.get("cp")) > 0
+    data_parallel = run.mesh.get("dp")
+    kl = kl_baseline(policy, reference, valid, lambda sums: run.summed(sums, data_parallel))
+    for batch in batches:
+        for key, value in list(batch.items()):
+            batch[key] = value[0::2]
+        batch[KL_KEY] = kl
 
 
 def _live_pass(run: Run) -> Callable[[list[Batch]], None]:

@@ -61,8 +61,9 @@ class Run:
     """The datasets trained and validated on: the plan's, with DPO's reference log-probs when precomputed."""
     padding: Batch | None = None
     """The sample that fills short batches (adds nothing to the loss)."""
-    reference_pass: Callable[[list[Batch]], None] | None = None
-    """DPO's live reference: adds `reference_log_probs` to a step's micro-batches."""
+    step_passes: list[Callable[[list[Batch]], None]] = field(default_factory=list)
+    """What runs on a step's micro-batches before the objective, in order: the live reference (adds
+    `reference_log_probs`), KTO's KL baseline (adds `kto_kl`, keeps the example rows)."""
     attach: list[Callable[[Path], None]] = field(default_factory=list)
     """What rank 0 writes into each checkpoint folder beside the shards (peft adapter files, DPO's table)."""
     checkpoint_group: torch.distributed.ProcessGroup | None = None

@@ -1,10 +1,12 @@
-"""nxd_align: objectives (pretraining and SFT token cross-entropy, DPO and ORPO on preference pairs),
-DPO's reference log-probs, and LoRA adapters."""
+"""nxd_align: objectives (pretraining and SFT token cross-entropy, DPO and ORPO on preference pairs, KTO on
+labelled examples), the reference log-probs they compare against, and LoRA adapters."""
 
+from .kto import KL_KEY, LABEL_KEY, KTOObjective, KTOTerms, kl_baseline, kto_loss
 from .lora import LoraConfigError, LoraFamily, LoraSpec, adapters_disabled, base_key, is_adapter_key
 from .objective_choice import objective_for
 from .objectives import IGNORE_INDEX, Objective, TokenObjective
 from .preference import (
+    DPO_LOSS_TYPES,
     DPOObjective,
     ORPOObjective,
     PairObjective,
@@ -27,8 +29,9 @@ from .reference import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "IGNORE_INDEX", "REFERENCE_KEY", "TABLE_FILE", "DPOObjective", "LoraConfigError", "LoraFamily", "LoraSpec",
-    "ORPOObjective", "Objective", "PairObjective", "PreferenceTerms", "ReferenceError", "RowLogProbs",
-    "TokenObjective", "WithReference", "adapters_disabled", "base_key", "dpo_loss", "is_adapter_key",
-    "load_reference", "objective_for", "orpo_loss", "reference_digest", "save_reference", "sequence_log_probs",
+    "DPO_LOSS_TYPES", "IGNORE_INDEX", "KL_KEY", "LABEL_KEY", "REFERENCE_KEY", "TABLE_FILE", "adapters_disabled",
+    "base_key", "dpo_loss", "DPOObjective", "is_adapter_key", "kl_baseline", "kto_loss", "KTOObjective", "KTOTerms",
+    "load_reference", "LoraConfigError", "LoraFamily", "LoraSpec", "Objective", "objective_for", "orpo_loss",
+    "ORPOObjective", "PairObjective", "PreferenceTerms", "reference_digest", "ReferenceError", "RowLogProbs",
+    "save_reference", "sequence_log_probs", "TokenObjective", "WithReference",
 ]  # fmt: skip

@@ -37,6 +37,10 @@ class Objective(Protocol):
     def split_over(self, group: ProcessGroup | None) -> Objective:
         """This objective on batches whose sequences are split over `group` (context parallelism)."""
 
+    def report(self, values: dict[str, float]) -> dict[str, float]:
+        """The logged values from the step's global means (the loss and each metric sum divided by the
+        global count): where a metric is a mean over part of the batch, its own share divides it."""
+
 
 @dataclass(frozen=True)
 class TokenObjective:
@@ -57,4 +61,7 @@ class TokenObjective:
     def split_over(self, group: ProcessGroup | None) -> TokenObjective:
         """Unchanged: token sums and counts add up over the parts of a sequence."""
         return self
+
+    def report(self, values: dict[str, float]) -> dict[str, float]:
+        return values
 

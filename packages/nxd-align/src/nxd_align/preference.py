@@ -52,13 +52,38 @@ def sequence_log_probs(token_losses: torch.Tensor, labels: torch.Tensor) -> tupl
     return (-token_losses.double() * counted).sum(-1), counted.sum(-1)
 
 
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
+
+
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
-             reference_rejected: torch.Tensor, beta: float) -> PreferenceTerms:  # fmt: skip
-    """DPO's sigmoid loss per pair from summed response log-probs: -log sigmoid(beta ((pi_c - ref_c) -
-    (pi_r - ref_r))), in fp64 (the differences of large sums); the implicit rewards are beta (pi - ref)."""
-    chosen = beta * (policy_chosen.double() - reference_chosen.double())
-    rejected = beta * (policy_rejected.double() - reference_rejected.double())
-    return PreferenceTerms(-F.logsigmoid(chosen - rejected), chosen.detach(), rejected.detach())
+             reference_rejected: torch.Tensor, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
+             lengths: tuple[torch.Tensor, torch.Tensor] | None = None) -> PreferenceTerms:  # fmt: skip
+    """DPO's loss per pair from summed response log-probs, in fp64 (the differences of large sums), with
+    h = (pi_c - ref_c) - (pi_r - ref_r) and the implicit rewards beta (pi - ref):
+    - sigmoid (Rafailov et al. 2023): -log sigmoid(beta h); with label_smoothing e, the conservative
+      form (cDPO) -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h);
+    - robust (Chowdhury et al. 2024): (-(1 - e) log sigmoid(beta h) + e log sigmoid(-beta h)) / (1 - 2e);
+    - hinge (SLiC): max(0, 1 - beta h);
+    - ipo (Azar et al. 2023): (h' - 1 / (2 beta))^2, h' from log-ratios averaged per response token
+      (`lengths`: the chosen and rejected responses' token counts), as TRL computes it."""
+    chosen_ratio = policy_chosen.double() - reference_chosen.double()
+    rejected_ratio = policy_rejected.double() - reference_rejected.double()
+    margin = chosen_ratio - rejected_ratio
+    if loss_type == "sigmoid":
+        loss = -(1 - label_smoothing) * F.logsigmoid(beta * margin) - label_smoothing * F.logsigmoid(-beta * margin)
+    elif loss_type == "robust":
+        loss = (-(1 - label_smoothing) * F.logsigmoid(beta * margin)
+                + label_smoothing * F.logsigmoid(-beta * margin)) / (1 - 2 * label_smoothing)  # fmt: skip
+    elif loss_type == "hinge":
+        loss = torch.relu(1 - beta * margin)
+    elif loss_type == "ipo":
+        if lengths is None:
+            raise ValueError("dpo_loss: the ipo loss needs the responses' token counts (lengths)")
+        chosen_length, rejected_length = (length.double().clamp(min=1) for length in lengths)
+        loss = (chosen_ratio / chosen_length - rejected_ratio / rejected_length - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"loss_type: expected one of {', '.join(DPO_LOSS_TYPES)}, found {loss_type!r}")
+    return PreferenceTerms(loss, beta * chosen_ratio.detach(), beta * rejected_ratio.detach())
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -135,19 +160,27 @@ class PairObjective:
         loss, metrics = self.pair_sums(self._whole(total), self._whole(count), batch)
         return loss / self._parts, {name: value / self._parts for name, value in metrics.items()}
 
+    def report(self, values: dict[str, float]) -> dict[str, float]:
+        """Unchanged: every metric is a mean over the pairs."""
+        return values
+
 
 @dataclass(frozen=True)
 class DPOObjective(PairObjective):
-    """DPO's sigmoid loss; the reference log-probs come with the batch (`reference_log_probs`, one per
-    row)."""
+    """DPO (`loss_type` as `dpo_loss` lists); the reference log-probs come with the batch
+    (`reference_log_probs`, one per row), or are 0 with `reference_free` (no reference model)."""
 
     name: str = "dpo"
     metric_names: tuple[str, ...] = PAIR_METRICS
+    loss_type: str = "sigmoid"
+    label_smoothing: float = 0.0
+    reference_free: bool = False
 
     def pair_sums(self, total: torch.Tensor, count: torch.Tensor,
                   batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
-        reference = batch["reference_log_probs"]
-        terms = dpo_loss(total[0::2], total[1::2], reference[0::2], reference[1::2], self.beta)
+        reference = torch.zeros_like(total) if self.reference_free else batch["reference_log_probs"]
+        terms = dpo_loss(total[0::2], total[1::2], reference[0::2], reference[1::2], self.beta, self.loss_type,
+                         self.label_smoothing, (count[0::2], count[1::2]))  # fmt: skip
         return _sums(terms, total[0::2], total[1::2], (count[0::2] > 0).double())
 
 

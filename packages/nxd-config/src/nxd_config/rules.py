@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigIssue
 from .schema import NxdConfig
+from .schema.alignment import METHODS, PREFERENCE_METHODS
 from .schema.precision import LOSS_SCALING, MANUAL_KNOBS
 
 TP = "distributed_strategy.tensor_model_parallel_size"
@@ -465,9 +466,9 @@ def one_alignment_method(c: NxdConfig) -> Iterator[Finding]:
     a = c.model_alignment_strategy
     if a is None:
         return
-    chosen = [name for name in ("sft", "dpo", "orpo") if getattr(a, name) is not None]
+    chosen = [name for name in METHODS if getattr(a, name) is not None]
     if len(chosen) > 1:
-        yield error(ALIGN, f"expected at most one of sft, dpo, orpo (peft combines with any), "
+        yield error(ALIGN, f"expected at most one of {', '.join(METHODS)} (peft combines with any), "
                     f"found {', '.join(chosen)}")
 
 
@@ -476,7 +477,7 @@ def preference_prompt_length(c: NxdConfig) -> Iterator[Finding]:
     a = c.model_alignment_strategy
     if a is None:
         return
-    for name in ("dpo", "orpo"):
+    for name in PREFERENCE_METHODS:
         block = getattr(a, name)
         if block is None:
             continue
@@ -486,6 +487,16 @@ def preference_prompt_length(c: NxdConfig) -> Iterator[Finding]:
         elif c.seq_length is not None and block.max_prompt_length >= c.seq_length:
             yield error(path, f"expected less than the sequence length ({c.seq_length}) so that a "
                         f"response fits, found {block.max_prompt_length}", path, *SEQ)
+
+
+@rule
+def dpo_label_smoothing_fits_the_loss(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if a is None or a.dpo is None or a.dpo.label_smoothing == 0 or a.dpo.loss_type in ("sigmoid", "robust"):
+        return
+    path = f"{ALIGN}.dpo.label_smoothing"
+    yield error(path, f"expected 0 with loss_type {a.dpo.loss_type} (label smoothing applies to sigmoid and robust), "
+                f"found {a.dpo.label_smoothing}", path, f"{ALIGN}.dpo.loss_type")
 
 
 @rule

@@ -1,5 +1,6 @@
 """nxd_data: Megatron indexed datasets, GPT pretraining samples, blending, Hugging Face data,
-supervised fine-tuning records (packed or padded), preference pairs and exact-resume sampling."""
+supervised fine-tuning records (packed or padded), preference pairs, KTO examples and exact-resume
+sampling."""
 
 from .blending import BlendedDataset, blend_indices, weights_by_documents
 from .errors import DataError, DataWarning
@@ -8,6 +9,7 @@ from .gpt_dataset import GPTDataset, split_documents
 from .hf_data import TokenStream, hf_pretraining_dataset, load_records
 from .indexed import IndexedDataset, IndexedDatasetWriter, token_dtype
 from .indices import build_indices
+from .kto import KTODataset, kto_dataset
 from .megatron import MegatronDataBuilder
 from .preference import PreferenceDataset, collate_pairs, preference_dataset
 from .preprocess import PreprocessSummary, preprocess_jsonl
@@ -29,6 +31,7 @@ __all__ = [
     "GPTDataset",
     "IndexedDataset",
     "IndexedDatasetWriter",
+    "KTODataset",
     "MegatronDataBuilder",
     "PreferenceDataset",
     "PreprocessSummary",
@@ -45,6 +48,7 @@ __all__ = [
     "collate",
     "collate_pairs",
     "hf_pretraining_dataset",
+    "kto_dataset",
     "load_records",
     "load_tokenizer",
     "pack_best_fit",

@@ -43,28 +43,32 @@ class PreferencePair:
     truncated: bool = False
 
 
-def _texts(record: Any, place: str, where: str, renderer: ChatRenderer | None) -> tuple[str, str, str, bool]:
-    """(prompt, chosen, rejected) texts of a record, and whether they came from a conversation."""
+def record_texts(record: Any, place: str, where: str, renderer: ChatRenderer | None,
+                 responses: tuple[str, ...] = RESPONSES) -> tuple[str, list[str], bool]:  # fmt: skip
+    """The prompt and `responses` texts of a record (strings, or a conversation rendered with the chat
+    template: the prompt with its generation prompt, each response as the rest of the conversation it
+    completes), and whether they came from a conversation."""
+    names = ("prompt", *responses)
+    listed = ", ".join(names[:-1]) + " and " + names[-1]
     if not isinstance(record, dict):
         raise DataError(f"{where}: {place}: expected a JSON object, found {type(record).__name__}")
-    if missing := [name for name in ("prompt", *RESPONSES) if name not in record]:
-        raise DataError(f"{where}: {place}: expected prompt, chosen and rejected, found no {', '.join(missing)} "
+    if missing := [name for name in names if name not in record]:
+        raise DataError(f"{where}: {place}: expected {listed}, found no {', '.join(missing)} "
                         f"(keys: {', '.join(sorted(record)) or 'none'})")  # fmt: skip
-    if all(isinstance(record[name], str) for name in ("prompt", *RESPONSES)):
-        for name in RESPONSES:
+    if all(isinstance(record[name], str) for name in names):
+        for name in responses:
             if not record[name].strip():
                 raise DataError(f"{where}: {place}: {name}: expected a response, found an empty string")
-        return record["prompt"], record["chosen"], record["rejected"], False
-    if not all(isinstance(record[name], list) for name in ("prompt", *RESPONSES)):
-        kinds = ", ".join(f"{name} {type(record[name]).__name__}" for name in ("prompt", *RESPONSES))
-        raise DataError(f"{where}: {place}: expected prompt, chosen and rejected all strings or all message lists, "
-                        f"found {kinds}")  # fmt: skip
+        return record["prompt"], [record[name] for name in responses], False
+    if not all(isinstance(record[name], list) for name in names):
+        kinds = ", ".join(f"{name} {type(record[name]).__name__}" for name in names)
+        raise DataError(f"{where}: {place}: expected {listed} all strings or all message lists, found {kinds}")
     if renderer is None:
         raise DataError(f"{where}: {place}: a conversational record needs the tokenizer's chat template, which it "
                         "lacks (expected chat_template in tokenizer_config.json or a chat_template.jinja file)")
     prompt = renderer.render(record["prompt"], generation_prompt=True)
-    responses = []
-    for name in RESPONSES:
+    texts = []
+    for name in responses:
         messages = [*record["prompt"], *record[name]]
         if problem := message_problem(messages):
             raise DataError(f"{where}: {place}: prompt + {name}: {problem}")
@@ -74,11 +78,11 @@ def _texts(record: Any, place: str, where: str, renderer: ChatRenderer | None) -
         if not whole.startswith(prompt):
             raise DataError(f"{where}: {place}: the chat template does not render the prompt as the start of the "
                             "conversation; expected a template whose prefixes render as prefixes")  # fmt: skip
-        responses.append(whole[len(prompt):])
-    return prompt, responses[0], responses[1], True
+        texts.append(whole[len(prompt):])
+    return prompt, texts, True
 
 
-def _truncated(prompt: list[int], chosen: list[int], rejected: list[int], seq_length: int, max_prompt_length: int,
+def truncated_pair(prompt: list[int], chosen: list[int], rejected: list[int], seq_length: int, max_prompt_length: int,
                mode: str) -> PreferencePair:  # fmt: skip
     """The pair cut as the module docstring says."""
     if len(prompt) + max(len(chosen), len(rejected)) <= seq_length:
@@ -96,10 +100,10 @@ def tokenize_pairs(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer,
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template is not None else None
     pairs = []
     for place, record in records:
-        prompt, chosen, rejected, conversation = _texts(record, place, where, renderer)
+        prompt, (chosen, rejected), conversation = record_texts(record, place, where, renderer)
         ids = tokenizer.encode([prompt, chosen, rejected])
         prompt_ids = ids[0] if conversation else [tokenizer.begin_id, *ids[0]]  # the template writes its own BOS
-        pairs.append(_truncated(prompt_ids, [*ids[1], tokenizer.eod_id], [*ids[2], tokenizer.eod_id], seq_length,
+        pairs.append(truncated_pair(prompt_ids, [*ids[1], tokenizer.eod_id], [*ids[2], tokenizer.eod_id], seq_length,
                                 max_prompt_length, truncation_mode))  # fmt: skip
     if not pairs:
         raise DataError(f"{where}: holds no records")
@@ -150,15 +154,20 @@ class PreferenceDataset(Dataset):
                 "position_ids": torch.from_numpy(positions)}  # fmt: skip
 
 
-def preference_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer, seq_length: int, *,
-                       max_prompt_length: int, truncation_mode: str = "keep_start",
-                       limit: int | None = None) -> PreferenceDataset:  # fmt: skip
-    """The preference pairs of the data at `location` (see the module docstring)."""
+def check_truncation(seq_length: int, max_prompt_length: int, truncation_mode: str) -> None:
+    """DataError unless the prompt limit leaves room for a response and the mode is known."""
     if truncation_mode not in TRUNCATION_MODES:
         raise DataError(f"truncation_mode: expected one of {', '.join(TRUNCATION_MODES)}, found {truncation_mode!r}")
     if not 1 <= max_prompt_length < seq_length:
         raise DataError(f"max_prompt_length: expected at least 1 and below data.seq_length ({seq_length}) so that a "
                         f"response has room, found {max_prompt_length}")  # fmt: skip
+
+
+def preference_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer, seq_length: int, *,
+                       max_prompt_length: int, truncation_mode: str = "keep_start",
+                       limit: int | None = None) -> PreferenceDataset:  # fmt: skip
+    """The preference pairs of the data at `location` (see the module docstring)."""
+    check_truncation(seq_length, max_prompt_length, truncation_mode)
     pairs = tokenize_pairs(read_records(location, where, split, limit), tokenizer, seq_length, max_prompt_length,
                            truncation_mode, where)  # fmt: skip
     return PreferenceDataset(pairs, seq_length, tokenizer.eod_id)

@@ -1,4 +1,4 @@
-"""`model_alignment_strategy`: SFT, DPO or ORPO fine-tuning, each optionally with LoRA (`peft`).
+"""`model_alignment_strategy`: SFT, DPO, ORPO or KTO fine-tuning, each optionally with LoRA (`peft`).
 
 A method is chosen by writing its block: `sft:` alone (even empty) selects SFT with defaults.
 """
@@ -15,6 +15,9 @@ ALIGN = "nxd-align"
 DATA = "nxd-data"
 
 Truncation = Literal["keep_start", "keep_end"]
+METHODS = ("sft", "dpo", "orpo", "kto")
+PREFERENCE_METHODS = ("dpo", "orpo", "kto")
+"""The methods trained on preference data (a prompt and responses, cut to max_prompt_length)."""
 
 
 class SFTConfig(Section):
@@ -26,8 +29,20 @@ class SFTConfig(Section):
 
 class DPOConfig(Section):
     kl_beta: float = key(0.01, "Beta of the DPO loss (strength of the pull towards the reference).", by=ALIGN, gt=0.0)
-    loss_type: Literal["sigmoid"] = key("sigmoid", "DPO loss variant: sigmoid, -log sigmoid(beta x the difference "
-                                        "of the implicit rewards' log-ratios).", by=ALIGN)
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = key(
+        "sigmoid", "DPO loss, of h = the chosen minus the rejected response's log-ratio to the reference: sigmoid, "
+        "-log sigmoid(beta h); ipo, (h' - 1 / (2 beta))^2 with log-ratios averaged per response token (as TRL); "
+        "hinge, max(0, 1 - beta h); robust, sigmoid corrected for preference labels flipped with probability "
+        "label_smoothing.", by=ALIGN,
+    )
+    label_smoothing: float = key(
+        0.0, "nxd extension (TRL's key): the probability that a preference label is flipped, in [0, 0.5); robust "
+        "divides it out, sigmoid becomes conservative DPO (cDPO). Not used by ipo or hinge.", by=ALIGN, ge=0.0, lt=0.5,
+    )
+    reference_free: bool = key(
+        False, "nxd extension (GPT-NeoX's dpo_reference_free): no reference model; its log-probs count as 0.",
+        by=ALIGN,
+    )
     max_prompt_length: int | None = key(
         None, "Longest prompt kept in prompt + response (required). Older spelling: max_dpo_prompt_length.",
         by=DATA, ge=1,
@@ -49,6 +64,26 @@ class ORPOConfig(Section):
     )
     truncation_mode: Truncation = key(
         "keep_start", "Which end of an over-long prompt + response is kept.", by=DATA
+    )
+
+
+class KTOConfig(Section):
+    beta: float = key(0.1, "nxd extension. Beta of the KTO loss (strength of the pull towards the reference).",
+                      by=ALIGN, gt=0.0)  # fmt: skip
+    desirable_weight: float = key(
+        1.0, "Weight of the desirable examples' losses (raise it when they are fewer than the undesirable ones).",
+        by=ALIGN, gt=0.0,
+    )
+    undesirable_weight: float = key(1.0, "Weight of the undesirable examples' losses.", by=ALIGN, gt=0.0)
+    max_prompt_length: int | None = key(
+        None, "Longest prompt kept in prompt + completion (required).", by=DATA, ge=1
+    )
+    precompute_ref_log_probs: bool = key(
+        True, "Compute the reference model's log-probs of every example and KL sequence once before training (kept "
+        "with the run and its checkpoints); False runs the reference beside the policy every step.", by=ALIGN,
+    )
+    truncation_mode: Truncation = key(
+        "keep_start", "Which end of an over-long prompt + completion is kept.", by=DATA
     )
 
 
@@ -94,6 +129,10 @@ class AlignmentConfig(Section):
     )
     dpo: DPOConfig | None = key(None, "Direct preference optimisation.", by=ALIGN)
     orpo: ORPOConfig | None = key(None, "Odds-ratio preference optimisation.", by=ALIGN)
+    kto: KTOConfig | None = key(
+        None, "nxd extension. Kahneman-Tversky optimisation: prompt / completion / label records (label true for a "
+        "desirable completion), against a reference.", by=ALIGN,
+    )
     peft: PeftConfig | None = key(None, "LoRA adapters; combines with any method.", by=ALIGN)
 
     @model_validator(mode="before")
@@ -106,8 +145,8 @@ class AlignmentConfig(Section):
 
     @property
     def method(self) -> str | None:
-        """The chosen method: 'sft', 'dpo', 'orpo', or None (only LoRA, or nothing)."""
-        for name in ("sft", "dpo", "orpo"):
+        """The chosen method: 'sft', 'dpo', 'orpo', 'kto', or None (only LoRA, or nothing)."""
+        for name in METHODS:
             if getattr(self, name) is not None:
                 return name
         return None

@@ -1,0 +1,136 @@
+"""KTO (Ethayarajh et al. 2024): preference learning from unpaired examples, each completion labelled
+desirable or undesirable, against a frozen reference and a KL baseline.
+
+With r = log pi(y|x) - log pi_ref(y|x) (summed over the completion) and z the KL baseline (detached,
+at least 0), a desirable example's loss is w_d (1 - sigmoid(beta (r - z))) and an undesirable one's
+w_u (1 - sigmoid(beta (z - r))); the implicit reward is beta r. The baseline is estimated from
+mismatched (prompt, completion) pairs, each prompt with another record's completion: the mean of their
+policy-minus-reference log-probs over the step's global batch, clamped at 0 (TRL's estimate, gathered
+over data-parallel ranks, is this one when a step is one micro-batch per rank).
+
+Batches hold one row per example (nxd-data's KTO samples arrive as pairs of rows, the example and its
+mismatched KL row; nxd-train measures the baseline on the KL rows and keeps the example rows), with
+`kto_label` (1 desirable, 0 undesirable), `reference_log_probs` and the step's `kto_kl` (a scalar).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed import ProcessGroup
+
+from .objectives import IGNORE_INDEX, Batch
+from .preference import sequence_log_probs
+from .reference import REFERENCE_KEY
+
+LABEL_KEY = "kto_label"
+"""The batch entry holding each row's label: 1.0 desirable, 0.0 undesirable."""
+KL_KEY = "kto_kl"
+"""The batch entry holding the step's KL baseline (a scalar, the same on every rank)."""
+KL_ESTIMATES = ("mismatched", "none")
+
+
+@dataclass(frozen=True)
+class KTOTerms:
+    """Per example: the loss (differentiable) and the implicit reward beta r (detached)."""
+
+    loss: torch.Tensor
+    rewards: torch.Tensor
+
+
+def kto_loss(policy: torch.Tensor, reference: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor | float,
+             beta: float, desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> KTOTerms:  # fmt: skip
+    """KTO's loss per example (see the module docstring) from summed completion log-probs, in fp64;
+    `desirable` is boolean per example, `kl` the baseline (used as given: detached and clamped by its
+    estimator)."""
+    ratio = policy.double() - reference.double()
+    kl = torch.as_tensor(kl, dtype=torch.float64, device=ratio.device)
+    desirable = desirable.bool()
+    loss = torch.where(desirable, desirable_weight * (1 - torch.sigmoid(beta * (ratio - kl))),
+                       undesirable_weight * (1 - torch.sigmoid(beta * (kl - ratio))))  # fmt: skip
+    return KTOTerms(loss, beta * ratio.detach())
+
+
+def kl_baseline(policy: torch.Tensor, reference: torch.Tensor, valid: torch.Tensor,
+                sum_over: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+    """KTO's KL baseline from mismatched rows: max(0, mean of policy - reference log-probs over the
+    `valid` rows), in fp64 and detached; `sum_over` adds this rank's [sum, count] to the other ranks'
+    holding the rest of the step's global batch (data parallelism)."""
+    valid = valid.double()
+    sums = torch.stack([((policy.double() - reference.double()) * valid).sum(), valid.sum()]).detach()
+    if sum_over is not None:
+        sums = sum_over(sums)
+    return (sums[0] / sums[1].clamp(min=1)).clamp(min=0)
+
+
+KTO_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected", "kl",
+               "share/chosen", "share/rejected")  # fmt: skip
+"""What KTO logs, under TRL's names: means over the desirable (chosen) and undesirable (rejected)
+examples of the global batch, their difference, the KL baseline, and the share of each kind."""
+
+
+@dataclass(frozen=True)
+class KTOObjective:
+    """KTO's loss averaged over the examples of the global batch.
+
+    Under context parallelism (`sequence_group`) each row's partial sums are added over the group,
+    differentiably, and each rank reports 1 / group size of the examples, as `PairObjective` does."""
+
+    beta: float
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
+    sequence_group: ProcessGroup | None = None
+    name: str = "kto"
+    metric_names: tuple[str, ...] = KTO_METRICS
+
+    def split_over(self, group: ProcessGroup | None) -> KTOObjective:
+        return replace(self, sequence_group=group)
+
+    @property
+    def _parts(self) -> int:
+        return 1 if self.sequence_group is None else dist.get_world_size(self.sequence_group)
+
+    def _whole(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.sequence_group is None:
+            return tensor
+        return funcol.wait_tensor(funcol.all_reduce(tensor, "sum", self.sequence_group))
+
+    def _valid(self, labels: torch.Tensor) -> torch.Tensor:
+        return (self._whole((labels != IGNORE_INDEX).sum(-1)) > 0).double()
+
+    def count(self, batch: Batch) -> torch.Tensor:
+        return self._valid(batch["labels"]).sum() / self._parts
+
+    def loss(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        total, count = sequence_log_probs(token_losses, batch["labels"])
+        total, valid = self._whole(total), (self._whole(count) > 0).double()
+        desirable = batch[LABEL_KEY] > 0.5
+        terms = kto_loss(total, batch[REFERENCE_KEY], desirable, batch[KL_KEY], self.beta, self.desirable_weight,
+                         self.undesirable_weight)  # fmt: skip
+        chosen, rejected = valid * desirable, valid * ~desirable
+        logps = total.detach()
+        metrics = {"rewards/chosen": (terms.rewards * chosen).sum(),
+                   "rewards/rejected": (terms.rewards * rejected).sum(),
+                   "logps/chosen": (logps * chosen).sum(), "logps/rejected": (logps * rejected).sum(),
+                   "kl": batch[KL_KEY].double() * valid.sum(), "share/chosen": chosen.sum(),
+                   "share/rejected": rejected.sum()}  # fmt: skip
+        metrics["rewards/margins"] = torch.zeros_like(metrics["kl"])  # filled in by `report`
+        parts = self._parts
+        return (terms.loss * valid).sum() / parts, {name: value / parts for name, value in metrics.items()}
+
+    def report(self, values: dict[str, float]) -> dict[str, float]:
+        """The global means: reward and log-prob sums over the examples of each kind, divided by how
+        many there were (the loop divided every sum by the global count, which cancels here)."""
+        values = dict(values)
+        for kind in ("chosen", "rejected"):
+            share = values.get(f"share/{kind}", 0.0)
+            for name in (f"rewards/{kind}", f"logps/{kind}"):
+                if name in values:
+                    values[name] = values[name] / share if share > 0 else float("nan")
+        if "rewards/chosen" in values and "rewards/rejected" in values:
+            values["rewards/margins"] = values["rewards/chosen"] - values["rewards/rejected"]
+        return values
