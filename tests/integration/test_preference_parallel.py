@@ -1,8 +1,8 @@
-"""DPO and ORPO in 2 real gloo processes, launched by the nxd-train command, against one process: tensor
+"""DPO, ORPO and KTO in 2 real gloo processes, launched by the nxd-train command, against one process: tensor
 + sequence parallel, pipeline (1F1B, pairs kept in one micro-batch), context parallel (ring attention,
 each sequence's log-probs added over its ranks) and data parallel with ZeRO-1 and full recomputation
-log the same losses, gradient norms, validation losses and preference metrics within 1e-6 (relative
-above 1: DPO's gradient norms are about 5). DPO's reference table, computed sharded over the layout,
+log the same losses, gradient norms, validation losses and preference metrics (KTO's KL baseline, measured
+over the global batch, included) within 1e-6 (relative above 1: DPO's gradient norms are about 5). DPO's reference table, computed sharded over the layout,
 equals one process's within 1e-6 relative (a sum of some 60 fp32 per-token log-probs, each of which
 may differ in its last bit between layouts)."""
 
@@ -12,15 +12,17 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.integration.test_sft_parallel import LAYOUTS
-from tests.training_runs import dpo_job, orpo_job, read_metrics, run_command
+from tests.training_runs import dpo_job, kto_job, orpo_job, read_metrics, run_command
 
 OVERRIDES = ["trainer.max_steps=4", "trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=False",
              "data.micro_batch_size=2", "data.global_batch_size=8", "trainer.val_check_interval=4",
              "trainer.limit_val_batches=2", "trainer.gradient_clip_val=0.5", "model.optim.lr=3e-3"]  # fmt: skip
 COMPARED = {"orpo": ("loss", "grad_norm", "val_loss", "nll_loss", "log_odds_ratio", "rewards/margins", "logps/rejected"),
             "dpo": ("loss", "grad_norm", "val_loss", "rewards/chosen", "rewards/margins", "rewards/accuracies",
-                    "logps/rejected")}  # fmt: skip
-JOBS = {"orpo": orpo_job, "dpo": dpo_job}
+                    "logps/rejected"),
+            "kto": ("loss", "grad_norm", "val_loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen",
+                    "share/chosen")}  # fmt: skip
+JOBS = {"orpo": orpo_job, "dpo": dpo_job, "kto": kto_job}
 TABLE = "reference_log_probs.safetensors"
 
 
@@ -54,9 +56,11 @@ def one_process(tmp_path_factory, data) -> dict[str, tuple]:
     return runs
 
 
-PAIRS = [pytest.param(method, layout, marks=[pytest.mark.slow] if method == "orpo" and layout != "tp2_sp" else [])
+DEFAULT_SUITE = {"orpo": "tp2_sp", "kto": "dp2_zero1_recompute"}
+PAIRS = [pytest.param(method, layout, marks=[pytest.mark.slow] if DEFAULT_SUITE.get(method, layout) != layout else [])
          for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute") for method in JOBS]
-"""Every layout with DPO, ORPO in tensor + sequence parallel; the other ORPO crossings run with --runslow."""
+"""Every layout with DPO; ORPO in tensor + sequence parallel and KTO data parallel (its baseline summed
+over the ranks); the other ORPO and KTO crossings run with --runslow."""
 
 
 @pytest.mark.parametrize(("method", "layout"), PAIRS)
@@ -66,7 +70,7 @@ def test_preference_in_two_processes_logs_what_one_process_logs(method, layout, 
     assert result.returncode == 0, result.stderr[-3000:]
     expected_rows, one_dir = one_process[method]
     assert_close(expected_rows, read_metrics(tmp_path / layout), COMPARED[method])
-    if method == "dpo":
+    if method in ("dpo", "kto"):
         expected, found = load_file(one_dir / TABLE), load_file(tmp_path / layout / TABLE)
         assert expected.keys() == found.keys() == {"train", "validation"}
         for split in expected:

@@ -75,6 +75,29 @@ def test_dpo_learns_from_a_reference_table_equal_to_an_independent_forward(tmp_p
     assert "reference log-probs of 128 train pairs, 16 validation pairs computed in" in log and ", dpo, " in log
 
 
+@pytest.mark.parametrize(("settings", "first"), [
+    (["loss_type=ipo"], 1.0),                                      # (0 - 1 / (2 x 0.5))^2
+    (["loss_type=hinge"], 1.0),                                    # max(0, 1 - 0)
+    (["loss_type=robust", "+model_alignment_strategy.dpo.label_smoothing=0.1"], math.log(2)),  # (0.9 - 0.1) ln 2 / 0.8
+])  # fmt: skip
+def test_each_dpo_loss_type_starts_at_its_formula_and_learns(tmp_path, train_here, chat_tokenizer_dir, settings, first):
+    settings = [item if item.startswith("+") else f"+model_alignment_strategy.dpo.{item}" for item in settings]
+    rows = train_here(*dpo_job(tmp_path / "data", chat_tokenizer_dir), *settings, "trainer.max_steps=12",
+                      "model.optim.lr=3e-3")  # fmt: skip
+    trained = [row for row in rows if "loss" in row]
+    assert abs(trained[0]["loss"] - first) < 1e-6  # the policy is the reference at step 1: h = 0
+    assert trained[-1]["rewards/margins"] > trained[0]["rewards/margins"] + 0.1
+
+
+def test_reference_free_dpo_runs_no_reference(tmp_path, train_here, chat_tokenizer_dir):
+    rows = train_here(*dpo_job(tmp_path / "data", chat_tokenizer_dir), "+model_alignment_strategy.dpo.reference_free=True",
+                      "trainer.max_steps=12", "model.optim.lr=3e-3")  # fmt: skip
+    trained = [row for row in rows if "loss" in row]
+    assert trained[0]["rewards/chosen"] == pytest.approx(0.5 * trained[0]["logps/chosen"])  # beta (pi - 0)
+    assert trained[-1]["rewards/margins"] > trained[0]["rewards/margins"] + 0.1
+    assert not (tmp_path / "run0" / TABLE).exists() and "reference log-probs" not in _log(tmp_path / "run0")
+
+
 def test_a_resumed_run_reads_the_checkpoint_table_and_continues_exactly(tmp_path, train_here, chat_tokenizer_dir):
     job = [*dpo_job(tmp_path / "data", chat_tokenizer_dir), *SHORT, *SAVE]
     whole = train_here(*job)
@@ -163,3 +186,11 @@ def test_a_hugging_face_model_with_lora_gets_the_reference_transformers_computes
             labels = sample["labels"]
             picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
             assert torch.allclose(table[index], (picked * (labels != -100)).sum(-1), rtol=1e-6, atol=1e-5), index
+
+
+def test_an_unknown_dpo_loss_type_is_one_message_naming_the_key(tmp_path, capsys, chat_tokenizer_dir):
+    job = [*dpo_job(tmp_path / "data", chat_tokenizer_dir), "+model_alignment_strategy.dpo.loss_type=exo_pair"]
+    assert main([*FAST, *job]) != 0
+    err = capsys.readouterr().err
+    assert "model_alignment_strategy.dpo.loss_type: expected one of 'sigmoid', 'ipo', 'hinge' or 'robust', found " \
+           "'exo_pair'" in err and "Traceback" not in err

@@ -165,19 +165,25 @@ def _keep_with_checkpoint(folder: Path, *, tables: dict[str, torch.Tensor], dige
 def _baseline_pass(run: Run, batches: list[Batch]) -> None:
     """KTO's KL baseline for a step: the policy's log-probs of every micro-batch's KL rows (the odd
     rows), without gradients or dropout, against their reference values, averaged over the step's
-    global batch and clamped at 0 (nxd-align's `kl_baseline`); then each micro-batch keeps only its
-    example rows, with the baseline as `kto_kl`."""
-    kl_rows = [{key: value[1::2] for key, value in batch.items()} for batch in batches]
+    global batch and clamped at 0 (nxd-align's `kl_baseline`), given to each micro-batch as `kto_kl`.
+    The micro-batches then keep only their example rows; pipeline stages keep one shape, so there
+    the KL rows stay (measured with the rest) and their labels are ignored instead."""
+    whole = isinstance(run.executor, PipelineExecutor)
+    measured = batches if whole else [{key: value[1::2] for key, value in batch.items()} for batch in batches]
     with _reference_mode(run.model, lora=False):
-        policy = run.summed(_row_log_probs(run.executor, kl_rows), run.mesh.get("cp"), run.pp_mesh)
-    counted = torch.cat([(rows["labels"] != IGNORE_INDEX).sum(-1) for rows in kl_rows])
+        policy = run.summed(_row_log_probs(run.executor, measured), run.mesh.get("cp"), run.pp_mesh)
+    kl_rows = [{key: value[1::2] for key, value in batch.items()} for batch in batches]
+    counted = run.summed(torch.cat([(rows["labels"] != IGNORE_INDEX).sum(-1) for rows in kl_rows]), run.mesh.get("cp"))
     reference = torch.cat([rows[REFERENCE_KEY] for rows in kl_rows])
-    valid = run.summed(counted, run.mesh.get("cp")) > 0
     data_parallel = run.mesh.get("dp")
-    kl = kl_baseline(policy, reference, valid, lambda sums: run.summed(sums, data_parallel))
+    kl = kl_baseline(policy[1::2] if whole else policy, reference, counted > 0,
+                     lambda sums: run.summed(sums, data_parallel))  # fmt: skip
     for batch in batches:
-        for key, value in list(batch.items()):
-            batch[key] = value[0::2]
+        if whole:
+            batch["labels"] = batch["labels"].clone()
+            batch["labels"][1::2] = IGNORE_INDEX
+        else:
+            batch.update({key: value[0::2] for key, value in batch.items()})
         batch[KL_KEY] = kl
 
 
