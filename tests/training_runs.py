@@ -160,6 +160,13 @@ def kto_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5, precompu
             f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
 
 
+def reward_job(directory: Path, tokenizer_dir: Path, *, z_loss: float = 0.0, records: int = 128) -> list[str]:
+    """Overrides that turn the tiny config into a reward-model run on pair records written to `directory`."""
+    return [f"+model_alignment_strategy.reward_model.z_loss={z_loss}",
+            "+model_alignment_strategy.reward_model.max_prompt_length=32", *_preference_data(directory, records),
+            f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+
+
 def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar of the TensorBoard event files under `directory`, by tag: (step, value), read from the
     TFRecord framing (length, its CRC, the Event, its CRC) with tensorboardX's Event message."""

@@ -8,6 +8,7 @@ config, the package versions, the layout and the Hugging Face mapping that `ckpt
 
 from __future__ import annotations
 
+import json
 import pickle
 import random
 import warnings
@@ -165,12 +166,60 @@ def _neox(path: Path, weights_only: bool) -> Resume | None:
     return Resume(found.folder.resolve(), True, neox=True, start_step=0 if weights_only else neox_iteration(found))
 
 
-def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None) -> HFExport | str:
-    """The model's Hugging Face mapping (with the tokenizer files an export copies), or why it has none."""
+def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None,
+              pad_id: int | None = None) -> HFExport | str:  # fmt: skip
+    """The model's Hugging Face mapping (with the tokenizer files an export copies and, for a reward
+    model, the id its rows are padded with), or why it has none."""
     try:
-        return replace(HFExport.of(family.hf_mapping()), tokenizer_files=dict(tokenizer_files or {}))
+        return replace(HFExport.of(family.hf_mapping(pad_id)), tokenizer_files=dict(tokenizer_files or {}))
     except ModelConfigError as error:
         return str(error)
+
+
+HEAD_RECORD = "head"
+"""The completion marker's record of the model's output layer: causal_lm, or score (a reward model)."""
+OUTPUT_LAYER = "lm_head."
+"""The prefix of the output layer's weights (both families' name, a score head's too)."""
+
+
+def source_head(start: Resume) -> str:
+    """The output layer of the weights at `start`: score for a reward model's (an nxd checkpoint's
+    record, or a Hugging Face *ForSequenceClassification), else causal_lm."""
+    if start.hugging_face:
+        try:
+            architectures = json.loads((start.path / "config.json").read_text()).get("architectures") or []
+        except (OSError, ValueError):
+            return "causal_lm"  # the import names the damaged file
+        return "score" if any(name.endswith("ForSequenceClassification") for name in architectures) else "causal_lm"
+    if start.neox:
+        return "causal_lm"
+    return read_info(start.path).extra.get(HEAD_RECORD, "causal_lm")
+
+
+def head_problem(family: ModelFamily, start: Resume | None) -> str | None:
+    """Why the weights at `start` cannot be this run's: a reward model's as a causal LM's base, or a
+    causal LM's checkpoint continued as a reward model (a new reward model starts from a causal LM's
+    weights with model.weight_init_only)."""
+    if start is None:
+        return None
+    found = source_head(start)
+    if found == family.head:
+        return None
+    if found == "score":
+        return (f"{start.path}: holds a reward model (its output layer is a score head); expected a causal LM's "
+                f"weights as the start of causal LM training (model_alignment_strategy.reward_model trains reward "
+                f"models)")  # fmt: skip
+    if not start.weights_only:
+        return (f"{start.path}: holds a causal LM, which a reward model cannot continue; expected "
+                f"model.weight_init_only: True to start the reward model from its weights (the score head then "
+                f"starts from its initialisation)")  # fmt: skip
+    return None
+
+
+def loads_output_layer(family: ModelFamily, start: Resume) -> bool:
+    """Whether the weights at `start` hold this model's output layer: not when a reward model starts
+    from a causal LM (its score head keeps its initial values)."""
+    return not (family.head == "score" and source_head(start) == "causal_lm")
 
 
 def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> list[str]:
@@ -178,6 +227,8 @@ def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> lis
     model (its names and shapes only are read), before launch."""
     if initial is None or not (initial.hugging_face or initial.neox):
         return []
+    if not loads_output_layer(family, initial):
+        family = family.with_head("causal_lm")  # the base's own output layer is read past
     if initial.neox:
         try:
             check_neox_weights(initial.path, family.neox_layout(), family.parameter_shapes())
@@ -303,13 +354,18 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFa
     """Only the model weights of `resume` (an nxd checkpoint, a Hugging Face directory read through the
     model's mapping, or a GPT-NeoX checkpoint read through its NeoX layout, each checked against the whole
     model's shapes) into `model`, whatever its layout (pipeline stages load their own parts). With `lora`
-    they are the base model's weights, and the adapters keep their initial values."""
+    they are the base model's weights, and the adapters keep their initial values; a reward model
+    starting from a causal LM takes all but the output layer (its score head keeps its initial values)."""
+    skip = () if loads_output_layer(family, resume) else (OUTPUT_LAYER,)
     if not (resume.hugging_face or resume.neox):
         weights = model.state_dict() if lora is None else lora.base_weights(model)
+        weights = {key: value for key, value in weights.items() if not key.startswith(skip)}
         load_checkpoint(resume.path, {MODEL_KEY: weights}, process_group=process_group)
         return
     live = {base_key(key): value for module in modules_of(model) for key, value in module.state_dict().items()
-            if not is_adapter_key(key)}  # fmt: skip
+            if not is_adapter_key(key) and not base_key(key).startswith(skip)}  # fmt: skip
+    if skip:
+        family = family.with_head("causal_lm")  # read through the base's own mapping, its output layer left
     if resume.neox:
         load_neox_weights(resume.path, family.neox_layout(), family.parameter_shapes(), live)
         return

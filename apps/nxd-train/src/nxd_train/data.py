@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from filelock import FileLock
-from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, SFTConfig
+from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, RewardModelConfig, SFTConfig
 from nxd_config.schema.data import DataConfig
 from nxd_data import (
     DataError,
@@ -113,6 +113,9 @@ class DataSplits:
     """The tokenizer's files (name -> path), which a Hugging Face export copies beside the weights."""
     rows_per_sample: int = 1
     """Sequences per sample: 2 for preference pairs (chosen and rejected, collated onto adjacent rows)."""
+    pad_id: int | None = None
+    """The id rows are padded with, where a reward model's export must name it (transformers' sequence
+    classifiers read the score at the last other token)."""
 
     def collate(self, trim_to: int | None) -> Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]:
         """How samples become a micro-batch; pairs drop their trailing padding columns (to a multiple of
@@ -144,7 +147,8 @@ class ModelVocabulary:
 
 
 def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None, seed: int,
-                   sft: SFTConfig | None = None, preference: DPOConfig | ORPOConfig | KTOConfig | None = None,
+                   sft: SFTConfig | None = None,
+                   preference: DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig | None = None,
                    vocabulary: ModelVocabulary | None = None) -> DataSplits:  # fmt: skip
     """The run's datasets (SFT records when `sft` is given, preference pairs with `preference`);
     `train_samples` None means one epoch of the training data. Pre-tokenised Hugging Face data with
@@ -246,9 +250,10 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
 
 
 def _preference_splits(data: DataConfig, seq_length: int,
-                       preference: DPOConfig | ORPOConfig | KTOConfig) -> DataSplits:  # fmt: skip
-    """Preference pairs (DPO, ORPO) or KTO examples of train_dir (and val_dir), one sample each, of
-    two sequences (a pair; an example and its KL sequence)."""
+                       preference: DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig) -> DataSplits:  # fmt: skip
+    """Preference pairs (DPO, ORPO, reward models, which also read where each row's score is and the
+    pair's margin) or KTO examples of train_dir (and val_dir), one sample each, of two sequences (a
+    pair; an example and its KL sequence)."""
     tokenizer = _tokenizer_of(data)
     kto = isinstance(preference, KTOConfig)
     splits, notes = {}, []
@@ -264,14 +269,15 @@ def _preference_splits(data: DataConfig, seq_length: int,
                          f"{len(dataset) - dataset.desirable} undesirable ({dataset.truncated} truncated to "
                          f"seq_length {seq_length})")  # fmt: skip
         else:
-            dataset = preference_dataset(location, key, split, tokenizer, seq_length, **cut)
+            dataset = preference_dataset(location, key, split, tokenizer, seq_length,
+                                         scores=isinstance(preference, RewardModelConfig), **cut)  # fmt: skip
             notes.append(f"{key}: {len(dataset)} preference pairs ({dataset.truncated} truncated to "
                          f"seq_length {seq_length})")  # fmt: skip
         splits[key] = dataset
     train = splits["data.train_dir"]
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
                       data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,
-                      rows_per_sample=2)  # fmt: skip
+                      rows_per_sample=2, pad_id=tokenizer.eod_id)  # fmt: skip
 
 
 def _plain(value):

@@ -17,7 +17,7 @@ import torch
 from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_digest
 from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig, Status
-from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig
+from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, RewardModelConfig
 from nxd_config.schema.model import MoEConfig
 from nxd_data import DataError
 from nxd_models import (
@@ -44,6 +44,7 @@ from transformers import PretrainedConfig
 from .checkpointing import (
     Resume,
     checkpoint_problems,
+    head_problem,
     initial_weights_problems,
     is_hf_directory,
     resume_choice,
@@ -67,7 +68,7 @@ class PreflightError(Exception):
 
 
 def _method(cfg: NxdConfig) -> str | None:
-    """The fine-tuning method (sft, dpo, orpo, kto), or None to pretrain."""
+    """The fine-tuning method (sft, dpo, orpo, kto, reward_model), or None to pretrain."""
     return None if cfg.model_alignment_strategy is None else cfg.model_alignment_strategy.method
 
 
@@ -75,8 +76,11 @@ def _not_in_this_release(cfg: NxdConfig) -> list[str]:
     found = []
     if (alignment := cfg.model_alignment_strategy) is not None:
         if alignment.method is None and alignment.peft is None:
-            found.append("model_alignment_strategy: expected a method (sft, dpo, orpo, kto) or peft, found an empty "
-                         "section; remove it to pretrain")  # fmt: skip
+            found.append("model_alignment_strategy: expected a method (sft, dpo, orpo, kto, reward_model) or peft, "
+                         "found an empty section; remove it to pretrain")  # fmt: skip
+        if alignment.reward_model is not None and alignment.peft is not None:
+            found.append("model_alignment_strategy.peft: not available with reward_model (the score head trains beside "
+                         "the adapters, which LoRA checkpoints do not hold yet); expected no peft block")  # fmt: skip
         if (peft := alignment.peft) is not None and peft.save_lora_base and peft.merge_lora:
             found.append("model_alignment_strategy.peft: save_lora_base and merge_lora both write the base weights "
                          "of a checkpoint; expected at most one of them True")  # fmt: skip
@@ -413,7 +417,8 @@ def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily | L
     model = _hf_model if cfg.model_source == "hf" else _megatron_model
     fusions = cfg.model.fusions
     family = model_family(model(cfg, vocab_size, seq_length),
-                          AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax))  # fmt: skip
+                          AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax),
+                          head="score" if _method(cfg) == "reward_model" else "causal_lm")  # fmt: skip
     if (peft := _peft(cfg)) is None:
         return family
     return LoraFamily(family, LoraSpec(rank=peft.lora_rank, alpha=peft.lora_alpha, dropout=peft.lora_dropout,
@@ -436,10 +441,12 @@ def _model_vocabulary(cfg: NxdConfig) -> ModelVocabulary | None:
     return ModelVocabulary(config.vocab_size, eos, source)
 
 
-def _preference(cfg: NxdConfig) -> DPOConfig | ORPOConfig | KTOConfig | None:
-    """The dpo, orpo or kto block, when the run trains on preference data."""
+def _preference(cfg: NxdConfig) -> DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig | None:
+    """The dpo, orpo, kto or reward_model block, when the run trains on preference data."""
     alignment = cfg.model_alignment_strategy
-    return None if alignment is None else alignment.dpo or alignment.orpo or alignment.kto
+    if alignment is None:
+        return None
+    return alignment.dpo or alignment.orpo or alignment.kto or alignment.reward_model
 
 
 def _objective(cfg: NxdConfig) -> Objective:
@@ -450,6 +457,8 @@ def _objective(cfg: NxdConfig) -> Objective:
     elif isinstance(block, KTOConfig):
         settings = {"beta": block.beta, "desirable_weight": block.desirable_weight,
                     "undesirable_weight": block.undesirable_weight}  # fmt: skip
+    elif isinstance(block, RewardModelConfig):
+        settings = {"z_loss": block.z_loss}
     else:
         settings = {} if block is None else {"beta": block.beta}
     return objective_for(_method(cfg), **settings)
@@ -567,6 +576,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
         ds = cfg.distributed_strategy
         problems += layout_problems(family, layout, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size,
                                     ds.context_parallel_size)  # fmt: skip
+    if family is not None and (problem := head_problem(family, resume)):
+        problems.append(problem)
     if family is not None and not problems:
         problems += initial_weights_problems(family, _initial_weights(cfg, resume))
     for problem in unread:

@@ -35,7 +35,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from .checkpointing import (
+    HEAD_RECORD,
     LORA_RECORD,
+    OUTPUT_LAYER,
     Resume,
     TrainingState,
     export_of,
@@ -43,6 +45,7 @@ from .checkpointing import (
     holds_frozen_base,
     load_adapters,
     load_weights,
+    loads_output_layer,
     versions,
 )
 from .logdir import CHECKPOINT_DIR, next_log_dir
@@ -97,10 +100,12 @@ def setup(plan: RunPlan) -> Run:
                       continue_after=read_info(resume.path).step if continues_here else None,
                       wandb=logging.wandb, config=plan.resolved_config)  # fmt: skip
     starts_loaded = resume is not None and resume.weights_only and plan.lora is None  # no random values to draw
+    loaded = [name for name in plan.family.parameter_shapes()
+              if not (name.startswith(OUTPUT_LAYER) and not loads_output_layer(plan.family, resume))
+              ] if starts_loaded else ()  # fmt: skip
     model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=launch.seed,
                                  use_cpu_initialization=launch.use_cpu_initialization,
-                                 prepare=partial(prepare_parameters, policy=plan.policy),
-                                 loaded=plan.family.parameter_shapes() if starts_loaded else ())  # fmt: skip
+                                 prepare=partial(prepare_parameters, policy=plan.policy), loaded=loaded)  # fmt: skip
     set_aux_loss_weights(modules_of(model), sampler.accumulation)
     checkpoint_group = None
     if (plan.checkpoints.enabled or resume is not None) and torch.distributed.is_initialized():
@@ -137,8 +142,9 @@ def setup(plan: RunPlan) -> Run:
                                 on_complete=report_save, attach=partial(_write_all, attach))  # fmt: skip
     ceiling = device_ceiling(fabric.device, plan.policy.compute_dtype)
     ceiling.flops = fabric.all_reduce(torch.tensor(ceiling.flops, device=fabric.device), reduce_op="sum").item()
+    export = export_of(plan.family, plan.data.tokenizer_files, plan.data.pad_id)
     record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
-              "config": plan.resolved_config, **export_record(export_of(plan.family, plan.data.tokenizer_files))}
+              "config": plan.resolved_config, **export_record(export), HEAD_RECORD: plan.family.head}
     if lora is not None:
         record[LORA_RECORD] = adapter_export | {"base": plan.adapters.base}
     run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,

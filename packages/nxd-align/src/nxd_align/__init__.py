@@ -11,6 +11,7 @@ from .preference import (
     ORPOObjective,
     PairObjective,
     PreferenceTerms,
+    WholeSequences,
     dpo_loss,
     orpo_loss,
     sequence_log_probs,
@@ -25,6 +26,7 @@ from .reference import (
     reference_digest,
     save_reference,
 )
+from .reward import MARGIN_KEY, SCORE_POSITION_KEY, RewardObjective, reward_loss, sequence_scores
 
 __version__ = "0.1.0"
 
@@ -32,6 +34,7 @@ __all__ = [
     "DPO_LOSS_TYPES", "IGNORE_INDEX", "KL_KEY", "LABEL_KEY", "REFERENCE_KEY", "TABLE_FILE", "adapters_disabled",
     "base_key", "dpo_loss", "DPOObjective", "is_adapter_key", "kl_baseline", "kto_loss", "KTOObjective", "KTOTerms",
     "load_reference", "LoraConfigError", "LoraFamily", "LoraSpec", "Objective", "objective_for", "orpo_loss",
-    "ORPOObjective", "PairObjective", "PreferenceTerms", "reference_digest", "ReferenceError", "RowLogProbs",
+    "ORPOObjective", "PairObjective", "RewardObjective", "reward_loss", "sequence_scores", "MARGIN_KEY",
+    "SCORE_POSITION_KEY", "WholeSequences", "PreferenceTerms", "reference_digest", "ReferenceError", "RowLogProbs",
     "save_reference", "sequence_log_probs", "TokenObjective", "WithReference",
 ]  # fmt: skip

@@ -16,15 +16,12 @@ mismatched KL row; nxd-train measures the baseline on the KL rows and keeps the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
-from torch.distributed import ProcessGroup
 
 from .objectives import IGNORE_INDEX, Batch
-from .preference import sequence_log_probs
+from .preference import WholeSequences, sequence_log_probs
 from .reference import REFERENCE_KEY
 
 LABEL_KEY = "kto_label"
@@ -74,30 +71,15 @@ examples of the global batch, their difference, the KL baseline, and the share o
 
 
 @dataclass(frozen=True)
-class KTOObjective:
-    """KTO's loss averaged over the examples of the global batch.
-
-    Under context parallelism (`sequence_group`) each row's partial sums are added over the group,
-    differentiably, and each rank reports 1 / group size of the examples, as `PairObjective` does."""
+class KTOObjective(WholeSequences):
+    """KTO's loss averaged over the examples of the global batch (whole sequences under context
+    parallelism, as `WholeSequences` says)."""
 
     beta: float
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
-    sequence_group: ProcessGroup | None = None
     name: str = "kto"
     metric_names: tuple[str, ...] = KTO_METRICS
-
-    def split_over(self, group: ProcessGroup | None) -> KTOObjective:
-        return replace(self, sequence_group=group)
-
-    @property
-    def _parts(self) -> int:
-        return 1 if self.sequence_group is None else dist.get_world_size(self.sequence_group)
-
-    def _whole(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.sequence_group is None:
-            return tensor
-        return funcol.wait_tensor(funcol.all_reduce(tensor, "sum", self.sequence_group))
 
     def _valid(self, labels: torch.Tensor) -> torch.Tensor:
         return (self._whole((labels != IGNORE_INDEX).sum(-1)) > 0).double()

@@ -8,6 +8,7 @@ from typing import Any
 from .kto import KTOObjective
 from .objectives import Objective, TokenObjective
 from .preference import DPOObjective, ORPOObjective
+from .reward import RewardObjective
 
 PREFERENCE_OBJECTIVES = {"dpo": DPOObjective, "orpo": ORPOObjective, "kto": KTOObjective}
 
@@ -15,12 +16,15 @@ PREFERENCE_OBJECTIVES = {"dpo": DPOObjective, "orpo": ORPOObjective, "kto": KTOO
 def objective_for(method: str | None, **settings: Any) -> Objective:
     """The objective of an alignment method (`model_alignment_strategy`): None pretrains, "sft"
     fine-tunes on responses, "dpo", "orpo" and "kto" train on preference data with their `settings`
-    (beta, and each method's own: DPO's loss_type ..., KTO's weights)."""
+    (beta, and each method's own: DPO's loss_type ..., KTO's weights), "reward_model" trains a score
+    head on preference pairs (its z_loss)."""
     if method is None:
         return TokenObjective()
     if method == "sft":
         return TokenObjective("sft")
     if method in PREFERENCE_OBJECTIVES and "beta" in settings:
         return PREFERENCE_OBJECTIVES[method](**settings)
-    raise ValueError(f"model_alignment_strategy: expected sft, dpo, orpo or kto (with beta) or no method, found "
-                     f"{method!r}")
+    if method == "reward_model":
+        return RewardObjective(**settings)
+    raise ValueError(f"model_alignment_strategy: expected sft, dpo, orpo, kto (with beta), reward_model or no "
+                     f"method, found {method!r}")

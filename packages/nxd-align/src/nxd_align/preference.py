@@ -15,7 +15,7 @@ parallelism the objectives add each row's parts over the sequence's ranks first 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -123,19 +123,16 @@ def _sums(terms: PreferenceTerms, chosen: torch.Tensor, rejected: torch.Tensor,
 
 
 @dataclass(frozen=True)
-class PairObjective:
-    """What DPO and ORPO share: a loss per pair from whole-sequence log-probs, averaged over the pairs
-    of the global batch.
+class WholeSequences:
+    """What objectives on whole-sequence values (summed log-probs, a score) share under context
+    parallelism (`sequence_group`: each rank holds part of every sequence): each row's partial sums
+    are added over the group, differentiably, so every rank sees whole sequences, and each rank
+    reports 1 / group size of the items, loss and metrics, so that summing over the ranks counts each
+    item once and the gradient is that of one process."""
 
-    With `sequence_group` (context parallelism: each rank holds part of every sequence), the rows'
-    partial sums are added over the group, differentiably, so every rank sees whole sequences; each
-    rank then reports 1 / group size of the pairs, loss and metrics, so that summing over the ranks
-    counts each pair once and the gradient is that of one process."""
+    sequence_group: ProcessGroup | None = field(default=None, kw_only=True)
 
-    beta: float
-    sequence_group: ProcessGroup | None = None
-
-    def split_over(self, group: ProcessGroup | None) -> PairObjective:
+    def split_over(self, group: ProcessGroup | None) -> WholeSequences:
         """This objective on sequences split over `group` (None: whole on each rank)."""
         return replace(self, sequence_group=group)
 
@@ -148,6 +145,18 @@ class PairObjective:
             return tensor
         return funcol.wait_tensor(funcol.all_reduce(tensor, "sum", self.sequence_group))
 
+    def report(self, values: dict[str, float]) -> dict[str, float]:
+        """Unchanged: every metric is a mean over the items."""
+        return values
+
+
+@dataclass(frozen=True)
+class PairObjective(WholeSequences):
+    """What DPO and ORPO share: a loss per pair from whole-sequence log-probs, averaged over the pairs
+    of the global batch."""
+
+    beta: float
+
     def _valid(self, labels: torch.Tensor) -> torch.Tensor:
         """1 for each real pair, 0 for padding pairs (no label counts on any part)."""
         return (self._whole((labels != IGNORE_INDEX).sum(-1))[0::2] > 0).double()
@@ -159,10 +168,6 @@ class PairObjective:
         total, count = sequence_log_probs(token_losses, batch["labels"])
         loss, metrics = self.pair_sums(self._whole(total), self._whole(count), batch)
         return loss / self._parts, {name: value / self._parts for name, value in metrics.items()}
-
-    def report(self, values: dict[str, float]) -> dict[str, float]:
-        """Unchanged: every metric is a mean over the pairs."""
-        return values
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,8 @@ class PreferencePair:
     chosen: list[int]
     rejected: list[int]
     truncated: bool = False
+    margin: float = 0.0
+    """How far the chosen response should score above the rejected one (a reward model's; TRL's `margin`)."""
 
 
 def record_texts(record: Any, place: str, where: str, renderer: ChatRenderer | None,
@@ -94,6 +96,15 @@ def truncated_pair(prompt: list[int], chosen: list[int], rejected: list[int], se
     return PreferencePair(prompt, chosen[:room], rejected[:room], truncated=True)
 
 
+def _margin(record: dict[str, Any], place: str, where: str) -> float:
+    """The record's optional `margin` (a number; 0 without one)."""
+    margin = record.get("margin", 0.0)
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not np.isfinite(margin):
+        raise DataError(f"{where}: {place}: margin: expected a finite number (how far chosen should score above "
+                        f"rejected), found {margin!r}")  # fmt: skip
+    return float(margin)
+
+
 def tokenize_pairs(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer, seq_length: int,
                    max_prompt_length: int, truncation_mode: str, where: str) -> list[PreferencePair]:  # fmt: skip
     """Every record as token lists (see the module docstring); a DataError names the first bad record."""
@@ -103,8 +114,9 @@ def tokenize_pairs(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer,
         prompt, (chosen, rejected), conversation = record_texts(record, place, where, renderer)
         ids = tokenizer.encode([prompt, chosen, rejected])
         prompt_ids = ids[0] if conversation else [tokenizer.begin_id, *ids[0]]  # the template writes its own BOS
-        pairs.append(truncated_pair(prompt_ids, [*ids[1], tokenizer.eod_id], [*ids[2], tokenizer.eod_id], seq_length,
-                                max_prompt_length, truncation_mode))  # fmt: skip
+        pair = truncated_pair(prompt_ids, [*ids[1], tokenizer.eod_id], [*ids[2], tokenizer.eod_id], seq_length,
+                              max_prompt_length, truncation_mode)  # fmt: skip
+        pairs.append(replace(pair, margin=_margin(record, place, where)))
     if not pairs:
         raise DataError(f"{where}: holds no records")
     return pairs
@@ -112,10 +124,12 @@ def tokenize_pairs(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer,
 
 class PreferenceDataset(Dataset):
     """One sample per pair: `input_ids`, `labels` and `position_ids` of shape (2, seq_length), the
-    chosen sequence first, padded; labels ignored over the prompt and the padding."""
+    chosen sequence first, padded; labels ignored over the prompt and the padding. With `scores`
+    (a reward model's data) also `score_position` (2,), each row's last token that is not padding,
+    and `margin` (2,), the pair's margin on both rows."""
 
-    def __init__(self, pairs: list[PreferencePair], seq_length: int, pad_id: int):
-        self.pairs, self.seq_length, self.pad_id = pairs, seq_length, pad_id
+    def __init__(self, pairs: list[PreferencePair], seq_length: int, pad_id: int, scores: bool = False):
+        self.pairs, self.seq_length, self.pad_id, self.scores = pairs, seq_length, pad_id, scores
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -131,17 +145,20 @@ class PreferenceDataset(Dataset):
         for pair in self.pairs:
             for tokens in (pair.prompt, pair.chosen, pair.rejected):
                 digest.update(np.asarray(tokens, dtype=np.int64).tobytes() + b"|")
+        if self.scores:
+            digest.update(b"scores" + np.asarray([pair.margin for pair in self.pairs], dtype=np.float64).tobytes())
         return digest.hexdigest()
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         pair = self.pairs[int(index)]
-        return self._sample(pair.prompt, (pair.chosen, pair.rejected))
+        return self._sample(pair.prompt, (pair.chosen, pair.rejected), pair.margin)
 
     def padding(self) -> dict[str, torch.Tensor]:
         """A pair that adds nothing to the loss (fills a short evaluation batch)."""
         return self._sample([], ([], []))
 
-    def _sample(self, prompt: list[int], responses: tuple[list[int], list[int]]) -> dict[str, torch.Tensor]:
+    def _sample(self, prompt: list[int], responses: tuple[list[int], list[int]],
+                margin: float = 0.0) -> dict[str, torch.Tensor]:  # fmt: skip
         seq = self.seq_length
         input_ids = np.full((2, seq), self.pad_id, dtype=np.int64)
         labels = np.full((2, seq), IGNORE_INDEX, dtype=np.int64)
@@ -150,8 +167,14 @@ class PreferenceDataset(Dataset):
             input_ids[row, : len(tokens)] = tokens
             labels[row, len(prompt) - 1 : len(tokens) - 1] = response  # position t predicts token t + 1
         positions = np.broadcast_to(np.arange(seq), (2, seq)).copy()
-        return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
-                "position_ids": torch.from_numpy(positions)}  # fmt: skip
+        sample = {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
+                  "position_ids": torch.from_numpy(positions)}  # fmt: skip
+        if self.scores:  # where transformers' sequence classifiers read: the last id that is not padding
+            real = input_ids != self.pad_id
+            last = np.where(real.any(-1), seq - 1 - np.argmax(real[:, ::-1], axis=-1), 0)
+            sample |= {"score_position": torch.from_numpy(last.astype(np.int64)),
+                       "margin": torch.full((2,), margin, dtype=torch.float64)}  # fmt: skip
+        return sample
 
 
 def check_truncation(seq_length: int, max_prompt_length: int, truncation_mode: str) -> None:
@@ -164,13 +187,14 @@ def check_truncation(seq_length: int, max_prompt_length: int, truncation_mode: s
 
 
 def preference_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer, seq_length: int, *,
-                       max_prompt_length: int, truncation_mode: str = "keep_start",
-                       limit: int | None = None) -> PreferenceDataset:  # fmt: skip
-    """The preference pairs of the data at `location` (see the module docstring)."""
+                       max_prompt_length: int, truncation_mode: str = "keep_start", limit: int | None = None,
+                       scores: bool = False) -> PreferenceDataset:  # fmt: skip
+    """The preference pairs of the data at `location` (see the module docstring); `scores` for a
+    reward model (see `PreferenceDataset`)."""
     check_truncation(seq_length, max_prompt_length, truncation_mode)
     pairs = tokenize_pairs(read_records(location, where, split, limit), tokenizer, seq_length, max_prompt_length,
                            truncation_mode, where)  # fmt: skip
-    return PreferenceDataset(pairs, seq_length, tokenizer.eod_id)
+    return PreferenceDataset(pairs, seq_length, tokenizer.eod_id, scores)
 
 
 def collate_pairs(samples: list[dict[str, torch.Tensor]], trim_to: int | None = None) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ from .gpt import GPTConfig, GPTForCausalLM
 from .hf_moe import use_moe_layers
 from .hf_qkv import use_qkv_linear
 from .initialisation import InitModule, init_rule, initial_values, seed_or_drawn
+from .score_head import has_score_head
 from .token_losses import token_cross_entropy
 
 HF_SDPA = "nxd_sdpa"
@@ -186,5 +187,7 @@ def causal_lm_token_losses(model: nn.Module, batch: Mapping[str, torch.Tensor]) 
     its whole logits first."""
     inputs = (batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
     if isinstance(getattr(model, "module", model), PreTrainedModel):
+        if has_score_head(model):  # a reward model: per-position scores stand for the token losses
+            return causal_lm_logits(model, *inputs).squeeze(-1).float()
         return token_cross_entropy(causal_lm_logits(model, *inputs), batch["labels"])
     return model(*inputs, labels=batch["labels"])

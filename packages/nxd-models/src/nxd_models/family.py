@@ -17,7 +17,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .attention import AttentionKernel, ContextParallelAttention
-from .build import build_causal_lm, build_on_meta, causal_lm_logits, causal_lm_token_losses
+from .build import build_on_meta, causal_lm_logits, causal_lm_token_losses, initialise
 from .context_parallel import use_context_parallel
 from .errors import ModelConfigError
 from .flops import training_flops_per_token
@@ -26,11 +26,13 @@ from .hf import hf_tp_plan
 from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
 from .hf_moe import moe_of
 from .hf_recompute import recompute_core_attention
-from .initialisation import init_rule, initial_values
+from .initialisation import init_rule, initial_values, seed_or_drawn
 from .moe import MoESpec, moe_layers
 from .neox_layout import NeoXLayout, neox_layout
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .recompute_units import ACTIVATION_MULTIPLY, MEGATRON_ALIASES, split_activation_multiply
+from .score_head import HEADS, use_score_head
+from .score_mapping import score_mapping
 
 CORE_ATTENTION = "CoreAttention"
 """NxDT's name of the attention core (softmax(QK^T)V) in `activations_checkpoint_recompute`."""
@@ -42,12 +44,20 @@ class ModelFamily(ABC):
     source_key: str
     """Where a user sets the architecture (named in messages)."""
 
-    def __init__(self, spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH):
-        self.spec, self.attention = spec, attention
+    def __init__(self, spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
+                 head: str = "causal_lm"):  # fmt: skip
+        if head not in HEADS:
+            raise ModelConfigError(f"model head: expected one of {', '.join(HEADS)}, found {head!r}")
+        self.spec, self.attention, self.head = spec, attention, head
+
+    def with_head(self, head: str) -> ModelFamily:
+        """The same decoder with another output layer (`HEADS`)."""
+        return type(self)(self.spec, self.attention, head)
 
     def build_on_meta(self) -> nn.Module:
         """A new module tree on the meta device (shapes and names, no memory), for the caller to shard or cut."""
-        return build_on_meta(self.spec, self.attention)
+        model = build_on_meta(self.spec, self.attention)
+        return use_score_head(model) if self.head == "score" else model
 
     @functools.cached_property
     def _reference(self) -> nn.Module:
@@ -61,8 +71,9 @@ class ModelFamily(ABC):
     def build(self, device: torch.device | str = "cpu", *, seed: int | None = None,
               use_cpu_initialization: bool = True) -> nn.Module:  # fmt: skip
         """The whole model, initialised from `seed` (None: a seed drawn from the torch RNG)."""
-        return build_causal_lm(self.spec, device, seed=seed, use_cpu_initialization=use_cpu_initialization,
-                               attention=self.attention)  # fmt: skip
+        seed = seed_or_drawn(seed)  # before the meta build, whatever it draws
+        return initialise(self.build_on_meta(), seed=seed, device=torch.device(device),
+                          use_cpu_initialization=use_cpu_initialization)  # fmt: skip
 
     def initial_values(self, *, seed: int, device: torch.device,
                        names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
@@ -73,19 +84,27 @@ class ModelFamily(ABC):
 
     @staticmethod
     def logits(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Logits (batch, seq, vocab) of a micro-batch (`input_ids`, `position_ids` and, for packed
-        documents, `document_ids`) through a model of this family, wrapped or sharded."""
+        """Logits (batch, seq, vocab; a score head's (batch, seq, 1)) of a micro-batch (`input_ids`,
+        `position_ids` and, for packed documents, `document_ids`) through a model of this family,
+        wrapped or sharded."""
         return causal_lm_logits(model, batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
 
     @staticmethod
     def token_losses(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Per-token cross-entropy (batch, seq) of a micro-batch with `labels`, in fp32 (0 where a label
-        is ignored): what every objective is computed from. Call it inside `loss_parallel()`."""
+        is ignored): what every objective is computed from; a score head's per-position scores
+        instead (a reward model). Call it inside `loss_parallel()`."""
         return causal_lm_token_losses(model, batch)
 
-    @abstractmethod
     def tp_plan(self) -> dict[str, str]:
-        """Module-name pattern -> tensor-parallel style (applied by nxd-parallel)."""
+        """Module-name pattern -> tensor-parallel style (applied by nxd-parallel); a score head is
+        row-parallel, its one output summed over the ranks."""
+        plan = self._tp_plan()
+        return {**plan, "lm_head": "score"} if self.head == "score" else plan
+
+    @abstractmethod
+    def _tp_plan(self) -> dict[str, str]:
+        """The plan of the causal LM."""
 
     @property
     @abstractmethod
@@ -96,9 +115,16 @@ class ModelFamily(ABC):
         """The sizes tensor parallelism splits, under the names a user looks for: query heads first,
         then key/value heads, then the others."""
 
+    def hf_mapping(self, pad_token_id: int | None = None) -> HFMapping:
+        """The Hugging Face counterpart (config.json and key table); ModelConfigError when there is none.
+        A reward model's is the causal LM's `*ForSequenceClassification`, with `pad_token_id` (the id
+        its rows are padded with: the classifier reads the score at the last other token)."""
+        mapping = self._hf_mapping()
+        return score_mapping(mapping, pad_token_id) if self.head == "score" else mapping
+
     @abstractmethod
-    def hf_mapping(self) -> HFMapping:
-        """The Hugging Face counterpart (config.json and key table); ModelConfigError when there is none."""
+    def _hf_mapping(self) -> HFMapping:
+        """The causal LM's counterpart."""
 
     def neox_layout(self) -> NeoXLayout:
         """Where each weight lies in a GPT-NeoX checkpoint of this model; ModelConfigError when NeoX has none."""
@@ -204,7 +230,7 @@ class MegatronFamily(ModelFamily):
     source_key = "model"
     aliases = MEGATRON_ALIASES
 
-    def tp_plan(self) -> dict[str, str]:
+    def _tp_plan(self) -> dict[str, str]:
         return gpt_tp_plan(self.spec)
 
     @property
@@ -216,7 +242,7 @@ class MegatronFamily(ModelFamily):
         return {"num_attention_heads": s.num_attention_heads, "num_kv_heads": s.kv_heads,
                 "ffn_hidden_size": s.ffn_size, "vocab_size (padded)": s.padded_vocab_size}  # fmt: skip
 
-    def hf_mapping(self) -> HFMapping:
+    def _hf_mapping(self) -> HFMapping:
         return hf_mapping(self.spec)
 
     def neox_layout(self) -> NeoXLayout:
@@ -236,7 +262,7 @@ class HuggingFaceFamily(ModelFamily):
 
     source_key = "model.model_config"
 
-    def tp_plan(self) -> dict[str, str]:
+    def _tp_plan(self) -> dict[str, str]:
         return hf_tp_plan(self.spec)
 
     @property
@@ -249,7 +275,7 @@ class HuggingFaceFamily(ModelFamily):
                 "num_key_value_heads": s.num_key_value_heads or s.num_attention_heads,
                 "intermediate_size": s.intermediate_size, "vocab_size": s.vocab_size}  # fmt: skip
 
-    def hf_mapping(self) -> HFMapping:
+    def _hf_mapping(self) -> HFMapping:
         return hf_self_mapping(self.spec, list(self.parameter_shapes()))
 
     @property
@@ -268,11 +294,12 @@ class HuggingFaceFamily(ModelFamily):
         return super().recompute_units(model, names - {CORE_ATTENTION}, include_mlp)
 
 
-def model_family(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH) -> ModelFamily:
-    """The family that builds `spec`."""
+def model_family(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
+                 head: str = "causal_lm") -> ModelFamily:  # fmt: skip
+    """The family that builds `spec`, with an LM head or (`head` "score") a reward model's score head."""
     if isinstance(spec, GPTConfig):
-        return MegatronFamily(spec, attention)
+        return MegatronFamily(spec, attention, head)
     if isinstance(spec, PretrainedConfig):
-        return HuggingFaceFamily(spec, attention)
+        return HuggingFaceFamily(spec, attention, head)
     raise ModelConfigError(f"model: expected a GPTConfig or a transformers PretrainedConfig, "
                            f"found {type(spec).__name__}")

@@ -34,6 +34,7 @@ from .norms import NORMS, ScaleNorm, build_norm
 from .positions import alibi_bias, alibi_slopes, sinusoidal_embedding
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
+from .score_head import ScoreHead
 from .token_losses import chunked_token_cross_entropy
 
 
@@ -370,6 +371,8 @@ class GPTForCausalLM(nn.Module):
             return hidden
         if labels is None:
             return self.lm_head(hidden)
+        if isinstance(self.lm_head, ScoreHead):  # a reward model: its scores stand for the token losses
+            return self.lm_head.scores(hidden)
         return chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)
 
     @torch.no_grad()
@@ -390,7 +393,8 @@ class GPTForCausalLM(nn.Module):
                 draw(module.weight, c.init_method, qkv_fans)
             elif name.endswith(("gate_proj", "up_proj")):  # one matrix [up | gate] in GPT-NeoX
                 draw(module.weight, c.init_method, (c.hidden_size, c.ffn_size * (2 if c.gated else 1)))
-            elif not (name == "lm_head" and c.share_embeddings_and_output_weights):
+            elif not (name == "lm_head" and c.share_embeddings_and_output_weights
+                      and not isinstance(module, ScoreHead)):  # a score head is never tied
                 draw(module.weight, c.init_method)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)

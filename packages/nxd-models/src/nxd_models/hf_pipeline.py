@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .build import hf_attention_inputs, layer_mask_kinds, sdpa_kernel_of
+from .score_head import ScoreHead
 from .token_losses import token_cross_entropy
 
 
@@ -39,7 +40,11 @@ def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: to
         hidden = decoder.norm(hidden)
     if self.lm_head is None:
         return hidden
-    return self.lm_head(hidden) if labels is None else token_cross_entropy(self.lm_head(hidden), labels)
+    if labels is None:
+        return self.lm_head(hidden)
+    if isinstance(self.lm_head, ScoreHead):
+        return self.lm_head.scores(hidden)
+    return token_cross_entropy(self.lm_head(hidden), labels)
 
 
 def make_hf_stage(model: PreTrainedModel) -> PreTrainedModel:

@@ -8,6 +8,8 @@ Styles a plan may name:
 - `qkv`: a fused query/key/value module (NxD's GQAQKVLinear), split by heads the same way.
 - `vocab`: vocab-parallel embedding; its output is whole and replicated.
 - `colwise_output`: the output layer; logits stay sharded over the vocabulary for `vocab_parallel_token_losses`.
+- `score`: a reward model's output layer (one output): row-parallel over the hidden size, its partial
+  scores summed over the ranks, whole on each.
 - `sequence`: a norm that runs on sequence shards when sequence parallelism is on (replicated otherwise).
 - `moe`: a mixture-of-experts layer; its experts' ffn is split over the tp ranks by
   `apply_expert_parallel` (see `expert_parallel.py`), its router replicated.
@@ -52,7 +54,8 @@ _GATHERED_ONCE = ("colwise", "colwise_kv", "qkv")
 """Styles whose parent block's input is gathered once under sequence parallelism."""
 
 STYLES = (
-    "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "sequence", "replicated_with_grad_allreduce",
+    "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "score", "sequence",
+    "replicated_with_grad_allreduce",
     MOE_STYLE, *LOW_RANK_STYLES,
 )  # fmt: skip
 BASE_LAYER = ".base_layer"
@@ -146,6 +149,8 @@ def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | No
                                 reduce_dtype=reduce_dtype)  # fmt: skip
     if name == "rowwise":
         return _RowwiseReducing(output_layouts=activations, reduce_dtype=reduce_dtype)
+    if name == "score":
+        return _RowwiseReducing(input_layouts=activations, output_layouts=Replicate(), reduce_dtype=reduce_dtype)
     if name == "vocab":
         return _RowwiseReducing(input_layouts=Replicate(), output_layouts=Replicate(), reduce_dtype=reduce_dtype)
     if name == "sequence":

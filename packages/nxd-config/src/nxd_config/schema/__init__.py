@@ -39,7 +39,8 @@ class NxdConfig(Section):
     model: ModelConfig = key(ModelConfig(), "Architecture, fusions, memory and optimizer.")
     precision: PrecisionConfig = key(PrecisionConfig(), "Dtype policy.")
     model_alignment_strategy: AlignmentConfig | None = key(
-        None, "Fine-tuning method (sft, dpo, orpo, kto) and LoRA. Older spelling: data.alignment_strategy."
+        None, "Fine-tuning method (sft, dpo, orpo, kto, reward_model) and LoRA. Older spelling: "
+        "data.alignment_strategy."
     )
     compiler_flags: str | None = key(
         None, "Neuron compiler flags (NEURON_CC_FLAGS).", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE

@@ -1,4 +1,5 @@
-"""`model_alignment_strategy`: SFT, DPO, ORPO or KTO fine-tuning, each optionally with LoRA (`peft`).
+"""`model_alignment_strategy`: SFT, DPO, ORPO, KTO or reward-model training, each optionally with LoRA
+(`peft`).
 
 A method is chosen by writing its block: `sft:` alone (even empty) selects SFT with defaults.
 """
@@ -15,8 +16,8 @@ ALIGN = "nxd-align"
 DATA = "nxd-data"
 
 Truncation = Literal["keep_start", "keep_end"]
-METHODS = ("sft", "dpo", "orpo", "kto")
-PREFERENCE_METHODS = ("dpo", "orpo", "kto")
+METHODS = ("sft", "dpo", "orpo", "kto", "reward_model")
+PREFERENCE_METHODS = ("dpo", "orpo", "kto", "reward_model")
 """The methods trained on preference data (a prompt and responses, cut to max_prompt_length)."""
 
 
@@ -87,6 +88,19 @@ class KTOConfig(Section):
     )
 
 
+class RewardModelConfig(Section):
+    z_loss: float = key(
+        0.0, "nxd extension (GPT-NeoX's z_loss): weight of r_chosen^2 + r_rejected^2 added to each pair's loss, "
+        "keeping the scores near 0.", by=ALIGN, ge=0.0,
+    )
+    max_prompt_length: int | None = key(
+        None, "Longest prompt kept in prompt + response (required).", by=DATA, ge=1
+    )
+    truncation_mode: Truncation = key(
+        "keep_start", "Which end of an over-long prompt + response is kept.", by=DATA
+    )
+
+
 class PeftConfig(Section):
     lora_rank: int = key(16, "LoRA rank r.", by=ALIGN, ge=1)
     lora_alpha: int = key(32, "LoRA scaling numerator (updates are scaled by alpha / r).", by=ALIGN, ge=1)
@@ -133,6 +147,11 @@ class AlignmentConfig(Section):
         None, "nxd extension. Kahneman-Tversky optimisation: prompt / completion / label records (label true for a "
         "desirable completion), against a reference.", by=ALIGN,
     )
+    reward_model: RewardModelConfig | None = key(
+        None, "nxd extension. A reward model: the output layer becomes a score head, trained on the same prompt / "
+        "chosen / rejected records as DPO (an optional margin per record) with the pairwise loss -log sigmoid(r_chosen "
+        "- r_rejected - margin); exports as transformers' *ForSequenceClassification.", by=ALIGN,
+    )
     peft: PeftConfig | None = key(None, "LoRA adapters; combines with any method.", by=ALIGN)
 
     @model_validator(mode="before")
@@ -145,7 +164,7 @@ class AlignmentConfig(Section):
 
     @property
     def method(self) -> str | None:
-        """The chosen method: 'sft', 'dpo', 'orpo', 'kto', or None (only LoRA, or nothing)."""
+        """The chosen method: 'sft', 'dpo', 'orpo', 'kto', 'reward_model', or None (only LoRA, or nothing)."""
         for name in METHODS:
             if getattr(self, name) is not None:
                 return name
