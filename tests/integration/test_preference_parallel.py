@@ -1,4 +1,4 @@
-"""DPO, ORPO and KTO in 2 real gloo processes, launched by the nxd-train command, against one process: tensor
+"""DPO, ORPO, KTO and reward models in 2 real gloo processes, launched by the nxd-train command, against one process: tensor
 + sequence parallel, pipeline (1F1B, pairs kept in one micro-batch), context parallel (ring attention,
 each sequence's log-probs added over its ranks) and data parallel with ZeRO-1 and full recomputation
 log the same losses, gradient norms, validation losses and preference metrics (KTO's KL baseline, measured
@@ -8,11 +8,13 @@ may differ in its last bit between layouts)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 from safetensors.torch import load_file
 
 from tests.integration.test_sft_parallel import LAYOUTS
-from tests.training_runs import dpo_job, kto_job, orpo_job, read_metrics, run_command
+from tests.training_runs import dpo_job, kto_job, orpo_job, read_metrics, reward_job, run_command
 
 OVERRIDES = ["trainer.max_steps=4", "trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=False",
              "data.micro_batch_size=2", "data.global_batch_size=8", "trainer.val_check_interval=4",
@@ -21,8 +23,9 @@ COMPARED = {"orpo": ("loss", "grad_norm", "val_loss", "nll_loss", "log_odds_rati
             "dpo": ("loss", "grad_norm", "val_loss", "rewards/chosen", "rewards/margins", "rewards/accuracies",
                     "logps/rejected"),
             "kto": ("loss", "grad_norm", "val_loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen",
-                    "share/chosen")}  # fmt: skip
-JOBS = {"orpo": orpo_job, "dpo": dpo_job, "kto": kto_job}
+                    "share/chosen"),
+            "reward_model": ("loss", "grad_norm", "val_loss", "margin", "rewards/chosen", "rewards/rejected")}  # fmt: skip
+JOBS = {"orpo": orpo_job, "dpo": dpo_job, "kto": kto_job, "reward_model": partial(reward_job, z_loss=0.01)}
 TABLE = "reference_log_probs.safetensors"
 
 
@@ -56,11 +59,11 @@ def one_process(tmp_path_factory, data) -> dict[str, tuple]:
     return runs
 
 
-DEFAULT_SUITE = {"orpo": "tp2_sp", "kto": "dp2_zero1_recompute"}
+DEFAULT_SUITE = {"orpo": "tp2_sp", "kto": "dp2_zero1_recompute", "reward_model": "tp2_sp"}
 PAIRS = [pytest.param(method, layout, marks=[pytest.mark.slow] if DEFAULT_SUITE.get(method, layout) != layout else [])
          for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute") for method in JOBS]
-"""Every layout with DPO; ORPO in tensor + sequence parallel and KTO data parallel (its baseline summed
-over the ranks); the other ORPO and KTO crossings run with --runslow."""
+"""Every layout with DPO; ORPO and reward models (the row-parallel score head) in tensor + sequence
+parallel, KTO data parallel (its baseline summed over the ranks); the other crossings run with --runslow."""
 
 
 @pytest.mark.parametrize(("method", "layout"), PAIRS)
