@@ -28,11 +28,14 @@ from .moe import (
 from .neox_layout import NeoXLayout, NeoXSource, neox_layout
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .qkv import QKVLinear
+from .score_head import HEADS, ScoreHead
 from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy, token_cross_entropy
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "HEADS",
+    "ScoreHead",
     "GPT_TP_PLAN", "IGNORE_INDEX", "PEAKS", "SUPPORTED_MODEL_TYPES", "AttentionKernel", "Ceiling", "CoreAttention",
     "GPTConfig", "GPTForCausalLM", "HFMapping", "HFOverrides", "HuggingFaceFamily", "InitModule", "MegatronFamily",
     "MoELayer", "MoESpec", "ModelConfigError", "ModelFamily", "NeoXLayout", "NeoXSource", "QKVLinear", "RoutingTotals",
