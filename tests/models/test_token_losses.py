@@ -88,9 +88,20 @@ def largest_saved_tensor(chunk: int) -> int:
 
 
 def test_no_whole_logits_are_kept_for_the_backward():
-    tokens, padded = 2 * SEQ, spec(0).padded_vocab_size
-    assert largest_saved_tensor(0) >= tokens * padded  # whole logits: the measure sees them
+    counted, padded = int((batch()["labels"] != -100).sum()), spec(0).padded_vocab_size
+    assert largest_saved_tensor(0) == counted * padded  # the counted tokens' logits: the measure sees them
     assert largest_saved_tensor(8) < 8 * padded + 1  # chunked: nothing larger than one chunk's logits
+
+
+def test_ignored_positions_never_reach_the_output_layer():
+    head = torch.nn.Linear(4, 10, bias=False)
+    seen = []
+    head.register_forward_hook(lambda _, args, __: seen.append(args[0].shape[0]))
+    hidden, labels = torch.randn(2, 3, 4), torch.tensor([[1, 2, -100], [-100, -100, 5]])
+    losses = chunked_token_cross_entropy(hidden, head, labels, 0)
+    assert seen == [3] and losses[0, 2] == losses[1, 0] == 0.0
+    expected = token_cross_entropy(head(hidden), labels)
+    assert torch.allclose(losses, expected)
 
 
 def test_one_chunk_or_none_is_the_plain_head():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -26,8 +26,6 @@ from .gpt import GPTConfig, GPTForCausalLM
 from .hf_moe import use_moe_layers
 from .hf_qkv import use_qkv_linear
 from .initialisation import InitModule, init_rule, initial_values, seed_or_drawn
-from .score_head import has_score_head
-from .token_losses import token_cross_entropy
 
 HF_SDPA = "nxd_sdpa"
 """transformers' SDPA attention, with packed documents attended span by span."""
@@ -176,18 +174,3 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
             return model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=False,
                          **extra).logits
     return model(input_ids, position_ids, document_ids)
-
-
-def causal_lm_token_losses(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Per-token cross-entropy (batch, seq) in fp32 of a micro-batch (`input_ids`, `labels`,
-    `position_ids`, optionally `document_ids`), 0 where the label is ignored, through either family.
-
-    The Megatron-style model computes it from its final hidden states, in chunks of its config's
-    `loss_chunk_tokens` when that is set (then whole logits never exist); a transformers model returns
-    its whole logits first."""
-    inputs = (batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
-    if isinstance(getattr(model, "module", model), PreTrainedModel):
-        if has_score_head(model):  # a reward model: per-position scores stand for the token losses
-            return causal_lm_logits(model, *inputs).squeeze(-1).float()
-        return token_cross_entropy(causal_lm_logits(model, *inputs), batch["labels"])
-    return model(*inputs, labels=batch["labels"])

@@ -17,7 +17,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .attention import AttentionKernel, ContextParallelAttention
-from .build import build_on_meta, causal_lm_logits, causal_lm_token_losses, initialise
+from .build import build_on_meta, causal_lm_logits, initialise
+from .causal_lm_losses import causal_lm_token_losses
 from .context_parallel import use_context_parallel
 from .errors import ModelConfigError
 from .flops import training_flops_per_token

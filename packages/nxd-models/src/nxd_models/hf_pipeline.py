@@ -12,6 +12,8 @@ positions, since under sequence parallelism a later stage receives a sequence sh
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from types import MethodType
 
 import torch
@@ -19,7 +21,7 @@ from transformers import PreTrainedModel
 
 from .build import hf_attention_inputs, layer_mask_kinds, sdpa_kernel_of
 from .score_head import ScoreHead
-from .token_losses import token_cross_entropy
+from .token_losses import chunked_token_cross_entropy
 
 
 def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: torch.Tensor,
@@ -44,7 +46,23 @@ def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: to
         return self.lm_head(hidden)
     if isinstance(self.lm_head, ScoreHead):
         return self.lm_head.scores(hidden)
-    return token_cross_entropy(self.lm_head(hidden), labels)
+    return chunked_token_cross_entropy(hidden, self.lm_head, labels, 0)  # the counted positions only
+
+
+@contextlib.contextmanager
+def stage_forward(model: PreTrainedModel) -> Iterator[None]:
+    """`model` (a whole transformers causal LM) called with the stage forward while the context lasts
+    (a stage keeps its own): its per-token losses come from the final hidden states and the output
+    layer on the counted positions only, never transformers' whole logits. The module is still
+    called as itself, so the hooks data parallelism puts on it run."""
+    if "forward" in vars(model):  # a pipeline stage: the stage forward already
+        yield
+        return
+    model.forward = MethodType(_stage_forward, model)
+    try:
+        yield
+    finally:
+        del model.forward
 
 
 def make_hf_stage(model: PreTrainedModel) -> PreTrainedModel:

@@ -39,22 +39,31 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index
 
 def chunked_token_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor,
                                 chunk_tokens: int) -> torch.Tensor:  # fmt: skip
-    """`token_cross_entropy(head(hidden), labels)`, `chunk_tokens` tokens at a time (0: all at once).
+    """`token_cross_entropy(head(hidden), labels)`, computed for the counted labels only, `chunk_tokens`
+    of them at a time (0: all at once).
 
-    `head` is called as a module on each chunk, so the hooks tensor parallelism puts on it apply;
-    a sequence-sharded `hidden` (a DTensor) is gathered first, so that chunks cut whole tokens.
-    Each chunk's values equal the unchunked ones up to the matmul's summation order."""
-    tokens = labels.numel()
-    if chunk_tokens <= 0 or tokens <= chunk_tokens:
-        return token_cross_entropy(head(hidden), labels)
-    if isinstance(hidden, DTensor):
-        hidden = hidden.redistribute(placements=[Replicate()] * hidden.device_mesh.ndim)
-    flat_hidden, flat_labels = hidden.flatten(0, -2), labels.flatten()
+    Positions whose label is ignored (a prompt, padding) never reach the output layer: their losses
+    are 0 without logits, so fine-tuning data pays the output layer only for its responses. `head` is
+    called as a module on the counted positions' hidden states, so the hooks tensor parallelism puts
+    on it apply; a sharded `hidden` (a DTensor) is gathered first. Each chunk runs under activation
+    checkpointing: only one chunk's logits exist at once, in the forward and in the backward (which
+    recomputes them). Values equal the whole computation's up to the matmul's summation order."""
+    mesh = hidden.device_mesh if isinstance(hidden, DTensor) else None
+    if mesh is not None:
+        hidden = hidden.redistribute(placements=[Replicate()] * mesh.ndim).to_local()
+    counted = (labels != IGNORE_INDEX).flatten()
+    flat_hidden, flat_labels = hidden.flatten(0, -2)[counted], labels.flatten()[counted]
 
     def chunk_losses(part: torch.Tensor, part_labels: torch.Tensor) -> torch.Tensor:
+        if mesh is not None:
+            part = DTensor.from_local(part, mesh, [Replicate()] * mesh.ndim, run_check=False)
         return token_cross_entropy(head(part), part_labels)
 
-    losses = [checkpoint(chunk_losses, part, part_labels, use_reentrant=False, preserve_rng_state=False)
-              for part, part_labels in zip(flat_hidden.split(chunk_tokens), flat_labels.split(chunk_tokens),
-                                           strict=True)]  # fmt: skip
-    return torch.cat(losses).view(labels.shape)
+    if chunk_tokens <= 0 or len(flat_labels) <= chunk_tokens:
+        losses = chunk_losses(flat_hidden, flat_labels)
+    else:
+        losses = torch.cat([checkpoint(chunk_losses, part, part_labels, use_reentrant=False, preserve_rng_state=False)
+                            for part, part_labels in zip(flat_hidden.split(chunk_tokens),
+                                                         flat_labels.split(chunk_tokens), strict=True)])  # fmt: skip
+    whole = losses.new_zeros(counted.shape).masked_scatter(counted, losses)
+    return whole.view(labels.shape)
