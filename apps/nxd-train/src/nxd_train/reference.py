@@ -70,13 +70,15 @@ def _row_log_probs(executor: DirectExecutor | PipelineExecutor, batches: list[Ba
 
 
 def compute_table(run: Run, dataset: Dataset) -> torch.Tensor:
-    """The (pairs x 2) reference log-probs of `dataset`, on every rank: each data-parallel rank takes a
-    contiguous share, in calls of the step's micro-batches, padded so that every rank makes as many."""
+    """The (pairs x 2) reference log-probs of `dataset`, on every rank. Pairs of like length share a
+    micro-batch (longest first), so the trimmed micro-batches carry little padding; the data-parallel
+    ranks take turns through that order and make as many calls each, in calls of the step's
+    micro-batches. Each value depends on its pair only, so the order changes nothing but the time."""
     pairs, dp, rank = len(dataset), run.dims.dp, run.mesh.data_parallel_rank
     micro, per_call = run.plan.batches.micro_batch_size, run.plan.batches.micro_batch_size * run.accumulation
-    share = -(-pairs // dp)
-    calls = max(1, -(-share // per_call))
-    mine = list(range(rank * share, min(pairs, (rank + 1) * share)))
+    lengths = dataset.lengths() if hasattr(dataset, "lengths") else [0] * pairs
+    mine = sorted(range(pairs), key=lambda index: (-lengths[index], index))[rank::dp]
+    calls = max(1, -(-(-(-pairs // dp)) // per_call))
     order = mine + [PADDING] * (calls * per_call - len(mine))
     batches = run.micro_batches(dataset, [order[i : i + micro] for i in range(0, len(order), micro)])
     table = torch.zeros(pairs, 2, dtype=torch.float64, device=run.fabric.device)

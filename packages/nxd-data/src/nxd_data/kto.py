@@ -85,6 +85,10 @@ class KTODataset(Dataset):
     def truncated(self) -> int:
         return self.rows.truncated
 
+    def lengths(self) -> list[int]:
+        """Each sample's longer sequence in tokens (how many columns it needs)."""
+        return self.rows.lengths()
+
     @property
     def desirable(self) -> int:
         return sum(self.labels)

@@ -138,6 +138,10 @@ class PreferenceDataset(Dataset):
     def truncated(self) -> int:
         return sum(pair.truncated for pair in self.pairs)
 
+    def lengths(self) -> list[int]:
+        """Each sample's longer sequence in tokens (how many columns it needs)."""
+        return [len(pair.prompt) + max(len(pair.chosen), len(pair.rejected)) for pair in self.pairs]
+
     @functools.cached_property
     def fingerprint(self) -> str:
         """SHA-256 of every pair's tokens, in order, and the row length: equal exactly when the samples are."""
