@@ -177,7 +177,8 @@ def test_at_most_one_alignment_method(minimal) -> None:
     minimal["data"]["train_dir"] = "/data/x.jsonl"
     minimal["model_alignment_strategy"] = {"sft": {}, "orpo": {"max_prompt_length": 64}, "peft": {}}
     assert errors(minimal) == [
-        "model_alignment_strategy: expected at most one of sft, dpo, orpo, kto (peft combines with any), found sft, orpo"
+        "model_alignment_strategy: expected at most one of sft, dpo, orpo, kto, reward_model (peft combines with any), "
+        "found sft, orpo"
     ]
 
 

@@ -23,10 +23,10 @@ def examples(tmp_path, tokenizer_dir, records, **kw):
 
 
 def test_the_kl_completion_comes_from_the_nearest_earlier_record_of_another_prompt():
-    assert mismatched([[1, 2], [1, 2], [3]]) == [2, 2, 1]  # record 1 skips record 0: the same prompt
-    assert mismatched([[1], [2], [3], [4]]) == [3, 0, 1, 2]
-    with pytest.raises(DataError, match="expected at least two different prompts, found 1 in 3 records"):
-        mismatched([[1], [1], [1]])
+    assert mismatched([[1, 2], [1, 2], [3]], "data") == [2, 2, 1]  # record 1 skips record 0: the same prompt
+    assert mismatched([[1], [2], [3], [4]], "data") == [3, 0, 1, 2]
+    with pytest.raises(DataError, match="data.val_dir: KTO.s KL baseline .* expected at least two different prompts, found 1 in 3 records"):
+        mismatched([[1], [1], [1]], "data.val_dir")
 
 
 def test_an_example_and_its_kl_sequence_are_one_sample(tmp_path, chat_tokenizer_dir):

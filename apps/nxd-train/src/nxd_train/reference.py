@@ -78,7 +78,8 @@ def compute_table(run: Run, dataset: Dataset) -> torch.Tensor:
     micro, per_call = run.plan.batches.micro_batch_size, run.plan.batches.micro_batch_size * run.accumulation
     lengths = dataset.lengths() if hasattr(dataset, "lengths") else [0] * pairs
     mine = sorted(range(pairs), key=lambda index: (-lengths[index], index))[rank::dp]
-    calls = max(1, -(-(-(-pairs // dp)) // per_call))
+    share = -(-pairs // dp)  # the most pairs a rank takes
+    calls = max(1, -(-share // per_call))
     order = mine + [PADDING] * (calls * per_call - len(mine))
     batches = run.micro_batches(dataset, [order[i : i + micro] for i in range(0, len(order), micro)])
     table = torch.zeros(pairs, 2, dtype=torch.float64, device=run.fabric.device)
@@ -171,10 +172,10 @@ def _baseline_pass(run: Run, batches: list[Batch]) -> None:
     The micro-batches then keep only their example rows; pipeline stages keep one shape, so there
     the KL rows stay (measured with the rest) and their labels are ignored instead."""
     whole = isinstance(run.executor, PipelineExecutor)
-    measured = batches if whole else [{key: value[1::2] for key, value in batch.items()} for batch in batches]
-    with _reference_mode(run.model, lora=False):
-        policy = run.summed(_row_log_probs(run.executor, measured), run.mesh.get("cp"), run.pp_mesh)
     kl_rows = [{key: value[1::2] for key, value in batch.items()} for batch in batches]
+    with _reference_mode(run.model, lora=False):
+        policy = run.summed(_row_log_probs(run.executor, batches if whole else kl_rows), run.mesh.get("cp"),
+                            run.pp_mesh)  # fmt: skip
     counted = run.summed(torch.cat([(rows["labels"] != IGNORE_INDEX).sum(-1) for rows in kl_rows]), run.mesh.get("cp"))
     reference = torch.cat([rows[REFERENCE_KEY] for rows in kl_rows])
     data_parallel = run.mesh.get("dp")

@@ -28,7 +28,6 @@ LABEL_KEY = "kto_label"
 """The batch entry holding each row's label: 1.0 desirable, 0.0 undesirable."""
 KL_KEY = "kto_kl"
 """The batch entry holding the step's KL baseline (a scalar, the same on every rank)."""
-KL_ESTIMATES = ("mismatched", "none")
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,10 @@ class WholeSequences:
         """Unchanged: every metric is a mean over the items."""
         return values
 
+    def _valid_pairs(self, labels: torch.Tensor) -> torch.Tensor:
+        """For batches of pairs: 1 for each real pair, 0 for padding pairs (no label counts on any part)."""
+        return (self._whole((labels != IGNORE_INDEX).sum(-1))[0::2] > 0).double()
+
 
 @dataclass(frozen=True)
 class PairObjective(WholeSequences):
@@ -157,12 +161,8 @@ class PairObjective(WholeSequences):
 
     beta: float
 
-    def _valid(self, labels: torch.Tensor) -> torch.Tensor:
-        """1 for each real pair, 0 for padding pairs (no label counts on any part)."""
-        return (self._whole((labels != IGNORE_INDEX).sum(-1))[0::2] > 0).double()
-
     def count(self, batch: Batch) -> torch.Tensor:
-        return self._valid(batch["labels"]).sum() / self._parts
+        return self._valid_pairs(batch["labels"]).sum() / self._parts
 
     def loss(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         total, count = sequence_log_probs(token_losses, batch["labels"])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .objectives import IGNORE_INDEX, Batch
+from .objectives import Batch
 from .preference import PreferenceTerms, WholeSequences
 
 SCORE_POSITION_KEY = "score_position"
@@ -51,18 +51,14 @@ class RewardObjective(WholeSequences):
     name: str = "reward_model"
     metric_names: tuple[str, ...] = REWARD_METRICS
 
-    def _valid(self, labels: torch.Tensor) -> torch.Tensor:
-        """1 for each real pair, 0 for padding pairs."""
-        return (self._whole((labels != IGNORE_INDEX).sum(-1))[0::2] > 0).double()
-
     def count(self, batch: Batch) -> torch.Tensor:
-        return self._valid(batch["labels"]).sum() / self._parts
+        return self._valid_pairs(batch["labels"]).sum() / self._parts
 
     def loss(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         scores = self._whole(sequence_scores(token_losses, batch))
         margin = batch.get(MARGIN_KEY)
         terms = reward_loss(scores[0::2], scores[1::2], self.z_loss, None if margin is None else margin[0::2])
-        valid = self._valid(batch["labels"])
+        valid = self._valid_pairs(batch["labels"])
         values = {"accuracy": terms.accuracies, "margin": terms.margins, "rewards/chosen": terms.chosen_rewards,
                   "rewards/rejected": terms.rejected_rewards}  # fmt: skip
         metrics = {name: (value.double() * valid).sum() / self._parts for name, value in values.items()}

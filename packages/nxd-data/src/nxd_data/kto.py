@@ -10,8 +10,9 @@ KTO's KL baseline compares policy and reference on completions that do not answe
 example's KL sequence is its prompt with the completion of the nearest earlier record (cyclically, in
 file order) whose prompt differs, fixed once for the data set, so a reference table can hold it.
 Samples are shaped as preference pairs (row 0 the example, row 1 its KL sequence; nxd-data's
-`collate_pairs` puts them on adjacent rows), with `kto_label` per row. Over-long examples are cut as
-preference pairs are (`max_prompt_length`, `truncation_mode`).
+`collate_pairs` puts them on adjacent rows), with `kto_label` per row. An over-long example is cut as
+a preference pair is (`max_prompt_length`, `truncation_mode`), on its own; its KL completion is then
+cut to the room its prompt leaves.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -54,13 +56,13 @@ def _examples(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer,
     return prompts, completions, labels
 
 
-def mismatched(prompts: list[list[int]]) -> list[int]:
+def mismatched(prompts: list[list[int]], where: str) -> list[int]:
     """For each record, the record whose completion makes its KL sequence: the nearest earlier one,
-    cyclically, with a different prompt (DataError when every prompt is the same)."""
+    cyclically, with a different prompt (DataError naming `where` when every prompt is the same)."""
     keys = [tuple(prompt) for prompt in prompts]
     if len(set(keys)) < 2:
-        raise DataError(f"KTO's KL baseline pairs each prompt with another prompt's completion; expected at least "
-                        f"two different prompts, found {len(set(keys))} in {len(keys)} records")  # fmt: skip
+        raise DataError(f"{where}: KTO's KL baseline pairs each prompt with another prompt's completion; expected "
+                        f"at least two different prompts, found {len(set(keys))} in {len(keys)} records")  # fmt: skip
     chosen = []
     for index, key in enumerate(keys):
         other = (index - 1) % len(keys)
@@ -120,7 +122,9 @@ def kto_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer,
         raise DataError(f"{where}: KTO learns from both kinds of example; expected desirable (label true) and "
                         f"undesirable (label false) completions, found {desirable} desirable and "
                         f"{len(labels) - desirable} undesirable")  # fmt: skip
-    others = mismatched(prompts)
-    pairs = [truncated_pair(prompt, completion, completions[other], seq_length, max_prompt_length, truncation_mode)
-             for prompt, completion, other in zip(prompts, completions, others, strict=True)]  # fmt: skip
+    pairs = []
+    for prompt, completion, other in zip(prompts, completions, mismatched(prompts, where), strict=True):
+        example = truncated_pair(prompt, completion, completion, seq_length, max_prompt_length, truncation_mode)
+        kl = completions[other][: seq_length - len(example.prompt)]  # cut to the example's prompt, not the reverse
+        pairs.append(replace(example, rejected=kl))
     return KTODataset(pairs, labels, seq_length, tokenizer.eod_id)

@@ -39,7 +39,7 @@ def pipeline_stage_problems(model: nn.Module) -> list[str]:
         return hf_stage_problems(model)
     if not isinstance(model, GPTForCausalLM):
         return [f"pipeline parallelism: expected an nxd or transformers causal LM, found {type(model).__name__}"]
-    if model.config.share_embeddings_and_output_weights:
+    if model.lm_head.weight is model.model.embed_tokens.weight:  # tied (a score head never is)
         return ["model.share_embeddings_and_output_weights: expected False with pipeline parallelism (the "
                 "embedding and the output layer live on different stages), found True"]  # fmt: skip
     return []

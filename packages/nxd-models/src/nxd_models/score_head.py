@@ -39,6 +39,3 @@ def use_score_head(model: nn.Module) -> nn.Module:
         model.config.tie_word_embeddings = False
     return model
 
-
-def has_score_head(model: nn.Module) -> bool:
-    return isinstance(getattr(getattr(model, "module", model), "lm_head", None), ScoreHead)

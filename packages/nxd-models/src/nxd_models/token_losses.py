@@ -45,9 +45,10 @@ def chunked_token_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: t
     Positions whose label is ignored (a prompt, padding) never reach the output layer: their losses
     are 0 without logits, so fine-tuning data pays the output layer only for its responses. `head` is
     called as a module on the counted positions' hidden states, so the hooks tensor parallelism puts
-    on it apply; a sharded `hidden` (a DTensor) is gathered first. Each chunk runs under activation
-    checkpointing: only one chunk's logits exist at once, in the forward and in the backward (which
-    recomputes them). Values equal the whole computation's up to the matmul's summation order."""
+    on it apply; a sharded `hidden` (a DTensor) is gathered first. With `chunk_tokens`, each chunk runs
+    under activation checkpointing: only one chunk's logits exist at once, in the forward and in the
+    backward (which recomputes them). Values equal the whole computation's up to the matmul's
+    summation order."""
     mesh = hidden.device_mesh if isinstance(hidden, DTensor) else None
     if mesh is not None:
         hidden = hidden.redistribute(placements=[Replicate()] * mesh.ndim).to_local()
