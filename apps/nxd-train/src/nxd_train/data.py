@@ -113,6 +113,9 @@ class DataSplits:
     """The tokenizer's files (name -> path), which a Hugging Face export copies beside the weights."""
     rows_per_sample: int = 1
     """Sequences per sample: 2 for preference pairs (chosen and rejected, collated onto adjacent rows)."""
+    trained_rows_per_sample: int | None = None
+    """Sequences per sample a step trains on, when fewer than rows_per_sample (KTO's KL sequence only
+    goes through a forward without gradients); None: all of them."""
     pad_id: int | None = None
     """The id rows are padded with, where a reward model's export must name it (transformers' sequence
     classifiers read the score at the last other token)."""
@@ -277,7 +280,8 @@ def _preference_splits(data: DataConfig, seq_length: int,
     train = splits["data.train_dir"]
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
                       data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,
-                      rows_per_sample=2, pad_id=tokenizer.eod_id)  # fmt: skip
+                      rows_per_sample=2, trained_rows_per_sample=1 if kto else None,
+                      pad_id=tokenizer.eod_id)  # fmt: skip
 
 
 def _plain(value):

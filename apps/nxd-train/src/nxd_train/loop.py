@@ -199,7 +199,8 @@ def gradient_norm(run: Run) -> float:
 def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_time: float) -> dict[str, float]:
     """What a log line records after optimizer step `done`, given the mean time of the recent steps."""
     logging, gbs = run.plan.logging, run.plan.batches.global_batch_size
-    processed = gbs * run.plan.data.rows_per_sample * run.plan.seq_length
+    data = run.plan.data
+    processed = gbs * (data.trained_rows_per_sample or data.rows_per_sample) * run.plan.seq_length
     shown = {"loss": values["loss"], **{name: values[name] for name in run.plan.objective.metric_names},
              "lr": values["lr"], "epoch": epoch, "consumed_samples": done * gbs}  # fmt: skip
     if logging.gradient_norm:
