@@ -6,6 +6,8 @@ reward model to continue."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import yaml
@@ -76,7 +78,7 @@ def test_a_causal_lm_starts_a_reward_model_and_a_reward_model_never_starts_a_cau
                  f"+exp_manager.explicit_log_dir={tmp_path / 'rm'}"]) == 0  # fmt: skip
     assert f"initial weights from {hf_base}" in (tmp_path / "rm" / "nxd_log_globalrank-0_localrank-0.txt").read_text()
     first = read_metrics(tmp_path / "rm")[0]
-    assert 0.0 <= first["accuracy"] <= 1.0 and first["loss"] == pytest.approx(first["loss"])  # finite: the head drawn
+    assert 0.0 <= first["accuracy"] <= 1.0 and math.isfinite(first["loss"])  # the score head was drawn
     reward_checkpoint = list_checkpoints(tmp_path / "rm" / "checkpoints")[-1].path
     capsys.readouterr()
     sft = [item.lstrip("+") for item in sft_job(tmp_path / "sft_data", hf_base)[1:3]]

@@ -25,6 +25,7 @@ from nxd_ckpt import (
     MARKER,
     MODEL_KEY,
     CheckpointError,
+    CheckpointInfo,
     CheckpointWarning,
     HFExport,
     SavePolicy,
@@ -80,6 +81,10 @@ def checkpoint_problems(cfg: NxdConfig) -> list[str]:
     return problems
 
 
+HEAD_RECORD = "head"
+"""The completion marker's record of the model's output layer: causal_lm, or score (a reward model)."""
+
+
 @dataclass(frozen=True)
 class Resume:
     """Where a run starts from: a checkpoint to continue, or weights to start a new run from."""
@@ -94,6 +99,25 @@ class Resume:
     """`path` is a checkpoint GPT-NeoX wrote (its model weights are read; nothing else of it is)."""
     start_step: int = 0
     """The step a run continues at from these weights: a NeoX checkpoint's iteration, unless fine-tuning."""
+    head: str = "causal_lm"
+    """The output layer the weights hold: causal_lm, or score (a reward model's)."""
+
+    @classmethod
+    def of_checkpoint(cls, info: CheckpointInfo, weights_only: bool) -> Resume:
+        """The nxd checkpoint `info` as a start, with what its marker records of the run."""
+        return cls(info.path.resolve(), weights_only, world_size=info.extra.get("world_size"),
+                   head=info.extra.get(HEAD_RECORD, "causal_lm"))  # fmt: skip
+
+    @classmethod
+    def of_hugging_face(cls, path: Path) -> Resume:
+        """The Hugging Face model directory `path` as initial weights: a reward model's when config.json names a
+        *ForSequenceClassification (a damaged config.json is named by the import)."""
+        try:
+            architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+        except (OSError, ValueError, AttributeError):
+            architectures = []
+        score = any(str(name).endswith("ForSequenceClassification") for name in architectures)
+        return cls(path.resolve(), True, hugging_face=True, head="score" if score else "causal_lm")
 
 
 def is_hf_directory(path: Path) -> bool:
@@ -113,7 +137,7 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
             if not weights_only:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model "
                                       "(weights only); expected model.weight_init_only: True to start from it")
-            return Resume(path.resolve(), True, hugging_face=True)
+            return Resume.of_hugging_face(path)
         optional = exp.resume_from_checkpoint_optional
         if optional and (not path.is_dir() or not any(path.iterdir())):
             return _new_run(path, "is empty" if path.is_dir() else "is missing")
@@ -148,7 +172,7 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
                                   "exp_manager.resume_ignore_no_checkpoint: True (on the command line "
                                   "+exp_manager.resume_ignore_no_checkpoint=True where the file lacks the key) to "
                                   "start a new run instead")  # fmt: skip
-    return Resume(info.path.resolve(), weights_only, world_size=info.extra.get("world_size"))
+    return Resume.of_checkpoint(info, weights_only)
 
 
 def _new_run(path: Path, why: str) -> None:
@@ -176,24 +200,8 @@ def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None
         return str(error)
 
 
-HEAD_RECORD = "head"
-"""The completion marker's record of the model's output layer: causal_lm, or score (a reward model)."""
 OUTPUT_LAYER = "lm_head."
 """The prefix of the output layer's weights (both families' name, a score head's too)."""
-
-
-def source_head(start: Resume) -> str:
-    """The output layer of the weights at `start`: score for a reward model's (an nxd checkpoint's
-    record, or a Hugging Face *ForSequenceClassification), else causal_lm."""
-    if start.hugging_face:
-        try:
-            architectures = json.loads((start.path / "config.json").read_text()).get("architectures") or []
-        except (OSError, ValueError):
-            return "causal_lm"  # the import names the damaged file
-        return "score" if any(name.endswith("ForSequenceClassification") for name in architectures) else "causal_lm"
-    if start.neox:
-        return "causal_lm"
-    return read_info(start.path).extra.get(HEAD_RECORD, "causal_lm")
 
 
 def head_problem(family: ModelFamily, start: Resume | None) -> str | None:
@@ -202,7 +210,7 @@ def head_problem(family: ModelFamily, start: Resume | None) -> str | None:
     weights with model.weight_init_only)."""
     if start is None:
         return None
-    found = source_head(start)
+    found = start.head
     if found == family.head:
         return None
     if found == "score":
@@ -219,7 +227,7 @@ def head_problem(family: ModelFamily, start: Resume | None) -> str | None:
 def loads_output_layer(family: ModelFamily, start: Resume) -> bool:
     """Whether the weights at `start` hold this model's output layer: not when a reward model starts
     from a causal LM (its score head keeps its initial values)."""
-    return not (family.head == "score" and source_head(start) == "causal_lm")
+    return not (family.head == "score" and start.head == "causal_lm")
 
 
 def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> list[str]:

@@ -241,7 +241,7 @@ def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
     restarted = resume is not None and resume.weights_only and search is not None
     if restarted and (found := latest_checkpoint(search / CHECKPOINT_DIR)) is not None:
         # a run started from initial weights (a LoRA run: on its base) continues from its own checkpoint
-        return Resume(found.path.resolve(), False, world_size=found.extra.get("world_size")), search
+        return Resume.of_checkpoint(found, weights_only=False), search
     return resume, search if continues else None
 
 
@@ -510,7 +510,7 @@ def _adapters(cfg: NxdConfig, resume: Resume | None) -> Adapters | None:
                                   "in exp_manager.resume_from_checkpoint with model.weight_init_only: True"])
         directory = Path(cfg.model.hf_model_config) if cfg.model.hf_model_config else None
         if directory is not None and is_hf_directory(directory):
-            source = Resume(directory.resolve(), True, hugging_face=True)
+            source = Resume.of_hugging_face(directory)
     return Adapters(base=base, config_file=peft.save_lora_config_adapter, single_file=peft.merge_sharded_lora,
                     from_checkpoint=peft.load_lora_from_ckpt, verbose=peft.lora_verbose,
                     base_source=source)  # fmt: skip

@@ -100,9 +100,8 @@ def setup(plan: RunPlan) -> Run:
                       continue_after=read_info(resume.path).step if continues_here else None,
                       wandb=logging.wandb, config=plan.resolved_config)  # fmt: skip
     starts_loaded = resume is not None and resume.weights_only and plan.lora is None  # no random values to draw
-    loaded = [name for name in plan.family.parameter_shapes()
-              if not (name.startswith(OUTPUT_LAYER) and not loads_output_layer(plan.family, resume))
-              ] if starts_loaded else ()  # fmt: skip
+    kept = () if not starts_loaded or loads_output_layer(plan.family, resume) else (OUTPUT_LAYER,)  # initialised
+    loaded = [name for name in plan.family.parameter_shapes() if not name.startswith(kept)] if starts_loaded else ()
     model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=launch.seed,
                                  use_cpu_initialization=launch.use_cpu_initialization,
                                  prepare=partial(prepare_parameters, policy=plan.policy), loaded=loaded)  # fmt: skip

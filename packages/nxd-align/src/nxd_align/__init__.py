@@ -31,10 +31,10 @@ from .reward import MARGIN_KEY, SCORE_POSITION_KEY, RewardObjective, reward_loss
 __version__ = "0.1.0"
 
 __all__ = [
-    "DPO_LOSS_TYPES", "IGNORE_INDEX", "KL_KEY", "LABEL_KEY", "REFERENCE_KEY", "TABLE_FILE", "adapters_disabled",
-    "base_key", "dpo_loss", "DPOObjective", "is_adapter_key", "kl_baseline", "kto_loss", "KTOObjective", "KTOTerms",
-    "load_reference", "LoraConfigError", "LoraFamily", "LoraSpec", "Objective", "objective_for", "orpo_loss",
-    "ORPOObjective", "PairObjective", "RewardObjective", "reward_loss", "sequence_scores", "MARGIN_KEY",
-    "SCORE_POSITION_KEY", "WholeSequences", "PreferenceTerms", "reference_digest", "ReferenceError", "RowLogProbs",
-    "save_reference", "sequence_log_probs", "TokenObjective", "WithReference",
+    "DPO_LOSS_TYPES", "IGNORE_INDEX", "KL_KEY", "LABEL_KEY", "MARGIN_KEY", "REFERENCE_KEY", "SCORE_POSITION_KEY",
+    "TABLE_FILE", "DPOObjective", "KTOObjective", "KTOTerms", "LoraConfigError", "LoraFamily", "LoraSpec",
+    "ORPOObjective", "Objective", "PairObjective", "PreferenceTerms", "ReferenceError", "RewardObjective",
+    "RowLogProbs", "TokenObjective", "WholeSequences", "WithReference", "adapters_disabled", "base_key", "dpo_loss",
+    "is_adapter_key", "kl_baseline", "kto_loss", "load_reference", "objective_for", "orpo_loss", "reference_digest",
+    "reward_loss", "save_reference", "sequence_log_probs", "sequence_scores",
 ]  # fmt: skip

@@ -99,13 +99,13 @@ class KTOObjective(WholeSequences):
                    "logps/chosen": (logps * chosen).sum(), "logps/rejected": (logps * rejected).sum(),
                    "kl": batch[KL_KEY].double() * valid.sum(), "share/chosen": chosen.sum(),
                    "share/rejected": rejected.sum()}  # fmt: skip
-        metrics["rewards/margins"] = torch.zeros_like(metrics["kl"])  # filled in by `report`
         parts = self._parts
         return (terms.loss * valid).sum() / parts, {name: value / parts for name, value in metrics.items()}
 
     def report(self, values: dict[str, float]) -> dict[str, float]:
         """The global means: reward and log-prob sums over the examples of each kind, divided by how
-        many there were (the loop divided every sum by the global count, which cancels here)."""
+        many there were (the loop divided every sum by the global count, which cancels here), and
+        rewards/margins, which `loss` does not sum, from them."""
         values = dict(values)
         for kind in ("chosen", "rejected"):
             share = values.get(f"share/{kind}", 0.0)

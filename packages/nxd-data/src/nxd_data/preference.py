@@ -106,8 +106,10 @@ def _margin(record: dict[str, Any], place: str, where: str) -> float:
 
 
 def tokenize_pairs(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer, seq_length: int,
-                   max_prompt_length: int, truncation_mode: str, where: str) -> list[PreferencePair]:  # fmt: skip
-    """Every record as token lists (see the module docstring); a DataError names the first bad record."""
+                   max_prompt_length: int, truncation_mode: str, where: str,
+                   margins: bool = False) -> list[PreferencePair]:  # fmt: skip
+    """Every record as token lists (see the module docstring), with its `margin` when `margins` (a
+    reward model's data); a DataError names the first bad record."""
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template is not None else None
     pairs = []
     for place, record in records:
@@ -116,7 +118,7 @@ def tokenize_pairs(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer,
         prompt_ids = ids[0] if conversation else [tokenizer.begin_id, *ids[0]]  # the template writes its own BOS
         pair = truncated_pair(prompt_ids, [*ids[1], tokenizer.eod_id], [*ids[2], tokenizer.eod_id], seq_length,
                               max_prompt_length, truncation_mode)  # fmt: skip
-        pairs.append(replace(pair, margin=_margin(record, place, where)))
+        pairs.append(replace(pair, margin=_margin(record, place, where)) if margins else pair)
     if not pairs:
         raise DataError(f"{where}: holds no records")
     return pairs
@@ -197,7 +199,7 @@ def preference_dataset(location: str, where: str, split: str, tokenizer: TextTok
     reward model (see `PreferenceDataset`)."""
     check_truncation(seq_length, max_prompt_length, truncation_mode)
     pairs = tokenize_pairs(read_records(location, where, split, limit), tokenizer, seq_length, max_prompt_length,
-                           truncation_mode, where)  # fmt: skip
+                           truncation_mode, where, margins=scores)  # fmt: skip
     return PreferenceDataset(pairs, seq_length, tokenizer.eod_id, scores)
 
 

@@ -26,6 +26,7 @@ from .gpt import GPTConfig, GPTForCausalLM
 from .hf_moe import use_moe_layers
 from .hf_qkv import use_qkv_linear
 from .initialisation import InitModule, init_rule, initial_values, seed_or_drawn
+from .score_head import check_head, use_score_head
 
 HF_SDPA = "nxd_sdpa"
 """transformers' SDPA attention, with packed documents attended span by span."""
@@ -52,11 +53,15 @@ def _use_span_sdpa(model: PreTrainedModel) -> None:
     model.nxd_document_spans = True
 
 
-def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH) -> nn.Module:
-    """The module tree of either family on the meta device: shapes and names, no memory. Shard it,
-    then materialise it (nxd-parallel), or use `build_causal_lm` for a whole model."""
+def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
+                  head: str = "causal_lm") -> nn.Module:  # fmt: skip
+    """The module tree of either family on the meta device: shapes and names, no memory; with `head`
+    "score", a reward model's score head in place of the LM head. Shard it, then materialise it
+    (nxd-parallel), or use `build_causal_lm` for a whole model."""
+    check_head(head)
     model = _meta_tree(spec, attention)
-    return model if isinstance(spec, GPTConfig) else use_qkv_linear(model)
+    model = model if isinstance(spec, GPTConfig) else use_qkv_linear(model)
+    return use_score_head(model) if head == "score" else model
 
 
 def _meta_tree(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -> nn.Module:
@@ -82,16 +87,17 @@ def build_causal_lm(
     seed: int | None = None,
     use_cpu_initialization: bool = True,
     attention: AttentionKernel = AttentionKernel.FLASH,
+    head: str = "causal_lm",
 ) -> nn.Module:
     """A randomly initialised causal LM with fp32 parameters on `device`.
 
     The module tree is created on the meta device (no memory), then initialised module by module from
     `seed` (`initial_values`; None: a seed drawn from the torch RNG): on the CPU and moved
     (`use_cpu_initialization`, values independent of the device's RNG) or directly on `device`.
-    `attention` is the attention kernel of either family (the fusions keys).
+    `attention` is the attention kernel of either family (the fusions keys); `head` as `build_on_meta`.
     """
     seed = seed_or_drawn(seed)  # before the meta build, whatever it draws
-    return initialise(build_on_meta(spec, attention), seed=seed, device=torch.device(device),
+    return initialise(build_on_meta(spec, attention, head), seed=seed, device=torch.device(device),
                       use_cpu_initialization=use_cpu_initialization)  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .attention import AttentionKernel, ContextParallelAttention
-from .build import build_on_meta, causal_lm_logits, initialise
+from .build import build_causal_lm, build_on_meta, causal_lm_logits
 from .causal_lm_losses import causal_lm_token_losses
 from .context_parallel import use_context_parallel
 from .errors import ModelConfigError
@@ -27,12 +27,12 @@ from .hf import hf_tp_plan
 from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
 from .hf_moe import moe_of
 from .hf_recompute import recompute_core_attention
-from .initialisation import init_rule, initial_values, seed_or_drawn
+from .initialisation import init_rule, initial_values
 from .moe import MoESpec, moe_layers
 from .neox_layout import NeoXLayout, neox_layout
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
 from .recompute_units import ACTIVATION_MULTIPLY, MEGATRON_ALIASES, split_activation_multiply
-from .score_head import HEADS, use_score_head
+from .score_head import check_head
 from .score_mapping import score_mapping
 
 CORE_ATTENTION = "CoreAttention"
@@ -47,9 +47,7 @@ class ModelFamily(ABC):
 
     def __init__(self, spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
                  head: str = "causal_lm"):  # fmt: skip
-        if head not in HEADS:
-            raise ModelConfigError(f"model head: expected one of {', '.join(HEADS)}, found {head!r}")
-        self.spec, self.attention, self.head = spec, attention, head
+        self.spec, self.attention, self.head = spec, attention, check_head(head)
 
     def with_head(self, head: str) -> ModelFamily:
         """The same decoder with another output layer (`HEADS`)."""
@@ -57,8 +55,7 @@ class ModelFamily(ABC):
 
     def build_on_meta(self) -> nn.Module:
         """A new module tree on the meta device (shapes and names, no memory), for the caller to shard or cut."""
-        model = build_on_meta(self.spec, self.attention)
-        return use_score_head(model) if self.head == "score" else model
+        return build_on_meta(self.spec, self.attention, self.head)
 
     @functools.cached_property
     def _reference(self) -> nn.Module:
@@ -72,9 +69,8 @@ class ModelFamily(ABC):
     def build(self, device: torch.device | str = "cpu", *, seed: int | None = None,
               use_cpu_initialization: bool = True) -> nn.Module:  # fmt: skip
         """The whole model, initialised from `seed` (None: a seed drawn from the torch RNG)."""
-        seed = seed_or_drawn(seed)  # before the meta build, whatever it draws
-        return initialise(self.build_on_meta(), seed=seed, device=torch.device(device),
-                          use_cpu_initialization=use_cpu_initialization)  # fmt: skip
+        return build_causal_lm(self.spec, device, seed=seed, use_cpu_initialization=use_cpu_initialization,
+                               attention=self.attention, head=self.head)  # fmt: skip
 
     def initial_values(self, *, seed: int, device: torch.device,
                        names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip

@@ -14,8 +14,17 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from .errors import ModelConfigError
+
 HEADS = ("causal_lm", "score")
 """What a model's output layer computes: logits over the vocabulary, or one score per position."""
+
+
+def check_head(head: str) -> str:
+    """`head`, or a ModelConfigError when it is not one of `HEADS`."""
+    if head not in HEADS:
+        raise ModelConfigError(f"model head: expected one of {', '.join(HEADS)}, found {head!r}")
+    return head
 
 
 class ScoreHead(nn.Linear):
@@ -38,4 +47,3 @@ def use_score_head(model: nn.Module) -> nn.Module:
     if isinstance(model, PreTrainedModel):
         model.config.tie_word_embeddings = False
     return model
-
