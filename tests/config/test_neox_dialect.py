@@ -145,7 +145,16 @@ READERS = [{}, {"pos_emb": "rotary", "norm": "rmsnorm", "sliding_window_width": 
             "finetune": True, "tensorboard_dir": "t", "log_dir": "l", "checkpoint_activations": True},
            {"data_path": "d", "vocab_file": "v", "merge_file": "m", "lr_decay_iters": 5},
            {"train_data_paths": ["a"], "valid_data_paths": ["b"], "test_data_paths": ["c"], "lr_decay_fraction": 0.5},
-           {"deepspeed_extra_args": {"comms_logger": {}}}]  # fmt: skip
+           {"deepspeed_extra_args": {"comms_logger": {}}},
+           {"train_impl": "dpo", "dataset_impl": "pairwise", "dpo_beta": 0.2, "dpo_reference_free": False,
+            "precompute_model_name": "ref", "pack_impl": "unpacked",
+            **{f"{side}_{split}_{kind}": ["p"] for side in ("pos", "neg") for split in ("train", "valid", "test")
+               for kind in ("data_paths", "label_data_paths")}},
+           {"train_impl": "rm", "dataset_impl": "pairwise", "z_loss": 0.1, "pack_impl": "unpacked",
+            "pos_train_data_paths": ["a"], "neg_train_data_paths": ["b"]},
+           {"train_impl": "kto", "kto_beta": 0.2, "kto_desirable_weight": 1.5, "kto_undesirable_weight": 0.5,
+            "pack_impl": "unpacked", **{f"{split}_{kind}": ["p"] for split in ("train", "valid", "test")
+                                        for kind in ("data_paths", "label_data_paths", "reward_data_paths")}}]
 """Files that between them take every branch of the translation."""
 
 
@@ -313,7 +322,8 @@ def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, 
      "of lion; expected one of betas, lr"),
     ({"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.1}}},
      "optimizer.params.weight_decay: GPT-NeoX takes weight decay from the top-level weight_decay key"),
-    ({"train_impl": "kto"}, "train_impl: expected normal, found 'kto'"),
+    ({"train_impl": "reinforce"}, "train_impl: expected normal, dpo, kto or rm, found reinforce: online RL"),
+    ({"train_impl": "kto"}, "train_data_paths: expected the training examples with train_impl kto, found none"),
     ({"pos_emb": "alibi", "model_parallel_size": 1, "num_gpus": 2},
      None),  # alibi is fine without context parallelism
 ])  # fmt: skip

@@ -72,7 +72,7 @@ def test_dpo_learns_from_a_reference_table_equal_to_an_independent_forward(tmp_p
         expected = _independent_log_probs(job, split)
         assert table[split].shape == expected.shape and (table[split] - expected).abs().max() < 1e-4, split
     log = _log(tmp_path / "run0")
-    assert "reference log-probs of 128 train pairs, 16 validation pairs computed in" in log and ", dpo, " in log
+    assert "reference log-probs of 128 train samples, 16 validation samples computed in" in log and ", dpo, " in log
 
 
 @pytest.mark.parametrize(("settings", "first"), [

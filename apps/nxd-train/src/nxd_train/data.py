@@ -21,8 +21,11 @@ from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, Reward
 from nxd_config.schema.data import DataConfig
 from nxd_data import (
     DataError,
+    DocumentFiles,
+    ExampleDocuments,
     IndexedDatasetWriter,
     MegatronDataBuilder,
+    PairDocuments,
     SampleFormat,
     TextTokenizer,
     TokenizerSource,
@@ -119,6 +122,8 @@ class DataSplits:
     pad_id: int | None = None
     """The id rows are padded with, where a reward model's export must name it (transformers' sequence
     classifiers read the score at the last other token)."""
+    reference_in_data: bool = False
+    """Every sample carries its reference log-probs (precomputed files): no reference model runs."""
 
     def collate(self, trim_to: int | None) -> Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]:
         """How samples become a micro-batch; pairs drop their trailing padding columns (to a multiple of
@@ -160,6 +165,8 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     if sft is not None:
         return _sft_splits(data, seq_length, cache_dir, sft.packing)
     if preference is not None:
+        if data.pair_documents is not None or data.example_documents is not None:
+            return _document_splits(data, seq_length, preference)
         return _preference_splits(data, seq_length, preference)
     own_data = data.is_set("data_prefix") or data.train_dir is not None
     corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
@@ -282,6 +289,48 @@ def _preference_splits(data: DataConfig, seq_length: int,
                       data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,
                       rows_per_sample=2, trained_rows_per_sample=1 if kto else None,
                       pad_id=tokenizer.eod_id)  # fmt: skip
+
+
+def _document_splits(data: DataConfig, seq_length: int,
+                     preference: DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig) -> DataSplits:  # fmt: skip
+    """Pairs (data.pair_documents) or KTO examples (data.example_documents) from pre-tokenised indexed
+    documents, one document a row."""
+    tokenizer = _tokenizer_of(data)
+    kto = data.example_documents is not None
+    sections = data.example_documents if kto else data.pair_documents
+    name = "example_documents" if kto else "pair_documents"
+    shared = {"seq_length": seq_length, "pad_id": tokenizer.eod_id, "allow_chopped": data.allow_chopped,
+              "vocab_size": tokenizer.vocab_size}  # fmt: skip
+    splits, notes = {}, []
+    for split in ("train", "validation", "test"):
+        if (files := getattr(sections, split)) is None:
+            continue
+        where = f"data.{name}.{split}"
+        if kto:
+            dataset = ExampleDocuments(DocumentFiles(files.documents, files.labels, files.reference, where),
+                                       files.rewards, rewards_where=f"{where}.rewards", **shared)  # fmt: skip
+            if split == "train" and not (dataset.desirable and dataset.undesirable):
+                raise DataError(f"{where}.rewards: KTO learns from both kinds of example; expected desirable (reward "
+                                f"above 0) and undesirable (below 0) documents, found {dataset.desirable} desirable "
+                                f"and {dataset.undesirable} undesirable")  # fmt: skip
+            neutral = len(dataset) - dataset.desirable - dataset.undesirable
+            notes.append(f"{where}: {len(dataset)} KTO examples, {dataset.desirable} desirable, {dataset.undesirable} "
+                         f"undesirable" + (f", {neutral} with reward 0 (no loss)" if neutral else ""))  # fmt: skip
+        else:
+            dataset = PairDocuments(DocumentFiles(files.chosen, files.chosen_labels, files.chosen_reference, where),
+                                    DocumentFiles(files.rejected, files.rejected_labels, files.rejected_reference,
+                                                  where),
+                                    scores=isinstance(preference, RewardModelConfig), **shared)  # fmt: skip
+            notes.append(f"{where}: {len(dataset)} preference pairs")
+        long = "" if data.allow_chopped else "longer than seq_length + 1 tokens or "
+        notes[-1] += (f" ({dataset.left_out} documents left out: {long}nothing to train on; {dataset.truncated} cut "
+                      f"to seq_length + 1 tokens)")  # fmt: skip
+        splits[split] = dataset
+    train = splits["train"]
+    return DataSplits(train, splits.get("validation"), splits.get("test"), train.padding(), tokenizer.vocab_size,
+                      data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,
+                      rows_per_sample=1 if kto else 2, pad_id=tokenizer.eod_id,
+                      reference_in_data=train.carries_reference)  # fmt: skip
 
 
 def _plain(value):

@@ -79,7 +79,7 @@ def train(plan: RunPlan) -> Path:
             if (signum := stops.agreed(run.fabric.device)) is not None and done < run.steps:
                 _stop_on_signal(run, signum, done, logged, saved=saved_at == done, finite=not guard.streak)
     run.checkpointer.wait()
-    test_loss = evaluate(run, plan.data.test, cadence.limit_test_batches)
+    test_loss = evaluate(run, run.test_data, cadence.limit_test_batches)
     if test_loss is not None:
         run.monitor.metrics(run.steps, {"test_loss": test_loss})
     run.monitor.info(f"done: {run.steps} steps; logs in {run.log_dir}")

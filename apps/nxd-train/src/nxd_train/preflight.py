@@ -456,7 +456,7 @@ def _objective(cfg: NxdConfig) -> Objective:
                     "reference_free": block.reference_free}  # fmt: skip
     elif isinstance(block, KTOConfig):
         settings = {"beta": block.beta, "desirable_weight": block.desirable_weight,
-                    "undesirable_weight": block.undesirable_weight}  # fmt: skip
+                    "undesirable_weight": block.undesirable_weight, "kl_estimate": block.kl_estimate}  # fmt: skip
     elif isinstance(block, RewardModelConfig):
         settings = {"z_loss": block.z_loss}
     else:
@@ -477,17 +477,19 @@ def _initial_weights(cfg: NxdConfig, resume: Resume | None) -> Resume | None:
 def _reference(cfg: NxdConfig, resume: Resume | None, family: ModelFamily | LoraFamily, data: DataSplits,
                policy: PrecisionPolicy) -> Reference | None:  # fmt: skip
     """DPO's and KTO's reference: precomputed or live, from the initial weights, with the digest of its
-    table; none for reference-free DPO."""
+    table; none for reference-free DPO or where the data carries the reference log-probs."""
     block = _preference(cfg)
-    if not isinstance(block, DPOConfig | KTOConfig) or getattr(block, "reference_free", False):
+    if not isinstance(block, DPOConfig | KTOConfig) or getattr(block, "reference_free", False) or \
+            data.reference_in_data:  # fmt: skip
         return None
     initial = _initial_weights(cfg, resume)
     parts = {"model": str(family.spec), "attention": str(family.attention), "seq_length": cfg.seq_length,
              "initial": f"seed {cfg.seed}" if initial is None else str(initial.path), "policy": repr(policy),
              "train": data.train.fingerprint,
-             "validation": None if data.validation is None else data.validation.fingerprint}  # fmt: skip
+             "validation": None if data.validation is None else data.validation.fingerprint,
+             **({} if data.test is None else {"test": data.test.fingerprint})}  # fmt: skip
     return Reference(precompute=block.precompute_ref_log_probs, initial=initial, digest=reference_digest(parts),
-                     kl_baseline=isinstance(block, KTOConfig))  # fmt: skip
+                     kl_baseline=isinstance(block, KTOConfig) and block.kl_estimate == "mismatched")  # fmt: skip
 
 
 def _peft(cfg: NxdConfig):  # noqa: ANN202 - the config's PeftConfig or None

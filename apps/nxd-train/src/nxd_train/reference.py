@@ -1,7 +1,7 @@
 """DPO's and KTO's reference model in a run (nxd-align's tables and row log-probs, wired to the run's
 executor), and KTO's KL baseline pass.
 
-Precomputed (the default): before the first step, every pair of the training and validation data
+Precomputed (the default): before the first step, every pair of the training, validation and test data
 goes once through the initial weights (under LoRA, the base with its adapters off), in eval mode,
 sharded over the data-parallel ranks in dataset order; the table is gathered on every rank, written
 beside the logs and into each checkpoint, and read by dataset index. A resumed run reads the table
@@ -70,10 +70,11 @@ def _row_log_probs(executor: DirectExecutor | PipelineExecutor, batches: list[Ba
 
 
 def compute_table(run: Run, dataset: Dataset) -> torch.Tensor:
-    """The (pairs x 2) reference log-probs of `dataset`, on every rank. Pairs of like length share a
-    micro-batch (longest first), so the trimmed micro-batches carry little padding; the data-parallel
-    ranks take turns through that order and make as many calls each, in calls of the step's
-    micro-batches. Each value depends on its pair only, so the order changes nothing but the time."""
+    """The (samples x rows per sample) reference log-probs of `dataset`, on every rank. Samples of like
+    length share a micro-batch (longest first), so the trimmed micro-batches carry little padding; the
+    data-parallel ranks take turns through that order and make as many calls each, in calls of the
+    step's micro-batches. Each value depends on its sample only, so the order changes nothing but the
+    time."""
     pairs, dp, rank = len(dataset), run.dims.dp, run.mesh.data_parallel_rank
     micro, per_call = run.plan.batches.micro_batch_size, run.plan.batches.micro_batch_size * run.accumulation
     lengths = dataset.lengths() if hasattr(dataset, "lengths") else [0] * pairs
@@ -82,10 +83,12 @@ def compute_table(run: Run, dataset: Dataset) -> torch.Tensor:
     calls = max(1, -(-share // per_call))
     order = mine + [PADDING] * (calls * per_call - len(mine))
     batches = run.micro_batches(dataset, [order[i : i + micro] for i in range(0, len(order), micro)])
-    table = torch.zeros(pairs, 2, dtype=torch.float64, device=run.fabric.device)
+    rows = run.plan.data.rows_per_sample
+    table = torch.zeros(pairs, rows, dtype=torch.float64, device=run.fabric.device)
     with _reference_mode(run.model, run.plan.lora is not None):
         for call in range(calls):
-            values = _row_log_probs(run.executor, [next(batches) for _ in range(run.accumulation)]).view(per_call, 2)
+            values = _row_log_probs(run.executor, [next(batches) for _ in range(run.accumulation)]).view(per_call,
+                                                                                                        rows)
             indices = torch.tensor(order[call * per_call : (call + 1) * per_call])
             real = indices != PADDING
             table[indices[real].to(table.device)] = values[real.to(values.device)]
@@ -94,9 +97,9 @@ def compute_table(run: Run, dataset: Dataset) -> torch.Tensor:
 
 def _broadcast(run: Run, tables: dict[str, torch.Tensor] | None, sizes: dict[str, int]) -> dict[str, torch.Tensor]:
     """Rank 0's tables (None elsewhere) on every rank."""
-    received = {}
+    received, rows = {}, run.plan.data.rows_per_sample
     for split, size in sizes.items():
-        table = torch.empty(size, 2, dtype=torch.float64) if tables is None else tables[split].double()
+        table = torch.empty(size, rows, dtype=torch.float64) if tables is None else tables[split].double()
         table = table.to(run.fabric.device)
         if torch.distributed.is_initialized():
             torch.distributed.broadcast(table, src=0)
@@ -111,9 +114,11 @@ def _stored(run: Run, path: Path, sizes: dict[str, int], *, required: bool) -> d
     if run.fabric.global_rank == 0:
         try:
             tables = load_reference(path, run.plan.reference.digest) if path.exists() else None
-            if tables is not None and {split: len(table) for split, table in tables.items()} != sizes:
-                raise ReferenceError(f"{path}: expected reference log-probs for {sizes} pairs, found "
-                                     f"{ {split: len(table) for split, table in tables.items()} }")  # fmt: skip
+            shapes = {split: tuple(table.shape) for split, table in (tables or {}).items()}
+            expected = {split: (size, run.plan.data.rows_per_sample) for split, size in sizes.items()}
+            if tables is not None and shapes != expected:
+                raise ReferenceError(f"{path}: expected reference log-probs of shape {expected}, found "
+                                     f"{shapes}")  # fmt: skip
         except ReferenceError as error:
             tables, problem = None, str(error)
         state = "found" if tables is not None else "absent" if problem is None else problem
@@ -138,7 +143,7 @@ def prepare_reference(run: Run, resume: Resume | None) -> None:
     if not plan.reference.precompute:
         run.step_passes.insert(0, _live_pass(run))
         return
-    datasets = {"train": plan.data.train, "validation": plan.data.validation}
+    datasets = {"train": plan.data.train, "validation": plan.data.validation, "test": plan.data.test}
     datasets = {split: dataset for split, dataset in datasets.items() if dataset is not None}
     sizes = {split: len(dataset) for split, dataset in datasets.items()}
     continuing = resume is not None and not resume.weights_only
@@ -148,7 +153,7 @@ def prepare_reference(run: Run, resume: Resume | None) -> None:
         started = time.perf_counter()
         tables = {split: compute_table(run, dataset).cpu()
                   for split, dataset in datasets.items()}  # fmt: skip
-        run.monitor.info(f"reference log-probs of {', '.join(f'{n} {s} pairs' for s, n in sizes.items())} computed "
+        run.monitor.info(f"reference log-probs of {', '.join(f'{n} {s} samples' for s, n in sizes.items())} computed "
                          f"in {time.perf_counter() - started:.2f} s")  # fmt: skip
         if run.fabric.global_rank == 0:
             save_reference(stored, tables, plan.reference.digest)
@@ -157,6 +162,8 @@ def prepare_reference(run: Run, resume: Resume | None) -> None:
     run.train_data = WithReference(plan.data.train, tables["train"])
     if "validation" in tables:
         run.validation_data = WithReference(plan.data.validation, tables["validation"])
+    if "test" in tables:
+        run.test_data = WithReference(plan.data.test, tables["test"])
     run.padding = run.train_data.padding()
     run.attach.append(partial(_keep_with_checkpoint, tables=tables, digest=plan.reference.digest))
 

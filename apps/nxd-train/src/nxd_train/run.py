@@ -149,7 +149,8 @@ def setup(plan: RunPlan) -> Run:
     run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,
               checkpointer, record, steps, flops_per_token=plan.family.flops_per_token(plan.seq_length),
               ceiling=ceiling, objective=plan.objective.split_over(_group(mesh.get("cp"))),
-              train_data=plan.data.train, validation_data=plan.data.validation, padding=plan.data.padding,
+              train_data=plan.data.train, validation_data=plan.data.validation,
+              test_data=plan.data.test, padding=plan.data.padding,
               attach=attach, checkpoint_group=checkpoint_group, scaler=scaler)  # fmt: skip
     if plan.reference is not None:  # from the initial weights, before a resume loads trained ones
         with torch.random.fork_rng(devices=[fabric.device] if fabric.device.type == "cuda" else []):

@@ -58,6 +58,7 @@ class Run:
     """The plan's objective, told how this run splits sequences (context parallel); set by `setup`."""
     train_data: Dataset | None = None
     validation_data: Dataset | None = None
+    test_data: Dataset | None = None
     """The datasets trained and validated on: the plan's, with DPO's reference log-probs when precomputed."""
     padding: Batch | None = None
     """The sample that fills short batches (adds nothing to the loss)."""

@@ -1,7 +1,7 @@
 """nxd_align: objectives (pretraining and SFT token cross-entropy, DPO and ORPO on preference pairs, KTO on
 labelled examples), the reference log-probs they compare against, and LoRA adapters."""
 
-from .kto import KL_KEY, LABEL_KEY, KTOObjective, KTOTerms, kl_baseline, kto_loss
+from .kto import KL_KEY, LABEL_KEY, REWARD_KEY, KTOObjective, KTOTerms, halves_kl, kl_baseline, kto_loss
 from .lora import LoraConfigError, LoraFamily, LoraSpec, adapters_disabled, base_key, is_adapter_key
 from .objective_choice import objective_for
 from .objectives import IGNORE_INDEX, Objective, TokenObjective
@@ -31,10 +31,10 @@ from .reward import MARGIN_KEY, SCORE_POSITION_KEY, RewardObjective, reward_loss
 __version__ = "0.1.0"
 
 __all__ = [
-    "DPO_LOSS_TYPES", "IGNORE_INDEX", "KL_KEY", "LABEL_KEY", "MARGIN_KEY", "REFERENCE_KEY", "SCORE_POSITION_KEY",
-    "TABLE_FILE", "DPOObjective", "KTOObjective", "KTOTerms", "LoraConfigError", "LoraFamily", "LoraSpec",
-    "ORPOObjective", "Objective", "PairObjective", "PreferenceTerms", "ReferenceError", "RewardObjective",
+    "DPO_LOSS_TYPES", "IGNORE_INDEX", "KL_KEY", "LABEL_KEY", "MARGIN_KEY", "REFERENCE_KEY", "REWARD_KEY",
+    "SCORE_POSITION_KEY", "TABLE_FILE", "DPOObjective", "KTOObjective", "KTOTerms", "LoraConfigError", "LoraFamily",
+    "LoraSpec", "ORPOObjective", "Objective", "PairObjective", "PreferenceTerms", "ReferenceError", "RewardObjective",
     "RowLogProbs", "TokenObjective", "WholeSequences", "WithReference", "adapters_disabled", "base_key", "dpo_loss",
-    "is_adapter_key", "kl_baseline", "kto_loss", "load_reference", "objective_for", "orpo_loss", "reference_digest",
-    "reward_loss", "save_reference", "sequence_log_probs", "sequence_scores",
+    "halves_kl", "is_adapter_key", "kl_baseline", "kto_loss", "load_reference", "objective_for", "orpo_loss",
+    "reference_digest", "reward_loss", "save_reference", "sequence_log_probs", "sequence_scores",
 ]  # fmt: skip

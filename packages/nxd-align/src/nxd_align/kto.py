@@ -11,6 +11,12 @@ over data-parallel ranks, is this one when a step is one micro-batch per rank).
 Batches hold one row per example (nxd-data's KTO samples arrive as pairs of rows, the example and its
 mismatched KL row; nxd-train measures the baseline on the KL rows and keeps the example rows), with
 `kto_label` (1 desirable, 0 undesirable), `reference_log_probs` and the step's `kto_kl` (a scalar).
+
+GPT-NeoX's estimate (`kl_estimate="batch_halves"`) needs no KL rows: a micro-batch's rows are split in
+halves, each half's baseline is the mean over the other half's examples of max(0, their summed
+log-ratio), and each row carries a reward (`kto_reward`) whose sign says desirable or undesirable and
+whose size scales beta; an example whose reward is within 0.001 of 0 adds nothing to the loss (it
+still counts in the mean and in its half's estimate).
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ LABEL_KEY = "kto_label"
 """The batch entry holding each row's label: 1.0 desirable, 0.0 undesirable."""
 KL_KEY = "kto_kl"
 """The batch entry holding the step's KL baseline (a scalar, the same on every rank)."""
+REWARD_KEY = "kto_reward"
+"""With GPT-NeoX's estimate: each row's reward (sign: desirable or not; size: a factor on beta)."""
+NEUTRAL = 0.001
+"""Rewards within this of 0 are neither desirable nor undesirable (GPT-NeoX's threshold)."""
 
 
 @dataclass(frozen=True)
@@ -39,10 +49,11 @@ class KTOTerms:
 
 
 def kto_loss(policy: torch.Tensor, reference: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor | float,
-             beta: float, desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> KTOTerms:  # fmt: skip
+             beta: torch.Tensor | float, desirable_weight: float = 1.0,
+             undesirable_weight: float = 1.0) -> KTOTerms:  # fmt: skip
     """KTO's loss per example (see the module docstring) from summed completion log-probs, in fp64;
     `desirable` is boolean per example, `kl` the baseline (used as given: detached and clamped by its
-    estimator)."""
+    estimator; one value, or one per example), `beta` one value or one per example."""
     ratio = policy.double() - reference.double()
     kl = torch.as_tensor(kl, dtype=torch.float64, device=ratio.device)
     desirable = desirable.bool()
@@ -63,6 +74,18 @@ def kl_baseline(policy: torch.Tensor, reference: torch.Tensor, valid: torch.Tens
     return (sums[0] / sums[1].clamp(min=1)).clamp(min=0)
 
 
+def halves_kl(policy: torch.Tensor, reference: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """GPT-NeoX's KL baseline per row of one micro-batch (detached, fp64): for each row of the first
+    half, the mean over the `valid` rows of the second half of max(0, policy - reference), and the
+    other way round (an odd row count gives the first half the extra row, as torch.chunk does)."""
+    clamped = (policy.detach().double() - reference.double()).clamp(min=0)
+    valid = valid.double()
+    half = -(-len(clamped) // 2)
+    means = [(clamped[part] * valid[part]).sum() / valid[part].sum().clamp(min=1)
+             for part in (slice(0, half), slice(half, None))]  # fmt: skip
+    return torch.cat([means[1].expand(half), means[0].expand(len(clamped) - half)])
+
+
 KTO_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected", "kl",
                "share/chosen", "share/rejected")  # fmt: skip
 """What KTO logs, under TRL's names: means over the desirable (chosen) and undesirable (rejected)
@@ -77,6 +100,8 @@ class KTOObjective(WholeSequences):
     beta: float
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
+    kl_estimate: str = "mismatched"
+    """mismatched: the step's `kto_kl`; batch_halves: GPT-NeoX's, from the micro-batch (module docstring)."""
     name: str = "kto"
     metric_names: tuple[str, ...] = KTO_METRICS
 
@@ -89,18 +114,21 @@ class KTOObjective(WholeSequences):
     def loss(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         total, count = sequence_log_probs(token_losses, batch["labels"])
         total, valid = self._whole(total), (self._whole(count) > 0).double()
-        desirable = batch[LABEL_KEY] > 0.5
-        terms = kto_loss(total, batch[REFERENCE_KEY], desirable, batch[KL_KEY], self.beta, self.desirable_weight,
-                         self.undesirable_weight)  # fmt: skip
+        desirable, reference = batch[LABEL_KEY] > 0.5, batch[REFERENCE_KEY]
+        if self.kl_estimate == "batch_halves":
+            strength = batch[REWARD_KEY].double().abs()
+            kl, beta, weight = halves_kl(total, reference, valid), self.beta * strength, valid * (strength > NEUTRAL)
+        else:
+            kl, beta, weight = batch[KL_KEY], self.beta, valid
+        terms = kto_loss(total, reference, desirable, kl, beta, self.desirable_weight, self.undesirable_weight)
         chosen, rejected = valid * desirable, valid * ~desirable
-        logps = total.detach()
-        metrics = {"rewards/chosen": (terms.rewards * chosen).sum(),
-                   "rewards/rejected": (terms.rewards * rejected).sum(),
+        logps, rewards = total.detach(), self.beta * (total.detach() - reference.double())
+        metrics = {"rewards/chosen": (rewards * chosen).sum(), "rewards/rejected": (rewards * rejected).sum(),
                    "logps/chosen": (logps * chosen).sum(), "logps/rejected": (logps * rejected).sum(),
-                   "kl": batch[KL_KEY].double() * valid.sum(), "share/chosen": chosen.sum(),
+                   "kl": (torch.as_tensor(kl, dtype=torch.float64) * valid).sum(), "share/chosen": chosen.sum(),
                    "share/rejected": rejected.sum()}  # fmt: skip
         parts = self._parts
-        return (terms.loss * valid).sum() / parts, {name: value / parts for name, value in metrics.items()}
+        return (terms.loss * weight).sum() / parts, {name: value / parts for name, value in metrics.items()}
 
     def report(self, values: dict[str, float]) -> dict[str, float]:
         """The global means: reward and log-prob sums over the examples of each kind, divided by how

@@ -51,23 +51,28 @@ class RowLogProbs:
 
 
 class WithReference(Dataset):
-    """`dataset` of pairs whose samples also carry their two reference log-probs (chosen, rejected),
-    from `table` (pairs x 2) by dataset index."""
+    """`dataset` whose samples also carry their rows' reference log-probs, from `table` (samples x
+    rows per sample: a pair's chosen and rejected; one for a lone row, given as a scalar) by dataset
+    index."""
 
     def __init__(self, dataset: Dataset, table: torch.Tensor):
-        if table.shape != (len(dataset), 2):
-            raise ReferenceError(f"reference table: expected {len(dataset)} pairs x 2, found {tuple(table.shape)}")
+        if table.dim() != 2 or table.shape[0] != len(dataset):
+            raise ReferenceError(f"reference table: expected {len(dataset)} samples x rows, found {tuple(table.shape)}")
         self.dataset, self.table = dataset, table
 
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def _values(self, values: torch.Tensor) -> torch.Tensor:
+        return values[0] if len(values) == 1 else values
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.dataset[index] | {REFERENCE_KEY: self.table[int(index)]}
+        return self.dataset[index] | {REFERENCE_KEY: self._values(self.table[int(index)])}
 
     def padding(self) -> dict[str, torch.Tensor]:
-        """A pair that adds nothing to the loss, with zero reference values."""
-        return self.dataset.padding() | {REFERENCE_KEY: torch.zeros(2, dtype=self.table.dtype)}
+        """A sample that adds nothing to the loss, with zero reference values."""
+        return self.dataset.padding() | {REFERENCE_KEY: self._values(torch.zeros(self.table.shape[1],
+                                                                                  dtype=self.table.dtype))}
 
 
 def reference_digest(parts: dict[str, object]) -> str:
@@ -77,7 +82,7 @@ def reference_digest(parts: dict[str, object]) -> str:
 
 
 def save_reference(path: Path, tables: dict[str, torch.Tensor], digest: str) -> None:
-    """The tables (split name -> pairs x 2) with their digest, written under a temporary name and
+    """The tables (split name -> samples x rows) with their digest, written under a temporary name and
     renamed, so an interrupted write never leaves a partial table."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")

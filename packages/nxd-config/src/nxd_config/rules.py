@@ -482,7 +482,13 @@ def preference_prompt_length(c: NxdConfig) -> Iterator[Finding]:
         if block is None:
             continue
         path = f"{ALIGN}.{name}.max_prompt_length"
-        if block.max_prompt_length is None:
+        if _documents(c) is not None:
+            for cut in ("max_prompt_length", "truncation_mode"):
+                if block.is_set(cut):
+                    yield error(f"{ALIGN}.{name}.{cut}", f"applies to data.train_dir records, which are cut into "
+                                f"prompt and response; pre-tokenised documents ({_documents(c)}) are read as "
+                                f"written; expected it unset, found {getattr(block, cut)!r}")  # fmt: skip
+        elif block.max_prompt_length is None:
             yield error(path, "expected the longest prompt length in tokens, found nothing")
         elif c.seq_length is not None and block.max_prompt_length >= c.seq_length:
             yield error(path, f"expected less than the sequence length ({c.seq_length}) so that a "
@@ -502,7 +508,7 @@ def dpo_label_smoothing_fits_the_loss(c: NxdConfig) -> Iterator[Finding]:
 @rule
 def alignment_needs_train_data(c: NxdConfig) -> Iterator[Finding]:
     a = c.model_alignment_strategy
-    if a is not None and a.method is not None and c.data.train_dir is None:
+    if a is not None and a.method is not None and c.data.train_dir is None and _documents(c) is None:
         yield error("data.train_dir", f"expected the {a.method.upper()} training data (a jsonl, "
                     f"arrow or parquet file or a saved dataset), found nothing", "data.train_dir", ALIGN)
 
@@ -518,3 +524,66 @@ def whole_document_samples_need_indexed_data(c: NxdConfig) -> Iterator[Finding]:
     if d.pack_impl == "packed" and not d.allow_chopped:
         yield notice("data.allow_chopped", "acted on only with pack_impl pack_until_overflow or unpacked; packed "
                      "samples are cut across documents whatever their length", "data.allow_chopped")  # fmt: skip
+
+
+def _documents(c: NxdConfig) -> str | None:
+    """The key of the run's pre-tokenised post-training documents, when it names some."""
+    return next((f"data.{name}" for name in ("pair_documents", "example_documents")
+                 if getattr(c.data, name) is not None), None)  # fmt: skip
+
+
+@rule
+def post_training_documents(c: NxdConfig) -> Iterator[Finding]:
+    d, a = c.data, c.model_alignment_strategy
+    method = None if a is None else a.method
+    for name, methods in (("pair_documents", ("dpo", "orpo", "reward_model")), ("example_documents", ("kto",))):
+        files = getattr(d, name)
+        if files is None:
+            continue
+        path = f"data.{name}"
+        if method not in methods:
+            yield error(path, f"expected model_alignment_strategy.{' / '.join(methods)} to train on these documents, "
+                        f"found {method or 'pretraining'}", path, ALIGN)  # fmt: skip
+        if files.train is None:
+            yield error(f"{path}.train", "expected the training documents, found none", path)
+        for other in ("train_dir", "val_dir", "data_prefix"):
+            if getattr(d, other) is not None and (other != "data_prefix" or d.is_set(other)):
+                yield error(f"data.{other}", f"expected one data source, found {path} as well", f"data.{other}", path)
+        if d.pack_impl != "unpacked" and d.is_set("pack_impl"):
+            yield error("data.pack_impl", f"expected unpacked with {path} (one document a row, as GPT-NeoX reads "
+                        f"post-training data), found {d.pack_impl}", "data.pack_impl", path)  # fmt: skip
+        splits = [split for split in (files.train, files.validation, files.test) if split is not None]
+        referenced = [split for split in splits if any(getattr(split, key, None) is not None for key in
+                                                       ("chosen_reference", "rejected_reference", "reference"))]
+        if referenced and len(referenced) != len(splits):
+            yield error(path, "expected reference log-prob files for every split or for none, found them for "
+                        f"{len(referenced)} of {len(splits)}", path)  # fmt: skip
+        if referenced and method is not None and a is not None:
+            block = getattr(a, method)
+            if method in ("orpo", "reward_model") or getattr(block, "reference_free", False):
+                why = "reference_free" if method == "dpo" else method.upper()
+                yield error(path, f"reference log-prob files are read by DPO and KTO against a reference model; "
+                            f"{why} has none: expected no reference files", path, ALIGN)  # fmt: skip
+            elif block.is_set("precompute_ref_log_probs") and not block.precompute_ref_log_probs:
+                yield error(f"{ALIGN}.{method}.precompute_ref_log_probs", "expected true (or unset) with reference "
+                            "log-prob files, which are the precomputed reference; found false", path)  # fmt: skip
+
+
+@rule
+def kto_kl_estimate_fits_the_data(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if a is None or a.kto is None:
+        return
+    path = f"{ALIGN}.kto.kl_estimate"
+    documents = c.data.example_documents is not None
+    if a.kto.kl_estimate == "mismatched" and documents:
+        yield error(path, "expected batch_halves with data.example_documents: the mismatched estimate pairs each "
+                    "prompt with another record's completion, which pre-tokenised documents do not separate; found "
+                    "mismatched", path, "data.example_documents")  # fmt: skip
+    if a.kto.kl_estimate == "batch_halves":
+        if not documents:
+            yield error(path, "expected mismatched with data.train_dir records (batch_halves reads "
+                        "data.example_documents), found batch_halves", path, "data.train_dir")  # fmt: skip
+        if c.data.micro_batch_size % 2:
+            yield error(MBS, f"expected an even micro-batch size with kl_estimate batch_halves (each half's KL is "
+                        f"measured on the other half), found {c.data.micro_batch_size}", MBS, path)  # fmt: skip

@@ -3,6 +3,7 @@ supervised fine-tuning records (packed or padded), preference pairs, KTO example
 sampling."""
 
 from .blending import BlendedDataset, blend_indices, weights_by_documents
+from .documents import DocumentFiles, ExampleDocuments, PairDocuments
 from .errors import DataError, DataWarning
 from .files import save_atomically
 from .gpt_dataset import GPTDataset, split_documents
@@ -28,11 +29,14 @@ __all__ = [
     "BlendedDataset",
     "DataError",
     "DataWarning",
+    "DocumentFiles",
+    "ExampleDocuments",
     "GPTDataset",
     "IndexedDataset",
     "IndexedDatasetWriter",
     "KTODataset",
     "MegatronDataBuilder",
+    "PairDocuments",
     "PreferenceDataset",
     "PreprocessSummary",
     "PretrainingSampler",

@@ -10,6 +10,27 @@ from .translation import Arguments, Translation, choice, typed
 
 
 def data_keys(a: Arguments, t: Translation) -> None:
+    """The pretraining and SFT data (data_path or train/valid/test_data_paths, label paths), how it is
+    read and cut; post-training files are `post_training_keys`'."""
+    post_training = a["train_impl"] in ("dpo", "kto", "rm")
+    if not post_training:
+        _pretraining_paths(a, t)
+    impl = choice(t, a, "data_impl", ("infer", "mmap", "cached"))
+    if impl == "cached":
+        t.refuse("data_impl", "expected mmap (or infer): the older cached format is not read by nxd; preprocess the "
+                 "data again")  # fmt: skip
+    t.set("data.data_impl", "mmap", "data_impl")
+    if (pack := choice(t, a, "pack_impl", ("packed", "pack_until_overflow", "unpacked"))) is not None:
+        t.set("data.pack_impl", pack, "pack_impl")
+    if (chopped := typed(t, a, "allow_chopped", bool, "true or false")) is not None:
+        t.set("data.allow_chopped", chopped, "allow_chopped")
+    t.set("data.num_workers", a["num_workers"], "num_workers")
+    t.set("data.eod_mask_loss", a["eod_mask_loss"], "eod_mask_loss")
+    warmup = typed(t, a, "mmap_warmup", bool, "true or false")
+    t.set("data.skip_warmup", not warmup, "mmap_warmup")
+
+
+def _pretraining_paths(a: Arguments, t: Translation) -> None:
     path, split = a["data_path"], a["split"]
     paths = {name: a[f"{name}_data_paths"] for name in ("train", "valid", "test")}
     weights = {name: a[f"{name}_data_weights"] for name in ("train", "valid", "test")}
@@ -48,23 +69,6 @@ def data_keys(a: Arguments, t: Translation) -> None:
             t.notice(listed[0], "replaced by weights from document counts (weight_by_num_documents), as in NeoX")
     elif alpha is not None and alpha != 1.0:
         t.notice("weighted_sampler_alpha", "used only with weight_by_num_documents: true, which this run does not set")
-    impl = choice(t, a, "data_impl", ("infer", "mmap", "cached"))
-    if impl == "cached":
-        t.refuse("data_impl", "expected mmap (or infer): the older cached format is not read by nxd; preprocess the "
-                 "data again")  # fmt: skip
-    t.set("data.data_impl", "mmap", "data_impl")
-    if (pack := choice(t, a, "pack_impl", ("packed", "pack_until_overflow", "unpacked"))) is not None:
-        t.set("data.pack_impl", pack, "pack_impl")
-    if (chopped := typed(t, a, "allow_chopped", bool, "true or false")) is not None:
-        t.set("data.allow_chopped", chopped, "allow_chopped")
-    for key, allowed, why in (("dataset_impl", "gpt2", "pairwise and online datasets are not in nxd yet"),
-                              ("train_impl", "normal", "dpo, kto, rm and reinforce training are not in nxd yet")):
-        if a[key] != allowed:
-            t.refuse(key, f"expected {allowed}, found {show(a[key])}: {why}")
-    t.set("data.num_workers", a["num_workers"], "num_workers")
-    t.set("data.eod_mask_loss", a["eod_mask_loss"], "eod_mask_loss")
-    warmup = typed(t, a, "mmap_warmup", bool, "true or false")
-    t.set("data.skip_warmup", not warmup, "mmap_warmup")
     if path is None and not given:
         t.notice("data_path", "no data_path or train/valid/test_data_paths: nxd trains on its built-in corpus "
                  "(Python's standard library, with a BPE trained on it)")  # fmt: skip

@@ -50,12 +50,12 @@ _RWKV = "used only by rwkv layers (attention_config), which nxd refuses"
 _MUP = "used only with use_mup, which nxd refuses"
 _TE_FP8 = "used only by Transformer Engine's fp8 layers (te_*), which nxd refuses"
 _RL = "used only with train_impl: reinforce (online RL with a generation server), which nxd refuses"
-_PREFERENCE = "used only with train_impl dpo / kto / rm, which nxd does not have yet (refused)"
 _FP16 = ("NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed: the fp16 block's loss_scale, "
          "loss_scale_window, hysteresis and min_loss_scale set nxd's loss scaling")  # fmt: skip
 _OLD_MOE = ("a key of GPT-NeoX's older MoE (DeepSpeed / megablocks), removed from current NeoX, whose dropless "
             "MoE nxd follows; remove it (lifted if nxd gains that MoE)")  # fmt: skip
-_LABELS = "reward and pos/neg document files are not read by nxd yet; remove the key to pretrain on data_path"
+_PAIRS = ("with train_impl dpo or rm: one prefix a split (document i pairs with the other side's i); labels: -100 "
+          "where nothing is trained")  # fmt: skip
 _DS_TOOL = "a DeepSpeed tool that nxd does not run"
 
 _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
@@ -258,7 +258,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "the older spelling of moe_expert_interval (only 1: nxd counts MoE layers from 1, NeoX from 0)"),
     # ----------------------------------------------------------------------------- text generation
     ("text_gen_type", "Text generation", None, N, "", _GENERATION),
-    ("precompute_model_name", "Text generation", None, N, "", _PREFERENCE),
+    ("precompute_model_name", "Text generation", None, M, "data.pair_documents / data.example_documents",
+     "with dpo or kto: every data prefix's reference log-probs are read from {prefix}_{name} (float32, one per "
+     "token, as NeoX's precompute writes them) and no reference model runs"),
     ("temperature", "Text generation", 0.0, N, "", _GENERATION),
     ("top_p", "Text generation", 0.0, N, "", _GENERATION),
     ("top_k", "Text generation", 0, N, "", _GENERATION),
@@ -303,7 +305,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     # ----------------------------------------------------------------------------- training
     ("data_path", "Training", None, M, "data.data_prefix", "one indexed dataset, cut by split"),
     ("use_shared_fs", "Training", True, N, "", "nxd's first rank builds the index files and the others read them"),
-    ("train_data_paths", "Training", None, M, "data.data_prefix.train", "blended by train_data_weights"),
+    ("train_data_paths", "Training", None, M, "data.data_prefix.train",
+     "blended by train_data_weights; with train_impl kto, data.example_documents.train.documents (one path)"),
     ("valid_data_paths", "Training", None, M, "data.data_prefix.validation", "blended by valid_data_weights"),
     ("test_data_paths", "Training", None, M, "data.data_prefix.test", "blended by test_data_weights"),
     ("train_data_weights", "Training", None, M, "data.data_prefix.train", ""),
@@ -315,21 +318,24 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "one label file per valid_data_paths entry: each token's label, -100 where nothing is trained"),
     ("test_label_data_paths", "Training", None, M, "data.label_prefixes",
      "one label file per test_data_paths entry: each token's label, -100 where nothing is trained"),
-    ("train_reward_data_paths", "Training", None, R, "", _LABELS),
-    ("valid_reward_data_paths", "Training", None, R, "", _LABELS),
-    ("test_reward_data_paths", "Training", None, R, "", _LABELS),
-    ("pos_train_data_paths", "Training", None, R, "", _LABELS),
-    ("neg_train_data_paths", "Training", None, R, "", _LABELS),
-    ("pos_train_label_data_paths", "Training", None, R, "", _LABELS),
-    ("neg_train_label_data_paths", "Training", None, R, "", _LABELS),
-    ("pos_valid_data_paths", "Training", None, R, "", _LABELS),
-    ("neg_valid_data_paths", "Training", None, R, "", _LABELS),
-    ("pos_valid_label_data_paths", "Training", None, R, "", _LABELS),
-    ("neg_valid_label_data_paths", "Training", None, R, "", _LABELS),
-    ("pos_test_data_paths", "Training", None, R, "", _LABELS),
-    ("neg_test_data_paths", "Training", None, R, "", _LABELS),
-    ("pos_test_label_data_paths", "Training", None, R, "", _LABELS),
-    ("neg_test_label_data_paths", "Training", None, R, "", _LABELS),
+    ("train_reward_data_paths", "Training", None, M, "data.example_documents.train.rewards",
+     "with train_impl kto: one reward a document (above 0 desirable, below undesirable; its size scales kto_beta)"),
+    ("valid_reward_data_paths", "Training", None, M, "data.example_documents.validation.rewards",
+     "with train_impl kto: one reward a document (above 0 desirable, below undesirable; its size scales kto_beta)"),
+    ("test_reward_data_paths", "Training", None, M, "data.example_documents.test.rewards",
+     "with train_impl kto: one reward a document (above 0 desirable, below undesirable; its size scales kto_beta)"),
+    ("pos_train_data_paths", "Training", None, M, "data.pair_documents.train.chosen", _PAIRS),
+    ("neg_train_data_paths", "Training", None, M, "data.pair_documents.train.rejected", _PAIRS),
+    ("pos_train_label_data_paths", "Training", None, M, "data.pair_documents.train.chosen_labels", _PAIRS),
+    ("neg_train_label_data_paths", "Training", None, M, "data.pair_documents.train.rejected_labels", _PAIRS),
+    ("pos_valid_data_paths", "Training", None, M, "data.pair_documents.validation.chosen", _PAIRS),
+    ("neg_valid_data_paths", "Training", None, M, "data.pair_documents.validation.rejected", _PAIRS),
+    ("pos_valid_label_data_paths", "Training", None, M, "data.pair_documents.validation.chosen_labels", _PAIRS),
+    ("neg_valid_label_data_paths", "Training", None, M, "data.pair_documents.validation.rejected_labels", _PAIRS),
+    ("pos_test_data_paths", "Training", None, M, "data.pair_documents.test.chosen", _PAIRS),
+    ("neg_test_data_paths", "Training", None, M, "data.pair_documents.test.rejected", _PAIRS),
+    ("pos_test_label_data_paths", "Training", None, M, "data.pair_documents.test.chosen_labels", _PAIRS),
+    ("neg_test_label_data_paths", "Training", None, M, "data.pair_documents.test.rejected_labels", _PAIRS),
     ("weight_by_num_documents", "Training", False, M, "data.blend_by_documents",
      "each split's paths weighted by their document counts, the listed weights replaced (as in NeoX)"),
     ("weighted_sampler_alpha", "Training", 1.0, M, "data.blend_by_documents", "the alpha of that weighting"),
@@ -338,17 +344,22 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("pack_impl", "Training", "packed", M, "data.pack_impl",
      "packed: documents concatenated and cut every seq_length tokens; pack_until_overflow: shuffled whole "
      "documents joined while they fit; unpacked: one document a sample (padding not trained on)"),
-    ("dataset_impl", "Training", "gpt2", M, "", "gpt2; pairwise and online are refused"),
-    ("train_impl", "Training", "normal", M, "",
-     "normal (pretraining); dpo, kto, rm and reinforce are refused"),
-    ("dpo_fp32", "Training", True, N, "", _PREFERENCE),
-    ("dpo_reference_free", "Training", False, N, "", _PREFERENCE),
-    ("dpo_beta", "Training", 0.1, N, "", _PREFERENCE),
-    ("kto_fp32", "Training", True, N, "", _PREFERENCE),
-    ("kto_desirable_weight", "Training", 1.0, N, "", _PREFERENCE),
-    ("kto_undesirable_weight", "Training", 1.0, N, "", _PREFERENCE),
-    ("kto_beta", "Training", 0.1, N, "", _PREFERENCE),
-    ("z_loss", "Training", 0.0, N, "", _PREFERENCE),
+    ("dataset_impl", "Training", "gpt2", M, "",
+     "gpt2 (one document a sample with train_impl normal or kto) or pairwise (dpo and rm); online (reinforce's "
+     "generation server) is refused"),
+    ("train_impl", "Training", "normal", M, "model_alignment_strategy",
+     "normal (pretraining, or SFT with label files); dpo, kto (GPT-NeoX's KL estimate from the other half of each "
+     "micro-batch) and rm (a score head in place of the LM head); reinforce (online RL with a generation server) is "
+     "refused"),
+    ("dpo_fp32", "Training", True, N, "", "nxd takes DPO's log-probs in fp32 (summed in fp64) whatever the precision"),
+    ("dpo_reference_free", "Training", False, M, "model_alignment_strategy.dpo.reference_free", ""),
+    ("dpo_beta", "Training", 0.1, M, "model_alignment_strategy.dpo.kl_beta", ""),
+    ("kto_fp32", "Training", True, N, "", "nxd takes KTO's log-probs in fp32 (summed in fp64) whatever the precision"),
+    ("kto_desirable_weight", "Training", 1.0, M, "model_alignment_strategy.kto.desirable_weight", ""),
+    ("kto_undesirable_weight", "Training", 1.0, M, "model_alignment_strategy.kto.undesirable_weight", ""),
+    ("kto_beta", "Training", 0.1, M, "model_alignment_strategy.kto.beta", ""),
+    ("z_loss", "Training", 0.0, M, "model_alignment_strategy.reward_model.z_loss",
+     "with train_impl rm: z_loss x (r_chosen^2 + r_rejected^2) added to each pair's loss"),
     ("fp32_reinforce", "Training", True, N, "", _RL),
     ("kl_impl", "Training", "mse", N, "", _RL),
     ("kl_div_beta", "Training", 0.1, N, "", _RL),

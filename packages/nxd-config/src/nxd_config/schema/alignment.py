@@ -45,7 +45,8 @@ class DPOConfig(Section):
         by=ALIGN,
     )
     max_prompt_length: int | None = key(
-        None, "Longest prompt kept in prompt + response (required). Older spelling: max_dpo_prompt_length.",
+        None, "Longest prompt kept in prompt + response (required with train_dir records). Older spelling: "
+        "max_dpo_prompt_length.",
         by=DATA, ge=1,
     )
     precompute_ref_log_probs: bool = key(
@@ -61,7 +62,7 @@ class DPOConfig(Section):
 class ORPOConfig(Section):
     beta: float = key(0.01, "Weight of the odds-ratio term of the ORPO loss.", by=ALIGN, gt=0.0)
     max_prompt_length: int | None = key(
-        None, "Longest prompt kept in prompt + response (required).", by=DATA, ge=1
+        None, "Longest prompt kept in prompt + response (required with train_dir records).", by=DATA, ge=1
     )
     truncation_mode: Truncation = key(
         "keep_start", "Which end of an over-long prompt + response is kept.", by=DATA
@@ -76,8 +77,14 @@ class KTOConfig(Section):
         by=ALIGN, gt=0.0,
     )
     undesirable_weight: float = key(1.0, "Weight of the undesirable examples' losses.", by=ALIGN, gt=0.0)
+    kl_estimate: Literal["mismatched", "batch_halves"] = key(
+        "mismatched", "nxd extension. KTO's KL baseline: mismatched, the KTO paper's and TRL's (each prompt with "
+        "another record's completion, averaged over the global batch); batch_halves, GPT-NeoX's (each half of a "
+        "micro-batch measured on the other half's examples, each clamped at 0 before the mean), which reads "
+        "data.example_documents and needs an even micro_batch_size.", by=ALIGN,
+    )
     max_prompt_length: int | None = key(
-        None, "Longest prompt kept in prompt + completion (required).", by=DATA, ge=1
+        None, "Longest prompt kept in prompt + completion (required with train_dir records).", by=DATA, ge=1
     )
     precompute_ref_log_probs: bool = key(
         True, "Compute the reference model's log-probs of every example and KL sequence once before training (kept "
@@ -94,7 +101,7 @@ class RewardModelConfig(Section):
         "keeping the scores near 0.", by=ALIGN, ge=0.0,
     )
     max_prompt_length: int | None = key(
-        None, "Longest prompt kept in prompt + response (required).", by=DATA, ge=1
+        None, "Longest prompt kept in prompt + response (required with train_dir records).", by=DATA, ge=1
     )
     truncation_mode: Truncation = key(
         "keep_start", "Which end of an over-long prompt + response is kept.", by=DATA

@@ -45,6 +45,54 @@ class DataPrefixSplits(Section):
     test: Blend | None = key(None, "Blend for the test split.", by=DATA)
 
 
+_NEOX_POST = "GPT-NeoX's post-training data (preprocess_data_with_chat_template.py)"
+
+
+class PairDocumentFiles(Section):
+    chosen: str = key(..., "Prefix of the chosen responses' token documents (the prompt and the response).", by=DATA)
+    rejected: str = key(..., "Prefix of the rejected responses' token documents, document i pairing chosen's i.",
+                        by=DATA)  # fmt: skip
+    chosen_labels: str | None = key(
+        None, "Prefix of the chosen documents' labels (one per token, -100 where nothing is trained); null trains "
+        "every next token.", by=DATA,
+    )
+    rejected_labels: str | None = key(None, "Prefix of the rejected documents' labels.", by=DATA)
+    chosen_reference: str | None = key(
+        None, "Prefix of the chosen documents' precomputed reference log-probs (float32, one per token: the "
+        "reference model's log-prob of the next token); with rejected_reference, no reference model runs.", by=DATA,
+    )
+    rejected_reference: str | None = key(None, "Prefix of the rejected documents' reference log-probs.", by=DATA)
+
+
+class PairDocumentSplits(Section):
+    train: PairDocumentFiles | None = key(None, "Training pairs.", by=DATA)
+    validation: PairDocumentFiles | None = key(None, "Validation pairs.", by=DATA)
+    test: PairDocumentFiles | None = key(None, "Test pairs (evaluated after training).", by=DATA)
+
+
+class ExampleDocumentFiles(Section):
+    documents: str = key(..., "Prefix of the examples' token documents (prompt and completion).", by=DATA)
+    labels: str | None = key(
+        None, "Prefix of their labels (one per token, -100 where nothing is trained); null trains every next token.",
+        by=DATA,
+    )
+    rewards: str = key(
+        ..., "Prefix of one reward per document: above 0 desirable, below undesirable (GPT-NeoX's --binary-reward "
+        "writes 1 and -1); its size scales beta, and within 0.001 of 0 the example adds nothing to the loss.",
+        by=DATA,
+    )
+    reference: str | None = key(
+        None, "Prefix of the documents' precomputed reference log-probs (float32, one per token); no reference model "
+        "runs.", by=DATA,
+    )
+
+
+class ExampleDocumentSplits(Section):
+    train: ExampleDocumentFiles | None = key(None, "Training examples.", by=DATA)
+    validation: ExampleDocumentFiles | None = key(None, "Validation examples.", by=DATA)
+    test: ExampleDocumentFiles | None = key(None, "Test examples (evaluated after training).", by=DATA)
+
+
 def _splits_to_str(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
 
@@ -133,6 +181,21 @@ class DataConfig(Section):
         "Data prefix -> the prefix of its label file: an indexed dataset of the same documents holding each "
         "token's label, read in place of the shifted tokens (a negative label, -100, is not trained on).",
         by=DATA, status=Status.EXTENSION, note="GPT-NeoX's train/valid/test_label_data_paths",
+    )
+    pair_documents: PairDocumentSplits | None = key(
+        None,
+        "DPO, ORPO or reward-model pairs as pre-tokenised indexed documents, per split: chosen and rejected token "
+        "files (document i of each is a pair), optional label and reference log-prob files. One document a row "
+        "(pack_impl: unpacked); longer than seq_length + 1 tokens: cut, or with allow_chopped false left out. A "
+        "reward model reads its score at each row's last trained position.",
+        by=DATA, status=Status.EXTENSION, note=_NEOX_POST + ": pos/neg_*_data_paths and their label paths",
+    )
+    example_documents: ExampleDocumentSplits | None = key(
+        None,
+        "KTO examples as pre-tokenised indexed documents, per split: a token file, a reward file (one value per "
+        "document), optional label and reference log-prob files; one document a row, as pair_documents.",
+        by=DATA, status=Status.EXTENSION,
+        note=_NEOX_POST + ": *_data_paths, *_label_data_paths, *_reward_data_paths",
     )
     blend_by_documents: float | None = key(
         None,

@@ -1,0 +1,264 @@
+"""Post-training data as pre-tokenised indexed documents (GPT-NeoX's post-training files, as its
+`preprocess_data_with_chat_template.py` writes them): preference pairs from aligned chosen and
+rejected files, KTO examples from one file with a reward document each; each with optional label files
+and precomputed reference log-probs.
+
+A document of n tokens t with labels l (a label file of the same documents, -100 where nothing is
+trained) becomes one row: the inputs t[:seq_length], position j trained on l[j + 1] (GPT-NeoX's shift);
+without a label file every next token of the document is trained. A document longer than seq_length + 1
+tokens is cut to them (`allow_chopped`) or left out, as is one with nothing to train on in its window;
+a pair is left out when either side is. A reference file (float32, one value per token: the reference
+model's log-prob of the next token, as NeoX's precompute writes it) gives each row's reference log-prob,
+the sum over its trained positions. A reward document holds one number (NeoX's `--binary-reward`: 1 or
+-1): its sign makes the example desirable or undesirable, and its size scales KTO's beta.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .errors import DataError
+from .indexed import IndexedDataset
+from .samples import IGNORE_INDEX
+
+REFERENCE_KEY = "reference_log_probs"
+LABEL_KEY = "kto_label"
+REWARD_KEY = "kto_reward"
+"""A KTO row's reward: its sign says desirable (> 0) or undesirable (< 0), its size scales beta."""
+NEUTRAL = 0.001
+"""Rewards within this of 0 are neither desirable nor undesirable (GPT-NeoX's threshold): such an
+example adds nothing to the loss but still counts in its half's KL estimate."""
+
+
+@dataclass(frozen=True)
+class DocumentFiles:
+    """One side of the data: a token file and its optional label and reference files (prefixes),
+    with the config key each was given under (named in errors)."""
+
+    tokens: str
+    labels: str | None = None
+    reference: str | None = None
+    where: str = "data"
+
+
+class _Side:
+    """The opened files of one side, checked to hold the same documents."""
+
+    def __init__(self, files: DocumentFiles, vocab_size: int | None):
+        self.files = files
+        self.tokens = IndexedDataset(files.tokens)
+        if vocab_size is not None and len(self.tokens.tokens):
+            outside = (self.tokens.tokens < 0) | (self.tokens.tokens >= vocab_size)
+            if outside.any():
+                at = int(np.argmax(outside))
+                starts = self.tokens.pointers // self.tokens.dtype.itemsize
+                document = int(np.searchsorted(starts, at, side="right")) - 1
+                raise DataError(f"{files.where}: {files.tokens}: document {document} holds token id "
+                                f"{int(self.tokens.tokens[at])}; expected ids from 0 to the tokenizer's vocabulary "
+                                f"({vocab_size}): written with another tokenizer?")  # fmt: skip
+        self.labels = self._aligned(files.labels, "labels")
+        self.reference = self._aligned(files.reference, "reference")
+
+    def _aligned(self, prefix: str | None, role: str) -> IndexedDataset | None:
+        if prefix is None:
+            return None
+        dataset = IndexedDataset(prefix)
+        if len(dataset) != len(self.tokens):
+            raise DataError(f"{self.files.where}: {role} file {prefix}: expected {len(self.tokens)} documents (those "
+                            f"of {self.files.tokens}), found {len(dataset)}")  # fmt: skip
+        if bad := np.flatnonzero(dataset.sizes != self.tokens.sizes)[:1].tolist():
+            raise DataError(f"{self.files.where}: {role} file {prefix}: document {bad[0]} holds "
+                            f"{dataset.sizes[bad[0]]} values where {self.files.tokens} holds "
+                            f"{self.tokens.sizes[bad[0]]} tokens; expected one per token")  # fmt: skip
+        return dataset
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def row(self, index: int, seq_length: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """The document's inputs, its labels per position (shifted) and its reference log-prob (0
+        without a reference file)."""
+        window = min(int(self.tokens.sizes[index]), seq_length + 1)
+        tokens = self.tokens.get(index, 0, window).astype(np.int64)
+        targets = tokens if self.labels is None else self.labels.get(index, 0, window).astype(np.int64)
+        labels = np.where(targets[1:] >= 0, targets[1:], IGNORE_INDEX)
+        reference = 0.0
+        if self.reference is not None:
+            values = self.reference.get(index, 0, window).astype(np.float64)[: len(labels)]
+            reference = float(values[labels != IGNORE_INDEX].sum())
+        return tokens[:seq_length], labels, reference
+
+    def usable(self, seq_length: int, allow_chopped: bool) -> np.ndarray:
+        """Which documents make a row: not too long (unless cut), something to train on in the window."""
+        sizes = self.tokens.sizes.astype(np.int64)
+        keep = sizes >= 2
+        if not allow_chopped:
+            keep &= sizes <= seq_length + 1
+        if self.labels is not None:
+            for index in np.flatnonzero(keep):
+                window = min(int(sizes[index]), seq_length + 1)
+                keep[index] = bool((self.labels.get(int(index), 1, window - 1) >= 0).any())
+        return keep
+
+
+def _fill(seq_length: int, pad_id: int, tokens: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    input_ids = np.full(seq_length, pad_id, dtype=np.int64)
+    padded = np.full(seq_length, IGNORE_INDEX, dtype=np.int64)
+    input_ids[: len(tokens)] = tokens
+    padded[: len(labels)] = labels[:seq_length]
+    return input_ids, padded
+
+
+class _Documents(Dataset):
+    """What pair and example data share: the usable documents, in file order, and the fingerprint."""
+
+    sides: tuple[_Side, ...]
+    kept: np.ndarray
+    seq_length: int
+    pad_id: int
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    @property
+    def truncated(self) -> int:
+        return int(sum((side.tokens.sizes[self.kept] > self.seq_length + 1).sum() for side in self.sides))
+
+    def lengths(self) -> list[int]:
+        """Each sample's longest row in tokens (how many columns it needs)."""
+        sizes = np.max([side.tokens.sizes[self.kept] for side in self.sides], axis=0)
+        return np.minimum(sizes, self.seq_length).astype(int).tolist()
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 of every file's contents, the kept documents and the row length: equal exactly when
+        the samples are."""
+        digest = hashlib.sha256(f"{type(self).__name__} {self.seq_length} {self.pad_id}".encode())
+        files = [dataset for side in self.sides for dataset in (side.tokens, side.labels, side.reference)]
+        for dataset in [*files, getattr(self, "rewards", None)]:
+            if dataset is not None:
+                digest.update(f"{dataset.dtype.str} {dataset.sizes_digest}".encode())
+                digest.update(memoryview(np.ascontiguousarray(dataset.tokens)))
+        digest.update(self.kept.astype(np.int64).tobytes())
+        return digest.hexdigest()
+
+
+class PairDocuments(_Documents):
+    """Preference pairs: document i of the chosen files with document i of the rejected ones. Samples
+    are shaped as nxd-data's preference pairs (`input_ids`, `labels`, `position_ids` of shape
+    (2, seq_length), chosen first), plus `reference_log_probs` (2,) with reference files, and, with
+    `scores` (a reward model's data), `score_position` (each row's last trained position: where
+    GPT-NeoX's `--for-rm` labels put the score) and `margin` (0)."""
+
+    def __init__(self, chosen: DocumentFiles, rejected: DocumentFiles, seq_length: int, pad_id: int, *,
+                 allow_chopped: bool = True, scores: bool = False, vocab_size: int | None = None):  # fmt: skip
+        self.sides = (_Side(chosen, vocab_size), _Side(rejected, vocab_size))
+        if len(self.sides[0]) != len(self.sides[1]):
+            raise DataError(f"{rejected.where}: {rejected.tokens} holds {len(self.sides[1])} documents where "
+                            f"{chosen.tokens} holds {len(self.sides[0])}; expected one rejected response per chosen "
+                            "one, in the same order")  # fmt: skip
+        if (chosen.reference is None) != (rejected.reference is None):
+            raise DataError(f"{chosen.where}: expected reference files for both chosen and rejected documents or for "
+                            "neither, found one")  # fmt: skip
+        self.seq_length, self.pad_id, self.scores = seq_length, pad_id, scores
+        usable = [side.usable(seq_length, allow_chopped) for side in self.sides]
+        self.kept = np.flatnonzero(usable[0] & usable[1])
+        self.left_out = len(self.sides[0]) - len(self.kept)
+        if not len(self.kept):
+            raise DataError(f"{chosen.where}: none of the {len(self.sides[0])} pairs has both responses within "
+                            f"seq_length + 1 ({seq_length + 1}) tokens with something to train on")  # fmt: skip
+
+    @property
+    def carries_reference(self) -> bool:
+        return self.sides[0].reference is not None
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        document = int(self.kept[int(index)])
+        rows = [side.row(document, self.seq_length) for side in self.sides]
+        return self._sample([(tokens, labels) for tokens, labels, _ in rows], [reference for *_, reference in rows])
+
+    def padding(self) -> dict[str, torch.Tensor]:
+        """A pair that adds nothing to the loss (fills a short evaluation batch)."""
+        empty = np.zeros(0, dtype=np.int64)
+        return self._sample([(empty, empty), (empty, empty)], [0.0, 0.0])
+
+    def _sample(self, rows: list[tuple[np.ndarray, np.ndarray]], references: list[float]) -> dict[str, torch.Tensor]:
+        filled = [_fill(self.seq_length, self.pad_id, tokens, labels) for tokens, labels in rows]
+        labels = np.stack([row[1] for row in filled])
+        sample = {"input_ids": torch.from_numpy(np.stack([row[0] for row in filled])),
+                  "labels": torch.from_numpy(labels),
+                  "position_ids": torch.arange(self.seq_length).expand(2, -1).clone()}  # fmt: skip
+        if self.carries_reference:
+            sample[REFERENCE_KEY] = torch.tensor(references, dtype=torch.float64)
+        if self.scores:
+            counted = labels != IGNORE_INDEX
+            last = np.where(counted.any(-1), self.seq_length - 1 - np.argmax(counted[:, ::-1], axis=-1), 0)
+            sample |= {"score_position": torch.from_numpy(last.astype(np.int64)),
+                       "margin": torch.zeros(2, dtype=torch.float64)}  # fmt: skip
+        return sample
+
+
+class ExampleDocuments(_Documents):
+    """KTO examples: one row per document, with `kto_reward` (the document's reward), `kto_label`
+    (1.0 when the reward is positive) and, with a reference file, `reference_log_probs`."""
+
+    def __init__(self, files: DocumentFiles, rewards: str, seq_length: int, pad_id: int, *,
+                 allow_chopped: bool = True, rewards_where: str = "data", vocab_size: int | None = None):  # fmt: skip
+        self.sides = (_Side(files, vocab_size),)
+        self.rewards = IndexedDataset(rewards)
+        documents = len(self.sides[0])
+        if len(self.rewards) != documents:
+            raise DataError(f"{rewards_where}: {rewards}: expected one reward document per document of "
+                            f"{files.tokens} ({documents}), found {len(self.rewards)}")  # fmt: skip
+        if bad := np.flatnonzero(self.rewards.sizes != 1)[:1].tolist():
+            raise DataError(f"{rewards_where}: {rewards}: document {bad[0]}: expected one reward, found "
+                            f"{self.rewards.sizes[bad[0]]} values")  # fmt: skip
+        self.seq_length, self.pad_id = seq_length, pad_id
+        self.kept = np.flatnonzero(self.sides[0].usable(seq_length, allow_chopped))
+        self.left_out = documents - len(self.kept)
+        if not len(self.kept):
+            raise DataError(f"{files.where}: none of the {documents} documents is within seq_length + 1 "
+                            f"({seq_length + 1}) tokens with something to train on")  # fmt: skip
+        starts = self.rewards.pointers // self.rewards.dtype.itemsize
+        self.values = np.asarray(self.rewards.tokens[starts[self.kept]], dtype=np.float64)
+        if not np.isfinite(self.values).all():
+            raise DataError(f"{rewards_where}: {rewards}: expected finite rewards, found "
+                            f"{self.values[~np.isfinite(self.values)][0]}")  # fmt: skip
+
+    @property
+    def carries_reference(self) -> bool:
+        return self.sides[0].reference is not None
+
+    @property
+    def desirable(self) -> int:
+        return int((self.values > NEUTRAL).sum())
+
+    @property
+    def undesirable(self) -> int:
+        return int((self.values < -NEUTRAL).sum())
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        tokens, labels, reference = self.sides[0].row(int(self.kept[int(index)]), self.seq_length)
+        return self._sample(tokens, labels, reference, float(self.values[int(index)]))
+
+    def padding(self) -> dict[str, torch.Tensor]:
+        """An example that adds nothing to the loss or to the KL estimate."""
+        empty = np.zeros(0, dtype=np.int64)
+        return self._sample(empty, empty, 0.0, 0.0)
+
+    def _sample(self, tokens: np.ndarray, labels: np.ndarray, reference: float,
+                reward: float) -> dict[str, torch.Tensor]:  # fmt: skip
+        input_ids, labels = _fill(self.seq_length, self.pad_id, tokens, labels)
+        sample = {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
+                  "position_ids": torch.arange(self.seq_length),
+                  REWARD_KEY: torch.tensor(reward, dtype=torch.float64),
+                  LABEL_KEY: torch.tensor(float(reward > NEUTRAL), dtype=torch.float64)}  # fmt: skip
+        if self.carries_reference:
+            sample[REFERENCE_KEY] = torch.tensor(reference, dtype=torch.float64)
+        return sample
