@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from nxd_align import KTOObjective, kl_baseline, kto_loss
+from nxd_align import KTOObjective, halves_kl, kl_baseline, kto_loss
 from nxd_models import token_cross_entropy
 
 
@@ -62,3 +62,37 @@ def test_the_kto_objective_sums_the_formula_and_reports_means_per_kind():
     assert values["rewards/margins"] == pytest.approx(values["rewards/chosen"] - values["rewards/rejected"])
     assert values["logps/rejected"] == pytest.approx(policy[1], abs=1e-6)
     assert values["kl"] == pytest.approx(0.2) and values["share/chosen"] == pytest.approx(2 / 3)
+
+
+def test_neox_kto_measures_each_half_against_the_other_and_scales_beta_by_the_reward():
+    """GPT-NeoX's KTO (megatron/training.py, train_impl kto) worked by hand on four rows: halves [0, 1] and
+    [2, 3]; each half's baseline is the mean of max(0, summed log-ratio) over the other half; the loss is
+    the mean over rows of weight(r) (1 - sigmoid(beta r (ratio - baseline))), a reward within 0.001 of 0
+    weighing nothing."""
+    table = torch.tensor([[0.5, 0.25, 0.125, 0.125], [0.25, 0.5, 0.125, 0.125], [0.125, 0.125, 0.5, 0.25]])
+    logits = table.log().expand(4, 3, 4).clone()
+    labels = torch.tensor([[0, 1, -100], [1, 2, -100], [0, -100, -100], [2, 2, -100]])
+    policy = [2 * math.log(0.5), math.log(0.25) + math.log(0.125), math.log(0.5), 2 * math.log(0.125)]
+    reference = [-2.0, -2.0, -1.0, -4.5]
+    rewards = [1.0, -1.0, 2.0, 0.0]
+    ratios = [p - r for p, r in zip(policy, reference, strict=True)]  # 0.614, -1.466, 0.307, 0.341
+    first_half_kl = (max(0.0, ratios[0]) + max(0.0, ratios[1])) / 2
+    second_half_kl = (max(0.0, ratios[2]) + max(0.0, ratios[3])) / 2
+    beta, desirable_weight, undesirable_weight = 0.5, 1.0, 1.5
+    expected = [desirable_weight * (1 - _sigmoid(beta * 1.0 * (ratios[0] - second_half_kl))),
+                undesirable_weight * (1 - _sigmoid(beta * -1.0 * (ratios[1] - second_half_kl))),
+                desirable_weight * (1 - _sigmoid(beta * 2.0 * (ratios[2] - first_half_kl))),
+                0.0]  # fmt: skip
+    batch = {"labels": labels, "reference_log_probs": torch.tensor(reference, dtype=torch.float64),
+             "kto_reward": torch.tensor(rewards, dtype=torch.float64),
+             "kto_label": torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)}  # fmt: skip
+    objective = KTOObjective(beta=beta, desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
+                             kl_estimate="batch_halves")  # fmt: skip
+    loss, metrics = objective.loss(token_cross_entropy(logits, labels), batch)
+    count = objective.count(batch).item()
+    assert count == 4  # the zero-reward row counts in the mean, as in NeoX's loss.mean()
+    assert loss.item() / count == pytest.approx(sum(expected) / 4, abs=1e-6)
+    assert halves_kl(torch.tensor(policy), torch.tensor(reference), torch.ones(4)).tolist() == pytest.approx(
+        [second_half_kl] * 2 + [first_half_kl] * 2, abs=1e-6)
+    values = objective.report({name: value.item() / count for name, value in metrics.items()})
+    assert values["kl"] == pytest.approx((first_half_kl + second_half_kl) / 2, abs=1e-6)

@@ -47,12 +47,20 @@ class DocumentFiles:
     where: str = "data"
 
 
+def _open(prefix: str, where: str) -> IndexedDataset:
+    """The indexed dataset at `prefix`; a DataError names the config key it was given under."""
+    try:
+        return IndexedDataset(prefix)
+    except DataError as error:
+        raise DataError(f"{where}: {error}") from None
+
+
 class _Side:
     """The opened files of one side, checked to hold the same documents."""
 
     def __init__(self, files: DocumentFiles, vocab_size: int | None):
         self.files = files
-        self.tokens = IndexedDataset(files.tokens)
+        self.tokens = _open(files.tokens, files.where)
         if vocab_size is not None and len(self.tokens.tokens):
             outside = (self.tokens.tokens < 0) | (self.tokens.tokens >= vocab_size)
             if outside.any():
@@ -68,7 +76,7 @@ class _Side:
     def _aligned(self, prefix: str | None, role: str) -> IndexedDataset | None:
         if prefix is None:
             return None
-        dataset = IndexedDataset(prefix)
+        dataset = _open(prefix, self.files.where)
         if len(dataset) != len(self.tokens):
             raise DataError(f"{self.files.where}: {role} file {prefix}: expected {len(self.tokens)} documents (those "
                             f"of {self.files.tokens}), found {len(dataset)}")  # fmt: skip
@@ -211,7 +219,7 @@ class ExampleDocuments(_Documents):
     def __init__(self, files: DocumentFiles, rewards: str, seq_length: int, pad_id: int, *,
                  allow_chopped: bool = True, rewards_where: str = "data", vocab_size: int | None = None):  # fmt: skip
         self.sides = (_Side(files, vocab_size),)
-        self.rewards = IndexedDataset(rewards)
+        self.rewards = _open(rewards, rewards_where)
         documents = len(self.sides[0])
         if len(self.rewards) != documents:
             raise DataError(f"{rewards_where}: {rewards}: expected one reward document per document of "
