@@ -99,3 +99,17 @@ def converted_model(root: Path, tokenizer_dir: Path, *, hidden: int = 64, layers
     LlamaForCausalLM(config).save_pretrained(folder)
     shutil.copytree(tokenizer_dir, folder / "tokenizer")
     return folder
+
+
+def kto_documents_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5) -> list[str]:
+    """Overrides that turn the tiny config into a KTO run on NeoX KTO documents written to `directory`
+    (data.example_documents, GPT-NeoX's KL estimate)."""
+    write_post_training_data(directory, tokenizer_dir, count=64)
+    keys = []
+    for split, name in (("train", "train"), ("validation", "val")):
+        prefix = directory / "data" / "kto" / f"llama3_{name}_messages"
+        keys += [f"+data.example_documents.{split}.documents={prefix}_document",
+                 f"+data.example_documents.{split}.labels={prefix}_label_document",
+                 f"+data.example_documents.{split}.rewards={prefix}_reward_document"]  # fmt: skip
+    return [f"+model_alignment_strategy.kto.beta={beta}", "+model_alignment_strategy.kto.kl_estimate=batch_halves",
+            *keys, f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip

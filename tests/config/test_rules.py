@@ -396,3 +396,36 @@ def test_moe_refuses_context_parallelism(minimal) -> None:
     minimal["distributed_strategy"].update(context_parallel_size=2)
     assert errors(minimal) == ["distributed_strategy.context_parallel_size: expected 1 with a model.moe block (the "
                                "router's balance is counted over whole sequences), found 2"]
+
+
+def test_post_training_documents_fit_their_method_and_data(minimal) -> None:
+    minimal["data"] |= {"micro_batch_size": 1, "global_batch_size": 4,
+                        "example_documents": {"train": {"documents": "t", "rewards": "w", "reference": "r"},
+                                              "validation": {"documents": "v", "rewards": "vw"}},
+                        "pack_impl": "packed"}  # fmt: skip
+    minimal["model_alignment_strategy"] = {"kto": {"max_prompt_length": 8}}
+    assert errors(minimal) == [
+        "model_alignment_strategy.kto.max_prompt_length: applies to data.train_dir records, which are cut into prompt "
+        "and response; pre-tokenised documents (data.example_documents) are read as written; expected it unset, "
+        "found 8",
+        "data.pack_impl: expected unpacked with data.example_documents (one document a row, as GPT-NeoX reads "
+        "post-training data), found packed",
+        "data.example_documents: expected reference log-prob files for every split or for none, found them for 1 of 2",
+        "model_alignment_strategy.kto.kl_estimate: expected batch_halves with data.example_documents: the mismatched "
+        "estimate pairs each prompt with another record's completion, which pre-tokenised documents do not separate; "
+        "found mismatched",
+    ]
+    minimal["data"] |= {"pack_impl": "unpacked", "example_documents": {"train": {"documents": "t", "rewards": "w"}}}
+    minimal["model_alignment_strategy"] = {"kto": {"kl_estimate": "batch_halves"}}
+    assert errors(minimal) == [
+        "data.micro_batch_size: expected an even micro-batch size with kl_estimate batch_halves (each half's KL is "
+        "measured on the other half), found 1"
+    ]
+    minimal["data"] |= {"pair_documents": {"train": {"chosen": "c", "rejected": "r", "chosen_reference": "cr",
+                                                     "rejected_reference": "rr"}}, "example_documents": None,
+                        "micro_batch_size": 2, "global_batch_size": 4}  # fmt: skip
+    minimal["model_alignment_strategy"] = {"orpo": {}}
+    assert errors(minimal) == [
+        "data.pair_documents: reference log-prob files are read by DPO and KTO against a reference model; ORPO has "
+        "none: expected no reference files"
+    ]

@@ -2,18 +2,20 @@
 + sequence parallel, pipeline (1F1B, pairs kept in one micro-batch), context parallel (ring attention,
 each sequence's log-probs added over its ranks) and data parallel with ZeRO-1 and full recomputation
 log the same losses, gradient norms, validation losses and preference metrics (KTO's KL baseline, measured
-over the global batch, included) within 1e-6 (relative above 1: DPO's gradient norms are about 5). DPO's reference table, computed sharded over the layout,
+over the global batch or, GPT-NeoX's, on each micro-batch's halves, included) within 1e-6 (relative above 1: DPO's gradient norms are about 5). DPO's reference table, computed sharded over the layout,
 equals one process's within 1e-6 relative (a sum of some 60 fp32 per-token log-probs, each of which
 may differ in its last bit between layouts)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import pytest
 from safetensors.torch import load_file
 
 from tests.integration.test_sft_parallel import LAYOUTS
+from tests.neox_post_training import kto_documents_job
 from tests.training_runs import dpo_job, kto_job, orpo_job, read_metrics, reward_job, run_command
 
 OVERRIDES = ["trainer.max_steps=4", "trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=False",
@@ -24,8 +26,10 @@ COMPARED = {"orpo": ("loss", "grad_norm", "val_loss", "nll_loss", "log_odds_rati
                     "logps/rejected"),
             "kto": ("loss", "grad_norm", "val_loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen",
                     "share/chosen"),
-            "reward_model": ("loss", "grad_norm", "val_loss", "margin", "rewards/chosen", "rewards/rejected")}  # fmt: skip
-JOBS = {"orpo": orpo_job, "dpo": dpo_job, "kto": kto_job, "reward_model": partial(reward_job, z_loss=0.01)}
+            "reward_model": ("loss", "grad_norm", "val_loss", "margin", "rewards/chosen", "rewards/rejected"),
+            "kto_halves": ("loss", "grad_norm", "val_loss", "kl", "rewards/chosen", "logps/rejected")}  # fmt: skip
+JOBS = {"orpo": orpo_job, "dpo": dpo_job, "kto": kto_job, "reward_model": partial(reward_job, z_loss=0.01),
+        "kto_halves": kto_documents_job}
 TABLE = "reference_log_probs.safetensors"
 
 
@@ -49,21 +53,27 @@ def data(tmp_path_factory, chat_tokenizer_dir) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory, data) -> dict[str, tuple]:
+def one_process(tmp_path_factory, data) -> Callable[[str], tuple]:
+    """Each method's one-process run (metrics and log directory), made when a test first asks for it."""
     from tests.training_runs import train_in_process
 
     runs = {}
-    for method in JOBS:
-        folder = tmp_path_factory.mktemp(f"one_{method}")
-        runs[method] = (train_in_process(folder, *OVERRIDES, *data[method]), folder)
-    return runs
+
+    def run(method: str) -> tuple:
+        if method not in runs:
+            folder = tmp_path_factory.mktemp(f"one_{method}")
+            runs[method] = (train_in_process(folder, *OVERRIDES, *data[method]), folder)
+        return runs[method]
+
+    return run
 
 
 DEFAULT_SUITE = {"orpo": "tp2_sp", "kto": "dp2_zero1_recompute", "reward_model": "tp2_sp"}
 PAIRS = [pytest.param(method, layout, marks=[pytest.mark.slow] if DEFAULT_SUITE.get(method, layout) != layout else [])
          for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute") for method in JOBS]
 """Every layout with DPO; ORPO and reward models (the row-parallel score head) in tensor + sequence
-parallel, KTO data parallel (its baseline summed over the ranks); the other crossings run with --runslow."""
+parallel, KTO data parallel (its baseline summed over the ranks); the other crossings, and KTO on NeoX's
+documents with NeoX's estimate (each micro-batch's halves), run with --runslow."""
 
 
 @pytest.mark.parametrize(("method", "layout"), PAIRS)
@@ -71,9 +81,9 @@ def test_preference_in_two_processes_logs_what_one_process_logs(method, layout, 
     result = run_command(*OVERRIDES, *data[method], *LAYOUTS[layout], "trainer.devices=2",
                          f"+exp_manager.explicit_log_dir={tmp_path / layout}", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    expected_rows, one_dir = one_process[method]
+    expected_rows, one_dir = one_process(method)
     assert_close(expected_rows, read_metrics(tmp_path / layout), COMPARED[method])
-    if method in ("dpo", "kto"):
+    if method in ("dpo", "kto", "kto_halves"):
         expected, found = load_file(one_dir / TABLE), load_file(tmp_path / layout / TABLE)
         assert expected.keys() == found.keys() == {"train", "validation"}
         for split in expected:
