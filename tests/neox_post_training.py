@@ -113,3 +113,24 @@ def kto_documents_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5
                  f"+data.example_documents.{split}.rewards={prefix}_reward_document"]  # fmt: skip
     return [f"+model_alignment_strategy.kto.beta={beta}", "+model_alignment_strategy.kto.kl_estimate=batch_halves",
             *keys, f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+
+
+NEOX_FLOAT32_CODE = 6
+"""GPT-NeoX's indexed-dataset code for float32 (megatron/data/indexed_dataset.py; Megatron-LM's is 7)."""
+DTYPE_CODE_OFFSET = 9 + 8
+"""Where the dtype code sits in an .idx header: after the 9-byte magic and the 8-byte version."""
+
+
+def write_neox_reference(prefix: str | Path, rows: list[list[float]], seq_length: int, documents: int) -> None:
+    """A file as NeoX's precompute_logits writes it: `documents` documents (its count rounded up, the
+    data wrapping round), each seq_length float32 log-probs (value j: token j + 1's), 0 past the data's
+    values, under NeoX's float32 code."""
+    with IndexedDatasetWriter(prefix, np.float32) as writer:
+        for index in range(documents):
+            values = np.zeros(seq_length, dtype=np.float32)
+            row = rows[index % len(rows)][:seq_length]
+            values[: len(row)] = row
+            writer.add_document(values)
+    with open(f"{prefix}.idx", "r+b") as index_file:
+        index_file.seek(DTYPE_CODE_OFFSET)
+        index_file.write(bytes([NEOX_FLOAT32_CODE]))

@@ -64,11 +64,11 @@ def test_the_kto_objective_sums_the_formula_and_reports_means_per_kind():
     assert values["kl"] == pytest.approx(0.2) and values["share/chosen"] == pytest.approx(2 / 3)
 
 
-def test_neox_kto_measures_each_half_against_the_other_and_scales_beta_by_the_reward():
-    """GPT-NeoX's KTO (megatron/training.py, train_impl kto) worked by hand on four rows: halves [0, 1] and
-    [2, 3]; each half's baseline is the mean of max(0, summed log-ratio) over the other half; the loss is
-    the mean over rows of weight(r) (1 - sigmoid(beta r (ratio - baseline))), a reward within 0.001 of 0
-    weighing nothing."""
+def test_batch_halves_measures_each_half_against_the_other_and_scales_beta_by_the_reward():
+    """GPT-NeoX's KL estimate (megatron/training.py, train_impl kto) in the KTO formula, worked by hand on
+    four rows: halves [0, 1] and [2, 3]; each half's baseline is the mean of max(0, summed log-ratio) over
+    the other half; the loss is the mean over rows of w (1 - sigmoid(beta r (ratio - baseline))), w the
+    row's own kind's weight, a reward within 0.001 of 0 weighing nothing."""
     table = torch.tensor([[0.5, 0.25, 0.125, 0.125], [0.25, 0.5, 0.125, 0.125], [0.125, 0.125, 0.5, 0.25]])
     logits = table.log().expand(4, 3, 4).clone()
     labels = torch.tensor([[0, 1, -100], [1, 2, -100], [0, -100, -100], [2, 2, -100]])
@@ -96,3 +96,4 @@ def test_neox_kto_measures_each_half_against_the_other_and_scales_beta_by_the_re
         [second_half_kl] * 2 + [first_half_kl] * 2, abs=1e-6)
     values = objective.report({name: value.item() / count for name, value in metrics.items()})
     assert values["kl"] == pytest.approx((first_half_kl + second_half_kl) / 2, abs=1e-6)
+    assert values["share/chosen"] == 0.5 and values["share/rejected"] == 0.25  # the zero-reward row is neither

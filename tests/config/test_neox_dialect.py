@@ -577,3 +577,57 @@ def test_any_value_of_any_key_gets_an_answer_never_a_traceback(tmp_path):
                 load(tmp_path, {**MODEL, key: value})
         except ConfigError as error:
             assert all(": " in issue.render(error.source) for issue in error.issues), (key, value)
+
+
+PAIRWISE = {"train_impl": "dpo", "dataset_impl": "pairwise", "pack_impl": "unpacked",
+            "pos_train_data_paths": ["c"], "neg_train_data_paths": ["r"], "pos_train_label_data_paths": ["cl"],
+            "neg_train_label_data_paths": ["rl"], "pos_valid_data_paths": ["vc"], "neg_valid_data_paths": ["vr"]}
+KTO = {"train_impl": "kto", "pack_impl": "unpacked", "kto_beta": 0.2, "kto_desirable_weight": 1.33,
+       **{f"{split}_{kind}": [f"{split}_{kind}"] for split in ("train", "valid", "test")
+          for kind in ("data_paths", "label_data_paths", "reward_data_paths")}}  # fmt: skip
+
+
+def test_post_training_keys_become_nxd_methods_and_documents(tmp_path):
+    config = load(tmp_path, {**MODEL, **PAIRWISE, "dpo_beta": 0.05, "precompute_model_name": "ref"})
+    dpo, pairs = config.model_alignment_strategy.dpo, config.data.pair_documents
+    assert (dpo.kl_beta, dpo.reference_free) == (0.05, False)
+    assert (pairs.train.chosen, pairs.train.rejected, pairs.train.chosen_labels, pairs.train.rejected_labels,
+            pairs.train.chosen_reference, pairs.validation.rejected_reference) == ("c", "r", "cl", "rl", "c_ref",
+                                                                                   "vr_ref")  # fmt: skip
+    assert pairs.validation.chosen_labels is None and pairs.test is None
+    rm = load(tmp_path, {**MODEL, **PAIRWISE, "train_impl": "rm", "z_loss": 0.01})
+    assert rm.model_alignment_strategy.reward_model.z_loss == 0.01
+    kto = load(tmp_path, {**MODEL, **KTO})
+    block, examples = kto.model_alignment_strategy.kto, kto.data.example_documents
+    assert (block.beta, block.desirable_weight, block.kl_estimate) == (0.2, 1.33, "batch_halves")
+    assert (examples.test.documents, examples.test.labels, examples.test.rewards) == (
+        "test_data_paths", "test_label_data_paths", "test_reward_data_paths")
+    assert kto.data.data_prefix is None and kto.data.label_prefixes is None
+    assert any("kto_fp32: accepted, changes nothing here: nxd takes KTO's log-probs in fp32" in message
+               for message in notices(tmp_path, {**MODEL, **KTO, "kto_fp32": False}))  # fmt: skip
+    assert any("split: accepted, changes nothing here: train_impl kto reads one path a split" in message
+               for message in notices(tmp_path, {**MODEL, **KTO, "split": "90,5,5"}))  # fmt: skip
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"neg_train_data_paths": None}, "neg_train_data_paths: expected pos and neg train data paths together"),
+    ({"neg_train_label_data_paths": None}, "neg_train_label_data_paths: expected pos and neg train label paths "
+                                           "together (or neither)"),
+    ({"pos_train_data_paths": ["a", "b"]}, "pos_train_data_paths: expected one path prefix in a list (nxd reads one "
+                                           "set of post-training files a split"),
+    ({"data_path": "d"}, "data_path: expected it unset with train_impl dpo, which reads pos/neg_*_data_paths"),
+    ({"dpo_reference_free": True, "precompute_model_name": "ref"}, "precompute_model_name: expected none with "
+                                                                   "dpo_reference_free: true"),
+    ({"train_impl": "kto"}, "pos_train_data_paths: expected none with train_impl kto"),
+    ({"dataset_impl": "online"}, "dataset_impl: expected gpt2 or pairwise, found online"),
+    ({"train_impl": "normal"}, "dataset_impl: expected gpt2 with train_impl normal"),
+])  # fmt: skip
+def test_post_training_files_that_cannot_work_are_refused_by_key(tmp_path, keys, message):
+    found = errors(tmp_path, {**MODEL, **{k: v for k, v in {**PAIRWISE, **keys}.items() if v is not None}})
+    assert any(message in item for item in found), found
+
+
+def test_kto_without_rewards_is_refused(tmp_path):
+    found = errors(tmp_path, {**MODEL, **{k: v for k, v in KTO.items() if k != "train_reward_data_paths"}})
+    assert any("train_reward_data_paths: expected one reward document per example with train_impl kto" in item
+               for item in found), found

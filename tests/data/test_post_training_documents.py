@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from nxd_data import DataError, DocumentFiles, ExampleDocuments, IndexedDatasetWriter, PairDocuments
+from nxd_data import DataError, DocumentFiles, ExampleDocuments, IndexedDataset, IndexedDatasetWriter, PairDocuments
+
+from tests.neox_post_training import write_neox_reference
 
 IGNORE = -100
 EOS = 9
@@ -66,11 +68,15 @@ def test_a_reward_model_reads_its_score_where_for_rm_puts_the_label(tmp_path):
 
 
 def test_reference_files_are_summed_over_the_trained_positions(pairs, tmp_path):
+    """Written as NeoX's precompute writes them: seq_length float32 values a document under NeoX's
+    float32 code, the document count rounded up (the data wrapping round)."""
     values = {"cref": [[0.5, 0.25, 0.125, 2.0, 9.0], [1.0, 1.0, 1.0, 9.0], [0.0] * 4],
               "rref": [[0.5, 0.25, 0.125, 9.0], [1.0] * 8 + [9.0], [0.0] * 4]}  # fmt: skip
     for name, documents in values.items():
-        pairs[name] = _write(tmp_path / name, documents, np.float32)
+        write_neox_reference(tmp_path / name, documents, 6, documents=8)
+        pairs[name] = str(tmp_path / name)
     sample = _pairs(pairs, allow_chopped=True)[0]
+    assert IndexedDataset(pairs["cref"]).dtype == np.float32  # NeoX's code 6, Megatron-LM's float64
     # position j holds the log-prob of token j + 1; trained positions of pair 0: chosen 1-3, rejected 1-2
     assert sample["reference_log_probs"].tolist() == [0.25 + 0.125 + 2.0, 0.25 + 0.125]
     assert sample["reference_log_probs"].dtype == torch.float64
@@ -94,11 +100,21 @@ def test_kto_examples_take_their_labels_and_strength_from_the_rewards(tmp_path):
     ("label_sizes", "data.pair_documents.train: labels file {cl}: document 0 holds 4 values where {c} holds 5 tokens"),
     ("out_of_vocabulary", "data.pair_documents.train: {c}: document 1 holds token id 40; expected ids from 0 to the "
                           "tokenizer's vocabulary (32)"),
+    ("one_side_labels", "data.pair_documents.train: expected labels files for both chosen and rejected documents or "
+                        "for neither, found one"),
+    ("short_reference", "data.pair_documents.train: reference file {cref}: document 0 holds 3 log-probs where its row "
+                        "has 4 positions; expected one per position (computed with a shorter seq_length?)"),
 ])  # fmt: skip
 def test_files_that_do_not_line_up_are_named(pairs, tmp_path, problem, message):
     if problem == "fewer_rejected":
         pairs["r"] = _write(tmp_path / "r2", [[1, 2], [1, 2]])
         pairs["rl"] = _write(tmp_path / "rl2", [[1, 2], [1, 2]])
+    elif problem == "one_side_labels":
+        pairs["rl"] = None
+    elif problem == "short_reference":
+        for name in ("cref", "rref"):
+            write_neox_reference(tmp_path / name, [[0.0] * 3], 3, documents=3)
+            pairs[name] = str(tmp_path / name)
     elif problem == "label_sizes":
         pairs["cl"] = _write(tmp_path / "cl2", [[IGNORE] * 4, [IGNORE] * 4, [IGNORE] * 4])
     else:
@@ -117,3 +133,13 @@ def test_reward_documents_that_do_not_line_up_are_named(tmp_path):
         ExampleDocuments(files, _write(tmp_path / "w1", [[1], [1], [-1]]), 4, 0, rewards_where=where)
     with pytest.raises(DataError, match=f"{where}: .*w2: document 1: expected one reward, found 2 values"):
         ExampleDocuments(files, _write(tmp_path / "w2", [[1], [1, -1]]), 4, 0, rewards_where=where)
+
+
+def test_the_batch_entries_are_those_nxd_align_reads():
+    """nxd-data and nxd-align do not import each other: the names and the neutral-reward threshold they
+    share are spelt twice, and must agree."""
+    from nxd_align import kto
+    from nxd_data import documents
+
+    assert documents.REFERENCE_KEY == kto.REFERENCE_KEY and documents.LABEL_KEY == kto.LABEL_KEY
+    assert documents.REWARD_KEY == kto.REWARD_KEY and documents.NEUTRAL == kto.NEUTRAL

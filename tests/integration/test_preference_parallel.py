@@ -69,8 +69,9 @@ def one_process(tmp_path_factory, data) -> Callable[[str], tuple]:
 
 
 DEFAULT_SUITE = {"orpo": "tp2_sp", "kto": "dp2_zero1_recompute", "reward_model": "tp2_sp"}
-PAIRS = [pytest.param(method, layout, marks=[pytest.mark.slow] if DEFAULT_SUITE.get(method, layout) != layout else [])
-         for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute") for method in JOBS]
+PAIRS = [pytest.param(method, layout, marks=[] if method == "dpo" or DEFAULT_SUITE.get(method) == layout
+                      else [pytest.mark.slow])
+         for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute") for method in JOBS]  # fmt: skip
 """Every layout with DPO; ORPO and reward models (the row-parallel score head) in tensor + sequence
 parallel, KTO data parallel (its baseline summed over the ranks); the other crossings, and KTO on NeoX's
 documents with NeoX's estimate (each micro-batch's halves), run with --runslow."""

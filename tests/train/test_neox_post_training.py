@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 from nxd_data import IndexedDataset, IndexedDatasetWriter
 
-from tests.neox_post_training import converted_model, write_post_training_data
+from tests.neox_post_training import converted_model, write_neox_reference, write_post_training_data
 from tests.training_runs import losses, read_metrics, run_command
 
 CONFIGS = Path(__file__).parent / "neox_post"
 DEFAULT = ("dpo", "kto")
-"""Configs trained in the default suite; sft and rm run with --runslow."""
+"""Configs trained in the default suite; sft and rm, NeoX's reference files (whose reading the data tests
+check) and the data errors found once training has started run with --runslow."""
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +67,18 @@ def test_neox_post_training_configs_train_as_written(neox_root, name):
 
 
 def _reference_files(root: Path, prefixes: list[str], name: str, value: float) -> None:
-    """NeoX's precompute output `{prefix}_{name}`: one float32 per token, here `value` everywhere."""
+    """NeoX's precompute output `{prefix}_{name}` (NeoX's float32 code, seq_length values a document,
+    the count rounded up past the data's), here `value` everywhere."""
     for prefix in prefixes:
-        documents = IndexedDataset(root / prefix)
-        with IndexedDatasetWriter(root / f"{prefix}_{name}", np.float32) as writer:
-            for size in documents.sizes:
-                writer.add_document(np.full(size, value, dtype=np.float32))
+        documents = len(IndexedDataset(root / prefix))
+        write_neox_reference(root / f"{prefix}_{name}", [[value] * 64], 64, documents + 8)
 
 
+@pytest.mark.slow
 def test_neox_precomputed_reference_files_replace_the_reference_model(neox_root, tmp_path):
-    """precompute_model_name: every pos/neg prefix's `{prefix}_{name}` file gives the reference; with 0
-    everywhere the reference is 0, so DPO's chosen reward is beta times the policy's log-prob, and no
-    reference pass runs."""
+    """precompute_model_name: every pos/neg prefix's `{prefix}_{name}` file, as NeoX's precompute writes
+    it, gives the reference; with 0 everywhere the reference is 0, so DPO's chosen reward is beta times
+    the policy's log-prob, and no reference pass runs."""
     prefixes = [f"data/pairwise/llama3_dpo_{split}_{side}_document" for split in ("train", "val")
                 for side in ("chosen", "rejected")]  # fmt: skip
     _reference_files(neox_root, prefixes, "zero", 0.0)
@@ -91,7 +92,8 @@ def test_neox_precomputed_reference_files_replace_the_reference_model(neox_root,
 
 @pytest.mark.parametrize("overrides, message", [
     (["train_impl=reinforce"], "train_impl: expected normal, dpo, kto or rm, found reinforce: online RL"),
-    (["+precompute_model_name=missing"], "data.pair_documents.train: data prefix "),
+    pytest.param(["+precompute_model_name=missing"], "data.pair_documents.train: data prefix ",
+                 marks=pytest.mark.slow),
     (["pack_impl=packed"], "expected unpacked with data.pair_documents"),
     (["dataset_impl=gpt2"], "dataset_impl: expected pairwise with train_impl dpo"),
 ])  # fmt: skip
@@ -101,6 +103,7 @@ def test_bad_post_training_settings_get_one_message(neox_root, overrides, messag
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_kto_reward_documents_that_do_not_line_up_are_named(neox_root, tmp_path):
     root = tmp_path / "root"
     shutil.copytree(neox_root / "data", root / "data")

@@ -1,10 +1,11 @@
 """The dataset factory: what `data.*` asks for, as train / validation / test datasets (nxd-data).
 
-Fine-tuning reads SFT records (`model_alignment_strategy.sft`), preference pairs (`dpo`, `orpo`) or KTO examples (`kto`)
-from `train_dir` / `val_dir`. Pretraining has three sources, in this order: Megatron indexed data
-(`data_prefix`), Hugging Face data (`train_dir`, `val_dir`), or — when a run names neither — the
-built-in corpus, preprocessed once into an indexed dataset in the cache and then read exactly like
-`data_prefix` data.
+Fine-tuning reads SFT records (`model_alignment_strategy.sft`), preference pairs (`dpo`, `orpo`,
+`reward_model`) or KTO examples (`kto`) from `train_dir` / `val_dir`, or pairs and KTO examples as
+pre-tokenised documents (`pair_documents`, `example_documents`: GPT-NeoX's post-training files).
+Pretraining has three sources, in this order: Megatron indexed data (`data_prefix`), Hugging Face data
+(`train_dir`, `val_dir`), or — when a run names neither — the built-in corpus, preprocessed once into
+an indexed dataset in the cache and then read exactly like `data_prefix` data.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from nxd_data import (
     TextTokenizer,
     TokenizerSource,
     collate,
+    collate_packed_pairs,
     collate_pairs,
     hf_pretraining_dataset,
     kto_dataset,
@@ -125,10 +127,18 @@ class DataSplits:
     reference_in_data: bool = False
     """Every sample carries its reference log-probs (precomputed files): no reference model runs."""
 
+    packed_pairs: bool = False
+    """A reward model's micro-batches are packed into one row (when their shape may vary)."""
+
     def collate(self, trim_to: int | None) -> Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]:
         """How samples become a micro-batch; pairs drop their trailing padding columns (to a multiple of
-        `trim_to`, None keeps every column)."""
-        return partial(collate_pairs, trim_to=trim_to) if self.rows_per_sample == 2 else collate
+        `trim_to`, None keeps every column: pipeline stages pass one shape), or with `packed_pairs` are
+        packed into one row of a multiple of `trim_to`."""
+        if self.rows_per_sample != 2:
+            return collate
+        if self.packed_pairs and trim_to is not None:
+            return partial(collate_packed_pairs, multiple_of=trim_to)
+        return partial(collate_pairs, trim_to=trim_to)
 
 
 def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -> str:
@@ -287,8 +297,8 @@ def _preference_splits(data: DataConfig, seq_length: int,
     train = splits["data.train_dir"]
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
                       data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,
-                      rows_per_sample=2, trained_rows_per_sample=1 if kto else None,
-                      pad_id=tokenizer.eod_id)  # fmt: skip
+                      rows_per_sample=2, trained_rows_per_sample=1 if kto else None, pad_id=tokenizer.eod_id,
+                      packed_pairs=isinstance(preference, RewardModelConfig) and preference.packing)  # fmt: skip
 
 
 def _document_splits(data: DataConfig, seq_length: int,
@@ -323,14 +333,22 @@ def _document_splits(data: DataConfig, seq_length: int,
                                     scores=isinstance(preference, RewardModelConfig), **shared)  # fmt: skip
             notes.append(f"{where}: {len(dataset)} preference pairs")
         long = "" if data.allow_chopped else "longer than seq_length + 1 tokens or "
-        notes[-1] += (f" ({dataset.left_out} documents left out: {long}nothing to train on; {dataset.truncated} cut "
-                      f"to seq_length + 1 tokens)")  # fmt: skip
+        kind = "examples" if kto else "pairs"
+        notes[-1] += (f" ({dataset.left_out} {kind} left out: {long}nothing to train on; {dataset.truncated} "
+                      f"documents cut to seq_length + 1 tokens)")  # fmt: skip
         splits[split] = dataset
     train = splits["train"]
+    scores = isinstance(preference, RewardModelConfig)
+    if scores:
+        notes.append(f"data.{name}: the score is read at each row's last labelled position (GPT-NeoX's --for-rm: the "
+                     "first of the two appended end-of-document tokens); the exported classifier names no "
+                     "pad_token_id, so transformers reads its last token: score a conversation followed by one "
+                     "end-of-document token")  # fmt: skip
     return DataSplits(train, splits.get("validation"), splits.get("test"), train.padding(), tokenizer.vocab_size,
                       data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,
-                      rows_per_sample=1 if kto else 2, pad_id=tokenizer.eod_id,
-                      reference_in_data=train.carries_reference)  # fmt: skip
+                      rows_per_sample=1 if kto else 2, pad_id=None if scores else tokenizer.eod_id,
+                      reference_in_data=train.carries_reference,
+                      packed_pairs=scores and preference.packing)  # fmt: skip
 
 
 def _plain(value):

@@ -16,7 +16,11 @@ GPT-NeoX's estimate (`kl_estimate="batch_halves"`) needs no KL rows: a micro-bat
 halves, each half's baseline is the mean over the other half's examples of max(0, their summed
 log-ratio), and each row carries a reward (`kto_reward`) whose sign says desirable or undesirable and
 whose size scales beta; an example whose reward is within 0.001 of 0 adds nothing to the loss (it
-still counts in the mean and in its half's estimate).
+still counts in the mean and in its half's estimate). Where GPT-NeoX's own step differs, this follows
+the KTO formula: NeoX multiplies beta by the reward averaged over the whole padded row (so by the share
+of the row the document fills), weighs every row of a half by the mean of that half's weights, and
+gives a zero-reward row 0.5 times that mean; here each example has its own weight and the document's
+reward, whatever its length.
 """
 
 from __future__ import annotations
@@ -116,12 +120,13 @@ class KTOObjective(WholeSequences):
         total, valid = self._whole(total), (self._whole(count) > 0).double()
         desirable, reference = batch[LABEL_KEY] > 0.5, batch[REFERENCE_KEY]
         if self.kl_estimate == "batch_halves":
-            strength = batch[REWARD_KEY].double().abs()
-            kl, beta, weight = halves_kl(total, reference, valid), self.beta * strength, valid * (strength > NEUTRAL)
+            reward = batch[REWARD_KEY].double()
+            kl, beta = halves_kl(total, reference, valid), self.beta * reward.abs()
+            weight, undesirable = valid * (reward.abs() > NEUTRAL), reward < -NEUTRAL
         else:
-            kl, beta, weight = batch[KL_KEY], self.beta, valid
+            kl, beta, weight, undesirable = batch[KL_KEY], self.beta, valid, ~desirable
         terms = kto_loss(total, reference, desirable, kl, beta, self.desirable_weight, self.undesirable_weight)
-        chosen, rejected = valid * desirable, valid * ~desirable
+        chosen, rejected = valid * desirable, valid * undesirable
         logps, rewards = total.detach(), self.beta * (total.detach() - reference.double())
         metrics = {"rewards/chosen": (rewards * chosen).sum(), "rewards/rejected": (rewards * rejected).sum(),
                    "logps/chosen": (logps * chosen).sum(), "logps/rejected": (logps * rejected).sum(),

@@ -6,8 +6,9 @@ Per pair, with scores r_c and r_r: -log sigmoid(r_c - r_r - m) + z (r_c^2 + r_r^
 margin (0 without one; TRL's), z the `z_loss` coefficient (GPT-NeoX's: it keeps scores near 0).
 Batches are pairs as nxd-data's `collate_pairs` makes them, with `score_position` per row (the
 position of the last token that is not padding, where transformers' sequence classifiers read the
-score too) and `margin` per row (the pair's, on both rows). The model's per-position output stands
-where a causal LM's per-token cross-entropy would.
+score too) and `margin` per row (the pair's, on both rows), or packed as its `collate_packed_pairs`
+makes them (every sequence of the micro-batch a document of one row, with no padding between). The
+model's per-position output stands where a causal LM's per-token cross-entropy would.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .objectives import Batch
+from .objectives import IGNORE_INDEX, Batch
 from .preference import PreferenceTerms, WholeSequences
 
 SCORE_POSITION_KEY = "score_position"
+DOCUMENTS_KEY = "document_ids"
 MARGIN_KEY = "margin"
 REWARD_METRICS = ("accuracy", "margin", "rewards/chosen", "rewards/rejected")
 """What a reward model logs per pair, under TRL's names: chosen scored above rejected, the mean
@@ -37,10 +39,26 @@ def reward_loss(chosen: torch.Tensor, rejected: torch.Tensor, z_loss: float = 0.
 
 
 def sequence_scores(token_scores: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Each row's score: the model's output at the row's `score_position` (compared with the global
-    `position_ids`, so a part of the sequence holds it or adds 0)."""
-    at = batch["position_ids"] == batch[SCORE_POSITION_KEY].unsqueeze(-1)
-    return (token_scores.float() * at).sum(-1)
+    """Each sequence's score: the model's output at its `score_position` (compared with the global
+    `position_ids`, so a part of the sequence holds it or adds 0). A packed batch (`document_ids`:
+    nxd-data's `collate_packed_pairs`) holds the sequences as documents of its rows."""
+    return _per_sequence(token_scores.float(), batch, at_score=True)
+
+
+def sequence_label_counts(batch: Batch) -> torch.Tensor:
+    """How many labels count in each sequence (0 for a padding pair's)."""
+    return _per_sequence((batch["labels"] != IGNORE_INDEX).long(), batch, at_score=False)
+
+
+def _per_sequence(values: torch.Tensor, batch: Batch, *, at_score: bool) -> torch.Tensor:
+    positions = batch[SCORE_POSITION_KEY]
+    if DOCUMENTS_KEY not in batch:  # one sequence a row
+        return (values * (batch["position_ids"] == positions.unsqueeze(-1))).sum(-1) if at_score else values.sum(-1)
+    sequences = torch.arange(len(positions), device=values.device)[:, None, None]
+    inside = batch[DOCUMENTS_KEY].unsqueeze(0) == sequences  # (sequences, rows, columns)
+    if at_score:
+        inside = inside & (batch["position_ids"].unsqueeze(0) == positions[:, None, None])
+    return (values.unsqueeze(0) * inside).sum((-1, -2))
 
 
 @dataclass(frozen=True)
@@ -51,14 +69,17 @@ class RewardObjective(WholeSequences):
     name: str = "reward_model"
     metric_names: tuple[str, ...] = REWARD_METRICS
 
+    def _valid(self, batch: Batch) -> torch.Tensor:
+        return (self._whole(sequence_label_counts(batch))[0::2] > 0).double()
+
     def count(self, batch: Batch) -> torch.Tensor:
-        return self._valid_pairs(batch["labels"]).sum() / self._parts
+        return self._valid(batch).sum() / self._parts
 
     def loss(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         scores = self._whole(sequence_scores(token_losses, batch))
         margin = batch.get(MARGIN_KEY)
         terms = reward_loss(scores[0::2], scores[1::2], self.z_loss, None if margin is None else margin[0::2])
-        valid = self._valid_pairs(batch["labels"])
+        valid = self._valid(batch)
         values = {"accuracy": terms.accuracies, "margin": terms.margins, "rewards/chosen": terms.chosen_rewards,
                   "rewards/rejected": terms.rejected_rewards}  # fmt: skip
         metrics = {name: (value.double() * valid).sum() / self._parts for name, value in values.items()}

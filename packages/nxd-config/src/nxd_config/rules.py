@@ -521,7 +521,7 @@ def whole_document_samples_need_indexed_data(c: NxdConfig) -> Iterator[Finding]:
         yield error("data.pack_impl", f"expected packed with data.train_dir (its records are packed or padded by "
                     f"their own keys); {d.pack_impl} cuts samples from data_prefix's indexed documents, found "
                     f"{d.pack_impl}", "data.pack_impl", "data.train_dir")  # fmt: skip
-    if d.pack_impl == "packed" and not d.allow_chopped:
+    if d.pack_impl == "packed" and not d.allow_chopped and _documents(c) is None:
         yield notice("data.allow_chopped", "acted on only with pack_impl pack_until_overflow or unpacked; packed "
                      "samples are cut across documents whatever their length", "data.allow_chopped")  # fmt: skip
 
@@ -587,3 +587,14 @@ def kto_kl_estimate_fits_the_data(c: NxdConfig) -> Iterator[Finding]:
         if c.data.micro_batch_size % 2:
             yield error(MBS, f"expected an even micro-batch size with kl_estimate batch_halves (each half's KL is "
                         f"measured on the other half), found {c.data.micro_batch_size}", MBS, path)  # fmt: skip
+
+
+@rule
+def reward_packing_under_pipelines(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if a is None or a.reward_model is None or not a.reward_model.is_set("packing") or not a.reward_model.packing:
+        return
+    if c.distributed_strategy.pipeline_model_parallel_size > 1:
+        path = f"{ALIGN}.reward_model.packing"
+        yield notice(path, "rows stay padded under pipeline parallelism (its stages pass one shape); the scores are "
+                     "the same", path, PP)  # fmt: skip

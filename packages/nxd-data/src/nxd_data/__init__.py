@@ -12,7 +12,7 @@ from .indexed import IndexedDataset, IndexedDatasetWriter, token_dtype
 from .indices import build_indices
 from .kto import KTODataset, kto_dataset
 from .megatron import MegatronDataBuilder
-from .preference import PreferenceDataset, collate_pairs, preference_dataset
+from .preference import PreferenceDataset, collate_packed_pairs, collate_pairs, preference_dataset
 from .preprocess import PreprocessSummary, preprocess_jsonl
 from .sampler import PADDING, PretrainingSampler, WithPadding
 from .samples import IGNORE_INDEX, SampleFormat, collate
@@ -50,6 +50,7 @@ __all__ = [
     "blend_indices",
     "build_indices",
     "collate",
+    "collate_packed_pairs",
     "collate_pairs",
     "hf_pretraining_dataset",
     "kto_dataset",

@@ -6,11 +6,14 @@ and precomputed reference log-probs.
 A document of n tokens t with labels l (a label file of the same documents, -100 where nothing is
 trained) becomes one row: the inputs t[:seq_length], position j trained on l[j + 1] (GPT-NeoX's shift);
 without a label file every next token of the document is trained. A document longer than seq_length + 1
-tokens is cut to them (`allow_chopped`) or left out, as is one with nothing to train on in its window;
-a pair is left out when either side is. A reference file (float32, one value per token: the reference
-model's log-prob of the next token, as NeoX's precompute writes it) gives each row's reference log-prob,
-the sum over its trained positions. A reward document holds one number (NeoX's `--binary-reward`: 1 or
--1): its sign makes the example desirable or undesirable, and its size scales KTO's beta.
+tokens is cut to them (`allow_chopped`) or left out, as is one with nothing to train on in its window
+(the labels l[1 : seq_length + 1] that a row trains on; NeoX looks at l[:seq_length], which differs only
+for a document whose one label is its first token or falls just past the window); a pair is left out
+when either side is. A reference file (float, value j the reference model's log-prob of token j + 1, as
+NeoX's precompute writes it: seq_length values a document, padding included, under NeoX's float32 code)
+gives each row's reference log-prob, the sum over its trained positions. A reward document holds one
+number (NeoX's `--binary-reward`: 1 or -1): its sign makes the example desirable or undesirable, and its
+size scales KTO's beta.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def _open(prefix: str, where: str) -> IndexedDataset:
 class _Side:
     """The opened files of one side, checked to hold the same documents."""
 
-    def __init__(self, files: DocumentFiles, vocab_size: int | None):
+    def __init__(self, files: DocumentFiles, vocab_size: int | None, seq_length: int):
         self.files = files
         self.tokens = _open(files.tokens, files.where)
         if vocab_size is not None and len(self.tokens.tokens):
@@ -70,20 +73,40 @@ class _Side:
                 raise DataError(f"{files.where}: {files.tokens}: document {document} holds token id "
                                 f"{int(self.tokens.tokens[at])}; expected ids from 0 to the tokenizer's vocabulary "
                                 f"({vocab_size}): written with another tokenizer?")  # fmt: skip
-        self.labels = self._aligned(files.labels, "labels")
-        self.reference = self._aligned(files.reference, "reference")
+        self.labels = self._labels(files.labels)
+        self.reference = self._reference(files.reference, seq_length)
 
-    def _aligned(self, prefix: str | None, role: str) -> IndexedDataset | None:
+    def _labels(self, prefix: str | None) -> IndexedDataset | None:
         if prefix is None:
             return None
         dataset = _open(prefix, self.files.where)
         if len(dataset) != len(self.tokens):
-            raise DataError(f"{self.files.where}: {role} file {prefix}: expected {len(self.tokens)} documents (those "
+            raise DataError(f"{self.files.where}: labels file {prefix}: expected {len(self.tokens)} documents (those "
                             f"of {self.files.tokens}), found {len(dataset)}")  # fmt: skip
         if bad := np.flatnonzero(dataset.sizes != self.tokens.sizes)[:1].tolist():
-            raise DataError(f"{self.files.where}: {role} file {prefix}: document {bad[0]} holds "
+            raise DataError(f"{self.files.where}: labels file {prefix}: document {bad[0]} holds "
                             f"{dataset.sizes[bad[0]]} values where {self.files.tokens} holds "
                             f"{self.tokens.sizes[bad[0]]} tokens; expected one per token")  # fmt: skip
+        return dataset
+
+    def _reference(self, prefix: str | None, seq_length: int) -> IndexedDataset | None:
+        """A reference file: at least one document per token document (NeoX's precompute rounds the
+        count up, wrapping round), each with a value for every position a row trains (NeoX writes
+        seq_length a document, padding included)."""
+        if prefix is None:
+            return None
+        dataset = _open(prefix, self.files.where)
+        if dataset.dtype.kind != "f":
+            raise DataError(f"{self.files.where}: reference file {prefix}: expected float log-probs, found "
+                            f"{dataset.dtype}")  # fmt: skip
+        if len(dataset) < len(self.tokens):
+            raise DataError(f"{self.files.where}: reference file {prefix}: expected a document for each of the "
+                            f"{len(self.tokens)} of {self.files.tokens}, found {len(dataset)}")  # fmt: skip
+        needed = np.minimum(self.tokens.sizes.astype(np.int64), seq_length + 1) - 1
+        if bad := np.flatnonzero(dataset.sizes[: len(self.tokens)] < needed)[:1].tolist():
+            raise DataError(f"{self.files.where}: reference file {prefix}: document {bad[0]} holds "
+                            f"{dataset.sizes[bad[0]]} log-probs where its row has {needed[bad[0]]} positions; "
+                            "expected one per position (computed with a shorter seq_length?)")  # fmt: skip
         return dataset
 
     def __len__(self) -> int:
@@ -98,7 +121,7 @@ class _Side:
         labels = np.where(targets[1:] >= 0, targets[1:], IGNORE_INDEX)
         reference = 0.0
         if self.reference is not None:
-            values = self.reference.get(index, 0, window).astype(np.float64)[: len(labels)]
+            values = self.reference.get(index, 0, len(labels)).astype(np.float64)
             reference = float(values[labels != IGNORE_INDEX].sum())
         return tokens[:seq_length], labels, reference
 
@@ -166,14 +189,15 @@ class PairDocuments(_Documents):
 
     def __init__(self, chosen: DocumentFiles, rejected: DocumentFiles, seq_length: int, pad_id: int, *,
                  allow_chopped: bool = True, scores: bool = False, vocab_size: int | None = None):  # fmt: skip
-        self.sides = (_Side(chosen, vocab_size), _Side(rejected, vocab_size))
+        self.sides = (_Side(chosen, vocab_size, seq_length), _Side(rejected, vocab_size, seq_length))
         if len(self.sides[0]) != len(self.sides[1]):
             raise DataError(f"{rejected.where}: {rejected.tokens} holds {len(self.sides[1])} documents where "
                             f"{chosen.tokens} holds {len(self.sides[0])}; expected one rejected response per chosen "
                             "one, in the same order")  # fmt: skip
-        if (chosen.reference is None) != (rejected.reference is None):
-            raise DataError(f"{chosen.where}: expected reference files for both chosen and rejected documents or for "
-                            "neither, found one")  # fmt: skip
+        for role in ("labels", "reference"):
+            if (getattr(chosen, role) is None) != (getattr(rejected, role) is None):
+                raise DataError(f"{chosen.where}: expected {role} files for both chosen and rejected documents or for "
+                                "neither, found one")  # fmt: skip
         self.seq_length, self.pad_id, self.scores = seq_length, pad_id, scores
         usable = [side.usable(seq_length, allow_chopped) for side in self.sides]
         self.kept = np.flatnonzero(usable[0] & usable[1])
@@ -218,7 +242,7 @@ class ExampleDocuments(_Documents):
 
     def __init__(self, files: DocumentFiles, rewards: str, seq_length: int, pad_id: int, *,
                  allow_chopped: bool = True, rewards_where: str = "data", vocab_size: int | None = None):  # fmt: skip
-        self.sides = (_Side(files, vocab_size),)
+        self.sides = (_Side(files, vocab_size, seq_length),)
         self.rewards = _open(rewards, rewards_where)
         documents = len(self.sides[0])
         if len(self.rewards) != documents:

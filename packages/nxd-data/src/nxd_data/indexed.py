@@ -32,6 +32,7 @@ DTYPE_CODES: dict[int, type[np.generic]] = {
     1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16,
 }  # fmt: skip
 CODE_OF = {np.dtype(dtype): code for code, dtype in DTYPE_CODES.items()}
+FLOAT_CODES = (6, 7)
 _HEADER = struct.Struct("<9sQBQQ")
 WARMUP_CHUNK = 100 * 1024 * 1024
 
@@ -81,6 +82,8 @@ class IndexedDataset:
         offset = _HEADER.size
         self.sizes = np.frombuffer(index, dtype=np.int32, count=count, offset=offset)
         self.pointers = np.frombuffer(index, dtype=np.int64, count=count, offset=offset + count * 4)
+        if code in FLOAT_CODES:
+            self.dtype = self._float_width(self.dtype)
         self.document_indices = np.frombuffer(index, dtype=np.int64, count=documents, offset=offset + count * 12)
         if documents and (self.document_indices[0] != 0 or self.document_indices[-1] != count):
             raise DataError(f"{self.index_path}: expected document indices from 0 to {count}, found "
@@ -105,6 +108,17 @@ class IndexedDataset:
                 with path.open("rb") as file:
                     while file.read(WARMUP_CHUNK):
                         pass
+
+    def _float_width(self, listed: np.dtype) -> np.dtype:
+        """Codes 6 and 7 are float64 and float32 in Megatron-LM but float32 and float64 in GPT-NeoX (its
+        precomputed reference log-probs are float32 under code 6): the width the file's own offsets
+        and size imply decides."""
+        values = int(self.sizes.sum(dtype=np.int64))
+        if len(self.sizes) > 1 and self.sizes[0] > 0:
+            width = int(self.pointers[1]) // int(self.sizes[0])
+        else:
+            width = self.bin_path.stat().st_size // values if values else listed.itemsize
+        return np.dtype({4: np.float32, 8: np.float64}.get(width, listed))
 
     def __len__(self) -> int:
         return len(self.sizes)

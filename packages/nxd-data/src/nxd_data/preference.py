@@ -216,3 +216,32 @@ def collate_pairs(samples: list[dict[str, torch.Tensor]], trim_to: int | None = 
         length = min(-(-length // trim_to) * trim_to, batch["labels"].shape[-1])
         batch = {key: value[..., :length] if value.dim() > 1 else value for key, value in batch.items()}
     return batch
+
+
+def collate_packed_pairs(samples: list[dict[str, torch.Tensor]], multiple_of: int = 8) -> dict[str, torch.Tensor]:
+    """A reward model's pair samples -> one row holding every sequence without padding (chosen 0,
+    rejected 0, chosen 1 ... as `collate_pairs` orders them), each from its own start: `position_ids`
+    restart per sequence and `document_ids` number the sequences, so attention stays within each
+    (the row's tail, padded with id 0 to a multiple of `multiple_of`, is one more document). `score_position`
+    and `margin` stay one value per sequence. A sequence runs through its score position (its last
+    token that is not padding, or for GPT-NeoX's documents its last labelled one: nothing after it
+    changes the score); a padding pair's sequences (no labels on either) are empty."""
+    batch = {key: torch.stack([sample[key] for sample in samples]).flatten(0, 1) for key in samples[0]}
+    real = (batch["labels"] != IGNORE_INDEX).any(-1).view(-1, 2).any(-1).repeat_interleave(2)  # not a padding pair
+    lengths = torch.where(real, batch["score_position"] + 1, 0)
+    total = int(lengths.sum())
+    width = max(-(-total // multiple_of) * multiple_of, multiple_of)
+    rows = len(lengths)
+    packed = {"input_ids": torch.zeros(1, width, dtype=torch.int64),
+              "labels": torch.full((1, width), IGNORE_INDEX, dtype=torch.int64),
+              "position_ids": torch.zeros(1, width, dtype=torch.int64),
+              "document_ids": torch.full((1, width), rows, dtype=torch.int64)}  # fmt: skip
+    start = 0
+    for row, length in enumerate(lengths.tolist()):
+        span = slice(start, start + length)
+        for key in ("input_ids", "labels", "position_ids"):
+            packed[key][0, span] = batch[key][row, :length]
+        packed["document_ids"][0, span] = row
+        start += length
+    packed["position_ids"][0, start:] = torch.arange(width - start)
+    return packed | {key: value for key, value in batch.items() if value.dim() == 1}

@@ -55,8 +55,24 @@ def post_training_keys(a: Arguments, t: Translation) -> None:
                  f"dpo and kto), found {show(a['precompute_model_name'])}")  # fmt: skip
 
 
+PRETRAINING_DATA = ("data_path", "split", "train_data_paths", "valid_data_paths", "test_data_paths",
+                    "train_label_data_paths", "valid_label_data_paths", "test_label_data_paths", "train_data_weights",
+                    "valid_data_weights", "test_data_weights", "weight_by_num_documents", "weighted_sampler_alpha")
+"""The data keys of train_impl normal (and, but for blending, kto)."""
+
+
 def _unused_files(a: Arguments, t: Translation, impl: str | None) -> None:
-    """Pair files are read by dpo and rm only, reward files by kto only."""
+    """Pair files are read by dpo and rm only, reward files by kto only; dpo and rm read no
+    pretraining data keys, kto blends nothing (one path a split)."""
+    for key in PRETRAINING_DATA:
+        if not a.given(key):
+            continue
+        if impl in ("dpo", "rm"):
+            t.refuse(key, f"expected it unset with train_impl {impl}, which reads pos/neg_*_data_paths, found "
+                     f"{show(a[key])}")  # fmt: skip
+        elif impl == "kto" and key in ("weight_by_num_documents", "weighted_sampler_alpha", "split"):
+            t.notice(key, "accepted, changes nothing here: train_impl kto reads one path a split (train/valid/"
+                     "test_data_paths), with nothing to blend or cut")  # fmt: skip
     for prefix, impls in (("pos_", ("dpo", "rm")), ("neg_", ("dpo", "rm"))):
         for split, _ in SPLITS:
             for key in (f"{prefix}{split}_data_paths", f"{prefix}{split}_label_data_paths"):

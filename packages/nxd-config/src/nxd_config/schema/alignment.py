@@ -81,13 +81,15 @@ class KTOConfig(Section):
         "mismatched", "nxd extension. KTO's KL baseline: mismatched, the KTO paper's and TRL's (each prompt with "
         "another record's completion, averaged over the global batch); batch_halves, GPT-NeoX's (each half of a "
         "micro-batch measured on the other half's examples, each clamped at 0 before the mean), which reads "
-        "data.example_documents and needs an even micro_batch_size.", by=ALIGN,
+        "data.example_documents (each document's reward: its sign the kind, its size a factor on beta) and needs an "
+        "even micro_batch_size. Unlike GPT-NeoX's own step, beta is not diluted by the share of the row a document "
+        "fills and each example keeps its own weight.", by=ALIGN,
     )
     max_prompt_length: int | None = key(
         None, "Longest prompt kept in prompt + completion (required with train_dir records).", by=DATA, ge=1
     )
     precompute_ref_log_probs: bool = key(
-        True, "Compute the reference model's log-probs of every example and KL sequence once before training (kept "
+        True, "Compute the reference model's log-probs of every example (and KL sequence) once before training (kept "
         "with the run and its checkpoints); False runs the reference beside the policy every step.", by=ALIGN,
     )
     truncation_mode: Truncation = key(
@@ -96,6 +98,11 @@ class KTOConfig(Section):
 
 
 class RewardModelConfig(Section):
+    packing: bool = key(
+        True, "nxd extension. Each micro-batch's sequences are packed into one row without padding, attention "
+        "confined to each sequence (the same scores, less work); false pads each to the micro-batch's longest. "
+        "Pipeline-parallel runs keep padded rows (their stages pass one shape).", by=DATA,
+    )
     z_loss: float = key(
         0.0, "nxd extension (GPT-NeoX's z_loss): weight of r_chosen^2 + r_rejected^2 added to each pair's loss, "
         "keeping the scores near 0.", by=ALIGN, ge=0.0,
