@@ -261,15 +261,12 @@ def test_hf_model_needs_config_json_and_rejects_megatron_architecture_keys(minim
     ]
 
 
-def test_hf_model_rejects_a_loss_chunk(minimal) -> None:
+def test_a_loss_chunk_is_a_count_of_tokens_for_either_family(minimal) -> None:
     minimal["model_source"] = "hf"
     del minimal["model"]["num_attention_heads"]
     minimal["model"]["model_config"] = "/x/config.json"
     minimal["model"]["fusions"] = {"loss_chunk_tokens": 1024}
-    assert errors(minimal) == [
-        "model.fusions.loss_chunk_tokens: expected no value: chunked loss is built into Megatron-style models, "
-        "and model_source is hf (its model computes the whole logits)"
-    ]
+    assert load_config(minimal).model.fusions.loss_chunk_tokens == 1024
     minimal["model"]["fusions"] = {"loss_chunk_tokens": -1}
     minimal["model_source"] = "megatron"
     del minimal["model"]["model_config"]

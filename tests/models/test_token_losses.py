@@ -110,3 +110,26 @@ def test_one_chunk_or_none_is_the_plain_head():
     expected = token_cross_entropy(head(hidden), labels)
     for chunk in (0, 6, 100):
         assert torch.equal(chunked_token_cross_entropy(hidden, head, labels, chunk), expected)
+
+
+@pytest.mark.parametrize("chunk", [5, 16])
+def test_a_transformers_model_computes_its_loss_in_chunks_as_whole(chunk):
+    """model_family(hf config, loss_chunk_tokens=n): the stage forward takes the counted positions' losses
+    n tokens at a time; values and gradients equal the unchunked ones, and the exported config gains no key."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+                         tie_word_embeddings=False)  # fmt: skip
+    results = []
+    for tokens in (0, chunk):
+        family = model_family(config, loss_chunk_tokens=tokens)
+        assert family.loss_chunk_tokens == tokens and family.with_head("score").loss_chunk_tokens == tokens
+        model = family.build(seed=0).double()
+        losses = family.token_losses(model, batch())
+        (losses * torch.linspace(0.5, 1.5, losses.numel(), dtype=losses.dtype).view_as(losses)).sum().backward()
+        results.append((losses.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+        assert "nxd_loss_chunk_tokens" not in model.config.to_dict()
+    (whole, whole_grads), (chunked, chunked_grads) = results
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
+    assert (chunked_grads - whole_grads).norm() / whole_grads.norm() < 1e-12

@@ -418,7 +418,8 @@ def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily | L
     fusions = cfg.model.fusions
     family = model_family(model(cfg, vocab_size, seq_length),
                           AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax),
-                          head="score" if _method(cfg) == "reward_model" else "causal_lm")  # fmt: skip
+                          head="score" if _method(cfg) == "reward_model" else "causal_lm",
+                          loss_chunk_tokens=fusions.loss_chunk_tokens)  # fmt: skip
     if (peft := _peft(cfg)) is None:
         return family
     return LoraFamily(family, LoraSpec(rank=peft.lora_rank, alpha=peft.lora_alpha, dropout=peft.lora_dropout,

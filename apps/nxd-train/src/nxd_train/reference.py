@@ -1,12 +1,13 @@
 """DPO's and KTO's reference model in a run (nxd-align's tables and row log-probs, wired to the run's
 executor), and KTO's KL baseline pass.
 
-Precomputed (the default): before the first step, every pair of the training, validation and test data
-goes once through the initial weights (under LoRA, the base with its adapters off), in eval mode,
-sharded over the data-parallel ranks in dataset order; the table is gathered on every rank, written
-beside the logs and into each checkpoint, and read by dataset index. A resumed run reads the table
-of the checkpoint it continues and never recomputes it from trained weights; a fresh run reuses the
-log directory's table when its digest matches and otherwise computes it anew, saying so.
+Precomputed (the default): before the first step, every sample of the training, validation and test
+data goes once through the initial weights (under LoRA, the base with its adapters off), in eval mode,
+several training micro-batches at a time, sharded over the data-parallel ranks; the table is gathered
+on every rank, written beside the logs and into each checkpoint, and read by dataset index. A resumed
+run reads the table of the checkpoint it continues and never recomputes it from trained weights; a
+fresh run reuses the log directory's table when its digest matches and otherwise computes it anew,
+saying so.
 
 Live (`precompute_ref_log_probs: False`): the reference runs beside the policy on each step's
 micro-batches: the policy with adapters off under LoRA, else a frozen copy of the initial weights.
@@ -69,26 +70,33 @@ def _row_log_probs(executor: DirectExecutor | PipelineExecutor, batches: list[Ba
     return found
 
 
+REFERENCE_BATCHING = 4
+"""The reference pass keeps no activations for a backward, so outside pipelines it runs this many
+training micro-batches' samples in each of its micro-batches (pipeline stages pass the step's shape)."""
+
+
 def compute_table(run: Run, dataset: Dataset) -> torch.Tensor:
     """The (samples x rows per sample) reference log-probs of `dataset`, on every rank. Samples of like
-    length share a micro-batch (longest first), so the trimmed micro-batches carry little padding; the
-    data-parallel ranks take turns through that order and make as many calls each, in calls of the
-    step's micro-batches. Each value depends on its sample only, so the order changes nothing but the
-    time."""
-    pairs, dp, rank = len(dataset), run.dims.dp, run.mesh.data_parallel_rank
-    micro, per_call = run.plan.batches.micro_batch_size, run.plan.batches.micro_batch_size * run.accumulation
-    lengths = dataset.lengths() if hasattr(dataset, "lengths") else [0] * pairs
-    mine = sorted(range(pairs), key=lambda index: (-lengths[index], index))[rank::dp]
-    share = -(-pairs // dp)  # the most pairs a rank takes
+    length share a micro-batch (longest first), so the trimmed micro-batches carry little padding; a
+    micro-batch holds `REFERENCE_BATCHING` training micro-batches' samples (pipelines: one, and a call
+    the step's micro-batches); the data-parallel ranks take turns through that order and make as many
+    calls each. Each value depends on its sample only, so the order changes nothing but the time."""
+    samples, dp, rank = len(dataset), run.dims.dp, run.mesh.data_parallel_rank
+    pipelined = isinstance(run.executor, PipelineExecutor)
+    micro = run.plan.batches.micro_batch_size * (1 if pipelined else REFERENCE_BATCHING)
+    per_call = micro * (run.accumulation if pipelined else 1)
+    lengths = dataset.lengths() if hasattr(dataset, "lengths") else [0] * samples
+    mine = sorted(range(samples), key=lambda index: (-lengths[index], index))[rank::dp]
+    share = -(-samples // dp)  # the most samples a rank takes
     calls = max(1, -(-share // per_call))
     order = mine + [PADDING] * (calls * per_call - len(mine))
     batches = run.micro_batches(dataset, [order[i : i + micro] for i in range(0, len(order), micro)])
     rows = run.plan.data.rows_per_sample
-    table = torch.zeros(pairs, rows, dtype=torch.float64, device=run.fabric.device)
+    table = torch.zeros(samples, rows, dtype=torch.float64, device=run.fabric.device)
     with _reference_mode(run.model, run.plan.lora is not None):
         for call in range(calls):
-            values = _row_log_probs(run.executor, [next(batches) for _ in range(run.accumulation)]).view(per_call,
-                                                                                                        rows)
+            step = [next(batches) for _ in range(per_call // micro)]
+            values = _row_log_probs(run.executor, step).view(per_call, rows)
             indices = torch.tensor(order[call * per_call : (call + 1) * per_call])
             real = indices != PADDING
             table[indices[real].to(table.device)] = values[real.to(values.device)]

@@ -242,10 +242,6 @@ def model_source_keys(c: NxdConfig) -> Iterator[Finding]:
                     "model_source is hf, whose architecture comes from model.model_config",
                     f"model.{name}", "model_source",
                 )
-        if m.fusions.is_set("loss_chunk_tokens"):
-            yield error("model.fusions.loss_chunk_tokens", "expected no value: chunked loss is built into "
-                        "Megatron-style models, and model_source is hf (its model computes the whole logits)",
-                        "model.fusions.loss_chunk_tokens", "model_source")  # fmt: skip
         return
     if m.hf_model_config is not None:
         yield error("model.model_config", "expected no value with model_source: megatron (set "

@@ -53,9 +53,13 @@ class ModelFamily(ABC):
         """The same decoder with another output layer (`HEADS`)."""
         return type(self)(self.spec, self.attention, head)
 
+    def _finish(self, model: nn.Module) -> nn.Module:
+        """What a family adds to each model it builds (nothing here)."""
+        return model
+
     def build_on_meta(self) -> nn.Module:
         """A new module tree on the meta device (shapes and names, no memory), for the caller to shard or cut."""
-        return build_on_meta(self.spec, self.attention, self.head)
+        return self._finish(build_on_meta(self.spec, self.attention, self.head))
 
     @functools.cached_property
     def _reference(self) -> nn.Module:
@@ -69,8 +73,8 @@ class ModelFamily(ABC):
     def build(self, device: torch.device | str = "cpu", *, seed: int | None = None,
               use_cpu_initialization: bool = True) -> nn.Module:  # fmt: skip
         """The whole model, initialised from `seed` (None: a seed drawn from the torch RNG)."""
-        return build_causal_lm(self.spec, device, seed=seed, use_cpu_initialization=use_cpu_initialization,
-                               attention=self.attention, head=self.head)  # fmt: skip
+        return self._finish(build_causal_lm(self.spec, device, seed=seed, use_cpu_initialization=use_cpu_initialization,
+                                            attention=self.attention, head=self.head))  # fmt: skip
 
     def initial_values(self, *, seed: int, device: torch.device,
                        names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
@@ -255,9 +259,27 @@ class MegatronFamily(ModelFamily):
 
 
 class HuggingFaceFamily(ModelFamily):
-    """A transformers causal LM (Llama, Mistral, Mixtral, Qwen2, Qwen3) built from its config.json."""
+    """A transformers causal LM (Llama, Mistral, Mixtral, Qwen2, Qwen3) built from its config.json;
+    `loss_chunk_tokens` as a Megatron-style model's config has it (config.json has no such key, and an
+    export must not carry one), kept on each model built for its stage forward."""
 
     source_key = "model.model_config"
+
+    def __init__(self, spec: PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
+                 head: str = "causal_lm", loss_chunk_tokens: int = 0):  # fmt: skip
+        super().__init__(spec, attention, head)
+        self._loss_chunk_tokens = loss_chunk_tokens
+
+    def with_head(self, head: str) -> HuggingFaceFamily:
+        return type(self)(self.spec, self.attention, head, self._loss_chunk_tokens)
+
+    def _finish(self, model: nn.Module) -> nn.Module:
+        model.nxd_loss_chunk_tokens = self._loss_chunk_tokens
+        return model
+
+    @property
+    def loss_chunk_tokens(self) -> int | None:
+        return self._loss_chunk_tokens
 
     def _tp_plan(self) -> dict[str, str]:
         return hf_tp_plan(self.spec)
@@ -292,11 +314,13 @@ class HuggingFaceFamily(ModelFamily):
 
 
 def model_family(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
-                 head: str = "causal_lm") -> ModelFamily:  # fmt: skip
-    """The family that builds `spec`, with an LM head or (`head` "score") a reward model's score head."""
+                 head: str = "causal_lm", loss_chunk_tokens: int = 0) -> ModelFamily:  # fmt: skip
+    """The family that builds `spec`, with an LM head or (`head` "score") a reward model's score head;
+    a transformers model computes its loss `loss_chunk_tokens` at a time (a Megatron-style model takes
+    it from its config)."""
     if isinstance(spec, GPTConfig):
         return MegatronFamily(spec, attention, head)
     if isinstance(spec, PretrainedConfig):
-        return HuggingFaceFamily(spec, attention, head)
+        return HuggingFaceFamily(spec, attention, head, loss_chunk_tokens)
     raise ModelConfigError(f"model: expected a GPTConfig or a transformers PretrainedConfig, "
                            f"found {type(spec).__name__}")

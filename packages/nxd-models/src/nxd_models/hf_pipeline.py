@@ -46,7 +46,8 @@ def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: to
         return self.lm_head(hidden)
     if isinstance(self.lm_head, ScoreHead):
         return self.lm_head.scores(hidden)
-    return chunked_token_cross_entropy(hidden, self.lm_head, labels, 0)  # the counted positions only
+    chunk = getattr(self, "nxd_loss_chunk_tokens", 0)  # the family's loss_chunk_tokens
+    return chunked_token_cross_entropy(hidden, self.lm_head, labels, chunk)  # the counted positions only
 
 
 @contextlib.contextmanager

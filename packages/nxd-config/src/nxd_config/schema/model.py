@@ -46,7 +46,7 @@ class FusionsConfig(Section):
         "(per-token values equal within rounding). It costs one more forward of the output layer and its "
         "softmax (18% of the step of a 4-layer Llama-3-8B slice on an H100), so it pays where the logits "
         "(micro-batch x sequence x vocabulary x 4 bytes, several times over) set the peak memory. 0 computes "
-        "the whole logits at once. Megatron-style models; a Hugging Face model computes its whole logits.",
+        "the whole logits at once. Both families (a Hugging Face model through nxd's stage forward).",
         ge=0,
         by=MODELS,
         status=Status.EXTENSION,
