@@ -44,6 +44,8 @@ from torch.utils.data import Dataset
 
 from .corpus import Corpus, builtin_tokenizer, stdlib_corpus
 
+Sample = dict[str, torch.Tensor]
+
 PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss", "no_seqlen_plus_one_input_tokens")
 """Megatron data flags that shape pretraining samples; SFT records set their own masks and positions."""
 
@@ -128,15 +130,15 @@ class DataSplits:
     """Every sample carries its reference log-probs (precomputed files): no reference model runs."""
 
     packed_pairs: bool = False
-    """A reward model's micro-batches are packed into one row (when their shape may vary)."""
+    """A reward model's micro-batches are packed into one row, where the layout lets them."""
 
-    def collate(self, trim_to: int | None) -> Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]:
+    def collate(self, trim_to: int | None, packable: bool = False) -> Callable[[list[Sample]], Sample]:
         """How samples become a micro-batch; pairs drop their trailing padding columns (to a multiple of
-        `trim_to`, None keeps every column: pipeline stages pass one shape), or with `packed_pairs` are
-        packed into one row of a multiple of `trim_to`."""
+        `trim_to`, None keeps every column: pipeline stages pass one shape), or with `packed_pairs`,
+        where the layout is `packable`, are packed into one row of a multiple of `trim_to`."""
         if self.rows_per_sample != 2:
             return collate
-        if self.packed_pairs and trim_to is not None:
+        if self.packed_pairs and packable and trim_to is not None:
             return partial(collate_packed_pairs, multiple_of=trim_to)
         return partial(collate_pairs, trim_to=trim_to)
 

@@ -70,20 +70,24 @@ def _row_log_probs(executor: DirectExecutor | PipelineExecutor, batches: list[Ba
     return found
 
 
-REFERENCE_BATCHING = 4
-"""The reference pass keeps no activations for a backward, so outside pipelines it runs this many
-training micro-batches' samples in each of its micro-batches (pipeline stages pass the step's shape)."""
+def reference_batching(loss_chunk_tokens: int) -> int:
+    """How many training micro-batches' samples the reference pass runs at once (outside pipelines,
+    whose stages pass the step's shape). It keeps no activations for a backward; what bounds it is the
+    output layer: whole logits of two micro-batches take what a training step's logits and their
+    gradient take, and a chunked loss never holds more than a chunk, so there four."""
+    return 4 if loss_chunk_tokens else 2
 
 
 def compute_table(run: Run, dataset: Dataset) -> torch.Tensor:
     """The (samples x rows per sample) reference log-probs of `dataset`, on every rank. Samples of like
     length share a micro-batch (longest first), so the trimmed micro-batches carry little padding; a
-    micro-batch holds `REFERENCE_BATCHING` training micro-batches' samples (pipelines: one, and a call
+    micro-batch holds `reference_batching` training micro-batches' samples (pipelines: one, and a call
     the step's micro-batches); the data-parallel ranks take turns through that order and make as many
     calls each. Each value depends on its sample only, so the order changes nothing but the time."""
     samples, dp, rank = len(dataset), run.dims.dp, run.mesh.data_parallel_rank
     pipelined = isinstance(run.executor, PipelineExecutor)
-    micro = run.plan.batches.micro_batch_size * (1 if pipelined else REFERENCE_BATCHING)
+    merged = 1 if pipelined else reference_batching(run.plan.family.loss_chunk_tokens)
+    micro = run.plan.batches.micro_batch_size * merged
     per_call = micro * (run.accumulation if pipelined else 1)
     lengths = dataset.lengths() if hasattr(dataset, "lengths") else [0] * samples
     mine = sorted(range(samples), key=lambda index: (-lengths[index], index))[rank::dp]

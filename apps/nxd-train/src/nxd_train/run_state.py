@@ -100,7 +100,7 @@ class Run:
     def micro_batches(self, dataset: Dataset, sampler: Iterable[list[int]]) -> Iterator[Batch]:
         """This rank's micro-batches of `dataset` as `sampler` orders them, on the device."""
         loader = DataLoader(WithPadding(dataset, self.padding), batch_sampler=sampler,
-                            collate_fn=self.plan.data.collate(self.trim_to),
+                            collate_fn=self.plan.data.collate(self.trim_to, self.packable),
                             num_workers=self.plan.batches.num_workers)  # fmt: skip
         return map(self.on_device, loader)
 
@@ -109,6 +109,13 @@ class Run:
         """Micro-batches of pairs are cut to their longest sequence, in multiples of 8 and of the ranks
         that split the sequence; pipeline stages keep one shape, so every column stays."""
         return None if self.dims.pp > 1 else math.lcm(8, self.dims.tp * self.dims.cp * 2)
+
+    @property
+    def packable(self) -> bool:
+        """Whether a micro-batch's sequences may share one row: not across pipeline stages (one shape)
+        or context-parallel ranks (ring attention computes whole blocks, so a wider row costs its width
+        squared), nor where the attention kernel takes masks only."""
+        return self.dims.pp == 1 and self.dims.cp == 1 and self.plan.family.attends_document_spans
 
     def train_batches(self) -> Iterator[Batch]:
         """The training micro-batches from the run's start to its last step."""

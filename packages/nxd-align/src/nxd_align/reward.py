@@ -51,14 +51,16 @@ def sequence_label_counts(batch: Batch) -> torch.Tensor:
 
 
 def _per_sequence(values: torch.Tensor, batch: Batch, *, at_score: bool) -> torch.Tensor:
+    """`values` summed per sequence (with `at_score`, only at its score position)."""
     positions = batch[SCORE_POSITION_KEY]
     if DOCUMENTS_KEY not in batch:  # one sequence a row
         return (values * (batch["position_ids"] == positions.unsqueeze(-1))).sum(-1) if at_score else values.sum(-1)
-    sequences = torch.arange(len(positions), device=values.device)[:, None, None]
-    inside = batch[DOCUMENTS_KEY].unsqueeze(0) == sequences  # (sequences, rows, columns)
+    documents, count = batch[DOCUMENTS_KEY], len(positions)  # document `count`: the row's padded tail
     if at_score:
-        inside = inside & (batch["position_ids"].unsqueeze(0) == positions[:, None, None])
-    return (values.unsqueeze(0) * inside).sum((-1, -2))
+        scored = torch.cat([positions, positions.new_full((1,), -1)])  # the tail scores nowhere
+        values = values * (batch["position_ids"] == scored[documents])
+    sums = torch.zeros(count + 1, dtype=values.dtype, device=values.device)
+    return sums.index_add(0, documents.flatten(), values.flatten())[:count]
 
 
 @dataclass(frozen=True)

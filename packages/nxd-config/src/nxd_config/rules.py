@@ -590,7 +590,11 @@ def reward_packing_under_pipelines(c: NxdConfig) -> Iterator[Finding]:
     a = c.model_alignment_strategy
     if a is None or a.reward_model is None or not a.reward_model.is_set("packing") or not a.reward_model.packing:
         return
-    if c.distributed_strategy.pipeline_model_parallel_size > 1:
-        path = f"{ALIGN}.reward_model.packing"
-        yield notice(path, "rows stay padded under pipeline parallelism (its stages pass one shape); the scores are "
-                     "the same", path, PP)  # fmt: skip
+    d = c.distributed_strategy
+    if d.pipeline_model_parallel_size > 1 or d.context_parallel_size > 1:
+        path, why = f"{ALIGN}.reward_model.packing", []
+        if d.pipeline_model_parallel_size > 1:
+            why.append("pipeline parallelism (its stages pass one shape)")
+        if d.context_parallel_size > 1:
+            why.append("context parallelism (its ring attention would compute the whole packed row)")
+        yield notice(path, f"rows stay padded under {' and '.join(why)}; the scores are the same", path, PP, CP)

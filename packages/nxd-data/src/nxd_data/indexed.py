@@ -115,7 +115,7 @@ class IndexedDataset:
         and size imply decides."""
         values = int(self.sizes.sum(dtype=np.int64))
         if len(self.sizes) > 1 and self.sizes[0] > 0:
-            width = int(self.pointers[1]) // int(self.sizes[0])
+            width = (int(self.pointers[1]) - int(self.pointers[0])) // int(self.sizes[0])
         else:
             width = self.bin_path.stat().st_size // values if values else listed.itemsize
         return np.dtype({4: np.float32, 8: np.float64}.get(width, listed))

@@ -222,7 +222,8 @@ def collate_packed_pairs(samples: list[dict[str, torch.Tensor]], multiple_of: in
     """A reward model's pair samples -> one row holding every sequence without padding (chosen 0,
     rejected 0, chosen 1 ... as `collate_pairs` orders them), each from its own start: `position_ids`
     restart per sequence and `document_ids` number the sequences, so attention stays within each
-    (the row's tail, padded with id 0 to a multiple of `multiple_of`, is one more document). `score_position`
+    (the row's tail, token id 0 to a multiple of `multiple_of`, is one more document, numbered after
+    the sequences). `score_position`
     and `margin` stay one value per sequence. A sequence runs through its score position (its last
     token that is not padding, or for GPT-NeoX's documents its last labelled one: nothing after it
     changes the score); a padding pair's sequences (no labels on either) are empty."""

@@ -129,12 +129,13 @@ def hf_attention_inputs(model: PreTrainedModel, shape: torch.Size, document_ids:
 
     Without documents attention is causal over the whole row. With them a context-parallel attention
     masks documents from their ids, the span kernel takes each document's span (when every document is
-    one run and no sliding window is shorter than the row), and otherwise the masks are causal within
-    each document, sliding windows kept."""
+    one run and no sliding window is shorter than the longest document), and otherwise the masks are
+    causal within each document, sliding windows kept."""
     if document_ids is not None and hf_splits_sequence(model):
         return None, {DOCUMENTS_KWARG: document_ids}
     if (document_ids is not None and getattr(model, "nxd_document_spans", False)
-            and not _window_applies(model.config, shape[1]) and (spans := document_spans(document_ids)) is not None):
+            and (spans := document_spans(document_ids)) is not None
+            and not _window_applies(model.config, max(end - start for row in spans for start, end in row))):
         return None, {SPANS_KWARG: spans}  # fmt: skip
     # transformers reads batch, length, dtype (of an additive eager mask) and device from it
     shape_only = torch.empty(*shape, 0, dtype=model.dtype, device=device)

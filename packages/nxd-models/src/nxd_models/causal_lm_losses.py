@@ -16,9 +16,9 @@ def causal_lm_token_losses(model: nn.Module, batch: Mapping[str, torch.Tensor]) 
     `position_ids`, optionally `document_ids`), 0 where the label is ignored, through either family.
 
     Both compute it from the final hidden states and the output layer on the positions whose label
-    counts (the Megatron-style model in chunks of its config's `loss_chunk_tokens` when that is set,
-    so whole logits never exist); a transformers model runs the stage forward for it (its own forward
-    would return the whole logits first). A reward model's score head gives per-position scores."""
+    counts, in chunks of the family's `loss_chunk_tokens` when that is set (so whole logits never
+    exist); a transformers model runs the stage forward for it (its own forward would return the whole
+    logits first). A reward model's score head gives per-position scores."""
     inputs = (batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
     inner = getattr(model, "module", model)
     if isinstance(inner, PreTrainedModel):

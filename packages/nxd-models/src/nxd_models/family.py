@@ -57,6 +57,12 @@ class ModelFamily(ABC):
         """What a family adds to each model it builds (nothing here)."""
         return model
 
+    @property
+    def attends_document_spans(self) -> bool:
+        """Documents packed into one row are attended span by span, each costing its own length squared;
+        False: the kernel takes masks only (the unfused one), so a packed row costs its whole width squared."""
+        return self.attention is not AttentionKernel.UNFUSED
+
     def build_on_meta(self) -> nn.Module:
         """A new module tree on the meta device (shapes and names, no memory), for the caller to shard or cut."""
         return self._finish(build_on_meta(self.spec, self.attention, self.head))
@@ -189,9 +195,8 @@ class ModelFamily(ABC):
 
     @property
     def loss_chunk_tokens(self) -> int | None:
-        """Tokens per chunk of the loss: 0 whole logits at once, None when the family always computes
-        whole logits (`model.fusions.loss_chunk_tokens` is not for it)."""
-        return None
+        """Tokens per chunk of the loss (0: whole logits at once)."""
+        return 0
 
     def layer_widths(self) -> dict[str, int | bool]:
         """Per-token widths of a decoder layer and the output layer, for memory plans: hidden, query and
@@ -250,8 +255,12 @@ class MegatronFamily(ModelFamily):
         return neox_layout(self.spec)
 
     @property
-    def loss_chunk_tokens(self) -> int | None:
+    def loss_chunk_tokens(self) -> int:
         return self.spec.loss_chunk_tokens
+
+    @property
+    def attends_document_spans(self) -> bool:
+        return super().attends_document_spans and self.spec.position_embedding_type != "alibi"
 
     @property
     def moe(self) -> MoESpec | None:
@@ -278,7 +287,7 @@ class HuggingFaceFamily(ModelFamily):
         return model
 
     @property
-    def loss_chunk_tokens(self) -> int | None:
+    def loss_chunk_tokens(self) -> int:
         return self._loss_chunk_tokens
 
     def _tp_plan(self) -> dict[str, str]:

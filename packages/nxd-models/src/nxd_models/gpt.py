@@ -330,13 +330,14 @@ class GPTDecoder(nn.Module):
         unfused one, which takes masks only)."""
         allowed = None
         seq, window = position_ids.shape[-1], self.config.sliding_window  # whole rows (sequence parallel splits hidden)
-        window = window if window is not None and window < seq else None  # a wider one changes nothing
+        spans = document_spans(document_ids) if document_ids is not None and not self.context_parallel else None
+        longest = max(end - start for row in spans for start, end in row) if spans else seq
+        window = window if window is not None and window < longest else None  # a wider one changes nothing
         if window is not None:  # sliding window: a mask (and documents within it)
             allowed = sliding_window_mask(seq, window, document_ids, hidden.device)
         elif document_ids is not None and not self.context_parallel:
             masks_only = self.kernel is AttentionKernel.UNFUSED or self.config.position_embedding_type == "alibi"
-            spans = None if masks_only else document_spans(document_ids)
-            allowed = spans or document_mask(document_ids)
+            allowed = (None if masks_only else spans) or document_mask(document_ids)
         rotary = None
         if self.config.position_embedding_type == "rope":
             rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)

@@ -101,7 +101,9 @@ class RewardModelConfig(Section):
     packing: bool = key(
         True, "nxd extension. Each micro-batch's sequences are packed into one row without padding, attention "
         "confined to each sequence (the same scores, less work); false pads each to the micro-batch's longest. "
-        "Pipeline-parallel runs keep padded rows (their stages pass one shape).", by=DATA,
+        "Rows stay padded under pipeline parallelism (its stages pass one shape), context parallelism (its ring "
+        "attention would compute the whole packed row) and where attention takes masks only (the unfused kernel, "
+        "ALiBi).", by=DATA,
     )
     z_loss: float = key(
         0.0, "nxd extension (GPT-NeoX's z_loss): weight of r_chosen^2 + r_rejected^2 added to each pair's loss, "
