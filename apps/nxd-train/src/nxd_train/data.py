@@ -308,7 +308,7 @@ def _document_splits(data: DataConfig, seq_length: int,
     """Pairs (data.pair_documents) or KTO examples (data.example_documents) from pre-tokenised indexed
     documents, one document a row."""
     tokenizer = _tokenizer_of(data)
-    kto = data.example_documents is not None
+    kto, scores = data.example_documents is not None, isinstance(preference, RewardModelConfig)
     sections = data.example_documents if kto else data.pair_documents
     name = "example_documents" if kto else "pair_documents"
     shared = {"seq_length": seq_length, "pad_id": tokenizer.eod_id, "allow_chopped": data.allow_chopped,
@@ -332,7 +332,7 @@ def _document_splits(data: DataConfig, seq_length: int,
             dataset = PairDocuments(DocumentFiles(files.chosen, files.chosen_labels, files.chosen_reference, where),
                                     DocumentFiles(files.rejected, files.rejected_labels, files.rejected_reference,
                                                   where),
-                                    scores=isinstance(preference, RewardModelConfig), **shared)  # fmt: skip
+                                    scores=scores, **shared)  # fmt: skip
             notes.append(f"{where}: {len(dataset)} preference pairs")
         long = "" if data.allow_chopped else "longer than seq_length + 1 tokens or "
         kind = "examples" if kto else "pairs"
@@ -340,7 +340,6 @@ def _document_splits(data: DataConfig, seq_length: int,
                       f"documents cut to seq_length + 1 tokens)")  # fmt: skip
         splits[split] = dataset
     train = splits["train"]
-    scores = isinstance(preference, RewardModelConfig)
     if scores:
         notes.append(f"data.{name}: the score is read at each row's last labelled position (GPT-NeoX's --for-rm: the "
                      "first of the two appended end-of-document tokens); the exported classifier names no "

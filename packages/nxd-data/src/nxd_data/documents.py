@@ -28,10 +28,10 @@ from torch.utils.data import Dataset
 
 from .errors import DataError
 from .indexed import IndexedDataset
+from .kto import LABEL_KEY
 from .samples import IGNORE_INDEX
 
 REFERENCE_KEY = "reference_log_probs"
-LABEL_KEY = "kto_label"
 REWARD_KEY = "kto_reward"
 """A KTO row's reward: its sign says desirable (> 0) or undesirable (< 0), its size scales beta."""
 NEUTRAL = 0.001
