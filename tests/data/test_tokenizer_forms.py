@@ -46,6 +46,14 @@ def test_a_sentencepiece_directory_gives_sentencepieces_ids(sentencepiece_dir):
     assert set(ours.files) == {"tokenizer.model"}
 
 
+def test_library_megatron_with_a_tokenizer_folder_reads_it_as_hugging_face(sentencepiece_dir):
+    """NeMo hands a Megatron tokenizer name that is no Megatron class to AutoTokenizer (NxDT's Mixtral
+    example writes library megatron with a tokenizer folder)."""
+    ours = load_tokenizer(TokenizerSource(str(sentencepiece_dir), "megatron"))
+    reference = load_tokenizer(sentencepiece_dir)
+    assert ours.encode([SAMPLE]) == reference.encode([SAMPLE]) and ours.fingerprint == reference.fingerprint
+
+
 def test_bad_tokenizer_files_are_one_clear_error(gpt2_files, tmp_path):
     vocab, merges = gpt2_files
     (tmp_path / "vocab.json").write_text("{not json")
@@ -55,7 +63,9 @@ def test_bad_tokenizer_files_are_one_clear_error(gpt2_files, tmp_path):
         (TokenizerSource("GPT2BPETokenizer", "megatron", vocab, None),
          "data.tokenizer.merge_file: expected the GPT-2 merges.txt of GPT2BPETokenizer, found none"),
         (TokenizerSource("BertWordPieceLowerCase", "megatron", vocab, merges),
-         "data.tokenizer.type: expected one of GPT2BPETokenizer, CharLevelTokenizer, TiktokenTokenizer with library megatron, found 'BertWordPieceLowerCase'"),
+         "data.tokenizer.type: expected one of GPT2BPETokenizer, CharLevelTokenizer, TiktokenTokenizer or a "
+         "tokenizer.json file or a directory holding one (or a SentencePiece tokenizer.model), found no such file or "
+         "directory: BertWordPieceLowerCase"),
         (TokenizerSource(str(tmp_path)), "expected a tokenizer.json file or a directory holding one (or a "
                                          "SentencePiece tokenizer.model), found a directory without tokenizer.json"),
     ]  # fmt: skip

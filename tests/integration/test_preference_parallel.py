@@ -82,6 +82,7 @@ def test_preference_in_two_processes_logs_what_one_process_logs(method, layout, 
     result = run_command(*OVERRIDES, *data[method], *LAYOUTS[layout], "trainer.devices=2",
                          f"+exp_manager.explicit_log_dir={tmp_path / layout}", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "Warning" not in result.stderr, result.stderr[-3000:]
     expected_rows, one_dir = one_process(method)
     assert_close(expected_rows, read_metrics(tmp_path / layout), COMPARED[method])
     if method in ("dpo", "kto", "kto_halves"):

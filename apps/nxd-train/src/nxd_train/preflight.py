@@ -98,15 +98,9 @@ def _compile_problems(cfg: NxdConfig) -> list[str]:
             f"tensor_model_parallel_size: {tp}); expected one of them off"]  # fmt: skip
 
 
-def _optimizer_problems(cfg: NxdConfig, accelerator: str) -> list[str]:
+def _optimizer_problems(cfg: NxdConfig) -> list[str]:
     optim = cfg.model.optim
     found = []
-    if getattr(optim, "capturable", False) and accelerator != "cuda":
-        found.append(f"model.optim.capturable: expected False on {accelerator} (torch's capturable step "
-                     "needs CUDA tensors), found True")
-    elif getattr(optim, "capturable", False) and cfg.distributed_strategy.cpu_offload:
-        found.append("model.optim.capturable: expected False with distributed_strategy.cpu_offload (the offloaded "
-                     "step runs on host tensors; torch's capturable step needs CUDA ones), found True")  # fmt: skip
     if optim.name == "adafactor" and optim.relative_step and optim.sched is not None:
         found.append("model.optim.sched: adafactor with relative_step computes its own learning rate; "
                      f"expected no sched, found {optim.sched.name}")
@@ -270,6 +264,9 @@ def _notices(cfg: NxdConfig, policy: PrecisionPolicy) -> None:
     if ds.context_parallel_size == 1 and cfg.model.fusions.ring_attention:
         warnings.warn("model.fusions.ring_attention: True acts across context-parallel ranks; with "
                       "context_parallel_size 1 attention runs unsplit", ConfigNotice, stacklevel=3)
+    if (why := _capturable_off(cfg)) is not None:
+        warnings.warn(f"model.optim.capturable: True matters to CUDA graph capture only; {why}, so the step runs "
+                      "uncaptured (the same updates)", ConfigNotice, stacklevel=3)  # fmt: skip
     if ds.cpu_offload and accelerator_name() == "cpu":
         warnings.warn("distributed_strategy.cpu_offload: on a CPU run the shards are in host memory already; it "
                       "frees no device memory here", ConfigNotice, stacklevel=3)  # fmt: skip
@@ -329,11 +326,23 @@ def _resumed_schedule(cfg: NxdConfig, resume: Resume | None) -> NxdConfig:
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"optim": replaced})})
 
 
+def _capturable_off(cfg: NxdConfig) -> str | None:
+    """Why torch's capturable step (which needs the optimizer's tensors on CUDA) cannot run here, when
+    model.optim.capturable asks for it: NxDT's examples set it for Neuron devices."""
+    if not getattr(cfg.model.optim, "capturable", False):
+        return None
+    if (accelerator := accelerator_name()) != "cuda":
+        return f"this run's tensors are on {accelerator}"
+    return "distributed_strategy.cpu_offload steps on host tensors" if cfg.distributed_strategy.cpu_offload else None
+
+
 def _settings(cfg: NxdConfig) -> dict:
     """The loop's settings: cadence, launch, batches, update, logging and checkpoints."""
     t, exp, d, optim = cfg.trainer, cfg.exp_manager, cfg.data, cfg.model.optim
     ds = cfg.distributed_strategy
     options = {name: getattr(optim, name) for name in type(optim).model_fields if name not in ("name", "sched")}
+    if _capturable_off(cfg) is not None:
+        options["capturable"] = False
     sched = optim.sched
     return dict(
         cadence=Cadence(max_steps=t.max_steps, max_epochs=t.max_epochs, log_every_n_steps=t.log_every_n_steps,
@@ -530,7 +539,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
 
     Without `data_required` (a memory plan made where the data is not), data that cannot be read is a
     notice, and the plan has no data (a Megatron-style model then has a placeholder vocabulary)."""
-    problems = _not_in_this_release(cfg) + _optimizer_problems(cfg, accelerator_name()) + checkpoint_problems(cfg)
+    problems = _not_in_this_release(cfg) + _optimizer_problems(cfg) + checkpoint_problems(cfg)
     if cfg.exp_manager.create_wandb_logger and (problem := wandb_problem()):
         problems.append(problem)
     policy = None

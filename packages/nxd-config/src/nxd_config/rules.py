@@ -340,8 +340,8 @@ def mixture_of_experts(c: NxdConfig) -> Iterator[Finding]:
 def sliding_window_within_the_sequence(c: NxdConfig) -> Iterator[Finding]:
     window = c.model.sliding_window_size
     if c.model_source == "megatron" and window is not None and c.seq_length is not None and window > c.seq_length:
-        yield error("model.sliding_window_size", f"expected at most the sequence length ({c.seq_length}; equal means "
-                    f"full causal attention), found {window}", *SEQ)
+        yield notice("model.sliding_window_size", f"{window} is wider than the sequence ({c.seq_length} tokens), so "
+                     "attention is full causal attention, as in transformers", *SEQ)  # fmt: skip
 
 
 @rule

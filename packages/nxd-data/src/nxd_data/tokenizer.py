@@ -50,7 +50,8 @@ class TokenizerSource:
     """Where a tokenizer comes from, as `data.tokenizer` says it (picklable, for preprocessing workers)."""
 
     location: str
-    """A tokenizer.json file or tokenizer directory; for library megatron, the tokenizer class name."""
+    """A tokenizer.json file or tokenizer directory; for library megatron, the tokenizer class name (any other
+    name is read as a Hugging Face tokenizer, as NeMo hands it to AutoTokenizer)."""
     library: str = "huggingface"
     vocab_file: str | None = None
     merge_file: str | None = None
@@ -125,7 +126,7 @@ def load_tokenizer(source: str | Path | TokenizerSource, where: str = "data.toke
     and the file when there is none or it does not parse."""
     if not isinstance(source, TokenizerSource):
         source = TokenizerSource(str(source))
-    if source.library == "megatron":
+    if source.library == "megatron" and source.location in MEGATRON_TYPES:
         return _megatron_tokenizer(source, where)
     location = source.location
     path = Path(location)
@@ -134,8 +135,9 @@ def load_tokenizer(source: str | Path | TokenizerSource, where: str = "data.toke
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         found = "a directory without tokenizer.json" if path.is_dir() else "no such file or directory"
-        raise DataError(f"{where}: expected a tokenizer.json file or a directory holding one (or a SentencePiece "
-                        f"tokenizer.model), found {found}: {location}")  # fmt: skip
+        classes = f"one of {', '.join(MEGATRON_TYPES)} or " if source.library == "megatron" else ""
+        raise DataError(f"{where}: expected {classes}a tokenizer.json file or a directory holding one (or a "
+                        f"SentencePiece tokenizer.model), found {found}: {location}")  # fmt: skip
     try:
         tokenizer = Tokenizer.from_file(str(file))
     except Exception as error:  # the Rust library raises its own Exception type
@@ -153,9 +155,6 @@ def _megatron_tokenizer(source: TokenizerSource, where: str) -> TextTokenizer:
     """A Megatron tokenizer class: CharLevelTokenizer, TiktokenTokenizer, or GPT2BPETokenizer (byte-level
     BPE from a GPT-2 vocab.json and merges.txt, documents ended and begun by <|endoftext|>)."""
     prefix = where.rpartition(".")[0] or where
-    if source.location not in MEGATRON_TYPES:
-        raise DataError(f"{prefix}.type: expected one of {', '.join(MEGATRON_TYPES)} with library megatron, found "
-                        f"{source.location!r}")  # fmt: skip
     if source.location == "CharLevelTokenizer":
         return _char_level_tokenizer()
     if source.location == "TiktokenTokenizer":

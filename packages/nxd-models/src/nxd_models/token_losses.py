@@ -66,5 +66,5 @@ def chunked_token_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: t
         losses = torch.cat([checkpoint(chunk_losses, part, part_labels, use_reentrant=False, preserve_rng_state=False)
                             for part, part_labels in zip(flat_hidden.split(chunk_tokens),
                                                          flat_labels.split(chunk_tokens), strict=True)])  # fmt: skip
-    whole = losses.new_zeros(counted.shape).masked_scatter(counted, losses)
-    return whole.view(labels.shape)
+    # a tensor of its own, not a view: a data-parallel wrapper hooks its backward on the model's output
+    return losses.new_zeros(labels.shape).masked_scatter(counted.view(labels.shape), losses)
