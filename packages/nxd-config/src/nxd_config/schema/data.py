@@ -120,7 +120,8 @@ class TokenizerConfig(Section):
         status=Status.LIMITED,
         note="huggingface (tokenizer.json, or a directory with a SentencePiece tokenizer.model) and megatron "
         "(GPT2BPETokenizer from vocab_file and merge_file, CharLevelTokenizer, TiktokenTokenizer with vocab_file a "
-        "tiktoken encoding name; any other type is read as a Hugging Face tokenizer, as NeMo hands it to AutoTokenizer); sentencepiece is rejected (name the model's directory with library huggingface)",
+        "tiktoken encoding name; any other type is read as a Hugging Face tokenizer, as NeMo hands it to "
+        "AutoTokenizer); sentencepiece is rejected (name the model's directory with library huggingface)",
     )
     type: str | None = key(
         None, "Hugging Face tokenizer directory or file, or the Megatron tokenizer class name.", by=DATA
