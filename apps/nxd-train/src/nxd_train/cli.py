@@ -280,11 +280,14 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     from nxd_precision import NonFiniteStop
 
     from .interrupts import TrainingInterrupted
+    from .logdir import LogDirError
     from .loop import train
     from .wandb_logger import WandbStartError
 
     try:
         train(plan)
+    except LogDirError as error:  # every rank has it from rank 0
+        return _stopped(f"{path}: {error}", 1)
     except (CheckpointError, WandbStartError) as error:  # found only once loading began or logging started
         print(f"{path}: {error}", file=sys.stderr)
         return 1

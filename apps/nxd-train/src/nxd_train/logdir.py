@@ -1,8 +1,13 @@
-"""The run's log directory: exp_manager.explicit_log_dir as is, else <exp_dir>/<name>/version_N."""
+"""The run's log directory: exp_manager.explicit_log_dir as is, else <exp_dir>/<name>/version_N, held by
+one run at a time."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import re
+import socket
 from pathlib import Path
 
 from nxd_ckpt import list_checkpoints
@@ -10,6 +15,14 @@ from nxd_ckpt import list_checkpoints
 DEFAULT_EXP_DIR = "nxd_logs"
 CHECKPOINT_DIR = "checkpoints"
 """Checkpoints live in <log dir>/checkpoints."""
+LOCK_FILE = ".nxd-run.lock"
+"""The advisory lock a running run holds in its log directory (the file stays; the lock goes with the process)."""
+NAME_ROOM = 64
+"""Characters a checkpoint's folder name adds to the run's name (--step=N-consumed_samples=M.partial)."""
+
+
+class LogDirError(Exception):
+    """The log directory cannot be this run's: another run holds it, or it cannot be written."""
 
 
 def _versions(exp_dir: Path | None, name: str) -> tuple[Path, list[int]]:
@@ -31,12 +44,127 @@ def resumable_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name:
     return (base / f"version_{versions[-1] if versions else 0}").resolve()
 
 
-def next_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name: str) -> Path:
-    """A new directory for this run (created); versions count up so earlier runs are never overwritten."""
-    if explicit_log_dir:
-        path = Path(explicit_log_dir)
-    else:
-        base, versions = _versions(exp_dir, name)
-        path = base / f"version_{max(versions, default=-1) + 1}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path.resolve()
+class LogDirLock:
+    """An exclusive advisory lock (flock) on the log directory's lock file, held while the process lives:
+    the operating system releases it when the process ends, however it ends, so a crash never leaves a
+    directory held. The file records the holder's pid and host for the refusal another run prints."""
+
+    def __init__(self, directory: Path | None):
+        self.directory = directory
+        self._file = None
+
+    def acquire(self) -> bool:
+        """Take the lock; False when another process holds it."""
+        file = open(self.directory / LOCK_FILE, "a+")  # noqa: SIM115 - held open for the run's lifetime
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.close()
+            return False
+        file.seek(0)
+        file.truncate()
+        file.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+        file.flush()
+        self._file = file
+        return True
+
+    def holder(self) -> str:
+        try:
+            return (self.directory / LOCK_FILE).read_text().strip() or "a process that has not said who it is"
+        except OSError:
+            return "another process"
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing the descriptor releases the flock
+            self._file = None
+
+
+def hold_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name: str,
+                 continued: Path | None = None) -> tuple[Path, LogDirLock]:  # fmt: skip
+    """Create and lock this run's log directory: `continued` (a resumed run's) or explicit_log_dir, else the
+    next version under <exp_dir>/<name> (skipping one a run starting at the same moment has taken).
+    A LogDirError naming the directory and the holder when another run holds it, or why it cannot be
+    written."""
+    fixed = continued or explicit_log_dir
+    while True:
+        if fixed:
+            path = Path(fixed)
+        else:
+            base, versions = _versions(exp_dir, name)
+            path = base / f"version_{max(versions, default=-1) + 1}"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            lock = LogDirLock(path.resolve())
+            acquired = lock.acquire()
+        except OSError as error:
+            raise LogDirError(f"{_key(explicit_log_dir, continued)}: cannot write the log directory {path} "
+                              f"({error.strerror or error})") from None  # fmt: skip
+        if acquired:
+            return path.resolve(), lock
+        if fixed:
+            raise LogDirError(f"{_key(explicit_log_dir, continued)}: {path} is in use by another run ({lock.holder()});"
+                              " expected a log directory no running run holds: wait for that run to end, or give "
+                              "this one another exp_manager.explicit_log_dir")  # fmt: skip
+        lock.release()  # a run starting at the same moment took this version: take the next
+
+
+def _key(explicit_log_dir: Path | None, continued: Path | None) -> str:
+    if continued is not None and continued != explicit_log_dir:
+        return "exp_manager.resume_if_exists"
+    return "exp_manager.explicit_log_dir" if explicit_log_dir else "exp_manager.exp_dir"
+
+
+def log_dir_problems(explicit_log_dir: Path | None, exp_dir: Path | None, name: str, name_key: str,
+                     names_checkpoints: bool = True) -> list[str]:  # fmt: skip
+    """Why a run could not write its log directory, found before launch: a name that leaves exp_dir or is
+    too long for the file system's folder names (`names_checkpoints`: the checkpoints' too), or a location
+    that cannot be written."""
+    if not explicit_log_dir and (name in ("", ".", "..") or "/" in name or "\0" in name):
+        return [f"{name_key}: expected a folder name (no '/' and not '..'; the log directory is "
+                f"<exp_dir>/<name>/version_N), found {name!r}"]  # fmt: skip
+    problems = []
+    target = Path(explicit_log_dir) if explicit_log_dir else Path(exp_dir or DEFAULT_EXP_DIR) / name
+    existing = _nearest_existing(target)
+    limit = _name_max(existing)
+    long = [part for part in target.parts if len(os.fsencode(part)) > limit]
+    if len(os.fsencode(name)) > limit:
+        problems.append(f"{name_key}: {len(name)} characters are more than a folder name may have on this file "
+                        f"system ({limit} bytes)")  # fmt: skip
+    elif names_checkpoints and len(os.fsencode(name)) + NAME_ROOM > limit:
+        problems.append(f"{name_key}: {len(name)} characters leave no room in a checkpoint's folder name (at most "
+                        f"{limit} bytes on this file system, {NAME_ROOM} of them for the step and samples); expected "
+                        f"at most {limit - NAME_ROOM}")  # fmt: skip
+    elif long:
+        key = "exp_manager.explicit_log_dir" if explicit_log_dir else "exp_manager.exp_dir"
+        problems.append(f"{key}: the folder name {long[0][:40]!r}... is longer than this file system allows "
+                        f"({limit} bytes)")  # fmt: skip
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        key = "exp_manager.explicit_log_dir" if explicit_log_dir else "exp_manager.exp_dir"
+        why = "a read-only file system" if _read_only(existing) else "a folder this user cannot write"
+        problems.append(f"{key}: cannot create the log directory {target}: {existing} is on {why}")
+    elif existing.exists() and not existing.is_dir():
+        key = "exp_manager.explicit_log_dir" if explicit_log_dir else "exp_manager.exp_dir"
+        problems.append(f"{key}: expected a folder for the log directory {target}, found a file at {existing}")
+    return problems
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not os.path.exists(path) and path != path.parent:  # False for a name too long, where Path raises
+        path = path.parent
+    return path
+
+
+def _name_max(path: Path) -> int:
+    try:
+        return os.pathconf(path if path.is_dir() else path.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError as error:
+        return error.errno == errno.EROFS

@@ -30,8 +30,16 @@ from .run_state import Batch, Run
 
 
 def train(plan: RunPlan) -> Path:
-    """Run the job `plan` describes; returns the log directory."""
+    """Run the job `plan` describes; returns the log directory, which the run holds until it ends."""
     run = setup(plan)
+    try:
+        return _train(run)
+    finally:
+        run.log_dir_lock.release()
+
+
+def _train(run: Run) -> Path:
+    plan = run.plan
     cadence, checkpoints = plan.cadence, plan.checkpoints
     sanity = evaluate(run, run.validation_data, cadence.num_sanity_val_steps) if cadence.num_sanity_val_steps else None
     if sanity is not None:

@@ -52,7 +52,7 @@ from .checkpointing import (
 )
 from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_keys
 from .layout_check import layout_problems
-from .logdir import CHECKPOINT_DIR, resumable_log_dir
+from .logdir import CHECKPOINT_DIR, log_dir_problems, resumable_log_dir
 from .plan import Adapters, Batches, Cadence, Checkpoints, Launch, Logging, Reference, RunPlan, Update, WandbSettings
 from .wandb_logger import wandb_problem
 
@@ -540,6 +540,10 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
     Without `data_required` (a memory plan made where the data is not), data that cannot be read is a
     notice, and the plan has no data (a Megatron-style model then has a placeholder vocabulary)."""
     problems = _not_in_this_release(cfg) + _optimizer_problems(cfg) + checkpoint_problems(cfg)
+    exp = cfg.exp_manager
+    problems += log_dir_problems(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name,
+                                 "exp_manager.name" if exp.name and exp.name != cfg.name else "name",
+                                 exp.create_checkpoint_callback and not exp.checkpoint_callback_params.filename)
     if cfg.exp_manager.create_wandb_logger and (problem := wandb_problem()):
         problems.append(problem)
     policy = None

@@ -24,6 +24,7 @@ from nxd_data import PretrainingSampler
 from nxd_models import device_ceiling, set_aux_loss_weights
 from nxd_parallel import (
     ParallelDims,
+    ParallelMesh,
     StagedModel,
     build_executor,
     build_parallel_model,
@@ -48,7 +49,7 @@ from .checkpointing import (
     loads_output_layer,
     versions,
 )
-from .logdir import CHECKPOINT_DIR, next_log_dir
+from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir
 from .monitor import Monitor
 from .plan import RunPlan
 from .reference import prepare_reference
@@ -81,9 +82,36 @@ def setup(plan: RunPlan) -> Run:
     fabric.seed_everything(launch.seed, verbose=False)
     dims = ParallelDims(fabric.world_size, tp=launch.tp, pp=launch.pp, cp=launch.cp, ep=launch.ep)
     mesh = dims.build_mesh(fabric.device.type)
-    rank, logging = fabric.global_rank, plan.logging
-    new_dir = partial(next_log_dir, logging.explicit_log_dir, logging.exp_dir, logging.exp_name)
-    log_dir = Path(fabric.broadcast(str(plan.log_dir or new_dir()) if rank == 0 else None, src=0))
+    log_dir, lock = _hold_log_dir(plan, fabric)
+    try:
+        run = _build(plan, fabric, dims, mesh, log_dir, host_memory)
+    except BaseException:
+        lock.release()
+        raise
+    run.log_dir_lock = lock
+    return run
+
+
+def _hold_log_dir(plan: RunPlan, fabric: Fabric) -> tuple[Path, LogDirLock]:
+    """The run's log directory, created and held by rank 0 (a resumed run's, or a new one); a LogDirError
+    on every rank when another run holds it or it cannot be written."""
+    logging, lock, held = plan.logging, LogDirLock(None), None
+    if fabric.global_rank == 0:
+        try:
+            path, lock = hold_log_dir(logging.explicit_log_dir, logging.exp_dir, logging.exp_name, plan.log_dir)
+            held = (str(path), None)
+        except LogDirError as error:
+            held = (None, str(error))
+    path, problem = fabric.broadcast(held, src=0)
+    if problem is not None:
+        raise LogDirError(problem)
+    return Path(path), lock
+
+
+def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh, log_dir: Path,
+           host_memory: str | None) -> Run:  # fmt: skip
+    """Everything the loop needs, in the held log directory, resumed where the plan says."""
+    launch, rank, logging = plan.launch, fabric.global_rank, plan.logging
     resume = fabric.broadcast(plan.resume, src=0)  # rank 0's choice, should a checkpoint appear meanwhile
     if rank == 0:
         (log_dir / "config.yaml").write_text(yaml.safe_dump(plan.resolved_config, sort_keys=False))

@@ -23,6 +23,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader, Dataset
 
 from .checkpointing import TrainingState, rng_states
+from .logdir import LogDirLock
 from .monitor import Monitor
 from .plan import RunPlan
 
@@ -70,6 +71,8 @@ class Run:
     checkpoint_group: torch.distributed.ProcessGroup | None = None
     scaler: LossScaler | None = None
     """fp16's loss scale (None for the other precision types)."""
+    log_dir_lock: LogDirLock = field(default_factory=lambda: LogDirLock(None))
+    """Rank 0's hold on `log_dir` (the others hold nothing)."""
 
     @property
     def token_mesh(self) -> DeviceMesh | None:

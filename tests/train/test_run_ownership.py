@@ -1,0 +1,106 @@
+"""A run owns its log directory: a second run into it is refused with the holder's pid and host, the
+lock dies with its process, and a log directory that cannot be written (a name leaving exp_dir or too
+long for folder names, a read-only file system, a file in the way) is one message before launch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from nxd_config import load_config
+from nxd_train.cli import default_config_path, main
+from nxd_train.corpus import default_cache_dir
+from nxd_train.logdir import LOCK_FILE, LogDirLock
+from nxd_train.preflight import PreflightError, plan_run
+
+from tests.training_runs import FAST, losses, read_metrics, run_command, train_in_process
+
+
+def test_a_second_run_into_a_held_log_directory_is_refused_naming_the_holder(tmp_path):
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    holder = LogDirLock(log_dir)
+    assert holder.acquire()
+    try:
+        result = run_command(*FAST, "trainer.max_steps=2", "trainer.devices=2",
+                             f"+exp_manager.explicit_log_dir={log_dir}", cwd=tmp_path)  # fmt: skip
+    finally:
+        holder.release()
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if "in use by another run" in line]
+    assert len(lines) == 1, result.stderr[-3000:]  # one message, from one rank
+    assert f"exp_manager.explicit_log_dir: {log_dir} is in use by another run (pid {os.getpid()} on host " \
+           f"{socket.gethostname()})" in lines[0]
+    assert "Traceback" not in result.stderr
+    assert sorted(path.name for path in log_dir.iterdir()) == [LOCK_FILE]  # the second run wrote nothing
+
+
+def test_a_killed_holder_leaves_the_log_directory_free(tmp_path):
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    hold = ("import sys, time; from pathlib import Path; from nxd_train.logdir import LogDirLock; "
+            "lock = LogDirLock(Path(sys.argv[1])); assert lock.acquire(); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(log_dir)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    assert not LogDirLock(log_dir).acquire()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    time.sleep(0.1)
+    assert len(losses(train_in_process(log_dir, "trainer.max_steps=2"))) == 2
+
+
+def _problems(*overrides: str) -> list[str]:
+    cfg = load_config(default_config_path(), list(overrides))
+    with pytest.raises(PreflightError) as caught:
+        plan_run(cfg, default_cache_dir())
+    return caught.value.problems
+
+
+def test_a_log_directory_that_cannot_be_written_is_one_message_before_launch(tmp_path, monkeypatch):
+    assert _problems("name=../../outside", f"exp_manager.exp_dir={tmp_path}") == [
+        "name: expected a folder name (no '/' and not '..'; the log directory is <exp_dir>/<name>/version_N), "
+        "found '../../outside'"]  # fmt: skip
+    assert _problems(f"name={'n' * 300}", f"exp_manager.exp_dir={tmp_path}") == [
+        "name: 300 characters are more than a folder name may have on this file system (255 bytes)"]
+    assert _problems(f"name={'n' * 230}", f"exp_manager.exp_dir={tmp_path}",
+                     "exp_manager.create_checkpoint_callback=True") == [
+        "name: 230 characters leave no room in a checkpoint's folder name (at most 255 bytes on this file system, 64 "
+        "of them for the step and samples); expected at most 191"]  # fmt: skip
+    (tmp_path / "file").write_text("not a folder")
+    assert _problems(f"+exp_manager.explicit_log_dir={tmp_path / 'file' / 'run'}") == [
+        f"exp_manager.explicit_log_dir: expected a folder for the log directory {tmp_path / 'file' / 'run'}, found "
+        f"a file at {tmp_path / 'file'}"]  # fmt: skip
+    read_only = tmp_path / "mounted"
+    read_only.mkdir()
+    real_access, real_statvfs = os.access, os.statvfs
+
+    class ReadOnly:
+        def __init__(self, result):
+            self.f_flag = result.f_flag | os.ST_RDONLY
+            self.f_namemax = result.f_namemax
+
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(read_only) else
+                        real_access(path, mode))  # fmt: skip
+    monkeypatch.setattr(os, "statvfs", lambda path: ReadOnly(real_statvfs(path)) if str(path) == str(read_only) else
+                        real_statvfs(path))  # fmt: skip
+    assert _problems(f"+exp_manager.explicit_log_dir={read_only / 'run'}") == [
+        f"exp_manager.explicit_log_dir: cannot create the log directory {read_only / 'run'}: {read_only} is on a "
+        "read-only file system"]  # fmt: skip
+
+
+def test_config_check_names_a_log_directory_it_cannot_write(tmp_path, capsys):
+    assert main(["config", "check", str(default_config_path()), "name=a/b"]) == 1
+    assert "name: expected a folder name" in capsys.readouterr().err
+
+
+def test_runs_one_after_another_into_one_log_directory_each_hold_it_in_turn(tmp_path):
+    """The lock goes with the run, not the process: a resume in the same process takes it again."""
+    log_dir, saving = tmp_path / "run", ["exp_manager.create_checkpoint_callback=True"]
+    assert len(losses(train_in_process(log_dir, "trainer.max_steps=2", *saving))) == 2
+    train_in_process(log_dir, "trainer.max_steps=3", *saving, "exp_manager.resume_if_exists=True")
+    assert [row["step"] for row in read_metrics(log_dir) if "loss" in row] == [1, 2, 3]
