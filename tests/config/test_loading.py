@@ -22,7 +22,7 @@ def test_defaults_fill_what_the_file_omits(minimal) -> None:
     config = load_config(minimal)
     assert isinstance(config, NxdConfig)
     assert config.trainer.log_every_n_steps == 1
-    assert config.exp_manager.checkpoint_callback_params.mode == "max"
+    assert config.exp_manager.checkpoint_callback_params.ranking == "max"  # monitor step: the newest
     assert config.distributed_strategy.context_parallel_size == 1
     assert config.model.optim.betas == (0.9, 0.999)
 

@@ -5,6 +5,7 @@ long for folder names, a read-only file system, a file in the way) is one messag
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,7 +13,8 @@ import sys
 import time
 
 import pytest
-from nxd_config import load_config
+from nxd_ckpt import list_checkpoints
+from nxd_config import ConfigError, ConfigNotice, load_config
 from nxd_train.cli import default_config_path, main
 from nxd_train.corpus import default_cache_dir
 from nxd_train.logdir import LOCK_FILE, LogDirLock
@@ -104,3 +106,90 @@ def test_runs_one_after_another_into_one_log_directory_each_hold_it_in_turn(tmp_
     assert len(losses(train_in_process(log_dir, "trainer.max_steps=2", *saving))) == 2
     train_in_process(log_dir, "trainer.max_steps=3", *saving, "exp_manager.resume_if_exists=True")
     assert [row["step"] for row in read_metrics(log_dir) if "loss" in row] == [1, 2, 3]
+
+
+CHECKPOINTS = ["exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.every_n_train_steps=1"]
+
+
+def _saved(log_dir) -> dict[str, int]:
+    return {info.path.name: info.step for info in list_checkpoints(log_dir / "checkpoints") if info.complete}
+
+
+def _run(log_dir, *overrides: str) -> list[float]:
+    return losses(train_in_process(log_dir, *CHECKPOINTS, *overrides))
+
+
+def test_a_roll_back_keeps_every_checkpoint_it_did_not_write(tmp_path):
+    """Resuming from an earlier checkpoint of a run with save_top_k 1 once deleted that run's later
+    checkpoints and the one resumed from: the roll-back is a new lineage, which weighs only its own."""
+    log_dir = tmp_path / "run"
+    _run(log_dir, "trainer.max_steps=4", "+exp_manager.checkpoint_callback_params.save_top_k=-1")
+    first = _saved(log_dir)
+    assert sorted(first.values()) == [1, 2, 3, 4]
+    step_2 = next(name for name, step in first.items() if step == 2)
+    _run(log_dir, "trainer.max_steps=4", "+exp_manager.checkpoint_callback_params.save_top_k=1",
+         f"+exp_manager.resume_from_checkpoint={log_dir / 'checkpoints' / step_2}")  # fmt: skip
+    after = _saved(log_dir)
+    assert first.items() <= after.items()  # every checkpoint of the first run, the one resumed from included
+    assert sorted(step for name, step in after.items() if name not in first) == [4]  # its own best, by step
+
+
+def test_a_fresh_run_in_a_folder_with_checkpoints_deletes_none_of_them(tmp_path):
+    log_dir = tmp_path / "run"
+    _run(log_dir, "trainer.max_steps=2", "+exp_manager.checkpoint_callback_params.save_top_k=-1")
+    first = _saved(log_dir)
+    _run(log_dir, "trainer.max_steps=3", "+exp_manager.checkpoint_callback_params.save_top_k=1")
+    after = _saved(log_dir)
+    assert first.items() <= after.items() and len(after) == len(first) + 1
+
+
+def test_a_continued_run_keeps_its_top_k_and_the_checkpoint_it_resumed_from(tmp_path):
+    log_dir, keep_one = tmp_path / "run", "+exp_manager.checkpoint_callback_params.save_top_k=1"
+    _run(log_dir, "trainer.max_steps=2", keep_one)
+    assert sorted(_saved(log_dir).values()) == [2]
+    _run(log_dir, "trainer.max_steps=4", keep_one, "exp_manager.resume_if_exists=True")
+    assert sorted(_saved(log_dir).values()) == [2, 4]  # step 2 was resumed from
+    _run(log_dir, "trainer.max_steps=5", keep_one, "exp_manager.resume_if_exists=True")
+    assert sorted(_saved(log_dir).values()) == [4, 5]  # the same run's older checkpoint goes
+
+
+def test_both_resume_keys_follow_nemo_the_log_directorys_newest_checkpoint_wins(tmp_path):
+    """resume_from_checkpoint with resume_if_exists once resumed from the former and then deleted the log
+    directory's newer checkpoint."""
+    log_dir = tmp_path / "run"
+    whole = _run(log_dir, "trainer.max_steps=4", "+exp_manager.checkpoint_callback_params.save_top_k=-1")
+    _run(tmp_path / "first", "trainer.max_steps=3", "+exp_manager.checkpoint_callback_params.save_top_k=-1")
+    for name, step in _saved(log_dir).items():
+        if step == 4:
+            shutil.rmtree(log_dir / "checkpoints" / name)
+    older = next(path for path, step in _saved(tmp_path / "first").items() if step == 1)
+    with pytest.warns(ConfigNotice, match="exp_manager.resume_from_checkpoint: .* passed over: with resume_if_exists "
+                                          "the log directory's newest checkpoint, .*step=3.*, is where the run continues"):
+        resumed = _run(log_dir, "trainer.max_steps=4", "+exp_manager.checkpoint_callback_params.save_top_k=1",
+                       "exp_manager.resume_if_exists=True",
+                       f"+exp_manager.resume_from_checkpoint={tmp_path / 'first' / 'checkpoints' / older}")  # fmt: skip
+    assert resumed == whole  # its metrics through step 3, then step 4 as the whole run computed it
+    assert sorted(_saved(log_dir).values()) == [3, 4]
+
+
+def test_a_ranking_by_loss_keeps_the_lowest_and_max_is_refused(tmp_path):
+    """monitor: loss with NxDT's default mode max once kept the worst checkpoint and deleted the better
+    ones; mode now follows the monitor unless given, and loss with max is refused."""
+    log_dir = tmp_path / "run"
+    trained = train_in_process(log_dir, *CHECKPOINTS, "trainer.max_steps=4", "+exp_manager.checkpoint_callback_params.monitor=loss",
+                               "+exp_manager.checkpoint_callback_params.save_top_k=1")  # fmt: skip
+    by_step = {row["step"]: row["loss"] for row in trained if "loss" in row}
+    best = min(by_step, key=by_step.get)
+    assert sorted(_saved(log_dir).values()) == sorted({best, 4})  # the lowest loss, and the last step
+    with pytest.raises(ConfigError) as caught:
+        load_config(default_config_path(), ["+exp_manager.checkpoint_callback_params.monitor=val_loss",
+                                             "+exp_manager.checkpoint_callback_params.mode=max"])  # fmt: skip
+    assert "exp_manager.checkpoint_callback_params.mode: expected min (or null) with monitor 'val_loss': max keeps " \
+           "the 1 worst checkpoints and deletes the better ones, found max" in str(caught.value)
+
+
+def test_a_run_that_keeps_checkpoints_ends_with_one_of_its_last_step(tmp_path):
+    log_dir = tmp_path / "run"
+    train_in_process(log_dir, "exp_manager.create_checkpoint_callback=True", "trainer.max_steps=3",
+                     "+exp_manager.checkpoint_callback_params.every_n_train_steps=10")  # fmt: skip
+    assert sorted(_saved(log_dir).values()) == [3]

@@ -61,7 +61,7 @@ def save_policy(cfg: NxdConfig) -> SavePolicy:
     return SavePolicy(
         every_n_train_steps=params.every_n_train_steps, save_at_steps=tuple(params.save_at_steps or ()),
         train_time_interval=interval_seconds(params.train_time_interval),
-        save_top_k=params.save_top_k, monitor=params.monitor, mode=params.mode, save_last=params.save_last,
+        save_top_k=params.save_top_k, monitor=params.monitor, mode=params.ranking, save_last=params.save_last,
         filename=params.filename or f"{cfg.exp_manager.name or cfg.name}--{{step}}-{{consumed_samples}}",
         enable_version_counter=params.enable_version_counter,
     )  # fmt: skip

@@ -226,12 +226,13 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
 
 
 def checkpoint_due(run: Run, done: int, index: int) -> bool:
-    """Whether the save policy asks for a checkpoint after step `done` (`index` within its epoch);
-    every rank follows rank 0's clock for time intervals."""
+    """Whether the save policy asks for a checkpoint after step `done` (`index` within its epoch), or
+    it is the run's last step (a run that keeps checkpoints ends with one); every rank follows rank 0's
+    clock for time intervals."""
     policy, checkpointer = run.plan.checkpoints.policy, run.checkpointer
     checkpointer.poll()
     elapsed = time.monotonic() - checkpointer.saved_at
     if policy.train_time_interval is not None:
         elapsed = run.fabric.broadcast(elapsed, src=0)
     epoch_end = policy.on_epoch_end and (index + 1 == run.steps_per_epoch or done == run.steps)
-    return policy.due(done, elapsed) or epoch_end or (policy.save_last and done == run.steps)
+    return policy.due(done, elapsed) or epoch_end or (policy.keeps_any and done == run.steps)

@@ -232,9 +232,14 @@ def _resume(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:
                               f"{resume.path}: only its weights are read; random states and the schedule come from "
                               "this run", ConfigNotice, stacklevel=3)  # fmt: skip
     continues = resume is not None and exp.resume_if_exists and not exp.resume_from_checkpoint
-    restarted = resume is not None and resume.weights_only and search is not None
-    if restarted and (found := latest_checkpoint(search / CHECKPOINT_DIR)) is not None:
-        # a run started from initial weights (a LoRA run: on its base) continues from its own checkpoint
+    both = resume is not None and exp.resume_from_checkpoint and search is not None
+    if both and (found := latest_checkpoint(search / CHECKPOINT_DIR)) is not None:
+        # NeMo's precedence: the log directory's newest checkpoint wins over resume_from_checkpoint (a run
+        # started from initial weights, a LoRA run on its base, continues from its own checkpoint)
+        if not resume.weights_only and found.path.resolve() != resume.path:
+            warnings.warn(f"exp_manager.resume_from_checkpoint: {resume.path} passed over: with resume_if_exists the "
+                          f"log directory's newest checkpoint, {found.path}, is where the run continues (NeMo's "
+                          "precedence)", ConfigNotice, stacklevel=3)  # fmt: skip
         return Resume.of_checkpoint(found, weights_only=False), search
     return resume, search if continues else None
 

@@ -19,7 +19,14 @@ import yaml
 from lightning_fabric import Fabric
 from lightning_fabric.strategies import DDPStrategy
 from nxd_align import LoraFamily
-from nxd_ckpt import Checkpointer, CheckpointError, CheckpointInfo, read_info, write_adapter_files
+from nxd_ckpt import (
+    Checkpointer,
+    CheckpointError,
+    CheckpointInfo,
+    continued_lineage,
+    read_info,
+    write_adapter_files,
+)
 from nxd_data import PretrainingSampler
 from nxd_models import device_ceiling, set_aux_loss_weights
 from nxd_parallel import (
@@ -164,9 +171,12 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
 
         attach.append(adapter_files)
 
+    continued = resume is not None and not resume.weights_only
     checkpointer = Checkpointer(log_dir / CHECKPOINT_DIR, plan.checkpoints.policy,
                                 asynchronous=plan.checkpoints.asynchronous, process_group=checkpoint_group,
-                                on_complete=report_save, attach=partial(_write_all, attach))  # fmt: skip
+                                on_complete=report_save, attach=partial(_write_all, attach),
+                                lineage=continued_lineage(log_dir / CHECKPOINT_DIR, resume.path) if continued else None,
+                                resumed_from=None if resume is None else resume.path)  # fmt: skip
     ceiling = device_ceiling(fabric.device, plan.policy.compute_dtype)
     ceiling.flops = fabric.all_reduce(torch.tensor(ceiling.flops, device=fabric.device), reduce_op="sum").item()
     export = export_of(plan.family, plan.data.tokenizer_files, plan.data.pad_id)

@@ -146,4 +146,4 @@ class Run:
         sampler = self.sampler.state_dict() | {"consumed_samples": consumed}
         state = self.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
         self.checkpointer.save(state, step=done, consumed_samples=consumed, metrics=logged,
-                               extra=self.checkpoint_record)  # fmt: skip
+                               extra=self.checkpoint_record, keep=done == self.steps)  # the last step stays

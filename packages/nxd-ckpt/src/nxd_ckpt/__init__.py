@@ -8,14 +8,14 @@ from .hf_import import check_hf_weights, load_hf_weights
 from .marker import MARKER, CheckpointInfo, read_info
 from .neox_import import NeoXCheckpoint, check_neox_weights, find_neox_checkpoint, load_neox_weights, neox_iteration
 from .retention import SavePolicy, template_fields
-from .store import Checkpointer, load_checkpoint, saved_keys
+from .store import Checkpointer, continued_lineage, load_checkpoint, saved_keys
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LORA_RECORD", "MARKER", "MODEL_KEY", "CheckpointError", "CheckpointInfo", "CheckpointWarning", "Checkpointer",
-    "HFExport", "NeoXCheckpoint", "SavePolicy", "check_hf_weights", "check_neox_weights", "export_adapter", "export_hf",
-    "find_neox_checkpoint", "is_checkpoint_dir", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
-    "load_hf_weights", "load_neox_weights", "neox_iteration", "read_info", "saved_keys", "template_fields",
-    "write_adapter_files",
+    "HFExport", "NeoXCheckpoint", "SavePolicy", "check_hf_weights", "check_neox_weights", "continued_lineage",
+    "export_adapter", "export_hf", "find_neox_checkpoint", "is_checkpoint_dir", "latest_checkpoint",
+    "list_checkpoints", "load_checkpoint", "load_hf_weights", "load_neox_weights", "neox_iteration", "read_info",
+    "saved_keys", "template_fields", "write_adapter_files",
 ]  # fmt: skip

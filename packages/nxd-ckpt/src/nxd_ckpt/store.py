@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -36,6 +37,8 @@ from .retention import SavePolicy, checkpoint_name, point_last, to_delete
 STAGING_SUFFIX = ".partial"
 _SINGLE_PROCESS = ".*assuming the intent is to (save|load) in a single process"
 REPLACED_SUFFIX = ".replaced"
+LINEAGE = "lineage"
+"""The marker's record (in `extra`) of the run, and the runs continuing it, that wrote a checkpoint."""
 
 
 @dataclass
@@ -46,19 +49,27 @@ class _Save:
     writer: ChecksummingWriter
     future: Future | None = None
     started: float = 0.0
+    keep: bool = False
 
 
 class Checkpointer:
     """Writes checkpoints of `state` under `root` as `policy` names and keeps them; at most one save is
     in flight (`asynchronous`: DCP writes from a background thread after copying the state to host
     memory). Call it on every rank; `process_group` should be a gloo group of all ranks used for
-    nothing else, so a background save never interleaves with training collectives."""
+    nothing else, so a background save never interleaves with training collectives.
+
+    Retention weighs only the checkpoints of `lineage` (recorded in each marker: the run that wrote
+    them and the runs that continued it), never `resumed_from`, nor a save asked to be kept; what
+    other runs or the user put under `root` is never deleted or replaced."""
 
     def __init__(self, root: Path, policy: SavePolicy, *, asynchronous: bool = False,
                  process_group: dist.ProcessGroup | None = None,
                  on_complete: Callable[[CheckpointInfo, float], None] | None = None,
-                 attach: Callable[[Path], None] | None = None):  # fmt: skip
+                 attach: Callable[[Path], None] | None = None, lineage: str | None = None,
+                 resumed_from: Path | None = None):  # fmt: skip
         self.root, self.policy, self.asynchronous = Path(root), policy, asynchronous
+        self.lineage = lineage or new_lineage()
+        self.resumed_from = None if resumed_from is None else Path(resumed_from).resolve()
         self.attach = attach
         """Called on rank 0 with a save's folder once its shards are written, before the marker: files
         it writes there belong to the checkpoint."""
@@ -70,18 +81,19 @@ class Checkpointer:
         """When the last save started (train_time_interval counts from it)."""
 
     def save(self, state: dict[str, Any], *, step: int, consumed_samples: int, metrics: Mapping[str, float],
-             extra: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+             extra: Mapping[str, Any] | None = None, keep: bool = False) -> Path:  # fmt: skip
         """Save `state` (nested dicts of tensors, DTensors, Stateful objects and picklable values) after
         optimizer step `step`; returns the checkpoint's final path. Returns once the state is copied
-        (asynchronous) or written (otherwise)."""
+        (asynchronous) or written (otherwise). `keep`: retention leaves this one (a run's last step)."""
         self.wait()
         values = {"step": step, "consumed_samples": consumed_samples, **metrics}
         final = self.root / self._broadcast(self._next_name(values) if self.rank == 0 else None)
         staging = final.with_name(final.name + STAGING_SUFFIX)
-        record = dict(step=step, consumed_samples=consumed_samples, metrics=dict(metrics), extra=dict(extra or {}))
+        record = dict(step=step, consumed_samples=consumed_samples, metrics=dict(metrics),
+                      extra={**(extra or {}), LINEAGE: self.lineage})  # fmt: skip
         # one thread: extra DCP writer threads drop their errors
         writer = ChecksummingWriter(staging, self.rank, sync_files=True)
-        pending = _Save(staging, final, record, writer, started=time.monotonic())
+        pending = _Save(staging, final, record, writer, started=time.monotonic(), keep=keep)
         self.saved_at = pending.started
         if not dist.is_initialized():
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
@@ -120,15 +132,22 @@ class Checkpointer:
             raise CheckpointError(f"{pending.final}: the background save failed: {_first_line(error)}") from error
         self._finish(pending)
 
+    def _ours(self, info: CheckpointInfo) -> bool:
+        return info.complete and info.extra.get(LINEAGE) == self.lineage
+
     def _abandon(self, pending: _Save) -> None:
         """Remove what a failed save wrote (every rank has stopped writing: DCP fails on all of them)."""
         if self.rank == 0:
             shutil.rmtree(pending.staging, ignore_errors=True)
 
     def _next_name(self, values: dict[str, float]) -> str:
+        """The template's name; without the version counter a name of this lineage is replaced, but one
+        another run or the user made still gets a version."""
         self.root.mkdir(parents=True, exist_ok=True)
         taken = {path.name for path in self.root.iterdir()}
         name = checkpoint_name(self.policy.filename, values, taken, self.policy.enable_version_counter)
+        if name in taken and not self._ours(read_info(self.root / name)):
+            name = checkpoint_name(self.policy.filename, values, taken, True)
         staging = self.root / (name + STAGING_SUFFIX)
         if staging.exists():  # left by a save that never finished: not a checkpoint
             shutil.rmtree(staging)
@@ -156,13 +175,33 @@ class Checkpointer:
         pending.staging.rename(pending.final)
         shutil.rmtree(replaced, ignore_errors=True)
         info = read_info(pending.final)
-        complete = [i for i in list_checkpoints(self.root) if i.complete]
-        for old in to_delete(complete, self.policy):
-            shutil.rmtree(old.path)
+        spared = {self.resumed_from, *([pending.final.resolve()] if pending.keep else [])}
+        weighed = [i for i in list_checkpoints(self.root) if i.complete and self._ours(i)]
+        for old in to_delete(weighed, self.policy):
+            if old.path.resolve() not in spared:
+                shutil.rmtree(old.path)
         if self.policy.save_last:
             point_last(self.root, pending.final)
         if self.on_complete is not None:
             self.on_complete(info, time.monotonic() - pending.started)
+
+
+def new_lineage() -> str:
+    """A fresh run's identity, recorded in its checkpoints' markers."""
+    return uuid.uuid4().hex[:16]
+
+
+def continued_lineage(root: Path, resumed: Path) -> str | None:
+    """The lineage a run resumed from `resumed` and saving under `root` continues: the checkpoint's own
+    when it is the newest of its lineage there (a continuation); None for a roll-back to an earlier
+    one, a checkpoint from elsewhere or one that records none (a new lineage, which leaves the older
+    checkpoints alone)."""
+    info = read_info(Path(resumed))
+    lineage = info.extra.get(LINEAGE)
+    if lineage is None or Path(resumed).resolve().parent != Path(root).resolve():
+        return None
+    steps = [i.step or 0 for i in list_checkpoints(Path(root)) if i.complete and i.extra.get(LINEAGE) == lineage]
+    return lineage if (info.step or 0) >= max(steps, default=0) else None
 
 
 def _first_line(error: BaseException) -> str:

@@ -337,6 +337,15 @@ def mixture_of_experts(c: NxdConfig) -> Iterator[Finding]:
 
 
 @rule
+def checkpoints_ranked_by_a_loss_keep_the_lowest(c: NxdConfig) -> Iterator[Finding]:
+    params, path = c.exp_manager.checkpoint_callback_params, "exp_manager.checkpoint_callback_params"
+    if params.mode == "max" and params.monitor.endswith("loss") and params.save_top_k > 0:
+        yield error(f"{path}.mode", f"expected min (or null) with monitor {params.monitor!r}: max keeps the "
+                    f"{params.save_top_k} worst checkpoints and deletes the better ones, found max",
+                    f"{path}.mode", f"{path}.monitor")  # fmt: skip
+
+
+@rule
 def sliding_window_within_the_sequence(c: NxdConfig) -> Iterator[Finding]:
     window = c.model.sliding_window_size
     if c.model_source == "megatron" and window is not None and c.seq_length is not None and window > c.seq_length:

@@ -29,6 +29,10 @@ def interval_seconds(value: float | str | None) -> float | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+PROGRESS_VALUES = ("step", "consumed_samples", "epoch")
+"""Logged values that count progress: the largest is the newest checkpoint."""
+
+
 class CheckpointCallbackParams(Section):
     monitor: str = key(
         "step", "Logged value that ranks checkpoints for save_top_k (step, loss, val_loss ...).", by=CKPT
@@ -36,9 +40,17 @@ class CheckpointCallbackParams(Section):
     save_top_k: int = key(
         1, "Checkpoints kept: the best k by monitor/mode; -1 keeps all, 0 keeps none.", by=CKPT, ge=-1
     )
-    mode: Literal["min", "max"] = key("max", "Whether a smaller or larger monitor value is better.", by=CKPT)
+    mode: Literal["min", "max"] | None = key(
+        None, "Whether a smaller or larger monitor value is better; null: max for step, consumed_samples and epoch "
+        "(the newest is best), min for the others (losses, norms).", by=CKPT
+    )
+    @property
+    def ranking(self) -> str:
+        """`mode`, or the one its monitor implies: larger is better for a count of progress, smaller otherwise."""
+        return self.mode or ("max" if self.monitor in PROGRESS_VALUES else "min")
+
     save_last: bool = key(
-        False, "Also keep the most recent checkpoint (linked as 'last') and save one at the end of training.", by=CKPT
+        False, "Also keep the most recent checkpoint (linked as 'last'); every run that keeps checkpoints saves its last step.", by=CKPT
     )
     filename: str | None = key(
         None,
