@@ -50,7 +50,8 @@ class CheckpointCallbackParams(Section):
         return self.mode or ("max" if self.monitor in PROGRESS_VALUES else "min")
 
     save_last: bool = key(
-        False, "Also keep the most recent checkpoint (linked as 'last'); every run that keeps checkpoints saves its last step.", by=CKPT
+        False, "Also keep the most recent checkpoint (linked as 'last'); every run that keeps checkpoints saves "
+        "its last step.", by=CKPT
     )
     filename: str | None = key(
         None,
