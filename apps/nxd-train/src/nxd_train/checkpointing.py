@@ -247,11 +247,30 @@ def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> lis
     export = export_of(family)
     if not isinstance(export, HFExport):
         return [f"{initial.path}: cannot import Hugging Face weights: {export}"]
+    if differ := _config_differences(initial.path / "config.json", export.config):
+        return [f"{initial.path / 'config.json'}: describes another architecture than this run's "
+                f"({'; '.join(differ)}); expected the same, since weights of one shape can hold other heads"]
     try:
         check_hf_weights(initial.path, export, family.parameter_shapes())
     except CheckpointError as error:
         return [str(error)]
     return []
+
+
+HF_ARCHITECTURE = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                   "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok")  # fmt: skip
+"""config.json values that shape a model but not always its tensors (heads split the same rows)."""
+
+
+def _config_differences(path: Path, ours: dict[str, Any]) -> list[str]:
+    """`key: theirs there, ours here` for each architecture value both config.json files state."""
+    try:
+        theirs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []  # a missing or damaged config.json is named by the import itself
+    return [f"{key}: {theirs[key]} there, {ours[key]} here" for key in HF_ARCHITECTURE
+            if isinstance(theirs, dict) and theirs.get(key) is not None and ours.get(key) is not None
+            and theirs[key] != ours[key]]  # fmt: skip
 
 
 def export_record(export: HFExport | str) -> dict[str, Any]:

@@ -118,6 +118,9 @@ class DataSplits:
     """What the run should tell about its data (records skipped, fill of packed rows ...)."""
     tokenizer_files: dict[str, str] = field(default_factory=dict)
     """The tokenizer's files (name -> path), which a Hugging Face export copies beside the weights."""
+    tokenizer_fingerprint: str | None = None
+    """The tokenizer's identity (its vocabulary, merges and special ids), which a resume must keep; None for
+    data already tokenised."""
     rows_per_sample: int = 1
     """Sequences per sample: 2 for preference pairs (chosen and rejected, collated onto adjacent rows)."""
     trained_rows_per_sample: int | None = None
@@ -205,7 +208,8 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
             validation = hf_pretraining_dataset(data.val_dir, "data.val_dir", "validation", format, tokenizer,
                                                 hf_cache, data.dev_choose_samples)  # fmt: skip
         return DataSplits(train, validation, None, format.padding(), tokenizer.vocab_size, name, shuffled=False,
-                          tokenizer_files=tokenizer.export_files(cache_dir / "tokenizers"))  # fmt: skip
+                          tokenizer_files=tokenizer.export_files(cache_dir / "tokenizers"),
+                          tokenizer_fingerprint=tokenizer.fingerprint)  # fmt: skip
     if data.is_set("data_prefix"):
         prefix, index_dir = _plain(data.data_prefix), data.index_mapping_dir
     else:
@@ -218,7 +222,8 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
         raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")
     files = tokenizer.export_files(cache_dir / "tokenizers")
     return DataSplits(splits["train"], splits["validation"], splits["test"], format.padding(), tokenizer.vocab_size,
-                      name, shuffled=True, tokenizer_files=files)  # fmt: skip
+                      name, shuffled=True, tokenizer_files=files,
+                      tokenizer_fingerprint=tokenizer.fingerprint)  # fmt: skip
 
 
 def _labels(data: DataConfig, prefix: Any) -> dict[str, str]:
@@ -268,7 +273,8 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
     notes = tuple(dataset.summary(key) for key, dataset in splits.items())
     files = tokenizer.export_files(cache_dir / "tokenizers")
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
-                      data.tokenizer.type, shuffled=False, notes=notes, tokenizer_files=files)  # fmt: skip
+                      data.tokenizer.type, shuffled=False, notes=notes, tokenizer_files=files,
+                      tokenizer_fingerprint=tokenizer.fingerprint)  # fmt: skip
 
 
 def _preference_splits(data: DataConfig, seq_length: int,
@@ -299,7 +305,8 @@ def _preference_splits(data: DataConfig, seq_length: int,
     train = splits["data.train_dir"]
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
                       data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,
-                      rows_per_sample=2, trained_rows_per_sample=1 if kto else None, pad_id=tokenizer.eod_id,
+                      tokenizer_fingerprint=tokenizer.fingerprint, rows_per_sample=2,
+                      trained_rows_per_sample=1 if kto else None, pad_id=tokenizer.eod_id,
                       packed_pairs=isinstance(preference, RewardModelConfig) and preference.packing)  # fmt: skip
 
 
@@ -347,7 +354,8 @@ def _document_splits(data: DataConfig, seq_length: int,
                      "end-of-document token")  # fmt: skip
     return DataSplits(train, splits.get("validation"), splits.get("test"), train.padding(), tokenizer.vocab_size,
                       data.tokenizer.type, shuffled=False, notes=tuple(notes), tokenizer_files=tokenizer.files,
-                      rows_per_sample=1 if kto else 2, pad_id=None if scores else tokenizer.eod_id,
+                      tokenizer_fingerprint=tokenizer.fingerprint, rows_per_sample=1 if kto else 2,
+                      pad_id=None if scores else tokenizer.eod_id,
                       reference_in_data=train.carries_reference,
                       packed_pairs=scores and preference.packing)  # fmt: skip
 

@@ -226,6 +226,8 @@ class RunPlan:
     """An existing log directory the run continues in (resume_if_exists); None makes a new one."""
     resolved_config: dict[str, Any] = field(default_factory=dict)
     """The resolved config, written beside the logs and into every checkpoint."""
+    identity: dict[str, Any] = field(default_factory=dict)
+    """What a resume must keep, recorded in every checkpoint: architecture, tokenizer, data."""
 
     @property
     def lora(self) -> LoraFamily | None:

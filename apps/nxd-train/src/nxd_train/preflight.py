@@ -54,6 +54,7 @@ from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_
 from .layout_check import layout_problems
 from .logdir import CHECKPOINT_DIR, log_dir_problems, resumable_log_dir
 from .plan import Adapters, Batches, Cadence, Checkpoints, Launch, Logging, Reference, RunPlan, Update, WandbSettings
+from .resume_check import IDENTITY, architecture, compare, data_identity
 from .wandb_logger import wandb_problem
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -331,6 +332,27 @@ def _resumed_schedule(cfg: NxdConfig, resume: Resume | None) -> NxdConfig:
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"optim": replaced})})
 
 
+def _resume_changes(cfg: NxdConfig, resume: Resume | None, identity: dict, source_key: str) -> list[str]:
+    """Settings changed since the checkpoint a run continues was saved: those that cannot continue it, as
+    one problem; the hyperparameters it applies from the first resumed step, as one notice."""
+    if resume is None or resume.weights_only:
+        return []
+    saved = read_info(resume.path).extra
+    refused, applied = compare(saved.get("config", {}), saved.get(IDENTITY, {}),
+                               cfg.model_dump(mode="json", by_alias=True), identity, source_key)  # fmt: skip
+    if not cfg.exp_manager.resume_optimizer:  # a fresh optimizer: its name and settings may change
+        refused = [line for line in refused if not line.startswith("model.optim.")]
+        applied = []
+    if applied:
+        warnings.warn(f"resuming {resume.path} with changed settings, applied from its first step: "
+                      f"{'; '.join(applied)}", ConfigNotice, stacklevel=3)  # fmt: skip
+    if not refused:
+        return []
+    return [f"{resume.path}: cannot continue this checkpoint with changed settings that shape its state or data "
+            f"position: {'; '.join(refused)}; expected the settings it was saved with, or model.weight_init_only: "
+            "True to start a new run from its weights"]  # fmt: skip
+
+
 def _capturable_off(cfg: NxdConfig) -> str | None:
     """Why torch's capturable step (which needs the optimizer's tensors on CUDA) cannot run here, when
     model.optim.capturable asks for it: NxDT's examples set it for Neuron devices."""
@@ -601,6 +623,11 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
         problems.append(problem)
     if family is not None and not problems:
         problems += initial_weights_problems(family, _initial_weights(cfg, resume))
+    identity = {}
+    if family is not None and data is not None:
+        identity = {"architecture": architecture(family), "tokenizer": data.tokenizer_fingerprint,
+                    "data": data_identity(cfg.data.model_dump(mode="json", by_alias=True))}  # fmt: skip
+        problems += _resume_changes(cfg, resume, identity, family.source_key)
     for problem in unread:
         warnings.warn(f"the data was not read ({problem}); planning with the model's vocabulary"
                       + ("" if cfg.model_source == "hf" else f", or {PLACEHOLDER_VOCABULARY} tokens"),
@@ -610,4 +637,4 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
     return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=_objective(cfg),
                    adapters=_adapters(cfg, resume),
                    reference=None if data is None else _reference(cfg, resume, family, data, policy),
-                   resume=resume, log_dir=log_dir, **_settings(cfg))  # fmt: skip
+                   resume=resume, log_dir=log_dir, identity=identity, **_settings(cfg))  # fmt: skip

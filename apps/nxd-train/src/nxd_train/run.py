@@ -38,7 +38,15 @@ from nxd_parallel import (
     keep_freed_host_memory,
     modules_of,
 )
-from nxd_precision import LossScaler, PrecisionOptimizer, build_optimizer, build_scheduler, prepare_parameters
+from nxd_precision import (
+    LossScaler,
+    PrecisionOptimizer,
+    apply_options,
+    apply_schedule,
+    build_optimizer,
+    build_scheduler,
+    prepare_parameters,
+)
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -60,6 +68,7 @@ from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir
 from .monitor import Monitor
 from .plan import RunPlan
 from .reference import prepare_reference
+from .resume_check import IDENTITY
 from .run_state import Run
 
 NEURON_DEVICE_TYPES = ("neuron", "xla")
@@ -181,7 +190,8 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     ceiling.flops = fabric.all_reduce(torch.tensor(ceiling.flops, device=fabric.device), reduce_op="sum").item()
     export = export_of(plan.family, plan.data.tokenizer_files, plan.data.pad_id)
     record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
-              "config": plan.resolved_config, **export_record(export), HEAD_RECORD: plan.family.head}
+              "config": plan.resolved_config, IDENTITY: plan.identity, **export_record(export),
+              HEAD_RECORD: plan.family.head}  # fmt: skip
     if lora is not None:
         record[LORA_RECORD] = adapter_export | {"base": plan.adapters.base}
     run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,
@@ -299,6 +309,10 @@ def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | No
     rng = {f"rank{rank}": None} if same_world and checkpoints.resume_rng else {}
     run.training.load(resume.path, progress=progress, sampler=sampler_state, rng=rng, process_group=group,
                       optimizer=checkpoints.resume_optimizer)  # fmt: skip
+    if checkpoints.resume_optimizer:  # this config's hyperparameters from the first resumed step
+        update = run.plan.update
+        apply_options(run.optimizer.optimizer, update.optimizer, update.options)
+        apply_schedule(run.scheduler, update.lr)
     try:
         run.sampler = run.sampler.resumed(sampler_state)
     except ValueError as error:

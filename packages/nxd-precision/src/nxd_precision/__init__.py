@@ -8,9 +8,9 @@ from .neuron_runtime import neuron_runtime_env
 from .nonfinite import NonFiniteGuard, NonFiniteStop
 from .novograd import Novograd
 from .optimizer import PrecisionOptimizer, prepare_parameters
-from .optimizers import OPTIMIZER_NAMES, build_optimizer, bytes_per_value, parameter_groups
+from .optimizers import OPTIMIZER_NAMES, apply_options, build_optimizer, bytes_per_value, parameter_groups
 from .policy import TYPES, PrecisionPolicy, bf16_support_problem, resolve_policy
-from .schedules import SCHEDULE_NAMES, build_scheduler, schedule_function
+from .schedules import SCHEDULE_NAMES, apply_schedule, build_scheduler, schedule_function
 from .stochastic_rounding import copy_stochastically_rounded_, stochastic_round
 
 __version__ = "0.1.0"
@@ -30,6 +30,8 @@ __all__ = [
     "PrecisionOptimizer",
     "PrecisionPolicy",
     "bf16_support_problem",
+    "apply_options",
+    "apply_schedule",
     "build_optimizer",
     "build_scheduler",
     "bytes_per_value",

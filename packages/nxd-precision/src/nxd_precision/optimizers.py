@@ -132,3 +132,17 @@ def bytes_per_value(policy: PrecisionPolicy, optimizer: str, options: Mapping[st
             "master": 4 if persistent else 0, "optimizer_state": states * state_size,
             "step_copies": (8 if copies and not persistent else 0) + (states * (4 - state_size) if copies else 0),
             "compute": size[policy.compute_dtype]}  # fmt: skip
+
+
+def apply_options(optimizer: torch.optim.Optimizer, name: str, options: Mapping[str, Any]) -> None:
+    """Set `options` (the config's, as `build_optimizer` took them) on an optimizer whose state was loaded
+    from a checkpoint (torch's load_state_dict brings back the saved hyperparameters): weight decay on the
+    groups that decay (the first; a no-decay group stays at 0), every other hyperparameter on all groups.
+    The learning rate is the schedule's (`apply_schedule`)."""
+    arguments = optimizer_arguments(name, options)
+    weight_decay = arguments.pop("weight_decay", None)
+    arguments.pop("lr", None)
+    for index, group in enumerate(optimizer.param_groups):
+        group.update({key: value for key, value in arguments.items() if key in group})
+        if weight_decay is not None and index == 0 and "weight_decay" in group:
+            group["weight_decay"] = weight_decay
