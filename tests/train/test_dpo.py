@@ -130,7 +130,8 @@ def test_a_table_of_another_run_is_recomputed_fresh_and_refused_on_resume(tmp_pa
     other = [*dpo_job(tmp_path / "other", chat_tokenizer_dir, records=96), *SHORT, *SAVE]
     read_metrics_of(log_dir, *other)  # another dataset in the same directory: recomputed, said so
     assert "reference log-probs made for another model, data, tokenizer or precision" in _log(log_dir)
-    step_3 = next(info.path for info in list_checkpoints(log_dir / "checkpoints") if info.step == 3)
+    step_3 = max((info.path for info in list_checkpoints(log_dir / "checkpoints") if info.step == 3),
+                 key=lambda path: path.name)  # the second run's (-v1): resumed with its own data
     tables = load_file(step_3 / TABLE)
     save_file(tables, step_3 / TABLE, metadata={"digest": "0" * 64})
     capsys.readouterr()

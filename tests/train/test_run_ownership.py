@@ -193,3 +193,50 @@ def test_a_run_that_keeps_checkpoints_ends_with_one_of_its_last_step(tmp_path):
     train_in_process(log_dir, "exp_manager.create_checkpoint_callback=True", "trainer.max_steps=3",
                      "+exp_manager.checkpoint_callback_params.every_n_train_steps=10")  # fmt: skip
     assert sorted(_saved(log_dir).values()) == [3]
+
+
+def test_export_onto_a_file_and_resume_from_a_folder_without_checkpoints_are_one_message(tmp_path, capsys):
+    log_dir = tmp_path / "run"
+    train_in_process(log_dir, "exp_manager.create_checkpoint_callback=True", "trainer.max_steps=1")
+    (tmp_path / "file").write_text("mine")
+    assert main(["ckpt", "export-hf", str(log_dir), str(tmp_path / "file")]) == 1
+    assert main(["ckpt", "export-hf", str(log_dir), str(tmp_path / "file" / "hf")]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'file'}: expected a new or empty directory for the export, found a file" in err
+    assert f"{tmp_path / 'file' / 'hf'}: expected a folder path for the export, found a file at {tmp_path / 'file'}" \
+           in err and "Traceback" not in err
+    assert (tmp_path / "file").read_text() == "mine"
+    train_in_process(tmp_path / "plain", "trainer.max_steps=1")  # a log directory of a run that saved nothing
+    (tmp_path / "empty").mkdir()
+    for folder, found in ((tmp_path / "empty", "an empty folder"),
+                          (tmp_path / "plain", "a log directory without a checkpoints folder")):  # fmt: skip
+        message = "; ".join(_problems(f"+exp_manager.resume_from_checkpoint={folder}"))
+        assert f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint (a folder with nxd-checkpoint.json), " \
+               f"a run's log directory with a checkpoints folder, a Hugging Face model directory or a GPT-NeoX " \
+               f"checkpoint, found {found} at {folder}" in message and "half written" not in message
+
+
+def test_preprocess_refuses_an_existing_prefix_and_cleans_what_a_killed_run_left(tmp_path, tokenizer_file, capsys):
+    source = tmp_path / "docs.jsonl"
+    source.write_text('{"text": "the quick brown fox"}\n{"text": "jumps over the lazy dog"}\n')
+    command = ["data", "preprocess", "--input", str(source), "--output-prefix", str(tmp_path / "d"), "--tokenizer",
+               str(tokenizer_file), "--no-progress"]  # fmt: skip
+    assert main(command) == 0
+    written = {path.name: path.read_bytes() for path in tmp_path.glob("d_text_document.*")}
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"text": "pack my box"}\n')
+    command[3] = str(other)
+    assert main(command) == 1
+    assert f"--output-prefix: {tmp_path / 'd_text_document.idx'}, {tmp_path / 'd_text_document.bin'} exist already " \
+           "(another data set, or an earlier run of this one); expected a new prefix, or --overwrite to replace them" \
+           in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in tmp_path.glob("d_text_document.*")} == written
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid no process has now
+    abandoned = tmp_path / f".d_text_document.bin.{socket.gethostname()}.{dead.pid}.x1y2"
+    abandoned.write_bytes(b"half")
+    live = tmp_path / f".d_text_document.bin.{socket.gethostname()}.{os.getpid()}.x3y4"  # a writer still running
+    live.write_bytes(b"busy")
+    assert main([*command, "--overwrite"]) == 0
+    assert not abandoned.exists() and live.exists()
+    assert {path.name: path.read_bytes() for path in tmp_path.glob("d_text_document.*")} != written

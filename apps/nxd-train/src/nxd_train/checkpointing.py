@@ -32,6 +32,7 @@ from nxd_ckpt import (
     check_hf_weights,
     check_neox_weights,
     find_neox_checkpoint,
+    is_checkpoint_dir,
     latest_checkpoint,
     load_checkpoint,
     load_hf_weights,
@@ -153,9 +154,16 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
             if info is None:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a run directory whose "
                                       f"{CHECKPOINT_DIR} folder holds no complete checkpoint")  # fmt: skip
-        elif optional and not any((path / name).exists() for name in (MARKER, ".metadata")):
-            return _new_run(path, "holds no checkpoint (no nxd completion marker, GPT-NeoX latest or checkpoints "
-                            "folder)")  # fmt: skip
+        elif not is_checkpoint_dir(path):
+            if optional:
+                return _new_run(path, "holds no checkpoint (no nxd completion marker, GPT-NeoX latest or checkpoints "
+                                "folder)")  # fmt: skip
+            found = "an empty folder" if not any(path.iterdir()) else (
+                "a log directory without a checkpoints folder" if (path / "config.yaml").is_file() else
+                "a folder holding none of them")  # fmt: skip
+            raise CheckpointError(f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint (a folder with "
+                                  f"{MARKER}), a run's log directory with a {CHECKPOINT_DIR} folder, a Hugging Face "
+                                  f"model directory or a GPT-NeoX checkpoint, found {found} at {path}")  # fmt: skip
         else:
             info = read_info(path).verified(contents=True)
     elif not exp.resume_if_exists:

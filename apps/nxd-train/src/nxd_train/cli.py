@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     preprocess.add_argument("--skip-bad-lines", action="store_true",
                             help="skip lines that are not JSON objects with the keys (default: stop at the first)")
     preprocess.add_argument("--no-progress", action="store_true", help="no progress bar")
+    preprocess.add_argument("--overwrite", action="store_true",
+                            help="replace files already under the output prefix (default: refuse)")
 
     ckpt = commands.add_parser("ckpt", help="inspect and convert checkpoints")
     ckpt_actions = ckpt.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -278,10 +280,12 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     from nxd_ckpt import CheckpointError
     from nxd_data import DataError
     from nxd_precision import NonFiniteStop
+    from torch.distributed import DistError
 
     from .interrupts import TrainingInterrupted
     from .logdir import LogDirError
     from .loop import train
+    from .peers import collective_failure
     from .wandb_logger import WandbStartError
 
     try:
@@ -297,6 +301,14 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
         return 1
     except (NonFiniteStop, TrainingInterrupted) as error:  # every rank stops after the same step
         return _stopped(f"{path}: {error}", getattr(error, "exit_code", 1))
+    except (RuntimeError, DistError) as error:
+        if not collective_failure(error):
+            raise
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"{path}: a collective between the ranks failed ({first}); every rank stops", file=sys.stderr,
+              flush=True)  # fmt: skip
+        _exit_if_distributed(1, group_wide=False)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C before the first step
         print(f"{path}: interrupted before training began; nothing was saved", file=sys.stderr)
         return 130
@@ -357,7 +369,8 @@ def _preprocess_command(args: argparse.Namespace) -> int:
     try:
         summary = preprocess_jsonl(args.input, args.output_prefix, tokenizer, json_keys=args.json_keys,
                                    append_eod=args.append_eod, workers=args.workers,
-                                   skip_bad_lines=args.skip_bad_lines, progress=not args.no_progress)  # fmt: skip
+                                   skip_bad_lines=args.skip_bad_lines, progress=not args.no_progress,
+                                   overwrite=args.overwrite)  # fmt: skip
     except DataError as error:
         print(f"nxd-train data preprocess: {error}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ from nxd_parallel import clip_gradients, global_norm, modules_of
 from nxd_precision import NonFiniteGuard, NonFiniteStop
 from torch.utils.data import Dataset
 
+from . import peers
 from .checkpointing import restore_rng_states
 from .interrupts import StopRequests, TrainingInterrupted
 from .plan import RunPlan, batch_limit
@@ -31,11 +32,19 @@ from .run_state import Batch, Run
 
 def train(plan: RunPlan) -> Path:
     """Run the job `plan` describes; returns the log directory, which the run holds until it ends."""
-    run = setup(plan)
     try:
-        return _train(run)
+        run = setup(plan)
+        try:
+            return _train(run)
+        finally:
+            run.log_dir_lock.release()
+    except (RuntimeError, torch.distributed.DistError) as error:
+        if (watch := peers.current()) is not None and peers.collective_failure(error):
+            watch.explain(error)  # names a peer that is gone, and leaves
+        raise
     finally:
-        run.log_dir_lock.release()
+        if (watch := peers.current()) is not None:  # this rank's silence is no failure from now on
+            watch.finish()
 
 
 def _train(run: Run) -> Path:

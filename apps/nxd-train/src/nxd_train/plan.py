@@ -77,6 +77,8 @@ class Launch:
     """torch.set_float32_matmul_precision on CUDA devices."""
     keep_freed_host_memory: bool = True
     """glibc keeps freed host memory for the next step when the device is the CPU."""
+    collective_timeout: int = 1800
+    """Seconds a rank waits for a peer before the run stops naming it."""
 
     @property
     def world_size(self) -> int:

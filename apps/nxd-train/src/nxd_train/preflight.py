@@ -382,7 +382,7 @@ def _settings(cfg: NxdConfig) -> dict:
                       use_cpu_initialization=cfg.model.use_cpu_initialization,
                       neuron_environment=neuron_environment(cfg, os.environ),
                       fp32_matmul_precision=cfg.precision.fp32_matmul_precision,
-                      keep_freed_host_memory=t.keep_freed_host_memory),
+                      keep_freed_host_memory=t.keep_freed_host_memory, collective_timeout=ds.collective_timeout),
         batches=Batches(global_batch_size=cfg.global_batch_size, micro_batch_size=d.micro_batch_size,
                         num_workers=d.num_workers, reshuffle_each_epoch=d.dataloader_type == "cyclic",
                         validation_drop_last=d.validation_drop_last,

@@ -11,6 +11,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
@@ -66,6 +67,7 @@ from .checkpointing import (
 )
 from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir
 from .monitor import Monitor
+from .peers import PeerWatch
 from .plan import RunPlan
 from .reference import prepare_reference
 from .resume_check import IDENTITY
@@ -86,12 +88,15 @@ def setup(plan: RunPlan) -> Run:
     if torch.cuda.is_available():  # the documented policy, said in the log (Lightning's own notice is dropped)
         torch.set_float32_matmul_precision(launch.fp32_matmul_precision)
         logging_module.getLogger("lightning_fabric.utilities.rank_zero").addFilter(_NoMatmulPrecisionNotice())
-    strategy = "ddp" if launch.world_size > 1 else "auto"
-    if plan.layout.cpu_offload and torch.cuda.is_available():  # the offloaded shards' reductions (the gradient
-        strategy = DDPStrategy(process_group_backend="cuda:nccl,cpu:gloo")  # norm) run on the host
+    strategy, timeout = "auto", timedelta(seconds=launch.collective_timeout)
+    if launch.world_size > 1:  # the offloaded shards' reductions (the gradient norm) run on the host
+        offloaded = plan.layout.cpu_offload and torch.cuda.is_available()
+        strategy = DDPStrategy(process_group_backend="cuda:nccl,cpu:gloo" if offloaded else None, timeout=timeout)
     fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes, strategy=strategy,
                     precision=plan.precision)  # fmt: skip
     fabric.launch()
+    if fabric.world_size > 1:
+        PeerWatch(fabric.global_rank, fabric.world_size, launch.collective_timeout).start()
     if fabric.device.type in NEURON_DEVICE_TYPES:
         os.environ.update(launch.neuron_environment)
     host_memory = keep_freed_host_memory() if launch.keep_freed_host_memory and fabric.device.type == "cpu" else None
@@ -152,7 +157,8 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     set_aux_loss_weights(modules_of(model), sampler.accumulation)
     checkpoint_group = None
     if (plan.checkpoints.enabled or resume is not None) and torch.distributed.is_initialized():
-        checkpoint_group = torch.distributed.new_group(backend="gloo")
+        checkpoint_group = torch.distributed.new_group(backend="gloo",
+                                                       timeout=timedelta(seconds=launch.collective_timeout))
     if resume is not None and resume.weights_only:  # before the optimizer copies the weights
         _load_weights(plan, model, resume, checkpoint_group, monitor)
     executor = build_executor(model, plan.family.token_losses, fabric.device, pp=mesh.get("pp"),

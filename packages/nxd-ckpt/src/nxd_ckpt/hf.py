@@ -182,10 +182,18 @@ def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
 
 def _write_whole(out: Path, write: Callable[[Path], None]) -> Path:
     """Run `write` on a staging folder beside `out`, then rename it to `out` (new or empty)."""
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out}: expected a new or empty directory for the export, found a file")
     if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"{out}: expected a new or empty directory for the export, found files in it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    blocked = next((parent for parent in out.parents if parent.exists() and not parent.is_dir()), None)
+    if blocked is not None:
+        raise CheckpointError(f"{out}: expected a folder path for the export, found a file at {blocked}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    except OSError as error:
+        raise CheckpointError(f"{out}: cannot write the export there ({error.strerror or error})") from None
     try:
         write(staging)
         if out.exists():

@@ -15,8 +15,10 @@ a half-written dataset under the real name.
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import os
+import socket
 import struct
 import tempfile
 from pathlib import Path
@@ -142,6 +144,31 @@ class IndexedDataset:
         return hashlib.md5(np.ascontiguousarray(self.sizes).tobytes()).hexdigest()
 
 
+def _temporary_prefix(path: Path) -> str:
+    """A hidden name beside `path` that says which process on which host writes it."""
+    return f".{path.name}.{socket.gethostname()}.{os.getpid()}."
+
+
+def remove_abandoned_temporaries(path: Path) -> None:
+    """Delete the hidden temporaries of `path` that a writer on this host left when it was killed (its
+    process is gone); a live writer's, or another host's, stay."""
+    host = socket.gethostname()
+    for temporary in path.parent.glob(f".{glob.escape(path.name)}.{glob.escape(host)}.*"):
+        pid = temporary.name[len(f".{path.name}.{host}."):].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            temporary.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class IndexedDatasetWriter:
     """Writes a `.bin/.idx` pair: `add_document(tokens)` appends one document (one sequence), or
     `add_sequence` several followed by `end_document`. The pair appears under its names only when the
@@ -154,7 +181,10 @@ class IndexedDatasetWriter:
         self.index_path, self.bin_path = data_files(prefix)
         try:
             self.bin_path.parent.mkdir(parents=True, exist_ok=True)
-            handle, self._bin_temporary = tempfile.mkstemp(dir=self.bin_path.parent, prefix=f".{self.bin_path.name}.")
+            for path in (self.bin_path, self.index_path):
+                remove_abandoned_temporaries(path)
+            handle, self._bin_temporary = tempfile.mkstemp(dir=self.bin_path.parent,
+                                                           prefix=_temporary_prefix(self.bin_path))
         except OSError as error:
             raise DataError(f"{self.bin_path}: cannot be created: {_reason(error)}; expected a writable directory "
                             "for the output prefix") from None  # fmt: skip
@@ -203,7 +233,8 @@ class IndexedDatasetWriter:
         sizes = np.asarray(self.sizes, dtype=np.int32)
         pointers = np.zeros(len(sizes), dtype=np.int64)
         np.cumsum(sizes[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
-        handle, index_temporary = tempfile.mkstemp(dir=self.index_path.parent, prefix=f".{self.index_path.name}.")
+        handle, index_temporary = tempfile.mkstemp(dir=self.index_path.parent,
+                                                   prefix=_temporary_prefix(self.index_path))
         try:
             with os.fdopen(handle, "wb") as index:
                 index.write(_HEADER.pack(MAGIC, VERSION, CODE_OF[self.dtype], len(sizes), len(self.document_indices)))

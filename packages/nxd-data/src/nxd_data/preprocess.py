@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .errors import DataError
-from .indexed import IndexedDatasetWriter, token_dtype
+from .indexed import IndexedDatasetWriter, data_files, token_dtype
 from .jsonl import read_lines
 from .tokenizer import TextTokenizer, TokenizerSource, load_tokenizer
 
@@ -118,12 +118,13 @@ def _batches(
 
 def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path,
                      tokenizer: str | Path | TokenizerSource, *, json_keys: Sequence[str] = ("text",),
-                     append_eod: bool = False, workers: int = 1,
-                     skip_bad_lines: bool = False, progress: bool = True) -> PreprocessSummary:  # fmt: skip
+                     append_eod: bool = False, workers: int = 1, skip_bad_lines: bool = False,
+                     progress: bool = True, overwrite: bool = False) -> PreprocessSummary:  # fmt: skip
     """Tokenise every document of `inputs` into `{output_prefix}_{key}_document.bin/.idx`.
 
     A bad line is a DataError naming file and line (or, with skip_bad_lines, skipped and counted);
-    an input that yields no tokens is a DataError and no output is written.
+    an input that yields no tokens is a DataError and no output is written. Files already under an
+    output's names are a DataError unless `overwrite` (they are replaced only when the new ones are whole).
     """
     paths = [Path(path) for path in inputs]
     for path in paths:
@@ -135,6 +136,10 @@ def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path,
     text_tokenizer = load_tokenizer(source, "--tokenizer")
     keys = tuple(json_keys)
     outputs = [f"{output_prefix}_{key}_document" for key in keys]
+    existing = [str(path) for prefix in outputs for path in data_files(prefix) if path.exists()]
+    if existing and not overwrite:
+        raise DataError(f"--output-prefix: {', '.join(existing)} exist already (another data set, or an earlier run "
+                        "of this one); expected a new prefix, or --overwrite to replace them")  # fmt: skip
     dtype = token_dtype(text_tokenizer.vocab_size)
     summary = PreprocessSummary(outputs=outputs)
     started = time.perf_counter()

@@ -32,6 +32,12 @@ class DistributedStrategyConfig(Section):
         by=PAR, status=Status.EXTENSION,
         note="DeepSpeed's zero_optimization offload_optimizer / offload_param (GPT-NeoX files)",
     )  # fmt: skip
+    collective_timeout: int = key(
+        1800, "Seconds a rank waits for a peer (in a collective, or for its heartbeat) before every rank stops with "
+        "one message naming the rank that did not arrive; the process groups' timeout underneath (gloo, NCCL).",
+        by=PAR, status=Status.EXTENSION, ge=1,
+        note="torch's own default is the same 30 minutes; NxDT has no such key",
+    )  # fmt: skip
     sequence_parallel: bool = key(
         False, "Shard norm and dropout activations along the sequence over the tp ranks.", by=PAR
     )

@@ -1,0 +1,78 @@
+"""A rank that stops answering, on 2 gloo processes: stopped (SIGSTOP) it once left its peer waiting
+with no word past 180 s; killed, it once ended its peer in a raw gloo traceback. Now every rank ends
+within distributed_strategy.collective_timeout plus 10 s, with one line naming the rank."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.training_runs import FAST
+
+TIMEOUT = 30
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().split(") ", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie no one has reaped (a container's first process may reap nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except OSError:
+        return True
+
+
+def _start(tmp_path: Path) -> subprocess.Popen:
+    command = [str(Path(sys.executable).with_name("nxd-train")), *FAST, "trainer.devices=2", "trainer.max_steps=100000",
+               f"+distributed_strategy.collective_timeout={TIMEOUT}", f"+exp_manager.explicit_log_dir={tmp_path / 'run'}"]
+    run = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    metrics = tmp_path / "run" / "metrics.csv"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (not metrics.is_file() or len(metrics.read_text().splitlines()) < 4):
+        assert run.poll() is None, run.stderr.read()[-3000:]
+        time.sleep(0.5)
+    assert metrics.is_file(), "the run did not start training"
+    return run
+
+
+@pytest.mark.parametrize(("how", "said"), [
+    (signal.SIGSTOP, f"has not answered for {TIMEOUT} s (distributed_strategy.collective_timeout): stopped, hung or gone"),
+    pytest.param(signal.SIGKILL, "is gone (", marks=pytest.mark.slow),
+], ids=["stalled", "dead"])  # fmt: skip
+def test_a_rank_that_stops_answering_ends_every_rank_with_one_line_naming_it(how, said, tmp_path):
+    run = _start(tmp_path)
+    (rank_1,) = _children(run.pid)  # the launcher's process is rank 0; it starts rank 1
+    os.kill(rank_1, how)
+    stopped = time.monotonic()
+    try:
+        code = run.wait(timeout=TIMEOUT + 10)
+        took = time.monotonic() - stopped
+        rank_1_left = _ended(rank_1)
+    finally:
+        for pid in (run.pid, rank_1):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    stderr = run.stderr.read()
+    lines = [line for line in stderr.splitlines() if "rank 1 (pid" in line]
+    assert code == 1 and took < TIMEOUT + 10 and rank_1_left, (code, took, stderr[-3000:])
+    assert len(lines) == 1 and f"rank 1 (pid {rank_1} on host {socket.gethostname()}) {said}" in lines[0], stderr[-3000:]
+    assert "every rank stops" in lines[0] and "Traceback" not in stderr
