@@ -142,6 +142,7 @@ def test_megatron_mixtral_trains_shrunk_with_experts_over_two_ranks_and_resumes_
     experts = run_command(*common, "distributed_strategy.expert_model_parallel_size=2",
                           "exp_manager.create_checkpoint_callback=True",
                           "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+                          "exp_manager.checkpoint_callback_params.save_top_k=-1",
                           f"exp_manager.explicit_log_dir={tmp_path / 'ep2'}", cwd=tmp_path)  # fmt: skip
     assert experts.returncode == 0, experts.stderr[-3000:]
     rows = read_metrics(tmp_path / "ep2")
