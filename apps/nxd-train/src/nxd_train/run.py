@@ -95,7 +95,7 @@ def setup(plan: RunPlan) -> Run:
     fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes, strategy=strategy,
                     precision=plan.precision)  # fmt: skip
     fabric.launch()
-    if fabric.world_size > 1:
+    if fabric.world_size > 1 and {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ):  # the rendezvous store
         PeerWatch(fabric.global_rank, fabric.world_size, launch.collective_timeout).start()
     if fabric.device.type in NEURON_DEVICE_TYPES:
         os.environ.update(launch.neuron_environment)
