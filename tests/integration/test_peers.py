@@ -55,8 +55,9 @@ def _start(tmp_path: Path) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize(("how", "said"), [
-    (signal.SIGSTOP, f"has not answered for {TIMEOUT} s (distributed_strategy.collective_timeout): stopped, hung or gone"),
-    pytest.param(signal.SIGKILL, "is gone (", marks=pytest.mark.slow),
+    pytest.param(signal.SIGSTOP, f"has not answered for {TIMEOUT} s (distributed_strategy.collective_timeout): "
+                 "stopped, hung or gone", marks=pytest.mark.slow),
+    (signal.SIGKILL, "is gone ("),
 ], ids=["stalled", "dead"])  # fmt: skip
 def test_a_rank_that_stops_answering_ends_every_rank_with_one_line_naming_it(how, said, tmp_path):
     run = _start(tmp_path)
