@@ -34,7 +34,9 @@ class ScoreHead(nn.Linear):
         super().__init__(hidden_size, 1, bias=False)
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self(hidden).squeeze(-1).float()
+        scores = self(hidden).squeeze(-1)
+        # a tensor of its own, not a view: a data-parallel wrapper hooks its backward on the model's output
+        return scores.float() if scores.dtype != torch.float32 else scores.clone()
 
 
 def use_score_head(model: nn.Module) -> nn.Module:
