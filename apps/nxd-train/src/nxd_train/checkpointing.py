@@ -50,6 +50,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from .logdir import CHECKPOINT_DIR
+from .resume_check import HF_SHAPE_KEYS
 
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""
@@ -265,18 +266,13 @@ def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> lis
     return []
 
 
-HF_ARCHITECTURE = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                   "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok")  # fmt: skip
-"""config.json values that shape a model but not always its tensors (heads split the same rows)."""
-
-
 def _config_differences(path: Path, ours: dict[str, Any]) -> list[str]:
     """`key: theirs there, ours here` for each architecture value both config.json files state."""
     try:
         theirs = json.loads(path.read_text())
     except (OSError, ValueError):
         return []  # a missing or damaged config.json is named by the import itself
-    return [f"{key}: {theirs[key]} there, {ours[key]} here" for key in HF_ARCHITECTURE
+    return [f"{key}: {theirs[key]} there, {ours[key]} here" for key in HF_SHAPE_KEYS
             if isinstance(theirs, dict) and theirs.get(key) is not None and ours.get(key) is not None
             and theirs[key] != ours[key]]  # fmt: skip
 

@@ -36,9 +36,8 @@ class PeerWatch:
         self.rank, self.world_size, self.timeout = rank, world_size, float(timeout)
         self.interval = max(0.25, min(10.0, self.timeout / 10))
         self.others = [peer for peer in range(world_size) if peer != rank]
-        self.who: dict[int, str] = {}
-        """'pid P on host H' of each peer that has beaten."""
         self.pids: dict[int, tuple[int, str]] = {}
+        """The pid and host of each peer that has beaten."""
         now = time.monotonic()
         self.moved = {peer: (None, now) for peer in self.others}
         """Each peer's last beat seen and when (by this process's clock) it last changed."""
@@ -84,7 +83,7 @@ class PeerWatch:
                 continue
             beat = self._store.get(f"{BEAT}{peer}").decode()
             count, pid, host = beat.split(" ", 2)
-            self.who[peer], self.pids[peer] = f"pid {pid} on host {host}", (int(pid), host)
+            self.pids[peer] = (int(pid), host)
             if beat != self.moved[peer][0]:
                 self.moved[peer] = (beat, now)
         return [peer for peer, (beat, since) in self.moved.items() if beat != "done" and now - since > self.timeout]
@@ -100,20 +99,21 @@ class PeerWatch:
                     return
                 unreachable = unreachable or time.monotonic()
                 if time.monotonic() - unreachable > self.timeout:  # the store's host, rank 0's process
-                    self._stop_run([0], "holds the rendezvous store and")
+                    self._stop_run([0], "holds the rendezvous store and ")
                 continue
             if silent:
                 self._stop_run(silent)
 
     def _describe(self, peers: list[int], how: str) -> str:
-        named = ", ".join(f"rank {peer}" + (f" ({self.who[peer]})" if peer in self.who else "") for peer in peers)
+        named = ", ".join(f"rank {peer}" + (f" (pid {self.pids[peer][0]} on host {self.pids[peer][1]})"
+                                            if peer in self.pids else "") for peer in peers)  # fmt: skip
         return f"nxd-train: {named} {how}; every rank stops (the others were waiting for it in a collective)"
 
     def _stop_run(self, peers: list[int], holds: str = "") -> None:
         """Say which peers are silent (from the lowest rank still running), end those on this host (a
         stopped process cannot end itself) and leave."""
-        message = self._describe(peers, f"{holds} has not answered for {self.timeout:.0f} s ({TIMEOUT_KEY}): "
-                                        "stopped, hung or gone".replace("  ", " ").strip())  # fmt: skip
+        message = self._describe(peers, f"{holds}has not answered for {self.timeout:.0f} s ({TIMEOUT_KEY}): "
+                                        "stopped, hung or gone")  # fmt: skip
         self._leave(peers, message)
 
     def _leave(self, peers: list[int], message: str) -> None:

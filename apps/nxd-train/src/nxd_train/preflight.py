@@ -624,7 +624,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
     if family is not None and not problems:
         problems += initial_weights_problems(family, _initial_weights(cfg, resume))
     identity = {}
-    if family is not None and data is not None:
+    recorded = cfg.exp_manager.create_checkpoint_callback or (resume is not None and not resume.weights_only)
+    if family is not None and data is not None and recorded:  # what checkpoints record and resumes compare
         identity = {"architecture": architecture(family), "tokenizer": data.tokenizer_fingerprint,
                     "data": data_identity(cfg.data.model_dump(mode="json", by_alias=True))}  # fmt: skip
         problems += _resume_changes(cfg, resume, identity, family.source_key)

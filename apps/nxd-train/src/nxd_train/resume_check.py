@@ -24,13 +24,14 @@ STATE_KEYS = (
 """Config keys whose change cannot continue a checkpoint (compared as written)."""
 APPLIED_PREFIXES = ("model.optim.", "trainer.gradient_clip_val")
 """Config keys a resume applies from its first step (the optimizer's name excepted)."""
+HF_SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok")  # fmt: skip
+"""config.json values that shape a model, not always its tensors (heads split the same rows)."""
 ARCHITECTURE = {
     "model": ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "kv_channels",
               "normalization", "activation", "has_bias", "position_embedding_type", "rotary_percentage",
               "share_embeddings_and_output_weights", "transformer_block_type", "vocab_size", "moe"),
-    "model.model_config": ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
-                           "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "vocab_size",
-                           "tie_word_embeddings", "num_local_experts", "num_experts_per_tok"),
+    "model.model_config": ("model_type", *HF_SHAPE_KEYS, "hidden_act", "vocab_size", "tie_word_embeddings"),
 }  # fmt: skip
 """Per family (by where its architecture is set), the values that shape a model's state."""
 DATA_KEYS = ("data_prefix", "train_dir", "val_dir", "pair_documents", "example_documents", "label_prefixes")

@@ -33,8 +33,9 @@ class DistributedStrategyConfig(Section):
         note="DeepSpeed's zero_optimization offload_optimizer / offload_param (GPT-NeoX files)",
     )  # fmt: skip
     collective_timeout: int = key(
-        1800, "Seconds a rank waits for a peer (in a collective, or for its heartbeat) before every rank stops with "
-        "one message naming the rank that did not arrive; the process groups' timeout underneath (gloo, NCCL).",
+        1800, "Seconds a rank waits for a silent peer (no heartbeat) before every rank stops with one message naming "
+        "it; also the timeout of the default process group and the checkpoint group (gloo, NCCL), which torch "
+        "applies to start-up too.",
         by=PAR, status=Status.EXTENSION, ge=1,
         note="torch's own default is the same 30 minutes; NxDT has no such key",
     )  # fmt: skip
