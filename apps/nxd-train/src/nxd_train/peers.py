@@ -155,8 +155,8 @@ class PeerWatch:
         return [peer for peer, (pid, their_host) in self.pids.items() if their_host == host and not _alive(pid)]
 
 
-FAILURE_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out",
-                 "NCCL error", "ProcessGroupGloo", "gloo", "Socket Timeout")  # fmt: skip
+FAILURE_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
+                 "NCCL error", "Socket Timeout")  # fmt: skip
 """What gloo's and NCCL's errors say when a peer is gone or a collective waited too long."""
 
 

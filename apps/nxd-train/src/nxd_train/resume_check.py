@@ -40,10 +40,7 @@ DATA_KEYS = ("data_prefix", "train_dir", "val_dir", "pair_documents", "example_d
 
 def architecture(family: ModelFamily) -> dict[str, Any]:
     """The values of `family`'s spec that shape the model's state, under the names its config uses."""
-    spec = family.spec
-    values = spec.to_dict() if hasattr(spec, "to_dict") else {name: getattr(spec, name, None)
-                                                                for name in ARCHITECTURE["model"]}  # fmt: skip
-    return {name: _plain(values.get(name)) for name in ARCHITECTURE.get(family.source_key, ())}
+    return {name: _plain(getattr(family.spec, name, None)) for name in ARCHITECTURE.get(family.source_key, ())}
 
 
 def data_identity(data: Mapping[str, Any]) -> dict[str, str]:
@@ -79,9 +76,8 @@ def compare(saved_config: Mapping[str, Any], saved_identity: Mapping[str, Any], 
     saved_data, data = saved_identity.get("data") or {}, identity.get("data") or {}
     refused += [f"{key}: the files there are not those the checkpoint trained on (replaced or changed)"
                 for key in saved_data if key in data and saved_data[key] != data[key]]  # fmt: skip
-    applied = [f"{key} {old[key]!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
-               if key.startswith(APPLIED_PREFIXES) and key not in STATE_KEYS and key in old
-               and old[key] != new.get(key)]  # fmt: skip
+    applied = [f"{key} {old[key]!r} -> {new.get(key)!r}" for key in sorted(old)
+               if key.startswith(APPLIED_PREFIXES) and key not in STATE_KEYS and old[key] != new.get(key)]
     return refused, applied
 
 
