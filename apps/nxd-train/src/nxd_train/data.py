@@ -24,15 +24,18 @@ from nxd_data import (
     DataError,
     DocumentFiles,
     ExampleDocuments,
+    HubDataset,
     IndexedDatasetWriter,
     MegatronDataBuilder,
     PairDocuments,
+    RecordForm,
     SampleFormat,
     TextTokenizer,
     TokenizerSource,
     collate,
     collate_packed_pairs,
     collate_pairs,
+    formatted_splits,
     hf_pretraining_dataset,
     kto_dataset,
     load_tokenizer,
@@ -177,6 +180,8 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     `train_samples` None means one epoch of the training data. Pre-tokenised Hugging Face data with
     no tokenizer takes its vocabulary and end-of-document id from `vocabulary` (the model's). DataError
     names the key and file of any problem."""
+    if data.dataset is not None:
+        data = _with_dataset_records(data, cache_dir)
     if sft is not None:
         return _sft_splits(data, seq_length, cache_dir, sft.packing)
     if preference is not None:
@@ -224,6 +229,18 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
     return DataSplits(splits["train"], splits["validation"], splits["test"], format.padding(), tokenizer.vocab_size,
                       name, shuffled=True, tokenizer_files=files,
                       tokenizer_fingerprint=tokenizer.fingerprint)  # fmt: skip
+
+
+def _with_dataset_records(data: DataConfig, cache_dir: Path) -> DataConfig:
+    """`data` reading the records made from data.dataset's columns as its train_dir / val_dir."""
+    spec = data.dataset
+    source = HubDataset(spec.path, spec.name, spec.train_split, spec.validation_split, spec.split_ratio, spec.seed,
+                        spec.num_samples, spec.drop_empty, spec.category)  # fmt: skip
+    form = RecordForm(spec.kind, spec.prompt_template, spec.completion_template, spec.prompt_func, spec.completion_func,
+                      spec.loss_on_prompt, spec.prompt_column, spec.chosen_column, spec.rejected_column)  # fmt: skip
+    files = formatted_splits(source, form, cache_dir / "dataset-records", "data.dataset")
+    return data.model_copy(update={"train_dir": str(files["train"]), "val_dir": str(files.get("validation"))
+                                   if "validation" in files else None})  # fmt: skip
 
 
 def _labels(data: DataConfig, prefix: Any) -> dict[str, str]:

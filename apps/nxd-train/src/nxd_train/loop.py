@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 from . import peers
 from .checkpointing import restore_rng_states
 from .interrupts import StopRequests, TrainingInterrupted
-from .plan import RunPlan, batch_limit
+from .plan import EarlyStopping, RunPlan, batch_limit
 from .run import setup
 from .run_state import Batch, Run
 
@@ -61,6 +61,7 @@ def _train(run: Run) -> Path:
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
     guard = NonFiniteGuard(plan.update.on_nonfinite, plan.update.max_consecutive_nonfinite)
     saved_at = None  # the step of the latest save
+    stopper = ValidationWatch(cadence.early_stopping) if cadence.early_stopping is not None else None
     with StopRequests() as stops:
         for step in range(run.start_step, run.steps):
             started = time.perf_counter()
@@ -85,14 +86,21 @@ def _train(run: Run) -> Path:
                 skipped = guard.skipped + (0 if run.scaler is None else run.scaler.skipped)
                 run.monitor.metrics(done, shown | ({"skipped_steps": skipped} if skipped else {}))
                 window_time, window_steps = 0.0, 0
+            val_loss = None
             if cadence.validation_due(step, epoch, index, run.steps_per_epoch):
                 val_loss = evaluate(run, run.validation_data, cadence.limit_val_batches)
                 if val_loss is not None:
                     run.monitor.metrics(done, {"val_loss": val_loss})
                     logged["val_loss"] = val_loss
-            if checkpoints.enabled and not guard.streak and checkpoint_due(run, done, index):
+            stopping = stopper is not None and val_loss is not None and stopper.stalled(val_loss)
+            if checkpoints.enabled and not guard.streak and (checkpoint_due(run, done, index) or stopping):
                 run.save_checkpoint(done, logged)
                 saved_at = done
+            if stopping:
+                run.monitor.info(f"early stopping after step {done} of {run.steps}: val_loss has not improved on "
+                                 f"{stopper.best:.4f} by {stopper.rule.min_delta} for {stopper.rule.patience} "
+                                 "validations")  # fmt: skip
+                break
             if (signum := stops.agreed(run.fabric.device)) is not None and done < run.steps:
                 _stop_on_signal(run, signum, done, logged, saved=saved_at == done, finite=not guard.streak)
     run.checkpointer.wait()
@@ -103,6 +111,22 @@ def _train(run: Run) -> Path:
     run.monitor.close()
     run.fabric.barrier()
     return run.log_dir
+
+
+class ValidationWatch:
+    """Early stopping's count (Lightning's EarlyStopping, mode min): validations in a row whose loss is not
+    below the best so far by more than min_delta."""
+
+    def __init__(self, rule: EarlyStopping):
+        self.rule, self.best, self.waited = rule, math.inf, 0
+
+    def stalled(self, val_loss: float) -> bool:
+        """Count `val_loss`; whether training should stop."""
+        if val_loss < self.best - self.rule.min_delta:
+            self.best, self.waited = val_loss, 0
+        else:
+            self.waited += 1
+        return self.waited >= self.rule.patience
 
 
 def _close(run: Run) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import json
 import logging
 import sys
 import time
@@ -30,7 +31,8 @@ FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "test_loss": "{:.4f}", "lr": 
 class Monitor:
     def __init__(self, log_dir: Path, *, global_rank: int, local_rank: int, total_steps: int,
                  local_rank_0_only: bool, tensorboard: bool, continue_after: int | None = None,
-                 wandb: WandbSettings | None = None, config: dict[str, Any] | None = None):  # fmt: skip
+                 wandb: WandbSettings | None = None, config: dict[str, Any] | None = None,
+                 json_log_file: str | None = None):  # fmt: skip
         """`continue_after`: the step of the checkpoint a run resumes in this directory (rows and events
         of later steps, written before an interruption, are dropped). `wandb`: log to W&B too, with the
         resolved `config`."""
@@ -58,6 +60,8 @@ class Monitor:
                 self.metric_loggers.append(TensorBoardLogger(log_dir, name="tensorboard", version="", **purge))
             if wandb is not None:
                 self.metric_loggers.append(WandbLogger(log_dir, wandb, config or {}))
+            if json_log_file is not None:
+                self.metric_loggers.append(JsonLinesLog(log_dir / json_log_file, continue_after))
             if sys.stderr.isatty():
                 self.bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
         self.started = time.perf_counter()
@@ -100,6 +104,39 @@ class Monitor:
         for handler in list(self.text.handlers):
             handler.close()
             self.text.removeHandler(handler)
+
+
+class JsonLinesLog(Logger):
+    """Each logged step as one JSON object (its values and `global_step`) per line, flushed at once; a
+    continued run keeps the lines of the steps its checkpoint covers."""
+
+    def __init__(self, path: Path, continue_after: int | None):
+        super().__init__()
+        kept = []
+        if continue_after is not None and path.is_file():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("global_step", 0) <= continue_after]  # fmt: skip
+        self.file = open(path, "w")  # noqa: SIM115 - held open for the run's lifetime
+        self.file.writelines(f"{line}\n" for line in kept)
+        self.file.flush()
+
+    @property
+    def name(self) -> str:
+        return "json"
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.file.write(json.dumps({**metrics, "global_step": step}, separators=(",", ":")) + "\n")
+        self.file.flush()
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def finalize(self, status: str) -> None:
+        self.file.close()
 
 
 def _rows_through(path: Path, step: int) -> list[dict[str, float]]:

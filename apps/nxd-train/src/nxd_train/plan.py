@@ -21,6 +21,14 @@ from .data import DataSplits
 
 
 @dataclass(frozen=True)
+class EarlyStopping:
+    """Stop when the validation loss has not improved by min_delta for `patience` validations in a row."""
+
+    patience: int
+    min_delta: float = 0.0
+
+
+@dataclass(frozen=True)
 class Cadence:
     """How long the run lasts and when it logs and validates (`trainer` keys, Lightning's meanings)."""
 
@@ -32,6 +40,7 @@ class Cadence:
     num_sanity_val_steps: int = 0
     limit_val_batches: int | float = 1.0
     limit_test_batches: int | float = 1.0
+    early_stopping: EarlyStopping | None = None
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """max_steps and max_epochs, whichever ends first (-1 means unbounded)."""
@@ -137,6 +146,10 @@ class Logging:
     tensorboard: bool = True
     wandb: WandbSettings | None = None
     """Log to Weights & Biases too (create_wandb_logger)."""
+    json_log_file: str | None = None
+    """Also write each logged step as a JSON line to this file in the log directory."""
+    require_empty: bool = False
+    """A new run refuses a log directory that already holds files."""
 
 
 @dataclass(frozen=True)

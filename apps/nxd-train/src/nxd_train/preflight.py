@@ -52,8 +52,20 @@ from .checkpointing import (
 )
 from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_keys
 from .layout_check import layout_problems
-from .logdir import CHECKPOINT_DIR, log_dir_problems, resumable_log_dir
-from .plan import Adapters, Batches, Cadence, Checkpoints, Launch, Logging, Reference, RunPlan, Update, WandbSettings
+from .logdir import CHECKPOINT_DIR, LOCK_FILE, log_dir_problems, resumable_log_dir
+from .plan import (
+    Adapters,
+    Batches,
+    Cadence,
+    Checkpoints,
+    EarlyStopping,
+    Launch,
+    Logging,
+    Reference,
+    RunPlan,
+    Update,
+    WandbSettings,
+)
 from .resume_check import IDENTITY, architecture, compare, data_identity
 from .wandb_logger import wandb_problem
 
@@ -375,7 +387,7 @@ def _settings(cfg: NxdConfig) -> dict:
         cadence=Cadence(max_steps=t.max_steps, max_epochs=t.max_epochs, log_every_n_steps=t.log_every_n_steps,
                         val_check_interval=t.val_check_interval, check_val_every_n_epoch=t.check_val_every_n_epoch,
                         num_sanity_val_steps=t.num_sanity_val_steps, limit_val_batches=t.limit_val_batches,
-                        limit_test_batches=t.limit_test_batches),
+                        limit_test_batches=t.limit_test_batches, early_stopping=_early_stopping(cfg)),
         launch=Launch(devices=t.devices, num_nodes=t.num_nodes, tp=ds.tensor_model_parallel_size,
                       pp=ds.pipeline_model_parallel_size, cp=ds.context_parallel_size,
                       ep=ds.expert_model_parallel_size, seed=cfg.seed,
@@ -397,7 +409,8 @@ def _settings(cfg: NxdConfig) -> dict:
                         exp_dir=_path(exp.exp_dir), gradient_norm=exp.log_gradient_norm,
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
                         local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger,
-                        wandb=_wandb(cfg)),
+                        wandb=_wandb(cfg), json_log_file=exp.json_log_file,
+                        require_empty=exp.require_empty_log_dir),
         checkpoints=Checkpoints(enabled=exp.create_checkpoint_callback, policy=save_policy(cfg),
                                 asynchronous=exp.async_checkpointing,
                                 use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,
@@ -411,6 +424,26 @@ SAMPLE_INDEX_BYTES = 20
 """Bytes per training sample of Megatron's indices (shuffle entry, sample start, and documents)."""
 MAX_PARAMETERS = 10**13
 MAX_LAYERS = 4096
+
+
+def _files_in(folder: Path) -> str:
+    """What `folder` holds, in a few words ('' when it is missing or empty; the run lock file counts for
+    nothing)."""
+    if not folder.is_dir():
+        return ""
+    names = sorted(p.name for p in folder.iterdir() if p.name != LOCK_FILE)
+    if not names:
+        return ""
+    more = ", ..." if len(names) > 3 else ""
+    return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'} ({', '.join(names[:3])}{more})"
+
+
+def _early_stopping(cfg: NxdConfig) -> EarlyStopping | None:
+    exp = cfg.exp_manager
+    if not exp.create_early_stopping_callback:
+        return None
+    params = exp.early_stopping_callback_params
+    return EarlyStopping(patience=params.patience, min_delta=params.min_delta)
 
 
 def _sample_index_problem(cfg: NxdConfig, train_samples: int) -> str | None:
@@ -571,6 +604,14 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
     problems += log_dir_problems(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name,
                                  "exp_manager.name" if exp.name and exp.name != cfg.name else "name",
                                  exp.create_checkpoint_callback and not exp.checkpoint_callback_params.filename)
+    if (exp.require_empty_log_dir and exp.explicit_log_dir and exp.resume_from_checkpoint is None
+            and not exp.resume_if_exists and (held := _files_in(Path(exp.explicit_log_dir)))):
+        problems.append(f"exp_manager.explicit_log_dir: {exp.explicit_log_dir} already holds {held}; expected an "
+                        "empty or new folder (exp_manager.require_empty_log_dir: True), so that nothing there is "
+                        "written over: name another folder, or resume the run that is there")  # fmt: skip
+    if exp.create_early_stopping_callback and cfg.trainer.limit_val_batches == 0:
+        problems.append("exp_manager.create_early_stopping_callback: expected validation to judge (trainer."
+                        "limit_val_batches above 0), found limit_val_batches 0")  # fmt: skip
     if cfg.exp_manager.create_wandb_logger and (problem := wandb_problem()):
         problems.append(problem)
     policy = None

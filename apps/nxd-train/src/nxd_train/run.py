@@ -147,7 +147,8 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     monitor = Monitor(log_dir, global_rank=rank, local_rank=fabric.local_rank, total_steps=steps,
                       local_rank_0_only=logging.local_rank_0_only, tensorboard=logging.tensorboard,
                       continue_after=read_info(resume.path).step if continues_here else None,
-                      wandb=logging.wandb, config=plan.resolved_config)  # fmt: skip
+                      wandb=logging.wandb, config=plan.resolved_config,
+                      json_log_file=logging.json_log_file)  # fmt: skip
     starts_loaded = resume is not None and resume.weights_only and plan.lora is None  # no random values to draw
     kept = () if not starts_loaded or loads_output_layer(plan.family, resume) else (OUTPUT_LAYER,)  # initialised
     loaded = [name for name in plan.family.parameter_shapes() if not name.startswith(kept)] if starts_loaded else ()

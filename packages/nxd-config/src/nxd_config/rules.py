@@ -513,9 +513,26 @@ def dpo_label_smoothing_fits_the_loss(c: NxdConfig) -> Iterator[Finding]:
 @rule
 def alignment_needs_train_data(c: NxdConfig) -> Iterator[Finding]:
     a = c.model_alignment_strategy
-    if a is not None and a.method is not None and c.data.train_dir is None and _documents(c) is None:
+    if (a is not None and a.method is not None and c.data.train_dir is None and _documents(c) is None
+            and c.data.dataset is None):
         yield error("data.train_dir", f"expected the {a.method.upper()} training data (a jsonl, "
                     f"arrow or parquet file or a saved dataset), found nothing", "data.train_dir", ALIGN)
+
+
+@rule
+def dataset_records(c: NxdConfig) -> Iterator[Finding]:
+    d, a = c.data, c.model_alignment_strategy
+    if d.dataset is None:
+        return
+    for other in ("train_dir", "val_dir"):
+        if getattr(d, other) is not None:
+            yield error(f"data.{other}", "expected one data source, found data.dataset as well", f"data.{other}",
+                        "data.dataset")  # fmt: skip
+    method = None if a is None else a.method
+    wanted = ("dpo", "orpo", "reward_model") if d.dataset.kind == "preference" else ("sft",)
+    if method not in wanted:
+        yield error("data.dataset.kind", f"{d.dataset.kind} records are trained by model_alignment_strategy."
+                    f"{' / '.join(wanted)}; found {method or 'pretraining'}", "data.dataset", ALIGN)  # fmt: skip
 
 
 @rule

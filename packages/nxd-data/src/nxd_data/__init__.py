@@ -8,6 +8,7 @@ from .errors import DataError, DataWarning
 from .files import save_atomically
 from .gpt_dataset import GPTDataset, split_documents
 from .hf_data import TokenStream, hf_pretraining_dataset, load_records
+from .hub_records import HubDataset, RecordForm, formatted_splits
 from .indexed import IndexedDataset, IndexedDatasetWriter, token_dtype
 from .indices import build_indices
 from .kto import KTODataset, kto_dataset
@@ -32,6 +33,7 @@ __all__ = [
     "DocumentFiles",
     "ExampleDocuments",
     "GPTDataset",
+    "HubDataset",
     "IndexedDataset",
     "IndexedDatasetWriter",
     "KTODataset",
@@ -40,6 +42,7 @@ __all__ = [
     "PreferenceDataset",
     "PreprocessSummary",
     "PretrainingSampler",
+    "RecordForm",
     "SFTDataset",
     "SampleFormat",
     "TextTokenizer",
@@ -52,6 +55,7 @@ __all__ = [
     "collate",
     "collate_packed_pairs",
     "collate_pairs",
+    "formatted_splits",
     "hf_pretraining_dataset",
     "kto_dataset",
     "load_records",

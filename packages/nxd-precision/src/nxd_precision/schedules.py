@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
@@ -18,7 +19,7 @@ from .errors import PrecisionConfigError
 
 SCHEDULE_NAMES = (
     "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy", "SquareAnnealing",
-    "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR", "NeoXAnnealing",
+    "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR", "NeoXAnnealing", "TransformersSchedule",
 )  # fmt: skip
 _MIN_LR = {"SquareAnnealing": 1e-5}
 """NeMo's default min_lr where it is not 0."""
@@ -38,6 +39,9 @@ def schedule_function(name: str, options: Mapping[str, Any], lr: float, run_step
     if name == "ExponentialLR":
         return lambda step: lr * options.get("gamma", 0.9) ** step
     max_steps = options.get("max_steps") or run_steps
+    if name == "TransformersSchedule":
+        return transformers_schedule(lr, options.get("type", "linear"), max_steps, options.get("warmup_steps"),
+                                     options.get("warmup_ratio"))  # fmt: skip
     if name == "NeoXAnnealing":
         return neox_annealing(lr, max_steps, options.get("warmup_ratio", 0.01), options.get("decay_style", "linear"),
                               options.get("min_lr", 0.0))  # fmt: skip
@@ -83,6 +87,18 @@ def schedule_function(name: str, options: Mapping[str, Any], lr: float, run_step
         return decay(step)
 
     return warmup_policy
+
+
+def transformers_schedule(lr: float, kind: str, max_steps: int, warmup_steps: int | None,
+                          warmup_ratio: float | None) -> Callable[[int], float]:  # fmt: skip
+    """transformers' schedule `kind` (its `get_scheduler`) with peak `lr` over `max_steps`: the warmup is
+    warmup_steps when given and positive, else ceil(warmup_ratio x max_steps), as TrainingArguments counts it."""
+    from transformers import get_scheduler
+
+    warmup = warmup_steps if warmup_steps else math.ceil((warmup_ratio or 0.0) * max_steps)
+    holder = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    factor = get_scheduler(kind, holder, num_warmup_steps=warmup, num_training_steps=max_steps).lr_lambdas[0]
+    return lambda step: lr * factor(step)
 
 
 def neox_annealing(lr: float, decay_steps: int, warmup_ratio: float, style: str,

@@ -152,6 +152,43 @@ class TokenizerConfig(Section):
     )  # fmt: skip
 
 
+_NXD = {"by": DATA, "status": Status.EXTENSION}
+
+
+class HubDatasetConfig(Section):
+    """Fine-tuning records made from the columns of a Hugging Face dataset (nxd-data's hub_records)."""
+
+    path: str = key(..., "A Hugging Face hub dataset id (read through datasets and its cache), a local folder laid "
+                    "out like a hub dataset repository, or a json / jsonl / csv / parquet file.", **_NXD)
+    name: str | None = key(None, "The dataset's configuration (load_dataset's name).", **_NXD)
+    train_split: str = key("train", "The split trained on.", **_NXD)
+    validation_split: str | None = key(None, "The split validated on (null: none, or split_ratio's share).", **_NXD)
+    split_ratio: float | None = key(
+        None, "When the validation split is missing: the share of the training split kept for training, the rest "
+        "validating (split with the seed).", gt=0.0, lt=1.0, **_NXD,
+    )
+    seed: int | None = key(None, "Shuffle the rows with this seed first (null keeps the dataset's order).", **_NXD)
+    num_samples: int | None = key(None, "Use only the first N rows of each split (after shuffling).", ge=1, **_NXD)
+    drop_empty: bool = key(False, "Drop rows whose columns the templates read are empty or null, and rows "
+                           "formatted to nothing.", **_NXD)
+    category: str | None = key(None, "Keep only the rows whose category column equals this.", **_NXD)
+    kind: Literal["completion", "text", "preference"] = key(
+        "completion", "completion: a prompt and a completion per row; text: one text per row (prompt_*), learned "
+        "whole; preference: prompt, chosen and rejected columns.", **_NXD,
+    )
+    prompt_template: str | None = key(None, "The prompt as a format string over the row's columns.", **_NXD)
+    completion_template: str | None = key(None, "The completion as a format string over the columns.", **_NXD)
+    prompt_func: str | None = key(
+        None, "The prompt as module:function or path/file.py:function, called with the row (the built-in Alpaca "
+        "prompt: nxd_data.formatters:alpaca_prompt).", **_NXD,
+    )
+    completion_func: str | None = key(None, "The completion as module:function or path/file.py:function.", **_NXD)
+    loss_on_prompt: bool = key(False, "Learn the prompt's tokens too (false: the completion and EOS only).", **_NXD)
+    prompt_column: str = key("prompt", "kind preference: the prompt's column.", **_NXD)
+    chosen_column: str = key("chosen", "kind preference: the chosen response's column.", **_NXD)
+    rejected_column: str = key("rejected", "kind preference: the rejected response's column.", **_NXD)
+
+
 class DataConfig(Section):
     # --- common to every data module
     micro_batch_size: int = key(1, "Samples per forward/backward pass on one data-parallel rank.", by=APP, ge=1)
@@ -261,6 +298,10 @@ class DataConfig(Section):
     val_dir: str | None = key(None, "Validation data, in the same forms as train_dir.", by=DATA)
     dev_choose_samples: int | None = key(
         None, "Use only the first N records of the data; null uses all.", by=DATA, ge=1
+    )
+    dataset: HubDatasetConfig | None = key(
+        None, "Fine-tuning records from a Hugging Face dataset's columns, for training and validation (instead of "
+        "train_dir / val_dir).", by=DATA, status=Status.EXTENSION,
     )
     use_sft_style_data_module: bool = key(
         False, "Read train_dir/val_dir (Hugging Face style) even when data_prefix is set.", by=DATA

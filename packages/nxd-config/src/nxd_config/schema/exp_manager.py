@@ -88,6 +88,19 @@ class CheckpointCallbackParams(Section):
     )
 
 
+class EarlyStoppingParams(Section):
+    """NeMo's early_stopping_callback_params (Lightning's EarlyStopping), judged at each validation."""
+
+    monitor: Literal["val_loss"] = key("val_loss", "The value judged (the validation loss).", by=APP,
+                                       status=Status.EXTENSION, note="NeMo's exp_manager")  # fmt: skip
+    mode: Literal["min"] = key("min", "A smaller value is better.", by=APP, status=Status.EXTENSION,
+                               note="NeMo's exp_manager")  # fmt: skip
+    min_delta: float = key(0.0, "An improvement is a value at least this much below the best so far.", by=APP,
+                           ge=0.0, status=Status.EXTENSION, note="NeMo's exp_manager")  # fmt: skip
+    patience: int = key(3, "Stop after this many validations in a row without an improvement.", by=APP, ge=1,
+                        status=Status.EXTENSION, note="NeMo's exp_manager")  # fmt: skip
+
+
 class WandbLoggerKwargs(Section):
     project: str | None = key(None, "The W&B project (null: W&B's default).", by=APP)
     name: str | None = key(None, "The run's name (null: the experiment name).", by=APP)
@@ -158,6 +171,22 @@ class ExpManagerConfig(Section):
     create_checkpoint_callback: bool = key(True, "Save checkpoints as checkpoint_callback_params says.", by=CKPT)
     checkpoint_callback_params: CheckpointCallbackParams = key(
         CheckpointCallbackParams(), "When checkpoints are written and how many are kept.", by=CKPT
+    )
+    create_early_stopping_callback: bool = key(
+        False, "Stop training when the validation loss stops improving (early_stopping_callback_params); the run "
+        "ends with a checkpoint of the step it stopped at.", by=APP, status=Status.EXTENSION,
+        note="NeMo's exp_manager",
+    )
+    early_stopping_callback_params: EarlyStoppingParams = key(
+        EarlyStoppingParams(), "When training stops early.", by=APP, status=Status.EXTENSION, note="NeMo's exp_manager"
+    )
+    json_log_file: str | None = key(
+        None, "Also write every logged value as one JSON object per line (with its step) to this file in the log "
+        "directory.", by=APP, status=Status.EXTENSION, note="transformers' JSON logging callbacks",
+    )
+    require_empty_log_dir: bool = key(
+        False, "Refuse to start a new run in a log directory that already holds files (a resume may).", by=APP,
+        status=Status.EXTENSION, note="transformers' overwrite_output_dir: false",
     )
     log_parameter_norm: bool = key(False, "Log the global parameter norm across model-parallel ranks.", by=APP)
     log_gradient_norm: bool = key(False, "Log the global gradient norm across model-parallel ranks.", by=APP)

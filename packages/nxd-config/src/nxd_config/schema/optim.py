@@ -107,6 +107,27 @@ class NeoXAnnealing(_Scheduler):
                         note="GPT-NeoX's min_lr")  # fmt: skip
 
 
+class TransformersSchedule(Section):
+    """A schedule of transformers' `get_scheduler`, by its name there, so runs written for the Trainer (or
+    TRL) follow its learning rates exactly."""
+
+    name: Literal["TransformersSchedule"] = key(..., "transformers' schedules.", by=APP, status=Status.EXTENSION,
+                                                note="transformers' get_scheduler")  # fmt: skip
+    type: Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                  "inverse_sqrt"] = key(
+        "linear", "transformers' SchedulerType name; the schedule runs over max_steps.", by=APP,
+        status=Status.EXTENSION, note="TrainingArguments.lr_scheduler_type",
+    )  # fmt: skip
+    warmup_steps: int | None = key(None, "Warmup length in steps (wins over warmup_ratio).", by=APP, ge=0,
+                                   status=Status.EXTENSION, note="TrainingArguments.warmup_steps")  # fmt: skip
+    warmup_ratio: float | None = key(
+        None, "Warmup length as a fraction of max_steps, rounded up as the Trainer rounds it.", by=APP, ge=0.0,
+        lt=1.0, status=Status.EXTENSION, note="TrainingArguments.warmup_ratio",
+    )  # fmt: skip
+    max_steps: int | None = key(None, "Steps the schedule spans; null uses the run's optimizer steps.", by=APP, ge=1,
+                                status=Status.EXTENSION)  # fmt: skip
+
+
 class StepLR(Section):
     name: Literal["StepLR"]
     step_size: int = key(..., "Multiply the learning rate by gamma every step_size steps.", by=APP, ge=1)
@@ -121,6 +142,7 @@ class ExponentialLR(Section):
 SCHEDULER_NAMES = (
     "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy",
     "SquareAnnealing", "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR", "NeoXAnnealing",
+    "TransformersSchedule",
 )  # fmt: skip
 
 
@@ -135,7 +157,8 @@ def _reject_rprop_scheduler(value: Any) -> Any:
 
 Scheduler = Annotated[
     LinearAnnealingWithWarmUp | CosineAnnealing | WarmupPolicy | WarmupHoldPolicy | SquareAnnealing
-    | NoamAnnealing | WarmupAnnealing | StepLR | ExponentialLR | NeoXAnnealing,
+    | NoamAnnealing | WarmupAnnealing | StepLR | ExponentialLR | NeoXAnnealing
+    | TransformersSchedule,
     Field(discriminator="name"),
     BeforeValidator(_reject_rprop_scheduler),
 ]
