@@ -136,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         while index < len(args_list) and _is_config_file(args_list[index]):
             args_list[index:index + 1] = ["--config", args_list[index]]
             index += 2
+    if args_list[0] in ("train", "config", "plan"):
+        args_list = flag_overrides(args_list)
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.command in ("config", "plan"):
@@ -156,6 +158,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             return verify_command(args.path)
         return export_command(args.checkpoint, args.out, args.dtype, args.merged)
     return _train_command(args.config or [default_config_path()], args.overrides, args.dialect)
+
+
+OPTIONS = ("--config", "-c", "--dialect", "--to", "--device-memory", "-h", "--help")
+
+
+def flag_overrides(arguments: list[str]) -> list[str]:
+    """`--KEY VALUE` and `--KEY=VALUE` (a command line in the Trainer's style, as QEfficient's) as the override
+    `KEY=VALUE`; several values (`--target_modules q_proj v_proj`) make a list. nxd's own options stay."""
+    out: list[str] = []
+    index = 0
+    while index < len(arguments):
+        item = arguments[index]
+        name = item.partition("=")[0]
+        if name in OPTIONS:
+            takes_value = "=" not in item and name not in ("-h", "--help")
+            out += arguments[index:index + 1 + takes_value]
+            index += 1 + takes_value
+            continue
+        if not item.startswith("--") or item == "--":
+            out.append(item)
+            index += 1
+            continue
+        if "=" in item:
+            out.append(item[2:])
+            index += 1
+            continue
+        values = []
+        index += 1
+        while index < len(arguments) and not arguments[index].startswith("--") and "=" not in arguments[index]:
+            values.append(arguments[index])
+            index += 1
+        value = values[0] if len(values) == 1 else f"[{','.join(values)}]" if values else "true"
+        out.append(f"{item[2:]}={value}")
+    return out
 
 
 def _is_config_file(argument: str) -> bool:

@@ -1,5 +1,6 @@
-"""Which dialect a config file speaks: NxDT's (sections such as `trainer`, `model`, `data`) or GPT-NeoX's
-(flat NeoX argument names, one or several files). A run reads files of one dialect."""
+"""Which dialect a config file speaks: NxDT's (sections such as `trainer`, `model`, `data`), GPT-NeoX's
+(flat NeoX argument names, one or several files) or QEfficient's fine-tuning file (sections `model`,
+`dataset`, `training`, `optimizers`, `scheduler`, `callbacks`). A run reads files of one dialect."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ from typing import Any
 from .errors import ConfigError, ConfigIssue
 from .neox.files import canonical
 from .neox.keys import NEOX_KEYS
+from .qeff.translate import is_qeff
 
-DIALECTS = ("nxdt", "neox")
+DIALECTS = ("nxdt", "neox", "qeff")
 NXDT_SECTIONS = ("trainer", "exp_manager", "distributed_strategy", "data", "model", "precision",
                  "model_alignment_strategy")  # fmt: skip
 
 
 def detect(values: Mapping[str, Any]) -> str | None:
-    """"nxdt" when the file has an NxDT section, "neox" when its keys are NeoX arguments, None when it is
-    neither (an empty file, or keys of no dialect)."""
+    """"nxdt" when the file has an NxDT section, "qeff" when it has QEfficient's, "neox" when its keys are NeoX
+    arguments, None when it is neither (an empty file, or keys of no dialect)."""
+    if is_qeff(values) and not any(isinstance(values.get(s), Mapping) for s in NXDT_SECTIONS if s != "model"):
+        return "qeff"
     if any(isinstance(values.get(section), Mapping) for section in NXDT_SECTIONS):
         return "nxdt"
     known = [key for key in values if canonical(key) in NEOX_KEYS]
@@ -36,6 +40,9 @@ def dialect_of(files: list[tuple[str, Mapping[str, Any]]], forced: str | None = 
         nxdt = next(name for name, kind in seen.items() if kind == "nxdt")
         raise ConfigError(ConfigIssue(neox, f"a GPT-NeoX config, and {nxdt} an NxDT config; expected files of one "
                                             "dialect"))  # fmt: skip
+    if "qeff" in kinds and (len(kinds) > 1 or len(files) > 1):
+        raise ConfigError(ConfigIssue(files[-1][0], "a second config beside a QEfficient fine-tuning file; expected "
+                                      "that one file (its sections hold the whole run)"))  # fmt: skip
     kind = kinds.pop() if kinds else "nxdt"
     if kind == "nxdt" and len(files) > 1:
         raise ConfigError(ConfigIssue(files[1][0], f"a second NxDT config after {files[0][0]}; expected one (NxDT "

@@ -19,6 +19,8 @@ from .dialects import dialect_of
 from .errors import ConfigError, ConfigIssue, ConfigNotice
 from .neox.files import NeoXFile, canonical, merge, read_file
 from .neox.translate import Translation, translate
+from .qeff.overrides import qeff_override
+from .qeff.translate import translate as translate_qeff
 from .overrides import apply_overrides
 from .schema import NxdConfig
 from .validation import dotted, validate
@@ -53,8 +55,11 @@ def load_config(
     if not sources:
         raise ConfigError(ConfigIssue("", "expected a config file, found none"))
     raw = [(_name(item), dict(item) if isinstance(item, Mapping) else read_file(Path(item))) for item in sources]
-    if dialect_of(raw, dialect) == "neox":
+    spoken = dialect_of(raw, dialect)
+    if spoken == "neox":
         return _load_neox(raw, list(overrides))
+    if spoken == "qeff":
+        return _load_qeff(raw[0], list(overrides))
     name = raw[0][0]
     config = _read(sources[0], name)
     issues = apply_overrides(config, list(overrides))
@@ -112,6 +117,33 @@ def _load_neox(raw: list[tuple[str, dict[str, Any]]], overrides: list[str]) -> N
     for notice in translation.notices:
         key = notice.partition(":")[0].partition(".")[0]
         warnings.warn(f"{origin.get(key, names)}: {notice}", ConfigNotice, stacklevel=2)
+    return built
+
+
+def _load_qeff(raw: tuple[str, dict[str, Any]], overrides: list[str]) -> NxdConfig:
+    """A QEfficient fine-tuning file, overridden (`section.key=VALUE`, or QEfficient's flat `key=VALUE`) and
+    translated to NxDT's tree."""
+    name, values = raw
+    config = OmegaConf.create(values)
+    issues = apply_overrides(config, [qeff_override(item, values) for item in overrides])
+    if issues:
+        raise ConfigError(issues, name)
+    translation = translate_qeff(OmegaConf.to_container(config, resolve=False),
+                                 Path(name).stem if name != "<mapping>" else "qeff")  # fmt: skip
+    origin = dict.fromkeys(values, name)
+    located = [_located(issue, origin, name) for issue in translation.issues]
+
+    def error(found: list[ConfigIssue]) -> ConfigError:
+        refused = {issue.path for issue in translation.issues}
+        kept = [issue for issue in found if issue in located
+                or not set(_provenance(issue.path, translation)) & refused]  # fmt: skip
+        return ConfigError([issue if issue in located else _neox_issue(issue, translation, origin, name)
+                            for issue in kept])  # fmt: skip
+
+    built = _build(translation.tree, list(located), error,
+                   lambda issue: _neox_issue(issue, translation, origin, name).render())  # fmt: skip
+    for notice in translation.notices:
+        warnings.warn(f"{name}: {notice}", ConfigNotice, stacklevel=2)
     return built
 
 
