@@ -38,6 +38,7 @@ from nxd_ckpt import (
     load_hf_weights,
     load_neox_weights,
     neox_iteration,
+    nxd_checkpoint_of,
     read_info,
     template_fields,
 )
@@ -131,10 +132,12 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
     missing, incomplete or damaged. `log_dir` is the directory resume_if_exists searches; a GPT-NeoX
     checkpoint there (its `latest`) is the start when it holds no nxd checkpoint yet. resume_from_checkpoint
     may name a run's log directory too (its newest complete checkpoint, as GPT-NeoX's load names a save
-    folder); with resume_from_checkpoint_optional a folder holding no checkpoint starts a new run."""
+    folder), or a Trainer-style checkpoint-<step> folder nxd wrote; with resume_from_checkpoint_optional a
+    folder holding no checkpoint starts a new run."""
     exp, weights_only = cfg.exp_manager, cfg.model.weight_init_only
     if exp.resume_from_checkpoint:
         path = Path(exp.resume_from_checkpoint)
+        path = nxd_checkpoint_of(path) or path  # a Trainer-style folder nxd wrote: its checkpoint
         if is_hf_directory(path):
             if not weights_only:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model "

@@ -104,6 +104,8 @@ def _train(run: Run) -> Path:
             if (signum := stops.agreed(run.fabric.device)) is not None and done < run.steps:
                 _stop_on_signal(run, signum, done, logged, saved=saved_at == done, finite=not guard.streak)
     run.checkpointer.wait()
+    if run.trainer_outputs is not None:
+        run.trainer_outputs.finish()
     test_loss = evaluate(run, run.test_data, cadence.limit_test_batches)
     if test_loss is not None:
         run.monitor.metrics(run.steps, {"test_loss": test_loss})

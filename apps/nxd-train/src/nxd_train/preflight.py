@@ -410,7 +410,7 @@ def _settings(cfg: NxdConfig) -> dict:
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
                         local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger,
                         wandb=_wandb(cfg), json_log_file=exp.json_log_file,
-                        require_empty=exp.require_empty_log_dir),
+                        require_empty=exp.require_empty_log_dir, trainer_checkpoints=exp.trainer_checkpoints),
         checkpoints=Checkpoints(enabled=exp.create_checkpoint_callback, policy=save_policy(cfg),
                                 asynchronous=exp.async_checkpointing,
                                 use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,
@@ -568,19 +568,21 @@ def _peft(cfg: NxdConfig):  # noqa: ANN202 - the config's PeftConfig or None
 
 def _adapters(cfg: NxdConfig, resume: Resume | None) -> Adapters | None:
     """LoRA's checkpoint settings, and where its base comes from when a checkpoint holds adapters only:
-    a continuing run's initial weights (resume_from_checkpoint), or with load_lora_from_ckpt the Hugging
-    Face directory model.model_config."""
+    a continuing run's initial weights (resume_from_checkpoint; the Hugging Face directory model.model_config
+    when that is the adapter checkpoint itself), or with load_lora_from_ckpt model.model_config."""
     if (peft := _peft(cfg)) is None:
         return None
     base, source = "frozen" if peft.save_lora_base else "merged" if peft.merge_lora else None, None
     exp = cfg.exp_manager
+    directory = Path(cfg.model.hf_model_config) if cfg.model.hf_model_config else None
     if resume is not None and not resume.weights_only and exp.resume_from_checkpoint:
         source = resume_choice(cfg, None)
+        if not source.weights_only and directory is not None and is_hf_directory(directory):
+            source = Resume.of_hugging_face(directory)  # resumed from an adapter checkpoint: its base model
     elif peft.load_lora_from_ckpt:
         if not (exp.resume_from_checkpoint and cfg.model.weight_init_only):
             raise PreflightError(["model_alignment_strategy.peft.load_lora_from_ckpt: expected the LoRA checkpoint "
                                   "in exp_manager.resume_from_checkpoint with model.weight_init_only: True"])
-        directory = Path(cfg.model.hf_model_config) if cfg.model.hf_model_config else None
         if directory is not None and is_hf_directory(directory):
             source = Resume.of_hugging_face(directory)
     return Adapters(base=base, config_file=peft.save_lora_config_adapter, single_file=peft.merge_sharded_lora,
@@ -604,8 +606,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
     problems += log_dir_problems(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name,
                                  "exp_manager.name" if exp.name and exp.name != cfg.name else "name",
                                  exp.create_checkpoint_callback and not exp.checkpoint_callback_params.filename)
-    if (exp.require_empty_log_dir and exp.explicit_log_dir and exp.resume_from_checkpoint is None
-            and not exp.resume_if_exists and (held := _files_in(Path(exp.explicit_log_dir)))):
+    continues = (exp.resume_from_checkpoint is not None and not cfg.model.weight_init_only) or exp.resume_if_exists
+    if (exp.require_empty_log_dir and exp.explicit_log_dir and not continues
+            and (held := _files_in(Path(exp.explicit_log_dir)))):
         problems.append(f"exp_manager.explicit_log_dir: {exp.explicit_log_dir} already holds {held}; expected an "
                         "empty or new folder (exp_manager.require_empty_log_dir: True), so that nothing there is "
                         "written over: name another folder, or resume the run that is there")  # fmt: skip

@@ -72,6 +72,7 @@ from .plan import RunPlan
 from .reference import prepare_reference
 from .resume_check import IDENTITY
 from .run_state import Run
+from .trainer_outputs import TrainerOutputs
 
 NEURON_DEVICE_TYPES = ("neuron", "xla")
 """Device types of AWS Neuron cores, whose runtime reads the plan's Neuron variables."""
@@ -175,8 +176,15 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
                              lora_base=None if plan.adapters is None else plan.adapters.base,
                              scaler=scaler)  # fmt: skip
 
+    trainer_outputs = None
+    if logging.trainer_checkpoints and rank == 0:
+        trainer_outputs = TrainerOutputs(log_dir, {"max_steps": steps, "logging_steps": plan.cadence.log_every_n_steps,
+                                                   "train_batch_size": plan.batches.micro_batch_size})  # fmt: skip
+
     def report_save(info: CheckpointInfo, seconds: float) -> None:
         monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
+        if trainer_outputs is not None:
+            trainer_outputs.saved(info)
 
     adapters, attach = plan.adapters, []
     adapter_export = None if lora is None else lora.adapter_export()
@@ -206,7 +214,8 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
               ceiling=ceiling, objective=plan.objective.split_over(_group(mesh.get("cp"))),
               train_data=plan.data.train, validation_data=plan.data.validation,
               test_data=plan.data.test, padding=plan.data.padding,
-              attach=attach, checkpoint_group=checkpoint_group, scaler=scaler)  # fmt: skip
+              attach=attach, checkpoint_group=checkpoint_group, scaler=scaler,
+              trainer_outputs=trainer_outputs)  # fmt: skip
     if plan.reference is not None:  # from the initial weights, before a resume loads trained ones
         with torch.random.fork_rng(devices=[fabric.device] if fabric.device.type == "cuda" else []):
             prepare_reference(run, resume)  # draws nothing from the run's random streams

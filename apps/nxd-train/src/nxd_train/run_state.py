@@ -26,6 +26,7 @@ from .checkpointing import TrainingState, rng_states
 from .logdir import LogDirLock
 from .monitor import Monitor
 from .plan import RunPlan
+from .trainer_outputs import TrainerOutputs
 
 Batch = dict[str, torch.Tensor]
 
@@ -62,6 +63,8 @@ class Run:
     test_data: Dataset | None = None
     """The datasets trained and validated on: the plan's, with DPO's reference log-probs when precomputed."""
     padding: Batch | None = None
+    trainer_outputs: TrainerOutputs | None = None
+    """Rank 0's Trainer-style folders (exp_manager.trainer_checkpoints)."""
     """The sample that fills short batches (adds nothing to the loss)."""
     step_passes: list[Callable[[list[Batch]], None]] = field(default_factory=list)
     """What runs on a step's micro-batches before the objective, in order: the live reference (adds

@@ -9,6 +9,7 @@ from .marker import MARKER, CheckpointInfo, read_info
 from .neox_import import NeoXCheckpoint, check_neox_weights, find_neox_checkpoint, load_neox_weights, neox_iteration
 from .retention import SavePolicy, template_fields
 from .store import Checkpointer, continued_lineage, load_checkpoint, saved_keys
+from .trainer_layout import nxd_checkpoint_of, prune_trainer_checkpoints, write_final, write_trainer_checkpoint
 
 __version__ = "0.1.0"
 
@@ -17,5 +18,6 @@ __all__ = [
     "HFExport", "NeoXCheckpoint", "SavePolicy", "check_hf_weights", "check_neox_weights", "continued_lineage",
     "export_adapter", "export_hf", "find_neox_checkpoint", "is_checkpoint_dir", "latest_checkpoint",
     "list_checkpoints", "load_checkpoint", "load_hf_weights", "load_neox_weights", "neox_iteration", "read_info",
-    "saved_keys", "template_fields", "write_adapter_files",
+    "nxd_checkpoint_of", "prune_trainer_checkpoints", "saved_keys", "template_fields", "write_adapter_files",
+    "write_final", "write_trainer_checkpoint",
 ]  # fmt: skip

@@ -19,9 +19,9 @@ from .dialects import dialect_of
 from .errors import ConfigError, ConfigIssue, ConfigNotice
 from .neox.files import NeoXFile, canonical, merge, read_file
 from .neox.translate import Translation, translate
+from .overrides import apply_overrides
 from .qeff.overrides import qeff_override
 from .qeff.translate import translate as translate_qeff
-from .overrides import apply_overrides
 from .schema import NxdConfig
 from .validation import dotted, validate
 

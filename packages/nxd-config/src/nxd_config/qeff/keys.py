@@ -205,8 +205,9 @@ _ENTRIES: tuple[tuple[str, Any, KeyStatus, str, str], ...] = (
     ("dpo.reference_model_name", None, R, "", "nxd's reference is the model being trained, before training"),
 )
 
-CALLBACK_ALIASES = {"JSONLoggerCallback": "json_logger", "Printer": "printer", "QAICProfilerCallback":
-                    "qaic_profiler_callback", "QAICOpByOpVerifierCallback": "qaic_op_by_op_verifier_callback"}  # fmt: skip
+CALLBACK_ALIASES = {"JSONLoggerCallback": "json_logger", "Printer": "printer",
+                    "QAICProfilerCallback": "qaic_profiler_callback",
+                    "QAICOpByOpVerifierCallback": "qaic_op_by_op_verifier_callback"}  # fmt: skip
 """Callback names as QEfficient's reference writes them -> the names its code registers."""
 
 QEFF_KEYS: dict[str, QeffKey] = {name: QeffKey(name, default, status, consumer, note)

@@ -52,8 +52,12 @@ def flatten(t: Translation, values: Mapping[str, Any]) -> dict[str, Any]:
     """`section.key` -> value of the file's sections; unknown sections and keys are refused with a did-you-mean."""
     flat: dict[str, Any] = {}
     for section, body in values.items():
-        if section not in SECTIONS:
+        if section not in SECTIONS and isinstance(body, Mapping):
             t.refuse(section, f"unknown section; expected one of {', '.join(SECTIONS)}{_close(section, SECTIONS)}")
+            continue
+        if section not in SECTIONS:  # a flat override naming no key of any section
+            leaves = {name.rpartition(".")[2] for name in QEFF_KEYS}
+            t.refuse(section, f"unknown key; expected section.key or a QEfficient key name{_close(section, leaves)}")
             continue
         if body is None:
             continue
@@ -117,7 +121,7 @@ def translate(values: Mapping[str, Any], name: str, environ: Mapping[str, str] |
 def _model(t: Translation, k: Keys) -> None:
     if k["model.model_type"] != "hf":
         t.refuse("model.model_type", f"expected hf, found {show(k['model.model_type'])}: nxd builds Hugging Face "
-                 "models from their config.json (classes registered in QEfficient's registry are not read)")  # fmt: skip
+                 "models from their config.json (QEfficient's registered classes are not read)")  # fmt: skip
     model = _local(t, "model.model_name", k["model.model_name"])
     if model is not None:
         t.set("model.model_config", model, "model.model_name")
@@ -212,8 +216,9 @@ def _dataset(t: Translation, k: Keys, method: str | None) -> None:
         t.refuse("dataset.dataset_type", f"expected one of {', '.join(kinds)}, found {show(k['dataset.dataset_type'])}")
         return
     if (kind == "preference") != (method in ("dpo", "reward_model")) and method is not None:
+        wanted = "dpo_dataset" if method == "dpo" else "sft_dataset or seq_completion"
         t.refuse("dataset.dataset_type", f"{k['dataset.dataset_type']} does not feed training.type "
-                 f"{k['training.type']}; expected {'dpo_dataset' if method == 'dpo' else 'sft_dataset or seq_completion'}")
+                 f"{k['training.type']}; expected {wanted}")  # fmt: skip
     t.set(f"{d}.kind", kind, "dataset.dataset_type")
     path_key = "dataset.json_file_path" if k["dataset.json_file_path"] else "dataset.dataset_name"
     t.set(f"{d}.path", k[path_key], path_key)
@@ -283,6 +288,12 @@ def _training(t: Translation, k: Keys, method: str | None, environ: Mapping[str,
     out = k["training.output_dir"]
     t.set("exp_manager.explicit_log_dir", out, "training.output_dir")
     t.set("exp_manager.require_empty_log_dir", not k["training.overwrite_output_dir"], "training.overwrite_output_dir")
+    folder = Path(str(out))
+    held = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
+    if held and not k["training.overwrite_output_dir"] and not k["training.resume_from_checkpoint"]:
+        t.refuse("training.output_dir", f"{out} already holds {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}"
+                 "; expected an empty or new folder (training.overwrite_output_dir: true writes beside what is there, "
+                 "training.resume_from_checkpoint continues a run)")  # fmt: skip
     t.set("exp_manager.resume_if_exists", False, "training.resume_from_checkpoint")
     if k["training.resume_from_checkpoint"]:
         t.set("exp_manager.resume_from_checkpoint", k["training.resume_from_checkpoint"],
@@ -373,6 +384,7 @@ def _saving(t: Translation, k: Keys) -> None:
         t.set("exp_manager.create_checkpoint_callback", False, "training.save_strategy")
         return
     t.set("exp_manager.create_checkpoint_callback", True, "training.save_strategy")
+    t.set("exp_manager.trainer_checkpoints", True, "training.save_strategy")
     if strategy == "steps":
         t.set(f"{params}.every_n_train_steps", k["training.save_steps"], "training.save_steps")
     elif strategy != "epoch":
@@ -382,8 +394,9 @@ def _saving(t: Translation, k: Keys) -> None:
     t.set(f"{params}.monitor", "step", "training.save_total_limit")
     t.set(f"{params}.mode", "max", "training.save_total_limit")
     if k["training.metric_for_best_model"] not in ("eval_loss", "loss", None):
-        t.refuse("training.metric_for_best_model", f"expected eval_loss, found {show(k['training.metric_for_best_model'])}"
-                 ": nxd judges the validation loss")  # fmt: skip
+        found = show(k["training.metric_for_best_model"])
+        t.refuse("training.metric_for_best_model", f"expected eval_loss, found {found}: nxd judges the validation "
+                 "loss")  # fmt: skip
 
 
 def _optimizer(t: Translation, k: Keys) -> None:

@@ -184,6 +184,12 @@ class ExpManagerConfig(Section):
         None, "Also write every logged value as one JSON object per line (with its step) to this file in the log "
         "directory.", by=APP, status=Status.EXTENSION, note="transformers' JSON logging callbacks",
     )
+    trainer_checkpoints: bool = key(
+        False, "Also write each checkpoint as transformers' Trainer lays it out, in the log directory: "
+        "checkpoint-<step>/ with the peft adapter (LoRA) or the model, the tokenizer and trainer_state.json (a "
+        "resume may name it), and the final adapter or model in the log directory itself.", by=CKPT,
+        status=Status.EXTENSION, note="transformers' Trainer output_dir",
+    )
     require_empty_log_dir: bool = key(
         False, "Refuse to start a new run in a log directory that already holds files (a resume may).", by=APP,
         status=Status.EXTENSION, note="transformers' overwrite_output_dir: false",
