@@ -63,7 +63,8 @@ _ENTRIES: tuple[tuple[str, Any, KeyStatus, str, str], ...] = (
     # ----------------------------------------------------------------------------- dataset
     ("dataset.tokenizer_name", None, M, "data.tokenizer.type", "falls back to model.model_name"),
     ("dataset.dataset_type", "sft_dataset", M, "data.dataset.kind",
-     "sft_dataset: prompt and completion; seq_completion: one text learned whole; dpo_dataset: preference pairs"),
+     "sft_dataset: prompt and completion; seq_completion: the same, or one text learned whole when there is no "
+     "completion; dpo_dataset: preference pairs"),
     ("dataset.dataset_name", "yahma/alpaca-cleaned", M, "data.dataset.path",
      "a hub id (through datasets' cache) or a local folder laid out like a hub dataset repository"),
     ("dataset.json_file_path", None, M, "data.dataset.path", "a json / jsonl file; wins over dataset_name"),
@@ -196,7 +197,8 @@ _ENTRIES: tuple[tuple[str, Any, KeyStatus, str, str], ...] = (
     ("dpo.loss_type", ["sigmoid"], M, "model_alignment_strategy.dpo.loss_type", "one of sigmoid, ipo, hinge, robust"),
     ("dpo.label_smoothing", 0.0, M, "model_alignment_strategy.dpo.label_smoothing", ""),
     ("dpo.max_length", 2048, M, "data.seq_length", "prompt and response together"),
-    ("dpo.max_prompt_length", None, M, "model_alignment_strategy.dpo.max_prompt_length", ""),
+    ("dpo.max_prompt_length", None, M, "model_alignment_strategy.dpo.max_prompt_length",
+     "null: half of max_length"),
     ("dpo.truncation_mode", "keep_end", M, "model_alignment_strategy.dpo.truncation_mode", ""),
     ("dpo.disable_dropout", True, N, "", "nxd's fine-tuning runs the model without dropout (LoRA's own aside)"),
     ("dpo.precompute_ref_log_probs", False, M, "model_alignment_strategy.dpo.precompute_ref_log_probs", ""),

@@ -123,6 +123,8 @@ def _model(t: Translation, k: Keys) -> None:
         t.refuse("model.model_type", f"expected hf, found {show(k['model.model_type'])}: nxd builds Hugging Face "
                  "models from their config.json (QEfficient's registered classes are not read)")  # fmt: skip
     model = _local(t, "model.model_name", k["model.model_name"])
+    for path in ("model.model_config", "exp_manager.resume_from_checkpoint"):
+        t.claim(path, "model.model_name")
     if model is not None:
         t.set("model.model_config", model, "model.model_name")
         t.set("exp_manager.resume_from_checkpoint", model, "model.model_name")
@@ -212,6 +214,8 @@ def _dataset(t: Translation, k: Keys, method: str | None) -> None:
     d = "data.dataset"
     kinds = {"sft_dataset": "completion", "seq_completion": "text", "dpo_dataset": "preference"}
     kind = kinds.get(k["dataset.dataset_type"])
+    if kind == "text" and (k["dataset.completion_template"] is not None or k["dataset.completion_func"] is not None):
+        kind = "completion"  # the reference's seq_completion: the completion continues the prompt
     if kind is None:
         t.refuse("dataset.dataset_type", f"expected one of {', '.join(kinds)}, found {show(k['dataset.dataset_type'])}")
         return
@@ -303,8 +307,7 @@ def _training(t: Translation, k: Keys, method: str | None, environ: Mapping[str,
     t.set("trainer.max_epochs", k["training.num_train_epochs"], "training.num_train_epochs")
     t.set("trainer.max_steps", k["training.max_steps"], "training.max_steps")
     _batch(t, k, environ)
-    dtype_key = "training.dtype" if k.given("training.dtype") and not k.given("training.torch_dtype") else \
-        "training.torch_dtype"
+    dtype_key = _spelling(t, k, "training.torch_dtype", "training.dtype")
     precision = PRECISION.get(str(k[dtype_key]).lower())
     if precision is None:
         t.refuse(dtype_key, f"expected fp16, bf16 or fp32, found {show(k[dtype_key])}")
@@ -338,6 +341,15 @@ def _training(t: Translation, k: Keys, method: str | None, environ: Mapping[str,
           k.given("callbacks.tensorboard"), "training.report_to")  # fmt: skip
     if "wandb" in reports:
         t.set("exp_manager.create_wandb_logger", True, "training.report_to")
+
+
+def _spelling(t: Translation, k: Keys, code: str, reference: str) -> str:
+    """The key of the two spellings (QEfficient's code's, its reference's) the file uses; both with different
+    values are refused."""
+    if k.given(code) and k.given(reference) and k[code] != k[reference]:
+        t.refuse(reference, f"expected one of {code} and {reference}, found both ({show(k[code])} and "
+                 f"{show(k[reference])})")  # fmt: skip
+    return reference if k.given(reference) and not k.given(code) else code
 
 
 def _batch(t: Translation, k: Keys, environ: Mapping[str, str]) -> None:
@@ -400,8 +412,7 @@ def _saving(t: Translation, k: Keys) -> None:
 
 
 def _optimizer(t: Translation, k: Keys) -> None:
-    key = "optimizers.optimizer" if k.given("optimizers.optimizer") and not k.given("optimizers.optimizer_name") \
-        else "optimizers.optimizer_name"
+    key = _spelling(t, k, "optimizers.optimizer_name", "optimizers.optimizer")
     name = str(k[key]).lower()
     if name not in OPTIMIZERS:
         t.refuse(key, f"expected one of {', '.join(OPTIMIZERS)}, found {show(k[key])}")
@@ -417,8 +428,7 @@ def _optimizer(t: Translation, k: Keys) -> None:
                 continue
         t.set(f"model.optim.{option}", value, f"optimizers.{option}")
     t.set("trainer.gradient_clip_val", 1.0, "optimizers.optimizer_name")  # the Trainer's max_grad_norm
-    sched_key = "scheduler.scheduler" if k.given("scheduler.scheduler") and not k.given("scheduler.scheduler_name") \
-        else "scheduler.scheduler_name"
+    sched_key = _spelling(t, k, "scheduler.scheduler_name", "scheduler.scheduler")
     kind = str(k[sched_key]).lower()
     if kind not in SCHEDULES:
         t.refuse(sched_key, f"expected one of {', '.join(SCHEDULES)}, found {show(k[sched_key])}")
@@ -462,6 +472,10 @@ def _dpo(t: Translation, k: Keys) -> None:
     for key in ("label_smoothing", "max_prompt_length", "truncation_mode", "precompute_ref_log_probs"):
         if k[f"dpo.{key}"] is not None:
             t.set(f"{dpo}.{key}", k[f"dpo.{key}"], f"dpo.{key}")
+    if k["dpo.max_prompt_length"] is None:
+        length = k["dpo.max_length"] if k.given("dpo.max_length") else k["dataset.max_seq_length"]
+        if isinstance(length, int):
+            t.set(f"{dpo}.max_prompt_length", length // 2, "dpo.max_prompt_length")
 
 
 def is_qeff(values: Mapping[str, Any]) -> bool:

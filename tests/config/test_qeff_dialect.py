@@ -1,0 +1,183 @@
+"""QEfficient's fine-tuning config read as nxd's typed config: every key of its reference and code is
+mapped, noticed or refused; unknown keys get a did-you-mean; overrides in its spelling and nxd's; the
+batch arithmetic of a torchrun launch."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from nxd_config import ConfigError, load_config
+from nxd_config.neox.keys import KeyStatus
+from nxd_config.qeff import QEFF_KEYS
+from nxd_config.qeff.translate import translate
+from nxd_train.cli import flag_overrides, main
+
+EXAMPLES = Path(__file__).parent / "data" / "qeff"
+
+
+def _file(tmp_path: Path, **sections: dict) -> dict:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    base = {"model": {"model_name": str(model)},
+            "dataset": {"dataset_name": str(tmp_path / "data"), "prompt_template": "{q}", "completion_template": "{a}"},
+            "training": {"output_dir": str(tmp_path / "out"), "torch_dtype": "fp32"}}  # fmt: skip
+    for section, values in sections.items():
+        base.setdefault(section, {}).update(values)
+    return base
+
+
+def _load(values: dict, *overrides: str):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = load_config(values, list(overrides))
+    return config, [str(w.message) for w in caught]
+
+
+def _error(values: dict, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as raised:
+        _load(values, *overrides)
+    return str(raised.value)
+
+
+def test_every_key_at_its_default_loads_and_means_what_qeff_defaults_mean(tmp_path):
+    """A file that writes every key of the table at QEfficient's default is accepted without a notice."""
+    values = _file(tmp_path)
+    for name, entry in QEFF_KEYS.items():
+        section, _, rest = name.partition(".")
+        if entry.default is None or name in ("dataset.dataset_name", "model.model_name", "training.output_dir"):
+            continue
+        node = values.setdefault(section, {})
+        *parents, leaf = rest.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else node
+        node[leaf] = entry.default
+    values["training"]["torch_dtype"] = "fp32"
+    config, notices = _load(values)
+    assert notices == []
+    assert config.model_alignment_strategy.peft.lora_rank == 8 and config.model_alignment_strategy.peft.lora_alpha == 16
+    assert config.model.optim.name == "adamw" and config.model.optim.lr == 5e-5
+    assert config.model.optim.sched.type == "cosine" and config.model.optim.sched.warmup_steps == 100
+    assert config.data.dataset.split_ratio == 0.8 and config.data.dataset.seed == 42
+    assert config.data.seq_length == 512 and not config.data.dataset.loss_on_prompt
+
+
+def test_each_status_of_the_table_is_what_a_value_off_default_gets(tmp_path):
+    statuses = {entry.status for entry in QEFF_KEYS.values()}
+    assert statuses == {KeyStatus.MAPPED, KeyStatus.NOTICE, KeyStatus.REFUSED}
+    _, notices = _load(_file(tmp_path, model={"use_cache": True}, dataset={"group_by_length": False}))
+    assert any("model.use_cache: accepted, changes nothing here" in n for n in notices)
+    assert any("dataset.group_by_length" in n for n in notices)
+    message = _error(_file(tmp_path, training={"deepspeed_config": {"zero_optimization": {"stage": 2}}}))
+    assert "training.deepspeed_config" in message and "distributed_strategy.zero1" in message
+
+
+def test_choices_in_any_case_and_the_reference_spellings(tmp_path):
+    config, _ = _load(_file(tmp_path, optimizers={"optimizer": "AdamW", "lr": "1e-4"},
+                            scheduler={"scheduler": "Linear", "warmup_steps": 0.05},
+                            training={"dtype": "bf16", "torch_dtype": "bf16"}))  # fmt: skip
+    assert config.model.optim.name == "adamw" and config.model.optim.lr == 1e-4
+    assert config.model.optim.sched.type == "linear" and config.model.optim.sched.warmup_ratio == 0.05
+    assert config.precision.type == "mixed_precision"
+    assert "found both" in _error(_file(tmp_path, training={"dtype": "bf16"}))
+
+
+def test_unknown_keys_and_sections_get_a_did_you_mean(tmp_path):
+    message = _error(_file(tmp_path, model={"peft_config": {"lora_rr": 4}}, trainig={"seed": 1}))
+    assert "model.peft_config.lora_rr: unknown key" in message and "'model.peft_config.lora_r'" in message
+    assert "trainig: unknown section" in message and "'training'" in message
+    message = _error(_file(tmp_path, callbacks={"early_stoping": {}}))
+    assert "'callbacks.early_stopping'" in message
+
+
+def test_refused_by_name(tmp_path):
+    assert "IA3" in _error(_file(tmp_path, model={"peft_config": {"peft_type": "IA3"}}))
+    message = _error(_file(tmp_path, model={"load_in_4bit": True}))
+    assert "model.load_in_4bit" in message and "bitsandbytes" in message
+    assert "training.fsdp_config" in _error(_file(tmp_path, training={"fsdp_config": {"x": 1}}))
+    assert "expected fp16, bf16 or fp32" in _error(_file(tmp_path, training={"torch_dtype": "int8"}))
+    assert "expected one of adamw, adam, sgd" in _error(_file(tmp_path, optimizers={"optimizer_name": "lion"}))
+
+
+def test_templates_as_the_reference_writes_them(tmp_path):
+    config, notices = _load(_file(tmp_path, dataset={"prompt_template": "Summarize:\n\n{'dialogue'}\n\nSummary:\n"}))
+    assert config.data.dataset.prompt_template == "Summarize:\n\n{dialogue}\n\nSummary:\n"
+    assert any("{'dialogue'} read as the column(s) dialogue" in n for n in notices)
+    grammar = 'f"Correct:\\n\\n{\'input\'}\\n\\nCorrected:\\n"'
+    config, notices = _load(_file(tmp_path, dataset={"prompt_template": grammar}))
+    assert config.data.dataset.prompt_template == "Correct:\n\n{input}\n\nCorrected:\n"
+    assert any("f-string" in n for n in notices)
+
+
+def test_qefficients_alpaca_function_is_nxds(tmp_path):
+    for spec in ("QEfficient.finetune.experimental.preprocessing.alpaca_func:create_alpaca_prompt",
+                 "preprocess/alpaca_func:create_alpaca_prompt"):  # fmt: skip
+        config, notices = _load(_file(tmp_path, dataset={"prompt_template": None, "prompt_func": spec}))
+        assert config.data.dataset.prompt_func == "nxd_data.formatters:alpaca_prompt"
+        assert any("QEfficient's Alpaca prompt" in n for n in notices)
+
+
+def test_objectives_and_losses(tmp_path):
+    config, _ = _load(_file(tmp_path))
+    assert config.model_alignment_strategy.sft is not None and not config.data.dataset.loss_on_prompt
+    config, _ = _load(_file(tmp_path, training={"completion_only_loss": False}))
+    assert config.data.dataset.loss_on_prompt
+    config, _ = _load(_file(tmp_path, training={"type": "base"}))
+    assert config.data.dataset.loss_on_prompt
+    config, _ = _load(_file(tmp_path, dataset={"dataset_type": "seq_completion", "completion_template": None}))
+    assert config.data.dataset.kind == "text"
+    config, _ = _load(_file(tmp_path, training={"type": "dpo"}, dataset={"dataset_type": "dpo_dataset"},
+                            dpo={"beta": 0.2, "loss_type": ["ipo"]}))  # fmt: skip
+    dpo = config.model_alignment_strategy.dpo
+    assert dpo.kl_beta == 0.2 and dpo.loss_type == "ipo" and config.data.dataset.kind == "preference"
+    assert "dpo_dataset" in _error(_file(tmp_path, training={"type": "dpo"}))
+
+
+def test_overrides_dotted_flat_and_as_flags(tmp_path):
+    values = _file(tmp_path)
+    config, _ = _load(values, "optimizers.lr=3e-4", "lora_r=4", "target_modules=[q_proj,v_proj]", "seed=7")
+    assert config.model.optim.lr == 3e-4 and config.model_alignment_strategy.peft.lora_rank == 4
+    assert config.model_alignment_strategy.peft.target_modules == ("q_proj", "v_proj") and config.seed == 7
+    assert flag_overrides(["train", "--config", "a.yaml", "--lr", "3e-4", "--target_modules", "q_proj", "v_proj",
+                           "--training.seed=5", "--dialect", "qeff"]) == [  # fmt: skip
+        "train", "--config", "a.yaml", "lr=3e-4", "target_modules=[q_proj,v_proj]", "training.seed=5", "--dialect",
+        "qeff"]  # fmt: skip
+    assert "unknown key" in _error(values, "lrr=1")
+
+
+def test_batch_arithmetic_follows_the_launch(tmp_path):
+    from nxd_config.neox.translation import Translation  # noqa: F401 - the translation's type
+
+    values = _file(tmp_path, training={"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3})
+    tree = translate(values, "x", {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}).tree
+    assert tree["data"]["micro_batch_size"] == 2 and tree["data"]["global_batch_size"] == 2 * 3 * 4
+    assert tree["trainer"]["devices"] == 2 and tree["trainer"]["num_nodes"] == 2
+    issues = translate(_file(tmp_path, training={"ddp_degree": 3}), "x", {"WORLD_SIZE": "2"}).issues
+    assert any(issue.path == "training.ddp_degree" for issue in issues)
+
+
+def test_a_non_empty_output_dir_is_refused_unless_overwritten(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    message = _error(_file(tmp_path))
+    assert "training.output_dir" in message and "notes.txt" in message and "overwrite_output_dir" in message
+    config, _ = _load(_file(tmp_path, training={"overwrite_output_dir": True}))
+    assert not config.exp_manager.require_empty_log_dir
+
+
+def test_an_unreachable_hub_model_names_the_way_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    message = _error(_file(tmp_path, model={"model_name": "nobody-here/no-such-model"}))
+    assert "model.model_name" in message and "HF_HUB_OFFLINE" in message and "local model folder" in message
+
+
+def test_qefficients_own_test_config_is_refused_for_its_two_misspelt_keys(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # its hub model is not fetched
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert main(["config", "check", str(EXAMPLES / "test_config.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "dataset.torch_dtype: unknown key" in err
+    assert "training.gradient_checkpointing_kwargs.use_reenrant: unknown key" in err and "use_reentrant'?" in err
+    assert "model.model_config" not in err  # said once, as model.model_name
