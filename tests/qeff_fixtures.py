@@ -68,7 +68,7 @@ def hub_datasets(root: Path) -> dict[str, Path]:
     _jsonl(root / "gsm8k" / "main" / "test.jsonl", gsm[24:])
     (root / "gsm8k" / "README.md").write_text(GSM8K_README)
     out["openai/gsm8k"] = root / "gsm8k"
-    grammar = [{"input": phrase(i, 4), "target": phrase(i, 5)} for i in range(30)]
+    grammar = [{"input": f"{phrase(i, 4)} {i}", "target": f"{phrase(i, 5)} {i}"} for i in range(30)]
     _jsonl(root / "grammar" / "train.jsonl", grammar)
     out["grammar"] = root / "grammar"
     disc = [{"original": phrase(i), "generation": phrase(i + 3), "category": ["sarcasm_more", "formal"][i % 2]}

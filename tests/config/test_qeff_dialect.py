@@ -166,16 +166,22 @@ def test_a_non_empty_output_dir_is_refused_unless_overwritten(tmp_path):
     assert not config.exp_manager.require_empty_log_dir
 
 
-def test_an_unreachable_hub_model_names_the_way_out(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def _offline(monkeypatch, tmp_path) -> None:
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read when huggingface_hub loads: set where it keeps it too
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+
+def test_an_unreachable_hub_model_names_the_way_out(tmp_path, monkeypatch):
+    _offline(monkeypatch, tmp_path)
     message = _error(_file(tmp_path, model={"model_name": "nobody-here/no-such-model"}))
     assert "model.model_name" in message and "HF_HUB_OFFLINE" in message and "local model folder" in message
 
 
 def test_qefficients_own_test_config_is_refused_for_its_two_misspelt_keys(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # its hub model is not fetched
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    _offline(monkeypatch, tmp_path)  # its hub model is not fetched
     assert main(["config", "check", str(EXAMPLES / "test_config.yaml")]) == 1
     err = capsys.readouterr().err
     assert "dataset.torch_dtype: unknown key" in err
