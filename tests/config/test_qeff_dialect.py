@@ -167,7 +167,7 @@ def test_a_non_empty_output_dir_is_refused_unless_overwritten(tmp_path):
 
 
 def _offline(monkeypatch, tmp_path) -> None:
-    import huggingface_hub
+    import huggingface_hub.constants
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read when huggingface_hub loads: set where it keeps it too
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)

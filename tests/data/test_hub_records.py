@@ -115,7 +115,7 @@ def test_bad_input_gets_one_message_each(hub, tmp_path):
 
 def test_a_hub_id_out_of_reach_names_the_way_out(tmp_path, monkeypatch):
     import datasets
-    import huggingface_hub
+    import huggingface_hub.constants
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read when the libraries load: set where they keep it too
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
