@@ -1,0 +1,197 @@
+"""QEfficient fine-tuning files trained by nxd-train on a tiny local model and local dataset folders laid out
+like the hub repositories they name: the reference's dataset examples and QEfficient's own example files
+run, and the adapters they leave load in peft; the loss covers exactly the completion and EOS (transformers'
+own loss with the labels masked by hand); schedules, early stopping and resume match values worked by hand."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from nxd_train.cli import main
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.qeff_fixtures import EXAMPLES, hub_datasets, local_config, tiny_model
+from tests.training_runs import read_metrics
+
+TRAINING = {"torch_dtype": "fp32", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+            "num_train_epochs": 1, "logging_steps": 1}  # fmt: skip
+MODEL = {"use_peft": True, "peft_config": {"lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+                                           "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"]}}  # fmt: skip
+OPTIMIZER = {"optimizer_name": "adamw", "lr": 1e-2}
+SCHEDULER = {"scheduler_name": "constant", "warmup_steps": 0, "warmup_ratio": 0.0}
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory, chat_tokenizer_dir) -> Path:
+    """A working folder holding the tiny model and the dataset folders (and the grammar one under the name the
+    reference gives it)."""
+    root = tmp_path_factory.mktemp("qeff")
+    tiny_model(root / "tiny", chat_tokenizer_dir)
+    hub_datasets(root / "hub")
+    return root
+
+
+@pytest.fixture
+def inside(place, monkeypatch) -> Path:
+    monkeypatch.chdir(place)
+    return place
+
+
+def _datasets(place: Path) -> dict[str, Path]:
+    names = {"yahma/alpaca-cleaned": "alpaca-cleaned", "knkarthick/samsum": "samsum", "openai/gsm8k": "gsm8k",
+             "grammar": "grammar", "hallisky/DiSC": "DiSC", "Salesforce/wikitext": "wikitext"}  # fmt: skip
+    return {name: place / "hub" / folder for name, folder in names.items()}
+
+
+def _write(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _config(place: Path, out: Path, dataset: dict, **sections: dict) -> dict:
+    config = {"model": {"model_name": str(place / "tiny"), **MODEL},
+              "dataset": {"max_seq_length": 128, **dataset},
+              "training": {"output_dir": str(out), **TRAINING}, "optimizers": dict(OPTIMIZER),
+              "scheduler": dict(SCHEDULER)}  # fmt: skip
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+@torch.no_grad()
+def _adapter_moves_logits(base: Path, adapter: Path) -> None:
+    from peft import PeftModel
+
+    ids = torch.tensor([[1, 40, 41, 42, 43, 44, 45]])
+    model = AutoModelForCausalLM.from_pretrained(base)
+    before = model(ids).logits
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)(ids).logits
+    assert before.shape == adapted.shape and (before - adapted).abs().max() > 1e-7
+
+
+REFERENCE = yaml.safe_load((EXAMPLES / "reference_examples.yaml").read_text())
+
+
+@pytest.mark.parametrize("example", ["samsum", pytest.param("alpaca", marks=pytest.mark.slow),
+                                     pytest.param("gsm8k", marks=pytest.mark.slow),
+                                     pytest.param("grammar", marks=pytest.mark.slow)])  # fmt: skip
+def test_the_references_dataset_examples_train_and_leave_an_adapter_peft_loads(inside, example):
+    dataset = dict(REFERENCE[example])
+    dataset["tokenizer_name"] = str(inside / "tiny")
+    if dataset["dataset_name"] != "grammar":  # the reference's grammar example names a folder here
+        dataset["dataset_name"] = str(_datasets(inside)[dataset["dataset_name"]])
+    else:
+        shutil.copytree(_datasets(inside)["grammar"], inside / "grammar", dirs_exist_ok=True)
+    out = inside / f"out-{example}"
+    assert main([str(_write(inside / f"{example}.yaml", _config(inside, out, dataset)))]) == 0
+    assert (out / "adapter_model.safetensors").is_file() and list(out.glob("checkpoint-*/trainer_state.json"))
+    _adapter_moves_logits(inside / "tiny", out)
+
+
+QEFF_EXAMPLES = ["sft_single_device_gsm8k_config.yaml", "sft_single_device_alpaca_config.yaml",
+                 "sft_single_device_custom_dataset_config.yaml", "sft_ddp_config.yaml", "example_config.yaml"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "sft_single_device_gsm8k_config.yaml"
+                                               else pytest.mark.slow) for n in QEFF_EXAMPLES])  # fmt: skip
+def test_qefficients_example_files_train_as_written(inside, name):
+    """Only the model, the dataset and the output folder are pointed here; the rest is as QEfficient wrote it
+    (fp16, 100 warmup steps, early stopping ...)."""
+    out = inside / f"out-{name}"
+    config = local_config(EXAMPLES / name, inside / name, inside / "tiny", _datasets(inside), out,
+                          dataset={"max_seq_length": 128})  # fmt: skip
+    assert main([str(config), "--max_steps", "6"]) == 0
+    assert (out / "adapter_model.safetensors").is_file()
+    _adapter_moves_logits(inside / "tiny", out)
+
+
+def test_the_loss_covers_the_completion_and_eos_as_transformers_computes_it(inside):
+    """Step 1's loss (LoRA's B starts at 0, so the model is the base) equals transformers' loss on BOS + prompt
+    + completion + EOS with the labels of BOS and the prompt masked by hand."""
+    template = "Summarize:\n{dialogue}\nSummary:\n"
+    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": template,
+               "completion_template": "{summary}", "data_seed": None, "dataset_num_samples": 2}  # fmt: skip
+    out = inside / "out-loss"
+    assert main([str(_write(inside / "loss.yaml", _config(inside, out, dataset, training={"max_steps": 1})))]) == 0
+    nxd_loss = read_metrics(out)[0]["loss"]
+
+    tokenizer = AutoTokenizer.from_pretrained(inside / "tiny")
+    rows = [yaml.safe_load(line) for line in (_datasets(inside)["knkarthick/samsum"] / "train.jsonl").read_text()
+            .splitlines()[:2]]  # fmt: skip
+    sequences, labels = [], []
+    for row in rows:
+        prompt = tokenizer(template.format(**row), add_special_tokens=False).input_ids
+        completion = tokenizer(row["summary"], add_special_tokens=False).input_ids
+        ids = [tokenizer.bos_token_id, *prompt, *completion, tokenizer.eos_token_id]
+        sequences.append(ids)
+        labels.append([-100] * (1 + len(prompt)) + ids[1 + len(prompt):])
+    width = max(map(len, sequences))
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences])
+    label = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(inside / "tiny")(ids, labels=label).loss.item()
+    assert nxd_loss == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(("kind", "warmup", "formula"), [
+    ("cosine", 2, lambda s: 1e-3 * s / 2 if s < 2 else 1e-3 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 6))),
+    ("linear", 0.25, lambda s: 1e-3 * s / 2 if s < 2 else 1e-3 * (8 - s) / 6),
+])  # fmt: skip
+def test_schedules_equal_values_worked_by_hand(inside, kind, warmup, formula):
+    """8 steps: the update of step s (from 0) uses formula(s); metrics.csv logs it at step s + 1."""
+    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
+               "completion_template": "{summary}"}  # fmt: skip
+    out = inside / f"out-{kind}"
+    config = _config(inside, out, dataset, training={"max_steps": 8, "do_eval": False, "save_strategy": "no"},
+                     optimizers={"lr": 1e-3}, scheduler={"scheduler_name": kind, "warmup_steps": warmup})  # fmt: skip
+    assert main([str(_write(inside / f"{kind}.yaml", config))]) == 0
+    logged = [row["lr"] for row in read_metrics(out) if "lr" in row]
+    assert logged == pytest.approx([formula(s) for s in range(8)], rel=1e-9, abs=1e-15)
+
+
+def test_early_stopping_stops_at_the_step_worked_by_hand(inside, capsys):
+    """Validation at steps 2, 4, 6 ...; patience 1 and a threshold no change reaches: step 2 sets the best,
+    step 4 does not improve on it by 100, so the run ends after step 4, with its checkpoint."""
+    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
+               "completion_template": "{summary}", "test_split": "test"}  # fmt: skip
+    out = inside / "out-early"
+    config = _config(inside, out, dataset, training={"max_steps": 10, "eval_strategy": "steps", "eval_steps": 2},
+                     callbacks={"early_stopping": {"early_stopping_patience": 1,
+                                                   "early_stopping_threshold": 100.0}})  # fmt: skip
+    assert main([str(_write(inside / "early.yaml", config))]) == 0
+    rows = read_metrics(out)
+    assert max(row["step"] for row in rows) == 4 and [r["step"] for r in rows if "val_loss" in r] == [2, 4]
+    assert "early stopping after step 4 of 10" in capsys.readouterr().out
+    assert (out / "checkpoint-4" / "trainer_state.json").is_file()
+
+
+def test_resume_from_a_trainer_checkpoint_continues_the_uninterrupted_losses(inside):
+    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
+               "completion_template": "{summary}", "test_split": "test"}  # fmt: skip
+    out = inside / "out-resume"
+    training = {"max_steps": 6, "save_strategy": "steps", "save_steps": 3, "eval_strategy": "no"}
+    assert main([str(_write(inside / "whole.yaml", _config(inside, out, dataset, training=training)))]) == 0
+    whole = {row["step"]: row["loss"] for row in read_metrics(out) if "loss" in row}
+    assert main([str(inside / "whole.yaml"), "--resume_from_checkpoint", str(out / "checkpoint-3")]) == 0
+    resumed = {row["step"]: row["loss"] for row in read_metrics(out) if "loss" in row}
+    assert [resumed[s] for s in (4, 5, 6)] == [whole[s] for s in (4, 5, 6)]
+    assert "resumed from" in (out / "nxd_log_globalrank-0_localrank-0.txt").read_text()
+
+
+def test_json_log_and_save_total_limit(inside):
+    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
+               "completion_template": "{summary}"}  # fmt: skip
+    out = inside / "out-json"
+    config = _config(inside, out, dataset, training={"max_steps": 6, "save_strategy": "steps", "save_steps": 2,
+                                                     "save_total_limit": 2, "eval_strategy": "no"},
+                     callbacks={"json_logger": None})  # fmt: skip
+    assert main([str(_write(inside / "json.yaml", config))]) == 0
+    lines = [yaml.safe_load(line) for line in (out / "training_logs.jsonl").read_text().splitlines()]
+    assert [line["global_step"] for line in lines] == [1, 2, 3, 4, 5, 6] and all("loss" in line for line in lines)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert len(list((out / "checkpoints").iterdir())) == 2
