@@ -314,7 +314,7 @@ def _training(t: Translation, k: Keys, method: str | None, environ: Mapping[str,
     else:
         t.set("precision.type", precision, dtype_key)
     _evaluation(t, k)
-    logging = k["training.logging_strategy"]
+    logging = _strategy(k["training.logging_strategy"])
     if logging != "steps":
         t.notice("training.logging_strategy", f"{logging}: nxd logs every logging_steps steps and at the last step")
     t.set("trainer.log_every_n_steps", k["training.logging_steps"], "training.logging_steps")
@@ -373,8 +373,13 @@ def _batch(t: Translation, k: Keys, environ: Mapping[str, str]) -> None:
           "training.gradient_accumulation_steps")  # fmt: skip
 
 
+def _strategy(value: Any) -> Any:
+    """A Trainer strategy as written: YAML 1.1 reads an unquoted `no` as false."""
+    return "no" if value is False else value
+
+
 def _evaluation(t: Translation, k: Keys) -> None:
-    strategy = k["training.eval_strategy"]
+    strategy = _strategy(k["training.eval_strategy"])
     if not k["training.do_eval"] or strategy == "no":
         t.set("trainer.limit_val_batches", 0, "training.do_eval")
         return
@@ -390,7 +395,7 @@ def _evaluation(t: Translation, k: Keys) -> None:
 
 
 def _saving(t: Translation, k: Keys) -> None:
-    strategy = k["training.save_strategy"]
+    strategy = _strategy(k["training.save_strategy"])
     params = "exp_manager.checkpoint_callback_params"
     if strategy == "no":
         t.set("exp_manager.create_checkpoint_callback", False, "training.save_strategy")
@@ -448,6 +453,9 @@ def _optimizer(t: Translation, k: Keys) -> None:
 
 def _callbacks(t: Translation, k: Keys) -> None:
     if k.given("callbacks.early_stopping"):
+        if not k["training.do_eval"] or _strategy(k["training.eval_strategy"]) == "no":
+            t.refuse("callbacks.early_stopping", "judges the evaluation loss; expected training.eval_strategy steps "
+                     "or epoch with do_eval, found no evaluation")  # fmt: skip
         t.set("exp_manager.create_early_stopping_callback", True, "callbacks.early_stopping")
         params = "exp_manager.early_stopping_callback_params"
         t.set(f"{params}.patience", k["callbacks.early_stopping.early_stopping_patience"],
