@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES = ROOT / "config" / "data" / "qeff"
-WORDS = "the quick brown fox jumps over lazy dog pack my box with five dozen liquor jugs".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "pack", "my", "box", "with", "five", "dozen", "liquor", "jugs"]
 GSM8K_README = """---
 configs:
 - config_name: main

@@ -111,6 +111,11 @@ def test_bad_input_gets_one_message_each(hub, tmp_path):
     (empty / "train.jsonl").write_text(json.dumps({"a": " ", "b": "x"}) + "\n")
     message = error(HubDataset(str(empty), drop_empty=True), RecordForm(prompt_template="{a}", completion_template="{b}"))
     assert "no rows left of 1" in message
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "train.jsonl").write_text('{"a": "x"}\n{a: x}\n')
+    message = error(HubDataset(str(broken)), RecordForm(prompt_template="{a}", completion_template="{a}"))
+    assert "cannot be read as a dataset" in message and str(broken) in message
 
 
 def test_a_hub_id_out_of_reach_names_the_way_out(tmp_path, monkeypatch):

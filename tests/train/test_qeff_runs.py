@@ -5,6 +5,7 @@ own loss with the labels masked by hand); schedules, early stopping and resume m
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -214,3 +215,43 @@ def test_ddp_over_two_processes_under_torchrun_matches_one_process(inside):
     single = [row["loss"] for row in read_metrics(single_out) if "loss" in row]
     double = [row["loss"] for row in read_metrics(double_out) if "loss" in row]
     assert len(single) == 4 and max(abs(a - b) for a, b in zip(single, double, strict=True)) < 1e-6
+
+
+def _preference_folder(place: Path) -> Path:
+    folder = place / "hub" / "pairs"
+    if not folder.exists():
+        from tests.qeff_fixtures import phrase
+
+        rows = [{"question": f"which {phrase(i, 3)} {i}", "good": f"{phrase(i + 1, 4)} yes", "bad": f"{phrase(i, 2)} no"}
+                for i in range(24)]  # fmt: skip
+        folder.mkdir(parents=True)
+        for split, part in (("train", rows[:20]), ("test", rows[20:])):
+            (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    return folder
+
+
+def test_dpo_files_train_with_nxds_dpo(inside):
+    """PR 964's dpo section and dpo_dataset: the first step's loss is -log sigmoid(0) = ln 2 (the policy is the
+    reference, LoRA's B being 0)."""
+    dataset = {"dataset_type": "dpo_dataset", "dataset_name": str(_preference_folder(inside)),
+               "prompt_column": "question", "chosen_column": "good", "rejected_column": "bad"}  # fmt: skip
+    out = inside / "out-dpo"
+    config = _config(inside, out, dataset, training={"type": "dpo", "max_steps": 3},
+                     dpo={"beta": 0.1, "loss_type": ["sigmoid"]})  # fmt: skip
+    assert main([str(_write(inside / "dpo.yaml", config))]) == 0
+    assert read_metrics(out)[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    _adapter_moves_logits(inside / "tiny", out)
+
+
+def test_a_sequence_classifier_trains_as_a_reward_model(inside):
+    from transformers import AutoModelForSequenceClassification
+
+    dataset = {"dataset_type": "dpo_dataset", "dataset_name": str(_preference_folder(inside)),
+               "prompt_column": "question", "chosen_column": "good", "rejected_column": "bad"}  # fmt: skip
+    out = inside / "out-reward"
+    config = _config(inside, out, dataset, model={"auto_class_name": "AutoModelForSequenceClassification",
+                                                  "use_peft": False}, training={"max_steps": 3})  # fmt: skip
+    assert main([str(_write(inside / "reward.yaml", config))]) == 0
+    assert read_metrics(out)[0]["loss"] == pytest.approx(math.log(2), abs=0.05)  # scores start near each other
+    scorer = AutoModelForSequenceClassification.from_pretrained(out)
+    assert scorer(torch.tensor([[1, 40, 41, 42]])).logits.shape == (1, 1)

@@ -204,15 +204,23 @@ def _load(source: HubDataset, where: str) -> datasets.DatasetDict:
         loaded = datasets.load_dataset(source.path, source.name)
     except DataError:
         raise
-    except (ConnectionError, OSError, FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as error:
+    except datasets.exceptions.DatasetGenerationError as error:  # a data file the builder cannot parse
+        cause = error.__cause__ or error
+        raise DataError(f"{where}: {source.path} cannot be read as a dataset: {_first(cause)}") from None
+    except (ConnectionError, OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as error:
         raise DataError(_unreachable(source, where, error)) from None
     if not isinstance(loaded, datasets.DatasetDict):
         loaded = datasets.DatasetDict({source.train_split: loaded})
     return loaded
 
 
+def _first(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
 def _unreachable(source: HubDataset, where: str, error: Exception) -> str:
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = _first(error)
     if Path(source.path).exists():
         return f"{where}: {source.path} cannot be read as a dataset: {first}"
     return (f"{where}: {source.path!r} is not a local folder or file, and the Hugging Face hub did not give it "

@@ -96,7 +96,8 @@ def translate(values: Mapping[str, Any], name: str, environ: Mapping[str, str] |
     k = Keys({key: value for key, value in flat.items() if key in QEFF_KEYS})
     for key, value in k.values.items():
         entry = QEFF_KEYS[key]
-        if entry.status is KeyStatus.NOTICE and value != entry.default and value is not None:
+        if entry.status is KeyStatus.NOTICE and (value != entry.default and value is not None
+                                                 or key.startswith("callbacks.")):  # a callback named is asked for
             t.notice(key, f"accepted, changes nothing here: {entry.note}")
         elif entry.status is KeyStatus.REFUSED and value not in (entry.default, None, False, {}):
             t.refuse(key, f"expected {show(entry.default)} (QEfficient's default), found {show(value)}: {entry.note}")
@@ -198,7 +199,12 @@ def _method(t: Translation, k: Keys) -> str | None:
             t.refuse("model.auto_class_name", "AutoModelForSequenceClassification trains a reward model on "
                      f"preference pairs; expected dataset_type dpo_dataset, found {show(k['dataset.dataset_type'])}")
             return None
-        t.set("model_alignment_strategy.reward_model", {}, "model.auto_class_name")
+        if k["model.use_peft"]:
+            t.refuse("model.use_peft", "expected false with AutoModelForSequenceClassification: nxd's reward models "
+                     "train every weight (LoRA adapters beside the score head are not built)")  # fmt: skip
+        length = k["dataset.max_seq_length"]
+        t.set("model_alignment_strategy.reward_model", {"max_prompt_length": length // 2 if isinstance(length, int)
+                                                       else None}, "model.auto_class_name")  # fmt: skip
         return "reward_model"
     if kind in ("sft", "base"):
         t.set("model_alignment_strategy.sft.packing", False, "training.type")
