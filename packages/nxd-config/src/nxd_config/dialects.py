@@ -10,7 +10,7 @@ from typing import Any
 from .errors import ConfigError, ConfigIssue
 from .neox.files import canonical
 from .neox.keys import NEOX_KEYS
-from .qeff.translate import is_qeff
+from .qeff.keys import OWN_SECTIONS, SECTIONS
 
 DIALECTS = ("nxdt", "neox", "qeff")
 NXDT_SECTIONS = ("trainer", "exp_manager", "distributed_strategy", "data", "model", "precision",
@@ -20,7 +20,8 @@ NXDT_SECTIONS = ("trainer", "exp_manager", "distributed_strategy", "data", "mode
 def detect(values: Mapping[str, Any]) -> str | None:
     """"nxdt" when the file has an NxDT section, "qeff" when it has QEfficient's, "neox" when its keys are NeoX
     arguments, None when it is neither (an empty file, or keys of no dialect)."""
-    if is_qeff(values) and not any(isinstance(values.get(s), Mapping) for s in NXDT_SECTIONS if s != "model"):
+    foreign = [key for key in values if key not in SECTIONS and (key in NXDT_SECTIONS or canonical(key) in NEOX_KEYS)]
+    if set(OWN_SECTIONS) & set(values) and not foreign:  # a misspelt section of its own stays QEfficient's
         return "qeff"
     if any(isinstance(values.get(section), Mapping) for section in NXDT_SECTIONS):
         return "nxdt"

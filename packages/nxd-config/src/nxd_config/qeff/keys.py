@@ -18,6 +18,8 @@ from typing import Any
 from ..neox.keys import KeyStatus
 
 SECTIONS = ("model", "dataset", "training", "optimizers", "scheduler", "callbacks", "dpo")
+OWN_SECTIONS = ("dataset", "training", "optimizers", "scheduler", "callbacks")
+"""The sections that make a file QEfficient's (NxDT files have a `model` section too)."""
 
 
 @dataclass(frozen=True)

@@ -492,11 +492,4 @@ def _dpo(t: Translation, k: Keys) -> None:
             t.set(f"{dpo}.max_prompt_length", length // 2, "dpo.max_prompt_length")
 
 
-def is_qeff(values: Mapping[str, Any]) -> bool:
-    """Whether a file's top level is QEfficient's: sections of its own (dataset, training, optimizers,
-    scheduler or callbacks) beside, at most, `model` and `dpo`."""
-    own = {"dataset", "training", "optimizers", "scheduler", "callbacks"}
-    return bool(own & set(values)) and all(isinstance(values.get(s), Mapping | type(None)) for s in own & set(values))
-
-
-__all__ = ["flatten", "is_qeff", "translate"]
+__all__ = ["flatten", "translate"]

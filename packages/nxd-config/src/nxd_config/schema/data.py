@@ -152,7 +152,8 @@ class TokenizerConfig(Section):
     )  # fmt: skip
 
 
-_NXD = {"by": DATA, "status": Status.EXTENSION}
+_NXD = {"by": DATA, "status": Status.EXTENSION, "note": "QEfficient's dataset section (Hugging Face datasets by "
+        "their columns)"}
 
 
 class HubDatasetConfig(Section):
@@ -302,6 +303,7 @@ class DataConfig(Section):
     dataset: HubDatasetConfig | None = key(
         None, "Fine-tuning records from a Hugging Face dataset's columns, for training and validation (instead of "
         "train_dir / val_dir).", by=DATA, status=Status.EXTENSION,
+        note="QEfficient's dataset section (Hugging Face datasets by their columns)",
     )
     use_sft_style_data_module: bool = key(
         False, "Read train_dir/val_dir (Hugging Face style) even when data_prefix is set.", by=DATA

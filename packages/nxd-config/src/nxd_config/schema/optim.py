@@ -125,7 +125,7 @@ class TransformersSchedule(Section):
         lt=1.0, status=Status.EXTENSION, note="TrainingArguments.warmup_ratio",
     )  # fmt: skip
     max_steps: int | None = key(None, "Steps the schedule spans; null uses the run's optimizer steps.", by=APP, ge=1,
-                                status=Status.EXTENSION)  # fmt: skip
+                                status=Status.EXTENSION, note="TrainingArguments.max_steps")  # fmt: skip
 
 
 class StepLR(Section):

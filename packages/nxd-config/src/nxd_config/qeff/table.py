@@ -1,0 +1,45 @@
+"""The QEfficient key table (key, QEfficient default, status, nxd consumer, note), generated from
+`keys.QEFF_KEYS`.
+
+    python -m nxd_config.qeff.table                     print the table as Markdown
+    python -m nxd_config.qeff.table --update README.md  rewrite the table between its markers
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from ..neox.keys import KeyStatus
+from ..reference import rewrite_between, table_command
+from .keys import QEFF_KEYS
+
+START, END = "<!-- qeff-keys:start -->", "<!-- qeff-keys:end -->"
+
+
+def key_table() -> str:
+    """Every QEfficient key as a Markdown table, with a line counting them by status."""
+    tally = Counter(key.status for key in QEFF_KEYS.values())
+    summary = ", ".join(f"{tally[status]} {status}" for status in KeyStatus)
+    rows = [f"{len(QEFF_KEYS)} QEfficient fine-tuning keys: {summary}.", "",
+            "| key | QEfficient default | status | nxd | note |", "|---|---|---|---|---|"]  # fmt: skip
+    for key in QEFF_KEYS.values():
+        cells = [f"`{key.name}`", f"`{json.dumps(key.default)}`", str(key.status),
+                 f"`{key.consumer}`" if key.consumer else "", key.note]  # fmt: skip
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def update(readme: Path) -> bool:
+    """Rewrite the table between the markers in `readme`; True if it changed."""
+    return rewrite_between(readme, START, END, key_table())
+
+
+def main(argv: list[str] | None = None) -> int:
+    return table_command(argv, "python -m nxd_config.qeff.table", __doc__, key_table, update)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
