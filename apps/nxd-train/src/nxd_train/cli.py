@@ -14,7 +14,8 @@
                                                       (a LoRA one -> a peft adapter folder, or merged)
 
 FILE is one NxDT config, or one or more GPT-NeoX configs (merged as NeoX's launcher merges them); the
-dialect is recognised from the files, or forced with --dialect nxdt|neox. OVERRIDEs use the files' keys.
+dialect is recognised from the files, or forced with --dialect nxdt|neox|qeff. OVERRIDEs use the files' keys,
+also written --KEY VALUE.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from nxd_config import DIALECTS, ConfigError, ConfigNotice, NxdConfig, load_conf
 from .export_dtypes import EXPORT_DTYPES
 
 SUBCOMMANDS = ("train", "config", "plan", "data", "ckpt")
-OVERRIDE_HELP = "a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML)"
-ITEMS_HELP = "config files (one NxDT file, or GPT-NeoX files), then overrides: " + OVERRIDE_HELP
+OVERRIDE_HELP = ("a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML); --a.b VALUE is "
+                 "a.b=VALUE")  # fmt: skip
+ITEMS_HELP = "config files (one NxDT or QEfficient file, or GPT-NeoX files), then overrides: " + OVERRIDE_HELP
 DIALECT_HELP = "the files' dialect (default: recognised from the files)"
 
 
@@ -47,7 +49,8 @@ def default_config_path() -> Path:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nxd-train",
-        description="Train large language models from one NxDT-dialect YAML file (or GPT-NeoX config files).",
+        description="Train large language models from one NxDT-dialect YAML file (or GPT-NeoX config files, or a "
+                    "QEfficient fine-tuning file).",
         epilog="Without a subcommand, nxd-train runs 'train'. Overrides: " + OVERRIDE_HELP,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
