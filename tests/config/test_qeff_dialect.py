@@ -189,35 +189,7 @@ def test_qefficients_own_test_config_is_refused_for_its_two_misspelt_keys(tmp_pa
     assert "model.model_config" not in err  # said once, as model.model_name
 
 
-REFERENCE_KEYS = """
-model.model_type model.auto_class_name model.model_name model.load_in_4bit model.use_cache model.attn_implementation
-model.device_map model.use_peft model.peft_config.lora_r model.peft_config.lora_alpha model.peft_config.lora_dropout
-model.peft_config.target_modules model.peft_config.bias model.peft_config.task_type model.peft_config.peft_type
-dataset.tokenizer_name dataset.dataset_type dataset.dataset_name dataset.json_file_path dataset.train_split
-dataset.test_split dataset.split_ratio dataset.prompt_func dataset.prompt_template dataset.completion_func
-dataset.completion_template dataset.dataset_subset dataset.max_seq_length dataset.input_columns dataset.target_column
-dataset.train_batch_size dataset.eval_batch_size dataset.collate_fn dataset.group_by_length dataset.length_column_name
-dataset.num_workers dataset.dataloader_pin_memory dataset.dataloader_drop_last dataset.dataloader_prefetch_factor
-dataset.dataloader_persistent_workers dataset.dataloader_num_workers dataset.config_name dataset.dataset_num_samples
-dataset.data_seed dataset.remove_samples_with_empty_columns dataset.dataset_disc_style
-training.type training.output_dir training.overwrite_output_dir training.do_eval training.eval_strategy
-training.eval_steps training.gradient_accumulation_steps training.dtype training.torch_dtype training.seed
-training.device training.per_device_train_batch_size training.per_device_eval_batch_size training.num_train_epochs
-training.max_steps training.log_level training.log_on_each_node training.logging_strategy training.logging_steps
-training.save_strategy training.save_steps training.save_total_limit training.metric_for_best_model
-training.include_num_input_tokens_seen training.average_tokens_across_devices training.fsdp_config
-training.deepspeed_config training.accelerator_config training.use_cpu training.restore_callback_states_from_checkpoint
-training.gradient_checkpointing training.gradient_checkpointing_kwargs.preserve_rng_state
-training.gradient_checkpointing_kwargs.use_reentrant training.ddp_config.ddp_backend
-training.ddp_config.ddp_find_unused_parameters training.ddp_config.ddp_bucket_cap_mb
-training.ddp_config.ddp_broadcast_buffers training.ddp_config.ddp_timeout training.torch_compile
-training.resume_from_checkpoint training.disable_tqdm training.log_file_name training.report_to
-training.completion_only_loss training.pp_degree optimizers.optimizer optimizers.optimizer_name optimizers.lr
-optimizers.weight_decay scheduler.scheduler scheduler.scheduler_name scheduler.warmup_steps scheduler.warmup_ratio
-callbacks.early_stopping.early_stopping_patience callbacks.early_stopping.early_stopping_threshold
-callbacks.enhanced_progressbar callbacks.default_flow callbacks.printer callbacks.json_logger callbacks.tensorboard
-callbacks.qaic_profiler_callback callbacks.qaic_op_by_op_verifier_callback callbacks.train_logger
-""".split()
+REFERENCE_KEYS = ["model.model_type", "model.auto_class_name", "model.model_name", "model.load_in_4bit", "model.use_cache", "model.attn_implementation", "model.device_map", "model.use_peft", "model.peft_config.lora_r", "model.peft_config.lora_alpha", "model.peft_config.lora_dropout", "model.peft_config.target_modules", "model.peft_config.bias", "model.peft_config.task_type", "model.peft_config.peft_type", "dataset.tokenizer_name", "dataset.dataset_type", "dataset.dataset_name", "dataset.json_file_path", "dataset.train_split", "dataset.test_split", "dataset.split_ratio", "dataset.prompt_func", "dataset.prompt_template", "dataset.completion_func", "dataset.completion_template", "dataset.dataset_subset", "dataset.max_seq_length", "dataset.input_columns", "dataset.target_column", "dataset.train_batch_size", "dataset.eval_batch_size", "dataset.collate_fn", "dataset.group_by_length", "dataset.length_column_name", "dataset.num_workers", "dataset.dataloader_pin_memory", "dataset.dataloader_drop_last", "dataset.dataloader_prefetch_factor", "dataset.dataloader_persistent_workers", "dataset.dataloader_num_workers", "dataset.config_name", "dataset.dataset_num_samples", "dataset.data_seed", "dataset.remove_samples_with_empty_columns", "dataset.dataset_disc_style", "training.type", "training.output_dir", "training.overwrite_output_dir", "training.do_eval", "training.eval_strategy", "training.eval_steps", "training.gradient_accumulation_steps", "training.dtype", "training.torch_dtype", "training.seed", "training.device", "training.per_device_train_batch_size", "training.per_device_eval_batch_size", "training.num_train_epochs", "training.max_steps", "training.log_level", "training.log_on_each_node", "training.logging_strategy", "training.logging_steps", "training.save_strategy", "training.save_steps", "training.save_total_limit", "training.metric_for_best_model", "training.include_num_input_tokens_seen", "training.average_tokens_across_devices", "training.fsdp_config", "training.deepspeed_config", "training.accelerator_config", "training.use_cpu", "training.restore_callback_states_from_checkpoint", "training.gradient_checkpointing", "training.gradient_checkpointing_kwargs.preserve_rng_state", "training.gradient_checkpointing_kwargs.use_reentrant", "training.ddp_config.ddp_backend", "training.ddp_config.ddp_find_unused_parameters", "training.ddp_config.ddp_bucket_cap_mb", "training.ddp_config.ddp_broadcast_buffers", "training.ddp_config.ddp_timeout", "training.torch_compile", "training.resume_from_checkpoint", "training.disable_tqdm", "training.log_file_name", "training.report_to", "training.completion_only_loss", "training.pp_degree", "optimizers.optimizer", "optimizers.optimizer_name", "optimizers.lr", "optimizers.weight_decay", "scheduler.scheduler", "scheduler.scheduler_name", "scheduler.warmup_steps", "scheduler.warmup_ratio", "callbacks.early_stopping.early_stopping_patience", "callbacks.early_stopping.early_stopping_threshold", "callbacks.enhanced_progressbar", "callbacks.default_flow", "callbacks.printer", "callbacks.json_logger", "callbacks.tensorboard", "callbacks.qaic_profiler_callback", "callbacks.qaic_op_by_op_verifier_callback", "callbacks.train_logger"]
 """The keys of QEfficient's configuration reference and of its fine-tuning code's config dataclasses."""
 
 
