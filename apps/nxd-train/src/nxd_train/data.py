@@ -137,13 +137,16 @@ class DataSplits:
 
     packed_pairs: bool = False
     """A reward model's micro-batches are packed into one row, where the layout lets them."""
+    padded_rows: bool = False
+    """Rows are records padded to seq_length (SFT): a micro-batch drops the padding columns after its longest."""
 
     def collate(self, trim_to: int | None, packable: bool = False) -> Callable[[list[Sample]], Sample]:
         """How samples become a micro-batch; pairs drop their trailing padding columns (to a multiple of
-        `trim_to`, None keeps every column: pipeline stages pass one shape), or with `packed_pairs`,
+        `trim_to`, None keeps every column: pipeline stages pass one shape), as do padded SFT records
+        (`padded_rows`), or with `packed_pairs`,
         where the layout is `packable`, are packed into one row of a multiple of `trim_to`."""
         if self.rows_per_sample != 2:
-            return collate
+            return partial(collate, trim_to=trim_to) if self.padded_rows and trim_to is not None else collate
         if self.packed_pairs and packable and trim_to is not None:
             return partial(collate_packed_pairs, multiple_of=trim_to)
         return partial(collate_pairs, trim_to=trim_to)
@@ -291,7 +294,7 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
     files = tokenizer.export_files(cache_dir / "tokenizers")
     return DataSplits(train, splits.get("data.val_dir"), None, train.padding(), tokenizer.vocab_size,
                       data.tokenizer.type, shuffled=False, notes=notes, tokenizer_files=files,
-                      tokenizer_fingerprint=tokenizer.fingerprint)  # fmt: skip
+                      tokenizer_fingerprint=tokenizer.fingerprint, padded_rows=not packing)  # fmt: skip
 
 
 def _preference_splits(data: DataConfig, seq_length: int,

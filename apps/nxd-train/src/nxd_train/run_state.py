@@ -112,8 +112,8 @@ class Run:
 
     @property
     def trim_to(self) -> int | None:
-        """Micro-batches of pairs are cut to their longest sequence, in multiples of 8 and of the ranks
-        that split the sequence; pipeline stages keep one shape, so every column stays."""
+        """Micro-batches of pairs and of padded SFT records are cut to their longest sequence, in multiples of
+        8 and of the ranks that split the sequence; pipeline stages keep one shape, so every column stays."""
         return None if self.dims.pp > 1 else math.lcm(8, self.dims.tp * self.dims.cp * 2)
 
     @property

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from .chat import ChatRenderer, message_problem
 from .errors import DataError
-from .samples import IGNORE_INDEX
+from .samples import IGNORE_INDEX, trim_padding
 from .sft import read_records
 from .tokenizer import TextTokenizer
 
@@ -210,12 +210,7 @@ def collate_pairs(samples: list[dict[str, torch.Tensor]], trim_to: int | None = 
     `trim_to`, the columns after the batch's longest sequence (rounded up to a multiple of `trim_to`)
     are dropped: they are padding, which causal attention keeps from every real token."""
     batch = {key: torch.stack([sample[key] for sample in samples]).flatten(0, 1) for key in samples[0]}
-    if trim_to is not None:
-        counted = (batch["labels"] != IGNORE_INDEX).any(0).nonzero()
-        length = int(counted.max()) + 2 if len(counted) else 1  # through the last label's input and its target
-        length = min(-(-length // trim_to) * trim_to, batch["labels"].shape[-1])
-        batch = {key: value[..., :length] if value.dim() > 1 else value for key, value in batch.items()}
-    return batch
+    return batch if trim_to is None else trim_padding(batch, trim_to)
 
 
 def collate_packed_pairs(samples: list[dict[str, torch.Tensor]], multiple_of: int = 8) -> dict[str, torch.Tensor]:

@@ -69,6 +69,17 @@ class SampleFormat:
         return self.sample(np.empty(0, dtype=np.int64))
 
 
-def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack samples into a batch, key by key."""
-    return {key: torch.stack([sample[key] for sample in samples]) for key in samples[0]}
+def collate(samples: list[dict[str, torch.Tensor]], trim_to: int | None = None) -> dict[str, torch.Tensor]:
+    """Stack samples into a batch, key by key; with `trim_to`, without its trailing padding columns
+    (`trim_padding`), as dynamic padding pads a batch to its longest sequence only."""
+    batch = {key: torch.stack([sample[key] for sample in samples]) for key in samples[0]}
+    return batch if trim_to is None else trim_padding(batch, trim_to)
+
+
+def trim_padding(batch: dict[str, torch.Tensor], trim_to: int) -> dict[str, torch.Tensor]:
+    """`batch` without the columns after its last label (rounded up to a multiple of `trim_to`): they are
+    padding, which causal attention keeps from every real token, so nothing else changes."""
+    counted = (batch["labels"] != IGNORE_INDEX).any(0).nonzero()
+    length = int(counted.max()) + 2 if len(counted) else 1  # through the last label's input and its target
+    length = min(-(-length // trim_to) * trim_to, batch["labels"].shape[-1])
+    return {key: value[..., :length] if value.dim() > 1 else value for key, value in batch.items()}
