@@ -121,6 +121,8 @@ def test_qefficients_alpaca_function_is_nxds(tmp_path):
 def test_objectives_and_losses(tmp_path):
     config, _ = _load(_file(tmp_path))
     assert config.model_alignment_strategy.sft is not None and not config.data.dataset.loss_on_prompt
+    config, _ = _load(_file(tmp_path, training={"packing": True}))
+    assert config.model_alignment_strategy.sft.packing
     config, _ = _load(_file(tmp_path, training={"completion_only_loss": False}))
     assert config.data.dataset.loss_on_prompt
     config, _ = _load(_file(tmp_path, training={"type": "base"}))

@@ -9,6 +9,7 @@ WORLD_SIZE and LOCAL_WORLD_SIZE), as the Trainer QEfficient runs does.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -207,7 +208,7 @@ def _method(t: Translation, k: Keys) -> str | None:
                                                        else None}, "model.auto_class_name")  # fmt: skip
         return "reward_model"
     if kind in ("sft", "base"):
-        t.set("model_alignment_strategy.sft.packing", False, "training.type")
+        t.set("model_alignment_strategy.sft.packing", bool(k["training.packing"]), "training.packing")
         return "sft"
     if kind == "dpo":
         t.set("model_alignment_strategy.dpo", {}, "training.type")
@@ -345,7 +346,10 @@ def _training(t: Translation, k: Keys, method: str | None, environ: Mapping[str,
             t.notice("training.report_to", "trackio: nxd logs to TensorBoard, W&B and metrics.csv; trackio is not one")
     t.set("exp_manager.create_tensorboard_logger", bool({"tensorboard", "all"} & set(reports)) or
           k.given("callbacks.tensorboard"), "training.report_to")  # fmt: skip
-    if "wandb" in reports:
+    if "wandb" in reports and importlib.util.find_spec("wandb") is None:
+        t.notice("training.report_to", "wandb: the wandb package is not installed here (pip install "
+                 "'nxd-train[wandb]'); nxd logs to metrics.csv and TensorBoard")  # fmt: skip
+    elif "wandb" in reports:
         t.set("exp_manager.create_wandb_logger", True, "training.report_to")
 
 
