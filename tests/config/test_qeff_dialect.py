@@ -91,6 +91,14 @@ def test_unknown_keys_and_sections_get_a_did_you_mean(tmp_path):
     assert "'callbacks.early_stopping'" in message
 
 
+def test_the_json_log_is_a_file_of_its_own_in_output_dir(tmp_path):
+    config, _ = _load(_file(tmp_path, callbacks={"json_logger": {"log_path": "train.jsonl"}}))
+    assert config.exp_manager.json_log_file == "train.jsonl"
+    assert "a file name in training.output_dir" in _error(_file(tmp_path, callbacks={"json_logger": {
+        "log_path": "/etc/x.jsonl"}}))  # fmt: skip
+    assert "nxd's own files" in _error(_file(tmp_path, callbacks={"json_logger": {"log_path": "metrics.csv"}}))
+
+
 def test_refused_by_name(tmp_path):
     assert "IA3" in _error(_file(tmp_path, model={"peft_config": {"peft_type": "IA3"}}))
     message = _error(_file(tmp_path, model={"load_in_4bit": True}))
@@ -129,8 +137,12 @@ def test_objectives_and_losses(tmp_path):
     assert config.data.dataset.loss_on_prompt
     config, _ = _load(_file(tmp_path, dataset={"dataset_type": "seq_completion", "completion_template": None}))
     assert config.data.dataset.kind == "text"
-    config, _ = _load(_file(tmp_path, training={"type": "dpo"}, dataset={"dataset_type": "dpo_dataset"},
-                            dpo={"beta": 0.2, "loss_type": ["ipo"]}))  # fmt: skip
+    dpo_file = _file(tmp_path, training={"type": "dpo"}, dataset={"dataset_type": "dpo_dataset"},
+                     dpo={"beta": 0.2, "loss_type": ["ipo"]})  # fmt: skip
+    assert "dpo_dataset reads its prompt_column" in _error(dpo_file)
+    for key in ("prompt_template", "completion_template"):
+        del dpo_file["dataset"][key]
+    config, _ = _load(dpo_file)
     dpo = config.model_alignment_strategy.dpo
     assert dpo.kl_beta == 0.2 and dpo.loss_type == "ipo" and config.data.dataset.kind == "preference"
     assert "dpo_dataset" in _error(_file(tmp_path, training={"type": "dpo"}))
@@ -159,13 +171,19 @@ def test_batch_arithmetic_follows_the_launch(tmp_path):
     assert any(issue.path == "training.ddp_degree" for issue in issues)
 
 
-def test_a_non_empty_output_dir_is_refused_unless_overwritten(tmp_path):
+def test_a_non_empty_output_dir_is_refused_unless_overwritten(tmp_path, capsys):
+    import yaml
+
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
-    message = _error(_file(tmp_path))
-    assert "training.output_dir" in message and "notes.txt" in message and "overwrite_output_dir" in message
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(_file(tmp_path)))
+    assert main(["config", "check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "already holds 1 entry (notes.txt)" in err and "overwrite_output_dir: false" in err
     config, _ = _load(_file(tmp_path, training={"overwrite_output_dir": True}))
     assert not config.exp_manager.require_empty_log_dir
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
 
 def _offline(monkeypatch, tmp_path) -> None:

@@ -255,3 +255,37 @@ def test_a_sequence_classifier_trains_as_a_reward_model(inside):
     assert read_metrics(out)[0]["loss"] == pytest.approx(math.log(2), abs=0.05)  # scores start near each other
     scorer = AutoModelForSequenceClassification.from_pretrained(out)
     assert scorer(torch.tensor([[1, 40, 41, 42]])).logits.shape == (1, 1)
+
+
+def test_early_stopping_counts_on_across_a_resume(inside):
+    """Patience 2: validations at 2 (best), 4 and 6 (no improvement by 100) stop the run after step 6. Resumed from
+    checkpoint-4, the count (1 at step 4) goes on, so the resumed run stops after step 6 too."""
+    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
+               "completion_template": "{summary}", "test_split": "test"}  # fmt: skip
+    out = inside / "out-patience"
+    config = _config(inside, out, dataset, training={"max_steps": 10, "eval_strategy": "steps", "eval_steps": 2,
+                                                     "save_strategy": "steps", "save_steps": 2},
+                     callbacks={"early_stopping": {"early_stopping_patience": 2,
+                                                   "early_stopping_threshold": 100.0}})  # fmt: skip
+    assert main([str(_write(inside / "patience.yaml", config))]) == 0
+    assert max(row["step"] for row in read_metrics(out)) == 6
+    assert main([str(inside / "patience.yaml"), "--resume_from_checkpoint", str(out / "checkpoint-4")]) == 0
+    assert max(row["step"] for row in read_metrics(out)) == 6
+
+
+def test_trainer_folders_of_others_are_never_replaced_or_pruned(inside):
+    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
+               "completion_template": "{summary}"}  # fmt: skip
+    out = inside / "out-others"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoint-2" / "mine.txt").write_text("the user's")
+    (out / "checkpoint-1").mkdir()
+    (out / "checkpoint-1" / "trainer_state.json").write_text('{"nxd_checkpoint": "checkpoints/gone"}')
+    config = _config(inside, out, dataset, training={"max_steps": 4, "save_strategy": "steps", "save_steps": 2,
+                                                     "save_total_limit": 1, "eval_strategy": "no",
+                                                     "overwrite_output_dir": True})  # fmt: skip
+    assert main([str(_write(inside / "others.yaml", config))]) == 0
+    assert (out / "checkpoint-2" / "mine.txt").read_text() == "the user's"
+    assert (out / "checkpoint-1" / "trainer_state.json").is_file()  # another run's, its checkpoint gone: kept
+    assert not (out / "checkpoint-2-v1").exists()  # this run's step 2, pruned with its checkpoint
+    assert (out / "checkpoint-4" / "adapter_model.safetensors").is_file()

@@ -61,7 +61,8 @@ def _train(run: Run) -> Path:
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
     guard = NonFiniteGuard(plan.update.on_nonfinite, plan.update.max_consecutive_nonfinite)
     saved_at = None  # the step of the latest save
-    stopper = ValidationWatch(cadence.early_stopping) if cadence.early_stopping is not None else None
+    stopper = None if cadence.early_stopping is None else ValidationWatch(cadence.early_stopping, run.resumed_metrics)
+    done = run.start_step
     with StopRequests() as stops:
         for step in range(run.start_step, run.steps):
             started = time.perf_counter()
@@ -93,6 +94,8 @@ def _train(run: Run) -> Path:
                     run.monitor.metrics(done, {"val_loss": val_loss})
                     logged["val_loss"] = val_loss
             stopping = stopper is not None and val_loss is not None and stopper.stalled(val_loss)
+            if stopper is not None:
+                logged.update(stopper.record())  # a resume continues the count
             if checkpoints.enabled and not guard.streak and (checkpoint_due(run, done, index) or stopping):
                 run.save_checkpoint(done, logged)
                 saved_at = done
@@ -108,8 +111,8 @@ def _train(run: Run) -> Path:
         run.trainer_outputs.finish()
     test_loss = evaluate(run, run.test_data, cadence.limit_test_batches)
     if test_loss is not None:
-        run.monitor.metrics(run.steps, {"test_loss": test_loss})
-    run.monitor.info(f"done: {run.steps} steps; logs in {run.log_dir}")
+        run.monitor.metrics(done, {"test_loss": test_loss})
+    run.monitor.info(f"done: {done} steps; logs in {run.log_dir}")
     run.monitor.close()
     run.fabric.barrier()
     return run.log_dir
@@ -119,8 +122,16 @@ class ValidationWatch:
     """Early stopping's count (Lightning's EarlyStopping, mode min): validations in a row whose loss is not
     below the best so far by more than min_delta."""
 
-    def __init__(self, rule: EarlyStopping):
-        self.rule, self.best, self.waited = rule, math.inf, 0
+    BEST, WAITED = "early_stopping_best", "early_stopping_waited"
+
+    def __init__(self, rule: EarlyStopping, resumed: dict[str, float]):
+        """`resumed`: the values a resumed checkpoint recorded (`record`), so the count goes on."""
+        self.rule = rule
+        self.best, self.waited = resumed.get(self.BEST, math.inf), int(resumed.get(self.WAITED, 0))
+
+    def record(self) -> dict[str, float]:
+        """What a checkpoint keeps of the count."""
+        return {self.BEST: self.best, self.WAITED: self.waited}
 
     def stalled(self, val_loss: float) -> bool:
         """Count `val_loss`; whether training should stop."""

@@ -114,11 +114,11 @@ class JsonLinesLog(Logger):
         super().__init__()
         kept = []
         if continue_after is not None and path.is_file():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("global_step", 0) <= continue_after]  # fmt: skip
-        self.file = open(path, "w")  # noqa: SIM115 - held open for the run's lifetime
-        self.file.writelines(f"{line}\n" for line in kept)
-        self.file.flush()
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= continue_after]
+        staging = path.with_name(f".{path.name}.partial")
+        staging.write_text("".join(f"{line}\n" for line in kept))
+        staging.replace(path)  # the old file stays whole until the kept lines are written
+        self.file = open(path, "a")  # noqa: SIM115 - held open for the run's lifetime
 
     @property
     def name(self) -> str:
@@ -137,6 +137,14 @@ class JsonLinesLog(Logger):
 
     def finalize(self, status: str) -> None:
         self.file.close()
+
+
+def _step_of(line: str) -> float:
+    """A JSON log line's step; infinite for a line cut short by a crash (dropped on resume)."""
+    try:
+        return json.loads(line).get("global_step", 0)
+    except (ValueError, AttributeError):
+        return float("inf")
 
 
 def _rows_through(path: Path, step: int) -> list[dict[str, float]]:

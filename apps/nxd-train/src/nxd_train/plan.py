@@ -148,10 +148,8 @@ class Logging:
     """Log to Weights & Biases too (create_wandb_logger)."""
     json_log_file: str | None = None
     """Also write each logged step as a JSON line to this file in the log directory."""
-    require_empty: bool = False
     trainer_checkpoints: bool = False
     """Each checkpoint also as transformers' Trainer lays it out, in the log directory."""
-    """A new run refuses a log directory that already holds files."""
 
 
 @dataclass(frozen=True)

@@ -410,7 +410,7 @@ def _settings(cfg: NxdConfig) -> dict:
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
                         local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger,
                         wandb=_wandb(cfg), json_log_file=exp.json_log_file,
-                        require_empty=exp.require_empty_log_dir, trainer_checkpoints=exp.trainer_checkpoints),
+                        trainer_checkpoints=exp.trainer_checkpoints),
         checkpoints=Checkpoints(enabled=exp.create_checkpoint_callback, policy=save_policy(cfg),
                                 asynchronous=exp.async_checkpointing,
                                 use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,
@@ -577,8 +577,10 @@ def _adapters(cfg: NxdConfig, resume: Resume | None) -> Adapters | None:
     directory = Path(cfg.model.hf_model_config) if cfg.model.hf_model_config else None
     if resume is not None and not resume.weights_only and exp.resume_from_checkpoint:
         source = resume_choice(cfg, None)
-        if not source.weights_only and directory is not None and is_hf_directory(directory):
-            source = Resume.of_hugging_face(directory)  # resumed from an adapter checkpoint: its base model
+        if not source.weights_only:  # resumed from the adapter checkpoint itself: the base its run started from
+            saved = read_info(source.path).extra.get("config", {}).get("exp_manager", {}).get("resume_from_checkpoint")
+            base_dir = Path(saved) if saved else directory
+            source = Resume.of_hugging_face(base_dir) if base_dir is not None and is_hf_directory(base_dir) else None
     elif peft.load_lora_from_ckpt:
         if not (exp.resume_from_checkpoint and cfg.model.weight_init_only):
             raise PreflightError(["model_alignment_strategy.peft.load_lora_from_ckpt: expected the LoRA checkpoint "
@@ -610,8 +612,15 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
     if (exp.require_empty_log_dir and exp.explicit_log_dir and not continues
             and (held := _files_in(Path(exp.explicit_log_dir)))):
         problems.append(f"exp_manager.explicit_log_dir: {exp.explicit_log_dir} already holds {held}; expected an "
-                        "empty or new folder (exp_manager.require_empty_log_dir: True), so that nothing there is "
-                        "written over: name another folder, or resume the run that is there")  # fmt: skip
+                        "empty or new folder (exp_manager.require_empty_log_dir: True; a QEfficient file's "
+                        "training.overwrite_output_dir: false), so that nothing there is written over: name another "
+                        "folder, resume the run that is there, or allow writing beside what is there")  # fmt: skip
+    d = cfg.data
+    no_validation = (d.dataset is not None and not (d.dataset.validation_split or d.dataset.split_ratio)) or (
+        d.train_dir is not None and d.val_dir is None and not d.is_set("data_prefix"))
+    if exp.create_early_stopping_callback and no_validation:
+        problems.append("exp_manager.create_early_stopping_callback: expected validation data to judge (data.val_dir, "
+                        "or data.dataset's validation_split or split_ratio), found none")  # fmt: skip
     if exp.create_early_stopping_callback and cfg.trainer.limit_val_batches == 0:
         problems.append("exp_manager.create_early_stopping_callback: expected validation to judge (trainer."
                         "limit_val_batches above 0), found limit_val_batches 0")  # fmt: skip

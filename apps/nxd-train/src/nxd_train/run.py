@@ -179,7 +179,8 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     trainer_outputs = None
     if logging.trainer_checkpoints and rank == 0:
         trainer_outputs = TrainerOutputs(log_dir, {"max_steps": steps, "logging_steps": plan.cadence.log_every_n_steps,
-                                                   "train_batch_size": plan.batches.micro_batch_size})  # fmt: skip
+                                                   "train_batch_size": plan.batches.micro_batch_size},
+                                         monitor.info)  # fmt: skip
 
     def report_save(info: CheckpointInfo, seconds: float) -> None:
         monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
@@ -339,6 +340,7 @@ def _resume(run: Run, resume: Resume, group: torch.distributed.ProcessGroup | No
                     "or start from this checkpoint's weights (model.weight_init_only: True)")  # fmt: skip
         raise CheckpointError(f"{resume.path}: {error}{hint}") from None
     run.start_step, run.saved_rng = progress["step"], rng.get(f"rank{rank}")
+    run.resumed_metrics = dict(read_info(resume.path).metrics)
     if not checkpoints.resume_optimizer:
         monitor.info("a fresh optimizer and the learning-rate schedule from its start (resume_optimizer: False)")
     if not checkpoints.resume_rng:

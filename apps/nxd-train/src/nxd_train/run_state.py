@@ -63,9 +63,11 @@ class Run:
     test_data: Dataset | None = None
     """The datasets trained and validated on: the plan's, with DPO's reference log-probs when precomputed."""
     padding: Batch | None = None
+    """The sample that fills short batches (adds nothing to the loss)."""
     trainer_outputs: TrainerOutputs | None = None
     """Rank 0's Trainer-style folders (exp_manager.trainer_checkpoints)."""
-    """The sample that fills short batches (adds nothing to the loss)."""
+    resumed_metrics: dict[str, float] = field(default_factory=dict)
+    """The values the resumed checkpoint recorded (early stopping's count among them)."""
     step_passes: list[Callable[[list[Batch]], None]] = field(default_factory=list)
     """What runs on a step's micro-batches before the objective, in order: the live reference (adds
     `reference_log_probs`), KTO's KL baseline (adds `kto_kl`, keeps the example rows)."""

@@ -4,7 +4,8 @@ Trainer output with load nxd's: `<output>/checkpoint-<step>/` holding the peft a
 run's tokenizer files and `trainer_state.json` with the log history; and the final adapter or model
 in `<output>` itself. Each `trainer_state.json` names the nxd checkpoint it was written from
 (`nxd_checkpoint`), so a resume from `checkpoint-<step>` continues exactly, and a Trainer folder whose
-nxd checkpoint retention removed goes with it. Folders nxd did not write are never touched.
+nxd checkpoint its run's retention removed goes with it. Folders another run or the user made are never
+touched: a name they hold gets a version (`checkpoint-<step>-v1`).
 """
 
 from __future__ import annotations
@@ -31,10 +32,7 @@ def write_trainer_checkpoint(checkpoint: Path, output: Path, log_history: Sequen
     trainer_state.json fields (max_steps, logging_steps ...). Written under a temporary name and renamed."""
     info = read_info(Path(checkpoint))
     output = Path(output)
-    final = output / f"checkpoint-{info.step}"
-    if final.exists() and pointer_of(final) is None:
-        raise CheckpointError(f"{final}: exists and was not written by nxd; expected to write the Trainer-style "
-                              "checkpoint there")  # fmt: skip
+    final = _free_name(output, info.step, os.path.relpath(info.path, output))
     staging = output / f".checkpoint-{info.step}.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     export_hf(info.path, staging)
@@ -52,6 +50,16 @@ def write_trainer_checkpoint(checkpoint: Path, output: Path, log_history: Sequen
     return final
 
 
+def _free_name(output: Path, step: int, pointer: str) -> Path:
+    """checkpoint-<step>, or checkpoint-<step>-v1, -v2 ... when another run or the user holds that name (a
+    folder of this checkpoint's is replaced)."""
+    for version in range(10_000):
+        final = output / (f"checkpoint-{step}" + (f"-v{version}" if version else ""))
+        if not final.exists() or pointer_of(final) == pointer:
+            return final
+    raise CheckpointError(f"{output}: every checkpoint-{step} name is taken")
+
+
 def write_final(checkpoint: Path, output: Path) -> None:
     """The final adapter (or model) and tokenizer files of `checkpoint` in `output` itself, each file written
     under a temporary name and renamed (what else is in `output` stays)."""
@@ -66,13 +74,13 @@ def write_final(checkpoint: Path, output: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def prune_trainer_checkpoints(output: Path) -> list[Path]:
-    """Remove the Trainer-style folders nxd wrote whose nxd checkpoint is gone (retention removed it);
-    returns them."""
+def prune_trainer_checkpoints(folders: Sequence[Path]) -> list[Path]:
+    """Remove those of `folders` (Trainer-style folders a run wrote) whose nxd checkpoint is gone (its
+    retention removed it); returns them. Folders of other runs are never passed, so never touched."""
     removed = []
-    for folder in sorted(Path(output).glob("checkpoint-*")):
+    for folder in folders:
         pointer = pointer_of(folder)
-        if pointer is not None and not (Path(output) / pointer).exists():
+        if pointer is not None and not (Path(folder).parent / pointer).exists():
             shutil.rmtree(folder)
             removed.append(folder)
     return removed

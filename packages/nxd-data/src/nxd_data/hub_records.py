@@ -125,9 +125,9 @@ def _part(template: str | None, func: str | None, where: str) -> _Part | None:
         return _Part(lambda row: template.format_map(row), columns, template, f"template {template!r}")
     if func is not None:
         function = load_function(func, where)
-        try:
-            source = inspect.getsource(function)
-        except (OSError, TypeError):
+        try:  # the whole file: a helper or constant it reads changes the records too
+            source = Path(inspect.getsourcefile(function) or "").read_text(encoding="utf-8")
+        except (OSError, TypeError, UnicodeDecodeError):
             source = func
         return _Part(function, None, source, f"function {func}")
     return None
@@ -199,6 +199,9 @@ def _load(source: HubDataset, where: str) -> datasets.DatasetDict:
                                 f"folder, found a {path.suffix or 'suffix-less'} file")  # fmt: skip
             if builder == "json" and path.read_text(encoding="utf-8").lstrip()[:1] == "[":
                 rows = json.loads(path.read_text(encoding="utf-8"))
+                if not all(isinstance(row, dict) for row in rows):
+                    raise DataError(f"{where}: {source.path}: expected a JSON list of objects (one per row), found "
+                                    f"{type(next(r for r in rows if not isinstance(r, dict))).__name__} items")
                 return datasets.DatasetDict({source.train_split: datasets.Dataset.from_list(rows)})
             return datasets.load_dataset(builder, data_files={source.train_split: str(path)})
         loaded = datasets.load_dataset(source.path, source.name)
@@ -207,6 +210,8 @@ def _load(source: HubDataset, where: str) -> datasets.DatasetDict:
     except datasets.exceptions.DatasetGenerationError as error:  # a data file the builder cannot parse
         cause = error.__cause__ or error
         raise DataError(f"{where}: {source.path} cannot be read as a dataset: {_first(cause)}") from None
+    except json.JSONDecodeError as error:
+        raise DataError(f"{where}: {source.path} cannot be read as a dataset: {_first(error)}") from None
     except (ConnectionError, OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as error:
         raise DataError(_unreachable(source, where, error)) from None
     if not isinstance(loaded, datasets.DatasetDict):

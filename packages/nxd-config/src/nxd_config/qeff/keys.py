@@ -98,10 +98,10 @@ _ENTRIES: tuple[tuple[str, Any, KeyStatus, str, str], ...] = (
     ("dataset.train_batch_size", 1, N, "", f"training.per_device_train_batch_size sets the batch; {_UNUSED}"),
     ("dataset.eval_batch_size", 1, N, "", f"validation runs in training's micro-batches; {_UNUSED}"),
     ("dataset.num_workers", 4, N, "", f"dataloader_num_workers sets workers; {_UNUSED}"),
-    ("dataset.collate_fn", "dynamic_padding", N, "", "nxd pads each row to max_seq_length (or packs rows)"),
+    ("dataset.collate_fn", "dynamic_padding", N, "",
+     "nxd pads each micro-batch to its longest record, as dynamic padding does (training.packing packs rows)"),
     ("dataset.group_by_length", True, N, "",
-     "nxd's rows are all max_seq_length long (padded, or packed with model_alignment_strategy.sft.packing), "
-     "so grouping by length saves nothing"),
+     "nxd draws records in a seeded random order; training.packing fills rows with records instead"),
     ("dataset.length_column_name", "input_ids", N, "", "used only by group_by_length"),
     ("dataset.dataloader_num_workers", 1, M, "data.num_workers", ""),
     ("dataset.dataloader_pin_memory", True, N, "", _LOADER),

@@ -8,8 +8,9 @@ from typing import Any
 
 from .keys import QEFF_KEYS, SECTIONS
 
-ORDER = ("training", "model", "dataset", "optimizers", "scheduler", "callbacks", "dpo")
-"""Where a flat key is looked for first (QEfficient's parser reads `seed` as training's)."""
+ORDER = ("training", "dataset", "model", "optimizers", "scheduler", "callbacks", "dpo")
+"""Where a flat key is looked for first (QEfficient's parser reads `seed` as training's; its reference puts
+`tokenizer_name` in the dataset section)."""
 
 
 def qeff_override(override: str, values: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -131,7 +132,8 @@ def _model(t: Translation, k: Keys) -> None:
         t.set("model.model_config", model, "model.model_name")
         t.set("exp_manager.resume_from_checkpoint", model, "model.model_name")
         t.set("model.weight_init_only", True, "model.model_name")
-    tokenizer_key = next((key for key in ("dataset.tokenizer_name", "model.tokenizer_name") if k[key]), None)
+    tokenizer_key = _spelling(t, k, "dataset.tokenizer_name", "model.tokenizer_name")
+    tokenizer_key = tokenizer_key if k[tokenizer_key] else None
     tokenizer = _local(t, tokenizer_key, k[tokenizer_key]) if tokenizer_key else model
     if tokenizer is not None:
         t.set("data.tokenizer.library", "huggingface", tokenizer_key or "model.model_name")
@@ -169,8 +171,8 @@ def _local(t: Translation, key: str, value: Any) -> str | None:
         return None
     if Path(value).expanduser().exists():
         return str(Path(value).expanduser())
-    if value.count("/") != 1 or value.startswith((".", "/", "~")):
-        t.refuse(key, f"expected a model folder or a hub id (owner/name), found {value!r}: no such folder")
+    if value.count("/") > 1 or value.startswith((".", "/", "~")):
+        t.refuse(key, f"expected a model folder or a hub id (owner/name or name), found {value!r}: no such folder")
         return None
     try:
         from huggingface_hub import snapshot_download
@@ -230,10 +232,15 @@ def _dataset(t: Translation, k: Keys, method: str | None) -> None:
         wanted = "dpo_dataset" if method == "dpo" else "sft_dataset or seq_completion"
         t.refuse("dataset.dataset_type", f"{k['dataset.dataset_type']} does not feed training.type "
                  f"{k['training.type']}; expected {wanted}")  # fmt: skip
+    if kind == "preference":
+        for key in ("prompt_template", "prompt_func", "completion_template", "completion_func"):
+            if k[f"dataset.{key}"] is not None:
+                t.refuse(f"dataset.{key}", "dpo_dataset reads its prompt_column, chosen_column and rejected_column "
+                         "as they are; expected no template or function")  # fmt: skip
     t.set(f"{d}.kind", kind, "dataset.dataset_type")
     path_key = "dataset.json_file_path" if k["dataset.json_file_path"] else "dataset.dataset_name"
     t.set(f"{d}.path", k[path_key], path_key)
-    config_key = "dataset.config_name" if k.given("dataset.config_name") else "dataset.dataset_subset"
+    config_key = _spelling(t, k, "dataset.config_name", "dataset.dataset_subset")
     if k[config_key] not in (None, "default"):
         t.set(f"{d}.name", k[config_key], config_key)
     t.set(f"{d}.train_split", k["dataset.train_split"], "dataset.train_split")
@@ -242,13 +249,13 @@ def _dataset(t: Translation, k: Keys, method: str | None) -> None:
     samples = k["dataset.dataset_num_samples"]
     if isinstance(samples, int) and samples > 0:
         t.set(f"{d}.num_samples", samples, "dataset.dataset_num_samples")
-    seed_key = "dataset.seed" if k.given("dataset.seed") and not k.given("dataset.data_seed") else "dataset.data_seed"
+    seed_key = _spelling(t, k, "dataset.data_seed", "dataset.seed")
     t.set(f"{d}.seed", k[seed_key], seed_key)
     t.set(f"{d}.drop_empty", k["dataset.remove_samples_with_empty_columns"],
           "dataset.remove_samples_with_empty_columns")  # fmt: skip
     if k["dataset.dataset_disc_style"] is not None:
         t.set(f"{d}.category", k["dataset.dataset_disc_style"], "dataset.dataset_disc_style")
-    for part in ("prompt", "completion"):
+    for part in ("prompt", "completion") if kind != "preference" else ():
         template, func = k[f"dataset.{part}_template"], k[f"dataset.{part}_func"]
         if template is not None:
             t.set(f"{d}.{part}_template", _template(t, f"dataset.{part}_template", template),
@@ -274,7 +281,7 @@ def _template(t: Translation, key: str, template: Any) -> Any:
     if not isinstance(template, str):
         return template
     if template.startswith(('f"', "f'")) and template.endswith(template[1]) and len(template) > 2:
-        template = template[2:-1].encode().decode("unicode_escape")
+        template = template[2:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
         t.notice(key, "written as a Python f-string; read as the format string inside it, its \\n as newlines")
     fixed = QUOTED_FIELD.sub(r"{\1}", template)
     if fixed != template:
@@ -299,12 +306,6 @@ def _training(t: Translation, k: Keys, method: str | None, environ: Mapping[str,
     out = k["training.output_dir"]
     t.set("exp_manager.explicit_log_dir", out, "training.output_dir")
     t.set("exp_manager.require_empty_log_dir", not k["training.overwrite_output_dir"], "training.overwrite_output_dir")
-    folder = Path(str(out))
-    held = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
-    if held and not k["training.overwrite_output_dir"] and not k["training.resume_from_checkpoint"]:
-        t.refuse("training.output_dir", f"{out} already holds {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}"
-                 "; expected an empty or new folder (training.overwrite_output_dir: true writes beside what is there, "
-                 "training.resume_from_checkpoint continues a run)")  # fmt: skip
     t.set("exp_manager.resume_if_exists", False, "training.resume_from_checkpoint")
     if k["training.resume_from_checkpoint"]:
         t.set("exp_manager.resume_from_checkpoint", k["training.resume_from_checkpoint"],
@@ -368,8 +369,11 @@ def _batch(t: Translation, k: Keys, environ: Mapping[str, str]) -> None:
     t.set("trainer.devices", local, "training.ddp_degree")
     t.set("trainer.num_nodes", max(1, world // max(local, 1)), "training.ddp_degree")
     micro, steps = k["training.per_device_train_batch_size"], k["training.gradient_accumulation_steps"]
-    model_parallel = (k["training.tp_degree"] or 1) * (k["training.pp_degree"] or 1)
-    dp = max(1, world // model_parallel) if isinstance(model_parallel, int) else 1
+    degrees = [k[key] or 1 for key in ("training.tp_degree", "training.pp_degree")]
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in degrees):
+        return  # the typed config names tp_degree / pp_degree
+    model_parallel = degrees[0] * degrees[1]
+    dp = max(1, world // model_parallel)
     if k["training.ddp_degree"] not in (None, dp):
         t.refuse("training.ddp_degree", f"expected the data-parallel size of the launch ({world} processes / "
                  f"tp x pp {model_parallel} = {dp}), found {show(k['training.ddp_degree'])}")  # fmt: skip
@@ -450,12 +454,16 @@ def _optimizer(t: Translation, k: Keys) -> None:
         return
     sched = {"name": "TransformersSchedule", "type": kind}
     warmup = k["scheduler.warmup_steps"]
-    if isinstance(warmup, float) and 0 < warmup < 1:
+    number = isinstance(warmup, int | float) and not isinstance(warmup, bool) and math.isfinite(warmup)
+    if number and 0 < warmup < 1:
         sched["warmup_ratio"] = warmup
-    elif isinstance(warmup, int | float) and not isinstance(warmup, bool) and warmup >= 0 and warmup == int(warmup):
+    elif number and warmup >= 0 and warmup == int(warmup):
         sched["warmup_steps"] = int(warmup)
         if warmup == 0:
             sched["warmup_ratio"] = k["scheduler.warmup_ratio"]
+        elif k["scheduler.warmup_ratio"] != QEFF_KEYS["scheduler.warmup_ratio"].default:
+            t.notice("scheduler.warmup_ratio", f"passed over: warmup_steps {int(warmup)} is above 0 and wins (set "
+                     "warmup_steps: 0 to warm up by the ratio)")  # fmt: skip
     else:
         t.refuse("scheduler.warmup_steps", f"expected a step count or a ratio below 1, found {show(warmup)}")
     t.set("model.optim.sched", sched, sched_key, "scheduler.warmup_steps", "scheduler.warmup_ratio")
@@ -474,6 +482,10 @@ def _callbacks(t: Translation, k: Keys) -> None:
               "callbacks.early_stopping.early_stopping_threshold")  # fmt: skip
     if k.given("callbacks.json_logger"):
         path = k["callbacks.json_logger.log_path"] or "training_logs.jsonl"
+        if not isinstance(path, str) or Path(path).name != path.removeprefix("./"):
+            t.refuse("callbacks.json_logger.log_path", f"expected a file name in training.output_dir, found "
+                     f"{show(path)}")  # fmt: skip
+            return
         t.set("exp_manager.json_log_file", Path(path).name, "callbacks.json_logger")
 
 

@@ -88,6 +88,16 @@ class CheckpointCallbackParams(Section):
     )
 
 
+NXD_LOG_FILES = ("metrics.csv", "config.yaml", ".nxd-run.lock")
+
+
+def _log_file_name(value: str | None) -> str | None:
+    if value is not None and (value in ("", ".", "..") or "/" in value or "\\" in value or value in NXD_LOG_FILES
+                              or value.startswith("nxd_log_")):
+        raise ValueError(f"expected a file name in the log directory other than nxd's own files, found {value!r}")
+    return value
+
+
 class EarlyStoppingParams(Section):
     """NeMo's early_stopping_callback_params (Lightning's EarlyStopping), judged at each validation."""
 
@@ -180,9 +190,10 @@ class ExpManagerConfig(Section):
     early_stopping_callback_params: EarlyStoppingParams = key(
         EarlyStoppingParams(), "When training stops early.", by=APP, status=Status.EXTENSION, note="NeMo's exp_manager"
     )
-    json_log_file: str | None = key(
+    json_log_file: Annotated[str | None, AfterValidator(_log_file_name)] = key(
         None, "Also write every logged value as one JSON object per line (with its step) to this file in the log "
-        "directory.", by=APP, status=Status.EXTENSION, note="transformers' JSON logging callbacks",
+        "directory (a file name, not one of nxd's own files).", by=APP, status=Status.EXTENSION,
+        note="transformers' JSON logging callbacks",
     )
     trainer_checkpoints: bool = key(
         False, "Also write each checkpoint as transformers' Trainer lays it out, in the log directory: "
