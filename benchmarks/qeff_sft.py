@@ -15,7 +15,8 @@ train_sampling_strategy) and LoraConfig. The model is SmolLM-135M's shape
 built-in tokenizer's vocabulary, initialised once and loaded by both.
 
 Printed per framework: real (non-padding) tokens per second (the records' mean length x records per step over
-the median step after warm-up), peak resident memory of its own process, and the ratio.
+the median step after warm-up), peak resident memory of its own process (and CUDA's peak allocation on a GPU),
+and the ratio.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ def worker(framework: str, steps: int, dtype: str, shape: str) -> None:
     figures["records"] = len(lengths)
     figures["mean_length"] = statistics.fmean(lengths)
     figures["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    figures["peak_cuda"] = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     print("RESULT " + json.dumps(figures))
 
 
@@ -187,11 +189,11 @@ def main() -> int:
           f"{trl.__version__}, peft {peft.__version__}")  # fmt: skip
     print(f"{args.shape}, {args.dtype}, LoRA r={RANK}; {ours['records']} records of {ours['mean_length']:.0f} tokens "
           f"on average; {MICRO} x {ACCUMULATION} records per step; median step of steps 3-{args.steps}")
-    print(f"{'framework':<34} {'step s':>7} {'real tok/s':>11} {'peak RSS':>10} {'ratio':>6}")
+    print(f"{'framework':<34} {'step s':>7} {'real tok/s':>11} {'peak RSS':>10} {'CUDA peak':>10} {'ratio':>6}")
     for label, figures in (("nxd-train (QEfficient file)", ours), ("TRL SFTTrainer + peft (QEfficient)", theirs)):
         ratio = f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x" if figures is ours else ""
-        print(f"{label:<34} {figures['step_time']:>7.3f} {figures['tokens_per_s']:>11,.0f} "
-              f"{figures['peak_rss'] / 2**20:>6,.0f} MiB {ratio:>6}")  # fmt: skip
+        memory = f"{figures['peak_rss'] / 2**20:>6,.0f} MiB {figures['peak_cuda'] / 2**20:>6,.0f} MiB"
+        print(f"{label:<34} {figures['step_time']:>7.3f} {figures['tokens_per_s']:>11,.0f} {memory} {ratio:>6}")
     return 0
 
 
