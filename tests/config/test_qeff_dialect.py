@@ -66,9 +66,11 @@ def test_every_key_at_its_default_loads_and_means_what_qeff_defaults_mean(tmp_pa
 def test_each_status_of_the_table_is_what_a_value_off_default_gets(tmp_path):
     statuses = {entry.status for entry in QEFF_KEYS.values()}
     assert statuses == {KeyStatus.MAPPED, KeyStatus.NOTICE, KeyStatus.REFUSED}
-    _, notices = _load(_file(tmp_path, model={"use_cache": True}, dataset={"group_by_length": False}))
+    config, notices = _load(_file(tmp_path, model={"use_cache": True}, dataset={"collate_fn": "default"}))
     assert any("model.use_cache: accepted, changes nothing here" in n for n in notices)
-    assert any("dataset.group_by_length" in n for n in notices)
+    assert any("dataset.collate_fn" in n for n in notices) and config.data.group_by_length
+    config, _ = _load(_file(tmp_path, dataset={"group_by_length": False}))
+    assert not config.data.group_by_length
     message = _error(_file(tmp_path, training={"deepspeed_config": {"zero_optimization": {"stage": 2}}}))
     assert "training.deepspeed_config" in message and "distributed_strategy.zero1" in message
 

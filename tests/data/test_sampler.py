@@ -4,6 +4,7 @@ for every data-parallel rank, also when the data-parallel size changes."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from nxd_data import PADDING, PretrainingSampler
@@ -109,3 +110,26 @@ def test_data_loaders_with_workers_resume_exactly(saved_dp: int, resumed_dp: int
     for rank in range(resumed_dp):
         accumulation = GBS // (MBS * resumed_dp)
         assert loader(resumed_dp, rank, state, STEPS - k) == loader(resumed_dp, rank, None, STEPS)[k * accumulation :]
+
+
+def test_length_grouping_sorts_each_megabatch_of_the_shuffled_order_longest_first():
+    """transformers' group_by_length: the seeded permutation, cut into megabatches of up to 50 global batches,
+    each sorted by length (descending); the stream is the same on resume, at any data-parallel size."""
+    import numpy as np
+
+    lengths = np.random.default_rng(3).integers(1, 500, size=200).astype(np.int64)
+    grouped = PretrainingSampler(200, 4, 2, shuffle=True, seed=7, lengths=lengths.tobytes(), steps=50)
+    plain = PretrainingSampler(200, 4, 2, shuffle=True, seed=7, steps=50)
+    order, permutation = grouped.order(0), plain.order(0)
+    megabatch = 4 * min(200 // 16, 50)
+    for start in range(0, 200, megabatch):
+        part = order[start:start + megabatch]
+        assert sorted(part.tolist()) == sorted(permutation[start:start + megabatch].tolist())
+        assert all(lengths[a] >= lengths[b] for a, b in zip(part, part[1:], strict=False))
+    whole = [index for batch in grouped for index in batch]
+    resumed = grouped.resumed(replace(grouped, consumed_samples=40).state_dict(), steps=40)
+    halves = [replace(resumed, data_parallel_size=2, data_parallel_rank=rank) for rank in (0, 1)]
+    later = [index for pair in zip(*(list(h) for h in halves), strict=True) for batch in pair for index in batch]
+    assert later == whole[40:]
+    with pytest.raises(ValueError, match="group_by_length"):
+        plain.resumed(grouped.state_dict())

@@ -104,6 +104,8 @@ class Batches:
     reshuffle_each_epoch: bool = False
     validation_drop_last: bool = True
     pad_to_global_batch: bool = False
+    group_by_length: bool = False
+    """Shuffled records are grouped by length (data.group_by_length)."""
 
 
 @dataclass(frozen=True)

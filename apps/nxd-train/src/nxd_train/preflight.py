@@ -398,7 +398,7 @@ def _settings(cfg: NxdConfig) -> dict:
         batches=Batches(global_batch_size=cfg.global_batch_size, micro_batch_size=d.micro_batch_size,
                         num_workers=d.num_workers, reshuffle_each_epoch=d.dataloader_type == "cyclic",
                         validation_drop_last=d.validation_drop_last,
-                        pad_to_global_batch=d.pad_samples_to_global_batch_size),
+                        pad_to_global_batch=d.pad_samples_to_global_batch_size, group_by_length=d.group_by_length),
         update=Update(optimizer=optim.name, options=options,
                       decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay,
                       schedule=None if sched is None else sched.name,

@@ -142,7 +142,8 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     sampler = PretrainingSampler(len(plan.data.train), b.global_batch_size, b.micro_batch_size, dims.dp,
                                  mesh.data_parallel_rank, seed=launch.seed,
                                  shuffle=b.reshuffle_each_epoch or not plan.data.shuffled,
-                                 reshuffle_each_epoch=b.reshuffle_each_epoch)  # fmt: skip
+                                 reshuffle_each_epoch=b.reshuffle_each_epoch,
+                                 lengths=_lengths(plan) if b.group_by_length else None)  # fmt: skip
     steps = plan.cadence.total_steps(sampler.steps_per_epoch)
     continues_here = resume is not None and not resume.weights_only and plan.log_dir is not None
     monitor = Monitor(log_dir, global_rank=rank, local_rank=fabric.local_rank, total_steps=steps,
@@ -276,6 +277,11 @@ def _load_weights(plan: RunPlan, model: nn.Module | StagedModel, resume: Resume,
     else:
         load_weights(model, resume, plan.family, group, lora)
     monitor.info(f"initial weights from {resume.path}{_took(started, plan)}")
+
+
+def _lengths(plan: RunPlan) -> bytes:
+    """The training rows' token counts, for length grouping (fine-tuning records only, as the config checks)."""
+    return plan.data.train.row_lengths.tobytes()
 
 
 def _load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, checkpoint: Path,

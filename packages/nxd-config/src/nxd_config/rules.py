@@ -520,6 +520,14 @@ def alignment_needs_train_data(c: NxdConfig) -> Iterator[Finding]:
 
 
 @rule
+def length_groups_need_records(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if c.data.group_by_length and (a is None or a.sft is None or _documents(c) is not None):
+        yield error("data.group_by_length", "groups fine-tuning records (model_alignment_strategy.sft with "
+                    "data.train_dir or data.dataset); found none to group", "data.group_by_length", ALIGN)  # fmt: skip
+
+
+@rule
 def dataset_records(c: NxdConfig) -> Iterator[Finding]:
     d, a = c.data, c.model_alignment_strategy
     if d.dataset is None:

@@ -31,6 +31,18 @@ def _permutation(num_samples: int, seed: int) -> np.ndarray:
     return order
 
 
+@functools.lru_cache(maxsize=4)
+def _grouped_permutation(num_samples: int, seed: int, megabatch: int, lengths: bytes) -> np.ndarray:
+    """transformers' length grouping: the seeded permutation cut into megabatches, each sorted longest first."""
+    order = _permutation(num_samples, seed)
+    sizes = np.frombuffer(lengths, dtype=np.int64)
+    parts = [part[np.argsort(-sizes[part], kind="stable")] for part in np.split(order, range(megabatch, len(order),
+                                                                                            megabatch))]  # fmt: skip
+    grouped = np.concatenate(parts) if parts else order
+    grouped.flags.writeable = False
+    return grouped
+
+
 @dataclass(frozen=True)
 class PretrainingSampler:
     """A DataLoader batch sampler yielding this rank's micro-batches from `consumed_samples` on, for
@@ -49,6 +61,10 @@ class PretrainingSampler:
     drop_last: bool = True
     pad_to_global_batch: bool = False
     steps: int | None = None
+    lengths: bytes | None = None
+    """Each sample's length (int64 bytes): a shuffled order is grouped by length as transformers'
+    group_by_length groups it (megabatches of up to 50 global batches, each sorted longest first), so a
+    micro-batch's samples are of like length and little of it is padding."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.data_parallel_size
@@ -78,7 +94,11 @@ class PretrainingSampler:
         stop = self.total_samples if stop is None else stop
         if not self.shuffle:
             return np.arange(start, stop)  # no whole-epoch array per batch
-        return _permutation(self.total_samples, self.seed + (epoch if self.reshuffle_each_epoch else 0))[start:stop]
+        seed = self.seed + (epoch if self.reshuffle_each_epoch else 0)
+        if self.lengths is not None:
+            megabatch = self.global_batch_size * max(1, min(self.total_samples // (self.global_batch_size * 4), 50))
+            return _grouped_permutation(self.total_samples, seed, megabatch, self.lengths)[start:stop]
+        return _permutation(self.total_samples, seed)[start:stop]
 
     def global_batch(self, consumed: int) -> list[int]:
         """The global batch starting at stream position `consumed` (shorter at the end of a pass
@@ -120,17 +140,19 @@ class PretrainingSampler:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: the stream position and what defines the stream."""
         names = ("consumed_samples", "total_samples", "shuffle", "reshuffle_each_epoch", "seed")
-        return {name: getattr(self, name) for name in names}
+        grouped = {"group_by_length": True} if self.lengths is not None else {}  # checkpoints before it hold none
+        return {name: getattr(self, name) for name in names} | grouped
 
     def resumed(self, state: dict[str, Any], *, steps: int | None = None) -> PretrainingSampler:
         """This sampler continued from a saved state (any data-parallel size); a state saved from another
         sample stream is refused rather than read as a different order. Another `total_samples` is the
         same stream when the order is not shuffled and both runs' positions so far lie in the first pass
         (a longer run over a dataset whose sample k does not depend on its length, such as Megatron's)."""
-        for name in ("shuffle", "reshuffle_each_epoch", "seed"):
-            if state[name] != getattr(self, name):
+        ours = self.state_dict()
+        for name in ("shuffle", "reshuffle_each_epoch", "seed", "group_by_length"):
+            if state.get(name, False) != ours.get(name, False):
                 raise ValueError(f"the saved data position was taken on another sample stream: {name} was "
-                                 f"{state[name]!r}, this run has {getattr(self, name)!r}")  # fmt: skip
+                                 f"{state.get(name, False)!r}, this run has {ours.get(name, False)!r}")  # fmt: skip
         consumed, saved_total = int(state["consumed_samples"]), int(state["total_samples"])
         if saved_total != self.total_samples and not self._extends(saved_total, consumed):
             why = ("its shuffled order is drawn over all of them" if self.shuffle

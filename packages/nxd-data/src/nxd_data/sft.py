@@ -224,6 +224,11 @@ class SFTDataset(Dataset):
         return len(self.rows)
 
     @property
+    def row_lengths(self) -> np.ndarray:
+        """Tokens per row (the records it holds), int64."""
+        return np.asarray([int(self.records.lengths[row].sum()) for row in self.rows], dtype=np.int64)
+
+    @property
     def fill(self) -> float:
         """Real tokens over row capacity."""
         return float(self.records.lengths.sum()) / (len(self.rows) * self.seq_length)

@@ -273,6 +273,8 @@ def _dataset(t: Translation, k: Keys, method: str | None) -> None:
     t.set("data.seq_length", length, length_key)
     t.set("model.encoder_seq_length", length, length_key)
     t.set("data.num_workers", k["dataset.dataloader_num_workers"], "dataset.dataloader_num_workers")
+    if method == "sft" and not k["training.packing"]:
+        t.set("data.group_by_length", bool(k["dataset.group_by_length"]), "dataset.group_by_length")
 
 
 def _template(t: Translation, key: str, template: Any) -> Any:

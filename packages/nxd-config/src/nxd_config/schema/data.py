@@ -300,6 +300,11 @@ class DataConfig(Section):
     dev_choose_samples: int | None = key(
         None, "Use only the first N records of the data; null uses all.", by=DATA, ge=1
     )
+    group_by_length: bool = key(
+        False, "Draw fine-tuning records grouped by length (megabatches of up to 50 global batches in the shuffled "
+        "order, each sorted longest first), so a micro-batch pads little; padded records only.", by=DATA,
+        status=Status.EXTENSION, note="transformers' group_by_length",
+    )
     dataset: HubDatasetConfig | None = key(
         None, "Fine-tuning records from a Hugging Face dataset's columns, for training and validation (instead of "
         "train_dir / val_dir).", by=DATA, status=Status.EXTENSION,
