@@ -163,8 +163,6 @@ def test_overrides_dotted_flat_and_as_flags(tmp_path):
 
 
 def test_batch_arithmetic_follows_the_launch(tmp_path):
-    from nxd_config.neox.translation import Translation  # noqa: F401 - the translation's type
-
     values = _file(tmp_path, training={"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3})
     tree = translate(values, "x", {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}).tree
     assert tree["data"]["micro_batch_size"] == 2 and tree["data"]["global_batch_size"] == 2 * 3 * 4
