@@ -42,6 +42,12 @@ CASES = {
                       {0: 0.4, 2: 0.8, 3: 1.0, 9: 1.0}),
     "neox-no-warmup": ({"name": "NeoXAnnealing", "decay_style": "linear", "warmup_ratio": 0.0, "max_steps": 4},
                        {0: 1.0, 1: 0.75, 4: 0.0}),
+    # transformers' schedules: cosine warmup 2 of 10 steps, then (1 + cos(pi (s - 2) / 8)) / 2; linear with
+    # warmup_ratio 0.25 of 8 steps (2 steps), then (8 - s) / 6
+    "transformers-cosine": ({"name": "TransformersSchedule", "type": "cosine", "warmup_steps": 2, "max_steps": 10},
+                            {0: 0.0, 1: 0.5, 2: 1.0, 6: 0.5, 10: 0.0}),
+    "transformers-linear": ({"name": "TransformersSchedule", "type": "linear", "warmup_ratio": 0.25, "max_steps": 8},
+                            {1: 0.5, 2: 1.0, 5: 0.5, 8: 0.0}),
 }  # fmt: skip
 
 

@@ -93,7 +93,11 @@ def transformers_schedule(lr: float, kind: str, max_steps: int, warmup_steps: in
                           warmup_ratio: float | None) -> Callable[[int], float]:  # fmt: skip
     """transformers' schedule `kind` (its `get_scheduler`) with peak `lr` over `max_steps`: the warmup is
     warmup_steps when given and positive, else ceil(warmup_ratio x max_steps), as TrainingArguments counts it."""
-    from transformers import get_scheduler
+    try:
+        from transformers import get_scheduler
+    except ImportError:
+        raise PrecisionConfigError("model.optim.sched.name: TransformersSchedule needs transformers (pip install "
+                                   "'nxd-precision[schedules]'), which is not installed") from None
 
     warmup = warmup_steps if warmup_steps else math.ceil((warmup_ratio or 0.0) * max_steps)
     holder = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
