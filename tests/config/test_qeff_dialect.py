@@ -148,6 +148,7 @@ def test_objectives_and_losses(tmp_path):
     dpo = config.model_alignment_strategy.dpo
     assert dpo.kl_beta == 0.2 and dpo.loss_type == "ipo" and config.data.dataset.kind == "preference"
     assert "dpo_dataset" in _error(_file(tmp_path, training={"type": "dpo"}))
+    assert "applies to training.type dpo" in _error(_file(tmp_path, dpo={"beta": 0.3}))
 
 
 def test_overrides_dotted_flat_and_as_flags(tmp_path):
