@@ -97,6 +97,8 @@ def test_bad_input_gets_one_message_each(hub, tmp_path):
         "columns are" in message and "dialogue" in message)
     message = error(samsum, RecordForm(prompt_template="{dialogue}", prompt_func="x:y", completion_template="{id}"))
     assert "found both" in message
+    message = error(samsum, RecordForm(kind="text", prompt_template="{dialogue}", completion_template="{id}"))
+    assert "text records take no completion" in message
     message = error(samsum, RecordForm(prompt_func="no_such_module_here:f", completion_template="{id}"))
     assert "cannot be imported" in message and "no_such_module_here" in message
     user = tmp_path / "user_funcs.py"

@@ -81,6 +81,10 @@ def formatted_splits(source: HubDataset, form: RecordForm, cache_dir: Path, wher
     if form.kind == "completion" and (parts["prompt"] is None or parts["completion"] is None):
         raise DataError(f"{where}: expected a prompt and a completion (a template or a function each), found "
                         f"{'no prompt' if parts['prompt'] is None else 'no completion'}")  # fmt: skip
+    if form.kind != "completion" and parts["completion"] is not None or form.kind == "preference" and parts["prompt"]:
+        raise DataError(f"{where}: {form.kind} records take "
+                        f"{'no completion' if form.kind == 'text' else 'their three columns as they are'}; expected "
+                        "no template or function for it")  # fmt: skip
     if form.kind == "text" and parts["prompt"] is None:
         raise DataError(f"{where}: expected the text's template or function (prompt_template or prompt_func), "
                         "found neither")  # fmt: skip
