@@ -159,8 +159,9 @@ def _stop_on_signal(run: Run, signum: int, done: int, logged: dict[str, float], 
         if not saved:
             run.save_checkpoint(done, logged)
         run.checkpointer.wait()
-        where = (f"checkpoint saved in {run.checkpointer.root}; run the same command with "
-                 "exp_manager.resume_if_exists=True (this log directory) to continue from it")  # fmt: skip
+        where = (f"checkpoint saved in {run.checkpointer.root}; run the same command with resume_from_checkpoint "
+                 f"naming {run.log_dir} (its newest checkpoint; NxDT: exp_manager.resume_from_checkpoint, or "
+                 "exp_manager.resume_if_exists=True) to continue from it")  # fmt: skip
     _close(run)
     raise TrainingInterrupted(f"stopped by {signal.Signals(signum).name} after step {done} of {run.steps}: {where}",
                               signum)  # fmt: skip
