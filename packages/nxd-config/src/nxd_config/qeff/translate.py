@@ -114,7 +114,8 @@ def translate(values: Mapping[str, Any], name: str, environ: Mapping[str, str] |
     _callbacks(t, k)
     if method == "dpo":
         _dpo(t, k)
-    elif given := sorted(key for key in k.values if key.startswith("dpo.")):
+    elif given := sorted(key for key, value in k.values.items()
+                         if key.startswith("dpo.") and value != QEFF_KEYS[key].default):  # fmt: skip
         t.refuse(given[0], f"the dpo section applies to training.type dpo; found type {show(k['training.type'])}")
     t.read = set(k.values)
     return t
