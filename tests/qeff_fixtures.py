@@ -34,7 +34,8 @@ def phrase(i: int, n: int = 5) -> str:
 
 
 def tiny_model(directory: Path, tokenizer_dir: Path) -> Path:
-    """A 2-layer Llama with the test tokenizer (BOS <s> = 1, EOS <|endoftext|> = 0)."""
+    """A 2-layer Llama directory with the test tokenizer (BOS <s> = 1, EOS <|endoftext|> = 0), as `ckpt export-hf`
+    writes one."""
     config = LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          tie_word_embeddings=False, bos_token_id=1, eos_token_id=0)  # fmt: skip

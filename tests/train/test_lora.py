@@ -15,6 +15,7 @@ from nxd_train.cli import main
 from nxd_train.preflight import plan_run
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from tests.qeff_fixtures import tiny_model
 from tests.training_runs import FAST, losses, read_metrics, saved_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,15 +29,7 @@ SAVE = ["exp_manager.create_checkpoint_callback=True", "exp_manager.checkpoint_c
 @pytest.fixture
 def hf_base(tmp_path, chat_tokenizer_dir) -> Path:
     """A tiny Llama directory (weights, config.json, the chat tokenizer), as `ckpt export-hf` writes one."""
-    directory = tmp_path / "tiny_hf"
-    config = LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=0)  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(chat_tokenizer_dir / name, directory / name)
-    return directory
+    return tiny_model(tmp_path / "tiny_hf", chat_tokenizer_dir)
 
 
 def _job(base: Path, log_dir: Path, *overrides: str) -> list[str]:

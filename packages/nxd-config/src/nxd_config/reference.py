@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import typing
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,16 @@ def key_table() -> str:
         cells = [f"`{path}`", _type(field.annotation), default, field.description or "",
                  extra.get("by", ""), f"{status}: {note}" if note else status]
         rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def dialect_key_table(title: str, headers: list[str], keys: list[Any], cells: Callable[[Any], list[str]]) -> str:
+    """A dialect's key table: a line counting `keys` by status (mapped, notice, refused), then one row of
+    `cells(key)` under `headers` per key."""
+    tally = Counter(str(key.status) for key in keys)
+    summary = ", ".join(f"{tally[status]} {status}" for status in ("mapped", "notice", "refused"))
+    rows = [f"{len(keys)} {title}: {summary}.", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    rows += ["| " + " | ".join(cell.replace("|", "\\|") for cell in cells(key)) + " |" for key in keys]
     return "\n".join(rows) + "\n"
 
 

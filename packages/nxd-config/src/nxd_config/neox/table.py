@@ -8,32 +8,21 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
-from ..reference import rewrite_between, table_command
-from .keys import NEOX_KEYS, KeyStatus
+from ..reference import dialect_key_table, rewrite_between, table_command
+from .keys import NEOX_KEYS
 
 START, END = "<!-- neox-keys:start -->", "<!-- neox-keys:end -->"
 
 
-def counts() -> dict[KeyStatus, int]:
-    """How many NeoX keys are mapped, noticed and refused."""
-    found = Counter(key.status for key in NEOX_KEYS.values())
-    return {status: found[status] for status in KeyStatus}
-
-
 def key_table() -> str:
     """Every NeoX argument as a Markdown table, with a line counting them by status."""
-    tally = counts()
-    summary = ", ".join(f"{tally[status]} {status}" for status in KeyStatus)
-    rows = [f"{len(NEOX_KEYS)} GPT-NeoX arguments: {summary}.", "",
-            "| key | group | NeoX default | status | nxd | note |", "|---|---|---|---|---|---|"]  # fmt: skip
-    for key in NEOX_KEYS.values():
-        cells = [f"`{key.name}`", key.group, f"`{json.dumps(key.default)}`", str(key.status),
-                 f"`{key.consumer}`" if key.consumer else "", key.note]  # fmt: skip
-        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(rows) + "\n"
+    return dialect_key_table(
+        "GPT-NeoX arguments", ["key", "group", "NeoX default", "status", "nxd", "note"], list(NEOX_KEYS.values()),
+        lambda key: [f"`{key.name}`", key.group, f"`{json.dumps(key.default)}`", str(key.status),
+                     f"`{key.consumer}`" if key.consumer else "", key.note],
+    )  # fmt: skip
 
 
 def update(readme: Path) -> bool:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
-from ..neox.keys import KeyStatus
-from ..reference import rewrite_between, table_command
+from ..reference import dialect_key_table, rewrite_between, table_command
 from .keys import QEFF_KEYS
 
 START, END = "<!-- qeff-keys:start -->", "<!-- qeff-keys:end -->"
@@ -21,15 +19,11 @@ START, END = "<!-- qeff-keys:start -->", "<!-- qeff-keys:end -->"
 
 def key_table() -> str:
     """Every QEfficient key as a Markdown table, with a line counting them by status."""
-    tally = Counter(key.status for key in QEFF_KEYS.values())
-    summary = ", ".join(f"{tally[status]} {status}" for status in KeyStatus)
-    rows = [f"{len(QEFF_KEYS)} QEfficient fine-tuning keys: {summary}.", "",
-            "| key | QEfficient default | status | nxd | note |", "|---|---|---|---|---|"]  # fmt: skip
-    for key in QEFF_KEYS.values():
-        cells = [f"`{key.name}`", f"`{json.dumps(key.default)}`", str(key.status),
-                 f"`{key.consumer}`" if key.consumer else "", key.note]  # fmt: skip
-        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(rows) + "\n"
+    return dialect_key_table(
+        "QEfficient fine-tuning keys", ["key", "QEfficient default", "status", "nxd", "note"], list(QEFF_KEYS.values()),
+        lambda key: [f"`{key.name}`", f"`{json.dumps(key.default)}`", str(key.status),
+                     f"`{key.consumer}`" if key.consumer else "", key.note],
+    )  # fmt: skip
 
 
 def update(readme: Path) -> bool:
