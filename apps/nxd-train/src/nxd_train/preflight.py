@@ -568,8 +568,8 @@ def _peft(cfg: NxdConfig):  # noqa: ANN202 - the config's PeftConfig or None
 
 def _adapters(cfg: NxdConfig, resume: Resume | None) -> Adapters | None:
     """LoRA's checkpoint settings, and where its base comes from when a checkpoint holds adapters only:
-    a continuing run's initial weights (resume_from_checkpoint; the Hugging Face directory model.model_config
-    when that is the adapter checkpoint itself), or with load_lora_from_ckpt model.model_config."""
+    a continuing run's initial weights (resume_from_checkpoint; when that names the adapter checkpoint itself,
+    the weights its run started from, else model.model_config), or with load_lora_from_ckpt model.model_config."""
     if (peft := _peft(cfg)) is None:
         return None
     base, source = "frozen" if peft.save_lora_base else "merged" if peft.merge_lora else None, None
