@@ -17,6 +17,9 @@ CHECKPOINT_DIR = "checkpoints"
 """Checkpoints live in <log dir>/checkpoints."""
 LOCK_FILE = ".nxd-run.lock"
 """The advisory lock a running run holds in its log directory (the file stays; the lock goes with the process)."""
+LAUNCH_FILE = ".nxd-launch"
+"""The launcher job (torchrun's run id, Slurm's job id) a versioned log directory belongs to, so that a round the
+launcher restarts finds it."""
 NAME_ROOM = 64
 """Characters a checkpoint's folder name adds to the run's name (--step=N-consumed_samples=M.partial)."""
 
@@ -42,6 +45,26 @@ def resumable_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name:
         if any(info.complete for info in list_checkpoints(path / CHECKPOINT_DIR)):
             return path.resolve()
     return (base / f"version_{versions[-1] if versions else 0}").resolve()
+
+
+def launched_log_dir(exp_dir: Path | None, name: str, job: str) -> Path | None:
+    """The newest version under <exp_dir>/<name> that launcher job `job` took, or None."""
+    base, versions = _versions(exp_dir, name)
+    for version in reversed(versions):
+        path = base / f"version_{version}"
+        try:
+            if (path / LAUNCH_FILE).read_text().strip() == job:
+                return path.resolve()
+        except OSError:
+            continue
+    return None
+
+
+def record_launch(path: Path, job: str) -> None:
+    """Record in log directory `path` the launcher job that holds it (replaced whole, never half written)."""
+    partial = path / f"{LAUNCH_FILE}.partial"
+    partial.write_text(job + "\n")
+    partial.replace(path / LAUNCH_FILE)
 
 
 class LogDirLock:

@@ -18,23 +18,30 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch.distributed as dist
 
-BEAT, DONE = "nxd/peers/beat/", "nxd/peers/done/"
+BEAT, DONE = "beat/", "done/"
 EXIT_CODE = 1
 TIMEOUT_KEY = "distributed_strategy.collective_timeout"
 
 _current: PeerWatch | None = None
 
 
+def beat_interval(timeout: float) -> float:
+    """Seconds between a rank's beats, for a collective timeout of `timeout` seconds."""
+    return max(0.25, min(10.0, timeout / 10))
+
+
 class PeerWatch:
     """The watch of rank `rank` of `world_size` over the others (start it after the process group)."""
 
-    def __init__(self, rank: int, world_size: int, timeout: float):
+    def __init__(self, rank: int, world_size: int, timeout: float, store: Callable[[timedelta], dist.Store]):
+        """`store(timeout)` connects to the run's store (a connection of the watch's own)."""
         self.rank, self.world_size, self.timeout = rank, world_size, float(timeout)
-        self.interval = max(0.25, min(10.0, self.timeout / 10))
+        self.interval = beat_interval(self.timeout)
         self.others = [peer for peer in range(world_size) if peer != rank]
         self.pids: dict[int, tuple[int, str]] = {}
         """The pid and host of each peer that has beaten."""
@@ -42,9 +49,7 @@ class PeerWatch:
         self.moved = {peer: (None, now) for peer in self.others}
         """Each peer's last beat seen and when (by this process's clock) it last changed."""
         self._stop = threading.Event()
-        self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                                    is_master=False, timeout=timedelta(seconds=self.interval * 2),
-                                    wait_for_workers=False)  # fmt: skip
+        self._store = store(timedelta(seconds=self.interval * 2))
         self._thread = threading.Thread(target=self._run, name="nxd-peer-watch", daemon=True)
         self._beats = 0
 

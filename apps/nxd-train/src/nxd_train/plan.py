@@ -13,7 +13,7 @@ from typing import Any
 from nxd_align import LoraFamily, Objective, TokenObjective
 from nxd_ckpt import SavePolicy
 from nxd_models import ModelFamily
-from nxd_parallel import Layout
+from nxd_parallel import LaunchWorld, Layout
 from nxd_precision import LossScaling, PrecisionPolicy, resolve_policy
 
 from .checkpointing import Resume
@@ -88,6 +88,8 @@ class Launch:
     """glibc keeps freed host memory for the next step when the device is the CPU."""
     collective_timeout: int = 1800
     """Seconds a rank waits for a peer before the run stops naming it."""
+    world: LaunchWorld | None = None
+    """The processes a launcher started (torchrun, Slurm, mpirun, env://), or None when the run starts its own."""
 
     @property
     def world_size(self) -> int:

@@ -30,7 +30,7 @@ from nxd_models import (
     load_hf_config,
     model_family,
 )
-from nxd_parallel import Layout
+from nxd_parallel import LaunchWorld, Layout
 from nxd_precision import (
     LossScaling,
     PrecisionConfigError,
@@ -51,6 +51,7 @@ from .checkpointing import (
     save_policy,
 )
 from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_keys
+from .launcher_check import launcher_world, restarted
 from .layout_check import layout_problems
 from .logdir import CHECKPOINT_DIR, LOCK_FILE, log_dir_problems, resumable_log_dir
 from .plan import (
@@ -375,7 +376,7 @@ def _capturable_off(cfg: NxdConfig) -> str | None:
     return "distributed_strategy.cpu_offload steps on host tensors" if cfg.distributed_strategy.cpu_offload else None
 
 
-def _settings(cfg: NxdConfig) -> dict:
+def _settings(cfg: NxdConfig, world: LaunchWorld | None = None) -> dict:
     """The loop's settings: cadence, launch, batches, update, logging and checkpoints."""
     t, exp, d, optim = cfg.trainer, cfg.exp_manager, cfg.data, cfg.model.optim
     ds = cfg.distributed_strategy
@@ -394,7 +395,8 @@ def _settings(cfg: NxdConfig) -> dict:
                       use_cpu_initialization=cfg.model.use_cpu_initialization,
                       neuron_environment=neuron_environment(cfg, os.environ),
                       fp32_matmul_precision=cfg.precision.fp32_matmul_precision,
-                      keep_freed_host_memory=t.keep_freed_host_memory, collective_timeout=ds.collective_timeout),
+                      keep_freed_host_memory=t.keep_freed_host_memory, collective_timeout=ds.collective_timeout,
+                      world=world),
         batches=Batches(global_batch_size=cfg.global_batch_size, micro_batch_size=d.micro_batch_size,
                         num_workers=d.num_workers, reshuffle_each_epoch=d.dataloader_type == "cyclic",
                         validation_drop_last=d.validation_drop_last,
@@ -603,7 +605,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
 
     Without `data_required` (a memory plan made where the data is not), data that cannot be read is a
     notice, and the plan has no data (a Megatron-style model then has a placeholder vocabulary)."""
-    problems = _not_in_this_release(cfg) + _optimizer_problems(cfg) + checkpoint_problems(cfg)
+    world, problems = launcher_world(cfg, os.environ)
+    cfg = restarted(cfg, world)
+    problems += _not_in_this_release(cfg) + _optimizer_problems(cfg) + checkpoint_problems(cfg)
     exp = cfg.exp_manager
     problems += log_dir_problems(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name,
                                  "exp_manager.name" if exp.name and exp.name != cfg.name else "name",
@@ -691,4 +695,4 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> 
     return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=_objective(cfg),
                    adapters=_adapters(cfg, resume),
                    reference=None if data is None else _reference(cfg, resume, family, data, policy),
-                   resume=resume, log_dir=log_dir, identity=identity, **_settings(cfg))  # fmt: skip
+                   resume=resume, log_dir=log_dir, identity=identity, **_settings(cfg, world))  # fmt: skip

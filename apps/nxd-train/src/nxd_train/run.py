@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 import yaml
 from lightning_fabric import Fabric
-from lightning_fabric.strategies import DDPStrategy
 from nxd_align import LoraFamily
 from nxd_ckpt import (
     Checkpointer,
@@ -65,7 +64,9 @@ from .checkpointing import (
     loads_output_layer,
     versions,
 )
-from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir
+from .cluster import LaunchedEnvironment, RoundStrategy
+from .launcher_check import LAUNCHER_NAMES, job_tag
+from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir, record_launch
 from .monitor import Monitor
 from .peers import PeerWatch
 from .plan import RunPlan
@@ -89,15 +90,17 @@ def setup(plan: RunPlan) -> Run:
     if torch.cuda.is_available():  # the documented policy, said in the log (Lightning's own notice is dropped)
         torch.set_float32_matmul_precision(launch.fp32_matmul_precision)
         logging_module.getLogger("lightning_fabric.utilities.rank_zero").addFilter(_NoMatmulPrecisionNotice())
-    strategy, timeout = "auto", timedelta(seconds=launch.collective_timeout)
+    strategy, timeout, plugins = "auto", timedelta(seconds=launch.collective_timeout), None
     if launch.world_size > 1:  # the offloaded shards' reductions (the gradient norm) run on the host
         offloaded = plan.layout.cpu_offload and torch.cuda.is_available()
-        strategy = DDPStrategy(process_group_backend="cuda:nccl,cpu:gloo" if offloaded else None, timeout=timeout)
+        strategy = RoundStrategy(launch.world, process_group_backend="cuda:nccl,cpu:gloo" if offloaded else None,
+                                 timeout=timeout)  # fmt: skip
+        plugins = None if launch.world is None else [LaunchedEnvironment(launch.world)]
     fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes, strategy=strategy,
-                    precision=plan.precision)  # fmt: skip
+                    precision=plan.precision, plugins=plugins)  # fmt: skip
     fabric.launch()
-    if fabric.world_size > 1 and {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ):  # the rendezvous store
-        PeerWatch(fabric.global_rank, fabric.world_size, launch.collective_timeout).start()
+    if fabric.world_size > 1:
+        PeerWatch(fabric.global_rank, fabric.world_size, launch.collective_timeout, fabric.strategy.watch_store).start()
     if fabric.device.type in NEURON_DEVICE_TYPES:
         os.environ.update(launch.neuron_environment)
     host_memory = keep_freed_host_memory() if launch.keep_freed_host_memory and fabric.device.type == "cpu" else None
@@ -121,6 +124,8 @@ def _hold_log_dir(plan: RunPlan, fabric: Fabric) -> tuple[Path, LogDirLock]:
     if fabric.global_rank == 0:
         try:
             path, lock = hold_log_dir(logging.explicit_log_dir, logging.exp_dir, logging.exp_name, plan.log_dir)
+            if (world := plan.launch.world) is not None and world.job_id is not None:
+                record_launch(path, job_tag(world))  # a restarted round finds this folder
             held = (str(path), None)
         except LogDirError as error:
             held = (None, str(error))
@@ -236,6 +241,11 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
                  f"fp32 matmul precision {torch.get_float32_matmul_precision()}")  # fmt: skip
     if lora is not None:
         _report_adapters(lora, model, plan, monitor)
+    if (world := launch.world) is not None and world.restart:
+        again = "requeue" if world.launcher == "slurm" else "restart"
+        where = (f"resumed at step {run.start_step} from {resume.path}" if continued
+                 else "no complete checkpoint to resume from, so training starts at step 0")  # fmt: skip
+        monitor.info(f"{LAUNCHER_NAMES[world.launcher]} {again} {world.restart} of job {world.job_id}: {where}")
     return run
 
 

@@ -14,6 +14,7 @@ from .executor import DirectExecutor, LossFunction, PipelineExecutor, Totals, bu
 from .expert_parallel import ExpertDispatch, apply_expert_parallel, moe_modules
 from .host_memory import keep_freed_host_memory
 from .kv_replication import replicated_heads
+from .launch_world import LaunchWorld, LaunchWorldError, launch_world
 from .materialise import copy_part, materialise
 from .memory_plan import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan
 from .norms import clip_gradients, global_norm
@@ -28,18 +29,19 @@ from .parallelize import (
     tensor_parallel_problems,
 )
 from .pipeline import build_schedule, rank_stages, stage_ranges
+from .rendezvous import client_store, init_world
 from .tensor_parallel import STYLES, apply_tensor_parallel, check_plan, enter_sequence_parallel
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "GIB", "STYLES", "DirectExecutor", "ExpertDispatch", "LayerWidths", "Layout", "LossFunction", "ParallelConfigError",
-    "ParallelDims", "ParallelMesh", "PipelineExecutor", "RankMemory", "ShardableModel", "Sizes", "StagedModel",
-    "StateBytes", "Totals", "Workload", "apply_activation_checkpointing", "apply_data_parallel",
-    "apply_expert_parallel", "apply_tensor_parallel", "build_executor", "build_parallel_model", "build_schedule",
-    "check_plan", "clip_gradients", "compile_blocks", "copy_part", "enter_sequence_parallel", "global_norm",
-    "keep_freed_host_memory", "loss_parallel", "materialise", "memory_plan", "modules_of", "moe_modules",
-    "pipeline_ranges", "rank_stages",
-    "recompute_units", "replicated_heads", "ring_attention", "set_gradient_sync", "split_sequence", "stage_ranges",
-    "tensor_parallel_problems", "zigzag_indices",
+    "DirectExecutor", "ExpertDispatch", "GIB", "LaunchWorld", "LaunchWorldError", "LayerWidths", "Layout",
+    "LossFunction", "ParallelConfigError", "ParallelDims", "ParallelMesh", "PipelineExecutor", "RankMemory",
+    "STYLES", "ShardableModel", "Sizes", "StagedModel", "StateBytes", "Totals", "Workload",
+    "apply_activation_checkpointing", "apply_data_parallel", "apply_expert_parallel", "apply_tensor_parallel",
+    "build_executor", "build_parallel_model", "build_schedule", "check_plan", "client_store", "clip_gradients",
+    "compile_blocks", "copy_part", "enter_sequence_parallel", "global_norm", "init_world", "keep_freed_host_memory",
+    "launch_world", "loss_parallel", "materialise", "memory_plan", "modules_of", "moe_modules", "pipeline_ranges",
+    "rank_stages", "recompute_units", "replicated_heads", "ring_attention", "set_gradient_sync", "split_sequence",
+    "stage_ranges", "tensor_parallel_problems", "zigzag_indices"
 ]  # fmt: skip

@@ -1,0 +1,64 @@
+"""The launcher's world is the run's world: the processes and nodes a launcher started against the config's
+trainer.devices and trainer.num_nodes (refused, naming both numbers, before any process writes), and a
+job the launcher restarted (torchrun's next round, Slurm's requeue) continuing in its own log directory
+from its newest complete checkpoint."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+from nxd_config import ConfigNotice, NxdConfig
+from nxd_parallel import LaunchWorld, LaunchWorldError, launch_world
+
+from .logdir import launched_log_dir
+
+LAUNCHER_NAMES = {"torchrun": "torchrun", "slurm": "Slurm", "mpi": "mpirun", "env": "the env:// variables"}
+
+
+def launcher_world(cfg: NxdConfig, environ: Mapping[str, str]) -> tuple[LaunchWorld | None, list[str]]:
+    """The launcher's world, and why the config disagrees with it."""
+    try:
+        world = launch_world(environ)
+    except LaunchWorldError as error:
+        return None, [f"the launcher's variables: {error}"]
+    if world is None:
+        return None, []
+    t, problems = cfg.trainer, []
+    started = LAUNCHER_NAMES[world.launcher]
+    if t.devices != world.local_world_size:
+        problems.append(f"trainer.devices: {t.devices} process(es) per node, but {started} started "
+                        f"{world.local_world_size} on this node ({world.source}); expected trainer.devices: "
+                        f"{world.local_world_size} (GPT-NeoX: num_gpus), or launch {t.devices} per node")  # fmt: skip
+    if t.num_nodes != world.num_nodes:
+        problems.append(f"trainer.num_nodes: {t.num_nodes}, but {started} started processes on {world.num_nodes} "
+                        f"node(s) ({world.source}); expected trainer.num_nodes: {world.num_nodes} (GPT-NeoX: "
+                        f"num_nodes), or launch on {t.num_nodes} node(s)")  # fmt: skip
+    return world, problems
+
+
+def restarted(cfg: NxdConfig, world: LaunchWorld | None) -> NxdConfig:
+    """`cfg` as a job the launcher restarted continues it: in the log directory its first round took, from
+    the newest complete checkpoint there (a new start when none is complete yet)."""
+    if world is None or world.restart == 0 or world.job_id is None:
+        return cfg
+    exp = cfg.exp_manager
+    folder = exp.explicit_log_dir or launched_log_dir(_path(exp.exp_dir), exp.name or cfg.name, job_tag(world))
+    if folder is None:
+        return cfg
+    what = "requeue" if world.launcher == "slurm" else "restart"
+    if not exp.resume_if_exists:
+        warnings.warn(f"{LAUNCHER_NAMES[world.launcher]} {what} {world.restart} of job {world.job_id}: continuing in "
+                      f"{folder} from its newest complete checkpoint", ConfigNotice, stacklevel=2)  # fmt: skip
+    update = {"resume_if_exists": True, "resume_ignore_no_checkpoint": True, "explicit_log_dir": str(folder)}
+    return cfg.model_copy(update={"exp_manager": exp.model_copy(update=update)})
+
+
+def job_tag(world: LaunchWorld) -> str:
+    """What a log directory records of the job that holds it, the same in every round of that job."""
+    return f"{world.launcher} {world.job_id}"
+
+
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
