@@ -121,7 +121,7 @@ def start_cluster(root: Path, timeout: float = 30) -> SlurmCluster:
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none", "ReturnToService=2",
         "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
-        "JobRequeue=1", "KillWait=10", "MinJobAge=600", "SlurmctldTimeout=30", "SlurmdTimeout=30",
+        "JobRequeue=1", "KillWait=10", "AuthInfo=cred_expire=10", "MinJobAge=600", "SlurmctldTimeout=30", "SlurmdTimeout=30",
         "InactiveLimit=0", "JobCompType=jobcomp/none", "JobAcctGatherType=jobacct_gather/none",
         f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={_memory_mib()} State=UNKNOWN",
         "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from . import peers
 from .checkpointing import restore_rng_states
-from .interrupts import StopRequests, TrainingInterrupted
+from .interrupts import StopRequests, TrainingInterrupted, requeue
 from .plan import EarlyStopping, RunPlan, batch_limit
 from .run import setup
 from .run_state import Batch, Run
@@ -63,7 +63,7 @@ def _train(run: Run) -> Path:
     saved_at = None  # the step of the latest save
     stopper = None if cadence.early_stopping is None else ValidationWatch(cadence.early_stopping, run.resumed_metrics)
     done = run.start_step
-    with StopRequests() as stops:
+    with StopRequests(plan.preemption.signals) as stops:
         for step in range(run.start_step, run.steps):
             started = time.perf_counter()
             epoch, index = divmod(step, run.steps_per_epoch)
@@ -159,12 +159,18 @@ def _stop_on_signal(run: Run, signum: int, done: int, logged: dict[str, float], 
         if not saved:
             run.save_checkpoint(done, logged)
         run.checkpointer.wait()
-        where = (f"checkpoint saved in {run.checkpointer.root}; run the same command with resume_from_checkpoint "
-                 f"naming {run.log_dir} (its newest checkpoint; NxDT: exp_manager.resume_from_checkpoint, or "
-                 "exp_manager.resume_if_exists=True) to continue from it")  # fmt: skip
+        preemption = run.plan.preemption
+        if preemption.requeues(signum):
+            where = f"checkpoint saved in {run.checkpointer.root}; "
+            if run.fabric.global_rank == 0:
+                where += requeue(preemption.slurm_job)
+        else:
+            where = (f"checkpoint saved in {run.checkpointer.root}; run the same command with resume_from_checkpoint "
+                     f"naming {run.log_dir} (its newest checkpoint; NxDT: exp_manager.resume_from_checkpoint, or "
+                     "exp_manager.resume_if_exists=True) to continue from it")  # fmt: skip
     _close(run)
     raise TrainingInterrupted(f"stopped by {signal.Signals(signum).name} after step {done} of {run.steps}: {where}",
-                              signum)  # fmt: skip
+                              run.plan.preemption.code(signum))  # fmt: skip
 
 
 def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int) -> dict[str, float]:

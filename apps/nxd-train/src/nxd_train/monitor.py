@@ -28,6 +28,14 @@ FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "test_loss": "{:.4f}", "lr": 
            "moe_expert_load_max": "{:.2f}"}  # fmt: skip
 
 
+RANK_LOGS = "nxd_log_globalrank-*_localrank-*.txt"
+
+
+def rank_log_name(global_rank: int, local_rank: int) -> str:
+    """The file name of a rank's text log in the log directory."""
+    return f"nxd_log_globalrank-{global_rank}_localrank-{local_rank}.txt"
+
+
 class Monitor:
     def __init__(self, log_dir: Path, *, global_rank: int, local_rank: int, total_steps: int,
                  local_rank_0_only: bool, tensorboard: bool, continue_after: int | None = None,
@@ -41,7 +49,7 @@ class Monitor:
         self.text.setLevel(logging.INFO)
         self.text.propagate = False
         if local_rank == 0 or not local_rank_0_only:
-            handler = logging.FileHandler(log_dir / f"nxd_log_globalrank-{global_rank}_localrank-{local_rank}.txt")
+            handler = logging.FileHandler(log_dir / rank_log_name(global_rank, local_rank))
             handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
             self.text.addHandler(handler)
         self.metric_loggers: list[Logger] = []

@@ -12,6 +12,7 @@ that fails because a peer died is explained the same way (`explain`).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -52,6 +54,10 @@ class PeerWatch:
         self._store = store(timedelta(seconds=self.interval * 2))
         self._thread = threading.Thread(target=self._run, name="nxd-peer-watch", daemon=True)
         self._beats = 0
+        self.stacks_file: Path | None = None
+        """This rank's log, where its Python stacks go when the run stops for a silent or lost peer."""
+        self.stacks_pattern = ""
+        """The logs of every rank, as the stop message names them."""
 
     def start(self) -> PeerWatch:
         global _current
@@ -123,6 +129,8 @@ class PeerWatch:
 
     def _leave(self, peers: list[int], message: str) -> None:
         self._say_done()  # this rank's silence from now on is its leaving, not another failure
+        if self._write_stacks(message) and self.stacks_pattern:
+            message += f"; each rank's Python stacks at that moment are in {self.stacks_pattern}"
         if self.rank == min(set(range(self.world_size)) - set(peers)):
             print(message, file=sys.stderr, flush=True)
         host = socket.gethostname()
@@ -133,6 +141,21 @@ class PeerWatch:
                     os.kill(pid, signal.SIGKILL)
         sys.stderr.flush()
         os._exit(EXIT_CODE)
+
+    def _write_stacks(self, message: str) -> bool:
+        """Append every thread's Python stack (faulthandler's, safe while the main thread is stuck in a
+        collective) to this rank's log, below `message`; whether it was written."""
+        if self.stacks_file is None:
+            return False
+        try:
+            with open(self.stacks_file, "a") as log:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                log.write(f"{stamp} {message}\n{stamp} rank {self.rank}'s Python stacks (most recent call first):\n")
+                log.flush()
+                faulthandler.dump_traceback(log, all_threads=True)
+        except OSError:
+            return False
+        return True
 
     def explain(self, error: BaseException) -> None:
         """A collective failed (`error`): name the peers that are gone (ended on this host, or not beating for

@@ -18,6 +18,7 @@ from nxd_precision import LossScaling, PrecisionPolicy, resolve_policy
 
 from .checkpointing import Resume
 from .data import DataSplits
+from .interrupts import Preemption
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,7 @@ class RunPlan:
     batches: Batches
     cadence: Cadence = Cadence()
     launch: Launch = Launch()
+    preemption: Preemption = Preemption()
     update: Update = Update()
     checkpoints: Checkpoints = Checkpoints()
     layout: Layout = Layout()

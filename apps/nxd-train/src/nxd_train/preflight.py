@@ -51,6 +51,7 @@ from .checkpointing import (
     save_policy,
 )
 from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_keys
+from .interrupts import Preemption
 from .launcher_check import launcher_world, restarted
 from .layout_check import layout_problems
 from .logdir import CHECKPOINT_DIR, LOCK_FILE, log_dir_problems, resumable_log_dir
@@ -384,7 +385,9 @@ def _settings(cfg: NxdConfig, world: LaunchWorld | None = None) -> dict:
     if _capturable_off(cfg) is not None:
         options["capturable"] = False
     sched = optim.sched
+    job = os.environ.get("SLURM_JOB_ID")  # a batch job, whether or not srun started the processes
     return dict(
+        preemption=Preemption(t.requeue_signal, t.auto_requeue, t.requeue_exit_code, slurm_job=job),
         cadence=Cadence(max_steps=t.max_steps, max_epochs=t.max_epochs, log_every_n_steps=t.log_every_n_steps,
                         val_check_interval=t.val_check_interval, check_val_every_n_epoch=t.check_val_every_n_epoch,
                         num_sanity_val_steps=t.num_sanity_val_steps, limit_val_batches=t.limit_val_batches,

@@ -67,8 +67,9 @@ from .checkpointing import (
 from .cluster import LaunchedEnvironment, RoundStrategy
 from .launcher_check import LAUNCHER_NAMES, job_tag
 from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir, record_launch
-from .monitor import Monitor
+from .monitor import RANK_LOGS, Monitor, rank_log_name
 from .peers import PeerWatch
+from .peers import current as current_watch
 from .plan import RunPlan
 from .reference import prepare_reference
 from .resume_check import IDENTITY
@@ -108,6 +109,9 @@ def setup(plan: RunPlan) -> Run:
     dims = ParallelDims(fabric.world_size, tp=launch.tp, pp=launch.pp, cp=launch.cp, ep=launch.ep)
     mesh = dims.build_mesh(fabric.device.type)
     log_dir, lock = _hold_log_dir(plan, fabric)
+    if (watch := current_watch()) is not None:  # a silent peer's stop writes this rank's stacks beside its log
+        watch.stacks_file = log_dir / rank_log_name(fabric.global_rank, fabric.local_rank)
+        watch.stacks_pattern = str(log_dir / RANK_LOGS)
     try:
         run = _build(plan, fabric, dims, mesh, log_dir, host_memory)
     except BaseException:

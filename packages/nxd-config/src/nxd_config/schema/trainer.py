@@ -74,6 +74,27 @@ class TrainerConfig(Section):
         status=Status.EXTENSION,
         note="NxDT's steps run on Neuron devices; on the CPU, glibc unmaps and faults in every large tensor each step",
     )
+    requeue_signal: Literal["SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGCONT"] | None = key(
+        "SIGUSR1",
+        "The signal that warns of the end of a job's time or of preemption (Slurm's sbatch --signal=USR1@SECONDS): "
+        "every rank stops after the current step, a checkpoint of that step is saved and, under Slurm with "
+        "auto_requeue, the job is requeued. SIGTERM and SIGINT always save and stop; null: no warning signal.",
+        by=APP, status=Status.EXTENSION,
+        note="Lightning's SLURMEnvironment(requeue_signal=SIGUSR1); NxDT launched through Slurm scripts of its own",
+    )  # fmt: skip
+    auto_requeue: bool = key(
+        True,
+        "Under a Slurm batch job, after the save that requeue_signal or SIGTERM causes: requeue the job "
+        "(scontrol requeue), so that it resumes by itself from that checkpoint when it runs again.",
+        by=APP, status=Status.EXTENSION, note="Lightning's SLURMEnvironment(auto_requeue=True)",
+    )  # fmt: skip
+    requeue_exit_code: int | None = key(
+        None,
+        "The exit code of a run stopped by a signal after its save; null: 128 + the signal's number, as a shell "
+        "reports it. Set the code a cluster's RequeueExit names to have Slurm requeue on it.",
+        by=APP, status=Status.EXTENSION, ge=0, le=255,
+        note="Slurm's RequeueExit in slurm.conf requeues a batch job that exits with a listed code",
+    )  # fmt: skip
     lnc: int | None = key(
         None,
         "Logical-to-physical NeuronCore ratio (1 or 2).",
