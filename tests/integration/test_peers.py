@@ -77,3 +77,7 @@ def test_a_rank_that_stops_answering_ends_every_rank_with_one_line_naming_it(how
     assert code == 1 and took < TIMEOUT + 10 and rank_1_left, (code, took, stderr[-3000:])
     assert len(lines) == 1 and f"rank 1 (pid {rank_1} on host {socket.gethostname()}) {said}" in lines[0], stderr[-3000:]
     assert "every rank stops" in lines[0] and "Traceback" not in stderr
+    logs = tmp_path / "run"
+    assert f"Python stacks at that moment are in {logs}/nxd_log_globalrank-*_localrank-*.txt" in lines[0]
+    rank_0 = (logs / "nxd_log_globalrank-0_localrank-0.txt").read_text()
+    assert "rank 0's Python stacks (most recent call first)" in rank_0 and 'File "' in rank_0, rank_0[-2000:]

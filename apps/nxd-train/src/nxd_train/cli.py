@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from importlib import resources
@@ -221,7 +222,7 @@ def _notices_to_stderr() -> Iterator[None]:
     """Print the notices nxd's packages raise inside (ConfigNotice, and every warning class of an nxd
     package) as 'notice: ...' lines once the block ends (even on error). The processes a launch starts
     besides the first of each machine plan the same run again: they keep its notices to themselves."""
-    launched = os.environ.get("LOCAL_RANK", "0") != "0"
+    launched = launched_local_rank() != 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigNotice)
         try:
@@ -233,6 +234,25 @@ def _notices_to_stderr() -> Iterator[None]:
                         print(f"notice: {warning.message}", file=sys.stderr)
                 else:
                     warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+"""Where torchrun, Slurm, Open MPI and MPICH put a process's rank on its node (nxd-parallel's launch_world
+reads them all; this much is known before torch loads)."""
+QUIET_EXIT_DELAY = 3.0
+"""Seconds a launcher's other processes wait before leaving quietly on a config problem, so that the first
+process of the node says it before the launcher ends the rest."""
+
+
+def launched_local_rank() -> int:
+    """This process's rank on its node under a launcher (0 when none started it)."""
+    for name in LOCAL_RANK_VARIABLES:
+        if name == "SLURM_LOCALID" and "SLURM_STEP_ID" not in os.environ:
+            continue  # a batch script's own process, not a task of an srun step
+        with contextlib.suppress(ValueError):
+            if name in os.environ:
+                return int(os.environ[name])
+    return 0
 
 
 def _load(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> NxdConfig | None:
@@ -311,9 +331,12 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     try:
         with _notices_to_stderr():
             plan = plan_run(config, default_cache_dir())
-            if os.environ.get("LOCAL_RANK", "0") == "0" and (notice := memory_notice(plan)):
+            if launched_local_rank() == 0 and (notice := memory_notice(plan)):
                 warnings.warn(notice, ConfigNotice, stacklevel=1)  # the launching process says it once
     except PreflightError as error:
+        if launched_local_rank() != 0:  # a launcher's other processes: the first of each node says it
+            time.sleep(QUIET_EXIT_DELAY)
+            return 1
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     from nxd_ckpt import CheckpointError

@@ -1,0 +1,187 @@
+"""A job's life on a cluster, with real processes on gloo: torchrun restarting a group after a worker's
+death, and a checkpoint resumed on another number of processes. Each ends with the losses of a run
+never interrupted (fp32; the same arithmetic gives the same values, another split of the batch agrees
+within 1e-6).
+
+The uninterrupted reference is DP2 launched by nxd-train itself; the restarted runs are launched by
+torchrun, which must not change a value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from nxd_ckpt import list_checkpoints
+
+from tests.training_runs import FAST, read_metrics
+
+STEPS = 16
+JOB = [*FAST, f"trainer.max_steps={STEPS}", "data.micro_batch_size=2", "data.global_batch_size=8",
+       "exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.every_n_train_steps=4",
+       "+exp_manager.checkpoint_callback_params.save_top_k=-1"]  # fmt: skip
+SLOW = ["trainer.val_check_interval=1", "trainer.limit_val_batches=6"]
+"""Validation after every step: it slows the run to be killed, so the kill lands mid-run (it changes nothing in
+training: no dropout, no shuffling)."""
+BIN = Path(sys.executable).parent
+
+
+def nxd_train(log_dir: Path, *overrides: str) -> list[str]:
+    return [str(BIN / "nxd-train"), *JOB, *overrides, f"+exp_manager.explicit_log_dir={log_dir}"]
+
+
+def torchrun(log_dir: Path, *options: str, overrides: tuple[str, ...] = ()) -> list[str]:
+    return [str(BIN / "torchrun"), *options, "-m", "nxd_train", *JOB, "trainer.devices=2", *overrides,
+            f"+exp_manager.explicit_log_dir={log_dir}"]  # fmt: skip
+
+
+def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def step_losses(log_dir: Path) -> dict[int, float]:
+    """The loss of every step (the last record of a step wins: a resumed run logs it again)."""
+    return {int(row["step"]): row["loss"] for row in read_metrics(log_dir) if "loss" in row}
+
+
+def checkpoint(log_dir: Path, step: int) -> Path:
+    (found,) = [i.path for i in list_checkpoints(log_dir / "checkpoints") if i.step == step and i.complete]
+    return found
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    log_dir = tmp_path_factory.mktemp("whole") / "run"
+    run(nxd_train(log_dir, "trainer.devices=2"), log_dir.parent)
+    return log_dir
+
+
+def _workers(agent: int) -> dict[int, int]:
+    """torchrun's workers: rank -> pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().split(") ", 1)[1].split()[1]) != agent:
+                continue
+            environ = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
+        except (OSError, IndexError, ValueError):
+            continue
+        if "RANK" in environ:
+            found[int(environ["RANK"])] = int(entry.name)
+    return found
+
+
+def _wait(condition, what: str, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the run ended before {what}: {process.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
+        time.sleep(0.02)
+
+
+def _logged_steps(log: Path) -> list[tuple[float, str]]:
+    """(time, line) of rank 0's log lines, read as they are."""
+    return [(os.path.getmtime(log), line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.mark.parametrize("when", ["mid_step", pytest.param("mid_save", marks=pytest.mark.slow)])
+def test_torchrun_restarts_a_dead_worker_and_the_group_resumes_exactly(tmp_path, uninterrupted, when):
+    """SIGKILL of rank 1 mid-step (or while a checkpoint is being written): torchrun restarts the group, every
+    new worker continues from the newest complete checkpoint by itself (no resume key), and the losses are
+    the uninterrupted run's."""
+    log_dir = tmp_path / "run"
+    agent = subprocess.Popen(torchrun(log_dir, "--nproc-per-node", "2", "--max-restarts", "1", overrides=tuple(SLOW)),
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)  # fmt: skip
+    try:
+        if when == "mid_step":
+            _wait(lambda: (log_dir / "metrics.csv").exists() and max(step_losses(log_dir), default=0) >= 6,
+                  "step 6", agent)  # fmt: skip
+        else:
+            _wait(lambda: any(p.name.endswith(".partial") and "step=8" in p.name
+                              for p in (log_dir / "checkpoints").glob("*")), "the step-8 save", agent)  # fmt: skip
+        killed_at = time.monotonic()
+        os.kill(_workers(agent.pid)[1], signal.SIGKILL)
+        rank_0_log = log_dir / "nxd_log_globalrank-0_localrank-0.txt"
+        restarted = re.compile(r"torchrun restart 1 of job \S+: resumed at step (\d+)")
+        _wait(lambda: restarted.search(rank_0_log.read_text()), "the restart's line", agent)
+        resumed_at = int(restarted.search(rank_0_log.read_text()).group(1))
+        _wait(lambda: re.search(rf"restart 1 of job[^\n]*\n(.*\n)*.*step {resumed_at + 1}/{STEPS}",
+                                rank_0_log.read_text()), "a step after the restart", agent)  # fmt: skip
+        recovered = time.monotonic() - killed_at
+        code = agent.wait(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.pid, signal.SIGKILL)
+    stderr = agent.stderr.read()
+    assert code == 0, stderr[-3000:]
+    assert resumed_at in ((4,) if when == "mid_step" else (4, 8)), resumed_at
+    print(f"\nrank 1 killed {when}: the next step trained {recovered:.1f} s later, resumed at step {resumed_at}")
+    expected, resumed = step_losses(uninterrupted), step_losses(log_dir)
+    assert [resumed[step] for step in range(1, STEPS + 1)] == [expected[step] for step in range(1, STEPS + 1)]
+    assert "Traceback" not in stderr.replace("torch.distributed.elastic", ""), stderr[-3000:]
+
+
+def test_a_launch_that_disagrees_with_the_config_is_refused_before_anything_is_written(tmp_path):
+    """torchrun starts 2 processes; the config says 1 per node: no run starts in the log directory."""
+    log_dir = tmp_path / "run"
+    result = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", "2", "-m", "nxd_train", *JOB,
+                             f"+exp_manager.explicit_log_dir={log_dir}"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode != 0
+    said = "trainer.devices: 1 process(es) per node, but torchrun started 2 on this node"
+    assert result.stderr.count(said) == 1, result.stderr[-3000:]
+    assert "expected trainer.devices: 2" in result.stderr and not log_dir.exists()
+
+
+def _resumed(log_dir: Path, start: Path, devices: int, *layout: str) -> dict[int, float]:
+    run(nxd_train(log_dir, f"trainer.devices={devices}", *layout, f"+exp_manager.resume_from_checkpoint={start}"),
+        log_dir.parent)  # fmt: skip
+    return step_losses(log_dir)
+
+
+def _close(found: dict[int, float], expected: dict[int, float], steps: range) -> list[str]:
+    return [f"step {s}: {found[s]!r} against {expected[s]!r}" for s in steps if abs(found[s] - expected[s]) > 1e-6]
+
+
+def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, uninterrupted):
+    """DP2 -> DP4 -> DP1 (gradient accumulation 2 -> 1 -> 4 for the same global batch of 8): the next sample is
+    the uninterrupted run's, and so is every loss."""
+    expected = step_losses(uninterrupted)
+    dp4 = _resumed(tmp_path / "dp4", checkpoint(uninterrupted, 4), 4)
+    dp1 = _resumed(tmp_path / "dp1", checkpoint(tmp_path / "dp4", 8), 1)
+    table = [f"step {s:2d}: uninterrupted {expected[s]:.7f}  " + (f"dp4 {dp4[s]:.7f}" if s in dp4 else " " * 16)
+             + (f"  dp1 {dp1[s]:.7f}" if s in dp1 else "") for s in range(5, STEPS + 1)]  # fmt: skip
+    print("\n" + "\n".join(table))
+    assert min(dp4) == 5 and min(dp1) == 9
+    assert not _close(dp4, expected, range(5, 9)) + _close(dp1, expected, range(9, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_a_tp2_dp2_checkpoint_resumes_as_dp4(tmp_path, uninterrupted):
+    tp2 = tmp_path / "tp2dp2"
+    run(nxd_train(tp2, "trainer.devices=4", "distributed_strategy.tensor_model_parallel_size=2",
+                  f"trainer.max_steps={STEPS}"), tmp_path)  # fmt: skip
+    expected = step_losses(uninterrupted)
+    assert not _close(step_losses(tp2), expected, range(1, 5))
+    dp4 = _resumed(tmp_path / "dp4", checkpoint(tp2, 4), 4)
+    assert not _close(dp4, expected, range(5, STEPS + 1))
+
+
+def test_the_global_batch_that_no_longer_divides_is_refused_by_name(tmp_path, uninterrupted):
+    result = subprocess.run(nxd_train(tmp_path / "dp3", "trainer.devices=3",
+                                      f"+exp_manager.resume_from_checkpoint={checkpoint(uninterrupted, 4)}"),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "data.global_batch_size" in result.stderr and "data.micro_batch_size" in result.stderr, result.stderr
