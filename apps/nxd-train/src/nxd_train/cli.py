@@ -5,6 +5,8 @@
     nxd-train config check FILE ... [OVERRIDE ...]     exit 0 if a run would start here, 1 with every problem
     nxd-train config translate FILE ... [--to nxdt]    print the run as an NxDT-dialect file
     nxd-train plan FILE ... [OVERRIDE ...]             each rank's memory before launch
+    nxd-train launch FILE ... [OVERRIDE ...] [--submit]  the job a cluster runs: an sbatch script, or each
+                                                      host's torchrun command (trainer.cluster)
     nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
                                                       jsonl -> Megatron .bin/.idx
     nxd-train ckpt list LOGDIR                         checkpoints with step, size and completeness
@@ -35,7 +37,7 @@ from nxd_config import DIALECTS, ConfigError, ConfigNotice, NxdConfig, load_conf
 
 from .export_dtypes import EXPORT_DTYPES
 
-SUBCOMMANDS = ("train", "config", "plan", "data", "ckpt")
+SUBCOMMANDS = ("train", "config", "plan", "launch", "data", "ckpt")
 OVERRIDE_HELP = ("a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML); --a.b VALUE is "
                  "a.b=VALUE")  # fmt: skip
 ITEMS_HELP = "config files (one NxDT or QEfficient file, or GPT-NeoX files), then overrides: " + OVERRIDE_HELP
@@ -84,6 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--device-memory", type=float, metavar="GIB", default=None,
                       help="memory of one rank in GiB (default: the local accelerator's, or the host's shared by "
                            "the local ranks)")  # fmt: skip
+
+    text = ("write the job a cluster runs from the same config files: an sbatch script (trainer.num_nodes nodes, "
+            "trainer.devices tasks each, trainer.cluster's partition, account, time, requeue and warning signal) or, "
+            "for a hostfile (trainer.cluster.scheduler: hosts), each host's torchrun command; config check and plan "
+            "run first for the job's layout")  # fmt: skip
+    launch = commands.add_parser("launch", help="write (and submit) the job a cluster runs", description=text)
+    launch.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
+    launch.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
+    launch.add_argument("--output", "-o", type=Path, default=None,
+                        help="the script to write (default: JOB_NAME.sbatch, or JOB_NAME-hosts.sh; never replaced)")
+    launch.add_argument("--submit", action="store_true", help="submit the sbatch script (sbatch) once written")
+    launch.add_argument("--device-memory", type=float, metavar="GIB", default=None,
+                        help="memory of one rank on the cluster's nodes in GiB, for the plan (default: this host's)")
 
     data = commands.add_parser("data", help="prepare training data")
     data_actions = data.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -140,14 +155,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         while index < len(args_list) and _is_config_file(args_list[index]):
             args_list[index:index + 1] = ["--config", args_list[index]]
             index += 2
-    if args_list[0] in ("train", "config", "plan"):
+    if args_list[0] in ("train", "config", "plan", "launch"):
         args_list = flag_overrides(args_list)
     parser = build_parser()
     args = parser.parse_args(args_list)
-    if args.command in ("config", "plan"):
+    if args.command in ("config", "plan", "launch"):
         files, overrides = split_items(args.items)
         if not files:
             parser.error(f"{args.command}: expected a config file before the overrides, found {args.items[0]!r}")
+        if args.command == "launch":
+            return _launch_command(files, overrides, args)
         if args.command == "plan":
             return _plan_command(files, overrides, args.device_memory, args.dialect)
         return _config_command(args.action, files, overrides, args.dialect, getattr(args, "to", "nxdt"))
@@ -164,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _train_command(args.config or [default_config_path()], args.overrides, args.dialect)
 
 
-OPTIONS = ("--config", "-c", "--dialect", "--to", "--device-memory", "-h", "--help")
+OPTIONS = ("--config", "-c", "--dialect", "--to", "--device-memory", "--output", "-o", "--submit", "-h", "--help")
 
 
 def flag_overrides(arguments: list[str]) -> list[str]:
@@ -176,7 +193,7 @@ def flag_overrides(arguments: list[str]) -> list[str]:
         item = arguments[index]
         name = item.partition("=")[0]
         if name in OPTIONS:
-            takes_value = "=" not in item and name not in ("-h", "--help")
+            takes_value = "=" not in item and name not in ("-h", "--help", "--submit")
             out += arguments[index:index + 1 + takes_value]
             index += 1 + takes_value
             continue
@@ -287,7 +304,7 @@ def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str]
 
     try:
         with _notices_to_stderr():
-            plan_run(config, default_cache_dir())
+            plan_run(config, default_cache_dir(), here=False)
     except PreflightError as error:
         print(f"{path}: would stop a run on this machine:\n" + "\n".join(f"  {p}" for p in error.problems),
               file=sys.stderr)  # fmt: skip
@@ -310,13 +327,75 @@ def _plan_command(paths: Sequence[Path], overrides: Sequence[str], device_memory
 
     try:
         with _notices_to_stderr():
-            plan = plan_run(config, default_cache_dir(), data_required=False)
+            plan = plan_run(config, default_cache_dir(), data_required=False, here=False)
     except PreflightError as error:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     report, fits = memory_report(plan, device_memory)
     print(f"{path}: {report}")
     return 0 if fits else 1
+
+
+def _launch_command(files: list[Path], overrides: list[str], args: argparse.Namespace) -> int:
+    """Check the job for its layout, write its script (never over a file that exists), submit it if asked."""
+    config = _load(files, overrides, args.dialect)
+    if config is None:
+        return 1
+    path = _names(files)
+    from .cluster_launch import LaunchError, host_commands, sbatch_script
+    from .corpus import default_cache_dir
+    from .memory_check import memory_report
+    from .preflight import PreflightError, plan_run
+
+    try:
+        with _notices_to_stderr():
+            plan = plan_run(config, default_cache_dir(), here=False)
+        report, fits = memory_report(plan, args.device_memory)
+        if not fits:
+            print(f"{path}: {report}", file=sys.stderr)
+            return 1
+        hosts = config.trainer.cluster.scheduler == "hosts"
+        script = (host_commands if hosts else sbatch_script)(config, files, overrides, args.dialect)
+    except PreflightError as error:
+        print(f"{path}: would stop the job:\n" + "\n".join(f"  {p}" for p in error.problems), file=sys.stderr)
+        return 1
+    except LaunchError as error:
+        print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    if hosts and args.submit:
+        print("nxd-train launch: --submit submits an sbatch script; run the hosts script it wrote instead",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    name = config.trainer.cluster.job_name or config.name
+    output = args.output or Path(f"{name}-hosts.sh" if hosts else f"{name}.sbatch")
+    try:
+        with open(output, "x") as handle:  # never over a file the user has
+            handle.write(script)
+    except FileExistsError:
+        print(f"--output: {output} exists; expected a new file (nxd-train never replaces one): name another",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    except OSError as error:
+        print(f"--output: cannot write {output} ({error.strerror or error})", file=sys.stderr)
+        return 1
+    output.chmod(0o755)
+    layout = f"{config.trainer.num_nodes} node(s) x {config.trainer.devices} process(es)"
+    print(f"wrote {output}: {layout}; {report.splitlines()[0]}")
+    if not args.submit:
+        return 0
+    import shutil
+    import subprocess
+
+    if shutil.which("sbatch") is None:
+        print("--submit: sbatch is not on this machine's PATH; submit the script from a Slurm login node",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    result = subprocess.run(["sbatch", "--parsable", str(output)], capture_output=True, text=True)
+    if result.returncode:
+        print(f"--submit: sbatch refused {output}: {result.stderr.strip()}", file=sys.stderr)
+        return 1
+    print(f"submitted job {result.stdout.strip().split(';')[0]}")
+    return 0
 
 
 def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:

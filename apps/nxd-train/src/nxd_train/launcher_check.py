@@ -17,12 +17,19 @@ from .logdir import launched_log_dir
 LAUNCHER_NAMES = {"torchrun": "torchrun", "slurm": "Slurm", "mpi": "mpirun", "env": "the env:// variables"}
 
 
-def launcher_world(cfg: NxdConfig, environ: Mapping[str, str]) -> tuple[LaunchWorld | None, list[str]]:
-    """The launcher's world, and why the config disagrees with it."""
+def launcher_world(cfg: NxdConfig, environ: Mapping[str, str], *,
+                   here: bool = True) -> tuple[LaunchWorld | None, list[str]]:  # fmt: skip
+    """The launcher's world, and why the config disagrees with it (`here`: the run starts in this process, not
+    in a job written for a cluster)."""
     try:
         world = launch_world(environ)
     except LaunchWorldError as error:
         return None, [f"the launcher's variables: {error}"]
+    nodes = cfg.trainer.num_nodes
+    if world is None and here and nodes > 1 and not {"MASTER_ADDR", "NODE_RANK"} <= set(environ):
+        return None, [f"trainer.num_nodes: {nodes}, but no launcher started this process on {nodes} nodes; expected "
+                      "a launch on each node: `nxd-train launch` writes the sbatch script (or each host's torchrun "
+                      f"command), or run torchrun --nnodes {nodes} on each node"]  # fmt: skip
     if world is None:
         return None, []
     t, problems = cfg.trainer, []

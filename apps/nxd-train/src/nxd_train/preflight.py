@@ -601,14 +601,15 @@ PLACEHOLDER_VOCABULARY = 256
 """The vocabulary a model is checked with when the data (which gives the real one) could not be read."""
 
 
-def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True) -> RunPlan:
+def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, here: bool = True) -> RunPlan:
     """The checked plan of a run, or one PreflightError listing every problem: the release, optimizer,
     checkpoint and precision keys, the data, the model and the layout are all checked, each stage
     going on from what the others could establish, so that one run shows everything to fix.
 
     Without `data_required` (a memory plan made where the data is not), data that cannot be read is a
-    notice, and the plan has no data (a Megatron-style model then has a placeholder vocabulary)."""
-    world, problems = launcher_world(cfg, os.environ)
+    notice, and the plan has no data (a Megatron-style model then has a placeholder vocabulary). Without `here`
+    (a job written for a cluster), the launch is not this process's."""
+    world, problems = launcher_world(cfg, os.environ, here=here)
     cfg = restarted(cfg, world)
     problems += _not_in_this_release(cfg) + _optimizer_problems(cfg) + checkpoint_problems(cfg)
     exp = cfg.exp_manager

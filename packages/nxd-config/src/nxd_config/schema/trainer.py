@@ -19,6 +19,60 @@ _LIMIT = "an integer >= 0 (batches) or a number from 0.0 to 1.0 (fraction)"
 APP = "nxd-train"
 
 
+class ClusterLaunch(Section):
+    """How `nxd-train launch` starts the job on a cluster (an nxd extension; GPT-NeoX's launcher keys map here)."""
+
+    scheduler: Literal["slurm", "hosts"] = key(
+        "slurm", "What `nxd-train launch` writes: an sbatch script (slurm), or the torchrun command of each host of "
+        "hostfile (hosts).", by=APP, status=Status.EXTENSION,
+        note="GPT-NeoX's launcher: slurm (or deepspeed_slurm) is slurm; pdsh, openmpi, mvapich are hosts",
+    )  # fmt: skip
+    hostfile: str | None = key(
+        None, "A DeepSpeed hostfile ('HOST slots=N' a line): the hosts the job runs on, N processes each.", by=APP,
+        status=Status.EXTENSION, note="GPT-NeoX's hostfile",
+    )  # fmt: skip
+    include: str | None = key(
+        None, "Hosts of the hostfile to use, DeepSpeed's form: 'host1@host2:0,1' (slots after ':').", by=APP,
+        status=Status.EXTENSION, note="GPT-NeoX's include",
+    )  # fmt: skip
+    exclude: str | None = key(
+        None, "Hosts (or their slots, after ':') of the hostfile to leave out, DeepSpeed's form.", by=APP,
+        status=Status.EXTENSION, note="GPT-NeoX's exclude",
+    )  # fmt: skip
+    master_addr: str | None = key(
+        None, "The rendezvous host (hosts scheduler; null: the first host).", by=APP, status=Status.EXTENSION,
+        note="GPT-NeoX's master_addr",
+    )  # fmt: skip
+    master_port: int = key(
+        29500, "The rendezvous port.", by=APP, status=Status.EXTENSION, ge=1, le=65535,
+        note="GPT-NeoX's master_port",
+    )  # fmt: skip
+    partition: str | None = key(None, "Slurm partition (sbatch --partition).", by=APP, status=Status.EXTENSION)
+    account: str | None = key(
+        None, "Slurm account (sbatch --account).", by=APP, status=Status.EXTENSION, note="GPT-NeoX's account",
+    )  # fmt: skip
+    comment: str | None = key(
+        None, "Slurm job comment (sbatch --comment).", by=APP, status=Status.EXTENSION, note="GPT-NeoX's comment",
+    )  # fmt: skip
+    time: str | None = key(
+        None, "Slurm time limit (sbatch --time, e.g. 04:00:00 or 2-00:00:00); null: the partition's.", by=APP,
+        status=Status.EXTENSION,
+    )  # fmt: skip
+    gpus_per_node: int | None = key(
+        None, "GPUs to request on each node (sbatch --gpus-per-node); null: none (CPU nodes, or the partition's).",
+        by=APP, status=Status.EXTENSION, ge=1,
+    )  # fmt: skip
+    requeue: bool = key(
+        True, "The job may be requeued (sbatch --requeue): after preemption, or the save trainer.requeue_signal "
+        "causes, it runs again and resumes by itself.", by=APP, status=Status.EXTENSION,
+    )  # fmt: skip
+    signal_seconds: int = key(
+        120, "Seconds before the time limit that Slurm sends trainer.requeue_signal (sbatch --signal=USR1@120), "
+        "time for a checkpoint to be written.", by=APP, status=Status.EXTENSION, ge=1, le=65535,
+    )  # fmt: skip
+    job_name: str | None = key(None, "The Slurm job's name; null: the run's name.", by=APP, status=Status.EXTENSION)
+
+
 class TrainerConfig(Section):
     devices: int = key(1, "Devices (processes) per node; with torchrun, nproc_per_node.", by=APP, ge=1)
     num_nodes: int = key(1, "Number of nodes; world size is devices * num_nodes.", by=APP, ge=1)
@@ -94,6 +148,10 @@ class TrainerConfig(Section):
         "reports it. Set the code a cluster's RequeueExit names to have Slurm requeue on it.",
         by=APP, status=Status.EXTENSION, ge=0, le=255,
         note="Slurm's RequeueExit in slurm.conf requeues a batch job that exits with a listed code",
+    )  # fmt: skip
+    cluster: ClusterLaunch = key(
+        ClusterLaunch(), "How `nxd-train launch` starts this job on a cluster: an sbatch script or each host's "
+        "torchrun command.", by=APP, status=Status.EXTENSION, note="GPT-NeoX's launcher keys map here",
     )  # fmt: skip
     lnc: int | None = key(
         None,
