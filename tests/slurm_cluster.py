@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,8 @@ class SlurmCluster:
     root: Path
     env: dict[str, str] = field(default_factory=dict)
     pids: list[int] = field(default_factory=list)
+    scratch: list[Path] = field(default_factory=list)
+    """Folders outside `root` it made (munged's), removed when it stops."""
 
     def run(self, *command: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
         """A Slurm client command against this cluster."""
@@ -75,6 +78,8 @@ class SlurmCluster:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         self.pids.clear()
+        for folder in self.scratch:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
@@ -110,8 +115,11 @@ def start_cluster(root: Path, timeout: float = 30) -> SlurmCluster:
         raise SlurmUnavailable("slurmd runs as root here, and this user is not root")
     root.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname().split(".")[0]
-    for folder in ("state", "spool", "munge", "log"):
+    for folder in ("state", "spool", "log"):
         (root / folder).mkdir(exist_ok=True)
+    munge = Path(tempfile.mkdtemp(prefix="nxd-munge-"))  # munged (user munge) must reach it: not under root's 0700
+    (root / "munge").unlink(missing_ok=True)
+    (root / "munge").symlink_to(munge)
     conf = root / "slurm.conf"
     conf.write_text("\n".join([
         "ClusterName=nxdtest", f"SlurmctldHost={host}", "AuthType=auth/munge", "SlurmUser=root",
@@ -126,23 +134,23 @@ def start_cluster(root: Path, timeout: float = 30) -> SlurmCluster:
         f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={_memory_mib()} State=UNKNOWN",
         "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
     ]) + "\n")  # fmt: skip
-    cluster = SlurmCluster(root, env={**os.environ, "SLURM_CONF": str(conf)})
-    socket_path = root / "munge" / "munge.socket"
+    cluster = SlurmCluster(root, env={**os.environ, "SLURM_CONF": str(conf)}, scratch=[munge])
+    socket_path = munge / "munge.socket"
     munge_key = Path("/etc/munge/munge.key")
     if not munge_key.exists():
         subprocess.run(["/usr/sbin/mungekey", "--create"], check=False, capture_output=True)
-    shutil.chown(root / "munge", "munge", "munge")
+    shutil.chown(munge, "munge", "munge")
     try:
         _start(cluster, ["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--foreground", "--force",
-                         f"--socket={socket_path}", f"--pid-file={root / 'munge' / 'munged.pid'}",
-                         f"--seed-file={root / 'munge' / 'seed'}", f"--log-file={root / 'munge' / 'munged.log'}"],
+                         f"--socket={socket_path}", f"--pid-file={munge / 'munged.pid'}",
+                         f"--seed-file={munge / 'seed'}", f"--log-file={munge / 'munged.log'}"],
                root / "log" / "munged.out")  # fmt: skip
         _wait_for(lambda: socket_path.exists(), timeout, "munged did not open its socket")
-        cluster.env["MUNGE_SOCKET"] = str(socket_path)  # not read by Slurm 22.05's plugin: it uses the default
-        default_socket = Path("/run/munge/munge.socket.2")
-        if not default_socket.exists():
-            default_socket.parent.mkdir(parents=True, exist_ok=True)
-            default_socket.symlink_to(socket_path)
+        default_socket = Path("/run/munge/munge.socket.2")  # where Slurm 22.05's auth/munge connects
+        default_socket.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(default_socket):
+            default_socket.unlink()
+        default_socket.symlink_to(socket_path)
         env = {**os.environ, "SLURM_CONF": str(conf)}
         _start(cluster, ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], root / "log" / "slurmctld.out", env)
         _start(cluster, ["/usr/sbin/slurmd", "-D", "-f", str(conf)], root / "log" / "slurmd.out", env)

@@ -25,6 +25,23 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 FAST = ["trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=False", "trainer.limit_val_batches=0"]
 
 
+CLUSTER_STEPS = 16
+CLUSTER_JOB = [*FAST, f"trainer.max_steps={CLUSTER_STEPS}", "data.micro_batch_size=2", "data.global_batch_size=8",
+               "exp_manager.create_checkpoint_callback=True",
+               "+exp_manager.checkpoint_callback_params.every_n_train_steps=4",
+               "+exp_manager.checkpoint_callback_params.save_top_k=-1"]  # fmt: skip
+"""The tiny job the cluster tests interrupt and resume: 16 steps, a global batch of 8 in micro-batches of 2, a
+checkpoint every 4 steps, all kept."""
+SLOWED = ["trainer.val_check_interval=1", "trainer.limit_val_batches=6"]
+"""Validation after every step: it slows a run to be interrupted, so the interruption lands mid-run (it changes
+nothing in training: no dropout, no shuffling)."""
+
+
+def step_losses(log_dir: Path) -> dict[int, float]:
+    """The loss of every step (the last record of a step wins: a resumed run logs it again)."""
+    return {int(row["step"]): row["loss"] for row in read_metrics(log_dir) if "loss" in row}
+
+
 def read_metrics(log_dir: Path) -> list[dict[str, float]]:
     with open(log_dir / "metrics.csv") as handle:
         return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(handle)]

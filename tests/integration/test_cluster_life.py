@@ -21,15 +21,9 @@ from pathlib import Path
 import pytest
 from nxd_ckpt import list_checkpoints
 
-from tests.training_runs import FAST, read_metrics
+from tests.training_runs import CLUSTER_JOB, CLUSTER_STEPS, SLOWED, step_losses
 
-STEPS = 16
-JOB = [*FAST, f"trainer.max_steps={STEPS}", "data.micro_batch_size=2", "data.global_batch_size=8",
-       "exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.every_n_train_steps=4",
-       "+exp_manager.checkpoint_callback_params.save_top_k=-1"]  # fmt: skip
-SLOW = ["trainer.val_check_interval=1", "trainer.limit_val_batches=6"]
-"""Validation after every step: it slows the run to be killed, so the kill lands mid-run (it changes nothing in
-training: no dropout, no shuffling)."""
+JOB, SLOW, STEPS = CLUSTER_JOB, SLOWED, CLUSTER_STEPS
 BIN = Path(sys.executable).parent
 
 
@@ -46,11 +40,6 @@ def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
-
-
-def step_losses(log_dir: Path) -> dict[int, float]:
-    """The loss of every step (the last record of a step wins: a resumed run logs it again)."""
-    return {int(row["step"]): row["loss"] for row in read_metrics(log_dir) if "loss" in row}
 
 
 def checkpoint(log_dir: Path, step: int) -> Path:

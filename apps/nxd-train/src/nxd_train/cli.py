@@ -399,6 +399,9 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
 
 
 def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
+    from .launcher_check import name_launch_sizes
+
+    name_launch_sizes(os.environ)  # a QEfficient file reads the launch's sizes as torchrun names them
     config = _load(paths, overrides, dialect)
     if config is None:
         return 1

@@ -4,101 +4,15 @@ a DeepSpeed-style hostfile (GPT-NeoX's launcher keys), the torchrun command of e
 
 from __future__ import annotations
 
-import re
 import shlex
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from nxd_config import NxdConfig
+from nxd_config import HostfileError, NxdConfig, read_hostfile, select_hosts
 
-
-class LaunchError(Exception):
-    """The launch settings cannot make a job; the message names the key or file."""
-
-
-@dataclass(frozen=True)
-class Host:
-    name: str
-    slots: tuple[int, ...]
-    """The slot (device) numbers of this host that the job uses."""
-
-
-def read_hostfile(path: Path) -> list[Host]:
-    """DeepSpeed's hostfile: 'HOST slots=N' a line, '#' comments; a LaunchError naming the line otherwise."""
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise LaunchError(f"trainer.cluster.hostfile: cannot read {path} ({error.strerror or error})") from None
-    hosts: dict[str, Host] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
-        if match is None or int(match.group(2)) < 1:
-            raise LaunchError(f"{path}:{number}: expected 'HOST slots=N' with N >= 1, found {line!r}")
-        if match.group(1) in hosts:
-            raise LaunchError(f"{path}:{number}: host {match.group(1)!r} is listed twice")
-        hosts[match.group(1)] = Host(match.group(1), tuple(range(int(match.group(2)))))
-    if not hosts:
-        raise LaunchError(f"trainer.cluster.hostfile: {path} lists no host")
-    return list(hosts.values())
-
-
-def _selection(value: str, key: str, hosts: dict[str, Host]) -> dict[str, set[int] | None]:
-    """DeepSpeed's include/exclude form 'host1@host2:0,1' as host -> slots (None: all of them)."""
-    chosen: dict[str, set[int] | None] = {}
-    for part in value.split("@"):
-        name, _, slots = part.strip().partition(":")
-        if name not in hosts:
-            raise LaunchError(f"trainer.cluster.{key}: {name!r} is not a host of the hostfile "
-                              f"({', '.join(hosts)})")  # fmt: skip
-        try:
-            numbers = {int(slot) for slot in slots.split(",")} if slots else None
-        except ValueError:
-            raise LaunchError(f"trainer.cluster.{key}: expected slot numbers after ':', found {slots!r}") from None
-        if numbers is not None and not numbers <= set(hosts[name].slots):
-            raise LaunchError(f"trainer.cluster.{key}: host {name} has slots {list(hosts[name].slots)}, found "
-                              f"{sorted(numbers)}")  # fmt: skip
-        chosen[name] = numbers
-    return chosen
-
-
-def select_hosts(hosts: list[Host], include: str | None, exclude: str | None, nodes: int | None,
-                 per_node: int | None) -> list[Host]:  # fmt: skip
-    """The hosts and slots the job uses, as DeepSpeed's launcher picks them: include, or all but exclude, then
-    the first `nodes` hosts and the first `per_node` slots of each."""
-    if include and exclude:
-        raise LaunchError("trainer.cluster.include and exclude: expected one of them, found both")
-    by_name = {host.name: host for host in hosts}
-    if include:
-        picked = _selection(include, "include", by_name)
-        hosts = [Host(h.name, tuple(s for s in h.slots if picked[h.name] is None or s in picked[h.name]))
-                 for h in hosts if h.name in picked]  # fmt: skip
-    elif exclude:
-        dropped, kept = _selection(exclude, "exclude", by_name), []
-        for host in hosts:
-            if host.name in dropped and dropped[host.name] is None:
-                continue  # the whole host
-            slots = tuple(s for s in host.slots if s not in (dropped.get(host.name) or set()))
-            if slots:
-                kept.append(Host(host.name, slots))
-        hosts = kept
-    if nodes is not None:
-        if nodes > len(hosts):
-            raise LaunchError(f"trainer.num_nodes: {nodes}, but the hostfile leaves {len(hosts)} host(s)")
-        hosts = hosts[:nodes]
-    if per_node is not None:
-        short = [h.name for h in hosts if len(h.slots) < per_node]
-        if short:
-            raise LaunchError(f"trainer.devices: {per_node} per node, but {', '.join(short)} has fewer slots")
-        hosts = [Host(h.name, h.slots[:per_node]) for h in hosts]
-    if len({len(h.slots) for h in hosts}) > 1:
-        raise LaunchError("trainer.cluster.hostfile: expected the same number of slots on each host, found "
-                          + ", ".join(f"{h.name} {len(h.slots)}" for h in hosts))  # fmt: skip
-    return hosts
+LaunchError = HostfileError
+"""The launch settings cannot make a job; the message names the key or file."""
 
 
 def _command(files: list[Path], overrides: list[str], dialect: str | None) -> list[str]:

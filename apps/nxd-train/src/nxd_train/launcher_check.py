@@ -6,7 +6,7 @@ from its newest complete checkpoint."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from nxd_config import ConfigNotice, NxdConfig
@@ -43,6 +43,19 @@ def launcher_world(cfg: NxdConfig, environ: Mapping[str, str], *,
                         f"node(s) ({world.source}); expected trainer.num_nodes: {world.num_nodes} (GPT-NeoX: "
                         f"num_nodes), or launch on {t.num_nodes} node(s)")  # fmt: skip
     return world, problems
+
+
+def name_launch_sizes(environ: MutableMapping[str, str]) -> None:
+    """Set WORLD_SIZE and LOCAL_WORLD_SIZE from a launcher that names them otherwise (Slurm, mpirun), as torchrun
+    would, for the config files that size a run from them (QEfficient's); a bad variable is left for the
+    preflight to name."""
+    try:
+        world = launch_world(environ)
+    except LaunchWorldError:
+        return
+    if world is not None:
+        environ.setdefault("WORLD_SIZE", str(world.world_size))
+        environ.setdefault("LOCAL_WORLD_SIZE", str(world.local_world_size))
 
 
 def restarted(cfg: NxdConfig, world: LaunchWorld | None) -> NxdConfig:

@@ -8,6 +8,7 @@
 
 from .dialects import DIALECTS
 from .errors import ConfigDeprecation, ConfigError, ConfigIssue, ConfigNotice
+from .hostfile import Host, HostfileError, read_hostfile, select_hosts
 from .loading import load_config
 from .schema import NxdConfig, Status
 from .writing import to_nxdt_yaml
@@ -20,8 +21,12 @@ __all__ = [
     "ConfigError",
     "ConfigIssue",
     "ConfigNotice",
+    "Host",
+    "HostfileError",
     "NxdConfig",
     "Status",
     "load_config",
+    "read_hostfile",
+    "select_hosts",
     "to_nxdt_yaml",
 ]

@@ -40,8 +40,8 @@ class NeoXKey:
 M, N, R = KeyStatus.MAPPED, KeyStatus.NOTICE, KeyStatus.REFUSED
 
 _KERNEL = "a CUDA kernel choice with the same arithmetic; nxd runs torch's own kernels"
-_LAUNCHER = ("a launcher setting of NeoX's deepy.py; nxd-train starts trainer.devices processes itself, or runs "
-             "under torchrun across machines")  # fmt: skip
+_LAUNCHER = ("a setting of DeepSpeed's launcher that nxd's launches do not need (`nxd-train launch` writes an sbatch "
+             "script or each host's torchrun command)")  # fmt: skip
 _DERIVED = "NeoX derives it while it runs (a value written in a file is overwritten); nxd derives its own"
 _GENERATION = "a setting of NeoX's generate.py / eval.py; nxd-train trains"
 _COMET = "used only with use_comet, which nxd refuses"
@@ -235,7 +235,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("deepscale", "Other", False, N, "", "DeepSpeed's older name for the deepspeed switch"),
     ("deepscale_config", "Other", None, N, "", "DeepSpeed's older name for its config file; NeoX builds its own"),
     ("deepspeed_mpi", "Other", False, N, "", _LAUNCHER),
-    ("deepspeed_slurm", "Other", False, N, "", _LAUNCHER + "; under slurm, run torchrun from srun"),
+    ("deepspeed_slurm", "Other", False, M, "trainer.cluster.scheduler",
+     "true: `nxd-train launch` writes an sbatch script whose srun starts one task per process"),
     ("user_script", "Other", None, N, "", _LAUNCHER),
     ("iteration", "Other", None, M, "exp_manager.resume_from_checkpoint",
      "load/global_stepN: that GPT-NeoX checkpoint of load rather than the one `latest` names"),
@@ -495,21 +496,26 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("deepspeed_extra_args", "DeepSpeed", None, M, "",
      "each key in it is read as the DeepSpeed key of that name at the top level"),
     # ----------------------------------------------------------------------------- launcher
-    ("hostfile", "Launcher", None, N, "", _LAUNCHER),
-    ("include", "Launcher", None, N, "", _LAUNCHER),
-    ("exclude", "Launcher", None, N, "", _LAUNCHER),
-    ("num_nodes", "Launcher", -1, M, "trainer.num_nodes", "-1 (all of the hostfile's) is one node here"),
+    ("hostfile", "Launcher", None, M, "trainer.cluster.hostfile",
+     "DeepSpeed's hostfile: its hosts (after include / exclude and num_nodes) are trainer.num_nodes and their slots "
+     "trainer.devices when num_gpus is unset; `nxd-train launch` writes the job over them"),
+    ("include", "Launcher", None, M, "trainer.cluster.include", "the hostfile's hosts (and slots) to use"),
+    ("exclude", "Launcher", None, M, "trainer.cluster.exclude", "the hostfile's hosts (or slots) to leave out"),
+    ("num_nodes", "Launcher", -1, M, "trainer.num_nodes", "-1: every host of the hostfile (one node without one)"),
     ("num_gpus", "Launcher", None, M, "trainer.devices",
      "processes per node; null: the model-parallel size (the fewest processes the layout needs; NeoX takes every "
      "GPU of the node)"),
-    ("master_port", "Launcher", 29500, N, "", _LAUNCHER),
-    ("master_addr", "Launcher", None, N, "", _LAUNCHER),
-    ("launcher", "Launcher", "pdsh", N, "", _LAUNCHER),
+    ("master_port", "Launcher", 29500, M, "trainer.cluster.master_port", "the rendezvous port of each host's torchrun"),
+    ("master_addr", "Launcher", None, M, "trainer.cluster.master_addr",
+     "the rendezvous host of each host's torchrun (null: the first host)"),
+    ("launcher", "Launcher", "pdsh", M, "trainer.cluster.scheduler",
+     "slurm: `nxd-train launch` writes an sbatch script; pdsh, openmpi, mvapich with a hostfile: each host's torchrun "
+     "command, started over ssh"),
     ("force_multi", "Launcher", False, N, "", _LAUNCHER),
     ("autotuning_run", "Launcher", None, N, "", _LAUNCHER),
     ("no_ssh_check", "Launcher", False, N, "", _LAUNCHER),
-    ("comment", "Launcher", None, N, "", _LAUNCHER),
-    ("account", "Launcher", None, N, "", _LAUNCHER),
+    ("comment", "Launcher", None, M, "trainer.cluster.comment", "sbatch --comment"),
+    ("account", "Launcher", None, M, "trainer.cluster.account", "sbatch --account"),
 )  # fmt: skip
 
 NEOX_KEYS: dict[str, NeoXKey] = {entry[0]: NeoXKey(*entry) for entry in _ENTRIES}

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import difflib
 import math
+from pathlib import Path
 from typing import Any
 
 from ..errors import show
+from ..hostfile import Host, HostfileError, read_hostfile, select_hosts
 from .translation import Arguments, Translation, choice, mapping, typed
 
 ADAM_PARAMS = {"lr", "betas", "eps", "amsgrad", "adam_w_mode", "bias_correction"}
@@ -30,10 +32,13 @@ def parallel_keys(a: Arguments, t: Translation) -> None:
     t.set("distributed_strategy.pipeline_model_parallel_size", pp, "pipe_parallel_size")
     t.set("distributed_strategy.tensor_model_parallel_size", tp, "model_parallel_size")
     t.set("distributed_strategy.sequence_parallel", a["sequence_parallel"], "sequence_parallel")
-    devices = a["num_gpus"]
-    t.set("trainer.devices", tp * pp if devices is None else devices, "num_gpus")
-    nodes = a["num_nodes"]
-    t.set("trainer.num_nodes", 1 if nodes == -1 else nodes, "num_nodes")
+    devices, nodes = a["num_gpus"], a["num_nodes"]
+    hosts = _hosts(a, t, nodes, devices)
+    if devices is None:  # NeoX takes every GPU of each host: the hostfile's slots, or the fewest the layout needs
+        devices = len(hosts[0].slots) if hosts else tp * pp
+    t.set("trainer.devices", devices, "num_gpus", *(["hostfile"] if hosts else []))
+    t.set("trainer.num_nodes", len(hosts) if hosts else 1 if nodes == -1 else nodes, "num_nodes",
+          *(["hostfile"] if hosts else []))  # fmt: skip
     method, layers = a["pipe_partition_method"], a["num_layers"]
     if not isinstance(method, str) or not (method.startswith("type:") or method in ("uniform", "parameters")):
         t.refuse("pipe_partition_method", f"expected type:<regex>, uniform or parameters, found {show(method)}")
@@ -302,9 +307,10 @@ def _batches(a: Arguments, t: Translation) -> None:
     sizes = [a[key] for key in ("num_gpus", "num_nodes", "model_parallel_size", "pipe_parallel_size")]
     if not all(isinstance(size, int) or size is None for size in sizes):
         return
-    devices, nodes, tp, pp = sizes
+    _, _, tp, pp = sizes
     model_parallel = max(1, tp or 0) * max(1, pp or 0)
-    world = (devices or model_parallel) * (1 if nodes in (None, -1) else nodes)
+    trainer = t.tree.get("trainer", {})  # as parallel_keys derived them (the hostfile's hosts and slots included)
+    world = trainer.get("devices", model_parallel) * trainer.get("num_nodes", 1)
     dp = world // model_parallel or 1
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     if total is None and micro is None:
@@ -325,3 +331,37 @@ def _batches(a: Arguments, t: Translation) -> None:
     t.set("data.micro_batch_size", micro, *keys)
     t.set("data.global_batch_size", total, *keys)
 
+
+NEOX_NAMES = {"trainer.cluster.": "", "trainer.num_nodes": "num_nodes", "trainer.devices": "num_gpus"}
+
+
+def _hosts(a: Arguments, t: Translation, nodes: int, devices: int | None) -> list[Host]:
+    """The hosts of NeoX's hostfile after include / exclude, num_nodes and num_gpus, as DeepSpeed's launcher
+    picks them (none without a hostfile, or when it cannot be read: that is refused by name)."""
+    if a["hostfile"] is None:
+        return []
+    try:
+        found = read_hostfile(Path(a["hostfile"]))
+        return select_hosts(found, a["include"], a["exclude"], None if nodes == -1 else nodes, devices)
+    except HostfileError as error:
+        message = str(error)
+        for ours, theirs in NEOX_NAMES.items():
+            message = message.replace(ours, theirs)
+        key, _, why = message.partition(": ")
+        t.refuse(key if key in ("hostfile", "include", "exclude", "num_nodes", "num_gpus") else "hostfile",
+                 why if key in ("hostfile", "include", "exclude", "num_nodes", "num_gpus") else message)  # fmt: skip
+        return []
+
+
+def launcher_keys(a: Arguments, t: Translation) -> None:
+    """NeoX's launcher keys -> trainer.cluster, which `nxd-train launch` writes a job from: slurm (launcher slurm
+    or deepspeed_slurm) is an sbatch script; a hostfile otherwise is each host's torchrun command."""
+    slurm = a["launcher"] == "slurm" or a["deepspeed_slurm"]
+    if slurm:
+        t.set("trainer.cluster.scheduler", "slurm", "launcher", "deepspeed_slurm")
+    elif a["hostfile"] is not None:
+        t.set("trainer.cluster.scheduler", "hosts", "launcher", "hostfile")
+    for key in ("hostfile", "include", "exclude", "master_addr", "comment", "account"):
+        if a[key] is not None:
+            t.set(f"trainer.cluster.{key}", a[key], key)
+    t.set("trainer.cluster.master_port", a["master_port"], "master_port")

@@ -18,10 +18,10 @@ from .keys import NEOX_KEYS, KeyStatus, NeoXKey
 from .translation import Arguments, Translation, is_default, mapping
 
 GROUPS = (model_keys.model_keys, model_keys.attention_keys, model_keys.mlp_keys, model_keys.moe_keys,
-          training_keys.parallel_keys, training_keys.precision_keys, training_keys.optimizer_keys,
-          training_keys.loop_keys, file_keys.data_keys, post_training_keys.post_training_keys,
-          file_keys.tokenizer_keys, file_keys.checkpoints_keys, file_keys.resume_keys,
-          file_keys.logging_keys)  # fmt: skip
+          training_keys.parallel_keys, training_keys.launcher_keys, training_keys.precision_keys,
+          training_keys.optimizer_keys, training_keys.loop_keys, file_keys.data_keys,
+          post_training_keys.post_training_keys, file_keys.tokenizer_keys, file_keys.checkpoints_keys,
+          file_keys.resume_keys, file_keys.logging_keys)  # fmt: skip
 """Each group of mapped keys, in the order they are translated."""
 
 

@@ -369,13 +369,20 @@ def _spelling(t: Translation, k: Keys, code: str, reference: str) -> str:
 
 
 def _batch(t: Translation, k: Keys, environ: Mapping[str, str]) -> None:
-    world = int(environ.get("WORLD_SIZE", "1"))
-    local = int(environ.get("LOCAL_WORLD_SIZE", str(world)))
+    """The processes are the launch's (torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE); with no launch, ddp_degree x
+    tp x pp on this node (the job `nxd-train launch` writes, or the processes nxd-train starts itself)."""
+    degrees = [k[key] or 1 for key in ("training.tp_degree", "training.pp_degree")]
+    whole = all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in degrees)
+    ddp = k["training.ddp_degree"]
+    if "WORLD_SIZE" not in environ and whole and isinstance(ddp, int) and not isinstance(ddp, bool) and ddp >= 1:
+        world = local = ddp * degrees[0] * degrees[1]
+    else:
+        world = int(environ.get("WORLD_SIZE", "1"))
+        local = int(environ.get("LOCAL_WORLD_SIZE", str(world)))
     t.set("trainer.devices", local, "training.ddp_degree")
     t.set("trainer.num_nodes", max(1, world // max(local, 1)), "training.ddp_degree")
     micro, steps = k["training.per_device_train_batch_size"], k["training.gradient_accumulation_steps"]
-    degrees = [k[key] or 1 for key in ("training.tp_degree", "training.pp_degree")]
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in degrees):
+    if not whole:
         return  # the typed config names tp_degree / pp_degree
     model_parallel = degrees[0] * degrees[1]
     dp = max(1, world // model_parallel)
