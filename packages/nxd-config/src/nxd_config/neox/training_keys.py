@@ -340,6 +340,11 @@ def _hosts(a: Arguments, t: Translation, nodes: int, devices: int | None) -> lis
     picks them (none without a hostfile, or when it cannot be read: that is refused by name)."""
     if a["hostfile"] is None:
         return []
+    for key in ("hostfile", "include", "exclude"):
+        if a[key] is not None and not isinstance(a[key], str):
+            t.refuse(key, f"expected {'a file path' if key == 'hostfile' else 'hosts such as host1@host2:0,1'}, "
+                     f"found {show(a[key])}")  # fmt: skip
+            return []
     try:
         found = read_hostfile(Path(a["hostfile"]))
         return select_hosts(found, a["include"], a["exclude"], None if nodes == -1 else nodes, devices)
@@ -362,6 +367,6 @@ def launcher_keys(a: Arguments, t: Translation) -> None:
     elif a["hostfile"] is not None:
         t.set("trainer.cluster.scheduler", "hosts", "launcher", "hostfile")
     for key in ("hostfile", "include", "exclude", "master_addr", "comment", "account"):
-        if a[key] is not None:
+        if a[key] is not None:  # the typed config names a value of another type
             t.set(f"trainer.cluster.{key}", a[key], key)
     t.set("trainer.cluster.master_port", a["master_port"], "master_port")

@@ -47,7 +47,10 @@ class ClusterLaunch(Section):
         29500, "The rendezvous port.", by=APP, status=Status.EXTENSION, ge=1, le=65535,
         note="GPT-NeoX's master_port",
     )  # fmt: skip
-    partition: str | None = key(None, "Slurm partition (sbatch --partition).", by=APP, status=Status.EXTENSION)
+    partition: str | None = key(
+        None, "Slurm partition (sbatch --partition).", by=APP, status=Status.EXTENSION,
+        note="NxDT's users wrote their own sbatch scripts",
+    )  # fmt: skip
     account: str | None = key(
         None, "Slurm account (sbatch --account).", by=APP, status=Status.EXTENSION, note="GPT-NeoX's account",
     )  # fmt: skip
@@ -56,21 +59,26 @@ class ClusterLaunch(Section):
     )  # fmt: skip
     time: str | None = key(
         None, "Slurm time limit (sbatch --time, e.g. 04:00:00 or 2-00:00:00); null: the partition's.", by=APP,
-        status=Status.EXTENSION,
+        status=Status.EXTENSION, note="NxDT's users wrote their own sbatch scripts",
     )  # fmt: skip
     gpus_per_node: int | None = key(
         None, "GPUs to request on each node (sbatch --gpus-per-node); null: none (CPU nodes, or the partition's).",
-        by=APP, status=Status.EXTENSION, ge=1,
+        by=APP, status=Status.EXTENSION, ge=1, note="NxDT's users wrote their own sbatch scripts",
     )  # fmt: skip
     requeue: bool = key(
         True, "The job may be requeued (sbatch --requeue): after preemption, or the save trainer.requeue_signal "
         "causes, it runs again and resumes by itself.", by=APP, status=Status.EXTENSION,
+        note="a job that resumes by itself is safe to requeue",
     )  # fmt: skip
     signal_seconds: int = key(
         120, "Seconds before the time limit that Slurm sends trainer.requeue_signal (sbatch --signal=USR1@120), "
         "time for a checkpoint to be written.", by=APP, status=Status.EXTENSION, ge=1, le=65535,
+        note="Slurm's own warning, which Lightning's SLURMEnvironment also relies on",
     )  # fmt: skip
-    job_name: str | None = key(None, "The Slurm job's name; null: the run's name.", by=APP, status=Status.EXTENSION)
+    job_name: str | None = key(
+        None, "The Slurm job's name; null: the run's name.", by=APP, status=Status.EXTENSION,
+        note="NxDT's users wrote their own sbatch scripts",
+    )  # fmt: skip
 
 
 class TrainerConfig(Section):
