@@ -631,3 +631,18 @@ def test_kto_without_rewards_is_refused(tmp_path):
     found = errors(tmp_path, {**MODEL, **{k: v for k, v in KTO.items() if k != "train_reward_data_paths"}})
     assert any("train_reward_data_paths: expected one reward document per example with train_impl kto" in item
                for item in found), found
+
+
+def test_launcher_keys_size_the_run_and_shape_its_job(tmp_path):
+    """A hostfile of three 4-slot hosts with one excluded and num_gpus 2: two nodes of two processes (DeepSpeed's
+    picking), a hosts job; launcher slurm makes it an sbatch job."""
+    (tmp_path / "hostfile").write_text("a slots=4\nb slots=4\nc slots=4\n")
+    keys = {"hostfile": str(tmp_path / "hostfile"), "exclude": "b", "num_gpus": 2, "master_port": 29600,
+            "train_micro_batch_size_per_gpu": 2, "comment": "run 7"}  # fmt: skip
+    config = load(tmp_path, MODEL | keys)
+    t, cluster = config.trainer, config.trainer.cluster
+    assert (t.devices, t.num_nodes, config.data.global_batch_size) == (2, 2, 8)
+    assert (cluster.scheduler, cluster.exclude, cluster.master_port, cluster.comment) == ("hosts", "b", 29600, "run 7")
+    assert load(tmp_path, MODEL | keys | {"launcher": "slurm"}).trainer.cluster.scheduler == "slurm"
+    with pytest.raises(ConfigError, match=r"exclude: 'x' is not a host of the hostfile"):
+        load(tmp_path, MODEL | keys | {"exclude": "x"})

@@ -11,7 +11,7 @@ import pytest
 from tests.training_runs import FAST, losses, read_metrics, run_command
 
 
-@pytest.mark.parametrize("zero1", [False, True], ids=["replicated", "zero1"])
+@pytest.mark.parametrize("zero1", [pytest.param(False, marks=pytest.mark.slow), True], ids=["replicated", "zero1"])
 def test_two_processes_match_one_process(tmp_path, train_here, zero1):
     overrides = ["trainer.max_steps=5", "data.micro_batch_size=2", "data.global_batch_size=8",
                  f"distributed_strategy.zero1={zero1}"]  # fmt: skip

@@ -45,7 +45,7 @@ def _tokenizer(form: str, gpt2_files, sentencepiece_dir) -> tuple[list[str], lis
 
 @pytest.mark.parametrize(("config", "form", "shape"), [
     ("megatron_gpt", "gpt2", []),
-    ("megatron_llama_7B", "sentencepiece", ["model.num_kv_heads=2"]),
+    pytest.param("megatron_llama_7B", "sentencepiece", ["model.num_kv_heads=2"], marks=pytest.mark.slow),
     ("megatron_mistral", "sentencepiece", ["model.num_kv_heads=2"]),
 ])  # fmt: skip
 def test_a_shipped_family_config_trains_shrunk(config, form, shape, corpus, gpt2_files, sentencepiece_dir, tmp_path):

@@ -54,6 +54,12 @@ def _start(tmp_path: Path) -> subprocess.Popen:
     return run
 
 
+def _listening(pids: set[int]) -> list[str]:
+    """The local addresses the processes `pids` listen on (TCP), read from `ss`."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if any(f"pid={pid}," in line for pid in pids)]
+
+
 @pytest.mark.parametrize(("how", "said"), [
     pytest.param(signal.SIGSTOP, f"has not answered for {TIMEOUT} s (distributed_strategy.collective_timeout): "
                  "stopped, hung or gone", marks=pytest.mark.slow),
@@ -62,6 +68,9 @@ def _start(tmp_path: Path) -> subprocess.Popen:
 def test_a_rank_that_stops_answering_ends_every_rank_with_one_line_naming_it(how, said, tmp_path):
     run = _start(tmp_path)
     (rank_1,) = _children(run.pid)  # the launcher's process is rank 0; it starts rank 1
+    if how == signal.SIGKILL:  # a run whose ranks are all on this host listens on the loopback only
+        addresses = _listening({run.pid, rank_1})
+        assert addresses and all(a.startswith(("127.", "[::1]")) for a in addresses), addresses
     os.kill(rank_1, how)
     stopped = time.monotonic()
     try:

@@ -68,13 +68,12 @@ def one_process(tmp_path_factory, data) -> Callable[[str], tuple]:
     return run
 
 
-DEFAULT_SUITE = {"orpo": "tp2_sp", "kto": "dp2_zero1_recompute", "reward_model": "tp2_sp"}
-PAIRS = [pytest.param(method, layout, marks=[] if method == "dpo" or DEFAULT_SUITE.get(method) == layout
-                      else [pytest.mark.slow])
+DEFAULT_SUITE = {"dpo": "tp2_sp", "orpo": "tp2_sp", "kto": "dp2_zero1_recompute", "reward_model": "tp2_sp"}
+PAIRS = [pytest.param(method, layout, marks=[] if DEFAULT_SUITE.get(method) == layout else [pytest.mark.slow])
          for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute") for method in JOBS]  # fmt: skip
-"""Every layout with DPO; ORPO and reward models (the row-parallel score head) in tensor + sequence
-parallel, KTO data parallel (its baseline summed over the ranks); the other crossings, and KTO on NeoX's
-documents with NeoX's estimate (each micro-batch's halves), run with --runslow."""
+"""DPO, ORPO and reward models (the row-parallel score head) in tensor + sequence parallel, KTO data parallel
+(its baseline summed over the ranks); every other layout of each (pipeline and context parallel too), and KTO
+on NeoX's documents with NeoX's estimate (each micro-batch's halves), run with --runslow."""
 
 
 @pytest.mark.parametrize(("method", "layout"), PAIRS)
@@ -97,7 +96,8 @@ LIVE = {"pp2_frozen_copy": [*LAYOUTS["pp2"]],
         "tp2_sp_lora": [*LAYOUTS["tp2_sp"], "+model_alignment_strategy.peft.lora_rank=4"]}  # fmt: skip
 
 
-@pytest.mark.parametrize("case", LIVE)
+@pytest.mark.parametrize("case", [pytest.param(case, marks=[] if case == "tp2_sp_lora" else [pytest.mark.slow])
+                                  for case in LIVE])  # the frozen copy in pipeline stages with --runslow
 def test_a_live_reference_in_two_processes_trains_as_one_process_with_a_table(case, chat_tokenizer_dir, tmp_path):
     """precompute_ref_log_probs False: the frozen copy runs as pipeline stages of its own, or LoRA's
     adapters are switched off on tensor-parallel shards; one process with the precomputed table agrees."""

@@ -36,7 +36,8 @@ def one_process(tmp_path_factory, data) -> list[dict[str, float]]:
     return train_in_process(tmp_path_factory.mktemp("one"), *OVERRIDES, *data)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=[] if name in ("tp2_sp", "cp2") else [pytest.mark.slow])
+                                    for name in LAYOUTS])  # pipeline stages and ZeRO-1 with --runslow
 def test_packed_sft_in_two_processes_logs_what_one_process_logs(layout, data, one_process, tmp_path):
     result = run_command(*OVERRIDES, *data, *LAYOUTS[layout], "trainer.devices=2",
                          f"+exp_manager.explicit_log_dir={tmp_path / layout}", cwd=tmp_path)  # fmt: skip
@@ -81,7 +82,7 @@ def lora_one_process(tmp_path_factory, data) -> Path:
     return log_dir
 
 
-@pytest.mark.parametrize("layout", ["tp2_sp", "pp2"])
+@pytest.mark.parametrize("layout", ["tp2_sp", pytest.param("pp2", marks=pytest.mark.slow)])
 def test_lora_in_two_processes_logs_and_saves_what_one_process_does(layout, data, lora_one_process, tmp_path):
     """Adapters sharded like their base layers (TP2 + SP) or split by stage (PP2): the same losses and
     gradient norms, and a checkpoint whose peft adapter file holds the same adapter."""

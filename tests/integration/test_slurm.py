@@ -112,6 +112,7 @@ def _launch(slurm, tmp_path: Path, *items: str) -> tuple[str, str]:
     return job, output.read_text()
 
 
+@pytest.mark.slow
 def test_the_sbatch_script_launch_writes_from_an_nxdt_file_trains(slurm, one_process, tmp_path):
     log_dir = tmp_path / "run"
     _, said = _launch(slurm, tmp_path, str(REPO / "configs/tiny.yaml"), *CLUSTER_JOB, "trainer.devices=2",

@@ -95,11 +95,18 @@ def test_round_store_prefix_and_loopback_binding():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     timeout = timedelta(seconds=10)
-    first = rendezvous_store("127.0.0.1", port, 0, 1, timeout, restart=0, single_host=True)
+    first, round_1 = rendezvous_store("127.0.0.1", port, 0, 1, timeout, single_host=True)
     first.set("rank_1", "old address")
     listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True)
     if listening.returncode == 0:
         assert listening.stdout.split()[3] == f"127.0.0.1:{port}", listening.stdout
-    second = client_store("127.0.0.1", port, 1, timeout, restart=1)
-    assert not second.check(["rank_1"])
-    assert client_store("127.0.0.1", port, 1, timeout, restart=0).get("rank_1") == b"old address"
+    assert client_store("127.0.0.1", port, 1, timeout, round=round_1).get("rank_1") == b"old address"
+    # the same store kept across rounds (torchrun's agent's): a rank's next start is the next round
+    _, round_2 = rendezvous_store("127.0.0.1", port, 0, 1, timeout, agent_store=True)
+    _, round_3 = rendezvous_store("127.0.0.1", port, 1, 1, timeout, agent_store=True)
+    assert (round_2, round_3) == (1, 1)  # first starts of ranks 0 and 1 under the agent's counting
+    _, round_4 = rendezvous_store("127.0.0.1", port, 0, 1, timeout, agent_store=True)
+    assert round_4 == 2
+    stale = client_store("127.0.0.1", port, 1, timeout, round=1)
+    stale.set("rank_1", "round 1's address")
+    assert not client_store("127.0.0.1", port, 1, timeout, round=2).check(["rank_1"])

@@ -60,10 +60,11 @@ class RoundStrategy(DDPStrategy):
     def __init__(self, world: LaunchWorld | None, **kwargs: object):
         super().__init__(**kwargs)
         self.world = world
+        self.round = 1
 
     def _store_settings(self) -> dict:
         world = self.world
-        return dict(restart=0 if world is None else world.restart, agent_store=world is not None and world.agent_store,
+        return dict(agent_store=world is not None and world.agent_store,
                     single_host=self.num_nodes == 1 if world is None else world.single_host)  # fmt: skip
 
     def _setup_distributed(self) -> None:
@@ -71,12 +72,13 @@ class RoundStrategy(DDPStrategy):
         if not dist.is_initialized():
             env = self.cluster_environment
             device = self.root_device if self.root_device.type != "cpu" else None
-            init_world(self._get_process_group_backend(), env.main_address, env.main_port, self.global_rank,
-                       self.world_size, self._timeout, device_id=device, **self._store_settings())  # fmt: skip
+            self.round = init_world(self._get_process_group_backend(), env.main_address, env.main_port,
+                                    self.global_rank, self.world_size, self._timeout, device_id=device,
+                                    **self._store_settings())  # fmt: skip
         super()._setup_distributed()  # Fabric's bookkeeping; the group exists already
 
     def watch_store(self, timeout: timedelta) -> dist.Store:
         """A connection of its own to this round's store, for the peer watch."""
         env = self.cluster_environment
-        return client_store(env.main_address, env.main_port, self.world_size, timeout, suffix="peers/",
-                            **self._store_settings())  # fmt: skip
+        return client_store(env.main_address, env.main_port, self.world_size, timeout, round=self.round,
+                            suffix="peers/", **self._store_settings())  # fmt: skip

@@ -160,9 +160,13 @@ class PeerWatch:
     def explain(self, error: BaseException) -> None:
         """A collective failed (`error`): name the peers that are gone (ended on this host, or not beating for
         two and a half beats) and leave; a failure no peer explains returns for the caller to report."""
+        unreachable = False
+        try:  # the peers' pids and beats as of the failure (a peer ended on this host is named at once)
+            self._look()
+        except (RuntimeError, dist.DistError, ValueError):
+            unreachable = True
         seen = {peer: self.moved[peer][0] for peer in self.others}
         deadline = time.monotonic() + 2.5 * self.interval
-        unreachable = False
         while not unreachable and time.monotonic() < deadline and not self._ended_here():
             time.sleep(self.interval / 2)
             try:

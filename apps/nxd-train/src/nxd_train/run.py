@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 from lightning_fabric import Fabric
+from lightning_fabric.plugins.environments import LightningEnvironment
 from nxd_align import LoraFamily
 from nxd_ckpt import (
     Checkpointer,
@@ -91,12 +92,14 @@ def setup(plan: RunPlan) -> Run:
     if torch.cuda.is_available():  # the documented policy, said in the log (Lightning's own notice is dropped)
         torch.set_float32_matmul_precision(launch.fp32_matmul_precision)
         logging_module.getLogger("lightning_fabric.utilities.rank_zero").addFilter(_NoMatmulPrecisionNotice())
-    strategy, timeout, plugins = "auto", timedelta(seconds=launch.collective_timeout), None
+    strategy, timeout = "auto", timedelta(seconds=launch.collective_timeout)
+    # the launcher's world, or processes Fabric starts itself (never Fabric's own guess at a cluster, which would
+    # take a Slurm batch script's single process for a task of an srun step)
+    plugins = [LightningEnvironment() if launch.world is None else LaunchedEnvironment(launch.world)]
     if launch.world_size > 1:  # the offloaded shards' reductions (the gradient norm) run on the host
         offloaded = plan.layout.cpu_offload and torch.cuda.is_available()
         strategy = RoundStrategy(launch.world, process_group_backend="cuda:nccl,cpu:gloo" if offloaded else None,
                                  timeout=timeout)  # fmt: skip
-        plugins = None if launch.world is None else [LaunchedEnvironment(launch.world)]
     fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes, strategy=strategy,
                     precision=plan.precision, plugins=plugins)  # fmt: skip
     fabric.launch()
