@@ -84,3 +84,23 @@ def test_the_launchers_world_must_be_the_configs():
     _, problems = launcher_world(two_nodes, {})
     assert "no launcher started this process on 2 nodes" in problems[0]
     assert launcher_world(two_nodes, {}, here=False)[1] == []
+
+
+def test_a_restarted_job_continues_in_the_folder_its_first_round_took(tmp_path):
+    """torchrun's rounds share a run id, Slurm's requeues a job id (also a batch script running nxd-train with no
+    srun); the round that starts again finds its versioned log directory by the job recorded there."""
+    from nxd_train.launcher_check import job_of, restarted
+    from nxd_train.logdir import record_launch
+
+    batch = job_of(None, {"SLURM_JOB_ID": "4711", "SLURM_RESTART_COUNT": "1"})
+    assert (batch.launcher, batch.job_id, batch.restart, batch.tag) == ("slurm", "4711", 1, "slurm 4711")
+    assert job_of(None, {}) is None
+    cfg = load_config(TINY, [f"exp_manager.exp_dir={tmp_path}"])
+    for version, job in ((0, "slurm 4711"), (1, "slurm 99"), (2, None)):
+        (tmp_path / "tiny_llama" / f"version_{version}").mkdir(parents=True)
+        if job:
+            record_launch(tmp_path / "tiny_llama" / f"version_{version}", job)
+    continued = restarted(cfg, batch).exp_manager
+    assert continued.explicit_log_dir == str((tmp_path / "tiny_llama" / "version_0").resolve())
+    assert continued.resume_if_exists and continued.resume_ignore_no_checkpoint
+    assert restarted(cfg, job_of(None, {"SLURM_JOB_ID": "4711"})) is cfg  # the first round: nothing to continue

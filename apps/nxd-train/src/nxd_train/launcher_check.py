@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from nxd_config import ConfigNotice, NxdConfig
@@ -58,26 +59,49 @@ def name_launch_sizes(environ: MutableMapping[str, str]) -> None:
         environ.setdefault("LOCAL_WORLD_SIZE", str(world.local_world_size))
 
 
-def restarted(cfg: NxdConfig, world: LaunchWorld | None) -> NxdConfig:
+@dataclass(frozen=True)
+class Job:
+    """The launcher job a process belongs to: the same `job_id` in every round, `restart` counting the rounds."""
+
+    launcher: str
+    job_id: str
+    restart: int
+
+    @property
+    def tag(self) -> str:
+        """What a log directory records of the job that holds it."""
+        return f"{self.launcher} {self.job_id}"
+
+    def says(self) -> str:
+        """'torchrun restart 2 of job X' / 'Slurm requeue 1 of job 4711', for the run's lines."""
+        again = "requeue" if self.launcher == "slurm" else "restart"
+        return f"{LAUNCHER_NAMES[self.launcher]} {again} {self.restart} of job {self.job_id}"
+
+
+def job_of(world: LaunchWorld | None, environ: Mapping[str, str]) -> Job | None:
+    """The launcher's job: its world's, or a Slurm batch job whose script runs nxd-train itself (no srun)."""
+    if world is not None and world.job_id is not None:
+        return Job(world.launcher, world.job_id, world.restart)
+    if world is None and "SLURM_JOB_ID" in environ:
+        restart = environ.get("SLURM_RESTART_COUNT", "0")
+        return Job("slurm", environ["SLURM_JOB_ID"], int(restart) if restart.isdigit() else 0)
+    return None
+
+
+def restarted(cfg: NxdConfig, job: Job | None) -> NxdConfig:
     """`cfg` as a job the launcher restarted continues it: in the log directory its first round took, from
     the newest complete checkpoint there (a new start when none is complete yet)."""
-    if world is None or world.restart == 0 or world.job_id is None:
+    if job is None or job.restart == 0:
         return cfg
     exp = cfg.exp_manager
-    folder = exp.explicit_log_dir or launched_log_dir(_path(exp.exp_dir), exp.name or cfg.name, job_tag(world))
+    folder = exp.explicit_log_dir or launched_log_dir(_path(exp.exp_dir), exp.name or cfg.name, job.tag)
     if folder is None:
         return cfg
-    what = "requeue" if world.launcher == "slurm" else "restart"
     if not exp.resume_if_exists:
-        warnings.warn(f"{LAUNCHER_NAMES[world.launcher]} {what} {world.restart} of job {world.job_id}: continuing in "
-                      f"{folder} from its newest complete checkpoint", ConfigNotice, stacklevel=2)  # fmt: skip
+        warnings.warn(f"{job.says()}: continuing in {folder} from its newest complete checkpoint", ConfigNotice,
+                      stacklevel=2)  # fmt: skip
     update = {"resume_if_exists": True, "resume_ignore_no_checkpoint": True, "explicit_log_dir": str(folder)}
     return cfg.model_copy(update={"exp_manager": exp.model_copy(update=update)})
-
-
-def job_tag(world: LaunchWorld) -> str:
-    """What a log directory records of the job that holds it, the same in every round of that job."""
-    return f"{world.launcher} {world.job_id}"
 
 
 def _path(value: str | None) -> Path | None:

@@ -19,6 +19,7 @@ from nxd_precision import LossScaling, PrecisionPolicy, resolve_policy
 from .checkpointing import Resume
 from .data import DataSplits
 from .interrupts import Preemption
+from .launcher_check import Job
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Launch:
     """Seconds a rank waits for a peer before the run stops naming it."""
     world: LaunchWorld | None = None
     """The processes a launcher started (torchrun, Slurm, mpirun, env://), or None when the run starts its own."""
+    job: Job | None = None
+    """The launcher's job (its id, the same in every round, and which round this is), or None."""
 
     @property
     def world_size(self) -> int:

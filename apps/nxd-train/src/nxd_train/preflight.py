@@ -52,7 +52,7 @@ from .checkpointing import (
 )
 from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_keys
 from .interrupts import Preemption
-from .launcher_check import launcher_world, restarted
+from .launcher_check import Job, job_of, launcher_world, restarted
 from .layout_check import layout_problems
 from .logdir import CHECKPOINT_DIR, LOCK_FILE, log_dir_problems, resumable_log_dir
 from .plan import (
@@ -377,7 +377,7 @@ def _capturable_off(cfg: NxdConfig) -> str | None:
     return "distributed_strategy.cpu_offload steps on host tensors" if cfg.distributed_strategy.cpu_offload else None
 
 
-def _settings(cfg: NxdConfig, world: LaunchWorld | None = None) -> dict:
+def _settings(cfg: NxdConfig, world: LaunchWorld | None = None, job: Job | None = None) -> dict:
     """The loop's settings: cadence, launch, batches, update, logging and checkpoints."""
     t, exp, d, optim = cfg.trainer, cfg.exp_manager, cfg.data, cfg.model.optim
     ds = cfg.distributed_strategy
@@ -385,9 +385,9 @@ def _settings(cfg: NxdConfig, world: LaunchWorld | None = None) -> dict:
     if _capturable_off(cfg) is not None:
         options["capturable"] = False
     sched = optim.sched
-    job = os.environ.get("SLURM_JOB_ID")  # a batch job, whether or not srun started the processes
+    slurm_job = job.job_id if job is not None and job.launcher == "slurm" else None
     return dict(
-        preemption=Preemption(t.requeue_signal, t.auto_requeue, t.requeue_exit_code, slurm_job=job),
+        preemption=Preemption(t.requeue_signal, t.auto_requeue, t.requeue_exit_code, slurm_job=slurm_job),
         cadence=Cadence(max_steps=t.max_steps, max_epochs=t.max_epochs, log_every_n_steps=t.log_every_n_steps,
                         val_check_interval=t.val_check_interval, check_val_every_n_epoch=t.check_val_every_n_epoch,
                         num_sanity_val_steps=t.num_sanity_val_steps, limit_val_batches=t.limit_val_batches,
@@ -399,7 +399,7 @@ def _settings(cfg: NxdConfig, world: LaunchWorld | None = None) -> dict:
                       neuron_environment=neuron_environment(cfg, os.environ),
                       fp32_matmul_precision=cfg.precision.fp32_matmul_precision,
                       keep_freed_host_memory=t.keep_freed_host_memory, collective_timeout=ds.collective_timeout,
-                      world=world),
+                      world=world, job=job),
         batches=Batches(global_batch_size=cfg.global_batch_size, micro_batch_size=d.micro_batch_size,
                         num_workers=d.num_workers, reshuffle_each_epoch=d.dataloader_type == "cyclic",
                         validation_drop_last=d.validation_drop_last,
@@ -610,7 +610,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     notice, and the plan has no data (a Megatron-style model then has a placeholder vocabulary). Without `here`
     (a job written for a cluster), the launch is not this process's."""
     world, problems = launcher_world(cfg, os.environ, here=here)
-    cfg = restarted(cfg, world)
+    job = job_of(world, os.environ)
+    cfg = restarted(cfg, job)
     problems += _not_in_this_release(cfg) + _optimizer_problems(cfg) + checkpoint_problems(cfg)
     exp = cfg.exp_manager
     problems += log_dir_problems(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name,
@@ -699,4 +700,4 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=_objective(cfg),
                    adapters=_adapters(cfg, resume),
                    reference=None if data is None else _reference(cfg, resume, family, data, policy),
-                   resume=resume, log_dir=log_dir, identity=identity, **_settings(cfg, world))  # fmt: skip
+                   resume=resume, log_dir=log_dir, identity=identity, **_settings(cfg, world, job))  # fmt: skip

@@ -66,7 +66,6 @@ from .checkpointing import (
     versions,
 )
 from .cluster import LaunchedEnvironment, RoundStrategy
-from .launcher_check import LAUNCHER_NAMES, job_tag
 from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir, record_launch
 from .monitor import RANK_LOGS, Monitor, rank_log_name
 from .peers import PeerWatch
@@ -131,8 +130,8 @@ def _hold_log_dir(plan: RunPlan, fabric: Fabric) -> tuple[Path, LogDirLock]:
     if fabric.global_rank == 0:
         try:
             path, lock = hold_log_dir(logging.explicit_log_dir, logging.exp_dir, logging.exp_name, plan.log_dir)
-            if (world := plan.launch.world) is not None and world.job_id is not None:
-                record_launch(path, job_tag(world))  # a restarted round finds this folder
+            if plan.launch.job is not None:
+                record_launch(path, plan.launch.job.tag)  # a restarted round finds this folder
             held = (str(path), None)
         except LogDirError as error:
             held = (None, str(error))
@@ -248,11 +247,10 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
                  f"fp32 matmul precision {torch.get_float32_matmul_precision()}")  # fmt: skip
     if lora is not None:
         _report_adapters(lora, model, plan, monitor)
-    if (world := launch.world) is not None and world.restart:
-        again = "requeue" if world.launcher == "slurm" else "restart"
+    if (job := launch.job) is not None and job.restart:
         where = (f"resumed at step {run.start_step} from {resume.path}" if continued
                  else "no complete checkpoint to resume from, so training starts at step 0")  # fmt: skip
-        monitor.info(f"{LAUNCHER_NAMES[world.launcher]} {again} {world.restart} of job {world.job_id}: {where}")
+        monitor.info(f"{job.says()}: {where}")
     return run
 
 
