@@ -175,3 +175,51 @@ def test_the_global_batch_that_no_longer_divides_is_refused_by_name(tmp_path, un
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "data.global_batch_size" in result.stderr and "data.micro_batch_size" in result.stderr, result.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_agents_one_killed_and_started_again_resume_exactly(tmp_path, uninterrupted):
+    """Two torchrun agents (`--nnodes 2`, one process each, static rendezvous on the loopback) as two nodes; the
+    second agent and its worker are killed mid-run and the agent is started again by hand: the first agent's
+    group restarts, the two meet in a new round and the job ends with the uninterrupted losses."""
+    log_dir, port = tmp_path / "run", _free_port()
+
+    def agent(node: int) -> subprocess.Popen:
+        options = ["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", "--max-restarts", "2",
+                   "--master-addr", "127.0.0.1", "--master-port", str(port)]  # fmt: skip
+        command = torchrun(log_dir, *options, overrides=(*SLOW, "trainer.devices=1", "trainer.num_nodes=2"))
+        return subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+
+    first, second = agent(0), agent(1)
+    try:
+        _wait(lambda: (log_dir / "metrics.csv").exists() and max(step_losses(log_dir), default=0) >= 6, "step 6",
+              first)  # fmt: skip
+        killed_at = time.monotonic()
+        workers = _workers(second.pid)  # torchrun starts each worker in a session of its own: a node's end kills both
+        os.killpg(second.pid, signal.SIGKILL)
+        for pid in workers.values():
+            os.kill(pid, signal.SIGKILL)
+        second.wait()
+        second = agent(1)
+        rank_0_log = log_dir / "nxd_log_globalrank-0_localrank-0.txt"
+        restarted = re.compile(r"torchrun restart \d+ of job \S+: resumed at step (\d+)")
+        _wait(lambda: restarted.search(rank_0_log.read_text()), "the restart's line", first)
+        print(f"\nthe second node's agent killed and started again: resumed "
+              f"{time.monotonic() - killed_at:.1f} s after the kill")
+        assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+        assert second.wait(timeout=60) == 0, second.stderr.read()[-3000:]
+    finally:
+        for process in (first, second):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    expected, resumed = step_losses(uninterrupted), step_losses(log_dir)
+    assert [resumed[step] for step in range(1, STEPS + 1)] == [expected[step] for step in range(1, STEPS + 1)]

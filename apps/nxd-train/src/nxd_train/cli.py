@@ -33,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
-from nxd_config import DIALECTS, ConfigError, ConfigNotice, NxdConfig, load_config, to_nxdt_yaml
+from nxd_config import DIALECTS, ConfigError, ConfigNotice, HostfileError, NxdConfig, load_config, to_nxdt_yaml
 
 from .export_dtypes import EXPORT_DTYPES
 
@@ -342,7 +342,7 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
     if config is None:
         return 1
     path = _names(files)
-    from .cluster_launch import LaunchError, host_commands, sbatch_script
+    from .cluster_launch import host_commands, sbatch_script
     from .corpus import default_cache_dir
     from .memory_check import memory_report
     from .preflight import PreflightError, plan_run
@@ -359,7 +359,7 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
     except PreflightError as error:
         print(f"{path}: would stop the job:\n" + "\n".join(f"  {p}" for p in error.problems), file=sys.stderr)
         return 1
-    except LaunchError as error:
+    except HostfileError as error:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     if hosts and args.submit:

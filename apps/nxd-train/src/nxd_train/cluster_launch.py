@@ -5,14 +5,10 @@ a DeepSpeed-style hostfile (GPT-NeoX's launcher keys), the torchrun command of e
 from __future__ import annotations
 
 import shlex
-import signal
 import sys
 from pathlib import Path
 
 from nxd_config import HostfileError, NxdConfig, read_hostfile, select_hosts
-
-LaunchError = HostfileError
-"""The launch settings cannot make a job; the message names the key or file."""
 
 
 def _command(files: list[Path], overrides: list[str], dialect: str | None) -> list[str]:
@@ -25,7 +21,7 @@ def sbatch_script(cfg: NxdConfig, files: list[Path], overrides: list[str], diale
     """An sbatch script: trainer.num_nodes nodes, trainer.devices tasks on each, srun starting nxd-train."""
     c, t = cfg.trainer.cluster, cfg.trainer
     lines = ["#!/bin/bash", f"# written by nxd-train launch for {cfg.name}: sbatch this file",
-             f"#SBATCH --job-name={c.job_name or cfg.name}", f"#SBATCH --nodes={t.num_nodes}",
+             f"#SBATCH --job-name={shlex.quote(c.job_name or cfg.name)}", f"#SBATCH --nodes={t.num_nodes}",
              f"#SBATCH --ntasks-per-node={t.devices}"]  # fmt: skip
     if c.gpus_per_node is not None:
         lines.append(f"#SBATCH --gpus-per-node={c.gpus_per_node}")
@@ -34,8 +30,7 @@ def sbatch_script(cfg: NxdConfig, files: list[Path], overrides: list[str], diale
             lines.append(f"#SBATCH --{name}={shlex.quote(value)}")
     lines.append("#SBATCH --requeue" if c.requeue else "#SBATCH --no-requeue")
     if t.requeue_signal is not None:  # to every task, signal_seconds before the time limit
-        lines.append(f"#SBATCH --signal={signal.Signals[t.requeue_signal].name.removeprefix('SIG')}"
-                     f"@{c.signal_seconds}")  # fmt: skip
+        lines.append(f"#SBATCH --signal={t.requeue_signal.removeprefix('SIG')}@{c.signal_seconds}")
     lines += ["#SBATCH --open-mode=append", "", f"cd {shlex.quote(str(Path.cwd()))}",
               "srun --kill-on-bad-exit=1 " + shlex.join(_command(files, overrides, dialect)), ""]  # fmt: skip
     return "\n".join(lines)
@@ -45,7 +40,7 @@ def host_commands(cfg: NxdConfig, files: list[Path], overrides: list[str], diale
     """A script that starts torchrun on each host of the hostfile over ssh (or run each line on its host)."""
     c, t = cfg.trainer.cluster, cfg.trainer
     if c.hostfile is None:
-        raise LaunchError("trainer.cluster.scheduler: hosts needs trainer.cluster.hostfile (GPT-NeoX: hostfile)")
+        raise HostfileError("trainer.cluster.scheduler: hosts needs trainer.cluster.hostfile (GPT-NeoX: hostfile)")
     hosts = select_hosts(read_hostfile(Path(c.hostfile)), c.include, c.exclude, t.num_nodes, t.devices)
     master = c.master_addr or hosts[0].name
     lines = ["#!/bin/bash", f"# written by nxd-train launch for {cfg.name}: one torchrun a host, started over ssh",
