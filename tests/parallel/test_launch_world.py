@@ -97,9 +97,8 @@ def test_round_store_prefix_and_loopback_binding():
     timeout = timedelta(seconds=10)
     first, round_1 = rendezvous_store("127.0.0.1", port, 0, 1, timeout, single_host=True)
     first.set("rank_1", "old address")
-    listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True)
-    if listening.returncode == 0:
-        assert listening.stdout.split()[3] == f"127.0.0.1:{port}", listening.stdout
+    listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True)
+    assert listening.stdout.split()[3] == f"127.0.0.1:{port}", listening.stdout
     assert client_store("127.0.0.1", port, 1, timeout, round=round_1).get("rank_1") == b"old address"
     # the same store kept across rounds (torchrun's agent's): a rank's next start is the next round
     _, round_2 = rendezvous_store("127.0.0.1", port, 0, 1, timeout, agent_store=True)

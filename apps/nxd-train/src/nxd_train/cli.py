@@ -33,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
-from nxd_config import DIALECTS, ConfigError, ConfigNotice, HostfileError, NxdConfig, load_config, to_nxdt_yaml
+from nxd_config import DIALECTS, ConfigError, ConfigNotice, NxdConfig, load_config, to_nxdt_yaml
 
 from .export_dtypes import EXPORT_DTYPES
 
@@ -235,11 +235,10 @@ def _names(paths: Sequence[Path]) -> str:
 
 
 @contextlib.contextmanager
-def _notices_to_stderr() -> Iterator[None]:
+def _notices_to_stderr(quiet: bool = False) -> Iterator[None]:
     """Print the notices nxd's packages raise inside (ConfigNotice, and every warning class of an nxd
-    package) as 'notice: ...' lines once the block ends (even on error). The processes a launch starts
-    besides the first of each machine plan the same run again: they keep its notices to themselves."""
-    launched = launched_local_rank() != 0
+    package) as 'notice: ...' lines once the block ends (even on error); `quiet` (the processes a launch starts
+    besides the first of each node, which plan the same run again) keeps them to this process."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigNotice)
         try:
@@ -247,36 +246,23 @@ def _notices_to_stderr() -> Iterator[None]:
         finally:
             for warning in caught:
                 if issubclass(warning.category, ConfigNotice) or warning.category.__module__.startswith("nxd_"):
-                    if not launched:
+                    if not quiet:
                         print(f"notice: {warning.message}", file=sys.stderr)
                 else:
                     warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-"""Where torchrun, Slurm, Open MPI and MPICH put a process's rank on its node (nxd-parallel's launch_world
-reads them all; this much is known before torch loads)."""
 QUIET_EXIT_DELAY = 3.0
 """Seconds a launcher's other processes wait before leaving quietly on a config problem, so that the first
 process of the node says it before the launcher ends the rest."""
 
 
-def launched_local_rank() -> int:
-    """This process's rank on its node under a launcher (0 when none started it)."""
-    for name in LOCAL_RANK_VARIABLES:
-        if name == "SLURM_LOCALID" and "SLURM_STEP_ID" not in os.environ:
-            continue  # a batch script's own process, not a task of an srun step
-        with contextlib.suppress(ValueError):
-            if name in os.environ:
-                return int(os.environ[name])
-    return 0
-
-
-def _load(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> NxdConfig | None:
+def _load(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None, *,
+          launch: dict[str, str] | None = None, quiet: bool = False) -> NxdConfig | None:  # fmt: skip
     """Load a config, printing notices and errors to stderr; None when it is invalid."""
     try:
-        with _notices_to_stderr():
-            return load_config(paths, overrides, dialect=dialect)
+        with _notices_to_stderr(quiet):
+            return load_config(paths, overrides, dialect=dialect, launch=launch)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return None
@@ -342,7 +328,7 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
     if config is None:
         return 1
     path = _names(files)
-    from .cluster_launch import host_commands, sbatch_script
+    from .cluster_launch import LaunchError, host_commands, sbatch_script, unread_keys
     from .corpus import default_cache_dir
     from .memory_check import memory_report
     from .preflight import PreflightError, plan_run
@@ -350,6 +336,8 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
     try:
         with _notices_to_stderr():
             plan = plan_run(config, default_cache_dir(), here=False)
+            for notice in unread_keys(config):
+                warnings.warn(notice, ConfigNotice, stacklevel=1)
         report, fits = memory_report(plan, args.device_memory)
         if not fits:
             print(f"{path}: {report}", file=sys.stderr)
@@ -359,7 +347,7 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
     except PreflightError as error:
         print(f"{path}: would stop the job:\n" + "\n".join(f"  {p}" for p in error.problems), file=sys.stderr)
         return 1
-    except HostfileError as error:
+    except LaunchError as error:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     if hosts and args.submit:
@@ -399,10 +387,13 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
 
 
 def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
-    from .launcher_check import name_launch_sizes
+    from .launcher_check import readable_world
 
-    name_launch_sizes(os.environ)  # a QEfficient file reads the launch's sizes as torchrun names them
-    config = _load(paths, overrides, dialect)
+    world = readable_world(os.environ)
+    quiet = world is not None and world.local_rank != 0  # the first process of each node speaks for it
+    launch = None if world is None else {"WORLD_SIZE": str(world.world_size),
+                                         "LOCAL_WORLD_SIZE": str(world.local_world_size)}  # fmt: skip
+    config = _load(paths, overrides, dialect, launch=launch, quiet=quiet)  # a QEfficient file reads the sizes
     if config is None:
         return 1
     path = _names(paths)
@@ -411,12 +402,12 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     from .preflight import PreflightError, plan_run
 
     try:
-        with _notices_to_stderr():
+        with _notices_to_stderr(quiet):
             plan = plan_run(config, default_cache_dir())
-            if launched_local_rank() == 0 and (notice := memory_notice(plan)):
+            if not quiet and (notice := memory_notice(plan)):
                 warnings.warn(notice, ConfigNotice, stacklevel=1)  # the launching process says it once
     except PreflightError as error:
-        if launched_local_rank() != 0:  # a launcher's other processes: the first of each node says it
+        if quiet:
             time.sleep(QUIET_EXIT_DELAY)
             return 1
         print(f"{path}: {error}", file=sys.stderr)

@@ -10,6 +10,26 @@ from pathlib import Path
 
 from nxd_config import HostfileError, NxdConfig, read_hostfile, select_hosts
 
+NXD_HOST_KEYS = {"hostfile": "trainer.cluster.hostfile", "include": "trainer.cluster.include",
+                 "exclude": "trainer.cluster.exclude", "nodes": "trainer.num_nodes", "per_node": "trainer.devices"}
+"""The nxd key behind each setting a hostfile selection names."""
+SCHEDULER_KEYS = {"slurm": ("partition", "account", "comment", "time", "gpus_per_node", "requeue", "signal_seconds",
+                            "job_name"),
+                  "hosts": ("hostfile", "include", "exclude", "master_addr", "master_port")}  # fmt: skip
+"""The trainer.cluster keys each scheduler's job reads."""
+
+
+class LaunchError(Exception):
+    """The launch settings cannot make a job; the message names the key or file."""
+
+
+def unread_keys(cfg: NxdConfig) -> list[str]:
+    """trainer.cluster keys the config sets that its scheduler's job does not read, as notices."""
+    c = cfg.trainer.cluster
+    other = "hosts" if c.scheduler == "slurm" else "slurm"
+    return [f"trainer.cluster.{key}: set, but a {c.scheduler} job does not read it (it is for scheduler {other})"
+            for key in SCHEDULER_KEYS[other] if c.is_set(key)]
+
 
 def _command(files: list[Path], overrides: list[str], dialect: str | None) -> list[str]:
     """This installation's nxd-train, with the run's files (absolute) and overrides."""
@@ -40,8 +60,12 @@ def host_commands(cfg: NxdConfig, files: list[Path], overrides: list[str], diale
     """A script that starts torchrun on each host of the hostfile over ssh (or run each line on its host)."""
     c, t = cfg.trainer.cluster, cfg.trainer
     if c.hostfile is None:
-        raise HostfileError("trainer.cluster.scheduler: hosts needs trainer.cluster.hostfile (GPT-NeoX: hostfile)")
-    hosts = select_hosts(read_hostfile(Path(c.hostfile)), c.include, c.exclude, t.num_nodes, t.devices)
+        raise LaunchError("trainer.cluster.hostfile: expected a DeepSpeed hostfile for scheduler hosts (GPT-NeoX: "
+                          "hostfile), found none")  # fmt: skip
+    try:
+        hosts = select_hosts(read_hostfile(Path(c.hostfile)), c.include, c.exclude, t.num_nodes, t.devices)
+    except HostfileError as error:
+        raise LaunchError(f"{NXD_HOST_KEYS[error.key]}: {error.message}") from None
     master = c.master_addr or hosts[0].name
     lines = ["#!/bin/bash", f"# written by nxd-train launch for {cfg.name}: one torchrun a host, started over ssh",
              "set -e"]  # fmt: skip

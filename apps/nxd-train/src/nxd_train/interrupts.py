@@ -29,23 +29,20 @@ ECHO_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class Preemption:
-    """What a signal during training does (trainer.requeue_signal, auto_requeue, requeue_exit_code), and the
-    Slurm batch job to requeue (None outside one)."""
+    """What a signal during training does: trainer.requeue_signal, auto_requeue, requeue_exit_code."""
 
     requeue_signal: str | None = "SIGUSR1"
     auto_requeue: bool = True
     exit_code: int | None = None
-    slurm_job: str | None = None
 
     @property
     def signals(self) -> tuple[signal.Signals, ...]:
         names = dict.fromkeys((*STOP_SIGNALS, *([self.requeue_signal] if self.requeue_signal else [])))
         return tuple(signal.Signals[name] for name in names)
 
-    def requeues(self, signum: int) -> bool:
-        """Whether stopping on `signum` requeues the job."""
-        return (self.slurm_job is not None and self.auto_requeue
-                and signal.Signals(signum).name in ("SIGTERM", self.requeue_signal))  # fmt: skip
+    def requeues(self, signum: int, slurm: bool) -> bool:
+        """Whether stopping on `signum` requeues the job (`slurm`: the run is a Slurm job's)."""
+        return slurm and self.auto_requeue and signal.Signals(signum).name in ("SIGTERM", self.requeue_signal)
 
     def code(self, signum: int) -> int:
         return 128 + signum if self.exit_code is None else self.exit_code

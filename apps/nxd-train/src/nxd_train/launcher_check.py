@@ -6,7 +6,7 @@ from its newest complete checkpoint."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,17 +46,13 @@ def launcher_world(cfg: NxdConfig, environ: Mapping[str, str], *,
     return world, problems
 
 
-def name_launch_sizes(environ: MutableMapping[str, str]) -> None:
-    """Set WORLD_SIZE and LOCAL_WORLD_SIZE from a launcher that names them otherwise (Slurm, mpirun), as torchrun
-    would, for the config files that size a run from them (QEfficient's); a bad variable is left for the
-    preflight to name."""
+def readable_world(environ: Mapping[str, str]) -> LaunchWorld | None:
+    """The launcher's world, or None when no launcher started this process or its variables are bad (the
+    preflight names them)."""
     try:
-        world = launch_world(environ)
+        return launch_world(environ)
     except LaunchWorldError:
-        return
-    if world is not None:
-        environ.setdefault("WORLD_SIZE", str(world.world_size))
-        environ.setdefault("LOCAL_WORLD_SIZE", str(world.local_world_size))
+        return None
 
 
 @dataclass(frozen=True)

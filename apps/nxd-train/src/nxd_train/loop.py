@@ -159,11 +159,11 @@ def _stop_on_signal(run: Run, signum: int, done: int, logged: dict[str, float], 
         if not saved:
             run.save_checkpoint(done, logged)
         run.checkpointer.wait()
-        preemption = run.plan.preemption
-        if preemption.requeues(signum):
+        job = run.plan.launch.job
+        if run.plan.preemption.requeues(signum, slurm=job is not None and job.launcher == "slurm"):
             where = f"checkpoint saved in {run.checkpointer.root}; "
             if run.fabric.global_rank == 0:
-                where += requeue(preemption.slurm_job)
+                where += requeue(job.job_id)
         else:
             where = (f"checkpoint saved in {run.checkpointer.root}; run the same command with resume_from_checkpoint "
                      f"naming {run.log_dir} (its newest checkpoint; NxDT: exp_manager.resume_from_checkpoint, or "

@@ -32,18 +32,13 @@ TIMEOUT_KEY = "distributed_strategy.collective_timeout"
 _current: PeerWatch | None = None
 
 
-def beat_interval(timeout: float) -> float:
-    """Seconds between a rank's beats, for a collective timeout of `timeout` seconds."""
-    return max(0.25, min(10.0, timeout / 10))
-
-
 class PeerWatch:
     """The watch of rank `rank` of `world_size` over the others (start it after the process group)."""
 
     def __init__(self, rank: int, world_size: int, timeout: float, store: Callable[[timedelta], dist.Store]):
         """`store(timeout)` connects to the run's store (a connection of the watch's own)."""
         self.rank, self.world_size, self.timeout = rank, world_size, float(timeout)
-        self.interval = beat_interval(self.timeout)
+        self.interval = max(0.25, min(10.0, self.timeout / 10))
         self.others = [peer for peer in range(world_size) if peer != rank]
         self.pids: dict[int, tuple[int, str]] = {}
         """The pid and host of each peer that has beaten."""

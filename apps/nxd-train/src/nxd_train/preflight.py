@@ -385,9 +385,8 @@ def _settings(cfg: NxdConfig, world: LaunchWorld | None = None, job: Job | None 
     if _capturable_off(cfg) is not None:
         options["capturable"] = False
     sched = optim.sched
-    slurm_job = job.job_id if job is not None and job.launcher == "slurm" else None
     return dict(
-        preemption=Preemption(t.requeue_signal, t.auto_requeue, t.requeue_exit_code, slurm_job=slurm_job),
+        preemption=Preemption(t.requeue_signal, t.auto_requeue, t.requeue_exit_code),
         cadence=Cadence(max_steps=t.max_steps, max_epochs=t.max_epochs, log_every_n_steps=t.log_every_n_steps,
                         val_check_interval=t.val_check_interval, check_val_every_n_epoch=t.check_val_every_n_epoch,
                         num_sanity_val_steps=t.num_sanity_val_steps, limit_val_batches=t.limit_val_batches,

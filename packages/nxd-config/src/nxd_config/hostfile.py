@@ -9,7 +9,12 @@ from pathlib import Path
 
 
 class HostfileError(ValueError):
-    """A hostfile or a selection of its hosts that cannot be read; the message names the key, file or line."""
+    """A hostfile or a selection of its hosts that cannot be read: `key` is the setting at fault (hostfile,
+    include, exclude, nodes or per_node), `message` what was expected and found (naming the file and line)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
 
 
 @dataclass(frozen=True)
@@ -24,7 +29,7 @@ def read_hostfile(path: Path) -> list[Host]:
     try:
         text = path.read_text()
     except OSError as error:
-        raise HostfileError(f"trainer.cluster.hostfile: cannot read {path} ({error.strerror or error})") from None
+        raise HostfileError("hostfile", f"cannot read {path} ({error.strerror or error})") from None
     hosts: dict[str, Host] = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -32,12 +37,12 @@ def read_hostfile(path: Path) -> list[Host]:
             continue
         match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
         if match is None or int(match.group(2)) < 1:
-            raise HostfileError(f"{path}:{number}: expected 'HOST slots=N' with N >= 1, found {line!r}")
+            raise HostfileError("hostfile", f"{path}:{number}: expected 'HOST slots=N' with N >= 1, found {line!r}")
         if match.group(1) in hosts:
-            raise HostfileError(f"{path}:{number}: host {match.group(1)!r} is listed twice")
+            raise HostfileError("hostfile", f"{path}:{number}: host {match.group(1)!r} is listed twice")
         hosts[match.group(1)] = Host(match.group(1), tuple(range(int(match.group(2)))))
     if not hosts:
-        raise HostfileError(f"trainer.cluster.hostfile: {path} lists no host")
+        raise HostfileError("hostfile", f"{path} lists no host")
     return list(hosts.values())
 
 
@@ -47,14 +52,14 @@ def _selection(value: str, key: str, hosts: dict[str, Host]) -> dict[str, set[in
     for part in value.split("@"):
         name, _, slots = part.strip().partition(":")
         if name not in hosts:
-            raise HostfileError(f"trainer.cluster.{key}: {name!r} is not a host of the hostfile "
+            raise HostfileError(key, f"{name!r} is not a host of the hostfile "
                               f"({', '.join(hosts)})")  # fmt: skip
         try:
             numbers = {int(slot) for slot in slots.split(",")} if slots else None
         except ValueError:
-            raise HostfileError(f"trainer.cluster.{key}: expected slot numbers after ':', found {slots!r}") from None
+            raise HostfileError(key, f"expected slot numbers after ':', found {slots!r}") from None
         if numbers is not None and not numbers <= set(hosts[name].slots):
-            raise HostfileError(f"trainer.cluster.{key}: host {name} has slots {list(hosts[name].slots)}, found "
+            raise HostfileError(key, f"host {name} has slots {list(hosts[name].slots)}, found "
                               f"{sorted(numbers)}")  # fmt: skip
         chosen[name] = numbers
     return chosen
@@ -65,7 +70,7 @@ def select_hosts(hosts: list[Host], include: str | None, exclude: str | None, no
     """The hosts and slots the job uses, as DeepSpeed's launcher picks them: include, or all but exclude, then
     the first `nodes` hosts and the first `per_node` slots of each."""
     if include and exclude:
-        raise HostfileError("trainer.cluster.include and exclude: expected one of them, found both")
+        raise HostfileError("include", "expected include or exclude, found both")
     by_name = {host.name: host for host in hosts}
     if include:
         picked = _selection(include, "include", by_name)
@@ -82,14 +87,14 @@ def select_hosts(hosts: list[Host], include: str | None, exclude: str | None, no
         hosts = kept
     if nodes is not None:
         if nodes > len(hosts):
-            raise HostfileError(f"trainer.num_nodes: {nodes}, but the hostfile leaves {len(hosts)} host(s)")
+            raise HostfileError("nodes", f"{nodes} nodes, but the hostfile leaves {len(hosts)} host(s)")
         hosts = hosts[:nodes]
     if per_node is not None:
         short = [h.name for h in hosts if len(h.slots) < per_node]
         if short:
-            raise HostfileError(f"trainer.devices: {per_node} per node, but {', '.join(short)} has fewer slots")
+            raise HostfileError("per_node", f"{per_node} per node, but {', '.join(short)} has fewer slots")
         hosts = [Host(h.name, h.slots[:per_node]) for h in hosts]
     if len({len(h.slots) for h in hosts}) > 1:
-        raise HostfileError("trainer.cluster.hostfile: expected the same number of slots on each host, found "
+        raise HostfileError("hostfile", "expected the same number of slots on each host, found "
                           + ", ".join(f"{h.name} {len(h.slots)}" for h in hosts))  # fmt: skip
     return hosts

@@ -42,14 +42,17 @@ Source = str | PathLike[str] | Mapping[str, Any]
 
 
 def load_config(
-    source: Source | Sequence[str | PathLike[str]], overrides: Sequence[str] = (), *, dialect: str | None = None
+    source: Source | Sequence[str | PathLike[str]], overrides: Sequence[str] = (), *, dialect: str | None = None,
+    launch: Mapping[str, str] | None = None,
 ) -> NxdConfig:
     """Load, override, resolve and validate a config.
 
     `source` is a YAML file path, a mapping, or several GPT-NeoX files (merged as NeoX's launcher merges
     them); `overrides` are `a.b=c`, `+a.b=c` or `~a.b` strings in the files' dialect. `dialect` ("nxdt" or
-    "neox") forces the dialect, which is otherwise recognised from the files. Raises ConfigError listing
-    every problem; warns (ConfigNotice) about accepted keys that deserve attention.
+    "neox") forces the dialect, which is otherwise recognised from the files. `launch` holds the launch's
+    WORLD_SIZE and LOCAL_WORLD_SIZE, which a QEfficient file's processes come from (default: the environment's,
+    as torchrun sets them). Raises ConfigError listing every problem; warns (ConfigNotice) about accepted keys
+    that deserve attention.
     """
     sources = [source] if isinstance(source, str | PathLike | Mapping) else list(source)
     if not sources:
@@ -59,7 +62,7 @@ def load_config(
     if spoken == "neox":
         return _load_neox(raw, list(overrides))
     if spoken == "qeff":
-        return _load_qeff(raw[0], list(overrides))
+        return _load_qeff(raw[0], list(overrides), launch)
     name = raw[0][0]
     config = _read(sources[0], name)
     issues = apply_overrides(config, list(overrides))
@@ -120,7 +123,7 @@ def _load_neox(raw: list[tuple[str, dict[str, Any]]], overrides: list[str]) -> N
     return built
 
 
-def _load_qeff(raw: tuple[str, dict[str, Any]], overrides: list[str]) -> NxdConfig:
+def _load_qeff(raw: tuple[str, dict[str, Any]], overrides: list[str], launch: Mapping[str, str] | None) -> NxdConfig:
     """A QEfficient fine-tuning file, overridden (`section.key=VALUE`, or QEfficient's flat `key=VALUE`) and
     translated to NxDT's tree."""
     name, values = raw
@@ -129,7 +132,7 @@ def _load_qeff(raw: tuple[str, dict[str, Any]], overrides: list[str]) -> NxdConf
     if issues:
         raise ConfigError(issues, name)
     translation = translate_qeff(OmegaConf.to_container(config, resolve=False),
-                                 Path(name).stem if name != "<mapping>" else "qeff")  # fmt: skip
+                                 Path(name).stem if name != "<mapping>" else "qeff", launch)  # fmt: skip
     origin = dict.fromkeys(values, name)
     located = [_located(issue, origin, name) for issue in translation.issues]
 

@@ -332,7 +332,9 @@ def _batches(a: Arguments, t: Translation) -> None:
     t.set("data.global_batch_size", total, *keys)
 
 
-NEOX_NAMES = {"trainer.cluster.": "", "trainer.num_nodes": "num_nodes", "trainer.devices": "num_gpus"}
+NEOX_HOST_KEYS = {"hostfile": "hostfile", "include": "include", "exclude": "exclude", "nodes": "num_nodes",
+                  "per_node": "num_gpus"}
+"""The NeoX key behind each setting a hostfile selection names."""
 
 
 def _hosts(a: Arguments, t: Translation, nodes: int, devices: int | None) -> list[Host]:
@@ -349,24 +351,21 @@ def _hosts(a: Arguments, t: Translation, nodes: int, devices: int | None) -> lis
         found = read_hostfile(Path(a["hostfile"]))
         return select_hosts(found, a["include"], a["exclude"], None if nodes == -1 else nodes, devices)
     except HostfileError as error:
-        message = str(error)
-        for ours, theirs in NEOX_NAMES.items():
-            message = message.replace(ours, theirs)
-        key, _, why = message.partition(": ")
-        t.refuse(key if key in ("hostfile", "include", "exclude", "num_nodes", "num_gpus") else "hostfile",
-                 why if key in ("hostfile", "include", "exclude", "num_nodes", "num_gpus") else message)  # fmt: skip
+        t.refuse(NEOX_HOST_KEYS[error.key], error.message)
         return []
 
 
 def launcher_keys(a: Arguments, t: Translation) -> None:
     """NeoX's launcher keys -> trainer.cluster, which `nxd-train launch` writes a job from: slurm (launcher slurm
-    or deepspeed_slurm) is an sbatch script; a hostfile otherwise is each host's torchrun command."""
+    or deepspeed_slurm) is an sbatch script (on as many nodes and tasks as the hostfile gave); a hostfile otherwise
+    is each host's torchrun command."""
     slurm = a["launcher"] == "slurm" or a["deepspeed_slurm"]
     if slurm:
         t.set("trainer.cluster.scheduler", "slurm", "launcher", "deepspeed_slurm")
     elif a["hostfile"] is not None:
         t.set("trainer.cluster.scheduler", "hosts", "launcher", "hostfile")
-    for key in ("hostfile", "include", "exclude", "master_addr", "comment", "account"):
-        if a[key] is not None:  # the typed config names a value of another type
-            t.set(f"trainer.cluster.{key}", a[key], key)
-    t.set("trainer.cluster.master_port", a["master_port"], "master_port")
+    hosts = ("hostfile", "include", "exclude", "master_addr", "master_port")  # each host's torchrun reads these
+    values = {key: a[key] for key in (*hosts, "comment", "account")}
+    for key, value in values.items():  # under slurm the hostfile only sized the run
+        if a.given(key) and not (slurm and key in hosts):  # the typed config names a value of another type
+            t.set(f"trainer.cluster.{key}", value, key)
