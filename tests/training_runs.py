@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -205,28 +206,34 @@ WANDB_HEADER = b":W&B\xe1\xbe\x00"
 """A .wandb file's first 7 bytes: ":W&B", magic 0xBEE1 (little-endian), version 0."""
 
 
-def wandb_history(directory: Path) -> list[dict[str, Any]]:
+def wandb_history(directory: Path, *, wait_s: float = 60.0) -> list[dict[str, Any]]:
     """The history rows (_step and the logged values) of the offline W&B run under `directory`. Its .wandb file
     is a LevelDB-style log: after the header, 32 KiB blocks of chunks (CRC-32 4 bytes, length 2, type 1: full,
-    first, middle, last), whose data joined make one wandb Record message each."""
+    first, middle, last), whose data joined make one wandb Record message each. wandb's service writes the file
+    on its own; it is read again (up to `wait_s`) until it holds the run's exit record."""
     from wandb.proto import wandb_internal_pb2
 
     (path,) = directory.glob("wandb/offline-run-*/run-*.wandb")
-    data = path.read_bytes()
-    assert data[:7] == WANDB_HEADER, data[:7]
-    rows, offset, pending = [], 7, b""
-    while offset + 7 <= len(data):
-        left_in_block = 32768 - offset % 32768
-        if left_in_block < 7:  # too little left for a chunk header: the block is padded
-            offset += left_in_block
-            continue
-        length, kind = int.from_bytes(data[offset + 4:offset + 6], "little"), data[offset + 6]
-        pending += data[offset + 7:offset + 7 + length]
-        offset += 7 + length
-        if kind in (1, 4):  # full, or the last chunk of a record
-            record = wandb_internal_pb2.Record.FromString(pending)
-            pending = b""
-            if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})  # fmt: skip
-    return rows
+    deadline = time.monotonic() + wait_s
+    while True:
+        data = path.read_bytes()
+        assert data[:7] == WANDB_HEADER, data[:7]
+        records, offset, pending = [], 7, b""
+        while offset + 7 <= len(data):
+            left_in_block = 32768 - offset % 32768
+            if left_in_block < 7:  # too little left for a chunk header: the block is padded
+                offset += left_in_block
+                continue
+            length, kind = int.from_bytes(data[offset + 4:offset + 6], "little"), data[offset + 6]
+            pending += data[offset + 7:offset + 7 + length]
+            offset += 7 + length
+            if kind in (1, 4):  # full, or the last chunk of a record
+                records.append(wandb_internal_pb2.Record.FromString(pending))
+                pending = b""
+        kinds = [record.WhichOneof("record_type") for record in records]
+        if "exit" in kinds:
+            break
+        assert time.monotonic() < deadline, f"{path} has no exit record after {wait_s} s: {kinds}"
+        time.sleep(0.5)
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            for record in records if record.WhichOneof("record_type") == "history"]  # fmt: skip

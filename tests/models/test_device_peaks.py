@@ -65,6 +65,16 @@ def test_the_cpu_ceiling_is_measured_within_its_time_budget():
     assert ceiling.measured and "no datasheet peak known" in ceiling.source
 
 
+def test_measuring_the_ceiling_draws_nothing_from_the_global_generator():
+    """The measurement runs for as long as the clock allows; the run's later random draws (LoRA's initial
+    adapters, dropout) must not depend on how long that was."""
+    torch.manual_seed(1234)
+    measured_peak(torch.device("cpu"), torch.float32, budget_s=0.05)
+    after = torch.rand(4)
+    torch.manual_seed(1234)
+    assert torch.equal(after, torch.rand(4))
+
+
 def test_peak_memory_of_this_process_covers_a_buffer_it_touched():
     buffer = torch.ones(64 * 2**20 // 4)  # 64 MiB, written
     assert peak_memory(torch.device("cpu")) >= buffer.numel() * 4

@@ -59,11 +59,14 @@ def datasheet_peak(device_name: str, dtype: torch.dtype, matmul_precision: str =
 
 def measured_peak(device: torch.device, dtype: torch.dtype, *, budget_s: float = 0.6) -> float:
     """The best FLOP/s of square matmuls on `device` in `dtype`, sizes doubling from 512 while one
-    matmul takes under a tenth of `budget_s` (large enough to reach the device's rate, bounded in time)."""
+    matmul takes under a tenth of `budget_s` (large enough to reach the device's rate, bounded in time).
+    The operands come from a generator of their own: the loop's length depends on the clock, and drawing
+    from the global one would make the run's later draws (LoRA's initial adapters, dropout) vary with it."""
     best, size, deadline = 0.0, 512, time.perf_counter() + budget_s
+    generator = torch.Generator(device).manual_seed(0)
     while True:
-        a = torch.randn(size, size, device=device, dtype=dtype)
-        b = torch.randn(size, size, device=device, dtype=dtype)
+        a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+        b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
         torch.matmul(a, b)  # warm up kernels and caches
         _synchronize(device)
         start = time.perf_counter()
