@@ -9,7 +9,6 @@ config, the package versions, the layout and the Hugging Face mapping that `ckpt
 from __future__ import annotations
 
 import json
-import pickle
 import random
 import warnings
 from dataclasses import dataclass, replace
@@ -296,19 +295,31 @@ def versions() -> dict[str, str]:
 
 
 def rng_states() -> bytes:
-    """This process's python, numpy, torch (and CUDA) generator states, as one opaque value."""
+    """This process's python, numpy, torch (and CUDA) generator states, as JSON (a checkpoint is read
+    without unpickling anything: a state someone else saved must not run code)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return pickle.dumps({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                         "cuda": cuda})  # fmt: skip
+    version, python_state, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return json.dumps({"python": [version, list(python_state), gauss],
+                       "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+                       "torch": torch.get_rng_state().tolist(),
+                       "cuda": None if cuda is None else [state.tolist() for state in cuda]}).encode()  # fmt: skip
 
 
-def restore_rng_states(blob: bytes) -> None:
-    states = pickle.loads(blob)  # noqa: S301 - written by this program into the checkpoint
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
+def restore_rng_states(blob: bytes) -> bool:
+    """Set this process's generators from `rng_states`' JSON; False (nothing set) for the pickled states
+    earlier nxd versions wrote, which are never unpickled."""
+    if not blob.startswith(b"{"):
+        return False
+    states = json.loads(blob)
+    version, python_state, gauss = states["python"]
+    random.setstate((version, tuple(python_state), gauss))
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(states["torch"], dtype=torch.uint8))
     if states["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+        torch.cuda.set_rng_state_all([torch.tensor(state, dtype=torch.uint8) for state in states["cuda"]])
+    return True
 
 
 class TrainingState:

@@ -55,8 +55,9 @@ def _train(run: Run) -> Path:
         run.monitor.info(f"sanity check: val_loss {sanity:.4f}")
     run.model.train()
     batches = run.train_batches()
-    if run.saved_rng is not None:
-        restore_rng_states(run.saved_rng)  # now that the data loader has drawn its seed, as at the save
+    if run.saved_rng is not None and not restore_rng_states(run.saved_rng):  # now, as at the save: after the loader
+        run.monitor.info("random states as seeded: the checkpoint holds them pickled (an earlier nxd), and a "
+                         "checkpoint is never unpickled")  # fmt: skip
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
     guard = NonFiniteGuard(plan.update.on_nonfinite, plan.update.max_consecutive_nonfinite)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from torch.distributed.checkpoint.api import CheckpointException
+
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be used as asked: the message names its path, what was expected and what was found."""
@@ -9,3 +11,21 @@ class CheckpointError(Exception):
 
 class CheckpointWarning(UserWarning):
     """A checkpoint passed over (half written or damaged) in favour of an older complete one."""
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """The failures DCP's CheckpointException carries (every rank's), or the error itself."""
+    if isinstance(error, CheckpointException):
+        return [failure[0] if isinstance(failure, tuple) else failure for failure in error.failures.values()]
+    return [error]
+
+
+def cause_of(error: BaseException) -> CheckpointError | None:
+    """The CheckpointError nxd-ckpt's own reader raised inside DCP, if that is what `error` wraps."""
+    return next((cause for cause in _causes(error) if isinstance(cause, CheckpointError)), None)
+
+
+def gist(error: BaseException) -> str:
+    """The gist of an error (DCP's CheckpointException carries every rank's traceback)."""
+    cause = (_causes(error) or [error])[0]
+    return str(cause) if isinstance(cause, CheckpointError) else f"{type(cause).__name__}: {cause}"

@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from .errors import CheckpointError, CheckpointWarning
+from .errors import CheckpointError, CheckpointWarning, cause_of
 from .marker import read_info
+from .safe_read import SafeKeysLoadPlanner, SafeReader, read_metadata
 
 MODEL_KEY = "model"
 """The top-level key of the model's weights in a checkpoint's state."""
@@ -171,8 +171,14 @@ def _read_model(path: Path, keys: set[str]) -> dict[str, torch.Tensor]:
     """The whole tensors of model `keys` from the DCP files in `path`, read in this one process without
     any collective (so rank 0 alone may call it inside a distributed run), as DCP's own format tools do."""
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(str(path)), no_dist=True,
-                     planner=_EmptyStateDictLoadPlanner(keys={f"{MODEL_KEY}.{key}" for key in keys}))  # fmt: skip
+    read_metadata(path)  # refused here, by name, before DCP's reader tries the ranks' own metadata files
+    planner = SafeKeysLoadPlanner(keys={f"{MODEL_KEY}.{key}" for key in keys}, source=path)
+    try:
+        _load_state_dict(state, storage_reader=SafeReader(path), no_dist=True, planner=planner)
+    except (CheckpointException, Exception) as error:
+        if (refused := cause_of(error)) is not None:
+            raise refused from None
+        raise
     return state[MODEL_KEY]
 
 

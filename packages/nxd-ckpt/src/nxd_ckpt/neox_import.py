@@ -11,7 +11,6 @@ arrays DeepSpeed keeps beside the weights (random states) are the only other obj
 
 from __future__ import annotations
 
-import importlib
 import pickle
 import re
 from collections.abc import Mapping
@@ -20,14 +19,28 @@ from pathlib import Path
 from typing import Any
 
 import numpy
+import numpy.dtypes
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+try:
+    from numpy._core import multiarray
+except ImportError:  # numpy 1
+    from numpy.core import multiarray
 
 from .errors import CheckpointError
 from .hf_import import box_of
 
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
 RANK_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
+NUMPY_GLOBALS = {
+    "numpy.ndarray": numpy.ndarray, "numpy.dtype": numpy.dtype,
+    **{f"numpy.{core}.multiarray.{name}": getattr(multiarray, name) for core in ("core", "_core")
+       for name in ("_reconstruct", "scalar")},
+}  # fmt: skip
+"""The globals numpy's arrays, scalars and dtypes pickle as (numpy 1 and 2 module names), by exact name."""
+NUMPY_DTYPE_CLASSES = [kind for kind in vars(numpy.dtypes).values() if isinstance(kind, type)]
+"""The classes of numpy's dtypes, which the loader sees when it sets a dtype's state (a class, no code)."""
 OLDER_NAMES = {"mlp.linear1.": "mlp.dense_h_to_4h.", "mlp.linear2.": "mlp.dense_4h_to_h."}
 """GPT-NeoX's MLP names before its MLP rework."""
 
@@ -65,18 +78,17 @@ def find_neox_checkpoint(path: Path) -> NeoXCheckpoint | None:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    """A DeepSpeed file through torch's weights-only loader, letting numpy's arrays through."""
+    """A DeepSpeed file through torch's weights-only loader, letting numpy's arrays, scalars and dtypes
+    through by their exact names (any other global, numpy's included, is refused: some of them run code)."""
     try:
         try:
             return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         except pickle.UnpicklingError:
             names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-            if foreign := [name for name in names if not name.startswith("numpy.")]:
+            if foreign := [name for name in names if name not in NUMPY_GLOBALS]:
                 raise CheckpointError(f"{path}: holds objects beyond tensors and numpy arrays ({', '.join(foreign)})"
                                       "; nxd reads GPT-NeoX checkpoints with torch's weights-only loader") from None
-            allowed = [getattr(importlib.import_module(module), name)
-                       for module, _, name in (full.rpartition(".") for full in names)]  # fmt: skip
-            allowed += [kind for kind in vars(numpy.dtypes).values() if isinstance(kind, type)]  # a dtype's class
+            allowed = [(NUMPY_GLOBALS[name], name) for name in names] + NUMPY_DTYPE_CLASSES
             with torch.serialization.safe_globals(allowed):
                 return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except CheckpointError:

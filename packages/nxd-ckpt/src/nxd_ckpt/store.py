@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -30,9 +29,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from .checksums import ChecksummingWriter
 from .discovery import list_checkpoints
-from .errors import CheckpointError
+from .errors import CheckpointError, cause_of, gist
 from .marker import CheckpointInfo, read_info, write_marker
 from .retention import SavePolicy, checkpoint_name, point_last, to_delete
+from .safe_read import SafeLoadPlanner, SafeReader, read_metadata
 
 STAGING_SUFFIX = ".partial"
 _SINGLE_PROCESS = ".*assuming the intent is to (save|load) in a single process"
@@ -106,7 +106,7 @@ class Checkpointer:
             dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=not dist.is_initialized())
         except (CheckpointException, OSError, ValueError, TypeError) as error:
             self._abandon(pending)
-            raise CheckpointError(f"{final}: the save failed: {_first_line(error)}") from error
+            raise CheckpointError(f"{final}: the save failed: {gist(error)}") from error
         self._finish(pending)
         return final
 
@@ -129,7 +129,7 @@ class Checkpointer:
             pending.future.result()
         except (CheckpointException, Exception) as error:
             self._abandon(pending)
-            raise CheckpointError(f"{pending.final}: the background save failed: {_first_line(error)}") from error
+            raise CheckpointError(f"{pending.final}: the background save failed: {gist(error)}") from error
         self._finish(pending)
 
     def _ours(self, info: CheckpointInfo) -> bool:
@@ -204,15 +204,6 @@ def continued_lineage(root: Path, resumed: Path) -> str | None:
     return lineage if (info.step or 0) >= max(steps, default=0) else None
 
 
-def _first_line(error: BaseException) -> str:
-    """The gist of an error (DCP's CheckpointException carries every rank's traceback)."""
-    if isinstance(error, CheckpointException):
-        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in error.failures.values()]
-        if causes:
-            return f"{type(causes[0]).__name__}: {causes[0]}"
-    return f"{type(error).__name__}: {error}"
-
-
 def _leaves(state: Mapping[str, Any]) -> dict[str, Any]:
     """DCP's flattened view of a nested state: dotted keys to leaves (Stateful objects expanded)."""
     expanded = {key: value.state_dict() if isinstance(value, Stateful) and not isinstance(value, Mapping) else value
@@ -222,7 +213,7 @@ def _leaves(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def saved_keys(path: Path) -> dict[str, tuple[int, ...] | None]:
     """Every key a checkpoint holds: a tensor's global shape, or None for another value."""
-    metadata = FileSystemReader(path).read_metadata()
+    metadata = read_metadata(path)
     return {key: tuple(item.size) if isinstance(item, TensorStorageMetadata) else None
             for key, item in metadata.state_dict_metadata.items()}  # fmt: skip
 
@@ -259,12 +250,13 @@ def load_checkpoint(
         check_compatible(info.path, state)
         if not dist.is_initialized():
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
-        dcp.load(state, storage_reader=FileSystemReader(info.path), process_group=process_group,
-                 no_dist=not dist.is_initialized())  # fmt: skip
+        dcp.load(state, storage_reader=SafeReader(info.path), planner=SafeLoadPlanner(source=info.path),
+                 process_group=process_group, no_dist=not dist.is_initialized())  # fmt: skip
     except CheckpointError:
         raise
-    except Exception as error:  # noqa: BLE001 - any unreadable piece is a message, never a traceback
-        raise CheckpointError(f"{info.path}: cannot be read: {_first_line(error)}") from error
+    except (CheckpointException, Exception) as error:  # noqa: BLE001 - any unreadable piece is a message, never a traceback
+        refused = cause_of(error)
+        raise (CheckpointError(f"{info.path}: cannot be read: {gist(error)}") if refused is None else refused) from None
     return info
 
 
