@@ -147,3 +147,27 @@ def test_tiktoken_says_when_an_encoding_cannot_load(tmp_path, monkeypatch):
         load_tokenizer(TokenizerSource("TiktokenTokenizer", "megatron", "nxd_nothing"))
     with pytest.raises(DataError, match=r"vocab_file: expected a tiktoken encoding name .* found None"):
         load_tokenizer(TokenizerSource("TiktokenTokenizer", "megatron"))
+
+
+def test_a_tokenizer_folder_with_its_own_code_runs_it_only_when_trusted(sentencepiece_dir, tmp_path, monkeypatch):
+    """transformers would ask "run the custom code? [y/N]" on a terminal; nxd refuses by name instead, and
+    with model.trust_remote_code the folder's class is what loads."""
+    import shutil
+
+    import transformers.dynamic_module_utils as dynamic
+
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    folder, marker = tmp_path / "custom", tmp_path / "ran"
+    shutil.copytree(sentencepiece_dir, folder)
+    (folder / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                      "from transformers import LlamaTokenizer\n\n\n"
+                                      "class CustomTokenizer(LlamaTokenizer):\n    pass\n")  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "CustomTokenizer", "auto_map": {"AutoTokenizer": ["custom.CustomTokenizer", None]}}))
+    with pytest.raises(DataError, match=r"tokenizer_config.json names the folder's own Python code \(auto_map: "
+                                        r"\['custom.CustomTokenizer', None\]\); nxd runs a folder's code only with "
+                                        r"model.trust_remote_code: True"):  # fmt: skip
+        load_tokenizer(TokenizerSource(str(folder)))
+    assert not marker.exists()
+    trusted = load_tokenizer(TokenizerSource(str(folder), trust_remote_code=True))
+    assert marker.exists() and trusted.vocab_size == load_tokenizer(sentencepiece_dir).vocab_size

@@ -53,13 +53,14 @@ PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_los
 """Megatron data flags that shape pretraining samples; SFT records set their own masks and positions."""
 
 
-def _tokenizer_of(data: DataConfig) -> TextTokenizer:
-    """The tokenizer `data.tokenizer` names, in any form nxd-data reads."""
+def _tokenizer_of(data: DataConfig, trust_remote_code: bool) -> TextTokenizer:
+    """The tokenizer `data.tokenizer` names, in any form nxd-data reads (a folder's own code only when trusted)."""
     t = data.tokenizer
     if t is None or t.type is None:
         raise DataError("data.tokenizer.type: expected a tokenizer file or directory (or, with library megatron, "
                         "GPT2BPETokenizer, CharLevelTokenizer or TiktokenTokenizer), found none")  # fmt: skip
-    return load_tokenizer(TokenizerSource(t.type, t.library, t.vocab_file, t.merge_file), "data.tokenizer.type")
+    source = TokenizerSource(t.type, t.library, t.vocab_file, t.merge_file, trust_remote_code=trust_remote_code)
+    return load_tokenizer(source, "data.tokenizer.type")
 
 
 def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[str]:
@@ -178,24 +179,24 @@ class ModelVocabulary:
 def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None, seed: int,
                    sft: SFTConfig | None = None,
                    preference: DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig | None = None,
-                   vocabulary: ModelVocabulary | None = None) -> DataSplits:  # fmt: skip
+                   vocabulary: ModelVocabulary | None = None, trust_remote_code: bool = False) -> DataSplits:  # fmt: skip
     """The run's datasets (SFT records when `sft` is given, preference pairs with `preference`);
     `train_samples` None means one epoch of the training data. Pre-tokenised Hugging Face data with
-    no tokenizer takes its vocabulary and end-of-document id from `vocabulary` (the model's). DataError
-    names the key and file of any problem."""
+    no tokenizer takes its vocabulary and end-of-document id from `vocabulary` (the model's). A tokenizer
+    folder's own code runs only with `trust_remote_code`. DataError names the key and file of any problem."""
     if data.dataset is not None:
         data = _with_dataset_records(data, cache_dir)
     if sft is not None:
-        return _sft_splits(data, seq_length, cache_dir, sft.packing)
+        return _sft_splits(data, seq_length, cache_dir, sft.packing, trust_remote_code)
     if preference is not None:
         if data.pair_documents is not None or data.example_documents is not None:
-            return _document_splits(data, seq_length, preference)
-        return _preference_splits(data, seq_length, preference)
+            return _document_splits(data, seq_length, preference, trust_remote_code)
+        return _preference_splits(data, seq_length, preference, trust_remote_code)
     own_data = data.is_set("data_prefix") or data.train_dir is not None
     corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
     hf_data = data.train_dir is not None and (data.use_sft_style_data_module or not data.is_set("data_prefix"))
     if data.tokenizer is not None:
-        tokenizer, name = _tokenizer_of(data), data.tokenizer.type
+        tokenizer, name = _tokenizer_of(data, trust_remote_code), data.tokenizer.type
     elif hf_data and vocabulary is not None:
         return _pre_tokenised_splits(data, seq_length, vocabulary, cache_dir / "hf-data")
     elif own_data:
@@ -280,9 +281,10 @@ def _pre_tokenised_splits(data: DataConfig, seq_length: int, vocabulary: ModelVo
                       shuffled=False)  # fmt: skip
 
 
-def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: bool) -> DataSplits:
+def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: bool,
+                trust_remote_code: bool) -> DataSplits:  # fmt: skip
     """SFT records of train_dir (and val_dir), padded or packed into rows of seq_length."""
-    tokenizer = _tokenizer_of(data)
+    tokenizer = _tokenizer_of(data, trust_remote_code)
     splits = {}
     for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
                                                                               data.val_dir)):  # fmt: skip
@@ -297,12 +299,12 @@ def _sft_splits(data: DataConfig, seq_length: int, cache_dir: Path, packing: boo
                       tokenizer_fingerprint=tokenizer.fingerprint, padded_rows=not packing)  # fmt: skip
 
 
-def _preference_splits(data: DataConfig, seq_length: int,
-                       preference: DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig) -> DataSplits:  # fmt: skip
+def _preference_splits(data: DataConfig, seq_length: int, preference: DPOConfig | ORPOConfig | KTOConfig |
+                       RewardModelConfig, trust_remote_code: bool) -> DataSplits:  # fmt: skip
     """Preference pairs (DPO, ORPO, reward models, which also read where each row's score is and the
     pair's margin) or KTO examples of train_dir (and val_dir), one sample each, of two sequences (a
     pair; an example and its KL sequence)."""
-    tokenizer = _tokenizer_of(data)
+    tokenizer = _tokenizer_of(data, trust_remote_code)
     kto = isinstance(preference, KTOConfig)
     splits, notes = {}, []
     for key, split, location in (("data.train_dir", "train", data.train_dir), ("data.val_dir", "validation",
@@ -330,11 +332,11 @@ def _preference_splits(data: DataConfig, seq_length: int,
                       packed_pairs=isinstance(preference, RewardModelConfig) and preference.packing)  # fmt: skip
 
 
-def _document_splits(data: DataConfig, seq_length: int,
-                     preference: DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig) -> DataSplits:  # fmt: skip
+def _document_splits(data: DataConfig, seq_length: int, preference: DPOConfig | ORPOConfig | KTOConfig |
+                     RewardModelConfig, trust_remote_code: bool) -> DataSplits:  # fmt: skip
     """Pairs (data.pair_documents) or KTO examples (data.example_documents) from pre-tokenised indexed
     documents, one document a row."""
-    tokenizer = _tokenizer_of(data)
+    tokenizer = _tokenizer_of(data, trust_remote_code)
     kto, scores = data.example_documents is not None, isinstance(preference, RewardModelConfig)
     sections = data.example_documents if kto else data.pair_documents
     name = "example_documents" if kto else "pair_documents"

@@ -659,7 +659,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
             alignment = cfg.model_alignment_strategy
             data = build_datasets(cfg.data, seq_length, cache_dir, train_samples=train_samples, seed=cfg.seed,
                                   sft=None if alignment is None else alignment.sft, preference=_preference(cfg),
-                                  vocabulary=_model_vocabulary(cfg))  # fmt: skip
+                                  vocabulary=_model_vocabulary(cfg),
+                                  trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip
         except DataError as error:
             (problems if data_required else unread).append(str(error))
         except ModelConfigError as error:

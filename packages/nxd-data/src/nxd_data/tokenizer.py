@@ -55,6 +55,8 @@ class TokenizerSource:
     library: str = "huggingface"
     vocab_file: str | None = None
     merge_file: str | None = None
+    trust_remote_code: bool = False
+    """Let transformers run the Python a tokenizer folder names in its auto_map (model.trust_remote_code)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def load_tokenizer(source: str | Path | TokenizerSource, where: str = "data.toke
     location = source.location
     path = Path(location)
     if path.is_dir() and not (path / "tokenizer.json").is_file() and (path / "tokenizer.model").is_file():
-        return _sentencepiece_directory(path, where)
+        return _sentencepiece_directory(path, where, source.trust_remote_code)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         found = "a directory without tokenizer.json" if path.is_dir() else "no such file or directory"
@@ -238,15 +240,20 @@ def _converted_encoding(encoding: Any) -> Tokenizer:
     return tokenizer
 
 
-def _sentencepiece_directory(path: Path, where: str) -> TextTokenizer:
+def _sentencepiece_directory(path: Path, where: str, trust_remote_code: bool) -> TextTokenizer:
     """A directory with a SentencePiece tokenizer.model and no tokenizer.json (Llama 2), converted by
-    transformers: the class tokenizer_config.json names, else LlamaTokenizer."""
+    transformers: the class tokenizer_config.json names, else LlamaTokenizer. A class of the folder's own
+    code (auto_map) is refused unless trusted: transformers would otherwise ask on the terminal."""
     from transformers import AutoTokenizer, LlamaTokenizer
 
     config = _tokenizer_config(path / "tokenizer_config.json", where)
+    if (custom := config.get("auto_map")) and not trust_remote_code:
+        named = custom.get("AutoTokenizer", custom) if isinstance(custom, dict) else custom
+        raise DataError(f"{where}: {path / 'tokenizer_config.json'} names the folder's own Python code (auto_map: "
+                        f"{named}); nxd runs a folder's code only with model.trust_remote_code: True")  # fmt: skip
     try:
         loader = AutoTokenizer if config.get("tokenizer_class") else LlamaTokenizer
-        built = loader.from_pretrained(str(path))
+        built = loader.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except Exception as error:  # sentencepiece, protobuf and transformers each raise their own types
         raise DataError(f"{where}: {path / 'tokenizer.model'} is not a SentencePiece model transformers can load "
                         f"({type(error).__name__}: {error})") from None  # fmt: skip

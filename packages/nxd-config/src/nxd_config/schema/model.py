@@ -118,6 +118,12 @@ class ModelConfig(Section):
         by=MODELS,
         alias="model_config",
     )
+    trust_remote_code: bool = key(
+        False,
+        "Run the Python a tokenizer or model folder ships (transformers' auto_map); off, such a folder is refused "
+        "by name and never asks on the terminal.",
+        by="nxd-data",
+    )
     encoder_seq_length: int | None = key(None, "Training sequence length (required).", by=MODELS, ge=1)
     max_position_embeddings: int | None = key(
         None, "Longest position the model supports; null uses encoder_seq_length.", by=MODELS, ge=1
