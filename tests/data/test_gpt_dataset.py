@@ -270,3 +270,16 @@ def test_a_label_file_of_other_documents_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"l.idx: document 1 holds 3 labels; its data file .*d.idx holds 4 tokens"):
         GPTDataset(indexed, "train", (0, 2), 1, SampleFormat(seq_length=4, eod_id=0), seed=5, cache_dir=tmp_path,
                    labels=IndexedDataset(tmp_path / "l"))  # fmt: skip
+
+
+def test_written_data_files_follow_the_umask(tmp_path):
+    """mkstemp makes 0600 files; a data set written for others to read gets the mode a plain open gives."""
+    import os
+
+    previous = os.umask(0o022)
+    try:
+        with IndexedDatasetWriter(tmp_path / "corpus", np.uint16) as writer:
+            writer.add_document([1, 2, 3])
+    finally:
+        os.umask(previous)
+    assert {path.suffix: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()} == {".bin": 0o644, ".idx": 0o644}

@@ -240,3 +240,44 @@ def test_preprocess_refuses_an_existing_prefix_and_cleans_what_a_killed_run_left
     assert main([*command, "--overwrite"]) == 0
     assert not abandoned.exists() and live.exists()
     assert {path.name: path.read_bytes() for path in tmp_path.glob("d_text_document.*")} != written
+
+
+def test_a_folder_of_someone_elses_files_is_refused_naming_them(tmp_path, capsys):
+    log_dir = tmp_path / "mine"
+    log_dir.mkdir()
+    (log_dir / "config.yaml").write_text("my: own\n")
+    (log_dir / "metrics.csv").write_text("a,b\n1,2\n")
+    (log_dir / "notes.txt").write_text("kept\n")
+    assert main([*FAST, "trainer.max_steps=1", f"+exp_manager.explicit_log_dir={log_dir}"]) == 1
+    err = capsys.readouterr().err
+    assert f"exp_manager.explicit_log_dir: {log_dir.resolve()} holds config.yaml, metrics.csv, which no nxd run wrote" \
+           in err and "Traceback" not in err  # fmt: skip
+    assert (log_dir / "config.yaml").read_text() == "my: own\n" and (log_dir / "metrics.csv").read_text() == "a,b\n1,2\n"
+    assert sorted(path.name for path in log_dir.iterdir()) == ["config.yaml", "metrics.csv", "notes.txt"]
+
+
+@pytest.mark.parametrize("planted", ["config.yaml", "nxd_log_globalrank-0_localrank-0.txt"])
+def test_a_link_planted_in_a_log_directory_is_never_written_through(tmp_path, capsys, planted):
+    log_dir, target = tmp_path / "run", tmp_path / "elsewhere.txt"
+    train_in_process(log_dir, "trainer.max_steps=1")
+    (log_dir / planted).unlink()
+    (log_dir / planted).symlink_to(target)
+    assert main([*FAST, "trainer.max_steps=1", f"+exp_manager.explicit_log_dir={log_dir}"]) == 1
+    err = capsys.readouterr().err
+    assert f"{log_dir.resolve() / planted} is a symbolic link (to {target}); expected a file nxd wrote there" in err
+    assert not target.exists() and "Traceback" not in err
+
+
+def test_files_a_run_writes_follow_the_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        log_dir = tmp_path / "run"
+        train_in_process(log_dir, "trainer.max_steps=2", "exp_manager.create_checkpoint_callback=True")
+        assert (log_dir / "config.yaml").stat().st_mode & 0o777 == 0o644
+        (checkpoint,) = list_checkpoints(log_dir / "checkpoints")
+        out = tmp_path / "hf"
+        assert main(["ckpt", "export-hf", str(checkpoint.path), str(out)]) == 0
+        assert out.stat().st_mode & 0o777 == 0o755
+        assert all(file.stat().st_mode & 0o777 == 0o644 for file in out.iterdir())
+    finally:
+        os.umask(previous)

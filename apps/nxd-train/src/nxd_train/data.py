@@ -179,7 +179,8 @@ class ModelVocabulary:
 def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None, seed: int,
                    sft: SFTConfig | None = None,
                    preference: DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig | None = None,
-                   vocabulary: ModelVocabulary | None = None, trust_remote_code: bool = False) -> DataSplits:  # fmt: skip
+                   vocabulary: ModelVocabulary | None = None,
+                   trust_remote_code: bool = False) -> DataSplits:  # fmt: skip
     """The run's datasets (SFT records when `sft` is given, preference pairs with `preference`);
     `train_samples` None means one epoch of the training data. Pre-tokenised Hugging Face data with
     no tokenizer takes its vocabulary and end-of-document id from `vocabulary` (the model's). A tokenizer

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import fnmatch
 import os
 import re
 import socket
+import tempfile
 from pathlib import Path
 
 from nxd_ckpt import list_checkpoints
@@ -21,6 +23,12 @@ LAUNCH_FILE = ".nxd-launch"
 """The launcher job (torchrun's run id, Slurm's job id) a versioned log directory belongs to, so that a round the
 launcher restarts finds it."""
 NAME_ROOM = 64
+WRITTEN = ("config.yaml", "metrics.csv", "hparams.yaml", CHECKPOINT_DIR, "tensorboard", "wandb", "wandb_run_id",
+           LAUNCH_FILE, "nxd_log_globalrank-*_localrank-*.txt", "reference_log_probs.safetensors", "checkpoint-*",
+           "trainer_state.json", "config.json", "model.safetensors", "adapter_config.json",
+           "adapter_model.safetensors")  # fmt: skip
+"""What a run may write in its log directory (with the json_log_file it is given): the names another's folder
+must not hold, and that must not be links."""
 """Characters a checkpoint's folder name adds to the run's name (--step=N-consumed_samples=M.partial)."""
 
 
@@ -62,9 +70,27 @@ def launched_log_dir(exp_dir: Path | None, name: str, job: str) -> Path | None:
 
 def record_launch(path: Path, job: str) -> None:
     """Record in log directory `path` the launcher job that holds it (replaced whole, never half written)."""
-    partial = path / f"{LAUNCH_FILE}.partial"
-    partial.write_text(job + "\n")
-    partial.replace(path / LAUNCH_FILE)
+    write_new(path / LAUNCH_FILE, job + "\n")
+
+
+def write_new(path: Path, text: str) -> None:
+    """`text` as file `path`, written under a fresh temporary name and renamed over it: whole or not at all,
+    and never through a link planted at `path` (the rename replaces the link itself)."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            file.write(text)
+        os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class LogDirLock:
@@ -78,7 +104,8 @@ class LogDirLock:
 
     def acquire(self) -> bool:
         """Take the lock; False when another process holds it."""
-        file = open(self.directory / LOCK_FILE, "a+")  # noqa: SIM115 - held open for the run's lifetime
+        descriptor = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+        file = os.fdopen(descriptor, "a+")  # held open for the run's lifetime
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -104,15 +131,16 @@ class LogDirLock:
 
 
 def hold_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name: str,
-                 continued: Path | None = None) -> tuple[Path, LogDirLock]:  # fmt: skip
+                 continued: Path | None = None, written: tuple[str, ...] = ()) -> tuple[Path, LogDirLock]:  # fmt: skip
     """Create and lock this run's log directory: `continued` (a resumed run's) or explicit_log_dir, else the
     next version under <exp_dir>/<name> (skipping one a run starting at the same moment has taken).
-    A LogDirError naming the directory and the holder when another run holds it, or why it cannot be
-    written."""
+    A LogDirError naming the directory and the holder when another run holds it, why it cannot be
+    written, or the files of someone else's it holds under names the run writes (`written`: beyond WRITTEN)."""
     fixed = continued or explicit_log_dir
     while True:
         if fixed:
             path = Path(fixed)
+            _check_foreign(path, _key(explicit_log_dir, continued), (*WRITTEN, *written))
         else:
             base, versions = _versions(exp_dir, name)
             path = base / f"version_{max(versions, default=-1) + 1}"
@@ -130,6 +158,23 @@ def hold_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name: str,
                               " expected a log directory no running run holds: wait for that run to end, or give "
                               "this one another exp_manager.explicit_log_dir")  # fmt: skip
         lock.release()  # a run starting at the same moment took this version: take the next
+
+
+def _check_foreign(path: Path, key: str, written: tuple[str, ...]) -> None:
+    """A LogDirError when `path` holds, under a name the run writes, a link (it would be written through) or,
+    in a folder no nxd run made (no lock file, no nxd checkpoint), a file of someone else's."""
+    if not path.is_dir():
+        return
+    ours = sorted(entry for entry in path.iterdir() if any(fnmatch.fnmatch(entry.name, name) for name in written))
+    if links := [entry for entry in (*ours, path / LOCK_FILE) if entry.is_symlink()]:
+        raise LogDirError(f"{key}: {links[0]} is a symbolic link (to {os.readlink(links[0])}); expected a file nxd "
+                          "wrote there: nxd never writes through a link in its log directory, remove it")  # fmt: skip
+    made_by_nxd = (path / LOCK_FILE).is_file() or any(info.complete for info in list_checkpoints(path / CHECKPOINT_DIR))
+    if ours and not made_by_nxd:
+        names = ", ".join(entry.name for entry in ours[:6]) + (f" (and {len(ours) - 6} more)" if len(ours) > 6 else "")
+        raise LogDirError(f"{key}: {path} holds {names}, which no nxd run wrote (it has no {LOCK_FILE} and no nxd "
+                          "checkpoint); nxd never overwrites another's files: expected an empty folder or one an nxd "
+                          "run wrote; give another folder, or move those files")  # fmt: skip
 
 
 def _key(explicit_log_dir: Path | None, continued: Path | None) -> str:

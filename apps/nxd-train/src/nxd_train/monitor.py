@@ -9,6 +9,7 @@ import csv
 import datetime
 import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -49,7 +50,7 @@ class Monitor:
         self.text.setLevel(logging.INFO)
         self.text.propagate = False
         if local_rank == 0 or not local_rank_0_only:
-            handler = logging.FileHandler(log_dir / rank_log_name(global_rank, local_rank))
+            handler = _NoFollowFileHandler(log_dir / rank_log_name(global_rank, local_rank))
             handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
             self.text.addHandler(handler)
         self.metric_loggers: list[Logger] = []
@@ -112,6 +113,14 @@ class Monitor:
         for handler in list(self.text.handlers):
             handler.close()
             self.text.removeHandler(handler)
+
+
+class _NoFollowFileHandler(logging.FileHandler):
+    """A text log opened without following a link planted under its name (ELOOP instead of writing elsewhere)."""
+
+    def _open(self):  # noqa: ANN202 - logging's own hook
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        return os.fdopen(os.open(self.baseFilename, flags, 0o666), "a", encoding=self.encoding)
 
 
 class JsonLinesLog(Logger):

@@ -59,7 +59,7 @@ from .checkpointing import (
     versions,
 )
 from .cluster import LaunchedEnvironment, RoundStrategy
-from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir, record_launch
+from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir, record_launch, write_new
 from .monitor import RANK_LOGS, Monitor, rank_log_name
 from .peers import PeerWatch
 from .peers import current as current_watch
@@ -132,7 +132,8 @@ def _hold_log_dir(plan: RunPlan, fabric: Fabric) -> tuple[Path, LogDirLock]:
     logging, lock, held = plan.logging, LogDirLock(None), None
     if fabric.global_rank == 0:
         try:
-            path, lock = hold_log_dir(logging.explicit_log_dir, logging.exp_dir, logging.exp_name, plan.log_dir)
+            path, lock = hold_log_dir(logging.explicit_log_dir, logging.exp_dir, logging.exp_name, plan.log_dir,
+                                      written=(logging.json_log_file,) if logging.json_log_file else ())  # fmt: skip
             if plan.launch.job is not None:
                 record_launch(path, plan.launch.job.tag)  # a restarted round finds this folder
             held = (str(path), None)
@@ -150,7 +151,7 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     host_memory = keep_freed_host_memory() if launch.keep_freed_host_memory and fabric.device.type == "cpu" else None
     resume = fabric.broadcast(plan.resume, src=0)  # rank 0's choice, should a checkpoint appear meanwhile
     if rank == 0:
-        (log_dir / "config.yaml").write_text(yaml.safe_dump(plan.resolved_config, sort_keys=False))
+        write_new(log_dir / "config.yaml", yaml.safe_dump(plan.resolved_config, sort_keys=False))
     sampler = _sampler(plan, dims, mesh)
     steps = plan.cadence.total_steps(sampler.steps_per_epoch)
     monitor = _monitor(plan, fabric, log_dir, steps, resume)

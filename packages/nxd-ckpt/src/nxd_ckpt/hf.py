@@ -10,6 +10,7 @@ checkpoint.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import warnings
@@ -202,12 +203,22 @@ def _write_whole(out: Path, write: Callable[[Path], None]) -> Path:
         raise CheckpointError(f"{out}: cannot write the export there ({error.strerror or error})") from None
     try:
         write(staging)
+        _honour_umask(staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def _honour_umask(folder: Path) -> None:
+    """Give a folder made by mkdtemp (0700) and its files the modes plain creation would: less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for file in folder.rglob("*"):
+        file.chmod((0o777 if file.is_dir() else 0o666) & ~mask)
 
 
 def _copy_tokenizer(files: dict[str, str], directory: Path) -> None:

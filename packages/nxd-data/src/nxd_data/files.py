@@ -18,7 +18,15 @@ def save_atomically(path: Path, content: np.ndarray | bytes) -> None:
                 file.write(content)
             else:
                 np.save(file, content)
+        honour_umask(temporary)
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def honour_umask(path: str | Path) -> None:
+    """Give a file made by mkstemp (always 0600) the mode a plain open would have: 0666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)

@@ -27,6 +27,7 @@ from types import TracebackType
 import numpy as np
 
 from .errors import DataError
+from .files import honour_umask
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -246,6 +247,8 @@ class IndexedDatasetWriter:
                 os.unlink(temporary)
             raise DataError(f"{self.index_path}: writing failed: {_reason(error)}; nothing was written under this "
                             "name") from None  # fmt: skip
+        for temporary in (self._bin_temporary, index_temporary):
+            honour_umask(temporary)
         os.replace(self._bin_temporary, self.bin_path)  # tokens first: an index never points at missing data
         os.replace(index_temporary, self.index_path)
 
