@@ -87,6 +87,15 @@ def test_yaml_syntax_error_gives_line_and_column(tmp_path: Path) -> None:
     assert "line 4" in text
 
 
+def test_a_key_given_twice_names_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "twice.yaml"
+    path.write_text("trainer:\n  max_steps: 3\n  devices: 1\n  max_steps: 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (f"{path}: <root>: expected valid YAML, found the key 'max_steps' twice in one mapping "
+                               "(first at line 2) at line 4, column 3")
+
+
 def test_top_level_list_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")

@@ -107,12 +107,24 @@ def test_truncated_files_name_the_file(tmp_path: Path) -> None:
     write_by_hand(tmp_path / "x", DOCUMENTS, "uint16")
     tokens = (tmp_path / "x.bin").read_bytes()
     (tmp_path / "x.bin").write_bytes(tokens[:-2])
-    with pytest.raises(DataError, match=r"x\.bin: expected at least 20 bytes .* found 18 \(truncated\?\)"):
+    with pytest.raises(DataError, match=r"x\.bin: expected exactly the 20 bytes of tokens .*x\.idx describes \(4 "
+                                        r"sequences\), found 18 \(truncated\?\)"):  # fmt: skip
         IndexedDataset(tmp_path / "x")
     (tmp_path / "x.bin").write_bytes(tokens)
     index = (tmp_path / "x.idx").read_bytes()
     (tmp_path / "x.idx").write_bytes(index[:-5])
     with pytest.raises(DataError, match=r"x\.idx: expected .* bytes for 4 sequences"):
+        IndexedDataset(tmp_path / "x")
+
+
+def test_an_index_of_another_token_file_is_refused_naming_both(tmp_path: Path) -> None:
+    """An .idx from another (smaller) data set beside a .bin: every offset it holds lies inside the bin, so
+    only the total tells them apart; training on it would read misaligned documents."""
+    write_by_hand(tmp_path / "x", DOCUMENTS, "uint16")
+    write_by_hand(tmp_path / "other", DOCUMENTS[:2], "uint16")
+    (tmp_path / "x.idx").write_bytes((tmp_path / "other.idx").read_bytes())
+    with pytest.raises(DataError, match=r"x\.bin: expected exactly the \d+ bytes of tokens .*x\.idx describes \(2 "
+                                        r"sequences\), found 20 \(an index written for another token file\?\)"):  # fmt: skip
         IndexedDataset(tmp_path / "x")
 
 

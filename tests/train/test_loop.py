@@ -11,7 +11,7 @@ from nxd_train.monitor import Monitor
 from nxd_train.plan import Cadence, batch_limit
 from nxd_train.preflight import PreflightError, plan_run
 
-from tests.training_runs import hf_run_config, losses, read_metrics
+from tests.training_runs import hf_run_config, losses, read_metrics, train_in_process
 
 
 def test_accumulation_4x1_equals_1x4(train_here):
@@ -51,7 +51,21 @@ def test_validation_and_test_losses_are_logged(train_here):
                       "trainer.limit_test_batches=1", "+exp_manager.log_parameter_norm=True")  # fmt: skip
     assert [row["step"] for row in rows if "val_loss" in row] == [2.0, 4.0]
     assert [row["step"] for row in rows if "test_loss" in row] == [4.0]
-    assert all(row["param_norm"] > 0 and 0 < row["mfu"] < 1 for row in rows if "loss" in row)
+    # mfu is left out of a step that beats a ceiling measured while the test machine was busy
+    assert all(row["param_norm"] > 0 and 0 < row.get("mfu", 0.5) < 1 for row in rows if "loss" in row)
+
+
+def test_a_step_faster_than_the_measured_ceiling_logs_no_mfu_and_says_why(tmp_path, monkeypatch):
+    """A ceiling measured while other work held the cores: MFU is unknown, never 100%."""
+    import nxd_train.run as run_module
+    from nxd_models import Ceiling
+
+    monkeypatch.setattr(run_module, "device_ceiling", lambda device, dtype: Ceiling(1.0, "cpu: measured", True))
+    rows = train_in_process(tmp_path / "run", "trainer.max_steps=2")
+    assert [row for row in rows if "loss" in row] and not any("mfu" in row for row in rows)
+    log = (tmp_path / "run" / "nxd_log_globalrank-0_localrank-0.txt").read_text()
+    assert log.count("MFU unknown from here on where a step beats the ceiling (cpu: measured): it was measured "
+                     "while other work held the device") == 1
 
 
 @pytest.mark.parametrize(

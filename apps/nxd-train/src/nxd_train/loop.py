@@ -271,9 +271,13 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
     if logging.parameter_norm:
         stages = None if run.pp_mesh is None else run.pp_mesh.get_group()
         shown["param_norm"] = global_norm((p.detach() for p in run.model.parameters()), stages).item()
-    shown.update(tokens_per_s=processed / step_time, samples_per_s=gbs / step_time,
-                 mfu=run.ceiling.utilisation(run.flops_per_token * processed / step_time),
-                 peak_memory_gib=peak_memory(run.fabric.device) / 2**30)  # fmt: skip
+    shown.update(tokens_per_s=processed / step_time, samples_per_s=gbs / step_time)
+    if (mfu := run.ceiling.utilisation(run.flops_per_token * processed / step_time)) is not None:
+        shown["mfu"] = mfu
+    elif not run.mfu_unknown_said:
+        run.mfu_unknown_said = True
+        run.monitor.info(run.ceiling.beaten())
+    shown["peak_memory_gib"] = peak_memory(run.fabric.device) / 2**30
     if logging.step_timing:
         shown["step_time"] = step_time
     return shown

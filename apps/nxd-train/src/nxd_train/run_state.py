@@ -56,6 +56,8 @@ class Run:
     flops_per_token: int = 0
     ceiling: Ceiling | None = None
     """The peak FLOP/s of this run's devices together (MFU's denominator)."""
+    mfu_unknown_said: bool = False
+    """Whether the log has said why a step's MFU is left out (its rate beat the ceiling)."""
     objective: Objective | None = None
     """The plan's objective, told how this run splits sequences (context parallel); set by `setup`."""
     train_data: Dataset | None = None

@@ -11,6 +11,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -194,7 +195,7 @@ def _read(source: Source, name: str) -> DictConfig:
     try:
         text = dict(source) if isinstance(source, Mapping) else Path(source).read_text(encoding="utf-8")
         return OmegaConf.create(text)
-    except OmegaConfBaseException as exc:
+    except (OmegaConfBaseException, yaml.YAMLError) as exc:
         raise ConfigError(ConfigIssue("", f"expected a YAML mapping, found {_first_line(exc)}"), name) from None
 
 

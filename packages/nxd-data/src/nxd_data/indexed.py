@@ -54,7 +54,8 @@ class IndexedDataset:
     """A read-only view of a `.bin/.idx` pair; sequences come from a memory map (nothing is loaded).
 
     Every inconsistency — missing files, a foreign magic, another version, an unknown dtype code, an
-    index or token file shorter than its header promises — is a DataError naming the file.
+    index shorter than its header promises, a token file of another length than its index describes — is
+    a DataError naming the file.
     """
 
     def __init__(self, prefix: str | os.PathLike, *, warmup: bool = False):
@@ -102,9 +103,10 @@ class IndexedDataset:
                             "the index is damaged")  # fmt: skip
         needed = int(self.pointers[-1]) + int(self.sizes[-1]) * self.dtype.itemsize if count else 0
         found = self.bin_path.stat().st_size
-        if found < needed:
-            raise DataError(f"{self.bin_path}: expected at least {needed} bytes of tokens as {self.index_path.name} "
-                            f"describes, found {found} (truncated?)")  # fmt: skip
+        if found != needed:  # Megatron's writer lays the sequences back to back, nothing after the last
+            why = "truncated?" if found < needed else "an index written for another token file?"
+            raise DataError(f"{self.bin_path}: expected exactly the {needed} bytes of tokens {self.index_path} "
+                            f"describes ({count} sequences), found {found} ({why})")  # fmt: skip
         self.tokens = np.memmap(self.bin_path, dtype=self.dtype, mode="r") if found else np.empty(0, self.dtype)
         if warmup:  # page both files in now rather than during the first steps (`data.skip_warmup: False`)
             for path in (self.index_path, self.bin_path):

@@ -9,6 +9,7 @@ true peak, so `Ceiling.utilisation` raises it to any rate a run achieves: MFU ne
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from dataclasses import dataclass
@@ -57,11 +58,13 @@ def datasheet_peak(device_name: str, dtype: torch.dtype, matmul_precision: str =
     return None
 
 
-def measured_peak(device: torch.device, dtype: torch.dtype, *, budget_s: float = 0.6) -> float:
-    """The best FLOP/s of square matmuls on `device` in `dtype`, sizes doubling from 512 while one
-    matmul takes under a tenth of `budget_s` (large enough to reach the device's rate, bounded in time).
-    The operands come from a generator of their own: the loop's length depends on the clock, and drawing
-    from the global one would make the run's later draws (LoRA's initial adapters, dropout) vary with it."""
+def measured_peak(device: torch.device, dtype: torch.dtype, *, budget_s: float = 0.6, trials: int = 3) -> float:
+    """The best FLOP/s of square matmuls on `device` in `dtype`: sizes doubling from 512 while one matmul
+    takes under a tenth of `budget_s` (large enough to reach the device's rate, bounded in time), each size
+    timed `trials` times and its fastest kept, so that a moment when other work holds the cores does not
+    become the ceiling. The operands come from a generator of their own: the loop's length depends on the
+    clock, and drawing from the global one would make the run's later draws (LoRA's initial adapters,
+    dropout) vary with it."""
     best, size, deadline = 0.0, 512, time.perf_counter() + budget_s
     generator = torch.Generator(device).manual_seed(0)
     while True:
@@ -69,10 +72,12 @@ def measured_peak(device: torch.device, dtype: torch.dtype, *, budget_s: float =
         b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
         torch.matmul(a, b)  # warm up kernels and caches
         _synchronize(device)
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        _synchronize(device)
-        took = time.perf_counter() - start
+        took = math.inf
+        for _ in range(trials):
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            _synchronize(device)
+            took = min(took, time.perf_counter() - start)
         best = max(best, 2 * size**3 / took)
         if took > budget_s / 10 or size >= 16384 or time.perf_counter() > deadline:
             return best
@@ -87,12 +92,16 @@ class Ceiling:
     source: str
     measured: bool
 
-    def utilisation(self, achieved: float) -> float:
-        """achieved / ceiling, at most 1: a measured ceiling below an achieved rate was too low and becomes
-        that rate; a datasheet peak cannot be beaten, so a higher figure is a FLOP count's error, shown as 1."""
-        if self.measured and achieved > self.flops:
-            self.flops = achieved
-        return min(1.0, achieved / self.flops)
+    def utilisation(self, achieved: float) -> float | None:
+        """achieved / ceiling; None (unknown) for a rate above the ceiling, never 100%: a measured ceiling was
+        taken while other work held the device, and a datasheet peak cannot be beaten (a FLOP count's error)."""
+        return None if achieved > self.flops else achieved / self.flops
+
+    def beaten(self) -> str:
+        """Why MFU is unknown once a step beats the ceiling (said once in the log)."""
+        why = ("it was measured while other work held the device" if self.measured
+               else "a datasheet peak cannot be beaten: the model's FLOP count is off")  # fmt: skip
+        return f"MFU unknown from here on where a step beats the ceiling ({self.source}): {why}"
 
 
 def device_ceiling(device: torch.device, dtype: torch.dtype) -> Ceiling:
@@ -105,7 +114,7 @@ def device_ceiling(device: torch.device, dtype: torch.dtype) -> Ceiling:
     flops = measured_peak(device, dtype)
     dtype_name = str(dtype).removeprefix("torch.")
     source = f"{name}: no datasheet peak known, a {dtype_name} matmul measured at {flops / TERA:,.3f} TFLOP/s"
-    return Ceiling(flops, f"{source} (raised to any rate the run reaches)", measured=True)
+    return Ceiling(flops, f"{source} (the best of repeated trials)", measured=True)
 
 
 def _synchronize(device: torch.device) -> None:

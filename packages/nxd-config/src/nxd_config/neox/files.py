@@ -29,7 +29,21 @@ _FLOAT = re.compile(
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with `1e-4` read as a float and `None` as null."""
+    """PyYAML's safe loader with `1e-4` read as a float and `None` as null, and a key given twice in one
+    mapping refused with both lines (PyYAML keeps the last silently; OmegaConf stops with a traceback)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key == "<<" or not isinstance(key, (str, int, float, bool)) or key is None:
+                continue
+            if key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} twice in one mapping (first at line {first[key] + 1})",
+                    key_node.start_mark)  # fmt: skip
+            first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.yaml_implicit_resolvers = {key: list(value) for key, value in yaml.SafeLoader.yaml_implicit_resolvers.items()}
