@@ -15,6 +15,7 @@ from nxd_data import (
     blend_indices,
     weights_by_documents,
 )
+from nxd_data.blending import normalise_weights
 
 
 def test_greedy_assignment_worked_by_hand() -> None:
@@ -34,10 +35,17 @@ def test_shares_stay_within_one_sample_of_the_weights() -> None:
         assert np.all(np.abs(counts - np.array(weights) * size) <= 1)
 
 
-@pytest.mark.parametrize("weights", [[0, 0], [-1, 2]])
-def test_weights_must_sum_to_a_positive_number(weights: list[float]) -> None:
-    with pytest.raises(DataError, match=r"data_prefix: expected non-negative blend weights with a positive sum"):
+@pytest.mark.parametrize("weights", [[0, 0], [-1, 2], [float("inf"), 1], [float("nan"), 1]])
+def test_weights_must_be_finite_with_a_positive_sum(weights: list[float]) -> None:
+    with pytest.raises(DataError, match=r"data_prefix: expected finite, non-negative blend weights with a positive "
+                                        r"sum, found \["):  # fmt: skip
         BlendedDataset([[1], [2]], weights, 2)
+
+
+def test_huge_weights_blend_by_their_ratio():
+    """1e308 and 1e308 sum to infinity in floats; as weights they are one half each."""
+    assert normalise_weights([1e308, 1e308], "data_prefix") == [0.5, 0.5]
+    assert normalise_weights([1e308, 7.5e307], "data_prefix") == pytest.approx([4 / 7, 3 / 7])
 
 
 def corpus(prefix: Path, start: int, documents: int = 40) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -418,7 +419,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     from torch.distributed import DistError
 
     from .interrupts import TrainingInterrupted
-    from .logdir import LogDirError
+    from .logdir import LogDirError, disk_full
     from .loop import train
     from .peers import collective_failure
     from .wandb_logger import WandbStartError
@@ -447,6 +448,13 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     except KeyboardInterrupt:  # Ctrl-C before the first step
         print(f"{path}: interrupted before training began; nothing was saved", file=sys.stderr)
         return 130
+    except OSError as error:  # a log or metrics file this rank writes
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"{path}: {disk_full(error, plan.log_dir or plan.logging.explicit_log_dir or Path.cwd())}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        _exit_if_distributed(1, group_wide=False)
+        return 1
     _exit_if_distributed()
     return 0
 

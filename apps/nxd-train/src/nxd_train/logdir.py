@@ -8,6 +8,7 @@ import fcntl
 import fnmatch
 import os
 import re
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -85,6 +86,16 @@ def write_new(path: Path, text: str) -> None:
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def disk_full(error: OSError, near: Path) -> str:
+    """One line for a write that found the disk full: which file, the space left where it was written."""
+    where = Path(error.filename) if error.filename else Path(near)
+    existing = where if where.exists() else next((p for p in where.parents if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    return (f"{where}: the disk is full ({free / 2**20:,.1f} MiB free there, {error.strerror or error}); expected "
+            "room for the run's logs and checkpoints: free space or give exp_manager.explicit_log_dir elsewhere; "
+            "the checkpoints already complete are kept")
 
 
 def _umask() -> int:

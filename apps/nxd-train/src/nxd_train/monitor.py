@@ -5,6 +5,7 @@ none is recorded twice."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime
 import json
@@ -49,6 +50,10 @@ class Monitor:
         self.text = logging.getLogger(f"nxd_train.rank{global_rank}")
         self.text.setLevel(logging.INFO)
         self.text.propagate = False
+        for stale in list(self.text.handlers):  # a run of this process that ended without closing its logs
+            self.text.removeHandler(stale)
+            with contextlib.suppress(OSError):  # its own disk may be the full one
+                stale.close()
         if local_rank == 0 or not local_rank_0_only:
             handler = _NoFollowFileHandler(log_dir / rank_log_name(global_rank, local_rank))
             handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
@@ -121,6 +126,11 @@ class _NoFollowFileHandler(logging.FileHandler):
     def _open(self):  # noqa: ANN202 - logging's own hook
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
         return os.fdopen(os.open(self.baseFilename, flags, 0o666), "a", encoding=self.encoding)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's own hook
+        """A log that cannot be written (a full disk) stops the run with one message, not a printed traceback
+        per line while it goes on: the error goes to the caller (called inside emit's except)."""
+        raise  # noqa: PLE0704 - re-raises the error emit is handling
 
 
 class JsonLinesLog(Logger):

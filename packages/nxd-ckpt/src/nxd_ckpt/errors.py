@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 from torch.distributed.checkpoint.api import CheckpointException
 
 
@@ -29,3 +31,19 @@ def gist(error: BaseException) -> str:
     """The gist of an error (DCP's CheckpointException carries every rank's traceback)."""
     cause = (_causes(error) or [error])[0]
     return str(cause) if isinstance(cause, CheckpointError) else f"{type(cause).__name__}: {cause}"
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether `error` (or what it wraps, DCP's failures included) is a full disk or quota."""
+    seen, pending = set(), [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(current, CheckpointException):
+            pending += _causes(current)
+        pending += [current.__cause__, current.__context__]
+    return False

@@ -26,10 +26,11 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
 
 from .checksums import ChecksummingWriter
 from .discovery import list_checkpoints
-from .errors import CheckpointError, cause_of, gist
+from .errors import CheckpointError, cause_of, gist, out_of_space
 from .marker import CheckpointInfo, read_info, write_marker
 from .retention import SavePolicy, checkpoint_name, point_last, to_delete
 from .safe_read import SafeLoadPlanner, SafeReader, read_metadata
@@ -50,6 +51,8 @@ class _Save:
     future: Future | None = None
     started: float = 0.0
     keep: bool = False
+    needed: int | None = None
+    """This rank's bytes of tensors in the state (a background save's, for the message should the disk fill)."""
 
 
 class Checkpointer:
@@ -99,6 +102,7 @@ class Checkpointer:
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
         try:
             if self.asynchronous:
+                pending.needed = _state_bytes(state)
                 pending.future = dcp.async_save(state, storage_writer=writer, process_group=self.group,
                                                 no_dist=not dist.is_initialized())  # fmt: skip
                 self._pending = pending
@@ -106,7 +110,8 @@ class Checkpointer:
             dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=not dist.is_initialized())
         except (CheckpointException, OSError, ValueError, TypeError) as error:
             self._abandon(pending)
-            raise CheckpointError(f"{final}: the save failed: {gist(error)}") from error
+            why = _why_failed(error, self.root, _state_bytes(state))  # the space free without the abandoned part
+            raise CheckpointError(f"{final}: the save failed: {why}") from error
         self._finish(pending)
         return final
 
@@ -129,7 +134,8 @@ class Checkpointer:
             pending.future.result()
         except (CheckpointException, Exception) as error:
             self._abandon(pending)
-            raise CheckpointError(f"{pending.final}: the background save failed: {gist(error)}") from error
+            why = _why_failed(error, self.root, pending.needed)
+            raise CheckpointError(f"{pending.final}: the background save failed: {why}") from error
         self._finish(pending)
 
     def _ours(self, info: CheckpointInfo) -> bool:
@@ -202,6 +208,27 @@ def continued_lineage(root: Path, resumed: Path) -> str | None:
         return None
     steps = [i.step or 0 for i in list_checkpoints(Path(root)) if i.complete and i.extra.get(LINEAGE) == lineage]
     return lineage if (info.step or 0) >= max(steps, default=0) else None
+
+
+def _why_failed(error: BaseException, root: Path, needed: int | None) -> str:
+    """Why a save failed: a full disk said as such (torch's writer reports it as a position mismatch in its
+    zip container), with the space free and this rank's share of the state (`needed` bytes); else the error."""
+    free = shutil.disk_usage(root).free
+    if not (out_of_space(error) or (needed is not None and free < needed)):
+        return gist(error)
+    share = "" if needed is None else f", this rank's share of the checkpoint needs about {needed / 2**20:,.1f} MiB"
+    return (f"the disk is full ({free / 2**20:,.1f} MiB free at {root}{share}); the earlier checkpoints are kept: "
+            "expected room for one more checkpoint (free space, or keep fewer: save_top_k)")
+
+
+def _state_bytes(state: Mapping[str, Any]) -> int:
+    return sum(_local_bytes(value) for value in _leaves(state).values())
+
+
+def _local_bytes(value: Any) -> int:
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    return value.numel() * value.element_size() if torch.is_tensor(value) else 0
 
 
 def _leaves(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,11 +13,14 @@ from .errors import DataError
 
 
 def normalise_weights(weights: Sequence[float], where: str) -> list[float]:
-    """Weights scaled to sum to one; a DataError naming `where` unless they sum to a positive number."""
-    total = float(sum(weights))
-    if any(weight < 0 for weight in weights) or not total > 0:
-        raise DataError(f"{where}: expected non-negative blend weights with a positive sum, found {list(weights)}")
-    return [weight / total for weight in weights]
+    """Weights scaled to sum to one (by the largest first, so that huge ones such as 1e308 do not overflow
+    the sum); a DataError naming `where` unless they are finite, non-negative and not all zero."""
+    values = [float(weight) for weight in weights]
+    if not values or any(not math.isfinite(value) or value < 0 for value in values) or max(values) == 0:
+        raise DataError(f"{where}: expected finite, non-negative blend weights with a positive sum, found {values}")
+    largest = max(values)
+    scaled = [value / largest for value in values]
+    return [value / sum(scaled) for value in scaled]
 
 
 def weights_by_documents(documents: Sequence[int], alpha: float) -> list[float]:
