@@ -158,14 +158,31 @@ def test_sigterm_saves_after_the_step_on_every_rank_and_the_resume_is_exact(tmp_
     assert_identical(final_state(broken), final_state(whole))
 
 
-def test_a_second_sigint_exits_at_once(tmp_path):
-    process = _start(tmp_path / "run")
+def test_one_ctrl_c_delivered_twice_counts_once_and_saves(tmp_path):
+    """`uv run` forwards Ctrl-C and the terminal delivers it to the process group too: two SIGINTs at once
+    are one request, acknowledged once, and the run stops after the step with a complete checkpoint."""
+    process = _start(tmp_path / "run", "exp_manager.create_checkpoint_callback=True")
     _after_step(process, tmp_path / "run", 1)
     process.send_signal(signal.SIGINT)
     process.send_signal(signal.SIGINT)
     stderr = process.communicate(timeout=600)[1]
     assert process.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
-    assert "SIGINT again: exiting at once" in stderr or "stopped by SIGINT" in stderr, stderr[-3000:]
+    assert stderr.count("SIGINT: stopping after this step with a checkpoint") == 1, stderr[-3000:]
+    assert "again: exiting at once" not in stderr and "stopped by SIGINT after step" in stderr, stderr[-3000:]
+    stopped = int(stderr.split("stopped by SIGINT after step ")[1].split()[0])
+    assert stopped in [info.step for info in list_checkpoints(tmp_path / "run" / "checkpoints") if info.complete]
+    assert not [path for path in (tmp_path / "run" / "checkpoints").iterdir() if path.name.endswith(".partial")]
+
+
+def test_ctrl_c_while_starting_is_one_line(tmp_path):
+    """A KeyboardInterrupt inside a library's import can leave it half loaded; the command exits at once."""
+    process = _start(tmp_path / "run")
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    stderr = process.communicate(timeout=600)[1]
+    assert process.returncode == 130, stderr[-3000:]
+    assert stderr.strip() == "nxd-train: interrupted outside the training steps (setting up or finishing): exiting " \
+                             "now; checkpoints already complete are kept, nothing else was saved"  # fmt: skip
 
 
 @pytest.mark.slow

@@ -60,7 +60,10 @@ class StopRequests:
     """Signal handlers for the length of a `with` block: the first signal is remembered, a second one
     ends the process."""
 
-    def __init__(self, signals: tuple[signal.Signals, ...] = tuple(signal.Signals[s] for s in STOP_SIGNALS)):
+    def __init__(self, signals: tuple[signal.Signals, ...] = tuple(signal.Signals[s] for s in STOP_SIGNALS), *,
+                 acknowledge: bool = True):  # fmt: skip
+        """`acknowledge`: say on stderr that the first signal was heard (one rank says it for all)."""
+        self.acknowledge = acknowledge
         self.signum: int | None = None
         self._signals = signals
         self._at = 0.0
@@ -84,6 +87,9 @@ class StopRequests:
                   "last complete checkpoint", file=sys.stderr, flush=True)  # fmt: skip
             os._exit(128 + signum)
         self.signum, self._at = signum, now
+        if self.acknowledge:  # os.write: print may be in use by the code this handler interrupted
+            os.write(2, f"nxd-train: {signal.Signals(signum).name}: stopping after this step with a checkpoint "
+                        "(the same signal again, a second later or more, exits at once)\n".encode())
 
     def agreed(self, device: torch.device) -> int | None:
         """The signal any rank received (the same answer on every rank), or None."""
