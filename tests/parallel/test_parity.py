@@ -227,30 +227,70 @@ def _four_process_zero_stages() -> list[Scenario]:
     ]
 
 
+DEFAULT_TWO = {
+    *(f"{family}-{layout}" for family in FAMILIES for layout in ("dp2-zero1", "dp2-replicated")),
+    "megatron-tp2", "hf-tp2-sp", "hf-dp2-zero3", "hf-tp2-sp-kv-replicator", "megatron-tp2-sp-full-recompute",
+    "hf-dp2-zero1-selective-recompute", "megatron-cp2-selective-recompute", "hf-pp2-activation-multiply-norm-recompute",
+    "megatron-tp2-sp-llama-mlp-recompute", "megatron-dp2-zero3-cpu-offload", "megatron-tp2-sp-fused-qkv-kv-replicator",
+    "hf-tp2-separate-qkv", "qwen3-tp2-fused-qkv-full-recompute", "gpt-tp2-sp", "hf-tp2-sp-documents",
+    "mistral-tp2-sp-sliding-window-documents", "mistral-pp2-sliding-window", "megatron-tp2-sp-bf16-reductions",
+    "megatron-pp2-interleaved", "hf-pp2-cuts-documents", "hf-cp2-documents-selective-recompute",
+    "megatron-lora-tp2-sp-fused-qkv-kv-replicator", "hf-lora-dp2-zero1-selective-recompute", "megatron-lora-pp2",
+    "hf-lora-cp2", "moe-ep2-zero1-full-recompute", "moe-tp2-sp", "moe-pp2", "mixtral-tp2-sp",
+}  # fmt: skip
+"""One two-process scenario of each feature (layout, recompute kind, QKV form, model shape, LoRA, MoE) in the
+default suite; the rest of the matrix runs with --runslow."""
+DEFAULT_FOUR = {
+    "megatron-dp2-tp2-zero1-sp", "megatron-pp2-tp2-sp-interleaved", "hf-pp2-tp2-sp-full-recompute-documents",
+    "megatron-dp2-tp2-zero3-sp", "hf-dp2-tp2-zero1-sp-cpu-offload", "megatron-cp2-tp2-sp", "hf-lora-dp2-tp2-zero1-sp",
+    "moe-ep2-tp2-sp", "mixtral-ep2-tp2",
+}  # fmt: skip
+"""The same for four processes."""
+
+
+def _split(scenarios: list[Scenario], default: set[str], slow: bool) -> list[Scenario]:
+    return [scenario for scenario in scenarios if (scenario.name in default) != slow]
+
+
 def _key(scenario: Scenario) -> tuple:
     return (scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents, scenario.layers,
             scenario.tied, scenario.lora)  # fmt: skip
 
 
+class _OneProcessRuns(dict):
+    """One process for each model a scenario trains, computing whole logits (the layouts chunk the loss),
+    trained when a test first asks for it (the slow matrices' models only under --runslow)."""
+
+    def __missing__(self, key: tuple) -> dict:
+        self[key] = train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
+                                            layers=key[5], tied=key[6], lora=key[7], loss_chunk=0),
+                                   world=1)  # fmt: skip
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def references() -> dict[tuple, dict]:
-    """One process for each model the scenarios train, computing whole logits (the layouts chunk the loss)."""
-    needed = {_key(s) for s in _two_process_scenarios() + _four_process_scenarios() + _neox_scenarios()
-              + _neox_scenarios(slow=True) + _four_process_zero_stages()}
-    return {key: train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
-                                         layers=key[5], tied=key[6], lora=key[7], loss_chunk=0),
-                                 world=1)
-            for key in needed}  # fmt: skip
+    return _OneProcessRuns()
 
 
 @pytest.fixture(scope="module")
 def two_processes() -> dict[str, dict]:
-    return run_scenarios(2, _two_process_scenarios())
+    return run_scenarios(2, _split(_two_process_scenarios(), DEFAULT_TWO, slow=False))
+
+
+@pytest.fixture(scope="module")
+def two_processes_slow() -> dict[str, dict]:
+    return run_scenarios(2, _split(_two_process_scenarios(), DEFAULT_TWO, slow=True))
 
 
 @pytest.fixture(scope="module")
 def four_processes() -> dict[str, dict]:
-    return run_scenarios(4, _four_process_scenarios())
+    return run_scenarios(4, _split(_four_process_scenarios(), DEFAULT_FOUR, slow=False))
+
+
+@pytest.fixture(scope="module")
+def four_processes_slow() -> dict[str, dict]:
+    return run_scenarios(4, _split(_four_process_scenarios(), DEFAULT_FOUR, slow=True))
 
 
 @pytest.fixture(scope="module")
@@ -279,9 +319,15 @@ def _check(scenario: Scenario, record: dict, references: dict) -> None:
     assert max(differences.values()) < TOLERANCE, (scenario.name, differences)
 
 
-@pytest.mark.parametrize("scenario", _two_process_scenarios(), ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", _split(_two_process_scenarios(), DEFAULT_TWO, slow=False), ids=lambda s: s.name)
 def test_two_processes_match_one(scenario, two_processes, references):
     _check(scenario, two_processes[scenario.name], references)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", _split(_two_process_scenarios(), DEFAULT_TWO, slow=True), ids=lambda s: s.name)
+def test_the_whole_two_process_matrix_matches_one(scenario, two_processes_slow, references):
+    _check(scenario, two_processes_slow[scenario.name], references)
 
 
 @pytest.mark.parametrize("scenario", _neox_scenarios(), ids=lambda s: s.name)
@@ -295,9 +341,15 @@ def test_more_neox_layouts_match_one_process(scenario, neox_two_processes_slow, 
     _check(scenario, neox_two_processes_slow[scenario.name], references)
 
 
-@pytest.mark.parametrize("scenario", _four_process_scenarios(), ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", _split(_four_process_scenarios(), DEFAULT_FOUR, slow=False), ids=lambda s: s.name)
 def test_four_processes_match_one(scenario, four_processes, references):
     _check(scenario, four_processes[scenario.name], references)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", _split(_four_process_scenarios(), DEFAULT_FOUR, slow=True), ids=lambda s: s.name)
+def test_the_whole_four_process_matrix_matches_one(scenario, four_processes_slow, references):
+    _check(scenario, four_processes_slow[scenario.name], references)
 
 
 @pytest.mark.slow
