@@ -98,8 +98,9 @@ def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None, 
     """Write `out/model.safetensors` and `out/config.json` from a complete checkpoint, as transformers'
     AutoModelForCausalLM loads them, with the run's tokenizer files when it recorded them. A LoRA
     checkpoint exports its adapter as a peft adapter folder (`export_adapter`), or with `merged` the
-    model with the adapter merged in (fp32). `out` appears whole or not at all."""
-    info = read_info(Path(checkpoint)).verified()
+    model with the adapter merged in (fp32). `out` appears whole or not at all. Every file is checked against
+    its recorded digest first: an export never carries damaged weights."""
+    info = read_info(Path(checkpoint)).verified(contents=True)
     lora = info.extra.get(LORA_RECORD)
     if lora is not None and not merged:
         return export_adapter(info.path, out, dtype=dtype)
@@ -145,7 +146,7 @@ def export_adapter(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = N
     """A LoRA checkpoint's adapter as the folder peft's `PeftModel.from_pretrained` loads on the base
     model: adapter_model.safetensors (every shard gathered, under peft's names for the base model's
     Hugging Face layers) and adapter_config.json."""
-    info = read_info(Path(checkpoint)).verified()
+    info = read_info(Path(checkpoint)).verified(contents=True)
     if (lora := info.extra.get(LORA_RECORD)) is None:
         raise CheckpointError(f"{info.path}: holds no LoRA adapter; expected a checkpoint of a run with "
                               "model_alignment_strategy.peft")  # fmt: skip
@@ -180,6 +181,8 @@ def _read_model(path: Path, keys: set[str]) -> dict[str, torch.Tensor]:
         if (refused := cause_of(error)) is not None:
             raise refused from None
         raise
+    if MODEL_KEY not in state:
+        raise CheckpointError(f"{path}: holds none of the model weights its marker records ({sorted(keys)[:3]}...)")
     return state[MODEL_KEY]
 
 
