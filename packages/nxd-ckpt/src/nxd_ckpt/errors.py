@@ -33,8 +33,8 @@ def gist(error: BaseException) -> str:
     return str(cause) if isinstance(cause, CheckpointError) else f"{type(cause).__name__}: {cause}"
 
 
-def out_of_space(error: BaseException) -> bool:
-    """Whether `error` (or what it wraps, DCP's failures included) is a full disk or quota."""
+def out_of_space(error: BaseException) -> OSError | None:
+    """The full disk or quota `error` is (or wraps, DCP's failures included), if it is one."""
     seen, pending = set(), [error]
     while pending:
         current = pending.pop()
@@ -42,8 +42,8 @@ def out_of_space(error: BaseException) -> bool:
             continue
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
+            return current
         if isinstance(current, CheckpointException):
             pending += _causes(current)
         pending += [current.__cause__, current.__context__]
-    return False
+    return None

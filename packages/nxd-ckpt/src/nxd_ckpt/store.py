@@ -214,11 +214,13 @@ def _why_failed(error: BaseException, root: Path, needed: int | None) -> str:
     """Why a save failed: a full disk said as such (torch's writer reports it as a position mismatch in its
     zip container), with the space free and this rank's share of the state (`needed` bytes); else the error."""
     free = shutil.disk_usage(root).free
-    if not (out_of_space(error) or (needed is not None and free < needed)):
+    full = out_of_space(error)
+    if full is None and (needed is None or free >= needed):
         return gist(error)
+    said = f"{full.strerror}; " if full is not None and full.strerror else ""
     share = "" if needed is None else f", this rank's share of the checkpoint needs about {needed / 2**20:,.1f} MiB"
-    return (f"the disk is full ({free / 2**20:,.1f} MiB free at {root}{share}); the earlier checkpoints are kept: "
-            "expected room for one more checkpoint (free space, or keep fewer: save_top_k)")
+    return (f"the disk is full ({said}{free / 2**20:,.1f} MiB free at {root}{share}); the earlier checkpoints are "
+            "kept: expected room for one more checkpoint (free space, or keep fewer: save_top_k)")
 
 
 def _state_bytes(state: Mapping[str, Any]) -> int:
