@@ -95,6 +95,9 @@ def test_random_states_are_json_and_pickled_ones_are_never_unpickled(tmp_path):
     assert blob.startswith(b"{")
     assert restore_rng_states(pickle.dumps(Exec(marker))) is False
     assert not marker.exists()
+    for crafted in (b'{"python": 3}', b"{not json", b'{"python": [3, [1, 2], null], "numpy": [], "torch": [], "cuda": null}'):
+        with pytest.raises(CheckpointError, match=r"random states are not the JSON nxd writes"):
+            restore_rng_states(crafted)
 
 
 def test_a_neox_file_with_a_numpy_global_that_runs_code_is_refused(tmp_path):

@@ -96,6 +96,14 @@ def test_a_key_given_twice_names_both_lines(tmp_path: Path) -> None:
                                "(first at line 2) at line 4, column 3")
 
 
+def test_yaml_merge_keys_still_merge(tmp_path: Path) -> None:
+    path = tmp_path / "anchors.yaml"
+    path.write_text("base: &base\n  max_steps: 3\ntrainer:\n  <<: *base\n  devices: 1\n")
+    from nxd_config.neox.files import read_file
+
+    assert read_file(path)["trainer"] == {"max_steps": 3, "devices": 1}
+
+
 def test_top_level_list_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")

@@ -165,8 +165,8 @@ def test_a_tokenizer_folder_with_its_own_code_runs_it_only_when_trusted(sentence
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "CustomTokenizer", "auto_map": {"AutoTokenizer": ["custom.CustomTokenizer", None]}}))
     with pytest.raises(DataError, match=r"tokenizer_config.json names the folder's own Python code \(auto_map: "
-                                        r"\['custom.CustomTokenizer', None\]\); nxd runs a folder's code only with "
-                                        r"model.trust_remote_code: True"):  # fmt: skip
+                                        r"\['custom.CustomTokenizer', None\]\); nxd runs a folder's code only when a "
+                                        r"run's config trusts it \(model.trust_remote_code: True\)"):  # fmt: skip
         load_tokenizer(TokenizerSource(str(folder)))
     assert not marker.exists()
     trusted = load_tokenizer(TokenizerSource(str(folder), trust_remote_code=True))

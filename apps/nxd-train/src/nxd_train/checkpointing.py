@@ -309,16 +309,25 @@ def rng_states() -> bytes:
 def restore_rng_states(blob: bytes) -> bool:
     """Set this process's generators from `rng_states`' JSON; False (nothing set) for the pickled states
     earlier nxd versions wrote, which are never unpickled."""
+    if not isinstance(blob, bytes):
+        raise CheckpointError(f"the checkpoint's random states: expected nxd's JSON, found a {type(blob).__name__}")
     if not blob.startswith(b"{"):
         return False
-    states = json.loads(blob)
-    version, python_state, gauss = states["python"]
-    random.setstate((version, tuple(python_state), gauss))
-    kind, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
-    torch.set_rng_state(torch.tensor(states["torch"], dtype=torch.uint8))
-    if states["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(state, dtype=torch.uint8) for state in states["cuda"]])
+    try:
+        states = json.loads(blob)
+        version, python_state, gauss = states["python"]
+        kind, keys, position, has_gauss, cached = states["numpy"]
+        generators = (torch.tensor(states["torch"], dtype=torch.uint8),
+                      None if states["cuda"] is None else [torch.tensor(s, dtype=torch.uint8) for s in states["cuda"]])
+        random.setstate((version, tuple(python_state), gauss))
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+        torch.set_rng_state(generators[0])
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError, OverflowError) as error:
+        raise CheckpointError(f"the checkpoint's random states are not the JSON nxd writes ({type(error).__name__}: "
+                              f"{error}); a damaged or crafted checkpoint, or resume_rng: False to start from the "
+                              "seeded states") from None  # fmt: skip
+    if generators[1] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(generators[1])
     return True
 
 

@@ -62,7 +62,8 @@ class StopRequests:
 
     def __init__(self, signals: tuple[signal.Signals, ...] = tuple(signal.Signals[s] for s in STOP_SIGNALS), *,
                  acknowledge: bool = True):  # fmt: skip
-        """`acknowledge`: say on stderr that the first signal was heard (one rank says it for all)."""
+        """`acknowledge`: say on stderr that the first signal was heard (the run gives it to rank 0 only, so that a
+        Ctrl-C reaching every rank is said once; a signal reaching another rank alone is said when the run stops)."""
         self.acknowledge = acknowledge
         self.signum: int | None = None
         self._signals = signals

@@ -8,9 +8,9 @@ import fcntl
 import fnmatch
 import os
 import re
+import secrets
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 
 from nxd_ckpt import list_checkpoints
@@ -24,13 +24,16 @@ LAUNCH_FILE = ".nxd-launch"
 """The launcher job (torchrun's run id, Slurm's job id) a versioned log directory belongs to, so that a round the
 launcher restarts finds it."""
 NAME_ROOM = 64
-WRITTEN = ("config.yaml", "metrics.csv", "hparams.yaml", CHECKPOINT_DIR, "tensorboard", "wandb", "wandb_run_id",
-           LAUNCH_FILE, "nxd_log_globalrank-*_localrank-*.txt", "reference_log_probs.safetensors", "checkpoint-*",
+"""Characters a checkpoint's folder name adds to the run's name (--step=N-consumed_samples=M.partial)."""
+WRITTEN = ("config.yaml", "metrics.csv", "hparams.yaml", CHECKPOINT_DIR, "wandb_run_id", LAUNCH_FILE,
+           "nxd_log_globalrank-*_localrank-*.txt", "reference_log_probs.safetensors", "checkpoint-*",
            "trainer_state.json", "config.json", "model.safetensors", "adapter_config.json",
            "adapter_model.safetensors")  # fmt: skip
-"""What a run may write in its log directory (with the json_log_file it is given): the names another's folder
-must not hold, and that must not be links."""
-"""Characters a checkpoint's folder name adds to the run's name (--step=N-consumed_samples=M.partial)."""
+"""Files a run writes in its log directory (with the json_log_file it is given): names another's folder must
+not hold, and that must not be links."""
+SHARED = ("tensorboard", "wandb")
+"""Folders a run adds uniquely named files to, as other tools do (GPT-NeoX's tensorboard_dir may be one):
+never refused as another's, but never links either."""
 
 
 class LogDirError(Exception):
@@ -77,11 +80,11 @@ def record_launch(path: Path, job: str) -> None:
 def write_new(path: Path, text: str) -> None:
     """`text` as file `path`, written under a fresh temporary name and renamed over it: whole or not at all,
     and never through a link planted at `path` (the rename replaces the link itself)."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    temporary = path.parent / f".{path.name}.{secrets.token_hex(6)}"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)  # less the umask
     try:
         with os.fdopen(descriptor, "w") as file:
             file.write(text)
-        os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
@@ -96,12 +99,6 @@ def disk_full(error: OSError, near: Path) -> str:
     return (f"{where}: the disk is full ({free / 2**20:,.1f} MiB free there, {error.strerror or error}); expected "
             "room for the run's logs and checkpoints: free space or give exp_manager.explicit_log_dir elsewhere; "
             "the checkpoints already complete are kept")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class LogDirLock:
@@ -151,7 +148,7 @@ def hold_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name: str,
     while True:
         if fixed:
             path = Path(fixed)
-            _check_foreign(path, _key(explicit_log_dir, continued), (*WRITTEN, *written))
+            _check_foreign(path, _key(explicit_log_dir, continued), (*WRITTEN, *written), SHARED)
         else:
             base, versions = _versions(exp_dir, name)
             path = base / f"version_{max(versions, default=-1) + 1}"
@@ -171,13 +168,19 @@ def hold_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name: str,
         lock.release()  # a run starting at the same moment took this version: take the next
 
 
-def _check_foreign(path: Path, key: str, written: tuple[str, ...]) -> None:
+def _check_foreign(path: Path, key: str, written: tuple[str, ...], shared: tuple[str, ...]) -> None:
     """A LogDirError when `path` holds, under a name the run writes, a link (it would be written through) or,
-    in a folder no nxd run made (no lock file, no nxd checkpoint), a file of someone else's."""
-    if not path.is_dir():
-        return
-    ours = sorted(entry for entry in path.iterdir() if any(fnmatch.fnmatch(entry.name, name) for name in written))
-    if links := [entry for entry in (*ours, path / LOCK_FILE) if entry.is_symlink()]:
+    in a folder no nxd run made (no lock file, no nxd checkpoint), a file of someone else's (`shared` folders
+    are checked for links only)."""
+    try:
+        if not path.is_dir():
+            return
+        entries = list(path.iterdir())
+    except OSError as error:
+        raise LogDirError(f"{key}: cannot read the log directory {path} ({error.strerror or error})") from None
+    ours = sorted(entry for entry in entries if any(fnmatch.fnmatch(entry.name, name) for name in written))
+    folders = [entry for entry in entries if entry.name in shared]
+    if links := [entry for entry in (*ours, *folders, path / LOCK_FILE) if entry.is_symlink()]:
         raise LogDirError(f"{key}: {links[0]} is a symbolic link (to {os.readlink(links[0])}); expected a file nxd "
                           "wrote there: nxd never writes through a link in its log directory, remove it")  # fmt: skip
     made_by_nxd = (path / LOCK_FILE).is_file() or any(info.complete for info in list_checkpoints(path / CHECKPOINT_DIR))

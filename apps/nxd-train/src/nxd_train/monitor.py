@@ -125,7 +125,7 @@ class _NoFollowFileHandler(logging.FileHandler):
 
     def _open(self):  # noqa: ANN202 - logging's own hook
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-        return os.fdopen(os.open(self.baseFilename, flags, 0o666), "a", encoding=self.encoding)
+        return os.fdopen(os.open(self.baseFilename, flags, 0o666), "a", encoding=self.encoding, errors=self.errors)
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's own hook
         """A log that cannot be written (a full disk) stops the run with one message, not a printed traceback

@@ -1,8 +1,7 @@
 """Where a run starts, put in place: its initial weights (an nxd checkpoint, a Hugging Face or GPT-NeoX
 folder: weight_init_only), or the whole state of the checkpoint it continues (weights, optimizer,
 schedule, step, data position, random states). `run.setup` calls `load_initial_weights` while it builds
-the model (before the optimizer copies the weights) and `restore` once the run stands; this module is
-the only reader of checkpoints during set-up."""
+the model (before the optimizer copies the weights) and `restore` once the run stands."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A run set up from its plan, in one pass from top to bottom: the launcher's world (Lightning Fabric:
 processes, accelerator, seeding), the device mesh, the log directory, the data order and monitor, the
 sharded model with its initial weights and how a step executes on it, the optimizer and LR schedule,
-the checkpointer, and the state it continues from (`restore`, the only reader of checkpoints here).
+the checkpointer, and the state it continues from (`restore`).
 """
 
 from __future__ import annotations

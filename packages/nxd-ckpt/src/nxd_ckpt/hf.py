@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from .errors import CheckpointError, CheckpointWarning, cause_of
+from .errors import CheckpointError, CheckpointWarning, cause_of, gist
 from .marker import read_info
 from .safe_read import SafeKeysLoadPlanner, SafeReader, read_metadata
 
@@ -180,7 +180,7 @@ def _read_model(path: Path, keys: set[str]) -> dict[str, torch.Tensor]:
     except (CheckpointException, Exception) as error:
         if (refused := cause_of(error)) is not None:
             raise refused from None
-        raise
+        raise CheckpointError(f"{path}: cannot be read: {gist(error)}") from None
     if MODEL_KEY not in state:
         raise CheckpointError(f"{path}: holds none of the model weights its marker records ({sorted(keys)[:3]}...)")
     return state[MODEL_KEY]
@@ -201,12 +201,14 @@ def _write_whole(out: Path, write: Callable[[Path], None]) -> Path:
         raise CheckpointError(f"{out}: expected a folder path for the export, found a file at {blocked}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+        staging = out.parent / f".{out.name}.{secrets.token_hex(6)}"
+        staging.mkdir(0o777)  # less the umask, as the folder a user makes (mkdtemp's are 0700)
     except OSError as error:
         raise CheckpointError(f"{out}: cannot write the export there ({error.strerror or error})") from None
     try:
         write(staging)
-        _honour_umask(staging)
+        for file in staging.iterdir():  # safetensors writes its file 0600
+            file.chmod(0o666 & ~_umask())
         if out.exists():
             out.rmdir()
         staging.rename(out)
@@ -215,13 +217,17 @@ def _write_whole(out: Path, write: Callable[[Path], None]) -> Path:
     return out
 
 
-def _honour_umask(folder: Path) -> None:
-    """Give a folder made by mkdtemp (0700) and its files the modes plain creation would: less the umask."""
-    mask = os.umask(0)
+def _umask() -> int:
+    """This process's umask, read where the kernel shows it (setting it to read it would race other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
-    folder.chmod(0o777 & ~mask)
-    for file in folder.rglob("*"):
-        file.chmod((0o777 if file.is_dir() else 0o666) & ~mask)
+    return mask
 
 
 def _copy_tokenizer(files: dict[str, str], directory: Path) -> None:

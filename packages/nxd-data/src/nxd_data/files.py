@@ -3,30 +3,35 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 import numpy as np
 
 
+def new_temporary(directory: Path, prefix: str) -> tuple[int, str]:
+    """A new file under a fresh random name in `directory` (an open descriptor and its path), created as a
+    plain open creates files: mode 0666 less the umask, which the kernel applies (tempfile.mkstemp makes every
+    file 0600, so a data set written for others to read would not be)."""
+    while True:
+        temporary = os.path.join(directory, f"{prefix}{secrets.token_hex(6)}")
+        try:
+            return os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), temporary
+        except FileExistsError:
+            continue
+
+
 def save_atomically(path: Path, content: np.ndarray | bytes) -> None:
     """Write `content` (raw bytes, or an array as .npy) to a temporary name beside `path`, then rename."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    handle, temporary = new_temporary(path.parent, f".{path.name}.")
     try:
         with os.fdopen(handle, "wb") as file:
             if isinstance(content, bytes):
                 file.write(content)
             else:
                 np.save(file, content)
-        honour_umask(temporary)
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
 
-
-def honour_umask(path: str | Path) -> None:
-    """Give a file made by mkstemp (always 0600) the mode a plain open would have: 0666 less the umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)

@@ -20,14 +20,13 @@ import hashlib
 import os
 import socket
 import struct
-import tempfile
 from pathlib import Path
 from types import TracebackType
 
 import numpy as np
 
 from .errors import DataError
-from .files import honour_umask
+from .files import new_temporary
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -186,8 +185,7 @@ class IndexedDatasetWriter:
             self.bin_path.parent.mkdir(parents=True, exist_ok=True)
             for path in (self.bin_path, self.index_path):
                 remove_abandoned_temporaries(path)
-            handle, self._bin_temporary = tempfile.mkstemp(dir=self.bin_path.parent,
-                                                           prefix=_temporary_prefix(self.bin_path))
+            handle, self._bin_temporary = new_temporary(self.bin_path.parent, _temporary_prefix(self.bin_path))
         except OSError as error:
             raise DataError(f"{self.bin_path}: cannot be created: {_reason(error)}; expected a writable directory "
                             "for the output prefix") from None  # fmt: skip
@@ -236,8 +234,7 @@ class IndexedDatasetWriter:
         sizes = np.asarray(self.sizes, dtype=np.int32)
         pointers = np.zeros(len(sizes), dtype=np.int64)
         np.cumsum(sizes[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
-        handle, index_temporary = tempfile.mkstemp(dir=self.index_path.parent,
-                                                   prefix=_temporary_prefix(self.index_path))
+        handle, index_temporary = new_temporary(self.index_path.parent, _temporary_prefix(self.index_path))
         try:
             with os.fdopen(handle, "wb") as index:
                 index.write(_HEADER.pack(MAGIC, VERSION, CODE_OF[self.dtype], len(sizes), len(self.document_indices)))
@@ -249,8 +246,6 @@ class IndexedDatasetWriter:
                 os.unlink(temporary)
             raise DataError(f"{self.index_path}: writing failed: {_reason(error)}; nothing was written under this "
                             "name") from None  # fmt: skip
-        for temporary in (self._bin_temporary, index_temporary):
-            honour_umask(temporary)
         os.replace(self._bin_temporary, self.bin_path)  # tokens first: an index never points at missing data
         os.replace(index_temporary, self.index_path)
 

@@ -250,7 +250,8 @@ def _sentencepiece_directory(path: Path, where: str, trust_remote_code: bool) ->
     if (custom := config.get("auto_map")) and not trust_remote_code:
         named = custom.get("AutoTokenizer", custom) if isinstance(custom, dict) else custom
         raise DataError(f"{where}: {path / 'tokenizer_config.json'} names the folder's own Python code (auto_map: "
-                        f"{named}); nxd runs a folder's code only with model.trust_remote_code: True")  # fmt: skip
+                        f"{named}); nxd runs a folder's code only when a run's config trusts it "
+                        "(model.trust_remote_code: True)")  # fmt: skip
     try:
         loader = AutoTokenizer if config.get("tokenizer_class") else LlamaTokenizer
         built = loader.from_pretrained(str(path), trust_remote_code=trust_remote_code)

@@ -3,8 +3,9 @@ matmuls run in), and the peak memory a run has used on it.
 
 Known accelerators are matched by device name against their datasheets (dense rates, never the
 2:4-sparse ones); any other device (a CPU included) gets a ceiling measured on square matmuls grown
-until one takes long enough to reach the device's rate. A measured ceiling is a lower bound of the
-true peak, so `Ceiling.utilisation` raises it to any rate a run achieves: MFU never exceeds 100%.
+until one takes long enough to reach the device's rate (each size's best of repeated trials). A step
+faster than its ceiling gets no MFU (`Ceiling.utilisation` is None), never a figure of 100%: a measured
+ceiling was taken while other work held the device, a datasheet peak means the FLOP count is off.
 """
 
 from __future__ import annotations
@@ -66,10 +67,10 @@ def measured_peak(device: torch.device, dtype: torch.dtype, *, budget_s: float =
     clock, and drawing from the global one would make the run's later draws (LoRA's initial adapters,
     dropout) vary with it."""
     best, size, deadline = 0.0, 512, time.perf_counter() + budget_s
-    generator = torch.Generator(device).manual_seed(0)
+    generator = torch.Generator().manual_seed(0)  # on the host: not every device type has generators
     while True:
-        a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-        b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+        a = torch.randn(size, size, dtype=dtype, generator=generator).to(device)
+        b = torch.randn(size, size, dtype=dtype, generator=generator).to(device)
         torch.matmul(a, b)  # warm up kernels and caches
         _synchronize(device)
         took = math.inf

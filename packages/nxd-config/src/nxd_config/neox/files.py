@@ -35,8 +35,10 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         first: dict = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`, flattened by PyYAML itself
+                continue
             key = self.construct_object(key_node, deep=deep)
-            if key == "<<" or not isinstance(key, (str, int, float, bool)) or key is None:
+            if not isinstance(key, (str, int, float, bool)):
                 continue
             if key in first:
                 raise yaml.constructor.ConstructorError(

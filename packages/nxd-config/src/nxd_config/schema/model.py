@@ -120,8 +120,8 @@ class ModelConfig(Section):
     )
     trust_remote_code: bool = key(
         False,
-        "Run the Python a tokenizer or model folder ships (transformers' auto_map); off, such a folder is refused "
-        "by name and never asks on the terminal.",
+        "Run the Python a tokenizer folder ships (transformers' auto_map in tokenizer_config.json); off, such a "
+        "folder is refused by name and never asks on the terminal (model config.json files never run code).",
         by="nxd-data",
     )
     encoder_seq_length: int | None = key(None, "Training sequence length (required).", by=MODELS, ge=1)
