@@ -87,6 +87,7 @@ def uninterrupted(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow  # the default suite kills a worker under torchrun (test_cluster_life) and resumes TP2 at TP1/DP2
 @pytest.mark.parametrize("layout", [pytest.param(name, marks=[] if name == "tp2" else [pytest.mark.slow])
                                     for name in LAYOUTS])  # tp2 by default; all three with --runslow
 def test_sigkill_then_resume_is_exact(tmp_path, uninterrupted, layout):

@@ -24,7 +24,8 @@ def one_process(tmp_path_factory) -> list[dict[str, float]]:
     return train_in_process(tmp_path_factory.mktemp("one"), *OVERRIDES)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=[] if name == "pp2" else [pytest.mark.slow])
+                                    for name in LAYOUTS])  # cp2 in test_parity's default scenarios
 def test_two_processes_log_what_one_process_logs(layout, one_process, tmp_path):
     result = run_command(*OVERRIDES, *LAYOUTS[layout], "trainer.devices=2",
                          f"+exp_manager.explicit_log_dir={tmp_path / layout}", cwd=tmp_path)  # fmt: skip

@@ -68,7 +68,8 @@ def one_process(tmp_path_factory, data) -> Callable[[str], tuple]:
     return run
 
 
-DEFAULT_SUITE = {"dpo": "tp2_sp", "orpo": "tp2_sp", "kto": "dp2_zero1_recompute", "reward_model": "tp2_sp"}
+DEFAULT_SUITE = {"dpo": "tp2_sp", "kto": "dp2_zero1_recompute"}
+"""The pair objectives share DPO's two-process path and KTO has its own; ORPO and reward models with --runslow."""
 PAIRS = [pytest.param(method, layout, marks=[] if DEFAULT_SUITE.get(method) == layout else [pytest.mark.slow])
          for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute") for method in JOBS]  # fmt: skip
 """DPO, ORPO and reward models (the row-parallel score head) in tensor + sequence parallel, KTO data parallel

@@ -36,7 +36,7 @@ def one_process(tmp_path_factory, data) -> list[dict[str, float]]:
     return train_in_process(tmp_path_factory.mktemp("one"), *OVERRIDES, *data)
 
 
-@pytest.mark.parametrize("layout", [pytest.param(name, marks=[] if name in ("tp2_sp", "cp2") else [pytest.mark.slow])
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=[] if name == "tp2_sp" else [pytest.mark.slow])
                                     for name in LAYOUTS])  # pipeline stages and ZeRO-1 with --runslow
 def test_packed_sft_in_two_processes_logs_what_one_process_logs(layout, data, one_process, tmp_path):
     result = run_command(*OVERRIDES, *data, *LAYOUTS[layout], "trainer.devices=2",

@@ -3,9 +3,12 @@ losses, the logged gradient norm and parameter norm, with selective recomputatio
 
 from __future__ import annotations
 
+import pytest
+
 from tests.training_runs import FAST, read_metrics, run_command
 
 
+@pytest.mark.slow  # tests/parallel/test_parity.py's hf-tp2-sp and test_sft_parallel's tp2_sp in the default suite
 def test_tp2_with_sequence_parallel_logs_what_one_process_logs(tmp_path, train_here):
     overrides = ["trainer.max_steps=5", "data.micro_batch_size=2", "data.global_batch_size=8",
                  "+exp_manager.log_parameter_norm=True",

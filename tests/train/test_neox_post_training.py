@@ -18,7 +18,7 @@ from tests.neox_post_training import converted_model, write_neox_reference, writ
 from tests.training_runs import losses, read_metrics, run_command
 
 CONFIGS = Path(__file__).parent / "neox_post"
-DEFAULT = ("dpo", "kto")
+DEFAULT = ("dpo",)
 """Configs trained in the default suite; sft and rm, NeoX's reference files (whose reading the data tests
 check) and the data errors found once training has started run with --runslow."""
 

@@ -25,7 +25,7 @@ from tests.training_runs import losses, read_metrics, run_command
 
 NEOX = Path(__file__).parent / "neox"
 FILES = sorted(path.stem for path in NEOX.glob("*.yml"))
-DEFAULT = ("pythia", "llama")
+DEFAULT = ("pythia",)
 """Files trained in the default suite; the others, the resume and the translations run with --runslow."""
 
 
