@@ -139,6 +139,7 @@ def _after_step(process: subprocess.Popen, log_dir: Path, step: int) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # the default suite's preemption: Slurm's USR1 warning on two ranks (test_slurm)
 def test_sigterm_saves_after_the_step_on_every_rank_and_the_resume_is_exact(tmp_path, uninterrupted):
     """A scheduler's preemption reaching rank 0 alone: both DP ranks finish the same step, a checkpoint of
     it is written, the run exits 143 with one message and no traceback; resuming gives the
