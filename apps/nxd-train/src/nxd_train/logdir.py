@@ -8,12 +8,12 @@ import fcntl
 import fnmatch
 import os
 import re
-import secrets
 import shutil
 import socket
 from pathlib import Path
 
 from nxd_ckpt import list_checkpoints
+from nxd_data import save_atomically
 
 DEFAULT_EXP_DIR = "nxd_logs"
 CHECKPOINT_DIR = "checkpoints"
@@ -74,21 +74,7 @@ def launched_log_dir(exp_dir: Path | None, name: str, job: str) -> Path | None:
 
 def record_launch(path: Path, job: str) -> None:
     """Record in log directory `path` the launcher job that holds it (replaced whole, never half written)."""
-    write_new(path / LAUNCH_FILE, job + "\n")
-
-
-def write_new(path: Path, text: str) -> None:
-    """`text` as file `path`, written under a fresh temporary name and renamed over it: whole or not at all,
-    and never through a link planted at `path` (the rename replaces the link itself)."""
-    temporary = path.parent / f".{path.name}.{secrets.token_hex(6)}"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)  # less the umask
-    try:
-        with os.fdopen(descriptor, "w") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    save_atomically(path / LAUNCH_FILE, (job + "\n").encode())  # never through a link: it is renamed over
 
 
 def disk_full(error: OSError, near: Path) -> str:

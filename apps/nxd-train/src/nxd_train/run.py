@@ -26,7 +26,7 @@ from nxd_ckpt import (
     read_info,
     write_adapter_files,
 )
-from nxd_data import PretrainingSampler
+from nxd_data import PretrainingSampler, save_atomically
 from nxd_models import device_ceiling, set_aux_loss_weights
 from nxd_parallel import (
     ParallelDims,
@@ -59,7 +59,7 @@ from .checkpointing import (
     versions,
 )
 from .cluster import LaunchedEnvironment, RoundStrategy
-from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir, record_launch, write_new
+from .logdir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir, record_launch
 from .monitor import RANK_LOGS, Monitor, rank_log_name
 from .peers import PeerWatch
 from .peers import current as current_watch
@@ -151,7 +151,7 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     host_memory = keep_freed_host_memory() if launch.keep_freed_host_memory and fabric.device.type == "cpu" else None
     resume = fabric.broadcast(plan.resume, src=0)  # rank 0's choice, should a checkpoint appear meanwhile
     if rank == 0:
-        write_new(log_dir / "config.yaml", yaml.safe_dump(plan.resolved_config, sort_keys=False))
+        save_atomically(log_dir / "config.yaml", yaml.safe_dump(plan.resolved_config, sort_keys=False).encode())
     sampler = _sampler(plan, dims, mesh)
     steps = plan.cadence.total_steps(sampler.steps_per_epoch)
     monitor = _monitor(plan, fabric, log_dir, steps, resume)

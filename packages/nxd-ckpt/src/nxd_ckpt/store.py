@@ -51,8 +51,8 @@ class _Save:
     future: Future | None = None
     started: float = 0.0
     keep: bool = False
-    needed: int | None = None
-    """This rank's bytes of tensors in the state (a background save's, for the message should the disk fill)."""
+    state: Mapping[str, Any] | None = None
+    """A background save's state (the live objects, no copy), sized only should the disk fill."""
 
 
 class Checkpointer:
@@ -102,7 +102,7 @@ class Checkpointer:
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
         try:
             if self.asynchronous:
-                pending.needed = _state_bytes(state)
+                pending.state = state
                 pending.future = dcp.async_save(state, storage_writer=writer, process_group=self.group,
                                                 no_dist=not dist.is_initialized())  # fmt: skip
                 self._pending = pending
@@ -134,7 +134,7 @@ class Checkpointer:
             pending.future.result()
         except (CheckpointException, Exception) as error:
             self._abandon(pending)
-            why = _why_failed(error, self.root, pending.needed)
+            why = _why_failed(error, self.root, None if pending.state is None else _state_bytes(pending.state))
             raise CheckpointError(f"{pending.final}: the background save failed: {why}") from error
         self._finish(pending)
 
