@@ -399,6 +399,22 @@ def test_precision(tmp_path, keys, kind):
     assert load(tmp_path, {**MODEL, **keys}).precision.type == kind
 
 
+@pytest.mark.parametrize("allreduce", [False, True])
+def test_bf16_gradient_accumulation_is_deepspeeds_bf16_sum_over_fp32_masters(tmp_path, allreduce):
+    """NeoX's post-training benchmarking files (mistral-dpo.yml, llama-13b-dpo.yml) accumulate in bf16."""
+    p = load(tmp_path, {**MODEL, "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"},
+                        "fp32_allreduce": allreduce}).precision  # fmt: skip
+    assert (p.type, p.xla_use_bf16, p.master_weights, p.fp32_grad_acc, p.fp32_grads_cc) == \
+        ("manual", "1", True, False, allreduce)  # fmt: skip
+
+
+@pytest.mark.parametrize("keys", [{"precision": "fp32"}, {"fp16": {"enabled": True}}])
+def test_bf16_gradient_accumulation_needs_bf16_training(tmp_path, keys):
+    assert any("data_types.grad_accum_dtype: expected fp32, or bf16 with bf16 training (nxd accumulates fp16 and "
+               "fp32 runs' gradients in fp32), found 'bf16'" in message
+               for message in errors(tmp_path, {**MODEL, **keys, "data_types": {"grad_accum_dtype": "bf16"}}))
+
+
 def test_an_fp16_block_sets_deepspeed_loss_scaling(tmp_path):
     """NeoX's pythia/160M.yml block; DeepSpeed's defaults where a block is silent."""
     block = {"fp16": True, "enabled": True, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 12,
@@ -507,7 +523,8 @@ def test_data_keys(tmp_path):
     ({"vocab_file": "v.json", "merge_file": "m.txt"},
      {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": "v.json", "merge_file": "m.txt"}),
     ({"tokenizer_type": "HFTokenizer", "vocab_file": "t/tokenizer.json"}, {"library": "huggingface", "type": "t/tokenizer.json"}),
-    ({"tokenizer_type": "SPMTokenizer", "vocab_file": "spm/tokenizer.model"}, {"library": "huggingface", "type": "spm"}),
+    ({"tokenizer_type": "SPMTokenizer", "vocab_file": "spm/tokenizer.model"}, {"library": "sentencepiece", "model": "spm/tokenizer.model"}),
+    ({"tokenizer_type": "SPMTokenizer", "vocab_file": "m/mistral.model"}, {"library": "sentencepiece", "model": "m/mistral.model"}),
     ({"tokenizer_type": "CharLevelTokenizer"}, {"library": "megatron", "type": "CharLevelTokenizer"}),
     ({"tokenizer_type": "TiktokenTokenizer", "vocab_file": "cl100k_base"},
      {"library": "megatron", "type": "TiktokenTokenizer", "vocab_file": "cl100k_base"}),

@@ -33,7 +33,8 @@ WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", 
 
 
 def tokenizers(directory: Path) -> dict[str, dict[str, str]]:
-    """Local tokenizer files of each NeoX tokenizer kind: vocab/merges, a tokenizer.json, a tokenizer.model."""
+    """Local tokenizer files of each NeoX tokenizer kind: vocab/merges, a tokenizer.json, a SentencePiece model
+    named as Mistral's download is."""
     import sentencepiece
     from tokenizers import ByteLevelBPETokenizer
 
@@ -44,11 +45,12 @@ def tokenizers(directory: Path) -> dict[str, dict[str, str]]:
     bpe.save(str(directory / "tokenizer.json"))
     (directory / "spm").mkdir()
     (directory / "text.txt").write_text("\n".join(text))
-    sentencepiece.SentencePieceTrainer.train(input=str(directory / "text.txt"), model_prefix=str(directory / "spm" / "tokenizer"),
-                                             vocab_size=400, model_type="bpe", byte_fallback=True, minloglevel=2)  # fmt: skip
+    sentencepiece.SentencePieceTrainer.train(input=str(directory / "text.txt"),
+                                             model_prefix=str(directory / "spm" / "mistral-7B-v0.1"), vocab_size=400,
+                                             model_type="bpe", byte_fallback=True, minloglevel=2)  # fmt: skip
     return {"GPT2BPETokenizer": {"vocab_file": vocab, "merge_file": merges},
             "HFTokenizer": {"vocab_file": str(directory / "tokenizer.json")},
-            "SPMTokenizer": {"vocab_file": str(directory / "spm" / "tokenizer.model")}}  # fmt: skip
+            "SPMTokenizer": {"vocab_file": str(directory / "spm" / "mistral-7B-v0.1.model")}}  # fmt: skip
 
 
 def preprocess(directory: Path, kind: str, files: dict[str, str]) -> str:
@@ -60,7 +62,7 @@ def preprocess(directory: Path, kind: str, files: dict[str, str]) -> str:
     if kind == "GPT2BPETokenizer":
         flags = ["--tokenizer-type", kind, "--vocab-file", files["vocab_file"], "--merge-file", files["merge_file"]]
     else:
-        flags = ["--tokenizer", str(Path(files["vocab_file"]).parent if kind == "SPMTokenizer" else files["vocab_file"])]
+        flags = ["--tokenizer", files["vocab_file"]]
     if not Path(f"{prefix}_text_document.bin").exists():
         subprocess.run([_nxd_train(), "data", "preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
                         *flags, "--append-eod", "--no-progress"], check=True, capture_output=True)  # fmt: skip
@@ -81,7 +83,8 @@ def shrink(merged: dict) -> list[str]:
         ("model_parallel_size", tp), ("pipe_parallel_size", pp), ("eval_interval", 2), ("eval_iters", 1),
         ("log_interval", 1), ("train_micro_batch_size_per_gpu", 2), ("gradient_accumulation_steps", 2),
         ("split", "'90,5,5'"))]  # fmt: skip
-    for key, value in (("num_kv_heads", 2), ("lr_decay_iters", 3), ("sliding_window_width", 31)):
+    for key, value in (("num_kv_heads", 2), ("lr_decay_iters", 3), ("sliding_window_width", 31),
+                       ("intermediate_size", 192)):  # 192: a gated MLP of 128 outputs over 64 inputs, as NeoX rounds
         if merged.get(key) is not None:
             out.append(f"{key}={value}")
     if "train_batch_size" in merged:

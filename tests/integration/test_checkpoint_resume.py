@@ -183,7 +183,7 @@ def test_ctrl_c_while_starting_is_one_line(tmp_path):
     process.send_signal(signal.SIGINT)
     stderr = process.communicate(timeout=600)[1]
     assert process.returncode == 130, stderr[-3000:]
-    assert stderr.strip() == "nxd-train: interrupted outside the training steps (setting up or finishing): exiting " \
+    assert stderr.strip() == "nxd-train: SIGINT outside the training steps (setting up or finishing): exiting " \
                              "now; checkpoints already complete are kept, nothing else was saved"  # fmt: skip
 
 

@@ -57,6 +57,34 @@ def test_bf16_gradients_accumulate_in_fp32_when_asked():
     assert torch.equal(weight.grad, torch.full((4,), 256.25))  # a bf16 sum would give 256
 
 
+def test_bf16_accumulation_over_fp32_masters_sums_in_bf16():
+    """DeepSpeed's bf16 run with data_types.grad_accum_dtype bf16 (precision type manual: bf16 parameters, fp32
+    masters, fp32_grad_acc False): over 4 micro-batches the gradient is the bf16 running sum of each micro-batch's
+    bf16 gradient, bit for bit, and the fp32 masters take the step."""
+    policy = resolve_policy("manual", xla_use_bf16=True, master_weights=True, fp32_grad_acc=False)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    prepare_parameters(model, policy)
+    inputs = [torch.randn(3, 8, dtype=B) * 4**index for index in range(4)]  # sizes apart: the sum's rounding shows
+    expected = None
+    for batch in inputs:  # each micro-batch's own gradient, summed in bf16 by hand
+        own = torch.autograd.grad(model(batch).float().square().mean(), list(model.parameters()))
+        expected = own if expected is None else [(a + b).to(B) for a, b in zip(expected, own, strict=True)]
+    fp32_sum = [sum(torch.autograd.grad(model(batch).float().square().mean(), list(model.parameters()))[i].float()
+                    for batch in inputs) for i in range(4)]  # fmt: skip
+    optimizer = PrecisionOptimizer(model.parameters(), policy, lambda p: torch.optim.SGD(p, lr=1.0))
+    for batch in inputs:
+        model(batch).float().square().mean().backward()
+    accumulated = [p.grad.clone() for p in model.parameters()]
+    assert all(g.dtype == B for g in accumulated)
+    assert all(torch.equal(a, e) for a, e in zip(accumulated, expected, strict=True))
+    assert any(not torch.equal(a.float(), f) for a, f in zip(accumulated, fp32_sum, strict=True))  # not fp32's sum
+    masters = [copy.detach().clone() for copy in optimizer.copies]
+    optimizer.step()
+    assert all(c.dtype == F for c in optimizer.copies)
+    assert all(torch.equal(c, m - a.float()) for c, m, a in zip(optimizer.copies, masters, accumulated, strict=True))
+
+
 def sgd_run(type_name: str, steps: int = 3000, **knobs) -> float:
     """Fit 512 bf16 weights from 1.0 towards 0.9 with SGD at lr 1e-4: each update (<= 2e-5) is far below
     half a bf16 step at 1.0 (3.9e-3)."""

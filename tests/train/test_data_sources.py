@@ -108,9 +108,12 @@ def test_bad_data_is_named_before_launch(tmp_path: Path, tokenizer_file: Path) -
     )
     assert "data.tokenizer.vocab_file: applies to library megatron, which this tokenizer is not" in problems(
         tokenizer, "+data.tokenizer.vocab_file=vocab.json")  # fmt: skip
-    assert "data.tokenizer.library: expected huggingface (tokenizer.json, or a directory with a SentencePiece " \
-           "tokenizer.model) or megatron (GPT2BPETokenizer, CharLevelTokenizer, TiktokenTokenizer), found " \
-           "'sentencepiece'" in problems(tokenizer, "+data.tokenizer.library=sentencepiece")  # fmt: skip
+    sentencepiece = problems(tokenizer, "+data.tokenizer.library=sentencepiece")
+    assert "data.tokenizer.model: expected the SentencePiece model file of library sentencepiece, found none" in \
+        sentencepiece and f"data.tokenizer.type: library sentencepiece reads data.tokenizer.model; expected type " \
+        f"unset, found '{tokenizer_file}'" in sentencepiece  # fmt: skip
+    assert "data.tokenizer.model: applies to library sentencepiece, which this tokenizer is not" in problems(
+        tokenizer, "+data.tokenizer.model=m.model")  # fmt: skip
     char_level = ["+data.tokenizer.library=megatron", "+data.tokenizer.type=CharLevelTokenizer"]
     assert "data.tokenizer.vocab_file: applies to GPT2BPETokenizer and TiktokenTokenizer, which this tokenizer is " \
            "not" in problems(*char_level, "+data.tokenizer.vocab_file=vocab.json")  # fmt: skip

@@ -1,7 +1,8 @@
-"""The nxd-train command's entry point. For a training run, Ctrl-C outside the training steps (loading torch and
-the config, setting up, finishing) ends the process at once with one line and exit 130: a KeyboardInterrupt raised
-inside a library's import can leave it half loaded and end in an unrelated traceback. The training steps
-install their own handlers (`interrupts.StopRequests`), which turn Ctrl-C into a checkpoint."""
+"""The nxd-train command's entry point. For a training run, Ctrl-C or SIGTERM outside the training steps (loading
+torch and the config, setting up, finishing) ends the process at once with one line and exit 130 / 143: a
+KeyboardInterrupt raised inside a library's import can leave it half loaded and end in an unrelated traceback, and
+SIGTERM's default action would end it without a word. The training steps install their own handlers
+(`interrupts.StopRequests`), which turn either signal into a checkpoint."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import signal
 import sys
 from types import FrameType
 
-OUTSIDE_STEPS = (b"nxd-train: interrupted outside the training steps (setting up or finishing): exiting now; "
-                 b"checkpoints already complete are kept, nothing else was saved\n")  # fmt: skip
+OUTSIDE_STEPS = ("nxd-train: {name} outside the training steps (setting up or finishing): exiting now; checkpoints "
+                 "already complete are kept, nothing else was saved\n")  # fmt: skip
+SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+"""The signals a training run handles, with the handler Python starts with (another one, SIG_IGN included, is the
+parent's choice and kept)."""
 
 
 OTHER_COMMANDS = ("config", "plan", "launch", "data", "ckpt", "-h", "--help")
@@ -20,13 +24,14 @@ OTHER_COMMANDS = ("config", "plan", "launch", "data", "ckpt", "-h", "--help")
 
 def main() -> int:
     training = len(sys.argv) < 2 or sys.argv[1] not in OTHER_COMMANDS
-    if training and signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started ignoring it
-        signal.signal(signal.SIGINT, _exit_at_once)
+    for signum, default in SIGNALS.items() if training else ():
+        if signal.getsignal(signum) is default:
+            signal.signal(signum, _exit_at_once)
     from .cli import main as command
 
     return command()
 
 
 def _exit_at_once(signum: int, frame: FrameType | None) -> None:
-    os.write(2, OUTSIDE_STEPS)
+    os.write(2, OUTSIDE_STEPS.format(name=signal.Signals(signum).name).encode())
     os._exit(128 + signum)

@@ -56,6 +56,8 @@ PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_los
 def _tokenizer_of(data: DataConfig, trust_remote_code: bool) -> TextTokenizer:
     """The tokenizer `data.tokenizer` names, in any form nxd-data reads (a folder's own code only when trusted)."""
     t = data.tokenizer
+    if t is not None and t.library == "sentencepiece" and t.model is not None:
+        return load_tokenizer(TokenizerSource(t.model, "sentencepiece"), "data.tokenizer.model")
     if t is None or t.type is None:
         raise DataError("data.tokenizer.type: expected a tokenizer file or directory (or, with library megatron, "
                         "GPT2BPETokenizer, CharLevelTokenizer or TiktokenTokenizer), found none")  # fmt: skip
@@ -79,16 +81,20 @@ def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[s
                             "file or a directory holding one), found none")  # fmt: skip
     if (t := data.tokenizer) is not None:
         if t.library == "sentencepiece":
-            messages.append("data.tokenizer.library: expected huggingface (tokenizer.json, or a directory with a "
-                            "SentencePiece tokenizer.model) or megatron (GPT2BPETokenizer, CharLevelTokenizer, "
-                            "TiktokenTokenizer), found 'sentencepiece'; "
-                            "a SentencePiece model is read as library huggingface with type its directory")  # fmt: skip
-        if t.type is None:
+            if t.model is None:
+                messages.append("data.tokenizer.model: expected the SentencePiece model file of library "
+                                "sentencepiece, found none")  # fmt: skip
+            if t.type is not None:
+                messages.append(f"data.tokenizer.type: library sentencepiece reads data.tokenizer.model; expected "
+                                f"type unset, found {t.type!r}")  # fmt: skip
+        elif t.type is None:
             messages.append("data.tokenizer.type: expected a tokenizer.json file, a tokenizer directory or (library "
                             "megatron) GPT2BPETokenizer, CharLevelTokenizer or TiktokenTokenizer, found "
                             "null")  # fmt: skip
-        foreign = [("model", t.model, "library sentencepiece"),
-                   ("sentencepiece_legacy", t.sentencepiece_legacy or None, "library sentencepiece")]  # fmt: skip
+        foreign = [] if t.library == "sentencepiece" else [("model", t.model, "library sentencepiece")]
+        if t.sentencepiece_legacy:
+            messages.append("data.tokenizer.sentencepiece_legacy: expected False: nxd adds no special tokens to a "
+                            "SentencePiece model (legacy mode's purpose), found True")  # fmt: skip
         if t.library != "megatron":
             foreign += [(name, getattr(t, name), "library megatron") for name in ("vocab_file", "merge_file")]
         elif t.type in ("CharLevelTokenizer", "TiktokenTokenizer"):

@@ -6,6 +6,8 @@ chat_template.jinja) when the directory has one:
 - a Hugging Face tokenizer.json file, or a directory holding one (read with `tokenizers`);
 - a Hugging Face directory holding only a SentencePiece tokenizer.model (Llama 2), converted by
   transformers (the class tokenizer_config.json names, else LlamaTokenizer);
+- a SentencePiece model file of any name (`.model`; GPT-NeoX's SPMTokenizer, NeMo's library sentencepiece), rebuilt
+  from its own specification to give sentencepiece's ids (`sentencepiece_model`);
 - Megatron's GPT2BPETokenizer from a GPT-2 vocab.json and merges.txt (transformers' GPT2Tokenizer);
 - Megatron's CharLevelTokenizer (GPT-NeoX's): a text's UTF-8 bytes are its ids, 512 of them, 0 ends a document;
 - Megatron's TiktokenTokenizer: an encoding of OpenAI's tiktoken by name (the `tiktoken` extra), converted
@@ -25,6 +27,7 @@ from tokenizers import Tokenizer
 
 from .errors import DataError
 from .files import save_atomically
+from .sentencepiece_model import is_sentencepiece_model, read_sentencepiece_model
 
 if TYPE_CHECKING:  # transformers (the `converters` extra) loads only for the forms that need it
     from transformers import PreTrainedTokenizerBase
@@ -50,9 +53,10 @@ class TokenizerSource:
     """Where a tokenizer comes from, as `data.tokenizer` says it (picklable, for preprocessing workers)."""
 
     location: str
-    """A tokenizer.json file or tokenizer directory; for library megatron, the tokenizer class name (any other
-    name is read as a Hugging Face tokenizer, as NeMo hands it to AutoTokenizer)."""
+    """A tokenizer.json file or tokenizer directory, or a SentencePiece model file; for library megatron, the
+    tokenizer class name (any other name is read as a Hugging Face tokenizer, as NeMo hands it to AutoTokenizer)."""
     library: str = "huggingface"
+    """huggingface, megatron or sentencepiece (location: the model file)."""
     vocab_file: str | None = None
     merge_file: str | None = None
     trust_remote_code: bool = False
@@ -132,6 +136,8 @@ def load_tokenizer(source: str | Path | TokenizerSource, where: str = "data.toke
         return _megatron_tokenizer(source, where)
     location = source.location
     path = Path(location)
+    if source.library == "sentencepiece" or is_sentencepiece_model(path):
+        return _sentencepiece_file(path, where)
     if path.is_dir() and not (path / "tokenizer.json").is_file() and (path / "tokenizer.model").is_file():
         return _sentencepiece_directory(path, where, source.trust_remote_code)
     file = path / "tokenizer.json" if path.is_dir() else path
@@ -238,6 +244,15 @@ def _converted_encoding(encoding: Any) -> Tokenizer:
     tokenizer = EncodingConverter(vocab_file=encoding.name, pattern=encoding._pat_str).converted()
     tokenizer.add_special_tokens([AddedToken(token, normalized=False, special=True) for token in specials])
     return tokenizer
+
+
+def _sentencepiece_file(path: Path, where: str) -> TextTokenizer:
+    """A SentencePiece model file, exported to Hugging Face folders as their tokenizer.model."""
+    if not path.is_file():
+        raise DataError(f"{where}: expected a SentencePiece model file, found no such file: {path}")
+    tokenizer, eod_id, bos_id = read_sentencepiece_model(path, where)
+    return TextTokenizer(tokenizer, eod_id, str(path), None if bos_id == eod_id else bos_id, None,
+                         (("tokenizer.model", str(path.resolve())),))  # fmt: skip
 
 
 def _sentencepiece_directory(path: Path, where: str, trust_remote_code: bool) -> TextTokenizer:

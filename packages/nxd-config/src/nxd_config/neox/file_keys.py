@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..errors import show
@@ -128,11 +127,10 @@ def tokenizer_keys(a: Arguments, t: Translation) -> None:
             return
         t.set("data.tokenizer", {"library": "huggingface", "type": vocab}, *keys)
     elif lowered == "spmtokenizer":
-        if not isinstance(vocab, str) or Path(vocab).name != "tokenizer.model":
-            t.refuse("vocab_file", f"expected a SentencePiece model named tokenizer.model (nxd reads its directory), "
-                     f"found {show(vocab)}")  # fmt: skip
+        if not isinstance(vocab, str) or not vocab:
+            t.refuse("vocab_file", f"expected a SentencePiece model file for SPMTokenizer, found {show(vocab)}")
             return
-        t.set("data.tokenizer", {"library": "huggingface", "type": str(Path(vocab).parent)}, *keys)
+        t.set("data.tokenizer", {"library": "sentencepiece", "model": vocab}, *keys)
     elif lowered == "charleveltokenizer":
         if vocab is not None or merges is not None:
             t.notice("vocab_file" if vocab is not None else "merge_file", "not read by CharLevelTokenizer (as in NeoX)")

@@ -299,9 +299,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     # ----------------------------------------------------------------------------- tokenizer
     ("tokenizer_type", "Tokenizer", "GPT2BPETokenizer", M, "data.tokenizer",
      "GPT2BPETokenizer (vocab_file, merge_file), HFTokenizer (vocab_file: a tokenizer.json), HFGPT2Tokenizer (a "
-     "local GPT-2 tokenizer directory), SPMTokenizer (vocab_file: a tokenizer.model in a directory of its own), "
-     "CharLevelTokenizer (UTF-8 bytes, 512 ids), TiktokenTokenizer (vocab_file: a tiktoken encoding name; the "
-     "nxd-train[tiktoken] extra; offline only from tiktoken's cache)"),
+     "local GPT-2 tokenizer directory), SPMTokenizer (vocab_file: a SentencePiece model file of any name, giving "
+     "sentencepiece's ids), CharLevelTokenizer (UTF-8 bytes, 512 ids), TiktokenTokenizer (vocab_file: a tiktoken "
+     "encoding name; the nxd-train[tiktoken] extra; offline only from tiktoken's cache)"),
     ("padded_vocab_size", "Tokenizer", None, N, "", _DERIVED + " from the tokenizer and make_vocab_size_divisible_by"),
     # ----------------------------------------------------------------------------- training
     ("data_path", "Training", None, M, "data.data_prefix", "one indexed dataset, cut by split"),
@@ -451,8 +451,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "nesterov ...; madgrad_wd: momentum, eps)"),
     ("scheduler", "DeepSpeed", None, R, "",
      "NeoX schedules with its own lr_decay_style keys (DeepSpeed's scheduler block only drives onebitadam)"),
-    ("fp32_allreduce", "DeepSpeed", False, M, "precision.type",
-     "gradients are reduced in fp32 under every nxd type NeoX files reach"),
+    ("fp32_allreduce", "DeepSpeed", False, M, "precision.fp32_grads_cc",
+     "gradients accumulated in bf16 (data_types.grad_accum_dtype bf16) are reduced in fp32; every other type "
+     "reduces in fp32 already"),
     ("prescale_gradients", "DeepSpeed", False, N, "", "where the gradient average divides; fp32 reduction makes it moot"
      ),
     ("gradient_predivide_factor", "DeepSpeed", 1.0, N, "",
@@ -492,7 +493,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("compression_training", "DeepSpeed", None, R, "", "DeepSpeed compression is not in nxd"),
     ("checkpoint", "DeepSpeed", None, N, "", "DeepSpeed's checkpoint-writing options; nxd writes sharded DCP"),
     ("data_types", "DeepSpeed", None, M, "precision.type",
-     "grad_accum_dtype fp32 is what nxd's mixed_precision does; other values are refused"),
+     "grad_accum_dtype: fp32 is nxd's mixed_precision; bf16 with bf16 training accumulates gradients in bf16 over "
+     "fp32 master weights (precision type manual: xla_use_bf16, master_weights, fp32_grad_acc False)"),
     ("deepspeed_extra_args", "DeepSpeed", None, M, "",
      "each key in it is read as the DeepSpeed key of that name at the top level"),
     # ----------------------------------------------------------------------------- launcher

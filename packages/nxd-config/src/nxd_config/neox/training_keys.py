@@ -87,14 +87,22 @@ def precision_keys(a: Arguments, t: Translation) -> None:
     if kind not in (None, "fp32", "bfloat16", "fp16"):
         t.refuse("precision", f"expected fp16, fp32 or bfloat16, found {show(precision)}")
         return
-    typed(t, a, "fp32_allreduce", bool, "true or false")  # either way: every type below reduces in fp32
+    fp32_allreduce = typed(t, a, "fp32_allreduce", bool, "true or false")
     types = mapping(t, "data_types", a["data_types"]) or {}
+    bf16_accumulation = False
     for key, value in types.items():
         if key != "grad_accum_dtype":
             t.refuse(f"data_types.{key}", "unknown DeepSpeed data type setting; expected grad_accum_dtype")
+        elif value in ("bf16", "bfloat16") and kind == "bfloat16":
+            bf16_accumulation = True
         elif value not in ("fp32", "float32"):
-            t.refuse("data_types.grad_accum_dtype", f"expected fp32 (nxd accumulates bf16 runs' gradients in fp32), "
-                     f"found {show(value)}")  # fmt: skip
+            t.refuse("data_types.grad_accum_dtype", f"expected fp32, or bf16 with bf16 training (nxd accumulates fp16 "
+                     f"and fp32 runs' gradients in fp32), found {show(value)}")  # fmt: skip
+    if bf16_accumulation:  # DeepSpeed's bf16 run with bf16 gradients: fp32 master weights step, as before
+        for key, value in (("type", "manual"), ("xla_use_bf16", "1"), ("master_weights", True),
+                           ("fp32_grad_acc", False), ("fp32_grads_cc", bool(fp32_allreduce))):  # fmt: skip
+            t.set(f"precision.{key}", value, "bf16", "data_types", "fp32_allreduce")
+        return
     nxd_type = {"bfloat16": "mixed_precision", "fp16": "fp16"}.get(kind, "fp32")
     t.set("precision.type", nxd_type, "precision", "fp16", "bf16")
 

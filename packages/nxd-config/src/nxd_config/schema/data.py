@@ -118,18 +118,16 @@ class TokenizerConfig(Section):
         "files, or a SentencePiece model.",
         by=DATA,
         status=Status.LIMITED,
-        note="huggingface (tokenizer.json, or a directory with a SentencePiece tokenizer.model) and megatron "
-        "(GPT2BPETokenizer from vocab_file and merge_file, CharLevelTokenizer, TiktokenTokenizer with vocab_file a "
-        "tiktoken encoding name; any other type is read as a Hugging Face tokenizer, as NeMo hands it to "
-        "AutoTokenizer); sentencepiece is rejected (name the model's directory with library huggingface)",
+        note="huggingface (tokenizer.json, a directory with a SentencePiece tokenizer.model, or a SentencePiece "
+        "model file of any name), megatron (GPT2BPETokenizer from vocab_file and merge_file, CharLevelTokenizer, "
+        "TiktokenTokenizer with vocab_file a tiktoken encoding name; any other type is read as a Hugging Face "
+        "tokenizer, as NeMo hands it to AutoTokenizer) and sentencepiece (the model file `model` names, giving "
+        "sentencepiece's own ids)",
     )
     type: str | None = key(
         None, "Hugging Face tokenizer directory or file, or the Megatron tokenizer class name.", by=DATA
     )
-    model: str | None = key(
-        None, "SentencePiece model file.", by=DATA, status=Status.LIMITED,
-        note="only null: library sentencepiece is rejected",
-    )  # fmt: skip
+    model: str | None = key(None, "SentencePiece model file (library sentencepiece).", by=DATA)
     vocab_file: str | None = key(
         None, "Vocabulary file (GPT-2 BPE vocab.json) of library megatron; for TiktokenTokenizer, the tiktoken "
         "encoding's name (such as cl100k_base).", by=DATA,
@@ -144,7 +142,7 @@ class TokenizerConfig(Section):
     )
     sentencepiece_legacy: bool = key(
         False, "SentencePiece legacy mode (allows adding special tokens).", by=DATA, status=Status.LIMITED,
-        note="only false: library sentencepiece is rejected",
+        note="only false: nxd adds no special tokens to a SentencePiece model",
     )  # fmt: skip
     use_fast: bool = key(
         True, "Prefer the Rust (fast) Hugging Face tokenizer.", by=DATA, status=Status.LIMITED,
