@@ -519,6 +519,14 @@ def test_data_keys(tmp_path):
                for message in errors(tmp_path, {**MODEL, "train_data_paths": ["a"], "test_data_paths": ["d"]}))
 
 
+def test_label_files_without_their_data_files_are_refused(tmp_path):
+    """Only the label keys: the run would otherwise train on the built-in corpus and never read them."""
+    labels = {f"{split}_label_data_paths": [f"{split}_label_document"] for split in ("train", "valid", "test")}
+    assert any("train_label_data_paths: expected train/valid/test_data_paths beside label data paths (a label file "
+               "masks the loss of its data file's documents), found none" in message
+               for message in errors(tmp_path, {**MODEL, **labels}))  # fmt: skip
+
+
 @pytest.mark.parametrize(("keys", "tokenizer"), [
     ({"vocab_file": "v.json", "merge_file": "m.txt"},
      {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": "v.json", "merge_file": "m.txt"}),

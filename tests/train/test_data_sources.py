@@ -100,7 +100,7 @@ def test_bad_data_is_named_before_launch(tmp_path: Path, tokenizer_file: Path) -
     )
     assert "data.tokenizer: expected a tokenizer with data.data_prefix" in problems(f"+data.data_prefix={missing}")
     assert f"data.tokenizer.type: expected a tokenizer.json file or a directory holding one (or a SentencePiece " \
-           f"tokenizer.model), found no such file or directory: {tmp_path / 'none'}" in problems(f"+data.tokenizer.type={tmp_path / 'none'}")  # fmt: skip
+           f"tokenizer.model), found no such file or directory: {tmp_path / 'none'}" in problems(f"+data.tokenizer.type={tmp_path / 'none'}", f"+data.data_prefix={missing}")  # fmt: skip
     with pytest.raises(ConfigError, match="data.data_prefix: expected at least one positive weight"):
         load_config(default_config_path(), [tokenizer, f"+data.data_prefix=[0,{missing}]"])
     assert "data.train_dir: expected one data source, found data_prefix as well" in problems(
@@ -114,6 +114,12 @@ def test_bad_data_is_named_before_launch(tmp_path: Path, tokenizer_file: Path) -
         f"unset, found '{tokenizer_file}'" in sentencepiece  # fmt: skip
     assert "data.tokenizer.model: applies to library sentencepiece, which this tokenizer is not" in problems(
         tokenizer, "+data.tokenizer.model=m.model")  # fmt: skip
+    for key, value in (("tokenizer.type", tokenizer_file), ("val_dir", tmp_path), ("index_mapping_dir", tmp_path),
+                       ("label_prefixes", "{a: b}")):  # a config naming no data trains on the built-in corpus only
+        name = key.split(".")[0]
+        assert f"data.{name}: set without data to train on; expected data.data_prefix (Megatron indexed data) or " \
+               "data.train_dir (Hugging Face data) beside it, found neither (nxd trains on its built-in corpus only " \
+               "when a config names no data at all)" in problems(f"+data.{key}={value}")  # fmt: skip
     char_level = ["+data.tokenizer.library=megatron", "+data.tokenizer.type=CharLevelTokenizer"]
     assert "data.tokenizer.vocab_file: applies to GPT2BPETokenizer and TiktokenTokenizer, which this tokenizer is " \
            "not" in problems(*char_level, "+data.tokenizer.vocab_file=vocab.json")  # fmt: skip

@@ -65,6 +65,16 @@ def _tokenizer_of(data: DataConfig, trust_remote_code: bool) -> TextTokenizer:
     return load_tokenizer(source, "data.tokenizer.type")
 
 
+DATA_COMPANIONS = ("tokenizer", "val_dir", "label_prefixes", "index_mapping_dir")
+"""Keys that describe a run's own data: with no data source beside them, the run has forgotten its data (the built-in
+corpus is for configs that name none)."""
+
+
+def _names_data(data: DataConfig) -> bool:
+    """Whether `data` names a pretraining source of its own (else the built-in corpus is read)."""
+    return data.is_set("data_prefix") or data.train_dir is not None or data.dataset is not None
+
+
 def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[str]:
     """One message per data key whose value nxd cannot act on (never a silent no-op)."""
     messages = []
@@ -103,6 +113,11 @@ def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[s
                 foreign.append(("vocab_file", t.vocab_file, "GPT2BPETokenizer and TiktokenTokenizer"))
         messages += [f"data.tokenizer.{name}: applies to {library}, which this tokenizer is not; expected it unset, "
                      f"found {value!r}" for name, value, library in foreign if value is not None]  # fmt: skip
+    if not fine_tuning and not _names_data(data):
+        messages += [f"data.{name}: set without data to train on; expected data.data_prefix (Megatron indexed data) "
+                     "or data.train_dir (Hugging Face data) beside it, found neither (nxd trains on its built-in "
+                     "corpus only when a config names no data at all)" for name in DATA_COMPANIONS
+                     if getattr(data, name) is not None and data.is_set(name)]  # fmt: skip
     if data.is_set("data_prefix") and data.train_dir is not None and not (data.use_sft_style_data_module
                                                                             or fine_tuning):  # fmt: skip
         messages.append("data.train_dir: expected one data source, found data_prefix as well (set "
@@ -199,7 +214,7 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
         if data.pair_documents is not None or data.example_documents is not None:
             return _document_splits(data, seq_length, preference, trust_remote_code)
         return _preference_splits(data, seq_length, preference, trust_remote_code)
-    own_data = data.is_set("data_prefix") or data.train_dir is not None
+    own_data = _names_data(data)
     corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
     hf_data = data.train_dir is not None and (data.use_sft_style_data_module or not data.is_set("data_prefix"))
     if data.tokenizer is not None:
@@ -213,7 +228,7 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
                         f"end-of-document id){also}, found none")  # fmt: skip
     else:
         tokenizer = load_tokenizer(builtin_tokenizer(corpus, cache_dir))
-        name = f"built-in byte-level BPE ({tokenizer.vocab_size} tokens)"
+        name = f"the built-in corpus (Python's standard library), its BPE of {tokenizer.vocab_size} tokens"
     format = _sample_format(data, seq_length, tokenizer.eod_id, tokenizer.vocab_size)
     if hf_data:
         hf_cache = cache_dir / "hf-data"

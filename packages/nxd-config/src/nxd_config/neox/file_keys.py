@@ -68,7 +68,10 @@ def _pretraining_paths(a: Arguments, t: Translation) -> None:
             t.notice(listed[0], "replaced by weights from document counts (weight_by_num_documents), as in NeoX")
     elif alpha is not None and alpha != 1.0:
         t.notice("weighted_sampler_alpha", "used only with weight_by_num_documents: true, which this run does not set")
-    if path is None and not given:
+    if path is None and not given and labelled:
+        t.refuse(labelled[0], "expected train/valid/test_data_paths beside label data paths (a label file masks the "
+                 "loss of its data file's documents), found none")  # fmt: skip
+    elif path is None and not given:
         t.notice("data_path", "no data_path or train/valid/test_data_paths: nxd trains on its built-in corpus "
                  "(Python's standard library, with a BPE trained on it)")  # fmt: skip
 
