@@ -91,6 +91,8 @@ def local_config(source: Path, out: Path, model: Path, datasets: dict[str, Path]
     `output_dir`, and `sections` merged over it; written to `out`."""
     config = yaml.safe_load(source.read_text())
     config["model"]["model_name"] = str(model)
+    if "tokenizer_name" in config.get("dataset", {}):
+        config["dataset"]["tokenizer_name"] = str(model)
     name = config["dataset"].get("dataset_name")
     if name in datasets:
         config["dataset"]["dataset_name"] = str(datasets[name])

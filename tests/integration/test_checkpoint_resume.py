@@ -117,6 +117,7 @@ def test_tp2_checkpoint_resumes_at_tp1_and_dp2(tmp_path, uninterrupted, train_he
     assert abs(step_losses(dp2)[6] - expected) < 1e-6
 
 
+@pytest.mark.slow  # the default suite resumes TP2 at TP1 and DP2, and a run on another number of processes
 def test_pp2_checkpoint_resumes_in_one_process(uninterrupted, train_here):
     """Each pipeline stage saved its own layers under whole-model names; one process loads them all."""
     whole = uninterrupted("pp2")

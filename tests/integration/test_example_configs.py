@@ -128,6 +128,7 @@ def test_hf_llama3_70B_trains_shrunk_in_pipeline_stages_and_resumes_in_one_proce
     assert abs(losses(resumed)[0] - expected[2]) < 1e-6
 
 
+@pytest.mark.slow  # MoE over two ranks runs by default in tests/parallel/test_parity (moe-ep2, mixtral-tp2-sp)
 def test_megatron_mixtral_trains_shrunk_with_experts_over_two_ranks_and_resumes_in_one_process(
         corpus, sentencepiece_dir, tmp_path):  # fmt: skip
     """Mixtral's MoE (4 experts, top-2, capacity factor 2, the load-balancing loss) with its experts over two

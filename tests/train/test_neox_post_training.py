@@ -90,6 +90,18 @@ def test_neox_precomputed_reference_files_replace_the_reference_model(neox_root,
     assert first["rewards/rejected"] == pytest.approx(0.01 * first["logps/rejected"], rel=1e-6)
 
 
+@pytest.mark.slow  # the default suite checks the bf16 sum itself (tests/precision) and the translation
+def test_dpo_with_bf16_gradient_accumulation_trains_as_neoxs_benchmarking_files_ask(neox_root, tmp_path):
+    """post-training/configs/benchmarking/mistral-dpo.yml and llama-13b-dpo.yml accumulate gradients in bf16
+    (data_types.grad_accum_dtype bf16, fp32_allreduce false): the same DPO run trains, from ln 2."""
+    save = str(tmp_path / "dpo_bf16_sum")
+    rows = _run(neox_root, "dpo", "data_types.grad_accum_dtype=bf16", "fp32_allreduce=false",
+                "gradient_accumulation_steps=4", f"save={save}")  # fmt: skip
+    found = losses(rows)
+    assert len(found) == 3 and all(math.isfinite(loss) for loss in found)
+    assert found[0] == pytest.approx(math.log(2), abs=1e-6)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["train_impl=reinforce"], "train_impl: expected normal, dpo, kto or rm, found reinforce: online RL"),
     pytest.param(["+precompute_model_name=missing"], "data.pair_documents.train: data prefix ",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -93,16 +94,22 @@ def test_the_references_dataset_examples_train_and_leave_an_adapter_peft_loads(i
 
 
 QEFF_EXAMPLES = ["sft_single_device_gsm8k_config.yaml", "sft_single_device_alpaca_config.yaml",
-                 "sft_single_device_custom_dataset_config.yaml", "sft_ddp_config.yaml", "example_config.yaml"]  # fmt: skip
+                 "sft_single_device_custom_dataset_config.yaml", "sft_ddp_config.yaml", "example_config.yaml",
+                 pytest.param("test_config.yaml", marks=pytest.mark.slow)]  # fmt: skip; torch_compile: 35 s here
+
+
+TEMPLATES = {"test_config.yaml": {"prompt_template": "{dialogue}"}}
+"""QEfficient's tests/test_config.yaml names no text for its seq_completion records: QEfficient's
+SeqCompletionDataset stops on it too ("Either provide input_template or input_func"), as nxd does."""
 
 
 @pytest.mark.parametrize("name", QEFF_EXAMPLES)
 def test_qefficients_example_files_train_as_written(inside, name):
     """Only the model, the dataset and the output folder are pointed here; the rest is as QEfficient wrote it
-    (fp16, 100 warmup steps, early stopping ...)."""
+    (fp16, 100 warmup steps, early stopping, test_config.yaml's keys QEfficient ignores ...)."""
     out = inside / f"out-{name}"
     config = local_config(EXAMPLES / name, inside / name, inside / "tiny", _datasets(inside), out,
-                          dataset={"max_seq_length": 128})  # fmt: skip
+                          dataset={"max_seq_length": 128, **TEMPLATES.get(name, {})})  # fmt: skip
     assert main([str(config), "--max_steps", "6"]) == 0
     assert (out / "adapter_model.safetensors").is_file()
     _adapter_moves_logits(inside / "tiny", out)
@@ -230,17 +237,32 @@ def _preference_folder(place: Path) -> Path:
     return folder
 
 
-def test_dpo_files_train_with_nxds_dpo(inside):
-    """PR 964's dpo section and dpo_dataset: the first step's loss is -log sigmoid(0) = ln 2 (the policy is the
-    reference, LoRA's B being 0)."""
-    dataset = {"dataset_type": "dpo_dataset", "dataset_name": str(_preference_folder(inside)),
-               "prompt_column": "question", "chosen_column": "good", "rejected_column": "bad"}  # fmt: skip
+def _ultrafeedback_folder(place: Path) -> Path:
+    """trl-lib/ultrafeedback_binarized as PR 964's file reads it: prompt, chosen and rejected columns."""
+    folder = place / "hub" / "ultrafeedback_binarized"
+    if not folder.exists():
+        rows = [{"prompt": row["question"], "chosen": row["good"], "rejected": row["bad"]}
+                for row in map(json.loads, (_preference_folder(place) / "train.jsonl").read_text().splitlines())]
+        folder.mkdir(parents=True)
+        (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def test_pr_964s_dpo_file_trains_with_nxds_dpo_and_says_which_keys_qefficient_ignores(inside, capsys):
+    """PR 964's dpo_single_device_config.yaml as written (fp16, its dpo section, the Trainer keys QEfficient keeps
+    in extra_params), its lengths shrunk to the tiny model: the first step's loss is -log sigmoid(0) = ln 2 (the
+    policy is the reference, LoRA's B being 0), the adapter loads in peft, and each key QEfficient ignores gets a
+    notice."""
     out = inside / "out-dpo"
-    config = _config(inside, out, dataset, training={"type": "dpo", "max_steps": 3},
-                     dpo={"beta": 0.1, "loss_type": ["sigmoid"]})  # fmt: skip
-    assert main([str(_write(inside / "dpo.yaml", config))]) == 0
-    assert read_metrics(out)[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    config = local_config(EXAMPLES / "dpo_single_device_config.yaml", inside / "dpo.yaml", inside / "tiny",
+                          {"trl-lib/ultrafeedback_binarized": _ultrafeedback_folder(inside)}, out,
+                          dpo={"max_length": 64, "max_prompt_length": 32}, training={"max_steps": 3})  # fmt: skip
+    assert main([str(config)]) == 0
+    err = capsys.readouterr().err
+    assert read_metrics(out)[0]["loss"] == pytest.approx(math.log(2), abs=1e-3)
     _adapter_moves_logits(inside / "tiny", out)
+    ignored = sorted(re.findall(r": ([\w.]+): not a QEfficient key", err))
+    assert ignored == ["dataset.split", "dpo.ref_model", "training.fp16", "training.learning_rate", "training.optim"]
 
 
 def test_a_sequence_classifier_trains_as_a_reward_model(inside):

@@ -75,6 +75,17 @@ def _names_data(data: DataConfig) -> bool:
     return data.is_set("data_prefix") or data.train_dir is not None or data.dataset is not None
 
 
+def data_left_out(data: DataConfig, fine_tuning: bool = False) -> list[str]:
+    """One message per key describing pretraining data when the config names no data source (it forgot its data;
+    nxd trains on the built-in corpus only when a config names no data at all)."""
+    if fine_tuning or _names_data(data):
+        return []
+    return [f"data.{name}: set without data to train on; expected data.data_prefix (Megatron indexed data) or "
+            "data.train_dir (Hugging Face data) beside it, found neither (nxd trains on its built-in corpus only "
+            "when a config names no data at all)" for name in DATA_COMPANIONS
+            if getattr(data, name) is not None and data.is_set(name)]  # fmt: skip
+
+
 def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[str]:
     """One message per data key whose value nxd cannot act on (never a silent no-op)."""
     messages = []
@@ -113,11 +124,6 @@ def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[s
                 foreign.append(("vocab_file", t.vocab_file, "GPT2BPETokenizer and TiktokenTokenizer"))
         messages += [f"data.tokenizer.{name}: applies to {library}, which this tokenizer is not; expected it unset, "
                      f"found {value!r}" for name, value, library in foreign if value is not None]  # fmt: skip
-    if not fine_tuning and not _names_data(data):
-        messages += [f"data.{name}: set without data to train on; expected data.data_prefix (Megatron indexed data) "
-                     "or data.train_dir (Hugging Face data) beside it, found neither (nxd trains on its built-in "
-                     "corpus only when a config names no data at all)" for name in DATA_COMPANIONS
-                     if getattr(data, name) is not None and data.is_set(name)]  # fmt: skip
     if data.is_set("data_prefix") and data.train_dir is not None and not (data.use_sft_style_data_module
                                                                             or fine_tuning):  # fmt: skip
         messages.append("data.train_dir: expected one data source, found data_prefix as well (set "

@@ -50,7 +50,7 @@ from .checkpointing import (
     resume_choice,
     save_policy,
 )
-from .data import DataSplits, ModelVocabulary, build_datasets, unavailable_data_keys
+from .data import DataSplits, ModelVocabulary, build_datasets, data_left_out, unavailable_data_keys
 from .interrupts import Preemption
 from .launcher_check import Job, job_of, launcher_world, restarted
 from .layout_check import layout_problems
@@ -650,6 +650,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     except PreflightError as error:
         problems += error.problems
     seq_length, unread = cfg.seq_length, []
+    (problems if data_required else unread).extend(data_left_out(cfg.data, fine_tuning=_method(cfg) is not None))
     train_samples = cfg.trainer.max_steps * cfg.global_batch_size if cfg.trainer.max_steps > 0 else None
     data = None
     if train_samples is not None and (index_problem := _sample_index_problem(cfg, train_samples)):

@@ -1,8 +1,8 @@
 """The QEfficient key table (key, QEfficient default, status, nxd consumer, note), generated from
-`keys.QEFF_KEYS`.
+`keys.QEFF_KEYS`, and the table of Trainer and TRL fields a QEfficient file may carry (`trainer_fields`).
 
-    python -m nxd_config.qeff.table                     print the table as Markdown
-    python -m nxd_config.qeff.table --update README.md  rewrite the table between its markers
+    python -m nxd_config.qeff.table                     print the key table as Markdown
+    python -m nxd_config.qeff.table --update README.md  rewrite both tables between their markers
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from pathlib import Path
 
 from ..reference import dialect_key_table, rewrite_between, table_command
 from .keys import QEFF_KEYS
+from .trainer_fields import field_table
 
 START, END = "<!-- qeff-keys:start -->", "<!-- qeff-keys:end -->"
+FIELDS_START, FIELDS_END = "<!-- qeff-trainer-fields:start -->", "<!-- qeff-trainer-fields:end -->"
 
 
 def key_table() -> str:
@@ -27,8 +29,9 @@ def key_table() -> str:
 
 
 def update(readme: Path) -> bool:
-    """Rewrite the table between the markers in `readme`; True if it changed."""
-    return rewrite_between(readme, START, END, key_table())
+    """Rewrite both tables between their markers in `readme`; True if either changed."""
+    keys = rewrite_between(readme, START, END, key_table())
+    return rewrite_between(readme, FIELDS_START, FIELDS_END, field_table()) or keys
 
 
 def main(argv: list[str] | None = None) -> int:

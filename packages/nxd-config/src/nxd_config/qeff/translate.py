@@ -1,9 +1,9 @@
 """A QEfficient fine-tuning config (its six sections, and `dpo`) -> an NxDT-dialect config tree.
 
-Every key is judged by its entry in `keys.QEFF_KEYS` (unknown keys get a did-you-mean, where QEfficient
-drops them silently); the mapped ones are translated section by section, with QEfficient's defaults
-where the file is silent. The batch arithmetic reads the processes a launcher started (torchrun's
-WORLD_SIZE and LOCAL_WORLD_SIZE), as the Trainer QEfficient runs does.
+Every key is judged by its entry in `keys.QEFF_KEYS`; a key QEfficient's config classes lack gets a notice naming
+the key that does its job (QEfficient drops it silently: `trainer_fields`). The mapped ones are translated section
+by section, with QEfficient's defaults where the file is silent. The batch arithmetic reads the processes a launcher
+started (torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE), as the Trainer QEfficient runs does.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..errors import show
 from ..neox.keys import KeyStatus
 from ..neox.translation import Translation
 from .keys import CALLBACK_ALIASES, QEFF_KEYS, SECTIONS
+from .trainer_fields import unknown_key_notice
 
 NESTED = ("model.peft_config", "training.ddp_config", "training.gradient_checkpointing_kwargs",
           "callbacks.early_stopping", "callbacks.json_logger")  # fmt: skip
@@ -51,11 +52,13 @@ class Keys:
 
 
 def flatten(t: Translation, values: Mapping[str, Any]) -> dict[str, Any]:
-    """`section.key` -> value of the file's sections; unknown sections and keys are refused with a did-you-mean."""
+    """`section.key` -> value of the file's sections. A section or key QEfficient's config classes lack gets a notice
+    (QEfficient keeps it in extra_params and never reads it: the file runs there as if it were absent)."""
     flat: dict[str, Any] = {}
     for section, body in values.items():
         if section not in SECTIONS and isinstance(body, Mapping):
-            t.refuse(section, f"unknown section; expected one of {', '.join(SECTIONS)}{_close(section, SECTIONS)}")
+            t.notice(section, f"not a QEfficient section: QEfficient keeps it in extra_params and never reads it, and "
+                     f"nxd ignores it too (sections: {', '.join(SECTIONS)}){_close(section, SECTIONS)}")  # fmt: skip
             continue
         if section not in SECTIONS:  # a flat override naming no key of any section
             leaves = {name.rpartition(".")[2] for name in QEFF_KEYS}
@@ -82,8 +85,8 @@ def flatten(t: Translation, values: Mapping[str, Any]) -> dict[str, Any]:
                 flat[name] = value
     for name in flat:
         if name not in QEFF_KEYS:
-            t.refuse(name, f"unknown key; expected a QEfficient fine-tuning key{_close(name, QEFF_KEYS)}")
-    return flat
+            t.notice(name, unknown_key_notice(name))
+    return {name: value for name, value in flat.items() if name in QEFF_KEYS}
 
 
 def _close(name: str, known: Any) -> str:
