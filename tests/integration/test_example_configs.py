@@ -88,6 +88,7 @@ def _small_model_config(shipped: str, directory: Path, kv_heads: int) -> Path:
     return path
 
 
+@pytest.mark.slow  # the HF family trains by default in the QEfficient, LoRA, SFT and preference tests
 def test_hf_llama3_8B_trains_shrunk(tokenized, tmp_path):
     """TP 2 with sequence parallel, kv_replicator 2 over one KV head, the fused QKV module, ZeRO-1, mixed
     precision with fp32 optimizer state and CoreAttention recompute, on pre-tokenised data."""

@@ -82,7 +82,8 @@ def lora_one_process(tmp_path_factory, data) -> Path:
     return log_dir
 
 
-@pytest.mark.parametrize("layout", ["tp2_sp", pytest.param("pp2", marks=pytest.mark.slow)])
+@pytest.mark.slow  # LoRA over two processes runs by default in the preference test (tp2_sp_lora) and the parity set
+@pytest.mark.parametrize("layout", ["tp2_sp", "pp2"])
 def test_lora_in_two_processes_logs_and_saves_what_one_process_does(layout, data, lora_one_process, tmp_path):
     """Adapters sharded like their base layers (TP2 + SP) or split by stage (PP2): the same losses and
     gradient norms, and a checkpoint whose peft adapter file holds the same adapter."""

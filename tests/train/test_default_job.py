@@ -17,3 +17,5 @@ def test_default_job_trains_and_says_where_the_logs_are(tmp_path):
     assert [row["step"] for row in rows if "val_loss" in row] == [100.0, 200.0, 300.0]
     assert list((log_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert "step 300/300 | loss" in result.stdout
+    assert "pretraining" in result.stdout and "the built-in corpus (Python's standard library), its BPE of 4096 " \
+        "tokens" in result.stdout  # a config naming no data says what the run trains on  # fmt: skip

@@ -106,8 +106,8 @@ def test_dpo_with_bf16_gradient_accumulation_trains_as_neoxs_benchmarking_files_
     (["train_impl=reinforce"], "train_impl: expected normal, dpo, kto or rm, found reinforce: online RL"),
     pytest.param(["+precompute_model_name=missing"], "data.pair_documents.train: data prefix ",
                  marks=pytest.mark.slow),
-    (["pack_impl=packed"], "expected unpacked with data.pair_documents"),
-    (["dataset_impl=gpt2"], "dataset_impl: expected pairwise with train_impl dpo"),
+    pytest.param(["pack_impl=packed"], "expected unpacked with data.pair_documents", marks=pytest.mark.slow),
+    pytest.param(["dataset_impl=gpt2"], "dataset_impl: expected pairwise with train_impl dpo", marks=pytest.mark.slow),
 ])  # fmt: skip
 def test_bad_post_training_settings_get_one_message(neox_root, overrides, message):
     result = run_command(str(CONFIGS / "dpo.yml"), "num_gpus=2", *overrides, cwd=neox_root)

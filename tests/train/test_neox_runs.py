@@ -218,6 +218,7 @@ def neox_start(tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir) 
     return hf, neox, setup, losses(_from(hf, setup, tmp_path, "from_hf"))
 
 
+@pytest.mark.slow  # the default suite reads NeoX checkpoints in one process (tests/ckpt/test_neox_checkpoint.py)
 def test_a_neox_checkpoint_starts_a_run_as_its_weights_do(tmp_path, neox_start):
     """finetune from a checkpoint GPT-NeoX wrote over two tensor-parallel ranks, trained here at TP1 x DP2:
     the losses of the same weights read from transformers' directory."""
