@@ -64,7 +64,9 @@ def test_a_rate_above_a_measured_ceiling_is_unknown_not_100_percent():
 def test_the_cpu_ceiling_is_measured_within_its_time_budget():
     started = time.perf_counter()
     flops = measured_peak(torch.device("cpu"), torch.float32, budget_s=0.6)
-    assert time.perf_counter() - started < 3.0 and flops > 1e8
+    # the 0.6 s budget ends the doubling (unbounded, it would reach 16384 x 16384: minutes); a loaded host stretches
+    # the last size's matmuls, so the bound leaves room for that rather than timing the budget itself
+    assert time.perf_counter() - started < 10.0 and flops > 1e8
     ceiling = device_ceiling(torch.device("cpu"), torch.float32)
     assert ceiling.measured and "no datasheet peak known" in ceiling.source
 
