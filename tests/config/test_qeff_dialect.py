@@ -111,17 +111,20 @@ def test_keys_qefficient_ignores_are_ignored_with_a_notice_naming_what_does_thei
 
 
 def test_the_trainer_and_trl_field_table_covers_the_installed_versions():
-    """Every TrainingArguments field of the installed transformers is a row; TRL's fields are those of the release
-    uv.lock holds (TRL installs only with the bench group), and with TRL installed, of that installation."""
+    """The README's table of Trainer and TRL fields is the one the installed transformers gives (a new release's
+    fields make it stale); TRL's fields are those of the release uv.lock holds (TRL installs only with the bench
+    group), and with TRL installed, of that installation."""
     import dataclasses
     import importlib.util
     import re
 
-    from nxd_config.qeff.trainer_fields import TRL_DPO_FIELDS, TRL_SFT_FIELDS, TRL_VERSION, trainer_fields
+    from nxd_config.qeff.table import FIELDS_END, FIELDS_START
+    from nxd_config.qeff.trainer_fields import TRL_DPO_FIELDS, TRL_SFT_FIELDS, TRL_VERSION, field_table
     from transformers import TrainingArguments
 
-    rows = {name for name, _ in trainer_fields()}
-    assert {f"training.{f.name}" for f in dataclasses.fields(TrainingArguments) if f.init} <= rows
+    text = (Path(__file__).resolve().parents[2] / "packages" / "nxd-config" / "README.md").read_text()
+    assert text.split(FIELDS_START)[1].split(FIELDS_END)[0].strip() == field_table().strip(), (
+        "run: uv run python -m nxd_config.qeff.table --update packages/nxd-config/README.md")
     lock = (Path(__file__).resolve().parents[2] / "uv.lock").read_text()
     assert re.search(r'name = "trl"\nversion = "([^"]+)"', lock).group(1) == TRL_VERSION
     if importlib.util.find_spec("trl") is not None:

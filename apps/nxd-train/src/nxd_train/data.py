@@ -56,13 +56,13 @@ PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_los
 def _tokenizer_of(data: DataConfig, trust_remote_code: bool) -> TextTokenizer:
     """The tokenizer `data.tokenizer` names, in any form nxd-data reads (a folder's own code only when trusted)."""
     t = data.tokenizer
-    if t is not None and t.library == "sentencepiece" and t.model is not None:
-        return load_tokenizer(TokenizerSource(t.model, "sentencepiece"), "data.tokenizer.model")
-    if t is None or t.type is None:
+    key = "model" if t is not None and t.library == "sentencepiece" else "type"  # library sentencepiece: its file
+    location = None if t is None else getattr(t, key)
+    if location is None:
         raise DataError("data.tokenizer.type: expected a tokenizer file or directory (or, with library megatron, "
                         "GPT2BPETokenizer, CharLevelTokenizer or TiktokenTokenizer), found none")  # fmt: skip
-    source = TokenizerSource(t.type, t.library, t.vocab_file, t.merge_file, trust_remote_code=trust_remote_code)
-    return load_tokenizer(source, "data.tokenizer.type")
+    source = TokenizerSource(location, t.library, t.vocab_file, t.merge_file, trust_remote_code=trust_remote_code)
+    return load_tokenizer(source, f"data.tokenizer.{key}")
 
 
 DATA_COMPANIONS = ("tokenizer", "val_dir", "label_prefixes", "index_mapping_dir")

@@ -60,17 +60,21 @@ NXD_ONLY = {"adam_beta1": "model.optim.betas", "adam_beta2": "model.optim.betas"
 
 def unknown_key_notice(name: str) -> str:
     """The notice for `section.key` (or a section) that no QEfficient config class holds."""
-    leaf = name.rpartition(".")[2]
-    instead = INSTEAD.get(leaf)
-    if instead is None and leaf in NXD_ONLY:
-        instead = f"no QEfficient key sets it; in an nxd config, {NXD_ONLY[leaf]}"
-    if instead is None:
-        section = name.rpartition(".")[0]
-        same = {key.rpartition(".")[2]: key for key in QEFF_KEYS if key.rpartition(".")[0] == section}
-        close = difflib.get_close_matches(leaf, list(same), n=1, cutoff=0.8)
-        instead = f"did you mean {same[close[0]]!r}?" if close else "no QEfficient key has a name close to it"
     return f"not a QEfficient key: QEfficient keeps it in extra_params and never reads it, and nxd ignores it too " \
-           f"({instead})"  # fmt: skip
+           f"({_instead(name)})"  # fmt: skip
+
+
+def _instead(name: str) -> str:
+    """What does the job of `name`: a QEfficient key, else an nxd key, else the closest spelling in its section."""
+    leaf = name.rpartition(".")[2]
+    if leaf in INSTEAD:
+        return INSTEAD[leaf]
+    if leaf in NXD_ONLY:
+        return f"no QEfficient key sets it; in an nxd config, {NXD_ONLY[leaf]}"
+    section = name.rpartition(".")[0]
+    same = {key.rpartition(".")[2]: key for key in QEFF_KEYS if key.rpartition(".")[0] == section}
+    close = difflib.get_close_matches(leaf, list(same), n=1, cutoff=0.8)
+    return f"did you mean {same[close[0]]!r}?" if close else "no QEfficient key has a name close to it"
 
 
 def trainer_fields() -> list[tuple[str, str]]:
@@ -91,12 +95,13 @@ def field_table() -> str:
     rows, own = [], 0
     for name, origin in trainer_fields():
         ddp = f"training.ddp_config.{name.removeprefix('training.')}" if name.startswith("training.ddp_") else ""
-        known = QEFF_KEYS.get(name) or QEFF_KEYS.get(ddp)
-        block = known is None and any(key.startswith(f"{name}.") for key in QEFF_KEYS)
-        own += known is not None or block
-        nxd = ("notice: ignored, as in QEfficient" if known is None and not block else f"QEfficient's block `{name}`"
-               if block else f"QEfficient's key `{known.name}` ({known.status})")  # fmt: skip
-        instead = "" if known or block else unknown_key_notice(name).split(" (", 1)[1][:-1]
+        if known := QEFF_KEYS.get(name) or QEFF_KEYS.get(ddp):
+            nxd, instead = f"QEfficient's key `{known.name}` ({known.status})", ""
+        elif any(key.startswith(f"{name}.") for key in QEFF_KEYS):
+            nxd, instead = f"QEfficient's block `{name}`", ""
+        else:
+            nxd, instead = "notice: ignored, as in QEfficient", _instead(name)
+        own += not instead
         rows.append(f"| `{name}` | {origin} | {nxd} | {instead} |")
     head = [f"{len(rows)} Trainer and TRL fields a QEfficient file may write: {own} are QEfficient's own keys, "
             f"{len(rows) - own} are kept in extra_params and ignored (a notice each).", "",

@@ -52,8 +52,9 @@ class Keys:
 
 
 def flatten(t: Translation, values: Mapping[str, Any]) -> dict[str, Any]:
-    """`section.key` -> value of the file's sections. A section or key QEfficient's config classes lack gets a notice
-    (QEfficient keeps it in extra_params and never reads it: the file runs there as if it were absent)."""
+    """`section.key` -> value of the file's QEfficient keys. A section or key QEfficient's config classes lack gets a
+    notice and is left out (QEfficient keeps it in extra_params and never reads it: the file runs there as if it
+    were absent)."""
     flat: dict[str, Any] = {}
     for section, body in values.items():
         if section not in SECTIONS and isinstance(body, Mapping):
@@ -98,7 +99,7 @@ def translate(values: Mapping[str, Any], name: str, environ: Mapping[str, str] |
     """The NxDT tree of QEfficient config `values`; `name` names the run, `environ` gives the launch's sizes."""
     t = Translation()
     flat = flatten(t, values)
-    k = Keys({key: value for key, value in flat.items() if key in QEFF_KEYS})
+    k = Keys(flat)
     for key, value in k.values.items():
         entry = QEFF_KEYS[key]
         if entry.status is KeyStatus.NOTICE and (value != entry.default and value is not None
