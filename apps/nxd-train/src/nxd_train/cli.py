@@ -9,6 +9,9 @@
                                                       host's torchrun command (trainer.cluster)
     nxd-train data preprocess --input F --output-prefix P --tokenizer T ...
                                                       jsonl -> Megatron .bin/.idx
+    nxd-train generate FILE ... [OVERRIDE ...]         samples of the run's newest checkpoint (the generate keys)
+    nxd-train eval FILE ... [--tasks T1,T2] [OVERRIDE ...]
+                                                      lm-evaluation-harness benchmarks of the run (nxd-train[eval])
     nxd-train ckpt list LOGDIR                         checkpoints with step, size and completeness
     nxd-train ckpt verify PATH                         every file's digest against the completion marker
     nxd-train ckpt export-hf CKPT OUT [--dtype D] [--merged]
@@ -23,22 +26,22 @@ also written --KEY VALUE.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 import yaml
-from nxd_config import DIALECTS, ConfigError, ConfigNotice, NxdConfig, load_config, to_nxdt_yaml
+from nxd_config import DIALECTS, ConfigNotice, NxdConfig, to_nxdt_yaml
 
+from .command_support import QUIET_EXIT_DELAY, exit_if_distributed, load, notices_to_stderr
 from .export_dtypes import EXPORT_DTYPES
 
-SUBCOMMANDS = ("train", "config", "plan", "launch", "data", "ckpt")
+SUBCOMMANDS = ("train", "config", "plan", "launch", "generate", "eval", "data", "ckpt")
 OVERRIDE_HELP = ("a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML); --a.b VALUE is "
                  "a.b=VALUE")  # fmt: skip
 ITEMS_HELP = "config files (one NxDT or QEfficient file, or GPT-NeoX files), then overrides: " + OVERRIDE_HELP
@@ -101,6 +104,23 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--device-memory", type=float, metavar="GIB", default=None,
                         help="memory of one rank on the cluster's nodes in GiB, for the plan (default: this host's)")
 
+    text = ("sample the run's newest complete checkpoint (or exp_manager.resume_from_checkpoint's weights) at its "
+            "tensor-parallel layout, as GPT-NeoX's generate.py: generate.text_gen_type unconditional, input-file or "
+            "interactive; completions as JSON lines in generate.sample_output_file")  # fmt: skip
+    generation = commands.add_parser("generate", help="sample a trained run", description=text)
+    generation.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
+    generation.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
+    text = ("benchmark the run's newest complete checkpoint with EleutherAI's lm-evaluation-harness (the "
+            "nxd-train[eval] extra), as GPT-NeoX's eval.py: results printed as lm-eval's table and written to "
+            "{eval.results_prefix}_eval_results_{yy-mm-dd-HH-MM}.json")  # fmt: skip
+    evaluation = commands.add_parser("eval", help="benchmark a trained run (lm-evaluation-harness)", description=text)
+    evaluation.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
+    evaluation.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
+    evaluation.add_argument("--tasks", default=None, help="comma-separated lm-eval task names (default: eval.tasks)")
+    evaluation.add_argument("--limit", type=float, default=None, help="documents per task (a fraction below 1)")
+    evaluation.add_argument("--num-fewshot", type=int, default=None, help="examples in each prompt")
+    evaluation.add_argument("--include-path", default=None, help="a folder of one's own task YAML files")
+
     data = commands.add_parser("data", help="prepare training data")
     data_actions = data.add_subparsers(dest="action", metavar="ACTION", required=True)
     text = "tokenise jsonl files (plain, .gz or .zst) into Megatron .bin/.idx files, one pair per json key"
@@ -156,10 +176,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         while index < len(args_list) and _is_config_file(args_list[index]):
             args_list[index:index + 1] = ["--config", args_list[index]]
             index += 2
-    if args_list[0] in ("train", "config", "plan", "launch"):
+    if args_list[0] in ("train", "config", "plan", "launch", "generate", "eval"):
         args_list = flag_overrides(args_list)
     parser = build_parser()
     args = parser.parse_args(args_list)
+    if args.command in ("generate", "eval"):
+        files, overrides = split_items(args.items)
+        if not files:
+            parser.error(f"{args.command}: expected a config file before the overrides, found {args.items[0]!r}")
+        from .inference_commands import eval_command, generate_command
+
+        if args.command == "generate":
+            return generate_command(files, overrides, args.dialect)
+        return eval_command(files, overrides, args.dialect, args)
     if args.command in ("config", "plan", "launch"):
         files, overrides = split_items(args.items)
         if not files:
@@ -182,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _train_command(args.config or [default_config_path()], args.overrides, args.dialect)
 
 
-OPTIONS = ("--config", "-c", "--dialect", "--to", "--device-memory", "--output", "-o", "--submit", "-h", "--help")
+OPTIONS = ("--config", "-c", "--dialect", "--to", "--device-memory", "--output", "-o", "--submit", "--tasks", "--limit",
+           "--num-fewshot", "--include-path", "-h", "--help")
 
 
 def flag_overrides(arguments: list[str]) -> list[str]:
@@ -235,43 +265,9 @@ def _names(paths: Sequence[Path]) -> str:
     return ", ".join(str(path) for path in paths)
 
 
-@contextlib.contextmanager
-def _notices_to_stderr(quiet: bool = False) -> Iterator[None]:
-    """Print the notices nxd's packages raise inside (ConfigNotice, and every warning class of an nxd
-    package) as 'notice: ...' lines once the block ends (even on error); `quiet` (the processes a launch starts
-    besides the first of each node, which plan the same run again) keeps them to this process."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConfigNotice)
-        try:
-            yield
-        finally:
-            for warning in caught:
-                if issubclass(warning.category, ConfigNotice) or warning.category.__module__.startswith("nxd_"):
-                    if not quiet:
-                        print(f"notice: {warning.message}", file=sys.stderr)
-                else:
-                    warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-
-
-QUIET_EXIT_DELAY = 3.0
-"""Seconds a launcher's other processes wait before leaving quietly on a config problem, so that the first
-process of the node says it before the launcher ends the rest."""
-
-
-def _load(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None, *,
-          launch: dict[str, str] | None = None, quiet: bool = False) -> NxdConfig | None:  # fmt: skip
-    """Load a config, printing notices and errors to stderr; None when it is invalid."""
-    try:
-        with _notices_to_stderr(quiet):
-            return load_config(paths, overrides, dialect=dialect, launch=launch)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        return None
-
-
 def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str], dialect: str | None,
                     to: str = "nxdt") -> int:  # fmt: skip
-    config = _load(paths, overrides, dialect)
+    config = load(paths, overrides, dialect)
     if config is None:
         return 1
     if action == "show":
@@ -290,7 +286,7 @@ def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str]
     from .preflight import PreflightError, plan_run
 
     try:
-        with _notices_to_stderr():
+        with notices_to_stderr():
             plan_run(config, default_cache_dir(), here=False)
     except PreflightError as error:
         print(f"{path}: would stop a run on this machine:\n" + "\n".join(f"  {p}" for p in error.problems),
@@ -301,7 +297,7 @@ def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str]
 
 def _plan_command(paths: Sequence[Path], overrides: Sequence[str], device_memory: float | None,
                   dialect: str | None) -> int:  # fmt: skip
-    config = _load(paths, overrides, dialect)
+    config = load(paths, overrides, dialect)
     if config is None:
         return 1
     path = _names(paths)
@@ -313,7 +309,7 @@ def _plan_command(paths: Sequence[Path], overrides: Sequence[str], device_memory
     from .preflight import PreflightError, plan_run
 
     try:
-        with _notices_to_stderr():
+        with notices_to_stderr():
             plan = plan_run(config, default_cache_dir(), data_required=False, here=False)
     except PreflightError as error:
         print(f"{path}: {error}", file=sys.stderr)
@@ -325,7 +321,7 @@ def _plan_command(paths: Sequence[Path], overrides: Sequence[str], device_memory
 
 def _launch_command(files: list[Path], overrides: list[str], args: argparse.Namespace) -> int:
     """Check the job for its layout, write its script (never over a file that exists), submit it if asked."""
-    config = _load(files, overrides, args.dialect)
+    config = load(files, overrides, args.dialect)
     if config is None:
         return 1
     path = _names(files)
@@ -335,7 +331,7 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
     from .preflight import PreflightError, plan_run
 
     try:
-        with _notices_to_stderr():
+        with notices_to_stderr():
             plan = plan_run(config, default_cache_dir(), here=False)
             for notice in unread_keys(config):
                 warnings.warn(notice, ConfigNotice, stacklevel=1)
@@ -394,7 +390,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     quiet = world is not None and world.local_rank != 0  # the first process of each node speaks for it
     launch = None if world is None else {"WORLD_SIZE": str(world.world_size),
                                          "LOCAL_WORLD_SIZE": str(world.local_world_size)}  # fmt: skip
-    config = _load(paths, overrides, dialect, launch=launch, quiet=quiet)  # a QEfficient file reads the sizes
+    config = load(paths, overrides, dialect, launch=launch, quiet=quiet)  # a QEfficient file reads the sizes
     if config is None:
         return 1
     path = _names(paths)
@@ -403,7 +399,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     from .preflight import PreflightError, plan_run
 
     try:
-        with _notices_to_stderr(quiet):
+        with notices_to_stderr(quiet):
             plan = plan_run(config, default_cache_dir())
             if not quiet and (notice := memory_notice(plan)):
                 warnings.warn(notice, ConfigNotice, stacklevel=1)  # the launching process says it once
@@ -433,7 +429,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
         return 1
     except DataError as error:  # met in a sample while training: only this rank knows, so it says so and leaves
         print(f"{path}: {_worker_message(error)}", file=sys.stderr, flush=True)
-        _exit_if_distributed(1, group_wide=False)
+        exit_if_distributed(1, group_wide=False)
         return 1
     except (NonFiniteStop, TrainingInterrupted) as error:  # every rank stops after the same step
         return _stopped(f"{path}: {error}", getattr(error, "exit_code", 1))
@@ -443,7 +439,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"{path}: a collective between the ranks failed ({first}); every rank stops", file=sys.stderr,
               flush=True)  # fmt: skip
-        _exit_if_distributed(1, group_wide=False)
+        exit_if_distributed(1, group_wide=False)
         return 1
     except KeyboardInterrupt:  # Ctrl-C before the first step
         print(f"{path}: interrupted before training began; nothing was saved", file=sys.stderr)
@@ -453,9 +449,9 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
             raise
         print(f"{path}: {disk_full(error, plan.log_dir or plan.logging.explicit_log_dir or Path.cwd())}",
               file=sys.stderr, flush=True)  # fmt: skip
-        _exit_if_distributed(1, group_wide=False)
+        exit_if_distributed(1, group_wide=False)
         return 1
-    _exit_if_distributed()
+    exit_if_distributed()
     return 0
 
 
@@ -472,7 +468,7 @@ def _stopped(message: str, code: int) -> int:
     if first:
         print(message, file=sys.stderr, flush=True)
     torch.distributed.barrier()
-    _exit_if_distributed(0 if not first else code)
+    exit_if_distributed(0 if not first else code)
     return code
 
 
@@ -483,23 +479,6 @@ def _worker_message(error: Exception) -> str:
     if "Original Traceback" not in text:
         return text
     return text.strip().splitlines()[-1].partition(": ")[2]
-
-
-def _exit_if_distributed(code: int = 0, *, group_wide: bool = True) -> None:
-    """End a process of a multi-process run: tear down the process group (not when only this rank
-    stops: the others would wait for it), flush, and leave without interpreter finalisation, where
-    threads of torch.distributed.checkpoint can abort the process."""
-    import os
-
-    import torch.distributed
-
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return
-    if group_wide:
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _preprocess_command(args: argparse.Namespace) -> int:

@@ -203,6 +203,17 @@ class ModelVocabulary:
     """The file it was read from (named in the log and in errors)."""
 
 
+def run_tokenizer(data: DataConfig, cache_dir: Path, trust_remote_code: bool = False) -> TextTokenizer:
+    """The tokenizer a run's data is tokenised with: data.tokenizer's, or the built-in corpus's BPE (a run of
+    pre-tokenised data names none: DataError)."""
+    if data.tokenizer is not None:
+        return _tokenizer_of(data, trust_remote_code)
+    if _names_data(data):
+        raise DataError("data.tokenizer: expected the tokenizer of the model's vocabulary (the run's data is "
+                        "pre-tokenised, so it names none), found none")  # fmt: skip
+    return load_tokenizer(builtin_tokenizer(stdlib_corpus(), cache_dir))
+
+
 def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_samples: int | None, seed: int,
                    sft: SFTConfig | None = None,
                    preference: DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig | None = None,

@@ -84,7 +84,7 @@ def setup(plan: RunPlan) -> Run:
     """Launch the processes and build everything the loop needs, resumed where the plan says. It reads in
     the order a run stands up: the launcher's world, the device mesh, the log directory, the data order,
     the model with its initial weights, the update, the checkpointer, the state it continues from."""
-    fabric = _launch(plan)
+    fabric = launch_processes(plan)
     dims = ParallelDims(fabric.world_size, tp=plan.launch.tp, pp=plan.launch.pp, cp=plan.launch.cp,
                         ep=plan.launch.ep)  # fmt: skip
     mesh = dims.build_mesh(fabric.device.type)
@@ -101,7 +101,7 @@ def setup(plan: RunPlan) -> Run:
     return run
 
 
-def _launch(plan: RunPlan) -> Fabric:
+def launch_processes(plan: RunPlan) -> Fabric:
     """The processes: the launcher's world (or those Fabric starts itself), their default group, seeded."""
     launch = plan.launch
     if torch.cuda.is_available():  # the documented policy, said in the log (Lightning's own notice is dropped)

@@ -29,6 +29,7 @@ from .attention import (
 )
 from .errors import ModelConfigError
 from .init_methods import INIT_METHODS, init_weight, normal_std
+from .kv_cache import KVCache, decoding_mask
 from .moe import Experts, MoELayer, MoESpec
 from .norms import NORMS, ScaleNorm, build_norm
 from .positions import alibi_bias, alibi_slopes, sinusoidal_embedding
@@ -211,7 +212,8 @@ class SelfAttention(nn.Module):
         """ALiBi's slope of every query head (plain numbers: computed, never trained or saved)."""
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
-                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
+                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
         batch, seq, _ = hidden.shape
         head_dim = self.config.head_dim
         # -1 heads: under tensor parallelism a rank holds a slice of the heads.
@@ -222,11 +224,14 @@ class SelfAttention(nn.Module):
         query, key, value = (p.view(batch, seq, -1, head_dim).transpose(1, 2) for p in projections)
         if rotary is not None:
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
+        if cache is not None:  # attend over every token seen so far
+            key, value = cache.extend(self.core_attention.layer_number, key, value)
         bias = None
         if self.alibi is not None:
             local = query.shape[1]
             start = self._head_offset(local)
-            bias = alibi_bias(self.alibi[start:start + local], query.shape[2], query.device)
+            bias = alibi_bias(self.alibi[start:start + local], query.shape[2], query.device,
+                              past=key.shape[2] - query.shape[2])  # fmt: skip
         context = self.core_attention(query, key, value, allowed, documents, bias)
         return self.o_proj(context.transpose(1, 2).reshape(batch, seq, -1))
 
@@ -279,9 +284,10 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
-                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
+                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
         normed = self.input_layernorm(hidden)
-        attention = self.dropout(self.self_attn(normed, rotary, allowed, documents))
+        attention = self.dropout(self.self_attn(normed, rotary, allowed, documents, cache))
         if self.block == "pre_ln":
             hidden = hidden + attention
             return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
@@ -305,12 +311,12 @@ class GPTDecoder(nn.Module):
         """Set by `use_context_parallel`: the layers' attention covers a split sequence."""
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                document_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
         hidden = input_ids  # a later pipeline stage (no embeddings) takes the residual stream
         if self.embed_tokens is not None:
             hidden = self.embedding_dropout(self.embed(input_ids, position_ids))
         hidden = self.run_layers([layer for layer in self.layers if layer is not None], hidden, position_ids,
-                                 document_ids)  # fmt: skip
+                                 document_ids, cache)  # fmt: skip
         return hidden if self.norm is None else self.norm(hidden)
 
     def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -322,13 +328,17 @@ class GPTDecoder(nn.Module):
         return hidden
 
     def run_layers(self, layers: Iterable[nn.Module], hidden: torch.Tensor, position_ids: torch.Tensor,
-                   document_ids: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+                   document_ids: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
         """`hidden` through `layers` (all of them, or a pipeline stage's). A context-parallel attention
         masks documents itself (its part of the sequence is not contiguous); the others get each
         document's span, or a mask where a document is not one contiguous run (or the kernel is the
-        unfused one, which takes masks only)."""
+        unfused one, which takes masks only). With a `cache` the tokens extend those it holds, attending
+        to them under the decoding mask."""
         allowed = None
         seq, window = position_ids.shape[-1], self.config.sliding_window  # whole rows (sequence parallel splits hidden)
+        if cache is not None:
+            allowed = decoding_mask(cache.length, seq, window, hidden.device)
+            document_ids = window = None
         spans = document_spans(document_ids) if document_ids is not None and not self.context_parallel else None
         longest = max(end - start for row in spans for start, end in row) if spans else seq
         window = window if window is not None and window < longest else None  # a wider one changes nothing
@@ -341,7 +351,7 @@ class GPTDecoder(nn.Module):
         if self.config.position_embedding_type == "rope":
             rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)
         for layer in layers:
-            hidden = layer(hidden, rotary, allowed, document_ids)
+            hidden = layer(hidden, rotary, allowed, document_ids, cache)
         return hidden
 
 
@@ -359,14 +369,15 @@ class GPTForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                document_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                document_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
         """`document_ids` (batch, seq), when given, confines attention to each document. A pipeline
         stage (see `keep_pipeline_stage`) takes and returns the residual stream where it lacks the
-        embedding or the output layer (and then ignores `labels`)."""
+        embedding or the output layer (and then ignores `labels`). With a `cache` (decoding) the tokens
+        continue those the cache holds: `position_ids` then start at its length."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape[:2])
-        hidden = self.model(input_ids, position_ids, document_ids)
+        hidden = self.model(input_ids, position_ids, document_ids, cache)
         if self.lm_head is None:
             return hidden
         if labels is None:

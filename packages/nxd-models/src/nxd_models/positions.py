@@ -31,9 +31,10 @@ def alibi_slopes(heads: int) -> list[float]:
     return powers(closest) + powers(2 * closest)[0::2][: heads - closest]
 
 
-def alibi_bias(slopes: list[float], seq: int, device: torch.device) -> torch.Tensor:
-    """(heads, seq, seq) float32 bias -slope (i - j) of query i over key j (positive above the diagonal,
-    where causal masking hides it)."""
-    position = torch.arange(seq, device=device, dtype=torch.float32)
-    distance = position[:, None] - position[None, :]
+def alibi_bias(slopes: list[float], seq: int, device: torch.device, past: int = 0) -> torch.Tensor:
+    """(heads, seq, past + seq) float32 bias -slope (i - j) of query i over key j (positive above the diagonal,
+    where causal masking hides it); the queries sit at positions past .. past + seq - 1 (decoding)."""
+    query = torch.arange(past, past + seq, device=device, dtype=torch.float32)
+    key = torch.arange(past + seq, device=device, dtype=torch.float32)
+    distance = query[:, None] - key[None, :]
     return -torch.tensor(slopes, device=device, dtype=torch.float32)[:, None, None] * distance

@@ -43,7 +43,6 @@ _KERNEL = "a CUDA kernel choice with the same arithmetic; nxd runs torch's own k
 _LAUNCHER = ("a setting of DeepSpeed's launcher that nxd's launches do not need (`nxd-train launch` writes an sbatch "
              "script or each host's torchrun command)")  # fmt: skip
 _DERIVED = "NeoX derives it while it runs (a value written in a file is overwritten); nxd derives its own"
-_GENERATION = "a setting of NeoX's generate.py / eval.py; nxd-train trains"
 _COMET = "used only with use_comet, which nxd refuses"
 _MAMBA = "used only by mamba layers (attention_config), which nxd refuses"
 _RWKV = "used only by rwkv layers (attention_config), which nxd refuses"
@@ -258,22 +257,27 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("expert_interval", "Parallelism", 2, M, "model.moe.frequency",
      "the older spelling of moe_expert_interval (only 1: nxd counts MoE layers from 1, NeoX from 0)"),
     # ----------------------------------------------------------------------------- text generation
-    ("text_gen_type", "Text generation", None, N, "", _GENERATION),
+    ("text_gen_type", "Text generation", None, M, "generate.text_gen_type",
+     "unconditional, input-file or interactive (nxd-train generate); precompute refused: nxd computes reference "
+     "log-probs itself"),
     ("precompute_model_name", "Text generation", None, M, "data.pair_documents / data.example_documents",
      "with dpo or kto: every data prefix's reference log-probs are read from {prefix}_{name} (float32, one per "
      "token, as NeoX's precompute writes them) and no reference model runs"),
-    ("temperature", "Text generation", 0.0, N, "", _GENERATION),
-    ("top_p", "Text generation", 0.0, N, "", _GENERATION),
-    ("top_k", "Text generation", 0, N, "", _GENERATION),
-    ("return_logits", "Text generation", False, N, "", _GENERATION),
-    ("maximum_tokens", "Text generation", 64, N, "", _GENERATION),
-    ("prompt_end", "Text generation", "\n", N, "", _GENERATION),
-    ("sample_input_file", "Text generation", None, N, "", _GENERATION),
-    ("sample_output_file", "Text generation", "samples.txt", N, "", _GENERATION),
-    ("num_samples", "Text generation", 1, N, "", _GENERATION),
-    ("recompute", "Text generation", False, N, "", _GENERATION),
-    ("eval_results_prefix", "Text generation", "", N, "", _GENERATION),
-    ("eval_tasks", "Text generation", None, N, "", _GENERATION),
+    ("temperature", "Text generation", 0.0, M, "generate.temperature", ""),
+    ("top_p", "Text generation", 0.0, M, "generate.top_p", ""),
+    ("top_k", "Text generation", 0, M, "generate.top_k", ""),
+    ("return_logits", "Text generation", False, M, "generate.return_logits", ""),
+    ("maximum_tokens", "Text generation", 64, M, "generate.maximum_tokens", ""),
+    ("prompt_end", "Text generation", "\n", M, "generate.prompt_end", ""),
+    ("sample_input_file", "Text generation", None, M, "generate.sample_input_file", ""),
+    ("sample_output_file", "Text generation", "samples.txt", M, "generate.sample_output_file", ""),
+    ("num_samples", "Text generation", 1, M, "generate.num_samples", ""),
+    ("recompute", "Text generation", False, M, "generate.recompute",
+     "true: no key/value cache, the whole prefix for every token"),
+    ("eval_results_prefix", "Text generation", "", M, "eval.results_prefix",
+     "nxd-train eval writes {prefix}_eval_results_{yy-mm-dd-HH-MM}.json"),
+    ("eval_tasks", "Text generation", None, M, "eval.tasks",
+     "lm-evaluation-harness tasks of nxd-train eval (nxd-train[eval])"),
     # ----------------------------------------------------------------------------- mixture of experts
     ("moe_num_experts", "MoE", 1, M, "model.moe.num_experts", "1: dense MLPs; more: dropless MoE layers"),
     ("moe_top_k", "MoE", 1, M, "model.moe.top_k", ""),

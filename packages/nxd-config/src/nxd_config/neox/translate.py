@@ -13,7 +13,7 @@ import difflib
 from typing import Any
 
 from ..errors import show
-from . import file_keys, model_keys, post_training_keys, training_keys
+from . import file_keys, inference_keys, model_keys, post_training_keys, training_keys
 from .keys import NEOX_KEYS, KeyStatus, NeoXKey
 from .translation import Arguments, Translation, is_default, mapping
 
@@ -21,7 +21,8 @@ GROUPS = (model_keys.model_keys, model_keys.attention_keys, model_keys.mlp_keys,
           training_keys.parallel_keys, training_keys.launcher_keys, training_keys.precision_keys,
           training_keys.optimizer_keys, training_keys.loop_keys, file_keys.data_keys,
           post_training_keys.post_training_keys, file_keys.tokenizer_keys, file_keys.checkpoints_keys,
-          file_keys.resume_keys, file_keys.logging_keys)  # fmt: skip
+          file_keys.resume_keys, file_keys.logging_keys,
+          inference_keys.inference_keys)  # fmt: skip
 """Each group of mapped keys, in the order they are translated."""
 
 

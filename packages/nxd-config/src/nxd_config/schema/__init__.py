@@ -12,6 +12,7 @@ from .alignment import AlignmentConfig
 from .data import DataConfig
 from .distributed import DistributedStrategyConfig
 from .exp_manager import ExpManagerConfig
+from .inference import EvalConfig, GenerateConfig
 from .model import ModelConfig
 from .precision import PrecisionConfig
 from .trainer import TrainerConfig
@@ -42,6 +43,9 @@ class NxdConfig(Section):
         None, "Fine-tuning method (sft, dpo, orpo, kto, reward_model) and LoRA. Older spelling: "
         "data.alignment_strategy."
     )
+    generate: GenerateConfig = key(GenerateConfig(), "What nxd-train generate samples (nxd extension).",
+                                   status=Status.EXTENSION)  # fmt: skip
+    eval: EvalConfig = key(EvalConfig(), "What nxd-train eval benchmarks (nxd extension).", status=Status.EXTENSION)
     compiler_flags: str | None = key(
         None, "Neuron compiler flags (NEURON_CC_FLAGS).", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
     )

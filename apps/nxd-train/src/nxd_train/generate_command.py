@@ -1,0 +1,142 @@
+"""`nxd-train generate`: samples of a trained run, as GPT-NeoX's generate.py writes them.
+
+Three modes (`generate.text_gen_type`): unconditional (num_samples continuations of the end-of-document
+token), input-file (each prompt of sample_input_file, separated by prompt_end) and interactive (a prompt loop
+on the terminal). Completions are JSON lines with NeoX's fields: context, text, length, finished, message,
+duration_seconds (and logits with return_logits). Every process of the tensor-parallel layout runs the same
+forwards; the first reads the prompts and writes the results.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from nxd_config.schema.inference import GenerateConfig
+from nxd_data import save_atomically
+from nxd_models.generation import Completion, Sampling, generate
+
+from .inference import LoadedRun, say
+
+NOT_STARTED = "WARNING: text generation did not start; try different batching or adjust parameters"
+"""NeoX's message for a completion whose first token ended it."""
+
+
+def output_path(settings: GenerateConfig) -> Path | None:
+    """Where the completions go: sample_output_file, else beside the input file (input-file mode), else nowhere."""
+    if settings.sample_output_file is not None:
+        return Path(settings.sample_output_file)
+    if settings.text_gen_type == "input-file" and settings.sample_input_file is not None:
+        return Path(settings.sample_input_file + ".output.jsonl")
+    return None
+
+
+def settings_problems(settings: GenerateConfig) -> list[str]:
+    """What stops generation before any model is loaded: a missing input file, an output file that exists."""
+    problems = []
+    if settings.text_gen_type == "input-file":
+        if settings.sample_input_file is None:
+            problems.append("generate.sample_input_file: expected the prompts' file with text_gen_type input-file, "
+                            "found none")  # fmt: skip
+        elif not Path(settings.sample_input_file).is_file():
+            problems.append(f"generate.sample_input_file: expected a text file of prompts, found no file at "
+                            f"{settings.sample_input_file}")  # fmt: skip
+    out = output_path(settings)
+    if settings.text_gen_type != "interactive" and out is not None and out.exists():
+        problems.append(f"generate.sample_output_file: {out} exists; expected a new file (nxd-train never writes over "
+                        "one): name another, or move it away")  # fmt: skip
+    return problems
+
+
+def read_prompts(settings: GenerateConfig) -> list[str]:
+    """The prompts of sample_input_file: split at prompt_end, stripped, empty ones left out (as NeoX reads them)."""
+    text = Path(settings.sample_input_file).read_text(encoding="utf-8")
+    return [prompt.strip() for prompt in text.split(settings.prompt_end) if prompt.strip()]
+
+
+def run_generation(run: LoadedRun, settings: GenerateConfig, seed: int) -> int:
+    """Generate as `settings` say; 0 when done."""
+    generator = torch.Generator(device=run.fabric.device).manual_seed(seed)
+    if settings.text_gen_type == "interactive":
+        return _interactive(run, settings, generator)
+    prompts = [""] * settings.num_samples if settings.text_gen_type == "unconditional" else read_prompts(settings)
+    records = list(_complete(run, settings, prompts, generator))
+    out = output_path(settings)
+    if run.first and out is not None:
+        save_atomically(out, "".join(json.dumps(record) + "\n" for record in records).encode())
+    if run.first:
+        where = f" in {out}" if out is not None else ""
+        tokens = sum(record["length"] for record in records)
+        seconds = sum(record["duration_seconds"] for record in records)
+        say(run, f"nxd-train generate: {len(records)} completion(s), {tokens} tokens in {seconds:.2f} s{where}")
+        if out is None:
+            for record in records:
+                print(json.dumps(record), flush=True)
+    return 0
+
+
+def _complete(run: LoadedRun, settings: GenerateConfig, prompts: list[str],
+              generator: torch.Generator) -> Iterator[dict[str, object]]:  # fmt: skip
+    """Each prompt's record, `batch_size` prompts at a time."""
+    eod = run.tokenizer.eod_id
+    sampling = Sampling(settings.temperature, settings.top_k, settings.top_p)
+    cache = None if settings.recompute else run.new_cache
+    for start in range(0, len(prompts), settings.batch_size):
+        batch = prompts[start:start + settings.batch_size]
+        ids = [tokens or [eod] for tokens in run.tokenizer.encode(batch)]  # an empty prompt: the end-of-document token
+        started = time.perf_counter()
+        completions = generate(run.logits, cache, ids, maximum_tokens=settings.maximum_tokens, context=run.context,
+                               end_id=eod, vocab_size=run.vocab_size, sampling=sampling, generator=generator,
+                               return_logits=settings.return_logits, device=run.fabric.device)  # fmt: skip
+        seconds = (time.perf_counter() - started) / len(batch)
+        for prompt, completion in zip(batch, completions, strict=True):
+            yield _record(run, prompt, completion, seconds)
+
+
+def _record(run: LoadedRun, prompt: str, completion: Completion, seconds: float) -> dict[str, object]:
+    started = bool(completion.tokens)
+    record: dict[str, object] = {
+        "context": prompt, "text": run.tokenizer.tokenizer.decode(completion.tokens) if started else None,
+        "length": len(completion.tokens), "finished": completion.finished,
+        "message": None if started else NOT_STARTED, "duration_seconds": seconds,
+    }  # fmt: skip
+    if completion.logits is not None:
+        record["logits"] = completion.logits
+    return record
+
+
+def _interactive(run: LoadedRun, settings: GenerateConfig, generator: torch.Generator) -> int:
+    """Prompts typed on the terminal, each answered as it ends (a line holding prompt_end, or any line when
+    prompt_end is a newline); end of input or an empty prompt line 'exit' ends the loop."""
+    while True:
+        prompt = _read_prompt(settings.prompt_end) if run.first else None
+        prompt = run.fabric.broadcast(prompt, src=0)
+        if prompt is None:
+            return 0
+        record = next(_complete(run, settings, [prompt], generator))
+        if run.first:
+            print(f"Generated Text: {record['text'] if record['text'] is not None else ''}", flush=True)
+            if record["message"]:
+                print(record["message"], flush=True)
+
+
+def _read_prompt(prompt_end: str) -> str | None:
+    """One prompt from standard input (None at its end, or 'exit')."""
+    text = ""
+    while True:
+        try:
+            line = input("Context prompt >>> " if not text else "")
+        except EOFError:
+            return None
+        if prompt_end == "\n":
+            text = line
+            break
+        if prompt_end in line:
+            text += line.split(prompt_end)[0]
+            break
+        text += line + "\n"
+    return None if text.strip() == "exit" else text
+

@@ -1,0 +1,147 @@
+"""A trained run stood up for inference (`nxd-train generate`, `nxd-train eval`): the run's newest complete
+checkpoint (or the weights `exp_manager.resume_from_checkpoint` names: an nxd checkpoint, a Hugging Face or
+GPT-NeoX folder, a LoRA run's adapters on their base) loaded into the config's model at its tensor-parallel
+layout, on as many processes as that layout has. The other parallel dimensions serve training only, so the
+weights are gathered out of them (said once); the tokenizer is the run's own.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+from lightning_fabric import Fabric
+from nxd_config import NxdConfig
+from nxd_data import TextTokenizer
+from nxd_models import ModelFamily
+from nxd_models.decoding import decoding_cache, decoding_logits
+from nxd_parallel import ParallelDims, build_parallel_model
+from nxd_precision import prepare_parameters
+from torch import nn
+
+from .checkpointing import Resume, load_adapters, load_weights
+from .data import run_tokenizer
+from .plan import RunPlan
+from .preflight import plan_run
+from .restore import load_base
+
+
+class InferenceError(Exception):
+    """A run that cannot be loaded for inference (no checkpoint); the message says what to do."""
+
+
+@dataclass
+class LoadedRun:
+    """A trained model ready to score and sample, and what inference needs of its run."""
+
+    plan: RunPlan
+    fabric: Fabric
+    model: nn.Module
+    tokenizer: TextTokenizer
+    resume: Resume
+
+    @property
+    def family(self) -> ModelFamily:
+        return self.plan.family
+
+    @property
+    def context(self) -> int:
+        """Positions the model was trained on: no prompt and continuation goes beyond them."""
+        return self.plan.seq_length
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer has (the output layer's padding rows beyond them are never chosen)."""
+        return self.plan.data.vocab_size
+
+    @property
+    def first(self) -> bool:
+        """The process that writes outputs and talks to the user."""
+        return self.fabric.global_rank == 0
+
+    def autocast(self) -> AbstractContextManager[None]:
+        return self.fabric.autocast()
+
+    def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: object | None) -> torch.Tensor:
+        """Logits of tokens continuing `cache` (None: a whole prefix from position 0), without gradients."""
+        with torch.no_grad(), self.fabric.autocast():
+            return decoding_logits(self.model, input_ids.to(self.fabric.device), position_ids.to(self.fabric.device),
+                                   cache)  # fmt: skip
+
+    def new_cache(self) -> object:
+        return decoding_cache(self.model)
+
+
+def inference_config(cfg: NxdConfig) -> NxdConfig:
+    """`cfg` as inference reads it: weights only, from resume_from_checkpoint or the newest complete checkpoint
+    of the run's log directory, at the tensor-parallel layout alone (one replica, no pipeline or context split,
+    no sharded optimizer), writing no checkpoint."""
+    exp, ds, data = cfg.exp_manager, cfg.distributed_strategy, cfg.data
+    resume = {} if exp.resume_from_checkpoint else {"resume_if_exists": True, "resume_ignore_no_checkpoint": True}
+    tp = ds.tensor_model_parallel_size
+    update = {
+        "exp_manager": exp.model_copy(update={**resume, "create_checkpoint_callback": False,
+                                              "require_empty_log_dir": False}),
+        "model": cfg.model.model_copy(update={"weight_init_only": True, "activations_checkpoint_granularity": None}),
+        "trainer": cfg.trainer.model_copy(update={"devices": tp, "num_nodes": 1}),
+        "distributed_strategy": ds.model_copy(update={"pipeline_model_parallel_size": 1, "context_parallel_size": 1,
+                                                      "virtual_pipeline_model_parallel_size": 1,
+                                                      "expert_model_parallel_size": 1, "zero1": False,
+                                                      "sequence_parallel": False}),
+        "data": data.model_copy(update={"global_batch_size": data.micro_batch_size}),
+    }  # fmt: skip
+    return cfg.model_copy(update=update)
+
+
+def layout_note(cfg: NxdConfig) -> str | None:
+    """What inference leaves out of the config's layout, in one line (None: nothing)."""
+    ds = cfg.distributed_strategy
+    dropped = [f"{name} {size}" for name, size in (("pipeline", ds.pipeline_model_parallel_size),
+                                                   ("context", ds.context_parallel_size),
+                                                   ("expert", ds.expert_model_parallel_size),
+                                                   ("data", cfg.data_parallel_size)) if size > 1]  # fmt: skip
+    if not dropped:
+        return None
+    return (f"inference runs at tensor parallel {ds.tensor_model_parallel_size} on "
+            f"{ds.tensor_model_parallel_size} process(es): the weights are gathered out of the training layout's "
+            f"{', '.join(dropped)} (those split training's work, not one forward's)")  # fmt: skip
+
+
+def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
+    """Launch the layout's processes and load the run's weights into its model; PreflightError for a config that
+    would not run, InferenceError when there are no weights to load."""
+    from .run import launch_processes
+
+    plan = plan_run(inference_config(cfg), cache_dir)
+    resume = plan.resume
+    if resume is None:
+        exp = cfg.exp_manager
+        where = exp.explicit_log_dir or f"{exp.exp_dir or 'nxd_logs'}/{exp.name or cfg.name}"
+        raise InferenceError(f"no checkpoint to load: expected a complete checkpoint of the run under {where} (train "
+                             "it with exp_manager.create_checkpoint_callback: True) or weights named by "
+                             "exp_manager.resume_from_checkpoint")  # fmt: skip
+    fabric = launch_processes(plan)
+    mesh = ParallelDims(fabric.world_size, tp=plan.launch.tp).build_mesh(fabric.device.type)
+    model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=plan.launch.seed,
+                                 use_cpu_initialization=plan.launch.use_cpu_initialization,
+                                 prepare=partial(prepare_parameters, policy=plan.policy))  # fmt: skip
+    lora = plan.lora
+    if lora is not None and not (resume.hugging_face or resume.neox):
+        load_base(plan, lora, model, resume.path, None)
+        load_adapters(model, resume.path, lora, None)
+    else:
+        load_weights(model, resume, plan.family, None, lora)
+    model.eval()
+    tokenizer = run_tokenizer(cfg.data, cache_dir, cfg.model.trust_remote_code)
+    return LoadedRun(plan, fabric, model, tokenizer, resume)
+
+
+def say(run: LoadedRun | None, line: str) -> None:
+    """A line for the user from the first process (every process before the launch)."""
+    if run is None or run.first:
+        print(line, file=sys.stderr, flush=True)
+

@@ -1,0 +1,89 @@
+"""`nxd-train generate` and `nxd-train eval`: load the config, stand the trained run up for inference on its
+tensor-parallel processes, and say any problem in one line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from nxd_config import NxdConfig
+
+from .command_support import QUIET_EXIT_DELAY, exit_if_distributed, load, notices_to_stderr
+
+
+def generate_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
+    from .generate_command import run_generation, settings_problems
+
+    def check(config: NxdConfig) -> list[str]:
+        return settings_problems(config.generate)
+
+    return _inference(paths, overrides, dialect, check, lambda run, config: run_generation(run, config.generate,
+                                                                                         config.seed))  # fmt: skip
+
+
+def eval_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None,
+                 args: argparse.Namespace) -> int:  # fmt: skip
+    from .evaluation import evaluation_problems, run_evaluation, with_command_line
+
+    def check(config: NxdConfig) -> list[str]:
+        return evaluation_problems(config.eval)
+
+    return _inference(paths, overrides, dialect, check, run_evaluation, adjust=lambda c: with_command_line(c, args))
+
+
+def _inference(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None,
+               check: Callable[[NxdConfig], list[str]], work: Callable[..., int],
+               adjust: Callable[[NxdConfig], NxdConfig] | None = None) -> int:  # fmt: skip
+    from .launcher_check import readable_world
+
+    world = readable_world(os.environ)
+    quiet = world is not None and world.local_rank != 0
+    launch = None if world is None else {"WORLD_SIZE": str(world.world_size),
+                                         "LOCAL_WORLD_SIZE": str(world.local_world_size)}  # fmt: skip
+    config = load(paths, overrides, dialect, launch=launch, quiet=quiet)
+    if config is None:
+        return 1
+    if adjust is not None:
+        config = adjust(config)
+    path = ", ".join(str(p) for p in paths)
+    if problems := check(config):
+        if not quiet:
+            print(f"{path}: " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    from nxd_ckpt import CheckpointError
+    from nxd_data import DataError
+    from nxd_models import ModelConfigError
+
+    from .corpus import default_cache_dir
+    from .inference import InferenceError, layout_note, load_run
+    from .preflight import PreflightError
+
+    if not quiet and (note := layout_note(config)):
+        print(f"notice: {note}", file=sys.stderr)
+    try:
+        with notices_to_stderr(quiet=True):  # the training run's notices were said when it trained
+            run = load_run(config, default_cache_dir())
+    except PreflightError as error:
+        if quiet:
+            time.sleep(QUIET_EXIT_DELAY)
+            return 1
+        print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    except (InferenceError, CheckpointError, DataError) as error:
+        if not quiet:
+            print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    try:
+        code = work(run, config)
+    except ModelConfigError as error:  # a prompt the model cannot take: every rank has the same one
+        if run.first:
+            print(f"{path}: {error}", file=sys.stderr, flush=True)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    exit_if_distributed(code)
+    return code

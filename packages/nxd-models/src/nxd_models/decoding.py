@@ -1,0 +1,32 @@
+"""Either family's incremental decoding: an empty cache, and the logits of tokens that continue it (a
+transformers model keeps transformers' own `DynamicCache`; the Megatron-style decoder nxd's `KVCache`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+
+from .build import causal_lm_logits, sdpa_kernel_of
+from .kv_cache import KVCache
+
+
+def decoding_cache(model: nn.Module) -> KVCache | DynamicCache:
+    """An empty cache for `model` (either family): nxd's for the Megatron-style decoder, transformers' own for a
+    transformers model."""
+    inner = getattr(model, "module", model)
+    return DynamicCache(config=inner.config) if isinstance(inner, PreTrainedModel) else KVCache()
+
+
+def decoding_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                    cache: KVCache | DynamicCache | None) -> torch.Tensor:  # fmt: skip
+    """Logits (batch, seq, vocab) of tokens at `position_ids` that continue those `cache` holds (then added to
+    it); without a cache, of a whole prefix starting at position 0."""
+    if cache is None:
+        return causal_lm_logits(model, input_ids, position_ids)
+    inner = getattr(model, "module", model)
+    if isinstance(inner, PreTrainedModel):
+        with sdpa_kernel_of(getattr(inner, "nxd_attention", None)):
+            return model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
+                         use_cache=True).logits  # fmt: skip
+    return model(input_ids, position_ids, cache=cache)

@@ -1,0 +1,118 @@
+"""Text generation with either model family: greedy or sampled continuations of token prompts.
+
+Prompts of one batch share positions, as GPT-NeoX's generate.py runs them: rows are filled from the shortest
+prompt's end, a row still inside its own prompt takes its prompt's next token instead of the model's choice,
+so every row's tokens are those it would get alone (no padding enters any attention). Choices follow NeoX:
+greedy where temperature, top_k and top_p are all 0, otherwise the logits in float32 divided by the
+temperature, filtered to the top k and the top-p nucleus (transformers' own logits warpers), and sampled
+from a seeded generator, so a seed repeats its samples. A row ends at the end-of-document token (not part
+of its text) or after `maximum_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.tensor import DTensor
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from .errors import ModelConfigError
+
+StepLogits = Callable[[torch.Tensor, torch.Tensor, object | None], torch.Tensor]
+"""(input_ids, position_ids, cache or None) -> logits (batch, seq, vocab): one forward of a model family."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a next token is chosen (GPT-NeoX's generation keys)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 and self.top_k == 0 and self.top_p == 0
+
+    def warpers(self) -> LogitsProcessorList:
+        """transformers' warpers for this choice, in NeoX's order: temperature, then top-k, then top-p."""
+        warpers = LogitsProcessorList()
+        if self.temperature > 0 and self.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k > 0:
+            warpers.append(TopKLogitsWarper(self.top_k))
+        if 0 < self.top_p < 1:
+            warpers.append(TopPLogitsWarper(self.top_p))
+        return warpers
+
+
+@dataclass
+class Completion:
+    """One prompt's continuation."""
+
+    tokens: list[int]
+    """The generated tokens (the end-of-document token that ended it is not one of them)."""
+    finished: bool
+    """It ended at the end-of-document token (not at maximum_tokens or the context's end)."""
+    logits: list[list[float]] | None = None
+    """With return_logits: the logits each token was chosen from (after temperature and filtering)."""
+
+
+def generate(step: StepLogits, new_cache: Callable[[], object] | None, prompts: Sequence[Sequence[int]], *,
+             maximum_tokens: int, context: int, end_id: int, vocab_size: int, sampling: Sampling = Sampling(),
+             generator: torch.Generator | None = None, return_logits: bool = False,
+             device: torch.device | str = "cpu") -> list[Completion]:  # fmt: skip
+    """Continue each of `prompts` (token ids, none empty) by up to `maximum_tokens` tokens within `context`
+    positions, one forward per position: over the new tokens with a key/value cache from `new_cache`, over the
+    whole prefix when it is None (recompute). Logits beyond `vocab_size` (padding rows) are never chosen."""
+    if not prompts:
+        return []
+    lengths = [len(prompt) for prompt in prompts]
+    if min(lengths) == 0:
+        raise ModelConfigError("generation: expected a prompt of at least one token (an empty prompt starts "
+                               "from the end-of-document token), found an empty one")  # fmt: skip
+    if max(lengths) >= context:
+        raise ModelConfigError(f"generation: a prompt of {max(lengths)} tokens leaves no room in the model's context "
+                               f"of {context} positions; expected at most {context - 1} tokens")  # fmt: skip
+    rows, width = len(prompts), min(context, max(lengths) + maximum_tokens)
+    tokens = torch.full((rows, width), end_id, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        tokens[row, :len(prompt)] = torch.tensor(list(prompt), dtype=torch.long)
+    completions = [Completion([], False, [] if return_logits else None) for _ in prompts]
+    warpers = None if sampling.greedy else sampling.warpers()
+    cache = new_cache() if new_cache is not None else None
+    fed, position = 0, min(lengths)
+    while position < width and not all(_ended(c, maximum_tokens) for c in completions):
+        start = fed if cache is not None else 0
+        positions = torch.arange(start, position, device=device).expand(rows, -1)
+        logits = _local(step(tokens[:, start:position], positions, cache))[:, -1, :vocab_size].float()
+        fed = position
+        if warpers is not None:
+            logits = warpers(tokens[:, :position], logits)
+            chosen = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).view(-1)
+        else:
+            chosen = logits.argmax(dim=-1)
+        for row, completion in enumerate(completions):
+            if position < lengths[row] or _ended(completion, maximum_tokens):
+                continue
+            token = int(chosen[row])
+            tokens[row, position] = token
+            if completion.logits is not None:
+                completion.logits.append(logits[row].tolist())
+            if token == end_id:
+                completion.finished = True
+            else:
+                completion.tokens.append(token)
+        position += 1
+    return completions
+
+
+def _ended(completion: Completion, maximum_tokens: int) -> bool:
+    return completion.finished or len(completion.tokens) >= maximum_tokens
+
+
+def _local(logits: torch.Tensor) -> torch.Tensor:
+    """Whole logits on every rank (a tensor-parallel output layer leaves them split over the vocabulary)."""
+    return logits.full_tensor() if isinstance(logits, DTensor) else logits
