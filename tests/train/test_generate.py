@@ -12,6 +12,7 @@ import torch
 from nxd_train.cli import default_config_path, main
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.train.test_neox_runs import corpus  # noqa: F401  (a fixture)
 from tests.training_runs import FAST, run_command
 
 VARIED = ["model.init_method_std=0.5", "model.optim.lr=0.0"]
@@ -130,3 +131,97 @@ def test_bad_input_gets_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "leaves no room in the model's context of 64 positions" in err and "Traceback" not in err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+TEXT_GENERATION = """# Parameters used for text generation (GPT-NeoX's configs/text_generation.yml)
+# Make sure `load` is specified somewhere else
+{
+  "text_gen_type": "unconditional",
+  "maximum_tokens": 12,
+  "prompt_end": "\\n",
+  "temperature": 1.0,
+  "top_p": 0.0,
+  "top_k": 0,
+  "recompute": false,
+  "num_samples": 3,
+  "sample_input_file": "sample_input.txt",
+  "sample_output_file": "sample_output.txt",
+}
+"""
+
+
+def _read_until(master: int, wanted: str, seen: str, timeout: float = 120) -> str:
+    """What the terminal showed until `wanted` appeared (an AssertionError with all of it otherwise)."""
+    import os
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    while wanted not in seen:
+        ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"no {wanted!r} on the terminal; it showed:\n{seen}"
+        try:
+            seen += os.read(master, 4096).decode(errors="replace")
+        except OSError:  # the process closed the terminal
+            break
+    assert wanted in seen, seen
+    return seen
+
+
+@pytest.mark.slow
+def test_a_neox_pair_generates_in_all_three_modes(tmp_path, corpus, tokenizer_file, gpt2_files,  # noqa: F811
+                                                  sentencepiece_dir):
+    """pythia.yml + local_setup.yml + text_generation.yml, as NeoX users run generate.py: unconditional samples,
+    an input file's prompts, and prompts typed on a terminal (a pseudo-terminal here)."""
+    from tests.train.test_neox_runs import NEOX
+    from tests.train.test_neox_runs import _train as train_neox
+
+    setup, _ = train_neox("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    textgen = tmp_path / "text_generation.yml"
+    textgen.write_text(TEXT_GENERATION)
+    files = [str(NEOX / "pythia.yml"), str(setup), str(textgen)]
+    result = run_command("generate", *files, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    samples = _generated(tmp_path / "sample_output.txt")
+    assert len(samples) == 3 and all(r["context"] == "" and 0 < r["length"] + r["finished"] <= 12 for r in samples)
+    assert "gathered out of the training layout's data 2" in result.stderr  # pythia.yml trains on 2 processes
+    (tmp_path / "sample_input.txt").write_text("def main(\nimport os\n\nclass Foo\n")
+    result = run_command("generate", *files, "text_gen_type=input-file", "sample_output_file=from_file.jsonl",
+                         cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["context"] for r in _generated(tmp_path / "from_file.jsonl")] == ["def main(", "import os", "class Foo"]
+    _interactive_session(tmp_path, "generate", *files, "text_gen_type=interactive", "temperature=0.0")
+
+
+def _interactive_session(cwd: Path, *args: str) -> str:
+    """nxd-train on a pseudo-terminal: one prompt typed, its answer read, then Ctrl-D; what the terminal showed."""
+    import os
+    import subprocess
+    import sys
+
+    master, terminal = os.openpty()
+    process = subprocess.Popen([str(Path(sys.executable).with_name("nxd-train")), *args], cwd=cwd, stdin=terminal,
+                               stdout=terminal, stderr=terminal)  # fmt: skip
+    os.close(terminal)
+    try:
+        seen = _read_until(master, "Context prompt >>> ", "")
+        os.write(master, b"def main(\n")
+        seen = _read_until(master, "Generated Text: ", seen)
+        seen = _read_until(master, "Context prompt >>> ", seen)
+        os.write(master, b"\x04")  # end of input (Ctrl-D)
+        assert process.wait(timeout=60) == 0, seen
+    finally:
+        process.kill()
+        os.close(master)
+    assert "Traceback" not in seen
+    return seen
+
+
+def test_interactive_prompts_on_a_terminal(tmp_path):
+    log_dir = tmp_path / "run"
+    _train(log_dir)
+    seen = _interactive_session(tmp_path, "generate", str(default_config_path()), *VARIED,
+                                f"+exp_manager.explicit_log_dir={log_dir}", "+generate.text_gen_type=interactive",
+                                "+generate.maximum_tokens=8")  # fmt: skip
+    answer = seen.split("Generated Text: ")[1].split("Context prompt")[0].strip()
+    assert answer and not (tmp_path / "samples.txt").exists()  # interactive answers go to the terminal only

@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--limit", type=float, default=None, help="documents per task (a fraction below 1)")
     evaluation.add_argument("--num-fewshot", type=int, default=None, help="examples in each prompt")
     evaluation.add_argument("--include-path", default=None, help="a folder of one's own task YAML files")
+    evaluation.add_argument("--log-samples", action="store_true",
+                            help="each document's prompt, responses and scores in the results file too")
 
     data = commands.add_parser("data", help="prepare training data")
     data_actions = data.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -177,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args_list[index:index + 1] = ["--config", args_list[index]]
             index += 2
     if args_list[0] in ("train", "config", "plan", "launch", "generate", "eval"):
-        args_list = flag_overrides(args_list)
+        args_list = _options_first(flag_overrides(args_list))
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.command in ("generate", "eval"):
@@ -212,7 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 OPTIONS = ("--config", "-c", "--dialect", "--to", "--device-memory", "--output", "-o", "--submit", "--tasks", "--limit",
-           "--num-fewshot", "--include-path", "-h", "--help")
+           "--num-fewshot", "--include-path", "--log-samples", "-h", "--help")
+
+FLAGS = ("-h", "--help", "--submit", "--log-samples")
+"""nxd's options that take no value."""
 
 
 def flag_overrides(arguments: list[str]) -> list[str]:
@@ -224,7 +229,7 @@ def flag_overrides(arguments: list[str]) -> list[str]:
         item = arguments[index]
         name = item.partition("=")[0]
         if name in OPTIONS:
-            takes_value = "=" not in item and name not in ("-h", "--help", "--submit")
+            takes_value = "=" not in item and name not in FLAGS
             out += arguments[index:index + 1 + takes_value]
             index += 1 + takes_value
             continue
@@ -244,6 +249,21 @@ def flag_overrides(arguments: list[str]) -> list[str]:
         value = values[0] if len(values) == 1 else f"[{','.join(values)}]" if values else "true"
         out.append(f"{item[2:]}={value}")
     return out
+
+
+def _options_first(arguments: list[str]) -> list[str]:
+    """The subcommand's own options before its files and overrides, wherever they were written (argparse reads
+    no positional item after an option)."""
+    options, items, index = [], [], 1
+    while index < len(arguments):
+        item = arguments[index]
+        if item in OPTIONS and item not in FLAGS and index + 1 < len(arguments):
+            options += arguments[index:index + 2]
+            index += 2
+        else:
+            (options if item.startswith("-") and item.partition("=")[0] in OPTIONS else items).append(item)
+            index += 1
+    return [arguments[0], *options, *items]
 
 
 def _is_config_file(argument: str) -> bool:

@@ -1,0 +1,83 @@
+"""`nxd-train eval`: EleutherAI's lm-evaluation-harness over a trained run (`lm_eval_model.NxdLM`), as GPT-NeoX's
+eval.py runs it. Every tensor-parallel process runs every request (the model is one replica); the first prints
+lm-eval's table and writes the results where NeoX's eval.py writes them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from nxd_config import NxdConfig
+from nxd_config.schema.inference import EvalConfig
+from nxd_data import save_atomically
+
+from .inference import LoadedRun, say
+
+EXTRA = "pip install 'nxd-train[eval]' (uv sync --extra eval in a checkout)"
+
+
+def with_command_line(cfg: NxdConfig, args: argparse.Namespace) -> NxdConfig:
+    """`cfg` with eval's command-line options over its eval section."""
+    update: dict[str, Any] = {}
+    if args.tasks is not None:
+        update["tasks"] = tuple(task.strip() for task in args.tasks.split(",") if task.strip())
+    if args.log_samples:
+        update["log_samples"] = True
+    for name in ("limit", "num_fewshot", "include_path"):
+        if getattr(args, name) is not None:
+            update[name] = getattr(args, name)
+    return cfg.model_copy(update={"eval": cfg.eval.model_copy(update=update)}) if update else cfg
+
+
+def evaluation_problems(settings: EvalConfig) -> list[str]:
+    """What stops an evaluation before any model is loaded: lm-eval missing, no tasks, unknown tasks."""
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        return [f"nxd-train eval runs EleutherAI's lm-evaluation-harness, which is not installed: {EXTRA}"]
+    if not settings.tasks:
+        return ["eval.tasks: expected at least one lm-eval task (--tasks T1,T2, or GPT-NeoX's eval_tasks), found none"]
+    if settings.include_path is not None and not Path(settings.include_path).is_dir():
+        return [f"eval.include_path: expected a folder of task YAML files, found no folder at {settings.include_path}"]
+    if settings.limit is not None and settings.limit >= 1 and settings.limit != int(settings.limit):
+        return [f"eval.limit: expected a whole number of documents or a fraction below 1, found {settings.limit}"]
+    manager = TaskManager(include_path=settings.include_path)
+    unknown = [task for task in settings.tasks if task not in manager.all_tasks]
+    if unknown:
+        import difflib
+
+        hints = [f"{task!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
+            task, manager.all_tasks, n=1)) else "") for task in unknown]  # fmt: skip
+        return [f"eval.tasks: {', '.join(hints)} is not an lm-eval task; expected names `lm-eval ls tasks` lists"
+                + ("" if settings.include_path else ", or a folder of one's own with --include-path")]
+    return []
+
+
+def run_evaluation(run: LoadedRun, cfg: NxdConfig) -> int:
+    """Evaluate the run on cfg.eval's tasks; 0 when done."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import handle_non_serializable, make_table
+
+    settings = cfg.eval
+    limit = None if settings.limit is None else (settings.limit if settings.limit < 1 else int(settings.limit))
+    from .lm_eval_model import NxdLM
+
+    results = simple_evaluate(model=NxdLM(run, settings.batch_size), tasks=list(settings.tasks),
+                              num_fewshot=settings.num_fewshot, limit=limit,
+                              task_manager=TaskManager(include_path=settings.include_path),
+                              random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+                              fewshot_random_seed=cfg.seed, log_samples=settings.log_samples)  # fmt: skip
+    if not run.first:
+        return 0
+    print(make_table(results))
+    if "groups" in results:
+        print(make_table(results, "groups"))
+    name = f"eval_results_{datetime.now().strftime('%m-%d-%Y-%H-%M-%S')}.json"
+    path = Path(f"{settings.results_prefix}_{name}" if settings.results_prefix else name)
+    save_atomically(path, json.dumps(results, indent=4, default=handle_non_serializable).encode())
+    say(run, f"nxd-train eval: results in {path}")
+    return 0

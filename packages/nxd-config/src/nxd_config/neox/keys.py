@@ -275,7 +275,7 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("recompute", "Text generation", False, M, "generate.recompute",
      "true: no key/value cache, the whole prefix for every token"),
     ("eval_results_prefix", "Text generation", "", M, "eval.results_prefix",
-     "nxd-train eval writes {prefix}_eval_results_{yy-mm-dd-HH-MM}.json"),
+     "nxd-train eval writes {prefix}_eval_results_{mm-dd-YYYY-HH-MM-SS}.json, as NeoX's eval.py"),
     ("eval_tasks", "Text generation", None, M, "eval.tasks",
      "lm-evaluation-harness tasks of nxd-train eval (nxd-train[eval])"),
     # ----------------------------------------------------------------------------- mixture of experts

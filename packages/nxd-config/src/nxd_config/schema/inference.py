@@ -47,8 +47,9 @@ class EvalConfig(Section):
 
     tasks: frozen_list(str) = key((), "lm-eval task names (GPT-NeoX's eval_tasks); --tasks on the command line.",
                                   by=TRAIN, status=EXT)  # fmt: skip
-    results_prefix: str = key("", "Results go to {results_prefix}_eval_results_{yy-mm-dd-HH-MM}.json (GPT-NeoX's "
-                                  "eval_results_prefix).", by=TRAIN, status=EXT)  # fmt: skip
+    results_prefix: str = key("", "Results go to {results_prefix}_eval_results_{mm-dd-YYYY-HH-MM-SS}.json, as "
+                                  "GPT-NeoX's eval.py names them (eval_results_{...}.json without a prefix).",
+                              by=TRAIN, status=EXT)  # fmt: skip
     num_fewshot: int | None = key(None, "Examples in each prompt (null: each task's own).", by=TRAIN, status=EXT,
                                   ge=0)  # fmt: skip
     limit: float | None = key(None, "Documents per task (a fraction below 1), for a quick look.", by=TRAIN,
@@ -56,3 +57,5 @@ class EvalConfig(Section):
     include_path: str | None = key(None, "A folder of task YAML files of one's own (lm-eval's --include_path).",
                                    by=TRAIN, status=EXT)  # fmt: skip
     batch_size: int = key(8, "Requests scored in one forward.", by=TRAIN, status=EXT, ge=1)
+    log_samples: bool = key(False, "Write each document's prompt, responses and scores in the results file too "
+                                   "(lm-eval's --log_samples).", by=TRAIN, status=EXT)  # fmt: skip

@@ -1,0 +1,111 @@
+"""lm-eval's model interface over a loaded nxd run.
+
+`NxdLM` is an lm-eval `TemplateLM`, so lm-eval splits contexts and continuations, builds rolling windows and
+prompts exactly as for its own Hugging Face model (`HFLM`); nxd scores them (`loglikelihood`,
+`loglikelihood_rolling`) in batches of similar length, cut to the context from the left as HFLM cuts them, and
+generates (`generate_until`) with nxd-models' generation and its key/value cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lm_eval.api.model import TemplateLM
+from nxd_models.generation import Sampling, generate
+
+from .inference import LoadedRun
+
+
+class NxdLM(TemplateLM):
+    """lm-eval's view of a loaded nxd run."""
+
+    def __init__(self, run: LoadedRun, batch_size: int = 8):
+        super().__init__()
+        self.run, self.batch_size = run, batch_size
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.run.tokenizer.eod_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self.run.tokenizer.begin_id
+
+    @property
+    def max_length(self) -> int:
+        return self.run.context
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        return self.run.tokenizer.encode([string])[0]
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.run.tokenizer.tokenizer.decode(tokens)
+
+    def _loglikelihood_tokens(self, requests: list[tuple[Any, list[int], list[int]]], disable_tqdm: bool = False,
+                              override_bs: int | None = None) -> list[tuple[float, bool]]:  # fmt: skip
+        """Sum of the continuation's log-probabilities and whether greedy decoding gives it, per request; the
+        whole input cut to the model's context from the left, as HFLM cuts it; longest first, in batches."""
+        size = override_bs or self.batch_size
+        inputs = [(context + continuation)[-(self.max_length + 1):][:-1] for _, context, continuation in requests]
+        order = sorted(range(len(requests)), key=lambda i: -len(inputs[i]))
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        for start in range(0, len(order), size):
+            batch = order[start:start + size]
+            width = len(inputs[batch[0]])
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            for row, index in enumerate(batch):
+                ids[row, :len(inputs[index])] = torch.tensor(inputs[index])
+            positions = torch.arange(width).expand(len(batch), -1)
+            logits = self.run.logits(ids, positions, None)
+            log_probs = torch.log_softmax(_whole(logits)[..., :self.run.vocab_size].float(), dim=-1).cpu()
+            for row, index in enumerate(batch):
+                continuation, length = requests[index][2], len(inputs[index])
+                span = log_probs[row, length - len(continuation):length]
+                target = torch.tensor(continuation)
+                greedy = bool((span.argmax(dim=-1) == target).all())
+                results[index] = (float(span.gather(1, target[:, None]).sum()), greedy)
+        return results  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """Each string's log-likelihood over disjoint windows of the context (lm-eval's own windows)."""
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        totals = []
+        for request in requests:
+            windows = [make_disjoint_window(window) for window in get_rolling_token_windows(
+                token_list=self.tok_encode(request.args[0]), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1)]  # fmt: skip
+            scores = self._loglikelihood_tokens([(None, *window) for window in windows])
+            totals.append(sum(score for score, _ in scores))
+        return totals
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Each context continued until one of its stop strings (or the end-of-document token, or max_gen_toks)."""
+        texts = []
+        for request in requests:
+            context, options = request.args
+            options = dict(options or {})
+            until = options.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            tokens = int(options.pop("max_gen_toks", 256))
+            do_sample = bool(options.get("do_sample", False))
+            temperature = float(options.get("temperature", 1.0 if do_sample else 0.0))
+            sampling = Sampling() if not do_sample or temperature == 0 else Sampling(
+                temperature, int(options.get("top_k") or 0), float(options.get("top_p") or 0.0))  # fmt: skip
+            room = max(1, self.max_length - tokens)  # as HFLM: the context keeps room for max_gen_toks
+            ids = self.tok_encode(context)[-room:] or [self.prefix_token_id]
+            completion = generate(self.run.logits, self.run.new_cache, [ids], maximum_tokens=tokens,
+                                  context=self.max_length, end_id=self.eot_token_id, vocab_size=self.run.vocab_size,
+                                  sampling=sampling, device=self.run.fabric.device)[0]  # fmt: skip
+            text = self.tok_decode(completion.tokens)
+            for stop in until:
+                text = text.split(stop)[0] if stop else text
+            texts.append(text)
+        return texts
+
+
+def _whole(logits: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return logits.full_tensor() if isinstance(logits, DTensor) else logits
