@@ -1,0 +1,120 @@
+"""Incremental decoding: logits of tokens fed one at a time through the key/value cache equal the logits of
+the whole sequence in one forward, for every shape the Megatron-style decoder has and for transformers models
+through their own cache; generation with the cache and without it (recompute) chooses the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from nxd_models import AttentionKernel, GPTConfig, MoESpec, build_causal_lm, causal_lm_logits
+from nxd_models.decoding import decoding_cache, decoding_logits
+from nxd_models.generation import Sampling, generate
+from transformers import LlamaConfig, MistralConfig, MixtralConfig, Qwen3Config
+
+SHAPES = {
+    "llama_gqa": {},
+    "sliding_window": {"sliding_window": 5},
+    "alibi": {"position_embedding_type": "alibi"},
+    "pythia": {"transformer_block_type": "gpt_neox", "rotary_percentage": 0.25, "normalization": "layernorm",
+               "activation": "gelu", "has_bias": True, "num_kv_heads": 4},
+    "gpt_j": {"transformer_block_type": "gpt_j", "rotary_percentage": 0.5},
+    "learned_absolute": {"position_embedding_type": "learned_absolute", "normalization": "layernorm"},
+    "sinusoidal": {"position_embedding_type": "sinusoidal"},
+    "moe": {"moe": MoESpec(num_experts=4, top_k=2, normalize_top_k_affinities=True)},
+    "sinkhorn_moe": {"moe": MoESpec(num_experts=4, top_k=1, routing="sinkhorn")},
+}  # fmt: skip
+SEQ = 12
+
+
+def _megatron(shape: str) -> torch.nn.Module:
+    settings = {"num_kv_heads": 2, **SHAPES[shape]}
+    config = GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=97, seq_length=32,
+                       init_method_std=0.3, **settings)  # fmt: skip
+    return build_causal_lm(config, seed=5, attention=AttentionKernel.UNFUSED).eval()
+
+
+def _incremental(model: torch.nn.Module, ids: torch.Tensor, first: int) -> torch.Tensor:
+    """Logits of `ids`: the first `first` tokens in one call, then one token per call, through one cache."""
+    cache, parts = decoding_cache(model), []
+    for start, end in [(0, first), *((p, p + 1) for p in range(first, ids.shape[1]))]:
+        positions = torch.arange(start, end).expand(ids.shape[0], -1)
+        parts.append(decoding_logits(model, ids[:, start:end], positions, cache))
+    return torch.cat(parts, dim=1)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_cache_gives_the_whole_sequences_logits(shape):
+    model = _megatron(shape)
+    ids = torch.randint(0, 97, (3, SEQ), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = causal_lm_logits(model, ids, torch.arange(SEQ).expand(3, -1))
+        step = _incremental(model, ids, first=4)
+    torch.testing.assert_close(step, whole, rtol=1e-5, atol=1e-5)
+
+
+HF = {
+    "llama": LlamaConfig(num_key_value_heads=2),
+    "mistral_window": MistralConfig(num_key_value_heads=2, sliding_window=5),
+    "mixtral": MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+    "qwen3": Qwen3Config(num_key_value_heads=2, head_dim=8),
+}
+
+
+@pytest.mark.parametrize("name", list(HF))
+def test_a_transformers_model_decodes_through_its_own_cache(name):
+    config = HF[name]
+    for key, value in {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "max_position_embeddings": 32}.items():  # fmt: skip
+        setattr(config, key, value)
+    model = build_causal_lm(config, seed=5).eval()
+    ids = torch.randint(0, 97, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = causal_lm_logits(model, ids, torch.arange(SEQ).expand(2, -1))
+        step = _incremental(model, ids, first=3)
+    torch.testing.assert_close(step, whole, rtol=1e-5, atol=1e-5)
+
+
+def _continuations(model: torch.nn.Module, cached: bool, sampling: Sampling = Sampling(), seed: int = 0):
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
+    with torch.no_grad():
+        return generate(lambda i, p, c: decoding_logits(model, i, p, c), (lambda: decoding_cache(model)) if cached
+                        else None, prompts, maximum_tokens=10, context=32, end_id=0, vocab_size=97,
+                        sampling=sampling, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", ["llama_gqa", "alibi", "moe"])
+def test_cached_and_recomputed_generation_choose_the_same_tokens(shape):
+    model = _megatron(shape)
+    cached, recomputed = _continuations(model, True), _continuations(model, False)
+    assert [c.tokens for c in cached] == [c.tokens for c in recomputed]
+    assert len({t for c in cached for t in c.tokens}) > 3  # varied continuations: the comparison can fail
+    alone = [_continuations_one(model, prompt) for prompt in ([1, 2, 3], [4, 5, 6, 7, 8, 9], [10])]
+    assert [c.tokens for c in cached] == alone  # a row of a batch gets what it gets alone
+
+
+def _continuations_one(model: torch.nn.Module, prompt: list[int]) -> list[int]:
+    with torch.no_grad():
+        return generate(lambda i, p, c: decoding_logits(model, i, p, c), lambda: decoding_cache(model), [prompt],
+                        maximum_tokens=10, context=32, end_id=0, vocab_size=97)[0].tokens  # fmt: skip
+
+
+def test_sampling_follows_the_seed_and_the_filters():
+    model = _megatron("llama_gqa")
+    sampling = Sampling(temperature=1.5, top_k=5, top_p=0.9)
+    first, again = _continuations(model, True, sampling, 7), _continuations(model, True, sampling, 7)
+    other = _continuations(model, True, sampling, 8)
+    assert [c.tokens for c in first] == [c.tokens for c in again]
+    assert [c.tokens for c in first] != [c.tokens for c in other]
+    greedy = _continuations(model, True)
+    assert [c.tokens for c in first] != [c.tokens for c in greedy]
+
+
+def test_a_row_ends_at_the_end_of_document_token():
+    model = _megatron("llama_gqa")
+    greedy = _continuations(model, True)[0].tokens
+    with torch.no_grad():
+        [ended] = generate(lambda i, p, c: decoding_logits(model, i, p, c), lambda: decoding_cache(model), [[1, 2, 3]],
+                           maximum_tokens=10, context=32, end_id=greedy[2], vocab_size=97)  # fmt: skip
+    assert ended.finished and ended.tokens == greedy[:greedy.index(greedy[2])]
+    with pytest.raises(Exception, match="leaves no room in the model's context of 32 positions"):
+        generate(lambda i, p, c: None, None, [list(range(32))], maximum_tokens=4, context=32, end_id=0, vocab_size=97)
