@@ -12,6 +12,8 @@ GENERATION = {"temperature": (float, int), "top_p": (float, int), "top_k": int, 
 
 
 def inference_keys(a: Arguments, t: Translation) -> None:
+    for key in (*GENERATION, "text_gen_type", "eval_tasks", "eval_results_prefix"):
+        a[key]  # read: a key the file leaves at NeoX's default keeps the section's default, which is NeoX's
     if a.given("text_gen_type"):
         kind = choice(t, a, "text_gen_type", ("unconditional", "input-file", "interactive", "precompute"))
         if kind == "precompute":

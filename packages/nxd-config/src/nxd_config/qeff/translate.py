@@ -35,6 +35,8 @@ PRECISION = {"fp16": "fp16", "float16": "fp16", "bf16": "mixed_precision", "bflo
 SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
              "inverse_sqrt")  # fmt: skip
 OPTIMIZERS = ("adamw", "adam", "sgd")
+NXD_SECTIONS = ("generate", "eval")
+"""nxd's sections a QEfficient file may carry as they are: what `nxd-train generate` and `nxd-train eval` do."""
 QUOTED_FIELD = re.compile(r"\{'([A-Za-z_][A-Za-z0-9_]*)'\}")
 
 
@@ -57,6 +59,10 @@ def flatten(t: Translation, values: Mapping[str, Any]) -> dict[str, Any]:
     were absent)."""
     flat: dict[str, Any] = {}
     for section, body in values.items():
+        if section in NXD_SECTIONS and isinstance(body, Mapping):  # nxd's own: what generate and eval read
+            for key, value in body.items():
+                t.set(f"{section}.{key}", value, f"{section}.{key}")
+            continue
         if section not in SECTIONS and isinstance(body, Mapping):
             t.notice(section, f"not a QEfficient section: QEfficient keeps it in extra_params and never reads it, and "
                      f"nxd ignores it too (sections: {', '.join(SECTIONS)}){_close(section, SECTIONS)}")  # fmt: skip

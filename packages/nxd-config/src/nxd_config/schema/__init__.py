@@ -43,9 +43,10 @@ class NxdConfig(Section):
         None, "Fine-tuning method (sft, dpo, orpo, kto, reward_model) and LoRA. Older spelling: "
         "data.alignment_strategy."
     )
-    generate: GenerateConfig = key(GenerateConfig(), "What nxd-train generate samples (nxd extension).",
-                                   status=Status.EXTENSION)  # fmt: skip
-    eval: EvalConfig = key(EvalConfig(), "What nxd-train eval benchmarks (nxd extension).", status=Status.EXTENSION)
+    generate: GenerateConfig = key(GenerateConfig(), "What nxd-train generate samples.", status=Status.EXTENSION,
+                                   note="GPT-NeoX's text generation keys (generate.py)")  # fmt: skip
+    eval: EvalConfig = key(EvalConfig(), "What nxd-train eval benchmarks.", status=Status.EXTENSION,
+                           note="GPT-NeoX's eval_tasks and eval_results_prefix (eval.py)")  # fmt: skip
     compiler_flags: str | None = key(
         None, "Neuron compiler flags (NEURON_CC_FLAGS).", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
     )

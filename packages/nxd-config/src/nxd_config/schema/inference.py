@@ -9,6 +9,8 @@ from ._base import Section, Status, frozen_list, key
 
 TRAIN = "nxd-train"
 EXT = Status.EXTENSION
+GENERATE = "nxd-train generate reads it (GPT-NeoX's generate.py key of the same name; NxDT has no generation)"
+EVAL = "nxd-train eval reads it (GPT-NeoX's eval.py keys; NxDT has no evaluation harness)"
 
 
 class GenerateConfig(Section):
@@ -16,46 +18,48 @@ class GenerateConfig(Section):
 
     text_gen_type: Literal["unconditional", "input-file", "interactive"] = key(
         "unconditional", "unconditional: num_samples continuations of the end-of-document token; input-file: one per "
-        "prompt of sample_input_file; interactive: a prompt loop on the terminal.", by=TRAIN, status=EXT,
+        "prompt of sample_input_file; interactive: a prompt loop on the terminal.", by=TRAIN, status=EXT, note=GENERATE,
     )
     temperature: float = key(0.0, "Divides the logits before sampling; greedy decoding where temperature, top_k and "
-                                  "top_p are all 0.", by=TRAIN, status=EXT, ge=0)  # fmt: skip
-    top_k: int = key(0, "Sample among the k most likely tokens (0: all).", by=TRAIN, status=EXT, ge=0)
+                                  "top_p are all 0.", by=TRAIN, status=EXT, note=GENERATE, ge=0)  # fmt: skip
+    top_k: int = key(0, "Sample among the k most likely tokens (0: all).", by=TRAIN, status=EXT, note=GENERATE, ge=0)
     top_p: float = key(0.0, "Sample from the smallest set of tokens whose probability reaches top_p (0: all).",
-                       by=TRAIN, status=EXT, ge=0, le=1)  # fmt: skip
+                       by=TRAIN, status=EXT, note=GENERATE, ge=0, le=1)  # fmt: skip
     maximum_tokens: int = key(64, "Tokens generated per prompt at most (fewer at the end-of-document token or the "
-                                  "model's context).", by=TRAIN, status=EXT, ge=1)  # fmt: skip
+                                  "model's context).", by=TRAIN, status=EXT, note=GENERATE, ge=1)  # fmt: skip
     prompt_end: str = key("\n", "What separates the prompts of sample_input_file, and ends an interactive prompt.",
-                          by=TRAIN, status=EXT, min_length=1)  # fmt: skip
-    sample_input_file: str | None = key(None, "The prompts of input-file generation.", by=TRAIN, status=EXT)
+                          by=TRAIN, status=EXT, note=GENERATE, min_length=1)  # fmt: skip
+    sample_input_file: str | None = key(None, "The prompts of input-file generation.", by=TRAIN, status=EXT,
+                                        note=GENERATE)  # fmt: skip
     sample_output_file: str | None = key(
         "samples.txt", "Where the completions are written as JSON lines (context, text, length, finished, message, "
         "duration_seconds; logits with return_logits); null: the input file's name + .output.jsonl, or (unconditional) "
-        "none. Never written over: an existing file is refused.", by=TRAIN, status=EXT,
+        "none. Never written over: an existing file is refused.", by=TRAIN, status=EXT, note=GENERATE,
     )
-    num_samples: int = key(1, "Continuations of unconditional generation.", by=TRAIN, status=EXT, ge=1)
+    num_samples: int = key(1, "Continuations of unconditional generation.", by=TRAIN, status=EXT, note=GENERATE, ge=1)
     recompute: bool = key(False, "Run the whole prefix through the model for every token instead of keeping a "
-                                 "key/value cache (same tokens, slower).", by=TRAIN, status=EXT)  # fmt: skip
+                                 "key/value cache (same tokens, slower).", by=TRAIN, status=EXT,
+                          note=GENERATE)  # fmt: skip
     return_logits: bool = key(False, "Write the logits each token was chosen from with its sample.", by=TRAIN,
-                              status=EXT)  # fmt: skip
+                              status=EXT, note=GENERATE)  # fmt: skip
     batch_size: int = key(1, "Prompts generated together (each row's tokens are the same as alone).", by=TRAIN,
-                          status=EXT, ge=1)  # fmt: skip
+                          status=EXT, note=GENERATE, ge=1)  # fmt: skip
 
 
 class EvalConfig(Section):
     """Benchmarks of the run's newest checkpoint with EleutherAI's lm-evaluation-harness (nxd-train[eval])."""
 
     tasks: frozen_list(str) = key((), "lm-eval task names (GPT-NeoX's eval_tasks); --tasks on the command line.",
-                                  by=TRAIN, status=EXT)  # fmt: skip
+                                  by=TRAIN, status=EXT, note=EVAL)  # fmt: skip
     results_prefix: str = key("", "Results go to {results_prefix}_eval_results_{mm-dd-YYYY-HH-MM-SS}.json, as "
                                   "GPT-NeoX's eval.py names them (eval_results_{...}.json without a prefix).",
-                              by=TRAIN, status=EXT)  # fmt: skip
+                              by=TRAIN, status=EXT, note=EVAL)  # fmt: skip
     num_fewshot: int | None = key(None, "Examples in each prompt (null: each task's own).", by=TRAIN, status=EXT,
-                                  ge=0)  # fmt: skip
+                                  note=EVAL, ge=0)  # fmt: skip
     limit: float | None = key(None, "Documents per task (a fraction below 1), for a quick look.", by=TRAIN,
-                              status=EXT, gt=0)  # fmt: skip
+                              status=EXT, note=EVAL, gt=0)  # fmt: skip
     include_path: str | None = key(None, "A folder of task YAML files of one's own (lm-eval's --include_path).",
-                                   by=TRAIN, status=EXT)  # fmt: skip
-    batch_size: int = key(8, "Requests scored in one forward.", by=TRAIN, status=EXT, ge=1)
+                                   by=TRAIN, status=EXT, note=EVAL)  # fmt: skip
+    batch_size: int = key(8, "Requests scored in one forward.", by=TRAIN, status=EXT, note=EVAL, ge=1)
     log_samples: bool = key(False, "Write each document's prompt, responses and scores in the results file too "
-                                   "(lm-eval's --log_samples).", by=TRAIN, status=EXT)  # fmt: skip
+                                   "(lm-eval's --log_samples).", by=TRAIN, status=EXT, note=EVAL)  # fmt: skip
