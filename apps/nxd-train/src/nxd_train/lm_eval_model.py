@@ -8,6 +8,7 @@ generates (`generate_until`) with nxd-models' generation and its key/value cache
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -58,7 +59,10 @@ class NxdLM(TemplateLM):
                 ids[row, :len(inputs[index])] = torch.tensor(inputs[index])
             positions = torch.arange(width).expand(len(batch), -1)
             logits = self.run.logits(ids, positions, None)
-            log_probs = torch.log_softmax(_whole(logits)[..., :self.run.vocab_size].float(), dim=-1).cpu()
+            logits = _whole(logits)
+            if logits.shape[-1] != self.run.vocab_size:  # the output layer's padding rows
+                logits = logits[..., :self.run.vocab_size]
+            log_probs = torch.log_softmax(logits.float(), dim=-1).cpu()
             for row, index in enumerate(batch):
                 continuation, length = requests[index][2], len(inputs[index])
                 span = log_probs[row, length - len(continuation):length]
@@ -68,44 +72,63 @@ class NxdLM(TemplateLM):
         return results  # type: ignore[return-value]
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-        """Each string's log-likelihood over disjoint windows of the context (lm-eval's own windows)."""
+        """Each string's log-likelihood over disjoint windows of the context (lm-eval's own windows), the windows
+        of every request scored together."""
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-        totals = []
-        for request in requests:
-            windows = [make_disjoint_window(window) for window in get_rolling_token_windows(
-                token_list=self.tok_encode(request.args[0]), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length, context_len=1)]  # fmt: skip
-            scores = self._loglikelihood_tokens([(None, *window) for window in windows])
-            totals.append(sum(score for score, _ in scores))
+        windows, owners = [], []
+        for number, request in enumerate(requests):
+            for window in get_rolling_token_windows(token_list=self.tok_encode(request.args[0]),
+                                                    prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
+                                                    context_len=1):  # fmt: skip
+                windows.append((None, *make_disjoint_window(window)))
+                owners.append(number)
+        totals = [0.0] * len(requests)
+        for owner, (score, _) in zip(owners, self._loglikelihood_tokens(windows), strict=True):
+            totals[owner] += score
         return totals
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Each context continued until one of its stop strings (or the end-of-document token, or max_gen_toks)."""
-        texts = []
-        for request in requests:
-            context, options = request.args
-            options = dict(options or {})
+        """Each context continued until one of its stop strings (or the end-of-document token, or max_gen_toks);
+        requests with the same generation settings run batch_size at a time, longest context first."""
+        texts: list[str | None] = [None] * len(requests)
+        groups: dict[str, list[int]] = {}
+        for number, request in enumerate(requests):
+            groups.setdefault(repr(sorted((request.args[1] or {}).items())), []).append(number)
+        for numbers in groups.values():
+            options = dict(requests[numbers[0]].args[1] or {})
             until = options.pop("until", None) or []
-            until = [until] if isinstance(until, str) else list(until)
+            until = [until] if isinstance(until, str) else [stop for stop in until if stop]
             tokens = int(options.pop("max_gen_toks", 256))
             do_sample = bool(options.get("do_sample", False))
             temperature = float(options.get("temperature", 1.0 if do_sample else 0.0))
             sampling = Sampling() if not do_sample or temperature == 0 else Sampling(
                 temperature, int(options.get("top_k") or 0), float(options.get("top_p") or 0.0))  # fmt: skip
             room = max(1, self.max_length - tokens)  # as HFLM: the context keeps room for max_gen_toks
-            ids = self.tok_encode(context)[-room:] or [self.prefix_token_id]
-            completion = generate(self.run.logits, self.run.new_cache, [ids], maximum_tokens=tokens,
-                                  context=self.max_length, end_id=self.eot_token_id, vocab_size=self.run.vocab_size,
-                                  sampling=sampling, device=self.run.fabric.device)[0]  # fmt: skip
-            text = self.tok_decode(completion.tokens)
-            for stop in until:
-                text = text.split(stop)[0] if stop else text
-            texts.append(text)
-        return texts
+            contexts = {n: self.tok_encode(requests[n].args[0])[-room:] or [self.prefix_token_id] for n in numbers}
+            order = sorted(numbers, key=lambda n: -len(contexts[n]))
+            stopped = partial(self._stopped, until)
+            for start in range(0, len(order), self.batch_size):
+                batch = order[start:start + self.batch_size]
+                completions = generate(self.run.logits, self.run.new_cache, [contexts[n] for n in batch],
+                                       maximum_tokens=tokens, context=self.max_length, end_id=self.eot_token_id,
+                                       vocab_size=self.run.vocab_size, sampling=sampling,
+                                       device=self.run.fabric.device, stop=stopped if until else None)  # fmt: skip
+                for number, completion in zip(batch, completions, strict=True):
+                    text = self.tok_decode(completion.tokens)
+                    for stop in until:
+                        text = text.split(stop)[0]
+                    texts[number] = text
+        return texts  # type: ignore[return-value]
+
+    def _stopped(self, until: list[str], row: int, generated: list[int]) -> bool:
+        """Whether a stop string appeared in a row's text (lm-eval's until)."""
+        text = self.tok_decode(generated)
+        return any(stop in text for stop in until)
 
 
 def _whole(logits: torch.Tensor) -> torch.Tensor:
+    """Whole logits on every rank (a tensor-parallel output layer leaves them split over the vocabulary)."""
     from torch.distributed.tensor import DTensor
 
     return logits.full_tensor() if isinstance(logits, DTensor) else logits

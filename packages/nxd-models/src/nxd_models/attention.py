@@ -133,8 +133,9 @@ def sliding_window_mask(seq: int, window: int, document_ids: torch.Tensor | None
 
 
 def _causal(seq_q: int, seq_k: int, device: torch.device) -> torch.Tensor:
-    """(s, s) True where query i may attend key j <= i."""
-    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril()
+    """(seq_q, seq_k) True where query i may attend key j: j <= i + seq_k - seq_q (the queries are the last
+    seq_q of the seq_k positions: the whole sequence in training, the newest tokens when decoding)."""
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril(diagonal=seq_k - seq_q)
 
 
 class CoreAttention(nn.Module):
@@ -172,8 +173,12 @@ class CoreAttention(nn.Module):
             if bias is not None:
                 allowed = _causal(query.shape[2], key.shape[2], query.device) if allowed is None else allowed
                 allowed = bias.to(query.dtype).masked_fill(~allowed, float("-inf"))
+            causal = allowed is None
+            if causal and query.shape[2] != key.shape[2]:  # decoding: the queries are the newest positions
+                allowed = None if query.shape[2] == 1 else _causal(query.shape[2], key.shape[2], query.device)
+                causal = False
             return F.scaled_dot_product_attention(
-                query, key, value, attn_mask=allowed, dropout_p=dropout, is_causal=allowed is None,
+                query, key, value, attn_mask=allowed, dropout_p=dropout, is_causal=causal,
                 enable_gqa=key.shape[1] != query.shape[1],
             )  # fmt: skip
 

@@ -58,15 +58,19 @@ class Completion:
     """It ended at the end-of-document token (not at maximum_tokens or the context's end)."""
     logits: list[list[float]] | None = None
     """With return_logits: the logits each token was chosen from (after temperature and filtering)."""
+    stopped: bool = False
+    """`stop` ended it (a stop sequence appeared)."""
 
 
 def generate(step: StepLogits, new_cache: Callable[[], object] | None, prompts: Sequence[Sequence[int]], *,
              maximum_tokens: int, context: int, end_id: int, vocab_size: int, sampling: Sampling = Sampling(),
              generator: torch.Generator | None = None, return_logits: bool = False,
-             device: torch.device | str = "cpu") -> list[Completion]:  # fmt: skip
+             device: torch.device | str = "cpu",
+             stop: Callable[[int, list[int]], bool] | None = None) -> list[Completion]:  # fmt: skip
     """Continue each of `prompts` (token ids, none empty) by up to `maximum_tokens` tokens within `context`
     positions, one forward per position: over the new tokens with a key/value cache from `new_cache`, over the
-    whole prefix when it is None (recompute). Logits beyond `vocab_size` (padding rows) are never chosen."""
+    whole prefix when it is None (recompute). Logits beyond `vocab_size` (padding rows) are never chosen.
+    `stop(row, tokens)`, when given, ends a row once it says so of the row's tokens so far (stop sequences)."""
     if not prompts:
         return []
     lengths = [len(prompt) for prompt in prompts]
@@ -105,12 +109,13 @@ def generate(step: StepLogits, new_cache: Callable[[], object] | None, prompts: 
                 completion.finished = True
             else:
                 completion.tokens.append(token)
+                completion.stopped = stop is not None and stop(row, completion.tokens)
         position += 1
     return completions
 
 
 def _ended(completion: Completion, maximum_tokens: int) -> bool:
-    return completion.finished or len(completion.tokens) >= maximum_tokens
+    return completion.finished or completion.stopped or len(completion.tokens) >= maximum_tokens
 
 
 def _local(logits: torch.Tensor) -> torch.Tensor:

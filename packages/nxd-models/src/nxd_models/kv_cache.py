@@ -3,8 +3,9 @@
 Each attention layer appends the keys and values of the tokens it sees to the cache and attends over all of
 them, so a generated token costs one position's work instead of the whole prefix's. Under tensor parallelism
 a rank caches its own heads. The queries of one call sit at absolute positions `past .. past + seq - 1`, so
-the causal (and sliding-window) mask is rectangular and anchored at the bottom right, which SDPA's
-`is_causal` (anchored at the top left) does not give.
+the causal mask is rectangular and anchored at the bottom right, which SDPA's `is_causal` (anchored at the top
+left) does not give: the attention core anchors it there when queries and keys differ in length, and a
+sliding window that binds gets `decoding_mask`.
 """
 
 from __future__ import annotations
@@ -13,29 +14,41 @@ import torch
 
 
 class KVCache:
-    """The keys and values (batch, heads, tokens, head_dim) each attention layer has seen, by layer number."""
+    """The keys and values (batch, heads, tokens, head_dim) each attention layer has seen, by layer number. Each
+    layer's are written into a buffer that doubles when full, so a token costs no copy of the past ones."""
 
     def __init__(self) -> None:
         self._layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._length: dict[int, int] = {}
 
     @property
     def length(self) -> int:
         """Tokens cached (the position the next token takes)."""
-        first = next(iter(self._layers.values()), None)
-        return 0 if first is None else first[0].shape[2]
+        return next(iter(self._length.values()), 0)
 
     def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this call's keys and values to layer `layer`'s; returns every cached key and value."""
-        if layer in self._layers:
-            old_key, old_value = self._layers[layer]
-            key, value = torch.cat([old_key, key], dim=2), torch.cat([old_value, value], dim=2)
-        self._layers[layer] = key, value
-        return key, value
+        past, new = self._length.get(layer, 0), key.shape[2]
+        keys, values = self._layers.get(layer, (None, None))
+        if keys is None or past + new > keys.shape[2]:
+            capacity = max(2 * past, past + new, 16)
+            grown = [torch.empty(*t.shape[:2], capacity, t.shape[3], dtype=t.dtype, device=t.device)
+                     for t in (key, value)]  # fmt: skip
+            if keys is not None:
+                grown[0][:, :, :past], grown[1][:, :, :past] = keys[:, :, :past], values[:, :, :past]
+            keys, values = grown
+            self._layers[layer] = keys, values
+        keys[:, :, past:past + new], values[:, :, past:past + new] = key, value
+        self._length[layer] = past + new
+        return keys[:, :, :past + new], values[:, :, :past + new]
 
 
-def decoding_mask(past: int, seq: int, window: int | None, device: torch.device) -> torch.Tensor:
+def decoding_mask(past: int, seq: int, window: int | None, device: torch.device) -> torch.Tensor | None:
     """(1, 1, seq, past + seq) True where query i (at position past + i) may attend key j: j <= past + i and,
-    with a sliding `window`, past + i - j < window."""
+    with a sliding `window`, past + i - j < window; None without a window that binds (the attention's own causal
+    rule then covers it)."""
+    if window is None or past + seq <= window:
+        return None
     query = torch.arange(past, past + seq, device=device)[:, None]
     key = torch.arange(past + seq, device=device)[None, :]
     allowed = key <= query
