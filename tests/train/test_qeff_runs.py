@@ -311,3 +311,37 @@ def test_trainer_folders_of_others_are_never_replaced_or_pruned(inside):
     assert (out / "checkpoint-1" / "trainer_state.json").is_file()  # another run's, its checkpoint gone: kept
     assert not (out / "checkpoint-2-v1").exists()  # this run's step 2, pruned with its checkpoint
     assert (out / "checkpoint-4" / "adapter_model.safetensors").is_file()
+
+
+def test_generate_samples_a_qefficient_runs_adapter_on_its_base(inside):
+    """nxd-train generate on a QEfficient file: its newest checkpoint's LoRA adapter on the base model, greedy
+    tokens as peft's model (the adapter folder the run left, on the same base) generates them."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    out = inside / "out-generate"
+    config = local_config(EXAMPLES / "sft_single_device_gsm8k_config.yaml", inside / "gen.yaml", inside / "tiny",
+                          _datasets(inside), out, dataset={"max_seq_length": 128})  # fmt: skip
+    assert main([str(config), "--max_steps", "6", "--lr", "0.05"]) == 0
+    (inside / "prompts.txt").write_text("the quick brown\nfox jumps over the\n")
+    assert main(["generate", str(config), "generate.text_gen_type=input-file", "generate.maximum_tokens=12",
+                 f"generate.sample_input_file={inside / 'prompts.txt'}",
+                 f"generate.sample_output_file={inside / 'qeff.jsonl'}", "generate.return_logits=true"]) == 0  # fmt: skip
+    records = [json.loads(line) for line in (inside / "qeff.jsonl").read_text().splitlines()]
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(inside / "tiny"), out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(inside / "tiny")
+    for record in records:
+        ids = torch.tensor([tokenizer.encode(record["context"], add_special_tokens=False)])
+        with torch.no_grad():
+            generated = model.generate(input_ids=ids, max_new_tokens=12, do_sample=False,
+                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=0)[0, ids.shape[1]:].tolist()
+        if generated and generated[-1] == tokenizer.eos_token_id:
+            generated = generated[:-1]
+        assert tokenizer.decode(generated) == (record["text"] or ""), record
+    ids = torch.tensor([tokenizer.encode(records[0]["context"], add_special_tokens=False)])
+    ours = torch.tensor(records[0]["logits"][0])
+    with torch.no_grad():
+        adapted = model(ids).logits[0, -1]
+        plain = AutoModelForCausalLM.from_pretrained(inside / "tiny").eval()(ids).logits[0, -1]
+    # the run's precision (fp16 compute here) against peft's fp32: close to the adapted model, far from the base
+    assert (ours - adapted).abs().max() < 1e-3 < (ours - plain).abs().max()

@@ -1,8 +1,9 @@
 """A trained run stood up for inference (`nxd-train generate`, `nxd-train eval`): the run's newest complete
-checkpoint (or the weights `exp_manager.resume_from_checkpoint` names: an nxd checkpoint, a Hugging Face or
-GPT-NeoX folder, a LoRA run's adapters on their base) loaded into the config's model at its tensor-parallel
-layout, on as many processes as that layout has. The other parallel dimensions serve training only, so the
-weights are gathered out of them (said once); the tokenizer is the run's own.
+checkpoint (a LoRA run's adapters on the base it started from), or without one the weights
+`exp_manager.resume_from_checkpoint` names (an nxd checkpoint, a Hugging Face or GPT-NeoX folder), loaded into
+the config's model at its tensor-parallel layout, on as many processes as that layout has. The other parallel
+dimensions serve training only, so the weights are gathered out of them (said once); the tokenizer is the
+run's own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 from lightning_fabric import Fabric
+from nxd_ckpt import latest_checkpoint
 from nxd_config import NxdConfig
 from nxd_data import TextTokenizer
 from nxd_models import ModelFamily
@@ -25,9 +27,9 @@ from torch import nn
 
 from .checkpointing import Resume, load_adapters, load_weights
 from .data import run_tokenizer
+from .logdir import CHECKPOINT_DIR, resumable_log_dir
 from .plan import RunPlan
 from .preflight import plan_run
-from .restore import load_base
 
 
 class InferenceError(Exception):
@@ -42,7 +44,8 @@ class LoadedRun:
     fabric: Fabric
     model: nn.Module
     tokenizer: TextTokenizer
-    resume: Resume
+    weights: Path
+    """The checkpoint or folder the weights came from."""
 
     @property
     def family(self) -> ModelFamily:
@@ -77,14 +80,13 @@ class LoadedRun:
 
 
 def inference_config(cfg: NxdConfig) -> NxdConfig:
-    """`cfg` as inference reads it: weights only, from resume_from_checkpoint or the newest complete checkpoint
-    of the run's log directory, at the tensor-parallel layout alone (one replica, no pipeline or context split,
-    no sharded optimizer), writing no checkpoint."""
+    """`cfg` as inference reads it: its start weights only (resume_from_checkpoint's, for the run's newest
+    checkpoint to go on), at the tensor-parallel layout alone (one replica, no pipeline or context split, no
+    sharded optimizer), writing no checkpoint."""
     exp, ds, data = cfg.exp_manager, cfg.distributed_strategy, cfg.data
-    resume = {} if exp.resume_from_checkpoint else {"resume_if_exists": True, "resume_ignore_no_checkpoint": True}
     tp = ds.tensor_model_parallel_size
     update = {
-        "exp_manager": exp.model_copy(update={**resume, "create_checkpoint_callback": False,
+        "exp_manager": exp.model_copy(update={"resume_if_exists": False, "create_checkpoint_callback": False,
                                               "require_empty_log_dir": False}),
         "model": cfg.model.model_copy(update={"weight_init_only": True, "activations_checkpoint_granularity": None}),
         "trainer": cfg.trainer.model_copy(update={"devices": tp, "num_nodes": 1}),
@@ -117,11 +119,12 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
     from .run import launch_processes
 
     plan = plan_run(inference_config(cfg), cache_dir)
-    resume = plan.resume
-    if resume is None:
-        exp = cfg.exp_manager
-        where = exp.explicit_log_dir or f"{exp.exp_dir or 'nxd_logs'}/{exp.name or cfg.name}"
-        raise InferenceError(f"no checkpoint to load: expected a complete checkpoint of the run under {where} (train "
+    exp = cfg.exp_manager
+    folder = resumable_log_dir(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name)
+    newest = latest_checkpoint(folder / CHECKPOINT_DIR)
+    start, lora = plan.resume, plan.lora
+    if newest is None and start is None:
+        raise InferenceError(f"no checkpoint to load: expected a complete checkpoint of the run under {folder} (train "
                              "it with exp_manager.create_checkpoint_callback: True) or weights named by "
                              "exp_manager.resume_from_checkpoint")  # fmt: skip
     fabric = launch_processes(plan)
@@ -129,15 +132,21 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
     model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=plan.launch.seed,
                                  use_cpu_initialization=plan.launch.use_cpu_initialization,
                                  prepare=partial(prepare_parameters, policy=plan.policy))  # fmt: skip
-    lora = plan.lora
-    if lora is not None and not (resume.hugging_face or resume.neox):
-        load_base(plan, lora, model, resume.path, None)
-        load_adapters(model, resume.path, lora, None)
+    if newest is None:  # the start weights (a LoRA run's base, its adapters as initialised: the base's outputs)
+        load_weights(model, start, plan.family, None, lora)
+    elif lora is not None:  # the base the run started from, then the adapters (and base) the checkpoint holds
+        if start is not None:
+            load_weights(model, start, plan.family, None, lora)
+        load_adapters(model, newest.path, lora, None)
     else:
-        load_weights(model, resume, plan.family, None, lora)
+        load_weights(model, Resume.of_checkpoint(newest, weights_only=True), plan.family, None)
     model.eval()
     tokenizer = run_tokenizer(cfg.data, cache_dir, cfg.model.trust_remote_code)
-    return LoadedRun(plan, fabric, model, tokenizer, resume)
+    return LoadedRun(plan, fabric, model, tokenizer, newest.path if newest is not None else start.path)
+
+
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
 
 
 def say(run: LoadedRun | None, line: str) -> None:

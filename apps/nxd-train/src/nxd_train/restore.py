@@ -32,7 +32,7 @@ def load_initial_weights(plan: RunPlan, model: nn.Module | StagedModel, resume: 
     started = time.perf_counter()
     lora = plan.lora
     if lora is not None and plan.adapters.from_checkpoint:
-        load_base(plan, lora, model, resume.path, group)
+        _load_base(plan, lora, model, resume.path, group)
         load_adapters(model, resume.path, lora, group)
     else:
         load_weights(model, resume, plan.family, group, lora)
@@ -56,7 +56,7 @@ def _took(started: float, plan: RunPlan) -> str:
     return f" in {time.perf_counter() - started:.2f} s" if plan.checkpoints.time_loads else ""
 
 
-def load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, checkpoint: Path,
+def _load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, checkpoint: Path,
                group: Group) -> None:  # fmt: skip
     """The base weights under the adapters of LoRA checkpoint `checkpoint`, when it does not hold them
     unmerged: from the plan's base source; none is needed when the run that saved it started from
@@ -97,7 +97,7 @@ def _resume(run: Run, resume: Resume) -> None:
     world size, every rank's RNG states (a LoRA run's base first, when the checkpoint holds adapters only)."""
     started, monitor, rank, group = time.perf_counter(), run.monitor, run.fabric.global_rank, run.checkpoint_group
     if run.plan.lora is not None:
-        load_base(run.plan, run.plan.lora, run.model, resume.path, group)
+        _load_base(run.plan, run.plan.lora, run.model, resume.path, group)
     progress, sampler_state = {"step": 0, "consumed_samples": 0}, run.sampler.state_dict()
     checkpoints = run.plan.checkpoints
     same_world = resume.world_size == run.fabric.world_size
