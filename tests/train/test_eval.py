@@ -96,3 +96,45 @@ def test_bad_eval_input_gets_one_line(tmp_path, capsys):
     assert "'hellaswagg' (did you mean 'hellaswag'?) is not an lm-eval task" in err and "Traceback" not in err
     assert main(["eval", config]) == 1
     assert "eval.tasks: expected at least one lm-eval task" in capsys.readouterr().err
+    assert main(["eval", config, "--tasks", "arc_easy", "--num-fewshot", "-1"]) == 1
+    assert "--num-fewshot: input should be greater than or equal to 0, found -1" in capsys.readouterr().err
+    assert main(["eval", config, "--tasks", "arc_easy", "+eval.results_prefix=/no/such/folder/x"]) == 1
+    assert "eval.results_prefix: expected a prefix in an existing folder, found no folder /no/such/folder" in (
+        capsys.readouterr().err)
+
+
+def test_lm_eval_missing_names_the_extra(monkeypatch):
+    import sys
+
+    from nxd_config.schema.inference import EvalConfig
+    from nxd_train.evaluation import evaluation_problems
+
+    monkeypatch.setitem(sys.modules, "lm_eval.tasks", None)  # as where the extra is not installed
+    assert evaluation_problems(EvalConfig(tasks=("arc_easy",))) == [
+        "nxd-train eval runs EleutherAI's lm-evaluation-harness, which is not installed: pip install "
+        "'nxd-train[eval]' (uv sync --extra eval in a checkout)"]
+
+
+@pytest.mark.slow
+def test_two_tensor_parallel_processes_score_what_one_does(tmp_path, monkeypatch):
+    from tests.training_runs import FAST, run_command
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    tasks, layout = tmp_path / "tasks", ["distributed_strategy.tensor_model_parallel_size=2", "trainer.devices=2"]
+    _write_tasks(tasks)
+    log_dir = tmp_path / "run"
+    trained = run_command(str(default_config_path()), *FAST, *VARIED, *layout, "trainer.max_steps=1",
+                          "data.global_batch_size=4", "exp_manager.create_checkpoint_callback=True",
+                          f"+exp_manager.explicit_log_dir={log_dir}", cwd=tmp_path)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    results = {}
+    for name, extra in (("two", layout), ("one", [])):
+        done = run_command("eval", str(default_config_path()), *VARIED, *extra, f"+exp_manager.explicit_log_dir={log_dir}",
+                           "--tasks", "nxd_choice,nxd_text", "--include-path", str(tasks), f"+eval.results_prefix={name}",
+                           cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        [written] = tmp_path.glob(f"{name}_eval_results_*.json")
+        results[name] = json.loads(written.read_text())["results"]
+    assert results["two"]["nxd_choice"]["acc,none"] == results["one"]["nxd_choice"]["acc,none"]
+    assert results["two"]["nxd_text"]["word_perplexity,none"] == pytest.approx(
+        results["one"]["nxd_text"]["word_perplexity,none"], rel=1e-4)

@@ -89,29 +89,31 @@ def test_a_seed_repeats_its_samples_and_logits_come_back(tmp_path):
     assert len({r["text"] for r in runs[0]}) > 1  # samples, not one greedy answer
     record = runs[0][0]
     assert record["context"] == "" and len(record["logits"]) == record["length"] + record["finished"]
-    finite = [sum(1 for v in row if v != float("-inf")) for row in record["logits"]]
-    assert max(finite) <= 40  # top_k filtered
+    kept = [sum(1 for v in row if v is not None) for row in record["logits"]]  # a filtered token's -inf: null
+    assert max(kept) <= 40  # top_k filtered
     assert main(["generate", str(default_config_path()), f"+exp_manager.explicit_log_dir={log_dir}",
                  f"+generate.sample_output_file={tmp_path / 'a.jsonl'}"]) == 1  # never written over
 
 
-def test_two_tensor_parallel_processes_generate_what_one_does(tmp_path):
-    log_dir = tmp_path / "run"
-    trained = run_command(str(default_config_path()), *FAST, *VARIED, *SHAPES["pythia"], "trainer.max_steps=1",
-                          "data.global_batch_size=4", "exp_manager.create_checkpoint_callback=True",
-                          f"+exp_manager.explicit_log_dir={log_dir}", "trainer.devices=2",
-                          "distributed_strategy.tensor_model_parallel_size=2", cwd=tmp_path)  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
-    one = _generate_here(log_dir, tmp_path, "one.jsonl", *SHAPES["pythia"])
+@pytest.mark.parametrize("shape", ["pythia", pytest.param("llama", marks=pytest.mark.slow),
+                                   pytest.param("mixtral", marks=pytest.mark.slow)])  # fmt: skip
+def test_two_tensor_parallel_processes_generate_what_transformers_does(tmp_path, shape):
+    """Sampled at tensor parallel 2 (two processes, heads and vocabulary split; the checkpoint, saved at tensor
+    parallel 1, resharded as it loads): the greedy tokens of transformers' generate on the export."""
+    log_dir, layout = tmp_path / "run", ["distributed_strategy.tensor_model_parallel_size=2", "trainer.devices=2"]
+    _train(log_dir, *SHAPES[shape])
     (tmp_path / "prompts.txt").write_text(PROMPTS)
-    result = run_command("generate", str(default_config_path()), *VARIED, *SHAPES["pythia"],
-                         "distributed_strategy.tensor_model_parallel_size=2", "trainer.devices=2",
+    result = run_command("generate", str(default_config_path()), *VARIED, *SHAPES[shape], *layout,
                          f"+exp_manager.explicit_log_dir={log_dir}", "+generate.text_gen_type=input-file",
                          f"+generate.sample_input_file={tmp_path / 'prompts.txt'}", "+generate.maximum_tokens=24",
-                         f"+generate.sample_output_file={tmp_path / 'two.jsonl'}", cwd=tmp_path)  # fmt: skip
+                         "+generate.batch_size=2", f"+generate.sample_output_file={tmp_path / 'two.jsonl'}",
+                         cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert [r["text"] for r in _generated(tmp_path / "two.jsonl")] == [r["text"] for r in one]
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "notice: inference runs" not in result.stderr  # TP2 is kept
+    records = _generated(tmp_path / "two.jsonl")
+    assert main(["ckpt", "export-hf", str(log_dir), str(tmp_path / "hf")]) == 0
+    expected = _hf_greedy(tmp_path / "hf", [r["context"] for r in records], 24)
+    assert [r["text"] for r in records] == expected and len(set("".join(expected))) > 5
 
 
 def test_bad_input_gets_one_line(tmp_path, capsys):
@@ -121,17 +123,26 @@ def test_bad_input_gets_one_line(tmp_path, capsys):
     assert "no checkpoint to load" in capsys.readouterr().err
     assert main(["generate", config, "+generate.text_gen_type=input-file",
                  f"+generate.sample_input_file={tmp_path / 'missing.txt'}"]) == 1  # fmt: skip
-    assert "generate.sample_input_file: expected a text file of prompts" in capsys.readouterr().err
+    assert "generate.sample_input_file: expected a UTF-8 text file of prompts, found no file" in capsys.readouterr().err
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00abc")
+    assert main(["generate", config, "+generate.text_gen_type=input-file",
+                 f"+generate.sample_input_file={tmp_path / 'binary.txt'}"]) == 1  # fmt: skip
+    assert "found a file that is not UTF-8 text" in capsys.readouterr().err
+    assert main(["generate", config, f"+generate.sample_output_file={tmp_path / 'no' / 'such' / 'o.jsonl'}"]) == 1
+    assert "expected a file in an existing folder, found no folder" in capsys.readouterr().err
     log_dir = tmp_path / "run"
     _train(log_dir)
-    (tmp_path / "long.txt").write_text("x " * 200)
+    capsys.readouterr()
+    (tmp_path / "long.txt").write_text("x " * 200 + "\nimport os\n")
     assert main(["generate", config, f"+exp_manager.explicit_log_dir={log_dir}", "+generate.text_gen_type=input-file",
-                 f"+generate.sample_input_file={tmp_path / 'long.txt'}",
-                 f"+generate.sample_output_file={tmp_path / 'o.jsonl'}"]) == 1  # fmt: skip
+                 f"+generate.sample_input_file={tmp_path / 'long.txt'}", "+generate.num_samples=3",
+                 f"+generate.sample_output_file={tmp_path / 'o.jsonl'}"]) == 0  # fmt: skip
     err = capsys.readouterr().err
-    assert "leaves no room in the model's context of 64 positions" in err and "Traceback" not in err
-    assert not (tmp_path / "o.jsonl").exists()
-
+    assert "notice: generate.num_samples: text_gen_type input-file does not read it" in err
+    assert "1 prompt(s) longer than the context" in err and "Traceback" not in err
+    long, short = _generated(tmp_path / "o.jsonl")
+    assert long["text"] is None and "leave no room in the model's context of 64 positions" in long["message"]
+    assert short["context"] == "import os" and short["length"] > 0
 
 TEXT_GENERATION = """# Parameters used for text generation (GPT-NeoX's configs/text_generation.yml)
 # Make sure `load` is specified somewhere else

@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     generation.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
     text = ("benchmark the run's newest complete checkpoint with EleutherAI's lm-evaluation-harness (the "
             "nxd-train[eval] extra), as GPT-NeoX's eval.py: results printed as lm-eval's table and written to "
-            "{eval.results_prefix}_eval_results_{yy-mm-dd-HH-MM}.json")  # fmt: skip
+            "{eval.results_prefix}_eval_results_{mm-dd-YYYY-HH-MM-SS}.json")  # fmt: skip
     evaluation = commands.add_parser("eval", help="benchmark a trained run (lm-evaluation-harness)", description=text)
     evaluation.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     evaluation.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
@@ -179,7 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args_list[index:index + 1] = ["--config", args_list[index]]
             index += 2
     if args_list[0] in ("train", "config", "plan", "launch", "generate", "eval"):
-        args_list = _options_first(flag_overrides(args_list))
+        args_list = flag_overrides(args_list)
+    if args_list[0] in ("generate", "eval"):
+        args_list = _options_first(args_list)
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.command in ("generate", "eval"):

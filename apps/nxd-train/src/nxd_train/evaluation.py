@@ -13,14 +13,15 @@ from typing import Any
 from nxd_config import NxdConfig
 from nxd_config.schema.inference import EvalConfig
 from nxd_data import save_atomically
+from pydantic import ValidationError
 
-from .inference import LoadedRun, say
+from .inference import InferenceError, LoadedRun, say
 
 EXTRA = "pip install 'nxd-train[eval]' (uv sync --extra eval in a checkout)"
 
 
 def with_command_line(cfg: NxdConfig, args: argparse.Namespace) -> NxdConfig:
-    """`cfg` with eval's command-line options over its eval section."""
+    """`cfg` with eval's command-line options over its eval section; ValueError naming an option out of range."""
     update: dict[str, Any] = {}
     if args.tasks is not None:
         update["tasks"] = tuple(task.strip() for task in args.tasks.split(",") if task.strip())
@@ -29,7 +30,15 @@ def with_command_line(cfg: NxdConfig, args: argparse.Namespace) -> NxdConfig:
     for name in ("limit", "num_fewshot", "include_path"):
         if getattr(args, name) is not None:
             update[name] = getattr(args, name)
-    return cfg.model_copy(update={"eval": cfg.eval.model_copy(update=update)}) if update else cfg
+    if not update:
+        return cfg
+    try:
+        settings = EvalConfig.model_validate({**cfg.eval.model_dump(), **update})
+    except ValidationError as error:
+        first = error.errors()[0]
+        option = "--" + str(first["loc"][0]).replace("_", "-")
+        raise ValueError(f"{option}: {first['msg'].lower()}, found {first['input']!r}") from None
+    return cfg.model_copy(update={"eval": settings})
 
 
 def evaluation_problems(settings: EvalConfig) -> list[str]:
@@ -44,6 +53,9 @@ def evaluation_problems(settings: EvalConfig) -> list[str]:
         return [f"eval.include_path: expected a folder of task YAML files, found no folder at {settings.include_path}"]
     if settings.limit is not None and settings.limit >= 1 and settings.limit != int(settings.limit):
         return [f"eval.limit: expected a whole number of documents or a fraction below 1, found {settings.limit}"]
+    folder = Path(f"{settings.results_prefix}_results").resolve().parent
+    if not folder.is_dir():
+        return [f"eval.results_prefix: expected a prefix in an existing folder, found no folder {folder}"]
     manager = TaskManager(include_path=settings.include_path)
     unknown = [task for task in settings.tasks if task not in manager.all_tasks]
     if unknown:
@@ -66,11 +78,16 @@ def run_evaluation(run: LoadedRun, cfg: NxdConfig) -> int:
     limit = None if settings.limit is None else (settings.limit if settings.limit < 1 else int(settings.limit))
     from .lm_eval_model import NxdLM
 
-    results = simple_evaluate(model=NxdLM(run, settings.batch_size), tasks=list(settings.tasks),
-                              num_fewshot=settings.num_fewshot, limit=limit,
-                              task_manager=TaskManager(include_path=settings.include_path),
-                              random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
-                              fewshot_random_seed=cfg.seed, log_samples=settings.log_samples)  # fmt: skip
+    try:
+        results = simple_evaluate(model=NxdLM(run, settings.batch_size, cfg.seed), tasks=list(settings.tasks),
+                                  num_fewshot=settings.num_fewshot, limit=limit,
+                                  task_manager=TaskManager(include_path=settings.include_path),
+                                  random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+                                  fewshot_random_seed=cfg.seed, log_samples=settings.log_samples)  # fmt: skip
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:  # a task's YAML, its dataset, or a request nxd cannot score: lm-eval's own message
+        raise InferenceError(f"lm-eval stopped: {type(error).__name__}: {error}") from None
     if not run.first:
         return 0
     print(make_table(results))

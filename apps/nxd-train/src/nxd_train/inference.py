@@ -9,7 +9,6 @@ run's own.
 from __future__ import annotations
 
 import sys
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -66,9 +65,6 @@ class LoadedRun:
         """The process that writes outputs and talks to the user."""
         return self.fabric.global_rank == 0
 
-    def autocast(self) -> AbstractContextManager[None]:
-        return self.fabric.autocast()
-
     def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: object | None) -> torch.Tensor:
         """Logits of tokens continuing `cache` (None: a whole prefix from position 0), without gradients."""
         with torch.no_grad(), self.fabric.autocast():
@@ -85,10 +81,12 @@ def inference_config(cfg: NxdConfig) -> NxdConfig:
     sharded optimizer), writing no checkpoint."""
     exp, ds, data = cfg.exp_manager, cfg.distributed_strategy, cfg.data
     tp = ds.tensor_model_parallel_size
+    eager = cfg.model.fusions.model_copy(update={"torch_compile": False})  # a cache's growing keys would recompile
     update = {
         "exp_manager": exp.model_copy(update={"resume_if_exists": False, "create_checkpoint_callback": False,
                                               "require_empty_log_dir": False}),
-        "model": cfg.model.model_copy(update={"weight_init_only": True, "activations_checkpoint_granularity": None}),
+        "model": cfg.model.model_copy(update={"weight_init_only": True, "activations_checkpoint_granularity": None,
+                                              "fusions": eager}),
         "trainer": cfg.trainer.model_copy(update={"devices": tp, "num_nodes": 1}),
         "distributed_strategy": ds.model_copy(update={"pipeline_model_parallel_size": 1, "context_parallel_size": 1,
                                                       "virtual_pipeline_model_parallel_size": 1,
@@ -132,14 +130,16 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
     model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=plan.launch.seed,
                                  use_cpu_initialization=plan.launch.use_cpu_initialization,
                                  prepare=partial(prepare_parameters, policy=plan.policy))  # fmt: skip
-    if newest is None:  # the start weights (a LoRA run's base, its adapters as initialised: the base's outputs)
-        load_weights(model, start, plan.family, None, lora)
-    elif lora is not None:  # the base the run started from, then the adapters (and base) the checkpoint holds
-        if start is not None:
-            load_weights(model, start, plan.family, None, lora)
-        load_adapters(model, newest.path, lora, None)
-    else:
+    adapters = newest.path if newest is not None else start.path if lora and plan.adapters.from_checkpoint else None
+    if lora is not None and adapters is not None:  # the base the run started from, then the checkpoint's adapters
+        base = plan.adapters.base_source or (None if plan.adapters.from_checkpoint else start)
+        if base is not None:  # else the seeded initial base, as the run that saved it had (or the base it holds)
+            load_weights(model, base, plan.family, None, lora)
+        load_adapters(model, adapters, lora, None)
+    elif newest is not None:
         load_weights(model, Resume.of_checkpoint(newest, weights_only=True), plan.family, None)
+    else:  # the start weights alone (a LoRA run's adapters as initialised: the base's outputs)
+        load_weights(model, start, plan.family, None, lora)
     model.eval()
     tokenizer = run_tokenizer(cfg.data, cache_dir, cfg.model.trust_remote_code)
     return LoadedRun(plan, fabric, model, tokenizer, newest.path if newest is not None else start.path)
@@ -149,8 +149,8 @@ def _path(value: str | None) -> Path | None:
     return None if value is None else Path(value)
 
 
-def say(run: LoadedRun | None, line: str) -> None:
-    """A line for the user from the first process (every process before the launch)."""
-    if run is None or run.first:
+def say(run: LoadedRun, line: str) -> None:
+    """A line for the user from the first process."""
+    if run.first:
         print(line, file=sys.stderr, flush=True)
 

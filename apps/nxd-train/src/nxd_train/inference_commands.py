@@ -16,9 +16,11 @@ from .command_support import QUIET_EXIT_DELAY, exit_if_distributed, load, notice
 
 
 def generate_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
-    from .generate_command import run_generation, settings_problems
+    from .text_generation import run_generation, settings_notices, settings_problems
 
     def check(config: NxdConfig) -> list[str]:
+        for notice in settings_notices(config.generate):
+            print(f"notice: {notice}", file=sys.stderr)
         return settings_problems(config.generate)
 
     return _inference(paths, overrides, dialect, check, lambda run, config: run_generation(run, config.generate,
@@ -47,9 +49,12 @@ def _inference(paths: Sequence[Path], overrides: Sequence[str], dialect: str | N
     config = load(paths, overrides, dialect, launch=launch, quiet=quiet)
     if config is None:
         return 1
-    if adjust is not None:
-        config = adjust(config)
     path = ", ".join(str(p) for p in paths)
+    try:
+        config = adjust(config) if adjust is not None else config
+    except ValueError as error:  # a command-line option out of range
+        print(f"{path}: {error}", file=sys.stderr)
+        return 1
     if problems := check(config):
         if not quiet:
             print(f"{path}: " + "\n  ".join(problems), file=sys.stderr)
@@ -57,9 +62,10 @@ def _inference(paths: Sequence[Path], overrides: Sequence[str], dialect: str | N
     from nxd_ckpt import CheckpointError
     from nxd_data import DataError
     from nxd_models import ModelConfigError
+    from nxd_parallel import ParallelConfigError
 
     from .corpus import default_cache_dir
-    from .inference import InferenceError, layout_note, load_run
+    from .inference import InferenceError, layout_note, load_run, say
     from .preflight import PreflightError
 
     if not quiet and (note := layout_note(config)):
@@ -73,17 +79,25 @@ def _inference(paths: Sequence[Path], overrides: Sequence[str], dialect: str | N
             return 1
         print(f"{path}: {error}", file=sys.stderr)
         return 1
-    except (InferenceError, CheckpointError, DataError) as error:
+    except (InferenceError, CheckpointError, DataError, ModelConfigError, ParallelConfigError) as error:
         if not quiet:
             print(f"{path}: {error}", file=sys.stderr)
+        exit_if_distributed(1, group_wide=False)
         return 1
+    except KeyboardInterrupt:
+        if not quiet:
+            print(f"{path}: interrupted while loading the run; nothing was written", file=sys.stderr)
+        return 130
+    say(run, f"weights from {run.weights}")
     try:
         code = work(run, config)
-    except ModelConfigError as error:  # a prompt the model cannot take: every rank has the same one
+    except InferenceError as error:  # every rank met the same problem
         if run.first:
             print(f"{path}: {error}", file=sys.stderr, flush=True)
         code = 1
     except KeyboardInterrupt:
+        if run.first:
+            print(f"{path}: interrupted; nothing was written", file=sys.stderr, flush=True)
         code = 130
     exit_if_distributed(code)
     return code

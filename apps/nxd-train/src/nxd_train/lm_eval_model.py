@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from lm_eval.api.model import TemplateLM
+from nxd_models.decoding import whole_logits
 from nxd_models.generation import Sampling, generate
 
 from .inference import LoadedRun
@@ -21,9 +22,11 @@ from .inference import LoadedRun
 class NxdLM(TemplateLM):
     """lm-eval's view of a loaded nxd run."""
 
-    def __init__(self, run: LoadedRun, batch_size: int = 8):
+    def __init__(self, run: LoadedRun, batch_size: int = 8, seed: int = 1234):
         super().__init__()
         self.run, self.batch_size = run, batch_size
+        self.generator = torch.Generator(device=run.fabric.device).manual_seed(seed)
+        """Draws of sampled generate_until requests (lm-eval's do_sample), seeded by the run's seed."""
 
     @property
     def eot_token_id(self) -> int:
@@ -41,13 +44,16 @@ class NxdLM(TemplateLM):
         return self.run.tokenizer.encode([string])[0]
 
     def tok_decode(self, tokens: list[int]) -> str:
-        return self.run.tokenizer.tokenizer.decode(tokens)
+        return self.run.tokenizer.decode(tokens)
 
     def _loglikelihood_tokens(self, requests: list[tuple[Any, list[int], list[int]]], disable_tqdm: bool = False,
                               override_bs: int | None = None) -> list[tuple[float, bool]]:  # fmt: skip
         """Sum of the continuation's log-probabilities and whether greedy decoding gives it, per request; the
         whole input cut to the model's context from the left, as HFLM cuts it; longest first, in batches."""
         size = override_bs or self.batch_size
+        if (longest := max((len(continuation) for _, _, continuation in requests), default=0)) > self.max_length:
+            raise ValueError(f"a continuation of {longest} tokens is longer than the model's context of "
+                             f"{self.max_length} positions")  # fmt: skip
         inputs = [(context + continuation)[-(self.max_length + 1):][:-1] for _, context, continuation in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(inputs[i]))
         results: list[tuple[float, bool] | None] = [None] * len(requests)
@@ -59,7 +65,7 @@ class NxdLM(TemplateLM):
                 ids[row, :len(inputs[index])] = torch.tensor(inputs[index])
             positions = torch.arange(width).expand(len(batch), -1)
             logits = self.run.logits(ids, positions, None)
-            logits = _whole(logits)
+            logits = whole_logits(logits)
             if logits.shape[-1] != self.run.vocab_size:  # the output layer's padding rows
                 logits = logits[..., :self.run.vocab_size]
             log_probs = torch.log_softmax(logits.float(), dim=-1).cpu()
@@ -98,7 +104,7 @@ class NxdLM(TemplateLM):
         for numbers in groups.values():
             options = dict(requests[numbers[0]].args[1] or {})
             until = options.pop("until", None) or []
-            until = [until] if isinstance(until, str) else [stop for stop in until if stop]
+            until = [stop for stop in ([until] if isinstance(until, str) else until) if stop]
             tokens = int(options.pop("max_gen_toks", 256))
             do_sample = bool(options.get("do_sample", False))
             temperature = float(options.get("temperature", 1.0 if do_sample else 0.0))
@@ -112,7 +118,7 @@ class NxdLM(TemplateLM):
                 batch = order[start:start + self.batch_size]
                 completions = generate(self.run.logits, self.run.new_cache, [contexts[n] for n in batch],
                                        maximum_tokens=tokens, context=self.max_length, end_id=self.eot_token_id,
-                                       vocab_size=self.run.vocab_size, sampling=sampling,
+                                       vocab_size=self.run.vocab_size, sampling=sampling, generator=self.generator,
                                        device=self.run.fabric.device, stop=stopped if until else None)  # fmt: skip
                 for number, completion in zip(batch, completions, strict=True):
                     text = self.tok_decode(completion.tokens)
@@ -126,9 +132,3 @@ class NxdLM(TemplateLM):
         text = self.tok_decode(generated)
         return any(stop in text for stop in until)
 
-
-def _whole(logits: torch.Tensor) -> torch.Tensor:
-    """Whole logits on every rank (a tensor-parallel output layer leaves them split over the vocabulary)."""
-    from torch.distributed.tensor import DTensor
-
-    return logits.full_tensor() if isinstance(logits, DTensor) else logits

@@ -126,6 +126,10 @@ class TextTokenizer:
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids (special tokens left out, as Hugging Face tokenizers decode by default)."""
+        return self.tokenizer.decode(ids)
+
 
 def load_tokenizer(source: str | Path | TokenizerSource, where: str = "data.tokenizer.type") -> TextTokenizer:
     """The tokenizer `source` names (a path means a Hugging Face tokenizer); a DataError naming `where`

@@ -153,10 +153,11 @@ class CoreAttention(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        """query (b, hq, s, d), key/value (b, hkv, s, d) with hq a multiple of hkv; returns (b, hq, s, d).
+        """query (b, hq, s, d), key/value (b, hkv, t, d) with hq a multiple of hkv (t > s when decoding with a
+        key/value cache: the queries are the newest s of t positions); returns (b, hq, s, d).
         `allowed` confines attention to documents: their spans (`document_spans`; fused kernels only),
         or a (b, 1, s, s) mask replacing the causal one (True: may attend, see `document_mask`); a
-        context-parallel attention takes the document ids (b, s) instead. `bias` (hq, s, s), when given, is
+        context-parallel attention takes the document ids (b, s) instead. `bias` (hq, s, t), when given, is
         added to the scaled scores (ALiBi); `allowed` is then a mask or None."""
         if self.context_parallel is not None:
             if bias is not None:

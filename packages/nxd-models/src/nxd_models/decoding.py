@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from transformers import DynamicCache, PreTrainedModel
 
 from .build import causal_lm_logits, sdpa_kernel_of
@@ -30,3 +31,8 @@ def decoding_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: tor
             return model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
                          use_cache=True).logits  # fmt: skip
     return model(input_ids, position_ids, cache=cache)
+
+
+def whole_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Whole logits on every rank (a tensor-parallel output layer leaves them split over the vocabulary)."""
+    return logits.full_tensor() if isinstance(logits, DTensor) else logits

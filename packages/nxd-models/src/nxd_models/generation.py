@@ -2,7 +2,8 @@
 
 Prompts of one batch share positions, as GPT-NeoX's generate.py runs them: rows are filled from the shortest
 prompt's end, a row still inside its own prompt takes its prompt's next token instead of the model's choice,
-so every row's tokens are those it would get alone (no padding enters any attention). Choices follow NeoX:
+so no padding enters any attention and greedy rows get the tokens they would get alone (sampled rows draw
+from one generator, so a batch's samples depend on its rows). Choices follow NeoX:
 greedy where temperature, top_k and top_p are all 0, otherwise the logits in float32 divided by the
 temperature, filtered to the top k and the top-p nucleus (transformers' own logits warpers), and sampled
 from a seeded generator, so a seed repeats its samples. A row ends at the end-of-document token (not part
@@ -15,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from .decoding import whole_logits
 from .errors import ModelConfigError
 
 StepLogits = Callable[[torch.Tensor, torch.Tensor, object | None], torch.Tensor]
@@ -57,7 +58,8 @@ class Completion:
     finished: bool
     """It ended at the end-of-document token (not at maximum_tokens or the context's end)."""
     logits: list[list[float]] | None = None
-    """With return_logits: the logits each token was chosen from (after temperature and filtering)."""
+    """With return_logits: the logits each chosen token was drawn from (after temperature and filtering; the
+    end-of-document token that ended the row included)."""
     stopped: bool = False
     """`stop` ended it (a stop sequence appeared)."""
 
@@ -91,7 +93,7 @@ def generate(step: StepLogits, new_cache: Callable[[], object] | None, prompts: 
     while position < width and not all(_ended(c, maximum_tokens) for c in completions):
         start = fed if cache is not None else 0
         positions = torch.arange(start, position, device=device).expand(rows, -1)
-        logits = _local(step(tokens[:, start:position], positions, cache))[:, -1, :vocab_size].float()
+        logits = whole_logits(step(tokens[:, start:position], positions, cache))[:, -1, :vocab_size].float()
         fed = position
         if warpers is not None:
             logits = warpers(tokens[:, :position], logits)
@@ -116,8 +118,3 @@ def generate(step: StepLogits, new_cache: Callable[[], object] | None, prompts: 
 
 def _ended(completion: Completion, maximum_tokens: int) -> bool:
     return completion.finished or completion.stopped or len(completion.tokens) >= maximum_tokens
-
-
-def _local(logits: torch.Tensor) -> torch.Tensor:
-    """Whole logits on every rank (a tensor-parallel output layer leaves them split over the vocabulary)."""
-    return logits.full_tensor() if isinstance(logits, DTensor) else logits

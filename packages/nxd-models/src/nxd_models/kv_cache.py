@@ -51,8 +51,4 @@ def decoding_mask(past: int, seq: int, window: int | None, device: torch.device)
         return None
     query = torch.arange(past, past + seq, device=device)[:, None]
     key = torch.arange(past + seq, device=device)[None, :]
-    allowed = key <= query
-    if window is not None:
-        allowed &= query - key < window
-    return allowed[None, None]
-
+    return ((key <= query) & (query - key < window))[None, None]

@@ -4,12 +4,13 @@ Three modes (`generate.text_gen_type`): unconditional (num_samples continuations
 token), input-file (each prompt of sample_input_file, separated by prompt_end) and interactive (a prompt loop
 on the terminal). Completions are JSON lines with NeoX's fields: context, text, length, finished, message,
 duration_seconds (and logits with return_logits). Every process of the tensor-parallel layout runs the same
-forwards; the first reads the prompts and writes the results.
+forwards on the same prompts; the first reads the terminal and writes the results.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,9 @@ from .inference import LoadedRun, say
 
 NOT_STARTED = "WARNING: text generation did not start; try different batching or adjust parameters"
 """NeoX's message for a completion whose first token ended it."""
+UNREAD = {"unconditional": ("sample_input_file", "prompt_end"), "input-file": ("num_samples",),
+          "interactive": ("num_samples", "sample_input_file", "sample_output_file", "return_logits", "batch_size")}
+"""The generate keys each mode does not read."""
 
 
 def output_path(settings: GenerateConfig) -> Path | None:
@@ -35,20 +39,37 @@ def output_path(settings: GenerateConfig) -> Path | None:
 
 
 def settings_problems(settings: GenerateConfig) -> list[str]:
-    """What stops generation before any model is loaded: a missing input file, an output file that exists."""
+    """What stops generation before any model is loaded: an input file that cannot be read, an output file that
+    exists or whose folder does not."""
     problems = []
     if settings.text_gen_type == "input-file":
         if settings.sample_input_file is None:
             problems.append("generate.sample_input_file: expected the prompts' file with text_gen_type input-file, "
                             "found none")  # fmt: skip
-        elif not Path(settings.sample_input_file).is_file():
-            problems.append(f"generate.sample_input_file: expected a text file of prompts, found no file at "
-                            f"{settings.sample_input_file}")  # fmt: skip
+        else:
+            try:
+                read_prompts(settings)
+            except (OSError, UnicodeDecodeError) as error:
+                found = ("no file" if isinstance(error, FileNotFoundError) else
+                         "a file that is not UTF-8 text" if isinstance(error, UnicodeDecodeError) else
+                         f"a file that cannot be read ({getattr(error, 'strerror', None) or error})")  # fmt: skip
+                problems.append(f"generate.sample_input_file: expected a UTF-8 text file of prompts, found {found} "
+                                f"at {settings.sample_input_file}")  # fmt: skip
     out = output_path(settings)
-    if settings.text_gen_type != "interactive" and out is not None and out.exists():
-        problems.append(f"generate.sample_output_file: {out} exists; expected a new file (nxd-train never writes over "
-                        "one): name another, or move it away")  # fmt: skip
+    if settings.text_gen_type != "interactive" and out is not None:
+        if out.exists() or out.is_symlink():
+            problems.append(f"generate.sample_output_file: {out} exists; expected a new file (nxd-train never writes "
+                            "over one): name another, or move it away")  # fmt: skip
+        elif not out.resolve().parent.is_dir():
+            problems.append(f"generate.sample_output_file: expected a file in an existing folder, found no folder "
+                            f"{out.resolve().parent}")  # fmt: skip
     return problems
+
+
+def settings_notices(settings: GenerateConfig) -> list[str]:
+    """The generate keys a file sets that its mode does not read."""
+    mode = settings.text_gen_type
+    return [f"generate.{key}: text_gen_type {mode} does not read it" for key in UNREAD[mode] if settings.is_set(key)]
 
 
 def read_prompts(settings: GenerateConfig) -> list[str]:
@@ -65,52 +86,64 @@ def run_generation(run: LoadedRun, settings: GenerateConfig, seed: int) -> int:
     prompts = [""] * settings.num_samples if settings.text_gen_type == "unconditional" else read_prompts(settings)
     records = list(_complete(run, settings, prompts, generator))
     out = output_path(settings)
-    if run.first and out is not None:
+    if not run.first:
+        return 0
+    if out is not None:
         save_atomically(out, "".join(json.dumps(record) + "\n" for record in records).encode())
-    if run.first:
-        where = f" in {out}" if out is not None else ""
-        tokens = sum(record["length"] for record in records)
-        seconds = sum(record["duration_seconds"] for record in records)
-        say(run, f"nxd-train generate: {len(records)} completion(s), {tokens} tokens in {seconds:.2f} s{where}")
-        if out is None:
-            for record in records:
-                print(json.dumps(record), flush=True)
+    else:
+        for record in records:
+            print(json.dumps(record), flush=True)
+    tokens = sum(record["length"] for record in records)
+    seconds = sum(record["duration_seconds"] for record in records)
+    too_long = sum(1 for record in records if record["text"] is None and record["message"] != NOT_STARTED)
+    skipped = f"; {too_long} prompt(s) longer than the context, each with its message" if too_long else ""
+    where = f" in {out}" if out is not None else ""
+    say(run, f"nxd-train generate: {len(records)} completion(s), {tokens} tokens in {seconds:.2f} s{where}{skipped}")
     return 0
 
 
 def _complete(run: LoadedRun, settings: GenerateConfig, prompts: list[str],
               generator: torch.Generator) -> Iterator[dict[str, object]]:  # fmt: skip
-    """Each prompt's record, `batch_size` prompts at a time."""
+    """Each prompt's record, `batch_size` prompts at a time; a prompt the context cannot hold gets a message."""
     eod = run.tokenizer.eod_id
     sampling = Sampling(settings.temperature, settings.top_k, settings.top_p)
     cache = None if settings.recompute else run.new_cache
     for start in range(0, len(prompts), settings.batch_size):
         batch = prompts[start:start + settings.batch_size]
         ids = [tokens or [eod] for tokens in run.tokenizer.encode(batch)]  # an empty prompt: the end-of-document token
+        fits = [index for index, tokens in enumerate(ids) if len(tokens) < run.context]
         started = time.perf_counter()
-        completions = generate(run.logits, cache, ids, maximum_tokens=settings.maximum_tokens, context=run.context,
-                               end_id=eod, vocab_size=run.vocab_size, sampling=sampling, generator=generator,
-                               return_logits=settings.return_logits, device=run.fabric.device)  # fmt: skip
-        seconds = (time.perf_counter() - started) / len(batch)
-        for prompt, completion in zip(batch, completions, strict=True):
-            yield _record(run, prompt, completion, seconds)
+        completions = generate(run.logits, cache, [ids[i] for i in fits], maximum_tokens=settings.maximum_tokens,
+                               context=run.context, end_id=eod, vocab_size=run.vocab_size, sampling=sampling,
+                               generator=generator, return_logits=settings.return_logits,
+                               device=run.fabric.device)  # fmt: skip
+        seconds = (time.perf_counter() - started) / max(1, len(fits))
+        done = dict(zip(fits, completions, strict=True))
+        for index, prompt in enumerate(batch):
+            if index in done:
+                yield _record(run, prompt, done[index], seconds)
+            else:
+                yield {"context": prompt, "text": None, "length": 0, "finished": False,
+                       "message": f"WARNING: the prompt's {len(ids[index])} tokens leave no room in the model's "
+                                  f"context of {run.context} positions; expected at most {run.context - 1}",
+                       "duration_seconds": 0.0}  # fmt: skip
 
 
 def _record(run: LoadedRun, prompt: str, completion: Completion, seconds: float) -> dict[str, object]:
     started = bool(completion.tokens)
     record: dict[str, object] = {
-        "context": prompt, "text": run.tokenizer.tokenizer.decode(completion.tokens) if started else None,
+        "context": prompt, "text": run.tokenizer.decode(completion.tokens) if started else None,
         "length": len(completion.tokens), "finished": completion.finished,
         "message": None if started else NOT_STARTED, "duration_seconds": seconds,
     }  # fmt: skip
-    if completion.logits is not None:
-        record["logits"] = completion.logits
+    if completion.logits is not None:  # a filtered-out token's -inf as null: JSON has no infinity
+        record["logits"] = [[v if math.isfinite(v) else None for v in row] for row in completion.logits]
     return record
 
 
 def _interactive(run: LoadedRun, settings: GenerateConfig, generator: torch.Generator) -> int:
-    """Prompts typed on the terminal, each answered as it ends (a line holding prompt_end, or any line when
-    prompt_end is a newline); end of input or an empty prompt line 'exit' ends the loop."""
+    """Prompts typed on the terminal, each answered as it ends (at a newline, or at prompt_end when that is
+    something else); the end of input (Ctrl-D) or the prompt `exit` ends the loop."""
     while True:
         prompt = _read_prompt(settings.prompt_end) if run.first else None
         prompt = run.fabric.broadcast(prompt, src=0)
@@ -124,7 +157,7 @@ def _interactive(run: LoadedRun, settings: GenerateConfig, generator: torch.Gene
 
 
 def _read_prompt(prompt_end: str) -> str | None:
-    """One prompt from standard input (None at its end, or 'exit')."""
+    """One prompt from standard input (None at its end, or at `exit`)."""
     text = ""
     while True:
         try:
@@ -139,4 +172,3 @@ def _read_prompt(prompt_end: str) -> str | None:
             break
         text += line + "\n"
     return None if text.strip() == "exit" else text
-
