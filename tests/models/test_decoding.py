@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from nxd_models import AttentionKernel, GPTConfig, MoESpec, build_causal_lm, causal_lm_logits
-from nxd_models.decoding import decoding_cache, decoding_logits
+from nxd_models.decoding import decoding_cache, decoding_logits, prepare_for_decoding
 from nxd_models.generation import Sampling, generate
 from transformers import LlamaConfig, MistralConfig, MixtralConfig, Qwen3Config
 
@@ -22,6 +22,7 @@ SHAPES = {
     "sinusoidal": {"position_embedding_type": "sinusoidal"},
     "moe": {"moe": MoESpec(num_experts=4, top_k=2, normalize_top_k_affinities=True)},
     "sinkhorn_moe": {"moe": MoESpec(num_experts=4, top_k=1, routing="sinkhorn")},
+    "capacity_moe": {"moe": MoESpec(num_experts=4, top_k=1, capacity_factor=1.0)},
 }  # fmt: skip
 SEQ = 12
 GREEDY = Sampling()
@@ -31,7 +32,7 @@ def _megatron(shape: str) -> torch.nn.Module:
     settings = {"num_kv_heads": 2, **SHAPES[shape]}
     config = GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=97, seq_length=32,
                        init_method_std=0.3, **settings)  # fmt: skip
-    return build_causal_lm(config, seed=5, attention=AttentionKernel.UNFUSED).eval()
+    return prepare_for_decoding(build_causal_lm(config, seed=5, attention=AttentionKernel.UNFUSED))
 
 
 def _incremental(model: torch.nn.Module, ids: torch.Tensor, first: int) -> torch.Tensor:
@@ -67,7 +68,7 @@ def test_a_transformers_model_decodes_through_its_own_cache(name):
     for key, value in {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                        "num_attention_heads": 4, "max_position_embeddings": 32}.items():  # fmt: skip
         setattr(config, key, value)
-    model = build_causal_lm(config, seed=5).eval()
+    model = prepare_for_decoding(build_causal_lm(config, seed=5))
     ids = torch.randint(0, 97, (2, SEQ), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         whole = causal_lm_logits(model, ids, torch.arange(SEQ).expand(2, -1))

@@ -19,7 +19,7 @@ from nxd_ckpt import latest_checkpoint
 from nxd_config import NxdConfig
 from nxd_data import TextTokenizer
 from nxd_models import ModelFamily
-from nxd_models.decoding import decoding_cache, decoding_logits
+from nxd_models.decoding import decoding_cache, decoding_logits, prepare_for_decoding
 from nxd_parallel import ParallelDims, build_parallel_model
 from nxd_precision import prepare_parameters
 from torch import nn
@@ -140,7 +140,7 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
         load_weights(model, Resume.of_checkpoint(newest, weights_only=True), plan.family, None)
     else:  # the start weights alone (a LoRA run's adapters as initialised: the base's outputs)
         load_weights(model, start, plan.family, None, lora)
-    model.eval()
+    prepare_for_decoding(model)
     tokenizer = run_tokenizer(cfg.data, cache_dir, cfg.model.trust_remote_code)
     return LoadedRun(plan, fabric, model, tokenizer, newest.path if newest is not None else start.path)
 

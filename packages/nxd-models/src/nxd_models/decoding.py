@@ -10,6 +10,14 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .build import causal_lm_logits, sdpa_kernel_of
 from .kv_cache import KVCache
+from .moe import route_every_token
+
+
+def prepare_for_decoding(model: nn.Module) -> nn.Module:
+    """`model` in evaluation mode with every token routed (MoE layers drop none: a token's output must not depend
+    on what else a forward holds, as it would with expert capacity)."""
+    route_every_token(model)
+    return model.eval()
 
 
 def decoding_cache(model: nn.Module) -> KVCache | DynamicCache:

@@ -241,6 +241,8 @@ class MoELayer(nn.Module):
         self.aux_loss_weight = 0.0
         """Gradient the auxiliary loss of one forward receives (`set_aux_loss_weights`)."""
         self.totals = RoutingTotals()
+        self.drops_tokens = True
+        """Experts keep at most their capacity (spec.capacity_factor); off for inference (`route_every_token`)."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
@@ -274,7 +276,7 @@ class MoELayer(nn.Module):
             else:
                 index = torch.topk(logits.detach(), spec.top_k, dim=-1).indices
             chosen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, index, True)
-            capacity = expert_capacity(logits.shape[0], spec)
+            capacity = expert_capacity(logits.shape[0], spec) if self.drops_tokens else None
             kept = chosen if capacity is None else chosen & (torch.cumsum(chosen.int(), dim=0) <= capacity)
         weights = affinities.masked_fill(~kept, 0.0)
         if spec.normalize_top_k_affinities:
@@ -290,6 +292,14 @@ class MoELayer(nn.Module):
         totals.dropped = totals.dropped + (chosen.sum() - kept.sum()).double()
         if aux is not None:
             totals.aux_loss = totals.aux_loss + aux.detach().double()
+
+
+def route_every_token(model: nn.Module) -> None:
+    """No expert capacity in `model`'s MoE layers: for inference, where what a forward holds (one decoded token,
+    or a batch padded for scoring) would otherwise decide which tokens are dropped; DeepSpeed sets a separate
+    eval capacity for the same reason."""
+    for layer in moe_layers(model):
+        layer.drops_tokens = False
 
 
 def moe_layers(model: nn.Module | Iterable[nn.Module]) -> list[MoELayer]:
