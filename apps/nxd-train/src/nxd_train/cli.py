@@ -29,7 +29,6 @@ import argparse
 import errno
 import os
 import sys
-import time
 import warnings
 from collections.abc import Sequence
 from importlib import resources
@@ -38,7 +37,7 @@ from pathlib import Path
 import yaml
 from nxd_config import DIALECTS, ConfigNotice, NxdConfig, to_nxdt_yaml
 
-from .command_support import QUIET_EXIT_DELAY, exit_if_distributed, load, notices_to_stderr
+from .command_support import exit_if_distributed, load, notices_to_stderr, preflight_stopped
 from .export_dtypes import EXPORT_DTYPES
 
 SUBCOMMANDS = ("train", "config", "plan", "launch", "generate", "eval", "data", "ckpt")
@@ -426,11 +425,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
             if not quiet and (notice := memory_notice(plan)):
                 warnings.warn(notice, ConfigNotice, stacklevel=1)  # the launching process says it once
     except PreflightError as error:
-        if quiet:
-            time.sleep(QUIET_EXIT_DELAY)
-            return 1
-        print(f"{path}: {error}", file=sys.stderr)
-        return 1
+        return preflight_stopped(path, error, quiet)
     from nxd_ckpt import CheckpointError
     from nxd_data import DataError
     from nxd_precision import NonFiniteStop

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -61,3 +62,13 @@ def exit_if_distributed(code: int = 0, *, group_wide: bool = True) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def preflight_stopped(path: str, error: Exception, quiet: bool) -> int:
+    """A run the preflight stopped: the first process of each node says why; the others wait for it to, then
+    leave quietly. Returns the exit code, 1."""
+    if quiet:
+        time.sleep(QUIET_EXIT_DELAY)
+        return 1
+    print(f"{path}: {error}", file=sys.stderr)
+    return 1

@@ -32,7 +32,7 @@ from .preflight import plan_run
 
 
 class InferenceError(Exception):
-    """A run that cannot be loaded for inference (no checkpoint); the message says what to do."""
+    """A run that cannot be loaded or evaluated (no checkpoint, lm-eval stopped); the message says what to do."""
 
 
 @dataclass

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nxd_config import NxdConfig
 
-from .command_support import QUIET_EXIT_DELAY, exit_if_distributed, load, notices_to_stderr
+from .command_support import exit_if_distributed, load, notices_to_stderr, preflight_stopped
 
 
 def generate_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
@@ -74,11 +73,7 @@ def _inference(paths: Sequence[Path], overrides: Sequence[str], dialect: str | N
         with notices_to_stderr(quiet=True):  # the training run's notices were said when it trained
             run = load_run(config, default_cache_dir())
     except PreflightError as error:
-        if quiet:
-            time.sleep(QUIET_EXIT_DELAY)
-            return 1
-        print(f"{path}: {error}", file=sys.stderr)
-        return 1
+        return preflight_stopped(path, error, quiet)
     except (InferenceError, CheckpointError, DataError, ModelConfigError, ParallelConfigError) as error:
         if not quiet:
             print(f"{path}: {error}", file=sys.stderr)
