@@ -183,19 +183,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list = _options_first(args_list)
     parser = build_parser()
     args = parser.parse_args(args_list)
-    if args.command in ("generate", "eval"):
+    if args.command in ("config", "plan", "launch", "generate", "eval"):
         files, overrides = split_items(args.items)
         if not files:
             parser.error(f"{args.command}: expected a config file before the overrides, found {args.items[0]!r}")
-        from .inference_commands import eval_command, generate_command
+        if args.command in ("generate", "eval"):
+            from .inference_commands import eval_command, generate_command
 
-        if args.command == "generate":
-            return generate_command(files, overrides, args.dialect)
-        return eval_command(files, overrides, args.dialect, args)
-    if args.command in ("config", "plan", "launch"):
-        files, overrides = split_items(args.items)
-        if not files:
-            parser.error(f"{args.command}: expected a config file before the overrides, found {args.items[0]!r}")
+            if args.command == "generate":
+                return generate_command(files, overrides, args.dialect)
+            return eval_command(files, overrides, args.dialect, args)
         if args.command == "launch":
             return _launch_command(files, overrides, args)
         if args.command == "plan":

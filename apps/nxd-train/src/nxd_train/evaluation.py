@@ -5,6 +5,7 @@ lm-eval's table and writes the results where NeoX's eval.py writes them."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -44,7 +45,7 @@ def with_command_line(cfg: NxdConfig, args: argparse.Namespace) -> NxdConfig:
 def evaluation_problems(settings: EvalConfig) -> list[str]:
     """What stops an evaluation before any model is loaded: lm-eval missing, no tasks, unknown tasks."""
     try:
-        from lm_eval.tasks import TaskManager
+        import lm_eval.tasks  # noqa: F401
     except ImportError:
         return [f"nxd-train eval runs EleutherAI's lm-evaluation-harness, which is not installed: {EXTRA}"]
     if not settings.tasks:
@@ -56,7 +57,7 @@ def evaluation_problems(settings: EvalConfig) -> list[str]:
     folder = Path(f"{settings.results_prefix}_results").resolve().parent
     if not folder.is_dir():
         return [f"eval.results_prefix: expected a prefix in an existing folder, found no folder {folder}"]
-    manager = TaskManager(include_path=settings.include_path)
+    manager = task_manager(settings.include_path)
     unknown = [task for task in settings.tasks if task not in manager.all_tasks]
     if unknown:
         import difflib
@@ -68,10 +69,17 @@ def evaluation_problems(settings: EvalConfig) -> list[str]:
     return []
 
 
+@functools.cache
+def task_manager(include_path: str | None) -> Any:
+    """lm-eval's index of its tasks (and of `include_path`'s), built once: it reads every task YAML it has."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path)
+
+
 def run_evaluation(run: LoadedRun, cfg: NxdConfig) -> int:
     """Evaluate the run on cfg.eval's tasks; 0 when done."""
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable, make_table
 
     settings = cfg.eval
@@ -81,7 +89,7 @@ def run_evaluation(run: LoadedRun, cfg: NxdConfig) -> int:
     try:
         results = simple_evaluate(model=NxdLM(run, settings.batch_size, cfg.seed), tasks=list(settings.tasks),
                                   num_fewshot=settings.num_fewshot, limit=limit,
-                                  task_manager=TaskManager(include_path=settings.include_path),
+                                  task_manager=task_manager(settings.include_path),
                                   random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
                                   fewshot_random_seed=cfg.seed, log_samples=settings.log_samples)  # fmt: skip
     except (KeyboardInterrupt, SystemExit):

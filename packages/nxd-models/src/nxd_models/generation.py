@@ -100,10 +100,9 @@ def generate(step: StepLogits, new_cache: Callable[[], object] | None, prompts: 
             chosen = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).view(-1)
         else:
             chosen = logits.argmax(dim=-1)
-        for row, completion in enumerate(completions):
+        for row, (completion, token) in enumerate(zip(completions, chosen.tolist(), strict=True)):
             if position < lengths[row] or _ended(completion, maximum_tokens):
                 continue
-            token = int(chosen[row])
             tokens[row, position] = token
             if completion.logits is not None:
                 completion.logits.append(logits[row].tolist())
