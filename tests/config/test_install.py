@@ -14,7 +14,7 @@ def test_isolated_install_pulls_no_torch(tmp_path: Path) -> None:
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(PACKAGE)], check=True, timeout=600)
     listed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], check=True,
                             capture_output=True, text=True).stdout.lower()
-    assert "nxd-config==0.1.0" in listed or "nxd_config==0.1.0" in listed
+    assert "nxd-config==0.2.0" in listed or "nxd_config==0.2.0" in listed
     assert "torch" not in listed
     out = subprocess.run([str(python), "-c", "import nxd_config, sys; print('torch' in sys.modules)"],
                          check=True, capture_output=True, text=True).stdout.strip()

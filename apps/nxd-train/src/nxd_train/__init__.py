@@ -1,3 +1,5 @@
 """nxd_train."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _distribution_version
+
+__version__ = _distribution_version("nxd-train")  # one source: the pyproject's version

@@ -1,6 +1,8 @@
 """nxd_align: objectives (pretraining and SFT token cross-entropy, DPO and ORPO on preference pairs, KTO on
 labelled examples), the reference log-probs they compare against, and LoRA adapters."""
 
+from importlib.metadata import version as _distribution_version
+
 from .kto import KL_KEY, LABEL_KEY, REWARD_KEY, KTOObjective, KTOTerms, halves_kl, kl_baseline, kto_loss
 from .lora import LoraConfigError, LoraFamily, LoraSpec, adapters_disabled, base_key, is_adapter_key
 from .objective_choice import objective_for
@@ -28,7 +30,7 @@ from .reference import (
 )
 from .reward import MARGIN_KEY, SCORE_POSITION_KEY, RewardObjective, reward_loss, sequence_scores
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("nxd-align")  # one source: the pyproject's version
 
 __all__ = [
     "DPO_LOSS_TYPES", "IGNORE_INDEX", "KL_KEY", "LABEL_KEY", "MARGIN_KEY", "REFERENCE_KEY", "REWARD_KEY",

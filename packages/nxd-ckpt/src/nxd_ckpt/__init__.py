@@ -1,6 +1,8 @@
 """nxd-ckpt: sharded checkpoints on torch.distributed.checkpoint that resume exactly and reshard across
 layouts, with completion markers, retention, async save and Hugging Face safetensors export/import."""
 
+from importlib.metadata import version as _distribution_version
+
 from .discovery import is_checkpoint_dir, latest_checkpoint, list_checkpoints
 from .errors import CheckpointError, CheckpointWarning
 from .hf import LORA_RECORD, MODEL_KEY, HFExport, export_adapter, export_hf, write_adapter_files
@@ -11,7 +13,7 @@ from .retention import SavePolicy, template_fields
 from .store import Checkpointer, continued_lineage, load_checkpoint, saved_keys
 from .trainer_layout import nxd_checkpoint_of, prune_trainer_checkpoints, write_final, write_trainer_checkpoint
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("nxd-ckpt")  # one source: the pyproject's version
 
 __all__ = [
     "LORA_RECORD", "MARKER", "MODEL_KEY", "CheckpointError", "CheckpointInfo", "CheckpointWarning", "Checkpointer",

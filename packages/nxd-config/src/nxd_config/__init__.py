@@ -6,6 +6,8 @@
     config.distributed_strategy.tensor_model_parallel_size
 """
 
+from importlib.metadata import version as _distribution_version
+
 from .dialects import DIALECTS
 from .errors import ConfigDeprecation, ConfigError, ConfigIssue, ConfigNotice
 from .hostfile import Host, HostfileError, read_hostfile, select_hosts
@@ -13,7 +15,7 @@ from .loading import load_config
 from .schema import NxdConfig, Status
 from .writing import to_nxdt_yaml
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("nxd-config")  # one source: the pyproject's version
 
 __all__ = [
     "DIALECTS",

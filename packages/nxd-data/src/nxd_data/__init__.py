@@ -2,6 +2,8 @@
 supervised fine-tuning records (packed or padded), preference pairs, KTO examples and exact-resume
 sampling."""
 
+from importlib.metadata import version as _distribution_version
+
 from .blending import BlendedDataset, blend_indices, weights_by_documents
 from .documents import DocumentFiles, ExampleDocuments, PairDocuments
 from .errors import DataError, DataWarning
@@ -21,7 +23,7 @@ from .sft import SFTDataset, pack_best_fit, sft_dataset
 from .tokenizer import TextTokenizer, TokenizerSource, load_tokenizer
 from .whole_documents import PACKINGS, WholeDocumentDataset
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("nxd-data")  # one source: the pyproject's version
 
 __all__ = [
     "IGNORE_INDEX",

@@ -1,6 +1,8 @@
 """nxd-models: the Megatron-style GPT/Llama decoder and Hugging Face causal LMs, and the model protocol
 (`ModelFamily`) through which the rest of nxd shards, recomputes, stages and exports them."""
 
+from importlib.metadata import version as _distribution_version
+
 from .attention import AttentionKernel, CoreAttention
 from .build import build_causal_lm, build_on_meta, causal_lm_logits, initialise
 from .context_parallel import use_context_parallel
@@ -31,7 +33,7 @@ from .qkv import QKVLinear
 from .score_head import HEADS, ScoreHead
 from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy, token_cross_entropy
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("nxd-models")  # one source: the pyproject's version
 
 __all__ = [
     "HEADS",

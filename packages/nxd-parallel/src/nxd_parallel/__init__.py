@@ -2,6 +2,8 @@
 checkpointing, sharded initialisation, global norms, step executors and host memory reuse for CPU steps, on
 torch.distributed only."""
 
+from importlib.metadata import version as _distribution_version
+
 from torch.distributed.tensor.parallel import loss_parallel
 
 from .activation_checkpointing import apply_activation_checkpointing
@@ -32,7 +34,7 @@ from .pipeline import build_schedule, rank_stages, stage_ranges
 from .rendezvous import client_store, init_world
 from .tensor_parallel import STYLES, apply_tensor_parallel, check_plan, enter_sequence_parallel
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("nxd-parallel")  # one source: the pyproject's version
 
 __all__ = [
     "DirectExecutor", "ExpertDispatch", "GIB", "LaunchWorld", "LaunchWorldError", "LayerWidths", "Layout",

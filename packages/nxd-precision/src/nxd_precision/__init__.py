@@ -1,6 +1,8 @@
 """nxd_precision: precision policies, the update step (optimizers by NxDT name, LR schedules, fp32
 master weights, fp16 loss scaling), stochastic rounding and the Neuron runtime's variables."""
 
+from importlib.metadata import version as _distribution_version
+
 from .errors import PrecisionConfigError
 from .loss_scaling import LossScaler, LossScaling
 from .neox_optimizers import Lion, MadgradWD
@@ -13,7 +15,7 @@ from .policy import TYPES, PrecisionPolicy, bf16_support_problem, resolve_policy
 from .schedules import SCHEDULE_NAMES, apply_schedule, build_scheduler, schedule_function
 from .stochastic_rounding import copy_stochastically_rounded_, stochastic_round
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("nxd-precision")  # one source: the pyproject's version
 
 __all__ = [
     "OPTIMIZER_NAMES",
