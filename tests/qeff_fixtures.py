@@ -2,7 +2,7 @@
 a hub model repository holds one, dataset folders laid out like the hub repositories the reference's
 examples name (alpaca-cleaned: one train split; samsum: train and test; gsm8k: a `main` configuration
 declared in its README, as on the hub; a grammar set with one split; DiSC with categories; wikitext), and
-QEfficient's example config files (tests/config/data/qeff/, kept as QEfficient wrote them)."""
+QEfficient's example config files (configs/qeff/, kept as QEfficient wrote them)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = Path(__file__).resolve().parent
-EXAMPLES = ROOT / "config" / "data" / "qeff"
+EXAMPLES = ROOT.parent / "configs" / "qeff"
+REFERENCE_EXAMPLES = ROOT / "config" / "data" / "qeff" / "reference_examples.yaml"
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "pack", "my", "box", "with", "five", "dozen", "liquor", "jugs"]
 GSM8K_README = """---
 configs:

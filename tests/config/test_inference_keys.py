@@ -44,7 +44,7 @@ def test_neox_generation_values_nxd_cannot_honour_are_named(tmp_path):
 
 
 def test_qeff_and_nxdt_files_carry_the_sections(tmp_path):
-    qeff = yaml.safe_load(Path("tests/config/data/qeff/sft_single_device_gsm8k_config.yaml").read_text())
+    qeff = yaml.safe_load(Path("configs/qeff/sft_single_device_gsm8k_config.yaml").read_text())
     qeff["generate"] = {"temperature": 0.5, "maximum_tokens": 20}
     qeff["eval"] = {"tasks": ["arc_easy"]}
     path = tmp_path / "qeff.yaml"

@@ -77,8 +77,8 @@ def test_override_errors_and_file_errors_reported_together(minimal) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(minimal, ["trainer.nope=1", "trainer.devices=abc"])
     assert messages(info.value) == [
-        "trainer.nope: expected a key the file has for 'trainer.nope=...', found no such key in the file "
-        "(use +trainer.nope=... to add it)",
+        "trainer.nope: expected a key the file has or the config defines for 'trainer.nope=...', found no such key "
+        "(nxd-train config keys lists every key)",
         "trainer.devices: expected an integer, found 'abc'",
     ]
 
@@ -96,3 +96,25 @@ def test_unparsable_override_value(minimal) -> None:
         load_config(minimal, ["trainer.max_steps=[1, 2"])
     [line] = messages(info.value)
     assert line.startswith("override 'trainer.max_steps=[1, 2': expected a YAML value, found '[1, 2' (")
+
+
+@pytest.mark.parametrize(("override", "advice"), [
+    ("trainer.max_step=100", "found no such key (did you mean 'trainer.max_steps'?)"),  # a typo among its siblings
+    ("max_steps=3", "found no such key (did you mean 'trainer.max_steps'?)"),  # the right name in another section
+    ("trainer.log_every_n_step=5", "found no such key (did you mean 'trainer.log_every_n_steps'?)"),
+])
+def test_a_key_neither_in_the_file_nor_defined_gets_the_closest_key_never_plus(minimal, override, advice) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(minimal, [override])
+    [line] = messages(info.value)
+    assert line.endswith(advice) and "+" not in line
+
+
+def test_a_defined_key_the_file_lacks_is_added_with_plus(minimal) -> None:
+    """model.optim.momentum (an SGD key, defined under one choice) and the older spelling data.packing are the
+    config's keys: the advice is to add them."""
+    for key in ("trainer.log_every_n_steps", "model.optim.momentum", "data.packing"):
+        with pytest.raises(ConfigError) as info:
+            load_config(minimal, [f"{key}=1"])
+        assert messages(info.value) == [f"{key}: expected a key the file has for '{key}=...', found no such key in "
+                                         f"the file (use +{key}=... to add it)"]

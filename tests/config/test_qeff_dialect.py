@@ -14,7 +14,7 @@ from nxd_config.qeff import QEFF_KEYS
 from nxd_config.qeff.translate import translate
 from nxd_train.cli import flag_overrides, main
 
-EXAMPLES = Path(__file__).parent / "data" / "qeff"
+EXAMPLES = Path(__file__).parents[2] / "configs" / "qeff"
 
 
 def _file(tmp_path: Path, **sections: dict) -> dict:

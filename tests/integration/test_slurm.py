@@ -139,7 +139,7 @@ def test_the_sbatch_script_launch_writes_from_neox_and_qefficient_files_trains(s
 
     qeff = tmp_path / "qeff"
     qeff.mkdir()
-    config = local_config(repo / "tests/config/data/qeff/sft_ddp_config.yaml", qeff / "sft.yaml",
+    config = local_config(repo / "configs/qeff/sft_ddp_config.yaml", qeff / "sft.yaml",
                           tiny_model(qeff / "model", chat_tokenizer_dir), hub_datasets(qeff / "hub"), qeff / "out",
                           dataset={"max_seq_length": 128}, training={"ddp_degree": 2, "max_steps": 4})  # fmt: skip
     _, said = _launch(slurm, qeff, str(config))

@@ -17,7 +17,7 @@ import yaml
 from nxd_train.cli import main
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.qeff_fixtures import EXAMPLES, hub_datasets, local_config, tiny_model
+from tests.qeff_fixtures import EXAMPLES, REFERENCE_EXAMPLES, hub_datasets, local_config, tiny_model
 from tests.training_runs import read_metrics
 
 TRAINING = {"torch_dtype": "fp32", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
@@ -76,7 +76,7 @@ def _adapter_moves_logits(base: Path, adapter: Path) -> None:
     assert before.shape == adapted.shape and (before - adapted).abs().max() > 1e-7
 
 
-REFERENCE = yaml.safe_load((EXAMPLES / "reference_examples.yaml").read_text())
+REFERENCE = yaml.safe_load(REFERENCE_EXAMPLES.read_text())
 
 
 @pytest.mark.parametrize("example", ["samsum", "alpaca", "gsm8k", "grammar"])

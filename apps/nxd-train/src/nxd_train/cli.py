@@ -4,6 +4,9 @@
     nxd-train config show FILE ... [OVERRIDE ...]      print the resolved config as YAML
     nxd-train config check FILE ... [OVERRIDE ...]     exit 0 if a run would start here, 1 with every problem
     nxd-train config translate FILE ... [--to nxdt]    print the run as an NxDT-dialect file
+    nxd-train config list                              the example configs shipped with nxd-train
+    nxd-train config copy NAME DEST                    copy one of them to a new file (or into a folder)
+    nxd-train config keys [PREFIX]                     every key: type, default and what it does
     nxd-train plan FILE ... [OVERRIDE ...]             each rank's memory before launch
     nxd-train launch FILE ... [OVERRIDE ...] [--submit]  the job a cluster runs: an sbatch script, or each
                                                       host's torchrun command (trainer.cluster)
@@ -20,12 +23,13 @@
 
 FILE is one NxDT config, or one or more GPT-NeoX configs (merged as NeoX's launcher merges them); the
 dialect is recognised from the files, or forced with --dialect nxdt|neox|qeff. OVERRIDEs use the files' keys,
-also written --KEY VALUE.
+also written --KEY VALUE. `nxd-train --version` prints the version of every nxd package.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import os
 import sys
@@ -49,23 +53,39 @@ DIALECT_HELP = "the files' dialect (default: recognised from the files)"
 
 def default_config_path() -> Path:
     """The embedded default config (the same file as configs/tiny.yaml)."""
-    return Path(str(resources.files("nxd_train") / "tiny.yaml"))
+    return Path(str(resources.files("nxd_train") / "configs" / "tiny.yaml"))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a did-you-mean for a mistyped subcommand or choice."""
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        if action.choices is not None and value not in action.choices:
+            close = difflib.get_close_matches(str(value), [str(choice) for choice in action.choices], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            choices = ", ".join(str(choice) for choice in action.choices)
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{hint}; expected one of {choices}")
+        super()._check_value(action, value)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="nxd-train",
         description="Train large language models from one NxDT-dialect YAML file (or GPT-NeoX config files, or a "
                     "QEfficient fine-tuning file).",
         epilog="Without a subcommand, nxd-train runs 'train'. Overrides: " + OVERRIDE_HELP,
     )
+    parser.add_argument("--version", "-V", action="store_true", help="print the version of every nxd package")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     train = commands.add_parser("train", help="run the job a config describes (the default command)")
     train.add_argument("--config", "-c", type=Path, action="append", default=None,
                        help="config file, repeatable for GPT-NeoX files (default: the embedded tiny config)")
     train.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
-    train.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDE_HELP)
+    train.add_argument("overrides", nargs="*", metavar="FILE|OVERRIDE",
+                       help="config files (one NxDT or QEfficient file, or GPT-NeoX files; default: the embedded tiny "
+                            "config, `nxd-train config copy tiny DEST` writes it out), then overrides: "
+                            + OVERRIDE_HELP)
 
     config = commands.add_parser("config", help="inspect a config without running it")
     actions = config.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -75,10 +95,22 @@ def build_parser() -> argparse.ArgumentParser:
                        ("translate", "print the same run as an NxDT-dialect file: the keys it sets, nxd extensions "
                                       "marked (a GPT-NeoX run migrates to NxDT's dialect)")):
         action = actions.add_parser(name, help=text, description=text)
-        action.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
+        action.add_argument("items", nargs="*", metavar="FILE|OVERRIDE",
+                            help=ITEMS_HELP + " (no file: the embedded tiny config)")
         action.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
         if name == "translate":
             action.add_argument("--to", choices=("nxdt",), default="nxdt", help="the dialect to write (nxdt)")
+    text = "list the example configs shipped with nxd-train (NxDT recipes, GPT-NeoX and QEfficient files)"
+    actions.add_parser("list", help=text, description=text)
+    text = "copy an example config to a new file (or into a folder), never over a file that exists"
+    copy = actions.add_parser("copy", help=text, description=text)
+    copy.add_argument("name", metavar="NAME",
+                      help="an example's name as `config list` prints it (tiny, neox/pythia_tiny)")
+    copy.add_argument("destination", type=Path, metavar="DEST", help="a new file, or a folder to copy it into")
+    text = "list the config's keys (NxDT's dialect and nxd's extensions) with type, default and what each does"
+    keys = actions.add_parser("keys", help=text, description=text)
+    keys.add_argument("prefix", nargs="?", default="", metavar="PREFIX",
+                      help="only this section or key and those under it (model.optim)")
 
     text = ("count each rank's memory (parameters, gradients, master weights, optimizer state, activations, "
             "loss, step) for the config's layout before launch, against the memory a rank has; exit 1, naming "
@@ -170,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] in (["--version"], ["-V"]):
+        from .config_commands import versions
+
+        print(versions())
+        return 0
+    if args_list and (problem := unknown_command(args_list[0])):
+        print(f"nxd-train: {problem}", file=sys.stderr)
+        return 2
     if not args_list or (args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help")):
         args_list.insert(0, "train")
     if args_list[0] == "train":  # `nxd-train A.yml B.yml ...` reads like `--config A.yml --config B.yml ...`
@@ -178,13 +218,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             args_list[index:index + 1] = ["--config", args_list[index]]
             index += 2
     if args_list[0] in ("train", "config", "plan", "launch", "generate", "eval"):
+        if problem := mistyped_option(args_list):
+            print(f"nxd-train {args_list[0]}: {problem}", file=sys.stderr)
+            return 2
         args_list = flag_overrides(args_list)
     if args_list[0] in ("generate", "eval"):
         args_list = _options_first(args_list)
     parser = build_parser()
     args = parser.parse_args(args_list)
+    if args.command == "config" and args.action in ("list", "copy", "keys"):
+        from .config_commands import copy_command, keys_command, list_command
+
+        if args.action == "list":
+            return list_command()
+        if args.action == "copy":
+            return copy_command(args.name, args.destination)
+        return keys_command(args.prefix)
     if args.command in ("config", "plan", "launch", "generate", "eval"):
         files, overrides = split_items(args.items)
+        if not files and args.command == "config":
+            files = [default_config_path()]
         if not files:
             parser.error(f"{args.command}: expected a config file before the overrides, found {args.items[0]!r}")
         if args.command in ("generate", "eval"):
@@ -247,6 +300,33 @@ def flag_overrides(arguments: list[str]) -> list[str]:
         value = values[0] if len(values) == 1 else f"[{','.join(values)}]" if values else "true"
         out.append(f"{item[2:]}={value}")
     return out
+
+
+def unknown_command(first: str) -> str | None:
+    """Why the first argument is no command, config file or override ('trian'), with the closest command; None
+    when it is one of them."""
+    if first in SUBCOMMANDS or first.startswith(("-", "+", "~")) or "=" in first or _is_config_file(first):
+        return None
+    if Path(first).exists():
+        return None  # a config file with another suffix: the loader says what it finds in it
+    close = difflib.get_close_matches(first, SUBCOMMANDS, n=1, cutoff=0.6)
+    if close:
+        return f"unknown command {first!r} (did you mean {close[0]!r}?); expected one of {', '.join(SUBCOMMANDS)}"
+    return (f"{first!r}: expected a command ({', '.join(SUBCOMMANDS)}), a config file (.yaml, .yml or .json) or an "
+            f"override (KEY=VALUE), found none of them")  # fmt: skip
+
+
+def mistyped_option(arguments: list[str]) -> str | None:
+    """A `--name` close to one of nxd's own options (--dialet, --num-fewshots): the option it meant. Names with '_'
+    or '.' are config keys written `--KEY VALUE` and pass."""
+    for item in arguments[1:]:
+        name = item.partition("=")[0]
+        if not name.startswith("--") or name in OPTIONS or "_" in name or "." in name:
+            continue
+        close = difflib.get_close_matches(name, [o for o in OPTIONS if o.startswith("--")], n=1, cutoff=0.85)
+        if close:
+            return f"unknown option {name} (did you mean {close[0]}?)"
+    return None
 
 
 def _options_first(arguments: list[str]) -> list[str]:

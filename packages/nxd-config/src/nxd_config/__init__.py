@@ -12,6 +12,7 @@ from .dialects import DIALECTS
 from .errors import ConfigDeprecation, ConfigError, ConfigIssue, ConfigNotice
 from .hostfile import Host, HostfileError, read_hostfile, select_hosts
 from .loading import load_config
+from .reference import KeyRow, key_rows
 from .schema import NxdConfig, Status
 from .writing import to_nxdt_yaml
 
@@ -25,8 +26,10 @@ __all__ = [
     "ConfigNotice",
     "Host",
     "HostfileError",
+    "KeyRow",
     "NxdConfig",
     "Status",
+    "key_rows",
     "load_config",
     "read_hostfile",
     "select_hosts",

@@ -24,7 +24,7 @@ from .overrides import apply_overrides
 from .qeff.overrides import qeff_override
 from .qeff.translate import translate as translate_qeff
 from .schema import NxdConfig
-from .validation import dotted, validate
+from .validation import defined_keys, dotted, validate
 
 
 def _multiply(a: Any, b: Any) -> Any:
@@ -66,7 +66,7 @@ def load_config(
         return _load_qeff(raw[0], list(overrides), launch)
     name = raw[0][0]
     config = _read(sources[0], name)
-    issues = apply_overrides(config, list(overrides))
+    issues = apply_overrides(config, list(overrides), defined_keys())
     tree = OmegaConf.to_container(config, resolve=False)
     issues += aliases.normalise(tree)
     return _build(tree, issues, lambda found: ConfigError(found, name), lambda issue: issue.render())

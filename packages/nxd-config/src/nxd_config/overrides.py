@@ -4,11 +4,14 @@
 - `+a.b=value` adds a key the file lacks;
 - `~a.b` deletes a key.
 Changing a key the file lacks without `+`, or adding one it has, is an error: a typo in an
-override must never pass silently.
+override must never pass silently. Given the keys the dialect defines, a key that is neither in the file nor
+defined gets a did-you-mean instead of the advice to add it.
 """
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Collection
 from typing import Any
 
 import yaml
@@ -20,17 +23,19 @@ from .errors import ConfigIssue, Described
 _ABSENT = object()
 
 
-def apply_overrides(config: DictConfig, overrides: list[str] | tuple[str, ...]) -> list[ConfigIssue]:
-    """Apply overrides in order; return an issue for each one that cannot be applied."""
+def apply_overrides(config: DictConfig, overrides: list[str] | tuple[str, ...],
+                    defined: Collection[str] = ()) -> list[ConfigIssue]:  # fmt: skip
+    """Apply overrides in order; return an issue for each one that cannot be applied. `defined` holds the dotted
+    keys the dialect defines (sections included), for the advice on a key the file lacks."""
     issues = []
     for override in overrides:
-        issue = _apply(config, override)
+        issue = _apply(config, override, defined)
         if issue is not None:
             issues.append(issue)
     return issues
 
 
-def _apply(config: DictConfig, override: str) -> ConfigIssue | None:
+def _apply(config: DictConfig, override: str, defined: Collection[str]) -> ConfigIssue | None:
     text = override.strip()
     if text.startswith("~"):
         return _delete(config, text[1:].split("=", 1)[0], override)
@@ -51,13 +56,49 @@ def _apply(config: DictConfig, override: str) -> ConfigIssue | None:
         return ConfigIssue.mismatch(key, f"a key the file lacks for '+{key}=...'", Described("it set in the file"),
                                     f"use {key}=... to change it")
     if not add and not exists:
-        return ConfigIssue.mismatch(key, f"a key the file has for '{key}=...'", Described("no such key in the file"),
-                                    f"use +{key}=... to add it")
+        return _absent(config, key, defined)
     try:
         OmegaConf.update(config, key, value, merge=False, force_add=True)
     except OmegaConfBaseException as exc:
         return ConfigIssue.mismatch(key, "a key that can hold a value", override, _first_line(exc))
     return None
+
+
+def _absent(config: DictConfig, key: str, defined: Collection[str]) -> ConfigIssue:
+    """`key=...` for a key the file lacks: the advice to add it when the dialect defines it (or nothing is known
+    of the dialect's keys), the closest key of the file or the dialect otherwise."""
+    if not defined or key in defined or _free_form(key, defined):
+        return ConfigIssue.mismatch(key, f"a key the file has for '{key}=...'", Described("no such key in the file"),
+                                    f"use +{key}=... to add it")
+    candidates = sorted({*defined, *_file_keys(OmegaConf.to_container(config, resolve=False))})
+    parent, _, leaf = key.rpartition(".")
+    siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
+    close = [siblings[name] for name in difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.75)]
+    if not close:  # the right name in the wrong section
+        near = [c for c in candidates if difflib.get_close_matches(leaf, [c.rpartition(".")[2]], cutoff=0.85)]
+        close = sorted(near, key=lambda c: c.count("."))[:1]
+    hint = f"did you mean {close[0]!r}?" if close else "nxd-train config keys lists every key"
+    return ConfigIssue.mismatch(key, f"a key the file has or the config defines for '{key}=...'",
+                                Described("no such key"), hint)
+
+
+def _free_form(key: str, defined: Collection[str]) -> bool:
+    """A key inside a list, or inside a defined key that holds a free mapping (the schema names no keys in it)."""
+    parts = key.split(".")
+    if any(part.isdigit() for part in parts):
+        return True
+    ancestors = [".".join(parts[:end]) for end in range(1, len(parts))]
+    return any(a in defined and not any(d.startswith(f"{a}.") for d in defined) for a in ancestors)
+
+
+def _file_keys(tree: Any, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict):
+        return []
+    keys = []
+    for name, value in tree.items():
+        keys.append(f"{prefix}{name}")
+        keys += _file_keys(value, f"{prefix}{name}.")
+    return keys
 
 
 def _delete(config: DictConfig, key: str, override: str) -> ConfigIssue | None:

@@ -12,6 +12,7 @@ import sys
 import typing
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +26,30 @@ from .validation import iter_keys
 START, END = "<!-- keys:start -->", "<!-- keys:end -->"
 
 
-def key_table() -> str:
-    """Every key of the schema as a Markdown table."""
-    rows = ["| key | type | default | effect | used by | status |", "|---|---|---|---|---|---|"]
+@dataclass(frozen=True)
+class KeyRow:
+    """One key of the schema as the reference documents it (`default` is JSON, "required" or "(section)")."""
+
+    key: str
+    type: str
+    default: str
+    effect: str
+    used_by: str
+    status: str
+
+
+def key_rows(prefix: str = "") -> list[KeyRow]:
+    """Every key of the schema, depth first; only `prefix` and the keys under it when given. A key under one
+    choice of a section carries the choice: `model.optim[sgd].momentum`."""
+    rows = []
     for path, field, owners in iter_keys():
+        if prefix and not (path == prefix or path.startswith((f"{prefix}.", f"{prefix}["))):
+            continue
         extra = key_meta(field)
         if len(owners) > 1 and path.endswith(".name"):
             names = " | ".join(json.dumps(typing.get_args(o.model_fields["name"].annotation)[0]) for o in owners)
-            rows.append(f"| `{path}` | {names.replace('|', chr(92) + '|')} | required | Which one; "
-                        f"selects the keys below. | {_by(owners[0])} | honoured |")
+            rows.append(KeyRow(path, names, "required", "Which one; selects the keys below.", _by(owners[0]),
+                               str(Status.HONOURED)))  # fmt: skip
             continue
         status = extra.get("status", str(Status.HONOURED))
         note = extra.get("note", "")
@@ -41,8 +57,17 @@ def key_table() -> str:
             status, default = ("" if "status" not in extra else status), "(section)"
         else:
             default = _default(field.default)
-        cells = [f"`{path}`", _type(field.annotation), default, field.description or "",
-                 extra.get("by", ""), f"{status}: {note}" if note else status]
+        rows.append(KeyRow(path, _type(field.annotation), default, field.description or "", extra.get("by", ""),
+                           f"{status}: {note}" if note else status))  # fmt: skip
+    return rows
+
+
+def key_table() -> str:
+    """Every key of the schema as a Markdown table."""
+    rows = ["| key | type | default | effect | used by | status |", "|---|---|---|---|---|---|"]
+    for row in key_rows():
+        cells = [f"`{row.key}`", row.type, row.default if row.default in ("required", "(section)") else
+                 f"`{row.default}`", row.effect, row.used_by, row.status]  # fmt: skip
         rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -91,7 +116,7 @@ def _default(value: Any) -> str:
         return "required"
     if isinstance(value, tuple):
         value = list(value)
-    return f"`{json.dumps(value)}`"
+    return json.dumps(value)
 
 
 def update(readme: Path) -> bool:

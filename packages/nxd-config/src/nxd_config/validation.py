@@ -263,6 +263,14 @@ def all_key_paths() -> tuple[str, ...]:
     return tuple(path for path, _, _ in iter_keys())
 
 
+@functools.cache
+def defined_keys() -> frozenset[str]:
+    """Every dotted key a file may set, choices merged (model.optim.momentum), older spellings included."""
+    from .aliases import KEY_ALIASES
+
+    return frozenset(re.sub(r"\[[^]]*\]", "", path) for path in all_key_paths()) | {old for old, _ in KEY_ALIASES}
+
+
 def iter_keys(
     model: type[BaseModel] = NxdConfig, prefix: str = ""
 ) -> Iterator[tuple[str, Any, tuple[type[BaseModel], ...]]]:
