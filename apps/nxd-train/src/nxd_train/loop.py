@@ -64,6 +64,7 @@ def _train(run: Run) -> Path:
     saved_at = None  # the step of the latest save
     stopper = None if cadence.early_stopping is None else ValidationWatch(cadence.early_stopping, run.resumed_metrics)
     done = run.start_step
+    run.monitor.begin(run.start_step)
     with StopRequests(plan.preemption.signals, acknowledge=run.fabric.global_rank == 0) as stops:
         for step in range(run.start_step, run.steps):
             started = time.perf_counter()

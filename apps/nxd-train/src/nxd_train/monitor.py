@@ -1,5 +1,5 @@
-"""What a run reports: console (a progress bar on a terminal, plain lines otherwise), per-rank text
-logs, metrics.csv, TensorBoard events and a W&B run in the log directory. A run that continues in its own log
+"""What a run reports: console (each logged step as a line, under a live progress bar on a terminal that has a
+size), per-rank text logs, metrics.csv, TensorBoard events and a W&B run in the log directory. A run that continues in its own log
 directory keeps the rows of the steps its checkpoint covers and appends from there: no step is lost,
 none is recorded twice."""
 
@@ -76,9 +76,15 @@ class Monitor:
                 self.metric_loggers.append(WandbLogger(log_dir, wandb, config or {}))
             if json_log_file is not None:
                 self.metric_loggers.append(JsonLinesLog(log_dir / json_log_file, continue_after))
-            if sys.stderr.isatty():
-                self.bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
-        self.started = time.perf_counter()
+        self.started, self.first_step = time.perf_counter(), 0
+
+    def begin(self, first_step: int) -> None:
+        """The loop starts at `first_step` (a resumed run's): the ETA counts only the steps this process runs, and
+        the progress bar, on a terminal with a size, starts there. A pseudo-terminal without one (`script -qfc`,
+        some schedulers' wrappers) gets the lines alone: tqdm would draw a bar of no width and hide them."""
+        self.started, self.first_step = time.perf_counter(), first_step
+        if self.is_main and _terminal_width() > 0:
+            self.bar = tqdm(total=self.total_steps, initial=first_step, desc="train", unit="step", dynamic_ncols=True)
 
     def info(self, message: str) -> None:
         """To this rank's log file, and to the console on rank 0."""
@@ -96,13 +102,15 @@ class Monitor:
         shown = " | ".join(f"{name} {FORMATS.get(name, '{:.4g}').format(value)}" for name, value in values.items()
                            if name in FORMATS)
         elapsed = time.perf_counter() - self.started
-        eta = datetime.timedelta(seconds=round(elapsed / max(step, 1) * (self.total_steps - step)))
+        eta = datetime.timedelta(seconds=round(elapsed / max(step - self.first_step, 1) * (self.total_steps - step)))
         line = f"step {step}/{self.total_steps} | {shown} | eta {eta}"
         self.text.info(line)
         if not self.is_main:
             return
-        if self.bar is not None:
-            self.bar.set_postfix_str(shown, refresh=False)
+        if self.bar is not None:  # the line stays on screen above the bar, which keeps the latest loss
+            self.bar.write(line)
+            if "loss" in values:
+                self.bar.set_postfix_str(f"loss {values['loss']:.4f}", refresh=False)
         else:
             print(line, flush=True)
 
@@ -118,6 +126,16 @@ class Monitor:
         for handler in list(self.text.handlers):
             handler.close()
             self.text.removeHandler(handler)
+
+
+def _terminal_width() -> int:
+    """Columns of the terminal stderr is, 0 when it is none or has no size."""
+    if not sys.stderr.isatty():
+        return 0
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except OSError:
+        return 0
 
 
 class _NoFollowFileHandler(logging.FileHandler):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging as logging_module
 import os
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
@@ -115,9 +116,14 @@ def launch_processes(plan: RunPlan) -> Fabric:
         offloaded = plan.layout.cpu_offload and torch.cuda.is_available()
         strategy = RoundStrategy(launch.world, process_group_backend="cuda:nccl,cpu:gloo" if offloaded else None,
                                  timeout=timeout)  # fmt: skip
-    fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes, strategy=strategy,
-                    precision=plan.precision, plugins=plugins)  # fmt: skip
-    fabric.launch()
+    with warnings.catch_warnings():
+        # Lightning's hint to prepend `srun` whenever srun is on the PATH: the launch is already decided (the
+        # launcher's world, checked by launcher_check, or processes Fabric starts), and `nxd-train launch` writes
+        # the srun line a Slurm job needs
+        warnings.filterwarnings("ignore", message="The `srun` command is available")
+        fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes, strategy=strategy,
+                        precision=plan.precision, plugins=plugins)  # fmt: skip
+        fabric.launch()
     if fabric.world_size > 1:
         PeerWatch(fabric.global_rank, fabric.world_size, launch.collective_timeout, fabric.strategy.watch_store).start()
     if fabric.device.type in NEURON_DEVICE_TYPES:
