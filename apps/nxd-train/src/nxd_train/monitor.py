@@ -1,7 +1,7 @@
 """What a run reports: console (each logged step as a line, under a live progress bar on a terminal that has a
-size), per-rank text logs, metrics.csv, TensorBoard events and a W&B run in the log directory. A run that continues in its own log
-directory keeps the rows of the steps its checkpoint covers and appends from there: no step is lost,
-none is recorded twice."""
+size), per-rank text logs, metrics.csv, TensorBoard events and a W&B run in the log directory. A run that
+continues in its own log directory keeps the rows of the steps its checkpoint covers and appends from there: no
+step is lost, none is recorded twice."""
 
 from __future__ import annotations
 
