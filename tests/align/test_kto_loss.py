@@ -7,8 +7,9 @@ import math
 
 import pytest
 import torch
-from nxd_align import KTOObjective, halves_kl, kl_baseline, kto_loss
-from nxd_models import token_cross_entropy
+from nxd_align import KTOObjective, kl_baseline, kto_loss
+from nxd_align.kto import halves_kl
+from nxd_models.token_losses import token_cross_entropy
 
 
 def _sigmoid(x: float) -> float:

@@ -6,7 +6,7 @@ import math
 
 import torch
 from nxd_align import TokenObjective, objective_for
-from nxd_models import token_cross_entropy
+from nxd_models.token_losses import token_cross_entropy
 
 
 def test_token_cross_entropy_of_uniform_logits_is_log_vocab_and_zero_where_ignored():

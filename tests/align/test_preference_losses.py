@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from nxd_align.preference import dpo_loss, log1mexp, orpo_loss, sequence_log_probs
-from nxd_models import token_cross_entropy
+from nxd_models.token_losses import token_cross_entropy
 
 
 @pytest.mark.parametrize("beta, chosen, rejected, ref_chosen, ref_rejected, expected", [

@@ -112,7 +112,7 @@ def test_export_of_a_model_without_hf_counterpart_says_why(tmp_path):
 def test_hf_family_with_qkv_linear_exports_transformers_layout_and_imports_it(tmp_path):
     """A transformers Llama trained with NxDT's qkv_linear exports q_proj/k_proj/v_proj (config.json
     without nxd's setting), loads in transformers with equal logits, and imports back bit-exactly."""
-    from nxd_models import set_qkv_linear
+    from nxd_models.hf_qkv import set_qkv_linear
 
     spec = LlamaConfig(vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip

@@ -22,10 +22,10 @@ from nxd_ckpt import (
     load_checkpoint,
     neox_iteration,
     read_info,
-    saved_keys,
 )
 from nxd_ckpt.checksums import file_digest
 from nxd_ckpt.marker import write_marker
+from nxd_ckpt.store import saved_keys
 from nxd_train.checkpointing import restore_rng_states, rng_states
 
 from tests.neox_checkpoints import pythia_parts, write_neox_checkpoint

@@ -6,16 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nxd_data import (
-    BlendedDataset,
-    DataError,
-    IndexedDatasetWriter,
-    MegatronDataBuilder,
-    SampleFormat,
-    blend_indices,
-    weights_by_documents,
-)
-from nxd_data.blending import normalise_weights
+from nxd_data import DataError, IndexedDatasetWriter, MegatronDataBuilder, SampleFormat
+from nxd_data.blending import BlendedDataset, blend_indices, normalise_weights, weights_by_documents
 
 
 def test_greedy_assignment_worked_by_hand() -> None:

@@ -7,16 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nxd_data import (
-    DataError,
-    DataWarning,
-    GPTDataset,
-    IndexedDataset,
-    IndexedDatasetWriter,
-    SampleFormat,
-    build_indices,
-    split_documents,
-)
+from nxd_data import DataError, GPTDataset, IndexedDataset, IndexedDatasetWriter, SampleFormat
+from nxd_data.errors import DataWarning
+from nxd_data.gpt_dataset import split_documents
+from nxd_data.indices import build_indices
 
 
 def megatron_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch, add_extra_token=1):

@@ -11,7 +11,8 @@ import datasets
 import numpy as np
 import pytest
 import zstandard
-from nxd_data import DataError, load_tokenizer, pack_best_fit, sft_dataset
+from nxd_data import DataError, load_tokenizer, sft_dataset
+from nxd_data.sft import pack_best_fit
 from tokenizers import Tokenizer
 
 IGNORED = -100

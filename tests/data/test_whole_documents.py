@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nxd_data import DataError, IndexedDataset, IndexedDatasetWriter, SampleFormat, WholeDocumentDataset
+from nxd_data import DataError, IndexedDataset, IndexedDatasetWriter, SampleFormat
+from nxd_data.whole_documents import WholeDocumentDataset
 
 from tests.data.test_gpt_dataset import write
 

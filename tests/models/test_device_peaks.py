@@ -7,7 +7,8 @@ import time
 
 import pytest
 import torch
-from nxd_models import PEAKS, Ceiling, datasheet_peak, device_ceiling, measured_peak, peak_memory
+from nxd_models import Ceiling, device_ceiling, peak_memory
+from nxd_models.device_peaks import PEAKS, datasheet_peak, measured_peak
 
 TERA = 1e12
 DATASHEETS = {  # device name as torch.cuda.get_device_name gives it: (bf16, tf32, fp32) dense TFLOP/s

@@ -7,7 +7,8 @@ import math
 
 import pytest
 import torch
-from nxd_models import AttentionKernel, GPTConfig, ModelConfigError, build_causal_lm, training_flops_per_token
+from nxd_models import AttentionKernel, GPTConfig, ModelConfigError, build_causal_lm
+from nxd_models.flops import training_flops_per_token
 
 BASE = dict(vocab_size=300, num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=16,
             hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
@@ -152,7 +153,7 @@ def test_invalid_architectures_are_rejected_by_key(changes, message):
 
 
 def test_hf_mapping_names_what_llama_cannot_hold():
-    from nxd_models import hf_mapping
+    from nxd_models.hf_mapping import hf_mapping
 
     with pytest.raises(ModelConfigError) as caught:
         hf_mapping(_config(activation="geglu", normalization="scalenorm", position_embedding_type="rope"))
@@ -163,7 +164,7 @@ def test_hf_mapping_names_what_llama_cannot_hold():
 
 
 def test_hf_mapping_names_what_gpt_neox_cannot_hold():
-    from nxd_models import hf_mapping
+    from nxd_models.hf_mapping import hf_mapping
 
     with pytest.raises(ModelConfigError) as caught:
         hf_mapping(_config(activation="softsign", normalization="layernorm", position_embedding_type="alibi"))
@@ -199,7 +200,7 @@ def test_qkv_linear_computes_what_the_separate_projections_compute(fuse):
 
 
 def test_hf_mapping_of_a_qkv_linear_model_names_the_llama_projections():
-    from nxd_models import hf_mapping
+    from nxd_models.hf_mapping import hf_mapping
 
     keys = hf_mapping(_config(activation="swiglu", normalization="rmsnorm", position_embedding_type="rope",
                               has_bias=False, qkv_linear=True)).keys  # fmt: skip

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nxd_models import AttentionKernel, GPTConfig, build_causal_lm, causal_lm_logits, hf_mapping
+from nxd_models import AttentionKernel, GPTConfig, build_causal_lm, causal_lm_logits
+from nxd_models.hf_mapping import hf_mapping
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
 
 SEQ = 24

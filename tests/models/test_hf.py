@@ -7,7 +7,8 @@ import json
 
 import pytest
 import torch
-from nxd_models import HFOverrides, ModelConfigError, build_causal_lm, causal_lm_logits, hf_tp_plan, load_hf_config
+from nxd_models import HFOverrides, ModelConfigError, build_causal_lm, causal_lm_logits, load_hf_config
+from nxd_models.hf import hf_tp_plan
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64, "rope_theta": 10000.0}  # fmt: skip

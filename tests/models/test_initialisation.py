@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from nxd_align import LoraFamily, LoraSpec
-from nxd_models import GPTConfig, build_causal_lm, init_rule, initial_values, model_family, set_qkv_linear
+from nxd_models import GPTConfig, build_causal_lm, init_rule, initial_values, model_family
+from nxd_models.hf_qkv import set_qkv_linear
 from transformers import LlamaConfig
 
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from nxd_models import GPTConfig, ModelConfigError, MoELayer, MoESpec, build_causal_lm, load_balancing_loss
-from nxd_models.moe import expert_capacity, routing_metrics, take_routing_totals
+from nxd_models import GPTConfig, ModelConfigError, MoESpec, build_causal_lm
+from nxd_models.moe import MoELayer, expert_capacity, load_balancing_loss, routing_metrics, take_routing_totals
 from torch import nn
 from transformers import MixtralConfig, MixtralForCausalLM
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func

@@ -9,7 +9,8 @@ import math
 
 import pytest
 import torch
-from nxd_models import GPTConfig, build_causal_lm, chunked_token_cross_entropy, model_family, token_cross_entropy
+from nxd_models import GPTConfig, build_causal_lm, model_family
+from nxd_models.token_losses import chunked_token_cross_entropy, token_cross_entropy
 
 SEQ, VOCAB = 24, 1000
 

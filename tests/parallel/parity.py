@@ -18,7 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_align import LoraFamily, LoraSpec, TokenObjective
-from nxd_models import GPTConfig, MoESpec, model_family, set_aux_loss_weights, set_moe, set_qkv_linear
+from nxd_models import GPTConfig, MoESpec, model_family, set_aux_loss_weights
+from nxd_models.hf_moe import set_moe
+from nxd_models.hf_qkv import set_qkv_linear
 from nxd_parallel import (
     Layout,
     ParallelDims,

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from nxd_parallel import ring_attention, split_sequence, zigzag_indices
+from nxd_parallel import ring_attention, split_sequence
+from nxd_parallel.context_parallel import zigzag_indices
 
 SEQ, BATCH, HEAD_DIM = 16, 2, 8
 HEADS = ((4, 4), (6, 2), (3, 1), (5, 5))

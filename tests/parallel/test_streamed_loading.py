@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_ckpt import HFExport, hf_import, load_hf_weights
-from nxd_models import GPTConfig, MoESpec, model_family, set_qkv_linear
+from nxd_models import GPTConfig, MoESpec, model_family
+from nxd_models.hf_qkv import set_qkv_linear
 from nxd_parallel import Layout, ParallelDims, build_parallel_model, modules_of
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor

@@ -7,15 +7,9 @@ import math
 import pytest
 import torch
 from nxd_models import AttentionKernel, build_causal_lm
-from nxd_parallel import (
-    ParallelConfigError,
-    ParallelDims,
-    apply_activation_checkpointing,
-    check_plan,
-    clip_gradients,
-    global_norm,
-    replicated_heads,
-)
+from nxd_parallel import ParallelConfigError, ParallelDims, check_plan, clip_gradients, global_norm
+from nxd_parallel.activation_checkpointing import apply_activation_checkpointing
+from nxd_parallel.kv_replication import replicated_heads
 
 from .parity import model_spec
 
@@ -115,7 +109,7 @@ def test_full_recomputation_keeps_fewer_activations_and_the_same_gradients():
 
 
 def test_pipeline_cuts_end_the_named_layers():
-    from nxd_parallel import stage_ranges
+    from nxd_parallel.pipeline import stage_ranges
 
     assert stage_ranges(30, 3, cuts=[9, 19]) == [range(0, 10), range(10, 20), range(20, 30)]  # NxD's create_partition
     with pytest.raises(ParallelConfigError, match="strictly increasing"):
@@ -125,7 +119,7 @@ def test_pipeline_cuts_end_the_named_layers():
 
 
 def test_balanced_stages_count_the_embedding_and_output_layer():
-    from nxd_parallel import rank_stages, stage_ranges
+    from nxd_parallel.pipeline import rank_stages, stage_ranges
 
     assert stage_ranges(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
     assert stage_ranges(5, 2) == [range(0, 2), range(2, 5)]  # the odd layer goes to the later stage

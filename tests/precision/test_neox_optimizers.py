@@ -10,7 +10,7 @@ import pytest
 import torch
 from lion_pytorch import Lion as ReferenceLion
 from madgrad import MADGRAD
-from nxd_precision import Lion, MadgradWD
+from nxd_precision.neox_optimizers import Lion, MadgradWD
 
 
 def _run(optimizer_class, options: dict, steps: int = 6) -> list[torch.Tensor]:

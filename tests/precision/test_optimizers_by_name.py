@@ -6,15 +6,9 @@ import math
 
 import pytest
 import torch
-from nxd_precision import (
-    OPTIMIZER_NAMES,
-    Lion,
-    MadgradWD,
-    Novograd,
-    PrecisionConfigError,
-    build_optimizer,
-    parameter_groups,
-)
+from nxd_precision import Novograd, PrecisionConfigError, build_optimizer
+from nxd_precision.neox_optimizers import Lion, MadgradWD
+from nxd_precision.optimizers import OPTIMIZER_NAMES, parameter_groups
 from transformers.optimization import Adafactor
 
 CASES = {

@@ -6,7 +6,8 @@ import math
 
 import pytest
 import torch
-from nxd_precision import SCHEDULE_NAMES, build_scheduler
+from nxd_precision import build_scheduler
+from nxd_precision.schedules import SCHEDULE_NAMES
 
 CASES = {
     "cosine": ({"name": "CosineAnnealing", "warmup_steps": 2, "min_lr": 0.1, "max_steps": 10},

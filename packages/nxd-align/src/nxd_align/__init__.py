@@ -3,21 +3,11 @@ labelled examples), the reference log-probs they compare against, and LoRA adapt
 
 from importlib.metadata import version as _distribution_version
 
-from .kto import KL_KEY, LABEL_KEY, REWARD_KEY, KTOObjective, KTOTerms, halves_kl, kl_baseline, kto_loss
+from .kto import KL_KEY, KTOObjective, kl_baseline, kto_loss
 from .lora import LoraConfigError, LoraFamily, LoraSpec, adapters_disabled, base_key, is_adapter_key
 from .objective_choice import objective_for
 from .objectives import IGNORE_INDEX, Objective, TokenObjective
-from .preference import (
-    DPO_LOSS_TYPES,
-    DPOObjective,
-    ORPOObjective,
-    PairObjective,
-    PreferenceTerms,
-    WholeSequences,
-    dpo_loss,
-    orpo_loss,
-    sequence_log_probs,
-)
+from .preference import DPOObjective, ORPOObjective, dpo_loss, orpo_loss, sequence_log_probs
 from .reference import (
     REFERENCE_KEY,
     TABLE_FILE,
@@ -28,15 +18,38 @@ from .reference import (
     reference_digest,
     save_reference,
 )
-from .reward import MARGIN_KEY, SCORE_POSITION_KEY, RewardObjective, reward_loss, sequence_scores
+from .reward import RewardObjective, reward_loss
 
 __version__ = _distribution_version("nxd-align")  # one source: the pyproject's version
 
 __all__ = [
-    "DPO_LOSS_TYPES", "IGNORE_INDEX", "KL_KEY", "LABEL_KEY", "MARGIN_KEY", "REFERENCE_KEY", "REWARD_KEY",
-    "SCORE_POSITION_KEY", "TABLE_FILE", "DPOObjective", "KTOObjective", "KTOTerms", "LoraConfigError", "LoraFamily",
-    "LoraSpec", "ORPOObjective", "Objective", "PairObjective", "PreferenceTerms", "ReferenceError", "RewardObjective",
-    "RowLogProbs", "TokenObjective", "WholeSequences", "WithReference", "adapters_disabled", "base_key", "dpo_loss",
-    "halves_kl", "is_adapter_key", "kl_baseline", "kto_loss", "load_reference", "objective_for", "orpo_loss",
-    "reference_digest", "reward_loss", "save_reference", "sequence_log_probs", "sequence_scores",
-]  # fmt: skip
+    "IGNORE_INDEX",
+    "KL_KEY",
+    "REFERENCE_KEY",
+    "TABLE_FILE",
+    "DPOObjective",
+    "KTOObjective",
+    "LoraConfigError",
+    "LoraFamily",
+    "LoraSpec",
+    "ORPOObjective",
+    "Objective",
+    "ReferenceError",
+    "RewardObjective",
+    "RowLogProbs",
+    "TokenObjective",
+    "WithReference",
+    "adapters_disabled",
+    "base_key",
+    "dpo_loss",
+    "is_adapter_key",
+    "kl_baseline",
+    "kto_loss",
+    "load_reference",
+    "objective_for",
+    "orpo_loss",
+    "reference_digest",
+    "reward_loss",
+    "save_reference",
+    "sequence_log_probs",
+]

@@ -79,6 +79,7 @@ def base_key(key: str) -> str:
 
 
 def is_adapter_key(key: str) -> bool:
+    """Whether a state-dict key is a LoRA adapter's (peft's `lora_A` / `lora_B` names)."""
     return ".lora_A." in key or ".lora_B." in key
 
 

@@ -26,6 +26,9 @@ from .errors import ModelConfigError
 
 
 class AttentionKernel(StrEnum):
+    """How the attention core computes softmax(QK^T)V: torch's fused SDPA (flash), or explicit scores with a
+    fused or unfused softmax (NxDT's fusions keys); the same arithmetic each way."""
+
     FLASH = "flash"
     FUSED_SOFTMAX = "fused_softmax"
     UNFUSED = "unfused"

@@ -4,25 +4,16 @@ torch.distributed only."""
 
 from importlib.metadata import version as _distribution_version
 
-from torch.distributed.tensor.parallel import loss_parallel
-
-from .activation_checkpointing import apply_activation_checkpointing
-from .compile import compile_blocks
-from .context_parallel import ring_attention, split_sequence, zigzag_indices
-from .data_parallel import apply_data_parallel, set_gradient_sync
+from .context_parallel import ring_attention, split_sequence
 from .dims import ParallelDims, ParallelMesh
 from .errors import ParallelConfigError
-from .executor import DirectExecutor, LossFunction, PipelineExecutor, Totals, build_executor
-from .expert_parallel import ExpertDispatch, apply_expert_parallel, moe_modules
+from .executor import DirectExecutor, PipelineExecutor, build_executor
 from .host_memory import keep_freed_host_memory
-from .kv_replication import replicated_heads
 from .launch_world import LaunchWorld, LaunchWorldError, launch_world
-from .materialise import copy_part, materialise
 from .memory_plan import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan
 from .norms import clip_gradients, global_norm
 from .parallelize import (
     Layout,
-    ShardableModel,
     StagedModel,
     build_parallel_model,
     modules_of,
@@ -30,20 +21,41 @@ from .parallelize import (
     recompute_units,
     tensor_parallel_problems,
 )
-from .pipeline import build_schedule, rank_stages, stage_ranges
 from .rendezvous import client_store, init_world
-from .tensor_parallel import STYLES, apply_tensor_parallel, check_plan, enter_sequence_parallel
+from .tensor_parallel import check_plan
 
 __version__ = _distribution_version("nxd-parallel")  # one source: the pyproject's version
 
 __all__ = [
-    "DirectExecutor", "ExpertDispatch", "GIB", "LaunchWorld", "LaunchWorldError", "LayerWidths", "Layout",
-    "LossFunction", "ParallelConfigError", "ParallelDims", "ParallelMesh", "PipelineExecutor", "RankMemory",
-    "STYLES", "ShardableModel", "Sizes", "StagedModel", "StateBytes", "Totals", "Workload",
-    "apply_activation_checkpointing", "apply_data_parallel", "apply_expert_parallel", "apply_tensor_parallel",
-    "build_executor", "build_parallel_model", "build_schedule", "check_plan", "client_store", "clip_gradients",
-    "compile_blocks", "copy_part", "enter_sequence_parallel", "global_norm", "init_world", "keep_freed_host_memory",
-    "launch_world", "loss_parallel", "materialise", "memory_plan", "modules_of", "moe_modules", "pipeline_ranges",
-    "rank_stages", "recompute_units", "replicated_heads", "ring_attention", "set_gradient_sync", "split_sequence",
-    "stage_ranges", "tensor_parallel_problems", "zigzag_indices"
-]  # fmt: skip
+    "DirectExecutor",
+    "GIB",
+    "LaunchWorld",
+    "LaunchWorldError",
+    "LayerWidths",
+    "Layout",
+    "ParallelConfigError",
+    "ParallelDims",
+    "ParallelMesh",
+    "PipelineExecutor",
+    "RankMemory",
+    "Sizes",
+    "StagedModel",
+    "StateBytes",
+    "Workload",
+    "build_executor",
+    "build_parallel_model",
+    "check_plan",
+    "client_store",
+    "clip_gradients",
+    "global_norm",
+    "init_world",
+    "keep_freed_host_memory",
+    "launch_world",
+    "memory_plan",
+    "modules_of",
+    "pipeline_ranges",
+    "recompute_units",
+    "ring_attention",
+    "split_sequence",
+    "tensor_parallel_problems",
+]

@@ -11,6 +11,9 @@ from torch.optim import Optimizer
 
 
 class Novograd(Optimizer):
+    """NeMo's NovoGrad: a second moment per layer (one number per parameter tensor), optional layer-wise update
+    clipping (`luc`)."""
+
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.95, 0.98), eps: float = 1e-8,
                  weight_decay: float = 0.0, grad_averaging: bool = False, amsgrad: bool = False,
                  luc: bool = False, luc_trust: float = 1e-3, luc_eps: float = 1e-8):  # fmt: skip
