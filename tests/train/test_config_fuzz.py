@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -87,7 +88,7 @@ def test_there_are_enough_cases():
     assert len(CASES) >= 240 and len({name for name, _ in CASES}) > 150
 
 
-NEOX = default_config_path().parents[4] / "tests" / "train" / "neox" / "gpt2.yml"
+NEOX = Path(__file__).parent / "neox" / "gpt2.yml"
 NEOX_CASES = [("num_kv_heads", 3), ("sliding_window_width", 500), ("max_position_embeddings", 16),
               ("intermediate_size", 1001), ("model_parallel_size", 3), ("pos_emb", "alibi"),
               ("attention_config", [[["global"], "all"]]), ("data_path", "no/such/prefix"),
