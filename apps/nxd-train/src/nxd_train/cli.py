@@ -45,6 +45,7 @@ from .command_support import exit_if_distributed, load, notices_to_stderr, prefl
 from .export_dtypes import EXPORT_DTYPES
 
 SUBCOMMANDS = ("train", "config", "plan", "launch", "generate", "eval", "data", "ckpt")
+TOP_LEVEL_OPTIONS = ("-h", "--help", "--version", "-V")
 OVERRIDE_HELP = ("a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML); --a.b VALUE is "
                  "a.b=VALUE")  # fmt: skip
 ITEMS_HELP = "config files (one NxDT or QEfficient file, or GPT-NeoX files), then overrides: " + OVERRIDE_HELP
@@ -68,6 +69,19 @@ class _Parser(argparse.ArgumentParser):
         super()._check_value(action, value)
 
 
+class _Versions(argparse.Action):
+    """`--version`: every nxd package's installed version (read when asked, not each time the parser is built)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=kwargs.get("help"))  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from .config_commands import versions
+
+        print(versions())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="nxd-train",
@@ -75,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "QEfficient fine-tuning file).",
         epilog="Without a subcommand, nxd-train runs 'train'. Overrides: " + OVERRIDE_HELP,
     )
-    parser.add_argument("--version", "-V", action="store_true", help="print the version of every nxd package")
+    parser.add_argument("--version", "-V", action=_Versions, help="print the version of every nxd package")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     train = commands.add_parser("train", help="run the job a config describes (the default command)")
@@ -202,15 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] in (["--version"], ["-V"]):
-        from .config_commands import versions
-
-        print(versions())
-        return 0
     if args_list and (problem := unknown_command(args_list[0])):
         print(f"nxd-train: {problem}", file=sys.stderr)
         return 2
-    if not args_list or (args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help")):
+    if not args_list or (args_list[0] not in SUBCOMMANDS and args_list[0] not in TOP_LEVEL_OPTIONS):
         args_list.insert(0, "train")
     if args_list[0] == "train":  # `nxd-train A.yml B.yml ...` reads like `--config A.yml --config B.yml ...`
         index = 1

@@ -26,12 +26,12 @@ def versions() -> str:
 
 
 def list_command() -> int:
-    from .example_configs import example_configs
+    from .example_configs import example_configs, summary
 
     examples = example_configs()
     width = max(len(example.name) for example in examples)
     for example in examples:
-        print(f"{example.name:<{width}}  {example.dialect:<10}  {example.summary}")
+        print(f"{example.name:<{width}}  {example.dialect:<10}  {summary(example.path)}".rstrip())
     print("\n`nxd-train config copy NAME DEST` writes one out; point its data and model keys at your own folders")
     return 0
 
@@ -49,7 +49,7 @@ def copy_command(name: str, destination: Path) -> int:
 
 
 def keys_command(prefix: str) -> int:
-    from nxd_config import key_rows
+    from nxd_config import Status, key_rows
 
     rows = key_rows(prefix)
     if not rows:
@@ -61,6 +61,6 @@ def keys_command(prefix: str) -> int:
         return 1
     for row in rows:
         effect = row.effect.split(". ")[0].rstrip(".")
-        status = "" if row.status in ("", "honoured") else f"  [{row.status.split(':')[0]}]"
+        status = "" if row.status in ("", str(Status.HONOURED)) else f"  [{row.status.split(':')[0]}]"
         print(f"{row.key}  ({row.type}; default {row.default}){status}\n    {effect}")
     return 0

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 SUFFIXES = (".yaml", ".yml")
 DIALECT_FOLDERS = {"neox": "GPT-NeoX", "qeff": "QEfficient"}
 
@@ -24,7 +22,6 @@ class Example:
     name: str  # the path under configs/ without its suffix: tiny, neox/pythia_tiny
     path: Path
     dialect: str
-    summary: str
 
 
 def examples_folder() -> Path:
@@ -40,7 +37,7 @@ def example_configs() -> list[Example]:
             continue
         name = path.relative_to(root).with_suffix("").as_posix()
         folder = name.partition("/")[0] if "/" in name else ""
-        found.append(Example(name, path, DIALECT_FOLDERS.get(folder, "NxDT"), _summary(path)))
+        found.append(Example(name, path, DIALECT_FOLDERS.get(folder, "NxDT")))
     return found
 
 
@@ -73,8 +70,9 @@ def copy_example(name: str, destination: Path) -> Path:
     return target
 
 
-def _summary(path: Path) -> str:
-    """The first sentence of the file's leading comment (licence headers and rules skipped)."""
+def summary(path: Path) -> str:
+    """The first sentence of an example's leading comment (licence headers and rules skipped); empty when it opens
+    with a section heading only."""
     lines = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.startswith("#"):
@@ -88,14 +86,6 @@ def _summary(path: Path) -> str:
             break
         lines.append(text)
     sentence = " ".join(lines).split(". ")[0].split(": ")[0].rstrip(".")
-    if len(sentence.split()) < 4:  # a section heading (QEfficient's files): say what the file trains instead
-        sentence = _what_it_trains(path) or sentence
+    if len(sentence.split()) < 4:  # a section heading (QEfficient's files), no description
+        return ""
     return sentence if len(sentence) <= 100 else sentence[:97].rsplit(" ", 1)[0] + " ..."
-
-
-def _what_it_trains(path: Path) -> str:
-    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    model = (values.get("model") or {}).get("model_name")
-    dataset = (values.get("dataset") or {}).get("dataset_name")
-    kind = (values.get("training") or {}).get("type", "")
-    return f"{kind.upper() + ' of ' if kind else ''}{model} on {dataset}" if model and dataset else ""

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from .aliases import KEY_ALIASES
 from .errors import MISSING, ConfigIssue
 from .schema import NxdConfig
 from .schema._base import alternatives, key_meta
@@ -266,8 +267,6 @@ def all_key_paths() -> tuple[str, ...]:
 @functools.cache
 def defined_keys() -> frozenset[str]:
     """Every dotted key a file may set, choices merged (model.optim.momentum), older spellings included."""
-    from .aliases import KEY_ALIASES
-
     return frozenset(re.sub(r"\[[^]]*\]", "", path) for path in all_key_paths()) | {old for old, _ in KEY_ALIASES}
 
 
