@@ -501,6 +501,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     if config is None:
         return 1
     path = _names(paths)
+    from .cluster import RanksDidNotMeet
     from .corpus import default_cache_dir  # the training stack loads only when training
     from .memory_check import memory_notice
     from .preflight import PreflightError, plan_run
@@ -529,6 +530,9 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
         return _stopped(f"{path}: {error}", 1)
     except (CheckpointError, WandbStartError) as error:  # found only once loading began or logging started
         print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    except RanksDidNotMeet as error:  # each rank says what it saw: no process group exists to agree on one line
+        print(f"{path}: {error}", file=sys.stderr, flush=True)
         return 1
     except DataError as error:  # met in a sample while training: only this rank knows, so it says so and leaves
         print(f"{path}: {_worker_message(error)}", file=sys.stderr, flush=True)
