@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_align import LoraFamily, LoraSpec, TokenObjective
-from nxd_models import GPTConfig, MoESpec, model_family, set_aux_loss_weights
+from nxd_models import AttentionKernel, GPTConfig, MoESpec, model_family, set_aux_loss_weights
 from nxd_models.hf_moe import set_moe
 from nxd_models.hf_qkv import set_qkv_linear
 from nxd_parallel import (
@@ -44,6 +44,14 @@ MOE = MoESpec(num_experts=4, top_k=2, capacity_factor=1.25, normalize_top_k_affi
               router_aux_loss_coef=0.05)
 """The mixture of experts of the "moe" family: Mixtral's routing with a capacity that drops tokens, and a
 load-balancing loss large enough to move the gradients."""
+NXDT_MIXTRAL_MOE = {
+    "mixtral-capacity": MoESpec(num_experts=8, top_k=2, capacity_factor=2.0, normalize_top_k_affinities=True,
+                                router_aux_loss=True, router_aux_loss_coef=0.02),
+    "mixtral-dropless": MoESpec(num_experts=8, top_k=2, normalize_top_k_affinities=True, router_aux_loss=True,
+                                router_aux_loss_coef=0.02),
+}  # fmt: skip
+"""The moe blocks of NxDT's two HF Mixtral recipes (hf_mixtral_8x7b, hf_mixtral_8x7b_dropless): 8 experts, top-2,
+so that capacity 2.0 keeps half of a micro-batch's tokens per expert and drops the rest."""
 
 
 NEOX_SHAPES = {
@@ -84,11 +92,12 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
                          ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
                          share_embeddings_and_output_weights=False, loss_chunk_tokens=loss_chunk,
                          **NEOX_SHAPES[family])  # fmt: skip
-    if family == "mixtral":  # transformers' Mixtral with nxd's MoE layer: MOE's routing and capacity
+    if family == "mixtral" or family in NXDT_MIXTRAL_MOE:  # transformers' Mixtral with nxd's MoE layer
+        moe = NXDT_MIXTRAL_MOE.get(family, MOE)
         config = MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                                num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=SEQ,
-                               num_local_experts=MOE.num_experts, tie_word_embeddings=False)  # fmt: skip
-        set_moe(config, MOE, "mixtral")
+                               num_local_experts=moe.num_experts, tie_word_embeddings=False)  # fmt: skip
+        set_moe(config, moe, "mixtral")
         return config
     if family == "qwen3":  # per-head q/k norms: transformers' replicated_with_grad_allreduce style
         config = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -125,9 +134,11 @@ class Scenario:
     """LoRA target modules (rank 4, alpha 8); empty trains the whole model."""
     loss_chunk: int = LOSS_CHUNK
     """Tokens per loss chunk (Megatron-style models); the one-process references use 0, whole logits."""
+    attention: AttentionKernel = AttentionKernel.FLASH
+    """The fusions keys' attention kernel (fused_softmax: flash_attention False, NxDT's Mixtral recipes)."""
 
     def built_family(self):  # noqa: ANN201
-        family = model_family(self.spec())
+        family = model_family(self.spec(), self.attention)
         return LoraFamily(family, LoraSpec(rank=4, alpha=8, targets=self.lora)) if self.lora else family
 
     def spec(self) -> GPTConfig | LlamaConfig | Qwen3Config:

@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+from nxd_models import AttentionKernel
 from nxd_parallel import Layout
 
-from .parity import Scenario, max_difference, run_scenarios, train_scenario
+from .parity import NXDT_MIXTRAL_MOE, Scenario, max_difference, run_scenarios, train_scenario
 
 FAMILIES = ("megatron", "hf")
 TOLERANCE = 1e-6
@@ -103,7 +104,25 @@ def _mixture_of_experts_scenarios() -> list[Scenario]:
         Scenario("mixtral-ep2-zero1", "mixtral", ep=2, layout=Layout(zero1=True), clip=0.5),
         Scenario("mixtral-tp2-sp", "mixtral", tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("mixtral-pp2", "mixtral", pp=2, layers=4),
+        *_nxdt_mixtral_recompute_scenarios(),
     ]
+
+
+def _nxdt_mixtral_recompute_scenarios() -> list[Scenario]:
+    """NxDT's two HF Mixtral recipes (capacity 2.0, dropless) as written there: the fused-softmax attention kernel
+    (fusions.flash_attention False), full or selective recompute, under TP2 + SP, EP2 and PP2."""
+    found = []
+    for family in NXDT_MIXTRAL_MOE:
+        for name in ("full", "selective"):
+            recompute = RECOMPUTE[name]
+            common = dict(attention=AttentionKernel.FUSED_SOFTMAX, clip=0.5)
+            found += [Scenario(f"{family}-tp2-sp-{name}-recompute", family, tp=2,
+                               layout=replace(recompute, sequence_parallel=True), **common),
+                      Scenario(f"{family}-ep2-zero1-{name}-recompute", family, ep=2,
+                               layout=replace(recompute, zero1=True), **common),
+                      Scenario(f"{family}-pp2-{name}-recompute", family, pp=2, layers=4, layout=recompute,
+                               **common)]  # fmt: skip
+    return found
 
 
 RECOMPUTE = {"full": Layout(recompute="full"),
@@ -237,6 +256,7 @@ DEFAULT_TWO = {
     "megatron-pp2-interleaved", "hf-pp2-cuts-documents", "hf-cp2-documents-selective-recompute",
     "megatron-lora-tp2-sp-fused-qkv-kv-replicator", "hf-lora-dp2-zero1-selective-recompute", "megatron-lora-pp2",
     "hf-lora-cp2", "moe-ep2-zero1-full-recompute", "moe-tp2-sp", "moe-pp2", "mixtral-tp2-sp",
+    "mixtral-capacity-ep2-zero1-full-recompute",
 }  # fmt: skip
 """One two-process scenario of each feature (layout, recompute kind, QKV form, model shape, LoRA, MoE) in the
 default suite; the rest of the matrix runs with --runslow."""
@@ -254,7 +274,7 @@ def _split(scenarios: list[Scenario], default: set[str], slow: bool) -> list[Sce
 
 def _key(scenario: Scenario) -> tuple:
     return (scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents, scenario.layers,
-            scenario.tied, scenario.lora)  # fmt: skip
+            scenario.tied, scenario.lora, scenario.attention)  # fmt: skip
 
 
 class _OneProcessRuns(dict):
@@ -263,8 +283,8 @@ class _OneProcessRuns(dict):
 
     def __missing__(self, key: tuple) -> dict:
         self[key] = train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
-                                            layers=key[5], tied=key[6], lora=key[7], loss_chunk=0),
-                                   world=1)  # fmt: skip
+                                            layers=key[5], tied=key[6], lora=key[7], attention=key[8],
+                                            loss_chunk=0), world=1)  # fmt: skip
         return self[key]
 
 
@@ -363,3 +383,13 @@ def test_zero1_holds_at_most_six_tenths_of_the_optimizer_state(family, two_proce
     sharded = two_processes[f"{family}-dp2-zero1"]["optimizer_state_bytes"]
     replicated = two_processes[f"{family}-dp2-replicated"]["optimizer_state_bytes"]
     assert sharded <= 0.6 * replicated, (sharded, replicated)
+
+
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+@pytest.mark.parametrize("family", NXDT_MIXTRAL_MOE)
+def test_nxdt_mixtral_recipes_recompute_what_their_forward_computed(family, recompute, references):
+    """One process: recompute replays the forward's attention kernel and routing, so losses and gradients equal
+    the run that keeps its activations."""
+    scenario = Scenario(f"{family}-{recompute}-recompute", family, clip=0.5, attention=AttentionKernel.FUSED_SOFTMAX,
+                        layout=RECOMPUTE[recompute], loss_chunk=0)  # fmt: skip
+    _check(scenario, train_scenario(scenario, world=1), references)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,27 +29,37 @@ from .initialisation import InitModule, init_rule, initial_values, seed_or_drawn
 from .score_head import check_head, use_score_head
 
 HF_SDPA = "nxd_sdpa"
-"""transformers' SDPA attention, with packed documents attended span by span."""
+"""transformers' SDPA attention under the model's kernel choice (registered as `nxd_sdpa_<kernel>`), with packed
+documents attended span by span."""
 SPANS_KWARG = "nxd_document_spans"
 
 
-def _sdpa_with_spans(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
-    """transformers' attention-function protocol: its own SDPA, or `span_attention` over the document
-    spans `causal_lm_logits` passes (the mask is then not used)."""
-    spans = kwargs.pop(SPANS_KWARG, None)
-    if spans is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)  # fmt: skip
-    return span_attention(query, key, value, spans, dropout=dropout, scale=scaling).transpose(1, 2).contiguous(), None
+def _sdpa_function(kernel: AttentionKernel) -> Callable[..., tuple[torch.Tensor, None]]:
+    """transformers' attention-function protocol for `kernel`: its own SDPA, or `span_attention` over the
+    document spans `causal_lm_logits` passes (the mask is then not used). The kernel is chosen inside each
+    call, not around the model's forward: activation recompute replays the call in backward, outside any
+    context the forward ran in, and must pick the kernel the forward did."""
+
+    def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+               **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+        spans = kwargs.pop(SPANS_KWARG, None)
+        with sdpa_kernel_of(kernel):
+            if spans is None:
+                return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                              scaling=scaling, **kwargs)  # fmt: skip
+            attended = span_attention(query, key, value, spans, dropout=dropout, scale=scaling)
+        return attended.transpose(1, 2).contiguous(), None
+
+    return attend
 
 
-def _use_span_sdpa(model: PreTrainedModel) -> None:
-    if HF_SDPA not in ALL_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(HF_SDPA, _sdpa_with_spans)
-        AttentionMaskInterface.register(HF_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    model.config._attn_implementation = HF_SDPA
+def _use_span_sdpa(model: PreTrainedModel, kernel: AttentionKernel) -> None:
+    name = f"{HF_SDPA}_{kernel}"
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(name, _sdpa_function(kernel))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.config._attn_implementation = name
     model.nxd_document_spans = True
 
 
@@ -76,7 +86,7 @@ def _meta_tree(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -
         use_moe_layers(model)
         model.nxd_attention = attention
         if implementation == "sdpa":
-            _use_span_sdpa(model)
+            _use_span_sdpa(model, attention)
         return model
 
 
@@ -177,7 +187,6 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
         masks, extra = hf_attention_inputs(inner, input_ids.shape, document_ids, input_ids.device)
         if masks is None:  # SDPA's causal kernel; ones keep transformers from reading restarting positions as
             masks = torch.ones_like(input_ids)  # packed sequences
-        with sdpa_kernel_of(getattr(inner, "nxd_attention", None)):
-            return model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=False,
-                         **extra).logits
+        return model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=False,
+                     **extra).logits
     return model(input_ids, position_ids, document_ids)

@@ -8,7 +8,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from transformers import DynamicCache, PreTrainedModel
 
-from .build import causal_lm_logits, sdpa_kernel_of
+from .build import causal_lm_logits
 from .kv_cache import KVCache
 from .moe import route_every_token
 
@@ -35,9 +35,7 @@ def decoding_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: tor
         return causal_lm_logits(model, input_ids, position_ids)
     inner = getattr(model, "module", model)
     if isinstance(inner, PreTrainedModel):
-        with sdpa_kernel_of(getattr(inner, "nxd_attention", None)):
-            return model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
-                         use_cache=True).logits  # fmt: skip
+        return model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True).logits
     return model(input_ids, position_ids, cache=cache)
 
 

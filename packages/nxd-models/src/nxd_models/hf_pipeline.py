@@ -19,7 +19,7 @@ from types import MethodType
 import torch
 from transformers import PreTrainedModel
 
-from .build import hf_attention_inputs, layer_mask_kinds, sdpa_kernel_of
+from .build import hf_attention_inputs, layer_mask_kinds
 from .score_head import ScoreHead
 from .token_losses import chunked_token_cross_entropy
 
@@ -32,12 +32,11 @@ def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: to
     masks, extra = hf_attention_inputs(self, position_ids.shape, document_ids, hidden.device)
     kinds = layer_mask_kinds(self.config)
     rotary = decoder.rotary_emb(hidden, position_ids)
-    with sdpa_kernel_of(getattr(self, "nxd_attention", None)):
-        for index, layer in enumerate(decoder.layers):
-            if layer is not None:
-                mask = masks[kinds[index]] if isinstance(masks, dict) else masks
-                hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids,
-                               past_key_values=None, use_cache=False, **extra)  # fmt: skip
+    for index, layer in enumerate(decoder.layers):
+        if layer is not None:
+            mask = masks[kinds[index]] if isinstance(masks, dict) else masks
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids,
+                           past_key_values=None, use_cache=False, **extra)  # fmt: skip
     if decoder.norm is not None:
         hidden = decoder.norm(hidden)
     if self.lm_head is None:

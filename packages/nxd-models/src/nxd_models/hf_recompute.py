@@ -19,8 +19,6 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .build import sdpa_kernel_of
-
 
 def _attention_function(model: PreTrainedModel, implementation: str) -> Callable[..., Any]:
     if implementation == "eager":  # each model family defines its own eager function
@@ -30,19 +28,18 @@ def _attention_function(model: PreTrainedModel, implementation: str) -> Callable
 
 def recompute_core_attention(model: PreTrainedModel) -> None:
     """Make every attention layer of `model` recompute its attention core in backward. One variant is
-    registered per model family, attention function and kernel, and shared by the models using it."""
+    registered per model family and attention function (nxd's SDPA variants carry their kernel), and shared
+    by the models using it."""
     implementation = model.config._attn_implementation
     if implementation.startswith("nxd_recompute_"):
         return
-    attention = getattr(model, "nxd_attention", None)
-    name = f"nxd_recompute_{model.config.model_type}_{implementation}_{attention}"
+    name = f"nxd_recompute_{model.config.model_type}_{implementation}"
     if name not in ALL_ATTENTION_FUNCTIONS:
-        inner = _attention_function(model, implementation)
+        inner = _attention_function(model, implementation)  # nxd's SDPA variants choose their kernel per call
 
         def recomputed(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             def core(*inputs: Any) -> Any:
-                with sdpa_kernel_of(attention):  # the same kernel in forward and in the recomputation
-                    return inner(module, *inputs, **kwargs)
+                return inner(module, *inputs, **kwargs)
 
             return checkpoint(core, *args, use_reentrant=False)
 
