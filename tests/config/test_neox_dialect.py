@@ -294,11 +294,16 @@ def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, 
 
 
 @pytest.mark.parametrize(("keys", "message"), [
-    ({"norm": "te_rmsnorm"}, "norm: expected one of layernorm, rmsnorm, scalenorm, found 'te_rmsnorm'"),
+    ({"norm": "te_rmsnorm_typo"}, "norm: expected one of layernorm, rmsnorm, scalenorm, non_parametric_layernorm, "
+                                  "te_layernorm, te_rmsnorm, found 'te_rmsnorm_typo'"),
+    ({"norm": "non_parametric_layernorm", "layernorm_fusion": True},
+     "layernorm_fusion: expected false with norm: non_parametric_layernorm"),
+    ({"opt_pos_emb_offset": 2, "max_position_embeddings": 64, "seq_length": 64},
+     "expected at least the sequence length (64) plus position_embedding_offset 2 with learned_absolute positions"),
     ({"pos_emb": "rpe"}, "pos_emb: expected one of learned, rotary, sinusoidal, alibi, none, found 'rpe'"),
     ({"pos_emb": "rotary", "rotary_pct": 1.5}, "rotary_pct (nxd: model.rotary_percentage): expected a value <= 1"),
     ({"pos_emb": "rotary", "rotary_pct": 0}, "rotary_pct (nxd: model.rotary_percentage): expected a value > 0"),
-    ({"te_mha": True}, "te_mha: expected False (GPT-NeoX's default), found True: Transformer Engine layers"),
+    ({"te_fp8_mha": True}, "te_fp8_mha: expected False (GPT-NeoX's default), found True: Transformer Engine fp8"),
     ({"moe_num_experts": 4}, "moe_router_type: expected topk, found 'sinkhorn'"),
     ({"fp16": {"enabled": True, "loss_scal": 0}}, "fp16.loss_scal: unknown fp16 setting; expected one of enabled, "
                                                   "loss_scale"),
@@ -350,6 +355,25 @@ def test_neox_model_shapes_become_nxd_keys(tmp_path):
                            "scalenorm_epsilon": 1e-4, "activation": "swish", "pos_emb": "sinusoidal"}).model
     assert (tied.transformer_block_type, tied.normalization, tied.layernorm_epsilon) == ("gpt_j", "scalenorm", 1e-4)
     assert (tied.activation, tied.position_embedding_type) == ("silu", "sinusoidal")
+
+
+def test_norms_without_weights_transformer_engine_kernels_and_opts_position_offset(tmp_path):
+    """non_parametric_layernorm keeps its name; te_* norms are the same arithmetic with a notice; Transformer
+    Engine's layer kernels are noticed; OPT's offset shifts learned (and sinusoidal) positions, not rotary ones."""
+    keys = {**MODEL, "norm": "non_parametric_layernorm", "layernorm_epsilon": 1e-6, "opt_pos_emb_offset": 2,
+            "max_position_embeddings": 2050, "te_mha": True, "te_columnparallel": True}  # fmt: skip
+    m = load(tmp_path, keys).model
+    assert (m.normalization, m.layernorm_epsilon, m.position_embedding_type, m.position_embedding_offset) == (
+        "non_parametric_layernorm", 1e-6, "learned_absolute", 2)  # fmt: skip
+    said = notices(tmp_path, keys)
+    assert sum("Transformer Engine's kernel for a layer nxd's own layers compute" in n for n in said) == 2, said
+    te = {**MODEL, "norm": "te_rmsnorm", "rms_norm_epsilon": 1e-5, "pos_emb": "rotary", "opt_pos_emb_offset": 2}
+    m = load(tmp_path, te).model
+    assert (m.normalization, m.layernorm_epsilon, m.position_embedding_offset) == ("rmsnorm", 1e-5, 0)
+    said = notices(tmp_path, te)
+    assert any("norm: te_rmsnorm: Transformer Engine's kernel for rmsnorm" in n for n in said), said
+    assert any("opt_pos_emb_offset: accepted, changes nothing here: pos_emb is 'rotary'" in n for n in said), said
+    assert load(tmp_path, {**MODEL, "norm": "te_layernorm"}).model.normalization == "layernorm"
 
 
 def test_moe_keys_become_the_dropless_top_k_moe(tmp_path):

@@ -11,7 +11,7 @@ from nxd_models import GPTConfig, build_causal_lm
 from nxd_models.activations import ACTIVATIONS
 from nxd_models.attention import AttentionKernel, CoreAttention
 from nxd_models.init_methods import init_weight
-from nxd_models.norms import ScaleNorm
+from nxd_models.norms import ScaleNorm, build_norm
 from nxd_models.positions import alibi_bias, alibi_slopes, sinusoidal_embedding
 
 BASE = dict(vocab_size=64, num_layers=2, hidden_size=16, num_attention_heads=4, seq_length=8, ffn_hidden_size=24,
@@ -29,6 +29,38 @@ def test_scalenorm_divides_by_the_clamped_l2_norm_and_scales_by_one_scalar():
     x = torch.tensor([[3.0, 4.0], [0.1, 0.0]])
     # rows: ||(3, 4)|| = 5 -> 3 x (0.6, 0.8); ||(0.1, 0)|| = 0.1 is clamped to eps 0.5 -> 3 x (0.2, 0)
     assert torch.allclose(norm(x), torch.tensor([[1.8, 2.4], [0.6, 0.0]]))
+
+
+def test_non_parametric_layernorm_standardises_each_row_and_learns_nothing():
+    norm = build_norm("non_parametric_layernorm", 4, eps=1e-5)
+    assert list(norm.parameters()) == []
+    x = torch.tensor([[1.0, 2.0, 3.0, 6.0]])  # mean 3, biased variance (4 + 1 + 0 + 9) / 4 = 3.5
+    expected = [(value - 3.0) / math.sqrt(3.5 + 1e-5) for value in (1.0, 2.0, 3.0, 6.0)]
+    assert norm(x)[0].tolist() == pytest.approx(expected, abs=1e-6)
+    model = build_causal_lm(_config(normalization="non_parametric_layernorm"), seed=0)
+    assert not any("layernorm" in name or name.startswith("model.norm") for name, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize("positions", ["learned_absolute", "sinusoidal"])
+def test_opts_position_offset_reads_the_table_that_many_rows_on(positions):
+    """Token t at position p reads row p + 2 of the learned table (OPT's offset): the same logits as a model
+    without an offset whose table starts two rows later; sinusoids are taken at p + 2."""
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    shifted = build_causal_lm(_config(position_embedding_type=positions, position_embedding_offset=2,
+                                      max_position_embeddings=10), seed=0).eval()  # fmt: skip
+    plain = build_causal_lm(_config(position_embedding_type=positions, max_position_embeddings=10), seed=0).eval()
+    state = shifted.state_dict()
+    if positions == "learned_absolute":
+        table = state["model.position_embeddings.weight"]
+        state["model.position_embeddings.weight"] = torch.cat([table[2:], table[:2]])
+    plain.load_state_dict(state)
+    with torch.no_grad():
+        if positions == "learned_absolute":
+            assert torch.equal(shifted(ids), plain(ids))
+        else:  # the plain model at positions 2 ... 9 is the shifted one at 0 ... 7
+            assert torch.equal(shifted(ids), plain(ids, torch.arange(2, 10).expand(2, 8)))
+    with pytest.raises(Exception, match="expected max_position_embeddings of at least 10, found 9"):
+        _config(position_embedding_offset=2, max_position_embeddings=9)
 
 
 def test_sinusoids_are_all_sines_then_all_cosines():

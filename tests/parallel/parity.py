@@ -61,10 +61,13 @@ NEOX_SHAPES = {
                   activation="geglu", mlp_bias=False, init_method="xavier_uniform"),
     "sinusoidal": dict(position_embedding_type="sinusoidal", activation="mish", attention_bias=False,
                        init_method="orthogonal", output_layer_init_method="single_residual_scaled_normal"),
+    "opt": dict(position_embedding_type="learned_absolute", position_embedding_offset=2,
+                max_position_embeddings=SEQ + 2, normalization="non_parametric_layernorm", activation="relu"),
 }
 """GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
 gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feeding attention and a geglu MLP
-(GPT-J's block) without MLP biases; sinusoidal positions with mish and orthogonal weights."""
+(GPT-J's block) without MLP biases; sinusoidal positions with mish and orthogonal weights; OPT's learned positions
+two rows on (opt_pos_emb_offset) with layernorms that learn nothing (non_parametric_layernorm)."""
 
 
 def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,

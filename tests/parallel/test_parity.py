@@ -75,6 +75,9 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
                                                                                  recompute="full")),
             Scenario("sinusoidal-tp2-sp", "sinusoidal", tp=2, layout=Layout(sequence_parallel=True)),
             Scenario("sinusoidal-pp2", "sinusoidal", pp=2, **staged),
+            Scenario("opt-pp2", "opt", pp=2, **staged),
+            Scenario("opt-cp2", "opt", cp=2),
+            Scenario("opt-dp2-zero1", "opt", layout=Layout(zero1=True)),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -85,6 +88,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
                                                                                 recompute="full")),  # fmt: skip
         Scenario("alibi-tp2-sp", "alibi", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("sinusoidal-cp2", "sinusoidal", cp=2, clip=0.5),
+        Scenario("opt-tp2-sp", "opt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
     ]  # fmt: skip
 
 

@@ -33,6 +33,7 @@ MEGATRON_ONLY = (
     "make_vocab_size_divisible_by", "persist_layer_norm", "share_embeddings_and_output_weights",
     "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
     "has_bias", "sliding_window_size", "attention_bias", "mlp_bias", "init_method", "output_layer_init_method",
+    "position_embedding_offset",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -266,15 +267,22 @@ def sequence_length_required(c: NxdConfig) -> Iterator[Finding]:
 
 @rule
 def positions_cover_sequence(c: NxdConfig) -> Iterator[Finding]:
-    m = c.model
-    if c.model_source != "megatron" or m.position_embedding_type != "learned_absolute":
+    m, offset = c.model, c.model.position_embedding_offset
+    if c.model_source != "megatron":
         return
-    if m.max_position_embeddings and c.seq_length and c.seq_length > m.max_position_embeddings:
+    if offset and m.position_embedding_type not in ("learned_absolute", "sinusoidal"):
+        yield error("model.position_embedding_offset", f"shifts the learned_absolute or sinusoidal positions; expected "
+                    f"0 with {m.position_embedding_type} positions, found {offset}",
+                    "model.position_embedding_offset", "model.position_embedding_type")  # fmt: skip
+    if m.position_embedding_type != "learned_absolute":
+        return
+    if m.max_position_embeddings and c.seq_length and c.seq_length + offset > m.max_position_embeddings:
+        shifted = f" plus position_embedding_offset {offset}" if offset else ""
         yield error(
             "model.max_position_embeddings",
-            f"expected at least the sequence length ({c.seq_length}) with learned_absolute positions, "
+            f"expected at least the sequence length ({c.seq_length}){shifted} with learned_absolute positions, "
             f"found {m.max_position_embeddings}",
-            "model.max_position_embeddings", *SEQ,
+            "model.max_position_embeddings", *SEQ, *(("model.position_embedding_offset",) if offset else ()),
         )
 
 

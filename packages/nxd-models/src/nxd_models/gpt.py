@@ -65,6 +65,8 @@ class GPTConfig:
     tensor_parallel_size: int = 1
     share_embeddings_and_output_weights: bool = True
     position_embedding_type: str = "learned_absolute"
+    position_embedding_offset: int = 0
+    """Added to the position ids before the learned or sinusoidal table (OPT's learned positions start at 2)."""
     rotary_percentage: float = 1.0
     rope_theta: float = 10000.0
     activation: str = "gelu"
@@ -167,6 +169,18 @@ def _problems(c: GPTConfig) -> list[str]:
             f"model.num_kv_heads: expected a divisor of num_attention_heads ({c.num_attention_heads}), "
             f"found {c.kv_heads}"
         )
+    if c.position_embedding_offset:
+        if c.position_embedding_type not in ("learned_absolute", "sinusoidal"):
+            found.append(f"model.position_embedding_offset: shifts the learned or sinusoidal positions; expected 0 "
+                         f"with {c.position_embedding_type!r} positions, found {c.position_embedding_offset}")
+        elif c.position_embedding_offset < 0:
+            found.append(f"model.position_embedding_offset: expected 0 or more, found {c.position_embedding_offset}")
+        elif c.position_embedding_type == "learned_absolute" and c.seq_length + c.position_embedding_offset > \
+                c.max_positions:  # fmt: skip
+            found.append(f"model.position_embedding_offset: positions up to encoder_seq_length + offset - 1 "
+                         f"({c.seq_length + c.position_embedding_offset - 1}) index the learned table; expected "
+                         f"max_position_embeddings of at least {c.seq_length + c.position_embedding_offset}, "
+                         f"found {c.max_positions}")  # fmt: skip
     if c.position_embedding_type == "rope" and c.rotary_dim < 2:
         found.append(f"model.rotary_percentage: rotates {c.rotary_dim} of {c.head_dim} dims; expected at least 2")
     if c.sliding_window is not None and c.sliding_window < 1:  # one wider than the sequence masks nothing
@@ -321,10 +335,11 @@ class GPTDecoder(nn.Module):
 
     def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        positions = position_ids + self.config.position_embedding_offset
         if self.config.position_embedding_type == "learned_absolute":
-            hidden = hidden + self.position_embeddings(position_ids)
+            hidden = hidden + self.position_embeddings(positions)
         elif self.config.position_embedding_type == "sinusoidal":
-            hidden = hidden + sinusoidal_embedding(position_ids, self.config.hidden_size, hidden.dtype)
+            hidden = hidden + sinusoidal_embedding(positions, self.config.hidden_size, hidden.dtype)
         return hidden
 
     def run_layers(self, layers: Iterable[nn.Module], hidden: torch.Tensor, position_ids: torch.Tensor,
@@ -423,7 +438,7 @@ class GPTForCausalLM(nn.Module):
                     draw(getattr(module, f"weight_{part}"), c.init_method, qkv_fans)
                 if getattr(module, f"bias_{part}") is not None:
                     nn.init.zeros_(getattr(module, f"bias_{part}"))
-        elif isinstance(module, nn.LayerNorm | nn.RMSNorm | ScaleNorm):
+        elif isinstance(module, nn.LayerNorm | nn.RMSNorm | ScaleNorm) and module.weight is not None:
             nn.init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)

@@ -48,7 +48,8 @@ def neox_layout(config: GPTConfig) -> NeoXLayout:
         raise ModelConfigError("a GPT-NeoX checkpoint of a mixture of experts is not read by nxd (its megablocks "
                                "experts have a layout of their own)")  # fmt: skip
     layers, parallel = config.num_layers, config.transformer_block_type != "pre_ln"
-    norm_names = {"layernorm": ("weight", "bias"), "rmsnorm": ("scale",), "scalenorm": ("g",)}[config.normalization]
+    norm_names = {"layernorm": ("weight", "bias"), "rmsnorm": ("scale",), "scalenorm": ("g",),
+                  "non_parametric_layernorm": ()}[config.normalization]  # fmt: skip
     ours_of = {"weight": "weight", "bias": "bias", "scale": "weight", "g": "weight"}
     sources = {"model.embed_tokens.weight": NeoXSource(0, "word_embeddings.weight", "rows")}
     if config.position_embedding_type == "learned_absolute":

@@ -1,12 +1,13 @@
-"""Norm layers by the config's names: torch's LayerNorm and RMSNorm, and ScaleNorm (Nguyen and Salazar 2019,
-as GPT-NeoX builds it), which torch lacks."""
+"""Norm layers by the config's names: torch's LayerNorm (with its affine weight and bias, or without them:
+GPT-NeoX's non_parametric_layernorm) and RMSNorm, and ScaleNorm (Nguyen and Salazar 2019, as GPT-NeoX builds
+it), which torch lacks."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-NORMS = ("layernorm", "rmsnorm", "scalenorm")
+NORMS = ("layernorm", "rmsnorm", "scalenorm", "non_parametric_layernorm")
 
 
 class ScaleNorm(nn.Module):
@@ -27,4 +28,6 @@ def build_norm(kind: str, hidden: int, eps: float) -> nn.Module:
         return nn.RMSNorm(hidden, eps=eps)
     if kind == "scalenorm":
         return ScaleNorm(eps)
+    if kind == "non_parametric_layernorm":  # (x - mean) / sqrt(var + eps): nothing learned
+        return nn.LayerNorm(hidden, eps=eps, elementwise_affine=False, bias=False)
     return nn.LayerNorm(hidden, eps=eps)

@@ -47,6 +47,8 @@ _COMET = "used only with use_comet, which nxd refuses"
 _MAMBA = "used only by mamba layers (attention_config), which nxd refuses"
 _RWKV = "used only by rwkv layers (attention_config), which nxd refuses"
 _MUP = "used only with use_mup, which nxd refuses"
+_TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
+              "is the te_fp8_* keys')")  # fmt: skip
 _TE_FP8 = "used only by Transformer Engine's fp8 layers (te_*), which nxd refuses"
 _RL = "used only with train_impl: reinforce (online RL with a generation server), which nxd refuses"
 _FP16 = ("NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed: the fp16 block's loss_scale, "
@@ -129,7 +131,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "NeoX's window w lets a token see keys i - w ... i, which is nxd's (and Mistral's) window of w + 1"),
     ("max_position_embeddings", "Model", None, M, "model.max_position_embeddings", ""),
     ("norm", "Model", "layernorm", M, "model.normalization",
-     "layernorm, rmsnorm, scalenorm; non_parametric_layernorm and Transformer Engine's te_* norms are refused"),
+     "layernorm, rmsnorm, scalenorm, non_parametric_layernorm; te_layernorm and te_rmsnorm (Transformer Engine's "
+     "kernels) become layernorm and rmsnorm, with a notice"),
     ("layernorm_fusion", "Model", False, N, "", _KERNEL),
     ("rmsnorm_fusion", "Model", False, N, "", _KERNEL),
     ("use_qk_layernorm", "Model", False, R, "", "nxd has no query/key norm; remove it (lifted when the model has one)"),
@@ -140,7 +143,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "learned, rotary, sinusoidal, alibi, none; rpe (T5 buckets) is refused"),
     ("rpe_num_buckets", "Model", 32, N, "", "used only by pos_emb: rpe (refused)"),
     ("rpe_max_distance", "Model", 128, N, "", "used only by pos_emb: rpe (refused)"),
-    ("opt_pos_emb_offset", "Model", 0, R, "", "OPT's position offset is not in nxd; only 0"),
+    ("opt_pos_emb_offset", "Model", 0, M, "model.position_embedding_offset",
+     "added to the position ids of learned and sinusoidal positions, as NeoX's embedding does in a forward without "
+     "a cache; with other positions a notice"),
     ("no_weight_tying", "Model", False, M, "model.share_embeddings_and_output_weights", ""),
     ("attention_config", "Model", None, M, "model.fusions.flash_attention",
      "expanded as NeoX expands it; global and flash layers are dense causal attention; local, sparse_*, "
@@ -200,10 +205,10 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("weight_server_port", "Model", 6000, N, "", _RL),
     ("online_dataserver_ips", "Model", "localhost", N, "", _RL),
     ("online_dataserver_ports", "Model", 10000, N, "", _RL),
-    ("te_columnparallel", "Model", False, R, "", "Transformer Engine layers are not in nxd; remove it"),
-    ("te_rowparallel", "Model", False, R, "", "Transformer Engine layers are not in nxd; remove it"),
-    ("te_layernorm_mlp", "Model", False, R, "", "Transformer Engine layers are not in nxd; remove it"),
-    ("te_mha", "Model", False, R, "", "Transformer Engine layers are not in nxd; remove it"),
+    ("te_columnparallel", "Model", False, N, "", _TE_KERNEL),
+    ("te_rowparallel", "Model", False, N, "", _TE_KERNEL),
+    ("te_layernorm_mlp", "Model", False, N, "", _TE_KERNEL),
+    ("te_mha", "Model", False, N, "", _TE_KERNEL),
     ("te_fp8_mha", "Model", False, R, "", "Transformer Engine fp8 is not in nxd; remove it"),
     ("te_fp8_format", "Model", "hybrid", N, "", _TE_FP8),
     ("te_fp8_wgrad", "Model", True, N, "", _TE_FP8),

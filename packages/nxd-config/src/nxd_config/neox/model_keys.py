@@ -17,8 +17,11 @@ ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "softsign": "softsign", "swish": 
                "mish": "mish", "geglu": "geglu", "reglu": "reglu", "swiglu": "swiglu", "bilinear": "bilinear",
                "glu": "glu"}  # fmt: skip
 """NeoX's activation names -> nxd's."""
-NORMS = {"layernorm": "layernorm_epsilon", "rmsnorm": "rms_norm_epsilon", "scalenorm": "scalenorm_epsilon"}
-"""Each norm and the key of its epsilon."""
+NORMS = {"layernorm": ("layernorm", "layernorm_epsilon"), "rmsnorm": ("rmsnorm", "rms_norm_epsilon"),
+         "scalenorm": ("scalenorm", "scalenorm_epsilon"),
+         "non_parametric_layernorm": ("non_parametric_layernorm", "layernorm_epsilon"),
+         "te_layernorm": ("layernorm", "layernorm_epsilon"), "te_rmsnorm": ("rmsnorm", "rms_norm_epsilon")}  # fmt: skip
+"""Each NeoX norm: nxd's norm of the same arithmetic, and the key of its epsilon (megatron/model/norms.py)."""
 POSITIONS = {"learned": "learned_absolute", "rotary": "rope", "sinusoidal": "sinusoidal", "alibi": "alibi",
              "none": "none"}  # fmt: skip
 
@@ -42,13 +45,27 @@ def model_keys(a: Arguments, t: Translation) -> None:
     t.set("model.ffn_dropout", 0.0)
     t.set("model.share_embeddings_and_output_weights", not a["no_weight_tying"], "no_weight_tying")
     choice(t, a, "output_layer_parallelism", ("column",))  # over the vocabulary, as nxd's output layer is
-    norm = choice(t, a, "norm", NORMS, "non_parametric_layernorm and Transformer Engine's te_* norms are not in nxd")
+    norm = choice(t, a, "norm", NORMS)
     if norm is not None:
-        t.set("model.normalization", norm, "norm")
-        t.set("model.layernorm_epsilon", a[NORMS[norm]], NORMS[norm])
+        ours, epsilon = NORMS[norm]
+        t.set("model.normalization", ours, "norm")
+        t.set("model.layernorm_epsilon", a[epsilon], epsilon)
+        if norm.startswith("te_"):
+            t.notice("norm", f"{norm}: Transformer Engine's kernel for {ours}; nxd computes the same {ours} with "
+                     "torch's")  # fmt: skip
+        if norm == "non_parametric_layernorm" and a["layernorm_fusion"]:
+            t.refuse("layernorm_fusion", "expected false with norm: non_parametric_layernorm (GPT-NeoX refuses the "
+                     "two together), found true")  # fmt: skip
     position = choice(t, a, "pos_emb", POSITIONS, "T5 relative buckets (rpe) are not in nxd")
     if position is not None:
         t.set("model.position_embedding_type", POSITIONS[position], "pos_emb")
+    offset = typed(t, a, "opt_pos_emb_offset", int, "a whole number of positions")
+    if offset:  # NeoX shifts learned and sinusoidal positions only (megatron/model/word_embeddings.py)
+        if position in ("learned", "sinusoidal"):
+            t.set("model.position_embedding_offset", offset, "opt_pos_emb_offset")
+        else:
+            t.notice("opt_pos_emb_offset", f"accepted, changes nothing here: pos_emb is {a['pos_emb']!r}; NeoX "
+                     "shifts learned and sinusoidal positions only")  # fmt: skip
     fraction, base = a["rotary_pct"], a["rotary_emb_base"]
     if position == "rotary":
         t.set("model.rotary_percentage", fraction, "rotary_pct")

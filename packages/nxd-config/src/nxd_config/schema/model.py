@@ -189,12 +189,13 @@ class ModelConfig(Section):
     apply_query_key_layer_scaling: bool = key(
         True, "Scale Q*K^T by 1/layer_number (undone inside an fp32 softmax).", by=MODELS
     )
-    normalization: Literal["rmsnorm", "layernorm", "scalenorm"] = key(
+    normalization: Literal["rmsnorm", "layernorm", "scalenorm", "non_parametric_layernorm"] = key(
         "layernorm",
-        "Norm layer: layernorm (with a bias), rmsnorm, or scalenorm (x / max(||x||, eps) times one learned scalar; an "
-        "nxd extension value, from GPT-NeoX).",
+        "Norm layer: layernorm (with a bias), rmsnorm, or the nxd extension values (from GPT-NeoX) scalenorm "
+        "(x / max(||x||, eps) times one learned scalar) and non_parametric_layernorm (layernorm without its weight "
+        "and bias: nothing learned).",
         by=MODELS,
-        extension_values=("scalenorm",),
+        extension_values=("scalenorm", "non_parametric_layernorm"),
     )
     layernorm_epsilon: float = key(1e-5, "Norm epsilon.", by=MODELS, gt=0.0)
     make_vocab_size_divisible_by: int = key(
@@ -218,6 +219,11 @@ class ModelConfig(Section):
         by=MODELS,
         extension_values=("sinusoidal", "alibi", "none"),
     )
+    position_embedding_offset: int = key(
+        0, "Added to every position id before the learned_absolute or sinusoidal table (OPT's learned positions "
+        "start at 2); with learned_absolute, max_position_embeddings must hold encoder_seq_length + offset rows.",
+        by=MODELS, status=Status.EXTENSION, ge=0, note="GPT-NeoX's opt_pos_emb_offset; NxDT has no such key",
+    )  # fmt: skip
     rotary_percentage: float = key(
         1.0, "Fraction of each head's dimensions that RoPE rotates.", by=MODELS, gt=0.0, le=1.0
     )
