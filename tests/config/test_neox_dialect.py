@@ -136,7 +136,7 @@ def test_every_neox_argument_is_mapped_noticed_or_refused():
 
 
 READERS = [{}, {"pos_emb": "rotary", "norm": "rmsnorm", "sliding_window_width": 7, "num_kv_heads": 2},
-           {"norm": "scalenorm", "gpt_j_residual": True, "gpt_j_tied": True}, {"mlp_type": "llama", "activation": "silu"},
+           {"norm": "scalenorm", "gpt_j_residual": True, "gpt_j_tied": True}, {"pos_emb": "rpe"}, {"mlp_type": "llama", "activation": "silu"},
            {"moe_num_experts": 4, "moe_router_type": "topk", "moe_expert_interval": 1},
            {"expert_interval": 1, "moe_num_experts": 4, "moe_router_type": "topk"},
            {"train_batch_size": 4, "gradient_accumulation_steps": 1, "bf16": {"enabled": True}, "fp32_allreduce": True,
@@ -300,7 +300,11 @@ def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, 
      "layernorm_fusion: expected false with norm: non_parametric_layernorm"),
     ({"opt_pos_emb_offset": 2, "max_position_embeddings": 64, "seq_length": 64},
      "expected at least the sequence length (64) plus position_embedding_offset 2 with learned_absolute positions"),
-    ({"pos_emb": "rpe"}, "pos_emb: expected one of learned, rotary, sinusoidal, alibi, none, found 'rpe'"),
+    ({"pos_emb": "t5"}, "pos_emb: expected one of learned, rotary, sinusoidal, alibi, rpe, none, found 't5'"),
+    ({"pos_emb": "rpe", "apply_query_key_layer_scaling": True},
+     "apply_query_key_layer_scaling: expected false with pos_emb: rpe, found true"),
+    ({"pos_emb": "rpe", "pipe_parallel_size": 2, "num_gpus": 2, "no_weight_tying": True},
+     "rpe's one table serves every layer, so pipeline stages would each train a copy"),
     ({"pos_emb": "rotary", "rotary_pct": 1.5}, "rotary_pct (nxd: model.rotary_percentage): expected a value <= 1"),
     ({"pos_emb": "rotary", "rotary_pct": 0}, "rotary_pct (nxd: model.rotary_percentage): expected a value > 0"),
     ({"te_fp8_mha": True}, "te_fp8_mha: expected False (GPT-NeoX's default), found True: Transformer Engine fp8"),
@@ -374,6 +378,13 @@ def test_norms_without_weights_transformer_engine_kernels_and_opts_position_offs
     assert any("norm: te_rmsnorm: Transformer Engine's kernel for rmsnorm" in n for n in said), said
     assert any("opt_pos_emb_offset: accepted, changes nothing here: pos_emb is 'rotary'" in n for n in said), said
     assert load(tmp_path, {**MODEL, "norm": "te_layernorm"}).model.normalization == "layernorm"
+
+
+def test_rpe_becomes_t5s_relative_buckets_with_neox_sizes(tmp_path):
+    m = load(tmp_path, {**MODEL, "pos_emb": "rpe", "rpe_num_buckets": 16, "rpe_max_distance": 64}).model
+    assert (m.position_embedding_type, m.rpe_num_buckets, m.rpe_max_distance) == ("rpe", 16, 64)
+    said = notices(tmp_path, {**MODEL, "pos_emb": "rotary", "rpe_num_buckets": 16})
+    assert any("rpe_num_buckets: accepted, changes nothing here: pos_emb is 'rotary', not rpe" in n for n in said)
 
 
 def test_moe_keys_become_the_dropless_top_k_moe(tmp_path):

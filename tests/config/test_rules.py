@@ -114,6 +114,16 @@ def test_context_parallel_requires_ring_attention(minimal) -> None:
     ]
 
 
+def test_score_biases_refuse_context_parallelism(minimal) -> None:
+    minimal["distributed_strategy"].update(tensor_model_parallel_size=1, context_parallel_size=2)
+    minimal["model"].update(fusions={"ring_attention": True}, position_embedding_type="rpe")
+    minimal["data"]["global_batch_size"] = 2
+    assert errors(minimal) == [
+        "model.position_embedding_type: rpe is not available with context parallelism (ring attention sees no whole "
+        "score matrix to bias); expected distributed_strategy.context_parallel_size 1, found 2"
+    ]
+
+
 def test_pipeline_cuts_count_is_pp_minus_one(minimal) -> None:
     minimal["distributed_strategy"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
     minimal["model"]["pipeline_cuts"] = ["model.layers.1", "model.layers.2"]

@@ -71,7 +71,8 @@ def test_unknown_top_level_section(minimal) -> None:
         ("trainer", "lnc", 3, "expected a value <= 2, found 3"),
         ("precision", "type", "bf16", "expected one of 'fp32', 'bf16SR', 'autocast', 'mixed_precision', "
                                       "'mixed_precisionSR', 'fp16' or 'manual', found 'bf16' (did you mean 'bf16SR'?)"),
-        ("model", "normalization", "batchnorm", "expected one of 'rmsnorm', 'layernorm' or 'scalenorm', found 'batchnorm'"),
+        ("model", "normalization", "batchnorm", "expected one of 'rmsnorm', 'layernorm', 'scalenorm' or 'non_parametric_layernorm', "
+         "found 'batchnorm'"),
         ("data", "splits_string", "a,b", "expected comma-separated numbers such as '980,10,10', found 'a,b'"),
         ("data", "data_prefix", [0.5, "/a", 0.5], "expected [weight, prefix, weight, prefix, ...] pairs, found 3 items"),
         ("data", "dataloader_type", "random", "expected one of 'single' or 'cyclic', found 'random'"),

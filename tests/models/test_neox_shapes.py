@@ -12,7 +12,13 @@ from nxd_models.activations import ACTIVATIONS
 from nxd_models.attention import AttentionKernel, CoreAttention
 from nxd_models.init_methods import init_weight
 from nxd_models.norms import ScaleNorm, build_norm
-from nxd_models.positions import alibi_bias, alibi_slopes, sinusoidal_embedding
+from nxd_models.positions import (
+    RelativePositionBias,
+    alibi_bias,
+    alibi_slopes,
+    relative_position_bucket,
+    sinusoidal_embedding,
+)
 
 BASE = dict(vocab_size=64, num_layers=2, hidden_size=16, num_attention_heads=4, seq_length=8, ffn_hidden_size=24,
             hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8)  # fmt: skip
@@ -61,6 +67,49 @@ def test_opts_position_offset_reads_the_table_that_many_rows_on(positions):
             assert torch.equal(shifted(ids), plain(ids, torch.arange(2, 10).expand(2, 8)))
     with pytest.raises(Exception, match="expected max_position_embeddings of at least 10, found 9"):
         _config(position_embedding_offset=2, max_position_embeddings=9)
+
+
+@pytest.mark.parametrize(("buckets", "distance"), [(32, 128), (8, 20), (2, 4)])
+def test_rpe_buckets_are_t5s_causal_buckets(buckets, distance):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    relative = torch.arange(300)[None, :] - torch.arange(300)[:, None]  # key - query
+    expected = T5Attention._relative_position_bucket(relative, bidirectional=False, num_buckets=buckets,
+                                                     max_distance=distance)  # fmt: skip
+    assert torch.equal(relative_position_bucket(relative, buckets, distance), expected)
+
+
+@pytest.mark.parametrize("kernel", list(AttentionKernel), ids=str)
+def test_rpe_adds_its_bucket_of_each_distance_times_sqrt_head_dim(kernel):
+    torch.manual_seed(0)
+    batch, heads, seq, dim = 2, 4, 12, 8
+    table = RelativePositionBias(heads, dim, num_buckets=6, max_distance=8)
+    torch.nn.init.normal_(table.weight)
+    q, k, v = (torch.randn(batch, heads, seq, dim) for _ in range(3))
+    found = CoreAttention(3, kernel, 0.0, False)(q, k, v, bias=table(seq))
+    # distances 0, 1, 2 exact; then 3 + floor(3 log(n / 3) / log(8 / 3)), at most 5: n = 3, 4 -> 3 (0, 0.88),
+    # 5 -> 4 (1.56), 6, 7 -> 5 (2.12, 2.59), 8 and beyond -> 5
+    bucket = [0, 1, 2, 3, 3, 4, 5, 5] + [5] * seq
+    expected = torch.empty_like(found)
+    for h in range(heads):
+        bias = torch.tensor([[table.weight[bucket[i - j], h].item() * math.sqrt(dim) if j <= i else float("-inf")
+                              for j in range(seq)] for i in range(seq)])  # fmt: skip
+        expected[:, h] = torch.softmax(q[:, h] @ k[:, h].transpose(-1, -2) / math.sqrt(dim) + bias, -1) @ v[:, h]
+    assert torch.allclose(found, expected, atol=1e-5)
+
+
+def test_an_rpe_model_decodes_with_a_cache_as_it_computes_whole_sequences():
+    from nxd_models.decoding import decoding_cache, decoding_logits
+
+    model = build_causal_lm(_config(position_embedding_type="rpe", rpe_num_buckets=4, rpe_max_distance=6), seed=0)
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = model.eval()(ids)
+        cache = decoding_cache(model)
+        first = decoding_logits(model, ids[:, :5], torch.arange(5)[None], cache)
+        rest = decoding_logits(model, ids[:, 5:], torch.arange(5, 8)[None], cache)
+    assert torch.allclose(torch.cat([first, rest], 1), whole, atol=1e-5)
+    assert model.model.relative_position_bias.weight.shape == (4, 4)
 
 
 def test_sinusoids_are_all_sines_then_all_cosines():

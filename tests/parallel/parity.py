@@ -63,11 +63,14 @@ NEOX_SHAPES = {
                        init_method="orthogonal", output_layer_init_method="single_residual_scaled_normal"),
     "opt": dict(position_embedding_type="learned_absolute", position_embedding_offset=2,
                 max_position_embeddings=SEQ + 2, normalization="non_parametric_layernorm", activation="relu"),
+    "rpe": dict(position_embedding_type="rpe", rpe_num_buckets=8, rpe_max_distance=12, normalization="rmsnorm",
+                activation="swiglu"),
 }
 """GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
 gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feeding attention and a geglu MLP
 (GPT-J's block) without MLP biases; sinusoidal positions with mish and orthogonal weights; OPT's learned positions
-two rows on (opt_pos_emb_offset) with layernorms that learn nothing (non_parametric_layernorm)."""
+two rows on (opt_pos_emb_offset) with layernorms that learn nothing (non_parametric_layernorm); T5's relative
+buckets (rpe), 8 of them up to distance 12, so that a sequence of 16 reaches the shared last bucket."""
 
 
 def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,

@@ -78,6 +78,8 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("opt-pp2", "opt", pp=2, **staged),
             Scenario("opt-cp2", "opt", cp=2),
             Scenario("opt-dp2-zero1", "opt", layout=Layout(zero1=True)),
+            Scenario("rpe-dp2-zero1-full-recompute", "rpe", layout=Layout(zero1=True, recompute="full")),
+            Scenario("rpe-tp2-documents", "rpe", tp=2, documents=True),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -89,6 +91,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("alibi-tp2-sp", "alibi", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("sinusoidal-cp2", "sinusoidal", cp=2, clip=0.5),
         Scenario("opt-tp2-sp", "opt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
+        Scenario("rpe-tp2-sp", "rpe", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
     ]  # fmt: skip
 
 

@@ -136,7 +136,7 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConf
         tensor_parallel_size=cfg.distributed_strategy.tensor_model_parallel_size,
         share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
         position_embedding_type=m.position_embedding_type, position_embedding_offset=m.position_embedding_offset,
-        rotary_percentage=m.rotary_percentage,
+        rpe_num_buckets=m.rpe_num_buckets, rpe_max_distance=m.rpe_max_distance, rotary_percentage=m.rotary_percentage,
         rope_theta=m.rope_theta or 10000.0, activation=m.activation, has_bias=m.has_bias,
         attention_bias=m.attention_bias, mlp_bias=m.mlp_bias, init_method=m.init_method,
         output_layer_init_method=m.output_layer_init_method, qkv_linear=m.qkv_linear, fuse_qkv=m.fuse_qkv,

@@ -33,7 +33,7 @@ MEGATRON_ONLY = (
     "make_vocab_size_divisible_by", "persist_layer_norm", "share_embeddings_and_output_weights",
     "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
     "has_bias", "sliding_window_size", "attention_bias", "mlp_bias", "init_method", "output_layer_init_method",
-    "position_embedding_offset",
+    "position_embedding_offset", "rpe_num_buckets", "rpe_max_distance",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -292,11 +292,15 @@ def unsupported_architecture(c: NxdConfig) -> Iterator[Finding]:
     if m.transformer_block_type not in BLOCK_TYPES:
         yield error("model.transformer_block_type", f"expected one of {', '.join(BLOCK_TYPES)} (the block types nxd "
                     f"builds), found {m.transformer_block_type!r}")
-    if m.position_embedding_type == "alibi" and ds.context_parallel_size > 1:
-        yield error("model.position_embedding_type", f"alibi is not available with context parallelism (ring "
-                    f"attention sees no whole score matrix to bias); expected distributed_strategy."
+    if m.position_embedding_type in ("alibi", "rpe") and ds.context_parallel_size > 1:
+        yield error("model.position_embedding_type", f"{m.position_embedding_type} is not available with context "
+                    f"parallelism (ring attention sees no whole score matrix to bias); expected distributed_strategy."
                     f"context_parallel_size 1, found {ds.context_parallel_size}", "model.position_embedding_type",
                     CP)  # fmt: skip
+    if m.position_embedding_type == "rpe" and c.model_source == "megatron" and ds.pipeline_model_parallel_size > 1:
+        yield error("model.position_embedding_type", f"rpe's one table serves every layer, so pipeline stages would "
+                    f"each train a copy that drifts apart (as GPT-NeoX's do); expected {PP} 1, found "
+                    f"{ds.pipeline_model_parallel_size}", "model.position_embedding_type", PP)  # fmt: skip
     if ds.token_shuffle_group_size != 1:
         yield error("distributed_strategy.token_shuffle_group_size", f"expected 1: nxd routes tokens in their "
                     f"own order, found {ds.token_shuffle_group_size}")  # fmt: skip

@@ -164,7 +164,7 @@ class CoreAttention(nn.Module):
         added to the scaled scores (ALiBi); `allowed` is then a mask or None."""
         if self.context_parallel is not None:
             if bias is not None:
-                raise ModelConfigError("model.position_embedding_type: alibi is not available with context "
+                raise ModelConfigError("model.position_embedding_type: alibi and rpe are not available with context "
                                        "parallelism (ring attention sees no whole score matrix to bias)")  # fmt: skip
             return self.context_parallel(query, key, value, documents, None)
         dropout = self.dropout if self.training else 0.0

@@ -22,7 +22,7 @@ from .causal_lm_losses import causal_lm_token_losses
 from .context_parallel import use_context_parallel
 from .errors import ModelConfigError
 from .flops import training_flops_per_token
-from .gpt import GPTConfig, gpt_tp_plan
+from .gpt import SCORE_BIASES, GPTConfig, gpt_tp_plan
 from .hf import hf_tp_plan
 from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
 from .hf_moe import moe_of
@@ -260,7 +260,7 @@ class MegatronFamily(ModelFamily):
 
     @property
     def attends_document_spans(self) -> bool:
-        return super().attends_document_spans and self.spec.position_embedding_type != "alibi"
+        return super().attends_document_spans and self.spec.position_embedding_type not in SCORE_BIASES
 
     @property
     def moe(self) -> MoESpec | None:

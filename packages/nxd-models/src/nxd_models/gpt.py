@@ -32,7 +32,7 @@ from .init_methods import INIT_METHODS, init_weight, normal_std
 from .kv_cache import KVCache, decoding_mask
 from .moe import Experts, MoELayer, MoESpec
 from .norms import NORMS, ScaleNorm, build_norm
-from .positions import alibi_bias, alibi_slopes, sinusoidal_embedding
+from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoidal_embedding
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .score_head import ScoreHead
@@ -67,6 +67,10 @@ class GPTConfig:
     position_embedding_type: str = "learned_absolute"
     position_embedding_offset: int = 0
     """Added to the position ids before the learned or sinusoidal table (OPT's learned positions start at 2)."""
+    rpe_num_buckets: int = 32
+    """T5's relative position buckets (position_embedding_type "rpe")."""
+    rpe_max_distance: int = 128
+    """The distance from which every key shares rpe's last bucket."""
     rotary_percentage: float = 1.0
     rope_theta: float = 10000.0
     activation: str = "gelu"
@@ -181,6 +185,10 @@ def _problems(c: GPTConfig) -> list[str]:
                          f"({c.seq_length + c.position_embedding_offset - 1}) index the learned table; expected "
                          f"max_position_embeddings of at least {c.seq_length + c.position_embedding_offset}, "
                          f"found {c.max_positions}")  # fmt: skip
+    if c.position_embedding_type == "rpe" and not 2 <= c.rpe_num_buckets < 2 * c.rpe_max_distance:
+        found.append(f"model.rpe_num_buckets: expected 2 up to twice rpe_max_distance ({c.rpe_max_distance}) "
+                     f"exclusive (half the buckets are exact distances below rpe_max_distance), found "
+                     f"{c.rpe_num_buckets}")  # fmt: skip
     if c.position_embedding_type == "rope" and c.rotary_dim < 2:
         found.append(f"model.rotary_percentage: rotates {c.rotary_dim} of {c.head_dim} dims; expected at least 2")
     if c.sliding_window is not None and c.sliding_window < 1:  # one wider than the sequence masks nothing
@@ -198,7 +206,9 @@ def _problems(c: GPTConfig) -> list[str]:
 BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
 """pre_ln: sequential pre-norm blocks; gpt_j: attention and MLP in parallel from one norm of the input;
 gpt_neox: in parallel from two norms of the input (GPT-NeoX's gpt_j_residual, Pythia)."""
-POSITIONS = ("learned_absolute", "rope", "sinusoidal", "alibi", "none")
+POSITIONS = ("learned_absolute", "rope", "sinusoidal", "alibi", "rpe", "none")
+SCORE_BIASES = ("alibi", "rpe")
+"""Positions added to the attention scores: the unfused and math kernels take them with masks, not spans."""
 
 
 def _norm(config: GPTConfig) -> nn.Module:
@@ -227,7 +237,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
                 allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
+                cache: KVCache | None = None, position_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """`position_bias` (this rank's heads, seq, keys): rpe's bias on the scores, shared by every layer."""
         batch, seq, _ = hidden.shape
         head_dim = self.config.head_dim
         # -1 heads: under tensor parallelism a rank holds a slice of the heads.
@@ -240,7 +251,7 @@ class SelfAttention(nn.Module):
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
         if cache is not None:  # attend over every token seen so far
             key, value = cache.extend(self.core_attention.layer_number, key, value)
-        bias = None
+        bias = position_bias
         if self.alibi is not None:
             local = query.shape[1]
             start = self._head_offset(local)
@@ -299,9 +310,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
                 allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
+                cache: KVCache | None = None, position_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         normed = self.input_layernorm(hidden)
-        attention = self.dropout(self.self_attn(normed, rotary, allowed, documents, cache))
+        attention = self.dropout(self.self_attn(normed, rotary, allowed, documents, cache, position_bias))
         if self.block == "pre_ln":
             hidden = hidden + attention
             return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
@@ -316,6 +327,9 @@ class GPTDecoder(nn.Module):
         self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         if config.position_embedding_type == "learned_absolute":
             self.position_embeddings = nn.Embedding(config.max_positions, config.hidden_size)
+        if config.position_embedding_type == "rpe":  # one table for every layer, as GPT-NeoX shares it
+            self.relative_position_bias = RelativePositionBias(config.num_attention_heads, config.head_dim,
+                                                               config.rpe_num_buckets, config.rpe_max_distance)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(config, number, kernel) for number in range(1, config.num_layers + 1)
@@ -360,13 +374,15 @@ class GPTDecoder(nn.Module):
         if window is not None:  # sliding window: a mask (and documents within it)
             allowed = sliding_window_mask(seq, window, document_ids, hidden.device)
         elif document_ids is not None and not self.context_parallel:
-            masks_only = self.kernel is AttentionKernel.UNFUSED or self.config.position_embedding_type == "alibi"
+            masks_only = self.kernel is AttentionKernel.UNFUSED or self.config.position_embedding_type in SCORE_BIASES
             allowed = (None if masks_only else spans) or document_mask(document_ids)
-        rotary = None
+        rotary = bias = None
         if self.config.position_embedding_type == "rope":
             rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)
+        elif self.config.position_embedding_type == "rpe":
+            bias = self.relative_position_bias(seq, 0 if cache is None else cache.length)
         for layer in layers:
-            hidden = layer(hidden, rotary, allowed, document_ids, cache)
+            hidden = layer(hidden, rotary, allowed, document_ids, cache, bias)
         return hidden
 
 
@@ -438,6 +454,8 @@ class GPTForCausalLM(nn.Module):
                     draw(getattr(module, f"weight_{part}"), c.init_method, qkv_fans)
                 if getattr(module, f"bias_{part}") is not None:
                     nn.init.zeros_(getattr(module, f"bias_{part}"))
+        elif isinstance(module, RelativePositionBias):  # NeoX's init of the (buckets, heads) table
+            nn.init.xavier_normal_(module.weight)
         elif isinstance(module, nn.LayerNorm | nn.RMSNorm | ScaleNorm) and module.weight is not None:
             nn.init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
@@ -487,6 +505,8 @@ def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
     plan = {pattern: style for pattern, style in GPT_TP_PLAN.items() if not pattern.endswith(dropped)}
     if config.qkv_linear:
         plan["model.layers.*.self_attn.qkv_proj"] = "qkv"
+    if config.position_embedding_type == "rpe":
+        plan["model.relative_position_bias"] = "heads"
     return {**plan, **moe_tp_plan(config.moe_layers)}
 
 

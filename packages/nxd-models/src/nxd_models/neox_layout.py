@@ -47,6 +47,9 @@ def neox_layout(config: GPTConfig) -> NeoXLayout:
     if config.moe is not None:
         raise ModelConfigError("a GPT-NeoX checkpoint of a mixture of experts is not read by nxd (its megablocks "
                                "experts have a layout of their own)")  # fmt: skip
+    if config.position_embedding_type == "rpe":
+        raise ModelConfigError("a GPT-NeoX checkpoint of an rpe model keeps a copy of the bucket table in every "
+                               "layer (each pipeline stage trains its own); nxd does not read or write one")
     layers, parallel = config.num_layers, config.transformer_block_type != "pre_ln"
     norm_names = {"layernorm": ("weight", "bias"), "rmsnorm": ("scale",), "scalenorm": ("g",),
                   "non_parametric_layernorm": ()}[config.normalization]  # fmt: skip

@@ -1,12 +1,14 @@
 """Position encodings beside rotary embeddings (see `attention`): fixed sinusoids added to the token
-embeddings, and ALiBi's per-head linear biases on the attention scores (Press et al. 2022), both as
-GPT-NeoX defines them."""
+embeddings, ALiBi's per-head linear biases on the attention scores (Press et al. 2022) and T5's learned
+relative position buckets (Raffel et al. 2020), all as GPT-NeoX defines them."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def sinusoidal_embedding(position_ids: torch.Tensor, hidden: int, dtype: torch.dtype) -> torch.Tensor:
@@ -38,3 +40,34 @@ def alibi_bias(slopes: list[float], seq: int, device: torch.device, past: int = 
     key = torch.arange(past + seq, device=device, dtype=torch.float32)
     distance = query[:, None] - key[None, :]
     return -torch.tensor(slopes, device=device, dtype=torch.float32)[:, None, None] * distance
+
+
+def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """T5's causal bucket of each key - query distance: a key n <= 0 positions back (later keys count as 0)
+    falls in bucket n for n below num_buckets / 2, then in logarithmically wider buckets up to max_distance,
+    beyond which all share the last bucket."""
+    distance = (-relative_position).clamp(min=0)
+    exact = num_buckets // 2
+    small = distance < exact
+    scaled = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (num_buckets - exact)
+    large = (exact + scaled.long()).clamp(max=num_buckets - 1)
+    return torch.where(small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+    """GPT-NeoX's `pos_emb: rpe`: one learned bias per bucket and head, shared by every layer and added to the
+    scaled attention scores, times sqrt(head_dim) (NeoX's scale). `weight` is (num_buckets, heads); tensor
+    parallelism gives each rank its heads' columns."""
+
+    def __init__(self, heads: int, head_dim: int, num_buckets: int, max_distance: int):
+        super().__init__()
+        self.num_buckets, self.max_distance, self.scale = num_buckets, max_distance, math.sqrt(head_dim)
+        self.weight = nn.Parameter(torch.empty(num_buckets, heads))
+
+    def forward(self, seq: int, past: int = 0) -> torch.Tensor:
+        """(this rank's heads, seq, past + seq) float32 bias of queries at positions past .. past + seq - 1."""
+        weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
+        query = torch.arange(past, past + seq, device=weight.device)
+        key = torch.arange(past + seq, device=weight.device)
+        buckets = relative_position_bucket(key[None, :] - query[:, None], self.num_buckets, self.max_distance)
+        return (weight.float()[buckets] * self.scale).permute(2, 0, 1)

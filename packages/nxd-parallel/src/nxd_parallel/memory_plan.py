@@ -33,7 +33,7 @@ from .pipeline import rank_stages
 GIB = 2**30
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _SPLIT = {"colwise", "colwise_output", "vocab", "qkv", "colwise_kv", "rowwise", "lora_b_colwise", "lora_b_colwise_kv",
-          "lora_a_rowwise"}  # fmt: skip
+          "lora_a_rowwise", "heads"}  # fmt: skip
 _KV = {"colwise_kv", "lora_b_colwise_kv"}
 
 

@@ -13,6 +13,8 @@ Styles a plan may name:
 - `sequence`: a norm that runs on sequence shards when sequence parallelism is on (replicated otherwise).
 - `moe`: a mixture-of-experts layer; its experts' ffn is split over the tp ranks by
   `apply_expert_parallel` (see `expert_parallel.py`), its router replicated.
+- `heads`: a table with one column per query head (GPT-NeoX's rpe buckets x heads): each rank keeps its
+  heads' columns and reads its local part; no activation crosses ranks.
 - `replicated_with_grad_allreduce` (transformers' name): a module that sees a slice of the heads (dim 2);
   weights replicated, gradients summed over the tp ranks.
 - `lora_a_*` / `lora_b_*`: the two halves of a low-rank adapter beside a sharded base layer (see
@@ -35,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -54,7 +56,7 @@ _GATHERED_ONCE = ("colwise", "colwise_kv", "qkv")
 """Styles whose parent block's input is gathered once under sequence parallelism."""
 
 STYLES = (
-    "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "score", "sequence",
+    "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "score", "sequence", "heads",
     "replicated_with_grad_allreduce",
     MOE_STYLE, *LOW_RANK_STYLES,
 )  # fmt: skip
@@ -135,6 +137,18 @@ def _gather_sequence_once(mesh: DeviceMesh):  # noqa: ANN202
     return hook
 
 
+class _HeadColumns(ParallelStyle):
+    """Every parameter of the module split along dimension 1 (its heads); the module reads its local part."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def shard(_: str, owner: nn.Module, mesh: DeviceMesh) -> None:
+            for name, parameter in list(owner.named_parameters(recurse=False)):
+                owner.register_parameter(name, nn.Parameter(distribute_tensor(parameter, mesh, [Shard(1)]),
+                                                            parameter.requires_grad))  # fmt: skip
+
+        return distribute_module(module, device_mesh, shard)
+
+
 def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | None, kv_replicator: int,
            head_dim: int | None) -> ParallelStyle | None:  # fmt: skip
     activations = Shard(1) if sequence_parallel else Replicate()
@@ -155,6 +169,8 @@ def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | No
         return _RowwiseReducing(input_layouts=Replicate(), output_layouts=Replicate(), reduce_dtype=reduce_dtype)
     if name == "sequence":
         return SequenceParallel() if sequence_parallel else None
+    if name == "heads":
+        return _HeadColumns()
     if name == MOE_STYLE:  # split with the experts (`apply_expert_parallel`)
         return None
     if name == "replicated_with_grad_allreduce":

@@ -140,9 +140,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("rms_norm_epsilon", "Model", 1e-08, M, "model.layernorm_epsilon", "with norm: rmsnorm"),
     ("scalenorm_epsilon", "Model", 1e-08, M, "model.layernorm_epsilon", "with norm: scalenorm"),
     ("pos_emb", "Model", "learned", M, "model.position_embedding_type",
-     "learned, rotary, sinusoidal, alibi, none; rpe (T5 buckets) is refused"),
-    ("rpe_num_buckets", "Model", 32, N, "", "used only by pos_emb: rpe (refused)"),
-    ("rpe_max_distance", "Model", 128, N, "", "used only by pos_emb: rpe (refused)"),
+     "learned, rotary, sinusoidal, alibi, rpe (T5's relative buckets, one table for every layer), none"),
+    ("rpe_num_buckets", "Model", 32, M, "model.rpe_num_buckets", "with pos_emb: rpe; otherwise a notice"),
+    ("rpe_max_distance", "Model", 128, M, "model.rpe_max_distance", "with pos_emb: rpe; otherwise a notice"),
     ("opt_pos_emb_offset", "Model", 0, M, "model.position_embedding_offset",
      "added to the position ids of learned and sinusoidal positions, as NeoX's embedding does in a forward without "
      "a cache; with other positions a notice"),

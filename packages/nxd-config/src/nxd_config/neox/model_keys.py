@@ -23,7 +23,7 @@ NORMS = {"layernorm": ("layernorm", "layernorm_epsilon"), "rmsnorm": ("rmsnorm",
          "te_layernorm": ("layernorm", "layernorm_epsilon"), "te_rmsnorm": ("rmsnorm", "rms_norm_epsilon")}  # fmt: skip
 """Each NeoX norm: nxd's norm of the same arithmetic, and the key of its epsilon (megatron/model/norms.py)."""
 POSITIONS = {"learned": "learned_absolute", "rotary": "rope", "sinusoidal": "sinusoidal", "alibi": "alibi",
-             "none": "none"}  # fmt: skip
+             "rpe": "rpe", "none": "none"}  # fmt: skip
 
 
 def model_keys(a: Arguments, t: Translation) -> None:
@@ -56,9 +56,14 @@ def model_keys(a: Arguments, t: Translation) -> None:
         if norm == "non_parametric_layernorm" and a["layernorm_fusion"]:
             t.refuse("layernorm_fusion", "expected false with norm: non_parametric_layernorm (GPT-NeoX refuses the "
                      "two together), found true")  # fmt: skip
-    position = choice(t, a, "pos_emb", POSITIONS, "T5 relative buckets (rpe) are not in nxd")
+    position = choice(t, a, "pos_emb", POSITIONS)
     if position is not None:
         t.set("model.position_embedding_type", POSITIONS[position], "pos_emb")
+    if position == "rpe":
+        t.set("model.rpe_num_buckets", a["rpe_num_buckets"], "rpe_num_buckets")
+        t.set("model.rpe_max_distance", a["rpe_max_distance"], "rpe_max_distance")
+    elif a.given("rpe_num_buckets") or a.given("rpe_max_distance"):
+        t.notice("rpe_num_buckets", f"accepted, changes nothing here: pos_emb is {a['pos_emb']!r}, not rpe")
     offset = typed(t, a, "opt_pos_emb_offset", int, "a whole number of positions")
     if offset:  # NeoX shifts learned and sinusoidal positions only (megatron/model/word_embeddings.py)
         if position in ("learned", "sinusoidal"):
@@ -81,10 +86,10 @@ def model_keys(a: Arguments, t: Translation) -> None:
     if window is not None:  # a window as long as the sequence is full causal attention, as in NeoX
         t.set("model.sliding_window_size", min(window + 1, seq) if isinstance(seq, int) else window + 1,
               "sliding_window_width")  # fmt: skip
-    if position == "alibi" and a["apply_query_key_layer_scaling"] is True:
-        t.refuse("apply_query_key_layer_scaling", "expected false with pos_emb: alibi, found true: NeoX's global "
-                 "layers then scale the ALiBi bias by the layer number (its flash layers do not); nxd adds it as "
-                 "the ALiBi paper does")  # fmt: skip
+    if position in ("alibi", "rpe") and a["apply_query_key_layer_scaling"] is True:
+        t.refuse("apply_query_key_layer_scaling", f"expected false with pos_emb: {position}, found true: NeoX's "
+                 f"global layers then scale the {position} bias by the layer number (its flash layers do not); nxd "
+                 "adds it to the scaled scores unscaled")  # fmt: skip
 
 
 def attention_keys(a: Arguments, t: Translation) -> None:

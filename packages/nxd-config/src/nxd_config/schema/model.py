@@ -211,14 +211,24 @@ class ModelConfig(Section):
     share_embeddings_and_output_weights: bool = key(
         True, "Tie the output layer to the input embedding.", by=MODELS
     )
-    position_embedding_type: Literal["learned_absolute", "rope", "sinusoidal", "alibi", "none"] = key(
+    position_embedding_type: Literal["learned_absolute", "rope", "sinusoidal", "alibi", "rpe", "none"] = key(
         "learned_absolute",
         "Position encoding: learned_absolute, rope, or the nxd extension values (from GPT-NeoX) sinusoidal (fixed "
-        "sin | cos added to the embedding), alibi (a per-head linear bias on attention scores; not with context "
-        "parallelism) and none.",
+        "sin | cos added to the embedding), alibi (a per-head linear bias on attention scores), rpe (T5's learned "
+        "relative position buckets, one table shared by every layer; rpe_num_buckets, rpe_max_distance) and none. "
+        "alibi and rpe bias the scores, so not with context parallelism; rpe not with pipeline parallelism.",
         by=MODELS,
-        extension_values=("sinusoidal", "alibi", "none"),
+        extension_values=("sinusoidal", "alibi", "rpe", "none"),
     )
+    rpe_num_buckets: int = key(
+        32, "With rpe: buckets of key-to-query distance; the first half are single distances, the rest grow "
+        "logarithmically up to rpe_max_distance.", by=MODELS, status=Status.EXTENSION, ge=2,
+        note="GPT-NeoX's rpe_num_buckets; NxDT has no such key",
+    )  # fmt: skip
+    rpe_max_distance: int = key(
+        128, "With rpe: the distance from which every key shares the last bucket.", by=MODELS,
+        status=Status.EXTENSION, ge=1, note="GPT-NeoX's rpe_max_distance; NxDT has no such key",
+    )  # fmt: skip
     position_embedding_offset: int = key(
         0, "Added to every position id before the learned_absolute or sinusoidal table (OPT's learned positions "
         "start at 2); with learned_absolute, max_position_embeddings must hold encoder_seq_length + offset rows.",
