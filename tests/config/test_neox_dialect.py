@@ -380,6 +380,18 @@ def test_norms_without_weights_transformer_engine_kernels_and_opts_position_offs
     assert load(tmp_path, {**MODEL, "norm": "te_layernorm"}).model.normalization == "layernorm"
 
 
+def test_use_qk_layernorm_becomes_the_query_key_norm_and_refuses_what_neox_stops_on(tmp_path):
+    assert load(tmp_path, {**MODEL, "use_qk_layernorm": True}).model.qk_layernorm is True
+    found = errors(tmp_path, {**MODEL, "use_qk_layernorm": True, "norm": "rmsnorm"})
+    assert any("use_qk_layernorm (nxd: model.qk_layernorm): GPT-NeoX builds its query/key norm over (heads, "
+               "head_dim), which its rmsnorm "
+               "cannot take" in line for line in found), found
+    found = errors(tmp_path, {**MODEL, "use_qk_layernorm": True, "num_kv_heads": 2})
+    assert any("expected num_kv_heads 4 (or null) with it, found 2" in line for line in found), found
+    found = errors(tmp_path, {**MODEL, "use_qk_layernorm": True, "norm": "te_layernorm"})
+    assert any("use_qk_layernorm: expected false with norm: te_layernorm" in line for line in found), found
+
+
 def test_rpe_becomes_t5s_relative_buckets_with_neox_sizes(tmp_path):
     m = load(tmp_path, {**MODEL, "pos_emb": "rpe", "rpe_num_buckets": 16, "rpe_max_distance": 64}).model
     assert (m.position_embedding_type, m.rpe_num_buckets, m.rpe_max_distance) == ("rpe", 16, 64)

@@ -11,7 +11,7 @@ from nxd_models import GPTConfig, build_causal_lm
 from nxd_models.activations import ACTIVATIONS
 from nxd_models.attention import AttentionKernel, CoreAttention
 from nxd_models.init_methods import init_weight
-from nxd_models.norms import ScaleNorm, build_norm
+from nxd_models.norms import QueryKeyNorm, ScaleNorm, build_norm
 from nxd_models.positions import (
     RelativePositionBias,
     alibi_bias,
@@ -45,6 +45,27 @@ def test_non_parametric_layernorm_standardises_each_row_and_learns_nothing():
     assert norm(x)[0].tolist() == pytest.approx(expected, abs=1e-6)
     model = build_causal_lm(_config(normalization="non_parametric_layernorm"), seed=0)
     assert not any("layernorm" in name or name.startswith("model.norm") for name, _ in model.named_parameters())
+
+
+def test_qk_layernorm_is_torchs_layer_norm_over_all_heads_of_a_token_for_queries_and_keys_alike():
+    """NeoX's norm([heads, head_dim]): torch's layer_norm with that normalized_shape; scalenorm per head."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 4, 8)
+    norm = QueryKeyNorm("layernorm", 4, 8, eps=1e-5)
+    torch.nn.init.normal_(norm.weight), torch.nn.init.normal_(norm.bias)
+    expected = torch.nn.functional.layer_norm(x, [4, 8], norm.weight, norm.bias, 1e-5)
+    assert torch.allclose(norm(x), expected, atol=1e-5)
+    plain = QueryKeyNorm("non_parametric_layernorm", 4, 8, eps=1e-5)
+    assert list(plain.parameters()) == [] and torch.allclose(plain(x), torch.nn.functional.layer_norm(x, [4, 8]),
+                                                             atol=1e-5)  # fmt: skip
+    scale = QueryKeyNorm("scalenorm", 4, 8, eps=1e-8)
+    assert torch.allclose(scale(x), x / x.norm(dim=-1, keepdim=True), atol=1e-6)
+    model = build_causal_lm(_config(qk_layernorm=True), seed=0)
+    assert model.model.layers[0].self_attn.qk_norm.weight.shape == (4, 4)  # (heads, head_dim) as in NeoX
+    with pytest.raises(Exception, match="model.qk_layernorm: GPT-NeoX builds its query/key norm"):
+        _config(qk_layernorm=True, normalization="rmsnorm")
+    with pytest.raises(Exception, match="expected num_kv_heads 4 with it, found 2"):
+        _config(qk_layernorm=True, num_kv_heads=2)
 
 
 @pytest.mark.parametrize("positions", ["learned_absolute", "sinusoidal"])

@@ -58,18 +58,22 @@ NEOX_SHAPES = {
     "pythia": dict(transformer_block_type="gpt_neox", position_embedding_type="rope", rotary_percentage=0.25,
                    activation="approx-gelu", init_method="small_init", output_layer_init_method="wang_init"),
     "alibi": dict(transformer_block_type="gpt_j", position_embedding_type="alibi", normalization="scalenorm",
-                  activation="geglu", mlp_bias=False, init_method="xavier_uniform"),
+                  activation="geglu", mlp_bias=False, init_method="xavier_uniform", qk_layernorm=True),
     "sinusoidal": dict(position_embedding_type="sinusoidal", activation="mish", attention_bias=False,
                        init_method="orthogonal", output_layer_init_method="single_residual_scaled_normal"),
     "opt": dict(position_embedding_type="learned_absolute", position_embedding_offset=2,
-                max_position_embeddings=SEQ + 2, normalization="non_parametric_layernorm", activation="relu"),
+                max_position_embeddings=SEQ + 2, normalization="non_parametric_layernorm", activation="relu",
+                qk_layernorm=True),
+    "qk": dict(position_embedding_type="rope", qk_layernorm=True),
     "rpe": dict(position_embedding_type="rpe", rpe_num_buckets=8, rpe_max_distance=12, normalization="rmsnorm",
                 activation="swiglu"),
 }
 """GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
 gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feeding attention and a geglu MLP
-(GPT-J's block) without MLP biases; sinusoidal positions with mish and orthogonal weights; OPT's learned positions
-two rows on (opt_pos_emb_offset) with layernorms that learn nothing (non_parametric_layernorm); T5's relative
+(GPT-J's block) without MLP biases, scalenorm on each head's queries and keys (use_qk_layernorm); sinusoidal
+positions with mish and orthogonal weights; OPT's learned positions
+two rows on (opt_pos_emb_offset) with layernorms that learn nothing (non_parametric_layernorm), on the queries and
+keys too; a layernorm over all heads of each token's queries and keys ("qk"); T5's relative
 buckets (rpe), 8 of them up to distance 12, so that a sequence of 16 reaches the shared last bucket."""
 
 

@@ -80,6 +80,9 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("opt-dp2-zero1", "opt", layout=Layout(zero1=True)),
             Scenario("rpe-dp2-zero1-full-recompute", "rpe", layout=Layout(zero1=True, recompute="full")),
             Scenario("rpe-tp2-documents", "rpe", tp=2, documents=True),
+            Scenario("qk-dp2-zero1-selective-recompute", "qk", layout=Layout(
+                zero1=True, recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True)),
+            Scenario("qk-pp2", "qk", pp=2, **staged),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -92,6 +95,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("sinusoidal-cp2", "sinusoidal", cp=2, clip=0.5),
         Scenario("opt-tp2-sp", "opt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("rpe-tp2-sp", "rpe", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
+        Scenario("qk-tp2-sp", "qk", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
     ]  # fmt: skip
 
 

@@ -33,7 +33,7 @@ MEGATRON_ONLY = (
     "make_vocab_size_divisible_by", "persist_layer_norm", "share_embeddings_and_output_weights",
     "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
     "has_bias", "sliding_window_size", "attention_bias", "mlp_bias", "init_method", "output_layer_init_method",
-    "position_embedding_offset", "rpe_num_buckets", "rpe_max_distance",
+    "position_embedding_offset", "rpe_num_buckets", "rpe_max_distance", "qk_layernorm",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -297,6 +297,15 @@ def unsupported_architecture(c: NxdConfig) -> Iterator[Finding]:
                     f"parallelism (ring attention sees no whole score matrix to bias); expected distributed_strategy."
                     f"context_parallel_size 1, found {ds.context_parallel_size}", "model.position_embedding_type",
                     CP)  # fmt: skip
+    if m.qk_layernorm and c.model_source == "megatron":
+        if m.normalization == "rmsnorm":
+            yield error("model.qk_layernorm", "GPT-NeoX builds its query/key norm over (heads, head_dim), which its "
+                        "rmsnorm cannot take (NeoX stops); expected normalization layernorm, non_parametric_layernorm "
+                        "or scalenorm with it", "model.qk_layernorm", "model.normalization")  # fmt: skip
+        if m.num_kv_heads not in (None, m.num_attention_heads):
+            yield error("model.qk_layernorm", f"GPT-NeoX's one query/key norm is shaped for the query heads and stops "
+                        f"on fewer key heads; expected num_kv_heads {m.num_attention_heads} (or null) with it, found "
+                        f"{m.num_kv_heads}", "model.qk_layernorm", "model.num_kv_heads")  # fmt: skip
     if m.position_embedding_type == "rpe" and c.model_source == "megatron" and ds.pipeline_model_parallel_size > 1:
         yield error("model.position_embedding_type", f"rpe's one table serves every layer, so pipeline stages would "
                     f"each train a copy that drifts apart (as GPT-NeoX's do); expected {PP} 1, found "

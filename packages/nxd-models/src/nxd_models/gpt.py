@@ -31,7 +31,7 @@ from .errors import ModelConfigError
 from .init_methods import INIT_METHODS, init_weight, normal_std
 from .kv_cache import KVCache, decoding_mask
 from .moe import Experts, MoELayer, MoESpec
-from .norms import NORMS, ScaleNorm, build_norm
+from .norms import NORMS, QK_NORMS, QueryKeyNorm, ScaleNorm, build_norm
 from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoidal_embedding
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
@@ -60,6 +60,8 @@ class GPTConfig:
     apply_query_key_layer_scaling: bool = True
     normalization: str = "layernorm"
     layernorm_epsilon: float = 1e-5
+    qk_layernorm: bool = False
+    """GPT-NeoX's use_qk_layernorm: a norm of the queries and keys of each token (see `QueryKeyNorm`)."""
     transformer_block_type: str = "pre_ln"
     make_vocab_size_divisible_by: int = 128
     tensor_parallel_size: int = 1
@@ -185,6 +187,13 @@ def _problems(c: GPTConfig) -> list[str]:
                          f"({c.seq_length + c.position_embedding_offset - 1}) index the learned table; expected "
                          f"max_position_embeddings of at least {c.seq_length + c.position_embedding_offset}, "
                          f"found {c.max_positions}")  # fmt: skip
+    if c.qk_layernorm and c.normalization not in QK_NORMS:
+        found.append(f"model.qk_layernorm: GPT-NeoX builds its query/key norm over (heads, head_dim), which its "
+                     f"{c.normalization} cannot take; expected normalization {', '.join(QK_NORMS)} with it")
+    if c.qk_layernorm and c.kv_heads != c.num_attention_heads:
+        found.append(f"model.qk_layernorm: GPT-NeoX's one query/key norm is shaped for the {c.num_attention_heads} "
+                     f"query heads and stops on fewer key heads; expected num_kv_heads {c.num_attention_heads} "
+                     f"with it, found {c.kv_heads}")  # fmt: skip
     if c.position_embedding_type == "rpe" and not 2 <= c.rpe_num_buckets < 2 * c.rpe_max_distance:
         found.append(f"model.rpe_num_buckets: expected 2 up to twice rpe_max_distance ({c.rpe_max_distance}) "
                      f"exclusive (half the buckets are exact distances below rpe_max_distance), found "
@@ -232,6 +241,8 @@ class SelfAttention(nn.Module):
         self.core_attention = CoreAttention(
             layer_number, kernel, config.attention_dropout, config.apply_query_key_layer_scaling
         )
+        if config.qk_layernorm:
+            self.qk_norm = QueryKeyNorm(config.normalization, heads, head_dim, config.layernorm_epsilon)
         self.alibi = alibi_slopes(heads) if config.position_embedding_type == "alibi" else None
         """ALiBi's slope of every query head (plain numbers: computed, never trained or saved)."""
 
@@ -246,7 +257,10 @@ class SelfAttention(nn.Module):
             projections = self.qkv_proj(hidden)
         else:
             projections = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
-        query, key, value = (p.view(batch, seq, -1, head_dim).transpose(1, 2) for p in projections)
+        query, key, value = (p.view(batch, seq, -1, head_dim) for p in projections)
+        if self.config.qk_layernorm:  # QK normalisation (Dehghani et al. 2023), before rotary as in NeoX
+            query, key = self.qk_norm(query), self.qk_norm(key)
+        query, key, value = (t.transpose(1, 2) for t in (query, key, value))
         if rotary is not None:
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
         if cache is not None:  # attend over every token seen so far
@@ -454,6 +468,9 @@ class GPTForCausalLM(nn.Module):
                     draw(getattr(module, f"weight_{part}"), c.init_method, qkv_fans)
                 if getattr(module, f"bias_{part}") is not None:
                     nn.init.zeros_(getattr(module, f"bias_{part}"))
+        elif isinstance(module, QueryKeyNorm):
+            for parameter in module.parameters(recurse=False):
+                (nn.init.zeros_ if parameter is getattr(module, "bias", None) else nn.init.ones_)(parameter)
         elif isinstance(module, RelativePositionBias):  # NeoX's init of the (buckets, heads) table
             nn.init.xavier_normal_(module.weight)
         elif isinstance(module, nn.LayerNorm | nn.RMSNorm | ScaleNorm) and module.weight is not None:
@@ -507,6 +524,8 @@ def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
         plan["model.layers.*.self_attn.qkv_proj"] = "qkv"
     if config.position_embedding_type == "rpe":
         plan["model.relative_position_bias"] = "heads"
+    if config.qk_layernorm:  # a rank's heads as a slice of all, so that the norm's reductions cover every head
+        plan["model.layers.*.self_attn.qk_norm"] = "replicated_with_grad_allreduce"
     return {**plan, **moe_tp_plan(config.moe_layers)}
 
 

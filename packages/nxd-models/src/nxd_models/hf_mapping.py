@@ -53,6 +53,10 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
     """The Hugging Face model that holds the same function as `config`: LlamaForCausalLM (MistralForCausalLM
     with a sliding window, MixtralForCausalLM with experts) or GPTNeoXForCausalLM; a clear error naming the keys
     for shapes transformers has no class for."""
+    if config.qk_layernorm:
+        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: qk_layernorm is True "
+                               "(GPT-NeoX's norm over all heads of a token; transformers' query/key norms are per "
+                               "head)")  # fmt: skip
     if config.transformer_block_type != "pre_ln" or (config.normalization == "layernorm" and not config.gated):
         return gpt_neox_mapping(config)
     mismatches = [

@@ -47,6 +47,9 @@ def neox_layout(config: GPTConfig) -> NeoXLayout:
     if config.moe is not None:
         raise ModelConfigError("a GPT-NeoX checkpoint of a mixture of experts is not read by nxd (its megablocks "
                                "experts have a layout of their own)")  # fmt: skip
+    if config.qk_layernorm:
+        raise ModelConfigError("a GPT-NeoX checkpoint with use_qk_layernorm is not read or written by nxd yet (its "
+                               "norm is split over the tensor-parallel ranks' heads)")
     if config.position_embedding_type == "rpe":
         raise ModelConfigError("a GPT-NeoX checkpoint of an rpe model keeps a copy of the bucket table in every "
                                "layer (each pipeline stage trains its own); nxd does not read or write one")

@@ -135,7 +135,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "kernels) become layernorm and rmsnorm, with a notice"),
     ("layernorm_fusion", "Model", False, N, "", _KERNEL),
     ("rmsnorm_fusion", "Model", False, N, "", _KERNEL),
-    ("use_qk_layernorm", "Model", False, R, "", "nxd has no query/key norm; remove it (lifted when the model has one)"),
+    ("use_qk_layernorm", "Model", False, M, "model.qk_layernorm",
+     "one norm of the queries and keys over (heads, head_dim), as NeoX builds it; with rmsnorm, te_* norms or "
+     "fewer key/value heads refused (NeoX stops on them)"),
     ("layernorm_epsilon", "Model", 1e-05, M, "model.layernorm_epsilon", "with norm: layernorm"),
     ("rms_norm_epsilon", "Model", 1e-08, M, "model.layernorm_epsilon", "with norm: rmsnorm"),
     ("scalenorm_epsilon", "Model", 1e-08, M, "model.layernorm_epsilon", "with norm: scalenorm"),

@@ -44,6 +44,8 @@ def model_keys(a: Arguments, t: Translation) -> None:
             t.refuse(key, "expected a value (GPT-NeoX requires it), found none")
     t.set("model.ffn_dropout", 0.0)
     t.set("model.share_embeddings_and_output_weights", not a["no_weight_tying"], "no_weight_tying")
+    if (qk_norm := typed(t, a, "use_qk_layernorm", bool, "true or false")) is not None:
+        t.set("model.qk_layernorm", qk_norm, "use_qk_layernorm")
     choice(t, a, "output_layer_parallelism", ("column",))  # over the vocabulary, as nxd's output layer is
     norm = choice(t, a, "norm", NORMS)
     if norm is not None:
@@ -53,6 +55,9 @@ def model_keys(a: Arguments, t: Translation) -> None:
         if norm.startswith("te_"):
             t.notice("norm", f"{norm}: Transformer Engine's kernel for {ours}; nxd computes the same {ours} with "
                      "torch's")  # fmt: skip
+        if a["use_qk_layernorm"] is True and norm.startswith("te_"):
+            t.refuse("use_qk_layernorm", f"expected false with norm: {norm}, found true: Transformer Engine's norm "
+                     "takes no (heads, head_dim) shape, so NeoX stops")  # fmt: skip
         if norm == "non_parametric_layernorm" and a["layernorm_fusion"]:
             t.refuse("layernorm_fusion", "expected false with norm: non_parametric_layernorm (GPT-NeoX refuses the "
                      "two together), found true")  # fmt: skip
