@@ -370,7 +370,8 @@ def test_norms_without_weights_transformer_engine_kernels_and_opts_position_offs
     assert (m.normalization, m.layernorm_epsilon, m.position_embedding_type, m.position_embedding_offset) == (
         "non_parametric_layernorm", 1e-6, "learned_absolute", 2)  # fmt: skip
     said = notices(tmp_path, keys)
-    assert sum("Transformer Engine's kernel for a layer nxd's own layers compute" in n for n in said) == 2, said
+    assert sum("Transformer Engine's kernel for a layer nxd's own layers compute" in n for n in said) == 1, said
+    assert any("te_mha: " in n and "nxd computes NeoX's own layers as the file describes them" in n for n in said)
     te = {**MODEL, "norm": "te_rmsnorm", "rms_norm_epsilon": 1e-5, "pos_emb": "rotary", "opt_pos_emb_offset": 2}
     m = load(tmp_path, te).model
     assert (m.normalization, m.layernorm_epsilon, m.position_embedding_offset) == ("rmsnorm", 1e-5, 0)
@@ -380,16 +381,16 @@ def test_norms_without_weights_transformer_engine_kernels_and_opts_position_offs
     assert load(tmp_path, {**MODEL, "norm": "te_layernorm"}).model.normalization == "layernorm"
 
 
-def test_use_qk_layernorm_becomes_the_query_key_norm_and_refuses_what_neox_stops_on(tmp_path):
+def test_use_qk_layernorm_becomes_the_query_key_norm(tmp_path):
     assert load(tmp_path, {**MODEL, "use_qk_layernorm": True}).model.qk_layernorm is True
-    found = errors(tmp_path, {**MODEL, "use_qk_layernorm": True, "norm": "rmsnorm"})
-    assert any("use_qk_layernorm (nxd: model.qk_layernorm): GPT-NeoX builds its query/key norm over (heads, "
-               "head_dim), which its rmsnorm "
-               "cannot take" in line for line in found), found
+    assert load(tmp_path, {**MODEL, "use_qk_layernorm": True, "norm": "rmsnorm"}).model.normalization == "rmsnorm"
     found = errors(tmp_path, {**MODEL, "use_qk_layernorm": True, "num_kv_heads": 2})
     assert any("expected num_kv_heads 4 (or null) with it, found 2" in line for line in found), found
     found = errors(tmp_path, {**MODEL, "use_qk_layernorm": True, "norm": "te_layernorm"})
     assert any("use_qk_layernorm: expected false with norm: te_layernorm" in line for line in found), found
+    said = notices(tmp_path, {**MODEL, "use_qk_layernorm": True, "model_parallel_size": 2, "num_gpus": 2})
+    assert any("use_qk_layernorm: with layernorm NeoX standardises each of its 2 tensor-parallel ranks' heads apart"
+               in line for line in said), said
 
 
 def test_rpe_becomes_t5s_relative_buckets_with_neox_sizes(tmp_path):
@@ -397,6 +398,9 @@ def test_rpe_becomes_t5s_relative_buckets_with_neox_sizes(tmp_path):
     assert (m.position_embedding_type, m.rpe_num_buckets, m.rpe_max_distance) == ("rpe", 16, 64)
     said = notices(tmp_path, {**MODEL, "pos_emb": "rotary", "rpe_num_buckets": 16})
     assert any("rpe_num_buckets: accepted, changes nothing here: pos_emb is 'rotary', not rpe" in n for n in said)
+    said = notices(tmp_path, {**MODEL, "pos_emb": "sinusoidal", "rpe_max_distance": 64, "opt_pos_emb_offset": 2})
+    assert any("rpe_max_distance: accepted, changes nothing here" in n for n in said), said
+    assert any("opt_pos_emb_offset: accepted, changes nothing here: pos_emb is 'sinusoidal'" in n for n in said)
 
 
 def test_moe_keys_become_the_dropless_top_k_moe(tmp_path):

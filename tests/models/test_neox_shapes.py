@@ -47,23 +47,26 @@ def test_non_parametric_layernorm_standardises_each_row_and_learns_nothing():
     assert not any("layernorm" in name or name.startswith("model.norm") for name, _ in model.named_parameters())
 
 
-def test_qk_layernorm_is_torchs_layer_norm_over_all_heads_of_a_token_for_queries_and_keys_alike():
-    """NeoX's norm([heads, head_dim]): torch's layer_norm with that normalized_shape; scalenorm per head."""
+def test_qk_layernorm_is_torchs_norm_over_neoxs_heads_by_head_dim_shape():
+    """NeoX's norm([heads, head_dim]): torch's layer_norm with that normalized_shape (all heads of a token at
+    once); its RMSNorm and ScaleNorm reduce over the last dimension, so each head on its own."""
     torch.manual_seed(0)
     x = torch.randn(2, 5, 4, 8)
     norm = QueryKeyNorm("layernorm", 4, 8, eps=1e-5)
     torch.nn.init.normal_(norm.weight), torch.nn.init.normal_(norm.bias)
-    expected = torch.nn.functional.layer_norm(x, [4, 8], norm.weight, norm.bias, 1e-5)
-    assert torch.allclose(norm(x), expected, atol=1e-5)
+    weight, bias = norm.weight.view(4, 8), norm.bias.view(4, 8)
+    assert torch.allclose(norm(x), torch.nn.functional.layer_norm(x, [4, 8], weight, bias, 1e-5), atol=1e-5)
     plain = QueryKeyNorm("non_parametric_layernorm", 4, 8, eps=1e-5)
     assert list(plain.parameters()) == [] and torch.allclose(plain(x), torch.nn.functional.layer_norm(x, [4, 8]),
                                                              atol=1e-5)  # fmt: skip
+    rms = QueryKeyNorm("rmsnorm", 4, 8, eps=1e-6)
+    torch.nn.init.normal_(rms.weight)
+    expected = torch.nn.functional.rms_norm(x, [8], eps=1e-6) * rms.weight.view(4, 8)
+    assert torch.allclose(rms(x), expected, atol=1e-5)
     scale = QueryKeyNorm("scalenorm", 4, 8, eps=1e-8)
     assert torch.allclose(scale(x), x / x.norm(dim=-1, keepdim=True), atol=1e-6)
     model = build_causal_lm(_config(qk_layernorm=True), seed=0)
-    assert model.model.layers[0].self_attn.qk_norm.weight.shape == (4, 4)  # (heads, head_dim) as in NeoX
-    with pytest.raises(Exception, match="model.qk_layernorm: GPT-NeoX builds its query/key norm"):
-        _config(qk_layernorm=True, normalization="rmsnorm")
+    assert model.model.layers[0].self_attn.qk_norm.weight.shape == (16,)  # (heads, head_dim) kept flat: a norm weight
     with pytest.raises(Exception, match="expected num_kv_heads 4 with it, found 2"):
         _config(qk_layernorm=True, num_kv_heads=2)
 

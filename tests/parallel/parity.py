@@ -66,7 +66,7 @@ NEOX_SHAPES = {
                 qk_layernorm=True),
     "qk": dict(position_embedding_type="rope", qk_layernorm=True),
     "rpe": dict(position_embedding_type="rpe", rpe_num_buckets=8, rpe_max_distance=12, normalization="rmsnorm",
-                activation="swiglu"),
+                activation="swiglu", qk_layernorm=True),
 }
 """GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
 gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feeding attention and a geglu MLP
@@ -74,7 +74,8 @@ gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feed
 positions with mish and orthogonal weights; OPT's learned positions
 two rows on (opt_pos_emb_offset) with layernorms that learn nothing (non_parametric_layernorm), on the queries and
 keys too; a layernorm over all heads of each token's queries and keys ("qk"); T5's relative
-buckets (rpe), 8 of them up to distance 12, so that a sequence of 16 reaches the shared last bucket."""
+buckets (rpe), 8 of them up to distance 12, so that a sequence of 16 reaches the shared last bucket, with rmsnorm
+on each head's queries and keys."""
 
 
 def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,

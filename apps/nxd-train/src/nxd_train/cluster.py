@@ -80,17 +80,19 @@ class RoundStrategy(DDPStrategy):
                 self.round = init_world(self._get_process_group_backend(), env.main_address, env.main_port,
                                         self.global_rank, self.world_size, self._timeout, device_id=device,
                                         **self._store_settings())  # fmt: skip
-            except RuntimeError as error:  # torch's DistError and gloo's own errors alike
-                raise RanksDidNotMeet(self._did_not_meet(error)) from None
+            except (dist.DistStoreError, dist.DistNetworkError) as error:  # the store or a peer did not answer
+                raise RanksDidNotMeet(self._did_not_meet(error)) from error
         super()._setup_distributed()  # Fabric's bookkeeping; the group exists already
 
     def _did_not_meet(self, error: RuntimeError) -> str:
         env, seconds = self.cluster_environment, int(self._timeout.total_seconds())
         cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return (f"rank {self.global_rank} of {self.world_size} did not meet the other ranks at start-up on the run's "
-                f"store at {env.main_address}:{env.main_port} ({cause}); torch applies "
-                f"distributed_strategy.collective_timeout ({seconds} s) to start-up too, so a rank slower to start "
-                "than that (imports from a shared filesystem, a busy host) needs a longer one")
+        said = (f"rank {self.global_rank} of {self.world_size} did not meet the other ranks at start-up on the run's "
+                f"store at {env.main_address}:{env.main_port} ({cause})")
+        if "timed out" not in cause and "timeout" not in cause:
+            return said
+        return (f"{said}; torch applies distributed_strategy.collective_timeout ({seconds} s) to start-up too, so a "
+                "rank slower to start than that (imports from a shared filesystem, a busy host) needs a longer one")
 
     def watch_store(self, timeout: timedelta) -> dist.Store:
         """A connection of its own to this round's store, for the peer watch."""

@@ -297,15 +297,16 @@ def unsupported_architecture(c: NxdConfig) -> Iterator[Finding]:
                     f"parallelism (ring attention sees no whole score matrix to bias); expected distributed_strategy."
                     f"context_parallel_size 1, found {ds.context_parallel_size}", "model.position_embedding_type",
                     CP)  # fmt: skip
-    if m.qk_layernorm and c.model_source == "megatron":
-        if m.normalization == "rmsnorm":
-            yield error("model.qk_layernorm", "GPT-NeoX builds its query/key norm over (heads, head_dim), which its "
-                        "rmsnorm cannot take (NeoX stops); expected normalization layernorm, non_parametric_layernorm "
-                        "or scalenorm with it", "model.qk_layernorm", "model.normalization")  # fmt: skip
-        if m.num_kv_heads not in (None, m.num_attention_heads):
-            yield error("model.qk_layernorm", f"GPT-NeoX's one query/key norm is shaped for the query heads and stops "
-                        f"on fewer key heads; expected num_kv_heads {m.num_attention_heads} (or null) with it, found "
-                        f"{m.num_kv_heads}", "model.qk_layernorm", "model.num_kv_heads")  # fmt: skip
+    if m.qk_layernorm and c.model_source == "megatron" and m.num_kv_heads not in (None, m.num_attention_heads):
+        yield error("model.qk_layernorm", f"the query/key norm's weights are one per query head, and nxd keeps fewer "
+                    f"key heads unrepeated; expected num_kv_heads {m.num_attention_heads} (or null) with it, found "
+                    f"{m.num_kv_heads}", "model.qk_layernorm", "model.num_kv_heads")  # fmt: skip
+    if c.model_source == "megatron" and m.position_embedding_type != "rpe":
+        unused = [f"model.{name}" for name, default in (("rpe_num_buckets", 32), ("rpe_max_distance", 128))
+                  if getattr(m, name) != default]  # fmt: skip
+        if unused:
+            yield notice(unused[0], f"acted on only with position_embedding_type rpe; with "
+                         f"{m.position_embedding_type} {' and '.join(unused)} change nothing", *unused)  # fmt: skip
     if m.position_embedding_type == "rpe" and c.model_source == "megatron" and ds.pipeline_model_parallel_size > 1:
         yield error("model.position_embedding_type", f"rpe's one table serves every layer, so pipeline stages would "
                     f"each train a copy that drifts apart (as GPT-NeoX's do); expected {PP} 1, found "

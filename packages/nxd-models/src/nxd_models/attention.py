@@ -161,7 +161,7 @@ class CoreAttention(nn.Module):
         `allowed` confines attention to documents: their spans (`document_spans`; fused kernels only),
         or a (b, 1, s, s) mask replacing the causal one (True: may attend, see `document_mask`); a
         context-parallel attention takes the document ids (b, s) instead. `bias` (hq, s, t), when given, is
-        added to the scaled scores (ALiBi); `allowed` is then a mask or None."""
+        added to the scaled scores (ALiBi's slopes, rpe's buckets); `allowed` is then a mask or None."""
         if self.context_parallel is not None:
             if bias is not None:
                 raise ModelConfigError("model.position_embedding_type: alibi and rpe are not available with context "

@@ -84,7 +84,6 @@ def _meta_tree(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -
         model = AutoModelForCausalLM.from_config(copy.deepcopy(spec), attn_implementation=implementation,
                                                  dtype=torch.float32)  # fmt: skip
         use_moe_layers(model)
-        model.nxd_attention = attention
         if implementation == "sdpa":
             _use_span_sdpa(model, attention)
         return model
@@ -122,11 +121,8 @@ def initialise(model: nn.Module, *, seed: int, device: torch.device, use_cpu_ini
 
 
 @contextlib.contextmanager
-def sdpa_kernel_of(attention: AttentionKernel | None) -> Iterator[None]:
-    """The SDPA backends an HF model's `nxd_attention` asks for (no restriction for None or UNFUSED)."""
-    if attention is None or attention is AttentionKernel.UNFUSED:
-        yield
-        return
+def sdpa_kernel_of(attention: AttentionKernel) -> Iterator[None]:
+    """The SDPA backends `attention` allows: the fused ones for FLASH, the math one otherwise."""
     with sdpa_kernel(_FAST_BACKENDS if attention is AttentionKernel.FLASH else [SDPBackend.MATH]):
         yield
 

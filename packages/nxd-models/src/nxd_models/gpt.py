@@ -187,13 +187,13 @@ def _problems(c: GPTConfig) -> list[str]:
                          f"({c.seq_length + c.position_embedding_offset - 1}) index the learned table; expected "
                          f"max_position_embeddings of at least {c.seq_length + c.position_embedding_offset}, "
                          f"found {c.max_positions}")  # fmt: skip
-    if c.qk_layernorm and c.normalization not in QK_NORMS:
-        found.append(f"model.qk_layernorm: GPT-NeoX builds its query/key norm over (heads, head_dim), which its "
-                     f"{c.normalization} cannot take; expected normalization {', '.join(QK_NORMS)} with it")
+    if c.qk_layernorm and c.normalization not in QK_NORMS:  # every norm nxd builds is one of them today
+        found.append(f"model.qk_layernorm: expected normalization {', '.join(QK_NORMS)} with it, found "
+                     f"{c.normalization}")  # fmt: skip
     if c.qk_layernorm and c.kv_heads != c.num_attention_heads:
-        found.append(f"model.qk_layernorm: GPT-NeoX's one query/key norm is shaped for the {c.num_attention_heads} "
-                     f"query heads and stops on fewer key heads; expected num_kv_heads {c.num_attention_heads} "
-                     f"with it, found {c.kv_heads}")  # fmt: skip
+        found.append(f"model.qk_layernorm: the query/key norm's weights are one per query head, and nxd keeps fewer "
+                     f"key heads unrepeated; expected num_kv_heads {c.num_attention_heads} with it, found "
+                     f"{c.kv_heads}")  # fmt: skip
     if c.position_embedding_type == "rpe" and not 2 <= c.rpe_num_buckets < 2 * c.rpe_max_distance:
         found.append(f"model.rpe_num_buckets: expected 2 up to twice rpe_max_distance ({c.rpe_max_distance}) "
                      f"exclusive (half the buckets are exact distances below rpe_max_distance), found "
@@ -469,8 +469,8 @@ class GPTForCausalLM(nn.Module):
                 if getattr(module, f"bias_{part}") is not None:
                     nn.init.zeros_(getattr(module, f"bias_{part}"))
         elif isinstance(module, QueryKeyNorm):
-            for parameter in module.parameters(recurse=False):
-                (nn.init.zeros_ if parameter is getattr(module, "bias", None) else nn.init.ones_)(parameter)
+            for key, parameter in module.named_parameters(recurse=False):
+                (nn.init.zeros_ if key == "bias" else nn.init.ones_)(parameter)
         elif isinstance(module, RelativePositionBias):  # NeoX's init of the (buckets, heads) table
             nn.init.xavier_normal_(module.weight)
         elif isinstance(module, nn.LayerNorm | nn.RMSNorm | ScaleNorm) and module.weight is not None:

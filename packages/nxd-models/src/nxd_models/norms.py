@@ -34,25 +34,28 @@ def build_norm(kind: str, hidden: int, eps: float) -> nn.Module:
     return nn.LayerNorm(hidden, eps=eps)
 
 
-QK_NORMS = ("layernorm", "non_parametric_layernorm", "scalenorm")
-"""The norms GPT-NeoX's use_qk_layernorm can build (its RMSNorm and Transformer Engine's take no two-dimensional
-shape: NeoX stops on them)."""
+QK_NORMS = ("layernorm", "non_parametric_layernorm", "rmsnorm", "scalenorm")
+"""The norms GPT-NeoX's use_qk_layernorm builds over (heads, head_dim) (Transformer Engine's take one width)."""
 
 
 class QueryKeyNorm(nn.Module):
     """GPT-NeoX's `use_qk_layernorm`: one norm, applied to each token's queries and then to its keys with the same
     weights, of the model's norm type built over (heads, head_dim) as NeoX builds it. A layernorm therefore
-    standardises all heads of a token together (weight and bias per head and dimension); scalenorm divides each
-    head by its own L2 norm (one learned scalar). Takes (batch, seq, heads, head_dim); under tensor parallelism a
-    rank's heads arrive as a slice of dimension 2 (the plan's replicated_with_grad_allreduce), and the
-    reductions over them cover every rank's heads."""
+    standardises all heads of a token together; rmsnorm and scalenorm reduce over each head's dimensions (torch's
+    and NeoX's reductions over the last dimension). Weights are per head and dimension (a scalar for scalenorm),
+    kept flat so that the optimizer treats them as the norm weights they are (no weight decay, as NeoX exempts its
+    norms). Takes (batch, seq, heads, head_dim); under tensor parallelism a rank's heads arrive as a slice of
+    dimension 2 (the plan's replicated_with_grad_allreduce) and a layernorm's reductions cover every rank's
+    heads: the function of one rank at any size (NeoX normalises each rank's heads apart, so its own model
+    changes with model_parallel_size)."""
 
     def __init__(self, kind: str, heads: int, head_dim: int, eps: float):
         super().__init__()
-        self.kind, self.eps = kind, eps
+        self.kind, self.eps, self.shape = kind, eps, (heads, head_dim)
+        if kind in ("layernorm", "rmsnorm"):
+            self.weight = nn.Parameter(torch.ones(heads * head_dim))
         if kind == "layernorm":
-            self.weight = nn.Parameter(torch.ones(heads, head_dim))
-            self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+            self.bias = nn.Parameter(torch.zeros(heads * head_dim))
         elif kind == "scalenorm":
             self.weight = nn.Parameter(torch.ones(1))
 
@@ -61,10 +64,15 @@ class QueryKeyNorm(nn.Module):
             normed = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=self.eps) * self.weight
         else:
             values = x.float()
-            centred = values - values.mean(dim=(-2, -1), keepdim=True)
-            normed = centred * torch.rsqrt(centred.square().mean(dim=(-2, -1), keepdim=True) + self.eps)
+            if self.kind == "rmsnorm":
+                normed = values * torch.rsqrt(values.square().mean(dim=-1, keepdim=True) + self.eps)
+            else:
+                centred = values - values.mean(dim=(-2, -1), keepdim=True)
+                normed = centred * torch.rsqrt(centred.square().mean(dim=(-2, -1), keepdim=True) + self.eps)
+            if self.kind != "non_parametric_layernorm":
+                normed = normed * self.weight.view(self.shape)
             if self.kind == "layernorm":
-                normed = normed * self.weight + self.bias
+                normed = normed + self.bias.view(self.shape)
             normed = normed.to(x.dtype)
         if isinstance(x, DTensor):  # back to this rank's heads, whatever layout DTensor chose on the way
             normed = normed.redistribute(x.device_mesh, x.placements)

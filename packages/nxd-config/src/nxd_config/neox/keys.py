@@ -49,6 +49,9 @@ _RWKV = "used only by rwkv layers (attention_config), which nxd refuses"
 _MUP = "used only with use_mup, which nxd refuses"
 _TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
               "is the te_fp8_* keys')")  # fmt: skip
+_TE_FUSED = ("Transformer Engine's fused module in place of NeoX's own layers; nxd computes NeoX's own layers as the "
+             "file describes them (TE's module fixes its epsilon and biases and skips NeoX's position and "
+             "query/key options)")  # fmt: skip
 _TE_FP8 = "used only by Transformer Engine's fp8 layers (te_*), which nxd refuses"
 _RL = "used only with train_impl: reinforce (online RL with a generation server), which nxd refuses"
 _FP16 = ("NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed: the fp16 block's loss_scale, "
@@ -136,8 +139,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("layernorm_fusion", "Model", False, N, "", _KERNEL),
     ("rmsnorm_fusion", "Model", False, N, "", _KERNEL),
     ("use_qk_layernorm", "Model", False, M, "model.qk_layernorm",
-     "one norm of the queries and keys over (heads, head_dim), as NeoX builds it; with rmsnorm, te_* norms or "
-     "fewer key/value heads refused (NeoX stops on them)"),
+     "one norm of the queries and keys over (heads, head_dim), as NeoX builds it on one rank (a notice under model "
+     "parallelism, where NeoX's layernorm covers each rank's heads apart); refused with te_* norms and with fewer "
+     "key/value heads"),
     ("layernorm_epsilon", "Model", 1e-05, M, "model.layernorm_epsilon", "with norm: layernorm"),
     ("rms_norm_epsilon", "Model", 1e-08, M, "model.layernorm_epsilon", "with norm: rmsnorm"),
     ("scalenorm_epsilon", "Model", 1e-08, M, "model.layernorm_epsilon", "with norm: scalenorm"),
@@ -146,8 +150,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("rpe_num_buckets", "Model", 32, M, "model.rpe_num_buckets", "with pos_emb: rpe; otherwise a notice"),
     ("rpe_max_distance", "Model", 128, M, "model.rpe_max_distance", "with pos_emb: rpe; otherwise a notice"),
     ("opt_pos_emb_offset", "Model", 0, M, "model.position_embedding_offset",
-     "added to the position ids of learned and sinusoidal positions, as NeoX's embedding does in a forward without "
-     "a cache; with other positions a notice"),
+     "added to the position ids of learned positions, as NeoX's embedding does in a forward without a cache; with "
+     "other positions a notice (NeoX's sinusoids ignore the ids)"),
     ("no_weight_tying", "Model", False, M, "model.share_embeddings_and_output_weights", ""),
     ("attention_config", "Model", None, M, "model.fusions.flash_attention",
      "expanded as NeoX expands it; global and flash layers are dense causal attention; local, sparse_*, "
@@ -209,8 +213,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("online_dataserver_ports", "Model", 10000, N, "", _RL),
     ("te_columnparallel", "Model", False, N, "", _TE_KERNEL),
     ("te_rowparallel", "Model", False, N, "", _TE_KERNEL),
-    ("te_layernorm_mlp", "Model", False, N, "", _TE_KERNEL),
-    ("te_mha", "Model", False, N, "", _TE_KERNEL),
+    ("te_layernorm_mlp", "Model", False, N, "", _TE_FUSED),
+    ("te_mha", "Model", False, N, "", _TE_FUSED),
     ("te_fp8_mha", "Model", False, R, "", "Transformer Engine fp8 is not in nxd; remove it"),
     ("te_fp8_format", "Model", "hybrid", N, "", _TE_FP8),
     ("te_fp8_wgrad", "Model", True, N, "", _TE_FP8),

@@ -57,7 +57,12 @@ def model_keys(a: Arguments, t: Translation) -> None:
                      "torch's")  # fmt: skip
         if a["use_qk_layernorm"] is True and norm.startswith("te_"):
             t.refuse("use_qk_layernorm", f"expected false with norm: {norm}, found true: Transformer Engine's norm "
-                     "takes no (heads, head_dim) shape, so NeoX stops")  # fmt: skip
+                     "takes one width, not NeoX's (heads, head_dim)")  # fmt: skip
+        tp = a["model_parallel_size"]
+        if a["use_qk_layernorm"] is True and "layernorm" in norm and isinstance(tp, int) and tp > 1:
+            t.notice("use_qk_layernorm", f"with {norm} NeoX standardises each of its {tp} tensor-parallel ranks' "
+                     "heads apart, so its model changes with model_parallel_size; nxd standardises all heads of a "
+                     "token together, as NeoX does on one rank")  # fmt: skip
         if norm == "non_parametric_layernorm" and a["layernorm_fusion"]:
             t.refuse("layernorm_fusion", "expected false with norm: non_parametric_layernorm (GPT-NeoX refuses the "
                      "two together), found true")  # fmt: skip
@@ -67,15 +72,16 @@ def model_keys(a: Arguments, t: Translation) -> None:
     if position == "rpe":
         t.set("model.rpe_num_buckets", a["rpe_num_buckets"], "rpe_num_buckets")
         t.set("model.rpe_max_distance", a["rpe_max_distance"], "rpe_max_distance")
-    elif a.given("rpe_num_buckets") or a.given("rpe_max_distance"):
-        t.notice("rpe_num_buckets", f"accepted, changes nothing here: pos_emb is {a['pos_emb']!r}, not rpe")
+    for key in ("rpe_num_buckets", "rpe_max_distance"):
+        if position != "rpe" and a.given(key):
+            t.notice(key, f"accepted, changes nothing here: pos_emb is {a['pos_emb']!r}, not rpe")
     offset = typed(t, a, "opt_pos_emb_offset", int, "a whole number of positions")
-    if offset:  # NeoX shifts learned and sinusoidal positions only (megatron/model/word_embeddings.py)
-        if position in ("learned", "sinusoidal"):
+    if offset:  # the learned table's rows only: NeoX's sinusoids are taken at 0 .. seq - 1 whatever the ids
+        if position == "learned":
             t.set("model.position_embedding_offset", offset, "opt_pos_emb_offset")
         else:
             t.notice("opt_pos_emb_offset", f"accepted, changes nothing here: pos_emb is {a['pos_emb']!r}; NeoX "
-                     "shifts learned and sinusoidal positions only")  # fmt: skip
+                     "shifts learned positions only")  # fmt: skip
     fraction, base = a["rotary_pct"], a["rotary_emb_base"]
     if position == "rotary":
         t.set("model.rotary_percentage", fraction, "rotary_pct")

@@ -201,8 +201,9 @@ class ModelConfig(Section):
     qk_layernorm: bool = key(
         False, "One norm of the normalization type applied to each token's queries and then its keys (the same "
         "weights), built over (heads, head_dim) as GPT-NeoX builds it: a layernorm standardises all heads of a token "
-        "together, scalenorm each head; not with rmsnorm or fewer key/value heads than query heads (NeoX stops on "
-        "both).", by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's use_qk_layernorm; NxDT has no such key",
+        "together (across the tensor-parallel ranks' heads), rmsnorm and scalenorm each head; needs as many key/value "
+        "heads as query heads.", by=MODELS, status=Status.EXTENSION,
+        note="GPT-NeoX's use_qk_layernorm; NxDT has no such key",
     )  # fmt: skip
     make_vocab_size_divisible_by: int = key(
         128, "Pad the vocabulary to a multiple of this (times tp).", by=MODELS, ge=1
