@@ -53,7 +53,7 @@ def test_a_plan_naming_a_missing_module_or_an_unknown_style_is_reported():
     problems = check_plan(model, {"model.layers.*.self_attn.qkv": "colwise", "lm_head": "diagonal"})
     assert problems == [
         "TP plan 'lm_head': style 'diagonal' is not one of colwise, colwise_kv, qkv, rowwise, vocab, colwise_output, score, "
-        "sequence, replicated_with_grad_allreduce, moe, lora_a_colwise, lora_b_colwise, lora_b_colwise_kv, "
+        "sequence, heads, replicated_with_grad_allreduce, moe, lora_a_colwise, lora_b_colwise, lora_b_colwise_kv, "
         "lora_a_rowwise, lora_b_rowwise",
         "TP plan 'model.layers.*.self_attn.qkv': names no module of GPTForCausalLM",
     ]
