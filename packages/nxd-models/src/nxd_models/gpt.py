@@ -31,7 +31,7 @@ from .errors import ModelConfigError
 from .init_methods import INIT_METHODS, init_weight, normal_std
 from .kv_cache import KVCache, decoding_mask
 from .moe import Experts, MoELayer, MoESpec
-from .norms import NORMS, QK_NORMS, QueryKeyNorm, ScaleNorm, build_norm
+from .norms import NORMS, QueryKeyNorm, ScaleNorm, build_norm
 from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoidal_embedding
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
@@ -187,9 +187,6 @@ def _problems(c: GPTConfig) -> list[str]:
                          f"({c.seq_length + c.position_embedding_offset - 1}) index the learned table; expected "
                          f"max_position_embeddings of at least {c.seq_length + c.position_embedding_offset}, "
                          f"found {c.max_positions}")  # fmt: skip
-    if c.qk_layernorm and c.normalization not in QK_NORMS:  # every norm nxd builds is one of them today
-        found.append(f"model.qk_layernorm: expected normalization {', '.join(QK_NORMS)} with it, found "
-                     f"{c.normalization}")  # fmt: skip
     if c.qk_layernorm and c.kv_heads != c.num_attention_heads:
         found.append(f"model.qk_layernorm: the query/key norm's weights are one per query head, and nxd keeps fewer "
                      f"key heads unrepeated; expected num_kv_heads {c.num_attention_heads} with it, found "

@@ -34,10 +34,6 @@ def build_norm(kind: str, hidden: int, eps: float) -> nn.Module:
     return nn.LayerNorm(hidden, eps=eps)
 
 
-QK_NORMS = ("layernorm", "non_parametric_layernorm", "rmsnorm", "scalenorm")
-"""The norms GPT-NeoX's use_qk_layernorm builds over (heads, head_dim) (Transformer Engine's take one width)."""
-
-
 class QueryKeyNorm(nn.Module):
     """GPT-NeoX's `use_qk_layernorm`: one norm, applied to each token's queries and then to its keys with the same
     weights, of the model's norm type built over (heads, head_dim) as NeoX builds it. A layernorm therefore
