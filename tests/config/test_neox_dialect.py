@@ -282,15 +282,51 @@ def test_attention_config_expands_as_neox_expands_it(tmp_path, config, flash):
 
 @pytest.mark.parametrize(("config", "message"), [
     ([[["global"], 3]], "attention_config: expected one kind per layer (num_layers: 4), found 3 after expansion"),
-    ([[["local", "global"], 2]], "attention_config: expected global or flash layers (dense causal attention), "
-                                 "found local: nxd has no local layers"),
     ([[["mamba"], 4]], "found mamba: nxd has no mamba layers"),
     ([[["rwkv"], 4]], "found rwkv: nxd has no rwkv layers"),
     ([[["gmlp"], 4]], "found gmlp: nxd has no gmlp layers"),
-    ([[["sparse_fixed"], 4]], "found sparse_fixed: nxd has no sparse_fixed layers"),
 ])  # fmt: skip
 def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, config, message):
     assert any(message in found for found in errors(tmp_path, {**MODEL, "attention_config": config}))
+
+
+def test_sparse_layers_and_their_sparsity_config_become_nxd_keys(tmp_path):
+    """NeoX's configs/sparse.yml pattern; each sparsity_config entry NeoX reads lands in model.sparse_attention."""
+    sparsity = {"block": 8, "num_local_blocks": 32, "different_layout_per_head": True, "num_random_blocks": 2,
+                "local_window_blocks": [2, 4], "global_block_indices": [0, 5], "global_block_end_indices": [1, 7],
+                "num_sliding_window_blocks": 5, "num_global_blocks": 2, "num_different_global_patterns": 2}
+    model = load(tmp_path, {**MODEL, "attention_config": [[["local", "global"], "all"]],
+                            "sparsity_config": sparsity}).model  # fmt: skip
+    assert model.attention_layers == ("local", "dense", "local", "dense")
+    assert model.sparse_attention.model_dump() == {**sparsity, "local_window_blocks": (2, 4),
+                                                   "global_block_indices": (0, 5), "global_block_end_indices": (1, 7)}
+    kinds = [[["sparse_fixed", "sparse_variable", "bigbird", "bslongformer"], 1]]
+    assert load(tmp_path, {**MODEL, "attention_config": kinds}).model.attention_layers == tuple(kinds[0][0])
+    assert load(tmp_path, {**MODEL, "attention_config": [[["flash"], 4]]}).model.attention_layers is None
+
+
+@pytest.mark.parametrize(("keys", "message", "notice"), [
+    ({"sparsity_config": {"mode": "fixed", "block": 16}}, "sparsity_config.mode: accepted, changes nothing here: "
+                                                           "attention_config sets each layer's kind", True),
+    ({"sparsity_config": {"horizontal_global_attention": True}}, "sparsity_config.horizontal_global_attention: "
+                                                                 "accepted, changes nothing here", True),
+    ({"sparsity_config": {"blocks": 16}}, "sparsity_config.blocks: expected one of block, different_layout_per_head",
+     False),
+    ({"sparsity_config": [16]}, "sparsity_config: expected a mapping of DeepSpeed's sparsity settings, found [16]",
+     False),
+    ({"pos_emb": "alibi"}, "attention_config: expected global or flash layers with pos_emb: alibi, found local: "
+                           "NeoX's sparse layers add no ALiBi bias", False),
+])  # fmt: skip
+def test_sparsity_entries_neox_overrides_are_noticed_and_unknown_ones_refused(tmp_path, keys, message, notice):
+    content = {**MODEL, "attention_config": [[["local", "global"], "all"]], **keys}
+    found = notices(tmp_path, content) if notice else errors(tmp_path, content)
+    assert any(message in line for line in found), found
+
+
+def test_a_sparsity_config_without_sparse_layers_is_noticed(tmp_path):
+    found = notices(tmp_path, {**MODEL, "sparsity_config": {"block": 32}})
+    assert any("sparsity_config: accepted, changes nothing here: attention_config names no sparse layer" in line
+               for line in found), found
 
 
 @pytest.mark.parametrize(("keys", "message"), [

@@ -442,3 +442,23 @@ def test_post_training_documents_fit_their_method_and_data(minimal) -> None:
         "data.pair_documents: reference log-prob files are read by DPO and KTO against a reference model; ORPO has "
         "none: expected no reference files"
     ]
+
+
+def test_attention_layers_give_one_kind_per_layer_and_sparse_ones_refuse_context_parallelism(minimal) -> None:
+    layers = minimal["model"]["num_layers"]
+    minimal["model"]["attention_layers"] = ["local"] * (layers + 1)
+    assert errors(minimal) == [f"model.attention_layers: expected one kind per layer (num_layers: {layers}), found "
+                               f"{layers + 1}"]
+    minimal["model"]["attention_layers"] = ["bigbird"] + ["dense"] * (layers - 1)
+    minimal["model"]["fusions"] = {"ring_attention": True}
+    minimal["distributed_strategy"].update(context_parallel_size=2)
+    assert errors(minimal) == ["model.attention_layers: bigbird layers attend by a block layout, which ring attention "
+                               "does not take; expected distributed_strategy.context_parallel_size 1, found 2"]
+
+
+def test_sparse_attention_settings_without_sparse_layers_are_a_notice(minimal) -> None:
+    minimal["model"]["sparse_attention"] = {"block": 32}
+    with pytest.warns(ConfigNotice) as record:
+        load_config(minimal)
+    assert [str(w.message) for w in record] == ["model.sparse_attention: acted on only by sparse layers (model."
+                                                "attention_layers); with none it changes nothing"]

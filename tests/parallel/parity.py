@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_align import LoraFamily, LoraSpec, TokenObjective
-from nxd_models import AttentionKernel, GPTConfig, MoESpec, model_family, set_aux_loss_weights
+from nxd_models import AttentionKernel, GPTConfig, MoESpec, SparsitySpec, model_family, set_aux_loss_weights
 from nxd_models.hf_moe import set_moe
 from nxd_models.hf_qkv import set_qkv_linear
 from nxd_parallel import (
@@ -67,6 +67,9 @@ NEOX_SHAPES = {
     "qk": dict(position_embedding_type="rope", qk_layernorm=True),
     "rpe": dict(position_embedding_type="rpe", rpe_num_buckets=8, rpe_max_distance=12, normalization="rmsnorm",
                 activation="swiglu", qk_layernorm=True),
+    "sparse": dict(position_embedding_type="rope", sparsity=SparsitySpec(
+        block=4, different_layout_per_head=True, num_local_blocks=2, num_different_global_patterns=2,
+        num_random_blocks=1, global_block_indices=(0, 2), global_block_end_indices=(1, 3), seed=5)),
 }
 """GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
 gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feeding attention and a geglu MLP
@@ -75,7 +78,10 @@ positions with mish and orthogonal weights; OPT's learned positions
 two rows on (opt_pos_emb_offset) with layernorms that learn nothing (non_parametric_layernorm), on the queries and
 keys too; a layernorm over all heads of each token's queries and keys ("qk"); T5's relative
 buckets (rpe), 8 of them up to distance 12, so that a sequence of 16 reaches the shared last bucket, with rmsnorm
-on each head's queries and keys."""
+on each head's queries and keys; DeepSpeed's block-sparse layers ("sparse": SPARSE_LAYERS in turn, blocks of 4
+tokens, a layout per head so that tensor-parallel ranks read their heads' own, random blocks)."""
+SPARSE_LAYERS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "dense")
+"""The sparse shape's layers, in turn (six layers hold each kind once)."""
 
 
 def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,
@@ -99,7 +105,8 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
                          loss_chunk_tokens=loss_chunk)  # fmt: skip
     if family in NEOX_SHAPES:  # GPT-NeoX's shapes (untied, so that pipeline stages hold whole layers)
-        return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+        kinds = tuple(SPARSE_LAYERS[index % len(SPARSE_LAYERS)] for index in range(layers))
+        return GPTConfig(attention_layers=kinds if family == "sparse" else None, vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
                          share_embeddings_and_output_weights=False, loss_chunk_tokens=loss_chunk,
                          **NEOX_SHAPES[family])  # fmt: skip

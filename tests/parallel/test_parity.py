@@ -83,6 +83,10 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("qk-dp2-zero1-selective-recompute", "qk", layout=Layout(
                 zero1=True, recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True)),
             Scenario("qk-pp2", "qk", pp=2, **staged),
+            Scenario("sparse-pp2", "sparse", pp=2, layers=6),
+            Scenario("sparse-dp2-zero1-full-recompute", "sparse", layers=6,
+                     layout=Layout(zero1=True, recompute="full")),
+            Scenario("sparse-tp2-documents", "sparse", tp=2, layers=6, documents=True),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -96,6 +100,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("opt-tp2-sp", "opt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("rpe-tp2-sp", "rpe", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("qk-tp2-sp", "qk", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
+        Scenario("sparse-tp2-sp", "sparse", tp=2, layers=6, layout=Layout(sequence_parallel=True), clip=0.5),
     ]  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_
 from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, RewardModelConfig
-from nxd_config.schema.model import MoEConfig
+from nxd_config.schema.model import MoEConfig, SparseAttentionConfig
 from nxd_data import DataError
 from nxd_models import (
     AttentionKernel,
@@ -27,6 +27,7 @@ from nxd_models import (
     ModelConfigError,
     ModelFamily,
     MoESpec,
+    SparsitySpec,
     load_hf_config,
     model_family,
 )
@@ -142,7 +143,13 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConf
         attention_bias=m.attention_bias, mlp_bias=m.mlp_bias, init_method=m.init_method,
         output_layer_init_method=m.output_layer_init_method, qkv_linear=m.qkv_linear, fuse_qkv=m.fuse_qkv,
         sliding_window=m.sliding_window_size, loss_chunk_tokens=m.fusions.loss_chunk_tokens, moe=moe_spec(m.moe),
+        attention_layers=m.attention_layers, sparsity=sparsity_spec(m.sparse_attention, cfg.seed),
     )  # fmt: skip
+
+
+def sparsity_spec(sparse: SparseAttentionConfig, seed: int) -> SparsitySpec:
+    """nxd-models' block-sparse settings from `model.sparse_attention`; random blocks are drawn with the run's seed."""
+    return SparsitySpec(seed=seed, **sparse.model_dump())
 
 
 def moe_spec(moe: MoEConfig | None) -> MoESpec | None:

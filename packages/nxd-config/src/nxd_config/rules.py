@@ -33,7 +33,8 @@ MEGATRON_ONLY = (
     "make_vocab_size_divisible_by", "persist_layer_norm", "share_embeddings_and_output_weights",
     "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
     "has_bias", "sliding_window_size", "attention_bias", "mlp_bias", "init_method", "output_layer_init_method",
-    "position_embedding_offset", "rpe_num_buckets", "rpe_max_distance", "qk_layernorm",
+    "position_embedding_offset", "rpe_num_buckets", "rpe_max_distance", "qk_layernorm", "attention_layers",
+    "sparse_attention",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -311,9 +312,27 @@ def unsupported_architecture(c: NxdConfig) -> Iterator[Finding]:
         yield error("model.position_embedding_type", f"rpe's one table serves every layer, so pipeline stages would "
                     f"each train a copy that drifts apart (as GPT-NeoX's do); expected {PP} 1, found "
                     f"{ds.pipeline_model_parallel_size}", "model.position_embedding_type", PP)  # fmt: skip
+    yield from _attention_layers(c)
     if ds.token_shuffle_group_size != 1:
         yield error("distributed_strategy.token_shuffle_group_size", f"expected 1: nxd routes tokens in their "
                     f"own order, found {ds.token_shuffle_group_size}")  # fmt: skip
+
+
+def _attention_layers(c: NxdConfig) -> Iterator[Finding]:
+    m, key = c.model, "model.attention_layers"
+    if c.model_source != "megatron":
+        return
+    kinds = set(m.attention_layers or ())
+    if m.attention_layers is not None and m.num_layers is not None and len(m.attention_layers) != m.num_layers:
+        yield error(key, f"expected one kind per layer (num_layers: {m.num_layers}), found "
+                    f"{len(m.attention_layers)}", key, "model.num_layers")  # fmt: skip
+    sparse = sorted(kinds - {"dense"})
+    if sparse and c.distributed_strategy.context_parallel_size > 1:
+        yield error(key, f"{', '.join(sparse)} layers attend by a block layout, which ring attention does not take; "
+                    f"expected {CP} 1, found {c.distributed_strategy.context_parallel_size}", key, CP)  # fmt: skip
+    if not sparse and m.is_set("sparse_attention"):
+        yield notice("model.sparse_attention", "acted on only by sparse layers (model.attention_layers); with "
+                     "none it changes nothing", "model.sparse_attention", key)  # fmt: skip
 
 
 @rule

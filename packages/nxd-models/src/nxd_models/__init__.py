@@ -12,6 +12,7 @@ from .gpt import GPTConfig, GPTForCausalLM
 from .hf import HFOverrides, load_hf_config
 from .initialisation import InitModule, Seeder, init_rule, initial_values, seed_or_drawn
 from .moe import MoESpec, routing_metrics, set_aux_loss_weights, take_routing_totals
+from .sparse_attention import SparsitySpec
 from .token_losses import IGNORE_INDEX
 
 __version__ = _distribution_version("nxd-models")  # one source: the pyproject's version
@@ -28,6 +29,7 @@ __all__ = [
     "ModelConfigError",
     "ModelFamily",
     "Seeder",
+    "SparsitySpec",
     "build_causal_lm",
     "causal_lm_logits",
     "device_ceiling",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.nn.attention.flex_attention import BlockMask
 
 from .activations import ACTIVATIONS
 from .attention import (
@@ -36,6 +37,7 @@ from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoida
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .score_head import ScoreHead
+from .sparse_attention import LAYER_KINDS, SPARSE_KINDS, BlockSparseLayout, SparsitySpec
 from .token_losses import chunked_token_cross_entropy
 
 
@@ -90,6 +92,10 @@ class GPTConfig:
     fuse_qkv: bool = True
     sliding_window: int | None = None
     """Mistral's sliding-window attention: query i sees keys i - window < j <= i (None: full causal)."""
+    attention_layers: tuple[str, ...] | None = None
+    """One attention kind per layer (`LAYER_KINDS`: dense or a block-sparse layout); None: dense everywhere."""
+    sparsity: SparsitySpec = SparsitySpec()
+    """The block-sparse layouts' settings (GPT-NeoX's sparsity_config)."""
     loss_chunk_tokens: int = 0
     """Per-token losses are computed this many tokens at a time (see `chunked_token_cross_entropy`);
     0 computes the whole micro-batch's logits at once."""
@@ -138,6 +144,10 @@ class GPTConfig:
         if self.moe is None:
             return []
         return [index for index in range(self.num_layers) if self.moe.is_moe_layer(index, one_based=True)]
+
+    def attention_kind(self, layer_number: int) -> str:
+        """The attention kind of layer `layer_number` (1-based)."""
+        return "dense" if self.attention_layers is None else self.attention_layers[layer_number - 1]
 
     @property
     def max_positions(self) -> int:
@@ -199,6 +209,16 @@ def _problems(c: GPTConfig) -> list[str]:
         found.append(f"model.rotary_percentage: rotates {c.rotary_dim} of {c.head_dim} dims; expected at least 2")
     if c.sliding_window is not None and c.sliding_window < 1:  # one wider than the sequence masks nothing
         found.append(f"model.sliding_window_size: expected at least 1, found {c.sliding_window}")
+    if c.attention_layers is not None:
+        kinds = set(c.attention_layers)
+        if len(c.attention_layers) != c.num_layers:
+            found.append(f"model.attention_layers: expected one kind per layer ({c.num_layers}), found "
+                         f"{len(c.attention_layers)}")  # fmt: skip
+        if kinds - set(LAYER_KINDS):
+            found.append(f"model.attention_layers: expected kinds among {', '.join(LAYER_KINDS)}, found "
+                         f"{', '.join(sorted(kinds - set(LAYER_KINDS)))}")  # fmt: skip
+        else:
+            found += c.sparsity.problems(kinds, c.seq_length)
     if c.moe is not None and c.moe.frequency > c.num_layers:
         found.append(f"model.moe.frequency: expected at most num_layers ({c.num_layers}), found {c.moe.frequency}")
     if c.seq_length > c.max_positions:
@@ -235,9 +255,16 @@ class SelfAttention(nn.Module):
             self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
             self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
+        kind = config.attention_kind(layer_number)
+        self.sparse = BlockSparseLayout(kind, config.sparsity, heads, config.seq_length, layer_number) \
+            if kind in SPARSE_KINDS else None  # fmt: skip
+        """The layer's block-sparse layout (plain values: built from the config, never trained or saved)."""
         self.core_attention = CoreAttention(
-            layer_number, kernel, config.attention_dropout, config.apply_query_key_layer_scaling
-        )
+            layer_number, kernel, 0.0 if self.sparse else config.attention_dropout,
+            config.apply_query_key_layer_scaling,
+        )  # fmt: skip
+        if self.sparse is not None:  # GPT-NeoX drops a sparse layer's output, not its probabilities
+            self.context_dropout = nn.Dropout(config.attention_dropout)
         if config.qk_layernorm:
             self.qk_norm = QueryKeyNorm(config.normalization, heads, head_dim, config.layernorm_epsilon)
         self.alibi = alibi_slopes(heads) if config.position_embedding_type == "alibi" else None
@@ -268,8 +295,30 @@ class SelfAttention(nn.Module):
             start = self._head_offset(local)
             bias = alibi_bias(self.alibi[start:start + local], query.shape[2], query.device,
                               past=key.shape[2] - query.shape[2])  # fmt: skip
+        if self.sparse is not None:
+            allowed = self._sparse_mask(query, key, allowed, documents, bias)
         context = self.core_attention(query, key, value, allowed, documents, bias)
+        if self.sparse is not None:
+            context = self.context_dropout(context)
         return self.o_proj(context.transpose(1, 2).reshape(batch, seq, -1))
+
+    def _sparse_mask(self, query: torch.Tensor, key: torch.Tensor, allowed: torch.Tensor | Spans | None,
+                     documents: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor | BlockMask:
+        """The layout's mask for this rank's heads, within what `allowed` permits (documents, a sliding window,
+        decoding): FlexAttention's block mask on CUDA where nothing else masks or biases, else a boolean mask."""
+        if self.core_attention.context_parallel is not None:
+            raise ModelConfigError(f"model.attention_layers: a {self.sparse.kind} layer's layout is not available "
+                                   "with context parallelism (ring attention takes no mask)")  # fmt: skip
+        local = query.shape[1]
+        heads = slice(self._head_offset(local), self._head_offset(local) + local)
+        queries, keys = query.shape[2], key.shape[2]
+        plain = allowed is None and bias is None and queries == keys
+        if plain and query.is_cuda and self.core_attention.kernel is AttentionKernel.FLASH:
+            return self.sparse.block_mask(heads, keys, query.device)
+        mask = self.sparse.mask(heads, queries, keys, query.device)
+        if isinstance(allowed, list):  # document spans: their mask
+            allowed = document_mask(documents)
+        return mask if allowed is None else mask & allowed
 
 
     def _head_offset(self, local_heads: int) -> int:

@@ -57,6 +57,11 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: qk_layernorm is True "
                                "(GPT-NeoX's norm over all heads of a token; transformers' query/key norms are per "
                                "head)")  # fmt: skip
+    sparse = sorted(set(config.attention_layers or ()) - {"dense"})
+    if sparse:
+        raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: model."
+                               f"attention_layers has {', '.join(sparse)} layers (DeepSpeed's block-sparse layouts; "
+                               "transformers' decoders attend densely)")  # fmt: skip
     if config.transformer_block_type != "pre_ln" or (config.normalization == "layernorm" and not config.gated):
         return gpt_neox_mapping(config)
     mismatches = [

@@ -153,10 +153,13 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "added to the position ids of learned positions, as NeoX's embedding does in a forward without a cache; with "
      "other positions a notice (NeoX's sinusoids ignore the ids)"),
     ("no_weight_tying", "Model", False, M, "model.share_embeddings_and_output_weights", ""),
-    ("attention_config", "Model", None, M, "model.fusions.flash_attention",
-     "expanded as NeoX expands it; global and flash layers are dense causal attention; local, sparse_*, "
-     "bigbird, bslongformer, gmlp, amlp, mamba and rwkv layers are refused"),
-    ("sparsity_config", "Model", None, N, "", "used only by sparse attention layers, which nxd refuses"),
+    ("attention_config", "Model", None, M, "model.attention_layers, model.fusions.flash_attention",
+     "expanded as NeoX expands it; global and flash layers are dense causal attention; local, sparse_fixed, "
+     "sparse_variable, bigbird and bslongformer layers attend by DeepSpeed's block layouts (not with alibi, which "
+     "NeoX's sparse layers skip); gmlp, amlp, mamba and rwkv layers are refused"),
+    ("sparsity_config", "Model", None, M, "model.sparse_attention",
+     "each entry NeoX reads becomes model.sparse_attention's; mode, attention and horizontal_global_attention are "
+     "noticed (NeoX overrides them); random blocks are drawn with the run's seed"),
     ("num_unique_layers", "Model", None, R, "", "layers sharing parameters are not in nxd; remove it"),
     ("param_sharing_style", "Model", "grouped", N, "", "used only with num_unique_layers (refused)"),
     ("make_vocab_size_divisible_by", "Model", 128, M, "model.make_vocab_size_divisible_by",
@@ -498,7 +501,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("autotuning", "DeepSpeed", None, R, "", "DeepSpeed's autotuner is not in nxd; `nxd-train plan` sizes a layout"),
     ("activation_checkpointing", "DeepSpeed", None, N, "",
      "DeepSpeed's own copy of checkpoint_activations' settings; nxd reads checkpoint_activations"),
-    ("sparse_attention", "DeepSpeed", None, N, "", "used only by sparse attention layers, which nxd refuses"),
+    ("sparse_attention", "DeepSpeed", None, N, "", "DeepSpeed's own copy of the sparse settings; NeoX's layers read "
+     "sparsity_config"),
     ("data_efficiency", "DeepSpeed", None, R, "", "DeepSpeed's data sampling and routing are not in nxd"),
     ("tensorboard", "DeepSpeed", None, N, "", "DeepSpeed's own monitor; nxd writes TensorBoard with tensorboard_dir"),
     ("wandb", "DeepSpeed", None, N, "", "DeepSpeed's own monitor"),

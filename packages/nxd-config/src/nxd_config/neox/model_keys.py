@@ -12,6 +12,7 @@ from .translation import Arguments, Translation, choice, typed
 ATTENTION_KINDS = ("global", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
                    "flash", "rwkv", "mamba")  # fmt: skip
 DENSE_ATTENTION = ("global", "flash")
+SPARSE_ATTENTION = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
 GATED = ("geglu", "reglu", "swiglu", "bilinear", "glu")
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "softsign": "softsign", "swish": "silu", "silu": "silu",
                "mish": "mish", "geglu": "geglu", "reglu": "reglu", "swiglu": "swiglu", "bilinear": "bilinear",
@@ -104,15 +105,55 @@ def model_keys(a: Arguments, t: Translation) -> None:
 
 
 def attention_keys(a: Arguments, t: Translation) -> None:
+    """attention_config's kinds as model.attention_layers (global and flash are both dense causal attention;
+    NeoX's sparse kinds are DeepSpeed's block layouts, set by sparsity_config)."""
     layers = a["num_layers"]
     kinds = expand_attention_config(t, a["attention_config"], layers if isinstance(layers, int) else None)
     if kinds is None:
         return
-    other = sorted(set(kinds) - set(DENSE_ATTENTION))
+    other = sorted(set(kinds) - set(DENSE_ATTENTION) - set(SPARSE_ATTENTION))
     if other:
-        t.refuse("attention_config", f"expected global or flash layers (dense causal attention), found "
+        t.refuse("attention_config", f"expected global, flash, {', '.join(SPARSE_ATTENTION)} layers, found "
                  f"{', '.join(other)}: nxd has no {', '.join(other)} layers")  # fmt: skip
     t.set("model.fusions.flash_attention", True, "attention_config")
+    sparse = sorted(set(kinds) & set(SPARSE_ATTENTION))
+    if sparse:
+        t.set("model.attention_layers", ["dense" if kind in DENSE_ATTENTION else kind for kind in kinds],
+              "attention_config")  # fmt: skip
+        if a["pos_emb"] == "alibi":
+            t.refuse("attention_config", f"expected global or flash layers with pos_emb: alibi, found "
+                     f"{', '.join(sparse)}: NeoX's sparse layers add no ALiBi bias, nxd's would")  # fmt: skip
+    sparsity_keys(a, t, bool(sparse))
+
+
+SPARSITY_KEYS = ("block", "different_layout_per_head", "num_local_blocks", "num_global_blocks",
+                 "num_different_global_patterns", "num_random_blocks", "local_window_blocks",
+                 "global_block_indices", "global_block_end_indices", "num_sliding_window_blocks")  # fmt: skip
+"""The sparsity_config entries NeoX reads (megatron/model/utils.py: configure_sparse_attention)."""
+SPARSITY_FIXED = {"mode": "attention_config sets each layer's kind",
+                  "attention": "NeoX's layers are always unidirectional",
+                  "horizontal_global_attention": "NeoX passes false (unidirectional layers)"}  # fmt: skip
+"""Entries of DeepSpeed's sparse_attention block NeoX accepts and overrides."""
+
+
+def sparsity_keys(a: Arguments, t: Translation, used: bool) -> None:
+    config = a["sparsity_config"]
+    if config in (None, {}):
+        return
+    if not isinstance(config, dict):
+        t.refuse("sparsity_config", f"expected a mapping of DeepSpeed's sparsity settings, found {show(config)}")
+        return
+    if not used:
+        t.notice("sparsity_config", "accepted, changes nothing here: attention_config names no sparse layer")
+        return
+    for name, value in config.items():
+        if name in SPARSITY_FIXED:
+            t.notice(f"sparsity_config.{name}", f"accepted, changes nothing here: {SPARSITY_FIXED[name]}")
+        elif name not in SPARSITY_KEYS:
+            t.refuse(f"sparsity_config.{name}", f"expected one of {', '.join(SPARSITY_KEYS)} (what NeoX reads), "
+                     f"found {name!r}")  # fmt: skip
+        else:
+            t.set(f"model.sparse_attention.{name}", value, "sparsity_config")
 
 
 def expand_attention_config(t: Translation, config: Any, layers: int | None) -> list[str] | None:

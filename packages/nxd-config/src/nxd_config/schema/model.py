@@ -110,6 +110,60 @@ class MoEConfig(Section):
     )
 
 
+_SPARSE = {"by": MODELS, "status": Status.EXTENSION}
+
+
+class SparseAttentionConfig(Section):
+    """DeepSpeed's block-sparse layouts for the layers `attention_layers` names (GPT-NeoX's sparsity_config),
+    always causal: a token attends a key when their blocks are in the layout and the key is not in its future. Keys
+    a layout kind does not read change nothing for it."""
+
+    block: int = key(16, "Tokens per block, each way.", ge=1, note="GPT-NeoX's sparsity_config.block", **_SPARSE)
+    different_layout_per_head: bool = key(
+        False, "Each head builds its own layout (its own random blocks; sparse_fixed: its own global pattern); "
+        "false: every head has head 0's. local layers always share one.",
+        note="GPT-NeoX's sparsity_config.different_layout_per_head", **_SPARSE,
+    )  # fmt: skip
+    num_local_blocks: int | None = key(
+        None, "sparse_fixed: blocks per local window (null: 4). local: the sliding window in blocks, centred, so "
+        "a row sees window // 2 blocks back (null: num_sliding_window_blocks, else 4).", ge=1,
+        note="GPT-NeoX's sparsity_config.num_local_blocks", **_SPARSE,
+    )  # fmt: skip
+    num_global_blocks: int = key(
+        1, "sparse_fixed: the blocks of each local window every later row sees (the window's last ones). bigbird: "
+        "the first blocks, seen by every row.", ge=1, note="GPT-NeoX's sparsity_config.num_global_blocks", **_SPARSE,
+    )  # fmt: skip
+    num_different_global_patterns: int = key(
+        1, "sparse_fixed with different_layout_per_head: head h takes the (h mod this)-th global group from a "
+        "window's end.", ge=1, note="GPT-NeoX's sparsity_config.num_different_global_patterns", **_SPARSE,
+    )  # fmt: skip
+    num_random_blocks: int | None = key(
+        None, "sparse_variable and bigbird: random blocks per row (bigbird draws past ones), drawn with the run's "
+        "seed and the layer's number (null: 0 for sparse_variable, 1 for bigbird).", ge=0,
+        note="GPT-NeoX's sparsity_config.num_random_blocks", **_SPARSE,
+    )  # fmt: skip
+    local_window_blocks: frozen_list(int) = key(
+        (4,), "sparse_variable: the sizes in blocks of consecutive local windows; the last repeats to the end.",
+        note="GPT-NeoX's sparsity_config.local_window_blocks", **_SPARSE,
+    )  # fmt: skip
+    global_block_indices: frozen_list(int) = key(
+        (0,), "sparse_variable and bslongformer: the global blocks every later row sees (bslongformer's also see "
+        "every earlier block); with global_block_end_indices, where each global range starts.",
+        note="GPT-NeoX's sparsity_config.global_block_indices", **_SPARSE,
+    )  # fmt: skip
+    global_block_end_indices: frozen_list(int) | None = key(
+        None, "The end (exclusive) of each global range, one per global_block_indices.",
+        note="GPT-NeoX's sparsity_config.global_block_end_indices", **_SPARSE,
+    )  # fmt: skip
+    num_sliding_window_blocks: int | None = key(
+        None, "bigbird and bslongformer: the sliding window in blocks, centred (null: 3).", ge=1,
+        note="GPT-NeoX's sparsity_config.num_sliding_window_blocks", **_SPARSE,
+    )  # fmt: skip
+
+
+AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer"]
+
+
 class ModelConfig(Section):
     # --- common to Megatron-style and Hugging Face models
     hf_model_config: str | None = key(
@@ -301,6 +355,18 @@ class ModelConfig(Section):
         by=MODELS,
         ge=1,
     )
+    attention_layers: frozen_list(AttentionKind) | None = key(
+        None,
+        "The attention of each decoder layer, one kind per layer: dense (causal attention over every earlier "
+        "token), or a block-sparse layout of DeepSpeed's (local, sparse_fixed, sparse_variable, bigbird, "
+        "bslongformer; see sparse_attention). null: dense everywhere. Sparse layers take no context parallelism "
+        "and drop their output with attention_dropout, as GPT-NeoX's do.",
+        by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's attention_config; NxDT has no such key",
+    )  # fmt: skip
+    sparse_attention: SparseAttentionConfig = key(
+        SparseAttentionConfig(), "The block-sparse layouts' settings.", by=MODELS, status=Status.EXTENSION,
+        note="GPT-NeoX's sparsity_config; NxDT has no such key",
+    )  # fmt: skip
     moe: MoEConfig | None = key(
         None,
         "Mixture-of-experts layers (see the moe keys); null builds dense MLPs. With model_source: hf the "
