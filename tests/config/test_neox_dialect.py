@@ -758,3 +758,13 @@ def test_launcher_keys_size_the_run_and_shape_its_job(tmp_path):
     assert load(tmp_path, MODEL | keys | {"launcher": "slurm"}).trainer.cluster.scheduler == "slurm"
     with pytest.raises(ConfigError, match=r"exclude: 'x' is not a host of the hostfile"):
         load(tmp_path, MODEL | keys | {"exclude": "x"})
+
+
+def test_shared_layers_map_and_a_style_alone_is_noticed(tmp_path):
+    model = load(tmp_path, {**MODEL, "num_unique_layers": 2, "param_sharing_style": "spaced"}).model
+    assert (model.num_unique_layers, model.param_sharing_style) == (2, "spaced")
+    found = notices(tmp_path, {**MODEL, "param_sharing_style": "spaced"})
+    assert any("param_sharing_style: accepted, changes nothing here" in line for line in found), found
+    found = errors(tmp_path, {**MODEL, "num_unique_layers": 3})
+    assert any("num_unique_layers (nxd: model.num_unique_layers): expected a divisor of num_layers (4), found 3" in line
+               for line in found), found

@@ -462,3 +462,28 @@ def test_sparse_attention_settings_without_sparse_layers_are_a_notice(minimal) -
         load_config(minimal)
     assert [str(w.message) for w in record] == ["model.sparse_attention: acted on only by sparse layers (model."
                                                 "attention_layers); with none it changes nothing"]
+
+
+def test_shared_layers_divide_the_stack_and_stay_on_one_stage_without_sequence_parallelism(minimal) -> None:
+    layers = minimal["model"]["num_layers"]
+    minimal["model"]["num_unique_layers"] = layers + 1
+    assert errors(minimal) == [f"model.num_unique_layers: expected a divisor of num_layers ({layers}), found "
+                               f"{layers + 1}"]
+    minimal["model"]["num_unique_layers"] = 1
+    minimal["distributed_strategy"].update(sequence_parallel=True, tensor_model_parallel_size=2)
+    minimal["model"]["attention_layers"] = ["local"] * layers
+    assert errors(minimal) == [
+        "model.num_unique_layers: sequence parallelism splits the sequence as the first layer begins, and a shared "
+        "first layer begins at several positions; expected distributed_strategy.sequence_parallel false with it, "
+        "found true",
+        "model.attention_layers: a kind per layer, and model.num_unique_layers shares layers; expected one of them "
+        "unset",
+    ]
+
+
+def test_a_sharing_style_without_shared_layers_is_a_notice(minimal) -> None:
+    minimal["model"]["param_sharing_style"] = "spaced"
+    with pytest.warns(ConfigNotice) as record:
+        load_config(minimal)
+    assert [str(w.message) for w in record] == ["model.param_sharing_style: acted on only with model.num_unique_layers; "
+                                                "without it every layer has its own weights"]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from nxd_models import GPTConfig, build_causal_lm
+from nxd_models import GPTConfig, ModelConfigError, build_causal_lm
 from nxd_models.activations import ACTIVATIONS
 from nxd_models.attention import AttentionKernel, CoreAttention
 from nxd_models.init_methods import init_weight
@@ -270,3 +270,53 @@ def test_model_inits_follow_init_method_and_output_layer_init_method():
         assert weight.std().item() == pytest.approx(small, rel=0.1)
     for weight in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
         assert weight.std().item() == pytest.approx(wang, rel=0.1)
+
+
+@pytest.mark.parametrize(("style", "order"), [("grouped", (0, 1, 0, 1)), ("spaced", (0, 0, 1, 1))])
+def test_shared_layers_compute_a_stack_of_copies_and_gather_their_gradients(style, order):
+    """Megatron's parameter sharing against an unshared four-layer model holding copies of the two layers in the
+    reference's order (grouped [1, 2, 1, 2], spaced [1, 1, 2, 2]): equal logits, and each shared weight's gradient
+    is the sum of its copies'."""
+    shape = dict(num_layers=4, hidden_dropout=0.0, attention_dropout=0.0, position_embedding_type="rope")
+    shared = build_causal_lm(_config(**shape, num_unique_layers=2, param_sharing_style=style), seed=0)
+    stack = build_causal_lm(_config(**shape), seed=1)
+    assert shared.config.layer_order == order and len(shared.model.layers) == 2
+    weights = {name: value for name, value in shared.state_dict().items() if not name.startswith("model.layers.")}
+    for position, unique in enumerate(order):
+        prefix = f"model.layers.{unique}."
+        weights |= {name.replace(prefix, f"model.layers.{position}."): value
+                    for name, value in shared.state_dict().items() if name.startswith(prefix)}  # fmt: skip
+    stack.load_state_dict(weights)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    shared(ids).logsumexp(-1).sum().backward()
+    stack(ids).logsumexp(-1).sum().backward()
+    assert torch.allclose(shared(ids), stack(ids), atol=1e-6)
+    for unique in range(2):
+        copies = [position for position, index in enumerate(order) if index == unique]
+        found = shared.model.layers[unique].mlp.up_proj.weight.grad
+        expected = sum(stack.model.layers[position].mlp.up_proj.weight.grad for position in copies)
+        assert torch.allclose(found, expected, atol=1e-6)
+
+
+def test_shared_layers_decode_with_a_cache_per_position():
+    from nxd_models.decoding import decoding_cache, decoding_logits
+
+    model = build_causal_lm(_config(num_layers=4, num_unique_layers=2, position_embedding_type="rope"), seed=0)
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = model.eval()(ids)
+        cache = decoding_cache(model)
+        first = decoding_logits(model, ids[:, :5], torch.arange(5)[None], cache)
+        rest = decoding_logits(model, ids[:, 5:], torch.arange(5, 8)[None], cache)
+    assert torch.allclose(torch.cat([first, rest], 1), whole, atol=1e-5)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(num_unique_layers=3), "model.num_unique_layers: expected a divisor of num_layers (4), found 3"),
+    (dict(num_unique_layers=2, param_sharing_style="mixed"), "model.param_sharing_style: expected one of grouped, "
+                                                             "spaced, found 'mixed'"),
+])  # fmt: skip
+def test_sharing_mistakes_are_named(changes, message):
+    with pytest.raises(ModelConfigError) as caught:
+        _config(num_layers=4, **changes)
+    assert message in caught.value.problems

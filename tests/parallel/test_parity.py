@@ -87,6 +87,8 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("sparse-dp2-zero1-full-recompute", "sparse", layers=6,
                      layout=Layout(zero1=True, recompute="full")),
             Scenario("sparse-tp2-documents", "sparse", tp=2, layers=6, documents=True),
+            Scenario("shared-tp2", "shared", tp=2, layers=4),
+            Scenario("shared-dp2-zero3", "shared", layers=4, layout=Layout(zero1=True, zero3=True)),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -101,6 +103,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("rpe-tp2-sp", "rpe", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("qk-tp2-sp", "qk", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("sparse-tp2-sp", "sparse", tp=2, layers=6, layout=Layout(sequence_parallel=True), clip=0.5),
+        Scenario("shared-dp2-zero1-full-recompute", "shared", layers=4, layout=Layout(zero1=True, recompute="full")),
     ]  # fmt: skip
 
 

@@ -144,6 +144,7 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConf
         output_layer_init_method=m.output_layer_init_method, qkv_linear=m.qkv_linear, fuse_qkv=m.fuse_qkv,
         sliding_window=m.sliding_window_size, loss_chunk_tokens=m.fusions.loss_chunk_tokens, moe=moe_spec(m.moe),
         attention_layers=m.attention_layers, sparsity=sparsity_spec(m.sparse_attention, cfg.seed),
+        num_unique_layers=m.num_unique_layers, param_sharing_style=m.param_sharing_style,
     )  # fmt: skip
 
 

@@ -34,7 +34,7 @@ MEGATRON_ONLY = (
     "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
     "has_bias", "sliding_window_size", "attention_bias", "mlp_bias", "init_method", "output_layer_init_method",
     "position_embedding_offset", "rpe_num_buckets", "rpe_max_distance", "qk_layernorm", "attention_layers",
-    "sparse_attention",
+    "sparse_attention", "num_unique_layers", "param_sharing_style",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -326,6 +326,24 @@ def _attention_layers(c: NxdConfig) -> Iterator[Finding]:
     if m.attention_layers is not None and m.num_layers is not None and len(m.attention_layers) != m.num_layers:
         yield error(key, f"expected one kind per layer (num_layers: {m.num_layers}), found "
                     f"{len(m.attention_layers)}", key, "model.num_layers")  # fmt: skip
+    unique, layers = m.num_unique_layers, m.num_layers
+    if unique is not None and layers is not None and (unique > layers or layers % unique):
+        yield error("model.num_unique_layers", f"expected a divisor of num_layers ({layers}), found {unique}",
+                    "model.num_unique_layers", "model.num_layers")  # fmt: skip
+    if unique is not None and unique != layers and c.distributed_strategy.pipeline_model_parallel_size > 1:
+        yield error("model.num_unique_layers", f"a shared layer runs at several positions, which pipeline stages "
+                    f"would hold apart; expected {PP} 1, found {c.distributed_strategy.pipeline_model_parallel_size}",
+                    "model.num_unique_layers", PP)  # fmt: skip
+    if unique is not None and unique != layers and c.distributed_strategy.sequence_parallel:
+        yield error("model.num_unique_layers", f"sequence parallelism splits the sequence as the first layer begins, "
+                    f"and a shared first layer begins at several positions; expected {SP} false with it, found true",
+                    "model.num_unique_layers", SP)  # fmt: skip
+    if unique is not None and unique != layers and m.attention_layers is not None:
+        yield error(key, "a kind per layer, and model.num_unique_layers shares layers; expected one of them unset",
+                    key, "model.num_unique_layers")  # fmt: skip
+    if unique is None and m.is_set("param_sharing_style"):
+        yield notice("model.param_sharing_style", "acted on only with model.num_unique_layers; without it every "
+                     "layer has its own weights", "model.param_sharing_style", "model.num_unique_layers")  # fmt: skip
     sparse = sorted(kinds - {"dense"})
     if sparse and c.distributed_strategy.context_parallel_size > 1:
         yield error(key, f"{', '.join(sparse)} layers attend by a block layout, which ring attention does not take; "

@@ -30,7 +30,7 @@ from .attention import (
 )
 from .errors import ModelConfigError
 from .init_methods import INIT_METHODS, init_weight, normal_std
-from .kv_cache import KVCache, decoding_mask
+from .kv_cache import KVCache, LayerCache, decoding_mask
 from .moe import Experts, MoELayer, MoESpec
 from .norms import NORMS, QueryKeyNorm, ScaleNorm, build_norm
 from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoidal_embedding
@@ -96,6 +96,12 @@ class GPTConfig:
     """One attention kind per layer (`LAYER_KINDS`: dense or a block-sparse layout); None: dense everywhere."""
     sparsity: SparsitySpec = SparsitySpec()
     """The block-sparse layouts' settings (GPT-NeoX's sparsity_config)."""
+    num_unique_layers: int | None = None
+    """Layers with their own weights (Megatron's parameter sharing): num_layers positions run these in
+    `param_sharing_style` order; None: every layer its own."""
+    param_sharing_style: str = "grouped"
+    """grouped: position i runs unique layer i mod num_unique_layers ([1, 2, 1, 2]); spaced: i // (num_layers /
+    num_unique_layers) ([1, 1, 2, 2])."""
     loss_chunk_tokens: int = 0
     """Per-token losses are computed this many tokens at a time (see `chunked_token_cross_entropy`);
     0 computes the whole micro-batch's logits at once."""
@@ -148,6 +154,19 @@ class GPTConfig:
     def attention_kind(self, layer_number: int) -> str:
         """The attention kind of layer `layer_number` (1-based)."""
         return "dense" if self.attention_layers is None else self.attention_layers[layer_number - 1]
+
+    @property
+    def unique_layers(self) -> int:
+        """The decoder layers the model holds (each with its own weights)."""
+        return self.num_unique_layers or self.num_layers
+
+    @property
+    def layer_order(self) -> tuple[int, ...]:
+        """For each of the num_layers positions, the index of the unique layer it runs."""
+        unique = self.unique_layers
+        if self.param_sharing_style == "spaced":
+            return tuple(index // (self.num_layers // unique) for index in range(self.num_layers))
+        return tuple(index % unique for index in range(self.num_layers))
 
     @property
     def max_positions(self) -> int:
@@ -209,6 +228,16 @@ def _problems(c: GPTConfig) -> list[str]:
         found.append(f"model.rotary_percentage: rotates {c.rotary_dim} of {c.head_dim} dims; expected at least 2")
     if c.sliding_window is not None and c.sliding_window < 1:  # one wider than the sequence masks nothing
         found.append(f"model.sliding_window_size: expected at least 1, found {c.sliding_window}")
+    if c.num_unique_layers is not None:
+        if not 1 <= c.num_unique_layers <= c.num_layers or c.num_layers % c.num_unique_layers:
+            found.append(f"model.num_unique_layers: expected a divisor of num_layers ({c.num_layers}), found "
+                         f"{c.num_unique_layers}")  # fmt: skip
+        if c.param_sharing_style not in SHARING_STYLES:
+            found.append(f"model.param_sharing_style: expected one of {', '.join(SHARING_STYLES)}, found "
+                         f"{c.param_sharing_style!r}")  # fmt: skip
+        if c.attention_layers is not None and c.num_unique_layers != c.num_layers:
+            found.append("model.attention_layers: a kind per layer, and model.num_unique_layers shares layers; "
+                         "expected one of them unset")  # fmt: skip
     if c.attention_layers is not None:
         kinds = set(c.attention_layers)
         if len(c.attention_layers) != c.num_layers:
@@ -233,6 +262,8 @@ BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
 """pre_ln: sequential pre-norm blocks; gpt_j: attention and MLP in parallel from one norm of the input;
 gpt_neox: in parallel from two norms of the input (GPT-NeoX's gpt_j_residual, Pythia)."""
 POSITIONS = ("learned_absolute", "rope", "sinusoidal", "alibi", "rpe", "none")
+SHARING_STYLES = ("grouped", "spaced")
+"""How shared layers repeat (see `GPTConfig.param_sharing_style`)."""
 SCORE_BIASES = ("alibi", "rpe")
 """Positions added to the attention scores: the unfused and math kernels take them with masks, not spans."""
 
@@ -272,7 +303,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
                 allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
-                cache: KVCache | None = None, position_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                cache: LayerCache | None = None,
+                position_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """`position_bias` (this rank's heads, seq, keys): rpe's bias on the scores, shared by every layer."""
         batch, seq, _ = hidden.shape
         head_dim = self.config.head_dim
@@ -288,7 +320,7 @@ class SelfAttention(nn.Module):
         if rotary is not None:
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
         if cache is not None:  # attend over every token seen so far
-            key, value = cache.extend(self.core_attention.layer_number, key, value)
+            key, value = cache.extend(key, value)
         bias = position_bias
         if self.alibi is not None:
             local = query.shape[1]
@@ -370,7 +402,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
                 allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
-                cache: KVCache | None = None, position_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                cache: LayerCache | None = None,
+                position_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         normed = self.input_layernorm(hidden)
         attention = self.dropout(self.self_attn(normed, rotary, allowed, documents, cache, position_bias))
         if self.block == "pre_ln":
@@ -392,8 +425,9 @@ class GPTDecoder(nn.Module):
                                                                config.rpe_num_buckets, config.rpe_max_distance)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, number, kernel) for number in range(1, config.num_layers + 1)
+            DecoderLayer(config, number, kernel) for number in range(1, config.unique_layers + 1)
         )
+        """The unique layers; the stack runs them in `config.layer_order` (each once without sharing)."""
         self.norm = _norm(config)
         self.context_parallel = False
         """Set by `use_context_parallel`: the layers' attention covers a split sequence."""
@@ -403,8 +437,9 @@ class GPTDecoder(nn.Module):
         hidden = input_ids  # a later pipeline stage (no embeddings) takes the residual stream
         if self.embed_tokens is not None:
             hidden = self.embedding_dropout(self.embed(input_ids, position_ids))
-        hidden = self.run_layers([layer for layer in self.layers if layer is not None], hidden, position_ids,
-                                 document_ids, cache)  # fmt: skip
+        stack = [self.layers[index] for index in self.config.layer_order] if self.config.num_unique_layers \
+            else [layer for layer in self.layers if layer is not None]  # fmt: skip
+        hidden = self.run_layers(stack, hidden, position_ids, document_ids, cache)
         return hidden if self.norm is None else self.norm(hidden)
 
     def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -441,8 +476,8 @@ class GPTDecoder(nn.Module):
             rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, hidden.dtype)
         elif self.config.position_embedding_type == "rpe":
             bias = self.relative_position_bias(seq, 0 if cache is None else cache.length)
-        for layer in layers:
-            hidden = layer(hidden, rotary, allowed, document_ids, cache, bias)
+        for position, layer in enumerate(layers):  # a shared layer caches each position's keys apart
+            hidden = layer(hidden, rotary, allowed, document_ids, None if cache is None else cache.slot(position), bias)
         return hidden
 
 

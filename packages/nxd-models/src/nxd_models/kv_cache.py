@@ -14,8 +14,9 @@ import torch
 
 
 class KVCache:
-    """The keys and values (batch, heads, tokens, head_dim) each attention layer has seen, by layer number. Each
-    layer's are written into a buffer that doubles when full, so a token costs no copy of the past ones."""
+    """The keys and values (batch, heads, tokens, head_dim) each attention layer has seen, by the layer's position
+    in the stack (a shared layer runs at several). Each position's are written into a buffer that doubles when
+    full, so a token costs no copy of the past ones."""
 
     def __init__(self) -> None:
         self._layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -26,8 +27,12 @@ class KVCache:
         """Tokens cached (the position the next token takes)."""
         return next(iter(self._length.values()), 0)
 
+    def slot(self, position: int) -> LayerCache:
+        """The cache of the layer at `position` in the stack."""
+        return LayerCache(self, position)
+
     def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this call's keys and values to layer `layer`'s; returns every cached key and value."""
+        """Append this call's keys and values to position `layer`'s; returns every cached key and value."""
         past, new = self._length.get(layer, 0), key.shape[2]
         keys, values = self._layers.get(layer, (None, None))
         if keys is None or past + new > keys.shape[2]:
@@ -41,6 +46,16 @@ class KVCache:
         keys[:, :, past:past + new], values[:, :, past:past + new] = key, value
         self._length[layer] = past + new
         return keys[:, :, :past + new], values[:, :, :past + new]
+
+
+class LayerCache:
+    """One position's part of a `KVCache`: what an attention layer extends."""
+
+    def __init__(self, cache: KVCache, position: int):
+        self.cache, self.position = cache, position
+
+    def extend(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.extend(self.position, key, value)
 
 
 def decoding_mask(past: int, seq: int, window: int | None, device: torch.device) -> torch.Tensor | None:

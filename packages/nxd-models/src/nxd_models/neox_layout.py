@@ -53,6 +53,9 @@ def neox_layout(config: GPTConfig) -> NeoXLayout:
     if config.position_embedding_type == "rpe":
         raise ModelConfigError("a GPT-NeoX checkpoint of an rpe model keeps a copy of the bucket table in every "
                                "layer (each pipeline stage trains its own); nxd does not read or write one")
+    if config.num_unique_layers not in (None, config.num_layers):
+        raise ModelConfigError("a GPT-NeoX checkpoint holds every layer's own weights; nxd does not read or write one "
+                               "of a model whose layers share them (num_unique_layers)")  # fmt: skip
     layers, parallel = config.num_layers, config.transformer_block_type != "pre_ln"
     norm_names = {"layernorm": ("weight", "bias"), "rmsnorm": ("scale",), "scalenorm": ("g",),
                   "non_parametric_layernorm": ()}[config.normalization]  # fmt: skip

@@ -160,8 +160,11 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("sparsity_config", "Model", None, M, "model.sparse_attention",
      "each entry NeoX reads becomes model.sparse_attention's; mode, attention and horizontal_global_attention are "
      "noticed (NeoX overrides them); random blocks are drawn with the run's seed"),
-    ("num_unique_layers", "Model", None, R, "", "layers sharing parameters are not in nxd; remove it"),
-    ("param_sharing_style", "Model", "grouped", N, "", "used only with num_unique_layers (refused)"),
+    ("num_unique_layers", "Model", None, M, "model.num_unique_layers",
+     "Megatron's parameter sharing: the layers run the unique ones' weights in param_sharing_style's order, with "
+     "one pipeline stage (NeoX's reference: only with pipe_parallel_size 0; nxd also takes 1, one stage)"),
+    ("param_sharing_style", "Model", "grouped", M, "model.param_sharing_style",
+     "grouped [1, 2, 1, 2] or spaced [1, 1, 2, 2], as the reference orders them"),
     ("make_vocab_size_divisible_by", "Model", 128, M, "model.make_vocab_size_divisible_by",
      "padded to a multiple of it times the tensor-parallel size, as NeoX pads"),
     ("activation", "Model", "gelu", M, "model.activation",

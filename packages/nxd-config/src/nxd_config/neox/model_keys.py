@@ -104,6 +104,20 @@ def model_keys(a: Arguments, t: Translation) -> None:
                  "adds it to the scaled scores unscaled")  # fmt: skip
 
 
+def sharing_keys(a: Arguments, t: Translation) -> None:
+    """num_unique_layers and param_sharing_style (Megatron's parameter sharing)."""
+    unique = typed(t, a, "num_unique_layers", int, "a whole number of layers")
+    style = choice(t, a, "param_sharing_style", ("grouped", "spaced"))
+    if unique is None:
+        if a.given("param_sharing_style"):
+            t.notice("param_sharing_style", "accepted, changes nothing here: it orders the layers num_unique_layers "
+                     "shares, and the file sets none")  # fmt: skip
+        return
+    t.set("model.num_unique_layers", unique, "num_unique_layers")
+    if style is not None:
+        t.set("model.param_sharing_style", style, "param_sharing_style")
+
+
 def attention_keys(a: Arguments, t: Translation) -> None:
     """attention_config's kinds as model.attention_layers (global and flash are both dense causal attention;
     NeoX's sparse kinds are DeepSpeed's block layouts, set by sparsity_config)."""

@@ -363,6 +363,17 @@ class ModelConfig(Section):
         "and drop their output with attention_dropout, as GPT-NeoX's do.",
         by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's attention_config; NxDT has no such key",
     )  # fmt: skip
+    num_unique_layers: int | None = key(
+        None, "Decoder layers with their own weights (Megatron's parameter sharing): the num_layers positions run "
+        "them in param_sharing_style's order; a divisor of num_layers; null: every layer its own. Not with pipeline "
+        "parallelism (a shared layer would live on several stages) or attention_layers.", by=MODELS, ge=1,
+        status=Status.EXTENSION, note="GPT-NeoX's num_unique_layers; NxDT has no such key",
+    )  # fmt: skip
+    param_sharing_style: Literal["grouped", "spaced"] = key(
+        "grouped", "With num_unique_layers: grouped runs unique layer i mod num_unique_layers at position i (4 "
+        "layers, 2 unique: [1, 2, 1, 2]); spaced runs i // (num_layers / num_unique_layers) ([1, 1, 2, 2]).",
+        by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's param_sharing_style; NxDT has no such key",
+    )  # fmt: skip
     sparse_attention: SparseAttentionConfig = key(
         SparseAttentionConfig(), "The block-sparse layouts' settings.", by=MODELS, status=Status.EXTENSION,
         note="GPT-NeoX's sparsity_config; NxDT has no such key",
