@@ -446,6 +446,12 @@ def test_moe_keys_become_the_dropless_top_k_moe(tmp_path):
     assert (moe.num_experts, moe.top_k, moe.frequency, moe.dropless, moe.routing_algorithm) == (4, 2, 1, True, "top_k")
     assert moe.normalize_top_k_affinities is False and moe.router_aux_loss_coef == 0.0
     assert c.distributed_strategy.expert_model_parallel_size == 2 and c.model.ffn_hidden_size == 256
+    assert moe.jitter_eps is None
+    jittered = {**MODEL, "moe_num_experts": 4, "moe_router_type": "topk", "moe_jitter_eps": 0.01}
+    assert load(tmp_path, jittered).model.moe.jitter_eps == 0.01
+    found = notices(tmp_path, {**MODEL, "moe_jitter_eps": 0.01})
+    assert any("moe_jitter_eps: accepted, changes nothing here: moe_num_experts makes no MoE layer" in line
+               for line in found), found
 
 
 def test_layout_keys(tmp_path):

@@ -487,3 +487,9 @@ def test_a_sharing_style_without_shared_layers_is_a_notice(minimal) -> None:
         load_config(minimal)
     assert [str(w.message) for w in record] == ["model.param_sharing_style: acted on only with model.num_unique_layers; "
                                                 "without it every layer has its own weights"]
+
+
+def test_router_jitter_is_the_top_k_routers(minimal) -> None:
+    minimal["model"]["moe"] = dict(MOE, routing_algorithm="sinkhorn", top_k=1, jitter_eps=0.01)
+    assert errors(minimal) == ["model.moe.jitter_eps: the top-k router jitters its input (GPT-NeoX's Sinkhorn router "
+                               "does not); expected routing_algorithm top_k with it, found sinkhorn"]

@@ -177,3 +177,43 @@ def test_capacity_never_exceeds_the_tokens() -> None:
     spec = MoESpec(num_experts=2, top_k=2, capacity_factor=4.0)
     assert expert_capacity(10, spec) == 10 and expert_capacity(10, MoESpec(num_experts=2)) is None
     assert expert_capacity(7, MoESpec(num_experts=4, top_k=2, capacity_factor=1.0)) == math.ceil(7 * 2 / 4)
+
+
+def test_jitter_scales_the_routers_input_by_uniform_noise_while_training_only() -> None:
+    """GPT-NeoX's TopKTokenChoiceRouter.jitter: x * (low + U[0, 1) * (high - low)), low = 1 - eps, high = 1 + eps;
+    the experts read the unjittered tokens."""
+    eps = 0.1
+    layer = _layer(MoESpec(num_experts=4, top_k=2, jitter_eps=eps), torch.randn(4, 2, generator=_seeded(1)))
+    seen = []
+    layer.router.register_forward_hook(lambda module, args, out: seen.append(args[0].detach().clone()))
+    tokens = torch.randn(2, 3, 2, generator=_seeded(2))
+    torch.manual_seed(7)
+    layer.train()(tokens)
+    torch.manual_seed(7)
+    noise = torch.rand(6, 2)
+    assert torch.allclose(seen[0], tokens.reshape(6, 2) * ((1 - eps) + noise * ((1 + eps) - (1 - eps))), atol=1e-7)
+    ratio = seen[0] / tokens.reshape(6, 2)
+    assert ratio.min() >= 1 - eps and ratio.max() < 1 + eps and not torch.allclose(ratio, torch.ones(6, 2))
+    layer.eval()(tokens)
+    assert torch.equal(seen[1], tokens.reshape(6, 2))
+
+
+def test_a_recomputed_jittered_layer_replays_the_forwards_noise() -> None:
+    """nxd-parallel's activation checkpointing (torch's composable checkpoint) restores the generator's state for
+    the replay, so the recomputed routing is the forward's."""
+    from nxd_parallel.activation_checkpointing import apply_activation_checkpointing
+
+    grads = []
+    for recompute in (False, True):
+        layer = _layer(MoESpec(num_experts=4, top_k=2, jitter_eps=0.3), torch.randn(4, 2, generator=_seeded(1)))
+        tokens = torch.randn(2, 5, 2, generator=_seeded(2), requires_grad=True)
+        if recompute:
+            apply_activation_checkpointing([layer])
+        torch.manual_seed(3)
+        layer(tokens).square().sum().backward()
+        grads.append((tokens.grad, layer.router.weight.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def _seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)

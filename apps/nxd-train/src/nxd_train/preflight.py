@@ -163,6 +163,7 @@ def moe_spec(moe: MoEConfig | None) -> MoESpec | None:
         capacity_factor=None if moe.dropless else moe.capacity_factor, dropout=moe.dropout,
         sinkhorn_iterations=moe.sinkhorn_iterations, sinkhorn_tol=moe.sinkhorn_tol,
         router_aux_loss=moe.output_router_logits, router_aux_loss_coef=moe.router_aux_loss_coef,
+        jitter_eps=moe.jitter_eps,
     )  # fmt: skip
 
 

@@ -373,6 +373,10 @@ def mixture_of_experts(c: NxdConfig) -> Iterator[Finding]:
     if moe.routing_algorithm == "sinkhorn" and moe.top_k != 1:
         yield error(f"{key}.routing_algorithm", f"sinkhorn balances top-1 routing only: expected top_k 1, found "
                     f"{moe.top_k}", f"{key}.routing_algorithm", f"{key}.top_k")  # fmt: skip
+    if moe.jitter_eps is not None and moe.routing_algorithm != "top_k":
+        yield error(f"{key}.jitter_eps", f"the top-k router jitters its input (GPT-NeoX's Sinkhorn router does not); "
+                    f"expected routing_algorithm top_k with it, found {moe.routing_algorithm}", f"{key}.jitter_eps",
+                    f"{key}.routing_algorithm")  # fmt: skip
     if moe.dropless and moe.capacity_factor:
         yield error(f"{key}.capacity_factor", f"expected 0.0 or null with dropless: True (no token is dropped), "
                     f"found {moe.capacity_factor}", f"{key}.capacity_factor", f"{key}.dropless")  # fmt: skip

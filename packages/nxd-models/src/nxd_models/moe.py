@@ -62,6 +62,9 @@ class MoESpec:
     router_aux_loss: bool = False
     """Compute the load-balancing loss (NxDT's output_router_logits)."""
     router_aux_loss_coef: float = 0.0
+    jitter_eps: float | None = None
+    """While training, the top-k router reads its input times uniform noise in [1 - eps, 1 + eps) (GPT-NeoX's
+    moe_jitter_eps); None: no jitter."""
 
     def __post_init__(self) -> None:
         problems = moe_problems(self)
@@ -87,6 +90,12 @@ def moe_problems(spec: MoESpec) -> list[str]:
     elif spec.routing == "sinkhorn" and spec.top_k != 1:
         found.append(f"{key}.routing_algorithm: sinkhorn balances top-1 routing only; expected top_k 1, "
                      f"found {spec.top_k}")  # fmt: skip
+    if spec.jitter_eps is not None and not 0 < spec.jitter_eps < 1:
+        found.append(f"{key}.jitter_eps: expected a fraction between 0 and 1 (the noise scales the router's input by "
+                     f"1 +- eps), found {spec.jitter_eps}")  # fmt: skip
+    elif spec.jitter_eps is not None and spec.routing != "top_k":
+        found.append(f"{key}.jitter_eps: the top-k router jitters its input (GPT-NeoX's Sinkhorn router does not); "
+                     f"expected routing_algorithm top_k with it, found {spec.routing}")  # fmt: skip
     if spec.router_activation not in ROUTER_ACTIVATIONS:
         found.append(f"{key}.router_activation: expected one of {', '.join(ROUTER_ACTIVATIONS)}, "
                      f"found {spec.router_activation!r}")  # fmt: skip
@@ -248,7 +257,7 @@ class MoELayer(nn.Module):
         shape = hidden.shape
         tokens = hidden.reshape(-1, shape[-1])
         with torch.autocast(tokens.device.type, enabled=False):  # the router in its parameters' dtype
-            logits = self.router(tokens.to(self.router.weight.dtype)).float()
+            logits = self.router(self._jittered(tokens.to(self.router.weight.dtype))).float()
         chosen, choice, weights = self._route(logits)
         pair_expert, pair_token = choice.t().nonzero(as_tuple=True)  # grouped by expert, then token order
         rows = self.dispatch(tokens[pair_token], choice.sum(0), self.experts)
@@ -262,6 +271,14 @@ class MoELayer(nn.Module):
         if aux is not None and self.aux_loss_weight and torch.is_grad_enabled():
             output = _AuxLossGradient.apply(output, aux, self.aux_loss_weight)
         return output
+
+    def _jittered(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The router's input, times 1 - eps + 2 eps u with u ~ U[0, 1) per value while training (drawn from torch's
+        generator, whose state activation recompute restores, so a replay draws the same noise)."""
+        eps = self.spec.jitter_eps
+        if not self.training or eps is None:
+            return tokens
+        return tokens * (1.0 - eps + torch.rand_like(tokens) * (2.0 * eps))
 
     def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens, experts) choices and those kept by capacity (bool), and the combine weights (fp32,

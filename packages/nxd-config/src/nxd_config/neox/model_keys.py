@@ -296,6 +296,8 @@ def moe_keys(a: Arguments, t: Translation) -> None:
     interval = a[interval_key] if interval_key in a.values else 1
     t.set("distributed_strategy.expert_model_parallel_size", a["moe_expert_parallel_size"], "moe_expert_parallel_size")
     if experts is None or experts <= 1:
+        if a.given("moe_jitter_eps"):
+            t.notice("moe_jitter_eps", "accepted, changes nothing here: moe_num_experts makes no MoE layer")
         return
     if router != "topk":
         t.refuse("moe_router_type", f"expected topk, found {show(router)}: GPT-NeoX's sinkhorn (three balancing "
@@ -316,4 +318,6 @@ def moe_keys(a: Arguments, t: Translation) -> None:
           "moe_num_experts", "moe_top_k", "moe_router_type")  # fmt: skip
     for part, key in (("num_experts", "moe_num_experts"), ("top_k", "moe_top_k"), ("frequency", interval_key)):
         t.claim(f"model.moe.{part}", key)
+    if a["moe_jitter_eps"] is not None:
+        t.set("model.moe.jitter_eps", typed(t, a, "moe_jitter_eps", float, "a fraction"), "moe_jitter_eps")
 

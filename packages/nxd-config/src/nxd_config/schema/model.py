@@ -108,6 +108,12 @@ class MoEConfig(Section):
     normalize_top_k_affinities: bool = key(
         False, "Rescale each token's kept affinities to sum to 1 (Mixtral's routing).", by=MODELS
     )
+    jitter_eps: float | None = key(
+        None, "While training, the top-k router reads its input times uniform noise drawn in [1 - jitter_eps, 1 + "
+        "jitter_eps) for each value (activation recompute draws the same); null: no jitter. Only with "
+        "routing_algorithm top_k.", by=MODELS, gt=0.0, lt=1.0, status=Status.EXTENSION,
+        note="GPT-NeoX's moe_jitter_eps; NxDT has no such key",
+    )  # fmt: skip
 
 
 _SPARSE = {"by": MODELS, "status": Status.EXTENSION}
