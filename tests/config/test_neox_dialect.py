@@ -774,3 +774,16 @@ def test_shared_layers_map_and_a_style_alone_is_noticed(tmp_path):
     found = errors(tmp_path, {**MODEL, "num_unique_layers": 3})
     assert any("num_unique_layers (nxd: model.num_unique_layers): expected a divisor of num_layers (4), found 3" in line
                for line in found), found
+
+
+def test_soft_prompt_tuning_becomes_the_soft_prompt_when_enabled(tmp_path):
+    prompt = {"enabled": True, "n_tokens": 6, "init_string": "def main", "init_range": 0.25}
+    soft = load(tmp_path, {**MODEL, "soft_prompt_tuning": prompt}).model.soft_prompt
+    assert (soft.n_tokens, soft.init_string, soft.init_range) == (6, "def main", 0.25)
+    assert load(tmp_path, {**MODEL, "soft_prompt_tuning": {"enabled": True, "num_tokens": 4}}).model.soft_prompt.n_tokens == 4
+    found = notices(tmp_path, {**MODEL, "soft_prompt_tuning": {"n_tokens": 6}})
+    assert any("soft_prompt_tuning: accepted, changes nothing here: NeoX prompt-tunes only with enabled: true" in line
+               for line in found), found
+    found = errors(tmp_path, {**MODEL, "soft_prompt_tuning": {"enabled": True, "tokens": 6}})
+    assert any("soft_prompt_tuning.tokens: expected entries among enabled, n_tokens, num_tokens, init_string, "
+               "init_range, found tokens" in line for line in found), found

@@ -493,3 +493,21 @@ def test_router_jitter_is_the_top_k_routers(minimal) -> None:
     minimal["model"]["moe"] = dict(MOE, routing_algorithm="sinkhorn", top_k=1, jitter_eps=0.01)
     assert errors(minimal) == ["model.moe.jitter_eps: the top-k router jitters its input (GPT-NeoX's Sinkhorn router "
                                "does not); expected routing_algorithm top_k with it, found sinkhorn"]
+
+
+def test_a_soft_prompt_trains_alone_on_one_stage_and_splits_evenly(minimal) -> None:
+    seq = load_config(minimal).seq_length
+    minimal["model"]["soft_prompt"] = {"n_tokens": 3}
+    minimal["distributed_strategy"].update(pipeline_model_parallel_size=2, tensor_model_parallel_size=2,
+                                           sequence_parallel=True)  # fmt: skip
+    minimal["model_alignment_strategy"] = {"dpo": {}, "peft": {"lora_rank": 4}}
+    found = errors(minimal)
+    assert "model.soft_prompt: the prompt enters before the first stage's layers and the last drops its positions; " \
+           "expected distributed_strategy.pipeline_model_parallel_size 1 with a soft prompt, found 2" in found
+    assert "model.soft_prompt: a soft prompt trains alone (every other weight frozen); expected no " \
+           "model_alignment_strategy.peft with it" in found
+    assert "model.soft_prompt: expected language-model training or sft with a soft prompt (GPT-NeoX's train_impl " \
+           "normal), found model_alignment_strategy.dpo" in found
+    assert ("model.soft_prompt.n_tokens: sequence parallelism splits the prompt and the sequence together; expected "
+            f"n_tokens + the sequence length ({seq}) to be a multiple of distributed_strategy.tensor_model_parallel_"
+            "size (2), found 3") in found

@@ -69,6 +69,8 @@ NEOX_SHAPES = {
                 activation="swiglu", qk_layernorm=True),
     "shared": dict(position_embedding_type="rope", num_unique_layers=2, param_sharing_style="grouped",
                    activation="swiglu"),
+    "prompt": dict(position_embedding_type="learned_absolute", max_position_embeddings=SEQ + 4, soft_prompt_tokens=4,
+                   soft_prompt_init_ids=(5, 9, 11)),
     "sparse": dict(position_embedding_type="rope", sparsity=SparsitySpec(
         block=4, different_layout_per_head=True, num_local_blocks=2, num_different_global_patterns=2,
         num_random_blocks=1, global_block_indices=(0, 2), global_block_end_indices=(1, 3), seed=5)),
@@ -82,7 +84,8 @@ keys too; a layernorm over all heads of each token's queries and keys ("qk"); T5
 buckets (rpe), 8 of them up to distance 12, so that a sequence of 16 reaches the shared last bucket, with rmsnorm
 on each head's queries and keys; DeepSpeed's block-sparse layers ("sparse": SPARSE_LAYERS in turn, blocks of 4
 tokens, a layout per head so that tensor-parallel ranks read their heads' own, random blocks); four layers running
-two layers' weights in turn (Megatron's parameter sharing, "shared")."""
+two layers' weights in turn (Megatron's parameter sharing, "shared"); a soft prompt of 4 vectors started from the
+embedding rows of three tokens, the only weights that train ("prompt")."""
 SPARSE_LAYERS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "dense")
 """The sparse shape's layers, in turn (six layers hold each kind once)."""
 

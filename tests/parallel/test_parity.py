@@ -89,6 +89,8 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("sparse-tp2-documents", "sparse", tp=2, layers=6, documents=True),
             Scenario("shared-tp2", "shared", tp=2, layers=4),
             Scenario("shared-dp2-zero3", "shared", layers=4, layout=Layout(zero1=True, zero3=True)),
+            Scenario("prompt-dp2-zero1", "prompt", layout=Layout(zero1=True)),
+            Scenario("prompt-tp2-documents", "prompt", tp=2, documents=True),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -104,6 +106,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("qk-tp2-sp", "qk", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("sparse-tp2-sp", "sparse", tp=2, layers=6, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("shared-dp2-zero1-full-recompute", "shared", layers=4, layout=Layout(zero1=True, recompute="full")),
+        Scenario("prompt-tp2-sp", "prompt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
     ]  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from nxd_config.neox.files import read_file
 from nxd_train.cli import main
 from nxd_train.corpus import default_cache_dir
 from nxd_train.preflight import PreflightError, plan_run
+from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from tests.conftest import TEXT
@@ -256,6 +257,30 @@ def test_a_neox_checkpoint_without_finetune_continues_at_its_iteration(tmp_path,
     steps = [row["step"] for row in continued if "loss" in row]
     assert steps == [3, 4]
     assert [row["lr"] for row in continued if "loss" in row] == [row["lr"] for row in whole if "loss" in row][2:]
+
+
+@pytest.mark.slow  # the default suite trains the prompt alone in tests/models and in two processes in tests/parallel
+def test_a_soft_prompt_tunes_a_neox_checkpoint_and_nothing_else_moves(tmp_path, neox_start):
+    """soft_prompt_tuning from a checkpoint GPT-NeoX wrote: the prompt starts as init_string's tokens' embedding rows
+    of the loaded weights, and from step 1 to step 3 only it changes."""
+    from nxd_ckpt import list_checkpoints
+
+    from tests.training_runs import saved_state
+
+    hf, neox, setup, _ = neox_start
+    prompt = ("soft_prompt_tuning={enabled: true, n_tokens: 4, init_string: def return}", "checkpoint_factor=1",
+              "max_position_embeddings=68")  # fmt: skip
+    _from(neox, setup, tmp_path, "prompted", *prompt)
+    steps = {info.step: info.path for info in list_checkpoints(tmp_path / "prompted" / "checkpoints")}
+    first, last = (saved_state(steps[step], "model")["model"] for step in (1, 3))
+    moved = sorted(key for key in first if not torch.equal(first[key], last[key]))
+    assert moved == ["model.soft_prompt.weight"], moved
+    config = load_config([NEOX / "pythia.yml", setup], ["bias_gelu_fusion=False", "make_vocab_size_divisible_by=256",
+                                                         *prompt])  # fmt: skip
+    spec = plan_run(config, default_cache_dir()).family.spec
+    tokenizer = Tokenizer.from_file(json.loads(setup.read_text())["vocab_file"])
+    assert spec.soft_prompt_init_ids == tuple(tokenizer.encode("def return", add_special_tokens=False).ids)
+    assert spec.soft_prompt_tokens == 4
 
 
 def test_neox_label_files_mask_what_they_say(tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir):

@@ -39,6 +39,7 @@ from nxd_ckpt import (
     neox_iteration,
     nxd_checkpoint_of,
     read_info,
+    saved_keys,
     template_fields,
 )
 from nxd_config import NxdConfig
@@ -235,6 +236,21 @@ def head_problem(family: ModelFamily, start: Resume | None) -> str | None:
     return None
 
 
+SOFT_PROMPT = "model.soft_prompt."
+"""The prefix of a soft prompt's weights."""
+
+
+def fresh_prefixes(family: ModelFamily, start: Resume) -> tuple[str, ...]:
+    """The weights a start of `family` from `start` leaves at their initial values: a reward model's score head
+    when it starts from a causal LM's weights, and a soft prompt the weights do not hold (prompt tuning starts a
+    model's weights with a new prompt; a prompt-tuned checkpoint holds its own)."""
+    fresh = () if loads_output_layer(family, start) else (OUTPUT_LAYER,)
+    if getattr(family.spec, "soft_prompt_tokens", 0) and (start.hugging_face or start.neox or not any(
+            SOFT_PROMPT in key for key in saved_keys(start.path))):  # fmt: skip
+        fresh += (SOFT_PROMPT,)
+    return fresh
+
+
 def loads_output_layer(family: ModelFamily, start: Resume) -> bool:
     """Whether the weights at `start` hold this model's output layer: not when a reward model starts
     from a causal LM (its score head keeps its initial values)."""
@@ -410,7 +426,7 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFa
     model's shapes) into `model`, whatever its layout (pipeline stages load their own parts). With `lora`
     they are the base model's weights, and the adapters keep their initial values; a reward model
     starting from a causal LM takes all but the output layer (its score head keeps its initial values)."""
-    skip = () if loads_output_layer(family, resume) else (OUTPUT_LAYER,)
+    skip = fresh_prefixes(family, resume)
     if not (resume.hugging_face or resume.neox):
         weights = model.state_dict() if lora is None else lora.base_weights(model)
         weights = {key: value for key, value in weights.items() if not key.startswith(skip)}
@@ -418,7 +434,7 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFa
         return
     live = {base_key(key): value for module in modules_of(model) for key, value in module.state_dict().items()
             if not is_adapter_key(key) and not base_key(key).startswith(skip)}  # fmt: skip
-    if skip:
+    if OUTPUT_LAYER in skip:
         family = family.with_head("causal_lm")  # read through the base's own mapping, its output layer left
     if resume.neox:
         load_neox_weights(resume.path, family.neox_layout(), family.parameter_shapes(), live)

@@ -51,7 +51,14 @@ from .checkpointing import (
     resume_choice,
     save_policy,
 )
-from .data import DataSplits, ModelVocabulary, build_datasets, data_left_out, unavailable_data_keys
+from .data import (
+    DataSplits,
+    ModelVocabulary,
+    build_datasets,
+    data_left_out,
+    run_tokenizer,
+    unavailable_data_keys,
+)
 from .interrupts import Preemption
 from .launcher_check import Job, job_of, launcher_world, restarted
 from .layout_check import layout_problems
@@ -123,8 +130,8 @@ def _optimizer_problems(cfg: NxdConfig) -> list[str]:
     return found
 
 
-def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConfig:
-    m = cfg.model
+def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids: tuple[int, ...] = ()) -> GPTConfig:
+    m, prompt = cfg.model, cfg.model.soft_prompt
     return GPTConfig(
         vocab_size=vocab_size, num_layers=m.num_layers, hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads, seq_length=seq_length, ffn_hidden_size=m.ffn_hidden_size,
@@ -145,6 +152,8 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int) -> GPTConf
         sliding_window=m.sliding_window_size, loss_chunk_tokens=m.fusions.loss_chunk_tokens, moe=moe_spec(m.moe),
         attention_layers=m.attention_layers, sparsity=sparsity_spec(m.sparse_attention, cfg.seed),
         num_unique_layers=m.num_unique_layers, param_sharing_style=m.param_sharing_style,
+        soft_prompt_tokens=0 if prompt is None else prompt.n_tokens,
+        soft_prompt_init_range=0.5 if prompt is None else prompt.init_range, soft_prompt_init_ids=prompt_ids,
     )  # fmt: skip
 
 
@@ -496,11 +505,14 @@ def _model_size_problem(cfg: NxdConfig, family: ModelFamily | LoraFamily) -> str
     return None
 
 
-def _family(cfg: NxdConfig, vocab_size: int, seq_length: int) -> ModelFamily | LoraFamily:
-    """The model family, with LoRA adapters when `model_alignment_strategy.peft` asks for them."""
-    model = _hf_model if cfg.model_source == "hf" else _megatron_model
+def _family(cfg: NxdConfig, vocab_size: int, seq_length: int,
+            prompt_ids: tuple[int, ...] = ()) -> ModelFamily | LoraFamily:  # fmt: skip
+    """The model family, with LoRA adapters when `model_alignment_strategy.peft` asks for them; `prompt_ids`
+    start a soft prompt (model.soft_prompt.init_string's tokens)."""
+    spec = _hf_model(cfg, vocab_size, seq_length) if cfg.model_source == "hf" else \
+        _megatron_model(cfg, vocab_size, seq_length, prompt_ids)  # fmt: skip
     fusions = cfg.model.fusions
-    family = model_family(model(cfg, vocab_size, seq_length),
+    family = model_family(spec,
                           AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax),
                           head="score" if _method(cfg) == "reward_model" else "causal_lm",
                           loss_chunk_tokens=fusions.loss_chunk_tokens)  # fmt: skip
@@ -680,9 +692,18 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     if data is not None and len(data.train) < cfg.global_batch_size:
         problems.append(f"data.global_batch_size: expected at most the {len(data.train)} samples of the training "
                         f"split, found {cfg.global_batch_size}")  # fmt: skip
-    family = None
+    family, prompt_ids = None, ()
+    if data is not None and (prompt := cfg.model.soft_prompt) is not None and prompt.init_string:
+        try:
+            (prompt_ids,) = run_tokenizer(cfg.data, cache_dir, cfg.model.trust_remote_code).encode([prompt.init_string])
+            if not prompt_ids:
+                problems.append(f"model.soft_prompt.init_string: expected text of at least one token, found "
+                                f"{prompt.init_string!r}")  # fmt: skip
+        except DataError as error:
+            problems.append(f"model.soft_prompt.init_string: needs the run's tokenizer: {error}")
     try:
-        family = _family(cfg, PLACEHOLDER_VOCABULARY if data is None else data.vocab_size, seq_length)
+        family = _family(cfg, PLACEHOLDER_VOCABULARY if data is None else data.vocab_size, seq_length,
+                         tuple(prompt_ids))  # fmt: skip
     except ModelConfigError as error:
         problems += [problem for problem in error.problems if data is not None or "vocab_size" not in problem]
     if family is not None and (size_problem := _model_size_problem(cfg, family)):

@@ -51,12 +51,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from .checkpointing import (
     HEAD_RECORD,
     LORA_RECORD,
-    OUTPUT_LAYER,
+    SOFT_PROMPT,
     Resume,
     TrainingState,
     export_of,
     export_record,
-    loads_output_layer,
+    fresh_prefixes,
     versions,
 )
 from .cluster import LaunchedEnvironment, RoundStrategy
@@ -168,6 +168,10 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     set_aux_loss_weights(modules_of(model), sampler.accumulation)
     if resume is not None and resume.weights_only:  # before the optimizer copies the weights
         load_initial_weights(plan, model, resume, group, monitor)
+    if resume is None or (resume.weights_only and SOFT_PROMPT in fresh_prefixes(plan.family, resume)):
+        for module in modules_of(model):  # a new soft prompt's init_string rows, from the weights it starts with
+            if hasattr(module, "start_soft_prompt"):
+                module.start_soft_prompt()
     executor = build_executor(model, plan.family.token_losses, fabric.device, pp=mesh.get("pp"),
                               microbatches=sampler.accumulation, autocast=fabric.autocast)  # fmt: skip
     update, lora = plan.update, plan.lora
@@ -225,7 +229,7 @@ def _monitor(plan: RunPlan, fabric: Fabric, log_dir: Path, steps: int, resume: R
 def _model(plan: RunPlan, fabric: Fabric, mesh: ParallelMesh, resume: Resume | None) -> nn.Module | StagedModel:
     """The sharded model, seeded; the weights a weight_init_only start loads are not initialised first."""
     starts_loaded = resume is not None and resume.weights_only and plan.lora is None  # no random values to draw
-    kept = () if not starts_loaded or loads_output_layer(plan.family, resume) else (OUTPUT_LAYER,)  # initialised
+    kept = fresh_prefixes(plan.family, resume) if starts_loaded else ()  # initialised, not loaded
     loaded = [name for name in plan.family.parameter_shapes() if not name.startswith(kept)] if starts_loaded else ()
     return build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=plan.launch.seed,
                                 use_cpu_initialization=plan.launch.use_cpu_initialization,

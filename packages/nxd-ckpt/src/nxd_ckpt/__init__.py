@@ -10,7 +10,7 @@ from .hf_import import check_hf_weights, load_hf_weights
 from .marker import MARKER, CheckpointInfo, read_info
 from .neox_import import check_neox_weights, find_neox_checkpoint, load_neox_weights, neox_iteration
 from .retention import SavePolicy, template_fields
-from .store import Checkpointer, continued_lineage, load_checkpoint
+from .store import Checkpointer, continued_lineage, load_checkpoint, saved_keys
 from .trainer_layout import nxd_checkpoint_of, prune_trainer_checkpoints, write_final, write_trainer_checkpoint
 
 __version__ = _distribution_version("nxd-ckpt")  # one source: the pyproject's version
@@ -40,6 +40,7 @@ __all__ = [
     "read_info",
     "nxd_checkpoint_of",
     "prune_trainer_checkpoints",
+    "saved_keys",
     "template_fields",
     "write_adapter_files",
     "write_final",

@@ -34,7 +34,7 @@ MEGATRON_ONLY = (
     "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
     "has_bias", "sliding_window_size", "attention_bias", "mlp_bias", "init_method", "output_layer_init_method",
     "position_embedding_offset", "rpe_num_buckets", "rpe_max_distance", "qk_layernorm", "attention_layers",
-    "sparse_attention", "num_unique_layers", "param_sharing_style",
+    "sparse_attention", "num_unique_layers", "param_sharing_style", "soft_prompt",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -351,6 +351,32 @@ def _attention_layers(c: NxdConfig) -> Iterator[Finding]:
     if not sparse and m.is_set("sparse_attention"):
         yield notice("model.sparse_attention", "acted on only by sparse layers (model.attention_layers); with "
                      "none it changes nothing", "model.sparse_attention", key)  # fmt: skip
+
+
+@rule
+def soft_prompt(c: NxdConfig) -> Iterator[Finding]:
+    prompt, ds, key = c.model.soft_prompt, c.distributed_strategy, "model.soft_prompt"
+    if prompt is None or c.model_source != "megatron":
+        return
+    for size, path, why in ((ds.pipeline_model_parallel_size, PP, "the prompt enters before the first stage's "
+                             "layers and the last drops its positions"),
+                            (ds.context_parallel_size, CP, "ring attention splits the sequence the prompt lengthens")):
+        if size > 1:
+            yield error(key, f"{why}; expected {path} 1 with a soft prompt, found {size}", key, path)
+    a = c.model_alignment_strategy
+    if a is not None and a.peft is not None:
+        yield error(key, "a soft prompt trains alone (every other weight frozen); expected no "
+                    "model_alignment_strategy.peft with it", key, f"{ALIGN}.peft")  # fmt: skip
+    method = next((name for name in METHODS if name != "sft" and a is not None and getattr(a, name) is not None),
+                  None)  # fmt: skip
+    if method is not None:
+        yield error(key, f"expected language-model training or sft with a soft prompt (GPT-NeoX's train_impl normal), "
+                    f"found {ALIGN}.{method}", key, f"{ALIGN}.{method}")  # fmt: skip
+    tp, length = ds.tensor_model_parallel_size, c.seq_length
+    if ds.sequence_parallel and length is not None and (length + prompt.n_tokens) % tp:
+        yield error(f"{key}.n_tokens", f"sequence parallelism splits the prompt and the sequence together; expected "
+                    f"n_tokens + the sequence length ({length}) to be a multiple of {TP} ({tp}), found "
+                    f"{prompt.n_tokens}", f"{key}.n_tokens", TP, SP)  # fmt: skip
 
 
 @rule

@@ -89,7 +89,10 @@ Spans = list[list[tuple[int, int]]]
 
 def document_spans(document_ids: torch.Tensor) -> Spans | None:
     """Each row's documents as (start, end) spans when every document is one contiguous run of
-    positions (packed records, Megatron's reset_attention_mask); None when a document is split."""
+    positions (packed records, Megatron's reset_attention_mask); None when a document is split or positions
+    every document sees (negative ids) are present."""
+    if bool((document_ids < 0).any()):
+        return None
     spans = []
     for row in document_ids.detach().cpu():
         starts = [0, *(torch.nonzero(row[1:] != row[:-1]).flatten() + 1).tolist()]
@@ -119,10 +122,12 @@ def span_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """(b, 1, s, s) True where query i may attend key j: j <= i within the same document."""
+    """(b, 1, s, s) True where query i may attend key j: j <= i within the same document, or j a position every
+    document sees (a negative id: a soft prompt's)."""
     seq = document_ids.shape[-1]
     causal = torch.ones(seq, seq, dtype=torch.bool, device=document_ids.device).tril()
-    return (causal & (document_ids[:, :, None] == document_ids[:, None, :])).unsqueeze(1)
+    same = (document_ids[:, :, None] == document_ids[:, None, :]) | (document_ids[:, None, :] < 0)
+    return (causal & same).unsqueeze(1)
 
 
 def sliding_window_mask(seq: int, window: int, document_ids: torch.Tensor | None,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.attention.flex_attention import BlockMask
 
 from .activations import ACTIVATIONS
@@ -38,7 +38,7 @@ from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .score_head import ScoreHead
 from .sparse_attention import LAYER_KINDS, SPARSE_KINDS, BlockSparseLayout, SparsitySpec
-from .token_losses import chunked_token_cross_entropy
+from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,12 @@ class GPTConfig:
     """One attention kind per layer (`LAYER_KINDS`: dense or a block-sparse layout); None: dense everywhere."""
     sparsity: SparsitySpec = SparsitySpec()
     """The block-sparse layouts' settings (GPT-NeoX's sparsity_config)."""
+    soft_prompt_tokens: int = 0
+    """GPT-NeoX's soft prompt tuning: this many learned vectors before every sequence (`SoftPrompt`); 0: none."""
+    soft_prompt_init_range: float = 0.5
+    """The prompt is drawn from U(-range, range) unless `soft_prompt_init_ids` are given."""
+    soft_prompt_init_ids: tuple[int, ...] = ()
+    """Token ids whose embedding rows start the prompt (NeoX's init_string), repeated to its length."""
     num_unique_layers: int | None = None
     """Layers with their own weights (Megatron's parameter sharing): num_layers positions run these in
     `param_sharing_style` order; None: every layer its own."""
@@ -238,6 +244,13 @@ def _problems(c: GPTConfig) -> list[str]:
         if c.attention_layers is not None and c.num_unique_layers != c.num_layers:
             found.append("model.attention_layers: a kind per layer, and model.num_unique_layers shares layers; "
                          "expected one of them unset")  # fmt: skip
+    if c.soft_prompt_tokens < 0:
+        found.append(f"model.soft_prompt.n_tokens: expected 1 or more, found {c.soft_prompt_tokens}")
+    elif c.soft_prompt_tokens and c.position_embedding_type == "learned_absolute" and \
+            c.seq_length + c.soft_prompt_tokens > c.max_positions:  # fmt: skip
+        found.append(f"model.max_position_embeddings: the soft prompt's {c.soft_prompt_tokens} positions come "
+                     f"before the sequence's; expected at least {c.seq_length + c.soft_prompt_tokens}, found "
+                     f"{c.max_positions}")  # fmt: skip
     if c.attention_layers is not None:
         kinds = set(c.attention_layers)
         if len(c.attention_layers) != c.num_layers:
@@ -413,6 +426,20 @@ class DecoderLayer(nn.Module):
         return hidden + attention + self.dropout(self.mlp(mlp_input))
 
 
+class SoftPrompt(nn.Module):
+    """Learned input vectors placed before every sequence's token embeddings (prompt tuning, Lester et al. 2021;
+    GPT-NeoX's soft_prompt_tuning). They take positions 0 .. n - 1 and the tokens n onwards; their outputs are
+    dropped, so the model's outputs are the tokens'."""
+
+    def __init__(self, tokens: int, hidden: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(tokens, hidden))
+
+    def forward(self, batch: int) -> torch.Tensor:
+        weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
+        return weight.unsqueeze(0).expand(batch, -1, -1)
+
+
 class GPTDecoder(nn.Module):
     def __init__(self, config: GPTConfig, kernel: AttentionKernel):
         super().__init__()
@@ -423,6 +450,8 @@ class GPTDecoder(nn.Module):
         if config.position_embedding_type == "rpe":  # one table for every layer, as GPT-NeoX shares it
             self.relative_position_bias = RelativePositionBias(config.num_attention_heads, config.head_dim,
                                                                config.rpe_num_buckets, config.rpe_max_distance)
+        self.soft_prompt = SoftPrompt(config.soft_prompt_tokens, config.hidden_size) if config.soft_prompt_tokens \
+            else None  # fmt: skip
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(config, number, kernel) for number in range(1, config.unique_layers + 1)
@@ -435,20 +464,46 @@ class GPTDecoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 document_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
         hidden = input_ids  # a later pipeline stage (no embeddings) takes the residual stream
+        prompt = 0 if self.soft_prompt is None else self.config.soft_prompt_tokens
+        prepend = self.prompt_positions(cache)  # decoding: the cache holds the prompt's keys after the first call
+        position_ids = position_ids + prompt
+        if prepend:  # the prompt at positions 0 .. n - 1 (in every document: id -1, seen by all)
+            position_ids = torch.cat([torch.arange(prompt, device=position_ids.device).expand(
+                position_ids.shape[0], -1), position_ids], dim=1)  # fmt: skip
+            if document_ids is not None:
+                document_ids = torch.cat([document_ids.new_full((document_ids.shape[0], prompt), -1), document_ids], 1)
         if self.embed_tokens is not None:
-            hidden = self.embedding_dropout(self.embed(input_ids, position_ids))
+            hidden = self.embed(input_ids, position_ids[:, prompt:] if prepend else position_ids)
+            if prepend:
+                hidden = torch.cat([self.embed_prompt(hidden.shape[0], position_ids[:, :prompt]), hidden], dim=1)
+            hidden = self.embedding_dropout(hidden)
         stack = [self.layers[index] for index in self.config.layer_order] if self.config.num_unique_layers \
             else [layer for layer in self.layers if layer is not None]  # fmt: skip
         hidden = self.run_layers(stack, hidden, position_ids, document_ids, cache)
         return hidden if self.norm is None else self.norm(hidden)
 
-    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+    def prompt_positions(self, cache: KVCache | None) -> int:
+        """How many soft-prompt positions a forward puts before the tokens: all of them unless decoding continues
+        a cache that holds them already."""
+        return 0 if self.soft_prompt is None or (cache is not None and cache.length) else \
+            self.config.soft_prompt_tokens  # fmt: skip
+
+    def embed_prompt(self, batch: int, position_ids: torch.Tensor) -> torch.Tensor:
+        """The soft prompt's rows with their positions' learned or sinusoidal embeddings, as tokens get."""
+        hidden = self.soft_prompt(batch)
+        return hidden + self.embed(None, position_ids, hidden.dtype) if self.config.position_embedding_type in \
+            ("learned_absolute", "sinusoidal") else hidden  # fmt: skip
+
+    def embed(self, input_ids: torch.Tensor | None, position_ids: torch.Tensor,
+              dtype: torch.dtype | None = None) -> torch.Tensor:  # fmt: skip
+        """Token embeddings plus their positions' (learned or sinusoidal); the positions' alone without ids."""
+        hidden = 0 if input_ids is None else self.embed_tokens(input_ids)
+        dtype = hidden.dtype if input_ids is not None else dtype
         positions = position_ids + self.config.position_embedding_offset
         if self.config.position_embedding_type == "learned_absolute":
             hidden = hidden + self.position_embeddings(positions)
         elif self.config.position_embedding_type == "sinusoidal":
-            hidden = hidden + sinusoidal_embedding(positions, self.config.hidden_size, hidden.dtype)
+            hidden = hidden + sinusoidal_embedding(positions, self.config.hidden_size, dtype)
         return hidden
 
     def run_layers(self, layers: Iterable[nn.Module], hidden: torch.Tensor, position_ids: torch.Tensor,
@@ -493,6 +548,9 @@ class GPTForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         if config.share_embeddings_and_output_weights:
             self.lm_head.weight = self.model.embed_tokens.weight
+        if config.soft_prompt_tokens:  # prompt tuning: the prompt trains, every other weight stays as it starts
+            for name, parameter in self.named_parameters():
+                parameter.requires_grad_(name.startswith("model.soft_prompt."))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 document_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
@@ -503,16 +561,35 @@ class GPTForCausalLM(nn.Module):
         continue those the cache holds: `position_ids` then start at its length."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape[:2])
+        prompt = self.model.prompt_positions(cache)  # outputs of a soft prompt's positions are dropped
         hidden = self.model(input_ids, position_ids, document_ids, cache)
         if self.lm_head is None:
             return hidden
         if labels is None:
-            return self.lm_head(hidden)
+            return self.lm_head(hidden)[:, prompt:]
         if isinstance(self.lm_head, ScoreHead):  # a reward model: its scores stand for the token losses
             return self.lm_head.scores(hidden)
-        return chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)
+        if prompt:  # counted nowhere (sequence parallelism holds the whole sequence only in the output layer)
+            labels = torch.cat([labels.new_full((labels.shape[0], prompt), IGNORE_INDEX), labels], dim=1)
+        return chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)[:, prompt:]
 
     @torch.no_grad()
+    def start_soft_prompt(self) -> None:
+        """Set the soft prompt to the embedding rows of `soft_prompt_init_ids` (NeoX's init_string) from the weights
+        the run starts with, repeated to its length; every rank calls it (a sharded embedding is gathered). Without
+        init ids the prompt keeps its uniform draw."""
+        c, prompt = self.config, self.model.soft_prompt
+        if prompt is None or not c.soft_prompt_init_ids:
+            return
+        table = self.model.embed_tokens.weight
+        table = table.full_tensor() if isinstance(table, DTensor) else table
+        ids = torch.tensor(c.soft_prompt_init_ids, device=table.device)
+        rows = table[ids.repeat(math.ceil(c.soft_prompt_tokens / len(ids)))[:c.soft_prompt_tokens]]
+        weight = prompt.weight
+        if isinstance(weight, DTensor):
+            rows = distribute_tensor(rows.to(weight.dtype), weight.device_mesh, weight.placements)
+        weight.copy_(rows)
+
     def init_module(self, name: str, module: nn.Module, seeded: Callable[[str], AbstractContextManager[None]]) -> None:
         """Megatron's init of one module's own tensors (nxd-models' `initial_values` rule): N(0, std)
         for weights, std / sqrt(2 * layers) on the output projections when use_scaled_init_method, zero
@@ -552,6 +629,8 @@ class GPTForCausalLM(nn.Module):
         elif isinstance(module, QueryKeyNorm):
             for key, parameter in module.named_parameters(recurse=False):
                 (nn.init.zeros_ if key == "bias" else nn.init.ones_)(parameter)
+        elif isinstance(module, SoftPrompt):  # NeoX's uniform draw; init_string's rows come from `seed_soft_prompt`
+            nn.init.uniform_(module.weight, -c.soft_prompt_init_range, c.soft_prompt_init_range)
         elif isinstance(module, RelativePositionBias):  # NeoX's init of the (buckets, heads) table
             nn.init.xavier_normal_(module.weight)
         elif isinstance(module, nn.LayerNorm | nn.RMSNorm | ScaleNorm) and module.weight is not None:

@@ -57,6 +57,10 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: qk_layernorm is True "
                                "(GPT-NeoX's norm over all heads of a token; transformers' query/key norms are per "
                                "head)")  # fmt: skip
+    if config.soft_prompt_tokens:
+        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: it has a soft prompt "
+                               f"of {config.soft_prompt_tokens} learned vectors before every sequence "
+                               "(model.soft_prompt), which transformers' models do not hold")  # fmt: skip
     if config.num_unique_layers not in (None, config.num_layers):
         raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: its "
                                f"{config.num_layers} layers share {config.num_unique_layers} layers' weights "

@@ -42,6 +42,9 @@ def pipeline_stage_problems(model: nn.Module) -> list[str]:
     if model.lm_head.weight is model.model.embed_tokens.weight:  # tied (a score head never is)
         return ["model.share_embeddings_and_output_weights: expected False with pipeline parallelism (the "
                 "embedding and the output layer live on different stages), found True"]  # fmt: skip
+    if model.config.soft_prompt_tokens:
+        return ["model.soft_prompt: the prompt enters before the first stage's layers and the last stage drops its "
+                "positions; expected pipeline_model_parallel_size 1 with it"]  # fmt: skip
     if model.config.num_unique_layers not in (None, model.config.num_layers):
         return ["model.num_unique_layers: a shared layer runs at several positions, which pipeline stages would hold "
                 "apart; expected pipeline_model_parallel_size 1 with it"]  # fmt: skip

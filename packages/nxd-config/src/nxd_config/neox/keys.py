@@ -200,7 +200,10 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "GPT-NeoX never reads it: its layernorm always has a bias (rmsnorm and scalenorm none), as nxd's"),
     ("use_bias_in_attn_linear", "Model", True, M, "model.attention_bias", ""),
     ("use_bias_in_mlp", "Model", True, M, "model.mlp_bias", ""),
-    ("soft_prompt_tuning", "Model", None, R, "", "soft prompts are not in nxd; remove it"),
+    ("soft_prompt_tuning", "Model", None, M, "model.soft_prompt",
+     "with enabled: true, n_tokens (the reference's num_tokens too), init_string and init_range start a learned prompt "
+     "before every sequence and freeze every other weight; the prompt takes positions 0 .. n_tokens - 1 and the "
+     "labels stay on their tokens (NeoX's own SoftEmbedding cuts the sequence and shifts it against its labels)"),
     ("mamba_selective_scan_fusion", "Model", False, N, "", _MAMBA),
     ("mamba_causal_conv_fusion", "Model", False, N, "", _MAMBA),
     ("mamba_inner_func_fusion", "Model", False, N, "", _MAMBA),

@@ -104,6 +104,36 @@ def model_keys(a: Arguments, t: Translation) -> None:
                  "adds it to the scaled scores unscaled")  # fmt: skip
 
 
+SOFT_PROMPT_KEYS = {"enabled": "enabled", "n_tokens": "n_tokens", "num_tokens": "n_tokens",
+                    "init_string": "init_string", "init_range": "init_range"}  # fmt: skip
+"""soft_prompt_tuning's entries: NeoX's code reads n_tokens, its reference names num_tokens."""
+
+
+def soft_prompt_keys(a: Arguments, t: Translation) -> None:
+    """soft_prompt_tuning (megatron/training.py: only with enabled true) as model.soft_prompt."""
+    config = a["soft_prompt_tuning"]
+    if config in (None, {}):
+        return
+    if not isinstance(config, dict):
+        t.refuse("soft_prompt_tuning", f"expected a mapping such as {{enabled: true, n_tokens: 10}}, found "
+                 f"{show(config)}")  # fmt: skip
+        return
+    unknown = sorted(set(config) - set(SOFT_PROMPT_KEYS))
+    if unknown:
+        t.refuse(f"soft_prompt_tuning.{unknown[0]}", f"expected entries among {', '.join(SOFT_PROMPT_KEYS)}, "
+                 f"found {', '.join(unknown)}")  # fmt: skip
+        return
+    if "n_tokens" in config and "num_tokens" in config and config["n_tokens"] != config["num_tokens"]:
+        t.refuse("soft_prompt_tuning.num_tokens", f"expected one prompt length, found n_tokens {config['n_tokens']} "
+                 f"and num_tokens {config['num_tokens']}")  # fmt: skip
+        return
+    if config.get("enabled", False) is not True:
+        t.notice("soft_prompt_tuning", "accepted, changes nothing here: NeoX prompt-tunes only with enabled: true")
+        return
+    t.set("model.soft_prompt", {SOFT_PROMPT_KEYS[name]: value for name, value in config.items() if name != "enabled"},
+          "soft_prompt_tuning")  # fmt: skip
+
+
 def sharing_keys(a: Arguments, t: Translation) -> None:
     """num_unique_layers and param_sharing_style (Megatron's parameter sharing)."""
     unique = typed(t, a, "num_unique_layers", int, "a whole number of layers")

@@ -116,7 +116,7 @@ class MoEConfig(Section):
     )  # fmt: skip
 
 
-_SPARSE = {"by": MODELS, "status": Status.EXTENSION}
+_NEOX = {"by": MODELS, "status": Status.EXTENSION}
 
 
 class SparseAttentionConfig(Section):
@@ -124,47 +124,61 @@ class SparseAttentionConfig(Section):
     always causal: a token attends a key when their blocks are in the layout and the key is not in its future. Keys
     a layout kind does not read change nothing for it."""
 
-    block: int = key(16, "Tokens per block, each way.", ge=1, note="GPT-NeoX's sparsity_config.block", **_SPARSE)
+    block: int = key(16, "Tokens per block, each way.", ge=1, note="GPT-NeoX's sparsity_config.block", **_NEOX)
     different_layout_per_head: bool = key(
         False, "Each head builds its own layout (its own random blocks; sparse_fixed: its own global pattern); "
         "false: every head has head 0's. local layers always share one.",
-        note="GPT-NeoX's sparsity_config.different_layout_per_head", **_SPARSE,
+        note="GPT-NeoX's sparsity_config.different_layout_per_head", **_NEOX,
     )  # fmt: skip
     num_local_blocks: int | None = key(
         None, "sparse_fixed: blocks per local window (null: 4). local: the sliding window in blocks, centred, so "
         "a row sees window // 2 blocks back (null: num_sliding_window_blocks, else 4).", ge=1,
-        note="GPT-NeoX's sparsity_config.num_local_blocks", **_SPARSE,
+        note="GPT-NeoX's sparsity_config.num_local_blocks", **_NEOX,
     )  # fmt: skip
     num_global_blocks: int = key(
         1, "sparse_fixed: the blocks of each local window every later row sees (the window's last ones). bigbird: "
-        "the first blocks, seen by every row.", ge=1, note="GPT-NeoX's sparsity_config.num_global_blocks", **_SPARSE,
+        "the first blocks, seen by every row.", ge=1, note="GPT-NeoX's sparsity_config.num_global_blocks", **_NEOX,
     )  # fmt: skip
     num_different_global_patterns: int = key(
         1, "sparse_fixed with different_layout_per_head: head h takes the (h mod this)-th global group from a "
-        "window's end.", ge=1, note="GPT-NeoX's sparsity_config.num_different_global_patterns", **_SPARSE,
+        "window's end.", ge=1, note="GPT-NeoX's sparsity_config.num_different_global_patterns", **_NEOX,
     )  # fmt: skip
     num_random_blocks: int | None = key(
         None, "sparse_variable and bigbird: random blocks per row (bigbird draws past ones), drawn with the run's "
         "seed and the layer's number (null: 0 for sparse_variable, 1 for bigbird).", ge=0,
-        note="GPT-NeoX's sparsity_config.num_random_blocks", **_SPARSE,
+        note="GPT-NeoX's sparsity_config.num_random_blocks", **_NEOX,
     )  # fmt: skip
     local_window_blocks: frozen_list(int) = key(
         (4,), "sparse_variable: the sizes in blocks of consecutive local windows; the last repeats to the end.",
-        note="GPT-NeoX's sparsity_config.local_window_blocks", **_SPARSE,
+        note="GPT-NeoX's sparsity_config.local_window_blocks", **_NEOX,
     )  # fmt: skip
     global_block_indices: frozen_list(int) = key(
         (0,), "sparse_variable and bslongformer: the global blocks every later row sees (bslongformer's also see "
         "every earlier block); with global_block_end_indices, where each global range starts.",
-        note="GPT-NeoX's sparsity_config.global_block_indices", **_SPARSE,
+        note="GPT-NeoX's sparsity_config.global_block_indices", **_NEOX,
     )  # fmt: skip
     global_block_end_indices: frozen_list(int) | None = key(
         None, "The end (exclusive) of each global range, one per global_block_indices.",
-        note="GPT-NeoX's sparsity_config.global_block_end_indices", **_SPARSE,
+        note="GPT-NeoX's sparsity_config.global_block_end_indices", **_NEOX,
     )  # fmt: skip
     num_sliding_window_blocks: int | None = key(
         None, "bigbird and bslongformer: the sliding window in blocks, centred (null: 3).", ge=1,
-        note="GPT-NeoX's sparsity_config.num_sliding_window_blocks", **_SPARSE,
+        note="GPT-NeoX's sparsity_config.num_sliding_window_blocks", **_NEOX,
     )  # fmt: skip
+
+
+class SoftPromptConfig(Section):
+    """Soft prompt tuning (GPT-NeoX's soft_prompt_tuning; prompt tuning, Lester et al. 2021): learned vectors
+    before every sequence, in positions 0 .. n_tokens - 1 and seen by every packed document; only they train."""
+
+    n_tokens: int = key(10, "Learned vectors before every sequence.", ge=1, note="GPT-NeoX's n_tokens", **_NEOX)
+    init_string: str = key(
+        "", "When set, the prompt starts as the embedding rows of this text's tokens (the run's tokenizer, the "
+        "weights the run starts from), repeated to n_tokens; else each value is drawn from U(-init_range, "
+        "init_range).", note="GPT-NeoX's init_string", **_NEOX,
+    )  # fmt: skip
+    init_range: float = key(0.5, "The uniform draw's bound without init_string.", gt=0.0,
+                            note="GPT-NeoX's init_range", **_NEOX)  # fmt: skip
 
 
 AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer"]
@@ -368,6 +382,11 @@ class ModelConfig(Section):
         "bslongformer; see sparse_attention). null: dense everywhere. Sparse layers take no context parallelism "
         "and drop their output with attention_dropout, as GPT-NeoX's do.",
         by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's attention_config; NxDT has no such key",
+    )  # fmt: skip
+    soft_prompt: SoftPromptConfig | None = key(
+        None, "Soft prompt tuning: a learned prompt (see the soft_prompt keys) before every sequence, and every other "
+        "weight frozen; null: none. Not with pipeline or context parallelism, nor with LoRA.", by=MODELS,
+        status=Status.EXTENSION, note="GPT-NeoX's soft_prompt_tuning; NxDT has no such key",
     )  # fmt: skip
     num_unique_layers: int | None = key(
         None, "Decoder layers with their own weights (Megatron's parameter sharing): the num_layers positions run "
