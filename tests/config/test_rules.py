@@ -481,6 +481,12 @@ def test_shared_layers_divide_the_stack_and_stay_on_one_stage_without_sequence_p
     ]
 
 
+def test_shared_layers_refuse_moe_counted_over_positions(minimal) -> None:
+    minimal["model"] |= {"num_unique_layers": 1, "moe": dict(MOE)}
+    assert ("model.moe: MoE layers are counted over the stack's positions, and model.num_unique_layers shares layers "
+            "between positions; expected one of them unset") in errors(minimal)
+
+
 def test_a_sharing_style_without_shared_layers_is_a_notice(minimal) -> None:
     minimal["model"]["param_sharing_style"] = "spaced"
     with pytest.warns(ConfigNotice) as record:

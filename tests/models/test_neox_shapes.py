@@ -320,3 +320,11 @@ def test_sharing_mistakes_are_named(changes, message):
     with pytest.raises(ModelConfigError) as caught:
         _config(num_layers=4, **changes)
     assert message in caught.value.problems
+
+
+def test_shared_layers_count_the_flops_of_every_position_they_run():
+    from nxd_models.flops import training_flops_per_token
+
+    shared = build_causal_lm(_config(num_layers=4, num_unique_layers=2), seed=0)
+    stack = build_causal_lm(_config(num_layers=4), seed=0)
+    assert training_flops_per_token(shared, 8) == training_flops_per_token(stack, 8)

@@ -202,10 +202,14 @@ def _neox(path: Path, weights_only: bool) -> Resume | None:
     return Resume(found.folder.resolve(), True, neox=True, start_step=0 if weights_only else neox_iteration(found))
 
 
-def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None,
-              pad_id: int | None = None) -> HFExport | str:  # fmt: skip
+def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None, pad_id: int | None = None, *,
+              reading: bool = False) -> HFExport | str:  # fmt: skip
     """The model's Hugging Face mapping (with the tokenizer files an export copies and, for a reward
-    model, the id its rows are padded with), or why it has none."""
+    model, the id its rows are padded with), or why it has none. A soft prompt has no Hugging Face counterpart:
+    `reading` weights it starts fresh; an export would drop it, so there is none."""
+    if not reading and getattr(family.spec, "soft_prompt_tokens", 0):
+        return ("no Hugging Face architecture holds a soft prompt (model.soft_prompt): an export would leave out what "
+                "the run trained")  # fmt: skip
     try:
         return replace(HFExport.of(family.hf_mapping(pad_id)), tokenizer_files=dict(tokenizer_files or {}))
     except ModelConfigError as error:
@@ -251,6 +255,16 @@ def fresh_prefixes(family: ModelFamily, start: Resume) -> tuple[str, ...]:
     return fresh
 
 
+def start_new_soft_prompt(model: nn.Module | StagedModel, family: ModelFamily, start: Resume | None) -> None:
+    """A soft prompt the start weights do not hold (or a run from scratch's) takes init_string's embedding rows of
+    the weights the model now holds; every rank calls it."""
+    if start is not None and SOFT_PROMPT not in fresh_prefixes(family, start):
+        return
+    for module in modules_of(model):
+        if hasattr(module, "start_soft_prompt"):
+            module.start_soft_prompt()
+
+
 def loads_output_layer(family: ModelFamily, start: Resume) -> bool:
     """Whether the weights at `start` hold this model's output layer: not when a reward model starts
     from a causal LM (its score head keeps its initial values)."""
@@ -271,7 +285,7 @@ def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> lis
             return [f"{initial.path}: cannot read this GPT-NeoX checkpoint: {error}" if isinstance(
                 error, ModelConfigError) else str(error)]  # fmt: skip
         return []
-    export = export_of(family)
+    export = export_of(family, reading=True)
     if not isinstance(export, HFExport):
         return [f"{initial.path}: cannot import Hugging Face weights: {export}"]
     if differ := _config_differences(initial.path / "config.json", export.config):
@@ -439,7 +453,7 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFa
     if resume.neox:
         load_neox_weights(resume.path, family.neox_layout(), family.parameter_shapes(), live)
         return
-    export = export_of(family)
+    export = export_of(family, reading=True)
     if not isinstance(export, HFExport):
         raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
     load_hf_weights(resume.path, export, family.parameter_shapes(), live)  # each rank reads its own shards

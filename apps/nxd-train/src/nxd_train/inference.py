@@ -24,7 +24,7 @@ from nxd_parallel import ParallelDims, build_parallel_model
 from nxd_precision import prepare_parameters
 from torch import nn
 
-from .checkpointing import Resume, load_adapters, load_weights
+from .checkpointing import Resume, load_adapters, load_weights, start_new_soft_prompt
 from .data import run_tokenizer
 from .logdir import CHECKPOINT_DIR, resumable_log_dir
 from .plan import RunPlan
@@ -136,10 +136,10 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
         if base is not None:  # else the seeded initial base, as the run that saved it had (or the base it holds)
             load_weights(model, base, plan.family, None, lora)
         load_adapters(model, adapters, lora, None)
-    elif newest is not None:
-        load_weights(model, Resume.of_checkpoint(newest, weights_only=True), plan.family, None)
-    else:  # the start weights alone (a LoRA run's adapters as initialised: the base's outputs)
-        load_weights(model, start, plan.family, None, lora)
+    else:  # the newest checkpoint, or the start weights alone (a LoRA run's adapters as initialised: the base's)
+        source = Resume.of_checkpoint(newest, weights_only=True) if newest is not None else start
+        load_weights(model, source, plan.family, None, lora)
+        start_new_soft_prompt(model, plan.family, source)
     prepare_for_decoding(model)
     tokenizer = run_tokenizer(cfg.data, cache_dir, cfg.model.trust_remote_code)
     return LoadedRun(plan, fabric, model, tokenizer, newest.path if newest is not None else start.path)

@@ -32,7 +32,7 @@ ARCHITECTURE = {
               "normalization", "activation", "has_bias", "position_embedding_type", "position_embedding_offset",
               "rpe_num_buckets", "rpe_max_distance", "qk_layernorm", "rotary_percentage",
               "share_embeddings_and_output_weights", "transformer_block_type", "vocab_size", "moe",
-              "num_unique_layers", "soft_prompt_tokens"),
+              "num_unique_layers"),
     "model.model_config": ("model_type", *HF_SHAPE_KEYS, "hidden_act", "vocab_size", "tie_word_embeddings"),
 }  # fmt: skip
 """Per family (by where its architecture is set), the values that shape a model's state."""

@@ -51,12 +51,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from .checkpointing import (
     HEAD_RECORD,
     LORA_RECORD,
-    SOFT_PROMPT,
     Resume,
     TrainingState,
     export_of,
     export_record,
     fresh_prefixes,
+    start_new_soft_prompt,
     versions,
 )
 from .cluster import LaunchedEnvironment, RoundStrategy
@@ -168,10 +168,8 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     set_aux_loss_weights(modules_of(model), sampler.accumulation)
     if resume is not None and resume.weights_only:  # before the optimizer copies the weights
         load_initial_weights(plan, model, resume, group, monitor)
-    if resume is None or (resume.weights_only and SOFT_PROMPT in fresh_prefixes(plan.family, resume)):
-        for module in modules_of(model):  # a new soft prompt's init_string rows, from the weights it starts with
-            if hasattr(module, "start_soft_prompt"):
-                module.start_soft_prompt()
+    if resume is None or resume.weights_only:
+        start_new_soft_prompt(model, plan.family, resume)
     executor = build_executor(model, plan.family.token_losses, fabric.device, pp=mesh.get("pp"),
                               microbatches=sampler.accumulation, autocast=fabric.autocast)  # fmt: skip
     update, lora = plan.update, plan.lora

@@ -338,6 +338,10 @@ def _attention_layers(c: NxdConfig) -> Iterator[Finding]:
         yield error("model.num_unique_layers", f"sequence parallelism splits the sequence as the first layer begins, "
                     f"and a shared first layer begins at several positions; expected {SP} false with it, found true",
                     "model.num_unique_layers", SP)  # fmt: skip
+    if unique is not None and unique != layers and m.moe is not None:
+        yield error("model.moe", "MoE layers are counted over the stack's positions, and model.num_unique_layers "
+                    "shares layers between positions; expected one of them unset", "model.moe",
+                    "model.num_unique_layers")  # fmt: skip
     if unique is not None and unique != layers and m.attention_layers is not None:
         yield error(key, "a kind per layer, and model.num_unique_layers shares layers; expected one of them unset",
                     key, "model.num_unique_layers")  # fmt: skip

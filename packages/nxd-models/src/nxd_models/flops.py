@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+
 from torch import nn
 
 from .qkv import QKVLinear
@@ -11,10 +14,28 @@ def training_flops_per_token(model: nn.Module, seq_length: int) -> int:
     """6 x (weights of every matmul, output layer included, embedding lookups excluded) plus the attention
     score and context matmuls, 12 x layers x attention width x seq_length (the PaLM paper's count, which
     ignores causal masking so that figures compare across frameworks)."""
-    matmul_weights = sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
-    fused = [module for module in model.modules() if isinstance(module, QKVLinear)]
-    matmul_weights += sum(m.weight_q.numel() + m.weight_k.numel() + m.weight_v.numel() for m in fused)
-    query_widths = [module.out_features for name, module in model.named_modules()
+    runs = _runs(model)
+    modules = list(model.named_modules())
+    matmul_weights = sum(runs(name) * module.weight.numel() for name, module in modules
+                         if isinstance(module, nn.Linear))  # fmt: skip
+    fused = [(name, module) for name, module in modules if isinstance(module, QKVLinear)]
+    matmul_weights += sum(runs(name) * (m.weight_q.numel() + m.weight_k.numel() + m.weight_v.numel())
+                          for name, m in fused)  # fmt: skip
+    query_widths = [runs(name) * module.out_features for name, module in modules
                     if name.endswith("q_proj") and isinstance(module, nn.Linear)]  # fmt: skip
-    attention = sum(12 * width * seq_length for width in query_widths + [m.weight_q.shape[0] for m in fused])
+    query_widths += [runs(name) * m.weight_q.shape[0] for name, m in fused]
+    attention = sum(12 * width * seq_length for width in query_widths)
     return 6 * matmul_weights + attention
+
+
+def _runs(model: nn.Module):  # noqa: ANN202
+    """How many positions of the stack run the module named `name` (a shared decoder layer runs at several)."""
+    config = getattr(model, "config", None)
+    order = getattr(config, "layer_order", ()) if getattr(config, "shares_layers", False) else ()
+    counts = Counter(order)
+
+    def runs(name: str) -> int:
+        match = re.match(r"model\.layers\.(\d+)\.", name)
+        return counts[int(match.group(1))] if match and counts else 1
+
+    return runs

@@ -167,6 +167,11 @@ class GPTConfig:
         return self.num_unique_layers or self.num_layers
 
     @property
+    def shares_layers(self) -> bool:
+        """Whether some layers run the same weights (num_unique_layers below num_layers)."""
+        return self.unique_layers != self.num_layers
+
+    @property
     def layer_order(self) -> tuple[int, ...]:
         """For each of the num_layers positions, the index of the unique layer it runs."""
         unique = self.unique_layers
@@ -241,6 +246,9 @@ def _problems(c: GPTConfig) -> list[str]:
         if c.param_sharing_style not in SHARING_STYLES:
             found.append(f"model.param_sharing_style: expected one of {', '.join(SHARING_STYLES)}, found "
                          f"{c.param_sharing_style!r}")  # fmt: skip
+        if c.moe is not None and c.num_unique_layers != c.num_layers:
+            found.append("model.moe: MoE layers are counted over the stack's positions, and model.num_unique_layers "
+                         "shares layers between positions; expected one of them unset")  # fmt: skip
         if c.attention_layers is not None and c.num_unique_layers != c.num_layers:
             found.append("model.attention_layers: a kind per layer, and model.num_unique_layers shares layers; "
                          "expected one of them unset")  # fmt: skip
@@ -300,8 +308,8 @@ class SelfAttention(nn.Module):
             self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
         kind = config.attention_kind(layer_number)
-        self.sparse = BlockSparseLayout(kind, config.sparsity, heads, config.seq_length, layer_number) \
-            if kind in SPARSE_KINDS else None  # fmt: skip
+        self.sparse = BlockSparseLayout(kind, config.sparsity, heads, config.seq_length + config.soft_prompt_tokens,
+                                        layer_number) if kind in SPARSE_KINDS else None  # fmt: skip
         """The layer's block-sparse layout (plain values: built from the config, never trained or saved)."""
         self.core_attention = CoreAttention(
             layer_number, kernel, 0.0 if self.sparse else config.attention_dropout,
@@ -350,21 +358,21 @@ class SelfAttention(nn.Module):
     def _sparse_mask(self, query: torch.Tensor, key: torch.Tensor, allowed: torch.Tensor | Spans | None,
                      documents: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor | BlockMask:
         """The layout's mask for this rank's heads, within what `allowed` permits (documents, a sliding window,
-        decoding): FlexAttention's block mask on CUDA where nothing else masks or biases, else a boolean mask."""
+        decoding): FlexAttention's block mask when training on CUDA where nothing else masks or biases, else a boolean
+        mask."""
         if self.core_attention.context_parallel is not None:
             raise ModelConfigError(f"model.attention_layers: a {self.sparse.kind} layer's layout is not available "
                                    "with context parallelism (ring attention takes no mask)")  # fmt: skip
         local = query.shape[1]
         heads = slice(self._head_offset(local), self._head_offset(local) + local)
         queries, keys = query.shape[2], key.shape[2]
-        plain = allowed is None and bias is None and queries == keys
+        plain = allowed is None and bias is None and queries == keys and self.training  # one compiled length
         if plain and query.is_cuda and self.core_attention.kernel is AttentionKernel.FLASH:
             return self.sparse.block_mask(heads, keys, query.device)
         mask = self.sparse.mask(heads, queries, keys, query.device)
         if isinstance(allowed, list):  # document spans: their mask
             allowed = document_mask(documents)
         return mask if allowed is None else mask & allowed
-
 
     def _head_offset(self, local_heads: int) -> int:
         """The index of this rank's first query head: tensor parallelism gives each rank an equal run of them."""
@@ -477,7 +485,7 @@ class GPTDecoder(nn.Module):
             if prepend:
                 hidden = torch.cat([self.embed_prompt(hidden.shape[0], position_ids[:, :prompt]), hidden], dim=1)
             hidden = self.embedding_dropout(hidden)
-        stack = [self.layers[index] for index in self.config.layer_order] if self.config.num_unique_layers \
+        stack = [self.layers[index] for index in self.config.layer_order] if self.config.shares_layers \
             else [layer for layer in self.layers if layer is not None]  # fmt: skip
         hidden = self.run_layers(stack, hidden, position_ids, document_ids, cache)
         return hidden if self.norm is None else self.norm(hidden)
@@ -558,7 +566,8 @@ class GPTForCausalLM(nn.Module):
         """`document_ids` (batch, seq), when given, confines attention to each document. A pipeline
         stage (see `keep_pipeline_stage`) takes and returns the residual stream where it lacks the
         embedding or the output layer (and then ignores `labels`). With a `cache` (decoding) the tokens
-        continue those the cache holds: `position_ids` then start at its length."""
+        continue those the cache holds: `position_ids` then start at the number of tokens before them (a soft
+        prompt's positions, which the cache holds too, are not counted). A soft prompt's positions give no output."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape[:2])
         prompt = self.model.prompt_positions(cache)  # outputs of a soft prompt's positions are dropped
@@ -590,6 +599,7 @@ class GPTForCausalLM(nn.Module):
             rows = distribute_tensor(rows.to(weight.dtype), weight.device_mesh, weight.placements)
         weight.copy_(rows)
 
+    @torch.no_grad()
     def init_module(self, name: str, module: nn.Module, seeded: Callable[[str], AbstractContextManager[None]]) -> None:
         """Megatron's init of one module's own tensors (nxd-models' `initial_values` rule): N(0, std)
         for weights, std / sqrt(2 * layers) on the output projections when use_scaled_init_method, zero
@@ -629,7 +639,7 @@ class GPTForCausalLM(nn.Module):
         elif isinstance(module, QueryKeyNorm):
             for key, parameter in module.named_parameters(recurse=False):
                 (nn.init.zeros_ if key == "bias" else nn.init.ones_)(parameter)
-        elif isinstance(module, SoftPrompt):  # NeoX's uniform draw; init_string's rows come from `seed_soft_prompt`
+        elif isinstance(module, SoftPrompt):  # NeoX's uniform draw; init_string's rows come from `start_soft_prompt`
             nn.init.uniform_(module.weight, -c.soft_prompt_init_range, c.soft_prompt_init_range)
         elif isinstance(module, RelativePositionBias):  # NeoX's init of the (buckets, heads) table
             nn.init.xavier_normal_(module.weight)

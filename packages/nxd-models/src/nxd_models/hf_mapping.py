@@ -52,15 +52,12 @@ class HFMapping:
 def hf_mapping(config: GPTConfig) -> HFMapping:
     """The Hugging Face model that holds the same function as `config`: LlamaForCausalLM (MistralForCausalLM
     with a sliding window, MixtralForCausalLM with experts) or GPTNeoXForCausalLM; a clear error naming the keys
-    for shapes transformers has no class for."""
+    for shapes transformers has no class for. A soft prompt is left out (its weights have no Hugging Face key:
+    a start from Hugging Face weights starts it fresh)."""
     if config.qk_layernorm:
         raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: qk_layernorm is True "
                                "(GPT-NeoX's norm over all heads of a token; transformers' query/key norms are per "
                                "head)")  # fmt: skip
-    if config.soft_prompt_tokens:
-        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: it has a soft prompt "
-                               f"of {config.soft_prompt_tokens} learned vectors before every sequence "
-                               "(model.soft_prompt), which transformers' models do not hold")  # fmt: skip
     if config.num_unique_layers not in (None, config.num_layers):
         raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: its "
                                f"{config.num_layers} layers share {config.num_unique_layers} layers' weights "

@@ -7,9 +7,11 @@ the training sequence (`seq_length`, rounded up to whole blocks) as DeepSpeed bu
 shorter sequence reads its top-left corner. Random blocks are drawn from a generator seeded with the run's
 seed and the layer's number, so every rank and every resume draws the same layout.
 
-One `mask_mod` (FlexAttention's form) is the single rule: on CUDA FlexAttention computes only the layout's
-blocks; elsewhere (FlexAttention has no backward on the CPU) the same rule is drawn as a boolean mask for
-scaled_dot_product_attention. The two agree to rounding.
+One `mask_mod` (FlexAttention's form) is the single rule: training on CUDA, FlexAttention skips the tiles the
+layout leaves empty; elsewhere (FlexAttention has no backward on the CPU; decoding and masks of documents or
+biases) the same rule is drawn as a boolean mask for scaled_dot_product_attention. The two agree to rounding.
+Tensor-parallel ranks read their heads' rows of one layout over all heads (GPT-NeoX builds each rank's from its
+own first head, so per-head patterns there depend on the split).
 """
 
 from __future__ import annotations
@@ -205,13 +207,14 @@ class BlockSparseLayout:
         self.blocks = math.ceil(seq_length / spec.block)
         self.layout = block_layout(kind, spec, heads, self.blocks, layer_number)
 
-    def mask_mod(self, heads: slice, past: int = 0):  # noqa: ANN201 (FlexAttention's mask_mod form)
-        """FlexAttention's rule for this rank's `heads`: queries at past + q, keys at kv."""
-        layout, block = self.layout[heads], self.block
+    def mask_mod(self, heads: slice, device: torch.device, past: int = 0):  # noqa: ANN201 (FlexAttention's form)
+        """FlexAttention's rule for this rank's `heads`: queries at past + q, keys at kv (the layout is captured
+        on `device`, so a compiled mask graph holds no copy)."""
+        layout, block = self.layout[heads].to(device), self.block
 
         def allowed(batch: torch.Tensor, head: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
             position = q + past
-            return layout.to(q.device)[head, position // block, kv // block] & (kv <= position)
+            return layout[head, position // block, kv // block] & (kv <= position)
 
         return allowed
 
@@ -249,8 +252,9 @@ def _block_mask(layout: BlockSparseLayout, start: int, local: int, length: int, 
         cached = layout._block_masks = {}
     key = (start, local, length, device)
     if key not in cached:
-        cached[key] = create_block_mask(layout.mask_mod(slice(start, start + local)), None, local, length, length,
-                                        device=device, BLOCK_SIZE=layout.block)  # fmt: skip
+        # FlexAttention's own tiles (128 x 128): a tile the layout leaves empty is skipped, a partial one masked
+        cached[key] = create_block_mask(layout.mask_mod(slice(start, start + local), torch.device(device)), None,
+                                        local, length, length, device=device)  # fmt: skip
     return cached[key]
 
 

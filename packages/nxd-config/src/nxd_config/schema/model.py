@@ -385,13 +385,15 @@ class ModelConfig(Section):
     )  # fmt: skip
     soft_prompt: SoftPromptConfig | None = key(
         None, "Soft prompt tuning: a learned prompt (see the soft_prompt keys) before every sequence, and every other "
-        "weight frozen; null: none. Not with pipeline or context parallelism, nor with LoRA.", by=MODELS,
+        "weight frozen; null: none. Language-model training or sft only, without LoRA, pipeline or context "
+        "parallelism.", by=MODELS,
         status=Status.EXTENSION, note="GPT-NeoX's soft_prompt_tuning; NxDT has no such key",
     )  # fmt: skip
     num_unique_layers: int | None = key(
         None, "Decoder layers with their own weights (Megatron's parameter sharing): the num_layers positions run "
         "them in param_sharing_style's order; a divisor of num_layers; null: every layer its own. Not with pipeline "
-        "parallelism (a shared layer would live on several stages) or attention_layers.", by=MODELS, ge=1,
+        "parallelism (a shared layer would live on several stages), sequence parallelism, attention_layers or "
+        "moe.", by=MODELS, ge=1,
         status=Status.EXTENSION, note="GPT-NeoX's num_unique_layers; NxDT has no such key",
     )  # fmt: skip
     param_sharing_style: Literal["grouped", "spaced"] = key(
