@@ -574,13 +574,17 @@ class GPTForCausalLM(nn.Module):
         hidden = self.model(input_ids, position_ids, document_ids, cache)
         if self.lm_head is None:
             return hidden
-        if labels is None:
-            return self.lm_head(hidden)[:, prompt:]
+        if labels is None:  # a soft prompt's positions cut off in a copy: FSDP2 wants no view as the output
+            return self.lm_head(hidden)[:, prompt:].clone() if prompt else self.lm_head(hidden)
         if isinstance(self.lm_head, ScoreHead):  # a reward model: its scores stand for the token losses
             return self.lm_head.scores(hidden)
-        if prompt:  # counted nowhere (sequence parallelism holds the whole sequence only in the output layer)
-            labels = torch.cat([labels.new_full((labels.shape[0], prompt), IGNORE_INDEX), labels], dim=1)
-        return chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)[:, prompt:]
+        if not prompt:
+            return chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)
+        # a soft prompt's positions, counted nowhere (sequence parallelism holds the whole sequence only in the
+        # output layer), then cut off in a copy
+        labels = torch.cat([labels.new_full((labels.shape[0], prompt), IGNORE_INDEX), labels], dim=1)
+        losses = chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)
+        return losses[:, prompt:].clone()
 
     @torch.no_grad()
     def start_soft_prompt(self) -> None:
