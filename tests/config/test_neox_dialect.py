@@ -344,7 +344,8 @@ def test_a_sparsity_config_without_sparse_layers_is_noticed(tmp_path):
     ({"pos_emb": "rotary", "rotary_pct": 1.5}, "rotary_pct (nxd: model.rotary_percentage): expected a value <= 1"),
     ({"pos_emb": "rotary", "rotary_pct": 0}, "rotary_pct (nxd: model.rotary_percentage): expected a value > 0"),
     ({"te_fp8_mha": True}, "te_fp8_mha: expected False (GPT-NeoX's default), found True: Transformer Engine fp8"),
-    ({"moe_num_experts": 4}, "moe_router_type: expected topk, found 'sinkhorn'"),
+    ({"moe_num_experts": 4, "moe_router_type": "expert_choice"}, "moe_router_type: expected topk or sinkhorn, found "
+                                                                  "'expert_choice'"),
     ({"fp16": {"enabled": True, "loss_scal": 0}}, "fp16.loss_scal: unknown fp16 setting; expected one of enabled, "
                                                   "loss_scale"),
     ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "bf16: expected one of the fp16 and bf16 blocks enabled"),
@@ -451,6 +452,15 @@ def test_moe_keys_become_the_dropless_top_k_moe(tmp_path):
     assert load(tmp_path, jittered).model.moe.jitter_eps == 0.01
     found = notices(tmp_path, {**MODEL, "moe_jitter_eps": 0.01})
     assert any("moe_jitter_eps: accepted, changes nothing here: moe_num_experts makes no MoE layer" in line
+               for line in found), found
+
+
+@pytest.mark.parametrize(("top_k", "activation"), [(1, "sigmoid"), (2, "softmax")])
+def test_neox_sinkhorn_router_becomes_neox_sinkhorn_routing(tmp_path, top_k, activation):
+    moe = load(tmp_path, {**MODEL, "moe_num_experts": 4, "moe_top_k": top_k}).model.moe  # sinkhorn: NeoX's default
+    assert (moe.routing_algorithm, moe.top_k, moe.router_activation) == ("neox_sinkhorn", top_k, activation)
+    found = notices(tmp_path, {**MODEL, "moe_num_experts": 4, "moe_jitter_eps": 0.1})
+    assert any("moe_jitter_eps: accepted, changes nothing here: GPT-NeoX's Sinkhorn router does not jitter" in line
                for line in found), found
 
 

@@ -217,3 +217,37 @@ def test_a_recomputed_jittered_layer_replays_the_forwards_noise() -> None:
 
 def _seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def _neox_sinkhorn_by_hand(logits: torch.Tensor) -> torch.Tensor:
+    """GPT-NeoX's SinkhornRouter.sinkhorn (megatron/model/router.py), written out: tol 1e-4, at most 3 iterations."""
+    cost = torch.exp(logits)
+    d0 = torch.ones(cost.size(0))
+    d1 = 1 / (cost.size(1) * torch.sum(cost, 0))
+    d1_old = d1
+    for _ in range(3):
+        d0 = (1 / d0.size(0)) * 1 / (torch.sum(d1 * cost, 1) + 0.00000001)
+        d1 = (1 / d1.size(0)) * 1 / (torch.sum(d0.unsqueeze(1) * cost, 0) + 0.00000001)
+        error = torch.mean(torch.abs(d1_old - d1))
+        d1_old = d1
+        if error < 0.0001:
+            break
+    return d1 * cost * d0.unsqueeze(1)
+
+
+@pytest.mark.parametrize(("top_k", "activation"), [(1, "sigmoid"), (2, "softmax")])
+def test_neox_sinkhorn_routes_the_balanced_top_k_and_weighs_by_the_plain_affinities(top_k, activation) -> None:
+    from nxd_models.moe import neox_sinkhorn
+
+    logits = torch.randn(12, 4, generator=_seeded(5)) * 3
+    assert torch.allclose(neox_sinkhorn(logits), _neox_sinkhorn_by_hand(logits), rtol=1e-6)
+    layer = _layer(MoESpec(num_experts=4, top_k=top_k, routing="neox_sinkhorn", router_activation=activation),
+                   torch.zeros(4, 2))  # fmt: skip
+    chosen, kept, weights = layer.train()._route(logits)
+    expected = torch.topk(_neox_sinkhorn_by_hand(logits), top_k, dim=-1).indices
+    assert torch.equal(chosen, torch.zeros_like(chosen).scatter_(1, expected, True)) and torch.equal(kept, chosen)
+    scores = torch.sigmoid(logits) if top_k == 1 else torch.softmax(logits, -1)
+    assert torch.allclose(weights, scores.masked_fill(~chosen, 0.0))
+    plain = layer.eval()._route(logits)[0]  # evaluation: the plain top-k of the affinities
+    assert torch.equal(plain, torch.zeros_like(chosen).scatter_(1, torch.topk(scores, top_k, -1).indices, True))
+    assert not torch.equal(plain, chosen)  # the balancing moved some tokens

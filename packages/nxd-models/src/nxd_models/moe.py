@@ -38,7 +38,7 @@ from torch.distributed.tensor import DTensor
 
 from .errors import ModelConfigError
 
-ROUTING = ("top_k", "sinkhorn")
+ROUTING = ("top_k", "sinkhorn", "neox_sinkhorn")
 ROUTER_ACTIVATIONS = ("softmax", "sigmoid")
 
 
@@ -137,6 +137,27 @@ def sinkhorn(cost: torch.Tensor, iterations: int, tol: float | None = None) -> t
     if tol is not None and float(error) >= tol:
         raise ModelConfigError(f"model.moe.sinkhorn_tol: Sinkhorn changed by {float(error):.3g} in its last "
                                f"iteration; expected under {tol} (raise sinkhorn_iterations)")  # fmt: skip
+    return d1 * cost * d0.unsqueeze(1)
+
+
+NEOX_SINKHORN_ITERATIONS, NEOX_SINKHORN_TOL = 3, 1e-4
+"""GPT-NeoX's SinkhornRouter.sinkhorn: at most three iterations, stopping once the expert scaling moves less."""
+
+
+def neox_sinkhorn(cost: torch.Tensor) -> torch.Tensor:
+    """GPT-NeoX's Sinkhorn balancing of exp(cost): the expert scaling starts at 1 / (experts x column sums) and
+    alternates with the token scaling for at most NEOX_SINKHORN_ITERATIONS, stopping once its mean change is
+    below NEOX_SINKHORN_TOL."""
+    cost = torch.exp(cost)
+    tokens, experts = cost.shape
+    d0 = torch.ones(tokens, dtype=cost.dtype, device=cost.device)
+    d1 = 1 / (experts * torch.sum(cost, 0))
+    for _ in range(NEOX_SINKHORN_ITERATIONS):
+        d0 = (1 / tokens) / (torch.sum(d1 * cost, 1) + 1e-8)
+        new_d1 = (1 / experts) / (torch.sum(d0.unsqueeze(1) * cost, 0) + 1e-8)
+        error, d1 = torch.mean(torch.abs(d1 - new_d1)), new_d1
+        if float(error) < NEOX_SINKHORN_TOL:
+            break
     return d1 * cost * d0.unsqueeze(1)
 
 
@@ -290,6 +311,9 @@ class MoELayer(nn.Module):
                 balanced = sinkhorn(logits.detach(), spec.sinkhorn_iterations, spec.sinkhorn_tol) \
                     if self.training else logits.detach()  # fmt: skip
                 index = balanced.argmax(dim=-1, keepdim=True)
+            elif spec.routing == "neox_sinkhorn":  # balanced top-k while training, plain top-k in evaluation
+                balanced = neox_sinkhorn(logits.detach().float()) if self.training else logits.detach()
+                index = torch.topk(balanced, spec.top_k, dim=-1).indices
             else:
                 index = torch.topk(logits.detach(), spec.top_k, dim=-1).indices
             chosen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, index, True)

@@ -302,8 +302,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("moe_num_experts", "MoE", 1, M, "model.moe.num_experts", "1: dense MLPs; more: dropless MoE layers"),
     ("moe_top_k", "MoE", 1, M, "model.moe.top_k", ""),
     ("moe_router_type", "MoE", "sinkhorn", M, "model.moe.routing_algorithm",
-     "topk (softmax affinities, not renormalised); NeoX's sinkhorn (three iterations from column-normalised "
-     "costs) differs from nxd's Megatron Sinkhorn and is refused"),
+     "topk (softmax affinities, not renormalised); sinkhorn is NeoX's own (routing_algorithm neox_sinkhorn: at most "
+     "three iterations from column-normalised costs while training, sigmoid affinities for top-1, softmax for more)"),
     ("moe_expert_interval", "MoE", 1, M, "model.moe.frequency",
      "only 1 (every layer): nxd counts MoE layers from 1, NeoX from 0"),
     ("moe_jitter_eps", "MoE", None, M, "model.moe.jitter_eps",

@@ -317,8 +317,9 @@ def old_mlp(a: Arguments, t: Translation, name: str | None, style: Any) -> None:
 
 
 def moe_keys(a: Arguments, t: Translation) -> None:
-    """NeoX's dropless MoE (megatron/model/moe.py): top-k routing with softmax affinities, not renormalised, no
-    load-balancing loss, ungated experts of intermediate_size (else 256 x ceil(4 hidden / 256))."""
+    """NeoX's dropless MoE (megatron/model/moe.py): top-k routing with softmax affinities, or its Sinkhorn router
+    (megatron/model/router.py), not renormalised, no load-balancing loss, ungated experts of intermediate_size
+    (else 256 x ceil(4 hidden / 256))."""
     experts = typed(t, a, "moe_num_experts", int, "a whole number")
     top_k, router = a["moe_top_k"], a["moe_router_type"]
     interval_key = "expert_interval" if "expert_interval" in a.values and "moe_expert_interval" not in a.values \
@@ -329,9 +330,8 @@ def moe_keys(a: Arguments, t: Translation) -> None:
         if a.given("moe_jitter_eps"):
             t.notice("moe_jitter_eps", "accepted, changes nothing here: moe_num_experts makes no MoE layer")
         return
-    if router != "topk":
-        t.refuse("moe_router_type", f"expected topk, found {show(router)}: GPT-NeoX's sinkhorn (three balancing "
-                 f"iterations from column-normalised costs) is not nxd's Megatron Sinkhorn")  # fmt: skip
+    if router not in ("topk", "sinkhorn"):
+        t.refuse("moe_router_type", f"expected topk or sinkhorn, found {show(router)}")
     if interval != 1:
         t.refuse(interval_key, f"expected 1 (MoE in every layer), found {show(interval)}: NeoX counts MoE "
                  f"layers from 0 (0, n, 2n ...), nxd from 1 (n, 2n ...)")  # fmt: skip
@@ -342,12 +342,17 @@ def moe_keys(a: Arguments, t: Translation) -> None:
     if isinstance(hidden, int):
         t.set("model.ffn_hidden_size", size or 256 * math.ceil(4 * hidden / 256), "intermediate_size",
               "moe_num_experts")
+    sinkhorn = router == "sinkhorn"  # NeoX's SinkhornRouter: sigmoid affinities for top-1, softmax for more
     t.set("model.moe", {"num_experts": experts, "top_k": top_k, "frequency": 1, "dropless": True,
-                        "routing_algorithm": "top_k", "router_activation": "softmax",
+                        "routing_algorithm": "neox_sinkhorn" if sinkhorn else "top_k",
+                        "router_activation": "sigmoid" if sinkhorn and top_k == 1 else "softmax",
                         "normalize_top_k_affinities": False},
           "moe_num_experts", "moe_top_k", "moe_router_type")  # fmt: skip
     for part, key in (("num_experts", "moe_num_experts"), ("top_k", "moe_top_k"), ("frequency", interval_key)):
         t.claim(f"model.moe.{part}", key)
-    if a["moe_jitter_eps"] is not None:
+    if a["moe_jitter_eps"] is not None and sinkhorn:
+        t.notice("moe_jitter_eps", "accepted, changes nothing here: GPT-NeoX's Sinkhorn router does not jitter "
+                 "(its top-k router does)")  # fmt: skip
+    elif a["moe_jitter_eps"] is not None:
         t.set("model.moe.jitter_eps", typed(t, a, "moe_jitter_eps", float, "a fraction"), "moe_jitter_eps")
 

@@ -78,12 +78,14 @@ class MoEConfig(Section):
         ge=0.0,
     )
     dropless: bool = key(False, "No token is ever dropped (capacity_factor must then be 0.0 or null).", by=MODELS)
-    routing_algorithm: Literal["top_k", "sinkhorn"] = key(
+    routing_algorithm: Literal["top_k", "sinkhorn", "neox_sinkhorn"] = key(
         "top_k",
         "top_k: each token's top_k experts by router logit. sinkhorn: top-1 of a Sinkhorn-balanced assignment "
-        "while training (plain top-1 in evaluation); top_k must be 1.",
-        by=MODELS,
-    )
+        "while training (plain top-1 in evaluation); top_k must be 1. neox_sinkhorn (an nxd extension value): "
+        "GPT-NeoX's Sinkhorn router, the top_k experts of at most three balancing iterations from column-normalised "
+        "costs while training (plain top_k in evaluation); sinkhorn_iterations and sinkhorn_tol do not apply.",
+        by=MODELS, extension_values=("neox_sinkhorn",),
+    )  # fmt: skip
     router_activation: Literal["softmax", "sigmoid"] = key(
         "softmax", "Turns router logits into the affinities that weigh the experts' outputs.", by=MODELS
     )
