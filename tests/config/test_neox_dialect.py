@@ -797,3 +797,11 @@ def test_soft_prompt_tuning_becomes_the_soft_prompt_when_enabled(tmp_path):
     found = errors(tmp_path, {**MODEL, "soft_prompt_tuning": {"enabled": True, "tokens": 6}})
     assert any("soft_prompt_tuning.tokens: expected entries among enabled, n_tokens, num_tokens, init_string, "
                "init_range, found tokens" in line for line in found), found
+
+
+def test_deepspeed_moe_kernel_and_grouping_keys_are_noticed(tmp_path):
+    """Choices of DeepSpeed's MoE engine with the arithmetic nxd's MoE computes anyway."""
+    found = notices(tmp_path, {**MODEL, "use_tutel": True, "create_moe_param_group": False,
+                               "enable_expert_tensor_parallelism": True})  # fmt: skip
+    for key in ("use_tutel", "create_moe_param_group", "enable_expert_tensor_parallelism"):
+        assert any(f"{key}: accepted, changes nothing here" in line for line in found), (key, found)

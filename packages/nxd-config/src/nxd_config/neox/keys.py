@@ -316,11 +316,16 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("moe_eval_capacity_factor", "MoE", 1.0, R, "", _OLD_MOE),
     ("moe_min_capacity", "MoE", 4, R, "", _OLD_MOE),
     ("moe_token_dropping", "MoE", False, R, "", _OLD_MOE),
-    ("create_moe_param_group", "MoE", True, R, "", _OLD_MOE),
+    ("create_moe_param_group", "MoE", True, N, "", "DeepSpeed's split of the expert weights into optimizer groups of "
+     "their own, with the same hyperparameters, so that its engine reduces their gradients over the expert group; "
+     "nxd reduces expert gradients itself and updates them as every other weight"),
     ("moe_use_residual", "MoE", True, R, "", _OLD_MOE),
     ("moe_glu", "MoE", False, R, "", _OLD_MOE),
-    ("use_tutel", "MoE", False, R, "", _OLD_MOE),
-    ("enable_expert_tensor_parallelism", "MoE", False, R, "", _OLD_MOE),
+    ("use_tutel", "MoE", False, N, "", "a kernel choice of DeepSpeed's MoE (Tutel's dispatch) with the same routing "
+     "arithmetic; nxd dispatches tokens with its own"),
+    ("enable_expert_tensor_parallelism", "MoE", False, N, "", "DeepSpeed's split of each expert's ffn over the "
+     "tensor-parallel ranks, the same arithmetic as replicating it; nxd's experts are split over them whenever "
+     "tensor parallelism is on"),
     # ----------------------------------------------------------------------------- tokenizer
     ("tokenizer_type", "Tokenizer", "GPT2BPETokenizer", M, "data.tokenizer",
      "GPT2BPETokenizer (vocab_file, merge_file), HFTokenizer (vocab_file: a tokenizer.json), HFGPT2Tokenizer (a "
