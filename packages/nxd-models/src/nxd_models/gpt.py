@@ -268,7 +268,7 @@ def _problems(c: GPTConfig) -> list[str]:
             found.append(f"model.attention_layers: expected kinds among {', '.join(LAYER_KINDS)}, found "
                          f"{', '.join(sorted(kinds - set(LAYER_KINDS)))}")  # fmt: skip
         else:
-            found += c.sparsity.problems(kinds, c.seq_length)
+            found += c.sparsity.problems(kinds, c.seq_length + c.soft_prompt_tokens)  # the layouts' length
     if c.moe is not None and c.moe.frequency > c.num_layers:
         found.append(f"model.moe.frequency: expected at most num_layers ({c.num_layers}), found {c.moe.frequency}")
     if c.seq_length > c.max_positions:
@@ -364,7 +364,8 @@ class SelfAttention(nn.Module):
             raise ModelConfigError(f"model.attention_layers: a {self.sparse.kind} layer's layout is not available "
                                    "with context parallelism (ring attention takes no mask)")  # fmt: skip
         local = query.shape[1]
-        heads = slice(self._head_offset(local), self._head_offset(local) + local)
+        first = self._head_offset(local)
+        heads = slice(first, first + local)
         queries, keys = query.shape[2], key.shape[2]
         plain = allowed is None and bias is None and queries == keys and self.training  # one compiled length
         if plain and query.is_cuda and self.core_attention.kernel is AttentionKernel.FLASH:

@@ -206,6 +206,8 @@ class BlockSparseLayout:
         self.kind, self.block = kind, spec.block
         self.blocks = math.ceil(seq_length / spec.block)
         self.layout = block_layout(kind, spec, heads, self.blocks, layer_number)
+        self._block_masks: dict[tuple, BlockMask] = {}
+        """FlexAttention's block masks by (first head, heads, length, device), made once each."""
 
     def mask_mod(self, heads: slice, device: torch.device, past: int = 0):  # noqa: ANN201 (FlexAttention's form)
         """FlexAttention's rule for this rank's `heads`: queries at past + q, keys at kv (the layout is captured
@@ -247,10 +249,7 @@ def _compiled_flex():  # noqa: ANN202
 
 
 def _block_mask(layout: BlockSparseLayout, start: int, local: int, length: int, device: str) -> BlockMask:
-    cached = getattr(layout, "_block_masks", None)
-    if cached is None:
-        cached = layout._block_masks = {}
-    key = (start, local, length, device)
+    cached, key = layout._block_masks, (start, local, length, device)
     if key not in cached:
         # FlexAttention's own tiles (128 x 128): a tile the layout leaves empty is skipped, a partial one masked
         cached[key] = create_block_mask(layout.mask_mod(slice(start, start + local), torch.device(device)), None,
