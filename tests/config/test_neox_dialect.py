@@ -136,7 +136,7 @@ def test_every_neox_argument_is_mapped_noticed_or_refused():
 
 
 READERS = [{}, {"pos_emb": "rotary", "norm": "rmsnorm", "sliding_window_width": 7, "num_kv_heads": 2},
-           {"norm": "scalenorm", "gpt_j_residual": True, "gpt_j_tied": True}, {"pos_emb": "rpe"}, {"mlp_type": "llama", "activation": "silu"},
+           {"norm": "scalenorm", "gpt_j_residual": True, "gpt_j_tied": True}, {"pos_emb": "rpe"}, {"attention_config": [[["amlp"], "all"]]}, {"mlp_type": "llama", "activation": "silu"},
            {"moe_num_experts": 4, "moe_router_type": "topk", "moe_expert_interval": 1},
            {"expert_interval": 1, "moe_num_experts": 4, "moe_router_type": "topk"},
            {"train_batch_size": 4, "gradient_accumulation_steps": 1, "bf16": {"enabled": True}, "fp32_allreduce": True,
@@ -284,7 +284,6 @@ def test_attention_config_expands_as_neox_expands_it(tmp_path, config, flash):
     ([[["global"], 3]], "attention_config: expected one kind per layer (num_layers: 4), found 3 after expansion"),
     ([[["mamba"], 4]], "found mamba: nxd has no mamba layers"),
     ([[["rwkv"], 4]], "found rwkv: nxd has no rwkv layers"),
-    ([[["gmlp"], 4]], "found gmlp: nxd has no gmlp layers"),
 ])  # fmt: skip
 def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, config, message):
     assert any(message in found for found in errors(tmp_path, {**MODEL, "attention_config": config}))
@@ -320,6 +319,31 @@ def test_sparse_layers_and_their_sparsity_config_become_nxd_keys(tmp_path):
 def test_sparsity_entries_neox_overrides_are_noticed_and_unknown_ones_refused(tmp_path, keys, message, notice):
     content = {**MODEL, "attention_config": [[["local", "global"], "all"]], **keys}
     found = notices(tmp_path, content) if notice else errors(tmp_path, content)
+    assert any(message in line for line in found), found
+
+
+def test_gmlp_and_amlp_layers_and_gmlp_attn_dim_become_nxd_keys(tmp_path):
+    """NeoX's configs/gmlp_small.yml pattern, grown to amlp layers beside global ones."""
+    config = load(tmp_path, {**MODEL, "attention_config": [[["gmlp"], "all"]], "pos_emb": "none"})
+    assert config.model.attention_layers == ("gmlp",) * 4 and not config.model.is_set("gmlp_attention_dim")
+    mixed = {**MODEL, "attention_config": [[["amlp", "global"], "all"]], "gmlp_attn_dim": 16}
+    model = load(tmp_path, mixed).model
+    assert model.attention_layers == ("amlp", "dense", "amlp", "dense") and model.gmlp_attention_dim == 16
+
+
+@pytest.mark.parametrize(("keys", "message", "notice"), [
+    ({"attention_config": [[["gmlp"], "all"]], "gmlp_attn_dim": 32}, "gmlp_attn_dim: accepted, changes nothing "
+                                                                     "here: only amlp layers read it", True),
+    ({"attention_config": [[["gmlp"], "all"]], "model_parallel_size": 2}, "attention_config: gmlp layers are whole "
+                                                                          "on every tensor-parallel rank in nxd", True),
+    ({"attention_config": [[["amlp"], "all"]], "activation": "swiglu"}, "(nxd: model.activation): amlp layers split their "
+                                                                        "inner activations", False),
+    ({"attention_config": [[["gmlp"], "all"]], "model_parallel_size": 2, "sequence_parallel": True},
+     "gmlp layers mix every position of the sequence through one weight matrix, which sequence parallelism splits",
+     False),
+])  # fmt: skip
+def test_gmlp_settings_are_noticed_or_refused_by_name(tmp_path, keys, message, notice):
+    found = notices(tmp_path, {**MODEL, **keys}) if notice else errors(tmp_path, {**MODEL, **keys})
     assert any(message in line for line in found), found
 
 

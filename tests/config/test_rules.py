@@ -456,6 +456,35 @@ def test_attention_layers_give_one_kind_per_layer_and_sparse_ones_refuse_context
                                "does not take; expected distributed_strategy.context_parallel_size 1, found 2"]
 
 
+def test_gmlp_layers_refuse_split_sequences_gated_activations_and_experts(minimal) -> None:
+    layers = minimal["model"]["num_layers"]
+    minimal["model"]["attention_layers"] = ["gmlp"] + ["amlp"] * (layers - 1)
+    minimal["model"]["activation"] = "geglu"
+    minimal["distributed_strategy"].update(tensor_model_parallel_size=2, sequence_parallel=True)
+    mixing = "model.attention_layers: amlp, gmlp layers mix every position of the sequence through one weight matrix"
+    assert errors(minimal) == [
+        f"{mixing}, which sequence parallelism splits over ranks; expected distributed_strategy.sequence_parallel "
+        "false, found true",
+        "model.activation: amlp, gmlp layers split their inner activations into a value and a gate themselves; "
+        "expected an ungated activation, found geglu",
+    ]
+    minimal["model"]["activation"] = "gelu"
+    minimal["model"]["fusions"] = {"ring_attention": True}
+    minimal["distributed_strategy"].update(tensor_model_parallel_size=1, sequence_parallel=False,
+                                           context_parallel_size=2)  # fmt: skip
+    assert errors(minimal) == [f"{mixing}, which context parallelism splits over ranks; expected "
+                               "distributed_strategy.context_parallel_size 1, found 2"]
+
+
+def test_gmlp_attention_dim_without_amlp_layers_is_a_notice(minimal) -> None:
+    minimal["model"]["gmlp_attention_dim"] = 32
+    minimal["model"]["attention_layers"] = ["gmlp"] * minimal["model"]["num_layers"]
+    with pytest.warns(ConfigNotice) as record:
+        load_config(minimal)
+    assert [str(w.message) for w in record] == ["model.gmlp_attention_dim: acted on only by amlp layers (model."
+                                                "attention_layers); with none it changes nothing"]
+
+
 def test_sparse_attention_settings_without_sparse_layers_are_a_notice(minimal) -> None:
     minimal["model"]["sparse_attention"] = {"block": 32}
     with pytest.warns(ConfigNotice) as record:

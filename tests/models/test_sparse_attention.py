@@ -165,9 +165,9 @@ def test_a_kind_list_of_the_wrong_length_or_kind_is_refused():
     with pytest.raises(ModelConfigError, match=r"model.attention_layers: expected one kind per layer \(2\), found 1"):
         GPTConfig(vocab_size=64, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16,
                   attention_layers=("local",))  # fmt: skip
-    with pytest.raises(ModelConfigError, match="expected kinds among dense, local, .* found gmlp"):
+    with pytest.raises(ModelConfigError, match="expected kinds among dense, local, .*, gmlp, amlp, found mamba"):
         GPTConfig(vocab_size=64, num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=16,
-                  attention_layers=("gmlp",))  # fmt: skip
+                  attention_layers=("mamba",))  # fmt: skip
 
 
 def test_no_hugging_face_architecture_is_claimed_for_sparse_layers():
@@ -177,6 +177,6 @@ def test_no_hugging_face_architecture_is_claimed_for_sparse_layers():
         hf_mapping(_model().config)
     assert caught.value.problems == [
         "no Hugging Face architecture matches this Megatron-style model: model.attention_layers has bigbird, "
-        "bslongformer, local, sparse_fixed, sparse_variable layers (DeepSpeed's block-sparse layouts; transformers' "
-        "decoders attend densely)"
+        "bslongformer, local, sparse_fixed, sparse_variable layers (transformers' GPT and Llama decoders attend densely "
+        "in every layer)"
     ]

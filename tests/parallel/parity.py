@@ -74,6 +74,7 @@ NEOX_SHAPES = {
     "sparse": dict(position_embedding_type="rope", sparsity=SparsitySpec(
         block=4, different_layout_per_head=True, num_local_blocks=2, num_different_global_patterns=2,
         num_random_blocks=1, global_block_indices=(0, 2), global_block_end_indices=(1, 3), seed=5)),
+    "gmlp": dict(position_embedding_type="rope", gmlp_attention_dim=8),
 }
 """GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
 gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feeding attention and a geglu MLP
@@ -85,9 +86,12 @@ buckets (rpe), 8 of them up to distance 12, so that a sequence of 16 reaches the
 on each head's queries and keys; DeepSpeed's block-sparse layers ("sparse": SPARSE_LAYERS in turn, blocks of 4
 tokens, a layout per head so that tensor-parallel ranks read their heads' own, random blocks); four layers running
 two layers' weights in turn (Megatron's parameter sharing, "shared"); a soft prompt of 4 vectors started from the
-embedding rows of three tokens, the only weights that train ("prompt")."""
+embedding rows of three tokens, the only weights that train ("prompt"); gMLP, aMLP (a tiny attention 8 wide) and
+dense layers in turn ("gmlp")."""
 SPARSE_LAYERS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "dense")
 """The sparse shape's layers, in turn (six layers hold each kind once)."""
+LAYER_TURNS = {"sparse": SPARSE_LAYERS, "gmlp": ("gmlp", "amlp", "dense")}
+"""The shapes whose layers take kinds in turn."""
 
 
 def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,
@@ -111,8 +115,9 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
                          loss_chunk_tokens=loss_chunk)  # fmt: skip
     if family in NEOX_SHAPES:  # GPT-NeoX's shapes (untied, so that pipeline stages hold whole layers)
-        kinds = tuple(SPARSE_LAYERS[index % len(SPARSE_LAYERS)] for index in range(layers))
-        return GPTConfig(attention_layers=kinds if family == "sparse" else None, vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+        turns = LAYER_TURNS.get(family)
+        kinds = tuple(turns[index % len(turns)] for index in range(layers)) if turns else None
+        return GPTConfig(attention_layers=kinds, vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
                          share_embeddings_and_output_weights=False, loss_chunk_tokens=loss_chunk,
                          **NEOX_SHAPES[family])  # fmt: skip

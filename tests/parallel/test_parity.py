@@ -91,6 +91,10 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("shared-dp2-zero3", "shared", layers=4, layout=Layout(zero1=True, zero3=True)),
             Scenario("prompt-dp2-zero1", "prompt", layout=Layout(zero1=True)),
             Scenario("prompt-tp2-documents", "prompt", tp=2, documents=True),
+            Scenario("gmlp-pp2", "gmlp", pp=2, layers=4),
+            Scenario("gmlp-dp2-zero1-full-recompute", "gmlp", layers=3, layout=Layout(zero1=True, recompute="full")),
+            Scenario("gmlp-dp2-zero3", "gmlp", layers=3, layout=Layout(zero1=True, zero3=True)),
+            Scenario("gmlp-tp2-documents", "gmlp", tp=2, layers=3, documents=True, clip=0.5),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -107,6 +111,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("sparse-tp2-sp", "sparse", tp=2, layers=6, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("shared-dp2-zero1-full-recompute", "shared", layers=4, layout=Layout(zero1=True, recompute="full")),
         Scenario("prompt-tp2-sp", "prompt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
+        Scenario("gmlp-tp2", "gmlp", tp=2, layers=3, clip=0.5),
     ]  # fmt: skip
 
 

@@ -151,6 +151,7 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids
         output_layer_init_method=m.output_layer_init_method, qkv_linear=m.qkv_linear, fuse_qkv=m.fuse_qkv,
         sliding_window=m.sliding_window_size, loss_chunk_tokens=m.fusions.loss_chunk_tokens, moe=moe_spec(m.moe),
         attention_layers=m.attention_layers, sparsity=sparsity_spec(m.sparse_attention, cfg.seed),
+        gmlp_attention_dim=m.gmlp_attention_dim,
         num_unique_layers=m.num_unique_layers, param_sharing_style=m.param_sharing_style,
         soft_prompt_tokens=0 if prompt is None else prompt.n_tokens,
         soft_prompt_init_range=0.5 if prompt is None else prompt.init_range, soft_prompt_init_ids=prompt_ids,

@@ -20,6 +20,9 @@ PP = "distributed_strategy.pipeline_model_parallel_size"
 CP = "distributed_strategy.context_parallel_size"
 VPP = "distributed_strategy.virtual_pipeline_model_parallel_size"
 SP = "distributed_strategy.sequence_parallel"
+GATING = ("gmlp", "amlp")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "reglu", "bilinear", "glu")
+"""model.attention_layers' gMLP kinds: a block in place of attention and MLP, mixing positions by a weight matrix."""
 DEVICES, NODES = "trainer.devices", "trainer.num_nodes"
 MBS, GBS = "data.micro_batch_size", "data.global_batch_size"
 SEQ = ("model.encoder_seq_length", "data.seq_length")
@@ -348,10 +351,28 @@ def _attention_layers(c: NxdConfig) -> Iterator[Finding]:
     if unique is None and m.is_set("param_sharing_style"):
         yield notice("model.param_sharing_style", "acted on only with model.num_unique_layers; without it every "
                      "layer has its own weights", "model.param_sharing_style", "model.num_unique_layers")  # fmt: skip
-    sparse = sorted(kinds - {"dense"})
+    sparse = sorted(kinds - {"dense", *GATING})
     if sparse and c.distributed_strategy.context_parallel_size > 1:
         yield error(key, f"{', '.join(sparse)} layers attend by a block layout, which ring attention does not take; "
                     f"expected {CP} 1, found {c.distributed_strategy.context_parallel_size}", key, CP)  # fmt: skip
+    gating, ds = ", ".join(sorted(kinds & set(GATING))), c.distributed_strategy
+    mixing = f"{gating} layers mix every position of the sequence through one weight matrix"
+    if gating and ds.context_parallel_size > 1:
+        yield error(key, f"{mixing}, which context parallelism splits over ranks; expected {CP} 1, found "
+                    f"{ds.context_parallel_size}", key, CP)  # fmt: skip
+    if gating and ds.sequence_parallel:
+        yield error(key, f"{mixing}, which sequence parallelism splits over ranks; expected {SP} false, found true",
+                    key, SP)  # fmt: skip
+    if gating and m.activation in GATED_ACTIVATIONS:
+        yield error("model.activation", f"{gating} layers split their inner activations into a value and a gate "
+                    f"themselves; expected an ungated activation, found {m.activation}", "model.activation",
+                    key)  # fmt: skip
+    if gating and m.moe is not None:
+        yield error("model.moe", f"{gating} layers have no MLP to replace with experts; expected one of model.moe "
+                    "and those layers", "model.moe", key)  # fmt: skip
+    if "amlp" not in kinds and m.is_set("gmlp_attention_dim"):
+        yield notice("model.gmlp_attention_dim", "acted on only by amlp layers (model.attention_layers); with none "
+                     "it changes nothing", "model.gmlp_attention_dim", key)  # fmt: skip
     if not sparse and m.is_set("sparse_attention"):
         yield notice("model.sparse_attention", "acted on only by sparse layers (model.attention_layers); with "
                      "none it changes nothing", "model.sparse_attention", key)  # fmt: skip

@@ -159,7 +159,8 @@ class ModelFamily(ABC):
             raise ModelConfigError(f"model.activations_checkpoint_recompute: {', '.join(missing)} names no module "
                                    f"of {type(model).__name__}; expected class names such as {', '.join(known)}")
         if include_mlp:
-            modules += [layer.mlp for layer in self.decoder_layers(model) if layer.mlp not in modules]
+            modules += [layer.mlp for layer in self.decoder_layers(model)  # a gMLP layer has none
+                        if getattr(layer, "mlp", None) is not None and layer.mlp not in modules]
         return modules
 
     @staticmethod
@@ -203,7 +204,13 @@ class ModelFamily(ABC):
         key_value (attention widths), ffn (gated: swiglu's gate beside up), vocab (the output rows) and
         experts_per_token (top_k of a mixture-of-experts model, whose ffn is one expert's; 0 when dense)."""
         model = self._reference
-        attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+        hidden, vocab = model.model.embed_tokens.weight.shape[1], model.lm_head.weight.shape[0]
+        layer = next((layer for layer in model.model.layers if hasattr(layer, "self_attn")), None)
+        if layer is None:  # gMLP layers only: their inner activations (two halves, activation, gate, product)
+            gating = model.model.layers[0].spatial_gating
+            return {"hidden": hidden, "query": 0, "key_value": 0, "ffn": 3 * gating.inner, "gated": False,
+                    "vocab": vocab, "experts_per_token": 0}  # fmt: skip
+        attention, mlp = layer.self_attn, layer.mlp
         qkv = getattr(attention, "qkv_proj", None)
         query, key = ((qkv.weight_q, qkv.weight_k) if qkv is not None
                       else (attention.q_proj.weight, attention.k_proj.weight))  # fmt: skip
@@ -212,9 +219,8 @@ class ModelFamily(ABC):
             ffn, gated, experts_per_token = moe.experts.up_proj.shape[1], moe.experts.gated, moe.spec.top_k
         else:
             ffn, gated, experts_per_token = mlp.up_proj.weight.shape[0], hasattr(mlp, "gate_proj"), 0
-        return {"hidden": model.model.embed_tokens.weight.shape[1], "query": query.shape[0],
-                "key_value": key.shape[0], "ffn": ffn, "gated": gated, "vocab": model.lm_head.weight.shape[0],
-                "experts_per_token": experts_per_token}  # fmt: skip
+        return {"hidden": hidden, "query": query.shape[0], "key_value": key.shape[0], "ffn": ffn, "gated": gated,
+                "vocab": vocab, "experts_per_token": experts_per_token}  # fmt: skip
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self._reference.parameters())

@@ -8,23 +8,28 @@ from collections import Counter
 from torch import nn
 
 from .qkv import QKVLinear
+from .spatial_gating import SpatialGatingUnit, TinyAttention
 
 
 def training_flops_per_token(model: nn.Module, seq_length: int) -> int:
     """6 x (weights of every matmul, output layer included, embedding lookups excluded) plus the attention
     score and context matmuls, 12 x layers x attention width x seq_length (the PaLM paper's count, which
-    ignores causal masking so that figures compare across frameworks)."""
+    ignores causal masking so that figures compare across frameworks). A gMLP layer's spatial projection mixes
+    each of its inner features over the sequence: 6 x inner x seq_length, counted as attention is."""
     runs = _runs(model)
     modules = list(model.named_modules())
+    spatial = {f"{name}.proj": module for name, module in modules if isinstance(module, SpatialGatingUnit)}
     matmul_weights = sum(runs(name) * module.weight.numel() for name, module in modules
-                         if isinstance(module, nn.Linear))  # fmt: skip
+                         if isinstance(module, nn.Linear) and name not in spatial)  # fmt: skip
     fused = [(name, module) for name, module in modules if isinstance(module, QKVLinear)]
     matmul_weights += sum(runs(name) * (m.weight_q.numel() + m.weight_k.numel() + m.weight_v.numel())
                           for name, m in fused)  # fmt: skip
     query_widths = [runs(name) * module.out_features for name, module in modules
                     if name.endswith("q_proj") and isinstance(module, nn.Linear)]  # fmt: skip
     query_widths += [runs(name) * m.weight_q.shape[0] for name, m in fused]
+    query_widths += [module.dim for module in model.modules() if isinstance(module, TinyAttention)]
     attention = sum(12 * width * seq_length for width in query_widths)
+    attention += sum(6 * unit.inner * seq_length for unit in spatial.values())
     return 6 * matmul_weights + attention
 
 

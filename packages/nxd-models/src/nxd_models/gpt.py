@@ -37,7 +37,8 @@ from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoida
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .score_head import ScoreHead
-from .sparse_attention import LAYER_KINDS, SPARSE_KINDS, BlockSparseLayout, SparsitySpec
+from .sparse_attention import SPARSE_KINDS, BlockSparseLayout, SparsitySpec
+from .spatial_gating import GATING_KINDS, GMLPLayer
 from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy
 
 
@@ -93,9 +94,12 @@ class GPTConfig:
     sliding_window: int | None = None
     """Mistral's sliding-window attention: query i sees keys i - window < j <= i (None: full causal)."""
     attention_layers: tuple[str, ...] | None = None
-    """One attention kind per layer (`LAYER_KINDS`: dense or a block-sparse layout); None: dense everywhere."""
+    """One kind per layer (`LAYER_KINDS`: dense, a block-sparse layout, or a gMLP / aMLP block); None: dense
+    everywhere."""
     sparsity: SparsitySpec = SparsitySpec()
     """The block-sparse layouts' settings (GPT-NeoX's sparsity_config)."""
+    gmlp_attention_dim: int = 64
+    """The width of an amlp layer's single-head attention (GPT-NeoX's gmlp_attn_dim)."""
     soft_prompt_tokens: int = 0
     """GPT-NeoX's soft prompt tuning: this many learned vectors before every sequence (`SoftPrompt`); 0: none."""
     soft_prompt_init_range: float = 0.5
@@ -269,6 +273,15 @@ def _problems(c: GPTConfig) -> list[str]:
                          f"{', '.join(sorted(kinds - set(LAYER_KINDS)))}")  # fmt: skip
         else:
             found += c.sparsity.problems(kinds, c.seq_length + c.soft_prompt_tokens)  # the layouts' length
+        gating = sorted(kinds & set(GATING_KINDS))
+        if gating and c.gated:
+            found.append(f"model.activation: {', '.join(gating)} layers split their inner activations into a value "
+                         f"and a gate themselves; expected an ungated activation, found {c.activation}")  # fmt: skip
+        if gating and c.moe is not None:
+            found.append(f"model.moe: {', '.join(gating)} layers have no MLP to replace with experts; expected one "
+                         "of model.moe and those layers")  # fmt: skip
+        if "amlp" in kinds and c.gmlp_attention_dim < 1:
+            found.append(f"model.gmlp_attention_dim: expected 1 or more, found {c.gmlp_attention_dim}")
     if c.moe is not None and c.moe.frequency > c.num_layers:
         found.append(f"model.moe.frequency: expected at most num_layers ({c.num_layers}), found {c.moe.frequency}")
     if c.seq_length > c.max_positions:
@@ -283,6 +296,8 @@ BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
 """pre_ln: sequential pre-norm blocks; gpt_j: attention and MLP in parallel from one norm of the input;
 gpt_neox: in parallel from two norms of the input (GPT-NeoX's gpt_j_residual, Pythia)."""
 POSITIONS = ("learned_absolute", "rope", "sinusoidal", "alibi", "rpe", "none")
+LAYER_KINDS = ("dense", *SPARSE_KINDS, *GATING_KINDS)
+"""Every kind a decoder layer can have (dense: full causal attention and an MLP)."""
 SHARING_STYLES = ("grouped", "spaced")
 """How shared layers repeat (see `GPTConfig.param_sharing_style`)."""
 SCORE_BIASES = ("alibi", "rpe")
@@ -449,6 +464,16 @@ class SoftPrompt(nn.Module):
         return weight.unsqueeze(0).expand(batch, -1, -1)
 
 
+def _layer(config: GPTConfig, layer_number: int, kernel: AttentionKernel) -> nn.Module:
+    """Decoder layer `layer_number` (1-based) of the kind `attention_layers` gives it."""
+    kind = config.attention_kind(layer_number)
+    if kind in GATING_KINDS:
+        return GMLPLayer(config.hidden_size, config.seq_length + config.soft_prompt_tokens,
+                         lambda width: build_norm(config.normalization, width, config.layernorm_epsilon),
+                         ACTIVATIONS[config.activation][0], config.gmlp_attention_dim if kind == "amlp" else None)
+    return DecoderLayer(config, layer_number, kernel)
+
+
 class GPTDecoder(nn.Module):
     def __init__(self, config: GPTConfig, kernel: AttentionKernel):
         super().__init__()
@@ -462,9 +487,7 @@ class GPTDecoder(nn.Module):
         self.soft_prompt = SoftPrompt(config.soft_prompt_tokens, config.hidden_size) if config.soft_prompt_tokens \
             else None  # fmt: skip
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, number, kernel) for number in range(1, config.unique_layers + 1)
-        )
+        self.layers = nn.ModuleList(_layer(config, number, kernel) for number in range(1, config.unique_layers + 1))
         """The unique layers; the stack runs them in `config.layer_order` (each once without sharing)."""
         self.norm = _norm(config)
         self.context_parallel = False
@@ -615,8 +638,13 @@ class GPTForCausalLM(nn.Module):
             init_weight(weight, method, std=c.init_method_std, layers=c.num_layers, hidden=c.hidden_size, fans=fans)
 
         qkv_fans = (c.hidden_size, (c.num_attention_heads + 2 * c.kv_heads) * c.head_dim)
-        if isinstance(module, nn.Linear | nn.Embedding):
-            if name.endswith(("o_proj", "down_proj")):
+        if name.endswith(".spatial_gating.proj"):  # NeoX's W = 0 and b = 1: the gate starts as the identity
+            nn.init.zeros_(module.weight)
+            nn.init.ones_(module.bias)
+        elif name.endswith((".spatial_gating.attn.proj_qkv", ".spatial_gating.attn.proj_ffn")):
+            module.reset_parameters()  # NeoX leaves aMLP's tiny attention to torch's default draw
+        elif isinstance(module, nn.Linear | nn.Embedding):
+            if name.endswith(("o_proj", "down_proj", "output_proj")):
                 draw(module.weight, c.output_init)
             elif name.endswith(("q_proj", "k_proj", "v_proj")):
                 draw(module.weight, c.init_method, qkv_fans)
@@ -701,7 +729,16 @@ def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
         plan["model.relative_position_bias"] = "heads"
     if config.qk_layernorm:  # a rank's heads as a slice of all, so that the norm's reductions cover every head
         plan["model.layers.*.self_attn.qk_norm"] = "replicated_with_grad_allreduce"
+    if set(config.attention_layers or ()) & set(GATING_KINDS):  # gMLP layers are whole on every rank: the
+        attending = [index for index, kind in enumerate(config.attention_layers) if kind not in GATING_KINDS]
+        plan = {pattern.replace("*", str(index)) if _attending(pattern) else pattern: style  # others' entries
+                for pattern, style in plan.items() for index in (attending if _attending(pattern) else (0,))}
     return {**plan, **moe_tp_plan(config.moe_layers)}
+
+
+def _attending(pattern: str) -> bool:
+    """Whether a plan entry names a part of attention and MLP layers only (not of gMLP layers)."""
+    return pattern.startswith("model.layers.*.") and not pattern.endswith("input_layernorm")
 
 
 def moe_tp_plan(layers: Iterable[int]) -> dict[str, str]:

@@ -62,11 +62,11 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: its "
                                f"{config.num_layers} layers share {config.num_unique_layers} layers' weights "
                                "(num_unique_layers)")  # fmt: skip
-    sparse = sorted(set(config.attention_layers or ()) - {"dense"})
-    if sparse:
+    other = sorted(set(config.attention_layers or ()) - {"dense"})
+    if other:
         raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: model."
-                               f"attention_layers has {', '.join(sparse)} layers (DeepSpeed's block-sparse layouts; "
-                               "transformers' decoders attend densely)")  # fmt: skip
+                               f"attention_layers has {', '.join(other)} layers (transformers' GPT and Llama "
+                               "decoders attend densely in every layer)")  # fmt: skip
     if config.transformer_block_type != "pre_ln" or (config.normalization == "layernorm" and not config.gated):
         return gpt_neox_mapping(config)
     mismatches = [

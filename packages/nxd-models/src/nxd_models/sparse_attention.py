@@ -28,8 +28,6 @@ from .errors import ModelConfigError
 
 SPARSE_KINDS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
 """Layer kinds whose attention follows a block-sparse layout."""
-LAYER_KINDS = ("dense", *SPARSE_KINDS)
-"""Every attention kind a decoder layer can have (dense: full causal attention)."""
 
 
 @dataclass(frozen=True)

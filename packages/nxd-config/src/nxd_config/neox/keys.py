@@ -156,7 +156,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("attention_config", "Model", None, M, "model.attention_layers, model.fusions.flash_attention",
      "expanded as NeoX expands it; global and flash layers are dense causal attention; local, sparse_fixed, "
      "sparse_variable, bigbird and bslongformer layers attend by DeepSpeed's block layouts (not with alibi, which "
-     "NeoX's sparse layers skip); gmlp, amlp, mamba and rwkv layers are refused"),
+     "NeoX's sparse layers skip); gmlp and amlp layers are gMLP blocks as NeoX's GMLPBlock computes them (no "
+     "residual, 4 x hidden wide, an ungated activation; whole on every tensor-parallel rank, no sequence or context "
+     "parallelism); mamba and rwkv layers are refused"),
     ("sparsity_config", "Model", None, M, "model.sparse_attention",
      "each entry NeoX reads becomes model.sparse_attention's; mode, attention and horizontal_global_attention are "
      "noticed (NeoX overrides them); random blocks are drawn with the run's seed"),
@@ -192,7 +194,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "nxd computes rotary frequencies on the fly and keeps no buffer in checkpoints"),
     ("init_method", "Model", "normal", M, "model.init_method", ""),
     ("output_layer_init_method", "Model", "scaled_normal", M, "model.output_layer_init_method", ""),
-    ("gmlp_attn_dim", "Model", 64, N, "", "used only by gmlp layers, which nxd refuses"),
+    ("gmlp_attn_dim", "Model", 64, M, "model.gmlp_attention_dim",
+     "the width of amlp layers' single-head attention; without amlp layers a notice"),
     ("gpt_j_residual", "Model", False, M, "model.transformer_block_type",
      "attention and MLP in parallel: gpt_neox (two norms) or, with gpt_j_tied, gpt_j (one norm)"),
     ("gpt_j_tied", "Model", False, M, "model.transformer_block_type", "see gpt_j_residual"),

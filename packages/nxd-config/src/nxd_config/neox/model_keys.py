@@ -13,6 +13,7 @@ ATTENTION_KINDS = ("global", "local", "sparse_fixed", "sparse_variable", "bigbir
                    "flash", "rwkv", "mamba")  # fmt: skip
 DENSE_ATTENTION = ("global", "flash")
 SPARSE_ATTENTION = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
+GATING = ("gmlp", "amlp")
 GATED = ("geglu", "reglu", "swiglu", "bilinear", "glu")
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "softsign": "softsign", "swish": "silu", "silu": "silu",
                "mish": "mish", "geglu": "geglu", "reglu": "reglu", "swiglu": "swiglu", "bilinear": "bilinear",
@@ -155,19 +156,34 @@ def attention_keys(a: Arguments, t: Translation) -> None:
     kinds = expand_attention_config(t, a["attention_config"], layers if isinstance(layers, int) else None)
     if kinds is None:
         return
-    other = sorted(set(kinds) - set(DENSE_ATTENTION) - set(SPARSE_ATTENTION))
+    other = sorted(set(kinds) - set(DENSE_ATTENTION) - set(SPARSE_ATTENTION) - set(GATING))
     if other:
-        t.refuse("attention_config", f"expected global, flash, {', '.join(SPARSE_ATTENTION)} layers, found "
-                 f"{', '.join(other)}: nxd has no {', '.join(other)} layers")  # fmt: skip
+        t.refuse("attention_config", f"expected global, flash, {', '.join(SPARSE_ATTENTION)}, gmlp or amlp layers, "
+                 f"found {', '.join(other)}: nxd has no {', '.join(other)} layers")  # fmt: skip
     t.set("model.fusions.flash_attention", True, "attention_config")
     sparse = sorted(set(kinds) & set(SPARSE_ATTENTION))
-    if sparse:
+    gating = sorted(set(kinds) & set(GATING))
+    if sparse or gating:
         t.set("model.attention_layers", ["dense" if kind in DENSE_ATTENTION else kind for kind in kinds],
               "attention_config")  # fmt: skip
-        if a["pos_emb"] == "alibi":
-            t.refuse("attention_config", f"expected global or flash layers with pos_emb: alibi, found "
-                     f"{', '.join(sparse)}: NeoX's sparse layers add no ALiBi bias, nxd's would")  # fmt: skip
+    if sparse and a["pos_emb"] == "alibi":
+        t.refuse("attention_config", f"expected global or flash layers with pos_emb: alibi, found "
+                 f"{', '.join(sparse)}: NeoX's sparse layers add no ALiBi bias, nxd's would")  # fmt: skip
+    gating_keys(a, t, gating)
     sparsity_keys(a, t, bool(sparse))
+
+
+def gating_keys(a: Arguments, t: Translation, gating: list[str]) -> None:
+    """gmlp_attn_dim, read by amlp layers; and a notice that nxd's gMLP layers do not depend on the split."""
+    if "amlp" in gating:
+        t.set("model.gmlp_attention_dim", a["gmlp_attn_dim"], "gmlp_attn_dim")
+    elif a.given("gmlp_attn_dim"):
+        t.notice("gmlp_attn_dim", "accepted, changes nothing here: only amlp layers read it, and attention_config "
+                 "names none")  # fmt: skip
+    if gating and isinstance(a["model_parallel_size"], int) and a["model_parallel_size"] > 1:
+        t.notice("attention_config", f"{', '.join(gating)} layers are whole on every tensor-parallel rank in nxd: "
+                 "NeoX's GMLPBlock normalises, gates and attends over each rank's slice of the inner width, so "
+                 "its model changes with model_parallel_size; nxd computes the single-process model")  # fmt: skip
 
 
 SPARSITY_KEYS = ("block", "different_layout_per_head", "num_local_blocks", "num_global_blocks",

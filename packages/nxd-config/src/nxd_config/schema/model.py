@@ -183,7 +183,7 @@ class SoftPromptConfig(Section):
                             note="GPT-NeoX's init_range", **_NEOX)  # fmt: skip
 
 
-AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer"]
+AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp"]
 
 
 class ModelConfig(Section):
@@ -379,11 +379,19 @@ class ModelConfig(Section):
     )
     attention_layers: frozen_list(AttentionKind) | None = key(
         None,
-        "The attention of each decoder layer, one kind per layer: dense (causal attention over every earlier "
-        "token), or a block-sparse layout of DeepSpeed's (local, sparse_fixed, sparse_variable, bigbird, "
-        "bslongformer; see sparse_attention). null: dense everywhere. Sparse layers take no context parallelism "
-        "and drop their output with attention_dropout, as GPT-NeoX's do.",
+        "The kind of each decoder layer, one per layer: dense (causal attention over every earlier token, then the "
+        "MLP), a block-sparse layout of DeepSpeed's (local, sparse_fixed, sparse_variable, bigbird, bslongformer; "
+        "see sparse_attention), or gmlp / amlp (Liu et al.'s gMLP block in place of attention and MLP: a spatial "
+        "gating unit over the sequence, 4 x hidden_size wide, amlp with a tiny attention of gmlp_attention_dim; as "
+        "GPT-NeoX builds it, its output replaces the residual stream). null: dense everywhere. Sparse and gMLP "
+        "layers take no context parallelism, gMLP layers no sequence parallelism (their weights are whole on every "
+        "tensor-parallel rank) and an ungated activation; sparse layers drop their output with attention_dropout, "
+        "as GPT-NeoX's do.",
         by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's attention_config; NxDT has no such key",
+    )  # fmt: skip
+    gmlp_attention_dim: int = key(
+        64, "The width of an amlp layer's single-head attention; acted on only by amlp layers.", by=MODELS, ge=1,
+        status=Status.EXTENSION, note="GPT-NeoX's gmlp_attn_dim; NxDT has no such key",
     )  # fmt: skip
     soft_prompt: SoftPromptConfig | None = key(
         None, "Soft prompt tuning: a learned prompt (see the soft_prompt keys) before every sequence, and every other "

@@ -1,0 +1,123 @@
+"""gMLP and aMLP layers (Liu et al. 2021, "Pay Attention to MLPs"), as GPT-NeoX's `gmlp` / `amlp` layers compute them.
+
+A layer maps x to out(sgu(act(in(norm(x))))): `in` widens to two halves (res, gate) of 4 x hidden each, and the
+spatial gating unit returns res * (W norm(gate) + b), where W (seq x seq, causal: its upper triangle is never read)
+mixes each feature over the positions up to the token's. aMLP adds a single-head attention of width
+`gmlp_attn_dim` over the whole inner activations to the gate. As in NeoX's GMLPBlock, the layer's output replaces
+the residual stream (NeoX adds no shortcut), its two projections have no bias (NeoX drops theirs), W starts at zero
+and b at one (the gate starts as the identity), and the tiny attention's layers keep torch's default draw.
+
+The layer's weights are whole on every rank: tensor parallelism computes it on each rank alike (NeoX's per-shard
+norm and tiny attention would make the result depend on the split). Documents each see only their own tokens.
+Decoding caches each position's normed gate (and the tiny attention's keys and values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .activations import Activation
+from .errors import ModelConfigError
+from .kv_cache import LayerCache
+
+GATING_KINDS = ("gmlp", "amlp")
+"""Layer kinds that are a gMLP block in place of attention and MLP."""
+WIDTH_MULTIPLE = 4
+"""The inner width is 4 x hidden_size, as GPT-NeoX fixes it (GMLPBlock's ff_mult)."""
+
+
+class TinyAttention(nn.Module):
+    """aMLP's single-head causal attention of width `dim` over the inner activations (res and gate, 2 x `inner`),
+    projected to `inner`: softmax(q k^T / sqrt(dim)) v, as NeoX's TinyAttention."""
+
+    def __init__(self, inner: int, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.proj_qkv = nn.Linear(2 * inner, 3 * dim)
+        self.proj_ffn = nn.Linear(dim, inner)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries, and the keys and values side by side (what a decoding cache keeps)."""
+        query_key_value = self.proj_qkv(x)
+        return query_key_value[..., :self.dim], query_key_value[..., self.dim:]
+
+    def forward(self, query: torch.Tensor, keys_values: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+        """`keys_values` (batch, tokens, 2 x dim) of every position read; `allowed` (1 or batch, 1, seq, tokens): the
+        mask where not plain causal."""
+        key, value = keys_values.split(self.dim, dim=-1)
+        context = F.scaled_dot_product_attention(query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1),
+                                                 attn_mask=allowed, is_causal=allowed is None,
+                                                 scale=self.dim**-0.5)  # fmt: skip
+        return self.proj_ffn(context.squeeze(1))
+
+
+class SpatialGatingUnit(nn.Module):
+    """res * (W norm(gate) + b [+ tiny attention]) over positions 0 .. `length` - 1; see the module docstring."""
+
+    def __init__(self, inner: int, length: int, norm: nn.Module, attention_dim: int | None):
+        super().__init__()
+        self.inner, self.length = inner, length
+        self.norm = norm
+        self.proj = nn.Linear(length, length)
+        self.attn = TinyAttention(inner, attention_dim) if attention_dim else None
+
+    def forward(self, x: torch.Tensor, documents: torch.Tensor | None = None,
+                cache: LayerCache | None = None) -> torch.Tensor:  # fmt: skip
+        res, gate = x.chunk(2, dim=-1)
+        gate = self.norm(gate)
+        batch, seq, _ = gate.shape
+        query = keys_values = None
+        if self.attn is not None:
+            query, keys_values = self.attn.project(x)
+        gates = gate
+        if cache is not None:  # every position's normed gate (and tiny keys and values) so far
+            kept = keys_values if keys_values is not None else gate.new_empty(batch, seq, 0)
+            gates, keys_values = (t.squeeze(1) for t in cache.extend(gate.unsqueeze(1), kept.unsqueeze(1)))
+        total = gates.shape[1]
+        first = total - seq
+        if total > self.length:
+            raise ModelConfigError(f"model.attention_layers: a gMLP layer's spatial projection covers {self.length} "
+                                   f"positions (the training sequence); found position {total - 1}")  # fmt: skip
+        allowed = _allowed(first, seq, documents, gate.device)
+        weight = self.proj.weight[first:total, :total].masked_fill(~allowed, 0)  # (seq, total) or (b, seq, total)
+        mixed = weight @ gates + self.proj.bias[first:total, None]
+        if self.attn is not None:
+            plain = documents is None and not first
+            mixed = mixed + self.attn(query, keys_values, None if plain else allowed.unsqueeze(-3))
+        return mixed * res
+
+
+def _allowed(first: int, seq: int, documents: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """(seq, first + seq), or (batch, seq, seq) with documents: True where the token at position first + i may read
+    position j: j <= first + i, within its document (a soft prompt's positions, id -1, in every document)."""
+    query = torch.arange(first, first + seq, device=device)[:, None]
+    causal = torch.arange(first + seq, device=device)[None, :] <= query
+    if documents is None:
+        return causal
+    same = (documents[:, :, None] == documents[:, None, :]) | (documents[:, None, :] < 0)
+    return causal & same
+
+
+class GMLPLayer(nn.Module):
+    """A gMLP (or aMLP with `attention_dim`) decoder layer: out(sgu(act(in(norm(x))))), no residual; called as a
+    `DecoderLayer` is (the arguments of attention it has no use for are accepted and ignored)."""
+
+    def __init__(self, hidden: int, length: int, norm: Callable[[int], nn.Module], activation: Activation,
+                 attention_dim: int | None):  # fmt: skip
+        super().__init__()
+        inner = WIDTH_MULTIPLE * hidden
+        self.input_layernorm = norm(hidden)
+        self.input_proj = nn.Linear(hidden, 2 * inner, bias=False)
+        self.activation = activation
+        self.spatial_gating = SpatialGatingUnit(inner, length, norm(inner), attention_dim)
+        self.output_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, hidden: torch.Tensor, rotary: object = None, allowed: object = None,
+                documents: torch.Tensor | None = None, cache: LayerCache | None = None,
+                position_bias: object = None) -> torch.Tensor:  # fmt: skip
+        inner = self.activation(self.input_proj(self.input_layernorm(hidden)))
+        return self.output_proj(self.spatial_gating(inner, documents, cache))
