@@ -1,11 +1,13 @@
-"""Training tokens/s of a two-layer model per attention kind (GPT-NeoX's attention_config kinds nxd builds)
+"""Training tokens/s of a two-layer model per layer kind (GPT-NeoX's attention_config kinds nxd builds)
 against dense causal attention of the same width, in one process.
 
 Each kind trains the same shape (both layers of that kind) on the same random tokens with AdamW: forward,
 backward and step, median of the timed steps after a warm-up. The layout's density is the share of the causal
 (query, key) pairs it keeps. On CUDA a sparse layer runs FlexAttention over its blocks only; on the CPU (no
 FlexAttention backward there) it runs SDPA with the layout's boolean mask, where dense attention gets the fused
-causal kernel.
+causal kernel. gMLP and aMLP layers replace attention and MLP with a spatial gating unit (4 x hidden wide, gelu,
+as GPT-NeoX builds them; aMLP with a 64-wide tiny attention); their "pairs" column is the causal share of the
+spatial projection, which they always read whole.
 
     uv run python benchmarks/layer_kinds.py [--seq 1024] [--hidden 256] [--steps 6]
 """
@@ -20,14 +22,14 @@ import torch
 from nxd_models import GPTConfig, SparsitySpec, build_causal_lm
 from nxd_models.sparse_attention import SPARSE_KINDS, BlockSparseLayout
 
-KINDS = ("dense", *SPARSE_KINDS)
+GATING_KINDS = ("gmlp", "amlp")
 SPARSITY = SparsitySpec(block=16, num_local_blocks=4, num_random_blocks=1)
 """NeoX's defaults but a local window of 4 blocks (configs/sparse.yml uses 32 at its longer sequences)."""
 
 
 def density(kind: str, seq: int) -> float:
     """The share of causal (query, key) pairs the layout keeps."""
-    if kind == "dense":
+    if kind == "dense" or kind in GATING_KINDS:
         return 1.0
     mask = BlockSparseLayout(kind, SPARSITY, 1, seq, 1).mask(slice(0, 1), seq, seq, torch.device("cpu"))
     return mask.sum().item() / (seq * (seq + 1) / 2)
@@ -36,7 +38,8 @@ def density(kind: str, seq: int) -> float:
 def tokens_per_second(kind: str, args: argparse.Namespace, device: torch.device) -> float:
     config = GPTConfig(vocab_size=8192, num_layers=2, hidden_size=args.hidden, num_attention_heads=args.heads,
                        seq_length=args.seq, hidden_dropout=0.0, attention_dropout=0.0, position_embedding_type="rope",
-                       normalization="rmsnorm", activation="swiglu", has_bias=False,
+                       normalization="rmsnorm", activation="gelu" if kind in GATING_KINDS else "swiglu",
+                       has_bias=False,
                        attention_layers=None if kind == "dense" else (kind, kind), sparsity=SPARSITY)  # fmt: skip
     model = build_causal_lm(config, seed=0).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -67,11 +70,22 @@ def main() -> None:
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, seq {args.seq}, hidden "
           f"{args.hidden}, {args.heads} heads, batch {args.batch}, block {SPARSITY.block}")  # fmt: skip
     dense = tokens_per_second("dense", args, device)
-    print("| kind | causal pairs kept | tokens/s | / dense |\n|---|---:|---:|---:|")
-    print(f"| dense | 100.0% | {dense:,.0f} | 1.00x |")
-    for kind in SPARSE_KINDS:
+    print("| kind | causal pairs kept | parameters per layer | tokens/s | / dense |\n|---|---:|---:|---:|---:|")
+    print(f"| dense | 100.0% | {layer_parameters('dense', args):,} | {dense:,.0f} | 1.00x |")
+    for kind in (*SPARSE_KINDS, *GATING_KINDS):
         found = tokens_per_second(kind, args, device)
-        print(f"| {kind} | {density(kind, args.seq):.1%} | {found:,.0f} | {found / dense:.2f}x |", flush=True)
+        print(f"| {kind} | {density(kind, args.seq):.1%} | {layer_parameters(kind, args):,} | {found:,.0f} | "
+              f"{found / dense:.2f}x |", flush=True)
+
+
+def layer_parameters(kind: str, args: argparse.Namespace) -> int:
+    """The weights of one layer of `kind` at the benchmark's shape."""
+    config = GPTConfig(vocab_size=8192, num_layers=1, hidden_size=args.hidden, num_attention_heads=args.heads,
+                       seq_length=args.seq, position_embedding_type="rope", normalization="rmsnorm",
+                       activation="gelu" if kind in GATING_KINDS else "swiglu", has_bias=False,
+                       attention_layers=None if kind == "dense" else (kind,), sparsity=SPARSITY)  # fmt: skip
+    model = build_causal_lm(config, seed=0)
+    return sum(parameter.numel() for parameter in model.model.layers[0].parameters())
 
 
 if __name__ == "__main__":
