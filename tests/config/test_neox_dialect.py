@@ -139,6 +139,7 @@ READERS = [{}, {"pos_emb": "rotary", "norm": "rmsnorm", "sliding_window_width": 
            {"norm": "scalenorm", "gpt_j_residual": True, "gpt_j_tied": True}, {"pos_emb": "rpe"}, {"attention_config": [[["amlp"], "all"]]}, {"mlp_type": "llama", "activation": "silu"},
            {"moe_num_experts": 4, "moe_router_type": "topk", "moe_expert_interval": 1},
            {"expert_interval": 1, "moe_num_experts": 4, "moe_router_type": "topk"},
+           {"moe_num_experts": 4, "moe_type": "deepspeed", "moe_token_dropping": True},
            {"train_batch_size": 4, "gradient_accumulation_steps": 1, "bf16": {"enabled": True}, "fp32_allreduce": True,
             "data_types": {"grad_accum_dtype": "fp32"}},
            {"save": "a", "checkpoint_factor": 2, "extra_save_iters": [1], "keep_last_n_checkpoints": 1, "load": "b",
@@ -477,6 +478,38 @@ def test_moe_keys_become_the_dropless_top_k_moe(tmp_path):
     found = notices(tmp_path, {**MODEL, "moe_jitter_eps": 0.01})
     assert any("moe_jitter_eps: accepted, changes nothing here: moe_num_experts makes no MoE layer" in line
                for line in found), found
+
+
+def test_deepspeed_moe_becomes_deepspeed_routing_with_its_capacity_residual_and_loss(tmp_path):
+    keys = {**MODEL, "moe_num_experts": 4, "moe_top_k": 2, "moe_type": "deepspeed", "moe_token_dropping": True,
+            "moe_train_capacity_factor": 1.5, "moe_eval_capacity_factor": 2.0, "moe_min_capacity": 2,
+            "moe_loss_coeff": 0.05, "moe_glu": True, "intermediate_size": 96}  # fmt: skip
+    c = load(tmp_path, keys)
+    moe = c.model.moe
+    assert (moe.routing_algorithm, moe.top_k, moe.dropless, moe.capacity_factor, moe.eval_capacity_factor,
+            moe.min_capacity) == ("deepspeed", 2, False, 1.5, 2.0, 2)  # fmt: skip
+    assert moe.residual and moe.glu and moe.output_router_logits  # moe_use_residual: NeoX's default true
+    assert moe.router_aux_loss_coef == pytest.approx(0.05 * 4)  # summed over NeoX's 4 layers, averaged by nxd
+    assert c.model.ffn_hidden_size == 96  # the experts are NeoX's dense MLP
+    dropless = load(tmp_path, {**MODEL, "moe_num_experts": 4, "moe_type": "deepspeed", "moe_use_residual": False})
+    assert dropless.model.moe.dropless and not dropless.model.moe.residual and dropless.model.moe.capacity_factor is None
+
+
+@pytest.mark.parametrize(("keys", "message", "notice"), [
+    ({"moe_type": "deepspeed", "moe_min_capacity": 8}, "moe_min_capacity: accepted, changes nothing here: read only "
+                                                       "with moe_token_dropping true", True),
+    ({"moe_type": "deepspeed", "moe_router_type": "topk"}, "moe_router_type: accepted, changes nothing here: "
+                                                           "DeepSpeed's gate routes", True),
+    ({"moe_use_residual": False}, "moe_use_residual: accepted, changes nothing here: read only by moe_type: "
+                                  "deepspeed", True),
+    ({"moe_token_dropping": True}, "moe_token_dropping: expected false with moe_type: megablocks", False),
+    ({"moe_type": "deepspeed", "moe_top_k": 3}, "moe_top_k: expected 1 or 2 with moe_type: deepspeed", False),
+    ({"moe_type": "tutel"}, "moe_type: expected one of megablocks, deepspeed, found 'tutel'", False),
+])  # fmt: skip
+def test_deepspeed_moe_keys_are_noticed_or_refused_by_name(tmp_path, keys, message, notice):
+    content = {**MODEL, "moe_num_experts": 4, "moe_router_type": "topk", **keys}
+    found = notices(tmp_path, content) if notice else errors(tmp_path, content)
+    assert any(message in line for line in found), found
 
 
 @pytest.mark.parametrize(("top_k", "activation"), [(1, "sigmoid"), (2, "softmax")])

@@ -395,12 +395,29 @@ def test_nxdt_mixtral_moe_blocks_are_accepted(minimal) -> None:
         ({"output_router_logits": False}, {},
          "model.moe.router_aux_loss_coef: the load-balancing loss is computed with output_router_logits: True; "
          "found 0.02 with False"),
+        ({"routing_algorithm": "deepspeed", "top_k": 3}, {},
+         "model.moe.top_k: DeepSpeed's gate is top-1 or top-2: expected 1 or 2 with routing_algorithm deepspeed, "
+         "found 3"),
+        ({"routing_algorithm": "deepspeed", "normalize_top_k_affinities": True}, {},
+         "model.moe.normalize_top_k_affinities: DeepSpeed's gate weighs by softmax, renormalised for top-2 only: "
+         "expected False with routing_algorithm deepspeed, found True"),
     ],
 )  # fmt: skip
 def test_moe_mistakes_are_named_before_launch(minimal, moe, strategy, message) -> None:
     minimal["model"]["moe"] = {**MOE, **moe}
     minimal["distributed_strategy"].update(strategy)
     assert errors(minimal) == [message]
+
+
+def test_deepspeed_moe_settings_outside_their_routing_or_capacity_are_a_notice(minimal) -> None:
+    minimal["model"]["moe"] = {**MOE, "capacity_factor": None, "min_capacity": 4, "sample_second_expert": False}
+    with pytest.warns(ConfigNotice) as record:
+        load_config(minimal)
+    assert [str(w.message) for w in record] == [
+        "model.moe.sample_second_expert: acted on only by routing_algorithm deepspeed; with top_k it changes nothing",
+        "model.moe.min_capacity: acted on only when capacity drops tokens; without a capacity_factor every token is "
+        "kept",
+    ]
 
 
 def test_moe_refuses_context_parallelism(minimal) -> None:

@@ -44,6 +44,20 @@ MOE = MoESpec(num_experts=4, top_k=2, capacity_factor=1.25, normalize_top_k_affi
               router_aux_loss_coef=0.05)
 """The mixture of experts of the "moe" family: Mixtral's routing with a capacity that drops tokens, and a
 load-balancing loss large enough to move the gradients."""
+DEEPSPEED_MOE = {
+    "ds-moe": MoESpec(num_experts=4, top_k=2, routing="deepspeed", capacity_factor=0.75, min_capacity=2,
+                      residual=True, router_aux_loss=True, router_aux_loss_coef=0.05),
+    "ds-moe-top1": MoESpec(num_experts=4, top_k=1, routing="deepspeed", capacity_factor=1.0, eval_capacity_factor=2.0,
+                           residual=True, router_aux_loss=True, router_aux_loss_coef=0.05),
+    "ds-moe-fixed": MoESpec(num_experts=4, top_k=2, routing="deepspeed", capacity_factor=0.75, min_capacity=2,
+                            residual=True, router_aux_loss=True, router_aux_loss_coef=0.05, sample_second_expert=False),
+    "ds-moe-top1-fixed": MoESpec(num_experts=4, top_k=1, routing="deepspeed", capacity_factor=1.0, glu=True,
+                                 router_aux_loss=True, router_aux_loss_coef=0.05, random_token_selection=False),
+}  # fmt: skip
+"""DeepSpeed's MoE (GPT-NeoX's moe_type: deepspeed) with PR-MoE's dense MLP: top-2 with a Gumbel-sampled second
+expert and a capacity that drops tokens ("ds-moe"), top-1 with random token selection ("ds-moe-top1"). Their draws
+come from each rank's generator, so a data-parallel rank or a pipeline stage draws other numbers than one process
+running every micro-batch and layer (as in DeepSpeed): those layouts run the "-fixed" shapes, without draws."""
 NXDT_MIXTRAL_MOE = {
     "mixtral-capacity": MoESpec(num_experts=8, top_k=2, capacity_factor=2.0, normalize_top_k_affinities=True,
                                 router_aux_loss=True, router_aux_loss_coef=0.02),
@@ -101,7 +115,8 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
     `qkv` "fused" or "separate" builds either family with one QKV module (qkv_linear);
     `layers` shapes the Llama ones, `tied` (output layer sharing the embedding) and `loss_chunk` (tokens
     per loss chunk, 0 for whole logits) the Megatron-style ones."""
-    if family in ("megatron", "mistral", "moe"):  # mistral: a sliding window of a third of the sequence; moe: MOE
+    if family in ("megatron", "mistral", "moe", *DEEPSPEED_MOE):  # mistral: a sliding window of a third of the
+        # sequence; moe: MOE
         return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4,
                          num_kv_heads=kv_heads, seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0,
                          attention_dropout=0.0, normalization="rmsnorm", activation="swiglu",
@@ -109,7 +124,8 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
                          qkv_linear=qkv is not None, fuse_qkv=qkv == "fused",
                          share_embeddings_and_output_weights=tied,
                          sliding_window=SEQ // 3 if family == "mistral" else None,
-                         loss_chunk_tokens=loss_chunk, moe=MOE if family == "moe" else None)  # fmt: skip
+                         loss_chunk_tokens=loss_chunk,
+                         moe=MOE if family == "moe" else DEEPSPEED_MOE.get(family))  # fmt: skip
     if family == "gpt":  # GPT-2 / NeoX shape: layernorm, gelu, biases, learned positions, tied output
         return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
                          hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,

@@ -131,6 +131,12 @@ def _mixture_of_experts_scenarios() -> list[Scenario]:
         Scenario("mixtral-ep2-zero1", "mixtral", ep=2, layout=Layout(zero1=True), clip=0.5),
         Scenario("mixtral-tp2-sp", "mixtral", tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("mixtral-pp2", "mixtral", pp=2, layers=4),
+        Scenario("ds-moe-tp2-sp", "ds-moe", tp=2, layout=Layout(sequence_parallel=True)),
+        Scenario("ds-moe-top1-tp2-full-recompute", "ds-moe-top1", tp=2, layout=Layout(recompute="full")),
+        Scenario("ds-moe-fixed-ep2-zero1", "ds-moe-fixed", ep=2, layout=Layout(zero1=True)),
+        Scenario("ds-moe-fixed-pp2", "ds-moe-fixed", pp=2, layers=4, tied=False),
+        Scenario("ds-moe-top1-fixed-dp2-zero1-full-recompute", "ds-moe-top1-fixed",
+                 layout=Layout(zero1=True, recompute="full")),
         *_nxdt_mixtral_recompute_scenarios(),
     ]
 
@@ -283,7 +289,7 @@ DEFAULT_TWO = {
     "megatron-pp2-interleaved", "hf-pp2-cuts-documents", "hf-cp2-documents-selective-recompute",
     "megatron-lora-tp2-sp-fused-qkv-kv-replicator", "hf-lora-dp2-zero1-selective-recompute", "megatron-lora-pp2",
     "hf-lora-cp2", "moe-ep2-zero1-full-recompute", "moe-tp2-sp", "moe-pp2", "mixtral-tp2-sp",
-    "mixtral-capacity-ep2-zero1-full-recompute",
+    "mixtral-capacity-ep2-zero1-full-recompute", "ds-moe-tp2-sp",
 }  # fmt: skip
 """One two-process scenario of each feature (layout, recompute kind, QKV form, model shape, LoRA, MoE) in the
 default suite; the rest of the matrix runs with --runslow."""

@@ -173,7 +173,9 @@ def moe_spec(moe: MoEConfig | None) -> MoESpec | None:
         capacity_factor=None if moe.dropless else moe.capacity_factor, dropout=moe.dropout,
         sinkhorn_iterations=moe.sinkhorn_iterations, sinkhorn_tol=moe.sinkhorn_tol,
         router_aux_loss=moe.output_router_logits, router_aux_loss_coef=moe.router_aux_loss_coef,
-        jitter_eps=moe.jitter_eps,
+        jitter_eps=moe.jitter_eps, eval_capacity_factor=moe.eval_capacity_factor, min_capacity=moe.min_capacity,
+        residual=moe.residual, glu=moe.glu, random_token_selection=moe.random_token_selection,
+        sample_second_expert=moe.sample_second_expert,
     )  # fmt: skip
 
 

@@ -428,6 +428,28 @@ def mixture_of_experts(c: NxdConfig) -> Iterator[Finding]:
         yield error(f"{key}.jitter_eps", f"the top-k router jitters its input (GPT-NeoX's Sinkhorn router does not); "
                     f"expected routing_algorithm top_k with it, found {moe.routing_algorithm}", f"{key}.jitter_eps",
                     f"{key}.routing_algorithm")  # fmt: skip
+    if moe.routing_algorithm == "deepspeed":
+        if moe.top_k > 2:
+            yield error(f"{key}.top_k", f"DeepSpeed's gate is top-1 or top-2: expected 1 or 2 with routing_algorithm "
+                        f"deepspeed, found {moe.top_k}", f"{key}.top_k", f"{key}.routing_algorithm")  # fmt: skip
+        for name, ours in (("router_activation", "softmax"), ("normalize_top_k_affinities", False)):
+            if getattr(moe, name) != ours:
+                yield error(f"{key}.{name}", f"DeepSpeed's gate weighs by softmax, renormalised for top-2 only: "
+                            f"expected {ours} with routing_algorithm deepspeed, found {getattr(moe, name)}",
+                            f"{key}.{name}", f"{key}.routing_algorithm")  # fmt: skip
+    else:
+        for name in ("random_token_selection", "sample_second_expert"):
+            if moe.is_set(name):
+                yield notice(f"{key}.{name}", f"acted on only by routing_algorithm deepspeed; with "
+                             f"{moe.routing_algorithm} it changes nothing", f"{key}.{name}")  # fmt: skip
+    unbounded = moe.dropless or not moe.capacity_factor
+    for name in ("eval_capacity_factor", "min_capacity"):
+        if unbounded and moe.is_set(name):
+            yield notice(f"{key}.{name}", "acted on only when capacity drops tokens; without a capacity_factor "
+                         "every token is kept", f"{key}.{name}", f"{key}.capacity_factor")  # fmt: skip
+    if moe.residual and c.model_source != "megatron":
+        yield error(f"{key}.residual", "PR-MoE's dense MLP beside the experts is built for Megatron-style models; "
+                    "expected false with a Hugging Face model", f"{key}.residual", "model_source")  # fmt: skip
     if moe.dropless and moe.capacity_factor:
         yield error(f"{key}.capacity_factor", f"expected 0.0 or null with dropless: True (no token is dropped), "
                     f"found {moe.capacity_factor}", f"{key}.capacity_factor", f"{key}.dropless")  # fmt: skip

@@ -432,7 +432,8 @@ class DecoderLayer(nn.Module):
         if layer_number - 1 in moe_layers:
             activation, gated = ACTIVATIONS[config.activation]
             self.mlp = MoELayer(config.moe, config.hidden_size, config.ffn_size, activation, gated,
-                                moe_layers.index(layer_number - 1), len(moe_layers))  # fmt: skip
+                                moe_layers.index(layer_number - 1), len(moe_layers),
+                                MLP(config) if config.moe.residual else None)  # fmt: skip
         else:
             self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
@@ -641,8 +642,8 @@ class GPTForCausalLM(nn.Module):
         if name.endswith(".spatial_gating.proj"):  # NeoX's W = 0 and b = 1: the gate starts as the identity
             nn.init.zeros_(module.weight)
             nn.init.ones_(module.bias)
-        elif name.endswith((".spatial_gating.attn.proj_qkv", ".spatial_gating.attn.proj_ffn")):
-            module.reset_parameters()  # NeoX leaves aMLP's tiny attention to torch's default draw
+        elif name.endswith((".spatial_gating.attn.proj_qkv", ".spatial_gating.attn.proj_ffn", ".mlp.coefficient")):
+            module.reset_parameters()  # NeoX's aMLP attention and DeepSpeed's PR-MoE mix keep torch's default draw
         elif isinstance(module, nn.Linear | nn.Embedding):
             if name.endswith(("o_proj", "down_proj", "output_proj")):
                 draw(module.weight, c.output_init)

@@ -9,8 +9,11 @@ which NxDT builds its Mixtral recipes from:
   parameters' dtype, outside autocast; the logits and what follows in fp32);
   `normalize_top_k_affinities` rescales a token's kept affinities to sum to one.
 - capacity: with a `capacity_factor` (and not dropless) each expert takes at most
-  C = min(T, ceil(T * top_k * capacity_factor / num_experts)) of the T tokens of a micro-batch, in
-  token order; a token beyond it is dropped for that expert (its affinity there becomes zero).
+  C = min(T, max(ceil(T * top_k * capacity_factor / num_experts), min_capacity)) of the T tokens of a
+  micro-batch (`eval_capacity_factor` in evaluation), in token order; a token beyond it is dropped for that
+  expert (its affinity there becomes zero).
+- routing "deepspeed" is DeepSpeed's gate instead (see `deepspeed_gating`), and `residual` mixes a dense MLP
+  with the experts per token (DeepSpeed's PR-MoE).
 - the load-balancing loss of one layer (Switch Transformer eq. 4-6, scaled as NxD and megablocks do
   so that a balanced router scores 1): E / k * sum over k and e of f[k, e] * P[e], where f[k, e] is the
   fraction of tokens whose k-th choice (top-k of the softmax) is expert e and P[e] the mean softmax
@@ -36,9 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .deepspeed_gating import DEEPSPEED_TOP_K, deepspeed_capacity, deepspeed_gate
 from .errors import ModelConfigError
 
-ROUTING = ("top_k", "sinkhorn", "neox_sinkhorn")
+ROUTING = ("top_k", "sinkhorn", "neox_sinkhorn", "deepspeed")
 ROUTER_ACTIVATIONS = ("softmax", "sigmoid")
 
 
@@ -55,6 +59,21 @@ class MoESpec:
     normalize_top_k_affinities: bool = False
     capacity_factor: float | None = None
     """None (or dropless): no token is dropped."""
+    eval_capacity_factor: float | None = None
+    """The capacity factor of evaluation forwards (DeepSpeed's eval_capacity_factor); None: capacity_factor."""
+    min_capacity: int = 0
+    """An expert takes at least this many tokens when capacity drops some (DeepSpeed's min_capacity)."""
+    residual: bool = False
+    """PR-MoE (DeepSpeed's use_residual): a dense MLP beside the experts, the two mixed per token by
+    softmax(Linear(hidden, 2)) (`MoELayer.coefficient`)."""
+    glu: bool = False
+    """The experts gate their activation, act(gate(x)) * up(x), even when the dense MLP does not (moe_glu)."""
+    random_token_selection: bool = True
+    """deepspeed routing, top-1: an expert over capacity keeps a random choice of its tokens while training
+    (DeepSpeed's use_rts); false: the first in token order."""
+    sample_second_expert: bool = True
+    """deepspeed routing, top-2: the second expert is the largest of the other logits plus Gumbel noise while
+    training (DeepSpeed's top2_2nd_expert_sampling); false: the second-largest logit."""
     dropout: float = 0.0
     """Dropout on the experts' inner activation, as ffn_dropout on a dense MLP's."""
     sinkhorn_iterations: int = 30
@@ -93,9 +112,20 @@ def moe_problems(spec: MoESpec) -> list[str]:
     if spec.jitter_eps is not None and not 0 < spec.jitter_eps < 1:
         found.append(f"{key}.jitter_eps: expected a fraction between 0 and 1 (the noise scales the router's input by "
                      f"1 +- eps), found {spec.jitter_eps}")  # fmt: skip
-    elif spec.jitter_eps is not None and spec.routing != "top_k":
+    elif spec.jitter_eps is not None and spec.routing != "top_k":  # DeepSpeed's gate takes no jitter from NeoX
         found.append(f"{key}.jitter_eps: the top-k router jitters its input (GPT-NeoX's Sinkhorn router does not); "
                      f"expected routing_algorithm top_k with it, found {spec.routing}")  # fmt: skip
+    if spec.routing == "deepspeed":
+        if spec.top_k not in DEEPSPEED_TOP_K:
+            found.append(f"{key}.top_k: DeepSpeed's gate is top-1 or top-2; expected 1 or 2 with routing_algorithm "
+                         f"deepspeed, found {spec.top_k}")  # fmt: skip
+        if spec.router_activation != "softmax" or spec.normalize_top_k_affinities:
+            found.append(f"{key}.routing_algorithm: DeepSpeed's gate weighs by softmax (renormalised for top-2 only); "
+                         "expected router_activation softmax and normalize_top_k_affinities false with deepspeed")
+    if spec.min_capacity < 0:
+        found.append(f"{key}.min_capacity: expected 0 or more, found {spec.min_capacity}")
+    if spec.eval_capacity_factor is not None and spec.eval_capacity_factor <= 0:
+        found.append(f"{key}.eval_capacity_factor: expected a positive factor, found {spec.eval_capacity_factor}")
     if spec.router_activation not in ROUTER_ACTIVATIONS:
         found.append(f"{key}.router_activation: expected one of {', '.join(ROUTER_ACTIVATIONS)}, "
                      f"found {spec.router_activation!r}")  # fmt: skip
@@ -107,11 +137,15 @@ def moe_problems(spec: MoESpec) -> list[str]:
     return found
 
 
-def expert_capacity(tokens: int, spec: MoESpec) -> int | None:
-    """Tokens one expert takes from a micro-batch of `tokens` (None: all of them)."""
+def expert_capacity(tokens: int, spec: MoESpec, training: bool = True) -> int | None:
+    """Tokens one expert takes from a micro-batch of `tokens` (None: all of them); evaluation forwards take
+    eval_capacity_factor when it is set."""
     if spec.capacity_factor is None:
         return None
-    return min(tokens, math.ceil(tokens * spec.top_k * spec.capacity_factor / spec.num_experts))
+    factor = spec.capacity_factor if training or spec.eval_capacity_factor is None else spec.eval_capacity_factor
+    if spec.routing == "deepspeed":
+        return deepspeed_capacity(tokens, spec.num_experts, spec.top_k, factor, spec.min_capacity)
+    return min(tokens, max(math.ceil(tokens * spec.top_k * factor / spec.num_experts), spec.min_capacity))
 
 
 def load_balancing_loss(logits: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -259,14 +293,23 @@ class RoutingTotals:
 
 
 class MoELayer(nn.Module):
-    """Router + experts in place of a decoder layer's MLP: (batch, seq, hidden) -> the same shape."""
+    """Router + experts in place of a decoder layer's MLP: (batch, seq, hidden) -> the same shape. With
+    `spec.residual` the caller's dense `residual_mlp` runs beside the experts (PR-MoE)."""
 
     def __init__(self, spec: MoESpec, hidden: int, ffn: int, activation: Callable[[torch.Tensor], torch.Tensor],
-                 gated: bool, moe_index: int, moe_layer_count: int):  # fmt: skip
+                 gated: bool, moe_index: int, moe_layer_count: int,
+                 residual_mlp: nn.Module | None = None):  # fmt: skip
         super().__init__()
         self.spec, self.moe_index, self.moe_layer_count = spec, moe_index, moe_layer_count
         self.router = nn.Linear(hidden, spec.num_experts, bias=False)
-        self.experts = Experts(spec.num_experts, hidden, ffn, activation, gated, spec.dropout)
+        self.experts = Experts(spec.num_experts, hidden, ffn, activation, gated or spec.glu, spec.dropout)
+        if spec.residual:
+            if residual_mlp is None:
+                raise ModelConfigError("model.moe.residual: this model family builds no dense MLP beside the experts; "
+                                       "expected false")  # fmt: skip
+            self.residual_mlp = residual_mlp
+            self.coefficient = nn.Linear(hidden, 2)
+            """The per-token mix of the experts' output and the dense MLP's (softmax of two logits)."""
         self.dispatch: Dispatcher = run_here
         self.aux_loss_weight = 0.0
         """Gradient the auxiliary loss of one forward receives (`set_aux_loss_weights`)."""
@@ -285,8 +328,12 @@ class MoELayer(nn.Module):
         weighted = rows.float() * weights[pair_token, pair_expert].unsqueeze(1)
         output = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
         output = output.index_add(0, pair_token, weighted).to(hidden.dtype).reshape(shape)
+        if self.spec.residual:  # PR-MoE: experts and the dense MLP mixed per token
+            mix = torch.softmax(self.coefficient(hidden), dim=-1)
+            output = output * mix[..., 0:1] + self.residual_mlp(hidden) * mix[..., 1:]
         recording = self.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
-        aux = load_balancing_loss(logits, self.spec.top_k) if self.spec.router_aux_loss else None
+        aux_k = 1 if self.spec.routing == "deepspeed" else self.spec.top_k  # DeepSpeed counts first choices only
+        aux = load_balancing_loss(logits, aux_k) if self.spec.router_aux_loss else None
         if recording:  # not in eval, nor when activation recompute replays the forward in backward
             self._record(chosen, choice, aux)
         if aux is not None and self.aux_loss_weight and torch.is_grad_enabled():
@@ -305,6 +352,11 @@ class MoELayer(nn.Module):
         """(tokens, experts) choices and those kept by capacity (bool), and the combine weights (fp32,
         zero where not kept)."""
         spec = self.spec
+        capacity = expert_capacity(logits.shape[0], spec, self.training) if self.drops_tokens else None
+        if spec.routing == "deepspeed":
+            return deepspeed_gate(logits, spec.top_k, capacity, random_selection=self.training and
+                                  spec.random_token_selection, sample_second=self.training and
+                                  spec.sample_second_expert)  # fmt: skip
         affinities = torch.softmax(logits, dim=-1) if spec.router_activation == "softmax" else torch.sigmoid(logits)
         with torch.no_grad():
             if spec.routing == "sinkhorn":
@@ -317,7 +369,6 @@ class MoELayer(nn.Module):
             else:
                 index = torch.topk(logits.detach(), spec.top_k, dim=-1).indices
             chosen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, index, True)
-            capacity = expert_capacity(logits.shape[0], spec) if self.drops_tokens else None
             kept = chosen if capacity is None else chosen & (torch.cumsum(chosen.int(), dim=0) <= capacity)
         weights = affinities.masked_fill(~kept, 0.0)
         if spec.normalize_top_k_affinities:

@@ -56,8 +56,6 @@ _TE_FP8 = "used only by Transformer Engine's fp8 layers (te_*), which nxd refuse
 _RL = "used only with train_impl: reinforce (online RL with a generation server), which nxd refuses"
 _FP16 = ("NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed: the fp16 block's loss_scale, "
          "loss_scale_window, hysteresis and min_loss_scale set nxd's loss scaling")  # fmt: skip
-_OLD_MOE = ("a key of GPT-NeoX's older MoE (DeepSpeed / megablocks), removed from current NeoX, whose dropless "
-            "MoE nxd follows; remove it (lifted if nxd gains that MoE)")  # fmt: skip
 _PAIRS = ("with train_impl dpo or rm: one prefix a split (document i pairs with the other side's i); labels: -100 "
           "where nothing is trained")  # fmt: skip
 _DS_TOOL = "a DeepSpeed tool that nxd does not run"
@@ -313,17 +311,32 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "while training, the top-k router reads its input times uniform noise in [1 - eps, 1 + eps), as NeoX's does"),
     ("moe_lbl_in_fp32", "MoE", False, N, "", "current GPT-NeoX never reads it (its MoE has no load-balancing loss)"),
     ("moe_expert_parallel_size", "MoE", 1, M, "distributed_strategy.expert_model_parallel_size", ""),
-    ("moe_type", "MoE", "megablocks", R, "", _OLD_MOE),
-    ("moe_loss_coeff", "MoE", 0.1, R, "", _OLD_MOE),
-    ("moe_train_capacity_factor", "MoE", 1.0, R, "", _OLD_MOE),
-    ("moe_eval_capacity_factor", "MoE", 1.0, R, "", _OLD_MOE),
-    ("moe_min_capacity", "MoE", 4, R, "", _OLD_MOE),
-    ("moe_token_dropping", "MoE", False, R, "", _OLD_MOE),
+    ("moe_type", "MoE", "megablocks", M, "model.moe.routing_algorithm",
+     "megablocks: NeoX's dropless MoE (the keys above); deepspeed: older NeoX's DeepSpeed MoE, routing_algorithm "
+     "deepspeed (DeepSpeed's top-1 / top-2 gate with random token selection and a Gumbel-sampled second expert), "
+     "the experts as wide as the dense MLP; moe_router_type and moe_jitter_eps are noticed with it"),
+    ("moe_loss_coeff", "MoE", 0.1, M, "model.moe.router_aux_loss_coef",
+     "with moe_type: deepspeed, the weight of the layers' summed load-balancing losses (nxd averages over layers, "
+     "so it is multiplied by num_layers); NeoX adds it to the loss as a Python number, so its router never "
+     "receives that gradient, nxd's does, as DeepSpeed intends"),
+    ("moe_train_capacity_factor", "MoE", 1.0, M, "model.moe.capacity_factor",
+     "with moe_type: deepspeed and moe_token_dropping; otherwise a notice"),
+    ("moe_eval_capacity_factor", "MoE", 1.0, M, "model.moe.eval_capacity_factor",
+     "with moe_type: deepspeed and moe_token_dropping; otherwise a notice"),
+    ("moe_min_capacity", "MoE", 4, M, "model.moe.min_capacity",
+     "with moe_type: deepspeed and moe_token_dropping; otherwise a notice"),
+    ("moe_token_dropping", "MoE", False, M, "model.moe.dropless",
+     "with moe_type: deepspeed, experts over capacity drop tokens (DeepSpeed keeps all without it); refused with "
+     "megablocks, whose MoE nxd follows dropless"),
     ("create_moe_param_group", "MoE", True, N, "", "DeepSpeed's split of the expert weights into optimizer groups of "
      "their own, with the same hyperparameters, so that its engine reduces their gradients over the expert group; "
      "nxd reduces expert gradients itself and updates them as every other weight"),
-    ("moe_use_residual", "MoE", True, R, "", _OLD_MOE),
-    ("moe_glu", "MoE", False, R, "", _OLD_MOE),
+    ("moe_use_residual", "MoE", True, M, "model.moe.residual",
+     "with moe_type: deepspeed, PR-MoE: a dense MLP beside the experts mixed per token by softmax(Linear(hidden, "
+     "2)), as DeepSpeed's MoE computes it; with megablocks a notice"),
+    ("moe_glu", "MoE", False, M, "model.moe.glu",
+     "with moe_type: deepspeed, the experts gate the activation, act(gate(x)) x up(x) (older NeoX never read it; "
+     "the reference documents it); with megablocks a notice"),
     ("use_tutel", "MoE", False, N, "", "a kernel choice of DeepSpeed's MoE (Tutel's dispatch) with the same routing "
      "arithmetic; nxd dispatches tokens with its own"),
     ("enable_expert_tensor_parallelism", "MoE", False, N, "", "DeepSpeed's split of each expert's ffn over the "

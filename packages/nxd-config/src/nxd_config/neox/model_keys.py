@@ -186,6 +186,41 @@ def gating_keys(a: Arguments, t: Translation, gating: list[str]) -> None:
                  "its model changes with model_parallel_size; nxd computes the single-process model")  # fmt: skip
 
 
+def deepspeed_moe_keys(a: Arguments, t: Translation, experts: int, interval_key: str) -> None:
+    """Older NeoX's moe_type: deepspeed (DeepSpeed's MoE layer with NeoX's MLP as the expert): DeepSpeed's gate,
+    capacity only with moe_token_dropping, PR-MoE with moe_use_residual, and moe_loss_coeff times the layers' summed
+    load-balancing losses (nxd averages over layers, so the coefficient is multiplied by their number). The experts
+    have the dense MLP's width."""
+    for key in ("moe_router_type", "moe_jitter_eps"):
+        if a.given(key):
+            t.notice(key, "accepted, changes nothing here: DeepSpeed's gate routes with moe_type: deepspeed (this key "
+                     "is read by NeoX's own MoE)")  # fmt: skip
+    dropping = typed(t, a, "moe_token_dropping", bool, "true or false")
+    coefficient = typed(t, a, "moe_loss_coeff", float, "a number")
+    layers = a["num_layers"] if isinstance(a["num_layers"], int) else 1
+    moe = {"num_experts": experts, "top_k": a["moe_top_k"], "frequency": 1, "routing_algorithm": "deepspeed",
+           "dropless": not dropping, "residual": typed(t, a, "moe_use_residual", bool, "true or false"),
+           "glu": typed(t, a, "moe_glu", bool, "true or false"), "output_router_logits": True,
+           "router_aux_loss_coef": (coefficient or 0.0) * layers}  # fmt: skip
+    if dropping:
+        moe.update(capacity_factor=a["moe_train_capacity_factor"], eval_capacity_factor=a["moe_eval_capacity_factor"],
+                   min_capacity=a["moe_min_capacity"])  # fmt: skip
+    else:
+        for key in ("moe_train_capacity_factor", "moe_eval_capacity_factor", "moe_min_capacity"):
+            if a.given(key):
+                t.notice(key, "accepted, changes nothing here: read only with moe_token_dropping true (DeepSpeed keeps "
+                         "every token without it)")  # fmt: skip
+    t.set("model.moe", moe, "moe_type", "moe_num_experts", "moe_top_k", *DEEPSPEED_MOE_KEYS)
+    for part, key in (("num_experts", "moe_num_experts"), ("top_k", "moe_top_k"), ("frequency", interval_key),
+                      ("residual", "moe_use_residual"), ("glu", "moe_glu"), ("dropless", "moe_token_dropping"),
+                      ("router_aux_loss_coef", "moe_loss_coeff"), ("capacity_factor", "moe_train_capacity_factor"),
+                      ("eval_capacity_factor", "moe_eval_capacity_factor"), ("min_capacity", "moe_min_capacity")):
+        t.claim(f"model.moe.{part}", key)
+    if a["moe_top_k"] not in (1, 2):
+        t.refuse("moe_top_k", f"expected 1 or 2 with moe_type: deepspeed (DeepSpeed's top1gating and top2gating), "
+                 f"found {show(a['moe_top_k'])}")  # fmt: skip
+
+
 SPARSITY_KEYS = ("block", "different_layout_per_head", "num_local_blocks", "num_global_blocks",
                  "num_different_global_patterns", "num_random_blocks", "local_window_blocks",
                  "global_block_indices", "global_block_end_indices", "num_sliding_window_blocks")  # fmt: skip
@@ -332,25 +367,43 @@ def old_mlp(a: Arguments, t: Translation, name: str | None, style: Any) -> None:
     t.set("model.mlp_bias", False, "mlp_type")
 
 
+DEEPSPEED_MOE_KEYS = ("moe_loss_coeff", "moe_train_capacity_factor", "moe_eval_capacity_factor", "moe_min_capacity",
+                     "moe_token_dropping", "moe_use_residual", "moe_glu")  # fmt: skip
+"""The keys of older NeoX's DeepSpeed MoE (moe_type: deepspeed)."""
+
+
 def moe_keys(a: Arguments, t: Translation) -> None:
     """NeoX's dropless MoE (megatron/model/moe.py): top-k routing with softmax affinities, or its Sinkhorn router
     (megatron/model/router.py), not renormalised, no load-balancing loss, ungated experts of intermediate_size
-    (else 256 x ceil(4 hidden / 256))."""
+    (else 256 x ceil(4 hidden / 256)); or, with moe_type: deepspeed, older NeoX's DeepSpeed MoE
+    (`deepspeed_moe_keys`)."""
     experts = typed(t, a, "moe_num_experts", int, "a whole number")
     top_k, router = a["moe_top_k"], a["moe_router_type"]
     interval_key = "expert_interval" if "expert_interval" in a.values and "moe_expert_interval" not in a.values \
         else "moe_expert_interval"  # fmt: skip
     interval = a[interval_key] if interval_key in a.values else 1
     t.set("distributed_strategy.expert_model_parallel_size", a["moe_expert_parallel_size"], "moe_expert_parallel_size")
+    moe_type = choice(t, a, "moe_type", ("megablocks", "deepspeed"))
+    deepspeed = moe_type == "deepspeed"
     if experts is None or experts <= 1:
-        if a.given("moe_jitter_eps"):
-            t.notice("moe_jitter_eps", "accepted, changes nothing here: moe_num_experts makes no MoE layer")
+        for key in ("moe_jitter_eps", "moe_type", *DEEPSPEED_MOE_KEYS):
+            if a.given(key):
+                t.notice(key, "accepted, changes nothing here: moe_num_experts makes no MoE layer")
         return
-    if router not in ("topk", "sinkhorn"):
-        t.refuse("moe_router_type", f"expected topk or sinkhorn, found {show(router)}")
     if interval != 1:
         t.refuse(interval_key, f"expected 1 (MoE in every layer), found {show(interval)}: NeoX counts MoE "
                  f"layers from 0 (0, n, 2n ...), nxd from 1 (n, 2n ...)")  # fmt: skip
+    if deepspeed:
+        deepspeed_moe_keys(a, t, experts, interval_key)
+        return
+    for key in DEEPSPEED_MOE_KEYS:
+        if key == "moe_token_dropping" and a[key] is True:
+            t.refuse(key, "expected false with moe_type: megablocks (nxd follows NeoX's dropless megablocks MoE); "
+                     "moe_type: deepspeed drops tokens over capacity")  # fmt: skip
+        elif a.given(key):
+            t.notice(key, "accepted, changes nothing here: read only by moe_type: deepspeed")
+    if router not in ("topk", "sinkhorn"):
+        t.refuse("moe_router_type", f"expected topk or sinkhorn, found {show(router)}")
     if a["activation"] in GATED:
         t.refuse("activation", f"expected an ungated activation with moe_num_experts, found {a['activation']!r}: "
                  f"GPT-NeoX's experts apply it without the gate")  # fmt: skip

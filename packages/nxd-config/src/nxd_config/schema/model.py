@@ -78,13 +78,46 @@ class MoEConfig(Section):
         ge=0.0,
     )
     dropless: bool = key(False, "No token is ever dropped (capacity_factor must then be 0.0 or null).", by=MODELS)
-    routing_algorithm: Literal["top_k", "sinkhorn", "neox_sinkhorn"] = key(
+    routing_algorithm: Literal["top_k", "sinkhorn", "neox_sinkhorn", "deepspeed"] = key(
         "top_k",
         "top_k: each token's top_k experts by router logit. sinkhorn: top-1 of a Sinkhorn-balanced assignment "
         "while training (plain top-1 in evaluation); top_k must be 1. neox_sinkhorn (an nxd extension value): "
         "GPT-NeoX's Sinkhorn router, the top_k experts of at most three balancing iterations from column-normalised "
-        "costs while training (plain top_k in evaluation); sinkhorn_iterations and sinkhorn_tol do not apply.",
-        by=MODELS, extension_values=("neox_sinkhorn",),
+        "costs while training (plain top_k in evaluation); sinkhorn_iterations and sinkhorn_tol do not apply. "
+        "deepspeed (an nxd extension value): DeepSpeed's MoE gate (GPT-NeoX's moe_type: deepspeed), top_k 1 or 2, "
+        "softmax affinities: top-1 keeps a random choice of an overloaded expert's tokens (random_token_selection) "
+        "and weighs them by their probability; top-2 samples the second expert with Gumbel noise "
+        "(sample_second_expert), fills capacity with first choices before second ones and renormalises; capacity "
+        "max(ceil(T / num_experts x capacity_factor x top_k), min_capacity); the load-balancing loss counts first "
+        "choices, num_experts x sum(mean probability x share of first choices).",
+        by=MODELS, extension_values=("neox_sinkhorn", "deepspeed"),
+    )  # fmt: skip
+    eval_capacity_factor: Annotated[float | None, NoneString] = key(
+        None, "The capacity factor of evaluation forwards; null: capacity_factor.", by=MODELS, gt=0.0,
+        status=Status.EXTENSION, note="GPT-NeoX's moe_eval_capacity_factor; NxDT has no such key",
+    )  # fmt: skip
+    min_capacity: int = key(
+        0, "An expert takes at least this many tokens when capacity drops tokens.", by=MODELS, ge=0,
+        status=Status.EXTENSION, note="GPT-NeoX's moe_min_capacity; NxDT has no such key",
+    )  # fmt: skip
+    residual: bool = key(
+        False, "PR-MoE (Megatron-style models): a dense MLP beside the experts, the two outputs mixed per token by "
+        "softmax(Linear(hidden, 2)).", by=MODELS,
+        status=Status.EXTENSION, note="GPT-NeoX's moe_use_residual; NxDT has no such key",
+    )  # fmt: skip
+    glu: bool = key(
+        False, "The experts gate their activation, act(gate(x)) x up(x), even when the model's activation is "
+        "ungated.", by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's moe_glu; NxDT has no such key",
+    )  # fmt: skip
+    random_token_selection: bool = key(
+        True, "routing_algorithm deepspeed, top-1: an expert over capacity keeps a random choice of its tokens while "
+        "training; false: the first in token order.", by=MODELS,
+        status=Status.EXTENSION, note="DeepSpeed's use_rts; NxDT has no such key",
+    )  # fmt: skip
+    sample_second_expert: bool = key(
+        True, "routing_algorithm deepspeed, top-2: the second expert is the largest of the other logits plus Gumbel "
+        "noise while training; false: the second-largest logit.", by=MODELS,
+        status=Status.EXTENSION, note="DeepSpeed's top2_2nd_expert_sampling; NxDT has no such key",
     )  # fmt: skip
     router_activation: Literal["softmax", "sigmoid"] = key(
         "softmax", "Turns router logits into the affinities that weigh the experts' outputs.", by=MODELS
