@@ -136,7 +136,7 @@ def test_every_neox_argument_is_mapped_noticed_or_refused():
 
 
 READERS = [{}, {"pos_emb": "rotary", "norm": "rmsnorm", "sliding_window_width": 7, "num_kv_heads": 2},
-           {"norm": "scalenorm", "gpt_j_residual": True, "gpt_j_tied": True}, {"pos_emb": "rpe"}, {"attention_config": [[["amlp"], "all"]]}, {"mlp_type": "llama", "activation": "silu"},
+           {"norm": "scalenorm", "gpt_j_residual": True, "gpt_j_tied": True}, {"pos_emb": "rpe"}, {"attention_config": [[["amlp"], "all"]]}, {"attention_config": [[["mamba"], "all"]], "intermediate_size": 96}, {"mlp_type": "llama", "activation": "silu"},
            {"moe_num_experts": 4, "moe_router_type": "topk", "moe_expert_interval": 1},
            {"expert_interval": 1, "moe_num_experts": 4, "moe_router_type": "topk"},
            {"moe_num_experts": 4, "moe_type": "deepspeed", "moe_token_dropping": True},
@@ -283,7 +283,6 @@ def test_attention_config_expands_as_neox_expands_it(tmp_path, config, flash):
 
 @pytest.mark.parametrize(("config", "message"), [
     ([[["global"], 3]], "attention_config: expected one kind per layer (num_layers: 4), found 3 after expansion"),
-    ([[["mamba"], 4]], "found mamba: nxd has no mamba layers"),
     ([[["rwkv"], 4]], "found rwkv: nxd has no rwkv layers"),
 ])  # fmt: skip
 def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, config, message):
@@ -346,6 +345,25 @@ def test_gmlp_and_amlp_layers_and_gmlp_attn_dim_become_nxd_keys(tmp_path):
 def test_gmlp_settings_are_noticed_or_refused_by_name(tmp_path, keys, message, notice):
     found = notices(tmp_path, {**MODEL, **keys}) if notice else errors(tmp_path, {**MODEL, **keys})
     assert any(message in line for line in found), found
+
+
+def test_mamba_layers_and_their_keys_become_nxd_keys(tmp_path):
+    """NeoX's configs/mamba/*.yml pattern: every layer mamba, rmsnorm, no positions."""
+    keys = {**MODEL, "attention_config": [[["mamba"], 4]], "norm": "rmsnorm", "pos_emb": "none",
+            "mamba_use_bias_in_conv": False, "mamba_use_bias_in_linears": True, "expansion_factor": 3,
+            "mamba_inner_func_fusion": True}  # fmt: skip
+    model = load(tmp_path, keys).model
+    assert model.attention_layers == ("mamba",) * 4
+    assert (model.mamba_conv_bias, model.mamba_linear_bias, model.mamba_inner_size) == (False, True, 192)
+    found = notices(tmp_path, keys)
+    assert any("mamba_inner_func_fusion: accepted, changes nothing here: a kernel choice of mamba-ssm" in line
+               for line in found), found
+    found = notices(tmp_path, {**MODEL, "mamba_use_bias_in_conv": False})
+    assert any("mamba_use_bias_in_conv: accepted, changes nothing here: only mamba layers read it" in line
+               for line in found), found
+    found = errors(tmp_path, {**keys, "model_parallel_size": 2, "sequence_parallel": True})
+    assert any("mamba layers scan the whole sequence from its start, which sequence parallelism splits" in line
+               for line in found), found
 
 
 def test_a_sparsity_config_without_sparse_layers_is_noticed(tmp_path):

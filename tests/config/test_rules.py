@@ -493,6 +493,23 @@ def test_gmlp_layers_refuse_split_sequences_gated_activations_and_experts(minima
                                "distributed_strategy.context_parallel_size 1, found 2"]
 
 
+def test_mamba_layers_refuse_experts_a_soft_prompt_and_a_split_sequence(minimal) -> None:
+    minimal["model"]["attention_layers"] = ["mamba"] * minimal["model"]["num_layers"]
+    minimal["model"]["moe"] = dict(MOE)
+    minimal["model"]["fusions"] = {"ring_attention": True}
+    minimal["distributed_strategy"].update(context_parallel_size=2)
+    found = errors(minimal)
+    assert "model.attention_layers: mamba layers scan the whole sequence from its start, which context parallelism " \
+           "splits over ranks; expected distributed_strategy.context_parallel_size 1, found 2" in found
+    assert "model.moe: mamba layers have no MLP to replace with experts; expected one of model.moe and those " \
+           "layers" in found
+    del minimal["model"]["attention_layers"]
+    minimal["model"]["mamba_inner_size"] = 96
+    with pytest.warns(ConfigNotice, match="model.mamba_inner_size: acted on only by mamba layers"):
+        load_config({**minimal, "model": {k: v for k, v in minimal["model"].items() if k not in ("moe", "fusions")},
+                     "distributed_strategy": {**minimal["distributed_strategy"], "context_parallel_size": 1}})
+
+
 def test_gmlp_attention_dim_without_amlp_layers_is_a_notice(minimal) -> None:
     minimal["model"]["gmlp_attention_dim"] = 32
     minimal["model"]["attention_layers"] = ["gmlp"] * minimal["model"]["num_layers"]

@@ -95,6 +95,9 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("gmlp-dp2-zero1-full-recompute", "gmlp", layers=3, layout=Layout(zero1=True, recompute="full")),
             Scenario("gmlp-dp2-zero3", "gmlp", layers=3, layout=Layout(zero1=True, zero3=True)),
             Scenario("gmlp-tp2-documents", "gmlp", tp=2, layers=3, documents=True, clip=0.5),
+            Scenario("mamba-pp2", "mamba", pp=2, layers=4),
+            Scenario("mamba-dp2-zero1-full-recompute", "mamba", layout=Layout(zero1=True, recompute="full")),
+            Scenario("mamba-tp2-documents", "mamba", tp=2, documents=True, clip=0.5),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -112,6 +115,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("shared-dp2-zero1-full-recompute", "shared", layers=4, layout=Layout(zero1=True, recompute="full")),
         Scenario("prompt-tp2-sp", "prompt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("gmlp-tp2", "gmlp", tp=2, layers=3, clip=0.5),
+        Scenario("mamba-tp2", "mamba", tp=2, clip=0.5),
     ]  # fmt: skip
 
 

@@ -8,6 +8,7 @@ from collections import Counter
 from torch import nn
 
 from .qkv import QKVLinear
+from .selective_state_space import STATE_SIZE, MambaMixer
 from .spatial_gating import SpatialGatingUnit, TinyAttention
 
 
@@ -15,7 +16,8 @@ def training_flops_per_token(model: nn.Module, seq_length: int) -> int:
     """6 x (weights of every matmul, output layer included, embedding lookups excluded) plus the attention
     score and context matmuls, 12 x layers x attention width x seq_length (the PaLM paper's count, which
     ignores causal masking so that figures compare across frameworks). A gMLP layer's spatial projection mixes
-    each of its inner features over the sequence: 6 x inner x seq_length, counted as attention is."""
+    each of its inner features over the sequence: 6 x inner x seq_length, counted as attention is. A Mamba layer's
+    convolution counts as matmul weights and its scan as three multiply-adds per channel and state."""
     runs = _runs(model)
     modules = list(model.named_modules())
     spatial = {f"{name}.proj": module for name, module in modules if isinstance(module, SpatialGatingUnit)}
@@ -30,6 +32,8 @@ def training_flops_per_token(model: nn.Module, seq_length: int) -> int:
     query_widths += [module.dim for module in model.modules() if isinstance(module, TinyAttention)]
     attention = sum(12 * width * seq_length for width in query_widths)
     attention += sum(6 * unit.inner * seq_length for unit in spatial.values())
+    mixers = [(name, m) for name, m in modules if isinstance(m, MambaMixer)]
+    matmul_weights += sum(runs(name) * (m.conv1d.weight.numel() + 3 * m.inner * STATE_SIZE) for name, m in mixers)
     return 6 * matmul_weights + attention
 
 

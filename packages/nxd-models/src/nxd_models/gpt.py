@@ -37,6 +37,7 @@ from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoida
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .score_head import ScoreHead
+from .selective_state_space import MAMBA_KINDS, MambaLayer, init_mamba_part
 from .sparse_attention import SPARSE_KINDS, BlockSparseLayout, SparsitySpec
 from .spatial_gating import GATING_KINDS, GMLPLayer
 from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy
@@ -100,6 +101,12 @@ class GPTConfig:
     """The block-sparse layouts' settings (GPT-NeoX's sparsity_config)."""
     gmlp_attention_dim: int = 64
     """The width of an amlp layer's single-head attention (GPT-NeoX's gmlp_attn_dim)."""
+    mamba_inner_size: int | None = None
+    """The channels of a mamba layer (None: 2 x hidden_size)."""
+    mamba_conv_bias: bool = True
+    """A bias on a mamba layer's convolution (GPT-NeoX's mamba_use_bias_in_conv)."""
+    mamba_linear_bias: bool = False
+    """Biases on a mamba layer's in, x and out projections (GPT-NeoX's mamba_use_bias_in_linears)."""
     soft_prompt_tokens: int = 0
     """GPT-NeoX's soft prompt tuning: this many learned vectors before every sequence (`SoftPrompt`); 0: none."""
     soft_prompt_init_range: float = 0.5
@@ -280,6 +287,12 @@ def _problems(c: GPTConfig) -> list[str]:
         if gating and c.moe is not None:
             found.append(f"model.moe: {', '.join(gating)} layers have no MLP to replace with experts; expected one "
                          "of model.moe and those layers")  # fmt: skip
+        if kinds & set(MAMBA_KINDS) and c.moe is not None:
+            found.append("model.moe: mamba layers have no MLP to replace with experts; expected one of model.moe and "
+                         "those layers")  # fmt: skip
+        if kinds & set(MAMBA_KINDS) and c.soft_prompt_tokens:
+            found.append("model.soft_prompt: every packed document sees the prompt's positions, which a mamba layer's "
+                         "scan cannot give; expected no soft prompt with mamba layers")  # fmt: skip
         if "amlp" in kinds and c.gmlp_attention_dim < 1:
             found.append(f"model.gmlp_attention_dim: expected 1 or more, found {c.gmlp_attention_dim}")
     if c.moe is not None and c.moe.frequency > c.num_layers:
@@ -296,7 +309,9 @@ BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
 """pre_ln: sequential pre-norm blocks; gpt_j: attention and MLP in parallel from one norm of the input;
 gpt_neox: in parallel from two norms of the input (GPT-NeoX's gpt_j_residual, Pythia)."""
 POSITIONS = ("learned_absolute", "rope", "sinusoidal", "alibi", "rpe", "none")
-LAYER_KINDS = ("dense", *SPARSE_KINDS, *GATING_KINDS)
+LAYER_KINDS = ("dense", *SPARSE_KINDS, *GATING_KINDS, *MAMBA_KINDS)
+WHOLE_LAYER_KINDS = (*GATING_KINDS, *MAMBA_KINDS)
+"""Kinds that replace attention and MLP with a block of their own, whole on every tensor-parallel rank."""
 """Every kind a decoder layer can have (dense: full causal attention and an MLP)."""
 SHARING_STYLES = ("grouped", "spaced")
 """How shared layers repeat (see `GPTConfig.param_sharing_style`)."""
@@ -468,10 +483,15 @@ class SoftPrompt(nn.Module):
 def _layer(config: GPTConfig, layer_number: int, kernel: AttentionKernel) -> nn.Module:
     """Decoder layer `layer_number` (1-based) of the kind `attention_layers` gives it."""
     kind = config.attention_kind(layer_number)
+    def norm(width: int) -> nn.Module:
+        return build_norm(config.normalization, width, config.layernorm_epsilon)
+
     if kind in GATING_KINDS:
-        return GMLPLayer(config.hidden_size, config.seq_length + config.soft_prompt_tokens,
-                         lambda width: build_norm(config.normalization, width, config.layernorm_epsilon),
+        return GMLPLayer(config.hidden_size, config.seq_length + config.soft_prompt_tokens, norm,
                          ACTIVATIONS[config.activation][0], config.gmlp_attention_dim if kind == "amlp" else None)
+    if kind in MAMBA_KINDS:
+        return MambaLayer(config.hidden_size, config.mamba_inner_size or 2 * config.hidden_size, norm,
+                          config.mamba_conv_bias, config.mamba_linear_bias)  # fmt: skip
     return DecoderLayer(config, layer_number, kernel)
 
 
@@ -639,13 +659,15 @@ class GPTForCausalLM(nn.Module):
             init_weight(weight, method, std=c.init_method_std, layers=c.num_layers, hidden=c.hidden_size, fans=fans)
 
         qkv_fans = (c.hidden_size, (c.num_attention_heads + 2 * c.kv_heads) * c.head_dim)
-        if name.endswith(".spatial_gating.proj"):  # NeoX's W = 0 and b = 1: the gate starts as the identity
+        if init_mamba_part(name, module):
+            pass
+        elif name.endswith(".spatial_gating.proj"):  # NeoX's W = 0 and b = 1: the gate starts as the identity
             nn.init.zeros_(module.weight)
             nn.init.ones_(module.bias)
         elif name.endswith((".spatial_gating.attn.proj_qkv", ".spatial_gating.attn.proj_ffn", ".mlp.coefficient")):
             module.reset_parameters()  # NeoX's aMLP attention and DeepSpeed's PR-MoE mix keep torch's default draw
         elif isinstance(module, nn.Linear | nn.Embedding):
-            if name.endswith(("o_proj", "down_proj", "output_proj")):
+            if name.endswith(("o_proj", "down_proj", "output_proj", ".mixer.out_proj")):
                 draw(module.weight, c.output_init)
             elif name.endswith(("q_proj", "k_proj", "v_proj")):
                 draw(module.weight, c.init_method, qkv_fans)
@@ -730,15 +752,15 @@ def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
         plan["model.relative_position_bias"] = "heads"
     if config.qk_layernorm:  # a rank's heads as a slice of all, so that the norm's reductions cover every head
         plan["model.layers.*.self_attn.qk_norm"] = "replicated_with_grad_allreduce"
-    if set(config.attention_layers or ()) & set(GATING_KINDS):  # gMLP layers are whole on every rank: the
-        attending = [index for index, kind in enumerate(config.attention_layers) if kind not in GATING_KINDS]
-        plan = {pattern.replace("*", str(index)) if _attending(pattern) else pattern: style  # others' entries
+    if set(config.attention_layers or ()) & set(WHOLE_LAYER_KINDS):  # gMLP and Mamba layers are whole on every rank:
+        attending = [index for index, kind in enumerate(config.attention_layers) if kind not in WHOLE_LAYER_KINDS]
+        plan = {pattern.replace("*", str(index)) if _attending(pattern) else pattern: style  # the others' entries
                 for pattern, style in plan.items() for index in (attending if _attending(pattern) else (0,))}
     return {**plan, **moe_tp_plan(config.moe_layers)}
 
 
 def _attending(pattern: str) -> bool:
-    """Whether a plan entry names a part of attention and MLP layers only (not of gMLP layers)."""
+    """Whether a plan entry names a part of attention and MLP layers only (not of gMLP or Mamba layers)."""
     return pattern.startswith("model.layers.*.") and not pattern.endswith("input_layernorm")
 
 

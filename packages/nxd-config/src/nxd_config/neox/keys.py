@@ -44,7 +44,8 @@ _LAUNCHER = ("a setting of DeepSpeed's launcher that nxd's launches do not need 
              "script or each host's torchrun command)")  # fmt: skip
 _DERIVED = "NeoX derives it while it runs (a value written in a file is overwritten); nxd derives its own"
 _COMET = "used only with use_comet, which nxd refuses"
-_MAMBA = "used only by mamba layers (attention_config), which nxd refuses"
+_MAMBA_KERNEL = ("a kernel choice of mamba-ssm / causal-conv1d for mamba layers; nxd's PyTorch scan and convolution "
+                 "compute the same")
 _RWKV = "used only by rwkv layers (attention_config), which nxd refuses"
 _MUP = "used only with use_mup, which nxd refuses"
 _TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
@@ -156,7 +157,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "sparse_variable, bigbird and bslongformer layers attend by DeepSpeed's block layouts (not with alibi, which "
      "NeoX's sparse layers skip); gmlp and amlp layers are gMLP blocks as NeoX's GMLPBlock computes them (no "
      "residual, 4 x hidden wide, an ungated activation; whole on every tensor-parallel rank, no sequence or context "
-     "parallelism); mamba and rwkv layers are refused"),
+     "parallelism); mamba layers are NeoX's ParallelMambaResidualLayer (whole on every tensor-parallel rank, no "
+     "sequence or context parallelism); rwkv layers are refused"),
     ("sparsity_config", "Model", None, M, "model.sparse_attention",
      "each entry NeoX reads becomes model.sparse_attention's; mode, attention and horizontal_global_attention are "
      "noticed (NeoX overrides them); random blocks are drawn with the run's seed"),
@@ -205,12 +207,15 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "with enabled: true, n_tokens (the reference's num_tokens too), init_string and init_range start a learned prompt "
      "before every sequence and freeze every other weight; the prompt takes positions 0 .. n_tokens - 1 and the "
      "labels stay on their tokens (NeoX's own SoftEmbedding cuts the sequence and shifts it against its labels)"),
-    ("mamba_selective_scan_fusion", "Model", False, N, "", _MAMBA),
-    ("mamba_causal_conv_fusion", "Model", False, N, "", _MAMBA),
-    ("mamba_inner_func_fusion", "Model", False, N, "", _MAMBA),
-    ("mamba_selective_fp32_params", "Model", True, N, "", _MAMBA),
-    ("mamba_use_bias_in_conv", "Model", True, N, "", _MAMBA),
-    ("mamba_use_bias_in_linears", "Model", False, N, "", _MAMBA),
+    ("mamba_selective_scan_fusion", "Model", False, N, "", _MAMBA_KERNEL),
+    ("mamba_causal_conv_fusion", "Model", False, N, "", _MAMBA_KERNEL),
+    ("mamba_inner_func_fusion", "Model", False, N, "", _MAMBA_KERNEL),
+    ("mamba_selective_fp32_params", "Model", True, N, "",
+     "DeeperSpeed's flag to keep A_log and D out of its fp16/bf16 cast; nxd's scan reads them in fp32 and their "
+     "storage follows the precision type (fp32 masters under mixed_precision)"),
+    ("mamba_use_bias_in_conv", "Model", True, M, "model.mamba_conv_bias", "with mamba layers; otherwise a notice"),
+    ("mamba_use_bias_in_linears", "Model", False, M, "model.mamba_linear_bias",
+     "with mamba layers; otherwise a notice"),
     ("output_layer_parallelism", "Model", "column", M, "nxd-parallel",
      "nxd's output layer is column-parallel (over the vocabulary)"),
     ("dim_att", "Model", None, N, "", _RWKV),

@@ -156,21 +156,41 @@ def attention_keys(a: Arguments, t: Translation) -> None:
     kinds = expand_attention_config(t, a["attention_config"], layers if isinstance(layers, int) else None)
     if kinds is None:
         return
-    other = sorted(set(kinds) - set(DENSE_ATTENTION) - set(SPARSE_ATTENTION) - set(GATING))
+    other = sorted(set(kinds) - set(DENSE_ATTENTION) - set(SPARSE_ATTENTION) - set(GATING) - {"mamba"})
     if other:
-        t.refuse("attention_config", f"expected global, flash, {', '.join(SPARSE_ATTENTION)}, gmlp or amlp layers, "
-                 f"found {', '.join(other)}: nxd has no {', '.join(other)} layers")  # fmt: skip
+        t.refuse("attention_config", f"expected global, flash, {', '.join(SPARSE_ATTENTION)}, gmlp, amlp or mamba "
+                 f"layers, found {', '.join(other)}: nxd has no {', '.join(other)} layers")  # fmt: skip
     t.set("model.fusions.flash_attention", True, "attention_config")
     sparse = sorted(set(kinds) & set(SPARSE_ATTENTION))
     gating = sorted(set(kinds) & set(GATING))
-    if sparse or gating:
+    if sparse or gating or "mamba" in kinds:
         t.set("model.attention_layers", ["dense" if kind in DENSE_ATTENTION else kind for kind in kinds],
               "attention_config")  # fmt: skip
     if sparse and a["pos_emb"] == "alibi":
         t.refuse("attention_config", f"expected global or flash layers with pos_emb: alibi, found "
                  f"{', '.join(sparse)}: NeoX's sparse layers add no ALiBi bias, nxd's would")  # fmt: skip
     gating_keys(a, t, gating)
+    mamba_keys(a, t, "mamba" in kinds)
     sparsity_keys(a, t, bool(sparse))
+
+
+def mamba_keys(a: Arguments, t: Translation, used: bool) -> None:
+    """The mamba layers' biases, and their width: intermediate_size, else expansion_factor x hidden_size, else
+    2 x hidden_size (NeoX's ParallelMambaBlock)."""
+    for key, path in (("mamba_use_bias_in_conv", "model.mamba_conv_bias"),
+                      ("mamba_use_bias_in_linears", "model.mamba_linear_bias")):  # fmt: skip
+        if used:
+            t.set(path, typed(t, a, key, bool, "true or false"), key)
+        elif a.given(key):
+            t.notice(key, "accepted, changes nothing here: only mamba layers read it, and attention_config names none")
+    hidden, size, factor = a["hidden_size"], a["intermediate_size"], a["expansion_factor"]
+    if used and size is not None and factor is not None:
+        t.refuse("intermediate_size", "expected intermediate_size or expansion_factor with mamba layers, found both "
+                 "(GPT-NeoX refuses the two together)")  # fmt: skip
+    elif used and size is not None:
+        t.set("model.mamba_inner_size", size, "intermediate_size")
+    elif used and isinstance(factor, int | float) and isinstance(hidden, int):
+        t.set("model.mamba_inner_size", int(factor * hidden), "expansion_factor", "hidden_size")
 
 
 def gating_keys(a: Arguments, t: Translation, gating: list[str]) -> None:

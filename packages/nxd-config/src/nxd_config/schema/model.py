@@ -216,7 +216,8 @@ class SoftPromptConfig(Section):
                             note="GPT-NeoX's init_range", **_NEOX)  # fmt: skip
 
 
-AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp"]
+AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
+                        "mamba"]
 
 
 class ModelConfig(Section):
@@ -416,11 +417,25 @@ class ModelConfig(Section):
         "MLP), a block-sparse layout of DeepSpeed's (local, sparse_fixed, sparse_variable, bigbird, bslongformer; "
         "see sparse_attention), or gmlp / amlp (Liu et al.'s gMLP block in place of attention and MLP: a spatial "
         "gating unit over the sequence, 4 x hidden_size wide, amlp with a tiny attention of gmlp_attention_dim; as "
-        "GPT-NeoX builds it, its output replaces the residual stream). null: dense everywhere. Sparse and gMLP "
-        "layers take no context parallelism, gMLP layers no sequence parallelism (their weights are whole on every "
-        "tensor-parallel rank) and an ungated activation; sparse layers drop their output with attention_dropout, "
-        "as GPT-NeoX's do.",
+        "GPT-NeoX builds it, its output replaces the residual stream), or mamba (Gu and Dao's selective state-space "
+        "block in place of attention and MLP, x + mixer(norm(x)), 16 states a channel, as GPT-NeoX builds it; see "
+        "the mamba_* keys). null: dense everywhere. Sparse, gMLP and mamba layers take no context parallelism, gMLP "
+        "and mamba layers no sequence parallelism (their weights are whole on every tensor-parallel rank); gMLP "
+        "layers need an ungated activation; sparse layers drop their output with attention_dropout, as GPT-NeoX's "
+        "do.",
         by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's attention_config; NxDT has no such key",
+    )  # fmt: skip
+    mamba_inner_size: int | None = key(
+        None, "The channels of a mamba layer; null: 2 x hidden_size.", by=MODELS, ge=1,
+        status=Status.EXTENSION, note="GPT-NeoX's intermediate_size / expansion_factor for mamba layers",
+    )  # fmt: skip
+    mamba_conv_bias: bool = key(
+        True, "A bias on a mamba layer's convolution.", by=MODELS,
+        status=Status.EXTENSION, note="GPT-NeoX's mamba_use_bias_in_conv; NxDT has no such key",
+    )  # fmt: skip
+    mamba_linear_bias: bool = key(
+        False, "Biases on a mamba layer's in, x and out projections.", by=MODELS,
+        status=Status.EXTENSION, note="GPT-NeoX's mamba_use_bias_in_linears; NxDT has no such key",
     )  # fmt: skip
     gmlp_attention_dim: int = key(
         64, "The width of an amlp layer's single-head attention; acted on only by amlp layers.", by=MODELS, ge=1,
