@@ -7,7 +7,8 @@ backward and step, median of the timed steps after a warm-up. The layout's densi
 FlexAttention backward there) it runs SDPA with the layout's boolean mask, where dense attention gets the fused
 causal kernel. gMLP and aMLP layers replace attention and MLP with a spatial gating unit (4 x hidden wide, gelu,
 as GPT-NeoX builds them; aMLP with a 64-wide tiny attention); their "pairs" column is the causal share of the
-spatial projection, which they always read whole.
+spatial projection, which they always read whole. Mamba layers are GPT-NeoX's block (inner 2 x hidden, 16 states a
+channel) with nxd's PyTorch scan; its column says 100% for the whole prefix its state summarises.
 
     uv run python benchmarks/layer_kinds.py [--seq 1024] [--hidden 256] [--steps 6]
 """
@@ -23,13 +24,15 @@ from nxd_models import GPTConfig, SparsitySpec, build_causal_lm
 from nxd_models.sparse_attention import SPARSE_KINDS, BlockSparseLayout
 
 GATING_KINDS = ("gmlp", "amlp")
+WHOLE_KINDS = (*GATING_KINDS, "mamba")
+"""Kinds in place of attention and MLP (no attention pairs to keep)."""
 SPARSITY = SparsitySpec(block=16, num_local_blocks=4, num_random_blocks=1)
 """NeoX's defaults but a local window of 4 blocks (configs/sparse.yml uses 32 at its longer sequences)."""
 
 
 def density(kind: str, seq: int) -> float:
     """The share of causal (query, key) pairs the layout keeps."""
-    if kind == "dense" or kind in GATING_KINDS:
+    if kind == "dense" or kind in WHOLE_KINDS:
         return 1.0
     mask = BlockSparseLayout(kind, SPARSITY, 1, seq, 1).mask(slice(0, 1), seq, seq, torch.device("cpu"))
     return mask.sum().item() / (seq * (seq + 1) / 2)
@@ -72,7 +75,7 @@ def main() -> None:
     dense = tokens_per_second("dense", args, device)
     print("| kind | causal pairs kept | parameters per layer | tokens/s | / dense |\n|---|---:|---:|---:|---:|")
     print(f"| dense | 100.0% | {layer_parameters('dense', args):,} | {dense:,.0f} | 1.00x |")
-    for kind in (*SPARSE_KINDS, *GATING_KINDS):
+    for kind in (*SPARSE_KINDS, *WHOLE_KINDS):
         found = tokens_per_second(kind, args, device)
         print(f"| {kind} | {density(kind, args.seq):.1%} | {layer_parameters(kind, args):,} | {found:,.0f} | "
               f"{found / dense:.2f}x |", flush=True)

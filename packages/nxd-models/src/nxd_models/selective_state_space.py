@@ -50,9 +50,11 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, a: torch.Tensor, b: tor
     drive = (delta * x).unsqueeze(-1) * b.transpose(1, 2).unsqueeze(1)
     state = x.new_zeros(x.shape[0], x.shape[1], a.shape[-1])
     outputs = []
-    for step in range(x.shape[-1]):
-        state = decay[:, :, step] * state + drive[:, :, step]
-        outputs.append(torch.einsum("bdn,bn->bd", state, c[:, :, step]))
+    # unbind, not indexing: the backward then stacks each input's gradient once, where indexing would build a
+    # zero-filled gradient of the whole (batch, inner, seq, state) tensor at every step
+    for step_decay, step_drive, step_c in zip(decay.unbind(2), drive.unbind(2), c.unbind(-1), strict=True):
+        state = step_decay * state + step_drive
+        outputs.append(torch.einsum("bdn,bn->bd", state, step_c))
     y = torch.stack(outputs, dim=-1) + x * d.float()[:, None]
     return y * F.silu(z.float())
 
