@@ -136,7 +136,7 @@ def test_every_neox_argument_is_mapped_noticed_or_refused():
 
 
 READERS = [{}, {"pos_emb": "rotary", "norm": "rmsnorm", "sliding_window_width": 7, "num_kv_heads": 2},
-           {"norm": "scalenorm", "gpt_j_residual": True, "gpt_j_tied": True}, {"pos_emb": "rpe"}, {"attention_config": [[["amlp"], "all"]]}, {"attention_config": [[["mamba"], "all"]], "intermediate_size": 96}, {"mlp_type": "llama", "activation": "silu"},
+           {"norm": "scalenorm", "gpt_j_residual": True, "gpt_j_tied": True}, {"pos_emb": "rpe"}, {"attention_config": [[["amlp"], "all"]]}, {"attention_config": [[["mamba"], "all"]], "intermediate_size": 96}, {"attention_config": [[["rwkv"], "all"]], "dim_att": 64, "head_size": 16, "ffn_dim": 96}, {"mlp_type": "llama", "activation": "silu"},
            {"moe_num_experts": 4, "moe_router_type": "topk", "moe_expert_interval": 1},
            {"expert_interval": 1, "moe_num_experts": 4, "moe_router_type": "topk"},
            {"moe_num_experts": 4, "moe_type": "deepspeed", "moe_token_dropping": True},
@@ -283,7 +283,6 @@ def test_attention_config_expands_as_neox_expands_it(tmp_path, config, flash):
 
 @pytest.mark.parametrize(("config", "message"), [
     ([[["global"], 3]], "attention_config: expected one kind per layer (num_layers: 4), found 3 after expansion"),
-    ([[["rwkv"], 4]], "found rwkv: nxd has no rwkv layers"),
 ])  # fmt: skip
 def test_attention_kinds_nxd_lacks_and_miscounted_configs_are_refused(tmp_path, config, message):
     assert any(message in found for found in errors(tmp_path, {**MODEL, "attention_config": config}))
@@ -364,6 +363,20 @@ def test_mamba_layers_and_their_keys_become_nxd_keys(tmp_path):
     found = errors(tmp_path, {**keys, "model_parallel_size": 2, "sequence_parallel": True})
     assert any("mamba layers scan the whole sequence from its start, which sequence parallelism splits" in line
                for line in found), found
+
+
+def test_rwkv_layers_and_their_keys_become_nxd_keys(tmp_path):
+    """NeoX's configs/rwkv/170M.yml pattern."""
+    keys = {**MODEL, "attention_config": [[["rwkv"], 4]], "norm": "rmsnorm", "dim_att": 128, "head_size": 32}
+    model = load(tmp_path, keys).model
+    assert model.attention_layers == ("rwkv",) * 4 and model.rwkv_dim_att == 128 and model.rwkv_ffn_size is None
+    assert load(tmp_path, {**keys, "expansion_factor": 2.6}).model.rwkv_ffn_size == 160  # 166 down to 32s
+    assert load(tmp_path, {**keys, "ffn_dim": 200}).model.rwkv_ffn_size == 200
+    found = errors(tmp_path, {**keys, "head_size": 16})
+    assert any("head_size: expected dim_att / num_attention_heads (32), as NeoX computes it, found 16" in line
+               for line in found), found
+    found = notices(tmp_path, {**MODEL, "dim_att": 64})
+    assert any("dim_att: accepted, changes nothing here: only rwkv layers read it" in line for line in found), found
 
 
 def test_a_sparsity_config_without_sparse_layers_is_noticed(tmp_path):

@@ -165,9 +165,9 @@ def test_a_kind_list_of_the_wrong_length_or_kind_is_refused():
     with pytest.raises(ModelConfigError, match=r"model.attention_layers: expected one kind per layer \(2\), found 1"):
         GPTConfig(vocab_size=64, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16,
                   attention_layers=("local",))  # fmt: skip
-    with pytest.raises(ModelConfigError, match="expected kinds among dense, local, .*, gmlp, amlp, mamba, found rwkv"):
+    with pytest.raises(ModelConfigError, match="expected kinds among dense, local, .*, mamba, rwkv, found hyena"):
         GPTConfig(vocab_size=64, num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=16,
-                  attention_layers=("rwkv",))  # fmt: skip
+                  attention_layers=("hyena",))  # fmt: skip
 
 
 def test_no_hugging_face_architecture_is_claimed_for_sparse_layers():

@@ -90,6 +90,7 @@ NEOX_SHAPES = {
         num_random_blocks=1, global_block_indices=(0, 2), global_block_end_indices=(1, 3), seed=5)),
     "gmlp": dict(position_embedding_type="rope", gmlp_attention_dim=8),
     "mamba": dict(position_embedding_type="rope", normalization="rmsnorm", mamba_linear_bias=True),
+    "rwkv": dict(position_embedding_type="rope", rwkv_ffn_size=64),
 }
 """GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
 gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feeding attention and a geglu MLP
@@ -102,10 +103,12 @@ on each head's queries and keys; DeepSpeed's block-sparse layers ("sparse": SPAR
 tokens, a layout per head so that tensor-parallel ranks read their heads' own, random blocks); four layers running
 two layers' weights in turn (Megatron's parameter sharing, "shared"); a soft prompt of 4 vectors started from the
 embedding rows of three tokens, the only weights that train ("prompt"); gMLP, aMLP (a tiny attention 8 wide) and
-dense layers in turn ("gmlp"); Mamba (with biases on its projections) and dense layers in turn ("mamba")."""
+dense layers in turn ("gmlp"); Mamba (with biases on its projections) and dense layers in turn ("mamba"); RWKV-6 and dense
+layers in turn ("rwkv")."""
 SPARSE_LAYERS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "dense")
 """The sparse shape's layers, in turn (six layers hold each kind once)."""
-LAYER_TURNS = {"sparse": SPARSE_LAYERS, "gmlp": ("gmlp", "amlp", "dense"), "mamba": ("mamba", "dense")}
+LAYER_TURNS = {"sparse": SPARSE_LAYERS, "gmlp": ("gmlp", "amlp", "dense"), "mamba": ("mamba", "dense"),
+               "rwkv": ("rwkv", "dense")}
 """The shapes whose layers take kinds in turn."""
 
 

@@ -98,6 +98,9 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("mamba-pp2", "mamba", pp=2, layers=4),
             Scenario("mamba-dp2-zero1-full-recompute", "mamba", layout=Layout(zero1=True, recompute="full")),
             Scenario("mamba-tp2-documents", "mamba", tp=2, documents=True, clip=0.5),
+            Scenario("rwkv-pp2", "rwkv", pp=2, layers=4),
+            Scenario("rwkv-dp2-zero1-full-recompute", "rwkv", layout=Layout(zero1=True, recompute="full")),
+            Scenario("rwkv-tp2-documents", "rwkv", tp=2, documents=True, clip=0.5),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -116,6 +119,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("prompt-tp2-sp", "prompt", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("gmlp-tp2", "gmlp", tp=2, layers=3, clip=0.5),
         Scenario("mamba-tp2", "mamba", tp=2, clip=0.5),
+        Scenario("rwkv-tp2", "rwkv", tp=2, clip=0.5),
     ]  # fmt: skip
 
 

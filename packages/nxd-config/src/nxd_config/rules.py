@@ -351,7 +351,7 @@ def _attention_layers(c: NxdConfig) -> Iterator[Finding]:
     if unique is None and m.is_set("param_sharing_style"):
         yield notice("model.param_sharing_style", "acted on only with model.num_unique_layers; without it every "
                      "layer has its own weights", "model.param_sharing_style", "model.num_unique_layers")  # fmt: skip
-    sparse = sorted(kinds - {"dense", "mamba", *GATING})
+    sparse = sorted(kinds - {"dense", "mamba", "rwkv", *GATING})
     if sparse and c.distributed_strategy.context_parallel_size > 1:
         yield error(key, f"{', '.join(sparse)} layers attend by a block layout, which ring attention does not take; "
                     f"expected {CP} 1, found {c.distributed_strategy.context_parallel_size}", key, CP)  # fmt: skip
@@ -370,25 +370,32 @@ def _attention_layers(c: NxdConfig) -> Iterator[Finding]:
     if gating and m.moe is not None:
         yield error("model.moe", f"{gating} layers have no MLP to replace with experts; expected one of model.moe "
                     "and those layers", "model.moe", key)  # fmt: skip
-    if "mamba" in kinds:
+    scanning = ", ".join(sorted(kinds & {"mamba", "rwkv"}))
+    if scanning:
         for size, path, found in ((ds.context_parallel_size > 1, CP, ds.context_parallel_size),
                                   (ds.sequence_parallel, SP, "true")):  # fmt: skip
             if size:
-                yield error(key, f"mamba layers scan the whole sequence from its start, which "
+                yield error(key, f"{scanning} layers scan the whole sequence from its start, which "
                             f"{'context' if path == CP else 'sequence'} parallelism splits over ranks; expected "
                             f"{path} {1 if path == CP else 'false'}, found {found}", key, path)  # fmt: skip
         if m.moe is not None:
-            yield error("model.moe", "mamba layers have no MLP to replace with experts; expected one of model.moe "
-                        "and those layers", "model.moe", key)  # fmt: skip
+            yield error("model.moe", f"{scanning} layers have no MLP to replace with experts; expected one of "
+                        "model.moe and those layers", "model.moe", key)  # fmt: skip
         if m.soft_prompt is not None:
-            yield error("model.soft_prompt", "every packed document sees the prompt's positions, which a mamba "
-                        "layer's scan cannot give; expected no soft prompt with mamba layers", "model.soft_prompt",
+            yield error("model.soft_prompt", f"every packed document sees the prompt's positions, which {scanning} "
+                        f"layers' scan cannot give; expected no soft prompt with them", "model.soft_prompt",
                         key)  # fmt: skip
-    else:
-        for name in ("mamba_inner_size", "mamba_conv_bias", "mamba_linear_bias"):
-            if m.is_set(name):
-                yield notice(f"model.{name}", "acted on only by mamba layers (model.attention_layers); with none it "
-                             "changes nothing", f"model.{name}", key)  # fmt: skip
+    for kind, names in (("mamba", ("mamba_inner_size", "mamba_conv_bias", "mamba_linear_bias")),
+                        ("rwkv", ("rwkv_dim_att", "rwkv_ffn_size"))):  # fmt: skip
+        for name in names:
+            if kind not in kinds and m.is_set(name):
+                yield notice(f"model.{name}", f"acted on only by {kind} layers (model.attention_layers); with none "
+                             "it changes nothing", f"model.{name}", key)  # fmt: skip
+    width = m.rwkv_dim_att or m.hidden_size
+    if "rwkv" in kinds and width and m.num_attention_heads and width % m.num_attention_heads:
+        yield error("model.rwkv_dim_att", f"an rwkv layer's time mix has num_attention_heads heads; expected a "
+                    f"multiple of {m.num_attention_heads}, found {width}", "model.rwkv_dim_att",
+                    "model.num_attention_heads")  # fmt: skip
     if "amlp" not in kinds and m.is_set("gmlp_attention_dim"):
         yield notice("model.gmlp_attention_dim", "acted on only by amlp layers (model.attention_layers); with none "
                      "it changes nothing", "model.gmlp_attention_dim", key)  # fmt: skip

@@ -206,11 +206,9 @@ class ModelFamily(ABC):
         model = self._reference
         hidden, vocab = model.model.embed_tokens.weight.shape[1], model.lm_head.weight.shape[0]
         layer = next((layer for layer in model.model.layers if hasattr(layer, "self_attn")), None)
-        if layer is None:  # gMLP or Mamba layers only: their inner activations, as an ungated MLP's 2 x ffn
-            first = model.model.layers[0]
-            inner = first.spatial_gating.inner * 3 if hasattr(first, "spatial_gating") else \
-                first.mixer.inner * 27  # fmt: skip # the scan keeps 3 x 16 fp32 values a channel, ~54 in all
-            return {"hidden": hidden, "query": 0, "key_value": 0, "ffn": inner, "gated": False, "vocab": vocab,
+        if layer is None:  # gMLP, Mamba or RWKV layers only: what they keep a token, as an ungated MLP's 2 x ffn
+            kept = model.model.layers[0].kept_per_token
+            return {"hidden": hidden, "query": 0, "key_value": 0, "ffn": kept // 2, "gated": False, "vocab": vocab,
                     "experts_per_token": 0}  # fmt: skip
         attention, mlp = layer.self_attn, layer.mlp
         qkv = getattr(attention, "qkv_proj", None)

@@ -8,6 +8,7 @@ from collections import Counter
 from torch import nn
 
 from .qkv import QKVLinear
+from .rwkv import TimeMix
 from .selective_state_space import STATE_SIZE, MambaMixer
 from .spatial_gating import SpatialGatingUnit, TinyAttention
 
@@ -17,7 +18,8 @@ def training_flops_per_token(model: nn.Module, seq_length: int) -> int:
     score and context matmuls, 12 x layers x attention width x seq_length (the PaLM paper's count, which
     ignores causal masking so that figures compare across frameworks). A gMLP layer's spatial projection mixes
     each of its inner features over the sequence: 6 x inner x seq_length, counted as attention is. A Mamba layer's
-    convolution counts as matmul weights and its scan as three multiply-adds per channel and state."""
+    convolution counts as matmul weights and its scan as three multiply-adds per channel and state; an RWKV layer's
+    low-rank mixing and decay weights as matmul weights and its recurrence as two multiply-adds per state entry."""
     runs = _runs(model)
     modules = list(model.named_modules())
     spatial = {f"{name}.proj": module for name, module in modules if isinstance(module, SpatialGatingUnit)}
@@ -34,6 +36,10 @@ def training_flops_per_token(model: nn.Module, seq_length: int) -> int:
     attention += sum(6 * unit.inner * seq_length for unit in spatial.values())
     mixers = [(name, m) for name, m in modules if isinstance(m, MambaMixer)]
     matmul_weights += sum(runs(name) * (m.conv1d.weight.numel() + 3 * m.inner * STATE_SIZE) for name, m in mixers)
+    for name, m in modules:
+        if isinstance(m, TimeMix):
+            low_rank = (m.time_maa_w1, m.time_maa_w2, m.time_decay_w1, m.time_decay_w2)
+            matmul_weights += runs(name) * (sum(p.numel() for p in low_rank) + 2 * m.time_decay.numel() * m.head_size)
     return 6 * matmul_weights + attention
 
 

@@ -36,6 +36,7 @@ from .norms import NORMS, QueryKeyNorm, ScaleNorm, build_norm
 from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoidal_embedding
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
+from .rwkv import RWKV_KINDS, ChannelMix, RWKVLayer, TimeMix
 from .score_head import ScoreHead
 from .selective_state_space import MAMBA_KINDS, MambaLayer, init_mamba_part
 from .sparse_attention import SPARSE_KINDS, BlockSparseLayout, SparsitySpec
@@ -107,6 +108,11 @@ class GPTConfig:
     """A bias on a mamba layer's convolution (GPT-NeoX's mamba_use_bias_in_conv)."""
     mamba_linear_bias: bool = False
     """Biases on a mamba layer's in, x and out projections (GPT-NeoX's mamba_use_bias_in_linears)."""
+    rwkv_dim_att: int | None = None
+    """The width of an rwkv layer's time mix, num_attention_heads heads of it (None: hidden_size; NeoX's dim_att)."""
+    rwkv_ffn_size: int | None = None
+    """The width of an rwkv layer's channel mix (None: 3.5 x hidden_size rounded down to a multiple of 32, as NeoX's
+    ffn_dim)."""
     soft_prompt_tokens: int = 0
     """GPT-NeoX's soft prompt tuning: this many learned vectors before every sequence (`SoftPrompt`); 0: none."""
     soft_prompt_init_range: float = 0.5
@@ -189,6 +195,14 @@ class GPTConfig:
         if self.param_sharing_style == "spaced":
             return tuple(index // (self.num_layers // unique) for index in range(self.num_layers))
         return tuple(index % unique for index in range(self.num_layers))
+
+    @property
+    def rwkv_width(self) -> int:
+        return self.rwkv_dim_att or self.hidden_size
+
+    @property
+    def rwkv_ffn(self) -> int:
+        return self.rwkv_ffn_size or int(3.5 * self.hidden_size) // 32 * 32
 
     @property
     def max_positions(self) -> int:
@@ -287,12 +301,17 @@ def _problems(c: GPTConfig) -> list[str]:
         if gating and c.moe is not None:
             found.append(f"model.moe: {', '.join(gating)} layers have no MLP to replace with experts; expected one "
                          "of model.moe and those layers")  # fmt: skip
-        if kinds & set(MAMBA_KINDS) and c.moe is not None:
-            found.append("model.moe: mamba layers have no MLP to replace with experts; expected one of model.moe and "
-                         "those layers")  # fmt: skip
-        if kinds & set(MAMBA_KINDS) and c.soft_prompt_tokens:
-            found.append("model.soft_prompt: every packed document sees the prompt's positions, which a mamba layer's "
-                         "scan cannot give; expected no soft prompt with mamba layers")  # fmt: skip
+        scanning = sorted(kinds & {*MAMBA_KINDS, *RWKV_KINDS})
+        if scanning and c.moe is not None:
+            found.append(f"model.moe: {', '.join(scanning)} layers have no MLP to replace with experts; expected one "
+                         "of model.moe and those layers")  # fmt: skip
+        if scanning and c.soft_prompt_tokens:
+            found.append(f"model.soft_prompt: every packed document sees the prompt's positions, which a "
+                         f"{scanning[0]} layer's scan cannot give; expected no soft prompt with {', '.join(scanning)} "
+                         "layers")  # fmt: skip
+        if "rwkv" in kinds and c.rwkv_width % c.num_attention_heads:
+            found.append(f"model.rwkv_dim_att: an rwkv layer's time mix has num_attention_heads heads; expected a "
+                         f"multiple of {c.num_attention_heads}, found {c.rwkv_width}")  # fmt: skip
         if "amlp" in kinds and c.gmlp_attention_dim < 1:
             found.append(f"model.gmlp_attention_dim: expected 1 or more, found {c.gmlp_attention_dim}")
     if c.moe is not None and c.moe.frequency > c.num_layers:
@@ -309,8 +328,8 @@ BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
 """pre_ln: sequential pre-norm blocks; gpt_j: attention and MLP in parallel from one norm of the input;
 gpt_neox: in parallel from two norms of the input (GPT-NeoX's gpt_j_residual, Pythia)."""
 POSITIONS = ("learned_absolute", "rope", "sinusoidal", "alibi", "rpe", "none")
-LAYER_KINDS = ("dense", *SPARSE_KINDS, *GATING_KINDS, *MAMBA_KINDS)
-WHOLE_LAYER_KINDS = (*GATING_KINDS, *MAMBA_KINDS)
+LAYER_KINDS = ("dense", *SPARSE_KINDS, *GATING_KINDS, *MAMBA_KINDS, *RWKV_KINDS)
+WHOLE_LAYER_KINDS = (*GATING_KINDS, *MAMBA_KINDS, *RWKV_KINDS)
 """Kinds that replace attention and MLP with a block of their own, whole on every tensor-parallel rank."""
 """Every kind a decoder layer can have (dense: full causal attention and an MLP)."""
 SHARING_STYLES = ("grouped", "spaced")
@@ -492,6 +511,9 @@ def _layer(config: GPTConfig, layer_number: int, kernel: AttentionKernel) -> nn.
     if kind in MAMBA_KINDS:
         return MambaLayer(config.hidden_size, config.mamba_inner_size or 2 * config.hidden_size, norm,
                           config.mamba_conv_bias, config.mamba_linear_bias)  # fmt: skip
+    if kind in RWKV_KINDS:
+        return RWKVLayer(config.hidden_size, config.rwkv_width, config.num_attention_heads, config.rwkv_ffn,
+                         layer_number - 1, config.num_layers, config.attention_dropout, config.hidden_dropout)
     return DecoderLayer(config, layer_number, kernel)
 
 
@@ -661,6 +683,11 @@ class GPTForCausalLM(nn.Module):
         qkv_fans = (c.hidden_size, (c.num_attention_heads + 2 * c.kv_heads) * c.head_dim)
         if init_mamba_part(name, module):
             pass
+        elif isinstance(module, TimeMix | ChannelMix):  # NeoX's curves for the layer's place in the stack
+            module.reset_curves(int(name.split("layers.")[1].split(".")[0]), c.num_layers)
+        elif name.endswith((".att.receptance", ".att.key", ".att.value", ".att.gate", ".att.output", ".ffn.key",
+                            ".ffn.receptance", ".ffn.value")):  # fmt: skip
+            module.reset_parameters()  # NeoX leaves RWKV's linear layers to torch's default draw
         elif name.endswith(".spatial_gating.proj"):  # NeoX's W = 0 and b = 1: the gate starts as the identity
             nn.init.zeros_(module.weight)
             nn.init.ones_(module.bias)
@@ -699,7 +726,7 @@ class GPTForCausalLM(nn.Module):
             nn.init.uniform_(module.weight, -c.soft_prompt_init_range, c.soft_prompt_init_range)
         elif isinstance(module, RelativePositionBias):  # NeoX's init of the (buckets, heads) table
             nn.init.xavier_normal_(module.weight)
-        elif isinstance(module, nn.LayerNorm | nn.RMSNorm | ScaleNorm) and module.weight is not None:
+        elif isinstance(module, nn.LayerNorm | nn.RMSNorm | ScaleNorm | nn.GroupNorm) and module.weight is not None:
             nn.init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
@@ -752,16 +779,16 @@ def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
         plan["model.relative_position_bias"] = "heads"
     if config.qk_layernorm:  # a rank's heads as a slice of all, so that the norm's reductions cover every head
         plan["model.layers.*.self_attn.qk_norm"] = "replicated_with_grad_allreduce"
-    if set(config.attention_layers or ()) & set(WHOLE_LAYER_KINDS):  # gMLP and Mamba layers are whole on every rank:
-        attending = [index for index, kind in enumerate(config.attention_layers) if kind not in WHOLE_LAYER_KINDS]
-        plan = {pattern.replace("*", str(index)) if _attending(pattern) else pattern: style  # the others' entries
-                for pattern, style in plan.items() for index in (attending if _attending(pattern) else (0,))}
+    if set(config.attention_layers or ()) & set(WHOLE_LAYER_KINDS):  # gMLP, Mamba and RWKV layers are whole on
+        # every rank: the layer entries name the layers that hold such a part
+        kinds = config.attention_layers
+        holders = {"input_layernorm": [index for index, kind in enumerate(kinds) if kind not in RWKV_KINDS]}
+        attending = [index for index, kind in enumerate(kinds) if kind not in WHOLE_LAYER_KINDS]
+        plan = {pattern.replace("*", str(index)) if pattern.startswith("model.layers.*.") else pattern: style
+                for pattern, style in plan.items()
+                for index in (holders.get(pattern.rsplit(".", 1)[-1], attending)
+                              if pattern.startswith("model.layers.*.") else (0,))}  # fmt: skip
     return {**plan, **moe_tp_plan(config.moe_layers)}
-
-
-def _attending(pattern: str) -> bool:
-    """Whether a plan entry names a part of attention and MLP layers only (not of gMLP or Mamba layers)."""
-    return pattern.startswith("model.layers.*.") and not pattern.endswith("input_layernorm")
 
 
 def moe_tp_plan(layers: Iterable[int]) -> dict[str, str]:

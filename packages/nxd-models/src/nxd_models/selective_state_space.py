@@ -127,6 +127,12 @@ class MambaLayer(nn.Module):
         self.input_layernorm = norm(hidden)
         self.mixer = MambaMixer(hidden, inner, conv_bias, linear_bias)
 
+    @property
+    def kept_per_token(self) -> int:
+        """Activations the backward keeps a token, about (memory plans): the projections, convolution and gate (~6
+        a channel) and the scan's decay, drive and state (3 x 16 fp32 values a channel)."""
+        return 54 * self.mixer.inner
+
     def forward(self, hidden: torch.Tensor, rotary: object = None, allowed: object = None,
                 documents: torch.Tensor | None = None, cache: LayerCache | None = None,
                 position_bias: object = None) -> torch.Tensor:  # fmt: skip

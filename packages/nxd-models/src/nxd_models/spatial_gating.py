@@ -116,6 +116,12 @@ class GMLPLayer(nn.Module):
         self.spatial_gating = SpatialGatingUnit(inner, length, norm(inner), attention_dim)
         self.output_proj = nn.Linear(inner, hidden, bias=False)
 
+    @property
+    def kept_per_token(self) -> int:
+        """Activations the backward keeps a token, about (memory plans): the two halves, their activation, the
+        normed and mixed gate and the product."""
+        return 6 * self.spatial_gating.inner
+
     def forward(self, hidden: torch.Tensor, rotary: object = None, allowed: object = None,
                 documents: torch.Tensor | None = None, cache: LayerCache | None = None,
                 position_bias: object = None) -> torch.Tensor:  # fmt: skip

@@ -46,7 +46,6 @@ _DERIVED = "NeoX derives it while it runs (a value written in a file is overwrit
 _COMET = "used only with use_comet, which nxd refuses"
 _MAMBA_KERNEL = ("a kernel choice of mamba-ssm / causal-conv1d for mamba layers; nxd's PyTorch scan and convolution "
                  "compute the same")
-_RWKV = "used only by rwkv layers (attention_config), which nxd refuses"
 _MUP = "used only with use_mup, which nxd refuses"
 _TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
               "is the te_fp8_* keys')")  # fmt: skip
@@ -158,7 +157,7 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "NeoX's sparse layers skip); gmlp and amlp layers are gMLP blocks as NeoX's GMLPBlock computes them (no "
      "residual, 4 x hidden wide, an ungated activation; whole on every tensor-parallel rank, no sequence or context "
      "parallelism); mamba layers are NeoX's ParallelMambaResidualLayer (whole on every tensor-parallel rank, no "
-     "sequence or context parallelism); rwkv layers are refused"),
+     "sequence or context parallelism); rwkv layers are NeoX's RWKV-6 RWKVResidualLayer (the same)"),
     ("sparsity_config", "Model", None, M, "model.sparse_attention",
      "each entry NeoX reads becomes model.sparse_attention's; mode, attention and horizontal_global_attention are "
      "noticed (NeoX overrides them); random blocks are drawn with the run's seed"),
@@ -218,9 +217,13 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "with mamba layers; otherwise a notice"),
     ("output_layer_parallelism", "Model", "column", M, "nxd-parallel",
      "nxd's output layer is column-parallel (over the vocabulary)"),
-    ("dim_att", "Model", None, N, "", _RWKV),
-    ("head_size", "Model", None, N, "", _RWKV),
-    ("ffn_dim", "Model", None, N, "", _RWKV),
+    ("dim_att", "Model", None, M, "model.rwkv_dim_att",
+     "with rwkv layers, the time mix's width (unset: hidden_size, as the reference says); otherwise a notice"),
+    ("head_size", "Model", None, M, "model.rwkv_dim_att",
+     "NeoX computes it as dim_att / num_attention_heads; any other value is refused"),
+    ("ffn_dim", "Model", None, M, "model.rwkv_ffn_size",
+     "with rwkv layers, the channel mix's width (unset: intermediate_size, else expansion_factor (3.5) x hidden_size, "
+     "rounded down to a multiple of 32, as NeoX computes it); otherwise a notice"),
     ("fused_kernels_build_path", "Model", None, N, "", "nxd builds no fused kernels"),
     ("serve_model_weights", "Model", False, R, "", "serving weights to a generation server is not in nxd"),
     ("weight_server_port", "Model", 6000, N, "", _RL),

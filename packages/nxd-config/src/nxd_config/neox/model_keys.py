@@ -156,14 +156,14 @@ def attention_keys(a: Arguments, t: Translation) -> None:
     kinds = expand_attention_config(t, a["attention_config"], layers if isinstance(layers, int) else None)
     if kinds is None:
         return
-    other = sorted(set(kinds) - set(DENSE_ATTENTION) - set(SPARSE_ATTENTION) - set(GATING) - {"mamba"})
+    other = sorted(set(kinds) - set(DENSE_ATTENTION) - set(SPARSE_ATTENTION) - set(GATING) - {"mamba", "rwkv"})
     if other:
-        t.refuse("attention_config", f"expected global, flash, {', '.join(SPARSE_ATTENTION)}, gmlp, amlp or mamba "
-                 f"layers, found {', '.join(other)}: nxd has no {', '.join(other)} layers")  # fmt: skip
+        t.refuse("attention_config", f"expected global, flash, {', '.join(SPARSE_ATTENTION)}, gmlp, amlp, mamba or "
+                 f"rwkv layers, found {', '.join(other)}: nxd has no {', '.join(other)} layers")  # fmt: skip
     t.set("model.fusions.flash_attention", True, "attention_config")
     sparse = sorted(set(kinds) & set(SPARSE_ATTENTION))
     gating = sorted(set(kinds) & set(GATING))
-    if sparse or gating or "mamba" in kinds:
+    if sparse or gating or {"mamba", "rwkv"} & set(kinds):
         t.set("model.attention_layers", ["dense" if kind in DENSE_ATTENTION else kind for kind in kinds],
               "attention_config")  # fmt: skip
     if sparse and a["pos_emb"] == "alibi":
@@ -171,7 +171,34 @@ def attention_keys(a: Arguments, t: Translation) -> None:
                  f"{', '.join(sparse)}: NeoX's sparse layers add no ALiBi bias, nxd's would")  # fmt: skip
     gating_keys(a, t, gating)
     mamba_keys(a, t, "mamba" in kinds)
+    rwkv_keys(a, t, "rwkv" in kinds)
     sparsity_keys(a, t, bool(sparse))
+
+
+def rwkv_keys(a: Arguments, t: Translation, used: bool) -> None:
+    """dim_att, head_size and ffn_dim of rwkv layers (NeoX's RWKVResidualLayer: head_size is dim_att / heads; the
+    channel mix is intermediate_size, else expansion_factor (3.5) x hidden_size, rounded down to a multiple of 32,
+    unless ffn_dim says)."""
+    if not used:
+        for key in ("dim_att", "head_size", "ffn_dim"):
+            if a[key] is not None:
+                t.notice(key, "accepted, changes nothing here: only rwkv layers read it, and attention_config names "
+                         "none")  # fmt: skip
+        return
+    hidden, heads = a["hidden_size"], a["num_attention_heads"]
+    width = typed(t, a, "dim_att", int, "a whole number") or hidden
+    if a["dim_att"] is not None:
+        t.set("model.rwkv_dim_att", width, "dim_att")
+    if a["head_size"] is not None and isinstance(width, int) and isinstance(heads, int) and heads and \
+            a["head_size"] != width // heads:  # fmt: skip
+        t.refuse("head_size", f"expected dim_att / num_attention_heads ({width // heads}), as NeoX computes it, "
+                 f"found {show(a['head_size'])}")  # fmt: skip
+    size, factor = a["intermediate_size"], a["expansion_factor"]
+    if a["ffn_dim"] is not None:
+        t.set("model.rwkv_ffn_size", typed(t, a, "ffn_dim", int, "a whole number"), "ffn_dim")
+    elif size is not None or factor is not None and isinstance(hidden, int):
+        t.set("model.rwkv_ffn_size", int(size if size is not None else factor * hidden) // 32 * 32,
+              "intermediate_size", "expansion_factor")  # fmt: skip
 
 
 def mamba_keys(a: Arguments, t: Translation, used: bool) -> None:

@@ -217,7 +217,7 @@ class SoftPromptConfig(Section):
 
 
 AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
-                        "mamba"]
+                        "mamba", "rwkv"]
 
 
 class ModelConfig(Section):
@@ -419,10 +419,11 @@ class ModelConfig(Section):
         "gating unit over the sequence, 4 x hidden_size wide, amlp with a tiny attention of gmlp_attention_dim; as "
         "GPT-NeoX builds it, its output replaces the residual stream), or mamba (Gu and Dao's selective state-space "
         "block in place of attention and MLP, x + mixer(norm(x)), 16 states a channel, as GPT-NeoX builds it; see "
-        "the mamba_* keys). null: dense everywhere. Sparse, gMLP and mamba layers take no context parallelism, gMLP "
-        "and mamba layers no sequence parallelism (their weights are whole on every tensor-parallel rank); gMLP "
-        "layers need an ungated activation; sparse layers drop their output with attention_dropout, as GPT-NeoX's "
-        "do.",
+        "the mamba_* keys), or rwkv (RWKV-6's time mix and channel mix in place of attention and MLP, as GPT-NeoX "
+        "builds them: num_attention_heads heads, layernorms whatever normalization says; see the rwkv_* keys). null: "
+        "dense everywhere. Sparse, gMLP, mamba and rwkv layers take no context parallelism, gMLP, mamba and rwkv "
+        "layers no sequence parallelism (their weights are whole on every tensor-parallel rank); gMLP layers need an "
+        "ungated activation; sparse layers drop their output with attention_dropout, as GPT-NeoX's do.",
         by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's attention_config; NxDT has no such key",
     )  # fmt: skip
     mamba_inner_size: int | None = key(
@@ -436,6 +437,14 @@ class ModelConfig(Section):
     mamba_linear_bias: bool = key(
         False, "Biases on a mamba layer's in, x and out projections.", by=MODELS,
         status=Status.EXTENSION, note="GPT-NeoX's mamba_use_bias_in_linears; NxDT has no such key",
+    )  # fmt: skip
+    rwkv_dim_att: int | None = key(
+        None, "The width of an rwkv layer's time mix (num_attention_heads heads of it); null: hidden_size.", by=MODELS,
+        ge=1, status=Status.EXTENSION, note="GPT-NeoX's dim_att; NxDT has no such key",
+    )  # fmt: skip
+    rwkv_ffn_size: int | None = key(
+        None, "The width of an rwkv layer's channel mix; null: 3.5 x hidden_size rounded down to a multiple of 32.",
+        by=MODELS, ge=1, status=Status.EXTENSION, note="GPT-NeoX's ffn_dim; NxDT has no such key",
     )  # fmt: skip
     gmlp_attention_dim: int = key(
         64, "The width of an amlp layer's single-head attention; acted on only by amlp layers.", by=MODELS, ge=1,

@@ -1,0 +1,175 @@
+"""RWKV layers (RWKV-6, "Finch"), as GPT-NeoX's RWKVResidualLayer computes them.
+
+A layer is x + time_mix(ln1(x)), then + channel_mix(ln2(.)); the first layer of the stack first replaces x with
+ln1(x), as NeoX's does, and NeoX's dropout falls on each residual sum. Both mixes read the previous token through a
+token shift. The time mix interpolates each of its five inputs between the token and its predecessor by learned and
+data-dependent amounts (a rank-32 projection), derives a per-token decay w (a rank-64 projection), and runs the WKV
+recurrence per head of `head_size` channels:
+
+    y_t = r_t (u k_t^T v_t + S_{t-1}),    S_t = diag(exp(-exp(w_t))) S_{t-1} + k_t^T v_t,
+
+then a group norm per head, a silu gate and the output projection. The channel mix is sigmoid(r) * value(relu(key)^2).
+The recurrence is plain PyTorch in fp32 over the sequence (NeoX's CUDA kernel, as a loop), so it runs on every device.
+NeoX's initialisation is kept: its layer-dependent mixing and decay curves, U(+-1e-4) low-rank projections, torch's
+default draw for the linear layers, and layernorms (NeoX builds nn.LayerNorm whatever `norm` says).
+
+The layer's weights are whole on every tensor-parallel rank. Packed documents are each run as if alone (the state
+and the token shift restart). Decoding recomputes the layer over the cached inputs of every earlier position.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .kv_cache import LayerCache
+
+RWKV_KINDS = ("rwkv",)
+"""Layer kinds that are an RWKV block in place of attention and MLP."""
+MIX_RANK, DECAY_RANK = 32, 64
+"""The ranks of the time mix's data-dependent interpolation and decay (NeoX's TIME_MIX_EXTRA_DIM and
+TIME_DECAY_EXTRA_DIM)."""
+
+
+def wkv(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
+        starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """The WKV recurrence (see the module docstring) in fp32: r, k, v and w (the decay's log-log, before
+    exp(-exp(.))) are (batch, seq, heads, head_size), u (heads, head_size); `starts` (batch, seq) True where a packed
+    document begins (the state restarts there). Returns (batch, seq, heads, head_size)."""
+    r, k, v, decay = r.float(), k.float(), v.float(), torch.exp(-torch.exp(w.float()))
+    state = r.new_zeros(r.shape[0], r.shape[2], r.shape[3], r.shape[3])  # (batch, heads, key, value)
+    keep = None if starts is None else (~starts).float().unbind(1)
+    outputs = []
+    # unbind, not indexing: the backward stacks each input's gradient once instead of once per step
+    for step, (r_t, k_t, v_t, decay_t) in enumerate(zip(r.unbind(1), k.unbind(1), v.unbind(1), decay.unbind(1),
+                                                        strict=True)):  # fmt: skip
+        if keep is not None:
+            state = state * keep[step][:, None, None, None]
+        kv = k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+        outputs.append(torch.einsum("bhk,bhkv->bhv", r_t, u.float().unsqueeze(-1) * kv + state))
+        state = decay_t.unsqueeze(-1) * state + kv
+    return torch.stack(outputs, dim=1)
+
+
+def _shifted(x: torch.Tensor, starts: torch.Tensor | None) -> torch.Tensor:
+    """Each token's predecessor (zero for the first, and for a packed document's first)."""
+    previous = F.pad(x, (0, 0, 1, -1))
+    return previous if starts is None else previous * (~starts).unsqueeze(-1)
+
+
+def _curve(width: int, power: float) -> torch.Tensor:
+    """1 - (i / width) ** power for each channel i (NeoX's interpolation curves)."""
+    return 1.0 - torch.pow(torch.arange(width, dtype=torch.float32) / width, power).view(1, 1, width)
+
+
+class TimeMix(nn.Module):
+    """RWKV-6's substitute for attention (NeoX's RWKV_TimeMix)."""
+
+    def __init__(self, hidden: int, dim_att: int, heads: int):
+        super().__init__()
+        self.heads, self.head_size = heads, dim_att // heads
+        for name in ("x", "w", "k", "v", "r", "g"):
+            self.register_parameter(f"time_maa_{name}", nn.Parameter(torch.empty(1, 1, hidden)))
+        self.time_maa_w1 = nn.Parameter(torch.empty(hidden, MIX_RANK * 5))
+        self.time_maa_w2 = nn.Parameter(torch.empty(5, MIX_RANK, hidden))
+        self.time_decay = nn.Parameter(torch.empty(1, 1, dim_att))
+        self.time_decay_w1 = nn.Parameter(torch.empty(hidden, DECAY_RANK))
+        self.time_decay_w2 = nn.Parameter(torch.empty(DECAY_RANK, dim_att))
+        self.time_faaaa = nn.Parameter(torch.empty(heads, self.head_size))
+        self.receptance, self.key, self.value, self.gate = (nn.Linear(hidden, dim_att, bias=False) for _ in range(4))
+        self.output = nn.Linear(dim_att, hidden, bias=False)
+        self.ln_x = nn.GroupNorm(heads, dim_att, eps=1e-5 * 8**2)
+
+    def forward(self, x: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        xx = _shifted(x, starts) - x
+        mixed = torch.tanh((x + xx * self.time_maa_x) @ self.time_maa_w1).view(batch * seq, 5, -1).transpose(0, 1)
+        mw, mk, mv, mr, mg = torch.bmm(mixed, self.time_maa_w2).view(5, batch, seq, hidden).unbind(0)
+        xw, xk, xv, xr, xg = (x + xx * (getattr(self, f"time_maa_{name}") + m)
+                              for name, m in zip("wkvrg", (mw, mk, mv, mr, mg), strict=True))  # fmt: skip
+        r, k, v = self.receptance(xr), self.key(xk), self.value(xv)
+        g = F.silu(self.gate(xg))
+        w = self.time_decay + torch.tanh(xw @ self.time_decay_w1) @ self.time_decay_w2
+        heads = (batch, seq, self.heads, self.head_size)
+        y = wkv(r.view(heads), k.view(heads), v.view(heads), w.view(heads), self.time_faaaa, starts)
+        y = self.ln_x(y.reshape(batch * seq, -1).to(x.dtype)).view(batch, seq, -1)
+        return self.output(y * g)
+
+    @torch.no_grad()
+    def reset_curves(self, layer: int, layers: int) -> None:
+        """NeoX's layer-dependent start of the mixing amounts, decay speeds and bonus u (`layer` 0-based)."""
+        ratio_0_to_1, ratio_1_to_almost_0 = layer / max(layers - 1, 1), 1.0 - layer / layers
+        hidden, dim_att = self.time_maa_x.shape[-1], self.time_decay.shape[-1]
+        for name in ("x", "w", "k"):
+            getattr(self, f"time_maa_{name}").copy_(_curve(hidden, ratio_1_to_almost_0))
+        self.time_maa_v.copy_(_curve(hidden, ratio_1_to_almost_0) - 0.3 * ratio_0_to_1)
+        self.time_maa_r.copy_(_curve(hidden, 0.5 * ratio_1_to_almost_0))
+        self.time_maa_g.copy_(_curve(hidden, 0.5 * ratio_1_to_almost_0))
+        for low_rank in (self.time_maa_w1, self.time_maa_w2, self.time_decay_w1, self.time_decay_w2):
+            nn.init.uniform_(low_rank, -1e-4, 1e-4)
+        n = torch.arange(dim_att, dtype=torch.float32) / max(dim_att - 1, 1)
+        self.time_decay.copy_((-6 + 5 * n ** (0.7 + 1.3 * ratio_0_to_1)).view(1, 1, dim_att))
+        zigzag = ((torch.arange(dim_att) + 1) % 3 - 1) * 0.1
+        self.time_faaaa.copy_((ratio_0_to_1 * (1 - n) + zigzag).view_as(self.time_faaaa))
+
+
+class ChannelMix(nn.Module):
+    """RWKV's feed-forward (NeoX's RWKV_ChannelMix): sigmoid(receptance(xr)) * value(relu(key(xk))^2)."""
+
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.time_maa_k = nn.Parameter(torch.empty(1, 1, hidden))
+        self.time_maa_r = nn.Parameter(torch.empty(1, 1, hidden))
+        self.key = nn.Linear(hidden, ffn, bias=False)
+        self.receptance = nn.Linear(hidden, hidden, bias=False)
+        self.value = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
+        xx = _shifted(x, starts) - x
+        k = torch.relu(self.key(x + xx * self.time_maa_k)) ** 2
+        return torch.sigmoid(self.receptance(x + xx * self.time_maa_r)) * self.value(k)
+
+    @torch.no_grad()
+    def reset_curves(self, layer: int, layers: int) -> None:
+        curve = _curve(self.time_maa_k.shape[-1], 1.0 - layer / layers)
+        self.time_maa_k.copy_(curve)
+        self.time_maa_r.copy_(curve)
+
+
+class RWKVLayer(nn.Module):
+    """NeoX's RWKVResidualLayer; called as a `DecoderLayer` is (the arguments of attention it has no use for are
+    accepted and ignored). `layer` is 0-based."""
+
+    def __init__(self, hidden: int, dim_att: int, heads: int, ffn: int, layer: int, layers: int,
+                 attention_dropout: float, hidden_dropout: float):  # fmt: skip
+        super().__init__()
+        self.layer, self.layers = layer, layers
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.att = TimeMix(hidden, dim_att, heads)
+        self.ffn = ChannelMix(hidden, ffn)
+        self.drop0, self.drop1 = nn.Dropout(attention_dropout), nn.Dropout(hidden_dropout)
+
+    @property
+    def kept_per_token(self) -> int:
+        """Activations the backward keeps a token, about (memory plans): the time mix's shifted and mixed inputs,
+        r, k, v, g, w and its output (~12 x dim_att), the state of every head at every step (head_size x dim_att),
+        and the channel mix's key before and after its activation."""
+        dim_att, head_size = self.att.time_decay.shape[-1], self.att.head_size
+        return (12 + head_size) * dim_att + 2 * self.ffn.key.out_features
+
+    def forward(self, hidden: torch.Tensor, rotary: object = None, allowed: object = None,
+                documents: torch.Tensor | None = None, cache: LayerCache | None = None,
+                position_bias: object = None) -> torch.Tensor:  # fmt: skip
+        if cache is None:
+            return self._mix(hidden, documents)
+        seq = hidden.shape[1]  # decoding: the layer over every cached position, this call's outputs kept
+        everything, _ = cache.extend(hidden.unsqueeze(1), hidden.new_empty(hidden.shape[0], 1, seq, 0))
+        return self._mix(everything.squeeze(1), None)[:, -seq:]
+
+    def _mix(self, x: torch.Tensor, documents: torch.Tensor | None) -> torch.Tensor:
+        starts = None if documents is None else documents != F.pad(documents, (1, 0), value=-2)[:, :-1]
+        if self.layer == 0:  # NeoX's first layer normalises its input with ln1 before the residual stream starts
+            x = self.ln1(x)
+        x = self.drop0(x + self.att(self.ln1(x), starts))
+        return self.drop1(x + self.ffn(self.ln2(x), starts))
