@@ -8,7 +8,8 @@ FlexAttention backward there) it runs SDPA with the layout's boolean mask, where
 causal kernel. gMLP and aMLP layers replace attention and MLP with a spatial gating unit (4 x hidden wide, gelu,
 as GPT-NeoX builds them; aMLP with a 64-wide tiny attention); their "pairs" column is the causal share of the
 spatial projection, which they always read whole. Mamba layers are GPT-NeoX's block (inner 2 x hidden, 16 states a
-channel) with nxd's PyTorch scan; its column says 100% for the whole prefix its state summarises.
+channel) with nxd's PyTorch scan, RWKV layers GPT-NeoX's RWKV-6 (4 heads of 64, channel mix 3.5 x hidden) with its
+WKV recurrence in PyTorch; their column says 100% for the whole prefix their state summarises.
 
     uv run python benchmarks/layer_kinds.py [--seq 1024] [--hidden 256] [--steps 6]
 """
@@ -24,7 +25,7 @@ from nxd_models import GPTConfig, SparsitySpec, build_causal_lm
 from nxd_models.sparse_attention import SPARSE_KINDS, BlockSparseLayout
 
 GATING_KINDS = ("gmlp", "amlp")
-WHOLE_KINDS = (*GATING_KINDS, "mamba")
+WHOLE_KINDS = (*GATING_KINDS, "mamba", "rwkv")
 """Kinds in place of attention and MLP (no attention pairs to keep)."""
 SPARSITY = SparsitySpec(block=16, num_local_blocks=4, num_random_blocks=1)
 """NeoX's defaults but a local window of 4 blocks (configs/sparse.yml uses 32 at its longer sequences)."""

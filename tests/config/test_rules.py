@@ -420,6 +420,21 @@ def test_deepspeed_moe_settings_outside_their_routing_or_capacity_are_a_notice(m
     ]
 
 
+def test_deepspeed_knobs_of_the_other_gate_and_compiled_scans_are_a_notice(minimal) -> None:
+    minimal["model"]["moe"] = {**MOE, "routing_algorithm": "deepspeed", "normalize_top_k_affinities": False,
+                               "random_token_selection": False}  # fmt: skip
+    with pytest.warns(ConfigNotice) as record:
+        load_config(minimal)
+    assert [str(w.message) for w in record] == ["model.moe.random_token_selection: acted on only with top_k 1; with "
+                                                "top_k 2 it changes nothing"]
+    del minimal["model"]["moe"]
+    minimal["model"]["attention_layers"] = ["rwkv"] * minimal["model"]["num_layers"]
+    minimal["model"]["fusions"] = {"torch_compile": True}
+    with pytest.warns(ConfigNotice, match="model.fusions.torch_compile: rwkv layers scan the sequence one step at a "
+                                          "time in Python"):
+        load_config(minimal)
+
+
 def test_moe_refuses_context_parallelism(minimal) -> None:
     minimal["model"]["moe"] = dict(MOE)
     minimal["model"]["fusions"] = {"ring_attention": True}

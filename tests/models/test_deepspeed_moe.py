@@ -167,3 +167,13 @@ def test_activation_recompute_replays_the_draws():
 def test_settings_deepspeeds_gate_lacks_are_named(changes, message):
     with pytest.raises(ModelConfigError, match=message):
         MoESpec(**{**dict(num_experts=4, routing="deepspeed"), **changes})
+
+
+def test_a_pr_moe_model_claims_no_mixtral_export():
+    from nxd_models.hf_mapping import hf_mapping
+
+    config = GPTConfig(vocab_size=64, num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8,
+                       normalization="rmsnorm", activation="swiglu", has_bias=False, position_embedding_type="rope",
+                       moe=MoESpec(num_experts=4, top_k=2, normalize_top_k_affinities=True, residual=True))
+    with pytest.raises(ModelConfigError, match="moe.residual is True \\(Mixtral needs False\\)"):
+        hf_mapping(config)

@@ -145,5 +145,5 @@ def test_no_hugging_face_architecture_or_neox_checkpoint_is_claimed_for_gmlp_lay
 
     with pytest.raises(ModelConfigError, match="attention_layers has amlp, gmlp layers"):
         hf_mapping(_config())
-    with pytest.raises(ModelConfigError, match="a GPT-NeoX checkpoint of gmlp, amlp or mamba layers is not read or written"):
+    with pytest.raises(ModelConfigError, match="a GPT-NeoX checkpoint of gmlp, amlp, mamba or rwkv layers is not read or written"):
         neox_layout(_config())

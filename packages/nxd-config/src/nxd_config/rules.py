@@ -21,8 +21,8 @@ CP = "distributed_strategy.context_parallel_size"
 VPP = "distributed_strategy.virtual_pipeline_model_parallel_size"
 SP = "distributed_strategy.sequence_parallel"
 GATING = ("gmlp", "amlp")
-GATED_ACTIVATIONS = ("swiglu", "geglu", "reglu", "bilinear", "glu")
 """model.attention_layers' gMLP kinds: a block in place of attention and MLP, mixing positions by a weight matrix."""
+GATED_ACTIVATIONS = ("swiglu", "geglu", "reglu", "bilinear", "glu")
 DEVICES, NODES = "trainer.devices", "trainer.num_nodes"
 MBS, GBS = "data.micro_batch_size", "data.global_batch_size"
 SEQ = ("model.encoder_seq_length", "data.seq_length")
@@ -371,6 +371,10 @@ def _attention_layers(c: NxdConfig) -> Iterator[Finding]:
         yield error("model.moe", f"{gating} layers have no MLP to replace with experts; expected one of model.moe "
                     "and those layers", "model.moe", key)  # fmt: skip
     scanning = ", ".join(sorted(kinds & {"mamba", "rwkv"}))
+    if scanning and m.fusions.torch_compile:
+        yield notice("model.fusions.torch_compile", f"{scanning} layers scan the sequence one step at a time in "
+                     "Python: torch.compile unrolls every step, so compiling takes longer the longer the sequence",
+                     "model.fusions.torch_compile", key)  # fmt: skip
     if scanning:
         for size, path, found in ((ds.context_parallel_size > 1, CP, ds.context_parallel_size),
                                   (ds.sequence_parallel, SP, "true")):  # fmt: skip
@@ -463,6 +467,10 @@ def mixture_of_experts(c: NxdConfig) -> Iterator[Finding]:
                 yield error(f"{key}.{name}", f"DeepSpeed's gate weighs by softmax, renormalised for top-2 only: "
                             f"expected {ours} with routing_algorithm deepspeed, found {getattr(moe, name)}",
                             f"{key}.{name}", f"{key}.routing_algorithm")  # fmt: skip
+        for name, k in (("random_token_selection", 1), ("sample_second_expert", 2)):
+            if moe.is_set(name) and moe.top_k != k:
+                yield notice(f"{key}.{name}", f"acted on only with top_k {k}; with top_k {moe.top_k} it changes "
+                             "nothing", f"{key}.{name}", f"{key}.top_k")  # fmt: skip
     else:
         for name in ("random_token_selection", "sample_second_expert"):
             if moe.is_set(name):

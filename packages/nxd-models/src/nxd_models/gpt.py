@@ -96,8 +96,8 @@ class GPTConfig:
     sliding_window: int | None = None
     """Mistral's sliding-window attention: query i sees keys i - window < j <= i (None: full causal)."""
     attention_layers: tuple[str, ...] | None = None
-    """One kind per layer (`LAYER_KINDS`: dense, a block-sparse layout, or a gMLP / aMLP block); None: dense
-    everywhere."""
+    """One kind per layer (`LAYER_KINDS`: dense, a block-sparse layout, or a gMLP / aMLP, Mamba or RWKV block);
+    None: dense everywhere."""
     sparsity: SparsitySpec = SparsitySpec()
     """The block-sparse layouts' settings (GPT-NeoX's sparsity_config)."""
     gmlp_attention_dim: int = 64
@@ -329,9 +329,9 @@ BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
 gpt_neox: in parallel from two norms of the input (GPT-NeoX's gpt_j_residual, Pythia)."""
 POSITIONS = ("learned_absolute", "rope", "sinusoidal", "alibi", "rpe", "none")
 LAYER_KINDS = ("dense", *SPARSE_KINDS, *GATING_KINDS, *MAMBA_KINDS, *RWKV_KINDS)
+"""Every kind a decoder layer can have (dense: full causal attention and an MLP)."""
 WHOLE_LAYER_KINDS = (*GATING_KINDS, *MAMBA_KINDS, *RWKV_KINDS)
 """Kinds that replace attention and MLP with a block of their own, whole on every tensor-parallel rank."""
-"""Every kind a decoder layer can have (dense: full causal attention and an MLP)."""
 SHARING_STYLES = ("grouped", "spaced")
 """How shared layers repeat (see `GPTConfig.param_sharing_style`)."""
 SCORE_BIASES = ("alibi", "rpe")
@@ -684,7 +684,7 @@ class GPTForCausalLM(nn.Module):
         if init_mamba_part(name, module):
             pass
         elif isinstance(module, TimeMix | ChannelMix):  # NeoX's curves for the layer's place in the stack
-            module.reset_curves(int(name.split("layers.")[1].split(".")[0]), c.num_layers)
+            module.reset_curves()
         elif name.endswith((".att.receptance", ".att.key", ".att.value", ".att.gate", ".att.output", ".ffn.key",
                             ".ffn.receptance", ".ffn.value")):  # fmt: skip
             module.reset_parameters()  # NeoX leaves RWKV's linear layers to torch's default draw

@@ -86,7 +86,7 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         mismatches += [f"moe.{key} is {value!r} (Mixtral needs {needed!r})" for key, value, needed in (
             ("frequency", moe.frequency, 1), ("routing_algorithm", moe.routing, "top_k"),
             ("router_activation", moe.router_activation, "softmax"),
-            ("normalize_top_k_affinities", moe.normalize_top_k_affinities, True),
+            ("normalize_top_k_affinities", moe.normalize_top_k_affinities, True), ("residual", moe.residual, False),
             ("has_bias", config.attention_has_bias or config.mlp_has_bias, False)) if value != needed]  # fmt: skip
     if mismatches:
         raise ModelConfigError(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .errors import ModelConfigError
 from .gpt import GPTConfig
+from .rwkv import RWKV_KINDS
 from .selective_state_space import MAMBA_KINDS
 from .spatial_gating import GATING_KINDS
 
@@ -55,9 +56,9 @@ def neox_layout(config: GPTConfig) -> NeoXLayout:
     if config.position_embedding_type == "rpe":
         raise ModelConfigError("a GPT-NeoX checkpoint of an rpe model keeps a copy of the bucket table in every "
                                "layer (each pipeline stage trains its own); nxd does not read or write one")
-    if set(config.attention_layers or ()) & {*GATING_KINDS, *MAMBA_KINDS}:
-        raise ModelConfigError("a GPT-NeoX checkpoint of gmlp, amlp or mamba layers is not read or written by nxd "
-                               "(their blocks keep per-rank parts whose split NeoX's own math depends on)")
+    if set(config.attention_layers or ()) & {*GATING_KINDS, *MAMBA_KINDS, *RWKV_KINDS}:
+        raise ModelConfigError("a GPT-NeoX checkpoint of gmlp, amlp, mamba or rwkv layers is not read or written by "
+                               "nxd yet: its checkpoint layout covers NeoX's transformer layers")
     if config.num_unique_layers not in (None, config.num_layers):
         raise ModelConfigError("a GPT-NeoX checkpoint holds every layer's own weights; nxd does not read or write one "
                                "of a model whose layers share them (num_unique_layers)")  # fmt: skip

@@ -66,9 +66,10 @@ def _curve(width: int, power: float) -> torch.Tensor:
 class TimeMix(nn.Module):
     """RWKV-6's substitute for attention (NeoX's RWKV_TimeMix)."""
 
-    def __init__(self, hidden: int, dim_att: int, heads: int):
+    def __init__(self, hidden: int, dim_att: int, heads: int, layer: int, layers: int):
         super().__init__()
         self.heads, self.head_size = heads, dim_att // heads
+        self.layer, self.layers = layer, layers
         for name in ("x", "w", "k", "v", "r", "g"):
             self.register_parameter(f"time_maa_{name}", nn.Parameter(torch.empty(1, 1, hidden)))
         self.time_maa_w1 = nn.Parameter(torch.empty(hidden, MIX_RANK * 5))
@@ -97,8 +98,9 @@ class TimeMix(nn.Module):
         return self.output(y * g)
 
     @torch.no_grad()
-    def reset_curves(self, layer: int, layers: int) -> None:
-        """NeoX's layer-dependent start of the mixing amounts, decay speeds and bonus u (`layer` 0-based)."""
+    def reset_curves(self) -> None:
+        """NeoX's start of the mixing amounts, decay speeds and bonus u, by the layer's place in the stack."""
+        layer, layers = self.layer, self.layers
         ratio_0_to_1, ratio_1_to_almost_0 = layer / max(layers - 1, 1), 1.0 - layer / layers
         hidden, dim_att = self.time_maa_x.shape[-1], self.time_decay.shape[-1]
         for name in ("x", "w", "k"):
@@ -117,8 +119,9 @@ class TimeMix(nn.Module):
 class ChannelMix(nn.Module):
     """RWKV's feed-forward (NeoX's RWKV_ChannelMix): sigmoid(receptance(xr)) * value(relu(key(xk))^2)."""
 
-    def __init__(self, hidden: int, ffn: int):
+    def __init__(self, hidden: int, ffn: int, layer: int, layers: int):
         super().__init__()
+        self.layer, self.layers = layer, layers
         self.time_maa_k = nn.Parameter(torch.empty(1, 1, hidden))
         self.time_maa_r = nn.Parameter(torch.empty(1, 1, hidden))
         self.key = nn.Linear(hidden, ffn, bias=False)
@@ -131,8 +134,9 @@ class ChannelMix(nn.Module):
         return torch.sigmoid(self.receptance(x + xx * self.time_maa_r)) * self.value(k)
 
     @torch.no_grad()
-    def reset_curves(self, layer: int, layers: int) -> None:
-        curve = _curve(self.time_maa_k.shape[-1], 1.0 - layer / layers)
+    def reset_curves(self) -> None:
+        """NeoX's start of the mixing amounts, by the layer's place in the stack."""
+        curve = _curve(self.time_maa_k.shape[-1], 1.0 - self.layer / self.layers)
         self.time_maa_k.copy_(curve)
         self.time_maa_r.copy_(curve)
 
@@ -144,10 +148,10 @@ class RWKVLayer(nn.Module):
     def __init__(self, hidden: int, dim_att: int, heads: int, ffn: int, layer: int, layers: int,
                  attention_dropout: float, hidden_dropout: float):  # fmt: skip
         super().__init__()
-        self.layer, self.layers = layer, layers
+        self.layer = layer
         self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.att = TimeMix(hidden, dim_att, heads)
-        self.ffn = ChannelMix(hidden, ffn)
+        self.att = TimeMix(hidden, dim_att, heads, layer, layers)
+        self.ffn = ChannelMix(hidden, ffn, layer, layers)
         self.drop0, self.drop1 = nn.Dropout(attention_dropout), nn.Dropout(hidden_dropout)
 
     @property

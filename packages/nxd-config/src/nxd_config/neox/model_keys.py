@@ -194,6 +194,9 @@ def rwkv_keys(a: Arguments, t: Translation, used: bool) -> None:
         t.refuse("head_size", f"expected dim_att / num_attention_heads ({width // heads}), as NeoX computes it, "
                  f"found {show(a['head_size'])}")  # fmt: skip
     size, factor = a["intermediate_size"], a["expansion_factor"]
+    if size is not None and factor is not None:
+        t.refuse("intermediate_size", "expected intermediate_size or expansion_factor with rwkv layers, found both "
+                 "(GPT-NeoX refuses the two together)")  # fmt: skip
     if a["ffn_dim"] is not None:
         t.set("model.rwkv_ffn_size", typed(t, a, "ffn_dim", int, "a whole number"), "ffn_dim")
     elif size is not None or factor is not None and isinstance(hidden, int):
