@@ -104,7 +104,7 @@ def test_a_neox_run_restarted_with_the_same_save_and_load_continues(tmp_path, co
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["pythia", "gpt2", "alibi", "sparse"])
+@pytest.mark.parametrize("name", ["pythia", "gpt2", "alibi", "sparse", "moe_deepspeed", "rwkv"])
 def test_config_translate_trains_to_the_same_losses(name, tmp_path, corpus, tokenizer_file, gpt2_files,
                                                     sentencepiece_dir, capsys):  # fmt: skip
     neox_dir, nxdt_dir = tmp_path / "neox", tmp_path / "nxdt"
