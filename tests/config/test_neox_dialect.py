@@ -887,6 +887,11 @@ def test_soft_prompt_tuning_becomes_the_soft_prompt_when_enabled(tmp_path):
                "init_range, found tokens" in line for line in found), found
 
 
+def test_exit_interval_becomes_trainer_exit_interval(tmp_path):
+    assert load(tmp_path, {**MODEL, "exit_interval": 4}).trainer.exit_interval == 4
+    assert load(tmp_path, MODEL).trainer.exit_interval is None
+
+
 def test_deepspeed_moe_kernel_and_grouping_keys_are_noticed(tmp_path):
     """Choices of DeepSpeed's MoE engine with the arithmetic nxd's MoE computes anyway."""
     found = notices(tmp_path, {**MODEL, "use_tutel": True, "create_moe_param_group": False,

@@ -37,6 +37,21 @@ def test_resume_continues_exactly(tmp_path, train_here, precision):
                      saved_state(checkpoints(tmp_path / "run1")[6], "model", "optimizer"))
 
 
+def test_exit_interval_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, train_here):
+    """GPT-NeoX's exit_interval: each run stops after a multiple of it (exit code 0) with a checkpoint there, even
+    between the checkpoint cadence's saves; resuming from it gives the uninterrupted losses."""
+    job = ["trainer.max_steps=5", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=5"]
+    whole = [row["loss"] for row in train_here(*job)]
+    first = [row["loss"] for row in train_here(*job, "+trainer.exit_interval=2")]
+    assert first == whole[:2] and sorted(checkpoints(tmp_path / "run1")) == [2]
+    second = train_here(*job, "+trainer.exit_interval=2",
+                        f"+exp_manager.resume_from_checkpoint={checkpoints(tmp_path / 'run1')[2]}")
+    assert [row["loss"] for row in second] == whole[2:4] and sorted(checkpoints(tmp_path / "run2")) == [4]
+    last = train_here(*job, "+trainer.exit_interval=2",
+                      f"+exp_manager.resume_from_checkpoint={checkpoints(tmp_path / 'run2')[4]}")
+    assert [row["loss"] for row in last] == whole[4:]  # step 5 ends the run: no exit after it
+
+
 def test_master_weights_in_checkpoint(tmp_path, train_here):
     job = ["trainer.max_steps=2", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
            "precision.type=mixed_precision"]  # fmt: skip

@@ -98,9 +98,13 @@ def _train(run: Run) -> Path:
             stopping = stopper is not None and val_loss is not None and stopper.stalled(val_loss)
             if stopper is not None:
                 logged.update(stopper.record())  # a resume continues the count
-            if checkpoints.enabled and not guard.streak and (checkpoint_due(run, done, index) or stopping):
+            exiting = cadence.exit_interval is not None and done % cadence.exit_interval == 0 and done < run.steps
+            if checkpoints.enabled and not guard.streak and (checkpoint_due(run, done, index) or stopping or exiting):
                 run.save_checkpoint(done, logged)
                 saved_at = done
+            if exiting:
+                _exit_at_interval(run, done, saved=saved_at == done)
+                return run.log_dir
             if stopping:
                 run.monitor.info(f"early stopping after step {done} of {run.steps}: val_loss has not improved on "
                                  f"{stopper.best:.4f} by {stopper.rule.min_delta} for {stopper.rule.patience} "
@@ -148,6 +152,16 @@ def _close(run: Run) -> None:
     """End a run that stops early: the save in flight completes, the logs are flushed."""
     run.checkpointer.wait()
     run.monitor.close()
+
+
+def _exit_at_interval(run: Run, done: int, *, saved: bool) -> None:
+    """trainer.exit_interval (GPT-NeoX's): end the run after step `done` with exit code 0, as NeoX's sys.exit()."""
+    where = (f"checkpoint saved in {run.checkpointer.root}; a run resuming from it (GPT-NeoX's load, NxDT's "
+             "exp_manager.resume_if_exists) continues to the next multiple" if saved else
+             "nothing was saved (checkpointing is off, or the step was not finite)")  # fmt: skip
+    run.monitor.info(f"trainer.exit_interval: exiting after step {done} of {run.steps}: {where}")
+    _close(run)
+    run.fabric.barrier()
 
 
 def _stop_on_signal(run: Run, signum: int, done: int, logged: dict[str, float], *, saved: bool, finite: bool) -> None:

@@ -43,6 +43,8 @@ class Cadence:
     limit_val_batches: int | float = 1.0
     limit_test_batches: int | float = 1.0
     early_stopping: EarlyStopping | None = None
+    exit_interval: int | None = None
+    """Stop with a checkpoint after each step that is a multiple of it (GPT-NeoX's exit_interval)."""
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """max_steps and max_epochs, whichever ends first (-1 means unbounded)."""

@@ -458,8 +458,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("vocab_file", "Training", None, M, "data.tokenizer", "see tokenizer_type"),
     ("merge_file", "Training", None, M, "data.tokenizer.merge_file", "with GPT2BPETokenizer"),
     ("num_workers", "Training", 2, M, "data.num_workers", ""),
-    ("exit_interval", "Training", None, R, "", "nxd has no exit interval; set train_iters, or stop the run (it "
-     "saves on SIGTERM) and resume with load"),
+    ("exit_interval", "Training", None, M, "trainer.exit_interval",
+     "stops after each multiple of it with exit code 0, as NeoX's sys.exit(), and (unlike NeoX, which saves only on "
+     "its checkpoint_factor) with a checkpoint there, so that load resumes from it"),
     ("attention_dropout", "Training", 0.0, M, "model.attention_dropout", ""),
     ("hidden_dropout", "Training", 0.0, M, "model.hidden_dropout", "also the embedding dropout, as in NeoX"),
     ("weight_decay", "Training", 0.1, M, "model.optim.weight_decay",

@@ -207,6 +207,8 @@ def loop_keys(a: Arguments, t: Translation) -> None:
     elif iters is None and epochs is None:
         t.refuse("train_iters", "expected train_iters or train_epochs, found neither")
     t.set("trainer.max_steps", -1 if iters is None else iters, "train_iters")
+    if a["exit_interval"] is not None:
+        t.set("trainer.exit_interval", typed(t, a, "exit_interval", int, "a whole number"), "exit_interval")
     t.set("trainer.max_epochs", -1 if epochs is None else epochs, "train_epochs")
     _batches(a, t)
     interval, count = a["eval_interval"], a["eval_iters"]

@@ -90,6 +90,12 @@ class TrainerConfig(Section):
     max_steps: int = key(
         -1, "Maximum optimizer steps; -1 means the length is set by max_epochs alone.", by=APP, ge=-1
     )
+    exit_interval: int | None = key(
+        None, "Stop after every N-th optimizer step (a multiple of N counted from the run's start) with a checkpoint, "
+        "exit code 0; a run resuming from that checkpoint stops at the next multiple. null: run to the end.", by=APP,
+        ge=1,
+        status=Status.EXTENSION, note="GPT-NeoX's exit_interval; NxDT has no such key",
+    )  # fmt: skip
     log_every_n_steps: int = key(1, "Log loss and metrics every N optimizer steps.", by=APP, ge=1)
     val_check_interval: Annotated[int, Field(ge=1)] | _Interval = key(
         1.0,
