@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .errors import ConfigIssue
 from .schema import NxdConfig
 from .schema.alignment import METHODS, PREFERENCE_METHODS
+from .schema.model import GATED_ACTIVATIONS
 from .schema.precision import LOSS_SCALING, MANUAL_KNOBS
 
 TP = "distributed_strategy.tensor_model_parallel_size"
@@ -22,7 +23,6 @@ VPP = "distributed_strategy.virtual_pipeline_model_parallel_size"
 SP = "distributed_strategy.sequence_parallel"
 GATING = ("gmlp", "amlp")
 """model.attention_layers' gMLP kinds: a block in place of attention and MLP, mixing positions by a weight matrix."""
-GATED_ACTIVATIONS = ("swiglu", "geglu", "reglu", "bilinear", "glu")
 DEVICES, NODES = "trainer.devices", "trainer.num_nodes"
 MBS, GBS = "data.micro_batch_size", "data.global_batch_size"
 SEQ = ("model.encoder_seq_length", "data.seq_length")

@@ -298,13 +298,11 @@ def _problems(c: GPTConfig) -> list[str]:
         if gating and c.gated:
             found.append(f"model.activation: {', '.join(gating)} layers split their inner activations into a value "
                          f"and a gate themselves; expected an ungated activation, found {c.activation}")  # fmt: skip
-        if gating and c.moe is not None:
-            found.append(f"model.moe: {', '.join(gating)} layers have no MLP to replace with experts; expected one "
+        whole = sorted(kinds & set(WHOLE_LAYER_KINDS))
+        if whole and c.moe is not None:
+            found.append(f"model.moe: {', '.join(whole)} layers have no MLP to replace with experts; expected one "
                          "of model.moe and those layers")  # fmt: skip
         scanning = sorted(kinds & {*MAMBA_KINDS, *RWKV_KINDS})
-        if scanning and c.moe is not None:
-            found.append(f"model.moe: {', '.join(scanning)} layers have no MLP to replace with experts; expected one "
-                         "of model.moe and those layers")  # fmt: skip
         if scanning and c.soft_prompt_tokens:
             found.append(f"model.soft_prompt: every packed document sees the prompt's positions, which a "
                          f"{scanning[0]} layer's scan cannot give; expected no soft prompt with {', '.join(scanning)} "

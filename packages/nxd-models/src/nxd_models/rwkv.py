@@ -40,6 +40,7 @@ def wkv(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: t
     r, k, v, decay = r.float(), k.float(), v.float(), torch.exp(-torch.exp(w.float()))
     state = r.new_zeros(r.shape[0], r.shape[2], r.shape[3], r.shape[3])  # (batch, heads, key, value)
     keep = None if starts is None else (~starts).float().unbind(1)
+    bonus = u.float().unsqueeze(-1)
     outputs = []
     # unbind, not indexing: the backward stacks each input's gradient once instead of once per step
     for step, (r_t, k_t, v_t, decay_t) in enumerate(zip(r.unbind(1), k.unbind(1), v.unbind(1), decay.unbind(1),
@@ -47,7 +48,7 @@ def wkv(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: t
         if keep is not None:
             state = state * keep[step][:, None, None, None]
         kv = k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
-        outputs.append(torch.einsum("bhk,bhkv->bhv", r_t, u.float().unsqueeze(-1) * kv + state))
+        outputs.append(torch.einsum("bhk,bhkv->bhv", r_t, bonus * kv + state))
         state = decay_t.unsqueeze(-1) * state + kv
     return torch.stack(outputs, dim=1)
 

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from ..errors import show
+from ..schema.model import GATED_ACTIVATIONS as GATED
 from .translation import Arguments, Translation, choice, typed
 
 ATTENTION_KINDS = ("global", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
@@ -14,7 +15,6 @@ ATTENTION_KINDS = ("global", "local", "sparse_fixed", "sparse_variable", "bigbir
 DENSE_ATTENTION = ("global", "flash")
 SPARSE_ATTENTION = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
 GATING = ("gmlp", "amlp")
-GATED = ("geglu", "reglu", "swiglu", "bilinear", "glu")
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "softsign": "softsign", "swish": "silu", "silu": "silu",
                "mish": "mish", "geglu": "geglu", "reglu": "reglu", "swiglu": "swiglu", "bilinear": "bilinear",
                "glu": "glu"}  # fmt: skip
@@ -193,10 +193,7 @@ def rwkv_keys(a: Arguments, t: Translation, used: bool) -> None:
             a["head_size"] != width // heads:  # fmt: skip
         t.refuse("head_size", f"expected dim_att / num_attention_heads ({width // heads}), as NeoX computes it, "
                  f"found {show(a['head_size'])}")  # fmt: skip
-    size, factor = a["intermediate_size"], a["expansion_factor"]
-    if size is not None and factor is not None:
-        t.refuse("intermediate_size", "expected intermediate_size or expansion_factor with rwkv layers, found both "
-                 "(GPT-NeoX refuses the two together)")  # fmt: skip
+    size, factor = a["intermediate_size"], a["expansion_factor"]  # both given: refused by mlp_keys
     if a["ffn_dim"] is not None:
         t.set("model.rwkv_ffn_size", typed(t, a, "ffn_dim", int, "a whole number"), "ffn_dim")
     elif size is not None or factor is not None and isinstance(hidden, int):
@@ -214,10 +211,7 @@ def mamba_keys(a: Arguments, t: Translation, used: bool) -> None:
         elif a.given(key):
             t.notice(key, "accepted, changes nothing here: only mamba layers read it, and attention_config names none")
     hidden, size, factor = a["hidden_size"], a["intermediate_size"], a["expansion_factor"]
-    if used and size is not None and factor is not None:
-        t.refuse("intermediate_size", "expected intermediate_size or expansion_factor with mamba layers, found both "
-                 "(GPT-NeoX refuses the two together)")  # fmt: skip
-    elif used and size is not None:
+    if used and size is not None:  # both given: refused by mlp_keys
         t.set("model.mamba_inner_size", size, "intermediate_size")
     elif used and isinstance(factor, int | float) and isinstance(hidden, int):
         t.set("model.mamba_inner_size", int(factor * hidden), "expansion_factor", "hidden_size")

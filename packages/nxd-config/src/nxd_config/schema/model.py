@@ -216,6 +216,8 @@ class SoftPromptConfig(Section):
                             note="GPT-NeoX's init_range", **_NEOX)  # fmt: skip
 
 
+GATED_ACTIVATIONS = ("swiglu", "geglu", "reglu", "bilinear", "glu")
+"""model.activation values that gate the MLP: act(gate(x)) * up(x)."""
 AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
                         "mamba", "rwkv"]
 
