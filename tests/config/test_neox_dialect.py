@@ -147,6 +147,9 @@ READERS = [{}, {"pos_emb": "rotary", "norm": "rmsnorm", "sliding_window_width": 
            {"data_path": "d", "vocab_file": "v", "merge_file": "m", "lr_decay_iters": 5},
            {"train_data_paths": ["a"], "valid_data_paths": ["b"], "test_data_paths": ["c"], "lr_decay_fraction": 0.5},
            {"deepspeed_extra_args": {"comms_logger": {}}},
+           {"use_mup": True, "base_shapes_file": "b", "save_base_shapes": True, "mup_width_scale": 4,
+            "mup_init_scale": 0.5, "mup_attn_temp": 2.0, "mup_output_temp": 2.0, "mup_embedding_mult": 2.0,
+            "mup_rp_embedding_mult": 2.0, "coord_check": True},
            {"train_impl": "dpo", "dataset_impl": "pairwise", "dpo_beta": 0.2, "dpo_reference_free": False,
             "precompute_model_name": "ref", "pack_impl": "unpacked",
             **{f"{side}_{split}_{kind}": ["p"] for side in ("pos", "neg") for split in ("train", "valid", "test")
@@ -898,3 +901,19 @@ def test_deepspeed_moe_kernel_and_grouping_keys_are_noticed(tmp_path):
                                "enable_expert_tensor_parallelism": True})  # fmt: skip
     for key in ("use_tutel", "create_moe_param_group", "enable_expert_tensor_parallelism"):
         assert any(f"{key}: accepted, changes nothing here" in line for line in found), (key, found)
+
+
+def test_use_mup_becomes_model_mup_stepped_by_mups_adam(tmp_path):
+    keys = {"use_mup": True, "base_shapes_file": "base.bsh", "mup_init_scale": 0.5, "mup_attn_temp": 2.0,
+            "mup_output_temp": 3.0, "mup_embedding_mult": 4.0, "mup_rp_embedding_mult": 0.25, "mup_width_scale": 4}
+    model = load(tmp_path, {**MODEL, **keys}).model
+    assert (model.mup.base_shapes_file, model.mup.init_scale, model.mup.attention_temperature,
+            model.mup.output_temperature, model.mup.embedding_multiplier, model.mup.width_scale) == \
+        ("base.bsh", 0.5, 2.0, 3.0, 4.0, 4)  # fmt: skip
+    assert model.position_embedding_multiplier == 0.25 and model.optim.name == "adam"  # MuAdam: torch's Adam
+    plain = load(tmp_path, {**MODEL, "mup_rp_embedding_mult": 0.25}).model
+    assert plain.mup is None and plain.position_embedding_multiplier == 0.25  # NeoX scales positions without muP
+    found = notices(tmp_path, {**MODEL, "mup_attn_temp": 2.0})
+    assert any("mup_attn_temp: accepted, changes nothing here: NeoX reads it only with use_mup: true" in line
+               for line in found), found
+    assert load(tmp_path, {**MODEL, **keys, "coord_check": True}).model.mup.coord_check

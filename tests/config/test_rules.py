@@ -595,3 +595,17 @@ def test_a_soft_prompt_trains_alone_on_one_stage_and_splits_evenly(minimal) -> N
     assert ("model.soft_prompt.n_tokens: sequence parallelism splits the prompt and the sequence together; expected "
             f"n_tokens + the sequence length ({seq}) to be a multiple of distributed_strategy.tensor_model_parallel_"
             "size (2), found 3") in found
+
+
+def test_mup_refuses_what_has_no_base_widths(minimal) -> None:
+    minimal["model"]["mup"] = {"init_scale": 2.0}
+    minimal["model"]["optim"]["name"] = "lion"
+    minimal["model_alignment_strategy"] = {"reward_model": {}, "peft": {"lora_rank": 4}}
+    found = errors(minimal)
+    assert "model.mup.base_shapes_file: expected the base-shape file to read (or to write, with save_base_shapes), " \
+           "found none" in found
+    assert "model.mup: LoRA's adapters have no base widths; expected no model_alignment_strategy.peft with muP" in found
+    assert "model.mup: its score head has no base widths; expected no model_alignment_strategy.reward_model with " \
+           "muP" in found
+    assert "model.mup: muP scales the steps of Adam (MuAdam) and SGD (MuSGD); expected model.optim.name adam, adamw " \
+           "or sgd, found lion" in found

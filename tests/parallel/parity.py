@@ -11,14 +11,23 @@ from __future__ import annotations
 import faulthandler
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from nxd_align import LoraFamily, LoraSpec, TokenObjective
-from nxd_models import AttentionKernel, GPTConfig, MoESpec, SparsitySpec, model_family, set_aux_loss_weights
+from nxd_models import (
+    AttentionKernel,
+    GPTConfig,
+    MoESpec,
+    MupSpec,
+    SparsitySpec,
+    gpt_base_shapes,
+    model_family,
+    set_aux_loss_weights,
+)
 from nxd_models.hf_moe import set_moe
 from nxd_models.hf_qkv import set_qkv_linear
 from nxd_parallel import (
@@ -31,6 +40,7 @@ from nxd_parallel import (
     split_sequence,
 )
 from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
+from nxd_precision.optimizers import parameter_groups
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, MixtralConfig, Qwen3Config
@@ -91,6 +101,7 @@ NEOX_SHAPES = {
     "gmlp": dict(position_embedding_type="rope", gmlp_attention_dim=8),
     "mamba": dict(position_embedding_type="rope", normalization="rmsnorm", mamba_linear_bias=True),
     "rwkv": dict(position_embedding_type="rope", rwkv_ffn_size=64),
+    "mup": dict(position_embedding_type="learned_absolute", position_embedding_multiplier=0.5),
 }
 """GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
 gelu's tanh form, biases, small_init / wang_init); ALiBi with one scalenorm feeding attention and a geglu MLP
@@ -104,7 +115,9 @@ tokens, a layout per head so that tensor-parallel ranks read their heads' own, r
 two layers' weights in turn (Megatron's parameter sharing, "shared"); a soft prompt of 4 vectors started from the
 embedding rows of three tokens, the only weights that train ("prompt"); gMLP, aMLP (a tiny attention 8 wide) and
 dense layers in turn ("gmlp"); Mamba (with biases on its projections) and dense layers in turn ("mamba"); RWKV-6 and dense
-layers in turn ("rwkv")."""
+layers in turn ("rwkv"); muP at four times its base shapes' width, with GPT-NeoX's temperatures and multipliers
+(`MUP`), its optimizer groups stepping at their own rates ("mup")."""
+MUP = dict(init_scale=0.8, attention_temperature=2.0, output_temperature=1.5, embedding_multiplier=3.0)
 SPARSE_LAYERS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "dense")
 """The sparse shape's layers, in turn (six layers hold each kind once)."""
 LAYER_TURNS = {"sparse": SPARSE_LAYERS, "gmlp": ("gmlp", "amlp", "dense"), "mamba": ("mamba", "dense"),
@@ -137,10 +150,14 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
     if family in NEOX_SHAPES:  # GPT-NeoX's shapes (untied, so that pipeline stages hold whole layers)
         turns = LAYER_TURNS.get(family)
         kinds = tuple(turns[index % len(turns)] for index in range(layers)) if turns else None
-        return GPTConfig(attention_layers=kinds, vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
-                         ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
-                         share_embeddings_and_output_weights=False, loss_chunk_tokens=loss_chunk,
-                         **NEOX_SHAPES[family])  # fmt: skip
+        config = GPTConfig(attention_layers=kinds, vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
+                           ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
+                           share_embeddings_and_output_weights=False, loss_chunk_tokens=loss_chunk,
+                           **NEOX_SHAPES[family])  # fmt: skip
+        if family == "mup":  # base shapes a quarter as wide
+            shapes = gpt_base_shapes(replace(config, hidden_size=8, ffn_hidden_size=12), 2)
+            config = replace(config, mup=MupSpec(tuple((name, tuple(shape)) for name, shape in shapes.items()), **MUP))
+        return config
     if family == "mixtral" or family in NXDT_MIXTRAL_MOE:  # transformers' Mixtral with nxd's MoE layer
         moe = NXDT_MIXTRAL_MOE.get(family, MOE)
         config = MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
@@ -224,8 +241,10 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
               "loss": [], "norm": [], "grads": []}  # fmt: skip
     # eps 1e-6: Adam turns a gradient near 0 into a step of about lr whose sign the gradient's last bits
     # decide, so with the default 1e-8 layouts whose sums round differently drift apart by design
+    scales = family.optimizer_scales([name for name, p in model.named_parameters() if p.requires_grad], "adamw")
     optimizer = PrecisionOptimizer(model.parameters(), policy, lambda tensors: torch.optim.AdamW(
-        tensors, lr=1e-3, weight_decay=0.1, eps=1e-6, foreach=False))  # fmt: skip
+        tensors if scales is None else parameter_groups(tensors, 0.1, True, scales, 1e-3),
+        lr=1e-3, weight_decay=0.1, eps=1e-6, foreach=False))  # fmt: skip
     loss_mesh, rank = mesh.get("dp_cp"), mesh.data_parallel_rank
     dp, cp, cp_rank = dims.dp, dims.cp, mesh.rank("cp")
     per_rank = GLOBAL_BATCH // dp

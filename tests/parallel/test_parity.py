@@ -101,6 +101,9 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("rwkv-pp2", "rwkv", pp=2, layers=4),
             Scenario("rwkv-dp2-zero1-full-recompute", "rwkv", layout=Layout(zero1=True, recompute="full")),
             Scenario("rwkv-tp2-documents", "rwkv", tp=2, documents=True, clip=0.5),
+            Scenario("mup-pp2", "mup", pp=2, layers=4),
+            Scenario("mup-dp2-zero1", "mup", layout=Layout(zero1=True), clip=0.5),
+            Scenario("mup-cp2", "mup", cp=2),
         ]
     return [
         Scenario("pythia-tp2-sp", "pythia", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
@@ -120,6 +123,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("gmlp-tp2", "gmlp", tp=2, layers=3, clip=0.5),
         Scenario("mamba-tp2", "mamba", tp=2, clip=0.5),
         Scenario("rwkv-tp2", "rwkv", tp=2, clip=0.5),
+        Scenario("mup-tp2-sp", "mup", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
     ]  # fmt: skip
 
 

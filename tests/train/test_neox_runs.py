@@ -62,8 +62,13 @@ def local_setup(name: str, directory: Path, corpus: Path, tokenizer_file, gpt2_f
              "log_dir": str(directory / "logs")}  # fmt: skip
     if "checkpoint_factor" not in model:  # NeoX's save needs a cadence; a file sets each key once
         setup["checkpoint_factor"] = 1000
+    if model.get("use_mup"):  # muP's base shapes: the model at half its width, written as NeoX's save_base_shapes
+        setup["base_shapes_file"] = str(directory / "base_shapes.bsh")
     path = directory / "local_setup.yml"
     path.write_text("# Suggested data paths when using GPT-NeoX locally\n" + json.dumps(setup, indent=2))
+    if model.get("use_mup"):
+        assert main([str(NEOX / f"{name}.yml"), str(path), "save_base_shapes=true",
+                     f"hidden_size={model['hidden_size'] // 2}"]) == 0  # fmt: skip
     return path
 
 
@@ -104,7 +109,7 @@ def test_a_neox_run_restarted_with_the_same_save_and_load_continues(tmp_path, co
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["pythia", "gpt2", "alibi", "sparse", "moe_deepspeed", "rwkv"])
+@pytest.mark.parametrize("name", ["pythia", "gpt2", "alibi", "sparse", "moe_deepspeed", "rwkv", "mup"])
 def test_config_translate_trains_to_the_same_losses(name, tmp_path, corpus, tokenizer_file, gpt2_files,
                                                     sentencepiece_dir, capsys):  # fmt: skip
     neox_dir, nxdt_dir = tmp_path / "neox", tmp_path / "nxdt"

@@ -37,12 +37,16 @@ import warnings
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from nxd_config import DIALECTS, ConfigNotice, NxdConfig, to_nxdt_yaml
 
 from .command_support import exit_if_distributed, load, notices_to_stderr, preflight_stopped
 from .export_dtypes import EXPORT_DTYPES
+
+if TYPE_CHECKING:
+    from .plan import RunPlan
 
 SUBCOMMANDS = ("train", "config", "plan", "launch", "generate", "eval", "data", "ckpt")
 TOP_LEVEL_OPTIONS = ("-h", "--help", "--version", "-V")
@@ -490,6 +494,41 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
     return 0
 
 
+def _save_base_shapes(config: NxdConfig, path: str, quiet: bool) -> int:
+    """model.mup.save_base_shapes: write the base-shape file (the first process of each node) and exit 0 without
+    training, as GPT-NeoX stops after saving."""
+    from nxd_models import ModelConfigError
+
+    from .preflight import write_base_shapes
+
+    if quiet:
+        return 0
+    try:
+        written = write_base_shapes(config)
+    except (ModelConfigError, OSError) as error:
+        print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    print(f"nxd-train: muP base shapes written to {written} (model.mup.save_base_shapes); not training")
+    return 0
+
+
+def _coordinate_check(plan: RunPlan, widths: list[int] | None, path: str, quiet: bool) -> int:
+    """model.mup.coord_check: mup's coordinate check in the working directory (the first process of each node), then
+    exit 0 without training, as GPT-NeoX stops after plotting."""
+    from .coord_check import coordinate_check
+
+    if quiet:
+        return 0
+    try:
+        written = coordinate_check(plan, widths, Path.cwd())
+    except OSError as error:
+        print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    print(f"nxd-train: muP coordinate check written to {', '.join(str(p) for p in written)} (model.mup.coord_check); "
+          "not training")  # fmt: skip
+    return 0
+
+
 def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
     from .launcher_check import readable_world
 
@@ -506,6 +545,9 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     from .memory_check import memory_notice
     from .preflight import PreflightError, plan_run
 
+    if (mup := config.model.mup) is not None and mup.save_base_shapes:
+        return _save_base_shapes(config, path, quiet)
+
     try:
         with notices_to_stderr(quiet):
             plan = plan_run(config, default_cache_dir())
@@ -513,6 +555,8 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
                 warnings.warn(notice, ConfigNotice, stacklevel=1)  # the launching process says it once
     except PreflightError as error:
         return preflight_stopped(path, error, quiet)
+    if mup is not None and mup.coord_check:
+        return _coordinate_check(plan, mup.coord_check_widths, path, quiet)
     from nxd_ckpt import CheckpointError
     from nxd_data import DataError
     from nxd_precision import NonFiniteStop

@@ -210,7 +210,8 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     moe = routing(run)
     if "moe_aux_loss" in moe:  # the loss trained on: cross-entropy plus the weighted load-balancing loss
         values["loss"] += run.plan.family.moe.router_aux_loss_coef * moe["moe_aux_loss"]
-    values.update(lr=run.optimizer.param_groups[0]["lr"], grad_norm=grad_norm, **moe)
+    first = run.optimizer.param_groups[0]  # the schedule's rate (a muP group steps with a multiple of it)
+    values.update(lr=first["lr"] / first.get("lr_scale", 1.0), grad_norm=grad_norm, **moe)
     cause = ""
     if run.scaler is not None:
         values["loss_scale"] = loss_scale

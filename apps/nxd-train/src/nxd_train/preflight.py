@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,8 +19,8 @@ from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_
 from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, RewardModelConfig
-from nxd_config.schema.model import MoEConfig, SparseAttentionConfig
-from nxd_data import DataError
+from nxd_config.schema.model import MoEConfig, MupConfig, SparseAttentionConfig
+from nxd_data import DataError, save_atomically
 from nxd_models import (
     AttentionKernel,
     GPTConfig,
@@ -27,9 +28,13 @@ from nxd_models import (
     ModelConfigError,
     ModelFamily,
     MoESpec,
+    MupSpec,
     SparsitySpec,
+    base_shapes_text,
+    gpt_base_shapes,
     load_hf_config,
     model_family,
+    read_base_shapes,
 )
 from nxd_parallel import LaunchWorld, Layout
 from nxd_precision import (
@@ -130,9 +135,11 @@ def _optimizer_problems(cfg: NxdConfig) -> list[str]:
     return found
 
 
-def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids: tuple[int, ...] = ()) -> GPTConfig:
+def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids: tuple[int, ...] = (), *,
+                    mup: bool = True) -> GPTConfig:  # fmt: skip
+    """The Megatron-style model of `cfg` (without muP's settings when `mup` is False)."""
     m, prompt = cfg.model, cfg.model.soft_prompt
-    return GPTConfig(
+    config = GPTConfig(
         vocab_size=vocab_size, num_layers=m.num_layers, hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads, seq_length=seq_length, ffn_hidden_size=m.ffn_hidden_size,
         num_kv_heads=m.num_kv_heads, kv_channels=m.kv_channels, max_position_embeddings=m.max_position_embeddings,
@@ -157,7 +164,30 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids
         num_unique_layers=m.num_unique_layers, param_sharing_style=m.param_sharing_style,
         soft_prompt_tokens=0 if prompt is None else prompt.n_tokens,
         soft_prompt_init_range=0.5 if prompt is None else prompt.init_range, soft_prompt_init_ids=prompt_ids,
+        position_embedding_multiplier=m.position_embedding_multiplier,
     )  # fmt: skip
+    return replace(config, mup=_mup_spec(m.mup, config)) if mup and m.mup is not None else config
+
+
+def _mup_spec(mup: MupConfig, config: GPTConfig) -> MupSpec:
+    """nxd-models' muP settings: the base shapes read from base_shapes_file, or (save_base_shapes) the model's own,
+    which it is about to write."""
+    if mup.save_base_shapes:
+        shapes = tuple((name, tuple(shape)) for name, shape in gpt_base_shapes(config, mup.width_scale).items())
+    else:
+        shapes = read_base_shapes(mup.base_shapes_file)
+    return MupSpec(shapes, init_scale=mup.init_scale, attention_temperature=mup.attention_temperature,
+                   output_temperature=mup.output_temperature, embedding_multiplier=mup.embedding_multiplier)
+
+
+def write_base_shapes(cfg: NxdConfig) -> Path:
+    """model.mup.save_base_shapes: the model's base shapes written to base_shapes_file (mup's YAML); the vocabulary
+    and sequence are no widths, so the file does not depend on the data."""
+    mup = cfg.model.mup
+    config = _megatron_model(cfg, PLACEHOLDER_VOCABULARY, cfg.seq_length or 1, mup=False)
+    path = Path(mup.base_shapes_file)
+    save_atomically(path, base_shapes_text(gpt_base_shapes(config, mup.width_scale)).encode())
+    return path
 
 
 def sparsity_spec(sparse: SparseAttentionConfig, seed: int) -> SparsitySpec:

@@ -435,6 +435,29 @@ def soft_prompt(c: NxdConfig) -> Iterator[Finding]:
 
 
 @rule
+def maximal_update(c: NxdConfig) -> Iterator[Finding]:
+    mup, key = c.model.mup, "model.mup"
+    if mup is None:
+        return
+    if c.model_source != "megatron":
+        yield error(key, f"muP rescales nxd's Megatron-style layers; expected model_source megatron, found "
+                    f"{c.model_source}", key, "model_source")  # fmt: skip
+        return
+    if not mup.base_shapes_file:
+        yield error(f"{key}.base_shapes_file", "expected the base-shape file to read (or to write, with "
+                    "save_base_shapes), found none", f"{key}.base_shapes_file")  # fmt: skip
+    a = c.model_alignment_strategy
+    for name, why in (("peft", "LoRA's adapters have no base widths"),
+                      ("reward_model", "its score head has no base widths")):  # fmt: skip
+        if a is not None and getattr(a, name) is not None:
+            yield error(key, f"{why}; expected no {ALIGN}.{name} with muP", key, f"{ALIGN}.{name}")
+    name = c.model.optim.name
+    if name not in ("adam", "adamw", "adamw_fp32OptState", "sgd"):
+        yield error(key, f"muP scales the steps of Adam (MuAdam) and SGD (MuSGD); expected model.optim.name adam, "
+                    f"adamw or sgd, found {name}", key, "model.optim.name")  # fmt: skip
+
+
+@rule
 def mixture_of_experts(c: NxdConfig) -> Iterator[Finding]:
     moe, ds, key = c.model.moe, c.distributed_strategy, "model.moe"
     ep, ep_key = ds.expert_model_parallel_size, "distributed_strategy.expert_model_parallel_size"

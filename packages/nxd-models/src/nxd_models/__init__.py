@@ -4,6 +4,8 @@
 from importlib.metadata import version as _distribution_version
 
 from .attention import AttentionKernel
+from .base_shapes import gpt_base_shapes, widened
+from .coordinate_check import COORD_STEPS, coordinate_sizes, neox_widths
 from .build import build_causal_lm, causal_lm_logits, initialise
 from .device_peaks import Ceiling, device_ceiling, peak_memory, resident_memory
 from .errors import ModelConfigError
@@ -11,6 +13,7 @@ from .family import ModelFamily, model_family
 from .gpt import GPTConfig, GPTForCausalLM
 from .hf import HFOverrides, load_hf_config
 from .initialisation import InitModule, Seeder, init_rule, initial_values, seed_or_drawn
+from .maximal_update import MupSpec, base_shapes_text, read_base_shapes
 from .moe import MoESpec, routing_metrics, set_aux_loss_weights, take_routing_totals
 from .sparse_attention import SparsitySpec
 from .token_losses import IGNORE_INDEX
@@ -18,6 +21,7 @@ from .token_losses import IGNORE_INDEX
 __version__ = _distribution_version("nxd-models")  # one source: the pyproject's version
 
 __all__ = [
+    "COORD_STEPS",
     "IGNORE_INDEX",
     "AttentionKernel",
     "Ceiling",
@@ -26,22 +30,29 @@ __all__ = [
     "HFOverrides",
     "InitModule",
     "MoESpec",
+    "MupSpec",
     "ModelConfigError",
     "ModelFamily",
     "Seeder",
     "SparsitySpec",
+    "base_shapes_text",
     "build_causal_lm",
     "causal_lm_logits",
+    "coordinate_sizes",
     "device_ceiling",
+    "gpt_base_shapes",
     "init_rule",
     "initial_values",
     "initialise",
     "load_hf_config",
     "model_family",
+    "neox_widths",
     "peak_memory",
+    "read_base_shapes",
     "resident_memory",
     "routing_metrics",
     "seed_or_drawn",
     "set_aux_loss_weights",
     "take_routing_totals",
+    "widened",
 ]

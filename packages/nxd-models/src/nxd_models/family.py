@@ -28,6 +28,7 @@ from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
 from .hf_moe import moe_of
 from .hf_recompute import recompute_core_attention
 from .initialisation import init_rule, initial_values
+from .maximal_update import widths
 from .moe import MoESpec, moe_layers
 from .neox_layout import NeoXLayout, neox_layout
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
@@ -235,6 +236,11 @@ class ModelFamily(ABC):
         """How many decoder layers are MoE layers."""
         return len(moe_layers(self._reference))
 
+    def optimizer_scales(self, names: Iterable[str], optimizer: str) -> list[tuple[float, float]] | None:
+        """(learning rate, weight decay) multipliers of the parameters `names` under `optimizer` (muP's), or None
+        when every parameter steps alike."""
+        return None
+
 
 class MegatronFamily(ModelFamily):
     """The Megatron-style GPT / Llama decoder of nxd-models."""
@@ -271,6 +277,12 @@ class MegatronFamily(ModelFamily):
     @property
     def moe(self) -> MoESpec | None:
         return self.spec.moe
+
+    def optimizer_scales(self, names: Iterable[str], optimizer: str) -> list[tuple[float, float]] | None:
+        if self.spec.mup is None:
+            return None
+        width = widths(dict(self.spec.mup.base_shapes), self.parameter_shapes())
+        return [width[name].optimizer_scales(optimizer) for name in names]
 
 
 class HuggingFaceFamily(ModelFamily):

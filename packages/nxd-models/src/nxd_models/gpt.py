@@ -31,6 +31,7 @@ from .attention import (
 from .errors import ModelConfigError
 from .init_methods import INIT_METHODS, init_weight, normal_std
 from .kv_cache import KVCache, LayerCache, decoding_mask
+from .maximal_update import MupSpec, Width, widths
 from .moe import Experts, MoELayer, MoESpec
 from .norms import NORMS, QueryKeyNorm, ScaleNorm, build_norm
 from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoidal_embedding
@@ -74,6 +75,8 @@ class GPTConfig:
     position_embedding_type: str = "learned_absolute"
     position_embedding_offset: int = 0
     """Added to the position ids before the learned or sinusoidal table (OPT's learned positions start at 2)."""
+    position_embedding_multiplier: float = 1.0
+    """The learned or sinusoidal position embeddings are multiplied by it (GPT-NeoX's mup_rp_embedding_mult)."""
     rpe_num_buckets: int = 32
     """T5's relative position buckets (position_embedding_type "rpe")."""
     rpe_max_distance: int = 128
@@ -130,6 +133,8 @@ class GPTConfig:
     0 computes the whole micro-batch's logits at once."""
     moe: MoESpec | None = None
     """Mixture of experts in place of the MLP of layers frequency, 2 x frequency, ... (1-based)."""
+    mup: MupSpec | None = None
+    """muP (see `maximal_update`): base shapes, temperatures and multipliers; None: the standard parametrisation."""
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -312,6 +317,8 @@ def _problems(c: GPTConfig) -> list[str]:
                          f"multiple of {c.num_attention_heads}, found {c.rwkv_width}")  # fmt: skip
         if "amlp" in kinds and c.gmlp_attention_dim < 1:
             found.append(f"model.gmlp_attention_dim: expected 1 or more, found {c.gmlp_attention_dim}")
+    if c.mup is not None:
+        found += _mup_problems(c)
     if c.moe is not None and c.moe.frequency > c.num_layers:
         found.append(f"model.moe.frequency: expected at most num_layers ({c.num_layers}), found {c.moe.frequency}")
     if c.seq_length > c.max_positions:
@@ -319,6 +326,20 @@ def _problems(c: GPTConfig) -> list[str]:
             f"model.encoder_seq_length: expected at most max_position_embeddings ({c.max_positions}), "
             f"found {c.seq_length}"
         )
+    return found
+
+
+def _mup_problems(c: GPTConfig) -> list[str]:
+    """muP's rules are those of transformer layers drawn from normal distributions."""
+    found = []
+    whole = sorted(set(c.attention_layers or ()) & set(WHOLE_LAYER_KINDS))
+    if whole:
+        found.append(f"model.mup: muP's rules cover attention and MLP layers; expected none of {', '.join(whole)} "
+                     "in model.attention_layers")  # fmt: skip
+    for key, method in (("init_method", c.init_method), ("output_layer_init_method", c.output_init)):
+        if normal_std(method, c.init_method_std, c.num_layers, c.hidden_size) is None:
+            found.append(f"model.{key}: muP rescales normal draws; expected one of normal, scaled_normal, "
+                         f"single_residual_scaled_normal, small_init, wang_init, found {method}")  # fmt: skip
     return found
 
 
@@ -368,6 +389,9 @@ class SelfAttention(nn.Module):
             self.qk_norm = QueryKeyNorm(config.normalization, heads, head_dim, config.layernorm_epsilon)
         self.alibi = alibi_slopes(heads) if config.position_embedding_type == "alibi" else None
         """ALiBi's slope of every query head (plain numbers: computed, never trained or saved)."""
+        self.query_multiplier = None if config.mup is None else \
+            1 / (math.sqrt(head_dim) * config.mup.attention_temperature)  # fmt: skip
+        """muP: the queries scaled so that every kernel's 1/sqrt(d) makes scores / (d x attention_temperature)."""
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
                 allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
@@ -387,6 +411,8 @@ class SelfAttention(nn.Module):
         query, key, value = (t.transpose(1, 2) for t in (query, key, value))
         if rotary is not None:
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
+        if self.query_multiplier is not None:
+            query = query * self.query_multiplier
         if cache is not None:  # attend over every token seen so far
             key, value = cache.extend(key, value)
         bias = position_bias
@@ -550,6 +576,8 @@ class GPTDecoder(nn.Module):
             if prepend:
                 hidden = torch.cat([self.embed_prompt(hidden.shape[0], position_ids[:, :prompt]), hidden], dim=1)
             hidden = self.embedding_dropout(hidden)
+            if self.config.mup is not None and self.config.mup.embedding_multiplier != 1:
+                hidden = hidden * self.config.mup.embedding_multiplier
         stack = [self.layers[index] for index in self.config.layer_order] if self.config.shares_layers \
             else [layer for layer in self.layers if layer is not None]  # fmt: skip
         hidden = self.run_layers(stack, hidden, position_ids, document_ids, cache)
@@ -574,10 +602,13 @@ class GPTDecoder(nn.Module):
         dtype = hidden.dtype if input_ids is not None else dtype
         positions = position_ids + self.config.position_embedding_offset
         if self.config.position_embedding_type == "learned_absolute":
-            hidden = hidden + self.position_embeddings(positions)
+            table = self.position_embeddings(positions)
         elif self.config.position_embedding_type == "sinusoidal":
-            hidden = hidden + sinusoidal_embedding(positions, self.config.hidden_size, dtype)
-        return hidden
+            table = sinusoidal_embedding(positions, self.config.hidden_size, dtype)
+        else:
+            return hidden
+        multiplier = self.config.position_embedding_multiplier
+        return hidden + (table if multiplier == 1 else table * multiplier)
 
     def run_layers(self, layers: Iterable[nn.Module], hidden: torch.Tensor, position_ids: torch.Tensor,
                    document_ids: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
@@ -621,6 +652,14 @@ class GPTForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         if config.share_embeddings_and_output_weights:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.mup_widths: dict[str, Width] = {} if config.mup is None else \
+            widths(dict(config.mup.base_shapes), {name: p.shape for name, p in self.named_parameters()})  # fmt: skip
+        """muP: each parameter's widths against the base shapes (full shapes, read before any sharding)."""
+        self.readout_multiplier = 1.0
+        """What the output layer's input is multiplied by: muP's 1 / (width multiplier x output_temperature)."""
+        if config.mup is not None:
+            readout = "model.embed_tokens.weight" if config.share_embeddings_and_output_weights else "lm_head.weight"
+            self.readout_multiplier = 1 / (self.mup_widths[readout].multiplier * config.mup.output_temperature)
         if config.soft_prompt_tokens:  # prompt tuning: the prompt trains, every other weight stays as it starts
             for name, parameter in self.named_parameters():
                 parameter.requires_grad_(name.startswith("model.soft_prompt."))
@@ -639,6 +678,8 @@ class GPTForCausalLM(nn.Module):
         hidden = self.model(input_ids, position_ids, document_ids, cache)
         if self.lm_head is None:
             return hidden
+        if self.readout_multiplier != 1:  # muP's readout (mup's MuReadout)
+            hidden = hidden * self.readout_multiplier
         if labels is None:  # a soft prompt's positions cut off in a copy: FSDP2 wants no view as the output
             return self.lm_head(hidden)[:, prompt:].clone() if prompt else self.lm_head(hidden)
         if isinstance(self.lm_head, ScoreHead):  # a reward model: its scores stand for the token losses
@@ -728,6 +769,10 @@ class GPTForCausalLM(nn.Module):
             nn.init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
+        if c.mup is not None and isinstance(module, nn.Linear | nn.Embedding | Experts | QKVLinear):
+            for key, parameter in module.named_parameters(recurse=False):  # muP's draw: mup's normal_ x init_scale
+                if parameter.dim() > 1 and (width := self.mup_widths.get(f"{name}.{key}" if name else key)):
+                    parameter.mul_(width.init_factor(c.mup.init_scale))
 
     def tp_plan(self) -> dict[str, str]:
         """How each module shards under tensor parallelism (applied by nxd-parallel)."""

@@ -58,6 +58,11 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: qk_layernorm is True "
                                "(GPT-NeoX's norm over all heads of a token; transformers' query/key norms are per "
                                "head)")  # fmt: skip
+    if config.mup is not None or config.position_embedding_multiplier != 1:
+        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: "
+                               + ("model.mup scales its attention scores, embeddings and logits by its widths"
+                                  if config.mup is not None else "model.position_embedding_multiplier scales its "
+                                  "positions") + " (transformers' decoders take no such multipliers)")  # fmt: skip
     if config.num_unique_layers not in (None, config.num_layers):
         raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: its "
                                f"{config.num_layers} layers share {config.num_unique_layers} layers' weights "

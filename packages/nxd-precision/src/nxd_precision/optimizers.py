@@ -74,31 +74,44 @@ def implementation(name: str, parameters: Sequence[torch.Tensor]) -> dict[str, b
 
 
 def parameter_groups(
-    parameters: Iterable[torch.Tensor], weight_decay: float | None, decay_norms_and_biases: bool
+    parameters: Iterable[torch.Tensor], weight_decay: float | None, decay_norms_and_biases: bool,
+    scales: Sequence[tuple[float, float]] | None = None, lr: float | None = None,
 ) -> list[dict[str, Any]]:
     """Megatron's grouping: no weight decay on biases and norm weights (1-D parameters) unless
-    do_layer_norm_weight_decay asks for it; one group for an optimizer without weight decay (None)."""
-    parameters = list(parameters)
-    if weight_decay is None:
-        return [{"params": [p for p in parameters if p.requires_grad]}]
-    decay, no_decay = [], []
-    for parameter in parameters:
-        if parameter.requires_grad:
-            (decay if decay_norms_and_biases or parameter.ndim > 1 else no_decay).append(parameter)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+    do_layer_norm_weight_decay asks for it; one group for an optimizer without weight decay (None).
+
+    `scales`, one (learning rate, weight decay) multiplier pair per trainable parameter (muP's), split the groups
+    further: each group steps with lr x its lr_scale and weight_decay x its weight_decay_scale, and keeps both
+    scales, so that a schedule and a resumed run apply them too (`apply_schedule`, `apply_options`)."""
+    trainable = [p for p in parameters if p.requires_grad]
+    if scales is None:
+        if weight_decay is None:
+            return [{"params": trainable}]
+        decay = [p for p in trainable if decay_norms_and_biases or p.ndim > 1]
+        groups = [{"params": decay, "weight_decay": weight_decay}]
+        if no_decay := [p for p in trainable if not (decay_norms_and_biases or p.ndim > 1)]:
+            groups.append({"params": no_decay, "weight_decay": 0.0})
+        return groups
+    grouped: dict[tuple[float, float], list[torch.Tensor]] = {}
+    for parameter, (lr_scale, decay_scale) in zip(trainable, scales, strict=True):
+        decays = weight_decay is not None and (decay_norms_and_biases or parameter.ndim > 1)
+        grouped.setdefault((lr_scale, decay_scale if decays else 0.0), []).append(parameter)
+    return [{"params": params, "lr": lr * lr_scale, "lr_scale": lr_scale}
+            | ({} if weight_decay is None else {"weight_decay": weight_decay * decay_scale,
+                                                "weight_decay_scale": decay_scale})
+            for (lr_scale, decay_scale), params in grouped.items()]  # fmt: skip
 
 
 def build_optimizer(
-    name: str, parameters: Iterable[torch.Tensor], options: Mapping[str, Any], *, decay_norms_and_biases: bool
+    name: str, parameters: Iterable[torch.Tensor], options: Mapping[str, Any], *, decay_norms_and_biases: bool,
+    scales: Sequence[tuple[float, float]] | None = None,
 ) -> torch.optim.Optimizer:
     """Optimizer `name` over `parameters` (a model's, or their fp32 copies) with `options` (lr,
-    weight_decay, betas, ...). Under ZeRO-1 the parameters are 1/dp shards, so its state is too."""
+    weight_decay, betas, ...); `scales` as `parameter_groups` takes them. Under ZeRO-1 the parameters are 1/dp
+    shards, so its state is too."""
     cls, arguments = optimizer_class(name), optimizer_arguments(name, options)
     weight_decay = arguments.pop("weight_decay", None)
-    groups = parameter_groups(parameters, weight_decay, decay_norms_and_biases)
+    groups = parameter_groups(parameters, weight_decay, decay_norms_and_biases, scales, arguments.get("lr"))
     chosen = implementation(name, [p for group in groups for p in group["params"]])
     return cls(groups, **(chosen | arguments))
 
@@ -137,12 +150,14 @@ def bytes_per_value(policy: PrecisionPolicy, optimizer: str, options: Mapping[st
 def apply_options(optimizer: torch.optim.Optimizer, name: str, options: Mapping[str, Any]) -> None:
     """Set `options` (the config's, as `build_optimizer` took them) on an optimizer whose state was loaded
     from a checkpoint (torch's load_state_dict brings back the saved hyperparameters): weight decay on the
-    groups that decay (the first; a no-decay group stays at 0), every other hyperparameter on all groups.
-    The learning rate is the schedule's (`apply_schedule`)."""
+    groups that decay (the first, or each by its weight_decay_scale; a no-decay group stays at 0), every other
+    hyperparameter on all groups. The learning rate is the schedule's (`apply_schedule`)."""
     arguments = optimizer_arguments(name, options)
     weight_decay = arguments.pop("weight_decay", None)
     arguments.pop("lr", None)
     for index, group in enumerate(optimizer.param_groups):
         group.update({key: value for key, value in arguments.items() if key in group})
-        if weight_decay is not None and index == 0 and "weight_decay" in group:
+        if weight_decay is not None and "weight_decay_scale" in group:
+            group["weight_decay"] = weight_decay * group["weight_decay_scale"]
+        elif weight_decay is not None and index == 0 and "weight_decay" in group:
             group["weight_decay"] = weight_decay

@@ -161,10 +161,11 @@ def apply_schedule(scheduler: LRScheduler, lr: float) -> None:
     """Make a schedule loaded from a checkpoint (torch's load_state_dict brings back the saved base learning
     rates) this run's: base learning rate `lr`, and the current step's value set on the optimizer now, so
     the first update after a resume already uses it."""
-    scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
+    groups = scheduler.optimizer.param_groups
+    scheduler.base_lrs = [lr * group.get("lr_scale", 1.0) for group in groups]  # muP's groups keep their scale
     step = scheduler.last_epoch
     values = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
-    for group, value in zip(scheduler.optimizer.param_groups, values, strict=True):
+    for group, value, base in zip(groups, values, scheduler.base_lrs, strict=True):
         group["lr"] = value
-        group["initial_lr"] = lr
+        group["initial_lr"] = base
     scheduler._last_lr = values  # what get_last_lr() reports, as torch's step() sets it

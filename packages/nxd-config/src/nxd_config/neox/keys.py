@@ -46,7 +46,6 @@ _DERIVED = "NeoX derives it while it runs (a value written in a file is overwrit
 _COMET = "used only with use_comet, which nxd refuses"
 _MAMBA_KERNEL = ("a kernel choice of mamba-ssm / causal-conv1d for mamba layers; nxd's PyTorch scan and convolution "
                  "compute the same")
-_MUP = "used only with use_mup, which nxd refuses"
 _TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
               "is the te_fp8_* keys')")  # fmt: skip
 _TE_FUSED = ("Transformer Engine's fused module in place of NeoX's own layers; nxd computes NeoX's own layers as the "
@@ -484,16 +483,26 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("loss_scale_window", "Training", 1000.0, N, "", _FP16),
     ("min_scale", "Training", 1.0, N, "", _FP16),
     ("char_level_ppl", "Training", False, R, "", "character-level perplexity is not logged by nxd; remove it"),
-    ("use_mup", "Training", False, R, "", "muP parametrisation is not in nxd; remove it"),
-    ("coord_check", "Training", False, R, "", "muP coordinate checks are not in nxd; remove it"),
-    ("save_base_shapes", "Training", False, R, "", "muP base shapes are not in nxd; remove it"),
-    ("base_shapes_file", "Training", None, N, "", _MUP),
-    ("mup_init_scale", "Training", 1.0, N, "", _MUP),
-    ("mup_attn_temp", "Training", 1.0, N, "", _MUP),
-    ("mup_output_temp", "Training", 1.0, N, "", _MUP),
-    ("mup_embedding_mult", "Training", 1.0, N, "", _MUP),
-    ("mup_rp_embedding_mult", "Training", 1.0, N, "", _MUP),
-    ("mup_width_scale", "Training", 2, N, "", _MUP),
+    ("use_mup", "Training", False, M, "model.mup",
+     "mup's rules (MuAdam / MuSGD groups, normal draws / sqrt(width), the readout / width, attention / d) on nxd's "
+     "Megatron-style layers; NeoX's LR schedule drops MuAdam's group rates (no width_mult key), nxd keeps them"),
+    ("coord_check", "Training", False, M, "model.mup.coord_check",
+     "mup's coordinate check at NeoX's widths, with muP and without: coord_check_up / _sp .csv and .png in the "
+     "working directory; exits with 0 (NeoX with 1)"),
+    ("save_base_shapes", "Training", False, M, "model.mup.save_base_shapes",
+     "writes base_shapes_file (mup's format, nxd's parameter names) and exits with 0; NeoX exits with 1"),
+    ("base_shapes_file", "Training", None, M, "model.mup.base_shapes_file",
+     "read as given (NeoX appends each rank's number; nxd's one file names every parameter of the whole model)"),
+    ("mup_init_scale", "Training", 1.0, M, "model.mup.init_scale", ""),
+    ("mup_attn_temp", "Training", 1.0, M, "model.mup.attention_temperature",
+     "divides the attention scores, as documented (NeoX's code never reads it)"),
+    ("mup_output_temp", "Training", 1.0, M, "model.mup.output_temperature",
+     "divides the logits, as documented (NeoX's code never reads it)"),
+    ("mup_embedding_mult", "Training", 1.0, M, "model.mup.embedding_multiplier",
+     "multiplies the embeddings inside the graph (NeoX multiplies them under no_grad, so its gradient skips it)"),
+    ("mup_rp_embedding_mult", "Training", 1.0, M, "model.position_embedding_multiplier",
+     "learned and sinusoidal positions, with or without use_mup, as NeoX"),
+    ("mup_width_scale", "Training", 2, M, "model.mup.width_scale", ""),
     # ----------------------------------------------------------------------------- DeepSpeed config
     ("deepspeed", "DeepSpeed", True, N, "", "nxd runs on native PyTorch distributed, not DeepSpeed"),
     ("train_batch_size", "DeepSpeed", None, M, "data.global_batch_size",

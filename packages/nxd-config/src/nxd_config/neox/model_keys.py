@@ -135,6 +135,27 @@ def soft_prompt_keys(a: Arguments, t: Translation) -> None:
           "soft_prompt_tuning")  # fmt: skip
 
 
+MUP_KEYS = {"base_shapes_file": "base_shapes_file", "save_base_shapes": "save_base_shapes",
+            "mup_width_scale": "width_scale", "mup_init_scale": "init_scale",
+            "mup_attn_temp": "attention_temperature", "mup_output_temp": "output_temperature",
+            "mup_embedding_mult": "embedding_multiplier", "coord_check": "coord_check"}  # fmt: skip
+"""NeoX's muP keys -> model.mup's."""
+
+
+def mup_keys(a: Arguments, t: Translation) -> None:
+    """use_mup and its keys (megatron/training.py, word_embeddings.py, transformer.py) as model.mup;
+    mup_rp_embedding_mult scales the position embeddings with or without muP, as NeoX's embedding does."""
+    if a.given("mup_rp_embedding_mult"):
+        t.set("model.position_embedding_multiplier", a["mup_rp_embedding_mult"], "mup_rp_embedding_mult")
+    if not typed(t, a, "use_mup", bool, "true or false"):
+        for key in MUP_KEYS:
+            if a.given(key):
+                t.notice(key, "accepted, changes nothing here: NeoX reads it only with use_mup: true")
+        return
+    t.set("model.mup", {ours: a[key] for key, ours in MUP_KEYS.items() if a.given(key) or key == "base_shapes_file"},
+          "use_mup", *(key for key in MUP_KEYS if a.given(key)))  # fmt: skip
+
+
 def sharing_keys(a: Arguments, t: Translation) -> None:
     """num_unique_layers and param_sharing_style (Megatron's parameter sharing)."""
     unique = typed(t, a, "num_unique_layers", int, "a whole number of layers")

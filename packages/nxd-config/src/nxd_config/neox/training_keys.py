@@ -149,6 +149,11 @@ def optimizer_keys(a: Arguments, t: Translation) -> None:
         if kind.startswith("cpu"):
             t.notice("optimizer.type", f"{block['type']} is DeepSpeed's CPU Adam: the same update, by torch's AdamW")
         options = {"name": "adamw" if params.pop("adam_w_mode", True) else "adam"}
+        if a["use_mup"] is True:  # NeoX's get_optimizer: mup's MuAdam, torch's Adam (weight decay in the gradient)
+            if kind.startswith("cpu"):
+                t.refuse("optimizer.type", f"with use_mup GPT-NeoX steps with mup's MuAdam or MuSGD; expected Adam or "
+                         f"sgd, found {block['type']}")  # fmt: skip
+            options["name"] = "adam"
         allowed = ADAM_PARAMS
         if params.pop("bias_correction", True) is not True:
             t.refuse("optimizer.params.bias_correction", "expected true (torch's Adam always corrects the bias)")

@@ -17,7 +17,8 @@ from . import file_keys, inference_keys, model_keys, post_training_keys, trainin
 from .keys import NEOX_KEYS, KeyStatus, NeoXKey
 from .translation import Arguments, Translation, is_default, mapping
 
-GROUPS = (model_keys.model_keys, model_keys.sharing_keys, model_keys.soft_prompt_keys, model_keys.attention_keys,
+GROUPS = (model_keys.model_keys, model_keys.sharing_keys, model_keys.soft_prompt_keys, model_keys.mup_keys,
+          model_keys.attention_keys,
           model_keys.mlp_keys,
           model_keys.moe_keys,
           training_keys.parallel_keys, training_keys.launcher_keys, training_keys.precision_keys,

@@ -216,6 +216,49 @@ class SoftPromptConfig(Section):
                             note="GPT-NeoX's init_range", **_NEOX)  # fmt: skip
 
 
+class MupConfig(Section):
+    """muP, the maximal update parametrisation (GPT-NeoX's use_mup, by Microsoft's mup package's rules): a base-shape
+    file names the widths the hyperparameters were tuned at, and each weight's draw, learning rate and weight decay,
+    the attention scores and the output layer's input scale with the model's width against it."""
+
+    base_shapes_file: str | None = key(
+        None, "mup's base-shape file (YAML: each parameter's base size of every width dimension, null for the "
+        "others), written by save_base_shapes or mup's make_base_shapes; required.",
+        note="GPT-NeoX's base_shapes_file (NeoX's per-rank files name NeoX's modules, not nxd's)", **_NEOX,
+    )  # fmt: skip
+    save_base_shapes: bool = key(
+        False, "Write base_shapes_file for this model as the base (its widths against a model width_scale times as "
+        "wide, as mup's make_base_shapes) and exit with 0 without training.", by=APP,
+        status=Status.EXTENSION, note="GPT-NeoX's save_base_shapes (NeoX exits with 1 after saving)",
+    )  # fmt: skip
+    width_scale: int = key(2, "How much wider the delta model of save_base_shapes is.", by=APP, ge=2,
+                           status=Status.EXTENSION, note="GPT-NeoX's mup_width_scale")  # fmt: skip
+    init_scale: float = key(1.0, "Every drawn weight is multiplied by it.", gt=0.0,
+                            note="GPT-NeoX's mup_init_scale", **_NEOX)  # fmt: skip
+    attention_temperature: float = key(
+        1.0, "The attention scores q.k / d are divided by it.", gt=0.0,
+        note="GPT-NeoX's mup_attn_temp (documented there, not read by NeoX's code)", **_NEOX,
+    )  # fmt: skip
+    output_temperature: float = key(
+        1.0, "The logits are divided by it.", gt=0.0,
+        note="GPT-NeoX's mup_output_temp (documented there, not read by NeoX's code)", **_NEOX,
+    )  # fmt: skip
+    embedding_multiplier: float = key(1.0, "The embedding layer's output (after its dropout) is multiplied by it.",
+                                      note="GPT-NeoX's mup_embedding_mult", **_NEOX)  # fmt: skip
+    coord_check: bool = key(
+        False, "Run mup's coordinate check instead of training: the model at each of coord_check_widths trains 4 "
+        "steps on the first micro-batches, with muP and without, recording each module's mean absolute output; "
+        "written as coord_check_up and coord_check_sp (.csv, and .png plots where matplotlib is installed) in the "
+        "working directory, then exit with 0.", by=APP,
+        status=Status.EXTENSION, note="GPT-NeoX's coord_check (NeoX plots with mup's package and exits with 1)",
+    )  # fmt: skip
+    coord_check_widths: list[int] | None = key(
+        None, "The hidden sizes the coordinate check trains (the MLP and head widths the model sets scale with "
+        "them); null: GPT-NeoX's, num_attention_heads x 2^p for p in 2 .. 8.", by=APP,
+        status=Status.EXTENSION, note="nxd extension: NeoX fixes its widths",
+    )  # fmt: skip
+
+
 GATED_ACTIVATIONS = ("swiglu", "geglu", "reglu", "bilinear", "glu")
 """model.activation values that gate the MLP: act(gate(x)) * up(x)."""
 AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
@@ -473,6 +516,15 @@ class ModelConfig(Section):
     sparse_attention: SparseAttentionConfig = key(
         SparseAttentionConfig(), "The block-sparse layouts' settings.", by=MODELS, status=Status.EXTENSION,
         note="GPT-NeoX's sparsity_config; NxDT has no such key",
+    )  # fmt: skip
+    mup: MupConfig | None = key(
+        None, "muP (see the mup keys); null: the standard parametrisation. Megatron-style models with attention "
+        "layers, drawn from normal init methods, trained with adam, adamw or sgd; not with peft or reward_model.",
+        by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's use_mup; NxDT has no such key",
+    )  # fmt: skip
+    position_embedding_multiplier: float = key(
+        1.0, "The learned or sinusoidal position embeddings are multiplied by it.", by=MODELS,
+        status=Status.EXTENSION, note="GPT-NeoX's mup_rp_embedding_mult; NxDT has no such key",
     )  # fmt: skip
     moe: MoEConfig | None = key(
         None,
