@@ -150,6 +150,7 @@ READERS = [{}, {"pos_emb": "rotary", "norm": "rmsnorm", "sliding_window_width": 
            {"use_mup": True, "base_shapes_file": "b", "save_base_shapes": True, "mup_width_scale": 4,
             "mup_init_scale": 0.5, "mup_attn_temp": 2.0, "mup_output_temp": 2.0, "mup_embedding_mult": 2.0,
             "mup_rp_embedding_mult": 2.0, "coord_check": True},
+           {"te_fp8_mha": True, "te_fp8_format": "e4m3", "te_fp8_wgrad": False},
            {"train_impl": "dpo", "dataset_impl": "pairwise", "dpo_beta": 0.2, "dpo_reference_free": False,
             "precompute_model_name": "ref", "pack_impl": "unpacked",
             **{f"{side}_{split}_{kind}": ["p"] for side in ("pos", "neg") for split in ("train", "valid", "test")
@@ -402,7 +403,8 @@ def test_a_sparsity_config_without_sparse_layers_is_noticed(tmp_path):
      "rpe's one table serves every layer, so pipeline stages would each train a copy"),
     ({"pos_emb": "rotary", "rotary_pct": 1.5}, "rotary_pct (nxd: model.rotary_percentage): expected a value <= 1"),
     ({"pos_emb": "rotary", "rotary_pct": 0}, "rotary_pct (nxd: model.rotary_percentage): expected a value > 0"),
-    ({"te_fp8_mha": True}, "te_fp8_mha: expected False (GPT-NeoX's default), found True: Transformer Engine fp8"),
+    ({"te_fp8_mha": True, "te_fp8_margin": 1}, "te_fp8_margin: expected 0, found 1: torchao's float8 scales to the "
+                                                 "format's full range, with no margin"),
     ({"moe_num_experts": 4, "moe_router_type": "expert_choice"}, "moe_router_type: expected topk or sinkhorn, found "
                                                                   "'expert_choice'"),
     ({"fp16": {"enabled": True, "loss_scal": 0}}, "fp16.loss_scal: unknown fp16 setting; expected one of enabled, "
@@ -917,3 +919,18 @@ def test_use_mup_becomes_model_mup_stepped_by_mups_adam(tmp_path):
     assert any("mup_attn_temp: accepted, changes nothing here: NeoX reads it only with use_mup: true" in line
                for line in found), found
     assert load(tmp_path, {**MODEL, **keys, "coord_check": True}).model.mup.coord_check
+
+
+def test_te_fp8_mha_becomes_torchaos_float8(tmp_path):
+    fp8 = load(tmp_path, {**MODEL, "te_fp8_mha": True, "te_fp8_format": "e4m3", "te_fp8_wgrad": False}).precision.fp8
+    assert (fp8.recipe, fp8.format, fp8.weight_gradient, fp8.emulate) == ("tensorwise", "e4m3", False, False)
+    assert load(tmp_path, MODEL).precision.fp8 is None
+    found = notices(tmp_path, {**MODEL, "te_fp8_mha": True, "te_fp8_amax_history_len": 16})
+    assert any("te_fp8_amax_history_len: 16: Transformer Engine's delayed scaling keeps a history of amaxes" in line
+               for line in found), found
+    found = notices(tmp_path, {**MODEL, "te_fp8_format": "e4m3"})
+    assert any("te_fp8_format: accepted, changes nothing here: NeoX reads it only with te_fp8_mha: true" in line
+               for line in found), found
+    found = errors(tmp_path, {**MODEL, "te_fp8_mha": True, "te_fp8_margin": 2})
+    assert any("te_fp8_margin: expected 0, found 2: torchao's float8 scales to the format's full range" in line
+               for line in found), found

@@ -609,3 +609,10 @@ def test_mup_refuses_what_has_no_base_widths(minimal) -> None:
            "muP" in found
     assert "model.mup: muP scales the steps of Adam (MuAdam) and SGD (MuSGD); expected model.optim.name adam, adamw " \
            "or sgd, found lion" in found
+
+
+def test_float8_refuses_tensor_parallelism(minimal) -> None:
+    minimal["precision"] = {"type": "mixed_precision", "fp8": {"recipe": "rowwise"}}
+    minimal["distributed_strategy"].update(tensor_model_parallel_size=2)
+    assert "precision.fp8: torchao's float8 layers take their own tensor-parallel styles, which nxd's plans do not " \
+           "use yet; expected distributed_strategy.tensor_model_parallel_size 1 with fp8, found 2" in errors(minimal)

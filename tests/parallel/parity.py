@@ -39,7 +39,7 @@ from nxd_parallel import (
     modules_of,
     split_sequence,
 )
-from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
+from nxd_precision import Float8Spec, PrecisionOptimizer, prepare_parameters, resolve_policy
 from nxd_precision.optimizers import parameter_groups
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -191,6 +191,8 @@ class Scenario:
     """Each sample packs documents of DOCUMENTS tokens: positions restart and attention stays inside them."""
     precision: str = "fp32"
     """precision.type (every type but autocast, which is Fabric's autocast over the fp32 run)."""
+    fp8: bool = False
+    """The decoder layers' linear layers in torchao's float8 (tensorwise, emulated: float8 numerics on the CPU)."""
     pp: int = 1
     cp: int = 1
     ep: int = 1
@@ -228,7 +230,7 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     """Run one scenario in this process (one of `world`); every rank returns the same record."""
     dims = ParallelDims(world, tp=scenario.tp, pp=scenario.pp, cp=scenario.cp, ep=scenario.ep)
     mesh = dims.build_mesh("cpu")
-    policy = resolve_policy(scenario.precision)
+    policy = resolve_policy(scenario.precision, float8=Float8Spec(emulate=True) if scenario.fp8 else None)
     family = scenario.built_family()
     model = build_parallel_model(family, scenario.layout, mesh, torch.device("cpu"), seed=11,
                                  prepare=partial(prepare_parameters, policy=policy))  # fmt: skip

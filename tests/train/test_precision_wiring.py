@@ -25,3 +25,16 @@ def test_neuron_runtime_keys_become_the_runtime_variables() -> None:
         "XLA_USE_BF16": "0", "XLA_DOWNCAST_BF16": "1", "NEURON_RT_STOCHASTIC_ROUNDING_EN": "1",
         "NEURON_CC_FLAGS": "-O1", "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3", "NEURON_LOGICAL_NC_CONFIG": "2",
     }  # fmt: skip
+
+
+def test_float8_trains_emulated_and_is_refused_without_fp8_matmuls(tmp_path, train_here, capsys) -> None:
+    """precision.fp8 on this CPU: refused by name (no FP8 matmuls); with emulate the run trains, its decoder layers in
+    torchao's float8, to losses near the run without it."""
+    from nxd_train.cli import main
+
+    assert main([str(default_config_path()), "+precision.fp8.recipe=tensorwise",
+                 f"+exp_manager.explicit_log_dir={tmp_path / 'refused'}"]) == 1  # fmt: skip
+    assert "precision.fp8: float8 matmuls (torch._scaled_mm) need a GPU" in capsys.readouterr().err
+    plain = [row["loss"] for row in train_here("trainer.max_steps=4")]
+    fp8 = [row["loss"] for row in train_here("trainer.max_steps=4", "+precision.fp8.emulate=true")]
+    assert fp8 != plain and all(abs(a - b) < 0.02 * b for a, b in zip(fp8, plain, strict=True))

@@ -38,10 +38,12 @@ from nxd_models import (
 )
 from nxd_parallel import LaunchWorld, Layout
 from nxd_precision import (
+    Float8Spec,
     LossScaling,
     PrecisionConfigError,
     PrecisionPolicy,
     bf16_support_problem,
+    float8_support_problem,
     neuron_runtime_env,
     resolve_policy,
 )
@@ -241,6 +243,8 @@ def precision_policy(cfg: NxdConfig) -> PrecisionPolicy:
         stochastic_rounding=p.neuron_rt_stochastic_rounding_en == "1",
         parallel_layers_reduce_dtype=REDUCE_DTYPES.get(p.parallel_layers_reduce_dtype),
         fp32_optimizer_state=cfg.model.optim.name == "adamw_fp32OptState",
+        float8=None if p.fp8 is None else Float8Spec(recipe=p.fp8.recipe, format=p.fp8.format,
+                                                     weight_gradient=p.fp8.weight_gradient, emulate=p.fp8.emulate),
     )  # fmt: skip
 
 
@@ -699,8 +703,11 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     except PrecisionConfigError as error:
         problems.append(str(error))
     else:
-        if problem := bf16_support_problem(policy, torch.device(accelerator_name())):
-            problems.append(problem)
+        device = torch.device(accelerator_name())
+        for problem in (bf16_support_problem(policy, device),
+                        policy.float8 and float8_support_problem(policy.float8, device)):  # fmt: skip
+            if problem:
+                problems.append(problem)
         _notices(cfg, policy)
     resume = log_dir = None
     try:

@@ -435,6 +435,14 @@ def soft_prompt(c: NxdConfig) -> Iterator[Finding]:
 
 
 @rule
+def float8_without_tensor_parallelism(c: NxdConfig) -> Iterator[Finding]:
+    tp = c.distributed_strategy.tensor_model_parallel_size
+    if c.precision.fp8 is not None and tp > 1:
+        yield error("precision.fp8", f"torchao's float8 layers take their own tensor-parallel styles, which nxd's "
+                    f"plans do not use yet; expected {TP} 1 with fp8, found {tp}", "precision.fp8", TP)  # fmt: skip
+
+
+@rule
 def maximal_update(c: NxdConfig) -> Iterator[Finding]:
     mup, key = c.model.mup, "model.mup"
     if mup is None:

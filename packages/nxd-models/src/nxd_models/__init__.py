@@ -5,8 +5,8 @@ from importlib.metadata import version as _distribution_version
 
 from .attention import AttentionKernel
 from .base_shapes import gpt_base_shapes, widened
-from .coordinate_check import COORD_STEPS, coordinate_sizes, neox_widths
 from .build import build_causal_lm, causal_lm_logits, initialise
+from .coordinate_check import COORD_STEPS, coordinate_sizes, neox_widths
 from .device_peaks import Ceiling, device_ceiling, peak_memory, resident_memory
 from .errors import ModelConfigError
 from .family import ModelFamily, model_family

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from .float8 import use_float8
 from .policy import FP32, PrecisionPolicy
 from .stochastic_rounding import stochastic_round
 
@@ -190,7 +191,10 @@ def prepare_parameters(module: torch.nn.Module, policy: PrecisionPolicy, *, cast
     parameters stay tied; buffers such as rotary frequencies keep theirs) and let autograd accumulate
     their gradients in its accumulation dtype. Call it before tensor parallelism (which replaces the
     parameters) with `cast`, and again after it with cast=False and before data parallelism, which
-    reads the gradient dtype when it wraps the module."""
+    reads the gradient dtype when it wraps the module. With `cast`, a float8 policy swaps the decoder layers'
+    linear layers for torchao's (`use_float8`)."""
+    if cast and policy.float8 is not None:
+        use_float8(module, policy.float8)
     for parameter in module.parameters():
         if not parameter.is_floating_point():
             continue

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import PrecisionConfigError
+from .float8 import Float8Spec
 
 TYPES = ("fp32", "autocast", "mixed_precision", "mixed_precisionSR", "bf16SR", "fp16", "manual")
 FP32, BF16, FP16 = torch.float32, torch.bfloat16, torch.float16
@@ -47,6 +48,8 @@ class PrecisionPolicy:
     """Round to bf16 stochastically where bf16 values are made from higher-precision ones."""
     parallel_layers_reduce_dtype: torch.dtype
     """Dtype of the tensor-parallel all-reduce / reduce-scatter inside parallel layers."""
+    float8: Float8Spec | None = None
+    """The decoder layers' matmuls in float8 (torchao's, see `float8`); None: in the compute dtype."""
 
     @property
     def autocast(self) -> bool:
@@ -74,6 +77,7 @@ def resolve_policy(
     stochastic_rounding: bool = False,
     parallel_layers_reduce_dtype: torch.dtype | None = None,
     fp32_optimizer_state: bool = False,
+    float8: Float8Spec | None = None,
 ) -> PrecisionPolicy:
     """The policy of `type`; the keyword knobs are read only for `manual` (the config warns when they
     are set for another type). `fp32_optimizer_state` is the optimizer's request (adamw_fp32OptState)."""
@@ -112,6 +116,7 @@ def resolve_policy(
         grad_accumulation_dtype=accumulation, grad_reduction_dtype=reduction,
         optimizer_state_dtype=FP32 if fp32_optimizer_state else stepped, stochastic_rounding=rounding,
         parallel_layers_reduce_dtype=parallel_layers_reduce_dtype or (FP32 if type in ("fp32", "fp16") else BF16),
+        float8=float8,
     )  # fmt: skip
 
 

@@ -51,7 +51,8 @@ _TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute 
 _TE_FUSED = ("Transformer Engine's fused module in place of NeoX's own layers; nxd computes NeoX's own layers as the "
              "file describes them (TE's module fixes its epsilon and biases and skips NeoX's position and "
              "query/key options)")  # fmt: skip
-_TE_FP8 = "used only by Transformer Engine's fp8 layers (te_*), which nxd refuses"
+_TE_DELAYED = ("Transformer Engine's delayed scaling (an amax history); torchao's float8 scales each cast from "
+               "its operand's current amax, as history 1 with most_recent does: other values are noticed")
 _RL = "used only with train_impl: reinforce (online RL with a generation server), which nxd refuses"
 _FP16 = ("NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed: the fp16 block's loss_scale, "
          "loss_scale_window, hysteresis and min_loss_scale set nxd's loss scaling")  # fmt: skip
@@ -232,12 +233,15 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("te_rowparallel", "Model", False, N, "", _TE_KERNEL),
     ("te_layernorm_mlp", "Model", False, N, "", _TE_FUSED),
     ("te_mha", "Model", False, N, "", _TE_FUSED),
-    ("te_fp8_mha", "Model", False, R, "", "Transformer Engine fp8 is not in nxd; remove it"),
-    ("te_fp8_format", "Model", "hybrid", N, "", _TE_FP8),
-    ("te_fp8_wgrad", "Model", True, N, "", _TE_FP8),
-    ("te_fp8_amax_history_len", "Model", 1, N, "", _TE_FP8),
-    ("te_fp8_amax_compute_algo", "Model", "most_recent", N, "", _TE_FP8),
-    ("te_fp8_margin", "Model", 0, N, "", _TE_FP8),
+    ("te_fp8_mha", "Model", False, M, "precision.fp8",
+     "FP8 training through torchao's float8 (tensorwise, dynamic scaling) of every decoder layer's linear layers "
+     "(TE's fp8 autocast covers each layer's TE modules); needs FP8 matmuls (CUDA 8.9+, ROCm MI300)"),
+    ("te_fp8_format", "Model", "hybrid", M, "precision.fp8.format", "hybrid (e4m3 forward, e5m2 gradients) or e4m3"),
+    ("te_fp8_wgrad", "Model", True, M, "precision.fp8.weight_gradient",
+     "false computes the weight gradient from the high-precision operands"),
+    ("te_fp8_amax_history_len", "Model", 1, N, "", _TE_DELAYED),
+    ("te_fp8_amax_compute_algo", "Model", "most_recent", N, "", _TE_DELAYED),
+    ("te_fp8_margin", "Model", 0, N, "", "0 is torchao's scaling; another margin is refused (torchao has none)"),
     # ----------------------------------------------------------------------------- optimizer
     ("optimizer_type", "Optimizer", "adam", N, "", "NeoX derives it from optimizer.type, which nxd reads"),
     ("use_bnb_optimizer", "Optimizer", False, R, "", "bitsandbytes' 8-bit Adam is not in nxd; remove it"),

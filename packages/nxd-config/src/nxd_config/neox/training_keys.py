@@ -61,6 +61,34 @@ def layer_partition(layers: int, stages: int) -> list[int]:
     return bounds
 
 
+FP8_DEFAULTS = {"te_fp8_format": "hybrid", "te_fp8_wgrad": True, "te_fp8_amax_history_len": 1,
+                "te_fp8_amax_compute_algo": "most_recent", "te_fp8_margin": 0}  # fmt: skip
+"""Transformer Engine's fp8 recipe keys and NeoX's defaults for them."""
+
+
+def float8_keys(a: Arguments, t: Translation) -> None:
+    """te_fp8_mha (Transformer Engine's fp8 autocast over each layer, megatron/model/transformer.py) as torchao's
+    float8 training of the decoder layers' linear layers (precision.fp8), with TE's recipe keys."""
+    if not typed(t, a, "te_fp8_mha", bool, "true or false"):
+        for key in FP8_DEFAULTS:
+            if a.given(key):
+                t.notice(key, "accepted, changes nothing here: NeoX reads it only with te_fp8_mha: true")
+        return
+    fp8: dict[str, Any] = {}
+    if (form := choice(t, a, "te_fp8_format", ("hybrid", "e4m3"))) is not None:
+        fp8["format"] = form
+    if (wgrad := typed(t, a, "te_fp8_wgrad", bool, "true or false")) is not None:
+        fp8["weight_gradient"] = wgrad
+    for key in ("te_fp8_amax_history_len", "te_fp8_amax_compute_algo"):
+        if a[key] != FP8_DEFAULTS[key]:
+            t.notice(key, f"{show(a[key])}: Transformer Engine's delayed scaling keeps a history of amaxes; torchao's "
+                     "float8 scales each cast from its operand's current amax (history 1, most_recent)")  # fmt: skip
+    if a["te_fp8_margin"] not in (0, None):
+        t.refuse("te_fp8_margin", f"expected 0, found {show(a['te_fp8_margin'])}: torchao's float8 scales to the "
+                 "format's full range, with no margin")  # fmt: skip
+    t.set("precision.fp8", fp8, "te_fp8_mha", *(key for key in ("te_fp8_format", "te_fp8_wgrad") if a.given(key)))
+
+
 def precision_keys(a: Arguments, t: Translation) -> None:
     """NeoX's precision (arguments.py: calculate_derived): the precision key, or an enabled fp16 / bf16 block."""
     precision, fp16, bf16 = a["precision"], mapping(t, "fp16", a["fp16"]), mapping(t, "bf16", a["bf16"])

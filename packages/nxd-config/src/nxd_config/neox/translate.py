@@ -22,6 +22,7 @@ GROUPS = (model_keys.model_keys, model_keys.sharing_keys, model_keys.soft_prompt
           model_keys.mlp_keys,
           model_keys.moe_keys,
           training_keys.parallel_keys, training_keys.launcher_keys, training_keys.precision_keys,
+          training_keys.float8_keys,
           training_keys.optimizer_keys, training_keys.loop_keys, file_keys.data_keys,
           post_training_keys.post_training_keys, file_keys.tokenizer_keys, file_keys.checkpoints_keys,
           file_keys.resume_keys, file_keys.logging_keys,

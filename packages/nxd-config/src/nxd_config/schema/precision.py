@@ -37,6 +37,30 @@ LOSS_SCALING: dict[str, Any] = {"loss_scale": 0.0, "initial_scale_power": 16, "l
 _FP16 = "GPT-NeoX's (DeepSpeed's) fp16 block; NxDT has no fp16 type"
 
 
+class Fp8Config(Section):
+    """FP8 training through torchao's float8: the decoder layers' linear layers compute their matmuls on float8
+    casts scaled from each operand's current absolute maximum; the weights keep the type's dtype."""
+
+    recipe: Literal["tensorwise", "rowwise"] = key(
+        "tensorwise", "tensorwise: one scale per tensor; rowwise: one per row (torchao's rowwise recipe, scales "
+        "rounded to powers of 2).", by=PREC, status=Status.EXTENSION, note="torchao's float8 recipes",
+    )  # fmt: skip
+    format: Literal["hybrid", "e4m3"] | None = key(
+        None, "hybrid: e4m3 inputs and weights, e5m2 output gradients; e4m3: every operand e4m3; null: the recipe's "
+        "own (tensorwise hybrid, rowwise e4m3).", by=PREC, status=Status.EXTENSION,
+        note="GPT-NeoX's te_fp8_format",
+    )  # fmt: skip
+    weight_gradient: bool = key(
+        True, "The weight-gradient matmul in float8 too; false computes it from the operands' own precision.", by=PREC,
+        status=Status.EXTENSION, note="GPT-NeoX's te_fp8_wgrad",
+    )  # fmt: skip
+    emulate: bool = key(
+        False, "torchao's emulation: the float8 casts and scales with higher-precision matmuls, on any device "
+        "(slower; for checking the numerics where no FP8 matmul exists).", by=PREC, status=Status.EXTENSION,
+        note="torchao's emulate",
+    )  # fmt: skip
+
+
 class PrecisionConfig(Section):
     type: PrecisionType = key(
         "mixed_precision",
@@ -96,4 +120,10 @@ class PrecisionConfig(Section):
         "bf16 otherwise.",
         by="nxd-parallel",
     )
+    fp8: Fp8Config | None = key(
+        None, "FP8 training of the decoder layers' linear layers (see the fp8 keys; torchao's float8, pip install "
+        "'nxd-train[fp8]'); null: none. Needs FP8 matmuls (CUDA compute capability 8.9 or newer, ROCm MI300) "
+        "unless emulate; not with tensor parallelism.", by=PREC, status=Status.EXTENSION,
+        note="GPT-NeoX's te_fp8_mha; NxDT has no such key",
+    )  # fmt: skip
 

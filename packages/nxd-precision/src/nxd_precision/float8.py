@@ -1,0 +1,124 @@
+"""FP8 training through torchao's float8 (`pip install nxd-precision[fp8]`): the decoder layers' linear layers
+compute their three matmuls (output, input gradient, weight gradient) on float8 casts of their operands, each cast
+scaled dynamically from its operand's current absolute maximum, per tensor (tensorwise) or per row (rowwise).
+
+The weights stay in the policy's parameter dtype; only the matmuls' operands are float8, so checkpoints and exports
+do not change. Devices without FP8 matmuls (torch._scaled_mm: CUDA compute capability 8.9 or newer, or ROCm's
+MI300) are refused unless `emulate` asks for torchao's emulation: the same casts and scales with higher-precision
+matmuls, to check the numerics anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import PrecisionConfigError
+
+FP8_RECIPES = ("tensorwise", "rowwise")
+FP8_FORMATS = ("hybrid", "e4m3")
+"""hybrid: e4m3 for the inputs and weights, e5m2 for the output gradients (Transformer Engine's HYBRID); e4m3: every
+operand e4m3."""
+MATMUL_MULTIPLE = 16
+"""torch._scaled_mm needs both dimensions of a weight to be multiples of 16: other layers keep their precision."""
+SKIPPED = ("lm_head", "router", ".gate", "score")
+"""Layers left out (name endings): the output layer and the routers, whose logits float8 would coarsen."""
+
+
+@dataclass(frozen=True)
+class Float8Spec:
+    """How the linear layers train in float8 (plain values; nxd-train fills them from `precision.fp8`)."""
+
+    recipe: str = "tensorwise"
+    format: str | None = None
+    """None: the recipe's own (tensorwise: hybrid; rowwise: e4m3, as torchao's rowwise recipe)."""
+    weight_gradient: bool = True
+    """False: the weight-gradient matmul reads its operands in the parameters' precision."""
+    emulate: bool = False
+
+
+def float8_config(spec: Float8Spec) -> Any:
+    """torchao's Float8LinearConfig for `spec`."""
+    config, cast = _torchao()
+    if spec.recipe not in FP8_RECIPES:
+        raise PrecisionConfigError(f"precision.fp8.recipe: expected one of {', '.join(FP8_RECIPES)}, found "
+                                   f"{spec.recipe!r}")  # fmt: skip
+    if spec.format is not None and spec.format not in FP8_FORMATS:
+        raise PrecisionConfigError(f"precision.fp8.format: expected one of {', '.join(FP8_FORMATS)}, found "
+                                   f"{spec.format!r}")  # fmt: skip
+    rowwise = spec.recipe == "rowwise"
+    granularity = cast.ScalingGranularity.AXISWISE if rowwise else cast.ScalingGranularity.TENSORWISE
+    grads = torch.float8_e4m3fn if (spec.format or ("e4m3" if rowwise else "hybrid")) == "e4m3" else \
+        torch.float8_e5m2  # fmt: skip
+    operand = cast.CastConfig(scaling_granularity=granularity, target_dtype=torch.float8_e4m3fn)
+    grad_output = cast.CastConfig(scaling_granularity=granularity, target_dtype=grads)
+    kept = {}
+    if not spec.weight_gradient:  # the weight gradient's matmul in high precision (torchao's "gw_hp")
+        kept = {"cast_config_input_for_grad_weight": cast.CastConfig(scaling_type=cast.ScalingType.DISABLED,
+                                                                     target_dtype=torch.float8_e4m3fn),
+                "cast_config_grad_output_for_grad_weight": cast.CastConfig(scaling_type=cast.ScalingType.DISABLED,
+                                                                           target_dtype=grads)}  # fmt: skip
+    return config(cast_config_input=operand, cast_config_weight=operand, cast_config_grad_output=grad_output,
+                  round_scales_to_power_of_2=rowwise, emulate=spec.emulate, **kept)  # fmt: skip
+
+
+def use_float8(module: nn.Module, spec: Float8Spec) -> list[str]:
+    """Swap `module`'s decoder-layer linear layers (their names and parameters unchanged) for torchao's Float8Linear;
+    the names of those swapped. Layers whose sizes are not multiples of 16, the output layer and routers stay."""
+    _torchao()
+    from torchao.float8 import convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+
+    swapped: list[str] = []
+
+    def chosen(layer: nn.Module, name: str) -> bool:
+        if not isinstance(layer, nn.Linear) or isinstance(layer, Float8Linear):
+            return False
+        wanted = ".layers." in f".{name}" and not name.endswith(SKIPPED) and \
+            layer.in_features % MATMUL_MULTIPLE == 0 and layer.out_features % MATMUL_MULTIPLE == 0  # fmt: skip
+        if wanted:
+            swapped.append(name)
+        return wanted
+
+    convert_to_float8_training(module, config=float8_config(spec), module_filter_fn=chosen)
+    return swapped
+
+
+def float8_support_problem(spec: Float8Spec, device: torch.device) -> str | None:
+    """Why `device` cannot train in float8 as `spec` asks, or None."""
+    try:
+        _torchao()
+    except PrecisionConfigError as error:
+        return str(error)
+    if spec.emulate:
+        return None
+    if device.type == "cuda" and torch.cuda.is_available():
+        if torch.version.hip or torch.cuda.get_device_capability(device) >= (8, 9):
+            return None
+        found = f"compute capability {'.'.join(map(str, torch.cuda.get_device_capability(device)))}"
+    else:
+        found = f"the {device.type} device"
+    return (f"precision.fp8: float8 matmuls (torch._scaled_mm) need a GPU of CUDA compute capability 8.9 or newer "
+            f"(Ada, Hopper, Blackwell) or ROCm's MI300, found {found}; set precision.fp8.emulate: true to train with "
+            "torchao's emulation (float8 numerics, higher-precision matmuls: slower, for checking), or remove "
+            "precision.fp8")  # fmt: skip
+
+
+def _torchao() -> tuple[Any, Any]:
+    """torchao's float8 config module, imported without the deprecation notice torch's pytree logs for it."""
+    quiet = logging.getLogger("torch.utils._pytree")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        from torchao.float8 import config as cast
+        from torchao.float8.config import Float8LinearConfig
+    except ImportError:
+        raise PrecisionConfigError("precision.fp8: needs torchao's float8; install it with pip install "
+                                   "'nxd-precision[fp8]' (or 'nxd-train[fp8]')") from None  # fmt: skip
+    finally:
+        quiet.setLevel(level)
+    return Float8LinearConfig, cast
