@@ -6,6 +6,7 @@ SIGTERM's default action would end it without a word. The training steps install
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -23,6 +24,9 @@ OTHER_COMMANDS = ("config", "plan", "launch", "data", "ckpt", "-h", "--help")
 
 
 def main() -> int:
+    # torch logs a deprecation for each enum torchao registers, and transformers imports torchao wherever it is
+    # installed (nxd-train[fp8]): not the user's to act on, so not printed at every start
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     training = len(sys.argv) < 2 or sys.argv[1] not in OTHER_COMMANDS
     for signum, default in SIGNALS.items() if training else ():
         if signal.getsignal(signum) is default:
