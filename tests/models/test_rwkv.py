@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from nxd_models import GPTConfig, ModelConfigError, build_causal_lm
 from nxd_models.decoding import decoding_cache, decoding_logits
+from nxd_models.rwkv import wkv, wkv_steps
 
 
 def _config(**changes) -> GPTConfig:
@@ -134,3 +135,29 @@ def test_a_width_the_heads_do_not_divide_is_refused():
     with pytest.raises(ModelConfigError, match="model.rwkv_dim_att: an rwkv layer's time mix has num_attention_heads "
                                                "heads; expected a multiple of 2, found 33"):
         _config(rwkv_dim_att=33)
+
+
+def test_the_chunked_recurrence_is_neoxs_kernel():
+    """wkv's chunked form (16 tokens a chunk) on 37 tokens equals NeoX's kernel written out, decays strong enough that
+    a chunk's products span e^-100; with packed documents each equals the kernel on that document alone; its gradients
+    equal the token-by-token loop's."""
+    generator = torch.Generator().manual_seed(5)
+    batch, seq, heads, size = 2, 37, 2, 4
+    r, k, v = (torch.randn(batch, seq, heads, size, generator=generator) for _ in range(3))
+    w = torch.randn(batch, seq, heads, size, generator=generator) * 2.0  # exp(w) up to e^6 per token
+    u = torch.randn(heads, size, generator=generator)
+    flat = [t.reshape(batch, seq, heads * size) for t in (r, k, v, -torch.exp(w))]
+    expected = _kernel(*flat, u, heads).view(batch, seq, heads, size)
+    assert torch.allclose(wkv(r, k, v, w, u), expected, rtol=1e-4, atol=1e-4)
+    starts = torch.zeros(batch, seq, dtype=torch.bool)
+    bounds = [0, 5, 16, 17, 33, seq]
+    starts[:, bounds[:-1]] = True
+    packed = wkv(r, k, v, w, u, starts)
+    for first, end in zip(bounds, bounds[1:], strict=False):
+        alone = _kernel(*(t[:, first:end] for t in flat), u, heads).view(batch, end - first, heads, size)
+        assert torch.allclose(packed[:, first:end], alone, rtol=1e-4, atol=1e-4), (first, end)
+    inputs = [t.clone().requires_grad_() for t in (r, k, v, w, u)]
+    chunked = torch.autograd.grad((wkv(*inputs, starts) ** 2).sum(), inputs)
+    steps = torch.autograd.grad((wkv_steps(*inputs, starts) ** 2).sum(), inputs)
+    for ours, theirs in zip(chunked, steps, strict=True):  # fp32 rounding: a decay's gradient sums partials of
+        assert (ours - theirs).abs().max() <= 1e-4 * theirs.abs().max()  # hundreds that cancel to it

@@ -9,7 +9,8 @@ recurrence per head of `head_size` channels:
     y_t = r_t (u k_t^T v_t + S_{t-1}),    S_t = diag(exp(-exp(w_t))) S_{t-1} + k_t^T v_t,
 
 then a group norm per head, a silu gate and the output projection. The channel mix is sigmoid(r) * value(relu(key)^2).
-The recurrence is plain PyTorch in fp32 over the sequence (NeoX's CUDA kernel, as a loop), so it runs on every device.
+The recurrence is plain PyTorch in fp32 (NeoX's CUDA kernel's arithmetic, chunk by chunk: `wkv`), so it runs on every
+device.
 NeoX's initialisation is kept: its layer-dependent mixing and decay curves, U(+-1e-4) low-rank projections, torch's
 default draw for the linear layers, and layernorms (NeoX builds nn.LayerNorm whatever `norm` says).
 
@@ -32,11 +33,60 @@ MIX_RANK, DECAY_RANK = 32, 64
 TIME_DECAY_EXTRA_DIM)."""
 
 
+WKV_CHUNK = 16
+"""Tokens per chunk of `wkv`'s chunked form."""
+
+
 def wkv(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
-        starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """The WKV recurrence (see the module docstring) in fp32: r, k, v and w (the decay's log-log, before
-    exp(-exp(.))) are (batch, seq, heads, head_size), u (heads, head_size); `starts` (batch, seq) True where a packed
-    document begins (the state restarts there). Returns (batch, seq, heads, head_size)."""
+        starts: torch.Tensor | None = None, chunk: int = WKV_CHUNK) -> torch.Tensor:  # fmt: skip
+    """The WKV recurrence (see the module docstring) in fp32, `chunk` tokens at a time: r, k, v and w (the decay's
+    log-log, before exp(-exp(.))) are (batch, seq, heads, head_size), u (heads, head_size); `starts` (batch, seq) True
+    where a packed document begins (the state restarts there). Returns (batch, seq, heads, head_size).
+
+    Within a chunk every output is a sum over the chunk's earlier tokens, each weighed per key channel by the decay
+    between them, exp(sum of log w over the tokens in between) <= 1, written out as a (chunk, chunk, head_size) tensor
+    so that nothing overflows however strong the decay; the state enters from the chunk before and leaves for the
+    next. It equals `wkv_steps` to fp32 rounding with seq / chunk Python steps instead of seq."""
+    if r.shape[1] <= chunk:
+        return wkv_steps(r, k, v, w, u, starts)
+    batch, seq, heads, size = r.shape
+    pad = -seq % chunk
+    r, k, v = (F.pad(t.float(), (0, 0, 0, 0, 0, pad)).transpose(1, 2) for t in (r, k, v))  # (batch, heads, seq, size)
+    log_decay = F.pad(-torch.exp(w.float()), (0, 0, 0, 0, 0, pad)).transpose(1, 2)
+    documents = None if starts is None else torch.cumsum(F.pad(starts, (0, pad)).long(), dim=1)  # (batch, seq)
+    bonus = u.float().unsqueeze(1)  # (heads, 1, size)
+    before = torch.ones(chunk, chunk, dtype=torch.bool, device=r.device).tril(-1)  # token s before token t
+    state = r.new_zeros(batch, heads, size, size)
+    outputs = []
+    # split, not slicing: the backward joins each input's gradient once instead of adding a zero-padded copy per chunk
+    parts = zip(*(t.split(chunk, dim=2) for t in (r, k, v, log_decay)), strict=True)
+    for start, (r_c, k_c, v_c, decay_c) in zip(range(0, seq + pad, chunk), parts, strict=True):
+        total = torch.cumsum(decay_c, dim=2)  # through each token
+        until = total - decay_c  # before each token
+        allowed, reads_state, carries = before, None, None
+        if documents is not None:
+            doc = documents[:, start:start + chunk]  # (batch, chunk)
+            entering = documents[:, start - 1:start] if start else doc[:, :1] - 1  # the state's document
+            allowed = before & (doc[:, :, None] == doc[:, None, :])[:, None]  # (batch, 1, chunk, chunk)
+            reads_state = (doc == entering)[:, None, :, None].float()
+            carries = (doc[:, -1:] == entering)[:, None, :, None].float()  # (batch, 1, 1, 1)
+            keeps = (doc == doc[:, -1:])[:, None, :, None].float()  # tokens of the chunk's last document
+        gap = (until.unsqueeze(3) - total.unsqueeze(2)).masked_fill(~allowed.unsqueeze(-1), float("-inf"))
+        scores = torch.einsum("bhtk,bhsk,bhtsk->bhts", r_c, k_c, torch.exp(gap))
+        from_state = (r_c * torch.exp(until)) @ state
+        out = scores @ v_c + (r_c * bonus * k_c).sum(-1, keepdim=True) * v_c
+        out = out + (from_state if reads_state is None else from_state * reads_state)
+        outputs.append(out)
+        to_end = k_c * torch.exp(total[:, :, -1:] - total)
+        if documents is not None:
+            to_end, state = to_end * keeps, state * carries
+        state = torch.exp(total[:, :, -1]).unsqueeze(-1) * state + to_end.transpose(-1, -2) @ v_c
+    return torch.cat(outputs, dim=2)[:, :, :seq].transpose(1, 2)
+
+
+def wkv_steps(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
+              starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """`wkv` one token at a time, as NeoX's CUDA kernel runs it (short sequences, and the chunked form's reference)."""
     r, k, v, decay = r.float(), k.float(), v.float(), torch.exp(-torch.exp(w.float()))
     state = r.new_zeros(r.shape[0], r.shape[2], r.shape[3], r.shape[3])  # (batch, heads, key, value)
     keep = None if starts is None else (~starts).float().unbind(1)
