@@ -607,8 +607,8 @@ def test_mup_refuses_what_has_no_base_widths(minimal) -> None:
     assert "model.mup: LoRA's adapters have no base widths; expected no model_alignment_strategy.peft with muP" in found
     assert "model.mup: its score head has no base widths; expected no model_alignment_strategy.reward_model with " \
            "muP" in found
-    assert "model.mup: muP scales the steps of Adam (MuAdam) and SGD (MuSGD); expected model.optim.name adam, adamw " \
-           "or sgd, found lion" in found
+    assert "model.mup: muP scales the steps of Adam (MuAdam) and SGD (MuSGD); expected model.optim.name adam, adamw, " \
+           "adamw_fp32OptState or sgd, found lion" in found
 
 
 def test_float8_refuses_tensor_parallelism(minimal) -> None:
@@ -616,3 +616,16 @@ def test_float8_refuses_tensor_parallelism(minimal) -> None:
     minimal["distributed_strategy"].update(tensor_model_parallel_size=2)
     assert "precision.fp8: torchao's float8 layers take their own tensor-parallel styles, which nxd's plans do not " \
            "use yet; expected distributed_strategy.tensor_model_parallel_size 1 with fp8, found 2" in errors(minimal)
+
+
+def test_mup_switches_and_widths_are_checked(minimal) -> None:
+    minimal["model"]["num_attention_heads"] = 4
+    minimal["model"]["mup"] = {"base_shapes_file": "b.bsh", "save_base_shapes": True, "coord_check": True,
+                               "coord_check_widths": [32, 30]}
+    found = errors(minimal)
+    assert "model.mup.coord_check: save_base_shapes writes the base-shape file the coordinate check reads, each " \
+           "instead of training; expected one of them true per run" in found
+    assert "model.mup.coord_check_widths: expected hidden sizes that num_attention_heads (4) divides, found 30" in found
+    minimal["model"]["mup"] = {"base_shapes_file": "b.bsh", "width_scale": 4}
+    with pytest.warns(ConfigNotice, match="model.mup.width_scale: acted on only with save_base_shapes: true"):
+        load_config(minimal)

@@ -64,6 +64,8 @@ def test_widths_are_mups_infshapes(tied):
             assert width.fan_ratio == infshape.fanin_fanout_mult_ratio(), name
         seen.add((width.widths, width.multiplier))
     assert seen == {(1, 4.0), (2, 4.0)}  # vectors and matrices; every parameter has a width here
+    names = [name for name, _ in model.named_parameters()]  # a tied output layer is the embedding's parameter
+    assert len(model_family(model.config).optimizer_scales(names, "adamw")) == len(names)
 
 
 def test_base_shape_files_are_mups(tmp_path):

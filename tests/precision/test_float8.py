@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from nxd_models import GPTConfig, build_causal_lm
-from nxd_precision import Float8Spec, float8_support_problem, prepare_parameters, resolve_policy
+from nxd_models.build import build_on_meta
+from nxd_precision import Float8Spec, float8_coverage, float8_support_problem, prepare_parameters, resolve_policy
 from nxd_precision.float8 import float8_config, use_float8
 from torchao.float8.config import Float8LinearConfig, ScalingGranularity, ScalingType
 from torchao.float8.float8_linear import Float8Linear
@@ -35,8 +36,8 @@ def test_configs_are_torchaos_recipes():
 
 
 def test_the_decoder_layers_linear_layers_become_float8():
-    """Attention and MLP projections swap (names and values unchanged); the output layer and the q/k/v of a model
-    whose widths are not multiples of 16 keep their precision."""
+    """Attention and MLP projections swap (names and values unchanged); the output layer, an MLP whose width is not a
+    multiple of 16 and fused QKV modules keep their precision, and `float8_coverage` counts what stays."""
     model = build_causal_lm(CONFIG, seed=1)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     swapped = use_float8(model, Float8Spec(emulate=True))
@@ -47,6 +48,9 @@ def test_the_decoder_layers_linear_layers_become_float8():
     assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
     odd = build_causal_lm(GPTConfig(**{**CONFIG.__dict__, "ffn_hidden_size": 40}), seed=1)
     assert "model.layers.0.mlp.up_proj" not in use_float8(odd, Float8Spec(emulate=True))
+    fused = build_on_meta(GPTConfig(**{**CONFIG.__dict__, "qkv_linear": True}))
+    swapped, kept = float8_coverage(fused, Float8Spec(emulate=True))
+    assert len(swapped) == 8 and kept == {"QKVLinear": 2}
 
 
 def _batch() -> dict[str, torch.Tensor]:

@@ -139,3 +139,27 @@ def test_saving_a_stateless_optimizer_leaves_the_weights_alone():
     before = [p.detach().clone() for p in model.parameters()]
     optimizer.state_dict(["weight", "bias"])  # SGD without momentum keeps no state: nothing to create
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_loaded_groups_keep_their_own_scales():
+    """A checkpoint's groups are one rank's: another pipeline stage, whose muP groups come in another order and number,
+    keeps its own learning-rate and weight-decay scales when it loads them, and its rates follow from them."""
+    from nxd_precision import apply_options, apply_schedule, build_optimizer, build_scheduler
+
+    options = {"lr": 0.01, "weight_decay": 0.1}
+
+    def stage(scales: list[tuple[float, float]]) -> tuple[PrecisionOptimizer, list[str]]:
+        model = nn.Sequential(*(nn.Linear(4, 4, bias=False) for _ in scales))
+        optimizer = PrecisionOptimizer(model.parameters(), resolve_policy("fp32"), lambda tensors: build_optimizer(
+            "adam", tensors, options, decay_norms_and_biases=False, scales=scales))  # fmt: skip
+        return optimizer, [f"{index}.weight" for index in range(len(scales))]
+
+    first, first_names = stage([(1.0, 1.0), (0.25, 4.0)])
+    second, second_names = stage([(0.25, 4.0), (0.5, 2.0), (1.0, 1.0)])
+    state = first.state_dict(first_names)
+    second.load_state_dict(state, second_names)
+    scheduler = build_scheduler(second.optimizer, None, {}, 0.01, 10)
+    apply_options(second.optimizer, "adam", options)
+    apply_schedule(scheduler, 0.01)
+    assert [(g["lr"], g["weight_decay"]) for g in second.param_groups] == \
+        [(0.01 * 0.25, 0.1 * 4.0), (0.01 * 0.5, 0.1 * 2.0), (0.01, 0.1)]  # fmt: skip

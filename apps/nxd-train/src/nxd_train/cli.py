@@ -515,13 +515,17 @@ def _save_base_shapes(config: NxdConfig, path: str, quiet: bool) -> int:
 def _coordinate_check(plan: RunPlan, widths: list[int] | None, path: str, quiet: bool) -> int:
     """model.mup.coord_check: mup's coordinate check in the working directory (the first process of each node), then
     exit 0 without training, as GPT-NeoX stops after plotting."""
+    import torch
+    from nxd_models import ModelConfigError
+
     from .coord_check import coordinate_check
+    from .preflight import accelerator_name
 
     if quiet:
         return 0
     try:
-        written = coordinate_check(plan, widths, Path.cwd())
-    except OSError as error:
+        written = coordinate_check(plan, widths, Path.cwd(), torch.device(accelerator_name()))
+    except (ModelConfigError, OSError) as error:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     print(f"nxd-train: muP coordinate check written to {', '.join(str(p) for p in written)} (model.mup.coord_check); "

@@ -31,10 +31,9 @@ PARAMETRISATIONS = ("up", "sp")
 """muP's and the standard parametrisation's records, under GPT-NeoX's file names."""
 
 
-def coordinate_check(plan: RunPlan, widths: list[int] | None, folder: Path) -> list[Path]:
-    """Run the check on the first COORD_STEPS micro-batches of the training data (repeated when it holds fewer) at
-    `widths` (None: GPT-NeoX's) and
-    write its files into `folder`; the paths written."""
+def coordinate_check(plan: RunPlan, widths: list[int] | None, folder: Path, device: torch.device) -> list[Path]:
+    """Run the check on `device`, on the first COORD_STEPS micro-batches of the training data (repeated when it holds
+    fewer), at `widths` (None: GPT-NeoX's), and write its files into `folder`; the paths written."""
     spec, data, update = plan.family.spec, plan.data, plan.update
     targets = [folder / f"coord_check_{label}.{kind}" for label in PARAMETRISATIONS for kind in ("csv", "png")]
     if present := [str(path) for path in targets if path.exists()]:
@@ -42,8 +41,9 @@ def coordinate_check(plan: RunPlan, widths: list[int] | None, folder: Path) -> l
                               "nothing is written over: move them or run from another folder")  # fmt: skip
     micro = plan.batches.micro_batch_size
     collate = data.collate(None)
-    batches = [collate([data.train[index % len(data.train)] for index in range(step * micro, (step + 1) * micro)])
-               for step in range(COORD_STEPS)]  # a short run's samples repeat  # fmt: skip
+    batches = [{key: value.to(device) for key, value in collate(
+        [data.train[index % len(data.train)] for index in range(step * micro, (step + 1) * micro)]).items()}
+        for step in range(COORD_STEPS)]  # a short run's samples repeat  # fmt: skip
     widths = widths or neox_widths(spec.num_attention_heads)
 
     def optimizer(model: nn.Module) -> torch.optim.Optimizer:
@@ -55,7 +55,7 @@ def coordinate_check(plan: RunPlan, widths: list[int] | None, folder: Path) -> l
     written = []
     for label, mup in zip(PARAMETRISATIONS, (spec.mup, None), strict=True):
         def build(width: int, mup: Any = mup) -> nn.Module:
-            return build_causal_lm(widened(replace(spec, mup=mup), width), seed=plan.launch.seed,
+            return build_causal_lm(widened(replace(spec, mup=mup), width), device, seed=plan.launch.seed,
                                    attention=plan.family.attention)  # fmt: skip
 
         records = coordinate_sizes(build, widths, batches, _mean_loss, optimizer)

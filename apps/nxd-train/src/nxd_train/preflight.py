@@ -31,6 +31,7 @@ from nxd_models import (
     MupSpec,
     SparsitySpec,
     base_shapes_text,
+    check_base_shapes,
     gpt_base_shapes,
     load_hf_config,
     model_family,
@@ -43,6 +44,7 @@ from nxd_precision import (
     PrecisionConfigError,
     PrecisionPolicy,
     bf16_support_problem,
+    float8_coverage,
     float8_support_problem,
     neuron_runtime_env,
     resolve_policy,
@@ -168,7 +170,26 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids
         soft_prompt_init_range=0.5 if prompt is None else prompt.init_range, soft_prompt_init_ids=prompt_ids,
         position_embedding_multiplier=m.position_embedding_multiplier,
     )  # fmt: skip
-    return replace(config, mup=_mup_spec(m.mup, config)) if mup and m.mup is not None else config
+    if not mup or m.mup is None:
+        return config
+    config = replace(config, mup=_mup_spec(m.mup, config))
+    check_base_shapes(config)
+    return config
+
+
+def _float8_coverage(family: ModelFamily | LoraFamily, spec: Float8Spec) -> list[str]:
+    """A model with no decoder layer float8 can take is refused; one where some keep their precision is noticed."""
+    swapped, kept = float8_coverage(family.build_on_meta(), spec)
+    if not swapped:
+        return [f"precision.fp8: no linear layer of the decoder layers can compute in float8 (torch._scaled_mm needs "
+                f"both sizes multiples of 16; fused QKV modules and stacked experts are not linear layers), found "
+                f"{', '.join(f'{count} {kind}' for kind, count in kept.items()) or 'none'}; remove precision.fp8"]
+    if kept:
+        warnings.warn(f"precision.fp8: {len(swapped)} linear layers compute in float8; kept in the parameters' "
+                      f"precision: {', '.join(f'{count} {kind}' for kind, count in kept.items())} (fused QKV modules, "
+                      "stacked experts, routers and layers whose sizes are not multiples of 16)", ConfigNotice,
+                      stacklevel=2)  # fmt: skip
+    return []
 
 
 def _mup_spec(mup: MupConfig, config: GPTConfig) -> MupSpec:
@@ -752,6 +773,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     if family is not None and (size_problem := _model_size_problem(cfg, family)):
         problems.append(size_problem)
         family = None
+    if family is not None and policy is not None and policy.float8 is not None and not any(
+            problem.startswith("precision.fp8") for problem in problems):  # fmt: skip
+        problems += _float8_coverage(family, policy.float8)
     layout = layout_of(cfg, policy or resolve_policy("fp32"))
     if family is not None:
         ds = cfg.distributed_strategy

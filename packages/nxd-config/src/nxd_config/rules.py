@@ -37,7 +37,7 @@ MEGATRON_ONLY = (
     "position_embedding_type", "rotary_percentage", "activation", "transformer_block_type",
     "has_bias", "sliding_window_size", "attention_bias", "mlp_bias", "init_method", "output_layer_init_method",
     "position_embedding_offset", "rpe_num_buckets", "rpe_max_distance", "qk_layernorm", "attention_layers",
-    "sparse_attention", "num_unique_layers", "param_sharing_style", "soft_prompt",
+    "sparse_attention", "num_unique_layers", "param_sharing_style", "soft_prompt", "position_embedding_multiplier",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -462,7 +462,20 @@ def maximal_update(c: NxdConfig) -> Iterator[Finding]:
     name = c.model.optim.name
     if name not in ("adam", "adamw", "adamw_fp32OptState", "sgd"):
         yield error(key, f"muP scales the steps of Adam (MuAdam) and SGD (MuSGD); expected model.optim.name adam, "
-                    f"adamw or sgd, found {name}", key, "model.optim.name")  # fmt: skip
+                    f"adamw, adamw_fp32OptState or sgd, found {name}", key, "model.optim.name")  # fmt: skip
+    if mup.save_base_shapes and mup.coord_check:
+        yield error(f"{key}.coord_check", "save_base_shapes writes the base-shape file the coordinate check reads, "
+                    "each instead of training; expected one of them true per run", f"{key}.coord_check",
+                    f"{key}.save_base_shapes")  # fmt: skip
+    for knob, switch in (("width_scale", "save_base_shapes"), ("coord_check_widths", "coord_check")):
+        if mup.is_set(knob) and not getattr(mup, switch):
+            yield notice(f"{key}.{knob}", f"acted on only with {switch}: true; changes nothing here",
+                         f"{key}.{knob}", f"{key}.{switch}")  # fmt: skip
+    heads, channels = c.model.num_attention_heads, c.model.kv_channels
+    for width in mup.coord_check_widths or ():
+        if width < 1 or (heads and not channels and width % heads):
+            yield error(f"{key}.coord_check_widths", f"expected hidden sizes that num_attention_heads ({heads}) "
+                        f"divides, found {width}", f"{key}.coord_check_widths", "model.num_attention_heads")
 
 
 @rule

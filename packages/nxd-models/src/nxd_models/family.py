@@ -28,7 +28,6 @@ from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
 from .hf_moe import moe_of
 from .hf_recompute import recompute_core_attention
 from .initialisation import init_rule, initial_values
-from .maximal_update import widths
 from .moe import MoESpec, moe_layers
 from .neox_layout import NeoXLayout, neox_layout
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
@@ -281,8 +280,7 @@ class MegatronFamily(ModelFamily):
     def optimizer_scales(self, names: Iterable[str], optimizer: str) -> list[tuple[float, float]] | None:
         if self.spec.mup is None:
             return None
-        width = widths(dict(self.spec.mup.base_shapes), self.parameter_shapes())
-        return [width[name].optimizer_scales(optimizer) for name in names]
+        return [self._reference.mup_widths[name].optimizer_scales(optimizer) for name in names]
 
 
 class HuggingFaceFamily(ModelFamily):

@@ -337,12 +337,15 @@ def _mup_problems(c: GPTConfig) -> list[str]:
         found.append(f"model.mup: muP's rules cover attention and MLP layers; expected none of {', '.join(whole)} "
                      "in model.attention_layers")  # fmt: skip
     for key, method in (("init_method", c.init_method), ("output_layer_init_method", c.output_init)):
-        if normal_std(method, c.init_method_std, c.num_layers, c.hidden_size) is None:
-            found.append(f"model.{key}: muP rescales normal draws; expected one of normal, scaled_normal, "
-                         f"single_residual_scaled_normal, small_init, wang_init, found {method}")  # fmt: skip
+        if method not in MUP_INIT_METHODS:  # the others' spread already follows the width muP rescales it by
+            found.append(f"model.{key}: muP rescales draws whose spread does not depend on the width; expected one "
+                         f"of {', '.join(MUP_INIT_METHODS)}, found {method}")  # fmt: skip
     return found
 
 
+MUP_INIT_METHODS = ("normal", "scaled_normal", "single_residual_scaled_normal")
+"""The init methods muP takes: a spread set by init_method_std and the depth, never by the width (small_init's and
+wang_init's fall with the hidden size, which muP's 1 / sqrt(width multiplier) would count twice)."""
 BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
 """pre_ln: sequential pre-norm blocks; gpt_j: attention and MLP in parallel from one norm of the input;
 gpt_neox: in parallel from two norms of the input (GPT-NeoX's gpt_j_residual, Pythia)."""

@@ -4,7 +4,7 @@ master weights, fp16 loss scaling), stochastic rounding and the Neuron runtime's
 from importlib.metadata import version as _distribution_version
 
 from .errors import PrecisionConfigError
-from .float8 import Float8Spec, float8_support_problem
+from .float8 import Float8Spec, float8_coverage, float8_support_problem
 from .loss_scaling import LossScaler, LossScaling
 from .neuron_runtime import neuron_runtime_env
 from .nonfinite import NonFiniteGuard, NonFiniteStop
@@ -32,6 +32,7 @@ __all__ = [
     "apply_schedule",
     "build_optimizer",
     "build_scheduler",
+    "float8_coverage",
     "float8_support_problem",
     "bytes_per_value",
     "neuron_runtime_env",

@@ -25,8 +25,9 @@ FP8_FORMATS = ("hybrid", "e4m3")
 operand e4m3."""
 MATMUL_MULTIPLE = 16
 """torch._scaled_mm needs both dimensions of a weight to be multiples of 16: other layers keep their precision."""
-SKIPPED = ("lm_head", "router", ".gate", "score")
-"""Layers left out (name endings): the output layer and the routers, whose logits float8 would coarsen."""
+SKIPPED = ("lm_head", "router", "block_sparse_moe.gate", "mlp.gate", "score", "coefficient")
+"""Layers left out (name endings): the output layer, and the routers and PR-MoE's mix, whose logits float8 would
+coarsen; LoRA's adapters (names holding `lora_`) too."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def use_float8(module: nn.Module, spec: Float8Spec) -> list[str]:
     def chosen(layer: nn.Module, name: str) -> bool:
         if not isinstance(layer, nn.Linear) or isinstance(layer, Float8Linear):
             return False
-        wanted = ".layers." in f".{name}" and not name.endswith(SKIPPED) and \
+        wanted = ".layers." in f".{name}" and not name.endswith(SKIPPED) and "lora_" not in name and \
             layer.in_features % MATMUL_MULTIPLE == 0 and layer.out_features % MATMUL_MULTIPLE == 0  # fmt: skip
         if wanted:
             swapped.append(name)
@@ -86,6 +87,21 @@ def use_float8(module: nn.Module, spec: Float8Spec) -> list[str]:
 
     convert_to_float8_training(module, config=float8_config(spec), module_filter_fn=chosen)
     return swapped
+
+
+def float8_coverage(module: nn.Module, spec: Float8Spec) -> tuple[list[str], dict[str, int]]:
+    """What `use_float8` does to `module` (a meta tree, which it converts): the layers it swaps, and per class name how
+    many decoder-layer modules holding matrices of their own keep their precision (fused QKV modules, stacked experts,
+    layers too narrow for float8 matmuls, routers)."""
+    swapped = use_float8(module, spec)
+    from torchao.float8.float8_linear import Float8Linear
+
+    kept: dict[str, int] = {}
+    for name, layer in module.named_modules():
+        if ".layers." in f".{name}" and not isinstance(layer, Float8Linear) and "lora_" not in name and \
+                any(p.dim() > 1 for p in layer.parameters(recurse=False)):  # fmt: skip
+            kept[type(layer).__name__] = kept.get(type(layer).__name__, 0) + 1
+    return swapped, kept
 
 
 def float8_support_problem(spec: Float8Spec, device: torch.device) -> str | None:

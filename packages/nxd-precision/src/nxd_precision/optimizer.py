@@ -31,6 +31,10 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+GROUP_SCALES = ("lr_scale", "weight_decay_scale")
+"""The keys of a parameter group that belong to its parameters (muP's multipliers), not to the run's settings."""
+
+
 class PrecisionOptimizer:
     """`build(tensors)` makes the optimizer over the tensors it steps on (the fp32 copies, or the
     parameters themselves); `step`, `zero_grad` and `param_groups` act as an optimizer's do, and
@@ -121,13 +125,18 @@ class PrecisionOptimizer:
         return result
 
     def load_state_dict(self, state: dict[str, Any], names: Sequence[str]) -> None:
-        """Restore what `state_dict(names)` returned (after its tensors were filled in place)."""
+        """Restore what `state_dict(names)` returned (after its tensors were filled in place). The groups take the
+        saved hyperparameters but keep their own scales (muP's lr_scale and weight_decay_scale): the saved groups are
+        one rank's, and another pipeline stage groups its parameters otherwise; a stage with more groups than the
+        saved ones takes the first's values for the rest (`apply_options` and `apply_schedule` then set each group's
+        weight decay and learning rate from its scales)."""
         name_of = {id(copy): name for copy, name in zip(self.copies, names, strict=True)}
         position: dict[str, int] = {}
-        groups = []
+        saved, groups = state["param_groups"], []
         for index, live in enumerate(self.optimizer.param_groups):
             params = [position.setdefault(name_of[id(p)], len(position)) for p in live["params"]]
-            groups.append({**state["param_groups"][str(index)], "params": params})
+            own = {key: live[key] for key in GROUP_SCALES if key in live}
+            groups.append({**saved.get(str(index), saved["0"]), **own, "params": params})
         self.optimizer.load_state_dict(
             {"state": {position[name]: values for name, values in state["state"].items()}, "param_groups": groups}
         )
