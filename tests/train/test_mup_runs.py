@@ -25,8 +25,8 @@ def test_mup_base_shapes_are_written_without_training_and_a_mup_run_resumes_exac
                  "+model.mup.save_base_shapes=true"]) == 0  # fmt: skip
     assert main([str(default_config_path()), f"+model.mup.base_shapes_file={other}",
                  f"+exp_manager.explicit_log_dir={unused}"]) == 1  # fmt: skip
-    assert f"model.mup.base_shapes_file: expected the base shapes of this model's parameters; not in the model: " \
-           f"model.layers.2." in capsys.readouterr().err and not unused.exists()
+    assert "model.mup.base_shapes_file: expected the base shapes of this model's parameters; not in the model: " \
+           "model.layers.2." in capsys.readouterr().err and not unused.exists()
     job = ["trainer.max_steps=4", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2"]
     muP = [f"+model.mup.base_shapes_file={base}", "+model.mup.attention_temperature=2.0"]
     plain = train_here(*job)
