@@ -629,3 +629,10 @@ def test_mup_switches_and_widths_are_checked(minimal) -> None:
     minimal["model"]["mup"] = {"base_shapes_file": "b.bsh", "width_scale": 4}
     with pytest.warns(ConfigNotice, match="model.mup.width_scale: acted on only with save_base_shapes: true"):
         load_config(minimal)
+
+
+def test_a_position_multiplier_without_table_positions_is_noticed(minimal) -> None:
+    minimal["model"].update(position_embedding_type="rope", position_embedding_multiplier=0.5)
+    with pytest.warns(ConfigNotice, match="model.position_embedding_multiplier: scales learned_absolute or sinusoidal "
+                                          "positions; with rope positions it changes nothing"):
+        load_config(minimal)

@@ -278,6 +278,10 @@ def positions_cover_sequence(c: NxdConfig) -> Iterator[Finding]:
         yield error("model.position_embedding_offset", f"shifts the learned_absolute or sinusoidal positions; expected "
                     f"0 with {m.position_embedding_type} positions, found {offset}",
                     "model.position_embedding_offset", "model.position_embedding_type")  # fmt: skip
+    if m.position_embedding_multiplier != 1 and m.position_embedding_type not in ("learned_absolute", "sinusoidal"):
+        yield notice("model.position_embedding_multiplier", f"scales learned_absolute or sinusoidal positions; with "
+                     f"{m.position_embedding_type} positions it changes nothing", "model.position_embedding_multiplier",
+                     "model.position_embedding_type")  # fmt: skip
     if m.position_embedding_type != "learned_absolute":
         return
     if m.max_position_embeddings and c.seq_length and c.seq_length + offset > m.max_position_embeddings:
