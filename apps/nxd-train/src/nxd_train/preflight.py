@@ -31,7 +31,6 @@ from nxd_models import (
     MupSpec,
     SparsitySpec,
     base_shapes_text,
-    check_base_shapes,
     gpt_base_shapes,
     load_hf_config,
     model_family,
@@ -172,9 +171,7 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids
     )  # fmt: skip
     if not mup or m.mup is None:
         return config
-    config = replace(config, mup=_mup_spec(m.mup, config))
-    check_base_shapes(config)
-    return config
+    return replace(config, mup=_mup_spec(m.mup, config))
 
 
 def _float8_coverage(family: ModelFamily | LoraFamily, spec: Float8Spec) -> list[str]:
@@ -577,6 +574,8 @@ def _family(cfg: NxdConfig, vocab_size: int, seq_length: int,
                           AttentionKernel.from_fusions(fusions.flash_attention, fusions.softmax),
                           head="score" if _method(cfg) == "reward_model" else "causal_lm",
                           loss_chunk_tokens=fusions.loss_chunk_tokens)  # fmt: skip
+    if cfg.model.mup is not None:  # muP's widths read the base shapes as the family's one meta build is made
+        family.parameter_shapes()
     if (peft := _peft(cfg)) is None:
         return family
     return LoraFamily(family, LoraSpec(rank=peft.lora_rank, alpha=peft.lora_alpha, dropout=peft.lora_dropout,

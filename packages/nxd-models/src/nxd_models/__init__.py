@@ -4,7 +4,7 @@
 from importlib.metadata import version as _distribution_version
 
 from .attention import AttentionKernel
-from .base_shapes import check_base_shapes, gpt_base_shapes, widened
+from .base_shapes import gpt_base_shapes, widened
 from .build import build_causal_lm, causal_lm_logits, initialise
 from .coordinate_check import COORD_STEPS, coordinate_sizes, neox_widths
 from .device_peaks import Ceiling, device_ceiling, peak_memory, resident_memory
@@ -38,7 +38,6 @@ __all__ = [
     "base_shapes_text",
     "build_causal_lm",
     "causal_lm_logits",
-    "check_base_shapes",
     "coordinate_sizes",
     "device_ceiling",
     "gpt_base_shapes",

@@ -29,9 +29,3 @@ def _shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         return {name: tuple(p.shape) for name, p in GPTForCausalLM(config).named_parameters()}
 
-
-def check_base_shapes(config: GPTConfig) -> None:
-    """ModelConfigError naming model.mup.base_shapes_file unless `config.mup`'s base shapes hold every parameter of
-    `config`'s model with its dimensions."""
-    with torch.device("meta"):
-        GPTForCausalLM(config)

@@ -84,18 +84,20 @@ def parameter_groups(
     further: each group steps with lr x its lr_scale and weight_decay x its weight_decay_scale, and keeps both
     scales, so that a schedule and a resumed run apply them too (`apply_schedule`, `apply_options`)."""
     trainable = [p for p in parameters if p.requires_grad]
+
+    def decays(parameter: torch.Tensor) -> bool:
+        return weight_decay is not None and (decay_norms_and_biases or parameter.ndim > 1)
+
     if scales is None:
         if weight_decay is None:
             return [{"params": trainable}]
-        decay = [p for p in trainable if decay_norms_and_biases or p.ndim > 1]
-        groups = [{"params": decay, "weight_decay": weight_decay}]
-        if no_decay := [p for p in trainable if not (decay_norms_and_biases or p.ndim > 1)]:
+        groups = [{"params": [p for p in trainable if decays(p)], "weight_decay": weight_decay}]
+        if no_decay := [p for p in trainable if not decays(p)]:
             groups.append({"params": no_decay, "weight_decay": 0.0})
         return groups
     grouped: dict[tuple[float, float], list[torch.Tensor]] = {}
     for parameter, (lr_scale, decay_scale) in zip(trainable, scales, strict=True):
-        decays = weight_decay is not None and (decay_norms_and_biases or parameter.ndim > 1)
-        grouped.setdefault((lr_scale, decay_scale if decays else 0.0), []).append(parameter)
+        grouped.setdefault((lr_scale, decay_scale if decays(parameter) else 0.0), []).append(parameter)
     return [{"params": params, "lr": lr * lr_scale, "lr_scale": lr_scale}
             | ({} if weight_decay is None else {"weight_decay": weight_decay * decay_scale,
                                                 "weight_decay_scale": decay_scale})
