@@ -662,6 +662,23 @@ def test_wandb_keys(tmp_path):
                for message in notices(tmp_path, {**MODEL, "use_wandb": True, "wandb_init_all_ranks": True}))
 
 
+def test_profiler_keys(tmp_path):
+    """NeoX counts iterations from 0 and profiles profile_step_start..profile_step_stop (nsys's range): the same
+    steps, counted from 1."""
+    p = load(tmp_path, {**MODEL, "profile": True, "profile_step_start": 0, "profile_step_stop": 2,
+                        "memory_profiling": True, "memory_profiling_path": "mem"}).exp_manager.profiler  # fmt: skip
+    assert (p.enabled, p.memory, p.start_step, p.stop_step, p.memory_dir) == (True, True, 1, 3, "mem")
+    default = load(tmp_path, {**MODEL, "memory_profiling": True}).exp_manager.profiler
+    assert (default.enabled, default.memory, default.start_step, default.stop_step) == (False, True, 11, 13)
+    assert not load(tmp_path, MODEL).exp_manager.profiler.enabled
+    assert any("profile_step_start: used only with profile or memory_profiling" in message
+               for message in notices(tmp_path, {**MODEL, "profile_step_start": 3}))  # fmt: skip
+    assert any("memory_profiling_path: used only with memory_profiling" in message
+               for message in notices(tmp_path, {**MODEL, "profile": True, "memory_profiling_path": "m"}))
+    assert any("profile_step_stop: expected an iteration at or after profile_step_start (10), found 5" in message
+               for message in errors(tmp_path, {**MODEL, "profile": True, "profile_step_stop": 5}))
+
+
 def test_weight_by_num_documents(tmp_path):
     paths = {"train_data_paths": ["a", "b"], "train_data_weights": [2.0, 1.0], "valid_data_paths": ["c"],
              "test_data_paths": ["d"], "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3}  # fmt: skip

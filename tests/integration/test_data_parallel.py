@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.train.test_profiler import profiled_steps
 from tests.training_runs import FAST, losses, read_metrics, run_command
 
 
@@ -31,11 +33,16 @@ def test_torchrun_launches_the_same_job(tmp_path, train_here):
     overrides = ["trainer.max_steps=3", "data.micro_batch_size=2", "data.global_batch_size=8"]
     single = losses(train_here(*overrides))
     torchrun = Path(sys.executable).with_name("torchrun")
+    profiled = ["+exp_manager.profiler.enabled=True", "+exp_manager.profiler.start_step=2",
+                "+exp_manager.profiler.stop_step=2"]  # fmt: skip
     result = subprocess.run(
         [str(torchrun), "--nproc_per_node", "2", "-m", "nxd_train", *FAST, *overrides, "trainer.devices=2",
-         f"+exp_manager.explicit_log_dir={tmp_path / 'torchrun'}"],
+         *profiled, f"+exp_manager.explicit_log_dir={tmp_path / 'torchrun'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     double = losses(read_metrics(tmp_path / "torchrun"))
-    assert max(abs(a - b) for a, b in zip(single, double, strict=True)) < 1e-6
+    assert max(abs(a - b) for a, b in zip(single, double, strict=True)) < 1e-6  # the profiler changes nothing
+    for rank in (0, 1):  # one trace per rank, of step 2 only
+        (trace,) = (tmp_path / "torchrun" / "profiler").glob(f"rank{rank}.*.pt.trace.json")
+        assert profiled_steps(json.loads(trace.read_text())) == [2]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -70,7 +71,8 @@ def _train(run: Run) -> Path:
             started = time.perf_counter()
             epoch, index = divmod(step, run.steps_per_epoch)
             try:
-                values = train_step(run, [next(batches) for _ in range(run.accumulation)], guard, step + 1)
+                with run.profiler.step(step + 1) if run.profiler is not None else nullcontext():
+                    values = train_step(run, [next(batches) for _ in range(run.accumulation)], guard, step + 1)
             except NonFiniteStop:
                 _close(run)
                 raise
@@ -112,6 +114,8 @@ def _train(run: Run) -> Path:
                 break
             if (signum := stops.agreed(run.fabric.device)) is not None and done < run.steps:
                 _stop_on_signal(run, signum, done, logged, saved=saved_at == done, finite=not guard.streak)
+    if run.profiler is not None:
+        run.profiler.close()
     run.checkpointer.wait()
     if run.trainer_outputs is not None:
         run.trainer_outputs.finish()
@@ -149,7 +153,9 @@ class ValidationWatch:
 
 
 def _close(run: Run) -> None:
-    """End a run that stops early: the save in flight completes, the logs are flushed."""
+    """End a run that stops early: the save in flight completes, the profiler window ends, the logs are flushed."""
+    if run.profiler is not None:
+        run.profiler.close()
     run.checkpointer.wait()
     run.monitor.close()
 

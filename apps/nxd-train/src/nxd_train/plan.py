@@ -20,6 +20,7 @@ from .checkpointing import Resume
 from .data import DataSplits
 from .interrupts import Preemption
 from .launcher_check import Job
+from .profiling import ProfilerWindow
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,8 @@ class Logging:
     """Also write each logged step as a JSON line to this file in the log directory."""
     trainer_checkpoints: bool = False
     """Each checkpoint also as transformers' Trainer lays it out, in the log directory."""
+    profiler: ProfilerWindow | None = None
+    """The steps profiled, and what is recorded of them (exp_manager.profiler)."""
 
 
 @dataclass(frozen=True)

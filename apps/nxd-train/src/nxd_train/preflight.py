@@ -84,6 +84,7 @@ from .plan import (
     Update,
     WandbSettings,
 )
+from .profiling import ProfilerWindow
 from .resume_check import IDENTITY, architecture, compare, data_identity
 from .wandb_logger import wandb_problem
 
@@ -395,6 +396,14 @@ def _wandb(cfg: NxdConfig) -> WandbSettings | None:
                          host=w.host)  # fmt: skip
 
 
+def _profiler(cfg: NxdConfig) -> ProfilerWindow | None:
+    p = cfg.exp_manager.profiler
+    if not (p.enabled or p.memory):
+        return None
+    return ProfilerWindow(start_step=p.start_step, stop_step=p.stop_step, trace=p.enabled, memory=p.memory,
+                          memory_dir=_path(p.memory_dir))  # fmt: skip
+
+
 SCHEDULE_KEYS = ("lr", "sched")
 """model.optim keys that make the learning-rate schedule (exp_manager.resume_schedule)."""
 
@@ -492,7 +501,7 @@ def _settings(cfg: NxdConfig, world: LaunchWorld | None = None, job: Job | None 
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
                         local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger,
                         wandb=_wandb(cfg), json_log_file=exp.json_log_file,
-                        trainer_checkpoints=exp.trainer_checkpoints),
+                        trainer_checkpoints=exp.trainer_checkpoints, profiler=_profiler(cfg)),
         checkpoints=Checkpoints(enabled=exp.create_checkpoint_callback, policy=save_policy(cfg),
                                 asynchronous=exp.async_checkpointing,
                                 use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,

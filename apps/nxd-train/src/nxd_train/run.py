@@ -65,6 +65,7 @@ from .monitor import RANK_LOGS, Monitor, rank_log_name
 from .peers import PeerWatch
 from .peers import current as current_watch
 from .plan import RunPlan
+from .profiling import StepProfiler
 from .restore import load_initial_weights, restore
 from .resume_check import IDENTITY
 from .run_state import Run
@@ -201,6 +202,8 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
               test_data=plan.data.test, padding=plan.data.padding,
               attach=attach, checkpoint_group=group, scaler=scaler,
               trainer_outputs=trainer_outputs)  # fmt: skip
+    if (window := plan.logging.profiler) is not None:
+        run.profiler = StepProfiler(window, log_dir, fabric.device, rank, monitor.info)
     restore(run, resume)
     _announce(run, resume, host_memory)
     return run

@@ -26,6 +26,7 @@ from .checkpointing import TrainingState, rng_states
 from .logdir import LogDirLock
 from .monitor import Monitor
 from .plan import RunPlan
+from .profiling import StepProfiler
 from .trainer_outputs import TrainerOutputs
 
 Batch = dict[str, torch.Tensor]
@@ -70,6 +71,8 @@ class Run:
     """Rank 0's Trainer-style folders (exp_manager.trainer_checkpoints)."""
     resumed_metrics: dict[str, float] = field(default_factory=dict)
     """The values the resumed checkpoint recorded (early stopping's count among them)."""
+    profiler: StepProfiler | None = None
+    """The profiler window's recorder (exp_manager.profiler); None costs a run nothing."""
     step_passes: list[Callable[[list[Batch]], None]] = field(default_factory=list)
     """What runs on a step's micro-batches before the objective, in order: the live reference (adds
     `reference_log_probs`), KTO's KL baseline (adds `kto_kl`, keeps the example rows)."""

@@ -267,4 +267,35 @@ def logging_keys(a: Arguments, t: Translation) -> None:
             t.set(f"exp_manager.wandb_logger_kwargs.{ours}", value, key)
     t.set("exp_manager.log_parameter_norm", a["log_param_norm"], "log_param_norm")
     t.set("exp_manager.log_gradient_norm", a["log_grad_norm"], "log_grad_norm")
+    profiler_keys(a, t)
+
+
+def profiler_keys(a: Arguments, t: Translation) -> None:
+    """profile and memory_profiling: nxd's profiler window over the same steps. NeoX counts iterations from 0
+    (profile_step_start: 10 is the 11th step); nxd counts optimizer steps from 1."""
+    profile = typed(t, a, "profile", bool, "true or false")
+    memory = typed(t, a, "memory_profiling", bool, "true or false")
+    window = [typed(t, a, key, int, "a whole number of iterations") for key in ("profile_step_start",
+                                                                               "profile_step_stop")]  # fmt: skip
+    if not (profile or memory):
+        for key, value, default in (("profile_step_start", window[0], 10), ("profile_step_stop", window[1], 12),
+                                    ("memory_profiling_path", a["memory_profiling_path"], None)):  # fmt: skip
+            if value != default:
+                t.notice(key, "used only with profile or memory_profiling, which this run does not set")
+        return
+    if None not in window and window[1] < window[0]:
+        t.refuse("profile_step_stop", f"expected an iteration at or after profile_step_start ({window[0]}), found "
+                 f"{window[1]}")  # fmt: skip
+        return
+    t.set("exp_manager.profiler.enabled", bool(profile), "profile")
+    t.set("exp_manager.profiler.memory", bool(memory), "memory_profiling")
+    for key, ours, value in zip(("profile_step_start", "profile_step_stop"), ("start_step", "stop_step"), window,
+                                strict=True):  # fmt: skip
+        if value is not None:
+            t.set(f"exp_manager.profiler.{ours}", value + 1, key)
+    if (path := typed(t, a, "memory_profiling_path", str, "a directory")) is not None:
+        if memory:
+            t.set("exp_manager.profiler.memory_dir", path, "memory_profiling_path")
+        else:
+            t.notice("memory_profiling_path", "used only with memory_profiling, which this run does not set")
 

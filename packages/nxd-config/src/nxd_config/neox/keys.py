@@ -106,12 +106,19 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("log_gradient_noise_scale", "Logging", False, R, "", "nxd does not estimate the gradient noise scale; remove it"),
     ("gradient_noise_scale_n_batches", "Logging", 5, N, "", "used only with log_gradient_noise_scale (refused)"),
     ("gradient_noise_scale_cpu_offload", "Logging", False, N, "", "used only with log_gradient_noise_scale (refused)"),
-    ("memory_profiling", "Logging", False, R, "",
-     "nxd does not record CUDA memory snapshots; `nxd-train plan` counts each rank's memory"),
-    ("memory_profiling_path", "Logging", None, N, "", "used only with memory_profiling (refused)"),
-    ("profile", "Logging", False, R, "", "nxd does not run the profiler; remove it"),
-    ("profile_step_start", "Logging", 10, N, "", "used only with profile (refused)"),
-    ("profile_step_stop", "Logging", 12, N, "", "used only with profile (refused)"),
+    ("memory_profiling", "Logging", False, M, "exp_manager.profiler.memory",
+     "a CUDA memory snapshot with allocation stacks per rank (torch.cuda.memory) over the profiled steps; on other "
+     "devices the profiler's memory timeline"),
+    ("memory_profiling_path", "Logging", None, M, "exp_manager.profiler.memory_dir",
+     "null: the log directory's profiler folder (NeoX requires a path)"),
+    ("profile", "Logging", False, M, "exp_manager.profiler.enabled",
+     "torch.profiler's trace of each rank over the profiled steps, in the log directory's profiler folder "
+     "(NeoX writes it in tensorboard_dir); on CUDA the same steps are nsys's capture range (cudaProfilerStart / "
+     "Stop), as NeoX's nsys command line expects"),
+    ("profile_step_start", "Logging", 10, M, "exp_manager.profiler.start_step",
+     "NeoX's iteration counts from 0: nxd's start_step is this + 1 (the same step)"),
+    ("profile_step_stop", "Logging", 12, M, "exp_manager.profiler.stop_step",
+     "the last iteration profiled, included, as NeoX's nsys range: nxd's stop_step is this + 1"),
     ("peak_theoretical_tflops", "Logging", None, N, "",
      "nxd reports MFU against a matmul ceiling it measures on the device"),
     # ----------------------------------------------------------------------------- model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from ._base import Section, Status, frozen_list, key
 
@@ -122,6 +122,37 @@ class WandbLoggerKwargs(Section):
     )
 
 
+class ProfilerParams(Section):
+    """torch.profiler over a window of optimizer steps, and memory records of the same steps."""
+
+    enabled: bool = key(
+        False, "Trace optimizer steps start_step..stop_step with torch.profiler (host and accelerator activity, "
+        "shapes, memory, FLOPs, Python stacks): one Chrome trace per rank, <log dir>/profiler/rank<N>.<ms>.pt.trace"
+        ".json, which TensorBoard's profiler plugin and Perfetto open; each step is a ProfilerStep#<step> range. "
+        "On CUDA the window is also nsys's capture range (cudaProfilerStart / Stop).", by=APP,
+        status=Status.EXTENSION, note="from GPT-NeoX's profile",
+    )
+    start_step: int = key(11, "The first optimizer step profiled (counted from 1).", by=APP, ge=1,
+                          status=Status.EXTENSION, note="GPT-NeoX's profile_step_start + 1")  # fmt: skip
+    stop_step: int = key(13, "The last optimizer step profiled (at least start_step).", by=APP, ge=1,
+                         status=Status.EXTENSION, note="GPT-NeoX's profile_step_stop + 1")  # fmt: skip
+    memory: bool = key(
+        False, "Record memory over the same steps, per rank: on CUDA a memory snapshot with allocation stacks "
+        "(torch.cuda.memory; rank<N>.<ms>.memory_snapshot.pickle, opened at pytorch.org/memory_viz); on other "
+        "devices the profiler's memory timeline (rank<N>.<ms>.memory_timeline.html).", by=APP,
+        status=Status.EXTENSION, note="from GPT-NeoX's memory_profiling",
+    )
+    memory_dir: str | None = key(None, "Where the memory records go; null: <log dir>/profiler.", by=APP,
+                                 status=Status.EXTENSION, note="from GPT-NeoX's memory_profiling_path")  # fmt: skip
+
+    @model_validator(mode="after")
+    def _window(self) -> ProfilerParams:
+        if self.stop_step < self.start_step:
+            raise ValueError(f"stop_step ({self.stop_step}) is before start_step ({self.start_step}): the profiled "
+                             "steps are start_step..stop_step")  # fmt: skip
+        return self
+
+
 class ExpManagerConfig(Section):
     log_local_rank_0_only: bool = key(False, "Only local rank 0 of each node writes logs.", by=APP)
     create_tensorboard_logger: bool = key(False, "Write loss and metrics as TensorBoard events.", by=APP)
@@ -204,6 +235,10 @@ class ExpManagerConfig(Section):
     require_empty_log_dir: bool = key(
         False, "Refuse to start a new run in a log directory that already holds files (a resume may).", by=APP,
         status=Status.EXTENSION, note="transformers' overwrite_output_dir: false",
+    )
+    profiler: ProfilerParams = key(
+        ProfilerParams(), "torch.profiler traces and memory records of a window of steps.", by=APP,
+        status=Status.EXTENSION, note="from GPT-NeoX's profile and memory_profiling",
     )
     log_parameter_norm: bool = key(False, "Log the global parameter norm across model-parallel ranks.", by=APP)
     log_gradient_norm: bool = key(False, "Log the global gradient norm across model-parallel ranks.", by=APP)
