@@ -679,6 +679,20 @@ def test_profiler_keys(tmp_path):
                for message in errors(tmp_path, {**MODEL, "profile": True, "profile_step_stop": 5}))
 
 
+def test_statistics_keys(tmp_path):
+    exp = load(tmp_path, {**MODEL, "log_grad_pct_zeros": True, "log_optimizer_states": True,
+                          "log_gradient_noise_scale": True, "gradient_noise_scale_n_batches": 3,
+                          "gradient_noise_scale_cpu_offload": True}).exp_manager  # fmt: skip
+    noise = exp.gradient_noise_scale
+    assert exp.log_gradient_zeros and exp.log_optimizer_states and (noise.enabled, noise.n_batches,
+                                                                    noise.cpu_offload) == (True, 3, True)  # fmt: skip
+    plain = load(tmp_path, MODEL).exp_manager
+    assert not (plain.log_gradient_zeros or plain.log_optimizer_states or plain.gradient_noise_scale.enabled)
+    assert plain.gradient_noise_scale.n_batches == 5  # NeoX's default, nxd's too
+    assert any("gradient_noise_scale_n_batches: used only with log_gradient_noise_scale" in message
+               for message in notices(tmp_path, {**MODEL, "gradient_noise_scale_n_batches": 3}))  # fmt: skip
+
+
 def test_weight_by_num_documents(tmp_path):
     paths = {"train_data_paths": ["a", "b"], "train_data_weights": [2.0, 1.0], "valid_data_paths": ["c"],
              "test_data_paths": ["d"], "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3}  # fmt: skip

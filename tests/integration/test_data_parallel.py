@@ -10,21 +10,23 @@ from pathlib import Path
 import pytest
 
 from tests.train.test_profiler import profiled_steps
+from tests.train.test_training_statistics import STATISTICS, assert_same_statistics
 from tests.training_runs import FAST, losses, read_metrics, run_command
 
 
 @pytest.mark.parametrize("zero1", [pytest.param(False, marks=pytest.mark.slow), True], ids=["replicated", "zero1"])
 def test_two_processes_match_one_process(tmp_path, train_here, zero1):
     overrides = ["trainer.max_steps=5", "data.micro_batch_size=2", "data.global_batch_size=8",
-                 f"distributed_strategy.zero1={zero1}"]  # fmt: skip
-    single = losses(train_here(*overrides))  # 1 process x 4 micro-batches
+                 f"distributed_strategy.zero1={zero1}", *STATISTICS]  # fmt: skip
+    single = [row for row in train_here(*overrides) if "loss" in row]  # 1 process x 4 micro-batches
     result = run_command(*FAST, *overrides, "trainer.devices=2", f"+exp_manager.explicit_log_dir={tmp_path / 'dp2'}",
                          cwd=tmp_path)  # 2 processes x 2 micro-batches
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Warning" not in result.stderr  # torch's FSDP2 warns when the model's output is a view
     double = losses(read_metrics(tmp_path / "dp2"))
     assert len(single) == len(double) == 5
-    assert max(abs(a - b) for a, b in zip(single, double, strict=True)) < 1e-6
+    assert max(abs(a - b) for a, b in zip(losses(single), double, strict=True)) < 1e-6
+    print(assert_same_statistics(single, [row for row in read_metrics(tmp_path / "dp2") if "loss" in row]))
     assert sorted(p.name for p in (tmp_path / "dp2").glob("nxd_log_*")) == [
         "nxd_log_globalrank-0_localrank-0.txt", "nxd_log_globalrank-1_localrank-1.txt"]  # fmt: skip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.train.test_training_statistics import STATISTICS, assert_same_statistics
 from tests.training_runs import FAST, read_metrics, run_command
 
 
@@ -13,7 +14,7 @@ def test_tp2_with_sequence_parallel_logs_what_one_process_logs(tmp_path, train_h
     overrides = ["trainer.max_steps=5", "data.micro_batch_size=2", "data.global_batch_size=8",
                  "+exp_manager.log_parameter_norm=True",
                  "trainer.gradient_clip_val=0.5", "model.activations_checkpoint_granularity=selective",
-                 "+model.activations_checkpoint_recompute=[CoreAttention]"]  # fmt: skip
+                 "+model.activations_checkpoint_recompute=[CoreAttention]", *STATISTICS]  # fmt: skip
     single = [row for row in train_here(*overrides) if "loss" in row]
     result = run_command(*FAST, *overrides, "trainer.devices=2", "distributed_strategy.tensor_model_parallel_size=2",
                          "distributed_strategy.sequence_parallel=True",
@@ -25,3 +26,4 @@ def test_tp2_with_sequence_parallel_logs_what_one_process_logs(tmp_path, train_h
     for key in ("loss", "grad_norm", "param_norm"):
         assert max(abs(a[key] - b[key]) for a, b in zip(single, double, strict=True)) < 1e-6, (
             key, [a[key] for a in single], [b[key] for b in double])
+    print(assert_same_statistics(single, double))

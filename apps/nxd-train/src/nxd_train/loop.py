@@ -29,6 +29,7 @@ from .interrupts import StopRequests, TrainingInterrupted, requeue
 from .plan import EarlyStopping, RunPlan, batch_limit
 from .run import setup
 from .run_state import Batch, Run
+from .training_statistics import PREFIXES as STATISTICS
 
 
 def train(plan: RunPlan) -> Path:
@@ -208,6 +209,8 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     run.optimizer.collect_gradients()
     if run.scaler is not None:
         run.scaler.unscale_(run.optimizer.gradient_tensors)
+    logged = step % run.plan.cadence.log_every_n_steps == 0 or step == run.steps
+    statistics = {} if run.statistics is None else run.statistics.gradients(run.optimizer, logged)
     grad_norm = gradient_norm(run)
     sums = {"loss": totals.loss, **{name: totals.metrics.get(name, torch.zeros_like(totals.loss))
                                     for name in objective.metric_names}}  # none on ranks without the last stage
@@ -217,7 +220,7 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     if "moe_aux_loss" in moe:  # the loss trained on: cross-entropy plus the weighted load-balancing loss
         values["loss"] += run.plan.family.moe.router_aux_loss_coef * moe["moe_aux_loss"]
     first = run.optimizer.param_groups[0]  # the schedule's rate (a muP group steps with a multiple of it)
-    values.update(lr=first["lr"] / first.get("lr_scale", 1.0), grad_norm=grad_norm, **moe)
+    values.update(lr=first["lr"] / first.get("lr_scale", 1.0), grad_norm=grad_norm, **moe, **statistics)
     cause = ""
     if run.scaler is not None:
         values["loss_scale"] = loss_scale
@@ -229,6 +232,8 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     if not guard.check(step, values["loss"], grad_norm, cause):  # every rank sees the same global values
         run.optimizer.step()
         run.scheduler.step()
+        if run.statistics is not None and logged:
+            values.update(run.statistics.optimizer_states(run.optimizer))
     run.optimizer.zero_grad(set_to_none=True)
     return values
 
@@ -289,7 +294,8 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
              "lr": values["lr"], "epoch": epoch, "consumed_samples": done * gbs}  # fmt: skip
     if logging.gradient_norm:
         shown["grad_norm"] = values["grad_norm"]
-    shown.update({name: value for name, value in values.items() if name.startswith("moe_") or name == "loss_scale"})
+    shown.update({name: value for name, value in values.items()
+                  if name.startswith(("moe_", *STATISTICS)) or name == "loss_scale"})  # fmt: skip
     if logging.parameter_norm:
         stages = None if run.pp_mesh is None else run.pp_mesh.get_group()
         shown["param_norm"] = global_norm((p.detach() for p in run.model.parameters()), stages).item()

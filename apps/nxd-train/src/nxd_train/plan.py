@@ -21,6 +21,7 @@ from .data import DataSplits
 from .interrupts import Preemption
 from .launcher_check import Job
 from .profiling import ProfilerWindow
+from .training_statistics import StatisticsSettings
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ class Logging:
     """Each checkpoint also as transformers' Trainer lays it out, in the log directory."""
     profiler: ProfilerWindow | None = None
     """The steps profiled, and what is recorded of them (exp_manager.profiler)."""
+    statistics: StatisticsSettings = StatisticsSettings()
+    """Gradient and optimizer-state statistics logged (exp_manager.log_gradient_zeros, ...)."""
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ from .plan import (
 )
 from .profiling import ProfilerWindow
 from .resume_check import IDENTITY, architecture, compare, data_identity
+from .training_statistics import StatisticsSettings
 from .wandb_logger import wandb_problem
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -404,6 +405,14 @@ def _profiler(cfg: NxdConfig) -> ProfilerWindow | None:
                           memory_dir=_path(p.memory_dir))  # fmt: skip
 
 
+def _statistics(cfg: NxdConfig) -> StatisticsSettings:
+    exp = cfg.exp_manager
+    noise = exp.gradient_noise_scale
+    return StatisticsSettings(gradient_zeros=exp.log_gradient_zeros, optimizer_states=exp.log_optimizer_states,
+                              noise_scale_batches=noise.n_batches if noise.enabled else None,
+                              noise_scale_offload=noise.cpu_offload)  # fmt: skip
+
+
 SCHEDULE_KEYS = ("lr", "sched")
 """model.optim keys that make the learning-rate schedule (exp_manager.resume_schedule)."""
 
@@ -501,7 +510,8 @@ def _settings(cfg: NxdConfig, world: LaunchWorld | None = None, job: Job | None 
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
                         local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger,
                         wandb=_wandb(cfg), json_log_file=exp.json_log_file,
-                        trainer_checkpoints=exp.trainer_checkpoints, profiler=_profiler(cfg)),
+                        trainer_checkpoints=exp.trainer_checkpoints, profiler=_profiler(cfg),
+                        statistics=_statistics(cfg)),
         checkpoints=Checkpoints(enabled=exp.create_checkpoint_callback, policy=save_policy(cfg),
                                 asynchronous=exp.async_checkpointing,
                                 use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,

@@ -70,6 +70,7 @@ from .restore import load_initial_weights, restore
 from .resume_check import IDENTITY
 from .run_state import Run
 from .trainer_outputs import TrainerOutputs
+from .training_statistics import StepStatistics
 
 NEURON_DEVICE_TYPES = ("neuron", "xla")
 """Device types of AWS Neuron cores, whose runtime reads the plan's Neuron variables."""
@@ -204,6 +205,9 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
               trainer_outputs=trainer_outputs)  # fmt: skip
     if (window := plan.logging.profiler) is not None:
         run.profiler = StepProfiler(window, log_dir, fabric.device, rank, monitor.info)
+    if plan.logging.statistics.any:
+        run.statistics = StepStatistics(plan.logging.statistics, training.names, plan.batches.global_batch_size,
+                                        _group(mesh.get("pp")))  # fmt: skip
     restore(run, resume)
     _announce(run, resume, host_memory)
     return run

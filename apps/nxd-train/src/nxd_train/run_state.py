@@ -28,6 +28,7 @@ from .monitor import Monitor
 from .plan import RunPlan
 from .profiling import StepProfiler
 from .trainer_outputs import TrainerOutputs
+from .training_statistics import StepStatistics
 
 Batch = dict[str, torch.Tensor]
 
@@ -73,6 +74,8 @@ class Run:
     """The values the resumed checkpoint recorded (early stopping's count among them)."""
     profiler: StepProfiler | None = None
     """The profiler window's recorder (exp_manager.profiler); None costs a run nothing."""
+    statistics: StepStatistics | None = None
+    """The gradient and optimizer-state statistics a step logs (exp_manager.log_gradient_zeros ...)."""
     step_passes: list[Callable[[list[Batch]], None]] = field(default_factory=list)
     """What runs on a step's micro-batches before the objective, in order: the live reference (adds
     `reference_log_probs`), KTO's KL baseline (adds `kto_kl`, keeps the example rows)."""

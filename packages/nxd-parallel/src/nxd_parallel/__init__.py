@@ -8,6 +8,7 @@ from .context_parallel import ring_attention, split_sequence
 from .dims import ParallelDims, ParallelMesh
 from .errors import ParallelConfigError
 from .executor import DirectExecutor, PipelineExecutor, build_executor
+from .gradient_noise_scale import GradientNoiseScale
 from .host_memory import keep_freed_host_memory
 from .launch_world import LaunchWorld, LaunchWorldError, launch_world
 from .memory_plan import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan
@@ -23,12 +24,14 @@ from .parallelize import (
 )
 from .rendezvous import client_store, init_world
 from .tensor_parallel import check_plan
+from .tensor_statistics import tensor_norms, zero_percentages
 
 __version__ = _distribution_version("nxd-parallel")  # one source: the pyproject's version
 
 __all__ = [
     "DirectExecutor",
     "GIB",
+    "GradientNoiseScale",
     "LaunchWorld",
     "LaunchWorldError",
     "LayerWidths",
@@ -57,5 +60,7 @@ __all__ = [
     "recompute_units",
     "ring_attention",
     "split_sequence",
+    "tensor_norms",
     "tensor_parallel_problems",
+    "zero_percentages",
 ]

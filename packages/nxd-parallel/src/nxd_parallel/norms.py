@@ -9,7 +9,7 @@ enough to make the same gradients report different norms under different layouts
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.tensor import DTensor, Replicate
 
 
-def _local_part_and_groups(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+def local_part_and_groups(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple]:
     """This rank's elements, and the process groups over which the other parts lie."""
     if not isinstance(tensor, DTensor):
         return tensor, ()
@@ -55,25 +55,31 @@ def _sum_of_squares(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Te
 def global_norm(tensors: Iterable[torch.Tensor], across: ProcessGroup | None = None) -> torch.Tensor:
     """The L2 norm of all elements of `tensors` across every rank that holds a part (a 0-d fp64 tensor; fp32 on MPS).
     `across` is a group whose ranks hold different tensors (pipeline stages): their squares add up."""
+    return global_squares([local_part_and_groups(tensor) for tensor in tensors], across).sqrt()
+
+
+def global_squares(parts: Sequence[tuple[torch.Tensor, tuple]], across: ProcessGroup | None = None,
+                   device: torch.device | None = None) -> torch.Tensor:  # fmt: skip
+    """The sum of squares of local `parts`, each with the groups over which its tensor's other parts lie (as
+    `_local_part_and_groups` gives them), over every rank; `across` as for `global_norm`. The sums meet on
+    `device` (default: the parts'), so parts kept on the host reduce where the groups communicate."""
     by_groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-    device = None
-    for tensor in tensors:
-        local, groups = _local_part_and_groups(tensor)
+    for local, groups in parts:
         by_groups[groups].append(local)
-        device = local.device
+        device = device or local.device
     if device is None and across is None:
         return torch.zeros((), dtype=torch.float64)
     device = device or torch.device("cpu")
     dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no fp64
     total = torch.zeros((), device=device, dtype=dtype)
     for groups, locals_ in by_groups.items():
-        squares = _sum_of_squares(locals_, dtype)
+        squares = _sum_of_squares(locals_, dtype).to(device)
         for group in groups:
             dist.all_reduce(squares, group=group)
         total += squares
     if across is not None:
         dist.all_reduce(total, group=across)
-    return total.sqrt()
+    return total
 
 
 def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float, across: ProcessGroup | None = None

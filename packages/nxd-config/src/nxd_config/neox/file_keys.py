@@ -268,6 +268,23 @@ def logging_keys(a: Arguments, t: Translation) -> None:
     t.set("exp_manager.log_parameter_norm", a["log_param_norm"], "log_param_norm")
     t.set("exp_manager.log_gradient_norm", a["log_grad_norm"], "log_grad_norm")
     profiler_keys(a, t)
+    statistics_keys(a, t)
+
+
+def statistics_keys(a: Arguments, t: Translation) -> None:
+    """log_grad_pct_zeros, log_optimizer_states and log_gradient_noise_scale with its settings."""
+    t.set("exp_manager.log_gradient_zeros", a["log_grad_pct_zeros"], "log_grad_pct_zeros")
+    t.set("exp_manager.log_optimizer_states", a["log_optimizer_states"], "log_optimizer_states")
+    noise = typed(t, a, "log_gradient_noise_scale", bool, "true or false")
+    settings = {"gradient_noise_scale_n_batches": ("n_batches", 5),
+                "gradient_noise_scale_cpu_offload": ("cpu_offload", False)}  # fmt: skip
+    if noise:
+        t.set("exp_manager.gradient_noise_scale.enabled", True, "log_gradient_noise_scale")
+    for key, (ours, default) in settings.items():
+        if noise:
+            t.set(f"exp_manager.gradient_noise_scale.{ours}", a[key], key)
+        elif a[key] != default:
+            t.notice(key, "used only with log_gradient_noise_scale, which this run does not set")
 
 
 def profiler_keys(a: Arguments, t: Translation) -> None:

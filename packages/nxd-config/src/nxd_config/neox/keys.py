@@ -99,13 +99,18 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("comet_others", "Logging", None, N, "", _COMET),
     ("comet_experiment", "Logging", None, N, "", _COMET),
     ("log_interval", "Logging", 100, M, "trainer.log_every_n_steps", ""),
-    ("log_grad_pct_zeros", "Logging", False, R, "", "nxd does not log the share of zero gradients; remove it"),
+    ("log_grad_pct_zeros", "Logging", False, M, "exp_manager.log_gradient_zeros",
+     "pct_grad_zeros/<parameter>, over the whole parameter whatever the layout (NeoX: each rank's own part)"),
     ("log_param_norm", "Logging", False, M, "exp_manager.log_parameter_norm", ""),
     ("log_grad_norm", "Logging", False, M, "exp_manager.log_gradient_norm", ""),
-    ("log_optimizer_states", "Logging", False, R, "", "nxd does not log optimizer-state norms; remove it"),
-    ("log_gradient_noise_scale", "Logging", False, R, "", "nxd does not estimate the gradient noise scale; remove it"),
-    ("gradient_noise_scale_n_batches", "Logging", 5, N, "", "used only with log_gradient_noise_scale (refused)"),
-    ("gradient_noise_scale_cpu_offload", "Logging", False, N, "", "used only with log_gradient_noise_scale (refused)"),
+    ("log_optimizer_states", "Logging", False, M, "exp_manager.log_optimizer_states",
+     "optimizer_state_norms/<parameter>_<state>: NeoX names a parameter by its index in the optimizer, which changes "
+     "with the layout; nxd by its name"),
+    ("log_gradient_noise_scale", "Logging", False, M, "exp_manager.gradient_noise_scale.enabled",
+     "train/noise_scale by NeoX's estimator, from global gradient norms: every layout, ZeRO included (which NeoX "
+     "refuses), gives what one process does"),
+    ("gradient_noise_scale_n_batches", "Logging", 5, M, "exp_manager.gradient_noise_scale.n_batches", ""),
+    ("gradient_noise_scale_cpu_offload", "Logging", False, M, "exp_manager.gradient_noise_scale.cpu_offload", ""),
     ("memory_profiling", "Logging", False, M, "exp_manager.profiler.memory",
      "a CUDA memory snapshot with allocation stacks per rank (torch.cuda.memory) over the profiled steps; on other "
      "devices the profiler's memory timeline"),

@@ -153,6 +153,23 @@ class ProfilerParams(Section):
         return self
 
 
+class GradientNoiseScaleParams(Section):
+    """McCandlish et al.'s gradient noise scale, estimated as GPT-NeoX estimates it."""
+
+    enabled: bool = key(
+        False, "Log train/noise_scale, the simple noise scale B = tr(S) / |G|^2: one step's global batch against "
+        "the mean gradient of n_batches steps in a row, each a moving average (beta 0.99). Norms are global, so "
+        "every layout gives what one process does; a resumed run starts the estimate anew.", by=APP,
+        status=Status.EXTENSION, note="from GPT-NeoX's log_gradient_noise_scale (which NeoX refuses under ZeRO)",
+    )
+    n_batches: int = key(5, "Steps whose mean gradient is the big batch.", by=APP, ge=2, status=Status.EXTENSION,
+                         note="GPT-NeoX's gradient_noise_scale_n_batches")  # fmt: skip
+    cpu_offload: bool = key(
+        False, "Keep the running sum of gradients (one copy of this rank's gradient shards) in host memory.", by=APP,
+        status=Status.EXTENSION, note="GPT-NeoX's gradient_noise_scale_cpu_offload",
+    )
+
+
 class ExpManagerConfig(Section):
     log_local_rank_0_only: bool = key(False, "Only local rank 0 of each node writes logs.", by=APP)
     create_tensorboard_logger: bool = key(False, "Write loss and metrics as TensorBoard events.", by=APP)
@@ -239,6 +256,20 @@ class ExpManagerConfig(Section):
     profiler: ProfilerParams = key(
         ProfilerParams(), "torch.profiler traces and memory records of a window of steps.", by=APP,
         status=Status.EXTENSION, note="from GPT-NeoX's profile and memory_profiling",
+    )
+    log_gradient_zeros: bool = key(
+        False, "Log pct_grad_zeros/<parameter>: the percent of each parameter's gradient that is exactly 0, over the "
+        "whole parameter whatever the layout, before clipping.", by=APP, status=Status.EXTENSION,
+        note="from GPT-NeoX's log_grad_pct_zeros",
+    )
+    log_optimizer_states: bool = key(
+        False, "Log optimizer_state_norms/<parameter>_<state>: the L2 norm of each of the optimizer's state tensors "
+        "(Adam's exp_avg and exp_avg_sq ...) of each parameter after the step, over the whole parameter.", by=APP,
+        status=Status.EXTENSION, note="from GPT-NeoX's log_optimizer_states (which names parameters by index)",
+    )
+    gradient_noise_scale: GradientNoiseScaleParams = key(
+        GradientNoiseScaleParams(), "The gradient noise scale.", by=APP, status=Status.EXTENSION,
+        note="from GPT-NeoX's log_gradient_noise_scale",
     )
     log_parameter_norm: bool = key(False, "Log the global parameter norm across model-parallel ranks.", by=APP)
     log_gradient_norm: bool = key(False, "Log the global gradient norm across model-parallel ranks.", by=APP)
