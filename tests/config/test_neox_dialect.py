@@ -693,6 +693,24 @@ def test_statistics_keys(tmp_path):
                for message in notices(tmp_path, {**MODEL, "gradient_noise_scale_n_batches": 3}))  # fmt: skip
 
 
+def test_curriculum_learning_block(tmp_path):
+    block = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 64, "max_difficulty": 128,
+             "schedule_type": "fixed_root", "schedule_config": {"total_curriculum_step": 100, "difficulty_step": 8,
+                                                                 "root_degree": 2}}  # fmt: skip
+    c = load(tmp_path, {**MODEL, "curriculum_learning": block}).data.curriculum
+    assert (c.enabled, c.min_length, c.max_length, c.schedule, c.total_steps, c.length_step, c.root_degree) == (
+        True, 64, 128, "fixed_root", 100, 8, 2)  # fmt: skip
+    discrete = {**block, "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [64, 128],
+                                                                                "max_step": [10]}}  # fmt: skip
+    d = load(tmp_path, {**MODEL, "curriculum_learning": discrete}).data.curriculum
+    assert (d.schedule, d.lengths, d.max_steps) == ("fixed_discrete", (64, 128), (10,))
+    assert not load(tmp_path, {**MODEL, "curriculum_learning": {**block, "enabled": False}}).data.curriculum.enabled
+    assert any("curriculum_learning.curriculum_type: expected seqlen" in message for message in
+               errors(tmp_path, {**MODEL, "curriculum_learning": {**block, "curriculum_type": "vocabularyrarity"}}))
+    assert any("curriculum_learning.schedule_config.total_step: expected one of" in message for message in
+               errors(tmp_path, {**MODEL, "curriculum_learning": {**block, "schedule_config": {"total_step": 3}}}))
+
+
 def test_weight_by_num_documents(tmp_path):
     paths = {"train_data_paths": ["a", "b"], "train_data_weights": [2.0, 1.0], "valid_data_paths": ["c"],
              "test_data_paths": ["d"], "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3}  # fmt: skip

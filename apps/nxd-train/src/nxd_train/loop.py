@@ -221,6 +221,8 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
         values["loss"] += run.plan.family.moe.router_aux_loss_coef * moe["moe_aux_loss"]
     first = run.optimizer.param_groups[0]  # the schedule's rate (a muP group steps with a multiple of it)
     values.update(lr=first["lr"] / first.get("lr_scale", 1.0), grad_norm=grad_norm, **moe, **statistics)
+    if (curriculum := run.plan.batches.curriculum) is not None:
+        values["curriculum_seqlen"] = curriculum.length(step)
     cause = ""
     if run.scaler is not None:
         values["loss_scale"] = loss_scale
@@ -289,13 +291,14 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
     """What a log line records after optimizer step `done`, given the mean time of the recent steps."""
     logging, gbs = run.plan.logging, run.plan.batches.global_batch_size
     data = run.plan.data
-    processed = gbs * (data.trained_rows_per_sample or data.rows_per_sample) * run.plan.seq_length
+    length = int(values.get("curriculum_seqlen", run.plan.seq_length))
+    processed = gbs * (data.trained_rows_per_sample or data.rows_per_sample) * length
     shown = {"loss": values["loss"], **{name: values[name] for name in run.plan.objective.metric_names},
              "lr": values["lr"], "epoch": epoch, "consumed_samples": done * gbs}  # fmt: skip
     if logging.gradient_norm:
         shown["grad_norm"] = values["grad_norm"]
     shown.update({name: value for name, value in values.items()
-                  if name.startswith(("moe_", *STATISTICS)) or name == "loss_scale"})  # fmt: skip
+                  if name.startswith(("moe_", *STATISTICS)) or name in ("loss_scale", "curriculum_seqlen")})
     if logging.parameter_norm:
         stages = None if run.pp_mesh is None else run.pp_mesh.get_group()
         shown["param_norm"] = global_norm((p.detach() for p in run.model.parameters()), stages).item()

@@ -12,6 +12,7 @@ from typing import Any
 
 from nxd_align import LoraFamily, Objective, TokenObjective
 from nxd_ckpt import SavePolicy
+from nxd_data import SequenceCurriculum
 from nxd_models import ModelFamily
 from nxd_parallel import LaunchWorld, Layout
 from nxd_precision import LossScaling, PrecisionPolicy, resolve_policy
@@ -116,6 +117,8 @@ class Batches:
     pad_to_global_batch: bool = False
     group_by_length: bool = False
     """Shuffled records are grouped by length (data.group_by_length)."""
+    curriculum: SequenceCurriculum | None = None
+    """The length each training step cuts its samples to (data.curriculum)."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint, read
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, RewardModelConfig
 from nxd_config.schema.model import MoEConfig, MupConfig, SparseAttentionConfig
-from nxd_data import DataError, save_atomically
+from nxd_data import DataError, SequenceCurriculum, save_atomically
 from nxd_models import (
     AttentionKernel,
     GPTConfig,
@@ -405,6 +405,15 @@ def _profiler(cfg: NxdConfig) -> ProfilerWindow | None:
                           memory_dir=_path(p.memory_dir))  # fmt: skip
 
 
+def _curriculum(cfg: NxdConfig) -> SequenceCurriculum | None:
+    c = cfg.data.curriculum
+    if not c.enabled:
+        return None
+    return SequenceCurriculum(min_length=c.min_length, max_length=c.max_length or cfg.seq_length, schedule=c.schedule,
+                              total_steps=c.total_steps, length_step=c.length_step, root_degree=c.root_degree,
+                              lengths=c.lengths, max_steps=c.max_steps)  # fmt: skip
+
+
 def _statistics(cfg: NxdConfig) -> StatisticsSettings:
     exp = cfg.exp_manager
     noise = exp.gradient_noise_scale
@@ -498,7 +507,8 @@ def _settings(cfg: NxdConfig, world: LaunchWorld | None = None, job: Job | None 
         batches=Batches(global_batch_size=cfg.global_batch_size, micro_batch_size=d.micro_batch_size,
                         num_workers=d.num_workers, reshuffle_each_epoch=d.dataloader_type == "cyclic",
                         validation_drop_last=d.validation_drop_last,
-                        pad_to_global_batch=d.pad_samples_to_global_batch_size, group_by_length=d.group_by_length),
+                        pad_to_global_batch=d.pad_samples_to_global_batch_size, group_by_length=d.group_by_length,
+                        curriculum=_curriculum(cfg)),
         update=Update(optimizer=optim.name, options=options,
                       decay_norms_and_biases=cfg.model.do_layer_norm_weight_decay,
                       schedule=None if sched is None else sched.name,

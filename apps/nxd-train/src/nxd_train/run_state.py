@@ -13,7 +13,7 @@ import torch
 from lightning_fabric import Fabric
 from nxd_align import Objective
 from nxd_ckpt import Checkpointer
-from nxd_data import PretrainingSampler, WithPadding
+from nxd_data import PretrainingSampler, WithPadding, truncate
 from nxd_models import Ceiling
 from nxd_parallel import DirectExecutor, ParallelDims, ParallelMesh, PipelineExecutor, StagedModel, split_sequence
 from nxd_precision import LossScaler, PrecisionOptimizer
@@ -113,11 +113,15 @@ class Run:
                      for key, value in batch.items()}  # fmt: skip
         return batch
 
-    def micro_batches(self, dataset: Dataset, sampler: Iterable[list[int]]) -> Iterator[Batch]:
-        """This rank's micro-batches of `dataset` as `sampler` orders them, on the device."""
+    def micro_batches(self, dataset: Dataset, sampler: Iterable[list[int]],
+                      lengths: Iterable[int] | None = None) -> Iterator[Batch]:  # fmt: skip
+        """This rank's micro-batches of `dataset` as `sampler` orders them, on the device; with `lengths`, each cut
+        to its length first (the whole sequence, before context parallelism splits it)."""
         loader = DataLoader(WithPadding(dataset, self.padding), batch_sampler=sampler,
                             collate_fn=self.plan.data.collate(self.trim_to, self.packable),
                             num_workers=self.plan.batches.num_workers)  # fmt: skip
+        if lengths is not None:
+            return map(lambda batch, length: self.on_device(truncate(batch, length)), loader, lengths)
         return map(self.on_device, loader)
 
     @property
@@ -135,7 +139,11 @@ class Run:
 
     def train_batches(self) -> Iterator[Batch]:
         """The training micro-batches from the run's start to its last step."""
-        return self.micro_batches(self.train_data, replace(self.sampler, steps=self.steps - self.start_step))
+        curriculum = self.plan.batches.curriculum
+        lengths = None if curriculum is None else (curriculum.length(step + 1)
+                                                   for step in range(self.start_step, self.steps)
+                                                   for _ in range(self.accumulation))  # fmt: skip
+        return self.micro_batches(self.train_data, replace(self.sampler, steps=self.steps - self.start_step), lengths)
 
     def eval_sampler(self, dataset: Dataset) -> PretrainingSampler:
         b = self.plan.batches

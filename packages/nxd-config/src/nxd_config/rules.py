@@ -7,6 +7,7 @@ dropped. A finding is an error unless it is a notice.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -189,6 +190,48 @@ def sequence_splits_evenly(c: NxdConfig) -> Iterator[Finding]:
                 f"context split, found {length}",
                 path, CP,
             )
+
+
+@rule
+def sequence_curriculum(c: NxdConfig) -> Iterator[Finding]:
+    cur, ds, path = c.data.curriculum, c.distributed_strategy, "data.curriculum"
+    if not cur.enabled:
+        return
+    if ds.pipeline_model_parallel_size > 1:
+        yield error(path, "pipeline stages exchange activations of one fixed shape, and the curriculum changes the "
+                    f"sequence length; expected pipeline_model_parallel_size 1, found "
+                    f"{ds.pipeline_model_parallel_size}", path, PP)  # fmt: skip
+    a = c.model_alignment_strategy
+    if a is not None and a.method not in (None, "sft"):
+        yield error(path, f"cuts token sequences (pretraining, SFT); {a.method} compares whole sequences; expected "
+                    "data.curriculum.enabled False", path, ALIGN)  # fmt: skip
+    seq = c.seq_length
+    longest = cur.max_length or seq
+    if seq is not None and longest is not None and longest > seq:
+        yield error(f"{path}.max_length", f"expected at most the sequence length ({seq}), found {longest}",
+                    f"{path}.max_length", *SEQ)  # fmt: skip
+    if cur.schedule == "fixed_discrete":
+        if not cur.lengths or len(cur.max_steps) != len(cur.lengths) - 1:
+            yield error(f"{path}.max_steps", f"expected one fewer max_steps than lengths (the last length stays), "
+                        f"found {len(cur.max_steps)} for {len(cur.lengths)} lengths")  # fmt: skip
+        elif cur.lengths[0] != cur.min_length:
+            yield error(f"{path}.lengths", f"expected min_length ({cur.min_length}) first, found {cur.lengths[0]}")
+        elif cur.max_steps and (cur.max_steps[0] < 1 or list(cur.max_steps) != sorted(set(cur.max_steps))):
+            yield error(f"{path}.max_steps", f"expected increasing steps from 1, found {list(cur.max_steps)}")
+        used = set(cur.lengths)
+    else:
+        if cur.min_length < cur.length_step:
+            yield error(f"{path}.min_length", f"expected at least length_step ({cur.length_step}): lengths are "
+                        f"rounded down to its multiples, found {cur.min_length}")  # fmt: skip
+        used = {cur.length_step}
+    tp, cp = ds.tensor_model_parallel_size, ds.context_parallel_size
+    divisor = math.lcm(tp if ds.sequence_parallel else 1, 2 * cp if cp > 1 else 1)
+    uneven = sorted(length for length in used | {longest} if length is not None and length % divisor)
+    if divisor > 1 and uneven:
+        key = "lengths" if cur.schedule == "fixed_discrete" else "length_step"
+        yield error(f"{path}.{key}", f"every length must split over the ranks that share a sequence (a multiple of "
+                    f"{divisor}: tensor parallel with sequence_parallel, 2 x context parallel); found "
+                    f"{', '.join(map(str, uneven))}", f"{path}.{key}", TP, CP)  # fmt: skip
 
 
 @rule

@@ -4,6 +4,7 @@ sampling."""
 
 from importlib.metadata import version as _distribution_version
 
+from .curriculum import SequenceCurriculum, truncate
 from .documents import DocumentFiles, ExampleDocuments, PairDocuments
 from .errors import DataError
 from .files import save_atomically
@@ -36,6 +37,7 @@ __all__ = [
     "PretrainingSampler",
     "RecordForm",
     "SampleFormat",
+    "SequenceCurriculum",
     "TextTokenizer",
     "TokenStream",
     "TokenizerSource",
@@ -52,4 +54,5 @@ __all__ = [
     "save_atomically",
     "sft_dataset",
     "token_dtype",
+    "truncate",
 ]

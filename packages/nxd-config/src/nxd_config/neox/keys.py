@@ -553,8 +553,11 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "(parameters too, gathered layer by layer); offload_optimizer / offload_param (or cpu_offload / "
      "cpu_offload_params) to the CPU: distributed_strategy.cpu_offload (NVMe is refused); "
      "bucket and overlap settings get a notice"),
-    ("curriculum_learning", "DeepSpeed", None, R, "", "sequence-length curriculum is not in nxd; remove it"),
-    ("curriculum_seqlen", "DeepSpeed", 0, N, "", _DERIVED + " (with curriculum_learning, refused)"),
+    ("curriculum_learning", "DeepSpeed", None, M, "data.curriculum",
+     "DeepSpeed's sequence-length curriculum (curriculum_type seqlen; schedule_type fixed_linear, fixed_root or "
+     "fixed_discrete with its schedule_config): each step's samples cut to the schedule's length, logged as "
+     "curriculum_seqlen; not with pipeline parallelism (stages exchange one fixed shape)"),
+    ("curriculum_seqlen", "DeepSpeed", 0, N, "", _DERIVED + " (logged with curriculum_learning)"),
     ("steps_per_print", "DeepSpeed", 10, N, "", "DeepSpeed's own progress print; nxd logs every log_interval steps"),
     ("wall_clock_breakdown", "DeepSpeed", False, N, "", "nxd logs each step's time"),
     ("dump_state", "DeepSpeed", False, N, "", _DS_TOOL),

@@ -244,6 +244,7 @@ def loop_keys(a: Arguments, t: Translation) -> None:
         t.set("trainer.exit_interval", typed(t, a, "exit_interval", int, "a whole number"), "exit_interval")
     t.set("trainer.max_epochs", -1 if epochs is None else epochs, "train_epochs")
     _batches(a, t)
+    curriculum_keys(a, t)
     interval, count = a["eval_interval"], a["eval_iters"]
     t.set("trainer.val_check_interval", interval, "eval_interval")
     t.set("trainer.check_val_every_n_epoch", None, "eval_interval")
@@ -268,6 +269,43 @@ def loop_keys(a: Arguments, t: Translation) -> None:
     t.set("distributed_strategy.zero3", stage == 3, "zero_optimization")
     if offload:
         t.set("distributed_strategy.cpu_offload", True, "zero_optimization")
+
+
+CURRICULUM_SCHEDULE = {"total_curriculum_step": "total_steps", "difficulty_step": "length_step",
+                       "root_degree": "root_degree", "difficulty": "lengths", "max_step": "max_steps"}  # fmt: skip
+"""DeepSpeed's schedule_config keys and the data.curriculum keys they set."""
+
+
+def curriculum_keys(a: Arguments, t: Translation) -> None:
+    """DeepSpeed's curriculum_learning block (curriculum_type seqlen) onto data.curriculum."""
+    block = mapping(t, "curriculum_learning", a["curriculum_learning"])
+    if block is None:
+        return
+    block = dict(block)
+    if not block.pop("enabled", False):
+        t.notice("curriculum_learning", "enabled is not true: every step trains on whole samples")
+        return
+    if (kind := block.pop("curriculum_type", "seqlen")) != "seqlen":
+        t.refuse("curriculum_learning.curriculum_type", f"expected seqlen (the sequence-length curriculum GPT-NeoX "
+                 f"applies), found {show(kind)}")  # fmt: skip
+        return
+    t.set("data.curriculum.enabled", True, "curriculum_learning")
+    for key, ours in (("min_difficulty", "min_length"), ("max_difficulty", "max_length"),
+                      ("schedule_type", "schedule")):  # fmt: skip
+        if key not in block:
+            t.refuse(f"curriculum_learning.{key}", "expected it (DeepSpeed requires it), found nothing")
+        else:
+            t.set(f"data.curriculum.{ours}", block.pop(key), "curriculum_learning")
+    schedule = mapping(t, "curriculum_learning.schedule_config", block.pop("schedule_config", {})) or {}
+    for key, value in schedule.items():
+        if key not in CURRICULUM_SCHEDULE:
+            t.refuse(f"curriculum_learning.schedule_config.{key}", f"expected one of "
+                     f"{', '.join(CURRICULUM_SCHEDULE)}, found {key!r}")  # fmt: skip
+        else:
+            t.set(f"data.curriculum.{CURRICULUM_SCHEDULE[key]}", value, "curriculum_learning")
+    for key in block:
+        t.refuse(f"curriculum_learning.{key}", "expected enabled, curriculum_type, min_difficulty, max_difficulty, "
+                 f"schedule_type or schedule_config, found {key!r}")  # fmt: skip
 
 
 def _zero_stage(t: Translation, a: Arguments) -> tuple[int, bool]:

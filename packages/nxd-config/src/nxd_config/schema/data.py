@@ -188,6 +188,35 @@ class HubDatasetConfig(Section):
     rejected_column: str = key("rejected", "kind preference: the rejected response's column.", **_NXD)
 
 
+class CurriculumConfig(Section):
+    """DeepSpeed's sequence-length curriculum (curriculum_learning with curriculum_type seqlen)."""
+
+    enabled: bool = key(False, "Train the first steps on the first tokens of each sample only (the rest of each "
+                        "sample is dropped, the data position advances as usual), the length growing as schedule "
+                        "says; logged as curriculum_seqlen. Validation reads whole samples.", by=APP,
+                        status=Status.EXTENSION, note="from DeepSpeed's curriculum_learning")  # fmt: skip
+    schedule: Literal["fixed_linear", "fixed_root", "fixed_discrete"] = key(
+        "fixed_linear", "fixed_linear: from min_length to max_length over total_steps; fixed_root: the same along "
+        "(step / total_steps) ** (1 / root_degree); fixed_discrete: lengths[i] until a step past max_steps[i].",
+        by=DATA, status=Status.EXTENSION, note="DeepSpeed's schedule_type",
+    )
+    min_length: int = key(8, "The first length (fixed_discrete: lengths[0]).", by=DATA, ge=1,
+                          status=Status.EXTENSION, note="DeepSpeed's min_difficulty")  # fmt: skip
+    max_length: int | None = key(None, "The last length; null: data.seq_length.", by=DATA, ge=1,
+                                 status=Status.EXTENSION, note="DeepSpeed's max_difficulty")  # fmt: skip
+    total_steps: int = key(1, "Optimizer steps from min_length to max_length (fixed_linear, fixed_root).", by=DATA,
+                           ge=1, status=Status.EXTENSION, note="DeepSpeed's total_curriculum_step")  # fmt: skip
+    length_step: int = key(8, "Lengths are rounded down to multiples of it (fixed_linear, fixed_root).", by=DATA,
+                           ge=1, status=Status.EXTENSION, note="DeepSpeed's difficulty_step")  # fmt: skip
+    root_degree: int = key(1, "fixed_root's degree (2: square root).", by=DATA, ge=1, status=Status.EXTENSION,
+                           note="DeepSpeed's root_degree")  # fmt: skip
+    lengths: frozen_list(int) = key((), "fixed_discrete: the lengths in order.", by=DATA, status=Status.EXTENSION,
+                                    note="DeepSpeed's schedule_config.difficulty")  # fmt: skip
+    max_steps: frozen_list(int) = key((), "fixed_discrete: the last step of each length but the last (one fewer "
+                                      "than lengths).", by=DATA, status=Status.EXTENSION,
+                                      note="DeepSpeed's schedule_config.max_step")  # fmt: skip
+
+
 class DataConfig(Section):
     # --- common to every data module
     micro_batch_size: int = key(1, "Samples per forward/backward pass on one data-parallel rank.", by=APP, ge=1)
@@ -205,6 +234,10 @@ class DataConfig(Section):
         ge=1,
     )
     num_workers: int = key(0, "DataLoader worker processes per rank.", by=DATA, ge=0)
+    curriculum: CurriculumConfig = key(
+        CurriculumConfig(), "Sequence-length warm-up.", by=APP, status=Status.EXTENSION,
+        note="from DeepSpeed's curriculum_learning",
+    )
     tokenizer: TokenizerConfig | None = key(None, "Tokenizer used to read or prepare text data.", by=DATA)
     # --- Megatron indexed datasets
     data_prefix: Blend | DataPrefixSplits | None = key(
