@@ -711,6 +711,20 @@ def test_curriculum_learning_block(tmp_path):
                errors(tmp_path, {**MODEL, "curriculum_learning": {**block, "schedule_config": {"total_step": 3}}}))
 
 
+def test_deepspeed_scheduler_block(tmp_path):
+    block = {"type": "OneCycle", "params": {"cycle_min_lr": 1e-5, "cycle_max_lr": 1e-3, "cycle_first_step_size": 50,
+                                            "last_batch_iteration": -1}}  # fmt: skip
+    sched = load(tmp_path, {**MODEL, "scheduler": block}).model.optim.sched
+    assert (sched.name, sched.type, sched.cycle_min_lr, sched.cycle_max_lr, sched.cycle_first_step_size) == (
+        "DeepSpeedSchedule", "OneCycle", 1e-5, 1e-3, 50)  # fmt: skip
+    assert any("lr_decay_style: DeepSpeed's scheduler block sets the learning rates instead" in message
+               for message in notices(tmp_path, {**MODEL, "scheduler": block, "lr_decay_style": "cosine"}))
+    assert any("scheduler.type: expected one of WarmupLR" in message
+               for message in errors(tmp_path, {**MODEL, "scheduler": {"type": "Cyclic", "params": {}}}))
+    assert any("WarmupDecayLR needs total_num_steps" in message
+               for message in errors(tmp_path, {**MODEL, "scheduler": {"type": "WarmupDecayLR", "params": {}}}))
+
+
 def test_weight_by_num_documents(tmp_path):
     paths = {"train_data_paths": ["a", "b"], "train_data_weights": [2.0, 1.0], "valid_data_paths": ["c"],
              "test_data_paths": ["d"], "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3}  # fmt: skip

@@ -49,6 +49,11 @@ CASES = {
                             {0: 0.0, 1: 0.5, 2: 1.0, 6: 0.5, 10: 0.0}),
     "transformers-linear": ({"name": "TransformersSchedule", "type": "linear", "warmup_ratio": 0.25, "max_steps": 8},
                             {1: 0.5, 2: 1.0, 5: 0.5, 8: 0.0}),
+    # DeepSpeed's WarmupDecayLR (the rest in test_deepspeed_schedules): step s at iteration s - 1, linear warmup
+    # over 4, then (8 - i) / 4
+    "deepspeed-warmup-decay": ({"name": "DeepSpeedSchedule", "type": "WarmupDecayLR", "warmup_max_lr": 1.0,
+                                "warmup_num_steps": 4, "warmup_type": "linear", "total_num_steps": 8},
+                               {0: 0.0, 1: 0.0, 3: 0.5, 5: 1.0, 7: 0.5, 9: 0.0}),
 }  # fmt: skip
 
 

@@ -639,6 +639,15 @@ def optimizer_required(c: NxdConfig) -> Iterator[Finding]:
         yield error("model.optim", "expected an optimizer such as {name: adamw, lr: 3.0e-4}, found nothing")
 
 
+@rule
+def deepspeed_schedule_needs_a_rate(c: NxdConfig) -> Iterator[Finding]:
+    optim = c.model.optim
+    sched = None if optim is None else optim.sched
+    if sched is not None and sched.name == "DeepSpeedSchedule" and sched.type != "WarmupCosineLR" and optim.lr == 0:
+        yield error("model.optim.lr", f"{sched.type} sets its rates as multiples of this one; expected more than 0, "
+                    "found 0", "model.optim.lr", "model.optim.sched")  # fmt: skip
+
+
 # --------------------------------------------------------------------------- trainer, data, checkpoints
 
 

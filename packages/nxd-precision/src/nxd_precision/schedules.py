@@ -15,11 +15,13 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
+from .deepspeed_schedules import deepspeed_schedule
 from .errors import PrecisionConfigError
 
 SCHEDULE_NAMES = (
     "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy", "SquareAnnealing",
     "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR", "NeoXAnnealing", "TransformersSchedule",
+    "DeepSpeedSchedule",
 )  # fmt: skip
 _MIN_LR = {"SquareAnnealing": 1e-5}
 """NeMo's default min_lr where it is not 0."""
@@ -34,6 +36,8 @@ def schedule_function(name: str, options: Mapping[str, Any], lr: float, run_step
     if name not in SCHEDULE_NAMES:
         raise PrecisionConfigError(f"model.optim.sched.name: expected one of {', '.join(SCHEDULE_NAMES)}, "
                                    f"found {name!r}")  # fmt: skip
+    if name == "DeepSpeedSchedule":
+        return deepspeed_schedule(options["type"], options, lr)[0]
     if name == "StepLR":
         return lambda step: lr * options.get("gamma", 0.1) ** (step // options["step_size"])
     if name == "ExponentialLR":
@@ -154,7 +158,28 @@ def build_scheduler(optimizer: Optimizer, name: str | None, options: Mapping[str
     if name is None or lr == 0:
         return LambdaLR(optimizer, lambda step: 1.0)
     function = schedule_function(name, options, lr, run_steps)
+    if name == "DeepSpeedSchedule" and (momentum := deepspeed_schedule(options["type"], options, lr)[1]):
+        return MomentumSchedule(optimizer, lambda step: function(step) / lr, momentum)
     return LambdaLR(optimizer, lambda step: function(step) / lr)
+
+
+class MomentumSchedule(LambdaLR):
+    """A LambdaLR that also sets each group's betas[0] at every step (DeepSpeed's OneCycle cycles Adam's momentum);
+    groups without betas keep theirs, as DeepSpeed leaves an optimizer without betas alone."""
+
+    def __init__(self, optimizer: Optimizer, lr_lambda: Callable[[int], float], momentum: Callable[[int], float]):
+        self.momentum = momentum
+        super().__init__(optimizer, lr_lambda)
+
+    def step(self, epoch: int | None = None) -> None:
+        super().step(epoch)
+        self.set_momentum()
+
+    def set_momentum(self) -> None:
+        beta = self.momentum(self.last_epoch)
+        for group in self.optimizer.param_groups:
+            if "betas" in group:
+                group["betas"] = (beta, group["betas"][1])
 
 
 def apply_schedule(scheduler: LRScheduler, lr: float) -> None:
@@ -169,3 +194,5 @@ def apply_schedule(scheduler: LRScheduler, lr: float) -> None:
         group["lr"] = value
         group["initial_lr"] = base
     scheduler._last_lr = values  # what get_last_lr() reports, as torch's step() sets it
+    if isinstance(scheduler, MomentumSchedule):
+        scheduler.set_momentum()

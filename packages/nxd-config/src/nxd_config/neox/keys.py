@@ -529,8 +529,10 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "type Adam / AdamW (decoupled decay, as NeoX's fused Adam), cpu_adam (the same Adam, a notice), sgd, lion "
      "and madgrad_wd (NeoX's own steps); sm3 and onebitadam are refused; params lr, betas, eps (sgd: momentum, "
      "nesterov ...; madgrad_wd: momentum, eps)"),
-    ("scheduler", "DeepSpeed", None, R, "",
-     "NeoX schedules with its own lr_decay_style keys (DeepSpeed's scheduler block only drives onebitadam)"),
+    ("scheduler", "DeepSpeed", None, M, "model.optim.sched",
+     "DeepSpeedSchedule: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle (with its momentum cycle) or "
+     "LRRangeTest with DeepSpeed's params; DeeperSpeed, NeoX's DeepSpeed, runs the block's scheduler in place of "
+     "NeoX's AnnealingLR, so lr_decay_style, warmup and min_lr are noticed"),
     ("fp32_allreduce", "DeepSpeed", False, M, "precision.fp32_grads_cc",
      "gradients accumulated in bf16 (data_types.grad_accum_dtype bf16) are reduced in fp32; every other type "
      "reduces in fp32 already"),

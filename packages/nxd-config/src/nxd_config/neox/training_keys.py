@@ -203,13 +203,42 @@ def optimizer_keys(a: Arguments, t: Translation) -> None:
             options[key] = value
     options["lr"] = lr
     options["weight_decay"] = a["weight_decay"]
-    options["sched"] = _schedule(a, t, lr)
+    deepspeed = _deepspeed_schedule(a, t)
+    options["sched"] = deepspeed or _schedule(a, t, lr)
     for key, value in options.items():
-        source = {"weight_decay": "weight_decay", "sched": "lr_decay_style", "name": "optimizer.type"}
+        source = {"weight_decay": "weight_decay", "sched": "scheduler" if deepspeed else "lr_decay_style",
+                  "name": "optimizer.type"}  # fmt: skip
         t.set(f"model.optim.{key}", value, source.get(key, f"optimizer.params.{key}"))
     for key, source in (("decay_style", "lr_decay_style"), ("warmup_ratio", "warmup"), ("min_lr", "min_lr"),
                         ("max_steps", "lr_decay_iters" if a.given("lr_decay_iters") else "lr_decay_fraction")):
         t.claim(f"model.optim.sched.{key}", source)
+
+
+DEEPSPEED_SCHEDULES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest")
+ANNEALING_KEYS = {"lr_decay_style": "linear", "warmup": 0.01, "min_lr": 0.0, "lr_decay_iters": None,
+                  "lr_decay_fraction": None}  # fmt: skip
+"""NeoX's own schedule keys and their defaults."""
+
+
+def _deepspeed_schedule(a: Arguments, t: Translation) -> dict[str, Any] | None:
+    """DeepSpeed's scheduler block, which DeeperSpeed (NeoX's DeepSpeed) runs in place of NeoX's AnnealingLR."""
+    block = mapping(t, "scheduler", a["scheduler"])
+    if block is None:
+        return None
+    kind, params = block.get("type"), mapping(t, "scheduler.params", block.get("params", {})) or {}
+    if kind not in DEEPSPEED_SCHEDULES:
+        t.refuse("scheduler.type", f"expected one of {', '.join(DEEPSPEED_SCHEDULES)}, found {show(kind)}")
+        return None
+    for key in set(block) - {"type", "params"}:
+        t.refuse(f"scheduler.{key}", f"expected type and params, found {key!r}")
+    params = dict(params)
+    if params.pop("last_batch_iteration", -1) != -1:
+        t.refuse("scheduler.params.last_batch_iteration", "expected -1 (a resume restores the schedule's position "
+                 "from the checkpoint)")  # fmt: skip
+    for key, default in ANNEALING_KEYS.items():
+        if a[key] != default:
+            t.notice(key, "DeepSpeed's scheduler block sets the learning rates instead, as DeeperSpeed does")
+    return {"name": "DeepSpeedSchedule", "type": kind, **params}
 
 
 def _schedule(a: Arguments, t: Translation, lr: Any) -> dict[str, Any]:

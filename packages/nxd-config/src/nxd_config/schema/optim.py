@@ -128,6 +128,81 @@ class TransformersSchedule(Section):
                                 status=Status.EXTENSION, note="TrainingArguments.max_steps")  # fmt: skip
 
 
+_DS = "DeepSpeed's scheduler params"
+
+
+class DeepSpeedSchedule(Section):
+    """One of DeepSpeed's learning-rate schedules with its params (their names and defaults are DeepSpeed's); the
+    update of step s uses DeepSpeed's value at its iteration s - 1, as DeepSpeed steps its scheduler after each
+    update."""
+
+    name: Literal["DeepSpeedSchedule"] = key(..., "DeepSpeed's schedules.", by=APP, status=Status.EXTENSION,
+                                             note="DeepSpeed's scheduler block")  # fmt: skip
+    type: Literal["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"] = key(
+        ..., "WarmupLR: warmup_min_lr to warmup_max_lr over warmup_num_steps (log or linear), then constant; "
+        "WarmupDecayLR: then linear to 0 at total_num_steps; WarmupCosineLR: ratios of model.optim.lr, cosine to "
+        "cos_min_ratio at total_num_steps; OneCycle: cycle_min_lr up to cycle_max_lr over cycle_first_step_size, "
+        "down over cycle_second_step_size, then decay_lr_rate every decay_step_size, with Adam's betas[0] cycled "
+        "inversely between cycle_min_mom and cycle_max_mom (cycle_momentum); LRRangeTest: lr_range_test_min_lr "
+        "grown by lr_range_test_step_rate every lr_range_test_step_size steps.", by=APP, status=Status.EXTENSION,
+        note="DeepSpeed's scheduler type",
+    )
+    warmup_min_lr: float = key(0.0, "WarmupLR, WarmupDecayLR: the first rate.", by=APP, ge=0.0,
+                               status=Status.EXTENSION, note=_DS)  # fmt: skip
+    warmup_max_lr: float = key(0.001, "WarmupLR, WarmupDecayLR: the rate after warmup.", by=APP, ge=0.0,
+                               status=Status.EXTENSION, note=_DS)  # fmt: skip
+    warmup_num_steps: int = key(1000, "Warmup steps (at least 2, as DeepSpeed takes it).", by=APP, ge=0,
+                                status=Status.EXTENSION, note=_DS)  # fmt: skip
+    warmup_type: Literal["log", "linear"] = key("log", "The warmup's rise: log(i + 1) / log(n) or i / n.", by=APP,
+                                                status=Status.EXTENSION, note=_DS)  # fmt: skip
+    total_num_steps: int | None = key(None, "WarmupDecayLR, WarmupCosineLR: where the decay ends (required).",
+                                      by=APP, ge=1, status=Status.EXTENSION, note=_DS)  # fmt: skip
+    warmup_min_ratio: float = key(0.0, "WarmupCosineLR: the first rate over model.optim.lr.", by=APP, ge=0.0,
+                                  status=Status.EXTENSION, note=_DS)  # fmt: skip
+    cos_min_ratio: float = key(0.0001, "WarmupCosineLR: the last rate over model.optim.lr.", by=APP, ge=0.0,
+                               status=Status.EXTENSION, note=_DS)  # fmt: skip
+    cycle_min_lr: float | None = key(None, "OneCycle: the low rate (required).", by=APP, ge=0.0,
+                                     status=Status.EXTENSION, note=_DS)  # fmt: skip
+    cycle_max_lr: float | None = key(None, "OneCycle: the high rate (required).", by=APP, ge=0.0,
+                                     status=Status.EXTENSION, note=_DS)  # fmt: skip
+    decay_lr_rate: float = key(0.0, "OneCycle: after the cycle, cycle_min_lr x (1 + rate x intervals).", by=APP,
+                               status=Status.EXTENSION, note=_DS)  # fmt: skip
+    cycle_first_step_size: int = key(2000, "OneCycle: steps of the rise.", by=APP, ge=1, status=Status.EXTENSION,
+                                     note=_DS)  # fmt: skip
+    cycle_second_step_size: int | None = key(None, "OneCycle: steps of the fall; null: cycle_first_step_size.",
+                                             by=APP, ge=1, status=Status.EXTENSION, note=_DS)  # fmt: skip
+    cycle_first_stair_count: int = key(0, "OneCycle: accepted as DeepSpeed accepts it; its OneCycle never reads "
+                                       "it, so the cycle is continuous.", by=APP, status=Status.EXTENSION,
+                                       note=_DS)  # fmt: skip
+    cycle_second_stair_count: int | None = key(None, "As cycle_first_stair_count.", by=APP, status=Status.EXTENSION,
+                                               note=_DS)  # fmt: skip
+    decay_step_size: int = key(0, "OneCycle: steps per decay interval after the cycle; 0: no decay.", by=APP, ge=0,
+                               status=Status.EXTENSION, note=_DS)  # fmt: skip
+    cycle_momentum: bool = key(True, "OneCycle: cycle Adam's betas[0] inversely to the rate.", by=APP,
+                               status=Status.EXTENSION, note=_DS)  # fmt: skip
+    cycle_min_mom: float = key(0.8, "OneCycle: the low betas[0] (also the first step's).", by=APP,
+                               status=Status.EXTENSION, note=_DS)  # fmt: skip
+    cycle_max_mom: float = key(0.9, "OneCycle: the high betas[0].", by=APP, status=Status.EXTENSION, note=_DS)
+    decay_mom_rate: float = key(0.0, "OneCycle: after the cycle, cycle_max_mom x (1 + rate x intervals).", by=APP,
+                                status=Status.EXTENSION, note=_DS)  # fmt: skip
+    lr_range_test_min_lr: float = key(0.001, "LRRangeTest: the first rate.", by=APP, ge=0.0,
+                                      status=Status.EXTENSION, note=_DS)  # fmt: skip
+    lr_range_test_step_size: int = key(2000, "LRRangeTest: steps per interval.", by=APP, ge=1,
+                                       status=Status.EXTENSION, note=_DS)  # fmt: skip
+    lr_range_test_step_rate: float = key(1.0, "LRRangeTest: growth per interval.", by=APP, status=Status.EXTENSION,
+                                         note=_DS)  # fmt: skip
+    lr_range_test_staircase: bool = key(False, "LRRangeTest: grow in whole intervals.", by=APP,
+                                        status=Status.EXTENSION, note=_DS)  # fmt: skip
+
+    @model_validator(mode="after")
+    def _required(self) -> DeepSpeedSchedule:
+        needed = {"WarmupDecayLR": ("total_num_steps",), "WarmupCosineLR": ("total_num_steps",),
+                  "OneCycle": ("cycle_min_lr", "cycle_max_lr")}.get(self.type, ())  # fmt: skip
+        if missing := [name for name in needed if getattr(self, name) is None]:
+            raise ValueError(f"{self.type} needs {', '.join(missing)}; found nothing")
+        return self
+
+
 class StepLR(Section):
     name: Literal["StepLR"]
     step_size: int = key(..., "Multiply the learning rate by gamma every step_size steps.", by=APP, ge=1)
@@ -142,7 +217,7 @@ class ExponentialLR(Section):
 SCHEDULER_NAMES = (
     "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy",
     "SquareAnnealing", "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR", "NeoXAnnealing",
-    "TransformersSchedule",
+    "TransformersSchedule", "DeepSpeedSchedule",
 )  # fmt: skip
 
 
@@ -158,7 +233,7 @@ def _reject_rprop_scheduler(value: Any) -> Any:
 Scheduler = Annotated[
     LinearAnnealingWithWarmUp | CosineAnnealing | WarmupPolicy | WarmupHoldPolicy | SquareAnnealing
     | NoamAnnealing | WarmupAnnealing | StepLR | ExponentialLR | NeoXAnnealing
-    | TransformersSchedule,
+    | TransformersSchedule | DeepSpeedSchedule,
     Field(discriminator="name"),
     BeforeValidator(_reject_rprop_scheduler),
 ]

@@ -1,0 +1,86 @@
+"""DeepSpeed's schedules (the `scheduler` block of GPT-NeoX files) against DeepSpeed's formulas worked by hand: the
+update of step s uses DeepSpeed's value at its iteration i = s - 1 (its constructor's value for s = 0)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from nxd_precision import apply_schedule, build_scheduler
+
+LR = 0.02
+"""The optimizer's rate (WarmupCosineLR's ratios scale it; the others set rates outright)."""
+
+
+def rates(kind: str, params: dict, steps: int) -> tuple[list[float], list[float]]:
+    """The rate and betas[0] each of `steps` updates uses."""
+    optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=LR, betas=(0.9, 0.95))
+    scheduler = build_scheduler(optimizer, "DeepSpeedSchedule", {"type": kind, **params}, LR, steps)
+    lrs, moms = [], []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        moms.append(optimizer.param_groups[0]["betas"][0])
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["betas"][1] == 0.95  # the second coefficient stays the optimizer's
+    return lrs, moms
+
+
+def close(found: float, expected: float) -> bool:
+    return math.isclose(found, expected, rel_tol=1e-12, abs_tol=1e-15)
+
+
+def test_warmup_lr_log():
+    lrs, _ = rates("WarmupLR", {"warmup_max_lr": 0.01, "warmup_num_steps": 10}, 13)
+    assert lrs[0] == lrs[1] == 0.0  # the constructor's value, then iteration 0: log(1) = 0
+    assert close(lrs[2], 0.01 * math.log(2) / math.log(10)) and close(lrs[11], 0.01) and close(lrs[12], 0.01)
+
+
+def test_warmup_decay_lr_linear():
+    lrs, _ = rates("WarmupDecayLR", {"warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear",
+                                     "total_num_steps": 20}, 27)  # fmt: skip
+    assert close(lrs[6], 0.005) and close(lrs[11], 0.01) and close(lrs[16], 0.005) and lrs[26] == 0.0
+
+
+def test_warmup_cosine_lr():
+    lrs, _ = rates("WarmupCosineLR", {"warmup_num_steps": 10, "warmup_type": "linear", "total_num_steps": 20,
+                                      "warmup_min_ratio": 0.1, "cos_min_ratio": 0.0}, 12)  # fmt: skip
+    assert lrs[0] == 0.0 and close(lrs[6], LR * (0.1 + 0.5 * 0.9))
+    assert close(lrs[11], LR * (1 + math.cos(math.pi / 10)) / 2)  # iteration 10: the cosine's first step
+
+
+def test_one_cycle_cycles_the_rate_and_the_momentum():
+    lrs, moms = rates("OneCycle", {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_first_step_size": 10,
+                                   "decay_step_size": 5, "decay_lr_rate": 0.5}, 32)  # fmt: skip
+    assert (lrs[0], moms[0]) == (0.01, 0.8)  # the constructor sets the low rate and the low momentum
+    for step, (lr, mom) in {6: (0.055, 0.85), 11: (0.1, 0.8), 16: (0.055, 0.85), 21: (0.01, 0.9),
+                            31: (0.02, 0.9)}.items():  # fmt: skip
+        assert close(lrs[step], lr) and close(moms[step], mom), step
+    _, kept = rates("OneCycle", {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_momentum": False}, 3)
+    assert kept == [0.9, 0.9, 0.9]
+
+
+@pytest.mark.parametrize(("staircase", "expected"), [(False, 0.001 * (1 + 2 * 1.5)), (True, 0.001 * (1 + 2 * 1))])
+def test_lr_range_test(staircase, expected):
+    lrs, _ = rates("LRRangeTest", {"lr_range_test_step_size": 10, "lr_range_test_step_rate": 2.0,
+                                   "lr_range_test_staircase": staircase}, 17)  # fmt: skip
+    assert close(lrs[16], expected)  # iteration 15
+
+
+def test_a_resumed_one_cycle_sets_the_momentum_of_its_step():
+    optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=LR)
+    options = {"type": "OneCycle", "cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_first_step_size": 10}
+    scheduler = build_scheduler(optimizer, "DeepSpeedSchedule", options, LR, 20)
+    state = {"last_epoch": 6, **{k: v for k, v in scheduler.state_dict().items() if k != "last_epoch"}}
+    scheduler.load_state_dict(state)
+    apply_schedule(scheduler, LR)
+    assert close(optimizer.param_groups[0]["lr"], 0.055) and close(optimizer.param_groups[0]["betas"][0], 0.85)
+
+
+def test_a_run_steps_with_the_schedule(train_here):
+    """nxd-train logs the rate each update used: WarmupLR with 4 warmup steps gives 0, 0, log(2) / log(4) x peak."""
+    rows = [row for row in train_here("trainer.max_steps=3", "~model.optim.sched",
+                                      "+model.optim.sched={name: DeepSpeedSchedule, type: WarmupLR, "
+                                      "warmup_max_lr: 0.01, warmup_num_steps: 4}") if "loss" in row]  # fmt: skip
+    assert [row["lr"] for row in rows[:2]] == [0.0, 0.0] and close(rows[2]["lr"], 0.005)
