@@ -205,7 +205,10 @@ def test_a_disabled_deepspeed_block_is_no_request(tmp_path):
 def test_extra_deepspeed_args_are_read_as_top_level_deepspeed_keys(tmp_path):
     found = notices(tmp_path, {**MODEL, "deepspeed_extra_args": {"comms_logger": {"enabled": True}}})
     assert any("comms_logger: accepted" in notice for notice in found)
-    assert "amp: expected" in " ".join(errors(tmp_path, {**MODEL, "deepspeed_extra_args": {"amp": {"enabled": True}}}))
+    amp = {"amp": {"enabled": True}}
+    assert load(tmp_path, {**MODEL, "deepspeed_extra_args": amp}).precision.type == "fp16_autocast"
+    assert "amp.opt_level: expected" in " ".join(errors(tmp_path, {**MODEL, "deepspeed_extra_args": {
+        "amp": {"enabled": True, "opt_level": "O3"}}}))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- NeoX's defaults and derivations
@@ -723,6 +726,21 @@ def test_deepspeed_scheduler_block(tmp_path):
                for message in errors(tmp_path, {**MODEL, "scheduler": {"type": "Cyclic", "params": {}}}))
     assert any("WarmupDecayLR needs total_num_steps" in message
                for message in errors(tmp_path, {**MODEL, "scheduler": {"type": "WarmupDecayLR", "params": {}}}))
+
+
+def test_apex_amp_block(tmp_path):
+    p = load(tmp_path, {**MODEL, "amp": {"enabled": True, "opt_level": "O1"}}).precision
+    assert (p.type, p.initial_scale_power, p.loss_scale_window, p.hysteresis, p.loss_scale) == (
+        "fp16_autocast", 16, 2000, 1, 0.0)  # apex's dynamic scaler  # fmt: skip
+    o2 = load(tmp_path, {**MODEL, "amp": {"enabled": True, "opt_level": "O2", "loss_scale": 128.0}}).precision
+    assert (o2.type, o2.loss_scale) == ("fp16", 128.0)
+    assert load(tmp_path, {**MODEL, "amp": {"enabled": False, "opt_level": "O2"}}).precision.type == "fp32"
+    assert any("amp.opt_level: expected O0, O1 or O2, found 'O3': O3 trains fp16 weights without" in message
+               for message in errors(tmp_path, {**MODEL, "amp": {"enabled": True, "opt_level": "O3"}}))
+    assert any("amp.master_weights: overrides a property of the opt level" in message for message in
+               errors(tmp_path, {**MODEL, "amp": {"enabled": True, "opt_level": "O1", "master_weights": True}}))
+    assert any("amp: expected amp without an fp16 or bf16 block" in message for message in
+               errors(tmp_path, {**MODEL, "amp": {"enabled": True}, "fp16": {"enabled": True}}))
 
 
 def test_weight_by_num_documents(tmp_path):

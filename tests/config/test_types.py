@@ -70,7 +70,7 @@ def test_unknown_top_level_section(minimal) -> None:
         ("trainer", "val_check_interval", 0, "expected an integer >= 1 (steps) or a number in (0, 1] (fraction of an epoch), found 0"),
         ("trainer", "lnc", 3, "expected a value <= 2, found 3"),
         ("precision", "type", "bf16", "expected one of 'fp32', 'bf16SR', 'autocast', 'mixed_precision', "
-                                      "'mixed_precisionSR', 'fp16' or 'manual', found 'bf16' (did you mean 'bf16SR'?)"),
+                                      "'mixed_precisionSR', 'fp16', 'fp16_autocast' or 'manual', found 'bf16' (did you mean 'bf16SR'?)"),
         ("model", "normalization", "batchnorm", "expected one of 'rmsnorm', 'layernorm', 'scalenorm' or 'non_parametric_layernorm', "
          "found 'batchnorm'"),
         ("data", "splits_string", "a,b", "expected comma-separated numbers such as '980,10,10', found 'a,b'"),
@@ -209,5 +209,5 @@ def test_a_misspelt_choice_is_suggested(minimal) -> None:
     minimal["precision"] = {"type": "mixed_precison"}
     assert error_lines(minimal) == [
         "precision.type: expected one of 'fp32', 'bf16SR', 'autocast', 'mixed_precision', 'mixed_precisionSR', "
-        "'fp16' or 'manual', found 'mixed_precison' (did you mean 'mixed_precision'?)"
+        "'fp16', 'fp16_autocast' or 'manual', found 'mixed_precison' (did you mean 'mixed_precision'?)"
     ]

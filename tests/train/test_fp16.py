@@ -65,3 +65,17 @@ def test_a_scale_that_cannot_take_its_overflows_stops_the_run(train_here, scalin
         train_here(*FP16, *scaling, "+trainer.max_consecutive_nonfinite=3")
     assert "3 steps in a row had a non-finite loss or gradient norm" in str(caught.value)
     assert cause in str(caught.value)
+
+
+def test_fp16_autocast_computes_in_fp16_over_fp32_weights(train_here):
+    """apex's O1 (precision.type fp16_autocast): fp16 compute under torch.autocast with loss scaling, fp32 weights;
+    its losses follow fp32's to fp16's precision, and differ from bf16 autocast's (bf16 holds 3 fewer bits)."""
+    job = ["trainer.max_steps=4", "trainer.log_every_n_steps=1"]
+    fp32 = losses(train_here(*job))
+    rows = [row for row in train_here(*job, "precision.type=fp16_autocast") if "loss" in row]
+    bf16 = losses(train_here(*job, "precision.type=autocast"))
+    fp16 = [row["loss"] for row in rows]
+    assert [row["loss_scale"] for row in rows] == [2.0**16] * 4  # DeepSpeed's rule from 2^16, no overflow
+    fp16_error = max(abs(a - b) for a, b in zip(fp16, fp32, strict=True))
+    bf16_error = max(abs(a - b) for a, b in zip(bf16, fp32, strict=True))
+    assert 0 < fp16_error < 5e-3 and fp16_error < bf16_error, (fp16_error, bf16_error)

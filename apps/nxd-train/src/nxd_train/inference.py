@@ -29,6 +29,7 @@ from .data import run_tokenizer
 from .logdir import CHECKPOINT_DIR, resumable_log_dir
 from .plan import RunPlan
 from .preflight import plan_run
+from .run_state import forward_autocast
 
 
 class InferenceError(Exception):
@@ -67,7 +68,7 @@ class LoadedRun:
 
     def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: object | None) -> torch.Tensor:
         """Logits of tokens continuing `cache` (None: a whole prefix from position 0), without gradients."""
-        with torch.no_grad(), self.fabric.autocast():
+        with torch.no_grad(), forward_autocast(self.fabric, self.plan.policy)():
             return decoding_logits(self.model, input_ids.to(self.fabric.device), position_ids.to(self.fabric.device),
                                    cache)  # fmt: skip
 

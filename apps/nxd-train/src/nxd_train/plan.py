@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from nxd_align import LoraFamily, Objective, TokenObjective
 from nxd_ckpt import SavePolicy
 from nxd_data import SequenceCurriculum
@@ -271,5 +272,6 @@ class RunPlan:
 
     @property
     def precision(self) -> str:
-        """Fabric's precision plugin: its autocast for the autocast type; nxd holds every other dtype itself."""
-        return "bf16-mixed" if self.policy.autocast else "32-true"
+        """Fabric's precision plugin: its autocast for the bf16 autocast type; nxd holds every other dtype itself
+        (fp16_autocast's autocast is torch's own: `run_state.forward_autocast`)."""
+        return "bf16-mixed" if self.policy.autocast and self.policy.compute_dtype == torch.bfloat16 else "32-true"

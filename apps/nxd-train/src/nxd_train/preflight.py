@@ -271,7 +271,7 @@ def precision_policy(cfg: NxdConfig) -> PrecisionPolicy:
 def loss_scaling(cfg: NxdConfig) -> LossScaling | None:
     """fp16's loss scaling from the `precision` keys (None for the other types)."""
     p = cfg.precision
-    if p.type != "fp16":
+    if p.type not in ("fp16", "fp16_autocast"):
         return None
     return LossScaling(loss_scale=p.loss_scale, initial_scale_power=p.initial_scale_power,
                        loss_scale_window=p.loss_scale_window, hysteresis=p.hysteresis,

@@ -43,7 +43,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .checkpointing import Resume, load_weights
-from .run_state import Batch, Run
+from .run_state import Batch, Run, forward_autocast
 
 
 @contextlib.contextmanager
@@ -225,7 +225,8 @@ def _live_pass(run: Run) -> Callable[[list[Batch]], None]:
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         executor = build_executor(model, plan.family.token_losses, run.fabric.device, pp=run.pp_mesh,
-                                  microbatches=run.accumulation, autocast=run.fabric.autocast)  # fmt: skip
+                                  microbatches=run.accumulation,
+                                  autocast=forward_autocast(run.fabric, plan.policy))  # fmt: skip
     lora = plan.lora is not None
     sequence = run.mesh.get("cp")
 

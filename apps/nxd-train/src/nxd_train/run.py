@@ -68,7 +68,7 @@ from .plan import RunPlan
 from .profiling import StepProfiler
 from .restore import load_initial_weights, restore
 from .resume_check import IDENTITY
-from .run_state import Run
+from .run_state import Run, forward_autocast
 from .trainer_outputs import TrainerOutputs
 from .training_statistics import StepStatistics
 
@@ -173,7 +173,8 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     if resume is None or resume.weights_only:
         start_new_soft_prompt(model, plan.family, resume)
     executor = build_executor(model, plan.family.token_losses, fabric.device, pp=mesh.get("pp"),
-                              microbatches=sampler.accumulation, autocast=fabric.autocast)  # fmt: skip
+                              microbatches=sampler.accumulation,
+                              autocast=forward_autocast(fabric, plan.policy))  # fmt: skip
     update, lora = plan.update, plan.lora
     scales = plan.family.optimizer_scales([name for name, p in model.named_parameters() if p.requires_grad],
                                           update.optimizer)  # muP's, where the model has them

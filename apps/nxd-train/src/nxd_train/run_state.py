@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from nxd_ckpt import Checkpointer
 from nxd_data import PretrainingSampler, WithPadding, truncate
 from nxd_models import Ceiling
 from nxd_parallel import DirectExecutor, ParallelDims, ParallelMesh, PipelineExecutor, StagedModel, split_sequence
-from nxd_precision import LossScaler, PrecisionOptimizer
+from nxd_precision import LossScaler, PrecisionOptimizer, PrecisionPolicy
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
@@ -31,6 +33,14 @@ from .trainer_outputs import TrainerOutputs
 from .training_statistics import StepStatistics
 
 Batch = dict[str, torch.Tensor]
+
+
+def forward_autocast(fabric: Fabric, policy: PrecisionPolicy) -> Callable[[], AbstractContextManager]:
+    """The autocast forward passes run under: Fabric's (bf16, or none), or torch's fp16 one for fp16_autocast,
+    which Fabric would swap for bf16 on a CPU."""
+    if policy.autocast and policy.compute_dtype == torch.float16:
+        return partial(torch.autocast, fabric.device.type, dtype=torch.float16)
+    return fabric.autocast
 
 
 @dataclass

@@ -725,11 +725,12 @@ def cpu_offload_needs_sharding(c: NxdConfig) -> Iterator[Finding]:
 @rule
 def loss_scaling_needs_fp16(c: NxdConfig) -> Iterator[Finding]:
     p = c.precision
-    if p.type == "fp16":
+    if p.type in ("fp16", "fp16_autocast"):
         return
     for name, default in LOSS_SCALING.items():
         if getattr(p, name) != default:
-            yield error(f"precision.{name}", f"expected precision.type fp16 with loss scaling (it scales fp16 "
+            yield error(f"precision.{name}", f"expected precision.type fp16 or fp16_autocast with loss scaling (it "
+                        f"scales fp16 "
                         f"gradients), found type {p.type!r}", f"precision.{name}", "precision.type")  # fmt: skip
 
 

@@ -17,6 +17,7 @@ PRECISION_VARIABLES = {
     "mixed_precisionSR": ("0", "1", "1"),
     "bf16SR": ("1", "0", "1"),
     "fp16": ("0", "0", "0"),  # fp16 tensors are torch's own dtype: no bf16 switch
+    "fp16_autocast": ("0", "0", "0"),
 }
 
 

@@ -10,13 +10,15 @@ The types follow the NxDT reference, spelled out for any device:
 | mixed_precisionSR | bf16       | bf16    | fp32   | fp32              | fp32           | on (bf16 copies)    |
 | bf16SR            | bf16       | bf16    | -      | bf16              | bf16           | on (updates)        |
 | fp16              | fp16       | fp16    | fp32   | fp32              | fp32           | off (loss scaling)  |
+| fp16_autocast     | fp32       | fp16 (torch.autocast) | - | fp32          | fp32           | off (loss scaling)  |
 | manual            | the knobs: xla_use_bf16 (bf16 parameters), xla_downcast_bf16 (bf16 compute over fp32
                       parameters), master_weights, fp32_grad_acc, fp32_grads_cc, neuron_rt_stochastic_rounding_en |
 
 Optimizer state follows the dtype the optimizer steps on: the fp32 masters when there are some, else
 the parameters, and fp32 whenever the optimizer asks for it (`adamw_fp32OptState`).
 `parallel_layers_reduce_dtype` defaults to fp32 for fp32 and fp16 (whose range a reduction in it could
-exceed), and to bf16 for every other type. fp16 (an nxd extension type) needs loss scaling (`loss_scaling`).
+exceed), and to bf16 for every other type. fp16 and fp16_autocast (nxd extension types; the latter is apex's O1)
+need loss scaling (`loss_scaling`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import torch
 from .errors import PrecisionConfigError
 from .float8 import Float8Spec
 
-TYPES = ("fp32", "autocast", "mixed_precision", "mixed_precisionSR", "bf16SR", "fp16", "manual")
+TYPES = ("fp32", "autocast", "mixed_precision", "mixed_precisionSR", "bf16SR", "fp16", "fp16_autocast", "manual")
+LOSS_SCALED = ("fp16", "fp16_autocast")
+"""The types whose fp16 compute needs loss scaling."""
 FP32, BF16, FP16 = torch.float32, torch.bfloat16, torch.float16
 
 
@@ -91,6 +95,8 @@ def resolve_policy(
         fields = (BF16, BF16, None, BF16, BF16, True)
     elif type == "fp16":
         fields = (FP16, FP16, FP32, FP32, FP32, False)
+    elif type == "fp16_autocast":
+        fields = (FP32, FP16, None, FP32, FP32, False)
     elif type == "manual":
         if xla_use_bf16 and xla_downcast_bf16:
             raise PrecisionConfigError(
@@ -115,7 +121,7 @@ def resolve_policy(
         type=type, param_dtype=param, compute_dtype=compute, master_dtype=master,
         grad_accumulation_dtype=accumulation, grad_reduction_dtype=reduction,
         optimizer_state_dtype=FP32 if fp32_optimizer_state else stepped, stochastic_rounding=rounding,
-        parallel_layers_reduce_dtype=parallel_layers_reduce_dtype or (FP32 if type in ("fp32", "fp16") else BF16),
+        parallel_layers_reduce_dtype=parallel_layers_reduce_dtype or (FP32 if type in ("fp32", *LOSS_SCALED) else BF16),
         float8=float8,
     )  # fmt: skip
 

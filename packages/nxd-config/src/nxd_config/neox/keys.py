@@ -546,7 +546,10 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "2^initial_scale_power, loss_scale_window, hysteresis, min_loss_scale, consecutive_hysteresis); a block "
      "holding type: bfloat16 is read as bf16, as NeoX reads it"),
     ("bf16", "DeepSpeed", None, M, "precision.type", "enabled: mixed_precision"),
-    ("amp", "DeepSpeed", None, R, "", "apex AMP is not in nxd; use bf16 instead"),
+    ("amp", "DeepSpeed", None, M, "precision.type",
+     "apex's opt levels: O0 fp32, O1 fp16_autocast (fp16 compute by torch.autocast over fp32 weights), O2 fp16 "
+     "(fp16 weights, fp32 masters), with apex's dynamic loss scaling (2^16, window 2000, halved at each overflow) "
+     "or a static loss_scale; O3 (no master weights) and the level-property overrides are refused by name"),
     ("gradient_clipping", "DeepSpeed", 1.0, M, "trainer.gradient_clip_val",
      "the global gradient norm is clipped to it; NeoX leaves the value 1.0 (its default) out of DeepSpeed's "
      "config, so NeoX itself does not clip at 1.0: nxd does what the key says, with a notice"),

@@ -115,6 +115,9 @@ def precision_keys(a: Arguments, t: Translation) -> None:
     if kind not in (None, "fp32", "bfloat16", "fp16"):
         t.refuse("precision", f"expected fp16, fp32 or bfloat16, found {show(precision)}")
         return
+    if (amp := _apex_amp(t, mapping(t, "amp", a["amp"]), kind, fp16_on or bf16_on)) is not None:
+        t.set("precision.type", amp, "amp")
+        return
     fp32_allreduce = typed(t, a, "fp32_allreduce", bool, "true or false")
     types = mapping(t, "data_types", a["data_types"]) or {}
     bf16_accumulation = False
@@ -133,6 +136,48 @@ def precision_keys(a: Arguments, t: Translation) -> None:
         return
     nxd_type = {"bfloat16": "mixed_precision", "fp16": "fp16"}.get(kind, "fp32")
     t.set("precision.type", nxd_type, "precision", "fp16", "bf16")
+
+
+APEX_LEVELS = {"O0": "fp32", "O1": "fp16_autocast", "O2": "fp16"}
+"""apex's opt levels: O0 fp32; O1 fp16 autocast over fp32 weights; O2 fp16 weights with fp32 masters."""
+APEX_PROPERTIES = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights")
+
+
+def _apex_amp(t: Translation, block: dict[str, Any] | None, kind: str | None, block_on: bool) -> str | None:
+    """DeepSpeed's amp block (NVIDIA apex's amp.initialize settings): the nxd precision type of its opt_level, with
+    apex's dynamic loss scaling; None when the block is absent or off."""
+    if block is None or not block.get("enabled", False):
+        return None
+    if block_on or kind not in (None, "fp32"):
+        t.refuse("amp", "expected amp without an fp16 or bf16 block or precision (DeepSpeed refuses amp with them), "
+                 f"found precision {show(kind)}")  # fmt: skip
+        return None
+    level = block.get("opt_level", "O1")  # apex's default
+    if level not in APEX_LEVELS:
+        t.refuse("amp.opt_level", f"expected O0, O1 or O2, found {show(level)}" + (
+            ": O3 trains fp16 weights without fp32 master weights, which nxd does not; O2 keeps fp32 masters"
+            if level == "O3" else ""))  # fmt: skip
+        return None
+    for key in set(block) - {"enabled", "opt_level", "loss_scale", "min_loss_scale", "max_loss_scale"}:
+        what = ("overrides a property of the opt level; nxd runs each level as apex defines it: remove it"
+                if key in APEX_PROPERTIES else "unknown amp setting")  # fmt: skip
+        t.refuse(f"amp.{key}", f"{what}; expected opt_level, loss_scale, min_loss_scale or max_loss_scale")
+    if level == "O0":
+        return "fp32"
+    scale = block.get("loss_scale", "dynamic")
+    if scale != "dynamic":
+        t.set("precision.loss_scale", scale, "amp.loss_scale")
+    else:  # apex's dynamic scaler: 2^16 first, doubled after 2000 steps without an overflow, halved at each one
+        for key, value in (("initial_scale_power", 16), ("loss_scale_window", 2000), ("hysteresis", 1)):
+            t.set(f"precision.{key}", value, "amp")
+        if "min_loss_scale" in block:
+            t.set("precision.min_loss_scale", block["min_loss_scale"], "amp.min_loss_scale")
+        else:
+            t.notice("amp", "apex lowers a dynamic loss scale without a floor; nxd stops at precision.min_loss_scale "
+                     "(1), where overflows count towards trainer.max_consecutive_nonfinite")  # fmt: skip
+        t.notice("amp", "apex caps a dynamic loss scale at max_loss_scale (2^24 unless set); nxd's grows without a "
+                 "cap")  # fmt: skip
+    return APEX_LEVELS[level]
 
 
 FP16_BLOCK = {"loss_scale": "loss_scale", "initial_scale_power": "initial_scale_power",

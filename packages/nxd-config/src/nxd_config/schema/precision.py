@@ -10,7 +10,8 @@ from ._base import Section, Status, key
 
 PREC = "nxd-precision"
 
-PrecisionType = Literal["fp32", "bf16SR", "autocast", "mixed_precision", "mixed_precisionSR", "fp16", "manual"]
+PrecisionType = Literal["fp32", "bf16SR", "autocast", "mixed_precision", "mixed_precisionSR", "fp16", "fp16_autocast",
+                        "manual"]
 
 
 def _flag_to_str(value: Any) -> Any:
@@ -68,9 +69,10 @@ class PrecisionConfig(Section):
         "reduction); mixed_precisionSR (the same with stochastic rounding); bf16SR (all bf16, "
         "stochastically rounded updates); autocast (torch.autocast bf16); fp16 (an nxd extension value: fp16 "
         "parameters and compute, fp32 master weights, fp32 gradient accumulation and reduction, loss scaling by the "
-        "keys below); manual (the knobs below).",
+        "keys below); fp16_autocast (an nxd extension value: fp32 parameters, fp16 compute by torch.autocast, loss "
+        "scaling by the keys below; apex's O1); manual (the knobs below).",
         by=PREC,
-        extension_values=("fp16",),
+        extension_values=("fp16", "fp16_autocast"),
     )
     master_weights: bool = key(False, "manual: keep fp32 master weights for bf16 parameters.", by=PREC)
     fp32_grad_acc: bool = key(False, "manual: accumulate gradients in fp32.", by=PREC)
