@@ -692,6 +692,8 @@ def test_statistics_keys(tmp_path):
     plain = load(tmp_path, MODEL).exp_manager
     assert not (plain.log_gradient_zeros or plain.log_optimizer_states or plain.gradient_noise_scale.enabled)
     assert plain.gradient_noise_scale.n_batches == 5  # NeoX's default, nxd's too
+    assert load(tmp_path, {**MODEL, "char_level_ppl": True}).trainer.char_level_ppl and not load(
+        tmp_path, MODEL).trainer.char_level_ppl  # fmt: skip
     assert any("gradient_noise_scale_n_batches: used only with log_gradient_noise_scale" in message
                for message in notices(tmp_path, {**MODEL, "gradient_noise_scale_n_batches": 3}))  # fmt: skip
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from nxd_models import peak_memory, routing_metrics, take_routing_totals
+from nxd_models import IGNORE_INDEX, peak_memory, routing_metrics, take_routing_totals
 from nxd_parallel import clip_gradients, global_norm, modules_of
 from nxd_precision import NonFiniteGuard, NonFiniteStop
 from torch.utils.data import Dataset
@@ -94,9 +94,10 @@ def _train(run: Run) -> Path:
                 window_time, window_steps = 0.0, 0
             val_loss = None
             if cadence.validation_due(step, epoch, index, run.steps_per_epoch):
-                val_loss = evaluate(run, run.validation_data, cadence.limit_val_batches)
+                val_loss, per_char = evaluate_with_characters(run, run.validation_data, cadence.limit_val_batches)
                 if val_loss is not None:
-                    run.monitor.metrics(done, {"val_loss": val_loss})
+                    shown = {"val_loss": val_loss} | character_level(per_char, val_loss, "validation")
+                    run.monitor.metrics(done, shown)
                     logged["val_loss"] = val_loss
             stopping = stopper is not None and val_loss is not None and stopper.stalled(val_loss)
             if stopper is not None:
@@ -120,9 +121,9 @@ def _train(run: Run) -> Path:
     run.checkpointer.wait()
     if run.trainer_outputs is not None:
         run.trainer_outputs.finish()
-    test_loss = evaluate(run, run.test_data, cadence.limit_test_batches)
+    test_loss, per_char = evaluate_with_characters(run, run.test_data, cadence.limit_test_batches)
     if test_loss is not None:
-        run.monitor.metrics(done, {"test_loss": test_loss})
+        run.monitor.metrics(done, {"test_loss": test_loss} | character_level(per_char, test_loss, "test"))
     run.monitor.info(f"done: {done} steps; logs in {run.log_dir}")
     run.monitor.close()
     run.fabric.barrier()
@@ -255,17 +256,34 @@ def routing(run: Run) -> dict[str, float]:
 @torch.no_grad()
 def evaluate(run: Run, dataset: Dataset | None, limit: int | float) -> float | None:
     """The objective's loss over `dataset` (at most `limit` global batches), or None when there is none."""
+    return evaluate_with_characters(run, dataset, limit)[0]
+
+
+@torch.no_grad()
+def evaluate_with_characters(run: Run, dataset: Dataset | None, limit: int | float) -> tuple[float | None, float]:
+    """`evaluate`'s loss, and the tokens per character of the samples evaluated when the plan decodes them
+    (trainer.char_level_ppl; else 0): each sample's input tokens against the characters they decode to, as GPT-NeoX
+    counts them, padding samples left out."""
     if dataset is None:
-        return None
+        return None, 0.0
     sampler = run.eval_sampler(dataset)
     count = batch_limit(limit, sampler.steps_per_epoch)
     if count == 0:
-        return None
+        return None, 0.0
     objective, device = run.objective, run.fabric.device
     run.model.eval()
     loss = torch.zeros((), dtype=torch.float64, device=device)
     total = torch.zeros((), dtype=torch.float64, device=device)
-    batches = run.micro_batches(dataset, replace(sampler, steps=count))
+    text = torch.zeros(2, dtype=torch.float64)  # tokens, characters (each context-parallel rank counts the same)
+    decode = run.plan.cadence.decode
+
+    def count_characters(batch: Batch) -> None:
+        for tokens, labels in zip(batch["input_ids"], batch["labels"], strict=True):
+            if (labels != IGNORE_INDEX).any():
+                text.add_(torch.tensor([len(tokens), len(decode(tokens.tolist()))], dtype=torch.float64))
+
+    batches = run.micro_batches(dataset, replace(sampler, steps=count),
+                                inspect=count_characters if decode is not None else None)  # fmt: skip
     for _ in range(count):
         step_batches = [next(batches) for _ in range(run.accumulation)]
         for step_pass in run.step_passes:
@@ -273,7 +291,17 @@ def evaluate(run: Run, dataset: Dataset | None, limit: int | float) -> float | N
         loss += run.executor.run(step_batches, objective.loss, training=False).loss
         total += sum(objective.count(batch) for batch in step_batches)
     run.model.train()
-    return (run.summed(loss, run.token_mesh, run.pp_mesh) / run.summed(total, run.token_mesh)).item()
+    value = (run.summed(loss, run.token_mesh, run.pp_mesh) / run.summed(total, run.token_mesh)).item()
+    if decode is None:
+        return value, 0.0
+    tokens, characters = run.summed(text.to(device), run.token_mesh).tolist()
+    return value, tokens / max(characters, 1.0)
+
+
+def character_level(tokens_per_char: float, loss: float, split: str) -> dict[str, float]:
+    """GPT-NeoX's character-level perplexity, exp(loss x tokens per character), under its name (nothing without
+    a count)."""
+    return {f"{split}/lm_loss_char_lvl_ppl": math.exp(loss * tokens_per_char)} if tokens_per_char else {}
 
 
 def gradient_norm(run: Run) -> float:

@@ -6,6 +6,7 @@ plan, never the config.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,9 @@ class Cadence:
     early_stopping: EarlyStopping | None = None
     exit_interval: int | None = None
     """Stop with a checkpoint after each step that is a multiple of it (GPT-NeoX's exit_interval)."""
+    decode: Callable[[list[int]], str] | None = None
+    """The tokenizer's decoding, with which validation and test also log the character-level perplexity
+    (GPT-NeoX's char_level_ppl)."""
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """max_steps and max_epochs, whichever ends first (-1 means unbounded)."""

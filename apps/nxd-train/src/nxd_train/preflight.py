@@ -793,6 +793,12 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
                                 f"{prompt.init_string!r}")  # fmt: skip
         except DataError as error:
             problems.append(f"model.soft_prompt.init_string: needs the run's tokenizer: {error}")
+    decode = None
+    if data is not None and cfg.trainer.char_level_ppl:
+        try:
+            decode = run_tokenizer(cfg.data, cache_dir, cfg.model.trust_remote_code).decode
+        except DataError as error:
+            problems.append(f"trainer.char_level_ppl: counts characters with the run's tokenizer: {error}")
     try:
         family = _family(cfg, PLACEHOLDER_VOCABULARY if data is None else data.vocab_size, seq_length,
                          tuple(prompt_ids))  # fmt: skip
@@ -825,7 +831,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
                       ConfigNotice, stacklevel=2)  # fmt: skip
     if problems:
         raise PreflightError(list(dict.fromkeys(problems)))
+    settings = _settings(cfg, world, job)
+    settings["cadence"] = replace(settings["cadence"], decode=decode)
     return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=_objective(cfg),
                    adapters=_adapters(cfg, resume),
                    reference=None if data is None else _reference(cfg, resume, family, data, policy),
-                   resume=resume, log_dir=log_dir, identity=identity, **_settings(cfg, world, job))  # fmt: skip
+                   resume=resume, log_dir=log_dir, identity=identity, **settings)  # fmt: skip

@@ -123,16 +123,18 @@ class Run:
                      for key, value in batch.items()}  # fmt: skip
         return batch
 
-    def micro_batches(self, dataset: Dataset, sampler: Iterable[list[int]],
-                      lengths: Iterable[int] | None = None) -> Iterator[Batch]:  # fmt: skip
+    def micro_batches(self, dataset: Dataset, sampler: Iterable[list[int]], lengths: Iterable[int] | None = None,
+                      inspect: Callable[[Batch], None] | None = None) -> Iterator[Batch]:  # fmt: skip
         """This rank's micro-batches of `dataset` as `sampler` orders them, on the device; with `lengths`, each cut
-        to its length first (the whole sequence, before context parallelism splits it)."""
+        to its length first (the whole sequence, before context parallelism splits it); `inspect` sees each whole
+        micro-batch on the host."""
         loader = DataLoader(WithPadding(dataset, self.padding), batch_sampler=sampler,
                             collate_fn=self.plan.data.collate(self.trim_to, self.packable),
                             num_workers=self.plan.batches.num_workers)  # fmt: skip
-        if lengths is not None:
-            return map(lambda batch, length: self.on_device(truncate(batch, length)), loader, lengths)
-        return map(self.on_device, loader)
+        batches = iter(loader) if lengths is None else map(truncate, loader, lengths)
+        if inspect is not None:
+            batches = map(lambda batch: inspect(batch) or batch, batches)
+        return map(self.on_device, batches)
 
     @property
     def trim_to(self) -> int | None:

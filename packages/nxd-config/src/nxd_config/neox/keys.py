@@ -498,7 +498,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("loss_scale", "Training", None, N, "", _FP16),
     ("loss_scale_window", "Training", 1000.0, N, "", _FP16),
     ("min_scale", "Training", 1.0, N, "", _FP16),
-    ("char_level_ppl", "Training", False, R, "", "character-level perplexity is not logged by nxd; remove it"),
+    ("char_level_ppl", "Training", False, M, "trainer.char_level_ppl",
+     "validation/lm_loss_char_lvl_ppl and test/...: exp(loss x tokens per character), counted on the samples "
+     "evaluated by decoding them with the run's tokenizer, as NeoX counts"),
     ("use_mup", "Training", False, M, "model.mup",
      "mup's rules (MuAdam / MuSGD groups, normal draws / sqrt(width), the readout / width, attention / d) on nxd's "
      "Megatron-style layers; NeoX's LR schedule drops MuAdam's group rates (no width_mult key), nxd keeps them"),

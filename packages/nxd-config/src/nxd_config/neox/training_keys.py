@@ -326,6 +326,7 @@ def loop_keys(a: Arguments, t: Translation) -> None:
     t.set("trainer.limit_test_batches", count, "eval_iters")
     t.set("trainer.num_sanity_val_steps", 0)
     t.set("trainer.log_every_n_steps", a["log_interval"], "log_interval")
+    t.set("trainer.char_level_ppl", a["char_level_ppl"], "char_level_ppl")
     clip = a["gradient_clipping"]
     t.set("trainer.gradient_clip_val", clip if clip else None, "gradient_clipping")
     if clip == 1.0:

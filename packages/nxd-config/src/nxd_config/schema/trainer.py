@@ -96,6 +96,11 @@ class TrainerConfig(Section):
         ge=1,
         status=Status.EXTENSION, note="GPT-NeoX's exit_interval; NxDT has no such key",
     )  # fmt: skip
+    char_level_ppl: bool = key(
+        False, "Validation and test also log validation/lm_loss_char_lvl_ppl (test/...): exp(loss x tokens per "
+        "character), the characters counted by decoding the samples evaluated with the run's tokenizer.", by=APP,
+        status=Status.EXTENSION, note="GPT-NeoX's char_level_ppl",
+    )
     log_every_n_steps: int = key(1, "Log loss and metrics every N optimizer steps.", by=APP, ge=1)
     val_check_interval: Annotated[int, Field(ge=1)] | _Interval = key(
         1.0,
