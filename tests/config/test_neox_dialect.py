@@ -427,7 +427,9 @@ def test_a_sparsity_config_without_sparse_layers_is_noticed(tmp_path):
     ({"zero_optimization": {"stage": 1, "cpu_offload": True}}, "zero_optimization (nxd: distributed_strategy."
      "cpu_offload): expected more than one data-parallel rank"),
     ({"optimizer": {"type": "sm3", "params": {"lr": 1e-4}}}, "optimizer.type: expected Adam, AdamW, cpu_adam, sgd, "
-     "lion or madgrad_wd, found 'sm3': sm3 and onebitadam are not in nxd"),
+     "lion or madgrad_wd, found 'sm3': SM3 is not in nxd"),
+    ({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4}}}, "found 'OneBitAdam': onebitadam compresses "
+     "DeepSpeed's engine's gradient communication"),
     ({"optimizer": {"type": "lion", "params": {"lr": 1e-4, "eps": 1e-8}}}, "optimizer.params.eps: unknown parameter "
      "of lion; expected one of betas, lr"),
     ({"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.1}}},

@@ -237,7 +237,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "with rwkv layers, the channel mix's width (unset: intermediate_size, else expansion_factor (3.5) x hidden_size, "
      "rounded down to a multiple of 32, as NeoX computes it); otherwise a notice"),
     ("fused_kernels_build_path", "Model", None, N, "", "nxd builds no fused kernels"),
-    ("serve_model_weights", "Model", False, R, "", "serving weights to a generation server is not in nxd"),
+    ("serve_model_weights", "Model", False, R, "",
+     "serving weights to a generation server (online RL, train_impl reinforce) is not in nxd: export a checkpoint "
+     "with `nxd-train ckpt export-hf` and serve it with an inference server"),
     ("weight_server_port", "Model", 6000, N, "", _RL),
     ("online_dataserver_ips", "Model", "localhost", N, "", _RL),
     ("online_dataserver_ports", "Model", 10000, N, "", _RL),
@@ -271,7 +273,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("short_seq_prob", "Other", 0.1, N, "", "NeoX's GPT datasets never read it"),
     ("eod_mask_loss", "Other", False, M, "data.eod_mask_loss", ""),
     ("adlr_autoresume", "Other", False, R, "",
-     "NVIDIA's ADLR autoresume service is not in nxd; resume with load (resume_if_exists) instead"),
+     "NVIDIA's ADLR autoresume service is not in nxd: nxd saves a checkpoint and exits on the preemption signal "
+     "(trainer.requeue_signal), requeues the job under Slurm (trainer.auto_requeue), and a run with load "
+     "(resume_if_exists) continues from it"),
     ("adlr_autoresume_interval", "Other", 1000, N, "", "used only with adlr_autoresume (refused)"),
     ("seed", "Other", 1234, M, "seed", ""),
     ("onnx_safe", "Other", False, N, "", "an ONNX-exportable spelling of the same exact gelu"),
@@ -575,13 +579,18 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "DeepSpeed's own copy of checkpoint_activations' settings; nxd reads checkpoint_activations"),
     ("sparse_attention", "DeepSpeed", None, N, "", "DeepSpeed's own copy of the sparse settings; NeoX's layers read "
      "sparsity_config"),
-    ("data_efficiency", "DeepSpeed", None, R, "", "DeepSpeed's data sampling and routing are not in nxd"),
+    ("data_efficiency", "DeepSpeed", None, R, "",
+     "DeepSpeed's data-efficiency library (metric-based sampling, random layerwise token dropping) is not in nxd; "
+     "its sequence-length curriculum is curriculum_learning (data.curriculum)"),
     ("tensorboard", "DeepSpeed", None, N, "", "DeepSpeed's own monitor; nxd writes TensorBoard with tensorboard_dir"),
     ("wandb", "DeepSpeed", None, N, "", "DeepSpeed's own monitor"),
     ("csv_monitor", "DeepSpeed", None, N, "", "DeepSpeed's own monitor; nxd writes metrics.csv in the run directory"),
     ("elasticity", "DeepSpeed", None, R, "", "elastic batch sizes are not in nxd"),
     ("comms_logger", "DeepSpeed", None, N, "", _DS_TOOL),
-    ("compression_training", "DeepSpeed", None, R, "", "DeepSpeed compression is not in nxd"),
+    ("compression_training", "DeepSpeed", None, R, "",
+     "DeepSpeed's compression (quantization- and pruning-aware training) is not in nxd: train, export with `nxd-train "
+     "ckpt export-hf`, and quantize the exported model with a quantization library (torchao, transformers' "
+     "quantizers)"),
     ("checkpoint", "DeepSpeed", None, N, "", "DeepSpeed's checkpoint-writing options; nxd writes sharded DCP"),
     ("data_types", "DeepSpeed", None, M, "precision.type",
      "grad_accum_dtype: fp32 is nxd's mixed_precision; bf16 with bf16 training accumulates gradients in bf16 over "

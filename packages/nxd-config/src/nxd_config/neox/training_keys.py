@@ -236,7 +236,9 @@ def optimizer_keys(a: Arguments, t: Translation) -> None:
         options, allowed = {"name": kind}, LION_PARAMS if kind == "lion" else MADGRAD_PARAMS
     else:
         t.refuse("optimizer.type", f"expected Adam, AdamW, cpu_adam, sgd, lion or madgrad_wd, found "
-                 f"{show(block['type'])}: sm3 and onebitadam are not in nxd")  # fmt: skip
+                 f"{show(block['type'])}" + {"onebitadam": ": onebitadam compresses DeepSpeed's engine's gradient "
+                 "communication, which nxd's engine (FSDP2) does not; use Adam", "sm3": ": SM3 is not in nxd"}.get(
+                     kind, ""))  # fmt: skip
         return
     for key, value in params.items():
         if key not in allowed:
@@ -436,7 +438,7 @@ def _offload_device(t: Translation, key: str, value: object) -> str | None:
         return None
     if device != "cpu":
         t.refuse(f"zero_optimization.{key}.device", f"expected cpu or none, found {show(device)}: offloading to "
-                 f"NVMe is not in nxd")  # fmt: skip
+                 f"NVMe is not in nxd (FSDP2 offloads to host memory: device cpu)")  # fmt: skip
         return None
     ratio = value.get("ratio", 1.0)
     if ratio != 1.0:
