@@ -22,7 +22,7 @@ def test_the_noise_scale_is_neox_estimator_worked_by_hand():
     steps = [[1.0, 2.0], [3.0, 0.0], [float("inf"), 0.0], [0.0, 1.0], [1.0, 1.0]]
     seen = []
     for gradient in steps:  # two tensors each, so the sums run over both
-        noise.update([torch.tensor(gradient[:1]), torch.tensor(gradient[1:])])
+        noise.update({"a": torch.tensor(gradient[:1]), "b": torch.tensor(gradient[1:])})
         seen.append(noise.value)
     # steps 1-2: small |(3, 0)|^2 = 9, big |(2, 1)|^2 = 5: |G|^2 = 1, tr(S) = 32
     assert seen[:3] == [None, 32.0, 32.0]  # the non-finite step is left out, as NeoX leaves out an overflow
@@ -34,7 +34,11 @@ def test_the_noise_scale_is_neox_estimator_worked_by_hand():
 def test_the_noise_scale_keeps_its_sum_on_the_host_when_offloaded():
     noise = GradientNoiseScale(4, 2, offload=True)
     for gradient in ([1.0, 2.0], [3.0, 0.0]):
-        noise.update([torch.tensor(gradient)])
-    assert noise.value == 32.0
+        noise.update({"a": torch.tensor(gradient)})
+    assert noise.value == 32.0 and noise.summed == {}
+    absent = GradientNoiseScale(4, 2)  # a parameter without a gradient in a step counts as a zero gradient
+    absent.update({"a": torch.tensor([1.0]), "b": torch.tensor([2.0])})
+    absent.update({"a": torch.tensor([3.0])})
+    assert absent.value == 32.0  # small |(3, 0)|^2, big |(2, 1)|^2, as above
     with pytest.raises(ValueError, match="n_batches of at least 2"):
         GradientNoiseScale(4, 1)

@@ -51,36 +51,45 @@ def test_warmup_cosine_lr():
 
 
 def test_one_cycle_cycles_the_rate_and_the_momentum():
+    """A cycle of 20 (10 up, 10 down) at positions s / 20 for step s; after it, cycle_min_lr / (1 + 0.5 x
+    (s - 20) / 5), the momentum back at cycle_max_mom (decay_mom_rate 0)."""
     lrs, moms = rates("OneCycle", {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_first_step_size": 10,
                                    "decay_step_size": 5, "decay_lr_rate": 0.5}, 32)  # fmt: skip
     assert (lrs[0], moms[0]) == (0.01, 0.8)  # the constructor sets the low rate and the low momentum
-    for step, (lr, mom) in {6: (0.055, 0.85), 11: (0.1, 0.8), 16: (0.055, 0.85), 21: (0.01, 0.9),
-                            31: (0.02, 0.9)}.items():  # fmt: skip
+    for step, (lr, mom) in {5: (0.055, 0.85), 10: (0.1, 0.8), 15: (0.055, 0.85), 20: (0.01, 0.9),
+                            21: (0.01 / 1.1, 0.9), 31: (0.01 / 2.1, 0.9)}.items():  # fmt: skip
         assert close(lrs[step], lr) and close(moms[step], mom), step
     _, kept = rates("OneCycle", {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_momentum": False}, 3)
     assert kept == [0.9, 0.9, 0.9]
 
 
-@pytest.mark.parametrize(("staircase", "expected"), [(False, 0.001 * (1 + 2 * 1.5)), (True, 0.001 * (1 + 2 * 1))])
+@pytest.mark.parametrize(("staircase", "expected"), [(False, 0.001 * (1 + 2 * 1.6)), (True, 0.001 * (1 + 2 * 1))])
 def test_lr_range_test(staircase, expected):
     lrs, _ = rates("LRRangeTest", {"lr_range_test_step_size": 10, "lr_range_test_step_rate": 2.0,
                                    "lr_range_test_staircase": staircase}, 17)  # fmt: skip
-    assert close(lrs[16], expected)  # iteration 15
+    assert lrs[0] == 0.001 and close(lrs[16], expected)  # iteration 15 grows by (15 + 1) / 10 intervals
 
 
 def test_a_resumed_one_cycle_sets_the_momentum_of_its_step():
     optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=LR)
     options = {"type": "OneCycle", "cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_first_step_size": 10}
     scheduler = build_scheduler(optimizer, "DeepSpeedSchedule", options, LR, 20)
-    state = {"last_epoch": 6, **{k: v for k, v in scheduler.state_dict().items() if k != "last_epoch"}}
-    scheduler.load_state_dict(state)
+    saved = scheduler.state_dict()
+    assert "momentum" not in saved  # a checkpoint holds values only
+    scheduler.load_state_dict({**saved, "last_epoch": 6})
     apply_schedule(scheduler, LR)
-    assert close(optimizer.param_groups[0]["lr"], 0.055) and close(optimizer.param_groups[0]["betas"][0], 0.85)
+    assert close(optimizer.param_groups[0]["lr"], 0.064) and close(optimizer.param_groups[0]["betas"][0], 0.84)
 
 
-def test_a_run_steps_with_the_schedule(train_here):
-    """nxd-train logs the rate each update used: WarmupLR with 4 warmup steps gives 0, 0, log(2) / log(4) x peak."""
-    rows = [row for row in train_here("trainer.max_steps=3", "~model.optim.sched",
-                                      "+model.optim.sched={name: DeepSpeedSchedule, type: WarmupLR, "
-                                      "warmup_max_lr: 0.01, warmup_num_steps: 4}") if "loss" in row]  # fmt: skip
-    assert [row["lr"] for row in rows[:2]] == [0.0, 0.0] and close(rows[2]["lr"], 0.005)
+def test_a_run_steps_with_the_schedule_and_resumes_it(tmp_path, train_here):
+    """nxd-train logs the rate each update used (OneCycle over 2 + 2 steps: 0.01, then positions 1/4, 2/4, 3/4), and
+    a run resumed from step 2's checkpoint continues with the same rates and losses."""
+    job = ["trainer.max_steps=4", "~model.optim.sched", "+model.optim.sched={name: DeepSpeedSchedule, type: OneCycle, "
+           "cycle_min_lr: 0.01, cycle_max_lr: 0.03, cycle_first_step_size: 2}", "exp_manager.create_checkpoint_callback=True",
+           "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+           "+exp_manager.checkpoint_callback_params.every_n_train_steps=2"]  # fmt: skip
+    whole = [row for row in train_here(*job) if "loss" in row]
+    assert all(close(row["lr"], lr) for row, lr in zip(whole, [0.01, 0.02, 0.03, 0.02], strict=True))
+    (step_2,) = (tmp_path / "run0" / "checkpoints").glob("*step=2*")
+    resumed = [row for row in train_here(*job, f"+exp_manager.resume_from_checkpoint={step_2}") if "loss" in row]
+    assert [(row["lr"], row["loss"]) for row in resumed] == [(row["lr"], row["loss"]) for row in whole[2:]]

@@ -30,6 +30,7 @@ def test_steps_train_on_the_schedule_and_resume_mid_way(tmp_path, train_here):
     assert [row["curriculum_seqlen"] for row in resumed] == SCHEDULE[2:]
 
 
+@pytest.mark.slow  # the single-process resume above stays in the default suite
 def test_two_context_parallel_processes_log_what_one_process_logs(tmp_path, train_here):
     job = ["trainer.max_steps=3", "data.micro_batch_size=2", "data.global_batch_size=8", *CURRICULUM]
     single = [row for row in train_here(*job) if "loss" in row]
@@ -56,3 +57,12 @@ def test_curricula_that_cannot_run_are_refused_by_name(overrides, message):
     with pytest.raises(ConfigError) as caught:
         load_config(default_config_path(), ["+data.curriculum.enabled=True", "trainer.devices=2", *overrides])
     assert "data.curriculum" in str(caught.value) and message in str(caught.value)
+
+
+def test_fine_tuning_records_are_not_cut_nor_counted_in_characters():
+    sft = default_config_path().with_name("tiny_sft.yaml")
+    for override, message in (("+data.curriculum.enabled=True", "data.curriculum: cuts pretraining samples"),
+                              ("+trainer.char_level_ppl=True", "trainer.char_level_ppl: counts the characters of "
+                                                               "pretraining samples")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            load_config(sft, [override])

@@ -83,7 +83,8 @@ def _train(run: Run) -> Path:
                 took = time.perf_counter() - started
                 run.monitor.info(f"model.fusions.torch_compile: the first step took {took:.1f} s, compiling the "
                                  "decoder blocks")  # fmt: skip
-            logged.update(values, epoch=epoch)
+            logged.update({name: value for name, value in values.items() if not name.startswith(STATISTICS)},
+                          epoch=epoch)  # what checkpoints record: not every parameter's statistics
             window_time, window_steps = window_time + time.perf_counter() - started, window_steps + 1
             run.monitor.advance()
             done = step + 1

@@ -78,7 +78,8 @@ class StepProfiler:
         written = []
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            torch.cuda.cudart().cudaProfilerStop()
+            if self.window.trace:
+                torch.cuda.cudart().cudaProfilerStop()
         if self.cuda_memory:
             path = self._path(self.memory_dir, f"{stamp}.memory_snapshot.pickle")
             _write(path, torch.cuda.memory._dump_snapshot)
@@ -109,7 +110,7 @@ class StepProfiler:
             self.profiler = profile(activities=activities(self.device), record_shapes=True, profile_memory=True,
                                     with_stack=True, with_flops=True)  # fmt: skip
             self.profiler.start()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.window.trace:  # nsys's capture range: profile's, as in GPT-NeoX
             torch.cuda.cudart().cudaProfilerStart()
 
     def _path(self, folder: Path, suffix: str) -> Path:

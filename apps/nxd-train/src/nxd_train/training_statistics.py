@@ -47,7 +47,7 @@ class StepStatistics:
                  if t.grad is not None}  # fmt: skip
         values: dict[str, float] = {}
         if self.noise is not None:
-            self.noise.update(list(grads.values()), self.stages)
+            self.noise.update(grads, self.stages)
             if logged and self.noise.value is not None:
                 values["train/noise_scale"] = self.noise.value
         if logged and self.settings.gradient_zeros:

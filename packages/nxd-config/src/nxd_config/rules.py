@@ -202,9 +202,9 @@ def sequence_curriculum(c: NxdConfig) -> Iterator[Finding]:
                     f"sequence length; expected pipeline_model_parallel_size 1, found "
                     f"{ds.pipeline_model_parallel_size}", path, PP)  # fmt: skip
     a = c.model_alignment_strategy
-    if a is not None and a.method not in (None, "sft"):
-        yield error(path, f"cuts token sequences (pretraining, SFT); {a.method} compares whole sequences; expected "
-                    "data.curriculum.enabled False", path, ALIGN)  # fmt: skip
+    if a is not None and a.method is not None:
+        yield error(path, f"cuts pretraining samples (as GPT-NeoX cuts them); {a.method}'s records would lose the "
+                    "tokens they train on; expected data.curriculum.enabled False", path, ALIGN)  # fmt: skip
     seq = c.seq_length
     longest = cur.max_length or seq
     if seq is not None and longest is not None and longest > seq:
@@ -232,6 +232,15 @@ def sequence_curriculum(c: NxdConfig) -> Iterator[Finding]:
         yield error(f"{path}.{key}", f"every length must split over the ranks that share a sequence (a multiple of "
                     f"{divisor}: tensor parallel with sequence_parallel, 2 x context parallel); found "
                     f"{', '.join(map(str, uneven))}", f"{path}.{key}", TP, CP)  # fmt: skip
+
+
+@rule
+def character_level_perplexity_of_pretraining(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if c.trainer.char_level_ppl and a is not None and a.method is not None:
+        yield error("trainer.char_level_ppl", f"counts the characters of pretraining samples, whose every token the "
+                    f"loss covers (as GPT-NeoX counts them); {a.method} trains on part of its records; expected False",
+                    "trainer.char_level_ppl", ALIGN)  # fmt: skip
 
 
 @rule

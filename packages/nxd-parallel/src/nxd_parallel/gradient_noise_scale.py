@@ -13,7 +13,7 @@ tensor-, data- and pipeline-parallel shards all count, so every layout estimates
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 import torch
 from torch.distributed import ProcessGroup
@@ -22,41 +22,41 @@ from .norms import global_squares, local_part_and_groups
 
 
 class GradientNoiseScale:
-    """Feed it every optimizer step's gradients (`update`); `value` is the latest estimate, None until n_batches
-    steps have been seen. The running sum of gradients is one copy of this rank's gradient shards (on the host with
-    `offload`)."""
+    """Feed it every optimizer step's gradients by name (`update`); `value` is the latest estimate, None until
+    n_batches steps have been seen. The running sum of gradients is one copy of this rank's gradient shards (on the
+    host with `offload`); a parameter without a gradient in a step adds nothing to it (its gradient is zero)."""
 
     def __init__(self, batch_size: int, n_batches: int, *, beta: float = 0.99, offload: bool = False):
         if n_batches < 2:
             raise ValueError(f"expected n_batches of at least 2 (the big batch is n_batches steps), found {n_batches}")
         self.small, self.big = batch_size, batch_size * n_batches
         self.n_batches, self.beta, self.offload = n_batches, beta, offload
-        self.summed: list[torch.Tensor] | None = None
+        self.summed: dict[str, tuple[torch.Tensor, tuple]] = {}
         self.ema_squared: float | None = None
         self.ema_trace: float | None = None
         self.updates = 0
         self.value: float | None = None
 
     @torch.no_grad()
-    def update(self, gradients: Sequence[torch.Tensor], across: ProcessGroup | None = None) -> None:
-        """One step's gradients (each the global batch's, possibly a shard); `across` holds the other pipeline
-        stages. A step with a non-finite gradient is left out, as NeoX leaves out an overflow."""
-        parts = [local_part_and_groups(gradient) for gradient in gradients]
-        device = parts[0][0].device if parts else None
-        small = global_squares(parts, across, device).item()
+    def update(self, gradients: Mapping[str, torch.Tensor], across: ProcessGroup | None = None) -> None:
+        """One step's gradients by parameter name (each the global batch's, possibly a shard); `across` holds the
+        other pipeline stages. A step with a non-finite gradient is left out, as NeoX leaves out an overflow."""
+        parts = {name: local_part_and_groups(gradient) for name, gradient in gradients.items()}
+        device = next(iter(parts.values()))[0].device if parts else None
+        small = global_squares(list(parts.values()), across, device).item()
         if not math.isfinite(small):
             return
-        kept = [local.detach().to("cpu" if self.offload else local.device, torch.float32, copy=True)
-                for local, _ in parts]  # fmt: skip
-        if self.summed is None:
-            self.summed = kept
-        else:
-            torch._foreach_add_(self.summed, kept)
+        for name, (local, groups) in parts.items():
+            if name in self.summed:
+                self.summed[name][0].add_(local.to(self.summed[name][0].device, torch.float32))
+            else:
+                self.summed[name] = (local.detach().to("cpu" if self.offload else local.device, torch.float32,
+                                                       copy=True), groups)  # fmt: skip
         if self.updates % self.n_batches == self.n_batches - 1:
-            mean = torch._foreach_div(self.summed, float(self.n_batches))
-            self.summed = None
-            big = global_squares([(m, groups) for m, (_, groups) in zip(mean, parts, strict=True)], across,
-                                 device).item()  # fmt: skip
+            for total, _ in self.summed.values():
+                total.div_(self.n_batches)  # the mean gradient of the n_batches steps
+            big = global_squares(list(self.summed.values()), across, device).item()
+            self.summed = {}
             squared = (self.big * big - self.small * small) / (self.big - self.small)
             trace = (small - big) / (1 / self.small - 1 / self.big)
             self.ema_squared, squared = _ema(self.ema_squared, self.beta, squared, self.updates)

@@ -40,7 +40,8 @@ def deepspeed_schedule(kind: str, p: Mapping[str, Any], lr: float
                 return max(0.0, floor + (1.0 - floor) * cosine)
 
             return lambda step: lr * ratio(step - 1), None
-        low, high = p.get("warmup_min_lr", 0.0), p.get("warmup_max_lr", 0.001)
+        low = p.get("warmup_min_lr", 0.0)
+        high = lr if p.get("warmup_max_lr") is None else p["warmup_max_lr"]  # DeepSpeed's default: the optimizer's
 
         def gamma(i: int) -> float:
             if i < warmup:
@@ -50,47 +51,49 @@ def deepspeed_schedule(kind: str, p: Mapping[str, Any], lr: float
             return max(0.0, (total - i) / max(1.0, total - warmup))
 
         return lambda step: low + (high - low) * gamma(step - 1), None
-    if kind == "LRRangeTest":
+    if kind == "LRRangeTest":  # iteration i grows by its (i + 1) / step_size intervals: step s by s / step_size
         low, size = p.get("lr_range_test_min_lr", 1e-3), p.get("lr_range_test_step_size", 2000)
         rate, stairs = p.get("lr_range_test_step_rate", 1.0), p.get("lr_range_test_staircase", False)
-
-        def range_test(step: int) -> float:
-            i = max(step - 1, 0)
-            return low * (1 + rate * (math.floor(i / size) if stairs else i / size))
-
-        return range_test, None
+        return lambda step: low * (1 + rate * (math.floor(step / size) if stairs else step / size)), None
     return _one_cycle(p)
 
 
 def _one_cycle(p: Mapping[str, Any]) -> tuple[Callable[[int], float], Callable[[int], float] | None]:
+    """OneCycle at iteration i = s - 1: within the cycle (i < its length) the position (i + 1) / length rises
+    to cycle_max_lr over the first part and falls back over the second, momentum the other way; after it, the
+    rate is cycle_min_lr / (1 + decay_lr_rate x intervals) and the momentum cycle_max_mom x (1 + decay_mom_rate x
+    intervals), the intervals (i - length + 1) / decay_step_size; a zero decay_step_size or rate keeps both."""
     low, high = p["cycle_min_lr"], p["cycle_max_lr"]
     first = float(p.get("cycle_first_step_size", 2000))
     second = float(p.get("cycle_second_step_size") or first)
     total, rising = first + second, first / (first + second)
     decay_size = p.get("decay_step_size", 0)
+    lr_rate, mom_rate = p.get("decay_lr_rate", 0.0), p.get("decay_mom_rate", 0.0)
     low_mom, high_mom = p.get("cycle_min_mom", 0.8), p.get("cycle_max_mom", 0.9)
 
-    def scale(i: int) -> float:
-        x = 1.0 + i / total - math.floor(1 + i / total)
+    def scale(step: int) -> float:
+        x = 1.0 + step / total - math.floor(1 + step / total)
         return x / rising if x <= rising else (x - 1) / (rising - 1)
 
-    def decay(i: int) -> float:  # decay_step_size 0: no decay after the cycle, as DeepSpeed documents it
-        return (i - total) / decay_size if decay_size else 0.0
+    def intervals(step: int) -> float:
+        return (step - total) / decay_size
 
     def rate(step: int) -> float:
-        i = step - 1
-        if i < 0:
+        if step < 1:
+            return low  # the constructor's
+        if step - 1 < total:
+            return low + (high - low) * scale(step)
+        if math.isclose(decay_size, 0) or math.isclose(lr_rate, 0):
             return low
-        if i <= total:
-            return low + (high - low) * scale(i)
-        return low * (1 + p.get("decay_lr_rate", 0.0) * decay(i))
+        return low / (1 + lr_rate * intervals(step))
 
     def momentum(step: int) -> float:
-        i = step - 1
-        if i < 0:
-            return low_mom
-        if i <= total:
-            return high_mom - (high_mom - low_mom) * scale(i)
-        return high_mom * (1 + p.get("decay_mom_rate", 0.0) * decay(i))
+        if step < 1:
+            return low_mom  # the constructor's
+        if step - 1 < total:
+            return high_mom - (high_mom - low_mom) * scale(step)
+        if math.isclose(decay_size, 0) or math.isclose(mom_rate, 0):
+            return high_mom
+        return high_mom * (1 + mom_rate * intervals(step))
 
     return rate, momentum if p.get("cycle_momentum", True) else None

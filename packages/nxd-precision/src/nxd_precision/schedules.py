@@ -175,6 +175,10 @@ class MomentumSchedule(LambdaLR):
         super().step(epoch)
         self.set_momentum()
 
+    def state_dict(self) -> dict[str, Any]:
+        """LambdaLR's state without the momentum function (a checkpoint holds values; the run supplies it)."""
+        return {key: value for key, value in super().state_dict().items() if key != "momentum"}
+
     def set_momentum(self) -> None:
         beta = self.momentum(self.last_epoch)
         for group in self.optimizer.param_groups:

@@ -149,8 +149,8 @@ class DeepSpeedSchedule(Section):
     )
     warmup_min_lr: float = key(0.0, "WarmupLR, WarmupDecayLR: the first rate.", by=APP, ge=0.0,
                                status=Status.EXTENSION, note=_DS)  # fmt: skip
-    warmup_max_lr: float = key(0.001, "WarmupLR, WarmupDecayLR: the rate after warmup.", by=APP, ge=0.0,
-                               status=Status.EXTENSION, note=_DS)  # fmt: skip
+    warmup_max_lr: float | None = key(None, "WarmupLR, WarmupDecayLR: the rate after warmup; null: model.optim.lr.",
+                                      by=APP, ge=0.0, status=Status.EXTENSION, note=_DS)  # fmt: skip
     warmup_num_steps: int = key(1000, "Warmup steps (at least 2, as DeepSpeed takes it).", by=APP, ge=0,
                                 status=Status.EXTENSION, note=_DS)  # fmt: skip
     warmup_type: Literal["log", "linear"] = key("log", "The warmup's rise: log(i + 1) / log(n) or i / n.", by=APP,
@@ -165,7 +165,7 @@ class DeepSpeedSchedule(Section):
                                      status=Status.EXTENSION, note=_DS)  # fmt: skip
     cycle_max_lr: float | None = key(None, "OneCycle: the high rate (required).", by=APP, ge=0.0,
                                      status=Status.EXTENSION, note=_DS)  # fmt: skip
-    decay_lr_rate: float = key(0.0, "OneCycle: after the cycle, cycle_min_lr x (1 + rate x intervals).", by=APP,
+    decay_lr_rate: float = key(0.0, "OneCycle: after the cycle, cycle_min_lr / (1 + rate x intervals).", by=APP,
                                status=Status.EXTENSION, note=_DS)  # fmt: skip
     cycle_first_step_size: int = key(2000, "OneCycle: steps of the rise.", by=APP, ge=1, status=Status.EXTENSION,
                                      note=_DS)  # fmt: skip
@@ -200,6 +200,10 @@ class DeepSpeedSchedule(Section):
                   "OneCycle": ("cycle_min_lr", "cycle_max_lr")}.get(self.type, ())  # fmt: skip
         if missing := [name for name in needed if getattr(self, name) is None]:
             raise ValueError(f"{self.type} needs {', '.join(missing)}; found nothing")
+        warmup = max(2, self.warmup_num_steps)
+        if self.type == "WarmupCosineLR" and self.total_num_steps <= warmup:
+            raise ValueError(f"WarmupCosineLR decays from warmup_num_steps ({warmup}, at least 2) to total_num_steps; "
+                             f"expected total_num_steps above it, found {self.total_num_steps}")  # fmt: skip
         return self
 
 
