@@ -31,7 +31,7 @@ def test_the_noise_scale_is_neox_estimator_worked_by_hand():
     assert math.isclose(seen[4], trace / squared, rel_tol=1e-12)
 
 
-def test_the_noise_scale_keeps_its_sum_on_the_host_when_offloaded():
+def test_the_noise_scale_with_offload_and_a_missing_gradient():
     noise = GradientNoiseScale(4, 2, offload=True)
     for gradient in ([1.0, 2.0], [3.0, 0.0]):
         noise.update({"a": torch.tensor(gradient)})

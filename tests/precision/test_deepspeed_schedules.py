@@ -93,3 +93,18 @@ def test_a_run_steps_with_the_schedule_and_resumes_it(tmp_path, train_here):
     (step_2,) = (tmp_path / "run0" / "checkpoints").glob("*step=2*")
     resumed = [row for row in train_here(*job, f"+exp_manager.resume_from_checkpoint={step_2}") if "loss" in row]
     assert [(row["lr"], row["loss"]) for row in resumed] == [(row["lr"], row["loss"]) for row in whole[2:]]
+
+
+def test_one_cycle_stairs_are_noticed_as_doing_nothing():
+    import warnings
+
+    from nxd_config import ConfigNotice, load_config
+    from nxd_train.cli import default_config_path
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_config(default_config_path(), ["~model.optim.sched", "+model.optim.sched={name: DeepSpeedSchedule, "
+                                            "type: OneCycle, cycle_min_lr: 0.01, cycle_max_lr: 0.1, "
+                                            "cycle_first_stair_count: 4}"])  # fmt: skip
+    assert any("cycle_first_stair_count: accepted, changes nothing" in str(w.message) for w in caught
+               if issubclass(w.category, ConfigNotice))

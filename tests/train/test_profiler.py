@@ -54,6 +54,11 @@ def test_memory_records_go_where_named_and_no_window_costs_nothing(tmp_path):
         False, True, tmp_path / "mem", 11, 13)  # fmt: skip
 
 
+def test_a_memory_dir_without_memory_records_is_refused():
+    with pytest.raises(ConfigError, match="exp_manager.profiler.memory_dir: names where memory records go"):
+        load_config(default_config_path(), ["+exp_manager.profiler.memory_dir=mem"])
+
+
 def test_a_window_that_ends_before_it_starts_is_refused():
     with pytest.raises(ConfigError) as caught:
         load_config(default_config_path(), ["+exp_manager.profiler.start_step=5", "+exp_manager.profiler.stop_step=4"])

@@ -88,7 +88,7 @@ def _train(run: Run) -> Path:
             window_time, window_steps = window_time + time.perf_counter() - started, window_steps + 1
             run.monitor.advance()
             done = step + 1
-            if done % cadence.log_every_n_steps == 0 or done == run.steps:
+            if cadence.log_due(done, run.steps):
                 shown = log_values(run, values, epoch, done, window_time / window_steps)
                 skipped = guard.skipped + (0 if run.scaler is None else run.scaler.skipped)
                 run.monitor.metrics(done, shown | ({"skipped_steps": skipped} if skipped else {}))
@@ -211,7 +211,7 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     run.optimizer.collect_gradients()
     if run.scaler is not None:
         run.scaler.unscale_(run.optimizer.gradient_tensors)
-    logged = step % run.plan.cadence.log_every_n_steps == 0 or step == run.steps
+    logged = run.plan.cadence.log_due(step, run.steps)
     statistics = {} if run.statistics is None else run.statistics.gradients(run.optimizer, logged)
     grad_norm = gradient_norm(run)
     sums = {"loss": totals.loss, **{name: totals.metrics.get(name, torch.zeros_like(totals.loss))

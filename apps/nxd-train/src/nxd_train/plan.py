@@ -54,6 +54,10 @@ class Cadence:
     """The tokenizer's decoding, with which validation and test also log the character-level perplexity
     (GPT-NeoX's char_level_ppl)."""
 
+    def log_due(self, done: int, steps: int) -> bool:
+        """Whether optimizer step `done` (counted from 1) of a run of `steps` is logged."""
+        return done % self.log_every_n_steps == 0 or done == steps
+
     def total_steps(self, steps_per_epoch: int) -> int:
         """max_steps and max_epochs, whichever ends first (-1 means unbounded)."""
         bounds = [self.max_steps] if self.max_steps > 0 else []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -268,10 +268,10 @@ def precision_policy(cfg: NxdConfig) -> PrecisionPolicy:
     )  # fmt: skip
 
 
-def loss_scaling(cfg: NxdConfig) -> LossScaling | None:
-    """fp16's loss scaling from the `precision` keys (None for the other types)."""
+def loss_scaling(cfg: NxdConfig, policy: PrecisionPolicy) -> LossScaling | None:
+    """The loss scaling of `policy`'s fp16 from the `precision` keys (None without fp16)."""
     p = cfg.precision
-    if p.type not in ("fp16", "fp16_autocast"):
+    if not policy.needs_loss_scaling:
         return None
     return LossScaling(loss_scale=p.loss_scale, initial_scale_power=p.initial_scale_power,
                        loss_scale_window=p.loss_scale_window, hysteresis=p.hysteresis,
@@ -481,8 +481,10 @@ def _capturable_off(cfg: NxdConfig) -> str | None:
     return "distributed_strategy.cpu_offload steps on host tensors" if cfg.distributed_strategy.cpu_offload else None
 
 
-def _settings(cfg: NxdConfig, world: LaunchWorld | None = None, job: Job | None = None) -> dict:
-    """The loop's settings: cadence, launch, batches, update, logging and checkpoints."""
+def _settings(cfg: NxdConfig, policy: PrecisionPolicy, decode: Callable[[list[int]], str] | None,
+              world: LaunchWorld | None = None, job: Job | None = None) -> dict:  # fmt: skip
+    """The loop's settings: cadence, launch, batches, update, logging and checkpoints; `decode` counts the
+    characters of evaluated samples (trainer.char_level_ppl)."""
     t, exp, d, optim = cfg.trainer, cfg.exp_manager, cfg.data, cfg.model.optim
     ds = cfg.distributed_strategy
     options = {name: getattr(optim, name) for name in type(optim).model_fields if name not in ("name", "sched")}
@@ -495,7 +497,7 @@ def _settings(cfg: NxdConfig, world: LaunchWorld | None = None, job: Job | None 
                         val_check_interval=t.val_check_interval, check_val_every_n_epoch=t.check_val_every_n_epoch,
                         num_sanity_val_steps=t.num_sanity_val_steps, limit_val_batches=t.limit_val_batches,
                         limit_test_batches=t.limit_test_batches, early_stopping=_early_stopping(cfg),
-                        exit_interval=t.exit_interval),
+                        exit_interval=t.exit_interval, decode=decode),
         launch=Launch(devices=t.devices, num_nodes=t.num_nodes, tp=ds.tensor_model_parallel_size,
                       pp=ds.pipeline_model_parallel_size, cp=ds.context_parallel_size,
                       ep=ds.expert_model_parallel_size, seed=cfg.seed,
@@ -514,7 +516,7 @@ def _settings(cfg: NxdConfig, world: LaunchWorld | None = None, job: Job | None 
                       schedule=None if sched is None else sched.name,
                       schedule_options={} if sched is None else sched.model_dump(exclude={"name"}),
                       clip=t.gradient_clip_val, on_nonfinite=t.on_nonfinite,
-                      max_consecutive_nonfinite=t.max_consecutive_nonfinite, loss_scaling=loss_scaling(cfg)),
+                      max_consecutive_nonfinite=t.max_consecutive_nonfinite, loss_scaling=loss_scaling(cfg, policy)),
         logging=Logging(name=cfg.name, exp_name=exp.name or cfg.name, explicit_log_dir=_path(exp.explicit_log_dir),
                         exp_dir=_path(exp.exp_dir), gradient_norm=exp.log_gradient_norm,
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
@@ -831,9 +833,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
                       ConfigNotice, stacklevel=2)  # fmt: skip
     if problems:
         raise PreflightError(list(dict.fromkeys(problems)))
-    settings = _settings(cfg, world, job)
-    settings["cadence"] = replace(settings["cadence"], decode=decode)
     return RunPlan(family, data, seq_length, layout=layout, policy=policy, objective=_objective(cfg),
                    adapters=_adapters(cfg, resume),
                    reference=None if data is None else _reference(cfg, resume, family, data, policy),
-                   resume=resume, log_dir=log_dir, identity=identity, **settings)  # fmt: skip
+                   resume=resume, log_dir=log_dir, identity=identity,
+                   **_settings(cfg, policy, decode, world, job))  # fmt: skip

@@ -244,6 +244,14 @@ def character_level_perplexity_of_pretraining(c: NxdConfig) -> Iterator[Finding]
 
 
 @rule
+def profiler_memory_dir_needs_memory(c: NxdConfig) -> Iterator[Finding]:
+    p, path = c.exp_manager.profiler, "exp_manager.profiler.memory_dir"
+    if p.memory_dir is not None and not p.memory:
+        yield error(path, "names where memory records go; expected exp_manager.profiler.memory True with it, found "
+                    "False", path, "exp_manager.profiler.memory")  # fmt: skip
+
+
+@rule
 def context_parallel_needs_ring_attention(c: NxdConfig) -> Iterator[Finding]:
     cp = c.distributed_strategy.context_parallel_size
     if cp > 1 and not c.model.fusions.ring_attention:
@@ -655,6 +663,18 @@ def deepspeed_schedule_needs_a_rate(c: NxdConfig) -> Iterator[Finding]:
     if sched is not None and sched.name == "DeepSpeedSchedule" and sched.type != "WarmupCosineLR" and optim.lr == 0:
         yield error("model.optim.lr", f"{sched.type} sets its rates as multiples of this one; expected more than 0, "
                     "found 0", "model.optim.lr", "model.optim.sched")  # fmt: skip
+
+
+@rule
+def one_cycle_stairs_are_not_read(c: NxdConfig) -> Iterator[Finding]:
+    sched = None if c.model.optim is None else c.model.optim.sched
+    if sched is None or sched.name != "DeepSpeedSchedule":
+        return
+    for name in ("cycle_first_stair_count", "cycle_second_stair_count"):
+        if sched.is_set(name):
+            path = f"model.optim.sched.{name}"
+            yield notice(path, "accepted, changes nothing: DeepSpeed's OneCycle never reads it, so its cycle (and "
+                         "nxd's) is continuous", path)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- trainer, data, checkpoints

@@ -49,7 +49,6 @@ class SequenceCurriculum:
         return min(grown - grown % self.length_step, self.max_length)
 
 
-
 def truncate(batch: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
     """`batch` with every per-token entry (two or more dimensions) cut to its first `length` tokens; per-row
     entries stay."""

@@ -61,7 +61,7 @@ def global_norm(tensors: Iterable[torch.Tensor], across: ProcessGroup | None = N
 def global_squares(parts: Sequence[tuple[torch.Tensor, tuple]], across: ProcessGroup | None = None,
                    device: torch.device | None = None) -> torch.Tensor:  # fmt: skip
     """The sum of squares of local `parts`, each with the groups over which its tensor's other parts lie (as
-    `_local_part_and_groups` gives them), over every rank; `across` as for `global_norm`. The sums meet on
+    `local_part_and_groups` gives them), over every rank; `across` as for `global_norm`. The sums meet on
     `device` (default: the parts'), so parts kept on the host reduce where the groups communicate."""
     by_groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for local, groups in parts:

@@ -13,8 +13,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-DEEPSPEED_SCHEDULES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest")
-
 
 def deepspeed_schedule(kind: str, p: Mapping[str, Any], lr: float
                        ) -> tuple[Callable[[int], float], Callable[[int], float] | None]:  # fmt: skip

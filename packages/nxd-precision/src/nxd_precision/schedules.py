@@ -157,9 +157,12 @@ def build_scheduler(optimizer: Optimizer, name: str | None, options: Mapping[str
     """A LambdaLR over every parameter group: schedule `name` (None: a constant learning rate)."""
     if name is None or lr == 0:
         return LambdaLR(optimizer, lambda step: 1.0)
-    function = schedule_function(name, options, lr, run_steps)
-    if name == "DeepSpeedSchedule" and (momentum := deepspeed_schedule(options["type"], options, lr)[1]):
-        return MomentumSchedule(optimizer, lambda step: function(step) / lr, momentum)
+    if name == "DeepSpeedSchedule":
+        function, momentum = deepspeed_schedule(options["type"], options, lr)
+        if momentum is not None:
+            return MomentumSchedule(optimizer, lambda step: function(step) / lr, momentum)
+    else:
+        function = schedule_function(name, options, lr, run_steps)
     return LambdaLR(optimizer, lambda step: function(step) / lr)
 
 
