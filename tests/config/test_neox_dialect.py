@@ -791,7 +791,9 @@ def test_resume_keys(tmp_path):
 
 def test_data_keys(tmp_path):
     d = load(tmp_path, {**MODEL, "data_path": "data/x_text_document", "split": "949,50,1"}).data
-    assert (d.data_prefix, d.splits_string, d.data_impl) == ("data/x_text_document", "949,50,1", "mmap")
+    assert (d.data_prefix, d.splits_string, d.data_impl) == ("data/x_text_document", "949,50,1", "infer")
+    for impl in ("mmap", "cached"):  # NeoX's default is infer: the file's magic decides
+        assert load(tmp_path, {**MODEL, "data_path": "d", "data_impl": impl}).data.data_impl == impl
     paths = {"train_data_paths": ["a", "b"], "train_data_weights": [2.0, 1.0], "valid_data_paths": ["c"],
              "test_data_paths": ["d"]}  # fmt: skip
     blends = load(tmp_path, {**MODEL, **paths}).data.data_prefix

@@ -370,3 +370,28 @@ def test_a_neox_run_trains_on_unpacked_documents(tmp_path, corpus, tokenizer_fil
     assert result.returncode == 0, result.stderr[-3000:]
     found = losses(read_metrics(tmp_path / "checkpoints"))
     assert len(found) == 3 and all(loss == loss for loss in found), found
+
+
+@pytest.mark.slow
+def test_a_neox_run_on_the_older_cached_format_trains_as_on_mmap(tmp_path, corpus, tokenizer_file, gpt2_files,
+                                                                 sentencepiece_dir):  # fmt: skip
+    """data_impl: cached reads the same documents rewritten in the older format (as NeoX's builder lays them
+    out) to the very same losses."""
+    from nxd_data import IndexedDataset
+
+    from tests.data.test_legacy_index import write_legacy
+
+    setup, expected = _train("pythia", tmp_path / "mmap", corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    written = yaml.safe_load(setup.read_text())
+    text = IndexedDataset(written["data_path"])
+    legacy = tmp_path / "cached" / "data" / "enwik8_text_document"
+    legacy.parent.mkdir(parents=True)
+    write_legacy(legacy, [text[i].tolist() for i in range(len(text))], text.dtype.name,
+                 ends=text.document_indices[1:].tolist())  # fmt: skip
+    folders = {key: str(tmp_path / "cached" / Path(value).name) for key, value in written.items()
+               if key in ("save", "load", "tensorboard_dir", "log_dir")}  # fmt: skip
+    cached = tmp_path / "cached" / "local_setup.yml"
+    cached.write_text(json.dumps({**written, **folders, "data_path": str(legacy)}))
+    result = run_command(str(NEOX / "pythia.yml"), str(cached), "data_impl=cached", cwd=tmp_path / "cached")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(read_metrics(tmp_path / "cached" / "checkpoints")) == expected

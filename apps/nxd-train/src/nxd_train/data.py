@@ -264,7 +264,8 @@ def build_datasets(data: DataConfig, seq_length: int, cache_dir: Path, *, train_
         prefix, index_dir = _builtin_prefix(corpus, tokenizer, cache_dir), str(cache_dir / "index-cache")
     builder = MegatronDataBuilder(format, seed, Path(index_dir) if index_dir else None, warmup=not data.skip_warmup,
                                   documents_alpha=data.blend_by_documents, labels=_labels(data, prefix),
-                                  packing=data.pack_impl, allow_chopped=data.allow_chopped)  # fmt: skip
+                                  packing=data.pack_impl, allow_chopped=data.allow_chopped,
+                                  impl=data.data_impl)  # fmt: skip
     splits = builder.build(prefix, data.splits_string, [train_samples, None, None])
     if splits["train"] is None:
         raise DataError(f"data.splits_string: {data.splits_string!r} leaves no documents for training")
@@ -381,13 +382,13 @@ def _document_splits(data: DataConfig, seq_length: int, preference: DPOConfig | 
     name = "example_documents" if kto else "pair_documents"
     shared = {"seq_length": seq_length, "pad_id": tokenizer.eod_id, "allow_chopped": data.allow_chopped,
               "vocab_size": tokenizer.vocab_size}  # fmt: skip
-    splits, notes = {}, []
+    splits, notes, impl = {}, [], data.data_impl
     for split in ("train", "validation", "test"):
         if (files := getattr(sections, split)) is None:
             continue
         where = f"data.{name}.{split}"
         if kto:
-            dataset = ExampleDocuments(DocumentFiles(files.documents, files.labels, files.reference, where),
+            dataset = ExampleDocuments(DocumentFiles(files.documents, files.labels, files.reference, where, impl),
                                        files.rewards, rewards_where=f"{where}.rewards", **shared)  # fmt: skip
             if split == "train" and not (dataset.desirable and dataset.undesirable):
                 raise DataError(f"{where}.rewards: KTO learns from both kinds of example; expected desirable (reward "
@@ -397,9 +398,10 @@ def _document_splits(data: DataConfig, seq_length: int, preference: DPOConfig | 
             notes.append(f"{where}: {len(dataset)} KTO examples, {dataset.desirable} desirable, {dataset.undesirable} "
                          f"undesirable" + (f", {neutral} with reward 0 (no loss)" if neutral else ""))  # fmt: skip
         else:
-            dataset = PairDocuments(DocumentFiles(files.chosen, files.chosen_labels, files.chosen_reference, where),
+            dataset = PairDocuments(DocumentFiles(files.chosen, files.chosen_labels, files.chosen_reference, where,
+                                                  impl),
                                     DocumentFiles(files.rejected, files.rejected_labels, files.rejected_reference,
-                                                  where),
+                                                  where, impl),
                                     scores=scores, **shared)  # fmt: skip
             notes.append(f"{where}: {len(dataset)} preference pairs")
         long = "" if data.allow_chopped else "longer than seq_length + 1 tokens or "

@@ -42,18 +42,20 @@ example adds nothing to the loss but still counts in its half's KL estimate."""
 @dataclass(frozen=True)
 class DocumentFiles:
     """One side of the data: a token file and its optional label and reference files (prefixes),
-    with the config key each was given under (named in errors)."""
+    with the config key each was given under (named in errors) and the indexed format expected
+    (data.data_impl)."""
 
     tokens: str
     labels: str | None = None
     reference: str | None = None
     where: str = "data"
+    impl: str = "infer"
 
 
-def _open(prefix: str, where: str) -> IndexedDataset:
+def _open(prefix: str, where: str, impl: str) -> IndexedDataset:
     """The indexed dataset at `prefix`; a DataError names the config key it was given under."""
     try:
-        return IndexedDataset(prefix)
+        return IndexedDataset(prefix, impl=impl)
     except DataError as error:
         raise DataError(f"{where}: {error}") from None
 
@@ -63,7 +65,7 @@ class _Side:
 
     def __init__(self, files: DocumentFiles, vocab_size: int | None, seq_length: int):
         self.files = files
-        self.tokens = _open(files.tokens, files.where)
+        self.tokens = _open(files.tokens, files.where, files.impl)
         if vocab_size is not None and len(self.tokens.tokens):
             outside = (self.tokens.tokens < 0) | (self.tokens.tokens >= vocab_size)
             if outside.any():
@@ -79,7 +81,7 @@ class _Side:
     def _labels(self, prefix: str | None) -> IndexedDataset | None:
         if prefix is None:
             return None
-        dataset = _open(prefix, self.files.where)
+        dataset = _open(prefix, self.files.where, self.files.impl)
         if len(dataset) != len(self.tokens):
             raise DataError(f"{self.files.where}: labels file {prefix}: expected {len(self.tokens)} documents (those "
                             f"of {self.files.tokens}), found {len(dataset)}")  # fmt: skip
@@ -95,7 +97,7 @@ class _Side:
         seq_length a document, padding included)."""
         if prefix is None:
             return None
-        dataset = _open(prefix, self.files.where)
+        dataset = _open(prefix, self.files.where, self.files.impl)
         if dataset.dtype.kind != "f":
             raise DataError(f"{self.files.where}: reference file {prefix}: expected float log-probs, found "
                             f"{dataset.dtype}")  # fmt: skip
@@ -243,7 +245,7 @@ class ExampleDocuments(_Documents):
     def __init__(self, files: DocumentFiles, rewards: str, seq_length: int, pad_id: int, *,
                  allow_chopped: bool = True, rewards_where: str = "data", vocab_size: int | None = None):  # fmt: skip
         self.sides = (_Side(files, vocab_size, seq_length),)
-        self.rewards = _open(rewards, rewards_where)
+        self.rewards = _open(rewards, rewards_where, files.impl)
         documents = len(self.sides[0])
         if len(self.rewards) != documents:
             raise DataError(f"{rewards_where}: {rewards}: expected one reward document per document of "

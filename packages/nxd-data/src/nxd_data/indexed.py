@@ -8,6 +8,9 @@ little-endian:
           document indices int64[d] (0, ..., n: sequence boundaries of documents)
     .bin  the tokens of every sequence, back to back, in the dtype of the code
 
+The older format (`data_impl: cached`, magic TNTIDX) is read too: `legacy_index` turns its index into
+these arrays.
+
 Files are written under temporary names and renamed when complete, so a crashed writer never leaves
 a half-written dataset under the real name.
 """
@@ -27,6 +30,7 @@ import numpy as np
 
 from .errors import DataError
 from .files import new_temporary
+from .legacy_index import LEGACY_MAGIC, read_legacy_index
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -57,7 +61,8 @@ class IndexedDataset:
     a DataError naming the file.
     """
 
-    def __init__(self, prefix: str | os.PathLike, *, warmup: bool = False):
+    def __init__(self, prefix: str | os.PathLike, *, warmup: bool = False, impl: str = "infer"):
+        """`impl` (data.data_impl): mmap or cached insists on that format, infer reads either."""
         self.prefix = os.fspath(prefix)
         self.index_path, self.bin_path = data_files(prefix)
         missing = [str(path) for path in (self.index_path, self.bin_path) if not path.is_file()]
@@ -67,27 +72,22 @@ class IndexedDataset:
         if (size := self.index_path.stat().st_size) < _HEADER.size:  # an empty file cannot be memory-mapped
             raise DataError(f"{self.index_path}: expected an index header of {_HEADER.size} bytes, found a "
                             f"{size}-byte file")  # fmt: skip
-        index = np.memmap(self.index_path, dtype=np.uint8, mode="r")
-        magic, version, code, count, documents = _HEADER.unpack(index[: _HEADER.size].tobytes())
-        if magic != MAGIC:
-            raise DataError(
-                f"{self.index_path}: expected the magic {MAGIC!r} of a Megatron mmap index, found {magic!r}"
-            )
-        if version != VERSION:
-            raise DataError(f"{self.index_path}: expected index version {VERSION}, found {version}")
-        if code not in DTYPE_CODES:
-            raise DataError(f"{self.index_path}: expected a dtype code in {sorted(DTYPE_CODES)}, found {code}")
-        self.dtype = np.dtype(DTYPE_CODES[code])
-        expected = _HEADER.size + count * 4 + count * 8 + documents * 8
-        if index.size != expected:
-            raise DataError(f"{self.index_path}: expected {expected} bytes for {count} sequences and {documents} "
-                            f"document indices, found {index.size} (truncated or not an index)")  # fmt: skip
-        offset = _HEADER.size
-        self.sizes = np.frombuffer(index, dtype=np.int32, count=count, offset=offset)
-        self.pointers = np.frombuffer(index, dtype=np.int64, count=count, offset=offset + count * 4)
-        if code in FLOAT_CODES:
-            self.dtype = self._float_width(self.dtype)
-        self.document_indices = np.frombuffer(index, dtype=np.int64, count=documents, offset=offset + count * 12)
+        with self.index_path.open("rb") as file:
+            magic = file.read(len(MAGIC))
+        legacy = magic.startswith(LEGACY_MAGIC)
+        if impl == "mmap" and legacy:
+            raise DataError(f"{self.index_path}: data_impl mmap expected a Megatron mmap index, found the older "
+                            "cached format (magic TNTIDX); set data_impl: cached or infer")  # fmt: skip
+        if impl == "cached" and not legacy:
+            raise DataError(f"{self.index_path}: data_impl cached expected the older indexed format (magic "
+                            f"{LEGACY_MAGIC!r}), found {magic!r}; set data_impl: mmap or infer")  # fmt: skip
+        if legacy:
+            index = read_legacy_index(self.index_path)
+            self.dtype, self.sizes, self.pointers = index.dtype, index.sizes, index.pointers
+            self.document_indices = index.document_indices
+        else:
+            self._read_mmap_index()
+        count, documents = len(self.sizes), len(self.document_indices)
         if documents and (self.document_indices[0] != 0 or self.document_indices[-1] != count):
             raise DataError(f"{self.index_path}: expected document indices from 0 to {count}, found "
                             f"{self.document_indices[0]} to {self.document_indices[-1]}")  # fmt: skip
@@ -112,6 +112,29 @@ class IndexedDataset:
                 with path.open("rb") as file:
                     while file.read(WARMUP_CHUNK):
                         pass
+
+    def _read_mmap_index(self) -> None:
+        index = np.memmap(self.index_path, dtype=np.uint8, mode="r")
+        magic, version, code, count, documents = _HEADER.unpack(index[: _HEADER.size].tobytes())
+        if magic != MAGIC:
+            raise DataError(
+                f"{self.index_path}: expected the magic {MAGIC!r} of a Megatron mmap index, found {magic!r}"
+            )
+        if version != VERSION:
+            raise DataError(f"{self.index_path}: expected index version {VERSION}, found {version}")
+        if code not in DTYPE_CODES:
+            raise DataError(f"{self.index_path}: expected a dtype code in {sorted(DTYPE_CODES)}, found {code}")
+        self.dtype = np.dtype(DTYPE_CODES[code])
+        expected = _HEADER.size + count * 4 + count * 8 + documents * 8
+        if index.size != expected:
+            raise DataError(f"{self.index_path}: expected {expected} bytes for {count} sequences and {documents} "
+                            f"document indices, found {index.size} (truncated or not an index)")  # fmt: skip
+        offset = _HEADER.size
+        self.sizes = np.frombuffer(index, dtype=np.int32, count=count, offset=offset)
+        self.pointers = np.frombuffer(index, dtype=np.int64, count=count, offset=offset + count * 4)
+        if code in FLOAT_CODES:
+            self.dtype = self._float_width(self.dtype)
+        self.document_indices = np.frombuffer(index, dtype=np.int64, count=documents, offset=offset + count * 12)
 
     def _float_width(self, listed: np.dtype) -> np.dtype:
         """Codes 6 and 7 are float64 and float32 in Megatron-LM but float32 and float64 in GPT-NeoX (its

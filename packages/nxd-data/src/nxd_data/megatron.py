@@ -42,17 +42,18 @@ class MegatronDataBuilder:
 
     def __init__(self, format: SampleFormat, seed: int, cache_dir: Path | None, *, warmup: bool = False,
                  documents_alpha: float | None = None, labels: Mapping[str, str] | None = None,
-                 packing: str = "packed", allow_chopped: bool = True):  # fmt: skip
+                 packing: str = "packed", allow_chopped: bool = True, impl: str = "infer"):  # fmt: skip
         """`labels`: data prefix -> the prefix of its label file (labels read in place of the shifted tokens);
-        `packing` other than packed: samples of whole documents (`WholeDocumentDataset`)."""
-        self.format, self.seed, self.cache_dir, self.warmup = format, seed, cache_dir, warmup
+        `packing` other than packed: samples of whole documents (`WholeDocumentDataset`); `impl`: the
+        indexed format expected (data.data_impl)."""
+        self.format, self.seed, self.cache_dir, self.warmup, self.impl = format, seed, cache_dir, warmup, impl
         self.documents_alpha, self.labels = documents_alpha, dict(labels or {})
         self.packing, self.allow_chopped = packing, allow_chopped
         self._opened: dict[str, IndexedDataset] = {}
 
     def open(self, prefix: str) -> IndexedDataset:
         if prefix not in self._opened:
-            self._opened[prefix] = IndexedDataset(prefix, warmup=self.warmup)
+            self._opened[prefix] = IndexedDataset(prefix, warmup=self.warmup, impl=self.impl)
         return self._opened[prefix]
 
     def build(self, data_prefix: Blend | Mapping[str, Blend | None], splits_string: str,

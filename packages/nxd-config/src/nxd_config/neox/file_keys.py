@@ -14,11 +14,8 @@ def data_keys(a: Arguments, t: Translation) -> None:
     post_training = a["train_impl"] in ("dpo", "kto", "rm")
     if not post_training:
         _pretraining_paths(a, t)
-    impl = choice(t, a, "data_impl", ("infer", "mmap", "cached"))
-    if impl == "cached":
-        t.refuse("data_impl", "expected mmap (or infer): the older cached format is not read by nxd; preprocess the "
-                 "data again")  # fmt: skip
-    t.set("data.data_impl", "mmap", "data_impl")
+    if (impl := choice(t, a, "data_impl", ("infer", "mmap", "cached"))) is not None:
+        t.set("data.data_impl", impl, "data_impl")
     if (pack := choice(t, a, "pack_impl", ("packed", "pack_until_overflow", "unpacked"))) is not None:
         t.set("data.pack_impl", pack, "pack_impl")
     if (chopped := typed(t, a, "allow_chopped", bool, "true or false")) is not None:

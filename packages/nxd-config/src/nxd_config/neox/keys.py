@@ -414,7 +414,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "each split's paths weighted by their document counts, the listed weights replaced (as in NeoX)"),
     ("weighted_sampler_alpha", "Training", 1.0, M, "data.blend_by_documents", "the alpha of that weighting"),
     ("data_impl", "Training", "infer", M, "data.data_impl",
-     "infer and mmap read Megatron/NeoX .bin/.idx files; cached (the older format) is refused"),
+     "mmap reads the memory-mapped .bin/.idx files, cached the older indexed format (TNTIDX), infer either "
+     "by the file's magic"),
     ("pack_impl", "Training", "packed", M, "data.pack_impl",
      "packed: documents concatenated and cut every seq_length tokens; pack_until_overflow: shuffled whole "
      "documents joined while they fit; unpacked: one document a sample (padding not trained on)"),

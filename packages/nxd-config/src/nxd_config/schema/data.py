@@ -291,12 +291,12 @@ class DataConfig(Section):
     index_mapping_dir: str | None = key(
         None, "Where the sample/shuffle index files are cached; null: an index-cache folder next to the data.", by=DATA
     )
-    data_impl: Literal["mmap"] = key(
+    data_impl: Literal["mmap", "cached", "infer"] = key(
         "mmap",
-        "Indexed dataset implementation.",
+        "Indexed dataset format: mmap, the memory-mapped format Megatron-LM and GPT-NeoX write (magic MMIDIDX); "
+        "cached, the older indexed format (magic TNTIDX) as GPT-NeoX's IndexedCachedDataset reads it; infer, "
+        "either, by each file's magic. A file of the other format is an error naming it.",
         by=DATA,
-        status=Status.LIMITED,
-        note="only mmap (the format Megatron-LM and GPT-NeoX write)",
     )
     splits_string: Annotated[str, BeforeValidator(_splits_to_str), AfterValidator(_check_splits)] = key(
         "980,10,10", "Train,validation,test proportions of a single-blend dataset.", by=DATA
