@@ -426,8 +426,10 @@ def test_a_sparsity_config_without_sparse_layers_is_noticed(tmp_path):
     ({"zero_optimization": {"stage": 0, "cpu_offload": True}}, "zero_optimization.cpu_offload: expected ZeRO stage 1"),
     ({"zero_optimization": {"stage": 1, "cpu_offload": True}}, "zero_optimization (nxd: distributed_strategy."
      "cpu_offload): expected more than one data-parallel rank"),
-    ({"optimizer": {"type": "sm3", "params": {"lr": 1e-4}}}, "optimizer.type: expected Adam, AdamW, cpu_adam, sgd, "
-     "lion or madgrad_wd, found 'sm3': SM3 is not in nxd"),
+    ({"optimizer": {"type": "adagrad", "params": {"lr": 1e-4}}}, "optimizer.type: expected Adam, AdamW, cpu_adam, "
+     "sgd, lion, madgrad_wd or sm3, found 'adagrad'"),
+    ({"optimizer": {"type": "sm3", "params": {"lr": 1e-4, "betas": [0.9, 0.9]}}}, "optimizer.params.betas: unknown "
+     "parameter of sm3; expected one of beta, eps, lr, momentum (did you mean 'beta'?)"),
     ({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4}}}, "found 'OneBitAdam': onebitadam compresses "
      "DeepSpeed's engine's gradient communication"),
     ({"optimizer": {"type": "lion", "params": {"lr": 1e-4, "eps": 1e-8}}}, "optimizer.params.eps: unknown parameter "
@@ -832,6 +834,16 @@ def test_neox_optimizers_lion_and_madgrad_wd(tmp_path):
     madgrad = load(tmp_path, {**MODEL, "optimizer": {"type": "madgrad_wd", "params": {"lr": 0.01, "momentum": 0.8,
                                                                                      "eps": 1e-7}}}).model.optim
     assert (madgrad.name, madgrad.lr, madgrad.momentum, madgrad.eps) == ("madgrad_wd", 0.01, 0.8, 1e-7)
+
+
+def test_neox_sm3_takes_its_params_and_no_weight_decay(tmp_path):
+    """NeoX builds SM3(param_groups, **params): the groups' weight_decay is never read, so nxd's is 0."""
+    file = {**MODEL, "weight_decay": 0.01, "optimizer": {"type": "sm3", "params": {
+        "lr": 0.05, "momentum": 0.5, "beta": 0.9, "eps": 1e-20}}}  # fmt: skip
+    assert any("weight_decay: GPT-NeoX's SM3 applies no weight decay, so nxd trains without it too (found 0.01)"
+               in notice for notice in notices(tmp_path, file))  # fmt: skip
+    sm3 = load(tmp_path, file).model.optim
+    assert (sm3.name, sm3.lr, sm3.momentum, sm3.beta, sm3.eps, sm3.weight_decay) == ("sm3", 0.05, 0.5, 0.9, 1e-20, 0.0)
 
 
 def test_pack_impl_and_allow_chopped(tmp_path):

@@ -40,6 +40,7 @@ from nxd_parallel import (
     split_sequence,
 )
 from nxd_precision import Float8Spec, PrecisionOptimizer, prepare_parameters, resolve_policy
+from nxd_precision.neox_optimizers import SM3
 from nxd_precision.optimizers import parameter_groups
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -204,6 +205,8 @@ class Scenario:
     """Tokens per loss chunk (Megatron-style models); the one-process references use 0, whole logits."""
     attention: AttentionKernel = AttentionKernel.FLASH
     """The fusions keys' attention kernel (fused_softmax: flash_attention False, NxDT's Mixtral recipes)."""
+    optimizer: str = "adamw"
+    """adamw, or sm3 (GPT-NeoX's: accumulators over whole tensors, with momentum and weight decay)."""
 
     def built_family(self):  # noqa: ANN201
         family = model_family(self.spec(), self.attention)
@@ -246,7 +249,8 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     scales = family.optimizer_scales([name for name, p in model.named_parameters() if p.requires_grad], "adamw")
     optimizer = PrecisionOptimizer(model.parameters(), policy, lambda tensors: torch.optim.AdamW(
         tensors if scales is None else parameter_groups(tensors, 0.1, True, scales, 1e-3),
-        lr=1e-3, weight_decay=0.1, eps=1e-6, foreach=False))  # fmt: skip
+        lr=1e-3, weight_decay=0.1, eps=1e-6, foreach=False) if scenario.optimizer == "adamw" else SM3(
+        tensors, lr=1e-2, momentum=0.5, weight_decay=0.1, eps=1e-6))  # fmt: skip
     loss_mesh, rank = mesh.get("dp_cp"), mesh.data_parallel_rank
     dp, cp, cp_rank = dims.dp, dims.cp, mesh.rank("cp")
     per_rank = GLOBAL_BATCH // dp

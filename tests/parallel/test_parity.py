@@ -60,6 +60,9 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("mistral-pp2-sliding-window", "mistral", pp=2, layers=4, tied=False),
         Scenario("megatron-tp2-sp-bf16-reductions", tp=2, layout=Layout(sequence_parallel=True,
                                                                         reduce_dtype=torch.bfloat16)),  # fmt: skip
+        Scenario("megatron-sm3-dp2-zero1", layout=Layout(zero1=True), clip=0.5, optimizer="sm3"),
+        Scenario("megatron-sm3-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), optimizer="sm3"),
+        Scenario("hf-sm3-dp2-zero3", "hf", layout=Layout(zero1=True, zero3=True), optimizer="sm3"),
         *_pipeline_and_context_scenarios(),
         *_lora_scenarios(),
         *_mixture_of_experts_scenarios(),
@@ -305,7 +308,7 @@ DEFAULT_TWO = {
     "megatron-pp2-interleaved", "hf-pp2-cuts-documents", "hf-cp2-documents-selective-recompute",
     "megatron-lora-tp2-sp-fused-qkv-kv-replicator", "hf-lora-dp2-zero1-selective-recompute", "megatron-lora-pp2",
     "hf-lora-cp2", "moe-ep2-zero1-full-recompute", "moe-tp2-sp", "moe-pp2", "mixtral-tp2-sp",
-    "mixtral-capacity-ep2-zero1-full-recompute", "ds-moe-tp2-sp", "megatron-fp8-dp2-zero3",
+    "mixtral-capacity-ep2-zero1-full-recompute", "ds-moe-tp2-sp", "megatron-fp8-dp2-zero3", "megatron-sm3-dp2-zero1",
 }  # fmt: skip
 """One two-process scenario of each feature (layout, recompute kind, QKV form, model shape, LoRA, MoE) in the
 default suite; the rest of the matrix runs with --runslow."""
@@ -323,7 +326,7 @@ def _split(scenarios: list[Scenario], default: set[str], slow: bool) -> list[Sce
 
 def _key(scenario: Scenario) -> tuple:
     return (scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents, scenario.layers,
-            scenario.tied, scenario.lora, scenario.attention, scenario.fp8)  # fmt: skip
+            scenario.tied, scenario.lora, scenario.attention, scenario.fp8, scenario.optimizer)  # fmt: skip
 
 
 class _OneProcessRuns(dict):
@@ -333,7 +336,7 @@ class _OneProcessRuns(dict):
     def __missing__(self, key: tuple) -> dict:
         self[key] = train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
                                             layers=key[5], tied=key[6], lora=key[7], attention=key[8],
-                                            fp8=key[9], loss_chunk=0), world=1)  # fmt: skip
+                                            fp8=key[9], optimizer=key[10], loss_chunk=0), world=1)  # fmt: skip
         return self[key]
 
 

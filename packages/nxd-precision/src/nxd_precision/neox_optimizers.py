@@ -1,15 +1,17 @@
-"""GPT-NeoX's own optimizers, as its megatron/optimizers.py steps them: Lion and MADGRAD with decoupled
-weight decay (madgrad_wd). Neither is in torch; the PyPI packages differ from NeoX's (madgrad decays after
+"""GPT-NeoX's own optimizers, as its megatron/optimizers.py steps them: Lion, MADGRAD with decoupled
+weight decay (madgrad_wd) and SM3. None is in torch; the PyPI packages differ from NeoX's (madgrad decays after
 the step, from the old weights) or keep a global step counter outside the per-parameter state that
 torch's distributed checkpoints save, so they are written here, with those packages as test references."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 def _evaluate(closure: Callable[[], float] | None) -> float | None:
@@ -95,3 +97,82 @@ class MadgradWD(torch.optim.Optimizer):
                     p.mul_(momentum).add_(z, alpha=1 - momentum)
                 state["step"] += 1
         return loss
+
+
+class SM3(torch.optim.Optimizer):
+    """SM3-II (Anil et al. 2019, arXiv:1901.11150) as GPT-NeoX steps it: a tensor of shape (n1, ..., nk) keeps
+    one accumulator per axis, of shapes (n1, 1, ...), ..., (1, ..., nk). Each step nu = m + g^2, m the least of
+    the accumulators over each entry (with beta > 0: beta x m + (1 - beta) g^2), every accumulator becomes the greatest nu over its slice
+    (with beta > 0, the greater of that and its old value), and the update g / sqrt(nu + eps) is mixed with the
+    last one by `momentum`. Weight decay, which NeoX's SM3 does not apply, multiplies the weights by
+    1 - lr x weight_decay first.
+
+    The accumulators are over whole tensors: a sharded parameter (a DTensor) is stepped on its whole gradient,
+    which every rank gathers, so that every layout steps as one process does; each rank keeps the same
+    accumulators (a small fraction of the parameter) and its own shard of the momentum."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 0.1, momentum: float = 0.0, beta: float = 0.0,
+                 eps: float = 1e-30, weight_decay: float = 0.0) -> None:  # fmt: skip
+        if lr < 0 or not 0 <= momentum < 1 or not 0 <= beta < 1 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"sm3: expected lr >= 0, momentum and beta in [0, 1), eps >= 0 and weight_decay >= 0, "
+                             f"found lr {lr}, momentum {momentum}, beta {beta}, eps {eps}, "
+                             f"weight_decay {weight_decay}")  # fmt: skip
+        super().__init__(params, {"lr": lr, "momentum": momentum, "beta": beta, "eps": eps,
+                                  "weight_decay": weight_decay})  # fmt: skip
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = _evaluate(closure)
+        for group in self.param_groups:
+            lr, momentum, beta, eps, decay = (group[k] for k in ("lr", "momentum", "beta", "eps", "weight_decay"))
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, state = _whole(p.grad), self.state[p]
+                if not state:
+                    for axis, shape in enumerate(_accumulator_shapes(grad.shape)):
+                        state[f"accumulator_{axis}"] = grad.new_zeros(shape)
+                    if momentum > 0:
+                        state["momentum_buffer"] = torch.zeros_like(p)
+                accumulators = [state[f"accumulator_{axis}"] for axis in range(max(grad.ndim, 1))]
+                nu = functools.reduce(torch.minimum, accumulators).clone()
+                if beta > 0:  # SM3-II sums (beta 0); beta > 0 makes it a running average
+                    nu.mul_(beta)
+                nu.addcmul_(grad, grad, value=1 - beta)
+                for axis, accumulator in enumerate(accumulators):
+                    largest = _max_except(nu, axis)
+                    accumulator.copy_(torch.maximum(accumulator, largest) if beta > 0 else largest)
+                update = _shard_like(nu.add_(eps).rsqrt_().mul_(grad), p)
+                if momentum > 0:
+                    buffer = state["momentum_buffer"]
+                    buffer.mul_(momentum).add_(update, alpha=1 - momentum)
+                    update = buffer
+                if decay:
+                    p.mul_(1 - lr * decay)
+                p.sub_(update, alpha=lr)
+        return loss
+
+
+def _accumulator_shapes(shape: torch.Size) -> list[tuple[int, ...]]:
+    """One accumulator per axis, broadcasting along the others; a scalar keeps one of its own shape."""
+    if not shape:
+        return [()]
+    return [tuple(size if axis == other else 1 for other, size in enumerate(shape)) for axis in range(len(shape))]
+
+
+def _max_except(tensor: torch.Tensor, axis: int) -> torch.Tensor:
+    """The greatest value over every axis but `axis`, kept as size-1 axes."""
+    others = [other for other in range(tensor.ndim) if other != axis]
+    return tensor.amax(dim=others, keepdim=True) if others else tensor
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor a DTensor shards (gathered), or the tensor itself."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _shard_like(whole: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
+    """`whole` cut as `parameter` is sharded (every rank holds the same whole tensor: no communication)."""
+    if not isinstance(parameter, DTensor):
+        return whole
+    return distribute_tensor(whole, parameter.device_mesh, parameter.placements, src_data_rank=None)

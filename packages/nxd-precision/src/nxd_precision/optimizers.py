@@ -1,7 +1,7 @@
 """Optimizers by the names of NxDT's `model.optim.name`, built from plain keyword options.
 
 Adafactor is transformers' (imported only when asked for: `pip install nxd-precision[adafactor]`);
-NovoGrad is NeMo's variant (`novograd.py`), lion and madgrad_wd are GPT-NeoX's (`neox_optimizers.py`);
+NovoGrad is NeMo's variant (`novograd.py`), lion, madgrad_wd and sm3 are GPT-NeoX's (`neox_optimizers.py`);
 every other name is a torch optimizer.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .errors import PrecisionConfigError
-from .neox_optimizers import Lion, MadgradWD
+from .neox_optimizers import SM3, Lion, MadgradWD
 from .novograd import Novograd
 from .policy import PrecisionPolicy
 
@@ -30,9 +30,10 @@ _TORCH = {
     "novograd": Novograd,
     "lion": Lion,
     "madgrad_wd": MadgradWD,
+    "sm3": SM3,
 }
 OPTIMIZER_NAMES = (*_TORCH, "adafactor")
-_FOREACH = set(_TORCH) - {"novograd", "lion", "madgrad_wd"}
+_FOREACH = set(_TORCH) - {"novograd", "lion", "madgrad_wd", "sm3"}
 """The torch optimizers with a foreach (multi-tensor) implementation."""
 _FUSED = {"adamw", "adamw_fp32OptState", "adam", "sgd", "adagrad"}
 """Those with a fused kernel (one pass over each tensor's memory), on CPU and CUDA."""
@@ -124,7 +125,7 @@ def state_tensors(name: str, options: Mapping[str, Any]) -> int:
         return 3 if options.get("amsgrad") else 2
     if name in ("adamax", "adadelta", "rprop"):
         return 2
-    if name == "sgd":
+    if name in ("sgd", "sm3"):  # SM3's accumulators are one value per row, column, ...: left out
         return 1 if options.get("momentum") else 0
     if name == "rmsprop":
         return 1 + bool(options.get("momentum")) + bool(options.get("centered"))

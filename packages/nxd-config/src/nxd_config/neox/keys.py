@@ -533,9 +533,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("train_micro_batch_size_per_gpu", "DeepSpeed", None, M, "data.micro_batch_size", "see train_batch_size"),
     ("gradient_accumulation_steps", "DeepSpeed", 1, M, "data.global_batch_size", "see train_batch_size"),
     ("optimizer", "DeepSpeed", None, M, "model.optim",
-     "type Adam / AdamW (decoupled decay, as NeoX's fused Adam), cpu_adam (the same Adam, a notice), sgd, lion "
-     "and madgrad_wd (NeoX's own steps); sm3 and onebitadam are refused; params lr, betas, eps (sgd: momentum, "
-     "nesterov ...; madgrad_wd: momentum, eps)"),
+     "type Adam / AdamW (decoupled decay, as NeoX's fused Adam), cpu_adam (the same Adam, a notice), sgd, lion, "
+     "madgrad_wd and sm3 (NeoX's own steps); onebitadam is refused; params lr, betas, eps (sgd: momentum, "
+     "nesterov ...; madgrad_wd: momentum, eps; sm3: momentum, beta, eps, no weight decay as in NeoX)"),
     ("scheduler", "DeepSpeed", None, M, "model.optim.sched",
      "DeepSpeedSchedule: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle (with its momentum cycle) or "
      "LRRangeTest with DeepSpeed's params; DeeperSpeed, NeoX's DeepSpeed, runs the block's scheduler in place of "

@@ -17,6 +17,7 @@ ADAM_PARAMS = {"lr", "betas", "eps", "amsgrad", "adam_w_mode", "bias_correction"
 SGD_PARAMS = {"lr", "momentum", "dampening", "nesterov"}
 LION_PARAMS = {"lr", "betas"}
 MADGRAD_PARAMS = {"lr", "momentum", "eps"}
+SM3_PARAMS = {"lr", "momentum", "beta", "eps"}
 
 OFFLOAD = ("cpu_offload", "offload_optimizer", "offload_param", "cpu_offload_params")
 ZERO_TUNING = ("allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
@@ -232,13 +233,12 @@ def optimizer_keys(a: Arguments, t: Translation) -> None:
             t.refuse("optimizer.params.bias_correction", "expected true (torch's Adam always corrects the bias)")
     elif kind == "sgd":
         options, allowed = {"name": "sgd"}, SGD_PARAMS
-    elif kind in ("lion", "madgrad_wd"):  # NeoX's own (megatron/optimizers.py), weight decay from weight_decay
-        options, allowed = {"name": kind}, LION_PARAMS if kind == "lion" else MADGRAD_PARAMS
+    elif kind in ("lion", "madgrad_wd", "sm3"):  # NeoX's own (megatron/optimizers.py)
+        options, allowed = {"name": kind}, {"lion": LION_PARAMS, "madgrad_wd": MADGRAD_PARAMS, "sm3": SM3_PARAMS}[kind]
     else:
-        t.refuse("optimizer.type", f"expected Adam, AdamW, cpu_adam, sgd, lion or madgrad_wd, found "
+        t.refuse("optimizer.type", f"expected Adam, AdamW, cpu_adam, sgd, lion, madgrad_wd or sm3, found "
                  f"{show(block['type'])}" + {"onebitadam": ": onebitadam compresses DeepSpeed's engine's gradient "
-                 "communication, which nxd's engine (FSDP2) does not; use Adam", "sm3": ": SM3 is not in nxd"}.get(
-                     kind, ""))  # fmt: skip
+                 "communication, which nxd's engine (FSDP2) does not; use Adam"}.get(kind, ""))  # fmt: skip
         return
     for key, value in params.items():
         if key not in allowed:
@@ -250,6 +250,10 @@ def optimizer_keys(a: Arguments, t: Translation) -> None:
             options[key] = value
     options["lr"] = lr
     options["weight_decay"] = a["weight_decay"]
+    if kind == "sm3" and a["weight_decay"]:  # NeoX's SM3 takes no weight decay: its groups' values go unread
+        t.notice("weight_decay", f"GPT-NeoX's SM3 applies no weight decay, so nxd trains without it too (found "
+                 f"{a['weight_decay']})")  # fmt: skip
+        options["weight_decay"] = 0.0
     deepspeed = _deepspeed_schedule(a, t)
     options["sched"] = deepspeed or _schedule(a, t, lr)
     for key, value in options.items():

@@ -346,6 +346,17 @@ class MadgradWD(_Optimizer):
     eps: float = key(1e-6, "Added to the cube root of the sum of squares, and to lr.", by=APP, ge=0.0)
 
 
+class SM3(_Optimizer):
+    name: Literal["sm3"] = key(..., "SM3: Adagrad's adaptive rates from one accumulator per tensor axis (memory of "
+                               "a row and a column, not a matrix).", by=APP, status=Status.EXTENSION,
+                               note="GPT-NeoX's optimizer type sm3")  # fmt: skip
+    momentum: float = key(0.0, "Weight of the last update mixed into each step's (keeps one more tensor).", by=APP,
+                          ge=0.0, lt=1.0)  # fmt: skip
+    beta: float = key(0.0, "0: the accumulators sum squared gradients (SM3-II); above 0: the new square's share is "
+                      "1 - beta, a running average.", by=APP, ge=0.0, lt=1.0)  # fmt: skip
+    eps: float = key(1e-30, "Added under the square root.", by=APP, ge=0.0)
+
+
 class Adafactor(_Optimizer):
     name: Literal["adafactor"]
     lr: float | None = key(None, "Learning rate; null only with relative_step: True.", by=APP, ge=0.0)
@@ -370,11 +381,11 @@ class Adafactor(_Optimizer):
 
 OPTIMIZER_NAMES = (
     "adamw", "adamw_fp32OptState", "sgd", "adam", "adadelta", "adamax", "adagrad", "rmsprop",
-    "rprop", "novograd", "adafactor", "lion", "madgrad_wd",
+    "rprop", "novograd", "adafactor", "lion", "madgrad_wd", "sm3",
 )  # fmt: skip
 
 Optimizer = Annotated[
     AdamW | AdamWFp32OptState | SGD | Adam | Adadelta | Adamax | Adagrad | RMSprop | Rprop
-    | Novograd | Adafactor | Lion | MadgradWD,
+    | Novograd | Adafactor | Lion | MadgradWD | SM3,
     Field(discriminator="name"),
 ]
