@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training_runs import FAST, losses, read_metrics, run_command
 from tests.train.test_checkpointing import SAVE, checkpoints
+from tests.training_runs import FAST, losses, read_metrics, run_command
 
 SM3 = ["model.optim.name=sm3", "~model.optim.betas", "model.optim.lr=0.01", "+model.optim.momentum=0.5", "trainer.max_steps=4", *SAVE,
        "+exp_manager.checkpoint_callback_params.every_n_train_steps=2"]  # fmt: skip

@@ -101,11 +101,11 @@ class MadgradWD(torch.optim.Optimizer):
 
 class SM3(torch.optim.Optimizer):
     """SM3-II (Anil et al. 2019, arXiv:1901.11150) as GPT-NeoX steps it: a tensor of shape (n1, ..., nk) keeps
-    one accumulator per axis, of shapes (n1, 1, ...), ..., (1, ..., nk). Each step nu = m + g^2, m the least of
-    the accumulators over each entry (with beta > 0: beta x m + (1 - beta) g^2), every accumulator becomes the greatest nu over its slice
-    (with beta > 0, the greater of that and its old value), and the update g / sqrt(nu + eps) is mixed with the
-    last one by `momentum`. Weight decay, which NeoX's SM3 does not apply, multiplies the weights by
-    1 - lr x weight_decay first.
+    one accumulator per axis, of shapes (n1, 1, ...), ..., (1, ..., nk). Each step nu = m + g^2, m the least
+    of the accumulators over each entry (with beta > 0: beta x m + (1 - beta) g^2); every accumulator becomes
+    the greatest nu over its slice (with beta > 0, the greater of that and its old value), and the update
+    g / sqrt(nu + eps) is mixed with the last one by `momentum`. Weight decay, which NeoX's SM3 does not
+    apply, multiplies the weights by 1 - lr x weight_decay first.
 
     The accumulators are over whole tensors: a sharded parameter (a DTensor) is stepped on its whole gradient,
     which every rank gathers, so that every layout steps as one process does; each rank keeps the same
