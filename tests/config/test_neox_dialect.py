@@ -1033,3 +1033,16 @@ def test_te_fp8_mha_becomes_torchaos_float8(tmp_path):
     found = errors(tmp_path, {**MODEL, "te_fp8_mha": True, "te_fp8_margin": 2})
     assert any("te_fp8_margin: expected 0, found 2: torchao's float8 scales to the format's full range" in line
                for line in found), found
+
+
+def test_neox_comet_keys(tmp_path):
+    comet = {"use_comet": True, "comet_workspace": "team", "comet_project": "neox", "comet_experiment_name": "run-1",
+             "comet_tags": ["a", "b"], "comet_others": {"owner": "me"}}  # fmt: skip
+    exp = load(tmp_path, {**MODEL, **comet}).exp_manager
+    assert exp.create_comet_logger
+    kwargs = exp.comet_logger_kwargs
+    assert (kwargs.workspace, kwargs.project, kwargs.name, kwargs.tags, kwargs.others) == (
+        "team", "neox", "run-1", ("a", "b"), {"owner": "me"})
+    found = notices(tmp_path, {**MODEL, "comet_project": "neox"})
+    assert any("comet_project: used only with use_comet: true, which this run does not set" in n for n in found)
+    assert not load(tmp_path, {**MODEL, "comet_project": "neox"}).exp_manager.create_comet_logger

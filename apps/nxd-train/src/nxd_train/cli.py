@@ -566,6 +566,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     from nxd_precision import NonFiniteStop
     from torch.distributed import DistError
 
+    from .comet_logger import CometStartError
     from .interrupts import TrainingInterrupted
     from .logdir import LogDirError, disk_full
     from .loop import train
@@ -576,7 +577,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
         train(plan)
     except LogDirError as error:  # every rank has it from rank 0
         return _stopped(f"{path}: {error}", 1)
-    except (CheckpointError, WandbStartError) as error:  # found only once loading began or logging started
+    except (CheckpointError, WandbStartError, CometStartError) as error:  # found once loading or logging began
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     except RanksDidNotMeet as error:  # each rank says what it saw: no process group exists to agree on one line

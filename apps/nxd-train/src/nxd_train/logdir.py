@@ -25,13 +25,14 @@ LAUNCH_FILE = ".nxd-launch"
 launcher restarts finds it."""
 NAME_ROOM = 64
 """Characters a checkpoint's folder name adds to the run's name (--step=N-consumed_samples=M.partial)."""
-WRITTEN = ("config.yaml", "metrics.csv", "hparams.yaml", CHECKPOINT_DIR, "wandb_run_id", LAUNCH_FILE,
+WRITTEN = ("config.yaml", "metrics.csv", "hparams.yaml", CHECKPOINT_DIR, "wandb_run_id", "comet_experiment_key",
+           LAUNCH_FILE,
            "nxd_log_globalrank-*_localrank-*.txt", "reference_log_probs.safetensors", "trainer_state.json",
            "config.json", "model.safetensors", "adapter_config.json", "adapter_model.safetensors")  # fmt: skip
 """Files a run writes in its log directory (with the json_log_file it is given): names another's folder must
 not hold, and that must not be links. Trainer-style checkpoint-N folders are not among them: a name another
 holds gets a version (nxd-ckpt's trainer_layout)."""
-SHARED = ("tensorboard", "wandb")
+SHARED = ("tensorboard", "wandb", "comet")
 """Folders a run adds uniquely named files to, as other tools do (GPT-NeoX's tensorboard_dir may be one):
 never refused as another's, but never links either."""
 

@@ -20,7 +20,8 @@ from typing import Any
 from lightning_fabric.loggers import CSVLogger, Logger, TensorBoardLogger
 from tqdm import tqdm
 
-from .plan import WandbSettings
+from .comet_logger import CometLogger
+from .plan import CometSettings, WandbSettings
 from .wandb_logger import WandbLogger
 
 FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "test_loss": "{:.4f}", "lr": "{:.2e}", "grad_norm": "{:.3f}",
@@ -41,11 +42,11 @@ def rank_log_name(global_rank: int, local_rank: int) -> str:
 class Monitor:
     def __init__(self, log_dir: Path, *, global_rank: int, local_rank: int, total_steps: int,
                  local_rank_0_only: bool, tensorboard: bool, continue_after: int | None = None,
-                 wandb: WandbSettings | None = None, config: dict[str, Any] | None = None,
-                 json_log_file: str | None = None):  # fmt: skip
+                 wandb: WandbSettings | None = None, comet: CometSettings | None = None,
+                 config: dict[str, Any] | None = None, json_log_file: str | None = None):  # fmt: skip
         """`continue_after`: the step of the checkpoint a run resumes in this directory (rows and events
-        of later steps, written before an interruption, are dropped). `wandb`: log to W&B too, with the
-        resolved `config`."""
+        of later steps, written before an interruption, are dropped). `wandb`, `comet`: log to W&B, Comet too,
+        with the resolved `config`."""
         self.total_steps, self.is_main = total_steps, global_rank == 0
         self.text = logging.getLogger(f"nxd_train.rank{global_rank}")
         self.text.setLevel(logging.INFO)
@@ -74,6 +75,8 @@ class Monitor:
                 self.metric_loggers.append(TensorBoardLogger(log_dir, name="tensorboard", version="", **purge))
             if wandb is not None:
                 self.metric_loggers.append(WandbLogger(log_dir, wandb, config or {}))
+            if comet is not None:
+                self.metric_loggers.append(CometLogger(log_dir, comet, config or {}))
             if json_log_file is not None:
                 self.metric_loggers.append(JsonLinesLog(log_dir / json_log_file, continue_after))
         self.started, self.first_step = time.perf_counter(), 0

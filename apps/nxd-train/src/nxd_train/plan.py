@@ -6,7 +6,7 @@ plan, never the config.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,8 @@ class Logging:
     tensorboard: bool = True
     wandb: WandbSettings | None = None
     """Log to Weights & Biases too (create_wandb_logger)."""
+    comet: CometSettings | None = None
+    """Log to Comet too (create_comet_logger)."""
     json_log_file: str | None = None
     """Also write each logged step as a JSON line to this file in the log directory."""
     trainer_checkpoints: bool = False
@@ -189,6 +191,17 @@ class WandbSettings:
     group: str | None = None
     entity: str | None = None
     host: str | None = None
+
+
+@dataclass(frozen=True)
+class CometSettings:
+    """Where a run's values go in Comet (exp_manager.comet_logger_kwargs)."""
+
+    workspace: str | None = None
+    project: str | None = None
+    name: str | None = None
+    tags: tuple[str, ...] = ()
+    others: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

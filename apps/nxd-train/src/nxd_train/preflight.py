@@ -59,6 +59,7 @@ from .checkpointing import (
     resume_choice,
     save_policy,
 )
+from .comet_logger import comet_problem
 from .data import (
     DataSplits,
     ModelVocabulary,
@@ -76,6 +77,7 @@ from .plan import (
     Batches,
     Cadence,
     Checkpoints,
+    CometSettings,
     EarlyStopping,
     Launch,
     Logging,
@@ -397,6 +399,15 @@ def _wandb(cfg: NxdConfig) -> WandbSettings | None:
                          host=w.host)  # fmt: skip
 
 
+def _comet(cfg: NxdConfig) -> CometSettings | None:
+    exp = cfg.exp_manager
+    if not exp.create_comet_logger:
+        return None
+    c = exp.comet_logger_kwargs
+    return CometSettings(workspace=c.workspace, project=c.project, name=c.name or exp.name or cfg.name, tags=c.tags,
+                         others=c.others)  # fmt: skip
+
+
 def _profiler(cfg: NxdConfig) -> ProfilerWindow | None:
     p = cfg.exp_manager.profiler
     if not (p.enabled or p.memory):
@@ -521,7 +532,7 @@ def _settings(cfg: NxdConfig, policy: PrecisionPolicy, decode: Callable[[list[in
                         exp_dir=_path(exp.exp_dir), gradient_norm=exp.log_gradient_norm,
                         parameter_norm=exp.log_parameter_norm, step_timing=exp.log_step_timing,
                         local_rank_0_only=exp.log_local_rank_0_only, tensorboard=exp.create_tensorboard_logger,
-                        wandb=_wandb(cfg), json_log_file=exp.json_log_file,
+                        wandb=_wandb(cfg), comet=_comet(cfg), json_log_file=exp.json_log_file,
                         trainer_checkpoints=exp.trainer_checkpoints, profiler=_profiler(cfg),
                         statistics=_statistics(cfg)),
         checkpoints=Checkpoints(enabled=exp.create_checkpoint_callback, policy=save_policy(cfg),
@@ -747,6 +758,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
         problems.append("exp_manager.create_early_stopping_callback: expected validation to judge (trainer."
                         "limit_val_batches above 0), found limit_val_batches 0")  # fmt: skip
     if cfg.exp_manager.create_wandb_logger and (problem := wandb_problem()):
+        problems.append(problem)
+    if cfg.exp_manager.create_comet_logger and (problem := comet_problem()):
         problems.append(problem)
     policy = None
     try:

@@ -231,7 +231,7 @@ def _monitor(plan: RunPlan, fabric: Fabric, log_dir: Path, steps: int, resume: R
     return Monitor(log_dir, global_rank=fabric.global_rank, local_rank=fabric.local_rank, total_steps=steps,
                    local_rank_0_only=logging.local_rank_0_only, tensorboard=logging.tensorboard,
                    continue_after=read_info(resume.path).step if continues_here else None,
-                   wandb=logging.wandb, config=plan.resolved_config,
+                   wandb=logging.wandb, comet=logging.comet, config=plan.resolved_config,
                    json_log_file=logging.json_log_file)  # fmt: skip
 
 

@@ -262,10 +262,25 @@ def logging_keys(a: Arguments, t: Translation) -> None:
             t.notice(key, "used only with use_wandb: true, which this run does not set")
         elif (key, value) != ("wandb_host", WANDB_HOST):
             t.set(f"exp_manager.wandb_logger_kwargs.{ours}", value, key)
+    comet_keys(a, t)
     t.set("exp_manager.log_parameter_norm", a["log_param_norm"], "log_param_norm")
     t.set("exp_manager.log_gradient_norm", a["log_grad_norm"], "log_grad_norm")
     profiler_keys(a, t)
     statistics_keys(a, t)
+
+
+def comet_keys(a: Arguments, t: Translation) -> None:
+    """use_comet and the experiment's workspace, project, name, tags and other values."""
+    comet = typed(t, a, "use_comet", bool, "true or false")
+    t.set("exp_manager.create_comet_logger", bool(comet), "use_comet")
+    for key, ours in (("comet_workspace", "workspace"), ("comet_project", "project"), ("comet_experiment_name", "name"),
+                      ("comet_tags", "tags"), ("comet_others", "others")):  # fmt: skip
+        if (value := a[key]) is None:
+            continue
+        if not comet:
+            t.notice(key, "used only with use_comet: true, which this run does not set")
+        else:
+            t.set(f"exp_manager.comet_logger_kwargs.{ours}", value, key)
 
 
 def statistics_keys(a: Arguments, t: Translation) -> None:

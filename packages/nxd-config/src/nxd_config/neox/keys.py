@@ -43,7 +43,7 @@ _KERNEL = "a CUDA kernel choice with the same arithmetic; nxd runs torch's own k
 _LAUNCHER = ("a setting of DeepSpeed's launcher that nxd's launches do not need (`nxd-train launch` writes an sbatch "
              "script or each host's torchrun command)")  # fmt: skip
 _DERIVED = "NeoX derives it while it runs (a value written in a file is overwritten); nxd derives its own"
-_COMET = "used only with use_comet, which nxd refuses"
+_COMET = "with use_comet (a notice without it)"
 _MAMBA_KERNEL = ("a kernel choice of mamba-ssm / causal-conv1d for mamba layers; nxd's PyTorch scan and convolution "
                  "compute the same")
 _TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
@@ -91,13 +91,15 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "the run directory when save is not set (nxd keeps text logs, metrics and checkpoints in one directory)"),
     ("tensorboard_dir", "Logging", None, M, "exp_manager.create_tensorboard_logger",
      "turns TensorBoard events on; they are written in the run directory"),
-    ("use_comet", "Logging", None, R, "", "Comet logging is not in nxd; remove it or set false"),
-    ("comet_workspace", "Logging", None, N, "", _COMET),
-    ("comet_project", "Logging", None, N, "", _COMET),
-    ("comet_experiment_name", "Logging", None, N, "", _COMET),
-    ("comet_tags", "Logging", None, N, "", _COMET),
-    ("comet_others", "Logging", None, N, "", _COMET),
-    ("comet_experiment", "Logging", None, N, "", _COMET),
+    ("use_comet", "Logging", None, M, "exp_manager.create_comet_logger",
+     "true: log to Comet (nxd-train[comet]; without an API key an offline experiment in the run directory's comet "
+     "folder, for `comet upload`)"),
+    ("comet_workspace", "Logging", None, M, "exp_manager.comet_logger_kwargs.workspace", _COMET),
+    ("comet_project", "Logging", None, M, "exp_manager.comet_logger_kwargs.project", _COMET),
+    ("comet_experiment_name", "Logging", None, M, "exp_manager.comet_logger_kwargs.name", _COMET),
+    ("comet_tags", "Logging", None, M, "exp_manager.comet_logger_kwargs.tags", _COMET),
+    ("comet_others", "Logging", None, M, "exp_manager.comet_logger_kwargs.others", _COMET),
+    ("comet_experiment", "Logging", None, N, "", "NeoX's handle on the started experiment, not a setting"),
     ("log_interval", "Logging", 100, M, "trainer.log_every_n_steps", ""),
     ("log_grad_pct_zeros", "Logging", False, M, "exp_manager.log_gradient_zeros",
      "pct_grad_zeros/<parameter>, over the whole parameter whatever the layout (NeoX: each rank's own part)"),

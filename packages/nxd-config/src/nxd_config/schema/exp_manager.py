@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -122,6 +122,15 @@ class WandbLoggerKwargs(Section):
     )
 
 
+class CometLoggerKwargs(Section):
+    workspace: str | None = key(None, "The Comet workspace (null: the user's default workspace).", by=APP)
+    project: str | None = key(None, "The Comet project (null: Uncategorized).", by=APP)
+    name: str | None = key(None, "The experiment's name (null: the experiment name of the run).", by=APP)
+    tags: frozen_list(str) = key((), "Tags attached to the experiment.", by=APP)
+    others: dict[str, Any] | None = key(None, "Other values recorded with the experiment (Comet's log_others).",
+                                        by=APP)
+
+
 class ProfilerParams(Section):
     """torch.profiler over a window of optimizer steps, and memory records of the same steps."""
 
@@ -225,6 +234,17 @@ class ExpManagerConfig(Section):
         WandbLoggerKwargs(), "Where the W&B run goes.", by=APP, status=Status.EXTENSION,
         note="from GPT-NeoX's wandb_project, wandb_group, wandb_team, wandb_host, wandb_run_name, "
         "wandb_init_all_ranks",
+    )
+    create_comet_logger: bool = key(
+        False,
+        "Log the run's values to Comet (the comet-ml package: nxd-train[comet]), the same values TensorBoard gets. "
+        "With an API key (COMET_API_KEY or `comet login`) online; without one, an offline experiment under the log "
+        "directory's comet folder, for `comet upload`. A resumed run goes on in the same experiment.",
+        by=APP, status=Status.EXTENSION, note="from GPT-NeoX's use_comet",
+    )
+    comet_logger_kwargs: CometLoggerKwargs = key(
+        CometLoggerKwargs(), "Where the Comet experiment goes.", by=APP, status=Status.EXTENSION,
+        note="from GPT-NeoX's comet_workspace, comet_project, comet_experiment_name, comet_tags, comet_others",
     )
     create_checkpoint_callback: bool = key(True, "Save checkpoints as checkpoint_callback_params says.", by=CKPT)
     checkpoint_callback_params: CheckpointCallbackParams = key(
