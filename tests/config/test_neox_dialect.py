@@ -1046,3 +1046,17 @@ def test_neox_comet_keys(tmp_path):
     found = notices(tmp_path, {**MODEL, "comet_project": "neox"})
     assert any("comet_project: used only with use_comet: true, which this run does not set" in n for n in found)
     assert not load(tmp_path, {**MODEL, "comet_project": "neox"}).exp_manager.create_comet_logger
+
+
+def test_neox_s3_keys(tmp_path):
+    exp = load(tmp_path, {**MODEL, "save": "runs/x", "checkpoint_factor": 10, "s3_path": "s3://bucket/neox",
+                          "s3_chunk_size": 8388608}).exp_manager  # fmt: skip
+    assert (exp.s3_checkpoints.path, exp.s3_checkpoints.chunk_size) == ("s3://bucket/neox", 8388608)
+    assert load(tmp_path, {**MODEL}).exp_manager.s3_checkpoints.path is None
+    found = notices(tmp_path, {**MODEL, "s3_chunk_size": 8388608})
+    assert any("s3_chunk_size: used only with s3_path, which this run does not set" in n for n in found)
+    assert any("s3_path: expected save with it" in m for m in errors(tmp_path, {**MODEL, "s3_path": "s3://bucket"}))
+    wrong = errors(tmp_path, {**MODEL, "save": "runs/x", "checkpoint_factor": 10, "s3_path": "bucket/neox"})
+    assert any("expected s3://bucket or s3://bucket/prefix, found 'bucket/neox'" in m for m in wrong), wrong
+    small = errors(tmp_path, {**MODEL, "save": "runs/x", "checkpoint_factor": 10, "s3_path": "s3://b", "s3_chunk_size": 1024})
+    assert any("chunk_size" in m and "5242880" in m for m in small), small

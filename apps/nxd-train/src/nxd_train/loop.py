@@ -119,7 +119,7 @@ def _train(run: Run) -> Path:
                 _stop_on_signal(run, signum, done, logged, saved=saved_at == done, finite=not guard.streak)
     if run.profiler is not None:
         run.profiler.close()
-    run.checkpointer.wait()
+    run.settle_saves()
     if run.trainer_outputs is not None:
         run.trainer_outputs.finish()
     test_loss, per_char = evaluate_with_characters(run, run.test_data, cadence.limit_test_batches)
@@ -156,10 +156,11 @@ class ValidationWatch:
 
 
 def _close(run: Run) -> None:
-    """End a run that stops early: the save in flight completes, the profiler window ends, the logs are flushed."""
+    """End a run that stops early: the save in flight and the uploads complete, the profiler window ends, the logs
+    are flushed."""
     if run.profiler is not None:
         run.profiler.close()
-    run.checkpointer.wait()
+    run.settle_saves()
     run.monitor.close()
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from nxd_align import LoraFamily, Objective, TokenObjective
-from nxd_ckpt import SavePolicy
+from nxd_ckpt import S3Target, SavePolicy
 from nxd_data import SequenceCurriculum
 from nxd_models import ModelFamily
 from nxd_parallel import LaunchWorld, Layout
@@ -220,6 +220,8 @@ class Checkpoints:
     schedule from its start)."""
     resume_rng: bool = True
     """A resume restores the random states (at the same number of processes)."""
+    s3: S3Target | None = None
+    """Where each complete checkpoint is uploaded (exp_manager.s3_checkpoints), or None."""
 
 
 @dataclass(frozen=True)

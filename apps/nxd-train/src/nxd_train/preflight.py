@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_digest
-from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint, read_info
+from nxd_ckpt import CheckpointError, CheckpointWarning, S3Target, boto3_problem, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, RewardModelConfig
 from nxd_config.schema.model import MoEConfig, MupConfig, SparseAttentionConfig
@@ -399,6 +399,11 @@ def _wandb(cfg: NxdConfig) -> WandbSettings | None:
                          host=w.host)  # fmt: skip
 
 
+def _s3(cfg: NxdConfig) -> S3Target | None:
+    s3 = cfg.exp_manager.s3_checkpoints
+    return None if s3.path is None else S3Target(s3.path, s3.chunk_size)
+
+
 def _comet(cfg: NxdConfig) -> CometSettings | None:
     exp = cfg.exp_manager
     if not exp.create_comet_logger:
@@ -539,7 +544,8 @@ def _settings(cfg: NxdConfig, policy: PrecisionPolicy, decode: Callable[[list[in
                                 asynchronous=exp.async_checkpointing,
                                 use_master_weights=exp.checkpoint_callback_params.use_master_weights_in_ckpt,
                                 save_bf16=exp.save_bf16, time_loads=exp.enable_recovery_time_instrumentation,
-                                resume_optimizer=exp.resume_optimizer, resume_rng=exp.resume_rng),
+                                resume_optimizer=exp.resume_optimizer, resume_rng=exp.resume_rng,
+                                s3=_s3(cfg)),
         resolved_config=cfg.model_dump(mode="json", by_alias=True),
     )  # fmt: skip
 
@@ -761,6 +767,12 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
         problems.append(problem)
     if cfg.exp_manager.create_comet_logger and (problem := comet_problem()):
         problems.append(problem)
+    if cfg.exp_manager.s3_checkpoints.path is not None:
+        if problem := boto3_problem():
+            problems.append(f"exp_manager.s3_checkpoints.path: {problem}")
+        if not cfg.exp_manager.create_checkpoint_callback:
+            problems.append("exp_manager.s3_checkpoints.path: expected checkpoints to upload (exp_manager."
+                            "create_checkpoint_callback True), found checkpointing off")  # fmt: skip
     policy = None
     try:
         policy = precision_policy(cfg)

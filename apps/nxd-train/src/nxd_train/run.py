@@ -23,6 +23,7 @@ from nxd_align import LoraFamily
 from nxd_ckpt import (
     Checkpointer,
     CheckpointInfo,
+    CheckpointUploader,
     continued_lineage,
     read_info,
     write_adapter_files,
@@ -193,7 +194,10 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
                                                    "train_batch_size": plan.batches.micro_batch_size},
                                          monitor.info)  # fmt: skip
     attach = _adapter_writers(plan)
-    checkpointer = _checkpointer(plan, log_dir, resume, group, monitor, trainer_outputs, attach)
+    uploads = None
+    if plan.checkpoints.s3 is not None and rank == 0:
+        uploads = CheckpointUploader(plan.checkpoints.s3, log_dir.name, monitor.info)
+    checkpointer = _checkpointer(plan, log_dir, resume, group, monitor, trainer_outputs, attach, uploads)
     ceiling = device_ceiling(fabric.device, plan.policy.compute_dtype)
     ceiling.flops = fabric.all_reduce(torch.tensor(ceiling.flops, device=fabric.device), reduce_op="sum").item()
     run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,
@@ -203,7 +207,7 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
               train_data=plan.data.train, validation_data=plan.data.validation,
               test_data=plan.data.test, padding=plan.data.padding,
               attach=attach, checkpoint_group=group, scaler=scaler,
-              trainer_outputs=trainer_outputs)  # fmt: skip
+              trainer_outputs=trainer_outputs, uploads=uploads)  # fmt: skip
     if (window := plan.logging.profiler) is not None:
         run.profiler = StepProfiler(window, log_dir, fabric.device, rank, monitor.info)
     if plan.logging.statistics.any:
@@ -259,14 +263,17 @@ def _adapter_writers(plan: RunPlan) -> list[Callable[[Path], None]]:
 
 
 def _checkpointer(plan: RunPlan, log_dir: Path, resume: Resume | None, group: torch.distributed.ProcessGroup | None,
-                  monitor: Monitor, trainer_outputs: TrainerOutputs | None,
-                  attach: list[Callable[[Path], None]]) -> Checkpointer:  # fmt: skip
-    """The saves of this run, in its log directory; a continued run's lineage goes on from the resumed one."""
+                  monitor: Monitor, trainer_outputs: TrainerOutputs | None, attach: list[Callable[[Path], None]],
+                  uploads: CheckpointUploader | None) -> Checkpointer:  # fmt: skip
+    """The saves of this run, in its log directory; a continued run's lineage goes on from the resumed one.
+    Rank 0 hands each complete one to `uploads` (S3)."""
 
     def report_save(info: CheckpointInfo, seconds: float) -> None:
         monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
         if trainer_outputs is not None:
             trainer_outputs.saved(info)
+        if uploads is not None:
+            uploads.submit(info.path)
 
     continued = resume is not None and not resume.weights_only
     return Checkpointer(log_dir / CHECKPOINT_DIR, plan.checkpoints.policy, asynchronous=plan.checkpoints.asynchronous,

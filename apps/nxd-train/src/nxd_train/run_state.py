@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from lightning_fabric import Fabric
 from nxd_align import Objective
-from nxd_ckpt import Checkpointer
+from nxd_ckpt import Checkpointer, CheckpointUploader
 from nxd_data import PretrainingSampler, WithPadding, truncate
 from nxd_models import Ceiling
 from nxd_parallel import DirectExecutor, ParallelDims, ParallelMesh, PipelineExecutor, StagedModel, split_sequence
@@ -96,6 +96,18 @@ class Run:
     """fp16's loss scale (None for the other precision types)."""
     log_dir_lock: LogDirLock = field(default_factory=lambda: LogDirLock(None))
     """Rank 0's hold on `log_dir` (the others hold nothing)."""
+    uploads: CheckpointUploader | None = None
+    """Rank 0's uploads of complete checkpoints to S3 (exp_manager.s3_checkpoints)."""
+
+    def settle_saves(self) -> None:
+        """The save in flight completes; then rank 0's queued uploads finish and those that failed are named
+        (training has gone on meanwhile: a failed upload never stops it)."""
+        self.checkpointer.wait()
+        if self.uploads is not None:
+            failed, self.uploads = self.uploads.close(), None
+            if failed:
+                self.monitor.info(f"s3: {len(failed)} checkpoint(s) not uploaded to {self.plan.checkpoints.s3.url}: "
+                                  f"{', '.join(failed)}; they are only in {self.checkpointer.root}")  # fmt: skip
 
     @property
     def token_mesh(self) -> DeviceMesh | None:

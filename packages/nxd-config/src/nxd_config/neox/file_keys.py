@@ -191,6 +191,19 @@ def checkpoints_keys(a: Arguments, t: Translation) -> None:
     t.set(f"{params}.monitor", "step", "keep_last_n_checkpoints")
     t.set(f"{params}.mode", "max", "keep_last_n_checkpoints")
     t.set(f"{params}.save_last", save is not None, "save")
+    s3_keys(a, t)
+
+
+def s3_keys(a: Arguments, t: Translation) -> None:
+    """s3_path and s3_chunk_size: each complete checkpoint uploaded."""
+    path, chunk = typed(t, a, "s3_path", str, "s3://bucket[/prefix]"), a["s3_chunk_size"]
+    if path is not None:
+        t.set("exp_manager.s3_checkpoints.path", path, "s3_path")
+        t.set("exp_manager.s3_checkpoints.chunk_size", chunk, "s3_chunk_size")
+        if a["save"] is None:
+            t.refuse("s3_path", "expected save with it (the checkpoints uploaded are the ones save writes), found none")
+    elif a.given("s3_chunk_size"):
+        t.notice("s3_chunk_size", "used only with s3_path, which this run does not set")
 
 
 def resume_keys(a: Arguments, t: Translation) -> None:

@@ -446,8 +446,11 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("mmap_warmup", "Training", False, M, "data.skip_warmup", ""),
     ("save", "Training", None, M, "exp_manager.explicit_log_dir",
      "the run directory; checkpoints go to its checkpoints folder"),
-    ("s3_path", "Training", None, R, "", "uploading checkpoints to S3 is not in nxd; remove it"),
-    ("s3_chunk_size", "Training", 104857600, N, "", "used only with s3_path (refused)"),
+    ("s3_path", "Training", None, M, "exp_manager.s3_checkpoints.path",
+     "each complete checkpoint uploaded in the background under <s3_path>/<save folder name>/<checkpoint>/, as "
+     "NeoX lays it out (nxd-train[s3])"),
+    ("s3_chunk_size", "Training", 104857600, M, "exp_manager.s3_checkpoints.chunk_size",
+     "bytes per multipart part; a notice without s3_path"),
     ("config_files", "Training", None, N, "", _DERIVED + "; nxd keeps the resolved config in every checkpoint"),
     ("load", "Training", None, M, "exp_manager.resume_from_checkpoint",
      "the same folder as save: resume from its newest complete checkpoint (or the GPT-NeoX one its `latest` "

@@ -131,6 +131,26 @@ class CometLoggerKwargs(Section):
                                         by=APP)
 
 
+def _s3_url(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"s3://[^/\s]+(/\S*)?", value):
+        raise ValueError(f"expected s3://bucket or s3://bucket/prefix, found {value!r}")
+    return value
+
+
+class S3Checkpoints(Section):
+    """Each complete checkpoint copied to S3 in the background (boto3: nxd-train[s3])."""
+
+    path: Annotated[str | None, AfterValidator(_s3_url)] = key(
+        None, "s3://bucket[/prefix]: each complete checkpoint goes to <path>/<log dir name>/<checkpoint folder>/, "
+        "file by file, as multipart uploads whose digests are checked; a failed file is tried again, then the "
+        "checkpoint is reported and training goes on. boto3 finds credentials and the endpoint as usual (AWS_* "
+        "variables, ~/.aws; AWS_ENDPOINT_URL for an S3-compatible server). null: no uploads.", by=CKPT,
+    )
+    chunk_size: int = key(
+        104_857_600, "Bytes per uploaded part (S3 takes 5 MiB to 5 GiB).", by=CKPT, ge=5 * 2**20, le=5 * 2**30
+    )
+
+
 class ProfilerParams(Section):
     """torch.profiler over a window of optimizer steps, and memory records of the same steps."""
 
@@ -247,6 +267,10 @@ class ExpManagerConfig(Section):
         note="from GPT-NeoX's comet_workspace, comet_project, comet_experiment_name, comet_tags, comet_others",
     )
     create_checkpoint_callback: bool = key(True, "Save checkpoints as checkpoint_callback_params says.", by=CKPT)
+    s3_checkpoints: S3Checkpoints = key(
+        S3Checkpoints(), "Where complete checkpoints are uploaded.", by=CKPT, status=Status.EXTENSION,
+        note="from GPT-NeoX's s3_path and s3_chunk_size",
+    )
     checkpoint_callback_params: CheckpointCallbackParams = key(
         CheckpointCallbackParams(), "When checkpoints are written and how many are kept.", by=CKPT
     )
