@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import show
 from ..hostfile import Host, HostfileError, read_hostfile, select_hosts
+from .elasticity import ElasticityError, elastic_batch
 from .translation import Arguments, Translation, choice, mapping, typed
 
 ADAM_PARAMS = {"lr", "betas", "eps", "amsgrad", "adam_w_mode", "bias_correction"}
@@ -475,6 +476,10 @@ def _batches(a: Arguments, t: Translation) -> None:
     world = trainer.get("devices", model_parallel) * trainer.get("num_nodes", 1)
     dp = world // model_parallel or 1
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    if (elastic := mapping(t, "elasticity", a["elasticity"])) is not None and elastic.get("enabled", False):
+        _elastic_batches(elastic, dp, t, given=[key for key, value in zip(keys, (total, micro, steps), strict=True)
+                                                if value is not None])  # fmt: skip
+        return
     if total is None and micro is None:
         t.refuse("train_batch_size", "expected train_batch_size or train_micro_batch_size_per_gpu, found neither")
         return
@@ -492,6 +497,45 @@ def _batches(a: Arguments, t: Translation) -> None:
         return
     t.set("data.micro_batch_size", micro, *keys)
     t.set("data.global_batch_size", total, *keys)
+
+
+ELASTICITY_KEYS = {"enabled", "max_train_batch_size", "micro_batch_sizes", "min_gpus", "max_gpus", "min_time",
+                   "prefer_larger_batch", "ignore_non_elastic_batch_info", "version", "num_gpus_per_node",
+                   "model_parallel_size"}  # fmt: skip
+
+
+def _elastic_batches(block: dict[str, Any], dp: int, t: Translation, given: list[str]) -> None:
+    """DeepSpeed's elasticity block: the global batch and this data-parallel size's micro-batch computed as its
+    compute_elastic_config does, so that a run resumed on another size in the valid range keeps its batch."""
+    if unknown := sorted(set(block) - ELASTICITY_KEYS):
+        t.refuse(f"elasticity.{unknown[0]}", f"unknown elasticity setting; expected one of "
+                 f"{', '.join(sorted(ELASTICITY_KEYS))}")  # fmt: skip
+        return
+    if given and not block.get("ignore_non_elastic_batch_info", False):
+        t.refuse(given[0], "elasticity takes control of the batch sizes (DeepSpeed's rule): remove "
+                 f"{', '.join(given)}, or set elasticity.ignore_non_elastic_batch_info: true")  # fmt: skip
+        return
+    micro = block.get("micro_batch_sizes", [2, 4, 6])
+    if not isinstance(micro, list) or not micro or not all(isinstance(m, int) and m > 0 for m in micro):
+        t.refuse("elasticity.micro_batch_sizes", f"expected a list of positive whole numbers, found {show(micro)}")
+        return
+    if block.get("min_time", 0):
+        t.notice("elasticity.min_time", "a hint to DeepSpeed's resource scheduler; nxd's launchers do not read it")
+    try:
+        found = elastic_batch(micro_batches=micro, max_batch=block.get("max_train_batch_size", 2000),
+                              data_parallel=dp, min_gpus=block.get("min_gpus", 1),
+                              max_gpus=block.get("max_gpus", 10000),
+                              prefer_larger=block.get("prefer_larger_batch", True),
+                              version=float(block.get("version", 0.2)),
+                              gpus_per_node=block.get("num_gpus_per_node", 1),
+                              model_parallel=block.get("model_parallel_size", 1))  # fmt: skip
+    except (ElasticityError, TypeError) as error:
+        t.refuse("elasticity", f"expected a block that gives {dp} data-parallel rank(s) a batch: {error}")
+        return
+    t.set("data.micro_batch_size", found.micro_batch, "elasticity")
+    t.set("data.global_batch_size", found.global_batch, "elasticity")
+    t.notice("elasticity", f"the global batch {found.global_batch} in micro-batches of {found.micro_batch} on {dp} "
+             f"data-parallel rank(s); a resume keeps it on {', '.join(map(str, found.valid_sizes))}")  # fmt: skip
 
 
 NEOX_HOST_KEYS = {"hostfile": "hostfile", "include": "include", "exclude": "exclude", "nodes": "num_nodes",
