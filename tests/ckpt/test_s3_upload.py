@@ -85,3 +85,23 @@ def test_a_folder_removed_before_its_upload_is_reported(tmp_path, s3_server):
     assert uploader.close() == ["step=4"]
     assert said == [f"s3: checkpoint step=4 was not uploaded to s3://{BUCKET}: its folder was removed locally before "
                     "it was uploaded (the checkpoint retention deleted it)"]
+
+
+def test_the_marker_goes_up_last_and_huge_files_in_larger_parts(tmp_path, s3_server):
+    """A copy interrupted before the end lacks the completion marker, so it reads as half written; a file beyond
+    10,000 parts of the chunk size (S3's limit) goes up in parts of size / 10,000, rounded up."""
+    from nxd_ckpt.marker import MARKER
+    from nxd_ckpt.s3_upload import part_size
+
+    _, client = s3_server
+    (tmp_path / "step=2").mkdir()
+    for name in ("a.distcp", MARKER, "z.distcp"):
+        (tmp_path / "step=2" / name).write_bytes(name.encode())
+    uploader = CheckpointUploader(S3Target(f"s3://{BUCKET}", chunk_size=5 * MIB), "tiny", lambda line: None)
+    order = []
+    real = uploader._upload
+    uploader._upload = lambda file, key: (order.append(file.name), real(file, key))[1]
+    uploader.submit(tmp_path / "step=2")
+    assert uploader.close() == [] and order == ["a.distcp", "z.distcp", MARKER]
+    assert part_size(60 * 2**30, 5 * MIB) == -(-60 * 2**30 // 10_000) > 5 * MIB
+    assert part_size(12 * MIB, 5 * MIB) == 5 * MIB

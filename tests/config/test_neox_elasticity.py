@@ -71,7 +71,14 @@ def test_a_neox_file_gets_the_same_batch_on_every_valid_size(tmp_path):
      "data-parallel sizes [1, 2, 3, 4]; this run has 8"),
     ({"elasticity": {**ELASTIC, "micro_batch_sizes": []}}, "elasticity.micro_batch_sizes: expected a list of positive"),
     ({"elasticity": {**ELASTIC, "max_gpu": 4}}, "elasticity.max_gpu: unknown elasticity setting"),
-    ({"elasticity": {**ELASTIC, "version": 0.3}}, "expected version 0.1 or 0.2, found 0.3"),
+    ({"elasticity": {**ELASTIC, "version": 0.3}}, "elasticity.version: expected 0.1 or 0.2, found 0.3"),
+    ({"elasticity": {"enabled": True, "micro_batch_sizes": [2]}}, "elasticity.max_train_batch_size: expected it in an "
+     "enabled elasticity block (DeepSpeed requires it)"),
+    ({"elasticity": {**ELASTIC, "num_gpus_per_node": 0}}, "elasticity.num_gpus_per_node: expected a positive whole "
+     "number, found 0"),
+    ({"elasticity": {**ELASTIC, "min_gpus": 8, "max_gpus": 4}}, "elasticity.min_gpus: expected at most max_gpus (4)"),
+    ({"elasticity": {**ELASTIC, "version": 0.2, "model_parallel_size": 2}}, "elasticity.model_parallel_size: expected "
+     "this run's model-parallel size (model_parallel_size x pipe_parallel_size = 1), found 2"),
 ])  # fmt: skip
 def test_what_elasticity_refuses(tmp_path, extra, message):
     file = {key: value for key, value in MODEL.items() if key != "train_micro_batch_size_per_gpu"}

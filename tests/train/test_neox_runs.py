@@ -395,3 +395,30 @@ def test_a_neox_run_on_the_older_cached_format_trains_as_on_mmap(tmp_path, corpu
     result = run_command(str(NEOX / "pythia.yml"), str(cached), "data_impl=cached", cwd=tmp_path / "cached")
     assert result.returncode == 0, result.stderr[-3000:]
     assert losses(read_metrics(tmp_path / "cached" / "checkpoints")) == expected
+
+
+@pytest.mark.slow
+def test_an_elastic_neox_run_resumed_on_one_process_keeps_its_batch(tmp_path, corpus, tokenizer_file, gpt2_files,
+                                                                    sentencepiece_dir):  # fmt: skip
+    """DeepSpeed's elasticity with micro-batches 1 and 2 under 8 gives the global batch 8 (valid on 1, 2, 4 and 8
+    ranks): two processes take micro-batches of 2 twice, one process four times. Resumed on one process from the
+    two-process run's iteration 2, it continues with that run's losses."""
+    elastic = {"elasticity": {"enabled": True, "max_train_batch_size": 8, "micro_batch_sizes": [1, 2],
+                              "ignore_non_elastic_batch_info": True, "version": 0.1}}  # fmt: skip
+    setup = local_setup("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
+    setup.write_text(json.dumps({**yaml.safe_load(setup.read_text()), **elastic, "checkpoint_factor": 2}))
+    job = ["train_iters=4", "lr_decay_iters=4"]
+    whole = run_command(str(NEOX / "pythia.yml"), str(setup), *job, cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "the global batch 8 in micro-batches of 2 on 2 data-parallel rank(s)" in whole.stderr
+    expected = losses(read_metrics(tmp_path / "checkpoints"))
+    resumed_dir = tmp_path / "resumed"
+    from tests.train.test_checkpointing import checkpoints
+
+    step_2 = checkpoints(tmp_path / "checkpoints")[2]
+    resumed = run_command(str(NEOX / "pythia.yml"), str(setup), *job, "num_gpus=1", f"save={resumed_dir}",
+                          f"load={step_2}", cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "the global batch 8 in micro-batches of 2 on 1 data-parallel rank(s)" in resumed.stderr
+    found = losses(read_metrics(resumed_dir))
+    assert len(found) == 2 and max(abs(a - b) for a, b in zip(found, expected[2:], strict=True)) < 1e-5, (found, expected)

@@ -52,13 +52,13 @@ class CometLogger(Logger):
             self.experiment = comet_ml.start(workspace=settings.workspace, project_name=settings.project,
                                              experiment_key=key, mode="get_or_create", online=online,
                                              experiment_config=options)  # fmt: skip
+            self.experiment.log_parameters(config)
+            if settings.others:
+                self.experiment.log_others(dict(settings.others))
         except Exception as error:  # noqa: BLE001 - comet raises its own types and plain ones alike
             raise CometStartError(f"exp_manager.create_comet_logger: Comet could not start an experiment ({error}); "
                                   "check COMET_API_KEY (or `comet login`), or unset it to write an offline "
                                   "experiment") from None  # fmt: skip
-        self.experiment.log_parameters(config)
-        if settings.others:
-            self.experiment.log_others(dict(settings.others))
         key_file.write_text(key)
         self.key = key
 

@@ -119,15 +119,14 @@ def _train(run: Run) -> Path:
                 _stop_on_signal(run, signum, done, logged, saved=saved_at == done, finite=not guard.streak)
     if run.profiler is not None:
         run.profiler.close()
-    run.settle_saves()
+    run.checkpointer.wait()
     if run.trainer_outputs is not None:
         run.trainer_outputs.finish()
     test_loss, per_char = evaluate_with_characters(run, run.test_data, cadence.limit_test_batches)
     if test_loss is not None:
         run.monitor.metrics(done, {"test_loss": test_loss} | character_level(per_char, test_loss, "test"))
     run.monitor.info(f"done: {done} steps; logs in {run.log_dir}")
-    run.monitor.close()
-    run.fabric.barrier()
+    _end(run)
     return run.log_dir
 
 
@@ -156,11 +155,20 @@ class ValidationWatch:
 
 
 def _close(run: Run) -> None:
-    """End a run that stops early: the save in flight and the uploads complete, the profiler window ends, the logs
-    are flushed."""
+    """End a run that stops early: the save in flight completes, the profiler window ends, uploads still running are
+    named (a stop does not wait for them), the logs are flushed."""
     if run.profiler is not None:
         run.profiler.close()
-    run.settle_saves()
+    run.checkpointer.wait()
+    run.finish_uploads(wait=False)
+    run.monitor.close()
+
+
+def _end(run: Run) -> None:
+    """A run's planned end: every rank meets, then rank 0 waits for its checkpoint uploads (the other ranks leave, so
+    a long upload holds no collective open) and names those that failed; the logs are flushed."""
+    run.fabric.barrier()
+    run.finish_uploads(wait=True)
     run.monitor.close()
 
 
@@ -170,8 +178,10 @@ def _exit_at_interval(run: Run, done: int, *, saved: bool) -> None:
              "exp_manager.resume_if_exists) continues to the next multiple" if saved else
              "nothing was saved (checkpointing is off, or the step was not finite)")  # fmt: skip
     run.monitor.info(f"trainer.exit_interval: exiting after step {done} of {run.steps}: {where}")
-    _close(run)
-    run.fabric.barrier()
+    if run.profiler is not None:
+        run.profiler.close()
+    run.checkpointer.wait()
+    _end(run)
 
 
 def _stop_on_signal(run: Run, signum: int, done: int, logged: dict[str, float], *, saved: bool, finite: bool) -> None:

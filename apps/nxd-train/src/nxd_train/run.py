@@ -272,7 +272,7 @@ def _checkpointer(plan: RunPlan, log_dir: Path, resume: Resume | None, group: to
         monitor.info(f"checkpoint {info.path.name}: {sum(info.files.values()) / 2**20:.1f} MiB in {seconds:.2f} s")
         if trainer_outputs is not None:
             trainer_outputs.saved(info)
-        if uploads is not None:
+        if uploads is not None and info.path.is_dir():  # retention may have removed it at once (not in its top k)
             uploads.submit(info.path)
 
     continued = resume is not None and not resume.weights_only

@@ -99,15 +99,20 @@ class Run:
     uploads: CheckpointUploader | None = None
     """Rank 0's uploads of complete checkpoints to S3 (exp_manager.s3_checkpoints)."""
 
-    def settle_saves(self) -> None:
-        """The save in flight completes; then rank 0's queued uploads finish and those that failed are named
-        (training has gone on meanwhile: a failed upload never stops it)."""
-        self.checkpointer.wait()
-        if self.uploads is not None:
-            failed, self.uploads = self.uploads.close(), None
-            if failed:
-                self.monitor.info(f"s3: {len(failed)} checkpoint(s) not uploaded to {self.plan.checkpoints.s3.url}: "
-                                  f"{', '.join(failed)}; they are only in {self.checkpointer.root}")  # fmt: skip
+    def finish_uploads(self, *, wait: bool) -> None:
+        """Rank 0's checkpoint uploads: waited for, and those that failed named (training went on meanwhile: a
+        failed upload never stops it); or, when the run stops (`wait` False), those still running named."""
+        if self.uploads is None:
+            return
+        uploads, self.uploads, where = self.uploads, None, self.plan.checkpoints.s3.url
+        if not wait:
+            if pending := uploads.pending:
+                self.monitor.info(f"s3: the run stops before {', '.join(pending)} finished uploading to {where}; "
+                                  f"they are only in {self.checkpointer.root}")  # fmt: skip
+            return
+        if failed := uploads.close():
+            self.monitor.info(f"s3: {len(failed)} checkpoint(s) not uploaded to {where}: {', '.join(failed)}; they "
+                              f"are only in {self.checkpointer.root}, unless retention removed them")  # fmt: skip
 
     @property
     def token_mesh(self) -> DeviceMesh | None:

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-MIN_PART = 5 * 2**20
-"""S3's smallest part but the last."""
+from .marker import MARKER
+
 MAX_PARTS = 10_000
+"""S3's most parts in one upload: a file larger than chunk_size x this goes up in larger parts."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ def boto3_problem() -> str | None:
     return None
 
 
+def part_size(size: int, chunk_size: int) -> int:
+    """`chunk_size`, or larger where a file of `size` bytes would need more than S3's 10,000 parts."""
+    return max(chunk_size, -(-size // MAX_PARTS))
+
+
 def multipart_etag(path: Path, chunk_size: int) -> str:
     """The ETag S3 gives `path` uploaded in parts of `chunk_size` bytes: the MD5 of the parts' MD5s, "-", and
     how many parts there are (an empty file is one empty part)."""
@@ -73,12 +79,22 @@ class CheckpointUploader:
         self.target, self.run_name, self.say = target, run_name, say
         self.client = client if client is not None else _client()
         self.failed: list[str] = []
+        self._pending: list[str] = []
+        self._lock = threading.Lock()
         self._queue: queue.Queue[Path | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="nxd-s3-upload", daemon=True)
         self._thread.start()
 
     def submit(self, checkpoint: Path) -> None:
+        with self._lock:
+            self._pending.append(checkpoint.name)
         self._queue.put(checkpoint)
+
+    @property
+    def pending(self) -> list[str]:
+        """The checkpoints queued or uploading now."""
+        with self._lock:
+            return list(self._pending)
 
     def close(self) -> list[str]:
         """Wait for every queued checkpoint; the names of those not uploaded."""
@@ -92,23 +108,29 @@ class CheckpointUploader:
 
     def _work(self) -> None:
         while (checkpoint := self._queue.get()) is not None:
-            started = time.monotonic()
             try:
-                if not checkpoint.is_dir():
-                    raise UploadError("its folder was removed locally before it was uploaded (the checkpoint "
-                                      "retention deleted it)")  # fmt: skip
-                files = sorted(path for path in checkpoint.rglob("*") if path.is_file())
-                for file in files:
-                    self._upload_with_retries(checkpoint, file)
-            except (OSError, UploadError) as error:
+                self._upload_checkpoint(checkpoint)
+            except Exception as error:  # noqa: BLE001 - whatever happens, later checkpoints still go up
                 self.failed.append(checkpoint.name)
                 self.say(f"s3: checkpoint {checkpoint.name} was not uploaded to {self.target.url}: {error}")
-                continue
-            size = sum(file.stat().st_size for file in files) / 2**20
-            where = "/".join(part for part in (self.target.prefix, self.run_name, checkpoint.name) if part)
-            self.say(f"s3: checkpoint {checkpoint.name} uploaded to s3://{self.target.bucket}/{where}/ "
-                     f"({len(files)} files, {size:.1f} MiB, digests checked) in "
-                     f"{time.monotonic() - started:.1f} s")  # fmt: skip
+            finally:
+                with self._lock:
+                    self._pending.remove(checkpoint.name)
+
+    def _upload_checkpoint(self, checkpoint: Path) -> None:
+        """Every file of `checkpoint`, its completion marker last (a copy without it reads as half written)."""
+        started = time.monotonic()
+        if not checkpoint.is_dir():
+            raise UploadError("its folder was removed locally before it was uploaded (the checkpoint retention "
+                              "deleted it)")  # fmt: skip
+        files = sorted((path for path in checkpoint.rglob("*") if path.is_file()), key=lambda path: (
+            path.name == MARKER, path.relative_to(checkpoint).as_posix()))  # fmt: skip
+        size = sum(file.stat().st_size for file in files) / 2**20
+        for file in files:
+            self._upload_with_retries(checkpoint, file)
+        where = "/".join(part for part in (self.target.prefix, self.run_name, checkpoint.name) if part)
+        self.say(f"s3: checkpoint {checkpoint.name} uploaded to s3://{self.target.bucket}/{where}/ ({len(files)} "
+                 f"files, {size:.1f} MiB, digests checked) in {time.monotonic() - started:.1f} s")  # fmt: skip
 
     def _upload_with_retries(self, checkpoint: Path, file: Path) -> None:
         for attempt in range(1, self.target.attempts + 1):
@@ -124,7 +146,7 @@ class CheckpointUploader:
                 time.sleep(self.target.retry_wait * 2 ** (attempt - 1))
 
     def _upload(self, file: Path, key: str) -> None:
-        bucket, chunk = self.target.bucket, self.target.chunk_size
+        bucket, chunk = self.target.bucket, part_size(file.stat().st_size, self.target.chunk_size)
         upload = self.client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
         try:
             parts = []
@@ -144,7 +166,7 @@ class CheckpointUploader:
                 self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
             raise
         found = self.client.head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
-        expected = multipart_etag(file, chunk)
+        expected = multipart_etag(file, chunk)  # S3's rule; servers that encrypt with KMS keys give other ETags
         if found != expected:
             raise UploadError(f"the uploaded object's digest {found} differs from the file's {expected}")
 

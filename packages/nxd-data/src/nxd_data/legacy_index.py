@@ -1,5 +1,6 @@
-"""The older indexed format (fairseq's `IndexedDataset`, GPT-NeoX's and Megatron's `data_impl: cached`
-or `lazy`), read into the arrays the memory-mapped format holds, so every dataset above it reads both.
+"""The older indexed format as GPT-NeoX's and Megatron's `IndexedDataset` write it (`data_impl: cached`;
+fairseq's, from which it comes, has no document index), read into the arrays the memory-mapped format holds,
+so every dataset above it reads both.
 
 The layout (GPT-NeoX `megatron/data/indexed_dataset.py`, `IndexedDatasetBuilder.finalize`), little-endian:
 

@@ -143,8 +143,8 @@ class SM3(torch.optim.Optimizer):
                     largest = _max_except(nu, axis)
                     accumulator.copy_(torch.maximum(accumulator, largest) if beta > 0 else largest)
                 update = _shard_like(nu.add_(eps).rsqrt_().mul_(grad), p)
-                if momentum > 0:
-                    buffer = state["momentum_buffer"]
+                if momentum > 0:  # made here too: a resumed run may add momentum
+                    buffer = state.setdefault("momentum_buffer", torch.zeros_like(p))
                     buffer.mul_(momentum).add_(update, alpha=1 - momentum)
                     update = buffer
                 if decay:

@@ -593,7 +593,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("csv_monitor", "DeepSpeed", None, N, "", "DeepSpeed's own monitor; nxd writes metrics.csv in the run directory"),
     ("elasticity", "DeepSpeed", None, M, "data.global_batch_size",
      "DeepSpeed's elastic batch (versions 0.1 and 0.2): the global batch valid on every data-parallel size in "
-     "min_gpus..max_gpus with the listed micro_batch_sizes, and this size's micro-batch; an invalid size is refused"),
+     "min_gpus..max_gpus with the listed micro_batch_sizes, and this size's micro-batch; version 0.1 refuses a size "
+     "outside them, 0.2 takes its fallback batch there, as DeepSpeed does"),
     ("comms_logger", "DeepSpeed", None, N, "", _DS_TOOL),
     ("compression_training", "DeepSpeed", None, R, "",
      "DeepSpeed's compression (quantization- and pruning-aware training) is not in nxd: train, export with `nxd-train "

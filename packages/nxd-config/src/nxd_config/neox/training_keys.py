@@ -477,8 +477,8 @@ def _batches(a: Arguments, t: Translation) -> None:
     dp = world // model_parallel or 1
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     if (elastic := mapping(t, "elasticity", a["elasticity"])) is not None and elastic.get("enabled", False):
-        _elastic_batches(elastic, dp, t, given=[key for key, value in zip(keys, (total, micro, steps), strict=True)
-                                                if value is not None])  # fmt: skip
+        given = [key for key, value in zip(keys, (total, micro, steps), strict=True) if value is not None]
+        _elastic_batches(elastic, dp, model_parallel, t, given)
         return
     if total is None and micro is None:
         t.refuse("train_batch_size", "expected train_batch_size or train_micro_batch_size_per_gpu, found neither")
@@ -504,7 +504,7 @@ ELASTICITY_KEYS = {"enabled", "max_train_batch_size", "micro_batch_sizes", "min_
                    "model_parallel_size"}  # fmt: skip
 
 
-def _elastic_batches(block: dict[str, Any], dp: int, t: Translation, given: list[str]) -> None:
+def _elastic_batches(block: dict[str, Any], dp: int, model_parallel: int, t: Translation, given: list[str]) -> None:
     """DeepSpeed's elasticity block: the global batch and this data-parallel size's micro-batch computed as its
     compute_elastic_config does, so that a run resumed on another size in the valid range keeps its batch."""
     if unknown := sorted(set(block) - ELASTICITY_KEYS):
@@ -515,21 +515,39 @@ def _elastic_batches(block: dict[str, Any], dp: int, t: Translation, given: list
         t.refuse(given[0], "elasticity takes control of the batch sizes (DeepSpeed's rule): remove "
                  f"{', '.join(given)}, or set elasticity.ignore_non_elastic_batch_info: true")  # fmt: skip
         return
-    micro = block.get("micro_batch_sizes", [2, 4, 6])
+    if missing := [key for key in ("max_train_batch_size", "micro_batch_sizes") if key not in block]:
+        t.refuse(f"elasticity.{missing[0]}", "expected it in an enabled elasticity block (DeepSpeed requires it), "
+                 "found none")  # fmt: skip
+        return
+    micro = block["micro_batch_sizes"]
     if not isinstance(micro, list) or not micro or not all(isinstance(m, int) and m > 0 for m in micro):
         t.refuse("elasticity.micro_batch_sizes", f"expected a list of positive whole numbers, found {show(micro)}")
+        return
+    counts = {key: block.get(key, default) for key, default in (("max_train_batch_size", 1), ("min_gpus", 1),
+              ("max_gpus", 10000), ("num_gpus_per_node", 1), ("model_parallel_size", 1))}  # fmt: skip
+    if bad := [key for key, value in counts.items() if not isinstance(value, int) or isinstance(value, bool)
+               or value < 1]:  # fmt: skip
+        t.refuse(f"elasticity.{bad[0]}", f"expected a positive whole number, found {show(counts[bad[0]])}")
+        return
+    if counts["min_gpus"] > counts["max_gpus"]:
+        t.refuse("elasticity.min_gpus", f"expected at most max_gpus ({counts['max_gpus']}), found {counts['min_gpus']}")
+        return
+    if "model_parallel_size" in block and counts["model_parallel_size"] != model_parallel:
+        t.refuse("elasticity.model_parallel_size", f"expected this run's model-parallel size (model_parallel_size x "
+                 f"pipe_parallel_size = {model_parallel}), found {counts['model_parallel_size']}")  # fmt: skip
+        return
+    if (version := block.get("version", 0.2)) not in (0.1, 0.2, "0.1", "0.2"):
+        t.refuse("elasticity.version", f"expected 0.1 or 0.2, found {show(version)}")
         return
     if block.get("min_time", 0):
         t.notice("elasticity.min_time", "a hint to DeepSpeed's resource scheduler; nxd's launchers do not read it")
     try:
-        found = elastic_batch(micro_batches=micro, max_batch=block.get("max_train_batch_size", 2000),
-                              data_parallel=dp, min_gpus=block.get("min_gpus", 1),
-                              max_gpus=block.get("max_gpus", 10000),
-                              prefer_larger=block.get("prefer_larger_batch", True),
-                              version=float(block.get("version", 0.2)),
-                              gpus_per_node=block.get("num_gpus_per_node", 1),
-                              model_parallel=block.get("model_parallel_size", 1))  # fmt: skip
-    except (ElasticityError, TypeError) as error:
+        found = elastic_batch(micro_batches=micro, max_batch=counts["max_train_batch_size"], data_parallel=dp,
+                              min_gpus=counts["min_gpus"], max_gpus=counts["max_gpus"],
+                              prefer_larger=block.get("prefer_larger_batch", True) is not False,
+                              version=float(version), gpus_per_node=counts["num_gpus_per_node"],
+                              model_parallel=counts["model_parallel_size"])  # fmt: skip
+    except ElasticityError as error:
         t.refuse("elasticity", f"expected a block that gives {dp} data-parallel rank(s) a batch: {error}")
         return
     t.set("data.micro_batch_size", found.micro_batch, "elasticity")

@@ -354,7 +354,8 @@ class SM3(_Optimizer):
                           ge=0.0, lt=1.0)  # fmt: skip
     beta: float = key(0.0, "0: the accumulators sum squared gradients (SM3-II); above 0: the new square's share is "
                       "1 - beta, a running average.", by=APP, ge=0.0, lt=1.0)  # fmt: skip
-    eps: float = key(1e-30, "Added under the square root.", by=APP, ge=0.0)
+    eps: float = key(1e-30, "Added under the square root (above 0: an entry whose gradient and accumulators are 0 "
+                     "would otherwise step by 0/0).", by=APP, gt=0.0)
 
 
 class Adafactor(_Optimizer):
