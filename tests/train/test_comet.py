@@ -16,7 +16,7 @@ from nxd_train.corpus import default_cache_dir
 from nxd_train.preflight import PreflightError, plan_run
 
 from tests.train.test_checkpointing import SAVE, checkpoints
-from tests.training_runs import tensorboard_scalars, train_in_process
+from tests.training_runs import FAST, read_metrics, run_command, tensorboard_scalars
 
 COMET = ["+exp_manager.create_comet_logger=True", "+exp_manager.comet_logger_kwargs.project=tiny",
          "+exp_manager.comet_logger_kwargs.name=first", "+exp_manager.comet_logger_kwargs.tags=[a,b]",
@@ -33,7 +33,7 @@ def no_api_key(monkeypatch, tmp_path):
 def archived(folder: Path) -> list[tuple[dict, list[dict]]]:
     """Each offline archive's experiment.json and messages, as `comet upload` reads them."""
     found = []
-    for archive in sorted(folder.glob("*.zip"), key=lambda path: path.stat().st_mtime):
+    for archive in sorted(folder.rglob("*.zip"), key=lambda path: path.stat().st_mtime):
         with zipfile.ZipFile(archive) as opened:
             experiment = json.loads(opened.read("experiment.json"))
             messages = [json.loads(line) for line in opened.read("messages.json").decode().splitlines() if line]
@@ -50,11 +50,16 @@ def others(messages: list[dict]) -> dict[str, object]:
     return {m["payload"]["key"]: m["payload"]["value"] for m in messages if m["type"] == "log_other"}
 
 
-def test_an_offline_experiment_holds_the_logged_series_and_continues_on_resume(tmp_path, train_here, no_api_key):
-    job = ["trainer.max_steps=4", "exp_manager.create_tensorboard_logger=True", *SAVE,
-           "+exp_manager.checkpoint_callback_params.every_n_train_steps=2", *COMET]  # fmt: skip
-    rows = train_here(*job)
+def test_an_offline_experiment_holds_the_logged_series_and_continues_on_resume(tmp_path, no_api_key):
+    """Each run is the nxd-train command: comet-ml binds its log handlers to the streams of the process that imports
+    it first, which inside pytest are a finished test's (transformers imports comet-ml when it is installed)."""
     log_dir = tmp_path / "run0"
+    job = [*FAST, "trainer.max_steps=4", "exp_manager.create_tensorboard_logger=True", *SAVE,
+           "+exp_manager.checkpoint_callback_params.every_n_train_steps=2", *COMET,
+           f"+exp_manager.explicit_log_dir={log_dir}"]  # fmt: skip
+    first = run_command(*job, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = read_metrics(log_dir)
     [(experiment, messages)] = archived(log_dir / "comet")
     key = (log_dir / "comet_experiment_key").read_text().strip()
     assert experiment["offline_id"] == key and experiment["project_name"] == "tiny"
@@ -68,10 +73,11 @@ def test_an_offline_experiment_holds_the_logged_series_and_continues_on_resume(t
     params = {m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"] for m in messages
               if m["type"] == "parameter_msg" and "param" in m["payload"]}  # fmt: skip
     assert params["trainer|max_steps"] == 4  # the resolved config, flattened as Comet shows it
-    resumed = train_in_process(log_dir, *job, f"+exp_manager.resume_from_checkpoint={checkpoints(log_dir)[2]}")
-    assert [row["step"] for row in resumed if "loss" in row] == [3, 4]
-    [_, (again, messages)] = archived(log_dir / "comet")
-    assert again["offline_id"] == key and set(series(messages, "loss")) == {3, 4}
+    again = run_command(*job, f"+exp_manager.resume_from_checkpoint={checkpoints(log_dir)[2]}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [row["step"] for row in read_metrics(log_dir) if "loss" in row][-2:] == [3, 4]
+    [_, (continued, messages)] = archived(log_dir / "comet")
+    assert continued["offline_id"] == key and set(series(messages, "loss")) == {3, 4}
 
 
 def test_without_the_comet_package_the_run_is_refused_before_launch(tmp_path, monkeypatch):

@@ -1,13 +1,16 @@
 """Comet as one more of the Monitor's metric loggers (exp_manager.create_comet_logger; GPT-NeoX's use_comet).
 
 With an API key (COMET_API_KEY, or `comet login`'s file) the experiment is online; without one it is an offline
-experiment archived under the log directory's `comet` folder when the run ends, for `comet upload`. Its key is
+experiment archived under the log directory's `comet` folder when the run ends (each process of a resumed run in
+a folder of its own), for `comet upload`. Its key is
 kept beside it, so a run resumed in the same directory goes on in the same experiment. The comet-ml package is
 the optional extra nxd-train[comet]."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,8 +44,10 @@ class CometLogger(Logger):
         key_file = log_dir / KEY_FILE
         key = key_file.read_text().strip() if key_file.is_file() else uuid.uuid4().hex
         online = comet_ml.config.get_api_key(None, comet_ml.config.get_config()) is not None
-        folder = log_dir / FOLDER
-        folder.mkdir(exist_ok=True)
+        # each process's offline archive in a folder of its own: comet-ml names the archive after the experiment
+        # key, so a resumed run's would replace the archive of the steps before it
+        folder = log_dir / FOLDER / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        folder.mkdir(parents=True, exist_ok=True)
         options = comet_ml.ExperimentConfig(
             name=settings.name, tags=list(settings.tags) or None, offline_directory=str(folder),
             auto_output_logging=False, auto_metric_logging=False, auto_param_logging=False, log_code=False,
