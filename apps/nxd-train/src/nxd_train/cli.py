@@ -48,7 +48,7 @@ from .export_dtypes import EXPORT_DTYPES
 if TYPE_CHECKING:
     from .plan import RunPlan
 
-SUBCOMMANDS = ("train", "config", "plan", "launch", "generate", "eval", "data", "ckpt")
+SUBCOMMANDS = ("train", "config", "plan", "tune", "launch", "generate", "eval", "data", "ckpt")
 TOP_LEVEL_OPTIONS = ("-h", "--help", "--version", "-V")
 OVERRIDE_HELP = ("a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML); --a.b VALUE is "
                  "a.b=VALUE")  # fmt: skip
@@ -140,6 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
                       help="memory of one rank in GiB (default: the local accelerator's, or the host's shared by "
                            "the local ranks)")  # fmt: skip
 
+    text = ("search micro-batch size x ZeRO stage (the config's tune keys; GPT-NeoX's autotuning block): the memory "
+            "plan leaves out what does not fit, each other candidate trains tune.end_step steps, and the fastest by "
+            "tokens/s is written as a new config file")  # fmt: skip
+    tune = commands.add_parser("tune", help="find the fastest micro-batch size and ZeRO stage", description=text)
+    tune.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
+    tune.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
+    tune.add_argument("--device-memory", type=float, metavar="GIB", default=None,
+                      help="memory of one rank in GiB for the memory plan (default: the local accelerator's, or the "
+                           "host's shared by the local ranks)")  # fmt: skip
+    tune.add_argument("--output", "-o", type=Path, default=None,
+                      help="the tuned config's file (default: <name>-tuned.yaml; never over a file that exists)")
+
     text = ("write the job a cluster runs from the same config files: an sbatch script (trainer.num_nodes nodes, "
             "trainer.devices tasks each, trainer.cluster's partition, account, time, requeue and warning signal) or, "
             "for a hostfile (trainer.cluster.scheduler: hosts), each host's torchrun command; config check and plan "
@@ -230,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         while index < len(args_list) and _is_config_file(args_list[index]):
             args_list[index:index + 1] = ["--config", args_list[index]]
             index += 2
-    if args_list[0] in ("train", "config", "plan", "launch", "generate", "eval"):
+    if args_list[0] in ("train", "config", "plan", "tune", "launch", "generate", "eval"):
         if problem := mistyped_option(args_list):
             print(f"nxd-train {args_list[0]}: {problem}", file=sys.stderr)
             return 2
@@ -247,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "copy":
             return copy_command(args.name, args.destination)
         return keys_command(args.prefix)
-    if args.command in ("config", "plan", "launch", "generate", "eval"):
+    if args.command in ("config", "plan", "tune", "launch", "generate", "eval"):
         files, overrides = split_items(args.items)
         if not files and args.command == "config":
             files = [default_config_path()]
@@ -263,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _launch_command(files, overrides, args)
         if args.command == "plan":
             return _plan_command(files, overrides, args.device_memory, args.dialect)
+        if args.command == "tune":
+            from .tuning import tune_command
+
+            return tune_command(files, overrides, args.dialect, args.device_memory, args.output)
         return _config_command(args.action, files, overrides, args.dialect, getattr(args, "to", "nxdt"))
     if args.command == "data":
         return _preprocess_command(args)

@@ -580,7 +580,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("dump_state", "DeepSpeed", False, N, "", _DS_TOOL),
     ("flops_profiler", "DeepSpeed", None, N, "", _DS_TOOL + "; nxd logs MFU"),
     ("communication_data_type", "DeepSpeed", None, N, "", "nxd reduces gradients in fp32"),
-    ("autotuning", "DeepSpeed", None, R, "", "DeepSpeed's autotuner is not in nxd; `nxd-train plan` sizes a layout"),
+    ("autotuning", "DeepSpeed", None, M, "tune",
+     "read by `nxd-train tune` (micro-batch size x ZeRO stage, each timed): start/end_profile_step and the micro-batch "
+     "bounds map; the tuner's own settings are noticed"),
     ("activation_checkpointing", "DeepSpeed", None, N, "",
      "DeepSpeed's own copy of checkpoint_activations' settings; nxd reads checkpoint_activations"),
     ("sparse_attention", "DeepSpeed", None, N, "", "DeepSpeed's own copy of the sparse settings; NeoX's layers read "

@@ -26,7 +26,7 @@ GROUPS = (model_keys.model_keys, model_keys.sharing_keys, model_keys.soft_prompt
           training_keys.optimizer_keys, training_keys.loop_keys, file_keys.data_keys,
           post_training_keys.post_training_keys, file_keys.tokenizer_keys, file_keys.checkpoints_keys,
           file_keys.resume_keys, file_keys.logging_keys,
-          inference_keys.inference_keys)  # fmt: skip
+          inference_keys.inference_keys, inference_keys.autotuning_keys)  # fmt: skip
 """Each group of mapped keys, in the order they are translated."""
 
 

@@ -12,7 +12,7 @@ from .alignment import AlignmentConfig
 from .data import DataConfig
 from .distributed import DistributedStrategyConfig
 from .exp_manager import ExpManagerConfig
-from .inference import EvalConfig, GenerateConfig
+from .inference import EvalConfig, GenerateConfig, TuneConfig
 from .model import ModelConfig
 from .precision import PrecisionConfig
 from .trainer import TrainerConfig
@@ -47,6 +47,8 @@ class NxdConfig(Section):
                                    note="GPT-NeoX's text generation keys (generate.py)")  # fmt: skip
     eval: EvalConfig = key(EvalConfig(), "What nxd-train eval benchmarks.", status=Status.EXTENSION,
                            note="GPT-NeoX's eval_tasks and eval_results_prefix (eval.py)")  # fmt: skip
+    tune: TuneConfig = key(TuneConfig(), "What nxd-train tune searches.", status=Status.EXTENSION,
+                           note="GPT-NeoX's DeepSpeed autotuning block")  # fmt: skip
     compiler_flags: str | None = key(
         None, "Neuron compiler flags (NEURON_CC_FLAGS).", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import model_validator
+
 from ._base import Section, Status, frozen_list, key
 
 TRAIN = "nxd-train"
@@ -63,3 +65,36 @@ class EvalConfig(Section):
     batch_size: int = key(8, "Requests scored in one forward.", by=TRAIN, status=EXT, note=EVAL, ge=1)
     log_samples: bool = key(False, "Write each document's prompt, responses and scores in the results file too "
                                    "(lm-eval's --log_samples).", by=TRAIN, status=EXT, note=EVAL)  # fmt: skip
+
+
+TUNE = "nxd-train tune reads it (GPT-NeoX's DeepSpeed autotuning block; NxDT has no autotuner)"
+
+
+class TuneConfig(Section):
+    """The search `nxd-train tune` makes: micro-batch sizes x ZeRO stages, pruned by the memory plan, each timed
+    over a few steps (DeepSpeed's autotuning, its fast mode)."""
+
+    micro_batch_sizes: frozen_list(int) = key(
+        (), "The micro-batch sizes tried; empty: every size from min_micro_batch_size to max_micro_batch_size that "
+        "divides a rank's share of the global batch.", by=TRAIN, status=EXT, note=TUNE,
+    )
+    min_micro_batch_size: int = key(1, "The smallest micro-batch size tried.", by=TRAIN, status=EXT, note=TUNE, ge=1)
+    max_micro_batch_size: int = key(1024, "The largest micro-batch size tried.", by=TRAIN, status=EXT, note=TUNE,
+                                    ge=1)  # fmt: skip
+    zero_stages: frozen_list(Literal[0, 1, 3]) = key(
+        (), "The ZeRO stages tried (0: replicated, 1: zero1, 3: zero1 and zero3); empty: all three with more than "
+        "one data-parallel rank, 0 alone otherwise.", by=TRAIN, status=EXT, note=TUNE,
+    )
+    start_step: int = key(3, "The first step timed (the steps before it warm up).", by=TRAIN, status=EXT, note=TUNE,
+                          ge=1)  # fmt: skip
+    end_step: int = key(5, "The last step timed: each candidate trains this many steps.", by=TRAIN, status=EXT,
+                        note=TUNE, ge=1)  # fmt: skip
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TuneConfig:
+        if self.start_step > self.end_step:
+            raise ValueError(f"expected start_step at most end_step ({self.end_step}), found {self.start_step}")
+        if self.min_micro_batch_size > self.max_micro_batch_size:
+            raise ValueError(f"expected min_micro_batch_size at most max_micro_batch_size "
+                             f"({self.max_micro_batch_size}), found {self.min_micro_batch_size}")  # fmt: skip
+        return self
