@@ -62,3 +62,23 @@ def test_a_server_stopped_mid_run_leaves_the_run_to_finish_and_names_what_was_no
     assert f"s3: checkpoint {last} was not uploaded to s3://{BUCKET}/runs: " in text
     summary = next(line for line in text.splitlines() if "checkpoint(s) not uploaded to" in line)
     assert last in summary and f"they are only in {log_dir / 'checkpoints'}" in summary
+
+
+def test_without_boto3_or_checkpoints_the_run_is_refused_before_launch(tmp_path, monkeypatch):
+    import importlib.util
+
+    import pytest
+    from nxd_config import load_config
+    from nxd_train.cli import default_config_path
+    from nxd_train.corpus import default_cache_dir
+    from nxd_train.preflight import PreflightError, plan_run
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "boto3" else real(name, *rest))
+    cfg = load_config(default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}",
+                                              f"+exp_manager.s3_checkpoints.path=s3://{BUCKET}"])  # fmt: skip
+    with pytest.raises(PreflightError) as caught:
+        plan_run(cfg, default_cache_dir())
+    assert ("exp_manager.s3_checkpoints.path: expected the boto3 package, found it not installed; install "
+            "nxd-train[s3] (pip install boto3)") in caught.value.problems
+    assert any("expected checkpoints to upload" in problem for problem in caught.value.problems)

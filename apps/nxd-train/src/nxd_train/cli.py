@@ -48,6 +48,8 @@ from .export_dtypes import EXPORT_DTYPES
 if TYPE_CHECKING:
     from .plan import RunPlan
 
+DEVICE_MEMORY_HELP = ("memory of one rank in GiB (default: the local accelerator's, or the host's shared by the "
+                      "local ranks)")
 SUBCOMMANDS = ("train", "config", "plan", "tune", "launch", "generate", "eval", "data", "ckpt")
 TOP_LEVEL_OPTIONS = ("-h", "--help", "--version", "-V")
 OVERRIDE_HELP = ("a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML); --a.b VALUE is "
@@ -136,9 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="each rank's memory before launch", description=text)
     plan.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     plan.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
-    plan.add_argument("--device-memory", type=float, metavar="GIB", default=None,
-                      help="memory of one rank in GiB (default: the local accelerator's, or the host's shared by "
-                           "the local ranks)")  # fmt: skip
+    plan.add_argument("--device-memory", type=float, metavar="GIB", default=None, help=DEVICE_MEMORY_HELP)
 
     text = ("search micro-batch size x ZeRO stage (the config's tune keys; GPT-NeoX's autotuning block): the memory "
             "plan leaves out what does not fit, each other candidate trains tune.end_step steps, and the fastest by "
@@ -146,9 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="find the fastest micro-batch size and ZeRO stage", description=text)
     tune.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     tune.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
-    tune.add_argument("--device-memory", type=float, metavar="GIB", default=None,
-                      help="memory of one rank in GiB for the memory plan (default: the local accelerator's, or the "
-                           "host's shared by the local ranks)")  # fmt: skip
+    tune.add_argument("--device-memory", type=float, metavar="GIB", default=None, help=DEVICE_MEMORY_HELP)
     tune.add_argument("--output", "-o", type=Path, default=None,
                       help="the tuned config's file (default: <name>-tuned.yaml; never over a file that exists)")
 

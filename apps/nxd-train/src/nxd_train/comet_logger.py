@@ -8,7 +8,6 @@ the optional extra nxd-train[comet]."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 import uuid
@@ -25,14 +24,6 @@ FOLDER = "comet"
 
 class CometStartError(Exception):
     """Comet could not start an experiment (a rejected API key, an unreachable host ...)."""
-
-
-def comet_problem() -> str | None:
-    """Why Comet cannot log here (the package is missing), or None."""
-    if importlib.util.find_spec("comet_ml") is None:
-        return ("exp_manager.create_comet_logger: expected the comet-ml package, found it not installed; install "
-                "nxd-train[comet] (pip install comet-ml)")  # fmt: skip
-    return None
 
 
 class CometLogger(Logger):

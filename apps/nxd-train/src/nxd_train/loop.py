@@ -117,9 +117,7 @@ def _train(run: Run) -> Path:
                 break
             if (signum := stops.agreed(run.fabric.device)) is not None and done < run.steps:
                 _stop_on_signal(run, signum, done, logged, saved=saved_at == done, finite=not guard.streak)
-    if run.profiler is not None:
-        run.profiler.close()
-    run.checkpointer.wait()
+    _settle(run)
     if run.trainer_outputs is not None:
         run.trainer_outputs.finish()
     test_loss, per_char = evaluate_with_characters(run, run.test_data, cadence.limit_test_batches)
@@ -154,12 +152,17 @@ class ValidationWatch:
         return self.waited >= self.rule.patience
 
 
-def _close(run: Run) -> None:
-    """End a run that stops early: the save in flight completes, the profiler window ends, uploads still running are
-    named (a stop does not wait for them), the logs are flushed."""
+def _settle(run: Run) -> None:
+    """The profiler window ends and the save in flight completes."""
     if run.profiler is not None:
         run.profiler.close()
     run.checkpointer.wait()
+
+
+def _close(run: Run) -> None:
+    """End a run that stops early: `_settle`, uploads still running are named (a stop does not wait for them), the
+    logs are flushed."""
+    _settle(run)
     run.finish_uploads(wait=False)
     run.monitor.close()
 
@@ -178,9 +181,7 @@ def _exit_at_interval(run: Run, done: int, *, saved: bool) -> None:
              "exp_manager.resume_if_exists) continues to the next multiple" if saved else
              "nothing was saved (checkpointing is off, or the step was not finite)")  # fmt: skip
     run.monitor.info(f"trainer.exit_interval: exiting after step {done} of {run.steps}: {where}")
-    if run.profiler is not None:
-        run.profiler.close()
-    run.checkpointer.wait()
+    _settle(run)
     _end(run)
 
 

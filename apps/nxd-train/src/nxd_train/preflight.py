@@ -8,6 +8,7 @@ finish. This is the only module of a run that reads the config.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_digest
-from nxd_ckpt import CheckpointError, CheckpointWarning, S3Target, boto3_problem, latest_checkpoint, read_info
+from nxd_ckpt import CheckpointError, CheckpointWarning, S3Target, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig, Status
 from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, RewardModelConfig
 from nxd_config.schema.model import MoEConfig, MupConfig, SparseAttentionConfig
@@ -59,7 +60,6 @@ from .checkpointing import (
     resume_choice,
     save_policy,
 )
-from .comet_logger import comet_problem
 from .data import (
     DataSplits,
     ModelVocabulary,
@@ -89,7 +89,6 @@ from .plan import (
 from .profiling import ProfilerWindow
 from .resume_check import IDENTITY, architecture, compare, data_identity
 from .training_statistics import StatisticsSettings
-from .wandb_logger import wandb_problem
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -763,16 +762,16 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     if exp.create_early_stopping_callback and cfg.trainer.limit_val_batches == 0:
         problems.append("exp_manager.create_early_stopping_callback: expected validation to judge (trainer."
                         "limit_val_batches above 0), found limit_val_batches 0")  # fmt: skip
-    if cfg.exp_manager.create_wandb_logger and (problem := wandb_problem()):
-        problems.append(problem)
-    if cfg.exp_manager.create_comet_logger and (problem := comet_problem()):
-        problems.append(problem)
-    if cfg.exp_manager.s3_checkpoints.path is not None:
-        if problem := boto3_problem():
-            problems.append(f"exp_manager.s3_checkpoints.path: {problem}")
-        if not cfg.exp_manager.create_checkpoint_callback:
-            problems.append("exp_manager.s3_checkpoints.path: expected checkpoints to upload (exp_manager."
-                            "create_checkpoint_callback True), found checkpointing off")  # fmt: skip
+    for key, wanted, module, extra, package in (
+            ("create_wandb_logger", exp.create_wandb_logger, "wandb", "wandb", "wandb"),
+            ("create_comet_logger", exp.create_comet_logger, "comet_ml", "comet", "comet-ml"),
+            ("s3_checkpoints.path", exp.s3_checkpoints.path is not None, "boto3", "s3", "boto3")):  # fmt: skip
+        if wanted and importlib.util.find_spec(module) is None:
+            problems.append(f"exp_manager.{key}: expected the {package} package, found it not installed; install "
+                            f"nxd-train[{extra}] (pip install {package})")  # fmt: skip
+    if exp.s3_checkpoints.path is not None and not exp.create_checkpoint_callback:
+        problems.append("exp_manager.s3_checkpoints.path: expected checkpoints to upload (exp_manager."
+                        "create_checkpoint_callback True), found checkpointing off")  # fmt: skip
     policy = None
     try:
         policy = precision_policy(cfg)

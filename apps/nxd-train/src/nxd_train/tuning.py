@@ -5,6 +5,7 @@ trains `tune.end_step` steps through the run's own launcher, and the fastest, by
 
 from __future__ import annotations
 
+import csv
 import os
 import statistics
 import subprocess
@@ -90,8 +91,6 @@ def written_and_checked(config: NxdConfig, path: Path) -> str | None:
 
 def measured(log_dir: Path, start: int, end: int) -> float | None:
     """The median tokens/s of steps start..end in the run's metrics.csv, or None when they are missing."""
-    import csv
-
     path = log_dir / "metrics.csv"
     if not path.is_file():
         return None

@@ -6,7 +6,6 @@ same directory goes on in the same W&B run. WANDB_MODE=offline (no network) writ
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +18,6 @@ RUN_ID_FILE = "wandb_run_id"
 
 class WandbStartError(Exception):
     """W&B could not start a run (no API key online, an unreachable host ...)."""
-
-
-def wandb_problem() -> str | None:
-    """Why W&B cannot log here (the package is missing), or None."""
-    if importlib.util.find_spec("wandb") is None:
-        return ("exp_manager.create_wandb_logger: expected the wandb package, found it not installed; install "
-                "nxd-train[wandb] (pip install wandb)")  # fmt: skip
-    return None
 
 
 class WandbLogger(Logger):

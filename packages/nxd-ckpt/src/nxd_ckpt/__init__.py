@@ -10,7 +10,7 @@ from .hf_import import check_hf_weights, load_hf_weights
 from .marker import MARKER, CheckpointInfo, read_info
 from .neox_import import check_neox_weights, find_neox_checkpoint, load_neox_weights, neox_iteration
 from .retention import SavePolicy, template_fields
-from .s3_upload import CheckpointUploader, S3Target, boto3_problem
+from .s3_upload import CheckpointUploader, S3Target
 from .store import Checkpointer, continued_lineage, load_checkpoint, saved_keys
 from .trainer_layout import nxd_checkpoint_of, prune_trainer_checkpoints, write_final, write_trainer_checkpoint
 
@@ -28,7 +28,6 @@ __all__ = [
     "HFExport",
     "S3Target",
     "SavePolicy",
-    "boto3_problem",
     "check_hf_weights",
     "check_neox_weights",
     "continued_lineage",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import queue
 import threading
 import time
@@ -46,13 +45,6 @@ class S3Target:
     @property
     def prefix(self) -> str:
         return urlparse(self.url).path.strip("/")
-
-
-def boto3_problem() -> str | None:
-    """Why uploads cannot run here (boto3 is missing), or None."""
-    if importlib.util.find_spec("boto3") is None:
-        return "expected the boto3 package, found it not installed; install nxd-train[s3] (pip install boto3)"
-    return None
 
 
 def part_size(size: int, chunk_size: int) -> int:
