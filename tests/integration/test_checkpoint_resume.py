@@ -128,8 +128,11 @@ def test_pp2_checkpoint_resumes_in_one_process(uninterrupted, train_here):
 
 
 def _start(log_dir: Path, *overrides: str) -> subprocess.Popen:
+    """The command as a terminal starts it: with Ctrl-C's default disposition, whatever this process's is (nxd-train
+    keeps a SIGINT its parent ignores, and a test run may leave it ignored here)."""
     return subprocess.Popen(command(log_dir, *overrides, *SLOW), cwd=log_dir.parent, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 def _after_step(process: subprocess.Popen, log_dir: Path, step: int) -> None:
