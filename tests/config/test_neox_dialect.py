@@ -846,6 +846,28 @@ def test_neox_sm3_takes_its_params_and_no_weight_decay(tmp_path):
     assert (sm3.name, sm3.lr, sm3.momentum, sm3.beta, sm3.eps, sm3.weight_decay) == ("sm3", 0.05, 0.5, 0.9, 1e-20, 0.0)
 
 
+def test_neox_bnb_optimizer_is_eight_bit_adam_and_a_stable_position_table(tmp_path):
+    """NeoX's get_optimizer: bitsandbytes' Adam8bit(param_groups, weight_decay=..., **params) for type Adam; its
+    Embedding: the learned position table a StableEmbedding whatever the optimizer."""
+    file = {**MODEL, "use_bnb_optimizer": True, "weight_decay": 0.01, "pos_emb": "learned", "optimizer": {
+        "type": "Adam", "params": {"lr": 0.002, "betas": [0.8, 0.9], "eps": 1e-7, "min_8bit_size": 100}}}  # fmt: skip
+    config = load(tmp_path, file)
+    optim = config.model.optim
+    assert (optim.name, optim.lr, optim.betas, optim.eps, optim.min_8bit_size, optim.weight_decay) == (
+        "adam8bit", 0.002, (0.8, 0.9), 1e-7, 100, 0.01)  # fmt: skip
+    assert config.model.position_embedding_norm is True
+    assert load(tmp_path, {**file, "pos_emb": "rotary"}).model.position_embedding_norm is False
+    assert any("optimizer.params.adam_w_mode: unknown parameter of Adam; expected one of betas, eps, lr, "
+               "min_8bit_size" in message for message in errors(tmp_path, {**file, "optimizer": {
+                   "type": "Adam", "params": {"lr": 0.002, "adam_w_mode": True}}}))  # fmt: skip
+    lion = {**file, "optimizer": {"type": "lion", "params": {"lr": 1e-4}}}
+    assert any("use_bnb_optimizer: GPT-NeoX steps with bitsandbytes' 8-bit Adam only for optimizer type Adam without "
+               "use_mup; lion steps as without it, in nxd too" in notice for notice in notices(tmp_path, lion))
+    assert (load(tmp_path, lion).model.optim.name, load(tmp_path, lion).model.position_embedding_norm) == ("lion", True)
+    assert any("use_bnb_optimizer: expected true or false, found 'yes'" in message
+               for message in errors(tmp_path, {**file, "use_bnb_optimizer": "yes"}))  # fmt: skip
+
+
 def test_pack_impl_and_allow_chopped(tmp_path):
     d = load(tmp_path, {**MODEL, "pack_impl": "pack_until_overflow", "allow_chopped": False}).data
     assert (d.pack_impl, d.allow_chopped) == ("pack_until_overflow", False)

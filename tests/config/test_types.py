@@ -94,7 +94,7 @@ def test_unknown_optimizer_name_suggests_the_closest(minimal) -> None:
     minimal["model"]["optim"]["name"] = "adamW"
     assert error_lines(minimal) == [
         "model.optim.name: expected one of adamw, adamw_fp32OptState, sgd, adam, adadelta, adamax, "
-        "adagrad, rmsprop, rprop, novograd, adafactor, lion, madgrad_wd, sm3, found 'adamW' (did you mean 'adamw'?)"
+        "adagrad, rmsprop, rprop, novograd, adafactor, lion, madgrad_wd, sm3, adam8bit, found 'adamW' (did you mean 'adamw'?)"
     ]
 
 

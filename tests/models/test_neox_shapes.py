@@ -14,6 +14,7 @@ from nxd_models.init_methods import init_weight
 from nxd_models.norms import QueryKeyNorm, ScaleNorm, build_norm
 from nxd_models.positions import (
     RelativePositionBias,
+    StableEmbedding,
     alibi_bias,
     alibi_slopes,
     relative_position_bucket,
@@ -134,6 +135,40 @@ def test_an_rpe_model_decodes_with_a_cache_as_it_computes_whole_sequences():
         rest = decoding_logits(model, ids[:, 5:], torch.arange(5, 8)[None], cache)
     assert torch.allclose(torch.cat([first, rest], 1), whole, atol=1e-5)
     assert model.model.relative_position_bias.weight.shape == (4, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_stable_position_table_is_bitsandbytes_stable_embedding(dtype):
+    """bitsandbytes' own StableEmbedding on the same weights is the reference (GPT-NeoX builds its learned position
+    table as one with use_bnb_optimizer); it computes the norm in fp32 (on the CPU, its module only with fp32
+    weights: it is given the bf16 weights as fp32) and returns the table's dtype."""
+    import bitsandbytes as bnb
+
+    torch.manual_seed(0)
+    ours, reference = StableEmbedding(12, 16).to(dtype), bnb.nn.StableEmbedding(12, 16)
+    with torch.no_grad():
+        ours.norm.weight.uniform_(0.5, 1.5)
+        ours.norm.bias.uniform_(-0.1, 0.1)
+    reference.load_state_dict({name: value.float() for name, value in ours.state_dict().items()})
+    positions = torch.tensor([[0, 3, 11, 5]])
+    assert ours(positions).dtype == dtype
+    assert torch.equal(ours(positions), reference(positions).to(dtype))
+
+
+def test_a_model_with_the_stable_position_table_normalises_its_rows_and_keeps_its_state_fp32():
+    model = build_causal_lm(_config(position_embedding_norm=True))
+    table = model.model.position_embeddings
+    assert isinstance(table, StableEmbedding)
+    assert (table.norm.weight.tolist(), table.norm.bias.tolist()) == ([1.0] * 16, [0.0] * 16)
+    from nxd_models import model_family
+
+    names = [name for name, _ in model.named_parameters()]
+    flags = model_family(model.config).fp32_state_parameters(names)
+    assert [name for name, flag in zip(names, flags, strict=True) if flag] == ["model.position_embeddings.weight"]
+    assert model_family(_config()).fp32_state_parameters(names) is None
+    with pytest.raises(ModelConfigError, match="model.position_embedding_norm: normalises the learned position "
+                       "table's rows; expected learned_absolute positions with it, found 'rope'"):
+        build_causal_lm(_config(position_embedding_norm=True, position_embedding_type="rope"))
 
 
 def test_sinusoids_are_all_sines_then_all_cosines():

@@ -40,6 +40,7 @@ from nxd_parallel import (
     split_sequence,
 )
 from nxd_precision import Float8Spec, PrecisionOptimizer, prepare_parameters, resolve_policy
+from nxd_precision.adam8bit import Adam8bit
 from nxd_precision.neox_optimizers import SM3
 from nxd_precision.optimizers import parameter_groups
 from torch.distributed.device_mesh import DeviceMesh
@@ -206,7 +207,8 @@ class Scenario:
     attention: AttentionKernel = AttentionKernel.FLASH
     """The fusions keys' attention kernel (fused_softmax: flash_attention False, NxDT's Mixtral recipes)."""
     optimizer: str = "adamw"
-    """adamw, or sm3 (GPT-NeoX's: accumulators over whole tensors, with momentum and weight decay)."""
+    """adamw, sm3 (GPT-NeoX's: accumulators over whole tensors, with momentum and weight decay) or adam8bit
+    (bitsandbytes' 8-bit Adam, quantized in blocks over whole tensors)."""
 
     def built_family(self):  # noqa: ANN201
         family = model_family(self.spec(), self.attention)
@@ -250,7 +252,8 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     optimizer = PrecisionOptimizer(model.parameters(), policy, lambda tensors: torch.optim.AdamW(
         tensors if scales is None else parameter_groups(tensors, 0.1, True, scales, 1e-3),
         lr=1e-3, weight_decay=0.1, eps=1e-6, foreach=False) if scenario.optimizer == "adamw" else SM3(
-        tensors, lr=1e-2, momentum=0.5, weight_decay=0.1, eps=1e-6))  # fmt: skip
+        tensors, lr=1e-2, momentum=0.5, weight_decay=0.1, eps=1e-6) if scenario.optimizer == "sm3" else Adam8bit(
+        tensors, lr=1e-3, weight_decay=0.1, eps=1e-6, min_8bit_size=64))  # fmt: skip
     loss_mesh, rank = mesh.get("dp_cp"), mesh.data_parallel_rank
     dp, cp, cp_rank = dims.dp, dims.cp, mesh.rank("cp")
     per_rank = GLOBAL_BATCH // dp

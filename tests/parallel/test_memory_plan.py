@@ -57,6 +57,18 @@ def test_parameters_split_as_each_layout_shards_them():
     assert offloaded.total == zero3.total - (4 + 4 + 8) * whole // 2
 
 
+def test_eight_bit_adam_keeps_the_whole_state_on_every_rank():
+    """adam8bit's two 8-bit moments cover whole tensors: 2 bytes per value of the model on every rank, whatever
+    tensor parallelism and ZeRO divide."""
+    whole = 4 * LAYER + EMBED + OUTPUT + 64
+    state = StateBytes(**bytes_per_value(resolve_policy("fp32"), "adam8bit", {}))
+    assert (state.optimizer_state, state.whole_state) == (0, 2)
+    for sizes, layout in ((Sizes(), Layout()), (Sizes(tp=2), Layout()), (Sizes(dp=2), Layout(zero1=True))):
+        assert _plan(sizes, layout, state)[0].optimizer_state == 2 * whole
+    first, last = _plan(Sizes(pp=2), Layout(), state)
+    assert (first.optimizer_state, last.optimizer_state) == (2 * (2 * LAYER + EMBED), 2 * (2 * LAYER + OUTPUT + 64))
+
+
 def test_precision_types_cost_what_their_dtypes_say():
     mixed = bytes_per_value(resolve_policy("mixed_precision"), "adamw", {})
     # bf16 weight 2, fp32 gradient 4, fp32 master 4, two fp32 moments 8: 18 bytes per trained value

@@ -63,6 +63,9 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("megatron-sm3-dp2-zero1", layout=Layout(zero1=True), clip=0.5, optimizer="sm3"),
         Scenario("megatron-sm3-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), optimizer="sm3"),
         Scenario("hf-sm3-dp2-zero3", "hf", layout=Layout(zero1=True, zero3=True), optimizer="sm3"),
+        Scenario("megatron-adam8bit-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), optimizer="adam8bit"),
+        Scenario("megatron-adam8bit-dp2-zero1", layout=Layout(zero1=True), clip=0.5, optimizer="adam8bit"),
+        Scenario("hf-adam8bit-dp2-zero3", "hf", layout=Layout(zero1=True, zero3=True), optimizer="adam8bit"),
         *_pipeline_and_context_scenarios(),
         *_lora_scenarios(),
         *_mixture_of_experts_scenarios(),
@@ -309,6 +312,7 @@ DEFAULT_TWO = {
     "megatron-lora-tp2-sp-fused-qkv-kv-replicator", "hf-lora-dp2-zero1-selective-recompute", "megatron-lora-pp2",
     "hf-lora-cp2", "moe-ep2-zero1-full-recompute", "moe-tp2-sp", "moe-pp2", "mixtral-tp2-sp",
     "mixtral-capacity-ep2-zero1-full-recompute", "ds-moe-tp2-sp", "megatron-fp8-dp2-zero3", "megatron-sm3-dp2-zero1",
+    "megatron-adam8bit-tp2-sp",
 }  # fmt: skip
 """One two-process scenario of each feature (layout, recompute kind, QKV form, model shape, LoRA, MoE) in the
 default suite; the rest of the matrix runs with --runslow."""

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from nxd_precision import Novograd, PrecisionConfigError, build_optimizer
+from nxd_precision.adam8bit import Adam8bit
 from nxd_precision.neox_optimizers import SM3, Lion, MadgradWD
 from nxd_precision.optimizers import OPTIMIZER_NAMES, parameter_groups
 from transformers.optimization import Adafactor
@@ -29,6 +30,8 @@ CASES = {
     "lion": ({"lr": 0.003, "betas": (0.95, 0.98), "weight_decay": 0.1}, Lion, {"betas": (0.95, 0.98)}),
     "madgrad_wd": ({"lr": 0.01, "momentum": 0.8, "eps": 1e-6, "weight_decay": 0.01}, MadgradWD, {"momentum": 0.8}),
     "sm3": ({"lr": 0.05, "momentum": 0.5, "beta": 0.9, "weight_decay": 0.01}, SM3, {"momentum": 0.5, "beta": 0.9}),
+    "adam8bit": ({"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "min_8bit_size": 16}, Adam8bit,
+                 {"betas": (0.8, 0.9), "min_8bit_size": 16}),
     "adafactor": ({"lr": 0.01, "beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": 0.8,
                    "relative_step": False}, Adafactor,
                   {"beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": -0.8}),

@@ -43,6 +43,7 @@ from nxd_precision import (
     LossScaling,
     PrecisionConfigError,
     PrecisionPolicy,
+    adam8bit_support_problem,
     bf16_support_problem,
     float8_coverage,
     float8_support_problem,
@@ -171,6 +172,7 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids
         soft_prompt_tokens=0 if prompt is None else prompt.n_tokens,
         soft_prompt_init_range=0.5 if prompt is None else prompt.init_range, soft_prompt_init_ids=prompt_ids,
         position_embedding_multiplier=m.position_embedding_multiplier,
+        position_embedding_norm=m.position_embedding_norm,
     )  # fmt: skip
     if not mup or m.mup is None:
         return config
@@ -780,7 +782,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     else:
         device = torch.device(accelerator_name())
         for problem in (bf16_support_problem(policy, device),
-                        policy.float8 and float8_support_problem(policy.float8, device)):  # fmt: skip
+                        policy.float8 and float8_support_problem(policy.float8, device),
+                        cfg.model.optim.name == "adam8bit" and adam8bit_support_problem(device)):  # fmt: skip
             if problem:
                 problems.append(problem)
         _notices(cfg, policy)

@@ -177,11 +177,11 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
                               microbatches=sampler.accumulation,
                               autocast=forward_autocast(fabric, plan.policy))  # fmt: skip
     update, lora = plan.update, plan.lora
-    scales = plan.family.optimizer_scales([name for name, p in model.named_parameters() if p.requires_grad],
-                                          update.optimizer)  # muP's, where the model has them
+    trained = [name for name, p in model.named_parameters() if p.requires_grad]
+    scales = plan.family.optimizer_scales(trained, update.optimizer)  # muP's, where the model has them
     optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(
         update.optimizer, tensors, update.options, decay_norms_and_biases=update.decay_norms_and_biases,
-        scales=scales))  # fmt: skip
+        scales=scales, fp32_state=plan.family.fp32_state_parameters(trained)))  # fmt: skip
     scheduler = build_scheduler(optimizer.optimizer, update.schedule, update.schedule_options, update.lr, steps)
     scaler = None if update.loss_scaling is None else LossScaler(update.loss_scaling)
     training = TrainingState(model, optimizer, scheduler, use_master_weights=plan.checkpoints.use_master_weights,

@@ -39,6 +39,7 @@ MEGATRON_ONLY = (
     "has_bias", "sliding_window_size", "attention_bias", "mlp_bias", "init_method", "output_layer_init_method",
     "position_embedding_offset", "rpe_num_buckets", "rpe_max_distance", "qk_layernorm", "attention_layers",
     "sparse_attention", "num_unique_layers", "param_sharing_style", "soft_prompt", "position_embedding_multiplier",
+    "position_embedding_norm",
 )  # fmt: skip
 """Keys that describe a Megatron-style architecture; for hf, config.json describes it."""
 
@@ -338,6 +339,10 @@ def positions_cover_sequence(c: NxdConfig) -> Iterator[Finding]:
         yield error("model.position_embedding_offset", f"shifts the learned_absolute or sinusoidal positions; expected "
                     f"0 with {m.position_embedding_type} positions, found {offset}",
                     "model.position_embedding_offset", "model.position_embedding_type")  # fmt: skip
+    if m.position_embedding_norm and m.position_embedding_type != "learned_absolute":
+        yield error("model.position_embedding_norm", f"normalises the learned position table's rows; expected "
+                    f"position_embedding_type learned_absolute with it, found {m.position_embedding_type}",
+                    "model.position_embedding_norm", "model.position_embedding_type")  # fmt: skip
     if m.position_embedding_multiplier != 1 and m.position_embedding_type not in ("learned_absolute", "sinusoidal"):
         yield notice("model.position_embedding_multiplier", f"scales learned_absolute or sinusoidal positions; with "
                      f"{m.position_embedding_type} positions it changes nothing", "model.position_embedding_multiplier",

@@ -240,6 +240,11 @@ class ModelFamily(ABC):
         when every parameter steps alike."""
         return None
 
+    def fp32_state_parameters(self, names: Iterable[str]) -> list[bool] | None:
+        """Which of the parameters `names` keep fp32 state under an 8-bit optimizer (bitsandbytes' StableEmbedding
+        tables), or None when none does."""
+        return None
+
 
 class MegatronFamily(ModelFamily):
     """The Megatron-style GPT / Llama decoder of nxd-models."""
@@ -281,6 +286,11 @@ class MegatronFamily(ModelFamily):
         if self.spec.mup is None:
             return None
         return [self._reference.mup_widths[name].optimizer_scales(optimizer) for name in names]
+
+    def fp32_state_parameters(self, names: Iterable[str]) -> list[bool] | None:
+        if not self.spec.position_embedding_norm:
+            return None
+        return [name.endswith("position_embeddings.weight") for name in names]
 
 
 class HuggingFaceFamily(ModelFamily):

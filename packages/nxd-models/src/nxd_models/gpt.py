@@ -34,7 +34,7 @@ from .kv_cache import KVCache, LayerCache, decoding_mask
 from .maximal_update import MupSpec, Width, widths
 from .moe import Experts, MoELayer, MoESpec
 from .norms import NORMS, QueryKeyNorm, ScaleNorm, build_norm
-from .positions import RelativePositionBias, alibi_bias, alibi_slopes, sinusoidal_embedding
+from .positions import RelativePositionBias, StableEmbedding, alibi_bias, alibi_slopes, sinusoidal_embedding
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .rwkv import RWKV_KINDS, ChannelMix, RWKVLayer, TimeMix
@@ -77,6 +77,9 @@ class GPTConfig:
     """Added to the position ids before the learned or sinusoidal table (OPT's learned positions start at 2)."""
     position_embedding_multiplier: float = 1.0
     """The learned or sinusoidal position embeddings are multiplied by it (GPT-NeoX's mup_rp_embedding_mult)."""
+    position_embedding_norm: bool = False
+    """The learned position table is bitsandbytes' StableEmbedding (`StableEmbedding`: a LayerNorm over its rows,
+    fp32 optimizer state), as GPT-NeoX builds it with use_bnb_optimizer."""
     rpe_num_buckets: int = 32
     """T5's relative position buckets (position_embedding_type "rpe")."""
     rpe_max_distance: int = 128
@@ -257,6 +260,9 @@ def _problems(c: GPTConfig) -> list[str]:
                          f"({c.seq_length + c.position_embedding_offset - 1}) index the learned table; expected "
                          f"max_position_embeddings of at least {c.seq_length + c.position_embedding_offset}, "
                          f"found {c.max_positions}")  # fmt: skip
+    if c.position_embedding_norm and c.position_embedding_type != "learned_absolute":
+        found.append(f"model.position_embedding_norm: normalises the learned position table's rows; expected "
+                     f"learned_absolute positions with it, found {c.position_embedding_type!r}")  # fmt: skip
     if c.qk_layernorm and c.kv_heads != c.num_attention_heads:
         found.append(f"model.qk_layernorm: the query/key norm's weights are one per query head, and nxd keeps fewer "
                      f"key heads unrepeated; expected num_kv_heads {c.num_attention_heads} with it, found "
@@ -550,7 +556,8 @@ class GPTDecoder(nn.Module):
         self.config, self.kernel = config, kernel
         self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         if config.position_embedding_type == "learned_absolute":
-            self.position_embeddings = nn.Embedding(config.max_positions, config.hidden_size)
+            table = StableEmbedding if config.position_embedding_norm else nn.Embedding
+            self.position_embeddings = table(config.max_positions, config.hidden_size)
         if config.position_embedding_type == "rpe":  # one table for every layer, as GPT-NeoX shares it
             self.relative_position_bias = RelativePositionBias(config.num_attention_heads, config.head_dim,
                                                                config.rpe_num_buckets, config.rpe_max_distance)

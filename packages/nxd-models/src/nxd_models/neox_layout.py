@@ -69,6 +69,10 @@ def neox_layout(config: GPTConfig) -> NeoXLayout:
     sources = {"model.embed_tokens.weight": NeoXSource(0, "word_embeddings.weight", "rows")}
     if config.position_embedding_type == "learned_absolute":
         sources["model.position_embeddings.weight"] = NeoXSource(0, "position_embeddings.weight", "one")
+        if config.position_embedding_norm:  # bitsandbytes' StableEmbedding: its LayerNorm under the table's name
+            for name in ("weight", "bias"):
+                sources[f"model.position_embeddings.norm.{name}"] = NeoXSource(0, f"position_embeddings.norm.{name}",
+                                                                               "one")  # fmt: skip
     row_bias = "sum" if parallel else "one"
     for index in range(layers):
         ours, at = f"model.layers.{index}.", index + 2

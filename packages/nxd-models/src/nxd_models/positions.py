@@ -1,6 +1,7 @@
 """Position encodings beside rotary embeddings (see `attention`): fixed sinusoids added to the token
 embeddings, ALiBi's per-head linear biases on the attention scores (Press et al. 2022) and T5's learned
-relative position buckets (Raffel et al. 2020), all as GPT-NeoX defines them."""
+relative position buckets (Raffel et al. 2020), all as GPT-NeoX defines them; and bitsandbytes' StableEmbedding,
+the learned position table GPT-NeoX builds with use_bnb_optimizer."""
 
 from __future__ import annotations
 
@@ -17,6 +18,22 @@ def sinusoidal_embedding(position_ids: torch.Tensor, hidden: int, dtype: torch.d
     inv_freq = 1.0 / (10000 ** (torch.arange(0, hidden, 2, dtype=torch.float32, device=position_ids.device) / hidden))
     angles = position_ids[..., None].float() * inv_freq
     return torch.cat((angles.sin(), angles.cos()), dim=-1).to(dtype)
+
+
+class StableEmbedding(nn.Embedding):
+    """bitsandbytes' StableEmbedding (Dettmers et al. 2022): the looked-up rows through a LayerNorm (eps 1e-5)
+    computed in fp32, returned in the table's dtype. GPT-NeoX makes its learned position table one when
+    use_bnb_optimizer is set; bitsandbytes' optimizers keep its moments in fp32 (the model family's
+    `fp32_state_parameters`)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.norm = nn.LayerNorm(embedding_dim)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Embedding's name)
+        rows, norm = super().forward(input), self.norm
+        return nn.functional.layer_norm(rows.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(),
+                                        norm.eps).to(rows.dtype)  # fmt: skip
 
 
 def alibi_slopes(heads: int) -> list[float]:

@@ -66,6 +66,9 @@ class StateBytes:
     """Per trainable value, made for the optimizer step only (fp32 copies of bf16 parameters and gradients)."""
     compute: int
     """The activations' dtype."""
+    whole_state: int = 0
+    """Per trainable value of the whole model (its stages' share), kept by every rank: optimizer state that
+    tensor parallelism and ZeRO do not divide (8-bit Adam's, whose quantization blocks run over whole tensors)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
     for pp_rank in range(sizes.pp):
         numbers = rank_stages(pp_rank, sizes.pp, virtual_stages)
         held = trained = 0.0  # values on a rank: a parameter's tensor-parallel share over its ZeRO-1 ranks
+        whole = 0  # trained values of the whole parameters on this rank's stages
         gathered = 0  # FSDP2's unsharded copy while computing
         per_layer: dict[int, int] = {}  # the same of each decoder layer (zero3 gathers them one by one)
         for name, parameter in model.named_parameters():
@@ -139,6 +143,7 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
                 share = _tp_share(parameter, styles.get(module), sizes.tp, kv_replicator)
             held += share / data
             trained += share / data if parameter.requires_grad else 0
+            whole += parameter.numel() if parameter.requires_grad else 0
             layer = LAYER.search(name)
             if data > 1 and zero3 and layer is not None:
                 per_layer[int(layer.group(1))] = per_layer.get(int(layer.group(1)), 0) + share
@@ -156,7 +161,8 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
         # logits in the compute dtype; their fp32 copy, log-softmax and its gradient
         loss = loss_tokens * -(-widths.vocab // sizes.tp) * (state.compute + 12) if last else 0
         sharded = {"gradients": trained * state.gradient, "master_weights": trained * state.master,
-                   "optimizer_state": trained * state.optimizer_state, "step": trained * state.step_copies}
+                   "optimizer_state": trained * state.optimizer_state + whole * state.whole_state,
+                   "step": trained * state.step_copies}
         offloaded = 0
         if cpu_offload and zero1 and sizes.dp * sizes.cp > 1:
             offloaded = held * state.parameter + sum(sharded.values())

@@ -3,6 +3,7 @@ master weights, fp16 loss scaling), stochastic rounding and the Neuron runtime's
 
 from importlib.metadata import version as _distribution_version
 
+from .adam8bit import adam8bit_support_problem
 from .errors import PrecisionConfigError
 from .float8 import Float8Spec, float8_coverage, float8_support_problem
 from .loss_scaling import LossScaler, LossScaling
@@ -27,6 +28,7 @@ __all__ = [
     "PrecisionConfigError",
     "PrecisionOptimizer",
     "PrecisionPolicy",
+    "adam8bit_support_problem",
     "bf16_support_problem",
     "apply_options",
     "apply_schedule",

@@ -1,8 +1,8 @@
 """Optimizers by the names of NxDT's `model.optim.name`, built from plain keyword options.
 
 Adafactor is transformers' (imported only when asked for: `pip install nxd-precision[adafactor]`);
-NovoGrad is NeMo's variant (`novograd.py`), lion, madgrad_wd and sm3 are GPT-NeoX's (`neox_optimizers.py`);
-every other name is a torch optimizer.
+NovoGrad is NeMo's variant (`novograd.py`), lion, madgrad_wd and sm3 are GPT-NeoX's (`neox_optimizers.py`),
+adam8bit is bitsandbytes' 8-bit Adam on every layout (`adam8bit.py`); every other name is a torch optimizer.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .adam8bit import Adam8bit
 from .errors import PrecisionConfigError
 from .neox_optimizers import SM3, Lion, MadgradWD
 from .novograd import Novograd
@@ -31,9 +32,10 @@ _TORCH = {
     "lion": Lion,
     "madgrad_wd": MadgradWD,
     "sm3": SM3,
+    "adam8bit": Adam8bit,
 }
 OPTIMIZER_NAMES = (*_TORCH, "adafactor")
-_FOREACH = set(_TORCH) - {"novograd", "lion", "madgrad_wd", "sm3"}
+_FOREACH = set(_TORCH) - {"novograd", "lion", "madgrad_wd", "sm3", "adam8bit"}
 """The torch optimizers with a foreach (multi-tensor) implementation."""
 _FUSED = {"adamw", "adamw_fp32OptState", "adam", "sgd", "adagrad"}
 """Those with a fused kernel (one pass over each tensor's memory), on CPU and CUDA."""
@@ -107,20 +109,41 @@ def parameter_groups(
 
 def build_optimizer(
     name: str, parameters: Iterable[torch.Tensor], options: Mapping[str, Any], *, decay_norms_and_biases: bool,
-    scales: Sequence[tuple[float, float]] | None = None,
+    scales: Sequence[tuple[float, float]] | None = None, fp32_state: Sequence[bool] | None = None,
 ) -> torch.optim.Optimizer:
     """Optimizer `name` over `parameters` (a model's, or their fp32 copies) with `options` (lr,
-    weight_decay, betas, ...); `scales` as `parameter_groups` takes them. Under ZeRO-1 the parameters are 1/dp
-    shards, so its state is too."""
+    weight_decay, betas, ...); `scales` as `parameter_groups` takes them; `fp32_state`, one flag per trainable
+    parameter, marks those whose adam8bit state stays fp32 (bitsandbytes' StableEmbedding tables). Under ZeRO-1
+    the parameters are 1/dp shards, so its state is too."""
     cls, arguments = optimizer_class(name), optimizer_arguments(name, options)
     weight_decay = arguments.pop("weight_decay", None)
+    parameters = list(parameters)
     groups = parameter_groups(parameters, weight_decay, decay_norms_and_biases, scales, arguments.get("lr"))
+    if name == "adam8bit" and fp32_state is not None:
+        groups = _fp32_state_groups(groups, [p for p in parameters if p.requires_grad], fp32_state)
     chosen = implementation(name, [p for group in groups for p in group["params"]])
     return cls(groups, **(chosen | arguments))
 
 
+def _fp32_state_groups(groups: list[dict[str, Any]], trainable: Sequence[torch.Tensor],
+                       fp32_state: Sequence[bool]) -> list[dict[str, Any]]:
+    """`groups` with the flagged parameters moved to copies of their groups that keep fp32 moments (as
+    bitsandbytes' per-parameter override of optim_bits does)."""
+    flagged = {id(p) for p, flag in zip(trainable, fp32_state, strict=True) if flag}
+    split = []
+    for group in groups:
+        kept = [p for p in group["params"] if id(p) not in flagged]
+        moved = [p for p in group["params"] if id(p) in flagged]
+        split += [group | {"params": params} | extra for params, extra in ((kept, {}),
+                  (moved, {"fp32_state": True})) if params]  # fmt: skip
+    return split
+
+
 def state_tensors(name: str, options: Mapping[str, Any]) -> int:
-    """How many tensors the size of a parameter optimizer `name` keeps per parameter (its state)."""
+    """How many tensors the size of a parameter optimizer `name` keeps per parameter (its state, divided as the
+    parameters are: adam8bit's whole-tensor state is `bytes_per_value`'s whole_state)."""
+    if name == "adam8bit":
+        return 0
     if name in ("adamw", "adamw_fp32OptState", "adam"):
         return 3 if options.get("amsgrad") else 2
     if name in ("adamax", "adadelta", "rprop"):
@@ -138,7 +161,9 @@ def bytes_per_value(policy: PrecisionPolicy, optimizer: str, options: Mapping[st
     """Bytes per parameter value under `policy` and optimizer `optimizer` (for memory plans): the
     parameter, its gradient, its master weight and optimizer state (trainable values), what the step
     alone adds (fp32 copies of bf16 parameters and of their gradients when no master persists, and the
-    state held in fp32 while it steps), and the activations' dtype ("compute")."""
+    state held in fp32 while it steps), and the activations' dtype ("compute"). "whole_state" is the state each
+    rank keeps for whole parameters, undivided by tensor parallelism and ZeRO: adam8bit's two 8-bit moments
+    (tensors under its min_8bit_size keep fp32 ones, left out)."""
     size = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.float64: 8}
     states = state_tensors(optimizer, options)
     copies = policy.param_dtype != torch.float32
@@ -147,7 +172,7 @@ def bytes_per_value(policy: PrecisionPolicy, optimizer: str, options: Mapping[st
     return {"parameter": size[policy.param_dtype], "gradient": size[policy.grad_accumulation_dtype],
             "master": 4 if persistent else 0, "optimizer_state": states * state_size,
             "step_copies": (8 if copies and not persistent else 0) + (states * (4 - state_size) if copies else 0),
-            "compute": size[policy.compute_dtype]}  # fmt: skip
+            "compute": size[policy.compute_dtype], "whole_state": 2 if optimizer == "adam8bit" else 0}  # fmt: skip
 
 
 def apply_options(optimizer: torch.optim.Optimizer, name: str, options: Mapping[str, Any]) -> None:

@@ -260,7 +260,9 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("te_fp8_margin", "Model", 0, N, "", "0 is torchao's scaling; another margin is refused (torchao has none)"),
     # ----------------------------------------------------------------------------- optimizer
     ("optimizer_type", "Optimizer", "adam", N, "", "NeoX derives it from optimizer.type, which nxd reads"),
-    ("use_bnb_optimizer", "Optimizer", False, R, "", "bitsandbytes' 8-bit Adam is not in nxd; remove it"),
+    ("use_bnb_optimizer", "Optimizer", False, M, "model.optim.name",
+     "adam8bit (bitsandbytes' 8-bit Adam) for optimizer type Adam without use_mup, as NeoX's get_optimizer; with "
+     "pos_emb learned, model.position_embedding_norm (NeoX's StableEmbedding table); pip install nxd-train[bnb]"),
     ("zero_stage", "Optimizer", None, N, "", "NeoX derives it from zero_optimization.stage, which nxd reads"),
     ("zero_reduce_scatter", "Optimizer", None, N, "", "NeoX derives it from zero_optimization"),
     ("zero_contiguous_gradients", "Optimizer", None, N, "", "NeoX derives it from zero_optimization"),

@@ -71,6 +71,8 @@ def model_keys(a: Arguments, t: Translation) -> None:
     position = choice(t, a, "pos_emb", POSITIONS)
     if position is not None:
         t.set("model.position_embedding_type", POSITIONS[position], "pos_emb")
+    if position == "learned" and a["use_bnb_optimizer"] is True:  # NeoX's Embedding: bitsandbytes' StableEmbedding
+        t.set("model.position_embedding_norm", True, "use_bnb_optimizer", "pos_emb")
     if position == "rpe":
         t.set("model.rpe_num_buckets", a["rpe_num_buckets"], "rpe_num_buckets")
         t.set("model.rpe_max_distance", a["rpe_max_distance"], "rpe_max_distance")

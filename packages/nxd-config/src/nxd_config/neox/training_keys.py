@@ -19,6 +19,8 @@ SGD_PARAMS = {"lr", "momentum", "dampening", "nesterov"}
 LION_PARAMS = {"lr", "betas"}
 MADGRAD_PARAMS = {"lr", "momentum", "eps"}
 SM3_PARAMS = {"lr", "momentum", "beta", "eps"}
+BNB_ADAM_PARAMS = {"lr", "betas", "eps", "min_8bit_size"}
+"""What GPT-NeoX hands bitsandbytes' Adam8bit that nxd reads (NeoX passes params through: another is refused)."""
 
 OFFLOAD = ("cpu_offload", "offload_optimizer", "offload_param", "cpu_offload_params")
 ZERO_TUNING = ("allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
@@ -220,7 +222,15 @@ def optimizer_keys(a: Arguments, t: Translation) -> None:
                  "(both set fails in NeoX); move it there")  # fmt: skip
         params.pop("weight_decay")
     lr = params.get("lr", 0.001)
-    if kind in ("adam", "adamw", "cpu_adam", "cpu_torch_adam"):
+    bnb = typed(t, a, "use_bnb_optimizer", bool, "true or false") is True
+    eight_bit = bnb and kind in ("adam", "adamw") and a["use_mup"] is not True
+    if bnb and not eight_bit:  # NeoX's get_optimizer reads use_bnb_optimizer in its plain-Adam branch only
+        t.notice("use_bnb_optimizer", "GPT-NeoX steps with bitsandbytes' 8-bit Adam only for optimizer type Adam "
+                 f"without use_mup; {block['type']}" + (" with use_mup" if a["use_mup"] is True else "") +
+                 " steps as without it, in nxd too")  # fmt: skip
+    if eight_bit:  # bitsandbytes' Adam8bit, which takes NeoX's params as they are
+        options, allowed = {"name": "adam8bit"}, BNB_ADAM_PARAMS
+    elif kind in ("adam", "adamw", "cpu_adam", "cpu_torch_adam"):
         if kind.startswith("cpu"):
             t.notice("optimizer.type", f"{block['type']} is DeepSpeed's CPU Adam: the same update, by torch's AdamW")
         options = {"name": "adamw" if params.pop("adam_w_mode", True) else "adam"}
@@ -259,8 +269,9 @@ def optimizer_keys(a: Arguments, t: Translation) -> None:
     options["sched"] = deepspeed or _schedule(a, t, lr)
     for key, value in options.items():
         source = {"weight_decay": "weight_decay", "sched": "scheduler" if deepspeed else "lr_decay_style",
-                  "name": "optimizer.type"}  # fmt: skip
-        t.set(f"model.optim.{key}", value, source.get(key, f"optimizer.params.{key}"))
+                  "name": ("optimizer.type", "use_bnb_optimizer") if eight_bit else "optimizer.type"}  # fmt: skip
+        keys = source.get(key, f"optimizer.params.{key}")
+        t.set(f"model.optim.{key}", value, *((keys,) if isinstance(keys, str) else keys))
     for key, source in (("decay_style", "lr_decay_style"), ("warmup_ratio", "warmup"), ("min_lr", "min_lr"),
                         ("max_steps", "lr_decay_iters" if a.given("lr_decay_iters") else "lr_decay_fraction")):
         t.claim(f"model.optim.sched.{key}", source)

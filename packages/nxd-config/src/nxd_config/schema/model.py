@@ -526,6 +526,11 @@ class ModelConfig(Section):
         1.0, "The learned or sinusoidal position embeddings are multiplied by it.", by=MODELS,
         status=Status.EXTENSION, note="GPT-NeoX's mup_rp_embedding_mult; NxDT has no such key",
     )  # fmt: skip
+    position_embedding_norm: bool = key(
+        False, "The learned position table is bitsandbytes' StableEmbedding: a LayerNorm over its rows, and fp32 "
+        "moments under adam8bit. Needs learned_absolute positions.", by=MODELS, status=Status.EXTENSION,
+        note="GPT-NeoX's use_bnb_optimizer with pos_emb learned; NxDT has no such key",
+    )  # fmt: skip
     moe: MoEConfig | None = key(
         None,
         "Mixture-of-experts layers (see the moe keys); null builds dense MLPs. With model_source: hf the "

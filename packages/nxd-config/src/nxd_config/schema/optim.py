@@ -358,6 +358,17 @@ class SM3(_Optimizer):
                      "would otherwise step by 0/0).", by=APP, gt=0.0)
 
 
+class Adam8bit(_Optimizer):
+    name: Literal["adam8bit"] = key(..., "bitsandbytes' 8-bit Adam: both moments kept as 8-bit codes in blocks of 256 "
+                                    "values (a quarter of Adam's state), weight decay decoupled; stepped on whole "
+                                    "tensors in every layout, each rank keeping the whole state (pip install "
+                                    "nxd-train[bnb]).", by=APP, status=Status.EXTENSION,
+                                    note="GPT-NeoX's use_bnb_optimizer with optimizer type adam")  # fmt: skip
+    betas: _Betas = key((0.9, 0.999), "Coefficients of the running averages of the gradient and its square.", by=APP)
+    eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
+    min_8bit_size: int = key(4096, "Tensors of fewer values keep fp32 moments (bitsandbytes' default).", by=APP, ge=0)
+
+
 class Adafactor(_Optimizer):
     name: Literal["adafactor"]
     lr: float | None = key(None, "Learning rate; null only with relative_step: True.", by=APP, ge=0.0)
@@ -382,11 +393,11 @@ class Adafactor(_Optimizer):
 
 OPTIMIZER_NAMES = (
     "adamw", "adamw_fp32OptState", "sgd", "adam", "adadelta", "adamax", "adagrad", "rmsprop",
-    "rprop", "novograd", "adafactor", "lion", "madgrad_wd", "sm3",
+    "rprop", "novograd", "adafactor", "lion", "madgrad_wd", "sm3", "adam8bit",
 )  # fmt: skip
 
 Optimizer = Annotated[
     AdamW | AdamWFp32OptState | SGD | Adam | Adadelta | Adamax | Adagrad | RMSprop | Rprop
-    | Novograd | Adafactor | Lion | MadgradWD | SM3,
+    | Novograd | Adafactor | Lion | MadgradWD | SM3 | Adam8bit,
     Field(discriminator="name"),
 ]
