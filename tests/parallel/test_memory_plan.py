@@ -18,8 +18,9 @@ LAYER = 2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 96 * 64
 EMBED = OUTPUT = 128 * 64
 
 
-def _plan(sizes: Sizes, layout: Layout = Layout(), state: StateBytes = FP32, work=Workload(2, 32, 4)) -> list:  # noqa: B008
-    family = model_family(SPEC)
+def _plan(sizes: Sizes, layout: Layout = Layout(), state: StateBytes = FP32, work=Workload(2, 32, 4),  # noqa: B008
+          spec: GPTConfig = SPEC) -> list:  # fmt: skip
+    family = model_family(spec)
     meta = family.build_on_meta()
     return memory_plan(meta, family.tp_plan(), pipeline_ranges(family, meta, layout, sizes.pp),
                        LayerWidths(**family.layer_widths()), sizes=sizes, state=state, work=work, zero1=layout.zero1,
@@ -57,12 +58,25 @@ def test_parameters_split_as_each_layout_shards_them():
     assert offloaded.total == zero3.total - (4 + 4 + 8) * whole // 2
 
 
-def test_eight_bit_adam_keeps_the_whole_state_on_every_rank():
-    """adam8bit's two 8-bit moments cover whole tensors: 2 bytes per value of the model on every rank, whatever
-    tensor parallelism and ZeRO divide."""
-    whole = 4 * LAYER + EMBED + OUTPUT + 64
+def test_eight_bit_adam_divides_its_state_where_shards_are_whole_blocks():
+    """adam8bit keeps 2 bytes per value in blocks of 256 consecutive values of the whole tensor. 512 wide (every
+    last axis a multiple of 512): each shard of tp2 or ZeRO over 2 ranks is whole blocks, so the state divides
+    as AdamW's 8 bytes do. 64 wide (SPEC): rows are not whole blocks, and every rank keeps 2 bytes per value of
+    the model."""
+    wide = GPTConfig(**{**SPEC.__dict__, "hidden_size": 512, "ffn_hidden_size": 1024, "vocab_size": 256})
     state = StateBytes(**bytes_per_value(resolve_policy("fp32"), "adam8bit", {}))
-    assert (state.optimizer_state, state.whole_state) == (0, 2)
+    assert (state.optimizer_state, state.block_state) == (0, 2)
+    for sizes, layout in ((Sizes(), Layout()), (Sizes(tp=2), Layout()), (Sizes(dp=2), Layout(zero1=True)),
+                          (Sizes(dp=2, tp=2), Layout(zero1=True))):  # fmt: skip
+        adamw = _plan(sizes, layout, FP32, spec=wide)[0].optimizer_state
+        assert _plan(sizes, layout, state, spec=wide)[0].optimizer_state * 4 == adamw, (sizes, layout)
+    # 768 wide: o_proj's tp2 halves of 384 columns would cut blocks, so it keeps its whole last axis (2 bytes for
+    # its other half too); down_proj's halves of 1536 columns are 768, whole blocks
+    cut = GPTConfig(**{**SPEC.__dict__, "hidden_size": 768, "ffn_hidden_size": 1536, "vocab_size": 256})
+    halves = _plan(Sizes(tp=2), Layout(), FP32, spec=cut)[0].optimizer_state // 4
+    other_halves = 4 * 768 * 768 // 2  # o_proj of 4 layers
+    assert _plan(Sizes(tp=2), Layout(), state, spec=cut)[0].optimizer_state == halves + 2 * other_halves
+    whole = 4 * LAYER + EMBED + OUTPUT + 64
     for sizes, layout in ((Sizes(), Layout()), (Sizes(tp=2), Layout()), (Sizes(dp=2), Layout(zero1=True))):
         assert _plan(sizes, layout, state)[0].optimizer_state == 2 * whole
     first, last = _plan(Sizes(pp=2), Layout(), state)

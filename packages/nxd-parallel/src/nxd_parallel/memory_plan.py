@@ -66,9 +66,10 @@ class StateBytes:
     """Per trainable value, made for the optimizer step only (fp32 copies of bf16 parameters and gradients)."""
     compute: int
     """The activations' dtype."""
-    whole_state: int = 0
-    """Per trainable value of the whole model (its stages' share), kept by every rank: optimizer state that
-    tensor parallelism and ZeRO do not divide (8-bit Adam's, whose quantization blocks run over whole tensors)."""
+    block_state: int = 0
+    """Per trainable value, optimizer state in blocks of 256 consecutive values of the whole tensor (8-bit Adam's):
+    divided as the parameter where each rank's shard is whole blocks (its last axis a multiple of 256 on every
+    rank), else kept whole on every rank."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
     for pp_rank in range(sizes.pp):
         numbers = rank_stages(pp_rank, sizes.pp, virtual_stages)
         held = trained = 0.0  # values on a rank: a parameter's tensor-parallel share over its ZeRO-1 ranks
-        whole = 0  # trained values of the whole parameters on this rank's stages
+        blocks = 0.0  # block state's values on a rank: shards of whole blocks, or whole tensors
         gathered = 0  # FSDP2's unsharded copy while computing
         per_layer: dict[int, int] = {}  # the same of each decoder layer (zero3 gathers them one by one)
         for name, parameter in model.named_parameters():
@@ -143,7 +144,8 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
                 share = _tp_share(parameter, styles.get(module), sizes.tp, kv_replicator)
             held += share / data
             trained += share / data if parameter.requires_grad else 0
-            whole += parameter.numel() if parameter.requires_grad else 0
+            if parameter.requires_grad:
+                blocks += _block_state_values(parameter, share, data, styles.get(module), sizes.tp, kv_replicator)
             layer = LAYER.search(name)
             if data > 1 and zero3 and layer is not None:
                 per_layer[int(layer.group(1))] = per_layer.get(int(layer.group(1)), 0) + share
@@ -161,7 +163,7 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
         # logits in the compute dtype; their fp32 copy, log-softmax and its gradient
         loss = loss_tokens * -(-widths.vocab // sizes.tp) * (state.compute + 12) if last else 0
         sharded = {"gradients": trained * state.gradient, "master_weights": trained * state.master,
-                   "optimizer_state": trained * state.optimizer_state + whole * state.whole_state,
+                   "optimizer_state": trained * state.optimizer_state + int(blocks) * state.block_state,
                    "step": trained * state.step_copies}
         offloaded = 0
         if cpu_offload and zero1 and sizes.dp * sizes.cp > 1:
@@ -182,6 +184,22 @@ def _on_stages(name: str, numbers: list[int], stages: list[range]) -> bool:
         return any(int(layer.group(1)) in stages[number] for number in numbers)
     first = "embed" in name or "position_embeddings" in name
     return (0 if first else len(stages) - 1) in numbers
+
+
+def _block_state_values(parameter: nn.Parameter, share: int, data: int, style: str | None, tp: int,
+                        kv_replicator: int) -> float:  # fmt: skip
+    """Values of `parameter`'s state in 256-value blocks (8-bit Adam's) on one rank: its `share` over its `data`
+    ranks where each shard is whole rows of whole blocks; with the last axis's split undone where that split
+    (over tp for row-parallel weights and column-parallel biases, over ZeRO's ranks for a vector) would cut
+    blocks; the whole tensor where rows are not whole blocks."""
+    if parameter.dim() == 0 or parameter.shape[-1] % 256:
+        return parameter.numel()
+    tp_last = tp if tp > 1 and style in _SPLIT and not (style in _KV and kv_replicator > 1) and \
+        (style in ("rowwise", "lora_a_rowwise")) == (parameter.dim() > 1) else 1  # fmt: skip
+    data_last = data if parameter.dim() == 1 else 1
+    if parameter.shape[-1] % (256 * tp_last * data_last) == 0:
+        return share / data
+    return parameter.numel() if parameter.dim() == 1 else share * tp_last / data
 
 
 def _tp_share(parameter: nn.Parameter, style: str | None, tp: int, kv_replicator: int) -> int:

@@ -9,11 +9,12 @@ each layout would train differently. This optimizer calls the same kernels on th
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 BLOCK = 256
 """Values per quantization block of bitsandbytes' blockwise kernels (one fp32 absolute maximum each)."""
@@ -67,9 +68,11 @@ class Adam8bit(torch.optim.Optimizer):
     parameters of a group with `fp32_state` (bitsandbytes' optim_bits 32 override). The step is bitsandbytes'
     kernel for the parameter's device.
 
-    The blocks run over the whole tensor: a sharded parameter (a DTensor) is stepped on its whole value and
-    gradient, which every rank gathers, so every layout steps as one process does; each rank keeps the whole
-    8-bit state (2 bytes and 2/256 fp32 per value, not divided by ZeRO) and writes back its shard."""
+    A block is 256 consecutive values of the whole tensor. Where the last axis is a multiple of 256, blocks lie
+    within rows: a rank steps its shard where the shard is whole rows of whole blocks, keeping its share of the
+    state (codes sharded as the parameter, block maxima as (..., last axis / 256)), as AdamW's state is divided;
+    where a split of the last axis would cut blocks, that split is gathered first (the rows stay divided). A
+    tensor whose rows are not whole blocks is stepped whole on every rank. Every layout steps as one process."""
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, min_8bit_size: int = 4096) -> None:  # fmt: skip
@@ -103,30 +106,80 @@ class Adam8bit(torch.optim.Optimizer):
         return loss
 
     def _step_parameter(self, p: torch.Tensor, group: dict[str, Any]) -> None:
-        grad = (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).contiguous()
-        whole = p.full_tensor().contiguous() if isinstance(p, DTensor) else p  # parameters are contiguous
         state = self.state[p]
         if not state:
-            state["step"] = torch.tensor(0.0)
-            eight_bit = whole.numel() >= group["min_8bit_size"] and not group["fp32_state"]
-            moment = torch.uint8 if eight_bit else torch.float32
-            state["exp_avg"] = torch.zeros(whole.shape, dtype=moment, device=whole.device)
-            state["exp_avg_sq"] = torch.zeros(whole.shape, dtype=moment, device=whole.device)
-            if eight_bit:
-                blocks = -(-whole.numel() // BLOCK)
-                state["absmax_exp_avg"] = torch.zeros(blocks, dtype=torch.float32, device=whole.device)
-                state["absmax_exp_avg_sq"] = torch.zeros(blocks, dtype=torch.float32, device=whole.device)
+            _initial_state(state, p, eight_bit=p.numel() >= group["min_8bit_size"] and not group["fp32_state"])
         state["step"] += 1
+        grad, value = p.grad, p
+        if isinstance(p, DTensor):  # in the state's layout: the parameter's, or with blocks' rows gathered
+            placements = state["exp_avg"].placements
+            value = p.redistribute(p.device_mesh, placements) if placements != p.placements else p
+            if isinstance(grad, DTensor) and grad.placements != placements:
+                grad = grad.redistribute(p.device_mesh, placements)
+        grad, target = _local(grad).contiguous(), _local(value)
+        contiguous = target if target.is_contiguous() else target.contiguous()
+        moments = [_local(state[key]) for key in ("exp_avg", "exp_avg_sq")]
         step, (beta1, beta2) = int(state["step"].item()), group["betas"]
         lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
-        if state["exp_avg"].dtype == torch.uint8:
-            signed, unsigned = self._quantization_maps(whole.device)
+        if moments[0].dtype == torch.uint8:
+            signed, unsigned = self._quantization_maps(contiguous.device)
+            maxima = [_local(state[key]).view(-1) for key in ("absmax_exp_avg", "absmax_exp_avg_sq")]
             self._functional.optimizer_update_8bit_blockwise(
-                "adam", grad, whole, state["exp_avg"], state["exp_avg_sq"], beta1, beta2, 0.0, 0.0, eps, step, lr,
-                signed, unsigned, state["absmax_exp_avg"], state["absmax_exp_avg_sq"], weight_decay=decay)
+                "adam", grad, contiguous, *moments, beta1, beta2, 0.0, 0.0, eps, step, lr, signed, unsigned, *maxima,
+                weight_decay=decay)  # fmt: skip
         else:
             self._functional.optimizer_update_32bit(
-                "adam", grad, whole, state["exp_avg"], beta1, eps, step, lr, state["exp_avg_sq"], beta2,
-                weight_decay=decay)  # fmt: skip
-        if isinstance(p, DTensor):  # every rank stepped the same whole tensor: its shard needs no communication
-            p.to_local().copy_(distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None).to_local())
+                "adam", grad, contiguous, moments[0], beta1, eps, step, lr, moments[1], beta2, weight_decay=decay)
+        if contiguous is not target:
+            target.copy_(contiguous)
+        if value is not p:  # every rank holding these rows stepped them alike: its shard needs no communication
+            p.to_local().copy_(value.redistribute(p.device_mesh, p.placements).to_local())
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _block_placements(p: DTensor) -> list[Placement]:
+    """The layout whose shards are whole rows of whole 256-value blocks: `p`'s, with the splits of the last axis
+    gathered where they would cut blocks; everything gathered where rows are not whole blocks."""
+    gathered = [Replicate()] * p.device_mesh.ndim
+    if p.ndim == 0 or p.shape[-1] % BLOCK:
+        return gathered
+    last = p.ndim - 1
+    on_last = [i for i, placement in enumerate(p.placements)
+               if not placement.is_replicate() and getattr(placement, "dim", last) % p.ndim == last]  # fmt: skip
+    split = math.prod(p.device_mesh.shape[i] for i in on_last)
+    if all(type(p.placements[i]) is Shard for i in on_last) and p.shape[-1] % (BLOCK * split) == 0:
+        return list(p.placements)
+    return [Replicate() if i in on_last else placement for i, placement in enumerate(p.placements)]
+
+
+def _maxima_shape(shape: torch.Size) -> tuple[int, ...]:
+    """One fp32 maximum per block: (..., last / 256) where blocks lie within rows, else one per 256 values."""
+    if shape and shape[-1] % BLOCK == 0:
+        return (*shape[:-1], shape[-1] // BLOCK)
+    return (-(-shape.numel() // BLOCK),)
+
+
+def _initial_state(state: dict[str, Any], p: torch.Tensor, *, eight_bit: bool) -> None:
+    """Zero moments: fp32 ones sharded as `p`; 8-bit ones with their block maxima in `_block_placements`."""
+    state["step"] = torch.tensor(0.0)
+    if not eight_bit:
+        state["exp_avg"], state["exp_avg_sq"] = (torch.zeros_like(p, dtype=torch.float32) for _ in range(2))
+        return
+    shape = _maxima_shape(p.shape)
+    if not isinstance(p, DTensor):
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = torch.zeros_like(p, dtype=torch.uint8)
+            state[f"absmax_{key}"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
+        return
+    placements = _block_placements(p)
+    codes = p.redistribute(p.device_mesh, placements).to_local()
+    for key in ("exp_avg", "exp_avg_sq"):
+        state[key] = DTensor.from_local(torch.zeros_like(codes, dtype=torch.uint8), p.device_mesh, placements,
+                                        run_check=False, shape=p.shape, stride=p.stride())  # fmt: skip
+        maxima = torch.zeros(_maxima_shape(codes.shape), dtype=torch.float32, device=codes.device)
+        stride = torch.empty(shape, device="meta").stride()
+        state[f"absmax_{key}"] = DTensor.from_local(maxima, p.device_mesh, placements, run_check=False,
+                                                    shape=torch.Size(shape), stride=stride)  # fmt: skip

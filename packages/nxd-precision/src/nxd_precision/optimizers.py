@@ -141,7 +141,7 @@ def _fp32_state_groups(groups: list[dict[str, Any]], trainable: Sequence[torch.T
 
 def state_tensors(name: str, options: Mapping[str, Any]) -> int:
     """How many tensors the size of a parameter optimizer `name` keeps per parameter (its state, divided as the
-    parameters are: adam8bit's whole-tensor state is `bytes_per_value`'s whole_state)."""
+    parameters are: adam8bit's state in 256-value blocks is `bytes_per_value`'s block_state)."""
     if name == "adam8bit":
         return 0
     if name in ("adamw", "adamw_fp32OptState", "adam"):
@@ -161,9 +161,9 @@ def bytes_per_value(policy: PrecisionPolicy, optimizer: str, options: Mapping[st
     """Bytes per parameter value under `policy` and optimizer `optimizer` (for memory plans): the
     parameter, its gradient, its master weight and optimizer state (trainable values), what the step
     alone adds (fp32 copies of bf16 parameters and of their gradients when no master persists, and the
-    state held in fp32 while it steps), and the activations' dtype ("compute"). "whole_state" is the state each
-    rank keeps for whole parameters, undivided by tensor parallelism and ZeRO: adam8bit's two 8-bit moments
-    (tensors under its min_8bit_size keep fp32 ones, left out)."""
+    state held in fp32 while it steps), and the activations' dtype ("compute"). "block_state" is state kept in
+    256-value blocks of the whole tensor (adam8bit's two 8-bit moments; tensors under its min_8bit_size keep fp32
+    ones, left out), divided as the parameter only where a rank's shard is whole blocks."""
     size = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2, torch.float64: 8}
     states = state_tensors(optimizer, options)
     copies = policy.param_dtype != torch.float32
@@ -172,7 +172,7 @@ def bytes_per_value(policy: PrecisionPolicy, optimizer: str, options: Mapping[st
     return {"parameter": size[policy.param_dtype], "gradient": size[policy.grad_accumulation_dtype],
             "master": 4 if persistent else 0, "optimizer_state": states * state_size,
             "step_copies": (8 if copies and not persistent else 0) + (states * (4 - state_size) if copies else 0),
-            "compute": size[policy.compute_dtype], "whole_state": 2 if optimizer == "adam8bit" else 0}  # fmt: skip
+            "compute": size[policy.compute_dtype], "block_state": 2 if optimizer == "adam8bit" else 0}  # fmt: skip
 
 
 def apply_options(optimizer: torch.optim.Optimizer, name: str, options: Mapping[str, Any]) -> None:

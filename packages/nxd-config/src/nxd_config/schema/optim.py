@@ -360,9 +360,8 @@ class SM3(_Optimizer):
 
 class Adam8bit(_Optimizer):
     name: Literal["adam8bit"] = key(..., "bitsandbytes' 8-bit Adam: both moments kept as 8-bit codes in blocks of 256 "
-                                    "values (a quarter of Adam's state), weight decay decoupled; stepped on whole "
-                                    "tensors in every layout, each rank keeping the whole state (pip install "
-                                    "nxd-train[bnb]).", by=APP, status=Status.EXTENSION,
+                                    "values (a quarter of Adam's state), weight decay decoupled; every layout steps "
+                                    "as one process (pip install nxd-train[bnb]).", by=APP, status=Status.EXTENSION,
                                     note="GPT-NeoX's use_bnb_optimizer with optimizer type adam")  # fmt: skip
     betas: _Betas = key((0.9, 0.999), "Coefficients of the running averages of the gradient and its square.", by=APP)
     eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
