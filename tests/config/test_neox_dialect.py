@@ -864,6 +864,12 @@ def test_neox_bnb_optimizer_is_eight_bit_adam_and_a_stable_position_table(tmp_pa
     assert any("use_bnb_optimizer: GPT-NeoX steps with bitsandbytes' 8-bit Adam only for optimizer type Adam without "
                "use_mup; lion steps as without it, in nxd too" in notice for notice in notices(tmp_path, lion))
     assert (load(tmp_path, lion).model.optim.name, load(tmp_path, lion).model.position_embedding_norm) == ("lion", True)
+    paged = {**file, "optimizer": {"type": "Adam", "params": {"lr": 0.002, "amsgrad": False, "is_paged": True}}}
+    assert load(tmp_path, paged).model.optim.name == "adam8bit"
+    assert any("optimizer.params.is_paged: bitsandbytes pages its state to host memory" in notice
+               for notice in notices(tmp_path, paged))  # fmt: skip
+    assert any("optimizer.params.optim_bits: expected 8 with use_bnb_optimizer" in message for message in errors(
+        tmp_path, {**file, "optimizer": {"type": "Adam", "params": {"lr": 0.002, "optim_bits": 32}}}))  # fmt: skip
     assert any("use_bnb_optimizer: expected true or false, found 'yes'" in message
                for message in errors(tmp_path, {**file, "use_bnb_optimizer": "yes"}))  # fmt: skip
 

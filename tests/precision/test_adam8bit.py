@@ -115,3 +115,30 @@ def test_flagged_parameters_keep_fp32_moments_through_a_resume():
     resumed.load_state_dict(optimizer.state_dict())
     assert resumed.state[model[0].weight]["exp_avg"].dtype == torch.float32
     assert [group["fp32_state"] for group in resumed.param_groups] == [False, True, False]
+    from nxd_precision import apply_options
+
+    apply_options(resumed, "adam8bit", {**options, "weight_decay": 0.2})  # a resumed run's own weight decay
+    assert [group["weight_decay"] for group in resumed.param_groups] == [0.2, 0.2, 0.0]
+
+
+def test_a_bf16_state_policy_leaves_its_fp32_scales_and_moments():
+    """bf16SR rounds an optimizer's floating state to bf16 between steps; 8-bit Adam's block maxima and fp32
+    moments are fp32 by bitsandbytes' design and stay so."""
+    from nxd_precision import PrecisionOptimizer, prepare_parameters, resolve_policy
+
+    policy = resolve_policy("bf16SR")
+    assert policy.optimizer_state_dtype == torch.bfloat16
+    model = _model()
+    prepare_parameters(model, policy)
+    optimizer = PrecisionOptimizer(model.parameters(), policy,
+                                   lambda tensors: Adam8bit(tensors, lr=0.01, min_8bit_size=1000))  # fmt: skip
+    for step in range(2):
+        inputs = torch.randn(16, 64, generator=torch.Generator().manual_seed(step)).bfloat16()
+        loss = model(inputs).float().square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    states = list(optimizer.optimizer.state.values())
+    assert {state["exp_avg"].dtype for state in states} == {torch.uint8, torch.float32}
+    assert {value.dtype for state in states for key, value in state.items() if key != "step" and
+            value.is_floating_point()} == {torch.float32}  # fmt: skip

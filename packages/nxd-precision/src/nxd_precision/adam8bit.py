@@ -3,8 +3,8 @@ bitsandbytes' own kernels on every layout.
 
 bitsandbytes' optimizer classes step the tensor they are given; its 8-bit moments are quantized in blocks of
 256 consecutive values, so a shard of a parameter would be quantized in other blocks than the whole one and
-each layout would train differently. This optimizer calls the same kernels on the whole parameter instead
-(`pip install nxd-precision[bnb]`)."""
+each layout would train differently. This optimizer calls the same kernels on shards made of whole blocks of the
+whole tensor instead (`pip install nxd-precision[bnb]`)."""
 
 from __future__ import annotations
 
@@ -32,21 +32,42 @@ def adam8bit_support_problem(device: torch.device | str) -> str | None:
                 "nxd-train[bnb] (pip install bitsandbytes)")  # fmt: skip
     kind = torch.device(device).type
     key = _DISPATCH_KEYS.get(kind)
-    operator = "bitsandbytes::optimizer_update_8bit_blockwise"
-    if key is None or not torch._C._dispatch_has_kernel_for_dispatch_key(operator, key):
+    try:
+        kernel = key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
+            "bitsandbytes::optimizer_update_8bit_blockwise", key)
+    except RuntimeError:  # a bitsandbytes before 0.50, without the operator
+        import bitsandbytes
+
+        return (f"model.optim.name: adam8bit expected bitsandbytes 0.50 or later (its optimizer kernels for every "
+                f"device), found {bitsandbytes.__version__}; pip install -U bitsandbytes")  # fmt: skip
+    if not kernel:
         return (f"model.optim.name: adam8bit expected a device bitsandbytes' installed build has 8-bit optimizer "
                 f"kernels for (the CPU; CUDA and XPU in builds for them), found {kind}; use adamw on this "
                 f"device")  # fmt: skip
     return None
 
 
-def _eight_bit_codes_back(optimizer: torch.optim.Optimizer) -> None:
-    """torch's load_state_dict casts state to its parameter's floating dtype; the 8-bit codes (whole numbers
-    0..255, exact in any float) become uint8 again."""
-    for state in optimizer.state.values():
-        if "absmax_exp_avg" in state:
-            for moment in ("exp_avg", "exp_avg_sq"):
-                state[moment] = state[moment].to(torch.uint8)
+class _Codes:
+    """8-bit codes carried through torch's load_state_dict, which casts every state tensor to its parameter's
+    floating dtype (a float copy of the codes, 4 bytes a value, on the way) and leaves other objects as they are."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _hide_codes(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    state = {index: {key: _Codes(value) if torch.is_tensor(value) and value.dtype == torch.uint8 else value
+                     for key, value in values.items()} for index, values in state_dict["state"].items()}  # fmt: skip
+    return {**state_dict, "state": state}
+
+
+def _codes_back(optimizer: torch.optim.Optimizer) -> None:
+    for parameter, state in optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, _Codes):
+                state[key] = value.tensor.to(device=parameter.device)
 
 
 def _bitsandbytes() -> Any:
@@ -72,7 +93,12 @@ class Adam8bit(torch.optim.Optimizer):
     within rows: a rank steps its shard where the shard is whole rows of whole blocks, keeping its share of the
     state (codes sharded as the parameter, block maxima as (..., last axis / 256)), as AdamW's state is divided;
     where a split of the last axis would cut blocks, that split is gathered first (the rows stay divided). A
-    tensor whose rows are not whole blocks is stepped whole on every rank. Every layout steps as one process."""
+    tensor whose rows are not whole blocks is stepped whole on every rank. Every layout steps as one process.
+
+    The state keeps its own precision (fp32 block maxima and fp32 moments where they are fp32): a precision
+    policy's optimizer-state dtype does not round it (`keeps_state_precision`)."""
+
+    keeps_state_precision = True
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, min_8bit_size: int = 4096) -> None:  # fmt: skip
@@ -84,7 +110,8 @@ class Adam8bit(torch.optim.Optimizer):
                                   "min_8bit_size": min_8bit_size, "fp32_state": False})  # fmt: skip
         self._functional = _bitsandbytes()
         self._maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.register_load_state_dict_post_hook(_eight_bit_codes_back)
+        self.register_load_state_dict_pre_hook(_hide_codes)
+        self.register_load_state_dict_post_hook(_codes_back)
 
     def _quantization_maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The signed (first moment) and unsigned (second moment) dynamic maps, made once per device."""
@@ -117,6 +144,8 @@ class Adam8bit(torch.optim.Optimizer):
             if isinstance(grad, DTensor) and grad.placements != placements:
                 grad = grad.redistribute(p.device_mesh, placements)
         grad, target = _local(grad).contiguous(), _local(value)
+        if not target.numel():  # an empty shard (fewer rows than ranks): nothing to step, and no kernel launched
+            return
         contiguous = target if target.is_contiguous() else target.contiguous()
         moments = [_local(state[key]) for key in ("exp_avg", "exp_avg_sq")]
         step, (beta1, beta2) = int(state["step"].item()), group["betas"]

@@ -85,7 +85,7 @@ class PrecisionOptimizer:
                 if torch.is_tensor(value) and value.is_floating_point() and value.ndim:
                     state[key] = value.to(FP32)
         self.optimizer.step()
-        for state in self._states():
+        for state in self._states() if not getattr(self.optimizer, "keeps_state_precision", False) else ():
             for key, value in state.items():
                 if torch.is_tensor(value) and value.is_floating_point() and value.ndim:
                     state[key] = self._round(value, self.policy.optimizer_state_dtype)

@@ -128,10 +128,14 @@ def build_optimizer(
 def _fp32_state_groups(groups: list[dict[str, Any]], trainable: Sequence[torch.Tensor],
                        fp32_state: Sequence[bool]) -> list[dict[str, Any]]:
     """`groups` with the flagged parameters moved to copies of their groups that keep fp32 moments (as
-    bitsandbytes' per-parameter override of optim_bits does)."""
+    bitsandbytes' per-parameter override of optim_bits does). Each group says whether it decays by its
+    weight_decay_scale, so that `apply_options` sets a resumed run's weight decay on every group that decays, not
+    only the first."""
     flagged = {id(p) for p, flag in zip(trainable, fp32_state, strict=True) if flag}
     split = []
     for group in groups:
+        if "weight_decay" in group and "weight_decay_scale" not in group:
+            group = group | {"weight_decay_scale": 1.0 if group["weight_decay"] else 0.0}
         kept = [p for p in group["params"] if id(p) not in flagged]
         moved = [p for p in group["params"] if id(p) in flagged]
         split += [group | {"params": params} | extra for params, extra in ((kept, {}),

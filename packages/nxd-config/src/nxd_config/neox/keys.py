@@ -262,7 +262,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("optimizer_type", "Optimizer", "adam", N, "", "NeoX derives it from optimizer.type, which nxd reads"),
     ("use_bnb_optimizer", "Optimizer", False, M, "model.optim.name",
      "adam8bit (bitsandbytes' 8-bit Adam) for optimizer type Adam without use_mup, as NeoX's get_optimizer; with "
-     "pos_emb learned, model.position_embedding_norm (NeoX's StableEmbedding table); pip install nxd-train[bnb]"),
+     "pos_emb learned, model.position_embedding_norm (NeoX's StableEmbedding table); pip install nxd-train[bnb]. "
+     "Blocks are the whole tensor's in every layout (NeoX under ZeRO quantizes DeepSpeed's flat partitions)"),
     ("zero_stage", "Optimizer", None, N, "", "NeoX derives it from zero_optimization.stage, which nxd reads"),
     ("zero_reduce_scatter", "Optimizer", None, N, "", "NeoX derives it from zero_optimization"),
     ("zero_contiguous_gradients", "Optimizer", None, N, "", "NeoX derives it from zero_optimization"),

@@ -230,6 +230,14 @@ def optimizer_keys(a: Arguments, t: Translation) -> None:
                  " steps as without it, in nxd too")  # fmt: skip
     if eight_bit:  # bitsandbytes' Adam8bit, which takes NeoX's params as they are
         options, allowed = {"name": "adam8bit"}, BNB_ADAM_PARAMS
+        if params.pop("amsgrad", False) is not False:
+            t.refuse("optimizer.params.amsgrad", "expected false: bitsandbytes' Adam8bit has no AMSGrad")
+        if params.pop("optim_bits", 8) != 8:
+            t.refuse("optimizer.params.optim_bits", "expected 8 with use_bnb_optimizer; 32-bit state is Adam's: "
+                     "drop use_bnb_optimizer")  # fmt: skip
+        if params.pop("is_paged", False):
+            t.notice("optimizer.params.is_paged", "bitsandbytes pages its state to host memory when CUDA memory runs "
+                     "short; nxd keeps it on the device (nxd-train plan says whether it fits)")  # fmt: skip
     elif kind in ("adam", "adamw", "cpu_adam", "cpu_torch_adam"):
         if kind.startswith("cpu"):
             t.notice("optimizer.type", f"{block['type']} is DeepSpeed's CPU Adam: the same update, by torch's AdamW")
