@@ -69,7 +69,7 @@ def _worker(rank: int, directory: str) -> None:
 def two_ranks() -> tuple[list[dict], str]:
     directory = tempfile.mkdtemp()
     mp.start_processes(_worker, args=(directory,), nprocs=2, start_method="spawn")
-    return [torch.load(os.path.join(directory, f"rank{rank}.pt")) for rank in range(2)], directory
+    return [torch.load(os.path.join(directory, f"rank{rank}.pt"), weights_only=True) for rank in range(2)], directory
 
 
 def _one_process(steps: range, parameters: dict[str, torch.nn.Parameter] | None = None,

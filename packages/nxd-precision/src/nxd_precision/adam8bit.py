@@ -203,8 +203,9 @@ def _initial_state(state: dict[str, Any], p: torch.Tensor, *, eight_bit: bool) -
             state[key] = torch.zeros_like(p, dtype=torch.uint8)
             state[f"absmax_{key}"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
         return
-    placements = _block_placements(p)
-    codes = p.redistribute(p.device_mesh, placements).to_local()
+    placements = _block_placements(p)  # the parameter's own where its shards are whole blocks: no gather then
+    codes = p.to_local() if tuple(placements) == p.placements else \
+        p.redistribute(p.device_mesh, placements).to_local()  # fmt: skip
     for key in ("exp_avg", "exp_avg_sq"):
         state[key] = DTensor.from_local(torch.zeros_like(codes, dtype=torch.uint8), p.device_mesh, placements,
                                         run_check=False, shape=p.shape, stride=p.stride())  # fmt: skip
