@@ -611,11 +611,24 @@ def test_mup_refuses_what_has_no_base_widths(minimal) -> None:
            "adamw_fp32OptState or sgd, found lion" in found
 
 
-def test_float8_refuses_tensor_parallelism(minimal) -> None:
+def test_float8_takes_tensor_parallelism_and_gathers_float8_only_under_zero3(minimal) -> None:
     minimal["precision"] = {"type": "mixed_precision", "fp8": {"recipe": "rowwise"}}
     minimal["distributed_strategy"].update(tensor_model_parallel_size=2)
-    assert "precision.fp8: torchao's float8 layers take their own tensor-parallel styles, which nxd's plans do not " \
-           "use yet; expected distributed_strategy.tensor_model_parallel_size 1 with fp8, found 2" in errors(minimal)
+    assert load_config(minimal).precision.fp8.recipe == "rowwise"
+    minimal["precision"]["fp8"]["all_gather"] = True
+    found = errors(minimal)
+    assert "precision.fp8.all_gather: weights are gathered only under ZeRO-3; expected distributed_strategy.zero3 " \
+           "True with it, found False" in found
+    assert "precision.fp8.all_gather: torchao gathers float8 weights for tensorwise scaling only; expected " \
+           "precision.fp8.recipe tensorwise with it, found rowwise" in found
+    assert "precision.fp8.all_gather: with tensor parallelism torchao scales each rank's part of a weight by that " \
+           "part's own maximum (the gather reduces it over the data-parallel ranks only), so the layers would " \
+           "compute on other float8 weights than in one process; expected " \
+           "distributed_strategy.tensor_model_parallel_size 1 with it, found 2" in found
+    minimal["distributed_strategy"].update(tensor_model_parallel_size=1)
+    minimal["precision"]["fp8"]["recipe"] = "tensorwise"
+    minimal["distributed_strategy"].update(zero1=True, zero3=True)
+    assert load_config(minimal).precision.fp8.all_gather
 
 
 def test_mup_switches_and_widths_are_checked(minimal) -> None:

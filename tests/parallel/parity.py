@@ -194,7 +194,12 @@ class Scenario:
     precision: str = "fp32"
     """precision.type (every type but autocast, which is Fabric's autocast over the fp32 run)."""
     fp8: bool = False
-    """The decoder layers' linear layers in torchao's float8 (tensorwise, emulated: float8 numerics on the CPU)."""
+    """The decoder layers' linear layers in torchao's float8 (emulated: float8 numerics on the CPU)."""
+    fp8_recipe: str = "tensorwise"
+    fp8_format: str | None = None
+    """None: the recipe's own (tensorwise: e5m2 gradients)."""
+    fp8_all_gather: bool = False
+    """Under ZeRO-3, the weights gathered as float8 (the one-process reference has nothing to gather)."""
     pp: int = 1
     cp: int = 1
     ep: int = 1
@@ -235,7 +240,9 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     """Run one scenario in this process (one of `world`); every rank returns the same record."""
     dims = ParallelDims(world, tp=scenario.tp, pp=scenario.pp, cp=scenario.cp, ep=scenario.ep)
     mesh = dims.build_mesh("cpu")
-    policy = resolve_policy(scenario.precision, float8=Float8Spec(emulate=True) if scenario.fp8 else None)
+    policy = resolve_policy(scenario.precision, float8=Float8Spec(recipe=scenario.fp8_recipe, emulate=True, format=scenario.fp8_format,
+                                                                     all_gather=scenario.fp8_all_gather)
+                            if scenario.fp8 else None)  # fmt: skip
     family = scenario.built_family()
     model = build_parallel_model(family, scenario.layout, mesh, torch.device("cpu"), seed=11,
                                  prepare=partial(prepare_parameters, policy=policy))  # fmt: skip
@@ -292,7 +299,16 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
         for state in states for value in state.values() if torch.is_tensor(value) and value.ndim
     )  # fmt: skip
     record["dtypes"]["state"] = {str(v.dtype) for s in states for v in s.values() if torch.is_tensor(v) and v.ndim}
+    record["float8_gathered"] = _float8_gathered(model)
     return record
+
+
+def _float8_gathered(model) -> list[str]:  # noqa: ANN001
+    """The parameters FSDP2 gathers as float8 after training: their shards are torchao's float8-casting weights."""
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    return [name for name, parameter in model.named_parameters() if isinstance(parameter, DTensor) and
+            isinstance(parameter.to_local(), WeightWithDynamicFloat8CastTensor)]  # fmt: skip
 
 
 def _gathered(tensors: dict[str, torch.Tensor], pp: DeviceMesh | None) -> dict[str, torch.Tensor]:

@@ -37,6 +37,18 @@ def _two_process_scenarios() -> list[Scenario]:
     return scenarios + [
         Scenario("megatron-dp2-zero3-cpu-offload", layout=Layout(zero1=True, zero3=True, cpu_offload=True), clip=0.5),
         Scenario("megatron-fp8-dp2-zero3", layout=Layout(zero1=True, zero3=True), fp8=True, clip=0.5),
+        Scenario("megatron-fp8-dp2-zero3-float8-gather", layout=Layout(zero1=True, zero3=True), fp8=True,
+                 fp8_all_gather=True, clip=0.5),
+        Scenario("hf-fp8-dp2-zero3-float8-gather", "hf", layout=Layout(zero1=True, zero3=True), fp8=True,
+                 fp8_all_gather=True),
+        Scenario("megatron-fp8-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), fp8=True, clip=0.5),
+        Scenario("megatron-fp8-rowwise-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), fp8=True,
+                 fp8_recipe="rowwise"),
+        Scenario("hf-fp8-tp2-sp-kv-replicator", "hf", tp=2, kv_heads=1, fp8=True,
+                 layout=Layout(kv_replicator=2, sequence_parallel=True)),
+        # e4m3 gradients: e5m2 keeps 2 mantissa bits, so where the layouts' sums differ in their last bit an output
+        # gradient flips a whole e5m2 step, and the adapters' small gradients show it (1e-3 after 5 steps)
+        Scenario("hf-lora-fp8-tp2", "hf", tp=2, fp8=True, fp8_format="e4m3", lora=LORA_TARGETS),
         Scenario("megatron-fp8-dp2-zero1-full-recompute", layout=Layout(zero1=True, recompute="full"), fp8=True),
         Scenario("megatron-fp8-pp2", pp=2, layers=4, tied=False, fp8=True),
         Scenario("hf-fp8-dp2-zero1", "hf", layout=Layout(zero1=True), fp8=True, clip=0.5),
@@ -311,7 +323,8 @@ DEFAULT_TWO = {
     "megatron-pp2-interleaved", "hf-pp2-cuts-documents", "hf-cp2-documents-selective-recompute",
     "megatron-lora-tp2-sp-fused-qkv-kv-replicator", "hf-lora-dp2-zero1-selective-recompute", "megatron-lora-pp2",
     "hf-lora-cp2", "moe-ep2-zero1-full-recompute", "moe-tp2-sp", "moe-pp2", "mixtral-tp2-sp",
-    "mixtral-capacity-ep2-zero1-full-recompute", "ds-moe-tp2-sp", "megatron-fp8-dp2-zero3", "megatron-sm3-dp2-zero1",
+    "mixtral-capacity-ep2-zero1-full-recompute", "ds-moe-tp2-sp", "megatron-fp8-dp2-zero3-float8-gather", "megatron-fp8-tp2-sp",
+    "megatron-sm3-dp2-zero1",
     "megatron-adam8bit-tp2-sp",
 }  # fmt: skip
 """One two-process scenario of each feature (layout, recompute kind, QKV form, model shape, LoRA, MoE) in the
@@ -330,7 +343,8 @@ def _split(scenarios: list[Scenario], default: set[str], slow: bool) -> list[Sce
 
 def _key(scenario: Scenario) -> tuple:
     return (scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents, scenario.layers,
-            scenario.tied, scenario.lora, scenario.attention, scenario.fp8, scenario.optimizer)  # fmt: skip
+            scenario.tied, scenario.lora, scenario.attention, scenario.fp8, scenario.optimizer,
+            scenario.fp8_recipe, scenario.fp8_format)  # fmt: skip
 
 
 class _OneProcessRuns(dict):
@@ -340,7 +354,8 @@ class _OneProcessRuns(dict):
     def __missing__(self, key: tuple) -> dict:
         self[key] = train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
                                             layers=key[5], tied=key[6], lora=key[7], attention=key[8],
-                                            fp8=key[9], optimizer=key[10], loss_chunk=0), world=1)  # fmt: skip
+                                            fp8=key[9], optimizer=key[10], fp8_recipe=key[11], fp8_format=key[12],
+                                            loss_chunk=0), world=1)  # fmt: skip
         return self[key]
 
 
@@ -388,6 +403,10 @@ FP8_TOLERANCE = 1e-4
 """The float8 layouts' gradients against one process: a few elements one float8 step apart (see `_check`)."""
 
 
+FLOAT8_LAYERS = 7
+"""Linear layers of a parity model's decoder layer that take float8: its four attention and three MLP projections."""
+
+
 def _check(scenario: Scenario, record: dict, references: dict) -> None:
     reference = references[_key(scenario)]
     for name, value in reference["init"].items():  # each shard is the slice of the one-process init
@@ -396,6 +415,10 @@ def _check(scenario: Scenario, record: dict, references: dict) -> None:
     if scenario.layout.reduce_dtype == torch.bfloat16:  # the reductions round to bf16: close, not equal
         assert 0 < differences["loss"] < 1e-2, differences
         return
+    if scenario.fp8_all_gather:  # every swapped layer's weight still gathers as float8 after the steps
+        assert len(record["float8_gathered"]) == FLOAT8_LAYERS * scenario.layers, record["float8_gathered"]
+    else:
+        assert not record["float8_gathered"]
     if scenario.fp8:  # a float8 cast keeps 3 mantissa bits: where the layouts' fp32 sums differ in the last bit, an
         # element on a rounding boundary moves by a whole float8 step (seen: 1e-5 in one gradient after 4 steps)
         assert differences["loss"] < 1e-5 and differences["grad"] < FP8_TOLERANCE, (scenario.name, differences)

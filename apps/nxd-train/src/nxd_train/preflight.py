@@ -179,9 +179,14 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids
     return replace(config, mup=_mup_spec(m.mup, config))
 
 
-def _float8_coverage(family: ModelFamily | LoraFamily, spec: Float8Spec) -> list[str]:
+def _float8_coverage(family: ModelFamily | LoraFamily, spec: Float8Spec, device: torch.device) -> list[str]:
     """A model with no decoder layer float8 can take is refused; one where some keep their precision is noticed."""
-    swapped, kept = float8_coverage(family.build_on_meta(), spec)
+    model = family.build_on_meta()
+    swapped, kept = float8_coverage(model, spec)
+    if spec.all_gather and device.type == "cpu" and (alone := _float8_only_layer(family, model, swapped)):
+        return [f"precision.fp8.all_gather: gloo, the CPU's collectives, cannot gather float8 tensors, and decoder "
+                f"layer {alone} holds no other parameter (FSDP2 gathers a layer of several dtypes as bytes, which "
+                f"gloo can); expected a GPU (NCCL) or all_gather false"]  # fmt: skip
     if not swapped:
         return [f"precision.fp8: no linear layer of the decoder layers can compute in float8 (torch._scaled_mm needs "
                 f"both sizes multiples of 16; fused QKV modules and stacked experts are not linear layers), found "
@@ -192,6 +197,17 @@ def _float8_coverage(family: ModelFamily | LoraFamily, spec: Float8Spec) -> list
                       "stacked experts, routers and layers whose sizes are not multiples of 16)", ConfigNotice,
                       stacklevel=2)  # fmt: skip
     return []
+
+
+def _float8_only_layer(family: ModelFamily | LoraFamily, model: torch.nn.Module, swapped: list[str]) -> str | None:
+    """The first decoder layer of `model` (a meta tree) whose parameters all belong to float8 layers, or None."""
+    names = {id(module): name for name, module in model.named_modules()}
+    for layer in family.decoder_layers(model):
+        prefix = names[id(layer)]
+        owners = {f"{prefix}.{name}".rpartition(".")[0] for name, _ in layer.named_parameters()}
+        if owners and owners <= set(swapped):
+            return prefix
+    return None
 
 
 def _mup_spec(mup: MupConfig, config: GPTConfig) -> MupSpec:
@@ -267,7 +283,8 @@ def precision_policy(cfg: NxdConfig) -> PrecisionPolicy:
         parallel_layers_reduce_dtype=REDUCE_DTYPES.get(p.parallel_layers_reduce_dtype),
         fp32_optimizer_state=cfg.model.optim.name == "adamw_fp32OptState",
         float8=None if p.fp8 is None else Float8Spec(recipe=p.fp8.recipe, format=p.fp8.format,
-                                                     weight_gradient=p.fp8.weight_gradient, emulate=p.fp8.emulate),
+                                                     weight_gradient=p.fp8.weight_gradient, emulate=p.fp8.emulate,
+                                                     all_gather=p.fp8.all_gather),
     )  # fmt: skip
 
 
@@ -838,7 +855,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
         family = None
     if family is not None and policy is not None and policy.float8 is not None and not any(
             problem.startswith("precision.fp8") for problem in problems):  # fmt: skip
-        problems += _float8_coverage(family, policy.float8)
+        problems += _float8_coverage(family, policy.float8, torch.device(accelerator_name()))
     layout = layout_of(cfg, policy or resolve_policy("fp32"))
     if family is not None:
         ds = cfg.distributed_strategy

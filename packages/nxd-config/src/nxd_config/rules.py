@@ -504,11 +504,21 @@ def soft_prompt(c: NxdConfig) -> Iterator[Finding]:
 
 
 @rule
-def float8_without_tensor_parallelism(c: NxdConfig) -> Iterator[Finding]:
-    tp = c.distributed_strategy.tensor_model_parallel_size
-    if c.precision.fp8 is not None and tp > 1:
-        yield error("precision.fp8", f"torchao's float8 layers take their own tensor-parallel styles, which nxd's "
-                    f"plans do not use yet; expected {TP} 1 with fp8, found {tp}", "precision.fp8", TP)  # fmt: skip
+def float8_all_gather(c: NxdConfig) -> Iterator[Finding]:
+    fp8, key = c.precision.fp8, "precision.fp8.all_gather"
+    if fp8 is None or not fp8.all_gather:
+        return
+    if not c.distributed_strategy.zero3:
+        yield error(key, "weights are gathered only under ZeRO-3; expected distributed_strategy.zero3 True with it, "
+                    "found False", key, "distributed_strategy.zero3")  # fmt: skip
+    if (tp := c.distributed_strategy.tensor_model_parallel_size) > 1:
+        yield error(key, f"with tensor parallelism torchao scales each rank's part of a weight by that part's own "
+                    f"maximum (the gather reduces it over the data-parallel ranks only), so the layers would compute "
+                    f"on other float8 weights than in one process; expected {TP} 1 with it, found {tp}", key,
+                    TP)  # fmt: skip
+    if fp8.recipe != "tensorwise":
+        yield error(key, f"torchao gathers float8 weights for tensorwise scaling only; expected precision.fp8.recipe "
+                    f"tensorwise with it, found {fp8.recipe}", key, "precision.fp8.recipe")  # fmt: skip
 
 
 @rule

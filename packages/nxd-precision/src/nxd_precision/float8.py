@@ -6,6 +6,12 @@ The weights stay in the policy's parameter dtype; only the matmuls' operands are
 do not change. Devices without FP8 matmuls (torch._scaled_mm: CUDA compute capability 8.9 or newer, or ROCm's
 MI300) are refused unless `emulate` asks for torchao's emulation: the same casts and scales with higher-precision
 matmuls, to check the numerics anywhere.
+
+Under tensor parallelism the swapped layers take nxd's own column- and row-parallel styles: torchao's casts read
+DTensors, so each tensorwise scale comes from the whole tensor's maximum and each rowwise scale from its whole row,
+as in one process. Under ZeRO-3, `all_gather` makes FSDP2 gather each weight as float8 (torchao's
+`enable_fsdp_float8_all_gather`): the rank casts its shard with the scale of the whole weight's maximum (one
+all-reduce) before the gather, so the layer computes on the same float8 weight at a quarter of fp32's traffic.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ class Float8Spec:
     weight_gradient: bool = True
     """False: the weight-gradient matmul reads its operands in the parameters' precision."""
     emulate: bool = False
+    all_gather: bool = False
+    """Under ZeRO-3 (FSDP2), gather the weights as float8 rather than in their own dtype (tensorwise only)."""
 
 
 def float8_config(spec: Float8Spec) -> Any:
@@ -52,6 +60,9 @@ def float8_config(spec: Float8Spec) -> Any:
         raise PrecisionConfigError(f"precision.fp8.format: expected one of {', '.join(FP8_FORMATS)}, found "
                                    f"{spec.format!r}")  # fmt: skip
     rowwise = spec.recipe == "rowwise"
+    if rowwise and spec.all_gather:
+        raise PrecisionConfigError("precision.fp8.all_gather: torchao gathers float8 weights for tensorwise scaling "
+                                   "only; expected recipe tensorwise with it, found rowwise")  # fmt: skip
     granularity = cast.ScalingGranularity.AXISWISE if rowwise else cast.ScalingGranularity.TENSORWISE
     grads = torch.float8_e4m3fn if (spec.format or ("e4m3" if rowwise else "hybrid")) == "e4m3" else \
         torch.float8_e5m2  # fmt: skip
@@ -64,7 +75,8 @@ def float8_config(spec: Float8Spec) -> Any:
                 "cast_config_grad_output_for_grad_weight": cast.CastConfig(scaling_type=cast.ScalingType.DISABLED,
                                                                            target_dtype=grads)}  # fmt: skip
     return config(cast_config_input=operand, cast_config_weight=operand, cast_config_grad_output=grad_output,
-                  round_scales_to_power_of_2=rowwise, emulate=spec.emulate, **kept)  # fmt: skip
+                  round_scales_to_power_of_2=rowwise, emulate=spec.emulate,
+                  enable_fsdp_float8_all_gather=spec.all_gather, **kept)  # fmt: skip
 
 
 def use_float8(module: nn.Module, spec: Float8Spec) -> list[str]:

@@ -60,6 +60,12 @@ class Fp8Config(Section):
         "(slower; for checking the numerics where no FP8 matmul exists).", by=PREC, status=Status.EXTENSION,
         note="torchao's emulate",
     )  # fmt: skip
+    all_gather: bool = key(
+        False, "With distributed_strategy.zero3: each layer's weights are gathered as float8 (cast on each rank with "
+        "the scale of the whole weight's maximum) rather than in the parameters' dtype; a quarter of fp32's gather "
+        "traffic, half of bf16's, and the same float8 weight. tensorwise only.", by=PREC, status=Status.EXTENSION,
+        note="torchao's enable_fsdp_float8_all_gather",
+    )  # fmt: skip
 
 
 class PrecisionConfig(Section):
@@ -125,7 +131,8 @@ class PrecisionConfig(Section):
     fp8: Fp8Config | None = key(
         None, "FP8 training of the decoder layers' linear layers (see the fp8 keys; torchao's float8, pip install "
         "'nxd-train[fp8]'); null: none. Needs FP8 matmuls (CUDA compute capability 8.9 or newer, ROCm MI300) "
-        "unless emulate; not with tensor parallelism.", by=PREC, status=Status.EXTENSION,
+        "unless emulate. With tensor parallelism the swapped layers take nxd's own styles; each scale is still the "
+        "whole tensor's (or row's).", by=PREC, status=Status.EXTENSION,
         note="GPT-NeoX's te_fp8_mha; NxDT has no such key",
     )  # fmt: skip
 
