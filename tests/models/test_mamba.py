@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from nxd_models import GPTConfig, build_causal_lm
 from nxd_models.decoding import decoding_cache, decoding_logits
-from nxd_models.selective_state_space import selective_scan
+from nxd_models.selective_state_space import STATE_SIZE, selective_scan
 from transformers import MambaConfig, MambaForCausalLM
 
 
@@ -97,3 +98,41 @@ def test_each_packed_document_is_scanned_as_if_alone():
         assert torch.allclose(packed[:, :5], model(ids[:, :5]), atol=1e-5)
         assert torch.allclose(packed[:, 5:], model(ids[:, 5:]), atol=1e-5)
         assert not torch.allclose(packed[:, 5:], model(ids)[:, 5:], atol=1e-3)
+
+
+def _mamba_ssm_on_cuda() -> bool:
+    try:
+        import mamba_ssm  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _mamba_ssm_on_cuda(), reason="mamba-ssm's kernel runs on CUDA with mamba-ssm installed")
+def test_mamba_ssms_kernel_computes_the_pytorch_scan():
+    """On CUDA the scan is mamba-ssm's fused kernel: its outputs and gradients equal the PyTorch scan's (run on the
+    CPU, where no kernel is used) in fp32; packed documents keep the PyTorch scan."""
+    generator = torch.Generator().manual_seed(5)
+    batch, inner, seq = 2, 64, 40
+    tensors = {"x": torch.randn(batch, inner, seq, generator=generator),
+               "delta": F.softplus(torch.randn(batch, inner, seq, generator=generator)),
+               "a": -torch.rand(inner, STATE_SIZE, generator=generator) * 2,
+               "b": torch.randn(batch, STATE_SIZE, seq, generator=generator),
+               "c": torch.randn(batch, STATE_SIZE, seq, generator=generator),
+               "d": torch.randn(inner, generator=generator), "z": torch.randn(batch, inner, seq, generator=generator)}
+    starts = torch.zeros(batch, seq, dtype=torch.bool)
+    starts[:, [0, 17]] = True
+
+    def run(device: str, **extra):
+        leaves = {name: value.to(device).requires_grad_() for name, value in tensors.items()}
+        out = selective_scan(**leaves, **extra)
+        out.pow(2).sum().backward()
+        return out.detach().cpu(), {name: leaf.grad.cpu() for name, leaf in leaves.items()}
+
+    for extra in ({}, {"starts": starts}):
+        (out, grads), (reference, reference_grads) = run("cuda", **{k: v.cuda() for k, v in extra.items()}), \
+            run("cpu", **extra)  # fmt: skip
+        assert torch.allclose(out, reference, rtol=1e-5, atol=1e-5)
+        for name, grad in grads.items():
+            assert torch.allclose(grad, reference_grads[name], rtol=1e-4,
+                                  atol=1e-4 * reference_grads[name].abs().max().item()), name

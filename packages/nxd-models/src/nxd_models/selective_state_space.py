@@ -8,8 +8,10 @@ width 4 and silu, derives each token's step size, B and C from it (x_proj, then 
 
 with delta_t = softplus(dt_t + dt_bias) and A = -exp(A_log) (16 states per channel), then returns
 out_proj(y * silu(z)). The scan is plain PyTorch over the sequence in fp32 (mamba-ssm's selective_scan_ref), so it
-runs on every device. NeoX's initialisation is kept: S4D-real A, D = 1, dt's bias the inverse softplus of steps drawn
-log-uniformly in [0.001, 0.1], dt_proj's weight U(+-dt_rank^-0.5), the convolution torch's default draw.
+runs on every device; on CUDA, where mamba-ssm is installed, its fused selective-scan kernel computes the same scan
+in fp32 instead (not for packed documents, whose restarts the kernel cannot make). NeoX's initialisation is kept:
+S4D-real A, D = 1, dt's bias the inverse softplus of steps drawn log-uniformly in [0.001, 0.1], dt_proj's weight
+U(+-dt_rank^-0.5), the convolution torch's default draw.
 
 A_log and D take no weight decay in NeoX; nxd decays parameters of two or more dimensions, so A_log is kept flat
 (inner x 16 values) and shaped in the forward. The layer's weights are whole on every tensor-parallel rank. Packed
@@ -19,6 +21,7 @@ recomputes the scan over the cached inputs of every earlier position.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -44,6 +47,8 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, a: torch.Tensor, b: tor
     (batch, inner, seq), a (inner, state), b and c (batch, state, seq), d (inner,); `starts` (batch, seq) True where a
     packed document begins (the state starts from zero there)."""
     x, delta, b, c = x.float(), delta.float(), b.float(), c.float()
+    if starts is None and x.is_cuda and (kernel := _fused_scan()) is not None:
+        return kernel(x, delta, a.float(), b, c, d.float(), z.float(), delta_softplus=False)
     decay = torch.exp(delta.unsqueeze(-1) * a.unsqueeze(1))  # (batch, inner, seq, state)
     if starts is not None:
         decay = decay * (~starts)[:, None, :, None]
@@ -57,6 +62,17 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, a: torch.Tensor, b: tor
         outputs.append(torch.einsum("bdn,bn->bd", state, step_c))
     y = torch.stack(outputs, dim=-1) + x * d.float()[:, None]
     return y * F.silu(z.float())
+
+
+@functools.cache
+def _fused_scan() -> Callable[..., torch.Tensor] | None:
+    """mamba-ssm's selective_scan_fn (its CUDA kernel, y * silu(z) of the same recurrence), or None where mamba-ssm
+    is not installed."""
+    try:
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+    except ImportError:
+        return None
+    return selective_scan_fn
 
 
 class MambaMixer(nn.Module):

@@ -44,8 +44,9 @@ _LAUNCHER = ("a setting of DeepSpeed's launcher that nxd's launches do not need 
              "script or each host's torchrun command)")  # fmt: skip
 _DERIVED = "NeoX derives it while it runs (a value written in a file is overwritten); nxd derives its own"
 _COMET = "with use_comet (a notice without it)"
-_MAMBA_KERNEL = ("a kernel choice of mamba-ssm / causal-conv1d for mamba layers; nxd's PyTorch scan and convolution "
-                 "compute the same")
+_MAMBA_KERNEL = ("a kernel choice of mamba-ssm / causal-conv1d for mamba layers; nxd scans with mamba-ssm's fused "
+                 "kernel wherever mamba-ssm is installed on CUDA, and with its PyTorch scan and convolution (the same "
+                 "arithmetic) elsewhere")
 _TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
               "is the te_fp8_* keys')")  # fmt: skip
 _TE_FUSED = ("Transformer Engine's fused module in place of NeoX's own layers; nxd computes NeoX's own layers as the "
