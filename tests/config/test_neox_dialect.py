@@ -362,7 +362,7 @@ def test_mamba_layers_and_their_keys_become_nxd_keys(tmp_path):
     assert model.attention_layers == ("mamba",) * 4
     assert (model.mamba_conv_bias, model.mamba_linear_bias, model.mamba_inner_size) == (False, True, 192)
     found = notices(tmp_path, keys)
-    assert any("mamba_inner_func_fusion: accepted, changes nothing here: a kernel choice of mamba-ssm" in line
+    assert any("mamba_inner_func_fusion: accepted, changes nothing here: a kernel choice of causal-conv1d / mamba-ssm" in line
                for line in found), found
     found = notices(tmp_path, {**MODEL, "mamba_use_bias_in_conv": False})
     assert any("mamba_use_bias_in_conv: accepted, changes nothing here: only mamba layers read it" in line

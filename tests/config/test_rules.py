@@ -616,9 +616,10 @@ def test_float8_takes_tensor_parallelism_and_gathers_float8_only_under_zero3(min
     minimal["distributed_strategy"].update(tensor_model_parallel_size=2)
     assert load_config(minimal).precision.fp8.recipe == "rowwise"
     minimal["precision"]["fp8"]["all_gather"] = True
+    minimal["distributed_strategy"].update(zero1=False)
     found = errors(minimal)
-    assert "precision.fp8.all_gather: weights are gathered only under ZeRO-3; expected distributed_strategy.zero3 " \
-           "True with it, found False" in found
+    assert "precision.fp8.all_gather: weights are gathered only where ZeRO shards them (replicated data parallelism " \
+           "keeps them whole); expected distributed_strategy.zero1 True with it, found False" in found
     assert "precision.fp8.all_gather: torchao gathers float8 weights for tensorwise scaling only; expected " \
            "precision.fp8.recipe tensorwise with it, found rowwise" in found
     assert "precision.fp8.all_gather: with tensor parallelism torchao scales each rank's part of a weight by that " \
@@ -627,7 +628,7 @@ def test_float8_takes_tensor_parallelism_and_gathers_float8_only_under_zero3(min
            "distributed_strategy.tensor_model_parallel_size 1 with it, found 2" in found
     minimal["distributed_strategy"].update(tensor_model_parallel_size=1)
     minimal["precision"]["fp8"]["recipe"] = "tensorwise"
-    minimal["distributed_strategy"].update(zero1=True, zero3=True)
+    minimal["distributed_strategy"].update(zero1=True)
     assert load_config(minimal).precision.fp8.all_gather
 
 

@@ -124,7 +124,7 @@ def test_mamba_ssms_kernel_computes_the_pytorch_scan():
     starts[:, [0, 17]] = True
 
     def run(device: str, **extra):
-        leaves = {name: value.to(device).requires_grad_() for name, value in tensors.items()}
+        leaves = {name: value.detach().clone().to(device).requires_grad_() for name, value in tensors.items()}
         out = selective_scan(**leaves, **extra)
         out.pow(2).sum().backward()
         return out.detach().cpu(), {name: leaf.grad.cpu() for name, leaf in leaves.items()}
@@ -132,7 +132,8 @@ def test_mamba_ssms_kernel_computes_the_pytorch_scan():
     for extra in ({}, {"starts": starts}):
         (out, grads), (reference, reference_grads) = run("cuda", **{k: v.cuda() for k, v in extra.items()}), \
             run("cpu", **extra)  # fmt: skip
-        assert torch.allclose(out, reference, rtol=1e-5, atol=1e-5)
+        # mamba-ssm's own fp32 tolerances (its kernel is built with fast math)
+        assert torch.allclose(out, reference, rtol=6e-4, atol=2e-3)
         for name, grad in grads.items():
-            assert torch.allclose(grad, reference_grads[name], rtol=1e-4,
-                                  atol=1e-4 * reference_grads[name].abs().max().item()), name
+            assert torch.allclose(grad, reference_grads[name], rtol=6e-4,
+                                  atol=2e-3 * reference_grads[name].abs().max().item()), name

@@ -39,6 +39,8 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("megatron-fp8-dp2-zero3", layout=Layout(zero1=True, zero3=True), fp8=True, clip=0.5),
         Scenario("megatron-fp8-dp2-zero3-float8-gather", layout=Layout(zero1=True, zero3=True), fp8=True,
                  fp8_all_gather=True, clip=0.5),
+        Scenario("megatron-fp8-dp2-zero1-float8-gather", layout=Layout(zero1=True), fp8=True, fp8_all_gather=True,
+                 clip=0.5),
         Scenario("hf-fp8-dp2-zero3-float8-gather", "hf", layout=Layout(zero1=True, zero3=True), fp8=True,
                  fp8_all_gather=True),
         Scenario("megatron-fp8-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), fp8=True, clip=0.5),

@@ -8,6 +8,7 @@ finish. This is the only module of a run that reads the config.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import os
 import warnings
@@ -39,6 +40,7 @@ from nxd_models import (
 )
 from nxd_parallel import LaunchWorld, Layout
 from nxd_precision import (
+    FLOAT8_MATMUL_MULTIPLE,
     Float8Spec,
     LossScaling,
     PrecisionConfigError,
@@ -179,10 +181,23 @@ def _megatron_model(cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids
     return replace(config, mup=_mup_spec(m.mup, config))
 
 
-def _float8_coverage(family: ModelFamily | LoraFamily, spec: Float8Spec, device: torch.device) -> list[str]:
-    """A model with no decoder layer float8 can take is refused; one where some keep their precision is noticed."""
+def _float8_spec(family: ModelFamily | LoraFamily, spec: Float8Spec, kv_replicator: int) -> Float8Spec:
+    """`spec` with the key/value projections a kv_replicator replicates kept in their precision: each rank computes
+    only its head rows of them, outside the float8 layer."""
+    if kv_replicator == 1:
+        return spec
+    return replace(spec, kept=tuple(pattern for pattern, style in family.tp_plan().items() if style == "colwise_kv"))
+
+
+def _float8_coverage(family: ModelFamily | LoraFamily, spec: Float8Spec, device: torch.device,
+                     tp: int) -> list[str]:  # fmt: skip
+    """A model with no decoder layer float8 can take is refused, as is a layer whose tensor-parallel part is not a
+    multiple of 16 and, on gloo, a float8 gather of a layer holding float8 weights alone; one where some layers keep
+    their precision is noticed."""
     model = family.build_on_meta()
     swapped, kept = float8_coverage(model, spec)
+    if tp > 1 and (problem := _float8_split_problem(family, model, swapped, tp)):
+        return [problem]
     if spec.all_gather and device.type == "cpu" and (alone := _float8_only_layer(family, model, swapped)):
         return [f"precision.fp8.all_gather: gloo, the CPU's collectives, cannot gather float8 tensors, and decoder "
                 f"layer {alone} holds no other parameter (FSDP2 gathers a layer of several dtypes as bytes, which "
@@ -194,18 +209,35 @@ def _float8_coverage(family: ModelFamily | LoraFamily, spec: Float8Spec, device:
     if kept:
         warnings.warn(f"precision.fp8: {len(swapped)} linear layers compute in float8; kept in the parameters' "
                       f"precision: {', '.join(f'{count} {kind}' for kind, count in kept.items())} (fused QKV modules, "
-                      "stacked experts, routers and layers whose sizes are not multiples of 16)", ConfigNotice,
-                      stacklevel=2)  # fmt: skip
+                      "stacked experts, routers, key/value projections a kv_replicator replicates and layers whose "
+                      "sizes are not multiples of 16)", ConfigNotice, stacklevel=2)  # fmt: skip
     return []
 
 
+def _float8_split_problem(family: ModelFamily | LoraFamily, model: torch.nn.Module, swapped: list[str],
+                          tp: int) -> str | None:  # fmt: skip
+    """The first float8 layer whose part on a tensor-parallel rank torch._scaled_mm cannot take, or None."""
+    split = {"colwise": "out_features", "colwise_kv": "out_features", "rowwise": "in_features"}
+    plan = family.tp_plan()
+    for name in swapped:
+        styles = [style for pattern, style in plan.items() if fnmatch.fnmatchcase(name, pattern) and style in split]
+        if styles and (size := getattr(model.get_submodule(name), split[styles[0]])) % (FLOAT8_MATMUL_MULTIPLE * tp):
+            return (f"precision.fp8: under tensor parallelism each rank runs {name}'s float8 matmul on its part of "
+                    f"{split[styles[0]]} ({size} / {tp}), which torch._scaled_mm needs to be a multiple of "
+                    f"{FLOAT8_MATMUL_MULTIPLE}; expected a distributed_strategy.tensor_model_parallel_size that "
+                    f"leaves it so, found {tp}")  # fmt: skip
+    return None
+
+
 def _float8_only_layer(family: ModelFamily | LoraFamily, model: torch.nn.Module, swapped: list[str]) -> str | None:
-    """The first decoder layer of `model` (a meta tree) whose parameters all belong to float8 layers, or None."""
+    """The first decoder layer of `model` (a meta tree) whose parameters are all float8 layers' weights (torchao
+    wraps the weight only; a bias keeps its dtype), or None."""
     names = {id(module): name for name, module in model.named_modules()}
+    weights = {f"{name}.weight" for name in swapped}
     for layer in family.decoder_layers(model):
         prefix = names[id(layer)]
-        owners = {f"{prefix}.{name}".rpartition(".")[0] for name, _ in layer.named_parameters()}
-        if owners and owners <= set(swapped):
+        held = {f"{prefix}.{name}" for name, _ in layer.named_parameters()}
+        if held and held <= weights:
             return prefix
     return None
 
@@ -791,13 +823,12 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     if exp.s3_checkpoints.path is not None and not exp.create_checkpoint_callback:
         problems.append("exp_manager.s3_checkpoints.path: expected checkpoints to upload (exp_manager."
                         "create_checkpoint_callback True), found checkpointing off")  # fmt: skip
-    policy = None
+    policy, device = None, torch.device(accelerator_name())
     try:
         policy = precision_policy(cfg)
     except PrecisionConfigError as error:
         problems.append(str(error))
     else:
-        device = torch.device(accelerator_name())
         for problem in (bf16_support_problem(policy, device),
                         policy.float8 and float8_support_problem(policy.float8, device),
                         cfg.model.optim.name == "adam8bit" and adam8bit_support_problem(device)):  # fmt: skip
@@ -855,7 +886,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
         family = None
     if family is not None and policy is not None and policy.float8 is not None and not any(
             problem.startswith("precision.fp8") for problem in problems):  # fmt: skip
-        problems += _float8_coverage(family, policy.float8, torch.device(accelerator_name()))
+        ds = cfg.distributed_strategy
+        policy = replace(policy, float8=_float8_spec(family, policy.float8, ds.kv_replicator))
+        problems += _float8_coverage(family, policy.float8, device, ds.tensor_model_parallel_size)
     layout = layout_of(cfg, policy or resolve_policy("fp32"))
     if family is not None:
         ds = cfg.distributed_strategy

@@ -508,9 +508,10 @@ def float8_all_gather(c: NxdConfig) -> Iterator[Finding]:
     fp8, key = c.precision.fp8, "precision.fp8.all_gather"
     if fp8 is None or not fp8.all_gather:
         return
-    if not c.distributed_strategy.zero3:
-        yield error(key, "weights are gathered only under ZeRO-3; expected distributed_strategy.zero3 True with it, "
-                    "found False", key, "distributed_strategy.zero3")  # fmt: skip
+    if not c.distributed_strategy.zero1:
+        yield error(key, "weights are gathered only where ZeRO shards them (replicated data parallelism keeps them "
+                    "whole); expected distributed_strategy.zero1 True with it, found False", key,
+                    "distributed_strategy.zero1")  # fmt: skip
     if (tp := c.distributed_strategy.tensor_model_parallel_size) > 1:
         yield error(key, f"with tensor parallelism torchao scales each rank's part of a weight by that part's own "
                     f"maximum (the gather reduces it over the data-parallel ranks only), so the layers would compute "

@@ -5,7 +5,7 @@ from importlib.metadata import version as _distribution_version
 
 from .adam8bit import adam8bit_support_problem
 from .errors import PrecisionConfigError
-from .float8 import Float8Spec, float8_coverage, float8_support_problem
+from .float8 import FLOAT8_MATMUL_MULTIPLE, Float8Spec, float8_coverage, float8_support_problem
 from .loss_scaling import LossScaler, LossScaling
 from .neuron_runtime import neuron_runtime_env
 from .nonfinite import NonFiniteGuard, NonFiniteStop
@@ -19,6 +19,7 @@ from .stochastic_rounding import stochastic_round
 __version__ = _distribution_version("nxd-precision")  # one source: the pyproject's version
 
 __all__ = [
+    "FLOAT8_MATMUL_MULTIPLE",
     "Float8Spec",
     "LossScaler",
     "LossScaling",

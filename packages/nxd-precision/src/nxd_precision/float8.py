@@ -9,13 +9,14 @@ matmuls, to check the numerics anywhere.
 
 Under tensor parallelism the swapped layers take nxd's own column- and row-parallel styles: torchao's casts read
 DTensors, so each tensorwise scale comes from the whole tensor's maximum and each rowwise scale from its whole row,
-as in one process. Under ZeRO-3, `all_gather` makes FSDP2 gather each weight as float8 (torchao's
+as in one process. Where ZeRO shards the weights, `all_gather` makes FSDP2 gather each weight as float8 (torchao's
 `enable_fsdp_float8_all_gather`): the rank casts its shard with the scale of the whole weight's maximum (one
 all-reduce) before the gather, so the layer computes on the same float8 weight at a quarter of fp32's traffic.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +30,12 @@ FP8_RECIPES = ("tensorwise", "rowwise")
 FP8_FORMATS = ("hybrid", "e4m3")
 """hybrid: e4m3 for the inputs and weights, e5m2 for the output gradients (Transformer Engine's HYBRID); e4m3: every
 operand e4m3."""
-MATMUL_MULTIPLE = 16
+FLOAT8_MATMUL_MULTIPLE = 16
 """torch._scaled_mm needs both dimensions of a weight to be multiples of 16: other layers keep their precision."""
-SKIPPED = ("lm_head", "router", "block_sparse_moe.gate", "mlp.gate", "score", "coefficient")
+SKIPPED = ("lm_head", "router", "block_sparse_moe.gate", "mlp.gate", "score", "coefficient", "dt_proj")
 """Layers left out (name endings): the output layer, and the routers and PR-MoE's mix, whose logits float8 would
-coarsen; LoRA's adapters (names holding `lora_`) too."""
+coarsen; a Mamba mixer's dt_proj, whose weight the mixer reads itself; LoRA's adapters (names holding `lora_`)
+too."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,11 @@ class Float8Spec:
     """False: the weight-gradient matmul reads its operands in the parameters' precision."""
     emulate: bool = False
     all_gather: bool = False
-    """Under ZeRO-3 (FSDP2), gather the weights as float8 rather than in their own dtype (tensorwise only)."""
+    """Where FSDP2 shards the weights (ZeRO-1 or ZeRO-3), gather them as float8 rather than in their own dtype
+    (tensorwise only)."""
+    kept: tuple[str, ...] = ()
+    """fnmatch patterns of module names that keep their precision (nxd-train: the key/value projections a
+    kv_replicator replicates, which compute only their rank's head rows)."""
 
 
 def float8_config(spec: Float8Spec) -> Any:
@@ -62,7 +68,7 @@ def float8_config(spec: Float8Spec) -> Any:
     rowwise = spec.recipe == "rowwise"
     if rowwise and spec.all_gather:
         raise PrecisionConfigError("precision.fp8.all_gather: torchao gathers float8 weights for tensorwise scaling "
-                                   "only; expected recipe tensorwise with it, found rowwise")  # fmt: skip
+                                   "only; expected precision.fp8.recipe tensorwise with it, found rowwise")  # fmt: skip
     granularity = cast.ScalingGranularity.AXISWISE if rowwise else cast.ScalingGranularity.TENSORWISE
     grads = torch.float8_e4m3fn if (spec.format or ("e4m3" if rowwise else "hybrid")) == "e4m3" else \
         torch.float8_e5m2  # fmt: skip
@@ -91,8 +97,9 @@ def use_float8(module: nn.Module, spec: Float8Spec) -> list[str]:
     def chosen(layer: nn.Module, name: str) -> bool:
         if not isinstance(layer, nn.Linear) or isinstance(layer, Float8Linear):
             return False
-        wanted = ".layers." in f".{name}" and not name.endswith(SKIPPED) and "lora_" not in name and \
-            layer.in_features % MATMUL_MULTIPLE == 0 and layer.out_features % MATMUL_MULTIPLE == 0  # fmt: skip
+        sized = not layer.in_features % FLOAT8_MATMUL_MULTIPLE and not layer.out_features % FLOAT8_MATMUL_MULTIPLE
+        wanted = ".layers." in f".{name}" and not name.endswith(SKIPPED) and "lora_" not in name and sized and \
+            not any(fnmatch.fnmatchcase(name, pattern) for pattern in spec.kept)  # fmt: skip
         if wanted:
             swapped.append(name)
         return wanted

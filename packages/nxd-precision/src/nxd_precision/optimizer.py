@@ -202,14 +202,13 @@ def prepare_parameters(module: torch.nn.Module, policy: PrecisionPolicy, *, cast
     parameters) with `cast`, and again after it with cast=False and before data parallelism, which
     reads the gradient dtype when it wraps the module. With `cast`, a float8 policy swaps the decoder layers'
     linear layers for torchao's (`use_float8`)."""
-    if cast and policy.float8 is not None:
+    for parameter in module.parameters():
+        if cast and parameter.is_floating_point() and parameter.dtype != policy.param_dtype:
+            parameter.data = parameter.data.to(policy.param_dtype)
+    if cast and policy.float8 is not None:  # after the cast: torchao's gathered weight wraps the tensor as it is
         use_float8(module, policy.float8)
     for parameter in module.parameters():
-        if not parameter.is_floating_point():
-            continue
-        if cast and parameter.dtype != policy.param_dtype:
-            parameter.data = parameter.data.to(policy.param_dtype)
-        if parameter.dtype != policy.grad_accumulation_dtype:
+        if parameter.is_floating_point() and parameter.dtype != policy.grad_accumulation_dtype:
             parameter.grad_dtype = policy.grad_accumulation_dtype
 
 

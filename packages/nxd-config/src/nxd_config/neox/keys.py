@@ -44,9 +44,11 @@ _LAUNCHER = ("a setting of DeepSpeed's launcher that nxd's launches do not need 
              "script or each host's torchrun command)")  # fmt: skip
 _DERIVED = "NeoX derives it while it runs (a value written in a file is overwritten); nxd derives its own"
 _COMET = "with use_comet (a notice without it)"
-_MAMBA_KERNEL = ("a kernel choice of mamba-ssm / causal-conv1d for mamba layers; nxd scans with mamba-ssm's fused "
-                 "kernel wherever mamba-ssm is installed on CUDA, and with its PyTorch scan and convolution (the same "
-                 "arithmetic) elsewhere")
+_MAMBA_SCAN = ("a kernel choice of mamba-ssm for mamba layers; nxd scans with mamba-ssm's fused selective-scan kernel "
+               "wherever mamba-ssm is installed on CUDA (whatever this key), and with its PyTorch scan (the same "
+               "arithmetic) elsewhere")
+_MAMBA_KERNEL = ("a kernel choice of causal-conv1d / mamba-ssm for mamba layers; nxd's torch convolution and "
+                 "projections compute the same")
 _TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
               "is the te_fp8_* keys')")  # fmt: skip
 _TE_FUSED = ("Transformer Engine's fused module in place of NeoX's own layers; nxd computes NeoX's own layers as the "
@@ -221,7 +223,7 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "with enabled: true, n_tokens (the reference's num_tokens too), init_string and init_range start a learned prompt "
      "before every sequence and freeze every other weight; the prompt takes positions 0 .. n_tokens - 1 and the "
      "labels stay on their tokens (NeoX's own SoftEmbedding cuts the sequence and shifts it against its labels)"),
-    ("mamba_selective_scan_fusion", "Model", False, N, "", _MAMBA_KERNEL),
+    ("mamba_selective_scan_fusion", "Model", False, N, "", _MAMBA_SCAN),
     ("mamba_causal_conv_fusion", "Model", False, N, "", _MAMBA_KERNEL),
     ("mamba_inner_func_fusion", "Model", False, N, "", _MAMBA_KERNEL),
     ("mamba_selective_fp32_params", "Model", True, N, "",

@@ -61,9 +61,10 @@ class Fp8Config(Section):
         note="torchao's emulate",
     )  # fmt: skip
     all_gather: bool = key(
-        False, "With distributed_strategy.zero3: each layer's weights are gathered as float8 (cast on each rank with "
-        "the scale of the whole weight's maximum) rather than in the parameters' dtype; a quarter of fp32's gather "
-        "traffic, half of bf16's, and the same float8 weight. tensorwise only.", by=PREC, status=Status.EXTENSION,
+        False, "With distributed_strategy.zero1 (and zero3): each layer's weights are gathered as float8 (cast on "
+        "each rank with the scale of the whole weight's maximum) rather than in the parameters' dtype; a quarter of "
+        "fp32's gather traffic, half of bf16's, and the same float8 weight. tensorwise only; not with tensor "
+        "parallelism.", by=PREC, status=Status.EXTENSION,
         note="torchao's enable_fsdp_float8_all_gather",
     )  # fmt: skip
 
