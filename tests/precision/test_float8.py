@@ -53,6 +53,24 @@ def test_the_decoder_layers_linear_layers_become_float8():
     assert len(swapped) == 8 and kept == {"QKVLinear": 2}
 
 
+def test_kept_patterns_mamba_step_sizes_and_gathered_weights_in_the_policys_dtype():
+    """`kept` leaves the named layers (nxd-train: replicated key/value projections); a Mamba mixer's dt_proj, whose
+    weight the mixer reads itself, stays; a weight FSDP2 is to gather as float8 holds the policy's dtype."""
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    kept = Float8Spec(emulate=True, kept=("model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.v_proj"))
+    swapped = use_float8(build_on_meta(CONFIG), kept)
+    assert len(swapped) == 10 and not any(name.endswith(("k_proj", "v_proj")) for name in swapped)
+    mamba = build_on_meta(GPTConfig(**{**CONFIG.__dict__, "hidden_size": 256, "attention_layers": ("mamba",) * 2}))
+    swapped = use_float8(mamba, Float8Spec(emulate=True))
+    assert "model.layers.0.mixer.in_proj" in swapped and not any("dt_proj" in name for name in swapped)
+    model = build_on_meta(CONFIG)
+    prepare_parameters(model, resolve_policy("mixed_precision", float8=Float8Spec(emulate=True, all_gather=True)))
+    weight = model.get_parameter("model.layers.0.mlp.up_proj.weight")
+    assert isinstance(weight.data, WeightWithDynamicFloat8CastTensor)
+    assert weight.data._tensor.dtype == torch.bfloat16
+
+
 def _batch() -> dict[str, torch.Tensor]:
     ids = torch.randint(0, 128, (4, 33), generator=torch.Generator().manual_seed(0))
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
