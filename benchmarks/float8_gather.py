@@ -88,7 +88,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         mp.start_processes(_worker, args=(2, directory, args.steps), nprocs=2, start_method="spawn")
-        results = torch.load(os.path.join(directory, "results.pt"))
+        results = torch.load(os.path.join(directory, "results.pt"), weights_only=True)
     print(f"{'gathers':<28}{'MiB gathered / step / rank':>28}{'median step (s)':>18}")
     rows = {}
     for setting, name in ((False, "in the parameters' dtype"), (True, "float8 (all_gather: true)")):
@@ -97,7 +97,8 @@ def main() -> None:
         print(f"{name:<28}{rows[setting][0]:>28.2f}{rows[setting][1]:>18.2f}")
     print(f"ratio float8 / parameters' dtype: bytes {rows[True][0] / rows[False][0]:.3f}, "
           f"time {rows[True][1] / rows[False][1]:.2f}")
-    print(f"largest loss difference: {max(abs(a - b) for a, b in zip(results[False][0], results[True][0])):.1e}")
+    difference = max(abs(a - b) for a, b in zip(results[False][0], results[True][0], strict=True))
+    print(f"largest loss difference: {difference:.1e}")
 
 
 if __name__ == "__main__":

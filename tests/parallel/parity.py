@@ -199,7 +199,7 @@ class Scenario:
     fp8_format: str | None = None
     """None: the recipe's own (tensorwise: e5m2 gradients)."""
     fp8_all_gather: bool = False
-    """Under ZeRO-3, the weights gathered as float8 (the one-process reference has nothing to gather)."""
+    """Under ZeRO, the weights gathered as float8 (the one-process reference has nothing to gather)."""
     pp: int = 1
     cp: int = 1
     ep: int = 1
@@ -240,9 +240,9 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     """Run one scenario in this process (one of `world`); every rank returns the same record."""
     dims = ParallelDims(world, tp=scenario.tp, pp=scenario.pp, cp=scenario.cp, ep=scenario.ep)
     mesh = dims.build_mesh("cpu")
-    policy = resolve_policy(scenario.precision, float8=Float8Spec(recipe=scenario.fp8_recipe, emulate=True, format=scenario.fp8_format,
-                                                                     all_gather=scenario.fp8_all_gather)
-                            if scenario.fp8 else None)  # fmt: skip
+    float8 = Float8Spec(recipe=scenario.fp8_recipe, format=scenario.fp8_format, emulate=True,
+                        all_gather=scenario.fp8_all_gather)  # fmt: skip
+    policy = resolve_policy(scenario.precision, float8=float8 if scenario.fp8 else None)
     family = scenario.built_family()
     model = build_parallel_model(family, scenario.layout, mesh, torch.device("cpu"), seed=11,
                                  prepare=partial(prepare_parameters, policy=policy))  # fmt: skip

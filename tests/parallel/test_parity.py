@@ -327,8 +327,8 @@ DEFAULT_TWO = {
     "megatron-pp2-interleaved", "hf-pp2-cuts-documents", "hf-cp2-documents-selective-recompute",
     "megatron-lora-tp2-sp-fused-qkv-kv-replicator", "hf-lora-dp2-zero1-selective-recompute", "megatron-lora-pp2",
     "hf-lora-cp2", "moe-ep2-zero1-full-recompute", "moe-tp2-sp", "moe-pp2", "mixtral-tp2-sp",
-    "mixtral-capacity-ep2-zero1-full-recompute", "ds-moe-tp2-sp", "megatron-fp8-dp2-zero3-float8-gather", "megatron-fp8-tp2-sp",
-    "megatron-sm3-dp2-zero1",
+    "mixtral-capacity-ep2-zero1-full-recompute", "ds-moe-tp2-sp", "megatron-fp8-dp2-zero3-float8-gather",
+    "megatron-fp8-tp2-sp", "megatron-sm3-dp2-zero1",
     "megatron-adam8bit-tp2-sp",
 }  # fmt: skip
 """One two-process scenario of each feature (layout, recompute kind, QKV form, model shape, LoRA, MoE) in the

@@ -26,25 +26,12 @@ def test_two_zero3_processes_gathering_float8_train_as_one_and_resume_in_one(tmp
     assert max(abs(a - b) for a, b in zip(resumed, single[2:], strict=True)) < 1e-5, (resumed, single)
 
 
-def test_a_layer_of_float8_weights_alone_is_refused_on_gloo(tmp_path, monkeypatch):
-    from nxd_config import load_config
-    from nxd_train.cli import default_config_path
-    from nxd_train.corpus import default_cache_dir
-    from nxd_train.preflight import PreflightError, plan_run
-
-    monkeypatch.setattr("nxd_train.preflight.accelerator_name", lambda: "cpu")  # gloo's, on any host
-    cfg = load_config(default_config_path(), [
-        f"+exp_manager.explicit_log_dir={tmp_path}", "trainer.devices=2", "distributed_strategy.zero1=True",
-        "+distributed_strategy.zero3=True", "+precision.fp8.emulate=true", "+precision.fp8.all_gather=true",
-        "model.normalization=non_parametric_layernorm"])  # fmt: skip
-    with pytest.raises(PreflightError) as caught:
-        plan_run(cfg, default_cache_dir())
-    assert any(problem.startswith("precision.fp8.all_gather: gloo, the CPU's collectives, cannot gather float8 "
-                                  "tensors, and decoder layer model.layers.0 holds no other parameter")
-               for problem in caught.value.problems), caught.value.problems  # fmt: skip
+ZERO3_GATHER = ["distributed_strategy.zero1=True", "+distributed_strategy.zero3=True", "+precision.fp8.all_gather=true"]
 
 
-def _plan_problems(tmp_path, *overrides: str) -> list[str]:
+def _plan(tmp_path, *overrides: str):  # noqa: ANN202
+    """nxd-train's plan of the default job on 2 processes with emulated float8 and `overrides`, or its
+    PreflightError."""
     from nxd_config import load_config
     from nxd_train.cli import default_config_path
     from nxd_train.corpus import default_cache_dir
@@ -53,34 +40,34 @@ def _plan_problems(tmp_path, *overrides: str) -> list[str]:
     cfg = load_config(default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}", "trainer.devices=2",
                                               "+precision.fp8.emulate=true", *overrides])  # fmt: skip
     try:
-        plan_run(cfg, default_cache_dir())
+        return plan_run(cfg, default_cache_dir())
     except PreflightError as error:
-        return error.problems
-    return []
+        return error
+
+
+def test_the_gather_reaches_the_policy_and_a_layer_of_float8_weights_alone_is_refused_on_gloo(tmp_path, monkeypatch):
+    monkeypatch.setattr("nxd_train.preflight.accelerator_name", lambda: "cpu")  # gloo's, on any host
+    assert _plan(tmp_path / "gathered", *ZERO3_GATHER).policy.float8.all_gather
+    refused = _plan(tmp_path, *ZERO3_GATHER, "model.normalization=non_parametric_layernorm")
+    assert any(problem.startswith("precision.fp8.all_gather: gloo, the CPU's collectives, cannot gather float8 "
+                                  "tensors, and decoder layer model.layers.0 holds no other parameter")
+               for problem in refused.problems), refused.problems  # fmt: skip
 
 
 def test_a_tensor_parallel_part_scaled_mm_cannot_take_is_refused(tmp_path):
     """The default model's MLP is 176 wide: under tp 2 each rank's 88 columns are no multiple of 16."""
-    problems = _plan_problems(tmp_path, "distributed_strategy.tensor_model_parallel_size=2")
+    problems = _plan(tmp_path, "distributed_strategy.tensor_model_parallel_size=2").problems
     assert "precision.fp8: under tensor parallelism each rank runs model.layers.0.mlp.gate_proj's float8 matmul on " \
            "its part of out_features (176 / 2), which torch._scaled_mm needs to be a multiple of 16; expected a " \
            "distributed_strategy.tensor_model_parallel_size that leaves it so, found 2" in problems, problems
-    assert not _plan_problems(tmp_path / "wider", "distributed_strategy.tensor_model_parallel_size=2",
-                              "model.ffn_hidden_size=192")  # fmt: skip
+    wider = _plan(tmp_path / "wider", "distributed_strategy.tensor_model_parallel_size=2", "model.ffn_hidden_size=192")
+    assert wider.policy.float8 is not None and not wider.policy.float8.kept
 
 
-def test_replicated_key_value_projections_keep_their_precision(tmp_path, monkeypatch):
+def test_replicated_key_value_projections_keep_their_precision(tmp_path):
     """With a kv_replicator each rank computes only its head rows of the key/value projections (outside the float8
     layer), so the plan keeps them in the parameters' precision in every layout, and says so."""
-    from nxd_config import load_config
-    from nxd_train.cli import default_config_path
-    from nxd_train.corpus import default_cache_dir
-    from nxd_train.preflight import plan_run
-
-    cfg = load_config(default_config_path(), [
-        f"+exp_manager.explicit_log_dir={tmp_path}", "trainer.devices=2", "+precision.fp8.emulate=true",
-        "distributed_strategy.tensor_model_parallel_size=2", "model.ffn_hidden_size=192", "model.num_kv_heads=1",
-        "+distributed_strategy.kv_replicator=2"])  # fmt: skip
     with pytest.warns(UserWarning, match="key/value projections a kv_replicator replicates"):
-        plan = plan_run(cfg, default_cache_dir())
+        plan = _plan(tmp_path, "distributed_strategy.tensor_model_parallel_size=2", "model.ffn_hidden_size=192",
+                     "model.num_kv_heads=1", "+distributed_strategy.kv_replicator=2")  # fmt: skip
     assert plan.policy.float8.kept == ("model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.v_proj")
