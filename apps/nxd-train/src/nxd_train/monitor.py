@@ -39,6 +39,22 @@ def rank_log_name(global_rank: int, local_rank: int) -> str:
     return f"nxd_log_globalrank-{global_rank}_localrank-{local_rank}.txt"
 
 
+def _import_tensorboardx() -> None:
+    """tensorboardX without the integrations it tries at import: Comet (comet_ml, which pulls matplotlib) and S3
+    event files (boto3), each about a second and a half where installed. nxd writes events to local files only and
+    logs to Comet itself (`comet_logger`), so they are kept out of its import (both import normally afterwards)."""
+    if "tensorboardX" in sys.modules:
+        return
+    kept_out = [name for name in ("comet_ml", "boto3") if name not in sys.modules]
+    for name in kept_out:
+        sys.modules[name] = None  # an import of it raises ImportError, which tensorboardX takes as "not installed"
+    try:
+        import tensorboardX  # noqa: F401
+    finally:
+        for name in kept_out:
+            del sys.modules[name]
+
+
 class Monitor:
     def __init__(self, log_dir: Path, *, global_rank: int, local_rank: int, total_steps: int,
                  local_rank_0_only: bool, tensorboard: bool, continue_after: int | None = None,
@@ -71,6 +87,7 @@ class Monitor:
                 table.log_metrics({name: value for name, value in row.items() if name != "step"}, int(row["step"]))
             self.metric_loggers.append(table)
             if tensorboard:  # purge_step: TensorBoard drops events after the resumed step
+                _import_tensorboardx()
                 purge = {} if continue_after is None else {"purge_step": continue_after + 1}
                 self.metric_loggers.append(TensorBoardLogger(log_dir, name="tensorboard", version="", **purge))
             if wandb is not None:

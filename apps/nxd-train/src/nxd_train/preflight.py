@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_digest
@@ -52,7 +53,6 @@ from nxd_precision import (
     neuron_runtime_env,
     resolve_policy,
 )
-from transformers import PretrainedConfig
 
 from .checkpointing import (
     Resume,
@@ -92,6 +92,9 @@ from .plan import (
 from .profiling import ProfilerWindow
 from .resume_check import IDENTITY, architecture, compare, data_identity
 from .training_statistics import StatisticsSettings
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

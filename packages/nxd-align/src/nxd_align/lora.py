@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
+import sys
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,8 +36,6 @@ from nxd_models import (
     initialise,
     seed_or_drawn,
 )
-from peft import LoraConfig, inject_adapter_in_model
-from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -83,13 +83,34 @@ def is_adapter_key(key: str) -> bool:
     return ".lora_A." in key or ".lora_B." in key
 
 
+IMPORT_NOTICES = ("bitsandbytes.backends.cpu.ops", "torch.utils._pytree")
+"""Loggers that speak while peft imports, of nothing a user acts on: bitsandbytes (where installed) about 4-bit CPU
+matmul kernels, not used here, and torch's pytree about the enums of torchao, which transformers imports."""
+
+
+def _peft() -> Any:
+    """peft, imported when a run has adapters, with `IMPORT_NOTICES` kept quiet while it loads."""
+    loggers = [logging.getLogger(name) for name in IMPORT_NOTICES]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        import peft
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+    return peft
+
+
 @contextmanager
 def adapters_disabled(modules: Iterable[nn.Module]) -> Iterator[None]:
     """Inside, the adapted `modules` (a model, or a rank's pipeline stages) compute the base model: every
     adapter layer switched off with peft's `enable_adapters(False)` and back on after, so a reference
     pass (DPO) needs no second copy of the model. Only for passes without backward: peft's switch also
     clears and restores the adapters' requires_grad."""
-    layers = [m for module in modules for m in module.modules() if isinstance(m, BaseTunerLayer | FusedQKVLora)]
+    tuners = sys.modules.get("peft.tuners.tuners_utils")  # no peft layer exists before LoRA imports peft
+    kinds = (FusedQKVLora,) if tuners is None else (FusedQKVLora, tuners.BaseTunerLayer)
+    layers = [m for module in modules for m in module.modules() if isinstance(m, kinds)]
     for layer in layers:
         layer.enable_adapters(False)
     try:
@@ -118,8 +139,8 @@ class LoraFamily:
     def __init__(self, family: ModelFamily, spec: LoraSpec):
         self.base, self.spec = family, spec
         self.linear, self.fused = adapted_modules(family, spec.targets)
-        self.peft_config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias=spec.bias,
-                                      target_modules=list(self.linear) or None)  # fmt: skip
+        self.peft_config = _peft().LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                                              bias=spec.bias, target_modules=list(self.linear) or None)  # fmt: skip
 
     def __getattr__(self, name: str) -> Any:
         """The wrapped family's protocol (never a dunder, so copying and pickling see this class)."""
@@ -146,7 +167,7 @@ class LoraFamily:
     def adapt(self, model: nn.Module) -> nn.Module:
         """`model` (a build of the wrapped family) with adapters; only they (and `bias`) train."""
         if self.linear:
-            model = inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
+            model = _peft().inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
         model.requires_grad_(False)
         for name, parts in self.fused.items():
             parent, _, leaf = name.rpartition(".")

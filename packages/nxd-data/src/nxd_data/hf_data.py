@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from filelock import FileLock
 from torch.utils.data import Dataset
@@ -25,14 +23,20 @@ from .indexed import token_dtype
 from .samples import IGNORE_INDEX, SampleFormat
 from .tokenizer import TextTokenizer
 
-READERS = {".jsonl": datasets.Dataset.from_json, ".json": datasets.Dataset.from_json,
-           ".parquet": datasets.Dataset.from_parquet, ".arrow": datasets.Dataset.from_file}  # fmt: skip
+if TYPE_CHECKING:  # datasets and pyarrow load when Hugging Face data is read, not with nxd_data
+    import datasets
+    import pyarrow as pa
+
+READERS = {".jsonl": "from_json", ".json": "from_json", ".parquet": "from_parquet", ".arrow": "from_file"}
+"""File suffix -> the `datasets.Dataset` constructor that reads it."""
 SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
 def load_records(location: str, where: str, split: str, limit: int | None = None) -> datasets.Dataset:
     """The records at `location` (only the first `limit` when given); `split` picks one split of a
     saved DatasetDict that holds several."""
+    import datasets
+
     path = Path(location)
     kinds = ", ".join(READERS)
     if path.is_dir() and any((path / marker).exists() for marker in SAVED_MARKERS):
@@ -62,10 +66,12 @@ def load_records(location: str, where: str, split: str, limit: int | None = None
 
 
 def _read(files: str | list[str], suffix: str, where: str) -> datasets.Dataset:
+    import datasets
+
     try:
         if suffix == ".arrow" and isinstance(files, list):
             return datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in files])
-        return READERS[suffix](files)
+        return getattr(datasets.Dataset, READERS[suffix])(files)
     except Exception as error:  # datasets wraps parser errors in several types
         raise DataError(f"{where}: cannot read {files} as {suffix[1:]}: {error}") from None
 
@@ -75,6 +81,8 @@ class TokenRows(Dataset):
     are checked against `vocab_size` when it is given."""
 
     def __init__(self, records: datasets.Dataset, format: SampleFormat, where: str, vocab_size: int | None = None):
+        import pyarrow.compute as pc
+
         ids = records.data.column("input_ids")
         lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False)
         too_long = np.flatnonzero(lengths > format.window)
@@ -109,6 +117,8 @@ class TokenRows(Dataset):
 def _check_ids(ids: pa.ChunkedArray, lengths: np.ndarray, vocab_size: int, where: str) -> None:
     """Every id in [0, vocab_size): an id the embedding lacks would fail (or read another row) deep in
     the first step."""
+    import pyarrow.compute as pc
+
     flat = pc.list_flatten(ids)
     if len(flat) == 0:
         return
@@ -124,6 +134,9 @@ def _check_ids(ids: pa.ChunkedArray, lengths: np.ndarray, vocab_size: int, where
 def _check_column(records: datasets.Dataset, name: str, where: str) -> None:
     """Column `name` holds what a sample is made of in every row (a list of integers for input_ids, a
     string for text): a row that lacks it or holds another type is named here, not deep in a worker."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     column = records.data.column(name)
     kind = column.type
     if name == "text":

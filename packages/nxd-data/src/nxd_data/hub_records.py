@@ -26,13 +26,15 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import datasets
 from filelock import FileLock
 
 from .errors import DataError
 from .files import save_atomically
+
+if TYPE_CHECKING:  # datasets loads when a hub dataset is read, not with nxd_data
+    import datasets
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 RecordKind = Literal["completion", "text", "preference"]
@@ -194,6 +196,8 @@ def _splits(source: HubDataset, where: str) -> dict[str, datasets.Dataset]:
 
 
 def _load(source: HubDataset, where: str) -> datasets.DatasetDict:
+    import datasets
+
     path = Path(source.path)
     try:
         if path.is_file():

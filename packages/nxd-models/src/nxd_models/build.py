@@ -5,28 +5,21 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import (
-    ALL_MASK_ATTENTION_FUNCTIONS,
-    LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING,
-    AttentionMaskInterface,
-    packed_sequence_mask_function,
-)
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import _FAST_BACKENDS, AttentionKernel, document_spans, span_attention
 from .context_parallel import DOCUMENTS_KWARG, hf_splits_sequence
 from .gpt import GPTConfig, GPTForCausalLM
-from .hf_moe import use_moe_layers
-from .hf_qkv import use_qkv_linear
+from .hf_types import import_model_classes, is_hf_model
 from .initialisation import InitModule, init_rule, initial_values, seed_or_drawn
 from .score_head import check_head, use_score_head
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 HF_SDPA = "nxd_sdpa"
 """transformers' SDPA attention under the model's kernel choice (registered as `nxd_sdpa_<kernel>`), with packed
@@ -39,6 +32,8 @@ def _sdpa_function(kernel: AttentionKernel) -> Callable[..., tuple[torch.Tensor,
     document spans `causal_lm_logits` passes (the mask is then not used). The kernel is chosen inside each
     call, not around the model's forward: activation recompute replays the call in backward, outside any
     context the forward ran in, and must pick the kernel the forward did."""
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
@@ -55,6 +50,10 @@ def _sdpa_function(kernel: AttentionKernel) -> Callable[..., tuple[torch.Tensor,
 
 
 def _use_span_sdpa(model: PreTrainedModel, kernel: AttentionKernel) -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     name = f"{HF_SDPA}_{kernel}"
     if name not in ALL_ATTENTION_FUNCTIONS:
         AttentionInterface.register(name, _sdpa_function(kernel))
@@ -70,15 +69,39 @@ def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel
     (nxd-parallel), or use `build_causal_lm` for a whole model."""
     check_head(head)
     model = _meta_tree(spec, attention)
-    model = model if isinstance(spec, GPTConfig) else use_qkv_linear(model)
+    if not isinstance(spec, GPTConfig):
+        from .hf_qkv import use_qkv_linear
+
+        model = use_qkv_linear(model)
     return use_score_head(model) if head == "score" else model
+
+
+@contextlib.contextmanager
+def _no_initialisation() -> Iterator[None]:
+    """torch.nn.init's functions do nothing inside: a meta tensor has no values to fill, and torch fills one
+    through a decomposition whose first call imports torch._dynamo (seconds, for a tree never computed on).
+    Initial values come later, module by module (`initial_values`)."""
+    names = [name for name in dir(nn.init) if name.endswith("_") and not name.startswith("_")]
+    saved = {name: getattr(nn.init, name) for name in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
 
 
 def _meta_tree(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -> nn.Module:
     """The meta tree with a transformers model's own q/k/v layers (its initialisation knows those)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _no_initialisation():
         if isinstance(spec, GPTConfig):
             return GPTForCausalLM(spec, attention)
+        import_model_classes()
+        from transformers import AutoModelForCausalLM
+
+        from .hf_moe import use_moe_layers
+
         implementation = "eager" if attention is AttentionKernel.UNFUSED else "sdpa"
         # a config of its own: transformers writes the attention choice into it, and nxd may change that
         model = AutoModelForCausalLM.from_config(copy.deepcopy(spec), attn_implementation=implementation,
@@ -143,6 +166,8 @@ def hf_attention_inputs(model: PreTrainedModel, shape: torch.Size, document_ids:
             and (spans := document_spans(document_ids)) is not None
             and not _window_applies(model.config, max(end - start for row in spans for start, end in row))):
         return None, {SPANS_KWARG: spans}  # fmt: skip
+    from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, packed_sequence_mask_function
+
     # transformers reads batch, length, dtype (of an additive eager mask) and device from it
     shape_only = torch.empty(*shape, 0, dtype=model.dtype, device=device)
     documents = None if document_ids is None else packed_sequence_mask_function(document_ids)
@@ -179,7 +204,7 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
     sequences and mask across them).
     """
     inner = getattr(model, "module", model)
-    if isinstance(inner, PreTrainedModel):
+    if is_hf_model(inner):
         masks, extra = hf_attention_inputs(inner, input_ids.shape, document_ids, input_ids.device)
         if masks is None:  # SDPA's causal kernel; ones keep transformers from reading restarting positions as
             masks = torch.ones_like(input_ids)  # packed sequences

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from .hf_pipeline import stage_forward
+from .hf_types import is_hf_model
 
 
 def causal_lm_token_losses(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -21,7 +21,7 @@ def causal_lm_token_losses(model: nn.Module, batch: Mapping[str, torch.Tensor]) 
     logits first). A reward model's score head gives per-position scores."""
     inputs = (batch["input_ids"], batch["position_ids"], batch.get("document_ids"))
     inner = getattr(model, "module", model)
-    if isinstance(inner, PreTrainedModel):
+    if is_hf_model(inner):
         with stage_forward(inner):
             return model(*inputs, labels=batch["labels"])
     return model(*inputs, labels=batch["labels"])

@@ -8,16 +8,17 @@ attention function up by name, so one is registered that calls the kernel the la
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import ContextParallelAttention, CoreAttention
 from .errors import ModelConfigError
 from .gpt import GPTForCausalLM
+from .hf_types import is_hf_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 HF_IMPLEMENTATION = "nxd_context_parallel"
 DOCUMENTS_KWARG = "nxd_document_ids"
@@ -48,7 +49,7 @@ def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAtten
             if isinstance(module, CoreAttention):
                 module.context_parallel = attention
         return
-    if not isinstance(model, PreTrainedModel):
+    if not is_hf_model(model):
         raise ModelConfigError(f"context parallelism: expected an nxd or transformers causal LM, found {type(model)}")
     if getattr(model.config, "sliding_window", None) is not None and getattr(model.config, "use_sliding_window", True):
         raise ModelConfigError(f"model.model_config: sliding_window {model.config.sliding_window}: ring attention has "
@@ -57,6 +58,10 @@ def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAtten
     if getattr(model.config, "attention_dropout", 0.0):
         raise ModelConfigError(f"model.model_config.attention_dropout: expected 0 with context parallelism (ring "
                                f"attention has no dropout), found {model.config.attention_dropout}")  # fmt: skip
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     if HF_IMPLEMENTATION not in ALL_ATTENTION_FUNCTIONS:
         AttentionInterface.register(HF_IMPLEMENTATION, _hf_attention)
         AttentionMaskInterface.register(HF_IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])

@@ -3,14 +3,19 @@ transformers model keeps transformers' own `DynamicCache`; the Megatron-style de
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
-from transformers import DynamicCache, PreTrainedModel
 
 from .build import causal_lm_logits
+from .hf_types import is_hf_model
 from .kv_cache import KVCache
 from .moe import route_every_token
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 def prepare_for_decoding(model: nn.Module) -> nn.Module:
@@ -24,7 +29,11 @@ def decoding_cache(model: nn.Module) -> KVCache | DynamicCache:
     """An empty cache for `model` (either family): nxd's for the Megatron-style decoder, transformers' own for a
     transformers model."""
     inner = getattr(model, "module", model)
-    return DynamicCache(config=inner.config) if isinstance(inner, PreTrainedModel) else KVCache()
+    if not is_hf_model(inner):
+        return KVCache()
+    from transformers import DynamicCache
+
+    return DynamicCache(config=inner.config)
 
 
 def decoding_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -34,7 +43,7 @@ def decoding_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: tor
     if cache is None:
         return causal_lm_logits(model, input_ids, position_ids)
     inner = getattr(model, "module", model)
-    if isinstance(inner, PreTrainedModel):
+    if is_hf_model(inner):
         return model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True).logits
     return model(input_ids, position_ids, cache=cache)
 

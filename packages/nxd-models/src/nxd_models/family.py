@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from .attention import AttentionKernel, ContextParallelAttention
 from .build import build_causal_lm, build_on_meta, causal_lm_logits
@@ -27,6 +27,7 @@ from .hf import hf_tp_plan
 from .hf_mapping import HFMapping, hf_mapping, hf_self_mapping
 from .hf_moe import moe_of
 from .hf_recompute import recompute_core_attention
+from .hf_types import is_hf_config
 from .initialisation import init_rule, initial_values
 from .moe import MoESpec, moe_layers
 from .neox_layout import NeoXLayout, neox_layout
@@ -34,6 +35,9 @@ from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_proble
 from .recompute_units import ACTIVATION_MULTIPLY, MEGATRON_ALIASES, split_activation_multiply
 from .score_head import check_head
 from .score_mapping import score_mapping
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 CORE_ATTENTION = "CoreAttention"
 """NxDT's name of the attention core (softmax(QK^T)V) in `activations_checkpoint_recompute`."""
@@ -355,7 +359,7 @@ def model_family(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel 
     it from its config)."""
     if isinstance(spec, GPTConfig):
         return MegatronFamily(spec, attention, head)
-    if isinstance(spec, PretrainedConfig):
+    if is_hf_config(spec):
         return HuggingFaceFamily(spec, attention, head, loss_chunk_tokens)
     raise ModelConfigError(f"model: expected a GPTConfig or a transformers PretrainedConfig, "
                            f"found {type(spec).__name__}")

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .decoding import whole_logits
 from .errors import ModelConfigError
+
+if TYPE_CHECKING:
+    from transformers import LogitsProcessorList
 
 StepLogits = Callable[[torch.Tensor, torch.Tensor, object | None], torch.Tensor]
 """(input_ids, position_ids, cache or None) -> logits (batch, seq, vocab): one forward of a model family."""
@@ -39,6 +42,8 @@ class Sampling:
 
     def warpers(self) -> LogitsProcessorList:
         """transformers' warpers for this choice, in NeoX's order: temperature, then top-k, then top-p."""
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
         warpers = LogitsProcessorList()
         if self.temperature > 0 and self.temperature != 1.0:
             warpers.append(TemperatureLogitsWarper(self.temperature))

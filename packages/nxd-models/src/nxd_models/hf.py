@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-from transformers import AutoConfig, PretrainedConfig
+from typing import TYPE_CHECKING
 
 from .errors import ModelConfigError
 from .gpt import EMBEDDING_NORMS_OUTPUT_PLAN, moe_tp_plan
 from .hf_moe import moe_of, set_moe
 from .hf_qkv import PROJECTIONS, qkv_linear_of, set_qkv_linear
 from .moe import MoESpec
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
 """Decoder families whose layout (q/k/v/o and gate/up/down projections or Mixtral's experts, RMSNorm,
@@ -52,6 +54,8 @@ def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> 
             f"{file}: model_type: expected one of {', '.join(SUPPORTED_MODEL_TYPES)}, found {model_type!r}"
             + (f" (architectures {architectures})" if architectures else "")
         )
+    from transformers import AutoConfig
+
     try:
         config = AutoConfig.for_model(**raw)
     except (TypeError, ValueError) as error:

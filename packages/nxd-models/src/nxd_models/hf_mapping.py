@@ -13,16 +13,16 @@ vocabulary padding, sliced off on export and added back on import.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-from transformers import PretrainedConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from typing import TYPE_CHECKING, Any
 
 from .activations import HF_ACTIVATIONS
 from .errors import ModelConfigError
 from .gpt import GPTConfig
 from .hf_moe import MOE_SPEC, mixtral_keys, moe_of
 from .hf_qkv import QKV_LINEAR, hf_key
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 TIED_OUTPUT = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -241,6 +241,8 @@ def hf_self_mapping(config: PretrainedConfig, names: list[str]) -> HFMapping:
     """A transformers model's own layout: every state-dict key (`names`) maps to itself, but for the
     QKV module's (qkv_linear), which map to the q/k/v layers they came from, and a Mixtral's MoE
     layers, which map to the hub's per-expert layout."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     content = {key: value for key, value in config.to_dict().items() if key not in (QKV_LINEAR, MOE_SPEC)}
     content["architectures"] = content.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     tied = TIED_OUTPUT if config.tie_word_embeddings else {}

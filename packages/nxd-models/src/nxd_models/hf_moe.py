@@ -11,13 +11,15 @@ stacked (`mlp.experts.gate_proj` ...); on disk a Mixtral keeps the Hugging Face 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
-from transformers.activations import ACT2FN
 
 from .errors import ModelConfigError
 from .moe import MoELayer, MoESpec
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 MOE_SPEC = "nxd_moe"
 EXPERT_WEIGHTS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
@@ -56,6 +58,8 @@ def use_moe_layers(model: PreTrainedModel) -> None:
     spec = moe_of(model.config)
     if spec is None:
         return
+    from transformers.activations import ACT2FN
+
     config = model.config
     config.output_router_logits = False  # nxd's layer computes and weighs the load-balancing loss
     layers = model.model.layers

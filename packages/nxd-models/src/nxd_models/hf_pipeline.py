@@ -15,13 +15,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from types import MethodType
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from .build import hf_attention_inputs, layer_mask_kinds
 from .score_head import ScoreHead
 from .token_losses import chunked_token_cross_entropy
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: torch.Tensor,

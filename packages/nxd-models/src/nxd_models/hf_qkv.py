@@ -12,13 +12,15 @@ so every build of the model, on the meta device or not, has it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
 
 from .qkv import QKVLinear
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 QKV_LINEAR = "nxd_qkv_linear"
 """The config attribute naming the QKV module's kind: "fused" (one matmul) or "separate" (three)."""

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _attention_function(model: PreTrainedModel, implementation: str) -> Callable[..., Any]:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     if implementation == "eager":  # each model family defines its own eager function
         return sys.modules[type(model).__module__].eager_attention_forward
     return ALL_ATTENTION_FUNCTIONS[implementation]
@@ -30,6 +32,10 @@ def recompute_core_attention(model: PreTrainedModel) -> None:
     """Make every attention layer of `model` recompute its attention core in backward. One variant is
     registered per model family and attention function (nxd's SDPA variants carry their kernel), and shared
     by the models using it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     implementation = model.config._attn_implementation
     if implementation.startswith("nxd_recompute_"):
         return

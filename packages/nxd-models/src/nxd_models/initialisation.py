@@ -17,15 +17,19 @@ import contextlib
 import hashlib
 from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from .gpt import GPTForCausalLM
 from .hf_moe import init_experts
+from .hf_types import is_hf_model
 from .moe import Experts
 from .qkv import QKVLinear, qkv_part_unit
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Seeder = Callable[[str], AbstractContextManager[None]]
 """`seeded(name)`: the torch RNG seeded for the unit called `name` while the context is open."""
@@ -49,7 +53,7 @@ def init_rule(model: nn.Module) -> InitModule:
     """The initialisation rule of either family's model tree (meta or not)."""
     if isinstance(model, GPTForCausalLM):
         return model.init_module
-    if isinstance(model, PreTrainedModel):
+    if is_hf_model(model):
         return lambda name, module, seeded: _hf_init_module(model, name, module, seeded)
     raise TypeError(f"no initialisation rule for {type(model).__name__}")
 

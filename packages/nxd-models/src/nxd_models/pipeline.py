@@ -5,11 +5,11 @@ initialisation and TP plans read the same at any pipeline layout."""
 from __future__ import annotations
 
 from torch import nn
-from transformers import PreTrainedModel
 
 from .errors import ModelConfigError
 from .gpt import GPTForCausalLM
 from .hf_pipeline import hf_stage_problems, make_hf_stage
+from .hf_types import is_hf_model
 
 
 def keep_pipeline_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> nn.Module:
@@ -30,12 +30,12 @@ def keep_pipeline_stage(model: nn.Module, layers: range, *, first: bool, last: b
     if not last:
         decoder.norm = None
         model.lm_head = None
-    return make_hf_stage(model) if isinstance(model, PreTrainedModel) else model
+    return make_hf_stage(model) if is_hf_model(model) else model
 
 
 def pipeline_stage_problems(model: nn.Module) -> list[str]:
     """Why `model` cannot be cut into pipeline stages (empty when it can); the model is unchanged."""
-    if isinstance(model, PreTrainedModel):
+    if is_hf_model(model):
         return hf_stage_problems(model)
     if not isinstance(model, GPTForCausalLM):
         return [f"pipeline parallelism: expected an nxd or transformers causal LM, found {type(model).__name__}"]

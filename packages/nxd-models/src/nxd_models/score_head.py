@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from .errors import ModelConfigError
+from .hf_types import is_hf_model
 
 HEADS = ("causal_lm", "score")
 """What a model's output layer computes: logits over the vocabulary, or one score per position."""
@@ -46,6 +46,6 @@ def use_score_head(model: nn.Module) -> nn.Module:
     device = model.lm_head.weight.device
     with torch.device(device):
         model.lm_head = ScoreHead(hidden)
-    if isinstance(model, PreTrainedModel):
+    if is_hf_model(model):
         model.config.tie_word_embeddings = False
     return model

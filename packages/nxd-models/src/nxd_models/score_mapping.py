@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
-
 from .errors import ModelConfigError
 from .hf_mapping import HFMapping
 
@@ -18,6 +16,8 @@ def score_mapping(causal_lm: HFMapping, pad_token_id: int | None = None) -> HFMa
     """`causal_lm`'s mapping for the same decoder with a score head. transformers reads the score at
     each row's last token that is not `pad_token_id`, so an export must set that id (nxd-train writes
     the id its data is padded with)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
     model_type = causal_lm.config.get("model_type")
     architecture = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
     if architecture is None:

@@ -12,14 +12,16 @@ loss function normalises by the global token count), never averaged by the sched
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
-from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 
 from .errors import ParallelConfigError
+
+if TYPE_CHECKING:  # torch.distributed.pipelining imports torch._dynamo: loaded when a schedule is built
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 
 
 def stage_ranges(num_layers: int, stages: int, *, cuts: Sequence[int] | None = None,
@@ -86,6 +88,8 @@ def build_schedule(
     modules this rank holds. `step(arg_mbs=[(input_ids,)...], kwarg_mbs=[{"position_ids": ...}...],
     target_mbs=[labels...])` runs forward and backward of every micro-batch (kwargs reach every
     stage); `loss_fn(logits, labels)` must already be normalised."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+
     stages = [PipelineStage(module, number, num_stages, device, group=group)
               for module, number in zip(modules, stage_numbers, strict=True)]  # fmt: skip
     if len(stages) == 1:
