@@ -20,6 +20,7 @@
     nxd-train ckpt export-hf CKPT OUT [--dtype D] [--merged]
                                                       a checkpoint -> Hugging Face safetensors + config.json
                                                       (a LoRA one -> a peft adapter folder, or merged)
+    nxd-train plot RUN_DIR [RUN_DIR ...] [-o FILE.png] loss, learning rate, tokens/s (and rewards) against step
 
 FILE is one NxDT config, or one or more GPT-NeoX configs (merged as NeoX's launcher merges them); the
 dialect is recognised from the files, or forced with --dialect nxdt|neox|qeff. OVERRIDEs use the files' keys,
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 DEVICE_MEMORY_HELP = ("memory of one rank in GiB (default: the local accelerator's, or the host's shared by the "
                       "local ranks)")
-SUBCOMMANDS = ("train", "config", "plan", "tune", "launch", "generate", "eval", "data", "ckpt")
+SUBCOMMANDS = ("train", "config", "plan", "tune", "launch", "generate", "eval", "data", "ckpt", "plot")
 TOP_LEVEL_OPTIONS = ("-h", "--help", "--version", "-V")
 OVERRIDE_HELP = ("a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML); --a.b VALUE is "
                  "a.b=VALUE")  # fmt: skip
@@ -225,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--merged", action="store_true",
                         help="a LoRA checkpoint saved with its base (save_lora_base or merge_lora): the model with "
                              "the adapter merged in, instead of the peft adapter folder")  # fmt: skip
+
+    text = ("draw loss and validation loss, learning rate, tokens/s and any reward or accuracy columns against the "
+            "step from runs' metrics.csv, several runs overlaid (the nxd-train[plot] extra: matplotlib)")
+    plot = commands.add_parser("plot", help="a picture of runs' metrics", description=text)
+    plot.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="a run's log directory (its metrics.csv)")
+    plot.add_argument("--output", "-o", type=Path, default=Path("plot.png"),
+                      help="the PNG to write (default: plot.png; never over a file that exists)")
     return parser
 
 
@@ -288,6 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "verify":
             return verify_command(args.path)
         return export_command(args.checkpoint, args.out, args.dtype, args.merged)
+    if args.command == "plot":
+        from .plot import plot_command
+
+        return plot_command(args.runs, args.output)
     return _train_command(args.config or [default_config_path()], args.overrides, args.dialect)
 
 

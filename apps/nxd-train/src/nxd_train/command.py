@@ -19,7 +19,7 @@ SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG
 parent's choice and kept)."""
 
 
-OTHER_COMMANDS = ("config", "plan", "launch", "data", "ckpt", "-h", "--help")
+OTHER_COMMANDS = ("config", "plan", "launch", "data", "ckpt", "plot", "-h", "--help")
 """Subcommands that keep Python's own Ctrl-C: they clean up after themselves (temporary files, staging folders)."""
 
 
