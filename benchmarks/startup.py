@@ -1,7 +1,18 @@
-"""Start-up peak host memory and time per rank: shard-local initialisation against a whole-model build
-per rank, and streamed Hugging Face loading against transformers' `from_pretrained`.
+"""Start-up: how long a command takes to get going, and peak host memory and time per rank at any model size.
 
+    uv run --group bench python benchmarks/startup.py --commands [--repeats 3]
     uv run --group bench python benchmarks/startup.py [--layouts 1,tp2,pp2,dp2_zero1] [--skip-hf]
+
+`--commands` times whole processes, each started fresh, best and median of `--repeats`: `import torch`, `import
+lightning_fabric`, `nxd-train config check` on the tiny config, and the time from starting the default job (the
+embedded tiny config, logging every step) to its first logged step, against the same for transformers' `Trainer`
+on the same model (a LlamaForCausalLM of the tiny config's shape, the same batch, AdamW, gradient accumulation 2;
+its data already in memory); with the targets (`config check` within 1.5x `import torch`, the first step within
+`import lightning_fabric` + 4 s). Then the one-time costs a newcomer pays: the built-in corpus's BPE training
+and preprocessing (the default job from an empty cache), and the MFU ceiling's matmul measurement, repeated, to
+show how much its value moves between starts.
+
+Without `--commands`:
 
 The model has Llama-3-8B's width (hidden 4096, 32 heads, 8 KV heads, ffn 14336, vocab 128256) and 4
 layers: 1.92B parameters, 7.7 GB in fp32. Each measurement runs in fresh gloo processes on the CPU
@@ -22,6 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -142,11 +156,122 @@ def _row(label: str, results: list[dict[str, float]]) -> str:
     return f"| {label} | {held:.2f} | {base:.2f} | {peak:.2f} | {seconds:.1f} |"
 
 
+TRAINER = """
+import sys, tempfile, torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+class FirstLog(TrainerCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        print(f"step {state.global_step}", flush=True)
+config = LlamaConfig(vocab_size=4096, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+torch.manual_seed(1234)
+model = LlamaForCausalLM(config)
+ids = torch.randint(0, 4096, (4096, 64))
+data = [{"input_ids": row, "labels": row} for row in ids]
+args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=300, per_device_train_batch_size=4,
+                         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, adam_beta2=0.95,
+                         max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                         disable_tqdm=True, dataloader_num_workers=0)
+Trainer(model=model, args=args, train_dataset=data, callbacks=[FirstLog()]).train()
+"""
+"""transformers' Trainer on the tiny config's model, printing `step N` at each log (the first after one step)."""
+
+
+def _wall(command: list[str], *, cwd: Path, until: str | None = None, env: dict[str, str] | None = None) -> float:
+    """Seconds from starting `command` to its exit, or to its first stdout line starting with `until` (the process
+    is then stopped)."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})  # fmt: skip
+    if until is None:
+        process.communicate()
+        took = time.perf_counter() - started
+    else:
+        took = float("nan")
+        for line in process.stdout:
+            if line.startswith(until):
+                took = time.perf_counter() - started
+                break
+        process.kill()
+        process.wait()
+    if until is None and process.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {process.returncode}")
+    return took
+
+
+def _timed(label: str, repeats: int, command: list[str], **kwargs: object) -> tuple[str, float]:
+    times = []
+    with tempfile.TemporaryDirectory() as work:
+        for _ in range(repeats):
+            times.append(_wall(command, cwd=Path(work), **kwargs))
+    best, median = min(times), statistics.median(times)
+    print(f"| {label} | {best:.2f} | {median:.2f} |", flush=True)
+    return label, best
+
+
+def commands_table(repeats: int) -> None:
+    """The start-up table (see the module docstring)."""
+    python = sys.executable
+    nxd = str(Path(python).with_name("nxd-train"))
+    tiny = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
+    first_step = ["trainer.log_every_n_steps=1"]
+    with tempfile.TemporaryDirectory() as warm:  # the default job's caches (BPE, corpus, indices), filled once
+        cache = {"XDG_CACHE_HOME": warm}
+        _wall([nxd, *first_step], cwd=Path(warm), until="step 1/", env=cache)
+        print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPUs "
+              f"({_cpu_model()}); best and median of {repeats} fresh processes\n")  # fmt: skip
+        print("| start-up | best (s) | median (s) |\n|---|---:|---:|")
+        torch_s = _timed("`import torch`", repeats, [python, "-c", "import torch"])[1]
+        fabric_s = _timed("`import lightning_fabric`", repeats, [python, "-c", "import lightning_fabric"])[1]
+        check_s = _timed("`nxd-train config check configs/tiny.yaml`", repeats, [nxd, "config", "check", tiny],
+                         env=cache)[1]  # fmt: skip
+        nxd_s = _timed("nxd-train default job: start to first logged step", repeats, [nxd, *first_step],
+                       until="step 1/", env=cache)[1]  # fmt: skip
+        trainer_s = _timed("transformers Trainer, same model: start to first logged step", repeats,
+                           [python, "-c", TRAINER], until="step 1")[1]  # fmt: skip
+    print(f"\n| target | measured | limit | met |\n|---|---:|---:|---|\n"
+          f"| config check / import torch | {check_s / torch_s:.2f}x | 1.50x | {check_s <= 1.5 * torch_s} |\n"
+          f"| first logged step - import lightning_fabric | {nxd_s - fabric_s:+.2f} s | +4.00 s | "
+          f"{nxd_s <= fabric_s + 4} |\n"
+          f"| nxd / Trainer, first logged step | {nxd_s / trainer_s:.2f}x | below 1 | {nxd_s < trainer_s} |\n")
+    print("| one-time cost | seconds |\n|---|---:|")
+    with tempfile.TemporaryDirectory() as cold:
+        from_empty = _wall([nxd, *first_step], cwd=Path(cold), until="step 1/", env={"XDG_CACHE_HOME": cold})
+    print(f"| default job from an empty cache: start to first logged step | {from_empty:.2f} |")
+    print(f"|   of which BPE training, corpus preprocessing and indices (against a warm cache) | "
+          f"{from_empty - nxd_s:.2f} |")  # fmt: skip
+    from nxd_models.device_peaks import measured_peak
+
+    peaks, spent = [], []
+    for _ in range(5):
+        started = time.perf_counter()
+        peaks.append(measured_peak(torch.device("cpu"), torch.float32) / 1e12)
+        spent.append(time.perf_counter() - started)
+    print(f"| MFU ceiling (fp32 matmuls, best of 3 per size) at each start | {statistics.median(spent):.2f} |")
+    print(f"\nceiling measured 5 times in this process: {', '.join(f'{p:.3f}' for p in peaks)} TFLOP/s "
+          f"(spread {(max(peaks) - min(peaks)) / max(peaks):.0%})")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commands", action="store_true", help="the command start-up table (see the docstring)")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
+    if args.commands:
+        commands_table(args.repeats)
+        return
     params = sum(shape.numel() for shape in model_family(SPEC).parameter_shapes().values())
     print(f"model: {params / 1e9:.2f}B parameters, {params * 4 / GIB:.2f} GiB fp32; torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs")  # fmt: skip

@@ -122,9 +122,9 @@ def test_the_trainer_and_trl_field_table_covers_the_installed_versions():
     from nxd_config.qeff.trainer_fields import TRL_DPO_FIELDS, TRL_SFT_FIELDS, TRL_VERSION, field_table
     from transformers import TrainingArguments
 
-    text = (Path(__file__).resolve().parents[2] / "packages" / "nxd-config" / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "config-reference.md").read_text()
     assert text.split(FIELDS_START)[1].split(FIELDS_END)[0].strip() == field_table().strip(), (
-        "run: uv run python -m nxd_config.qeff.table --update packages/nxd-config/README.md")
+        "run: uv run python -m nxd_config.qeff.table --update docs/config-reference.md")
     lock = (Path(__file__).resolve().parents[2] / "uv.lock").read_text()
     assert re.search(r'name = "trl"\nversion = "([^"]+)"', lock).group(1) == TRL_VERSION
     if importlib.util.find_spec("trl") is not None:
@@ -272,6 +272,6 @@ def test_every_key_of_the_reference_and_the_code_is_in_the_table():
 def test_readme_qeff_table_is_current():
     from nxd_config.qeff.table import END, START, key_table
 
-    text = (Path(__file__).resolve().parents[2] / "packages" / "nxd-config" / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "config-reference.md").read_text()
     assert text.split(START)[1].split(END)[0].strip() == key_table().strip(), (
-        "run: uv run python -m nxd_config.qeff.table --update packages/nxd-config/README.md")
+        "run: uv run python -m nxd_config.qeff.table --update docs/config-reference.md")

@@ -1,18 +1,27 @@
-"""The key table in the README is the schema's, and every key says what it does and who acts on it."""
+"""The key tables of docs/config-reference.md are the schema's and the GPT-NeoX key list's, and every key says what
+it does and who acts on it."""
 
 from pathlib import Path
 
+from nxd_config.neox import table as neox_table
 from nxd_config.reference import END, START, key_table
 from nxd_config.validation import iter_keys
 
-README = Path(__file__).resolve().parents[2] / "packages" / "nxd-config" / "README.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
 
 
 def test_readme_table_is_current() -> None:
-    text = README.read_text()
+    text = REFERENCE.read_text()
     table = text.split(START, 1)[1].split(END, 1)[0].strip()
     assert table == key_table().strip(), (
-        "run: uv run python -m nxd_config.reference --update packages/nxd-config/README.md"
+        "run: uv run python -m nxd_config.reference --update docs/config-reference.md"
+    )
+
+
+def test_neox_table_is_current() -> None:
+    table = REFERENCE.read_text().split(neox_table.START, 1)[1].split(neox_table.END, 1)[0].strip()
+    assert table == neox_table.key_table().strip(), (
+        "run: uv run python -m nxd_config.neox.table --update docs/config-reference.md"
     )
 
 

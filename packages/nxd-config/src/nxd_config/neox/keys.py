@@ -10,7 +10,7 @@ current source, so files written for either load. Each key is
 - **refused**: accepted only at NeoX's default; any other value is an error that says why and what
   would lift it.
 
-The key table in the package README is generated from these entries (`python -m nxd_config.neox.table`).
+The key table in docs/config-reference.md is generated from these entries (`python -m nxd_config.neox.table`).
 """
 
 from __future__ import annotations

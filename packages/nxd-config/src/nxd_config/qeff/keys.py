@@ -6,7 +6,7 @@ fine-tuning code (`QEfficient/finetune/experimental/core/config_manager.py`), so
 load; where the two spell a key differently (`optimizer` / `optimizer_name`, `dtype` / `torch_dtype`) both
 are read. Each key is **mapped** (translated onto nxd's keys, `consumer`), **notice** (accepted; set away
 from QEfficient's default it gets a notice saying why it changes nothing here) or **refused** (accepted only
-at QEfficient's default; otherwise an error that says why). The key table in the package README is
+at QEfficient's default; otherwise an error that says why). The key table in docs/config-reference.md is
 generated from these entries (`python -m nxd_config.qeff.table`).
 """
 
