@@ -94,14 +94,17 @@ def _no_initialisation() -> Iterator[None]:
 
 def _meta_tree(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -> nn.Module:
     """The meta tree with a transformers model's own q/k/v layers (its initialisation knows those)."""
-    with torch.device("meta"), _no_initialisation():
-        if isinstance(spec, GPTConfig):
+    if isinstance(spec, GPTConfig):
+        with torch.device("meta"), _no_initialisation():
             return GPTForCausalLM(spec, attention)
-        import_model_classes()
-        from transformers import AutoModelForCausalLM
+    # imported before the meta build: transformers keeps torch.nn.init's functions as it finds them at import, to
+    # restore after its own no-initialisation context, and must not find `_no_initialisation`'s stand-ins
+    import_model_classes()
+    from transformers import AutoModelForCausalLM
 
-        from .hf_moe import use_moe_layers
+    from .hf_moe import use_moe_layers
 
+    with torch.device("meta"), _no_initialisation():
         implementation = "eager" if attention is AttentionKernel.UNFUSED else "sdpa"
         # a config of its own: transformers writes the attention choice into it, and nxd may change that
         model = AutoModelForCausalLM.from_config(copy.deepcopy(spec), attn_implementation=implementation,
