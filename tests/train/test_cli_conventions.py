@@ -27,13 +27,13 @@ def test_version_lists_every_nxd_package(capsys) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["trian"], "nxd-train: unknown command 'trian' (did you mean 'train'?); expected one of train, config, plan, "
-                "tune, launch, generate, eval, data, ckpt"),
+                "tune, launch, generate, eval, data, ckpt, plot"),
     (["confg", "show"], "nxd-train: unknown command 'confg' (did you mean 'config'?)"),
     (["train", "--dialet", "neox"], "nxd-train train: unknown option --dialet (did you mean --dialect?)"),
     (["eval", "configs/tiny.yaml", "--num-fewshots", "2"],
      "nxd-train eval: unknown option --num-fewshots (did you mean --num-fewshot?)"),
     (["banana"], "nxd-train: 'banana': expected a command (train, config, plan, tune, launch, generate, eval, data, "
-                 "ckpt), "
+                 "ckpt, plot), "
                  "a config file (.yaml, .yml or .json) or an override (KEY=VALUE), found none of them"),
 ])
 def test_a_mistyped_command_or_option_gets_the_closest_one(argv, message, capsys) -> None:
