@@ -104,13 +104,18 @@ def test_sigkill_then_resume_is_exact(tmp_path, uninterrupted, layout):
     assert_identical(final_state(broken), final_state(whole))
 
 
-def test_tp2_checkpoint_resumes_at_tp1_and_dp2(tmp_path, uninterrupted, train_here):
+@pytest.mark.parametrize("target", ["tp1", pytest.param("dp2", marks=pytest.mark.slow)])
+def test_a_tp2_checkpoint_resumes_at_tp1_or_dp2(tmp_path, uninterrupted, train_here, target):
+    """Resharded by the load: one process; with --runslow two data-parallel ones too (the default suite resumes a
+    data-parallel checkpoint on another number of processes in test_cluster_life)."""
     whole = uninterrupted("tp2")
     (step_5,) = [i.path for i in list_checkpoints(whole / "checkpoints") if i.step == 5]
     expected = step_losses(whole)[6]
-    single = train_here(*JOB[len(FAST):], f"+exp_manager.resume_from_checkpoint={step_5}",
-                        "exp_manager.create_checkpoint_callback=False")  # fmt: skip
-    assert abs(single[0]["loss"] - expected) < 1e-6 and single[0]["step"] == 6
+    if target == "tp1":
+        single = train_here(*JOB[len(FAST):], f"+exp_manager.resume_from_checkpoint={step_5}",
+                            "exp_manager.create_checkpoint_callback=False")  # fmt: skip
+        assert abs(single[0]["loss"] - expected) < 1e-6 and single[0]["step"] == 6
+        return
     dp2 = tmp_path / "dp2"
     run(dp2, "trainer.devices=2", f"+exp_manager.resume_from_checkpoint={step_5}",
         "exp_manager.create_checkpoint_callback=False")  # fmt: skip

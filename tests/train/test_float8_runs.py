@@ -14,6 +14,7 @@ FP8 = ["+precision.fp8.emulate=true", "data.micro_batch_size=2", "data.global_ba
        *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2"]  # fmt: skip
 
 
+@pytest.mark.slow  # the default suite's float8 gather under ZeRO-3 in two processes: tests/parallel/test_parity.py
 def test_two_zero3_processes_gathering_float8_train_as_one_and_resume_in_one(tmp_path, train_here):
     single = losses(train_here(*FP8))
     result = run_command(*FAST, *FP8, "trainer.devices=2", "distributed_strategy.zero1=True",

@@ -202,6 +202,7 @@ def test_json_log_and_save_total_limit(inside):
     assert len(list((out / "checkpoints").iterdir())) == 2
 
 
+@pytest.mark.slow  # torchrun's launch in the default suite: tests/integration/test_data_parallel.py
 def test_ddp_over_two_processes_under_torchrun_matches_one_process(inside):
     """QEfficient's DDP file as its users launch it (`torchrun --nproc-per-node 2 -m ...`): per-device batch 1 on
     2 processes is the global batch of 2 that one process takes with per-device batch 2."""
