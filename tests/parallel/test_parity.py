@@ -318,7 +318,8 @@ def _four_process_zero_stages() -> list[Scenario]:
 
 
 DEFAULT_TWO = {
-    "megatron-dp2-zero1", "hf-dp2-replicated", "megatron-tp2", "hf-dp2-zero3", "hf-tp2-sp-kv-replicator", "megatron-tp2-sp-full-recompute",
+    *(f"{family}-{layout}" for family in FAMILIES for layout in ("dp2-zero1", "dp2-replicated")),  # ZeRO-1's share
+    "megatron-tp2", "hf-dp2-zero3", "hf-tp2-sp-kv-replicator", "megatron-tp2-sp-full-recompute",
     "hf-dp2-zero1-selective-recompute", "megatron-cp2-selective-recompute", "hf-pp2-activation-multiply-norm-recompute",
     "megatron-tp2-sp-llama-mlp-recompute", "megatron-dp2-zero3-cpu-offload", "megatron-tp2-sp-fused-qkv-kv-replicator",
     "hf-tp2-separate-qkv", "qwen3-tp2-fused-qkv-full-recompute", "gpt-tp2-sp", "hf-tp2-sp-documents",

@@ -1,7 +1,8 @@
 """What each command loads and prints as it starts. Every command runs in a fresh interpreter on the tiny config and
 records `sys.modules` as it leaves: a library only some runs need (peft, bitsandbytes, transformers' model classes,
 datasets, lm-eval, comet_ml, boto3, wandb, torchao, mamba_ssm, Lightning Fabric) is imported only by the run that
-uses it, and the commands that launch no process (config, plan, launch, ckpt, data) never load Lightning Fabric.
+uses it, and the commands that launch no process (config, plan, launch, ckpt, data) never load Lightning Fabric, nor
+DTensor and torch.distributed.checkpoint (which import sympy) to read a config or a checkpoint's marker.
 Every line a command writes is nxd's: with the optional extras installed (this environment has bitsandbytes,
 torchao and lm-eval), nothing they say while importing reaches the user."""
 
@@ -56,6 +57,10 @@ def _loaded(modules: set[str]) -> set[str]:
     return {name for name in OPTIONAL if name in modules}
 
 
+SHARDING = ("torch.distributed.tensor", "torch.distributed.checkpoint", "sympy")
+"""What sharding a model or reading a DCP checkpoint needs, and a command reading a config does not."""
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess, set[str]]:
     """The default job for one step, with a checkpoint: its log directory, the command's result and its modules."""
@@ -92,7 +97,7 @@ of torch either."""
 def test_commands_that_launch_nothing_load_none_of_the_optional_modules(name: str, tmp_path: Path) -> None:
     done, modules = _run(tmp_path, *COMMANDS[name])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert _loaded(modules) == set()
+    assert _loaded(modules) == set() and not set(SHARDING) & modules
     assert done.stderr == ""
     if name.startswith(("config show", "config translate", "config keys")):
         assert "torch" not in modules
@@ -103,7 +108,7 @@ def test_checkpoint_and_data_commands_load_none_of_the_optional_modules(trained,
     log_dir, _, _ = trained
     listed, modules = _run(tmp_path, "ckpt", "list", str(log_dir))
     assert listed.returncode == 0 and "STEP" in listed.stdout, listed.stderr
-    assert _loaded(modules) == set() and listed.stderr == ""
+    assert _loaded(modules) == set() and not set(SHARDING) & modules and listed.stderr == ""
     (tmp_path / "docs.jsonl").write_text('{"text": "the quick brown fox"}\n{"text": "jumps over the lazy dog"}\n')
     preprocessed, modules = _run(tmp_path, "data", "preprocess", "--input", "docs.jsonl", "--output-prefix", "corpus",
                                  "--tokenizer", str(tokenizer_file))  # fmt: skip

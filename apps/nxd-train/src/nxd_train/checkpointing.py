@@ -17,29 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import nxd_ckpt  # its DCP and DTensor parts (nxd_ckpt.load_checkpoint ...) load when a run first uses them
 import torch
 from nxd_align import LoraFamily, base_key, is_adapter_key
 from nxd_ckpt import (
-    LORA_RECORD,
     MARKER,
-    MODEL_KEY,
     CheckpointError,
     CheckpointInfo,
     CheckpointWarning,
-    HFExport,
     SavePolicy,
-    check_hf_weights,
-    check_neox_weights,
-    find_neox_checkpoint,
     is_checkpoint_dir,
     latest_checkpoint,
-    load_checkpoint,
-    load_hf_weights,
-    load_neox_weights,
-    neox_iteration,
-    nxd_checkpoint_of,
     read_info,
-    saved_keys,
     template_fields,
 )
 from nxd_config import NxdConfig
@@ -137,7 +126,7 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
     exp, weights_only = cfg.exp_manager, cfg.model.weight_init_only
     if exp.resume_from_checkpoint:
         path = Path(exp.resume_from_checkpoint)
-        path = nxd_checkpoint_of(path) or path  # a Trainer-style folder nxd wrote: its checkpoint
+        path = nxd_ckpt.nxd_checkpoint_of(path) or path  # a Trainer-style folder nxd wrote: its checkpoint
         if is_hf_directory(path):
             if not weights_only:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model "
@@ -196,14 +185,15 @@ def _new_run(path: Path, why: str) -> None:
 def _neox(path: Path, weights_only: bool) -> Resume | None:
     """The GPT-NeoX checkpoint at `path` as a start: its weights, and unless only they are asked for
     (finetune), the step after its iteration; None when `path` holds none."""
-    found = find_neox_checkpoint(path)
+    found = nxd_ckpt.find_neox_checkpoint(path)
     if found is None:
         return None
-    return Resume(found.folder.resolve(), True, neox=True, start_step=0 if weights_only else neox_iteration(found))
+    start = 0 if weights_only else nxd_ckpt.neox_iteration(found)
+    return Resume(found.folder.resolve(), True, neox=True, start_step=start)
 
 
 def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None, pad_id: int | None = None, *,
-              reading: bool = False) -> HFExport | str:  # fmt: skip
+              reading: bool = False) -> nxd_ckpt.HFExport | str:  # fmt: skip
     """The model's Hugging Face mapping (with the tokenizer files an export copies and, for a reward
     model, the id its rows are padded with), or why it has none. A soft prompt has no Hugging Face counterpart:
     `reading` weights it starts fresh; an export would drop it, so there is none."""
@@ -211,7 +201,7 @@ def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None
         return ("no Hugging Face architecture holds a soft prompt (model.soft_prompt): an export would leave out what "
                 "the run trained")  # fmt: skip
     try:
-        return replace(HFExport.of(family.hf_mapping(pad_id)), tokenizer_files=dict(tokenizer_files or {}))
+        return replace(nxd_ckpt.HFExport.of(family.hf_mapping(pad_id)), tokenizer_files=dict(tokenizer_files or {}))
     except ModelConfigError as error:
         return str(error)
 
@@ -250,7 +240,7 @@ def fresh_prefixes(family: ModelFamily, start: Resume) -> tuple[str, ...]:
     model's weights with a new prompt; a prompt-tuned checkpoint holds its own)."""
     fresh = () if loads_output_layer(family, start) else (OUTPUT_LAYER,)
     if getattr(family.spec, "soft_prompt_tokens", 0) and (start.hugging_face or start.neox or not any(
-            SOFT_PROMPT in key for key in saved_keys(start.path))):  # fmt: skip
+            SOFT_PROMPT in key for key in nxd_ckpt.saved_keys(start.path))):  # fmt: skip
         fresh += (SOFT_PROMPT,)
     return fresh
 
@@ -280,19 +270,19 @@ def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> lis
         family = family.with_head("causal_lm")  # the base's own output layer is read past
     if initial.neox:
         try:
-            check_neox_weights(initial.path, family.neox_layout(), family.parameter_shapes())
+            nxd_ckpt.check_neox_weights(initial.path, family.neox_layout(), family.parameter_shapes())
         except (CheckpointError, ModelConfigError) as error:
             return [f"{initial.path}: cannot read this GPT-NeoX checkpoint: {error}" if isinstance(
                 error, ModelConfigError) else str(error)]  # fmt: skip
         return []
     export = export_of(family, reading=True)
-    if not isinstance(export, HFExport):
+    if not isinstance(export, nxd_ckpt.HFExport):
         return [f"{initial.path}: cannot import Hugging Face weights: {export}"]
     if differ := _config_differences(initial.path / "config.json", export.config):
         return [f"{initial.path / 'config.json'}: describes another architecture than this run's "
                 f"({'; '.join(differ)}); expected the same, since weights of one shape can hold other heads"]
     try:
-        check_hf_weights(initial.path, export, family.parameter_shapes())
+        nxd_ckpt.check_hf_weights(initial.path, export, family.parameter_shapes())
     except CheckpointError as error:
         return [str(error)]
     return []
@@ -309,9 +299,9 @@ def _config_differences(path: Path, ours: dict[str, Any]) -> list[str]:
             and theirs[key] != ours[key]]  # fmt: skip
 
 
-def export_record(export: HFExport | str) -> dict[str, Any]:
+def export_record(export: nxd_ckpt.HFExport | str) -> dict[str, Any]:
     """What the completion marker says about Hugging Face export: the mapping, or why there is none."""
-    return {"hf_export": export.to_json()} if isinstance(export, HFExport) else {"hf_export_problem": export}
+    return {"hf_export": export.to_json()} if isinstance(export, nxd_ckpt.HFExport) else {"hf_export_problem": export}
 
 
 def versions() -> dict[str, str]:
@@ -396,7 +386,7 @@ class TrainingState:
               saving: bool = False, base: str | None = None) -> dict:  # fmt: skip
         optimizer = self.optimizer.state_dict(self.names, masters=not self.masters_as_model)
         scheduler = self.scheduler.state_dict()
-        state = {MODEL_KEY: self.model_state(saving=saving, base=base), "optimizer": optimizer,
+        state = {nxd_ckpt.MODEL_KEY: self.model_state(saving=saving, base=base), "optimizer": optimizer,
                  "scheduler": scheduler, "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
         if self.scaler is not None:
             state["loss_scaler"] = self.scaler.state_dict()
@@ -411,7 +401,7 @@ class TrainingState:
         state = self.state(progress=progress, sampler=sampler, rng=rng, base=base)
         if not optimizer:
             del state["optimizer"], state["scheduler"]
-        load_checkpoint(path, state, process_group=process_group)
+        nxd_ckpt.load_checkpoint(path, state, process_group=process_group)
         if optimizer:
             self._load_optimizer(path, state)
         if self.scaler is not None:
@@ -430,7 +420,7 @@ class TrainingState:
 def holds_frozen_base(path: Path) -> bool:
     """Whether LoRA checkpoint `path` holds the base model unmerged (save_lora_base), so loading it
     restores the base too (merged weights are for export, never a base to train on)."""
-    return read_info(path).extra.get(LORA_RECORD, {}).get("base") == "frozen"
+    return read_info(path).extra.get(nxd_ckpt.LORA_RECORD, {}).get("base") == "frozen"
 
 
 def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFamily,
@@ -444,26 +434,26 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFa
     if not (resume.hugging_face or resume.neox):
         weights = model.state_dict() if lora is None else lora.base_weights(model)
         weights = {key: value for key, value in weights.items() if not key.startswith(skip)}
-        load_checkpoint(resume.path, {MODEL_KEY: weights}, process_group=process_group)
+        nxd_ckpt.load_checkpoint(resume.path, {nxd_ckpt.MODEL_KEY: weights}, process_group=process_group)
         return
     live = {base_key(key): value for module in modules_of(model) for key, value in module.state_dict().items()
             if not is_adapter_key(key) and not base_key(key).startswith(skip)}  # fmt: skip
     if OUTPUT_LAYER in skip:
         family = family.with_head("causal_lm")  # read through the base's own mapping, its output layer left
     if resume.neox:
-        load_neox_weights(resume.path, family.neox_layout(), family.parameter_shapes(), live)
+        nxd_ckpt.load_neox_weights(resume.path, family.neox_layout(), family.parameter_shapes(), live)
         return
     export = export_of(family, reading=True)
-    if not isinstance(export, HFExport):
+    if not isinstance(export, nxd_ckpt.HFExport):
         raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
-    load_hf_weights(resume.path, export, family.parameter_shapes(), live)  # each rank reads its own shards
+    nxd_ckpt.load_hf_weights(resume.path, export, family.parameter_shapes(), live)  # each rank reads its own shards
 
 
 def load_adapters(model: nn.Module | StagedModel, path: Path, lora: LoraFamily,
                   process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
     """The adapters (and the base, when it was saved unmerged) of LoRA checkpoint `path` (load_lora_from_ckpt)."""
-    if LORA_RECORD not in read_info(path).extra:
+    if nxd_ckpt.LORA_RECORD not in read_info(path).extra:
         raise CheckpointError(f"model_alignment_strategy.peft.load_lora_from_ckpt: {path} is not a checkpoint of a "
                               "LoRA run; expected one whose run had model_alignment_strategy.peft")  # fmt: skip
     weights = lora.checkpoint_weights(model, base="frozen" if holds_frozen_base(path) else None)
-    load_checkpoint(path, {MODEL_KEY: weights}, process_group=process_group)
+    nxd_ckpt.load_checkpoint(path, {nxd_ckpt.MODEL_KEY: weights}, process_group=process_group)

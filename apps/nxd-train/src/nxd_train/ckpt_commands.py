@@ -7,13 +7,11 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
 from nxd_ckpt import (
     MARKER,
     CheckpointError,
     CheckpointInfo,
     CheckpointWarning,
-    export_hf,
     is_checkpoint_dir,
     latest_checkpoint,
     list_checkpoints,
@@ -110,6 +108,9 @@ def verify_command(path: Path) -> int:
 
 
 def export_command(checkpoint: Path, out: Path, dtype: str | None, merged: bool = False) -> int:
+    import torch
+    from nxd_ckpt import export_hf  # torch.distributed.checkpoint: for the export only, not for list and verify
+
     try:
         if not is_checkpoint_dir(checkpoint):  # a log directory: its newest complete checkpoint
             folders = checkpoint_folders(checkpoint)

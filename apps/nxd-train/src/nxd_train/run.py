@@ -21,6 +21,7 @@ from lightning_fabric import Fabric
 from lightning_fabric.plugins.environments import LightningEnvironment
 from nxd_align import LoraFamily
 from nxd_ckpt import (
+    LORA_RECORD,
     Checkpointer,
     CheckpointInfo,
     CheckpointUploader,
@@ -51,7 +52,6 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .checkpointing import (
     HEAD_RECORD,
-    LORA_RECORD,
     Resume,
     TrainingState,
     export_of,

@@ -37,7 +37,6 @@ from nxd_models import (
     seed_or_drawn,
 )
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from .fused_lora import PARTS, FusedQKVLora, init_adapter_half, is_fused_qkv
 
@@ -256,6 +255,8 @@ class LoraFamily:
             return weights
         frozen = self.base_weights(model)
         if base == "merged":
+            from torch.distributed.tensor import DTensor
+
             for w in self.weights:
                 if w.live not in state:  # another pipeline stage's layer
                     continue

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import errno
-
-from torch.distributed.checkpoint.api import CheckpointException
+import sys
 
 
 class CheckpointError(Exception):
@@ -15,9 +14,16 @@ class CheckpointWarning(UserWarning):
     """A checkpoint passed over (half written or damaged) in favour of an older complete one."""
 
 
+def _is_dcp_failure(error: BaseException) -> bool:
+    """Whether `error` is DCP's CheckpointException (read from `sys.modules`: discovering checkpoints needs no DCP,
+    and nothing raises DCP's exception before DCP is imported)."""
+    api = sys.modules.get("torch.distributed.checkpoint.api")
+    return api is not None and isinstance(error, api.CheckpointException)
+
+
 def _causes(error: BaseException) -> list[BaseException]:
     """The failures DCP's CheckpointException carries (every rank's), or the error itself."""
-    if isinstance(error, CheckpointException):
+    if _is_dcp_failure(error):
         return [failure[0] if isinstance(failure, tuple) else failure for failure in error.failures.values()]
     return [error]
 
@@ -43,7 +49,7 @@ def out_of_space(error: BaseException) -> OSError | None:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
             return current
-        if isinstance(current, CheckpointException):
+        if _is_dcp_failure(current):
             pending += _causes(current)
         pending += [current.__cause__, current.__context__]
     return None

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
-from .checksums import ChecksummingWriter
+from .checksumming_writer import ChecksummingWriter
 from .discovery import list_checkpoints
 from .errors import CheckpointError, cause_of, gist, out_of_space
 from .marker import CheckpointInfo, read_info, write_marker

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import BlockMask
 
+from .distributed_types import is_block_mask
 from .errors import ModelConfigError
 from .sparse_attention import flex_block_sparse
 
@@ -169,7 +169,7 @@ class CoreAttention(nn.Module):
         or a (b, 1, s, s) mask replacing the causal one (True: may attend, see `document_mask`); a
         context-parallel attention takes the document ids (b, s) instead. `bias` (hq, s, t), when given, is
         added to the scaled scores (ALiBi's slopes, rpe's buckets); `allowed` is then a mask or None."""
-        if isinstance(allowed, BlockMask):  # a block-sparse layout on CUDA: FlexAttention computes its blocks only
+        if is_block_mask(allowed):  # a block-sparse layout on CUDA: FlexAttention computes its blocks only
             return flex_block_sparse(query, key, value, allowed)
         if self.context_parallel is not None:
             if bias is not None:

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from .build import causal_lm_logits
+from .distributed_types import is_dtensor
 from .hf_types import is_hf_model
 from .kv_cache import KVCache
 from .moe import route_every_token
@@ -50,4 +50,4 @@ def decoding_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: tor
 
 def whole_logits(logits: torch.Tensor) -> torch.Tensor:
     """Whole logits on every rank (a tensor-parallel output layer leaves them split over the vocabulary)."""
-    return logits.full_tensor() if isinstance(logits, DTensor) else logits
+    return logits.full_tensor() if is_dtensor(logits) else logits

@@ -11,11 +11,10 @@ import math
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.nn.attention.flex_attention import BlockMask
 
 from .activations import ACTIVATIONS
 from .attention import (
@@ -28,6 +27,7 @@ from .attention import (
     rotary_cos_sin,
     sliding_window_mask,
 )
+from .distributed_types import is_dtensor
 from .errors import ModelConfigError
 from .init_methods import INIT_METHODS, init_weight, normal_std
 from .kv_cache import KVCache, LayerCache, decoding_mask
@@ -43,6 +43,9 @@ from .selective_state_space import MAMBA_KINDS, MambaLayer, init_mamba_part
 from .sparse_attention import SPARSE_KINDS, BlockSparseLayout, SparsitySpec
 from .spatial_gating import GATING_KINDS, GMLPLayer
 from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 
 @dataclass(frozen=True)
@@ -460,7 +463,7 @@ class SelfAttention(nn.Module):
     def _head_offset(self, local_heads: int) -> int:
         """The index of this rank's first query head: tensor parallelism gives each rank an equal run of them."""
         weight = self.qkv_proj.weight_q if self.config.qkv_linear else self.q_proj.weight
-        return weight.device_mesh.get_local_rank() * local_heads if isinstance(weight, DTensor) else 0
+        return weight.device_mesh.get_local_rank() * local_heads if is_dtensor(weight) else 0
 
 
 class MLP(nn.Module):
@@ -528,7 +531,7 @@ class SoftPrompt(nn.Module):
         self.weight = nn.Parameter(torch.empty(tokens, hidden))
 
     def forward(self, batch: int) -> torch.Tensor:
-        weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
+        weight = self.weight.to_local() if is_dtensor(self.weight) else self.weight
         return weight.unsqueeze(0).expand(batch, -1, -1)
 
 
@@ -711,11 +714,13 @@ class GPTForCausalLM(nn.Module):
         if prompt is None or not c.soft_prompt_init_ids:
             return
         table = self.model.embed_tokens.weight
-        table = table.full_tensor() if isinstance(table, DTensor) else table
+        table = table.full_tensor() if is_dtensor(table) else table
         ids = torch.tensor(c.soft_prompt_init_ids, device=table.device)
         rows = table[ids.repeat(math.ceil(c.soft_prompt_tokens / len(ids)))[:c.soft_prompt_tokens]]
         weight = prompt.weight
-        if isinstance(weight, DTensor):
+        if is_dtensor(weight):
+            from torch.distributed.tensor import distribute_tensor
+
             rows = distribute_tensor(rows.to(weight.dtype), weight.device_mesh, weight.placements)
         weight.copy_(rows)
 

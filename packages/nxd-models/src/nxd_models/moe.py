@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from .deepspeed_gating import DEEPSPEED_TOP_K, deepspeed_capacity, deepspeed_gate
+from .distributed_types import is_dtensor
 from .errors import ModelConfigError
 
 ROUTING = ("top_k", "sinkhorn", "neox_sinkhorn", "deepspeed")
@@ -197,7 +197,7 @@ def neox_sinkhorn(cost: torch.Tensor) -> torch.Tensor:
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of a parameter (the tensor itself when it is not sharded)."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 class Experts(nn.Module):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+
+from .distributed_types import is_dtensor
 
 NORMS = ("layernorm", "rmsnorm", "scalenorm", "non_parametric_layernorm")
 
@@ -70,6 +71,6 @@ class QueryKeyNorm(nn.Module):
             if self.kind == "layernorm":
                 normed = normed + self.bias.view(self.shape)
             normed = normed.to(x.dtype)
-        if isinstance(x, DTensor):  # back to this rank's heads, whatever layout DTensor chose on the way
+        if is_dtensor(x):  # back to this rank's heads, whatever layout DTensor chose on the way
             normed = normed.redistribute(x.device_mesh, x.placements)
         return normed

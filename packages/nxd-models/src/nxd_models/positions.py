@@ -9,7 +9,8 @@ import math
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+
+from .distributed_types import is_dtensor
 
 
 def sinusoidal_embedding(position_ids: torch.Tensor, hidden: int, dtype: torch.dtype) -> torch.Tensor:
@@ -83,7 +84,7 @@ class RelativePositionBias(nn.Module):
 
     def forward(self, seq: int, past: int = 0) -> torch.Tensor:
         """(this rank's heads, seq, past + seq) float32 bias of queries at positions past .. past + seq - 1."""
-        weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
+        weight = self.weight.to_local() if is_dtensor(self.weight) else self.weight
         query = torch.arange(past, past + seq, device=weight.device)
         key = torch.arange(past + seq, device=weight.device)
         buckets = relative_position_bucket(key[None, :] - query[:, None], self.num_buckets, self.max_distance)

@@ -20,11 +20,14 @@ import math
 import random
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from .errors import ModelConfigError
+
+if TYPE_CHECKING:  # FlexAttention imports sympy: loaded where a block mask is made
+    from torch.nn.attention.flex_attention import BlockMask
 
 SPARSE_KINDS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
 """Layer kinds whose attention follows a block-sparse layout."""
@@ -243,12 +246,16 @@ class BlockSparseLayout:
 
 @cache
 def _compiled_flex():  # noqa: ANN202
+    from torch.nn.attention.flex_attention import flex_attention
+
     return torch.compile(flex_attention, dynamic=False)
 
 
 def _block_mask(layout: BlockSparseLayout, start: int, local: int, length: int, device: str) -> BlockMask:
     cached, key = layout._block_masks, (start, local, length, device)
     if key not in cached:
+        from torch.nn.attention.flex_attention import create_block_mask
+
         # FlexAttention's own tiles (128 x 128): a tile the layout leaves empty is skipped, a partial one masked
         cached[key] = create_block_mask(layout.mask_mod(slice(start, start + local), torch.device(device)), None,
                                         local, length, length, device=device)  # fmt: skip
@@ -259,5 +266,7 @@ def flex_block_sparse(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       compiled: bool = True) -> torch.Tensor:  # fmt: skip
     """FlexAttention over the layout's blocks only (compiled: its kernels; eager: its reference, forward only on
     the CPU)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     function = _compiled_flex() if compiled else flex_attention
     return function(query, key, value, block_mask=mask, enable_gqa=key.shape[1] != query.shape[1])

@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
 from torch.utils.checkpoint import checkpoint
+
+from .distributed_types import is_dtensor
 
 IGNORE_INDEX = -100
 """Label of positions that do not count in the loss (transformers' and torch's convention)."""
@@ -33,7 +34,7 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index
     logits = logits if logits.dtype == torch.float64 else logits.float()
     losses = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=ignore_index,
                              reduction="none")  # fmt: skip
-    losses = losses.full_tensor() if isinstance(losses, DTensor) else losses
+    losses = losses.full_tensor() if is_dtensor(losses) else losses
     return losses.view(labels.shape)
 
 
@@ -49,8 +50,10 @@ def chunked_token_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: t
     under activation checkpointing: only one chunk's logits exist at once, in the forward and in the
     backward (which recomputes them). Values equal the whole computation's up to the matmul's
     summation order."""
-    mesh = hidden.device_mesh if isinstance(hidden, DTensor) else None
+    mesh = hidden.device_mesh if is_dtensor(hidden) else None
     if mesh is not None:
+        from torch.distributed.tensor import DTensor, Replicate
+
         hidden = hidden.redistribute(placements=[Replicate()] * mesh.ndim).to_local()
     counted = (labels != IGNORE_INDEX).flatten()
     flat_hidden, flat_labels = hidden.flatten(0, -2)[counted], labels.flatten()[counted]

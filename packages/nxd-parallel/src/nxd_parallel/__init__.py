@@ -23,8 +23,8 @@ from .parallelize import (
     tensor_parallel_problems,
 )
 from .rendezvous import client_store, init_world
-from .tensor_parallel import check_plan
 from .tensor_statistics import tensor_norms, zero_percentages
+from .tp_plans import check_plan
 
 __version__ = _distribution_version("nxd-parallel")  # one source: the pyproject's version
 

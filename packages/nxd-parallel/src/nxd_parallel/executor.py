@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.parallel import loss_parallel
 
-from .data_parallel import set_gradient_sync
 from .parallelize import StagedModel
 from .pipeline import build_schedule
 
@@ -59,6 +57,10 @@ class DirectExecutor:
     def run(self, batches: list[Batch], loss_fn: LossFunction, *, scale: torch.Tensor | float = 1.0,
             training: bool = True) -> Totals:  # fmt: skip
         """Forward (and with `training`, backward of loss * scale) of every micro-batch."""
+        from torch.distributed.tensor.parallel import loss_parallel  # loaded by the first step, not by a config check
+
+        from .data_parallel import set_gradient_sync
+
         totals = Totals(torch.zeros((), dtype=torch.float64, device=self.device))
         for number, batch in enumerate(batches, start=1):
             if training:
@@ -103,6 +105,8 @@ class PipelineExecutor:
         inputs = dict(arg_mbs=[(batch["input_ids"],) for batch in batches],
                       kwarg_mbs=[{k: v for k, v in batch.items() if k in MODEL_INPUTS} for batch in batches],
                       target_mbs=[torch.tensor(number) for number in range(len(batches))])  # fmt: skip
+        from torch.distributed.tensor.parallel import loss_parallel
+
         try:
             with loss_parallel(), self.autocast():
                 if training:

@@ -27,7 +27,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
-MOE_STYLE = "moe"
+from .tp_plans import MOE_STYLE
 
 
 def moe_modules(model: nn.Module, plan: Mapping[str, str]) -> list[nn.Module]:

@@ -30,8 +30,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from .errors import ParallelConfigError
 from .kv_replication import HeadRows, SumGradOverGroup, replicated_heads, whole_input
-
-LOW_RANK_STYLES = ("lora_a_colwise", "lora_b_colwise", "lora_b_colwise_kv", "lora_a_rowwise", "lora_b_rowwise")
+from .tp_plans import LOW_RANK_STYLES
 
 ADAPTED_STYLES = {"colwise": ("lora_a_colwise", "lora_b_colwise"),
                   "colwise_kv": ("lora_a_colwise", "lora_b_colwise_kv"),

@@ -15,11 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
-from torch.distributed.tensor import DTensor, Replicate
 
 
 def local_part_and_groups(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple]:
     """This rank's elements, and the process groups over which the other parts lie."""
+    from torch.distributed.tensor import DTensor, Replicate  # loaded by the first norm, not by a config check
+
     if not isinstance(tensor, DTensor):
         return tensor, ()
     if any(placement.is_partial() for placement in tensor.placements):  # a pending sum: finish it first
@@ -87,6 +88,8 @@ def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float, across: 
     """Scale gradients so that their global norm (see `global_norm` for `across`) is at most `max_norm`
     (torch's clip_grad_norm_ rule, coefficient max_norm / (norm + 1e-6) capped at 1); returns the norm
     before clipping."""
+    from torch.distributed.tensor import DTensor
+
     grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
     norm = global_norm(grads, across)
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

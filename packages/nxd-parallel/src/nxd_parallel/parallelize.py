@@ -15,22 +15,20 @@ import fnmatch
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .activation_checkpointing import apply_activation_checkpointing
 from .compile import compile_blocks
 from .context_parallel import ring_attention
-from .data_parallel import apply_data_parallel
 from .dims import ParallelMesh
 from .errors import ParallelConfigError
-from .expert_parallel import apply_expert_parallel, moe_modules
-from .materialise import InitialValues, materialise
 from .pipeline import rank_stages, stage_ranges
-from .tensor_parallel import apply_tensor_parallel, enter_sequence_parallel
+
+if TYPE_CHECKING:
+    from .materialise import InitialValues
 
 LAYER_PREFIX = "model.layers."
 FIRST_LAYER = f"{LAYER_PREFIX}0"
@@ -205,6 +203,13 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
            prepare: PrepareParameters, first_layer: str | None) -> nn.Module:  # fmt: skip
     """Tensor/sequence, context and data parallelism and recomputation, applied to a meta-device model
     (or pipeline stage); `first_layer` is where its input enters the sequence-parallel region."""
+    # DTensor's and FSDP's modules load here, when a model is sharded, not with the layout a config check reads
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from .data_parallel import apply_data_parallel
+    from .expert_parallel import apply_expert_parallel, moe_modules
+    from .tensor_parallel import apply_tensor_parallel, enter_sequence_parallel
+
     tp, cp, data = mesh.get("tp"), mesh.get("cp"), mesh.get("dp_cp")
     prepare(model, cast=True)
     names = [name for name, _ in model.named_modules()]  # a pipeline stage lacks the other stages' parts
@@ -237,6 +242,8 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
 
 def _materialised(model: nn.Module, *, values: InitialValues, device: torch.device, layout: Layout,
                   prepare: PrepareParameters, loaded: Collection[str]) -> nn.Module:  # fmt: skip
+    from .materialise import materialise
+
     materialise(model, values, device, ranks_at_once=layout.ranks_at_once, loaded=loaded)
     prepare(model, cast=False)  # allocation swaps DTensor parameters, dropping their grad_dtype
     return model

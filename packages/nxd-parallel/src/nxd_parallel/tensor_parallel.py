@@ -47,19 +47,14 @@ from torch.distributed.tensor.parallel import (
 )
 
 from .errors import ParallelConfigError
-from .expert_parallel import MOE_STYLE
 from .kv_replication import QKVParallel, ReplicatedKVParallel
-from .low_rank import LOW_RANK_STYLES, LowRankParallel
+from .low_rank import LowRankParallel
 from .ties import retie, tied_parameters
+from .tp_plans import LOW_RANK_STYLES, MOE_STYLE, check_plan
 
 _GATHERED_ONCE = ("colwise", "colwise_kv", "qkv")
 """Styles whose parent block's input is gathered once under sequence parallelism."""
 
-STYLES = (
-    "colwise", "colwise_kv", "qkv", "rowwise", "vocab", "colwise_output", "score", "sequence", "heads",
-    "replicated_with_grad_allreduce",
-    MOE_STYLE, *LOW_RANK_STYLES,
-)  # fmt: skip
 BASE_LAYER = ".base_layer"
 """Where an adapter wrapper keeps the layer it adapts."""
 
@@ -179,16 +174,6 @@ def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | No
         return LowRankParallel(name, sequence_parallel=sequence_parallel, kv_replicator=kv_replicator,
                                head_dim=head_dim)  # fmt: skip
     raise AssertionError(name)
-
-
-def check_plan(model: nn.Module, plan: Mapping[str, str]) -> list[str]:
-    """Problems with a plan: unknown styles, and patterns that name no module of the model."""
-    names = [name for name, _ in model.named_modules()]
-    problems = [f"TP plan {pattern!r}: style {style!r} is not one of {', '.join(STYLES)}"
-                for pattern, style in plan.items() if style not in STYLES]  # fmt: skip
-    problems += [f"TP plan {pattern!r}: names no module of {type(model).__name__}"
-                 for pattern in plan if not fnmatch.filter(names, pattern)]  # fmt: skip
-    return problems
 
 
 def apply_tensor_parallel(

@@ -11,10 +11,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+
+from .dtensors import is_dtensor
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor, Placement
 
 BLOCK = 256
 """Values per quantization block of bitsandbytes' blockwise kernels (one fp32 absolute maximum each)."""
@@ -138,10 +142,10 @@ class Adam8bit(torch.optim.Optimizer):
             _initial_state(state, p, eight_bit=p.numel() >= group["min_8bit_size"] and not group["fp32_state"])
         state["step"] += 1
         grad, value = p.grad, p
-        if isinstance(p, DTensor):  # in the state's layout: the parameter's, or with blocks' rows gathered
+        if is_dtensor(p):  # in the state's layout: the parameter's, or with blocks' rows gathered
             placements = state["exp_avg"].placements
             value = p.redistribute(p.device_mesh, placements) if placements != p.placements else p
-            if isinstance(grad, DTensor) and grad.placements != placements:
+            if is_dtensor(grad) and grad.placements != placements:
                 grad = grad.redistribute(p.device_mesh, placements)
         grad, target = _local(grad).contiguous(), _local(value)
         if not target.numel():  # an empty shard (fewer rows than ranks): nothing to step, and no kernel launched
@@ -166,12 +170,14 @@ class Adam8bit(torch.optim.Optimizer):
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def _block_placements(p: DTensor) -> list[Placement]:
     """The layout whose shards are whole rows of whole 256-value blocks: `p`'s, with the splits of the last axis
     gathered where they would cut blocks; everything gathered where rows are not whole blocks."""
+    from torch.distributed.tensor import Replicate, Shard
+
     gathered = [Replicate()] * p.device_mesh.ndim
     if p.ndim == 0 or p.shape[-1] % BLOCK:
         return gathered
@@ -198,11 +204,13 @@ def _initial_state(state: dict[str, Any], p: torch.Tensor, *, eight_bit: bool) -
         state["exp_avg"], state["exp_avg_sq"] = (torch.zeros_like(p, dtype=torch.float32) for _ in range(2))
         return
     shape = _maxima_shape(p.shape)
-    if not isinstance(p, DTensor):
+    if not is_dtensor(p):
         for key in ("exp_avg", "exp_avg_sq"):
             state[key] = torch.zeros_like(p, dtype=torch.uint8)
             state[f"absmax_{key}"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
         return
+    from torch.distributed.tensor import DTensor
+
     placements = _block_placements(p)  # the parameter's own where its shards are whole blocks: no gather then
     codes = p.to_local() if tuple(placements) == p.placements else \
         p.redistribute(p.device_mesh, placements).to_local()  # fmt: skip

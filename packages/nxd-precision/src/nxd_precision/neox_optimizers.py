@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
+
+from .dtensors import is_dtensor
 
 
 def _evaluate(closure: Callable[[], float] | None) -> float | None:
@@ -168,11 +169,13 @@ def _max_except(tensor: torch.Tensor, axis: int) -> torch.Tensor:
 
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor a DTensor shards (gathered), or the tensor itself."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return tensor.full_tensor() if is_dtensor(tensor) else tensor
 
 
 def _shard_like(whole: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
     """`whole` cut as `parameter` is sharded (every rank holds the same whole tensor: no communication)."""
-    if not isinstance(parameter, DTensor):
+    if not is_dtensor(parameter):
         return whole
+    from torch.distributed.tensor import distribute_tensor
+
     return distribute_tensor(whole, parameter.device_mesh, parameter.placements, src_data_rank=None)

@@ -20,15 +20,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from .dtensors import is_dtensor
 from .float8 import use_float8
 from .policy import FP32, PrecisionPolicy
 from .stochastic_rounding import stochastic_round
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 GROUP_SCALES = ("lr_scale", "weight_decay_scale")
@@ -176,7 +176,9 @@ class PrecisionOptimizer:
             return value
         if dtype == torch.bfloat16 and self.policy.stochastic_rounding:
             rounded = stochastic_round(_local(value), self.generator)
-            if isinstance(value, DTensor):
+            if is_dtensor(value):
+                from torch.distributed.tensor import DTensor
+
                 return DTensor.from_local(rounded, value.device_mesh, value.placements, run_check=False,
                                           shape=value.shape, stride=value.stride())  # fmt: skip
             return rounded
