@@ -49,7 +49,7 @@ def installed(tree: Path, package: str, wheels: Path, work: Path, extras: list[s
     """(bytes of site-packages, distributions) of `package` with `extras` installed alone."""
     venv = work / f"{package}-{'-'.join(extras) or 'core'}"
     python = venv / "bin" / "python"
-    lock = work / f"{venv.name}.pylock.toml"
+    lock = work / f"pylock.{venv.name}.toml"
     chosen = [item for extra in extras for item in ("--extra", extra)]
     _run(["uv", "export", "--frozen", "--quiet", "--package", package, "--no-emit-workspace", "--no-dev", *chosen,
           "--format", "pylock.toml", "--output-file", str(lock)], tree)  # fmt: skip

@@ -95,7 +95,7 @@ def test_a_write_error_says_what_happened_and_where_and_keeps_the_previous_check
     def refuse(self, data):
         raise OSError(number, text)
 
-    monkeypatch.setattr("nxd_ckpt.checksums._HashingStream.write", refuse)
+    monkeypatch.setattr("nxd_ckpt.checksumming_writer._HashingStream.write", refuse)
     with pytest.raises(CheckpointError, match=rf"step=2: the save failed: .*{text}"):
         save(checkpointer, 2)
     assert [(i.path.name, i.complete) for i in list_checkpoints(tmp_path)] == [("step=1", True)]

@@ -67,9 +67,7 @@ def mutated(draw: st.DrawFn) -> dict:
     return tree
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mutated())
-def test_mutations_load_or_raise_config_error(tree: dict) -> None:
+def _loads_or_says_why(tree: dict) -> None:
     try:
         config = load_config(tree)
     except ConfigError as error:
@@ -78,9 +76,34 @@ def test_mutations_load_or_raise_config_error(tree: dict) -> None:
     assert isinstance(config, NxdConfig)
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.text(max_size=20) | st.sampled_from(["+a.b=1", "~trainer", "trainer.devices=[1", "~x.y"]), max_size=3))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_mutations_load_or_raise_config_error(tree: dict) -> None:
+    _loads_or_says_why(tree)
+
+
+@pytest.mark.slow
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_more_mutations_load_or_raise_config_error(tree: dict) -> None:
+    _loads_or_says_why(tree)
+
+
+OVERRIDES = st.lists(st.text(max_size=20) | st.sampled_from(["+a.b=1", "~trainer", "trainer.devices=[1", "~x.y"]),
+                     max_size=3)  # fmt: skip
+
+
+@settings(max_examples=50, deadline=None)
+@given(OVERRIDES)
 def test_random_overrides_load_or_raise_config_error(overrides: list[str]) -> None:
+    with contextlib.suppress(ConfigError):
+        load_config(MINIMAL, overrides)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None)
+@given(OVERRIDES)
+def test_more_random_overrides_load_or_raise_config_error(overrides: list[str]) -> None:
     with contextlib.suppress(ConfigError):
         load_config(MINIMAL, overrides)
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 from nxd_ckpt import list_checkpoints
+from nxd_train.cli import main
 
-from tests.training_runs import CLUSTER_JOB, CLUSTER_STEPS, SLOWED, step_losses
+from tests.training_runs import CLUSTER_JOB, CLUSTER_STEPS, FAST, SLOWED, step_losses, train_in_process
 
 JOB, SLOW, STEPS = CLUSTER_JOB, SLOWED, CLUSTER_STEPS
 BIN = Path(sys.executable).parent
@@ -136,8 +137,11 @@ def test_a_launch_that_disagrees_with_the_config_is_refused_before_anything_is_w
 
 
 def _resumed(log_dir: Path, start: Path, devices: int, *layout: str) -> dict[int, float]:
-    run(nxd_train(log_dir, f"trainer.devices={devices}", *layout, f"+exp_manager.resume_from_checkpoint={start}"),
-        log_dir.parent)  # fmt: skip
+    resume = f"+exp_manager.resume_from_checkpoint={start}"
+    if devices == 1:  # one process: the same code in this one
+        train_in_process(log_dir, *JOB[len(FAST):], *layout, resume)
+    else:
+        run(nxd_train(log_dir, f"trainer.devices={devices}", *layout, resume), log_dir.parent)
     return step_losses(log_dir)
 
 
@@ -169,12 +173,13 @@ def test_a_tp2_dp2_checkpoint_resumes_as_dp4(tmp_path, uninterrupted):
     assert not _close(dp4, expected, range(5, STEPS + 1))
 
 
-def test_the_global_batch_that_no_longer_divides_is_refused_by_name(tmp_path, uninterrupted):
-    result = subprocess.run(nxd_train(tmp_path / "dp3", "trainer.devices=3",
-                                      f"+exp_manager.resume_from_checkpoint={checkpoint(uninterrupted, 4)}"),
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "data.global_batch_size" in result.stderr and "data.micro_batch_size" in result.stderr, result.stderr
+def test_the_global_batch_that_no_longer_divides_is_refused_by_name(tmp_path, uninterrupted, capsys):
+    """Refused by the config's rules, before any process starts (the command's code, in this process)."""
+    command = nxd_train(tmp_path / "dp3", "trainer.devices=3",
+                        f"+exp_manager.resume_from_checkpoint={checkpoint(uninterrupted, 4)}")  # fmt: skip
+    assert main(command[1:]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "data.global_batch_size" in err and "data.micro_batch_size" in err, err
 
 
 def _free_port() -> int:

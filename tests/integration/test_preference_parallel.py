@@ -97,8 +97,9 @@ LIVE = {"pp2_frozen_copy": [*LAYOUTS["pp2"]],
         "tp2_sp_lora": [*LAYOUTS["tp2_sp"], "+model_alignment_strategy.peft.lora_rank=4"]}  # fmt: skip
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=[] if case == "tp2_sp_lora" else [pytest.mark.slow])
-                                  for case in LIVE])  # the frozen copy in pipeline stages with --runslow
+@pytest.mark.slow  # the default suite's live reference: one process (tests/train/test_dpo.py, adapters off and a
+# frozen copy); DPO's table in two processes above
+@pytest.mark.parametrize("case", LIVE)
 def test_a_live_reference_in_two_processes_trains_as_one_process_with_a_table(case, chat_tokenizer_dir, tmp_path):
     """precompute_ref_log_probs False: the frozen copy runs as pipeline stages of its own, or LoRA's
     adapters are switched off on tensor-parallel shards; one process with the precomputed table agrees."""

@@ -367,7 +367,8 @@ def references() -> dict[tuple, dict]:
 
 @pytest.fixture(scope="module")
 def two_processes() -> dict[str, dict]:
-    return run_scenarios(2, _split(_two_process_scenarios(), DEFAULT_TWO, slow=False))
+    """The default two-process scenarios and GPT-NeoX's shapes, in one pair of processes."""
+    return run_scenarios(2, _split(_two_process_scenarios(), DEFAULT_TWO, slow=False) + _neox_scenarios())
 
 
 @pytest.fixture(scope="module")
@@ -388,11 +389,6 @@ def four_processes_slow() -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def four_processes_zero() -> dict[str, dict]:
     return run_scenarios(4, _four_process_zero_stages())
-
-
-@pytest.fixture(scope="module")
-def neox_two_processes() -> dict[str, dict]:
-    return run_scenarios(2, _neox_scenarios())
 
 
 @pytest.fixture(scope="module")
@@ -440,8 +436,8 @@ def test_the_whole_two_process_matrix_matches_one(scenario, two_processes_slow, 
 
 
 @pytest.mark.parametrize("scenario", _neox_scenarios(), ids=lambda s: s.name)
-def test_neox_shapes_in_two_processes_match_one(scenario, neox_two_processes, references):
-    _check(scenario, neox_two_processes[scenario.name], references)
+def test_neox_shapes_in_two_processes_match_one(scenario, two_processes, references):
+    _check(scenario, two_processes[scenario.name], references)
 
 
 @pytest.mark.slow

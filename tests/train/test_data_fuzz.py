@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -176,7 +177,15 @@ def _must_refuse(case: Case) -> bool:
             or (case.source in ("gz", "zst") and "truncated" in case.name))  # fmt: skip
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def _in_default_suite(case: Case) -> bool:
+    """Every fixed damage and missing file, and the first two truncated and flipped draws of each reader's file (all
+    of them with --runslow)."""
+    drawn = re.search(r" (truncated|flipped) (\d+)$", case.name)
+    return drawn is None or int(drawn.group(2)) < 2
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, marks=() if _in_default_suite(case) else pytest.mark.slow)
+                                  for case in CASES], ids=[case.name for case in CASES])  # fmt: skip
 def test_broken_data_gets_a_message_naming_the_file(case, good, tmp_path, capsys):
     given = _broken(case, good, tmp_path)
     code = main(_command(case, given, good, tmp_path))

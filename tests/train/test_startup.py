@@ -25,8 +25,11 @@ OPTIONAL = ("peft", "bitsandbytes", "transformers.modeling_utils", "datasets", "
 DRIVER = """
 import json, os, sys
 def record():
+    init = sys.modules.get("transformers.initialization")
+    intact = init is None or all(getattr(sys.modules["torch.nn.init"], name) is function
+                                 for name, function in init.TORCH_INIT_FUNCTIONS.items())
     with open(os.environ["NXD_MODULES"], "w") as out:
-        json.dump(sorted(sys.modules), out)
+        json.dump(sorted(sys.modules) + ([] if intact else ["torch.nn.init replaced"]), out)
 leave = os._exit
 def recorded_exit(code):
     record()
@@ -41,7 +44,8 @@ finally:
 sys.exit(code)
 """
 """The nxd-train command, writing the names of the modules it loaded to $NXD_MODULES as it leaves (also through
-the `os._exit` a multi-process run ends with)."""
+the `os._exit` a multi-process run ends with), and "torch.nn.init replaced" if torch's init functions are not the
+ones transformers keeps to restore (a meta build stands in for them while it runs)."""
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
@@ -129,11 +133,12 @@ def test_generation_loads_lightning_fabric_alone(trained, tmp_path: Path) -> Non
 
 def test_the_extras_a_run_uses_load_quietly(tmp_path: Path) -> None:
     """A Hugging Face model with LoRA adapters and bitsandbytes' 8-bit Adam: transformers' model classes (which
-    import torchao here), peft and bitsandbytes load, and none of their import notices is shown."""
+    import torchao here), peft and bitsandbytes load, and none of their import notices is shown. The first
+    Hugging Face build of the process leaves torch.nn.init as transformers found it at import."""
     source = hf_run_config(tmp_path, vocab_size=4096)
     done, modules = _run(tmp_path, str(source), "trainer.max_steps=1", "model.optim.name=adam8bit",
                          "+model_alignment_strategy.peft.lora_rank=4")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert {"transformers.modeling_utils", "peft", "bitsandbytes", "lightning_fabric"} <= _loaded(modules)
-    assert "datasets" not in modules and "lm_eval" not in modules
+    assert "datasets" not in modules and "lm_eval" not in modules and "torch.nn.init replaced" not in modules
     assert done.stderr == ""

@@ -6,10 +6,16 @@ Known accelerators are matched by device name against their datasheets (dense ra
 until one takes long enough to reach the device's rate (each size's best of repeated trials). A step
 faster than its ceiling gets no MFU (`Ceiling.utilisation` is None), never a figure of 100%: a measured
 ceiling was taken while other work held the device, a datasheet peak means the FLOP count is off.
+
+A process measures once per device, dtype, matmul precision and thread count: a second run in it (a test
+suite's, a notebook's) reads the same ceiling rather than paying half a second again. Separate processes each
+measure their own: repeated measurements differ by 5-9% on a shared 2-core machine (benchmarks/RESULTS.md), so a
+ceiling kept across processes would carry one moment's load into every later run.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import resource
 import time
@@ -112,10 +118,16 @@ def device_ceiling(device: torch.device, dtype: torch.dtype) -> Ceiling:
     if device.type == "cuda" and (peak := datasheet_peak(name, dtype, precision)) is not None:
         kind = "bf16" if dtype != torch.float32 or precision == "medium" else "tf32" if precision == "high" else "fp32"
         return Ceiling(peak, f"{name}: datasheet dense {kind} peak, {peak / TERA:,.1f} TFLOP/s", measured=False)
-    flops = measured_peak(device, dtype)
+    flops = _measured_once(device, dtype, precision, torch.get_num_threads())
     dtype_name = str(dtype).removeprefix("torch.")
     source = f"{name}: no datasheet peak known, a {dtype_name} matmul measured at {flops / TERA:,.3f} TFLOP/s"
     return Ceiling(flops, f"{source} (the best of repeated trials)", measured=True)
+
+
+@functools.cache
+def _measured_once(device: torch.device, dtype: torch.dtype, precision: str, threads: int) -> float:
+    """`measured_peak`, once per process for each key (the precision and threads change what a matmul does)."""
+    return measured_peak(device, dtype)
 
 
 def _synchronize(device: torch.device) -> None:
