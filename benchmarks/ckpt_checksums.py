@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from nxd_ckpt import Checkpointer, SavePolicy, read_info
-from nxd_ckpt.checksums import ChecksummingWriter
+from nxd_ckpt.checksumming_writer import ChecksummingWriter
 from torch.distributed.checkpoint import FileSystemWriter
 
 

@@ -4,6 +4,7 @@ trainable count by formula, the merge, the fused QKV module, and one clear error
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -149,3 +150,9 @@ def test_with_adapters_disabled_the_model_computes_its_base(qkv):
     with adapters_disabled([adapted]):
         assert torch.equal(lora.logits(adapted, _batch()), base.logits(plain, _batch()))
     assert {name for name, p in adapted.named_parameters() if p.requires_grad} == trained
+
+
+def test_without_peft_lora_names_the_extra_that_installs_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError
+    with pytest.raises(LoraConfigError, match=r"peft is not installed; install nxd-align\[lora\]"):
+        LoraFamily(model_family(model_spec("megatron")), LoraSpec(rank=4))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import datasets
@@ -90,3 +91,12 @@ def test_ids_outside_the_vocabulary_are_named_by_row(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"row 0 holds token id -4"):
         hf_pretraining_dataset(str(tmp_path / "negative"), "data.train_dir", "train", FORMAT, None, tmp_path,
                                vocab_size=300)  # fmt: skip
+
+
+def test_without_datasets_hugging_face_data_names_the_extra_that_installs_it(tmp_path, monkeypatch):
+    (tmp_path / "rows.jsonl").write_text('{"text": "a"}\n')
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
+    fmt = SampleFormat(seq_length=8, eod_id=0)
+    with pytest.raises(DataError, match=r"data.train_dir: Hugging Face data is read with the datasets package, which "
+                                        r"is not installed; install nxd-data\[hf\]"):
+        hf_pretraining_dataset(str(tmp_path / "rows.jsonl"), "data.train_dir", "train", fmt, None, tmp_path)

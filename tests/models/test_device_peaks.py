@@ -81,13 +81,15 @@ def test_a_process_measures_its_ceiling_once_per_device_dtype_precision_and_thre
     calls = []
     monkeypatch.setattr(device_peaks, "measured_peak", lambda device, dtype: calls.append(dtype) or 1e9 * len(calls))
     cpu = torch.device("cpu")
-    first, again = device_ceiling(cpu, torch.float32), device_ceiling(cpu, torch.float32)
-    assert first.flops == again.flops == 1e9 and calls == [torch.float32]
-    assert device_ceiling(cpu, torch.bfloat16).flops == 2e9
-    threads = torch.get_num_threads()
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
-    assert device_ceiling(cpu, torch.float32).flops == 3e9
-    device_peaks._measured_once.cache_clear()
+    try:
+        first, again = device_ceiling(cpu, torch.float32), device_ceiling(cpu, torch.float32)
+        assert first.flops == again.flops == 1e9 and calls == [torch.float32]
+        assert device_ceiling(cpu, torch.bfloat16).flops == 2e9
+        threads = torch.get_num_threads()
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
+        assert device_ceiling(cpu, torch.float32).flops == 3e9
+    finally:  # no made-up ceiling for the process's later runs
+        device_peaks._measured_once.cache_clear()
 
 
 def test_measuring_the_ceiling_draws_nothing_from_the_global_generator():

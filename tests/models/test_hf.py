@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import sys
 
 import pytest
 import torch
@@ -195,3 +196,10 @@ def test_sliding_window_of_a_transformers_model_holds_inside_packed_documents():
         found = family.logits(model, batch)
         alone = [model(input_ids=ids[:, :6]).logits, model(input_ids=ids[:, 6:]).logits]
         assert (found - torch.cat(alone, dim=1)).abs().max().item() < 1e-5, kernel
+
+
+def test_without_transformers_a_hugging_face_model_names_the_extra_that_installs_it(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 64}))
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    with pytest.raises(ModelConfigError, match=r"transformers, which is not installed; install nxd-models\[hf\]"):
+        load_hf_config(tmp_path)

@@ -204,6 +204,14 @@ def test_each_package_requires_only_what_the_dependency_rule_allows() -> None:
                 assert re.fullmatch(r"nxd-[a-z]+(\[[a-z,]+\])?>=0\.2,<0\.3", requirement), requirement
 
 
+def test_no_tracked_link_lies_inside_a_package() -> None:
+    """A package's sdist takes its folder as it is: a link in it (to the repository's LICENSE, to a config folder)
+    points outside the unpacked archive, which uv refuses, or loops."""
+    listed = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    links = [line.split("\t", 1)[1] for line in listed.splitlines() if line.startswith("120000 ")]
+    assert not [link for link in links if link.startswith(("packages/", "apps/"))], links
+
+
 def test_every_package_carries_its_version_changelog_license_and_types() -> None:
     """A real LICENSE in each package (an sdist holding a link out of itself cannot be unpacked), the same text as
     the repository's; classifiers for the Python versions requires-python admits, the topic and typing; the project

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 
 import pytest
+from nxd_train import plot as plot_module
 from nxd_train.cli import main
 from nxd_train.plot import Run, panels
 
@@ -54,7 +56,16 @@ def test_a_run_still_writing_its_last_line_is_drawn_from_its_complete_rows(tmp_p
                                                "numbers (a run still writing it?); left out")  # fmt: skip
 
 
-@pytest.mark.parametrize("case", ["no metrics.csv", "empty", "header only", "exists", "not png", "no matplotlib"])
+def test_a_last_line_cut_inside_its_last_value_is_left_out(tmp_path: Path, capsys) -> None:
+    """The last line has every field but no newline yet: its last value may be cut short (step 12 read as 1)."""
+    going = _run_dir(tmp_path, "going", DPO + "0.5,1e-5,0.75,0.4,1")
+    out = tmp_path / "going.png"
+    assert main(["plot", str(going), "-o", str(out)]) == 0
+    assert "line 4 incomplete" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["no metrics.csv", "empty", "header only", "exists", "not png", "no matplotlib",
+                                  "nothing to draw", "infinite step", "unwritable folder"])
 def test_bad_input_gets_one_line_and_exit_1(case: str, tmp_path: Path, capsys, monkeypatch) -> None:
     run = _run_dir(tmp_path, "run", PRETRAINING)
     out = tmp_path / "out.png"
@@ -67,6 +78,11 @@ def test_bad_input_gets_one_line_and_exit_1(case: str, tmp_path: Path, capsys, m
         "exists": f"{out} exists; expected a new file name (-o FILE.png)",
         "not png": f"-o {tmp_path / 'out.pdf'}: expected a .png file",
         "no matplotlib": "needs matplotlib; install it with pip install 'nxd-train[plot]'",
+        "nothing to draw": "no column to draw; expected loss, val_loss, lr, tokens_per_s or a reward, accuracy or "
+                           "margin column, found grad_norm",
+        "infinite step": f"{run / 'metrics.csv'}: line 2 incomplete or not numbers (a run still writing it?); left "
+                         "out\nnxd-train plot: no run has a complete row to draw",
+        "unwritable folder": f"{tmp_path / 'locked' / 'out.png'}: cannot be written (Permission denied)",
     }[case]  # fmt: skip
     target = run
     if case == "no metrics.csv":
@@ -79,6 +95,18 @@ def test_bad_input_gets_one_line_and_exit_1(case: str, tmp_path: Path, capsys, m
         out.write_bytes(b"someone's picture")
     elif case == "not png":
         out = tmp_path / "out.pdf"
+    elif case == "nothing to draw":
+        (run / "metrics.csv").write_text("grad_norm,step\n0.5,1\n")
+    elif case == "infinite step":
+        (run / "metrics.csv").write_text("loss,step\n1.0,inf\n")
+    elif case == "unwritable folder":  # what a folder without write permission answers (this test may run as root)
+        (tmp_path / "locked").mkdir()
+        out = tmp_path / "locked" / "out.png"
+
+        def refuse(source, target) -> None:
+            raise PermissionError(errno.EACCES, "Permission denied", str(target))
+
+        monkeypatch.setattr(plot_module.os, "link", refuse)
     else:
         monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     assert main(["plot", str(target), "-o", str(out)]) == 1

@@ -131,6 +131,13 @@ def test_generation_loads_lightning_fabric_alone(trained, tmp_path: Path) -> Non
     assert len(said) == 2 and said[0].startswith("weights from ") and said[1].startswith("nxd-train generate: 1 ")
 
 
+def test_plot_loads_matplotlib_and_not_torch(trained, tmp_path: Path) -> None:
+    log_dir, _, _ = trained
+    done, modules = _run(tmp_path, "plot", str(log_dir), "-o", str(tmp_path / "run.png"))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "matplotlib" in modules and "torch" not in modules and _loaded(modules) == {"matplotlib"}
+
+
 def test_the_extras_a_run_uses_load_quietly(tmp_path: Path) -> None:
     """A Hugging Face model with LoRA adapters and bitsandbytes' 8-bit Adam: transformers' model classes (which
     import torchao here), peft and bitsandbytes load, and none of their import notices is shown. The first

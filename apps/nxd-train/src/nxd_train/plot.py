@@ -13,11 +13,11 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-from nxd_data import save_atomically
 
 PANELS = (("loss", ("loss", "val_loss")), ("learning rate", ("lr",)), ("tokens/s", ("tokens_per_s",)))
 """(title, columns): the panels every training run can fill, in order."""
@@ -41,30 +41,36 @@ def read_run(folder: Path, notes: list[str]) -> Run | None:
     """The run logged in `folder`'s metrics.csv; a line that cannot be read (a row still being written, a value
     that is no number) is left out with a note in `notes`. None, with a note, when no row has a step."""
     path = folder / "metrics.csv"
-    if not path.is_file():
+    try:
+        exists = path.is_file()
+    except OSError as error:
+        raise PlotError(f"{folder}: cannot be read ({error.strerror})") from None
+    if not exists:
         versions = sorted(p.parent.name for p in folder.glob("version_*/metrics.csv"))
         hint = f" (its runs: {', '.join(versions)})" if versions else ""
         raise PlotError(f"{folder}: no metrics.csv; expected a run's log directory, such as "
                         f"nxd_logs/NAME/version_N{hint}")  # fmt: skip
     try:
-        with path.open(newline="") as handle:
-            rows = list(csv.reader(handle))
+        text = path.read_text()
+        rows = list(csv.reader(io.StringIO(text, newline="")))
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise PlotError(f"{path}: cannot be read as CSV ({error})") from None
+    # a last line without its newline is still being written (its last value may be cut short): left out
+    cut = len(rows) if text.endswith("\n") else len(rows) - 1
     if not rows or "step" not in rows[0]:
         notes.append(f"{path}: no rows yet{' (expected a header with a step column)' if rows else ''}; left out")
         return None
     header, series = rows[0], {}
     left_out = []
     for number, row in enumerate(rows[1:], start=2):
-        if len(row) != len(header):
+        if len(row) != len(header) or number > cut:
             left_out.append(number)
             continue
         values = dict(zip(header, row, strict=True))
         try:
             step = int(float(values.pop("step")))
             parsed = {name: float(value) for name, value in values.items() if value != ""}
-        except ValueError:
+        except (ValueError, OverflowError):
             left_out.append(number)
             continue
         for name, value in parsed.items():
@@ -76,7 +82,8 @@ def read_run(folder: Path, notes: list[str]) -> Run | None:
         notes.append(f"{path}: line{'s' if len(left_out) > 1 else ''} {', '.join(map(str, left_out))} incomplete "
                      "or not numbers (a run still writing it?); left out")  # fmt: skip
     if not series:
-        notes.append(f"{path}: no complete row yet; left out")
+        if not left_out:  # otherwise the note above said why
+            notes.append(f"{path}: no complete row yet; left out")
         return None
     return Run(_name(folder), series)
 
@@ -106,7 +113,8 @@ def missing_columns(runs: list[Run], chosen: list[tuple[str, tuple[str, ...]]]) 
 
 
 def draw(runs: list[Run], out: Path) -> None:
-    """The runs' panels as one PNG at `out`, written under a temporary name and renamed when complete."""
+    """The runs' panels as one PNG at `out`, written under a temporary name and linked to `out` when complete (a
+    link fails where a file exists, so none is written over, even one made meanwhile)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,7 +145,12 @@ def draw(runs: list[Run], out: Path) -> None:
     image = io.BytesIO()
     figure.savefig(image, format="png", dpi=110)
     pyplot.close(figure)
-    save_atomically(out, image.getvalue())
+    partial = out.with_name(f".{out.name}.{secrets.token_hex(6)}")
+    try:
+        partial.write_bytes(image.getvalue())
+        os.link(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def plot_command(folders: list[Path], out: Path) -> int:
@@ -168,6 +181,18 @@ def plot_command(folders: list[Path], out: Path) -> int:
     if not runs:
         print("nxd-train plot: no run has a complete row to draw", file=sys.stderr)
         return 1
-    draw(runs, out)
+    if not panels(runs):
+        print(f"nxd-train plot: no column to draw; expected loss, val_loss, lr, tokens_per_s or a reward, accuracy "
+              f"or margin column, found {', '.join(sorted({name for run in runs for name in run.series}))}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    try:
+        draw(runs, out)
+    except FileExistsError:
+        print(f"nxd-train plot: {out} exists; expected a new file name (-o FILE.png)", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"nxd-train plot: {out}: cannot be written ({error.strerror})", file=sys.stderr)
+        return 1
     print(f"nxd-train plot: {len(runs)} run(s) drawn in {out}")
     return 0

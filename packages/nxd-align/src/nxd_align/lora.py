@@ -95,6 +95,9 @@ def _peft() -> Any:
         logger.setLevel(logging.ERROR)
     try:
         import peft
+    except ImportError:
+        raise LoraConfigError(f"{KEY}: LoRA adapters are peft's, and peft is not installed; install nxd-align[lora] "
+                              "(pip install 'nxd-align[lora]')") from None
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)

@@ -1,7 +1,7 @@
 """The key reference table (key, type, default, effect, used by, status), generated from the schema.
 
     python -m nxd_config.reference            print the table as Markdown
-    python -m nxd_config.reference --update README.md   rewrite the table between its markers
+    python -m nxd_config.reference --update docs/config-reference.md   rewrite the table between its markers
 """
 
 from __future__ import annotations

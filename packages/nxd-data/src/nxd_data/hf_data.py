@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,10 +32,20 @@ READERS = {".jsonl": "from_json", ".json": "from_json", ".parquet": "from_parque
 SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
+def hf_datasets(where: str) -> Any:
+    """The datasets package, or a DataError naming `where` and the extra that installs it."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{where}: Hugging Face data is read with the datasets package, which is not installed; "
+                        "install nxd-data[hf] (pip install 'nxd-data[hf]')") from None
+    return datasets
+
+
 def load_records(location: str, where: str, split: str, limit: int | None = None) -> datasets.Dataset:
     """The records at `location` (only the first `limit` when given); `split` picks one split of a
     saved DatasetDict that holds several."""
-    import datasets
+    datasets = hf_datasets(where)
 
     path = Path(location)
     kinds = ", ".join(READERS)
@@ -66,7 +76,7 @@ def load_records(location: str, where: str, split: str, limit: int | None = None
 
 
 def _read(files: str | list[str], suffix: str, where: str) -> datasets.Dataset:
-    import datasets
+    datasets = hf_datasets(where)
 
     try:
         if suffix == ".arrow" and isinstance(files, list):

@@ -32,6 +32,7 @@ from filelock import FileLock
 
 from .errors import DataError
 from .files import save_atomically
+from .hf_data import hf_datasets
 
 if TYPE_CHECKING:  # datasets loads when a hub dataset is read, not with nxd_data
     import datasets
@@ -196,7 +197,7 @@ def _splits(source: HubDataset, where: str) -> dict[str, datasets.Dataset]:
 
 
 def _load(source: HubDataset, where: str) -> datasets.DatasetDict:
-    import datasets
+    datasets = hf_datasets(where)
 
     path = Path(source.path)
     try:

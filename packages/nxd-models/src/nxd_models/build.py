@@ -76,19 +76,22 @@ def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel
     return use_score_head(model) if head == "score" else model
 
 
+TORCH_INIT = {name: getattr(nn.init, name) for name in dir(nn.init) if name.endswith("_") and not name.startswith("_")}
+"""torch.nn.init's in-place functions as torch defines them, taken when nxd-models is imported."""
+
+
 @contextlib.contextmanager
 def _no_initialisation() -> Iterator[None]:
     """torch.nn.init's functions do nothing inside: a meta tensor has no values to fill, and torch fills one
     through a decomposition whose first call imports torch._dynamo (seconds, for a tree never computed on).
-    Initial values come later, module by module (`initial_values`)."""
-    names = [name for name in dir(nn.init) if name.endswith("_") and not name.startswith("_")]
-    saved = {name: getattr(nn.init, name) for name in names}
-    for name in names:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    Initial values come later, module by module (`initial_values`); torch's own functions are back on leaving,
+    however the block ends."""
     try:
+        for name in TORCH_INIT:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
         yield
     finally:
-        for name, function in saved.items():
+        for name, function in TORCH_INIT.items():
             setattr(nn.init, name, function)
 
 
@@ -97,8 +100,8 @@ def _meta_tree(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -
     if isinstance(spec, GPTConfig):
         with torch.device("meta"), _no_initialisation():
             return GPTForCausalLM(spec, attention)
-    # imported before the meta build: transformers keeps torch.nn.init's functions as it finds them at import, to
-    # restore after its own no-initialisation context, and must not find `_no_initialisation`'s stand-ins
+    # imported before the meta build: transformers' initialisation calls the torch.nn.init functions it finds at
+    # import (TORCH_INIT_FUNCTIONS), which must be torch's, not `_no_initialisation`'s stand-ins
     import_model_classes()
     from transformers import AutoModelForCausalLM
 

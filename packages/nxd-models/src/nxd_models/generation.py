@@ -42,7 +42,11 @@ class Sampling:
 
     def warpers(self) -> LogitsProcessorList:
         """transformers' warpers for this choice, in NeoX's order: temperature, then top-k, then top-p."""
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+        try:
+            from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+        except ImportError:
+            raise ModelConfigError("sampled generation (temperature, top_k or top_p) uses transformers' logits "
+                                   "warpers, and transformers is not installed; install nxd-models[hf]") from None
 
         warpers = LogitsProcessorList()
         if self.temperature > 0 and self.temperature != 1.0:

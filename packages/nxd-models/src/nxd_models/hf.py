@@ -54,8 +54,11 @@ def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> 
             f"{file}: model_type: expected one of {', '.join(SUPPORTED_MODEL_TYPES)}, found {model_type!r}"
             + (f" (architectures {architectures})" if architectures else "")
         )
-    from transformers import AutoConfig
-
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise ModelConfigError(f"{file}: a Hugging Face model needs transformers, which is not installed; install "
+                               "nxd-models[hf] (pip install 'nxd-models[hf]')") from None
     try:
         config = AutoConfig.for_model(**raw)
     except (TypeError, ValueError) as error:

@@ -1,7 +1,7 @@
 """The GPT-NeoX key table (key, group, NeoX default, status, nxd consumer, note), generated from `keys.NEOX_KEYS`.
 
     python -m nxd_config.neox.table                     print the table as Markdown
-    python -m nxd_config.neox.table --update README.md  rewrite the table between its markers
+    python -m nxd_config.neox.table --update docs/config-reference.md  rewrite the table between its markers
 """
 
 from __future__ import annotations

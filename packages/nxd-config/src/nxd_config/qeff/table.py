@@ -2,7 +2,7 @@
 `keys.QEFF_KEYS`, and the table of Trainer and TRL fields a QEfficient file may carry (`trainer_fields`).
 
     python -m nxd_config.qeff.table                     print the key table as Markdown
-    python -m nxd_config.qeff.table --update README.md  rewrite both tables between their markers
+    python -m nxd_config.qeff.table --update docs/config-reference.md  rewrite both tables between their markers
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Building blocks of the schema: the section base class and the per-key metadata.
 
 Every key is declared with `key(...)`, which records what the key does, which nxd package acts
-on it and its status. The key reference table in the package README is generated from these
+on it and its status. The key reference table (the repository's docs/config-reference.md) is generated from these
 declarations, so the documentation cannot drift from the schema.
 """
 
