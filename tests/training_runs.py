@@ -210,7 +210,8 @@ def wandb_history(directory: Path, *, wait_s: float = 60.0) -> list[dict[str, An
     """The history rows (_step and the logged values) of the offline W&B run under `directory`. Its .wandb file
     is a LevelDB-style log: after the header, 32 KiB blocks of chunks (CRC-32 4 bytes, length 2, type 1: full,
     first, middle, last), whose data joined make one wandb Record message each. wandb's service writes the file
-    on its own; it is read again (up to `wait_s`) until it holds the run's exit record."""
+    on its own, so a chunk may be only partly written when read: reading stops before it, and the file is read again
+    (up to `wait_s`) until it holds the run's exit record."""
     from wandb.proto import wandb_internal_pb2
 
     (path,) = directory.glob("wandb/offline-run-*/run-*.wandb")
@@ -225,6 +226,8 @@ def wandb_history(directory: Path, *, wait_s: float = 60.0) -> list[dict[str, An
                 offset += left_in_block
                 continue
             length, kind = int.from_bytes(data[offset + 4:offset + 6], "little"), data[offset + 6]
+            if offset + 7 + length > len(data):  # the service is still writing this chunk
+                break
             pending += data[offset + 7:offset + 7 + length]
             offset += 7 + length
             if kind in (1, 4):  # full, or the last chunk of a record
