@@ -8,6 +8,7 @@ Where Slurm cannot start these tests skip saying why; under CI (CI=true) that is
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -112,6 +113,24 @@ def _launch(slurm, tmp_path: Path, *items: str) -> tuple[str, str]:
     return job, output.read_text()
 
 
+def test_sbatch_reads_back_each_value_launch_writes_into_a_directive(slurm, tmp_path):
+    """Quotes, backslashes, '#', '$()' and spaces in the job name and comment reach Slurm as they are (a held job,
+    cancelled once read)."""
+    comment, job_name = """it's "quoted" \\ # $(touch PWN) `x`""", "a b\\c"
+    result = subprocess.run([PYTHON, "-m", "nxd_train", "launch", str(REPO / "configs/tiny.yaml"),
+                             f"+trainer.cluster.comment={json.dumps(comment)}",
+                             f"+trainer.cluster.job_name={json.dumps(job_name)}", "--output", "job.sbatch"],
+                            cwd=tmp_path, capture_output=True, text=True, env=slurm.env, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    job = slurm.submit(tmp_path / "job.sbatch", "--hold")
+    try:
+        shown = slurm.run("squeue", "-h", "-j", job, "-o", "%j|%k").stdout.rstrip("\n")
+    finally:
+        slurm.run("scancel", job, check=False)
+    assert shown.split("|", 1) == [job_name, comment]
+    assert not (tmp_path / "PWN").exists()
+
+
 @pytest.mark.slow
 def test_the_sbatch_script_launch_writes_from_an_nxdt_file_trains(slurm, one_process, tmp_path):
     log_dir = tmp_path / "run"
@@ -133,7 +152,7 @@ def test_the_sbatch_script_launch_writes_from_neox_and_qefficient_files_trains(s
                       str(repo / "configs/neox/local_setup.yml"), "cluster.yml", "train_micro_batch_size_per_gpu=4",
                       "train_iters=20")  # fmt: skip
     assert "2 process(es) (dp 2)" in said and "done: 20 steps" in said, said[-3000:]
-    assert "#SBATCH --comment='nxd test'" in next(tmp_path.glob("*.sbatch")).read_text()
+    assert '#SBATCH --comment="nxd test"' in next(tmp_path.glob("*.sbatch")).read_text()
 
     from tests.qeff_fixtures import hub_datasets, local_config, tiny_model
 

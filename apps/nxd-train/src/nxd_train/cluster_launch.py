@@ -4,6 +4,7 @@ a DeepSpeed-style hostfile (GPT-NeoX's launcher keys), the torchrun command of e
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -37,17 +38,26 @@ def _command(files: list[Path], overrides: list[str], dialect: str | None) -> li
             *(str(f.absolute()) for f in files), *overrides]  # fmt: skip
 
 
+def _directive_value(value: str) -> str:
+    """`value` as sbatch reads it back from an #SBATCH line: double-quoted, each backslash and double quote escaped
+    with a backslash (sbatch's parser takes the character after a backslash as it is, inside quotes or not). The
+    config admits no line break in these values (nxd-config's OneLine), so the directive stays one line."""
+    if re.fullmatch(r"[A-Za-z0-9_.:@%+=,/-]+", value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def sbatch_script(cfg: NxdConfig, files: list[Path], overrides: list[str], dialect: str | None = None) -> str:
     """An sbatch script: trainer.num_nodes nodes, trainer.devices tasks on each, srun starting nxd-train."""
     c, t = cfg.trainer.cluster, cfg.trainer
     lines = ["#!/bin/bash", f"# written by nxd-train launch for {cfg.name}: sbatch this file",
-             f"#SBATCH --job-name={shlex.quote(c.job_name or cfg.name)}", f"#SBATCH --nodes={t.num_nodes}",
+             f"#SBATCH --job-name={_directive_value(c.job_name or cfg.name)}", f"#SBATCH --nodes={t.num_nodes}",
              f"#SBATCH --ntasks-per-node={t.devices}"]  # fmt: skip
     if c.gpus_per_node is not None:
         lines.append(f"#SBATCH --gpus-per-node={c.gpus_per_node}")
     for name in ("time", "partition", "account", "comment"):
         if (value := getattr(c, name)) is not None:
-            lines.append(f"#SBATCH --{name}={shlex.quote(value)}")
+            lines.append(f"#SBATCH --{name}={_directive_value(value)}")
     lines.append("#SBATCH --requeue" if c.requeue else "#SBATCH --no-requeue")
     if t.requeue_signal is not None:  # to every task, signal_seconds before the time limit
         lines.append(f"#SBATCH --signal={t.requeue_signal.removeprefix('SIG')}@{c.signal_seconds}")
@@ -67,15 +77,19 @@ def host_commands(cfg: NxdConfig, files: list[Path], overrides: list[str], diale
     except HostfileError as error:
         raise LaunchError(f"{NXD_HOST_KEYS[error.key]}: {error.message}") from None
     master = c.master_addr or hosts[0].name
-    lines = ["#!/bin/bash", f"# written by nxd-train launch for {cfg.name}: one torchrun a host, started over ssh",
-             "set -e"]  # fmt: skip
+    lines = ["#!/bin/bash", f"# written by nxd-train launch for {cfg.name}: one torchrun a host, started over ssh;",
+             "# exits 1 naming each host whose command failed", "hosts=() pids=()"]  # fmt: skip
     for rank, host in enumerate(hosts):
         visible = ",".join(map(str, host.slots))
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node-rank",
                     str(rank), "--nproc-per-node", str(len(host.slots)), "--master-addr", master, "--master-port",
                     str(c.master_port), *_command(files, overrides, dialect)[1:]]  # fmt: skip
         remote = f"cd {shlex.quote(str(Path.cwd()))} && CUDA_VISIBLE_DEVICES={visible} {shlex.join(torchrun)}"
-        lines += [f"# node rank {rank}: {host.name}, slots {visible}",
-                  f"ssh -o BatchMode=yes {shlex.quote(host.name)} {shlex.quote(remote)} &"]  # fmt: skip
-    lines += ["wait", ""]
+        lines += [f"# node rank {rank}: {host.name}, slots {visible}",  # '--': the host is never an ssh option
+                  f"ssh -o BatchMode=yes -- {shlex.quote(host.name)} {shlex.quote(remote)} &",
+                  f"hosts+=({shlex.quote(host.name)}) pids+=($!)"]  # fmt: skip
+    lines += ["failed=0", 'for i in "${!pids[@]}"; do',
+              '  wait "${pids[$i]}" || { status=$?; echo "nxd-train launch: node rank $i (${hosts[$i]}) exited with'
+              ' $status" >&2; failed=1; }',
+              "done", 'exit "$failed"', ""]  # fmt: skip
     return "\n".join(lines)

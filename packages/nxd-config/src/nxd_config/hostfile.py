@@ -24,6 +24,19 @@ class Host:
     """The slot (device) numbers of this host that the job uses."""
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f]*:[0-9A-Fa-f:.]*(%[A-Za-z0-9_.-]+)?")
+"""A host name (letters, digits, '.', '-', '_', not starting with '-' or '.'), an IPv4 or an IPv6 address: what ssh
+and torchrun take as a host and never as an option."""
+
+
+def check_host_name(value: str | None) -> str | None:
+    """`value` if it is a host name or address; a ValueError saying what was expected otherwise."""
+    if value is not None and HOST_NAME.fullmatch(value) is None:
+        raise ValueError(f"expected a host name or address (letters, digits, '.', '-', '_', starting with a letter or "
+                         f"digit), found {value!r}")  # fmt: skip
+    return value
+
+
 def read_hostfile(path: Path) -> list[Host]:
     """DeepSpeed's hostfile: 'HOST slots=N' a line, '#' comments; a HostfileError naming the line otherwise."""
     try:
@@ -38,6 +51,10 @@ def read_hostfile(path: Path) -> list[Host]:
         match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
         if match is None or int(match.group(2)) < 1:
             raise HostfileError("hostfile", f"{path}:{number}: expected 'HOST slots=N' with N >= 1, found {line!r}")
+        try:
+            check_host_name(match.group(1))
+        except ValueError as error:
+            raise HostfileError("hostfile", f"{path}:{number}: {error}") from None
         if match.group(1) in hosts:
             raise HostfileError("hostfile", f"{path}:{number}: host {match.group(1)!r} is listed twice")
         hosts[match.group(1)] = Host(match.group(1), tuple(range(int(match.group(2)))))

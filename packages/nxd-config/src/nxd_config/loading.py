@@ -34,9 +34,7 @@ def _multiply(a: Any, b: Any) -> Any:
     return a * b
 
 
-# OmegaConf 2.4 renamed register_new_resolver; accept both so that 2.3 keeps working.
-_register = getattr(OmegaConf, "register_resolver", OmegaConf.register_new_resolver)
-_register("multiply", _multiply, replace=True)
+OmegaConf.register_resolver("multiply", _multiply, replace=True)
 
 
 Source = str | PathLike[str] | Mapping[str, Any]
@@ -194,7 +192,7 @@ def _read(source: Source, name: str) -> DictConfig:
     `1e-4` a float."""
     try:
         text = dict(source) if isinstance(source, Mapping) else Path(source).read_text(encoding="utf-8")
-        return OmegaConf.create(text)
+        return OmegaConf.create(text, max_yaml_expanded_nodes=None)  # read_file bounded its aliases
     except (OmegaConfBaseException, yaml.YAMLError) as exc:
         raise ConfigError(ConfigIssue("", f"expected a YAML mapping, found {_first_line(exc)}"), name) from None
 

@@ -28,9 +28,47 @@ _FLOAT = re.compile(
 )
 
 
+MAX_ALIAS_NODES = 10_000
+"""The most nodes YAML aliases may add to a file (each alias counts the nodes it repeats): far above any config's
+anchors, far below an alias bomb (nine levels of ten aliases make 10^9 nodes from a hundred written)."""
+
+
+def expanded_nodes(root: yaml.Node) -> tuple[int, int]:
+    """The nodes of a composed document as written and as aliases expand it, counted without expanding (each
+    node once, its expanded size from its children's); a YAMLError for an alias that holds itself."""
+    written: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in written:
+            continue
+        children = ([child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])  # fmt: skip
+        if children_done:
+            open_nodes.discard(id(node))
+            written[id(node)] = 1 + sum(written[id(child)] for child in children)
+            continue
+        if id(node) in open_nodes:
+            raise yaml.constructor.ConstructorError(None, None, "an alias that holds itself", node.start_mark)
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack += [(child, False) for child in children if id(child) not in written]
+    return len(written), written[id(root)]
+
+
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with `1e-4` read as a float and `None` as null, and a key given twice in one
-    mapping refused with both lines (PyYAML keeps the last silently; OmegaConf stops with a traceback)."""
+    """PyYAML's safe loader with `1e-4` read as a float and `None` as null, a key given twice in one mapping refused
+    with both lines (PyYAML keeps the last silently; OmegaConf stops with a traceback), and a document whose aliases
+    add more than MAX_ALIAS_NODES nodes refused before it is built (PyYAML would build it whatever its size)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        written, expanded = expanded_nodes(node)
+        if expanded - written > MAX_ALIAS_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"aliases that expand {written:,} written nodes to {expanded:,} (nxd reads at most "
+                f"{MAX_ALIAS_NODES:,} nodes added by aliases)", node.start_mark)  # fmt: skip
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         first: dict = {}

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from ._base import Section, Status, key, key_meta
+from ._base import OneLine, Section, Status, key, key_meta
 from .alignment import AlignmentConfig
 from .data import DataConfig
 from .distributed import DistributedStrategyConfig
@@ -24,7 +24,7 @@ _NEURON_NOTE = "mapped to the Neuron runtime's environment on Neuron devices onl
 class NxdConfig(Section):
     """A whole, validated nxd config. Immutable: derive a new one with `load_config` overrides."""
 
-    name: str = key("nxd", "Experiment name.", by="nxd-train")
+    name: OneLine = key("nxd", "Experiment name.", by="nxd-train")
     model_source: Literal["megatron", "hf"] = key(
         "megatron", "megatron: the Megatron-style model built from model keys; hf: a Hugging Face "
         "architecture from model.model_config.", by="nxd-models",

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import types
 import typing
+import unicodedata
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class Status(StrEnum):
@@ -85,6 +86,20 @@ def _none_string_to_none(value: Any) -> Any:
 
 NoneString = BeforeValidator(_none_string_to_none)
 """Some published NxDT configs write `None` (a string in YAML) where they mean null."""
+
+
+def _one_line(value: Any) -> Any:
+    if isinstance(value, str):
+        for position, char in enumerate(value):
+            if unicodedata.category(char) in ("Cc", "Zl", "Zp"):  # control characters, line and paragraph breaks
+                raise ValueError(f"expected one line of text without control characters (it is written into job "
+                                 f"scripts), found {value!r}: {char!r} at position {position}")  # fmt: skip
+    return value
+
+
+OneLine = Annotated[str, AfterValidator(_one_line)]
+"""Text that `nxd-train launch` writes into a script line (an #SBATCH directive, a comment): a newline there would
+end the line and make the rest a shell command."""
 
 
 class Section(BaseModel):

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-from ._base import Section, Status, key
+from ..hostfile import check_host_name
+from ._base import OneLine, Section, Status, key
 
 _Count = Annotated[int, Field(ge=0)]
 _Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -27,19 +28,19 @@ class ClusterLaunch(Section):
         "hostfile (hosts).", by=APP, status=Status.EXTENSION,
         note="GPT-NeoX's launcher: slurm (or deepspeed_slurm) is slurm; pdsh, openmpi, mvapich are hosts",
     )  # fmt: skip
-    hostfile: str | None = key(
+    hostfile: OneLine | None = key(
         None, "A DeepSpeed hostfile ('HOST slots=N' a line): the hosts the job runs on, N processes each.", by=APP,
         status=Status.EXTENSION, note="GPT-NeoX's hostfile",
     )  # fmt: skip
-    include: str | None = key(
+    include: OneLine | None = key(
         None, "Hosts of the hostfile to use, DeepSpeed's form: 'host1@host2:0,1' (slots after ':').", by=APP,
         status=Status.EXTENSION, note="GPT-NeoX's include",
     )  # fmt: skip
-    exclude: str | None = key(
+    exclude: OneLine | None = key(
         None, "Hosts (or their slots, after ':') of the hostfile to leave out, DeepSpeed's form.", by=APP,
         status=Status.EXTENSION, note="GPT-NeoX's exclude",
     )  # fmt: skip
-    master_addr: str | None = key(
+    master_addr: Annotated[OneLine | None, AfterValidator(check_host_name)] = key(
         None, "The rendezvous host (hosts scheduler; null: the first host).", by=APP, status=Status.EXTENSION,
         note="GPT-NeoX's master_addr",
     )  # fmt: skip
@@ -47,17 +48,17 @@ class ClusterLaunch(Section):
         29500, "The rendezvous port.", by=APP, status=Status.EXTENSION, ge=1, le=65535,
         note="GPT-NeoX's master_port",
     )  # fmt: skip
-    partition: str | None = key(
+    partition: OneLine | None = key(
         None, "Slurm partition (sbatch --partition).", by=APP, status=Status.EXTENSION,
         note="NxDT's users wrote their own sbatch scripts",
     )  # fmt: skip
-    account: str | None = key(
+    account: OneLine | None = key(
         None, "Slurm account (sbatch --account).", by=APP, status=Status.EXTENSION, note="GPT-NeoX's account",
     )  # fmt: skip
-    comment: str | None = key(
+    comment: OneLine | None = key(
         None, "Slurm job comment (sbatch --comment).", by=APP, status=Status.EXTENSION, note="GPT-NeoX's comment",
     )  # fmt: skip
-    time: str | None = key(
+    time: OneLine | None = key(
         None, "Slurm time limit (sbatch --time, e.g. 04:00:00 or 2-00:00:00); null: the partition's.", by=APP,
         status=Status.EXTENSION, note="NxDT's users wrote their own sbatch scripts",
     )  # fmt: skip
@@ -75,7 +76,7 @@ class ClusterLaunch(Section):
         "time for a checkpoint to be written.", by=APP, status=Status.EXTENSION, ge=1, le=65535,
         note="Slurm's own warning, which Lightning's SLURMEnvironment also relies on",
     )  # fmt: skip
-    job_name: str | None = key(
+    job_name: OneLine | None = key(
         None, "The Slurm job's name; null: the run's name.", by=APP, status=Status.EXTENSION,
         note="NxDT's users wrote their own sbatch scripts",
     )  # fmt: skip
