@@ -1,6 +1,6 @@
 """exp_manager.s3_checkpoints (GPT-NeoX's s3_path, s3_chunk_size) in real runs against a local S3-compatible
 server: every complete checkpoint appears in the bucket, byte for byte; a server stopped mid-run leaves the run
-to finish, naming the checkpoints that were not uploaded."""
+to finish, naming the checkpoints that were not uploaded, and exit 1."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import hashlib
 import threading
 import time
 
+from nxd_train.cli import default_config_path, main
+
 from tests.ckpt.test_s3_upload import BUCKET, s3_server  # noqa: F401 - the fixture
 from tests.train.test_checkpointing import SAVE, checkpoints
-from tests.training_runs import SLOWED
+from tests.training_runs import FAST, SLOWED, read_metrics
 
 JOB = ["trainer.max_steps=4", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
        f"+exp_manager.s3_checkpoints.path=s3://{BUCKET}/runs"]  # fmt: skip
@@ -38,8 +40,8 @@ def test_each_checkpoint_appears_in_the_bucket_byte_for_byte(tmp_path, train_her
     assert "not uploaded" not in _log(log_dir)
 
 
-def test_a_server_stopped_mid_run_leaves_the_run_to_finish_and_names_what_was_not_uploaded(tmp_path, train_here,
-                                                                                             s3_server):  # noqa: F811
+def test_a_server_stopped_mid_run_leaves_the_run_to_finish_names_what_was_not_uploaded_and_exits_1(
+        tmp_path, s3_server, capsys):  # noqa: F811
     server, client = s3_server
     stopped = threading.Event()
 
@@ -52,16 +54,18 @@ def test_a_server_stopped_mid_run_leaves_the_run_to_finish_and_names_what_was_no
 
     watcher = threading.Thread(target=stop_at_the_first_object, daemon=True)
     watcher.start()
-    rows = train_here(*JOB, *SLOWED)
+    log_dir = tmp_path / "run0"
+    code = main([str(default_config_path()), *FAST, f"+exp_manager.explicit_log_dir={log_dir}", *JOB, *SLOWED])
     stopped.set()
     watcher.join()
-    assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4]  # training went on
-    log_dir = tmp_path / "run0"
+    assert code == 1
+    assert [row["step"] for row in read_metrics(log_dir) if "loss" in row] == [1, 2, 3, 4]  # training went on
     last = checkpoints(log_dir)[4].name
     text = _log(log_dir)
     assert f"s3: checkpoint {last} was not uploaded to s3://{BUCKET}/runs: " in text
     summary = next(line for line in text.splitlines() if "checkpoint(s) not uploaded to" in line)
     assert last in summary and f"they are only in {log_dir / 'checkpoints'}" in summary
+    assert "training ended, but s3: " in capsys.readouterr().err
 
 
 def test_without_boto3_or_checkpoints_the_run_is_refused_before_launch(tmp_path, monkeypatch):

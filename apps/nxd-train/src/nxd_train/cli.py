@@ -597,6 +597,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     from .logdir import LogDirError, disk_full
     from .loop import train
     from .peers import collective_failure
+    from .run_state import UploadsFailed
     from .wandb_logger import WandbStartError
 
     try:
@@ -605,6 +606,10 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
         return _stopped(f"{path}: {error}", 1)
     except (CheckpointError, WandbStartError, CometStartError) as error:  # found once loading or logging began
         print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    except UploadsFailed as error:  # rank 0 alone, once the others have left
+        print(f"{path}: training ended, but {error}", file=sys.stderr, flush=True)
+        exit_if_distributed(1, group_wide=False)
         return 1
     except RanksDidNotMeet as error:  # each rank says what it saw: no process group exists to agree on one line
         print(f"{path}: {error}", file=sys.stderr, flush=True)

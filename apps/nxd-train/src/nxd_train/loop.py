@@ -169,10 +169,12 @@ def _close(run: Run) -> None:
 
 def _end(run: Run) -> None:
     """A run's planned end: every rank meets, then rank 0 waits for its checkpoint uploads (the other ranks leave, so
-    a long upload holds no collective open) and names those that failed; the logs are flushed."""
+    a long upload holds no collective open) and names those that failed (UploadsFailed); the logs are flushed."""
     run.fabric.barrier()
-    run.finish_uploads(wait=True)
-    run.monitor.close()
+    try:
+        run.finish_uploads(wait=True)
+    finally:
+        run.monitor.close()
 
 
 def _exit_at_interval(run: Run, done: int, *, saved: bool) -> None:

@@ -43,6 +43,11 @@ def forward_autocast(fabric: Fabric, policy: PrecisionPolicy) -> Callable[[], Ab
     return fabric.autocast
 
 
+class UploadsFailed(Exception):
+    """Training ended, but checkpoints the run was to copy to S3 are not there: the run exits 1 so that the job
+    says so (the checkpoints are in the log directory still, unless retention removed them)."""
+
+
 @dataclass
 class Run:
     plan: RunPlan
@@ -101,7 +106,8 @@ class Run:
 
     def finish_uploads(self, *, wait: bool) -> None:
         """Rank 0's checkpoint uploads: waited for, and those that failed named (training went on meanwhile: a
-        failed upload never stops it); or, when the run stops (`wait` False), those still running named."""
+        failed upload never stops it), then UploadsFailed; or, when the run stops (`wait` False), those still
+        running named."""
         if self.uploads is None:
             return
         uploads, self.uploads, where = self.uploads, None, self.plan.checkpoints.s3.url
@@ -111,8 +117,10 @@ class Run:
                                   f"they are only in {self.checkpointer.root}")  # fmt: skip
             return
         if failed := uploads.close():
-            self.monitor.info(f"s3: {len(failed)} checkpoint(s) not uploaded to {where}: {', '.join(failed)}; they "
-                              f"are only in {self.checkpointer.root}, unless retention removed them")  # fmt: skip
+            message = (f"s3: {len(failed)} checkpoint(s) not uploaded to {where}: {', '.join(failed)}; they are only "
+                       f"in {self.checkpointer.root}, unless retention removed them")  # fmt: skip
+            self.monitor.info(message)
+            raise UploadsFailed(message)
 
     @property
     def token_mesh(self) -> DeviceMesh | None:
