@@ -5,6 +5,7 @@ on the way is reported together in one ConfigError."""
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from os import PathLike
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from omegaconf.resolvers import oc
 
 from . import aliases, rules
 from .dialects import dialect_of
@@ -35,6 +37,22 @@ def _multiply(a: Any, b: Any) -> Any:
 
 
 OmegaConf.register_resolver("multiply", _multiply, replace=True)
+
+ALLOW_ENV = "NXD_ALLOW_ENV"
+"""The environment variable naming (comma-separated) the variables a config's ${oc.env:NAME} may read."""
+
+
+def _environment(name: str, *default: Any) -> str | None:
+    """OmegaConf's oc.env, for the variables the user names in NXD_ALLOW_ENV only: a config someone hands you must
+    not copy a secret from the environment into config.yaml, a log, the W&B run or a URL the run contacts."""
+    allowed = {item.strip() for item in os.environ.get(ALLOW_ENV, "").split(",")}
+    if name not in allowed:
+        raise ValueError(f"a config reads the environment variable {name} only where you allow it: set "
+                         f"{ALLOW_ENV}={name} (names, comma-separated) to let ${{oc.env:{name}}} read it")  # fmt: skip
+    return oc.env(name, *default)
+
+
+OmegaConf.register_resolver("oc.env", _environment, replace=True)
 
 
 Source = str | PathLike[str] | Mapping[str, Any]
