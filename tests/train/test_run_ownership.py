@@ -281,3 +281,24 @@ def test_files_a_run_writes_follow_the_umask(tmp_path):
         assert all(file.stat().st_mode & 0o777 == 0o644 for file in out.iterdir())
     finally:
         os.umask(previous)
+
+
+def test_a_new_run_into_an_earlier_runs_folder_is_refused_naming_the_changed_keys(tmp_path, capsys):
+    """A run that does not resume what its explicit log directory holds would write over the earlier run's
+    config.yaml and metrics.csv: refused before launch naming the folder and the keys that changed; resuming it,
+    or require_empty_log_dir written False, starts."""
+    log_dir = tmp_path / "run"
+    train_in_process(log_dir, "trainer.max_steps=2")
+    kept = {name: (log_dir / name).read_bytes() for name in ("config.yaml", "metrics.csv")}
+    job = [str(default_config_path()), *FAST, "trainer.max_steps=3", "model.optim.lr=0.001",
+           f"+exp_manager.explicit_log_dir={log_dir}"]  # fmt: skip
+    assert main(job) == 1
+    err = capsys.readouterr().err
+    assert (f"exp_manager.explicit_log_dir: {log_dir} holds an earlier run's config.yaml, metrics.csv (keys changed "
+            "since: trainer.max_steps (2 there, 3 now); model.optim.lr (0.003 there, 0.001 now); "
+            "model.optim.sched.max_steps (2 there, 3 now)); this run does not resume it") in err, err
+    assert {name: (log_dir / name).read_bytes() for name in kept} == kept
+    assert main([str(default_config_path()), *FAST, "trainer.max_steps=2", f"+exp_manager.explicit_log_dir={log_dir}"]) == 1
+    assert "holds an earlier run's config.yaml, metrics.csv (the same config)" in capsys.readouterr().err
+    assert main([*job, "+exp_manager.require_empty_log_dir=False"]) == 0
+    assert [row["step"] for row in read_metrics(log_dir) if "loss" in row] == [1, 2, 3]

@@ -178,6 +178,30 @@ def _check_foreign(path: Path, key: str, written: tuple[str, ...], shared: tuple
                           "run wrote; give another folder, or move those files")  # fmt: skip
 
 
+RECORDS = ("config.yaml", "metrics.csv", CHECKPOINT_DIR, "wandb_run_id", "comet_experiment_key")
+"""What a run leaves in its log directory that a new run there would write over (or, for the W&B run and Comet
+experiment, continue)."""
+
+
+def earlier_records(folder: Path) -> list[str]:
+    """The RECORDS an earlier run left in `folder` (an empty checkpoints folder counts for nothing)."""
+    found = []
+    for name in RECORDS:
+        path = folder / name
+        if path.is_file() or (path.is_dir() and any(path.iterdir())):
+            found.append(name)
+    return found
+
+
+def changed_keys(previous: object, current: object, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two configs as config.yaml holds them (mappings compared key by
+    key, anything else whole), each with both values."""
+    if isinstance(previous, dict) and isinstance(current, dict):
+        return [change for key in dict.fromkeys([*previous, *current])
+                for change in changed_keys(previous.get(key), current.get(key), f"{prefix}{key}.")]  # fmt: skip
+    return [] if previous == current else [f"{prefix.rstrip('.')} ({previous!r} there, {current!r} now)"]
+
+
 def _key(explicit_log_dir: Path | None, continued: Path | None) -> str:
     if continued is not None and continued != explicit_log_dir:
         return "exp_manager.resume_if_exists"

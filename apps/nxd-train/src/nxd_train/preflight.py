@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import yaml
 from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_digest
 from nxd_ckpt import CheckpointError, CheckpointWarning, S3Target, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig, Status
@@ -74,7 +75,7 @@ from .data import (
 from .interrupts import Preemption
 from .launcher_check import Job, job_of, launcher_world, restarted
 from .layout_check import layout_problems
-from .logdir import CHECKPOINT_DIR, LOCK_FILE, log_dir_problems, resumable_log_dir
+from .logdir import CHECKPOINT_DIR, LOCK_FILE, changed_keys, earlier_records, log_dir_problems, resumable_log_dir
 from .plan import (
     Adapters,
     Batches,
@@ -609,6 +610,27 @@ MAX_PARAMETERS = 10**13
 MAX_LAYERS = 4096
 
 
+def _earlier_run_problems(folder: Path, cfg: NxdConfig) -> list[str]:
+    """An earlier run's records in the explicit log directory of a run that does not resume it: refused, naming
+    the keys that changed (a new run there would write over its config.yaml, metrics.csv and checkpoints)."""
+    if not (records := earlier_records(folder)):
+        return []
+    try:
+        previous = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        previous = None
+    if isinstance(previous, dict):
+        changes = changed_keys(previous, cfg.model_dump(mode="json", by_alias=True))
+        more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
+        what = f"keys changed since: {'; '.join(changes[:5])}{more}" if changes else "the same config"
+    else:
+        what = "no config.yaml to compare"
+    return [f"exp_manager.explicit_log_dir: {folder} holds an earlier run's {', '.join(records)} ({what}); this run "
+            "does not resume it and would write over them: expected a new folder. Name another "
+            "exp_manager.explicit_log_dir, continue that run (exp_manager.resume_if_exists=True), or write "
+            "exp_manager.require_empty_log_dir=False to write over its records"]  # fmt: skip
+
+
 def _files_in(folder: Path) -> str:
     """What `folder` holds, in a few words ('' when it is missing or empty; the run lock file counts for
     nothing)."""
@@ -807,6 +829,8 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
                         "empty or new folder (exp_manager.require_empty_log_dir: True; a QEfficient file's "
                         "training.overwrite_output_dir: false), so that nothing there is written over: name another "
                         "folder, resume the run that is there, or allow writing beside what is there")  # fmt: skip
+    elif exp.explicit_log_dir and not continues and not exp.is_set("require_empty_log_dir"):
+        problems += _earlier_run_problems(Path(exp.explicit_log_dir), cfg)
     d = cfg.data
     no_validation = (d.dataset is not None and not (d.dataset.validation_split or d.dataset.split_ratio)) or (
         d.train_dir is not None and d.val_dir is None and not d.is_set("data_prefix"))

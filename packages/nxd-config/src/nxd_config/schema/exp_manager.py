@@ -323,7 +323,10 @@ class ExpManagerConfig(Section):
         status=Status.EXTENSION, note="transformers' Trainer output_dir",
     )
     require_empty_log_dir: bool = key(
-        False, "Refuse to start a new run in a log directory that already holds files (a resume may).", by=APP,
+        False, "True: refuse to start a new run in an explicit log directory that holds any file (a resume may). "
+        "Unset: refuse only an earlier run's records there (config.yaml, metrics.csv, checkpoints, the W&B run or "
+        "Comet experiment), naming the keys that changed, unless the run resumes. False, written: start there and "
+        "write over those records.", by=APP,
         status=Status.EXTENSION, note="transformers' overwrite_output_dir: false",
     )
     profiler: ProfilerParams = key(
