@@ -48,6 +48,11 @@ def test_training_warns_at_start_when_the_plan_does_not_fit(capsys, no_runtime, 
     assert "notice: memory plan: peak" in capsys.readouterr().err
 
 
-def test_a_bad_device_memory_is_refused_by_name(capsys):
-    assert main(["plan", str(default_config_path()), "--device-memory", "-2"]) == 1
-    assert "--device-memory: expected a positive number of GiB, found -2.0" in capsys.readouterr().err
+@pytest.mark.parametrize("command", ["plan", "tune", "launch"])
+def test_a_bad_device_memory_is_refused_by_name(capsys, command):
+    for value in ("-5", "0", "nan", "inf", "lots"):
+        with pytest.raises(SystemExit) as caught:
+            main([command, str(default_config_path()), "--device-memory", value])
+        assert caught.value.code == 2
+        assert (f"argument --device-memory: expected a positive number of GiB, found '{value}'"
+                in capsys.readouterr().err)

@@ -89,6 +89,17 @@ class _Versions(argparse.Action):
         parser.exit()
 
 
+def _gib(text: str) -> float:
+    """--device-memory's value: a positive, finite number of GiB."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB, found {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="nxd-train",
@@ -139,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="each rank's memory before launch", description=text)
     plan.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     plan.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
-    plan.add_argument("--device-memory", type=float, metavar="GIB", default=None, help=DEVICE_MEMORY_HELP)
+    plan.add_argument("--device-memory", type=_gib, metavar="GIB", default=None, help=DEVICE_MEMORY_HELP)
 
     text = ("search micro-batch size x ZeRO stage (the config's tune keys; GPT-NeoX's autotuning block): the memory "
             "plan leaves out what does not fit, each other candidate trains tune.end_step steps, and the fastest by "
@@ -147,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="find the fastest micro-batch size and ZeRO stage", description=text)
     tune.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     tune.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
-    tune.add_argument("--device-memory", type=float, metavar="GIB", default=None, help=DEVICE_MEMORY_HELP)
+    tune.add_argument("--device-memory", type=_gib, metavar="GIB", default=None, help=DEVICE_MEMORY_HELP)
     tune.add_argument("--output", "-o", type=Path, default=None,
                       help="the tuned config's file (default: <name>-tuned.yaml; never over a file that exists)")
 
@@ -161,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--output", "-o", type=Path, default=None,
                         help="the script to write (default: JOB_NAME.sbatch, or JOB_NAME-hosts.sh; never replaced)")
     launch.add_argument("--submit", action="store_true", help="submit the sbatch script (sbatch) once written")
-    launch.add_argument("--device-memory", type=float, metavar="GIB", default=None,
+    launch.add_argument("--device-memory", type=_gib, metavar="GIB", default=None,
                         help="memory of one rank on the cluster's nodes in GiB, for the plan (default: this host's)")
 
     text = ("sample the run's newest complete checkpoint (or exp_manager.resume_from_checkpoint's weights) at its "
@@ -438,9 +449,6 @@ def _plan_command(paths: Sequence[Path], overrides: Sequence[str], device_memory
     if config is None:
         return 1
     path = _names(paths)
-    if device_memory is not None and device_memory <= 0:
-        print(f"--device-memory: expected a positive number of GiB, found {device_memory}", file=sys.stderr)
-        return 1
     from .corpus import default_cache_dir
     from .memory_check import memory_report
     from .preflight import PreflightError, plan_run
