@@ -41,6 +41,11 @@ def test_tune_times_each_candidate_and_writes_the_fastest(tmp_path, capsys, monk
     assert f"fastest: micro-batch {best}, ZeRO 0" in printed
     tuned = load_config([output], [])
     assert (tuned.data.micro_batch_size, tuned.global_batch_size) == (best, 8)
+    assert tuned == load_config(default_config_path(), ["data.global_batch_size=8", "+tune.micro_batch_sizes=[2,4]",
+                                                        "+tune.start_step=2", "+tune.end_step=3",
+                                                        f"data.micro_batch_size={best}"])  # fmt: skip
+    assert "max_steps: ${trainer.max_steps}" in output.read_text()  # the original plus the tuned keys
+    assert load_config([output], ["trainer.max_steps=1000"]).model.optim.sched.max_steps == 1000
     assert main(["tune", str(default_config_path()), "--output", str(output)]) == 1  # never over a file
     assert "tuned.yaml exists" in capsys.readouterr().err
 

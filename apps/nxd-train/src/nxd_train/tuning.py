@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nxd_config import ConfigError, NxdConfig, load_config, to_nxdt_yaml
+from nxd_config import ConfigError, NxdConfig, load_config, nxdt_yaml_with, to_nxdt_yaml
 
 RUN_TIMEOUT = 3600
 """Seconds a candidate's run may take before it counts as failed."""
@@ -32,10 +32,15 @@ class Candidate:
     def label(self) -> str:
         return f"micro-batch {self.micro_batch_size}, ZeRO {self.zero}"
 
+    def keys(self) -> dict[str, Any]:
+        """The dotted keys this candidate sets, and their values."""
+        return {"data.micro_batch_size": self.micro_batch_size, "distributed_strategy.zero1": self.zero >= 1,
+                "distributed_strategy.zero3": self.zero == 3}
+
     def applied(self, config: NxdConfig) -> NxdConfig:
-        config = with_value(config, "data.micro_batch_size", self.micro_batch_size)
-        config = with_value(config, "distributed_strategy.zero1", self.zero >= 1)
-        return with_value(config, "distributed_strategy.zero3", self.zero == 3)
+        for dotted, value in self.keys().items():
+            config = with_value(config, dotted, value)
+        return config
 
 
 @dataclass
@@ -181,9 +186,11 @@ def tune_command(files: list[Path], overrides: list[str], dialect: str | None, d
     if best is None:
         print(f"{names}: tune: no candidate ran; see each line above for why", file=sys.stderr)
         return 1
+    keys = best.candidate.keys()  # an NxDT file keeps its interpolations: the original, overridden, plus these keys
+    text = nxdt_yaml_with(files[0], overrides, keys) if len(files) == 1 and dialect in (None, "nxdt") else None
     try:
         with open(output, "x") as handle:
-            handle.write(to_nxdt_yaml(best.candidate.applied(config)))
+            handle.write(text if text is not None else to_nxdt_yaml(best.candidate.applied(config)))
     except OSError as error:
         print(f"nxd-train tune: {output}: cannot be written: {error.strerror or error}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ from importlib.metadata import version as _distribution_version
 from .dialects import DIALECTS
 from .errors import ConfigDeprecation, ConfigError, ConfigIssue, ConfigNotice
 from .hostfile import Host, HostfileError, read_hostfile, select_hosts
-from .loading import load_config
+from .loading import load_config, nxdt_yaml_with
 from .reference import KeyRow, key_rows
 from .schema import NxdConfig, Status
 from .writing import to_nxdt_yaml
@@ -31,6 +31,7 @@ __all__ = [
     "Status",
     "key_rows",
     "load_config",
+    "nxdt_yaml_with",
     "read_hostfile",
     "select_hosts",
     "to_nxdt_yaml",

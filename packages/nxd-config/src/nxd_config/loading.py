@@ -88,6 +88,24 @@ def load_config(
     return _build(tree, issues, lambda found: ConfigError(found, name), lambda issue: issue.render())
 
 
+def nxdt_yaml_with(source: str | PathLike[str], overrides: Sequence[str], updates: Mapping[str, Any]) -> str | None:
+    """One NxDT-dialect file as written, with `overrides` applied and each dotted key of `updates` set, as YAML:
+    interpolations and the file's spellings kept, so the result reads as the file does (a later
+    `trainer.max_steps=1000` still moves what interpolates it). None when `source` is in another dialect (GPT-NeoX
+    and QEfficient files have no interpolations to keep: write `to_nxdt_yaml` of the loaded config). ConfigError as
+    load_config raises it."""
+    name = str(source)
+    raw = read_file(Path(source))
+    if dialect_of([(name, raw)], None) != "nxdt":
+        return None
+    config = _read(source, name)
+    if issues := apply_overrides(config, list(overrides), defined_keys()):
+        raise ConfigError(issues, name)
+    for key, value in updates.items():
+        OmegaConf.update(config, key, value, force_add=True)
+    return OmegaConf.to_yaml(config, resolve=False)
+
+
 def _name(source: Source) -> str:
     return "<mapping>" if isinstance(source, Mapping) else str(source)
 
