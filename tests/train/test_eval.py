@@ -138,3 +138,15 @@ def test_two_tensor_parallel_processes_score_what_one_does(tmp_path, monkeypatch
     assert results["two"]["nxd_choice"]["acc,none"] == results["one"]["nxd_choice"]["acc,none"]
     assert results["two"]["nxd_text"]["word_perplexity,none"] == pytest.approx(
         results["one"]["nxd_text"]["word_perplexity,none"], rel=1e-4)
+
+
+def test_a_task_file_with_a_syntax_error_is_named_with_its_line(tmp_path):
+    from nxd_config.schema.inference import EvalConfig
+    from nxd_train.evaluation import evaluation_problems
+
+    _write_tasks(tmp_path / "tasks")
+    broken = tmp_path / "tasks" / "mine.yaml"
+    broken.write_text("task: mine\ndataset_path: json\n  doc_to_text: [unclosed\n")
+    problems = evaluation_problems(EvalConfig(tasks=("mine",), include_path=str(tmp_path / "tasks")))
+    assert problems == [f"eval.include_path: {broken}:3:14: expected valid YAML, found mapping values are not "
+                        "allowed here; lm-eval would pass over this task file without a word"]  # fmt: skip

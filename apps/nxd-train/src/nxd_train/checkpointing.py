@@ -27,7 +27,7 @@ from nxd_ckpt import (
     CheckpointWarning,
     SavePolicy,
     is_checkpoint_dir,
-    latest_checkpoint,
+    newest_usable,
     read_info,
     template_fields,
 )
@@ -141,12 +141,16 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
             raise CheckpointError(f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint directory or a "
                                   f"Hugging Face model directory, found no directory at {path}")  # fmt: skip
         if (path / CHECKPOINT_DIR).is_dir() and not read_info(path).complete:  # a run's log directory: its newest
-            info = latest_checkpoint(path / CHECKPOINT_DIR)
+            info, passed_over = newest_usable(path / CHECKPOINT_DIR)
+            held = f"none usable: {'; '.join(passed_over)}" if passed_over else "no complete checkpoint"
             if info is None and optional:
-                return _new_run(path, "holds no complete checkpoint")
+                return _new_run(path, f"holds {held}")
             if info is None:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a run directory whose "
-                                      f"{CHECKPOINT_DIR} folder holds no complete checkpoint")  # fmt: skip
+                                      f"{CHECKPOINT_DIR} folder holds {held}")  # fmt: skip
+            for reason in passed_over:
+                warnings.warn(f"skipping a checkpoint: {reason}; using {info.path.name}", CheckpointWarning,
+                              stacklevel=2)  # fmt: skip
         elif not is_checkpoint_dir(path):
             if optional:
                 return _new_run(path, "holds no checkpoint (no nxd completion marker, GPT-NeoX latest or checkpoints "
@@ -162,17 +166,22 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
     elif not exp.resume_if_exists:
         return None
     else:
-        info = latest_checkpoint(log_dir / CHECKPOINT_DIR) if log_dir is not None else None
+        info, passed_over = newest_usable(log_dir / CHECKPOINT_DIR) if log_dir is not None else (None, [])
+        fallback = f"using {info.path.name}" if info is not None else "no complete checkpoint remains"
+        for reason in passed_over if info is not None or exp.resume_ignore_no_checkpoint else ():
+            warnings.warn(f"skipping a checkpoint: {reason}; {fallback}", CheckpointWarning, stacklevel=2)
         if info is None and log_dir is not None and (neox := _neox(log_dir, weights_only)) is not None:
             return neox
         if info is None:
             if exp.resume_ignore_no_checkpoint:
                 return None
             where = log_dir / CHECKPOINT_DIR if log_dir is not None else "the log directory"
-            raise CheckpointError(f"exp_manager.resume_if_exists: no complete checkpoint in {where}; set "
-                                  "exp_manager.resume_ignore_no_checkpoint: True (on the command line "
-                                  "+exp_manager.resume_ignore_no_checkpoint=True where the file lacks the key) to "
-                                  "start a new run instead")  # fmt: skip
+            found = (f"none usable: {'; '.join(passed_over)} (nxd-train ckpt verify {where} checks each)"
+                     if passed_over else "none")  # fmt: skip
+            raise CheckpointError(f"exp_manager.resume_if_exists: expected a complete, undamaged checkpoint in "
+                                  f"{where}, found {found}; set exp_manager.resume_ignore_no_checkpoint: True (on the "
+                                  "command line +exp_manager.resume_ignore_no_checkpoint=True where the file lacks "
+                                  "the key) to start a new run instead")  # fmt: skip
     return Resume.of_checkpoint(info, weights_only)
 
 

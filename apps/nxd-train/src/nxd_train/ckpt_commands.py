@@ -13,8 +13,8 @@ from nxd_ckpt import (
     CheckpointInfo,
     CheckpointWarning,
     is_checkpoint_dir,
-    latest_checkpoint,
     list_checkpoints,
+    newest_usable,
     read_info,
 )
 
@@ -114,9 +114,13 @@ def export_command(checkpoint: Path, out: Path, dtype: str | None, merged: bool 
     try:
         if not is_checkpoint_dir(checkpoint):  # a log directory: its newest complete checkpoint
             folders = checkpoint_folders(checkpoint)
-            newest = latest_checkpoint(folders[0]) if folders else None
+            newest, passed_over = newest_usable(folders[0]) if folders else (None, [])
             if newest is None:
-                raise CheckpointError(f"{checkpoint}: expected a checkpoint or a log directory holding one, found none")
+                found = f"none usable: {'; '.join(passed_over)}" if passed_over else "none"
+                raise CheckpointError(f"{checkpoint}: expected a checkpoint or a log directory holding one, found "
+                                      f"{found}")  # fmt: skip
+            for reason in passed_over:
+                print(f"notice: skipping a checkpoint: {reason}; using {newest.path.name}", file=sys.stderr)
             checkpoint = newest.path
         with warnings.catch_warnings(record=True) as notices:
             warnings.simplefilter("always", CheckpointWarning)

@@ -190,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--tasks", default=None, help="comma-separated lm-eval task names (default: eval.tasks)")
     evaluation.add_argument("--limit", type=float, default=None, help="documents per task (a fraction below 1)")
     evaluation.add_argument("--num-fewshot", type=int, default=None, help="examples in each prompt")
-    evaluation.add_argument("--include-path", default=None, help="a folder of one's own task YAML files")
+    evaluation.add_argument("--include-path", default=None,
+                            help="a folder of one's own task YAML files; it is code: lm-eval runs the Python its "
+                            "`!function` tags name (utils.py beside them), so run only a folder you trust")  # fmt: skip
     evaluation.add_argument("--log-samples", action="store_true",
                             help="each document's prompt, responses and scores in the results file too")
 

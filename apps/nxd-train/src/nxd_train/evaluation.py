@@ -57,6 +57,8 @@ def evaluation_problems(settings: EvalConfig) -> list[str]:
     folder = Path(f"{settings.results_prefix}_results").resolve().parent
     if not folder.is_dir():
         return [f"eval.results_prefix: expected a prefix in an existing folder, found no folder {folder}"]
+    if settings.include_path is not None and (broken := unreadable_task_files(settings.include_path)):
+        return [f"eval.include_path: {file}; lm-eval would pass over this task file without a word" for file in broken]
     manager = task_manager(settings.include_path)
     unknown = [task for task in settings.tasks if task not in manager.all_tasks]
     if unknown:
@@ -67,6 +69,24 @@ def evaluation_problems(settings: EvalConfig) -> list[str]:
         return [f"eval.tasks: {', '.join(hints)} is not an lm-eval task; expected names `lm-eval ls tasks` lists"
                 + ("" if settings.include_path else ", or a folder of one's own with --include-path")]
     return []
+
+
+def unreadable_task_files(folder: str) -> list[str]:
+    """Each task YAML under `folder` that is not well-formed YAML, as 'FILE:LINE:COLUMN: expected ..., found ...'.
+    Composed only (tags such as lm-eval's !function are not built, so nothing in the folder runs)."""
+    import yaml
+
+    found = []
+    for path in sorted(Path(folder).rglob("*.y*ml")):
+        try:
+            list(yaml.compose_all(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader))
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            found.append(f"{where}: expected valid YAML, found {getattr(error, 'problem', None) or error}")
+        except (OSError, UnicodeDecodeError) as error:
+            found.append(f"{path}: expected a readable UTF-8 task file, found {error}")
+    return found
 
 
 @functools.cache

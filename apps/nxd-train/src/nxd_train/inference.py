@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from lightning_fabric import Fabric
-from nxd_ckpt import latest_checkpoint
+from nxd_ckpt import newest_usable
 from nxd_config import NxdConfig
 from nxd_data import TextTokenizer
 from nxd_models import ModelFamily
@@ -120,8 +120,12 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
     plan = plan_run(inference_config(cfg), cache_dir)
     exp = cfg.exp_manager
     folder = resumable_log_dir(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name)
-    newest = latest_checkpoint(folder / CHECKPOINT_DIR)
+    newest, passed_over = newest_usable(folder / CHECKPOINT_DIR)
     start, lora = plan.resume, plan.lora
+    if newest is None and start is None and passed_over:
+        raise InferenceError(f"no usable checkpoint to load under {folder}: {'; '.join(passed_over)} (nxd-train ckpt "
+                             f"verify {folder / CHECKPOINT_DIR} checks each); expected a complete, undamaged "
+                             "checkpoint, or weights named by exp_manager.resume_from_checkpoint")  # fmt: skip
     if newest is None and start is None:
         raise InferenceError(f"no checkpoint to load: expected a complete checkpoint of the run under {folder} (train "
                              "it with exp_manager.create_checkpoint_callback: True) or weights named by "

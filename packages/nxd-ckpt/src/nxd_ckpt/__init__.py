@@ -5,7 +5,7 @@ from importlib import import_module
 from importlib.metadata import version as _distribution_version
 from typing import TYPE_CHECKING
 
-from .discovery import is_checkpoint_dir, latest_checkpoint, list_checkpoints
+from .discovery import is_checkpoint_dir, latest_checkpoint, list_checkpoints, newest_usable
 from .errors import CheckpointError, CheckpointWarning
 from .marker import MARKER, CheckpointInfo, read_info
 from .retention import SavePolicy, template_fields
@@ -64,6 +64,7 @@ __all__ = [
     "load_hf_weights",
     "load_neox_weights",
     "neox_iteration",
+    "newest_usable",
     "read_info",
     "nxd_checkpoint_of",
     "prune_trainer_checkpoints",

@@ -35,10 +35,10 @@ def list_checkpoints(root: Path) -> list[CheckpointInfo]:
     return sorted(infos, key=lambda i: (i.complete is False, i.step or 0, i.consumed_samples or 0, i.path.name))
 
 
-def latest_checkpoint(root: Path, *, contents: bool = True) -> CheckpointInfo | None:
-    """The complete, undamaged checkpoint of the highest step under `root`. Half-written ones (no
-    marker) and damaged ones (a file missing, shorter or, with `contents`, whose digest differs from
-    the marker's record) are passed over with a CheckpointWarning."""
+def newest_usable(root: Path, *, contents: bool = True) -> tuple[CheckpointInfo | None, list[str]]:
+    """The complete, undamaged checkpoint of the highest step under `root`, and what is wrong with each newer one
+    passed over: half written (no marker) or damaged (a file missing, shorter or, with `contents`, whose digest
+    differs from the marker's record), so that a caller finding none can say why."""
     infos = list_checkpoints(root)
     usable = None
     passed_over = []
@@ -48,6 +48,12 @@ def latest_checkpoint(root: Path, *, contents: bool = True) -> CheckpointInfo | 
             break
         except CheckpointError as error:
             passed_over.append(str(error))
+    return usable, passed_over
+
+
+def latest_checkpoint(root: Path, *, contents: bool = True) -> CheckpointInfo | None:
+    """`newest_usable`'s checkpoint, each one passed over said with a CheckpointWarning."""
+    usable, passed_over = newest_usable(root, contents=contents)
     for reason in passed_over:
         fallback = f"using {usable.path.name}" if usable else "no complete checkpoint remains"
         warnings.warn(f"skipping a checkpoint: {reason}; {fallback}", CheckpointWarning, stacklevel=2)
