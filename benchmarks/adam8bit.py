@@ -19,10 +19,14 @@ import bitsandbytes as bnb
 import torch
 from nxd_models import GPTConfig, build_causal_lm
 from nxd_precision.adam8bit import Adam8bit
+from smoke import parse_args
 
 SHAPE = GPTConfig(vocab_size=32000, num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=1024,
                   ffn_hidden_size=2048, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
                   has_bias=False, share_embeddings_and_output_weights=False)  # fmt: skip
+SMOKE_SHAPE = GPTConfig(vocab_size=512, num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64,
+                        ffn_hidden_size=176, normalization="rmsnorm", activation="swiglu",
+                        position_embedding_type="rope", has_bias=False, share_embeddings_and_output_weights=False)
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -45,9 +49,9 @@ def run(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
+    args = parse_args(parser, steps=1)
     torch.manual_seed(0)
-    base = build_causal_lm(SHAPE)
+    base = build_causal_lm(SMOKE_SHAPE if args.smoke else SHAPE)
     values = sum(p.numel() for p in base.parameters())
     options = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
     rows, models = [], {}
@@ -61,7 +65,7 @@ def main() -> None:
         rows.append((name, state_bytes(optimizer), statistics.median(times[1:] or times)))
     pairs = zip(models["nxd adam8bit"].parameters(), models["bitsandbytes Adam8bit"].parameters(), strict=True)
     equal = all(torch.equal(a, b) for a, b in pairs)
-    print(f"bench_125m shape: {values / 1e6:.1f}M parameters, fp32, {args.steps} steps, "
+    print(f"{'smoke' if args.smoke else 'bench_125m'} shape: {values / 1e6:.1f}M parameters, fp32, {args.steps} steps, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, bitsandbytes {bnb.__version__}")
     print("| optimizer | state (MiB) | bytes per value | median step (ms) |")
     print("|---|---:|---:|---:|")

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from smoke import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_20m.yaml")
     parser.add_argument("--steps", type=int, default=4, help="training steps timed before and during the async save")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary directory)")
-    args = parser.parse_args()
+    args = parse_args(parser, config=ROOT / "configs" / "tiny.yaml", steps=1)
 
     from nxd_ckpt import Checkpointer, SavePolicy, load_checkpoint
     from nxd_config import load_config

@@ -22,6 +22,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from nxd_ckpt import Checkpointer, SavePolicy, read_info
 from nxd_ckpt.checksumming_writer import ChecksummingWriter
+from smoke import parse_args
 from torch.distributed.checkpoint import FileSystemWriter
 
 
@@ -30,7 +31,7 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args(parser, gib=0.01, repeats=1)
     root = Path(tempfile.mkdtemp(dir=args.dir))
     count = int(args.gib * 2**30 / 4 / 16)
     state = {f"t{i}": torch.randn(count // 16, 16) for i in range(16)}

@@ -28,6 +28,7 @@ from nxd_train.cli import default_config_path
 from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
 from nxd_train.loop import train
 from nxd_train.preflight import plan_run
+from smoke import parse_args
 from torch.utils.data import DataLoader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def loader_samples_per_second(config: Path, overrides: list[str], batches: int, 
     data = plan_run(cfg, default_cache_dir()).data
     sampler = PretrainingSampler(len(data.train), cfg.global_batch_size, cfg.data.micro_batch_size,
                                  steps=batches * cfg.data.micro_batch_size // cfg.global_batch_size + 1)  # fmt: skip
-    loader = DataLoader(WithPadding(data.train, data.format.padding()), batch_sampler=sampler, collate_fn=collate,
+    loader = DataLoader(WithPadding(data.train, data.padding), batch_sampler=sampler, collate_fn=collate,
                         num_workers=workers)  # fmt: skip
     iterator = iter(loader)
     next(iterator)  # worker start-up is paid once per run, not per batch
@@ -62,16 +63,19 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batches", type=int, default=200)
-    args = parser.parse_args()
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--documents", type=int, default=None, help="the corpus's first N documents (default: all)")
+    args = parse_args(parser, copies=1, steps=2, batches=2, configs="tiny", documents=200)
     corpus = stdlib_corpus()
     tokenizer = builtin_tokenizer(corpus, default_cache_dir())
+    documents = corpus.documents[: args.documents]
     with tempfile.TemporaryDirectory() as scratch:
         source = Path(scratch) / "corpus.jsonl"
         with source.open("w") as handle:
             for _ in range(args.copies):
-                handle.writelines(json.dumps({"text": document}) + "\n" for document in corpus.documents)
+                handle.writelines(json.dumps({"text": document}) + "\n" for document in documents)
         size = source.stat().st_size
-        print(f"corpus: {len(corpus.documents) * args.copies} documents, {size / 1e6:.1f} MB of jsonl")
+        print(f"corpus: {len(documents) * args.copies} documents, {size / 1e6:.1f} MB of jsonl")
         rates = {}
         for workers in (1, 2):
             summary = preprocess_jsonl([source], Path(scratch) / f"w{workers}", tokenizer, append_eod=True,
@@ -83,7 +87,8 @@ def main() -> int:
         prefix = str(Path(scratch) / "w2_text_document")
         data = [f"+data.data_prefix={prefix}", f"+data.tokenizer.type={tokenizer}"]
         rows = []
-        for name, config in CONFIGS.items():
+        for name in args.configs.split(","):
+            config = CONFIGS[name]
             overrides = [*data, f"trainer.max_steps={args.steps}", "trainer.log_every_n_steps=1",
                          "trainer.limit_val_batches=0", "trainer.limit_test_batches=0"]  # fmt: skip
             if name == "tiny":

@@ -24,11 +24,17 @@ import torch.nn.functional as F
 from nxd_models import GPTConfig, model_family
 from nxd_parallel import Layout, ParallelDims, build_parallel_model
 from nxd_precision import Float8Spec, prepare_parameters, resolve_policy
+from smoke import parse_args
 
 SHAPE = GPTConfig(vocab_size=8192, num_layers=4, hidden_size=512, num_attention_heads=8, seq_length=256,
                   ffn_hidden_size=1408, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
                   has_bias=False, share_embeddings_and_output_weights=False, hidden_dropout=0.0,
                   attention_dropout=0.0)  # fmt: skip
+SMOKE_SHAPE = GPTConfig(vocab_size=512, num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                        ffn_hidden_size=176, normalization="rmsnorm", activation="swiglu",
+                        position_embedding_type="rope", has_bias=False, share_embeddings_and_output_weights=False,
+                        hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+"""Widths stay multiples of 16, so that the layers still swap to float8."""
 MICRO_BATCH = 2
 
 
@@ -43,8 +49,8 @@ def _counting(gathered: list[int]):  # noqa: ANN202
     return counted
 
 
-def _train(float8_gather: bool, steps: int) -> tuple[list[float], list[float], list[int]]:
-    family = model_family(SHAPE)
+def _train(float8_gather: bool, steps: int, shape: GPTConfig) -> tuple[list[float], list[float], list[int]]:
+    family = model_family(shape)
     policy = resolve_policy("fp32", float8=Float8Spec(emulate=True, all_gather=float8_gather))
     mesh = ParallelDims(dist.get_world_size()).build_mesh("cpu")
     model = build_parallel_model(family, Layout(zero1=True, zero3=True), mesh, torch.device("cpu"), seed=0,
@@ -56,7 +62,7 @@ def _train(float8_gather: bool, steps: int) -> tuple[list[float], list[float], l
     dist.all_gather_single, original = _counting(gathered), dist.all_gather_single
     try:
         for _ in range(steps):
-            ids = torch.randint(0, SHAPE.vocab_size, (MICRO_BATCH, SHAPE.seq_length + 1), generator=generator)
+            ids = torch.randint(0, shape.vocab_size, (MICRO_BATCH, shape.seq_length + 1), generator=generator)
             gathered.clear()
             started = time.perf_counter()
             logits = model(ids[:, :-1])
@@ -72,11 +78,11 @@ def _train(float8_gather: bool, steps: int) -> tuple[list[float], list[float], l
     return losses, times, per_step
 
 
-def _worker(rank: int, world: int, directory: str, steps: int) -> None:
+def _worker(rank: int, world: int, directory: str, steps: int, shape: GPTConfig) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), world), rank=rank,
                             world_size=world)  # fmt: skip
-    results = {setting: _train(setting, steps) for setting in (False, True)}
+    results = {setting: _train(setting, steps, shape) for setting in (False, True)}
     if rank == 0:
         torch.save(results, os.path.join(directory, "results.pt"))
     dist.destroy_process_group()
@@ -85,9 +91,10 @@ def _worker(rank: int, world: int, directory: str, steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, steps=1)
+    shape = SMOKE_SHAPE if args.smoke else SHAPE
     with tempfile.TemporaryDirectory() as directory:
-        mp.start_processes(_worker, args=(2, directory, args.steps), nprocs=2, start_method="spawn")
+        mp.start_processes(_worker, args=(2, directory, args.steps, shape), nprocs=2, start_method="spawn")
         results = torch.load(os.path.join(directory, "results.pt"), weights_only=True)
     print(f"{'gathers':<28}{'MiB gathered / step / rank':>28}{'median step (s)':>18}")
     rows = {}

@@ -32,11 +32,15 @@ from nxd_train.corpus import default_cache_dir
 from nxd_train.inference import load_run
 from nxd_train.loop import train
 from nxd_train.preflight import plan_run
+from smoke import parse_args
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 SHAPE = ["model.hidden_size=256", "model.num_layers=4", "model.num_attention_heads=8", "model.num_kv_heads=4",
          "model.ffn_hidden_size=704", "model.encoder_seq_length=512", "data.micro_batch_size=1",
          "data.global_batch_size=1", "model.init_method_std=0.2", "model.fusions.flash_attention=True"]  # fmt: skip
+SMOKE_SHAPE = ["model.hidden_size=64", "model.num_layers=2", "model.num_attention_heads=4", "model.num_kv_heads=2",
+               "model.ffn_hidden_size=176", "model.encoder_seq_length=128", "data.micro_batch_size=1",
+               "data.global_batch_size=1"]  # fmt: skip
 TASKS = ("nxd_choice", "nxd_text", "nxd_until")
 
 
@@ -44,11 +48,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, tokens=4, repeats=1)
     torch.set_num_threads(torch.get_num_threads())
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        overrides = [*SHAPE, "trainer.max_steps=1", "exp_manager.create_checkpoint_callback=True",
+        overrides = [*(SMOKE_SHAPE if args.smoke else SHAPE), "trainer.max_steps=1",
+                     "exp_manager.create_checkpoint_callback=True",
                      "exp_manager.create_tensorboard_logger=False", "trainer.limit_val_batches=0",
                      f"+exp_manager.explicit_log_dir={root / 'run'}"]  # fmt: skip
         config = load_config(default_config_path(), overrides)
@@ -74,7 +79,7 @@ def main() -> None:
                     pad_token_id=0))  # fmt: skip
             tokens = batch * args.tokens
             print(f"| {batch} | {tokens / ours:,.0f} | {tokens / theirs:,.0f} | {theirs / ours:.2f}x |")
-        _evaluation(run, root, hf)
+        _evaluation(run, root, hf, limit=4 if args.smoke else None)
 
 
 def _best(repeats: int, work) -> float:
@@ -86,7 +91,7 @@ def _best(repeats: int, work) -> float:
     return min(times)
 
 
-def _evaluation(run, root: Path, hf) -> None:
+def _evaluation(run, root: Path, hf, limit: int | None) -> None:
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -105,7 +110,8 @@ def _evaluation(run, root: Path, hf) -> None:
         seconds = []
         for model in (ours, reference):
             started = time.perf_counter()
-            simple_evaluate(model=model, tasks=[task], task_manager=manager, log_samples=False, verbosity="ERROR")
+            simple_evaluate(model=model, tasks=[task], task_manager=manager, log_samples=False, verbosity="ERROR",
+                            limit=limit)  # fmt: skip
             seconds.append(time.perf_counter() - started)
         print(f"| {task} | {seconds[0]:.2f} | {seconds[1]:.2f} | {seconds[1] / seconds[0]:.2f}x |")
 

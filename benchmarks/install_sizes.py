@@ -18,6 +18,8 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+from smoke import parse_args
+
 PACKAGES = ["nxd-config", "nxd-parallel", "nxd-precision", "nxd-ckpt", "nxd-data", "nxd-models", "nxd-align",
             "nxd-train"]  # fmt: skip
 
@@ -67,18 +69,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--extras", action="store_true")
-    args = parser.parse_args()
-    tree = args.tree.resolve()
+    parser.add_argument("--packages", default=",".join(PACKAGES))
+    args = parse_args(parser, packages="nxd-config")
+    tree, packages = args.tree.resolve(), args.packages.split(",")
     commit = _run(["git", "rev-parse", "--short", "HEAD"], tree).strip()
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         wheels = work / "wheels"
-        _run(["uv", "build", "--all-packages", "--wheel", "--quiet", "--out-dir", str(wheels)], tree)
+        built = ["--all-packages"] if packages == PACKAGES else [f"--package={package}" for package in packages]
+        for which in built:
+            _run(["uv", "build", which, "--wheel", "--quiet", "--out-dir", str(wheels)], tree)
         print(f"{tree} at {commit}; python {sys.version.split()[0]}\n")
         extra = " with every extra (MB) |" if args.extras else ""
         print("| package | installed alone (MB) | distributions |" + extra)
         print("|---|---:|---:|" + ("---:|" if args.extras else ""))
-        for package in PACKAGES:
+        for package in packages:
             size, count = installed(tree, package, wheels, work, [])
             row = f"| {package} | {size / 1e6:,.0f} | {count} |"
             if args.extras and (extras := _extras(tree, package)):

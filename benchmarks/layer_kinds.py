@@ -23,6 +23,7 @@ import time
 import torch
 from nxd_models import GPTConfig, SparsitySpec, build_causal_lm
 from nxd_models.sparse_attention import SPARSE_KINDS, BlockSparseLayout
+from smoke import parse_args
 
 GATING_KINDS = ("gmlp", "amlp")
 WHOLE_KINDS = (*GATING_KINDS, "mamba", "rwkv")
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
-    args = parser.parse_args()
+    args = parse_args(parser, seq=128, hidden=64, heads=2, batch=1, steps=1)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, seq {args.seq}, hidden "
           f"{args.hidden}, {args.heads} heads, batch {args.batch}, block {SPARSITY.block}")  # fmt: skip

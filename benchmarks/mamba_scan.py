@@ -17,6 +17,7 @@ import time
 import torch
 import transformers
 from nxd_models import GPTConfig, build_causal_lm
+from smoke import parse_args
 from transformers import MambaConfig, MambaForCausalLM
 
 VOCAB = 8192
@@ -68,7 +69,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
-    args = parser.parse_args()
+    args = parse_args(parser, seq=64, hidden=64, batch=1, steps=1)
     ids = torch.randint(0, VOCAB, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
     ours = nxd_model(args)
     theirs = reference_model(ours, args)

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from smoke import TINY_MODEL, parse_args
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "bench_125m.yaml"
 LAYOUTS = {
@@ -63,8 +65,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", default="1,tp2,dp2_zero1")
     parser.add_argument("--steps", type=int, default=3, help="steps per run (from the second, optimizer state exists)")
-    args = parser.parse_args()
-    base = ["data.global_batch_size=2", "data.micro_batch_size=1"]
+    args = parse_args(parser, layouts="1", steps=1)
+    base = ["data.global_batch_size=2", "data.micro_batch_size=1", *(TINY_MODEL if args.smoke else [])]
     print("| layout | plan (GiB per rank) | measured, glibc default | plan / measured | last step (s) | measured, "
           "MALLOC_MMAP_THRESHOLD_=131072 | plan / measured | last step (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

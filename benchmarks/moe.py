@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 from nxd_align import TokenObjective
 from nxd_models import GPTConfig, MoESpec, model_family, resident_memory, set_aux_loss_weights
 from nxd_parallel import Layout, ParallelDims, build_executor, build_parallel_model, modules_of
+from smoke import parse_args
 
 WORLD, GLOBAL_BATCH, MICRO_BATCH, VOCAB = 2, 8, 2, 8192
 MOE = MoESpec(num_experts=8, top_k=2, normalize_top_k_affinities=True, router_aux_loss=True,
@@ -34,9 +35,11 @@ EXCHANGE = ("all_to_all", "alltoall", "wait_tensor")
 """Profiler event names of the token exchange (no other functional collective runs in these layouts)."""
 
 
-def spec(seq: int, moe: bool) -> GPTConfig:
-    return GPTConfig(vocab_size=VOCAB, num_layers=4, hidden_size=512, num_attention_heads=8, num_kv_heads=8,
-                     seq_length=seq, ffn_hidden_size=704 if moe else 1408, normalization="rmsnorm", activation="swiglu",
+def spec(seq: int, moe: bool, hidden: int = 512, layers: int = 4) -> GPTConfig:
+    """The dense model, or the MoE one with each expert a quarter as wide (the same active parameters at top-2)."""
+    return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=hidden, num_attention_heads=8, num_kv_heads=8,
+                     seq_length=seq, ffn_hidden_size=hidden * 11 // 8 if moe else hidden * 11 // 4,
+                     normalization="rmsnorm", activation="swiglu",
                      position_embedding_type="rope", has_bias=False, hidden_dropout=0.0, attention_dropout=0.0,
                      make_vocab_size_divisible_by=128, share_embeddings_and_output_weights=False,
                      moe=MOE if moe else None)  # fmt: skip
@@ -45,20 +48,20 @@ def spec(seq: int, moe: bool) -> GPTConfig:
 LAYOUTS = {"dense": (False, 1), "moe_ep1": (True, 1), "moe_ep2": (True, 2)}
 
 
-def _worker(rank: int, name: str, steps: int, seq: int, directory: str) -> None:
+def _worker(rank: int, name: str, steps: int, seq: int, directory: str, hidden: int, layers: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, f"{name}.store"), WORLD),
                             rank=rank, world_size=WORLD)  # fmt: skip
     try:
-        result = _measure(*LAYOUTS[name], rank, steps, seq)
+        result = _measure(*LAYOUTS[name], rank, steps, seq, hidden, layers)
         if rank == 0:
             torch.save(result, os.path.join(directory, f"{name}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def _measure(moe: bool, ep: int, rank: int, steps: int, seq: int) -> dict:
-    family = model_family(spec(seq, moe))
+def _measure(moe: bool, ep: int, rank: int, steps: int, seq: int, hidden: int, layers: int) -> dict:
+    family = model_family(spec(seq, moe, hidden, layers))
     mesh = ParallelDims(WORLD, ep=ep).build_mesh("cpu")
     model = build_parallel_model(family, Layout(), mesh, torch.device("cpu"), seed=1)
     accumulation = GLOBAL_BATCH // WORLD // MICRO_BATCH
@@ -104,12 +107,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--seq", type=int, default=512)
-    args = parser.parse_args()
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    args = parse_args(parser, steps=1, seq=32, hidden=64, layers=1)
     results = {}
     with tempfile.TemporaryDirectory() as directory:
         for name in LAYOUTS:  # fresh processes per layout: each peak is its own
-            mp.start_processes(_worker, args=(name, args.steps, args.seq, directory), nprocs=WORLD,
-                               start_method="spawn")  # fmt: skip
+            mp.start_processes(_worker, args=(name, args.steps, args.seq, directory, args.hidden, args.layers),
+                               nprocs=WORLD, start_method="spawn")  # fmt: skip
             results[name] = torch.load(os.path.join(directory, f"{name}.pt"))
     dense = results["dense"]["tokens_per_s"]
     print(f"torch {torch.__version__}, {WORLD} gloo processes x 1 thread, seq {args.seq}, global batch {GLOBAL_BATCH}")

@@ -31,6 +31,7 @@ from nxd_models import peak_memory
 from nxd_train.corpus import default_cache_dir
 from nxd_train.loop import train
 from nxd_train.preflight import plan_run
+from smoke import parse_args
 from throughput import StepTimer, unshifted_windows, with_random_tokens
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Trainer, TrainingArguments
 
@@ -41,19 +42,24 @@ BATCH = ["train_micro_batch_size_per_gpu=1", "gradient_accumulation_steps=2", "n
          "log_interval=1"]
 
 
-def neox_plan(precision: str, steps: int, log_dir: Path):
+SMOKE = ["num_layers=2", "hidden_size=64", "num_attention_heads=4", "seq_length=64", "max_position_embeddings=64"]
+"""GPT-NeoX keys that shrink the model for --smoke."""
+
+
+def neox_plan(precision: str, steps: int, log_dir: Path, smoke: bool = False):
     overrides = [*BATCH, f"train_iters={steps}", f"lr_decay_iters={steps}", "fp16.enabled=false",
-                 f"save={log_dir}", "checkpoint_factor=100000"]  # fmt: skip
+                 f"save={log_dir}", "checkpoint_factor=100000", *(SMOKE if smoke else [])]  # fmt: skip
     if precision == "bf16":
         overrides.append("precision=bfloat16")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cfg = load_config([HERE / "neox_125m.yml"], overrides)
-        return cfg, with_random_tokens(plan_run(cfg, default_cache_dir(), data_required=False), VOCAB, steps)
+        vocab = 512 if smoke else VOCAB
+        return cfg, with_random_tokens(plan_run(cfg, default_cache_dir(), data_required=False), vocab, steps)
 
 
-def nxd_rate(precision: str, steps: int, scratch: Path) -> tuple[float, list[float]]:
-    _, plan = neox_plan(precision, steps, scratch / "nxd")
+def nxd_rate(precision: str, steps: int, scratch: Path, smoke: bool) -> tuple[float, list[float]]:
+    _, plan = neox_plan(precision, steps, scratch / "nxd", smoke)
     log_dir = train(plan)
     rows = [row for row in _metrics(log_dir) if "tokens_per_s" in row]
     return statistics.median(row["tokens_per_s"] for row in rows[1:]), [row["loss"] for row in rows]
@@ -64,8 +70,8 @@ def _metrics(log_dir: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(handle)]
 
 
-def trainer_rate(precision: str, steps: int, scratch: Path) -> float:
-    cfg, plan = neox_plan(precision, steps, scratch / "plan")
+def trainer_rate(precision: str, steps: int, scratch: Path, smoke: bool) -> float:
+    cfg, plan = neox_plan(precision, steps, scratch / "plan", smoke)
     torch.manual_seed(cfg.seed)
     config = GPTNeoXConfig(**plan.family.hf_mapping().config)
     model = GPTNeoXForCausalLM._from_config(config, attn_implementation="sdpa")
@@ -92,13 +98,13 @@ def trainer_rate(precision: str, steps: int, scratch: Path) -> float:
     return cfg.global_batch_size * cfg.seq_length / statistics.median(timer.durations[1:])
 
 
-def measure(column: str, precision: str, steps: int) -> dict[str, float]:
+def measure(column: str, precision: str, steps: int, smoke: bool) -> dict[str, float]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as scratch:
         if column == "nxd":
-            rate, losses = nxd_rate(precision, steps, Path(scratch))
+            rate, losses = nxd_rate(precision, steps, Path(scratch), smoke)
         else:
-            rate, losses = trainer_rate(precision, steps, Path(scratch)), []
+            rate, losses = trainer_rate(precision, steps, Path(scratch), smoke), []
     return {"tokens_per_s": rate, "peak_gib": peak_memory(device) / 2**30, "losses": losses}
 
 
@@ -107,30 +113,32 @@ def main() -> int:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--child", nargs=2, metavar=("COLUMN", "PRECISION"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, precisions="fp32", steps=2)
     if args.child:
-        print("RESULT " + json.dumps(measure(*args.child, args.steps)))
+        print("RESULT " + json.dumps(measure(*args.child, args.steps, args.smoke)))
         return 0
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
-    _, plan = neox_plan("fp32", args.steps, Path(tempfile.mkdtemp()) / "probe")
+    _, plan = neox_plan("fp32", args.steps, Path(tempfile.mkdtemp()) / "probe", args.smoke)
     print(f"device: {name}; torch {torch.__version__}; NeoX 125M: {plan.family.parameter_count() / 1e6:.0f}M "
           f"parameters, sequence {plan.seq_length}, global batch {plan.batches.global_batch_size}")  # fmt: skip
     print(f"{'precision':<10} {'nxd tok/s':>10} {'GiB':>6} {'Trainer tok/s':>14} {'GiB':>6} {'nxd/Trainer':>12}")
+    failed = False
     for precision in args.precisions.split(","):
         found = {}
         for column in ("nxd", "Trainer"):
-            run = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", column, precision],
-                                 capture_output=True, text=True)  # fmt: skip
+            run = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", column, precision,
+                                  *(["--smoke"] if args.smoke else [])], capture_output=True, text=True)  # fmt: skip
             lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
             if run.returncode or not lines:
                 print(f"{column} {precision} failed:\n{run.stderr[-3000:]}", file=sys.stderr)
+                failed = True
                 continue
             found[column] = json.loads(lines[0].removeprefix("RESULT "))
         if len(found) == 2:
             n, t = found["nxd"], found["Trainer"]
             print(f"{precision:<10} {n['tokens_per_s']:>10,.0f} {n['peak_gib']:>6.2f} {t['tokens_per_s']:>14,.0f} "
                   f"{t['peak_gib']:>6.2f} {n['tokens_per_s'] / t['tokens_per_s']:>11.2f}x", flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

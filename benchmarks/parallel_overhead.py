@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from smoke import TINY_MODEL, parse_args
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = {
     "TP1": ["trainer.devices=1"],
@@ -49,12 +51,12 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_20m.yaml")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
-    args = parser.parse_args()
+    args = parse_args(parser, steps=3, layouts="TP1,TP2")
     results = {}
     for name in args.layouts.split(","):
         overrides = LAYOUTS[name]
         processes = int(next(o for o in overrides if o.startswith("trainer.devices=")).split("=")[1])
-        times = step_times(args.config, overrides, args.steps, processes)
+        times = step_times(args.config, [*(TINY_MODEL if args.smoke else []), *overrides], args.steps, processes)
         results[name] = statistics.median(times[2:])  # the first steps pay for warm-up
     base = results.get("TP1")
     print(f"{args.config.name}, {args.steps} steps, median step time after 2 warm-up steps")

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parallel_overhead import ROOT, step_times  # noqa: E402
+from smoke import TINY_MODEL, parse_args  # noqa: E402
 
 PP_OVERRIDES = ["trainer.devices=2", "+distributed_strategy.pipeline_model_parallel_size=2",
                 "data.micro_batch_size=1", "data.global_batch_size=8"]  # fmt: skip
@@ -104,18 +105,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--attention-seq", type=int, default=8192)
-    args = parser.parse_args()
+    args = parse_args(parser, steps=1, seq=128, attention_seq=256)
     config = ROOT / "configs" / "bench_20m.yaml"
+    shrunk = [*TINY_MODEL, "model.num_layers=4"] if args.smoke else []  # pp x v = 4 divides the layers
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU threads")
 
     print("\n1. bench_20m, 8 layers, global batch 8 = 8 micro-batches of 1 x 512 tokens, 2 processes")
-    pipeline = {name: _median(step_times(config, overrides, args.steps, 2)) for name, overrides in PP_LAYOUTS.items()}
+    pipeline = {name: _median(step_times(config, [*shrunk, *overrides], args.steps, 2))
+                for name, overrides in PP_LAYOUTS.items()}  # fmt: skip
     base = pipeline["PP2 1F1B"]
     for name, seconds in pipeline.items():
         print(f"  {name:<24} {seconds:7.3f} s/step  {seconds / base:5.2f}x")
 
     print(f"\n2. 2 layers of bench_20m's width, global batch 2 x {args.seq} tokens")
-    context = {name: _median(step_times(config, overrides, args.steps, 2 if name == "CP2" else 1))
+    context = {name: _median(step_times(config, [*shrunk, *overrides], args.steps, 2 if name == "CP2" else 1))
                for name, overrides in long_sequence_layouts(args.seq).items()}  # fmt: skip
     for name, seconds in context.items():
         print(f"  {name:<24} {seconds:7.3f} s/step  {context['CP1'] / seconds:5.2f}x speed of CP1")
@@ -127,7 +130,7 @@ def main() -> None:
         print(f"  {name:<6} saved for backward {figures['saved'] / 2**20:8.1f} MiB "
               f"({figures['saved'] / memory['CP1']['saved']:.2f}x)   "
               f"peak RSS growth {figures['peak'] / 2**20:8.1f} MiB "
-              f"({figures['peak'] / memory['CP1']['peak']:.2f}x)")  # fmt: skip
+              f"({figures['peak'] / max(memory['CP1']['peak'], 1):.2f}x)")  # fmt: skip (CP1's may not grow at all)
 
 
 if __name__ == "__main__":

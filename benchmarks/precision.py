@@ -21,18 +21,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+from smoke import TINY_MODEL, parse_args
+
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = ("fp32", "autocast", "mixed_precision", "mixed_precisionSR", "bf16SR")
 
 
-def child(config: Path, precision: str, steps: int) -> None:
+def child(config: Path, precision: str, steps: int, shape: list[str]) -> None:
     from nxd_config import load_config
     from nxd_train.corpus import default_cache_dir
     from nxd_train.loop import train
     from nxd_train.preflight import plan_run
 
     with tempfile.TemporaryDirectory() as scratch:
-        cfg = load_config(config, [f"precision.type={precision}", f"trainer.max_steps={steps}",
+        cfg = load_config(config, [*shape, f"precision.type={precision}", f"trainer.max_steps={steps}",
                                    f"+exp_manager.explicit_log_dir={scratch}"])  # fmt: skip
         train(plan_run(cfg, default_cache_dir()))
         with open(Path(scratch) / "metrics.csv") as handle:
@@ -47,21 +49,23 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_20m.yaml")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--types", default=",".join(TYPES))
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, steps=2, repeats=1, types="fp32,bf16SR")
     if args.child:
-        child(args.config, args.child, args.steps)
+        child(args.config, args.child, args.steps, TINY_MODEL if args.smoke else [])
         return 0
     results: dict[str, dict] = {}
     for _ in range(args.repeats):
-        for precision in TYPES:
+        for precision in args.types.split(","):
             run = subprocess.run([sys.executable, __file__, "--config", str(args.config), "--steps", str(args.steps),
-                                  "--child", precision], capture_output=True, text=True, check=True)  # fmt: skip
+                                  "--child", precision, *(["--smoke"] if args.smoke else [])], capture_output=True,
+                                 text=True, check=True)  # fmt: skip
             line = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))
             found = json.loads(line.removeprefix("RESULT "))
             if precision not in results or found["step_time"] < results[precision]["step_time"]:
                 results[precision] = found
-    base = results["fp32"]
+    base = results.get("fp32") or next(iter(results.values()))
     print(f"{args.config.name}, {args.steps} steps per type, best of {args.repeats}")
     print(f"{'type':<18} {'step time (s)':>13} {'vs fp32':>8} {'peak RSS (MB)':>14} {'vs fp32':>8} "
           f"{'last loss':>10}")  # fmt: skip

@@ -16,6 +16,7 @@ import time
 
 import torch
 from nxd_models.rwkv import WKV_CHUNK, wkv, wkv_steps
+from smoke import parse_args
 
 
 def timed(function, inputs: list[torch.Tensor], repeats: int) -> float:
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("--head-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, seq=32, heads=2, head_size=16, batch=1, repeats=1)
     generator = torch.Generator().manual_seed(0)
     shape = (args.batch, args.seq, args.heads, args.head_size)
     inputs = [torch.randn(shape, generator=generator).requires_grad_() for _ in range(3)]

@@ -44,7 +44,8 @@ from nxd_models import device_ceiling
 from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
 from nxd_train.loop import train
 from nxd_train.preflight import plan_run
-from throughput import StepTimer  # benchmarks/ is the script's folder
+from smoke import parse_args  # benchmarks/ is the script's folder
+from throughput import StepTimer
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
@@ -211,7 +212,7 @@ def main() -> int:
     parser.add_argument("--seq", default="512,1024", help="comma-separated sequence lengths")
     parser.add_argument("--lora", type=int, default=0, help="train LoRA adapters of this rank (0: the whole model)")
     parser.add_argument("--worker", choices=("nxd", "trl"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, steps=3, seq="128")
     if args.worker:
         worker(args.worker, int(args.seq), args.steps, args.lora)
         return 0

@@ -49,12 +49,17 @@ import torch.multiprocessing as mp
 from nxd_ckpt import HFExport, load_hf_weights
 from nxd_models import GPTConfig, model_family, resident_memory
 from nxd_parallel import Layout, ParallelDims, build_parallel_model, modules_of
+from smoke import parse_args
 
 SPEC = GPTConfig(vocab_size=128256, num_layers=4, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
                  seq_length=2048, ffn_hidden_size=14336, normalization="rmsnorm", activation="swiglu",
                  position_embedding_type="rope", rope_theta=500000.0, has_bias=False, hidden_dropout=0.0,
                  attention_dropout=0.0, make_vocab_size_divisible_by=128,
                  share_embeddings_and_output_weights=False)  # fmt: skip
+SMOKE_SPEC = GPTConfig(vocab_size=512, num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                       seq_length=64, ffn_hidden_size=176, normalization="rmsnorm", activation="swiglu",
+                       position_embedding_type="rope", has_bias=False, hidden_dropout=0.0, attention_dropout=0.0,
+                       share_embeddings_and_output_weights=False)  # fmt: skip
 LAYOUTS = {"1": (1, {}, Layout()), "tp2": (2, {"tp": 2}, Layout()), "pp2": (2, {"pp": 2}, Layout()),
            "dp2_zero1": (2, {}, Layout(zero1=True))}  # fmt: skip
 GIB = 2**30
@@ -83,6 +88,11 @@ class Job:
     """"nxd", "whole" or "from_pretrained"."""
     layout: str
     hf_dir: str | None = None
+    smoke: bool = False
+
+    @property
+    def spec(self) -> GPTConfig:
+        return SMOKE_SPEC if self.smoke else SPEC
 
 
 def _worker(rank: int, world: int, job: Job, directory: str) -> None:
@@ -101,7 +111,7 @@ def _worker(rank: int, world: int, job: Job, directory: str) -> None:
                 parameter.sum()
     else:
         _, sizes, layout = LAYOUTS[job.layout]
-        family = model_family(SPEC)
+        family = model_family(job.spec)
         mesh = ParallelDims(world, **sizes).build_mesh("cpu")
         layout = Layout(zero1=layout.zero1, ranks_at_once=1 if job.method == "whole" else world)
         loaded = family.parameter_shapes() if job.hf_dir is not None else ()  # as nxd-train: no random draws
@@ -128,12 +138,12 @@ def measure(job: Job) -> list[dict[str, float]]:
         return [json.loads(Path(directory, f"rank{rank}.json").read_text()) for rank in range(world)]
 
 
-def _hf_directory(root: Path) -> Path:
+def _hf_directory(root: Path, spec: GPTConfig) -> Path:
     """The model as transformers writes it (LlamaForCausalLM, fp32 safetensors), built on the meta
     device and filled with nxd's seeded values so no second whole copy is made."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    family = model_family(SPEC)
+    family = model_family(spec)
     export = HFExport.of(family.hf_mapping())
     model = family.build(seed=7)
     with torch.device("meta"):
@@ -268,17 +278,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--skip-hf", action="store_true")
-    args = parser.parse_args()
+    args = parse_args(parser, layouts="1", commands=False)
     if args.commands:
         commands_table(args.repeats)
         return
-    params = sum(shape.numel() for shape in model_family(SPEC).parameter_shapes().values())
+    spec = SMOKE_SPEC if args.smoke else SPEC
+    params = sum(shape.numel() for shape in model_family(spec).parameter_shapes().values())
     print(f"model: {params / 1e9:.2f}B parameters, {params * 4 / GIB:.2f} GiB fp32; torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     print("| start-up | parameters held per rank (GiB) | base RSS | peak RSS per rank (GiB) | seconds |")
     print("|---|---:|---:|---:|---:|")
     for layout in filter(None, args.layouts.split(",")):
-        nxd, whole = measure(Job("nxd", layout)), measure(Job("whole", layout))
+        nxd, whole = measure(Job("nxd", layout, smoke=args.smoke)), measure(Job("whole", layout, smoke=args.smoke))
         print(_row(f"{layout}: nxd", nxd), flush=True)
         print(_row(f"{layout}: whole model per rank", whole), flush=True)
         ratio = max(r["peak_gib"] for r in nxd) / max(r["peak_gib"] for r in whole)
@@ -286,9 +297,9 @@ def main() -> None:
     if args.skip_hf:
         return
     with tempfile.TemporaryDirectory(dir=os.environ.get("NXD_BENCH_DIR")) as root:
-        hf_dir = _hf_directory(Path(root))
-        nxd = measure(Job("nxd", "tp2", str(hf_dir)))
-        theirs = measure(Job("from_pretrained", "1", str(hf_dir)))
+        hf_dir = _hf_directory(Path(root), spec)
+        nxd = measure(Job("nxd", "tp2", str(hf_dir), args.smoke))
+        theirs = measure(Job("from_pretrained", "1", str(hf_dir), args.smoke))
         print(_row("HF directory, nxd TP2 (init + streamed load)", nxd), flush=True)
         print(_row("HF directory, from_pretrained (1 process)", theirs), flush=True)
         ratio = max(r["peak_gib"] for r in nxd) / max(r["peak_gib"] for r in theirs)

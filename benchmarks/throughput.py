@@ -44,6 +44,7 @@ from nxd_train.data import DataSplits
 from nxd_train.loop import train
 from nxd_train.plan import RunPlan
 from nxd_train.preflight import plan_run
+from smoke import TINY_MODEL, parse_args
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,9 +57,10 @@ MODELS = {
                                  "model.ffn_hidden_size=8192"]),
     "8b-slice": ("bench_125m", 128256, [*WIDER, "model.hidden_size=4096", "model.num_layers=4",
                                         "model.ffn_hidden_size=14336", "+model.rope_theta=500000"]),
+    "smoke": ("bench_20m", 512, TINY_MODEL),
 }  # fmt: skip
 """Config file, random-token vocabulary and overrides per model: bench_20m has 19M parameters,
-bench_125m 134M, 1b 1.1B and 8b-slice 1.9B."""
+bench_125m 134M, 1b 1.1B and 8b-slice 1.9B; smoke is --smoke's."""
 PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("mixed_precision", torch.bfloat16),
              "bf16SR": ("bf16SR", torch.bfloat16)}  # fmt: skip
 """nxd's precision.type and the compute dtype of each column."""
@@ -212,7 +214,7 @@ def main() -> int:
     parser.add_argument("--columns", default=",".join(COLUMNS))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--child", nargs=3, metavar=("COLUMN", "MODEL", "PRECISION"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, models="smoke", precisions="fp32", columns="nxd,Trainer", steps=2)
     if args.child:
         print("RESULT " + json.dumps(measure(*args.child, args.steps)))
         return 0
@@ -226,6 +228,7 @@ def main() -> int:
     columns = args.columns.split(",")
     print(f"\n{'model':<12} {'precision':<9} " + " ".join(f"{c + ' tok/s':>18} {'GiB':>5} {'MFU':>6}" for c in columns)
           + "  nxd/Trainer  compiled/titan  memory chunked/nxd")  # fmt: skip
+    failed = False
     for model in args.models.split(","):
         for precision in precisions:
             found = {}
@@ -235,13 +238,15 @@ def main() -> int:
                 lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
                 if run.returncode or not lines:
                     print(f"{column} {model} {precision} failed:\n{run.stderr[-3000:]}", file=sys.stderr)
+                    failed = True
                     continue
                 found[column] = json.loads(lines[0].removeprefix("RESULT "))
             cells = []
             for column in columns:
                 r = found.get(column)
                 mfu = r and ceilings[precision].utilisation(r["tokens_per_s"] * r["flops_per_token"])
-                cells.append(f"{r['tokens_per_s']:>18,.0f} {r['peak_gib']:>5.2f} {mfu:>6.1%}" if r else f"{'-':>31}")
+                shown = f"{mfu:>6.1%}" if mfu is not None else f"{'-':>6}"  # unknown: above the measured ceiling
+                cells.append(f"{r['tokens_per_s']:>18,.0f} {r['peak_gib']:>5.2f} {shown}" if r else f"{'-':>31}")
             ratio = {pair: (found[pair[0]]["tokens_per_s"] / found[pair[1]]["tokens_per_s"]
                             if pair[0] in found and pair[1] in found else float("nan"))
                      for pair in (("nxd", "Trainer"), ("nxd compiled", "titan-style"))}  # fmt: skip
@@ -255,7 +260,7 @@ def main() -> int:
                 chunked, whole = found["nxd chunked loss"]["losses"], found["nxd"]["losses"]
                 print(f"    losses, chunked against whole logits: {chunked} / {whole}, largest difference "
                       f"{max(abs(a - b) for a, b in zip(chunked, whole, strict=True)):.2e}", flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -996,6 +996,12 @@ def test_launcher_keys_size_the_run_and_shape_its_job(tmp_path):
     assert load(tmp_path, MODEL | keys | {"launcher": "slurm"}).trainer.cluster.scheduler == "slurm"
     with pytest.raises(ConfigError, match=r"exclude: 'x' is not a host of the hostfile"):
         load(tmp_path, MODEL | keys | {"exclude": "x"})
+    # DeepSpeed's launcher (fetch_hostfile) trains on this machine alone when the hostfile is not a file
+    local = load(tmp_path, MODEL | {"hostfile": "/mock_path", "exclude": "b"})
+    assert (local.trainer.num_nodes, local.trainer.cluster.scheduler, local.trainer.cluster.hostfile) == (1, "slurm",
+                                                                                                         None)
+    assert any("hostfile: /mock_path is not a file; DeepSpeed's launcher then trains on this machine's devices alone"
+               in line for line in notices(tmp_path, MODEL | {"hostfile": "/mock_path"}))
 
 
 def test_shared_layers_map_and_a_style_alone_is_noticed(tmp_path):

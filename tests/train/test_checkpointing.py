@@ -111,7 +111,7 @@ def test_a_damaged_hugging_face_directory_fails_before_launch(tmp_path, train_he
 
 
 def test_resume_keys_fail_before_launch(tmp_path):
-    with pytest.raises(PreflightError, match="resume_if_exists: no complete checkpoint in .*resume_ignore_no_checkpoint"):
+    with pytest.raises(PreflightError, match="resume_if_exists: expected a complete, undamaged checkpoint in .*, found none; set .*resume_ignore_no_checkpoint"):
         plan(tmp_path, "exp_manager.resume_if_exists=True")
     with pytest.warns(ConfigNotice, match="starting a new run"):
         assert plan(tmp_path, "exp_manager.resume_if_exists=True",

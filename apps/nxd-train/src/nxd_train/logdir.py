@@ -184,7 +184,10 @@ experiment, continue)."""
 
 
 def earlier_records(folder: Path) -> list[str]:
-    """The RECORDS an earlier run left in `folder` (an empty checkpoints folder counts for nothing)."""
+    """The RECORDS an earlier nxd run left in `folder` (one that holds nxd's lock file; an empty checkpoints folder
+    counts for nothing). Files in a folder no nxd run made are refused apart, as another's, when the run starts."""
+    if not (folder / LOCK_FILE).is_file():
+        return []
     found = []
     for name in RECORDS:
         path = folder / name

@@ -590,12 +590,21 @@ def _hosts(a: Arguments, t: Translation, nodes: int, devices: int | None) -> lis
             t.refuse(key, f"expected {'a file path' if key == 'hostfile' else 'hosts such as host1@host2:0,1'}, "
                      f"found {show(a[key])}")  # fmt: skip
             return []
+    if _local_only(a):
+        t.notice("hostfile", f"{a['hostfile']} is not a file; DeepSpeed's launcher then trains on this machine's "
+                 "devices alone, and so does nxd (NeoX's own configs name /mock_path)")  # fmt: skip
+        return []
     try:
         found = read_hostfile(Path(a["hostfile"]))
         return select_hosts(found, a["include"], a["exclude"], None if nodes == -1 else nodes, devices)
     except HostfileError as error:
         t.refuse(NEOX_HOST_KEYS[error.key], error.message)
         return []
+
+
+def _local_only(a: Arguments) -> bool:
+    """The hostfile named is not a file: DeepSpeed's launcher (fetch_hostfile) then uses this machine alone."""
+    return isinstance(a["hostfile"], str) and not Path(a["hostfile"]).is_file()
 
 
 def launcher_keys(a: Arguments, t: Translation) -> None:
@@ -605,10 +614,12 @@ def launcher_keys(a: Arguments, t: Translation) -> None:
     slurm = a["launcher"] == "slurm" or a["deepspeed_slurm"]
     if slurm:
         t.set("trainer.cluster.scheduler", "slurm", "launcher", "deepspeed_slurm")
-    elif a["hostfile"] is not None:
+    elif a["hostfile"] is not None and not _local_only(a):
         t.set("trainer.cluster.scheduler", "hosts", "launcher", "hostfile")
     hosts = ("hostfile", "include", "exclude", "master_addr", "master_port")  # each host's torchrun reads these
     values = {key: a[key] for key in (*hosts, "comment", "account")}
     for key, value in values.items():  # under slurm the hostfile only sized the run
+        if key in ("hostfile", "include", "exclude") and _local_only(a):
+            continue
         if a.given(key) and not (slurm and key in hosts):  # the typed config names a value of another type
             t.set(f"trainer.cluster.{key}", value, key)
