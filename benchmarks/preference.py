@@ -55,6 +55,7 @@ from sft import (  # the script's folder
     step_times,
     worker_figures,
 )
+from smoke import parse_args
 from throughput import StepTimer
 from transformers import PreTrainedTokenizerFast
 
@@ -235,7 +236,7 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--method", choices=tuple(PEERS), default="dpo")
     parser.add_argument("--worker", choices=("nxd", "trl"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, steps=3, seq=192)  # ORPO's completions need seq above 128
     if args.worker:
         worker(args.worker, args.seq, args.steps, args.method)
         return 0

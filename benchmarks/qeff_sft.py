@@ -37,6 +37,7 @@ from nxd_data import load_tokenizer
 from nxd_train.cli import main as nxd_main
 from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
 from sft import records, step_times  # benchmarks/ is the script's folder
+from smoke import parse_args
 from throughput import StepTimer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
@@ -174,7 +175,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--shape", default="smollm-135m", choices=sorted(SHAPES))
     parser.add_argument("--worker", choices=("nxd", "trl"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, steps=3, dtype="fp32", shape="small")
     if args.worker:
         worker(args.worker, args.steps, args.dtype, args.shape)
         return 0
