@@ -236,3 +236,39 @@ def test_interactive_prompts_on_a_terminal(tmp_path):
                                 "+generate.maximum_tokens=8")  # fmt: skip
     answer = seen.split("Generated Text: ")[1].split("Context prompt")[0].strip()
     assert answer and not (tmp_path / "samples.txt").exists()  # interactive answers go to the terminal only
+
+
+PEAK = """import resource, subprocess, sys, time
+started = time.monotonic()
+done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+print(done.returncode, time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+"""Runs a command; prints its exit code, seconds and peak resident bytes (the only child of this process)."""
+
+
+def test_a_30_mb_prompt_is_passed_over_without_tokenising_it(tmp_path):
+    """A prompt longer than the context can be in bytes (more than 2 x context x the longest token's bytes) gets its
+    message before it is tokenised: the run takes the time and memory of one without it."""
+    import subprocess
+    import sys
+
+    log_dir = tmp_path / "run"
+    _train(log_dir)
+    figures = {}
+    line = "x = 1; " * 4_300_000
+    for name, text in (("plain", "def main(\nimport os\n"), ("huge", f"def main(\n{line}\n")):
+        (tmp_path / f"{name}.txt").write_text(text)
+        command = [sys.executable, "-m", "nxd_train", "generate", str(default_config_path()),
+                   f"+exp_manager.explicit_log_dir={log_dir}", "+generate.text_gen_type=input-file",
+                   f"+generate.sample_input_file={tmp_path / name}.txt", "+generate.maximum_tokens=4",
+                   f"+generate.sample_output_file={tmp_path / name}.jsonl"]  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", PEAK, *command], capture_output=True, text=True, timeout=600)
+        code, seconds, peak = out.stdout.split()
+        assert code == "0", out.stderr
+        figures[name] = float(seconds), int(peak)
+    records = _generated(tmp_path / "huge.jsonl")
+    assert [record["text"] is None for record in records] == [False, True]
+    assert records[1]["message"].startswith(f"WARNING: the prompt's {len(line.strip()):,} bytes (more than 64 tokens: "
+                                            "no token stands for more than")  # fmt: skip
+    assert figures["huge"][0] < figures["plain"][0] + 10, figures
+    assert figures["huge"][1] < figures["plain"][1] + 400 * 2**20, figures  # the prompt's text, held a few times

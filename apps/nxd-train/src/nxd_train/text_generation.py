@@ -108,10 +108,13 @@ def _complete(run: LoadedRun, settings: GenerateConfig, prompts: list[str],
     eod = run.tokenizer.eod_id
     sampling = Sampling(settings.temperature, settings.top_k, settings.top_p)
     cache = None if settings.recompute else run.new_cache
+    most = 2 * run.context * run.tokenizer.max_token_bytes  # bytes past which a prompt cannot fit (2: normalisation)
     for start in range(0, len(prompts), settings.batch_size):
         batch = prompts[start:start + settings.batch_size]
-        ids = [tokens or [eod] for tokens in run.tokenizer.encode(batch)]  # an empty prompt: the end-of-document token
-        fits = [index for index, tokens in enumerate(ids) if len(tokens) < run.context]
+        huge = {index for index, prompt in enumerate(batch) if len(prompt.encode()) > most}  # never tokenised
+        encoded = iter(run.tokenizer.encode([prompt for index, prompt in enumerate(batch) if index not in huge]))
+        ids = [[] if index in huge else next(encoded) or [eod] for index in range(len(batch))]  # empty: end token
+        fits = [index for index, tokens in enumerate(ids) if index not in huge and len(tokens) < run.context]
         started = time.perf_counter()
         completions = generate(run.logits, cache, [ids[i] for i in fits], maximum_tokens=settings.maximum_tokens,
                                context=run.context, end_id=eod, vocab_size=run.vocab_size, sampling=sampling,
@@ -123,9 +126,12 @@ def _complete(run: LoadedRun, settings: GenerateConfig, prompts: list[str],
             if index in done:
                 yield _record(run, prompt, done[index], seconds)
             else:
+                size = (f"{len(prompt.encode()):,} bytes (more than {run.context} tokens: no token stands for more "
+                        f"than {run.tokenizer.max_token_bytes} bytes)" if index in huge
+                        else f"{len(ids[index])} tokens")  # fmt: skip
                 yield {"context": prompt, "text": None, "length": 0, "finished": False,
-                       "message": f"WARNING: the prompt's {len(ids[index])} tokens leave no room in the model's "
-                                  f"context of {run.context} positions; expected at most {run.context - 1}",
+                       "message": f"WARNING: the prompt's {size} leave no room in the model's context of {run.context} "
+                                  f"positions; expected at most {run.context - 1} tokens",
                        "duration_seconds": 0.0}  # fmt: skip
 
 

@@ -85,6 +85,13 @@ class TextTokenizer:
         largest = max(self.tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
         return max(largest + 1, self.declared_size or 0)
 
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """At least as many UTF-8 bytes as any token stands for (its vocabulary string's bytes, which for byte-level,
+        sentencepiece and WordPiece vocabularies are as many or more): a text of more than n x this many bytes
+        (allowing for normalisation) is more than n tokens, known without tokenising it."""
+        return max((len(token.encode()) for token in self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
+
     @property
     def begin_id(self) -> int:
         """The token a fine-tuning record starts with."""
