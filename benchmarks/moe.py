@@ -36,7 +36,7 @@ EXCHANGE = ("all_to_all", "alltoall", "wait_tensor")
 
 
 def spec(seq: int, moe: bool, hidden: int = 512, layers: int = 4) -> GPTConfig:
-    """The dense model, or the MoE one with each expert a quarter as wide (the same active parameters at top-2)."""
+    """The dense model, or the MoE one with each expert half as wide (the same active parameters at top-2)."""
     return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=hidden, num_attention_heads=8, num_kv_heads=8,
                      seq_length=seq, ffn_hidden_size=hidden * 11 // 8 if moe else hidden * 11 // 4,
                      normalization="rmsnorm", activation="swiglu",

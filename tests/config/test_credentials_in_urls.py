@@ -21,13 +21,20 @@ TINY, NEOX = REPO / "configs/tiny.yaml", [REPO / "configs/neox/pythia_tiny.yml",
      "AWS_ACCESS_KEY_ID"),
     (NEOX, ["use_wandb=True", "wandb_host=https://me:hunter2@wandb.example.com"],
      "wandb_host (nxd: exp_manager.wandb_logger_kwargs.host)", "WANDB_API_KEY"),
+    (TINY, ["+exp_manager.s3_checkpoints.path=s3://AKIAEXAMPLE:hun/ter2@bucket/runs"],  # a secret holding '/'
+     "exp_manager.s3_checkpoints.path", "AWS_ACCESS_KEY_ID"),
+    (TINY, ["+exp_manager.s3_checkpoints.path=S3://AKIAEXAMPLE:hunter2@bucket"], "exp_manager.s3_checkpoints.path",
+     "AWS_ACCESS_KEY_ID"),
+    (TINY, ["+exp_manager.s3_checkpoints.path=https://AKIAEXAMPLE:hunter2@bucket.s3.amazonaws.com/x"],
+     "exp_manager.s3_checkpoints.path", "AWS_ACCESS_KEY_ID"),
+    (TINY, ["+compiler_cache_url=s3://AKIAEXAMPLE:hunter2@cache/neuron"], "compiler_cache_url", "AWS_* variables"),
 ])  # fmt: skip
 def test_a_url_with_credentials_is_refused_without_repeating_them(source, overrides, key, where):
     with pytest.raises(ConfigError) as caught:
         load_config(source, overrides)
     message = str(caught.value)
-    assert f"{key}: expected " in message and "found a URL that holds credentials before '@'" in message
-    assert where in message and "hunter2" not in message and "AKIAEXAMPLE" not in message
+    assert f"{key}: expected " in message and "found a URL holding '@', as credentials written into it do" in message
+    assert where in message and "hunter2" not in message and "hun/ter2" not in message and "AKIAEXAMPLE" not in message
 
 
 def test_an_s3_path_names_a_bucket_as_s3_names_them():

@@ -23,8 +23,8 @@ def test_an_environment_variable_the_user_did_not_name_is_refused(source, overri
         load_config(source, overrides)
     message = str(caught.value)
     assert f"{key}" in message and "hunter2" not in message
-    assert ("a config reads the environment variable NXD_TEST_SECRET only where you allow it: set "
-            "NXD_ALLOW_ENV=NXD_TEST_SECRET") in message
+    assert ("a config reads the environment variable NXD_TEST_SECRET only where you allow it: add NXD_TEST_SECRET to "
+            "NXD_ALLOW_ENV") in message
 
 
 def test_the_variables_the_user_names_read_as_omegaconf_reads_them(monkeypatch):

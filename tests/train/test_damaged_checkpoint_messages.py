@@ -23,8 +23,10 @@ def test_each_command_names_the_damaged_checkpoint(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"notice: skipping a checkpoint: {second}: damaged checkpoint: {shard} is" in err
     assert f"using {first.name}" in err and "CheckpointWarning" not in err and "warnings.warn" not in err
-    shutil.rmtree(first)
     config, where = str(default_config_path()), f"+exp_manager.explicit_log_dir={log_dir}"
+    assert main(["generate", config, where, f"+generate.sample_output_file={tmp_path / 'o.jsonl'}"]) == 0
+    assert f"notice: skipping a checkpoint: {second}: damaged checkpoint: {shard} is" in capsys.readouterr().err
+    shutil.rmtree(first)
     for command, expected in (
             (["generate", config, where, "+generate.sample_output_file=null"], "no usable checkpoint to load under"),
             ([config, where, "exp_manager.resume_if_exists=True", "trainer.max_steps=3"],

@@ -246,9 +246,9 @@ print(done.returncode, time.monotonic() - started, resource.getrusage(resource.R
 """Runs a command; prints its exit code, seconds and peak resident bytes (the only child of this process)."""
 
 
-def test_a_30_mb_prompt_is_passed_over_without_tokenising_it(tmp_path):
-    """A prompt longer than the context can be in bytes (more than 2 x context x the longest token's bytes) gets its
-    message before it is tokenised: the run takes the time and memory of one without it."""
+def test_a_30_mb_prompt_is_judged_by_its_first_bytes_alone(tmp_path):
+    """A prompt longer in bytes than 2 x context x the longest token's bytes is tokenised only that far: its message
+    comes without the rest read, and the run takes the time and memory of one without it."""
     import subprocess
     import sys
 
@@ -268,7 +268,8 @@ def test_a_30_mb_prompt_is_passed_over_without_tokenising_it(tmp_path):
         figures[name] = float(seconds), int(peak)
     records = _generated(tmp_path / "huge.jsonl")
     assert [record["text"] is None for record in records] == [False, True]
-    assert records[1]["message"].startswith(f"WARNING: the prompt's {len(line.strip()):,} bytes (more than 64 tokens: "
-                                            "no token stands for more than")  # fmt: skip
+    assert records[1]["message"].startswith(f"WARNING: the prompt's {len(line.strip()):,} bytes (its first ")
+    assert records[1]["message"].endswith("tokens) leave no room in the model's context of 64 positions; expected at "
+                                          "most 63 tokens")  # fmt: skip
     assert figures["huge"][0] < figures["plain"][0] + 10, figures
     assert figures["huge"][1] < figures["plain"][1] + 400 * 2**20, figures  # the prompt's text, held a few times

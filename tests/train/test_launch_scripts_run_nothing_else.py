@@ -7,6 +7,7 @@ unquoted '#' starts a comment) must give back each value."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shlex
@@ -27,7 +28,7 @@ SBATCH_KEYS = {"name": "job-name", "trainer.cluster.job_name": "job-name", "trai
 """Each config value an sbatch script holds, and the directive it becomes."""
 PIECES = ["\n", "\r", "\x00", "\x1b", "\t", "\u2028", "\x85", "'", '"', "\\", "#", ";", "&&", "|", " ", "-", "--",
           "-oProxyCommand=touch MARK", "$(touch MARK)", "`touch MARK`", "${HOME}", "$HOME", "!", "*", "~", "%", "é",
-          "名", "touch MARK", "\ntouch MARK #", "a", "node1", "0", ".", "/", ":", "="]  # fmt: skip
+          "名", "touch MARK", "\ntouch MARK #", "a", "node1", "0", ".", "/", ":", "=", "hetjob", "PackJob"]  # fmt: skip
 """What a hostile value is drawn from: control characters and line breaks, quotes, shell syntax, option dashes."""
 
 RECORDER = """#!/bin/bash
@@ -106,6 +107,13 @@ def test_a_line_break_in_a_value_the_script_holds_is_refused_before_anything_is_
         assert "Traceback" not in err and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("value", ["a hetjob", "my-PACKJOB"])
+def test_a_directive_value_sbatch_would_read_as_another_job_is_refused(value):
+    overrides = [f"+trainer.cluster.comment={value}"]
+    with pytest.raises(LaunchError, match="trainer.cluster.comment: expected a value without 'hetjob' or 'packjob'"):
+        sbatch_script(load_config(TINY, overrides), [TINY], overrides)
+
+
 def test_a_host_that_is_an_ssh_option_is_refused_and_ssh_options_end_before_the_host(tmp_path, recorders):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node0 slots=1\n-oProxyCommand=touch${IFS}PWN slots=1\n")
@@ -164,8 +172,9 @@ def _fuzz(tmp_path: Path, recorders: tuple[Path, Path], draws: int, seed: int) -
             if target != "host":
                 overrides.append(f"+{target}={json.dumps(value)}")
         try:
-            cfg = load_config(config, overrides)
-            script = (host_commands if hosts else sbatch_script)(cfg, [config], overrides)
+            with contextlib.chdir(where):  # the script's working directory is the one launch is run from
+                cfg = load_config(config, overrides)
+                script = (host_commands if hosts else sbatch_script)(cfg, [config], overrides)
         except (ConfigError, LaunchError):
             outcome["refused"] += 1
             continue

@@ -300,6 +300,7 @@ def test_a_new_run_into_an_earlier_runs_folder_is_refused_naming_the_changed_key
             "since: trainer.max_steps (2 there, 3 now); model.optim.lr (0.003 there, 0.001 now); "
             "model.optim.sched.max_steps (2 there, 3 now)); this run does not resume it") in err, err
     assert {name: (log_dir / name).read_bytes() for name in kept} == kept
+    assert main(["plan", *job]) == 0  # a memory plan writes nothing there
     assert main([str(default_config_path()), *FAST, "trainer.max_steps=2", f"+exp_manager.explicit_log_dir={log_dir}"]) == 1
     assert "holds an earlier run's config.yaml, metrics.csv (the same config)" in capsys.readouterr().err
     assert main([*job, "+exp_manager.require_empty_log_dir=False"]) == 0

@@ -65,7 +65,8 @@ def test_a_server_stopped_mid_run_leaves_the_run_to_finish_names_what_was_not_up
     assert f"s3: checkpoint {last} was not uploaded to s3://{BUCKET}/runs: " in text
     summary = next(line for line in text.splitlines() if "checkpoint(s) not uploaded to" in line)
     assert last in summary and f"they are only in {log_dir / 'checkpoints'}" in summary
-    assert "training ended, but s3: " in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "training ended, but " in err and f"checkpoint(s) not uploaded to s3://{BUCKET}/runs (named above)" in err
 
 
 def test_without_boto3_or_checkpoints_the_run_is_refused_before_launch(tmp_path, monkeypatch):

@@ -38,26 +38,34 @@ def _command(files: list[Path], overrides: list[str], dialect: str | None) -> li
             *(str(f.absolute()) for f in files), *overrides]  # fmt: skip
 
 
-def _directive_value(value: str) -> str:
+def _directive_value(value: str, key: str) -> str:
     """`value` as sbatch reads it back from an #SBATCH line: double-quoted, each backslash and double quote escaped
     with a backslash (sbatch's parser takes the character after a backslash as it is, inside quotes or not). The
-    config admits no line break in these values (nxd-config's OneLine), so the directive stays one line."""
+    config admits no line break in these values (nxd-config's OneLine), so the directive stays one line. A value
+    holding 'hetjob' or 'packjob' is refused: sbatch reads such a line as the start of another job component."""
+    if re.search("hetjob|packjob", value, re.IGNORECASE):
+        raise LaunchError(f"{key}: expected a value without 'hetjob' or 'packjob' (sbatch reads an #SBATCH line "
+                          f"holding either as the start of another job component), found {value!r}")  # fmt: skip
     if re.fullmatch(r"[A-Za-z0-9_.:@%+=,/-]+", value):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _name_key(cfg: NxdConfig) -> str:
+    return "trainer.cluster.job_name" if cfg.trainer.cluster.job_name else "name"
 
 
 def sbatch_script(cfg: NxdConfig, files: list[Path], overrides: list[str], dialect: str | None = None) -> str:
     """An sbatch script: trainer.num_nodes nodes, trainer.devices tasks on each, srun starting nxd-train."""
     c, t = cfg.trainer.cluster, cfg.trainer
     lines = ["#!/bin/bash", f"# written by nxd-train launch for {cfg.name}: sbatch this file",
-             f"#SBATCH --job-name={_directive_value(c.job_name or cfg.name)}", f"#SBATCH --nodes={t.num_nodes}",
-             f"#SBATCH --ntasks-per-node={t.devices}"]  # fmt: skip
+             f"#SBATCH --job-name={_directive_value(c.job_name or cfg.name, _name_key(cfg))}",
+             f"#SBATCH --nodes={t.num_nodes}", f"#SBATCH --ntasks-per-node={t.devices}"]  # fmt: skip
     if c.gpus_per_node is not None:
         lines.append(f"#SBATCH --gpus-per-node={c.gpus_per_node}")
     for name in ("time", "partition", "account", "comment"):
         if (value := getattr(c, name)) is not None:
-            lines.append(f"#SBATCH --{name}={_directive_value(value)}")
+            lines.append(f"#SBATCH --{name}={_directive_value(value, f'trainer.cluster.{name}')}")
     lines.append("#SBATCH --requeue" if c.requeue else "#SBATCH --no-requeue")
     if t.requeue_signal is not None:  # to every task, signal_seconds before the time limit
         lines.append(f"#SBATCH --signal={t.requeue_signal.removeprefix('SIG')}@{c.signal_seconds}")

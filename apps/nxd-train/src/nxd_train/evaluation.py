@@ -77,13 +77,14 @@ def unreadable_task_files(folder: str) -> list[str]:
     import yaml
 
     found = []
-    for path in sorted(Path(folder).rglob("*.y*ml")):
+    for path in sorted(Path(folder).rglob("*.yaml")):  # what lm-eval's TaskManager indexes
         try:
             list(yaml.compose_all(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader))
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-            found.append(f"{where}: expected valid YAML, found {getattr(error, 'problem', None) or error}")
+            problem = getattr(error, "problem", None) or str(error).strip().splitlines()[0]
+            found.append(f"{where}: expected valid YAML, found {problem}")
         except (OSError, UnicodeDecodeError) as error:
             found.append(f"{path}: expected a readable UTF-8 task file, found {error}")
     return found

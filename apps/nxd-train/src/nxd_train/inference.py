@@ -46,6 +46,8 @@ class LoadedRun:
     tokenizer: TextTokenizer
     weights: Path
     """The checkpoint or folder the weights came from."""
+    passed_over: tuple[str, ...] = ()
+    """What is wrong with each newer checkpoint of the run that was passed over for `weights`."""
 
     @property
     def family(self) -> ModelFamily:
@@ -147,7 +149,8 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
         start_new_soft_prompt(model, plan.family, source)
     prepare_for_decoding(model)
     tokenizer = run_tokenizer(cfg.data, cache_dir, cfg.model.trust_remote_code)
-    return LoadedRun(plan, fabric, model, tokenizer, newest.path if newest is not None else start.path)
+    return LoadedRun(plan, fabric, model, tokenizer, newest.path if newest is not None else start.path,
+                     tuple(passed_over))
 
 
 def _path(value: str | None) -> Path | None:

@@ -83,6 +83,8 @@ def _inference(paths: Sequence[Path], overrides: Sequence[str], dialect: str | N
         if not quiet:
             print(f"{path}: interrupted while loading the run; nothing was written", file=sys.stderr)
         return 130
+    for reason in run.passed_over:
+        say(run, f"notice: skipping a checkpoint: {reason}; using {run.weights.name}")
     say(run, f"weights from {run.weights}")
     try:
         code = work(run, config)

@@ -10,8 +10,10 @@ import os
 import re
 import shutil
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
 from nxd_ckpt import list_checkpoints
 from nxd_data import save_atomically
 
@@ -170,8 +172,7 @@ def _check_foreign(path: Path, key: str, written: tuple[str, ...], shared: tuple
     if links := [entry for entry in (*ours, *folders, path / LOCK_FILE) if entry.is_symlink()]:
         raise LogDirError(f"{key}: {links[0]} is a symbolic link (to {os.readlink(links[0])}); expected a file nxd "
                           "wrote there: nxd never writes through a link in its log directory, remove it")  # fmt: skip
-    made_by_nxd = (path / LOCK_FILE).is_file() or any(info.complete for info in list_checkpoints(path / CHECKPOINT_DIR))
-    if ours and not made_by_nxd:
+    if ours and not _made_by_nxd(path):
         names = ", ".join(entry.name for entry in ours[:6]) + (f" (and {len(ours) - 6} more)" if len(ours) > 6 else "")
         raise LogDirError(f"{key}: {path} holds {names}, which no nxd run wrote (it has no {LOCK_FILE} and no nxd "
                           "checkpoint); nxd never overwrites another's files: expected an empty folder or one an nxd "
@@ -183,26 +184,62 @@ RECORDS = ("config.yaml", "metrics.csv", CHECKPOINT_DIR, "wandb_run_id", "comet_
 experiment, continue)."""
 
 
+def _made_by_nxd(path: Path) -> bool:
+    """A folder an nxd run wrote: it holds nxd's lock file (which stays) or a complete nxd checkpoint."""
+    return (path / LOCK_FILE).is_file() or any(info.complete for info in list_checkpoints(path / CHECKPOINT_DIR))
+
+
 def earlier_records(folder: Path) -> list[str]:
-    """The RECORDS an earlier nxd run left in `folder` (one that holds nxd's lock file; an empty checkpoints folder
-    counts for nothing). Files in a folder no nxd run made are refused apart, as another's, when the run starts."""
-    if not (folder / LOCK_FILE).is_file():
-        return []
+    """The RECORDS an earlier nxd run left in `folder` (an empty checkpoints folder counts for nothing). Files in a
+    folder no nxd run made are refused apart, as another's, when the run starts."""
     found = []
-    for name in RECORDS:
-        path = folder / name
-        if path.is_file() or (path.is_dir() and any(path.iterdir())):
-            found.append(name)
+    try:
+        if not folder.is_dir() or not _made_by_nxd(folder):
+            return []
+        for name in RECORDS:
+            path = folder / name
+            if path.is_file() or (path.is_dir() and any(path.iterdir())):
+                found.append(name)
+    except OSError:  # a folder this user cannot read: holding the log directory says so, by name
+        return found
     return found
 
 
-def changed_keys(previous: object, current: object, prefix: str = "") -> list[str]:
+class _PlainYaml(yaml.SafeLoader):
+    """YAML without aliases (nxd writes config.yaml without any), so that a planted alias bomb is never built."""
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "an alias in config.yaml", self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def earlier_config(folder: Path) -> dict | None:
+    """The config.yaml an earlier run wrote in `folder`, or None when there is none that reads back (at most 1 MiB,
+    no aliases)."""
+    path = folder / "config.yaml"
+    try:
+        if path.stat().st_size > 2**20:
+            return None
+        found = yaml.load(path.read_text(encoding="utf-8"), Loader=_PlainYaml)  # noqa: S506 - a safe loader
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def changed_keys(previous: object, current: object, prefix: str = "") -> Iterator[str]:
     """The dotted keys whose values differ between two configs as config.yaml holds them (mappings compared key by
-    key, anything else whole), each with both values."""
+    key, anything else whole), each with both values (shortened)."""
     if isinstance(previous, dict) and isinstance(current, dict):
-        return [change for key in dict.fromkeys([*previous, *current])
-                for change in changed_keys(previous.get(key), current.get(key), f"{prefix}{key}.")]  # fmt: skip
-    return [] if previous == current else [f"{prefix.rstrip('.')} ({previous!r} there, {current!r} now)"]
+        for key in dict.fromkeys([*previous, *current]):
+            yield from changed_keys(previous.get(key), current.get(key), f"{prefix}{key}.")
+    elif previous != current:
+        yield f"{prefix.rstrip('.')} ({_short(previous)} there, {_short(current)} now)"
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _key(explicit_log_dir: Path | None, continued: Path | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import itertools
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import yaml
 from nxd_align import LoraFamily, LoraSpec, Objective, objective_for, reference_digest
 from nxd_ckpt import CheckpointError, CheckpointWarning, S3Target, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig, Status
@@ -75,7 +75,15 @@ from .data import (
 from .interrupts import Preemption
 from .launcher_check import Job, job_of, launcher_world, restarted
 from .layout_check import layout_problems
-from .logdir import CHECKPOINT_DIR, LOCK_FILE, changed_keys, earlier_records, log_dir_problems, resumable_log_dir
+from .logdir import (
+    CHECKPOINT_DIR,
+    LOCK_FILE,
+    changed_keys,
+    earlier_config,
+    earlier_records,
+    log_dir_problems,
+    resumable_log_dir,
+)
 from .plan import (
     Adapters,
     Batches,
@@ -615,13 +623,9 @@ def _earlier_run_problems(folder: Path, cfg: NxdConfig) -> list[str]:
     the keys that changed (a new run there would write over its config.yaml, metrics.csv and checkpoints)."""
     if not (records := earlier_records(folder)):
         return []
-    try:
-        previous = yaml.safe_load((folder / "config.yaml").read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        previous = None
-    if isinstance(previous, dict):
-        changes = changed_keys(previous, cfg.model_dump(mode="json", by_alias=True))
-        more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
+    if (previous := earlier_config(folder)) is not None:
+        changes = list(itertools.islice(changed_keys(previous, cfg.model_dump(mode="json", by_alias=True)), 6))
+        more = "; and more" if len(changes) > 5 else ""
         what = f"keys changed since: {'; '.join(changes[:5])}{more}" if changes else "the same config"
     else:
         what = "no config.yaml to compare"
@@ -811,8 +815,9 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
     checkpoint and precision keys, the data, the model and the layout are all checked, each stage
     going on from what the others could establish, so that one run shows everything to fix.
 
-    Without `data_required` (a memory plan made where the data is not), data that cannot be read is a
-    notice, and the plan has no data (a Megatron-style model then has a placeholder vocabulary). Without `here`
+    Without `data_required` (a memory plan made where the data is not, which writes nothing: the log directory's
+    earlier records are not looked at), data that cannot be read is a notice, and the plan has no data (a
+    Megatron-style model then has a placeholder vocabulary). Without `here`
     (a job written for a cluster), the launch is not this process's."""
     world, problems = launcher_world(cfg, os.environ, here=here)
     job = job_of(world, os.environ)
@@ -829,7 +834,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
                         "empty or new folder (exp_manager.require_empty_log_dir: True; a QEfficient file's "
                         "training.overwrite_output_dir: false), so that nothing there is written over: name another "
                         "folder, resume the run that is there, or allow writing beside what is there")  # fmt: skip
-    elif exp.explicit_log_dir and not continues and not exp.is_set("require_empty_log_dir"):
+    elif exp.explicit_log_dir and not continues and not exp.is_set("require_empty_log_dir") and data_required:
         problems += _earlier_run_problems(Path(exp.explicit_log_dir), cfg)
     d = cfg.data
     no_validation = (d.dataset is not None and not (d.dataset.validation_split or d.dataset.split_ratio)) or (

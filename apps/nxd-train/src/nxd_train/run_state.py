@@ -120,7 +120,7 @@ class Run:
             message = (f"s3: {len(failed)} checkpoint(s) not uploaded to {where}: {', '.join(failed)}; they are only "
                        f"in {self.checkpointer.root}, unless retention removed them")  # fmt: skip
             self.monitor.info(message)
-            raise UploadsFailed(message)
+            raise UploadsFailed(f"{len(failed)} checkpoint(s) not uploaded to {where} (named above)")
 
     @property
     def token_mesh(self) -> DeviceMesh | None:

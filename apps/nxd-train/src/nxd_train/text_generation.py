@@ -108,13 +108,16 @@ def _complete(run: LoadedRun, settings: GenerateConfig, prompts: list[str],
     eod = run.tokenizer.eod_id
     sampling = Sampling(settings.temperature, settings.top_k, settings.top_p)
     cache = None if settings.recompute else run.new_cache
-    most = 2 * run.context * run.tokenizer.max_token_bytes  # bytes past which a prompt cannot fit (2: normalisation)
+    most = 2 * run.context * run.tokenizer.max_token_bytes  # bytes that hold more than the context's tokens, as a rule
     for start in range(0, len(prompts), settings.batch_size):
         batch = prompts[start:start + settings.batch_size]
-        huge = {index for index, prompt in enumerate(batch) if len(prompt.encode()) > most}  # never tokenised
-        encoded = iter(run.tokenizer.encode([prompt for index, prompt in enumerate(batch) if index not in huge]))
-        ids = [[] if index in huge else next(encoded) or [eod] for index in range(len(batch))]  # empty: end token
-        fits = [index for index, tokens in enumerate(ids) if index not in huge and len(tokens) < run.context]
+        heads = {index: prompt.encode()[:most].decode(errors="ignore") for index, prompt in enumerate(batch)
+                 if len(prompt.encode()) > most}  # a long prompt: its first `most` bytes decide, the rest is not read
+        over = {index: len(tokens) for index, tokens in zip(heads, run.tokenizer.encode(list(heads.values())),
+                                                            strict=True) if len(tokens) >= run.context}  # fmt: skip
+        encoded = iter(run.tokenizer.encode([prompt for index, prompt in enumerate(batch) if index not in over]))
+        ids = [[] if index in over else next(encoded) or [eod] for index in range(len(batch))]  # empty: end token
+        fits = [index for index, tokens in enumerate(ids) if index not in over and len(tokens) < run.context]
         started = time.perf_counter()
         completions = generate(run.logits, cache, [ids[i] for i in fits], maximum_tokens=settings.maximum_tokens,
                                context=run.context, end_id=eod, vocab_size=run.vocab_size, sampling=sampling,
@@ -126,9 +129,8 @@ def _complete(run: LoadedRun, settings: GenerateConfig, prompts: list[str],
             if index in done:
                 yield _record(run, prompt, done[index], seconds)
             else:
-                size = (f"{len(prompt.encode()):,} bytes (more than {run.context} tokens: no token stands for more "
-                        f"than {run.tokenizer.max_token_bytes} bytes)" if index in huge
-                        else f"{len(ids[index])} tokens")  # fmt: skip
+                size = (f"{len(prompt.encode()):,} bytes (its first {most:,} alone are {over[index]:,} tokens)"
+                        if index in over else f"{len(ids[index])} tokens")  # fmt: skip
                 yield {"context": prompt, "text": None, "length": 0, "finished": False,
                        "message": f"WARNING: the prompt's {size} leave no room in the model's context of {run.context} "
                                   f"positions; expected at most {run.context - 1} tokens",

@@ -187,7 +187,12 @@ def tune_command(files: list[Path], overrides: list[str], dialect: str | None, d
         print(f"{names}: tune: no candidate ran; see each line above for why", file=sys.stderr)
         return 1
     keys = best.candidate.keys()  # an NxDT file keeps its interpolations: the original, overridden, plus these keys
-    text = nxdt_yaml_with(files[0], overrides, keys) if len(files) == 1 and dialect in (None, "nxdt") else None
+    try:  # the file as it is now: it was read (and timed) as it was when tune began
+        text = nxdt_yaml_with(files[0], overrides, keys) if len(files) == 1 and dialect in (None, "nxdt") else None
+    except ConfigError as error:
+        print(f"nxd-train tune: {error}; expected the file tune began with (was it changed meanwhile?)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     try:
         with open(output, "x") as handle:
             handle.write(text if text is not None else to_nxdt_yaml(best.candidate.applied(config)))

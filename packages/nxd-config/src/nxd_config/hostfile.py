@@ -25,15 +25,15 @@ class Host:
 
 
 HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f]*:[0-9A-Fa-f:.]*(%[A-Za-z0-9_.-]+)?")
-"""A host name (letters, digits, '.', '-', '_', not starting with '-' or '.'), an IPv4 or an IPv6 address: what ssh
-and torchrun take as a host and never as an option."""
+"""A host name (letters, digits, '.', '-', '_', not starting with '-' or '.'), an IPv4 address, or hex digits, ':' and
+'.' with a ':' (an IPv6 address): what ssh and torchrun take as a host, never as an option."""
 
 
 def check_host_name(value: str | None) -> str | None:
     """`value` if it is a host name or address; a ValueError saying what was expected otherwise."""
     if value is not None and HOST_NAME.fullmatch(value) is None:
-        raise ValueError(f"expected a host name or address (letters, digits, '.', '-', '_', starting with a letter or "
-                         f"digit), found {value!r}")  # fmt: skip
+        raise ValueError(f"expected a host name or address (letters, digits, '.', '-', '_', starting with a letter, "
+                         f"digit or '_'), found {value!r}")  # fmt: skip
     return value
 
 

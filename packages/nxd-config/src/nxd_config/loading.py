@@ -36,8 +36,6 @@ def _multiply(a: Any, b: Any) -> Any:
     return a * b
 
 
-OmegaConf.register_resolver("multiply", _multiply, replace=True)
-
 ALLOW_ENV = "NXD_ALLOW_ENV"
 """The environment variable naming (comma-separated) the variables a config's ${oc.env:NAME} may read."""
 
@@ -47,12 +45,19 @@ def _environment(name: str, *default: Any) -> str | None:
     not copy a secret from the environment into config.yaml, a log, the W&B run or a URL the run contacts."""
     allowed = {item.strip() for item in os.environ.get(ALLOW_ENV, "").split(",")}
     if name not in allowed:
-        raise ValueError(f"a config reads the environment variable {name} only where you allow it: set "
-                         f"{ALLOW_ENV}={name} (names, comma-separated) to let ${{oc.env:{name}}} read it")  # fmt: skip
+        raise ValueError(f"a config reads the environment variable {name} only where you allow it: add {name} to "
+                         f"{ALLOW_ENV} (names, comma-separated) to let ${{oc.env:{name}}} read it")  # fmt: skip
     return oc.env(name, *default)
 
 
-OmegaConf.register_resolver("oc.env", _environment, replace=True)
+def _register_resolvers() -> None:
+    """nxd's resolvers, again before each resolution: OmegaConf's registry is the process's, and a clear_resolvers()
+    elsewhere would bring back an oc.env that reads any variable."""
+    OmegaConf.register_resolver("multiply", _multiply, replace=True)
+    OmegaConf.register_resolver("oc.env", _environment, replace=True, annotation_validation="off")
+
+
+_register_resolvers()
 
 
 Source = str | PathLike[str] | Mapping[str, Any]
@@ -241,6 +246,7 @@ def _resolve(tree: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigIssue]]:
     the file's own keys are kept, so that 'set by the user' stays meaningful downstream.
     """
     issues: list[ConfigIssue] = []
+    _register_resolvers()
     merged = OmegaConf.create(_overlay(_defaults(), tree))
 
     def walk(node: DictConfig | ListConfig, raw: Any, keys: list[str | int]) -> Any:

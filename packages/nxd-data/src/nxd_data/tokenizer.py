@@ -87,9 +87,10 @@ class TextTokenizer:
 
     @functools.cached_property
     def max_token_bytes(self) -> int:
-        """At least as many UTF-8 bytes as any token stands for (its vocabulary string's bytes, which for byte-level,
-        sentencepiece and WordPiece vocabularies are as many or more): a text of more than n x this many bytes
-        (allowing for normalisation) is more than n tokens, known without tokenising it."""
+        """The UTF-8 bytes of the longest vocabulary string: for byte-level, sentencepiece and WordPiece vocabularies
+        as many as a token stands for or more, so that n tokens rarely cover more than n x this many bytes of text
+        (an unknown token standing for a whole run of text, or a normaliser dropping text, are the exceptions: a
+        caller tokenises that much of a long text to decide, never the whole of it)."""
         return max((len(token.encode()) for token in self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
 
     @property

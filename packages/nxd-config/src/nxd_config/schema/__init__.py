@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel
 
 from ._base import OneLine, Section, Status, key, key_meta
 from .alignment import AlignmentConfig
 from .data import DataConfig
 from .distributed import DistributedStrategyConfig
-from .exp_manager import ExpManagerConfig
+from .exp_manager import ExpManagerConfig, no_credentials
 from .inference import EvalConfig, GenerateConfig, TuneConfig
 from .model import ModelConfig
 from .precision import PrecisionConfig
@@ -52,7 +52,7 @@ class NxdConfig(Section):
     compiler_flags: str | None = key(
         None, "Neuron compiler flags (NEURON_CC_FLAGS).", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
     )
-    compiler_cache_url: str | None = key(
+    compiler_cache_url: Annotated[str | None, AfterValidator(no_credentials)] = key(
         None, "Neuron compiled-artifact cache.", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
     )
     aync_exec_max_inflight_requests: int | None = key(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -117,7 +116,7 @@ class WandbLoggerKwargs(Section):
     name: str | None = key(None, "The run's name (null: the experiment name).", by=APP)
     group: str | None = key(None, "Runs grouped together (with init_all_ranks, every rank's run of this job).", by=APP)
     entity: str | None = key(None, "The W&B team or user the run belongs to.", by=APP)
-    host: Annotated[str | None, AfterValidator(_no_credentials)] = key(
+    host: Annotated[str | None, AfterValidator(no_credentials)] = key(
         None, "The W&B server (null: W&B's default, or WANDB_BASE_URL).", by=APP
     )
     init_all_ranks: bool = key(
@@ -134,17 +133,17 @@ class CometLoggerKwargs(Section):
                                         by=APP)
 
 
-_CREDENTIALS = ("a URL that holds credentials before '@' (not repeated here: a URL is written to config.yaml, the "
-                "checkpoints' records and the logs)")  # fmt: skip
+_CREDENTIALS = ("a URL holding '@', as credentials written into it do (not repeated here: a URL is written to "
+                "config.yaml, the checkpoints' records and the logs)")  # fmt: skip
 
 
 def _s3_url(value: str | None) -> str | None:
     if value is None:
         return value
-    bucket = value.removeprefix("s3://").partition("/")[0]
-    if value.startswith("s3://") and "@" in bucket:
+    if "@" in value:  # before anything repeats the value: a secret may hold '/' or ':' anywhere
         raise ValueError(f"expected s3://bucket[/prefix], found {_CREDENTIALS}; boto3 reads credentials from "
                          "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, ~/.aws/credentials or the machine's role")
+    bucket = value.removeprefix("s3://").partition("/")[0]
     if not re.fullmatch(r"s3://[^/\s]+(/\S*)?", value):
         raise ValueError(f"expected s3://bucket or s3://bucket/prefix, found {value!r}")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]", bucket) or ".." in bucket:
@@ -153,16 +152,13 @@ def _s3_url(value: str | None) -> str | None:
     return value
 
 
-def _no_credentials(value: str | None) -> str | None:
-    if value is not None:
-        try:
-            parts = urlsplit(value if "//" in value else f"//{value}")
-            held = parts.username is not None or parts.password is not None
-        except ValueError:
-            held = "@" in value
-        if held:
-            raise ValueError(f"expected a server URL such as https://api.wandb.ai, found {_CREDENTIALS}; wandb reads "
-                             "the API key from WANDB_API_KEY or `wandb login`")  # fmt: skip
+def no_credentials(value: str | None) -> str | None:
+    """A URL without credentials in it (a W&B host, a compiler cache): the user's tools read them from their own
+    places (WANDB_API_KEY or `wandb login`; AWS_* variables or ~/.aws)."""
+    if value is not None and "@" in value:
+        raise ValueError(f"expected a URL such as https://api.wandb.ai or s3://bucket/prefix, found {_CREDENTIALS}; "
+                         "wandb reads its API key from WANDB_API_KEY or `wandb login`, boto3 its credentials from "
+                         "AWS_* variables or ~/.aws")  # fmt: skip
     return value
 
 
