@@ -7,8 +7,15 @@ import argparse
 from typing import Any
 
 SMOKE_HELP = "tiny shapes, a step or two per column: checks the script runs; its figures measure nothing"
-TINY_MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=176", "model.num_attention_heads=4",
-              "model.num_kv_heads=2", "data.seq_length=64", "model.encoder_seq_length=64"]  # fmt: skip
+TINY_MODEL = [
+    "model.num_layers=2",
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=176",
+    "model.num_attention_heads=4",
+    "model.num_kv_heads=2",
+    "data.seq_length=64",
+    "model.encoder_seq_length=64",
+]
 """Overrides that shrink an nxd config's Llama-shaped model to two layers of width 64 at sequence 64."""
 
 

@@ -12,23 +12,54 @@ REPO = Path(__file__).resolve().parents[2]
 TINY, NEOX = REPO / "configs/tiny.yaml", [REPO / "configs/neox/pythia_tiny.yml", REPO / "configs/neox/local_setup.yml"]
 
 
-@pytest.mark.parametrize(("source", "overrides", "key", "where"), [
-    (TINY, ["+exp_manager.s3_checkpoints.path=s3://AKIAEXAMPLE:hunter2@bucket/runs"],
-     "exp_manager.s3_checkpoints.path", "AWS_ACCESS_KEY_ID"),
-    (TINY, ["+exp_manager.wandb_logger_kwargs.host=https://me:hunter2@wandb.example.com"],
-     "exp_manager.wandb_logger_kwargs.host", "WANDB_API_KEY"),
-    (NEOX, ["s3_path=s3://AKIAEXAMPLE:hunter2@bucket/runs"], "s3_path (nxd: exp_manager.s3_checkpoints.path)",
-     "AWS_ACCESS_KEY_ID"),
-    (NEOX, ["use_wandb=True", "wandb_host=https://me:hunter2@wandb.example.com"],
-     "wandb_host (nxd: exp_manager.wandb_logger_kwargs.host)", "WANDB_API_KEY"),
-    (TINY, ["+exp_manager.s3_checkpoints.path=s3://AKIAEXAMPLE:hun/ter2@bucket/runs"],  # a secret holding '/'
-     "exp_manager.s3_checkpoints.path", "AWS_ACCESS_KEY_ID"),
-    (TINY, ["+exp_manager.s3_checkpoints.path=S3://AKIAEXAMPLE:hunter2@bucket"], "exp_manager.s3_checkpoints.path",
-     "AWS_ACCESS_KEY_ID"),
-    (TINY, ["+exp_manager.s3_checkpoints.path=https://AKIAEXAMPLE:hunter2@bucket.s3.amazonaws.com/x"],
-     "exp_manager.s3_checkpoints.path", "AWS_ACCESS_KEY_ID"),
-    (TINY, ["+compiler_cache_url=s3://AKIAEXAMPLE:hunter2@cache/neuron"], "compiler_cache_url", "AWS_* variables"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("source", "overrides", "key", "where"),
+    [
+        (
+            TINY,
+            ["+exp_manager.s3_checkpoints.path=s3://AKIAEXAMPLE:hunter2@bucket/runs"],
+            "exp_manager.s3_checkpoints.path",
+            "AWS_ACCESS_KEY_ID",
+        ),
+        (
+            TINY,
+            ["+exp_manager.wandb_logger_kwargs.host=https://me:hunter2@wandb.example.com"],
+            "exp_manager.wandb_logger_kwargs.host",
+            "WANDB_API_KEY",
+        ),
+        (
+            NEOX,
+            ["s3_path=s3://AKIAEXAMPLE:hunter2@bucket/runs"],
+            "s3_path (nxd: exp_manager.s3_checkpoints.path)",
+            "AWS_ACCESS_KEY_ID",
+        ),
+        (
+            NEOX,
+            ["use_wandb=True", "wandb_host=https://me:hunter2@wandb.example.com"],
+            "wandb_host (nxd: exp_manager.wandb_logger_kwargs.host)",
+            "WANDB_API_KEY",
+        ),
+        (
+            TINY,
+            ["+exp_manager.s3_checkpoints.path=s3://AKIAEXAMPLE:hun/ter2@bucket/runs"],  # a secret holding '/'
+            "exp_manager.s3_checkpoints.path",
+            "AWS_ACCESS_KEY_ID",
+        ),
+        (
+            TINY,
+            ["+exp_manager.s3_checkpoints.path=S3://AKIAEXAMPLE:hunter2@bucket"],
+            "exp_manager.s3_checkpoints.path",
+            "AWS_ACCESS_KEY_ID",
+        ),
+        (
+            TINY,
+            ["+exp_manager.s3_checkpoints.path=https://AKIAEXAMPLE:hunter2@bucket.s3.amazonaws.com/x"],
+            "exp_manager.s3_checkpoints.path",
+            "AWS_ACCESS_KEY_ID",
+        ),
+        (TINY, ["+compiler_cache_url=s3://AKIAEXAMPLE:hunter2@cache/neuron"], "compiler_cache_url", "AWS_* variables"),
+    ],
+)
 def test_a_url_with_credentials_is_refused_without_repeating_them(source, overrides, key, where):
     with pytest.raises(ConfigError) as caught:
         load_config(source, overrides)

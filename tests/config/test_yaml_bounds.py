@@ -34,17 +34,20 @@ def alias_bomb(levels: int) -> str:
 def test_an_alias_bomb_is_refused_in_under_a_second_in_bounded_memory(tmp_path, dialect):
     path = tmp_path / "bomb.yaml"
     path.write_text(alias_bomb(9))
-    result = subprocess.run([sys.executable, "-c", BOUNDED_LOAD, str(path), dialect], capture_output=True, text=True,
-                            timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", BOUNDED_LOAD, str(path), dialect], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     seconds, message = result.stdout.split("\n", 1)
     assert float(seconds) < 1.0
     # written: the top mapping, a0's key, list and ten items, each other level's key and list (its aliases are
     # a0's nodes again); expanded: level k's list holds (10**(k+2) - 1) / 9 nodes (1, 11, 111, ... ones)
     written, expanded = 1 + 12 + 2 * 8, 1 + 9 + sum((10 ** (k + 2) - 1) // 9 for k in range(9))
-    assert message.strip() == (f"{path}: <root>: expected valid YAML, found aliases that expand {written} written "
-                               f"nodes to {expanded:,} (nxd reads at most 10,000 nodes added by aliases) at line 1, "
-                               "column 1")  # fmt: skip
+    assert message.strip() == (
+        f"{path}: <root>: expected valid YAML, found aliases that expand {written} written "
+        f"nodes to {expanded:,} (nxd reads at most 10,000 nodes added by aliases) at line 1, "
+        "column 1"
+    )
 
 
 def test_anchors_a_config_uses_load_and_an_alias_that_holds_itself_is_refused(tmp_path):

@@ -13,8 +13,12 @@ from tests.train.test_generate import _train
 
 def test_each_command_names_the_damaged_checkpoint(tmp_path, capsys):
     log_dir = tmp_path / "run"
-    _train(log_dir, "trainer.max_steps=2", "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
-           "+exp_manager.checkpoint_callback_params.save_top_k=-1")  # fmt: skip
+    _train(
+        log_dir,
+        "trainer.max_steps=2",
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+        "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+    )
     first, second = sorted((log_dir / "checkpoints").iterdir(), key=lambda p: "step=2" in p.name)
     shard = next(second.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated
@@ -28,14 +32,21 @@ def test_each_command_names_the_damaged_checkpoint(tmp_path, capsys):
     assert f"notice: skipping a checkpoint: {second}: damaged checkpoint: {shard} is" in capsys.readouterr().err
     shutil.rmtree(first)
     for command, expected in (
-            (["generate", config, where, "+generate.sample_output_file=null"], "no usable checkpoint to load under"),
-            ([config, where, "exp_manager.resume_if_exists=True", "trainer.max_steps=3"],
-             "exp_manager.resume_if_exists: expected a complete, undamaged checkpoint in"),
-            ([config, f"{where}2", f"+exp_manager.resume_from_checkpoint={log_dir}", "trainer.max_steps=3"],
-             f"exp_manager.resume_from_checkpoint: {log_dir} is a run directory whose checkpoints folder holds none "
-             "usable"),
-            (["ckpt", "export-hf", str(log_dir), str(tmp_path / "hf2")],
-             "expected a checkpoint or a log directory holding one, found none usable")):  # fmt: skip
+        (["generate", config, where, "+generate.sample_output_file=null"], "no usable checkpoint to load under"),
+        (
+            [config, where, "exp_manager.resume_if_exists=True", "trainer.max_steps=3"],
+            "exp_manager.resume_if_exists: expected a complete, undamaged checkpoint in",
+        ),
+        (
+            [config, f"{where}2", f"+exp_manager.resume_from_checkpoint={log_dir}", "trainer.max_steps=3"],
+            f"exp_manager.resume_from_checkpoint: {log_dir} is a run directory whose checkpoints folder holds none "
+            "usable",
+        ),
+        (
+            ["ckpt", "export-hf", str(log_dir), str(tmp_path / "hf2")],
+            "expected a checkpoint or a log directory holding one, found none usable",
+        ),
+    ):
         assert main(command) == 1, command
         err = capsys.readouterr().err
         assert expected in err and f"{second}: damaged checkpoint: {shard} is" in err, err

@@ -22,13 +22,56 @@ from nxd_train.cli import main
 from nxd_train.cluster_launch import LaunchError, host_commands, sbatch_script
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
-SBATCH_KEYS = {"name": "job-name", "trainer.cluster.job_name": "job-name", "trainer.cluster.partition": "partition",
-               "trainer.cluster.account": "account", "trainer.cluster.comment": "comment",
-               "trainer.cluster.time": "time"}  # fmt: skip
+SBATCH_KEYS = {
+    "name": "job-name",
+    "trainer.cluster.job_name": "job-name",
+    "trainer.cluster.partition": "partition",
+    "trainer.cluster.account": "account",
+    "trainer.cluster.comment": "comment",
+    "trainer.cluster.time": "time",
+}
 """Each config value an sbatch script holds, and the directive it becomes."""
-PIECES = ["\n", "\r", "\x00", "\x1b", "\t", "\u2028", "\x85", "'", '"', "\\", "#", ";", "&&", "|", " ", "-", "--",
-          "-oProxyCommand=touch MARK", "$(touch MARK)", "`touch MARK`", "${HOME}", "$HOME", "!", "*", "~", "%", "é",
-          "名", "touch MARK", "\ntouch MARK #", "a", "node1", "0", ".", "/", ":", "=", "hetjob", "PackJob"]  # fmt: skip
+PIECES = [
+    "\n",
+    "\r",
+    "\x00",
+    "\x1b",
+    "\t",
+    "\u2028",
+    "\x85",
+    "'",
+    '"',
+    "\\",
+    "#",
+    ";",
+    "&&",
+    "|",
+    " ",
+    "-",
+    "--",
+    "-oProxyCommand=touch MARK",
+    "$(touch MARK)",
+    "`touch MARK`",
+    "${HOME}",
+    "$HOME",
+    "!",
+    "*",
+    "~",
+    "%",
+    "é",
+    "名",
+    "touch MARK",
+    "\ntouch MARK #",
+    "a",
+    "node1",
+    "0",
+    ".",
+    "/",
+    ":",
+    "=",
+    "hetjob",
+    "PackJob",
+]
 """What a hostile value is drawn from: control characters and line breaks, quotes, shell syntax, option dashes."""
 
 RECORDER = """#!/bin/bash
@@ -74,7 +117,7 @@ def slurm_arguments(line: str) -> list[str]:
 def recorders(tmp_path):
     """A PATH holding only srun, ssh and sbatch, each recording its arguments, and the folder of records."""
     bin_dir, records = tmp_path / "bin", tmp_path / "records"
-    bin_dir.mkdir(), records.mkdir()  # fmt: skip
+    bin_dir.mkdir(), records.mkdir()
     for name in ("srun", "ssh", "sbatch"):
         (bin_dir / name).write_text(RECORDER)
         (bin_dir / name).chmod(0o755)
@@ -90,14 +133,19 @@ def run_script(script: str, where: Path, recorders: tuple[Path, Path]) -> list[l
     path = where.parent / "job.sh"
     path.write_text(script)
     assert subprocess.run(["/bin/bash", "-n", str(path)], capture_output=True).returncode == 0, script
-    result = subprocess.run(["/bin/bash", str(path)], cwd=where, capture_output=True, text=True, timeout=60,
-                            env={"PATH": str(bin_dir), "RECORDS": str(records)})  # fmt: skip
+    result = subprocess.run(
+        ["/bin/bash", str(path)],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": str(bin_dir), "RECORDS": str(records)},
+    )
     assert (result.returncode, result.stderr) == (0, ""), script
     return [record.read_bytes().decode().split("\0")[:-1] for record in sorted(records.iterdir())]
 
 
-def test_a_line_break_in_a_value_the_script_holds_is_refused_before_anything_is_written(tmp_path, monkeypatch,
-                                                                                        capsys):  # fmt: skip
+def test_a_line_break_in_a_value_the_script_holds_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for key in SBATCH_KEYS:
         plus = "" if key == "name" else "+"
@@ -133,14 +181,21 @@ def test_the_hosts_script_exits_1_naming_each_host_whose_command_failed(tmp_path
     bin_dir.mkdir()
     (bin_dir / "ssh").write_text('#!/bin/bash\ncase "$4" in node1) exit 0;; node0) exit 255;; *) exit 3;; esac\n')
     (bin_dir / "ssh").chmod(0o755)
-    overrides = ["trainer.num_nodes=3", "data.global_batch_size=24", f"+trainer.cluster.hostfile={hostfile}",
-                 "+trainer.cluster.scheduler=hosts"]  # fmt: skip
+    overrides = [
+        "trainer.num_nodes=3",
+        "data.global_batch_size=24",
+        f"+trainer.cluster.hostfile={hostfile}",
+        "+trainer.cluster.scheduler=hosts",
+    ]
     (tmp_path / "hosts.sh").write_text(host_commands(load_config(TINY, overrides), [TINY], overrides))
-    result = subprocess.run(["/bin/bash", str(tmp_path / "hosts.sh")], capture_output=True, text=True,
-                            env={"PATH": str(bin_dir)})  # fmt: skip
+    result = subprocess.run(
+        ["/bin/bash", str(tmp_path / "hosts.sh")], capture_output=True, text=True, env={"PATH": str(bin_dir)}
+    )
     assert result.returncode == 1
-    assert result.stderr.splitlines() == ["nxd-train launch: node rank 0 (node0) exited with 255",
-                                          "nxd-train launch: node rank 2 (node2) exited with 3"]  # fmt: skip
+    assert result.stderr.splitlines() == [
+        "nxd-train launch: node rank 0 (node0) exited with 255",
+        "nxd-train launch: node rank 2 (node2) exited with 3",
+    ]
     (bin_dir / "ssh").write_text("#!/bin/bash\nexit 0\n")
     assert subprocess.run(["/bin/bash", str(tmp_path / "hosts.sh")], env={"PATH": str(bin_dir)}).returncode == 0
 
@@ -201,7 +256,7 @@ def _fuzz(tmp_path: Path, recorders: tuple[Path, Path], draws: int, seed: int) -
             remote = shlex.split(ssh[4])
             assert remote[:4] == ["cd", str(where), "&&", "CUDA_VISIBLE_DEVICES=0"], script
             assert remote[remote.index("--master-addr") + 1] == host
-            assert remote[remote.index("-m", 6) + 1:] == ["nxd_train", str(config.absolute()), *overrides]
+            assert remote[remote.index("-m", 6) + 1 :] == ["nxd_train", str(config.absolute()), *overrides]
         assert not list(tmp_path.rglob("MARK")), script
     return outcome
 

@@ -148,9 +148,7 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
             if info is None:
                 raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a run directory whose "
                                       f"{CHECKPOINT_DIR} folder holds {held}")  # fmt: skip
-            for reason in passed_over:
-                warnings.warn(f"skipping a checkpoint: {reason}; using {info.path.name}", CheckpointWarning,
-                              stacklevel=2)  # fmt: skip
+            _say_passed_over(passed_over, info)
         elif not is_checkpoint_dir(path):
             if optional:
                 return _new_run(path, "holds no checkpoint (no nxd completion marker, GPT-NeoX latest or checkpoints "
@@ -167,9 +165,8 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
         return None
     else:
         info, passed_over = newest_usable(log_dir / CHECKPOINT_DIR) if log_dir is not None else (None, [])
-        fallback = f"using {info.path.name}" if info is not None else "no complete checkpoint remains"
-        for reason in passed_over if info is not None or exp.resume_ignore_no_checkpoint else ():
-            warnings.warn(f"skipping a checkpoint: {reason}; {fallback}", CheckpointWarning, stacklevel=2)
+        if info is not None or exp.resume_ignore_no_checkpoint:  # else the refusal below names them
+            _say_passed_over(passed_over, info)
         if info is None and log_dir is not None and (neox := _neox(log_dir, weights_only)) is not None:
             return neox
         if info is None:
@@ -183,6 +180,13 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
                                   "command line +exp_manager.resume_ignore_no_checkpoint=True where the file lacks "
                                   "the key) to start a new run instead")  # fmt: skip
     return Resume.of_checkpoint(info, weights_only)
+
+
+def _say_passed_over(passed_over: list[str], info: CheckpointInfo | None) -> None:
+    """The newer checkpoints passed over, as latest_checkpoint says them."""
+    fallback = f"using {info.path.name}" if info is not None else "no complete checkpoint remains"
+    for reason in passed_over:
+        warnings.warn(f"skipping a checkpoint: {reason}; {fallback}", CheckpointWarning, stacklevel=3)
 
 
 def _new_run(path: Path, why: str) -> None:

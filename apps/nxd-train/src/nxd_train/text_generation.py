@@ -111,8 +111,9 @@ def _complete(run: LoadedRun, settings: GenerateConfig, prompts: list[str],
     most = 2 * run.context * run.tokenizer.max_token_bytes  # bytes that hold more than the context's tokens, as a rule
     for start in range(0, len(prompts), settings.batch_size):
         batch = prompts[start:start + settings.batch_size]
+        sizes = [len(prompt.encode()) for prompt in batch]
         heads = {index: prompt.encode()[:most].decode(errors="ignore") for index, prompt in enumerate(batch)
-                 if len(prompt.encode()) > most}  # a long prompt: its first `most` bytes decide, the rest is not read
+                 if sizes[index] > most}  # a long prompt: its first `most` bytes decide, the rest is not read
         over = {index: len(tokens) for index, tokens in zip(heads, run.tokenizer.encode(list(heads.values())),
                                                             strict=True) if len(tokens) >= run.context}  # fmt: skip
         encoded = iter(run.tokenizer.encode([prompt for index, prompt in enumerate(batch) if index not in over]))
@@ -129,7 +130,7 @@ def _complete(run: LoadedRun, settings: GenerateConfig, prompts: list[str],
             if index in done:
                 yield _record(run, prompt, done[index], seconds)
             else:
-                size = (f"{len(prompt.encode()):,} bytes (its first {most:,} alone are {over[index]:,} tokens)"
+                size = (f"{sizes[index]:,} bytes (its first {most:,} alone are {over[index]:,} tokens)"
                         if index in over else f"{len(ids[index])} tokens")  # fmt: skip
                 yield {"context": prompt, "text": None, "length": 0, "finished": False,
                        "message": f"WARNING: the prompt's {size} leave no room in the model's context of {run.context} "
