@@ -63,8 +63,9 @@ def main() -> None:
     plan = plan_run(cfg, default_cache_dir())
     torch.manual_seed(0)
     model = plan.family.build()
-    optimizer = PrecisionOptimizer(model.parameters(), resolve_policy("fp32"),
-                                   lambda tensors: torch.optim.AdamW(tensors, lr=1e-4))  # fmt: skip
+    optimizer = PrecisionOptimizer(
+        model.parameters(), resolve_policy("fp32"), lambda tensors: torch.optim.AdamW(tensors, lr=1e-4)
+    )
     scheduler = LambdaLR(optimizer.optimizer, lambda step: 1.0)
     training = TrainingState(model, optimizer, scheduler, use_master_weights=False)
     batch = cfg.data.micro_batch_size
@@ -111,16 +112,23 @@ def main() -> None:
 
     mb = size / 2**20
     parameters = sum(p.numel() for p in model.parameters())
-    print(f"{args.config.name}: {parameters / 1e6:.1f}M parameters, checkpoint {mb:,.1f} MiB "
-          f"(model + AdamW state + scheduler + RNG), torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"{args.config.name}: {parameters / 1e6:.1f}M parameters, checkpoint {mb:,.1f} MiB "
+        f"(model + AdamW state + scheduler + RNG), torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     print(f"{'':28}{'MB/s':>10}{'vs disk':>10}")
     print(f"{'disk write (fsync)':28}{disk:>10,.0f}{1:>10.2f}x")
     print(f"{'nxd-ckpt save (sync)':28}{mb / save_seconds:>10,.0f}{mb / save_seconds / disk:>10.2f}x")
     print(f"{'nxd-ckpt load':28}{mb / load_seconds:>10,.0f}{mb / load_seconds / disk:>10.2f}x")
-    print(f"training step {step_time:.3f} s; async save blocks the loop {stall:.3f} s = {stall / step_time:.1%} "
-          f"of a step; {len(during)} step(s) ran during the background write"
-          + (f", median {statistics.median(during):.3f} s ({statistics.median(during) / step_time:.2f}x)"
-             if during else ""))  # fmt: skip
+    print(
+        f"training step {step_time:.3f} s; async save blocks the loop {stall:.3f} s = {stall / step_time:.1%} "
+        f"of a step; {len(during)} step(s) ran during the background write"
+        + (
+            f", median {statistics.median(during):.3f} s ({statistics.median(during) / step_time:.2f}x)"
+            if during
+            else ""
+        )
+    )
 
 
 if __name__ == "__main__":  # the guard async checkpointing needs

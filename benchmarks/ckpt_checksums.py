@@ -40,8 +40,11 @@ def main() -> None:
     for repeat in range(args.repeats):
         for name in list(timings)[:: 1 if repeat % 2 else -1]:  # each goes first in turn
             folder = root / f"{name.split()[0]}-{repeat}"
-            writer = FileSystemWriter(folder, sync_files=True) if name.startswith("dcp") else \
-                ChecksummingWriter(folder, 0, sync_files=True)
+            writer = (
+                FileSystemWriter(folder, sync_files=True)
+                if name.startswith("dcp")
+                else ChecksummingWriter(folder, 0, sync_files=True)
+            )
             started = time.perf_counter()
             dcp.save(state, storage_writer=writer, no_dist=True)
             timings[name].append(time.perf_counter() - started)
@@ -52,8 +55,9 @@ def main() -> None:
     for name, seconds in zip(timings, (plain, hashed), strict=True):
         print(f"{name:<26}{seconds:>10.2f}{size / seconds / 1e6:>10.0f}")
     print(f"checksum cost on save: {hashed / plain:.3f}x the plain save's time")
-    path = Checkpointer(root / "ckpts", SavePolicy(filename="bench")).save(state, step=1, consumed_samples=0,
-                                                                           metrics={})  # fmt: skip
+    path = Checkpointer(root / "ckpts", SavePolicy(filename="bench")).save(
+        state, step=1, consumed_samples=0, metrics={}
+    )
     info = read_info(path)
     started = time.perf_counter()
     info.verified(contents=True)
@@ -64,8 +68,10 @@ def main() -> None:
             while handle.read(1 << 22):
                 pass
     read = time.perf_counter() - started
-    print(f"verify (page cache): {info.size / verify / 2**30:.2f} GiB/s; plain read of the same files: "
-          f"{info.size / read / 2**30:.2f} GiB/s ({verify / read:.2f}x its time)")
+    print(
+        f"verify (page cache): {info.size / verify / 2**30:.2f} GiB/s; plain read of the same files: "
+        f"{info.size / read / 2**30:.2f} GiB/s ({verify / read:.2f}x its time)"
+    )
     shutil.rmtree(root)
 
 

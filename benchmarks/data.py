@@ -46,10 +46,15 @@ def training_samples_per_second(config: Path, overrides: list[str], log_dir: Pat
 def loader_samples_per_second(config: Path, overrides: list[str], batches: int, workers: int) -> float:
     cfg = load_config(config, overrides)
     data = plan_run(cfg, default_cache_dir()).data
-    sampler = PretrainingSampler(len(data.train), cfg.global_batch_size, cfg.data.micro_batch_size,
-                                 steps=batches * cfg.data.micro_batch_size // cfg.global_batch_size + 1)  # fmt: skip
-    loader = DataLoader(WithPadding(data.train, data.padding), batch_sampler=sampler, collate_fn=collate,
-                        num_workers=workers)  # fmt: skip
+    sampler = PretrainingSampler(
+        len(data.train),
+        cfg.global_batch_size,
+        cfg.data.micro_batch_size,
+        steps=batches * cfg.data.micro_batch_size // cfg.global_batch_size + 1,
+    )
+    loader = DataLoader(
+        WithPadding(data.train, data.padding), batch_sampler=sampler, collate_fn=collate, num_workers=workers
+    )
     iterator = iter(loader)
     next(iterator)  # worker start-up is paid once per run, not per batch
     started, samples = time.perf_counter(), 0
@@ -78,31 +83,45 @@ def main() -> int:
         print(f"corpus: {len(documents) * args.copies} documents, {size / 1e6:.1f} MB of jsonl")
         rates = {}
         for workers in (1, 2):
-            summary = preprocess_jsonl([source], Path(scratch) / f"w{workers}", tokenizer, append_eod=True,
-                                       workers=workers, progress=False)  # fmt: skip
+            summary = preprocess_jsonl(
+                [source], Path(scratch) / f"w{workers}", tokenizer, append_eod=True, workers=workers, progress=False
+            )
             rates[workers] = summary.tokens_per_second
-            print(f"preprocess, {workers} worker(s): {summary.tokens:,} tokens in {summary.seconds:.2f} s = "
-                  f"{summary.tokens_per_second:,.0f} tokens/s ({size / 1e6 / summary.seconds:.2f} MB/s)")
+            print(
+                f"preprocess, {workers} worker(s): {summary.tokens:,} tokens in {summary.seconds:.2f} s = "
+                f"{summary.tokens_per_second:,.0f} tokens/s ({size / 1e6 / summary.seconds:.2f} MB/s)"
+            )
         print(f"preprocess speed-up 2 workers / 1 worker: {rates[2] / rates[1]:.2f}x")
         prefix = str(Path(scratch) / "w2_text_document")
         data = [f"+data.data_prefix={prefix}", f"+data.tokenizer.type={tokenizer}"]
         rows = []
         for name in args.configs.split(","):
             config = CONFIGS[name]
-            overrides = [*data, f"trainer.max_steps={args.steps}", "trainer.log_every_n_steps=1",
-                         "trainer.limit_val_batches=0", "trainer.limit_test_batches=0"]  # fmt: skip
+            overrides = [
+                *data,
+                f"trainer.max_steps={args.steps}",
+                "trainer.log_every_n_steps=1",
+                "trainer.limit_val_batches=0",
+                "trainer.limit_test_batches=0",
+            ]
             if name == "tiny":
-                overrides += [f"model.optim.sched.max_steps={args.steps}",
-                              "exp_manager.create_tensorboard_logger=False"]  # fmt: skip
+                overrides += [
+                    f"model.optim.sched.max_steps={args.steps}",
+                    "exp_manager.create_tensorboard_logger=False",
+                ]
             training = training_samples_per_second(config, overrides, Path(scratch) / f"run-{name}")
             loaders = [loader_samples_per_second(config, overrides, args.batches, workers) for workers in (0, 2)]
             rows.append((name, training, *loaders))
     print()
-    print(f"{'config':<10} {'train samples/s':>15} {'loader, 0 workers':>18} {'loader, 2 workers':>18} "
-          f"{'headroom (0 / 2 workers)':>25}")  # fmt: skip
+    print(
+        f"{'config':<10} {'train samples/s':>15} {'loader, 0 workers':>18} {'loader, 2 workers':>18} "
+        f"{'headroom (0 / 2 workers)':>25}"
+    )
     for name, training, inline, workers in rows:
-        print(f"{name:<10} {training:>15,.1f} {inline:>18,.0f} {workers:>18,.0f} "
-              f"{inline / training:>15,.0f}x / {workers / training:,.0f}x")  # fmt: skip
+        print(
+            f"{name:<10} {training:>15,.1f} {inline:>18,.0f} {workers:>18,.0f} "
+            f"{inline / training:>15,.0f}x / {workers / training:,.0f}x"
+        )
     return 0
 
 

@@ -26,14 +26,36 @@ from nxd_parallel import Layout, ParallelDims, build_parallel_model
 from nxd_precision import Float8Spec, prepare_parameters, resolve_policy
 from smoke import parse_args
 
-SHAPE = GPTConfig(vocab_size=8192, num_layers=4, hidden_size=512, num_attention_heads=8, seq_length=256,
-                  ffn_hidden_size=1408, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
-                  has_bias=False, share_embeddings_and_output_weights=False, hidden_dropout=0.0,
-                  attention_dropout=0.0)  # fmt: skip
-SMOKE_SHAPE = GPTConfig(vocab_size=512, num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
-                        ffn_hidden_size=176, normalization="rmsnorm", activation="swiglu",
-                        position_embedding_type="rope", has_bias=False, share_embeddings_and_output_weights=False,
-                        hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+SHAPE = GPTConfig(
+    vocab_size=8192,
+    num_layers=4,
+    hidden_size=512,
+    num_attention_heads=8,
+    seq_length=256,
+    ffn_hidden_size=1408,
+    normalization="rmsnorm",
+    activation="swiglu",
+    position_embedding_type="rope",
+    has_bias=False,
+    share_embeddings_and_output_weights=False,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
+SMOKE_SHAPE = GPTConfig(
+    vocab_size=512,
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    seq_length=32,
+    ffn_hidden_size=176,
+    normalization="rmsnorm",
+    activation="swiglu",
+    position_embedding_type="rope",
+    has_bias=False,
+    share_embeddings_and_output_weights=False,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
 """Widths stay multiples of 16, so that the layers still swap to float8."""
 MICRO_BATCH = 2
 
@@ -53,8 +75,14 @@ def _train(float8_gather: bool, steps: int, shape: GPTConfig) -> tuple[list[floa
     family = model_family(shape)
     policy = resolve_policy("fp32", float8=Float8Spec(emulate=True, all_gather=float8_gather))
     mesh = ParallelDims(dist.get_world_size()).build_mesh("cpu")
-    model = build_parallel_model(family, Layout(zero1=True, zero3=True), mesh, torch.device("cpu"), seed=0,
-                                 prepare=partial(prepare_parameters, policy=policy))  # fmt: skip
+    model = build_parallel_model(
+        family,
+        Layout(zero1=True, zero3=True),
+        mesh,
+        torch.device("cpu"),
+        seed=0,
+        prepare=partial(prepare_parameters, policy=policy),
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(dist.get_rank())
     losses, times, per_step = [], [], []
@@ -80,8 +108,9 @@ def _train(float8_gather: bool, steps: int, shape: GPTConfig) -> tuple[list[floa
 
 def _worker(rank: int, world: int, directory: str, steps: int, shape: GPTConfig) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), world), rank=rank,
-                            world_size=world)  # fmt: skip
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(os.path.join(directory, "store"), world), rank=rank, world_size=world
+    )
     results = {setting: _train(setting, steps, shape) for setting in (False, True)}
     if rank == 0:
         torch.save(results, os.path.join(directory, "results.pt"))
@@ -102,8 +131,10 @@ def main() -> None:
         losses, times, per_step = results[setting]
         rows[setting] = (statistics.median(per_step) / 2**20, statistics.median(times))
         print(f"{name:<28}{rows[setting][0]:>28.2f}{rows[setting][1]:>18.2f}")
-    print(f"ratio float8 / parameters' dtype: bytes {rows[True][0] / rows[False][0]:.3f}, "
-          f"time {rows[True][1] / rows[False][1]:.2f}")
+    print(
+        f"ratio float8 / parameters' dtype: bytes {rows[True][0] / rows[False][0]:.3f}, "
+        f"time {rows[True][1] / rows[False][1]:.2f}"
+    )
     difference = max(abs(a - b) for a, b in zip(results[False][0], results[True][0], strict=True))
     print(f"largest loss difference: {difference:.1e}")
 

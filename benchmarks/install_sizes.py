@@ -20,8 +20,16 @@ from pathlib import Path
 
 from smoke import parse_args
 
-PACKAGES = ["nxd-config", "nxd-parallel", "nxd-precision", "nxd-ckpt", "nxd-data", "nxd-models", "nxd-align",
-            "nxd-train"]  # fmt: skip
+PACKAGES = [
+    "nxd-config",
+    "nxd-parallel",
+    "nxd-precision",
+    "nxd-ckpt",
+    "nxd-data",
+    "nxd-models",
+    "nxd-align",
+    "nxd-train",
+]
 
 
 def _run(command: list[str], cwd: Path) -> str:
@@ -53,13 +61,31 @@ def installed(tree: Path, package: str, wheels: Path, work: Path, extras: list[s
     python = venv / "bin" / "python"
     lock = work / f"pylock.{venv.name}.toml"
     chosen = [item for extra in extras for item in ("--extra", extra)]
-    _run(["uv", "export", "--frozen", "--quiet", "--package", package, "--no-emit-workspace", "--no-dev", *chosen,
-          "--format", "pylock.toml", "--output-file", str(lock)], tree)  # fmt: skip
+    _run(
+        [
+            "uv",
+            "export",
+            "--frozen",
+            "--quiet",
+            "--package",
+            package,
+            "--no-emit-workspace",
+            "--no-dev",
+            *chosen,
+            "--format",
+            "pylock.toml",
+            "--output-file",
+            str(lock),
+        ],
+        tree,
+    )
     _run(["uv", "venv", "--quiet", "--python", sys.executable, str(venv)], work)
     _run(["uv", "pip", "install", "--quiet", "--offline", "--python", str(python), "-r", str(lock)], work)
     target = f"{package}[{','.join(extras)}]" if extras else package
-    _run(["uv", "pip", "install", "--quiet", "--offline", "--python", str(python), "--find-links", str(wheels),
-          target], work)  # fmt: skip
+    _run(
+        ["uv", "pip", "install", "--quiet", "--offline", "--python", str(python), "--find-links", str(wheels), target],
+        work,
+    )
     count = len(_run(["uv", "pip", "list", "--python", str(python), "--format", "freeze"], work).splitlines())
     site = next((venv / "lib").glob("python*/site-packages"))
     return _size(site), count

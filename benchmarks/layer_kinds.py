@@ -41,11 +41,21 @@ def density(kind: str, seq: int) -> float:
 
 
 def tokens_per_second(kind: str, args: argparse.Namespace, device: torch.device) -> float:
-    config = GPTConfig(vocab_size=8192, num_layers=2, hidden_size=args.hidden, num_attention_heads=args.heads,
-                       seq_length=args.seq, hidden_dropout=0.0, attention_dropout=0.0, position_embedding_type="rope",
-                       normalization="rmsnorm", activation="gelu" if kind in GATING_KINDS else "swiglu",
-                       has_bias=False,
-                       attention_layers=None if kind == "dense" else (kind, kind), sparsity=SPARSITY)  # fmt: skip
+    config = GPTConfig(
+        vocab_size=8192,
+        num_layers=2,
+        hidden_size=args.hidden,
+        num_attention_heads=args.heads,
+        seq_length=args.seq,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        position_embedding_type="rope",
+        normalization="rmsnorm",
+        activation="gelu" if kind in GATING_KINDS else "swiglu",
+        has_bias=False,
+        attention_layers=None if kind == "dense" else (kind, kind),
+        sparsity=SPARSITY,
+    )
     model = build_causal_lm(config, seed=0).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 8192, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)).to(device)
@@ -72,23 +82,37 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     args = parse_args(parser, seq=128, hidden=64, heads=2, batch=1, steps=1)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, seq {args.seq}, hidden "
-          f"{args.hidden}, {args.heads} heads, batch {args.batch}, block {SPARSITY.block}")  # fmt: skip
+    print(
+        f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, seq {args.seq}, hidden "
+        f"{args.hidden}, {args.heads} heads, batch {args.batch}, block {SPARSITY.block}"
+    )
     dense = tokens_per_second("dense", args, device)
     print("| kind | causal pairs kept | parameters per layer | tokens/s | / dense |\n|---|---:|---:|---:|---:|")
     print(f"| dense | 100.0% | {layer_parameters('dense', args):,} | {dense:,.0f} | 1.00x |")
     for kind in (*SPARSE_KINDS, *WHOLE_KINDS):
         found = tokens_per_second(kind, args, device)
-        print(f"| {kind} | {density(kind, args.seq):.1%} | {layer_parameters(kind, args):,} | {found:,.0f} | "
-              f"{found / dense:.2f}x |", flush=True)
+        print(
+            f"| {kind} | {density(kind, args.seq):.1%} | {layer_parameters(kind, args):,} | {found:,.0f} | "
+            f"{found / dense:.2f}x |",
+            flush=True,
+        )
 
 
 def layer_parameters(kind: str, args: argparse.Namespace) -> int:
     """The weights of one layer of `kind` at the benchmark's shape."""
-    config = GPTConfig(vocab_size=8192, num_layers=1, hidden_size=args.hidden, num_attention_heads=args.heads,
-                       seq_length=args.seq, position_embedding_type="rope", normalization="rmsnorm",
-                       activation="gelu" if kind in GATING_KINDS else "swiglu", has_bias=False,
-                       attention_layers=None if kind == "dense" else (kind,), sparsity=SPARSITY)  # fmt: skip
+    config = GPTConfig(
+        vocab_size=8192,
+        num_layers=1,
+        hidden_size=args.hidden,
+        num_attention_heads=args.heads,
+        seq_length=args.seq,
+        position_embedding_type="rope",
+        normalization="rmsnorm",
+        activation="gelu" if kind in GATING_KINDS else "swiglu",
+        has_bias=False,
+        attention_layers=None if kind == "dense" else (kind,),
+        sparsity=SPARSITY,
+    )
     model = build_causal_lm(config, seed=0)
     return sum(parameter.numel() for parameter in model.model.layers[0].parameters())
 

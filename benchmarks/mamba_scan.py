@@ -24,22 +24,44 @@ VOCAB = 8192
 
 
 def nxd_model(args: argparse.Namespace) -> torch.nn.Module:
-    config = GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=args.hidden, num_attention_heads=4,
-                       seq_length=args.seq, hidden_dropout=0.0, attention_dropout=0.0, position_embedding_type="none",
-                       normalization="rmsnorm", attention_layers=("mamba", "mamba"))  # fmt: skip
+    config = GPTConfig(
+        vocab_size=VOCAB,
+        num_layers=2,
+        hidden_size=args.hidden,
+        num_attention_heads=4,
+        seq_length=args.seq,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        position_embedding_type="none",
+        normalization="rmsnorm",
+        attention_layers=("mamba", "mamba"),
+    )
     return build_causal_lm(config, seed=0)
 
 
 def reference_model(ours: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
     """transformers' Mamba holding nxd's weights."""
-    config = MambaConfig(vocab_size=VOCAB, hidden_size=args.hidden, state_size=16, num_hidden_layers=2, expand=2,
-                         conv_kernel=4, use_bias=False, use_conv_bias=True, hidden_act="silu",
-                         time_step_rank=-(-args.hidden // 16), layer_norm_epsilon=1e-5, tie_word_embeddings=True,
-                         use_mambapy=False)  # fmt: skip
+    config = MambaConfig(
+        vocab_size=VOCAB,
+        hidden_size=args.hidden,
+        state_size=16,
+        num_hidden_layers=2,
+        expand=2,
+        conv_kernel=4,
+        use_bias=False,
+        use_conv_bias=True,
+        hidden_act="silu",
+        time_step_rank=-(-args.hidden // 16),
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+        use_mambapy=False,
+    )
     model = MambaForCausalLM(config)
     weights = dict(ours.named_parameters())
-    state = {"backbone.embeddings.weight": weights["model.embed_tokens.weight"],
-             "backbone.norm_f.weight": weights["model.norm.weight"]}  # fmt: skip
+    state = {
+        "backbone.embeddings.weight": weights["model.embed_tokens.weight"],
+        "backbone.norm_f.weight": weights["model.norm.weight"],
+    }
     for index in range(2):
         state[f"backbone.layers.{index}.norm.weight"] = weights[f"model.layers.{index}.input_layernorm.weight"]
         mixer = ours.model.layers[index].mixer
@@ -75,8 +97,10 @@ def main() -> None:
     theirs = reference_model(ours, args)
     with torch.no_grad():
         gap = (ours(ids[:, :64]) - theirs(ids[:, :64]).logits[..., :VOCAB]).abs().max().item()
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}, "
-          f"seq {args.seq}, hidden {args.hidden}, batch {args.batch}, fp32, CPU; largest logit gap {gap:.1e}")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}, "
+        f"seq {args.seq}, hidden {args.hidden}, batch {args.batch}, fp32, CPU; largest logit gap {gap:.1e}"
+    )
     nxd = tokens_per_second(ours, ids, args.steps, lambda m, x: m(x))
     reference = tokens_per_second(theirs, ids, args.steps, lambda m, x: m(x).logits)
     print("| model | tokens/s |\n|---|---:|")

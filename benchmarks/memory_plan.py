@@ -36,8 +36,14 @@ LAYOUTS = {
 
 
 def _nxd_train(*args: str, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run([sys.executable, "-m", "nxd_train", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=ROOT, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "nxd_train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+        check=False,
+    )
     return done.stdout + done.stderr
 
 
@@ -52,8 +58,14 @@ def planned(overrides: list[str]) -> float:
 def measured(overrides: list[str], steps: int, env: dict[str, str] | None = None) -> tuple[float, float]:
     """Rank 0's peak memory over the run and its last step's time."""
     with tempfile.TemporaryDirectory() as log_dir:
-        out = _nxd_train(str(CONFIG), *overrides, f"trainer.max_steps={steps}", "trainer.log_every_n_steps=1",
-                         f"+exp_manager.explicit_log_dir={log_dir}", env=env)  # fmt: skip
+        out = _nxd_train(
+            str(CONFIG),
+            *overrides,
+            f"trainer.max_steps={steps}",
+            "trainer.log_every_n_steps=1",
+            f"+exp_manager.explicit_log_dir={log_dir}",
+            env=env,
+        )
     peaks = [float(value) for value in re.findall(r"peak_memory_gib ([\d.]+)", out)]
     times = [float(value) for value in re.findall(r"step_time ([\d.]+)", out)]
     if not peaks or not times:
@@ -67,16 +79,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per run (from the second, optimizer state exists)")
     args = parse_args(parser, layouts="1", steps=1)
     base = ["data.global_batch_size=2", "data.micro_batch_size=1", *(TINY_MODEL if args.smoke else [])]
-    print("| layout | plan (GiB per rank) | measured, glibc default | plan / measured | last step (s) | measured, "
-          "MALLOC_MMAP_THRESHOLD_=131072 | plan / measured | last step (s) |")
+    print(
+        "| layout | plan (GiB per rank) | measured, glibc default | plan / measured | last step (s) | measured, "
+        "MALLOC_MMAP_THRESHOLD_=131072 | plan / measured | last step (s) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for layout in args.layouts.split(","):
         overrides = [*base, *LAYOUTS[layout]]
         plan = planned(overrides)
         (default, default_step) = measured(overrides, args.steps)
         (returned, returned_step) = measured(overrides, args.steps, {"MALLOC_MMAP_THRESHOLD_": "131072"})
-        print(f"| {layout} | {plan:.2f} | {default:.2f} | {plan / default:.2f} | {default_step:.1f} | {returned:.2f} | "
-              f"{plan / returned:.2f} | {returned_step:.1f} |", flush=True)
+        print(
+            f"| {layout} | {plan:.2f} | {default:.2f} | {plan / default:.2f} | {default_step:.1f} | {returned:.2f} | "
+            f"{plan / returned:.2f} | {returned_step:.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,20 +29,31 @@ from nxd_parallel import Layout, ParallelDims, build_executor, build_parallel_mo
 from smoke import parse_args
 
 WORLD, GLOBAL_BATCH, MICRO_BATCH, VOCAB = 2, 8, 2, 8192
-MOE = MoESpec(num_experts=8, top_k=2, normalize_top_k_affinities=True, router_aux_loss=True,
-              router_aux_loss_coef=0.02)  # fmt: skip
+MOE = MoESpec(num_experts=8, top_k=2, normalize_top_k_affinities=True, router_aux_loss=True, router_aux_loss_coef=0.02)
 EXCHANGE = ("all_to_all", "alltoall", "wait_tensor")
 """Profiler event names of the token exchange (no other functional collective runs in these layouts)."""
 
 
 def spec(seq: int, moe: bool, hidden: int = 512, layers: int = 4) -> GPTConfig:
     """The dense model, or the MoE one with each expert half as wide (the same active parameters at top-2)."""
-    return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=hidden, num_attention_heads=8, num_kv_heads=8,
-                     seq_length=seq, ffn_hidden_size=hidden * 11 // 8 if moe else hidden * 11 // 4,
-                     normalization="rmsnorm", activation="swiglu",
-                     position_embedding_type="rope", has_bias=False, hidden_dropout=0.0, attention_dropout=0.0,
-                     make_vocab_size_divisible_by=128, share_embeddings_and_output_weights=False,
-                     moe=MOE if moe else None)  # fmt: skip
+    return GPTConfig(
+        vocab_size=VOCAB,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=8,
+        num_kv_heads=8,
+        seq_length=seq,
+        ffn_hidden_size=hidden * 11 // 8 if moe else hidden * 11 // 4,
+        normalization="rmsnorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        has_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        make_vocab_size_divisible_by=128,
+        share_embeddings_and_output_weights=False,
+        moe=MOE if moe else None,
+    )
 
 
 LAYOUTS = {"dense": (False, 1), "moe_ep1": (True, 1), "moe_ep2": (True, 2)}
@@ -50,8 +61,9 @@ LAYOUTS = {"dense": (False, 1), "moe_ep1": (True, 1), "moe_ep2": (True, 2)}
 
 def _worker(rank: int, name: str, steps: int, seq: int, directory: str, hidden: int, layers: int) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, f"{name}.store"), WORLD),
-                            rank=rank, world_size=WORLD)  # fmt: skip
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(os.path.join(directory, f"{name}.store"), WORLD), rank=rank, world_size=WORLD
+    )
     try:
         result = _measure(*LAYOUTS[name], rank, steps, seq, hidden, layers)
         if rank == 0:
@@ -75,8 +87,13 @@ def _measure(moe: bool, ep: int, rank: int, steps: int, seq: int, hidden: int, l
         batches = []
         for _ in range(accumulation):
             ids = torch.randint(0, VOCAB, (MICRO_BATCH, seq + 1), generator=generator)
-            batches.append({"input_ids": ids[:, :-1], "labels": ids[:, 1:],
-                            "position_ids": torch.arange(seq).expand(MICRO_BATCH, seq)})  # fmt: skip
+            batches.append(
+                {
+                    "input_ids": ids[:, :-1],
+                    "labels": ids[:, 1:],
+                    "position_ids": torch.arange(seq).expand(MICRO_BATCH, seq),
+                }
+            )
         executor.run(batches, TokenObjective().loss, scale=WORLD / tokens)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -96,11 +113,22 @@ def _measure(moe: bool, ep: int, rank: int, steps: int, seq: int, hidden: int, l
             for _ in range(2):
                 step()
             profiled = time.perf_counter() - started
-        exchange = sum(event.self_cpu_time_total for event in profile.key_averages()
-                       if any(part in event.key for part in EXCHANGE)) / 1e6 / profiled  # fmt: skip
-    return {"parameters": sum(p.numel() for p in family.build_on_meta().parameters()), "step_time": step_time,
-            "tokens_per_s": tokens / step_time, "peak_gib": resident_memory(peak=True) / 2**30,
-            "exchange_share": exchange}  # fmt: skip
+        exchange = (
+            sum(
+                event.self_cpu_time_total
+                for event in profile.key_averages()
+                if any(part in event.key for part in EXCHANGE)
+            )
+            / 1e6
+            / profiled
+        )
+    return {
+        "parameters": sum(p.numel() for p in family.build_on_meta().parameters()),
+        "step_time": step_time,
+        "tokens_per_s": tokens / step_time,
+        "peak_gib": resident_memory(peak=True) / 2**30,
+        "exchange_share": exchange,
+    }
 
 
 def main() -> None:
@@ -113,8 +141,12 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as directory:
         for name in LAYOUTS:  # fresh processes per layout: each peak is its own
-            mp.start_processes(_worker, args=(name, args.steps, args.seq, directory, args.hidden, args.layers),
-                               nprocs=WORLD, start_method="spawn")  # fmt: skip
+            mp.start_processes(
+                _worker,
+                args=(name, args.steps, args.seq, directory, args.hidden, args.layers),
+                nprocs=WORLD,
+                start_method="spawn",
+            )
             results[name] = torch.load(os.path.join(directory, f"{name}.pt"))
     dense = results["dense"]["tokens_per_s"]
     print(f"torch {torch.__version__}, {WORLD} gloo processes x 1 thread, seq {args.seq}, global batch {GLOBAL_BATCH}")
@@ -122,8 +154,10 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         share = f"{r['exchange_share']:.1%}" if LAYOUTS[name][1] > 1 else "-"
-        print(f"| {name} | {r['parameters'] / 1e6:.1f} | {r['step_time']:.3f} | {r['tokens_per_s']:,.0f} | "
-              f"{r['tokens_per_s'] / dense:.2f}x | {share} | {r['peak_gib']:.2f} |")
+        print(
+            f"| {name} | {r['parameters'] / 1e6:.1f} | {r['step_time']:.3f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['tokens_per_s'] / dense:.2f}x | {share} | {r['peak_gib']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

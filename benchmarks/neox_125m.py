@@ -38,8 +38,13 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Trainer, TrainingArg
 HERE = Path(__file__).resolve().parent
 VOCAB = 50257
 """GPT-2's vocabulary, which NeoX's 125M trains with (padded to 50304 by make_vocab_size_divisible_by 128)."""
-BATCH = ["train_micro_batch_size_per_gpu=1", "gradient_accumulation_steps=2", "num_gpus=1", "num_workers=0",
-         "log_interval=1"]
+BATCH = [
+    "train_micro_batch_size_per_gpu=1",
+    "gradient_accumulation_steps=2",
+    "num_gpus=1",
+    "num_workers=0",
+    "log_interval=1",
+]
 
 
 SMOKE = ["num_layers=2", "hidden_size=64", "num_attention_heads=4", "seq_length=64", "max_position_embeddings=64"]
@@ -47,8 +52,15 @@ SMOKE = ["num_layers=2", "hidden_size=64", "num_attention_heads=4", "seq_length=
 
 
 def neox_plan(precision: str, steps: int, log_dir: Path, smoke: bool = False):
-    overrides = [*BATCH, f"train_iters={steps}", f"lr_decay_iters={steps}", "fp16.enabled=false",
-                 f"save={log_dir}", "checkpoint_factor=100000", *(SMOKE if smoke else [])]  # fmt: skip
+    overrides = [
+        *BATCH,
+        f"train_iters={steps}",
+        f"lr_decay_iters={steps}",
+        "fp16.enabled=false",
+        f"save={log_dir}",
+        "checkpoint_factor=100000",
+        *(SMOKE if smoke else []),
+    ]
     if precision == "bf16":
         overrides.append("precision=bfloat16")
     with warnings.catch_warnings():
@@ -87,13 +99,26 @@ def trainer_rate(precision: str, steps: int, scratch: Path, smoke: bool) -> floa
     timer = StepTimer()
     optim = cfg.model.optim
     arguments = TrainingArguments(
-        output_dir=str(scratch / "trainer"), max_steps=steps, per_device_train_batch_size=cfg.data.micro_batch_size,
-        gradient_accumulation_steps=cfg.global_batch_size // cfg.data.micro_batch_size, learning_rate=optim.lr,
-        weight_decay=optim.weight_decay, adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], adam_epsilon=optim.eps,
-        max_grad_norm=1.0, bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(), report_to=[],
-        save_strategy="no", logging_steps=1000, dataloader_num_workers=0, disable_tqdm=True,
-        lr_scheduler_type="constant", gradient_checkpointing=True,
-    )  # fmt: skip
+        output_dir=str(scratch / "trainer"),
+        max_steps=steps,
+        per_device_train_batch_size=cfg.data.micro_batch_size,
+        gradient_accumulation_steps=cfg.global_batch_size // cfg.data.micro_batch_size,
+        learning_rate=optim.lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.betas[0],
+        adam_beta2=optim.betas[1],
+        adam_epsilon=optim.eps,
+        max_grad_norm=1.0,
+        bf16=precision == "bf16",
+        use_cpu=not torch.cuda.is_available(),
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1000,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        lr_scheduler_type="constant",
+        gradient_checkpointing=True,
+    )
     Trainer(model=model, args=arguments, train_dataset=Samples(), callbacks=[timer]).train()
     return cfg.global_batch_size * cfg.seq_length / statistics.median(timer.durations[1:])
 
@@ -119,15 +144,29 @@ def main() -> int:
         return 0
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     _, plan = neox_plan("fp32", args.steps, Path(tempfile.mkdtemp()) / "probe", args.smoke)
-    print(f"device: {name}; torch {torch.__version__}; NeoX 125M: {plan.family.parameter_count() / 1e6:.0f}M "
-          f"parameters, sequence {plan.seq_length}, global batch {plan.batches.global_batch_size}")  # fmt: skip
+    print(
+        f"device: {name}; torch {torch.__version__}; NeoX 125M: {plan.family.parameter_count() / 1e6:.0f}M "
+        f"parameters, sequence {plan.seq_length}, global batch {plan.batches.global_batch_size}"
+    )
     print(f"{'precision':<10} {'nxd tok/s':>10} {'GiB':>6} {'Trainer tok/s':>14} {'GiB':>6} {'nxd/Trainer':>12}")
     failed = False
     for precision in args.precisions.split(","):
         found = {}
         for column in ("nxd", "Trainer"):
-            run = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", column, precision,
-                                  *(["--smoke"] if args.smoke else [])], capture_output=True, text=True)  # fmt: skip
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--steps",
+                    str(args.steps),
+                    "--child",
+                    column,
+                    precision,
+                    *(["--smoke"] if args.smoke else []),
+                ],
+                capture_output=True,
+                text=True,
+            )
             lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
             if run.returncode or not lines:
                 print(f"{column} {precision} failed:\n{run.stderr[-3000:]}", file=sys.stderr)
@@ -136,8 +175,11 @@ def main() -> int:
             found[column] = json.loads(lines[0].removeprefix("RESULT "))
         if len(found) == 2:
             n, t = found["nxd"], found["Trainer"]
-            print(f"{precision:<10} {n['tokens_per_s']:>10,.0f} {n['peak_gib']:>6.2f} {t['tokens_per_s']:>14,.0f} "
-                  f"{t['peak_gib']:>6.2f} {n['tokens_per_s'] / t['tokens_per_s']:>11.2f}x", flush=True)
+            print(
+                f"{precision:<10} {n['tokens_per_s']:>10,.0f} {n['peak_gib']:>6.2f} {t['tokens_per_s']:>14,.0f} "
+                f"{t['peak_gib']:>6.2f} {n['tokens_per_s'] / t['tokens_per_s']:>11.2f}x",
+                flush=True,
+            )
     return 1 if failed else 0
 
 

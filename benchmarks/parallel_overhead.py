@@ -25,8 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = {
     "TP1": ["trainer.devices=1"],
     "TP2": ["trainer.devices=2", "+distributed_strategy.tensor_model_parallel_size=2"],
-    "TP2+SP": ["trainer.devices=2", "+distributed_strategy.tensor_model_parallel_size=2",
-               "+distributed_strategy.sequence_parallel=True"],  # fmt: skip
+    "TP2+SP": [
+        "trainer.devices=2",
+        "+distributed_strategy.tensor_model_parallel_size=2",
+        "+distributed_strategy.sequence_parallel=True",
+    ],
     "DP2": ["trainer.devices=2", "distributed_strategy.zero1=False"],
     "DP2+zero1": ["trainer.devices=2", "distributed_strategy.zero1=True"],
 }
@@ -35,9 +38,16 @@ LAYOUTS = {
 def step_times(config: Path, overrides: list[str], steps: int, processes: int) -> list[float]:
     with tempfile.TemporaryDirectory() as log_dir:
         threads = max(1, (os.cpu_count() or 1) // processes)
-        command = [str(Path(sys.executable).with_name("nxd-train")), "--config", str(config), *overrides,
-                   f"trainer.max_steps={steps}", "trainer.log_every_n_steps=1", "+exp_manager.log_step_timing=True",
-                   f"+exp_manager.explicit_log_dir={log_dir}"]  # fmt: skip
+        command = [
+            str(Path(sys.executable).with_name("nxd-train")),
+            "--config",
+            str(config),
+            *overrides,
+            f"trainer.max_steps={steps}",
+            "trainer.log_every_n_steps=1",
+            "+exp_manager.log_step_timing=True",
+            f"+exp_manager.explicit_log_dir={log_dir}",
+        ]
         environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT)
         if result.returncode:

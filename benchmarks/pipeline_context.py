@@ -30,8 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parallel_overhead import ROOT, step_times  # noqa: E402
 from smoke import TINY_MODEL, parse_args  # noqa: E402
 
-PP_OVERRIDES = ["trainer.devices=2", "+distributed_strategy.pipeline_model_parallel_size=2",
-                "data.micro_batch_size=1", "data.global_batch_size=8"]  # fmt: skip
+PP_OVERRIDES = [
+    "trainer.devices=2",
+    "+distributed_strategy.pipeline_model_parallel_size=2",
+    "data.micro_batch_size=1",
+    "data.global_batch_size=8",
+]
 PP_LAYOUTS = {
     "PP2 1F1B": PP_OVERRIDES,
     "PP2 interleaved (v=2)": [*PP_OVERRIDES, "+distributed_strategy.virtual_pipeline_model_parallel_size=2"],
@@ -39,14 +43,24 @@ PP_LAYOUTS = {
 
 
 def long_sequence_layouts(seq: int) -> dict[str, list[str]]:
-    model = ["model.num_layers=2", f"model.encoder_seq_length={seq}", f"data.seq_length={seq}",
-             f"+model.max_position_embeddings={seq}", "data.micro_batch_size=1",
-             "data.global_batch_size=2"]  # fmt: skip
+    model = [
+        "model.num_layers=2",
+        f"model.encoder_seq_length={seq}",
+        f"data.seq_length={seq}",
+        f"+model.max_position_embeddings={seq}",
+        "data.micro_batch_size=1",
+        "data.global_batch_size=2",
+    ]
     return {
         "CP1": [*model, "trainer.devices=1", "distributed_strategy.zero1=False"],
-        "CP2": [*model, "trainer.devices=2", "distributed_strategy.zero1=False",
-                "+distributed_strategy.context_parallel_size=2", "+model.fusions.ring_attention=True"],
-    }  # fmt: skip
+        "CP2": [
+            *model,
+            "trainer.devices=2",
+            "distributed_strategy.zero1=False",
+            "+distributed_strategy.context_parallel_size=2",
+            "+model.fusions.ring_attention=True",
+        ],
+    }
 
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
@@ -58,8 +72,9 @@ def _attention_memory(rank: int, world: int, seq: int, directory: str) -> None:
 
     torch.set_num_threads(1)
     if world > 1:
-        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), world), rank=rank,
-                                world_size=world)  # fmt: skip
+        dist.init_process_group(
+            "gloo", store=dist.FileStore(os.path.join(directory, "store"), world), rank=rank, world_size=world
+        )
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, HEADS, seq, HEAD_DIM, generator=generator)
     k, v = (torch.randn(1, KV_HEADS, seq, HEAD_DIM, generator=generator) for _ in range(2))
@@ -111,26 +126,34 @@ def main() -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU threads")
 
     print("\n1. bench_20m, 8 layers, global batch 8 = 8 micro-batches of 1 x 512 tokens, 2 processes")
-    pipeline = {name: _median(step_times(config, [*shrunk, *overrides], args.steps, 2))
-                for name, overrides in PP_LAYOUTS.items()}  # fmt: skip
+    pipeline = {
+        name: _median(step_times(config, [*shrunk, *overrides], args.steps, 2))
+        for name, overrides in PP_LAYOUTS.items()
+    }
     base = pipeline["PP2 1F1B"]
     for name, seconds in pipeline.items():
         print(f"  {name:<24} {seconds:7.3f} s/step  {seconds / base:5.2f}x")
 
     print(f"\n2. 2 layers of bench_20m's width, global batch 2 x {args.seq} tokens")
-    context = {name: _median(step_times(config, [*shrunk, *overrides], args.steps, 2 if name == "CP2" else 1))
-               for name, overrides in long_sequence_layouts(args.seq).items()}  # fmt: skip
+    context = {
+        name: _median(step_times(config, [*shrunk, *overrides], args.steps, 2 if name == "CP2" else 1))
+        for name, overrides in long_sequence_layouts(args.seq).items()
+    }
     for name, seconds in context.items():
         print(f"  {name:<24} {seconds:7.3f} s/step  {context['CP1'] / seconds:5.2f}x speed of CP1")
 
-    print(f"\n3. one causal attention, {HEADS} query / {KV_HEADS} key-value heads x {HEAD_DIM}, "
-          f"{args.attention_seq} tokens, fp32 (per rank)")  # fmt: skip
+    print(
+        f"\n3. one causal attention, {HEADS} query / {KV_HEADS} key-value heads x {HEAD_DIM}, "
+        f"{args.attention_seq} tokens, fp32 (per rank)"
+    )
     memory = attention_memory(args.attention_seq)
     for name, figures in memory.items():
-        print(f"  {name:<6} saved for backward {figures['saved'] / 2**20:8.1f} MiB "
-              f"({figures['saved'] / memory['CP1']['saved']:.2f}x)   "
-              f"peak RSS growth {figures['peak'] / 2**20:8.1f} MiB "
-              f"({figures['peak'] / max(memory['CP1']['peak'], 1):.2f}x)")  # fmt: skip (CP1's may not grow at all)
+        print(
+            f"  {name:<6} saved for backward {figures['saved'] / 2**20:8.1f} MiB "
+            f"({figures['saved'] / memory['CP1']['saved']:.2f}x)   "
+            f"peak RSS growth {figures['peak'] / 2**20:8.1f} MiB "
+            f"({figures['peak'] / max(memory['CP1']['peak'], 1):.2f}x)"
+        )  # CP1's may not grow at all
 
 
 if __name__ == "__main__":

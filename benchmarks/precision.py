@@ -34,8 +34,15 @@ def child(config: Path, precision: str, steps: int, shape: list[str]) -> None:
     from nxd_train.preflight import plan_run
 
     with tempfile.TemporaryDirectory() as scratch:
-        cfg = load_config(config, [*shape, f"precision.type={precision}", f"trainer.max_steps={steps}",
-                                   f"+exp_manager.explicit_log_dir={scratch}"])  # fmt: skip
+        cfg = load_config(
+            config,
+            [
+                *shape,
+                f"precision.type={precision}",
+                f"trainer.max_steps={steps}",
+                f"+exp_manager.explicit_log_dir={scratch}",
+            ],
+        )
         train(plan_run(cfg, default_cache_dir()))
         with open(Path(scratch) / "metrics.csv") as handle:
             rows = [row for row in csv.DictReader(handle) if row.get("step_time")]
@@ -58,21 +65,35 @@ def main() -> int:
     results: dict[str, dict] = {}
     for _ in range(args.repeats):
         for precision in args.types.split(","):
-            run = subprocess.run([sys.executable, __file__, "--config", str(args.config), "--steps", str(args.steps),
-                                  "--child", precision, *(["--smoke"] if args.smoke else [])], capture_output=True,
-                                 text=True, check=True)  # fmt: skip
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--config",
+                    str(args.config),
+                    "--steps",
+                    str(args.steps),
+                    "--child",
+                    precision,
+                    *(["--smoke"] if args.smoke else []),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             line = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))
             found = json.loads(line.removeprefix("RESULT "))
             if precision not in results or found["step_time"] < results[precision]["step_time"]:
                 results[precision] = found
     base = results.get("fp32") or next(iter(results.values()))
     print(f"{args.config.name}, {args.steps} steps per type, best of {args.repeats}")
-    print(f"{'type':<18} {'step time (s)':>13} {'vs fp32':>8} {'peak RSS (MB)':>14} {'vs fp32':>8} "
-          f"{'last loss':>10}")  # fmt: skip
+    print(f"{'type':<18} {'step time (s)':>13} {'vs fp32':>8} {'peak RSS (MB)':>14} {'vs fp32':>8} {'last loss':>10}")
     for precision, found in results.items():
         time_ratio, memory_ratio = found["step_time"] / base["step_time"], found["peak_mb"] / base["peak_mb"]
-        print(f"{precision:<18} {found['step_time']:>13.3f} {time_ratio:>7.2f}x {found['peak_mb']:>14,.0f} "
-              f"{memory_ratio:>7.2f}x {found['loss']:>10.4f}")  # fmt: skip
+        print(
+            f"{precision:<18} {found['step_time']:>13.3f} {time_ratio:>7.2f}x {found['peak_mb']:>14,.0f} "
+            f"{memory_ratio:>7.2f}x {found['loss']:>10.4f}"
+        )
     return 0
 
 

@@ -60,20 +60,29 @@ from throughput import StepTimer
 from transformers import PreTrainedTokenizerFast
 
 BETA, PROMPT = 0.1, 128
-PEERS = {"dpo": "TRL DPOTrainer", "orpo": "TRL ORPOTrainer", "kto": "TRL KTOTrainer",
-         "reward_model": "TRL RewardTrainer"}
+PEERS = {
+    "dpo": "TRL DPOTrainer",
+    "orpo": "TRL ORPOTrainer",
+    "kto": "TRL KTOTrainer",
+    "reward_model": "TRL RewardTrainer",
+}
 
 
 def pairs() -> list[dict[str, str]]:
     found = records()
-    return [{"prompt": r["prompt"], "chosen": r["completion"], "rejected": found[(i + 1) % len(found)]["completion"]}
-            for i, r in enumerate(found)]  # fmt: skip
+    return [
+        {"prompt": r["prompt"], "chosen": r["completion"], "rejected": found[(i + 1) % len(found)]["completion"]}
+        for i, r in enumerate(found)
+    ]
 
 
 def examples() -> list[dict]:
     """KTO's unpaired examples: each pair's chosen response desirable, its rejected one not."""
-    return [{"prompt": pair["prompt"], "completion": pair[name], "label": name == "chosen"}
-            for pair in pairs() for name in ("chosen", "rejected")]  # fmt: skip
+    return [
+        {"prompt": pair["prompt"], "completion": pair[name], "label": name == "chosen"}
+        for pair in pairs()
+        for name in ("chosen", "rejected")
+    ]
 
 
 def fitting_pairs(tokenizer: Path, seq: int) -> list[dict[str, str]]:
@@ -96,10 +105,19 @@ def items(method: str, tokenizer: Path, seq: int) -> list[dict]:
 def write_inputs(directory: Path, tokenizer: Path, seq: int, method: str) -> Path:
     with open(directory / "data.jsonl", "w") as handle:
         handle.writelines(json.dumps(item) + "\n" for item in items(method, tokenizer, seq))
-    block = {"dpo": f"{{kl_beta: {BETA}, ", "orpo": f"{{beta: {BETA}, ", "kto": f"{{beta: {BETA}, ",
-             "reward_model": "{"}[method]  # fmt: skip
-    return bench_config(directory, directory / "data.jsonl", tokenizer, seq,
-                        f"  {method}: {block}max_prompt_length: {PROMPT}, truncation_mode: keep_start}}")
+    block = {
+        "dpo": f"{{kl_beta: {BETA}, ",
+        "orpo": f"{{beta: {BETA}, ",
+        "kto": f"{{beta: {BETA}, ",
+        "reward_model": "{",
+    }[method]
+    return bench_config(
+        directory,
+        directory / "data.jsonl",
+        tokenizer,
+        seq,
+        f"  {method}: {block}max_prompt_length: {PROMPT}, truncation_mode: keep_start}}",
+    )
 
 
 WARM_UP = 2
@@ -109,19 +127,25 @@ WARM_UP = 2
 def step_order(count: int, seed: int, steps: int) -> list[list[int]]:
     """The pairs of each step in nxd's order (its seeded sampler); TRL is given the pairs in this order
     and reads them sequentially, so both train on the same micro-batches."""
-    sampler = iter(PretrainingSampler(count, MICRO_BATCH * ACCUMULATION, MICRO_BATCH, shuffle=True, seed=seed,
-                                      steps=steps))  # fmt: skip
+    sampler = iter(
+        PretrainingSampler(count, MICRO_BATCH * ACCUMULATION, MICRO_BATCH, shuffle=True, seed=seed, steps=steps)
+    )
     return [[i for _ in range(ACCUMULATION) for i in next(sampler)] for _ in range(steps)]
 
 
-def figures(tokens_per_step: list[int], times: list[float], reference: float | None,
-            referenced: int | None = None) -> dict[str, float]:  # fmt: skip
+def figures(
+    tokens_per_step: list[int], times: list[float], reference: float | None, referenced: int | None = None
+) -> dict[str, float]:
     """Real (non-padding) tokens per second over the steps after warm-up, from each step's own items,
     and the reference pass's items per second."""
     tokens, seconds = sum(tokens_per_step[WARM_UP:]), sum(times[WARM_UP:])
-    return {"tokens_per_s": tokens / seconds, "step_time": seconds / len(times[WARM_UP:]),
-            "per_item": tokens / (len(times[WARM_UP:]) * MICRO_BATCH * ACCUMULATION), "reference_s": reference,
-            "reference_rate": None if not reference else referenced / reference}  # fmt: skip
+    return {
+        "tokens_per_s": tokens / seconds,
+        "step_time": seconds / len(times[WARM_UP:]),
+        "per_item": tokens / (len(times[WARM_UP:]) * MICRO_BATCH * ACCUMULATION),
+        "reference_s": reference,
+        "reference_rate": None if not reference else referenced / reference,
+    }
 
 
 def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
@@ -155,28 +179,44 @@ def _timed(trainer_class: type, spent: list[float]) -> None:
     trainer_class._precompute_ref_logps = timed
 
 
-def trl_run(tokenizer: Path, model_dir: Path, seq: int, steps: int, out: Path, method: str,
-            seed: int) -> dict[str, float]:  # fmt: skip
+def trl_run(
+    tokenizer: Path, model_dir: Path, seq: int, steps: int, out: Path, method: str, seed: int
+) -> dict[str, float]:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer, RewardConfig, RewardTrainer
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-    processing = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), eos_token="<|endoftext|>",
-                                         pad_token="<|endoftext|>", bos_token="<|endoftext|>")  # fmt: skip
+    processing = PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer), eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token="<|endoftext|>"
+    )
     if method == "reward_model":
-        model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, attn_implementation="sdpa",
-                                                                   dtype=torch.float32)  # fmt: skip
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, num_labels=1, attn_implementation="sdpa", dtype=torch.float32
+        )
         model.config.pad_token_id = processing.pad_token_id
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
     common = dict(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=ACCUMULATION, learning_rate=LR, weight_decay=0.0, max_grad_norm=1.0,
-        lr_scheduler_type="constant", warmup_steps=0, use_cpu=not torch.cuda.is_available(), report_to=[],
-        save_strategy="no", logging_steps=1000, disable_tqdm=True, dataloader_num_workers=0, seed=1234,
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=ACCUMULATION,
+        learning_rate=LR,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        use_cpu=not torch.cuda.is_available(),
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1000,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=1234,
         train_sampling_strategy="sequential",
-        bf16=False, gradient_checkpointing=False,  # TRL's defaults (bf16 autocast, recomputation) are not nxd's here
-    )  # fmt: skip
+        bf16=False,
+        gradient_checkpointing=False,  # TRL's defaults (bf16 autocast, recomputation) are not nxd's here
+    )
     timer, reference = StepTimer(), []
     if method == "dpo":
         arguments = DPOConfig(**common, beta=BETA, max_length=seq, precompute_ref_log_probs=True)
@@ -194,12 +234,15 @@ def trl_run(tokenizer: Path, model_dir: Path, seq: int, steps: int, out: Path, m
     everything = items(method, tokenizer, seq)
     order = step_order(len(everything), seed, steps)
     ordered = datasets.Dataset.from_list([everything[i] for step in order for i in step])
-    trainer = trainer_class(model=model, args=arguments, train_dataset=ordered, processing_class=processing,
-                            callbacks=[timer])  # fmt: skip
+    trainer = trainer_class(
+        model=model, args=arguments, train_dataset=ordered, processing_class=processing, callbacks=[timer]
+    )
     data = trainer.train_dataset
     if method == "dpo":  # what its collator keeps: prompt + response cut to max_length
-        sizes = [min(len(p) + len(c), seq) + min(len(p) + len(r), seq) for p, c, r in zip(
-            data["prompt_ids"], data["chosen_ids"], data["rejected_ids"], strict=True)]  # fmt: skip
+        sizes = [
+            min(len(p) + len(c), seq) + min(len(p) + len(r), seq)
+            for p, c, r in zip(data["prompt_ids"], data["chosen_ids"], data["rejected_ids"], strict=True)
+        ]
     elif method == "kto":
         sizes = [min(len(p) + len(c), seq) for p, c in zip(data["prompt_ids"], data["completion_ids"], strict=True)]
     elif method == "reward_model":
@@ -220,8 +263,9 @@ def worker(framework: str, seq: int, steps: int, method: str) -> None:
         if framework == "nxd":
             found = nxd_run(config, steps, directory / "nxd")
         else:
-            found = trl_run(tokenizer, directory / "model", seq, steps, directory / "trl", method,
-                            load_config(config).seed)  # fmt: skip
+            found = trl_run(
+                tokenizer, directory / "model", seq, steps, directory / "trl", method, load_config(config).seed
+            )
     found["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps(found))
 
@@ -245,19 +289,27 @@ def main() -> int:
     ours = measured("nxd", args.seq, args.steps, args.method)
     theirs = measured("trl", args.seq, args.steps, args.method)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
-    print(f"\ndevice: {device}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
-          f"trl {trl.__version__}")  # fmt: skip
+    print(
+        f"\ndevice: {device}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
+        f"trl {trl.__version__}"
+    )
     kind = "examples" if args.method == "kto" else "pairs"
     tokenizer = builtin_tokenizer(stdlib_corpus(), default_cache_dir())
-    print(f"{args.method}, {len(items(args.method, tokenizer, args.seq))} {kind}, seq {args.seq}, {MICRO_BATCH} x "
-          f"{ACCUMULATION} {kind} per step, the same {kind} in the same order; steps {WARM_UP + 1}-{args.steps}")
-    print(f"{'framework':<18} {'tokens/item':>11} {'ref items/s':>11} {'step s':>7} {'real tok/s':>11} "
-          f"{'peak RSS':>9} {'ratio':>6}")  # fmt: skip
+    print(
+        f"{args.method}, {len(items(args.method, tokenizer, args.seq))} {kind}, seq {args.seq}, {MICRO_BATCH} x "
+        f"{ACCUMULATION} {kind} per step, the same {kind} in the same order; steps {WARM_UP + 1}-{args.steps}"
+    )
+    print(
+        f"{'framework':<18} {'tokens/item':>11} {'ref items/s':>11} {'step s':>7} {'real tok/s':>11} "
+        f"{'peak RSS':>9} {'ratio':>6}"
+    )
     for label, figures in (("nxd-train", ours), (PEERS[args.method], theirs)):
         ratio = f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x" if figures is ours else ""
         rate = "-" if figures["reference_rate"] is None else f"{figures['reference_rate']:.2f}"
-        print(f"{label:<18} {figures['per_item']:>11,.0f} {rate:>11} {figures['step_time']:>7.3f} "
-              f"{figures['tokens_per_s']:>11,.0f} {figures['peak_rss'] / 2**20:>5,.0f} MiB {ratio:>6}")  # fmt: skip
+        print(
+            f"{label:<18} {figures['per_item']:>11,.0f} {rate:>11} {figures['step_time']:>7.3f} "
+            f"{figures['tokens_per_s']:>11,.0f} {figures['peak_rss'] / 2**20:>5,.0f} MiB {ratio:>6}"
+        )
     if ours["reference_rate"] and theirs["reference_rate"]:
         print(f"reference pass: {ours['reference_rate'] / theirs['reference_rate']:.2f}x TRL's items per second")
     return 0

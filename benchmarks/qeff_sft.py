@@ -42,10 +42,24 @@ from throughput import StepTimer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
-SHAPES = {"smollm-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                              num_key_value_heads=3, tie_word_embeddings=True),
-          "small": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
-                        num_key_value_heads=2, tie_word_embeddings=False)}  # fmt: skip
+SHAPES = {
+    "smollm-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+    ),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    ),
+}
 TARGETS = ["k_proj", "gate_proj", "q_proj", "up_proj", "v_proj", "down_proj", "o_proj"]
 MICRO, ACCUMULATION, SEQ, RANK = 2, 2, 512, 16
 
@@ -53,20 +67,46 @@ MICRO, ACCUMULATION, SEQ, RANK = 2, 2, 512, 16
 def qeff_config(model: Path, data: Path, out: Path, steps: int, dtype: str) -> dict:
     """QEfficient's alpaca example config, on local folders."""
     return {
-        "model": {"model_type": "hf", "auto_class_name": "AutoModelForCausalLM", "model_name": str(model),
-                  "use_peft": True, "peft_config": {"lora_r": RANK, "lora_alpha": RANK, "lora_dropout": 0,
-                                                    "target_modules": TARGETS, "task_type": "CAUSAL_LM",
-                                                    "peft_type": "LORA"}},
-        "dataset": {"dataset_type": "sft_dataset", "dataset_name": str(data), "prompt_template": "{request}",
-                    "completion_template": "{source}", "data_seed": 42, "max_seq_length": SEQ,
-                    "dataloader_num_workers": 0},
-        "training": {"type": "sft", "output_dir": str(out), "gradient_accumulation_steps": ACCUMULATION,
-                     "per_device_train_batch_size": MICRO, "num_train_epochs": 1, "max_steps": steps,
-                     "torch_compile": False, "torch_dtype": dtype, "do_eval": False, "save_strategy": "no",
-                     "logging_steps": 1, "report_to": "none"},
+        "model": {
+            "model_type": "hf",
+            "auto_class_name": "AutoModelForCausalLM",
+            "model_name": str(model),
+            "use_peft": True,
+            "peft_config": {
+                "lora_r": RANK,
+                "lora_alpha": RANK,
+                "lora_dropout": 0,
+                "target_modules": TARGETS,
+                "task_type": "CAUSAL_LM",
+                "peft_type": "LORA",
+            },
+        },
+        "dataset": {
+            "dataset_type": "sft_dataset",
+            "dataset_name": str(data),
+            "prompt_template": "{request}",
+            "completion_template": "{source}",
+            "data_seed": 42,
+            "max_seq_length": SEQ,
+            "dataloader_num_workers": 0,
+        },
+        "training": {
+            "type": "sft",
+            "output_dir": str(out),
+            "gradient_accumulation_steps": ACCUMULATION,
+            "per_device_train_batch_size": MICRO,
+            "num_train_epochs": 1,
+            "max_steps": steps,
+            "torch_compile": False,
+            "torch_dtype": dtype,
+            "do_eval": False,
+            "save_strategy": "no",
+            "logging_steps": 1,
+            "report_to": "none",
+        },
         "optimizers": {"optimizer_name": "adamw", "lr": 2e-4},
         "scheduler": {"scheduler_name": "cosine"},
-    }  # fmt: skip
+    }
 
 
 def inputs(directory: Path, shape: str) -> tuple[Path, Path, Path]:
@@ -78,11 +118,11 @@ def inputs(directory: Path, shape: str) -> tuple[Path, Path, Path]:
     (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     model = directory / "model"
     torch.manual_seed(1234)
-    config = LlamaConfig(vocab_size=load_tokenizer(tokenizer).vocab_size, max_position_embeddings=SEQ,
-                         **SHAPES[shape])  # fmt: skip
+    config = LlamaConfig(vocab_size=load_tokenizer(tokenizer).vocab_size, max_position_embeddings=SEQ, **SHAPES[shape])
     LlamaForCausalLM(config).save_pretrained(model)
-    processing = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), eos_token="<|endoftext|>",
-                                         bos_token="<|endoftext|>", pad_token="<|endoftext|>")  # fmt: skip
+    processing = PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer), eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
     processing.save_pretrained(model)
     return model, data, tokenizer
 
@@ -111,26 +151,49 @@ def trl_run(model_dir: Path, data: Path, out: Path, steps: int, dtype: str) -> d
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa",
-                                                 use_cache=False)  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch_dtype, attn_implementation="sdpa", use_cache=False
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = datasets.load_dataset(str(data), split="train").shuffle(seed=42)
-    rows = rows.map(lambda r: {"prompt": r["request"], "completion": r["source"]},
-                    remove_columns=["request", "source"])  # fmt: skip
+    rows = rows.map(lambda r: {"prompt": r["request"], "completion": r["source"]}, remove_columns=["request", "source"])
     arguments = SFTConfig(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=ACCUMULATION, lr_scheduler_type="cosine", warmup_steps=100,
-        bf16=dtype == "bf16", fp16=dtype == "fp16", use_cpu=not torch.cuda.is_available(), report_to=[],
-        save_strategy="no", eval_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
-        max_length=SEQ, packing=False, completion_only_loss=True, train_sampling_strategy="group_by_length", seed=42,
-        gradient_checkpointing=False, torch_compile=False,
-    )  # fmt: skip
-    peft_config = LoraConfig(r=RANK, lora_alpha=RANK, lora_dropout=0.0, target_modules=TARGETS, bias="none",
-                             task_type="CAUSAL_LM")  # fmt: skip
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=ACCUMULATION,
+        lr_scheduler_type="cosine",
+        warmup_steps=100,
+        bf16=dtype == "bf16",
+        fp16=dtype == "fp16",
+        use_cpu=not torch.cuda.is_available(),
+        report_to=[],
+        save_strategy="no",
+        eval_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        max_length=SEQ,
+        packing=False,
+        completion_only_loss=True,
+        train_sampling_strategy="group_by_length",
+        seed=42,
+        gradient_checkpointing=False,
+        torch_compile=False,
+    )
+    peft_config = LoraConfig(
+        r=RANK, lora_alpha=RANK, lora_dropout=0.0, target_modules=TARGETS, bias="none", task_type="CAUSAL_LM"
+    )
     timer = StepTimer()
-    trainer = SFTTrainer(model=model, args=arguments, train_dataset=rows, processing_class=tokenizer,
-                         callbacks=[timer], peft_config=peft_config,
-                         optimizer_cls_and_kwargs=(torch.optim.AdamW, {"lr": 2e-4, "weight_decay": 0.01}))  # fmt: skip
+    trainer = SFTTrainer(
+        model=model,
+        args=arguments,
+        train_dataset=rows,
+        processing_class=tokenizer,
+        callbacks=[timer],
+        peft_config=peft_config,
+        optimizer_cls_and_kwargs=(torch.optim.AdamW, {"lr": 2e-4, "weight_decay": 0.01}),
+    )
     trainer.train()
     return {"step_time": statistics.median(timer.durations[2:])}
 
@@ -151,8 +214,18 @@ def worker(framework: str, steps: int, dtype: str, shape: str) -> None:
 
 
 def measured(framework: str, steps: int, dtype: str, shape: str) -> dict[str, float]:
-    command = [sys.executable, __file__, "--worker", framework, "--steps", str(steps), "--dtype", dtype,
-               "--shape", shape]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        framework,
+        "--steps",
+        str(steps),
+        "--dtype",
+        dtype,
+        "--shape",
+        shape,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -183,13 +256,20 @@ def main() -> int:
     import transformers
     import trl
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({cpu_flags()}), " \
-        f"{torch.get_num_threads()} threads"
+    device = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"CPU ({cpu_flags()}), {torch.get_num_threads()} threads"
+    )
     ours, theirs = (measured(name, args.steps, args.dtype, args.shape) for name in ("nxd", "trl"))
-    print(f"device: {device}; torch {torch.__version__}, transformers {transformers.__version__}, trl "
-          f"{trl.__version__}, peft {peft.__version__}")  # fmt: skip
-    print(f"{args.shape}, {args.dtype}, LoRA r={RANK}; {ours['records']} records of {ours['mean_length']:.0f} tokens "
-          f"on average; {MICRO} x {ACCUMULATION} records per step; median step of steps 3-{args.steps}")
+    print(
+        f"device: {device}; torch {torch.__version__}, transformers {transformers.__version__}, trl "
+        f"{trl.__version__}, peft {peft.__version__}"
+    )
+    print(
+        f"{args.shape}, {args.dtype}, LoRA r={RANK}; {ours['records']} records of {ours['mean_length']:.0f} tokens "
+        f"on average; {MICRO} x {ACCUMULATION} records per step; median step of steps 3-{args.steps}"
+    )
     print(f"{'framework':<34} {'step s':>7} {'real tok/s':>11} {'peak RSS':>10} {'CUDA peak':>10} {'ratio':>6}")
     for label, figures in (("nxd-train (QEfficient file)", ours), ("TRL SFTTrainer + peft (QEfficient)", theirs)):
         ratio = f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x" if figures is ours else ""

@@ -48,8 +48,10 @@ def main() -> None:
     tokens = args.batch * args.seq
     chunked = tokens / timed(wkv, inputs, args.repeats)
     steps = tokens / timed(wkv_steps, inputs, args.repeats)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch} x {args.seq} tokens, "
-          f"{args.heads} heads of {args.head_size}, chunks of {WKV_CHUNK}, fp32, forward + backward")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch} x {args.seq} tokens, "
+        f"{args.heads} heads of {args.head_size}, chunks of {WKV_CHUNK}, fp32, forward + backward"
+    )
     print("| WKV | tokens/s | / token-by-token |")
     print("|---|---:|---:|")
     print(f"| nxd chunked | {chunked:,.0f} | {chunked / steps:.2f}x |")

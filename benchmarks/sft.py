@@ -49,12 +49,55 @@ from throughput import StepTimer
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
-MODULES = ("os", "posixpath", "shutil", "json", "textwrap", "string", "collections", "functools", "itertools",
-           "heapq", "bisect", "random", "statistics", "fnmatch", "glob", "tempfile", "pathlib", "re", "difflib",
-           "base64", "csv", "datetime", "calendar", "copy", "pprint", "shlex", "argparse", "logging", "inspect",
-           "typing", "dataclasses", "enum", "ast", "tokenize", "zipfile", "tarfile", "gzip", "email.utils")  # fmt: skip
-MODEL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-             rms_norm_eps=1e-5, tie_word_embeddings=False)  # fmt: skip
+MODULES = (
+    "os",
+    "posixpath",
+    "shutil",
+    "json",
+    "textwrap",
+    "string",
+    "collections",
+    "functools",
+    "itertools",
+    "heapq",
+    "bisect",
+    "random",
+    "statistics",
+    "fnmatch",
+    "glob",
+    "tempfile",
+    "pathlib",
+    "re",
+    "difflib",
+    "base64",
+    "csv",
+    "datetime",
+    "calendar",
+    "copy",
+    "pprint",
+    "shlex",
+    "argparse",
+    "logging",
+    "inspect",
+    "typing",
+    "dataclasses",
+    "enum",
+    "ast",
+    "tokenize",
+    "zipfile",
+    "tarfile",
+    "gzip",
+    "email.utils",
+)
+MODEL = dict(
+    hidden_size=256,
+    intermediate_size=704,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
 MICRO_BATCH, ACCUMULATION, LR = 4, 2, 1e-4
 
 
@@ -83,8 +126,9 @@ def write_inputs(directory: Path, pairs: list[dict[str, str]], tokenizer: Path, 
     """The records as nxd's input/output jsonl, the model and an nxd config that starts from it."""
     with open(directory / "records.jsonl", "w") as handle:
         handle.writelines(json.dumps({"input": p["prompt"], "output": p["completion"]}) + "\n" for p in pairs)
-    return bench_config(directory, directory / "records.jsonl", tokenizer, seq,
-                        f"  sft: {{packing: True}}\n{peft_block(lora)}")  # fmt: skip
+    return bench_config(
+        directory, directory / "records.jsonl", tokenizer, seq, f"  sft: {{packing: True}}\n{peft_block(lora)}"
+    )
 
 
 def bench_config(directory: Path, data: Path, tokenizer: Path, seq: int, alignment: str) -> Path:
@@ -102,11 +146,11 @@ model_source: hf
 trainer: {{max_steps: 1, log_every_n_steps: 1, val_check_interval: 1000000, limit_val_batches: 0,
           num_sanity_val_steps: 0, gradient_clip_val: 1.0}}
 exp_manager: {{create_checkpoint_callback: False, create_tensorboard_logger: False, log_gradient_norm: True,
-              resume_from_checkpoint: {directory / 'model'}}}
+              resume_from_checkpoint: {directory / "model"}}}
 data: {{micro_batch_size: {MICRO_BATCH}, global_batch_size: {MICRO_BATCH * ACCUMULATION}, seq_length: {seq},
        train_dir: {data}, tokenizer: {{type: {tokenizer}}}}}
 model:
-  model_config: {directory / 'model'}
+  model_config: {directory / "model"}
   encoder_seq_length: {seq}
   weight_init_only: True
   fusions: {{flash_attention: True}}
@@ -132,8 +176,10 @@ def median_step_time(log_dir: Path) -> float:
 def peft_block(rank: int) -> str:
     if not rank:
         return ""
-    return (f"  peft: {{lora_rank: {rank}, lora_alpha: {2 * rank}, lora_dropout: 0.0, "
-            f"target_modules: [{', '.join(TARGETS)}]}}")
+    return (
+        f"  peft: {{lora_rank: {rank}, lora_alpha: {2 * rank}, lora_dropout: 0.0, "
+        f"target_modules: [{', '.join(TARGETS)}]}}"
+    )
 
 
 def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
@@ -143,40 +189,75 @@ def nxd_run(config: Path, steps: int, log_dir: Path) -> dict[str, float]:
     train(plan)
     step_time = median_step_time(log_dir)
     real = MICRO_BATCH * ACCUMULATION * plan.seq_length * fill
-    return {"tokens_per_s": real / step_time, "padding": 1 - fill, "flops_per_token": plan.family.flops_per_token(
-        plan.seq_length), "step_time": step_time, "rows": len(plan.data.train)}  # fmt: skip
+    return {
+        "tokens_per_s": real / step_time,
+        "padding": 1 - fill,
+        "flops_per_token": plan.family.flops_per_token(plan.seq_length),
+        "step_time": step_time,
+        "rows": len(plan.data.train),
+    }
 
 
-def trl_run(pairs: list[dict[str, str]], tokenizer: Path, model_dir: Path, seq: int, steps: int,
-            out: Path, lora: int = 0) -> dict[str, float]:  # fmt: skip
+def trl_run(
+    pairs: list[dict[str, str]], tokenizer: Path, model_dir: Path, seq: int, steps: int, out: Path, lora: int = 0
+) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
-    processing = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), eos_token="<|endoftext|>",
-                                         pad_token="<|endoftext|>")  # fmt: skip
+    processing = PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer), eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
     arguments = SFTConfig(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=ACCUMULATION, learning_rate=LR, weight_decay=0.0, max_grad_norm=1.0,
-        lr_scheduler_type="constant", warmup_steps=0, use_cpu=not torch.cuda.is_available(), report_to=[],
-        save_strategy="no", logging_steps=1000, disable_tqdm=True, dataloader_num_workers=0, max_length=seq,
-        packing=True, packing_strategy="bfd", padding_free=True, completion_only_loss=True, seed=1234,
-        bf16=False, gradient_checkpointing=False,  # TRL's defaults (bf16 autocast, recomputation) are not nxd's here
-    )  # fmt: skip
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=ACCUMULATION,
+        learning_rate=LR,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        use_cpu=not torch.cuda.is_available(),
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1000,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        max_length=seq,
+        packing=True,
+        packing_strategy="bfd",
+        padding_free=True,
+        completion_only_loss=True,
+        seed=1234,
+        bf16=False,
+        gradient_checkpointing=False,  # TRL's defaults (bf16 autocast, recomputation) are not nxd's here
+    )
     timer = StepTimer()
     peft_config = None
     if lora:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0, target_modules=list(TARGETS),
-                                 task_type="CAUSAL_LM")  # fmt: skip
-    trainer = SFTTrainer(model=model, args=arguments, train_dataset=datasets.Dataset.from_list(pairs),
-                         processing_class=processing, callbacks=[timer], peft_config=peft_config)  # fmt: skip
+        peft_config = LoraConfig(
+            r=lora, lora_alpha=2 * lora, lora_dropout=0.0, target_modules=list(TARGETS), task_type="CAUSAL_LM"
+        )
+    trainer = SFTTrainer(
+        model=model,
+        args=arguments,
+        train_dataset=datasets.Dataset.from_list(pairs),
+        processing_class=processing,
+        callbacks=[timer],
+        peft_config=peft_config,
+    )
     lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
     trainer.train()
     step_time = statistics.median(timer.durations[2:])
     real = MICRO_BATCH * ACCUMULATION * statistics.fmean(lengths)
-    return {"tokens_per_s": real / step_time, "padding": 1 - statistics.fmean(lengths) / seq, "step_time": step_time,
-            "rows": len(lengths)}  # fmt: skip
+    return {
+        "tokens_per_s": real / step_time,
+        "padding": 1 - statistics.fmean(lengths) / seq,
+        "step_time": step_time,
+        "rows": len(lengths),
+    }
 
 
 def worker(framework: str, seq: int, steps: int, lora: int) -> None:
@@ -222,22 +303,32 @@ def main() -> int:
     import peft
     import trl
 
-    table = [(seq, measured("nxd", seq, args.steps, args.lora), measured("trl", seq, args.steps, args.lora))
-             for seq in (int(value) for value in args.seq.split(","))]  # fmt: skip
+    table = [
+        (seq, measured("nxd", seq, args.steps, args.lora), measured("trl", seq, args.steps, args.lora))
+        for seq in (int(value) for value in args.seq.split(","))
+    ]
     what = f"LoRA r={args.lora} on {', '.join(TARGETS)}" if args.lora else "full fine-tuning"
-    print(f"\ndevice: {name}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
-          f"trl {trl.__version__}, peft {peft.__version__}; fp32 matmul ceiling {ceiling / 1e9:,.0f} GFLOP/s")
-    print(f"{what}; {len(records())} records; {MICRO_BATCH} x {ACCUMULATION} rows per step; median step of "
-          f"steps 3-{args.steps}" + ("" if args.lora else "; MFU by 6 x parameters + attention FLOPs per token"))
-    print(f"{'seq':>5} {'framework':<22} {'rows':>5} {'step s':>7} {'real tok/s':>11} {'padding':>8} {'MFU':>6} "
-          f"{'peak RSS':>9} {'ratio':>6}")  # fmt: skip
+    print(
+        f"\ndevice: {name}; torch {torch.__version__}, transformers {sys.modules['transformers'].__version__}, "
+        f"trl {trl.__version__}, peft {peft.__version__}; fp32 matmul ceiling {ceiling / 1e9:,.0f} GFLOP/s"
+    )
+    print(
+        f"{what}; {len(records())} records; {MICRO_BATCH} x {ACCUMULATION} rows per step; median step of "
+        f"steps 3-{args.steps}" + ("" if args.lora else "; MFU by 6 x parameters + attention FLOPs per token")
+    )
+    print(
+        f"{'seq':>5} {'framework':<22} {'rows':>5} {'step s':>7} {'real tok/s':>11} {'padding':>8} {'MFU':>6} "
+        f"{'peak RSS':>9} {'ratio':>6}"
+    )
     for seq, ours, theirs in table:
         for label, figures in (("nxd-train", ours), ("TRL SFTTrainer (bfd)", theirs)):
             mfu = f"{figures['tokens_per_s'] * ours['flops_per_token'] / ceiling:.1%}" if not args.lora else "-"
             ratio = f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x" if figures is ours else ""
-            print(f"{seq:>5} {label:<22} {figures['rows']:>5} {figures['step_time']:>7.3f} "
-                  f"{figures['tokens_per_s']:>11,.0f} {figures['padding']:>8.1%} {mfu:>6} "
-                  f"{figures['peak_rss'] / 2**20:>7,.0f} MiB {ratio:>6}")  # fmt: skip
+            print(
+                f"{seq:>5} {label:<22} {figures['rows']:>5} {figures['step_time']:>7.3f} "
+                f"{figures['tokens_per_s']:>11,.0f} {figures['padding']:>8.1%} {mfu:>6} "
+                f"{figures['peak_rss'] / 2**20:>7,.0f} MiB {ratio:>6}"
+            )
     return 0
 
 

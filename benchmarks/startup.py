@@ -51,17 +51,46 @@ from nxd_models import GPTConfig, model_family, resident_memory
 from nxd_parallel import Layout, ParallelDims, build_parallel_model, modules_of
 from smoke import parse_args
 
-SPEC = GPTConfig(vocab_size=128256, num_layers=4, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
-                 seq_length=2048, ffn_hidden_size=14336, normalization="rmsnorm", activation="swiglu",
-                 position_embedding_type="rope", rope_theta=500000.0, has_bias=False, hidden_dropout=0.0,
-                 attention_dropout=0.0, make_vocab_size_divisible_by=128,
-                 share_embeddings_and_output_weights=False)  # fmt: skip
-SMOKE_SPEC = GPTConfig(vocab_size=512, num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
-                       seq_length=64, ffn_hidden_size=176, normalization="rmsnorm", activation="swiglu",
-                       position_embedding_type="rope", has_bias=False, hidden_dropout=0.0, attention_dropout=0.0,
-                       share_embeddings_and_output_weights=False)  # fmt: skip
-LAYOUTS = {"1": (1, {}, Layout()), "tp2": (2, {"tp": 2}, Layout()), "pp2": (2, {"pp": 2}, Layout()),
-           "dp2_zero1": (2, {}, Layout(zero1=True))}  # fmt: skip
+SPEC = GPTConfig(
+    vocab_size=128256,
+    num_layers=4,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    seq_length=2048,
+    ffn_hidden_size=14336,
+    normalization="rmsnorm",
+    activation="swiglu",
+    position_embedding_type="rope",
+    rope_theta=500000.0,
+    has_bias=False,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    make_vocab_size_divisible_by=128,
+    share_embeddings_and_output_weights=False,
+)
+SMOKE_SPEC = GPTConfig(
+    vocab_size=512,
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_kv_heads=2,
+    seq_length=64,
+    ffn_hidden_size=176,
+    normalization="rmsnorm",
+    activation="swiglu",
+    position_embedding_type="rope",
+    has_bias=False,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    share_embeddings_and_output_weights=False,
+)
+LAYOUTS = {
+    "1": (1, {}, Layout()),
+    "tp2": (2, {"tp": 2}, Layout()),
+    "pp2": (2, {"pp": 2}, Layout()),
+    "dp2_zero1": (2, {}, Layout(zero1=True)),
+}
 GIB = 2**30
 
 
@@ -115,8 +144,14 @@ def _worker(rank: int, world: int, job: Job, directory: str) -> None:
         mesh = ParallelDims(world, **sizes).build_mesh("cpu")
         layout = Layout(zero1=layout.zero1, ranks_at_once=1 if job.method == "whole" else world)
         loaded = family.parameter_shapes() if job.hf_dir is not None else ()  # as nxd-train: no random draws
-        model = build_parallel_model(WholeModelFirst(family) if job.method == "whole" else family, layout, mesh,
-                                     torch.device("cpu"), seed=1, loaded=loaded)  # fmt: skip
+        model = build_parallel_model(
+            WholeModelFirst(family) if job.method == "whole" else family,
+            layout,
+            mesh,
+            torch.device("cpu"),
+            seed=1,
+            loaded=loaded,
+        )
         if job.hf_dir is not None:
             export, shapes = HFExport.of(family.hf_mapping()), family.parameter_shapes()
             live = {key: value for module in modules_of(model) for key, value in module.state_dict().items()}
@@ -149,8 +184,10 @@ def _hf_directory(root: Path, spec: GPTConfig) -> Path:
     with torch.device("meta"):
         theirs = LlamaForCausalLM(LlamaConfig(**export.config))
     ours = model.state_dict()
-    state = {hf: ours[key][: export.vocab_size] if key in export.vocab_padded_keys else ours[key]
-             for key, hf in export.keys.items()}  # fmt: skip
+    state = {
+        hf: ours[key][: export.vocab_size] if key in export.vocab_padded_keys else ours[key]
+        for key, hf in export.keys.items()
+    }
     theirs.load_state_dict(state, assign=True)
     del model, ours
     out = root / "llama-8b-width-4-layers"
@@ -191,8 +228,14 @@ def _wall(command: list[str], *, cwd: Path, until: str | None = None, env: dict[
     """Seconds from starting `command` to its exit, or to its first stdout line starting with `until` (the process
     is then stopped)."""
     started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     if until is None:
         process.communicate()
         took = time.perf_counter() - started
@@ -228,28 +271,40 @@ def commands_table(repeats: int) -> None:
     with tempfile.TemporaryDirectory() as warm:  # the default job's caches (BPE, corpus, indices), filled once
         cache = {"XDG_CACHE_HOME": warm}
         _wall([nxd, *first_step], cwd=Path(warm), until="step 1/", env=cache)
-        print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPUs "
-              f"({_cpu_model()}); best and median of {repeats} fresh processes\n")  # fmt: skip
+        print(
+            f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPUs "
+            f"({_cpu_model()}); best and median of {repeats} fresh processes\n"
+        )
         print("| start-up | best (s) | median (s) |\n|---|---:|---:|")
         torch_s = _timed("`import torch`", repeats, [python, "-c", "import torch"])[1]
         fabric_s = _timed("`import lightning_fabric`", repeats, [python, "-c", "import lightning_fabric"])[1]
-        check_s = _timed("`nxd-train config check configs/tiny.yaml`", repeats, [nxd, "config", "check", tiny],
-                         env=cache)[1]  # fmt: skip
-        nxd_s = _timed("nxd-train default job: start to first logged step", repeats, [nxd, *first_step],
-                       until="step 1/", env=cache)[1]  # fmt: skip
-        trainer_s = _timed("transformers Trainer, same model: start to first logged step", repeats,
-                           [python, "-c", TRAINER], until="step 1")[1]  # fmt: skip
-    print(f"\n| target | measured | limit | met |\n|---|---:|---:|---|\n"
-          f"| config check / import torch | {check_s / torch_s:.2f}x | 1.50x | {check_s <= 1.5 * torch_s} |\n"
-          f"| first logged step - import lightning_fabric | {nxd_s - fabric_s:+.2f} s | +4.00 s | "
-          f"{nxd_s <= fabric_s + 4} |\n"
-          f"| nxd / Trainer, first logged step | {nxd_s / trainer_s:.2f}x | below 1 | {nxd_s < trainer_s} |\n")
+        check_s = _timed(
+            "`nxd-train config check configs/tiny.yaml`", repeats, [nxd, "config", "check", tiny], env=cache
+        )[1]
+        nxd_s = _timed(
+            "nxd-train default job: start to first logged step", repeats, [nxd, *first_step], until="step 1/", env=cache
+        )[1]
+        trainer_s = _timed(
+            "transformers Trainer, same model: start to first logged step",
+            repeats,
+            [python, "-c", TRAINER],
+            until="step 1",
+        )[1]
+    print(
+        f"\n| target | measured | limit | met |\n|---|---:|---:|---|\n"
+        f"| config check / import torch | {check_s / torch_s:.2f}x | 1.50x | {check_s <= 1.5 * torch_s} |\n"
+        f"| first logged step - import lightning_fabric | {nxd_s - fabric_s:+.2f} s | +4.00 s | "
+        f"{nxd_s <= fabric_s + 4} |\n"
+        f"| nxd / Trainer, first logged step | {nxd_s / trainer_s:.2f}x | below 1 | {nxd_s < trainer_s} |\n"
+    )
     print("| one-time cost | seconds |\n|---|---:|")
     with tempfile.TemporaryDirectory() as cold:
         from_empty = _wall([nxd, *first_step], cwd=Path(cold), until="step 1/", env={"XDG_CACHE_HOME": cold})
     print(f"| default job from an empty cache: start to first logged step | {from_empty:.2f} |")
-    print(f"|   of which BPE training, corpus preprocessing and indices (against a warm cache) | "
-          f"{from_empty - nxd_s:.2f} |")  # fmt: skip
+    print(
+        f"|   of which BPE training, corpus preprocessing and indices (against a warm cache) | "
+        f"{from_empty - nxd_s:.2f} |"
+    )
     from nxd_models.device_peaks import measured_peak
 
     peaks, spent = [], []
@@ -258,8 +313,10 @@ def commands_table(repeats: int) -> None:
         peaks.append(measured_peak(torch.device("cpu"), torch.float32) / 1e12)
         spent.append(time.perf_counter() - started)
     print(f"| MFU ceiling (fp32 matmuls, best of 3 per size) at each start | {statistics.median(spent):.2f} |")
-    print(f"\nceiling measured 5 times in this process: {', '.join(f'{p:.3f}' for p in peaks)} TFLOP/s "
-          f"(spread {(max(peaks) - min(peaks)) / max(peaks):.0%})")
+    print(
+        f"\nceiling measured 5 times in this process: {', '.join(f'{p:.3f}' for p in peaks)} TFLOP/s "
+        f"(spread {(max(peaks) - min(peaks)) / max(peaks):.0%})"
+    )
 
 
 def _cpu_model() -> str:
@@ -284,8 +341,10 @@ def main() -> None:
         return
     spec = SMOKE_SPEC if args.smoke else SPEC
     params = sum(shape.numel() for shape in model_family(spec).parameter_shapes().values())
-    print(f"model: {params / 1e9:.2f}B parameters, {params * 4 / GIB:.2f} GiB fp32; torch {torch.__version__}, "
-          f"{os.cpu_count()} CPUs")  # fmt: skip
+    print(
+        f"model: {params / 1e9:.2f}B parameters, {params * 4 / GIB:.2f} GiB fp32; torch {torch.__version__}, "
+        f"{os.cpu_count()} CPUs"
+    )
     print("| start-up | parameters held per rank (GiB) | base RSS | peak RSS per rank (GiB) | seconds |")
     print("|---|---:|---:|---:|---:|")
     for layout in filter(None, args.layouts.split(",")):

@@ -48,21 +48,42 @@ from smoke import TINY_MODEL, parse_args
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
-WIDER = ["data.seq_length=2048", "model.encoder_seq_length=2048", "data.micro_batch_size=2",
-         "data.global_batch_size=4", "model.num_attention_heads=32", "model.num_kv_heads=8"]  # fmt: skip
+WIDER = [
+    "data.seq_length=2048",
+    "model.encoder_seq_length=2048",
+    "data.micro_batch_size=2",
+    "data.global_batch_size=4",
+    "model.num_attention_heads=32",
+    "model.num_kv_heads=8",
+]
 MODELS = {
     "20m": ("bench_20m", 8192, []),
     "125m": ("bench_125m", 32000, []),
-    "1b": ("bench_125m", 32000, [*WIDER, "model.hidden_size=2048", "model.num_layers=16",
-                                 "model.ffn_hidden_size=8192"]),
-    "8b-slice": ("bench_125m", 128256, [*WIDER, "model.hidden_size=4096", "model.num_layers=4",
-                                        "model.ffn_hidden_size=14336", "+model.rope_theta=500000"]),
+    "1b": (
+        "bench_125m",
+        32000,
+        [*WIDER, "model.hidden_size=2048", "model.num_layers=16", "model.ffn_hidden_size=8192"],
+    ),
+    "8b-slice": (
+        "bench_125m",
+        128256,
+        [
+            *WIDER,
+            "model.hidden_size=4096",
+            "model.num_layers=4",
+            "model.ffn_hidden_size=14336",
+            "+model.rope_theta=500000",
+        ],
+    ),
     "smoke": ("bench_20m", 512, TINY_MODEL),
-}  # fmt: skip
+}
 """Config file, random-token vocabulary and overrides per model: bench_20m has 19M parameters,
 bench_125m 134M, 1b 1.1B and 8b-slice 1.9B; smoke is --smoke's."""
-PRECISION = {"fp32": ("fp32", torch.float32), "bf16": ("mixed_precision", torch.bfloat16),
-             "bf16SR": ("bf16SR", torch.bfloat16)}  # fmt: skip
+PRECISION = {
+    "fp32": ("fp32", torch.float32),
+    "bf16": ("mixed_precision", torch.bfloat16),
+    "bf16SR": ("bf16SR", torch.bfloat16),
+}
 """nxd's precision.type and the compute dtype of each column."""
 COLUMNS = ("nxd", "nxd compiled", "nxd chunked loss", "Trainer", "titan-style")
 
@@ -81,14 +102,22 @@ def with_random_tokens(plan: RunPlan, vocab: int, steps: int) -> RunPlan:
     return dataclasses.replace(plan, family=family, data=data)
 
 
-def nxd_tokens_per_second(config_path: Path, overrides: list[str], vocab: int, precision: str, steps: int,
-                          log_dir: Path, column: str) -> tuple[float, list[float]]:  # fmt: skip
+def nxd_tokens_per_second(
+    config_path: Path, overrides: list[str], vocab: int, precision: str, steps: int, log_dir: Path, column: str
+) -> tuple[float, list[float]]:
     """Median tokens/s of steps 2 onwards, and every step's loss."""
     chunk = 1024 if column == "nxd chunked loss" else 0
-    cfg = load_config(config_path, [*overrides, f"precision.type={precision}", f"trainer.max_steps={steps}",
-                                    f"+model.fusions.torch_compile={column == 'nxd compiled'}",
-                                    f"+model.fusions.loss_chunk_tokens={chunk}",
-                                    f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
+    cfg = load_config(
+        config_path,
+        [
+            *overrides,
+            f"precision.type={precision}",
+            f"trainer.max_steps={steps}",
+            f"+model.fusions.torch_compile={column == 'nxd compiled'}",
+            f"+model.fusions.loss_chunk_tokens={chunk}",
+            f"+exp_manager.explicit_log_dir={log_dir}",
+        ],
+    )
     train(with_random_tokens(plan_run(cfg, default_cache_dir()), vocab, steps))
     with open(log_dir / "metrics.csv") as handle:
         rows = [row for row in csv.DictReader(handle) if row.get("tokens_per_s")]
@@ -135,12 +164,23 @@ def trainer_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, ste
     accumulation = cfg.global_batch_size // cfg.data.micro_batch_size
     timer = StepTimer()
     arguments = TrainingArguments(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=cfg.data.micro_batch_size,
-        gradient_accumulation_steps=accumulation, learning_rate=cfg.model.optim.lr, weight_decay=0.01,
-        adam_beta2=0.95, max_grad_norm=1.0, bf16=precision != "fp32", use_cpu=not torch.cuda.is_available(),
-        report_to=[], save_strategy="no", logging_steps=1000, dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=cfg.data.micro_batch_size,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=cfg.model.optim.lr,
+        weight_decay=0.01,
+        adam_beta2=0.95,
+        max_grad_norm=1.0,
+        bf16=precision != "fp32",
+        use_cpu=not torch.cuda.is_available(),
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1000,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
         lr_scheduler_type="constant",
-    )  # fmt: skip
+    )
     Trainer(model=model, args=arguments, train_dataset=Samples(), callbacks=[timer]).train()
     tokens = cfg.global_batch_size * cfg.seq_length
     return tokens / statistics.median(timer.durations[1:])
@@ -158,15 +198,19 @@ def titan_tokens_per_second(cfg: NxdConfig, plan: RunPlan, precision: str, steps
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     mesh = init_device_mesh(device.type, (1,))
     model = hf_model(cfg, plan).to(device)
-    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision != "fp32"
-              else MixedPrecisionPolicy())  # fmt: skip
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if precision != "fp32"
+        else MixedPrecisionPolicy()
+    )
     for block in model.model.layers:
         block.compile()
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     optim = cfg.model.optim
-    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=0.01,
-                                  fused=True)  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=0.01, fused=True
+    )
     windows = unshifted_windows(plan)
     micro, accumulation = cfg.data.micro_batch_size, cfg.global_batch_size // cfg.data.micro_batch_size
     durations = []
@@ -196,15 +240,20 @@ def measure(column: str, model: str, precision: str, steps: int) -> dict[str, fl
     losses: list[float] = []
     with tempfile.TemporaryDirectory() as scratch:
         if column.startswith("nxd"):
-            rate, losses = nxd_tokens_per_second(config_path, overrides, vocab, PRECISION[precision][0], steps,
-                                                 Path(scratch) / "nxd", column)  # fmt: skip
+            rate, losses = nxd_tokens_per_second(
+                config_path, overrides, vocab, PRECISION[precision][0], steps, Path(scratch) / "nxd", column
+            )
         elif column == "Trainer":
             rate = trainer_tokens_per_second(cfg, plan, precision, steps, Path(scratch))
         else:
             rate = titan_tokens_per_second(cfg, plan, precision, steps, device)
-    return {"tokens_per_s": rate, "peak_gib": peak_memory(device) / 2**30, "losses": losses,
-            "flops_per_token": plan.family.flops_per_token(cfg.seq_length),
-            "parameters": plan.family.parameter_count()}  # fmt: skip
+    return {
+        "tokens_per_s": rate,
+        "peak_gib": peak_memory(device) / 2**30,
+        "losses": losses,
+        "flops_per_token": plan.family.flops_per_token(cfg.seq_length),
+        "parameters": plan.family.parameter_count(),
+    }
 
 
 def main() -> int:
@@ -226,15 +275,21 @@ def main() -> int:
     for key, ceiling in ceilings.items():
         print(f"MFU denominator, {key}: {ceiling.source}")
     columns = args.columns.split(",")
-    print(f"\n{'model':<12} {'precision':<9} " + " ".join(f"{c + ' tok/s':>18} {'GiB':>5} {'MFU':>6}" for c in columns)
-          + "  nxd/Trainer  compiled/titan  memory chunked/nxd")  # fmt: skip
+    print(
+        f"\n{'model':<12} {'precision':<9} "
+        + " ".join(f"{c + ' tok/s':>18} {'GiB':>5} {'MFU':>6}" for c in columns)
+        + "  nxd/Trainer  compiled/titan  memory chunked/nxd"
+    )
     failed = False
     for model in args.models.split(","):
         for precision in precisions:
             found = {}
             for column in columns:
-                run = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child", column, model,
-                                      precision], capture_output=True, text=True)  # fmt: skip
+                run = subprocess.run(
+                    [sys.executable, __file__, "--steps", str(args.steps), "--child", column, model, precision],
+                    capture_output=True,
+                    text=True,
+                )
                 lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
                 if run.returncode or not lines:
                     print(f"{column} {model} {precision} failed:\n{run.stderr[-3000:]}", file=sys.stderr)
@@ -247,19 +302,32 @@ def main() -> int:
                 mfu = r and ceilings[precision].utilisation(r["tokens_per_s"] * r["flops_per_token"])
                 shown = f"{mfu:>6.1%}" if mfu is not None else f"{'-':>6}"  # unknown: above the measured ceiling
                 cells.append(f"{r['tokens_per_s']:>18,.0f} {r['peak_gib']:>5.2f} {shown}" if r else f"{'-':>31}")
-            ratio = {pair: (found[pair[0]]["tokens_per_s"] / found[pair[1]]["tokens_per_s"]
-                            if pair[0] in found and pair[1] in found else float("nan"))
-                     for pair in (("nxd", "Trainer"), ("nxd compiled", "titan-style"))}  # fmt: skip
+            ratio = {
+                pair: (
+                    found[pair[0]]["tokens_per_s"] / found[pair[1]]["tokens_per_s"]
+                    if pair[0] in found and pair[1] in found
+                    else float("nan")
+                )
+                for pair in (("nxd", "Trainer"), ("nxd compiled", "titan-style"))
+            }
             parameters = next(iter(found.values()))["parameters"] / 1e6 if found else 0
-            memory = (found["nxd chunked loss"]["peak_gib"] / found["nxd"]["peak_gib"]
-                      if "nxd" in found and "nxd chunked loss" in found else float("nan"))  # fmt: skip
-            ratios = (f"  {ratio[('nxd', 'Trainer')]:>10.2f}x {ratio[('nxd compiled', 'titan-style')]:>14.2f}x"
-                      f" {memory:>19.2f}x")  # fmt: skip
+            memory = (
+                found["nxd chunked loss"]["peak_gib"] / found["nxd"]["peak_gib"]
+                if "nxd" in found and "nxd chunked loss" in found
+                else float("nan")
+            )
+            ratios = (
+                f"  {ratio[('nxd', 'Trainer')]:>10.2f}x {ratio[('nxd compiled', 'titan-style')]:>14.2f}x"
+                f" {memory:>19.2f}x"
+            )
             print(f"{model} ({parameters:.0f}M) {precision:<9} " + " ".join(cells) + ratios, flush=True)
             if "nxd" in found and "nxd chunked loss" in found:
                 chunked, whole = found["nxd chunked loss"]["losses"], found["nxd"]["losses"]
-                print(f"    losses, chunked against whole logits: {chunked} / {whole}, largest difference "
-                      f"{max(abs(a - b) for a, b in zip(chunked, whole, strict=True)):.2e}", flush=True)
+                print(
+                    f"    losses, chunked against whole logits: {chunked} / {whole}, largest difference "
+                    f"{max(abs(a - b) for a, b in zip(chunked, whole, strict=True)):.2e}",
+                    flush=True,
+                )
     return 1 if failed else 0
 
 

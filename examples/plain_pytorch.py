@@ -60,12 +60,30 @@ def main() -> None:
 
     write_corpus(args.out / "data" / "tokens")
     indexed = IndexedDataset(args.out / "data" / "tokens")
-    samples = GPTDataset(indexed, "train", (0, len(indexed)), None, SampleFormat(seq_length=SEQ, eod_id=0), seed=1,
-                         cache_dir=args.out / "data" / "index-cache")  # fmt: skip
+    samples = GPTDataset(
+        indexed,
+        "train",
+        (0, len(indexed)),
+        None,
+        SampleFormat(seq_length=SEQ, eod_id=0),
+        seed=1,
+        cache_dir=args.out / "data" / "index-cache",
+    )
 
-    spec = GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
-                     seq_length=SEQ, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
-                     has_bias=False, hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+    spec = GPTConfig(
+        vocab_size=VOCAB,
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        seq_length=SEQ,
+        normalization="rmsnorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        has_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
     family = model_family(spec)
     mesh = ParallelDims(world).build_mesh(device.type)  # every rank a data-parallel rank
     model = build_parallel_model(family, Layout(zero1=True), mesh, device, seed=1234)
@@ -88,8 +106,9 @@ def main() -> None:
         for _ in range(sampler.accumulation):
             batch = {key: value.to(device) for key, value in next(batches).items()}
             logits = family.logits(model, batch)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100,
-                                   reduction="sum") / (GLOBAL_BATCH * SEQ)  # fmt: skip
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100, reduction="sum"
+            ) / (GLOBAL_BATCH * SEQ)
             (loss * world).backward()  # ZeRO-1 averages gradients over the ranks; each holds 1/world of the batch
             total += loss.detach().double()
         clip_gradients(list(model.parameters()), 1.0)
@@ -101,9 +120,16 @@ def main() -> None:
         if step == args.save_at:
             model_state, optimizer_state = get_state_dict(model, optimizer)
             consumed = step * GLOBAL_BATCH
-            checkpointer.save({"model": model_state, "optimizer": optimizer_state,
-                               "data": sampler.state_dict() | {"consumed_samples": consumed}},
-                              step=step, consumed_samples=consumed, metrics={"loss": total.item()})  # fmt: skip
+            checkpointer.save(
+                {
+                    "model": model_state,
+                    "optimizer": optimizer_state,
+                    "data": sampler.state_dict() | {"consumed_samples": consumed},
+                },
+                step=step,
+                consumed_samples=consumed,
+                metrics={"loss": total.item()},
+            )
     checkpointer.wait()
     # collect reference cycles that still hold gloo work while the process group is alive: freed
     # later, during interpreter finalisation, they abort the process ("terminate called without an

@@ -43,8 +43,12 @@ def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(TEXT, trainer)
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
     tokenizer.save(str(path))
@@ -67,8 +71,12 @@ def chat_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<s>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(TEXT, trainer)
     directory = tmp_path_factory.mktemp("chat_tokenizer")
     tokenizer.save(str(directory / "tokenizer.json"))
@@ -97,10 +105,19 @@ def sentencepiece_dir(tmp_path_factory) -> Path:
 
     directory = tmp_path_factory.mktemp("spm")
     (directory / "text.txt").write_text("\n".join(TEXT * 3))
-    sentencepiece.SentencePieceTrainer.train(input=str(directory / "text.txt"), model_prefix=str(directory / "tokenizer"),
-                                             vocab_size=400, model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-                                             byte_fallback=True, split_digits=True,
-                                             minloglevel=2)  # fmt: skip
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(directory / "text.txt"),
+        model_prefix=str(directory / "tokenizer"),
+        vocab_size=400,
+        model_type="bpe",
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        byte_fallback=True,
+        split_digits=True,
+        minloglevel=2,
+    )
     (directory / "text.txt").unlink()
     (directory / "tokenizer.vocab").unlink()
     return directory

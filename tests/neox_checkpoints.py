@@ -21,8 +21,9 @@ def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
 
 
-def pythia_parts(model: GPTNeoXForCausalLM, ranks: int, padded_vocab: int, *, older_mlp_names: bool = False,
-                 parallel: bool = True) -> list[Layers]:  # fmt: skip
+def pythia_parts(
+    model: GPTNeoXForCausalLM, ranks: int, padded_vocab: int, *, older_mlp_names: bool = False, parallel: bool = True
+) -> list[Layers]:
     """Each rank's layers of a GPT-NeoX model (transformers' GPTNeoXForCausalLM holds NeoX's tensors whole):
     query_key_value is head by head, so a rank's rows are its heads; a row-parallel bias is split in equal
     parts that add up to it in a parallel-residual block (each rank adds its own before the sum) and held
@@ -87,8 +88,12 @@ def llama_parts(model: LlamaForCausalLM, ranks: int, padded_vocab: int) -> list[
         put(at, "post_attention_layernorm.scale", [weights[f"{theirs}post_attention_layernorm.weight"]] * ranks)
         q, k, v = (weights[f"{theirs}self_attn.{name}_proj.weight"].chunk(ranks) for name in "qkv")
         if kv_heads == heads:
-            qkv = [torch.stack([part.reshape(heads // ranks, dim, -1) for part in (q[r], k[r], v[r])], dim=1)
-                   .reshape(-1, config.hidden_size) for r in range(ranks)]  # fmt: skip
+            qkv = [
+                torch.stack([part.reshape(heads // ranks, dim, -1) for part in (q[r], k[r], v[r])], dim=1).reshape(
+                    -1, config.hidden_size
+                )
+                for r in range(ranks)
+            ]
         else:
             qkv = [torch.cat([q[r], k[r], v[r]]) for r in range(ranks)]
         put(at, "attention.query_key_value.weight", qkv)
@@ -106,17 +111,27 @@ def write_neox_checkpoint(load: Path, parts: list[Layers], *, iteration: int, pi
     mp_rank file holds DeepSpeed's client state too (iteration, random states as numpy and python keep them)."""
     folder = load / f"global_step{iteration}"
     folder.mkdir(parents=True)
-    client = {"iteration": iteration, "random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-              "torch_rng_state": torch.get_rng_state(), "args": {"num_layers": len(parts[0]) - 3},
-              "global_steps": iteration, "dp_world_size": 1, "mp_world_size": len(parts)}  # fmt: skip
+    client = {
+        "iteration": iteration,
+        "random_rng_state": random.getstate(),
+        "np_rng_state": np.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "args": {"num_layers": len(parts[0]) - 3},
+        "global_steps": iteration,
+        "dp_world_size": 1,
+        "mp_world_size": len(parts),
+    }
     for rank, layers in enumerate(parts):
         if pipelined:
             for layer, tensors in layers.items():
                 torch.save(tensors, folder / f"layer_{layer:02d}-model_{rank:02d}-model_states.pt")
             module = None
         else:
-            module = {f"sequential.{layer}.{name}": value for layer, tensors in layers.items()
-                      for name, value in tensors.items()}  # fmt: skip
+            module = {
+                f"sequential.{layer}.{name}": value
+                for layer, tensors in layers.items()
+                for name, value in tensors.items()
+            }
         torch.save({"module": module, **client}, folder / f"mp_rank_{rank:02d}_model_states.pt")
     (load / "latest").write_text(f"global_step{iteration}")
     return folder

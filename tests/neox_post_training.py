@@ -33,7 +33,7 @@ def build_chat(tokenizer, chat: list[dict], *, only_last: bool = False, for_rm: 
     tokens, mask = [], []
     for index, turn in enumerate(chat):
         follows = index < len(chat) - 1 and chat[index + 1]["role"] == "assistant"
-        new = _ids(tokenizer, chat[: index + 1], generation_prompt=follows)[len(tokens):]
+        new = _ids(tokenizer, chat[: index + 1], generation_prompt=follows)[len(tokens) :]
         tokens += new
         trained = turn["role"] == "assistant" and not (only_last and index != len(chat) - 1)
         mask += new if trained else [IGNORE] * len(new)
@@ -57,8 +57,12 @@ def conversations(count: int, seed: int) -> list[dict]:
     records = []
     for record in preference_records(count, seed):
         user = {"role": "user", "content": record["prompt"]}
-        records.append({"chosen": [user, {"role": "assistant", "content": record["chosen"]}],
-                        "rejected": [user, {"role": "assistant", "content": record["rejected"]}]})  # fmt: skip
+        records.append(
+            {
+                "chosen": [user, {"role": "assistant", "content": record["chosen"]}],
+                "rejected": [user, {"role": "assistant", "content": record["rejected"]}],
+            }
+        )
     return records
 
 
@@ -70,12 +74,21 @@ def write_post_training_data(root: Path, tokenizer_dir: Path, count: int = 48) -
     for split, seed in (("train", 0), ("test", 1), ("val", 0)):
         records = conversations(count if split != "test" else count // 4, seed)
         for key in ("chosen", "rejected"):
-            write(root / "data" / "pairwise" / f"llama3_dpo_{split}", key,
-                  [(*build_chat(tokenizer, r[key], only_last=True), None) for r in records])  # fmt: skip
-            write(root / "data" / "pairwise" / f"llama3_rm_{split}", key,
-                  [(*build_chat(tokenizer, r[key], for_rm=True), None) for r in records])  # fmt: skip
-        write(root / "data" / "sft" / f"llama3_{split}", "messages",
-              [(*build_chat(tokenizer, r["chosen"]), None) for r in records])  # fmt: skip
+            write(
+                root / "data" / "pairwise" / f"llama3_dpo_{split}",
+                key,
+                [(*build_chat(tokenizer, r[key], only_last=True), None) for r in records],
+            )
+            write(
+                root / "data" / "pairwise" / f"llama3_rm_{split}",
+                key,
+                [(*build_chat(tokenizer, r[key], for_rm=True), None) for r in records],
+            )
+        write(
+            root / "data" / "sft" / f"llama3_{split}",
+            "messages",
+            [(*build_chat(tokenizer, r["chosen"]), None) for r in records],
+        )
         examples = []
         for index, record in enumerate(records):
             desirable = index % 2 == 0
@@ -84,17 +97,34 @@ def write_post_training_data(root: Path, tokenizer_dir: Path, count: int = 48) -
         write(root / "data" / "kto" / f"llama3_{split}", "messages", examples)
 
 
-def converted_model(root: Path, tokenizer_dir: Path, *, hidden: int = 64, layers: int = 2, heads: int = 4,
-                    kv_heads: int = 2, intermediate: int = 176) -> Path:  # fmt: skip
+def converted_model(
+    root: Path,
+    tokenizer_dir: Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 176,
+) -> Path:
     """What the configs load: `checkpoints/neox_converted/llama3-8b-instruct`, here a small seeded Llama
     as transformers saves it, with the tokenizer under `tokenizer/`."""
     folder = root / "checkpoints" / "neox_converted" / "llama3-8b-instruct"
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
-                         max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0,
-                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     shutil.copytree(tokenizer_dir, folder / "tokenizer")
@@ -108,11 +138,17 @@ def kto_documents_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5
     keys = []
     for split, name in (("train", "train"), ("validation", "val")):
         prefix = directory / "data" / "kto" / f"llama3_{name}_messages"
-        keys += [f"+data.example_documents.{split}.documents={prefix}_document",
-                 f"+data.example_documents.{split}.labels={prefix}_label_document",
-                 f"+data.example_documents.{split}.rewards={prefix}_reward_document"]  # fmt: skip
-    return [f"+model_alignment_strategy.kto.beta={beta}", "+model_alignment_strategy.kto.kl_estimate=batch_halves",
-            *keys, f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+        keys += [
+            f"+data.example_documents.{split}.documents={prefix}_document",
+            f"+data.example_documents.{split}.labels={prefix}_label_document",
+            f"+data.example_documents.{split}.rewards={prefix}_reward_document",
+        ]
+    return [
+        f"+model_alignment_strategy.kto.beta={beta}",
+        "+model_alignment_strategy.kto.kl_estimate=batch_halves",
+        *keys,
+        f"+data.tokenizer.type={tokenizer_dir}",
+    ]
 
 
 NEOX_FLOAT32_CODE = 6

@@ -17,7 +17,24 @@ from transformers import LlamaConfig, LlamaForCausalLM
 ROOT = Path(__file__).resolve().parent
 EXAMPLES = ROOT.parent / "configs" / "qeff"
 REFERENCE_EXAMPLES = ROOT / "config" / "data" / "qeff" / "reference_examples.yaml"
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "pack", "my", "box", "with", "five", "dozen", "liquor", "jugs"]
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "pack",
+    "my",
+    "box",
+    "with",
+    "five",
+    "dozen",
+    "liquor",
+    "jugs",
+]
 GSM8K_README = """---
 configs:
 - config_name: main
@@ -37,9 +54,18 @@ def phrase(i: int, n: int = 5) -> str:
 def tiny_model(directory: Path, tokenizer_dir: Path) -> Path:
     """A 2-layer Llama directory with the test tokenizer (BOS <s> = 1, EOS <|endoftext|> = 0), as `ckpt export-hf`
     writes one."""
-    config = LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=0)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -55,17 +81,27 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
 def hub_datasets(root: Path) -> dict[str, Path]:
     """The dataset folders, by the reference's dataset names."""
     out = {}
-    alpaca = [{"instruction": f"say {phrase(i, 3)}", "input": "" if i % 3 == 0 else phrase(i + 1, 4),
-               "output": phrase(i + 2, 6)} for i in range(24)]  # fmt: skip
+    alpaca = [
+        {
+            "instruction": f"say {phrase(i, 3)}",
+            "input": "" if i % 3 == 0 else phrase(i + 1, 4),
+            "output": phrase(i + 2, 6),
+        }
+        for i in range(24)
+    ]
     _jsonl(root / "alpaca-cleaned" / "train.jsonl", alpaca)
     out["yahma/alpaca-cleaned"] = root / "alpaca-cleaned"
-    samsum = [{"id": str(i), "dialogue": f"A: {phrase(i)}\nB: {phrase(i + 1)}", "summary": phrase(i + 2, 4)}
-              for i in range(30)]  # fmt: skip
+    samsum = [
+        {"id": str(i), "dialogue": f"A: {phrase(i)}\nB: {phrase(i + 1)}", "summary": phrase(i + 2, 4)}
+        for i in range(30)
+    ]
     _jsonl(root / "samsum" / "train.jsonl", samsum[:24])
     _jsonl(root / "samsum" / "test.jsonl", samsum[24:])
     out["knkarthick/samsum"] = root / "samsum"
-    gsm = [{"question": f"how many {phrase(i, 3)}", "answer": f"{phrase(i + 1, 3)} <<{i}+1={i + 1}>>\n#### {i + 1}"}
-           for i in range(30)]  # fmt: skip
+    gsm = [
+        {"question": f"how many {phrase(i, 3)}", "answer": f"{phrase(i + 1, 3)} <<{i}+1={i + 1}>>\n#### {i + 1}"}
+        for i in range(30)
+    ]
     _jsonl(root / "gsm8k" / "main" / "train.jsonl", gsm[:24])
     _jsonl(root / "gsm8k" / "main" / "test.jsonl", gsm[24:])
     (root / "gsm8k" / "README.md").write_text(GSM8K_README)
@@ -73,8 +109,10 @@ def hub_datasets(root: Path) -> dict[str, Path]:
     grammar = [{"input": f"{phrase(i, 4)} {i}", "target": f"{phrase(i, 5)} {i}"} for i in range(30)]
     _jsonl(root / "grammar" / "train.jsonl", grammar)
     out["grammar"] = root / "grammar"
-    disc = [{"original": phrase(i), "generation": phrase(i + 3), "category": ["sarcasm_more", "formal"][i % 2]}
-            for i in range(40)]  # fmt: skip
+    disc = [
+        {"original": phrase(i), "generation": phrase(i + 3), "category": ["sarcasm_more", "formal"][i % 2]}
+        for i in range(40)
+    ]
     _jsonl(root / "DiSC" / "train.jsonl", disc)
     out["hallisky/DiSC"] = root / "DiSC"
     text = [{"text": phrase(i, 8)} for i in range(40)] + [{"text": ""}]
@@ -86,8 +124,9 @@ def hub_datasets(root: Path) -> dict[str, Path]:
     return out
 
 
-def local_config(source: Path, out: Path, model: Path, datasets: dict[str, Path], output_dir: Path,
-                 **sections: dict) -> Path:  # fmt: skip
+def local_config(
+    source: Path, out: Path, model: Path, datasets: dict[str, Path], output_dir: Path, **sections: dict
+) -> Path:
     """`source` (a QEfficient config) with its hub names pointed at the local folders, its output in
     `output_dir`, and `sections` merged over it; written to `out`."""
     config = yaml.safe_load(source.read_text())

@@ -55,8 +55,12 @@ class SlurmCluster:
                 return item.partition("=")[2]
         return "UNKNOWN"
 
-    def wait(self, job: str, timeout: float = 300, states: tuple[str, ...] = ("COMPLETED", "FAILED", "CANCELLED",
-                                                                                 "TIMEOUT", "NODE_FAIL")) -> str:  # fmt: skip
+    def wait(
+        self,
+        job: str,
+        timeout: float = 300,
+        states: tuple[str, ...] = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"),
+    ) -> str:
         """Wait until the job is in one of `states`; that state."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -121,19 +125,43 @@ def start_cluster(root: Path, timeout: float = 30) -> SlurmCluster:
     (root / "munge").unlink(missing_ok=True)
     (root / "munge").symlink_to(munge)
     conf = root / "slurm.conf"
-    conf.write_text("\n".join([
-        "ClusterName=nxdtest", f"SlurmctldHost={host}", "AuthType=auth/munge", "SlurmUser=root",
-        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-        f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}",
-        f"SlurmctldPidFile={root / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'slurmd.pid'}",
-        f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none", "ReturnToService=2",
-        "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
-        "JobRequeue=1", "KillWait=10", "AuthInfo=cred_expire=10", "MinJobAge=600", "SlurmctldTimeout=30", "SlurmdTimeout=30",
-        "InactiveLimit=0", "JobCompType=jobcomp/none", "JobAcctGatherType=jobacct_gather/none",
-        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={_memory_mib()} State=UNKNOWN",
-        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
-    ]) + "\n")  # fmt: skip
+    conf.write_text(
+        "\n".join(
+            [
+                "ClusterName=nxdtest",
+                f"SlurmctldHost={host}",
+                "AuthType=auth/munge",
+                "SlurmUser=root",
+                f"SlurmctldPort={_free_port()}",
+                f"SlurmdPort={_free_port()}",
+                f"StateSaveLocation={root / 'state'}",
+                f"SlurmdSpoolDir={root / 'spool'}",
+                f"SlurmctldPidFile={root / 'slurmctld.pid'}",
+                f"SlurmdPidFile={root / 'slurmd.pid'}",
+                f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
+                f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "MpiDefault=none",
+                "ReturnToService=2",
+                "SchedulerType=sched/backfill",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_CPU",
+                "JobRequeue=1",
+                "KillWait=10",
+                "AuthInfo=cred_expire=10",
+                "MinJobAge=600",
+                "SlurmctldTimeout=30",
+                "SlurmdTimeout=30",
+                "InactiveLimit=0",
+                "JobCompType=jobcomp/none",
+                "JobAcctGatherType=jobacct_gather/none",
+                f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={_memory_mib()} State=UNKNOWN",
+                "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
+            ]
+        )
+        + "\n"
+    )
     cluster = SlurmCluster(root, env={**os.environ, "SLURM_CONF": str(conf)}, scratch=[munge])
     socket_path = munge / "munge.socket"
     munge_key = Path("/etc/munge/munge.key")
@@ -141,10 +169,23 @@ def start_cluster(root: Path, timeout: float = 30) -> SlurmCluster:
         subprocess.run(["/usr/sbin/mungekey", "--create"], check=False, capture_output=True)
     shutil.chown(munge, "munge", "munge")
     try:
-        _start(cluster, ["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--foreground", "--force",
-                         f"--socket={socket_path}", f"--pid-file={munge / 'munged.pid'}",
-                         f"--seed-file={munge / 'seed'}", f"--log-file={munge / 'munged.log'}"],
-               root / "log" / "munged.out")  # fmt: skip
+        _start(
+            cluster,
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                "/usr/sbin/munged",
+                "--foreground",
+                "--force",
+                f"--socket={socket_path}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--seed-file={munge / 'seed'}",
+                f"--log-file={munge / 'munged.log'}",
+            ],
+            root / "log" / "munged.out",
+        )
         _wait_for(lambda: socket_path.exists(), timeout, "munged did not open its socket")
         default_socket = Path("/run/munge/munge.socket.2")  # where Slurm 22.05's auth/munge connects
         default_socket.parent.mkdir(parents=True, exist_ok=True)
@@ -154,8 +195,11 @@ def start_cluster(root: Path, timeout: float = 30) -> SlurmCluster:
         env = {**os.environ, "SLURM_CONF": str(conf)}
         _start(cluster, ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], root / "log" / "slurmctld.out", env)
         _start(cluster, ["/usr/sbin/slurmd", "-D", "-f", str(conf)], root / "log" / "slurmd.out", env)
-        _wait_for(lambda: "idle" in cluster.run("sinfo", "-h", "-o", "%T", check=False).stdout, timeout,
-                  "the node did not become idle")  # fmt: skip
+        _wait_for(
+            lambda: "idle" in cluster.run("sinfo", "-h", "-o", "%T", check=False).stdout,
+            timeout,
+            "the node did not become idle",
+        )
     except SlurmUnavailable:
         cluster.stop()
         raise

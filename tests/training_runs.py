@@ -27,10 +27,15 @@ FAST = ["trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=Fa
 
 
 CLUSTER_STEPS = 16
-CLUSTER_JOB = [*FAST, f"trainer.max_steps={CLUSTER_STEPS}", "data.micro_batch_size=2", "data.global_batch_size=8",
-               "exp_manager.create_checkpoint_callback=True",
-               "+exp_manager.checkpoint_callback_params.every_n_train_steps=4",
-               "+exp_manager.checkpoint_callback_params.save_top_k=-1"]  # fmt: skip
+CLUSTER_JOB = [
+    *FAST,
+    f"trainer.max_steps={CLUSTER_STEPS}",
+    "data.micro_batch_size=2",
+    "data.global_batch_size=8",
+    "exp_manager.create_checkpoint_callback=True",
+    "+exp_manager.checkpoint_callback_params.every_n_train_steps=4",
+    "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+]
 """The tiny job the cluster tests interrupt and resume: 16 steps, a global batch of 8 in micro-batches of 2, a
 checkpoint every 4 steps, all kept."""
 SLOWED = ["trainer.val_check_interval=1", "trainer.limit_val_batches=6"]
@@ -102,15 +107,37 @@ def hf_run_config(tmp_path, vocab_size: int, max_positions: int = 128):
     return source
 
 
-SFT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "pack", "my", "box", "with",
-             "five", "dozen", "liquor", "jugs"]  # fmt: skip
+SFT_WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "the",
+    "lazy",
+    "dog",
+    "pack",
+    "my",
+    "box",
+    "with",
+    "five",
+    "dozen",
+    "liquor",
+    "jugs",
+]
 
 
 def sft_records(count: int, seed: int = 0) -> list[dict[str, str]]:
     """`count` input/output records of 2-12 and 1-16 words, drawn with a fixed seed."""
     generator = random.Random(seed)
-    return [{"input": " ".join(generator.choices(SFT_WORDS, k=generator.randint(2, 12))),
-             "output": " ".join(generator.choices(SFT_WORDS, k=generator.randint(1, 16)))} for _ in range(count)]  # fmt: skip
+    return [
+        {
+            "input": " ".join(generator.choices(SFT_WORDS, k=generator.randint(2, 12))),
+            "output": " ".join(generator.choices(SFT_WORDS, k=generator.randint(1, 16))),
+        }
+        for _ in range(count)
+    ]
 
 
 def sft_job(directory: Path, tokenizer_dir: Path, *, packing: bool = True, records: int = 256) -> list[str]:
@@ -118,8 +145,12 @@ def sft_job(directory: Path, tokenizer_dir: Path, *, packing: bool = True, recor
     directory.mkdir(parents=True, exist_ok=True)
     for name, count, seed in (("train.jsonl", records, 0), ("validation.jsonl", 32, 1)):
         (directory / name).write_text("".join(json.dumps(r) + "\n" for r in sft_records(count, seed)))
-    return [f"+model_alignment_strategy.sft.packing={packing}", f"+data.train_dir={directory / 'train.jsonl'}",
-            f"+data.val_dir={directory / 'validation.jsonl'}", f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+    return [
+        f"+model_alignment_strategy.sft.packing={packing}",
+        f"+data.train_dir={directory / 'train.jsonl'}",
+        f"+data.val_dir={directory / 'validation.jsonl'}",
+        f"+data.tokenizer.type={tokenizer_dir}",
+    ]
 
 
 def preference_records(count: int, seed: int = 0) -> list[dict[str, str]]:
@@ -129,8 +160,13 @@ def preference_records(count: int, seed: int = 0) -> list[dict[str, str]]:
     records = []
     for _ in range(count):
         prompt = generator.choices(SFT_WORDS, k=generator.randint(2, 8))
-        records.append({"prompt": " ".join(prompt), "chosen": " ".join(sorted(prompt)),
-                        "rejected": " ".join(generator.choices(SFT_WORDS, k=generator.randint(1, 8)))})  # fmt: skip
+        records.append(
+            {
+                "prompt": " ".join(prompt),
+                "chosen": " ".join(sorted(prompt)),
+                "rejected": " ".join(generator.choices(SFT_WORDS, k=generator.randint(1, 8))),
+            }
+        )
     return records
 
 
@@ -143,16 +179,25 @@ def _preference_data(directory: Path, records: int) -> list[str]:
 
 def orpo_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.2, records: int = 128) -> list[str]:
     """Overrides that turn the tiny config into an ORPO run on records written to `directory`."""
-    return [f"+model_alignment_strategy.orpo.beta={beta}", "+model_alignment_strategy.orpo.max_prompt_length=32",
-            *_preference_data(directory, records), f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+    return [
+        f"+model_alignment_strategy.orpo.beta={beta}",
+        "+model_alignment_strategy.orpo.max_prompt_length=32",
+        *_preference_data(directory, records),
+        f"+data.tokenizer.type={tokenizer_dir}",
+    ]
 
 
-def dpo_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5, precompute: bool = True,
-            records: int = 128) -> list[str]:  # fmt: skip
+def dpo_job(
+    directory: Path, tokenizer_dir: Path, *, beta: float = 0.5, precompute: bool = True, records: int = 128
+) -> list[str]:
     """Overrides that turn the tiny config into a DPO run on records written to `directory`."""
-    return [f"+model_alignment_strategy.dpo.kl_beta={beta}", "+model_alignment_strategy.dpo.max_prompt_length=32",
-            f"+model_alignment_strategy.dpo.precompute_ref_log_probs={precompute}",
-            *_preference_data(directory, records), f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+    return [
+        f"+model_alignment_strategy.dpo.kl_beta={beta}",
+        "+model_alignment_strategy.dpo.max_prompt_length=32",
+        f"+model_alignment_strategy.dpo.precompute_ref_log_probs={precompute}",
+        *_preference_data(directory, records),
+        f"+data.tokenizer.type={tokenizer_dir}",
+    ]
 
 
 def kto_records(count: int, seed: int = 0) -> list[dict]:
@@ -161,28 +206,37 @@ def kto_records(count: int, seed: int = 0) -> list[dict]:
     records = []
     for index, pair in enumerate(preference_records(count, seed)):
         desirable = index % 2 == 0
-        records.append({"prompt": pair["prompt"], "completion": pair["chosen" if desirable else "rejected"],
-                        "label": desirable})  # fmt: skip
+        records.append(
+            {"prompt": pair["prompt"], "completion": pair["chosen" if desirable else "rejected"], "label": desirable}
+        )
     return records
 
 
-def kto_job(directory: Path, tokenizer_dir: Path, *, beta: float = 0.5, precompute: bool = True,
-            records: int = 128) -> list[str]:  # fmt: skip
+def kto_job(
+    directory: Path, tokenizer_dir: Path, *, beta: float = 0.5, precompute: bool = True, records: int = 128
+) -> list[str]:
     """Overrides that turn the tiny config into a KTO run on records written to `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     for name, count, seed in (("train.jsonl", records, 0), ("validation.jsonl", 16, 1)):
         (directory / name).write_text("".join(json.dumps(r) + "\n" for r in kto_records(count, seed)))
-    return [f"+model_alignment_strategy.kto.beta={beta}", "+model_alignment_strategy.kto.max_prompt_length=32",
-            f"+model_alignment_strategy.kto.precompute_ref_log_probs={precompute}",
-            f"+data.train_dir={directory / 'train.jsonl'}", f"+data.val_dir={directory / 'validation.jsonl'}",
-            f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+    return [
+        f"+model_alignment_strategy.kto.beta={beta}",
+        "+model_alignment_strategy.kto.max_prompt_length=32",
+        f"+model_alignment_strategy.kto.precompute_ref_log_probs={precompute}",
+        f"+data.train_dir={directory / 'train.jsonl'}",
+        f"+data.val_dir={directory / 'validation.jsonl'}",
+        f"+data.tokenizer.type={tokenizer_dir}",
+    ]
 
 
 def reward_job(directory: Path, tokenizer_dir: Path, *, z_loss: float = 0.0, records: int = 128) -> list[str]:
     """Overrides that turn the tiny config into a reward-model run on pair records written to `directory`."""
-    return [f"+model_alignment_strategy.reward_model.z_loss={z_loss}",
-            "+model_alignment_strategy.reward_model.max_prompt_length=32", *_preference_data(directory, records),
-            f"+data.tokenizer.type={tokenizer_dir}"]  # fmt: skip
+    return [
+        f"+model_alignment_strategy.reward_model.z_loss={z_loss}",
+        "+model_alignment_strategy.reward_model.max_prompt_length=32",
+        *_preference_data(directory, records),
+        f"+data.tokenizer.type={tokenizer_dir}",
+    ]
 
 
 def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
@@ -194,8 +248,8 @@ def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     for path in sorted(directory.rglob("events.out.tfevents.*")):
         data, offset = path.read_bytes(), 0
         while offset + 12 <= len(data):
-            length = int.from_bytes(data[offset:offset + 8], "little")
-            event = Event.FromString(data[offset + 12:offset + 12 + length])
+            length = int.from_bytes(data[offset : offset + 8], "little")
+            event = Event.FromString(data[offset + 12 : offset + 12 + length])
             offset += 12 + length + 4
             for value in event.summary.value:
                 found.setdefault(value.tag, []).append((event.step, value.simple_value))
@@ -225,10 +279,10 @@ def wandb_history(directory: Path, *, wait_s: float = 60.0) -> list[dict[str, An
             if left_in_block < 7:  # too little left for a chunk header: the block is padded
                 offset += left_in_block
                 continue
-            length, kind = int.from_bytes(data[offset + 4:offset + 6], "little"), data[offset + 6]
+            length, kind = int.from_bytes(data[offset + 4 : offset + 6], "little"), data[offset + 6]
             if offset + 7 + length > len(data):  # the service is still writing this chunk
                 break
-            pending += data[offset + 7:offset + 7 + length]
+            pending += data[offset + 7 : offset + 7 + length]
             offset += 7 + length
             if kind in (1, 4):  # full, or the last chunk of a record
                 records.append(wandb_internal_pb2.Record.FromString(pending))
@@ -238,5 +292,8 @@ def wandb_history(directory: Path, *, wait_s: float = 60.0) -> list[dict[str, An
             break
         assert time.monotonic() < deadline, f"{path} has no exit record after {wait_s} s: {kinds}"
         time.sleep(0.5)
-    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            for record in records if record.WhichOneof("record_type") == "history"]  # fmt: skip
+    return [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+        for record in records
+        if record.WhichOneof("record_type") == "history"
+    ]

@@ -18,8 +18,15 @@ def _sigmoid(x: float) -> float:
 
 def test_kto_loss_is_the_formula_for_both_kinds_and_their_weights():
     # log-ratios 1 (desirable) and -1 (undesirable), baseline 0.4, beta 0.5, weights 1 and 1.5
-    terms = kto_loss(torch.tensor([-10.0, -12.0]), torch.tensor([-11.0, -11.0]), torch.tensor([True, False]), 0.4,
-                     beta=0.5, desirable_weight=1.0, undesirable_weight=1.5)  # fmt: skip
+    terms = kto_loss(
+        torch.tensor([-10.0, -12.0]),
+        torch.tensor([-11.0, -11.0]),
+        torch.tensor([True, False]),
+        0.4,
+        beta=0.5,
+        desirable_weight=1.0,
+        undesirable_weight=1.5,
+    )
     expected = [1 - _sigmoid(0.5 * (1 - 0.4)), 1.5 * (1 - _sigmoid(0.5 * (0.4 + 1)))]
     assert terms.loss.tolist() == pytest.approx(expected, abs=1e-6)
     assert terms.rewards.tolist() == pytest.approx([0.5, -0.5])
@@ -45,13 +52,20 @@ def test_the_kto_objective_sums_the_formula_and_reports_means_per_kind():
     table = torch.tensor([[0.5, 0.25, 0.125, 0.125], [0.25, 0.5, 0.125, 0.125], [0.125, 0.125, 0.5, 0.25]])
     logits = table.log().expand(4, 3, 4).clone()
     labels = torch.tensor([[0, 1, -100], [1, 2, -100], [0, -100, -100], [-100] * 3])  # the last row is padding
-    batch = {"labels": labels, "reference_log_probs": torch.tensor([-2.0, -3.0, -1.0, 0.0]),
-             "kto_label": torch.tensor([1.0, 0.0, 1.0, 0.0]), "kto_kl": torch.tensor(0.2, dtype=torch.float64)}
+    batch = {
+        "labels": labels,
+        "reference_log_probs": torch.tensor([-2.0, -3.0, -1.0, 0.0]),
+        "kto_label": torch.tensor([1.0, 0.0, 1.0, 0.0]),
+        "kto_kl": torch.tensor(0.2, dtype=torch.float64),
+    }
     policy = [2 * math.log(0.5), math.log(0.25) + math.log(0.125), math.log(0.5)]
     ratios = [p - r for p, r in zip(policy, [-2.0, -3.0, -1.0], strict=True)]
     beta = 0.5
-    expected = [1 - _sigmoid(beta * (ratios[0] - 0.2)), 1 - _sigmoid(beta * (0.2 - ratios[1])),
-                1 - _sigmoid(beta * (ratios[2] - 0.2))]  # fmt: skip
+    expected = [
+        1 - _sigmoid(beta * (ratios[0] - 0.2)),
+        1 - _sigmoid(beta * (0.2 - ratios[1])),
+        1 - _sigmoid(beta * (ratios[2] - 0.2)),
+    ]
     objective = KTOObjective(beta=beta)
     loss, metrics = objective.loss(token_cross_entropy(logits, labels), batch)
     count = objective.count(batch).item()
@@ -80,21 +94,28 @@ def test_batch_halves_measures_each_half_against_the_other_and_scales_beta_by_th
     first_half_kl = (max(0.0, ratios[0]) + max(0.0, ratios[1])) / 2
     second_half_kl = (max(0.0, ratios[2]) + max(0.0, ratios[3])) / 2
     beta, desirable_weight, undesirable_weight = 0.5, 1.0, 1.5
-    expected = [desirable_weight * (1 - _sigmoid(beta * 1.0 * (ratios[0] - second_half_kl))),
-                undesirable_weight * (1 - _sigmoid(beta * -1.0 * (ratios[1] - second_half_kl))),
-                desirable_weight * (1 - _sigmoid(beta * 2.0 * (ratios[2] - first_half_kl))),
-                0.0]  # fmt: skip
-    batch = {"labels": labels, "reference_log_probs": torch.tensor(reference, dtype=torch.float64),
-             "kto_reward": torch.tensor(rewards, dtype=torch.float64),
-             "kto_label": torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)}  # fmt: skip
-    objective = KTOObjective(beta=beta, desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
-                             kl_estimate="batch_halves")  # fmt: skip
+    expected = [
+        desirable_weight * (1 - _sigmoid(beta * 1.0 * (ratios[0] - second_half_kl))),
+        undesirable_weight * (1 - _sigmoid(beta * -1.0 * (ratios[1] - second_half_kl))),
+        desirable_weight * (1 - _sigmoid(beta * 2.0 * (ratios[2] - first_half_kl))),
+        0.0,
+    ]
+    batch = {
+        "labels": labels,
+        "reference_log_probs": torch.tensor(reference, dtype=torch.float64),
+        "kto_reward": torch.tensor(rewards, dtype=torch.float64),
+        "kto_label": torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64),
+    }
+    objective = KTOObjective(
+        beta=beta, desirable_weight=desirable_weight, undesirable_weight=undesirable_weight, kl_estimate="batch_halves"
+    )
     loss, metrics = objective.loss(token_cross_entropy(logits, labels), batch)
     count = objective.count(batch).item()
     assert count == 4  # the zero-reward row counts in the mean, as in NeoX's loss.mean()
     assert loss.item() / count == pytest.approx(sum(expected) / 4, abs=1e-6)
     assert halves_kl(torch.tensor(policy), torch.tensor(reference), torch.ones(4)).tolist() == pytest.approx(
-        [second_half_kl] * 2 + [first_half_kl] * 2, abs=1e-6)
+        [second_half_kl] * 2 + [first_half_kl] * 2, abs=1e-6
+    )
     values = objective.report({name: value.item() / count for name, value in metrics.items()})
     assert values["kl"] == pytest.approx((first_half_kl + second_half_kl) / 2, abs=1e-6)
     assert values["share/chosen"] == 0.5 and values["share/rejected"] == 0.25  # the zero-reward row is neither

@@ -62,8 +62,13 @@ def test_nxdt_and_transformers_names_select_the_same_layers():
     nxdt = LoraFamily(base, LoraSpec(targets=("qkv_proj", "gate_up_proj")))
     transformers_names = LoraFamily(base, LoraSpec(targets=("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")))
     assert nxdt.modules == transformers_names.modules
-    assert [name.rpartition(".")[2] for name in nxdt.modules[:5]] == ["q_proj", "k_proj", "v_proj", "gate_proj",
-                                                                      "up_proj"]  # fmt: skip
+    assert [name.rpartition(".")[2] for name in nxdt.modules[:5]] == [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "gate_proj",
+        "up_proj",
+    ]
 
 
 def test_fused_qkv_gets_an_adapter_per_projection_in_peft_s_layout():
@@ -71,7 +76,8 @@ def test_fused_qkv_gets_an_adapter_per_projection_in_peft_s_layout():
     assert lora.fused == {f"model.layers.{i}.self_attn.qkv_proj": ("q", "v") for i in range(2)}
     keys = lora.adapter_export()["keys"]
     assert keys["model.layers.1.self_attn.qkv_proj.lora_B.v.weight"] == (
-        "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight")
+        "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
+    )
     assert lora.adapter_export()["config"]["target_modules"] == ["q_proj", "v_proj"]
 
 
@@ -106,17 +112,26 @@ def test_lora_bias_trains_every_bias_or_those_of_the_adapted_layers(qkv):
     assert trained["none"] == set()
     assert {q_bias, f"{layer}.self_attn.o_proj.base_layer.bias", f"{layer}.mlp.up_proj.bias"} <= trained["all"]
     assert not any(name.endswith("weight") for name in trained["all"])
-    assert trained["lora_only"] == {name.replace("layers.0", f"layers.{i}") for i in range(2)
-                                    for name in (q_bias, f"{layer}.self_attn.o_proj.base_layer.bias")}  # fmt: skip
+    assert trained["lora_only"] == {
+        name.replace("layers.0", f"layers.{i}")
+        for i in range(2)
+        for name in (q_bias, f"{layer}.self_attn.o_proj.base_layer.bias")
+    }
 
 
-@pytest.mark.parametrize("targets, expected", [
-    (("qkv", "o_proj"), "'qkv' names no linear layer of this model; expected some of down_proj, gate_proj, "
-                        "gate_up_proj, k_proj, o_proj, q_proj, qkv_proj, up_proj, v_proj"),
-    (("input_layernorm",), "'input_layernorm' is a RMSNorm, not a linear layer"),
-    (("self_attn",), "'self_attn' is a SelfAttention, not a linear layer"),
-    ((), "expected at least one module, found an empty list"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "targets, expected",
+    [
+        (
+            ("qkv", "o_proj"),
+            "'qkv' names no linear layer of this model; expected some of down_proj, gate_proj, "
+            "gate_up_proj, k_proj, o_proj, q_proj, qkv_proj, up_proj, v_proj",
+        ),
+        (("input_layernorm",), "'input_layernorm' is a RMSNorm, not a linear layer"),
+        (("self_attn",), "'self_attn' is a SelfAttention, not a linear layer"),
+        ((), "expected at least one module, found an empty list"),
+    ],
+)
 def test_targets_that_name_no_linear_layer_are_refused(targets, expected):
     with pytest.raises(LoraConfigError) as error:
         LoraFamily(model_family(model_spec("megatron")), LoraSpec(targets=targets))

@@ -11,12 +11,15 @@ from nxd_align.preference import dpo_loss, log1mexp, orpo_loss, sequence_log_pro
 from nxd_models.token_losses import token_cross_entropy
 
 
-@pytest.mark.parametrize("beta, chosen, rejected, ref_chosen, ref_rejected, expected", [
-    (0.1, -4.0, -6.0, -4.0, -6.0, math.log(2)),           # policy == reference: ln 2 whatever the log-probs
-    (0.1, -1.0, -2.0, -1.5, -1.5, 0.6443966600735709),    # rewards 0.05, -0.05: ln(1 + e^-0.1)
-    (0.5, -3.0, -1.0, -2.0, -2.0, 1.3132616875182228),    # rewards -0.5, 0.5: ln(1 + e)
-    (1.0, -10.0, -30.0, -20.0, -20.0, 2.061153620314381e-09),  # margin 20: ln(1 + e^-20)
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "beta, chosen, rejected, ref_chosen, ref_rejected, expected",
+    [
+        (0.1, -4.0, -6.0, -4.0, -6.0, math.log(2)),  # policy == reference: ln 2 whatever the log-probs
+        (0.1, -1.0, -2.0, -1.5, -1.5, 0.6443966600735709),  # rewards 0.05, -0.05: ln(1 + e^-0.1)
+        (0.5, -3.0, -1.0, -2.0, -2.0, 1.3132616875182228),  # rewards -0.5, 0.5: ln(1 + e)
+        (1.0, -10.0, -30.0, -20.0, -20.0, 2.061153620314381e-09),  # margin 20: ln(1 + e^-20)
+    ],
+)
 def test_dpo_sigmoid_loss_is_the_published_formula(beta, chosen, rejected, ref_chosen, ref_rejected, expected):
     terms = dpo_loss(*(torch.tensor([value]) for value in (chosen, rejected, ref_chosen, ref_rejected)), beta)
     assert abs(terms.loss.item() - expected) < 1e-6 * max(1.0, expected)
@@ -31,16 +34,19 @@ def _softplus(x: float) -> float:
 
 
 # policy chosen -10, rejected -12; reference -11, -11: log-ratios 1 and -1, h = 2
-@pytest.mark.parametrize("loss_type, beta, smoothing, expected", [
-    ("sigmoid", 0.5, 0.0, _softplus(-1)),                                   # -log sigmoid(beta h), beta h = 1
-    ("sigmoid", 0.5, 0.1, 0.9 * _softplus(-1) + 0.1 * _softplus(1)),        # cDPO: labels flipped 10% of the time
-    ("robust", 0.5, 0.1, (0.9 * _softplus(-1) - 0.1 * _softplus(1)) / 0.8),  # the flip divided out
-    ("robust", 0.5, 0.0, _softplus(-1)),                                    # no flips: sigmoid
-    ("hinge", 0.25, 0.0, 0.5),                                              # max(0, 1 - 0.25 x 2)
-    ("hinge", 0.5, 0.0, 0.0),                                               # max(0, 1 - 1)
-    ("ipo", 0.5, 0.0, (1 / 4 + 1 / 2 - 1) ** 2),                            # (1/4 - (-1)/2 - 1/(2 x 0.5))^2
-    ("ipo", 0.1, 0.0, (1 / 4 + 1 / 2 - 5) ** 2),                            # 1/(2 x 0.1) = 5
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "loss_type, beta, smoothing, expected",
+    [
+        ("sigmoid", 0.5, 0.0, _softplus(-1)),  # -log sigmoid(beta h), beta h = 1
+        ("sigmoid", 0.5, 0.1, 0.9 * _softplus(-1) + 0.1 * _softplus(1)),  # cDPO: labels flipped 10% of the time
+        ("robust", 0.5, 0.1, (0.9 * _softplus(-1) - 0.1 * _softplus(1)) / 0.8),  # the flip divided out
+        ("robust", 0.5, 0.0, _softplus(-1)),  # no flips: sigmoid
+        ("hinge", 0.25, 0.0, 0.5),  # max(0, 1 - 0.25 x 2)
+        ("hinge", 0.5, 0.0, 0.0),  # max(0, 1 - 1)
+        ("ipo", 0.5, 0.0, (1 / 4 + 1 / 2 - 1) ** 2),  # (1/4 - (-1)/2 - 1/(2 x 0.5))^2
+        ("ipo", 0.1, 0.0, (1 / 4 + 1 / 2 - 5) ** 2),  # 1/(2 x 0.1) = 5
+    ],
+)
 def test_each_dpo_loss_type_is_its_formula(loss_type, beta, smoothing, expected):
     values = (torch.tensor([value]) for value in (-10.0, -12.0, -11.0, -11.0))
     lengths = (torch.tensor([4]), torch.tensor([2]))  # response tokens, which ipo averages over
@@ -54,8 +60,9 @@ def test_reference_free_dpo_counts_the_reference_as_zero():
 
     logits, batch = _pair_batch()
     chosen, rejected = 2 * math.log(0.5), math.log(0.25) + math.log(0.5)
-    loss, metrics = DPOObjective(beta=0.1, reference_free=True).loss(token_cross_entropy(logits, batch["labels"]),
-                                                                      batch)  # fmt: skip
+    loss, metrics = DPOObjective(beta=0.1, reference_free=True).loss(
+        token_cross_entropy(logits, batch["labels"]), batch
+    )
     assert loss.item() == pytest.approx(_softplus(-0.1 * (chosen - rejected)), abs=1e-6)
     assert metrics["rewards/chosen"].item() == pytest.approx(0.1 * chosen, abs=1e-6)
 
@@ -74,11 +81,14 @@ def test_an_unknown_dpo_loss_type_is_named():
         dpo_loss(*(torch.zeros(1) for _ in range(4)), 0.1, "exo")
 
 
-@pytest.mark.parametrize("nll, chosen, rejected, beta, expected", [
-    (2.0, math.log(0.5), math.log(0.25), 0.1, 2.0 + 0.1 * -math.log(0.75)),  # odds 1 and 1/3: log-odds ln 3
-    (1.5, math.log(0.2), math.log(0.2), 0.5, 1.5 + 0.5 * math.log(2)),         # equal odds: -log sigmoid(0)
-    (0.0, math.log(0.1), math.log(0.9), 1.0, math.log(1 + 81)),                # odds 1/9 and 9: log-odds -ln 81
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "nll, chosen, rejected, beta, expected",
+    [
+        (2.0, math.log(0.5), math.log(0.25), 0.1, 2.0 + 0.1 * -math.log(0.75)),  # odds 1 and 1/3: log-odds ln 3
+        (1.5, math.log(0.2), math.log(0.2), 0.5, 1.5 + 0.5 * math.log(2)),  # equal odds: -log sigmoid(0)
+        (0.0, math.log(0.1), math.log(0.9), 1.0, math.log(1 + 81)),  # odds 1/9 and 9: log-odds -ln 81
+    ],
+)
 def test_orpo_loss_is_the_published_formula(nll, chosen, rejected, beta, expected):
     terms = orpo_loss(torch.tensor([nll]), torch.tensor([chosen]), torch.tensor([rejected]), beta)
     assert terms.loss.item() == pytest.approx(expected, abs=1e-6)
@@ -90,15 +100,25 @@ def test_orpo_odds_ratio_stays_finite_near_zero_log_probs(dtype):
     rejected = torch.tensor([-2.0, -1e-8, -1e-8, -1e-8], dtype=dtype, requires_grad=True)
     terms = orpo_loss(torch.zeros(4), chosen, rejected, 0.1)
     terms.loss.sum().backward()
-    assert torch.isfinite(terms.loss).all() and torch.isfinite(chosen.grad).all() and torch.isfinite(rejected.grad).all()
+    assert (
+        torch.isfinite(terms.loss).all() and torch.isfinite(chosen.grad).all() and torch.isfinite(rejected.grad).all()
+    )
     naive = torch.log1p(-torch.exp(torch.tensor(-1e-8, dtype=dtype)))  # what the naive form gives
     assert naive.isinf()
 
 
 def test_log1mexp_is_accurate_on_both_branches():
     x = torch.tensor([-1e-10, -0.1, -math.log(2), -5.0, -50.0], dtype=torch.float64)
-    expected = torch.tensor([math.log(1e-10) - 5e-11, math.log(1 - math.exp(-0.1)), math.log(0.5),
-                             math.log(1 - math.exp(-5.0)), -math.exp(-50.0)], dtype=torch.float64)  # fmt: skip
+    expected = torch.tensor(
+        [
+            math.log(1e-10) - 5e-11,
+            math.log(1 - math.exp(-0.1)),
+            math.log(0.5),
+            math.log(1 - math.exp(-5.0)),
+            -math.exp(-50.0),
+        ],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(log1mexp(x), expected, rtol=1e-12, atol=1e-30)
 
 

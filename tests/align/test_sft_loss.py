@@ -26,21 +26,44 @@ TOLERANCE = 1e-6
 def rows(tmp_path: Path, tokenizer_dir: Path, records: list, seq_length: int, packing: bool):
     source = tmp_path / f"records-{packing}.jsonl"
     source.write_text("".join(json.dumps(record) + "\n" for record in records))
-    return sft_dataset(str(source), "data.train_dir", "train", load_tokenizer(tokenizer_dir), seq_length,
-                       packing=packing)  # fmt: skip
+    return sft_dataset(
+        str(source), "data.train_dir", "train", load_tokenizer(tokenizer_dir), seq_length, packing=packing
+    )
 
 
 def llama(vocab_size: int) -> GPTConfig:
-    return GPTConfig(vocab_size=vocab_size, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2,
-                     seq_length=64, ffn_hidden_size=64, normalization="rmsnorm", activation="swiglu",
-                     position_embedding_type="rope", has_bias=False, share_embeddings_and_output_weights=False,
-                     hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=1)  # fmt: skip
+    return GPTConfig(
+        vocab_size=vocab_size,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        seq_length=64,
+        ffn_hidden_size=64,
+        normalization="rmsnorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        has_bias=False,
+        share_embeddings_and_output_weights=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        make_vocab_size_divisible_by=1,
+    )
 
 
 def families(vocab_size: int) -> dict[str, object]:
-    return {"megatron": llama(vocab_size),
-            "hf": LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)}  # fmt: skip
+    return {
+        "megatron": llama(vocab_size),
+        "hf": LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        ),
+    }
 
 
 def batch_of(dataset, indices: list[int]) -> dict[str, torch.Tensor]:
@@ -101,8 +124,10 @@ def test_packed_and_unpacked_records_give_the_same_losses_and_gradients(tmp_path
         batch = batch_of(dataset, indices)
         losses = model_family(spec).token_losses(model, batch)
         (losses.sum() / (batch["labels"] != -100).sum()).backward()
-        results[name] = (per_record(dataset, batch, losses.detach()),
-                         {key: p.grad.clone() for key, p in model.named_parameters()})  # fmt: skip
+        results[name] = (
+            per_record(dataset, batch, losses.detach()),
+            {key: p.grad.clone() for key, p in model.named_parameters()},
+        )
     (unpacked_losses, unpacked_grads), (packed_losses, packed_grads) = results["unpacked"], results["packed"]
     assert max(abs(a - b) for a, b in zip(unpacked_losses, packed_losses, strict=True)) < TOLERANCE
     assert max((unpacked_grads[k] - packed_grads[k]).abs().max().item() for k in unpacked_grads) < TOLERANCE

@@ -29,8 +29,9 @@ DEFAULT_CASES = 20
 def pristine(tmp_path_factory) -> Path:
     export = HFExport(config={"model_type": "llama"}, keys={"model.w": "w", "model.b": "b"})
     root = tmp_path_factory.mktemp("pristine")
-    return Checkpointer(root, SavePolicy()).save(state(5), step=5, consumed_samples=40, metrics={"loss": 1.0},
-                                                 extra={"hf_export": export.to_json()})  # fmt: skip
+    return Checkpointer(root, SavePolicy()).save(
+        state(5), step=5, consumed_samples=40, metrics={"loss": 1.0}, extra={"hf_export": export.to_json()}
+    )
 
 
 def _mutate(folder: Path, kind: str, draw: random.Random, marker: Path) -> None:
@@ -53,7 +54,8 @@ def _mutate(folder: Path, kind: str, draw: random.Random, marker: Path) -> None:
         shutil.rmtree(folder)
         crafted = state(5) | {"progress": {"step": Exec(marker)}}
         saved = Checkpointer(folder.parent / f"{folder.name}-src", SavePolicy()).save(
-            crafted, step=5, consumed_samples=40, metrics={})  # fmt: skip
+            crafted, step=5, consumed_samples=40, metrics={}
+        )
         saved.rename(folder)
     else:  # a file swapped for a link to another file of the checkpoint (or to one outside it)
         other = draw.choice([path for path in files if path != target] or [marker.parent / "outside"])
@@ -75,8 +77,9 @@ def _no_traceback(call, capsys) -> tuple[int, str]:
     return code, output
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=[pytest.mark.slow] if case >= DEFAULT_CASES else [])
-                                  for case in range(CASES)])  # fmt: skip
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=[pytest.mark.slow] if case >= DEFAULT_CASES else []) for case in range(CASES)]
+)
 def test_an_altered_checkpoint_is_refused_or_read_as_saved(tmp_path, pristine, capsys, case):
     draw = random.Random(case)
     kind, marker = KINDS[case % len(KINDS)], tmp_path / "payload-ran"

@@ -32,8 +32,11 @@ WHERE = {"start": lambda size: 0, "middle": lambda size: size // 2, "end": lambd
 
 def _state(step: int) -> dict:
     generator = torch.Generator().manual_seed(step)
-    return {"model": {"w": torch.randn(64, 32, generator=generator)},
-            "optimizer": {"exp_avg": torch.randn(64, 32, generator=generator)}, "progress": {"step": step}}  # fmt: skip
+    return {
+        "model": {"w": torch.randn(64, 32, generator=generator)},
+        "optimizer": {"exp_avg": torch.randn(64, 32, generator=generator)},
+        "progress": {"step": step},
+    }
 
 
 def _empty() -> dict:
@@ -42,8 +45,10 @@ def _empty() -> dict:
 
 def _run(root):
     checkpointer = Checkpointer(root, SavePolicy(filename="run--{step}", save_top_k=-1))
-    return [checkpointer.save(_state(step), step=step, consumed_samples=8 * step, metrics={"loss": 1.0 / step})
-            for step in (1, 2)]  # fmt: skip
+    return [
+        checkpointer.save(_state(step), step=step, consumed_samples=8 * step, metrics={"loss": 1.0 / step})
+        for step in (1, 2)
+    ]
 
 
 def _flip(path, offset: int) -> None:

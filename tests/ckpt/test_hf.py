@@ -14,11 +14,23 @@ SEQ = 16
 
 def llama_shaped(**changes) -> GPTConfig:
     base = dict(
-        vocab_size=250, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2, seq_length=SEQ,
-        ffn_hidden_size=48, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
-        rope_theta=10000.0, has_bias=False, share_embeddings_and_output_weights=False, hidden_dropout=0.0,
-        attention_dropout=0.0, make_vocab_size_divisible_by=64,
-    )  # fmt: skip
+        vocab_size=250,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        seq_length=SEQ,
+        ffn_hidden_size=48,
+        normalization="rmsnorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        rope_theta=10000.0,
+        has_bias=False,
+        share_embeddings_and_output_weights=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        make_vocab_size_divisible_by=64,
+    )
     return GPTConfig(**{**base, **changes})
 
 
@@ -50,8 +62,11 @@ def random_weights(model: torch.nn.Module) -> None:
             parameter.normal_(0, 0.2)
 
 
-@pytest.mark.parametrize("changes", [{}, {"qkv_linear": True, "share_embeddings_and_output_weights": True},
-                                     {"has_bias": True}], ids=["plain", "fused_qkv_tied", "bias"])  # fmt: skip
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"qkv_linear": True, "share_embeddings_and_output_weights": True}, {"has_bias": True}],
+    ids=["plain", "fused_qkv_tied", "bias"],
+)
 def test_megatron_export_loads_in_transformers(tmp_path, changes):
     spec = llama_shaped(**changes)
     ours = build_causal_lm(spec).eval()
@@ -67,8 +82,15 @@ def test_megatron_export_loads_in_transformers(tmp_path, changes):
 
 
 def test_hf_family_export_loads_in_transformers(tmp_path):
-    spec = LlamaConfig(vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    spec = LlamaConfig(
+        vocab_size=120,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     ours = build_causal_lm(spec).eval()
     random_weights(ours)
     out = export_hf(checkpoint_of(ours, spec, tmp_path / "ckpts"), tmp_path / "hf", dtype=torch.bfloat16)
@@ -97,7 +119,10 @@ def test_import_names_what_does_not_fit(tmp_path):
     other = LlamaForCausalLM(LlamaConfig(**{**hf_export(spec).config, "intermediate_size": 64}))
     other.save_pretrained(tmp_path / "other")
     shapes = {key: value.shape for key, value in build_causal_lm(spec).state_dict().items()}
-    with pytest.raises(CheckpointError, match=r"other/model.safetensors: model.layers.0.mlp.\w+_proj.weight is \[\d+, \d+\]; this model.s"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"other/model.safetensors: model.layers.0.mlp.\w+_proj.weight is \[\d+, \d+\]; this model.s",
+    ):
         load_hf_weights(tmp_path / "other", hf_export(spec), shapes, build_causal_lm(spec).state_dict())
 
 
@@ -114,8 +139,15 @@ def test_hf_family_with_qkv_linear_exports_transformers_layout_and_imports_it(tm
     without nxd's setting), loads in transformers with equal logits, and imports back bit-exactly."""
     from nxd_models.hf_qkv import set_qkv_linear
 
-    spec = LlamaConfig(vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    spec = LlamaConfig(
+        vocab_size=120,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     set_qkv_linear(spec, True, True)
     ours = build_causal_lm(spec).eval()
     random_weights(ours)
@@ -146,7 +178,10 @@ def test_import_names_a_damaged_file_and_a_missing_tensor_before_reading_any_val
         load_hf_weights(tmp_path / "source", hf_export(spec), shapes, target.state_dict())
     del whole["model.layers.1.mlp.up_proj.weight"]
     save_file(whole, file)
-    with pytest.raises(CheckpointError, match=r"source: the weights do not match this model: missing "
-                                              r"model.layers.1.mlp.up_proj.weight"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"source: the weights do not match this model: missing "
+        r"model.layers.1.mlp.up_proj.weight",
+    ):
         load_hf_weights(tmp_path / "source", hf_export(spec), shapes, target.state_dict())
     assert all(torch.equal(before[key], value) for key, value in target.state_dict().items())

@@ -17,10 +17,23 @@ VOCAB = 250
 def pythia_shaped(**changes) -> GPTConfig:
     """Pythia's shape: parallel residual from two layernorms, rotary on a quarter of each head, gelu's tanh form
     (what NeoX's bias_gelu_fusion computes), biases, untied output layer."""
-    base = dict(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
-                ffn_hidden_size=64, normalization="layernorm", position_embedding_type="rope", rotary_percentage=0.25,
-                transformer_block_type="gpt_neox", activation="approx-gelu", share_embeddings_and_output_weights=False,
-                hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=64)  # fmt: skip
+    base = dict(
+        vocab_size=VOCAB,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        seq_length=SEQ,
+        ffn_hidden_size=64,
+        normalization="layernorm",
+        position_embedding_type="rope",
+        rotary_percentage=0.25,
+        transformer_block_type="gpt_neox",
+        activation="approx-gelu",
+        share_embeddings_and_output_weights=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        make_vocab_size_divisible_by=64,
+    )
     return GPTConfig(**{**base, **changes})
 
 
@@ -28,11 +41,15 @@ def _whole_rows(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor[:VOCAB] if "embed" in name or "lm_head" in name else tensor
 
 
-@pytest.mark.parametrize("changes", [
-    {},
-    {"transformer_block_type": "pre_ln", "activation": "gelu", "share_embeddings_and_output_weights": True},
-    {"attention_bias": False, "qkv_linear": True},
-], ids=["pythia", "sequential-tied-gelu", "no-attention-bias-qkv-module"])  # fmt: skip
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"transformer_block_type": "pre_ln", "activation": "gelu", "share_embeddings_and_output_weights": True},
+        {"attention_bias": False, "qkv_linear": True},
+    ],
+    ids=["pythia", "sequential-tied-gelu", "no-attention-bias-qkv-module"],
+)
 def test_gpt_neox_shapes_export_to_transformers_and_import_back(tmp_path, changes):
     spec = pythia_shaped(**changes)
     ours = build_causal_lm(spec).eval()
@@ -57,9 +74,18 @@ def test_gpt_neox_shapes_export_to_transformers_and_import_back(tmp_path, change
 def test_a_transformers_gpt_neox_directory_is_a_starting_point(tmp_path):
     """Weights saved by transformers' GPTNeoXForCausalLM (as Pythia's are, with the buffers older versions kept)
     load into the same shape, each query_key_value read head by head into q, k and v."""
-    config = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=SEQ, rotary_pct=0.25,
-                           use_parallel_residual=True, hidden_act="gelu", tie_word_embeddings=False)  # fmt: skip
+    config = GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        hidden_act="gelu",
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(3)
     pythia = GPTNeoXForCausalLM(config).eval()
     random_weights(pythia)
@@ -74,22 +100,29 @@ def test_a_transformers_gpt_neox_directory_is_a_starting_point(tmp_path):
     spec = pythia_shaped(activation="gelu")
     ours = build_causal_lm(spec).eval()
     family = model_family(spec)
-    load_hf_weights(tmp_path / "pythia", HFExport.of(family.hf_mapping()), family.parameter_shapes(),
-                    dict(ours.state_dict()))  # fmt: skip
+    load_hf_weights(
+        tmp_path / "pythia", HFExport.of(family.hf_mapping()), family.parameter_shapes(), dict(ours.state_dict())
+    )
     ids, positions = tokens(VOCAB)
     with torch.no_grad():
         assert (causal_lm_logits(ours, ids, positions)[..., :VOCAB] - pythia(input_ids=ids).logits).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"position_embedding_type": "alibi"}, "position_embedding_type is 'alibi' (GPT-NeoX uses rope)"),
-    ({"position_embedding_type": "sinusoidal"}, "position_embedding_type is 'sinusoidal' (GPT-NeoX uses rope)"),
-    ({"normalization": "scalenorm"}, "normalization is 'scalenorm' (GPT-NeoX uses layernorm)"),
-    ({"activation": "swiglu"}, "activation is 'swiglu' (GPT-NeoX's hidden_act takes"),
-    ({"mlp_bias": False}, "mlp_bias is False (GPT-NeoX's MLP always has biases)"),
-    ({"transformer_block_type": "gpt_j"}, "transformer_block_type is 'gpt_j' (GPT-NeoX runs gpt_neox or pre_ln blocks)"),
-    ({"rotary_percentage": 0.375}, "rotary_percentage 0.375 rotates an odd 3 of 8 dims"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"position_embedding_type": "alibi"}, "position_embedding_type is 'alibi' (GPT-NeoX uses rope)"),
+        ({"position_embedding_type": "sinusoidal"}, "position_embedding_type is 'sinusoidal' (GPT-NeoX uses rope)"),
+        ({"normalization": "scalenorm"}, "normalization is 'scalenorm' (GPT-NeoX uses layernorm)"),
+        ({"activation": "swiglu"}, "activation is 'swiglu' (GPT-NeoX's hidden_act takes"),
+        ({"mlp_bias": False}, "mlp_bias is False (GPT-NeoX's MLP always has biases)"),
+        (
+            {"transformer_block_type": "gpt_j"},
+            "transformer_block_type is 'gpt_j' (GPT-NeoX runs gpt_neox or pre_ln blocks)",
+        ),
+        ({"rotary_percentage": 0.375}, "rotary_percentage 0.375 rotates an odd 3 of 8 dims"),
+    ],
+)
 def test_shapes_transformers_cannot_hold_are_refused_by_key(tmp_path, changes, message):
     spec = pythia_shaped(**changes)
     path = checkpoint_of(build_causal_lm(spec), spec, tmp_path / "ckpts")

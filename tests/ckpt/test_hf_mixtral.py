@@ -28,10 +28,21 @@ MIXTRAL = MoESpec(num_experts=4, top_k=2, normalize_top_k_affinities=True)
 
 
 def mixtral_config(**changes) -> MixtralConfig:
-    return MixtralConfig(**{"vocab_size": 120, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-                            "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
-                            "num_experts_per_tok": 2, "max_position_embeddings": 64, "rope_theta": 10000.0,
-                            **changes})  # fmt: skip
+    return MixtralConfig(
+        **{
+            "vocab_size": 120,
+            "hidden_size": 32,
+            "intermediate_size": 48,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "max_position_embeddings": 64,
+            "rope_theta": 10000.0,
+            **changes,
+        }
+    )
 
 
 def test_megatron_moe_exports_as_a_mixtral_with_equal_logits(tmp_path):
@@ -50,8 +61,10 @@ def test_megatron_moe_exports_as_a_mixtral_with_equal_logits(tmp_path):
 
 def test_a_moe_without_a_mixtral_counterpart_says_why():
     spec = llama_shaped(moe=MoESpec(num_experts=4, top_k=2, router_activation="sigmoid"))
-    with pytest.raises(ModelConfigError, match="moe.router_activation is 'sigmoid' .Mixtral needs 'softmax'.; "
-                                               "moe.normalize_top_k_affinities is False"):
+    with pytest.raises(
+        ModelConfigError,
+        match="moe.router_activation is 'sigmoid' .Mixtral needs 'softmax'.; moe.normalize_top_k_affinities is False",
+    ):
         model_family(spec).hf_mapping()
 
 
@@ -85,17 +98,24 @@ def test_moe_keys_set_a_mixtral_and_are_refused_for_a_dense_config(tmp_path):
     config = load_hf_config(directory, HFOverrides(moe=moe))
     assert (config.num_experts_per_tok, config.router_aux_loss_coef, model_family(config).moe) == (1, 0.02, moe)
     (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 120,
-                                                                "hidden_size": 32, "num_attention_heads": 4}))
-    with pytest.raises(ModelConfigError, match="model.moe: a Hugging Face model takes a moe block only when .* is a "
-                                               "Mixtral .model_type mixtral., found 'llama'"):
+    (tmp_path / "llama" / "config.json").write_text(
+        json.dumps({"model_type": "llama", "vocab_size": 120, "hidden_size": 32, "num_attention_heads": 4})
+    )
+    with pytest.raises(
+        ModelConfigError,
+        match="model.moe: a Hugging Face model takes a moe block only when .* is a "
+        "Mixtral .model_type mixtral., found 'llama'",
+    ):
         load_hf_config(tmp_path / "llama", HFOverrides(moe=moe))
 
 
 def test_import_names_a_missing_expert(tmp_path):
     _, directory = _mixtral_dir(tmp_path)
     config = load_hf_config(directory, HFOverrides(moe=MoESpec(num_experts=4, top_k=2)))
-    family = model_family(config.__class__(**{**config.to_dict(), "num_local_experts": 8, "nxd_moe": {
-        **config.nxd_moe, "num_experts": 8}}))
+    family = model_family(
+        config.__class__(
+            **{**config.to_dict(), "num_local_experts": 8, "nxd_moe": {**config.nxd_moe, "num_experts": 8}}
+        )
+    )
     with pytest.raises(CheckpointError, match="missing model.layers.0.block_sparse_moe.experts.4.w1.weight"):
         load_hf_weights(directory, HFExport.of(family.hf_mapping()), family.parameter_shapes(), {})

@@ -25,9 +25,18 @@ NEOX_VOCAB = 384
 
 
 def _pythia(parallel: bool = True) -> GPTNeoXForCausalLM:
-    config = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=SEQ, rotary_pct=0.25,
-                           use_parallel_residual=parallel, hidden_act="gelu", tie_word_embeddings=False)  # fmt: skip
+    config = GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        rotary_pct=0.25,
+        use_parallel_residual=parallel,
+        hidden_act="gelu",
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(5)
     model = GPTNeoXForCausalLM(config).eval()
     random_weights(model)
@@ -35,9 +44,17 @@ def _pythia(parallel: bool = True) -> GPTNeoXForCausalLM:
 
 
 def _llama(kv_heads: int) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=kv_heads, intermediate_size=48, max_position_embeddings=SEQ,
-                         rms_norm_eps=1e-6, tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        intermediate_size=48,
+        max_position_embeddings=SEQ,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(6)
     model = LlamaForCausalLM(config).eval()
     random_weights(model)
@@ -45,11 +62,24 @@ def _llama(kv_heads: int) -> LlamaForCausalLM:
 
 
 def llama_shaped(kv_heads: int) -> GPTConfig:
-    return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=kv_heads,
-                     seq_length=SEQ, ffn_hidden_size=48, normalization="rmsnorm", layernorm_epsilon=1e-6,
-                     position_embedding_type="rope", activation="swiglu", has_bias=False,
-                     share_embeddings_and_output_weights=False, hidden_dropout=0.0, attention_dropout=0.0,
-                     make_vocab_size_divisible_by=64)  # fmt: skip
+    return GPTConfig(
+        vocab_size=VOCAB,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_kv_heads=kv_heads,
+        seq_length=SEQ,
+        ffn_hidden_size=48,
+        normalization="rmsnorm",
+        layernorm_epsilon=1e-6,
+        position_embedding_type="rope",
+        activation="swiglu",
+        has_bias=False,
+        share_embeddings_and_output_weights=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        make_vocab_size_divisible_by=64,
+    )
 
 
 def _loaded(spec: GPTConfig, load) -> torch.nn.Module:
@@ -66,8 +96,11 @@ def _difference(ours: torch.nn.Module, theirs: torch.nn.Module) -> float:
         return (causal_lm_logits(ours, ids, positions)[..., :VOCAB] - theirs(input_ids=ids).logits).abs().max().item()
 
 
-@pytest.mark.parametrize(("ranks", "pipelined", "older"), [(2, True, False), (2, False, True), (1, False, False)],
-                         ids=["tp2-layer-files", "tp2-module-files-older-names", "tp1-module-file"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ranks", "pipelined", "older"),
+    [(2, True, False), (2, False, True), (1, False, False)],
+    ids=["tp2-layer-files", "tp2-module-files-older-names", "tp1-module-file"],
+)
 def test_a_pythia_checkpoint_loads_with_the_logits_of_its_weights(tmp_path, ranks, pipelined, older):
     pythia = _pythia()
     parts = pythia_parts(pythia, ranks, NEOX_VOCAB, older_mlp_names=older)
@@ -79,9 +112,12 @@ def test_a_pythia_checkpoint_loads_with_the_logits_of_its_weights(tmp_path, rank
 
 def test_a_sequential_block_holds_its_row_parallel_bias_on_every_rank(tmp_path):
     pythia = _pythia(parallel=False)
-    write_neox_checkpoint(tmp_path / "load", pythia_parts(pythia, 2, NEOX_VOCAB, parallel=False), iteration=3,
-                          pipelined=True)  # fmt: skip
-    ours = _loaded(pythia_shaped(activation="gelu", transformer_block_type="pre_ln"), tmp_path / "load" / "global_step3")
+    write_neox_checkpoint(
+        tmp_path / "load", pythia_parts(pythia, 2, NEOX_VOCAB, parallel=False), iteration=3, pipelined=True
+    )
+    ours = _loaded(
+        pythia_shaped(activation="gelu", transformer_block_type="pre_ln"), tmp_path / "load" / "global_step3"
+    )
     assert _difference(ours, pythia) < 1e-5
 
 
@@ -136,8 +172,11 @@ def test_bad_neox_checkpoints_get_one_message_each(tmp_path):
     other = tmp_path / "other"
     write_neox_checkpoint(other, pythia_parts(_pythia(), 2, NEOX_VOCAB), iteration=9, pipelined=True)
     family = model_family(wider)
-    with pytest.raises(CheckpointError, match=r"model.embed_tokens.weight is \[384, 32\] in the GPT-NeoX checkpoint; "
-                                              r"this model's is \[256, 64\]"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.embed_tokens.weight is \[384, 32\] in the GPT-NeoX checkpoint; "
+        r"this model's is \[256, 64\]",
+    ):
         check_neox_weights(other, family.neox_layout(), family.parameter_shapes())
 
     deeper = model_family(pythia_shaped(activation="gelu", num_layers=3))

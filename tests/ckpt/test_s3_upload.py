@@ -22,8 +22,11 @@ def s3_server(monkeypatch):
     import boto3
     from moto.server import ThreadedMotoServer
 
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.delenv(name, raising=False)
@@ -38,7 +41,7 @@ def s3_server(monkeypatch):
 
 
 def _etag_by_the_rule(data: bytes, chunk: int) -> str:
-    parts = [data[start:start + chunk] for start in range(0, len(data), chunk)] or [b""]
+    parts = [data[start : start + chunk] for start in range(0, len(data), chunk)] or [b""]
     return f"{hashlib.md5(b''.join(hashlib.md5(part).digest() for part in parts)).hexdigest()}-{len(parts)}"
 
 
@@ -62,8 +65,9 @@ def test_each_file_goes_up_in_parts_with_its_digest(tmp_path, s3_server):
         assert head["ETag"].strip('"') == _etag_by_the_rule(data, 5 * MIB), name
         assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == data, name
     assert _etag_by_the_rule(files["shard.distcp"], 5 * MIB).endswith("-3")  # 5 + 5 + 2 MiB
-    assert said == [said[0]] and said[0].startswith("s3: checkpoint step=2 uploaded to s3://checkpoints/runs/tiny/"
-                                                    "step=2/ (3 files, 12.0 MiB, digests checked)")
+    assert said == [said[0]] and said[0].startswith(
+        "s3: checkpoint step=2 uploaded to s3://checkpoints/runs/tiny/step=2/ (3 files, 12.0 MiB, digests checked)"
+    )
 
 
 def test_a_stopped_server_is_reported_after_the_retries(tmp_path, s3_server):
@@ -83,8 +87,10 @@ def test_a_folder_removed_before_its_upload_is_reported(tmp_path, s3_server):
     uploader = CheckpointUploader(S3Target(f"s3://{BUCKET}", chunk_size=5 * MIB), "tiny", said.append)
     uploader.submit(tmp_path / "step=4")  # retention removed it before the thread came to it
     assert uploader.close() == ["step=4"]
-    assert said == [f"s3: checkpoint step=4 was not uploaded to s3://{BUCKET}: its folder was removed locally before "
-                    "it was uploaded (the checkpoint retention deleted it)"]
+    assert said == [
+        f"s3: checkpoint step=4 was not uploaded to s3://{BUCKET}: its folder was removed locally before "
+        "it was uploaded (the checkpoint retention deleted it)"
+    ]
 
 
 def test_the_marker_goes_up_last_and_huge_files_in_larger_parts(tmp_path, s3_server):

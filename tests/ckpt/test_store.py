@@ -24,8 +24,11 @@ from nxd_ckpt.retention import checkpoint_name
 
 def state(seed: int, rows: int = 4) -> dict:
     generator = torch.Generator().manual_seed(seed)
-    return {"model": {"w": torch.randn(rows, 3, generator=generator), "b": torch.randn(rows, generator=generator)},
-            "progress": {"step": seed}, "note": f"saved at {seed}"}  # fmt: skip
+    return {
+        "model": {"w": torch.randn(rows, 3, generator=generator), "b": torch.randn(rows, generator=generator)},
+        "progress": {"step": seed},
+        "note": f"saved at {seed}",
+    }
 
 
 def empty(rows: int = 4) -> dict:
@@ -83,10 +86,12 @@ def test_keep_all_and_version_counter(tmp_path):
     assert sorted(i.path.name for i in list_checkpoints(tmp_path)) == ["same", "same-v1", "same-v2"]
 
 
-@pytest.mark.parametrize(("number", "text"), [(errno.ENOSPC, "No space left on device"),
-                                             (errno.EACCES, "Permission denied")])  # fmt: skip
-def test_a_write_error_says_what_happened_and_where_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
-                                                                                   number, text):  # fmt: skip
+@pytest.mark.parametrize(
+    ("number", "text"), [(errno.ENOSPC, "No space left on device"), (errno.EACCES, "Permission denied")]
+)
+def test_a_write_error_says_what_happened_and_where_and_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch, number, text
+):
     """A disk that fills up (or refuses) while a shard is written: one CheckpointError naming the checkpoint
     and the system's reason, no partial folder left, the previous checkpoint still the newest."""
     checkpointer = Checkpointer(tmp_path, SavePolicy(save_top_k=-1, filename="{step}"))

@@ -55,20 +55,30 @@ def reseal(path: Path) -> None:
     info = read_info(path)
     os.remove(path / MARKER)
     files = [p.name for p in path.iterdir() if p.is_file()]
-    write_marker(path, step=info.step, consumed_samples=info.consumed_samples, metrics=info.metrics,
-                 extra=info.extra, digests={name: file_digest(path / name) for name in files})  # fmt: skip
+    write_marker(
+        path,
+        step=info.step,
+        consumed_samples=info.consumed_samples,
+        metrics=info.metrics,
+        extra=info.extra,
+        digests={name: file_digest(path / name) for name in files},
+    )
     assert read_info(path).verified(contents=True).complete
 
 
 def test_a_crafted_metadata_file_is_refused_by_every_reader(tmp_path):
     marker = tmp_path / "ran"
     export = HFExport(config={"model_type": "llama"}, keys={"model.w": "w", "model.b": "b"})
-    path = Checkpointer(tmp_path / "ckpts", SavePolicy()).save(state(2), step=2, consumed_samples=16, metrics={},
-                                                               extra={"hf_export": export.to_json()})  # fmt: skip
+    path = Checkpointer(tmp_path / "ckpts", SavePolicy()).save(
+        state(2), step=2, consumed_samples=16, metrics={}, extra={"hf_export": export.to_json()}
+    )
     (path / ".metadata").write_bytes(pickle.dumps(Exec(marker)))
     reseal(path)
-    readers = {"saved_keys": lambda: saved_keys(path), "load_checkpoint": lambda: load_checkpoint(path, empty()),
-               "export_hf": lambda: export_hf(path, tmp_path / "out")}  # fmt: skip
+    readers = {
+        "saved_keys": lambda: saved_keys(path),
+        "load_checkpoint": lambda: load_checkpoint(path, empty()),
+        "export_hf": lambda: export_hf(path, tmp_path / "out"),
+    }
     for name, read in readers.items():
         with pytest.raises(CheckpointError, match=r"\.metadata: asks to load the Python object builtins\.exec"):
             read()
@@ -79,8 +89,11 @@ def test_a_crafted_saved_value_is_refused(tmp_path):
     marker = tmp_path / "ran"
     crafted = state(2) | {"progress": {"step": Exec(marker)}}
     path = Checkpointer(tmp_path / "ckpts", SavePolicy()).save(crafted, step=2, consumed_samples=16, metrics={})
-    with pytest.raises(CheckpointError, match=r"consumed_samples=16: its value progress\.step is not plain data .* \(it names the Python "
-                                              r"object exec\); a crafted or foreign file is not read"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"consumed_samples=16: its value progress\.step is not plain data .* \(it names the Python "
+        r"object exec\); a crafted or foreign file is not read",
+    ):
         load_checkpoint(path, empty())
     assert not marker.exists()
 
@@ -95,7 +108,11 @@ def test_random_states_are_json_and_pickled_ones_are_never_unpickled(tmp_path):
     assert blob.startswith(b"{")
     assert restore_rng_states(pickle.dumps(Exec(marker))) is False
     assert not marker.exists()
-    for crafted in (b'{"python": 3}', b"{not json", b'{"python": [3, [1, 2], null], "numpy": [], "torch": [], "cuda": null}'):
+    for crafted in (
+        b'{"python": 3}',
+        b"{not json",
+        b'{"python": [3, [1, 2], null], "numpy": [], "torch": [], "cuda": null}',
+    ):
         with pytest.raises(CheckpointError, match=r"random states are not the JSON nxd writes"):
             restore_rng_states(crafted)
 
@@ -108,7 +125,10 @@ def test_a_neox_file_with_a_numpy_global_that_runs_code_is_refused(tmp_path):
     folder = write_neox_checkpoint(load, pythia_parts(_pythia(), 1, NEOX_VOCAB), iteration=9, pipelined=False)
     first = folder / "mp_rank_00_model_states.pt"
     torch.save(torch.load(first, weights_only=False) | {"args": NumpyRunstring(marker)}, first)
-    with pytest.raises(CheckpointError, match=r"holds objects beyond tensors and numpy arrays "
-                                              r"\(numpy\.testing\._private\.utils\.runstring\)"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"holds objects beyond tensors and numpy arrays "
+        r"\(numpy\.testing\._private\.utils\.runstring\)",
+    ):
         neox_iteration(find_neox_checkpoint(load))
     assert not marker.exists()

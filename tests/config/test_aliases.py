@@ -15,9 +15,9 @@ def load_warning(config) -> tuple[object, list[str]]:
 
 
 def test_data_alignment_strategy_and_max_dpo_prompt_length(minimal) -> None:
-    minimal["data"].update(train_dir="/d.jsonl", alignment_strategy={
-        "dpo": {"kl_beta": 0.1, "max_dpo_prompt_length": 64}
-    })
+    minimal["data"].update(
+        train_dir="/d.jsonl", alignment_strategy={"dpo": {"kl_beta": 0.1, "max_dpo_prompt_length": 64}}
+    )
     config, lines = load_warning(minimal)
     assert config.model_alignment_strategy.dpo.max_prompt_length == 64
     assert config.model_alignment_strategy.dpo.kl_beta == 0.1
@@ -42,7 +42,9 @@ def test_mixed_precision_SR_value(minimal) -> None:
     minimal["precision"] = {"type": "mixed_precision_SR"}
     config, lines = load_warning(minimal)
     assert config.precision.type == "mixed_precisionSR"
-    assert lines == ["precision.type: 'mixed_precision_SR' is the older spelling of 'mixed_precisionSR'; read as 'mixed_precisionSR'"]
+    assert lines == [
+        "precision.type: 'mixed_precision_SR' is the older spelling of 'mixed_precisionSR'; read as 'mixed_precisionSR'"
+    ]
 
 
 def test_data_packing(minimal) -> None:

@@ -11,8 +11,17 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 def test_the_shipped_examples_are_all_there() -> None:
     names = {path.stem for path in CONFIGS}
-    assert {"tiny", "megatron_llama_7B", "megatron_gpt", "megatron_mistral", "hf_llama3_8B", "hf_llama3_8B_SFT",
-            "hf_llama3_8B_SFT_lora", "hf_llama3_8B_DPO", "hf_llama3_8B_ORPO"} <= names
+    assert {
+        "tiny",
+        "megatron_llama_7B",
+        "megatron_gpt",
+        "megatron_mistral",
+        "hf_llama3_8B",
+        "hf_llama3_8B_SFT",
+        "hf_llama3_8B_SFT_lora",
+        "hf_llama3_8B_DPO",
+        "hf_llama3_8B_ORPO",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

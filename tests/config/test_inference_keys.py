@@ -12,20 +12,44 @@ from nxd_train.cli import default_config_path
 
 from tests.config.test_neox_dialect import MODEL, errors, load
 
-TEXT_GENERATION = {"text_gen_type": "input-file", "maximum_tokens": 102, "prompt_end": "\n", "temperature": 1.0,
-                   "top_p": 0.0, "top_k": 0, "recompute": False, "num_samples": 10,
-                   "sample_input_file": "sample_input.txt", "sample_output_file": "sample_output.txt"}  # fmt: skip
+TEXT_GENERATION = {
+    "text_gen_type": "input-file",
+    "maximum_tokens": 102,
+    "prompt_end": "\n",
+    "temperature": 1.0,
+    "top_p": 0.0,
+    "top_k": 0,
+    "recompute": False,
+    "num_samples": 10,
+    "sample_input_file": "sample_input.txt",
+    "sample_output_file": "sample_output.txt",
+}
 """GPT-NeoX's configs/text_generation.yml (text_gen_type changed from unconditional)."""
 
 
 def test_neox_text_generation_keys_become_the_generate_and_eval_sections(tmp_path):
-    config = load(tmp_path, MODEL, TEXT_GENERATION, {"eval_tasks": ["lambada_openai", "hellaswag"],
-                                                     "eval_results_prefix": "runs/pythia", "return_logits": True})
+    config = load(
+        tmp_path,
+        MODEL,
+        TEXT_GENERATION,
+        {"eval_tasks": ["lambada_openai", "hellaswag"], "eval_results_prefix": "runs/pythia", "return_logits": True},
+    )
     g = config.generate
     assert (g.text_gen_type, g.maximum_tokens, g.temperature, g.top_p, g.top_k, g.recompute, g.num_samples) == (
-        "input-file", 102, 1.0, 0.0, 0, False, 10)
+        "input-file",
+        102,
+        1.0,
+        0.0,
+        0,
+        False,
+        10,
+    )
     assert (g.sample_input_file, g.sample_output_file, g.prompt_end, g.return_logits) == (
-        "sample_input.txt", "sample_output.txt", "\n", True)
+        "sample_input.txt",
+        "sample_output.txt",
+        "\n",
+        True,
+    )
     assert config.eval.tasks == ("lambada_openai", "hellaswag") and config.eval.results_prefix == "runs/pythia"
     assert load(tmp_path, MODEL, overrides=("+temperature=0.7",)).generate.temperature == 0.7
     silent = load(tmp_path, MODEL)
@@ -34,11 +58,15 @@ def test_neox_text_generation_keys_become_the_generate_and_eval_sections(tmp_pat
 
 def test_neox_generation_values_nxd_cannot_honour_are_named(tmp_path):
     found = errors(tmp_path, MODEL, {"text_gen_type": "precompute", "top_k": "ten", "eval_tasks": [1]})
-    assert any("text_gen_type: expected unconditional, input-file or interactive: nxd computes a DPO or KTO run's "
-               "reference log-probs itself" in line for line in found), found
+    assert any(
+        "text_gen_type: expected unconditional, input-file or interactive: nxd computes a DPO or KTO run's "
+        "reference log-probs itself" in line
+        for line in found
+    ), found
     assert any("top_k: expected a value of type int, found 'ten'" in line for line in found), found
-    assert any("eval_tasks: expected a list of lm-evaluation-harness task names, found [1]" in line
-               for line in found), found
+    assert any(
+        "eval_tasks: expected a list of lm-evaluation-harness task names, found [1]" in line for line in found
+    ), found
     found = errors(tmp_path, MODEL, {"top_p": 1.5})
     assert any("generate.top_p" in line and "1" in line for line in found), found
 

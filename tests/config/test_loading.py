@@ -69,7 +69,9 @@ def test_lr_written_as_1e_minus_4_is_a_number(tmp_path: Path) -> None:
 def test_missing_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "nope.yaml")
-    assert str(info.value) == f"{tmp_path / 'nope.yaml'}: <root>: expected a YAML or JSON config file, found no such file"
+    assert (
+        str(info.value) == f"{tmp_path / 'nope.yaml'}: <root>: expected a YAML or JSON config file, found no such file"
+    )
 
 
 def test_directory_is_not_a_config(tmp_path: Path) -> None:
@@ -92,8 +94,10 @@ def test_a_key_given_twice_names_both_lines(tmp_path: Path) -> None:
     path.write_text("trainer:\n  max_steps: 3\n  devices: 1\n  max_steps: 4\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert str(info.value) == (f"{path}: <root>: expected valid YAML, found the key 'max_steps' twice in one mapping "
-                               "(first at line 2) at line 4, column 3")
+    assert str(info.value) == (
+        f"{path}: <root>: expected valid YAML, found the key 'max_steps' twice in one mapping "
+        "(first at line 2) at line 4, column 3"
+    )
 
 
 def test_yaml_merge_keys_still_merge(tmp_path: Path) -> None:
@@ -114,10 +118,14 @@ def test_top_level_list_is_rejected(tmp_path: Path) -> None:
 def test_interpolations_absolute_relative_and_multiply(minimal) -> None:
     minimal["model"]["max_position_embeddings"] = "${.encoder_seq_length}"
     minimal["model"]["optim"]["sched"] = {"name": "WarmupPolicy", "max_steps": "${trainer.max_steps}"}
-    minimal["exp_manager"] = {"checkpoint_callback_params": {"model_parallel_size": (
-        "${multiply:${distributed_strategy.tensor_model_parallel_size}, "
-        "${distributed_strategy.pipeline_model_parallel_size}}"
-    )}}
+    minimal["exp_manager"] = {
+        "checkpoint_callback_params": {
+            "model_parallel_size": (
+                "${multiply:${distributed_strategy.tensor_model_parallel_size}, "
+                "${distributed_strategy.pipeline_model_parallel_size}}"
+            )
+        }
+    }
     config = load_config(minimal)
     assert config.model.max_position_embeddings == 128
     assert config.model.optim.sched.max_steps == 10
@@ -133,4 +141,6 @@ def test_broken_interpolations_are_all_reported(minimal) -> None:
     text = messages(info.value)
     assert text[0].startswith("trainer.max_steps: expected a resolvable value, found '${multiply:2, abc}'")
     assert "multiply takes numbers, found 'abc'" in text[0]
-    assert text[1].startswith("model.max_position_embeddings: expected a resolvable value, found '${model.no_such_key}'")
+    assert text[1].startswith(
+        "model.max_position_embeddings: expected a resolvable value, found '${model.no_such_key}'"
+    )

@@ -32,8 +32,9 @@ def test_the_documented_example_by_hand():
 
 def test_prefer_smaller_and_a_gpu_range():
     """max_gpus 4 and prefer_larger_batch false: 1680 and 1440 both split on 1, 2, 3, 4: the smaller wins."""
-    found = elastic_batch(micro_batches=[2, 4, 6], max_batch=2000, data_parallel=4, max_gpus=4, prefer_larger=False,
-                          version=0.1)  # fmt: skip
+    found = elastic_batch(
+        micro_batches=[2, 4, 6], max_batch=2000, data_parallel=4, max_gpus=4, prefer_larger=False, version=0.1
+    )
     assert (found.global_batch, found.valid_sizes, found.micro_batch) == (1440, (1, 2, 3, 4), 6)
 
 
@@ -45,11 +46,19 @@ def test_version_02_counts_nodes_and_takes_a_size_outside_the_valid_ones():
     (nodes of 2, min_gpus 4: 2 to 4 nodes, 1920 on 4, 6, 8 ranks; the run has 2) the largest multiple of a
     micro-batch x 2 within 2000 is taken: 2 x 2 x 500 = 4 x 2 x 250 = 2000 (6 x 2 x 166 = 1992), and 1000 per rank
     splits into micro-batches of 4, not 6."""
-    found = elastic_batch(micro_batches=[2, 4, 6], max_batch=2000, data_parallel=2, version=0.2, gpus_per_node=4,
-                          model_parallel=2, max_gpus=10000)  # fmt: skip
+    found = elastic_batch(
+        micro_batches=[2, 4, 6],
+        max_batch=2000,
+        data_parallel=2,
+        version=0.2,
+        gpus_per_node=4,
+        model_parallel=2,
+        max_gpus=10000,
+    )
     assert found.global_batch == 1920 and found.micro_batch == 6 and found.valid_sizes[:3] == (2, 4, 6)
-    outside = elastic_batch(micro_batches=[2, 4, 6], max_batch=2000, data_parallel=2, version=0.2, gpus_per_node=2,
-                            min_gpus=4, max_gpus=8)  # fmt: skip
+    outside = elastic_batch(
+        micro_batches=[2, 4, 6], max_batch=2000, data_parallel=2, version=0.2, gpus_per_node=2, min_gpus=4, max_gpus=8
+    )
     assert (outside.global_batch, outside.valid_sizes, outside.micro_batch) == (2000, (2,), 4)
 
 
@@ -59,27 +68,50 @@ def test_a_neox_file_gets_the_same_batch_on_every_valid_size(tmp_path):
         data = load(tmp_path, {**file, "elasticity": ELASTIC, "num_gpus": gpus}).data
         assert (data.global_batch_size, data.micro_batch_size) == (1680, micro), gpus
     found = notices(tmp_path, {**file, "elasticity": ELASTIC, "num_gpus": 2})
-    assert any("the global batch 1680 in micro-batches of 6 on 2 data-parallel rank(s); a resume keeps it on 1, 2, 3"
-               in n for n in found), found  # fmt: skip
+    assert any(
+        "the global batch 1680 in micro-batches of 6 on 2 data-parallel rank(s); a resume keeps it on 1, 2, 3" in n
+        for n in found
+    ), found
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"train_micro_batch_size_per_gpu": 2}, "train_micro_batch_size_per_gpu: elasticity takes control of the batch "
-     "sizes (DeepSpeed's rule): remove train_micro_batch_size_per_gpu, or set elasticity.ignore_non_elastic_batch_info"),
-    ({"elasticity": {**ELASTIC, "max_gpus": 4}, "num_gpus": 8},
-     "elasticity: expected a block that gives 8 data-parallel rank(s) a batch: the global batch 1680 is valid on "
-     "data-parallel sizes [1, 2, 3, 4]; this run has 8"),
-    ({"elasticity": {**ELASTIC, "micro_batch_sizes": []}}, "elasticity.micro_batch_sizes: expected a list of positive"),
-    ({"elasticity": {**ELASTIC, "max_gpu": 4}}, "elasticity.max_gpu: unknown elasticity setting"),
-    ({"elasticity": {**ELASTIC, "version": 0.3}}, "elasticity.version: expected 0.1 or 0.2, found 0.3"),
-    ({"elasticity": {"enabled": True, "micro_batch_sizes": [2]}}, "elasticity.max_train_batch_size: expected it in an "
-     "enabled elasticity block (DeepSpeed requires it)"),
-    ({"elasticity": {**ELASTIC, "num_gpus_per_node": 0}}, "elasticity.num_gpus_per_node: expected a positive whole "
-     "number, found 0"),
-    ({"elasticity": {**ELASTIC, "min_gpus": 8, "max_gpus": 4}}, "elasticity.min_gpus: expected at most max_gpus (4)"),
-    ({"elasticity": {**ELASTIC, "version": 0.2, "model_parallel_size": 2}}, "elasticity.model_parallel_size: expected "
-     "this run's model-parallel size (model_parallel_size x pipe_parallel_size = 1), found 2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"train_micro_batch_size_per_gpu": 2},
+            "train_micro_batch_size_per_gpu: elasticity takes control of the batch "
+            "sizes (DeepSpeed's rule): remove train_micro_batch_size_per_gpu, or set elasticity.ignore_non_elastic_batch_info",
+        ),
+        (
+            {"elasticity": {**ELASTIC, "max_gpus": 4}, "num_gpus": 8},
+            "elasticity: expected a block that gives 8 data-parallel rank(s) a batch: the global batch 1680 is valid on "
+            "data-parallel sizes [1, 2, 3, 4]; this run has 8",
+        ),
+        (
+            {"elasticity": {**ELASTIC, "micro_batch_sizes": []}},
+            "elasticity.micro_batch_sizes: expected a list of positive",
+        ),
+        ({"elasticity": {**ELASTIC, "max_gpu": 4}}, "elasticity.max_gpu: unknown elasticity setting"),
+        ({"elasticity": {**ELASTIC, "version": 0.3}}, "elasticity.version: expected 0.1 or 0.2, found 0.3"),
+        (
+            {"elasticity": {"enabled": True, "micro_batch_sizes": [2]}},
+            "elasticity.max_train_batch_size: expected it in an enabled elasticity block (DeepSpeed requires it)",
+        ),
+        (
+            {"elasticity": {**ELASTIC, "num_gpus_per_node": 0}},
+            "elasticity.num_gpus_per_node: expected a positive whole number, found 0",
+        ),
+        (
+            {"elasticity": {**ELASTIC, "min_gpus": 8, "max_gpus": 4}},
+            "elasticity.min_gpus: expected at most max_gpus (4)",
+        ),
+        (
+            {"elasticity": {**ELASTIC, "version": 0.2, "model_parallel_size": 2}},
+            "elasticity.model_parallel_size: expected "
+            "this run's model-parallel size (model_parallel_size x pipe_parallel_size = 1), found 2",
+        ),
+    ],
+)
 def test_what_elasticity_refuses(tmp_path, extra, message):
     file = {key: value for key, value in MODEL.items() if key != "train_micro_batch_size_per_gpu"}
     found = errors(tmp_path, {**file, "elasticity": ELASTIC, **extra})

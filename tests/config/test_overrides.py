@@ -15,8 +15,9 @@ def test_change_value_parsed_as_yaml(minimal) -> None:
 
 def test_change_to_list_mapping_and_null(minimal) -> None:
     minimal["data"]["data_prefix"] = "/a"
-    config = load_config(minimal, ["data.data_prefix=[0.5, /a, 0.5, /b]", "+model.optim.betas=[0.8, 0.9]",
-                                   "data.data_prefix=null"])
+    config = load_config(
+        minimal, ["data.data_prefix=[0.5, /a, 0.5, /b]", "+model.optim.betas=[0.8, 0.9]", "data.data_prefix=null"]
+    )
     assert config.data.data_prefix is None and config.model.optim.betas == (0.8, 0.9)
     config = load_config(minimal, ["data.data_prefix={train: [1.0, /t], validation: /v}"])
     assert config.data.data_prefix.train == (1.0, "/t")
@@ -98,11 +99,14 @@ def test_unparsable_override_value(minimal) -> None:
     assert line.startswith("override 'trainer.max_steps=[1, 2': expected a YAML value, found '[1, 2' (")
 
 
-@pytest.mark.parametrize(("override", "advice"), [
-    ("trainer.max_step=100", "found no such key (did you mean 'trainer.max_steps'?)"),  # a typo among its siblings
-    ("max_steps=3", "found no such key (did you mean 'trainer.max_steps'?)"),  # the right name in another section
-    ("trainer.log_every_n_step=5", "found no such key (did you mean 'trainer.log_every_n_steps'?)"),
-])
+@pytest.mark.parametrize(
+    ("override", "advice"),
+    [
+        ("trainer.max_step=100", "found no such key (did you mean 'trainer.max_steps'?)"),  # a typo among its siblings
+        ("max_steps=3", "found no such key (did you mean 'trainer.max_steps'?)"),  # the right name in another section
+        ("trainer.log_every_n_step=5", "found no such key (did you mean 'trainer.log_every_n_steps'?)"),
+    ],
+)
 def test_a_key_neither_in_the_file_nor_defined_gets_the_closest_key_never_plus(minimal, override, advice) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(minimal, [override])
@@ -116,5 +120,7 @@ def test_a_defined_key_the_file_lacks_is_added_with_plus(minimal) -> None:
     for key in ("trainer.log_every_n_steps", "model.optim.momentum", "data.packing"):
         with pytest.raises(ConfigError) as info:
             load_config(minimal, [f"{key}=1"])
-        assert messages(info.value) == [f"{key}: expected a key the file has for '{key}=...', found no such key in "
-                                         f"the file (use +{key}=... to add it)"]
+        assert messages(info.value) == [
+            f"{key}: expected a key the file has for '{key}=...', found no such key in "
+            f"the file (use +{key}=... to add it)"
+        ]

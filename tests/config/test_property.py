@@ -16,16 +16,27 @@ from .conftest import MINIMAL
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Parsed as nxd parses files (YAML 1.2 numbers: 1e-4 is a float); interpolations stay unresolved.
-BASES = [MINIMAL] + [
-    OmegaConf.to_container(OmegaConf.load(p), resolve=False) for p in sorted(CONFIGS.glob("*.yaml"))
-]
+BASES = [MINIMAL] + [OmegaConf.to_container(OmegaConf.load(p), resolve=False) for p in sorted(CONFIGS.glob("*.yaml"))]
 KEY_NAMES = sorted({path.rsplit(".", 1)[-1].split("]")[-1] for path in all_key_paths()})
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True),
-    st.text(max_size=12), st.sampled_from(["${trainer.max_steps}", "${nope.key}", "${multiply:2,x}",
-                                           "${.encoder_seq_length}", "???", "1e-4", "mixed_precision_SR"]),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "${trainer.max_steps}",
+            "${nope.key}",
+            "${multiply:2,x}",
+            "${.encoder_seq_length}",
+            "???",
+            "1e-4",
+            "mixed_precision_SR",
+        ]
+    ),
+)
 values = st.recursive(
     scalars,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.sampled_from(KEY_NAMES), children, max_size=3),
@@ -89,8 +100,9 @@ def test_more_mutations_load_or_raise_config_error(tree: dict) -> None:
     _loads_or_says_why(tree)
 
 
-OVERRIDES = st.lists(st.text(max_size=20) | st.sampled_from(["+a.b=1", "~trainer", "trainer.devices=[1", "~x.y"]),
-                     max_size=3)  # fmt: skip
+OVERRIDES = st.lists(
+    st.text(max_size=20) | st.sampled_from(["+a.b=1", "~trainer", "trainer.devices=[1", "~x.y"]), max_size=3
+)
 
 
 @settings(max_examples=50, deadline=None)

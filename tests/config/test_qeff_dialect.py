@@ -20,9 +20,11 @@ EXAMPLES = Path(__file__).parents[2] / "configs" / "qeff"
 def _file(tmp_path: Path, **sections: dict) -> dict:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
-    base = {"model": {"model_name": str(model)},
-            "dataset": {"dataset_name": str(tmp_path / "data"), "prompt_template": "{q}", "completion_template": "{a}"},
-            "training": {"output_dir": str(tmp_path / "out"), "torch_dtype": "fp32"}}  # fmt: skip
+    base = {
+        "model": {"model_name": str(model)},
+        "dataset": {"dataset_name": str(tmp_path / "data"), "prompt_template": "{q}", "completion_template": "{a}"},
+        "training": {"output_dir": str(tmp_path / "out"), "torch_dtype": "fp32"},
+    }
     for section, values in sections.items():
         base.setdefault(section, {}).update(values)
     return base
@@ -76,9 +78,14 @@ def test_each_status_of_the_table_is_what_a_value_off_default_gets(tmp_path):
 
 
 def test_choices_in_any_case_and_the_reference_spellings(tmp_path):
-    config, _ = _load(_file(tmp_path, optimizers={"optimizer": "AdamW", "lr": "1e-4"},
-                            scheduler={"scheduler": "Linear", "warmup_steps": 0.05},
-                            training={"dtype": "bf16", "torch_dtype": "bf16"}))  # fmt: skip
+    config, _ = _load(
+        _file(
+            tmp_path,
+            optimizers={"optimizer": "AdamW", "lr": "1e-4"},
+            scheduler={"scheduler": "Linear", "warmup_steps": 0.05},
+            training={"dtype": "bf16", "torch_dtype": "bf16"},
+        )
+    )
     assert config.model.optim.name == "adamw" and config.model.optim.lr == 1e-4
     assert config.model.optim.sched.type == "linear" and config.model.optim.sched.warmup_ratio == 0.05
     assert config.precision.type == "mixed_precision"
@@ -89,20 +96,28 @@ def test_keys_qefficient_ignores_are_ignored_with_a_notice_naming_what_does_thei
     """QEfficient keeps a key its config classes lack in extra_params and never reads it: the file runs there, and
     here, as if the key were absent; each gets one notice with the key that does its job or a did-you-mean."""
     plain, quiet = _load(_file(tmp_path))
-    config, notices = _load(_file(tmp_path, model={"peft_config": {"lora_rr": 4}}, trainig={"seed": 1},
-                                  callbacks={"early_stoping": {}},
-                                  training={"learning_rate": 1e-5, "optim": "adamw", "fp16": True},
-                                  dataset={"split": "train", "torch_dtype": "fp16"}))  # fmt: skip
+    config, notices = _load(
+        _file(
+            tmp_path,
+            model={"peft_config": {"lora_rr": 4}},
+            trainig={"seed": 1},
+            callbacks={"early_stoping": {}},
+            training={"learning_rate": 1e-5, "optim": "adamw", "fp16": True},
+            dataset={"split": "train", "torch_dtype": "fp16"},
+        )
+    )
     assert config.model_dump() == plain.model_dump()
     said = [notice for notice in notices if notice not in quiet]
-    expected = {"model.peft_config.lora_rr": "did you mean 'model.peft_config.lora_r'?",
-                "trainig": "(did you mean 'training'?)",
-                "callbacks.early_stoping": "did you mean 'callbacks.early_stopping'?",
-                "training.learning_rate": "optimizers.lr sets the learning rate",
-                "training.optim": "optimizers.optimizer_name chooses the optimizer",
-                "training.fp16": "training.torch_dtype (fp16, bf16 or fp32) sets the precision",
-                "dataset.split": "dataset.train_split and dataset.test_split choose the splits",
-                "dataset.torch_dtype": "training.torch_dtype (fp16, bf16 or fp32) sets the precision"}  # fmt: skip
+    expected = {
+        "model.peft_config.lora_rr": "did you mean 'model.peft_config.lora_r'?",
+        "trainig": "(did you mean 'training'?)",
+        "callbacks.early_stoping": "did you mean 'callbacks.early_stopping'?",
+        "training.learning_rate": "optimizers.lr sets the learning rate",
+        "training.optim": "optimizers.optimizer_name chooses the optimizer",
+        "training.fp16": "training.torch_dtype (fp16, bf16 or fp32) sets the precision",
+        "dataset.split": "dataset.train_split and dataset.test_split choose the splits",
+        "dataset.torch_dtype": "training.torch_dtype (fp16, bf16 or fp32) sets the precision",
+    }
     for key, hint in expected.items():
         (notice,) = [notice for notice in said if f": {key}: not a QEfficient " in notice]
         assert "QEfficient keeps it in extra_params and never reads it, and nxd ignores it too" in notice
@@ -124,7 +139,8 @@ def test_the_trainer_and_trl_field_table_covers_the_installed_versions():
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "config-reference.md").read_text()
     assert text.split(FIELDS_START)[1].split(FIELDS_END)[0].strip() == field_table().strip(), (
-        "run: uv run python -m nxd_config.qeff.table --update docs/config-reference.md")
+        "run: uv run python -m nxd_config.qeff.table --update docs/config-reference.md"
+    )
     lock = (Path(__file__).resolve().parents[2] / "uv.lock").read_text()
     assert re.search(r'name = "trl"\nversion = "([^"]+)"', lock).group(1) == TRL_VERSION
     if importlib.util.find_spec("trl") is not None:
@@ -138,8 +154,9 @@ def test_the_trainer_and_trl_field_table_covers_the_installed_versions():
 def test_the_json_log_is_a_file_of_its_own_in_output_dir(tmp_path):
     config, _ = _load(_file(tmp_path, callbacks={"json_logger": {"log_path": "train.jsonl"}}))
     assert config.exp_manager.json_log_file == "train.jsonl"
-    assert "a file name in training.output_dir" in _error(_file(tmp_path, callbacks={"json_logger": {
-        "log_path": "/etc/x.jsonl"}}))  # fmt: skip
+    assert "a file name in training.output_dir" in _error(
+        _file(tmp_path, callbacks={"json_logger": {"log_path": "/etc/x.jsonl"}})
+    )
     assert "nxd's own files" in _error(_file(tmp_path, callbacks={"json_logger": {"log_path": "metrics.csv"}}))
 
 
@@ -156,15 +173,17 @@ def test_templates_as_the_reference_writes_them(tmp_path):
     config, notices = _load(_file(tmp_path, dataset={"prompt_template": "Summarize:\n\n{'dialogue'}\n\nSummary:\n"}))
     assert config.data.dataset.prompt_template == "Summarize:\n\n{dialogue}\n\nSummary:\n"
     assert any("{'dialogue'} read as the column(s) dialogue" in n for n in notices)
-    grammar = 'f"Correct:\\n\\n{\'input\'}\\n\\nCorrected:\\n"'
+    grammar = "f\"Correct:\\n\\n{'input'}\\n\\nCorrected:\\n\""
     config, notices = _load(_file(tmp_path, dataset={"prompt_template": grammar}))
     assert config.data.dataset.prompt_template == "Correct:\n\n{input}\n\nCorrected:\n"
     assert any("f-string" in n for n in notices)
 
 
 def test_qefficients_alpaca_function_is_nxds(tmp_path):
-    for spec in ("QEfficient.finetune.experimental.preprocessing.alpaca_func:create_alpaca_prompt",
-                 "preprocess/alpaca_func:create_alpaca_prompt"):  # fmt: skip
+    for spec in (
+        "QEfficient.finetune.experimental.preprocessing.alpaca_func:create_alpaca_prompt",
+        "preprocess/alpaca_func:create_alpaca_prompt",
+    ):
         config, notices = _load(_file(tmp_path, dataset={"prompt_template": None, "prompt_func": spec}))
         assert config.data.dataset.prompt_func == "nxd_data.formatters:alpaca_prompt"
         assert any("QEfficient's Alpaca prompt" in n for n in notices)
@@ -181,8 +200,12 @@ def test_objectives_and_losses(tmp_path):
     assert config.data.dataset.loss_on_prompt
     config, _ = _load(_file(tmp_path, dataset={"dataset_type": "seq_completion", "completion_template": None}))
     assert config.data.dataset.kind == "text"
-    dpo_file = _file(tmp_path, training={"type": "dpo"}, dataset={"dataset_type": "dpo_dataset"},
-                     dpo={"beta": 0.2, "loss_type": ["ipo"]})  # fmt: skip
+    dpo_file = _file(
+        tmp_path,
+        training={"type": "dpo"},
+        dataset={"dataset_type": "dpo_dataset"},
+        dpo={"beta": 0.2, "loss_type": ["ipo"]},
+    )
     assert "dpo_dataset reads its prompt_column" in _error(dpo_file)
     for key in ("prompt_template", "completion_template"):
         del dpo_file["dataset"][key]
@@ -198,10 +221,30 @@ def test_overrides_dotted_flat_and_as_flags(tmp_path):
     config, _ = _load(values, "optimizers.lr=3e-4", "lora_r=4", "target_modules=[q_proj,v_proj]", "seed=7")
     assert config.model.optim.lr == 3e-4 and config.model_alignment_strategy.peft.lora_rank == 4
     assert config.model_alignment_strategy.peft.target_modules == ("q_proj", "v_proj") and config.seed == 7
-    assert flag_overrides(["train", "--config", "a.yaml", "--lr", "3e-4", "--target_modules", "q_proj", "v_proj",
-                           "--training.seed=5", "--dialect", "qeff"]) == [  # fmt: skip
-        "train", "--config", "a.yaml", "lr=3e-4", "target_modules=[q_proj,v_proj]", "training.seed=5", "--dialect",
-        "qeff"]  # fmt: skip
+    assert flag_overrides(
+        [
+            "train",
+            "--config",
+            "a.yaml",
+            "--lr",
+            "3e-4",
+            "--target_modules",
+            "q_proj",
+            "v_proj",
+            "--training.seed=5",
+            "--dialect",
+            "qeff",
+        ]
+    ) == [
+        "train",
+        "--config",
+        "a.yaml",
+        "lr=3e-4",
+        "target_modules=[q_proj,v_proj]",
+        "training.seed=5",
+        "--dialect",
+        "qeff",
+    ]
     assert "unknown key" in _error(values, "lrr=1")
 
 
@@ -255,11 +298,123 @@ def test_qefficients_own_test_config_is_read_with_a_notice_for_each_key_it_ignor
     ignored = {notice.split(": ")[0]: notice for notice in t.notices if "not a QEfficient key" in notice}
     assert set(ignored) == {"dataset.torch_dtype", "training.gradient_checkpointing_kwargs.use_reenrant"}
     assert "training.torch_dtype (fp16, bf16 or fp32) sets the precision" in ignored["dataset.torch_dtype"]
-    assert "did you mean 'training.gradient_checkpointing_kwargs.use_reentrant'?" in \
-        ignored["training.gradient_checkpointing_kwargs.use_reenrant"]  # fmt: skip
+    assert (
+        "did you mean 'training.gradient_checkpointing_kwargs.use_reentrant'?"
+        in ignored["training.gradient_checkpointing_kwargs.use_reenrant"]
+    )
 
 
-REFERENCE_KEYS = ["model.model_type", "model.auto_class_name", "model.model_name", "model.load_in_4bit", "model.use_cache", "model.attn_implementation", "model.device_map", "model.use_peft", "model.peft_config.lora_r", "model.peft_config.lora_alpha", "model.peft_config.lora_dropout", "model.peft_config.target_modules", "model.peft_config.bias", "model.peft_config.task_type", "model.peft_config.peft_type", "dataset.tokenizer_name", "dataset.dataset_type", "dataset.dataset_name", "dataset.json_file_path", "dataset.train_split", "dataset.test_split", "dataset.split_ratio", "dataset.prompt_func", "dataset.prompt_template", "dataset.completion_func", "dataset.completion_template", "dataset.dataset_subset", "dataset.max_seq_length", "dataset.input_columns", "dataset.target_column", "dataset.train_batch_size", "dataset.eval_batch_size", "dataset.collate_fn", "dataset.group_by_length", "dataset.length_column_name", "dataset.num_workers", "dataset.dataloader_pin_memory", "dataset.dataloader_drop_last", "dataset.dataloader_prefetch_factor", "dataset.dataloader_persistent_workers", "dataset.dataloader_num_workers", "dataset.config_name", "dataset.dataset_num_samples", "dataset.data_seed", "dataset.remove_samples_with_empty_columns", "dataset.dataset_disc_style", "training.type", "training.output_dir", "training.overwrite_output_dir", "training.do_eval", "training.eval_strategy", "training.eval_steps", "training.gradient_accumulation_steps", "training.dtype", "training.torch_dtype", "training.seed", "training.device", "training.per_device_train_batch_size", "training.per_device_eval_batch_size", "training.num_train_epochs", "training.max_steps", "training.log_level", "training.log_on_each_node", "training.logging_strategy", "training.logging_steps", "training.save_strategy", "training.save_steps", "training.save_total_limit", "training.metric_for_best_model", "training.include_num_input_tokens_seen", "training.average_tokens_across_devices", "training.fsdp_config", "training.deepspeed_config", "training.accelerator_config", "training.use_cpu", "training.restore_callback_states_from_checkpoint", "training.gradient_checkpointing", "training.gradient_checkpointing_kwargs.preserve_rng_state", "training.gradient_checkpointing_kwargs.use_reentrant", "training.ddp_config.ddp_backend", "training.ddp_config.ddp_find_unused_parameters", "training.ddp_config.ddp_bucket_cap_mb", "training.ddp_config.ddp_broadcast_buffers", "training.ddp_config.ddp_timeout", "training.torch_compile", "training.resume_from_checkpoint", "training.disable_tqdm", "training.log_file_name", "training.report_to", "training.completion_only_loss", "training.pp_degree", "optimizers.optimizer", "optimizers.optimizer_name", "optimizers.lr", "optimizers.weight_decay", "scheduler.scheduler", "scheduler.scheduler_name", "scheduler.warmup_steps", "scheduler.warmup_ratio", "callbacks.early_stopping.early_stopping_patience", "callbacks.early_stopping.early_stopping_threshold", "callbacks.enhanced_progressbar", "callbacks.default_flow", "callbacks.printer", "callbacks.json_logger", "callbacks.tensorboard", "callbacks.qaic_profiler_callback", "callbacks.qaic_op_by_op_verifier_callback", "callbacks.train_logger"]
+REFERENCE_KEYS = [
+    "model.model_type",
+    "model.auto_class_name",
+    "model.model_name",
+    "model.load_in_4bit",
+    "model.use_cache",
+    "model.attn_implementation",
+    "model.device_map",
+    "model.use_peft",
+    "model.peft_config.lora_r",
+    "model.peft_config.lora_alpha",
+    "model.peft_config.lora_dropout",
+    "model.peft_config.target_modules",
+    "model.peft_config.bias",
+    "model.peft_config.task_type",
+    "model.peft_config.peft_type",
+    "dataset.tokenizer_name",
+    "dataset.dataset_type",
+    "dataset.dataset_name",
+    "dataset.json_file_path",
+    "dataset.train_split",
+    "dataset.test_split",
+    "dataset.split_ratio",
+    "dataset.prompt_func",
+    "dataset.prompt_template",
+    "dataset.completion_func",
+    "dataset.completion_template",
+    "dataset.dataset_subset",
+    "dataset.max_seq_length",
+    "dataset.input_columns",
+    "dataset.target_column",
+    "dataset.train_batch_size",
+    "dataset.eval_batch_size",
+    "dataset.collate_fn",
+    "dataset.group_by_length",
+    "dataset.length_column_name",
+    "dataset.num_workers",
+    "dataset.dataloader_pin_memory",
+    "dataset.dataloader_drop_last",
+    "dataset.dataloader_prefetch_factor",
+    "dataset.dataloader_persistent_workers",
+    "dataset.dataloader_num_workers",
+    "dataset.config_name",
+    "dataset.dataset_num_samples",
+    "dataset.data_seed",
+    "dataset.remove_samples_with_empty_columns",
+    "dataset.dataset_disc_style",
+    "training.type",
+    "training.output_dir",
+    "training.overwrite_output_dir",
+    "training.do_eval",
+    "training.eval_strategy",
+    "training.eval_steps",
+    "training.gradient_accumulation_steps",
+    "training.dtype",
+    "training.torch_dtype",
+    "training.seed",
+    "training.device",
+    "training.per_device_train_batch_size",
+    "training.per_device_eval_batch_size",
+    "training.num_train_epochs",
+    "training.max_steps",
+    "training.log_level",
+    "training.log_on_each_node",
+    "training.logging_strategy",
+    "training.logging_steps",
+    "training.save_strategy",
+    "training.save_steps",
+    "training.save_total_limit",
+    "training.metric_for_best_model",
+    "training.include_num_input_tokens_seen",
+    "training.average_tokens_across_devices",
+    "training.fsdp_config",
+    "training.deepspeed_config",
+    "training.accelerator_config",
+    "training.use_cpu",
+    "training.restore_callback_states_from_checkpoint",
+    "training.gradient_checkpointing",
+    "training.gradient_checkpointing_kwargs.preserve_rng_state",
+    "training.gradient_checkpointing_kwargs.use_reentrant",
+    "training.ddp_config.ddp_backend",
+    "training.ddp_config.ddp_find_unused_parameters",
+    "training.ddp_config.ddp_bucket_cap_mb",
+    "training.ddp_config.ddp_broadcast_buffers",
+    "training.ddp_config.ddp_timeout",
+    "training.torch_compile",
+    "training.resume_from_checkpoint",
+    "training.disable_tqdm",
+    "training.log_file_name",
+    "training.report_to",
+    "training.completion_only_loss",
+    "training.pp_degree",
+    "optimizers.optimizer",
+    "optimizers.optimizer_name",
+    "optimizers.lr",
+    "optimizers.weight_decay",
+    "scheduler.scheduler",
+    "scheduler.scheduler_name",
+    "scheduler.warmup_steps",
+    "scheduler.warmup_ratio",
+    "callbacks.early_stopping.early_stopping_patience",
+    "callbacks.early_stopping.early_stopping_threshold",
+    "callbacks.enhanced_progressbar",
+    "callbacks.default_flow",
+    "callbacks.printer",
+    "callbacks.json_logger",
+    "callbacks.tensorboard",
+    "callbacks.qaic_profiler_callback",
+    "callbacks.qaic_op_by_op_verifier_callback",
+    "callbacks.train_logger",
+]
 """The keys of QEfficient's configuration reference and of its fine-tuning code's config dataclasses."""
 
 
@@ -274,4 +429,5 @@ def test_readme_qeff_table_is_current():
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "config-reference.md").read_text()
     assert text.split(START)[1].split(END)[0].strip() == key_table().strip(), (
-        "run: uv run python -m nxd_config.qeff.table --update docs/config-reference.md")
+        "run: uv run python -m nxd_config.qeff.table --update docs/config-reference.md"
+    )

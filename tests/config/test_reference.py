@@ -13,9 +13,7 @@ REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
 def test_readme_table_is_current() -> None:
     text = REFERENCE.read_text()
     table = text.split(START, 1)[1].split(END, 1)[0].strip()
-    assert table == key_table().strip(), (
-        "run: uv run python -m nxd_config.reference --update docs/config-reference.md"
-    )
+    assert table == key_table().strip(), "run: uv run python -m nxd_config.reference --update docs/config-reference.md"
 
 
 def test_neox_table_is_current() -> None:
@@ -38,15 +36,26 @@ def test_every_key_is_documented_with_a_status() -> None:
 def test_reference_covers_nxdt_keys() -> None:
     keys = {path for path, _, _ in iter_keys()}
     documented = [
-        "trainer.lnc", "trainer.sequential_move_factor", "exp_manager.ckpt_ptl_version",
+        "trainer.lnc",
+        "trainer.sequential_move_factor",
+        "exp_manager.ckpt_ptl_version",
         "exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt",
         "exp_manager.checkpoint_callback_params.train_time_interval",
-        "exp_manager.checkpoint_callback_params.enable_version_counter", "exp_manager.save_bf16",
-        "exp_manager.log_step_timing", "distributed_strategy.context_parallel_size",
-        "distributed_strategy.kv_replicator", "model.fusions.ring_attention", "model.transpose_nki_inputs",
-        "model.pipeline_cuts", "precision.parallel_layers_reduce_dtype", "model.moe.router_aux_loss_coef",
-        "data.tokenizer.sentencepiece_legacy", "data.no_seqlen_plus_one_input_tokens",
-        "model_alignment_strategy.peft.merge_sharded_lora", "model_alignment_strategy.orpo.beta",
-        "aync_exec_max_inflight_requests", "neuron_experimental_compress_rg",
+        "exp_manager.checkpoint_callback_params.enable_version_counter",
+        "exp_manager.save_bf16",
+        "exp_manager.log_step_timing",
+        "distributed_strategy.context_parallel_size",
+        "distributed_strategy.kv_replicator",
+        "model.fusions.ring_attention",
+        "model.transpose_nki_inputs",
+        "model.pipeline_cuts",
+        "precision.parallel_layers_reduce_dtype",
+        "model.moe.router_aux_loss_coef",
+        "data.tokenizer.sentencepiece_legacy",
+        "data.no_seqlen_plus_one_input_tokens",
+        "model_alignment_strategy.peft.merge_sharded_lora",
+        "model_alignment_strategy.orpo.beta",
+        "aync_exec_max_inflight_requests",
+        "neuron_experimental_compress_rg",
     ]
     assert [key for key in documented if key not in keys] == []

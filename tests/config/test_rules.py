@@ -30,8 +30,7 @@ def test_parallel_sizes_must_divide_world(minimal) -> None:
 def test_global_batch_must_be_multiple_of_micro_batch_times_dp(minimal) -> None:
     minimal["data"].update(micro_batch_size=2, global_batch_size=6)
     assert errors(minimal) == [
-        "data.global_batch_size: expected a multiple of data.micro_batch_size * data-parallel size "
-        "(2 * 2 = 4), found 6"
+        "data.global_batch_size: expected a multiple of data.micro_batch_size * data-parallel size (2 * 2 = 4), found 6"
     ]
 
 
@@ -61,7 +60,11 @@ def test_pipeline_stages_need_enough_micro_batches(minimal) -> None:
 
 def test_attention_heads_divisible_by_tp(minimal) -> None:
     minimal["distributed_strategy"]["tensor_model_parallel_size"] = 4
-    minimal["model"].update(num_attention_heads=6, hidden_size=96, num_kv_heads=2, )
+    minimal["model"].update(
+        num_attention_heads=6,
+        hidden_size=96,
+        num_kv_heads=2,
+    )
     minimal["distributed_strategy"]["kv_replicator"] = 2
     minimal["data"]["global_batch_size"] = 1
     assert errors(minimal) == [
@@ -168,7 +171,9 @@ def test_manual_precision_knobs_at_defaults_or_with_manual_are_quiet(minimal) ->
 
 
 def test_recompute_list_only_with_selective(minimal) -> None:
-    minimal["model"].update(activations_checkpoint_granularity="full", activations_checkpoint_recompute=["CoreAttention"])
+    minimal["model"].update(
+        activations_checkpoint_granularity="full", activations_checkpoint_recompute=["CoreAttention"]
+    )
     assert errors(minimal) == [
         "model.activations_checkpoint_recompute: expected null unless activations_checkpoint_granularity "
         "is 'selective', found ['CoreAttention'] with granularity 'full'"
@@ -198,8 +203,9 @@ def test_kto_needs_a_prompt_length_and_dpo_label_smoothing_fits_its_loss(minimal
     assert errors(minimal) == [
         "model_alignment_strategy.kto.max_prompt_length: expected the longest prompt length in tokens, found nothing"
     ]
-    minimal["model_alignment_strategy"] = {"dpo": {"max_prompt_length": 8, "loss_type": "hinge",
-                                                   "label_smoothing": 0.1}}  # fmt: skip
+    minimal["model_alignment_strategy"] = {
+        "dpo": {"max_prompt_length": 8, "loss_type": "hinge", "label_smoothing": 0.1}
+    }
     assert errors(minimal) == [
         "model_alignment_strategy.dpo.label_smoothing: expected 0 with loss_type hinge (label smoothing applies to "
         "sigmoid and robust), found 0.1"
@@ -303,12 +309,24 @@ def test_learned_positions_must_cover_the_sequence(minimal) -> None:
 @pytest.mark.parametrize(
     ("section", "key", "value", "message"),
     [
-        ("model", "transformer_block_type", "post_ln",
-         "expected one of pre_ln, gpt_j, gpt_neox (the block types nxd builds), found 'post_ln'"),
-        ("distributed_strategy", "expert_model_parallel_size", 2,
-         "expected 1 without a model.moe block (a dense model has no experts), found 2"),
-        ("distributed_strategy", "token_shuffle_group_size", 4,
-         "expected 1: nxd routes tokens in their own order, found 4"),
+        (
+            "model",
+            "transformer_block_type",
+            "post_ln",
+            "expected one of pre_ln, gpt_j, gpt_neox (the block types nxd builds), found 'post_ln'",
+        ),
+        (
+            "distributed_strategy",
+            "expert_model_parallel_size",
+            2,
+            "expected 1 without a model.moe block (a dense model has no experts), found 2",
+        ),
+        (
+            "distributed_strategy",
+            "token_shuffle_group_size",
+            4,
+            "expected 1: nxd routes tokens in their own order, found 4",
+        ),
     ],
 )
 def test_unsupported_features_are_rejected_by_name(minimal, section, key, value, message) -> None:
@@ -326,9 +344,11 @@ def test_a_sliding_window_longer_than_the_sequence_is_a_notice(minimal) -> None:
     minimal["model"]["sliding_window_size"] = seq + 1
     with pytest.warns(ConfigNotice) as record:
         assert load_config(minimal).model.sliding_window_size == seq + 1
-    assert [str(w.message) for w in record] == [f"model.sliding_window_size: {seq + 1} is wider than the sequence "
-                                                f"({seq} tokens), so attention is full causal attention, as in "
-                                                "transformers"]
+    assert [str(w.message) for w in record] == [
+        f"model.sliding_window_size: {seq + 1} is wider than the sequence "
+        f"({seq} tokens), so attention is full causal attention, as in "
+        "transformers"
+    ]
 
 
 def test_training_must_end(minimal) -> None:
@@ -361,8 +381,14 @@ def test_checkpoint_model_parallel_size_must_match_layout(minimal) -> None:
     ]
 
 
-MOE = {"num_experts": 8, "top_k": 2, "capacity_factor": 2.0, "output_router_logits": True, "router_aux_loss_coef": 0.02,
-       "sinkhorn_tol": "None"}  # fmt: skip
+MOE = {
+    "num_experts": 8,
+    "top_k": 2,
+    "capacity_factor": 2.0,
+    "output_router_logits": True,
+    "router_aux_loss_coef": 0.02,
+    "sinkhorn_tol": "None",
+}
 """The moe block of NxDT's megatron_mixtral_8x7b_config.yaml."""
 
 
@@ -378,31 +404,58 @@ def test_nxdt_mixtral_moe_blocks_are_accepted(minimal) -> None:
     ("moe", "strategy", "message"),
     [
         ({"top_k": 9}, {}, "model.moe.top_k: expected at most num_experts (8), found 9"),
-        ({"num_experts": 1, "top_k": 1}, {},
-         "model.moe.num_experts: expected at least 2 experts (one expert is the dense MLP: remove the moe block), "
-         "found 1"),
-        ({"num_experts": 6}, {"expert_model_parallel_size": 4, "tensor_model_parallel_size": 1},
-         "distributed_strategy.expert_model_parallel_size: expected a divisor of model.moe.num_experts (6), found 4"),
-        ({"num_experts": 4}, {"expert_model_parallel_size": 4},
-         "distributed_strategy.expert_model_parallel_size: expected a divisor of the data-parallel size (2: "
-         "expert-parallel groups are formed from data-parallel ranks), found 4"),
-        ({"routing_algorithm": "sinkhorn"}, {},
-         "model.moe.routing_algorithm: sinkhorn balances top-1 routing only: expected top_k 1, found 2"),
-        ({"dropless": True}, {},
-         "model.moe.capacity_factor: expected 0.0 or null with dropless: True (no token is dropped), found 2.0"),
-        ({"capacity_factor": 0.0}, {}, "model.moe.capacity_factor: expected a positive factor, or dropless: True, "
-         "found 0.0"),
-        ({"output_router_logits": False}, {},
-         "model.moe.router_aux_loss_coef: the load-balancing loss is computed with output_router_logits: True; "
-         "found 0.02 with False"),
-        ({"routing_algorithm": "deepspeed", "top_k": 3}, {},
-         "model.moe.top_k: DeepSpeed's gate is top-1 or top-2: expected 1 or 2 with routing_algorithm deepspeed, "
-         "found 3"),
-        ({"routing_algorithm": "deepspeed", "normalize_top_k_affinities": True}, {},
-         "model.moe.normalize_top_k_affinities: DeepSpeed's gate weighs by softmax, renormalised for top-2 only: "
-         "expected False with routing_algorithm deepspeed, found True"),
+        (
+            {"num_experts": 1, "top_k": 1},
+            {},
+            "model.moe.num_experts: expected at least 2 experts (one expert is the dense MLP: remove the moe block), "
+            "found 1",
+        ),
+        (
+            {"num_experts": 6},
+            {"expert_model_parallel_size": 4, "tensor_model_parallel_size": 1},
+            "distributed_strategy.expert_model_parallel_size: expected a divisor of model.moe.num_experts (6), found 4",
+        ),
+        (
+            {"num_experts": 4},
+            {"expert_model_parallel_size": 4},
+            "distributed_strategy.expert_model_parallel_size: expected a divisor of the data-parallel size (2: "
+            "expert-parallel groups are formed from data-parallel ranks), found 4",
+        ),
+        (
+            {"routing_algorithm": "sinkhorn"},
+            {},
+            "model.moe.routing_algorithm: sinkhorn balances top-1 routing only: expected top_k 1, found 2",
+        ),
+        (
+            {"dropless": True},
+            {},
+            "model.moe.capacity_factor: expected 0.0 or null with dropless: True (no token is dropped), found 2.0",
+        ),
+        (
+            {"capacity_factor": 0.0},
+            {},
+            "model.moe.capacity_factor: expected a positive factor, or dropless: True, found 0.0",
+        ),
+        (
+            {"output_router_logits": False},
+            {},
+            "model.moe.router_aux_loss_coef: the load-balancing loss is computed with output_router_logits: True; "
+            "found 0.02 with False",
+        ),
+        (
+            {"routing_algorithm": "deepspeed", "top_k": 3},
+            {},
+            "model.moe.top_k: DeepSpeed's gate is top-1 or top-2: expected 1 or 2 with routing_algorithm deepspeed, "
+            "found 3",
+        ),
+        (
+            {"routing_algorithm": "deepspeed", "normalize_top_k_affinities": True},
+            {},
+            "model.moe.normalize_top_k_affinities: DeepSpeed's gate weighs by softmax, renormalised for top-2 only: "
+            "expected False with routing_algorithm deepspeed, found True",
+        ),
     ],
-)  # fmt: skip
+)
 def test_moe_mistakes_are_named_before_launch(minimal, moe, strategy, message) -> None:
     minimal["model"]["moe"] = {**MOE, **moe}
     minimal["distributed_strategy"].update(strategy)
@@ -421,17 +474,23 @@ def test_deepspeed_moe_settings_outside_their_routing_or_capacity_are_a_notice(m
 
 
 def test_deepspeed_knobs_of_the_other_gate_and_compiled_scans_are_a_notice(minimal) -> None:
-    minimal["model"]["moe"] = {**MOE, "routing_algorithm": "deepspeed", "normalize_top_k_affinities": False,
-                               "random_token_selection": False}  # fmt: skip
+    minimal["model"]["moe"] = {
+        **MOE,
+        "routing_algorithm": "deepspeed",
+        "normalize_top_k_affinities": False,
+        "random_token_selection": False,
+    }
     with pytest.warns(ConfigNotice) as record:
         load_config(minimal)
-    assert [str(w.message) for w in record] == ["model.moe.random_token_selection: acted on only with top_k 1; with "
-                                                "top_k 2 it changes nothing"]
+    assert [str(w.message) for w in record] == [
+        "model.moe.random_token_selection: acted on only with top_k 1; with top_k 2 it changes nothing"
+    ]
     del minimal["model"]["moe"]
     minimal["model"]["attention_layers"] = ["rwkv"] * minimal["model"]["num_layers"]
     minimal["model"]["fusions"] = {"torch_compile": True}
-    with pytest.warns(ConfigNotice, match="model.fusions.torch_compile: rwkv layers scan the sequence one step at a "
-                                          "time in Python"):
+    with pytest.warns(
+        ConfigNotice, match="model.fusions.torch_compile: rwkv layers scan the sequence one step at a time in Python"
+    ):
         load_config(minimal)
 
 
@@ -439,15 +498,22 @@ def test_moe_refuses_context_parallelism(minimal) -> None:
     minimal["model"]["moe"] = dict(MOE)
     minimal["model"]["fusions"] = {"ring_attention": True}
     minimal["distributed_strategy"].update(context_parallel_size=2)
-    assert errors(minimal) == ["distributed_strategy.context_parallel_size: expected 1 with a model.moe block (the "
-                               "router's balance is counted over whole sequences), found 2"]
+    assert errors(minimal) == [
+        "distributed_strategy.context_parallel_size: expected 1 with a model.moe block (the "
+        "router's balance is counted over whole sequences), found 2"
+    ]
 
 
 def test_post_training_documents_fit_their_method_and_data(minimal) -> None:
-    minimal["data"] |= {"micro_batch_size": 1, "global_batch_size": 4,
-                        "example_documents": {"train": {"documents": "t", "rewards": "w", "reference": "r"},
-                                              "validation": {"documents": "v", "rewards": "vw"}},
-                        "pack_impl": "packed"}  # fmt: skip
+    minimal["data"] |= {
+        "micro_batch_size": 1,
+        "global_batch_size": 4,
+        "example_documents": {
+            "train": {"documents": "t", "rewards": "w", "reference": "r"},
+            "validation": {"documents": "v", "rewards": "vw"},
+        },
+        "pack_impl": "packed",
+    }
     minimal["model_alignment_strategy"] = {"kto": {"max_prompt_length": 8}}
     assert errors(minimal) == [
         "model_alignment_strategy.kto.max_prompt_length: applies to data.train_dir records, which are cut into prompt "
@@ -466,9 +532,14 @@ def test_post_training_documents_fit_their_method_and_data(minimal) -> None:
         "data.micro_batch_size: expected an even micro-batch size with kl_estimate batch_halves (each half's KL is "
         "measured on the other half), found 1"
     ]
-    minimal["data"] |= {"pair_documents": {"train": {"chosen": "c", "rejected": "r", "chosen_reference": "cr",
-                                                     "rejected_reference": "rr"}}, "example_documents": None,
-                        "micro_batch_size": 2, "global_batch_size": 4}  # fmt: skip
+    minimal["data"] |= {
+        "pair_documents": {
+            "train": {"chosen": "c", "rejected": "r", "chosen_reference": "cr", "rejected_reference": "rr"}
+        },
+        "example_documents": None,
+        "micro_batch_size": 2,
+        "global_batch_size": 4,
+    }
     minimal["model_alignment_strategy"] = {"orpo": {}}
     assert errors(minimal) == [
         "data.pair_documents: reference log-prob files are read by DPO and KTO against a reference model; ORPO has "
@@ -479,13 +550,16 @@ def test_post_training_documents_fit_their_method_and_data(minimal) -> None:
 def test_attention_layers_give_one_kind_per_layer_and_sparse_ones_refuse_context_parallelism(minimal) -> None:
     layers = minimal["model"]["num_layers"]
     minimal["model"]["attention_layers"] = ["local"] * (layers + 1)
-    assert errors(minimal) == [f"model.attention_layers: expected one kind per layer (num_layers: {layers}), found "
-                               f"{layers + 1}"]
+    assert errors(minimal) == [
+        f"model.attention_layers: expected one kind per layer (num_layers: {layers}), found {layers + 1}"
+    ]
     minimal["model"]["attention_layers"] = ["bigbird"] + ["dense"] * (layers - 1)
     minimal["model"]["fusions"] = {"ring_attention": True}
     minimal["distributed_strategy"].update(context_parallel_size=2)
-    assert errors(minimal) == ["model.attention_layers: bigbird layers attend by a block layout, which ring attention "
-                               "does not take; expected distributed_strategy.context_parallel_size 1, found 2"]
+    assert errors(minimal) == [
+        "model.attention_layers: bigbird layers attend by a block layout, which ring attention "
+        "does not take; expected distributed_strategy.context_parallel_size 1, found 2"
+    ]
 
 
 def test_gmlp_layers_refuse_split_sequences_gated_activations_and_experts(minimal) -> None:
@@ -502,10 +576,13 @@ def test_gmlp_layers_refuse_split_sequences_gated_activations_and_experts(minima
     ]
     minimal["model"]["activation"] = "gelu"
     minimal["model"]["fusions"] = {"ring_attention": True}
-    minimal["distributed_strategy"].update(tensor_model_parallel_size=1, sequence_parallel=False,
-                                           context_parallel_size=2)  # fmt: skip
-    assert errors(minimal) == [f"{mixing}, which context parallelism splits over ranks; expected "
-                               "distributed_strategy.context_parallel_size 1, found 2"]
+    minimal["distributed_strategy"].update(
+        tensor_model_parallel_size=1, sequence_parallel=False, context_parallel_size=2
+    )
+    assert errors(minimal) == [
+        f"{mixing}, which context parallelism splits over ranks; expected "
+        "distributed_strategy.context_parallel_size 1, found 2"
+    ]
 
 
 def test_mamba_layers_refuse_experts_a_soft_prompt_and_a_split_sequence(minimal) -> None:
@@ -514,15 +591,24 @@ def test_mamba_layers_refuse_experts_a_soft_prompt_and_a_split_sequence(minimal)
     minimal["model"]["fusions"] = {"ring_attention": True}
     minimal["distributed_strategy"].update(context_parallel_size=2)
     found = errors(minimal)
-    assert "model.attention_layers: mamba layers scan the whole sequence from its start, which context parallelism " \
-           "splits over ranks; expected distributed_strategy.context_parallel_size 1, found 2" in found
-    assert "model.moe: mamba layers have no MLP to replace with experts; expected one of model.moe and those " \
-           "layers" in found
+    assert (
+        "model.attention_layers: mamba layers scan the whole sequence from its start, which context parallelism "
+        "splits over ranks; expected distributed_strategy.context_parallel_size 1, found 2" in found
+    )
+    assert (
+        "model.moe: mamba layers have no MLP to replace with experts; expected one of model.moe and those "
+        "layers" in found
+    )
     del minimal["model"]["attention_layers"]
     minimal["model"]["mamba_inner_size"] = 96
     with pytest.warns(ConfigNotice, match="model.mamba_inner_size: acted on only by mamba layers"):
-        load_config({**minimal, "model": {k: v for k, v in minimal["model"].items() if k not in ("moe", "fusions")},
-                     "distributed_strategy": {**minimal["distributed_strategy"], "context_parallel_size": 1}})
+        load_config(
+            {
+                **minimal,
+                "model": {k: v for k, v in minimal["model"].items() if k not in ("moe", "fusions")},
+                "distributed_strategy": {**minimal["distributed_strategy"], "context_parallel_size": 1},
+            }
+        )
 
 
 def test_gmlp_attention_dim_without_amlp_layers_is_a_notice(minimal) -> None:
@@ -530,23 +616,26 @@ def test_gmlp_attention_dim_without_amlp_layers_is_a_notice(minimal) -> None:
     minimal["model"]["attention_layers"] = ["gmlp"] * minimal["model"]["num_layers"]
     with pytest.warns(ConfigNotice) as record:
         load_config(minimal)
-    assert [str(w.message) for w in record] == ["model.gmlp_attention_dim: acted on only by amlp layers (model."
-                                                "attention_layers); with none it changes nothing"]
+    assert [str(w.message) for w in record] == [
+        "model.gmlp_attention_dim: acted on only by amlp layers (model.attention_layers); with none it changes nothing"
+    ]
 
 
 def test_sparse_attention_settings_without_sparse_layers_are_a_notice(minimal) -> None:
     minimal["model"]["sparse_attention"] = {"block": 32}
     with pytest.warns(ConfigNotice) as record:
         load_config(minimal)
-    assert [str(w.message) for w in record] == ["model.sparse_attention: acted on only by sparse layers (model."
-                                                "attention_layers); with none it changes nothing"]
+    assert [str(w.message) for w in record] == [
+        "model.sparse_attention: acted on only by sparse layers (model.attention_layers); with none it changes nothing"
+    ]
 
 
 def test_shared_layers_divide_the_stack_and_stay_on_one_stage_without_sequence_parallelism(minimal) -> None:
     layers = minimal["model"]["num_layers"]
     minimal["model"]["num_unique_layers"] = layers + 1
-    assert errors(minimal) == [f"model.num_unique_layers: expected a divisor of num_layers ({layers}), found "
-                               f"{layers + 1}"]
+    assert errors(minimal) == [
+        f"model.num_unique_layers: expected a divisor of num_layers ({layers}), found {layers + 1}"
+    ]
     minimal["model"]["num_unique_layers"] = 1
     minimal["distributed_strategy"].update(sequence_parallel=True, tensor_model_parallel_size=2)
     minimal["model"]["attention_layers"] = ["local"] * layers
@@ -561,40 +650,55 @@ def test_shared_layers_divide_the_stack_and_stay_on_one_stage_without_sequence_p
 
 def test_shared_layers_refuse_moe_counted_over_positions(minimal) -> None:
     minimal["model"] |= {"num_unique_layers": 1, "moe": dict(MOE)}
-    assert ("model.moe: MoE layers are counted over the stack's positions, and model.num_unique_layers shares layers "
-            "between positions; expected one of them unset") in errors(minimal)
+    assert (
+        "model.moe: MoE layers are counted over the stack's positions, and model.num_unique_layers shares layers "
+        "between positions; expected one of them unset"
+    ) in errors(minimal)
 
 
 def test_a_sharing_style_without_shared_layers_is_a_notice(minimal) -> None:
     minimal["model"]["param_sharing_style"] = "spaced"
     with pytest.warns(ConfigNotice) as record:
         load_config(minimal)
-    assert [str(w.message) for w in record] == ["model.param_sharing_style: acted on only with model.num_unique_layers; "
-                                                "without it every layer has its own weights"]
+    assert [str(w.message) for w in record] == [
+        "model.param_sharing_style: acted on only with model.num_unique_layers; "
+        "without it every layer has its own weights"
+    ]
 
 
 def test_router_jitter_is_the_top_k_routers(minimal) -> None:
     minimal["model"]["moe"] = dict(MOE, routing_algorithm="sinkhorn", top_k=1, jitter_eps=0.01)
-    assert errors(minimal) == ["model.moe.jitter_eps: the top-k router jitters its input (GPT-NeoX's Sinkhorn router "
-                               "does not); expected routing_algorithm top_k with it, found sinkhorn"]
+    assert errors(minimal) == [
+        "model.moe.jitter_eps: the top-k router jitters its input (GPT-NeoX's Sinkhorn router "
+        "does not); expected routing_algorithm top_k with it, found sinkhorn"
+    ]
 
 
 def test_a_soft_prompt_trains_alone_on_one_stage_and_splits_evenly(minimal) -> None:
     seq = load_config(minimal).seq_length
     minimal["model"]["soft_prompt"] = {"n_tokens": 3}
-    minimal["distributed_strategy"].update(pipeline_model_parallel_size=2, tensor_model_parallel_size=2,
-                                           sequence_parallel=True)  # fmt: skip
+    minimal["distributed_strategy"].update(
+        pipeline_model_parallel_size=2, tensor_model_parallel_size=2, sequence_parallel=True
+    )
     minimal["model_alignment_strategy"] = {"dpo": {}, "peft": {"lora_rank": 4}}
     found = errors(minimal)
-    assert "model.soft_prompt: the prompt enters before the first stage's layers and the last drops its positions; " \
-           "expected distributed_strategy.pipeline_model_parallel_size 1 with a soft prompt, found 2" in found
-    assert "model.soft_prompt: a soft prompt trains alone (every other weight frozen); expected no " \
-           "model_alignment_strategy.peft with it" in found
-    assert "model.soft_prompt: expected language-model training or sft with a soft prompt (GPT-NeoX's train_impl " \
-           "normal), found model_alignment_strategy.dpo" in found
-    assert ("model.soft_prompt.n_tokens: sequence parallelism splits the prompt and the sequence together; expected "
-            f"n_tokens + the sequence length ({seq}) to be a multiple of distributed_strategy.tensor_model_parallel_"
-            "size (2), found 3") in found
+    assert (
+        "model.soft_prompt: the prompt enters before the first stage's layers and the last drops its positions; "
+        "expected distributed_strategy.pipeline_model_parallel_size 1 with a soft prompt, found 2" in found
+    )
+    assert (
+        "model.soft_prompt: a soft prompt trains alone (every other weight frozen); expected no "
+        "model_alignment_strategy.peft with it" in found
+    )
+    assert (
+        "model.soft_prompt: expected language-model training or sft with a soft prompt (GPT-NeoX's train_impl "
+        "normal), found model_alignment_strategy.dpo" in found
+    )
+    assert (
+        "model.soft_prompt.n_tokens: sequence parallelism splits the prompt and the sequence together; expected "
+        f"n_tokens + the sequence length ({seq}) to be a multiple of distributed_strategy.tensor_model_parallel_"
+        "size (2), found 3"
+    ) in found
 
 
 def test_mup_refuses_what_has_no_base_widths(minimal) -> None:
@@ -602,13 +706,19 @@ def test_mup_refuses_what_has_no_base_widths(minimal) -> None:
     minimal["model"]["optim"]["name"] = "lion"
     minimal["model_alignment_strategy"] = {"reward_model": {}, "peft": {"lora_rank": 4}}
     found = errors(minimal)
-    assert "model.mup.base_shapes_file: expected the base-shape file to read (or to write, with save_base_shapes), " \
-           "found none" in found
+    assert (
+        "model.mup.base_shapes_file: expected the base-shape file to read (or to write, with save_base_shapes), "
+        "found none" in found
+    )
     assert "model.mup: LoRA's adapters have no base widths; expected no model_alignment_strategy.peft with muP" in found
-    assert "model.mup: its score head has no base widths; expected no model_alignment_strategy.reward_model with " \
-           "muP" in found
-    assert "model.mup: muP scales the steps of Adam (MuAdam) and SGD (MuSGD); expected model.optim.name adam, adamw, " \
-           "adamw_fp32OptState or sgd, found lion" in found
+    assert (
+        "model.mup: its score head has no base widths; expected no model_alignment_strategy.reward_model with "
+        "muP" in found
+    )
+    assert (
+        "model.mup: muP scales the steps of Adam (MuAdam) and SGD (MuSGD); expected model.optim.name adam, adamw, "
+        "adamw_fp32OptState or sgd, found lion" in found
+    )
 
 
 def test_float8_takes_tensor_parallelism_and_gathers_float8_only_under_zero3(minimal) -> None:
@@ -618,14 +728,20 @@ def test_float8_takes_tensor_parallelism_and_gathers_float8_only_under_zero3(min
     minimal["precision"]["fp8"]["all_gather"] = True
     minimal["distributed_strategy"].update(zero1=False)
     found = errors(minimal)
-    assert "precision.fp8.all_gather: weights are gathered only where ZeRO shards them (replicated data parallelism " \
-           "keeps them whole); expected distributed_strategy.zero1 True with it, found False" in found
-    assert "precision.fp8.all_gather: torchao gathers float8 weights for tensorwise scaling only; expected " \
-           "precision.fp8.recipe tensorwise with it, found rowwise" in found
-    assert "precision.fp8.all_gather: with tensor parallelism torchao scales each rank's part of a weight by that " \
-           "part's own maximum (the gather reduces it over the data-parallel ranks only), so the layers would " \
-           "compute on other float8 weights than in one process; expected " \
-           "distributed_strategy.tensor_model_parallel_size 1 with it, found 2" in found
+    assert (
+        "precision.fp8.all_gather: weights are gathered only where ZeRO shards them (replicated data parallelism "
+        "keeps them whole); expected distributed_strategy.zero1 True with it, found False" in found
+    )
+    assert (
+        "precision.fp8.all_gather: torchao gathers float8 weights for tensorwise scaling only; expected "
+        "precision.fp8.recipe tensorwise with it, found rowwise" in found
+    )
+    assert (
+        "precision.fp8.all_gather: with tensor parallelism torchao scales each rank's part of a weight by that "
+        "part's own maximum (the gather reduces it over the data-parallel ranks only), so the layers would "
+        "compute on other float8 weights than in one process; expected "
+        "distributed_strategy.tensor_model_parallel_size 1 with it, found 2" in found
+    )
     minimal["distributed_strategy"].update(tensor_model_parallel_size=1)
     minimal["precision"]["fp8"]["recipe"] = "tensorwise"
     minimal["distributed_strategy"].update(zero1=True)
@@ -634,11 +750,17 @@ def test_float8_takes_tensor_parallelism_and_gathers_float8_only_under_zero3(min
 
 def test_mup_switches_and_widths_are_checked(minimal) -> None:
     minimal["model"]["num_attention_heads"] = 4
-    minimal["model"]["mup"] = {"base_shapes_file": "b.bsh", "save_base_shapes": True, "coord_check": True,
-                               "coord_check_widths": [32, 30]}
+    minimal["model"]["mup"] = {
+        "base_shapes_file": "b.bsh",
+        "save_base_shapes": True,
+        "coord_check": True,
+        "coord_check_widths": [32, 30],
+    }
     found = errors(minimal)
-    assert "model.mup.coord_check: save_base_shapes writes the base-shape file the coordinate check reads, each " \
-           "instead of training; expected one of them true per run" in found
+    assert (
+        "model.mup.coord_check: save_base_shapes writes the base-shape file the coordinate check reads, each "
+        "instead of training; expected one of them true per run" in found
+    )
     assert "model.mup.coord_check_widths: expected hidden sizes that num_attention_heads (4) divides, found 30" in found
     minimal["model"]["mup"] = {"base_shapes_file": "b.bsh", "width_scale": 4}
     with pytest.warns(ConfigNotice, match="model.mup.width_scale: acted on only with save_base_shapes: true"):
@@ -647,6 +769,9 @@ def test_mup_switches_and_widths_are_checked(minimal) -> None:
 
 def test_a_position_multiplier_without_table_positions_is_noticed(minimal) -> None:
     minimal["model"].update(position_embedding_type="rope", position_embedding_multiplier=0.5)
-    with pytest.warns(ConfigNotice, match="model.position_embedding_multiplier: scales learned_absolute or sinusoidal "
-                                          "positions; with rope positions it changes nothing"):
+    with pytest.warns(
+        ConfigNotice,
+        match="model.position_embedding_multiplier: scales learned_absolute or sinusoidal "
+        "positions; with rope positions it changes nothing",
+    ):
         load_config(minimal)

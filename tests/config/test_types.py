@@ -13,8 +13,8 @@ def error_lines(config) -> list[str]:
 
 
 def test_wrong_type_unknown_key_and_cross_field_rule_reported_together(minimal) -> None:
-    minimal["trainer"]["devices"] = "four"                       # wrong type
-    minimal["trainer"]["max_step"] = 3                           # unknown key
+    minimal["trainer"]["devices"] = "four"  # wrong type
+    minimal["trainer"]["max_step"] = 3  # unknown key
     minimal["model"]["activations_checkpoint_recompute"] = ["CoreAttention"]  # needs selective
     lines = error_lines(minimal)
     assert lines == [
@@ -46,8 +46,7 @@ def test_error_names_the_file(minimal, tmp_path) -> None:
 def test_unknown_key_found_in_another_section_is_suggested(minimal) -> None:
     minimal["trainer"]["zero1"] = True
     assert error_lines(minimal) == [
-        "trainer.zero1: unknown key; expected a key that trainer defines "
-        "(did you mean 'distributed_strategy.zero1'?)"
+        "trainer.zero1: unknown key; expected a key that trainer defines (did you mean 'distributed_strategy.zero1'?)"
     ]
 
 
@@ -66,15 +65,39 @@ def test_unknown_top_level_section(minimal) -> None:
         ("distributed_strategy", "zero1", "yes please", "expected true or false, found 'yes please'"),
         ("distributed_strategy", "kv_replicator", True, "expected an integer, found True"),
         ("trainer", "gradient_clip_val", -1.0, "expected a value >= 0.0, found -1.0"),
-        ("trainer", "limit_val_batches", 1.5, "expected an integer >= 0 (batches) or a number from 0.0 to 1.0 (fraction), found 1.5"),
-        ("trainer", "val_check_interval", 0, "expected an integer >= 1 (steps) or a number in (0, 1] (fraction of an epoch), found 0"),
+        (
+            "trainer",
+            "limit_val_batches",
+            1.5,
+            "expected an integer >= 0 (batches) or a number from 0.0 to 1.0 (fraction), found 1.5",
+        ),
+        (
+            "trainer",
+            "val_check_interval",
+            0,
+            "expected an integer >= 1 (steps) or a number in (0, 1] (fraction of an epoch), found 0",
+        ),
         ("trainer", "lnc", 3, "expected a value <= 2, found 3"),
-        ("precision", "type", "bf16", "expected one of 'fp32', 'bf16SR', 'autocast', 'mixed_precision', "
-                                      "'mixed_precisionSR', 'fp16', 'fp16_autocast' or 'manual', found 'bf16' (did you mean 'bf16SR'?)"),
-        ("model", "normalization", "batchnorm", "expected one of 'rmsnorm', 'layernorm', 'scalenorm' or 'non_parametric_layernorm', "
-         "found 'batchnorm'"),
+        (
+            "precision",
+            "type",
+            "bf16",
+            "expected one of 'fp32', 'bf16SR', 'autocast', 'mixed_precision', "
+            "'mixed_precisionSR', 'fp16', 'fp16_autocast' or 'manual', found 'bf16' (did you mean 'bf16SR'?)",
+        ),
+        (
+            "model",
+            "normalization",
+            "batchnorm",
+            "expected one of 'rmsnorm', 'layernorm', 'scalenorm' or 'non_parametric_layernorm', found 'batchnorm'",
+        ),
         ("data", "splits_string", "a,b", "expected comma-separated numbers such as '980,10,10', found 'a,b'"),
-        ("data", "data_prefix", [0.5, "/a", 0.5], "expected [weight, prefix, weight, prefix, ...] pairs, found 3 items"),
+        (
+            "data",
+            "data_prefix",
+            [0.5, "/a", 0.5],
+            "expected [weight, prefix, weight, prefix, ...] pairs, found 3 items",
+        ),
         ("data", "dataloader_type", "random", "expected one of 'single' or 'cyclic', found 'random'"),
     ],
 )
@@ -100,9 +123,7 @@ def test_unknown_optimizer_name_suggests_the_closest(minimal) -> None:
 
 def test_parameter_of_another_optimizer_is_unknown(minimal) -> None:
     minimal["model"]["optim"]["momentum"] = 0.9  # an SGD parameter on adamw
-    assert error_lines(minimal) == [
-        "model.optim.momentum: unknown key; expected a key that model.optim defines"
-    ]
+    assert error_lines(minimal) == ["model.optim.momentum: unknown key; expected a key that model.optim defines"]
 
 
 def test_nested_value_error_names_list_index(minimal) -> None:
@@ -183,8 +204,12 @@ def test_adafactor_needs_lr_or_relative_step(minimal) -> None:
 
 
 def test_blend_forms(minimal) -> None:
-    for prefix in ("/data/a", ["/data/a"], [0.3, "/data/a", 0.7, "/data/b"],
-                   {"train": [1.0, "/data/a"], "validation": "/data/v", "test": ["/data/t"]}):
+    for prefix in (
+        "/data/a",
+        ["/data/a"],
+        [0.3, "/data/a", 0.7, "/data/b"],
+        {"train": [1.0, "/data/a"], "validation": "/data/v", "test": ["/data/t"]},
+    ):
         minimal["data"]["data_prefix"] = prefix
         load_config(minimal)
     minimal["data"]["data_prefix"] = [0, "/data/a"]

@@ -29,8 +29,11 @@ def test_shares_stay_within_one_sample_of_the_weights() -> None:
 
 @pytest.mark.parametrize("weights", [[0, 0], [-1, 2], [float("inf"), 1], [float("nan"), 1]])
 def test_weights_must_be_finite_with_a_positive_sum(weights: list[float]) -> None:
-    with pytest.raises(DataError, match=r"data_prefix: expected finite, non-negative blend weights with a positive "
-                                        r"sum, found \["):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"data_prefix: expected finite, non-negative blend weights with a positive "
+        r"sum, found \[",
+    ):
         BlendedDataset([[1], [2]], weights, 2)
 
 
@@ -84,8 +87,11 @@ def test_weights_by_document_counts_worked_by_hand() -> None:
 def test_a_blend_by_documents_replaces_the_listed_weights(tmp_path: Path) -> None:
     """GPT-NeoX's weight_by_num_documents: 10 and 30 documents at alpha 1 draw half the samples from each."""
     first, second = corpus(tmp_path / "a", 1000, documents=10), corpus(tmp_path / "b", 2000, documents=30)
-    builder = MegatronDataBuilder(SampleFormat(seq_length=6, eod_id=0), seed=3, cache_dir=tmp_path / "cache",
-                                  documents_alpha=1.0)  # fmt: skip
-    train = builder.build({"train": [9, first, 1, second], "validation": None, "test": None}, "", [20, None, None])["train"]
+    builder = MegatronDataBuilder(
+        SampleFormat(seq_length=6, eod_id=0), seed=3, cache_dir=tmp_path / "cache", documents_alpha=1.0
+    )
+    train = builder.build({"train": [9, first, 1, second], "validation": None, "test": None}, "", [20, None, None])[
+        "train"
+    ]
     origin = [int(train[i]["input_ids"][0]) // 1000 for i in range(20)]
     assert origin.count(1) == 10 and origin.count(2) == 10

@@ -31,9 +31,14 @@ def test_fixed_discrete():
 
 
 def test_truncate_cuts_per_token_entries_only():
-    batch = {"tokens": torch.arange(12).reshape(2, 6), "labels": torch.arange(12).reshape(2, 6) + 1,
-             "weight": torch.ones(2)}  # fmt: skip
+    batch = {
+        "tokens": torch.arange(12).reshape(2, 6),
+        "labels": torch.arange(12).reshape(2, 6) + 1,
+        "weight": torch.ones(2),
+    }
     cut = truncate(batch, 4)
-    assert cut["tokens"].tolist() == [[0, 1, 2, 3], [6, 7, 8, 9]] and cut["labels"].tolist() == [[1, 2, 3, 4],
-                                                                                                 [7, 8, 9, 10]]
+    assert cut["tokens"].tolist() == [[0, 1, 2, 3], [6, 7, 8, 9]] and cut["labels"].tolist() == [
+        [1, 2, 3, 4],
+        [7, 8, 9, 10],
+    ]
     assert cut["weight"] is batch["weight"]

@@ -206,8 +206,15 @@ def _open_in_a_process(prefix: str, cache: str, log: str, result: str) -> None:
         return build(*args, **kwargs)
 
     indices.build_indices = logged
-    dataset = GPTDataset(IndexedDataset(prefix), "train", (0, 200), 500, SampleFormat(seq_length=8, eod_id=0), seed=3,
-                         cache_dir=Path(cache))  # fmt: skip
+    dataset = GPTDataset(
+        IndexedDataset(prefix),
+        "train",
+        (0, 200),
+        500,
+        SampleFormat(seq_length=8, eod_id=0),
+        seed=3,
+        cache_dir=Path(cache),
+    )
     np.save(result, np.stack([dataset.tokens(i) for i in range(len(dataset))]))
 
 
@@ -216,9 +223,13 @@ def test_concurrent_processes_build_the_indices_once(tmp_path: Path) -> None:
 
     write(tmp_path / "d", [[1, 2, 3, 4, 5]] * 200)
     context = multiprocessing.get_context("fork")
-    processes = [context.Process(target=_open_in_a_process, args=(str(tmp_path / "d"), str(tmp_path / "cache"),
-                                                                   str(tmp_path / "log"), str(tmp_path / f"r{i}.npy")))
-                 for i in range(3)]  # fmt: skip
+    processes = [
+        context.Process(
+            target=_open_in_a_process,
+            args=(str(tmp_path / "d"), str(tmp_path / "cache"), str(tmp_path / "log"), str(tmp_path / f"r{i}.npy")),
+        )
+        for i in range(3)
+    ]
     for process in processes:
         process.start()
     for process in processes:
@@ -234,8 +245,10 @@ def test_a_label_file_gives_the_labels_and_masks_exactly_its_negative_positions(
     of the tokens; -100 positions are not trained on, every other position keeps its label."""
     documents = [list(range(100 * d + 1, 100 * d + 1 + n)) for d, n in enumerate([5, 9, 3, 12, 7, 1, 8])]
     masked = {(1, 0), (1, 1), (1, 2), (3, 5), (6, 7)}  # (document, position) of a -100 label
-    label_documents = [[-100 if (d, i) in masked else token + 10_000 for i, token in enumerate(document)]
-                       for d, document in enumerate(documents)]  # fmt: skip
+    label_documents = [
+        [-100 if (d, i) in masked else token + 10_000 for i, token in enumerate(document)]
+        for d, document in enumerate(documents)
+    ]
     indexed = write(tmp_path / "d", documents)
     with IndexedDatasetWriter(tmp_path / "l", np.int32) as writer:
         for document in label_documents:
@@ -244,8 +257,11 @@ def test_a_label_file_gives_the_labels_and_masks_exactly_its_negative_positions(
     fmt = SampleFormat(seq_length=4, eod_id=0)
     plain = GPTDataset(indexed, "train", (0, 7), 11, fmt, seed=5, cache_dir=tmp_path)
     labelled = GPTDataset(indexed, "train", (0, 7), 11, fmt, seed=5, cache_dir=tmp_path, labels=labels)
-    label_of = {token: label for document, label_document in zip(documents, label_documents, strict=True)
-                for token, label in zip(document, label_document, strict=True)}  # fmt: skip
+    label_of = {
+        token: label
+        for document, label_document in zip(documents, label_documents, strict=True)
+        for token, label in zip(document, label_document, strict=True)
+    }
     ignored = 0
     for index in range(11):
         ours, theirs = labelled[index], plain[index]
@@ -262,8 +278,16 @@ def test_a_label_file_of_other_documents_is_refused(tmp_path: Path) -> None:
         for document in ([1, 2, 3], [4, 5, 6]):
             writer.add_document(document)
     with pytest.raises(DataError, match=r"l.idx: document 1 holds 3 labels; its data file .*d.idx holds 4 tokens"):
-        GPTDataset(indexed, "train", (0, 2), 1, SampleFormat(seq_length=4, eod_id=0), seed=5, cache_dir=tmp_path,
-                   labels=IndexedDataset(tmp_path / "l"))  # fmt: skip
+        GPTDataset(
+            indexed,
+            "train",
+            (0, 2),
+            1,
+            SampleFormat(seq_length=4, eod_id=0),
+            seed=5,
+            cache_dir=tmp_path,
+            labels=IndexedDataset(tmp_path / "l"),
+        )
 
 
 def test_written_data_files_follow_the_umask(tmp_path):

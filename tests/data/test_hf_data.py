@@ -71,8 +71,11 @@ def test_a_missing_path_is_named(tmp_path: Path) -> None:
 def test_given_labels_and_attention_masks_decide_what_is_learned(tmp_path: Path) -> None:
     """transformers' convention, as NxDT's HF datasets hold it: labels unshifted (-100: no loss), the
     attention mask 0 on padding; position t learns labels[t + 1]."""
-    row = {"input_ids": [[7, 8, 9, 10, 11, 0, 0, 0]], "labels": [[7, -100, 9, 10, 12, -100, -100, -100]],
-           "attention_mask": [[1, 1, 1, 1, 1, 0, 0, 0]]}  # fmt: skip
+    row = {
+        "input_ids": [[7, 8, 9, 10, 11, 0, 0, 0]],
+        "labels": [[7, -100, 9, 10, 12, -100, -100, -100]],
+        "attention_mask": [[1, 1, 1, 1, 1, 0, 0, 0]],
+    }
     datasets.Dataset.from_dict(row).save_to_disk(str(tmp_path / "saved"))
     sample = hf_pretraining_dataset(str(tmp_path / "saved"), "data.train_dir", "train", FORMAT, None, tmp_path)[0]
     assert sample["input_ids"].tolist() == [7, 8, 9, 10, 11, 0, 0, 0]
@@ -83,20 +86,28 @@ def test_given_labels_and_attention_masks_decide_what_is_learned(tmp_path: Path)
 
 def test_ids_outside_the_vocabulary_are_named_by_row(tmp_path: Path) -> None:
     datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5], [6, 300, 7]]}).save_to_disk(str(tmp_path / "saved"))
-    with pytest.raises(DataError, match=r"data.train_dir \(.*saved\): row 2 holds token id 300; expected ids in "
-                                        r"\[0, 300\) \(the model's vocabulary\)"):  # fmt: skip
-        hf_pretraining_dataset(str(tmp_path / "saved"), "data.train_dir", "train", FORMAT, None, tmp_path,
-                               vocab_size=300)  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"data.train_dir \(.*saved\): row 2 holds token id 300; expected ids in "
+        r"\[0, 300\) \(the model's vocabulary\)",
+    ):
+        hf_pretraining_dataset(
+            str(tmp_path / "saved"), "data.train_dir", "train", FORMAT, None, tmp_path, vocab_size=300
+        )
     datasets.Dataset.from_dict({"input_ids": [[1, -4]]}).save_to_disk(str(tmp_path / "negative"))
     with pytest.raises(DataError, match=r"row 0 holds token id -4"):
-        hf_pretraining_dataset(str(tmp_path / "negative"), "data.train_dir", "train", FORMAT, None, tmp_path,
-                               vocab_size=300)  # fmt: skip
+        hf_pretraining_dataset(
+            str(tmp_path / "negative"), "data.train_dir", "train", FORMAT, None, tmp_path, vocab_size=300
+        )
 
 
 def test_without_datasets_hugging_face_data_names_the_extra_that_installs_it(tmp_path, monkeypatch):
     (tmp_path / "rows.jsonl").write_text('{"text": "a"}\n')
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
     fmt = SampleFormat(seq_length=8, eod_id=0)
-    with pytest.raises(DataError, match=r"data.train_dir: Hugging Face data is read with the datasets package, which "
-                                        r"is not installed; install nxd-data\[hf\]"):
+    with pytest.raises(
+        DataError,
+        match=r"data.train_dir: Hugging Face data is read with the datasets package, which "
+        r"is not installed; install nxd-data\[hf\]",
+    ):
         hf_pretraining_dataset(str(tmp_path / "rows.jsonl"), "data.train_dir", "train", fmt, None, tmp_path)

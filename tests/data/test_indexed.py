@@ -13,8 +13,15 @@ from nxd_data import DataError, IndexedDataset, IndexedDatasetWriter, token_dtyp
 CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "float64": 6, "float32": 7, "uint16": 8}
 
 
-def write_by_hand(prefix: Path, documents: list[list[int]], dtype: str, *, magic: bytes = b"MMIDIDX\x00\x00",
-                  version: int = 1, code: int | None = None) -> None:  # fmt: skip
+def write_by_hand(
+    prefix: Path,
+    documents: list[list[int]],
+    dtype: str,
+    *,
+    magic: bytes = b"MMIDIDX\x00\x00",
+    version: int = 1,
+    code: int | None = None,
+) -> None:
     """An index and token file laid out byte by byte as the format description says."""
     itemsize = np.dtype(dtype).itemsize
     sizes = [len(document) for document in documents]
@@ -107,8 +114,11 @@ def test_truncated_files_name_the_file(tmp_path: Path) -> None:
     write_by_hand(tmp_path / "x", DOCUMENTS, "uint16")
     tokens = (tmp_path / "x.bin").read_bytes()
     (tmp_path / "x.bin").write_bytes(tokens[:-2])
-    with pytest.raises(DataError, match=r"x\.bin: expected exactly the 20 bytes of tokens .*x\.idx describes \(4 "
-                                        r"sequences\), found 18 \(truncated\?\)"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"x\.bin: expected exactly the 20 bytes of tokens .*x\.idx describes \(4 "
+        r"sequences\), found 18 \(truncated\?\)",
+    ):
         IndexedDataset(tmp_path / "x")
     (tmp_path / "x.bin").write_bytes(tokens)
     index = (tmp_path / "x.idx").read_bytes()
@@ -123,8 +133,11 @@ def test_an_index_of_another_token_file_is_refused_naming_both(tmp_path: Path) -
     write_by_hand(tmp_path / "x", DOCUMENTS, "uint16")
     write_by_hand(tmp_path / "other", DOCUMENTS[:2], "uint16")
     (tmp_path / "x.idx").write_bytes((tmp_path / "other.idx").read_bytes())
-    with pytest.raises(DataError, match=r"x\.bin: expected exactly the \d+ bytes of tokens .*x\.idx describes \(2 "
-                                        r"sequences\), found 20 \(an index written for another token file\?\)"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"x\.bin: expected exactly the \d+ bytes of tokens .*x\.idx describes \(2 "
+        r"sequences\), found 20 \(an index written for another token file\?\)",
+    ):
         IndexedDataset(tmp_path / "x")
 
 

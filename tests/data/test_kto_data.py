@@ -11,21 +11,27 @@ from nxd_data.kto import kto_dataset, mismatched
 from tests.data.test_sft_data import encode, special, write_jsonl
 
 IGNORED = -100
-RECORDS = [{"prompt": "the quick fox", "completion": "fox quick the", "label": True},
-           {"prompt": "the quick fox", "completion": "a dog", "label": False},
-           {"prompt": "lazy dog", "completion": "dog lazy", "label": True}]  # fmt: skip
+RECORDS = [
+    {"prompt": "the quick fox", "completion": "fox quick the", "label": True},
+    {"prompt": "the quick fox", "completion": "a dog", "label": False},
+    {"prompt": "lazy dog", "completion": "dog lazy", "label": True},
+]
 
 
 def examples(tmp_path, tokenizer_dir, records, **kw):
     source = write_jsonl(tmp_path / "train.jsonl", records)
-    return kto_dataset(str(source), "data.train_dir", "train", load_tokenizer(tokenizer_dir), 32, max_prompt_length=16,
-                       **kw)  # fmt: skip
+    return kto_dataset(
+        str(source), "data.train_dir", "train", load_tokenizer(tokenizer_dir), 32, max_prompt_length=16, **kw
+    )
 
 
 def test_the_kl_completion_comes_from_the_nearest_earlier_record_of_another_prompt():
     assert mismatched([[1, 2], [1, 2], [3]], "data") == [2, 2, 1]  # record 1 skips record 0: the same prompt
     assert mismatched([[1], [2], [3], [4]], "data") == [3, 0, 1, 2]
-    with pytest.raises(DataError, match="data.val_dir: KTO.s KL baseline .* expected at least two different prompts, found 1 in 3 records"):
+    with pytest.raises(
+        DataError,
+        match="data.val_dir: KTO.s KL baseline .* expected at least two different prompts, found 1 in 3 records",
+    ):
         mismatched([[1], [1], [1]], "data.val_dir")
 
 
@@ -46,9 +52,14 @@ def test_an_example_and_its_kl_sequence_are_one_sample(tmp_path, chat_tokenizer_
 
 
 def test_conversational_examples_render_with_the_chat_template(tmp_path, chat_tokenizer_dir):
-    records = [{"prompt": [{"role": "user", "content": text}],
-                "completion": [{"role": "assistant", "content": answer}], "label": label}
-               for text, answer, label in (("name a fox", "the fox", True), ("name a dog", "a cat", False))]  # fmt: skip
+    records = [
+        {
+            "prompt": [{"role": "user", "content": text}],
+            "completion": [{"role": "assistant", "content": answer}],
+            "label": label,
+        }
+        for text, answer, label in (("name a fox", "the fox", True), ("name a dog", "a cat", False))
+    ]
     sample = examples(tmp_path, chat_tokenizer_dir, records)[0]
     tokenizer = load_tokenizer(chat_tokenizer_dir)
     completion = [*tokenizer.encode(["the fox<|im_end|>\n"])[0], special(chat_tokenizer_dir, "<|endoftext|>")]
@@ -59,7 +70,11 @@ def test_a_validation_split_may_hold_one_kind_the_training_split_may_not(tmp_pat
     one_kind = [record | {"label": True} for record in RECORDS]
     source = write_jsonl(tmp_path / "validation.jsonl", one_kind)
     tokenizer = load_tokenizer(chat_tokenizer_dir)
-    assert len(kto_dataset(str(source), "data.val_dir", "validation", tokenizer, 32, max_prompt_length=16,
-                           need_both=False)) == 3  # fmt: skip
+    assert (
+        len(
+            kto_dataset(str(source), "data.val_dir", "validation", tokenizer, 32, max_prompt_length=16, need_both=False)
+        )
+        == 3
+    )
     with pytest.raises(DataError, match="found 3 desirable and 0 undesirable"):
         examples(tmp_path, chat_tokenizer_dir, one_kind)

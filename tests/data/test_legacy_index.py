@@ -17,8 +17,16 @@ from tests.data.test_indexed import DOCUMENTS, write_by_hand
 LEGACY_CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "float32": 6, "float64": 7, "uint16": 8}
 
 
-def write_legacy(prefix: Path, documents: list[list], dtype: str, *, ends: list[int] | None = None,
-                 version: int = 1, element_size: int | None = None, shapes: list[tuple] | None = None) -> None:  # fmt: skip
+def write_legacy(
+    prefix: Path,
+    documents: list[list],
+    dtype: str,
+    *,
+    ends: list[int] | None = None,
+    version: int = 1,
+    element_size: int | None = None,
+    shapes: list[tuple] | None = None,
+) -> None:
     """NeoX's builder: add_item per array (data offsets in elements, one dimension entry per axis), then the
     header, dimension offsets, data offsets, dimensions and document indices as little-endian longs."""
     size = np.dtype(dtype).itemsize
@@ -65,8 +73,9 @@ def test_samples_from_either_format_are_the_same(tmp_path: Path) -> None:
     write_by_hand(tmp_path / "new", documents, "uint16")
     built = {}
     for name, impl in (("old", "cached"), ("new", "mmap")):
-        builder = MegatronDataBuilder(SampleFormat(seq_length=16, eod_id=0), seed=5, cache_dir=tmp_path / name / "c",
-                                      impl=impl)  # fmt: skip
+        builder = MegatronDataBuilder(
+            SampleFormat(seq_length=16, eod_id=0), seed=5, cache_dir=tmp_path / name / "c", impl=impl
+        )
         built[name] = builder.build([str(tmp_path / name)], "90,5,5", [40, None, None])
     for split in ("train", "validation", "test"):
         old, new = built["old"][split], built["new"][split]
@@ -78,11 +87,17 @@ def test_samples_from_either_format_are_the_same(tmp_path: Path) -> None:
 def test_a_file_of_the_other_format_names_it_and_the_key(tmp_path: Path) -> None:
     write_legacy(tmp_path / "old", DOCUMENTS, "uint16")
     write_by_hand(tmp_path / "new", DOCUMENTS, "uint16")
-    with pytest.raises(DataError, match=r"old\.idx: data_impl mmap expected a Megatron mmap index, found the older "
-                                        r"cached format \(magic TNTIDX\); set data_impl: cached or infer"):
+    with pytest.raises(
+        DataError,
+        match=r"old\.idx: data_impl mmap expected a Megatron mmap index, found the older "
+        r"cached format \(magic TNTIDX\); set data_impl: cached or infer",
+    ):
         IndexedDataset(tmp_path / "old", impl="mmap")
-    with pytest.raises(DataError, match=r"new\.idx: data_impl cached expected the older indexed format .* found "
-                                        r"b'MMIDIDX\\x00\\x00'; set data_impl: mmap or infer"):
+    with pytest.raises(
+        DataError,
+        match=r"new\.idx: data_impl cached expected the older indexed format .* found "
+        r"b'MMIDIDX\\x00\\x00'; set data_impl: mmap or infer",
+    ):
         IndexedDataset(tmp_path / "new", impl="cached")
 
 
@@ -98,18 +113,29 @@ def _shift_an_offset(prefix: Path) -> None:
     Path(f"{prefix}.idx").write_bytes(bytes(index))
 
 
-@pytest.mark.parametrize(("write", "message"), [
-    (lambda p: write_legacy(p, DOCUMENTS, "uint16", version=2), r"old\.idx: expected index version 1, found 2"),
-    (lambda p: write_legacy(p, DOCUMENTS, "int32", element_size=2),
-     r"old\.idx: dtype code 4 \(int32\) has 4-byte elements, but the header states 2"),
-    (lambda p: (write_legacy(p, DOCUMENTS, "uint16"), _truncate(p)), r"old\.idx: expected 208 bytes .* found 200"),
-    (lambda p: (write_legacy(p, DOCUMENTS, "uint16"), _shift_an_offset(p)),
-     r"old\.idx: item 2: its data offset disagrees with the lengths before it"),
-    (lambda p: write_legacy(p, [[1, 2, 3, 4], [5]], "uint16", shapes=[(2, 2), (1,)]),
-     r"old\.idx: item 0 has 2 dimensions; expected token sequences, one dimension each"),
-    (lambda p: write_legacy(p, DOCUMENTS, "uint16", ends=[3, 2, 4]),
-     r"old\.idx: document index 2 is 2, below the one before it"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [
+        (lambda p: write_legacy(p, DOCUMENTS, "uint16", version=2), r"old\.idx: expected index version 1, found 2"),
+        (
+            lambda p: write_legacy(p, DOCUMENTS, "int32", element_size=2),
+            r"old\.idx: dtype code 4 \(int32\) has 4-byte elements, but the header states 2",
+        ),
+        (lambda p: (write_legacy(p, DOCUMENTS, "uint16"), _truncate(p)), r"old\.idx: expected 208 bytes .* found 200"),
+        (
+            lambda p: (write_legacy(p, DOCUMENTS, "uint16"), _shift_an_offset(p)),
+            r"old\.idx: item 2: its data offset disagrees with the lengths before it",
+        ),
+        (
+            lambda p: write_legacy(p, [[1, 2, 3, 4], [5]], "uint16", shapes=[(2, 2), (1,)]),
+            r"old\.idx: item 0 has 2 dimensions; expected token sequences, one dimension each",
+        ),
+        (
+            lambda p: write_legacy(p, DOCUMENTS, "uint16", ends=[3, 2, 4]),
+            r"old\.idx: document index 2 is 2, below the one before it",
+        ),
+    ],
+)
 def test_a_damaged_older_index_names_the_file(tmp_path: Path, write, message: str) -> None:
     write(tmp_path / "old")
     with pytest.raises(DataError, match=message):

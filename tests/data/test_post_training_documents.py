@@ -39,9 +39,13 @@ def pairs(tmp_path):
 
 
 def _pairs(names, seq_length=6, **kwargs) -> PairDocuments:
-    return PairDocuments(DocumentFiles(names["c"], names["cl"], names.get("cref"), "data.pair_documents.train"),
-                         DocumentFiles(names["r"], names["rl"], names.get("rref"), "data.pair_documents.train"),
-                         seq_length, 0, **kwargs)  # fmt: skip
+    return PairDocuments(
+        DocumentFiles(names["c"], names["cl"], names.get("cref"), "data.pair_documents.train"),
+        DocumentFiles(names["r"], names["rl"], names.get("rref"), "data.pair_documents.train"),
+        seq_length,
+        0,
+        **kwargs,
+    )
 
 
 def test_pair_rows_follow_neox_shift_and_leave_out_what_cannot_train(pairs):
@@ -59,8 +63,12 @@ def test_pair_rows_follow_neox_shift_and_leave_out_what_cannot_train(pairs):
 def test_a_reward_model_reads_its_score_where_for_rm_puts_the_label(tmp_path):
     tokens = [[1, 2, 3, EOS, EOS], [1, 4, EOS, EOS]]
     labels = [[IGNORE] * 4 + [EOS], [IGNORE] * 3 + [EOS]]  # NeoX's --for-rm: tokens + 2 EOS, the last labelled
-    names = {"c": _write(tmp_path / "c", tokens), "cl": _write(tmp_path / "cl", labels),
-             "r": _write(tmp_path / "r", tokens[::-1]), "rl": _write(tmp_path / "rl", labels[::-1])}  # fmt: skip
+    names = {
+        "c": _write(tmp_path / "c", tokens),
+        "cl": _write(tmp_path / "cl", labels),
+        "r": _write(tmp_path / "r", tokens[::-1]),
+        "rl": _write(tmp_path / "rl", labels[::-1]),
+    }
     sample = _pairs(names, seq_length=8, scores=True)[0]
     # NeoX gathers the output at the position whose shifted label counts: the first appended EOS
     assert sample["score_position"].tolist() == [3, 2]
@@ -70,8 +78,10 @@ def test_a_reward_model_reads_its_score_where_for_rm_puts_the_label(tmp_path):
 def test_reference_files_are_summed_over_the_trained_positions(pairs, tmp_path):
     """Written as NeoX's precompute writes them: seq_length float32 values a document under NeoX's
     float32 code, the document count rounded up (the data wrapping round)."""
-    values = {"cref": [[0.5, 0.25, 0.125, 2.0, 9.0], [1.0, 1.0, 1.0, 9.0], [0.0] * 4],
-              "rref": [[0.5, 0.25, 0.125, 9.0], [1.0] * 8 + [9.0], [0.0] * 4]}  # fmt: skip
+    values = {
+        "cref": [[0.5, 0.25, 0.125, 2.0, 9.0], [1.0, 1.0, 1.0, 9.0], [0.0] * 4],
+        "rref": [[0.5, 0.25, 0.125, 9.0], [1.0] * 8 + [9.0], [0.0] * 4],
+    }
     for name, documents in values.items():
         write_neox_reference(tmp_path / name, documents, 6, documents=8)
         pairs[name] = str(tmp_path / name)
@@ -84,8 +94,7 @@ def test_reference_files_are_summed_over_the_trained_positions(pairs, tmp_path):
 
 def test_kto_examples_take_their_labels_and_strength_from_the_rewards(tmp_path):
     tokens = [[1, 2, 3, EOS], [1, 4, EOS], [1, 5, EOS], [1, 6, 6, EOS]]
-    names = {"t": _write(tmp_path / "t", tokens),
-             "w": _write(tmp_path / "w", [[1], [-1], [0], [2]])}  # fmt: skip
+    names = {"t": _write(tmp_path / "t", tokens), "w": _write(tmp_path / "w", [[1], [-1], [0], [2]])}
     data = ExampleDocuments(DocumentFiles(names["t"], where="data.example_documents.train"), names["w"], 6, 0)
     assert (len(data), data.desirable, data.undesirable) == (4, 2, 1)
     assert [data[i]["kto_reward"].item() for i in range(4)] == [1.0, -1.0, 0.0, 2.0]
@@ -94,17 +103,35 @@ def test_kto_examples_take_their_labels_and_strength_from_the_rewards(tmp_path):
     assert data.padding()["labels"].eq(IGNORE).all() and data.padding()["kto_reward"].item() == 0.0
 
 
-@pytest.mark.parametrize("problem, message", [
-    ("fewer_rejected", "data.pair_documents.train: {r} holds 2 documents where {c} holds 3; expected one rejected "
-                       "response per chosen one"),
-    ("label_sizes", "data.pair_documents.train: labels file {cl}: document 0 holds 4 values where {c} holds 5 tokens"),
-    ("out_of_vocabulary", "data.pair_documents.train: {c}: document 1 holds token id 40; expected ids from 0 to the "
-                          "tokenizer's vocabulary (32)"),
-    ("one_side_labels", "data.pair_documents.train: expected labels files for both chosen and rejected documents or "
-                        "for neither, found one"),
-    ("short_reference", "data.pair_documents.train: reference file {cref}: document 0 holds 3 log-probs where its row "
-                        "has 4 positions; expected one per position (computed with a shorter seq_length?)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        (
+            "fewer_rejected",
+            "data.pair_documents.train: {r} holds 2 documents where {c} holds 3; expected one rejected "
+            "response per chosen one",
+        ),
+        (
+            "label_sizes",
+            "data.pair_documents.train: labels file {cl}: document 0 holds 4 values where {c} holds 5 tokens",
+        ),
+        (
+            "out_of_vocabulary",
+            "data.pair_documents.train: {c}: document 1 holds token id 40; expected ids from 0 to the "
+            "tokenizer's vocabulary (32)",
+        ),
+        (
+            "one_side_labels",
+            "data.pair_documents.train: expected labels files for both chosen and rejected documents or "
+            "for neither, found one",
+        ),
+        (
+            "short_reference",
+            "data.pair_documents.train: reference file {cref}: document 0 holds 3 log-probs where its row "
+            "has 4 positions; expected one per position (computed with a shorter seq_length?)",
+        ),
+    ],
+)
 def test_files_that_do_not_line_up_are_named(pairs, tmp_path, problem, message):
     if problem == "fewer_rejected":
         pairs["r"] = _write(tmp_path / "r2", [[1, 2], [1, 2]])
@@ -128,8 +155,9 @@ def test_reward_documents_that_do_not_line_up_are_named(tmp_path):
     tokens = _write(tmp_path / "t", [[1, 2, EOS], [1, 3, EOS]])
     files = DocumentFiles(tokens, where="data.example_documents.train")
     where = "data.example_documents.train.rewards"
-    with pytest.raises(DataError, match=f"{where}: .*w1: expected one reward document per document of .*t \\(2\\), "
-                                        "found 3"):  # fmt: skip
+    with pytest.raises(
+        DataError, match=f"{where}: .*w1: expected one reward document per document of .*t \\(2\\), found 3"
+    ):
         ExampleDocuments(files, _write(tmp_path / "w1", [[1], [1], [-1]]), 4, 0, rewards_where=where)
     with pytest.raises(DataError, match=f"{where}: .*w2: document 1: expected one reward, found 2 values"):
         ExampleDocuments(files, _write(tmp_path / "w2", [[1], [1, -1]]), 4, 0, rewards_where=where)

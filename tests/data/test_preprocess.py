@@ -47,8 +47,9 @@ def test_character_level_documents_are_their_utf8_bytes_then_zero(tmp_path: Path
     """GPT-NeoX's CharLevelTokenizer (preprocess_data.py --tokenizer-type CharLevelTokenizer): bytes, eod 0."""
     records = [{"text": "héllo wörld"}, {"text": "€ 😀\n\tend"}]
     source = write_jsonl(tmp_path / "in.jsonl", records)
-    preprocess_jsonl([source], tmp_path / "out", TokenizerSource("CharLevelTokenizer", "megatron"), append_eod=True,
-                     progress=False)  # fmt: skip
+    preprocess_jsonl(
+        [source], tmp_path / "out", TokenizerSource("CharLevelTokenizer", "megatron"), append_eod=True, progress=False
+    )
     dataset = IndexedDataset(tmp_path / "out_text_document")
     assert [dataset[i].tolist() for i in range(len(dataset))] == [list(r["text"].encode()) + [0] for r in records]
 
@@ -57,8 +58,14 @@ def test_two_workers_write_the_same_files_as_one(tmp_path: Path, tokenizer_file:
     monkeypatch.setattr("nxd_data.preprocess.BATCH_LINES", 7)  # several batches in flight
     source = write_jsonl(tmp_path / "in.jsonl", RECORDS * 5)
     for workers in (1, 2):
-        preprocess_jsonl([source], tmp_path / f"w{workers}", tokenizer_file, json_keys=("text", "title"),
-                         workers=workers, progress=False)  # fmt: skip
+        preprocess_jsonl(
+            [source],
+            tmp_path / f"w{workers}",
+            tokenizer_file,
+            json_keys=("text", "title"),
+            workers=workers,
+            progress=False,
+        )
     for key in ("text", "title"):
         for suffix in (".bin", ".idx"):
             one = (tmp_path / f"w1_{key}_document{suffix}").read_bytes()
@@ -98,8 +105,11 @@ def test_a_truncated_compressed_file_is_named_as_truncated_even_when_skipping_ba
     size = source.stat().st_size
     source.write_bytes(source.read_bytes()[: size // 2])  # cut inside the compressed stream
     for skip in (False, True):
-        with pytest.raises(DataError, match=rf"in\.jsonl\.{compression}: truncated: after reading {size // 2:,} "
-                                            "bytes the compressed stream has not reached its end marker"):
+        with pytest.raises(
+            DataError,
+            match=rf"in\.jsonl\.{compression}: truncated: after reading {size // 2:,} "
+            "bytes the compressed stream has not reached its end marker",
+        ):
             preprocess_jsonl([source], tmp_path / "out", tokenizer_file, progress=False, skip_bad_lines=skip)
         assert not list(tmp_path.glob("out*"))
 
@@ -107,6 +117,8 @@ def test_a_truncated_compressed_file_is_named_as_truncated_even_when_skipping_ba
 def test_a_line_that_is_not_utf8_is_named_by_its_own_number(tmp_path: Path, tokenizer_file: Path) -> None:
     good = [json.dumps({"text": f"line {number} " + "x" * 300}) for number in range(40)]
     source = tmp_path / "in.jsonl"
-    source.write_bytes(("\n".join(good[:25]) + "\n").encode() + b'{"text": "bad \xff"}\n' + "\n".join(good[25:]).encode())
+    source.write_bytes(
+        ("\n".join(good[:25]) + "\n").encode() + b'{"text": "bad \xff"}\n' + "\n".join(good[25:]).encode()
+    )
     with pytest.raises(DataError, match=r"in\.jsonl:26: expected UTF-8 text, found byte 0xff at column 15"):
         preprocess_jsonl([source], tmp_path / "out", tokenizer_file, progress=False)

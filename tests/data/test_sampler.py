@@ -83,10 +83,13 @@ def test_a_longer_stream_continues_a_shorter_ones_position() -> None:
         assert list(resumed) == list(itertools.islice(iter(straight), 10 * straight.accumulation))[5 * 2 :]
 
 
-@pytest.mark.parametrize(("options", "consumed", "why"), [
-    ({"shuffle": True}, 16, "its shuffled order is drawn over all of them"),
-    ({}, 48, "its position lies beyond the first pass of the shorter stream"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("options", "consumed", "why"),
+    [
+        ({"shuffle": True}, 16, "its shuffled order is drawn over all of them"),
+        ({}, 48, "its position lies beyond the first pass of the shorter stream"),
+    ],
+)
 def test_another_length_is_refused_where_the_order_would_differ(options: dict, consumed: int, why: str) -> None:
     state = PretrainingSampler(40, GBS, MBS, consumed_samples=consumed, **options).state_dict()
     with pytest.raises(ValueError, match=f"total_samples was 40, this run has 80, and {why}"):
@@ -105,8 +108,10 @@ def test_data_loaders_with_workers_resume_exactly(saved_dp: int, resumed_dp: int
         return [batch.tolist() for batch in batches]
 
     k = 4
-    state = {**PretrainingSampler(TOTAL, GBS, MBS, saved_dp, 0, shuffle=True, seed=7).state_dict(),
-             "consumed_samples": k * GBS}  # fmt: skip
+    state = {
+        **PretrainingSampler(TOTAL, GBS, MBS, saved_dp, 0, shuffle=True, seed=7).state_dict(),
+        "consumed_samples": k * GBS,
+    }
     for rank in range(resumed_dp):
         accumulation = GBS // (MBS * resumed_dp)
         assert loader(resumed_dp, rank, state, STEPS - k) == loader(resumed_dp, rank, None, STEPS)[k * accumulation :]
@@ -123,8 +128,8 @@ def test_length_grouping_sorts_each_megabatch_of_the_shuffled_order_longest_firs
     order, permutation = grouped.order(0), plain.order(0)
     megabatch = 4 * min(200 // 16, 50)
     for start in range(0, 200, megabatch):
-        part = order[start:start + megabatch]
-        assert sorted(part.tolist()) == sorted(permutation[start:start + megabatch].tolist())
+        part = order[start : start + megabatch]
+        assert sorted(part.tolist()) == sorted(permutation[start : start + megabatch].tolist())
         assert all(lengths[a] >= lengths[b] for a, b in zip(part, part[1:], strict=False))
     whole = [index for batch in grouped for index in batch]
     resumed = grouped.resumed(replace(grouped, consumed_samples=40).state_dict(), steps=40)

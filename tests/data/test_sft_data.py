@@ -38,8 +38,9 @@ def special(tokenizer_dir: Path, token: str) -> int:
 
 def dataset(tmp_path: Path, tokenizer_dir: Path, records: list, seq_length: int = 32, packing: bool = False, **kw):
     source = write_jsonl(tmp_path / "train.jsonl", records)
-    return sft_dataset(str(source), "data.train_dir", "train", load_tokenizer(tokenizer_dir), seq_length,
-                       packing=packing, **kw)  # fmt: skip
+    return sft_dataset(
+        str(source), "data.train_dir", "train", load_tokenizer(tokenizer_dir), seq_length, packing=packing, **kw
+    )
 
 
 def test_a_record_is_bos_prompt_response_eos_with_labels_on_the_response(tmp_path, chat_tokenizer_dir):
@@ -86,8 +87,9 @@ def test_packed_rows_keep_records_apart(tmp_path, chat_tokenizer_dir):
     packed = dataset(tmp_path, chat_tokenizer_dir, RECORDS, seq_length=64, packing=True)
     assert len(packed) == 1 and packed.rows == [[0, 1, 2]]
     row = packed[0]
-    lengths = [len(encode(chat_tokenizer_dir, r["input"])) + len(encode(chat_tokenizer_dir, r["output"])) + 2
-               for r in RECORDS]  # fmt: skip
+    lengths = [
+        len(encode(chat_tokenizer_dir, r["input"])) + len(encode(chat_tokenizer_dir, r["output"])) + 2 for r in RECORDS
+    ]
     at = 0
     for number, length in enumerate(lengths):
         alone = unpacked[number]
@@ -102,9 +104,13 @@ def test_packed_rows_keep_records_apart(tmp_path, chat_tokenizer_dir):
 
 
 def test_conversations_learn_the_assistant_turns_only(tmp_path, chat_tokenizer_dir):
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the quick brown fox"},
-                {"role": "assistant", "content": "jumps over"}, {"role": "user", "content": "pack my box"},
-                {"role": "assistant", "content": "with jugs"}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "the quick brown fox"},
+        {"role": "assistant", "content": "jumps over"},
+        {"role": "user", "content": "pack my box"},
+        {"role": "assistant", "content": "with jugs"},
+    ]
     rows = dataset(tmp_path, chat_tokenizer_dir, [{"messages": messages}], seq_length=96)
     text = "<s>" + "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     reference = Tokenizer.from_file(str(chat_tokenizer_dir / "tokenizer.json"))
@@ -116,8 +122,12 @@ def test_conversations_learn_the_assistant_turns_only(tmp_path, chat_tokenizer_d
 
 
 def test_a_conversation_cut_before_its_answer_is_skipped_and_counted(tmp_path, chat_tokenizer_dir):
-    long = {"messages": [{"role": "user", "content": " ".join(["the quick brown fox"] * 10)},
-                         {"role": "assistant", "content": "jumps"}]}  # fmt: skip
+    long = {
+        "messages": [
+            {"role": "user", "content": " ".join(["the quick brown fox"] * 10)},
+            {"role": "assistant", "content": "jumps"},
+        ]
+    }
     rows = dataset(tmp_path, chat_tokenizer_dir, [long, *RECORDS], seq_length=24)
     assert len(rows) == 3
     assert "4 records (1 skipped (no response token within seq_length 24)" in rows.summary("data.train_dir")
@@ -132,24 +142,45 @@ def test_compressed_and_hugging_face_data_read_the_same(tmp_path, chat_tokenizer
     reference = dataset(tmp_path, chat_tokenizer_dir, RECORDS)
     for source in ("a.jsonl.gz", "a.jsonl.zst", "saved"):
         rows = sft_dataset(str(tmp_path / source), "data.train_dir", "train", tokenizer, 32, packing=False)
-        assert [rows[i]["input_ids"].tolist() for i in range(3)] == [reference[i]["input_ids"].tolist()
-                                                                    for i in range(3)], source  # fmt: skip
+        assert [rows[i]["input_ids"].tolist() for i in range(3)] == [
+            reference[i]["input_ids"].tolist() for i in range(3)
+        ], source
 
 
 def test_dev_choose_samples_takes_the_first_records_and_the_cache_is_reused(tmp_path, chat_tokenizer_dir):
     cache = tmp_path / "cache"
     first = dataset(tmp_path, chat_tokenizer_dir, RECORDS, limit=2, cache_dir=cache)
     assert len(first) == 2 and len(list(cache.glob("sft-*.npz"))) == 1
-    again = sft_dataset(str(tmp_path / "train.jsonl"), "data.train_dir", "train", load_tokenizer(chat_tokenizer_dir),
-                        32, packing=False, limit=2, cache_dir=cache)  # fmt: skip
+    again = sft_dataset(
+        str(tmp_path / "train.jsonl"),
+        "data.train_dir",
+        "train",
+        load_tokenizer(chat_tokenizer_dir),
+        32,
+        packing=False,
+        limit=2,
+        cache_dir=cache,
+    )
     assert again[1]["input_ids"].tolist() == first[1]["input_ids"].tolist()
     assert len(list(cache.glob("sft-*.npz"))) == 1
     write_jsonl(tmp_path / "train.jsonl", RECORDS[::-1])  # changed data is tokenised anew
-    changed = sft_dataset(str(tmp_path / "train.jsonl"), "data.train_dir", "train", load_tokenizer(chat_tokenizer_dir),
-                          32, packing=False, limit=2, cache_dir=cache)  # fmt: skip
+    changed = sft_dataset(
+        str(tmp_path / "train.jsonl"),
+        "data.train_dir",
+        "train",
+        load_tokenizer(chat_tokenizer_dir),
+        32,
+        packing=False,
+        limit=2,
+        cache_dir=cache,
+    )
     last = RECORDS[2]
-    tokens = [special(chat_tokenizer_dir, "<s>"), *encode(chat_tokenizer_dir, last["input"]),
-              *encode(chat_tokenizer_dir, last["output"]), special(chat_tokenizer_dir, "<|endoftext|>")]  # fmt: skip
+    tokens = [
+        special(chat_tokenizer_dir, "<s>"),
+        *encode(chat_tokenizer_dir, last["input"]),
+        *encode(chat_tokenizer_dir, last["output"]),
+        special(chat_tokenizer_dir, "<|endoftext|>"),
+    ]
     assert changed[0]["input_ids"][: len(tokens)].tolist() == tokens
     assert len(list(cache.glob("sft-*.npz"))) == 2
 
@@ -158,20 +189,34 @@ BAD = [
     ([{"input": "a"}], "train.jsonl line 1: expected input and output strings (or messages), found keys input"),
     ([RECORDS[0], {"input": "a", "output": 3}], "train.jsonl line 2: output: expected a string, found int"),
     ([[1, 2]], "train.jsonl line 1: expected a JSON object, found list"),
-    ([{"messages": [{"role": "robot", "content": "hi"}]}],
-     "line 1: messages[0].role: expected one of system, user, assistant, tool, found 'robot'"),
-    ([{"messages": [{"role": "user", "content": "hi"}]}],
-     "line 1: messages: expected at least one assistant turn to learn from, found none"),
-    ([{"messages": [{"role": "user", "content": ["hi"]}, {"role": "assistant", "content": "x"}]}],
-     "line 1: messages[0].content: expected a string, found ['hi']"),
+    (
+        [{"messages": [{"role": "robot", "content": "hi"}]}],
+        "line 1: messages[0].role: expected one of system, user, assistant, tool, found 'robot'",
+    ),
+    (
+        [{"messages": [{"role": "user", "content": "hi"}]}],
+        "line 1: messages: expected at least one assistant turn to learn from, found none",
+    ),
+    (
+        [{"messages": [{"role": "user", "content": ["hi"]}, {"role": "assistant", "content": "x"}]}],
+        "line 1: messages[0].content: expected a string, found ['hi']",
+    ),
     ([{"messages": []}], "line 1: expected messages to be a non-empty list of {role, content} objects, found []"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("records", "message"), BAD)
 def test_bad_records_are_named_by_file_and_line(tmp_path, chat_tokenizer_dir, records, message):
-    with pytest.raises(DataError, match="^data.train_dir: .*" + message.replace("[", r"\[").replace("]", r"\]")
-                       .replace("(", r"\(").replace(")", r"\)").replace("{", r"\{").replace("}", r"\}")):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match="^data.train_dir: .*"
+        + message.replace("[", r"\[")
+        .replace("]", r"\]")
+        .replace("(", r"\(")
+        .replace(")", r"\)")
+        .replace("{", r"\{")
+        .replace("}", r"\}"),
+    ):
         dataset(tmp_path, chat_tokenizer_dir, records)
 
 
@@ -183,17 +228,25 @@ def test_invalid_json_empty_files_and_missing_templates_are_named(tmp_path, chat
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match=r"^data.val_dir: .*empty.jsonl holds no records$"):
         sft_dataset(str(tmp_path / "empty.jsonl"), "data.val_dir", "validation", tokenizer, 32, packing=False)
-    write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "a"},
-                                                        {"role": "assistant", "content": "b"}]}])  # fmt: skip
-    with pytest.raises(DataError, match=r"chat.jsonl line 1: a messages record needs the tokenizer's chat template; "
-                                        r".*tokenizer.json has none"):  # fmt: skip
-        sft_dataset(str(tmp_path / "chat.jsonl"), "data.train_dir", "train", load_tokenizer(tokenizer_file), 32,
-                    packing=False)  # fmt: skip
+    write_jsonl(
+        tmp_path / "chat.jsonl",
+        [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}],
+    )
+    with pytest.raises(
+        DataError,
+        match=r"chat.jsonl line 1: a messages record needs the tokenizer's chat template; "
+        r".*tokenizer.json has none",
+    ):
+        sft_dataset(
+            str(tmp_path / "chat.jsonl"), "data.train_dir", "train", load_tokenizer(tokenizer_file), 32, packing=False
+        )
 
 
 def test_a_bad_row_of_hugging_face_data_is_named_by_its_row(tmp_path, chat_tokenizer_dir):
     datasets.Dataset.from_list([RECORDS[0], {"input": "pack my box", "output": None}]).save_to_disk(
-        str(tmp_path / "saved"))  # fmt: skip
+        str(tmp_path / "saved")
+    )
     with pytest.raises(DataError, match=r"^data.train_dir: .*saved row 1: output: expected a string, found NoneType$"):
-        sft_dataset(str(tmp_path / "saved"), "data.train_dir", "train", load_tokenizer(chat_tokenizer_dir), 32,
-                    packing=False)  # fmt: skip
+        sft_dataset(
+            str(tmp_path / "saved"), "data.train_dir", "train", load_tokenizer(chat_tokenizer_dir), 32, packing=False
+        )

@@ -58,17 +58,26 @@ def test_bad_tokenizer_files_are_one_clear_error(gpt2_files, tmp_path):
     vocab, merges = gpt2_files
     (tmp_path / "vocab.json").write_text("{not json")
     cases = [
-        (TokenizerSource("GPT2BPETokenizer", "megatron", str(tmp_path / "vocab.json"), merges),
-         "are not a GPT-2 vocabulary and merges"),
-        (TokenizerSource("GPT2BPETokenizer", "megatron", vocab, None),
-         "data.tokenizer.merge_file: expected the GPT-2 merges.txt of GPT2BPETokenizer, found none"),
-        (TokenizerSource("BertWordPieceLowerCase", "megatron", vocab, merges),
-         "data.tokenizer.type: expected one of GPT2BPETokenizer, CharLevelTokenizer, TiktokenTokenizer or a "
-         "tokenizer.json file or a directory holding one (or a SentencePiece tokenizer.model), found no such file or "
-         "directory: BertWordPieceLowerCase"),
-        (TokenizerSource(str(tmp_path)), "expected a tokenizer.json file or a directory holding one (or a "
-                                         "SentencePiece tokenizer.model), found a directory without tokenizer.json"),
-    ]  # fmt: skip
+        (
+            TokenizerSource("GPT2BPETokenizer", "megatron", str(tmp_path / "vocab.json"), merges),
+            "are not a GPT-2 vocabulary and merges",
+        ),
+        (
+            TokenizerSource("GPT2BPETokenizer", "megatron", vocab, None),
+            "data.tokenizer.merge_file: expected the GPT-2 merges.txt of GPT2BPETokenizer, found none",
+        ),
+        (
+            TokenizerSource("BertWordPieceLowerCase", "megatron", vocab, merges),
+            "data.tokenizer.type: expected one of GPT2BPETokenizer, CharLevelTokenizer, TiktokenTokenizer or a "
+            "tokenizer.json file or a directory holding one (or a SentencePiece tokenizer.model), found no such file or "
+            "directory: BertWordPieceLowerCase",
+        ),
+        (
+            TokenizerSource(str(tmp_path)),
+            "expected a tokenizer.json file or a directory holding one (or a "
+            "SentencePiece tokenizer.model), found a directory without tokenizer.json",
+        ),
+    ]
     for source, message in cases:
         with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
             load_tokenizer(source)
@@ -121,7 +130,7 @@ def tiktoken_encoding(gpt2_files, tmp_path, monkeypatch) -> str:
         f"    return dict(name='nxd_tiny', pat_str={R50K_PATTERN!r}, mergeable_ranks=ranks,\n"
         f"                special_tokens={{'<|endoftext|>': {len(ranks) + 7}}})\n"
         "ENCODING_CONSTRUCTORS = {'nxd_tiny': tiny}\n"
-    )  # fmt: skip
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(tiktoken.registry, "ENCODING_CONSTRUCTORS", None)  # tiktoken looks for plugins again
     return "nxd_tiny"
@@ -140,8 +149,11 @@ def test_a_tiktoken_encoding_gives_tiktokens_ids(tiktoken_encoding):
 
 def test_tiktoken_says_when_an_encoding_cannot_load(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # empty: nothing cached, and no network here
-    with pytest.raises(DataError, match=r"vocab_file: tiktoken could not load encoding 'cl100k_base': .* offline only "
-                                        r"from tiktoken's cache \(TIKTOKEN_CACHE_DIR"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"vocab_file: tiktoken could not load encoding 'cl100k_base': .* offline only "
+        r"from tiktoken's cache \(TIKTOKEN_CACHE_DIR",
+    ):
         load_tokenizer(TokenizerSource("TiktokenTokenizer", "megatron", "cl100k_base"))
     with pytest.raises(DataError, match=r"vocab_file: Unknown encoding nxd_nothing"):
         load_tokenizer(TokenizerSource("TiktokenTokenizer", "megatron", "nxd_nothing"))
@@ -159,23 +171,40 @@ def test_a_tokenizer_folder_with_its_own_code_runs_it_only_when_trusted(sentence
     monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))
     folder, marker = tmp_path / "custom", tmp_path / "ran"
     shutil.copytree(sentencepiece_dir, folder)
-    (folder / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
-                                      "from transformers import LlamaTokenizer\n\n\n"
-                                      "class CustomTokenizer(LlamaTokenizer):\n    pass\n")  # fmt: skip
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "CustomTokenizer", "auto_map": {"AutoTokenizer": ["custom.CustomTokenizer", None]}}))
-    with pytest.raises(DataError, match=r"tokenizer_config.json names the folder's own Python code \(auto_map: "
-                                        r"\['custom.CustomTokenizer', None\]\); nxd runs a folder's code only when a "
-                                        r"run's config trusts it \(model.trust_remote_code: True\)"):  # fmt: skip
+    (folder / "custom.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from transformers import LlamaTokenizer\n\n\n"
+        "class CustomTokenizer(LlamaTokenizer):\n    pass\n"
+    )
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "CustomTokenizer", "auto_map": {"AutoTokenizer": ["custom.CustomTokenizer", None]}}
+        )
+    )
+    with pytest.raises(
+        DataError,
+        match=r"tokenizer_config.json names the folder's own Python code \(auto_map: "
+        r"\['custom.CustomTokenizer', None\]\); nxd runs a folder's code only when a "
+        r"run's config trusts it \(model.trust_remote_code: True\)",
+    ):
         load_tokenizer(TokenizerSource(str(folder)))
     assert not marker.exists()
     trusted = load_tokenizer(TokenizerSource(str(folder), trust_remote_code=True))
     assert marker.exists() and trusted.vocab_size == load_tokenizer(sentencepiece_dir).vocab_size
 
 
-MISTRAL_STYLE = {"model_type": "bpe", "normalization_rule_name": "identity", "remove_extra_whitespaces": False,
-                 "byte_fallback": True, "split_digits": True, "allow_whitespace_only_pieces": True, "unk_id": 0,
-                 "bos_id": 1, "eos_id": 2, "pad_id": -1}  # fmt: skip
+MISTRAL_STYLE = {
+    "model_type": "bpe",
+    "normalization_rule_name": "identity",
+    "remove_extra_whitespaces": False,
+    "byte_fallback": True,
+    "split_digits": True,
+    "allow_whitespace_only_pieces": True,
+    "unk_id": 0,
+    "bos_id": 1,
+    "eos_id": 2,
+    "pad_id": -1,
+}
 """Llama's and Mistral's SentencePiece settings (their tokenizer.model's trainer and normaliser specs)."""
 SPM_FORMS = {
     "mistral_style_bpe": MISTRAL_STYLE,
@@ -191,11 +220,27 @@ def _spm_texts() -> list[str]:
     import random
 
     rng = random.Random(0)
-    edge = ["", " ", "   ", " leading", "trailing  ", "double  space", "tab\tand\nnewline", "ＡＢＣ ﬁ ½ full width",
-            "héllo wörld 漢字 🚀", "12345 6.78", "<s> and </s> inline", "x <tool> y<tool>z", "<|endoftext|> end"]  # fmt: skip
+    edge = [
+        "",
+        " ",
+        "   ",
+        " leading",
+        "trailing  ",
+        "double  space",
+        "tab\tand\nnewline",
+        "ＡＢＣ ﬁ ½ full width",
+        "héllo wörld 漢字 🚀",
+        "12345 6.78",
+        "<s> and </s> inline",
+        "x <tool> y<tool>z",
+        "<|endoftext|> end",
+    ]
     words = [*SAMPLE.split(), *" ".join(TEXT).split()]
-    return [*edge, *(" ".join(rng.choice(words) for _ in range(rng.randint(1, 30))) for _ in range(200)),
-            *("".join(rng.choice("ab c\t\n1äZ漢 <>") for _ in range(40)) for _ in range(200))]  # fmt: skip
+    return [
+        *edge,
+        *(" ".join(rng.choice(words) for _ in range(rng.randint(1, 30))) for _ in range(200)),
+        *("".join(rng.choice("ab c\t\n1äZ漢 <>") for _ in range(40)) for _ in range(200)),
+    ]
 
 
 @pytest.mark.parametrize("form", SPM_FORMS)
@@ -210,8 +255,14 @@ def test_a_sentencepiece_model_file_of_any_name_gives_sentencepieces_ids(tmp_pat
     lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)]
     text = tmp_path / "text.txt"
     text.write_text("\n".join(TEXT * 3 + [SAMPLE, "héllo wörld 12345 ünïcode ＡＢＣ"] * 5 + lines))
-    sentencepiece.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "mistral"), vocab_size=600,
-                                             hard_vocab_limit=False, minloglevel=2, **SPM_FORMS[form])  # fmt: skip
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(tmp_path / "mistral"),
+        vocab_size=600,
+        hard_vocab_limit=False,
+        minloglevel=2,
+        **SPM_FORMS[form],
+    )
     model = tmp_path / "mistral.model"
     reference = sentencepiece.SentencePieceProcessor(model_file=str(model))
     texts = _spm_texts()
@@ -227,6 +278,9 @@ def test_a_file_that_is_no_sentencepiece_model_is_one_clear_error(tmp_path):
     (tmp_path / "broken.model").write_bytes(b"\x00\x01not a model")
     with pytest.raises(DataError, match=r"data.tokenizer.type: .*broken.model is not a SentencePiece model"):
         load_tokenizer(tmp_path / "broken.model")
-    with pytest.raises(DataError, match=r"data.tokenizer.model: expected a SentencePiece model file, found no such "
-                                        r"file: .*absent.model"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"data.tokenizer.model: expected a SentencePiece model file, found no such "
+        r"file: .*absent.model",
+    ):
         load_tokenizer(TokenizerSource(str(tmp_path / "absent.model"), "sentencepiece"), "data.tokenizer.model")

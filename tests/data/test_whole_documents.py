@@ -40,20 +40,28 @@ def test_pack_until_overflow_joins_shuffled_documents_while_they_fit(tmp_path: P
     # + 4 = 7 overflows, so 4 starts the next sample; 4 + 5, 5 + 3 and 3 + 6 overflow too
     assert np.random.RandomState(5).permutation(6).tolist() == [5, 2, 4, 1, 0, 3]
     groups = [[5, 2], [4], [1], [0], [3]]
-    data = WholeDocumentDataset(write(tmp_path / "d", DOCUMENTS), "train", (0, 6), None, FORMAT, 5,
-                                "pack_until_overflow")  # fmt: skip
+    data = WholeDocumentDataset(
+        write(tmp_path / "d", DOCUMENTS), "train", (0, 6), None, FORMAT, 5, "pack_until_overflow"
+    )
     order = read_order(5, 6, 5, shuffled_documents=True)
     assert [data.sample_documents(k) for k in range(5)] == [groups[n] for n in order]
     joined = data[order.index(0)]  # documents 5 then 2: 51, 21, 22, then padding
-    assert joined["input_ids"].tolist() == [51, 21, 22, 0, 0] and joined["labels"].tolist() == [21, 22, -100, -100, -100]
+    assert joined["input_ids"].tolist() == [51, 21, 22, 0, 0] and joined["labels"].tolist() == [
+        21,
+        22,
+        -100,
+        -100,
+        -100,
+    ]
 
 
 def test_more_samples_than_an_epoch_continue_with_the_next_epochs_shuffle(tmp_path: Path) -> None:
     indexed = write(tmp_path / "d", DOCUMENTS)
     one = WholeDocumentDataset(indexed, "train", (0, 6), None, FORMAT, 5, "pack_until_overflow")
     three = WholeDocumentDataset(indexed, "train", (0, 6), 14, FORMAT, 5, "pack_until_overflow")
-    assert len(three) == 14 and [three.sample_documents(k) for k in range(5)] == [one.sample_documents(k)
-                                                                                  for k in range(5)]  # fmt: skip
+    assert len(three) == 14 and [three.sample_documents(k) for k in range(5)] == [
+        one.sample_documents(k) for k in range(5)
+    ]
     later = [three.sample_documents(k) for k in range(5, 14)]
     assert sorted(d for sample in later for d in sample).count(0) >= 1  # every epoch holds every document
     with pytest.raises(IndexError):
@@ -61,13 +69,18 @@ def test_more_samples_than_an_epoch_continue_with_the_next_epochs_shuffle(tmp_pa
 
 
 def test_allow_chopped_false_leaves_long_documents_out(tmp_path: Path) -> None:
-    data = WholeDocumentDataset(write(tmp_path / "d", DOCUMENTS), "train", (1, 6), None, FORMAT, 5, "unpacked",
-                                allow_chopped=False)  # fmt: skip
+    data = WholeDocumentDataset(
+        write(tmp_path / "d", DOCUMENTS), "train", (1, 6), None, FORMAT, 5, "unpacked", allow_chopped=False
+    )
     assert sorted(data.sample_documents(k)[0] for k in range(len(data))) == [1, 2, 4, 5]  # 3 holds 9 > 6 tokens
-    with pytest.raises(DataError, match=r"the train split holds no document of at most seq_length \+ 1 = 6 tokens "
-                                        r"\(allow_chopped: false\)"):  # fmt: skip
-        WholeDocumentDataset(write(tmp_path / "e", [[1] * 9]), "train", (0, 1), None, FORMAT, 5, "unpacked",
-                             allow_chopped=False)  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"the train split holds no document of at most seq_length \+ 1 = 6 tokens "
+        r"\(allow_chopped: false\)",
+    ):
+        WholeDocumentDataset(
+            write(tmp_path / "e", [[1] * 9]), "train", (0, 1), None, FORMAT, 5, "unpacked", allow_chopped=False
+        )
 
 
 def test_label_files_give_the_labels_and_documents_without_any_are_left_out(tmp_path: Path) -> None:
@@ -80,8 +93,13 @@ def test_label_files_give_the_labels_and_documents_without_any_are_left_out(tmp_
     held = [data.sample_documents(k)[0] for k in range(len(data))]
     assert sorted(held) == [0, 1, 3, 4]  # the labels of documents 2 and 5 (one token) are all -100
     sample = data[held.index(1)]  # labels: the label file's, shifted like the tokens; -100 and padding untrained
-    assert sample["input_ids"].tolist() == [11, 12, 13, 14, 15] and sample["labels"].tolist() == [512, 513, 514, 515,
-                                                                                                  -100]  # fmt: skip
+    assert sample["input_ids"].tolist() == [11, 12, 13, 14, 15] and sample["labels"].tolist() == [
+        512,
+        513,
+        514,
+        515,
+        -100,
+    ]
 
 
 def test_an_id_beyond_the_vocabulary_names_its_document(tmp_path: Path) -> None:

@@ -22,14 +22,59 @@ from pathlib import Path
 
 from nxd_config.neox.files import canonical, read_file
 
-COMPANIONS = {"llama/": "llama/train_config.yml", "llama2/": "llama/train_config.yml", "mistral/": "llama/train_config.yml"}
+COMPANIONS = {
+    "llama/": "llama/train_config.yml",
+    "llama2/": "llama/train_config.yml",
+    "mistral/": "llama/train_config.yml",
+}
 """Model-only files and the training file NeoX's README pairs them with."""
-SECOND_FILES = ("local_setup.yml", "local_setup_comet.yml", "local_setup_wandb.yml", "slurm_local.yml",
-                "slurm_local.json", "eleutherai_cluster.yml", "docker/pythia-paths.yml", "cpu_mock_config.yml",
-                "prof.yml", "text_generation.yml", "sparse.yml")  # fmt: skip
+SECOND_FILES = (
+    "local_setup.yml",
+    "local_setup_comet.yml",
+    "local_setup_wandb.yml",
+    "slurm_local.yml",
+    "slurm_local.json",
+    "eleutherai_cluster.yml",
+    "docker/pythia-paths.yml",
+    "cpu_mock_config.yml",
+    "prof.yml",
+    "text_generation.yml",
+    "sparse.yml",
+)
 """Files that complete a model file (paths, logging, profiling, generation): run after bf16_125M.yml."""
 BASE = "bf16_125M.yml"
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "pack", "my", "box", "with", "five", "dozen", "liquor", "jugs", "how", "vexingly", "quick", "daft", "zebras", "jump", "sphinx", "of", "black", "quartz", "judge", "my", "vow"]  # fmt: skip
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "the",
+    "lazy",
+    "dog",
+    "pack",
+    "my",
+    "box",
+    "with",
+    "five",
+    "dozen",
+    "liquor",
+    "jugs",
+    "how",
+    "vexingly",
+    "quick",
+    "daft",
+    "zebras",
+    "jump",
+    "sphinx",
+    "of",
+    "black",
+    "quartz",
+    "judge",
+    "my",
+    "vow",
+]
 
 
 def tokenizers(directory: Path) -> dict[str, dict[str, str]]:
@@ -45,27 +90,49 @@ def tokenizers(directory: Path) -> dict[str, dict[str, str]]:
     bpe.save(str(directory / "tokenizer.json"))
     (directory / "spm").mkdir()
     (directory / "text.txt").write_text("\n".join(text))
-    sentencepiece.SentencePieceTrainer.train(input=str(directory / "text.txt"),
-                                             model_prefix=str(directory / "spm" / "mistral-7B-v0.1"), vocab_size=400,
-                                             model_type="bpe", byte_fallback=True, minloglevel=2)  # fmt: skip
-    return {"GPT2BPETokenizer": {"vocab_file": vocab, "merge_file": merges},
-            "HFTokenizer": {"vocab_file": str(directory / "tokenizer.json")},
-            "SPMTokenizer": {"vocab_file": str(directory / "spm" / "mistral-7B-v0.1.model")}}  # fmt: skip
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(directory / "text.txt"),
+        model_prefix=str(directory / "spm" / "mistral-7B-v0.1"),
+        vocab_size=400,
+        model_type="bpe",
+        byte_fallback=True,
+        minloglevel=2,
+    )
+    return {
+        "GPT2BPETokenizer": {"vocab_file": vocab, "merge_file": merges},
+        "HFTokenizer": {"vocab_file": str(directory / "tokenizer.json")},
+        "SPMTokenizer": {"vocab_file": str(directory / "spm" / "mistral-7B-v0.1.model")},
+    }
 
 
 def preprocess(directory: Path, kind: str, files: dict[str, str]) -> str:
     corpus = directory / "docs.jsonl"
     if not corpus.exists():
-        corpus.write_text("".join(json.dumps({"text": " ".join(random.Random(i).choices(WORDS, k=40))}) + "\n"
-                                  for i in range(300)))  # fmt: skip
+        corpus.write_text(
+            "".join(json.dumps({"text": " ".join(random.Random(i).choices(WORDS, k=40))}) + "\n" for i in range(300))
+        )
     prefix = directory / f"data_{kind}"
     if kind == "GPT2BPETokenizer":
         flags = ["--tokenizer-type", kind, "--vocab-file", files["vocab_file"], "--merge-file", files["merge_file"]]
     else:
         flags = ["--tokenizer", files["vocab_file"]]
     if not Path(f"{prefix}_text_document.bin").exists():
-        subprocess.run([_nxd_train(), "data", "preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
-                        *flags, "--append-eod", "--no-progress"], check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [
+                _nxd_train(),
+                "data",
+                "preprocess",
+                "--input",
+                str(corpus),
+                "--output-prefix",
+                str(prefix),
+                *flags,
+                "--append-eod",
+                "--no-progress",
+            ],
+            check=True,
+            capture_output=True,
+        )
     return f"{prefix}_text_document"
 
 
@@ -77,14 +144,33 @@ def shrink(merged: dict) -> list[str]:
     """Overrides that make a merged NeoX run small: 2 processes, 2 layers of width 64 (4 for pipeline stages)."""
     tp = min(merged.get("model_parallel_size") or 1, 2)
     pp = min(max(merged.get("pipe_parallel_size") or 0, 1), 2 if tp == 1 else 1)
-    out = [f"{'' if key in merged else '+'}{key}={value}" for key, value in (
-        ("num_layers", 4 if pp > 1 else 2), ("hidden_size", 64), ("num_attention_heads", 4), ("seq_length", 64),
-        ("max_position_embeddings", 64), ("train_iters", 3), ("num_gpus", 2), ("num_workers", 0),
-        ("model_parallel_size", tp), ("pipe_parallel_size", pp), ("eval_interval", 2), ("eval_iters", 1),
-        ("log_interval", 1), ("train_micro_batch_size_per_gpu", 2), ("gradient_accumulation_steps", 2),
-        ("split", "'90,5,5'"))]  # fmt: skip
-    for key, value in (("num_kv_heads", 2), ("lr_decay_iters", 3), ("sliding_window_width", 31),
-                       ("intermediate_size", 192)):  # 192: a gated MLP of 128 outputs over 64 inputs, as NeoX rounds
+    out = [
+        f"{'' if key in merged else '+'}{key}={value}"
+        for key, value in (
+            ("num_layers", 4 if pp > 1 else 2),
+            ("hidden_size", 64),
+            ("num_attention_heads", 4),
+            ("seq_length", 64),
+            ("max_position_embeddings", 64),
+            ("train_iters", 3),
+            ("num_gpus", 2),
+            ("num_workers", 0),
+            ("model_parallel_size", tp),
+            ("pipe_parallel_size", pp),
+            ("eval_interval", 2),
+            ("eval_iters", 1),
+            ("log_interval", 1),
+            ("train_micro_batch_size_per_gpu", 2),
+            ("gradient_accumulation_steps", 2),
+            ("split", "'90,5,5'"),
+        )
+    ]
+    for key, value in (
+        ("num_kv_heads", 2),
+        ("lr_decay_iters", 3),
+        ("sliding_window_width", 31),
+        ("intermediate_size", 192),
+    ):  # 192: a gated MLP of 128 outputs over 64 inputs, as NeoX rounds
         if merged.get(key) is not None:
             out.append(f"{key}={value}")
     if "train_batch_size" in merged:
@@ -137,8 +223,11 @@ def _train(files: list[str], overrides: list[str], work: Path) -> tuple[str, lis
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("notice:")]
     if any("Traceback" in line for line in lines):
         return "CRASH: " + " | ".join(lines[-3:]), []
-    problems = [line.strip().rsplit(".yml: ", 1)[-1].rsplit(".json: ", 1)[-1] for line in lines if ": " in line
-                and "cannot train this config" not in line and "problems in the config" not in line]  # fmt: skip
+    problems = [
+        line.strip().rsplit(".yml: ", 1)[-1].rsplit(".json: ", 1)[-1]
+        for line in lines
+        if ": " in line and "cannot train this config" not in line and "problems in the config" not in line
+    ]
     return "refused: " + " | ".join(problems[:4]), problems
 
 
@@ -147,8 +236,11 @@ def main() -> int:
     parser.add_argument("configs", type=Path, help="GPT-NeoX's configs/ folder")
     parser.add_argument("--only", nargs="*", default=None, help="these files (relative to configs/)")
     args = parser.parse_args()
-    names = sorted(str(path.relative_to(args.configs)) for path in args.configs.rglob("*")
-                   if path.suffix in (".yml", ".json") and path.is_file())  # fmt: skip
+    names = sorted(
+        str(path.relative_to(args.configs))
+        for path in args.configs.rglob("*")
+        if path.suffix in (".yml", ".json") and path.is_file()
+    )
     with tempfile.TemporaryDirectory() as temporary:
         work = Path(temporary)
         tokens = tokenizers(work)

@@ -24,9 +24,15 @@ from nxd_ckpt import list_checkpoints
 
 from tests.training_runs import FAST, assert_identical, read_metrics, saved_state
 
-JOB = [*FAST, "trainer.max_steps=10", "data.micro_batch_size=2", "data.global_batch_size=8",
-       "exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.every_n_train_steps=5",
-       "+exp_manager.checkpoint_callback_params.save_top_k=-1"]  # fmt: skip
+JOB = [
+    *FAST,
+    "trainer.max_steps=10",
+    "data.micro_batch_size=2",
+    "data.global_batch_size=8",
+    "exp_manager.create_checkpoint_callback=True",
+    "+exp_manager.checkpoint_callback_params.every_n_train_steps=5",
+    "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+]
 SLOW = ["trainer.val_check_interval=1", "trainer.limit_val_batches=6"]
 """Validation after every step: it slows the run to be killed, so the kill lands mid-run."""
 LAYOUTS = {
@@ -39,20 +45,30 @@ RESHARDED = {"pp2": ["trainer.devices=2", "distributed_strategy.pipeline_model_p
 
 
 def command(log_dir: Path, *overrides: str) -> list[str]:
-    return [str(Path(sys.executable).with_name("nxd-train")), *JOB, *overrides,
-            f"+exp_manager.explicit_log_dir={log_dir}"]  # fmt: skip
+    return [
+        str(Path(sys.executable).with_name("nxd-train")),
+        *JOB,
+        *overrides,
+        f"+exp_manager.explicit_log_dir={log_dir}",
+    ]
 
 
 def run(log_dir: Path, *overrides: str) -> None:
-    result = subprocess.run(command(log_dir, *overrides), cwd=log_dir.parent, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    result = subprocess.run(
+        command(log_dir, *overrides), cwd=log_dir.parent, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
 
 def run_and_kill_after_step_5(log_dir: Path, *overrides: str) -> None:
     """Start the job in its own process group and SIGKILL all of it once the step-5 checkpoint is complete."""
-    process = subprocess.Popen(command(log_dir, *overrides, *SLOW), cwd=log_dir.parent, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        command(log_dir, *overrides, *SLOW),
+        cwd=log_dir.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 600
         while not any(i.complete and i.step == 5 for i in list_checkpoints(log_dir / "checkpoints")):
@@ -89,8 +105,9 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow  # the default suite kills a worker under torchrun (test_cluster_life) and resumes TP2 at TP1/DP2
-@pytest.mark.parametrize("layout", [pytest.param(name, marks=[] if name == "tp2" else [pytest.mark.slow])
-                                    for name in LAYOUTS])  # tp2 by default; all three with --runslow
+@pytest.mark.parametrize(
+    "layout", [pytest.param(name, marks=[] if name == "tp2" else [pytest.mark.slow]) for name in LAYOUTS]
+)  # tp2 by default; all three with --runslow
 def test_sigkill_then_resume_is_exact(tmp_path, uninterrupted, layout):
     whole = uninterrupted(layout)
     broken = tmp_path / "run"
@@ -112,13 +129,20 @@ def test_a_tp2_checkpoint_resumes_at_tp1_or_dp2(tmp_path, uninterrupted, train_h
     (step_5,) = [i.path for i in list_checkpoints(whole / "checkpoints") if i.step == 5]
     expected = step_losses(whole)[6]
     if target == "tp1":
-        single = train_here(*JOB[len(FAST):], f"+exp_manager.resume_from_checkpoint={step_5}",
-                            "exp_manager.create_checkpoint_callback=False")  # fmt: skip
+        single = train_here(
+            *JOB[len(FAST) :],
+            f"+exp_manager.resume_from_checkpoint={step_5}",
+            "exp_manager.create_checkpoint_callback=False",
+        )
         assert abs(single[0]["loss"] - expected) < 1e-6 and single[0]["step"] == 6
         return
     dp2 = tmp_path / "dp2"
-    run(dp2, "trainer.devices=2", f"+exp_manager.resume_from_checkpoint={step_5}",
-        "exp_manager.create_checkpoint_callback=False")  # fmt: skip
+    run(
+        dp2,
+        "trainer.devices=2",
+        f"+exp_manager.resume_from_checkpoint={step_5}",
+        "exp_manager.create_checkpoint_callback=False",
+    )
     assert abs(step_losses(dp2)[6] - expected) < 1e-6
 
 
@@ -127,17 +151,25 @@ def test_pp2_checkpoint_resumes_in_one_process(uninterrupted, train_here):
     """Each pipeline stage saved its own layers under whole-model names; one process loads them all."""
     whole = uninterrupted("pp2")
     (step_5,) = [i.path for i in list_checkpoints(whole / "checkpoints") if i.step == 5]
-    single = train_here(*JOB[len(FAST):], f"+exp_manager.resume_from_checkpoint={step_5}",
-                        "exp_manager.create_checkpoint_callback=False")  # fmt: skip
+    single = train_here(
+        *JOB[len(FAST) :],
+        f"+exp_manager.resume_from_checkpoint={step_5}",
+        "exp_manager.create_checkpoint_callback=False",
+    )
     assert single[0]["step"] == 6 and abs(single[0]["loss"] - step_losses(whole)[6]) < 1e-6
 
 
 def _start(log_dir: Path, *overrides: str) -> subprocess.Popen:
     """The command as a terminal starts it: with Ctrl-C's default disposition, whatever this process's is (nxd-train
     keeps a SIGINT its parent ignores, and a test run may leave it ignored here)."""
-    return subprocess.Popen(command(log_dir, *overrides, *SLOW), cwd=log_dir.parent, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    return subprocess.Popen(
+        command(log_dir, *overrides, *SLOW),
+        cwd=log_dir.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _after_step(process: subprocess.Popen, log_dir: Path, step: int) -> None:
@@ -178,10 +210,12 @@ def test_ctrl_c_to_two_processes_under_uv_run_stops_both_after_one_step_with_a_c
     uv = os.environ.get("UV") or shutil.which("uv")
     log_dir = tmp_path / "run"
     job = command(log_dir, *LAYOUTS["dp2"], *SLOW, "exp_manager.create_checkpoint_callback=True")
-    launcher = [uv, "run", "--no-sync", "--project", str(Path(__file__).parents[2]), "nxd-train", *job[1:]] if uv \
-        else job  # fmt: skip
-    process = subprocess.Popen(launcher, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
+    launcher = (
+        [uv, "run", "--no-sync", "--project", str(Path(__file__).parents[2]), "nxd-train", *job[1:]] if uv else job
+    )
+    process = subprocess.Popen(
+        launcher, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     _after_step(process, log_dir, 1)
     os.killpg(process.pid, signal.SIGINT)
     if uv is None:
@@ -194,8 +228,9 @@ def test_ctrl_c_to_two_processes_under_uv_run_stops_both_after_one_step_with_a_c
         assert sign not in stderr, stderr[-3000:]
     assert stderr.count("SIGINT: stopping after this step with a checkpoint") == 1, stderr[-3000:]
     stopped = int(stderr.split("stopped by SIGINT after step ")[1].split()[0])
-    assert stopped < 10 and stopped in [info.step for info in list_checkpoints(log_dir / "checkpoints")
-                                        if info.complete]  # fmt: skip
+    assert stopped < 10 and stopped in [
+        info.step for info in list_checkpoints(log_dir / "checkpoints") if info.complete
+    ]
     assert not [path for path in (log_dir / "checkpoints").iterdir() if path.name.endswith(".partial")]
 
 
@@ -206,8 +241,10 @@ def test_ctrl_c_while_starting_is_one_line(tmp_path):
     process.send_signal(signal.SIGINT)
     stderr = process.communicate(timeout=600)[1]
     assert process.returncode == 130, stderr[-3000:]
-    assert stderr.strip() == "nxd-train: SIGINT outside the training steps (setting up or finishing): exiting " \
-                             "now; checkpoints already complete are kept, nothing else was saved"  # fmt: skip
+    assert (
+        stderr.strip() == "nxd-train: SIGINT outside the training steps (setting up or finishing): exiting "
+        "now; checkpoints already complete are kept, nothing else was saved"
+    )
 
 
 @pytest.mark.slow
@@ -219,8 +256,14 @@ def test_sigterm_at_a_random_moment_resumes_to_the_uninterrupted_losses(tmp_path
     rng = random.Random(draw)
     whole = uninterrupted("dp2")
     broken = tmp_path / "run"
-    process = subprocess.Popen(command(broken, *LAYOUTS["dp2"], *SLOW), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        command(broken, *LAYOUTS["dp2"], *SLOW),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     _after_step(process, broken, rng.randint(1, 7))
     time.sleep(rng.uniform(0.0, 0.1))  # a moment within the next step
     if rng.random() < 0.5:

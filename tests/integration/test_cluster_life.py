@@ -33,8 +33,15 @@ def nxd_train(log_dir: Path, *overrides: str) -> list[str]:
 
 
 def torchrun(log_dir: Path, *options: str, overrides: tuple[str, ...] = ("trainer.devices=2",)) -> list[str]:
-    return [str(BIN / "torchrun"), *options, "-m", "nxd_train", *JOB, *overrides,
-            f"+exp_manager.explicit_log_dir={log_dir}"]  # fmt: skip
+    return [
+        str(BIN / "torchrun"),
+        *options,
+        "-m",
+        "nxd_train",
+        *JOB,
+        *overrides,
+        f"+exp_manager.explicit_log_dir={log_dir}",
+    ]
 
 
 def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -91,25 +98,42 @@ def test_torchrun_restarts_a_dead_worker_and_the_group_resumes_exactly(tmp_path,
     new worker continues from the newest complete checkpoint by itself (no resume key), and the losses are
     the uninterrupted run's."""
     log_dir = tmp_path / "run"
-    agent = subprocess.Popen(torchrun(log_dir, "--nproc-per-node", "2", "--max-restarts", "1",
-                                      overrides=(*SLOW, "trainer.devices=2")),
-                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)  # fmt: skip
+    agent = subprocess.Popen(
+        torchrun(log_dir, "--nproc-per-node", "2", "--max-restarts", "1", overrides=(*SLOW, "trainer.devices=2")),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         if when == "mid_step":
-            _wait(lambda: (log_dir / "metrics.csv").exists() and max(step_losses(log_dir), default=0) >= 6,
-                  "step 6", agent)  # fmt: skip
+            _wait(
+                lambda: (log_dir / "metrics.csv").exists() and max(step_losses(log_dir), default=0) >= 6,
+                "step 6",
+                agent,
+            )
         else:
-            _wait(lambda: any(p.name.endswith(".partial") and "step=8" in p.name
-                              for p in (log_dir / "checkpoints").glob("*")), "the step-8 save", agent)  # fmt: skip
+            _wait(
+                lambda: any(
+                    p.name.endswith(".partial") and "step=8" in p.name for p in (log_dir / "checkpoints").glob("*")
+                ),
+                "the step-8 save",
+                agent,
+            )
         killed_at = time.monotonic()
         os.kill(_workers(agent.pid)[1], signal.SIGKILL)
         rank_0_log = log_dir / "nxd_log_globalrank-0_localrank-0.txt"
         restarted = re.compile(r"torchrun restart 1 of job \S+: resumed at step (\d+)")
         _wait(lambda: restarted.search(rank_0_log.read_text()), "the restart's line", agent)
         resumed_at = int(restarted.search(rank_0_log.read_text()).group(1))
-        _wait(lambda: re.search(rf"restart 1 of job[^\n]*\n(.*\n)*.*step {resumed_at + 1}/{STEPS}",
-                                rank_0_log.read_text()), "a step after the restart", agent)  # fmt: skip
+        _wait(
+            lambda: re.search(
+                rf"restart 1 of job[^\n]*\n(.*\n)*.*step {resumed_at + 1}/{STEPS}", rank_0_log.read_text()
+            ),
+            "a step after the restart",
+            agent,
+        )
         recovered = time.monotonic() - killed_at
         code = agent.wait(timeout=300)
     finally:
@@ -127,9 +151,21 @@ def test_torchrun_restarts_a_dead_worker_and_the_group_resumes_exactly(tmp_path,
 def test_a_launch_that_disagrees_with_the_config_is_refused_before_anything_is_written(tmp_path):
     """torchrun starts 2 processes; the config says 1 per node: no run starts in the log directory."""
     log_dir = tmp_path / "run"
-    result = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", "2", "-m", "nxd_train", *JOB,
-                             f"+exp_manager.explicit_log_dir={log_dir}"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [
+            str(BIN / "torchrun"),
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "nxd_train",
+            *JOB,
+            f"+exp_manager.explicit_log_dir={log_dir}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     said = "trainer.devices: 1 process(es) per node, but torchrun started 2 on this node"
     assert result.stderr.count(said) == 1, result.stderr[-3000:]
@@ -139,7 +175,7 @@ def test_a_launch_that_disagrees_with_the_config_is_refused_before_anything_is_w
 def _resumed(log_dir: Path, start: Path, devices: int, *layout: str) -> dict[int, float]:
     resume = f"+exp_manager.resume_from_checkpoint={start}"
     if devices == 1:  # one process: the same code in this one
-        train_in_process(log_dir, *JOB[len(FAST):], *layout, resume)
+        train_in_process(log_dir, *JOB[len(FAST) :], *layout, resume)
     else:
         run(nxd_train(log_dir, f"trainer.devices={devices}", *layout, resume), log_dir.parent)
     return step_losses(log_dir)
@@ -155,8 +191,12 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, uninterru
     expected = step_losses(uninterrupted)
     dp4 = _resumed(tmp_path / "dp4", checkpoint(uninterrupted, 4), 4)
     dp1 = _resumed(tmp_path / "dp1", checkpoint(tmp_path / "dp4", 8), 1)
-    table = [f"step {s:2d}: uninterrupted {expected[s]:.7f}  " + (f"dp4 {dp4[s]:.7f}" if s in dp4 else " " * 16)
-             + (f"  dp1 {dp1[s]:.7f}" if s in dp1 else "") for s in range(5, STEPS + 1)]  # fmt: skip
+    table = [
+        f"step {s:2d}: uninterrupted {expected[s]:.7f}  "
+        + (f"dp4 {dp4[s]:.7f}" if s in dp4 else " " * 16)
+        + (f"  dp1 {dp1[s]:.7f}" if s in dp1 else "")
+        for s in range(5, STEPS + 1)
+    ]
     print("\n" + "\n".join(table))
     assert min(dp4) == 5 and min(dp1) == 9
     assert not _close(dp4, expected, range(5, 9)) + _close(dp1, expected, range(9, STEPS + 1))
@@ -165,8 +205,12 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, uninterru
 @pytest.mark.slow
 def test_a_tp2_dp2_checkpoint_resumes_as_dp4(tmp_path, uninterrupted):
     tp2 = tmp_path / "tp2dp2"
-    run(nxd_train(tp2, "trainer.devices=4", "distributed_strategy.tensor_model_parallel_size=2",
-                  f"trainer.max_steps={STEPS}"), tmp_path)  # fmt: skip
+    run(
+        nxd_train(
+            tp2, "trainer.devices=4", "distributed_strategy.tensor_model_parallel_size=2", f"trainer.max_steps={STEPS}"
+        ),
+        tmp_path,
+    )
     expected = step_losses(uninterrupted)
     assert not _close(step_losses(tp2), expected, range(1, 5))
     dp4 = _resumed(tmp_path / "dp4", checkpoint(tp2, 4), 4)
@@ -175,8 +219,9 @@ def test_a_tp2_dp2_checkpoint_resumes_as_dp4(tmp_path, uninterrupted):
 
 def test_the_global_batch_that_no_longer_divides_is_refused_by_name(tmp_path, uninterrupted, capsys):
     """Refused by the config's rules, before any process starts (the command's code, in this process)."""
-    command = nxd_train(tmp_path / "dp3", "trainer.devices=3",
-                        f"+exp_manager.resume_from_checkpoint={checkpoint(uninterrupted, 4)}")  # fmt: skip
+    command = nxd_train(
+        tmp_path / "dp3", "trainer.devices=3", f"+exp_manager.resume_from_checkpoint={checkpoint(uninterrupted, 4)}"
+    )
     assert main(command[1:]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "data.global_batch_size" in err and "data.micro_batch_size" in err, err
@@ -198,16 +243,28 @@ def test_two_agents_one_killed_and_started_again_resume_exactly(tmp_path, uninte
     log_dir, port = tmp_path / "run", _free_port()
 
     def agent(node: int) -> subprocess.Popen:
-        options = ["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", "--max-restarts", "2",
-                   "--master-addr", "127.0.0.1", "--master-port", str(port)]  # fmt: skip
+        options = [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+        ]
         command = torchrun(log_dir, *options, overrides=(*SLOW, "trainer.devices=1", "trainer.num_nodes=2"))
-        return subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
 
     first, second = agent(0), agent(1)
     try:
-        _wait(lambda: (log_dir / "metrics.csv").exists() and max(step_losses(log_dir), default=0) >= 6, "step 6",
-              first)  # fmt: skip
+        _wait(lambda: (log_dir / "metrics.csv").exists() and max(step_losses(log_dir), default=0) >= 6, "step 6", first)
         killed_at = time.monotonic()
         workers = _workers(second.pid)  # torchrun starts each worker in a session of its own: a node's end kills both
         os.killpg(second.pid, signal.SIGKILL)
@@ -218,8 +275,10 @@ def test_two_agents_one_killed_and_started_again_resume_exactly(tmp_path, uninte
         rank_0_log = log_dir / "nxd_log_globalrank-0_localrank-0.txt"
         restarted = re.compile(r"torchrun restart \d+ of job \S+: resumed at step (\d+)")
         _wait(lambda: restarted.search(rank_0_log.read_text()), "the restart's line", first)
-        print(f"\nthe second node's agent killed and started again: resumed "
-              f"{time.monotonic() - killed_at:.1f} s after the kill")
+        print(
+            f"\nthe second node's agent killed and started again: resumed "
+            f"{time.monotonic() - killed_at:.1f} s after the kill"
+        )
         assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
         assert second.wait(timeout=60) == 0, second.stderr.read()[-3000:]
     finally:

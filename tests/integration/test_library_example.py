@@ -11,9 +11,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _launch(out: Path, *extra: str) -> dict[int, str]:
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             str(ROOT / "examples" / "plain_pytorch.py"), "--out", str(out), *extra],
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(ROOT / "examples" / "plain_pytorch.py"),
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.startswith("step ")]
     return {int(words[1]): words[3] for words in lines}

@@ -41,10 +41,22 @@ def _ended(pid: int) -> bool:
 
 
 def _start(tmp_path: Path) -> subprocess.Popen:
-    command = [str(Path(sys.executable).with_name("nxd-train")), *FAST, "trainer.devices=2", "trainer.max_steps=100000",
-               f"+distributed_strategy.collective_timeout={TIMEOUT}", f"+exp_manager.explicit_log_dir={tmp_path / 'run'}"]
-    run = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    command = [
+        str(Path(sys.executable).with_name("nxd-train")),
+        *FAST,
+        "trainer.devices=2",
+        "trainer.max_steps=100000",
+        f"+distributed_strategy.collective_timeout={TIMEOUT}",
+        f"+exp_manager.explicit_log_dir={tmp_path / 'run'}",
+    ]
+    run = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     metrics = tmp_path / "run" / "metrics.csv"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and (not metrics.is_file() or len(metrics.read_text().splitlines()) < 4):
@@ -60,11 +72,18 @@ def _listening(pids: set[int]) -> list[str]:
     return [line.split()[3] for line in out.splitlines() if any(f"pid={pid}," in line for pid in pids)]
 
 
-@pytest.mark.parametrize(("how", "said"), [
-    pytest.param(signal.SIGSTOP, f"has not answered for {TIMEOUT} s (distributed_strategy.collective_timeout): "
-                 "stopped, hung or gone", marks=pytest.mark.slow),
-    (signal.SIGKILL, "is gone ("),
-], ids=["stalled", "dead"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        pytest.param(
+            signal.SIGSTOP,
+            f"has not answered for {TIMEOUT} s (distributed_strategy.collective_timeout): stopped, hung or gone",
+            marks=pytest.mark.slow,
+        ),
+        (signal.SIGKILL, "is gone ("),
+    ],
+    ids=["stalled", "dead"],
+)
 def test_a_rank_that_stops_answering_ends_every_rank_with_one_line_naming_it(how, said, tmp_path):
     run = _start(tmp_path)
     (rank_1,) = _children(run.pid)  # the launcher's process is rank 0; it starts rank 1
@@ -84,7 +103,9 @@ def test_a_rank_that_stops_answering_ends_every_rank_with_one_line_naming_it(how
     stderr = run.stderr.read()
     lines = [line for line in stderr.splitlines() if "rank 1 (pid" in line]
     assert code == 1 and took < TIMEOUT + 10 and rank_1_left, (code, took, stderr[-3000:])
-    assert len(lines) == 1 and f"rank 1 (pid {rank_1} on host {socket.gethostname()}) {said}" in lines[0], stderr[-3000:]
+    assert len(lines) == 1 and f"rank 1 (pid {rank_1} on host {socket.gethostname()}) {said}" in lines[0], stderr[
+        -3000:
+    ]
     assert "every rank stops" in lines[0] and "Traceback" not in stderr
     logs = tmp_path / "run"
     assert f"Python stacks at that moment are in {logs}/nxd_log_globalrank-*_localrank-*.txt" in lines[0]
@@ -120,6 +141,10 @@ def test_a_rank_that_cannot_meet_the_others_at_start_up_says_so_naming_the_store
     result = subprocess.run([sys.executable, "-c", _NO_STORE, str(port)], capture_output=True, text=True, timeout=300)
     took, said = (result.stdout.splitlines() + ["", ""])[:2]
     assert result.returncode == 0 and took and float(took) < 30, result.stdout + result.stderr[-3000:]
-    assert said.startswith(f"rank 1 of 2 did not meet the other ranks at start-up on the run's store at 127.0.0.1:{port} (")
-    assert said.endswith("distributed_strategy.collective_timeout (2 s) to start-up too, so a rank slower to start "
-                         "than that (imports from a shared filesystem, a busy host) needs a longer one"), said
+    assert said.startswith(
+        f"rank 1 of 2 did not meet the other ranks at start-up on the run's store at 127.0.0.1:{port} ("
+    )
+    assert said.endswith(
+        "distributed_strategy.collective_timeout (2 s) to start-up too, so a rank slower to start "
+        "than that (imports from a shared filesystem, a busy host) needs a longer one"
+    ), said

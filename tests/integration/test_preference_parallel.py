@@ -18,18 +18,48 @@ from tests.integration.test_sft_parallel import LAYOUTS
 from tests.neox_post_training import kto_documents_job
 from tests.training_runs import dpo_job, kto_job, orpo_job, read_metrics, reward_job, run_command
 
-OVERRIDES = ["trainer.max_steps=4", "trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=False",
-             "data.micro_batch_size=2", "data.global_batch_size=8", "trainer.val_check_interval=4",
-             "trainer.limit_val_batches=2", "trainer.gradient_clip_val=0.5", "model.optim.lr=3e-3"]  # fmt: skip
-COMPARED = {"orpo": ("loss", "grad_norm", "val_loss", "nll_loss", "log_odds_ratio", "rewards/margins", "logps/rejected"),
-            "dpo": ("loss", "grad_norm", "val_loss", "rewards/chosen", "rewards/margins", "rewards/accuracies",
-                    "logps/rejected"),
-            "kto": ("loss", "grad_norm", "val_loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen",
-                    "share/chosen"),
-            "reward_model": ("loss", "grad_norm", "val_loss", "margin", "rewards/chosen", "rewards/rejected"),
-            "kto_halves": ("loss", "grad_norm", "val_loss", "kl", "rewards/chosen", "logps/rejected")}  # fmt: skip
-JOBS = {"orpo": orpo_job, "dpo": dpo_job, "kto": kto_job, "reward_model": partial(reward_job, z_loss=0.01),
-        "kto_halves": kto_documents_job}
+OVERRIDES = [
+    "trainer.max_steps=4",
+    "trainer.log_every_n_steps=1",
+    "exp_manager.create_tensorboard_logger=False",
+    "data.micro_batch_size=2",
+    "data.global_batch_size=8",
+    "trainer.val_check_interval=4",
+    "trainer.limit_val_batches=2",
+    "trainer.gradient_clip_val=0.5",
+    "model.optim.lr=3e-3",
+]
+COMPARED = {
+    "orpo": ("loss", "grad_norm", "val_loss", "nll_loss", "log_odds_ratio", "rewards/margins", "logps/rejected"),
+    "dpo": (
+        "loss",
+        "grad_norm",
+        "val_loss",
+        "rewards/chosen",
+        "rewards/margins",
+        "rewards/accuracies",
+        "logps/rejected",
+    ),
+    "kto": (
+        "loss",
+        "grad_norm",
+        "val_loss",
+        "kl",
+        "rewards/chosen",
+        "rewards/rejected",
+        "logps/chosen",
+        "share/chosen",
+    ),
+    "reward_model": ("loss", "grad_norm", "val_loss", "margin", "rewards/chosen", "rewards/rejected"),
+    "kto_halves": ("loss", "grad_norm", "val_loss", "kl", "rewards/chosen", "logps/rejected"),
+}
+JOBS = {
+    "orpo": orpo_job,
+    "dpo": dpo_job,
+    "kto": kto_job,
+    "reward_model": partial(reward_job, z_loss=0.01),
+    "kto_halves": kto_documents_job,
+}
 TABLE = "reference_log_probs.safetensors"
 
 
@@ -43,7 +73,10 @@ def assert_close(expected_rows: list[dict], rows: list[dict], keys: tuple[str, .
         found = [row[key] for row in rows if key in row and row["step"] >= first]
         assert len(expected) == len(found) > 0, key
         assert all(abs(a - b) <= 1e-6 * max(1.0, abs(a)) for a, b in zip(expected, found, strict=True)), (
-            key, expected, found)  # fmt: skip
+            key,
+            expected,
+            found,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +103,11 @@ def one_process(tmp_path_factory, data) -> Callable[[str], tuple]:
 
 DEFAULT_SUITE = {"dpo": "tp2_sp", "kto": "dp2_zero1_recompute"}
 """The pair objectives share DPO's two-process path and KTO has its own; ORPO and reward models with --runslow."""
-PAIRS = [pytest.param(method, layout, marks=[] if DEFAULT_SUITE.get(method) == layout else [pytest.mark.slow])
-         for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute") for method in JOBS]  # fmt: skip
+PAIRS = [
+    pytest.param(method, layout, marks=[] if DEFAULT_SUITE.get(method) == layout else [pytest.mark.slow])
+    for layout in ("tp2_sp", "pp2", "cp2", "dp2_zero1_recompute")
+    for method in JOBS
+]
 """DPO, ORPO and reward models (the row-parallel score head) in tensor + sequence parallel, KTO data parallel
 (its baseline summed over the ranks); every other layout of each (pipeline and context parallel too), and KTO
 on NeoX's documents with NeoX's estimate (each micro-batch's halves), run with --runslow."""
@@ -79,8 +115,14 @@ on NeoX's documents with NeoX's estimate (each micro-batch's halves), run with -
 
 @pytest.mark.parametrize(("method", "layout"), PAIRS)
 def test_preference_in_two_processes_logs_what_one_process_logs(method, layout, data, one_process, tmp_path):
-    result = run_command(*OVERRIDES, *data[method], *LAYOUTS[layout], "trainer.devices=2",
-                         f"+exp_manager.explicit_log_dir={tmp_path / layout}", cwd=tmp_path)  # fmt: skip
+    result = run_command(
+        *OVERRIDES,
+        *data[method],
+        *LAYOUTS[layout],
+        "trainer.devices=2",
+        f"+exp_manager.explicit_log_dir={tmp_path / layout}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Warning" not in result.stderr, result.stderr[-3000:]
     expected_rows, one_dir = one_process(method)
@@ -93,8 +135,10 @@ def test_preference_in_two_processes_logs_what_one_process_logs(method, layout, 
             assert error.max() < 1e-6, (split, error.max())
 
 
-LIVE = {"pp2_frozen_copy": [*LAYOUTS["pp2"]],
-        "tp2_sp_lora": [*LAYOUTS["tp2_sp"], "+model_alignment_strategy.peft.lora_rank=4"]}  # fmt: skip
+LIVE = {
+    "pp2_frozen_copy": [*LAYOUTS["pp2"]],
+    "tp2_sp_lora": [*LAYOUTS["tp2_sp"], "+model_alignment_strategy.peft.lora_rank=4"],
+}
 
 
 @pytest.mark.slow  # the default suite's live reference: one process (tests/train/test_dpo.py, adapters off and a
@@ -106,11 +150,18 @@ def test_a_live_reference_in_two_processes_trains_as_one_process_with_a_table(ca
     from tests.training_runs import train_in_process
 
     adapters = [item for item in LIVE[case] if "peft" in item]
-    expected = train_in_process(tmp_path / "one", *OVERRIDES, *dpo_job(tmp_path / "data", chat_tokenizer_dir),
-                                *adapters)  # fmt: skip
+    expected = train_in_process(
+        tmp_path / "one", *OVERRIDES, *dpo_job(tmp_path / "data", chat_tokenizer_dir), *adapters
+    )
     live = dpo_job(tmp_path / "data", chat_tokenizer_dir, precompute=False)
-    result = run_command(*OVERRIDES, *live, *LIVE[case], "trainer.devices=2",
-                         f"+exp_manager.explicit_log_dir={tmp_path / case}", cwd=tmp_path)  # fmt: skip
+    result = run_command(
+        *OVERRIDES,
+        *live,
+        *LIVE[case],
+        "trainer.devices=2",
+        f"+exp_manager.explicit_log_dir={tmp_path / case}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert_close(expected, read_metrics(tmp_path / case), COMPARED["dpo"])
     assert not (tmp_path / case / TABLE).exists()

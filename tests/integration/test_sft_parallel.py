@@ -13,9 +13,16 @@ import pytest
 from tests.integration.test_checkpoint_resume import final_state, run, run_and_kill_after_step_5, step_losses
 from tests.training_runs import assert_identical, read_metrics, run_command, sft_job
 
-OVERRIDES = ["trainer.max_steps=4", "trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=False",
-             "data.micro_batch_size=2", "data.global_batch_size=8", "trainer.val_check_interval=4",
-             "trainer.limit_val_batches=2", "trainer.gradient_clip_val=0.5"]  # fmt: skip
+OVERRIDES = [
+    "trainer.max_steps=4",
+    "trainer.log_every_n_steps=1",
+    "exp_manager.create_tensorboard_logger=False",
+    "data.micro_batch_size=2",
+    "data.global_batch_size=8",
+    "trainer.val_check_interval=4",
+    "trainer.limit_val_batches=2",
+    "trainer.gradient_clip_val=0.5",
+]
 LAYOUTS = {
     "tp2_sp": ["distributed_strategy.tensor_model_parallel_size=2", "distributed_strategy.sequence_parallel=True"],
     "pp2": ["distributed_strategy.pipeline_model_parallel_size=2"],
@@ -36,11 +43,18 @@ def one_process(tmp_path_factory, data) -> list[dict[str, float]]:
     return train_in_process(tmp_path_factory.mktemp("one"), *OVERRIDES, *data)
 
 
-@pytest.mark.parametrize("layout", [pytest.param(name, marks=[] if name == "tp2_sp" else [pytest.mark.slow])
-                                    for name in LAYOUTS])  # pipeline stages and ZeRO-1 with --runslow
+@pytest.mark.parametrize(
+    "layout", [pytest.param(name, marks=[] if name == "tp2_sp" else [pytest.mark.slow]) for name in LAYOUTS]
+)  # pipeline stages and ZeRO-1 with --runslow
 def test_packed_sft_in_two_processes_logs_what_one_process_logs(layout, data, one_process, tmp_path):
-    result = run_command(*OVERRIDES, *data, *LAYOUTS[layout], "trainer.devices=2",
-                         f"+exp_manager.explicit_log_dir={tmp_path / layout}", cwd=tmp_path)  # fmt: skip
+    result = run_command(
+        *OVERRIDES,
+        *data,
+        *LAYOUTS[layout],
+        "trainer.devices=2",
+        f"+exp_manager.explicit_log_dir={tmp_path / layout}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = read_metrics(tmp_path / layout)
     for key in ("loss", "grad_norm", "val_loss"):
@@ -67,10 +81,15 @@ def test_sft_killed_mid_epoch_resumes_exactly(tmp_path, data):
     assert_identical(final_state(broken / "run"), final_state(whole / "run"))
 
 
-LORA = ["+model_alignment_strategy.peft.lora_rank=4", "+model_alignment_strategy.peft.lora_alpha=8",
-        "+model_alignment_strategy.peft.lora_dropout=0.0", "+model_alignment_strategy.peft.merge_sharded_lora=True",
-        "+model_alignment_strategy.peft.target_modules=[qkv_proj,o_proj,gate_up_proj,down_proj]",
-        "+model_alignment_strategy.peft.save_lora_base=True", "exp_manager.create_checkpoint_callback=True"]  # fmt: skip
+LORA = [
+    "+model_alignment_strategy.peft.lora_rank=4",
+    "+model_alignment_strategy.peft.lora_alpha=8",
+    "+model_alignment_strategy.peft.lora_dropout=0.0",
+    "+model_alignment_strategy.peft.merge_sharded_lora=True",
+    "+model_alignment_strategy.peft.target_modules=[qkv_proj,o_proj,gate_up_proj,down_proj]",
+    "+model_alignment_strategy.peft.save_lora_base=True",
+    "exp_manager.create_checkpoint_callback=True",
+]
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +108,23 @@ def test_lora_in_two_processes_logs_and_saves_what_one_process_does(layout, data
     gradient norms, and a checkpoint whose peft adapter file holds the same adapter."""
     from safetensors.torch import load_file
 
-    result = run_command(*OVERRIDES, *data, *LORA, *LAYOUTS[layout], "trainer.devices=2",
-                         f"+exp_manager.explicit_log_dir={tmp_path / layout}", cwd=tmp_path)  # fmt: skip
+    result = run_command(
+        *OVERRIDES,
+        *data,
+        *LORA,
+        *LAYOUTS[layout],
+        "trainer.devices=2",
+        f"+exp_manager.explicit_log_dir={tmp_path / layout}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     expected, found = read_metrics(lora_one_process), read_metrics(tmp_path / layout)
     for key in ("loss", "grad_norm", "val_loss"):
         pairs = list(zip([r[key] for r in expected if key in r], [r[key] for r in found if key in r], strict=True))
         assert pairs and max(abs(a - b) for a, b in pairs) < 1e-6, (key, pairs)
-    adapters = [load_file(next((log / "checkpoints").glob("*/adapter_model.safetensors")))
-                for log in (lora_one_process, tmp_path / layout)]  # fmt: skip
+    adapters = [
+        load_file(next((log / "checkpoints").glob("*/adapter_model.safetensors")))
+        for log in (lora_one_process, tmp_path / layout)
+    ]
     assert set(adapters[0]) == set(adapters[1]) and len(adapters[0]) == 28
     assert max((adapters[0][k] - adapters[1][k]).abs().max().item() for k in adapters[0]) < 1e-6

@@ -52,13 +52,25 @@ def _script(path: Path, options: list[str], body: str) -> Path:
 
 
 def _train_line(log_dir: Path, *overrides: str) -> str:
-    return " ".join([PYTHON, "-m", "nxd_train", *CLUSTER_JOB, "trainer.devices=2", *overrides,
-                     f"+exp_manager.explicit_log_dir={log_dir}"])  # fmt: skip
+    return " ".join(
+        [
+            PYTHON,
+            "-m",
+            "nxd_train",
+            *CLUSTER_JOB,
+            "trainer.devices=2",
+            *overrides,
+            f"+exp_manager.explicit_log_dir={log_dir}",
+        ]
+    )
 
 
 def _differ(found: dict[int, float], expected: dict[int, float]) -> list[str]:
-    return [f"step {s}: {found.get(s)!r} against {expected[s]!r}" for s in range(1, CLUSTER_STEPS + 1)
-            if s not in found or abs(found[s] - expected[s]) > 1e-6]  # fmt: skip
+    return [
+        f"step {s}: {found.get(s)!r} against {expected[s]!r}"
+        for s in range(1, CLUSTER_STEPS + 1)
+        if s not in found or abs(found[s] - expected[s]) > 1e-6
+    ]
 
 
 def _finished(slurm, job: str, output: Path) -> None:
@@ -67,13 +79,17 @@ def _finished(slurm, job: str, output: Path) -> None:
 
 
 def test_srun_ntasks_trains_like_one_process_and_a_usr1_warning_requeues_it_to_the_same_losses(
-        slurm, one_process, tmp_path):  # fmt: skip
+    slurm, one_process, tmp_path
+):
     """`#SBATCH --ntasks=2` (no --ntasks-per-node, which Lightning's own Slurm support requires); mid-run,
     `scancel --signal=USR1` (what `--signal=USR1@N` sends before the time limit): every rank stops after the
     same step, the checkpoint of that step is written, the job requeues itself and resumes from it."""
     log_dir, output = tmp_path / "run", tmp_path / "job.out"
-    script = _script(tmp_path / "job.sh", ["--ntasks=2", "--requeue", "--open-mode=append", f"--output={output}"],
-                     f"cd {tmp_path}\nsrun {_train_line(log_dir, *SLOWED)}\n")  # fmt: skip
+    script = _script(
+        tmp_path / "job.sh",
+        ["--ntasks=2", "--requeue", "--open-mode=append", f"--output={output}"],
+        f"cd {tmp_path}\nsrun {_train_line(log_dir, *SLOWED)}\n",
+    )
     job = slurm.submit(script)
     deadline = time.monotonic() + 300
     while not (log_dir / "metrics.csv").exists() or max(step_losses(log_dir), default=0) < 6:
@@ -92,20 +108,30 @@ def test_srun_ntasks_trains_like_one_process_and_a_usr1_warning_requeues_it_to_t
 @pytest.mark.slow
 def test_srun_inside_an_allocation_and_ntasks_per_node(slurm, one_process, tmp_path):
     output = tmp_path / "alloc.out"
-    inside = _script(tmp_path / "alloc.sh", ["--nodes=1", "--ntasks-per-node=2", f"--output={output}"],
-                     f"cd {tmp_path}\nsrun {_train_line(tmp_path / 'per_node')}\n")  # fmt: skip
+    inside = _script(
+        tmp_path / "alloc.sh",
+        ["--nodes=1", "--ntasks-per-node=2", f"--output={output}"],
+        f"cd {tmp_path}\nsrun {_train_line(tmp_path / 'per_node')}\n",
+    )
     _finished(slurm, slurm.submit(inside), output)
     assert not _differ(step_losses(tmp_path / "per_node"), one_process)
-    result = slurm.run("salloc", "--ntasks=2", "srun", *_train_line(tmp_path / "salloc").split(), timeout=600,
-                       check=False)  # fmt: skip
+    result = slurm.run(
+        "salloc", "--ntasks=2", "srun", *_train_line(tmp_path / "salloc").split(), timeout=600, check=False
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert not _differ(step_losses(tmp_path / "salloc"), one_process)
 
 
 def _launch(slurm, tmp_path: Path, *items: str) -> tuple[str, str]:
     """`nxd-train launch ITEMS --submit` from tmp_path; the job id once it has completed, and what it printed."""
-    result = subprocess.run([PYTHON, "-m", "nxd_train", "launch", *items, "--submit"], cwd=tmp_path,
-                            capture_output=True, text=True, env=slurm.env, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [PYTHON, "-m", "nxd_train", "launch", *items, "--submit"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=slurm.env,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     job = result.stdout.strip().splitlines()[-1].removeprefix("submitted job ")
     output = tmp_path / f"slurm-{job}.out"
@@ -117,10 +143,24 @@ def test_sbatch_reads_back_each_value_launch_writes_into_a_directive(slurm, tmp_
     """Quotes, backslashes, '#', '$()' and spaces in the job name and comment reach Slurm as they are (a held job,
     cancelled once read)."""
     comment, job_name = """it's "quoted" \\ # $(touch PWN) `x`""", "a b\\c"
-    result = subprocess.run([PYTHON, "-m", "nxd_train", "launch", str(REPO / "configs/tiny.yaml"),
-                             f"+trainer.cluster.comment={json.dumps(comment)}",
-                             f"+trainer.cluster.job_name={json.dumps(job_name)}", "--output", "job.sbatch"],
-                            cwd=tmp_path, capture_output=True, text=True, env=slurm.env, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "nxd_train",
+            "launch",
+            str(REPO / "configs/tiny.yaml"),
+            f"+trainer.cluster.comment={json.dumps(comment)}",
+            f"+trainer.cluster.job_name={json.dumps(job_name)}",
+            "--output",
+            "job.sbatch",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=slurm.env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     job = slurm.submit(tmp_path / "job.sbatch", "--hold")
     try:
@@ -134,8 +174,14 @@ def test_sbatch_reads_back_each_value_launch_writes_into_a_directive(slurm, tmp_
 @pytest.mark.slow
 def test_the_sbatch_script_launch_writes_from_an_nxdt_file_trains(slurm, one_process, tmp_path):
     log_dir = tmp_path / "run"
-    _, said = _launch(slurm, tmp_path, str(REPO / "configs/tiny.yaml"), *CLUSTER_JOB, "trainer.devices=2",
-                      f"+exp_manager.explicit_log_dir={log_dir}")  # fmt: skip
+    _, said = _launch(
+        slurm,
+        tmp_path,
+        str(REPO / "configs/tiny.yaml"),
+        *CLUSTER_JOB,
+        "trainer.devices=2",
+        f"+exp_manager.explicit_log_dir={log_dir}",
+    )
     script = next(tmp_path.glob("*.sbatch")).read_text()
     assert "#SBATCH --ntasks-per-node=2" in script and "#SBATCH --signal=USR1@120" in script
     assert f"done: {CLUSTER_STEPS} steps" in said and not _differ(step_losses(log_dir), one_process)
@@ -148,9 +194,15 @@ def test_the_sbatch_script_launch_writes_from_neox_and_qefficient_files_trains(s
     repo = REPO
     (tmp_path / "hostfile").write_text(f"{os.uname().nodename} slots=2\n")
     (tmp_path / "cluster.yml").write_text('{"hostfile": "hostfile", "launcher": "slurm", "comment": "nxd test"}\n')
-    _, said = _launch(slurm, tmp_path, str(repo / "configs/neox/pythia_tiny.yml"),
-                      str(repo / "configs/neox/local_setup.yml"), "cluster.yml", "train_micro_batch_size_per_gpu=4",
-                      "train_iters=20")  # fmt: skip
+    _, said = _launch(
+        slurm,
+        tmp_path,
+        str(repo / "configs/neox/pythia_tiny.yml"),
+        str(repo / "configs/neox/local_setup.yml"),
+        "cluster.yml",
+        "train_micro_batch_size_per_gpu=4",
+        "train_iters=20",
+    )
     assert "2 process(es) (dp 2)" in said and "done: 20 steps" in said, said[-3000:]
     assert '#SBATCH --comment="nxd test"' in next(tmp_path.glob("*.sbatch")).read_text()
 
@@ -158,8 +210,14 @@ def test_the_sbatch_script_launch_writes_from_neox_and_qefficient_files_trains(s
 
     qeff = tmp_path / "qeff"
     qeff.mkdir()
-    config = local_config(repo / "configs/qeff/sft_ddp_config.yaml", qeff / "sft.yaml",
-                          tiny_model(qeff / "model", chat_tokenizer_dir), hub_datasets(qeff / "hub"), qeff / "out",
-                          dataset={"max_seq_length": 128}, training={"ddp_degree": 2, "max_steps": 4})  # fmt: skip
+    config = local_config(
+        repo / "configs/qeff/sft_ddp_config.yaml",
+        qeff / "sft.yaml",
+        tiny_model(qeff / "model", chat_tokenizer_dir),
+        hub_datasets(qeff / "hub"),
+        qeff / "out",
+        dataset={"max_seq_length": 128},
+        training={"ddp_degree": 2, "max_steps": 4},
+    )
     _, said = _launch(slurm, qeff, str(config))
     assert "2 process(es) (dp 2)" in said and "done: 4 steps" in said, said[-3000:]

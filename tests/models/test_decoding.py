@@ -15,23 +15,36 @@ SHAPES = {
     "llama_gqa": {},
     "sliding_window": {"sliding_window": 5},
     "alibi": {"position_embedding_type": "alibi"},
-    "pythia": {"transformer_block_type": "gpt_neox", "rotary_percentage": 0.25, "normalization": "layernorm",
-               "activation": "gelu", "has_bias": True, "num_kv_heads": 4},
+    "pythia": {
+        "transformer_block_type": "gpt_neox",
+        "rotary_percentage": 0.25,
+        "normalization": "layernorm",
+        "activation": "gelu",
+        "has_bias": True,
+        "num_kv_heads": 4,
+    },
     "gpt_j": {"transformer_block_type": "gpt_j", "rotary_percentage": 0.5},
     "learned_absolute": {"position_embedding_type": "learned_absolute", "normalization": "layernorm"},
     "sinusoidal": {"position_embedding_type": "sinusoidal"},
     "moe": {"moe": MoESpec(num_experts=4, top_k=2, normalize_top_k_affinities=True)},
     "sinkhorn_moe": {"moe": MoESpec(num_experts=4, top_k=1, routing="sinkhorn")},
     "capacity_moe": {"moe": MoESpec(num_experts=4, top_k=1, capacity_factor=1.0)},
-}  # fmt: skip
+}
 SEQ = 12
 GREEDY = Sampling()
 
 
 def _megatron(shape: str) -> torch.nn.Module:
     settings = {"num_kv_heads": 2, **SHAPES[shape]}
-    config = GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=97, seq_length=32,
-                       init_method_std=0.3, **settings)  # fmt: skip
+    config = GPTConfig(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        vocab_size=97,
+        seq_length=32,
+        init_method_std=0.3,
+        **settings,
+    )
     return prepare_for_decoding(build_causal_lm(config, seed=5, attention=AttentionKernel.UNFUSED))
 
 
@@ -65,8 +78,14 @@ HF = {
 @pytest.mark.parametrize("name", list(HF))
 def test_a_transformers_model_decodes_through_its_own_cache(name):
     config = HF[name]
-    for key, value in {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                       "num_attention_heads": 4, "max_position_embeddings": 32}.items():  # fmt: skip
+    for key, value in {
+        "vocab_size": 97,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 32,
+    }.items():
         setattr(config, key, value)
     model = prepare_for_decoding(build_causal_lm(config, seed=5))
     ids = torch.randint(0, 97, (2, SEQ), generator=torch.Generator().manual_seed(1))
@@ -79,9 +98,17 @@ def test_a_transformers_model_decodes_through_its_own_cache(name):
 def _continuations(model: torch.nn.Module, cached: bool, sampling: Sampling = GREEDY, seed: int = 0):
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
     with torch.no_grad():
-        return generate(lambda i, p, c: decoding_logits(model, i, p, c), (lambda: decoding_cache(model)) if cached
-                        else None, prompts, maximum_tokens=10, context=32, end_id=0, vocab_size=97,
-                        sampling=sampling, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        return generate(
+            lambda i, p, c: decoding_logits(model, i, p, c),
+            (lambda: decoding_cache(model)) if cached else None,
+            prompts,
+            maximum_tokens=10,
+            context=32,
+            end_id=0,
+            vocab_size=97,
+            sampling=sampling,
+            generator=torch.Generator().manual_seed(seed),
+        )
 
 
 @pytest.mark.parametrize("shape", ["llama_gqa", "alibi", "moe"])
@@ -96,8 +123,15 @@ def test_cached_and_recomputed_generation_choose_the_same_tokens(shape):
 
 def _continuations_one(model: torch.nn.Module, prompt: list[int]) -> list[int]:
     with torch.no_grad():
-        return generate(lambda i, p, c: decoding_logits(model, i, p, c), lambda: decoding_cache(model), [prompt],
-                        maximum_tokens=10, context=32, end_id=0, vocab_size=97)[0].tokens  # fmt: skip
+        return generate(
+            lambda i, p, c: decoding_logits(model, i, p, c),
+            lambda: decoding_cache(model),
+            [prompt],
+            maximum_tokens=10,
+            context=32,
+            end_id=0,
+            vocab_size=97,
+        )[0].tokens
 
 
 def test_sampling_follows_the_seed_and_the_filters():
@@ -115,8 +149,15 @@ def test_a_row_ends_at_the_end_of_document_token():
     model = _megatron("llama_gqa")
     greedy = _continuations(model, True)[0].tokens
     with torch.no_grad():
-        [ended] = generate(lambda i, p, c: decoding_logits(model, i, p, c), lambda: decoding_cache(model), [[1, 2, 3]],
-                           maximum_tokens=10, context=32, end_id=greedy[2], vocab_size=97)  # fmt: skip
-    assert ended.finished and ended.tokens == greedy[:greedy.index(greedy[2])]
+        [ended] = generate(
+            lambda i, p, c: decoding_logits(model, i, p, c),
+            lambda: decoding_cache(model),
+            [[1, 2, 3]],
+            maximum_tokens=10,
+            context=32,
+            end_id=greedy[2],
+            vocab_size=97,
+        )
+    assert ended.finished and ended.tokens == greedy[: greedy.index(greedy[2])]
     with pytest.raises(Exception, match="leaves no room in the model's context of 32 positions"):
         generate(lambda i, p, c: None, None, [list(range(32))], maximum_tokens=4, context=32, end_id=0, vocab_size=97)

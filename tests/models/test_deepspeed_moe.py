@@ -115,9 +115,17 @@ def test_capacity_is_deepspeeds_with_its_minimum_and_evaluation_factor():
 
 
 def test_pr_moe_mixes_the_experts_and_the_dense_mlp_per_token():
-    config = GPTConfig(vocab_size=64, num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8,
-                       hidden_dropout=0.0, attention_dropout=0.0, activation="gelu",
-                       moe=MoESpec(num_experts=4, routing="deepspeed", residual=True, glu=True))  # fmt: skip
+    config = GPTConfig(
+        vocab_size=64,
+        num_layers=1,
+        hidden_size=16,
+        num_attention_heads=2,
+        seq_length=8,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        activation="gelu",
+        moe=MoESpec(num_experts=4, routing="deepspeed", residual=True, glu=True),
+    )
     layer = build_causal_lm(config, seed=0).model.layers[0].mlp
     assert isinstance(layer, MoELayer) and layer.experts.gated  # moe_glu: gelu(gate(x)) * up(x)
     x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(2))
@@ -125,9 +133,14 @@ def test_pr_moe_mixes_the_experts_and_the_dense_mlp_per_token():
         tokens = x.reshape(-1, 16)
         gates = torch.softmax(tokens @ layer.router.weight.T, -1)
         expert = gates.argmax(-1)
-        experts = torch.stack([
-            F.gelu(t @ layer.experts.gate_proj[e].T) * (t @ layer.experts.up_proj[e].T) @ layer.experts.down_proj[e].T
-            for t, e in zip(tokens, expert, strict=True)])  # fmt: skip
+        experts = torch.stack(
+            [
+                F.gelu(t @ layer.experts.gate_proj[e].T)
+                * (t @ layer.experts.up_proj[e].T)
+                @ layer.experts.down_proj[e].T
+                for t, e in zip(tokens, expert, strict=True)
+            ]
+        )
         moe = experts * gates.gather(1, expert[:, None])
         mlp = layer.residual_mlp
         dense = F.gelu(tokens @ mlp.up_proj.weight.T + mlp.up_proj.bias) @ mlp.down_proj.weight.T + mlp.down_proj.bias
@@ -139,10 +152,23 @@ def test_pr_moe_mixes_the_experts_and_the_dense_mlp_per_token():
 
 
 def test_activation_recompute_replays_the_draws():
-    config = GPTConfig(vocab_size=64, num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=16,
-                       hidden_dropout=0.0, attention_dropout=0.0,
-                       moe=MoESpec(num_experts=4, top_k=1, routing="deepspeed", capacity_factor=0.5,
-                                   router_aux_loss=True, router_aux_loss_coef=0.1))  # fmt: skip
+    config = GPTConfig(
+        vocab_size=64,
+        num_layers=2,
+        hidden_size=16,
+        num_attention_heads=2,
+        seq_length=16,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        moe=MoESpec(
+            num_experts=4,
+            top_k=1,
+            routing="deepspeed",
+            capacity_factor=0.5,
+            router_aux_loss=True,
+            router_aux_loss_coef=0.1,
+        ),
+    )
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
     grads = []
     for recompute in (False, True):
@@ -158,12 +184,15 @@ def test_activation_recompute_replays_the_draws():
     assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-6) for n in grads[0])
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    (dict(top_k=3), "DeepSpeed's gate is top-1 or top-2"),
-    (dict(router_activation="sigmoid"), "DeepSpeed's gate weighs by softmax"),
-    (dict(normalize_top_k_affinities=True), "DeepSpeed's gate weighs by softmax"),
-    (dict(min_capacity=-1), "min_capacity: expected 0 or more"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(top_k=3), "DeepSpeed's gate is top-1 or top-2"),
+        (dict(router_activation="sigmoid"), "DeepSpeed's gate weighs by softmax"),
+        (dict(normalize_top_k_affinities=True), "DeepSpeed's gate weighs by softmax"),
+        (dict(min_capacity=-1), "min_capacity: expected 0 or more"),
+    ],
+)
 def test_settings_deepspeeds_gate_lacks_are_named(changes, message):
     with pytest.raises(ModelConfigError, match=message):
         MoESpec(**{**dict(num_experts=4, routing="deepspeed"), **changes})
@@ -172,8 +201,17 @@ def test_settings_deepspeeds_gate_lacks_are_named(changes, message):
 def test_a_pr_moe_model_claims_no_mixtral_export():
     from nxd_models.hf_mapping import hf_mapping
 
-    config = GPTConfig(vocab_size=64, num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8,
-                       normalization="rmsnorm", activation="swiglu", has_bias=False, position_embedding_type="rope",
-                       moe=MoESpec(num_experts=4, top_k=2, normalize_top_k_affinities=True, residual=True))
+    config = GPTConfig(
+        vocab_size=64,
+        num_layers=1,
+        hidden_size=16,
+        num_attention_heads=2,
+        seq_length=8,
+        normalization="rmsnorm",
+        activation="swiglu",
+        has_bias=False,
+        position_embedding_type="rope",
+        moe=MoESpec(num_experts=4, top_k=2, normalize_top_k_affinities=True, residual=True),
+    )
     with pytest.raises(ModelConfigError, match="moe.residual is True \\(Mixtral needs False\\)"):
         hf_mapping(config)

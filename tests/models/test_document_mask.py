@@ -33,16 +33,36 @@ def assert_documents_independent(model: torch.nn.Module, vocab: int) -> None:
 
 @pytest.mark.parametrize("kernel", [AttentionKernel.FLASH, AttentionKernel.UNFUSED])
 def test_megatron_model_attends_within_documents(kernel: AttentionKernel) -> None:
-    config = GPTConfig(vocab_size=200, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2,
-                       seq_length=16, ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+    config = GPTConfig(
+        vocab_size=200,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        seq_length=16,
+        ffn_hidden_size=48,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
     torch.manual_seed(0)
     assert_documents_independent(build_causal_lm(config, attention=kernel), 200)
 
 
 def hf_llama(tmp_path, kernel: AttentionKernel) -> torch.nn.Module:
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 200, "max_position_embeddings": 64}))  # fmt: skip
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 200,
+                "max_position_embeddings": 64,
+            }
+        )
+    )
     torch.manual_seed(0)
     return build_causal_lm(load_hf_config(tmp_path), attention=kernel)
 
@@ -84,7 +104,8 @@ def test_span_attention_equals_the_masked_product(kv_heads: int) -> None:
     for rows in ([(5, 7, 4)] * 3, [(5, 7, 4), (16,), (1, 2, 13)]):
         documents = torch.stack([torch.cat([torch.full((n,), d) for d, n in enumerate(row)]) for row in rows])
         expected = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=document_mask(documents), enable_gqa=kv_heads != 4)
+            query, key, value, attn_mask=document_mask(documents), enable_gqa=kv_heads != 4
+        )
         found = span_attention(query, key, value, document_spans(documents))
         torch.testing.assert_close(found, expected, rtol=1e-5, atol=1e-6)
 
@@ -96,8 +117,17 @@ def test_a_document_split_in_two_runs_is_masked_as_one(tmp_path, family: str) ->
     if family == "hf":
         model = hf_llama(tmp_path, AttentionKernel.FLASH)
     else:
-        config = GPTConfig(vocab_size=200, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2,
-                           seq_length=16, ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+        config = GPTConfig(
+            vocab_size=200,
+            num_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            seq_length=16,
+            ffn_hidden_size=48,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+        )
         torch.manual_seed(0)
         model = build_causal_lm(config)
     ids = torch.randint(0, 200, (1, 12), generator=torch.Generator().manual_seed(1))
@@ -128,8 +158,17 @@ def test_contiguous_documents_take_the_span_path(tmp_path, monkeypatch, family: 
     if family == "hf":
         model = hf_llama(tmp_path, AttentionKernel.FLASH)
     else:
-        config = GPTConfig(vocab_size=200, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2,
-                           seq_length=16, ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+        config = GPTConfig(
+            vocab_size=200,
+            num_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            seq_length=16,
+            ffn_hidden_size=48,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+        )
         model = build_causal_lm(config)
     ids, positions, documents = packed(200)
     with torch.no_grad():

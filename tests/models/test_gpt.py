@@ -10,8 +10,15 @@ import torch
 from nxd_models import AttentionKernel, GPTConfig, ModelConfigError, build_causal_lm
 from nxd_models.flops import training_flops_per_token
 
-BASE = dict(vocab_size=300, num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=16,
-            hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+BASE = dict(
+    vocab_size=300,
+    num_layers=4,
+    hidden_size=32,
+    num_attention_heads=4,
+    seq_length=16,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
 
 
 def _config(**changes) -> GPTConfig:
@@ -19,7 +26,8 @@ def _config(**changes) -> GPTConfig:
 
 
 @pytest.mark.parametrize(
-    ("vocab", "divisible_by", "tp", "padded"), [(300, 128, 1, 384), (50257, 128, 1, 50304), (1000, 128, 2, 1024), (256, 128, 1, 256)]
+    ("vocab", "divisible_by", "tp", "padded"),
+    [(300, 128, 1, 384), (50257, 128, 1, 50304), (1000, 128, 2, 1024), (256, 128, 1, 256)],
 )
 def test_vocabulary_is_padded_as_megatron_pads_it(vocab, divisible_by, tp, padded):
     config = _config(vocab_size=vocab, make_vocab_size_divisible_by=divisible_by, tensor_parallel_size=tp)
@@ -33,8 +41,11 @@ def test_unfused_core_attention_equals_sdpa(rope, scaling):
     softmax: in fp32 the unfused path must equal the fused kernels."""
     torch.manual_seed(0)
     models = {}
-    for name, kernel in {"unfused": AttentionKernel.UNFUSED, "softmax": AttentionKernel.FUSED_SOFTMAX,
-                         "flash": AttentionKernel.FLASH}.items():  # fmt: skip
+    for name, kernel in {
+        "unfused": AttentionKernel.UNFUSED,
+        "softmax": AttentionKernel.FUSED_SOFTMAX,
+        "flash": AttentionKernel.FLASH,
+    }.items():
         torch.manual_seed(0)
         config = _config(position_embedding_type=rope, num_kv_heads=2, apply_query_key_layer_scaling=scaling)
         models[name] = build_causal_lm(config, attention=kernel).eval()
@@ -82,8 +93,15 @@ def test_learned_positions_and_rope_both_see_position():
 
 def test_init_follows_megatron():
     torch.manual_seed(0)
-    config = _config(num_layers=8, hidden_size=256, num_attention_heads=4, vocab_size=4096, has_bias=True,
-                     init_method_std=0.02, share_embeddings_and_output_weights=False)
+    config = _config(
+        num_layers=8,
+        hidden_size=256,
+        num_attention_heads=4,
+        vocab_size=4096,
+        has_bias=True,
+        init_method_std=0.02,
+        share_embeddings_and_output_weights=False,
+    )
     model = build_causal_lm(config)
     scaled = 0.02 / math.sqrt(2 * 8)
     layer = model.model.layers[0]
@@ -117,8 +135,16 @@ def test_normalization_and_epsilon():
 
 
 def test_flops_per_token_by_hand():
-    config = _config(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=256, ffn_hidden_size=64,
-                     activation="swiglu", has_bias=False, share_embeddings_and_output_weights=False)
+    config = _config(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        vocab_size=256,
+        ffn_hidden_size=64,
+        activation="swiglu",
+        has_bias=False,
+        share_embeddings_and_output_weights=False,
+    )
     model = build_causal_lm(config)
     per_layer = 4 * 32 * 32 + 3 * 32 * 64  # q, k, v, o and gate, up, down
     weights = 2 * per_layer + 256 * 32  # plus the output layer
@@ -135,17 +161,26 @@ def test_tp_plan_patterns_name_real_modules():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"transformer_block_type": "post_ln"},
-         "model.transformer_block_type: expected one of pre_ln, gpt_j, gpt_neox, found 'post_ln'"),
-        ({"position_embedding_type": "sinusoidal", "hidden_size": 25, "num_attention_heads": 5},
-         "model.hidden_size: sinusoidal positions pair a sine with a cosine; expected an even width, found 25"),
+        (
+            {"transformer_block_type": "post_ln"},
+            "model.transformer_block_type: expected one of pre_ln, gpt_j, gpt_neox, found 'post_ln'",
+        ),
+        (
+            {"position_embedding_type": "sinusoidal", "hidden_size": 25, "num_attention_heads": 5},
+            "model.hidden_size: sinusoidal positions pair a sine with a cosine; expected an even width, found 25",
+        ),
         ({"init_method": "kaiming"}, "model.init_method: expected one of normal, scaled_normal"),
-        ({"seq_length": 128, "max_position_embeddings": 64},
-         "model.encoder_seq_length: expected at most max_position_embeddings (64), found 128"),
+        (
+            {"seq_length": 128, "max_position_embeddings": 64},
+            "model.encoder_seq_length: expected at most max_position_embeddings (64), found 128",
+        ),
         ({"num_kv_heads": 3}, "model.num_kv_heads: expected a divisor of num_attention_heads (4), found 3"),
-        ({"hidden_size": 30}, "model.hidden_size: expected a multiple of num_attention_heads (4) when kv_channels is null, found 30"),
+        (
+            {"hidden_size": 30},
+            "model.hidden_size: expected a multiple of num_attention_heads (4) when kv_channels is null, found 30",
+        ),
     ],
-)  # fmt: skip
+)
 def test_invalid_architectures_are_rejected_by_key(changes, message):
     with pytest.raises(ModelConfigError) as caught:
         _config(**changes)
@@ -202,7 +237,14 @@ def test_qkv_linear_computes_what_the_separate_projections_compute(fuse):
 def test_hf_mapping_of_a_qkv_linear_model_names_the_llama_projections():
     from nxd_models.hf_mapping import hf_mapping
 
-    keys = hf_mapping(_config(activation="swiglu", normalization="rmsnorm", position_embedding_type="rope",
-                              has_bias=False, qkv_linear=True)).keys  # fmt: skip
+    keys = hf_mapping(
+        _config(
+            activation="swiglu",
+            normalization="rmsnorm",
+            position_embedding_type="rope",
+            has_bias=False,
+            qkv_linear=True,
+        )
+    ).keys
     assert keys["model.layers.0.self_attn.qkv_proj.weight_q"] == "model.layers.0.self_attn.q_proj.weight"
     assert keys["model.layers.3.self_attn.qkv_proj.weight_v"] == "model.layers.3.self_attn.v_proj.weight"

@@ -19,11 +19,23 @@ def _tokens(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _llama_shape(**changes) -> GPTConfig:
     base = dict(
-        vocab_size=1000, num_layers=3, hidden_size=64, num_attention_heads=8, num_kv_heads=2, seq_length=SEQ,
-        ffn_hidden_size=96, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
-        rope_theta=500000.0, has_bias=False, share_embeddings_and_output_weights=False,
-        hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=128,
-    )  # fmt: skip
+        vocab_size=1000,
+        num_layers=3,
+        hidden_size=64,
+        num_attention_heads=8,
+        num_kv_heads=2,
+        seq_length=SEQ,
+        ffn_hidden_size=96,
+        normalization="rmsnorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        rope_theta=500000.0,
+        has_bias=False,
+        share_embeddings_and_output_weights=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        make_vocab_size_divisible_by=128,
+    )
     return GPTConfig(**{**base, **changes})
 
 
@@ -66,21 +78,51 @@ def test_gelu_layernorm_partial_rotary_matches_transformers_gpt_neox():
     RoPE over a fraction of each head. Its fused QKV holds [q, k, v] per head."""
     torch.manual_seed(0)
     config = GPTConfig(
-        vocab_size=512, num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=SEQ, ffn_hidden_size=128,
-        normalization="layernorm", layernorm_epsilon=1e-5, activation="gelu", position_embedding_type="rope",
-        rotary_percentage=0.25, rope_theta=10000.0, has_bias=True, share_embeddings_and_output_weights=False,
-        hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=128,
-    )  # fmt: skip
+        vocab_size=512,
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        seq_length=SEQ,
+        ffn_hidden_size=128,
+        normalization="layernorm",
+        layernorm_epsilon=1e-5,
+        activation="gelu",
+        position_embedding_type="rope",
+        rotary_percentage=0.25,
+        rope_theta=10000.0,
+        has_bias=True,
+        share_embeddings_and_output_weights=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        make_vocab_size_divisible_by=128,
+    )
     ours = build_causal_lm(config, attention=AttentionKernel.UNFUSED).eval()
-    reference = GPTNeoXForCausalLM(GPTNeoXConfig(
-        vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        hidden_act="gelu", rotary_pct=0.25, rope_theta=10000.0, max_position_embeddings=SEQ, layer_norm_eps=1e-5,
-        use_parallel_residual=False, tie_word_embeddings=False, attention_bias=True,
-        hidden_dropout=0.0, attention_dropout=0.0,
-    )).eval()  # fmt: skip
+    reference = GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            vocab_size=512,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            hidden_act="gelu",
+            rotary_pct=0.25,
+            rope_theta=10000.0,
+            max_position_embeddings=SEQ,
+            layer_norm_eps=1e-5,
+            use_parallel_residual=False,
+            tie_word_embeddings=False,
+            attention_bias=True,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+        )
+    ).eval()
     s = ours.state_dict()
-    hf = {"gpt_neox.embed_in.weight": s["model.embed_tokens.weight"], "lm_head.weight": s["lm_head.weight"],
-          "gpt_neox.final_layer_norm.weight": s["model.norm.weight"], "gpt_neox.final_layer_norm.bias": s["model.norm.bias"]}
+    hf = {
+        "gpt_neox.embed_in.weight": s["model.embed_tokens.weight"],
+        "lm_head.weight": s["lm_head.weight"],
+        "gpt_neox.final_layer_norm.weight": s["model.norm.weight"],
+        "gpt_neox.final_layer_norm.bias": s["model.norm.bias"],
+    }
     heads, head_dim = 4, 16
     for i in range(2):
         ours_prefix, theirs = f"model.layers.{i}.", f"gpt_neox.layers.{i}."
@@ -93,7 +135,10 @@ def test_gelu_layernorm_partial_rotary_matches_transformers_gpt_neox():
             hf[f"{theirs}mlp.dense_4h_to_h.{kind}"] = s[f"{ours_prefix}mlp.down_proj.{kind}"]
             hf[f"{theirs}input_layernorm.{kind}"] = s[f"{ours_prefix}input_layernorm.{kind}"]
             hf[f"{theirs}post_attention_layernorm.{kind}"] = s[f"{ours_prefix}post_attention_layernorm.{kind}"]
-    hf = {key: (value[:512] if key in ("gpt_neox.embed_in.weight", "lm_head.weight") else value) for key, value in hf.items()}
+    hf = {
+        key: (value[:512] if key in ("gpt_neox.embed_in.weight", "lm_head.weight") else value)
+        for key, value in hf.items()
+    }
     reference.load_state_dict(hf, strict=True)
     input_ids, positions = _tokens(512)
     with torch.no_grad():
@@ -115,8 +160,10 @@ def test_sliding_window_matches_transformers_mistral(kernel):
     assert mapping.config["architectures"] == ["MistralForCausalLM"] and mapping.config["sliding_window"] == 7
     reference = MistralForCausalLM(MistralConfig(**mapping.config)).eval()
     state = ours.state_dict()
-    hf_state = {hf_key: state[our_key][: config.vocab_size] if our_key in mapping.vocab_padded_keys else state[our_key]
-                for our_key, hf_key in mapping.keys.items()}  # fmt: skip
+    hf_state = {
+        hf_key: state[our_key][: config.vocab_size] if our_key in mapping.vocab_padded_keys else state[our_key]
+        for our_key, hf_key in mapping.keys.items()
+    }
     missing, unexpected = reference.load_state_dict(hf_state, strict=False)
     assert not missing and not unexpected
     input_ids, positions = _tokens(config.vocab_size)

@@ -11,10 +11,22 @@ import torch
 from nxd_models import HFOverrides, ModelConfigError, build_causal_lm, causal_lm_logits, load_hf_config
 from nxd_models.hf import hf_tp_plan
 
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64, "rope_theta": 10000.0}  # fmt: skip
-FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM"}  # fmt: skip
+TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+    "rope_theta": 10000.0,
+}
+FAMILIES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 def _write(tmp_path, **content):
@@ -49,14 +61,19 @@ def test_rotary_buffers_are_materialised_correctly(tmp_path):
 
 def test_documented_overrides_replace_config_json_values(tmp_path):
     path = _write(tmp_path, model_type="llama", **TINY)
-    config = load_hf_config(path, HFOverrides(num_layers=3, hidden_size=64, max_position_embeddings=256, rope_theta=1e6))
+    config = load_hf_config(
+        path, HFOverrides(num_layers=3, hidden_size=64, max_position_embeddings=256, rope_theta=1e6)
+    )
     assert (config.num_hidden_layers, config.hidden_size, config.max_position_embeddings) == (3, 64, 256)
     assert config.rope_parameters["rope_theta"] == 1e6
     assert len(build_causal_lm(config).model.layers) == 3
 
 
 def test_missing_file_is_named(tmp_path):
-    with pytest.raises(ModelConfigError, match=r"model.model_config: expected a config.json file or a directory with one, found no file at .*nope.json"):
+    with pytest.raises(
+        ModelConfigError,
+        match=r"model.model_config: expected a config.json file or a directory with one, found no file at .*nope.json",
+    ):
         load_hf_config(tmp_path / "nope.json")
 
 
@@ -77,8 +94,14 @@ def test_unreadable_json_is_named(tmp_path):
 
 
 def test_fewer_layers_keep_the_layer_type_pattern(tmp_path):
-    path = _write(tmp_path, model_type="qwen2", **TINY, use_sliding_window=True, sliding_window=16,
-                  layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    path = _write(
+        tmp_path,
+        model_type="qwen2",
+        **TINY,
+        use_sliding_window=True,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+    )
     config = load_hf_config(path, HFOverrides(num_layers=3))
     assert config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
 
@@ -90,8 +113,16 @@ def test_nxdt_recompute_names_resolve_in_transformers_models_without_changing_th
     from nxd_models import model_family
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=32, intermediate_size=48,
-                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     family = model_family(config)
     torch.manual_seed(0)
     model = family.build()
@@ -120,8 +151,14 @@ def test_qkv_linear_computes_what_transformers_model_computes(tmp_path, model_ty
     from nxd_models import model_family
     from transformers import AutoModelForCausalLM
 
-    content = {**TINY, "model_type": model_type, "attention_bias": True, "sliding_window": 5,
-               "head_dim": 8, "tie_word_embeddings": False}  # fmt: skip
+    content = {
+        **TINY,
+        "model_type": model_type,
+        "attention_bias": True,
+        "sliding_window": 5,
+        "head_dim": 8,
+        "tie_word_embeddings": False,
+    }
     config = load_hf_config(_write(tmp_path, **content), HFOverrides(qkv_linear=True, fuse_qkv=fuse))
     plain = load_hf_config(tmp_path / "config.json")
     family = model_family(config)
@@ -160,8 +197,15 @@ def test_pipeline_stages_of_a_transformers_model_chain_to_its_own_logits(model_t
     from nxd_models import AttentionKernel, model_family
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model(model_type, **{**TINY, "num_hidden_layers": 4}, sliding_window=4, head_dim=8,
-                                  use_sliding_window=True, max_window_layers=2, tie_word_embeddings=False)  # fmt: skip
+    config = AutoConfig.for_model(
+        model_type,
+        **{**TINY, "num_hidden_layers": 4},
+        sliding_window=4,
+        head_dim=8,
+        use_sliding_window=True,
+        max_window_layers=2,
+        tie_word_embeddings=False,
+    )
     for kernel in (AttentionKernel.FLASH, AttentionKernel.UNFUSED):
         family = model_family(config, kernel)
         torch.manual_seed(0)
@@ -172,7 +216,11 @@ def test_pipeline_stages_of_a_transformers_model_chain_to_its_own_logits(model_t
             batch["position_ids"] = torch.tensor([[*range(5), *range(7)], list(range(12))])
         expected = family.logits(whole, batch)
         hidden = batch["input_ids"]
-        for layers, first, last in ((range(0, 2), True, False), (range(2, 3), False, False), (range(3, 4), False, True)):
+        for layers, first, last in (
+            (range(0, 2), True, False),
+            (range(2, 3), False, False),
+            (range(3, 4), False, True),
+        ):
             stage = family.keep_pipeline_stage(copy.deepcopy(whole), layers, first=first, last=last)
             assert len(family.decoder_layers(stage)) == len(layers)
             hidden = stage(hidden, position_ids=batch["position_ids"], document_ids=batch.get("document_ids"))
@@ -191,8 +239,11 @@ def test_sliding_window_of_a_transformers_model_holds_inside_packed_documents():
         torch.manual_seed(0)
         model = family.build()
         ids = torch.randint(0, 128, (1, 13))
-        batch = {"input_ids": ids, "document_ids": torch.tensor([[0] * 6 + [1] * 7]),
-                 "position_ids": torch.tensor([[*range(6), *range(7)]])}  # fmt: skip
+        batch = {
+            "input_ids": ids,
+            "document_ids": torch.tensor([[0] * 6 + [1] * 7]),
+            "position_ids": torch.tensor([[*range(6), *range(7)]]),
+        }
         found = family.logits(model, batch)
         alone = [model(input_ids=ids[:, :6]).logits, model(input_ids=ids[:, 6:]).logits]
         assert (found - torch.cat(alone, dim=1)).abs().max().item() < 1e-5, kernel

@@ -13,12 +13,30 @@ from transformers import LlamaConfig
 
 def _spec(family: str, qkv: str | None = None) -> GPTConfig | LlamaConfig:
     if family == "megatron":
-        return GPTConfig(vocab_size=64, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2,
-                         seq_length=16, ffn_hidden_size=48, normalization="rmsnorm", activation="swiglu",
-                         position_embedding_type="rope", qkv_linear=qkv is not None, fuse_qkv=qkv == "fused",
-                         share_embeddings_and_output_weights=True)  # fmt: skip
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)  # fmt: skip
+        return GPTConfig(
+            vocab_size=64,
+            num_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            seq_length=16,
+            ffn_hidden_size=48,
+            normalization="rmsnorm",
+            activation="swiglu",
+            position_embedding_type="rope",
+            qkv_linear=qkv is not None,
+            fuse_qkv=qkv == "fused",
+            share_embeddings_and_output_weights=True,
+        )
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+    )
     set_qkv_linear(config, qkv is not None, qkv == "fused")
     return config
 
@@ -53,8 +71,10 @@ def test_the_seed_decides_and_fusing_qkv_changes_no_value(family):
     assert all(torch.equal(value, again[name]) for name, value in plain.items())
     assert not torch.equal(plain["model.layers.0.mlp.up_proj.weight"], other["model.layers.0.mlp.up_proj.weight"])
     for part in "qkv":
-        assert torch.equal(fused[f"model.layers.1.self_attn.qkv_proj.weight_{part}"],
-                           plain[f"model.layers.1.self_attn.{part}_proj.weight"])  # fmt: skip
+        assert torch.equal(
+            fused[f"model.layers.1.self_attn.qkv_proj.weight_{part}"],
+            plain[f"model.layers.1.self_attn.{part}_proj.weight"],
+        )
 
 
 def test_transformers_initialisation_keeps_its_distributions_and_ties():
@@ -73,13 +93,19 @@ def test_adapted_models_keep_the_base_values_of_the_same_seed():
     base = model_family(_spec("megatron", "fused"))
     lora = LoraFamily(base, LoraSpec(rank=4, alpha=8, targets=("qkv_proj", "down_proj")))
     plain, adapted = _tensors(base.build(seed=6)), _tensors(lora.build(seed=6))
-    assert torch.equal(adapted["model.layers.0.mlp.down_proj.base_layer.weight"], plain["model.layers.0.mlp.down_proj.weight"])
-    assert torch.equal(adapted["model.layers.1.self_attn.qkv_proj.base_layer.weight_v"],
-                       plain["model.layers.1.self_attn.qkv_proj.weight_v"])  # fmt: skip
-    a, b = adapted["model.layers.0.mlp.down_proj.lora_A.default.weight"], adapted["model.layers.0.mlp.down_proj.lora_B.default.weight"]
+    assert torch.equal(
+        adapted["model.layers.0.mlp.down_proj.base_layer.weight"], plain["model.layers.0.mlp.down_proj.weight"]
+    )
+    assert torch.equal(
+        adapted["model.layers.1.self_attn.qkv_proj.base_layer.weight_v"],
+        plain["model.layers.1.self_attn.qkv_proj.weight_v"],
+    )
+    a, b = (
+        adapted["model.layers.0.mlp.down_proj.lora_A.default.weight"],
+        adapted["model.layers.0.mlp.down_proj.lora_B.default.weight"],
+    )
     bound = 1 / a.shape[1] ** 0.5  # Kaiming-uniform with a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
     assert a.abs().max() <= bound and a.abs().max() > 0.5 * bound
     assert not b.any()
     sharded = dict(lora.initial_values(seed=6, device=torch.device("cpu")))
     assert all(torch.equal(value, adapted[name]) for name, value in sharded.items())
-

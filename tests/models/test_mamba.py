@@ -15,25 +15,63 @@ from transformers import MambaConfig, MambaForCausalLM
 
 
 def _config(**changes) -> GPTConfig:
-    return GPTConfig(**{**dict(vocab_size=64, num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=12,
-                               hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
-                               position_embedding_type="none", normalization="rmsnorm",
-                               attention_layers=("mamba", "mamba")), **changes})  # fmt: skip
+    return GPTConfig(
+        **{
+            **dict(
+                vocab_size=64,
+                num_layers=2,
+                hidden_size=16,
+                num_attention_heads=2,
+                seq_length=12,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                make_vocab_size_divisible_by=8,
+                position_embedding_type="none",
+                normalization="rmsnorm",
+                attention_layers=("mamba", "mamba"),
+            ),
+            **changes,
+        }
+    )
 
 
 def test_a_mamba_model_is_transformers_mamba_on_the_same_weights():
     model = build_causal_lm(_config(), seed=0).eval()
-    reference = MambaForCausalLM(MambaConfig(
-        vocab_size=64, hidden_size=16, state_size=16, num_hidden_layers=2, layer_norm_epsilon=1e-5, expand=2,
-        conv_kernel=4, use_bias=False, use_conv_bias=True, hidden_act="silu", time_step_rank=1,
-        residual_in_fp32=True, tie_word_embeddings=True, use_mambapy=False)).eval()  # fmt: skip
+    reference = MambaForCausalLM(
+        MambaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            state_size=16,
+            num_hidden_layers=2,
+            layer_norm_epsilon=1e-5,
+            expand=2,
+            conv_kernel=4,
+            use_bias=False,
+            use_conv_bias=True,
+            hidden_act="silu",
+            time_step_rank=1,
+            residual_in_fp32=True,
+            tie_word_embeddings=True,
+            use_mambapy=False,
+        )
+    ).eval()
     ours = dict(model.named_parameters())
-    theirs = {"backbone.embeddings.weight": ours["model.embed_tokens.weight"],
-              "backbone.norm_f.weight": ours["model.norm.weight"]}  # fmt: skip
+    theirs = {
+        "backbone.embeddings.weight": ours["model.embed_tokens.weight"],
+        "backbone.norm_f.weight": ours["model.norm.weight"],
+    }
     for index in range(2):
         theirs[f"backbone.layers.{index}.norm.weight"] = ours[f"model.layers.{index}.input_layernorm.weight"]
-        for part in ("in_proj.weight", "conv1d.weight", "conv1d.bias", "x_proj.weight", "dt_proj.weight",
-                     "dt_proj.bias", "out_proj.weight", "D"):  # fmt: skip
+        for part in (
+            "in_proj.weight",
+            "conv1d.weight",
+            "conv1d.bias",
+            "x_proj.weight",
+            "dt_proj.weight",
+            "dt_proj.bias",
+            "out_proj.weight",
+            "D",
+        ):
             theirs[f"backbone.layers.{index}.mixer.{part}"] = ours[f"model.layers.{index}.mixer.{part}"]
         theirs[f"backbone.layers.{index}.mixer.A_log"] = ours[f"model.layers.{index}.mixer.A_log"].view(32, 16)
     missing = reference.load_state_dict(theirs, strict=False)
@@ -85,7 +123,7 @@ def test_decoding_with_a_cache_equals_whole_sequences():
         whole = model(ids)
         cache = decoding_cache(model)
         first = decoding_logits(model, ids[:, :5], torch.arange(5)[None], cache)
-        rest = [decoding_logits(model, ids[:, i:i + 1], torch.tensor([[i]]), cache) for i in range(5, 12)]
+        rest = [decoding_logits(model, ids[:, i : i + 1], torch.tensor([[i]]), cache) for i in range(5, 12)]
     assert torch.allclose(torch.cat([first, *rest], 1), whole, atol=1e-5)
 
 
@@ -114,12 +152,15 @@ def test_mamba_ssms_kernel_computes_the_pytorch_scan():
     CPU, where no kernel is used) in fp32; packed documents keep the PyTorch scan."""
     generator = torch.Generator().manual_seed(5)
     batch, inner, seq = 2, 64, 40
-    tensors = {"x": torch.randn(batch, inner, seq, generator=generator),
-               "delta": F.softplus(torch.randn(batch, inner, seq, generator=generator)),
-               "a": -torch.rand(inner, STATE_SIZE, generator=generator) * 2,
-               "b": torch.randn(batch, STATE_SIZE, seq, generator=generator),
-               "c": torch.randn(batch, STATE_SIZE, seq, generator=generator),
-               "d": torch.randn(inner, generator=generator), "z": torch.randn(batch, inner, seq, generator=generator)}
+    tensors = {
+        "x": torch.randn(batch, inner, seq, generator=generator),
+        "delta": F.softplus(torch.randn(batch, inner, seq, generator=generator)),
+        "a": -torch.rand(inner, STATE_SIZE, generator=generator) * 2,
+        "b": torch.randn(batch, STATE_SIZE, seq, generator=generator),
+        "c": torch.randn(batch, STATE_SIZE, seq, generator=generator),
+        "d": torch.randn(inner, generator=generator),
+        "z": torch.randn(batch, inner, seq, generator=generator),
+    }
     starts = torch.zeros(batch, seq, dtype=torch.bool)
     starts[:, [0, 17]] = True
 
@@ -130,10 +171,13 @@ def test_mamba_ssms_kernel_computes_the_pytorch_scan():
         return out.detach().cpu(), {name: leaf.grad.cpu() for name, leaf in leaves.items()}
 
     for extra in ({}, {"starts": starts}):
-        (out, grads), (reference, reference_grads) = run("cuda", **{k: v.cuda() for k, v in extra.items()}), \
-            run("cpu", **extra)  # fmt: skip
+        (out, grads), (reference, reference_grads) = (
+            run("cuda", **{k: v.cuda() for k, v in extra.items()}),
+            run("cpu", **extra),
+        )
         # mamba-ssm's own fp32 tolerances (its kernel is built with fast math)
         assert torch.allclose(out, reference, rtol=6e-4, atol=2e-3)
         for name, grad in grads.items():
-            assert torch.allclose(grad, reference_grads[name], rtol=6e-4,
-                                  atol=2e-3 * reference_grads[name].abs().max().item()), name
+            assert torch.allclose(
+                grad, reference_grads[name], rtol=6e-4, atol=2e-3 * reference_grads[name].abs().max().item()
+            ), name

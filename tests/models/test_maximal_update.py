@@ -28,9 +28,18 @@ from nxd_models.coordinate_check import coordinate_sizes
 from nxd_models.maximal_update import base_shapes_text, widths
 from nxd_precision import build_optimizer
 
-BASE = GPTConfig(vocab_size=64, num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=8,
-                 ffn_hidden_size=24, make_vocab_size_divisible_by=1, hidden_dropout=0.0, attention_dropout=0.0,
-                 share_embeddings_and_output_weights=False)  # fmt: skip
+BASE = GPTConfig(
+    vocab_size=64,
+    num_layers=2,
+    hidden_size=16,
+    num_attention_heads=2,
+    seq_length=8,
+    ffn_hidden_size=24,
+    make_vocab_size_divisible_by=1,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    share_embeddings_and_output_weights=False,
+)
 WIDE = replace(BASE, hidden_size=64, ffn_hidden_size=96)
 
 
@@ -102,8 +111,9 @@ def test_optimizer_groups_are_mups(optimizer, reference):
     model = GPTForCausalLM(replace(WIDE, mup=_spec()))
     names = [name for name, _ in model.named_parameters()]
     scales = model_family(model.config).optimizer_scales(names, optimizer)
-    ours = build_optimizer(optimizer, model.parameters(), {"lr": 0.01, "weight_decay": 0.1},
-                           decay_norms_and_biases=True, scales=scales)  # fmt: skip
+    ours = build_optimizer(
+        optimizer, model.parameters(), {"lr": 0.01, "weight_decay": 0.1}, decay_norms_and_biases=True, scales=scales
+    )
     references = list(_mup_reference(GPTForCausalLM(WIDE)).parameters())
     theirs = reference(references, lr=0.01, weight_decay=0.1)
     mine = {id(p): (group["lr"], group["weight_decay"]) for group in ours.param_groups for p in group["params"]}
@@ -142,9 +152,12 @@ def test_readout_attention_and_embeddings_scale_as_written():
     embedding_multiplier (positions x their multiplier), softmax(q.k / (d x attention_temperature)), and the output
     layer reading its input / (width multiplier x output_temperature) as mup's MuReadout."""
     config = replace(WIDE, num_layers=1, position_embedding_multiplier=0.5)
-    spec = MupSpec(tuple((name, tuple(shape)) for name, shape in gpt_base_shapes(replace(BASE, num_layers=1),
-                                                                                  2).items()),
-                   attention_temperature=2.0, output_temperature=1.5, embedding_multiplier=3.0)  # fmt: skip
+    spec = MupSpec(
+        tuple((name, tuple(shape)) for name, shape in gpt_base_shapes(replace(BASE, num_layers=1), 2).items()),
+        attention_temperature=2.0,
+        output_temperature=1.5,
+        embedding_multiplier=3.0,
+    )
     model = GPTForCausalLM(replace(config, mup=spec)).eval()
     torch.manual_seed(0)
     for parameter in model.parameters():
@@ -157,8 +170,10 @@ def test_readout_attention_and_embeddings_scale_as_written():
     normed = layer.input_layernorm(hidden)
     attention = layer.self_attn
     heads, d = 2, 32
-    q, k, v = (proj(normed).view(2, 8, heads, d).transpose(1, 2) for proj in
-               (attention.q_proj, attention.k_proj, attention.v_proj))  # fmt: skip
+    q, k, v = (
+        proj(normed).view(2, 8, heads, d).transpose(1, 2)
+        for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
+    )
     scores = q @ k.transpose(-1, -2) / (d * 2.0)
     scores = scores.masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), float("-inf"))
     context = (F.softmax(scores, -1) @ v).transpose(1, 2).reshape(2, 8, -1)
@@ -188,20 +203,41 @@ def test_coordinate_sizes_are_mups_coord_data(tmp_path):
 
     def adam(model: GPTForCausalLM) -> torch.optim.Optimizer:
         names = [name for name, _ in model.named_parameters()]
-        return build_optimizer("adam", model.parameters(), {"lr": 0.01}, decay_norms_and_biases=True,
-                               scales=model_family(model.config).optimizer_scales(names, "adam"))  # fmt: skip
+        return build_optimizer(
+            "adam",
+            model.parameters(),
+            {"lr": 0.01},
+            decay_norms_and_biases=True,
+            scales=model_family(model.config).optimizer_scales(names, "adam"),
+        )
 
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
     widths = [16, 32, 64]
-    ours = coordinate_sizes(build, widths, [batch] * 3,
-                            lambda model, b: F.cross_entropy(model(b["input_ids"]).flatten(0, 1), b["labels"].flatten()),
-                            adam)  # fmt: skip
-    models = {width: (lambda width=width: mup.set_base_shapes(build(width), str(path), rescale_params=False,
-                                                              do_assert=False)) for width in widths}  # fmt: skip
-    theirs = get_coord_data(models, [(batch["input_ids"], batch["labels"].flatten())], optimizer="adam", lr=0.01,
-                            mup=True, nsteps=3, cuda=False, flatten_output=True, show_progress=False)  # fmt: skip
-    assert [(row["width"], row["module"], row["t"]) for row in ours] == \
-        list(zip(theirs["width"], theirs["module"], theirs["t"], strict=True))  # fmt: skip
+    ours = coordinate_sizes(
+        build,
+        widths,
+        [batch] * 3,
+        lambda model, b: F.cross_entropy(model(b["input_ids"]).flatten(0, 1), b["labels"].flatten()),
+        adam,
+    )
+    models = {
+        width: (lambda width=width: mup.set_base_shapes(build(width), str(path), rescale_params=False, do_assert=False))
+        for width in widths
+    }
+    theirs = get_coord_data(
+        models,
+        [(batch["input_ids"], batch["labels"].flatten())],
+        optimizer="adam",
+        lr=0.01,
+        mup=True,
+        nsteps=3,
+        cuda=False,
+        flatten_output=True,
+        show_progress=False,
+    )
+    assert [(row["width"], row["module"], row["t"]) for row in ours] == list(
+        zip(theirs["width"], theirs["module"], theirs["t"], strict=True)
+    )
     assert [row["l1"] for row in ours] == pytest.approx(list(theirs["l1"]), rel=1e-5)
     assert {row["module"] for row in ours} >= {"", "lm_head", "model.layers.1.mlp.down_proj"}

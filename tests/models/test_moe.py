@@ -17,11 +17,25 @@ VOCAB, HIDDEN, FFN, EXPERTS = 96, 32, 48, 4
 
 
 def _megatron(moe: MoESpec, layers: int = 2) -> GPTConfig:
-    return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=HIDDEN, num_attention_heads=4, num_kv_heads=2,
-                     seq_length=16, ffn_hidden_size=FFN, hidden_dropout=0.0, attention_dropout=0.0,
-                     normalization="rmsnorm", activation="swiglu", position_embedding_type="rope", has_bias=False,
-                     share_embeddings_and_output_weights=False, make_vocab_size_divisible_by=1,
-                     apply_query_key_layer_scaling=False, moe=moe)  # fmt: skip
+    return GPTConfig(
+        vocab_size=VOCAB,
+        num_layers=layers,
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        seq_length=16,
+        ffn_hidden_size=FFN,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        normalization="rmsnorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        has_bias=False,
+        share_embeddings_and_output_weights=False,
+        make_vocab_size_divisible_by=1,
+        apply_query_key_layer_scaling=False,
+        moe=moe,
+    )
 
 
 def _mixtral_state(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -40,10 +54,20 @@ def _mixtral_state(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def test_dropless_megatron_moe_logits_equal_transformers_mixtral() -> None:
     spec = MoESpec(num_experts=EXPERTS, top_k=2, normalize_top_k_affinities=True)
     ours = build_causal_lm(_megatron(spec), seed=3).eval()
-    config = MixtralConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=EXPERTS,
-                           num_experts_per_tok=2, rms_norm_eps=1e-5, max_position_embeddings=16, rope_theta=10000.0,
-                           tie_word_embeddings=False)  # fmt: skip
+    config = MixtralConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=EXPERTS,
+        num_experts_per_tok=2,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=16,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    )
     reference = MixtralForCausalLM(config).eval()
     reference.load_state_dict(_mixtral_state(ours.state_dict()), strict=True)
     tokens = torch.randint(0, VOCAB, (3, 16), generator=torch.Generator().manual_seed(0))
@@ -80,7 +104,9 @@ def test_capacity_drops_the_tokens_counted_by_hand() -> None:
     metrics = routing_metrics({0: totals}, moe_layer_count=1, num_experts=2)
     # loads relative to the balanced share of 3: 5 / 3 and 1 / 3
     assert metrics["moe_dropped_fraction"] == pytest.approx(2 / 6)
-    assert metrics["moe_expert_load_max"] == pytest.approx(5 / 3) and metrics["moe_expert_load_min"] == pytest.approx(1 / 3)
+    assert metrics["moe_expert_load_max"] == pytest.approx(5 / 3) and metrics["moe_expert_load_min"] == pytest.approx(
+        1 / 3
+    )
 
 
 def test_top2_capacity_counts_each_tokens_choices_in_order() -> None:
@@ -161,12 +187,17 @@ def test_moe_layers_sit_every_frequency_layers_counted_from_one() -> None:
     ("changes", "message"),
     [
         ({"top_k": 5}, "model.moe.top_k: expected 1 to num_experts (4), found 5"),
-        ({"top_k": 2, "routing": "sinkhorn"},
-         "model.moe.routing_algorithm: sinkhorn balances top-1 routing only; expected top_k 1, found 2"),
-        ({"router_aux_loss_coef": 0.1}, "model.moe.router_aux_loss_coef: the load-balancing loss is computed only "
-         "with output_router_logits: True; found 0.1 with False"),
+        (
+            {"top_k": 2, "routing": "sinkhorn"},
+            "model.moe.routing_algorithm: sinkhorn balances top-1 routing only; expected top_k 1, found 2",
+        ),
+        (
+            {"router_aux_loss_coef": 0.1},
+            "model.moe.router_aux_loss_coef: the load-balancing loss is computed only "
+            "with output_router_logits: True; found 0.1 with False",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_moe_spec_names_its_key(changes: dict, message: str) -> None:
     with pytest.raises(ModelConfigError) as info:
         MoESpec(num_experts=EXPERTS, **changes)
@@ -241,8 +272,9 @@ def test_neox_sinkhorn_routes_the_balanced_top_k_and_weighs_by_the_plain_affinit
 
     logits = torch.randn(12, 4, generator=_seeded(5)) * 3
     assert torch.allclose(neox_sinkhorn(logits), _neox_sinkhorn_by_hand(logits), rtol=1e-6)
-    layer = _layer(MoESpec(num_experts=4, top_k=top_k, routing="neox_sinkhorn", router_activation=activation),
-                   torch.zeros(4, 2))  # fmt: skip
+    layer = _layer(
+        MoESpec(num_experts=4, top_k=top_k, routing="neox_sinkhorn", router_activation=activation), torch.zeros(4, 2)
+    )
     chosen, kept, weights = layer.train()._route(logits)
     expected = torch.topk(_neox_sinkhorn_by_hand(logits), top_k, dim=-1).indices
     assert torch.equal(chosen, torch.zeros_like(chosen).scatter_(1, expected, True)) and torch.equal(kept, chosen)

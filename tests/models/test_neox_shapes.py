@@ -21,8 +21,17 @@ from nxd_models.positions import (
     sinusoidal_embedding,
 )
 
-BASE = dict(vocab_size=64, num_layers=2, hidden_size=16, num_attention_heads=4, seq_length=8, ffn_hidden_size=24,
-            hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8)  # fmt: skip
+BASE = dict(
+    vocab_size=64,
+    num_layers=2,
+    hidden_size=16,
+    num_attention_heads=4,
+    seq_length=8,
+    ffn_hidden_size=24,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    make_vocab_size_divisible_by=8,
+)
 
 
 def _config(**changes) -> GPTConfig:
@@ -58,8 +67,9 @@ def test_qk_layernorm_is_torchs_norm_over_neoxs_heads_by_head_dim_shape():
     weight, bias = norm.weight.view(4, 8), norm.bias.view(4, 8)
     assert torch.allclose(norm(x), torch.nn.functional.layer_norm(x, [4, 8], weight, bias, 1e-5), atol=1e-5)
     plain = QueryKeyNorm("non_parametric_layernorm", 4, 8, eps=1e-5)
-    assert list(plain.parameters()) == [] and torch.allclose(plain(x), torch.nn.functional.layer_norm(x, [4, 8]),
-                                                             atol=1e-5)  # fmt: skip
+    assert list(plain.parameters()) == [] and torch.allclose(
+        plain(x), torch.nn.functional.layer_norm(x, [4, 8]), atol=1e-5
+    )
     rms = QueryKeyNorm("rmsnorm", 4, 8, eps=1e-6)
     torch.nn.init.normal_(rms.weight)
     expected = torch.nn.functional.rms_norm(x, [8], eps=1e-6) * rms.weight.view(4, 8)
@@ -77,8 +87,9 @@ def test_opts_position_offset_reads_the_table_that_many_rows_on(positions):
     """Token t at position p reads row p + 2 of the learned table (OPT's offset): the same logits as a model
     without an offset whose table starts two rows later; sinusoids are taken at p + 2."""
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
-    shifted = build_causal_lm(_config(position_embedding_type=positions, position_embedding_offset=2,
-                                      max_position_embeddings=10), seed=0).eval()  # fmt: skip
+    shifted = build_causal_lm(
+        _config(position_embedding_type=positions, position_embedding_offset=2, max_position_embeddings=10), seed=0
+    ).eval()
     plain = build_causal_lm(_config(position_embedding_type=positions, max_position_embeddings=10), seed=0).eval()
     state = shifted.state_dict()
     if positions == "learned_absolute":
@@ -99,8 +110,9 @@ def test_rpe_buckets_are_t5s_causal_buckets(buckets, distance):
     from transformers.models.t5.modeling_t5 import T5Attention
 
     relative = torch.arange(300)[None, :] - torch.arange(300)[:, None]  # key - query
-    expected = T5Attention._relative_position_bucket(relative, bidirectional=False, num_buckets=buckets,
-                                                     max_distance=distance)  # fmt: skip
+    expected = T5Attention._relative_position_bucket(
+        relative, bidirectional=False, num_buckets=buckets, max_distance=distance
+    )
     assert torch.equal(relative_position_bucket(relative, buckets, distance), expected)
 
 
@@ -117,8 +129,15 @@ def test_rpe_adds_its_bucket_of_each_distance_times_sqrt_head_dim(kernel):
     bucket = [0, 1, 2, 3, 3, 4, 5, 5] + [5] * seq
     expected = torch.empty_like(found)
     for h in range(heads):
-        bias = torch.tensor([[table.weight[bucket[i - j], h].item() * math.sqrt(dim) if j <= i else float("-inf")
-                              for j in range(seq)] for i in range(seq)])  # fmt: skip
+        bias = torch.tensor(
+            [
+                [
+                    table.weight[bucket[i - j], h].item() * math.sqrt(dim) if j <= i else float("-inf")
+                    for j in range(seq)
+                ]
+                for i in range(seq)
+            ]
+        )
         expected[:, h] = torch.softmax(q[:, h] @ k[:, h].transpose(-1, -2) / math.sqrt(dim) + bias, -1) @ v[:, h]
     assert torch.allclose(found, expected, atol=1e-5)
 
@@ -166,8 +185,11 @@ def test_a_model_with_the_stable_position_table_normalises_its_rows_and_keeps_it
     flags = model_family(model.config).fp32_state_parameters(names)
     assert [name for name, flag in zip(names, flags, strict=True) if flag] == ["model.position_embeddings.weight"]
     assert model_family(_config()).fp32_state_parameters(names) is None
-    with pytest.raises(ModelConfigError, match="model.position_embedding_norm: normalises the learned position "
-                       "table's rows; expected learned_absolute positions with it, found 'rope'"):
+    with pytest.raises(
+        ModelConfigError,
+        match="model.position_embedding_norm: normalises the learned position "
+        "table's rows; expected learned_absolute positions with it, found 'rope'",
+    ):
         build_causal_lm(_config(position_embedding_norm=True, position_embedding_type="rope"))
 
 
@@ -180,11 +202,14 @@ def test_sinusoids_are_all_sines_then_all_cosines():
         assert found[0, row].tolist() == pytest.approx(expected, abs=1e-6)
 
 
-@pytest.mark.parametrize(("heads", "slopes"), [
-    (8, [2 ** -i for i in range(1, 9)]),  # 2^(-8/8) to the powers 1 ... 8
-    (4, [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8]),  # 2^(-8/4) = 1/4 to the powers 1 ... 4
-    (6, [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]),  # the 4 of 4 heads, then 8 heads' 1st and 3rd
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("heads", "slopes"),
+    [
+        (8, [2**-i for i in range(1, 9)]),  # 2^(-8/8) to the powers 1 ... 8
+        (4, [2**-2, 2**-4, 2**-6, 2**-8]),  # 2^(-8/4) = 1/4 to the powers 1 ... 4
+        (6, [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]),  # the 4 of 4 heads, then 8 heads' 1st and 3rd
+    ],
+)
 def test_alibi_slopes_follow_the_papers_rule(heads, slopes):
     assert alibi_slopes(heads) == pytest.approx(slopes)
 
@@ -287,7 +312,9 @@ def test_xavier_inits_use_the_given_fans():
     assert normal.std().item() == pytest.approx(math.sqrt(2 / (200 + 300)), rel=0.01)
 
 
-@pytest.mark.parametrize(("method", "gain"), [("orthogonal", math.sqrt(2)), ("scaled_orthogonal", math.sqrt(2 / LAYERS))])
+@pytest.mark.parametrize(
+    ("method", "gain"), [("orthogonal", math.sqrt(2)), ("scaled_orthogonal", math.sqrt(2 / LAYERS))]
+)
 def test_orthogonal_inits_have_orthogonal_rows_times_the_gain(method, gain):
     weight = torch.empty(8, 32)
     init_weight(weight, method, std=STD, layers=LAYERS, hidden=HIDDEN)
@@ -295,13 +322,26 @@ def test_orthogonal_inits_have_orthogonal_rows_times_the_gain(method, gain):
 
 
 def test_model_inits_follow_init_method_and_output_layer_init_method():
-    model = build_causal_lm(_config(num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
-                                    init_method="small_init", output_layer_init_method="wang_init",
-                                    share_embeddings_and_output_weights=False), seed=7)  # fmt: skip
+    model = build_causal_lm(
+        _config(
+            num_layers=4,
+            hidden_size=64,
+            ffn_hidden_size=256,
+            num_attention_heads=4,
+            init_method="small_init",
+            output_layer_init_method="wang_init",
+            share_embeddings_and_output_weights=False,
+        ),
+        seed=7,
+    )
     small, wang = math.sqrt(2 / (5 * 64)), 2 / (4 * math.sqrt(64))
     layer = model.model.layers[0]
-    for weight in (layer.self_attn.q_proj.weight, layer.mlp.up_proj.weight, model.model.embed_tokens.weight,
-                   model.lm_head.weight):  # fmt: skip
+    for weight in (
+        layer.self_attn.q_proj.weight,
+        layer.mlp.up_proj.weight,
+        model.model.embed_tokens.weight,
+        model.lm_head.weight,
+    ):
         assert weight.std().item() == pytest.approx(small, rel=0.1)
     for weight in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
         assert weight.std().item() == pytest.approx(wang, rel=0.1)
@@ -319,8 +359,11 @@ def test_shared_layers_compute_a_stack_of_copies_and_gather_their_gradients(styl
     weights = {name: value for name, value in shared.state_dict().items() if not name.startswith("model.layers.")}
     for position, unique in enumerate(order):
         prefix = f"model.layers.{unique}."
-        weights |= {name.replace(prefix, f"model.layers.{position}."): value
-                    for name, value in shared.state_dict().items() if name.startswith(prefix)}  # fmt: skip
+        weights |= {
+            name.replace(prefix, f"model.layers.{position}."): value
+            for name, value in shared.state_dict().items()
+            if name.startswith(prefix)
+        }
     stack.load_state_dict(weights)
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     shared(ids).logsumexp(-1).sum().backward()
@@ -346,11 +389,16 @@ def test_shared_layers_decode_with_a_cache_per_position():
     assert torch.allclose(torch.cat([first, rest], 1), whole, atol=1e-5)
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    (dict(num_unique_layers=3), "model.num_unique_layers: expected a divisor of num_layers (4), found 3"),
-    (dict(num_unique_layers=2, param_sharing_style="mixed"), "model.param_sharing_style: expected one of grouped, "
-                                                             "spaced, found 'mixed'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(num_unique_layers=3), "model.num_unique_layers: expected a divisor of num_layers (4), found 3"),
+        (
+            dict(num_unique_layers=2, param_sharing_style="mixed"),
+            "model.param_sharing_style: expected one of grouped, spaced, found 'mixed'",
+        ),
+    ],
+)
 def test_sharing_mistakes_are_named(changes, message):
     with pytest.raises(ModelConfigError) as caught:
         _config(num_layers=4, **changes)

@@ -12,9 +12,23 @@ from nxd_models.rwkv import wkv, wkv_steps
 
 
 def _config(**changes) -> GPTConfig:
-    return GPTConfig(**{**dict(vocab_size=64, num_layers=2, hidden_size=32, num_attention_heads=2, seq_length=12,
-                               hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
-                               position_embedding_type="none", attention_layers=("rwkv", "rwkv")), **changes})
+    return GPTConfig(
+        **{
+            **dict(
+                vocab_size=64,
+                num_layers=2,
+                hidden_size=32,
+                num_attention_heads=2,
+                seq_length=12,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                make_vocab_size_divisible_by=8,
+                position_embedding_type="none",
+                attention_layers=("rwkv", "rwkv"),
+            ),
+            **changes,
+        }
+    )
 
 
 def _perturbed(model):
@@ -37,8 +51,8 @@ def _kernel(r, k, v, ew, u, heads):
         for h in range(heads):
             state = torch.zeros(n, n)  # [j][i]
             for t in range(seq):
-                rs, ks, vs = r[b, t, h * n:(h + 1) * n], k[b, t, h * n:(h + 1) * n], v[b, t, h * n:(h + 1) * n]
-                ws, us = torch.exp(ew[b, t, h * n:(h + 1) * n]), u[h]
+                rs, ks, vs = r[b, t, h * n : (h + 1) * n], k[b, t, h * n : (h + 1) * n], v[b, t, h * n : (h + 1) * n]
+                ws, us = torch.exp(ew[b, t, h * n : (h + 1) * n]), u[h]
                 for i in range(n):
                     x = ks * vs[i]
                     y[b, t, h * n + i] = (rs * (us * x + state[:, i])).sum()
@@ -94,7 +108,9 @@ def test_neoxs_initialisation_curves():
         for i in range(hidden):
             ddd[0, 0, i] = i / hidden
         assert torch.allclose(att.time_maa_x, 1.0 - torch.pow(ddd, ratio_1_to_almost0), atol=1e-6)
-        assert torch.allclose(att.time_maa_v, 1.0 - (torch.pow(ddd, ratio_1_to_almost0) + 0.3 * ratio_0_to_1), atol=1e-6)
+        assert torch.allclose(
+            att.time_maa_v, 1.0 - (torch.pow(ddd, ratio_1_to_almost0) + 0.3 * ratio_0_to_1), atol=1e-6
+        )
         assert torch.allclose(att.time_maa_g, 1.0 - torch.pow(ddd, 0.5 * ratio_1_to_almost0), atol=1e-6)
         assert torch.allclose(ffn.time_maa_r, 1.0 - torch.pow(ddd, ratio_1_to_almost0), atol=1e-6)
         decay_speed, tmp = torch.ones(hidden), torch.zeros(hidden)
@@ -109,14 +125,15 @@ def test_neoxs_initialisation_curves():
 
 
 def test_decoding_with_a_cache_equals_whole_sequences():
-    model = _perturbed(build_causal_lm(_config(attention_layers=("rwkv", "dense"), position_embedding_type="rope"),
-                                       seed=0)).eval()  # fmt: skip
+    model = _perturbed(
+        build_causal_lm(_config(attention_layers=("rwkv", "dense"), position_embedding_type="rope"), seed=0)
+    ).eval()
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         whole = model(ids)
         cache = decoding_cache(model)
         first = decoding_logits(model, ids[:, :5], torch.arange(5)[None], cache)
-        rest = [decoding_logits(model, ids[:, i:i + 1], torch.tensor([[i]]), cache) for i in range(5, 12)]
+        rest = [decoding_logits(model, ids[:, i : i + 1], torch.tensor([[i]]), cache) for i in range(5, 12)]
     assert torch.allclose(torch.cat([first, *rest], 1), whole, atol=1e-5)
 
 
@@ -132,8 +149,11 @@ def test_each_packed_document_runs_as_if_alone():
 
 
 def test_a_width_the_heads_do_not_divide_is_refused():
-    with pytest.raises(ModelConfigError, match="model.rwkv_dim_att: an rwkv layer's time mix has num_attention_heads "
-                                               "heads; expected a multiple of 2, found 33"):
+    with pytest.raises(
+        ModelConfigError,
+        match="model.rwkv_dim_att: an rwkv layer's time mix has num_attention_heads "
+        "heads; expected a multiple of 2, found 33",
+    ):
         _config(rwkv_dim_att=33)
 
 

@@ -16,10 +16,24 @@ PROMPT = 3
 
 
 def _config(**changes) -> GPTConfig:
-    base = dict(vocab_size=96, num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2, seq_length=10,
-                ffn_hidden_size=48, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
-                has_bias=False, share_embeddings_and_output_weights=False, hidden_dropout=0.0, attention_dropout=0.0,
-                make_vocab_size_divisible_by=32, soft_prompt_tokens=PROMPT)  # fmt: skip
+    base = dict(
+        vocab_size=96,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        seq_length=10,
+        ffn_hidden_size=48,
+        normalization="rmsnorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        has_bias=False,
+        share_embeddings_and_output_weights=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        make_vocab_size_divisible_by=32,
+        soft_prompt_tokens=PROMPT,
+    )
     return GPTConfig(**{**base, **changes})
 
 
@@ -29,8 +43,12 @@ def test_the_prompt_is_input_embeddings_before_the_tokens_as_transformers_comput
     mapping = hf_mapping(dataclasses.replace(config, soft_prompt_tokens=0))
     reference = LlamaForCausalLM(LlamaConfig(**mapping.config)).eval()
     state = ours.state_dict()
-    reference.load_state_dict({theirs: state[key][: config.vocab_size] if key in mapping.vocab_padded_keys
-                               else state[key] for key, theirs in mapping.keys.items()})  # fmt: skip
+    reference.load_state_dict(
+        {
+            theirs: state[key][: config.vocab_size] if key in mapping.vocab_padded_keys else state[key]
+            for key, theirs in mapping.keys.items()
+        }
+    )
     ids = torch.randint(0, config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(0))
     prompt = ours.model.soft_prompt.weight
     with torch.no_grad():
@@ -63,14 +81,17 @@ def test_decoding_with_a_cache_prepends_the_prompt_once():
         whole = model(ids)
         cache = decoding_cache(model)
         first = decoding_logits(model, ids[:, :4], torch.arange(4)[None], cache)
-        rest = [decoding_logits(model, ids[:, i:i + 1], torch.tensor([[i]]), cache) for i in range(4, 10)]
+        rest = [decoding_logits(model, ids[:, i : i + 1], torch.tensor([[i]]), cache) for i in range(4, 10)]
     assert torch.allclose(torch.cat([first, *rest], 1), whole, atol=1e-5)
     assert cache.length == PROMPT + 10
 
 
 def test_learned_positions_must_cover_the_prompt_and_the_hugging_face_mapping_leaves_it_out():
-    with pytest.raises(ModelConfigError, match=r"model.max_position_embeddings: the soft prompt's 3 positions come "
-                                               r"before the sequence's; expected at least 13, found 10"):
+    with pytest.raises(
+        ModelConfigError,
+        match=r"model.max_position_embeddings: the soft prompt's 3 positions come "
+        r"before the sequence's; expected at least 13, found 10",
+    ):
         _config(position_embedding_type="learned_absolute")
     assert hf_mapping(_config()).keys == hf_mapping(_config(soft_prompt_tokens=0)).keys
 

@@ -23,18 +23,20 @@ HAND_WORKED = {
     "local": (SparsitySpec(num_local_blocks=3), "#...... ##..... .##.... ..##... ...##.. ....##. .....##"),
     # Fixed, 2 local blocks, 1 global: windows {0,1} {2,3} {4,5} {6}; a window's last block (1, 3, 5) is seen from
     # its own row on; the short last window's global block is min(6 + 1, 7 - 1) = 6.
-    "sparse_fixed": (SparsitySpec(num_local_blocks=2),
-                     "#...... ##..... .##.... .###... .#.##.. .#.###. .#.#.##"),
+    "sparse_fixed": (SparsitySpec(num_local_blocks=2), "#...... ##..... .##.... .###... .#.##.. .#.###. .#.#.##"),
     # Variable, windows of 1 then 2 (repeating), global ranges [0, 1) and [3, 5) seen from their own rows on.
-    "sparse_variable": (SparsitySpec(local_window_blocks=(1, 2), global_block_indices=(0, 3),
-                                     global_block_end_indices=(1, 5)),
-                        "#...... ##..... ###.... #..#... #..##.. #..###. #..####"),
+    "sparse_variable": (
+        SparsitySpec(local_window_blocks=(1, 2), global_block_indices=(0, 3), global_block_end_indices=(1, 5)),
+        "#...... ##..... ###.... #..#... #..##.. #..###. #..####",
+    ),
     # BigBird without random blocks: window 3 (r - 1 .. r after tril), block 0 global.
     "bigbird": (SparsitySpec(num_random_blocks=0), "#...... ##..... ###.... #.##... #..##.. #...##. #....##"),
     # BSLongformer: window 3, global block 2 sees every earlier block and is seen by every later one.
-    "bslongformer": (SparsitySpec(global_block_indices=(2,)),
-                     "#...... ##..... ###.... ..##... ..###.. ..#.##. ..#..##"),
-}  # fmt: skip
+    "bslongformer": (
+        SparsitySpec(global_block_indices=(2,)),
+        "#...... ##..... ###.... ..##... ..###.. ..#.##. ..#..##",
+    ),
+}
 
 
 @pytest.mark.parametrize("kind", HAND_WORKED)
@@ -64,8 +66,7 @@ def test_random_blocks_are_drawn_per_row_the_same_on_every_build_and_differ_by_l
     assert first.diagonal().all()  # the one-block windows
     extra = first.sum(1) - 1  # beyond the diagonal: the past ones of two random blocks
     assert (extra <= 2).all() and extra.sum() > 0
-    bigbird = block_layout("bigbird", SparsitySpec(num_sliding_window_blocks=1), heads=1, blocks=16,
-                           layer_number=3)[0]  # fmt: skip
+    bigbird = block_layout("bigbird", SparsitySpec(num_sliding_window_blocks=1), heads=1, blocks=16, layer_number=3)[0]
     # window 1 (the diagonal), global block 0 and one random past block per row
     assert ((bigbird.sum(1) - bigbird[:, 0].int() - 1) <= 1).all() and bigbird[:, 0].all()
 
@@ -85,8 +86,13 @@ def _reference(query, key, value, layout, block):
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("kind", HAND_WORKED)
 def test_the_mask_allows_what_the_layout_allows_and_flex_attention_computes_the_same(kind):
-    spec = SparsitySpec(block=4, different_layout_per_head=True, num_local_blocks=2, num_random_blocks=1,
-                        num_different_global_patterns=2)  # fmt: skip
+    spec = SparsitySpec(
+        block=4,
+        different_layout_per_head=True,
+        num_local_blocks=2,
+        num_random_blocks=1,
+        num_different_global_patterns=2,
+    )
     heads, seq = 4, 26  # a short last block
     sparse = BlockSparseLayout(kind, spec, heads, seq_length=28, layer_number=2)
     q, k, v = torch.randn(3, 1, heads, seq, 8, generator=torch.Generator().manual_seed(0))
@@ -105,11 +111,24 @@ def test_the_mask_allows_what_the_layout_allows_and_flex_attention_computes_the_
 
 def _model(**changes):
     layers = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "dense")
-    config = GPTConfig(**{**dict(vocab_size=64, num_layers=6, hidden_size=32, num_attention_heads=4, seq_length=16,
-                                 hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
-                                 position_embedding_type="rope", attention_layers=layers,
-                                 sparsity=SparsitySpec(block=4, different_layout_per_head=True,
-                                                       num_random_blocks=1)), **changes})  # fmt: skip
+    config = GPTConfig(
+        **{
+            **dict(
+                vocab_size=64,
+                num_layers=6,
+                hidden_size=32,
+                num_attention_heads=4,
+                seq_length=16,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                make_vocab_size_divisible_by=8,
+                position_embedding_type="rope",
+                attention_layers=layers,
+                sparsity=SparsitySpec(block=4, different_layout_per_head=True, num_random_blocks=1),
+            ),
+            **changes,
+        }
+    )
     return build_causal_lm(config, seed=0)
 
 
@@ -122,15 +141,26 @@ def test_a_sparse_model_decodes_with_a_cache_as_it_computes_whole_sequences():
         whole = model(ids)
         cache = decoding_cache(model)
         first = decoding_logits(model, ids[:, :7], torch.arange(7)[None], cache)
-        rest = [decoding_logits(model, ids[:, i:i + 1], torch.tensor([[i]]), cache) for i in range(7, 16)]
+        rest = [decoding_logits(model, ids[:, i : i + 1], torch.tensor([[i]]), cache) for i in range(7, 16)]
     assert torch.allclose(torch.cat([first, *rest], 1), whole, atol=1e-5)
 
 
 def test_sparse_layers_differ_from_dense_ones_and_drop_their_output_as_neox_does():
     model = _model(attention_dropout=0.5)
-    dense = build_causal_lm(GPTConfig(vocab_size=64, num_layers=6, hidden_size=32, num_attention_heads=4,
-                                      seq_length=16, hidden_dropout=0.0, attention_dropout=0.0,
-                                      make_vocab_size_divisible_by=8, position_embedding_type="rope"), seed=0)
+    dense = build_causal_lm(
+        GPTConfig(
+            vocab_size=64,
+            num_layers=6,
+            hidden_size=32,
+            num_attention_heads=4,
+            seq_length=16,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            make_vocab_size_divisible_by=8,
+            position_embedding_type="rope",
+        ),
+        seed=0,
+    )
     ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert not torch.allclose(model.eval()(ids), dense.eval()(ids))
@@ -139,35 +169,63 @@ def test_sparse_layers_differ_from_dense_ones_and_drop_their_output_as_neox_does
     assert model.model.layers[5].self_attn.core_attention.dropout == 0.5  # the dense layer drops probabilities
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    (dict(num_local_blocks=3, num_global_blocks=2), "num_local_blocks: expected a positive multiple of "
-                                                     "num_global_blocks (2), found 3"),
-    (dict(num_different_global_patterns=2), "num_different_global_patterns: more than one pattern needs "
-                                            "different_layout_per_head true"),
-    (dict(global_block_indices=(0, 2), global_block_end_indices=(1,)), "global_block_end_indices: expected one "
-                                                                       "end after each"),
-    (dict(num_random_blocks=5), "num_random_blocks: expected 0 up to the 4 blocks of a sequence, found 5"),
-    (dict(num_sliding_window_blocks=9), "num_sliding_window_blocks: expected 1 up to the 4 blocks"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            dict(num_local_blocks=3, num_global_blocks=2),
+            "num_local_blocks: expected a positive multiple of num_global_blocks (2), found 3",
+        ),
+        (
+            dict(num_different_global_patterns=2),
+            "num_different_global_patterns: more than one pattern needs different_layout_per_head true",
+        ),
+        (
+            dict(global_block_indices=(0, 2), global_block_end_indices=(1,)),
+            "global_block_end_indices: expected one end after each",
+        ),
+        (dict(num_random_blocks=5), "num_random_blocks: expected 0 up to the 4 blocks of a sequence, found 5"),
+        (dict(num_sliding_window_blocks=9), "num_sliding_window_blocks: expected 1 up to the 4 blocks"),
+    ],
+)
 def test_what_deepspeed_refuses_is_refused_by_key(changes, message):
-    with pytest.raises(ModelConfigError, match="model.sparse_attention." + message.replace("(", r"\(")
-                       .replace(")", r"\)")):  # fmt: skip
+    with pytest.raises(
+        ModelConfigError, match="model.sparse_attention." + message.replace("(", r"\(").replace(")", r"\)")
+    ):
         _model_spec(SparsitySpec(block=4, **changes))
 
 
 def _model_spec(sparsity: SparsitySpec) -> GPTConfig:
-    return GPTConfig(vocab_size=64, num_layers=5, hidden_size=32, num_attention_heads=4, seq_length=16,
-                     attention_layers=("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer"),
-                     sparsity=sparsity)  # fmt: skip
+    return GPTConfig(
+        vocab_size=64,
+        num_layers=5,
+        hidden_size=32,
+        num_attention_heads=4,
+        seq_length=16,
+        attention_layers=("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer"),
+        sparsity=sparsity,
+    )
 
 
 def test_a_kind_list_of_the_wrong_length_or_kind_is_refused():
     with pytest.raises(ModelConfigError, match=r"model.attention_layers: expected one kind per layer \(2\), found 1"):
-        GPTConfig(vocab_size=64, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16,
-                  attention_layers=("local",))  # fmt: skip
+        GPTConfig(
+            vocab_size=64,
+            num_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            seq_length=16,
+            attention_layers=("local",),
+        )
     with pytest.raises(ModelConfigError, match="expected kinds among dense, local, .*, mamba, rwkv, found hyena"):
-        GPTConfig(vocab_size=64, num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=16,
-                  attention_layers=("hyena",))  # fmt: skip
+        GPTConfig(
+            vocab_size=64,
+            num_layers=1,
+            hidden_size=32,
+            num_attention_heads=4,
+            seq_length=16,
+            attention_layers=("hyena",),
+        )
 
 
 def test_no_hugging_face_architecture_is_claimed_for_sparse_layers():

@@ -12,10 +12,24 @@ from nxd_models.flops import training_flops_per_token
 
 
 def _config(**changes) -> GPTConfig:
-    return GPTConfig(**{**dict(vocab_size=64, num_layers=3, hidden_size=16, num_attention_heads=2, seq_length=12,
-                               hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
-                               position_embedding_type="none", attention_layers=("gmlp", "amlp", "dense"),
-                               gmlp_attention_dim=8), **changes})  # fmt: skip
+    return GPTConfig(
+        **{
+            **dict(
+                vocab_size=64,
+                num_layers=3,
+                hidden_size=16,
+                num_attention_heads=2,
+                seq_length=12,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                make_vocab_size_divisible_by=8,
+                position_embedding_type="none",
+                attention_layers=("gmlp", "amlp", "dense"),
+                gmlp_attention_dim=8,
+            ),
+            **changes,
+        }
+    )
 
 
 def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
@@ -86,7 +100,7 @@ def test_decoding_with_a_cache_equals_whole_sequences():
         whole = model(ids)
         cache = decoding_cache(model)
         first = decoding_logits(model, ids[:, :5], torch.arange(5)[None], cache)
-        rest = [decoding_logits(model, ids[:, i:i + 1], torch.tensor([[i]]), cache) for i in range(5, 12)]
+        rest = [decoding_logits(model, ids[:, i : i + 1], torch.tensor([[i]]), cache) for i in range(5, 12)]
         assert torch.allclose(torch.cat([first, *rest], 1), whole, atol=1e-5)
         with pytest.raises(ModelConfigError, match="covers 12 positions"):
             decoding_logits(model, ids[:, :1], torch.tensor([[12]]), cache)
@@ -124,9 +138,12 @@ def test_flops_count_the_spatial_mixing_per_token():
     assert training_flops_per_token(model, seq) == by_hand
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    (dict(activation="swiglu"), "model.activation: amlp, gmlp layers split their inner activations"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(activation="swiglu"), "model.activation: amlp, gmlp layers split their inner activations"),
+    ],
+)
 def test_config_problems_are_named(changes, message):
     with pytest.raises(ModelConfigError, match=message):
         _config(**changes)
@@ -145,5 +162,7 @@ def test_no_hugging_face_architecture_or_neox_checkpoint_is_claimed_for_gmlp_lay
 
     with pytest.raises(ModelConfigError, match="attention_layers has amlp, gmlp layers"):
         hf_mapping(_config())
-    with pytest.raises(ModelConfigError, match="a GPT-NeoX checkpoint of gmlp, amlp, mamba or rwkv layers is not read or written"):
+    with pytest.raises(
+        ModelConfigError, match="a GPT-NeoX checkpoint of gmlp, amlp, mamba or rwkv layers is not read or written"
+    ):
         neox_layout(_config())

@@ -16,10 +16,20 @@ SEQ, VOCAB = 24, 1000
 
 
 def spec(chunk: int, tied: bool = False) -> GPTConfig:
-    return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
-                     hidden_dropout=0.0, attention_dropout=0.0, normalization="rmsnorm", activation="swiglu",
-                     position_embedding_type="rope", share_embeddings_and_output_weights=tied,
-                     loss_chunk_tokens=chunk)  # fmt: skip
+    return GPTConfig(
+        vocab_size=VOCAB,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        seq_length=SEQ,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        normalization="rmsnorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        share_embeddings_and_output_weights=tied,
+        loss_chunk_tokens=chunk,
+    )
 
 
 def batch() -> dict[str, torch.Tensor]:
@@ -119,9 +129,16 @@ def test_a_transformers_model_computes_its_loss_in_chunks_as_whole(chunk):
     n tokens at a time; values and gradients equal the unchunked ones, and the exported config gains no key."""
     from transformers import LlamaConfig
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-                         tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+    )
     results = []
     for tokens in (0, chunk):
         family = model_family(config, loss_chunk_tokens=tokens)

@@ -23,8 +23,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"nxd-config": "packages", "nxd-parallel": "packages", "nxd-precision": "packages", "nxd-ckpt": "packages",
-            "nxd-data": "packages", "nxd-models": "packages", "nxd-align": "packages", "nxd-train": "apps"}
+PACKAGES = {
+    "nxd-config": "packages",
+    "nxd-parallel": "packages",
+    "nxd-precision": "packages",
+    "nxd-ckpt": "packages",
+    "nxd-data": "packages",
+    "nxd-models": "packages",
+    "nxd-align": "packages",
+    "nxd-train": "apps",
+}
 TIMEOUT = 900
 BUILD = ["build", "--all-packages", "--out-dir", "dist"]
 """The release workflow's build (sdists, then wheels from them), into `dist` under the folder it runs in."""
@@ -57,8 +65,14 @@ def _uv() -> str:
 
 
 def _run(command: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore", **env})  # fmt: skip
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **env},
+    )
 
 
 def _fresh_venv(package: str, work: Path, extra: str | None = None) -> Path:
@@ -67,10 +81,25 @@ def _fresh_venv(package: str, work: Path, extra: str | None = None) -> Path:
     uv, module = _uv(), package.replace("-", "_")
     venv, python = work / "venv", work / "venv" / "bin" / "python"
     lock = work / f"pylock.{module}.toml"
-    for step in ([uv, "export", "--frozen", "--quiet", "--package", package, "--no-emit-workspace", "--no-dev",
-                  *(["--extra", extra] if extra else []), "--format", "pylock.toml", "--output-file", str(lock)],
-                 [uv, "venv", "--quiet", "--python", sys.executable, str(venv)],
-                 [uv, "pip", "install", "--quiet", "--offline", "--python", str(python), "-r", str(lock)]):  # fmt: skip
+    for step in (
+        [
+            uv,
+            "export",
+            "--frozen",
+            "--quiet",
+            "--package",
+            package,
+            "--no-emit-workspace",
+            "--no-dev",
+            *(["--extra", extra] if extra else []),
+            "--format",
+            "pylock.toml",
+            "--output-file",
+            str(lock),
+        ],
+        [uv, "venv", "--quiet", "--python", sys.executable, str(venv)],
+        [uv, "pip", "install", "--quiet", "--offline", "--python", str(python), "-r", str(lock)],
+    ):
         done = _run(step, ROOT if step[1] == "export" else work, VIRTUAL_ENV="")
         assert done.returncode == 0, f"{' '.join(step)}:\n{done.stderr}"
     return python
@@ -80,15 +109,31 @@ def _install_and_run(package: str, wheels: Path, work: Path) -> Installed:
     uv, module = _uv(), package.replace("-", "_")
     venv, extra = work / "venv", README_EXTRAS.get(package)
     python = _fresh_venv(package, work, extra)
-    step = [uv, "pip", "install", "--quiet", "--offline", "--python", str(python), "--find-links", str(wheels),
-            f"{package}[{extra}]" if extra else package]  # fmt: skip
+    step = [
+        uv,
+        "pip",
+        "install",
+        "--quiet",
+        "--offline",
+        "--python",
+        str(python),
+        "--find-links",
+        str(wheels),
+        f"{package}[{extra}]" if extra else package,
+    ]
     done = _run(step, work, VIRTUAL_ENV="")
     assert done.returncode == 0, f"{' '.join(step)}:\n{done.stderr}"
     listed = _run([uv, "pip", "list", "--python", str(python), "--format", "json"], work)
     distributions = {entry["name"]: entry["version"] for entry in json.loads(listed.stdout)}
-    api = _run([str(python), "-c", f"import {module} as m; names = getattr(m, '__all__', []); "
-                                   f"[getattr(m, name) for name in names]; print(m.__version__, len(names))"],
-               work)  # fmt: skip
+    api = _run(
+        [
+            str(python),
+            "-c",
+            f"import {module} as m; names = getattr(m, '__all__', []); "
+            f"[getattr(m, name) for name in names]; print(m.__version__, len(names))",
+        ],
+        work,
+    )
     assert api.returncode == 0, api.stderr
     if package == "nxd-train":  # the command its wheel installs, with the example configs it ships
         for command in (["--version"], ["config", "list"]):
@@ -132,12 +177,24 @@ def test_a_package_installs_from_its_sdist_alone(wheels: Path, tmp_path: Path) -
     """nxd-config's sdist (no torch) built into a fresh virtualenv: it imports, and its LICENSE travels with it."""
     python = _fresh_venv("nxd-config", tmp_path)
     sdist = wheels / f"nxd_config-{declared('nxd-config')['version']}.tar.gz"
-    step = [_uv(), "pip", "install", "--quiet", "--offline", "--python", str(python), "--no-binary", "nxd-config",
-            str(sdist)]  # fmt: skip
+    step = [
+        _uv(),
+        "pip",
+        "install",
+        "--quiet",
+        "--offline",
+        "--python",
+        str(python),
+        "--no-binary",
+        "nxd-config",
+        str(sdist),
+    ]
     done = _run(step, tmp_path, VIRTUAL_ENV="")
     assert done.returncode == 0, f"{' '.join(step)}:\n{done.stderr}"
-    program = ("import nxd_config, importlib.metadata as m; "
-               "print(nxd_config.__version__, *m.distribution('nxd-config').read_text('licenses/LICENSE').split()[:2])")
+    program = (
+        "import nxd_config, importlib.metadata as m; "
+        "print(nxd_config.__version__, *m.distribution('nxd-config').read_text('licenses/LICENSE').split()[:2])"
+    )
     imported = _run([str(python), "-c", program], tmp_path)
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.split() == [declared("nxd-config")["version"], "Apache", "License"]
@@ -152,8 +209,11 @@ def test_each_package_installs_alone_and_runs_its_readme(package: str, wheels: P
     version = declared(package)["version"]
     assert result.api.split()[0] == version
     nxd = {name for name in result.distributions if name.startswith("nxd-")}
-    siblings = {re.split(r"[\[<>=]", requirement)[0] for requirement in declared(package)["dependencies"]
-                if requirement.startswith("nxd-")}  # fmt: skip
+    siblings = {
+        re.split(r"[\[<>=]", requirement)[0]
+        for requirement in declared(package)["dependencies"]
+        if requirement.startswith("nxd-")
+    }
     transitive = {"nxd-align": {"nxd-models"}}.get(package, set())
     assert nxd == {package} | siblings | transitive, f"{package} pulled {sorted(nxd)}"
     assert all(result.distributions[name] == declared(name)["version"] for name in nxd)
@@ -165,8 +225,10 @@ def test_each_package_installs_alone_and_runs_its_readme(package: str, wheels: P
     assert programs, f"{package}'s README has no python example"
     for index, run in result.blocks:
         assert run.returncode == 0, f"{package} README block {index + 1}:\n{programs[index]}\n{run.stderr[-3000:]}"
-    print(f"{package} {version}: {len(result.distributions)} distributions ({', '.join(sorted(nxd))}); public API "
-          f"{result.api.split()[1]} names; README blocks run: {len(result.blocks)}")
+    print(
+        f"{package} {version}: {len(result.distributions)} distributions ({', '.join(sorted(nxd))}); public API "
+        f"{result.api.split()[1]} names; README blocks run: {len(result.blocks)}"
+    )
 
 
 def _names(requirements: list[str]) -> set[str]:
@@ -178,6 +240,7 @@ def test_each_package_requires_only_what_the_dependency_rule_allows() -> None:
     extras named after what they enable (nxd-train requires the extras it uses); nxd-parallel, nxd-precision and
     nxd-models need torch alone, nxd-align needs nxd-models only of nxd, every nxd requirement is a compatible range
     (`>=0.2,<0.3`), never a bare name, and transformers has one lower bound wherever it is named."""
+
     def required(package: str) -> set[str]:
         return _names(declared(package)["dependencies"])
 
@@ -193,10 +256,16 @@ def test_each_package_requires_only_what_the_dependency_rule_allows() -> None:
     train = declared("nxd-train")["dependencies"]
     for needed in ("nxd-models[hf]", "nxd-data[hf,", "nxd-align[lora]", "nxd-precision[adafactor,schedules]"):
         assert any(requirement.startswith(needed) for requirement in train), needed
-    bounds = {re.sub(r";.*", "", requirement).strip() for package in PACKAGES
-              for requirements in [declared(package)["dependencies"],
-                                   *declared(package).get("optional-dependencies", {}).values()]
-              for requirement in requirements if _names([requirement]) == {"transformers"}}  # fmt: skip
+    bounds = {
+        re.sub(r";.*", "", requirement).strip()
+        for package in PACKAGES
+        for requirements in [
+            declared(package)["dependencies"],
+            *declared(package).get("optional-dependencies", {}).values(),
+        ]
+        for requirement in requirements
+        if _names([requirement]) == {"transformers"}
+    }
     assert bounds == {"transformers>=5.0"}
     for package in PACKAGES:
         for requirement in declared(package)["dependencies"]:
@@ -225,8 +294,12 @@ def test_every_package_carries_its_version_changelog_license_and_types() -> None
         project = declared(package)
         assert project["license"] == "Apache-2.0" and project["requires-python"] == ">=3.11"
         classifiers = set(project["classifiers"])
-        assert {"Programming Language :: Python :: 3.11", "Programming Language :: Python :: 3.12", "Typing :: Typed",
-                "Topic :: Scientific/Engineering :: Artificial Intelligence"} <= classifiers  # fmt: skip
+        assert {
+            "Programming Language :: Python :: 3.11",
+            "Programming Language :: Python :: 3.12",
+            "Typing :: Typed",
+            "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        } <= classifiers
         assert not any(classifier.startswith("License ::") for classifier in classifiers)
         assert set(project["urls"]) == {"Homepage", "Documentation", "Repository", "Issues", "Changelog"}
         assert project["urls"]["Changelog"].endswith(f"/{folder}/{package}/CHANGELOG.md")

@@ -26,15 +26,23 @@ def readme_blocks() -> list[tuple[bool, str]]:
 
 def _placeholders(folder) -> None:
     """The files README commands name: a jsonl.zst of documents and a tokenizer.json trained on them."""
-    lines = [f"Document {i}: def function_{i}(value): return value * {i} + {i % 7}  # a line of code" for i in
-             range(3000)]  # fmt: skip
-    (folder / "docs.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
-        "".join(json.dumps({"text": line}) + "\n" for line in lines).encode()))
+    lines = [
+        f"Document {i}: def function_{i}(value): return value * {i} + {i % 7}  # a line of code" for i in range(3000)
+    ]
+    (folder / "docs.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress("".join(json.dumps({"text": line}) + "\n" for line in lines).encode())
+    )
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    bpe.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))  # fmt: skip
+    bpe.train_from_iterator(
+        lines,
+        trainers.BpeTrainer(
+            vocab_size=512,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     (folder / "path" / "to").mkdir(parents=True)
     bpe.save(str(folder / "path" / "to" / "tokenizer.json"))
 
@@ -53,11 +61,23 @@ def test_readme_commands_run_as_written(tmp_path, request) -> None:
     _placeholders(tmp_path)
     uv = os.environ.get("UV") or shutil.which("uv")
     assert uv, "uv runs the README's commands"
-    environment = {**os.environ, "UV_PROJECT": str(ROOT), "UV_FROZEN": "1", "PATH": f"{os.path.dirname(uv)}"
-                   f"{os.pathsep}{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    environment = {
+        **os.environ,
+        "UV_PROJECT": str(ROOT),
+        "UV_FROZEN": "1",
+        "PATH": f"{os.path.dirname(uv)}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONWARNINGS": "ignore",
+    }
     for index, script in enumerate(chosen):
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=environment,
-                              capture_output=True, text=True, timeout=1800)  # fmt: skip
-        assert done.returncode == 0, f"README block {index + 1}:\n{script}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=tmp_path,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert done.returncode == 0, (
+            f"README block {index + 1}:\n{script}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        )
         print(f"ran README block {index + 1}: {len(script.strip().splitlines())} lines")
-

@@ -13,8 +13,11 @@ import pytest
 
 from tests.packaging.test_packages import PACKAGES, ROOT, readme_programs
 
-BLOCKS = [pytest.param(package, index, id=f"{package}-{index + 1}")
-          for package in PACKAGES for index in range(len(readme_programs(package)))]  # fmt: skip
+BLOCKS = [
+    pytest.param(package, index, id=f"{package}-{index + 1}")
+    for package in PACKAGES
+    for index in range(len(readme_programs(package)))
+]
 
 
 def test_every_package_readme_has_an_example_and_together_they_cover_all_seven() -> None:

@@ -52,54 +52,144 @@ LOSS_CHUNK = 12
 """Tokens per loss chunk of the Megatron-style models: a micro-batch (32 tokens, 16 per context-parallel
 rank) is cut into uneven chunks, so every layout's chunked loss is compared with whole logits."""
 HANG_SECONDS = 300
-MOE = MoESpec(num_experts=4, top_k=2, capacity_factor=1.25, normalize_top_k_affinities=True, router_aux_loss=True,
-              router_aux_loss_coef=0.05)
+MOE = MoESpec(
+    num_experts=4,
+    top_k=2,
+    capacity_factor=1.25,
+    normalize_top_k_affinities=True,
+    router_aux_loss=True,
+    router_aux_loss_coef=0.05,
+)
 """The mixture of experts of the "moe" family: Mixtral's routing with a capacity that drops tokens, and a
 load-balancing loss large enough to move the gradients."""
 DEEPSPEED_MOE = {
-    "ds-moe": MoESpec(num_experts=4, top_k=2, routing="deepspeed", capacity_factor=0.75, min_capacity=2,
-                      residual=True, router_aux_loss=True, router_aux_loss_coef=0.05),
-    "ds-moe-top1": MoESpec(num_experts=4, top_k=1, routing="deepspeed", capacity_factor=1.0, eval_capacity_factor=2.0,
-                           residual=True, router_aux_loss=True, router_aux_loss_coef=0.05),
-    "ds-moe-fixed": MoESpec(num_experts=4, top_k=2, routing="deepspeed", capacity_factor=0.75, min_capacity=2,
-                            residual=True, router_aux_loss=True, router_aux_loss_coef=0.05, sample_second_expert=False),
-    "ds-moe-top1-fixed": MoESpec(num_experts=4, top_k=1, routing="deepspeed", capacity_factor=1.0, glu=True,
-                                 router_aux_loss=True, router_aux_loss_coef=0.05, random_token_selection=False),
-}  # fmt: skip
+    "ds-moe": MoESpec(
+        num_experts=4,
+        top_k=2,
+        routing="deepspeed",
+        capacity_factor=0.75,
+        min_capacity=2,
+        residual=True,
+        router_aux_loss=True,
+        router_aux_loss_coef=0.05,
+    ),
+    "ds-moe-top1": MoESpec(
+        num_experts=4,
+        top_k=1,
+        routing="deepspeed",
+        capacity_factor=1.0,
+        eval_capacity_factor=2.0,
+        residual=True,
+        router_aux_loss=True,
+        router_aux_loss_coef=0.05,
+    ),
+    "ds-moe-fixed": MoESpec(
+        num_experts=4,
+        top_k=2,
+        routing="deepspeed",
+        capacity_factor=0.75,
+        min_capacity=2,
+        residual=True,
+        router_aux_loss=True,
+        router_aux_loss_coef=0.05,
+        sample_second_expert=False,
+    ),
+    "ds-moe-top1-fixed": MoESpec(
+        num_experts=4,
+        top_k=1,
+        routing="deepspeed",
+        capacity_factor=1.0,
+        glu=True,
+        router_aux_loss=True,
+        router_aux_loss_coef=0.05,
+        random_token_selection=False,
+    ),
+}
 """DeepSpeed's MoE (GPT-NeoX's moe_type: deepspeed) with PR-MoE's dense MLP: top-2 with a Gumbel-sampled second
 expert and a capacity that drops tokens ("ds-moe"), top-1 with random token selection ("ds-moe-top1"). Their draws
 come from each rank's generator, so a data-parallel rank or a pipeline stage draws other numbers than one process
 running every micro-batch and layer (as in DeepSpeed): those layouts run the "-fixed" shapes, without draws."""
 NXDT_MIXTRAL_MOE = {
-    "mixtral-capacity": MoESpec(num_experts=8, top_k=2, capacity_factor=2.0, normalize_top_k_affinities=True,
-                                router_aux_loss=True, router_aux_loss_coef=0.02),
-    "mixtral-dropless": MoESpec(num_experts=8, top_k=2, normalize_top_k_affinities=True, router_aux_loss=True,
-                                router_aux_loss_coef=0.02),
-}  # fmt: skip
+    "mixtral-capacity": MoESpec(
+        num_experts=8,
+        top_k=2,
+        capacity_factor=2.0,
+        normalize_top_k_affinities=True,
+        router_aux_loss=True,
+        router_aux_loss_coef=0.02,
+    ),
+    "mixtral-dropless": MoESpec(
+        num_experts=8, top_k=2, normalize_top_k_affinities=True, router_aux_loss=True, router_aux_loss_coef=0.02
+    ),
+}
 """The moe blocks of NxDT's two HF Mixtral recipes (hf_mixtral_8x7b, hf_mixtral_8x7b_dropless): 8 experts, top-2,
 so that capacity 2.0 keeps half of a micro-batch's tokens per expert and drops the rest."""
 
 
 NEOX_SHAPES = {
-    "pythia": dict(transformer_block_type="gpt_neox", position_embedding_type="rope", rotary_percentage=0.25,
-                   activation="approx-gelu", init_method="small_init", output_layer_init_method="wang_init"),
-    "alibi": dict(transformer_block_type="gpt_j", position_embedding_type="alibi", normalization="scalenorm",
-                  activation="geglu", mlp_bias=False, init_method="xavier_uniform", qk_layernorm=True),
-    "sinusoidal": dict(position_embedding_type="sinusoidal", activation="mish", attention_bias=False,
-                       init_method="orthogonal", output_layer_init_method="single_residual_scaled_normal"),
-    "opt": dict(position_embedding_type="learned_absolute", position_embedding_offset=2,
-                max_position_embeddings=SEQ + 2, normalization="non_parametric_layernorm", activation="relu",
-                qk_layernorm=True),
+    "pythia": dict(
+        transformer_block_type="gpt_neox",
+        position_embedding_type="rope",
+        rotary_percentage=0.25,
+        activation="approx-gelu",
+        init_method="small_init",
+        output_layer_init_method="wang_init",
+    ),
+    "alibi": dict(
+        transformer_block_type="gpt_j",
+        position_embedding_type="alibi",
+        normalization="scalenorm",
+        activation="geglu",
+        mlp_bias=False,
+        init_method="xavier_uniform",
+        qk_layernorm=True,
+    ),
+    "sinusoidal": dict(
+        position_embedding_type="sinusoidal",
+        activation="mish",
+        attention_bias=False,
+        init_method="orthogonal",
+        output_layer_init_method="single_residual_scaled_normal",
+    ),
+    "opt": dict(
+        position_embedding_type="learned_absolute",
+        position_embedding_offset=2,
+        max_position_embeddings=SEQ + 2,
+        normalization="non_parametric_layernorm",
+        activation="relu",
+        qk_layernorm=True,
+    ),
     "qk": dict(position_embedding_type="rope", qk_layernorm=True),
-    "rpe": dict(position_embedding_type="rpe", rpe_num_buckets=8, rpe_max_distance=12, normalization="rmsnorm",
-                activation="swiglu", qk_layernorm=True),
-    "shared": dict(position_embedding_type="rope", num_unique_layers=2, param_sharing_style="grouped",
-                   activation="swiglu"),
-    "prompt": dict(position_embedding_type="learned_absolute", max_position_embeddings=SEQ + 4, soft_prompt_tokens=4,
-                   soft_prompt_init_ids=(5, 9, 11)),
-    "sparse": dict(position_embedding_type="rope", sparsity=SparsitySpec(
-        block=4, different_layout_per_head=True, num_local_blocks=2, num_different_global_patterns=2,
-        num_random_blocks=1, global_block_indices=(0, 2), global_block_end_indices=(1, 3), seed=5)),
+    "rpe": dict(
+        position_embedding_type="rpe",
+        rpe_num_buckets=8,
+        rpe_max_distance=12,
+        normalization="rmsnorm",
+        activation="swiglu",
+        qk_layernorm=True,
+    ),
+    "shared": dict(
+        position_embedding_type="rope", num_unique_layers=2, param_sharing_style="grouped", activation="swiglu"
+    ),
+    "prompt": dict(
+        position_embedding_type="learned_absolute",
+        max_position_embeddings=SEQ + 4,
+        soft_prompt_tokens=4,
+        soft_prompt_init_ids=(5, 9, 11),
+    ),
+    "sparse": dict(
+        position_embedding_type="rope",
+        sparsity=SparsitySpec(
+            block=4,
+            different_layout_per_head=True,
+            num_local_blocks=2,
+            num_different_global_patterns=2,
+            num_random_blocks=1,
+            global_block_indices=(0, 2),
+            global_block_end_indices=(1, 3),
+            seed=5,
+        ),
+    ),
     "gmlp": dict(position_embedding_type="rope", gmlp_attention_dim=8),
     "mamba": dict(position_embedding_type="rope", normalization="rmsnorm", mamba_linear_bias=True),
     "rwkv": dict(position_embedding_type="rope", rwkv_ffn_size=64),
@@ -122,13 +212,23 @@ layers in turn ("rwkv"); muP at four times its base shapes' width, with GPT-NeoX
 MUP = dict(init_scale=0.8, attention_temperature=2.0, output_temperature=1.5, embedding_multiplier=3.0)
 SPARSE_LAYERS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "dense")
 """The sparse shape's layers, in turn (six layers hold each kind once)."""
-LAYER_TURNS = {"sparse": SPARSE_LAYERS, "gmlp": ("gmlp", "amlp", "dense"), "mamba": ("mamba", "dense"),
-               "rwkv": ("rwkv", "dense")}
+LAYER_TURNS = {
+    "sparse": SPARSE_LAYERS,
+    "gmlp": ("gmlp", "amlp", "dense"),
+    "mamba": ("mamba", "dense"),
+    "rwkv": ("rwkv", "dense"),
+}
 """The shapes whose layers take kinds in turn."""
 
 
-def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: int = 2,
-               tied: bool = True, loss_chunk: int = LOSS_CHUNK) -> GPTConfig | LlamaConfig | Qwen3Config:  # fmt: skip
+def model_spec(
+    family: str,
+    kv_heads: int = 2,
+    qkv: str | None = None,
+    layers: int = 2,
+    tied: bool = True,
+    loss_chunk: int = LOSS_CHUNK,
+) -> GPTConfig | LlamaConfig | Qwen3Config:
     """A two-layer Llama shape of either family, the Megatron-style Mistral (sliding window) or GPT
     shape (no dropout, so every layout computes the same);
     `qkv` "fused" or "separate" builds either family with one QKV module (qkv_linear);
@@ -136,46 +236,100 @@ def model_spec(family: str, kv_heads: int = 2, qkv: str | None = None, layers: i
     per loss chunk, 0 for whole logits) the Megatron-style ones."""
     if family in ("megatron", "mistral", "moe", *DEEPSPEED_MOE):  # mistral: a sliding window of a third of the
         # sequence; moe: MOE
-        return GPTConfig(vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4,
-                         num_kv_heads=kv_heads, seq_length=SEQ, ffn_hidden_size=64, hidden_dropout=0.0,
-                         attention_dropout=0.0, normalization="rmsnorm", activation="swiglu",
-                         position_embedding_type="rope", has_bias=False, make_vocab_size_divisible_by=8,
-                         qkv_linear=qkv is not None, fuse_qkv=qkv == "fused",
-                         share_embeddings_and_output_weights=tied,
-                         sliding_window=SEQ // 3 if family == "mistral" else None,
-                         loss_chunk_tokens=loss_chunk,
-                         moe=MOE if family == "moe" else DEEPSPEED_MOE.get(family))  # fmt: skip
+        return GPTConfig(
+            vocab_size=VOCAB,
+            num_layers=layers,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_kv_heads=kv_heads,
+            seq_length=SEQ,
+            ffn_hidden_size=64,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            normalization="rmsnorm",
+            activation="swiglu",
+            position_embedding_type="rope",
+            has_bias=False,
+            make_vocab_size_divisible_by=8,
+            qkv_linear=qkv is not None,
+            fuse_qkv=qkv == "fused",
+            share_embeddings_and_output_weights=tied,
+            sliding_window=SEQ // 3 if family == "mistral" else None,
+            loss_chunk_tokens=loss_chunk,
+            moe=MOE if family == "moe" else DEEPSPEED_MOE.get(family),
+        )
     if family == "gpt":  # GPT-2 / NeoX shape: layernorm, gelu, biases, learned positions, tied output
-        return GPTConfig(vocab_size=VOCAB, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
-                         hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
-                         loss_chunk_tokens=loss_chunk)  # fmt: skip
+        return GPTConfig(
+            vocab_size=VOCAB,
+            num_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            seq_length=SEQ,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            make_vocab_size_divisible_by=8,
+            loss_chunk_tokens=loss_chunk,
+        )
     if family in NEOX_SHAPES:  # GPT-NeoX's shapes (untied, so that pipeline stages hold whole layers)
         turns = LAYER_TURNS.get(family)
         kinds = tuple(turns[index % len(turns)] for index in range(layers)) if turns else None
-        config = GPTConfig(attention_layers=kinds, vocab_size=VOCAB, num_layers=layers, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
-                           ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
-                           share_embeddings_and_output_weights=False, loss_chunk_tokens=loss_chunk,
-                           **NEOX_SHAPES[family])  # fmt: skip
+        config = GPTConfig(
+            attention_layers=kinds,
+            vocab_size=VOCAB,
+            num_layers=layers,
+            hidden_size=32,
+            num_attention_heads=4,
+            seq_length=SEQ,
+            ffn_hidden_size=48,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            make_vocab_size_divisible_by=8,
+            share_embeddings_and_output_weights=False,
+            loss_chunk_tokens=loss_chunk,
+            **NEOX_SHAPES[family],
+        )
         if family == "mup":  # base shapes a quarter as wide
             shapes = gpt_base_shapes(replace(config, hidden_size=8, ffn_hidden_size=12), 2)
             config = replace(config, mup=MupSpec(tuple((name, tuple(shape)) for name, shape in shapes.items()), **MUP))
         return config
     if family == "mixtral" or family in NXDT_MIXTRAL_MOE:  # transformers' Mixtral with nxd's MoE layer
         moe = NXDT_MIXTRAL_MOE.get(family, MOE)
-        config = MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                               num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=SEQ,
-                               num_local_experts=moe.num_experts, tie_word_embeddings=False)  # fmt: skip
+        config = MixtralConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=SEQ,
+            num_local_experts=moe.num_experts,
+            tie_word_embeddings=False,
+        )
         set_moe(config, moe, "mixtral")
         return config
     if family == "qwen3":  # per-head q/k norms: transformers' replicated_with_grad_allreduce style
-        config = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8,
-                             max_position_embeddings=SEQ,
-                             tie_word_embeddings=False)  # fmt: skip
+        config = Qwen3Config(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=kv_heads,
+            head_dim=8,
+            max_position_embeddings=SEQ,
+            tie_word_embeddings=False,
+        )
     else:
-        config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                             num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=SEQ,
-                             tie_word_embeddings=False)  # fmt: skip
+        config = LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=SEQ,
+            tie_word_embeddings=False,
+        )
     set_qkv_linear(config, qkv is not None, qkv == "fused")
     return config
 
@@ -240,32 +394,51 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
     """Run one scenario in this process (one of `world`); every rank returns the same record."""
     dims = ParallelDims(world, tp=scenario.tp, pp=scenario.pp, cp=scenario.cp, ep=scenario.ep)
     mesh = dims.build_mesh("cpu")
-    float8 = Float8Spec(recipe=scenario.fp8_recipe, format=scenario.fp8_format, emulate=True,
-                        all_gather=scenario.fp8_all_gather)  # fmt: skip
+    float8 = Float8Spec(
+        recipe=scenario.fp8_recipe, format=scenario.fp8_format, emulate=True, all_gather=scenario.fp8_all_gather
+    )
     policy = resolve_policy(scenario.precision, float8=float8 if scenario.fp8 else None)
     family = scenario.built_family()
-    model = build_parallel_model(family, scenario.layout, mesh, torch.device("cpu"), seed=11,
-                                 prepare=partial(prepare_parameters, policy=policy))  # fmt: skip
+    model = build_parallel_model(
+        family, scenario.layout, mesh, torch.device("cpu"), seed=11, prepare=partial(prepare_parameters, policy=policy)
+    )
     pp = mesh.get("pp")
-    executor = build_executor(model, family.token_losses, torch.device("cpu"), pp=pp,
-                              microbatches=GLOBAL_BATCH // dims.dp // MICRO_BATCH)  # fmt: skip
+    executor = build_executor(
+        model, family.token_losses, torch.device("cpu"), pp=pp, microbatches=GLOBAL_BATCH // dims.dp // MICRO_BATCH
+    )
     set_aux_loss_weights(modules_of(model), GLOBAL_BATCH // dims.dp // MICRO_BATCH)
     objective = TokenObjective()
-    record = {"init": _gathered({name: _full(p) for name, p in model.named_parameters()}, pp),
-              "loss": [], "norm": [], "grads": []}  # fmt: skip
+    record = {
+        "init": _gathered({name: _full(p) for name, p in model.named_parameters()}, pp),
+        "loss": [],
+        "norm": [],
+        "grads": [],
+    }
     # eps 1e-6: Adam turns a gradient near 0 into a step of about lr whose sign the gradient's last bits
     # decide, so with the default 1e-8 layouts whose sums round differently drift apart by design
     scales = family.optimizer_scales([name for name, p in model.named_parameters() if p.requires_grad], "adamw")
-    optimizer = PrecisionOptimizer(model.parameters(), policy, lambda tensors: torch.optim.AdamW(
-        tensors if scales is None else parameter_groups(tensors, 0.1, True, scales, 1e-3),
-        lr=1e-3, weight_decay=0.1, eps=1e-6, foreach=False) if scenario.optimizer == "adamw" else SM3(
-        tensors, lr=1e-2, momentum=0.5, weight_decay=0.1, eps=1e-6) if scenario.optimizer == "sm3" else Adam8bit(
-        tensors, lr=1e-3, weight_decay=0.1, eps=1e-6, min_8bit_size=64))  # fmt: skip
+    optimizer = PrecisionOptimizer(
+        model.parameters(),
+        policy,
+        lambda tensors: (
+            torch.optim.AdamW(
+                tensors if scales is None else parameter_groups(tensors, 0.1, True, scales, 1e-3),
+                lr=1e-3,
+                weight_decay=0.1,
+                eps=1e-6,
+                foreach=False,
+            )
+            if scenario.optimizer == "adamw"
+            else SM3(tensors, lr=1e-2, momentum=0.5, weight_decay=0.1, eps=1e-6)
+            if scenario.optimizer == "sm3"
+            else Adam8bit(tensors, lr=1e-3, weight_decay=0.1, eps=1e-6, min_8bit_size=64)
+        ),
+    )
     loss_mesh, rank = mesh.get("dp_cp"), mesh.data_parallel_rank
     dp, cp, cp_rank = dims.dp, dims.cp, mesh.rank("cp")
     per_rank = GLOBAL_BATCH // dp
     for batch in _batches():
-        mine = batch[rank * per_rank:(rank + 1) * per_rank]
+        mine = batch[rank * per_rank : (rank + 1) * per_rank]
         tokens = batch[:, 1:].numel()
         micro = []
         for ids in mine.split(MICRO_BATCH):
@@ -286,18 +459,24 @@ def train_scenario(scenario: Scenario, world: int) -> dict:
         record["loss"].append(loss.item() / tokens)
         record.setdefault("dtypes", _dtypes(model, optimizer))
         optimizer.collect_gradients()
-        record["norm"].append(clip_gradients(optimizer.gradient_tensors, scenario.clip or float("inf"),
-                                             across=None if pp is None else pp.get_group()).item())  # fmt: skip
+        record["norm"].append(
+            clip_gradients(
+                optimizer.gradient_tensors, scenario.clip or float("inf"), across=None if pp is None else pp.get_group()
+            ).item()
+        )
         trained = [name for name, p in model.named_parameters() if p.requires_grad]
-        record["grads"].append(_gathered({name: _full(t.grad) for name, t in
-                                          zip(trained, optimizer.gradient_tensors, strict=True)}, pp))  # fmt: skip
+        record["grads"].append(
+            _gathered({name: _full(t.grad) for name, t in zip(trained, optimizer.gradient_tensors, strict=True)}, pp)
+        )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     states = optimizer.optimizer.state.values()
     record["optimizer_state_bytes"] = sum(
         (value.to_local() if isinstance(value, DTensor) else value).nbytes
-        for state in states for value in state.values() if torch.is_tensor(value) and value.ndim
-    )  # fmt: skip
+        for state in states
+        for value in state.values()
+        if torch.is_tensor(value) and value.ndim
+    )
     record["dtypes"]["state"] = {str(v.dtype) for s in states for v in s.values() if torch.is_tensor(v) and v.ndim}
     record["float8_gathered"] = _float8_gathered(model)
     return record
@@ -307,8 +486,11 @@ def _float8_gathered(model) -> list[str]:  # noqa: ANN001
     """The parameters FSDP2 gathers as float8 after training: their shards are torchao's float8-casting weights."""
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
-    return [name for name, parameter in model.named_parameters() if isinstance(parameter, DTensor) and
-            isinstance(parameter.to_local(), WeightWithDynamicFloat8CastTensor)]  # fmt: skip
+    return [
+        name
+        for name, parameter in model.named_parameters()
+        if isinstance(parameter, DTensor) and isinstance(parameter.to_local(), WeightWithDynamicFloat8CastTensor)
+    ]
 
 
 def _gathered(tensors: dict[str, torch.Tensor], pp: DeviceMesh | None) -> dict[str, torch.Tensor]:
@@ -323,9 +505,11 @@ def _gathered(tensors: dict[str, torch.Tensor], pp: DeviceMesh | None) -> dict[s
 def _dtypes(model: torch.nn.Module, optimizer: PrecisionOptimizer) -> dict[str, set[str]]:
     """The dtypes of parameters, accumulated gradients and master weights, before the first step."""
     masters = optimizer.copies if optimizer.persistent and optimizer.copies_needed else []
-    return {"param": {str(p.dtype) for p in model.parameters()},
-            "grad": {str(p.grad.dtype) for p in model.parameters() if p.grad is not None},
-            "master": {str(m.dtype) for m in masters}}  # fmt: skip
+    return {
+        "param": {str(p.dtype) for p in model.parameters()},
+        "grad": {str(p.grad.dtype) for p in model.parameters() if p.grad is not None},
+        "master": {str(m.dtype) for m in masters},
+    }
 
 
 def _worker(rank: int, world: int, scenarios: list[Scenario], directory: str) -> None:
@@ -351,9 +535,11 @@ def run_scenarios(world: int, scenarios: list[Scenario]) -> dict[str, dict]:
 
 def max_difference(reference: dict, other: dict) -> dict[str, float]:
     """Largest absolute differences of losses, gradient norms and gradients over all steps."""
-    grads = max((reference_grad[name] - step[name]).abs().max().item()
-                for reference_grad, step in zip(reference["grads"], other["grads"], strict=True)
-                for name in reference_grad)  # fmt: skip
+    grads = max(
+        (reference_grad[name] - step[name]).abs().max().item()
+        for reference_grad, step in zip(reference["grads"], other["grads"], strict=True)
+        for name in reference_grad
+    )
     return {
         "loss": max(abs(a - b) for a, b in zip(reference["loss"], other["loss"], strict=True)),
         "norm": max(abs(a - b) for a, b in zip(reference["norm"], other["norm"], strict=True)),

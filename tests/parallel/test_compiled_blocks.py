@@ -31,8 +31,11 @@ def test_one_process_compiled_matches_eager(family):
 
 LAYOUTS = [
     Scenario("megatron-dp2-zero1", layout=Layout(zero1=True, compile_blocks=True), clip=0.5),
-    Scenario("hf-dp2-zero1-selective-recompute", "hf", layout=Layout(
-        zero1=True, compile_blocks=True, recompute="selective", recompute_modules=("CoreAttention",))),
+    Scenario(
+        "hf-dp2-zero1-selective-recompute",
+        "hf",
+        layout=Layout(zero1=True, compile_blocks=True, recompute="selective", recompute_modules=("CoreAttention",)),
+    ),
     Scenario("megatron-dp2-full-recompute", layout=Layout(recompute="full", compile_blocks=True)),
     Scenario("megatron-pp2", pp=2, layers=4, tied=False, layout=COMPILED),
     Scenario("hf-pp2", "hf", pp=2, layers=4, tied=False, layout=COMPILED),
@@ -58,7 +61,20 @@ def compiled_layouts() -> dict[str, dict]:
 def test_tensor_parallelism_with_compiled_blocks_is_refused_by_name(capsys):
     from nxd_train.cli import default_config_path, main
 
-    assert main(["config", "check", str(default_config_path()), "+model.fusions.torch_compile=True",
-                 "trainer.devices=2", "distributed_strategy.tensor_model_parallel_size=2"]) == 1  # fmt: skip
-    assert ("model.fusions.torch_compile: not available with tensor parallelism (distributed_strategy."
-            "tensor_model_parallel_size: 2)") in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "config",
+                "check",
+                str(default_config_path()),
+                "+model.fusions.torch_compile=True",
+                "trainer.devices=2",
+                "distributed_strategy.tensor_model_parallel_size=2",
+            ]
+        )
+        == 1
+    )
+    assert (
+        "model.fusions.torch_compile: not available with tensor parallelism (distributed_strategy."
+        "tensor_model_parallel_size: 2)"
+    ) in capsys.readouterr().err

@@ -57,7 +57,9 @@ def _probe(mode: str, **environment: str) -> tuple[str, int]:
     """The policy's log sentence and the page faults of the last of four 64 MiB allocate-fill-free rounds."""
     inherited = {name: value for name, value in os.environ.items() if not name.startswith(("MALLOC_", "GLIBC_"))}
     env = inherited | environment
-    done = subprocess.run([sys.executable, "-c", PROBE, mode, str(MODULE)], capture_output=True, text=True, env=env, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, mode, str(MODULE)], capture_output=True, text=True, env=env, check=True
+    )
     *sentence, faults = done.stdout.strip().splitlines()
     return " ".join(sentence), int(faults)
 

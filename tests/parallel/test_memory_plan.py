@@ -8,25 +8,54 @@ from nxd_models.attention import rotary_cos_sin
 from nxd_parallel import GIB, LayerWidths, Layout, Sizes, StateBytes, Workload, memory_plan, pipeline_ranges
 from nxd_precision import bytes_per_value, resolve_policy
 
-SPEC = GPTConfig(vocab_size=128, num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2, seq_length=32,
-                 ffn_hidden_size=96, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
-                 has_bias=False, make_vocab_size_divisible_by=8, share_embeddings_and_output_weights=False,
-                 hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+SPEC = GPTConfig(
+    vocab_size=128,
+    num_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_kv_heads=2,
+    seq_length=32,
+    ffn_hidden_size=96,
+    normalization="rmsnorm",
+    activation="swiglu",
+    position_embedding_type="rope",
+    has_bias=False,
+    make_vocab_size_divisible_by=8,
+    share_embeddings_and_output_weights=False,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
 FP32 = StateBytes(parameter=4, gradient=4, master=0, optimizer_state=8, step_copies=0, compute=4)
 # one decoder layer: norms 2 x 64, q 64 x 64, k and v 32 x 64, o 64 x 64, gate/up/down 3 x 96 x 64
 LAYER = 2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 96 * 64
 EMBED = OUTPUT = 128 * 64
 
 
-def _plan(sizes: Sizes, layout: Layout = Layout(), state: StateBytes = FP32, work=Workload(2, 32, 4),  # noqa: B008
-          spec: GPTConfig = SPEC) -> list:  # fmt: skip
+def _plan(
+    sizes: Sizes,
+    layout: Layout = Layout(),  # noqa: B008
+    state: StateBytes = FP32,
+    work=Workload(2, 32, 4),  # noqa: B008
+    spec: GPTConfig = SPEC,
+) -> list:
     family = model_family(spec)
     meta = family.build_on_meta()
-    return memory_plan(meta, family.tp_plan(), pipeline_ranges(family, meta, layout, sizes.pp),
-                       LayerWidths(**family.layer_widths()), sizes=sizes, state=state, work=work, zero1=layout.zero1,
-                       zero3=layout.zero3, sequence_parallel=layout.sequence_parallel, kv_replicator=layout.kv_replicator,
-                       recompute=layout.recompute, recompute_modules=layout.recompute_modules,
-                       cpu_offload=layout.cpu_offload)  # fmt: skip
+    return memory_plan(
+        meta,
+        family.tp_plan(),
+        pipeline_ranges(family, meta, layout, sizes.pp),
+        LayerWidths(**family.layer_widths()),
+        sizes=sizes,
+        state=state,
+        work=work,
+        zero1=layout.zero1,
+        zero3=layout.zero3,
+        sequence_parallel=layout.sequence_parallel,
+        kv_replicator=layout.kv_replicator,
+        recompute=layout.recompute,
+        recompute_modules=layout.recompute_modules,
+        cpu_offload=layout.cpu_offload,
+    )
 
 
 def test_parameters_split_as_each_layout_shards_them():
@@ -43,17 +72,25 @@ def test_parameters_split_as_each_layout_shards_them():
     assert (first.parameters, last.parameters) == (4 * (2 * LAYER + EMBED), 4 * (2 * LAYER + OUTPUT + 64))
     # ZeRO-1 over 2 ranks: half of each state, plus the gathered parameters FSDP2 computes with
     zero1 = _plan(Sizes(dp=2), Layout(zero1=True))[0]
-    assert (zero1.parameters, zero1.gradients, zero1.optimizer_state) == (4 * whole // 2 + 4 * whole,
-                                                                          4 * whole // 2, 8 * whole // 2)  # fmt: skip
+    assert (zero1.parameters, zero1.gradients, zero1.optimizer_state) == (
+        4 * whole // 2 + 4 * whole,
+        4 * whole // 2,
+        8 * whole // 2,
+    )
     # ZeRO-3: the same shards; gathered, the embedding, final norm and output layer and two layers at a time
     zero3 = _plan(Sizes(dp=2), Layout(zero1=True, zero3=True))[0]
-    assert (zero3.parameters, zero3.gradients) == (4 * whole // 2 + 4 * (EMBED + OUTPUT + 64 + 2 * LAYER),
-                                                   4 * whole // 2)  # fmt: skip
+    assert (zero3.parameters, zero3.gradients) == (
+        4 * whole // 2 + 4 * (EMBED + OUTPUT + 64 + 2 * LAYER),
+        4 * whole // 2,
+    )
     # CPU offload: the shards (parameters, gradients, optimizer state) in host memory, the gathered copies on
     # the device
     offloaded = _plan(Sizes(dp=2), Layout(zero1=True, zero3=True, cpu_offload=True))[0]
     assert (offloaded.parameters, offloaded.gradients, offloaded.optimizer_state) == (
-        4 * (EMBED + OUTPUT + 64 + 2 * LAYER), 0, 0)  # fmt: skip
+        4 * (EMBED + OUTPUT + 64 + 2 * LAYER),
+        0,
+        0,
+    )
     assert offloaded.offloaded == (4 + 4 + 8) * whole // 2
     assert offloaded.total == zero3.total - (4 + 4 + 8) * whole // 2
 
@@ -66,8 +103,12 @@ def test_eight_bit_adam_divides_its_state_where_shards_are_whole_blocks():
     wide = GPTConfig(**{**SPEC.__dict__, "hidden_size": 512, "ffn_hidden_size": 1024, "vocab_size": 256})
     state = StateBytes(**bytes_per_value(resolve_policy("fp32"), "adam8bit", {}))
     assert (state.optimizer_state, state.block_state) == (0, 2)
-    for sizes, layout in ((Sizes(), Layout()), (Sizes(tp=2), Layout()), (Sizes(dp=2), Layout(zero1=True)),
-                          (Sizes(dp=2, tp=2), Layout(zero1=True))):  # fmt: skip
+    for sizes, layout in (
+        (Sizes(), Layout()),
+        (Sizes(tp=2), Layout()),
+        (Sizes(dp=2), Layout(zero1=True)),
+        (Sizes(dp=2, tp=2), Layout(zero1=True)),
+    ):
         adamw = _plan(sizes, layout, FP32, spec=wide)[0].optimizer_state
         assert _plan(sizes, layout, state, spec=wide)[0].optimizer_state * 4 == adamw, (sizes, layout)
     # 768 wide: o_proj's tp2 halves of 384 columns would cut blocks, so it keeps its whole last axis (2 bytes for
@@ -147,9 +188,19 @@ def test_experts_split_over_expert_and_tensor_parallel_ranks_as_counted():
     meta = family.build_on_meta()
 
     def plan(sizes: Sizes, zero1: bool = False) -> int:
-        return memory_plan(meta, family.tp_plan(), pipeline_ranges(family, meta, Layout(), 1),
-                           LayerWidths(**family.layer_widths()), sizes=sizes, state=FP32, work=Workload(2, 32, 4),
-                           zero1=zero1, sequence_parallel=False, kv_replicator=1, recompute=None)[0].parameters  # fmt: skip
+        return memory_plan(
+            meta,
+            family.tp_plan(),
+            pipeline_ranges(family, meta, Layout(), 1),
+            LayerWidths(**family.layer_widths()),
+            sizes=sizes,
+            state=FP32,
+            work=Workload(2, 32, 4),
+            zero1=zero1,
+            sequence_parallel=False,
+            kv_replicator=1,
+            recompute=None,
+        )[0].parameters
 
     # per layer: norms, attention as above, a router 4 x 64 and 4 experts of gate/up/down 3 x 96 x 64
     experts, dense = 4 * 4 * 3 * 96 * 64, 4 * (2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 4 * 64) + EMBED + OUTPUT + 64

@@ -26,28 +26,51 @@ def _two_process_scenarios() -> list[Scenario]:
             Scenario(f"{family}-dp2-zero3", family, layout=Layout(zero1=True, zero3=True), clip=0.5),
             Scenario(f"{family}-dp2-replicated", family, layout=Layout(ranks_at_once=1)),
             Scenario(f"{family}-tp2-kv-replicator", family, tp=2, kv_heads=1, layout=Layout(kv_replicator=2)),
-            Scenario(f"{family}-tp2-sp-kv-replicator", family, tp=2, kv_heads=1,
-                     layout=Layout(kv_replicator=2, sequence_parallel=True)),  # fmt: skip
+            Scenario(
+                f"{family}-tp2-sp-kv-replicator",
+                family,
+                tp=2,
+                kv_heads=1,
+                layout=Layout(kv_replicator=2, sequence_parallel=True),
+            ),
             Scenario(f"{family}-tp2-full-recompute", family, tp=2, layout=Layout(recompute="full")),
-            Scenario(f"{family}-dp2-zero1-selective-recompute", family,
-                     layout=Layout(zero1=True, recompute="selective", recompute_modules=("CoreAttention",),
-                                   recompute_mlp=True)),  # fmt: skip
+            Scenario(
+                f"{family}-dp2-zero1-selective-recompute",
+                family,
+                layout=Layout(
+                    zero1=True, recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True
+                ),
+            ),
             *_recompute_scenarios(family),
         ]
     return scenarios + [
         Scenario("megatron-dp2-zero3-cpu-offload", layout=Layout(zero1=True, zero3=True, cpu_offload=True), clip=0.5),
         Scenario("megatron-fp8-dp2-zero3", layout=Layout(zero1=True, zero3=True), fp8=True, clip=0.5),
-        Scenario("megatron-fp8-dp2-zero3-float8-gather", layout=Layout(zero1=True, zero3=True), fp8=True,
-                 fp8_all_gather=True, clip=0.5),
-        Scenario("megatron-fp8-dp2-zero1-float8-gather", layout=Layout(zero1=True), fp8=True, fp8_all_gather=True,
-                 clip=0.5),
-        Scenario("hf-fp8-dp2-zero3-float8-gather", "hf", layout=Layout(zero1=True, zero3=True), fp8=True,
-                 fp8_all_gather=True),
+        Scenario(
+            "megatron-fp8-dp2-zero3-float8-gather",
+            layout=Layout(zero1=True, zero3=True),
+            fp8=True,
+            fp8_all_gather=True,
+            clip=0.5,
+        ),
+        Scenario(
+            "megatron-fp8-dp2-zero1-float8-gather", layout=Layout(zero1=True), fp8=True, fp8_all_gather=True, clip=0.5
+        ),
+        Scenario(
+            "hf-fp8-dp2-zero3-float8-gather", "hf", layout=Layout(zero1=True, zero3=True), fp8=True, fp8_all_gather=True
+        ),
         Scenario("megatron-fp8-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), fp8=True, clip=0.5),
-        Scenario("megatron-fp8-rowwise-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), fp8=True,
-                 fp8_recipe="rowwise"),
-        Scenario("hf-fp8-tp2-sp-kv-replicator", "hf", tp=2, kv_heads=1, fp8=True,
-                 layout=Layout(kv_replicator=2, sequence_parallel=True)),
+        Scenario(
+            "megatron-fp8-rowwise-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), fp8=True, fp8_recipe="rowwise"
+        ),
+        Scenario(
+            "hf-fp8-tp2-sp-kv-replicator",
+            "hf",
+            tp=2,
+            kv_heads=1,
+            fp8=True,
+            layout=Layout(kv_replicator=2, sequence_parallel=True),
+        ),
         # e4m3 gradients: e5m2 keeps 2 mantissa bits, so where the layouts' sums differ in their last bit an output
         # gradient flips a whole e5m2 step, and the adapters' small gradients show it (1e-3 after 5 steps)
         Scenario("hf-lora-fp8-tp2", "hf", tp=2, fp8=True, fp8_format="e4m3", lora=LORA_TARGETS),
@@ -56,12 +79,23 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("hf-fp8-dp2-zero1", "hf", layout=Layout(zero1=True), fp8=True, clip=0.5),
         Scenario("megatron-tp2-fused-qkv", tp=2, qkv="fused"),
         Scenario("megatron-tp2-separate-qkv", tp=2, qkv="separate", clip=0.5),
-        Scenario("megatron-tp2-sp-fused-qkv-kv-replicator", tp=2, kv_heads=1, qkv="fused",
-                 layout=Layout(kv_replicator=2, sequence_parallel=True)),  # fmt: skip
+        Scenario(
+            "megatron-tp2-sp-fused-qkv-kv-replicator",
+            tp=2,
+            kv_heads=1,
+            qkv="fused",
+            layout=Layout(kv_replicator=2, sequence_parallel=True),
+        ),
         Scenario("hf-tp2-sp-fused-qkv", "hf", tp=2, qkv="fused", layout=Layout(sequence_parallel=True)),
         Scenario("hf-tp2-separate-qkv", "hf", tp=2, qkv="separate", clip=0.5),
-        Scenario("hf-tp2-sp-fused-qkv-kv-replicator", "hf", tp=2, kv_heads=1, qkv="fused",
-                 layout=Layout(kv_replicator=2, sequence_parallel=True)),
+        Scenario(
+            "hf-tp2-sp-fused-qkv-kv-replicator",
+            "hf",
+            tp=2,
+            kv_heads=1,
+            qkv="fused",
+            layout=Layout(kv_replicator=2, sequence_parallel=True),
+        ),
         Scenario("qwen3-tp2-fused-qkv-full-recompute", "qwen3", tp=2, qkv="fused", layout=Layout(recompute="full")),
         Scenario("gpt-tp2", "gpt", tp=2),
         Scenario("qwen3-tp2-sp", "qwen3", tp=2, layout=Layout(sequence_parallel=True)),
@@ -69,11 +103,17 @@ def _two_process_scenarios() -> list[Scenario]:
         Scenario("megatron-tp2-sp-documents", tp=2, layout=Layout(sequence_parallel=True), documents=True),
         Scenario("hf-tp2-sp-documents", "hf", tp=2, layout=Layout(sequence_parallel=True), documents=True),
         Scenario("mistral-tp2-sp-sliding-window", "mistral", tp=2, layout=Layout(sequence_parallel=True)),
-        Scenario("mistral-tp2-sp-sliding-window-documents", "mistral", tp=2, documents=True,
-                 layout=Layout(sequence_parallel=True, recompute="full")),  # fmt: skip
+        Scenario(
+            "mistral-tp2-sp-sliding-window-documents",
+            "mistral",
+            tp=2,
+            documents=True,
+            layout=Layout(sequence_parallel=True, recompute="full"),
+        ),
         Scenario("mistral-pp2-sliding-window", "mistral", pp=2, layers=4, tied=False),
-        Scenario("megatron-tp2-sp-bf16-reductions", tp=2, layout=Layout(sequence_parallel=True,
-                                                                        reduce_dtype=torch.bfloat16)),  # fmt: skip
+        Scenario(
+            "megatron-tp2-sp-bf16-reductions", tp=2, layout=Layout(sequence_parallel=True, reduce_dtype=torch.bfloat16)
+        ),
         Scenario("megatron-sm3-dp2-zero1", layout=Layout(zero1=True), clip=0.5, optimizer="sm3"),
         Scenario("megatron-sm3-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), optimizer="sm3"),
         Scenario("hf-sm3-dp2-zero3", "hf", layout=Layout(zero1=True, zero3=True), optimizer="sm3"),
@@ -96,12 +136,14 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("pythia-pp2", "pythia", pp=2, **staged),
             Scenario("pythia-cp2", "pythia", cp=2),
             Scenario("pythia-dp2-zero1", "pythia", layout=Layout(zero1=True), clip=0.5),
-            Scenario("pythia-tp2-sp-full-recompute", "pythia", tp=2, layout=Layout(sequence_parallel=True,
-                                                                                    recompute="full")),  # fmt: skip
+            Scenario(
+                "pythia-tp2-sp-full-recompute", "pythia", tp=2, layout=Layout(sequence_parallel=True, recompute="full")
+            ),
             Scenario("alibi-pp2-interleaved", "alibi", pp=2, layout=Layout(virtual_stages=2), **staged),
             Scenario("alibi-dp2-zero1-full-recompute", "alibi", layout=Layout(zero1=True, recompute="full")),
-            Scenario("pythia-dp2-zero3-full-recompute", "pythia", layout=Layout(zero1=True, zero3=True,
-                                                                                 recompute="full")),
+            Scenario(
+                "pythia-dp2-zero3-full-recompute", "pythia", layout=Layout(zero1=True, zero3=True, recompute="full")
+            ),
             Scenario("sinusoidal-tp2-sp", "sinusoidal", tp=2, layout=Layout(sequence_parallel=True)),
             Scenario("sinusoidal-pp2", "sinusoidal", pp=2, **staged),
             Scenario("opt-pp2", "opt", pp=2, **staged),
@@ -109,12 +151,18 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
             Scenario("opt-dp2-zero1", "opt", layout=Layout(zero1=True)),
             Scenario("rpe-dp2-zero1-full-recompute", "rpe", layout=Layout(zero1=True, recompute="full")),
             Scenario("rpe-tp2-documents", "rpe", tp=2, documents=True),
-            Scenario("qk-dp2-zero1-selective-recompute", "qk", layout=Layout(
-                zero1=True, recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True)),
+            Scenario(
+                "qk-dp2-zero1-selective-recompute",
+                "qk",
+                layout=Layout(
+                    zero1=True, recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True
+                ),
+            ),
             Scenario("qk-pp2", "qk", pp=2, **staged),
             Scenario("sparse-pp2", "sparse", pp=2, layers=6),
-            Scenario("sparse-dp2-zero1-full-recompute", "sparse", layers=6,
-                     layout=Layout(zero1=True, recompute="full")),
+            Scenario(
+                "sparse-dp2-zero1-full-recompute", "sparse", layers=6, layout=Layout(zero1=True, recompute="full")
+            ),
             Scenario("sparse-tp2-documents", "sparse", tp=2, layers=6, documents=True),
             Scenario("shared-tp2", "shared", tp=2, layers=4),
             Scenario("shared-dp2-zero3", "shared", layers=4, layout=Layout(zero1=True, zero3=True)),
@@ -148,7 +196,7 @@ def _neox_scenarios(slow: bool = False) -> list[Scenario]:
         Scenario("mamba-tp2", "mamba", tp=2, clip=0.5),
         Scenario("rwkv-tp2", "rwkv", tp=2, clip=0.5),
         Scenario("mup-tp2-sp", "mup", tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
-    ]  # fmt: skip
+    ]
 
 
 def _mixture_of_experts_scenarios() -> list[Scenario]:
@@ -161,8 +209,12 @@ def _mixture_of_experts_scenarios() -> list[Scenario]:
         Scenario("moe-dp2-zero1", "moe", layout=Layout(zero1=True)),
         Scenario("moe-tp2", "moe", tp=2, clip=0.5),
         Scenario("moe-tp2-sp", "moe", tp=2, layout=Layout(sequence_parallel=True)),
-        Scenario("moe-tp2-sp-bf16-reductions", "moe", tp=2, layout=Layout(sequence_parallel=True,
-                                                                         reduce_dtype=torch.bfloat16)),  # fmt: skip
+        Scenario(
+            "moe-tp2-sp-bf16-reductions",
+            "moe",
+            tp=2,
+            layout=Layout(sequence_parallel=True, reduce_dtype=torch.bfloat16),
+        ),
         Scenario("moe-pp2", "moe", pp=2, layers=4, tied=False),
         Scenario("mixtral-ep2-zero1", "mixtral", ep=2, layout=Layout(zero1=True), clip=0.5),
         Scenario("mixtral-tp2-sp", "mixtral", tp=2, layout=Layout(sequence_parallel=True)),
@@ -171,8 +223,11 @@ def _mixture_of_experts_scenarios() -> list[Scenario]:
         Scenario("ds-moe-top1-tp2-full-recompute", "ds-moe-top1", tp=2, layout=Layout(recompute="full")),
         Scenario("ds-moe-fixed-ep2-zero1", "ds-moe-fixed", ep=2, layout=Layout(zero1=True)),
         Scenario("ds-moe-fixed-pp2", "ds-moe-fixed", pp=2, layers=4, tied=False),
-        Scenario("ds-moe-top1-fixed-dp2-zero1-full-recompute", "ds-moe-top1-fixed",
-                 layout=Layout(zero1=True, recompute="full")),
+        Scenario(
+            "ds-moe-top1-fixed-dp2-zero1-full-recompute",
+            "ds-moe-top1-fixed",
+            layout=Layout(zero1=True, recompute="full"),
+        ),
         *_nxdt_mixtral_recompute_scenarios(),
     ]
 
@@ -185,20 +240,34 @@ def _nxdt_mixtral_recompute_scenarios() -> list[Scenario]:
         for name in ("full", "selective"):
             recompute = RECOMPUTE[name]
             common = dict(attention=AttentionKernel.FUSED_SOFTMAX, clip=0.5)
-            found += [Scenario(f"{family}-tp2-sp-{name}-recompute", family, tp=2,
-                               layout=replace(recompute, sequence_parallel=True), **common),
-                      Scenario(f"{family}-ep2-zero1-{name}-recompute", family, ep=2,
-                               layout=replace(recompute, zero1=True), **common),
-                      Scenario(f"{family}-pp2-{name}-recompute", family, pp=2, layers=4, layout=recompute,
-                               **common)]  # fmt: skip
+            found += [
+                Scenario(
+                    f"{family}-tp2-sp-{name}-recompute",
+                    family,
+                    tp=2,
+                    layout=replace(recompute, sequence_parallel=True),
+                    **common,
+                ),
+                Scenario(
+                    f"{family}-ep2-zero1-{name}-recompute",
+                    family,
+                    ep=2,
+                    layout=replace(recompute, zero1=True),
+                    **common,
+                ),
+                Scenario(f"{family}-pp2-{name}-recompute", family, pp=2, layers=4, layout=recompute, **common),
+            ]
     return found
 
 
-RECOMPUTE = {"full": Layout(recompute="full"),
-             "selective": Layout(recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True),
-             "activation-multiply-norm": Layout(recompute="selective",
-                                                recompute_modules=("ActivationMultiplyMLP", "LlamaRMSNorm")),
-             "llama-mlp": Layout(recompute="selective", recompute_modules=("CoreAttention", "LlamaMLP"))}
+RECOMPUTE = {
+    "full": Layout(recompute="full"),
+    "selective": Layout(recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True),
+    "activation-multiply-norm": Layout(
+        recompute="selective", recompute_modules=("ActivationMultiplyMLP", "LlamaRMSNorm")
+    ),
+    "llama-mlp": Layout(recompute="selective", recompute_modules=("CoreAttention", "LlamaMLP")),
+}
 """Each recompute setting: whole layers, or units by their NxDT names (the attention core, the MLP's
 act(gate) * up, transformers' LlamaMLP and LlamaRMSNorm), which both families resolve."""
 
@@ -208,11 +277,23 @@ def _recompute_scenarios(family: str) -> list[Scenario]:
     layer's sequence split must replay from its whole input) and pipeline stages."""
     found = []
     for name, recompute in RECOMPUTE.items():
-        found += [Scenario(f"{family}-tp2-sp-{name}-recompute", family, tp=2, clip=0.5,
-                           layout=replace(recompute, sequence_parallel=True)),
-                  Scenario(f"{family}-tp2-sp-kv-replicator-{name}-recompute", family, tp=2, kv_heads=1,
-                           layout=replace(recompute, sequence_parallel=True, kv_replicator=2)),
-                  Scenario(f"{family}-cp2-{name}-recompute", family, cp=2, layout=recompute)]  # fmt: skip
+        found += [
+            Scenario(
+                f"{family}-tp2-sp-{name}-recompute",
+                family,
+                tp=2,
+                clip=0.5,
+                layout=replace(recompute, sequence_parallel=True),
+            ),
+            Scenario(
+                f"{family}-tp2-sp-kv-replicator-{name}-recompute",
+                family,
+                tp=2,
+                kv_heads=1,
+                layout=replace(recompute, sequence_parallel=True, kv_replicator=2),
+            ),
+            Scenario(f"{family}-cp2-{name}-recompute", family, cp=2, layout=recompute),
+        ]
         found.append(Scenario(f"{family}-pp2-{name}-recompute", family, pp=2, layers=4, tied=False, layout=recompute))
     return found
 
@@ -227,19 +308,46 @@ def _lora_scenarios() -> list[Scenario]:
     return [
         Scenario("megatron-lora-tp2-sp", tp=2, layout=Layout(sequence_parallel=True), **lora),
         Scenario("hf-lora-tp2-sp", "hf", tp=2, layout=Layout(sequence_parallel=True), **lora),
-        Scenario("megatron-lora-tp2-kv-replicator-full-recompute", tp=2, kv_heads=1,
-                 layout=Layout(kv_replicator=2, recompute="full"), **lora),  # fmt: skip
-        Scenario("hf-lora-tp2-sp-kv-replicator", "hf", tp=2, kv_heads=1,
-                 layout=Layout(kv_replicator=2, sequence_parallel=True), **lora),  # fmt: skip
-        Scenario("megatron-lora-tp2-sp-fused-qkv-kv-replicator", tp=2, kv_heads=1, qkv="fused",
-                 layout=Layout(kv_replicator=2, sequence_parallel=True), **lora),  # fmt: skip
+        Scenario(
+            "megatron-lora-tp2-kv-replicator-full-recompute",
+            tp=2,
+            kv_heads=1,
+            layout=Layout(kv_replicator=2, recompute="full"),
+            **lora,
+        ),
+        Scenario(
+            "hf-lora-tp2-sp-kv-replicator",
+            "hf",
+            tp=2,
+            kv_heads=1,
+            layout=Layout(kv_replicator=2, sequence_parallel=True),
+            **lora,
+        ),
+        Scenario(
+            "megatron-lora-tp2-sp-fused-qkv-kv-replicator",
+            tp=2,
+            kv_heads=1,
+            qkv="fused",
+            layout=Layout(kv_replicator=2, sequence_parallel=True),
+            **lora,
+        ),
         Scenario("megatron-lora-tp2-qkv-module-q-and-v", tp=2, qkv="separate", lora=("q_proj", "v_proj")),
-        Scenario("hf-lora-tp2-sp-fused-qkv-kv-replicator", "hf", tp=2, kv_heads=1, qkv="fused",
-                 layout=Layout(kv_replicator=2, sequence_parallel=True), **lora),  # fmt: skip
+        Scenario(
+            "hf-lora-tp2-sp-fused-qkv-kv-replicator",
+            "hf",
+            tp=2,
+            kv_heads=1,
+            qkv="fused",
+            layout=Layout(kv_replicator=2, sequence_parallel=True),
+            **lora,
+        ),
         Scenario("megatron-lora-dp2-zero1", layout=Layout(zero1=True), **lora),
-        Scenario("hf-lora-dp2-zero1-selective-recompute", "hf",
-                 layout=Layout(zero1=True, recompute="selective", recompute_modules=("CoreAttention",),
-                               recompute_mlp=True), **lora),  # fmt: skip
+        Scenario(
+            "hf-lora-dp2-zero1-selective-recompute",
+            "hf",
+            layout=Layout(zero1=True, recompute="selective", recompute_modules=("CoreAttention",), recompute_mlp=True),
+            **lora,
+        ),
         Scenario("megatron-lora-pp2", pp=2, layers=4, tied=False, **lora),
         Scenario("hf-lora-pp2", "hf", pp=2, layers=4, **lora),
         Scenario("hf-lora-cp2", "hf", cp=2, **lora),
@@ -256,52 +364,122 @@ def _pipeline_and_context_scenarios() -> list[Scenario]:
         Scenario("megatron-pp2-cuts", pp=2, layout=Layout(pipeline_cuts=("model.layers.0",)), **staged),
         Scenario("hf-pp2-1f1b", "hf", pp=2, **staged),
         Scenario("hf-pp2-interleaved", "hf", pp=2, layout=Layout(virtual_stages=2), clip=0.5, **staged),
-        Scenario("hf-pp2-cuts-documents", "hf", pp=2, layout=Layout(pipeline_cuts=("model.layers.2",)),
-                 documents=True, **staged),
+        Scenario(
+            "hf-pp2-cuts-documents",
+            "hf",
+            pp=2,
+            layout=Layout(pipeline_cuts=("model.layers.2",)),
+            documents=True,
+            **staged,
+        ),
         Scenario("megatron-cp2", cp=2, clip=0.5),
         Scenario("hf-cp2", "hf", cp=2),
         Scenario("megatron-cp2-documents", cp=2, documents=True),
-        Scenario("hf-cp2-documents-selective-recompute", "hf", cp=2, documents=True,
-                 layout=Layout(recompute="selective", recompute_modules=("CoreAttention",))),  # fmt: skip
+        Scenario(
+            "hf-cp2-documents-selective-recompute",
+            "hf",
+            cp=2,
+            documents=True,
+            layout=Layout(recompute="selective", recompute_modules=("CoreAttention",)),
+        ),
     ]
 
 
 def _four_process_scenarios() -> list[Scenario]:
     return [
-        *(Scenario(f"{family}-dp2-tp2-zero1-sp", family, tp=2, layout=Layout(zero1=True, sequence_parallel=True),
-                   clip=0.5) for family in FAMILIES),
+        *(
+            Scenario(
+                f"{family}-dp2-tp2-zero1-sp", family, tp=2, layout=Layout(zero1=True, sequence_parallel=True), clip=0.5
+            )
+            for family in FAMILIES
+        ),
         Scenario("megatron-pp2-tp2", pp=2, tp=2, layers=4, tied=False, clip=0.5),
-        Scenario("megatron-pp2-tp2-sp-interleaved", pp=2, tp=2, layers=4, tied=False,
-                 layout=Layout(sequence_parallel=True, virtual_stages=2)),
-        Scenario("megatron-pp2-tp2-sp-full-recompute", pp=2, tp=2, layers=4, tied=False,
-                 layout=Layout(sequence_parallel=True, recompute="full")),
-        Scenario("mistral-pp2-tp2-sp-sliding-window", "mistral", pp=2, tp=2, layers=4, tied=False,
-                 layout=Layout(sequence_parallel=True)),
+        Scenario(
+            "megatron-pp2-tp2-sp-interleaved",
+            pp=2,
+            tp=2,
+            layers=4,
+            tied=False,
+            layout=Layout(sequence_parallel=True, virtual_stages=2),
+        ),
+        Scenario(
+            "megatron-pp2-tp2-sp-full-recompute",
+            pp=2,
+            tp=2,
+            layers=4,
+            tied=False,
+            layout=Layout(sequence_parallel=True, recompute="full"),
+        ),
+        Scenario(
+            "mistral-pp2-tp2-sp-sliding-window",
+            "mistral",
+            pp=2,
+            tp=2,
+            layers=4,
+            tied=False,
+            layout=Layout(sequence_parallel=True),
+        ),
         Scenario("megatron-pp2-dp2-zero1", pp=2, layers=4, tied=False, layout=Layout(zero1=True), clip=0.5),
-        Scenario("megatron-dp2-tp2-zero3-sp", tp=2, layout=Layout(zero1=True, zero3=True, sequence_parallel=True),
-                 clip=0.5),
+        Scenario(
+            "megatron-dp2-tp2-zero3-sp", tp=2, layout=Layout(zero1=True, zero3=True, sequence_parallel=True), clip=0.5
+        ),
         Scenario("megatron-pp2-dp2-zero3", pp=2, layers=4, tied=False, layout=Layout(zero1=True, zero3=True)),
-        Scenario("megatron-fp8-pp2-dp2-zero3-float8-gather", pp=2, layers=4, tied=False, fp8=True,
-                 fp8_all_gather=True, layout=Layout(zero1=True, zero3=True)),
-        Scenario("hf-dp2-tp2-zero1-sp-cpu-offload", "hf", tp=2, clip=0.5,
-                 layout=Layout(zero1=True, sequence_parallel=True, cpu_offload=True)),
+        Scenario(
+            "megatron-fp8-pp2-dp2-zero3-float8-gather",
+            pp=2,
+            layers=4,
+            tied=False,
+            fp8=True,
+            fp8_all_gather=True,
+            layout=Layout(zero1=True, zero3=True),
+        ),
+        Scenario(
+            "hf-dp2-tp2-zero1-sp-cpu-offload",
+            "hf",
+            tp=2,
+            clip=0.5,
+            layout=Layout(zero1=True, sequence_parallel=True, cpu_offload=True),
+        ),
         Scenario("hf-pp2-tp2", "hf", pp=2, tp=2, layers=4, clip=0.5),
-        Scenario("hf-pp2-tp2-sp-interleaved-fused-qkv-kv-replicator", "hf", pp=2, tp=2, layers=4, kv_heads=1,
-                 qkv="fused", layout=Layout(sequence_parallel=True, virtual_stages=2, kv_replicator=2)),
-        Scenario("hf-pp2-tp2-sp-full-recompute-documents", "hf", pp=2, tp=2, layers=4, documents=True,
-                 layout=Layout(sequence_parallel=True, recompute="full")),
+        Scenario(
+            "hf-pp2-tp2-sp-interleaved-fused-qkv-kv-replicator",
+            "hf",
+            pp=2,
+            tp=2,
+            layers=4,
+            kv_heads=1,
+            qkv="fused",
+            layout=Layout(sequence_parallel=True, virtual_stages=2, kv_replicator=2),
+        ),
+        Scenario(
+            "hf-pp2-tp2-sp-full-recompute-documents",
+            "hf",
+            pp=2,
+            tp=2,
+            layers=4,
+            documents=True,
+            layout=Layout(sequence_parallel=True, recompute="full"),
+        ),
         Scenario("hf-pp2-dp2-zero1", "hf", pp=2, layers=4, layout=Layout(zero1=True), clip=0.5),
         Scenario("megatron-cp2-tp2-sp", cp=2, tp=2, layout=Layout(sequence_parallel=True)),
         Scenario("hf-cp2-tp2", "hf", cp=2, tp=2),
         Scenario("megatron-cp2-dp2-zero1", cp=2, layout=Layout(zero1=True), clip=0.5),
-        Scenario("hf-lora-dp2-tp2-zero1-sp", "hf", tp=2, layout=Layout(zero1=True, sequence_parallel=True), clip=0.5,
-                 lora=LORA_TARGETS),
+        Scenario(
+            "hf-lora-dp2-tp2-zero1-sp",
+            "hf",
+            tp=2,
+            layout=Layout(zero1=True, sequence_parallel=True),
+            clip=0.5,
+            lora=LORA_TARGETS,
+        ),
         Scenario("moe-ep2-tp2-sp", "moe", ep=2, tp=2, layout=Layout(sequence_parallel=True), clip=0.5),
         Scenario("moe-dp4-ep2-zero1", "moe", ep=2, layout=Layout(zero1=True)),
         Scenario("moe-dp4-ep2-replicated", "moe", ep=2),
-        Scenario("moe-pp2-ep2-full-recompute", "moe", pp=2, ep=2, layers=4, tied=False, layout=Layout(recompute="full")),
+        Scenario(
+            "moe-pp2-ep2-full-recompute", "moe", pp=2, ep=2, layers=4, tied=False, layout=Layout(recompute="full")
+        ),
         Scenario("mixtral-ep2-tp2", "mixtral", ep=2, tp=2, clip=0.5),
-    ]  # fmt: skip
+    ]
 
 
 def _four_process_zero_stages() -> list[Scenario]:
@@ -319,18 +497,40 @@ def _four_process_zero_stages() -> list[Scenario]:
 
 DEFAULT_TWO = {
     *(f"{family}-{layout}" for family in FAMILIES for layout in ("dp2-zero1", "dp2-replicated")),  # ZeRO-1's share
-    "megatron-tp2", "hf-dp2-zero3", "hf-tp2-sp-kv-replicator", "megatron-tp2-sp-full-recompute",
-    "hf-dp2-zero1-selective-recompute", "megatron-cp2-selective-recompute", "hf-pp2-activation-multiply-norm-recompute",
-    "megatron-tp2-sp-llama-mlp-recompute", "megatron-dp2-zero3-cpu-offload", "megatron-tp2-sp-fused-qkv-kv-replicator",
-    "hf-tp2-separate-qkv", "qwen3-tp2-fused-qkv-full-recompute", "gpt-tp2-sp", "hf-tp2-sp-documents",
-    "mistral-tp2-sp-sliding-window-documents", "mistral-pp2-sliding-window", "megatron-tp2-sp-bf16-reductions",
-    "megatron-pp2-interleaved", "hf-pp2-cuts-documents", "hf-cp2-documents-selective-recompute",
-    "megatron-lora-tp2-sp-fused-qkv-kv-replicator", "hf-lora-dp2-zero1-selective-recompute", "megatron-lora-pp2",
-    "hf-lora-cp2", "moe-ep2-zero1-full-recompute", "moe-tp2-sp", "moe-pp2",
-    "mixtral-capacity-ep2-zero1-full-recompute", "ds-moe-tp2-sp", "megatron-fp8-dp2-zero3-float8-gather",
-    "megatron-fp8-tp2-sp", "megatron-sm3-dp2-zero1",
+    "megatron-tp2",
+    "hf-dp2-zero3",
+    "hf-tp2-sp-kv-replicator",
+    "megatron-tp2-sp-full-recompute",
+    "hf-dp2-zero1-selective-recompute",
+    "megatron-cp2-selective-recompute",
+    "hf-pp2-activation-multiply-norm-recompute",
+    "megatron-tp2-sp-llama-mlp-recompute",
+    "megatron-dp2-zero3-cpu-offload",
+    "megatron-tp2-sp-fused-qkv-kv-replicator",
+    "hf-tp2-separate-qkv",
+    "qwen3-tp2-fused-qkv-full-recompute",
+    "gpt-tp2-sp",
+    "hf-tp2-sp-documents",
+    "mistral-tp2-sp-sliding-window-documents",
+    "mistral-pp2-sliding-window",
+    "megatron-tp2-sp-bf16-reductions",
+    "megatron-pp2-interleaved",
+    "hf-pp2-cuts-documents",
+    "hf-cp2-documents-selective-recompute",
+    "megatron-lora-tp2-sp-fused-qkv-kv-replicator",
+    "hf-lora-dp2-zero1-selective-recompute",
+    "megatron-lora-pp2",
+    "hf-lora-cp2",
+    "moe-ep2-zero1-full-recompute",
+    "moe-tp2-sp",
+    "moe-pp2",
+    "mixtral-capacity-ep2-zero1-full-recompute",
+    "ds-moe-tp2-sp",
+    "megatron-fp8-dp2-zero3-float8-gather",
+    "megatron-fp8-tp2-sp",
+    "megatron-sm3-dp2-zero1",
     "megatron-adam8bit-tp2-sp",
-}  # fmt: skip
+}
 """One two-process scenario of each feature (layout, recompute kind, QKV form, model shape, LoRA, MoE) in the
 default suite; the rest of the matrix runs with --runslow."""
 DEFAULT_FOUR = {"megatron-dp2-tp2-zero1-sp", "megatron-pp2-tp2-sp-interleaved", "megatron-cp2-tp2-sp", "moe-ep2-tp2-sp"}
@@ -343,9 +543,21 @@ def _split(scenarios: list[Scenario], default: set[str], slow: bool) -> list[Sce
 
 
 def _key(scenario: Scenario) -> tuple:
-    return (scenario.family, scenario.kv_heads, scenario.clip, scenario.qkv, scenario.documents, scenario.layers,
-            scenario.tied, scenario.lora, scenario.attention, scenario.fp8, scenario.optimizer,
-            scenario.fp8_recipe, scenario.fp8_format)  # fmt: skip
+    return (
+        scenario.family,
+        scenario.kv_heads,
+        scenario.clip,
+        scenario.qkv,
+        scenario.documents,
+        scenario.layers,
+        scenario.tied,
+        scenario.lora,
+        scenario.attention,
+        scenario.fp8,
+        scenario.optimizer,
+        scenario.fp8_recipe,
+        scenario.fp8_format,
+    )
 
 
 class _OneProcessRuns(dict):
@@ -353,10 +565,26 @@ class _OneProcessRuns(dict):
     trained when a test first asks for it (the slow matrices' models only under --runslow)."""
 
     def __missing__(self, key: tuple) -> dict:
-        self[key] = train_scenario(Scenario("one", key[0], kv_heads=key[1], clip=key[2], qkv=key[3], documents=key[4],
-                                            layers=key[5], tied=key[6], lora=key[7], attention=key[8],
-                                            fp8=key[9], optimizer=key[10], fp8_recipe=key[11], fp8_format=key[12],
-                                            loss_chunk=0), world=1)  # fmt: skip
+        self[key] = train_scenario(
+            Scenario(
+                "one",
+                key[0],
+                kv_heads=key[1],
+                clip=key[2],
+                qkv=key[3],
+                documents=key[4],
+                layers=key[5],
+                tied=key[6],
+                lora=key[7],
+                attention=key[8],
+                fp8=key[9],
+                optimizer=key[10],
+                fp8_recipe=key[11],
+                fp8_format=key[12],
+                loss_chunk=0,
+            ),
+            world=1,
+        )
         return self[key]
 
 
@@ -475,6 +703,12 @@ def test_zero1_holds_at_most_six_tenths_of_the_optimizer_state(family, two_proce
 def test_nxdt_mixtral_recipes_recompute_what_their_forward_computed(family, recompute, references):
     """One process: recompute replays the forward's attention kernel and routing, so losses and gradients equal
     the run that keeps its activations."""
-    scenario = Scenario(f"{family}-{recompute}-recompute", family, clip=0.5, attention=AttentionKernel.FUSED_SOFTMAX,
-                        layout=RECOMPUTE[recompute], loss_chunk=0)  # fmt: skip
+    scenario = Scenario(
+        f"{family}-{recompute}-recompute",
+        family,
+        clip=0.5,
+        attention=AttentionKernel.FUSED_SOFTMAX,
+        layout=RECOMPUTE[recompute],
+        loss_chunk=0,
+    )
     _check(scenario, train_scenario(scenario, world=1), references)

@@ -57,8 +57,7 @@ def _ring(heads: int, kv_heads: int, documents: bool, group: dist.ProcessGroup) 
 
 def _worker(rank: int, directory: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), 4), rank=rank,
-                            world_size=4)  # fmt: skip
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), 4), rank=rank, world_size=4)
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     groups = {4: dist.group.WORLD, 2: pairs[rank // 2]}
     differences = {}
@@ -68,8 +67,9 @@ def _worker(rank: int, directory: str) -> None:
                 mine = zigzag_indices(SEQ, cp, dist.get_rank(group))
                 expected = [t.index_select(2, mine) for t in _reference(heads, kv_heads, documents)]
                 found = _ring(heads, kv_heads, documents, group)
-                differences[(cp, heads, kv_heads, documents)] = [(a - b).abs().max().item()
-                                                                 for a, b in zip(expected, found, strict=True)]
+                differences[(cp, heads, kv_heads, documents)] = [
+                    (a - b).abs().max().item() for a, b in zip(expected, found, strict=True)
+                ]
     torch.save(differences, os.path.join(directory, f"rank{rank}.pt"))
     dist.destroy_process_group()
 

@@ -36,14 +36,33 @@ class Case:
     def spec(self) -> GPTConfig | LlamaConfig:
         if self.family in ("megatron", "moe"):  # 120 tokens padded to 128 rows: tp rank 1's rows run past the file's
             moe = MoESpec(num_experts=4, top_k=2, normalize_top_k_affinities=True) if self.family == "moe" else None
-            return GPTConfig(vocab_size=120, num_layers=2, hidden_size=32, num_attention_heads=4,
-                             num_kv_heads=self.kv_heads, seq_length=16, ffn_hidden_size=64, normalization="rmsnorm",
-                             activation="swiglu", position_embedding_type="rope", has_bias=False,
-                             make_vocab_size_divisible_by=8, share_embeddings_and_output_weights=False,
-                             tensor_parallel_size=self.tp, moe=moe)  # fmt: skip
-        config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=self.kv_heads, max_position_embeddings=16,
-                             tie_word_embeddings=False)  # fmt: skip
+            return GPTConfig(
+                vocab_size=120,
+                num_layers=2,
+                hidden_size=32,
+                num_attention_heads=4,
+                num_kv_heads=self.kv_heads,
+                seq_length=16,
+                ffn_hidden_size=64,
+                normalization="rmsnorm",
+                activation="swiglu",
+                position_embedding_type="rope",
+                has_bias=False,
+                make_vocab_size_divisible_by=8,
+                share_embeddings_and_output_weights=False,
+                tensor_parallel_size=self.tp,
+                moe=moe,
+            )
+        config = LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=16,
+            tie_word_embeddings=False,
+        )
         set_qkv_linear(config, True, True)
         return config
 
@@ -71,8 +90,9 @@ def _hf_directory(case: Case, directory: Path) -> Path:
 
 def _worker(rank: int, world: int, cases: list[Case], directory: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), world), rank=rank,
-                            world_size=world)  # fmt: skip
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(os.path.join(directory, "store"), world), rank=rank, world_size=world
+    )
     read, original = [0], hf_import._read
 
     def counted(entry, offset, size, dtype):  # noqa: ANN001, ANN202
@@ -90,8 +110,9 @@ def _worker(rank: int, world: int, cases: list[Case], directory: str) -> None:
             read[0] = 0
             live = {name: t for module in modules_of(model) for name, t in module.state_dict().items()}
             load_hf_weights(Path(directory) / case.name, export, shapes, live)
-            full = {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
-                    for name, t in live.items()}  # fmt: skip
+            full = {
+                name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone() for name, t in live.items()
+            }
             parts: list = [None] * world
             dist.all_gather_object(parts, (full, read[0]))
             if rank == 0:
@@ -105,8 +126,13 @@ def loaded() -> dict[str, tuple[Path, list]]:
     with tempfile.TemporaryDirectory() as directory:
         sources = {case.name: _hf_directory(case, Path(directory)) for case in CASES}
         mp.start_processes(_worker, args=(2, CASES, directory), nprocs=2, start_method="spawn")
-        yield {case.name: (load_file(sources[case.name] / "model.safetensors"),
-                           torch.load(Path(directory) / f"{case.name}.pt", weights_only=False)) for case in CASES}
+        yield {
+            case.name: (
+                load_file(sources[case.name] / "model.safetensors"),
+                torch.load(Path(directory) / f"{case.name}.pt", weights_only=False),
+            )
+            for case in CASES
+        }
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -32,19 +32,23 @@ def test_one_process_has_no_mesh_and_rank_zero_everywhere():
     assert mesh.data_parallel_rank == 0
 
 
-@pytest.mark.parametrize(("heads", "copies", "tp", "expected"), [
-    (1, 2, 2, [[0], [0]]),            # one KV head, both ranks compute it
-    (2, 2, 2, [[0, 0], [1, 1]]),      # each rank its own head (twice)
-    (2, 4, 8, [[0], [0], [0], [0], [1], [1], [1], [1]]),
-    (4, 1, 2, [[0, 1], [2, 3]]),      # no replication: plain column split
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("heads", "copies", "tp", "expected"),
+    [
+        (1, 2, 2, [[0], [0]]),  # one KV head, both ranks compute it
+        (2, 2, 2, [[0, 0], [1, 1]]),  # each rank its own head (twice)
+        (2, 4, 8, [[0], [0], [0], [0], [1], [1], [1], [1]]),
+        (4, 1, 2, [[0, 1], [2, 3]]),  # no replication: plain column split
+    ],
+)
 def test_each_rank_gets_the_kv_heads_its_query_heads_use(heads, copies, tp, expected):
     assert [replicated_heads(heads, copies, tp, rank) for rank in range(tp)] == expected
 
 
 def test_kv_copies_must_split_evenly_over_tp():
-    with pytest.raises(ParallelConfigError, match="1 KV heads x 1 copies = 1; expected a multiple of the "
-                                                  "tensor-parallel size 2"):  # fmt: skip
+    with pytest.raises(
+        ParallelConfigError, match="1 KV heads x 1 copies = 1; expected a multiple of the tensor-parallel size 2"
+    ):
         replicated_heads(1, 1, 2, 0)
 
 
@@ -67,8 +71,11 @@ def test_global_norm_of_large_tensors_sums_in_fp64():
     # more elements than one part, one of them a transposed (non-contiguous) view; fp32 accumulation
     # over 2**21 values of this size drifts far beyond 1e-12
     generator = torch.Generator().manual_seed(0)
-    tensors = [torch.randn(2**21 + 5, generator=generator) * 1e3, torch.randn(700, 600, generator=generator).t(),
-               torch.randn(3, generator=generator).bfloat16()]  # fmt: skip
+    tensors = [
+        torch.randn(2**21 + 5, generator=generator) * 1e3,
+        torch.randn(700, 600, generator=generator).t(),
+        torch.randn(3, generator=generator).bfloat16(),
+    ]
     by_hand = math.sqrt(sum((t.double() ** 2).sum().item() for t in tensors))
     assert math.isclose(global_norm(tensors).item(), by_hand, rel_tol=1e-12)
 

@@ -78,7 +78,8 @@ def test_devices_without_its_kernels_and_a_missing_install_are_named(monkeypatch
     assert adam8bit_support_problem("cpu") is None
     assert adam8bit_support_problem("meta") == (
         "model.optim.name: adam8bit expected a device bitsandbytes' installed build has 8-bit optimizer kernels for "
-        "(the CPU; CUDA and XPU in builds for them), found meta; use adamw on this device")  # fmt: skip
+        "(the CPU; CUDA and XPU in builds for them), found meta; use adamw on this device"
+    )
     importing = builtins.__import__
 
     def without_bitsandbytes(name, *args, **kwargs):
@@ -87,8 +88,10 @@ def test_devices_without_its_kernels_and_a_missing_install_are_named(monkeypatch
         return importing(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", without_bitsandbytes)
-    assert adam8bit_support_problem("cpu") == ("model.optim.name: adam8bit expected the bitsandbytes package, found "
-                                               "it not installed; install nxd-train[bnb] (pip install bitsandbytes)")
+    assert adam8bit_support_problem("cpu") == (
+        "model.optim.name: adam8bit expected the bitsandbytes package, found "
+        "it not installed; install nxd-train[bnb] (pip install bitsandbytes)"
+    )
 
 
 def test_invalid_hyperparameters_are_named():
@@ -104,13 +107,15 @@ def test_flagged_parameters_keep_fp32_moments_through_a_resume():
     model = _model()
     options = {"lr": 0.01, "weight_decay": 0.1, "min_8bit_size": 1000}
     flags = [True, False, False, False]  # the first layer's 2560 weights
-    optimizer = build_optimizer("adam8bit", model.parameters(), options, decay_norms_and_biases=False,
-                                fp32_state=flags)  # fmt: skip
+    optimizer = build_optimizer("adam8bit", model.parameters(), options, decay_norms_and_biases=False, fp32_state=flags)
     _steps(model, optimizer, 0, 2)
     assert optimizer.state[model[0].weight]["exp_avg"].dtype == torch.float32
     assert optimizer.state[model[2].weight]["exp_avg"].dtype == torch.float32  # 120 values: under min_8bit_size
     assert [(len(group["params"]), group["fp32_state"]) for group in optimizer.param_groups] == [
-        (1, False), (1, True), (2, False)]  # the other weight, the flagged one, the biases (no decay)
+        (1, False),
+        (1, True),
+        (2, False),
+    ]  # the other weight, the flagged one, the biases (no decay)
     resumed = build_optimizer("adam8bit", model.parameters(), options, decay_norms_and_biases=False, fp32_state=flags)
     resumed.load_state_dict(optimizer.state_dict())
     assert resumed.state[model[0].weight]["exp_avg"].dtype == torch.float32
@@ -130,8 +135,9 @@ def test_a_bf16_state_policy_leaves_its_fp32_scales_and_moments():
     assert policy.optimizer_state_dtype == torch.bfloat16
     model = _model()
     prepare_parameters(model, policy)
-    optimizer = PrecisionOptimizer(model.parameters(), policy,
-                                   lambda tensors: Adam8bit(tensors, lr=0.01, min_8bit_size=1000))  # fmt: skip
+    optimizer = PrecisionOptimizer(
+        model.parameters(), policy, lambda tensors: Adam8bit(tensors, lr=0.01, min_8bit_size=1000)
+    )
     for step in range(2):
         inputs = torch.randn(16, 64, generator=torch.Generator().manual_seed(step)).bfloat16()
         loss = model(inputs).float().square().mean()
@@ -140,5 +146,6 @@ def test_a_bf16_state_policy_leaves_its_fp32_scales_and_moments():
         optimizer.step()
     states = list(optimizer.optimizer.state.values())
     assert {state["exp_avg"].dtype for state in states} == {torch.uint8, torch.float32}
-    assert {value.dtype for state in states for key, value in state.items() if key != "step" and
-            value.is_floating_point()} == {torch.float32}  # fmt: skip
+    assert {
+        value.dtype for state in states for key, value in state.items() if key != "step" and value.is_floating_point()
+    } == {torch.float32}

@@ -18,8 +18,14 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-SHAPES = {"rows": ((6, 512), Shard(0)), "last": ((4, 1024), Shard(1)), "vector": ((1024,), Shard(0)),
-          "cut": ((6, 768), Shard(1)), "unaligned": ((6, 300), Shard(0)), "small": ((8, 16), Shard(1))}  # fmt: skip
+SHAPES = {
+    "rows": ((6, 512), Shard(0)),
+    "last": ((4, 1024), Shard(1)),
+    "vector": ((1024,), Shard(0)),
+    "cut": ((6, 768), Shard(1)),
+    "unaligned": ((6, 300), Shard(0)),
+    "small": ((8, 16), Shard(1)),
+}
 """Name: (shape, placement over two ranks). cut: halves of 384 values would cut blocks (rows whole, the last axis
 gathered); unaligned: rows of 300 values (blocks cross rows: whole tensors); small: under min_8bit_size (fp32
 moments, sharded)."""
@@ -47,21 +53,32 @@ def _train(parameters: dict[str, torch.Tensor], optimizer: Adam8bit, steps: rang
 
 def _worker(rank: int, directory: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), 2), rank=rank,
-                            world_size=2)  # fmt: skip
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), 2), rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,))
-    parameters = {name: torch.nn.Parameter(distribute_tensor(value, mesh, [SHAPES[name][1]]))
-                  for name, value in _initial().items()}  # fmt: skip
+    parameters = {
+        name: torch.nn.Parameter(distribute_tensor(value, mesh, [SHAPES[name][1]]))
+        for name, value in _initial().items()
+    }
     optimizer = Adam8bit(list(parameters.values()), **OPTIONS)
     _train(parameters, optimizer, range(STEPS // 2), mesh)
     model = torch.nn.ParameterDict(parameters)
     dcp.save(get_optimizer_state_dict(model, optimizer), checkpoint_id=os.path.join(directory, "checkpoint"))
     _train(parameters, optimizer, range(STEPS // 2, STEPS), mesh)
-    kinds = {name: {key: (type(value).__name__, tuple(value.to_local().shape) if isinstance(value, DTensor)
-                          else tuple(value.shape)) for key, value in optimizer.state[p].items() if key != "step"}
-             for name, p in parameters.items()}  # fmt: skip
-    torch.save({"weights": {name: p.full_tensor() for name, p in parameters.items()}, "state": kinds},
-               os.path.join(directory, f"rank{rank}.pt"))
+    kinds = {
+        name: {
+            key: (
+                type(value).__name__,
+                tuple(value.to_local().shape) if isinstance(value, DTensor) else tuple(value.shape),
+            )
+            for key, value in optimizer.state[p].items()
+            if key != "step"
+        }
+        for name, p in parameters.items()
+    }
+    torch.save(
+        {"weights": {name: p.full_tensor() for name, p in parameters.items()}, "state": kinds},
+        os.path.join(directory, f"rank{rank}.pt"),
+    )
     dist.destroy_process_group()
 
 
@@ -72,8 +89,9 @@ def two_ranks() -> tuple[list[dict], str]:
     return [torch.load(os.path.join(directory, f"rank{rank}.pt"), weights_only=True) for rank in range(2)], directory
 
 
-def _one_process(steps: range, parameters: dict[str, torch.nn.Parameter] | None = None,
-                 state: dict | None = None) -> dict[str, torch.nn.Parameter]:  # fmt: skip
+def _one_process(
+    steps: range, parameters: dict[str, torch.nn.Parameter] | None = None, state: dict | None = None
+) -> dict[str, torch.nn.Parameter]:
     parameters = parameters or {name: torch.nn.Parameter(value) for name, value in _initial().items()}
     optimizer = Adam8bit(list(parameters.values()), **OPTIONS)
     if state is not None:
@@ -93,13 +111,19 @@ def test_two_ranks_step_as_one_process(two_ranks):
 def test_shards_of_whole_blocks_keep_half_the_state(two_ranks):
     records, _ = two_ranks
     state = records[0]["state"]
-    assert state["rows"] == {"exp_avg": ("DTensor", (3, 512)), "exp_avg_sq": ("DTensor", (3, 512)),
-                             "absmax_exp_avg": ("DTensor", (3, 2)), "absmax_exp_avg_sq": ("DTensor", (3, 2))}
+    assert state["rows"] == {
+        "exp_avg": ("DTensor", (3, 512)),
+        "exp_avg_sq": ("DTensor", (3, 512)),
+        "absmax_exp_avg": ("DTensor", (3, 2)),
+        "absmax_exp_avg_sq": ("DTensor", (3, 2)),
+    }
     assert state["last"]["exp_avg"] == ("DTensor", (4, 512)) and state["last"]["absmax_exp_avg"] == ("DTensor", (4, 2))
     assert state["vector"]["exp_avg"] == ("DTensor", (512,)) and state["vector"]["absmax_exp_avg"] == ("DTensor", (2,))
     assert state["cut"]["exp_avg"] == ("DTensor", (6, 768)) and state["cut"]["absmax_exp_avg"] == ("DTensor", (6, 3))
     assert state["unaligned"]["exp_avg"] == ("DTensor", (6, 300)) and state["unaligned"]["absmax_exp_avg"] == (
-        "DTensor", (8,))  # 1800 values: 8 blocks, on each rank  # fmt: skip
+        "DTensor",
+        (8,),
+    )  # 1800 values: 8 blocks, on each rank
     assert state["small"] == {"exp_avg": ("DTensor", (8, 8)), "exp_avg_sq": ("DTensor", (8, 8))}
 
 

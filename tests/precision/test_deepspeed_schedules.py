@@ -38,14 +38,26 @@ def test_warmup_lr_log():
 
 
 def test_warmup_decay_lr_linear():
-    lrs, _ = rates("WarmupDecayLR", {"warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear",
-                                     "total_num_steps": 20}, 27)  # fmt: skip
+    lrs, _ = rates(
+        "WarmupDecayLR",
+        {"warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear", "total_num_steps": 20},
+        27,
+    )
     assert close(lrs[6], 0.005) and close(lrs[11], 0.01) and close(lrs[16], 0.005) and lrs[26] == 0.0
 
 
 def test_warmup_cosine_lr():
-    lrs, _ = rates("WarmupCosineLR", {"warmup_num_steps": 10, "warmup_type": "linear", "total_num_steps": 20,
-                                      "warmup_min_ratio": 0.1, "cos_min_ratio": 0.0}, 12)  # fmt: skip
+    lrs, _ = rates(
+        "WarmupCosineLR",
+        {
+            "warmup_num_steps": 10,
+            "warmup_type": "linear",
+            "total_num_steps": 20,
+            "warmup_min_ratio": 0.1,
+            "cos_min_ratio": 0.0,
+        },
+        12,
+    )
     assert lrs[0] == 0.0 and close(lrs[6], LR * (0.1 + 0.5 * 0.9))
     assert close(lrs[11], LR * (1 + math.cos(math.pi / 10)) / 2)  # iteration 10: the cosine's first step
 
@@ -53,11 +65,26 @@ def test_warmup_cosine_lr():
 def test_one_cycle_cycles_the_rate_and_the_momentum():
     """A cycle of 20 (10 up, 10 down) at positions s / 20 for step s; after it, cycle_min_lr / (1 + 0.5 x
     (s - 20) / 5), the momentum back at cycle_max_mom (decay_mom_rate 0)."""
-    lrs, moms = rates("OneCycle", {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_first_step_size": 10,
-                                   "decay_step_size": 5, "decay_lr_rate": 0.5}, 32)  # fmt: skip
+    lrs, moms = rates(
+        "OneCycle",
+        {
+            "cycle_min_lr": 0.01,
+            "cycle_max_lr": 0.1,
+            "cycle_first_step_size": 10,
+            "decay_step_size": 5,
+            "decay_lr_rate": 0.5,
+        },
+        32,
+    )
     assert (lrs[0], moms[0]) == (0.01, 0.8)  # the constructor sets the low rate and the low momentum
-    for step, (lr, mom) in {5: (0.055, 0.85), 10: (0.1, 0.8), 15: (0.055, 0.85), 20: (0.01, 0.9),
-                            21: (0.01 / 1.1, 0.9), 31: (0.01 / 2.1, 0.9)}.items():  # fmt: skip
+    for step, (lr, mom) in {
+        5: (0.055, 0.85),
+        10: (0.1, 0.8),
+        15: (0.055, 0.85),
+        20: (0.01, 0.9),
+        21: (0.01 / 1.1, 0.9),
+        31: (0.01 / 2.1, 0.9),
+    }.items():
         assert close(lrs[step], lr) and close(moms[step], mom), step
     _, kept = rates("OneCycle", {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_momentum": False}, 3)
     assert kept == [0.9, 0.9, 0.9]
@@ -65,8 +92,11 @@ def test_one_cycle_cycles_the_rate_and_the_momentum():
 
 @pytest.mark.parametrize(("staircase", "expected"), [(False, 0.001 * (1 + 2 * 1.6)), (True, 0.001 * (1 + 2 * 1))])
 def test_lr_range_test(staircase, expected):
-    lrs, _ = rates("LRRangeTest", {"lr_range_test_step_size": 10, "lr_range_test_step_rate": 2.0,
-                                   "lr_range_test_staircase": staircase}, 17)  # fmt: skip
+    lrs, _ = rates(
+        "LRRangeTest",
+        {"lr_range_test_step_size": 10, "lr_range_test_step_rate": 2.0, "lr_range_test_staircase": staircase},
+        17,
+    )
     assert lrs[0] == 0.001 and close(lrs[16], expected)  # iteration 15 grows by (15 + 1) / 10 intervals
 
 
@@ -84,10 +114,15 @@ def test_a_resumed_one_cycle_sets_the_momentum_of_its_step():
 def test_a_run_steps_with_the_schedule_and_resumes_it(tmp_path, train_here):
     """nxd-train logs the rate each update used (OneCycle over 2 + 2 steps: 0.01, then positions 1/4, 2/4, 3/4), and
     a run resumed from step 2's checkpoint continues with the same rates and losses."""
-    job = ["trainer.max_steps=4", "~model.optim.sched", "+model.optim.sched={name: DeepSpeedSchedule, type: OneCycle, "
-           "cycle_min_lr: 0.01, cycle_max_lr: 0.03, cycle_first_step_size: 2}", "exp_manager.create_checkpoint_callback=True",
-           "+exp_manager.checkpoint_callback_params.save_top_k=-1",
-           "+exp_manager.checkpoint_callback_params.every_n_train_steps=2"]  # fmt: skip
+    job = [
+        "trainer.max_steps=4",
+        "~model.optim.sched",
+        "+model.optim.sched={name: DeepSpeedSchedule, type: OneCycle, "
+        "cycle_min_lr: 0.01, cycle_max_lr: 0.03, cycle_first_step_size: 2}",
+        "exp_manager.create_checkpoint_callback=True",
+        "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+    ]
     whole = [row for row in train_here(*job) if "loss" in row]
     assert all(close(row["lr"], lr) for row, lr in zip(whole, [0.01, 0.02, 0.03, 0.02], strict=True))
     (step_2,) = (tmp_path / "run0" / "checkpoints").glob("*step=2*")
@@ -103,8 +138,17 @@ def test_one_cycle_stairs_are_noticed_as_doing_nothing():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        load_config(default_config_path(), ["~model.optim.sched", "+model.optim.sched={name: DeepSpeedSchedule, "
-                                            "type: OneCycle, cycle_min_lr: 0.01, cycle_max_lr: 0.1, "
-                                            "cycle_first_stair_count: 4}"])  # fmt: skip
-    assert any("cycle_first_stair_count: accepted, changes nothing" in str(w.message) for w in caught
-               if issubclass(w.category, ConfigNotice))
+        load_config(
+            default_config_path(),
+            [
+                "~model.optim.sched",
+                "+model.optim.sched={name: DeepSpeedSchedule, "
+                "type: OneCycle, cycle_min_lr: 0.01, cycle_max_lr: 0.1, "
+                "cycle_first_stair_count: 4}",
+            ],
+        )
+    assert any(
+        "cycle_first_stair_count: accepted, changes nothing" in str(w.message)
+        for w in caught
+        if issubclass(w.category, ConfigNotice)
+    )

@@ -14,10 +14,23 @@ from torchao.float8.config import Float8LinearConfig, ScalingGranularity, Scalin
 from torchao.float8.float8_linear import Float8Linear
 from torchao.float8.float8_utils import compute_error
 
-CONFIG = GPTConfig(vocab_size=128, num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, seq_length=32,
-                   ffn_hidden_size=176, normalization="rmsnorm", activation="swiglu", position_embedding_type="rope",
-                   has_bias=False, hidden_dropout=0.0, attention_dropout=0.0, make_vocab_size_divisible_by=8,
-                   share_embeddings_and_output_weights=False)  # fmt: skip
+CONFIG = GPTConfig(
+    vocab_size=128,
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_kv_heads=2,
+    seq_length=32,
+    ffn_hidden_size=176,
+    normalization="rmsnorm",
+    activation="swiglu",
+    position_embedding_type="rope",
+    has_bias=False,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    make_vocab_size_divisible_by=8,
+    share_embeddings_and_output_weights=False,
+)
 OUTPUT_SQNR_DB, GRADIENT_SQNR_DB = 18.0, 17.0
 """torchao's float8 tests accept a float8 linear layer's output at 18 dB of signal-to-quantisation noise and its
 weight gradient at 17 dB (test/float8/test_base.py); held here for a whole model's logits and every gradient."""
@@ -41,9 +54,19 @@ def test_the_decoder_layers_linear_layers_become_float8():
     model = build_causal_lm(CONFIG, seed=1)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     swapped = use_float8(model, Float8Spec(emulate=True))
-    assert swapped == [f"model.layers.{i}.{part}" for i in range(2) for part in
-                       ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]  # fmt: skip
+    assert swapped == [
+        f"model.layers.{i}.{part}"
+        for i in range(2)
+        for part in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ]
     assert not isinstance(model.lm_head, Float8Linear)
     assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
     odd = build_causal_lm(GPTConfig(**{**CONFIG.__dict__, "ffn_hidden_size": 40}), seed=1)
@@ -76,9 +99,15 @@ def _batch() -> dict[str, torch.Tensor]:
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 
 
-@pytest.mark.parametrize("spec", [Float8Spec(emulate=True), Float8Spec(recipe="rowwise", emulate=True),
-                                  Float8Spec(format="e4m3", weight_gradient=False, emulate=True)],
-                         ids=["tensorwise", "rowwise", "e4m3-wgrad-high"])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec",
+    [
+        Float8Spec(emulate=True),
+        Float8Spec(recipe="rowwise", emulate=True),
+        Float8Spec(format="e4m3", weight_gradient=False, emulate=True),
+    ],
+    ids=["tensorwise", "rowwise", "e4m3-wgrad-high"],
+)
 def test_emulated_float8_stays_within_torchaos_tolerance(spec):
     """The logits and every gradient of the float8 model against the same model's in fp32 within torchao's SQNR; and
     eight steps of AdamW keep the float8 losses within 2% of the fp32 ones."""
@@ -112,6 +141,10 @@ def test_emulated_float8_stays_within_torchaos_tolerance(spec):
 
 def test_devices_without_float8_matmuls_are_refused_unless_emulated():
     problem = float8_support_problem(Float8Spec(), torch.device("cpu"))
-    assert problem.startswith("precision.fp8: float8 matmuls (torch._scaled_mm) need a GPU of CUDA compute "
-                              "capability 8.9 or newer") and "found the cpu device" in problem  # fmt: skip
+    assert (
+        problem.startswith(
+            "precision.fp8: float8 matmuls (torch._scaled_mm) need a GPU of CUDA compute capability 8.9 or newer"
+        )
+        and "found the cpu device" in problem
+    )
     assert float8_support_problem(Float8Spec(emulate=True), torch.device("cpu")) is None

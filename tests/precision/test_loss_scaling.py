@@ -71,12 +71,18 @@ def test_the_state_continues_after_a_checkpoint():
     assert rest == whole[5:] and second.skipped == 3
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    (dict(loss_scale=-1), "precision.loss_scale: expected 0 (dynamic) or a positive scale, found -1"),
-    (dict(hysteresis=0), "precision.hysteresis: expected at least 1 overflow, found 0"),
-    (dict(loss_scale_window=0, min_loss_scale=0), "precision.loss_scale_window: expected at least 1 step, found 0; "
-                                                  "precision.min_loss_scale: expected a positive scale, found 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(loss_scale=-1), "precision.loss_scale: expected 0 (dynamic) or a positive scale, found -1"),
+        (dict(hysteresis=0), "precision.hysteresis: expected at least 1 overflow, found 0"),
+        (
+            dict(loss_scale_window=0, min_loss_scale=0),
+            "precision.loss_scale_window: expected at least 1 step, found 0; "
+            "precision.min_loss_scale: expected a positive scale, found 0",
+        ),
+    ],
+)
 def test_settings_out_of_range_are_named(settings, message):
     with pytest.raises(PrecisionConfigError) as caught:
         LossScaling(**settings)

@@ -25,16 +25,30 @@ def test_precision_types(precision_type: str, knobs: tuple, expected: tuple) -> 
 
 def test_runtime_keys_map_to_their_variables() -> None:
     env = neuron_runtime_env(
-        {}, precision_type="fp32", compiler_flags="--model-type=transformer", compiler_cache_url="s3://cache",
-        async_exec_max_inflight_requests=3, bucket_size_collectives=1024, neuron_rt_exec_timeout=600,
-        neuron_experimental_compress_rg=False, lnc=2, fuse_softmax=True,
-    )  # fmt: skip
+        {},
+        precision_type="fp32",
+        compiler_flags="--model-type=transformer",
+        compiler_cache_url="s3://cache",
+        async_exec_max_inflight_requests=3,
+        bucket_size_collectives=1024,
+        neuron_rt_exec_timeout=600,
+        neuron_experimental_compress_rg=False,
+        lnc=2,
+        fuse_softmax=True,
+    )
     assert env == {
-        "XLA_USE_BF16": "0", "XLA_DOWNCAST_BF16": "0", "NEURON_RT_STOCHASTIC_ROUNDING_EN": "0",
-        "NEURON_CC_FLAGS": "--model-type=transformer", "NEURON_COMPILE_CACHE_URL": "s3://cache",
-        "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3", "BUCKET_CAP_MB": "1024", "NEURON_RT_EXEC_TIMEOUT": "600",
-        "NEURON_EXPERIMENTAL_COMPRESS_RG": "0", "NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_FUSE_SOFTMAX": "1",
-    }  # fmt: skip
+        "XLA_USE_BF16": "0",
+        "XLA_DOWNCAST_BF16": "0",
+        "NEURON_RT_STOCHASTIC_ROUNDING_EN": "0",
+        "NEURON_CC_FLAGS": "--model-type=transformer",
+        "NEURON_COMPILE_CACHE_URL": "s3://cache",
+        "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3",
+        "BUCKET_CAP_MB": "1024",
+        "NEURON_RT_EXEC_TIMEOUT": "600",
+        "NEURON_EXPERIMENTAL_COMPRESS_RG": "0",
+        "NEURON_LOGICAL_NC_CONFIG": "2",
+        "NEURON_FUSE_SOFTMAX": "1",
+    }
 
 
 def test_what_the_user_exported_wins_and_compiler_flags_append() -> None:

@@ -39,8 +39,12 @@ def train_step(type_name: str, fp32_state: bool = False, micro_batches: int = 2,
 def test_dtypes_after_a_step(type_name, fp32_state, knobs, expected):
     model, optimizer, gradients, state = train_step(type_name, fp32_state, **knobs)
     masters = optimizer.copies if optimizer.persistent and optimizer.copies_needed else None
-    found = ({p.dtype for p in model.parameters()}, gradients, None if masters is None else {m.dtype for m in masters},
-             state)  # fmt: skip
+    found = (
+        {p.dtype for p in model.parameters()},
+        gradients,
+        None if masters is None else {m.dtype for m in masters},
+        state,
+    )
     param, gradient, master, opt_state = expected
     assert found == ({param}, {gradient}, None if master is None else {master}, {opt_state})
     if not optimizer.persistent and optimizer.copies_needed:  # the step's fp32 copies hold no memory between steps
@@ -70,8 +74,13 @@ def test_bf16_accumulation_over_fp32_masters_sums_in_bf16():
     for batch in inputs:  # each micro-batch's own gradient, summed in bf16 by hand
         own = torch.autograd.grad(model(batch).float().square().mean(), list(model.parameters()))
         expected = own if expected is None else [(a + b).to(B) for a, b in zip(expected, own, strict=True)]
-    fp32_sum = [sum(torch.autograd.grad(model(batch).float().square().mean(), list(model.parameters()))[i].float()
-                    for batch in inputs) for i in range(4)]  # fmt: skip
+    fp32_sum = [
+        sum(
+            torch.autograd.grad(model(batch).float().square().mean(), list(model.parameters()))[i].float()
+            for batch in inputs
+        )
+        for i in range(4)
+    ]
     optimizer = PrecisionOptimizer(model.parameters(), policy, lambda p: torch.optim.SGD(p, lr=1.0))
     for batch in inputs:
         model(batch).float().square().mean().backward()
@@ -89,8 +98,12 @@ def sgd_run(type_name: str, steps: int = 3000, **knobs) -> float:
     """Fit 512 bf16 weights from 1.0 towards 0.9 with SGD at lr 1e-4: each update (<= 2e-5) is far below
     half a bf16 step at 1.0 (3.9e-3)."""
     weights = nn.Parameter(torch.ones(512, dtype=B))
-    optimizer = PrecisionOptimizer([weights], resolve_policy(type_name, **knobs), lambda p: torch.optim.SGD(p, lr=1e-4),
-                                   torch.Generator().manual_seed(0))  # fmt: skip
+    optimizer = PrecisionOptimizer(
+        [weights],
+        resolve_policy(type_name, **knobs),
+        lambda p: torch.optim.SGD(p, lr=1e-4),
+        torch.Generator().manual_seed(0),
+    )
     for _ in range(steps):
         (weights.float() - 0.9).square().sum().backward()
         optimizer.step()
@@ -134,8 +147,9 @@ def test_state_dict_by_name_restores_the_next_step(type_name):
 
 def test_saving_a_stateless_optimizer_leaves_the_weights_alone():
     model = nn.Linear(4, 2)
-    optimizer = PrecisionOptimizer(model.parameters(), resolve_policy("fp32"),
-                                   lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.5))  # fmt: skip
+    optimizer = PrecisionOptimizer(
+        model.parameters(), resolve_policy("fp32"), lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.5)
+    )
     before = [p.detach().clone() for p in model.parameters()]
     optimizer.state_dict(["weight", "bias"])  # SGD without momentum keeps no state: nothing to create
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
@@ -150,8 +164,11 @@ def test_loaded_groups_keep_their_own_scales():
 
     def stage(scales: list[tuple[float, float]]) -> tuple[PrecisionOptimizer, list[str]]:
         model = nn.Sequential(*(nn.Linear(4, 4, bias=False) for _ in scales))
-        optimizer = PrecisionOptimizer(model.parameters(), resolve_policy("fp32"), lambda tensors: build_optimizer(
-            "adam", tensors, options, decay_norms_and_biases=False, scales=scales))  # fmt: skip
+        optimizer = PrecisionOptimizer(
+            model.parameters(),
+            resolve_policy("fp32"),
+            lambda tensors: build_optimizer("adam", tensors, options, decay_norms_and_biases=False, scales=scales),
+        )
         return optimizer, [f"{index}.weight" for index in range(len(scales))]
 
     first, first_names = stage([(1.0, 1.0), (0.25, 4.0)])
@@ -161,5 +178,8 @@ def test_loaded_groups_keep_their_own_scales():
     scheduler = build_scheduler(second.optimizer, None, {}, 0.01, 10)
     apply_options(second.optimizer, "adam", options)
     apply_schedule(scheduler, 0.01)
-    assert [(g["lr"], g["weight_decay"]) for g in second.param_groups] == \
-        [(0.01 * 0.25, 0.1 * 4.0), (0.01 * 0.5, 0.1 * 2.0), (0.01, 0.1)]  # fmt: skip
+    assert [(g["lr"], g["weight_decay"]) for g in second.param_groups] == [
+        (0.01 * 0.25, 0.1 * 4.0),
+        (0.01 * 0.5, 0.1 * 2.0),
+        (0.01, 0.1),
+    ]

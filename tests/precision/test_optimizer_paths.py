@@ -44,8 +44,10 @@ def test_the_chosen_implementation_gives_the_for_loops_result(name):
     reference = _parameters()
     arguments = optimizer_arguments(name, OPTIONS[name])
     decay = arguments.pop("weight_decay")
-    groups = [{"params": [p for p in reference if p.ndim > 1], "weight_decay": decay},
-              {"params": [p for p in reference if p.ndim == 1], "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": [p for p in reference if p.ndim > 1], "weight_decay": decay},
+        {"params": [p for p in reference if p.ndim == 1], "weight_decay": 0.0},
+    ]
     expected = _train(optimizer_class(name)(groups, foreach=False, **arguments), reference)
     for mine, theirs in zip(found, expected, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
@@ -65,4 +67,5 @@ def test_a_mix_of_tensor_kinds_takes_the_for_loop():
     assert implementation("rmsprop", [sharded, sharded]) == {"foreach": True}
     assert implementation("novograd", [plain]) == {}  # NeMo's own step
     assert implementation("adamw", [torch.ones(2, dtype=torch.float64), torch.ones(2, device="meta")]) == {
-        "foreach": False}  # fmt: skip
+        "foreach": False
+    }

@@ -13,29 +13,53 @@ from nxd_precision.optimizers import OPTIMIZER_NAMES, parameter_groups
 from transformers.optimization import Adafactor
 
 CASES = {
-    "adamw": ({"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "amsgrad": True}, torch.optim.AdamW,
-              {"betas": (0.8, 0.9), "eps": 1e-6, "amsgrad": True}),
+    "adamw": (
+        {"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "amsgrad": True},
+        torch.optim.AdamW,
+        {"betas": (0.8, 0.9), "eps": 1e-6, "amsgrad": True},
+    ),
     "adamw_fp32OptState": ({"lr": 0.01}, torch.optim.AdamW, {"betas": (0.9, 0.999)}),
     "adam": ({"lr": 0.01, "weight_decay": 0.1}, torch.optim.Adam, {"weight_decay": 0.1}),
     "sgd": ({"lr": 0.1, "momentum": 0.9, "nesterov": True}, torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
     "adadelta": ({"lr": 1.0, "rho": 0.8, "eps": 1e-5}, torch.optim.Adadelta, {"rho": 0.8, "eps": 1e-5}),
     "adamax": ({"lr": 0.01, "betas": (0.7, 0.9)}, torch.optim.Adamax, {"betas": (0.7, 0.9)}),
-    "adagrad": ({"lr": 0.1, "lr_decay": 0.01, "initial_accumulator_value": 0.1}, torch.optim.Adagrad,
-                {"lr_decay": 0.01, "initial_accumulator_value": 0.1}),
-    "rmsprop": ({"lr": 0.01, "alpha": 0.9, "centered": True, "momentum": 0.5}, torch.optim.RMSprop,
-                {"alpha": 0.9, "centered": True, "momentum": 0.5}),
-    "rprop": ({"lr": 0.01, "etas": (0.4, 1.5), "step_sizes": (1e-5, 10.0)}, torch.optim.Rprop,
-              {"etas": (0.4, 1.5), "step_sizes": (1e-5, 10.0)}),
+    "adagrad": (
+        {"lr": 0.1, "lr_decay": 0.01, "initial_accumulator_value": 0.1},
+        torch.optim.Adagrad,
+        {"lr_decay": 0.01, "initial_accumulator_value": 0.1},
+    ),
+    "rmsprop": (
+        {"lr": 0.01, "alpha": 0.9, "centered": True, "momentum": 0.5},
+        torch.optim.RMSprop,
+        {"alpha": 0.9, "centered": True, "momentum": 0.5},
+    ),
+    "rprop": (
+        {"lr": 0.01, "etas": (0.4, 1.5), "step_sizes": (1e-5, 10.0)},
+        torch.optim.Rprop,
+        {"etas": (0.4, 1.5), "step_sizes": (1e-5, 10.0)},
+    ),
     "novograd": ({"lr": 0.01, "betas": (0.9, 0.99), "luc": True}, Novograd, {"betas": (0.9, 0.99), "luc": True}),
     "lion": ({"lr": 0.003, "betas": (0.95, 0.98), "weight_decay": 0.1}, Lion, {"betas": (0.95, 0.98)}),
     "madgrad_wd": ({"lr": 0.01, "momentum": 0.8, "eps": 1e-6, "weight_decay": 0.01}, MadgradWD, {"momentum": 0.8}),
     "sm3": ({"lr": 0.05, "momentum": 0.5, "beta": 0.9, "weight_decay": 0.01}, SM3, {"momentum": 0.5, "beta": 0.9}),
-    "adam8bit": ({"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "min_8bit_size": 16}, Adam8bit,
-                 {"betas": (0.8, 0.9), "min_8bit_size": 16}),
-    "adafactor": ({"lr": 0.01, "beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": 0.8,
-                   "relative_step": False}, Adafactor,
-                  {"beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": -0.8}),
-}  # fmt: skip
+    "adam8bit": (
+        {"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "min_8bit_size": 16},
+        Adam8bit,
+        {"betas": (0.8, 0.9), "min_8bit_size": 16},
+    ),
+    "adafactor": (
+        {
+            "lr": 0.01,
+            "beta1": 0.9,
+            "clip_threshold": 0.5,
+            "scale_parameter": False,
+            "decay_rate": 0.8,
+            "relative_step": False,
+        },
+        Adafactor,
+        {"beta1": 0.9, "clip_threshold": 0.5, "scale_parameter": False, "decay_rate": -0.8},
+    ),
+}
 
 
 def _model() -> torch.nn.Module:
@@ -82,8 +106,12 @@ def test_norm_weights_and_biases_get_no_weight_decay_unless_asked():
 
 
 def test_adafactor_relative_step_needs_no_lr():
-    optimizer = build_optimizer("adafactor", _model().parameters(), {"lr": None, "relative_step": True,
-                                                                    "warmup_init": True}, decay_norms_and_biases=False)
+    optimizer = build_optimizer(
+        "adafactor",
+        _model().parameters(),
+        {"lr": None, "relative_step": True, "warmup_init": True},
+        decay_norms_and_biases=False,
+    )
     assert optimizer.param_groups[0]["relative_step"] and optimizer.param_groups[0]["lr"] is None
 
 
@@ -114,8 +142,9 @@ def test_every_optimizer_learns_on_bf16_parameters(name, precision):
     policy = resolve_policy(precision, fp32_optimizer_state=name == "adamw_fp32OptState")
     model = _model()
     prepare_parameters(model, policy)
-    optimizer = PrecisionOptimizer(model.parameters(), policy,
-                                   lambda tensors: build_optimizer(name, tensors, config, decay_norms_and_biases=False))  # fmt: skip
+    optimizer = PrecisionOptimizer(
+        model.parameters(), policy, lambda tensors: build_optimizer(name, tensors, config, decay_norms_and_biases=False)
+    )
     inputs, targets = torch.randn(64, 8, dtype=torch.bfloat16), torch.randn(64, 1)
     losses = []
     for _ in range(30):

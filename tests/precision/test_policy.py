@@ -20,9 +20,16 @@ TABLE = {
 @pytest.mark.parametrize("name", sorted(TABLE))
 def test_each_type_means_what_the_reference_says(name: str) -> None:
     policy = resolve_policy(name)
-    found = (policy.param_dtype, policy.compute_dtype, policy.master_dtype, policy.grad_accumulation_dtype,
-             policy.grad_reduction_dtype, policy.optimizer_state_dtype, policy.stochastic_rounding,
-             policy.parallel_layers_reduce_dtype)  # fmt: skip
+    found = (
+        policy.param_dtype,
+        policy.compute_dtype,
+        policy.master_dtype,
+        policy.grad_accumulation_dtype,
+        policy.grad_reduction_dtype,
+        policy.optimizer_state_dtype,
+        policy.stochastic_rounding,
+        policy.parallel_layers_reduce_dtype,
+    )
     assert found == TABLE[name]
     assert policy.autocast == (name == "autocast")
 
@@ -45,8 +52,14 @@ def test_fp32_optimizer_state_and_explicit_tensor_parallel_reduction() -> None:
 )
 def test_manual_honours_each_knob(knobs: dict, expected: tuple) -> None:
     policy = resolve_policy("manual", **knobs)
-    assert (policy.param_dtype, policy.compute_dtype, policy.master_dtype, policy.grad_accumulation_dtype,
-            policy.grad_reduction_dtype, policy.stochastic_rounding) == expected  # fmt: skip
+    assert (
+        policy.param_dtype,
+        policy.compute_dtype,
+        policy.master_dtype,
+        policy.grad_accumulation_dtype,
+        policy.grad_reduction_dtype,
+        policy.stochastic_rounding,
+    ) == expected
 
 
 def test_contradictory_manual_knobs_are_named() -> None:
@@ -64,7 +77,9 @@ def test_a_device_without_bf16_is_named(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
     message = bf16_support_problem(resolve_policy("mixed_precision"), torch.device("cuda"))
-    assert message == ("precision.type: mixed_precision computes in bf16, which Tesla V100-SXM2-16GB does not "
-                       "support natively (compute capability 8.0 or newer); expected fp32 on this device")  # fmt: skip
+    assert message == (
+        "precision.type: mixed_precision computes in bf16, which Tesla V100-SXM2-16GB does not "
+        "support natively (compute capability 8.0 or newer); expected fp32 on this device"
+    )
     assert bf16_support_problem(resolve_policy("fp32"), torch.device("cuda")) is None
     assert bf16_support_problem(resolve_policy("bf16SR"), torch.device("cpu")) is None

@@ -20,11 +20,18 @@ EXPECTED = {  # parameters, accumulated gradients, master weights, optimizer sta
 
 
 def scenarios() -> list[Scenario]:
-    data_parallel = [Scenario(f"{precision}-zero1-{zero1}", "megatron", layout=Layout(zero1=zero1), precision=precision)
-                     for precision in EXPECTED for zero1 in (True, False)]  # fmt: skip
-    tensor_parallel = [Scenario(f"{precision}-tp2-sp-{family}", family, tp=2, layout=Layout(sequence_parallel=True),
-                                precision=precision) for precision in ("mixed_precision", "bf16SR")
-                       for family in ("megatron", "hf")]  # fmt: skip
+    data_parallel = [
+        Scenario(f"{precision}-zero1-{zero1}", "megatron", layout=Layout(zero1=zero1), precision=precision)
+        for precision in EXPECTED
+        for zero1 in (True, False)
+    ]
+    tensor_parallel = [
+        Scenario(
+            f"{precision}-tp2-sp-{family}", family, tp=2, layout=Layout(sequence_parallel=True), precision=precision
+        )
+        for precision in ("mixed_precision", "bf16SR")
+        for family in ("megatron", "hf")
+    ]
     return data_parallel + tensor_parallel
 
 
@@ -65,8 +72,16 @@ def test_bf16sr_keeps_learning_where_plain_bf16_updates_are_dropped(train_here) 
     average. Measured over 40 steps: fp32 0.1677, bf16SR 0.1674, plain bf16 0.1520 of loss drop."""
 
     def drop(*overrides: str) -> float:
-        curve = losses(train_here("trainer.max_steps=40", "model.optim.sched.max_steps=40", "model.optim.lr=3e-6",
-                                  "model.optim.sched.warmup_steps=0", "data.global_batch_size=4", *overrides))  # fmt: skip
+        curve = losses(
+            train_here(
+                "trainer.max_steps=40",
+                "model.optim.sched.max_steps=40",
+                "model.optim.lr=3e-6",
+                "model.optim.sched.warmup_steps=0",
+                "data.global_batch_size=4",
+                *overrides,
+            )
+        )
         return sum(curve[:5]) / 5 - sum(curve[-5:]) / 5
 
     fp32 = drop("precision.type=fp32")

@@ -27,14 +27,20 @@ def saved(path, key: str) -> dict:
 
 @pytest.mark.parametrize("precision", ["fp32", "mixed_precision", "bf16SR"])
 def test_resume_continues_exactly(tmp_path, train_here, precision):
-    job = ["trainer.max_steps=6", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=3",
-           f"precision.type={precision}"]  # fmt: skip
+    job = [
+        "trainer.max_steps=6",
+        *SAVE,
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+        f"precision.type={precision}",
+    ]
     whole = train_here(*job)
     whole_dir = tmp_path / "run0"
     resumed = train_here(*job, f"+exp_manager.resume_from_checkpoint={checkpoints(whole_dir)[3]}")
     assert [row["loss"] for row in resumed] == [row["loss"] for row in whole[3:]]
-    assert_identical(saved_state(checkpoints(whole_dir)[6], "model", "optimizer"),
-                     saved_state(checkpoints(tmp_path / "run1")[6], "model", "optimizer"))
+    assert_identical(
+        saved_state(checkpoints(whole_dir)[6], "model", "optimizer"),
+        saved_state(checkpoints(tmp_path / "run1")[6], "model", "optimizer"),
+    )
 
 
 def test_exit_interval_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, train_here):
@@ -44,17 +50,23 @@ def test_exit_interval_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, tra
     whole = [row["loss"] for row in train_here(*job)]
     first = [row["loss"] for row in train_here(*job, "+trainer.exit_interval=2")]
     assert first == whole[:2] and sorted(checkpoints(tmp_path / "run1")) == [2]
-    second = train_here(*job, "+trainer.exit_interval=2",
-                        f"+exp_manager.resume_from_checkpoint={checkpoints(tmp_path / 'run1')[2]}")
+    second = train_here(
+        *job, "+trainer.exit_interval=2", f"+exp_manager.resume_from_checkpoint={checkpoints(tmp_path / 'run1')[2]}"
+    )
     assert [row["loss"] for row in second] == whole[2:4] and sorted(checkpoints(tmp_path / "run2")) == [4]
-    last = train_here(*job, "+trainer.exit_interval=2",
-                      f"+exp_manager.resume_from_checkpoint={checkpoints(tmp_path / 'run2')[4]}")
+    last = train_here(
+        *job, "+trainer.exit_interval=2", f"+exp_manager.resume_from_checkpoint={checkpoints(tmp_path / 'run2')[4]}"
+    )
     assert [row["loss"] for row in last] == whole[4:]  # step 5 ends the run: no exit after it
 
 
 def test_master_weights_in_checkpoint(tmp_path, train_here):
-    job = ["trainer.max_steps=2", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
-           "precision.type=mixed_precision"]  # fmt: skip
+    job = [
+        "trainer.max_steps=2",
+        *SAVE,
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+        "precision.type=mixed_precision",
+    ]
     train_here(*job, "+exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt=True")
     train_here(*job)
     with_masters, without = checkpoints(tmp_path / "run0")[2], checkpoints(tmp_path / "run1")[2]
@@ -64,8 +76,12 @@ def test_master_weights_in_checkpoint(tmp_path, train_here):
 
 
 def test_save_bf16_stores_bf16_weights(tmp_path, train_here):
-    train_here("trainer.max_steps=1", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
-               "+exp_manager.save_bf16=True")  # fmt: skip
+    train_here(
+        "trainer.max_steps=1",
+        *SAVE,
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+        "+exp_manager.save_bf16=True",
+    )
     weights = saved(checkpoints(tmp_path / "run0")[1], "model")
     assert {tensor.dtype for tensor in weights.values()} == {torch.bfloat16}
 
@@ -73,9 +89,14 @@ def test_save_bf16_stores_bf16_weights(tmp_path, train_here):
 def test_weight_init_only_starts_a_new_run_from_the_weights(tmp_path, train_here):
     train_here("trainer.max_steps=3", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=3")
     source = checkpoints(tmp_path / "run0")[3]
-    rows = train_here("trainer.max_steps=1", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
-                      f"+exp_manager.resume_from_checkpoint={source}", "+model.weight_init_only=True",
-                      "model.optim.lr=0")  # fmt: skip
+    rows = train_here(
+        "trainer.max_steps=1",
+        *SAVE,
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+        f"+exp_manager.resume_from_checkpoint={source}",
+        "+model.weight_init_only=True",
+        "model.optim.lr=0",
+    )
     assert rows[0]["step"] == 1 and rows[0]["consumed_samples"] == 8  # a new run: step 1, the first batch
     after = saved(checkpoints(tmp_path / "run1")[1], "model")
     assert all(torch.equal(tensor, after[key]) for key, tensor in saved(source, "model").items())
@@ -84,11 +105,19 @@ def test_weight_init_only_starts_a_new_run_from_the_weights(tmp_path, train_here
 def test_hugging_face_weights_start_a_megatron_run(tmp_path, train_here):
     train_here("trainer.max_steps=2", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2")
     assert main(["ckpt", "export-hf", str(tmp_path / "run0"), str(tmp_path / "hf")]) == 0
-    train_here("trainer.max_steps=1", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
-               f"+exp_manager.resume_from_checkpoint={tmp_path / 'hf'}", "+model.weight_init_only=True",
-               "model.optim.lr=0")  # fmt: skip
+    train_here(
+        "trainer.max_steps=1",
+        *SAVE,
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+        f"+exp_manager.resume_from_checkpoint={tmp_path / 'hf'}",
+        "+model.weight_init_only=True",
+        "model.optim.lr=0",
+    )
     assert main(["ckpt", "export-hf", str(checkpoints(tmp_path / "run1")[1]), str(tmp_path / "again")]) == 0
-    before, after = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "again" / "model.safetensors")
+    before, after = (
+        load_file(tmp_path / "hf" / "model.safetensors"),
+        load_file(tmp_path / "again" / "model.safetensors"),
+    )
     assert all(torch.equal(before[key], after[key]) for key in before)
 
 
@@ -111,23 +140,43 @@ def test_a_damaged_hugging_face_directory_fails_before_launch(tmp_path, train_he
 
 
 def test_resume_keys_fail_before_launch(tmp_path):
-    with pytest.raises(PreflightError, match="resume_if_exists: expected a complete, undamaged checkpoint in .*, found none; set .*resume_ignore_no_checkpoint"):
+    with pytest.raises(
+        PreflightError,
+        match="resume_if_exists: expected a complete, undamaged checkpoint in .*, found none; set .*resume_ignore_no_checkpoint",
+    ):
         plan(tmp_path, "exp_manager.resume_if_exists=True")
     with pytest.warns(ConfigNotice, match="starting a new run"):
-        assert plan(tmp_path, "exp_manager.resume_if_exists=True",
-                    "+exp_manager.resume_ignore_no_checkpoint=True").resume is None  # fmt: skip
+        assert (
+            plan(tmp_path, "exp_manager.resume_if_exists=True", "+exp_manager.resume_ignore_no_checkpoint=True").resume
+            is None
+        )
     for where in (tmp_path / "missing", tmp_path):  # GPT-NeoX's load: a missing or empty folder starts fresh
         with pytest.warns(ConfigNotice, match="resume_from_checkpoint: .* is (missing|empty); starting a new run"):
-            assert plan(tmp_path, f"+exp_manager.resume_from_checkpoint={where}",
-                        "+exp_manager.resume_from_checkpoint_optional=True").resume is None  # fmt: skip
+            assert (
+                plan(
+                    tmp_path,
+                    f"+exp_manager.resume_from_checkpoint={where}",
+                    "+exp_manager.resume_from_checkpoint_optional=True",
+                ).resume
+                is None
+            )
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "readme.txt").write_text("no checkpoint here")
     with pytest.warns(ConfigNotice, match="notes holds no checkpoint .*; starting a new run"):
-        assert plan(tmp_path, f"+exp_manager.resume_from_checkpoint={tmp_path / 'notes'}",
-                    "+exp_manager.resume_from_checkpoint_optional=True").resume is None  # fmt: skip
+        assert (
+            plan(
+                tmp_path,
+                f"+exp_manager.resume_from_checkpoint={tmp_path / 'notes'}",
+                "+exp_manager.resume_from_checkpoint_optional=True",
+            ).resume
+            is None
+        )
     with pytest.raises(PreflightError, match="found no directory at .*missing"):  # NxDT's key is for resume_if_exists
-        plan(tmp_path, f"+exp_manager.resume_from_checkpoint={tmp_path / 'missing'}",
-             "+exp_manager.resume_ignore_no_checkpoint=True")
+        plan(
+            tmp_path,
+            f"+exp_manager.resume_from_checkpoint={tmp_path / 'missing'}",
+            "+exp_manager.resume_ignore_no_checkpoint=True",
+        )
     half = tmp_path / "checkpoints" / "half"
     half.mkdir(parents=True)
     (half / ".metadata").write_bytes(b"")
@@ -195,14 +244,21 @@ def test_a_resume_without_the_optimizer_state_starts_it_and_the_schedule_afresh(
     job = ["trainer.max_steps=6", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=3"]
     whole = train_here(*job)
     middle = checkpoints(tmp_path / "run0")[3]
-    resumed = train_here(*job, f"+exp_manager.resume_from_checkpoint={middle}", "+exp_manager.resume_optimizer=False",
-                         "+exp_manager.resume_rng=False")  # fmt: skip
+    resumed = train_here(
+        *job,
+        f"+exp_manager.resume_from_checkpoint={middle}",
+        "+exp_manager.resume_optimizer=False",
+        "+exp_manager.resume_rng=False",
+    )
     assert [row["step"] for row in resumed] == [4, 5, 6]
     assert [row["consumed_samples"] for row in resumed] == [row["consumed_samples"] for row in whole[3:]]
     assert [row["lr"] for row in resumed] == [row["lr"] for row in whole[:3]] != [row["lr"] for row in whole[3:]]
     start = [f"+exp_manager.resume_from_checkpoint={middle}", "model.optim.sched.warmup_steps=10"]
-    with pytest.raises(PreflightError, match=r"resume_schedule: same: the learning-rate schedule differs .*"
-                                             r"model.optim.sched: .*'warmup_steps': 10.* here"):  # fmt: skip
+    with pytest.raises(
+        PreflightError,
+        match=r"resume_schedule: same: the learning-rate schedule differs .*"
+        r"model.optim.sched: .*'warmup_steps': 10.* here",
+    ):
         plan(tmp_path / "same", *start, "+exp_manager.resume_schedule=same")
     with pytest.warns(ConfigNotice, match=r"resume_schedule: checkpoint: model.optim sched from"):
         taken = plan(tmp_path / "taken", *start, "+exp_manager.resume_schedule=checkpoint")

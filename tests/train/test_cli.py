@@ -35,7 +35,7 @@ def test_config_show_prints_resolved_yaml_with_overrides(capsys) -> None:
     shown = yaml.safe_load(capsys.readouterr().out)
     assert shown["trainer"]["max_steps"] == 7
     assert shown["model"]["optim"]["sched"]["max_steps"] == 7  # ${trainer.max_steps} resolved
-    assert shown["model"]["max_position_embeddings"] == 64     # ${.encoder_seq_length} resolved
+    assert shown["model"]["max_position_embeddings"] == 64  # ${.encoder_seq_length} resolved
     assert shown["exp_manager"]["checkpoint_callback_params"]["save_top_k"] == 1
 
 
@@ -46,8 +46,10 @@ def test_config_check_runs_the_preflight_and_notes_neuron_only_keys(capsys) -> N
     assert main(["config", "check", str(ROOT / "configs" / "megatron_llama_7B.yaml")]) == 1
     captured = capsys.readouterr()
     assert "valid (" in captured.out
-    assert "notice: acted on only on AWS Neuron devices: exp_manager.save_xser, exp_manager.load_xser, " \
-           "compiler_flags, compiler_cache_url" in captured.err
+    assert (
+        "notice: acted on only on AWS Neuron devices: exp_manager.save_xser, exp_manager.load_xser, "
+        "compiler_flags, compiler_cache_url" in captured.err
+    )
     problems = captured.err.split("would stop a run on this machine:\n")[1].splitlines()
     assert [line.split(":")[0].strip() for line in problems] == ["data.tokenizer.type"]
     assert "notice: model.optim.capturable: True matters to CUDA graph capture only" in captured.err
@@ -57,13 +59,26 @@ def test_deprecation_notice_is_one_line(tmp_path: Path, capsys) -> None:
     path = tmp_path / "old.yaml"
     path.write_text((ROOT / "configs" / "tiny.yaml").read_text().replace("type: fp32", "type: mixed_precision_SR"))
     assert main(["config", "check", str(path)]) == 0
-    assert ("notice: precision.type: 'mixed_precision_SR' is the older spelling of 'mixed_precisionSR'; "
-            "read as 'mixed_precisionSR'\n") in capsys.readouterr().err
+    assert (
+        "notice: precision.type: 'mixed_precision_SR' is the older spelling of 'mixed_precisionSR'; "
+        "read as 'mixed_precisionSR'\n"
+    ) in capsys.readouterr().err
 
 
 def test_train_with_config_and_overrides(tmp_path: Path, capsys) -> None:
-    assert main(["--config", str(ROOT / "configs" / "tiny.yaml"), "trainer.max_steps=3", "trainer.log_every_n_steps=1",
-                 f"+exp_manager.explicit_log_dir={tmp_path}", "exp_manager.create_tensorboard_logger=False"]) == 0
+    assert (
+        main(
+            [
+                "--config",
+                str(ROOT / "configs" / "tiny.yaml"),
+                "trainer.max_steps=3",
+                "trainer.log_every_n_steps=1",
+                f"+exp_manager.explicit_log_dir={tmp_path}",
+                "exp_manager.create_tensorboard_logger=False",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "step 3/3 | loss" in out and f"done: 3 steps; logs in {tmp_path}" in out
     assert "host memory: " in out  # trainer.keep_freed_host_memory: what is in effect on the CPU
@@ -73,14 +88,19 @@ def test_train_with_config_and_overrides(tmp_path: Path, capsys) -> None:
 def test_train_refuses_what_it_cannot_do_before_launch(capsys) -> None:
     assert main(["precision.type=manual", "+precision.xla_use_bf16=1", "+precision.xla_downcast_bf16=1"]) == 1
     err = capsys.readouterr().err
-    assert err.endswith("tiny.yaml: cannot train this config:\n  precision.xla_use_bf16 and precision.xla_downcast_bf16: "
-                        "expected at most one of them '1' (bf16 parameters, or bf16 compute over fp32 parameters), "
-                        "found both\n")
+    assert err.endswith(
+        "tiny.yaml: cannot train this config:\n  precision.xla_use_bf16 and precision.xla_downcast_bf16: "
+        "expected at most one of them '1' (bf16 parameters, or bf16 compute over fp32 parameters), "
+        "found both\n"
+    )
 
 
 def test_missing_config_file_exits_1(tmp_path: Path, capsys) -> None:
     assert main(["config", "check", str(tmp_path / "none.yaml")]) == 1
-    assert capsys.readouterr().err == f"{tmp_path / 'none.yaml'}: <root>: expected a YAML or JSON config file, found no such file\n"
+    assert (
+        capsys.readouterr().err
+        == f"{tmp_path / 'none.yaml'}: <root>: expected a YAML or JSON config file, found no such file\n"
+    )
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["config", "--help"], ["config", "check", "--help"]])
@@ -102,8 +122,9 @@ def test_installed_entry_point(capsys) -> None:
     """The installed command reads a recipe; its check (the same code in this process) names what this machine
     lacks."""
     recipe = str(ROOT / "configs" / "hf_llama3_8B_DPO.yaml")
-    shown = subprocess.run([Path(sys.executable).parent / "nxd-train", "config", "show", recipe], capture_output=True,
-                           text=True)  # fmt: skip
+    shown = subprocess.run(
+        [Path(sys.executable).parent / "nxd-train", "config", "show", recipe], capture_output=True, text=True
+    )
     assert shown.returncode == 0 and "tensor_model_parallel_size: 32" in shown.stdout, shown.stderr
     assert main(["config", "check", recipe]) == 1
     out, err = capsys.readouterr()
@@ -114,8 +135,17 @@ def test_installed_entry_point(capsys) -> None:
 
 def test_a_config_file_may_be_named_without_its_flag(tmp_path: Path, capsys) -> None:
     """`nxd-train FILE.yaml [overrides]` reads like `--config FILE.yaml`; overrides ending in .yaml stay overrides."""
-    assert main([str(ROOT / "configs" / "tiny.yaml"), "trainer.max_steps=2", f"+exp_manager.explicit_log_dir={tmp_path}",
-                 "exp_manager.create_tensorboard_logger=False"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                str(ROOT / "configs" / "tiny.yaml"),
+                "trainer.max_steps=2",
+                f"+exp_manager.explicit_log_dir={tmp_path}",
+                "exp_manager.create_tensorboard_logger=False",
+            ]
+        )
+        == 0
+    )
     assert "done: 2 steps" in capsys.readouterr().out
     assert main(["train", str(tmp_path / "missing.yaml")]) == 1
     assert "missing.yaml" in capsys.readouterr().err

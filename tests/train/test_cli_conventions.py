@@ -25,17 +25,28 @@ def test_version_lists_every_nxd_package(capsys) -> None:
     assert f"torch {version('torch')}" in out
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["trian"], "nxd-train: unknown command 'trian' (did you mean 'train'?); expected one of train, config, plan, "
-                "tune, launch, generate, eval, data, ckpt, plot"),
-    (["confg", "show"], "nxd-train: unknown command 'confg' (did you mean 'config'?)"),
-    (["train", "--dialet", "neox"], "nxd-train train: unknown option --dialet (did you mean --dialect?)"),
-    (["eval", "configs/tiny.yaml", "--num-fewshots", "2"],
-     "nxd-train eval: unknown option --num-fewshots (did you mean --num-fewshot?)"),
-    (["banana"], "nxd-train: 'banana': expected a command (train, config, plan, tune, launch, generate, eval, data, "
-                 "ckpt, plot), "
-                 "a config file (.yaml, .yml or .json) or an override (KEY=VALUE), found none of them"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["trian"],
+            "nxd-train: unknown command 'trian' (did you mean 'train'?); expected one of train, config, plan, "
+            "tune, launch, generate, eval, data, ckpt, plot",
+        ),
+        (["confg", "show"], "nxd-train: unknown command 'confg' (did you mean 'config'?)"),
+        (["train", "--dialet", "neox"], "nxd-train train: unknown option --dialet (did you mean --dialect?)"),
+        (
+            ["eval", "configs/tiny.yaml", "--num-fewshots", "2"],
+            "nxd-train eval: unknown option --num-fewshots (did you mean --num-fewshot?)",
+        ),
+        (
+            ["banana"],
+            "nxd-train: 'banana': expected a command (train, config, plan, tune, launch, generate, eval, data, "
+            "ckpt, plot), "
+            "a config file (.yaml, .yml or .json) or an override (KEY=VALUE), found none of them",
+        ),
+    ],
+)
 def test_a_mistyped_command_or_option_gets_the_closest_one(argv, message, capsys) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -73,8 +84,7 @@ def test_config_show_without_a_file_prints_the_default(capsys) -> None:
 def test_config_list_names_every_example_of_each_dialect(capsys) -> None:
     assert main(["config", "list"]) == 0
     rows = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()[:-2] if line}
-    shipped = {p.relative_to(ROOT / "configs").with_suffix("").as_posix()
-               for p in (ROOT / "configs").rglob("*.y*ml")}  # fmt: skip
+    shipped = {p.relative_to(ROOT / "configs").with_suffix("").as_posix() for p in (ROOT / "configs").rglob("*.y*ml")}
     assert set(rows) == shipped
     assert rows["tiny"] == "NxDT" and rows["neox/pythia_tiny"] == "GPT-NeoX"
     assert rows["qeff/sft_ddp_config"] == "QEfficient"
@@ -96,8 +106,10 @@ def test_config_copy_writes_a_new_file_and_never_replaces_one(tmp_path: Path, ca
 def test_config_keys_lists_type_default_and_help(capsys) -> None:
     assert main(["config", "keys", "trainer.max_steps"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out == ["trainer.max_steps  (int; default -1)",
-                   "    Maximum optimizer steps; -1 means the length is set by max_epochs alone"]
+    assert out == [
+        "trainer.max_steps  (int; default -1)",
+        "    Maximum optimizer steps; -1 means the length is set by max_epochs alone",
+    ]
     assert main(["config", "keys", "model.optim"]) == 0
     keys = [line.split()[0] for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
     assert "model.optim.lr" in keys and "model.optim[sgd].momentum" in keys

@@ -38,13 +38,29 @@ def test_hostfile_selections_pick_as_deepspeed_does(tmp_path):
 
 
 def test_the_sbatch_script_holds_the_jobs_shape_and_the_same_command():
-    overrides = ["trainer.devices=4", "trainer.num_nodes=2", "data.global_batch_size=32", "+trainer.cluster.time=02:00:00",
-                 "+trainer.cluster.partition=gpu", "+trainer.cluster.gpus_per_node=4", "+trainer.cluster.account=ml",
-                 "+trainer.requeue_signal=SIGUSR2", "+trainer.cluster.signal_seconds=300"]  # fmt: skip
+    overrides = [
+        "trainer.devices=4",
+        "trainer.num_nodes=2",
+        "data.global_batch_size=32",
+        "+trainer.cluster.time=02:00:00",
+        "+trainer.cluster.partition=gpu",
+        "+trainer.cluster.gpus_per_node=4",
+        "+trainer.cluster.account=ml",
+        "+trainer.requeue_signal=SIGUSR2",
+        "+trainer.cluster.signal_seconds=300",
+    ]
     script = sbatch_script(load_config(TINY, overrides), [TINY], overrides)
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --time=02:00:00", "#SBATCH --partition=gpu", "#SBATCH --account=ml", "#SBATCH --requeue",
-                 "#SBATCH --signal=USR2@300", "#SBATCH --job-name=tiny_llama"):  # fmt: skip
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --time=02:00:00",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=ml",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=USR2@300",
+        "#SBATCH --job-name=tiny_llama",
+    ):
         assert line + "\n" in script, line
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert shlex.split(srun)[2:] == [sys.executable, "-m", "nxd_train", str(TINY), *overrides]
@@ -52,14 +68,23 @@ def test_the_sbatch_script_holds_the_jobs_shape_and_the_same_command():
 
 def test_each_hosts_torchrun(tmp_path):
     (tmp_path / "hostfile").write_text(HOSTS)
-    overrides = ["trainer.devices=2", "trainer.num_nodes=2", "data.global_batch_size=16",
-                 f"+trainer.cluster.hostfile={tmp_path / 'hostfile'}",
-                 "+trainer.cluster.exclude=node0", "+trainer.cluster.scheduler=hosts"]  # fmt: skip
+    overrides = [
+        "trainer.devices=2",
+        "trainer.num_nodes=2",
+        "data.global_batch_size=16",
+        f"+trainer.cluster.hostfile={tmp_path / 'hostfile'}",
+        "+trainer.cluster.exclude=node0",
+        "+trainer.cluster.scheduler=hosts",
+    ]
     script = host_commands(load_config(TINY, overrides), [TINY], overrides)
     remote = [shlex.split(shlex.split(line)[-2]) for line in script.splitlines() if line.startswith("ssh ")]
     assert [r[r.index("--node-rank") + 1] for r in remote] == ["0", "1"]
-    assert all(r[r.index("--master-addr") + 1] == "node1" and r[r.index("--nproc-per-node") + 1] == "2"
-               and "CUDA_VISIBLE_DEVICES=0,1" in r for r in remote)  # fmt: skip
+    assert all(
+        r[r.index("--master-addr") + 1] == "node1"
+        and r[r.index("--nproc-per-node") + 1] == "2"
+        and "CUDA_VISIBLE_DEVICES=0,1" in r
+        for r in remote
+    )
     assert "# node rank 1: node2, slots 0,1" in script
 
 
@@ -72,8 +97,15 @@ def test_launch_never_replaces_a_file(tmp_path, monkeypatch, capsys):
 
 def test_the_launchers_world_must_be_the_configs():
     cfg = load_config(TINY)
-    torchrun = {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-                "MASTER_ADDR": "h", "MASTER_PORT": "1"}  # fmt: skip
+    torchrun = {
+        "TORCHELASTIC_RUN_ID": "x",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "1",
+    }
     world, problems = launcher_world(cfg, torchrun)
     assert world.world_size == 4 and len(problems) == 2
     assert problems[0].startswith("trainer.devices: 1 process(es) per node, but torchrun started 2 on this node")

@@ -18,9 +18,13 @@ from nxd_train.preflight import PreflightError, plan_run
 from tests.train.test_checkpointing import SAVE, checkpoints
 from tests.training_runs import FAST, read_metrics, run_command, tensorboard_scalars
 
-COMET = ["+exp_manager.create_comet_logger=True", "+exp_manager.comet_logger_kwargs.project=tiny",
-         "+exp_manager.comet_logger_kwargs.name=first", "+exp_manager.comet_logger_kwargs.tags=[a,b]",
-         "+exp_manager.comet_logger_kwargs.others={owner: tests}"]  # fmt: skip
+COMET = [
+    "+exp_manager.create_comet_logger=True",
+    "+exp_manager.comet_logger_kwargs.project=tiny",
+    "+exp_manager.comet_logger_kwargs.name=first",
+    "+exp_manager.comet_logger_kwargs.tags=[a,b]",
+    "+exp_manager.comet_logger_kwargs.others={owner: tests}",
+]
 
 
 @pytest.fixture
@@ -42,8 +46,11 @@ def archived(folder: Path) -> list[tuple[dict, list[dict]]]:
 
 
 def series(messages: list[dict], name: str) -> dict[int, float]:
-    return {m["payload"]["metric"]["step"]: m["payload"]["metric"]["metricValue"] for m in messages
-            if m["type"] == "metric_msg" and m["payload"]["metric"]["metricName"] == name}  # fmt: skip
+    return {
+        m["payload"]["metric"]["step"]: m["payload"]["metric"]["metricValue"]
+        for m in messages
+        if m["type"] == "metric_msg" and m["payload"]["metric"]["metricName"] == name
+    }
 
 
 def others(messages: list[dict]) -> dict[str, object]:
@@ -54,9 +61,15 @@ def test_an_offline_experiment_holds_the_logged_series_and_continues_on_resume(t
     """Each run is the nxd-train command: comet-ml binds its log handlers to the streams of the process that imports
     it first, which inside pytest are a finished test's (transformers imports comet-ml when it is installed)."""
     log_dir = tmp_path / "run0"
-    job = [*FAST, "trainer.max_steps=4", "exp_manager.create_tensorboard_logger=True", *SAVE,
-           "+exp_manager.checkpoint_callback_params.every_n_train_steps=2", *COMET,
-           f"+exp_manager.explicit_log_dir={log_dir}"]  # fmt: skip
+    job = [
+        *FAST,
+        "trainer.max_steps=4",
+        "exp_manager.create_tensorboard_logger=True",
+        *SAVE,
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+        *COMET,
+        f"+exp_manager.explicit_log_dir={log_dir}",
+    ]
     first = run_command(*job, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     rows = read_metrics(log_dir)
@@ -70,8 +83,11 @@ def test_an_offline_experiment_holds_the_logged_series_and_continues_on_resume(t
         assert series(messages, name) == logged
         board = [value for _, value in tensorboard_scalars(log_dir / "tensorboard")[name]]
         assert board == pytest.approx(list(logged.values()), rel=1e-6)  # stored as float32
-    params = {m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"] for m in messages
-              if m["type"] == "parameter_msg" and "param" in m["payload"]}  # fmt: skip
+    params = {
+        m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"]
+        for m in messages
+        if m["type"] == "parameter_msg" and "param" in m["payload"]
+    }
     assert params["trainer|max_steps"] == 4  # the resolved config, flattened as Comet shows it
     again = run_command(*job, f"+exp_manager.resume_from_checkpoint={checkpoints(log_dir)[2]}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -82,9 +98,15 @@ def test_an_offline_experiment_holds_the_logged_series_and_continues_on_resume(t
 
 def test_without_the_comet_package_the_run_is_refused_before_launch(tmp_path, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "comet_ml" else real(name, *rest))
-    cfg = load_config(default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}",
-                                              "+exp_manager.create_comet_logger=True"])  # fmt: skip
-    with pytest.raises(PreflightError, match=r"create_comet_logger: expected the comet-ml package, found it not "
-                                             r"installed; install nxd-train\[comet\]"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *rest: None if name == "comet_ml" else real(name, *rest)
+    )
+    cfg = load_config(
+        default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}", "+exp_manager.create_comet_logger=True"]
+    )
+    with pytest.raises(
+        PreflightError,
+        match=r"create_comet_logger: expected the comet-ml package, found it not "
+        r"installed; install nxd-train\[comet\]",
+    ):
         plan_run(cfg, default_cache_dir())

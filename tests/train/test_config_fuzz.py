@@ -58,8 +58,10 @@ def _cases() -> list[tuple[str, str]]:
         tree = yaml.safe_load(default_config_path().read_text())
         tree.setdefault(section, {})["no_such_key"] = 1
         cases.append((f"unknown key in {section}", yaml.safe_dump(tree)))
-    cases += [("top-level unknown key", default_config_path().read_text() + "\nno_such_section: 1\n"),
-              ("missing file", "")]  # fmt: skip
+    cases += [
+        ("top-level unknown key", default_config_path().read_text() + "\nno_such_section: 1\n"),
+        ("missing file", ""),
+    ]
     return cases
 
 
@@ -71,8 +73,14 @@ def _in_default_suite(index: int, name: str) -> bool:
     return name.startswith(("text: ", "unknown key", "top-level", "missing")) or index % 4 == 0
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=() if _in_default_suite(index, case[0]) else pytest.mark.slow)
-                                  for index, case in enumerate(CASES)], ids=[name for name, _ in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(case, marks=() if _in_default_suite(index, case[0]) else pytest.mark.slow)
+        for index, case in enumerate(CASES)
+    ],
+    ids=[name for name, _ in CASES],
+)
 def test_config_check_answers_without_a_traceback(case, tmp_path, capsys):
     name, text = case
     path = tmp_path / "job.yaml"
@@ -95,10 +103,18 @@ def test_there_are_enough_cases():
 
 
 NEOX = Path(__file__).parent / "neox" / "gpt2.yml"
-NEOX_CASES = [("num_kv_heads", 3), ("sliding_window_width", 500), ("max_position_embeddings", 16),
-              ("intermediate_size", 1001), ("model_parallel_size", 3), ("pos_emb", "alibi"),
-              ("attention_config", [[["global"], "all"]]), ("data_path", "no/such/prefix"),
-              ("vocab_file", "no/such/vocab.json"), ("moe_num_experts", 3)]  # fmt: skip
+NEOX_CASES = [
+    ("num_kv_heads", 3),
+    ("sliding_window_width", 500),
+    ("max_position_embeddings", 16),
+    ("intermediate_size", 1001),
+    ("model_parallel_size", 3),
+    ("pos_emb", "alibi"),
+    ("attention_config", [[["global"], "all"]]),
+    ("data_path", "no/such/prefix"),
+    ("vocab_file", "no/such/vocab.json"),
+    ("moe_num_experts", 3),
+]
 """GPT-NeoX files broken one key at a time, through training's whole preflight."""
 
 

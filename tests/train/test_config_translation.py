@@ -18,12 +18,25 @@ def test_every_configurable_optimizer_and_schedule_is_built():
 
 
 def test_the_plan_carries_every_optimizer_and_schedule_key():
-    cfg = load_config(default_config_path(), ["model.optim.name=sgd", "~model.optim.betas", "+model.optim.momentum=0.5",
-                                              "+model.optim.nesterov=True", "trainer.gradient_clip_val=0.25"])  # fmt: skip
+    cfg = load_config(
+        default_config_path(),
+        [
+            "model.optim.name=sgd",
+            "~model.optim.betas",
+            "+model.optim.momentum=0.5",
+            "+model.optim.nesterov=True",
+            "trainer.gradient_clip_val=0.25",
+        ],
+    )
     update = plan_run(cfg, default_cache_dir()).update
     assert update.optimizer == "sgd"
-    assert update.options == {"lr": cfg.model.optim.lr, "weight_decay": cfg.model.optim.weight_decay, "momentum": 0.5,
-                              "dampening": 0.0, "nesterov": True}  # fmt: skip
+    assert update.options == {
+        "lr": cfg.model.optim.lr,
+        "weight_decay": cfg.model.optim.weight_decay,
+        "momentum": 0.5,
+        "dampening": 0.0,
+        "nesterov": True,
+    }
     assert update.schedule == cfg.model.optim.sched.name
     assert update.schedule_options == cfg.model.optim.sched.model_dump(exclude={"name"})
     assert update.clip == 0.25

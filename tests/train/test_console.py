@@ -37,8 +37,9 @@ def _log(tmp_path: Path, monkeypatch, columns: int, capsys) -> tuple[str, str, M
     master, slave = _terminal(columns)
     with open(slave, "w", closefd=True) as terminal:
         monkeypatch.setattr(monitor_module.sys, "stderr", terminal)
-        monitor = Monitor(tmp_path, global_rank=0, local_rank=0, total_steps=4, local_rank_0_only=True,
-                          tensorboard=False)  # fmt: skip
+        monitor = Monitor(
+            tmp_path, global_rank=0, local_rank=0, total_steps=4, local_rank_0_only=True, tensorboard=False
+        )
         monitor.begin(0)
         for step in (1, 2, 3, 4):
             monitor.advance()
@@ -61,15 +62,16 @@ def test_a_terminal_without_a_size_gets_the_lines_and_no_bar(tmp_path, monkeypat
     drawn, lines, monitor = _log(tmp_path, monkeypatch, 0, capsys)
     assert monitor.bar is None and "train:" not in drawn
     assert [line.split(" | eta")[0] for line in lines.splitlines()] == [
-        "step 2/4 | loss 8.0000 | lr 1.00e-03", "step 4/4 | loss 6.0000 | lr 1.00e-03"]
+        "step 2/4 | loss 8.0000 | lr 1.00e-03",
+        "step 4/4 | loss 6.0000 | lr 1.00e-03",
+    ]
 
 
 def test_the_eta_counts_only_the_steps_this_process_ran(tmp_path, monkeypatch, capsys) -> None:
     """Resumed at step 90 of 100: 5 steps in 10 s leave 5 steps, 10 s (not 5 / 95 of the elapsed time)."""
     clock = iter([0.0, 100.0, 110.0])
     monkeypatch.setattr(monitor_module.time, "perf_counter", lambda: next(clock))
-    monitor = Monitor(tmp_path, global_rank=0, local_rank=0, total_steps=100, local_rank_0_only=True,
-                      tensorboard=False)  # fmt: skip
+    monitor = Monitor(tmp_path, global_rank=0, local_rank=0, total_steps=100, local_rank_0_only=True, tensorboard=False)
     monitor.begin(90)
     monitor.metrics(95, {"loss": 1.0})
     monitor.close()

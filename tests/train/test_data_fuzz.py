@@ -44,13 +44,34 @@ def good(tmp_path_factory, tokenizer_file) -> dict[str, Path]:
     (root / "corpus.jsonl").write_bytes(lines)
     (root / "corpus.jsonl.gz").write_bytes(gzip.compress(lines))
     (root / "corpus.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
-    assert main(["data", "preprocess", "--input", str(root / "corpus.jsonl"), "--output-prefix", str(root / "c"),
-                 "--tokenizer", str(tokenizer_file), "--append-eod", "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "data",
+                "preprocess",
+                "--input",
+                str(root / "corpus.jsonl"),
+                "--output-prefix",
+                str(root / "c"),
+                "--tokenizer",
+                str(tokenizer_file),
+                "--append-eod",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     (root / "rows.jsonl").write_bytes(lines)
     (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_records(64, 0)))
-    return {"jsonl": root / "corpus.jsonl", "gz": root / "corpus.jsonl.gz", "zst": root / "corpus.jsonl.zst",
-            "tokenizer": tokenizer_file, "prefix": root / "c_text_document", "rows": root / "rows.jsonl",
-            "sft": root / "sft.jsonl"}  # fmt: skip
+    return {
+        "jsonl": root / "corpus.jsonl",
+        "gz": root / "corpus.jsonl.gz",
+        "zst": root / "corpus.jsonl.zst",
+        "tokenizer": tokenizer_file,
+        "prefix": root / "c_text_document",
+        "rows": root / "rows.jsonl",
+        "sft": root / "sft.jsonl",
+    }
 
 
 @dataclass(frozen=True)
@@ -105,8 +126,12 @@ SFT_LINES = {
     "message without role": '{"messages": [{"content": "hi"}]}',
     "empty object": "{}",
 }
-ROW_LINES = {"ids as text": '{"input_ids": "1 2 3"}', "ids of strings": '{"input_ids": ["a", "b"]}',
-             "negative ids": '{"input_ids": [-5, 3]}', "ids beyond vocabulary": '{"input_ids": [299999, 1]}'}  # fmt: skip
+ROW_LINES = {
+    "ids as text": '{"input_ids": "1 2 3"}',
+    "ids of strings": '{"input_ids": ["a", "b"]}',
+    "negative ids": '{"input_ids": [-5, 3]}',
+    "ids beyond vocabulary": '{"input_ids": [299999, 1]}',
+}
 
 
 def _cases() -> list[Case]:
@@ -119,8 +144,10 @@ def _cases() -> list[Case]:
     cases += [Case("jsonl missing", "jsonl", None, "preprocess")]
     cases += [Case(f"tokenizer {name}", "tokenizer", damage, "preprocess") for name, damage in FIXED.items()]
     cases += [Case(f"tokenizer truncated {k}", "tokenizer", _truncate, "preprocess") for k in range(6)]
-    cases += [Case("tokenizer {}", "tokenizer", lambda data, rng: b"{}", "preprocess"),
-              Case("tokenizer missing", "tokenizer", None, "preprocess")]  # fmt: skip
+    cases += [
+        Case("tokenizer {}", "tokenizer", lambda data, rng: b"{}", "preprocess"),
+        Case("tokenizer missing", "tokenizer", None, "preprocess"),
+    ]
     for suffix in (".idx", ".bin"):
         cases += [Case(f"{suffix} {name}", "prefix", damage, "check", suffix) for name, damage in FIXED.items()]
         cases += [Case(f"{suffix} truncated {k}", "prefix", _truncate, "check", suffix) for k in range(10)]
@@ -160,21 +187,40 @@ def _command(case: Case, given: Path, good: dict[str, Path], directory: Path) ->
     if case.reader == "preprocess":
         tokenizer = given if case.source == "tokenizer" else good["tokenizer"]
         data = given if case.source != "tokenizer" else good["jsonl"]
-        return ["data", "preprocess", "--input", str(data), "--output-prefix", str(directory / "out"),
-                "--tokenizer", str(tokenizer), "--no-progress"]  # fmt: skip
-    data = {"check": [f"+data.data_prefix={given}", "+data.splits_string='80,10,10'",
-                      f"+data.index_mapping_dir={directory / 'index'}"],
-            "rows": [f"+data.train_dir={given}"],
-            "sft": ["+model_alignment_strategy.sft.packing=True", f"+data.train_dir={given}"]}[case.reader]  # fmt: skip
+        return [
+            "data",
+            "preprocess",
+            "--input",
+            str(data),
+            "--output-prefix",
+            str(directory / "out"),
+            "--tokenizer",
+            str(tokenizer),
+            "--no-progress",
+        ]
+    data = {
+        "check": [
+            f"+data.data_prefix={given}",
+            "+data.splits_string='80,10,10'",
+            f"+data.index_mapping_dir={directory / 'index'}",
+        ],
+        "rows": [f"+data.train_dir={given}"],
+        "sft": ["+model_alignment_strategy.sft.packing=True", f"+data.train_dir={given}"],
+    }[case.reader]
     return ["config", "check", str(default_config_path()), f"+data.tokenizer.type={good['tokenizer']}", *data]
 
 
 def _must_refuse(case: Case) -> bool:
     """Damage no reader may accept: a missing, empty or binary file, any damage to a tokenizer or an
     index, a compressed file cut short, a .bin shorter than its index says."""
-    return (case.damage is None or case.name.endswith(("empty", "binary")) or case.source == "tokenizer"
-            or case.suffix == ".idx" or (case.suffix == ".bin" and "truncated" in case.name)
-            or (case.source in ("gz", "zst") and "truncated" in case.name))  # fmt: skip
+    return (
+        case.damage is None
+        or case.name.endswith(("empty", "binary"))
+        or case.source == "tokenizer"
+        or case.suffix == ".idx"
+        or (case.suffix == ".bin" and "truncated" in case.name)
+        or (case.source in ("gz", "zst") and "truncated" in case.name)
+    )
 
 
 def _in_default_suite(case: Case) -> bool:
@@ -184,8 +230,11 @@ def _in_default_suite(case: Case) -> bool:
     return drawn is None or int(drawn.group(2)) < 2
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=() if _in_default_suite(case) else pytest.mark.slow)
-                                  for case in CASES], ids=[case.name for case in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(case, marks=() if _in_default_suite(case) else pytest.mark.slow) for case in CASES],
+    ids=[case.name for case in CASES],
+)
 def test_broken_data_gets_a_message_naming_the_file(case, good, tmp_path, capsys):
     given = _broken(case, good, tmp_path)
     code = main(_command(case, given, good, tmp_path))
@@ -215,10 +264,20 @@ def test_ids_beyond_the_vocabulary_stop_training_naming_the_file_and_document(wh
     with IndexedDatasetWriter(str(tmp_path / "p"), np.uint16) as writer:
         for document in documents:
             writer.add_document(document.tolist())
-    code = main([f"+data.tokenizer.type={good['tokenizer']}", f"+data.data_prefix={tmp_path / 'p'}",
-                 "+data.splits_string='100,0,0'", "trainer.max_steps=4", "model.optim.sched.max_steps=4",
-                 "data.global_batch_size=32", "data.micro_batch_size=32", "trainer.limit_val_batches=0",
-                 "exp_manager.create_tensorboard_logger=False", f"+exp_manager.explicit_log_dir={tmp_path / 'log'}"])
+    code = main(
+        [
+            f"+data.tokenizer.type={good['tokenizer']}",
+            f"+data.data_prefix={tmp_path / 'p'}",
+            "+data.splits_string='100,0,0'",
+            "trainer.max_steps=4",
+            "model.optim.sched.max_steps=4",
+            "data.global_batch_size=32",
+            "data.micro_batch_size=32",
+            "trainer.limit_val_batches=0",
+            "exp_manager.create_tensorboard_logger=False",
+            f"+exp_manager.explicit_log_dir={tmp_path / 'log'}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err[-3000:]
     assert f"{tmp_path / 'p'}.bin: document {bad} holds token id {300 + bad}" in err, err[-3000:]

@@ -25,5 +25,7 @@ def test_default_job_trains_and_says_where_the_logs_are(tmp_path, monkeypatch):
     assert list((log_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert "step 300/300 | loss" in result.stdout
     assert "srun" not in result.stdout + result.stderr
-    assert "pretraining" in result.stdout and "the built-in corpus (Python's standard library), its BPE of 4096 " \
-        "tokens" in result.stdout  # a config naming no data says what the run trains on  # fmt: skip
+    assert (
+        "pretraining" in result.stdout
+        and "the built-in corpus (Python's standard library), its BPE of 4096 tokens" in result.stdout
+    )  # a config naming no data says what the run trains on

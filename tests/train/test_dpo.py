@@ -25,8 +25,11 @@ from tests.train.test_lora import _job, hf_base  # noqa: F401 - the fixture
 from tests.training_runs import FAST, dpo_job, losses, orpo_job, read_metrics
 
 TABLE = "reference_log_probs.safetensors"
-SAVE = ["exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.save_top_k=-1",
-        "+exp_manager.checkpoint_callback_params.every_n_train_steps=3"]  # fmt: skip
+SAVE = [
+    "exp_manager.create_checkpoint_callback=True",
+    "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+    "+exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+]
 SHORT = ["trainer.max_steps=6", "model.optim.lr=3e-3", "trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
 COMPARED = ("loss", "val_loss", "grad_norm", "rewards/chosen", "rewards/margins", "logps/rejected")
 
@@ -60,8 +63,13 @@ def _independent_log_probs(job: list[str], split: str) -> torch.Tensor:
 
 def test_dpo_learns_from_a_reference_table_equal_to_an_independent_forward(tmp_path, train_here, chat_tokenizer_dir):
     job = dpo_job(tmp_path / "data", chat_tokenizer_dir)
-    rows = train_here(*job, "trainer.max_steps=24", "model.optim.lr=3e-3", "trainer.val_check_interval=12",
-                      "trainer.limit_val_batches=2")  # fmt: skip
+    rows = train_here(
+        *job,
+        "trainer.max_steps=24",
+        "model.optim.lr=3e-3",
+        "trainer.val_check_interval=12",
+        "trainer.limit_val_batches=2",
+    )
     trained = [row for row in rows if "loss" in row]
     assert abs(trained[0]["loss"] - math.log(2)) < 1e-6  # the policy is the reference at step 1
     assert trained[0]["rewards/chosen"] == trained[0]["rewards/margins"] == 0.0
@@ -75,23 +83,34 @@ def test_dpo_learns_from_a_reference_table_equal_to_an_independent_forward(tmp_p
     assert "reference log-probs of 128 train samples, 16 validation samples computed in" in log and ", dpo, " in log
 
 
-@pytest.mark.parametrize(("settings", "first"), [
-    (["loss_type=ipo"], 1.0),                                      # (0 - 1 / (2 x 0.5))^2
-    (["loss_type=hinge"], 1.0),                                    # max(0, 1 - 0)
-    (["loss_type=robust", "+model_alignment_strategy.dpo.label_smoothing=0.1"], math.log(2)),  # (0.9 - 0.1) ln 2 / 0.8
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("settings", "first"),
+    [
+        (["loss_type=ipo"], 1.0),  # (0 - 1 / (2 x 0.5))^2
+        (["loss_type=hinge"], 1.0),  # max(0, 1 - 0)
+        (
+            ["loss_type=robust", "+model_alignment_strategy.dpo.label_smoothing=0.1"],
+            math.log(2),
+        ),  # (0.9 - 0.1) ln 2 / 0.8
+    ],
+)
 def test_each_dpo_loss_type_starts_at_its_formula_and_learns(tmp_path, train_here, chat_tokenizer_dir, settings, first):
     settings = [item if item.startswith("+") else f"+model_alignment_strategy.dpo.{item}" for item in settings]
-    rows = train_here(*dpo_job(tmp_path / "data", chat_tokenizer_dir), *settings, "trainer.max_steps=12",
-                      "model.optim.lr=3e-3")  # fmt: skip
+    rows = train_here(
+        *dpo_job(tmp_path / "data", chat_tokenizer_dir), *settings, "trainer.max_steps=12", "model.optim.lr=3e-3"
+    )
     trained = [row for row in rows if "loss" in row]
     assert abs(trained[0]["loss"] - first) < 1e-6  # the policy is the reference at step 1: h = 0
     assert trained[-1]["rewards/margins"] > trained[0]["rewards/margins"] + 0.1
 
 
 def test_reference_free_dpo_runs_no_reference(tmp_path, train_here, chat_tokenizer_dir):
-    rows = train_here(*dpo_job(tmp_path / "data", chat_tokenizer_dir), "+model_alignment_strategy.dpo.reference_free=True",
-                      "trainer.max_steps=12", "model.optim.lr=3e-3")  # fmt: skip
+    rows = train_here(
+        *dpo_job(tmp_path / "data", chat_tokenizer_dir),
+        "+model_alignment_strategy.dpo.reference_free=True",
+        "trainer.max_steps=12",
+        "model.optim.lr=3e-3",
+    )
     trained = [row for row in rows if "loss" in row]
     assert trained[0]["rewards/chosen"] == pytest.approx(0.5 * trained[0]["logps/chosen"])  # beta (pi - 0)
     assert trained[-1]["rewards/margins"] > trained[0]["rewards/margins"] + 0.1
@@ -124,14 +143,22 @@ def test_a_table_of_another_run_is_recomputed_fresh_and_refused_on_resume(tmp_pa
     again = read_metrics_of(tmp_path / "again", *job)
     shutil.copy(log_dir / TABLE, tmp_path / "again" / TABLE)  # a fresh run in a directory holding a table reuses it
     shutil.rmtree(tmp_path / "again" / "checkpoints")
-    _same(again, read_metrics_of(tmp_path / "again", *job, "exp_manager.resume_if_exists=True",
-                                "+exp_manager.resume_ignore_no_checkpoint=True"))
+    _same(
+        again,
+        read_metrics_of(
+            tmp_path / "again",
+            *job,
+            "exp_manager.resume_if_exists=True",
+            "+exp_manager.resume_ignore_no_checkpoint=True",
+        ),
+    )
     assert f"reference log-probs from {tmp_path / 'again'}/{TABLE}" in _log(tmp_path / "again")
     other = [*dpo_job(tmp_path / "other", chat_tokenizer_dir, records=96), *SHORT, *SAVE]
     read_metrics_of(log_dir, *other, "+exp_manager.require_empty_log_dir=False")  # another dataset there: recomputed
     assert "reference log-probs made for another model, data, tokenizer or precision" in _log(log_dir)
-    step_3 = max((info.path for info in list_checkpoints(log_dir / "checkpoints") if info.step == 3),
-                 key=lambda path: path.name)  # the second run's (-v1): resumed with its own data
+    step_3 = max(
+        (info.path for info in list_checkpoints(log_dir / "checkpoints") if info.step == 3), key=lambda path: path.name
+    )  # the second run's (-v1): resumed with its own data
     tables = load_file(step_3 / TABLE)
     save_file(tables, step_3 / TABLE, metadata={"digest": "0" * 64})
     capsys.readouterr()
@@ -139,8 +166,7 @@ def test_a_table_of_another_run_is_recomputed_fresh_and_refused_on_resume(tmp_pa
     assert f"{step_3}/{TABLE} has xxh3_64:" in capsys.readouterr().err  # first, the checkpoint's own digests
     info = read_info(step_3)  # sealed again, as if saved with that table: now the table's own digest refuses it
     (step_3 / MARKER).unlink()
-    write_marker(step_3, step=info.step, consumed_samples=info.consumed_samples, metrics=info.metrics,
-                 extra=info.extra)  # fmt: skip
+    write_marker(step_3, step=info.step, consumed_samples=info.consumed_samples, metrics=info.metrics, extra=info.extra)
     assert main([*FAST, *other, f"+exp_manager.resume_from_checkpoint={step_3}"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"{step_3}/{TABLE}: reference log-probs made for another model" in err
@@ -151,8 +177,10 @@ def test_a_table_of_another_run_is_recomputed_fresh_and_refused_on_resume(tmp_pa
     read_metrics_of(tmp_path / "orpo", *orpo)  # a checkpoint saved without a table cannot continue as DPO
     orpo_step_3 = next(info.path for info in list_checkpoints(tmp_path / "orpo" / "checkpoints") if info.step == 3)
     assert main([*FAST, *other, f"+exp_manager.resume_from_checkpoint={orpo_step_3}"]) == 1
-    assert f"{orpo_step_3}: expected the reference log-probs saved with the checkpoint (they are never " \
-           "recomputed from trained weights), found no reference_log_probs table" in capsys.readouterr().err
+    assert (
+        f"{orpo_step_3}: expected the reference log-probs saved with the checkpoint (they are never "
+        "recomputed from trained weights), found no reference_log_probs table" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["frozen_copy", "lora_adapters_off"])
@@ -169,15 +197,23 @@ def test_a_hugging_face_model_with_lora_gets_the_reference_transformers_computes
     transformers' own LlamaForCausalLM gives them (adapters off), and DPO trains the adapters."""
     data = tmp_path / "data"
     dpo = dpo_job(data, hf_base)[:3]  # the dpo keys; the data files replace tiny_sft's
-    job = _job(hf_base, tmp_path / "run", "~model_alignment_strategy.sft", *dpo, f"data.train_dir={data / 'train.jsonl'}",
-               f"data.val_dir={data / 'validation.jsonl'}", "+model_alignment_strategy.peft.lora_rank=4",
-               "model.optim.lr=1e-2")  # fmt: skip
+    job = _job(
+        hf_base,
+        tmp_path / "run",
+        "~model_alignment_strategy.sft",
+        *dpo,
+        f"data.train_dir={data / 'train.jsonl'}",
+        f"data.val_dir={data / 'validation.jsonl'}",
+        "+model_alignment_strategy.peft.lora_rank=4",
+        "model.optim.lr=1e-2",
+    )
     assert main(job) == 0
     rows = read_metrics(tmp_path / "run")
     # the policy starts as its reference (log 2 exactly) and then moves: at lr 1e-2 the last steps may overshoot
     assert abs(losses(rows)[0] - math.log(2)) < 1e-6 and min(losses(rows)[1:]) < losses(rows)[0] - 1e-3
-    plan = plan_run(load_config(job[1], [item for item in job[2:] if not item.startswith("+exp_manager")]),
-                    default_cache_dir())  # fmt: skip
+    plan = plan_run(
+        load_config(job[1], [item for item in job[2:] if not item.startswith("+exp_manager")]), default_cache_dir()
+    )
     model = LlamaForCausalLM.from_pretrained(hf_base).eval()
     table = load_file(tmp_path / "run" / TABLE)["train"]
     with torch.no_grad():
@@ -193,5 +229,9 @@ def test_an_unknown_dpo_loss_type_is_one_message_naming_the_key(tmp_path, capsys
     job = [*dpo_job(tmp_path / "data", chat_tokenizer_dir), "+model_alignment_strategy.dpo.loss_type=exo_pair"]
     assert main([*FAST, *job]) != 0
     err = capsys.readouterr().err
-    assert "model_alignment_strategy.dpo.loss_type: expected one of 'sigmoid', 'ipo', 'hinge' or 'robust', found " \
-           "'exo_pair'" in err and "Traceback" not in err
+    assert (
+        "model_alignment_strategy.dpo.loss_type: expected one of 'sigmoid', 'ipo', 'hinge' or 'robust', found "
+        "'exo_pair'"
+        in err
+        and "Traceback" not in err
+    )

@@ -10,16 +10,29 @@ import pytest
 from tests.train.test_checkpointing import SAVE, checkpoints
 from tests.training_runs import FAST, losses, read_metrics, run_command
 
-FP8 = ["+precision.fp8.emulate=true", "data.micro_batch_size=2", "data.global_batch_size=8", "trainer.max_steps=4",
-       *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2"]  # fmt: skip
+FP8 = [
+    "+precision.fp8.emulate=true",
+    "data.micro_batch_size=2",
+    "data.global_batch_size=8",
+    "trainer.max_steps=4",
+    *SAVE,
+    "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+]
 
 
 @pytest.mark.slow  # the default suite's float8 gather under ZeRO-3 in two processes: tests/parallel/test_parity.py
 def test_two_zero3_processes_gathering_float8_train_as_one_and_resume_in_one(tmp_path, train_here):
     single = losses(train_here(*FP8))
-    result = run_command(*FAST, *FP8, "trainer.devices=2", "distributed_strategy.zero1=True",
-                         "+distributed_strategy.zero3=True", "+precision.fp8.all_gather=true",
-                         f"+exp_manager.explicit_log_dir={tmp_path / 'zero3'}", cwd=tmp_path)  # fmt: skip
+    result = run_command(
+        *FAST,
+        *FP8,
+        "trainer.devices=2",
+        "distributed_strategy.zero1=True",
+        "+distributed_strategy.zero3=True",
+        "+precision.fp8.all_gather=true",
+        f"+exp_manager.explicit_log_dir={tmp_path / 'zero3'}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     gathered = losses(read_metrics(tmp_path / "zero3"))
     assert max(abs(a - b) for a, b in zip(single, gathered, strict=True)) < 1e-5, (single, gathered)
@@ -38,8 +51,10 @@ def _plan(tmp_path, *overrides: str):  # noqa: ANN202
     from nxd_train.corpus import default_cache_dir
     from nxd_train.preflight import PreflightError, plan_run
 
-    cfg = load_config(default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}", "trainer.devices=2",
-                                              "+precision.fp8.emulate=true", *overrides])  # fmt: skip
+    cfg = load_config(
+        default_config_path(),
+        [f"+exp_manager.explicit_log_dir={tmp_path}", "trainer.devices=2", "+precision.fp8.emulate=true", *overrides],
+    )
     try:
         return plan_run(cfg, default_cache_dir())
     except PreflightError as error:
@@ -50,17 +65,23 @@ def test_the_gather_reaches_the_policy_and_a_layer_of_float8_weights_alone_is_re
     monkeypatch.setattr("nxd_train.preflight.accelerator_name", lambda: "cpu")  # gloo's, on any host
     assert _plan(tmp_path / "gathered", *ZERO3_GATHER).policy.float8.all_gather
     refused = _plan(tmp_path, *ZERO3_GATHER, "model.normalization=non_parametric_layernorm")
-    assert any(problem.startswith("precision.fp8.all_gather: gloo, the CPU's collectives, cannot gather float8 "
-                                  "tensors, and decoder layer model.layers.0 holds no other parameter")
-               for problem in refused.problems), refused.problems  # fmt: skip
+    assert any(
+        problem.startswith(
+            "precision.fp8.all_gather: gloo, the CPU's collectives, cannot gather float8 "
+            "tensors, and decoder layer model.layers.0 holds no other parameter"
+        )
+        for problem in refused.problems
+    ), refused.problems
 
 
 def test_a_tensor_parallel_part_scaled_mm_cannot_take_is_refused(tmp_path):
     """The default model's MLP is 176 wide: under tp 2 each rank's 88 columns are no multiple of 16."""
     problems = _plan(tmp_path, "distributed_strategy.tensor_model_parallel_size=2").problems
-    assert "precision.fp8: under tensor parallelism each rank runs model.layers.0.mlp.gate_proj's float8 matmul on " \
-           "its part of out_features (176 / 2), which torch._scaled_mm needs to be a multiple of 16; expected a " \
-           "distributed_strategy.tensor_model_parallel_size that leaves it so, found 2" in problems, problems
+    assert (
+        "precision.fp8: under tensor parallelism each rank runs model.layers.0.mlp.gate_proj's float8 matmul on "
+        "its part of out_features (176 / 2), which torch._scaled_mm needs to be a multiple of 16; expected a "
+        "distributed_strategy.tensor_model_parallel_size that leaves it so, found 2" in problems
+    ), problems
     wider = _plan(tmp_path / "wider", "distributed_strategy.tensor_model_parallel_size=2", "model.ffn_hidden_size=192")
     assert wider.policy.float8 is not None and not wider.policy.float8.kept
 
@@ -69,6 +90,11 @@ def test_replicated_key_value_projections_keep_their_precision(tmp_path):
     """With a kv_replicator each rank computes only its head rows of the key/value projections (outside the float8
     layer), so the plan keeps them in the parameters' precision in every layout, and says so."""
     with pytest.warns(UserWarning, match="key/value projections a kv_replicator replicates"):
-        plan = _plan(tmp_path, "distributed_strategy.tensor_model_parallel_size=2", "model.ffn_hidden_size=192",
-                     "model.num_kv_heads=1", "+distributed_strategy.kv_replicator=2")  # fmt: skip
+        plan = _plan(
+            tmp_path,
+            "distributed_strategy.tensor_model_parallel_size=2",
+            "model.ffn_hidden_size=192",
+            "model.num_kv_heads=1",
+            "+distributed_strategy.kv_replicator=2",
+        )
     assert plan.policy.float8.kept == ("model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.v_proj")

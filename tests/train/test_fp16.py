@@ -32,8 +32,17 @@ def deepspeed_scales(initial: float, window: int, hysteresis: int, floor: float,
 
 def test_fp16_logs_the_scales_and_skipped_steps_of_deepspeeds_rule(train_here):
     """2^22 overflows fp16 gradients at first: the run halves its way down, skipping those steps, then trains."""
-    rows = [row for row in train_here(*FP16, "trainer.max_steps=12", "+precision.initial_scale_power=22",
-                                      "+precision.hysteresis=1", "+precision.loss_scale_window=3") if "loss" in row]
+    rows = [
+        row
+        for row in train_here(
+            *FP16,
+            "trainer.max_steps=12",
+            "+precision.initial_scale_power=22",
+            "+precision.hysteresis=1",
+            "+precision.loss_scale_window=3",
+        )
+        if "loss" in row
+    ]
     overflows = [not math.isfinite(row["grad_norm"]) for row in rows]
     assert any(overflows) and not all(overflows)
     assert [row["loss_scale"] for row in rows] == deepspeed_scales(2.0**22, 3, 1, 1.0, overflows)
@@ -42,10 +51,14 @@ def test_fp16_logs_the_scales_and_skipped_steps_of_deepspeeds_rule(train_here):
 
 
 def test_a_resumed_fp16_run_continues_with_the_same_scale_and_losses(tmp_path, train_here):
-    settings = [*FP16, "+precision.initial_scale_power=12", "+precision.loss_scale_window=2",
-                "exp_manager.create_checkpoint_callback=True",
-                "+exp_manager.checkpoint_callback_params.every_n_train_steps=4",
-                "+exp_manager.checkpoint_callback_params.save_top_k=-1"]  # fmt: skip
+    settings = [
+        *FP16,
+        "+precision.initial_scale_power=12",
+        "+precision.loss_scale_window=2",
+        "exp_manager.create_checkpoint_callback=True",
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=4",
+        "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+    ]
     whole = [row for row in train_here(*settings) if "loss" in row]
     (run,) = [path for path in tmp_path.iterdir() if path.name == "run0"]
     (step_4,) = (run / "checkpoints").glob("*step=4*")
@@ -55,11 +68,16 @@ def test_a_resumed_fp16_run_continues_with_the_same_scale_and_losses(tmp_path, t
     assert whole[3]["loss_scale"] < whole[4]["loss_scale"]  # the scale grew across the checkpoint
 
 
-@pytest.mark.parametrize(("scaling", "cause"), [
-    (["+precision.loss_scale=1.0e30"], "the static fp16 loss scale precision.loss_scale 1e+30 overflows"),
-    (["+precision.initial_scale_power=100", "+precision.min_loss_scale=1.0e29", "+precision.hysteresis=1"],
-     "the fp16 loss scale is at its floor, precision.min_loss_scale 1e+29"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("scaling", "cause"),
+    [
+        (["+precision.loss_scale=1.0e30"], "the static fp16 loss scale precision.loss_scale 1e+30 overflows"),
+        (
+            ["+precision.initial_scale_power=100", "+precision.min_loss_scale=1.0e29", "+precision.hysteresis=1"],
+            "the fp16 loss scale is at its floor, precision.min_loss_scale 1e+29",
+        ),
+    ],
+)
 def test_a_scale_that_cannot_take_its_overflows_stops_the_run(train_here, scaling, cause):
     with pytest.raises(NonFiniteStop) as caught:
         train_here(*FP16, *scaling, "+trainer.max_consecutive_nonfinite=3")

@@ -22,8 +22,9 @@ def small_disk(tmp_path):
     def mount(size: str) -> Path:
         point = tmp_path / f"disk{len(mounted)}"
         point.mkdir()
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
-                                capture_output=True, text=True)  # fmt: skip
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)], capture_output=True, text=True
+        )
         if result.returncode != 0:
             pytest.skip(f"a tmpfs cannot be mounted here ({result.stderr.strip()})")
         mounted.append(point)
@@ -45,10 +46,20 @@ def test_a_disk_full_before_the_first_metrics_row_is_one_line(small_disk, capsys
 @pytest.mark.parametrize("background", [False, True], ids=["plain", "async"])
 def test_a_disk_full_during_a_save_names_the_space_and_keeps_the_earlier_checkpoint(small_disk, capsys, background):
     log_dir = small_disk("10m") / "run"  # one checkpoint of the tiny model (about 7 MiB) fits, two do not
-    assert main([*FAST, "trainer.max_steps=2", "exp_manager.create_checkpoint_callback=True",
-                 "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
-                 "+exp_manager.checkpoint_callback_params.save_top_k=-1",
-                 f"+exp_manager.async_checkpointing={background}", f"+exp_manager.explicit_log_dir={log_dir}"]) == 1
+    assert (
+        main(
+            [
+                *FAST,
+                "trainer.max_steps=2",
+                "exp_manager.create_checkpoint_callback=True",
+                "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+                "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+                f"+exp_manager.async_checkpointing={background}",
+                f"+exp_manager.explicit_log_dir={log_dir}",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "step=2-consumed_samples=16: the " in err and "save failed: the disk is full (" in err
     assert "MiB free at" in err and "this rank's share of the checkpoint needs about 7.1 MiB" in err

@@ -19,19 +19,42 @@ VARIED = ["model.init_method_std=0.5", "model.optim.lr=0.0"]
 """Wide random weights and no update: greedy continuations that vary from token to token."""
 SHAPES = {
     "llama": [],
-    "pythia": ["+model.transformer_block_type=gpt_neox", "model.rotary_percentage=0.25",
-               "model.normalization=layernorm", "model.activation=gelu", "model.has_bias=True",
-               "model.num_kv_heads=4", "model.ffn_hidden_size=256"],
-    "mixtral": ["+model.moe.num_experts=4", "+model.moe.top_k=2", "+model.moe.dropless=True",
-                "+model.moe.capacity_factor=0.0", "+model.moe.normalize_top_k_affinities=True"],
-}  # fmt: skip
+    "pythia": [
+        "+model.transformer_block_type=gpt_neox",
+        "model.rotary_percentage=0.25",
+        "model.normalization=layernorm",
+        "model.activation=gelu",
+        "model.has_bias=True",
+        "model.num_kv_heads=4",
+        "model.ffn_hidden_size=256",
+    ],
+    "mixtral": [
+        "+model.moe.num_experts=4",
+        "+model.moe.top_k=2",
+        "+model.moe.dropless=True",
+        "+model.moe.capacity_factor=0.0",
+        "+model.moe.normalize_top_k_affinities=True",
+    ],
+}
 PROMPTS = "def main(\nimport os\nclass Foo(object):\n    return"
 
 
 def _train(log_dir: Path, *overrides: str) -> None:
-    assert main([str(default_config_path()), *FAST, *VARIED, "trainer.max_steps=1", "data.global_batch_size=4",
-                 "exp_manager.create_checkpoint_callback=True", f"+exp_manager.explicit_log_dir={log_dir}",
-                 *overrides]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                str(default_config_path()),
+                *FAST,
+                *VARIED,
+                "trainer.max_steps=1",
+                "data.global_batch_size=4",
+                "exp_manager.create_checkpoint_callback=True",
+                f"+exp_manager.explicit_log_dir={log_dir}",
+                *overrides,
+            ]
+        )
+        == 0
+    )
 
 
 def _hf_greedy(export: Path, prompts: list[str], tokens: int) -> list[str]:
@@ -41,7 +64,7 @@ def _hf_greedy(export: Path, prompts: list[str], tokens: int) -> list[str]:
     for prompt in prompts:
         ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
         out = model.generate(ids, max_new_tokens=tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-        texts.append(tokenizer.decode(out[0, ids.shape[1]:]))
+        texts.append(tokenizer.decode(out[0, ids.shape[1] :]))
     return texts
 
 
@@ -51,15 +74,26 @@ def _generated(path: Path) -> list[dict]:
 
 def _generate_here(log_dir: Path, tmp_path: Path, out: str, *overrides: str) -> list[dict]:
     (tmp_path / "prompts.txt").write_text(PROMPTS)
-    code = main(["generate", str(default_config_path()), *VARIED, f"+exp_manager.explicit_log_dir={log_dir}",
-                 "+generate.text_gen_type=input-file", f"+generate.sample_input_file={tmp_path / 'prompts.txt'}",
-                 f"+generate.sample_output_file={tmp_path / out}", "+generate.maximum_tokens=24", *overrides])
+    code = main(
+        [
+            "generate",
+            str(default_config_path()),
+            *VARIED,
+            f"+exp_manager.explicit_log_dir={log_dir}",
+            "+generate.text_gen_type=input-file",
+            f"+generate.sample_input_file={tmp_path / 'prompts.txt'}",
+            f"+generate.sample_output_file={tmp_path / out}",
+            "+generate.maximum_tokens=24",
+            *overrides,
+        ]
+    )
     assert code == 0
     return _generated(tmp_path / out)
 
 
-@pytest.mark.parametrize("shape", ["llama", pytest.param("pythia", marks=pytest.mark.slow),
-                                   pytest.param("mixtral", marks=pytest.mark.slow)])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape", ["llama", pytest.param("pythia", marks=pytest.mark.slow), pytest.param("mixtral", marks=pytest.mark.slow)]
+)
 def test_greedy_tokens_equal_transformers_generate_on_the_export(tmp_path, shape):
     log_dir = tmp_path / "run"
     _train(log_dir, *SHAPES[shape])
@@ -78,12 +112,29 @@ def test_greedy_tokens_equal_transformers_generate_on_the_export(tmp_path, shape
 def test_a_seed_repeats_its_samples_and_logits_come_back(tmp_path):
     log_dir = tmp_path / "run"
     _train(log_dir)
-    sampled = ["+generate.temperature=0.9", "+generate.top_k=40", "+generate.top_p=0.95", "+generate.num_samples=3",
-               "+generate.maximum_tokens=16", "+generate.return_logits=True"]  # fmt: skip
+    sampled = [
+        "+generate.temperature=0.9",
+        "+generate.top_k=40",
+        "+generate.top_p=0.95",
+        "+generate.num_samples=3",
+        "+generate.maximum_tokens=16",
+        "+generate.return_logits=True",
+    ]
     runs = []
     for name in ("a.jsonl", "b.jsonl"):
-        assert main(["generate", str(default_config_path()), *VARIED, f"+exp_manager.explicit_log_dir={log_dir}",
-                     *sampled, f"+generate.sample_output_file={tmp_path / name}"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "generate",
+                    str(default_config_path()),
+                    *VARIED,
+                    f"+exp_manager.explicit_log_dir={log_dir}",
+                    *sampled,
+                    f"+generate.sample_output_file={tmp_path / name}",
+                ]
+            )
+            == 0
+        )
         runs.append(_generated(tmp_path / name))
     assert runs[0] == [{**r, "duration_seconds": a["duration_seconds"]} for r, a in zip(runs[1], runs[0], strict=True)]
     assert len({r["text"] for r in runs[0]}) > 1  # samples, not one greedy answer
@@ -91,23 +142,42 @@ def test_a_seed_repeats_its_samples_and_logits_come_back(tmp_path):
     assert record["context"] == "" and len(record["logits"]) == record["length"] + record["finished"]
     kept = [sum(1 for v in row if v is not None) for row in record["logits"]]  # a filtered token's -inf: null
     assert max(kept) <= 40  # top_k filtered
-    assert main(["generate", str(default_config_path()), f"+exp_manager.explicit_log_dir={log_dir}",
-                 f"+generate.sample_output_file={tmp_path / 'a.jsonl'}"]) == 1  # never written over
+    assert (
+        main(
+            [
+                "generate",
+                str(default_config_path()),
+                f"+exp_manager.explicit_log_dir={log_dir}",
+                f"+generate.sample_output_file={tmp_path / 'a.jsonl'}",
+            ]
+        )
+        == 1
+    )  # never written over
 
 
-@pytest.mark.parametrize("shape", ["pythia", pytest.param("llama", marks=pytest.mark.slow),
-                                   pytest.param("mixtral", marks=pytest.mark.slow)])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape", ["pythia", pytest.param("llama", marks=pytest.mark.slow), pytest.param("mixtral", marks=pytest.mark.slow)]
+)
 def test_two_tensor_parallel_processes_generate_what_transformers_does(tmp_path, shape):
     """Sampled at tensor parallel 2 (two processes, heads and vocabulary split; the checkpoint, saved at tensor
     parallel 1, resharded as it loads): the greedy tokens of transformers' generate on the export."""
     log_dir, layout = tmp_path / "run", ["distributed_strategy.tensor_model_parallel_size=2", "trainer.devices=2"]
     _train(log_dir, *SHAPES[shape])
     (tmp_path / "prompts.txt").write_text(PROMPTS)
-    result = run_command("generate", str(default_config_path()), *VARIED, *SHAPES[shape], *layout,
-                         f"+exp_manager.explicit_log_dir={log_dir}", "+generate.text_gen_type=input-file",
-                         f"+generate.sample_input_file={tmp_path / 'prompts.txt'}", "+generate.maximum_tokens=24",
-                         "+generate.batch_size=2", f"+generate.sample_output_file={tmp_path / 'two.jsonl'}",
-                         cwd=tmp_path)  # fmt: skip
+    result = run_command(
+        "generate",
+        str(default_config_path()),
+        *VARIED,
+        *SHAPES[shape],
+        *layout,
+        f"+exp_manager.explicit_log_dir={log_dir}",
+        "+generate.text_gen_type=input-file",
+        f"+generate.sample_input_file={tmp_path / 'prompts.txt'}",
+        "+generate.maximum_tokens=24",
+        "+generate.batch_size=2",
+        f"+generate.sample_output_file={tmp_path / 'two.jsonl'}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "notice: inference runs" not in result.stderr  # TP2 is kept
     records = _generated(tmp_path / "two.jsonl")
@@ -118,15 +188,42 @@ def test_two_tensor_parallel_processes_generate_what_transformers_does(tmp_path,
 
 def test_bad_input_gets_one_line(tmp_path, capsys):
     config = str(default_config_path())
-    assert main(["generate", config, f"+exp_manager.explicit_log_dir={tmp_path / 'none'}",
-                 "+generate.sample_output_file=null"]) == 1  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                config,
+                f"+exp_manager.explicit_log_dir={tmp_path / 'none'}",
+                "+generate.sample_output_file=null",
+            ]
+        )
+        == 1
+    )
     assert "no checkpoint to load" in capsys.readouterr().err
-    assert main(["generate", config, "+generate.text_gen_type=input-file",
-                 f"+generate.sample_input_file={tmp_path / 'missing.txt'}"]) == 1  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                config,
+                "+generate.text_gen_type=input-file",
+                f"+generate.sample_input_file={tmp_path / 'missing.txt'}",
+            ]
+        )
+        == 1
+    )
     assert "generate.sample_input_file: expected a UTF-8 text file of prompts, found no file" in capsys.readouterr().err
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00abc")
-    assert main(["generate", config, "+generate.text_gen_type=input-file",
-                 f"+generate.sample_input_file={tmp_path / 'binary.txt'}"]) == 1  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                config,
+                "+generate.text_gen_type=input-file",
+                f"+generate.sample_input_file={tmp_path / 'binary.txt'}",
+            ]
+        )
+        == 1
+    )
     assert "found a file that is not UTF-8 text" in capsys.readouterr().err
     assert main(["generate", config, f"+generate.sample_output_file={tmp_path / 'no' / 'such' / 'o.jsonl'}"]) == 1
     assert "expected a file in an existing folder, found no folder" in capsys.readouterr().err
@@ -134,15 +231,27 @@ def test_bad_input_gets_one_line(tmp_path, capsys):
     _train(log_dir)
     capsys.readouterr()
     (tmp_path / "long.txt").write_text("x " * 200 + "\nimport os\n")
-    assert main(["generate", config, f"+exp_manager.explicit_log_dir={log_dir}", "+generate.text_gen_type=input-file",
-                 f"+generate.sample_input_file={tmp_path / 'long.txt'}", "+generate.num_samples=3",
-                 f"+generate.sample_output_file={tmp_path / 'o.jsonl'}"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                config,
+                f"+exp_manager.explicit_log_dir={log_dir}",
+                "+generate.text_gen_type=input-file",
+                f"+generate.sample_input_file={tmp_path / 'long.txt'}",
+                "+generate.num_samples=3",
+                f"+generate.sample_output_file={tmp_path / 'o.jsonl'}",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "notice: generate.num_samples: text_gen_type input-file does not read it" in err
     assert "1 prompt(s) longer than the context" in err and "Traceback" not in err
     long, short = _generated(tmp_path / "o.jsonl")
     assert long["text"] is None and "leave no room in the model's context of 64 positions" in long["message"]
     assert short["context"] == "import os" and short["length"] > 0
+
 
 TEXT_GENERATION = """# Parameters used for text generation (GPT-NeoX's configs/text_generation.yml)
 # Make sure `load` is specified somewhere else
@@ -180,8 +289,13 @@ def _read_until(master: int, wanted: str, seen: str, timeout: float = 120) -> st
 
 
 @pytest.mark.slow
-def test_a_neox_pair_generates_in_all_three_modes(tmp_path, corpus, tokenizer_file, gpt2_files,  # noqa: F811
-                                                  sentencepiece_dir):
+def test_a_neox_pair_generates_in_all_three_modes(
+    tmp_path,
+    corpus,  # noqa: F811
+    tokenizer_file,
+    gpt2_files,  # noqa: F811
+    sentencepiece_dir,
+):
     """pythia.yml + local_setup.yml + text_generation.yml, as NeoX users run generate.py: unconditional samples,
     an input file's prompts, and prompts typed on a terminal (a pseudo-terminal here)."""
     from tests.train.test_neox_runs import NEOX
@@ -197,8 +311,9 @@ def test_a_neox_pair_generates_in_all_three_modes(tmp_path, corpus, tokenizer_fi
     assert len(samples) == 3 and all(r["context"] == "" and 0 < r["length"] + r["finished"] <= 12 for r in samples)
     assert "gathered out of the training layout's data 2" in result.stderr  # pythia.yml trains on 2 processes
     (tmp_path / "sample_input.txt").write_text("def main(\nimport os\n\nclass Foo\n")
-    result = run_command("generate", *files, "text_gen_type=input-file", "sample_output_file=from_file.jsonl",
-                         cwd=tmp_path)  # fmt: skip
+    result = run_command(
+        "generate", *files, "text_gen_type=input-file", "sample_output_file=from_file.jsonl", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["context"] for r in _generated(tmp_path / "from_file.jsonl")] == ["def main(", "import os", "class Foo"]
     _interactive_session(tmp_path, "generate", *files, "text_gen_type=interactive", "temperature=0.0")
@@ -211,8 +326,13 @@ def _interactive_session(cwd: Path, *args: str) -> str:
     import sys
 
     master, terminal = os.openpty()
-    process = subprocess.Popen([str(Path(sys.executable).with_name("nxd-train")), *args], cwd=cwd, stdin=terminal,
-                               stdout=terminal, stderr=terminal)  # fmt: skip
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("nxd-train")), *args],
+        cwd=cwd,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+    )
     os.close(terminal)
     try:
         seen = _read_until(master, "Context prompt >>> ", "")
@@ -231,9 +351,15 @@ def _interactive_session(cwd: Path, *args: str) -> str:
 def test_interactive_prompts_on_a_terminal(tmp_path):
     log_dir = tmp_path / "run"
     _train(log_dir)
-    seen = _interactive_session(tmp_path, "generate", str(default_config_path()), *VARIED,
-                                f"+exp_manager.explicit_log_dir={log_dir}", "+generate.text_gen_type=interactive",
-                                "+generate.maximum_tokens=8")  # fmt: skip
+    seen = _interactive_session(
+        tmp_path,
+        "generate",
+        str(default_config_path()),
+        *VARIED,
+        f"+exp_manager.explicit_log_dir={log_dir}",
+        "+generate.text_gen_type=interactive",
+        "+generate.maximum_tokens=8",
+    )
     answer = seen.split("Generated Text: ")[1].split("Context prompt")[0].strip()
     assert answer and not (tmp_path / "samples.txt").exists()  # interactive answers go to the terminal only
 
@@ -258,10 +384,18 @@ def test_a_30_mb_prompt_is_judged_by_its_first_bytes_alone(tmp_path):
     line = "x = 1; " * 4_300_000
     for name, text in (("plain", "def main(\nimport os\n"), ("huge", f"def main(\n{line}\n")):
         (tmp_path / f"{name}.txt").write_text(text)
-        command = [sys.executable, "-m", "nxd_train", "generate", str(default_config_path()),
-                   f"+exp_manager.explicit_log_dir={log_dir}", "+generate.text_gen_type=input-file",
-                   f"+generate.sample_input_file={tmp_path / name}.txt", "+generate.maximum_tokens=4",
-                   f"+generate.sample_output_file={tmp_path / name}.jsonl"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "nxd_train",
+            "generate",
+            str(default_config_path()),
+            f"+exp_manager.explicit_log_dir={log_dir}",
+            "+generate.text_gen_type=input-file",
+            f"+generate.sample_input_file={tmp_path / name}.txt",
+            "+generate.maximum_tokens=4",
+            f"+generate.sample_output_file={tmp_path / name}.jsonl",
+        ]
         out = subprocess.run([sys.executable, "-c", PEAK, *command], capture_output=True, text=True, timeout=600)
         code, seconds, peak = out.stdout.split()
         assert code == "0", out.stderr
@@ -269,7 +403,8 @@ def test_a_30_mb_prompt_is_judged_by_its_first_bytes_alone(tmp_path):
     records = _generated(tmp_path / "huge.jsonl")
     assert [record["text"] is None for record in records] == [False, True]
     assert records[1]["message"].startswith(f"WARNING: the prompt's {len(line.strip()):,} bytes (its first ")
-    assert records[1]["message"].endswith("tokens) leave no room in the model's context of 64 positions; expected at "
-                                          "most 63 tokens")  # fmt: skip
+    assert records[1]["message"].endswith(
+        "tokens) leave no room in the model's context of 64 positions; expected at most 63 tokens"
+    )
     assert figures["huge"][0] < figures["plain"][0] + 10, figures
     assert figures["huge"][1] < figures["plain"][1] + 400 * 2**20, figures  # the prompt's text, held a few times

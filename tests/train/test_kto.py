@@ -20,8 +20,16 @@ from safetensors.torch import load_file
 from tests.training_runs import FAST, kto_job, kto_records, losses
 
 TABLE = "reference_log_probs.safetensors"
-METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected", "kl",
-           "share/chosen", "share/rejected")  # fmt: skip
+METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "kl",
+    "share/chosen",
+    "share/rejected",
+)
 LEARN = ["trainer.max_steps=24", "model.optim.lr=3e-3", "trainer.val_check_interval=12", "trainer.limit_val_batches=2"]
 
 
@@ -41,8 +49,7 @@ def _independent_log_probs(job: list[str]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def test_kto_learns_from_a_reference_table_equal_to_an_independent_forward(tmp_path, train_here,
-                                                                           chat_tokenizer_dir):  # fmt: skip
+def test_kto_learns_from_a_reference_table_equal_to_an_independent_forward(tmp_path, train_here, chat_tokenizer_dir):
     job = kto_job(tmp_path / "data", chat_tokenizer_dir)
     rows = train_here(*job, *LEARN)
     trained = [row for row in rows if "loss" in row]
@@ -52,8 +59,9 @@ def test_kto_learns_from_a_reference_table_equal_to_an_independent_forward(tmp_p
     assert trained[0]["share/chosen"] + trained[0]["share/rejected"] == pytest.approx(1.0)
     assert losses(rows)[-1] < losses(rows)[0] - 0.1
     assert trained[-1]["rewards/chosen"] > trained[-1]["rewards/rejected"] + 0.5
-    assert trained[-1]["rewards/margins"] == pytest.approx(trained[-1]["rewards/chosen"]
-                                                           - trained[-1]["rewards/rejected"])  # fmt: skip
+    assert trained[-1]["rewards/margins"] == pytest.approx(
+        trained[-1]["rewards/chosen"] - trained[-1]["rewards/rejected"]
+    )
     assert any("val_loss" in row for row in rows)
     table = load_file(tmp_path / "run0" / TABLE)["train"]
     expected = _independent_log_probs(job)
@@ -62,8 +70,11 @@ def test_kto_learns_from_a_reference_table_equal_to_an_independent_forward(tmp_p
 
 
 def test_a_resumed_kto_run_continues_exactly_and_a_live_reference_agrees(tmp_path, train_here, chat_tokenizer_dir):
-    save = ["exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.save_top_k=-1",
-            "+exp_manager.checkpoint_callback_params.every_n_train_steps=3"]  # fmt: skip
+    save = [
+        "exp_manager.create_checkpoint_callback=True",
+        "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+    ]
     job = [*kto_job(tmp_path / "data", chat_tokenizer_dir), "trainer.max_steps=6", "model.optim.lr=3e-3"]
     whole = train_here(*job, *save)
     checkpoint = next((tmp_path / "run0" / "checkpoints").glob("*step=3*"))
@@ -72,20 +83,31 @@ def test_a_resumed_kto_run_continues_exactly_and_a_live_reference_agrees(tmp_pat
     keys = ("loss", "kl", "rewards/chosen", "grad_norm")
     for key in keys:
         assert [row[key] for row in whole if key in row][3:] == [row[key] for row in resumed if key in row], key
-    live = train_here(*kto_job(tmp_path / "data", chat_tokenizer_dir, precompute=False), "trainer.max_steps=6",
-                      "model.optim.lr=3e-3")  # fmt: skip
+    live = train_here(
+        *kto_job(tmp_path / "data", chat_tokenizer_dir, precompute=False), "trainer.max_steps=6", "model.optim.lr=3e-3"
+    )
     for key in keys:
         expected, found = [row[key] for row in whole if key in row], [row[key] for row in live if key in row]
         assert found == pytest.approx(expected, rel=1e-6, abs=1e-9), key
 
 
-@pytest.mark.parametrize(("record", "expected"), [
-    ({"prompt": "a b", "completion": "b a", "label": "yes"}, "line 2: label: expected true (a desirable completion) "
-     "or false (an undesirable one), found str 'yes'"),
-    ({"prompt": "a b", "completion": "b a"}, "line 2: label: expected true (a desirable completion) or false (an "
-     "undesirable one), found no label"),
-    ({"prompt": "a b", "chosen": "b a", "label": True}, "line 2: expected prompt and completion, found no completion"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        (
+            {"prompt": "a b", "completion": "b a", "label": "yes"},
+            "line 2: label: expected true (a desirable completion) or false (an undesirable one), found str 'yes'",
+        ),
+        (
+            {"prompt": "a b", "completion": "b a"},
+            "line 2: label: expected true (a desirable completion) or false (an undesirable one), found no label",
+        ),
+        (
+            {"prompt": "a b", "chosen": "b a", "label": True},
+            "line 2: expected prompt and completion, found no completion",
+        ),
+    ],
+)
 def test_a_bad_kto_record_is_one_message_naming_file_and_line(tmp_path, capsys, chat_tokenizer_dir, record, expected):
     job = kto_job(tmp_path / "data", chat_tokenizer_dir)
     train = tmp_path / "data" / "train.jsonl"
@@ -100,5 +122,7 @@ def test_one_sided_kto_data_is_refused_with_the_counts(tmp_path, capsys, chat_to
     train = tmp_path / "data" / "train.jsonl"
     train.write_text("".join(json.dumps(r | {"label": True}) + "\n" for r in kto_records(40)))
     assert main(["--config", str(default_config_path()), *FAST, *job]) == 1
-    assert ("expected desirable (label true) and undesirable (label false) completions, found 40 desirable and 0 "
-            "undesirable") in capsys.readouterr().err
+    assert (
+        "expected desirable (label true) and undesirable (label false) completions, found 40 desirable and 0 "
+        "undesirable"
+    ) in capsys.readouterr().err

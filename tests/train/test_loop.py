@@ -37,8 +37,14 @@ def test_epochs_bound_the_run_and_splits_string_sizes_the_data(train_here):
     # the corpus is 105 files; 10/1000 of them rounds to one, a 1,742-token file: (1742 - 1) // 64 = 27
     # samples of one epoch, so 3 whole global batches of 8 per epoch
     overrides = ["trainer.max_steps=-1", "trainer.max_epochs=2", "+data.splits_string='10,985,5'"]
-    assert len(plan_run(load_config(default_config_path(), overrides + ["model.optim.sched.max_steps=6"]),
-                        default_cache_dir()).data.train) == 27  # fmt: skip
+    assert (
+        len(
+            plan_run(
+                load_config(default_config_path(), overrides + ["model.optim.sched.max_steps=6"]), default_cache_dir()
+            ).data.train
+        )
+        == 27
+    )
     rows = train_here(*overrides, "model.optim.sched.max_steps=6")
     steps = [row for row in rows if "loss" in row]
     assert len(steps) == 6
@@ -47,8 +53,13 @@ def test_epochs_bound_the_run_and_splits_string_sizes_the_data(train_here):
 
 
 def test_validation_and_test_losses_are_logged(train_here):
-    rows = train_here("trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
-                      "trainer.limit_test_batches=1", "+exp_manager.log_parameter_norm=True")  # fmt: skip
+    rows = train_here(
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=1",
+        "+exp_manager.log_parameter_norm=True",
+    )
     assert [row["step"] for row in rows if "val_loss" in row] == [2.0, 4.0]
     assert [row["step"] for row in rows if "test_loss" in row] == [4.0]
     # mfu is left out of a step that beats a ceiling measured while the test machine was busy
@@ -64,15 +75,26 @@ def test_a_step_faster_than_the_measured_ceiling_logs_no_mfu_and_says_why(tmp_pa
     rows = train_in_process(tmp_path / "run", "trainer.max_steps=2")
     assert [row for row in rows if "loss" in row] and not any("mfu" in row for row in rows)
     log = (tmp_path / "run" / "nxd_log_globalrank-0_localrank-0.txt").read_text()
-    assert log.count("MFU unknown from here on where a step beats the ceiling (cpu: measured): it was measured "
-                     "while other work held the device") == 1
+    assert (
+        log.count(
+            "MFU unknown from here on where a step beats the ceiling (cpu: measured): it was measured "
+            "while other work held the device"
+        )
+        == 1
+    )
 
 
 @pytest.mark.parametrize(
     ("interval", "every", "expected"),
-    [(3, None, [2, 5, 8, 11]), (2, 1, [1, 3, 6, 8, 11]), (1.0, 1, [4, 9]), (0.5, 1, [1, 3, 6, 8, 11]),
-     (1.0, 2, [9]), (5, 2, [9])],
-)  # fmt: skip
+    [
+        (3, None, [2, 5, 8, 11]),
+        (2, 1, [1, 3, 6, 8, 11]),
+        (1.0, 1, [4, 9]),
+        (0.5, 1, [1, 3, 6, 8, 11]),
+        (1.0, 2, [9]),
+        (5, 2, [9]),
+    ],
+)
 def test_validation_cadence_follows_lightning(interval, every, expected):
     cadence = Cadence(val_check_interval=interval, check_val_every_n_epoch=every)
     steps_per_epoch = 5
@@ -80,16 +102,24 @@ def test_validation_cadence_follows_lightning(interval, every, expected):
     assert due == expected
 
 
-@pytest.mark.parametrize(("limit", "available", "expected"), [(0, 10, 0), (3, 10, 3), (30, 10, 10), (0.25, 10, 2),
-                                                              (1.0, 10, 10), (0.0, 10, 0), (-1, 10, 10)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("limit", "available", "expected"),
+    [(0, 10, 0), (3, 10, 3), (30, 10, 10), (0.25, 10, 2), (1.0, 10, 10), (0.0, 10, 0), (-1, 10, 10)],
+)
 def test_batch_limits_count_or_fraction(limit, available, expected):
     assert batch_limit(limit, available) == expected
 
 
 def test_only_local_rank_0_writes_a_log_file_when_asked(tmp_path):
     for local_rank in (0, 1):
-        Monitor(tmp_path, global_rank=local_rank + 2, local_rank=local_rank, total_steps=1, local_rank_0_only=True,
-                tensorboard=False).close()  # fmt: skip
+        Monitor(
+            tmp_path,
+            global_rank=local_rank + 2,
+            local_rank=local_rank,
+            total_steps=1,
+            local_rank_0_only=True,
+            tensorboard=False,
+        ).close()
     assert [p.name for p in tmp_path.iterdir()] == ["nxd_log_globalrank-2_localrank-0.txt"]
 
 
@@ -103,8 +133,11 @@ def _plan_problems(*overrides: str, source=None) -> str:
 def test_capturable_on_cpu_is_a_notice_and_changes_no_update(train_here):
     """NxDT's examples set capturable for their devices; on a CPU the step runs uncaptured, as torch's
     capturable=False step, with one notice."""
-    with pytest.warns(ConfigNotice, match="model.optim.capturable: True matters to CUDA graph capture only; this "
-                                          "run's tensors are on cpu, so the step runs uncaptured"):
+    with pytest.warns(
+        ConfigNotice,
+        match="model.optim.capturable: True matters to CUDA graph capture only; this "
+        "run's tensors are on cpu, so the step runs uncaptured",
+    ):
         captured = train_here("+model.optim.capturable=True", "trainer.max_steps=2")
     plain = train_here("trainer.max_steps=2")
     assert [row["loss"] for row in captured if "loss" in row] == [row["loss"] for row in plain if "loss" in row]
@@ -117,7 +150,9 @@ def test_sequence_longer_than_positions_is_rejected_before_launch():
 
 def test_hf_vocab_smaller_than_the_tokenizer_is_rejected(tmp_path):
     message = _plan_problems(source=hf_run_config(tmp_path, vocab_size=1000))
-    assert f"{tmp_path / 'config.json'}: vocab_size: expected at least the tokenizer's 4096 tokens, found 1000" in message
+    assert (
+        f"{tmp_path / 'config.json'}: vocab_size: expected at least the tokenizer's 4096 tokens, found 1000" in message
+    )
 
 
 def test_hf_sequence_longer_than_its_positions_is_rejected(tmp_path):
@@ -128,8 +163,9 @@ def test_hf_sequence_longer_than_its_positions_is_rejected(tmp_path):
 def test_missing_hf_config_file_is_rejected(tmp_path):
     source = hf_run_config(tmp_path, vocab_size=4096)
     (tmp_path / "config.json").unlink()
-    assert "model.model_config: expected a config.json file or a directory with one, found no file at" in _plan_problems(
-        source=source
+    assert (
+        "model.model_config: expected a config.json file or a directory with one, found no file at"
+        in _plan_problems(source=source)
     )
 
 
@@ -146,8 +182,13 @@ def test_worker_processes_read_the_same_batches(train_here):
 
 
 def test_training_split_smaller_than_a_global_batch_is_rejected():
-    message = _plan_problems("trainer.max_steps=-1", "trainer.max_epochs=1", "model.optim.sched.max_steps=1",
-                             "+data.splits_string='10,985,5'", "data.global_batch_size=32")  # fmt: skip
+    message = _plan_problems(
+        "trainer.max_steps=-1",
+        "trainer.max_epochs=1",
+        "model.optim.sched.max_steps=1",
+        "+data.splits_string='10,985,5'",
+        "data.global_batch_size=32",
+    )
     assert "data.global_batch_size: expected at most the 27 samples of the training split, found 32" in message
     message = _plan_problems("+data.splits_string='0,0,1'")
     assert "data.splits_string: '0,0,1' leaves no documents for training" in message
@@ -156,8 +197,13 @@ def test_training_split_smaller_than_a_global_batch_is_rejected():
 def test_logs_go_to_a_new_version_under_the_experiment_name(tmp_path, monkeypatch):
     """exp_manager.name names the folder under exp_dir (the run's name when unset); versions count up."""
     monkeypatch.chdir(tmp_path)
-    overrides = ["trainer.max_steps=1", "trainer.limit_val_batches=0", "exp_manager.create_tensorboard_logger=False",
-                 f"exp_manager.exp_dir={tmp_path / 'logs'}", "exp_manager.name=experiment"]  # fmt: skip
+    overrides = [
+        "trainer.max_steps=1",
+        "trainer.limit_val_batches=0",
+        "exp_manager.create_tensorboard_logger=False",
+        f"exp_manager.exp_dir={tmp_path / 'logs'}",
+        "exp_manager.name=experiment",
+    ]
     for _ in range(2):
         cfg = load_config(default_config_path(), overrides)
         train(plan_run(cfg, default_cache_dir()))

@@ -37,15 +37,19 @@ def _run(root: Path, name: str, *overrides: str) -> list[dict]:
     result = run_command(str(CONFIGS / f"{name}.yml"), "num_gpus=2", *overrides, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    save = next((o.split("=", 1)[1] for o in overrides if o.startswith("save=")), f"checkpoints/{name}/llama3/"
-                "llama3-8b-instruct")  # fmt: skip
+    save = next(
+        (o.split("=", 1)[1] for o in overrides if o.startswith("save=")),
+        f"checkpoints/{name}/llama3/llama3-8b-instruct",
+    )
     rows = read_metrics(root / save)
     rows[0]["log"] = result.stdout + result.stderr
     return rows
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in DEFAULT else pytest.mark.slow)
-                                  for name in ("sft", "dpo", "kto", "rm")])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(name, marks=() if name in DEFAULT else pytest.mark.slow) for name in ("sft", "dpo", "kto", "rm")],
+)
 def test_neox_post_training_configs_train_as_written(neox_root, name):
     rows = _run(neox_root, name)
     found = losses(rows)
@@ -80,8 +84,11 @@ def test_neox_precomputed_reference_files_replace_the_reference_model(neox_root,
     """precompute_model_name: every pos/neg prefix's `{prefix}_{name}` file, as NeoX's precompute writes
     it, gives the reference; with 0 everywhere the reference is 0, so DPO's chosen reward is beta times
     the policy's log-prob, and no reference pass runs."""
-    prefixes = [f"data/pairwise/llama3_dpo_{split}_{side}_document" for split in ("train", "val")
-                for side in ("chosen", "rejected")]  # fmt: skip
+    prefixes = [
+        f"data/pairwise/llama3_dpo_{split}_{side}_document"
+        for split in ("train", "val")
+        for side in ("chosen", "rejected")
+    ]
     _reference_files(neox_root, prefixes, "zero", 0.0)
     save = str(tmp_path / "dpo_zero")
     rows = _run(neox_root, "dpo", "+precompute_model_name=zero", f"save={save}")
@@ -96,20 +103,32 @@ def test_dpo_with_bf16_gradient_accumulation_trains_as_neoxs_benchmarking_files_
     """post-training/configs/benchmarking/mistral-dpo.yml and llama-13b-dpo.yml accumulate gradients in bf16
     (data_types.grad_accum_dtype bf16, fp32_allreduce false): the same DPO run trains, from ln 2."""
     save = str(tmp_path / "dpo_bf16_sum")
-    rows = _run(neox_root, "dpo", "data_types.grad_accum_dtype=bf16", "fp32_allreduce=false",
-                "gradient_accumulation_steps=4", f"save={save}")  # fmt: skip
+    rows = _run(
+        neox_root,
+        "dpo",
+        "data_types.grad_accum_dtype=bf16",
+        "fp32_allreduce=false",
+        "gradient_accumulation_steps=4",
+        f"save={save}",
+    )
     found = losses(rows)
     assert len(found) == 3 and all(math.isfinite(loss) for loss in found)
     assert found[0] == pytest.approx(math.log(2), abs=1e-6)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["train_impl=reinforce"], "train_impl: expected normal, dpo, kto or rm, found reinforce: online RL"),
-    pytest.param(["+precompute_model_name=missing"], "data.pair_documents.train: data prefix ",
-                 marks=pytest.mark.slow),
-    pytest.param(["pack_impl=packed"], "expected unpacked with data.pair_documents", marks=pytest.mark.slow),
-    pytest.param(["dataset_impl=gpt2"], "dataset_impl: expected pairwise with train_impl dpo", marks=pytest.mark.slow),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train_impl=reinforce"], "train_impl: expected normal, dpo, kto or rm, found reinforce: online RL"),
+        pytest.param(
+            ["+precompute_model_name=missing"], "data.pair_documents.train: data prefix ", marks=pytest.mark.slow
+        ),
+        pytest.param(["pack_impl=packed"], "expected unpacked with data.pair_documents", marks=pytest.mark.slow),
+        pytest.param(
+            ["dataset_impl=gpt2"], "dataset_impl: expected pairwise with train_impl dpo", marks=pytest.mark.slow
+        ),
+    ],
+)
 def test_bad_post_training_settings_get_one_message(neox_root, overrides, message, monkeypatch, capsys):
     """Refused before any process starts: the command's code, in this process."""
     monkeypatch.chdir(neox_root)
@@ -129,5 +148,7 @@ def test_kto_reward_documents_that_do_not_line_up_are_named(neox_root, tmp_path)
             writer.add_document(np.array([1], dtype=np.int32))
     result = run_command(str(CONFIGS / "kto.yml"), "num_gpus=2", cwd=root)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert ("data.example_documents.train.rewards: data/kto/llama3_train_messages_reward_document: expected one "
-            "reward document per document of data/kto/llama3_train_messages_document (48), found 5") in result.stderr
+    assert (
+        "data.example_documents.train.rewards: data/kto/llama3_train_messages_reward_document: expected one "
+        "reward document per document of data/kto/llama3_train_messages_document (48), found 5"
+    ) in result.stderr

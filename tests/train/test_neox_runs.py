@@ -36,8 +36,12 @@ shapes in two processes in tests/parallel/test_parity.py; every file, the resume
 def corpus(tmp_path_factory) -> Path:
     generator = random.Random(3)
     path = tmp_path_factory.mktemp("neox_corpus") / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": " ".join(generator.choices(TEXT, k=generator.randint(4, 12)))}) + "\n"
-                            for _ in range(200)))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps({"text": " ".join(generator.choices(TEXT, k=generator.randint(4, 12)))}) + "\n"
+            for _ in range(200)
+        )
+    )
     return path
 
 
@@ -46,7 +50,10 @@ def local_setup(name: str, directory: Path, corpus: Path, tokenizer_file, gpt2_f
     model = read_file(NEOX / f"{name}.yml")
     kind = model["tokenizer_type"]
     if kind == "SPMTokenizer":
-        flags, files = ["--tokenizer", str(sentencepiece_dir)], {"vocab_file": str(sentencepiece_dir / "tokenizer.model")}
+        flags, files = (
+            ["--tokenizer", str(sentencepiece_dir)],
+            {"vocab_file": str(sentencepiece_dir / "tokenizer.model")},
+        )
     elif kind == "GPT2BPETokenizer":
         vocab, merges = gpt2_files
         flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
@@ -57,11 +64,30 @@ def local_setup(name: str, directory: Path, corpus: Path, tokenizer_file, gpt2_f
         flags, files = ["--tokenizer", str(tokenizer_file)], {"vocab_file": str(tokenizer_file)}
     prefix = directory / "data" / "enwik8"
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    assert main(["data", "preprocess", "--input", str(corpus), "--output-prefix", str(prefix), *flags, "--append-eod",
-                 "--no-progress"]) == 0  # fmt: skip
-    setup = {"data_path": f"{prefix}_text_document", **files, "save": str(directory / "checkpoints"),
-             "load": str(directory / "checkpoints"), "tensorboard_dir": str(directory / "tb"),
-             "log_dir": str(directory / "logs")}  # fmt: skip
+    assert (
+        main(
+            [
+                "data",
+                "preprocess",
+                "--input",
+                str(corpus),
+                "--output-prefix",
+                str(prefix),
+                *flags,
+                "--append-eod",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    setup = {
+        "data_path": f"{prefix}_text_document",
+        **files,
+        "save": str(directory / "checkpoints"),
+        "load": str(directory / "checkpoints"),
+        "tensorboard_dir": str(directory / "tb"),
+        "log_dir": str(directory / "logs"),
+    }
     if "checkpoint_factor" not in model:  # NeoX's save needs a cadence; a file sets each key once
         setup["checkpoint_factor"] = 1000
     if model.get("use_mup"):  # muP's base shapes: the model at half its width, written as NeoX's save_base_shapes
@@ -69,8 +95,17 @@ def local_setup(name: str, directory: Path, corpus: Path, tokenizer_file, gpt2_f
     path = directory / "local_setup.yml"
     path.write_text("# Suggested data paths when using GPT-NeoX locally\n" + json.dumps(setup, indent=2))
     if model.get("use_mup"):
-        assert main([str(NEOX / f"{name}.yml"), str(path), "save_base_shapes=true",
-                     f"hidden_size={model['hidden_size'] // 2}"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    str(NEOX / f"{name}.yml"),
+                    str(path),
+                    "save_base_shapes=true",
+                    f"hidden_size={model['hidden_size'] // 2}",
+                ]
+            )
+            == 0
+        )
     return path
 
 
@@ -83,24 +118,33 @@ def _train(name: str, tmp_path: Path, corpus, tokenizer_file, gpt2_files, senten
     return setup, found
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in DEFAULT else pytest.mark.slow)
-                                  for name in FILES])  # fmt: skip
-def test_a_neox_file_trains_shrunk_in_two_processes(name, tmp_path, corpus, tokenizer_file, gpt2_files,
-                                                    sentencepiece_dir):  # fmt: skip
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=() if name in DEFAULT else pytest.mark.slow) for name in FILES]
+)
+def test_a_neox_file_trains_shrunk_in_two_processes(
+    name, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir
+):
     _train(name, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
     assert (tmp_path / "checkpoints" / "checkpoints").is_dir()  # NeoX saves when training ends
 
 
 @pytest.mark.slow
-def test_a_neox_run_restarted_with_the_same_save_and_load_continues(tmp_path, corpus, tokenizer_file, gpt2_files,
-                                                                     sentencepiece_dir):  # fmt: skip
+def test_a_neox_run_restarted_with_the_same_save_and_load_continues(
+    tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir
+):
     """Extended to 4 iterations; a changed schedule is refused as NeoX refuses it, unless override_lr_scheduler
     (this file's schedule) or use_checkpoint_lr_scheduler (the checkpoint's) says which to take."""
     setup, first = _train("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
     refused = run_command(str(NEOX / "pythia.yml"), str(setup), "train_iters=4", "lr_decay_iters=4", cwd=tmp_path)
     assert refused.returncode != 0 and "resume_schedule: same: the learning-rate schedule differs" in refused.stderr
-    again = run_command(str(NEOX / "pythia.yml"), str(setup), "train_iters=4", "lr_decay_iters=4",
-                        "+use_checkpoint_lr_scheduler=true", cwd=tmp_path)  # fmt: skip
+    again = run_command(
+        str(NEOX / "pythia.yml"),
+        str(setup),
+        "train_iters=4",
+        "lr_decay_iters=4",
+        "+use_checkpoint_lr_scheduler=true",
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resum" in again.stdout + again.stderr
     rows = [row for row in read_metrics(tmp_path / "checkpoints") if "loss" in row]
@@ -112,8 +156,9 @@ def test_a_neox_run_restarted_with_the_same_save_and_load_continues(tmp_path, co
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["pythia", "gpt2", "alibi", "sparse", "moe_deepspeed", "rwkv", "mup"])
-def test_config_translate_trains_to_the_same_losses(name, tmp_path, corpus, tokenizer_file, gpt2_files,
-                                                    sentencepiece_dir, capsys):  # fmt: skip
+def test_config_translate_trains_to_the_same_losses(
+    name, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir, capsys
+):
     neox_dir, nxdt_dir = tmp_path / "neox", tmp_path / "nxdt"
     neox_dir.mkdir()
     setup, expected = _train(name, neox_dir, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
@@ -137,8 +182,15 @@ def test_a_llama_shaped_neox_file_is_a_llama_for_transformers(tmp_path, sentence
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = load_config([NEOX / "llama.yml"], ["model_parallel_size=1", "num_gpus=1", "sequence_parallel=False",
-                                                    f"+vocab_file={sentencepiece_dir / 'tokenizer.model'}"])  # fmt: skip
+        config = load_config(
+            [NEOX / "llama.yml"],
+            [
+                "model_parallel_size=1",
+                "num_gpus=1",
+                "sequence_parallel=False",
+                f"+vocab_file={sentencepiece_dir / 'tokenizer.model'}",
+            ],
+        )
         spec = plan_run(config, default_cache_dir(), data_required=False).family.spec
     model = build_causal_lm(spec, seed=1).eval()
     random_weights(model)
@@ -154,17 +206,27 @@ def test_a_llama_shaped_neox_file_is_a_llama_for_transformers(tmp_path, sentence
     assert (found - expected).abs().max().item() < 1e-5
 
 
-def test_a_hugging_face_gpt_neox_directory_starts_a_neox_run(tmp_path, corpus, tokenizer_file, gpt2_files,
-                                                             sentencepiece_dir):  # fmt: skip
+def test_a_hugging_face_gpt_neox_directory_starts_a_neox_run(
+    tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir
+):
     """`load` at a directory transformers' GPTNeoXForCausalLM saved (as Pythia's are published) with `finetune`:
     the run starts from those weights, streamed in; with a zero learning rate its export holds them unchanged."""
     from nxd_train.loop import train
     from safetensors.torch import load_file
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    hf = GPTNeoXConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-                       max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu",
-                       tie_word_embeddings=False)  # fmt: skip
+    hf = GPTNeoXConfig(
+        vocab_size=300,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=64,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        hidden_act="gelu",
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     GPTNeoXForCausalLM(hf).save_pretrained(tmp_path / "pythia")
     setup = local_setup("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
@@ -174,12 +236,23 @@ def test_a_hugging_face_gpt_neox_directory_starts_a_neox_run(tmp_path, corpus, t
     setup.write_text(text)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = load_config([NEOX / "pythia.yml", setup, finetune],
-                             ["num_gpus=1", "bias_gelu_fusion=False", "optimizer.params.lr=0.0", "min_lr=0.0",
-                              "train_iters=1", "lr_decay_iters=1"])  # fmt: skip
+        config = load_config(
+            [NEOX / "pythia.yml", setup, finetune],
+            [
+                "num_gpus=1",
+                "bias_gelu_fusion=False",
+                "optimizer.params.lr=0.0",
+                "min_lr=0.0",
+                "train_iters=1",
+                "lr_decay_iters=1",
+            ],
+        )
         log_dir = train(plan_run(config, default_cache_dir()))
     assert main(["ckpt", "export-hf", str(log_dir), str(tmp_path / "out")]) == 0
-    original, exported = load_file(tmp_path / "pythia" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    original, exported = (
+        load_file(tmp_path / "pythia" / "model.safetensors"),
+        load_file(tmp_path / "out" / "model.safetensors"),
+    )
     assert exported.keys() == original.keys()
     for name, tensor in original.items():
         assert torch.equal(exported[name], tensor), name
@@ -192,9 +265,18 @@ def _pythia_sources(tmp_path: Path) -> tuple[Path, Path]:
 
     from tests.neox_checkpoints import pythia_parts, write_neox_checkpoint
 
-    hf = GPTNeoXConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-                       max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu",
-                       tie_word_embeddings=False)  # fmt: skip
+    hf = GPTNeoXConfig(
+        vocab_size=300,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=64,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        hidden_act="gelu",
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = GPTNeoXForCausalLM(hf)
     model.save_pretrained(tmp_path / "pythia")
@@ -208,9 +290,15 @@ def _from(load: Path, setup: Path, tmp_path: Path, name: str, *overrides: str, f
     run = tmp_path / name
     start = tmp_path / f"{name}.yml"
     start.write_text(json.dumps({"load": str(load), "finetune": finetune, "save": str(run)}))
-    result = run_command(str(NEOX / "pythia.yml"), str(setup), str(start), "bias_gelu_fusion=False",
-                         "make_vocab_size_divisible_by=256", *overrides,
-                         cwd=tmp_path)  # fmt: skip
+    result = run_command(
+        str(NEOX / "pythia.yml"),
+        str(setup),
+        str(start),
+        "bias_gelu_fusion=False",
+        "make_vocab_size_divisible_by=256",
+        *overrides,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return read_metrics(run)
 
@@ -234,15 +322,22 @@ def test_a_neox_checkpoint_starts_a_run_as_its_weights_do(tmp_path, neox_start):
     found = losses(_from(neox, setup, tmp_path, "from_neox"))
     assert found == pytest.approx(expected, rel=1e-5, abs=1e-6)
     start = tmp_path / "no_rng.yml"  # resume keys a NeoX checkpoint cannot act on are said to change nothing
-    start.write_text(json.dumps({"load": str(neox), "finetune": True, "save": str(tmp_path / "again"),
-                                 "no_load_rng": True}))  # fmt: skip
+    start.write_text(
+        json.dumps({"load": str(neox), "finetune": True, "save": str(tmp_path / "again"), "no_load_rng": True})
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan_run(load_config([NEOX / "pythia.yml", setup, start], ["bias_gelu_fusion=False",
-                                                                   "make_vocab_size_divisible_by=256"]),
-                 default_cache_dir())  # fmt: skip
-    assert any("exp_manager.resume_rng: False changes nothing when starting from the GPT-NeoX checkpoint"
-               in str(warning.message) for warning in caught)  # fmt: skip
+        plan_run(
+            load_config(
+                [NEOX / "pythia.yml", setup, start], ["bias_gelu_fusion=False", "make_vocab_size_divisible_by=256"]
+            ),
+            default_cache_dir(),
+        )
+    assert any(
+        "exp_manager.resume_rng: False changes nothing when starting from the GPT-NeoX checkpoint"
+        in str(warning.message)
+        for warning in caught
+    )
 
 
 @pytest.mark.slow
@@ -275,15 +370,19 @@ def test_a_soft_prompt_tunes_a_neox_checkpoint_and_nothing_else_moves(tmp_path, 
     from tests.training_runs import saved_state
 
     hf, neox, setup, _ = neox_start
-    prompt = ("soft_prompt_tuning={enabled: true, n_tokens: 4, init_string: def return}", "checkpoint_factor=1",
-              "max_position_embeddings=68")  # fmt: skip
+    prompt = (
+        "soft_prompt_tuning={enabled: true, n_tokens: 4, init_string: def return}",
+        "checkpoint_factor=1",
+        "max_position_embeddings=68",
+    )
     _from(neox, setup, tmp_path, "prompted", *prompt)
     steps = {info.step: info.path for info in list_checkpoints(tmp_path / "prompted" / "checkpoints")}
     first, last = (saved_state(steps[step], "model")["model"] for step in (1, 3))
     moved = sorted(key for key in first if not torch.equal(first[key], last[key]))
     assert moved == ["model.soft_prompt.weight"], moved
-    config = load_config([NEOX / "pythia.yml", setup], ["bias_gelu_fusion=False", "make_vocab_size_divisible_by=256",
-                                                         *prompt])  # fmt: skip
+    config = load_config(
+        [NEOX / "pythia.yml", setup], ["bias_gelu_fusion=False", "make_vocab_size_divisible_by=256", *prompt]
+    )
     spec = plan_run(config, default_cache_dir()).family.spec
     tokenizer = Tokenizer.from_file(json.loads(setup.read_text())["vocab_file"])
     assert spec.soft_prompt_init_ids == tuple(tokenizer.encode("def return", add_special_tokens=False).ids)
@@ -342,8 +441,9 @@ def _whole_document_setup(pack_impl, tmp_path, corpus, tokenizer_file, gpt2_file
 
 
 @pytest.mark.parametrize("pack_impl", ["pack_until_overflow", "unpacked"])
-def test_neox_whole_document_samples_start_at_documents(pack_impl, tmp_path, corpus, tokenizer_file, gpt2_files,
-                                                        sentencepiece_dir):  # fmt: skip
+def test_neox_whole_document_samples_start_at_documents(
+    pack_impl, tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir
+):
     """pack_impl: every training sample starts at a document's start and holds whole documents (unpacked: one
     end of document at most), the rest padding that is not trained on."""
     from nxd_data import IndexedDataset
@@ -375,8 +475,9 @@ def test_a_neox_run_trains_on_unpacked_documents(tmp_path, corpus, tokenizer_fil
 
 
 @pytest.mark.slow
-def test_a_neox_run_on_the_older_cached_format_trains_as_on_mmap(tmp_path, corpus, tokenizer_file, gpt2_files,
-                                                                 sentencepiece_dir):  # fmt: skip
+def test_a_neox_run_on_the_older_cached_format_trains_as_on_mmap(
+    tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir
+):
     """data_impl: cached reads the same documents rewritten in the older format (as NeoX's builder lays them
     out) to the very same losses."""
     from nxd_data import IndexedDataset
@@ -388,10 +489,14 @@ def test_a_neox_run_on_the_older_cached_format_trains_as_on_mmap(tmp_path, corpu
     text = IndexedDataset(written["data_path"])
     legacy = tmp_path / "cached" / "data" / "enwik8_text_document"
     legacy.parent.mkdir(parents=True)
-    write_legacy(legacy, [text[i].tolist() for i in range(len(text))], text.dtype.name,
-                 ends=text.document_indices[1:].tolist())  # fmt: skip
-    folders = {key: str(tmp_path / "cached" / Path(value).name) for key, value in written.items()
-               if key in ("save", "load", "tensorboard_dir", "log_dir")}  # fmt: skip
+    write_legacy(
+        legacy, [text[i].tolist() for i in range(len(text))], text.dtype.name, ends=text.document_indices[1:].tolist()
+    )
+    folders = {
+        key: str(tmp_path / "cached" / Path(value).name)
+        for key, value in written.items()
+        if key in ("save", "load", "tensorboard_dir", "log_dir")
+    }
     cached = tmp_path / "cached" / "local_setup.yml"
     cached.write_text(json.dumps({**written, **folders, "data_path": str(legacy)}))
     result = run_command(str(NEOX / "pythia.yml"), str(cached), "data_impl=cached", cwd=tmp_path / "cached")
@@ -400,13 +505,21 @@ def test_a_neox_run_on_the_older_cached_format_trains_as_on_mmap(tmp_path, corpu
 
 
 @pytest.mark.slow
-def test_an_elastic_neox_run_resumed_on_one_process_keeps_its_batch(tmp_path, corpus, tokenizer_file, gpt2_files,
-                                                                    sentencepiece_dir):  # fmt: skip
+def test_an_elastic_neox_run_resumed_on_one_process_keeps_its_batch(
+    tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir
+):
     """DeepSpeed's elasticity with micro-batches 1 and 2 under 8 gives the global batch 8 (valid on 1, 2, 4 and 8
     ranks): two processes take micro-batches of 2 twice, one process four times. Resumed on one process from the
     two-process run's iteration 2, it continues with that run's losses."""
-    elastic = {"elasticity": {"enabled": True, "max_train_batch_size": 8, "micro_batch_sizes": [1, 2],
-                              "ignore_non_elastic_batch_info": True, "version": 0.1}}  # fmt: skip
+    elastic = {
+        "elasticity": {
+            "enabled": True,
+            "max_train_batch_size": 8,
+            "micro_batch_sizes": [1, 2],
+            "ignore_non_elastic_batch_info": True,
+            "version": 0.1,
+        }
+    }
     setup = local_setup("pythia", tmp_path, corpus, tokenizer_file, gpt2_files, sentencepiece_dir)
     setup.write_text(json.dumps({**yaml.safe_load(setup.read_text()), **elastic, "checkpoint_factor": 2}))
     job = ["train_iters=4", "lr_decay_iters=4"]
@@ -418,9 +531,13 @@ def test_an_elastic_neox_run_resumed_on_one_process_keeps_its_batch(tmp_path, co
     from tests.train.test_checkpointing import checkpoints
 
     step_2 = checkpoints(tmp_path / "checkpoints")[2]
-    resumed = run_command(str(NEOX / "pythia.yml"), str(setup), *job, "num_gpus=1", f"save={resumed_dir}",
-                          f"load={step_2}", cwd=tmp_path)  # fmt: skip
+    resumed = run_command(
+        str(NEOX / "pythia.yml"), str(setup), *job, "num_gpus=1", f"save={resumed_dir}", f"load={step_2}", cwd=tmp_path
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "the global batch 8 in micro-batches of 2 on 1 data-parallel rank(s)" in resumed.stderr
     found = losses(read_metrics(resumed_dir))
-    assert len(found) == 2 and max(abs(a - b) for a, b in zip(found, expected[2:], strict=True)) < 1e-5, (found, expected)
+    assert len(found) == 2 and max(abs(a - b) for a, b in zip(found, expected[2:], strict=True)) < 1e-5, (
+        found,
+        expected,
+    )

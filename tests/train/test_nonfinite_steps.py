@@ -12,15 +12,18 @@ from nxd_precision import NonFiniteStop
 
 from tests.training_runs import losses
 
-SAVE_EVERY_STEP = ["exp_manager.create_checkpoint_callback=True",
-                   "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
-                   "+exp_manager.checkpoint_callback_params.save_top_k=-1"]  # fmt: skip
+SAVE_EVERY_STEP = [
+    "exp_manager.create_checkpoint_callback=True",
+    "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+    "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+]
 
 
 def test_a_diverging_run_skips_then_stops_and_saves_nothing_after_the_first_non_finite_step(train_here, tmp_path):
     with pytest.raises(NonFiniteStop, match=r"4 steps in a row had a non-finite loss or gradient norm") as stop:
-        train_here("model.optim.lr=1e6", "trainer.max_steps=30", "+trainer.max_consecutive_nonfinite=4",
-                   *SAVE_EVERY_STEP)  # fmt: skip
+        train_here(
+            "model.optim.lr=1e6", "trainer.max_steps=30", "+trainer.max_consecutive_nonfinite=4", *SAVE_EVERY_STEP
+        )
     first = int(str(stop.value).split("steps ")[1].split(" to ")[0])
     saved = sorted(info.step for info in list_checkpoints(tmp_path / "run0" / "checkpoints") if info.complete)
     assert saved and max(saved) == first - 1  # every finite step saved, none from the first non-finite one on
@@ -50,8 +53,7 @@ def test_one_poisoned_step_is_skipped_and_training_goes_on_finite(train_here, mo
 
     monkeypatch.setattr(loop, "train_step", step_of)
     monkeypatch.setattr(TokenObjective, "loss", poisoned)
-    rows = train_here("trainer.max_steps=5", "model.optim.sched.warmup_steps=2",
-                      "+exp_manager.log_parameter_norm=True")  # fmt: skip
+    rows = train_here("trainer.max_steps=5", "model.optim.sched.warmup_steps=2", "+exp_manager.log_parameter_norm=True")
     found = losses(rows)
     assert found[:2] == losses(clean)[:2] and math.isnan(found[2])
     assert all(math.isfinite(value) for value in found[3:])

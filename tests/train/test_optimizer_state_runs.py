@@ -32,8 +32,14 @@ def test_the_state_resumes_exactly(optimizer, tmp_path, train_here):
 def test_two_zero1_processes_step_as_one_and_resume_in_one(optimizer, tmp_path, train_here):
     job = [*JOBS[optimizer], *CHECKPOINTED, "data.micro_batch_size=2", "data.global_batch_size=8"]
     single = [row["loss"] for row in train_here(*job) if "loss" in row]
-    result = run_command(*FAST, *job, "trainer.devices=2", "distributed_strategy.zero1=True",
-                         f"+exp_manager.explicit_log_dir={tmp_path / 'zero1'}", cwd=tmp_path)  # fmt: skip
+    result = run_command(
+        *FAST,
+        *job,
+        "trainer.devices=2",
+        "distributed_strategy.zero1=True",
+        f"+exp_manager.explicit_log_dir={tmp_path / 'zero1'}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     double = losses(read_metrics(tmp_path / "zero1"))
     assert max(abs(a - b) for a, b in zip(single, double, strict=True)) < 1e-6
@@ -51,5 +57,7 @@ def test_without_bitsandbytes_adam8bit_is_refused_before_launch(tmp_path, monkey
     cfg = load_config(default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}", "model.optim.name=adam8bit"])
     with pytest.raises(PreflightError) as caught:
         plan_run(cfg, default_cache_dir())
-    assert caught.value.problems == ["model.optim.name: adam8bit expected the bitsandbytes package, found it not "
-                                     "installed; install nxd-train[bnb] (pip install bitsandbytes)"]
+    assert caught.value.problems == [
+        "model.optim.name: adam8bit expected the bitsandbytes package, found it not "
+        "installed; install nxd-train[bnb] (pip install bitsandbytes)"
+    ]

@@ -7,13 +7,26 @@ from nxd_train.cli import main
 
 from tests.training_runs import losses, orpo_job
 
-METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-           "logps/rejected", "nll_loss", "log_odds_ratio")  # fmt: skip
+METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "nll_loss",
+    "log_odds_ratio",
+)
 
 
 def test_orpo_learns_the_preference_and_logs_its_parts(tmp_path, train_here, chat_tokenizer_dir):
-    rows = train_here(*orpo_job(tmp_path / "data", chat_tokenizer_dir), "trainer.max_steps=24",
-                      "model.optim.lr=3e-3", "trainer.val_check_interval=12", "trainer.limit_val_batches=2")  # fmt: skip
+    rows = train_here(
+        *orpo_job(tmp_path / "data", chat_tokenizer_dir),
+        "trainer.max_steps=24",
+        "model.optim.lr=3e-3",
+        "trainer.val_check_interval=12",
+        "trainer.limit_val_batches=2",
+    )
     trained = [row for row in rows if "loss" in row]
     assert len(trained) == 24 and all(name in trained[0] for name in METRICS)
     assert losses(rows)[-1] < losses(rows)[0] - 0.5
@@ -31,4 +44,7 @@ def test_orpo_names_a_bad_record(tmp_path, capsys, chat_tokenizer_dir):
         handle.write('{"prompt": "a", "chosen": "b"}\n')
     assert main(job) == 1
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "train.jsonl line 129: expected prompt, chosen and rejected, found no rejected" in err
+    assert (
+        "Traceback" not in err
+        and "train.jsonl line 129: expected prompt, chosen and rejected, found no rejected" in err
+    )

@@ -26,11 +26,16 @@ def test_a_config_that_fits_prints_each_part_and_exits_0(capsys):
     assert ": fits" in out
 
 
-@pytest.mark.parametrize("wider, names", [
-    ([], ["model.fusions.loss_chunk_tokens: 1024", "data.micro_batch_size: 2"]),  # the logits dominate
-    (["model.hidden_size=512", "model.ffn_hidden_size=1408", "model.num_layers=4"],  # the activations dominate
-     ["model.activations_checkpoint_granularity: full", "data.micro_batch_size: 2"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "wider, names",
+    [
+        ([], ["model.fusions.loss_chunk_tokens: 1024", "data.micro_batch_size: 2"]),  # the logits dominate
+        (
+            ["model.hidden_size=512", "model.ffn_hidden_size=1408", "model.num_layers=4"],  # the activations dominate
+            ["model.activations_checkpoint_granularity: full", "data.micro_batch_size: 2"],
+        ),
+    ],
+)
 def test_a_layout_that_does_not_fit_names_the_changes_that_would(capsys, no_runtime, tmp_path, wider, names):
     overrides = [*LONG, *wider]
     cfg = load_config(default_config_path(), [*overrides, f"+exp_manager.explicit_log_dir={tmp_path}"])
@@ -54,5 +59,6 @@ def test_a_bad_device_memory_is_refused_by_name(capsys, command):
         with pytest.raises(SystemExit) as caught:
             main([command, str(default_config_path()), "--device-memory", value])
         assert caught.value.code == 2
-        assert (f"argument --device-memory: expected a positive number of GiB, found '{value}'"
-                in capsys.readouterr().err)
+        assert (
+            f"argument --device-memory: expected a positive number of GiB, found '{value}'" in capsys.readouterr().err
+        )

@@ -17,19 +17,26 @@ WINDOW = ["+exp_manager.profiler.start_step=2", "+exp_manager.profiler.stop_step
 
 def profiled_steps(trace: dict) -> list[int]:
     """The steps a Chrome trace holds, by their ProfilerStep#<step> ranges."""
-    return sorted(int(event["name"].split("#")[1]) for event in trace["traceEvents"]
-                  if event.get("ph") == "X" and event["name"].startswith("ProfilerStep#"))  # fmt: skip
+    return sorted(
+        int(event["name"].split("#")[1])
+        for event in trace["traceEvents"]
+        if event.get("ph") == "X" and event["name"].startswith("ProfilerStep#")
+    )
 
 
 def test_the_window_traces_exactly_its_steps_and_changes_no_loss(tmp_path, train_here):
     plain = losses(train_here("trainer.max_steps=4"))
-    profiled = losses(train_here("trainer.max_steps=4", "+exp_manager.profiler.enabled=True",
-                                 "+exp_manager.profiler.memory=True", *WINDOW))  # fmt: skip
+    profiled = losses(
+        train_here(
+            "trainer.max_steps=4", "+exp_manager.profiler.enabled=True", "+exp_manager.profiler.memory=True", *WINDOW
+        )
+    )
     assert profiled == plain
     folder = tmp_path / "run1" / "profiler"
     traces = sorted(folder.glob("rank0.*.pt.trace.json"))  # TensorBoard's profiler plugin: <worker>.<ms>.pt.trace.json
     assert len(traces) == 1 and sorted(p.name for p in folder.iterdir()) == sorted(
-        [traces[0].name, traces[0].name.replace(".pt.trace.json", ".memory_timeline.html")])  # nothing partial left
+        [traces[0].name, traces[0].name.replace(".pt.trace.json", ".memory_timeline.html")]
+    )  # nothing partial left
     trace = json.loads(traces[0].read_text())
     assert profiled_steps(trace) == [2, 3]
     names = {event["name"] for event in trace["traceEvents"]}
@@ -51,7 +58,12 @@ def test_memory_records_go_where_named_and_no_window_costs_nothing(tmp_path):
     assert plan() is None  # the loop then builds no profiler and wraps no step
     window = plan("+exp_manager.profiler.memory=True", f"+exp_manager.profiler.memory_dir={tmp_path / 'mem'}")
     assert (window.trace, window.memory, window.memory_dir, window.start_step, window.stop_step) == (
-        False, True, tmp_path / "mem", 11, 13)  # fmt: skip
+        False,
+        True,
+        tmp_path / "mem",
+        11,
+        13,
+    )
 
 
 def test_a_memory_dir_without_memory_records_is_refused():

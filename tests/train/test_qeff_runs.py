@@ -20,10 +20,22 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.qeff_fixtures import EXAMPLES, REFERENCE_EXAMPLES, hub_datasets, local_config, tiny_model
 from tests.training_runs import read_metrics
 
-TRAINING = {"torch_dtype": "fp32", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
-            "num_train_epochs": 1, "logging_steps": 1}  # fmt: skip
-MODEL = {"use_peft": True, "peft_config": {"lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
-                                           "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"]}}  # fmt: skip
+TRAINING = {
+    "torch_dtype": "fp32",
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 1,
+    "num_train_epochs": 1,
+    "logging_steps": 1,
+}
+MODEL = {
+    "use_peft": True,
+    "peft_config": {
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"],
+    },
+}
 OPTIMIZER = {"optimizer_name": "adamw", "lr": 1e-2}
 SCHEDULER = {"scheduler_name": "constant", "warmup_steps": 0, "warmup_ratio": 0.0}
 
@@ -45,8 +57,14 @@ def inside(place, monkeypatch) -> Path:
 
 
 def _datasets(place: Path) -> dict[str, Path]:
-    names = {"yahma/alpaca-cleaned": "alpaca-cleaned", "knkarthick/samsum": "samsum", "openai/gsm8k": "gsm8k",
-             "grammar": "grammar", "hallisky/DiSC": "DiSC", "Salesforce/wikitext": "wikitext"}  # fmt: skip
+    names = {
+        "yahma/alpaca-cleaned": "alpaca-cleaned",
+        "knkarthick/samsum": "samsum",
+        "openai/gsm8k": "gsm8k",
+        "grammar": "grammar",
+        "hallisky/DiSC": "DiSC",
+        "Salesforce/wikitext": "wikitext",
+    }
     return {name: place / "hub" / folder for name, folder in names.items()}
 
 
@@ -56,10 +74,13 @@ def _write(path: Path, config: dict) -> Path:
 
 
 def _config(place: Path, out: Path, dataset: dict, **sections: dict) -> dict:
-    config = {"model": {"model_name": str(place / "tiny"), **MODEL},
-              "dataset": {"max_seq_length": 128, **dataset},
-              "training": {"output_dir": str(out), **TRAINING}, "optimizers": dict(OPTIMIZER),
-              "scheduler": dict(SCHEDULER)}  # fmt: skip
+    config = {
+        "model": {"model_name": str(place / "tiny"), **MODEL},
+        "dataset": {"max_seq_length": 128, **dataset},
+        "training": {"output_dir": str(out), **TRAINING},
+        "optimizers": dict(OPTIMIZER),
+        "scheduler": dict(SCHEDULER),
+    }
     for section, values in sections.items():
         config.setdefault(section, {}).update(values)
     return config
@@ -93,9 +114,14 @@ def test_the_references_dataset_examples_train_and_leave_an_adapter_peft_loads(i
     _adapter_moves_logits(inside / "tiny", out)
 
 
-QEFF_EXAMPLES = ["sft_single_device_gsm8k_config.yaml", "sft_single_device_alpaca_config.yaml",
-                 "sft_single_device_custom_dataset_config.yaml", "sft_ddp_config.yaml", "example_config.yaml",
-                 pytest.param("test_config.yaml", marks=pytest.mark.slow)]  # fmt: skip; torch_compile: 35 s here
+QEFF_EXAMPLES = [
+    "sft_single_device_gsm8k_config.yaml",
+    "sft_single_device_alpaca_config.yaml",
+    "sft_single_device_custom_dataset_config.yaml",
+    "sft_ddp_config.yaml",
+    "example_config.yaml",
+    pytest.param("test_config.yaml", marks=pytest.mark.slow),
+]  # torch_compile: 35 s here
 
 
 TEMPLATES = {"test_config.yaml": {"prompt_template": "{dialogue}"}}
@@ -108,8 +134,14 @@ def test_qefficients_example_files_train_as_written(inside, name):
     """Only the model, the dataset and the output folder are pointed here; the rest is as QEfficient wrote it
     (fp16, 100 warmup steps, early stopping, test_config.yaml's keys QEfficient ignores ...)."""
     out = inside / f"out-{name}"
-    config = local_config(EXAMPLES / name, inside / name, inside / "tiny", _datasets(inside), out,
-                          dataset={"max_seq_length": 128, **TEMPLATES.get(name, {})})  # fmt: skip
+    config = local_config(
+        EXAMPLES / name,
+        inside / name,
+        inside / "tiny",
+        _datasets(inside),
+        out,
+        dataset={"max_seq_length": 128, **TEMPLATES.get(name, {})},
+    )
     assert main([str(config), "--max_steps", "6"]) == 0
     assert (out / "adapter_model.safetensors").is_file()
     _adapter_moves_logits(inside / "tiny", out)
@@ -119,22 +151,29 @@ def test_the_loss_covers_the_completion_and_eos_as_transformers_computes_it(insi
     """Step 1's loss (LoRA's B starts at 0, so the model is the base) equals transformers' loss on BOS + prompt
     + completion + EOS with the labels of BOS and the prompt masked by hand."""
     template = "Summarize:\n{dialogue}\nSummary:\n"
-    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": template,
-               "completion_template": "{summary}", "data_seed": None, "dataset_num_samples": 2}  # fmt: skip
+    dataset = {
+        "dataset_name": str(_datasets(inside)["knkarthick/samsum"]),
+        "prompt_template": template,
+        "completion_template": "{summary}",
+        "data_seed": None,
+        "dataset_num_samples": 2,
+    }
     out = inside / "out-loss"
     assert main([str(_write(inside / "loss.yaml", _config(inside, out, dataset, training={"max_steps": 1})))]) == 0
     nxd_loss = read_metrics(out)[0]["loss"]
 
     tokenizer = AutoTokenizer.from_pretrained(inside / "tiny")
-    rows = [yaml.safe_load(line) for line in (_datasets(inside)["knkarthick/samsum"] / "train.jsonl").read_text()
-            .splitlines()[:2]]  # fmt: skip
+    rows = [
+        yaml.safe_load(line)
+        for line in (_datasets(inside)["knkarthick/samsum"] / "train.jsonl").read_text().splitlines()[:2]
+    ]
     sequences, labels = [], []
     for row in rows:
         prompt = tokenizer(template.format(**row), add_special_tokens=False).input_ids
         completion = tokenizer(row["summary"], add_special_tokens=False).input_ids
         ids = [tokenizer.bos_token_id, *prompt, *completion, tokenizer.eos_token_id]
         sequences.append(ids)
-        labels.append([-100] * (1 + len(prompt)) + ids[1 + len(prompt):])
+        labels.append([-100] * (1 + len(prompt)) + ids[1 + len(prompt) :])
     width = max(map(len, sequences))
     ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences])
     label = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
@@ -143,17 +182,29 @@ def test_the_loss_covers_the_completion_and_eos_as_transformers_computes_it(insi
     assert nxd_loss == pytest.approx(expected, abs=1e-6)
 
 
-@pytest.mark.parametrize(("kind", "warmup", "formula"), [
-    ("cosine", 2, lambda s: 1e-3 * s / 2 if s < 2 else 1e-3 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 6))),
-    ("linear", 0.25, lambda s: 1e-3 * s / 2 if s < 2 else 1e-3 * (8 - s) / 6),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "warmup", "formula"),
+    [
+        ("cosine", 2, lambda s: 1e-3 * s / 2 if s < 2 else 1e-3 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 6))),
+        ("linear", 0.25, lambda s: 1e-3 * s / 2 if s < 2 else 1e-3 * (8 - s) / 6),
+    ],
+)
 def test_schedules_equal_values_worked_by_hand(inside, kind, warmup, formula):
     """8 steps: the update of step s (from 0) uses formula(s); metrics.csv logs it at step s + 1."""
-    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
-               "completion_template": "{summary}"}  # fmt: skip
+    dataset = {
+        "dataset_name": str(_datasets(inside)["knkarthick/samsum"]),
+        "prompt_template": "{dialogue}",
+        "completion_template": "{summary}",
+    }
     out = inside / f"out-{kind}"
-    config = _config(inside, out, dataset, training={"max_steps": 8, "do_eval": False, "save_strategy": "no"},
-                     optimizers={"lr": 1e-3}, scheduler={"scheduler_name": kind, "warmup_steps": warmup})  # fmt: skip
+    config = _config(
+        inside,
+        out,
+        dataset,
+        training={"max_steps": 8, "do_eval": False, "save_strategy": "no"},
+        optimizers={"lr": 1e-3},
+        scheduler={"scheduler_name": kind, "warmup_steps": warmup},
+    )
     assert main([str(_write(inside / f"{kind}.yaml", config))]) == 0
     logged = [row["lr"] for row in read_metrics(out) if "lr" in row]
     assert logged == pytest.approx([formula(s) for s in range(8)], rel=1e-9, abs=1e-15)
@@ -162,12 +213,20 @@ def test_schedules_equal_values_worked_by_hand(inside, kind, warmup, formula):
 def test_early_stopping_stops_at_the_step_worked_by_hand(inside, capsys):
     """Validation at steps 2, 4, 6 ...; patience 1 and a threshold no change reaches: step 2 sets the best,
     step 4 does not improve on it by 100, so the run ends after step 4, with its checkpoint."""
-    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
-               "completion_template": "{summary}", "test_split": "test"}  # fmt: skip
+    dataset = {
+        "dataset_name": str(_datasets(inside)["knkarthick/samsum"]),
+        "prompt_template": "{dialogue}",
+        "completion_template": "{summary}",
+        "test_split": "test",
+    }
     out = inside / "out-early"
-    config = _config(inside, out, dataset, training={"max_steps": 10, "eval_strategy": "steps", "eval_steps": 2},
-                     callbacks={"early_stopping": {"early_stopping_patience": 1,
-                                                   "early_stopping_threshold": 100.0}})  # fmt: skip
+    config = _config(
+        inside,
+        out,
+        dataset,
+        training={"max_steps": 10, "eval_strategy": "steps", "eval_steps": 2},
+        callbacks={"early_stopping": {"early_stopping_patience": 1, "early_stopping_threshold": 100.0}},
+    )
     assert main([str(_write(inside / "early.yaml", config))]) == 0
     rows = read_metrics(out)
     assert max(row["step"] for row in rows) == 4 and [r["step"] for r in rows if "val_loss" in r] == [2, 4]
@@ -176,8 +235,12 @@ def test_early_stopping_stops_at_the_step_worked_by_hand(inside, capsys):
 
 
 def test_resume_from_a_trainer_checkpoint_continues_the_uninterrupted_losses(inside):
-    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
-               "completion_template": "{summary}", "test_split": "test"}  # fmt: skip
+    dataset = {
+        "dataset_name": str(_datasets(inside)["knkarthick/samsum"]),
+        "prompt_template": "{dialogue}",
+        "completion_template": "{summary}",
+        "test_split": "test",
+    }
     out = inside / "out-resume"
     training = {"max_steps": 6, "save_strategy": "steps", "save_steps": 3, "eval_strategy": "no"}
     assert main([str(_write(inside / "whole.yaml", _config(inside, out, dataset, training=training)))]) == 0
@@ -189,12 +252,25 @@ def test_resume_from_a_trainer_checkpoint_continues_the_uninterrupted_losses(ins
 
 
 def test_json_log_and_save_total_limit(inside):
-    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
-               "completion_template": "{summary}"}  # fmt: skip
+    dataset = {
+        "dataset_name": str(_datasets(inside)["knkarthick/samsum"]),
+        "prompt_template": "{dialogue}",
+        "completion_template": "{summary}",
+    }
     out = inside / "out-json"
-    config = _config(inside, out, dataset, training={"max_steps": 6, "save_strategy": "steps", "save_steps": 2,
-                                                     "save_total_limit": 2, "eval_strategy": "no"},
-                     callbacks={"json_logger": None})  # fmt: skip
+    config = _config(
+        inside,
+        out,
+        dataset,
+        training={
+            "max_steps": 6,
+            "save_strategy": "steps",
+            "save_steps": 2,
+            "save_total_limit": 2,
+            "eval_strategy": "no",
+        },
+        callbacks={"json_logger": None},
+    )
     assert main([str(_write(inside / "json.yaml", config))]) == 0
     lines = [yaml.safe_load(line) for line in (out / "training_logs.jsonl").read_text().splitlines()]
     assert [line["global_step"] for line in lines] == [1, 2, 3, 4, 5, 6] and all("loss" in line for line in lines)
@@ -211,13 +287,33 @@ def test_ddp_over_two_processes_under_torchrun_matches_one_process(inside):
 
     overrides = ["--max_steps", "4", "--torch_dtype", "fp32", "--warmup_steps", "0", "--logging_steps", "1"]
     single_out, double_out = inside / "out-ddp1", inside / "out-ddp2"
-    config = local_config(EXAMPLES / "sft_ddp_config.yaml", inside / "ddp.yaml", inside / "tiny", _datasets(inside),
-                          single_out, dataset={"max_seq_length": 128})  # fmt: skip
+    config = local_config(
+        EXAMPLES / "sft_ddp_config.yaml",
+        inside / "ddp.yaml",
+        inside / "tiny",
+        _datasets(inside),
+        single_out,
+        dataset={"max_seq_length": 128},
+    )
     assert main([str(config), *overrides, "--per_device_train_batch_size", "2", "--output_dir", str(single_out)]) == 0
     torchrun = Path(sys.executable).with_name("torchrun")
-    result = subprocess.run([str(torchrun), "--nproc-per-node", "2", "-m", "nxd_train", str(config), *overrides,
-                             "--output_dir", str(double_out)], cwd=inside, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "nxd_train",
+            str(config),
+            *overrides,
+            "--output_dir",
+            str(double_out),
+        ],
+        cwd=inside,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ddp_backend" in result.stderr  # qccl, QAIC's, is noticed: gloo here
     single = [row["loss"] for row in read_metrics(single_out) if "loss" in row]
@@ -230,8 +326,10 @@ def _preference_folder(place: Path) -> Path:
     if not folder.exists():
         from tests.qeff_fixtures import phrase
 
-        rows = [{"question": f"which {phrase(i, 3)} {i}", "good": f"{phrase(i + 1, 4)} yes", "bad": f"{phrase(i, 2)} no"}
-                for i in range(24)]  # fmt: skip
+        rows = [
+            {"question": f"which {phrase(i, 3)} {i}", "good": f"{phrase(i + 1, 4)} yes", "bad": f"{phrase(i, 2)} no"}
+            for i in range(24)
+        ]
         folder.mkdir(parents=True)
         for split, part in (("train", rows[:20]), ("test", rows[20:])):
             (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
@@ -242,8 +340,10 @@ def _ultrafeedback_folder(place: Path) -> Path:
     """trl-lib/ultrafeedback_binarized as PR 964's file reads it: prompt, chosen and rejected columns."""
     folder = place / "hub" / "ultrafeedback_binarized"
     if not folder.exists():
-        rows = [{"prompt": row["question"], "chosen": row["good"], "rejected": row["bad"]}
-                for row in map(json.loads, (_preference_folder(place) / "train.jsonl").read_text().splitlines())]
+        rows = [
+            {"prompt": row["question"], "chosen": row["good"], "rejected": row["bad"]}
+            for row in map(json.loads, (_preference_folder(place) / "train.jsonl").read_text().splitlines())
+        ]
         folder.mkdir(parents=True)
         (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return folder
@@ -255,9 +355,15 @@ def test_pr_964s_dpo_file_trains_with_nxds_dpo_and_says_which_keys_qefficient_ig
     policy is the reference, LoRA's B being 0), the adapter loads in peft, and each key QEfficient ignores gets a
     notice."""
     out = inside / "out-dpo"
-    config = local_config(EXAMPLES / "dpo_single_device_config.yaml", inside / "dpo.yaml", inside / "tiny",
-                          {"trl-lib/ultrafeedback_binarized": _ultrafeedback_folder(inside)}, out,
-                          dpo={"max_length": 64, "max_prompt_length": 32}, training={"max_steps": 3})  # fmt: skip
+    config = local_config(
+        EXAMPLES / "dpo_single_device_config.yaml",
+        inside / "dpo.yaml",
+        inside / "tiny",
+        {"trl-lib/ultrafeedback_binarized": _ultrafeedback_folder(inside)},
+        out,
+        dpo={"max_length": 64, "max_prompt_length": 32},
+        training={"max_steps": 3},
+    )
     assert main([str(config)]) == 0
     err = capsys.readouterr().err
     assert read_metrics(out)[0]["loss"] == pytest.approx(math.log(2), abs=1e-3)
@@ -269,11 +375,21 @@ def test_pr_964s_dpo_file_trains_with_nxds_dpo_and_says_which_keys_qefficient_ig
 def test_a_sequence_classifier_trains_as_a_reward_model(inside):
     from transformers import AutoModelForSequenceClassification
 
-    dataset = {"dataset_type": "dpo_dataset", "dataset_name": str(_preference_folder(inside)),
-               "prompt_column": "question", "chosen_column": "good", "rejected_column": "bad"}  # fmt: skip
+    dataset = {
+        "dataset_type": "dpo_dataset",
+        "dataset_name": str(_preference_folder(inside)),
+        "prompt_column": "question",
+        "chosen_column": "good",
+        "rejected_column": "bad",
+    }
     out = inside / "out-reward"
-    config = _config(inside, out, dataset, model={"auto_class_name": "AutoModelForSequenceClassification",
-                                                  "use_peft": False}, training={"max_steps": 3})  # fmt: skip
+    config = _config(
+        inside,
+        out,
+        dataset,
+        model={"auto_class_name": "AutoModelForSequenceClassification", "use_peft": False},
+        training={"max_steps": 3},
+    )
     assert main([str(_write(inside / "reward.yaml", config))]) == 0
     assert read_metrics(out)[0]["loss"] == pytest.approx(math.log(2), abs=0.05)  # scores start near each other
     scorer = AutoModelForSequenceClassification.from_pretrained(out)
@@ -283,13 +399,26 @@ def test_a_sequence_classifier_trains_as_a_reward_model(inside):
 def test_early_stopping_counts_on_across_a_resume(inside):
     """Patience 2: validations at 2 (best), 4 and 6 (no improvement by 100) stop the run after step 6. Resumed from
     checkpoint-4, the count (1 at step 4) goes on, so the resumed run stops after step 6 too."""
-    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
-               "completion_template": "{summary}", "test_split": "test"}  # fmt: skip
+    dataset = {
+        "dataset_name": str(_datasets(inside)["knkarthick/samsum"]),
+        "prompt_template": "{dialogue}",
+        "completion_template": "{summary}",
+        "test_split": "test",
+    }
     out = inside / "out-patience"
-    config = _config(inside, out, dataset, training={"max_steps": 10, "eval_strategy": "steps", "eval_steps": 2,
-                                                     "save_strategy": "steps", "save_steps": 2},
-                     callbacks={"early_stopping": {"early_stopping_patience": 2,
-                                                   "early_stopping_threshold": 100.0}})  # fmt: skip
+    config = _config(
+        inside,
+        out,
+        dataset,
+        training={
+            "max_steps": 10,
+            "eval_strategy": "steps",
+            "eval_steps": 2,
+            "save_strategy": "steps",
+            "save_steps": 2,
+        },
+        callbacks={"early_stopping": {"early_stopping_patience": 2, "early_stopping_threshold": 100.0}},
+    )
     assert main([str(_write(inside / "patience.yaml", config))]) == 0
     assert max(row["step"] for row in read_metrics(out)) == 6
     assert main([str(inside / "patience.yaml"), "--resume_from_checkpoint", str(out / "checkpoint-4")]) == 0
@@ -297,16 +426,29 @@ def test_early_stopping_counts_on_across_a_resume(inside):
 
 
 def test_trainer_folders_of_others_are_never_replaced_or_pruned(inside):
-    dataset = {"dataset_name": str(_datasets(inside)["knkarthick/samsum"]), "prompt_template": "{dialogue}",
-               "completion_template": "{summary}"}  # fmt: skip
+    dataset = {
+        "dataset_name": str(_datasets(inside)["knkarthick/samsum"]),
+        "prompt_template": "{dialogue}",
+        "completion_template": "{summary}",
+    }
     out = inside / "out-others"
     (out / "checkpoint-2").mkdir(parents=True)
     (out / "checkpoint-2" / "mine.txt").write_text("the user's")
     (out / "checkpoint-1").mkdir()
     (out / "checkpoint-1" / "trainer_state.json").write_text('{"nxd_checkpoint": "checkpoints/gone"}')
-    config = _config(inside, out, dataset, training={"max_steps": 4, "save_strategy": "steps", "save_steps": 2,
-                                                     "save_total_limit": 1, "eval_strategy": "no",
-                                                     "overwrite_output_dir": True})  # fmt: skip
+    config = _config(
+        inside,
+        out,
+        dataset,
+        training={
+            "max_steps": 4,
+            "save_strategy": "steps",
+            "save_steps": 2,
+            "save_total_limit": 1,
+            "eval_strategy": "no",
+            "overwrite_output_dir": True,
+        },
+    )
     assert main([str(_write(inside / "others.yaml", config))]) == 0
     assert (out / "checkpoint-2" / "mine.txt").read_text() == "the user's"
     assert (out / "checkpoint-1" / "trainer_state.json").is_file()  # another run's, its checkpoint gone: kept
@@ -321,21 +463,39 @@ def test_generate_samples_a_qefficient_runs_adapter_on_its_base(inside):
     from transformers import AutoTokenizer
 
     out = inside / "out-generate"
-    config = local_config(EXAMPLES / "sft_single_device_gsm8k_config.yaml", inside / "gen.yaml", inside / "tiny",
-                          _datasets(inside), out, dataset={"max_seq_length": 128})  # fmt: skip
+    config = local_config(
+        EXAMPLES / "sft_single_device_gsm8k_config.yaml",
+        inside / "gen.yaml",
+        inside / "tiny",
+        _datasets(inside),
+        out,
+        dataset={"max_seq_length": 128},
+    )
     assert main([str(config), "--max_steps", "6", "--lr", "0.05"]) == 0
     (inside / "prompts.txt").write_text("the quick brown\nfox jumps over the\n")
-    assert main(["generate", str(config), "generate.text_gen_type=input-file", "generate.maximum_tokens=12",
-                 f"generate.sample_input_file={inside / 'prompts.txt'}",
-                 f"generate.sample_output_file={inside / 'qeff.jsonl'}", "generate.return_logits=true"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                str(config),
+                "generate.text_gen_type=input-file",
+                "generate.maximum_tokens=12",
+                f"generate.sample_input_file={inside / 'prompts.txt'}",
+                f"generate.sample_output_file={inside / 'qeff.jsonl'}",
+                "generate.return_logits=true",
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in (inside / "qeff.jsonl").read_text().splitlines()]
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(inside / "tiny"), out).eval()
     tokenizer = AutoTokenizer.from_pretrained(inside / "tiny")
     for record in records:
         ids = torch.tensor([tokenizer.encode(record["context"], add_special_tokens=False)])
         with torch.no_grad():
-            generated = model.generate(input_ids=ids, max_new_tokens=12, do_sample=False,
-                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=0)[0, ids.shape[1]:].tolist()
+            generated = model.generate(
+                input_ids=ids, max_new_tokens=12, do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=0
+            )[0, ids.shape[1] :].tolist()
         if generated and generated[-1] == tokenizer.eos_token_id:
             generated = generated[:-1]
         assert tokenizer.decode(generated) == (record["text"] or ""), record

@@ -21,8 +21,11 @@ from transformers import AutoModelForSequenceClassification
 from tests.train.test_lora import ROOT, hf_base  # noqa: F401 - the fixture
 from tests.training_runs import FAST, read_metrics, reward_job, saved_state, sft_job
 
-SAVE = ["exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.save_top_k=-1",
-        "+exp_manager.checkpoint_callback_params.every_n_train_steps=10"]  # fmt: skip
+SAVE = [
+    "exp_manager.create_checkpoint_callback=True",
+    "+exp_manager.checkpoint_callback_params.save_top_k=-1",
+    "+exp_manager.checkpoint_callback_params.every_n_train_steps=10",
+]
 
 
 def _nxd_scores(job: list[str], checkpoint, split: str) -> tuple[torch.Tensor, list[dict]]:
@@ -42,8 +45,14 @@ def _nxd_scores(job: list[str], checkpoint, split: str) -> tuple[torch.Tensor, l
 
 def test_a_reward_model_learns_and_exports_a_classifier_that_scores_as_nxd(tmp_path, train_here, chat_tokenizer_dir):
     job = reward_job(tmp_path / "data", chat_tokenizer_dir, z_loss=0.01)
-    rows = train_here(*job, *SAVE, "trainer.max_steps=30", "model.optim.lr=3e-3", "trainer.val_check_interval=15",
-                      "trainer.limit_val_batches=2")  # fmt: skip
+    rows = train_here(
+        *job,
+        *SAVE,
+        "trainer.max_steps=30",
+        "model.optim.lr=3e-3",
+        "trainer.val_check_interval=15",
+        "trainer.limit_val_batches=2",
+    )
     trained = [row for row in rows if "loss" in row]
     assert all(name in trained[0] for name in ("accuracy", "margin", "rewards/chosen", "rewards/rejected"))
     assert sum(row["accuracy"] for row in trained[-5:]) / 5 > 0.7
@@ -68,33 +77,82 @@ def _reward_config(base, tmp_path) -> str:
     return str(path)
 
 
-def test_a_causal_lm_starts_a_reward_model_and_a_reward_model_never_starts_a_causal_lm(tmp_path, capsys,
-                                                                                       hf_base):  # noqa: F811
+def test_a_causal_lm_starts_a_reward_model_and_a_reward_model_never_starts_a_causal_lm(tmp_path, capsys, hf_base):  # noqa: F811
     pairs = [item.lstrip("+") for item in reward_job(tmp_path / "data", hf_base)[2:4]]  # train_dir, val_dir
-    common = [*FAST, "trainer.max_steps=2", "precision.type=fp32", f"data.tokenizer.type={hf_base}",
-              f"model.model_config={hf_base}", "+exp_manager.checkpoint_callback_params.every_n_train_steps=2"]
+    common = [
+        *FAST,
+        "trainer.max_steps=2",
+        "precision.type=fp32",
+        f"data.tokenizer.type={hf_base}",
+        f"model.model_config={hf_base}",
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+    ]
     start = [f"exp_manager.resume_from_checkpoint={hf_base}"]
-    assert main(["-c", _reward_config(hf_base, tmp_path), *common, *start, *pairs,
-                 f"+exp_manager.explicit_log_dir={tmp_path / 'rm'}"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "-c",
+                _reward_config(hf_base, tmp_path),
+                *common,
+                *start,
+                *pairs,
+                f"+exp_manager.explicit_log_dir={tmp_path / 'rm'}",
+            ]
+        )
+        == 0
+    )
     assert f"initial weights from {hf_base}" in (tmp_path / "rm" / "nxd_log_globalrank-0_localrank-0.txt").read_text()
     first = read_metrics(tmp_path / "rm")[0]
     assert 0.0 <= first["accuracy"] <= 1.0 and math.isfinite(first["loss"])  # the score head was drawn
     reward_checkpoint = list_checkpoints(tmp_path / "rm" / "checkpoints")[-1].path
     capsys.readouterr()
     sft = [item.lstrip("+") for item in sft_job(tmp_path / "sft_data", hf_base)[1:3]]
-    assert main(["-c", str(ROOT / "configs" / "tiny_sft.yaml"), *common, *sft,
-                 f"exp_manager.resume_from_checkpoint={reward_checkpoint}",
-                 f"+exp_manager.explicit_log_dir={tmp_path / 'sft'}"]) == 1  # fmt: skip
+    assert (
+        main(
+            [
+                "-c",
+                str(ROOT / "configs" / "tiny_sft.yaml"),
+                *common,
+                *sft,
+                f"exp_manager.resume_from_checkpoint={reward_checkpoint}",
+                f"+exp_manager.explicit_log_dir={tmp_path / 'sft'}",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
-    assert f"{reward_checkpoint}: holds a reward model (its output layer is a score head); expected a causal LM's" in err
+    assert (
+        f"{reward_checkpoint}: holds a reward model (its output layer is a score head); expected a causal LM's" in err
+    )
     assert "Traceback" not in err
-    assert main(["-c", str(ROOT / "configs" / "tiny_sft.yaml"), *common, *sft,
-                 f"+exp_manager.explicit_log_dir={tmp_path / 'lm'}", f"exp_manager.resume_from_checkpoint={hf_base}"
-                 ]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "-c",
+                str(ROOT / "configs" / "tiny_sft.yaml"),
+                *common,
+                *sft,
+                f"+exp_manager.explicit_log_dir={tmp_path / 'lm'}",
+                f"exp_manager.resume_from_checkpoint={hf_base}",
+            ]
+        )
+        == 0
+    )
     lm_checkpoint = list_checkpoints(tmp_path / "lm" / "checkpoints")[-1].path
     capsys.readouterr()
-    assert main(["-c", _reward_config(hf_base, tmp_path), *common, *pairs, "model.weight_init_only=False",
-                 f"exp_manager.resume_from_checkpoint={lm_checkpoint}"]) == 1  # fmt: skip
+    assert (
+        main(
+            [
+                "-c",
+                _reward_config(hf_base, tmp_path),
+                *common,
+                *pairs,
+                "model.weight_init_only=False",
+                f"exp_manager.resume_from_checkpoint={lm_checkpoint}",
+            ]
+        )
+        == 1
+    )
     assert f"{lm_checkpoint}: holds a causal LM, which a reward model cannot continue" in capsys.readouterr().err
 
 

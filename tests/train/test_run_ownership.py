@@ -29,15 +29,18 @@ def test_a_second_run_into_a_held_log_directory_is_refused_naming_the_holder(tmp
     holder = LogDirLock(log_dir)
     assert holder.acquire()
     try:
-        result = run_command(*FAST, "trainer.max_steps=2", "trainer.devices=2",
-                             f"+exp_manager.explicit_log_dir={log_dir}", cwd=tmp_path)  # fmt: skip
+        result = run_command(
+            *FAST, "trainer.max_steps=2", "trainer.devices=2", f"+exp_manager.explicit_log_dir={log_dir}", cwd=tmp_path
+        )
     finally:
         holder.release()
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if "in use by another run" in line]
     assert len(lines) == 1, result.stderr[-3000:]  # one message, from one rank
-    assert f"exp_manager.explicit_log_dir: {log_dir} is in use by another run (pid {os.getpid()} on host " \
-           f"{socket.gethostname()})" in lines[0]
+    assert (
+        f"exp_manager.explicit_log_dir: {log_dir} is in use by another run (pid {os.getpid()} on host "
+        f"{socket.gethostname()})" in lines[0]
+    )
     assert "Traceback" not in result.stderr
     assert sorted(path.name for path in log_dir.iterdir()) == [LOCK_FILE]  # the second run wrote nothing
 
@@ -45,8 +48,10 @@ def test_a_second_run_into_a_held_log_directory_is_refused_naming_the_holder(tmp
 def test_a_killed_holder_leaves_the_log_directory_free(tmp_path):
     log_dir = tmp_path / "run"
     log_dir.mkdir()
-    hold = ("import sys, time; from pathlib import Path; from nxd_train.logdir import LogDirLock; "
-            "lock = LogDirLock(Path(sys.argv[1])); assert lock.acquire(); print('held', flush=True); time.sleep(60)")
+    hold = (
+        "import sys, time; from pathlib import Path; from nxd_train.logdir import LogDirLock; "
+        "lock = LogDirLock(Path(sys.argv[1])); assert lock.acquire(); print('held', flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", hold, str(log_dir)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     assert not LogDirLock(log_dir).acquire()
@@ -66,17 +71,22 @@ def _problems(*overrides: str) -> list[str]:
 def test_a_log_directory_that_cannot_be_written_is_one_message_before_launch(tmp_path, monkeypatch):
     assert _problems("name=../../outside", f"exp_manager.exp_dir={tmp_path}") == [
         "name: expected a folder name (no '/' and not '..'; the log directory is <exp_dir>/<name>/version_N), "
-        "found '../../outside'"]  # fmt: skip
+        "found '../../outside'"
+    ]
     assert _problems(f"name={'n' * 300}", f"exp_manager.exp_dir={tmp_path}") == [
-        "name: 300 characters are more than a folder name may have on this file system (255 bytes)"]
-    assert _problems(f"name={'n' * 230}", f"exp_manager.exp_dir={tmp_path}",
-                     "exp_manager.create_checkpoint_callback=True") == [
+        "name: 300 characters are more than a folder name may have on this file system (255 bytes)"
+    ]
+    assert _problems(
+        f"name={'n' * 230}", f"exp_manager.exp_dir={tmp_path}", "exp_manager.create_checkpoint_callback=True"
+    ) == [
         "name: 230 characters leave no room in a checkpoint's folder name (at most 255 bytes on this file system, 64 "
-        "of them for the step and samples); expected at most 191"]  # fmt: skip
+        "of them for the step and samples); expected at most 191"
+    ]
     (tmp_path / "file").write_text("not a folder")
     assert _problems(f"+exp_manager.explicit_log_dir={tmp_path / 'file' / 'run'}") == [
         f"exp_manager.explicit_log_dir: expected a folder for the log directory {tmp_path / 'file' / 'run'}, found "
-        f"a file at {tmp_path / 'file'}"]  # fmt: skip
+        f"a file at {tmp_path / 'file'}"
+    ]
     read_only = tmp_path / "mounted"
     read_only.mkdir()
     real_access, real_statvfs = os.access, os.statvfs
@@ -86,13 +96,16 @@ def test_a_log_directory_that_cannot_be_written_is_one_message_before_launch(tmp
             self.f_flag = result.f_flag | os.ST_RDONLY
             self.f_namemax = result.f_namemax
 
-    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(read_only) else
-                        real_access(path, mode))  # fmt: skip
-    monkeypatch.setattr(os, "statvfs", lambda path: ReadOnly(real_statvfs(path)) if str(path) == str(read_only) else
-                        real_statvfs(path))  # fmt: skip
+    monkeypatch.setattr(
+        os, "access", lambda path, mode: False if str(path) == str(read_only) else real_access(path, mode)
+    )
+    monkeypatch.setattr(
+        os, "statvfs", lambda path: ReadOnly(real_statvfs(path)) if str(path) == str(read_only) else real_statvfs(path)
+    )
     assert _problems(f"+exp_manager.explicit_log_dir={read_only / 'run'}") == [
         f"exp_manager.explicit_log_dir: cannot create the log directory {read_only / 'run'}: {read_only} is on a "
-        "read-only file system"]  # fmt: skip
+        "read-only file system"
+    ]
 
 
 def test_config_check_names_a_log_directory_it_cannot_write(tmp_path, capsys):
@@ -108,7 +121,10 @@ def test_runs_one_after_another_into_one_log_directory_each_hold_it_in_turn(tmp_
     assert [row["step"] for row in read_metrics(log_dir) if "loss" in row] == [1, 2, 3]
 
 
-CHECKPOINTS = ["exp_manager.create_checkpoint_callback=True", "+exp_manager.checkpoint_callback_params.every_n_train_steps=1"]
+CHECKPOINTS = [
+    "exp_manager.create_checkpoint_callback=True",
+    "+exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+]
 
 
 def _saved(log_dir) -> dict[str, int]:
@@ -127,8 +143,12 @@ def test_a_roll_back_keeps_every_checkpoint_it_did_not_write(tmp_path):
     first = _saved(log_dir)
     assert sorted(first.values()) == [1, 2, 3, 4]
     step_2 = next(name for name, step in first.items() if step == 2)
-    _run(log_dir, "trainer.max_steps=4", "+exp_manager.checkpoint_callback_params.save_top_k=1",
-         f"+exp_manager.resume_from_checkpoint={log_dir / 'checkpoints' / step_2}")  # fmt: skip
+    _run(
+        log_dir,
+        "trainer.max_steps=4",
+        "+exp_manager.checkpoint_callback_params.save_top_k=1",
+        f"+exp_manager.resume_from_checkpoint={log_dir / 'checkpoints' / step_2}",
+    )
     after = _saved(log_dir)
     assert first.items() <= after.items()  # every checkpoint of the first run, the one resumed from included
     assert sorted(step for name, step in after.items() if name not in first) == [4]  # its own best, by step
@@ -138,8 +158,12 @@ def test_a_fresh_run_in_a_folder_with_checkpoints_deletes_none_of_them(tmp_path)
     log_dir = tmp_path / "run"
     _run(log_dir, "trainer.max_steps=2", "+exp_manager.checkpoint_callback_params.save_top_k=-1")
     first = _saved(log_dir)
-    _run(log_dir, "trainer.max_steps=3", "+exp_manager.checkpoint_callback_params.save_top_k=1",
-         "+exp_manager.require_empty_log_dir=False")  # written False: a new run there, beside what is there
+    _run(
+        log_dir,
+        "trainer.max_steps=3",
+        "+exp_manager.checkpoint_callback_params.save_top_k=1",
+        "+exp_manager.require_empty_log_dir=False",
+    )  # written False: a new run there, beside what is there
     after = _saved(log_dir)
     assert first.items() <= after.items() and len(after) == len(first) + 1
 
@@ -164,11 +188,18 @@ def test_both_resume_keys_follow_nemo_the_log_directorys_newest_checkpoint_wins(
         if step == 4:
             shutil.rmtree(log_dir / "checkpoints" / name)
     older = next(path for path, step in _saved(tmp_path / "first").items() if step == 1)
-    with pytest.warns(ConfigNotice, match="exp_manager.resume_from_checkpoint: .* passed over: with resume_if_exists "
-                                          "the log directory's newest checkpoint, .*step=3.*, is where the run continues"):
-        resumed = _run(log_dir, "trainer.max_steps=4", "+exp_manager.checkpoint_callback_params.save_top_k=1",
-                       "exp_manager.resume_if_exists=True",
-                       f"+exp_manager.resume_from_checkpoint={tmp_path / 'first' / 'checkpoints' / older}")  # fmt: skip
+    with pytest.warns(
+        ConfigNotice,
+        match="exp_manager.resume_from_checkpoint: .* passed over: with resume_if_exists "
+        "the log directory's newest checkpoint, .*step=3.*, is where the run continues",
+    ):
+        resumed = _run(
+            log_dir,
+            "trainer.max_steps=4",
+            "+exp_manager.checkpoint_callback_params.save_top_k=1",
+            "exp_manager.resume_if_exists=True",
+            f"+exp_manager.resume_from_checkpoint={tmp_path / 'first' / 'checkpoints' / older}",
+        )
     assert resumed == whole  # its metrics through step 3, then step 4 as the whole run computed it
     assert sorted(_saved(log_dir).values()) == [3, 4]
 
@@ -177,22 +208,38 @@ def test_a_ranking_by_loss_keeps_the_lowest_and_max_is_refused(tmp_path):
     """monitor: loss with NxDT's default mode max once kept the worst checkpoint and deleted the better
     ones; mode now follows the monitor unless given, and loss with max is refused."""
     log_dir = tmp_path / "run"
-    trained = train_in_process(log_dir, *CHECKPOINTS, "trainer.max_steps=4", "+exp_manager.checkpoint_callback_params.monitor=loss",
-                               "+exp_manager.checkpoint_callback_params.save_top_k=1")  # fmt: skip
+    trained = train_in_process(
+        log_dir,
+        *CHECKPOINTS,
+        "trainer.max_steps=4",
+        "+exp_manager.checkpoint_callback_params.monitor=loss",
+        "+exp_manager.checkpoint_callback_params.save_top_k=1",
+    )
     by_step = {row["step"]: row["loss"] for row in trained if "loss" in row}
     best = min(by_step, key=by_step.get)
     assert sorted(_saved(log_dir).values()) == sorted({best, 4})  # the lowest loss, and the last step
     with pytest.raises(ConfigError) as caught:
-        load_config(default_config_path(), ["+exp_manager.checkpoint_callback_params.monitor=val_loss",
-                                             "+exp_manager.checkpoint_callback_params.mode=max"])  # fmt: skip
-    assert "exp_manager.checkpoint_callback_params.mode: expected min (or null) with monitor 'val_loss': max keeps " \
-           "the 1 worst checkpoints and deletes the better ones, found max" in str(caught.value)
+        load_config(
+            default_config_path(),
+            [
+                "+exp_manager.checkpoint_callback_params.monitor=val_loss",
+                "+exp_manager.checkpoint_callback_params.mode=max",
+            ],
+        )
+    assert (
+        "exp_manager.checkpoint_callback_params.mode: expected min (or null) with monitor 'val_loss': max keeps "
+        "the 1 worst checkpoints and deletes the better ones, found max" in str(caught.value)
+    )
 
 
 def test_a_run_that_keeps_checkpoints_ends_with_one_of_its_last_step(tmp_path):
     log_dir = tmp_path / "run"
-    train_in_process(log_dir, "exp_manager.create_checkpoint_callback=True", "trainer.max_steps=3",
-                     "+exp_manager.checkpoint_callback_params.every_n_train_steps=10")  # fmt: skip
+    train_in_process(
+        log_dir,
+        "exp_manager.create_checkpoint_callback=True",
+        "trainer.max_steps=3",
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=10",
+    )
     assert sorted(_saved(log_dir).values()) == [3]
 
 
@@ -204,33 +251,52 @@ def test_export_onto_a_file_and_resume_from_a_folder_without_checkpoints_are_one
     assert main(["ckpt", "export-hf", str(log_dir), str(tmp_path / "file" / "hf")]) == 1
     err = capsys.readouterr().err
     assert f"{tmp_path / 'file'}: expected a new or empty directory for the export, found a file" in err
-    assert f"{tmp_path / 'file' / 'hf'}: expected a folder path for the export, found a file at {tmp_path / 'file'}" \
-           in err and "Traceback" not in err
+    assert (
+        f"{tmp_path / 'file' / 'hf'}: expected a folder path for the export, found a file at {tmp_path / 'file'}" in err
+        and "Traceback" not in err
+    )
     assert (tmp_path / "file").read_text() == "mine"
     train_in_process(tmp_path / "plain", "trainer.max_steps=1")  # a log directory of a run that saved nothing
     (tmp_path / "empty").mkdir()
-    for folder, found in ((tmp_path / "empty", "an empty folder"),
-                          (tmp_path / "plain", "a log directory without a checkpoints folder")):  # fmt: skip
+    for folder, found in (
+        (tmp_path / "empty", "an empty folder"),
+        (tmp_path / "plain", "a log directory without a checkpoints folder"),
+    ):
         message = "; ".join(_problems(f"+exp_manager.resume_from_checkpoint={folder}"))
-        assert f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint (a folder with nxd-checkpoint.json), " \
-               f"a run's log directory with a checkpoints folder, a Hugging Face model directory or a GPT-NeoX " \
-               f"checkpoint, found {found} at {folder}" in message and "half written" not in message
+        assert (
+            f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint (a folder with nxd-checkpoint.json), "
+            f"a run's log directory with a checkpoints folder, a Hugging Face model directory or a GPT-NeoX "
+            f"checkpoint, found {found} at {folder}"
+            in message
+            and "half written" not in message
+        )
 
 
 def test_preprocess_refuses_an_existing_prefix_and_cleans_what_a_killed_run_left(tmp_path, tokenizer_file, capsys):
     source = tmp_path / "docs.jsonl"
     source.write_text('{"text": "the quick brown fox"}\n{"text": "jumps over the lazy dog"}\n')
-    command = ["data", "preprocess", "--input", str(source), "--output-prefix", str(tmp_path / "d"), "--tokenizer",
-               str(tokenizer_file), "--no-progress"]  # fmt: skip
+    command = [
+        "data",
+        "preprocess",
+        "--input",
+        str(source),
+        "--output-prefix",
+        str(tmp_path / "d"),
+        "--tokenizer",
+        str(tokenizer_file),
+        "--no-progress",
+    ]
     assert main(command) == 0
     written = {path.name: path.read_bytes() for path in tmp_path.glob("d_text_document.*")}
     other = tmp_path / "other.jsonl"
     other.write_text('{"text": "pack my box"}\n')
     command[3] = str(other)
     assert main(command) == 1
-    assert f"--output-prefix: {tmp_path / 'd_text_document.idx'}, {tmp_path / 'd_text_document.bin'} exist already " \
-           "(another data set, or an earlier run of this one); expected a new prefix, or --overwrite to replace them" \
-           in capsys.readouterr().err
+    assert (
+        f"--output-prefix: {tmp_path / 'd_text_document.idx'}, {tmp_path / 'd_text_document.bin'} exist already "
+        "(another data set, or an earlier run of this one); expected a new prefix, or --overwrite to replace them"
+        in capsys.readouterr().err
+    )
     assert {path.name: path.read_bytes() for path in tmp_path.glob("d_text_document.*")} == written
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a pid no process has now
@@ -251,9 +317,14 @@ def test_a_folder_of_someone_elses_files_is_refused_naming_them(tmp_path, capsys
     (log_dir / "notes.txt").write_text("kept\n")
     assert main([*FAST, "trainer.max_steps=1", f"+exp_manager.explicit_log_dir={log_dir}"]) == 1
     err = capsys.readouterr().err
-    assert f"exp_manager.explicit_log_dir: {log_dir.resolve()} holds config.yaml, metrics.csv, which no nxd run wrote" \
-           in err and "Traceback" not in err  # fmt: skip
-    assert (log_dir / "config.yaml").read_text() == "my: own\n" and (log_dir / "metrics.csv").read_text() == "a,b\n1,2\n"
+    assert (
+        f"exp_manager.explicit_log_dir: {log_dir.resolve()} holds config.yaml, metrics.csv, which no nxd run wrote"
+        in err
+        and "Traceback" not in err
+    )
+    assert (log_dir / "config.yaml").read_text() == "my: own\n" and (
+        log_dir / "metrics.csv"
+    ).read_text() == "a,b\n1,2\n"
     assert sorted(path.name for path in log_dir.iterdir()) == ["config.yaml", "metrics.csv", "notes.txt"]
 
 
@@ -263,8 +334,17 @@ def test_a_link_planted_in_a_log_directory_is_never_written_through(tmp_path, ca
     train_in_process(log_dir, "trainer.max_steps=1")
     (log_dir / planted).unlink()
     (log_dir / planted).symlink_to(target)
-    assert main([*FAST, "trainer.max_steps=1", f"+exp_manager.explicit_log_dir={log_dir}",
-                 "+exp_manager.require_empty_log_dir=False"]) == 1  # fmt: skip
+    assert (
+        main(
+            [
+                *FAST,
+                "trainer.max_steps=1",
+                f"+exp_manager.explicit_log_dir={log_dir}",
+                "+exp_manager.require_empty_log_dir=False",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert f"{log_dir.resolve() / planted} is a symbolic link (to {target}); expected a file nxd wrote there" in err
     assert not target.exists() and "Traceback" not in err
@@ -292,16 +372,26 @@ def test_a_new_run_into_an_earlier_runs_folder_is_refused_naming_the_changed_key
     log_dir = tmp_path / "run"
     train_in_process(log_dir, "trainer.max_steps=2")
     kept = {name: (log_dir / name).read_bytes() for name in ("config.yaml", "metrics.csv")}
-    job = [str(default_config_path()), *FAST, "trainer.max_steps=3", "model.optim.lr=0.001",
-           f"+exp_manager.explicit_log_dir={log_dir}"]  # fmt: skip
+    job = [
+        str(default_config_path()),
+        *FAST,
+        "trainer.max_steps=3",
+        "model.optim.lr=0.001",
+        f"+exp_manager.explicit_log_dir={log_dir}",
+    ]
     assert main(job) == 1
     err = capsys.readouterr().err
-    assert (f"exp_manager.explicit_log_dir: {log_dir} holds an earlier run's config.yaml, metrics.csv (keys changed "
-            "since: trainer.max_steps (2 there, 3 now); model.optim.lr (0.003 there, 0.001 now); "
-            "model.optim.sched.max_steps (2 there, 3 now)); this run does not resume it") in err, err
+    assert (
+        f"exp_manager.explicit_log_dir: {log_dir} holds an earlier run's config.yaml, metrics.csv (keys changed "
+        "since: trainer.max_steps (2 there, 3 now); model.optim.lr (0.003 there, 0.001 now); "
+        "model.optim.sched.max_steps (2 there, 3 now)); this run does not resume it"
+    ) in err, err
     assert {name: (log_dir / name).read_bytes() for name in kept} == kept
     assert main(["plan", *job]) == 0  # a memory plan writes nothing there
-    assert main([str(default_config_path()), *FAST, "trainer.max_steps=2", f"+exp_manager.explicit_log_dir={log_dir}"]) == 1
+    assert (
+        main([str(default_config_path()), *FAST, "trainer.max_steps=2", f"+exp_manager.explicit_log_dir={log_dir}"])
+        == 1
+    )
     assert "holds an earlier run's config.yaml, metrics.csv (the same config)" in capsys.readouterr().err
     assert main([*job, "+exp_manager.require_empty_log_dir=False"]) == 0
     assert [row["step"] for row in read_metrics(log_dir) if "loss" in row] == [1, 2, 3]

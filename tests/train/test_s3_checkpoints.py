@@ -14,8 +14,12 @@ from tests.ckpt.test_s3_upload import BUCKET, s3_server  # noqa: F401 - the fixt
 from tests.train.test_checkpointing import SAVE, checkpoints
 from tests.training_runs import FAST, SLOWED, read_metrics
 
-JOB = ["trainer.max_steps=4", *SAVE, "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
-       f"+exp_manager.s3_checkpoints.path=s3://{BUCKET}/runs"]  # fmt: skip
+JOB = [
+    "trainer.max_steps=4",
+    *SAVE,
+    "+exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+    f"+exp_manager.s3_checkpoints.path=s3://{BUCKET}/runs",
+]
 
 
 def _log(log_dir) -> str:
@@ -41,7 +45,10 @@ def test_each_checkpoint_appears_in_the_bucket_byte_for_byte(tmp_path, train_her
 
 
 def test_a_server_stopped_mid_run_leaves_the_run_to_finish_names_what_was_not_uploaded_and_exits_1(
-        tmp_path, s3_server, capsys):  # noqa: F811
+    tmp_path,
+    s3_server,  # noqa: F811
+    capsys,
+):
     server, client = s3_server
     stopped = threading.Event()
 
@@ -80,10 +87,14 @@ def test_without_boto3_or_checkpoints_the_run_is_refused_before_launch(tmp_path,
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "boto3" else real(name, *rest))
-    cfg = load_config(default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}",
-                                              f"+exp_manager.s3_checkpoints.path=s3://{BUCKET}"])  # fmt: skip
+    cfg = load_config(
+        default_config_path(),
+        [f"+exp_manager.explicit_log_dir={tmp_path}", f"+exp_manager.s3_checkpoints.path=s3://{BUCKET}"],
+    )
     with pytest.raises(PreflightError) as caught:
         plan_run(cfg, default_cache_dir())
-    assert ("exp_manager.s3_checkpoints.path: expected the boto3 package, found it not installed; install "
-            "nxd-train[s3] (pip install boto3)") in caught.value.problems
+    assert (
+        "exp_manager.s3_checkpoints.path: expected the boto3 package, found it not installed; install "
+        "nxd-train[s3] (pip install boto3)"
+    ) in caught.value.problems
     assert any("expected checkpoints to upload" in problem for problem in caught.value.problems)

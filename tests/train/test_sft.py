@@ -23,8 +23,13 @@ def checkpoints(log_dir: Path) -> dict[int, Path]:
 
 
 def test_sft_trains_on_responses_and_validates(tmp_path, train_here, chat_tokenizer_dir):
-    rows = train_here(*sft_job(tmp_path / "data", chat_tokenizer_dir), "trainer.max_steps=12",
-                      "trainer.val_check_interval=6", "trainer.limit_val_batches=2", "model.optim.lr=3e-3")  # fmt: skip
+    rows = train_here(
+        *sft_job(tmp_path / "data", chat_tokenizer_dir),
+        "trainer.max_steps=12",
+        "trainer.val_check_interval=6",
+        "trainer.limit_val_batches=2",
+        "model.optim.lr=3e-3",
+    )
     trained = losses(rows)
     assert len(trained) == 12 and trained[-1] < trained[0] - 0.5
     assert [row["step"] for row in rows if "val_loss" in row] == [6.0, 12.0]
@@ -34,8 +39,12 @@ def test_sft_trains_on_responses_and_validates(tmp_path, train_here, chat_tokeni
 
 
 def test_sft_resumes_mid_epoch_exactly(tmp_path, train_here, chat_tokenizer_dir):
-    job = [*sft_job(tmp_path / "data", chat_tokenizer_dir), "trainer.max_steps=6", *SAVE,
-           "+exp_manager.checkpoint_callback_params.every_n_train_steps=3"]  # fmt: skip
+    job = [
+        *sft_job(tmp_path / "data", chat_tokenizer_dir),
+        "trainer.max_steps=6",
+        *SAVE,
+        "+exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+    ]
     whole = train_here(*job)
     step_3 = checkpoints(tmp_path / "run0")[3]
     assert saved_state(step_3, "sampler")["sampler"]["consumed_samples"] == 24  # mid-epoch: 100+ rows
@@ -50,22 +59,42 @@ def test_fine_tune_a_model_you_have(tmp_path, train_here, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["ckpt", "export-hf", str(tmp_path / "run0"), "tiny_hf"]) == 0
     assert "tokenizer.json" in capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "tiny_hf").iterdir()) == ["config.json", "model.safetensors",
-                                                                        "tokenizer.json"]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "tiny_hf").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
     runs = {}
-    for name, start in (("fine-tuned", []), ("from-scratch", ["~exp_manager.resume_from_checkpoint",
-                                                                "model.weight_init_only=False"])):  # fmt: skip
-        assert main(["-c", str(ROOT / "configs" / "tiny_sft.yaml"), "trainer.max_epochs=1", "trainer.log_every_n_steps=1",
-                     f"data.train_dir={ROOT / 'configs/data/sft_train.jsonl'}",
-                     f"data.val_dir={ROOT / 'configs/data/sft_validation.jsonl'}",
-                     f"+exp_manager.explicit_log_dir={tmp_path / name}", *start]) == 0  # fmt: skip
+    for name, start in (
+        ("fine-tuned", []),
+        ("from-scratch", ["~exp_manager.resume_from_checkpoint", "model.weight_init_only=False"]),
+    ):
+        assert (
+            main(
+                [
+                    "-c",
+                    str(ROOT / "configs" / "tiny_sft.yaml"),
+                    "trainer.max_epochs=1",
+                    "trainer.log_every_n_steps=1",
+                    f"data.train_dir={ROOT / 'configs/data/sft_train.jsonl'}",
+                    f"data.val_dir={ROOT / 'configs/data/sft_validation.jsonl'}",
+                    f"+exp_manager.explicit_log_dir={tmp_path / name}",
+                    *start,
+                ]
+            )
+            == 0
+        )
         runs[name] = losses(read_metrics(tmp_path / name))
     assert runs["fine-tuned"][0] < runs["from-scratch"][0] - 0.5  # the pretrained weights were loaded
     # the same start from the nxd checkpoint itself, with the Megatron-style model it was trained as
-    nxd_start = train_here("trainer.max_steps=3", "+model_alignment_strategy.sft.packing=True",
-                           f"+data.train_dir={ROOT / 'configs/data/sft_train.jsonl'}",
-                           f"+data.tokenizer.type={tmp_path / 'tiny_hf'}", "+model.weight_init_only=True",
-                           f"+exp_manager.resume_from_checkpoint={checkpoints(tmp_path / 'run0')[40]}")  # fmt: skip
+    nxd_start = train_here(
+        "trainer.max_steps=3",
+        "+model_alignment_strategy.sft.packing=True",
+        f"+data.train_dir={ROOT / 'configs/data/sft_train.jsonl'}",
+        f"+data.tokenizer.type={tmp_path / 'tiny_hf'}",
+        "+model.weight_init_only=True",
+        f"+exp_manager.resume_from_checkpoint={checkpoints(tmp_path / 'run0')[40]}",
+    )
     # the same weights and the same first batch: transformers' Llama and nxd's compute the same loss
     assert abs(losses(nxd_start)[0] - runs["fine-tuned"][0]) < 1e-5
 
@@ -83,8 +112,10 @@ def test_a_bad_record_is_one_message_naming_file_and_line(tmp_path, capsys, chat
         handle.write(json.dumps({"input": "pack my box", "response": "with jugs"}) + "\n")
     before = (tmp_path / "data" / "train.jsonl").read_bytes()
     err = _train_error(capsys, *job, f"+exp_manager.explicit_log_dir={tmp_path / 'run'}")
-    assert err.strip().endswith(f"data.train_dir: {tmp_path / 'data' / 'train.jsonl'} line 257: expected input and "
-                                "output strings (or messages), found keys input, response")  # fmt: skip
+    assert err.strip().endswith(
+        f"data.train_dir: {tmp_path / 'data' / 'train.jsonl'} line 257: expected input and "
+        "output strings (or messages), found keys input, response"
+    )
     assert (tmp_path / "data" / "train.jsonl").read_bytes() == before and not (tmp_path / "run").exists()
 
 

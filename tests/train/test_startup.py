@@ -19,8 +19,21 @@ from nxd_train.cli import default_config_path
 
 from tests.training_runs import FAST, hf_run_config
 
-OPTIONAL = ("peft", "bitsandbytes", "transformers.modeling_utils", "datasets", "pyarrow", "lm_eval", "comet_ml",
-            "boto3", "wandb", "torchao", "mamba_ssm", "lightning_fabric", "matplotlib")  # fmt: skip
+OPTIONAL = (
+    "peft",
+    "bitsandbytes",
+    "transformers.modeling_utils",
+    "datasets",
+    "pyarrow",
+    "lm_eval",
+    "comet_ml",
+    "boto3",
+    "wandb",
+    "torchao",
+    "mamba_ssm",
+    "lightning_fabric",
+    "matplotlib",
+)
 """Modules a run loads only when it uses them."""
 DRIVER = """
 import json, os, sys
@@ -52,8 +65,14 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[s
     record = tmp_path / f"modules-{len(list(tmp_path.glob('modules-*')))}.json"
     environment = {**os.environ, "NXD_MODULES": str(record), "PYTHONUNBUFFERED": "1"}
     environment.pop("PYTHONWARNINGS", None)
-    done = subprocess.run([sys.executable, "-c", DRIVER, *args], cwd=tmp_path, capture_output=True, text=True,
-                          env=environment, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=600,
+    )
     return done, set(json.loads(record.read_text()))
 
 
@@ -70,14 +89,20 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.
     """The default job for one step, with a checkpoint: its log directory, the command's result and its modules."""
     work = tmp_path_factory.mktemp("startup")
     log_dir = work / "run"
-    done, modules = _run(work, *FAST, "trainer.max_steps=1", "exp_manager.create_checkpoint_callback=True",
-                         f"+exp_manager.explicit_log_dir={log_dir}")  # fmt: skip
+    done, modules = _run(
+        work,
+        *FAST,
+        "trainer.max_steps=1",
+        "exp_manager.create_checkpoint_callback=True",
+        f"+exp_manager.explicit_log_dir={log_dir}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return log_dir, done, modules
 
 
 def test_training_loads_only_lightning_fabric_of_the_optional_modules_and_says_nothing_it_did_not_write(
-        trained) -> None:  # fmt: skip
+    trained,
+) -> None:
     _, done, modules = trained
     assert _loaded(modules) == {"lightning_fabric"}
     assert done.stderr == ""
@@ -107,15 +132,25 @@ def test_commands_that_launch_nothing_load_none_of_the_optional_modules(name: st
         assert "torch" not in modules
 
 
-def test_checkpoint_and_data_commands_load_none_of_the_optional_modules(trained, tokenizer_file,
-                                                                        tmp_path: Path) -> None:  # fmt: skip
+def test_checkpoint_and_data_commands_load_none_of_the_optional_modules(
+    trained, tokenizer_file, tmp_path: Path
+) -> None:
     log_dir, _, _ = trained
     listed, modules = _run(tmp_path, "ckpt", "list", str(log_dir))
     assert listed.returncode == 0 and "STEP" in listed.stdout, listed.stderr
     assert _loaded(modules) == set() and not set(SHARDING) & modules and listed.stderr == ""
     (tmp_path / "docs.jsonl").write_text('{"text": "the quick brown fox"}\n{"text": "jumps over the lazy dog"}\n')
-    preprocessed, modules = _run(tmp_path, "data", "preprocess", "--input", "docs.jsonl", "--output-prefix", "corpus",
-                                 "--tokenizer", str(tokenizer_file))  # fmt: skip
+    preprocessed, modules = _run(
+        tmp_path,
+        "data",
+        "preprocess",
+        "--input",
+        "docs.jsonl",
+        "--output-prefix",
+        "corpus",
+        "--tokenizer",
+        str(tokenizer_file),
+    )
     assert preprocessed.returncode == 0, preprocessed.stderr
     assert _loaded(modules) == set()
     assert (tmp_path / "corpus_text_document.idx").exists()
@@ -123,8 +158,15 @@ def test_checkpoint_and_data_commands_load_none_of_the_optional_modules(trained,
 
 def test_generation_loads_lightning_fabric_alone(trained, tmp_path: Path) -> None:
     log_dir, _, _ = trained
-    done, modules = _run(tmp_path, "generate", TINY, *FAST, f"+exp_manager.explicit_log_dir={log_dir}",
-                         "+generate.maximum_tokens=4", f"+generate.sample_output_file={tmp_path / 'out.jsonl'}")
+    done, modules = _run(
+        tmp_path,
+        "generate",
+        TINY,
+        *FAST,
+        f"+exp_manager.explicit_log_dir={log_dir}",
+        "+generate.maximum_tokens=4",
+        f"+generate.sample_output_file={tmp_path / 'out.jsonl'}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert _loaded(modules) == {"lightning_fabric"}
     said = done.stderr.splitlines()  # generate's own account goes to stderr, leaving stdout to the completions
@@ -143,8 +185,13 @@ def test_the_extras_a_run_uses_load_quietly(tmp_path: Path) -> None:
     import torchao here), peft and bitsandbytes load, and none of their import notices is shown. The first
     Hugging Face build of the process leaves torch.nn.init as transformers found it at import."""
     source = hf_run_config(tmp_path, vocab_size=4096)
-    done, modules = _run(tmp_path, str(source), "trainer.max_steps=1", "model.optim.name=adam8bit",
-                         "+model_alignment_strategy.peft.lora_rank=4")  # fmt: skip
+    done, modules = _run(
+        tmp_path,
+        str(source),
+        "trainer.max_steps=1",
+        "model.optim.name=adam8bit",
+        "+model_alignment_strategy.peft.lora_rank=4",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert {"transformers.modeling_utils", "peft", "bitsandbytes", "lightning_fabric"} <= _loaded(modules)
     assert "datasets" not in modules and "lm_eval" not in modules and "torch.nn.init replaced" not in modules

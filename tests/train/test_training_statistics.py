@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import math
 
-STATISTICS = ["+exp_manager.log_gradient_zeros=True", "+exp_manager.log_optimizer_states=True",
-              "+exp_manager.gradient_noise_scale.enabled=True", "+exp_manager.gradient_noise_scale.n_batches=2"]
+STATISTICS = [
+    "+exp_manager.log_gradient_zeros=True",
+    "+exp_manager.log_optimizer_states=True",
+    "+exp_manager.gradient_noise_scale.enabled=True",
+    "+exp_manager.gradient_noise_scale.n_batches=2",
+]
 
 
 def columns(row: dict[str, float], prefix: str) -> dict[str, float]:
-    return {name[len(prefix):]: value for name, value in row.items() if name.startswith(prefix)}
+    return {name[len(prefix) :]: value for name, value in row.items() if name.startswith(prefix)}
 
 
 def test_each_statistic_is_logged_under_neox_names(train_here):
-    rows = [row for row in train_here("trainer.max_steps=3", "trainer.gradient_clip_val=0", *STATISTICS)
-            if "loss" in row]  # fmt: skip
+    rows = [
+        row for row in train_here("trainer.max_steps=3", "trainer.gradient_clip_val=0", *STATISTICS) if "loss" in row
+    ]
     first = rows[0]
     zeros, states = columns(first, "pct_grad_zeros/"), columns(first, "optimizer_state_norms/")
     parameters = sorted(zeros)

@@ -25,9 +25,13 @@ def offline(monkeypatch, tmp_path):
 
 
 def test_an_offline_wandb_run_holds_the_logged_series(tmp_path, train_here, offline):
-    rows = train_here("trainer.max_steps=3", "exp_manager.create_tensorboard_logger=True",
-                      "+exp_manager.create_wandb_logger=True", "+exp_manager.wandb_logger_kwargs.project=tiny",
-                      "+exp_manager.wandb_logger_kwargs.group=tests")  # fmt: skip
+    rows = train_here(
+        "trainer.max_steps=3",
+        "exp_manager.create_tensorboard_logger=True",
+        "+exp_manager.create_wandb_logger=True",
+        "+exp_manager.wandb_logger_kwargs.project=tiny",
+        "+exp_manager.wandb_logger_kwargs.group=tests",
+    )
     log_dir = tmp_path / "run0"
     history = [row for row in wandb_history(log_dir) if "loss" in row]
     assert [row["_step"] for row in history] == [1, 2, 3]
@@ -41,7 +45,10 @@ def test_an_offline_wandb_run_holds_the_logged_series(tmp_path, train_here, offl
 def test_without_the_wandb_package_the_run_is_refused_before_launch(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "wandb" else real(name, *rest))
-    cfg = load_config(default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}",
-                                              "+exp_manager.create_wandb_logger=True"])  # fmt: skip
-    with pytest.raises(PreflightError, match=r"create_wandb_logger: expected the wandb package, found it not installed"):
+    cfg = load_config(
+        default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}", "+exp_manager.create_wandb_logger=True"]
+    )
+    with pytest.raises(
+        PreflightError, match=r"create_wandb_logger: expected the wandb package, found it not installed"
+    ):
         plan_run(cfg, default_cache_dir())

@@ -44,19 +44,32 @@ from .resume_check import HF_SHAPE_KEYS
 
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""
-PACKAGES = ("nxd-config", "nxd-parallel", "nxd-precision", "nxd-models", "nxd-data", "nxd-align", "nxd-ckpt",
-            "nxd-train", "torch")
+PACKAGES = (
+    "nxd-config",
+    "nxd-parallel",
+    "nxd-precision",
+    "nxd-models",
+    "nxd-data",
+    "nxd-align",
+    "nxd-ckpt",
+    "nxd-train",
+    "torch",
+)
 
 
 def save_policy(cfg: NxdConfig) -> SavePolicy:
     params = cfg.exp_manager.checkpoint_callback_params
     return SavePolicy(
-        every_n_train_steps=params.every_n_train_steps, save_at_steps=tuple(params.save_at_steps or ()),
+        every_n_train_steps=params.every_n_train_steps,
+        save_at_steps=tuple(params.save_at_steps or ()),
         train_time_interval=interval_seconds(params.train_time_interval),
-        save_top_k=params.save_top_k, monitor=params.monitor, mode=params.ranking, save_last=params.save_last,
+        save_top_k=params.save_top_k,
+        monitor=params.monitor,
+        mode=params.ranking,
+        save_last=params.save_last,
         filename=params.filename or f"{cfg.exp_manager.name or cfg.name}--{{step}}-{{consumed_samples}}",
         enable_version_counter=params.enable_version_counter,
-    )  # fmt: skip
+    )
 
 
 def checkpoint_problems(cfg: NxdConfig) -> list[str]:
@@ -97,8 +110,12 @@ class Resume:
     @classmethod
     def of_checkpoint(cls, info: CheckpointInfo, weights_only: bool) -> Resume:
         """The nxd checkpoint `info` as a start, with what its marker records of the run."""
-        return cls(info.path.resolve(), weights_only, world_size=info.extra.get("world_size"),
-                   head=info.extra.get(HEAD_RECORD, "causal_lm"))  # fmt: skip
+        return cls(
+            info.path.resolve(),
+            weights_only,
+            world_size=info.extra.get("world_size"),
+            head=info.extra.get(HEAD_RECORD, "causal_lm"),
+        )
 
     @classmethod
     def of_hugging_face(cls, path: Path) -> Resume:
@@ -129,8 +146,10 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
         path = nxd_ckpt.nxd_checkpoint_of(path) or path  # a Trainer-style folder nxd wrote: its checkpoint
         if is_hf_directory(path):
             if not weights_only:
-                raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model "
-                                      "(weights only); expected model.weight_init_only: True to start from it")
+                raise CheckpointError(
+                    f"exp_manager.resume_from_checkpoint: {path} is a Hugging Face model "
+                    "(weights only); expected model.weight_init_only: True to start from it"
+                )
             return Resume.of_hugging_face(path)
         optional = exp.resume_from_checkpoint_optional
         if optional and (not path.is_dir() or not any(path.iterdir())):
@@ -138,27 +157,40 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
         if (neox := _neox(path, weights_only)) is not None:
             return neox
         if not path.is_dir():
-            raise CheckpointError(f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint directory or a "
-                                  f"Hugging Face model directory, found no directory at {path}")  # fmt: skip
+            raise CheckpointError(
+                f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint directory or a "
+                f"Hugging Face model directory, found no directory at {path}"
+            )
         if (path / CHECKPOINT_DIR).is_dir() and not read_info(path).complete:  # a run's log directory: its newest
             info, passed_over = newest_usable(path / CHECKPOINT_DIR)
             held = f"none usable: {'; '.join(passed_over)}" if passed_over else "no complete checkpoint"
             if info is None and optional:
                 return _new_run(path, f"holds {held}")
             if info is None:
-                raise CheckpointError(f"exp_manager.resume_from_checkpoint: {path} is a run directory whose "
-                                      f"{CHECKPOINT_DIR} folder holds {held}")  # fmt: skip
+                raise CheckpointError(
+                    f"exp_manager.resume_from_checkpoint: {path} is a run directory whose "
+                    f"{CHECKPOINT_DIR} folder holds {held}"
+                )
             _say_passed_over(passed_over, info)
         elif not is_checkpoint_dir(path):
             if optional:
-                return _new_run(path, "holds no checkpoint (no nxd completion marker, GPT-NeoX latest or checkpoints "
-                                "folder)")  # fmt: skip
-            found = "an empty folder" if not any(path.iterdir()) else (
-                "a log directory without a checkpoints folder" if (path / "config.yaml").is_file() else
-                "a folder holding none of them")  # fmt: skip
-            raise CheckpointError(f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint (a folder with "
-                                  f"{MARKER}), a run's log directory with a {CHECKPOINT_DIR} folder, a Hugging Face "
-                                  f"model directory or a GPT-NeoX checkpoint, found {found} at {path}")  # fmt: skip
+                return _new_run(
+                    path, "holds no checkpoint (no nxd completion marker, GPT-NeoX latest or checkpoints folder)"
+                )
+            found = (
+                "an empty folder"
+                if not any(path.iterdir())
+                else (
+                    "a log directory without a checkpoints folder"
+                    if (path / "config.yaml").is_file()
+                    else "a folder holding none of them"
+                )
+            )
+            raise CheckpointError(
+                f"exp_manager.resume_from_checkpoint: expected an nxd checkpoint (a folder with "
+                f"{MARKER}), a run's log directory with a {CHECKPOINT_DIR} folder, a Hugging Face "
+                f"model directory or a GPT-NeoX checkpoint, found {found} at {path}"
+            )
         else:
             info = read_info(path).verified(contents=True)
     elif not exp.resume_if_exists:
@@ -173,12 +205,17 @@ def resume_choice(cfg: NxdConfig, log_dir: Path | None) -> Resume | None:
             if exp.resume_ignore_no_checkpoint:
                 return None
             where = log_dir / CHECKPOINT_DIR if log_dir is not None else "the log directory"
-            found = (f"none usable: {'; '.join(passed_over)} (nxd-train ckpt verify {where} checks each)"
-                     if passed_over else "none")  # fmt: skip
-            raise CheckpointError(f"exp_manager.resume_if_exists: expected a complete, undamaged checkpoint in "
-                                  f"{where}, found {found}; set exp_manager.resume_ignore_no_checkpoint: True (on the "
-                                  "command line +exp_manager.resume_ignore_no_checkpoint=True where the file lacks "
-                                  "the key) to start a new run instead")  # fmt: skip
+            found = (
+                f"none usable: {'; '.join(passed_over)} (nxd-train ckpt verify {where} checks each)"
+                if passed_over
+                else "none"
+            )
+            raise CheckpointError(
+                f"exp_manager.resume_if_exists: expected a complete, undamaged checkpoint in "
+                f"{where}, found {found}; set exp_manager.resume_ignore_no_checkpoint: True (on the "
+                "command line +exp_manager.resume_ignore_no_checkpoint=True where the file lacks "
+                "the key) to start a new run instead"
+            )
     return Resume.of_checkpoint(info, weights_only)
 
 
@@ -191,8 +228,11 @@ def _say_passed_over(passed_over: list[str], info: CheckpointInfo | None) -> Non
 
 def _new_run(path: Path, why: str) -> None:
     """No checkpoint to start from at `path` (resume_from_checkpoint_optional): a new run, said once."""
-    warnings.warn(f"exp_manager.resume_from_checkpoint: {path} {why}; starting a new run "
-                  "(resume_from_checkpoint_optional)", CheckpointWarning, stacklevel=3)  # fmt: skip
+    warnings.warn(
+        f"exp_manager.resume_from_checkpoint: {path} {why}; starting a new run (resume_from_checkpoint_optional)",
+        CheckpointWarning,
+        stacklevel=3,
+    )
 
 
 def _neox(path: Path, weights_only: bool) -> Resume | None:
@@ -205,14 +245,21 @@ def _neox(path: Path, weights_only: bool) -> Resume | None:
     return Resume(found.folder.resolve(), True, neox=True, start_step=start)
 
 
-def export_of(family: ModelFamily, tokenizer_files: dict[str, str] | None = None, pad_id: int | None = None, *,
-              reading: bool = False) -> nxd_ckpt.HFExport | str:  # fmt: skip
+def export_of(
+    family: ModelFamily,
+    tokenizer_files: dict[str, str] | None = None,
+    pad_id: int | None = None,
+    *,
+    reading: bool = False,
+) -> nxd_ckpt.HFExport | str:
     """The model's Hugging Face mapping (with the tokenizer files an export copies and, for a reward
     model, the id its rows are padded with), or why it has none. A soft prompt has no Hugging Face counterpart:
     `reading` weights it starts fresh; an export would drop it, so there is none."""
     if not reading and getattr(family.spec, "soft_prompt_tokens", 0):
-        return ("no Hugging Face architecture holds a soft prompt (model.soft_prompt): an export would leave out what "
-                "the run trained")  # fmt: skip
+        return (
+            "no Hugging Face architecture holds a soft prompt (model.soft_prompt): an export would leave out what "
+            "the run trained"
+        )
     try:
         return replace(nxd_ckpt.HFExport.of(family.hf_mapping(pad_id)), tokenizer_files=dict(tokenizer_files or {}))
     except ModelConfigError as error:
@@ -233,13 +280,17 @@ def head_problem(family: ModelFamily, start: Resume | None) -> str | None:
     if found == family.head:
         return None
     if found == "score":
-        return (f"{start.path}: holds a reward model (its output layer is a score head); expected a causal LM's "
-                f"weights as the start of causal LM training (model_alignment_strategy.reward_model trains reward "
-                f"models)")  # fmt: skip
+        return (
+            f"{start.path}: holds a reward model (its output layer is a score head); expected a causal LM's "
+            f"weights as the start of causal LM training (model_alignment_strategy.reward_model trains reward "
+            f"models)"
+        )
     if not start.weights_only:
-        return (f"{start.path}: holds a causal LM, which a reward model cannot continue; expected "
-                f"model.weight_init_only: True to start the reward model from its weights (the score head then "
-                f"starts from its initialisation)")  # fmt: skip
+        return (
+            f"{start.path}: holds a causal LM, which a reward model cannot continue; expected "
+            f"model.weight_init_only: True to start the reward model from its weights (the score head then "
+            f"starts from its initialisation)"
+        )
     return None
 
 
@@ -252,8 +303,9 @@ def fresh_prefixes(family: ModelFamily, start: Resume) -> tuple[str, ...]:
     when it starts from a causal LM's weights, and a soft prompt the weights do not hold (prompt tuning starts a
     model's weights with a new prompt; a prompt-tuned checkpoint holds its own)."""
     fresh = () if loads_output_layer(family, start) else (OUTPUT_LAYER,)
-    if getattr(family.spec, "soft_prompt_tokens", 0) and (start.hugging_face or start.neox or not any(
-            SOFT_PROMPT in key for key in nxd_ckpt.saved_keys(start.path))):  # fmt: skip
+    if getattr(family.spec, "soft_prompt_tokens", 0) and (
+        start.hugging_face or start.neox or not any(SOFT_PROMPT in key for key in nxd_ckpt.saved_keys(start.path))
+    ):
         fresh += (SOFT_PROMPT,)
     return fresh
 
@@ -285,15 +337,20 @@ def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> lis
         try:
             nxd_ckpt.check_neox_weights(initial.path, family.neox_layout(), family.parameter_shapes())
         except (CheckpointError, ModelConfigError) as error:
-            return [f"{initial.path}: cannot read this GPT-NeoX checkpoint: {error}" if isinstance(
-                error, ModelConfigError) else str(error)]  # fmt: skip
+            return [
+                f"{initial.path}: cannot read this GPT-NeoX checkpoint: {error}"
+                if isinstance(error, ModelConfigError)
+                else str(error)
+            ]
         return []
     export = export_of(family, reading=True)
     if not isinstance(export, nxd_ckpt.HFExport):
         return [f"{initial.path}: cannot import Hugging Face weights: {export}"]
     if differ := _config_differences(initial.path / "config.json", export.config):
-        return [f"{initial.path / 'config.json'}: describes another architecture than this run's "
-                f"({'; '.join(differ)}); expected the same, since weights of one shape can hold other heads"]
+        return [
+            f"{initial.path / 'config.json'}: describes another architecture than this run's "
+            f"({'; '.join(differ)}); expected the same, since weights of one shape can hold other heads"
+        ]
     try:
         nxd_ckpt.check_hf_weights(initial.path, export, family.parameter_shapes())
     except CheckpointError as error:
@@ -307,9 +364,14 @@ def _config_differences(path: Path, ours: dict[str, Any]) -> list[str]:
         theirs = json.loads(path.read_text())
     except (OSError, ValueError):
         return []  # a missing or damaged config.json is named by the import itself
-    return [f"{key}: {theirs[key]} there, {ours[key]} here" for key in HF_SHAPE_KEYS
-            if isinstance(theirs, dict) and theirs.get(key) is not None and ours.get(key) is not None
-            and theirs[key] != ours[key]]  # fmt: skip
+    return [
+        f"{key}: {theirs[key]} there, {ours[key]} here"
+        for key in HF_SHAPE_KEYS
+        if isinstance(theirs, dict)
+        and theirs.get(key) is not None
+        and ours.get(key) is not None
+        and theirs[key] != ours[key]
+    ]
 
 
 def export_record(export: nxd_ckpt.HFExport | str) -> dict[str, Any]:
@@ -333,10 +395,14 @@ def rng_states() -> bytes:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     version, python_state, gauss = random.getstate()
     kind, keys, position, has_gauss, cached = np.random.get_state()
-    return json.dumps({"python": [version, list(python_state), gauss],
-                       "numpy": [kind, keys.tolist(), position, has_gauss, cached],
-                       "torch": torch.get_rng_state().tolist(),
-                       "cuda": None if cuda is None else [state.tolist() for state in cuda]}).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "python": [version, list(python_state), gauss],
+            "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+            "torch": torch.get_rng_state().tolist(),
+            "cuda": None if cuda is None else [state.tolist() for state in cuda],
+        }
+    ).encode()
 
 
 def restore_rng_states(blob: bytes) -> bool:
@@ -350,15 +416,19 @@ def restore_rng_states(blob: bytes) -> bool:
         states = json.loads(blob)
         version, python_state, gauss = states["python"]
         kind, keys, position, has_gauss, cached = states["numpy"]
-        generators = (torch.tensor(states["torch"], dtype=torch.uint8),
-                      None if states["cuda"] is None else [torch.tensor(s, dtype=torch.uint8) for s in states["cuda"]])
+        generators = (
+            torch.tensor(states["torch"], dtype=torch.uint8),
+            None if states["cuda"] is None else [torch.tensor(s, dtype=torch.uint8) for s in states["cuda"]],
+        )
         random.setstate((version, tuple(python_state), gauss))
         np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
         torch.set_rng_state(generators[0])
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError, OverflowError) as error:
-        raise CheckpointError(f"the checkpoint's random states are not the JSON nxd writes ({type(error).__name__}: "
-                              f"{error}); a damaged or crafted checkpoint, or resume_rng: False to start from the "
-                              "seeded states") from None  # fmt: skip
+        raise CheckpointError(
+            f"the checkpoint's random states are not the JSON nxd writes ({type(error).__name__}: "
+            f"{error}); a damaged or crafted checkpoint, or resume_rng: False to start from the "
+            "seeded states"
+        ) from None
     if generators[1] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(generators[1])
     return True
@@ -370,9 +440,18 @@ class TrainingState:
     With LoRA (`lora`) the model part holds the adapters (the trained parameters) and, as `lora_base`
     says, the frozen base ("frozen") or the merged weights ("merged") under the base model's names."""
 
-    def __init__(self, model: nn.Module | StagedModel, optimizer: PrecisionOptimizer, scheduler: LRScheduler, *,
-                 use_master_weights: bool, save_bf16: bool = False, lora: LoraFamily | None = None,
-                 lora_base: str | None = None, scaler: LossScaler | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module | StagedModel,
+        optimizer: PrecisionOptimizer,
+        scheduler: LRScheduler,
+        *,
+        use_master_weights: bool,
+        save_bf16: bool = False,
+        lora: LoraFamily | None = None,
+        lora_base: str | None = None,
+        scaler: LossScaler | None = None,
+    ):
         self.model, self.optimizer, self.scheduler, self.save_bf16 = model, optimizer, scheduler, save_bf16
         self.scaler = scaler
         self.lora, self.lora_base = lora, lora_base
@@ -395,18 +474,39 @@ class TrainingState:
             weights = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}
         return weights
 
-    def state(self, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
-              saving: bool = False, base: str | None = None) -> dict:  # fmt: skip
+    def state(
+        self,
+        *,
+        progress: dict[str, int],
+        sampler: dict[str, Any],
+        rng: dict[str, bytes | None],
+        saving: bool = False,
+        base: str | None = None,
+    ) -> dict:
         optimizer = self.optimizer.state_dict(self.names, masters=not self.masters_as_model)
         scheduler = self.scheduler.state_dict()
-        state = {nxd_ckpt.MODEL_KEY: self.model_state(saving=saving, base=base), "optimizer": optimizer,
-                 "scheduler": scheduler, "progress": progress, "sampler": sampler, "rng": rng}  # fmt: skip
+        state = {
+            nxd_ckpt.MODEL_KEY: self.model_state(saving=saving, base=base),
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "progress": progress,
+            "sampler": sampler,
+            "rng": rng,
+        }
         if self.scaler is not None:
             state["loss_scaler"] = self.scaler.state_dict()
         return state
 
-    def load(self, path: Path, *, progress: dict[str, int], sampler: dict[str, Any], rng: dict[str, bytes | None],
-             process_group: torch.distributed.ProcessGroup | None, optimizer: bool = True) -> None:  # fmt: skip
+    def load(
+        self,
+        path: Path,
+        *,
+        progress: dict[str, int],
+        sampler: dict[str, Any],
+        rng: dict[str, bytes | None],
+        process_group: torch.distributed.ProcessGroup | None,
+        optimizer: bool = True,
+    ) -> None:
         """Everything from checkpoint `path`, in place; `progress`, `sampler` and `rng` receive the saved values.
         Without `optimizer` the optimizer state and the schedule's position are not read (resume_optimizer)."""
         self.optimizer.create_state()
@@ -436,8 +536,13 @@ def holds_frozen_base(path: Path) -> bool:
     return read_info(path).extra.get(nxd_ckpt.LORA_RECORD, {}).get("base") == "frozen"
 
 
-def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFamily,
-                 process_group: torch.distributed.ProcessGroup | None, lora: LoraFamily | None = None) -> None:
+def load_weights(
+    model: nn.Module | StagedModel,
+    resume: Resume,
+    family: ModelFamily,
+    process_group: torch.distributed.ProcessGroup | None,
+    lora: LoraFamily | None = None,
+) -> None:
     """Only the model weights of `resume` (an nxd checkpoint, a Hugging Face directory read through the
     model's mapping, or a GPT-NeoX checkpoint read through its NeoX layout, each checked against the whole
     model's shapes) into `model`, whatever its layout (pipeline stages load their own parts). With `lora`
@@ -449,8 +554,12 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFa
         weights = {key: value for key, value in weights.items() if not key.startswith(skip)}
         nxd_ckpt.load_checkpoint(resume.path, {nxd_ckpt.MODEL_KEY: weights}, process_group=process_group)
         return
-    live = {base_key(key): value for module in modules_of(model) for key, value in module.state_dict().items()
-            if not is_adapter_key(key) and not base_key(key).startswith(skip)}  # fmt: skip
+    live = {
+        base_key(key): value
+        for module in modules_of(model)
+        for key, value in module.state_dict().items()
+        if not is_adapter_key(key) and not base_key(key).startswith(skip)
+    }
     if OUTPUT_LAYER in skip:
         family = family.with_head("causal_lm")  # read through the base's own mapping, its output layer left
     if resume.neox:
@@ -462,11 +571,14 @@ def load_weights(model: nn.Module | StagedModel, resume: Resume, family: ModelFa
     nxd_ckpt.load_hf_weights(resume.path, export, family.parameter_shapes(), live)  # each rank reads its own shards
 
 
-def load_adapters(model: nn.Module | StagedModel, path: Path, lora: LoraFamily,
-                  process_group: torch.distributed.ProcessGroup | None) -> None:  # fmt: skip
+def load_adapters(
+    model: nn.Module | StagedModel, path: Path, lora: LoraFamily, process_group: torch.distributed.ProcessGroup | None
+) -> None:
     """The adapters (and the base, when it was saved unmerged) of LoRA checkpoint `path` (load_lora_from_ckpt)."""
     if nxd_ckpt.LORA_RECORD not in read_info(path).extra:
-        raise CheckpointError(f"model_alignment_strategy.peft.load_lora_from_ckpt: {path} is not a checkpoint of a "
-                              "LoRA run; expected one whose run had model_alignment_strategy.peft")  # fmt: skip
+        raise CheckpointError(
+            f"model_alignment_strategy.peft.load_lora_from_ckpt: {path} is not a checkpoint of a "
+            "LoRA run; expected one whose run had model_alignment_strategy.peft"
+        )
     weights = lora.checkpoint_weights(model, base="frozen" if holds_frozen_base(path) else None)
     nxd_ckpt.load_checkpoint(path, {nxd_ckpt.MODEL_KEY: weights}, process_group=process_group)

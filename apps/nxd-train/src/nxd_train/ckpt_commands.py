@@ -75,8 +75,10 @@ def _reason(info: CheckpointInfo) -> str:
 def verify_command(path: Path) -> int:
     """Read every file of each checkpoint `path` names and compare with its marker's record."""
     if not path.is_dir():
-        print(f"nxd-train ckpt verify: {path}: expected a checkpoint or log directory, found no directory",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"nxd-train ckpt verify: {path}: expected a checkpoint or log directory, found no directory",
+            file=sys.stderr,
+        )
         return 1
     if is_checkpoint_dir(path):
         try:
@@ -102,8 +104,10 @@ def verify_command(path: Path) -> int:
         if not info.checksums:
             print(f"{info.path}: ok: sizes match (saved before checksums were recorded)")
             continue
-        print(f"{info.path}: ok: {len(info.checksums)} files, digest and sizes match; {_size(info.size)} read in "
-              f"{seconds:.2f} s ({info.size / max(seconds, 1e-9) / 2**30:,.2f} GiB/s)")  # fmt: skip
+        print(
+            f"{info.path}: ok: {len(info.checksums)} files, digest and sizes match; {_size(info.size)} read in "
+            f"{seconds:.2f} s ({info.size / max(seconds, 1e-9) / 2**30:,.2f} GiB/s)"
+        )
     return 1 if damaged else 0
 
 
@@ -117,15 +121,17 @@ def export_command(checkpoint: Path, out: Path, dtype: str | None, merged: bool 
             newest, passed_over = newest_usable(folders[0]) if folders else (None, [])
             if newest is None:
                 found = f"none usable: {'; '.join(passed_over)}" if passed_over else "none"
-                raise CheckpointError(f"{checkpoint}: expected a checkpoint or a log directory holding one, found "
-                                      f"{found}")  # fmt: skip
+                raise CheckpointError(
+                    f"{checkpoint}: expected a checkpoint or a log directory holding one, found {found}"
+                )
             for reason in passed_over:
                 print(f"notice: skipping a checkpoint: {reason}; using {newest.path.name}", file=sys.stderr)
             checkpoint = newest.path
         with warnings.catch_warnings(record=True) as notices:
             warnings.simplefilter("always", CheckpointWarning)
-            written = export_hf(checkpoint, out, dtype=getattr(torch, EXPORT_DTYPES[dtype]) if dtype else None,
-                                merged=merged)  # fmt: skip
+            written = export_hf(
+                checkpoint, out, dtype=getattr(torch, EXPORT_DTYPES[dtype]) if dtype else None, merged=merged
+            )
     except CheckpointError as error:
         print(f"nxd-train ckpt export-hf: {error}", file=sys.stderr)
         return 1

@@ -49,12 +49,14 @@ from .export_dtypes import EXPORT_DTYPES
 if TYPE_CHECKING:
     from .plan import RunPlan
 
-DEVICE_MEMORY_HELP = ("memory of one rank in GiB (default: the local accelerator's, or the host's shared by the "
-                      "local ranks)")
+DEVICE_MEMORY_HELP = (
+    "memory of one rank in GiB (default: the local accelerator's, or the host's shared by the local ranks)"
+)
 SUBCOMMANDS = ("train", "config", "plan", "tune", "launch", "generate", "eval", "data", "ckpt", "plot")
 TOP_LEVEL_OPTIONS = ("-h", "--help", "--version", "-V")
-OVERRIDE_HELP = ("a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML); --a.b VALUE is "
-                 "a.b=VALUE")  # fmt: skip
+OVERRIDE_HELP = (
+    "a.b=VALUE changes a key, +a.b=VALUE adds one, ~a.b deletes one (VALUE is YAML); --a.b VALUE is a.b=VALUE"
+)
 ITEMS_HELP = "config files (one NxDT or QEfficient file, or GPT-NeoX files), then overrides: " + OVERRIDE_HELP
 DIALECT_HELP = "the files' dialect (default: recognised from the files)"
 
@@ -104,31 +106,49 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="nxd-train",
         description="Train large language models from one NxDT-dialect YAML file (or GPT-NeoX config files, or a "
-                    "QEfficient fine-tuning file).",
+        "QEfficient fine-tuning file).",
         epilog="Without a subcommand, nxd-train runs 'train'. Overrides: " + OVERRIDE_HELP,
     )
     parser.add_argument("--version", "-V", action=_Versions, help="print the version of every nxd package")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     train = commands.add_parser("train", help="run the job a config describes (the default command)")
-    train.add_argument("--config", "-c", type=Path, action="append", default=None,
-                       help="config file, repeatable for GPT-NeoX files (default: the embedded tiny config)")
+    train.add_argument(
+        "--config",
+        "-c",
+        type=Path,
+        action="append",
+        default=None,
+        help="config file, repeatable for GPT-NeoX files (default: the embedded tiny config)",
+    )
     train.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
-    train.add_argument("overrides", nargs="*", metavar="FILE|OVERRIDE",
-                       help="config files (one NxDT or QEfficient file, or GPT-NeoX files; default: the embedded tiny "
-                            "config, `nxd-train config copy tiny DEST` writes it out), then overrides: "
-                            + OVERRIDE_HELP)
+    train.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="FILE|OVERRIDE",
+        help="config files (one NxDT or QEfficient file, or GPT-NeoX files; default: the embedded tiny "
+        "config, `nxd-train config copy tiny DEST` writes it out), then overrides: " + OVERRIDE_HELP,
+    )
 
     config = commands.add_parser("config", help="inspect a config without running it")
     actions = config.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for name, text in (("show", "print the resolved config (defaults filled in) as YAML"),
-                       ("check", "validate a config and run training's preflight (data, model, layout) without "
-                                  "launching: exit 0 if a run would start on this machine, 1 listing every problem"),
-                       ("translate", "print the same run as an NxDT-dialect file: the keys it sets, nxd extensions "
-                                      "marked (a GPT-NeoX run migrates to NxDT's dialect)")):
+    for name, text in (
+        ("show", "print the resolved config (defaults filled in) as YAML"),
+        (
+            "check",
+            "validate a config and run training's preflight (data, model, layout) without "
+            "launching: exit 0 if a run would start on this machine, 1 listing every problem",
+        ),
+        (
+            "translate",
+            "print the same run as an NxDT-dialect file: the keys it sets, nxd extensions "
+            "marked (a GPT-NeoX run migrates to NxDT's dialect)",
+        ),
+    ):
         action = actions.add_parser(name, help=text, description=text)
-        action.add_argument("items", nargs="*", metavar="FILE|OVERRIDE",
-                            help=ITEMS_HELP + " (no file: the embedded tiny config)")
+        action.add_argument(
+            "items", nargs="*", metavar="FILE|OVERRIDE", help=ITEMS_HELP + " (no file: the embedded tiny config)"
+        )
         action.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
         if name == "translate":
             action.add_argument("--to", choices=("nxdt",), default="nxdt", help="the dialect to write (nxdt)")
@@ -136,65 +156,102 @@ def build_parser() -> argparse.ArgumentParser:
     actions.add_parser("list", help=text, description=text)
     text = "copy an example config to a new file (or into a folder), never over a file that exists"
     copy = actions.add_parser("copy", help=text, description=text)
-    copy.add_argument("name", metavar="NAME",
-                      help="an example's name as `config list` prints it (tiny, neox/pythia_tiny)")
+    copy.add_argument(
+        "name", metavar="NAME", help="an example's name as `config list` prints it (tiny, neox/pythia_tiny)"
+    )
     copy.add_argument("destination", type=Path, metavar="DEST", help="a new file, or a folder to copy it into")
     text = "list the config's keys (NxDT's dialect and nxd's extensions) with type, default and what each does"
     keys = actions.add_parser("keys", help=text, description=text)
-    keys.add_argument("prefix", nargs="?", default="", metavar="PREFIX",
-                      help="only this section or key and those under it (model.optim)")
+    keys.add_argument(
+        "prefix",
+        nargs="?",
+        default="",
+        metavar="PREFIX",
+        help="only this section or key and those under it (model.optim)",
+    )
 
-    text = ("count each rank's memory (parameters, gradients, master weights, optimizer state, activations, "
-            "loss, step) for the config's layout before launch, against the memory a rank has; exit 1, naming "
-            "the keys that would make it fit, when it does not fit")  # fmt: skip
+    text = (
+        "count each rank's memory (parameters, gradients, master weights, optimizer state, activations, "
+        "loss, step) for the config's layout before launch, against the memory a rank has; exit 1, naming "
+        "the keys that would make it fit, when it does not fit"
+    )
     plan = commands.add_parser("plan", help="each rank's memory before launch", description=text)
     plan.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     plan.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
     plan.add_argument("--device-memory", type=_gib, metavar="GIB", default=None, help=DEVICE_MEMORY_HELP)
 
-    text = ("search micro-batch size x ZeRO stage (the config's tune keys; GPT-NeoX's autotuning block): the memory "
-            "plan leaves out what does not fit, each other candidate trains tune.end_step steps, and the fastest by "
-            "tokens/s is written as a new config file")  # fmt: skip
+    text = (
+        "search micro-batch size x ZeRO stage (the config's tune keys; GPT-NeoX's autotuning block): the memory "
+        "plan leaves out what does not fit, each other candidate trains tune.end_step steps, and the fastest by "
+        "tokens/s is written as a new config file"
+    )
     tune = commands.add_parser("tune", help="find the fastest micro-batch size and ZeRO stage", description=text)
     tune.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     tune.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
     tune.add_argument("--device-memory", type=_gib, metavar="GIB", default=None, help=DEVICE_MEMORY_HELP)
-    tune.add_argument("--output", "-o", type=Path, default=None,
-                      help="the tuned config's file (default: <name>-tuned.yaml; never over a file that exists)")
+    tune.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=None,
+        help="the tuned config's file (default: <name>-tuned.yaml; never over a file that exists)",
+    )
 
-    text = ("write the job a cluster runs from the same config files: an sbatch script (trainer.num_nodes nodes, "
-            "trainer.devices tasks each, trainer.cluster's partition, account, time, requeue and warning signal) or, "
-            "for a hostfile (trainer.cluster.scheduler: hosts), each host's torchrun command; config check and plan "
-            "run first for the job's layout")  # fmt: skip
+    text = (
+        "write the job a cluster runs from the same config files: an sbatch script (trainer.num_nodes nodes, "
+        "trainer.devices tasks each, trainer.cluster's partition, account, time, requeue and warning signal) or, "
+        "for a hostfile (trainer.cluster.scheduler: hosts), each host's torchrun command; config check and plan "
+        "run first for the job's layout"
+    )
     launch = commands.add_parser("launch", help="write (and submit) the job a cluster runs", description=text)
     launch.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     launch.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
-    launch.add_argument("--output", "-o", type=Path, default=None,
-                        help="the script to write (default: JOB_NAME.sbatch, or JOB_NAME-hosts.sh; never replaced)")
+    launch.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=None,
+        help="the script to write (default: JOB_NAME.sbatch, or JOB_NAME-hosts.sh; never replaced)",
+    )
     launch.add_argument("--submit", action="store_true", help="submit the sbatch script (sbatch) once written")
-    launch.add_argument("--device-memory", type=_gib, metavar="GIB", default=None,
-                        help="memory of one rank on the cluster's nodes in GiB, for the plan (default: this host's)")
+    launch.add_argument(
+        "--device-memory",
+        type=_gib,
+        metavar="GIB",
+        default=None,
+        help="memory of one rank on the cluster's nodes in GiB, for the plan (default: this host's)",
+    )
 
-    text = ("sample the run's newest complete checkpoint (or exp_manager.resume_from_checkpoint's weights) at its "
-            "tensor-parallel layout, as GPT-NeoX's generate.py: generate.text_gen_type unconditional, input-file or "
-            "interactive; completions as JSON lines in generate.sample_output_file")  # fmt: skip
+    text = (
+        "sample the run's newest complete checkpoint (or exp_manager.resume_from_checkpoint's weights) at its "
+        "tensor-parallel layout, as GPT-NeoX's generate.py: generate.text_gen_type unconditional, input-file or "
+        "interactive; completions as JSON lines in generate.sample_output_file"
+    )
     generation = commands.add_parser("generate", help="sample a trained run", description=text)
     generation.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     generation.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
-    text = ("benchmark the run's newest complete checkpoint with EleutherAI's lm-evaluation-harness (the "
-            "nxd-train[eval] extra), as GPT-NeoX's eval.py: results printed as lm-eval's table and written to "
-            "{eval.results_prefix}_eval_results_{mm-dd-YYYY-HH-MM-SS}.json")  # fmt: skip
+    text = (
+        "benchmark the run's newest complete checkpoint with EleutherAI's lm-evaluation-harness (the "
+        "nxd-train[eval] extra), as GPT-NeoX's eval.py: results printed as lm-eval's table and written to "
+        "{eval.results_prefix}_eval_results_{mm-dd-YYYY-HH-MM-SS}.json"
+    )
     evaluation = commands.add_parser("eval", help="benchmark a trained run (lm-evaluation-harness)", description=text)
     evaluation.add_argument("items", nargs="+", metavar="FILE|OVERRIDE", help=ITEMS_HELP)
     evaluation.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
     evaluation.add_argument("--tasks", default=None, help="comma-separated lm-eval task names (default: eval.tasks)")
     evaluation.add_argument("--limit", type=float, default=None, help="documents per task (a fraction below 1)")
     evaluation.add_argument("--num-fewshot", type=int, default=None, help="examples in each prompt")
-    evaluation.add_argument("--include-path", default=None,
-                            help="a folder of one's own task YAML files; it is code: lm-eval runs the Python its "
-                            "`!function` tags name (utils.py beside them), so run only a folder you trust")  # fmt: skip
-    evaluation.add_argument("--log-samples", action="store_true",
-                            help="each document's prompt, responses and scores in the results file too")
+    evaluation.add_argument(
+        "--include-path",
+        default=None,
+        help="a folder of one's own task YAML files; it is code: lm-eval runs the Python its "
+        "`!function` tags name (utils.py beside them), so run only a folder you trust",
+    )
+    evaluation.add_argument(
+        "--log-samples",
+        action="store_true",
+        help="each document's prompt, responses and scores in the results file too",
+    )
 
     data = commands.add_parser("data", help="prepare training data")
     data_actions = data.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -202,50 +259,83 @@ def build_parser() -> argparse.ArgumentParser:
     preprocess = data_actions.add_parser("preprocess", help=text, description=text)
     preprocess.add_argument("--input", nargs="+", type=Path, required=True, metavar="FILE", help="jsonl input files")
     preprocess.add_argument("--output-prefix", required=True, help="writes PREFIX_{key}_document.bin/.idx")
-    preprocess.add_argument("--tokenizer", help="a tokenizer.json file, or a directory holding one or a SentencePiece "
-                            "tokenizer.model")  # fmt: skip
-    preprocess.add_argument("--tokenizer-type", choices=("GPT2BPETokenizer", "CharLevelTokenizer", "TiktokenTokenizer"),
-                            help="Megatron's tokenizer class (not --tokenizer): GPT2BPETokenizer from --vocab-file "
-                            "and --merge-file, CharLevelTokenizer, TiktokenTokenizer from --vocab-file")  # fmt: skip
-    preprocess.add_argument("--vocab-file",
-                            help="GPT-2 vocab.json, or a tiktoken encoding name (with --tokenizer-type)")
+    preprocess.add_argument(
+        "--tokenizer", help="a tokenizer.json file, or a directory holding one or a SentencePiece tokenizer.model"
+    )
+    preprocess.add_argument(
+        "--tokenizer-type",
+        choices=("GPT2BPETokenizer", "CharLevelTokenizer", "TiktokenTokenizer"),
+        help="Megatron's tokenizer class (not --tokenizer): GPT2BPETokenizer from --vocab-file "
+        "and --merge-file, CharLevelTokenizer, TiktokenTokenizer from --vocab-file",
+    )
+    preprocess.add_argument(
+        "--vocab-file", help="GPT-2 vocab.json, or a tiktoken encoding name (with --tokenizer-type)"
+    )
     preprocess.add_argument("--merge-file", help="GPT-2 merges.txt (with --tokenizer-type)")
     preprocess.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY", help="keys to tokenise")
     preprocess.add_argument("--append-eod", action="store_true", help="end each document with the EOD token")
     preprocess.add_argument("--workers", type=int, default=1, help="tokenising processes (default 1)")
-    preprocess.add_argument("--skip-bad-lines", action="store_true",
-                            help="skip lines that are not JSON objects with the keys (default: stop at the first)")
+    preprocess.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="skip lines that are not JSON objects with the keys (default: stop at the first)",
+    )
     preprocess.add_argument("--no-progress", action="store_true", help="no progress bar")
-    preprocess.add_argument("--overwrite", action="store_true",
-                            help="replace files already under the output prefix (default: refuse)")
+    preprocess.add_argument(
+        "--overwrite", action="store_true", help="replace files already under the output prefix (default: refuse)"
+    )
 
     ckpt = commands.add_parser("ckpt", help="inspect and convert checkpoints")
     ckpt_actions = ckpt.add_subparsers(dest="action", metavar="ACTION", required=True)
     text = "list the checkpoints of a log directory with step, consumed samples, size and completeness"
     listing = ckpt_actions.add_parser("list", help=text, description=text)
-    listing.add_argument("log_dir", type=Path, metavar="LOGDIR",
-                         help="a run's log directory, its checkpoints folder, or an experiment folder of versions")
-    text = "check every file of a checkpoint (or of each checkpoint of a log directory) against the digest and size " \
-           "its completion marker recorded; exit 1 if any is damaged"
+    listing.add_argument(
+        "log_dir",
+        type=Path,
+        metavar="LOGDIR",
+        help="a run's log directory, its checkpoints folder, or an experiment folder of versions",
+    )
+    text = (
+        "check every file of a checkpoint (or of each checkpoint of a log directory) against the digest and size "
+        "its completion marker recorded; exit 1 if any is damaged"
+    )
     verify = ckpt_actions.add_parser("verify", help=text, description=text)
     verify.add_argument("path", type=Path, metavar="PATH", help="a checkpoint directory or a log directory")
     text = "write a checkpoint as Hugging Face safetensors and config.json (AutoModelForCausalLM loads it)"
     export = ckpt_actions.add_parser("export-hf", help=text, description=text)
-    export.add_argument("checkpoint", type=Path, metavar="CKPT",
-                        help="a checkpoint directory, or a log directory (its newest complete checkpoint)")
+    export.add_argument(
+        "checkpoint",
+        type=Path,
+        metavar="CKPT",
+        help="a checkpoint directory, or a log directory (its newest complete checkpoint)",
+    )
     export.add_argument("out", type=Path, metavar="OUT", help="a new or empty directory")
-    export.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default=None,
-                        help="store floating-point weights in this dtype (default: as trained)")
-    export.add_argument("--merged", action="store_true",
-                        help="a LoRA checkpoint saved with its base (save_lora_base or merge_lora): the model with "
-                             "the adapter merged in, instead of the peft adapter folder")  # fmt: skip
+    export.add_argument(
+        "--dtype",
+        choices=sorted(EXPORT_DTYPES),
+        default=None,
+        help="store floating-point weights in this dtype (default: as trained)",
+    )
+    export.add_argument(
+        "--merged",
+        action="store_true",
+        help="a LoRA checkpoint saved with its base (save_lora_base or merge_lora): the model with "
+        "the adapter merged in, instead of the peft adapter folder",
+    )
 
-    text = ("draw loss and validation loss, learning rate, tokens/s and any reward or accuracy columns against the "
-            "step from runs' metrics.csv, several runs overlaid (the nxd-train[plot] extra: matplotlib)")
+    text = (
+        "draw loss and validation loss, learning rate, tokens/s and any reward or accuracy columns against the "
+        "step from runs' metrics.csv, several runs overlaid (the nxd-train[plot] extra: matplotlib)"
+    )
     plot = commands.add_parser("plot", help="a picture of runs' metrics", description=text)
     plot.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="a run's log directory (its metrics.csv)")
-    plot.add_argument("--output", "-o", type=Path, default=Path("plot.png"),
-                      help="the PNG to write (default: plot.png; never over a file that exists)")
+    plot.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=Path("plot.png"),
+        help="the PNG to write (default: plot.png; never over a file that exists)",
+    )
     return parser
 
 
@@ -259,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[0] == "train":  # `nxd-train A.yml B.yml ...` reads like `--config A.yml --config B.yml ...`
         index = 1
         while index < len(args_list) and _is_config_file(args_list[index]):
-            args_list[index:index + 1] = ["--config", args_list[index]]
+            args_list[index : index + 1] = ["--config", args_list[index]]
             index += 2
     if args_list[0] in ("train", "config", "plan", "tune", "launch", "generate", "eval"):
         if problem := mistyped_option(args_list):
@@ -316,8 +406,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _train_command(args.config or [default_config_path()], args.overrides, args.dialect)
 
 
-OPTIONS = ("--config", "-c", "--dialect", "--to", "--device-memory", "--output", "-o", "--submit", "--tasks", "--limit",
-           "--num-fewshot", "--include-path", "--log-samples", "-h", "--help")
+OPTIONS = (
+    "--config",
+    "-c",
+    "--dialect",
+    "--to",
+    "--device-memory",
+    "--output",
+    "-o",
+    "--submit",
+    "--tasks",
+    "--limit",
+    "--num-fewshot",
+    "--include-path",
+    "--log-samples",
+    "-h",
+    "--help",
+)
 
 FLAGS = ("-h", "--help", "--submit", "--log-samples")
 """nxd's options that take no value."""
@@ -333,7 +438,7 @@ def flag_overrides(arguments: list[str]) -> list[str]:
         name = item.partition("=")[0]
         if name in OPTIONS:
             takes_value = "=" not in item and name not in FLAGS
-            out += arguments[index:index + 1 + takes_value]
+            out += arguments[index : index + 1 + takes_value]
             index += 1 + takes_value
             continue
         if not item.startswith("--") or item == "--":
@@ -364,8 +469,10 @@ def unknown_command(first: str) -> str | None:
     close = difflib.get_close_matches(first, SUBCOMMANDS, n=1, cutoff=0.6)
     if close:
         return f"unknown command {first!r} (did you mean {close[0]!r}?); expected one of {', '.join(SUBCOMMANDS)}"
-    return (f"{first!r}: expected a command ({', '.join(SUBCOMMANDS)}), a config file (.yaml, .yml or .json) or an "
-            f"override (KEY=VALUE), found none of them")  # fmt: skip
+    return (
+        f"{first!r}: expected a command ({', '.join(SUBCOMMANDS)}), a config file (.yaml, .yml or .json) or an "
+        f"override (KEY=VALUE), found none of them"
+    )
 
 
 def mistyped_option(arguments: list[str]) -> str | None:
@@ -388,7 +495,7 @@ def _options_first(arguments: list[str]) -> list[str]:
     while index < len(arguments):
         item = arguments[index]
         if item in OPTIONS and item not in FLAGS and index + 1 < len(arguments):
-            options += arguments[index:index + 2]
+            options += arguments[index : index + 2]
             index += 2
         else:
             (options if item.startswith("-") and item.partition("=")[0] in OPTIONS else items).append(item)
@@ -408,15 +515,16 @@ def split_items(items: Sequence[str]) -> tuple[list[Path], list[str]]:
         if "=" in item or item.startswith(("~", "+")):
             break
         files.append(Path(item))
-    return files, list(items[len(files):])
+    return files, list(items[len(files) :])
 
 
 def _names(paths: Sequence[Path]) -> str:
     return ", ".join(str(path) for path in paths)
 
 
-def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str], dialect: str | None,
-                    to: str = "nxdt") -> int:  # fmt: skip
+def _config_command(
+    action: str, paths: Sequence[Path], overrides: Sequence[str], dialect: str | None, to: str = "nxdt"
+) -> int:
     config = load(paths, overrides, dialect)
     if config is None:
         return 1
@@ -428,10 +536,12 @@ def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str]
         return 0
     path = _names(paths)
     processes = f"{config.world_size} process{'es' if config.world_size != 1 else ''}"
-    print(f"{path}: valid ({processes}: tp={config.distributed_strategy.tensor_model_parallel_size} "
-          f"pp={config.distributed_strategy.pipeline_model_parallel_size} "
-          f"cp={config.distributed_strategy.context_parallel_size} dp={config.data_parallel_size}, "
-          f"gradient accumulation {config.gradient_accumulation_steps})")
+    print(
+        f"{path}: valid ({processes}: tp={config.distributed_strategy.tensor_model_parallel_size} "
+        f"pp={config.distributed_strategy.pipeline_model_parallel_size} "
+        f"cp={config.distributed_strategy.context_parallel_size} dp={config.data_parallel_size}, "
+        f"gradient accumulation {config.gradient_accumulation_steps})"
+    )
     from .corpus import default_cache_dir  # the same preflight as training, without launching
     from .preflight import PreflightError, plan_run
 
@@ -439,14 +549,17 @@ def _config_command(action: str, paths: Sequence[Path], overrides: Sequence[str]
         with notices_to_stderr():
             plan_run(config, default_cache_dir(), here=False)
     except PreflightError as error:
-        print(f"{path}: would stop a run on this machine:\n" + "\n".join(f"  {p}" for p in error.problems),
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{path}: would stop a run on this machine:\n" + "\n".join(f"  {p}" for p in error.problems),
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
-def _plan_command(paths: Sequence[Path], overrides: Sequence[str], device_memory: float | None,
-                  dialect: str | None) -> int:  # fmt: skip
+def _plan_command(
+    paths: Sequence[Path], overrides: Sequence[str], device_memory: float | None, dialect: str | None
+) -> int:
     config = load(paths, overrides, dialect)
     if config is None:
         return 1
@@ -495,8 +608,10 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
         print(f"{path}: {error}", file=sys.stderr)
         return 1
     if hosts and args.submit:
-        print("nxd-train launch: --submit submits an sbatch script; run the hosts script it wrote instead",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "nxd-train launch: --submit submits an sbatch script; run the hosts script it wrote instead",
+            file=sys.stderr,
+        )
         return 1
     name = config.trainer.cluster.job_name or config.name
     output = args.output or Path(f"{name}-hosts.sh" if hosts else f"{name}.sbatch")
@@ -504,8 +619,10 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
         with open(output, "x") as handle:  # never over a file the user has
             handle.write(script)
     except FileExistsError:
-        print(f"--output: {output} exists; expected a new file (nxd-train never replaces one): name another",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"--output: {output} exists; expected a new file (nxd-train never replaces one): name another",
+            file=sys.stderr,
+        )
         return 1
     except OSError as error:
         print(f"--output: cannot write {output} ({error.strerror or error})", file=sys.stderr)
@@ -519,8 +636,9 @@ def _launch_command(files: list[Path], overrides: list[str], args: argparse.Name
     import subprocess
 
     if shutil.which("sbatch") is None:
-        print("--submit: sbatch is not on this machine's PATH; submit the script from a Slurm login node",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "--submit: sbatch is not on this machine's PATH; submit the script from a Slurm login node", file=sys.stderr
+        )
         return 1
     result = subprocess.run(["sbatch", "--parsable", str(output)], capture_output=True, text=True)
     if result.returncode:
@@ -564,8 +682,10 @@ def _coordinate_check(plan: RunPlan, widths: list[int] | None, path: str, quiet:
     except (ModelConfigError, OSError) as error:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
-    print(f"nxd-train: muP coordinate check written to {', '.join(str(p) for p in written)} (model.mup.coord_check); "
-          "not training")  # fmt: skip
+    print(
+        f"nxd-train: muP coordinate check written to {', '.join(str(p) for p in written)} (model.mup.coord_check); "
+        "not training"
+    )
     return 0
 
 
@@ -574,8 +694,11 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
 
     world = readable_world(os.environ)
     quiet = world is not None and world.local_rank != 0  # the first process of each node speaks for it
-    launch = None if world is None else {"WORLD_SIZE": str(world.world_size),
-                                         "LOCAL_WORLD_SIZE": str(world.local_world_size)}  # fmt: skip
+    launch = (
+        None
+        if world is None
+        else {"WORLD_SIZE": str(world.world_size), "LOCAL_WORLD_SIZE": str(world.local_world_size)}
+    )
     config = load(paths, overrides, dialect, launch=launch, quiet=quiet)  # a QEfficient file reads the sizes
     if config is None:
         return 1
@@ -634,8 +757,7 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
         if not collective_failure(error):
             raise
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"{path}: a collective between the ranks failed ({first}); every rank stops", file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(f"{path}: a collective between the ranks failed ({first}); every rank stops", file=sys.stderr, flush=True)
         exit_if_distributed(1, group_wide=False)
         return 1
     except KeyboardInterrupt:  # Ctrl-C before the first step
@@ -644,8 +766,11 @@ def _train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str
     except OSError as error:  # a log or metrics file this rank writes
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        print(f"{path}: {disk_full(error, plan.log_dir or plan.logging.explicit_log_dir or Path.cwd())}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{path}: {disk_full(error, plan.log_dir or plan.logging.explicit_log_dir or Path.cwd())}",
+            file=sys.stderr,
+            flush=True,
+        )
         exit_if_distributed(1, group_wide=False)
         return 1
     exit_if_distributed()
@@ -686,16 +811,25 @@ def _preprocess_command(args: argparse.Namespace) -> int:
         return 1
     tokenizer = args.tokenizer or TokenizerSource(args.tokenizer_type, "megatron", args.vocab_file, args.merge_file)
     try:
-        summary = preprocess_jsonl(args.input, args.output_prefix, tokenizer, json_keys=args.json_keys,
-                                   append_eod=args.append_eod, workers=args.workers,
-                                   skip_bad_lines=args.skip_bad_lines, progress=not args.no_progress,
-                                   overwrite=args.overwrite)  # fmt: skip
+        summary = preprocess_jsonl(
+            args.input,
+            args.output_prefix,
+            tokenizer,
+            json_keys=args.json_keys,
+            append_eod=args.append_eod,
+            workers=args.workers,
+            skip_bad_lines=args.skip_bad_lines,
+            progress=not args.no_progress,
+            overwrite=args.overwrite,
+        )
     except DataError as error:
         print(f"nxd-train data preprocess: {error}", file=sys.stderr)
         return 1
     skipped = f"; skipped {summary.skipped_lines} bad lines" if summary.skipped_lines else ""
-    print(f"wrote {', '.join(f'{prefix}.bin/.idx' for prefix in summary.outputs)}: {summary.documents:,} documents, "
-          f"{summary.tokens:,} tokens in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s){skipped}")
+    print(
+        f"wrote {', '.join(f'{prefix}.bin/.idx' for prefix in summary.outputs)}: {summary.documents:,} documents, "
+        f"{summary.tokens:,} tokens in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s){skipped}"
+    )
     return 0
 
 

@@ -68,8 +68,10 @@ class RoundStrategy(DDPStrategy):
 
     def _store_settings(self) -> dict:
         world = self.world
-        return dict(agent_store=world is not None and world.agent_store,
-                    single_host=self.num_nodes == 1 if world is None else world.single_host)  # fmt: skip
+        return dict(
+            agent_store=world is not None and world.agent_store,
+            single_host=self.num_nodes == 1 if world is None else world.single_host,
+        )
 
     def _setup_distributed(self) -> None:
         self._set_world_ranks()
@@ -77,9 +79,16 @@ class RoundStrategy(DDPStrategy):
             env = self.cluster_environment
             device = self.root_device if self.root_device.type != "cpu" else None
             try:
-                self.round = init_world(self._get_process_group_backend(), env.main_address, env.main_port,
-                                        self.global_rank, self.world_size, self._timeout, device_id=device,
-                                        **self._store_settings())  # fmt: skip
+                self.round = init_world(
+                    self._get_process_group_backend(),
+                    env.main_address,
+                    env.main_port,
+                    self.global_rank,
+                    self.world_size,
+                    self._timeout,
+                    device_id=device,
+                    **self._store_settings(),
+                )
             except (dist.DistStoreError, dist.DistNetworkError) as error:  # the store or a peer did not answer
                 raise RanksDidNotMeet(self._did_not_meet(error)) from error
         super()._setup_distributed()  # Fabric's bookkeeping; the group exists already
@@ -87,15 +96,26 @@ class RoundStrategy(DDPStrategy):
     def _did_not_meet(self, error: RuntimeError) -> str:
         env, seconds = self.cluster_environment, int(self._timeout.total_seconds())
         cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        said = (f"rank {self.global_rank} of {self.world_size} did not meet the other ranks at start-up on the run's "
-                f"store at {env.main_address}:{env.main_port} ({cause})")
+        said = (
+            f"rank {self.global_rank} of {self.world_size} did not meet the other ranks at start-up on the run's "
+            f"store at {env.main_address}:{env.main_port} ({cause})"
+        )
         if "timed out" not in cause and "timeout" not in cause:
             return said
-        return (f"{said}; torch applies distributed_strategy.collective_timeout ({seconds} s) to start-up too, so a "
-                "rank slower to start than that (imports from a shared filesystem, a busy host) needs a longer one")
+        return (
+            f"{said}; torch applies distributed_strategy.collective_timeout ({seconds} s) to start-up too, so a "
+            "rank slower to start than that (imports from a shared filesystem, a busy host) needs a longer one"
+        )
 
     def watch_store(self, timeout: timedelta) -> dist.Store:
         """A connection of its own to this round's store, for the peer watch."""
         env = self.cluster_environment
-        return client_store(env.main_address, env.main_port, self.world_size, timeout, round=self.round,
-                            suffix="peers/", **self._store_settings())  # fmt: skip
+        return client_store(
+            env.main_address,
+            env.main_port,
+            self.world_size,
+            timeout,
+            round=self.round,
+            suffix="peers/",
+            **self._store_settings(),
+        )

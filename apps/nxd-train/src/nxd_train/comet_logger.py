@@ -40,21 +40,37 @@ class CometLogger(Logger):
         folder = log_dir / FOLDER / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         folder.mkdir(parents=True, exist_ok=True)
         options = comet_ml.ExperimentConfig(
-            name=settings.name, tags=list(settings.tags) or None, offline_directory=str(folder),
-            auto_output_logging=False, auto_metric_logging=False, auto_param_logging=False, log_code=False,
-            log_git_metadata=False, log_git_patch=False, log_graph=False, parse_args=False, display_summary_level=0,
-        )  # fmt: skip
+            name=settings.name,
+            tags=list(settings.tags) or None,
+            offline_directory=str(folder),
+            auto_output_logging=False,
+            auto_metric_logging=False,
+            auto_param_logging=False,
+            log_code=False,
+            log_git_metadata=False,
+            log_git_patch=False,
+            log_graph=False,
+            parse_args=False,
+            display_summary_level=0,
+        )
         try:
-            self.experiment = comet_ml.start(workspace=settings.workspace, project_name=settings.project,
-                                             experiment_key=key, mode="get_or_create", online=online,
-                                             experiment_config=options)  # fmt: skip
+            self.experiment = comet_ml.start(
+                workspace=settings.workspace,
+                project_name=settings.project,
+                experiment_key=key,
+                mode="get_or_create",
+                online=online,
+                experiment_config=options,
+            )
             self.experiment.log_parameters(config)
             if settings.others:
                 self.experiment.log_others(dict(settings.others))
         except Exception as error:  # noqa: BLE001 - comet raises its own types and plain ones alike
-            raise CometStartError(f"exp_manager.create_comet_logger: Comet could not start an experiment ({error}); "
-                                  "check COMET_API_KEY (or `comet login`), or unset it to write an offline "
-                                  "experiment") from None  # fmt: skip
+            raise CometStartError(
+                f"exp_manager.create_comet_logger: Comet could not start an experiment ({error}); "
+                "check COMET_API_KEY (or `comet login`), or unset it to write an offline "
+                "experiment"
+            ) from None
         key_file.write_text(key)
         self.key = key
 

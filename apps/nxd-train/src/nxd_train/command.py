@@ -12,8 +12,10 @@ import signal
 import sys
 from types import FrameType
 
-OUTSIDE_STEPS = ("nxd-train: {name} outside the training steps (setting up or finishing): exiting now; checkpoints "
-                 "already complete are kept, nothing else was saved\n")  # fmt: skip
+OUTSIDE_STEPS = (
+    "nxd-train: {name} outside the training steps (setting up or finishing): exiting now; checkpoints "
+    "already complete are kept, nothing else was saved\n"
+)
 SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 """The signals a training run handles, with the handler Python starts with (another one, SIG_IGN included, is the
 parent's choice and kept)."""

@@ -36,8 +36,14 @@ QUIET_EXIT_DELAY = 3.0
 process of the node says it before the launcher ends the rest."""
 
 
-def load(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None, *,
-          launch: dict[str, str] | None = None, quiet: bool = False) -> NxdConfig | None:  # fmt: skip
+def load(
+    paths: Sequence[Path],
+    overrides: Sequence[str],
+    dialect: str | None,
+    *,
+    launch: dict[str, str] | None = None,
+    quiet: bool = False,
+) -> NxdConfig | None:
     """Load a config, printing notices and errors to stderr; None when it is invalid."""
     try:
         with notices_to_stderr(quiet):

@@ -8,8 +8,16 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-PACKAGES = ("nxd-train", "nxd-config", "nxd-parallel", "nxd-models", "nxd-data", "nxd-align", "nxd-ckpt",
-            "nxd-precision")  # fmt: skip
+PACKAGES = (
+    "nxd-train",
+    "nxd-config",
+    "nxd-parallel",
+    "nxd-models",
+    "nxd-data",
+    "nxd-align",
+    "nxd-ckpt",
+    "nxd-precision",
+)
 ENGINES = ("torch", "transformers", "lightning-fabric")
 
 
@@ -56,8 +64,10 @@ def keys_command(prefix: str) -> int:
         every = [row.key for row in key_rows()]
         close = difflib.get_close_matches(prefix, every, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        print(f"nxd-train config keys: {prefix!r}: expected a section or key of the config, found none{hint}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"nxd-train config keys: {prefix!r}: expected a section or key of the config, found none{hint}",
+            file=sys.stderr,
+        )
         return 1
     for row in rows:
         effect = row.effect.split(". ")[0].rstrip(".")

@@ -37,26 +37,40 @@ def coordinate_check(plan: RunPlan, widths: list[int] | None, folder: Path, devi
     spec, data, update = plan.family.spec, plan.data, plan.update
     targets = [folder / f"coord_check_{label}.{kind}" for label in PARAMETRISATIONS for kind in ("csv", "png")]
     if present := [str(path) for path in targets if path.exists()]:
-        raise FileExistsError(f"model.mup.coord_check: {', '.join(present)} already there; expected none, so that "
-                              "nothing is written over: move them or run from another folder")  # fmt: skip
+        raise FileExistsError(
+            f"model.mup.coord_check: {', '.join(present)} already there; expected none, so that "
+            "nothing is written over: move them or run from another folder"
+        )
     micro = plan.batches.micro_batch_size
     collate = data.collate(None)
-    batches = [{key: value.to(device) for key, value in collate(
-        [data.train[index % len(data.train)] for index in range(step * micro, (step + 1) * micro)]).items()}
-        for step in range(COORD_STEPS)]  # a short run's samples repeat  # fmt: skip
+    batches = [
+        {
+            key: value.to(device)
+            for key, value in collate(
+                [data.train[index % len(data.train)] for index in range(step * micro, (step + 1) * micro)]
+            ).items()
+        }
+        for step in range(COORD_STEPS)
+    ]  # a short run's samples repeat
     widths = widths or neox_widths(spec.num_attention_heads)
 
     def optimizer(model: nn.Module) -> torch.optim.Optimizer:
         names = [name for name, p in model.named_parameters() if p.requires_grad]
-        return build_optimizer(update.optimizer, model.parameters(), update.options,
-                               decay_norms_and_biases=update.decay_norms_and_biases,
-                               scales=model_family(model.config).optimizer_scales(names, update.optimizer))  # fmt: skip
+        return build_optimizer(
+            update.optimizer,
+            model.parameters(),
+            update.options,
+            decay_norms_and_biases=update.decay_norms_and_biases,
+            scales=model_family(model.config).optimizer_scales(names, update.optimizer),
+        )
 
     written = []
     for label, mup in zip(PARAMETRISATIONS, (spec.mup, None), strict=True):
+
         def build(width: int, mup: Any = mup) -> nn.Module:
-            return build_causal_lm(widened(replace(spec, mup=mup), width), device, seed=plan.launch.seed,
-                                   attention=plan.family.attention)  # fmt: skip
+            return build_causal_lm(
+                widened(replace(spec, mup=mup), width), device, seed=plan.launch.seed, attention=plan.family.attention
+            )
 
         records = coordinate_sizes(build, widths, batches, _mean_loss, optimizer)
         written += _write(records, folder / f"coord_check_{label}", "muP" if mup else "standard parametrisation")

@@ -63,9 +63,11 @@ def builtin_tokenizer(corpus: Corpus, cache_dir: Path) -> Path:
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=BUILTIN_VOCAB_SIZE, special_tokens=[EOD_TOKEN],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-        )  # fmt: skip
+            vocab_size=BUILTIN_VOCAB_SIZE,
+            special_tokens=[EOD_TOKEN],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
         tokenizer.train_from_iterator(corpus.documents, trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
         save_atomically(path, tokenizer.to_str().encode())

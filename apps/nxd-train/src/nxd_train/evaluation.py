@@ -64,10 +64,19 @@ def evaluation_problems(settings: EvalConfig) -> list[str]:
     if unknown:
         import difflib
 
-        hints = [f"{task!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
-            task, manager.all_tasks, n=1)) else "") for task in unknown]  # fmt: skip
-        return [f"eval.tasks: {', '.join(hints)} is not an lm-eval task; expected names `lm-eval ls tasks` lists"
-                + ("" if settings.include_path else ", or a folder of one's own with --include-path")]
+        hints = [
+            f"{task!r}"
+            + (
+                f" (did you mean {close[0]!r}?)"
+                if (close := difflib.get_close_matches(task, manager.all_tasks, n=1))
+                else ""
+            )
+            for task in unknown
+        ]
+        return [
+            f"eval.tasks: {', '.join(hints)} is not an lm-eval task; expected names `lm-eval ls tasks` lists"
+            + ("" if settings.include_path else ", or a folder of one's own with --include-path")
+        ]
     return []
 
 
@@ -108,11 +117,18 @@ def run_evaluation(run: LoadedRun, cfg: NxdConfig) -> int:
     from .lm_eval_model import NxdLM
 
     try:
-        results = simple_evaluate(model=NxdLM(run, settings.batch_size, cfg.seed), tasks=list(settings.tasks),
-                                  num_fewshot=settings.num_fewshot, limit=limit,
-                                  task_manager=task_manager(settings.include_path),
-                                  random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
-                                  fewshot_random_seed=cfg.seed, log_samples=settings.log_samples)  # fmt: skip
+        results = simple_evaluate(
+            model=NxdLM(run, settings.batch_size, cfg.seed),
+            tasks=list(settings.tasks),
+            num_fewshot=settings.num_fewshot,
+            limit=limit,
+            task_manager=task_manager(settings.include_path),
+            random_seed=cfg.seed,
+            numpy_random_seed=cfg.seed,
+            torch_random_seed=cfg.seed,
+            fewshot_random_seed=cfg.seed,
+            log_samples=settings.log_samples,
+        )
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # a task's YAML, its dataset, or a request nxd cannot score: lm-eval's own message

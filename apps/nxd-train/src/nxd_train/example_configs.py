@@ -51,8 +51,9 @@ def find_example(name: str) -> Example:
         return examples[key]
     close = difflib.get_close_matches(key, list(examples), n=3, cutoff=0.5)
     hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-    raise ExampleError(f"{name!r}: expected the name of an example config (nxd-train config list), found no such "
-                       f"example{hint}")  # fmt: skip
+    raise ExampleError(
+        f"{name!r}: expected the name of an example config (nxd-train config list), found no such example{hint}"
+    )
 
 
 def copy_example(name: str, destination: Path) -> Path:
@@ -63,8 +64,9 @@ def copy_example(name: str, destination: Path) -> Path:
         with open(target, "xb") as handle:
             handle.write(example.path.read_bytes())
     except FileExistsError:
-        raise ExampleError(f"{target}: exists; expected a new file (nxd-train never replaces one): "
-                           "name another") from None
+        raise ExampleError(
+            f"{target}: exists; expected a new file (nxd-train never replaces one): name another"
+        ) from None
     except OSError as error:
         raise ExampleError(f"{target}: cannot write it ({error.strerror or error})") from None
     return target

@@ -71,8 +71,9 @@ class LoadedRun:
     def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: object | None) -> torch.Tensor:
         """Logits of tokens continuing `cache` (None: a whole prefix from position 0), without gradients."""
         with torch.no_grad(), forward_autocast(self.fabric, self.plan.policy)():
-            return decoding_logits(self.model, input_ids.to(self.fabric.device), position_ids.to(self.fabric.device),
-                                   cache)  # fmt: skip
+            return decoding_logits(
+                self.model, input_ids.to(self.fabric.device), position_ids.to(self.fabric.device), cache
+            )
 
     def new_cache(self) -> object:
         return decoding_cache(self.model)
@@ -86,32 +87,48 @@ def inference_config(cfg: NxdConfig) -> NxdConfig:
     tp = ds.tensor_model_parallel_size
     eager = cfg.model.fusions.model_copy(update={"torch_compile": False})  # a cache's growing keys would recompile
     update = {
-        "exp_manager": exp.model_copy(update={"resume_if_exists": False, "create_checkpoint_callback": False,
-                                              "require_empty_log_dir": False}),
-        "model": cfg.model.model_copy(update={"weight_init_only": True, "activations_checkpoint_granularity": None,
-                                              "fusions": eager}),
+        "exp_manager": exp.model_copy(
+            update={"resume_if_exists": False, "create_checkpoint_callback": False, "require_empty_log_dir": False}
+        ),
+        "model": cfg.model.model_copy(
+            update={"weight_init_only": True, "activations_checkpoint_granularity": None, "fusions": eager}
+        ),
         "trainer": cfg.trainer.model_copy(update={"devices": tp, "num_nodes": 1}),
-        "distributed_strategy": ds.model_copy(update={"pipeline_model_parallel_size": 1, "context_parallel_size": 1,
-                                                      "virtual_pipeline_model_parallel_size": 1,
-                                                      "expert_model_parallel_size": 1, "zero1": False,
-                                                      "sequence_parallel": False}),
+        "distributed_strategy": ds.model_copy(
+            update={
+                "pipeline_model_parallel_size": 1,
+                "context_parallel_size": 1,
+                "virtual_pipeline_model_parallel_size": 1,
+                "expert_model_parallel_size": 1,
+                "zero1": False,
+                "sequence_parallel": False,
+            }
+        ),
         "data": data.model_copy(update={"global_batch_size": data.micro_batch_size}),
-    }  # fmt: skip
+    }
     return cfg.model_copy(update=update)
 
 
 def layout_note(cfg: NxdConfig) -> str | None:
     """What inference leaves out of the config's layout, in one line (None: nothing)."""
     ds = cfg.distributed_strategy
-    dropped = [f"{name} {size}" for name, size in (("pipeline", ds.pipeline_model_parallel_size),
-                                                   ("context", ds.context_parallel_size),
-                                                   ("expert", ds.expert_model_parallel_size),
-                                                   ("data", cfg.data_parallel_size)) if size > 1]  # fmt: skip
+    dropped = [
+        f"{name} {size}"
+        for name, size in (
+            ("pipeline", ds.pipeline_model_parallel_size),
+            ("context", ds.context_parallel_size),
+            ("expert", ds.expert_model_parallel_size),
+            ("data", cfg.data_parallel_size),
+        )
+        if size > 1
+    ]
     if not dropped:
         return None
-    return (f"inference runs at tensor parallel {ds.tensor_model_parallel_size} on "
-            f"{ds.tensor_model_parallel_size} process(es): the weights are gathered out of the training layout's "
-            f"{', '.join(dropped)} (those split training's work, not one forward's)")  # fmt: skip
+    return (
+        f"inference runs at tensor parallel {ds.tensor_model_parallel_size} on "
+        f"{ds.tensor_model_parallel_size} process(es): the weights are gathered out of the training layout's "
+        f"{', '.join(dropped)} (those split training's work, not one forward's)"
+    )
 
 
 def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
@@ -125,18 +142,28 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
     newest, passed_over = newest_usable(folder / CHECKPOINT_DIR)
     start, lora = plan.resume, plan.lora
     if newest is None and start is None and passed_over:
-        raise InferenceError(f"no usable checkpoint to load under {folder}: {'; '.join(passed_over)} (nxd-train ckpt "
-                             f"verify {folder / CHECKPOINT_DIR} checks each); expected a complete, undamaged "
-                             "checkpoint, or weights named by exp_manager.resume_from_checkpoint")  # fmt: skip
+        raise InferenceError(
+            f"no usable checkpoint to load under {folder}: {'; '.join(passed_over)} (nxd-train ckpt "
+            f"verify {folder / CHECKPOINT_DIR} checks each); expected a complete, undamaged "
+            "checkpoint, or weights named by exp_manager.resume_from_checkpoint"
+        )
     if newest is None and start is None:
-        raise InferenceError(f"no checkpoint to load: expected a complete checkpoint of the run under {folder} (train "
-                             "it with exp_manager.create_checkpoint_callback: True) or weights named by "
-                             "exp_manager.resume_from_checkpoint")  # fmt: skip
+        raise InferenceError(
+            f"no checkpoint to load: expected a complete checkpoint of the run under {folder} (train "
+            "it with exp_manager.create_checkpoint_callback: True) or weights named by "
+            "exp_manager.resume_from_checkpoint"
+        )
     fabric = launch_processes(plan)
     mesh = ParallelDims(fabric.world_size, tp=plan.launch.tp).build_mesh(fabric.device.type)
-    model = build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=plan.launch.seed,
-                                 use_cpu_initialization=plan.launch.use_cpu_initialization,
-                                 prepare=partial(prepare_parameters, policy=plan.policy))  # fmt: skip
+    model = build_parallel_model(
+        plan.family,
+        plan.layout,
+        mesh,
+        fabric.device,
+        seed=plan.launch.seed,
+        use_cpu_initialization=plan.launch.use_cpu_initialization,
+        prepare=partial(prepare_parameters, policy=plan.policy),
+    )
     adapters = newest.path if newest is not None else start.path if lora and plan.adapters.from_checkpoint else None
     if lora is not None and adapters is not None:  # the base the run started from, then the checkpoint's adapters
         base = plan.adapters.base_source or (None if plan.adapters.from_checkpoint else start)
@@ -149,8 +176,9 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
         start_new_soft_prompt(model, plan.family, source)
     prepare_for_decoding(model)
     tokenizer = run_tokenizer(cfg.data, cache_dir, cfg.model.trust_remote_code)
-    return LoadedRun(plan, fabric, model, tokenizer, newest.path if newest is not None else start.path,
-                     tuple(passed_over))
+    return LoadedRun(
+        plan, fabric, model, tokenizer, newest.path if newest is not None else start.path, tuple(passed_over)
+    )
 
 
 def _path(value: str | None) -> Path | None:
@@ -161,4 +189,3 @@ def say(run: LoadedRun, line: str) -> None:
     """A line for the user from the first process."""
     if run.first:
         print(line, file=sys.stderr, flush=True)
-

@@ -22,12 +22,12 @@ def generate_command(paths: Sequence[Path], overrides: Sequence[str], dialect: s
             print(f"notice: {notice}", file=sys.stderr)
         return settings_problems(config.generate)
 
-    return _inference(paths, overrides, dialect, check, lambda run, config: run_generation(run, config.generate,
-                                                                                         config.seed))  # fmt: skip
+    return _inference(
+        paths, overrides, dialect, check, lambda run, config: run_generation(run, config.generate, config.seed)
+    )
 
 
-def eval_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None,
-                 args: argparse.Namespace) -> int:  # fmt: skip
+def eval_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None, args: argparse.Namespace) -> int:
     from .evaluation import evaluation_problems, run_evaluation, with_command_line
 
     def check(config: NxdConfig) -> list[str]:
@@ -36,15 +36,23 @@ def eval_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str |
     return _inference(paths, overrides, dialect, check, run_evaluation, adjust=lambda c: with_command_line(c, args))
 
 
-def _inference(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None,
-               check: Callable[[NxdConfig], list[str]], work: Callable[..., int],
-               adjust: Callable[[NxdConfig], NxdConfig] | None = None) -> int:  # fmt: skip
+def _inference(
+    paths: Sequence[Path],
+    overrides: Sequence[str],
+    dialect: str | None,
+    check: Callable[[NxdConfig], list[str]],
+    work: Callable[..., int],
+    adjust: Callable[[NxdConfig], NxdConfig] | None = None,
+) -> int:
     from .launcher_check import readable_world
 
     world = readable_world(os.environ)
     quiet = world is not None and world.local_rank != 0
-    launch = None if world is None else {"WORLD_SIZE": str(world.world_size),
-                                         "LOCAL_WORLD_SIZE": str(world.local_world_size)}  # fmt: skip
+    launch = (
+        None
+        if world is None
+        else {"WORLD_SIZE": str(world.world_size), "LOCAL_WORLD_SIZE": str(world.local_world_size)}
+    )
     config = load(paths, overrides, dialect, launch=launch, quiet=quiet)
     if config is None:
         return 1

@@ -60,8 +60,12 @@ class StopRequests:
     """Signal handlers for the length of a `with` block: the first signal is remembered, a second one
     ends the process."""
 
-    def __init__(self, signals: tuple[signal.Signals, ...] = tuple(signal.Signals[s] for s in STOP_SIGNALS), *,
-                 acknowledge: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        signals: tuple[signal.Signals, ...] = tuple(signal.Signals[s] for s in STOP_SIGNALS),
+        *,
+        acknowledge: bool = True,
+    ):
         """`acknowledge`: say on stderr that the first signal was heard (the run gives it to rank 0 only, so that a
         Ctrl-C reaching every rank is said once; a signal reaching another rank alone is said when the run stops)."""
         self.acknowledge = acknowledge
@@ -84,13 +88,20 @@ class StopRequests:
         if self.signum is not None:
             if signum == self.signum and now - self._at < ECHO_SECONDS:
                 return  # the same signal delivered twice (a forwarding parent and the process group)
-            print(f"nxd-train: {signal.Signals(signum).name} again: exiting at once; a resume starts from the "
-                  "last complete checkpoint", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"nxd-train: {signal.Signals(signum).name} again: exiting at once; a resume starts from the "
+                "last complete checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(128 + signum)
         self.signum, self._at = signum, now
         if self.acknowledge:  # os.write: print may be in use by the code this handler interrupted
-            os.write(2, f"nxd-train: {signal.Signals(signum).name}: stopping after this step with a checkpoint "
-                        "(the same signal again, a second later or more, exits at once)\n".encode())
+            os.write(
+                2,
+                f"nxd-train: {signal.Signals(signum).name}: stopping after this step with a checkpoint "
+                "(the same signal again, a second later or more, exits at once)\n".encode(),
+            )
 
     def agreed(self, device: torch.device) -> int | None:
         """The signal any rank received (the same answer on every rank), or None."""

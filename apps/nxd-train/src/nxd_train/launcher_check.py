@@ -18,8 +18,9 @@ from .logdir import launched_log_dir
 LAUNCHER_NAMES = {"torchrun": "torchrun", "slurm": "Slurm", "mpi": "mpirun", "env": "the env:// variables"}
 
 
-def launcher_world(cfg: NxdConfig, environ: Mapping[str, str], *,
-                   here: bool = True) -> tuple[LaunchWorld | None, list[str]]:  # fmt: skip
+def launcher_world(
+    cfg: NxdConfig, environ: Mapping[str, str], *, here: bool = True
+) -> tuple[LaunchWorld | None, list[str]]:
     """The launcher's world, and why the config disagrees with it (`here`: the run starts in this process, not
     in a job written for a cluster)."""
     try:
@@ -28,21 +29,27 @@ def launcher_world(cfg: NxdConfig, environ: Mapping[str, str], *,
         return None, [f"the launcher's variables: {error}"]
     nodes = cfg.trainer.num_nodes
     if world is None and here and nodes > 1 and not {"MASTER_ADDR", "NODE_RANK"} <= set(environ):
-        return None, [f"trainer.num_nodes: {nodes}, but no launcher started this process on {nodes} nodes; expected "
-                      "a launch on each node: `nxd-train launch` writes the sbatch script (or each host's torchrun "
-                      f"command), or run torchrun --nnodes {nodes} on each node"]  # fmt: skip
+        return None, [
+            f"trainer.num_nodes: {nodes}, but no launcher started this process on {nodes} nodes; expected "
+            "a launch on each node: `nxd-train launch` writes the sbatch script (or each host's torchrun "
+            f"command), or run torchrun --nnodes {nodes} on each node"
+        ]
     if world is None:
         return None, []
     t, problems = cfg.trainer, []
     started = LAUNCHER_NAMES[world.launcher]
     if t.devices != world.local_world_size:
-        problems.append(f"trainer.devices: {t.devices} process(es) per node, but {started} started "
-                        f"{world.local_world_size} on this node ({world.source}); expected trainer.devices: "
-                        f"{world.local_world_size} (GPT-NeoX: num_gpus), or launch {t.devices} per node")  # fmt: skip
+        problems.append(
+            f"trainer.devices: {t.devices} process(es) per node, but {started} started "
+            f"{world.local_world_size} on this node ({world.source}); expected trainer.devices: "
+            f"{world.local_world_size} (GPT-NeoX: num_gpus), or launch {t.devices} per node"
+        )
     if t.num_nodes != world.num_nodes:
-        problems.append(f"trainer.num_nodes: {t.num_nodes}, but {started} started processes on {world.num_nodes} "
-                        f"node(s) ({world.source}); expected trainer.num_nodes: {world.num_nodes} (GPT-NeoX: "
-                        f"num_nodes), or launch on {t.num_nodes} node(s)")  # fmt: skip
+        problems.append(
+            f"trainer.num_nodes: {t.num_nodes}, but {started} started processes on {world.num_nodes} "
+            f"node(s) ({world.source}); expected trainer.num_nodes: {world.num_nodes} (GPT-NeoX: "
+            f"num_nodes), or launch on {t.num_nodes} node(s)"
+        )
     return world, problems
 
 
@@ -94,8 +101,9 @@ def restarted(cfg: NxdConfig, job: Job | None) -> NxdConfig:
     if folder is None:
         return cfg
     if not exp.resume_if_exists:
-        warnings.warn(f"{job.says()}: continuing in {folder} from its newest complete checkpoint", ConfigNotice,
-                      stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{job.says()}: continuing in {folder} from its newest complete checkpoint", ConfigNotice, stacklevel=2
+        )
     update = {"resume_if_exists": True, "resume_ignore_no_checkpoint": True, "explicit_log_dir": str(folder)}
     return cfg.model_copy(update={"exp_manager": exp.model_copy(update=update)})
 

@@ -27,10 +27,22 @@ LAUNCH_FILE = ".nxd-launch"
 launcher restarts finds it."""
 NAME_ROOM = 64
 """Characters a checkpoint's folder name adds to the run's name (--step=N-consumed_samples=M.partial)."""
-WRITTEN = ("config.yaml", "metrics.csv", "hparams.yaml", CHECKPOINT_DIR, "wandb_run_id", "comet_experiment_key",
-           LAUNCH_FILE,
-           "nxd_log_globalrank-*_localrank-*.txt", "reference_log_probs.safetensors", "trainer_state.json",
-           "config.json", "model.safetensors", "adapter_config.json", "adapter_model.safetensors")  # fmt: skip
+WRITTEN = (
+    "config.yaml",
+    "metrics.csv",
+    "hparams.yaml",
+    CHECKPOINT_DIR,
+    "wandb_run_id",
+    "comet_experiment_key",
+    LAUNCH_FILE,
+    "nxd_log_globalrank-*_localrank-*.txt",
+    "reference_log_probs.safetensors",
+    "trainer_state.json",
+    "config.json",
+    "model.safetensors",
+    "adapter_config.json",
+    "adapter_model.safetensors",
+)
 """Files a run writes in its log directory (with the json_log_file it is given): names another's folder must
 not hold, and that must not be links. Trainer-style checkpoint-N folders are not among them: a name another
 holds gets a version (nxd-ckpt's trainer_layout)."""
@@ -85,9 +97,11 @@ def disk_full(error: OSError, near: Path) -> str:
     where = Path(error.filename) if error.filename else Path(near)
     existing = where if where.exists() else next((p for p in where.parents if p.exists()), Path("/"))
     free = shutil.disk_usage(existing).free
-    return (f"{where}: the disk is full ({free / 2**20:,.1f} MiB free there, {error.strerror or error}); expected "
-            "room for the run's logs and checkpoints: free space or give exp_manager.explicit_log_dir elsewhere; "
-            "the checkpoints already complete are kept")
+    return (
+        f"{where}: the disk is full ({free / 2**20:,.1f} MiB free there, {error.strerror or error}); expected "
+        "room for the run's logs and checkpoints: free space or give exp_manager.explicit_log_dir elsewhere; "
+        "the checkpoints already complete are kept"
+    )
 
 
 class LogDirLock:
@@ -127,8 +141,13 @@ class LogDirLock:
             self._file = None
 
 
-def hold_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name: str,
-                 continued: Path | None = None, written: tuple[str, ...] = ()) -> tuple[Path, LogDirLock]:  # fmt: skip
+def hold_log_dir(
+    explicit_log_dir: Path | None,
+    exp_dir: Path | None,
+    name: str,
+    continued: Path | None = None,
+    written: tuple[str, ...] = (),
+) -> tuple[Path, LogDirLock]:
     """Create and lock this run's log directory: `continued` (a resumed run's) or explicit_log_dir, else the
     next version under <exp_dir>/<name> (skipping one a run starting at the same moment has taken).
     A LogDirError naming the directory and the holder when another run holds it, why it cannot be
@@ -146,14 +165,18 @@ def hold_log_dir(explicit_log_dir: Path | None, exp_dir: Path | None, name: str,
             lock = LogDirLock(path.resolve())
             acquired = lock.acquire()
         except OSError as error:
-            raise LogDirError(f"{_key(explicit_log_dir, continued)}: cannot write the log directory {path} "
-                              f"({error.strerror or error})") from None  # fmt: skip
+            raise LogDirError(
+                f"{_key(explicit_log_dir, continued)}: cannot write the log directory {path} "
+                f"({error.strerror or error})"
+            ) from None
         if acquired:
             return path.resolve(), lock
         if fixed:
-            raise LogDirError(f"{_key(explicit_log_dir, continued)}: {path} is in use by another run ({lock.holder()});"
-                              " expected a log directory no running run holds: wait for that run to end, or give "
-                              "this one another exp_manager.explicit_log_dir")  # fmt: skip
+            raise LogDirError(
+                f"{_key(explicit_log_dir, continued)}: {path} is in use by another run ({lock.holder()});"
+                " expected a log directory no running run holds: wait for that run to end, or give "
+                "this one another exp_manager.explicit_log_dir"
+            )
         lock.release()  # a run starting at the same moment took this version: take the next
 
 
@@ -170,13 +193,17 @@ def _check_foreign(path: Path, key: str, written: tuple[str, ...], shared: tuple
     ours = sorted(entry for entry in entries if any(fnmatch.fnmatch(entry.name, name) for name in written))
     folders = [entry for entry in entries if entry.name in shared]
     if links := [entry for entry in (*ours, *folders, path / LOCK_FILE) if entry.is_symlink()]:
-        raise LogDirError(f"{key}: {links[0]} is a symbolic link (to {os.readlink(links[0])}); expected a file nxd "
-                          "wrote there: nxd never writes through a link in its log directory, remove it")  # fmt: skip
+        raise LogDirError(
+            f"{key}: {links[0]} is a symbolic link (to {os.readlink(links[0])}); expected a file nxd "
+            "wrote there: nxd never writes through a link in its log directory, remove it"
+        )
     if ours and not _made_by_nxd(path):
         names = ", ".join(entry.name for entry in ours[:6]) + (f" (and {len(ours) - 6} more)" if len(ours) > 6 else "")
-        raise LogDirError(f"{key}: {path} holds {names}, which no nxd run wrote (it has no {LOCK_FILE} and no nxd "
-                          "checkpoint); nxd never overwrites another's files: expected an empty folder or one an nxd "
-                          "run wrote; give another folder, or move those files")  # fmt: skip
+        raise LogDirError(
+            f"{key}: {path} holds {names}, which no nxd run wrote (it has no {LOCK_FILE} and no nxd "
+            "checkpoint); nxd never overwrites another's files: expected an empty folder or one an nxd "
+            "run wrote; give another folder, or move those files"
+        )
 
 
 RECORDS = ("config.yaml", "metrics.csv", CHECKPOINT_DIR, "wandb_run_id", "comet_experiment_key")
@@ -248,30 +275,38 @@ def _key(explicit_log_dir: Path | None, continued: Path | None) -> str:
     return "exp_manager.explicit_log_dir" if explicit_log_dir else "exp_manager.exp_dir"
 
 
-def log_dir_problems(explicit_log_dir: Path | None, exp_dir: Path | None, name: str, name_key: str,
-                     names_checkpoints: bool = True) -> list[str]:  # fmt: skip
+def log_dir_problems(
+    explicit_log_dir: Path | None, exp_dir: Path | None, name: str, name_key: str, names_checkpoints: bool = True
+) -> list[str]:
     """Why a run could not write its log directory, found before launch: a name that leaves exp_dir or is
     too long for the file system's folder names (`names_checkpoints`: the checkpoints' too), or a location
     that cannot be written."""
     if not explicit_log_dir and (name in ("", ".", "..") or "/" in name or "\0" in name):
-        return [f"{name_key}: expected a folder name (no '/' and not '..'; the log directory is "
-                f"<exp_dir>/<name>/version_N), found {name!r}"]  # fmt: skip
+        return [
+            f"{name_key}: expected a folder name (no '/' and not '..'; the log directory is "
+            f"<exp_dir>/<name>/version_N), found {name!r}"
+        ]
     problems = []
     target = Path(explicit_log_dir) if explicit_log_dir else Path(exp_dir or DEFAULT_EXP_DIR) / name
     existing = _nearest_existing(target)
     limit = _name_max(existing)
     long = [part for part in target.parts if len(os.fsencode(part)) > limit]
     if len(os.fsencode(name)) > limit:
-        problems.append(f"{name_key}: {len(name)} characters are more than a folder name may have on this file "
-                        f"system ({limit} bytes)")  # fmt: skip
+        problems.append(
+            f"{name_key}: {len(name)} characters are more than a folder name may have on this file "
+            f"system ({limit} bytes)"
+        )
     elif names_checkpoints and len(os.fsencode(name)) + NAME_ROOM > limit:
-        problems.append(f"{name_key}: {len(name)} characters leave no room in a checkpoint's folder name (at most "
-                        f"{limit} bytes on this file system, {NAME_ROOM} of them for the step and samples); expected "
-                        f"at most {limit - NAME_ROOM}")  # fmt: skip
+        problems.append(
+            f"{name_key}: {len(name)} characters leave no room in a checkpoint's folder name (at most "
+            f"{limit} bytes on this file system, {NAME_ROOM} of them for the step and samples); expected "
+            f"at most {limit - NAME_ROOM}"
+        )
     elif long:
         key = "exp_manager.explicit_log_dir" if explicit_log_dir else "exp_manager.exp_dir"
-        problems.append(f"{key}: the folder name {long[0][:40]!r}... is longer than this file system allows "
-                        f"({limit} bytes)")  # fmt: skip
+        problems.append(
+            f"{key}: the folder name {long[0][:40]!r}... is longer than this file system allows ({limit} bytes)"
+        )
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         key = "exp_manager.explicit_log_dir" if explicit_log_dir else "exp_manager.exp_dir"
         why = "a read-only file system" if _read_only(existing) else "a folder this user cannot write"

@@ -58,8 +58,10 @@ def _train(run: Run) -> Path:
     run.model.train()
     batches = run.train_batches()
     if run.saved_rng is not None and not restore_rng_states(run.saved_rng):  # now, as at the save: after the loader
-        run.monitor.info("random states as seeded: the checkpoint holds them pickled (an earlier nxd), and a "
-                         "checkpoint is never unpickled")  # fmt: skip
+        run.monitor.info(
+            "random states as seeded: the checkpoint holds them pickled (an earlier nxd), and a "
+            "checkpoint is never unpickled"
+        )
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
     guard = NonFiniteGuard(plan.update.on_nonfinite, plan.update.max_consecutive_nonfinite)
@@ -81,10 +83,12 @@ def _train(run: Run) -> Path:
                 run.monitor.info(warning)
             if step == run.start_step and plan.layout.compile_blocks:
                 took = time.perf_counter() - started
-                run.monitor.info(f"model.fusions.torch_compile: the first step took {took:.1f} s, compiling the "
-                                 "decoder blocks")  # fmt: skip
-            logged.update({name: value for name, value in values.items() if not name.startswith(STATISTICS)},
-                          epoch=epoch)  # what checkpoints record: not every parameter's statistics
+                run.monitor.info(
+                    f"model.fusions.torch_compile: the first step took {took:.1f} s, compiling the decoder blocks"
+                )
+            logged.update(
+                {name: value for name, value in values.items() if not name.startswith(STATISTICS)}, epoch=epoch
+            )  # what checkpoints record: not every parameter's statistics
             window_time, window_steps = window_time + time.perf_counter() - started, window_steps + 1
             run.monitor.advance()
             done = step + 1
@@ -111,9 +115,11 @@ def _train(run: Run) -> Path:
                 _exit_at_interval(run, done, saved=saved_at == done)
                 return run.log_dir
             if stopping:
-                run.monitor.info(f"early stopping after step {done} of {run.steps}: val_loss has not improved on "
-                                 f"{stopper.best:.4f} by {stopper.rule.min_delta} for {stopper.rule.patience} "
-                                 "validations")  # fmt: skip
+                run.monitor.info(
+                    f"early stopping after step {done} of {run.steps}: val_loss has not improved on "
+                    f"{stopper.best:.4f} by {stopper.rule.min_delta} for {stopper.rule.patience} "
+                    "validations"
+                )
                 break
             if (signum := stops.agreed(run.fabric.device)) is not None and done < run.steps:
                 _stop_on_signal(run, signum, done, logged, saved=saved_at == done, finite=not guard.streak)
@@ -179,9 +185,12 @@ def _end(run: Run) -> None:
 
 def _exit_at_interval(run: Run, done: int, *, saved: bool) -> None:
     """trainer.exit_interval (GPT-NeoX's): end the run after step `done` with exit code 0, as NeoX's sys.exit()."""
-    where = (f"checkpoint saved in {run.checkpointer.root}; a run resuming from it (GPT-NeoX's load, NxDT's "
-             "exp_manager.resume_if_exists) continues to the next multiple" if saved else
-             "nothing was saved (checkpointing is off, or the step was not finite)")  # fmt: skip
+    where = (
+        f"checkpoint saved in {run.checkpointer.root}; a run resuming from it (GPT-NeoX's load, NxDT's "
+        "exp_manager.resume_if_exists) continues to the next multiple"
+        if saved
+        else "nothing was saved (checkpointing is off, or the step was not finite)"
+    )
     run.monitor.info(f"trainer.exit_interval: exiting after step {done} of {run.steps}: {where}")
     _settle(run)
     _end(run)
@@ -204,12 +213,16 @@ def _stop_on_signal(run: Run, signum: int, done: int, logged: dict[str, float], 
             if run.fabric.global_rank == 0:
                 where += requeue(job.job_id)
         else:
-            where = (f"checkpoint saved in {run.checkpointer.root}; run the same command with resume_from_checkpoint "
-                     f"naming {run.log_dir} (its newest checkpoint; NxDT: exp_manager.resume_from_checkpoint, or "
-                     "exp_manager.resume_if_exists=True) to continue from it")  # fmt: skip
+            where = (
+                f"checkpoint saved in {run.checkpointer.root}; run the same command with resume_from_checkpoint "
+                f"naming {run.log_dir} (its newest checkpoint; NxDT: exp_manager.resume_from_checkpoint, or "
+                "exp_manager.resume_if_exists=True) to continue from it"
+            )
     _close(run)
-    raise TrainingInterrupted(f"stopped by {signal.Signals(signum).name} after step {done} of {run.steps}: {where}",
-                              run.plan.preemption.code(signum))  # fmt: skip
+    raise TrainingInterrupted(
+        f"stopped by {signal.Signals(signum).name} after step {done} of {run.steps}: {where}",
+        run.plan.preemption.code(signum),
+    )
 
 
 def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int) -> dict[str, float]:
@@ -228,8 +241,10 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     logged = run.plan.cadence.log_due(step, run.steps)
     statistics = {} if run.statistics is None else run.statistics.gradients(run.optimizer, logged)
     grad_norm = gradient_norm(run)
-    sums = {"loss": totals.loss, **{name: totals.metrics.get(name, torch.zeros_like(totals.loss))
-                                    for name in objective.metric_names}}  # none on ranks without the last stage
+    sums = {
+        "loss": totals.loss,
+        **{name: totals.metrics.get(name, torch.zeros_like(totals.loss)) for name in objective.metric_names},
+    }  # none on ranks without the last stage
     values = {name: (run.summed(value, run.token_mesh, run.pp_mesh) / count).item() for name, value in sums.items()}
     values = objective.report(values)
     moe = routing(run)
@@ -256,7 +271,6 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     return values
 
 
-
 def routing(run: Run) -> dict[str, float]:
     """A mixture-of-experts model's routing over the step (see nxd-models' `routing_metrics`), with the
     weighted load-balancing loss that joined the training loss; nothing for a dense model."""
@@ -264,8 +278,9 @@ def routing(run: Run) -> dict[str, float]:
     if family.moe is None:
         return {}
     totals = take_routing_totals(modules_of(run.model))
-    return routing_metrics(totals, moe_layer_count=family.moe_layer_count, num_experts=family.moe.num_experts,
-                           copies=run.dims.tp)  # fmt: skip
+    return routing_metrics(
+        totals, moe_layer_count=family.moe_layer_count, num_experts=family.moe.num_experts, copies=run.dims.tp
+    )
 
 
 @torch.no_grad()
@@ -297,8 +312,9 @@ def evaluate_with_characters(run: Run, dataset: Dataset | None, limit: int | flo
             if (labels != IGNORE_INDEX).any():
                 text.add_(torch.tensor([len(tokens), len(decode(tokens.tolist()))], dtype=torch.float64))
 
-    batches = run.micro_batches(dataset, replace(sampler, steps=count),
-                                inspect=count_characters if decode is not None else None)  # fmt: skip
+    batches = run.micro_batches(
+        dataset, replace(sampler, steps=count), inspect=count_characters if decode is not None else None
+    )
     for _ in range(count):
         step_batches = [next(batches) for _ in range(run.accumulation)]
         for step_pass in run.step_passes:
@@ -336,12 +352,22 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
     data = run.plan.data
     length = int(values.get("curriculum_seqlen", run.plan.seq_length))
     processed = gbs * (data.trained_rows_per_sample or data.rows_per_sample) * length
-    shown = {"loss": values["loss"], **{name: values[name] for name in run.plan.objective.metric_names},
-             "lr": values["lr"], "epoch": epoch, "consumed_samples": done * gbs}  # fmt: skip
+    shown = {
+        "loss": values["loss"],
+        **{name: values[name] for name in run.plan.objective.metric_names},
+        "lr": values["lr"],
+        "epoch": epoch,
+        "consumed_samples": done * gbs,
+    }
     if logging.gradient_norm:
         shown["grad_norm"] = values["grad_norm"]
-    shown.update({name: value for name, value in values.items()
-                  if name.startswith(("moe_", *STATISTICS)) or name in ("loss_scale", "curriculum_seqlen")})
+    shown.update(
+        {
+            name: value
+            for name, value in values.items()
+            if name.startswith(("moe_", *STATISTICS)) or name in ("loss_scale", "curriculum_seqlen")
+        }
+    )
     if logging.parameter_norm:
         stages = None if run.pp_mesh is None else run.pp_mesh.get_group()
         shown["param_norm"] = global_norm((p.detach() for p in run.model.parameters()), stages).item()

@@ -33,8 +33,9 @@ def runtime_bytes(device: torch.device) -> int:
     return resident_memory() if device.type == "cpu" else 0
 
 
-def rank_memory(plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = None,
-                meta: nn.Module | None = None) -> list[RankMemory]:  # fmt: skip
+def rank_memory(
+    plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = None, meta: nn.Module | None = None
+) -> list[RankMemory]:
     """Each pipeline stage's per-rank memory for `plan` (with another loss chunk size when given), from
     `meta`, the family's meta build (made here when None). CPU offload moves the shards off an accelerator;
     on a CPU run they stay in the memory counted."""
@@ -44,15 +45,30 @@ def rank_memory(plan: RunPlan, *, runtime: int, loss_chunk_tokens: int | None = 
     stages = pipeline_ranges(family, meta, layout, launch.pp)
     update = plan.update
     state = StateBytes(**bytes_per_value(plan.policy, update.optimizer, update.options))
-    work = Workload(micro_batch=batches.micro_batch_size, seq_length=plan.seq_length,
-                    microbatches=max(1, batches.global_batch_size // (batches.micro_batch_size * dp)),
-                    loss_chunk_tokens=loss_chunk_tokens or family.loss_chunk_tokens or 0)  # fmt: skip
-    return memory_plan(meta, family.tp_plan(), stages, LayerWidths(**family.layer_widths()),
-                       sizes=Sizes(tp=launch.tp, pp=launch.pp, cp=launch.cp, dp=dp, ep=launch.ep), state=state,
-                       work=work, zero1=layout.zero1, zero3=layout.zero3, sequence_parallel=layout.sequence_parallel,
-                       kv_replicator=layout.kv_replicator, recompute=layout.recompute,
-                       recompute_modules=layout.recompute_modules, virtual_stages=layout.virtual_stages,
-                       runtime=runtime, cpu_offload=layout.cpu_offload and accelerator_name() != "cpu")  # fmt: skip
+    work = Workload(
+        micro_batch=batches.micro_batch_size,
+        seq_length=plan.seq_length,
+        microbatches=max(1, batches.global_batch_size // (batches.micro_batch_size * dp)),
+        loss_chunk_tokens=loss_chunk_tokens or family.loss_chunk_tokens or 0,
+    )
+    return memory_plan(
+        meta,
+        family.tp_plan(),
+        stages,
+        LayerWidths(**family.layer_widths()),
+        sizes=Sizes(tp=launch.tp, pp=launch.pp, cp=launch.cp, dp=dp, ep=launch.ep),
+        state=state,
+        work=work,
+        zero1=layout.zero1,
+        zero3=layout.zero3,
+        sequence_parallel=layout.sequence_parallel,
+        kv_replicator=layout.kv_replicator,
+        recompute=layout.recompute,
+        recompute_modules=layout.recompute_modules,
+        virtual_stages=layout.virtual_stages,
+        runtime=runtime,
+        cpu_offload=layout.cpu_offload and accelerator_name() != "cpu",
+    )
 
 
 def available_memory(plan: RunPlan, device: torch.device, given_gib: float | None = None) -> tuple[int, str]:
@@ -77,18 +93,29 @@ def fitting_changes(plan: RunPlan, limit: int, *, runtime: int, meta: nn.Module)
     if dp * launch.cp > 1 and layout.zero1 and not layout.zero3:
         candidates.append(("distributed_strategy.zero3: True", replace(plan, layout=replace(layout, zero3=True)), None))
     if launch.tp > 1 and not layout.sequence_parallel:
-        candidates.append(("distributed_strategy.sequence_parallel: True",
-                           replace(plan, layout=replace(layout, sequence_parallel=True)), None))  # fmt: skip
+        candidates.append(
+            (
+                "distributed_strategy.sequence_parallel: True",
+                replace(plan, layout=replace(layout, sequence_parallel=True)),
+                None,
+            )
+        )
     if layout.recompute != "full":
-        candidates.append(("model.activations_checkpoint_granularity: full",
-                           replace(plan, layout=replace(layout, recompute="full")), None))  # fmt: skip
+        candidates.append(
+            (
+                "model.activations_checkpoint_granularity: full",
+                replace(plan, layout=replace(layout, recompute="full")),
+                None,
+            )
+        )
     if plan.family.loss_chunk_tokens == 0 and batches.micro_batch_size * plan.seq_length > LOSS_CHUNK:
         candidates.append((f"model.fusions.loss_chunk_tokens: {LOSS_CHUNK}", plan, LOSS_CHUNK))
     size = batches.micro_batch_size
     while size > 1:
         size //= 2
-        candidates.append((f"data.micro_batch_size: {size}",
-                           replace(plan, batches=replace(batches, micro_batch_size=size)), None))  # fmt: skip
+        candidates.append(
+            (f"data.micro_batch_size: {size}", replace(plan, batches=replace(batches, micro_batch_size=size)), None)
+        )
     fitting = []
     for change, changed, chunk in candidates:
         peak = max(rank.total for rank in rank_memory(changed, runtime=runtime, loss_chunk_tokens=chunk, meta=meta))
@@ -109,12 +136,15 @@ def memory_report(plan: RunPlan, given_gib: float | None = None) -> tuple[str, b
     limit, source = available_memory(plan, device, given_gib)
     launch = plan.launch
     columns = COLUMNS + ((OFFLOADED,) if any(rank.offloaded for rank in ranks) else ())
-    lines = [f"memory plan per rank: {launch.world_size} rank(s), tp {launch.tp}, pp {launch.pp}, cp {launch.cp}; "
-             f"precision {plan.policy.type}, optimizer {plan.update.optimizer}; micro-batch "
-             f"{plan.batches.micro_batch_size} x {plan.seq_length} tokens",
-             "| pipeline stage | " + " | ".join(HEADINGS.get(name, name.replace("_", " ")) for name in columns)
-             + " | peak (GiB) |",
-             "|---" * (len(columns) + 2) + "|"]  # fmt: skip
+    lines = [
+        f"memory plan per rank: {launch.world_size} rank(s), tp {launch.tp}, pp {launch.pp}, cp {launch.cp}; "
+        f"precision {plan.policy.type}, optimizer {plan.update.optimizer}; micro-batch "
+        f"{plan.batches.micro_batch_size} x {plan.seq_length} tokens",
+        "| pipeline stage | "
+        + " | ".join(HEADINGS.get(name, name.replace("_", " ")) for name in columns)
+        + " | peak (GiB) |",
+        "|---" * (len(columns) + 2) + "|",
+    ]
     for rank in ranks:
         values = [getattr(rank, name) / GIB for name in columns]
         cells = " | ".join(f"{value:.2f}" for value in values)
@@ -126,9 +156,13 @@ def memory_report(plan: RunPlan, given_gib: float | None = None) -> tuple[str, b
     if not fits:
         changes = fitting_changes(plan, limit, runtime=runtime, meta=meta)
         named = "; ".join(f"{change} ({value / GIB:.2f} GiB)" for change, value in changes)
-        lines.append(f"would fit with: {named}" if changes else "no single change of zero1, sequence_parallel, full "
-                     "recompute, the loss chunk or the micro-batch makes it fit: use more tensor or pipeline-parallel "
-                     "ranks, or a smaller model")  # fmt: skip
+        lines.append(
+            f"would fit with: {named}"
+            if changes
+            else "no single change of zero1, sequence_parallel, full "
+            "recompute, the loss chunk or the micro-batch makes it fit: use more tensor or pipeline-parallel "
+            "ranks, or a smaller model"
+        )
     return "\n".join(lines), fits
 
 

@@ -24,11 +24,24 @@ from .comet_logger import CometLogger
 from .plan import CometSettings, WandbSettings
 from .wandb_logger import WandbLogger
 
-FORMATS = {"loss": "{:.4f}", "val_loss": "{:.4f}", "test_loss": "{:.4f}", "lr": "{:.2e}", "grad_norm": "{:.3f}",
-           "param_norm": "{:.2f}", "tokens_per_s": "{:,.0f}", "samples_per_s": "{:.1f}", "mfu": "{:.1%}",
-           "step_time": "{:.3f}", "skipped_steps": "{:.0f}", "peak_memory_gib": "{:.2f}",
-           "moe_aux_loss": "{:.4f}", "moe_dropped_fraction": "{:.1%}", "moe_expert_load_min": "{:.2f}",
-           "moe_expert_load_max": "{:.2f}"}  # fmt: skip
+FORMATS = {
+    "loss": "{:.4f}",
+    "val_loss": "{:.4f}",
+    "test_loss": "{:.4f}",
+    "lr": "{:.2e}",
+    "grad_norm": "{:.3f}",
+    "param_norm": "{:.2f}",
+    "tokens_per_s": "{:,.0f}",
+    "samples_per_s": "{:.1f}",
+    "mfu": "{:.1%}",
+    "step_time": "{:.3f}",
+    "skipped_steps": "{:.0f}",
+    "peak_memory_gib": "{:.2f}",
+    "moe_aux_loss": "{:.4f}",
+    "moe_dropped_fraction": "{:.1%}",
+    "moe_expert_load_min": "{:.2f}",
+    "moe_expert_load_max": "{:.2f}",
+}
 
 
 RANK_LOGS = "nxd_log_globalrank-*_localrank-*.txt"
@@ -56,10 +69,21 @@ def _import_tensorboardx() -> None:
 
 
 class Monitor:
-    def __init__(self, log_dir: Path, *, global_rank: int, local_rank: int, total_steps: int,
-                 local_rank_0_only: bool, tensorboard: bool, continue_after: int | None = None,
-                 wandb: WandbSettings | None = None, comet: CometSettings | None = None,
-                 config: dict[str, Any] | None = None, json_log_file: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        global_rank: int,
+        local_rank: int,
+        total_steps: int,
+        local_rank_0_only: bool,
+        tensorboard: bool,
+        continue_after: int | None = None,
+        wandb: WandbSettings | None = None,
+        comet: CometSettings | None = None,
+        config: dict[str, Any] | None = None,
+        json_log_file: str | None = None,
+    ):
         """`continue_after`: the step of the checkpoint a run resumes in this directory (rows and events
         of later steps, written before an interruption, are dropped). `wandb`, `comet`: log to W&B, Comet too,
         with the resolved `config`."""
@@ -119,8 +143,9 @@ class Monitor:
         """Record metrics of optimizer step `step` (1-based) in every logger, the console and the log file."""
         for logger in self.metric_loggers:
             logger.log_metrics(values, step)
-        shown = " | ".join(f"{name} {FORMATS.get(name, '{:.4g}').format(value)}" for name, value in values.items()
-                           if name in FORMATS)
+        shown = " | ".join(
+            f"{name} {FORMATS.get(name, '{:.4g}').format(value)}" for name, value in values.items() if name in FORMATS
+        )
         elapsed = time.perf_counter() - self.started
         eta = datetime.timedelta(seconds=round(elapsed / max(step - self.first_step, 1) * (self.total_steps - step)))
         line = f"step {step}/{self.total_steps} | {shown} | eta {eta}"
@@ -217,6 +242,8 @@ def _rows_through(path: Path, step: int) -> list[dict[str, float]]:
     if not path.is_file():
         return []
     with open(path, newline="") as handle:
-        rows = [{name: float(value) for name, value in row.items() if value not in ("", None)}
-                for row in csv.DictReader(handle)]  # fmt: skip
+        rows = [
+            {name: float(value) for name, value in row.items() if value not in ("", None)}
+            for row in csv.DictReader(handle)
+        ]
     return [row for row in rows if row.get("step", step + 1) <= step]

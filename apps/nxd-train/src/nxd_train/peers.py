@@ -111,15 +111,18 @@ class PeerWatch:
                 self._stop_run(silent)
 
     def _describe(self, peers: list[int], how: str) -> str:
-        named = ", ".join(f"rank {peer}" + (f" (pid {self.pids[peer][0]} on host {self.pids[peer][1]})"
-                                            if peer in self.pids else "") for peer in peers)  # fmt: skip
+        named = ", ".join(
+            f"rank {peer}" + (f" (pid {self.pids[peer][0]} on host {self.pids[peer][1]})" if peer in self.pids else "")
+            for peer in peers
+        )
         return f"nxd-train: {named} {how}; every rank stops (the others were waiting for it in a collective)"
 
     def _stop_run(self, peers: list[int], holds: str = "") -> None:
         """Say which peers are silent (from the lowest rank still running), end those on this host (a
         stopped process cannot end itself) and leave."""
-        message = self._describe(peers, f"{holds}has not answered for {self.timeout:.0f} s ({TIMEOUT_KEY}): "
-                                        "stopped, hung or gone")  # fmt: skip
+        message = self._describe(
+            peers, f"{holds}has not answered for {self.timeout:.0f} s ({TIMEOUT_KEY}): stopped, hung or gone"
+        )
         self._leave(peers, message)
 
     def _leave(self, peers: list[int], message: str) -> None:
@@ -168,8 +171,9 @@ class PeerWatch:
                 self._look()
             except (RuntimeError, dist.DistError, ValueError):
                 unreachable = True
-        gone = self._ended_here() or [peer for peer in self.others if self.moved[peer][0] == seen[peer]
-                                      and seen[peer] != "done"]  # fmt: skip
+        gone = self._ended_here() or [
+            peer for peer in self.others if self.moved[peer][0] == seen[peer] and seen[peer] != "done"
+        ]
         if unreachable and not gone and self.rank != 0:
             gone = [0]  # the store's host
         if gone:
@@ -182,8 +186,14 @@ class PeerWatch:
         return [peer for peer, (pid, their_host) in self.pids.items() if their_host == host and not _alive(pid)]
 
 
-FAILURE_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
-                 "NCCL error", "Socket Timeout")  # fmt: skip
+FAILURE_SIGNS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Timed out waiting",
+    "NCCL error",
+    "Socket Timeout",
+)
 """What gloo's and NCCL's errors say when a peer is gone or a collective waited too long."""
 
 

@@ -48,8 +48,9 @@ def read_run(folder: Path, notes: list[str]) -> Run | None:
     if not exists:
         versions = sorted(p.parent.name for p in folder.glob("version_*/metrics.csv"))
         hint = f" (its runs: {', '.join(versions)})" if versions else ""
-        raise PlotError(f"{folder}: no metrics.csv; expected a run's log directory, such as "
-                        f"nxd_logs/NAME/version_N{hint}")  # fmt: skip
+        raise PlotError(
+            f"{folder}: no metrics.csv; expected a run's log directory, such as nxd_logs/NAME/version_N{hint}"
+        )
     try:
         text = path.read_text()
         rows = list(csv.reader(io.StringIO(text, newline="")))
@@ -79,8 +80,10 @@ def read_run(folder: Path, notes: list[str]) -> Run | None:
                 steps.append(step)
                 column.append(value)
     if left_out:
-        notes.append(f"{path}: line{'s' if len(left_out) > 1 else ''} {', '.join(map(str, left_out))} incomplete "
-                     "or not numbers (a run still writing it?); left out")  # fmt: skip
+        notes.append(
+            f"{path}: line{'s' if len(left_out) > 1 else ''} {', '.join(map(str, left_out))} incomplete "
+            "or not numbers (a run still writing it?); left out"
+        )
     if not series:
         if not left_out:  # otherwise the note above said why
             notes.append(f"{path}: no complete row yet; left out")
@@ -131,15 +134,21 @@ def draw(runs: list[Run], out: Path) -> None:
                 if name in run.series:
                     steps, values = run.series[name]
                     label = run.name if name == names[0] else f"{run.name} ({name})"
-                    axis.plot(steps, values, color=colours[index % len(colours)], label=label,
-                              linestyle="-" if name == names[0] else "--", marker="." if len(steps) < 30 else None)
+                    axis.plot(
+                        steps,
+                        values,
+                        color=colours[index % len(colours)],
+                        label=label,
+                        linestyle="-" if name == names[0] else "--",
+                        marker="." if len(steps) < 30 else None,
+                    )
         axis.set_title(title)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
         if title == "learning rate":
             axis.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         axis.legend(fontsize="small")
-    for axis in list(axes.flat)[len(chosen):]:
+    for axis in list(axes.flat)[len(chosen) :]:
         axis.set_visible(False)
     figure.tight_layout()
     image = io.BytesIO()
@@ -182,9 +191,11 @@ def plot_command(folders: list[Path], out: Path) -> int:
         print("nxd-train plot: no run has a complete row to draw", file=sys.stderr)
         return 1
     if not panels(runs):
-        print(f"nxd-train plot: no column to draw; expected loss, val_loss, lr, tokens_per_s or a reward, accuracy "
-              f"or margin column, found {', '.join(sorted({name for run in runs for name in run.series}))}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"nxd-train plot: no column to draw; expected loss, val_loss, lr, tokens_per_s or a reward, accuracy "
+            f"or margin column, found {', '.join(sorted({name for run in runs for name in run.series}))}",
+            file=sys.stderr,
+        )
         return 1
     try:
         draw(runs, out)

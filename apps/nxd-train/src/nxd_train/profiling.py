@@ -44,8 +44,9 @@ class StepProfiler:
     """Opens the window at its first step, wraps each step in a named range, and writes this rank's files
     after its last step (or when the run ends inside it)."""
 
-    def __init__(self, window: ProfilerWindow, log_dir: Path, device: torch.device, rank: int,
-                 say: Callable[[str], None]):  # fmt: skip
+    def __init__(
+        self, window: ProfilerWindow, log_dir: Path, device: torch.device, rank: int, say: Callable[[str], None]
+    ):
         self.window, self.device, self.rank, self.say = window, device, rank, say
         self.trace_dir = log_dir / "profiler"
         self.memory_dir = window.memory_dir or self.trace_dir
@@ -99,16 +100,23 @@ class StepProfiler:
                 written.append(path)
             self.profiler = None
         if self.rank == 0:
-            self.say(f"exp_manager.profiler: steps {first}..{last} recorded in {', '.join(map(str, written))} (and "
-                     "each rank's files beside them)")  # fmt: skip
+            self.say(
+                f"exp_manager.profiler: steps {first}..{last} recorded in {', '.join(map(str, written))} (and "
+                "each rank's files beside them)"
+            )
 
     def _open(self, step: int) -> None:
         self.first = step
         if self.cuda_memory:
             torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
         if self.window.trace or not self.cuda_memory:
-            self.profiler = profile(activities=activities(self.device), record_shapes=True, profile_memory=True,
-                                    with_stack=True, with_flops=True)  # fmt: skip
+            self.profiler = profile(
+                activities=activities(self.device),
+                record_shapes=True,
+                profile_memory=True,
+                with_stack=True,
+                with_flops=True,
+            )
             self.profiler.start()
         if self.device.type == "cuda" and self.window.trace:  # nsys's capture range: profile's, as in GPT-NeoX
             torch.cuda.cudart().cudaProfilerStart()

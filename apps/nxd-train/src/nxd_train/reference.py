@@ -129,8 +129,7 @@ def _stored(run: Run, path: Path, sizes: dict[str, int], *, required: bool) -> d
             shapes = {split: tuple(table.shape) for split, table in (tables or {}).items()}
             expected = {split: (size, run.plan.data.rows_per_sample) for split, size in sizes.items()}
             if tables is not None and shapes != expected:
-                raise ReferenceError(f"{path}: expected reference log-probs of shape {expected}, found "
-                                     f"{shapes}")  # fmt: skip
+                raise ReferenceError(f"{path}: expected reference log-probs of shape {expected}, found {shapes}")
         except ReferenceError as error:
             tables, problem = None, str(error)
         state = "found" if tables is not None else "absent" if problem is None else problem
@@ -139,8 +138,10 @@ def _stored(run: Run, path: Path, sizes: dict[str, int], *, required: bool) -> d
         return _broadcast(run, tables if run.fabric.global_rank == 0 else None, sizes)
     if required:
         found = "no reference_log_probs table" if state == "absent" else state
-        raise CheckpointError(f"{path.parent}: expected the reference log-probs saved with the checkpoint "
-                              f"(they are never recomputed from trained weights), found {found}")  # fmt: skip
+        raise CheckpointError(
+            f"{path.parent}: expected the reference log-probs saved with the checkpoint "
+            f"(they are never recomputed from trained weights), found {found}"
+        )
     if state != "absent":
         run.monitor.info(f"{state}: computing them anew")
     return None
@@ -163,10 +164,11 @@ def prepare_reference(run: Run, resume: Resume | None) -> None:
     tables = _stored(run, resume.path / TABLE_FILE if continuing else stored, sizes, required=continuing)
     if tables is None:
         started = time.perf_counter()
-        tables = {split: compute_table(run, dataset).cpu()
-                  for split, dataset in datasets.items()}  # fmt: skip
-        run.monitor.info(f"reference log-probs of {', '.join(f'{n} {s} samples' for s, n in sizes.items())} computed "
-                         f"in {time.perf_counter() - started:.2f} s")  # fmt: skip
+        tables = {split: compute_table(run, dataset).cpu() for split, dataset in datasets.items()}
+        run.monitor.info(
+            f"reference log-probs of {', '.join(f'{n} {s} samples' for s, n in sizes.items())} computed "
+            f"in {time.perf_counter() - started:.2f} s"
+        )
         if run.fabric.global_rank == 0:
             save_reference(stored, tables, plan.reference.digest)
     else:
@@ -193,13 +195,15 @@ def _baseline_pass(run: Run, batches: list[Batch]) -> None:
     whole = isinstance(run.executor, PipelineExecutor)
     kl_rows = [{key: value[1::2] for key, value in batch.items()} for batch in batches]
     with _reference_mode(run.model, lora=False):
-        policy = run.summed(_row_log_probs(run.executor, batches if whole else kl_rows), run.mesh.get("cp"),
-                            run.pp_mesh)  # fmt: skip
+        policy = run.summed(
+            _row_log_probs(run.executor, batches if whole else kl_rows), run.mesh.get("cp"), run.pp_mesh
+        )
     counted = run.summed(torch.cat([(rows["labels"] != IGNORE_INDEX).sum(-1) for rows in kl_rows]), run.mesh.get("cp"))
     reference = torch.cat([rows[REFERENCE_KEY] for rows in kl_rows])
     data_parallel = run.mesh.get("dp")
-    kl = kl_baseline(policy[1::2] if whole else policy, reference, counted > 0,
-                     lambda sums: run.summed(sums, data_parallel))  # fmt: skip
+    kl = kl_baseline(
+        policy[1::2] if whole else policy, reference, counted > 0, lambda sums: run.summed(sums, data_parallel)
+    )
     for batch in batches:
         if whole:
             batch["labels"] = batch["labels"].clone()
@@ -216,17 +220,28 @@ def _live_pass(run: Run) -> Callable[[list[Batch]], None]:
         model, executor = run.model, run.executor
     else:  # a frozen copy of the initial weights, sharded like the policy
         initial = plan.reference.initial
-        model = build_parallel_model(plan.family, plan.layout, run.mesh, run.fabric.device, seed=plan.launch.seed,
-                                     use_cpu_initialization=plan.launch.use_cpu_initialization,
-                                     prepare=partial(prepare_parameters, policy=plan.policy),
-                                     loaded=() if initial is None else plan.family.parameter_shapes())  # fmt: skip
+        model = build_parallel_model(
+            plan.family,
+            plan.layout,
+            run.mesh,
+            run.fabric.device,
+            seed=plan.launch.seed,
+            use_cpu_initialization=plan.launch.use_cpu_initialization,
+            prepare=partial(prepare_parameters, policy=plan.policy),
+            loaded=() if initial is None else plan.family.parameter_shapes(),
+        )
         if initial is not None:
             load_weights(model, initial, plan.family, run.checkpoint_group)
         for parameter in model.parameters():
             parameter.requires_grad_(False)
-        executor = build_executor(model, plan.family.token_losses, run.fabric.device, pp=run.pp_mesh,
-                                  microbatches=run.accumulation,
-                                  autocast=forward_autocast(run.fabric, plan.policy))  # fmt: skip
+        executor = build_executor(
+            model,
+            plan.family.token_losses,
+            run.fabric.device,
+            pp=run.pp_mesh,
+            microbatches=run.accumulation,
+            autocast=forward_autocast(run.fabric, plan.policy),
+        )
     lora = plan.lora is not None
     sequence = run.mesh.get("cp")
 

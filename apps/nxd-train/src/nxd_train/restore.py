@@ -26,8 +26,9 @@ from .run_state import Run
 Group = torch.distributed.ProcessGroup | None
 
 
-def load_initial_weights(plan: RunPlan, model: nn.Module | StagedModel, resume: Resume, group: Group,
-                         monitor: Monitor) -> None:  # fmt: skip
+def load_initial_weights(
+    plan: RunPlan, model: nn.Module | StagedModel, resume: Resume, group: Group, monitor: Monitor
+) -> None:
     """The initial weights from an nxd checkpoint or a Hugging Face directory (weight_init_only)."""
     started = time.perf_counter()
     lora = plan.lora
@@ -56,8 +57,7 @@ def _took(started: float, plan: RunPlan) -> str:
     return f" in {time.perf_counter() - started:.2f} s" if plan.checkpoints.time_loads else ""
 
 
-def _load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, checkpoint: Path,
-               group: Group) -> None:  # fmt: skip
+def _load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, checkpoint: Path, group: Group) -> None:
     """The base weights under the adapters of LoRA checkpoint `checkpoint`, when it does not hold them
     unmerged: from the plan's base source; none is needed when the run that saved it started from
     the seeded initialisation (which this run repeats)."""
@@ -67,9 +67,11 @@ def _load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, 
         saved_config = read_info(checkpoint).extra.get("config", {})
         if saved_config.get("exp_manager", {}).get("resume_from_checkpoint") is None:
             return
-        raise CheckpointError(f"{checkpoint}: holds LoRA adapters without their base model (saved without "
-                              "save_lora_base); expected the base in exp_manager.resume_from_checkpoint (continuing "
-                              "a run) or in model.model_config as a Hugging Face directory (load_lora_from_ckpt)")
+        raise CheckpointError(
+            f"{checkpoint}: holds LoRA adapters without their base model (saved without "
+            "save_lora_base); expected the base in exp_manager.resume_from_checkpoint (continuing "
+            "a run) or in model.model_config as a Hugging Face directory (load_lora_from_ckpt)"
+        )
     load_weights(model, source, plan.family, group, lora)
 
 
@@ -77,9 +79,11 @@ def _continue_at(run: Run, step: int) -> None:
     """Continue from weights alone at `step` (a GPT-NeoX checkpoint's iteration, as NeoX continues): the
     schedule at that step, the data after step x global batch samples, a fresh optimizer."""
     if step >= run.steps:
-        raise CheckpointError(f"the checkpoint's iteration is {step}; this run trains {run.steps} steps, so nothing "
-                              "is left to train (raise trainer.max_steps, or start from its weights alone with "
-                              "model.weight_init_only)")  # fmt: skip
+        raise CheckpointError(
+            f"the checkpoint's iteration is {step}; this run trains {run.steps} steps, so nothing "
+            "is left to train (raise trainer.max_steps, or start from its weights alone with "
+            "model.weight_init_only)"
+        )
     run.start_step = step
     run.sampler = replace(run.sampler, consumed_samples=step * run.plan.batches.global_batch_size)
     if run.plan.checkpoints.resume_optimizer:  # else the schedule starts from its start, as the optimizer does
@@ -87,9 +91,11 @@ def _continue_at(run: Run, step: int) -> None:
             warnings.simplefilter("ignore", UserWarning)  # stepping the schedule before any optimizer step
             for _ in range(step):
                 run.scheduler.step()
-    run.monitor.info(f"continuing at step {step} from the weights alone: the optimizer state, the data position "
-                     "and the random states of the GPT-NeoX checkpoint are not read (a fresh optimizer, samples "
-                     "from step x global batch on)")  # fmt: skip
+    run.monitor.info(
+        f"continuing at step {step} from the weights alone: the optimizer state, the data position "
+        "and the random states of the GPT-NeoX checkpoint are not read (a fresh optimizer, samples "
+        "from step x global batch on)"
+    )
 
 
 def _resume(run: Run, resume: Resume) -> None:
@@ -102,8 +108,14 @@ def _resume(run: Run, resume: Resume) -> None:
     checkpoints = run.plan.checkpoints
     same_world = resume.world_size == run.fabric.world_size
     rng = {f"rank{rank}": None} if same_world and checkpoints.resume_rng else {}
-    run.training.load(resume.path, progress=progress, sampler=sampler_state, rng=rng, process_group=group,
-                      optimizer=checkpoints.resume_optimizer)  # fmt: skip
+    run.training.load(
+        resume.path,
+        progress=progress,
+        sampler=sampler_state,
+        rng=rng,
+        process_group=group,
+        optimizer=checkpoints.resume_optimizer,
+    )
     if checkpoints.resume_optimizer:  # this config's hyperparameters from the first resumed step
         update = run.plan.update
         apply_options(run.optimizer.optimizer, update.optimizer, update.options)
@@ -113,9 +125,11 @@ def _resume(run: Run, resume: Resume) -> None:
     except ValueError as error:
         hint = ""
         if sampler_state["total_samples"] != run.sampler.total_samples and run.sampler.shuffle:
-            hint = ("; the run's samples are trainer.max_steps x data.global_batch_size, which changed, and "
-                    "data.dataloader_type: cyclic shuffles them all at once: extend with dataloader_type: single, "
-                    "or start from this checkpoint's weights (model.weight_init_only: True)")  # fmt: skip
+            hint = (
+                "; the run's samples are trainer.max_steps x data.global_batch_size, which changed, and "
+                "data.dataloader_type: cyclic shuffles them all at once: extend with dataloader_type: single, "
+                "or start from this checkpoint's weights (model.weight_init_only: True)"
+            )
         raise CheckpointError(f"{resume.path}: {error}{hint}") from None
     run.start_step, run.saved_rng = progress["step"], rng.get(f"rank{rank}")
     run.resumed_metrics = dict(read_info(resume.path).metrics)
@@ -124,7 +138,11 @@ def _resume(run: Run, resume: Resume) -> None:
     if not checkpoints.resume_rng:
         monitor.info("random states as seeded, not the checkpoint's (resume_rng: False)")
     elif run.saved_rng is None:
-        monitor.info(f"resuming on {run.fabric.world_size} processes from a checkpoint of {resume.world_size}: "
-                     "random states start fresh (dropout masks differ from an uninterrupted run)")  # fmt: skip
-    monitor.info(f"resumed from {resume.path} at step {run.start_step} ({progress['consumed_samples']} samples)"
-                 f"{_took(started, run.plan)}")  # fmt: skip
+        monitor.info(
+            f"resuming on {run.fabric.world_size} processes from a checkpoint of {resume.world_size}: "
+            "random states start fresh (dropout masks differ from an uninterrupted run)"
+        )
+    monitor.info(
+        f"resumed from {resume.path} at step {run.start_step} ({progress['consumed_samples']} samples)"
+        f"{_took(started, run.plan)}"
+    )

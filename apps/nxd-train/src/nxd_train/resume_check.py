@@ -19,22 +19,51 @@ from nxd_models import ModelFamily
 IDENTITY = "identity"
 """The completion marker's record of what a resume must keep: architecture, tokenizer, data."""
 STATE_KEYS = (
-    "model_source", "precision.type", "model.optim.name", "model.encoder_seq_length", "data.seq_length",
-)  # fmt: skip
+    "model_source",
+    "precision.type",
+    "model.optim.name",
+    "model.encoder_seq_length",
+    "data.seq_length",
+)
 """Config keys whose change cannot continue a checkpoint (compared as written)."""
 APPLIED_PREFIXES = ("model.optim.", "trainer.gradient_clip_val")
 """Config keys a resume applies from its first step (the optimizer's name excepted)."""
-HF_SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok")  # fmt: skip
+HF_SHAPE_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_local_experts",
+    "num_experts_per_tok",
+)
 """config.json values that shape a model, not always its tensors (heads split the same rows)."""
 ARCHITECTURE = {
-    "model": ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "kv_channels",
-              "normalization", "activation", "has_bias", "position_embedding_type", "position_embedding_offset",
-              "rpe_num_buckets", "rpe_max_distance", "qk_layernorm", "rotary_percentage",
-              "share_embeddings_and_output_weights", "transformer_block_type", "vocab_size", "moe",
-              "num_unique_layers"),
+    "model": (
+        "num_layers",
+        "hidden_size",
+        "ffn_hidden_size",
+        "num_attention_heads",
+        "num_kv_heads",
+        "kv_channels",
+        "normalization",
+        "activation",
+        "has_bias",
+        "position_embedding_type",
+        "position_embedding_offset",
+        "rpe_num_buckets",
+        "rpe_max_distance",
+        "qk_layernorm",
+        "rotary_percentage",
+        "share_embeddings_and_output_weights",
+        "transformer_block_type",
+        "vocab_size",
+        "moe",
+        "num_unique_layers",
+    ),
     "model.model_config": ("model_type", *HF_SHAPE_KEYS, "hidden_act", "vocab_size", "tie_word_embeddings"),
-}  # fmt: skip
+}
 """Per family (by where its architecture is set), the values that shape a model's state."""
 DATA_KEYS = ("data_prefix", "train_dir", "val_dir", "pair_documents", "example_documents", "label_prefixes")
 """data keys naming files a run reads, whose contents a resume must find unchanged."""
@@ -61,25 +90,44 @@ def data_identity(data: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
-def compare(saved_config: Mapping[str, Any], saved_identity: Mapping[str, Any], config: Mapping[str, Any],
-            identity: Mapping[str, Any], source_key: str) -> tuple[list[str], list[str]]:  # fmt: skip
+def compare(
+    saved_config: Mapping[str, Any],
+    saved_identity: Mapping[str, Any],
+    config: Mapping[str, Any],
+    identity: Mapping[str, Any],
+    source_key: str,
+) -> tuple[list[str], list[str]]:
     """(what cannot continue, what will change): each `key: old -> new` (old the checkpoint's)."""
     old, new = _flat(saved_config), _flat(config)
-    refused = [f"{key}: {old[key]!r} in the checkpoint, {new.get(key)!r} here" for key in STATE_KEYS
-               if key in old and old[key] != new.get(key)]  # fmt: skip
+    refused = [
+        f"{key}: {old[key]!r} in the checkpoint, {new.get(key)!r} here"
+        for key in STATE_KEYS
+        if key in old and old[key] != new.get(key)
+    ]
     saved_shape, shape = saved_identity.get("architecture") or {}, identity.get("architecture") or {}
-    refused += [f"{source_key}{'.' if source_key == 'model' else ' '}{name}: {saved_shape[name]!r} in the "
-                f"checkpoint, {shape.get(name)!r} here" for name in saved_shape
-                if saved_shape[name] != shape.get(name)]  # fmt: skip
+    refused += [
+        f"{source_key}{'.' if source_key == 'model' else ' '}{name}: {saved_shape[name]!r} in the "
+        f"checkpoint, {shape.get(name)!r} here"
+        for name in saved_shape
+        if saved_shape[name] != shape.get(name)
+    ]
     saved_tokenizer = saved_identity.get("tokenizer")
     if saved_tokenizer is not None and saved_tokenizer != identity.get("tokenizer"):
-        refused.append(f"data.tokenizer: another tokenizer than the checkpoint's (its vocabulary, merges or "
-                       f"special ids differ: {saved_tokenizer} there, {identity.get('tokenizer')} here)")  # fmt: skip
+        refused.append(
+            f"data.tokenizer: another tokenizer than the checkpoint's (its vocabulary, merges or "
+            f"special ids differ: {saved_tokenizer} there, {identity.get('tokenizer')} here)"
+        )
     saved_data, data = saved_identity.get("data") or {}, identity.get("data") or {}
-    refused += [f"{key}: the files there are not those the checkpoint trained on (replaced or changed)"
-                for key in saved_data if key in data and saved_data[key] != data[key]]  # fmt: skip
-    applied = [f"{key} {old[key]!r} -> {new.get(key)!r}" for key in sorted(old)
-               if key.startswith(APPLIED_PREFIXES) and key not in STATE_KEYS and old[key] != new.get(key)]
+    refused += [
+        f"{key}: the files there are not those the checkpoint trained on (replaced or changed)"
+        for key in saved_data
+        if key in data and saved_data[key] != data[key]
+    ]
+    applied = [
+        f"{key} {old[key]!r} -> {new.get(key)!r}"
+        for key in sorted(old)
+        if key.startswith(APPLIED_PREFIXES) and key not in STATE_KEYS and old[key] != new.get(key)
+    ]
     return refused, applied
 
 

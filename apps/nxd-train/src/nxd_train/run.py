@@ -89,8 +89,7 @@ def setup(plan: RunPlan) -> Run:
     the order a run stands up: the launcher's world, the device mesh, the log directory, the data order,
     the model with its initial weights, the update, the checkpointer, the state it continues from."""
     fabric = launch_processes(plan)
-    dims = ParallelDims(fabric.world_size, tp=plan.launch.tp, pp=plan.launch.pp, cp=plan.launch.cp,
-                        ep=plan.launch.ep)  # fmt: skip
+    dims = ParallelDims(fabric.world_size, tp=plan.launch.tp, pp=plan.launch.pp, cp=plan.launch.cp, ep=plan.launch.ep)
     mesh = dims.build_mesh(fabric.device.type)
     log_dir, lock = _hold_log_dir(plan, fabric)
     if (watch := current_watch()) is not None:  # a silent peer's stop writes this rank's stacks beside its log
@@ -117,15 +116,22 @@ def launch_processes(plan: RunPlan) -> Fabric:
     plugins = [LightningEnvironment() if launch.world is None else LaunchedEnvironment(launch.world)]
     if launch.world_size > 1:  # the offloaded shards' reductions (the gradient norm) run on the host
         offloaded = plan.layout.cpu_offload and torch.cuda.is_available()
-        strategy = RoundStrategy(launch.world, process_group_backend="cuda:nccl,cpu:gloo" if offloaded else None,
-                                 timeout=timeout)  # fmt: skip
+        strategy = RoundStrategy(
+            launch.world, process_group_backend="cuda:nccl,cpu:gloo" if offloaded else None, timeout=timeout
+        )
     with warnings.catch_warnings():
         # Lightning's hint to prepend `srun` whenever srun is on the PATH: the launch is already decided (the
         # launcher's world, checked by launcher_check, or processes Fabric starts), and `nxd-train launch` writes
         # the srun line a Slurm job needs
         warnings.filterwarnings("ignore", message="The `srun` command is available")
-        fabric = Fabric(accelerator="auto", devices=launch.devices, num_nodes=launch.num_nodes, strategy=strategy,
-                        precision=plan.precision, plugins=plugins)  # fmt: skip
+        fabric = Fabric(
+            accelerator="auto",
+            devices=launch.devices,
+            num_nodes=launch.num_nodes,
+            strategy=strategy,
+            precision=plan.precision,
+            plugins=plugins,
+        )
         fabric.launch()
     if fabric.world_size > 1:
         PeerWatch(fabric.global_rank, fabric.world_size, launch.collective_timeout, fabric.strategy.watch_store).start()
@@ -141,8 +147,13 @@ def _hold_log_dir(plan: RunPlan, fabric: Fabric) -> tuple[Path, LogDirLock]:
     logging, lock, held = plan.logging, LogDirLock(None), None
     if fabric.global_rank == 0:
         try:
-            path, lock = hold_log_dir(logging.explicit_log_dir, logging.exp_dir, logging.exp_name, plan.log_dir,
-                                      written=(logging.json_log_file,) if logging.json_log_file else ())  # fmt: skip
+            path, lock = hold_log_dir(
+                logging.explicit_log_dir,
+                logging.exp_dir,
+                logging.exp_name,
+                plan.log_dir,
+                written=(logging.json_log_file,) if logging.json_log_file else (),
+            )
             if plan.launch.job is not None:
                 record_launch(path, plan.launch.job.tag)  # a restarted round finds this folder
             held = (str(path), None)
@@ -173,26 +184,52 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
         load_initial_weights(plan, model, resume, group, monitor)
     if resume is None or resume.weights_only:
         start_new_soft_prompt(model, plan.family, resume)
-    executor = build_executor(model, plan.family.token_losses, fabric.device, pp=mesh.get("pp"),
-                              microbatches=sampler.accumulation,
-                              autocast=forward_autocast(fabric, plan.policy))  # fmt: skip
+    executor = build_executor(
+        model,
+        plan.family.token_losses,
+        fabric.device,
+        pp=mesh.get("pp"),
+        microbatches=sampler.accumulation,
+        autocast=forward_autocast(fabric, plan.policy),
+    )
     update, lora = plan.update, plan.lora
     trained = [name for name, p in model.named_parameters() if p.requires_grad]
     scales = plan.family.optimizer_scales(trained, update.optimizer)  # muP's, where the model has them
-    optimizer = PrecisionOptimizer(model.parameters(), plan.policy, lambda tensors: build_optimizer(
-        update.optimizer, tensors, update.options, decay_norms_and_biases=update.decay_norms_and_biases,
-        scales=scales, fp32_state=plan.family.fp32_state_parameters(trained)))  # fmt: skip
+    optimizer = PrecisionOptimizer(
+        model.parameters(),
+        plan.policy,
+        lambda tensors: build_optimizer(
+            update.optimizer,
+            tensors,
+            update.options,
+            decay_norms_and_biases=update.decay_norms_and_biases,
+            scales=scales,
+            fp32_state=plan.family.fp32_state_parameters(trained),
+        ),
+    )
     scheduler = build_scheduler(optimizer.optimizer, update.schedule, update.schedule_options, update.lr, steps)
     scaler = None if update.loss_scaling is None else LossScaler(update.loss_scaling)
-    training = TrainingState(model, optimizer, scheduler, use_master_weights=plan.checkpoints.use_master_weights,
-                             save_bf16=plan.checkpoints.save_bf16, lora=lora,
-                             lora_base=None if plan.adapters is None else plan.adapters.base,
-                             scaler=scaler)  # fmt: skip
+    training = TrainingState(
+        model,
+        optimizer,
+        scheduler,
+        use_master_weights=plan.checkpoints.use_master_weights,
+        save_bf16=plan.checkpoints.save_bf16,
+        lora=lora,
+        lora_base=None if plan.adapters is None else plan.adapters.base,
+        scaler=scaler,
+    )
     trainer_outputs = None
     if plan.logging.trainer_checkpoints and rank == 0:
-        trainer_outputs = TrainerOutputs(log_dir, {"max_steps": steps, "logging_steps": plan.cadence.log_every_n_steps,
-                                                   "train_batch_size": plan.batches.micro_batch_size},
-                                         monitor.info)  # fmt: skip
+        trainer_outputs = TrainerOutputs(
+            log_dir,
+            {
+                "max_steps": steps,
+                "logging_steps": plan.cadence.log_every_n_steps,
+                "train_batch_size": plan.batches.micro_batch_size,
+            },
+            monitor.info,
+        )
     attach = _adapter_writers(plan)
     uploads = None
     if plan.checkpoints.s3 is not None and rank == 0:
@@ -200,19 +237,41 @@ def _build(plan: RunPlan, fabric: Fabric, dims: ParallelDims, mesh: ParallelMesh
     checkpointer = _checkpointer(plan, log_dir, resume, group, monitor, trainer_outputs, attach, uploads)
     ceiling = device_ceiling(fabric.device, plan.policy.compute_dtype)
     ceiling.flops = fabric.all_reduce(torch.tensor(ceiling.flops, device=fabric.device), reduce_op="sum").item()
-    run = Run(plan, fabric, dims, mesh, log_dir, monitor, model, executor, optimizer, scheduler, training, sampler,
-              checkpointer, _checkpoint_record(plan, fabric, dims), steps,
-              flops_per_token=plan.family.flops_per_token(plan.seq_length),
-              ceiling=ceiling, objective=plan.objective.split_over(_group(mesh.get("cp"))),
-              train_data=plan.data.train, validation_data=plan.data.validation,
-              test_data=plan.data.test, padding=plan.data.padding,
-              attach=attach, checkpoint_group=group, scaler=scaler,
-              trainer_outputs=trainer_outputs, uploads=uploads)  # fmt: skip
+    run = Run(
+        plan,
+        fabric,
+        dims,
+        mesh,
+        log_dir,
+        monitor,
+        model,
+        executor,
+        optimizer,
+        scheduler,
+        training,
+        sampler,
+        checkpointer,
+        _checkpoint_record(plan, fabric, dims),
+        steps,
+        flops_per_token=plan.family.flops_per_token(plan.seq_length),
+        ceiling=ceiling,
+        objective=plan.objective.split_over(_group(mesh.get("cp"))),
+        train_data=plan.data.train,
+        validation_data=plan.data.validation,
+        test_data=plan.data.test,
+        padding=plan.data.padding,
+        attach=attach,
+        checkpoint_group=group,
+        scaler=scaler,
+        trainer_outputs=trainer_outputs,
+        uploads=uploads,
+    )
     if (window := plan.logging.profiler) is not None:
         run.profiler = StepProfiler(window, log_dir, fabric.device, rank, monitor.info)
     if plan.logging.statistics.any:
-        run.statistics = StepStatistics(plan.logging.statistics, training.names, plan.batches.global_batch_size,
-                                        _group(mesh.get("pp")))  # fmt: skip
+        run.statistics = StepStatistics(
+            plan.logging.statistics, training.names, plan.batches.global_batch_size, _group(mesh.get("pp"))
+        )
     restore(run, resume)
     _announce(run, resume, host_memory)
     return run
@@ -222,21 +281,36 @@ def _sampler(plan: RunPlan, dims: ParallelDims, mesh: ParallelMesh) -> Pretraini
     """The order of the training samples over the data-parallel ranks, from the run's start."""
     b = plan.batches
     lengths = plan.data.train.row_lengths.tobytes() if b.group_by_length else None  # fine-tuning records only
-    return PretrainingSampler(len(plan.data.train), b.global_batch_size, b.micro_batch_size, dims.dp,
-                              mesh.data_parallel_rank, seed=plan.launch.seed,
-                              shuffle=b.reshuffle_each_epoch or not plan.data.shuffled,
-                              reshuffle_each_epoch=b.reshuffle_each_epoch, lengths=lengths)  # fmt: skip
+    return PretrainingSampler(
+        len(plan.data.train),
+        b.global_batch_size,
+        b.micro_batch_size,
+        dims.dp,
+        mesh.data_parallel_rank,
+        seed=plan.launch.seed,
+        shuffle=b.reshuffle_each_epoch or not plan.data.shuffled,
+        reshuffle_each_epoch=b.reshuffle_each_epoch,
+        lengths=lengths,
+    )
 
 
 def _monitor(plan: RunPlan, fabric: Fabric, log_dir: Path, steps: int, resume: Resume | None) -> Monitor:
     """The run's logs and loggers; a continued run keeps the rows its checkpoint covers."""
     logging = plan.logging
     continues_here = resume is not None and not resume.weights_only and plan.log_dir is not None
-    return Monitor(log_dir, global_rank=fabric.global_rank, local_rank=fabric.local_rank, total_steps=steps,
-                   local_rank_0_only=logging.local_rank_0_only, tensorboard=logging.tensorboard,
-                   continue_after=read_info(resume.path).step if continues_here else None,
-                   wandb=logging.wandb, comet=logging.comet, config=plan.resolved_config,
-                   json_log_file=logging.json_log_file)  # fmt: skip
+    return Monitor(
+        log_dir,
+        global_rank=fabric.global_rank,
+        local_rank=fabric.local_rank,
+        total_steps=steps,
+        local_rank_0_only=logging.local_rank_0_only,
+        tensorboard=logging.tensorboard,
+        continue_after=read_info(resume.path).step if continues_here else None,
+        wandb=logging.wandb,
+        comet=logging.comet,
+        config=plan.resolved_config,
+        json_log_file=logging.json_log_file,
+    )
 
 
 def _model(plan: RunPlan, fabric: Fabric, mesh: ParallelMesh, resume: Resume | None) -> nn.Module | StagedModel:
@@ -244,9 +318,16 @@ def _model(plan: RunPlan, fabric: Fabric, mesh: ParallelMesh, resume: Resume | N
     starts_loaded = resume is not None and resume.weights_only and plan.lora is None  # no random values to draw
     kept = fresh_prefixes(plan.family, resume) if starts_loaded else ()  # initialised, not loaded
     loaded = [name for name in plan.family.parameter_shapes() if not name.startswith(kept)] if starts_loaded else ()
-    return build_parallel_model(plan.family, plan.layout, mesh, fabric.device, seed=plan.launch.seed,
-                                use_cpu_initialization=plan.launch.use_cpu_initialization,
-                                prepare=partial(prepare_parameters, policy=plan.policy), loaded=loaded)  # fmt: skip
+    return build_parallel_model(
+        plan.family,
+        plan.layout,
+        mesh,
+        fabric.device,
+        seed=plan.launch.seed,
+        use_cpu_initialization=plan.launch.use_cpu_initialization,
+        prepare=partial(prepare_parameters, policy=plan.policy),
+        loaded=loaded,
+    )
 
 
 def _adapter_writers(plan: RunPlan) -> list[Callable[[Path], None]]:
@@ -262,9 +343,16 @@ def _adapter_writers(plan: RunPlan) -> list[Callable[[Path], None]]:
     return [adapter_files]
 
 
-def _checkpointer(plan: RunPlan, log_dir: Path, resume: Resume | None, group: torch.distributed.ProcessGroup | None,
-                  monitor: Monitor, trainer_outputs: TrainerOutputs | None, attach: list[Callable[[Path], None]],
-                  uploads: CheckpointUploader | None) -> Checkpointer:  # fmt: skip
+def _checkpointer(
+    plan: RunPlan,
+    log_dir: Path,
+    resume: Resume | None,
+    group: torch.distributed.ProcessGroup | None,
+    monitor: Monitor,
+    trainer_outputs: TrainerOutputs | None,
+    attach: list[Callable[[Path], None]],
+    uploads: CheckpointUploader | None,
+) -> Checkpointer:
     """The saves of this run, in its log directory; a continued run's lineage goes on from the resumed one.
     Rank 0 hands each complete one to `uploads` (S3)."""
 
@@ -276,18 +364,30 @@ def _checkpointer(plan: RunPlan, log_dir: Path, resume: Resume | None, group: to
             uploads.submit(info.path)
 
     continued = resume is not None and not resume.weights_only
-    return Checkpointer(log_dir / CHECKPOINT_DIR, plan.checkpoints.policy, asynchronous=plan.checkpoints.asynchronous,
-                        process_group=group, on_complete=report_save, attach=partial(_write_all, attach),
-                        lineage=continued_lineage(log_dir / CHECKPOINT_DIR, resume.path) if continued else None,
-                        resumed_from=None if resume is None else resume.path)  # fmt: skip
+    return Checkpointer(
+        log_dir / CHECKPOINT_DIR,
+        plan.checkpoints.policy,
+        asynchronous=plan.checkpoints.asynchronous,
+        process_group=group,
+        on_complete=report_save,
+        attach=partial(_write_all, attach),
+        lineage=continued_lineage(log_dir / CHECKPOINT_DIR, resume.path) if continued else None,
+        resumed_from=None if resume is None else resume.path,
+    )
 
 
 def _checkpoint_record(plan: RunPlan, fabric: Fabric, dims: ParallelDims) -> dict[str, Any]:
     """What every checkpoint's marker records of the run (layout, versions, config, Hugging Face mapping)."""
     export = export_of(plan.family, plan.data.tokenizer_files, plan.data.pad_id)
-    record = {"world_size": fabric.world_size, "layout": dims.sizes(), "versions": versions(),
-              "config": plan.resolved_config, IDENTITY: plan.identity, **export_record(export),
-              HEAD_RECORD: plan.family.head}  # fmt: skip
+    record = {
+        "world_size": fabric.world_size,
+        "layout": dims.sizes(),
+        "versions": versions(),
+        "config": plan.resolved_config,
+        IDENTITY: plan.identity,
+        **export_record(export),
+        HEAD_RECORD: plan.family.head,
+    }
     if plan.lora is not None:
         record[LORA_RECORD] = plan.lora.adapter_export() | {"base": plan.adapters.base}
     return record
@@ -297,20 +397,27 @@ def _announce(run: Run, resume: Resume | None, host_memory: str | None) -> None:
     """The run's start lines: what trains on what, its data, the MFU ceiling, adapters, a restart's round."""
     plan, monitor, fabric, b = run.plan, run.monitor, run.fabric, run.plan.batches
     layout = " x ".join(f"{name} {size}" for name, size in run.dims.sizes().items() if size > 1) or "one process"
-    monitor.info(f"nxd-train: {plan.logging.name}: {plan.family.parameter_count():,} parameters, {fabric.world_size} "
-                 f"process(es) ({layout}), {plan.objective.name}, global batch {b.global_batch_size} "
-                 f"({run.sampler.accumulation} x {b.micro_batch_size} per rank), {run.steps} steps of "
-                 f"{run.sampler.steps_per_epoch} per epoch, {plan.data.tokenizer}; logs in {run.log_dir}")  # fmt: skip
+    monitor.info(
+        f"nxd-train: {plan.logging.name}: {plan.family.parameter_count():,} parameters, {fabric.world_size} "
+        f"process(es) ({layout}), {plan.objective.name}, global batch {b.global_batch_size} "
+        f"({run.sampler.accumulation} x {b.micro_batch_size} per rank), {run.steps} steps of "
+        f"{run.sampler.steps_per_epoch} per epoch, {plan.data.tokenizer}; logs in {run.log_dir}"
+    )
     for line in (*plan.data.notes, *([host_memory] if host_memory else [])):
         monitor.info(line)
-    monitor.info(f"MFU: model FLOPs (attention counted in full, not causal) against {run.ceiling.source}, per "
-                 f"device; fp32 matmul precision {torch.get_float32_matmul_precision()}")  # fmt: skip
+    monitor.info(
+        f"MFU: model FLOPs (attention counted in full, not causal) against {run.ceiling.source}, per "
+        f"device; fp32 matmul precision {torch.get_float32_matmul_precision()}"
+    )
     if plan.lora is not None:
         _report_adapters(plan.lora, run.model, plan, monitor)
     if (job := plan.launch.job) is not None and job.restart:
         continued = resume is not None and not resume.weights_only
-        where = (f"resumed at step {run.start_step} from {resume.path}" if continued
-                 else "no complete checkpoint to resume from, so training starts at step 0")  # fmt: skip
+        where = (
+            f"resumed at step {run.start_step} from {resume.path}"
+            if continued
+            else "no complete checkpoint to resume from, so training starts at step 0"
+        )
         monitor.info(f"{job.says()}: {where}")
 
 
@@ -327,11 +434,15 @@ def _write_all(writers: list[Callable[[Path], None]], folder: Path) -> None:
 def _report_adapters(lora: LoraFamily, model: nn.Module | StagedModel, plan: RunPlan, monitor: Monitor) -> None:
     """The trainable share of the model; with lora_verbose, every adapted layer."""
     s = lora.spec
-    monitor.info(f"LoRA r={s.rank} alpha={s.alpha:g} on {len(lora.modules)} layers: {lora.trainable_count():,} adapter "
-                 f"parameters ({lora.trainable_count() / plan.family.parameter_count():.2%} of the base model)")
+    monitor.info(
+        f"LoRA r={s.rank} alpha={s.alpha:g} on {len(lora.modules)} layers: {lora.trainable_count():,} adapter "
+        f"parameters ({lora.trainable_count() / plan.family.parameter_count():.2%} of the base model)"
+    )
     if plan.adapters.verbose:
         for name in lora.modules:
             monitor.info(f"  LoRA {name}")
         trained = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
-        monitor.info(f"  trainable on this rank: {len(trained)} tensors, "
-                     f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,} values")
+        monitor.info(
+            f"  trainable on this rank: {len(trained)} tensors, "
+            f"{sum(p.numel() for p in model.parameters() if p.requires_grad):,} values"
+        )

@@ -113,12 +113,16 @@ class Run:
         uploads, self.uploads, where = self.uploads, None, self.plan.checkpoints.s3.url
         if not wait:
             if pending := uploads.pending:
-                self.monitor.info(f"s3: the run stops before {', '.join(pending)} finished uploading to {where}; "
-                                  f"they are only in {self.checkpointer.root}")  # fmt: skip
+                self.monitor.info(
+                    f"s3: the run stops before {', '.join(pending)} finished uploading to {where}; "
+                    f"they are only in {self.checkpointer.root}"
+                )
             return
         if failed := uploads.close():
-            message = (f"s3: {len(failed)} checkpoint(s) not uploaded to {where}: {', '.join(failed)}; they are only "
-                       f"in {self.checkpointer.root}, unless retention removed them")  # fmt: skip
+            message = (
+                f"s3: {len(failed)} checkpoint(s) not uploaded to {where}: {', '.join(failed)}; they are only "
+                f"in {self.checkpointer.root}, unless retention removed them"
+            )
             self.monitor.info(message)
             raise UploadsFailed(f"{len(failed)} checkpoint(s) not uploaded to {where} (named above)")
 
@@ -144,18 +148,28 @@ class Run:
         """A micro-batch on the device; with context parallelism, this rank's part of each sequence."""
         batch = self.fabric.to_device(batch)
         if self.dims.cp > 1:  # per-token entries only (per-row values such as reference log-probs stay whole)
-            batch = {key: split_sequence(value, self.dims.cp, self.mesh.rank("cp")) if value.dim() > 1 else value
-                     for key, value in batch.items()}  # fmt: skip
+            batch = {
+                key: split_sequence(value, self.dims.cp, self.mesh.rank("cp")) if value.dim() > 1 else value
+                for key, value in batch.items()
+            }
         return batch
 
-    def micro_batches(self, dataset: Dataset, sampler: Iterable[list[int]], lengths: Iterable[int] | None = None,
-                      inspect: Callable[[Batch], None] | None = None) -> Iterator[Batch]:  # fmt: skip
+    def micro_batches(
+        self,
+        dataset: Dataset,
+        sampler: Iterable[list[int]],
+        lengths: Iterable[int] | None = None,
+        inspect: Callable[[Batch], None] | None = None,
+    ) -> Iterator[Batch]:
         """This rank's micro-batches of `dataset` as `sampler` orders them, on the device; with `lengths`, each cut
         to its length first (the whole sequence, before context parallelism splits it); `inspect` sees each whole
         micro-batch on the host."""
-        loader = DataLoader(WithPadding(dataset, self.padding), batch_sampler=sampler,
-                            collate_fn=self.plan.data.collate(self.trim_to, self.packable),
-                            num_workers=self.plan.batches.num_workers)  # fmt: skip
+        loader = DataLoader(
+            WithPadding(dataset, self.padding),
+            batch_sampler=sampler,
+            collate_fn=self.plan.data.collate(self.trim_to, self.packable),
+            num_workers=self.plan.batches.num_workers,
+        )
         batches = iter(loader) if lengths is None else map(truncate, loader, lengths)
         if inspect is not None:
             batches = map(lambda batch: inspect(batch) or batch, batches)
@@ -177,17 +191,29 @@ class Run:
     def train_batches(self) -> Iterator[Batch]:
         """The training micro-batches from the run's start to its last step."""
         curriculum = self.plan.batches.curriculum
-        lengths = None if curriculum is None else (curriculum.length(step + 1)
-                                                   for step in range(self.start_step, self.steps)
-                                                   for _ in range(self.accumulation))  # fmt: skip
+        lengths = (
+            None
+            if curriculum is None
+            else (
+                curriculum.length(step + 1)
+                for step in range(self.start_step, self.steps)
+                for _ in range(self.accumulation)
+            )
+        )
         return self.micro_batches(self.train_data, replace(self.sampler, steps=self.steps - self.start_step), lengths)
 
     def eval_sampler(self, dataset: Dataset) -> PretrainingSampler:
         b = self.plan.batches
-        return PretrainingSampler(len(dataset), b.global_batch_size, b.micro_batch_size, self.dims.dp,
-                                  self.mesh.data_parallel_rank, seed=self.plan.launch.seed,
-                                  drop_last=b.validation_drop_last,
-                                  pad_to_global_batch=b.pad_to_global_batch)  # fmt: skip
+        return PretrainingSampler(
+            len(dataset),
+            b.global_batch_size,
+            b.micro_batch_size,
+            self.dims.dp,
+            self.mesh.data_parallel_rank,
+            seed=self.plan.launch.seed,
+            drop_last=b.validation_drop_last,
+            pad_to_global_batch=b.pad_to_global_batch,
+        )
 
     def summed(self, tensor: torch.Tensor, *meshes: DeviceMesh | None) -> torch.Tensor:
         """`tensor` summed over the ranks of each 1-D mesh given (data x context, pipeline), in place."""
@@ -203,5 +229,11 @@ class Run:
         progress = {"step": done, "consumed_samples": consumed}
         sampler = self.sampler.state_dict() | {"consumed_samples": consumed}
         state = self.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
-        self.checkpointer.save(state, step=done, consumed_samples=consumed, metrics=logged,
-                               extra=self.checkpoint_record, keep=done == self.steps)  # the last step stays
+        self.checkpointer.save(
+            state,
+            step=done,
+            consumed_samples=consumed,
+            metrics=logged,
+            extra=self.checkpoint_record,
+            keep=done == self.steps,
+        )  # the last step stays

@@ -24,8 +24,11 @@ from .inference import LoadedRun, say
 
 NOT_STARTED = "WARNING: text generation did not start; try different batching or adjust parameters"
 """NeoX's message for a completion whose first token ended it."""
-UNREAD = {"unconditional": ("sample_input_file", "prompt_end"), "input-file": ("num_samples",),
-          "interactive": ("num_samples", "sample_input_file", "sample_output_file", "return_logits", "batch_size")}
+UNREAD = {
+    "unconditional": ("sample_input_file", "prompt_end"),
+    "input-file": ("num_samples",),
+    "interactive": ("num_samples", "sample_input_file", "sample_output_file", "return_logits", "batch_size"),
+}
 """The generate keys each mode does not read."""
 
 
@@ -44,25 +47,36 @@ def settings_problems(settings: GenerateConfig) -> list[str]:
     problems = []
     if settings.text_gen_type == "input-file":
         if settings.sample_input_file is None:
-            problems.append("generate.sample_input_file: expected the prompts' file with text_gen_type input-file, "
-                            "found none")  # fmt: skip
+            problems.append(
+                "generate.sample_input_file: expected the prompts' file with text_gen_type input-file, found none"
+            )
         else:
             try:
                 read_prompts(settings)
             except (OSError, UnicodeDecodeError) as error:
-                found = ("no file" if isinstance(error, FileNotFoundError) else
-                         "a file that is not UTF-8 text" if isinstance(error, UnicodeDecodeError) else
-                         f"a file that cannot be read ({getattr(error, 'strerror', None) or error})")  # fmt: skip
-                problems.append(f"generate.sample_input_file: expected a UTF-8 text file of prompts, found {found} "
-                                f"at {settings.sample_input_file}")  # fmt: skip
+                found = (
+                    "no file"
+                    if isinstance(error, FileNotFoundError)
+                    else "a file that is not UTF-8 text"
+                    if isinstance(error, UnicodeDecodeError)
+                    else f"a file that cannot be read ({getattr(error, 'strerror', None) or error})"
+                )
+                problems.append(
+                    f"generate.sample_input_file: expected a UTF-8 text file of prompts, found {found} "
+                    f"at {settings.sample_input_file}"
+                )
     out = output_path(settings)
     if settings.text_gen_type != "interactive" and out is not None:
         if out.exists() or out.is_symlink():
-            problems.append(f"generate.sample_output_file: {out} exists; expected a new file (nxd-train never writes "
-                            "over one): name another, or move it away")  # fmt: skip
+            problems.append(
+                f"generate.sample_output_file: {out} exists; expected a new file (nxd-train never writes "
+                "over one): name another, or move it away"
+            )
         elif not out.resolve().parent.is_dir():
-            problems.append(f"generate.sample_output_file: expected a file in an existing folder, found no folder "
-                            f"{out.resolve().parent}")  # fmt: skip
+            problems.append(
+                f"generate.sample_output_file: expected a file in an existing folder, found no folder "
+                f"{out.resolve().parent}"
+            )
     return problems
 
 
@@ -102,49 +116,76 @@ def run_generation(run: LoadedRun, settings: GenerateConfig, seed: int) -> int:
     return 0
 
 
-def _complete(run: LoadedRun, settings: GenerateConfig, prompts: list[str],
-              generator: torch.Generator) -> Iterator[dict[str, object]]:  # fmt: skip
+def _complete(
+    run: LoadedRun, settings: GenerateConfig, prompts: list[str], generator: torch.Generator
+) -> Iterator[dict[str, object]]:
     """Each prompt's record, `batch_size` prompts at a time; a prompt the context cannot hold gets a message."""
     eod = run.tokenizer.eod_id
     sampling = Sampling(settings.temperature, settings.top_k, settings.top_p)
     cache = None if settings.recompute else run.new_cache
     most = 2 * run.context * run.tokenizer.max_token_bytes  # bytes that hold more than the context's tokens, as a rule
     for start in range(0, len(prompts), settings.batch_size):
-        batch = prompts[start:start + settings.batch_size]
+        batch = prompts[start : start + settings.batch_size]
         sizes = [len(prompt.encode()) for prompt in batch]
-        heads = {index: prompt.encode()[:most].decode(errors="ignore") for index, prompt in enumerate(batch)
-                 if sizes[index] > most}  # a long prompt: its first `most` bytes decide, the rest is not read
-        over = {index: len(tokens) for index, tokens in zip(heads, run.tokenizer.encode(list(heads.values())),
-                                                            strict=True) if len(tokens) >= run.context}  # fmt: skip
+        heads = {
+            index: prompt.encode()[:most].decode(errors="ignore")
+            for index, prompt in enumerate(batch)
+            if sizes[index] > most
+        }  # a long prompt: its first `most` bytes decide, the rest is not read
+        over = {
+            index: len(tokens)
+            for index, tokens in zip(heads, run.tokenizer.encode(list(heads.values())), strict=True)
+            if len(tokens) >= run.context
+        }
         encoded = iter(run.tokenizer.encode([prompt for index, prompt in enumerate(batch) if index not in over]))
         ids = [[] if index in over else next(encoded) or [eod] for index in range(len(batch))]  # empty: end token
         fits = [index for index, tokens in enumerate(ids) if index not in over and len(tokens) < run.context]
         started = time.perf_counter()
-        completions = generate(run.logits, cache, [ids[i] for i in fits], maximum_tokens=settings.maximum_tokens,
-                               context=run.context, end_id=eod, vocab_size=run.vocab_size, sampling=sampling,
-                               generator=generator, return_logits=settings.return_logits,
-                               device=run.fabric.device)  # fmt: skip
+        completions = generate(
+            run.logits,
+            cache,
+            [ids[i] for i in fits],
+            maximum_tokens=settings.maximum_tokens,
+            context=run.context,
+            end_id=eod,
+            vocab_size=run.vocab_size,
+            sampling=sampling,
+            generator=generator,
+            return_logits=settings.return_logits,
+            device=run.fabric.device,
+        )
         seconds = (time.perf_counter() - started) / max(1, len(fits))
         done = dict(zip(fits, completions, strict=True))
         for index, prompt in enumerate(batch):
             if index in done:
                 yield _record(run, prompt, done[index], seconds)
             else:
-                size = (f"{sizes[index]:,} bytes (its first {most:,} alone are {over[index]:,} tokens)"
-                        if index in over else f"{len(ids[index])} tokens")  # fmt: skip
-                yield {"context": prompt, "text": None, "length": 0, "finished": False,
-                       "message": f"WARNING: the prompt's {size} leave no room in the model's context of {run.context} "
-                                  f"positions; expected at most {run.context - 1} tokens",
-                       "duration_seconds": 0.0}  # fmt: skip
+                size = (
+                    f"{sizes[index]:,} bytes (its first {most:,} alone are {over[index]:,} tokens)"
+                    if index in over
+                    else f"{len(ids[index])} tokens"
+                )
+                yield {
+                    "context": prompt,
+                    "text": None,
+                    "length": 0,
+                    "finished": False,
+                    "message": f"WARNING: the prompt's {size} leave no room in the model's context of {run.context} "
+                    f"positions; expected at most {run.context - 1} tokens",
+                    "duration_seconds": 0.0,
+                }
 
 
 def _record(run: LoadedRun, prompt: str, completion: Completion, seconds: float) -> dict[str, object]:
     started = bool(completion.tokens)
     record: dict[str, object] = {
-        "context": prompt, "text": run.tokenizer.decode(completion.tokens) if started else None,
-        "length": len(completion.tokens), "finished": completion.finished,
-        "message": None if started else NOT_STARTED, "duration_seconds": seconds,
-    }  # fmt: skip
+        "context": prompt,
+        "text": run.tokenizer.decode(completion.tokens) if started else None,
+        "length": len(completion.tokens),
+        "finished": completion.finished,
+        "message": None if started else NOT_STARTED,
+        "duration_seconds": seconds,
+    }
     if completion.logits is not None:  # a filtered-out token's -inf as null: JSON has no infinity
         record["logits"] = [[v if math.isfinite(v) else None for v in row] for row in completion.logits]
     return record

@@ -11,8 +11,14 @@ from typing import Any
 
 from nxd_ckpt import CheckpointError, CheckpointInfo, prune_trainer_checkpoints, write_final, write_trainer_checkpoint
 
-TRAINER_NAMES = {"loss": "loss", "lr": "learning_rate", "grad_norm": "grad_norm", "epoch": "epoch",
-                 "val_loss": "eval_loss", "consumed_samples": "num_input_samples_seen"}  # fmt: skip
+TRAINER_NAMES = {
+    "loss": "loss",
+    "lr": "learning_rate",
+    "grad_norm": "grad_norm",
+    "epoch": "epoch",
+    "val_loss": "eval_loss",
+    "consumed_samples": "num_input_samples_seen",
+}
 """nxd's logged values -> the Trainer's log_history names (others are left out)."""
 
 
@@ -52,8 +58,11 @@ class TrainerOutputs:
         with open(path, newline="") as handle:
             for row in csv.DictReader(handle):
                 at = int(float(row["step"]))
-                values = {TRAINER_NAMES[name]: float(value) for name, value in row.items()
-                          if name in TRAINER_NAMES and value not in ("", None)}  # fmt: skip
+                values = {
+                    TRAINER_NAMES[name]: float(value)
+                    for name, value in row.items()
+                    if name in TRAINER_NAMES and value not in ("", None)
+                }
                 if at <= step and values:
                     rows.append(values | {"step": at})
         return rows

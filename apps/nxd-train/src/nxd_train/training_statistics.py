@@ -32,19 +32,22 @@ class StatisticsSettings:
 class StepStatistics:
     """What a training step adds to the values it logs."""
 
-    def __init__(self, settings: StatisticsSettings, names: Sequence[str], batch_size: int,
-                 stages: ProcessGroup | None):  # fmt: skip
+    def __init__(
+        self, settings: StatisticsSettings, names: Sequence[str], batch_size: int, stages: ProcessGroup | None
+    ):
         """`names`: the trainable parameters', in the optimizer's order; `batch_size`: the global batch."""
         self.settings, self.names, self.stages = settings, list(names), stages
         self.noise = None
         if settings.noise_scale_batches is not None:
-            self.noise = GradientNoiseScale(batch_size, settings.noise_scale_batches,
-                                            offload=settings.noise_scale_offload)  # fmt: skip
+            self.noise = GradientNoiseScale(
+                batch_size, settings.noise_scale_batches, offload=settings.noise_scale_offload
+            )
 
     def gradients(self, optimizer: PrecisionOptimizer, logged: bool) -> dict[str, float]:
         """Before clipping, every step (the noise scale sees each); the values when the step is `logged`."""
-        grads = {name: t.grad for name, t in zip(self.names, optimizer.gradient_tensors, strict=True)
-                 if t.grad is not None}  # fmt: skip
+        grads = {
+            name: t.grad for name, t in zip(self.names, optimizer.gradient_tensors, strict=True) if t.grad is not None
+        }
         values: dict[str, float] = {}
         if self.noise is not None:
             self.noise.update(grads, self.stages)
@@ -59,8 +62,11 @@ class StepStatistics:
         """After the step: the norm of each state tensor of each parameter."""
         if not self.settings.optimizer_states:
             return {}
-        states = {f"{name}_{key}": value for name, copy in zip(self.names, optimizer.gradient_tensors, strict=True)
-                  for key, value in optimizer.optimizer.state.get(copy, {}).items()
-                  if torch.is_tensor(value) and value.ndim}  # fmt: skip
+        states = {
+            f"{name}_{key}": value
+            for name, copy in zip(self.names, optimizer.gradient_tensors, strict=True)
+            for key, value in optimizer.optimizer.state.get(copy, {}).items()
+            if torch.is_tensor(value) and value.ndim
+        }
         norms = tensor_norms(states, self.stages)
         return {f"optimizer_state_norms/{name}": norms[name] for name in sorted(norms)}

@@ -34,8 +34,11 @@ class Candidate:
 
     def keys(self) -> dict[str, Any]:
         """The dotted keys this candidate sets, and their values."""
-        return {"data.micro_batch_size": self.micro_batch_size, "distributed_strategy.zero1": self.zero >= 1,
-                "distributed_strategy.zero3": self.zero == 3}
+        return {
+            "data.micro_batch_size": self.micro_batch_size,
+            "distributed_strategy.zero1": self.zero >= 1,
+            "distributed_strategy.zero3": self.zero == 3,
+        }
 
     def applied(self, config: NxdConfig) -> NxdConfig:
         for dotted, value in self.keys().items():
@@ -56,9 +59,11 @@ def candidates(config: NxdConfig) -> list[Candidate]:
     (those listed, else 0, 1 and 3 with data parallelism, 0 alone without)."""
     tune, dp = config.tune, config.data_parallel_size
     share = config.global_batch_size // dp
-    sizes = list(tune.micro_batch_sizes) or [size for size in range(tune.min_micro_batch_size,
-                                                                      min(tune.max_micro_batch_size, share) + 1)
-                                              if share % size == 0]  # fmt: skip
+    sizes = list(tune.micro_batch_sizes) or [
+        size
+        for size in range(tune.min_micro_batch_size, min(tune.max_micro_batch_size, share) + 1)
+        if share % size == 0
+    ]
     stages = list(tune.zero_stages) or ([0, 1, 3] if dp > 1 else [0])
     return [Candidate(size, stage) for stage in stages for size in sizes]
 
@@ -74,12 +79,20 @@ def timing_config(config: NxdConfig, candidate: Candidate, log_dir: Path) -> Nxd
     """The candidate's short run: `tune.end_step` steps logged each step, no validation, checkpoints or outside
     loggers, in `log_dir`."""
     config = candidate.applied(config)
-    for dotted, value in (("trainer.max_steps", config.tune.end_step), ("trainer.log_every_n_steps", 1),
-                          ("trainer.limit_val_batches", 0), ("trainer.num_sanity_val_steps", 0),
-                          ("trainer.limit_test_batches", 0), ("exp_manager.create_checkpoint_callback", False),
-                          ("exp_manager.create_tensorboard_logger", False), ("exp_manager.create_wandb_logger", False),
-                          ("exp_manager.create_comet_logger", False), ("exp_manager.resume_if_exists", False),
-                          ("exp_manager.resume_from_checkpoint", None), ("exp_manager.explicit_log_dir", str(log_dir))):
+    for dotted, value in (
+        ("trainer.max_steps", config.tune.end_step),
+        ("trainer.log_every_n_steps", 1),
+        ("trainer.limit_val_batches", 0),
+        ("trainer.num_sanity_val_steps", 0),
+        ("trainer.limit_test_batches", 0),
+        ("exp_manager.create_checkpoint_callback", False),
+        ("exp_manager.create_tensorboard_logger", False),
+        ("exp_manager.create_wandb_logger", False),
+        ("exp_manager.create_comet_logger", False),
+        ("exp_manager.resume_if_exists", False),
+        ("exp_manager.resume_from_checkpoint", None),
+        ("exp_manager.explicit_log_dir", str(log_dir)),
+    ):
         config = with_value(config, dotted, value)
     return config
 
@@ -100,8 +113,11 @@ def measured(log_dir: Path, start: int, end: int) -> float | None:
     if not path.is_file():
         return None
     with open(path) as handle:
-        rates = [float(row["tokens_per_s"]) for row in csv.DictReader(handle)
-                 if row.get("tokens_per_s") and start <= int(float(row["step"])) <= end]  # fmt: skip
+        rates = [
+            float(row["tokens_per_s"])
+            for row in csv.DictReader(handle)
+            if row.get("tokens_per_s") and start <= int(float(row["step"])) <= end
+        ]
     return statistics.median(rates) if rates else None
 
 
@@ -112,8 +128,13 @@ def time_candidate(config: NxdConfig, candidate: Candidate, folder: Path) -> Out
     if why := written_and_checked(timing_config(config, candidate, log_dir), file):
         return Outcome(candidate, why_not=why)
     try:
-        done = subprocess.run([sys.executable, "-m", "nxd_train", str(file)], capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "nxd_train", str(file)],
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     except subprocess.TimeoutExpired:
         return Outcome(candidate, why_not=f"its run took more than {RUN_TIMEOUT} s")
     if done.returncode != 0:
@@ -134,8 +155,10 @@ def tune(config: NxdConfig, fits: Any, say: Any) -> list[Outcome]:
         else:
             with tempfile.TemporaryDirectory(prefix="nxd-tune-") as folder:
                 outcome = time_candidate(config, candidate, Path(folder))
-        say(f"{candidate.label}: " + (f"{outcome.tokens_per_s:,.0f} tokens/s" if outcome.tokens_per_s
-                                       else f"left out: {outcome.why_not}"))  # fmt: skip
+        say(
+            f"{candidate.label}: "
+            + (f"{outcome.tokens_per_s:,.0f} tokens/s" if outcome.tokens_per_s else f"left out: {outcome.why_not}")
+        )
         outcomes.append(outcome)
     return outcomes
 
@@ -145,8 +168,9 @@ def fastest(outcomes: Sequence[Outcome]) -> Outcome | None:
     return max(timed, key=lambda outcome: outcome.tokens_per_s) if timed else None
 
 
-def tune_command(files: list[Path], overrides: list[str], dialect: str | None, device_memory: float | None,
-                 output: Path | None) -> int:  # fmt: skip
+def tune_command(
+    files: list[Path], overrides: list[str], dialect: str | None, device_memory: float | None, output: Path | None
+) -> int:
     """Search, print what each candidate measured, and write the fastest config (never over a file that exists)."""
     from .command_support import load, notices_to_stderr
     from .corpus import default_cache_dir
@@ -175,12 +199,17 @@ def tune_command(files: list[Path], overrides: list[str], dialect: str | None, d
     found = candidates(config)
     if not found:
         share, tune_keys = config.global_batch_size // config.data_parallel_size, config.tune
-        print(f"{names}: tune: no candidate: no micro-batch size from {tune_keys.min_micro_batch_size} to "
-              f"{tune_keys.max_micro_batch_size} divides a rank's {share} samples of the global batch",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{names}: tune: no candidate: no micro-batch size from {tune_keys.min_micro_batch_size} to "
+            f"{tune_keys.max_micro_batch_size} divides a rank's {share} samples of the global batch",
+            file=sys.stderr,
+        )
         return 1
-    print(f"{names}: tune: {len(found)} candidate(s), each timed over steps {config.tune.start_step}.."
-          f"{config.tune.end_step}", flush=True)  # fmt: skip
+    print(
+        f"{names}: tune: {len(found)} candidate(s), each timed over steps {config.tune.start_step}.."
+        f"{config.tune.end_step}",
+        flush=True,
+    )
     outcomes = tune(config, fits, lambda line: print(f"  {line}", flush=True))
     best = fastest(outcomes)
     if best is None:
@@ -190,8 +219,9 @@ def tune_command(files: list[Path], overrides: list[str], dialect: str | None, d
     try:  # the file as it is now: it was read (and timed) as it was when tune began
         text = nxdt_yaml_with(files[0], overrides, keys) if len(files) == 1 and dialect in (None, "nxdt") else None
     except ConfigError as error:
-        print(f"nxd-train tune: {error}; expected the file tune began with (was it changed meanwhile?)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"nxd-train tune: {error}; expected the file tune began with (was it changed meanwhile?)", file=sys.stderr
+        )
         return 1
     try:
         with open(output, "x") as handle:

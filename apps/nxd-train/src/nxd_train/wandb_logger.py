@@ -30,13 +30,23 @@ class WandbLogger(Logger):
         run_id = id_file.read_text().strip() if id_file.is_file() else None
         options = {} if settings.host is None else {"settings": wandb.Settings(base_url=settings.host)}
         try:
-            self.run = wandb.init(dir=str(log_dir), project=settings.project, name=settings.name, group=settings.group,
-                                  entity=settings.entity, config=config, id=run_id, resume="allow" if run_id else None,
-                                  **options)  # fmt: skip
+            self.run = wandb.init(
+                dir=str(log_dir),
+                project=settings.project,
+                name=settings.name,
+                group=settings.group,
+                entity=settings.entity,
+                config=config,
+                id=run_id,
+                resume="allow" if run_id else None,
+                **options,
+            )
         except Exception as error:  # noqa: BLE001 - wandb raises its own types and plain ones alike
-            raise WandbStartError(f"exp_manager.create_wandb_logger: W&B could not start a run ({error}); run "
-                                  "`wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline to write the run to "
-                                  "disk") from None
+            raise WandbStartError(
+                f"exp_manager.create_wandb_logger: W&B could not start a run ({error}); run "
+                "`wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline to write the run to "
+                "disk"
+            ) from None
         id_file.write_text(self.run.id)
 
     @property

@@ -41,8 +41,9 @@ class FusedQKVLora(nn.Module):
         device = base_layer.weight_q.device
         hidden = base_layer.weight_q.shape[1]
         self.lora_A = nn.ModuleDict({p: nn.Linear(hidden, rank, bias=False, device=device) for p in parts})
-        self.lora_B = nn.ModuleDict({p: nn.Linear(rank, getattr(base_layer, f"weight_{p}").shape[0], bias=False,
-                                                  device=device) for p in parts})  # fmt: skip
+        self.lora_B = nn.ModuleDict(
+            {p: nn.Linear(rank, getattr(base_layer, f"weight_{p}").shape[0], bias=False, device=device) for p in parts}
+        )
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.disable_adapters = False
         for parameter in base_layer.parameters():

@@ -52,22 +52,35 @@ class KTOTerms:
     rewards: torch.Tensor
 
 
-def kto_loss(policy: torch.Tensor, reference: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor | float,
-             beta: torch.Tensor | float, desirable_weight: float = 1.0,
-             undesirable_weight: float = 1.0) -> KTOTerms:  # fmt: skip
+def kto_loss(
+    policy: torch.Tensor,
+    reference: torch.Tensor,
+    desirable: torch.Tensor,
+    kl: torch.Tensor | float,
+    beta: torch.Tensor | float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> KTOTerms:
     """KTO's loss per example (see the module docstring) from summed completion log-probs, in fp64;
     `desirable` is boolean per example, `kl` the baseline (used as given: detached and clamped by its
     estimator; one value, or one per example), `beta` one value or one per example."""
     ratio = policy.double() - reference.double()
     kl = torch.as_tensor(kl, dtype=torch.float64, device=ratio.device)
     desirable = desirable.bool()
-    loss = torch.where(desirable, desirable_weight * (1 - torch.sigmoid(beta * (ratio - kl))),
-                       undesirable_weight * (1 - torch.sigmoid(beta * (kl - ratio))))  # fmt: skip
+    loss = torch.where(
+        desirable,
+        desirable_weight * (1 - torch.sigmoid(beta * (ratio - kl))),
+        undesirable_weight * (1 - torch.sigmoid(beta * (kl - ratio))),
+    )
     return KTOTerms(loss, beta * ratio.detach())
 
 
-def kl_baseline(policy: torch.Tensor, reference: torch.Tensor, valid: torch.Tensor,
-                sum_over: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+def kl_baseline(
+    policy: torch.Tensor,
+    reference: torch.Tensor,
+    valid: torch.Tensor,
+    sum_over: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """KTO's KL baseline from mismatched rows: max(0, mean of policy - reference log-probs over the
     `valid` rows), in fp64 and detached; `sum_over` adds this rank's [sum, count] to the other ranks'
     holding the rest of the step's global batch (data parallelism)."""
@@ -85,13 +98,23 @@ def halves_kl(policy: torch.Tensor, reference: torch.Tensor, valid: torch.Tensor
     clamped = (policy.detach().double() - reference.double()).clamp(min=0)
     valid = valid.double()
     half = -(-len(clamped) // 2)
-    means = [(clamped[part] * valid[part]).sum() / valid[part].sum().clamp(min=1)
-             for part in (slice(0, half), slice(half, None))]  # fmt: skip
+    means = [
+        (clamped[part] * valid[part]).sum() / valid[part].sum().clamp(min=1)
+        for part in (slice(0, half), slice(half, None))
+    ]
     return torch.cat([means[1].expand(half), means[0].expand(len(clamped) - half)])
 
 
-KTO_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected", "kl",
-               "share/chosen", "share/rejected")  # fmt: skip
+KTO_METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "kl",
+    "share/chosen",
+    "share/rejected",
+)
 """What KTO logs, under TRL's names: means over the desirable (chosen) and undesirable (rejected)
 examples of the global batch, their difference, the KL baseline, and the share of each kind."""
 
@@ -128,10 +151,15 @@ class KTOObjective(WholeSequences):
         terms = kto_loss(total, reference, desirable, kl, beta, self.desirable_weight, self.undesirable_weight)
         chosen, rejected = valid * desirable, valid * undesirable
         logps, rewards = total.detach(), self.beta * (total.detach() - reference.double())
-        metrics = {"rewards/chosen": (rewards * chosen).sum(), "rewards/rejected": (rewards * rejected).sum(),
-                   "logps/chosen": (logps * chosen).sum(), "logps/rejected": (logps * rejected).sum(),
-                   "kl": (torch.as_tensor(kl, dtype=torch.float64) * valid).sum(), "share/chosen": chosen.sum(),
-                   "share/rejected": rejected.sum()}  # fmt: skip
+        metrics = {
+            "rewards/chosen": (rewards * chosen).sum(),
+            "rewards/rejected": (rewards * rejected).sum(),
+            "logps/chosen": (logps * chosen).sum(),
+            "logps/rejected": (logps * rejected).sum(),
+            "kl": (torch.as_tensor(kl, dtype=torch.float64) * valid).sum(),
+            "share/chosen": chosen.sum(),
+            "share/rejected": rejected.sum(),
+        }
         parts = self._parts
         return (terms.loss * weight).sum() / parts, {name: value / parts for name, value in metrics.items()}
 

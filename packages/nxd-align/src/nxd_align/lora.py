@@ -45,9 +45,11 @@ ADAPTER = "default"
 BASE_LAYER = ".base_layer"
 FUSED_NAMES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 """NxDT's names for fused projections -> the linear layers they mean."""
-ADAPTER_STYLES = {"colwise": ("lora_a_colwise", "lora_b_colwise"),
-                  "colwise_kv": ("lora_a_colwise", "lora_b_colwise_kv"),
-                  "rowwise": ("lora_a_rowwise", "lora_b_rowwise")}  # fmt: skip
+ADAPTER_STYLES = {
+    "colwise": ("lora_a_colwise", "lora_b_colwise"),
+    "colwise_kv": ("lora_a_colwise", "lora_b_colwise_kv"),
+    "rowwise": ("lora_a_rowwise", "lora_b_rowwise"),
+}
 """A base layer's tensor-parallel style -> the styles of its adapter's A and B (nxd-parallel's names)."""
 KEY = "model_alignment_strategy.peft"
 
@@ -96,8 +98,10 @@ def _peft() -> Any:
     try:
         import peft
     except ImportError:
-        raise LoraConfigError(f"{KEY}: LoRA adapters are peft's, and peft is not installed; install nxd-align[lora] "
-                              "(pip install 'nxd-align[lora]')") from None
+        raise LoraConfigError(
+            f"{KEY}: LoRA adapters are peft's, and peft is not installed; install nxd-align[lora] "
+            "(pip install 'nxd-align[lora]')"
+        ) from None
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
@@ -141,8 +145,13 @@ class LoraFamily:
     def __init__(self, family: ModelFamily, spec: LoraSpec):
         self.base, self.spec = family, spec
         self.linear, self.fused = adapted_modules(family, spec.targets)
-        self.peft_config = _peft().LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                                              bias=spec.bias, target_modules=list(self.linear) or None)  # fmt: skip
+        self.peft_config = _peft().LoraConfig(
+            r=spec.rank,
+            lora_alpha=spec.alpha,
+            lora_dropout=spec.dropout,
+            bias=spec.bias,
+            target_modules=list(self.linear) or None,
+        )
 
     def __getattr__(self, name: str) -> Any:
         """The wrapped family's protocol (never a dunder, so copying and pickling see this class)."""
@@ -158,11 +167,26 @@ class LoraFamily:
     @cached_property
     def weights(self) -> list[AdaptedWeight]:
         """Every adapted weight, in model order (fixed by the targets, so found once)."""
-        found = [AdaptedWeight(name, *(f"{name}.lora_{half}.{ADAPTER}.weight" for half in "AB"),
-                               f"{name}{BASE_LAYER}.weight", f"{name}.weight") for name in self.linear]
-        found += [AdaptedWeight(name, f"{name}.lora_A.{part}.weight", f"{name}.lora_B.{part}.weight",
-                                f"{name}{BASE_LAYER}.weight_{part}", f"{name}.weight_{part}")
-                  for name, parts in self.fused.items() for part in parts]  # fmt: skip
+        found = [
+            AdaptedWeight(
+                name,
+                *(f"{name}.lora_{half}.{ADAPTER}.weight" for half in "AB"),
+                f"{name}{BASE_LAYER}.weight",
+                f"{name}.weight",
+            )
+            for name in self.linear
+        ]
+        found += [
+            AdaptedWeight(
+                name,
+                f"{name}.lora_A.{part}.weight",
+                f"{name}.lora_B.{part}.weight",
+                f"{name}{BASE_LAYER}.weight_{part}",
+                f"{name}.weight_{part}",
+            )
+            for name, parts in self.fused.items()
+            for part in parts
+        ]
         order = {name: index for index, name in enumerate(self.base.parameter_shapes())}
         return sorted(found, key=lambda w: order[w.weight])
 
@@ -185,17 +209,24 @@ class LoraFamily:
     def build_on_meta(self) -> nn.Module:
         return self.adapt(self.base.build_on_meta())
 
-    def build(self, device: torch.device | str = "cpu", *, seed: int | None = None,
-              use_cpu_initialization: bool = True) -> nn.Module:  # fmt: skip
+    def build(
+        self, device: torch.device | str = "cpu", *, seed: int | None = None, use_cpu_initialization: bool = True
+    ) -> nn.Module:
         """The wrapped family's model, with the values it builds from `seed`, and adapters: A drawn
         (peft's Kaiming init), B zero, so the adapted model starts as the base model."""
         seed = seed_or_drawn(seed)  # before the meta build, whatever it draws
         meta = self.build_on_meta()
-        return initialise(meta, seed=seed, device=torch.device(device), use_cpu_initialization=use_cpu_initialization,
-                          rule=self._init_rule(meta))  # fmt: skip
+        return initialise(
+            meta,
+            seed=seed,
+            device=torch.device(device),
+            use_cpu_initialization=use_cpu_initialization,
+            rule=self._init_rule(meta),
+        )
 
-    def initial_values(self, *, seed: int, device: torch.device,
-                       names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+    def initial_values(
+        self, *, seed: int, device: torch.device, names: Collection[str] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """As the wrapped family's, with the adapters' initial values (what `build(seed=seed)` holds)."""
         meta = self.build_on_meta()
         return initial_values(meta, self._init_rule(meta), seed=seed, device=device, names=names)
@@ -224,15 +255,21 @@ class LoraFamily:
             if pattern.rpartition(".")[2] not in leaves:
                 plan[pattern] = style
             elif style == "qkv":
-                plan |= {pattern + BASE_LAYER: style, f"{pattern}.lora_A.*": "lora_a_colwise",
-                         f"{pattern}.lora_B.q": "lora_b_colwise", f"{pattern}.lora_B.k": "lora_b_colwise_kv",
-                         f"{pattern}.lora_B.v": "lora_b_colwise_kv"}  # fmt: skip
+                plan |= {
+                    pattern + BASE_LAYER: style,
+                    f"{pattern}.lora_A.*": "lora_a_colwise",
+                    f"{pattern}.lora_B.q": "lora_b_colwise",
+                    f"{pattern}.lora_B.k": "lora_b_colwise_kv",
+                    f"{pattern}.lora_B.v": "lora_b_colwise_kv",
+                }
             elif style in ADAPTER_STYLES:
                 a, b = ADAPTER_STYLES[style]
                 plan |= {pattern + BASE_LAYER: style, f"{pattern}.lora_A.*": a, f"{pattern}.lora_B.*": b}
             else:
-                raise LoraConfigError(f"{KEY}.target_modules: {pattern} shards as {style!r}; LoRA follows "
-                                      f"{', '.join(ADAPTER_STYLES)} and qkv layers only")  # fmt: skip
+                raise LoraConfigError(
+                    f"{KEY}.target_modules: {pattern} shards as {style!r}; LoRA follows "
+                    f"{', '.join(ADAPTER_STYLES)} and qkv layers only"
+                )
         names = {name for name, _ in self.build_on_meta().named_modules()}  # only the parts that have adapters
         return {pattern: style for pattern, style in plan.items() if fnmatch.filter(names, pattern)}
 
@@ -276,8 +313,10 @@ class LoraFamily:
         keys, merges, leaves = {}, [], set()
         for w in self.weights:
             hf_module = hf_keys.get(w.weight, w.weight).removesuffix(".weight")
-            keys |= {w.a: f"base_model.model.{hf_module}.lora_A.weight",
-                     w.b: f"base_model.model.{hf_module}.lora_B.weight"}  # fmt: skip
+            keys |= {
+                w.a: f"base_model.model.{hf_module}.lora_A.weight",
+                w.b: f"base_model.model.{hf_module}.lora_B.weight",
+            }
             merges.append([w.weight, w.a, w.b])
             leaves.add(hf_module.rpartition(".")[2])
         config = json.loads(json.dumps(self.peft_config.to_dict(), default=sorted))  # sets as lists
@@ -313,11 +352,14 @@ def adapted_modules(family: ModelFamily, targets: Iterable[str]) -> tuple[tuple[
     problems = []
     for target in targets:
         if target in other:
-            problems.append(f"{KEY}.target_modules: {target!r} is a {type(_first(inside, target)).__name__}, not a "
-                            f"linear layer; LoRA adapts linear layers: {valid}")  # fmt: skip
+            problems.append(
+                f"{KEY}.target_modules: {target!r} is a {type(_first(inside, target)).__name__}, not a "
+                f"linear layer; LoRA adapts linear layers: {valid}"
+            )
         elif target not in linear and target not in names:
-            problems.append(f"{KEY}.target_modules: {target!r} names no linear layer of this model; expected some "
-                            f"of {valid}")  # fmt: skip
+            problems.append(
+                f"{KEY}.target_modules: {target!r} names no linear layer of this model; expected some of {valid}"
+            )
         else:
             wanted |= set(names.get(target, (target,)))
     if not list(targets):

@@ -26,5 +26,7 @@ def objective_for(method: str | None, **settings: Any) -> Objective:
         return PREFERENCE_OBJECTIVES[method](**settings)
     if method == "reward_model":
         return RewardObjective(**settings)
-    raise ValueError(f"model_alignment_strategy: expected sft, dpo, orpo, kto (with beta), reward_model or no "
-                     f"method, found {method!r}")
+    raise ValueError(
+        f"model_alignment_strategy: expected sft, dpo, orpo, kto (with beta), reward_model or no "
+        f"method, found {method!r}"
+    )

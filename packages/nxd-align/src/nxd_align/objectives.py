@@ -64,4 +64,3 @@ class TokenObjective:
 
     def report(self, values: dict[str, float]) -> dict[str, float]:
         return values
-

@@ -55,9 +55,16 @@ def sequence_log_probs(token_losses: torch.Tensor, labels: torch.Tensor) -> tupl
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
 
 
-def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
-             reference_rejected: torch.Tensor, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
-             lengths: tuple[torch.Tensor, torch.Tensor] | None = None) -> PreferenceTerms:  # fmt: skip
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    reference_chosen: torch.Tensor,
+    reference_rejected: torch.Tensor,
+    beta: float,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    lengths: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> PreferenceTerms:
     """DPO's loss per pair from summed response log-probs, in fp64 (the differences of large sums), with
     h = (pi_c - ref_c) - (pi_r - ref_r) and the implicit rewards beta (pi - ref):
     - sigmoid (Rafailov et al. 2023): -log sigmoid(beta h); with label_smoothing e, the conservative
@@ -72,8 +79,9 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, referen
     if loss_type == "sigmoid":
         loss = -(1 - label_smoothing) * F.logsigmoid(beta * margin) - label_smoothing * F.logsigmoid(-beta * margin)
     elif loss_type == "robust":
-        loss = (-(1 - label_smoothing) * F.logsigmoid(beta * margin)
-                + label_smoothing * F.logsigmoid(-beta * margin)) / (1 - 2 * label_smoothing)  # fmt: skip
+        loss = (
+            -(1 - label_smoothing) * F.logsigmoid(beta * margin) + label_smoothing * F.logsigmoid(-beta * margin)
+        ) / (1 - 2 * label_smoothing)
     elif loss_type == "hinge":
         loss = torch.relu(1 - beta * margin)
     elif loss_type == "ipo":
@@ -91,12 +99,14 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     log1p(-exp(x)) below -ln 2. The naive form is -inf (and its gradient NaN) as x nears 0. Each branch
     sees only inputs it is finite on, so the gradient of the branch not taken is 0, not NaN."""
     near, split = x > -math.log(2), torch.full_like(x, -math.log(2))
-    return torch.where(near, torch.log(-torch.expm1(torch.where(near, x, split))),
-                       torch.log1p(-torch.exp(torch.where(near, split, x))))  # fmt: skip
+    return torch.where(
+        near, torch.log(-torch.expm1(torch.where(near, x, split))), torch.log1p(-torch.exp(torch.where(near, split, x)))
+    )
 
 
-def orpo_loss(chosen_nll: torch.Tensor, chosen_mean_log_prob: torch.Tensor, rejected_mean_log_prob: torch.Tensor,
-              beta: float) -> PreferenceTerms:  # fmt: skip
+def orpo_loss(
+    chosen_nll: torch.Tensor, chosen_mean_log_prob: torch.Tensor, rejected_mean_log_prob: torch.Tensor, beta: float
+) -> PreferenceTerms:
     """ORPO's loss per pair: the chosen response's NLL plus beta x -log sigmoid(log odds(chosen) - log
     odds(rejected)), odds = p / (1 - p) of the average per-token log-probs, in fp32 and finite for
     averages as close to 0 as the dtype holds (clamped to the smallest normal below 0). The rewards
@@ -109,15 +119,28 @@ def orpo_loss(chosen_nll: torch.Tensor, chosen_mean_log_prob: torch.Tensor, reje
     return PreferenceTerms(loss, beta * chosen.detach(), beta * rejected.detach())
 
 
-PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-                "logps/rejected")  # fmt: skip
+PAIR_METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
 """What DPO and ORPO log per pair, under the names preference tools (TRL) use."""
 
 
-def _sums(terms: PreferenceTerms, chosen: torch.Tensor, rejected: torch.Tensor,
-          valid: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
-    values = (terms.chosen_rewards, terms.rejected_rewards, terms.accuracies, terms.margins, chosen.detach(),
-              rejected.detach())  # fmt: skip
+def _sums(
+    terms: PreferenceTerms, chosen: torch.Tensor, rejected: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    values = (
+        terms.chosen_rewards,
+        terms.rejected_rewards,
+        terms.accuracies,
+        terms.margins,
+        chosen.detach(),
+        rejected.detach(),
+    )
     metrics = {name: (value.double() * valid).sum() for name, value in zip(PAIR_METRICS, values, strict=True)}
     return (terms.loss.double() * valid).sum(), metrics
 
@@ -181,11 +204,20 @@ class DPOObjective(PairObjective):
     label_smoothing: float = 0.0
     reference_free: bool = False
 
-    def pair_sums(self, total: torch.Tensor, count: torch.Tensor,
-                  batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def pair_sums(
+        self, total: torch.Tensor, count: torch.Tensor, batch: Batch
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         reference = torch.zeros_like(total) if self.reference_free else batch["reference_log_probs"]
-        terms = dpo_loss(total[0::2], total[1::2], reference[0::2], reference[1::2], self.beta, self.loss_type,
-                         self.label_smoothing, (count[0::2], count[1::2]))  # fmt: skip
+        terms = dpo_loss(
+            total[0::2],
+            total[1::2],
+            reference[0::2],
+            reference[1::2],
+            self.beta,
+            self.loss_type,
+            self.label_smoothing,
+            (count[0::2], count[1::2]),
+        )
         return _sums(terms, total[0::2], total[1::2], (count[0::2] > 0).double())
 
 
@@ -197,14 +229,17 @@ class ORPOObjective(PairObjective):
     name: str = "orpo"
     metric_names: tuple[str, ...] = (*PAIR_METRICS, "nll_loss", "log_odds_ratio")
 
-    def pair_sums(self, total: torch.Tensor, count: torch.Tensor,
-                  batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def pair_sums(
+        self, total: torch.Tensor, count: torch.Tensor, batch: Batch
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mean = total / count.clamp(min=1)
         chosen, rejected = mean[0::2], mean[1::2]
         terms = orpo_loss(-chosen, chosen, rejected, self.beta)
         valid = (count[0::2] > 0).double()
         loss, metrics = _sums(terms, chosen, rejected, valid)
         nll = -chosen.detach().double()
-        metrics |= {"nll_loss": (nll * valid).sum(),
-                    "log_odds_ratio": ((nll - terms.loss.detach().double()) / self.beta * valid).sum()}  # fmt: skip
+        metrics |= {
+            "nll_loss": (nll * valid).sum(),
+            "log_odds_ratio": ((nll - terms.loss.detach().double()) / self.beta * valid).sum(),
+        }
         return loss, metrics

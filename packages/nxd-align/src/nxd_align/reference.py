@@ -71,8 +71,9 @@ class WithReference(Dataset):
 
     def padding(self) -> dict[str, torch.Tensor]:
         """A sample that adds nothing to the loss, with zero reference values."""
-        return self.dataset.padding() | {REFERENCE_KEY: self._values(torch.zeros(self.table.shape[1],
-                                                                                  dtype=self.table.dtype))}
+        return self.dataset.padding() | {
+            REFERENCE_KEY: self._values(torch.zeros(self.table.shape[1], dtype=self.table.dtype))
+        }
 
 
 def reference_digest(parts: dict[str, object]) -> str:
@@ -86,8 +87,11 @@ def save_reference(path: Path, tables: dict[str, torch.Tensor], digest: str) -> 
     renamed, so an interrupted write never leaves a partial table."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({split: table.detach().cpu().contiguous() for split, table in tables.items()}, partial,
-              metadata={"digest": digest})  # fmt: skip
+    save_file(
+        {split: table.detach().cpu().contiguous() for split, table in tables.items()},
+        partial,
+        metadata={"digest": digest},
+    )
     os.replace(partial, path)
 
 
@@ -99,10 +103,13 @@ def load_reference(path: Path, digest: str) -> dict[str, torch.Tensor]:
             names = stored.keys()  # safe_open is not iterable
             metadata, tables = stored.metadata() or {}, {split: stored.get_tensor(split) for split in names}
     except (OSError, SafetensorError, ValueError) as error:
-        raise ReferenceError(f"{path}: expected a reference table (safetensors), found an unreadable file "
-                             f"({error})") from None  # fmt: skip
+        raise ReferenceError(
+            f"{path}: expected a reference table (safetensors), found an unreadable file ({error})"
+        ) from None
     found = metadata.get("digest")
     if found != digest:
-        raise ReferenceError(f"{path}: reference log-probs made for another model, data, tokenizer or precision "
-                             f"(digest {str(found)[:12]}, this run's {digest[:12]})")  # fmt: skip
+        raise ReferenceError(
+            f"{path}: reference log-probs made for another model, data, tokenizer or precision "
+            f"(digest {str(found)[:12]}, this run's {digest[:12]})"
+        )
     return tables

@@ -29,8 +29,9 @@ REWARD_METRICS = ("accuracy", "margin", "rewards/chosen", "rewards/rejected")
 difference of the scores, and the mean score of each."""
 
 
-def reward_loss(chosen: torch.Tensor, rejected: torch.Tensor, z_loss: float = 0.0,
-                margin: torch.Tensor | None = None) -> PreferenceTerms:  # fmt: skip
+def reward_loss(
+    chosen: torch.Tensor, rejected: torch.Tensor, z_loss: float = 0.0, margin: torch.Tensor | None = None
+) -> PreferenceTerms:
     """The pairwise loss per pair (see the module docstring) in fp64; the 'rewards' are the scores."""
     chosen, rejected = chosen.double(), rejected.double()
     difference = chosen - rejected - (0.0 if margin is None else margin.double())
@@ -82,7 +83,11 @@ class RewardObjective(WholeSequences):
         margin = batch.get(MARGIN_KEY)
         terms = reward_loss(scores[0::2], scores[1::2], self.z_loss, None if margin is None else margin[0::2])
         valid = self._valid(batch)
-        values = {"accuracy": terms.accuracies, "margin": terms.margins, "rewards/chosen": terms.chosen_rewards,
-                  "rewards/rejected": terms.rejected_rewards}  # fmt: skip
+        values = {
+            "accuracy": terms.accuracies,
+            "margin": terms.margins,
+            "rewards/chosen": terms.chosen_rewards,
+            "rewards/rejected": terms.rejected_rewards,
+        }
         metrics = {name: (value.double() * valid).sum() / self._parts for name, value in values.items()}
         return (terms.loss * valid).sum() / self._parts, metrics

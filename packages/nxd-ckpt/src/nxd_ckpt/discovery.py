@@ -13,8 +13,10 @@ DCP_METADATA = ".metadata"
 
 def is_checkpoint_dir(path: Path) -> bool:
     """A directory an nxd save wrote into (complete or not); `last` links are not counted twice."""
-    return path.is_dir() and not path.is_symlink() and (
-        (path / MARKER).exists() or (path / DCP_METADATA).exists() or any(path.glob("*.distcp"))
+    return (
+        path.is_dir()
+        and not path.is_symlink()
+        and ((path / MARKER).exists() or (path / DCP_METADATA).exists() or any(path.glob("*.distcp")))
     )
 
 

@@ -66,23 +66,39 @@ class HFExport:
     @classmethod
     def of(cls, mapping: Any) -> HFExport:
         """The export of a model's declared mapping: any object with these fields (nxd-models' HFMapping)."""
-        return cls(mapping.config, mapping.keys, mapping.vocab_size, tuple(mapping.vocab_padded_keys),
-                   dict(mapping.tied), stacked={key: tuple(keys) for key, keys in mapping.stacked.items()},
-                   interleaved={key: (tuple(ours), rows) for key, (ours, rows) in mapping.interleaved.items()},
-                   buffers=tuple(mapping.buffers))  # fmt: skip
+        return cls(
+            mapping.config,
+            mapping.keys,
+            mapping.vocab_size,
+            tuple(mapping.vocab_padded_keys),
+            dict(mapping.tied),
+            stacked={key: tuple(keys) for key, keys in mapping.stacked.items()},
+            interleaved={key: (tuple(ours), rows) for key, (ours, rows) in mapping.interleaved.items()},
+            buffers=tuple(mapping.buffers),
+        )
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HFExport:
         stacked = {key: tuple(keys) for key, keys in data.get("stacked", {}).items()}
         interleaved = {key: (tuple(ours), rows) for key, (ours, rows) in data.get("interleaved", {}).items()}
-        return cls(**{**data, "vocab_padded_keys": tuple(data["vocab_padded_keys"]), "stacked": stacked,
-                      "interleaved": interleaved, "buffers": tuple(data.get("buffers", ()))})  # fmt: skip
+        return cls(
+            **{
+                **data,
+                "vocab_padded_keys": tuple(data["vocab_padded_keys"]),
+                "stacked": stacked,
+                "interleaved": interleaved,
+                "buffers": tuple(data.get("buffers", ())),
+            }
+        )
 
     @property
     def parts(self) -> dict[str, tuple[str, int, int]]:
         """Our key -> (the interleaved Hugging Face key holding it, its place among the parts, rows per head)."""
-        return {ours: (theirs, index, rows) for theirs, (keys, rows) in self.interleaved.items()
-                for index, ours in enumerate(keys)}  # fmt: skip
+        return {
+            ours: (theirs, index, rows)
+            for theirs, (keys, rows) in self.interleaved.items()
+            for index, ours in enumerate(keys)
+        }
 
 
 def interleave_heads(parts: list[torch.Tensor], rows: int) -> torch.Tensor:
@@ -90,8 +106,8 @@ def interleave_heads(parts: list[torch.Tensor], rows: int) -> torch.Tensor:
     part in turn, then head 1's ... (GPT-NeoX's query_key_value of q, k and v)."""
     heads = parts[0].shape[0] // rows
     return torch.stack([part.reshape(heads, rows, *part.shape[1:]) for part in parts], dim=1).reshape(
-        -1, *parts[0].shape[1:])
-
+        -1, *parts[0].shape[1:]
+    )
 
 
 def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None, merged: bool = False) -> Path:
@@ -109,8 +125,10 @@ def export_hf(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = None, 
         raise CheckpointError(f"{info.path}: cannot export to Hugging Face: {reason}")
     if merged and (lora is None or lora.get("base") is None):
         what = "is not a LoRA checkpoint" if lora is None else "holds the adapters without their base model"
-        raise CheckpointError(f"{info.path}: --merged: the checkpoint {what}; expected one saved with "
-                              "model_alignment_strategy.peft.save_lora_base or merge_lora")  # fmt: skip
+        raise CheckpointError(
+            f"{info.path}: --merged: the checkpoint {what}; expected one saved with "
+            "model_alignment_strategy.peft.save_lora_base or merge_lora"
+        )
     export = HFExport.from_json(info.extra["hf_export"])
     wanted = set(export.keys) | set(export.stacked) | set(export.parts)
     if lora is not None and lora["base"] == "frozen":
@@ -148,8 +166,9 @@ def export_adapter(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = N
     Hugging Face layers) and adapter_config.json."""
     info = read_info(Path(checkpoint)).verified(contents=True)
     if (lora := info.extra.get(LORA_RECORD)) is None:
-        raise CheckpointError(f"{info.path}: holds no LoRA adapter; expected a checkpoint of a run with "
-                              "model_alignment_strategy.peft")  # fmt: skip
+        raise CheckpointError(
+            f"{info.path}: holds no LoRA adapter; expected a checkpoint of a run with model_alignment_strategy.peft"
+        )
 
     def write(staging: Path) -> None:
         write_adapter_files(staging, lora, weights_from=info.path, dtype=dtype)
@@ -157,8 +176,9 @@ def export_adapter(checkpoint: Path, out: Path, *, dtype: torch.dtype | None = N
     return _write_whole(Path(out), write)
 
 
-def write_adapter_files(directory: Path, lora: dict[str, Any], *, weights_from: Path | None = None,
-                        dtype: torch.dtype | None = None) -> None:  # fmt: skip
+def write_adapter_files(
+    directory: Path, lora: dict[str, Any], *, weights_from: Path | None = None, dtype: torch.dtype | None = None
+) -> None:
     """adapter_config.json (from a LoRA record) into `directory`, and adapter_model.safetensors read from
     the DCP files in `weights_from` when given (a checkpoint, or one being finished)."""
     directory = Path(directory)
@@ -239,5 +259,8 @@ def _copy_tokenizer(files: dict[str, str], directory: Path) -> None:
         else:
             missing.append(source)
     if missing:
-        warnings.warn(f"the run's tokenizer is no longer at {', '.join(missing)}; the export holds no copy of it",
-                      CheckpointWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"the run's tokenizer is no longer at {', '.join(missing)}; the export holds no copy of it",
+            CheckpointWarning,
+            stacklevel=3,
+        )

@@ -62,29 +62,43 @@ def _headers(directory: Path) -> dict[str, _Entry]:
                 for key in handle.keys():  # noqa: SIM118 - not a dict
                     found[key] = _Entry(file, key, tuple(handle.get_slice(key).get_shape()))
         except (SafetensorError, OSError) as error:
-            raise CheckpointError(f"{file}: not a readable safetensors file ({error}); expected one written "
-                                  "whole by save_pretrained or safetensors' save_file") from None  # fmt: skip
+            raise CheckpointError(
+                f"{file}: not a readable safetensors file ({error}); expected one written "
+                "whole by save_pretrained or safetensors' save_file"
+            ) from None
     return found
 
 
-def _matched(directory: Path, export: HFExport,
-             shapes: Mapping[str, torch.Size]) -> dict[str, _Entry | _Part | list[_Entry]]:  # fmt: skip
+def _matched(
+    directory: Path, export: HFExport, shapes: Mapping[str, torch.Size]
+) -> dict[str, _Entry | _Part | list[_Entry]]:
     """Our key -> its tensor in the files (a stacked key: its slices' tensors; an interleaved part: its place in
     the tensor holding it), every name and shape checked (vocabulary rows may be fewer)."""
-    found = {key: entry for key, entry in _headers(directory).items()
-             if not (export.buffers and key.endswith(export.buffers))}  # fmt: skip
+    found = {
+        key: entry
+        for key, entry in _headers(directory).items()
+        if not (export.buffers and key.endswith(export.buffers))
+    }
     theirs_to_ours = {theirs: ours for ours, theirs in export.keys.items()}
     slices = {theirs: (ours, index) for ours, keys in export.stacked.items() for index, theirs in enumerate(keys)}
     theirs_to_ours.update({theirs: ours for theirs, (ours, _) in slices.items()})
     theirs_to_ours.update({theirs: ours[0] for theirs, (ours, _) in export.interleaved.items()})
     missing, extra = sorted(set(theirs_to_ours) - set(found)), sorted(set(found) - set(theirs_to_ours))
     if missing or extra:
-        raise CheckpointError(f"{directory}: the weights do not match this model: "
-                              + "; ".join(part for part in (f"missing {', '.join(missing[:4])}" if missing else "",
-                                                            f"unexpected {', '.join(extra[:4])}" if extra else "")
-                                          if part))  # fmt: skip
-    matched: dict[str, _Entry | _Part | list[_Entry]] = {ours: [None] * len(keys)
-                                                          for ours, keys in export.stacked.items()}  # fmt: skip
+        raise CheckpointError(
+            f"{directory}: the weights do not match this model: "
+            + "; ".join(
+                part
+                for part in (
+                    f"missing {', '.join(missing[:4])}" if missing else "",
+                    f"unexpected {', '.join(extra[:4])}" if extra else "",
+                )
+                if part
+            )
+        )
+    matched: dict[str, _Entry | _Part | list[_Entry]] = {
+        ours: [None] * len(keys) for ours, keys in export.stacked.items()
+    }
     for theirs, entry in found.items():
         ours = theirs_to_ours[theirs]
         shape = tuple(shapes[ours])
@@ -92,20 +106,25 @@ def _matched(directory: Path, export: HFExport,
             parts, rows = export.interleaved[theirs]
             whole = (shape[0] * len(parts), *shape[1:])
             if entry.shape != whole or any(tuple(shapes[part]) != shape for part in parts):
-                raise CheckpointError(f"{entry.file}: {theirs} is {list(entry.shape)}; this model's "
-                                      f"{', '.join(parts)} hold {list(whole)} together")  # fmt: skip
+                raise CheckpointError(
+                    f"{entry.file}: {theirs} is {list(entry.shape)}; this model's "
+                    f"{', '.join(parts)} hold {list(whole)} together"
+                )
             matched.update({part: _Part(entry, index, len(parts), rows) for index, part in enumerate(parts)})
             continue
         if theirs in slices:
             if entry.shape != shape[1:]:
-                raise CheckpointError(f"{entry.file}: {theirs} is {list(entry.shape)}; this model's {ours} holds "
-                                      f"{shape[0]} of {list(shape[1:])}")  # fmt: skip
+                raise CheckpointError(
+                    f"{entry.file}: {theirs} is {list(entry.shape)}; this model's {ours} holds "
+                    f"{shape[0]} of {list(shape[1:])}"
+                )
             matched[ours][slices[theirs][1]] = entry
             continue
         padded = ours in export.vocab_padded_keys and entry.shape[0] <= shape[0] and entry.shape[1:] == shape[1:]
         if entry.shape != shape and not padded:
-            raise CheckpointError(f"{entry.file}: {theirs} is {list(entry.shape)}; this model's {ours} is "
-                                  f"{list(shape)}")  # fmt: skip
+            raise CheckpointError(
+                f"{entry.file}: {theirs} is {list(entry.shape)}; this model's {ours} is {list(shape)}"
+            )
         matched[ours] = entry
     for alias, source in export.tied.items():
         matched[alias] = matched[source]
@@ -129,8 +148,9 @@ def box_of(target: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]] | No
     return tuple(offset), tuple(size)
 
 
-def _read(entry: _Entry | _Part | list[_Entry], offset: tuple[int, ...], size: tuple[int, ...],
-          dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+def _read(
+    entry: _Entry | _Part | list[_Entry], offset: tuple[int, ...], size: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
     """The box of `entry`'s tensor at `offset` of `size`, in `dtype`; rows beyond the file's (a padded
     vocabulary) are zero. A stacked tensor reads the box's slices from their own tensors, an interleaved part
     its rows head by head."""
@@ -140,7 +160,7 @@ def _read(entry: _Entry | _Part | list[_Entry], offset: tuple[int, ...], size: t
             return torch.zeros(size, dtype=dtype)
         return torch.cat([_read_one(entry.entry, (row, *offset[1:]), (count, *size[1:]), dtype) for row, count in runs])
     if isinstance(entry, list):
-        parts = entry[offset[0]:offset[0] + size[0]]
+        parts = entry[offset[0] : offset[0] + size[0]]
         return torch.stack([_read_one(part, offset[1:], size[1:], dtype) for part in parts])
     return _read_one(entry, offset, size, dtype)
 
@@ -164,8 +184,9 @@ def _read_one(entry: _Entry, offset: tuple[int, ...], size: tuple[int, ...], dty
 
 
 @torch.no_grad()
-def load_hf_weights(directory: Path, export: HFExport, shapes: Mapping[str, torch.Size],
-                    targets: Mapping[str, torch.Tensor]) -> None:  # fmt: skip
+def load_hf_weights(
+    directory: Path, export: HFExport, shapes: Mapping[str, torch.Size], targets: Mapping[str, torch.Tensor]
+) -> None:
     """Fill `targets` (our key -> a live tensor of this rank: whole, or a DTensor shard) from the Hugging
     Face directory `directory` through the model's mapping `export`, each reading only its part.
 
@@ -180,8 +201,11 @@ def load_hf_weights(directory: Path, export: HFExport, shapes: Mapping[str, torc
         box = box_of(target)
         if box is None:  # not one box: read the whole tensor and keep this rank's part
             whole = _read(matched[ours], (0,) * target.dim(), tuple(target.shape), target.dtype)
-            target.to_local().copy_(distribute_tensor(whole.to(target.device), target.device_mesh, target.placements,
-                                                      src_data_rank=None).to_local())  # fmt: skip
+            target.to_local().copy_(
+                distribute_tensor(
+                    whole.to(target.device), target.device_mesh, target.placements, src_data_rank=None
+                ).to_local()
+            )
         else:
             value = _read(matched[ours], *box, target.dtype)
             (target.to_local() if isinstance(target, DTensor) else target).copy_(value)

@@ -70,21 +70,38 @@ class CheckpointInfo:
         """This info, or a CheckpointError when the checkpoint is incomplete or damaged (`contents`:
         checksums too)."""
         if not self.complete:
-            raise CheckpointError(self.extra.get(UNREADABLE) or f"{self.path}: no completion marker ({MARKER}): the "
-                                  "save did not finish, so the checkpoint may be half written")  # fmt: skip
+            raise CheckpointError(
+                self.extra.get(UNREADABLE)
+                or f"{self.path}: no completion marker ({MARKER}): the "
+                "save did not finish, so the checkpoint may be half written"
+            )
         if problem := self.damage(contents=contents):
             raise CheckpointError(f"{self.path}: damaged checkpoint: {problem}")
         return self
 
 
-def write_marker(path: Path, *, step: int, consumed_samples: int, metrics: dict[str, float],
-                 extra: dict[str, Any], digests: dict[str, str] | None = None) -> CheckpointInfo:  # fmt: skip
+def write_marker(
+    path: Path,
+    *,
+    step: int,
+    consumed_samples: int,
+    metrics: dict[str, float],
+    extra: dict[str, Any],
+    digests: dict[str, str] | None = None,
+) -> CheckpointInfo:
     """Record the finished checkpoint in `path` (atomically: a temporary name, then a rename), with the
     digests the writers took (`digests`, plus the ranks' sidecar files); files without one are read."""
     checksums = gather_digests(path, digests or {})
     files = {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
-    record = {"format": FORMAT_VERSION, "step": step, "consumed_samples": consumed_samples, "metrics": metrics,
-              "files": files, "checksums": {name: checksums[name] for name in files}, **extra}  # fmt: skip
+    record = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "consumed_samples": consumed_samples,
+        "metrics": metrics,
+        "files": files,
+        "checksums": {name: checksums[name] for name in files},
+        **extra,
+    }
     record["marker_digest"] = _digest(record)
     handle, temporary = tempfile.mkstemp(dir=path, prefix=f".{MARKER}.")
     try:
@@ -113,11 +130,20 @@ def read_info(path: Path) -> CheckpointInfo:
         if "marker_digest" in record and record.pop("marker_digest") != _digest(record):
             raise ValueError("its content differs from what was written (altered)")
         record.pop("format")
-        return CheckpointInfo(path, True, record.pop("step"), record.pop("consumed_samples"), record.pop("metrics"),
-                              record.pop("files"), record, record.pop("checksums", {}))  # fmt: skip
+        return CheckpointInfo(
+            path,
+            True,
+            record.pop("step"),
+            record.pop("consumed_samples"),
+            record.pop("metrics"),
+            record.pop("files"),
+            record,
+            record.pop("checksums", {}),
+        )
     except (ValueError, KeyError, AttributeError, TypeError, OSError) as error:
-        raise CheckpointError(f"{marker}: expected an nxd completion marker (format {FORMAT_VERSION}), "
-                              f"found unreadable content ({error})") from None  # fmt: skip
+        raise CheckpointError(
+            f"{marker}: expected an nxd completion marker (format {FORMAT_VERSION}), found unreadable content ({error})"
+        ) from None
 
 
 def _digest(record: dict[str, Any]) -> str:

@@ -34,10 +34,14 @@ from .hf_import import box_of
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
 RANK_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
 NUMPY_GLOBALS = {
-    "numpy.ndarray": numpy.ndarray, "numpy.dtype": numpy.dtype,
-    **{f"numpy.{core}.multiarray.{name}": getattr(multiarray, name) for core in ("core", "_core")
-       for name in ("_reconstruct", "scalar")},
-}  # fmt: skip
+    "numpy.ndarray": numpy.ndarray,
+    "numpy.dtype": numpy.dtype,
+    **{
+        f"numpy.{core}.multiarray.{name}": getattr(multiarray, name)
+        for core in ("core", "_core")
+        for name in ("_reconstruct", "scalar")
+    },
+}
 """The globals numpy's arrays, scalars and dtypes pickle as (numpy 1 and 2 module names), by exact name."""
 NUMPY_DTYPE_CLASSES = [kind for kind in vars(numpy.dtypes).values() if isinstance(kind, type)]
 """The classes of numpy's dtypes, which the loader sees when it sets a dtype's state (a class, no code)."""
@@ -72,8 +76,10 @@ def find_neox_checkpoint(path: Path) -> NeoXCheckpoint | None:
         return None
     ranks = layer_ranks or rank_files
     if ranks != set(range(len(ranks))):
-        raise CheckpointError(f"{path}: holds the tensor-parallel ranks {sorted(ranks)} of a GPT-NeoX checkpoint; "
-                              f"expected 0 to {max(ranks)}")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: holds the tensor-parallel ranks {sorted(ranks)} of a GPT-NeoX checkpoint; "
+            f"expected 0 to {max(ranks)}"
+        )
     return NeoXCheckpoint(path, len(ranks), bool(layer_ranks))
 
 
@@ -86,8 +92,10 @@ def _load(path: Path) -> dict[str, Any]:
         except pickle.UnpicklingError:
             names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
             if foreign := [name for name in names if name not in NUMPY_GLOBALS]:
-                raise CheckpointError(f"{path}: holds objects beyond tensors and numpy arrays ({', '.join(foreign)})"
-                                      "; nxd reads GPT-NeoX checkpoints with torch's weights-only loader") from None
+                raise CheckpointError(
+                    f"{path}: holds objects beyond tensors and numpy arrays ({', '.join(foreign)})"
+                    "; nxd reads GPT-NeoX checkpoints with torch's weights-only loader"
+                ) from None
             allowed = [(NUMPY_GLOBALS[name], name) for name in names] + NUMPY_DTYPE_CLASSES
             with torch.serialization.safe_globals(allowed):
                 return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
@@ -108,8 +116,10 @@ def neox_iteration(checkpoint: NeoXCheckpoint) -> int:
                 return state[key]
     if match := re.fullmatch(r"global_step(\d+)", checkpoint.folder.name):
         return int(match.group(1))
-    raise CheckpointError(f"{checkpoint.folder}: expected the iteration GPT-NeoX saved it at (`iteration` in "
-                          f"{first.name}, or a folder named global_stepN), found neither")  # fmt: skip
+    raise CheckpointError(
+        f"{checkpoint.folder}: expected the iteration GPT-NeoX saved it at (`iteration` in "
+        f"{first.name}, or a folder named global_stepN), found neither"
+    )
 
 
 class _Reader:
@@ -122,8 +132,10 @@ class _Reader:
     def _file(self, path: Path) -> dict[str, Any]:
         if path not in self._open:
             if not path.is_file():
-                raise CheckpointError(f"{path}: missing; a GPT-NeoX checkpoint of {self.checkpoint.ranks} "
-                                      "tensor-parallel ranks has one for every layer and rank")  # fmt: skip
+                raise CheckpointError(
+                    f"{path}: missing; a GPT-NeoX checkpoint of {self.checkpoint.ranks} "
+                    "tensor-parallel ranks has one for every layer and rank"
+                )
             self._open[path] = _load(path)
         return self._open[path]
 
@@ -141,8 +153,10 @@ class _Reader:
             if key not in tensors and older in tensors:
                 key = older
             if key not in tensors:
-                raise CheckpointError(f"{path}: holds no {key}; expected the layer the model's config describes "
-                                      "(are num_layers, the norm and the biases the ones it was trained with?)")
+                raise CheckpointError(
+                    f"{path}: holds no {key}; expected the layer the model's config describes "
+                    "(are num_layers, the norm and the biases the ones it was trained with?)"
+                )
             found.append(tensors[key])
         return found
 
@@ -181,8 +195,10 @@ def check_neox_weights(path: Path, layout: Any, shapes: Mapping[str, torch.Size]
     model's tensors in its shapes (the vocabulary may be padded differently); reads names and shapes only."""
     checkpoint = find_neox_checkpoint(Path(path))
     if checkpoint is None:
-        raise CheckpointError(f"{path}: expected a GPT-NeoX checkpoint (a folder with `latest`, or one with "
-                              "*model_states.pt files), found none")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: expected a GPT-NeoX checkpoint (a folder with `latest`, or one with "
+            "*model_states.pt files), found none"
+        )
     _check_ranks(checkpoint, layout)
     reader = _Reader(checkpoint)
     for key, shape in shapes.items():
@@ -194,22 +210,27 @@ def check_neox_weights(path: Path, layout: Any, shapes: Mapping[str, torch.Size]
 
 def _check_ranks(checkpoint: NeoXCheckpoint, layout: Any) -> None:
     if layout.heads % checkpoint.ranks or layout.kv_heads % checkpoint.ranks:
-        raise CheckpointError(f"{checkpoint.folder}: saved over {checkpoint.ranks} tensor-parallel ranks, which do "
-                              f"not divide the model's {layout.heads} query and {layout.kv_heads} key/value heads "
-                              "(is num_attention_heads the one it was trained with?)")  # fmt: skip
+        raise CheckpointError(
+            f"{checkpoint.folder}: saved over {checkpoint.ranks} tensor-parallel ranks, which do "
+            f"not divide the model's {layout.heads} query and {layout.kv_heads} key/value heads "
+            "(is num_attention_heads the one it was trained with?)"
+        )
 
 
-def _check_shape(checkpoint: NeoXCheckpoint, key: str, found: tuple[int, ...], shape: tuple[int, ...],
-                 vocabulary: bool) -> None:  # fmt: skip
+def _check_shape(
+    checkpoint: NeoXCheckpoint, key: str, found: tuple[int, ...], shape: tuple[int, ...], vocabulary: bool
+) -> None:
     if found == shape or (vocabulary and found[1:] == shape[1:]) or (found == () and shape == (1,)):
         return
-    raise CheckpointError(f"{checkpoint.folder}: {key} is {list(found)} in the GPT-NeoX checkpoint; this model's is "
-                          f"{list(shape)}")  # fmt: skip
+    raise CheckpointError(
+        f"{checkpoint.folder}: {key} is {list(found)} in the GPT-NeoX checkpoint; this model's is {list(shape)}"
+    )
 
 
 @torch.no_grad()
-def load_neox_weights(path: Path, layout: Any, shapes: Mapping[str, torch.Size],
-                      targets: Mapping[str, torch.Tensor]) -> None:  # fmt: skip
+def load_neox_weights(
+    path: Path, layout: Any, shapes: Mapping[str, torch.Size], targets: Mapping[str, torch.Tensor]
+) -> None:
     """Fill `targets` (our key -> a live tensor of this rank: whole, or a DTensor shard) from the GPT-NeoX
     checkpoint at `path` through the model's `layout`: each tensor merged whole, then cut to this rank's part;
     vocabulary rows beyond NeoX's are zero, and NeoX's extra padding rows are dropped."""
@@ -228,8 +249,9 @@ def load_neox_weights(path: Path, layout: Any, shapes: Mapping[str, torch.Size],
         whole = whole.to(target.dtype)
         box = box_of(target)
         if box is None:  # not one box: distribute the whole tensor and keep this rank's part
-            local = distribute_tensor(whole.to(target.device), target.device_mesh, target.placements,
-                                      src_data_rank=None).to_local()  # fmt: skip
+            local = distribute_tensor(
+                whole.to(target.device), target.device_mesh, target.placements, src_data_rank=None
+            ).to_local()
         else:
             offset, size = box
             local = whole[tuple(slice(start, start + length) for start, length in zip(offset, size, strict=True))]

@@ -44,8 +44,12 @@ class SavePolicy:
     @property
     def on_epoch_end(self) -> bool:
         """Lightning's default cadence: with no step or time interval, save at the end of each epoch."""
-        return (self.keeps_any and not self.every_n_train_steps and not self.save_at_steps
-                and self.train_time_interval is None)
+        return (
+            self.keeps_any
+            and not self.every_n_train_steps
+            and not self.save_at_steps
+            and self.train_time_interval is None
+        )
 
 
 def template_fields(template: str) -> list[str]:

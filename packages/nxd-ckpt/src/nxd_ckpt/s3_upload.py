@@ -113,16 +113,21 @@ class CheckpointUploader:
         """Every file of `checkpoint`, its completion marker last (a copy without it reads as half written)."""
         started = time.monotonic()
         if not checkpoint.is_dir():
-            raise UploadError("its folder was removed locally before it was uploaded (the checkpoint retention "
-                              "deleted it)")  # fmt: skip
-        files = sorted((path for path in checkpoint.rglob("*") if path.is_file()), key=lambda path: (
-            path.name == MARKER, path.relative_to(checkpoint).as_posix()))  # fmt: skip
+            raise UploadError(
+                "its folder was removed locally before it was uploaded (the checkpoint retention deleted it)"
+            )
+        files = sorted(
+            (path for path in checkpoint.rglob("*") if path.is_file()),
+            key=lambda path: (path.name == MARKER, path.relative_to(checkpoint).as_posix()),
+        )
         size = sum(file.stat().st_size for file in files) / 2**20
         for file in files:
             self._upload_with_retries(checkpoint, file)
         where = "/".join(part for part in (self.target.prefix, self.run_name, checkpoint.name) if part)
-        self.say(f"s3: checkpoint {checkpoint.name} uploaded to s3://{self.target.bucket}/{where}/ ({len(files)} "
-                 f"files, {size:.1f} MiB, digests checked) in {time.monotonic() - started:.1f} s")  # fmt: skip
+        self.say(
+            f"s3: checkpoint {checkpoint.name} uploaded to s3://{self.target.bucket}/{where}/ ({len(files)} "
+            f"files, {size:.1f} MiB, digests checked) in {time.monotonic() - started:.1f} s"
+        )
 
     def _upload_with_retries(self, checkpoint: Path, file: Path) -> None:
         for attempt in range(1, self.target.attempts + 1):
@@ -130,8 +135,10 @@ class CheckpointUploader:
                 self._upload(file, self.remote(checkpoint, file))
                 return
             except FileNotFoundError:
-                raise UploadError(f"{file.relative_to(checkpoint)} was removed locally before it was uploaded (the "
-                                  "checkpoint retention deleted it)") from None  # fmt: skip
+                raise UploadError(
+                    f"{file.relative_to(checkpoint)} was removed locally before it was uploaded (the "
+                    "checkpoint retention deleted it)"
+                ) from None
             except Exception as error:  # noqa: BLE001 - botocore's, urllib3's and our own errors alike
                 if attempt == self.target.attempts:
                     raise UploadError(f"{file.relative_to(checkpoint)}: {error} (tried {attempt} times)") from None
@@ -145,14 +152,16 @@ class CheckpointUploader:
             with file.open("rb") as handle:
                 number = 1
                 while (data := handle.read(chunk)) or number == 1:
-                    answer = self.client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number,
-                                                     Body=data)  # fmt: skip
+                    answer = self.client.upload_part(
+                        Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=data
+                    )
                     parts.append({"ETag": answer["ETag"], "PartNumber": number})
                     number += 1
                     if not data:
                         break
-            self.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
-                                                  MultipartUpload={"Parts": parts})  # fmt: skip
+            self.client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}
+            )
         except BaseException:
             with contextlib.suppress(Exception):  # the server may be the reason: the failure is the news
                 self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)

@@ -27,15 +27,32 @@ from .errors import CheckpointError
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 METADATA_CLASSES = frozenset(
-    {(_DCP_METADATA, name) for name in ("Metadata", "ChunkStorageMetadata", "TensorStorageMetadata",
-                                        "BytesStorageMetadata", "TensorProperties", "MetadataIndex", "StorageMeta",
-                                        "_MEM_FORMAT_ENCODING")}
-    | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-       ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
-    | {(module, name) for module in ("pathlib", "pathlib._local")
-       for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")}
+    {
+        (_DCP_METADATA, name)
+        for name in (
+            "Metadata",
+            "ChunkStorageMetadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    }
+    | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("collections", "OrderedDict"),
+    }
+    | {
+        (module, name)
+        for module in ("pathlib", "pathlib._local")
+        for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")
+    }
     | {("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
-)  # fmt: skip
+)
 """(module, name) of every global a DCP `.metadata` file may name: DCP's own records, shapes and dtypes."""
 
 
@@ -46,8 +63,10 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in METADATA_CLASSES:
-            raise CheckpointError(f"{self.path}: asks to load the Python object {module}.{name}, which DCP's metadata "
-                                  "never holds; a crafted or foreign file is not read (it could run code)")  # fmt: skip
+            raise CheckpointError(
+                f"{self.path}: asks to load the Python object {module}.{name}, which DCP's metadata "
+                "never holds; a crafted or foreign file is not read (it could run code)"
+            )
         return super().find_class(module, name)
 
 
@@ -92,8 +111,10 @@ class _WeightsOnlyValues:
         try:
             loaded = torch.load(value, weights_only=True)
         except Exception as error:  # noqa: BLE001 - UnpicklingError for a foreign object, others for damage
-            raise CheckpointError(f"{self.source}: its value {fqn} is not plain data torch's weights-only loader reads "
-                                  f"({_refused(error)}); a crafted or foreign file is not read") from None
+            raise CheckpointError(
+                f"{self.source}: its value {fqn} is not plain data torch's weights-only loader reads "
+                f"({_refused(error)}); a crafted or foreign file is not read"
+            ) from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[fqn], loaded)
         else:

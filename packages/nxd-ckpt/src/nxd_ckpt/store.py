@@ -65,11 +65,18 @@ class Checkpointer:
     them and the runs that continued it), never `resumed_from`, nor a save asked to be kept; what
     other runs or the user put under `root` is never deleted or replaced."""
 
-    def __init__(self, root: Path, policy: SavePolicy, *, asynchronous: bool = False,
-                 process_group: dist.ProcessGroup | None = None,
-                 on_complete: Callable[[CheckpointInfo, float], None] | None = None,
-                 attach: Callable[[Path], None] | None = None, lineage: str | None = None,
-                 resumed_from: Path | None = None):  # fmt: skip
+    def __init__(
+        self,
+        root: Path,
+        policy: SavePolicy,
+        *,
+        asynchronous: bool = False,
+        process_group: dist.ProcessGroup | None = None,
+        on_complete: Callable[[CheckpointInfo, float], None] | None = None,
+        attach: Callable[[Path], None] | None = None,
+        lineage: str | None = None,
+        resumed_from: Path | None = None,
+    ):
         self.root, self.policy, self.asynchronous = Path(root), policy, asynchronous
         self.lineage = lineage or new_lineage()
         self.resumed_from = None if resumed_from is None else Path(resumed_from).resolve()
@@ -83,8 +90,16 @@ class Checkpointer:
         self.saved_at = time.monotonic()
         """When the last save started (train_time_interval counts from it)."""
 
-    def save(self, state: dict[str, Any], *, step: int, consumed_samples: int, metrics: Mapping[str, float],
-             extra: Mapping[str, Any] | None = None, keep: bool = False) -> Path:  # fmt: skip
+    def save(
+        self,
+        state: dict[str, Any],
+        *,
+        step: int,
+        consumed_samples: int,
+        metrics: Mapping[str, float],
+        extra: Mapping[str, Any] | None = None,
+        keep: bool = False,
+    ) -> Path:
         """Save `state` (nested dicts of tensors, DTensors, Stateful objects and picklable values) after
         optimizer step `step`; returns the checkpoint's final path. Returns once the state is copied
         (asynchronous) or written (otherwise). `keep`: retention leaves this one (a run's last step)."""
@@ -92,8 +107,12 @@ class Checkpointer:
         values = {"step": step, "consumed_samples": consumed_samples, **metrics}
         final = self.root / self._broadcast(self._next_name(values) if self.rank == 0 else None)
         staging = final.with_name(final.name + STAGING_SUFFIX)
-        record = dict(step=step, consumed_samples=consumed_samples, metrics=dict(metrics),
-                      extra={**(extra or {}), LINEAGE: self.lineage})  # fmt: skip
+        record = dict(
+            step=step,
+            consumed_samples=consumed_samples,
+            metrics=dict(metrics),
+            extra={**(extra or {}), LINEAGE: self.lineage},
+        )
         # one thread: extra DCP writer threads drop their errors
         writer = ChecksummingWriter(staging, self.rank, sync_files=True)
         pending = _Save(staging, final, record, writer, started=time.monotonic(), keep=keep)
@@ -103,8 +122,9 @@ class Checkpointer:
         try:
             if self.asynchronous:
                 pending.state = state
-                pending.future = dcp.async_save(state, storage_writer=writer, process_group=self.group,
-                                                no_dist=not dist.is_initialized())  # fmt: skip
+                pending.future = dcp.async_save(
+                    state, storage_writer=writer, process_group=self.group, no_dist=not dist.is_initialized()
+                )
                 self._pending = pending
                 return final
             dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=not dist.is_initialized())
@@ -219,8 +239,10 @@ def _why_failed(error: BaseException, root: Path, needed: int | None) -> str:
         return gist(error)
     said = f"{full.strerror}; " if full is not None and full.strerror else ""
     share = "" if needed is None else f", this rank's share of the checkpoint needs about {needed / 2**20:,.1f} MiB"
-    return (f"the disk is full ({said}{free / 2**20:,.1f} MiB free at {root}{share}); the earlier checkpoints are "
-            "kept: expected room for one more checkpoint (free space, or keep fewer: save_top_k)")
+    return (
+        f"the disk is full ({said}{free / 2**20:,.1f} MiB free at {root}{share}); the earlier checkpoints are "
+        "kept: expected room for one more checkpoint (free space, or keep fewer: save_top_k)"
+    )
 
 
 def _state_bytes(state: Mapping[str, Any]) -> int:
@@ -235,16 +257,20 @@ def _local_bytes(value: Any) -> int:
 
 def _leaves(state: Mapping[str, Any]) -> dict[str, Any]:
     """DCP's flattened view of a nested state: dotted keys to leaves (Stateful objects expanded)."""
-    expanded = {key: value.state_dict() if isinstance(value, Stateful) and not isinstance(value, Mapping) else value
-                for key, value in state.items()}  # fmt: skip
+    expanded = {
+        key: value.state_dict() if isinstance(value, Stateful) and not isinstance(value, Mapping) else value
+        for key, value in state.items()
+    }
     return flatten_state_dict(expanded)[0]
 
 
 def saved_keys(path: Path) -> dict[str, tuple[int, ...] | None]:
     """Every key a checkpoint holds: a tensor's global shape, or None for another value."""
     metadata = read_metadata(path)
-    return {key: tuple(item.size) if isinstance(item, TensorStorageMetadata) else None
-            for key, item in metadata.state_dict_metadata.items()}  # fmt: skip
+    return {
+        key: tuple(item.size) if isinstance(item, TensorStorageMetadata) else None
+        for key, item in metadata.state_dict_metadata.items()
+    }
 
 
 def check_compatible(path: Path, state: Mapping[str, Any]) -> None:
@@ -258,11 +284,14 @@ def check_compatible(path: Path, state: Mapping[str, Any]) -> None:
             shapes.append(f"{key} is {list(saved[key])} there, {list(value.shape)} here")
     problems = []
     if shapes:
-        problems.append(f"it was saved from another model shape: {'; '.join(shapes[:4])}"
-                        + (f" (and {len(shapes) - 4} more)" if len(shapes) > 4 else ""))  # fmt: skip
+        problems.append(
+            f"it was saved from another model shape: {'; '.join(shapes[:4])}"
+            + (f" (and {len(shapes) - 4} more)" if len(shapes) > 4 else "")
+        )
     if missing:
-        problems.append(f"it lacks {', '.join(missing[:4])}" + (f" (and {len(missing) - 4} more)" if len(missing) > 4
-                                                                 else ""))  # fmt: skip
+        problems.append(
+            f"it lacks {', '.join(missing[:4])}" + (f" (and {len(missing) - 4} more)" if len(missing) > 4 else "")
+        )
     if problems:
         raise CheckpointError(f"{path}: cannot load this checkpoint into this run: " + "; ".join(problems))
 
@@ -279,8 +308,13 @@ def load_checkpoint(
         check_compatible(info.path, state)
         if not dist.is_initialized():
             warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
-        dcp.load(state, storage_reader=SafeReader(info.path), planner=SafeLoadPlanner(source=info.path),
-                 process_group=process_group, no_dist=not dist.is_initialized())  # fmt: skip
+        dcp.load(
+            state,
+            storage_reader=SafeReader(info.path),
+            planner=SafeLoadPlanner(source=info.path),
+            process_group=process_group,
+            no_dist=not dist.is_initialized(),
+        )
     except CheckpointError:
         raise
     except (CheckpointException, Exception) as error:  # noqa: BLE001 - any unreadable piece is a message, never a traceback

@@ -26,8 +26,9 @@ POINTER = "nxd_checkpoint"
 """trainer_state.json's key naming the nxd checkpoint (relative to the output folder)."""
 
 
-def write_trainer_checkpoint(checkpoint: Path, output: Path, log_history: Sequence[dict[str, Any]],
-                             state: dict[str, Any] | None = None) -> Path:  # fmt: skip
+def write_trainer_checkpoint(
+    checkpoint: Path, output: Path, log_history: Sequence[dict[str, Any]], state: dict[str, Any] | None = None
+) -> Path:
     """`output/checkpoint-<step>` of nxd checkpoint `checkpoint` (see the module docstring); `state` adds
     trainer_state.json fields (max_steps, logging_steps ...). Written under a temporary name and renamed."""
     info = read_info(Path(checkpoint))
@@ -37,10 +38,18 @@ def write_trainer_checkpoint(checkpoint: Path, output: Path, log_history: Sequen
     shutil.rmtree(staging, ignore_errors=True)
     export_hf(info.path, staging)
     _add_tokenizer(info.extra, staging)
-    trainer_state = {"global_step": info.step, "epoch": _last(log_history, "epoch"), "log_history": list(log_history),
-                     "best_metric": None, "best_model_checkpoint": None, "is_local_process_zero": True,
-                     "is_world_process_zero": True, "total_flos": 0, **(state or {}),
-                     POINTER: os.path.relpath(info.path, output)}  # fmt: skip
+    trainer_state = {
+        "global_step": info.step,
+        "epoch": _last(log_history, "epoch"),
+        "log_history": list(log_history),
+        "best_metric": None,
+        "best_model_checkpoint": None,
+        "is_local_process_zero": True,
+        "is_world_process_zero": True,
+        "total_flos": 0,
+        **(state or {}),
+        POINTER: os.path.relpath(info.path, output),
+    }
     (staging / STATE_FILE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True))
     replaced = output / f".checkpoint-{info.step}.{os.getpid()}.replaced"
     if final.exists():

@@ -1,9 +1,9 @@
 """nxd-config: NxDT-dialect YAML (or GPT-NeoX config files) -> a typed, validated, immutable `NxdConfig`.
 
-    from nxd_config import load_config, ConfigError
-    config = load_config("configs/tiny.yaml", ["trainer.max_steps=10"])
-    config = load_config(["neox/125M.yml", "neox/local_setup.yml"], ["train_iters=10"])
-    config.distributed_strategy.tensor_model_parallel_size
+from nxd_config import load_config, ConfigError
+config = load_config("configs/tiny.yaml", ["trainer.max_steps=10"])
+config = load_config(["neox/125M.yml", "neox/local_setup.yml"], ["train_iters=10"])
+config.distributed_strategy.tensor_model_parallel_size
 """
 
 from importlib.metadata import version as _distribution_version

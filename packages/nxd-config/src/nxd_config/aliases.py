@@ -21,9 +21,7 @@ KEY_ALIASES: tuple[tuple[str, str], ...] = (
 )
 
 # (dotted key, old value, new value)
-VALUE_ALIASES: tuple[tuple[str, str, str], ...] = (
-    ("precision.type", "mixed_precision_SR", "mixed_precisionSR"),
-)
+VALUE_ALIASES: tuple[tuple[str, str, str], ...] = (("precision.type", "mixed_precision_SR", "mixed_precisionSR"),)
 
 
 def normalise(tree: dict[str, Any]) -> list[ConfigIssue]:
@@ -38,9 +36,11 @@ def normalise(tree: dict[str, Any]) -> list[ConfigIssue]:
             issues.append(ConfigIssue.mismatch(old, f"a mapping at {new.rpartition('.')[0]} to move into"))
             continue
         if new_leaf in new_parent and new_parent[new_leaf] is not None:
-            issues.append(ConfigIssue.mismatch(
-                old, f"only one of {old!r} (older spelling) and {new!r}", Described("both set"), f"keep {new!r}"
-            ))
+            issues.append(
+                ConfigIssue.mismatch(
+                    old, f"only one of {old!r} (older spelling) and {new!r}", Described("both set"), f"keep {new!r}"
+                )
+            )
             del old_parent[old_leaf]  # reported once here, not again as an unknown key
             continue
         new_parent[new_leaf] = old_parent.pop(old_leaf)

@@ -13,12 +13,19 @@ from .neox.keys import NEOX_KEYS
 from .qeff.keys import OWN_SECTIONS, SECTIONS
 
 DIALECTS = ("nxdt", "neox", "qeff")
-NXDT_SECTIONS = ("trainer", "exp_manager", "distributed_strategy", "data", "model", "precision",
-                 "model_alignment_strategy")  # fmt: skip
+NXDT_SECTIONS = (
+    "trainer",
+    "exp_manager",
+    "distributed_strategy",
+    "data",
+    "model",
+    "precision",
+    "model_alignment_strategy",
+)
 
 
 def detect(values: Mapping[str, Any]) -> str | None:
-    """"nxdt" when the file has an NxDT section, "qeff" when it has QEfficient's, "neox" when its keys are NeoX
+    """ "nxdt" when the file has an NxDT section, "qeff" when it has QEfficient's, "neox" when its keys are NeoX
     arguments, None when it is neither (an empty file, or keys of no dialect)."""
     foreign = [key for key in values if key not in SECTIONS and (key in NXDT_SECTIONS or canonical(key) in NEOX_KEYS)]
     if set(OWN_SECTIONS) & set(values) and not foreign:  # a misspelt section of its own stays QEfficient's
@@ -39,13 +46,20 @@ def dialect_of(files: list[tuple[str, Mapping[str, Any]]], forced: str | None = 
     if kinds == {"nxdt", "neox"}:
         neox = next(name for name, kind in seen.items() if kind == "neox")
         nxdt = next(name for name, kind in seen.items() if kind == "nxdt")
-        raise ConfigError(ConfigIssue(neox, f"a GPT-NeoX config, and {nxdt} an NxDT config; expected files of one "
-                                            "dialect"))  # fmt: skip
+        raise ConfigError(
+            ConfigIssue(neox, f"a GPT-NeoX config, and {nxdt} an NxDT config; expected files of one dialect")
+        )
     if "qeff" in kinds and (len(kinds) > 1 or len(files) > 1):
-        raise ConfigError(ConfigIssue(files[-1][0], "a second config beside a QEfficient fine-tuning file; expected "
-                                      "that one file (its sections hold the whole run)"))  # fmt: skip
+        raise ConfigError(
+            ConfigIssue(
+                files[-1][0],
+                "a second config beside a QEfficient fine-tuning file; expected "
+                "that one file (its sections hold the whole run)",
+            )
+        )
     kind = kinds.pop() if kinds else "nxdt"
     if kind == "nxdt" and len(files) > 1:
-        raise ConfigError(ConfigIssue(files[1][0], f"a second NxDT config after {files[0][0]}; expected one (NxDT "
-                                                   f"takes one file)"))  # fmt: skip
+        raise ConfigError(
+            ConfigIssue(files[1][0], f"a second NxDT config after {files[0][0]}; expected one (NxDT takes one file)")
+        )
     return kind

@@ -32,8 +32,10 @@ HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f]*:[0-9A-Fa-f:.]*
 def check_host_name(value: str | None) -> str | None:
     """`value` if it is a host name or address; a ValueError saying what was expected otherwise."""
     if value is not None and HOST_NAME.fullmatch(value) is None:
-        raise ValueError(f"expected a host name or address (letters, digits, '.', '-', '_', starting with a letter, "
-                         f"digit or '_'), found {value!r}")  # fmt: skip
+        raise ValueError(
+            f"expected a host name or address (letters, digits, '.', '-', '_', starting with a letter, "
+            f"digit or '_'), found {value!r}"
+        )
     return value
 
 
@@ -69,21 +71,20 @@ def _selection(value: str, key: str, hosts: dict[str, Host]) -> dict[str, set[in
     for part in value.split("@"):
         name, _, slots = part.strip().partition(":")
         if name not in hosts:
-            raise HostfileError(key, f"{name!r} is not a host of the hostfile "
-                              f"({', '.join(hosts)})")  # fmt: skip
+            raise HostfileError(key, f"{name!r} is not a host of the hostfile ({', '.join(hosts)})")
         try:
             numbers = {int(slot) for slot in slots.split(",")} if slots else None
         except ValueError:
             raise HostfileError(key, f"expected slot numbers after ':', found {slots!r}") from None
         if numbers is not None and not numbers <= set(hosts[name].slots):
-            raise HostfileError(key, f"host {name} has slots {list(hosts[name].slots)}, found "
-                              f"{sorted(numbers)}")  # fmt: skip
+            raise HostfileError(key, f"host {name} has slots {list(hosts[name].slots)}, found {sorted(numbers)}")
         chosen[name] = numbers
     return chosen
 
 
-def select_hosts(hosts: list[Host], include: str | None, exclude: str | None, nodes: int | None,
-                 per_node: int | None) -> list[Host]:  # fmt: skip
+def select_hosts(
+    hosts: list[Host], include: str | None, exclude: str | None, nodes: int | None, per_node: int | None
+) -> list[Host]:
     """The hosts and slots the job uses, as DeepSpeed's launcher picks them: include, or all but exclude, then
     the first `nodes` hosts and the first `per_node` slots of each."""
     if include and exclude:
@@ -91,8 +92,11 @@ def select_hosts(hosts: list[Host], include: str | None, exclude: str | None, no
     by_name = {host.name: host for host in hosts}
     if include:
         picked = _selection(include, "include", by_name)
-        hosts = [Host(h.name, tuple(s for s in h.slots if picked[h.name] is None or s in picked[h.name]))
-                 for h in hosts if h.name in picked]  # fmt: skip
+        hosts = [
+            Host(h.name, tuple(s for s in h.slots if picked[h.name] is None or s in picked[h.name]))
+            for h in hosts
+            if h.name in picked
+        ]
     elif exclude:
         dropped, kept = _selection(exclude, "exclude", by_name), []
         for host in hosts:
@@ -112,6 +116,9 @@ def select_hosts(hosts: list[Host], include: str | None, exclude: str | None, no
             raise HostfileError("per_node", f"{per_node} per node, but {', '.join(short)} has fewer slots")
         hosts = [Host(h.name, h.slots[:per_node]) for h in hosts]
     if len({len(h.slots) for h in hosts}) > 1:
-        raise HostfileError("hostfile", "expected the same number of slots on each host, found "
-                          + ", ".join(f"{h.name} {len(h.slots)}" for h in hosts))  # fmt: skip
+        raise HostfileError(
+            "hostfile",
+            "expected the same number of slots on each host, found "
+            + ", ".join(f"{h.name} {len(h.slots)}" for h in hosts),
+        )
     return hosts

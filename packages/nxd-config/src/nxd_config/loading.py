@@ -45,8 +45,10 @@ def _environment(name: str, *default: Any) -> str | None:
     not copy a secret from the environment into config.yaml, a log, the W&B run or a URL the run contacts."""
     allowed = {item.strip() for item in os.environ.get(ALLOW_ENV, "").split(",")}
     if name not in allowed:
-        raise ValueError(f"a config reads the environment variable {name} only where you allow it: add {name} to "
-                         f"{ALLOW_ENV} (names, comma-separated) to let ${{oc.env:{name}}} read it")  # fmt: skip
+        raise ValueError(
+            f"a config reads the environment variable {name} only where you allow it: add {name} to "
+            f"{ALLOW_ENV} (names, comma-separated) to let ${{oc.env:{name}}} read it"
+        )
     return oc.env(name, *default)
 
 
@@ -64,7 +66,10 @@ Source = str | PathLike[str] | Mapping[str, Any]
 
 
 def load_config(
-    source: Source | Sequence[str | PathLike[str]], overrides: Sequence[str] = (), *, dialect: str | None = None,
+    source: Source | Sequence[str | PathLike[str]],
+    overrides: Sequence[str] = (),
+    *,
+    dialect: str | None = None,
     launch: Mapping[str, str] | None = None,
 ) -> NxdConfig:
     """Load, override, resolve and validate a config.
@@ -151,9 +156,11 @@ def _load_neox(raw: list[tuple[str, dict[str, Any]]], overrides: list[str]) -> N
     def error(found: list[ConfigIssue]) -> ConfigError:
         """Every problem once: a check of the translated config about keys already refused says no more."""
         refused = translation.refused
-        kept = [issue for issue in found
-                if issue in located or not {key.partition(".")[0] for key in _provenance(issue.path, translation)}
-                & refused]  # fmt: skip
+        kept = [
+            issue
+            for issue in found
+            if issue in located or not {key.partition(".")[0] for key in _provenance(issue.path, translation)} & refused
+        ]
         return ConfigError([where(issue) for issue in kept])
 
     built = _build(translation.tree, list(located), error, lambda issue: where(issue).render())
@@ -171,20 +178,22 @@ def _load_qeff(raw: tuple[str, dict[str, Any]], overrides: list[str], launch: Ma
     issues = apply_overrides(config, [qeff_override(item, values) for item in overrides])
     if issues:
         raise ConfigError(issues, name)
-    translation = translate_qeff(OmegaConf.to_container(config, resolve=False),
-                                 Path(name).stem if name != "<mapping>" else "qeff", launch)  # fmt: skip
+    translation = translate_qeff(
+        OmegaConf.to_container(config, resolve=False), Path(name).stem if name != "<mapping>" else "qeff", launch
+    )
     origin = dict.fromkeys(values, name)
     located = [_located(issue, origin, name) for issue in translation.issues]
 
     def error(found: list[ConfigIssue]) -> ConfigError:
         refused = {issue.path for issue in translation.issues}
-        kept = [issue for issue in found if issue in located
-                or not set(_provenance(issue.path, translation)) & refused]  # fmt: skip
-        return ConfigError([issue if issue in located else _neox_issue(issue, translation, origin, name)
-                            for issue in kept])  # fmt: skip
+        kept = [issue for issue in found if issue in located or not set(_provenance(issue.path, translation)) & refused]
+        return ConfigError(
+            [issue if issue in located else _neox_issue(issue, translation, origin, name) for issue in kept]
+        )
 
-    built = _build(translation.tree, list(located), error,
-                   lambda issue: _neox_issue(issue, translation, origin, name).render())  # fmt: skip
+    built = _build(
+        translation.tree, list(located), error, lambda issue: _neox_issue(issue, translation, origin, name).render()
+    )
     for notice in translation.notices:
         warnings.warn(f"{name}: {notice}", ConfigNotice, stacklevel=2)
     return built
@@ -195,7 +204,7 @@ def _neox_override(override: str, merged: dict[str, Any]) -> str:
     a default, so `key=VALUE` sets one the files leave out too; a misspelt key meets the key table's
     did-you-mean."""
     prefix = override[:1] if override[:1] in "+~" else ""
-    key, sep, value = override[len(prefix):].partition("=")
+    key, sep, value = override[len(prefix) :].partition("=")
     top, dot, rest = key.partition(".")
     top = canonical(top)
     if not prefix and sep and top not in merged:

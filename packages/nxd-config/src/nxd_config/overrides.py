@@ -23,8 +23,9 @@ from .errors import ConfigIssue, Described
 _ABSENT = object()
 
 
-def apply_overrides(config: DictConfig, overrides: list[str] | tuple[str, ...],
-                    defined: Collection[str] = ()) -> list[ConfigIssue]:  # fmt: skip
+def apply_overrides(
+    config: DictConfig, overrides: list[str] | tuple[str, ...], defined: Collection[str] = ()
+) -> list[ConfigIssue]:
     """Apply overrides in order; return an issue for each one that cannot be applied. `defined` holds the dotted
     keys the dialect defines (sections included), for the advice on a key the file lacks."""
     issues = []
@@ -53,8 +54,12 @@ def _apply(config: DictConfig, override: str, defined: Collection[str]) -> Confi
         return ConfigIssue.mismatch(f"override {override!r}", "a YAML value", raw_value, _first_line(exc))
     exists = _get(config, key) is not _ABSENT
     if add and exists:
-        return ConfigIssue.mismatch(key, f"a key the file lacks for '+{key}=...'", Described("it set in the file"),
-                                    f"use {key}=... to change it")
+        return ConfigIssue.mismatch(
+            key,
+            f"a key the file lacks for '+{key}=...'",
+            Described("it set in the file"),
+            f"use {key}=... to change it",
+        )
     if not add and not exists:
         return _absent(config, key, defined)
     try:
@@ -68,8 +73,12 @@ def _absent(config: DictConfig, key: str, defined: Collection[str]) -> ConfigIss
     """`key=...` for a key the file lacks: the advice to add it when the dialect defines it (or nothing is known
     of the dialect's keys), the closest key of the file or the dialect otherwise."""
     if not defined or key in defined or _free_form(key, defined):
-        return ConfigIssue.mismatch(key, f"a key the file has for '{key}=...'", Described("no such key in the file"),
-                                    f"use +{key}=... to add it")
+        return ConfigIssue.mismatch(
+            key,
+            f"a key the file has for '{key}=...'",
+            Described("no such key in the file"),
+            f"use +{key}=... to add it",
+        )
     candidates = sorted({*defined, *_file_keys(OmegaConf.to_container(config, resolve=False))})
     parent, _, leaf = key.rpartition(".")
     siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
@@ -78,8 +87,9 @@ def _absent(config: DictConfig, key: str, defined: Collection[str]) -> ConfigIss
         near = [c for c in candidates if difflib.get_close_matches(leaf, [c.rpartition(".")[2]], cutoff=0.85)]
         close = sorted(near, key=lambda c: c.count("."))[:1]
     hint = f"did you mean {close[0]!r}?" if close else "nxd-train config keys lists every key"
-    return ConfigIssue.mismatch(key, f"a key the file has or the config defines for '{key}=...'",
-                                Described("no such key"), hint)
+    return ConfigIssue.mismatch(
+        key, f"a key the file has or the config defines for '{key}=...'", Described("no such key"), hint
+    )
 
 
 def _free_form(key: str, defined: Collection[str]) -> bool:

@@ -1,7 +1,7 @@
 """The key reference table (key, type, default, effect, used by, status), generated from the schema.
 
-    python -m nxd_config.reference            print the table as Markdown
-    python -m nxd_config.reference --update docs/config-reference.md   rewrite the table between its markers
+python -m nxd_config.reference            print the table as Markdown
+python -m nxd_config.reference --update docs/config-reference.md   rewrite the table between its markers
 """
 
 from __future__ import annotations
@@ -48,8 +48,11 @@ def key_rows(prefix: str = "") -> list[KeyRow]:
         extra = key_meta(field)
         if len(owners) > 1 and path.endswith(".name"):
             names = " | ".join(json.dumps(typing.get_args(o.model_fields["name"].annotation)[0]) for o in owners)
-            rows.append(KeyRow(path, names, "required", "Which one; selects the keys below.", _by(owners[0]),
-                               str(Status.HONOURED)))  # fmt: skip
+            rows.append(
+                KeyRow(
+                    path, names, "required", "Which one; selects the keys below.", _by(owners[0]), str(Status.HONOURED)
+                )
+            )
             continue
         status = extra.get("status", str(Status.HONOURED))
         note = extra.get("note", "")
@@ -57,8 +60,16 @@ def key_rows(prefix: str = "") -> list[KeyRow]:
             status, default = ("" if "status" not in extra else status), "(section)"
         else:
             default = _default(field.default)
-        rows.append(KeyRow(path, _type(field.annotation), default, field.description or "", extra.get("by", ""),
-                           f"{status}: {note}" if note else status))  # fmt: skip
+        rows.append(
+            KeyRow(
+                path,
+                _type(field.annotation),
+                default,
+                field.description or "",
+                extra.get("by", ""),
+                f"{status}: {note}" if note else status,
+            )
+        )
     return rows
 
 
@@ -66,8 +77,14 @@ def key_table() -> str:
     """Every key of the schema as a Markdown table."""
     rows = ["| key | type | default | effect | used by | status |", "|---|---|---|---|---|---|"]
     for row in key_rows():
-        cells = [f"`{row.key}`", row.type, row.default if row.default in ("required", "(section)") else
-                 f"`{row.default}`", row.effect, row.used_by, row.status]  # fmt: skip
+        cells = [
+            f"`{row.key}`",
+            row.type,
+            row.default if row.default in ("required", "(section)") else f"`{row.default}`",
+            row.effect,
+            row.used_by,
+            row.status,
+        ]
         rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -138,8 +155,9 @@ def rewrite_between(readme: Path, start: str, end: str, content: str) -> bool:
     return True
 
 
-def table_command(argv: list[str] | None, prog: str, doc: str | None, table: Callable[[], str],
-                  rewrite: Callable[[Path], bool]) -> int:  # fmt: skip
+def table_command(
+    argv: list[str] | None, prog: str, doc: str | None, table: Callable[[], str], rewrite: Callable[[Path], bool]
+) -> int:
     """A generated table's command line: print `table()`, or `--update README` rewrites it there."""
     parser = argparse.ArgumentParser(prog=prog, description=doc)
     parser.add_argument("--update", type=Path, metavar="README", help="rewrite the table in this file")

@@ -55,7 +55,8 @@ def validate(raw: dict[str, Any]) -> tuple[NxdConfig | None, list[ConfigIssue], 
         except ValidationError as error:
             found = _issues_from(error, data)
             issues.extend(
-                issue for issue in found
+                issue
+                for issue in found
                 if issue not in issues and not any(_within(issue.path, path) for path in repaired)
             )
             progress = False
@@ -129,8 +130,11 @@ def _expected(entry: dict[str, Any]) -> str:
     if kind == "literal_error":
         return f"one of {ctx['expected']}"
     bounds = {
-        "greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<=",
-    }  # fmt: skip
+        "greater_than": ">",
+        "greater_than_equal": ">=",
+        "less_than": "<",
+        "less_than_equal": "<=",
+    }
     if kind in bounds:
         limit = next(iter(ctx.values()))
         return f"a value {bounds[kind]} {limit}"

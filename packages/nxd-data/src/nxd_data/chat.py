@@ -51,13 +51,15 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.renderer = PreTrainedTokenizerFast(
             tokenizer_object=Tokenizer.from_str(tokenizer.tokenizer.to_str()),
-            bos_token=tokenizer.token(tokenizer.begin_id), eos_token=tokenizer.token(tokenizer.eod_id),
-        )  # fmt: skip
+            bos_token=tokenizer.token(tokenizer.begin_id),
+            eos_token=tokenizer.token(tokenizer.eod_id),
+        )
         self.renderer.chat_template = tokenizer.chat_template
 
     def render(self, messages: Sequence[dict[str, str]], generation_prompt: bool = False) -> str:
-        return self.renderer.apply_chat_template(list(messages), tokenize=False,
-                                                 add_generation_prompt=generation_prompt)  # fmt: skip
+        return self.renderer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def assistant_spans(self, messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """The rendered conversation and the character spans of its assistant turns."""
@@ -70,8 +72,10 @@ class ChatRenderer:
                 before = self.render(messages[:index], generation_prompt=True) if index else ""
                 through = self.render(messages[: index + 1])
                 if not (text.startswith(through) and through.startswith(before)):
-                    raise DataError("the chat template renders the conversation up to an assistant turn differently "
-                                    "from the start of the whole conversation, so its turns cannot be located")
+                    raise DataError(
+                        "the chat template renders the conversation up to an assistant turn differently "
+                        "from the start of the whole conversation, so its turns cannot be located"
+                    )
                 spans.append((len(before), len(through)))
         except DataError:
             raise
@@ -83,6 +87,8 @@ class ChatRenderer:
         """The conversation's token ids and, per token, whether it belongs to an assistant turn."""
         text, spans = self.assistant_spans(messages)
         encoding = self.tokenizer.tokenizer.encode(text, add_special_tokens=False)
-        trained = [any(start < end_span and end > start_span for start_span, end_span in spans)
-                   for start, end in encoding.offsets]  # fmt: skip
+        trained = [
+            any(start < end_span and end > start_span for start_span, end_span in spans)
+            for start, end in encoding.offsets
+        ]
         return encoding.ids, trained

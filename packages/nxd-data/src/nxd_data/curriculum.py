@@ -44,8 +44,9 @@ class SequenceCurriculum:
             reached = [length for length in self.lengths[:level] if length >= self.max_length]
             return reached[0] if reached else self.lengths[level]  # the longest, once reached, stays
         degree = 1 if self.schedule == "fixed_linear" else self.root_degree
-        grown = math.floor((step / self.total_steps) ** (1.0 / degree) * (self.max_length - self.min_length)
-                           + self.min_length)  # fmt: skip
+        grown = math.floor(
+            (step / self.total_steps) ** (1.0 / degree) * (self.max_length - self.min_length) + self.min_length
+        )
         return min(grown - grown % self.length_step, self.max_length)
 
 

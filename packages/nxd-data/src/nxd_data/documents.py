@@ -72,9 +72,11 @@ class _Side:
                 at = int(np.argmax(outside))
                 starts = self.tokens.pointers // self.tokens.dtype.itemsize
                 document = int(np.searchsorted(starts, at, side="right")) - 1
-                raise DataError(f"{files.where}: {files.tokens}: document {document} holds token id "
-                                f"{int(self.tokens.tokens[at])}; expected ids from 0 to the tokenizer's vocabulary "
-                                f"({vocab_size}): written with another tokenizer?")  # fmt: skip
+                raise DataError(
+                    f"{files.where}: {files.tokens}: document {document} holds token id "
+                    f"{int(self.tokens.tokens[at])}; expected ids from 0 to the tokenizer's vocabulary "
+                    f"({vocab_size}): written with another tokenizer?"
+                )
         self.labels = self._labels(files.labels)
         self.reference = self._reference(files.reference, seq_length)
 
@@ -83,12 +85,16 @@ class _Side:
             return None
         dataset = _open(prefix, self.files.where, self.files.impl)
         if len(dataset) != len(self.tokens):
-            raise DataError(f"{self.files.where}: labels file {prefix}: expected {len(self.tokens)} documents (those "
-                            f"of {self.files.tokens}), found {len(dataset)}")  # fmt: skip
+            raise DataError(
+                f"{self.files.where}: labels file {prefix}: expected {len(self.tokens)} documents (those "
+                f"of {self.files.tokens}), found {len(dataset)}"
+            )
         if bad := np.flatnonzero(dataset.sizes != self.tokens.sizes)[:1].tolist():
-            raise DataError(f"{self.files.where}: labels file {prefix}: document {bad[0]} holds "
-                            f"{dataset.sizes[bad[0]]} values where {self.files.tokens} holds "
-                            f"{self.tokens.sizes[bad[0]]} tokens; expected one per token")  # fmt: skip
+            raise DataError(
+                f"{self.files.where}: labels file {prefix}: document {bad[0]} holds "
+                f"{dataset.sizes[bad[0]]} values where {self.files.tokens} holds "
+                f"{self.tokens.sizes[bad[0]]} tokens; expected one per token"
+            )
         return dataset
 
     def _reference(self, prefix: str | None, seq_length: int) -> IndexedDataset | None:
@@ -99,16 +105,21 @@ class _Side:
             return None
         dataset = _open(prefix, self.files.where, self.files.impl)
         if dataset.dtype.kind != "f":
-            raise DataError(f"{self.files.where}: reference file {prefix}: expected float log-probs, found "
-                            f"{dataset.dtype}")  # fmt: skip
+            raise DataError(
+                f"{self.files.where}: reference file {prefix}: expected float log-probs, found {dataset.dtype}"
+            )
         if len(dataset) < len(self.tokens):
-            raise DataError(f"{self.files.where}: reference file {prefix}: expected a document for each of the "
-                            f"{len(self.tokens)} of {self.files.tokens}, found {len(dataset)}")  # fmt: skip
+            raise DataError(
+                f"{self.files.where}: reference file {prefix}: expected a document for each of the "
+                f"{len(self.tokens)} of {self.files.tokens}, found {len(dataset)}"
+            )
         needed = np.minimum(self.tokens.sizes.astype(np.int64), seq_length + 1) - 1
         if bad := np.flatnonzero(dataset.sizes[: len(self.tokens)] < needed)[:1].tolist():
-            raise DataError(f"{self.files.where}: reference file {prefix}: document {bad[0]} holds "
-                            f"{dataset.sizes[bad[0]]} log-probs where its row has {needed[bad[0]]} positions; "
-                            "expected one per position (computed with a shorter seq_length?)")  # fmt: skip
+            raise DataError(
+                f"{self.files.where}: reference file {prefix}: document {bad[0]} holds "
+                f"{dataset.sizes[bad[0]]} log-probs where its row has {needed[bad[0]]} positions; "
+                "expected one per position (computed with a shorter seq_length?)"
+            )
         return dataset
 
     def __len__(self) -> int:
@@ -189,24 +200,39 @@ class PairDocuments(_Documents):
     `scores` (a reward model's data), `score_position` (each row's last trained position: where
     GPT-NeoX's `--for-rm` labels put the score) and `margin` (0)."""
 
-    def __init__(self, chosen: DocumentFiles, rejected: DocumentFiles, seq_length: int, pad_id: int, *,
-                 allow_chopped: bool = True, scores: bool = False, vocab_size: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        chosen: DocumentFiles,
+        rejected: DocumentFiles,
+        seq_length: int,
+        pad_id: int,
+        *,
+        allow_chopped: bool = True,
+        scores: bool = False,
+        vocab_size: int | None = None,
+    ):
         self.sides = (_Side(chosen, vocab_size, seq_length), _Side(rejected, vocab_size, seq_length))
         if len(self.sides[0]) != len(self.sides[1]):
-            raise DataError(f"{rejected.where}: {rejected.tokens} holds {len(self.sides[1])} documents where "
-                            f"{chosen.tokens} holds {len(self.sides[0])}; expected one rejected response per chosen "
-                            "one, in the same order")  # fmt: skip
+            raise DataError(
+                f"{rejected.where}: {rejected.tokens} holds {len(self.sides[1])} documents where "
+                f"{chosen.tokens} holds {len(self.sides[0])}; expected one rejected response per chosen "
+                "one, in the same order"
+            )
         for role in ("labels", "reference"):
             if (getattr(chosen, role) is None) != (getattr(rejected, role) is None):
-                raise DataError(f"{chosen.where}: expected {role} files for both chosen and rejected documents or for "
-                                "neither, found one")  # fmt: skip
+                raise DataError(
+                    f"{chosen.where}: expected {role} files for both chosen and rejected documents or for "
+                    "neither, found one"
+                )
         self.seq_length, self.pad_id, self.scores = seq_length, pad_id, scores
         usable = [side.usable(seq_length, allow_chopped) for side in self.sides]
         self.kept = np.flatnonzero(usable[0] & usable[1])
         self.left_out = len(self.sides[0]) - len(self.kept)
         if not len(self.kept):
-            raise DataError(f"{chosen.where}: none of the {len(self.sides[0])} pairs has both responses within "
-                            f"seq_length + 1 ({seq_length + 1}) tokens with something to train on")  # fmt: skip
+            raise DataError(
+                f"{chosen.where}: none of the {len(self.sides[0])} pairs has both responses within "
+                f"seq_length + 1 ({seq_length + 1}) tokens with something to train on"
+            )
 
     @property
     def carries_reference(self) -> bool:
@@ -225,16 +251,20 @@ class PairDocuments(_Documents):
     def _sample(self, rows: list[tuple[np.ndarray, np.ndarray]], references: list[float]) -> dict[str, torch.Tensor]:
         filled = [_fill(self.seq_length, self.pad_id, tokens, labels) for tokens, labels in rows]
         labels = np.stack([row[1] for row in filled])
-        sample = {"input_ids": torch.from_numpy(np.stack([row[0] for row in filled])),
-                  "labels": torch.from_numpy(labels),
-                  "position_ids": torch.arange(self.seq_length).expand(2, -1).clone()}  # fmt: skip
+        sample = {
+            "input_ids": torch.from_numpy(np.stack([row[0] for row in filled])),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.arange(self.seq_length).expand(2, -1).clone(),
+        }
         if self.carries_reference:
             sample[REFERENCE_KEY] = torch.tensor(references, dtype=torch.float64)
         if self.scores:
             counted = labels != IGNORE_INDEX
             last = np.where(counted.any(-1), self.seq_length - 1 - np.argmax(counted[:, ::-1], axis=-1), 0)
-            sample |= {"score_position": torch.from_numpy(last.astype(np.int64)),
-                       "margin": torch.zeros(2, dtype=torch.float64)}  # fmt: skip
+            sample |= {
+                "score_position": torch.from_numpy(last.astype(np.int64)),
+                "margin": torch.zeros(2, dtype=torch.float64),
+            }
         return sample
 
 
@@ -242,28 +272,45 @@ class ExampleDocuments(_Documents):
     """KTO examples: one row per document, with `kto_reward` (the document's reward), `kto_label`
     (1.0 when the reward is positive) and, with a reference file, `reference_log_probs`."""
 
-    def __init__(self, files: DocumentFiles, rewards: str, seq_length: int, pad_id: int, *,
-                 allow_chopped: bool = True, rewards_where: str = "data", vocab_size: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        files: DocumentFiles,
+        rewards: str,
+        seq_length: int,
+        pad_id: int,
+        *,
+        allow_chopped: bool = True,
+        rewards_where: str = "data",
+        vocab_size: int | None = None,
+    ):
         self.sides = (_Side(files, vocab_size, seq_length),)
         self.rewards = _open(rewards, rewards_where, files.impl)
         documents = len(self.sides[0])
         if len(self.rewards) != documents:
-            raise DataError(f"{rewards_where}: {rewards}: expected one reward document per document of "
-                            f"{files.tokens} ({documents}), found {len(self.rewards)}")  # fmt: skip
+            raise DataError(
+                f"{rewards_where}: {rewards}: expected one reward document per document of "
+                f"{files.tokens} ({documents}), found {len(self.rewards)}"
+            )
         if bad := np.flatnonzero(self.rewards.sizes != 1)[:1].tolist():
-            raise DataError(f"{rewards_where}: {rewards}: document {bad[0]}: expected one reward, found "
-                            f"{self.rewards.sizes[bad[0]]} values")  # fmt: skip
+            raise DataError(
+                f"{rewards_where}: {rewards}: document {bad[0]}: expected one reward, found "
+                f"{self.rewards.sizes[bad[0]]} values"
+            )
         self.seq_length, self.pad_id = seq_length, pad_id
         self.kept = np.flatnonzero(self.sides[0].usable(seq_length, allow_chopped))
         self.left_out = documents - len(self.kept)
         if not len(self.kept):
-            raise DataError(f"{files.where}: none of the {documents} documents is within seq_length + 1 "
-                            f"({seq_length + 1}) tokens with something to train on")  # fmt: skip
+            raise DataError(
+                f"{files.where}: none of the {documents} documents is within seq_length + 1 "
+                f"({seq_length + 1}) tokens with something to train on"
+            )
         starts = self.rewards.pointers // self.rewards.dtype.itemsize
         self.values = np.asarray(self.rewards.tokens[starts[self.kept]], dtype=np.float64)
         if not np.isfinite(self.values).all():
-            raise DataError(f"{rewards_where}: {rewards}: expected finite rewards, found "
-                            f"{self.values[~np.isfinite(self.values)][0]}")  # fmt: skip
+            raise DataError(
+                f"{rewards_where}: {rewards}: expected finite rewards, found "
+                f"{self.values[~np.isfinite(self.values)][0]}"
+            )
 
     @property
     def carries_reference(self) -> bool:
@@ -286,13 +333,17 @@ class ExampleDocuments(_Documents):
         empty = np.zeros(0, dtype=np.int64)
         return self._sample(empty, empty, 0.0, 0.0)
 
-    def _sample(self, tokens: np.ndarray, labels: np.ndarray, reference: float,
-                reward: float) -> dict[str, torch.Tensor]:  # fmt: skip
+    def _sample(
+        self, tokens: np.ndarray, labels: np.ndarray, reference: float, reward: float
+    ) -> dict[str, torch.Tensor]:
         input_ids, labels = _fill(self.seq_length, self.pad_id, tokens, labels)
-        sample = {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
-                  "position_ids": torch.arange(self.seq_length),
-                  REWARD_KEY: torch.tensor(reward, dtype=torch.float64),
-                  LABEL_KEY: torch.tensor(float(reward > NEUTRAL), dtype=torch.float64)}  # fmt: skip
+        sample = {
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.arange(self.seq_length),
+            REWARD_KEY: torch.tensor(reward, dtype=torch.float64),
+            LABEL_KEY: torch.tensor(float(reward > NEUTRAL), dtype=torch.float64),
+        }
         if self.carries_reference:
             sample[REFERENCE_KEY] = torch.tensor(reference, dtype=torch.float64)
         return sample

@@ -34,4 +34,3 @@ def save_atomically(path: Path, content: np.ndarray | bytes) -> None:
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
-

@@ -9,11 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-ALPACA_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately completes "
-                   "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")  # fmt: skip
-ALPACA_WITH_INPUT = ("Below is an instruction that describes a task, paired with an input that provides further "
-                     "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
-                     "{instruction}\n\n### Input:\n{input}\n\n### Response:\n")  # fmt: skip
+ALPACA_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes "
+    "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
+)
+ALPACA_WITH_INPUT = (
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
+    "{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
 
 
 def alpaca_prompt(row: Mapping[str, Any]) -> str:

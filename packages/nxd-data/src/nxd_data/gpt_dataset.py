@@ -42,13 +42,17 @@ def check_labels(data: IndexedDataset, labels: IndexedDataset) -> None:
     """A DataError naming both files and the first document that differs unless `labels` holds a label for
     every token of `data`: the same documents of the same lengths."""
     if len(labels) != len(data):
-        raise DataError(f"{labels.index_path}: holds {len(labels)} documents; expected the {len(data)} of its data "
-                        f"file {data.index_path} (a label for every token)")  # fmt: skip
+        raise DataError(
+            f"{labels.index_path}: holds {len(labels)} documents; expected the {len(data)} of its data "
+            f"file {data.index_path} (a label for every token)"
+        )
     if (differ := np.flatnonzero(labels.sizes != data.sizes)).size:
         at = int(differ[0])
-        raise DataError(f"{labels.index_path}: document {at} holds {int(labels.sizes[at])} labels; its data file "
-                        f"{data.index_path} holds {int(data.sizes[at])} tokens there (expected a label for every "
-                        "token)")  # fmt: skip
+        raise DataError(
+            f"{labels.index_path}: document {at} holds {int(labels.sizes[at])} labels; its data file "
+            f"{data.index_path} holds {int(data.sizes[at])} tokens there (expected a label for every "
+            "token)"
+        )
 
 
 class GPTDataset(Dataset):
@@ -60,9 +64,17 @@ class GPTDataset(Dataset):
     as one stream instead, whose order depends on the run's length; an epoch's leftover tokens (fewer
     than a sample) are not used here. `num_samples` None means one epoch (every token once)."""
 
-    def __init__(self, indexed: IndexedDataset, name: str, documents: tuple[int, int], num_samples: int | None,
-                 format: SampleFormat, seed: int, cache_dir: Path | None = None,
-                 labels: IndexedDataset | None = None):  # fmt: skip
+    def __init__(
+        self,
+        indexed: IndexedDataset,
+        name: str,
+        documents: tuple[int, int],
+        num_samples: int | None,
+        format: SampleFormat,
+        seed: int,
+        cache_dir: Path | None = None,
+        labels: IndexedDataset | None = None,
+    ):
         """`labels`: a label file of the same documents, read over the same spans for the labels."""
         self.indexed, self.format, self.name, self.seed = indexed, format, name, seed
         if labels is not None:
@@ -85,11 +97,17 @@ class GPTDataset(Dataset):
             self.indices(epoch)
 
     def spec(self, epoch: int) -> IndexSpec:
-        return IndexSpec(name=f"{Path(self.indexed.prefix).name}-{self.name}", sizes_digest=self.indexed.sizes_digest,
-                         first_document=self.first_document, documents=len(self.sequence_numbers),
-                         num_samples=self.samples_per_epoch, seq_length=self.format.seq_length,
-                         seed=epoch_seed(self.seed, epoch), add_extra_token=int(self.format.plus_one),
-                         epoch=epoch)  # fmt: skip
+        return IndexSpec(
+            name=f"{Path(self.indexed.prefix).name}-{self.name}",
+            sizes_digest=self.indexed.sizes_digest,
+            first_document=self.first_document,
+            documents=len(self.sequence_numbers),
+            num_samples=self.samples_per_epoch,
+            seq_length=self.format.seq_length,
+            seed=epoch_seed(self.seed, epoch),
+            add_extra_token=int(self.format.plus_one),
+            epoch=epoch,
+        )
 
     def indices(self, epoch: int) -> Indices:
         """Epoch `epoch`'s doc, sample and shuffle indices (built and cached on first use)."""
@@ -147,8 +165,10 @@ class GPTDataset(Dataset):
 def check_label_ids(labels: IndexedDataset, window: np.ndarray, vocab: int, sample: str) -> None:
     """A DataError unless every label of `window` (read from the label file `labels`) is below `vocab`."""
     if len(window) and (found := int(window.max())) >= vocab:
-        raise DataError(f"{labels.bin_path}: {sample} holds label {found}, beyond the vocabulary of {vocab} ids "
-                        "(expected token ids, or a negative label where nothing is trained)")
+        raise DataError(
+            f"{labels.bin_path}: {sample} holds label {found}, beyond the vocabulary of {vocab} ids "
+            "(expected token ids, or a negative label where nothing is trained)"
+        )
 
 
 def beyond_vocabulary(indexed: IndexedDataset, documents: list[int], vocab: int, sample: str) -> str:
@@ -156,7 +176,9 @@ def beyond_vocabulary(indexed: IndexedDataset, documents: list[int], vocab: int,
     for document in documents:
         stored = indexed.get(document)
         if len(stored) and (found := int(stored.max())) >= vocab:
-            return (f"{indexed.bin_path}: document {document} holds token id {found}, beyond the vocabulary of "
-                    f"{vocab} ids the tokenizer has (expected ids below {vocab}: tokenized with another "
-                    "tokenizer?)")  # fmt: skip
+            return (
+                f"{indexed.bin_path}: document {document} holds token id {found}, beyond the vocabulary of "
+                f"{vocab} ids the tokenizer has (expected ids below {vocab}: tokenized with another "
+                "tokenizer?)"
+            )
     return f"{indexed.bin_path}: {sample} holds a token id at or beyond the vocabulary of {vocab} ids"

@@ -37,8 +37,10 @@ def hf_datasets(where: str) -> Any:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"{where}: Hugging Face data is read with the datasets package, which is not installed; "
-                        "install nxd-data[hf] (pip install 'nxd-data[hf]')") from None
+        raise DataError(
+            f"{where}: Hugging Face data is read with the datasets package, which is not installed; "
+            "install nxd-data[hf] (pip install 'nxd-data[hf]')"
+        ) from None
     return datasets
 
 
@@ -58,8 +60,10 @@ def load_records(location: str, where: str, split: str, limit: int | None = None
     elif path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in READERS)
         if not files or len({".json" if p.suffix == ".jsonl" else p.suffix for p in files}) > 1:
-            raise DataError(f"{where}: {location} is neither a datasets.save_to_disk folder nor a folder of "
-                            f"files of one kind ({kinds})")  # fmt: skip
+            raise DataError(
+                f"{where}: {location} is neither a datasets.save_to_disk folder nor a folder of "
+                f"files of one kind ({kinds})"
+            )
         loaded = _read([str(p) for p in files], files[0].suffix, where)
     elif path.is_file() and path.suffix in READERS:
         loaded = _read(str(path), path.suffix, where)
@@ -97,9 +101,11 @@ class TokenRows(Dataset):
         lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False)
         too_long = np.flatnonzero(lengths > format.window)
         if too_long.size:
-            raise DataError(f"{where}: row {too_long[0]} has {lengths[too_long[0]]} input_ids; expected at most "
-                            f"{format.window} (seq_length{' + 1' if format.plus_one else ''}); pack the data to "
-                            "the sequence length or raise data.seq_length")  # fmt: skip
+            raise DataError(
+                f"{where}: row {too_long[0]} has {lengths[too_long[0]]} input_ids; expected at most "
+                f"{format.window} (seq_length{' + 1' if format.plus_one else ''}); pack the data to "
+                "the sequence length or raise data.seq_length"
+            )
         if vocab_size is not None:
             _check_ids(ids, lengths, vocab_size, where)
         columns = [name for name in ("input_ids", "labels", "attention_mask") if name in records.column_names]
@@ -137,8 +143,10 @@ def _check_ids(ids: pa.ChunkedArray, lengths: np.ndarray, vocab_size: int, where
         bad = pc.or_(pc.less(flat, 0), pc.greater_equal(flat, vocab_size))
         position = pc.index(bad, True).as_py()
         row = int(np.searchsorted(np.cumsum(lengths), position, side="right"))
-        raise DataError(f"{where}: row {row} holds token id {flat[position].as_py()}; expected ids in [0, "
-                        f"{vocab_size}) (the model's vocabulary)")  # fmt: skip
+        raise DataError(
+            f"{where}: row {row} holds token id {flat[position].as_py()}; expected ids in [0, "
+            f"{vocab_size}) (the model's vocabulary)"
+        )
 
 
 def _check_column(records: datasets.Dataset, name: str, where: str) -> None:
@@ -225,8 +233,10 @@ def hf_pretraining_dataset(
         vocab_size = vocab_size if vocab_size is not None or tokenizer is None else tokenizer.vocab_size
         return TokenRows(records, format, f"{where} ({location})", vocab_size)
     if "text" not in records.column_names:
-        raise DataError(f"{where}: {location} has columns {', '.join(records.column_names)}; expected input_ids "
-                        "(pre-tokenised) or text")  # fmt: skip
+        raise DataError(
+            f"{where}: {location} has columns {', '.join(records.column_names)}; expected input_ids "
+            "(pre-tokenised) or text"
+        )
     if tokenizer is None:
         raise DataError(f"{where}: {location} holds text; expected data.tokenizer to tokenise it")
     _check_column(records, "text", f"{where} ({location})")

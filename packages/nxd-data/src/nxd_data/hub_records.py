@@ -79,22 +79,38 @@ class RecordForm:
 def formatted_splits(source: HubDataset, form: RecordForm, cache_dir: Path, where: str) -> dict[str, Path]:
     """{"train": file, "validation": file (when there is one)} of records (see the module docstring);
     DataError naming `where` (the config key) for every problem."""
-    parts = {"prompt": _part(form.prompt_template, form.prompt_func, f"{where}.prompt"),
-             "completion": _part(form.completion_template, form.completion_func, f"{where}.completion")}  # fmt: skip
+    parts = {
+        "prompt": _part(form.prompt_template, form.prompt_func, f"{where}.prompt"),
+        "completion": _part(form.completion_template, form.completion_func, f"{where}.completion"),
+    }
     if form.kind == "completion" and (parts["prompt"] is None or parts["completion"] is None):
-        raise DataError(f"{where}: expected a prompt and a completion (a template or a function each), found "
-                        f"{'no prompt' if parts['prompt'] is None else 'no completion'}")  # fmt: skip
+        raise DataError(
+            f"{where}: expected a prompt and a completion (a template or a function each), found "
+            f"{'no prompt' if parts['prompt'] is None else 'no completion'}"
+        )
     if form.kind != "completion" and parts["completion"] is not None or form.kind == "preference" and parts["prompt"]:
-        raise DataError(f"{where}: {form.kind} records take "
-                        f"{'no completion' if form.kind == 'text' else 'their three columns as they are'}; expected "
-                        "no template or function for it")  # fmt: skip
+        raise DataError(
+            f"{where}: {form.kind} records take "
+            f"{'no completion' if form.kind == 'text' else 'their three columns as they are'}; expected "
+            "no template or function for it"
+        )
     if form.kind == "text" and parts["prompt"] is None:
-        raise DataError(f"{where}: expected the text's template or function (prompt_template or prompt_func), "
-                        "found neither")  # fmt: skip
+        raise DataError(
+            f"{where}: expected the text's template or function (prompt_template or prompt_func), found neither"
+        )
     splits = _splits(source, where)
-    key = hashlib.sha256(json.dumps([asdict(source), asdict(form), [part.identity for part in parts.values() if part],
-                                     {name: rows._fingerprint for name, rows in splits.items()}],
-                                    sort_keys=True, default=str).encode()).hexdigest()[:16]  # fmt: skip
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                asdict(source),
+                asdict(form),
+                [part.identity for part in parts.values() if part],
+                {name: rows._fingerprint for name, rows in splits.items()},
+            ],
+            sort_keys=True,
+            default=str,
+        ).encode()
+    ).hexdigest()[:16]
     out = {}
     cache_dir.mkdir(parents=True, exist_ok=True)
     for name, rows in splits.items():
@@ -173,20 +189,24 @@ def _splits(source: HubDataset, where: str) -> dict[str, datasets.Dataset]:
     """The training rows and the validation rows (when the source has or makes them)."""
     loaded = _load(source, where)
     if source.train_split not in loaded:
-        raise DataError(f"{where}.train_split: {source.path} has no split {source.train_split!r}; expected one of "
-                        f"{', '.join(loaded)}")  # fmt: skip
+        raise DataError(
+            f"{where}.train_split: {source.path} has no split {source.train_split!r}; expected one of "
+            f"{', '.join(loaded)}"
+        )
     train = loaded[source.train_split]
     validation = loaded.get(source.validation_split) if source.validation_split else None
     if source.seed is not None:
         train = train.shuffle(seed=source.seed)
         validation = validation.shuffle(seed=source.seed) if validation is not None else None
     if source.category is not None:
-        train, validation = (_of_category(rows, source, where) if rows is not None else None
-                             for rows in (train, validation))  # fmt: skip
+        train, validation = (
+            _of_category(rows, source, where) if rows is not None else None for rows in (train, validation)
+        )
     if validation is None and source.split_ratio is not None:
         if len(train) < 2:
-            raise DataError(f"{where}.split_ratio: {source.path} has {len(train)} training row(s); expected at least "
-                            "2 to split")  # fmt: skip
+            raise DataError(
+                f"{where}.split_ratio: {source.path} has {len(train)} training row(s); expected at least 2 to split"
+            )
         halves = train.train_test_split(test_size=1 - source.split_ratio, seed=source.seed or 0)
         train, validation = halves["train"], halves["test"]
     if source.num_samples is not None:
@@ -204,13 +224,17 @@ def _load(source: HubDataset, where: str) -> datasets.DatasetDict:
         if path.is_file():
             builder = FILE_BUILDERS.get(path.suffix)
             if builder is None:
-                raise DataError(f"{where}: {source.path}: expected a {', '.join(FILE_BUILDERS)} file or a dataset "
-                                f"folder, found a {path.suffix or 'suffix-less'} file")  # fmt: skip
+                raise DataError(
+                    f"{where}: {source.path}: expected a {', '.join(FILE_BUILDERS)} file or a dataset "
+                    f"folder, found a {path.suffix or 'suffix-less'} file"
+                )
             if builder == "json" and path.read_text(encoding="utf-8").lstrip()[:1] == "[":
                 rows = json.loads(path.read_text(encoding="utf-8"))
                 if not all(isinstance(row, dict) for row in rows):
-                    raise DataError(f"{where}: {source.path}: expected a JSON list of objects (one per row), found "
-                                    f"{type(next(r for r in rows if not isinstance(r, dict))).__name__} items")
+                    raise DataError(
+                        f"{where}: {source.path}: expected a JSON list of objects (one per row), found "
+                        f"{type(next(r for r in rows if not isinstance(r, dict))).__name__} items"
+                    )
                 return datasets.DatasetDict({source.train_split: datasets.Dataset.from_list(rows)})
             return datasets.load_dataset(builder, data_files={source.train_split: str(path)})
         loaded = datasets.load_dataset(source.path, source.name)
@@ -237,31 +261,38 @@ def _unreachable(source: HubDataset, where: str, error: Exception) -> str:
     first = _first(error)
     if Path(source.path).exists():
         return f"{where}: {source.path} cannot be read as a dataset: {first}"
-    return (f"{where}: {source.path!r} is not a local folder or file, and the Hugging Face hub did not give it "
-            f"({first}); expected a dataset folder laid out like a hub repository, a data file, or a hub id this "
-            "machine can reach or has in its cache (HF_HUB_OFFLINE=1 reads the cache only; HF_HOME / "
-            "HF_DATASETS_CACHE say where it is)")  # fmt: skip
+    return (
+        f"{where}: {source.path!r} is not a local folder or file, and the Hugging Face hub did not give it "
+        f"({first}); expected a dataset folder laid out like a hub repository, a data file, or a hub id this "
+        "machine can reach or has in its cache (HF_HUB_OFFLINE=1 reads the cache only; HF_HOME / "
+        "HF_DATASETS_CACHE say where it is)"
+    )
 
 
 def _of_category(rows: datasets.Dataset, source: HubDataset, where: str) -> datasets.Dataset:
     if "category" not in rows.column_names:
-        raise DataError(f"{where}.category: {source.path} has no category column; columns are "
-                        f"{', '.join(rows.column_names)}")  # fmt: skip
+        raise DataError(
+            f"{where}.category: {source.path} has no category column; columns are {', '.join(rows.column_names)}"
+        )
     kept = rows.filter(lambda row: row["category"] == source.category)
     if len(kept) == 0:
         found = sorted({str(value) for value in rows["category"]})
-        raise DataError(f"{where}.category: no row of {source.path} has category {source.category!r}; found "
-                        f"{', '.join(found[:20])}")  # fmt: skip
+        raise DataError(
+            f"{where}.category: no row of {source.path} has category {source.category!r}; found {', '.join(found[:20])}"
+        )
     return kept
 
 
-def _records(rows: datasets.Dataset, form: RecordForm, parts: dict[str, _Part | None], where: str,
-             drop_empty: bool) -> list[dict[str, str]]:  # fmt: skip
+def _records(
+    rows: datasets.Dataset, form: RecordForm, parts: dict[str, _Part | None], where: str, drop_empty: bool
+) -> list[dict[str, str]]:
     columns = rows.column_names
     for name, part in parts.items():
         if part is not None and part.columns is not None and (missing := [c for c in part.columns if c not in columns]):
-            raise DataError(f"{where}: the {name}'s {part.describe} names column(s) {', '.join(missing)}; the "
-                            f"dataset's columns are {', '.join(columns)}")  # fmt: skip
+            raise DataError(
+                f"{where}: the {name}'s {part.describe} names column(s) {', '.join(missing)}; the "
+                f"dataset's columns are {', '.join(columns)}"
+            )
     if form.kind == "preference":
         names = (form.prompt_column, form.chosen_column, form.rejected_column)
         if missing := [c for c in names if c not in columns]:
@@ -272,8 +303,11 @@ def _records(rows: datasets.Dataset, form: RecordForm, parts: dict[str, _Part | 
         if drop_empty and any(_empty(row[c]) for c in used):
             continue
         if form.kind == "preference":
-            record = {"prompt": row[form.prompt_column], "chosen": row[form.chosen_column],
-                      "rejected": row[form.rejected_column]}  # fmt: skip
+            record = {
+                "prompt": row[form.prompt_column],
+                "chosen": row[form.chosen_column],
+                "rejected": row[form.rejected_column],
+            }
             if drop_empty and any(_empty(value) for value in record.values()):
                 continue
             records.append(record)
@@ -297,11 +331,13 @@ def _made(part: _Part, row: Mapping[str, Any], number: int, name: str, where: st
     try:
         text = part.make(row)
     except Exception as error:  # a template's or the user's function's failure on this row
-        raise DataError(f"{where}: row {number}: the {name}'s {part.describe} failed: {type(error).__name__}: "
-                        f"{error}") from None  # fmt: skip
+        raise DataError(
+            f"{where}: row {number}: the {name}'s {part.describe} failed: {type(error).__name__}: {error}"
+        ) from None
     if not isinstance(text, str):
-        raise DataError(f"{where}: row {number}: the {name}'s {part.describe} gave {type(text).__name__}; expected "
-                        "a string")  # fmt: skip
+        raise DataError(
+            f"{where}: row {number}: the {name}'s {part.describe} gave {type(text).__name__}; expected a string"
+        )
     return text
 
 

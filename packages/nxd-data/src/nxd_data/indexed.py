@@ -35,8 +35,15 @@ from .legacy_index import LEGACY_MAGIC, read_legacy_index
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 DTYPE_CODES: dict[int, type[np.generic]] = {
-    1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16,
-}  # fmt: skip
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
 CODE_OF = {np.dtype(dtype): code for code, dtype in DTYPE_CODES.items()}
 FLOAT_CODES = (6, 7)
 _HEADER = struct.Struct("<9sQBQQ")
@@ -67,20 +74,27 @@ class IndexedDataset:
         self.index_path, self.bin_path = data_files(prefix)
         missing = [str(path) for path in (self.index_path, self.bin_path) if not path.is_file()]
         if missing:
-            raise DataError(f"data prefix {self.prefix}: expected {self.index_path.name} and {self.bin_path.name}, "
-                            f"missing {', '.join(missing)}")  # fmt: skip
+            raise DataError(
+                f"data prefix {self.prefix}: expected {self.index_path.name} and {self.bin_path.name}, "
+                f"missing {', '.join(missing)}"
+            )
         if (size := self.index_path.stat().st_size) < _HEADER.size:  # an empty file cannot be memory-mapped
-            raise DataError(f"{self.index_path}: expected an index header of {_HEADER.size} bytes, found a "
-                            f"{size}-byte file")  # fmt: skip
+            raise DataError(
+                f"{self.index_path}: expected an index header of {_HEADER.size} bytes, found a {size}-byte file"
+            )
         with self.index_path.open("rb") as file:
             magic = file.read(len(MAGIC))
         legacy = magic.startswith(LEGACY_MAGIC)
         if impl == "mmap" and legacy:
-            raise DataError(f"{self.index_path}: data_impl mmap expected a Megatron mmap index, found the older "
-                            "cached format (magic TNTIDX); set data_impl: cached or infer")  # fmt: skip
+            raise DataError(
+                f"{self.index_path}: data_impl mmap expected a Megatron mmap index, found the older "
+                "cached format (magic TNTIDX); set data_impl: cached or infer"
+            )
         if impl == "cached" and not legacy:
-            raise DataError(f"{self.index_path}: data_impl cached expected the older indexed format (magic "
-                            f"{LEGACY_MAGIC!r}), found {magic!r}; set data_impl: mmap or infer")  # fmt: skip
+            raise DataError(
+                f"{self.index_path}: data_impl cached expected the older indexed format (magic "
+                f"{LEGACY_MAGIC!r}), found {magic!r}; set data_impl: mmap or infer"
+            )
         if legacy:
             index = read_legacy_index(self.index_path)
             self.dtype, self.sizes, self.pointers = index.dtype, index.sizes, index.pointers
@@ -89,23 +103,31 @@ class IndexedDataset:
             self._read_mmap_index()
         count, documents = len(self.sizes), len(self.document_indices)
         if documents and (self.document_indices[0] != 0 or self.document_indices[-1] != count):
-            raise DataError(f"{self.index_path}: expected document indices from 0 to {count}, found "
-                            f"{self.document_indices[0]} to {self.document_indices[-1]}")  # fmt: skip
+            raise DataError(
+                f"{self.index_path}: expected document indices from 0 to {count}, found "
+                f"{self.document_indices[0]} to {self.document_indices[-1]}"
+            )
         if documents and (falls := np.flatnonzero(np.diff(self.document_indices) < 0)).size:
             at, values = int(falls[0]) + 1, self.document_indices
-            raise DataError(f"{self.index_path}: document index {at} is {values[at]}, below the one before it "
-                            f"({values[at - 1]}); expected them not to decrease (the index is damaged)")  # fmt: skip
+            raise DataError(
+                f"{self.index_path}: document index {at} is {values[at]}, below the one before it "
+                f"({values[at - 1]}); expected them not to decrease (the index is damaged)"
+            )
         if count and (bad := _inconsistent(self.sizes, self.pointers, self.dtype.itemsize)) is not None:
-            raise DataError(f"{self.index_path}: sequence {bad}: its length {int(self.sizes[bad])} and byte offset "
-                            f"{int(self.pointers[bad])} disagree with the sequences before it (lengths must be >= 0 "
-                            f"and each sequence must start where the previous one ends in {self.bin_path.name}); "
-                            "the index is damaged")  # fmt: skip
+            raise DataError(
+                f"{self.index_path}: sequence {bad}: its length {int(self.sizes[bad])} and byte offset "
+                f"{int(self.pointers[bad])} disagree with the sequences before it (lengths must be >= 0 "
+                f"and each sequence must start where the previous one ends in {self.bin_path.name}); "
+                "the index is damaged"
+            )
         needed = int(self.pointers[-1]) + int(self.sizes[-1]) * self.dtype.itemsize if count else 0
         found = self.bin_path.stat().st_size
         if found != needed:  # Megatron's writer lays the sequences back to back, nothing after the last
             why = "truncated?" if found < needed else "an index written for another token file?"
-            raise DataError(f"{self.bin_path}: expected exactly the {needed} bytes of tokens {self.index_path} "
-                            f"describes ({count} sequences), found {found} ({why})")  # fmt: skip
+            raise DataError(
+                f"{self.bin_path}: expected exactly the {needed} bytes of tokens {self.index_path} "
+                f"describes ({count} sequences), found {found} ({why})"
+            )
         self.tokens = np.memmap(self.bin_path, dtype=self.dtype, mode="r") if found else np.empty(0, self.dtype)
         if warmup:  # page both files in now rather than during the first steps (`data.skip_warmup: False`)
             for path in (self.index_path, self.bin_path):
@@ -127,8 +149,10 @@ class IndexedDataset:
         self.dtype = np.dtype(DTYPE_CODES[code])
         expected = _HEADER.size + count * 4 + count * 8 + documents * 8
         if index.size != expected:
-            raise DataError(f"{self.index_path}: expected {expected} bytes for {count} sequences and {documents} "
-                            f"document indices, found {index.size} (truncated or not an index)")  # fmt: skip
+            raise DataError(
+                f"{self.index_path}: expected {expected} bytes for {count} sequences and {documents} "
+                f"document indices, found {index.size} (truncated or not an index)"
+            )
         offset = _HEADER.size
         self.sizes = np.frombuffer(index, dtype=np.int32, count=count, offset=offset)
         self.pointers = np.frombuffer(index, dtype=np.int64, count=count, offset=offset + count * 4)
@@ -179,7 +203,7 @@ def remove_abandoned_temporaries(path: Path) -> None:
     process is gone); a live writer's, or another host's, stay."""
     host = socket.gethostname()
     for temporary in path.parent.glob(f".{glob.escape(path.name)}.{glob.escape(host)}.*"):
-        pid = temporary.name[len(f".{path.name}.{host}."):].split(".", 1)[0]
+        pid = temporary.name[len(f".{path.name}.{host}.") :].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             temporary.unlink(missing_ok=True)
 
@@ -210,8 +234,10 @@ class IndexedDatasetWriter:
                 remove_abandoned_temporaries(path)
             handle, self._bin_temporary = new_temporary(self.bin_path.parent, _temporary_prefix(self.bin_path))
         except OSError as error:
-            raise DataError(f"{self.bin_path}: cannot be created: {_reason(error)}; expected a writable directory "
-                            "for the output prefix") from None  # fmt: skip
+            raise DataError(
+                f"{self.bin_path}: cannot be created: {_reason(error)}; expected a writable directory "
+                "for the output prefix"
+            ) from None
         self._bin = os.fdopen(handle, "wb")
         self.sizes: list[int] = []
         self.document_indices: list[int] = [0]
@@ -224,8 +250,10 @@ class IndexedDatasetWriter:
         try:
             self._bin.write(array.astype(self.dtype, copy=False).tobytes(order="C"))
         except OSError as error:
-            raise DataError(f"{self.bin_path}: writing failed after {self._bin.tell():,} bytes: {_reason(error)}; "
-                            "nothing was written under this name") from None  # fmt: skip
+            raise DataError(
+                f"{self.bin_path}: writing failed after {self._bin.tell():,} bytes: {_reason(error)}; "
+                "nothing was written under this name"
+            ) from None
         self.sizes.append(array.size)
 
     def end_document(self) -> None:
@@ -246,8 +274,9 @@ class IndexedDatasetWriter:
         except OSError as error:
             os.unlink(self._bin_temporary)
             if kind is None:
-                raise DataError(f"{self.bin_path}: writing failed: {_reason(error)}; nothing was written under this "
-                                "name") from None  # fmt: skip
+                raise DataError(
+                    f"{self.bin_path}: writing failed: {_reason(error)}; nothing was written under this name"
+                ) from None
             return
         if kind is not None:
             os.unlink(self._bin_temporary)
@@ -267,8 +296,9 @@ class IndexedDatasetWriter:
         except OSError as error:
             for temporary in (index_temporary, self._bin_temporary):
                 os.unlink(temporary)
-            raise DataError(f"{self.index_path}: writing failed: {_reason(error)}; nothing was written under this "
-                            "name") from None  # fmt: skip
+            raise DataError(
+                f"{self.index_path}: writing failed: {_reason(error)}; nothing was written under this name"
+            ) from None
         os.replace(self._bin_temporary, self.bin_path)  # tokens first: an index never points at missing data
         os.replace(index_temporary, self.index_path)
 

@@ -71,8 +71,9 @@ def build_doc_idx(
     return np.concatenate((first, last))
 
 
-def build_sample_idx(sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, num_samples: int,
-                     add_extra_token: int = 1) -> np.ndarray:  # fmt: skip
+def build_sample_idx(
+    sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, num_samples: int, add_extra_token: int = 1
+) -> np.ndarray:
     """(position in doc_idx, offset) where each of the `num_samples` samples starts, plus the end of
     the last: entry k locates token k * seq_length + add_extra_token - 1 of the stream (the last token
     of sample k - 1; offsets past the end of a document when add_extra_token is 0)."""
@@ -98,8 +99,9 @@ def build_shuffle_idx(num_samples: int, total: int, rng: np.random.RandomState) 
     return np.concatenate((first, last))
 
 
-def build_indices(sizes: np.ndarray, documents: np.ndarray, num_samples: int, seq_length: int, seed: int,
-                  add_extra_token: int = 1) -> Indices:  # fmt: skip
+def build_indices(
+    sizes: np.ndarray, documents: np.ndarray, num_samples: int, seq_length: int, seed: int, add_extra_token: int = 1
+) -> Indices:
     """Megatron's three indices for `num_samples` samples of the `documents` (sequence numbers)."""
     tokens_per_epoch = int(sizes[documents].sum(dtype=np.int64))
     epochs = num_epochs(tokens_per_epoch, seq_length, num_samples, add_extra_token)
@@ -134,8 +136,10 @@ def cached_indices(spec: IndexSpec, cache_dir: Path, sizes: np.ndarray, document
             built = build_indices(sizes, documents, spec.num_samples, spec.seq_length, spec.seed, spec.add_extra_token)
             for field, path in files.items():
                 save_atomically(path, getattr(built, field))
-            record = {**asdict(spec), "files": {field: [path.stat().st_size, _digest(path)]
-                                                for field, path in files.items()}}  # fmt: skip
+            record = {
+                **asdict(spec),
+                "files": {field: [path.stat().st_size, _digest(path)] for field, path in files.items()},
+            }
             save_atomically(marker, json.dumps(record, indent=1).encode())
     return Indices(*(np.load(files[field], mmap_mode="r") for field in INDEX_FIELDS))
 

@@ -42,8 +42,9 @@ def _decoded(path: Path, number: int, raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise DataError(f"{path}:{number}: expected UTF-8 text, found byte 0x{raw[error.start]:02x} at column "
-                        f"{error.start + 1}") from None  # fmt: skip
+        raise DataError(
+            f"{path}:{number}: expected UTF-8 text, found byte 0x{raw[error.start]:02x} at column {error.start + 1}"
+        ) from None
 
 
 def _blocks(path: Path) -> Iterator[bytes]:
@@ -66,8 +67,9 @@ def _gzip_blocks(path: Path, handle) -> Iterator[bytes]:  # noqa: ANN001 - a bin
     except EOFError:
         raise DataError(_truncated(path, handle.tell())) from None
     except (gzip.BadGzipFile, zlib.error) as error:
-        raise DataError(f"{path}: expected gzip data, found a damaged stream near byte {handle.tell():,} "
-                        f"({error})") from None  # fmt: skip
+        raise DataError(
+            f"{path}: expected gzip data, found a damaged stream near byte {handle.tell():,} ({error})"
+        ) from None
 
 
 def _zstd_blocks(path: Path, handle) -> Iterator[bytes]:  # noqa: ANN001 - a binary file
@@ -85,12 +87,15 @@ def _zstd_blocks(path: Path, handle) -> Iterator[bytes]:  # noqa: ANN001 - a bin
                     finished, compressed = True, decompressor.unused_data
                     decompressor = zstandard.ZstdDecompressor().decompressobj()
     except zstandard.ZstdError as error:
-        raise DataError(f"{path}: expected zstd data, found a damaged stream near byte {handle.tell():,} "
-                        f"({error})") from None  # fmt: skip
+        raise DataError(
+            f"{path}: expected zstd data, found a damaged stream near byte {handle.tell():,} ({error})"
+        ) from None
     if not finished:
         raise DataError(_truncated(path, handle.tell()))
 
 
 def _truncated(path: Path, read: int) -> str:
-    return (f"{path}: truncated: after reading {read:,} bytes the compressed stream has not reached its end "
-            "marker (a partial download or copy?)")
+    return (
+        f"{path}: truncated: after reading {read:,} bytes the compressed stream has not reached its end "
+        "marker (a partial download or copy?)"
+    )

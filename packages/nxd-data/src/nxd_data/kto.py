@@ -36,8 +36,9 @@ from .tokenizer import TextTokenizer
 LABEL_KEY = "kto_label"
 
 
-def _examples(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer,
-              where: str) -> tuple[list[list[int]], list[list[int]], list[bool]]:  # fmt: skip
+def _examples(
+    records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer, where: str
+) -> tuple[list[list[int]], list[list[int]], list[bool]]:
     """Prompt tokens, completion tokens (with EOS) and labels of every record."""
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template is not None else None
     prompts, completions, labels = [], [], []
@@ -45,8 +46,10 @@ def _examples(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer,
         prompt, (completion,), conversation = record_texts(record, place, where, renderer, ("completion",))
         if not isinstance(record.get("label"), bool):
             found = "no label" if "label" not in record else f"{type(record['label']).__name__} {record['label']!r}"
-            raise DataError(f"{where}: {place}: label: expected true (a desirable completion) or false (an "
-                            f"undesirable one), found {found}")  # fmt: skip
+            raise DataError(
+                f"{where}: {place}: label: expected true (a desirable completion) or false (an "
+                f"undesirable one), found {found}"
+            )
         ids = tokenizer.encode([prompt, completion])
         prompts.append(ids[0] if conversation else [tokenizer.begin_id, *ids[0]])  # the template writes its BOS
         completions.append([*ids[1], tokenizer.eod_id])
@@ -61,8 +64,10 @@ def mismatched(prompts: list[list[int]], where: str) -> list[int]:
     cyclically, with a different prompt (DataError naming `where` when every prompt is the same)."""
     keys = [tuple(prompt) for prompt in prompts]
     if len(set(keys)) < 2:
-        raise DataError(f"{where}: KTO's KL baseline pairs each prompt with another prompt's completion; expected "
-                        f"at least two different prompts, found {len(set(keys))} in {len(keys)} records")  # fmt: skip
+        raise DataError(
+            f"{where}: KTO's KL baseline pairs each prompt with another prompt's completion; expected "
+            f"at least two different prompts, found {len(set(keys))} in {len(keys)} records"
+        )
     chosen = []
     for index, key in enumerate(keys):
         other = (index - 1) % len(keys)
@@ -110,18 +115,29 @@ class KTODataset(Dataset):
         return self.rows.padding() | {LABEL_KEY: torch.zeros(2, dtype=torch.float64)}
 
 
-def kto_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer, seq_length: int, *,
-                max_prompt_length: int, truncation_mode: str = "keep_start", limit: int | None = None,
-                need_both: bool = True) -> KTODataset:  # fmt: skip
+def kto_dataset(
+    location: str,
+    where: str,
+    split: str,
+    tokenizer: TextTokenizer,
+    seq_length: int,
+    *,
+    max_prompt_length: int,
+    truncation_mode: str = "keep_start",
+    limit: int | None = None,
+    need_both: bool = True,
+) -> KTODataset:
     """The KTO examples of the data at `location` (see the module docstring); with `need_both`, a
     DataError unless both desirable and undesirable examples are present."""
     check_truncation(seq_length, max_prompt_length, truncation_mode)
     prompts, completions, labels = _examples(read_records(location, where, split, limit), tokenizer, where)
     desirable = sum(labels)
     if need_both and desirable in (0, len(labels)):
-        raise DataError(f"{where}: KTO learns from both kinds of example; expected desirable (label true) and "
-                        f"undesirable (label false) completions, found {desirable} desirable and "
-                        f"{len(labels) - desirable} undesirable")  # fmt: skip
+        raise DataError(
+            f"{where}: KTO learns from both kinds of example; expected desirable (label true) and "
+            f"undesirable (label false) completions, found {desirable} desirable and "
+            f"{len(labels) - desirable} undesirable"
+        )
     pairs = []
     for prompt, completion, other in zip(prompts, completions, mismatched(prompts, where), strict=True):
         example = truncated_pair(prompt, completion, completion, seq_length, max_prompt_length, truncation_mode)

@@ -27,8 +27,15 @@ from .errors import DataError
 LEGACY_MAGIC = b"TNTIDX\x00\x00"
 _HEADER = struct.Struct("<8sQQQQQQ")
 _CODES: dict[int, type[np.generic]] = {
-    1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float32, 7: np.float64, 8: np.uint16,
-}  # fmt: skip
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float32,
+    7: np.float64,
+    8: np.uint16,
+}
 
 
 @dataclass(frozen=True)
@@ -53,29 +60,40 @@ def read_legacy_index(path: Path) -> LegacyIndex:
         raise DataError(f"{path}: expected a dtype code in {sorted(_CODES)}, found {code}")
     dtype = np.dtype(_CODES[code])
     if element_size != dtype.itemsize:
-        raise DataError(f"{path}: dtype code {code} ({dtype}) has {dtype.itemsize}-byte elements, but the header "
-                        f"states {element_size}")  # fmt: skip
+        raise DataError(
+            f"{path}: dtype code {code} ({dtype}) has {dtype.itemsize}-byte elements, but the header "
+            f"states {element_size}"
+        )
     expected = _HEADER.size + 8 * (2 * (count + 1) + dimensions + documents)
     if len(data) != expected:
-        raise DataError(f"{path}: expected {expected} bytes for {count} items, {dimensions} dimensions and "
-                        f"{documents} document indices, found {len(data)} (truncated or not an index)")  # fmt: skip
+        raise DataError(
+            f"{path}: expected {expected} bytes for {count} items, {dimensions} dimensions and "
+            f"{documents} document indices, found {len(data)} (truncated or not an index)"
+        )
     longs = np.frombuffer(data, dtype="<i8", offset=_HEADER.size)
     dim_offsets, data_offsets = longs[: count + 1], longs[count + 1 : 2 * count + 2]
     sizes = longs[2 * count + 2 : 2 * count + 2 + dimensions]
     if dim_offsets[0] != 0:
         raise DataError(f"{path}: expected dimension offsets from 0, found {int(dim_offsets[0])}; the index is damaged")
     if (ranks := np.diff(dim_offsets)).size and (other := np.flatnonzero(ranks != 1)).size:
-        raise DataError(f"{path}: item {int(other[0])} has {int(ranks[other[0]])} dimensions; expected token "
-                        "sequences, one dimension each")  # fmt: skip
+        raise DataError(
+            f"{path}: item {int(other[0])} has {int(ranks[other[0]])} dimensions; expected token "
+            "sequences, one dimension each"
+        )
     if dimensions != count:
         raise DataError(f"{path}: expected one dimension per item, found {dimensions} for {count} items")
     if (wrong := np.flatnonzero(data_offsets != np.concatenate(([0], np.cumsum(sizes))))).size:
         at = min(int(wrong[0]), max(count - 1, 0))
-        raise DataError(f"{path}: item {at}: its data offset disagrees with the lengths "
-                        "before it (each item must start where the previous one ends); the index is "
-                        "damaged")  # fmt: skip
+        raise DataError(
+            f"{path}: item {at}: its data offset disagrees with the lengths "
+            "before it (each item must start where the previous one ends); the index is "
+            "damaged"
+        )
     if (sizes > np.iinfo(np.int32).max).any() or (sizes < 0).any():
-        raise DataError(f"{path}: expected item lengths from 0 to {np.iinfo(np.int32).max}, found "
-                        f"{int(sizes.min())}..{int(sizes.max())}")  # fmt: skip
-    return LegacyIndex(dtype, sizes.astype(np.int32), data_offsets[:-1] * dtype.itemsize,
-                       longs[2 * count + 2 + dimensions :].copy())  # fmt: skip
+        raise DataError(
+            f"{path}: expected item lengths from 0 to {np.iinfo(np.int32).max}, found "
+            f"{int(sizes.min())}..{int(sizes.max())}"
+        )
+    return LegacyIndex(
+        dtype, sizes.astype(np.int32), data_offsets[:-1] * dtype.itemsize, longs[2 * count + 2 + dimensions :].copy()
+    )

@@ -40,9 +40,19 @@ class MegatronDataBuilder:
     """Builds the splits, opening each indexed dataset once. With `documents_alpha` the prefixes of each
     blend are weighted by their document counts (`weights_by_documents`), whatever weights were listed."""
 
-    def __init__(self, format: SampleFormat, seed: int, cache_dir: Path | None, *, warmup: bool = False,
-                 documents_alpha: float | None = None, labels: Mapping[str, str] | None = None,
-                 packing: str = "packed", allow_chopped: bool = True, impl: str = "infer"):  # fmt: skip
+    def __init__(
+        self,
+        format: SampleFormat,
+        seed: int,
+        cache_dir: Path | None,
+        *,
+        warmup: bool = False,
+        documents_alpha: float | None = None,
+        labels: Mapping[str, str] | None = None,
+        packing: str = "packed",
+        allow_chopped: bool = True,
+        impl: str = "infer",
+    ):
         """`labels`: data prefix -> the prefix of its label file (labels read in place of the shifted tokens);
         `packing` other than packed: samples of whole documents (`WholeDocumentDataset`); `impl`: the
         indexed format expected (data.data_impl)."""
@@ -56,16 +66,22 @@ class MegatronDataBuilder:
             self._opened[prefix] = IndexedDataset(prefix, warmup=self.warmup, impl=self.impl)
         return self._opened[prefix]
 
-    def build(self, data_prefix: Blend | Mapping[str, Blend | None], splits_string: str,
-              num_samples: Sequence[int | None]) -> dict[str, Dataset | None]:  # fmt: skip
+    def build(
+        self, data_prefix: Blend | Mapping[str, Blend | None], splits_string: str, num_samples: Sequence[int | None]
+    ) -> dict[str, Dataset | None]:
         """{train, validation, test} -> dataset (None for an empty split); `num_samples` per split,
         None meaning one epoch of that split."""
         if isinstance(data_prefix, Mapping):
-            return {split: self._blend(data_prefix[split], f"data.data_prefix.{split}", split, None, count)
-                    if data_prefix.get(split) is not None else None
-                    for split, count in zip(SPLITS, num_samples, strict=True)}  # fmt: skip
-        return {split: self._blend(data_prefix, "data.data_prefix", split, splits_string, count)
-                for split, count in zip(SPLITS, num_samples, strict=True)}  # fmt: skip
+            return {
+                split: self._blend(data_prefix[split], f"data.data_prefix.{split}", split, None, count)
+                if data_prefix.get(split) is not None
+                else None
+                for split, count in zip(SPLITS, num_samples, strict=True)
+            }
+        return {
+            split: self._blend(data_prefix, "data.data_prefix", split, splits_string, count)
+            for split, count in zip(SPLITS, num_samples, strict=True)
+        }
 
     def _blend(
         self, blend: Blend, where: str, split: str, splits_string: str | None, count: int | None
@@ -76,8 +92,13 @@ class MegatronDataBuilder:
             counts = [len(self.open(prefix)) for prefix in prefixes]
             sources = list(zip(weights_by_documents(counts, self.documents_alpha), prefixes, strict=True))
         elif sources[0][0] is None:  # listed without weights: in proportion to their tokens
-            sources = list(zip(normalise_weights([self.open(p).num_tokens for _, p in sources], where),
-                               [p for _, p in sources], strict=True))  # fmt: skip
+            sources = list(
+                zip(
+                    normalise_weights([self.open(p).num_tokens for _, p in sources], where),
+                    [p for _, p in sources],
+                    strict=True,
+                )
+            )
         parts = []
         for weight, prefix in sources:
             indexed = self.open(prefix)
@@ -102,11 +123,11 @@ class MegatronDataBuilder:
             count = min(int((len(d) - 1) / w) for d, w in zip(datasets, weights, strict=True))
         return BlendedDataset(datasets, weights, count, where)
 
-    def _dataset(self, indexed: IndexedDataset, split: str, documents: tuple[int, int],
-                 count: int | None) -> Dataset:  # fmt: skip
+    def _dataset(self, indexed: IndexedDataset, split: str, documents: tuple[int, int], count: int | None) -> Dataset:
         label_prefix = self.labels.get(indexed.prefix)
         labels = None if label_prefix is None else self.open(label_prefix)
         if self.packing != "packed":
-            return WholeDocumentDataset(indexed, split, documents, count, self.format, self.seed, self.packing,
-                                        self.allow_chopped, labels)  # fmt: skip
+            return WholeDocumentDataset(
+                indexed, split, documents, count, self.format, self.seed, self.packing, self.allow_chopped, labels
+            )
         return GPTDataset(indexed, split, documents, count, self.format, self.seed, self.cache_dir, labels=labels)

@@ -45,8 +45,9 @@ class PreferencePair:
     """How far the chosen response should score above the rejected one (a reward model's; TRL's `margin`)."""
 
 
-def record_texts(record: Any, place: str, where: str, renderer: ChatRenderer | None,
-                 responses: tuple[str, ...] = RESPONSES) -> tuple[str, list[str], bool]:  # fmt: skip
+def record_texts(
+    record: Any, place: str, where: str, renderer: ChatRenderer | None, responses: tuple[str, ...] = RESPONSES
+) -> tuple[str, list[str], bool]:
     """The prompt and `responses` texts of a record (strings, or a conversation rendered with the chat
     template: the prompt with its generation prompt, each response as the rest of the conversation it
     completes), and whether they came from a conversation."""
@@ -55,8 +56,10 @@ def record_texts(record: Any, place: str, where: str, renderer: ChatRenderer | N
     if not isinstance(record, dict):
         raise DataError(f"{where}: {place}: expected a JSON object, found {type(record).__name__}")
     if missing := [name for name in names if name not in record]:
-        raise DataError(f"{where}: {place}: expected {listed}, found no {', '.join(missing)} "
-                        f"(keys: {', '.join(sorted(record)) or 'none'})")  # fmt: skip
+        raise DataError(
+            f"{where}: {place}: expected {listed}, found no {', '.join(missing)} "
+            f"(keys: {', '.join(sorted(record)) or 'none'})"
+        )
     if all(isinstance(record[name], str) for name in names):
         for name in responses:
             if not record[name].strip():
@@ -66,8 +69,10 @@ def record_texts(record: Any, place: str, where: str, renderer: ChatRenderer | N
         kinds = ", ".join(f"{name} {type(record[name]).__name__}" for name in names)
         raise DataError(f"{where}: {place}: expected {listed} all strings or all message lists, found {kinds}")
     if renderer is None:
-        raise DataError(f"{where}: {place}: a conversational record needs the tokenizer's chat template, which it "
-                        "lacks (expected chat_template in tokenizer_config.json or a chat_template.jinja file)")
+        raise DataError(
+            f"{where}: {place}: a conversational record needs the tokenizer's chat template, which it "
+            "lacks (expected chat_template in tokenizer_config.json or a chat_template.jinja file)"
+        )
     prompt = renderer.render(record["prompt"], generation_prompt=True)
     texts = []
     for name in responses:
@@ -78,20 +83,26 @@ def record_texts(record: Any, place: str, where: str, renderer: ChatRenderer | N
             raise DataError(f"{where}: {place}: {name}: expected an assistant message with content, found none")
         whole = renderer.render(messages)
         if not whole.startswith(prompt):
-            raise DataError(f"{where}: {place}: the chat template does not render the prompt as the start of the "
-                            "conversation; expected a template whose prefixes render as prefixes")  # fmt: skip
-        texts.append(whole[len(prompt):])
+            raise DataError(
+                f"{where}: {place}: the chat template does not render the prompt as the start of the "
+                "conversation; expected a template whose prefixes render as prefixes"
+            )
+        texts.append(whole[len(prompt) :])
     return prompt, texts, True
 
 
-def truncated_pair(prompt: list[int], chosen: list[int], rejected: list[int], seq_length: int, max_prompt_length: int,
-               mode: str) -> PreferencePair:  # fmt: skip
+def truncated_pair(
+    prompt: list[int], chosen: list[int], rejected: list[int], seq_length: int, max_prompt_length: int, mode: str
+) -> PreferencePair:
     """The pair cut as the module docstring says."""
     if len(prompt) + max(len(chosen), len(rejected)) <= seq_length:
         return PreferencePair(prompt, chosen, rejected)
     if len(prompt) > max_prompt_length:
-        prompt = prompt[:max_prompt_length] if mode == "keep_start" else [prompt[0], *prompt[len(prompt) -
-                                                                                        max_prompt_length + 1:]]
+        prompt = (
+            prompt[:max_prompt_length]
+            if mode == "keep_start"
+            else [prompt[0], *prompt[len(prompt) - max_prompt_length + 1 :]]
+        )
     room = seq_length - len(prompt)
     return PreferencePair(prompt, chosen[:room], rejected[:room], truncated=True)
 
@@ -100,14 +111,22 @@ def _margin(record: dict[str, Any], place: str, where: str) -> float:
     """The record's optional `margin` (a number; 0 without one)."""
     margin = record.get("margin", 0.0)
     if isinstance(margin, bool) or not isinstance(margin, int | float) or not np.isfinite(margin):
-        raise DataError(f"{where}: {place}: margin: expected a finite number (how far chosen should score above "
-                        f"rejected), found {margin!r}")  # fmt: skip
+        raise DataError(
+            f"{where}: {place}: margin: expected a finite number (how far chosen should score above "
+            f"rejected), found {margin!r}"
+        )
     return float(margin)
 
 
-def tokenize_pairs(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer, seq_length: int,
-                   max_prompt_length: int, truncation_mode: str, where: str,
-                   margins: bool = False) -> list[PreferencePair]:  # fmt: skip
+def tokenize_pairs(
+    records: Iterator[tuple[str, Any]],
+    tokenizer: TextTokenizer,
+    seq_length: int,
+    max_prompt_length: int,
+    truncation_mode: str,
+    where: str,
+    margins: bool = False,
+) -> list[PreferencePair]:
     """Every record as token lists (see the module docstring), with its `margin` when `margins` (a
     reward model's data); a DataError names the first bad record."""
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template is not None else None
@@ -116,8 +135,14 @@ def tokenize_pairs(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer,
         prompt, (chosen, rejected), conversation = record_texts(record, place, where, renderer)
         ids = tokenizer.encode([prompt, chosen, rejected])
         prompt_ids = ids[0] if conversation else [tokenizer.begin_id, *ids[0]]  # the template writes its own BOS
-        pair = truncated_pair(prompt_ids, [*ids[1], tokenizer.eod_id], [*ids[2], tokenizer.eod_id], seq_length,
-                              max_prompt_length, truncation_mode)  # fmt: skip
+        pair = truncated_pair(
+            prompt_ids,
+            [*ids[1], tokenizer.eod_id],
+            [*ids[2], tokenizer.eod_id],
+            seq_length,
+            max_prompt_length,
+            truncation_mode,
+        )
         pairs.append(replace(pair, margin=_margin(record, place, where)) if margins else pair)
     if not pairs:
         raise DataError(f"{where}: holds no records")
@@ -163,8 +188,9 @@ class PreferenceDataset(Dataset):
         """A pair that adds nothing to the loss (fills a short evaluation batch)."""
         return self._sample([], ([], []))
 
-    def _sample(self, prompt: list[int], responses: tuple[list[int], list[int]],
-                margin: float = 0.0) -> dict[str, torch.Tensor]:  # fmt: skip
+    def _sample(
+        self, prompt: list[int], responses: tuple[list[int], list[int]], margin: float = 0.0
+    ) -> dict[str, torch.Tensor]:
         seq = self.seq_length
         input_ids = np.full((2, seq), self.pad_id, dtype=np.int64)
         labels = np.full((2, seq), IGNORE_INDEX, dtype=np.int64)
@@ -173,13 +199,18 @@ class PreferenceDataset(Dataset):
             input_ids[row, : len(tokens)] = tokens
             labels[row, len(prompt) - 1 : len(tokens) - 1] = response  # position t predicts token t + 1
         positions = np.broadcast_to(np.arange(seq), (2, seq)).copy()
-        sample = {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
-                  "position_ids": torch.from_numpy(positions)}  # fmt: skip
+        sample = {
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(positions),
+        }
         if self.scores:  # where transformers' sequence classifiers read: the last id that is not padding
             real = input_ids != self.pad_id
             last = np.where(real.any(-1), seq - 1 - np.argmax(real[:, ::-1], axis=-1), 0)
-            sample |= {"score_position": torch.from_numpy(last.astype(np.int64)),
-                       "margin": torch.full((2,), margin, dtype=torch.float64)}  # fmt: skip
+            sample |= {
+                "score_position": torch.from_numpy(last.astype(np.int64)),
+                "margin": torch.full((2,), margin, dtype=torch.float64),
+            }
         return sample
 
 
@@ -188,18 +219,36 @@ def check_truncation(seq_length: int, max_prompt_length: int, truncation_mode: s
     if truncation_mode not in TRUNCATION_MODES:
         raise DataError(f"truncation_mode: expected one of {', '.join(TRUNCATION_MODES)}, found {truncation_mode!r}")
     if not 1 <= max_prompt_length < seq_length:
-        raise DataError(f"max_prompt_length: expected at least 1 and below data.seq_length ({seq_length}) so that a "
-                        f"response has room, found {max_prompt_length}")  # fmt: skip
+        raise DataError(
+            f"max_prompt_length: expected at least 1 and below data.seq_length ({seq_length}) so that a "
+            f"response has room, found {max_prompt_length}"
+        )
 
 
-def preference_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer, seq_length: int, *,
-                       max_prompt_length: int, truncation_mode: str = "keep_start", limit: int | None = None,
-                       scores: bool = False) -> PreferenceDataset:  # fmt: skip
+def preference_dataset(
+    location: str,
+    where: str,
+    split: str,
+    tokenizer: TextTokenizer,
+    seq_length: int,
+    *,
+    max_prompt_length: int,
+    truncation_mode: str = "keep_start",
+    limit: int | None = None,
+    scores: bool = False,
+) -> PreferenceDataset:
     """The preference pairs of the data at `location` (see the module docstring); `scores` for a
     reward model (see `PreferenceDataset`)."""
     check_truncation(seq_length, max_prompt_length, truncation_mode)
-    pairs = tokenize_pairs(read_records(location, where, split, limit), tokenizer, seq_length, max_prompt_length,
-                           truncation_mode, where, margins=scores)  # fmt: skip
+    pairs = tokenize_pairs(
+        read_records(location, where, split, limit),
+        tokenizer,
+        seq_length,
+        max_prompt_length,
+        truncation_mode,
+        where,
+        margins=scores,
+    )
     return PreferenceDataset(pairs, seq_length, tokenizer.eod_id, scores)
 
 
@@ -228,10 +277,12 @@ def collate_packed_pairs(samples: list[dict[str, torch.Tensor]], multiple_of: in
     total = int(lengths.sum())
     width = max(-(-total // multiple_of) * multiple_of, multiple_of)
     rows = len(lengths)
-    packed = {"input_ids": torch.zeros(1, width, dtype=torch.int64),
-              "labels": torch.full((1, width), IGNORE_INDEX, dtype=torch.int64),
-              "position_ids": torch.zeros(1, width, dtype=torch.int64),
-              "document_ids": torch.full((1, width), rows, dtype=torch.int64)}  # fmt: skip
+    packed = {
+        "input_ids": torch.zeros(1, width, dtype=torch.int64),
+        "labels": torch.full((1, width), IGNORE_INDEX, dtype=torch.int64),
+        "position_ids": torch.zeros(1, width, dtype=torch.int64),
+        "document_ids": torch.full((1, width), rows, dtype=torch.int64),
+    }
     start = 0
     for row, length in enumerate(lengths.tolist()):
         span = slice(start, start + length)

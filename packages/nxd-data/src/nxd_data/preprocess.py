@@ -116,10 +116,18 @@ def _batches(
             yield str(path), first, batch, keys, append_eod
 
 
-def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path,
-                     tokenizer: str | Path | TokenizerSource, *, json_keys: Sequence[str] = ("text",),
-                     append_eod: bool = False, workers: int = 1, skip_bad_lines: bool = False,
-                     progress: bool = True, overwrite: bool = False) -> PreprocessSummary:  # fmt: skip
+def preprocess_jsonl(
+    inputs: Sequence[str | Path],
+    output_prefix: str | Path,
+    tokenizer: str | Path | TokenizerSource,
+    *,
+    json_keys: Sequence[str] = ("text",),
+    append_eod: bool = False,
+    workers: int = 1,
+    skip_bad_lines: bool = False,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> PreprocessSummary:
     """Tokenise every document of `inputs` into `{output_prefix}_{key}_document.bin/.idx`.
 
     A bad line is a DataError naming file and line (or, with skip_bad_lines, skipped and counted);
@@ -138,8 +146,10 @@ def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path,
     outputs = [f"{output_prefix}_{key}_document" for key in keys]
     existing = [str(path) for prefix in outputs for path in data_files(prefix) if path.exists()]
     if existing and not overwrite:
-        raise DataError(f"--output-prefix: {', '.join(existing)} exist already (another data set, or an earlier run "
-                        "of this one); expected a new prefix, or --overwrite to replace them")  # fmt: skip
+        raise DataError(
+            f"--output-prefix: {', '.join(existing)} exist already (another data set, or an earlier run "
+            "of this one); expected a new prefix, or --overwrite to replace them"
+        )
     dtype = token_dtype(text_tokenizer.vocab_size)
     summary = PreprocessSummary(outputs=outputs)
     started = time.perf_counter()
@@ -167,7 +177,9 @@ def preprocess_jsonl(inputs: Sequence[str | Path], output_prefix: str | Path,
             summary.documents += len(encoded[0])
             bar.update(len(encoded[0]))
         if summary.tokens == 0:
-            raise DataError(f"--input: {', '.join(map(str, paths))} yielded no tokens for keys {', '.join(keys)}; "
-                            "nothing was written")  # fmt: skip
+            raise DataError(
+                f"--input: {', '.join(map(str, paths))} yielded no tokens for keys {', '.join(keys)}; "
+                "nothing was written"
+            )
     summary.seconds = time.perf_counter() - started
     return summary

@@ -36,8 +36,10 @@ def _grouped_permutation(num_samples: int, seed: int, megabatch: int, lengths: b
     """transformers' length grouping: the seeded permutation cut into megabatches, each sorted longest first."""
     order = _permutation(num_samples, seed)
     sizes = np.frombuffer(lengths, dtype=np.int64)
-    parts = [part[np.argsort(-sizes[part], kind="stable")] for part in np.split(order, range(megabatch, len(order),
-                                                                                            megabatch))]  # fmt: skip
+    parts = [
+        part[np.argsort(-sizes[part], kind="stable")]
+        for part in np.split(order, range(megabatch, len(order), megabatch))
+    ]
     grouped = np.concatenate(parts) if parts else order
     grouped.flags.writeable = False
     return grouped
@@ -69,8 +71,10 @@ class PretrainingSampler:
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.data_parallel_size
         if self.global_batch_size % per_step:
-            raise ValueError(f"global batch {self.global_batch_size} is not a multiple of micro batch "
-                             f"{self.micro_batch_size} x data-parallel size {self.data_parallel_size}")  # fmt: skip
+            raise ValueError(
+                f"global batch {self.global_batch_size} is not a multiple of micro batch "
+                f"{self.micro_batch_size} x data-parallel size {self.data_parallel_size}"
+            )
         if not 0 <= self.data_parallel_rank < self.data_parallel_size:
             raise ValueError(f"data-parallel rank {self.data_parallel_rank} of {self.data_parallel_size}")
 
@@ -151,14 +155,21 @@ class PretrainingSampler:
         ours = self.state_dict()
         for name in ("shuffle", "reshuffle_each_epoch", "seed", "group_by_length"):
             if state.get(name, False) != ours.get(name, False):
-                raise ValueError(f"the saved data position was taken on another sample stream: {name} was "
-                                 f"{state.get(name, False)!r}, this run has {ours.get(name, False)!r}")  # fmt: skip
+                raise ValueError(
+                    f"the saved data position was taken on another sample stream: {name} was "
+                    f"{state.get(name, False)!r}, this run has {ours.get(name, False)!r}"
+                )
         consumed, saved_total = int(state["consumed_samples"]), int(state["total_samples"])
         if saved_total != self.total_samples and not self._extends(saved_total, consumed):
-            why = ("its shuffled order is drawn over all of them" if self.shuffle
-                   else "its position lies beyond the first pass of the shorter stream")  # fmt: skip
-            raise ValueError(f"the saved data position was taken on another sample stream: total_samples was "
-                             f"{saved_total!r}, this run has {self.total_samples!r}, and {why}")  # fmt: skip
+            why = (
+                "its shuffled order is drawn over all of them"
+                if self.shuffle
+                else "its position lies beyond the first pass of the shorter stream"
+            )
+            raise ValueError(
+                f"the saved data position was taken on another sample stream: total_samples was "
+                f"{saved_total!r}, this run has {self.total_samples!r}, and {why}"
+            )
         return replace(self, consumed_samples=consumed, steps=steps)
 
     def _extends(self, saved_total: int, consumed: int) -> bool:

@@ -40,19 +40,30 @@ def read_sentencepiece_model(path: Path, where: str) -> tuple[Tokenizer, int, in
     proto = _model_proto(path, where)
     spec, rules = proto.trainer_spec, proto.normalizer_spec
     hide = spec.model_type == UNIGRAM and rules.escape_whitespaces  # a Unigram lattice would match control pieces
-    pieces = [(piece.piece + " " if hide and piece.type in (CONTROL, UNUSED) else piece.piece, piece.score)
-              for piece in proto.pieces]  # fmt: skip  (normalised text holds no space: it is escaped)
+    pieces = [
+        (piece.piece + " " if hide and piece.type in (CONTROL, UNUSED) else piece.piece, piece.score)
+        for piece in proto.pieces
+    ]  # normalised text holds no space: it is escaped
     if spec.model_type == UNIGRAM:
         model = Unigram(pieces, unk_id=spec.unk_id, byte_fallback=spec.byte_fallback)
     elif spec.model_type == BPE_MODEL:
-        model = BPE(*_bpe_vocab_and_merges(pieces), unk_token=spec.unk_piece, fuse_unk=True,
-                    byte_fallback=spec.byte_fallback, ignore_merges=True)  # fmt: skip
+        model = BPE(
+            *_bpe_vocab_and_merges(pieces),
+            unk_token=spec.unk_piece,
+            fuse_unk=True,
+            byte_fallback=spec.byte_fallback,
+            ignore_merges=True,
+        )
     else:
-        raise DataError(f"{where}: {path} is a SentencePiece {('word', 'char')[spec.model_type == 4]} model; nxd "
-                        "reads Unigram and BPE models (those language models use)")  # fmt: skip
+        raise DataError(
+            f"{where}: {path} is a SentencePiece {('word', 'char')[spec.model_type == 4]} model; nxd "
+            "reads Unigram and BPE models (those language models use)"
+        )
     if spec.treat_whitespace_as_suffix:
-        raise DataError(f"{where}: {path} treats whitespace as a suffix (treat_whitespace_as_suffix); nxd reads "
-                        "SentencePiece models whose pieces start at a space, as language models' do")  # fmt: skip
+        raise DataError(
+            f"{where}: {path} treats whitespace as a suffix (treat_whitespace_as_suffix); nxd reads "
+            "SentencePiece models whose pieces start at a space, as language models' do"
+        )
     tokenizer = Tokenizer(model)
     tokenizer.normalizer = normalizers.Sequence(_normalizer(rules))
     user = sorted((piece.piece for piece in proto.pieces if piece.type == USER_DEFINED), key=len, reverse=True)
@@ -61,8 +72,10 @@ def read_sentencepiece_model(path: Path, where: str) -> tuple[Tokenizer, int, in
     ids = {piece.piece: index for index, piece in enumerate(proto.pieces)}
     eod = ids.get(END_OF_DOCUMENT, spec.eos_id)
     if eod < 0:
-        raise DataError(f"{where}: {path} has no end-of-document piece (expected {END_OF_DOCUMENT} or an eos piece, "
-                        "found eos_id -1)")  # fmt: skip
+        raise DataError(
+            f"{where}: {path} has no end-of-document piece (expected {END_OF_DOCUMENT} or an eos piece, "
+            "found eos_id -1)"
+        )
     return tokenizer, eod, spec.bos_id if spec.bos_id >= 0 else None
 
 
@@ -70,8 +83,10 @@ def _model_proto(path: Path, where: str):  # -> sentencepiece_model_pb2.ModelPro
     try:
         from sentencepiece import sentencepiece_model_pb2
     except ImportError as error:
-        raise DataError(f"{where}: reading the SentencePiece model {path} needs sentencepiece and protobuf (the "
-                        f"`converters` extra of nxd-data: pip install 'nxd-data[converters]'); {error}") from None
+        raise DataError(
+            f"{where}: reading the SentencePiece model {path} needs sentencepiece and protobuf (the "
+            f"`converters` extra of nxd-data: pip install 'nxd-data[converters]'); {error}"
+        ) from None
     proto = sentencepiece_model_pb2.ModelProto()
     try:
         proto.ParseFromString(path.read_bytes())
@@ -86,8 +101,12 @@ def _bpe_vocab_and_merges(pieces: list[tuple[str, float]]) -> tuple[dict[str, in
     """Every split of a piece into two pieces is a merge, ranked by the merged piece's score (sentencepiece's BPE
     merges the best-scoring pair first; ties go to the lower id)."""
     vocab = {piece: index for index, (piece, _) in enumerate(pieces)}
-    ranked = [(-score, index, (piece[:cut], piece[cut:])) for index, (piece, score) in enumerate(pieces)
-              for cut in range(1, len(piece)) if piece[:cut] in vocab and piece[cut:] in vocab]  # fmt: skip
+    ranked = [
+        (-score, index, (piece[:cut], piece[cut:]))
+        for index, (piece, score) in enumerate(pieces)
+        for cut in range(1, len(piece))
+        if piece[:cut] in vocab and piece[cut:] in vocab
+    ]
     return vocab, [merge for *_, merge in sorted(ranked)]
 
 

@@ -88,8 +88,9 @@ def read_records(location: str, where: str, split: str, limit: int | None = None
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
-                    raise DataError(f"{where}: {location} line {number}: expected a JSON object, found invalid "
-                                    f"JSON ({error.msg})") from None  # fmt: skip
+                    raise DataError(
+                        f"{where}: {location} line {number}: expected a JSON object, found invalid JSON ({error.msg})"
+                    ) from None
                 count += 1
                 yield f"{location} line {number}", record
         except DataError as error:
@@ -114,16 +115,19 @@ def _fields(record: Any, place: str, where: str) -> tuple[str, Any]:
         return "chat", record["messages"]
     missing = [name for name in ("input", "output") if name not in record]
     if missing:
-        raise DataError(f"{where}: {place}: expected input and output strings (or messages), found keys "
-                        f"{', '.join(sorted(record)) or 'none'}")  # fmt: skip
+        raise DataError(
+            f"{where}: {place}: expected input and output strings (or messages), found keys "
+            f"{', '.join(sorted(record)) or 'none'}"
+        )
     for name in ("input", "output"):
         if not isinstance(record[name], str):
             raise DataError(f"{where}: {place}: {name}: expected a string, found {type(record[name]).__name__}")
     return "pair", (record["input"], record["output"])
 
 
-def _pair_tokens(prompt: list[int], response: list[int], begin: int, end: int,
-                 seq_length: int) -> tuple[list[int], list[bool], bool]:  # fmt: skip
+def _pair_tokens(
+    prompt: list[int], response: list[int], begin: int, end: int, seq_length: int
+) -> tuple[list[int], list[bool], bool]:
     """BOS + prompt + response + EOS, cut to seq_length (see the module docstring); whether it was cut."""
     prompt, response = [begin, *prompt], [*response, end]
     truncated = len(prompt) + len(response) > seq_length
@@ -132,12 +136,13 @@ def _pair_tokens(prompt: list[int], response: list[int], begin: int, end: int,
         if room >= 1:
             response = response[:room]
         else:  # the prompt's end (BOS kept) and one response token
-            prompt, response = [begin, *prompt[len(prompt) - (seq_length - 2):]], response[:1]
+            prompt, response = [begin, *prompt[len(prompt) - (seq_length - 2) :]], response[:1]
     return prompt + response, [False] * len(prompt) + [True] * len(response), truncated
 
 
-def tokenize_records(records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer, seq_length: int,
-                     where: str) -> SFTRecords:  # fmt: skip
+def tokenize_records(
+    records: Iterator[tuple[str, Any]], tokenizer: TextTokenizer, seq_length: int, where: str
+) -> SFTRecords:
     """Every record tokenised with its response mask, truncated to `seq_length` (a DataError names the
     first bad record)."""
     tokens: list[np.ndarray] = []
@@ -175,9 +180,11 @@ def tokenize_records(records: Iterator[tuple[str, Any]], tokenizer: TextTokenize
         flush()  # records keep their order
         if renderer is None:
             if tokenizer.chat_template is None:
-                raise DataError(f"{where}: {place}: a messages record needs the tokenizer's chat template; "
-                                f"{tokenizer.path} has none (expected chat_template in tokenizer_config.json or "
-                                "a chat_template.jinja file)")  # fmt: skip
+                raise DataError(
+                    f"{where}: {place}: a messages record needs the tokenizer's chat template; "
+                    f"{tokenizer.path} has none (expected chat_template in tokenizer_config.json or "
+                    "a chat_template.jinja file)"
+                )
             renderer = ChatRenderer(tokenizer)
         try:
             ids, mask = renderer.tokens(content)
@@ -217,8 +224,11 @@ class SFTDataset(Dataset):
     def __init__(self, records: SFTRecords, seq_length: int, pad_id: int, packing: bool):
         self.records, self.seq_length, self.pad_id, self.packing = records, seq_length, pad_id, packing
         self.starts = records.starts
-        self.rows = (pack_best_fit(records.lengths, seq_length) if packing
-                     else [[index] for index in range(len(records.lengths))])  # fmt: skip
+        self.rows = (
+            pack_best_fit(records.lengths, seq_length)
+            if packing
+            else [[index] for index in range(len(records.lengths))]
+        )
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -237,8 +247,10 @@ class SFTDataset(Dataset):
         r = self.records
         skipped = f"{r.skipped} skipped (no response token within seq_length {self.seq_length}), " if r.skipped else ""
         layout = "packed into" if self.packing else "padded to"
-        return (f"{where}: {r.read} records ({skipped}{r.truncated} truncated), {layout} {len(self.rows)} rows of "
-                f"{self.seq_length} tokens, {self.fill:.1%} filled")  # fmt: skip
+        return (
+            f"{where}: {r.read} records ({skipped}{r.truncated} truncated), {layout} {len(self.rows)} rows of "
+            f"{self.seq_length} tokens, {self.fill:.1%} filled"
+        )
 
     def _record(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         start, length = self.starts[index], self.records.lengths[index]
@@ -266,8 +278,11 @@ class SFTDataset(Dataset):
             documents[at : at + n] = number
             at += n
         positions[at:] = np.arange(seq - at) + (0 if self.packing else at)  # packed: padding is a document too
-        sample = {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
-                  "position_ids": torch.from_numpy(positions)}  # fmt: skip
+        sample = {
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(positions),
+        }
         if self.packing:
             sample["document_ids"] = torch.from_numpy(documents)
         return sample
@@ -280,15 +295,26 @@ def _source_key(location: str) -> str:
     return ";".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files if p.exists())
 
 
-def sft_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer, seq_length: int, *, packing: bool,
-                cache_dir: Path | None = None, limit: int | None = None) -> SFTDataset:  # fmt: skip
+def sft_dataset(
+    location: str,
+    where: str,
+    split: str,
+    tokenizer: TextTokenizer,
+    seq_length: int,
+    *,
+    packing: bool,
+    cache_dir: Path | None = None,
+    limit: int | None = None,
+) -> SFTDataset:
     """The SFT rows of the data at `location` (see the module docstring). Tokenised records are cached
     in `cache_dir` under the data's, the tokenizer's and the length's fingerprint: the first process
     tokenises, the others wait and read."""
 
     if seq_length < 2:
-        raise DataError(f"data.seq_length: expected at least 2 for fine-tuning records (a first token and one "
-                        f"response token), found {seq_length}")  # fmt: skip
+        raise DataError(
+            f"data.seq_length: expected at least 2 for fine-tuning records (a first token and one "
+            f"response token), found {seq_length}"
+        )
 
     def tokenized() -> SFTRecords:
         return tokenize_records(read_records(location, where, split, limit), tokenizer, seq_length, where)
@@ -296,8 +322,9 @@ def sft_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer,
     if cache_dir is None or not Path(location).exists():
         records = tokenized()
     else:
-        key = hashlib.sha256(f"{CACHE_VERSION}|{_source_key(location)}|{split}|{limit}|{tokenizer.fingerprint}|"
-                             f"{seq_length}".encode()).hexdigest()[:16]  # fmt: skip
+        key = hashlib.sha256(
+            f"{CACHE_VERSION}|{_source_key(location)}|{split}|{limit}|{tokenizer.fingerprint}|{seq_length}".encode()
+        ).hexdigest()[:16]
         path = cache_dir / f"sft-{key}.npz"
         cache_dir.mkdir(parents=True, exist_ok=True)
         with FileLock(f"{path}.lock"):
@@ -312,6 +339,11 @@ def sft_dataset(location: str, where: str, split: str, tokenizer: TextTokenizer,
 
 def _npz(records: SFTRecords) -> bytes:
     buffer = io.BytesIO()
-    np.savez(buffer, tokens=records.tokens, trained=records.trained, lengths=records.lengths,
-             counts=np.asarray([records.read, records.skipped, records.truncated]))  # fmt: skip
+    np.savez(
+        buffer,
+        tokens=records.tokens,
+        trained=records.trained,
+        lengths=records.lengths,
+        counts=np.asarray([records.read, records.skipped, records.truncated]),
+    )
     return buffer.getvalue()

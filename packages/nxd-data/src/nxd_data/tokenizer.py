@@ -108,8 +108,9 @@ class TextTokenizer:
         path = Path(self.path)
         file = path / "tokenizer.json" if path.is_dir() else path
         found = {"tokenizer.json": str(file.resolve())}
-        found.update({name: str((file.parent / name).resolve()) for name in COMPANION_FILES
-                      if (file.parent / name).is_file()})  # fmt: skip
+        found.update(
+            {name: str((file.parent / name).resolve()) for name in COMPANION_FILES if (file.parent / name).is_file()}
+        )
         return found
 
     def export_files(self, directory: Path) -> dict[str, str]:
@@ -156,8 +157,10 @@ def load_tokenizer(source: str | Path | TokenizerSource, where: str = "data.toke
     if not file.is_file():
         found = "a directory without tokenizer.json" if path.is_dir() else "no such file or directory"
         classes = f"one of {', '.join(MEGATRON_TYPES)} or " if source.library == "megatron" else ""
-        raise DataError(f"{where}: expected {classes}a tokenizer.json file or a directory holding one (or a "
-                        f"SentencePiece tokenizer.model), found {found}: {location}")  # fmt: skip
+        raise DataError(
+            f"{where}: expected {classes}a tokenizer.json file or a directory holding one (or a "
+            f"SentencePiece tokenizer.model), found {found}: {location}"
+        )
     try:
         tokenizer = Tokenizer.from_file(str(file))
     except Exception as error:  # the Rust library raises its own Exception type
@@ -165,8 +168,10 @@ def load_tokenizer(source: str | Path | TokenizerSource, where: str = "data.toke
     config = _tokenizer_config(file.parent / "tokenizer_config.json", where)
     eod_id = _first_id(tokenizer, [_content(config.get("eos_token")), *EOD_CANDIDATES])
     if eod_id is None:
-        raise DataError(f"{where}: {file} has no end-of-document token (expected one of {', '.join(EOD_CANDIDATES)} "
-                        "or eos_token in tokenizer_config.json)")  # fmt: skip
+        raise DataError(
+            f"{where}: {file} has no end-of-document token (expected one of {', '.join(EOD_CANDIDATES)} "
+            "or eos_token in tokenizer_config.json)"
+        )
     bos_id = _first_id(tokenizer, [_content(config.get("bos_token")), *BOS_CANDIDATES])
     return TextTokenizer(tokenizer, eod_id, str(location), bos_id, _chat_template(config, file.parent))
 
@@ -189,10 +194,13 @@ def _megatron_tokenizer(source: TokenizerSource, where: str) -> TextTokenizer:
     try:
         built = GPT2Tokenizer(vocab=source.vocab_file, merges=source.merge_file)
     except Exception as error:  # json, tokenizers and transformers each raise their own types
-        raise DataError(f"{prefix}: {source.vocab_file} and {source.merge_file} are not a GPT-2 vocabulary and merges "
-                        f"({type(error).__name__}: {error})") from None  # fmt: skip
-    return _from_transformers(built, source.vocab_file, where, (("vocab.json", source.vocab_file),
-                                                                 ("merges.txt", source.merge_file)))  # fmt: skip
+        raise DataError(
+            f"{prefix}: {source.vocab_file} and {source.merge_file} are not a GPT-2 vocabulary and merges "
+            f"({type(error).__name__}: {error})"
+        ) from None
+    return _from_transformers(
+        built, source.vocab_file, where, (("vocab.json", source.vocab_file), ("merges.txt", source.merge_file))
+    )
 
 
 def _char_level_tokenizer() -> TextTokenizer:
@@ -214,22 +222,28 @@ def _tiktoken_tokenizer(name: str | None, prefix: str) -> TextTokenizer:
     special tokens at their own ids; documents end with its end-of-text token. Special-token text in a
     document encodes as the special token (GPT-NeoX's tokenize_batch: allowed_special="all")."""
     if not isinstance(name, str) or not name:
-        raise DataError(f"{prefix}.vocab_file: expected a tiktoken encoding name (such as cl100k_base) for "
-                        f"TiktokenTokenizer, found {name!r}")  # fmt: skip
+        raise DataError(
+            f"{prefix}.vocab_file: expected a tiktoken encoding name (such as cl100k_base) for "
+            f"TiktokenTokenizer, found {name!r}"
+        )
     try:
         import tiktoken
     except ImportError:
-        raise DataError(f"{prefix}.type: TiktokenTokenizer needs the tiktoken package, which is not installed: "
-                        "pip install 'nxd-train[tiktoken]'") from None  # fmt: skip
+        raise DataError(
+            f"{prefix}.type: TiktokenTokenizer needs the tiktoken package, which is not installed: "
+            "pip install 'nxd-train[tiktoken]'"
+        ) from None
     try:
         encoding = tiktoken.get_encoding(name)
     except ValueError as error:  # an unknown name
         raise DataError(f"{prefix}.vocab_file: {error}") from None
     except OSError as error:  # requests' errors are OSErrors: no network and nothing cached
         cache = "TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else the system temp folder's data-gym-cache"
-        raise DataError(f"{prefix}.vocab_file: tiktoken could not load encoding {name!r}: it is downloaded once and "
-                        f"then read offline only from tiktoken's cache ({cache}), and this machine has neither the "
-                        f"network nor a cached copy ({type(error).__name__})") from None  # fmt: skip
+        raise DataError(
+            f"{prefix}.vocab_file: tiktoken could not load encoding {name!r}: it is downloaded once and "
+            f"then read offline only from tiktoken's cache ({cache}), and this machine has neither the "
+            f"network nor a cached copy ({type(error).__name__})"
+        ) from None
     if "<|endoftext|>" not in encoding.special_tokens_set:  # tiktoken's eot_token raises without one
         raise DataError(f"{prefix}.vocab_file: tiktoken encoding {name!r} has no <|endoftext|> token to end documents")
     return TextTokenizer(_converted_encoding(encoding), encoding.eot_token, name, source_files=None)
@@ -263,8 +277,14 @@ def _sentencepiece_file(path: Path, where: str) -> TextTokenizer:
     if not path.is_file():
         raise DataError(f"{where}: expected a SentencePiece model file, found no such file: {path}")
     tokenizer, eod_id, bos_id = read_sentencepiece_model(path, where)
-    return TextTokenizer(tokenizer, eod_id, str(path), None if bos_id == eod_id else bos_id, None,
-                         (("tokenizer.model", str(path.resolve())),))  # fmt: skip
+    return TextTokenizer(
+        tokenizer,
+        eod_id,
+        str(path),
+        None if bos_id == eod_id else bos_id,
+        None,
+        (("tokenizer.model", str(path.resolve())),),
+    )
 
 
 def _sentencepiece_directory(path: Path, where: str, trust_remote_code: bool) -> TextTokenizer:
@@ -276,22 +296,31 @@ def _sentencepiece_directory(path: Path, where: str, trust_remote_code: bool) ->
     config = _tokenizer_config(path / "tokenizer_config.json", where)
     if (custom := config.get("auto_map")) and not trust_remote_code:
         named = custom.get("AutoTokenizer", custom) if isinstance(custom, dict) else custom
-        raise DataError(f"{where}: {path / 'tokenizer_config.json'} names the folder's own Python code (auto_map: "
-                        f"{named}); nxd runs a folder's code only when a run's config trusts it "
-                        "(model.trust_remote_code: True)")  # fmt: skip
+        raise DataError(
+            f"{where}: {path / 'tokenizer_config.json'} names the folder's own Python code (auto_map: "
+            f"{named}); nxd runs a folder's code only when a run's config trusts it "
+            "(model.trust_remote_code: True)"
+        )
     try:
         loader = AutoTokenizer if config.get("tokenizer_class") else LlamaTokenizer
         built = loader.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except Exception as error:  # sentencepiece, protobuf and transformers each raise their own types
-        raise DataError(f"{where}: {path / 'tokenizer.model'} is not a SentencePiece model transformers can load "
-                        f"({type(error).__name__}: {error})") from None  # fmt: skip
+        raise DataError(
+            f"{where}: {path / 'tokenizer.model'} is not a SentencePiece model transformers can load "
+            f"({type(error).__name__}: {error})"
+        ) from None
     present = [name for name in ("tokenizer.model", *COMPANION_FILES) if (path / name).is_file()]
     files = tuple((name, str((path / name).resolve())) for name in present)
     return _from_transformers(built, str(path), where, files, _chat_template(config, path))
 
 
-def _from_transformers(built: PreTrainedTokenizerBase, path: str, where: str, files: tuple[tuple[str, str], ...],
-                       chat_template: str | None = None) -> TextTokenizer:  # fmt: skip
+def _from_transformers(
+    built: PreTrainedTokenizerBase,
+    path: str,
+    where: str,
+    files: tuple[tuple[str, str], ...],
+    chat_template: str | None = None,
+) -> TextTokenizer:
     """A transformers tokenizer as a TextTokenizer: its Rust tokenizer and its own special tokens."""
     tokenizer = built.backend_tokenizer
     eod_id = _first_id(tokenizer, [built.eos_token, *EOD_CANDIDATES])

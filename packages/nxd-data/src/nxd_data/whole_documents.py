@@ -40,9 +40,18 @@ class WholeDocumentDataset(Dataset):
     An epoch is one pass over the documents with its own shuffles (`epoch_seed`), so sample k is the
     same whatever `num_samples` asks for; `num_samples` None means one epoch."""
 
-    def __init__(self, indexed: IndexedDataset, name: str, documents: tuple[int, int], num_samples: int | None,
-                 format: SampleFormat, seed: int, packing: str, allow_chopped: bool = True,
-                 labels: IndexedDataset | None = None):  # fmt: skip
+    def __init__(
+        self,
+        indexed: IndexedDataset,
+        name: str,
+        documents: tuple[int, int],
+        num_samples: int | None,
+        format: SampleFormat,
+        seed: int,
+        packing: str,
+        allow_chopped: bool = True,
+        labels: IndexedDataset | None = None,
+    ):
         if packing not in PACKINGS[1:]:  # packed samples are GPTDataset's
             raise DataError(f"data.pack_impl: expected one of {', '.join(PACKINGS[1:])}, found {packing!r}")
         if labels is not None:
@@ -56,13 +65,20 @@ class WholeDocumentDataset(Dataset):
         if not allow_chopped:
             usable &= sizes <= window
         if labels is not None:  # a sample trains the labels of positions 1 .. length - 1 of its window
-            usable &= np.array([s > 1 and bool((labels.get(int(n), 1, min(int(s), window) - 1) >= 0).any())
-                                for n, s in zip(numbers, sizes, strict=True)], dtype=bool)  # fmt: skip
+            usable &= np.array(
+                [
+                    s > 1 and bool((labels.get(int(n), 1, min(int(s), window) - 1) >= 0).any())
+                    for n, s in zip(numbers, sizes, strict=True)
+                ],
+                dtype=bool,
+            )
         self.documents, self.sizes = numbers[usable], np.minimum(sizes[usable], window)
         if len(self.documents) == 0:
             cut = "" if allow_chopped else f" of at most seq_length + 1 = {window} tokens (allow_chopped: false)"
-            raise DataError(f"{indexed.prefix}: the {name} split holds no document{cut} with tokens to train on "
-                            f"(pack_impl {packing})")  # fmt: skip
+            raise DataError(
+                f"{indexed.prefix}: the {name} split holds no document{cut} with tokens to train on "
+                f"(pack_impl {packing})"
+            )
         self._epochs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # documents, sample starts, shuffle
         self._ends = [0]  # samples before each epoch
         self.num_samples = self._add_epoch() if num_samples is None else num_samples

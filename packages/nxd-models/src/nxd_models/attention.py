@@ -49,8 +49,11 @@ ContextParallelAttention = Callable[
 sequence split across ranks (nxd-parallel's ring attention), in CoreAttention's layout."""
 
 _FAST_BACKENDS = [
-    SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH,
-]  # fmt: skip
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.MATH,
+]
 
 
 def rotary_inverse_frequencies(rotary_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
@@ -102,8 +105,15 @@ def document_spans(document_ids: torch.Tensor) -> Spans | None:
     return spans
 
 
-def span_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, spans: Spans, *,
-                   dropout: float = 0.0, scale: float | None = None) -> torch.Tensor:  # fmt: skip
+def span_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    spans: Spans,
+    *,
+    dropout: float = 0.0,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Causal attention within each document span of each row; query (b, hq, s, d), key/value
     (b, hkv, s, d). SDPA's fused causal kernel runs on each document instead of one masked product
     over the whole row: it costs the sum of the documents' squared lengths rather than the row's, and
@@ -111,14 +121,24 @@ def span_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     gqa = key.shape[1] != query.shape[1]
 
     def attend(rows: slice, start: int, end: int) -> torch.Tensor:
-        return F.scaled_dot_product_attention(query[rows, :, start:end], key[rows, :, start:end],
-                                              value[rows, :, start:end], dropout_p=dropout, is_causal=True,
-                                              scale=scale, enable_gqa=gqa)  # fmt: skip
+        return F.scaled_dot_product_attention(
+            query[rows, :, start:end],
+            key[rows, :, start:end],
+            value[rows, :, start:end],
+            dropout_p=dropout,
+            is_causal=True,
+            scale=scale,
+            enable_gqa=gqa,
+        )
 
     if all(row == spans[0] for row in spans):
         return torch.cat([attend(slice(None), start, end) for start, end in spans[0]], dim=2)
-    return torch.cat([torch.cat([attend(slice(index, index + 1), start, end) for start, end in row], dim=2)
-                      for index, row in enumerate(spans)])  # fmt: skip
+    return torch.cat(
+        [
+            torch.cat([attend(slice(index, index + 1), start, end) for start, end in row], dim=2)
+            for index, row in enumerate(spans)
+        ]
+    )
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
@@ -130,8 +150,7 @@ def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
     return (causal & same).unsqueeze(1)
 
 
-def sliding_window_mask(seq: int, window: int, document_ids: torch.Tensor | None,
-                        device: torch.device) -> torch.Tensor:  # fmt: skip
+def sliding_window_mask(seq: int, window: int, document_ids: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     """(b or 1, 1, s, s) True where query i may attend key j: i - window < j <= i (Mistral's sliding
     window, as transformers masks it), and within the same document when `document_ids` are given."""
     position = torch.arange(seq, device=device)
@@ -160,9 +179,15 @@ class CoreAttention(nn.Module):
         self.context_parallel: ContextParallelAttention | None = None
         """Set by `use_context_parallel`: attention over a sequence split across ranks."""
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        allowed: torch.Tensor | Spans | None = None,
+        documents: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """query (b, hq, s, d), key/value (b, hkv, t, d) with hq a multiple of hkv (t > s when decoding with a
         key/value cache: the queries are the newest s of t positions); returns (b, hq, s, d).
         `allowed` confines attention to documents: their spans (`document_spans`; fused kernels only),
@@ -173,8 +198,10 @@ class CoreAttention(nn.Module):
             return flex_block_sparse(query, key, value, allowed)
         if self.context_parallel is not None:
             if bias is not None:
-                raise ModelConfigError("model.position_embedding_type: alibi and rpe are not available with context "
-                                       "parallelism (ring attention sees no whole score matrix to bias)")  # fmt: skip
+                raise ModelConfigError(
+                    "model.position_embedding_type: alibi and rpe are not available with context "
+                    "parallelism (ring attention sees no whole score matrix to bias)"
+                )
             return self.context_parallel(query, key, value, documents, None)
         dropout = self.dropout if self.training else 0.0
         if self.kernel is AttentionKernel.UNFUSED:
@@ -191,12 +218,24 @@ class CoreAttention(nn.Module):
                 allowed = None if query.shape[2] == 1 else _causal(query.shape[2], key.shape[2], query.device)
                 causal = False
             return F.scaled_dot_product_attention(
-                query, key, value, attn_mask=allowed, dropout_p=dropout, is_causal=causal,
+                query,
+                key,
+                value,
+                attn_mask=allowed,
+                dropout_p=dropout,
+                is_causal=causal,
                 enable_gqa=key.shape[1] != query.shape[1],
-            )  # fmt: skip
+            )
 
-    def _unfused(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float,
-                 allowed: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def _unfused(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        dropout: float,
+        allowed: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         groups = query.shape[1] // key.shape[1]
         if groups > 1:
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)

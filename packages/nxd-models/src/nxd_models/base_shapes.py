@@ -20,12 +20,14 @@ def gpt_base_shapes(config: GPTConfig, width_scale: int) -> dict[str, list[int |
 def widened(config: GPTConfig, hidden_size: int) -> GPTConfig:
     """`config` at another hidden size, the MLP and head widths the config sets scaled with it (rounded)."""
     ratio = hidden_size / config.hidden_size
-    return replace(config, hidden_size=hidden_size,
-                   ffn_hidden_size=config.ffn_hidden_size and max(1, round(config.ffn_hidden_size * ratio)),
-                   kv_channels=config.kv_channels and max(1, round(config.kv_channels * ratio)))  # fmt: skip
+    return replace(
+        config,
+        hidden_size=hidden_size,
+        ffn_hidden_size=config.ffn_hidden_size and max(1, round(config.ffn_hidden_size * ratio)),
+        kv_channels=config.kv_channels and max(1, round(config.kv_channels * ratio)),
+    )
 
 
 def _shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         return {name: tuple(p.shape) for name, p in GPTForCausalLM(config).named_parameters()}
-

@@ -35,14 +35,22 @@ def _sdpa_function(kernel: AttentionKernel) -> Callable[..., tuple[torch.Tensor,
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    def attend(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-               **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+    def attend(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
         spans = kwargs.pop(SPANS_KWARG, None)
         with sdpa_kernel_of(kernel):
             if spans is None:
-                return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                              scaling=scaling, **kwargs)  # fmt: skip
+                return sdpa_attention_forward(
+                    module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+                )
             attended = span_attention(query, key, value, spans, dropout=dropout, scale=scaling)
         return attended.transpose(1, 2).contiguous(), None
 
@@ -62,8 +70,9 @@ def _use_span_sdpa(model: PreTrainedModel, kernel: AttentionKernel) -> None:
     model.nxd_document_spans = True
 
 
-def build_on_meta(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
-                  head: str = "causal_lm") -> nn.Module:  # fmt: skip
+def build_on_meta(
+    spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH, head: str = "causal_lm"
+) -> nn.Module:
     """The module tree of either family on the meta device: shapes and names, no memory; with `head`
     "score", a reward model's score head in place of the LM head. Shard it, then materialise it
     (nxd-parallel), or use `build_causal_lm` for a whole model."""
@@ -110,8 +119,9 @@ def _meta_tree(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel) -
     with torch.device("meta"), _no_initialisation():
         implementation = "eager" if attention is AttentionKernel.UNFUSED else "sdpa"
         # a config of its own: transformers writes the attention choice into it, and nxd may change that
-        model = AutoModelForCausalLM.from_config(copy.deepcopy(spec), attn_implementation=implementation,
-                                                 dtype=torch.float32)  # fmt: skip
+        model = AutoModelForCausalLM.from_config(
+            copy.deepcopy(spec), attn_implementation=implementation, dtype=torch.float32
+        )
         use_moe_layers(model)
         if implementation == "sdpa":
             _use_span_sdpa(model, attention)
@@ -135,12 +145,22 @@ def build_causal_lm(
     `attention` is the attention kernel of either family (the fusions keys); `head` as `build_on_meta`.
     """
     seed = seed_or_drawn(seed)  # before the meta build, whatever it draws
-    return initialise(build_on_meta(spec, attention, head), seed=seed, device=torch.device(device),
-                      use_cpu_initialization=use_cpu_initialization)  # fmt: skip
+    return initialise(
+        build_on_meta(spec, attention, head),
+        seed=seed,
+        device=torch.device(device),
+        use_cpu_initialization=use_cpu_initialization,
+    )
 
 
-def initialise(model: nn.Module, *, seed: int, device: torch.device, use_cpu_initialization: bool = True,
-               rule: InitModule | None = None) -> nn.Module:  # fmt: skip
+def initialise(
+    model: nn.Module,
+    *,
+    seed: int,
+    device: torch.device,
+    use_cpu_initialization: bool = True,
+    rule: InitModule | None = None,
+) -> nn.Module:
     """Meta tree `model` (of either family, possibly adapted) with its initial values from `seed`
     under `rule` (the family's when None), on `device`."""
     where = torch.device("cpu") if use_cpu_initialization else device
@@ -156,8 +176,9 @@ def sdpa_kernel_of(attention: AttentionKernel) -> Iterator[None]:
         yield
 
 
-def hf_attention_inputs(model: PreTrainedModel, shape: torch.Size, document_ids: torch.Tensor | None,
-                        device: torch.device) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+def hf_attention_inputs(
+    model: PreTrainedModel, shape: torch.Size, document_ids: torch.Tensor | None, device: torch.device
+) -> tuple[Any, dict[str, Any]]:
     """What transformers' decoder layers of `model` take for a micro-batch of `shape` (batch, whole
     sequence): the attention mask (one, or one per layer type as `config.layer_types` names them;
     None where SDPA's causal kernel needs none) and extra attention keywords.
@@ -168,19 +189,28 @@ def hf_attention_inputs(model: PreTrainedModel, shape: torch.Size, document_ids:
     causal within each document, sliding windows kept."""
     if document_ids is not None and hf_splits_sequence(model):
         return None, {DOCUMENTS_KWARG: document_ids}
-    if (document_ids is not None and getattr(model, "nxd_document_spans", False)
-            and (spans := document_spans(document_ids)) is not None
-            and not _window_applies(model.config, max(end - start for row in spans for start, end in row))):
-        return None, {SPANS_KWARG: spans}  # fmt: skip
+    if (
+        document_ids is not None
+        and getattr(model, "nxd_document_spans", False)
+        and (spans := document_spans(document_ids)) is not None
+        and not _window_applies(model.config, max(end - start for row in spans for start, end in row))
+    ):
+        return None, {SPANS_KWARG: spans}
     from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, packed_sequence_mask_function
 
     # transformers reads batch, length, dtype (of an additive eager mask) and device from it
     shape_only = torch.empty(*shape, 0, dtype=model.dtype, device=device)
     documents = None if document_ids is None else packed_sequence_mask_function(document_ids)
-    masks = {kind: LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[kind](config=model.config, inputs_embeds=shape_only,
-                                                              attention_mask=None, past_key_values=None,
-                                                              and_mask_function=documents)
-             for kind in set(layer_mask_kinds(model.config))}  # fmt: skip
+    masks = {
+        kind: LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[kind](
+            config=model.config,
+            inputs_embeds=shape_only,
+            attention_mask=None,
+            past_key_values=None,
+            and_mask_function=documents,
+        )
+        for kind in set(layer_mask_kinds(model.config))
+    }
     return masks if getattr(model.config, "layer_types", None) else next(iter(masks.values())), {}
 
 
@@ -200,8 +230,9 @@ def _window_applies(config: PretrainedConfig, seq: int) -> bool:
     return window is not None and window < seq and "sliding_attention" in layer_mask_kinds(config)
 
 
-def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                     document_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def causal_lm_logits(
+    model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, document_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """Logits (batch, seq, vocab) of either family; a DDP/FSDP wrapper around the model is fine.
 
     `document_ids` (batch, seq), when given, restricts attention to earlier tokens of the same
@@ -214,6 +245,7 @@ def causal_lm_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: to
         masks, extra = hf_attention_inputs(inner, input_ids.shape, document_ids, input_ids.device)
         if masks is None:  # SDPA's causal kernel; ones keep transformers from reading restarting positions as
             masks = torch.ones_like(input_ids)  # packed sequences
-        return model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=False,
-                     **extra).logits
+        return model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=False, **extra
+        ).logits
     return model(input_ids, position_ids, document_ids)

@@ -25,9 +25,16 @@ DOCUMENTS_KWARG = "nxd_document_ids"
 """The keyword that carries document ids from `causal_lm_logits` to the attention function."""
 
 
-def _hf_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                  **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+def _hf_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function protocol; the causal mask of the local part is not used."""
     output = module.nxd_context_parallel(query, key, value, kwargs.get(DOCUMENTS_KWARG), scaling)
     return output.transpose(1, 2).contiguous(), None
@@ -38,12 +45,16 @@ def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAtten
     is refused: the kernel has none."""
     if isinstance(model, GPTForCausalLM):
         if (window := model.config.sliding_window) is not None and window < model.config.seq_length:
-            raise ModelConfigError(f"model.sliding_window_size: ring attention has no sliding window; expected null "
-                                   f"or at least the sequence length ({model.config.seq_length}) with context "
-                                   f"parallelism, found {window}")  # fmt: skip
+            raise ModelConfigError(
+                f"model.sliding_window_size: ring attention has no sliding window; expected null "
+                f"or at least the sequence length ({model.config.seq_length}) with context "
+                f"parallelism, found {window}"
+            )
         if model.config.attention_dropout:
-            raise ModelConfigError(f"model.attention_dropout: expected 0 with context parallelism (ring attention "
-                                   f"has no dropout), found {model.config.attention_dropout}")  # fmt: skip
+            raise ModelConfigError(
+                f"model.attention_dropout: expected 0 with context parallelism (ring attention "
+                f"has no dropout), found {model.config.attention_dropout}"
+            )
         model.model.context_parallel = True
         for module in model.modules():
             if isinstance(module, CoreAttention):
@@ -52,12 +63,16 @@ def use_context_parallel(model: torch.nn.Module, attention: ContextParallelAtten
     if not is_hf_model(model):
         raise ModelConfigError(f"context parallelism: expected an nxd or transformers causal LM, found {type(model)}")
     if getattr(model.config, "sliding_window", None) is not None and getattr(model.config, "use_sliding_window", True):
-        raise ModelConfigError(f"model.model_config: sliding_window {model.config.sliding_window}: ring attention has "
-                               "no sliding window; expected sliding_window null in config.json with context "
-                               "parallelism")  # fmt: skip
+        raise ModelConfigError(
+            f"model.model_config: sliding_window {model.config.sliding_window}: ring attention has "
+            "no sliding window; expected sliding_window null in config.json with context "
+            "parallelism"
+        )
     if getattr(model.config, "attention_dropout", 0.0):
-        raise ModelConfigError(f"model.model_config.attention_dropout: expected 0 with context parallelism (ring "
-                               f"attention has no dropout), found {model.config.attention_dropout}")  # fmt: skip
+        raise ModelConfigError(
+            f"model.model_config.attention_dropout: expected 0 with context parallelism (ring "
+            f"attention has no dropout), found {model.config.attention_dropout}"
+        )
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS

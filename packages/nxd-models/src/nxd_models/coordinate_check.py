@@ -23,10 +23,13 @@ def neox_widths(heads: int) -> list[int]:
     return [heads * 2**p for p in range(2, 9)]
 
 
-def coordinate_sizes(build: Callable[[int], nn.Module], widths: Iterable[int],
-                     batches: Sequence[Mapping[str, torch.Tensor]],
-                     loss: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor],
-                     optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> list[dict[str, Any]]:  # fmt: skip
+def coordinate_sizes(
+    build: Callable[[int], nn.Module],
+    widths: Iterable[int],
+    batches: Sequence[Mapping[str, torch.Tensor]],
+    loss: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor],
+    optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+) -> list[dict[str, Any]]:
     """For each width a model `build(width)` trained one step per batch with `optimizer(model)`; a record (width,
     module, t, l1) per module output per step, in mup's order and names (a tuple's items as `name:out[i]`)."""
     records: list[dict[str, Any]] = []
@@ -34,8 +37,10 @@ def coordinate_sizes(build: Callable[[int], nn.Module], widths: Iterable[int],
         model = build(width).train()
         step = optimizer(model)
         for t, batch in enumerate(batches, 1):
-            hooks = [module.register_forward_hook(_recorder(records, width, name, t))
-                     for name, module in model.named_modules()]  # fmt: skip
+            hooks = [
+                module.register_forward_hook(_recorder(records, width, name, t))
+                for name, module in model.named_modules()
+            ]
             try:
                 value = loss(model, batch)
                 step.zero_grad()

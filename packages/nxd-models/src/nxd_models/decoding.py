@@ -36,8 +36,9 @@ def decoding_cache(model: nn.Module) -> KVCache | DynamicCache:
     return DynamicCache(config=inner.config)
 
 
-def decoding_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                    cache: KVCache | DynamicCache | None) -> torch.Tensor:  # fmt: skip
+def decoding_logits(
+    model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | DynamicCache | None
+) -> torch.Tensor:
     """Logits (batch, seq, vocab) of tokens at `position_ids` that continue those `cache` holds (then added to
     it); without a cache, of a whole prefix starting at position 0."""
     if cache is None:

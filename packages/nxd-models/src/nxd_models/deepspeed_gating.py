@@ -33,8 +33,9 @@ def deepspeed_capacity(tokens: int, num_experts: int, top_k: int, factor: float,
     return max(math.ceil((tokens / num_experts) * (factor * top_k)), min_capacity)
 
 
-def deepspeed_gate(logits: torch.Tensor, top_k: int, capacity: int | None, *, random_selection: bool,
-                   sample_second: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def deepspeed_gate(
+    logits: torch.Tensor, top_k: int, capacity: int | None, *, random_selection: bool, sample_second: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens, experts) choices and those kept (bool), and the combine weights (fp32, zero where not kept), of
     DeepSpeed's gate over `logits` (fp32); `capacity` None keeps every token (moe_token_dropping false).
     `random_selection` (DeepSpeed's use_rts) and `sample_second` (its top2_2nd_expert_sampling) draw; without them

@@ -106,8 +106,11 @@ class Ceiling:
 
     def beaten(self) -> str:
         """Why MFU is unknown once a step beats the ceiling (said once in the log)."""
-        why = ("it was measured while other work held the device" if self.measured
-               else "a datasheet peak cannot be beaten: the model's FLOP count is off")  # fmt: skip
+        why = (
+            "it was measured while other work held the device"
+            if self.measured
+            else "a datasheet peak cannot be beaten: the model's FLOP count is off"
+        )
         return f"MFU unknown from here on where a step beats the ceiling ({self.source}): {why}"
 
 

@@ -49,8 +49,12 @@ class ModelFamily(ABC):
     source_key: str
     """Where a user sets the architecture (named in messages)."""
 
-    def __init__(self, spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
-                 head: str = "causal_lm"):  # fmt: skip
+    def __init__(
+        self,
+        spec: GPTConfig | PretrainedConfig,
+        attention: AttentionKernel = AttentionKernel.FLASH,
+        head: str = "causal_lm",
+    ):
         self.spec, self.attention, self.head = spec, attention, check_head(head)
 
     def with_head(self, head: str) -> ModelFamily:
@@ -80,14 +84,24 @@ class ModelFamily(ABC):
         """The whole model's state-dict shapes, whatever the layout it is trained in."""
         return {name: value.shape for name, value in self._reference.state_dict().items()}
 
-    def build(self, device: torch.device | str = "cpu", *, seed: int | None = None,
-              use_cpu_initialization: bool = True) -> nn.Module:  # fmt: skip
+    def build(
+        self, device: torch.device | str = "cpu", *, seed: int | None = None, use_cpu_initialization: bool = True
+    ) -> nn.Module:
         """The whole model, initialised from `seed` (None: a seed drawn from the torch RNG)."""
-        return self._finish(build_causal_lm(self.spec, device, seed=seed, use_cpu_initialization=use_cpu_initialization,
-                                            attention=self.attention, head=self.head))  # fmt: skip
+        return self._finish(
+            build_causal_lm(
+                self.spec,
+                device,
+                seed=seed,
+                use_cpu_initialization=use_cpu_initialization,
+                attention=self.attention,
+                head=self.head,
+            )
+        )
 
-    def initial_values(self, *, seed: int, device: torch.device,
-                       names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+    def initial_values(
+        self, *, seed: int, device: torch.device, names: Collection[str] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """The whole model's initial tensors that `build(seed=seed)` holds, one module at a time, only the
         modules owning a name in `names`: what a process keeping shards slices, never holding the model."""
         meta = self.build_on_meta()
@@ -139,8 +153,10 @@ class ModelFamily(ABC):
 
     def neox_layout(self) -> NeoXLayout:
         """Where each weight lies in a GPT-NeoX checkpoint of this model; ModelConfigError when NeoX has none."""
-        raise ModelConfigError(f"a GPT-NeoX checkpoint holds a Megatron-style model (model.num_layers and its "
-                               f"siblings); this run's model comes from {self.source_key}")  # fmt: skip
+        raise ModelConfigError(
+            f"a GPT-NeoX checkpoint holds a Megatron-style model (model.num_layers and its "
+            f"siblings); this run's model comes from {self.source_key}"
+        )
 
     @staticmethod
     def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -160,11 +176,16 @@ class ModelFamily(ABC):
             layers = self.decoder_layers(model)
             parts = {type(child).__name__ for child in layers[0].children()} if layers else set()
             known = [CORE_ATTENTION, ACTIVATION_MULTIPLY, *sorted((parts | set(self.aliases)) - {"Dropout"})]
-            raise ModelConfigError(f"model.activations_checkpoint_recompute: {', '.join(missing)} names no module "
-                                   f"of {type(model).__name__}; expected class names such as {', '.join(known)}")
+            raise ModelConfigError(
+                f"model.activations_checkpoint_recompute: {', '.join(missing)} names no module "
+                f"of {type(model).__name__}; expected class names such as {', '.join(known)}"
+            )
         if include_mlp:
-            modules += [layer.mlp for layer in self.decoder_layers(model)  # a gMLP layer has none
-                        if getattr(layer, "mlp", None) is not None and layer.mlp not in modules]
+            modules += [
+                layer.mlp
+                for layer in self.decoder_layers(model)  # a gMLP layer has none
+                if getattr(layer, "mlp", None) is not None and layer.mlp not in modules
+            ]
         return modules
 
     @staticmethod
@@ -212,19 +233,34 @@ class ModelFamily(ABC):
         layer = next((layer for layer in model.model.layers if hasattr(layer, "self_attn")), None)
         if layer is None:  # gMLP, Mamba or RWKV layers only: what they keep a token, as an ungated MLP's 2 x ffn
             kept = model.model.layers[0].kept_per_token
-            return {"hidden": hidden, "query": 0, "key_value": 0, "ffn": kept // 2, "gated": False, "vocab": vocab,
-                    "experts_per_token": 0}  # fmt: skip
+            return {
+                "hidden": hidden,
+                "query": 0,
+                "key_value": 0,
+                "ffn": kept // 2,
+                "gated": False,
+                "vocab": vocab,
+                "experts_per_token": 0,
+            }
         attention, mlp = layer.self_attn, layer.mlp
         qkv = getattr(attention, "qkv_proj", None)
-        query, key = ((qkv.weight_q, qkv.weight_k) if qkv is not None
-                      else (attention.q_proj.weight, attention.k_proj.weight))  # fmt: skip
+        query, key = (
+            (qkv.weight_q, qkv.weight_k) if qkv is not None else (attention.q_proj.weight, attention.k_proj.weight)
+        )
         moe = next(iter(moe_layers(model)), None)
         if moe is not None:  # per token: top_k experts' MLPs
             ffn, gated, experts_per_token = moe.experts.up_proj.shape[1], moe.experts.gated, moe.spec.top_k
         else:
             ffn, gated, experts_per_token = mlp.up_proj.weight.shape[0], hasattr(mlp, "gate_proj"), 0
-        return {"hidden": hidden, "query": query.shape[0], "key_value": key.shape[0], "ffn": ffn, "gated": gated,
-                "vocab": vocab, "experts_per_token": experts_per_token}  # fmt: skip
+        return {
+            "hidden": hidden,
+            "query": query.shape[0],
+            "key_value": key.shape[0],
+            "ffn": ffn,
+            "gated": gated,
+            "vocab": vocab,
+            "experts_per_token": experts_per_token,
+        }
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self._reference.parameters())
@@ -265,8 +301,12 @@ class MegatronFamily(ModelFamily):
 
     def sharded_sizes(self) -> dict[str, int]:
         s = self.spec
-        return {"num_attention_heads": s.num_attention_heads, "num_kv_heads": s.kv_heads,
-                "ffn_hidden_size": s.ffn_size, "vocab_size (padded)": s.padded_vocab_size}  # fmt: skip
+        return {
+            "num_attention_heads": s.num_attention_heads,
+            "num_kv_heads": s.kv_heads,
+            "ffn_hidden_size": s.ffn_size,
+            "vocab_size (padded)": s.padded_vocab_size,
+        }
 
     def _hf_mapping(self) -> HFMapping:
         return hf_mapping(self.spec)
@@ -304,8 +344,13 @@ class HuggingFaceFamily(ModelFamily):
 
     source_key = "model.model_config"
 
-    def __init__(self, spec: PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
-                 head: str = "causal_lm", loss_chunk_tokens: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        spec: PretrainedConfig,
+        attention: AttentionKernel = AttentionKernel.FLASH,
+        head: str = "causal_lm",
+        loss_chunk_tokens: int = 0,
+    ):
         super().__init__(spec, attention, head)
         self._loss_chunk_tokens = loss_chunk_tokens
 
@@ -329,9 +374,12 @@ class HuggingFaceFamily(ModelFamily):
 
     def sharded_sizes(self) -> dict[str, int]:
         s = self.spec
-        return {"num_attention_heads": s.num_attention_heads,
-                "num_key_value_heads": s.num_key_value_heads or s.num_attention_heads,
-                "intermediate_size": s.intermediate_size, "vocab_size": s.vocab_size}  # fmt: skip
+        return {
+            "num_attention_heads": s.num_attention_heads,
+            "num_key_value_heads": s.num_key_value_heads or s.num_attention_heads,
+            "intermediate_size": s.intermediate_size,
+            "vocab_size": s.vocab_size,
+        }
 
     def _hf_mapping(self) -> HFMapping:
         return hf_self_mapping(self.spec, list(self.parameter_shapes()))
@@ -352,8 +400,12 @@ class HuggingFaceFamily(ModelFamily):
         return super().recompute_units(model, names - {CORE_ATTENTION}, include_mlp)
 
 
-def model_family(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel = AttentionKernel.FLASH,
-                 head: str = "causal_lm", loss_chunk_tokens: int = 0) -> ModelFamily:  # fmt: skip
+def model_family(
+    spec: GPTConfig | PretrainedConfig,
+    attention: AttentionKernel = AttentionKernel.FLASH,
+    head: str = "causal_lm",
+    loss_chunk_tokens: int = 0,
+) -> ModelFamily:
     """The family that builds `spec`, with an LM head or (`head` "score") a reward model's score head;
     a transformers model computes its loss `loss_chunk_tokens` at a time (a Megatron-style model takes
     it from its config)."""
@@ -361,5 +413,6 @@ def model_family(spec: GPTConfig | PretrainedConfig, attention: AttentionKernel 
         return MegatronFamily(spec, attention, head)
     if is_hf_config(spec):
         return HuggingFaceFamily(spec, attention, head, loss_chunk_tokens)
-    raise ModelConfigError(f"model: expected a GPTConfig or a transformers PretrainedConfig, "
-                           f"found {type(spec).__name__}")
+    raise ModelConfigError(
+        f"model: expected a GPTConfig or a transformers PretrainedConfig, found {type(spec).__name__}"
+    )

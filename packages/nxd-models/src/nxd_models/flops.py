@@ -23,13 +23,20 @@ def training_flops_per_token(model: nn.Module, seq_length: int) -> int:
     runs = _runs(model)
     modules = list(model.named_modules())
     spatial = {f"{name}.proj": module for name, module in modules if isinstance(module, SpatialGatingUnit)}
-    matmul_weights = sum(runs(name) * module.weight.numel() for name, module in modules
-                         if isinstance(module, nn.Linear) and name not in spatial)  # fmt: skip
+    matmul_weights = sum(
+        runs(name) * module.weight.numel()
+        for name, module in modules
+        if isinstance(module, nn.Linear) and name not in spatial
+    )
     fused = [(name, module) for name, module in modules if isinstance(module, QKVLinear)]
-    matmul_weights += sum(runs(name) * (m.weight_q.numel() + m.weight_k.numel() + m.weight_v.numel())
-                          for name, m in fused)  # fmt: skip
-    query_widths = [runs(name) * module.out_features for name, module in modules
-                    if name.endswith("q_proj") and isinstance(module, nn.Linear)]  # fmt: skip
+    matmul_weights += sum(
+        runs(name) * (m.weight_q.numel() + m.weight_k.numel() + m.weight_v.numel()) for name, m in fused
+    )
+    query_widths = [
+        runs(name) * module.out_features
+        for name, module in modules
+        if name.endswith("q_proj") and isinstance(module, nn.Linear)
+    ]
     query_widths += [runs(name) * m.weight_q.shape[0] for name, m in fused]
     query_widths += [module.dim for module in model.modules() if isinstance(module, TinyAttention)]
     attention = sum(12 * width * seq_length for width in query_widths)

@@ -45,8 +45,10 @@ class Sampling:
         try:
             from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
         except ImportError:
-            raise ModelConfigError("sampled generation (temperature, top_k or top_p) uses transformers' logits "
-                                   "warpers, and transformers is not installed; install nxd-models[hf]") from None
+            raise ModelConfigError(
+                "sampled generation (temperature, top_k or top_p) uses transformers' logits "
+                "warpers, and transformers is not installed; install nxd-models[hf]"
+            ) from None
 
         warpers = LogitsProcessorList()
         if self.temperature > 0 and self.temperature != 1.0:
@@ -73,11 +75,21 @@ class Completion:
     """`stop` ended it (a stop sequence appeared)."""
 
 
-def generate(step: StepLogits, new_cache: Callable[[], object] | None, prompts: Sequence[Sequence[int]], *,
-             maximum_tokens: int, context: int, end_id: int, vocab_size: int, sampling: Sampling = Sampling(),
-             generator: torch.Generator | None = None, return_logits: bool = False,
-             device: torch.device | str = "cpu",
-             stop: Callable[[int, list[int]], bool] | None = None) -> list[Completion]:  # fmt: skip
+def generate(
+    step: StepLogits,
+    new_cache: Callable[[], object] | None,
+    prompts: Sequence[Sequence[int]],
+    *,
+    maximum_tokens: int,
+    context: int,
+    end_id: int,
+    vocab_size: int,
+    sampling: Sampling = Sampling(),
+    generator: torch.Generator | None = None,
+    return_logits: bool = False,
+    device: torch.device | str = "cpu",
+    stop: Callable[[int, list[int]], bool] | None = None,
+) -> list[Completion]:
     """Continue each of `prompts` (token ids, none empty) by up to `maximum_tokens` tokens within `context`
     positions, one forward per position: over the new tokens with a key/value cache from `new_cache`, over the
     whole prefix when it is None (recompute). Logits beyond `vocab_size` (padding rows) are never chosen.
@@ -86,15 +98,19 @@ def generate(step: StepLogits, new_cache: Callable[[], object] | None, prompts: 
         return []
     lengths = [len(prompt) for prompt in prompts]
     if min(lengths) == 0:
-        raise ModelConfigError("generation: expected a prompt of at least one token (an empty prompt starts "
-                               "from the end-of-document token), found an empty one")  # fmt: skip
+        raise ModelConfigError(
+            "generation: expected a prompt of at least one token (an empty prompt starts "
+            "from the end-of-document token), found an empty one"
+        )
     if max(lengths) >= context:
-        raise ModelConfigError(f"generation: a prompt of {max(lengths)} tokens leaves no room in the model's context "
-                               f"of {context} positions; expected at most {context - 1} tokens")  # fmt: skip
+        raise ModelConfigError(
+            f"generation: a prompt of {max(lengths)} tokens leaves no room in the model's context "
+            f"of {context} positions; expected at most {context - 1} tokens"
+        )
     rows, width = len(prompts), min(context, max(lengths) + maximum_tokens)
     tokens = torch.full((rows, width), end_id, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
-        tokens[row, :len(prompt)] = torch.tensor(list(prompt), dtype=torch.long)
+        tokens[row, : len(prompt)] = torch.tensor(list(prompt), dtype=torch.long)
     completions = [Completion([], False, [] if return_logits else None) for _ in prompts]
     warpers = None if sampling.greedy else sampling.warpers()
     cache = new_cache() if new_cache is not None else None

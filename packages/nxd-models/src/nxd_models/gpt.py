@@ -232,15 +232,22 @@ class GPTConfig:
 
 def _problems(c: GPTConfig) -> list[str]:
     found = []
-    for name, allowed in (("transformer_block_type", BLOCK_TYPES), ("normalization", NORMS),
-                          ("activation", tuple(ACTIVATIONS)), ("position_embedding_type", POSITIONS),
-                          ("init_method", INIT_METHODS), ("output_init", INIT_METHODS)):
+    for name, allowed in (
+        ("transformer_block_type", BLOCK_TYPES),
+        ("normalization", NORMS),
+        ("activation", tuple(ACTIVATIONS)),
+        ("position_embedding_type", POSITIONS),
+        ("init_method", INIT_METHODS),
+        ("output_init", INIT_METHODS),
+    ):
         if getattr(c, name) not in allowed:
             key = "output_layer_init_method" if name == "output_init" else name
             found.append(f"model.{key}: expected one of {', '.join(allowed)}, found {getattr(c, name)!r}")
     if c.position_embedding_type == "sinusoidal" and c.hidden_size % 2:
-        found.append(f"model.hidden_size: sinusoidal positions pair a sine with a cosine; expected an even width, "
-                     f"found {c.hidden_size}")
+        found.append(
+            f"model.hidden_size: sinusoidal positions pair a sine with a cosine; expected an even width, "
+            f"found {c.hidden_size}"
+        )
     if c.kv_channels is None and c.hidden_size % c.num_attention_heads:
         found.append(
             f"model.hidden_size: expected a multiple of num_attention_heads ({c.num_attention_heads}) "
@@ -253,77 +260,113 @@ def _problems(c: GPTConfig) -> list[str]:
         )
     if c.position_embedding_offset:
         if c.position_embedding_type not in ("learned_absolute", "sinusoidal"):
-            found.append(f"model.position_embedding_offset: shifts the learned or sinusoidal positions; expected 0 "
-                         f"with {c.position_embedding_type!r} positions, found {c.position_embedding_offset}")
+            found.append(
+                f"model.position_embedding_offset: shifts the learned or sinusoidal positions; expected 0 "
+                f"with {c.position_embedding_type!r} positions, found {c.position_embedding_offset}"
+            )
         elif c.position_embedding_offset < 0:
             found.append(f"model.position_embedding_offset: expected 0 or more, found {c.position_embedding_offset}")
-        elif c.position_embedding_type == "learned_absolute" and c.seq_length + c.position_embedding_offset > \
-                c.max_positions:  # fmt: skip
-            found.append(f"model.position_embedding_offset: positions up to encoder_seq_length + offset - 1 "
-                         f"({c.seq_length + c.position_embedding_offset - 1}) index the learned table; expected "
-                         f"max_position_embeddings of at least {c.seq_length + c.position_embedding_offset}, "
-                         f"found {c.max_positions}")  # fmt: skip
+        elif (
+            c.position_embedding_type == "learned_absolute"
+            and c.seq_length + c.position_embedding_offset > c.max_positions
+        ):
+            found.append(
+                f"model.position_embedding_offset: positions up to encoder_seq_length + offset - 1 "
+                f"({c.seq_length + c.position_embedding_offset - 1}) index the learned table; expected "
+                f"max_position_embeddings of at least {c.seq_length + c.position_embedding_offset}, "
+                f"found {c.max_positions}"
+            )
     if c.position_embedding_norm and c.position_embedding_type != "learned_absolute":
-        found.append(f"model.position_embedding_norm: normalises the learned position table's rows; expected "
-                     f"learned_absolute positions with it, found {c.position_embedding_type!r}")  # fmt: skip
+        found.append(
+            f"model.position_embedding_norm: normalises the learned position table's rows; expected "
+            f"learned_absolute positions with it, found {c.position_embedding_type!r}"
+        )
     if c.qk_layernorm and c.kv_heads != c.num_attention_heads:
-        found.append(f"model.qk_layernorm: the query/key norm's weights are one per query head, and nxd keeps fewer "
-                     f"key heads unrepeated; expected num_kv_heads {c.num_attention_heads} with it, found "
-                     f"{c.kv_heads}")  # fmt: skip
+        found.append(
+            f"model.qk_layernorm: the query/key norm's weights are one per query head, and nxd keeps fewer "
+            f"key heads unrepeated; expected num_kv_heads {c.num_attention_heads} with it, found "
+            f"{c.kv_heads}"
+        )
     if c.position_embedding_type == "rpe" and not 2 <= c.rpe_num_buckets < 2 * c.rpe_max_distance:
-        found.append(f"model.rpe_num_buckets: expected 2 up to twice rpe_max_distance ({c.rpe_max_distance}) "
-                     f"exclusive (half the buckets are exact distances below rpe_max_distance), found "
-                     f"{c.rpe_num_buckets}")  # fmt: skip
+        found.append(
+            f"model.rpe_num_buckets: expected 2 up to twice rpe_max_distance ({c.rpe_max_distance}) "
+            f"exclusive (half the buckets are exact distances below rpe_max_distance), found "
+            f"{c.rpe_num_buckets}"
+        )
     if c.position_embedding_type == "rope" and c.rotary_dim < 2:
         found.append(f"model.rotary_percentage: rotates {c.rotary_dim} of {c.head_dim} dims; expected at least 2")
     if c.sliding_window is not None and c.sliding_window < 1:  # one wider than the sequence masks nothing
         found.append(f"model.sliding_window_size: expected at least 1, found {c.sliding_window}")
     if c.num_unique_layers is not None:
         if not 1 <= c.num_unique_layers <= c.num_layers or c.num_layers % c.num_unique_layers:
-            found.append(f"model.num_unique_layers: expected a divisor of num_layers ({c.num_layers}), found "
-                         f"{c.num_unique_layers}")  # fmt: skip
+            found.append(
+                f"model.num_unique_layers: expected a divisor of num_layers ({c.num_layers}), found "
+                f"{c.num_unique_layers}"
+            )
         if c.param_sharing_style not in SHARING_STYLES:
-            found.append(f"model.param_sharing_style: expected one of {', '.join(SHARING_STYLES)}, found "
-                         f"{c.param_sharing_style!r}")  # fmt: skip
+            found.append(
+                f"model.param_sharing_style: expected one of {', '.join(SHARING_STYLES)}, found "
+                f"{c.param_sharing_style!r}"
+            )
         if c.moe is not None and c.num_unique_layers != c.num_layers:
-            found.append("model.moe: MoE layers are counted over the stack's positions, and model.num_unique_layers "
-                         "shares layers between positions; expected one of them unset")  # fmt: skip
+            found.append(
+                "model.moe: MoE layers are counted over the stack's positions, and model.num_unique_layers "
+                "shares layers between positions; expected one of them unset"
+            )
         if c.attention_layers is not None and c.num_unique_layers != c.num_layers:
-            found.append("model.attention_layers: a kind per layer, and model.num_unique_layers shares layers; "
-                         "expected one of them unset")  # fmt: skip
+            found.append(
+                "model.attention_layers: a kind per layer, and model.num_unique_layers shares layers; "
+                "expected one of them unset"
+            )
     if c.soft_prompt_tokens < 0:
         found.append(f"model.soft_prompt.n_tokens: expected 1 or more, found {c.soft_prompt_tokens}")
-    elif c.soft_prompt_tokens and c.position_embedding_type == "learned_absolute" and \
-            c.seq_length + c.soft_prompt_tokens > c.max_positions:  # fmt: skip
-        found.append(f"model.max_position_embeddings: the soft prompt's {c.soft_prompt_tokens} positions come "
-                     f"before the sequence's; expected at least {c.seq_length + c.soft_prompt_tokens}, found "
-                     f"{c.max_positions}")  # fmt: skip
+    elif (
+        c.soft_prompt_tokens
+        and c.position_embedding_type == "learned_absolute"
+        and c.seq_length + c.soft_prompt_tokens > c.max_positions
+    ):
+        found.append(
+            f"model.max_position_embeddings: the soft prompt's {c.soft_prompt_tokens} positions come "
+            f"before the sequence's; expected at least {c.seq_length + c.soft_prompt_tokens}, found "
+            f"{c.max_positions}"
+        )
     if c.attention_layers is not None:
         kinds = set(c.attention_layers)
         if len(c.attention_layers) != c.num_layers:
-            found.append(f"model.attention_layers: expected one kind per layer ({c.num_layers}), found "
-                         f"{len(c.attention_layers)}")  # fmt: skip
+            found.append(
+                f"model.attention_layers: expected one kind per layer ({c.num_layers}), found {len(c.attention_layers)}"
+            )
         if kinds - set(LAYER_KINDS):
-            found.append(f"model.attention_layers: expected kinds among {', '.join(LAYER_KINDS)}, found "
-                         f"{', '.join(sorted(kinds - set(LAYER_KINDS)))}")  # fmt: skip
+            found.append(
+                f"model.attention_layers: expected kinds among {', '.join(LAYER_KINDS)}, found "
+                f"{', '.join(sorted(kinds - set(LAYER_KINDS)))}"
+            )
         else:
             found += c.sparsity.problems(kinds, c.seq_length + c.soft_prompt_tokens)  # the layouts' length
         gating = sorted(kinds & set(GATING_KINDS))
         if gating and c.gated:
-            found.append(f"model.activation: {', '.join(gating)} layers split their inner activations into a value "
-                         f"and a gate themselves; expected an ungated activation, found {c.activation}")  # fmt: skip
+            found.append(
+                f"model.activation: {', '.join(gating)} layers split their inner activations into a value "
+                f"and a gate themselves; expected an ungated activation, found {c.activation}"
+            )
         whole = sorted(kinds & set(WHOLE_LAYER_KINDS))
         if whole and c.moe is not None:
-            found.append(f"model.moe: {', '.join(whole)} layers have no MLP to replace with experts; expected one "
-                         "of model.moe and those layers")  # fmt: skip
+            found.append(
+                f"model.moe: {', '.join(whole)} layers have no MLP to replace with experts; expected one "
+                "of model.moe and those layers"
+            )
         scanning = sorted(kinds & {*MAMBA_KINDS, *RWKV_KINDS})
         if scanning and c.soft_prompt_tokens:
-            found.append(f"model.soft_prompt: every packed document sees the prompt's positions, which a "
-                         f"{scanning[0]} layer's scan cannot give; expected no soft prompt with {', '.join(scanning)} "
-                         "layers")  # fmt: skip
+            found.append(
+                f"model.soft_prompt: every packed document sees the prompt's positions, which a "
+                f"{scanning[0]} layer's scan cannot give; expected no soft prompt with {', '.join(scanning)} "
+                "layers"
+            )
         if "rwkv" in kinds and c.rwkv_width % c.num_attention_heads:
-            found.append(f"model.rwkv_dim_att: an rwkv layer's time mix has num_attention_heads heads; expected a "
-                         f"multiple of {c.num_attention_heads}, found {c.rwkv_width}")  # fmt: skip
+            found.append(
+                f"model.rwkv_dim_att: an rwkv layer's time mix has num_attention_heads heads; expected a "
+                f"multiple of {c.num_attention_heads}, found {c.rwkv_width}"
+            )
         if "amlp" in kinds and c.gmlp_attention_dim < 1:
             found.append(f"model.gmlp_attention_dim: expected 1 or more, found {c.gmlp_attention_dim}")
     if c.mup is not None:
@@ -343,12 +386,16 @@ def _mup_problems(c: GPTConfig) -> list[str]:
     found = []
     whole = sorted(set(c.attention_layers or ()) & set(WHOLE_LAYER_KINDS))
     if whole:
-        found.append(f"model.mup: muP's rules cover attention and MLP layers; expected none of {', '.join(whole)} "
-                     "in model.attention_layers")  # fmt: skip
+        found.append(
+            f"model.mup: muP's rules cover attention and MLP layers; expected none of {', '.join(whole)} "
+            "in model.attention_layers"
+        )
     for key, method in (("init_method", c.init_method), ("output_layer_init_method", c.output_init)):
         if method not in MUP_INIT_METHODS:  # the others' spread already follows the width muP rescales it by
-            found.append(f"model.{key}: muP rescales draws whose spread does not depend on the width; expected one "
-                         f"of {', '.join(MUP_INIT_METHODS)}, found {method}")  # fmt: skip
+            found.append(
+                f"model.{key}: muP rescales draws whose spread does not depend on the width; expected one "
+                f"of {', '.join(MUP_INIT_METHODS)}, found {method}"
+            )
     return found
 
 
@@ -380,35 +427,47 @@ class SelfAttention(nn.Module):
         heads, kv_heads, head_dim = config.num_attention_heads, config.kv_heads, config.head_dim
         bias = config.attention_has_bias
         if config.qkv_linear:
-            self.qkv_proj = QKVLinear(config.hidden_size, heads * head_dim, kv_heads * head_dim, bias=bias,
-                                      fuse=config.fuse_qkv)  # fmt: skip
+            self.qkv_proj = QKVLinear(
+                config.hidden_size, heads * head_dim, kv_heads * head_dim, bias=bias, fuse=config.fuse_qkv
+            )
         else:
             self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=bias)
             self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
             self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
         kind = config.attention_kind(layer_number)
-        self.sparse = BlockSparseLayout(kind, config.sparsity, heads, config.seq_length + config.soft_prompt_tokens,
-                                        layer_number) if kind in SPARSE_KINDS else None  # fmt: skip
+        self.sparse = (
+            BlockSparseLayout(kind, config.sparsity, heads, config.seq_length + config.soft_prompt_tokens, layer_number)
+            if kind in SPARSE_KINDS
+            else None
+        )
         """The layer's block-sparse layout (plain values: built from the config, never trained or saved)."""
         self.core_attention = CoreAttention(
-            layer_number, kernel, 0.0 if self.sparse else config.attention_dropout,
+            layer_number,
+            kernel,
+            0.0 if self.sparse else config.attention_dropout,
             config.apply_query_key_layer_scaling,
-        )  # fmt: skip
+        )
         if self.sparse is not None:  # GPT-NeoX drops a sparse layer's output, not its probabilities
             self.context_dropout = nn.Dropout(config.attention_dropout)
         if config.qk_layernorm:
             self.qk_norm = QueryKeyNorm(config.normalization, heads, head_dim, config.layernorm_epsilon)
         self.alibi = alibi_slopes(heads) if config.position_embedding_type == "alibi" else None
         """ALiBi's slope of every query head (plain numbers: computed, never trained or saved)."""
-        self.query_multiplier = None if config.mup is None else \
-            1 / (math.sqrt(head_dim) * config.mup.attention_temperature)  # fmt: skip
+        self.query_multiplier = (
+            None if config.mup is None else 1 / (math.sqrt(head_dim) * config.mup.attention_temperature)
+        )
         """muP: the queries scaled so that every kernel's 1/sqrt(d) makes scores / (d x attention_temperature)."""
 
-    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
-                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
-                cache: LayerCache | None = None,
-                position_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None,
+        allowed: torch.Tensor | Spans | None = None,
+        documents: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        position_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """`position_bias` (this rank's heads, seq, keys): rpe's bias on the scores, shared by every layer."""
         batch, seq, _ = hidden.shape
         head_dim = self.config.head_dim
@@ -431,8 +490,9 @@ class SelfAttention(nn.Module):
         if self.alibi is not None:
             local = query.shape[1]
             start = self._head_offset(local)
-            bias = alibi_bias(self.alibi[start:start + local], query.shape[2], query.device,
-                              past=key.shape[2] - query.shape[2])  # fmt: skip
+            bias = alibi_bias(
+                self.alibi[start : start + local], query.shape[2], query.device, past=key.shape[2] - query.shape[2]
+            )
         if self.sparse is not None:
             allowed = self._sparse_mask(query, key, allowed, documents, bias)
         context = self.core_attention(query, key, value, allowed, documents, bias)
@@ -440,14 +500,22 @@ class SelfAttention(nn.Module):
             context = self.context_dropout(context)
         return self.o_proj(context.transpose(1, 2).reshape(batch, seq, -1))
 
-    def _sparse_mask(self, query: torch.Tensor, key: torch.Tensor, allowed: torch.Tensor | Spans | None,
-                     documents: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor | BlockMask:
+    def _sparse_mask(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        allowed: torch.Tensor | Spans | None,
+        documents: torch.Tensor | None,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor | BlockMask:
         """The layout's mask for this rank's heads, within what `allowed` permits (documents, a sliding window,
         decoding): FlexAttention's block mask when training on CUDA where nothing else masks or biases, else a boolean
         mask."""
         if self.core_attention.context_parallel is not None:
-            raise ModelConfigError(f"model.attention_layers: a {self.sparse.kind} layer's layout is not available "
-                                   "with context parallelism (ring attention takes no mask)")  # fmt: skip
+            raise ModelConfigError(
+                f"model.attention_layers: a {self.sparse.kind} layer's layout is not available "
+                "with context parallelism (ring attention takes no mask)"
+            )
         local = query.shape[1]
         first = self._head_offset(local)
         heads = slice(first, first + local)
@@ -501,17 +569,29 @@ class DecoderLayer(nn.Module):
         moe_layers = config.moe_layers
         if layer_number - 1 in moe_layers:
             activation, gated = ACTIVATIONS[config.activation]
-            self.mlp = MoELayer(config.moe, config.hidden_size, config.ffn_size, activation, gated,
-                                moe_layers.index(layer_number - 1), len(moe_layers),
-                                MLP(config) if config.moe.residual else None)  # fmt: skip
+            self.mlp = MoELayer(
+                config.moe,
+                config.hidden_size,
+                config.ffn_size,
+                activation,
+                gated,
+                moe_layers.index(layer_number - 1),
+                len(moe_layers),
+                MLP(config) if config.moe.residual else None,
+            )
         else:
             self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
-                allowed: torch.Tensor | Spans | None = None, documents: torch.Tensor | None = None,
-                cache: LayerCache | None = None,
-                position_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None,
+        allowed: torch.Tensor | Spans | None = None,
+        documents: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        position_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         normed = self.input_layernorm(hidden)
         attention = self.dropout(self.self_attn(normed, rotary, allowed, documents, cache, position_bias))
         if self.block == "pre_ln":
@@ -538,18 +618,37 @@ class SoftPrompt(nn.Module):
 def _layer(config: GPTConfig, layer_number: int, kernel: AttentionKernel) -> nn.Module:
     """Decoder layer `layer_number` (1-based) of the kind `attention_layers` gives it."""
     kind = config.attention_kind(layer_number)
+
     def norm(width: int) -> nn.Module:
         return build_norm(config.normalization, width, config.layernorm_epsilon)
 
     if kind in GATING_KINDS:
-        return GMLPLayer(config.hidden_size, config.seq_length + config.soft_prompt_tokens, norm,
-                         ACTIVATIONS[config.activation][0], config.gmlp_attention_dim if kind == "amlp" else None)
+        return GMLPLayer(
+            config.hidden_size,
+            config.seq_length + config.soft_prompt_tokens,
+            norm,
+            ACTIVATIONS[config.activation][0],
+            config.gmlp_attention_dim if kind == "amlp" else None,
+        )
     if kind in MAMBA_KINDS:
-        return MambaLayer(config.hidden_size, config.mamba_inner_size or 2 * config.hidden_size, norm,
-                          config.mamba_conv_bias, config.mamba_linear_bias)  # fmt: skip
+        return MambaLayer(
+            config.hidden_size,
+            config.mamba_inner_size or 2 * config.hidden_size,
+            norm,
+            config.mamba_conv_bias,
+            config.mamba_linear_bias,
+        )
     if kind in RWKV_KINDS:
-        return RWKVLayer(config.hidden_size, config.rwkv_width, config.num_attention_heads, config.rwkv_ffn,
-                         layer_number - 1, config.num_layers, config.attention_dropout, config.hidden_dropout)
+        return RWKVLayer(
+            config.hidden_size,
+            config.rwkv_width,
+            config.num_attention_heads,
+            config.rwkv_ffn,
+            layer_number - 1,
+            config.num_layers,
+            config.attention_dropout,
+            config.hidden_dropout,
+        )
     return DecoderLayer(config, layer_number, kernel)
 
 
@@ -562,10 +661,12 @@ class GPTDecoder(nn.Module):
             table = StableEmbedding if config.position_embedding_norm else nn.Embedding
             self.position_embeddings = table(config.max_positions, config.hidden_size)
         if config.position_embedding_type == "rpe":  # one table for every layer, as GPT-NeoX shares it
-            self.relative_position_bias = RelativePositionBias(config.num_attention_heads, config.head_dim,
-                                                               config.rpe_num_buckets, config.rpe_max_distance)
-        self.soft_prompt = SoftPrompt(config.soft_prompt_tokens, config.hidden_size) if config.soft_prompt_tokens \
-            else None  # fmt: skip
+            self.relative_position_bias = RelativePositionBias(
+                config.num_attention_heads, config.head_dim, config.rpe_num_buckets, config.rpe_max_distance
+            )
+        self.soft_prompt = (
+            SoftPrompt(config.soft_prompt_tokens, config.hidden_size) if config.soft_prompt_tokens else None
+        )
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList(_layer(config, number, kernel) for number in range(1, config.unique_layers + 1))
         """The unique layers; the stack runs them in `config.layer_order` (each once without sharing)."""
@@ -573,15 +674,22 @@ class GPTDecoder(nn.Module):
         self.context_parallel = False
         """Set by `use_context_parallel`: the layers' attention covers a split sequence."""
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                document_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         hidden = input_ids  # a later pipeline stage (no embeddings) takes the residual stream
         prompt = 0 if self.soft_prompt is None else self.config.soft_prompt_tokens
         prepend = self.prompt_positions(cache)  # decoding: the cache holds the prompt's keys after the first call
         position_ids = position_ids + prompt
         if prepend:  # the prompt at positions 0 .. n - 1 (in every document: id -1, seen by all)
-            position_ids = torch.cat([torch.arange(prompt, device=position_ids.device).expand(
-                position_ids.shape[0], -1), position_ids], dim=1)  # fmt: skip
+            position_ids = torch.cat(
+                [torch.arange(prompt, device=position_ids.device).expand(position_ids.shape[0], -1), position_ids],
+                dim=1,
+            )
             if document_ids is not None:
                 document_ids = torch.cat([document_ids.new_full((document_ids.shape[0], prompt), -1), document_ids], 1)
         if self.embed_tokens is not None:
@@ -591,25 +699,31 @@ class GPTDecoder(nn.Module):
             hidden = self.embedding_dropout(hidden)
             if self.config.mup is not None and self.config.mup.embedding_multiplier != 1:
                 hidden = hidden * self.config.mup.embedding_multiplier
-        stack = [self.layers[index] for index in self.config.layer_order] if self.config.shares_layers \
-            else [layer for layer in self.layers if layer is not None]  # fmt: skip
+        stack = (
+            [self.layers[index] for index in self.config.layer_order]
+            if self.config.shares_layers
+            else [layer for layer in self.layers if layer is not None]
+        )
         hidden = self.run_layers(stack, hidden, position_ids, document_ids, cache)
         return hidden if self.norm is None else self.norm(hidden)
 
     def prompt_positions(self, cache: KVCache | None) -> int:
         """How many soft-prompt positions a forward puts before the tokens: all of them unless decoding continues
         a cache that holds them already."""
-        return 0 if self.soft_prompt is None or (cache is not None and cache.length) else \
-            self.config.soft_prompt_tokens  # fmt: skip
+        return 0 if self.soft_prompt is None or (cache is not None and cache.length) else self.config.soft_prompt_tokens
 
     def embed_prompt(self, batch: int, position_ids: torch.Tensor) -> torch.Tensor:
         """The soft prompt's rows with their positions' learned or sinusoidal embeddings, as tokens get."""
         hidden = self.soft_prompt(batch)
-        return hidden + self.embed(None, position_ids, hidden.dtype) if self.config.position_embedding_type in \
-            ("learned_absolute", "sinusoidal") else hidden  # fmt: skip
+        return (
+            hidden + self.embed(None, position_ids, hidden.dtype)
+            if self.config.position_embedding_type in ("learned_absolute", "sinusoidal")
+            else hidden
+        )
 
-    def embed(self, input_ids: torch.Tensor | None, position_ids: torch.Tensor,
-              dtype: torch.dtype | None = None) -> torch.Tensor:  # fmt: skip
+    def embed(
+        self, input_ids: torch.Tensor | None, position_ids: torch.Tensor, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         """Token embeddings plus their positions' (learned or sinusoidal); the positions' alone without ids."""
         hidden = 0 if input_ids is None else self.embed_tokens(input_ids)
         dtype = hidden.dtype if input_ids is not None else dtype
@@ -623,8 +737,14 @@ class GPTDecoder(nn.Module):
         multiplier = self.config.position_embedding_multiplier
         return hidden + (table if multiplier == 1 else table * multiplier)
 
-    def run_layers(self, layers: Iterable[nn.Module], hidden: torch.Tensor, position_ids: torch.Tensor,
-                   document_ids: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
+    def run_layers(
+        self,
+        layers: Iterable[nn.Module],
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        document_ids: torch.Tensor | None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """`hidden` through `layers` (all of them, or a pipeline stage's). A context-parallel attention
         masks documents itself (its part of the sequence is not contiguous); the others get each
         document's span, or a mask where a document is not one contiguous run (or the kernel is the
@@ -665,8 +785,11 @@ class GPTForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         if config.share_embeddings_and_output_weights:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.mup_widths: dict[str, Width] = {} if config.mup is None else \
-            widths(dict(config.mup.base_shapes), {name: p.shape for name, p in self.named_parameters()})  # fmt: skip
+        self.mup_widths: dict[str, Width] = (
+            {}
+            if config.mup is None
+            else widths(dict(config.mup.base_shapes), {name: p.shape for name, p in self.named_parameters()})
+        )
         """muP: each parameter's widths against the base shapes (full shapes, read before any sharding)."""
         self.readout_multiplier = 1.0
         """What the output layer's input is multiplied by: muP's 1 / (width multiplier x output_temperature)."""
@@ -677,9 +800,14 @@ class GPTForCausalLM(nn.Module):
             for name, parameter in self.named_parameters():
                 parameter.requires_grad_(name.startswith("model.soft_prompt."))
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                document_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """`document_ids` (batch, seq), when given, confines attention to each document. A pipeline
         stage (see `keep_pipeline_stage`) takes and returns the residual stream where it lacks the
         embedding or the output layer (and then ignores `labels`). With a `cache` (decoding) the tokens
@@ -716,7 +844,7 @@ class GPTForCausalLM(nn.Module):
         table = self.model.embed_tokens.weight
         table = table.full_tensor() if is_dtensor(table) else table
         ids = torch.tensor(c.soft_prompt_init_ids, device=table.device)
-        rows = table[ids.repeat(math.ceil(c.soft_prompt_tokens / len(ids)))[:c.soft_prompt_tokens]]
+        rows = table[ids.repeat(math.ceil(c.soft_prompt_tokens / len(ids)))[: c.soft_prompt_tokens]]
         weight = prompt.weight
         if is_dtensor(weight):
             from torch.distributed.tensor import distribute_tensor
@@ -739,8 +867,18 @@ class GPTForCausalLM(nn.Module):
             pass
         elif isinstance(module, TimeMix | ChannelMix):  # NeoX's curves for the layer's place in the stack
             module.reset_curves()
-        elif name.endswith((".att.receptance", ".att.key", ".att.value", ".att.gate", ".att.output", ".ffn.key",
-                            ".ffn.receptance", ".ffn.value")):  # fmt: skip
+        elif name.endswith(
+            (
+                ".att.receptance",
+                ".att.key",
+                ".att.value",
+                ".att.gate",
+                ".att.output",
+                ".ffn.key",
+                ".ffn.receptance",
+                ".ffn.value",
+            )
+        ):
             module.reset_parameters()  # NeoX leaves RWKV's linear layers to torch's default draw
         elif name.endswith(".spatial_gating.proj"):  # NeoX's W = 0 and b = 1: the gate starts as the identity
             nn.init.zeros_(module.weight)
@@ -754,8 +892,9 @@ class GPTForCausalLM(nn.Module):
                 draw(module.weight, c.init_method, qkv_fans)
             elif name.endswith(("gate_proj", "up_proj")):  # one matrix [up | gate] in GPT-NeoX
                 draw(module.weight, c.init_method, (c.hidden_size, c.ffn_size * (2 if c.gated else 1)))
-            elif not (name == "lm_head" and c.share_embeddings_and_output_weights
-                      and not isinstance(module, ScoreHead)):  # a score head is never tied
+            elif not (
+                name == "lm_head" and c.share_embeddings_and_output_weights and not isinstance(module, ScoreHead)
+            ):  # a score head is never tied
                 draw(module.weight, c.init_method)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
@@ -842,10 +981,13 @@ def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
         kinds = config.attention_layers
         holders = {"input_layernorm": [index for index, kind in enumerate(kinds) if kind not in RWKV_KINDS]}
         attending = [index for index, kind in enumerate(kinds) if kind not in WHOLE_LAYER_KINDS]
-        plan = {pattern.replace("*", str(index)) if pattern.startswith("model.layers.*.") else pattern: style
-                for pattern, style in plan.items()
-                for index in (holders.get(pattern.rsplit(".", 1)[-1], attending)
-                              if pattern.startswith("model.layers.*.") else (0,))}  # fmt: skip
+        plan = {
+            pattern.replace("*", str(index)) if pattern.startswith("model.layers.*.") else pattern: style
+            for pattern, style in plan.items()
+            for index in (
+                holders.get(pattern.rsplit(".", 1)[-1], attending) if pattern.startswith("model.layers.*.") else (0,)
+            )
+        }
     return {**plan, **moe_tp_plan(config.moe_layers)}
 
 

@@ -41,8 +41,9 @@ def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> 
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
-        raise ModelConfigError(f"model.model_config: expected a config.json file or a directory with one, "
-                               f"found no file at {file}")
+        raise ModelConfigError(
+            f"model.model_config: expected a config.json file or a directory with one, found no file at {file}"
+        )
     try:
         raw = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -57,8 +58,10 @@ def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> 
     try:
         from transformers import AutoConfig
     except ImportError:
-        raise ModelConfigError(f"{file}: a Hugging Face model needs transformers, which is not installed; install "
-                               "nxd-models[hf] (pip install 'nxd-models[hf]')") from None
+        raise ModelConfigError(
+            f"{file}: a Hugging Face model needs transformers, which is not installed; install "
+            "nxd-models[hf] (pip install 'nxd-models[hf]')"
+        ) from None
     try:
         config = AutoConfig.for_model(**raw)
     except (TypeError, ValueError) as error:
@@ -73,8 +76,10 @@ def load_hf_config(path: str | Path, overrides: HFOverrides = HFOverrides()) -> 
     if overrides.max_position_embeddings is not None:
         config.max_position_embeddings = overrides.max_position_embeddings
     if overrides.rope_theta is not None:
-        config.rope_parameters = {**(config.rope_parameters or {"rope_type": "default"}),
-                                  "rope_theta": overrides.rope_theta}
+        config.rope_parameters = {
+            **(config.rope_parameters or {"rope_type": "default"}),
+            "rope_theta": overrides.rope_theta,
+        }
     set_qkv_linear(config, overrides.qkv_linear, overrides.fuse_qkv)
     set_moe(config, overrides.moe, str(file))
     return config

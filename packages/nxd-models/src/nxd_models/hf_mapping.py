@@ -55,23 +55,34 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
     for shapes transformers has no class for. A soft prompt is left out (its weights have no Hugging Face key:
     a start from Hugging Face weights starts it fresh)."""
     if config.qk_layernorm:
-        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: qk_layernorm is True "
-                               "(GPT-NeoX's norm over all heads of a token; transformers' query/key norms are per "
-                               "head)")  # fmt: skip
+        raise ModelConfigError(
+            "no Hugging Face architecture matches this Megatron-style model: qk_layernorm is True "
+            "(GPT-NeoX's norm over all heads of a token; transformers' query/key norms are per "
+            "head)"
+        )
     if config.mup is not None or config.position_embedding_multiplier != 1:
-        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: "
-                               + ("model.mup scales its attention scores, embeddings and logits by its widths"
-                                  if config.mup is not None else "model.position_embedding_multiplier scales its "
-                                  "positions") + " (transformers' decoders take no such multipliers)")  # fmt: skip
+        raise ModelConfigError(
+            "no Hugging Face architecture matches this Megatron-style model: "
+            + (
+                "model.mup scales its attention scores, embeddings and logits by its widths"
+                if config.mup is not None
+                else "model.position_embedding_multiplier scales its positions"
+            )
+            + " (transformers' decoders take no such multipliers)"
+        )
     if config.num_unique_layers not in (None, config.num_layers):
-        raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: its "
-                               f"{config.num_layers} layers share {config.num_unique_layers} layers' weights "
-                               "(num_unique_layers)")  # fmt: skip
+        raise ModelConfigError(
+            f"no Hugging Face architecture matches this Megatron-style model: its "
+            f"{config.num_layers} layers share {config.num_unique_layers} layers' weights "
+            "(num_unique_layers)"
+        )
     other = sorted(set(config.attention_layers or ()) - {"dense"})
     if other:
-        raise ModelConfigError(f"no Hugging Face architecture matches this Megatron-style model: model."
-                               f"attention_layers has {', '.join(other)} layers (transformers' GPT and Llama "
-                               "decoders attend densely in every layer)")  # fmt: skip
+        raise ModelConfigError(
+            f"no Hugging Face architecture matches this Megatron-style model: model."
+            f"attention_layers has {', '.join(other)} layers (transformers' GPT and Llama "
+            "decoders attend densely in every layer)"
+        )
     if config.transformer_block_type != "pre_ln" or (config.normalization == "layernorm" and not config.gated):
         return gpt_neox_mapping(config)
     mismatches = [
@@ -88,11 +99,18 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         mismatches.append("the linear layers have biases (Mistral, the sliding-window architecture, has none)")
     moe = config.moe
     if moe is not None:
-        mismatches += [f"moe.{key} is {value!r} (Mixtral needs {needed!r})" for key, value, needed in (
-            ("frequency", moe.frequency, 1), ("routing_algorithm", moe.routing, "top_k"),
-            ("router_activation", moe.router_activation, "softmax"),
-            ("normalize_top_k_affinities", moe.normalize_top_k_affinities, True), ("residual", moe.residual, False),
-            ("has_bias", config.attention_has_bias or config.mlp_has_bias, False)) if value != needed]  # fmt: skip
+        mismatches += [
+            f"moe.{key} is {value!r} (Mixtral needs {needed!r})"
+            for key, value, needed in (
+                ("frequency", moe.frequency, 1),
+                ("routing_algorithm", moe.routing, "top_k"),
+                ("router_activation", moe.router_activation, "softmax"),
+                ("normalize_top_k_affinities", moe.normalize_top_k_affinities, True),
+                ("residual", moe.residual, False),
+                ("has_bias", config.attention_has_bias or config.mlp_has_bias, False),
+            )
+            if value != needed
+        ]
     if mismatches:
         raise ModelConfigError(
             "no Hugging Face architecture matches this Megatron-style model: " + "; ".join(mismatches)
@@ -122,18 +140,31 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
     if mistral or moe is not None:
         hf_config["sliding_window"] = config.sliding_window
     if moe is not None:  # exported dropless: a capacity is a training-time limit
-        hf_config.update(num_local_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
-                         output_router_logits=moe.router_aux_loss, router_aux_loss_coef=moe.router_aux_loss_coef)
+        hf_config.update(
+            num_local_experts=moe.num_experts,
+            num_experts_per_tok=moe.top_k,
+            output_router_logits=moe.router_aux_loss,
+            router_aux_loss_coef=moe.router_aux_loss_coef,
+        )
         del hf_config["mlp_bias"]
     layer_keys = [
-        "input_layernorm.weight", "post_attention_layernorm.weight",
-        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-    ]  # fmt: skip
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    ]
     if moe is not None:
         layer_keys = [key for key in layer_keys if not key.startswith("mlp.")]
-    layer_keys += [k.replace(".weight", ".bias") for k in layer_keys
-                   if (config.attention_has_bias and "self_attn" in k) or (config.mlp_has_bias and "mlp." in k)]
+    layer_keys += [
+        k.replace(".weight", ".bias")
+        for k in layer_keys
+        if (config.attention_has_bias and "self_attn" in k) or (config.mlp_has_bias and "mlp." in k)
+    ]
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     names += [f"model.layers.{i}.{key}" for i in range(config.num_layers) for key in layer_keys]
     vocab_keys = ["model.embed_tokens.weight"]
@@ -142,18 +173,28 @@ def hf_mapping(config: GPTConfig) -> HFMapping:
         vocab_keys.append("lm_head.weight")
     tied = TIED_OUTPUT if config.share_embeddings_and_output_weights else {}
     experts, stacked = mixtral_keys(config.moe_layers, moe.num_experts) if moe is not None else ({}, {})
-    return HFMapping(hf_config, {**{_ours(name, config): name for name in names}, **experts}, config.vocab_size,
-                     tuple(vocab_keys), tied, stacked)  # fmt: skip
+    return HFMapping(
+        hf_config,
+        {**{_ours(name, config): name for name in names}, **experts},
+        config.vocab_size,
+        tuple(vocab_keys),
+        tied,
+        stacked,
+    )
 
 
 GPT_NEOX_LAYER = {
-    "input_layernorm.weight": "input_layernorm.weight", "input_layernorm.bias": "input_layernorm.bias",
+    "input_layernorm.weight": "input_layernorm.weight",
+    "input_layernorm.bias": "input_layernorm.bias",
     "post_attention_layernorm.weight": "post_attention_layernorm.weight",
     "post_attention_layernorm.bias": "post_attention_layernorm.bias",
-    "self_attn.o_proj.weight": "attention.dense.weight", "self_attn.o_proj.bias": "attention.dense.bias",
-    "mlp.up_proj.weight": "mlp.dense_h_to_4h.weight", "mlp.up_proj.bias": "mlp.dense_h_to_4h.bias",
-    "mlp.down_proj.weight": "mlp.dense_4h_to_h.weight", "mlp.down_proj.bias": "mlp.dense_4h_to_h.bias",
-}  # fmt: skip
+    "self_attn.o_proj.weight": "attention.dense.weight",
+    "self_attn.o_proj.bias": "attention.dense.bias",
+    "mlp.up_proj.weight": "mlp.dense_h_to_4h.weight",
+    "mlp.up_proj.bias": "mlp.dense_h_to_4h.bias",
+    "mlp.down_proj.weight": "mlp.dense_4h_to_h.weight",
+    "mlp.down_proj.bias": "mlp.dense_4h_to_h.bias",
+}
 """Our decoder layer's keys -> GPTNeoXForCausalLM's, under model.layers.N / gpt_neox.layers.N."""
 
 
@@ -163,23 +204,30 @@ GPT_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".rotary_emb.in
 
 def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
     """The GPTNeoXForCausalLM of a layernorm model with an ungated MLP and rotary positions."""
-    mismatches = [f"{key} is {value!r} ({needed})" for key, value, needed in (
-        ("transformer_block_type", config.transformer_block_type, "GPT-NeoX runs gpt_neox or pre_ln blocks"),
-        ("normalization", config.normalization, "GPT-NeoX uses layernorm"),
-        ("position_embedding_type", config.position_embedding_type, "GPT-NeoX uses rope"),
-        ("activation", config.activation, f"GPT-NeoX's hidden_act takes {', '.join(sorted(HF_ACTIVATIONS))}"),
-        ("num_kv_heads", config.kv_heads, "GPT-NeoX has as many key/value heads as query heads"),
-        ("mlp_bias", config.mlp_has_bias, "GPT-NeoX's MLP always has biases"),
-        ("sliding_window_size", config.sliding_window, "GPT-NeoX attends the whole sequence"),
-        ("moe", config.moe, "GPT-NeoX has no experts"),
-    ) if not _gpt_neox_accepts(key, value, config)]  # fmt: skip
+    mismatches = [
+        f"{key} is {value!r} ({needed})"
+        for key, value, needed in (
+            ("transformer_block_type", config.transformer_block_type, "GPT-NeoX runs gpt_neox or pre_ln blocks"),
+            ("normalization", config.normalization, "GPT-NeoX uses layernorm"),
+            ("position_embedding_type", config.position_embedding_type, "GPT-NeoX uses rope"),
+            ("activation", config.activation, f"GPT-NeoX's hidden_act takes {', '.join(sorted(HF_ACTIVATIONS))}"),
+            ("num_kv_heads", config.kv_heads, "GPT-NeoX has as many key/value heads as query heads"),
+            ("mlp_bias", config.mlp_has_bias, "GPT-NeoX's MLP always has biases"),
+            ("sliding_window_size", config.sliding_window, "GPT-NeoX attends the whole sequence"),
+            ("moe", config.moe, "GPT-NeoX has no experts"),
+        )
+        if not _gpt_neox_accepts(key, value, config)
+    ]
     if config.position_embedding_type == "rope" and int(config.head_dim * config.rotary_percentage) % 2:
-        mismatches.append(f"rotary_percentage {config.rotary_percentage} rotates an odd "
-                          f"{int(config.head_dim * config.rotary_percentage)} of {config.head_dim} dims (GPT-NeoX "
-                          f"needs an even count)")  # fmt: skip
+        mismatches.append(
+            f"rotary_percentage {config.rotary_percentage} rotates an odd "
+            f"{int(config.head_dim * config.rotary_percentage)} of {config.head_dim} dims (GPT-NeoX "
+            f"needs an even count)"
+        )
     if mismatches:
-        raise ModelConfigError("no Hugging Face architecture matches this Megatron-style model: "
-                               + "; ".join(mismatches))
+        raise ModelConfigError(
+            "no Hugging Face architecture matches this Megatron-style model: " + "; ".join(mismatches)
+        )
     hf_config = {
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
@@ -192,8 +240,11 @@ def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
         "max_position_embeddings": config.max_positions,
         "initializer_range": config.init_method_std,
         "layer_norm_eps": config.layernorm_epsilon,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
-                            "partial_rotary_factor": config.rotary_percentage},
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": config.rope_theta,
+            "partial_rotary_factor": config.rotary_percentage,
+        },
         "rotary_pct": config.rotary_percentage,  # the same, as transformers before 5 reads it
         "rotary_emb_base": config.rope_theta,
         "use_parallel_residual": config.transformer_block_type == "gpt_neox",
@@ -202,15 +253,22 @@ def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
         "hidden_dropout": 0.0,
         "tie_word_embeddings": config.share_embeddings_and_output_weights,
     }
-    keys = {"model.embed_tokens.weight": "gpt_neox.embed_in.weight",
-            "model.norm.weight": "gpt_neox.final_layer_norm.weight",
-            "model.norm.bias": "gpt_neox.final_layer_norm.bias"}  # fmt: skip
+    keys = {
+        "model.embed_tokens.weight": "gpt_neox.embed_in.weight",
+        "model.norm.weight": "gpt_neox.final_layer_norm.weight",
+        "model.norm.bias": "gpt_neox.final_layer_norm.bias",
+    }
     interleaved = {}
     kinds = ("weight", "bias") if config.attention_has_bias else ("weight",)
     for index in range(config.num_layers):
         ours, theirs = f"model.layers.{index}.", f"gpt_neox.layers.{index}."
-        keys.update({ours + key: theirs + key_there for key, key_there in GPT_NEOX_LAYER.items()
-                     if config.attention_has_bias or not key.startswith("self_attn.o_proj.bias")})  # fmt: skip
+        keys.update(
+            {
+                ours + key: theirs + key_there
+                for key, key_there in GPT_NEOX_LAYER.items()
+                if config.attention_has_bias or not key.startswith("self_attn.o_proj.bias")
+            }
+        )
         for kind in kinds:
             parts = tuple(_ours(f"{ours}self_attn.{p}_proj.{kind}", config) for p in "qkv")
             interleaved[f"{theirs}attention.query_key_value.{kind}"] = (parts, config.head_dim)
@@ -219,8 +277,9 @@ def gpt_neox_mapping(config: GPTConfig) -> HFMapping:
         keys["lm_head.weight"] = "embed_out.weight"
         vocab_keys.append("lm_head.weight")
     tied = TIED_OUTPUT if config.share_embeddings_and_output_weights else {}
-    return HFMapping(hf_config, keys, config.vocab_size, tuple(vocab_keys), tied, interleaved=interleaved,
-                     buffers=GPT_NEOX_BUFFERS)  # fmt: skip
+    return HFMapping(
+        hf_config, keys, config.vocab_size, tuple(vocab_keys), tied, interleaved=interleaved, buffers=GPT_NEOX_BUFFERS
+    )
 
 
 def _gpt_neox_accepts(key: str, value: object, config: GPTConfig) -> bool:
@@ -247,8 +306,7 @@ def hf_self_mapping(config: PretrainedConfig, names: list[str]) -> HFMapping:
     content["architectures"] = content.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     tied = TIED_OUTPUT if config.tie_word_embeddings else {}
     moe = moe_of(config)
-    experts, stacked = ({}, {}) if moe is None else mixtral_keys(list(range(config.num_hidden_layers)),
-                                                                  moe.num_experts)  # fmt: skip
+    experts, stacked = ({}, {}) if moe is None else mixtral_keys(list(range(config.num_hidden_layers)), moe.num_experts)
     keys = {name: hf_key(name) for name in names if name not in tied and name not in stacked}
     return HFMapping(content, {**keys, **experts}, tied=tied, stacked=stacked)
 

@@ -31,16 +31,23 @@ def set_moe(config: PretrainedConfig, moe: MoESpec | None, source: str) -> None:
     experts and routing become those of `moe`, written into the config's own keys for export too."""
     if config.model_type != "mixtral":
         if moe is not None:
-            raise ModelConfigError(f"model.moe: a Hugging Face model takes a moe block only when {source} is a "
-                                   f"Mixtral (model_type mixtral), found {config.model_type!r}")  # fmt: skip
+            raise ModelConfigError(
+                f"model.moe: a Hugging Face model takes a moe block only when {source} is a "
+                f"Mixtral (model_type mixtral), found {config.model_type!r}"
+            )
         return
     if moe is None:
-        moe = MoESpec(num_experts=config.num_local_experts, top_k=config.num_experts_per_tok,
-                      normalize_top_k_affinities=True, router_aux_loss=bool(config.output_router_logits),
-                      router_aux_loss_coef=config.router_aux_loss_coef if config.output_router_logits else 0.0)
+        moe = MoESpec(
+            num_experts=config.num_local_experts,
+            top_k=config.num_experts_per_tok,
+            normalize_top_k_affinities=True,
+            router_aux_loss=bool(config.output_router_logits),
+            router_aux_loss_coef=config.router_aux_loss_coef if config.output_router_logits else 0.0,
+        )
     if moe.frequency != 1:
-        raise ModelConfigError(f"model.moe.frequency: expected 1 (a Mixtral has experts in every layer), found "
-                               f"{moe.frequency}")  # fmt: skip
+        raise ModelConfigError(
+            f"model.moe.frequency: expected 1 (a Mixtral has experts in every layer), found {moe.frequency}"
+        )
     config.num_local_experts, config.num_experts_per_tok = moe.num_experts, moe.top_k
     config.output_router_logits, config.router_aux_loss_coef = moe.router_aux_loss, moe.router_aux_loss_coef
     setattr(config, MOE_SPEC, dataclasses.asdict(moe))
@@ -66,8 +73,15 @@ def use_moe_layers(model: PreTrainedModel) -> None:
     for index, layer in enumerate(layers):
         device = next(layer.mlp.parameters()).device
         with device:
-            layer.mlp = MoELayer(spec, config.hidden_size, config.intermediate_size, ACT2FN[config.hidden_act],
-                                 gated=True, moe_index=index, moe_layer_count=len(layers))  # fmt: skip
+            layer.mlp = MoELayer(
+                spec,
+                config.hidden_size,
+                config.intermediate_size,
+                ACT2FN[config.hidden_act],
+                gated=True,
+                moe_index=index,
+                moe_layer_count=len(layers),
+            )
 
 
 def init_experts(module: nn.Module, std: float) -> None:
@@ -84,6 +98,7 @@ def mixtral_keys(layers: list[int], num_experts: int) -> tuple[dict[str, str], d
         ours, theirs = f"model.layers.{index}.mlp", f"model.layers.{index}.block_sparse_moe"
         keys[f"{ours}.router.weight"] = f"{theirs}.gate.weight"
         for name, hub in EXPERT_WEIGHTS.items():
-            stacked[f"{ours}.experts.{name}"] = tuple(f"{theirs}.experts.{expert}.{hub}.weight"
-                                                      for expert in range(num_experts))  # fmt: skip
+            stacked[f"{ours}.experts.{name}"] = tuple(
+                f"{theirs}.experts.{expert}.{hub}.weight" for expert in range(num_experts)
+            )
     return keys, stacked

@@ -27,9 +27,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: torch.Tensor,
-                   document_ids: torch.Tensor | None = None,
-                   labels: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def _stage_forward(
+    self: PreTrainedModel,
+    inputs: torch.Tensor,
+    position_ids: torch.Tensor,
+    document_ids: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+) -> torch.Tensor:
     decoder = self.model
     hidden = inputs if decoder.embed_tokens is None else decoder.embed_tokens(inputs)
     masks, extra = hf_attention_inputs(self, position_ids.shape, document_ids, hidden.device)
@@ -38,8 +42,15 @@ def _stage_forward(self: PreTrainedModel, inputs: torch.Tensor, position_ids: to
     for index, layer in enumerate(decoder.layers):
         if layer is not None:
             mask = masks[kinds[index]] if isinstance(masks, dict) else masks
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids,
-                           past_key_values=None, use_cache=False, **extra)  # fmt: skip
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_embeddings=rotary,
+                position_ids=position_ids,
+                past_key_values=None,
+                use_cache=False,
+                **extra,
+            )
     if decoder.norm is not None:
         hidden = decoder.norm(hidden)
     if self.lm_head is None:
@@ -77,6 +88,8 @@ def make_hf_stage(model: PreTrainedModel) -> PreTrainedModel:
 def hf_stage_problems(model: PreTrainedModel) -> list[str]:
     """Why a transformers model cannot be cut into pipeline stages (empty when it can)."""
     if model.config.tie_word_embeddings:
-        return ["model.model_config: tie_word_embeddings: expected false in config.json with pipeline parallelism "
-                "(the embedding and the output layer live on different stages), found true"]  # fmt: skip
+        return [
+            "model.model_config: tie_word_embeddings: expected false in config.json with pipeline parallelism "
+            "(the embedding and the output layer live on different stages), found true"
+        ]
     return []

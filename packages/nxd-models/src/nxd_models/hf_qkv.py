@@ -36,7 +36,7 @@ def set_qkv_linear(config: PretrainedConfig, enabled: bool, fuse: bool) -> None:
 
 
 def qkv_linear_of(config: PretrainedConfig) -> str | None:
-    """"fused", "separate" or None (transformers' separate q/k/v layers)."""
+    """ "fused", "separate" or None (transformers' separate q/k/v layers)."""
     return getattr(config, QKV_LINEAR, None)
 
 
@@ -84,8 +84,9 @@ def use_qkv_linear(model: PreTrainedModel) -> PreTrainedModel:
         attention = layer.self_attn
         q, k, v = (getattr(attention, name) for name in PROJECTIONS)
         with torch.device("meta"):
-            qkv = QKVLinear(q.in_features, q.out_features, k.out_features, bias=q.bias is not None,
-                            fuse=kind == "fused")  # fmt: skip
+            qkv = QKVLinear(
+                q.in_features, q.out_features, k.out_features, bias=q.bias is not None, fuse=kind == "fused"
+            )
         for part, linear in zip("qkv", (q, k, v), strict=True):
             qkv.register_parameter(f"weight_{part}", linear.weight)
             qkv.register_parameter(f"bias_{part}", linear.bias)

@@ -13,9 +13,16 @@ import torch
 from torch import nn
 
 INIT_METHODS = (
-    "normal", "scaled_normal", "single_residual_scaled_normal", "small_init", "wang_init", "xavier_uniform",
-    "xavier_normal", "orthogonal", "scaled_orthogonal",
-)  # fmt: skip
+    "normal",
+    "scaled_normal",
+    "single_residual_scaled_normal",
+    "small_init",
+    "wang_init",
+    "xavier_uniform",
+    "xavier_normal",
+    "orthogonal",
+    "scaled_orthogonal",
+)
 
 
 def normal_std(method: str, std: float, layers: int, hidden: int) -> float | None:
@@ -41,8 +48,9 @@ def _orthogonal(weight: torch.Tensor, gain: float) -> None:
 
 
 @torch.no_grad()
-def init_weight(weight: torch.Tensor, method: str, *, std: float, layers: int, hidden: int,
-                fans: tuple[int, int] | None = None) -> None:  # fmt: skip
+def init_weight(
+    weight: torch.Tensor, method: str, *, std: float, layers: int, hidden: int, fans: tuple[int, int] | None = None
+) -> None:
     """Draw `weight` (out, in) by `method`; `fans` (fan_in, fan_out) default to the weight's own."""
     fan_in, fan_out = fans or (weight.shape[1] if weight.dim() > 1 else 1, weight.shape[0])
     if (sigma := normal_std(method, std, layers, hidden)) is not None:

@@ -69,8 +69,9 @@ def _hf_init_module(model: PreTrainedModel, name: str, module: nn.Module, seeded
         return
     for part in "qkv":
         weight, bias = getattr(module, f"weight_{part}"), getattr(module, f"bias_{part}")
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
-                           dtype=weight.dtype)  # fmt: skip
+        linear = nn.Linear(
+            weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype
+        )
         with seeded(qkv_part_unit(name, part)):
             model._init_weights(linear)
         weight.copy_(linear.weight)
@@ -102,8 +103,12 @@ def initial_values(
 
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         for name, module in model.named_modules():
-            own = [(kind, key, tensor) for kind in ("_parameters", "_buffers")
-                   for key, tensor in getattr(module, kind).items() if tensor is not None]  # fmt: skip
+            own = [
+                (kind, key, tensor)
+                for kind in ("_parameters", "_buffers")
+                for key, tensor in getattr(module, kind).items()
+                if tensor is not None
+            ]
             full = {key: f"{name}.{key}" if name else key for _, key, _ in own}
             if not own or (names is not None and not any(full[key] in names for _, key, _ in own)):
                 continue

@@ -37,15 +37,16 @@ class KVCache:
         keys, values = self._layers.get(layer, (None, None))
         if keys is None or past + new > keys.shape[2]:
             capacity = max(2 * past, past + new, 16)
-            grown = [torch.empty(*t.shape[:2], capacity, t.shape[3], dtype=t.dtype, device=t.device)
-                     for t in (key, value)]  # fmt: skip
+            grown = [
+                torch.empty(*t.shape[:2], capacity, t.shape[3], dtype=t.dtype, device=t.device) for t in (key, value)
+            ]
             if keys is not None:
                 grown[0][:, :, :past], grown[1][:, :, :past] = keys[:, :, :past], values[:, :, :past]
             keys, values = grown
             self._layers[layer] = keys, values
-        keys[:, :, past:past + new], values[:, :, past:past + new] = key, value
+        keys[:, :, past : past + new], values[:, :, past : past + new] = key, value
         self._length[layer] = past + new
-        return keys[:, :, :past + new], values[:, :, :past + new]
+        return keys[:, :, : past + new], values[:, :, : past + new]
 
 
 class LayerCache:

@@ -74,35 +74,42 @@ class Width:
     def optimizer_scales(self, optimizer: str) -> tuple[float, float]:
         """(learning rate, weight decay) multipliers of mup's MuAdam or MuSGD."""
         if self.widths > 2:
-            raise ModelConfigError(f"model.mup: a parameter with {self.widths} width dimensions has no muP rule "
-                                   "(mup handles two at most)")  # fmt: skip
+            raise ModelConfigError(
+                f"model.mup: a parameter with {self.widths} width dimensions has no muP rule (mup handles two at most)"
+            )
         if optimizer in ADAM_LIKE:
             return (1 / self.multiplier, self.multiplier) if self.widths == 2 else (1.0, 1.0)
         if optimizer in SGD_LIKE:
             if self.widths == 2:
                 return 1 / self.fan_ratio, self.fan_ratio
             return (self.multiplier, 1 / self.multiplier) if self.widths == 1 else (1.0, 1.0)
-        raise ModelConfigError(f"model.optim.name: muP has rules for {', '.join(ADAM_LIKE + SGD_LIKE)}; found "
-                               f"{optimizer!r}")  # fmt: skip
+        raise ModelConfigError(
+            f"model.optim.name: muP has rules for {', '.join(ADAM_LIKE + SGD_LIKE)}; found {optimizer!r}"
+        )
 
 
 def base_shapes(base: Mapping[str, Sequence[int]], delta: Mapping[str, Sequence[int]]) -> dict[str, list[int | None]]:
     """mup's make_base_shapes: the dimensions that differ between a base model and a wider delta model are widths,
     kept at the base's size; the others are None."""
     if set(base) != set(delta):
-        raise ModelConfigError(f"model.mup: the base and delta models' parameters differ: "
-                               f"{', '.join(sorted(set(base) ^ set(delta)))}")  # fmt: skip
-    return {name: [b if b != d else None for b, d in zip(shape, delta[name], strict=True)]
-            for name, shape in base.items()}  # fmt: skip
+        raise ModelConfigError(
+            f"model.mup: the base and delta models' parameters differ: {', '.join(sorted(set(base) ^ set(delta)))}"
+        )
+    return {
+        name: [b if b != d else None for b, d in zip(shape, delta[name], strict=True)] for name, shape in base.items()
+    }
 
 
-def widths(base: BaseShapes, shapes: Mapping[str, Sequence[int]], source: str = "model.mup.base_shapes_file") -> \
-        dict[str, Width]:  # fmt: skip
+def widths(
+    base: BaseShapes, shapes: Mapping[str, Sequence[int]], source: str = "model.mup.base_shapes_file"
+) -> dict[str, Width]:
     """Each parameter's `Width` for a model of `shapes` (full, unsharded) against base shapes `base`."""
     missing, extra = sorted(set(shapes) - set(base)), sorted(set(base) - set(shapes))
     if missing or extra:
-        parts = (missing and f"absent there: {', '.join(missing[:4])}",
-                 extra and f"not in the model: {', '.join(extra[:4])}")  # fmt: skip
+        parts = (
+            missing and f"absent there: {', '.join(missing[:4])}",
+            extra and f"not in the model: {', '.join(extra[:4])}",
+        )
         found = "; ".join(part for part in parts if part)
         raise ModelConfigError(f"{source}: expected the base shapes of this model's parameters; {found}")
     result = {}
@@ -122,16 +129,22 @@ def read_base_shapes(path: str | Path) -> tuple[tuple[str, tuple[int | None, ...
     try:
         data = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
-        raise ModelConfigError(f"model.mup.base_shapes_file: {path}: no such file; write it with model.mup."
-                               "save_base_shapes (or mup's make_base_shapes)") from None  # fmt: skip
+        raise ModelConfigError(
+            f"model.mup.base_shapes_file: {path}: no such file; write it with model.mup."
+            "save_base_shapes (or mup's make_base_shapes)"
+        ) from None
     except (OSError, yaml.YAMLError) as error:
-        raise ModelConfigError(f"model.mup.base_shapes_file: {path}: expected mup's base shapes (YAML), found "
-                               f"{str(error).splitlines()[0]}") from None  # fmt: skip
+        raise ModelConfigError(
+            f"model.mup.base_shapes_file: {path}: expected mup's base shapes (YAML), found {str(error).splitlines()[0]}"
+        ) from None
     if not isinstance(data, dict) or not all(
-            isinstance(shape, list) and all(d is None or (isinstance(d, int) and d > 0) for d in shape)
-            for shape in data.values()):  # fmt: skip
-        raise ModelConfigError(f"model.mup.base_shapes_file: {path}: expected a mapping of parameter names to lists "
-                               "of base sizes or null (mup's base shapes)")  # fmt: skip
+        isinstance(shape, list) and all(d is None or (isinstance(d, int) and d > 0) for d in shape)
+        for shape in data.values()
+    ):
+        raise ModelConfigError(
+            f"model.mup.base_shapes_file: {path}: expected a mapping of parameter names to lists "
+            "of base sizes or null (mup's base shapes)"
+        )
     return tuple((str(name), tuple(shape)) for name, shape in data.items())
 
 

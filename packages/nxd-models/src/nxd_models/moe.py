@@ -100,40 +100,55 @@ def moe_problems(spec: MoESpec) -> list[str]:
     key = "model.moe"
     found = []
     if spec.num_experts < 2:
-        found.append(f"{key}.num_experts: expected at least 2 (one expert is the dense MLP: remove the moe "
-                     f"block), found {spec.num_experts}")  # fmt: skip
+        found.append(
+            f"{key}.num_experts: expected at least 2 (one expert is the dense MLP: remove the moe "
+            f"block), found {spec.num_experts}"
+        )
     if not 1 <= spec.top_k <= spec.num_experts:
         found.append(f"{key}.top_k: expected 1 to num_experts ({spec.num_experts}), found {spec.top_k}")
     if spec.routing not in ROUTING:
         found.append(f"{key}.routing_algorithm: expected one of {', '.join(ROUTING)}, found {spec.routing!r}")
     elif spec.routing == "sinkhorn" and spec.top_k != 1:
-        found.append(f"{key}.routing_algorithm: sinkhorn balances top-1 routing only; expected top_k 1, "
-                     f"found {spec.top_k}")  # fmt: skip
+        found.append(
+            f"{key}.routing_algorithm: sinkhorn balances top-1 routing only; expected top_k 1, found {spec.top_k}"
+        )
     if spec.jitter_eps is not None and not 0 < spec.jitter_eps < 1:
-        found.append(f"{key}.jitter_eps: expected a fraction between 0 and 1 (the noise scales the router's input by "
-                     f"1 +- eps), found {spec.jitter_eps}")  # fmt: skip
+        found.append(
+            f"{key}.jitter_eps: expected a fraction between 0 and 1 (the noise scales the router's input by "
+            f"1 +- eps), found {spec.jitter_eps}"
+        )
     elif spec.jitter_eps is not None and spec.routing != "top_k":  # DeepSpeed's gate takes no jitter from NeoX
-        found.append(f"{key}.jitter_eps: the top-k router jitters its input (GPT-NeoX's Sinkhorn router does not); "
-                     f"expected routing_algorithm top_k with it, found {spec.routing}")  # fmt: skip
+        found.append(
+            f"{key}.jitter_eps: the top-k router jitters its input (GPT-NeoX's Sinkhorn router does not); "
+            f"expected routing_algorithm top_k with it, found {spec.routing}"
+        )
     if spec.routing == "deepspeed":
         if spec.top_k not in DEEPSPEED_TOP_K:
-            found.append(f"{key}.top_k: DeepSpeed's gate is top-1 or top-2; expected 1 or 2 with routing_algorithm "
-                         f"deepspeed, found {spec.top_k}")  # fmt: skip
+            found.append(
+                f"{key}.top_k: DeepSpeed's gate is top-1 or top-2; expected 1 or 2 with routing_algorithm "
+                f"deepspeed, found {spec.top_k}"
+            )
         if spec.router_activation != "softmax" or spec.normalize_top_k_affinities:
-            found.append(f"{key}.routing_algorithm: DeepSpeed's gate weighs by softmax (renormalised for top-2 only); "
-                         "expected router_activation softmax and normalize_top_k_affinities false with deepspeed")
+            found.append(
+                f"{key}.routing_algorithm: DeepSpeed's gate weighs by softmax (renormalised for top-2 only); "
+                "expected router_activation softmax and normalize_top_k_affinities false with deepspeed"
+            )
     if spec.min_capacity < 0:
         found.append(f"{key}.min_capacity: expected 0 or more, found {spec.min_capacity}")
     if spec.eval_capacity_factor is not None and spec.eval_capacity_factor <= 0:
         found.append(f"{key}.eval_capacity_factor: expected a positive factor, found {spec.eval_capacity_factor}")
     if spec.router_activation not in ROUTER_ACTIVATIONS:
-        found.append(f"{key}.router_activation: expected one of {', '.join(ROUTER_ACTIVATIONS)}, "
-                     f"found {spec.router_activation!r}")  # fmt: skip
+        found.append(
+            f"{key}.router_activation: expected one of {', '.join(ROUTER_ACTIVATIONS)}, "
+            f"found {spec.router_activation!r}"
+        )
     if spec.capacity_factor is not None and spec.capacity_factor <= 0:
         found.append(f"{key}.capacity_factor: expected a positive factor (or dropless), found {spec.capacity_factor}")
     if spec.router_aux_loss_coef and not spec.router_aux_loss:
-        found.append(f"{key}.router_aux_loss_coef: the load-balancing loss is computed only with "
-                     f"output_router_logits: True; found {spec.router_aux_loss_coef} with False")  # fmt: skip
+        found.append(
+            f"{key}.router_aux_loss_coef: the load-balancing loss is computed only with "
+            f"output_router_logits: True; found {spec.router_aux_loss_coef} with False"
+        )
     return found
 
 
@@ -169,8 +184,10 @@ def sinkhorn(cost: torch.Tensor, iterations: int, tol: float | None = None) -> t
         new_d1 = (1 / d1.shape[0]) / (torch.sum(d0.unsqueeze(1) * cost, 0) + 1e-8)
         error, d1 = torch.mean(torch.abs(new_d1 - d1)), new_d1
     if tol is not None and float(error) >= tol:
-        raise ModelConfigError(f"model.moe.sinkhorn_tol: Sinkhorn changed by {float(error):.3g} in its last "
-                               f"iteration; expected under {tol} (raise sinkhorn_iterations)")  # fmt: skip
+        raise ModelConfigError(
+            f"model.moe.sinkhorn_tol: Sinkhorn changed by {float(error):.3g} in its last "
+            f"iteration; expected under {tol} (raise sinkhorn_iterations)"
+        )
     return d1 * cost * d0.unsqueeze(1)
 
 
@@ -203,8 +220,15 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 class Experts(nn.Module):
     """The experts' stacked gated MLPs: down(act(gate(x)) * up(x)), or down(act(up(x))) ungated."""
 
-    def __init__(self, num_experts: int, hidden: int, ffn: int, activation: Callable[[torch.Tensor], torch.Tensor],
-                 gated: bool, dropout: float):  # fmt: skip
+    def __init__(
+        self,
+        num_experts: int,
+        hidden: int,
+        ffn: int,
+        activation: Callable[[torch.Tensor], torch.Tensor],
+        gated: bool,
+        dropout: float,
+    ):
         super().__init__()
         self.activation, self.gated = activation, gated
         if gated:
@@ -296,17 +320,26 @@ class MoELayer(nn.Module):
     """Router + experts in place of a decoder layer's MLP: (batch, seq, hidden) -> the same shape. With
     `spec.residual` the caller's dense `residual_mlp` runs beside the experts (PR-MoE)."""
 
-    def __init__(self, spec: MoESpec, hidden: int, ffn: int, activation: Callable[[torch.Tensor], torch.Tensor],
-                 gated: bool, moe_index: int, moe_layer_count: int,
-                 residual_mlp: nn.Module | None = None):  # fmt: skip
+    def __init__(
+        self,
+        spec: MoESpec,
+        hidden: int,
+        ffn: int,
+        activation: Callable[[torch.Tensor], torch.Tensor],
+        gated: bool,
+        moe_index: int,
+        moe_layer_count: int,
+        residual_mlp: nn.Module | None = None,
+    ):
         super().__init__()
         self.spec, self.moe_index, self.moe_layer_count = spec, moe_index, moe_layer_count
         self.router = nn.Linear(hidden, spec.num_experts, bias=False)
         self.experts = Experts(spec.num_experts, hidden, ffn, activation, gated or spec.glu, spec.dropout)
         if spec.residual:
             if residual_mlp is None:
-                raise ModelConfigError("model.moe.residual: this model family builds no dense MLP beside the experts; "
-                                       "expected false")  # fmt: skip
+                raise ModelConfigError(
+                    "model.moe.residual: this model family builds no dense MLP beside the experts; expected false"
+                )
             self.residual_mlp = residual_mlp
             self.coefficient = nn.Linear(hidden, 2)
             """The per-token mix of the experts' output and the dense MLP's (softmax of two logits)."""
@@ -354,14 +387,21 @@ class MoELayer(nn.Module):
         spec = self.spec
         capacity = expert_capacity(logits.shape[0], spec, self.training) if self.drops_tokens else None
         if spec.routing == "deepspeed":
-            return deepspeed_gate(logits, spec.top_k, capacity, random_selection=self.training and
-                                  spec.random_token_selection, sample_second=self.training and
-                                  spec.sample_second_expert)  # fmt: skip
+            return deepspeed_gate(
+                logits,
+                spec.top_k,
+                capacity,
+                random_selection=self.training and spec.random_token_selection,
+                sample_second=self.training and spec.sample_second_expert,
+            )
         affinities = torch.softmax(logits, dim=-1) if spec.router_activation == "softmax" else torch.sigmoid(logits)
         with torch.no_grad():
             if spec.routing == "sinkhorn":
-                balanced = sinkhorn(logits.detach(), spec.sinkhorn_iterations, spec.sinkhorn_tol) \
-                    if self.training else logits.detach()  # fmt: skip
+                balanced = (
+                    sinkhorn(logits.detach(), spec.sinkhorn_iterations, spec.sinkhorn_tol)
+                    if self.training
+                    else logits.detach()
+                )
                 index = balanced.argmax(dim=-1, keepdim=True)
             elif spec.routing == "neox_sinkhorn":  # balanced top-k while training, plain top-k in evaluation
                 balanced = neox_sinkhorn(logits.detach().float()) if self.training else logits.detach()
@@ -416,16 +456,23 @@ def take_routing_totals(model: nn.Module | Iterable[nn.Module]) -> dict[int, Rou
     return taken
 
 
-def routing_metrics(totals: dict[int, RoutingTotals], *, moe_layer_count: int, num_experts: int,
-                    group: dist.ProcessGroup | None = None, copies: int = 1) -> dict[str, float]:  # fmt: skip
+def routing_metrics(
+    totals: dict[int, RoutingTotals],
+    *,
+    moe_layer_count: int,
+    num_experts: int,
+    group: dist.ProcessGroup | None = None,
+    copies: int = 1,
+) -> dict[str, float]:
     """A step's routing figures over every rank: `moe_aux_loss` (mean over MoE layers and micro-batches,
     when computed), `moe_dropped_fraction` (assignments dropped by capacity) and `moe_expert_load_min`
     / `_max` (an expert's assignments over a balanced share, 1.0 when even; over all MoE layers).
     Ranks holding the same tokens (tensor-parallel peers) report the same totals: `copies` of each."""
     table = torch.zeros(moe_layer_count, 3 + num_experts, dtype=torch.float64)
     for index, t in totals.items():
-        table[index, :3] = torch.stack([torch.as_tensor(value, dtype=torch.float64).cpu()
-                                        for value in (t.forwards, t.aux_loss, t.dropped)])  # fmt: skip
+        table[index, :3] = torch.stack(
+            [torch.as_tensor(value, dtype=torch.float64).cpu() for value in (t.forwards, t.aux_loss, t.dropped)]
+        )
         if t.assigned is not None:
             table[index, 3:] = t.assigned.cpu()
     if group is not None or (dist.is_available() and dist.is_initialized()):
@@ -437,8 +484,11 @@ def routing_metrics(totals: dict[int, RoutingTotals], *, moe_layer_count: int, n
         return {}
     used = assigned.sum(1) > 0
     load = assigned[used] / (assigned[used].sum(1, keepdim=True) / num_experts)
-    metrics = {"moe_dropped_fraction": float(dropped.sum() / assigned.sum()),
-               "moe_expert_load_min": float(load.min()), "moe_expert_load_max": float(load.max())}  # fmt: skip
+    metrics = {
+        "moe_dropped_fraction": float(dropped.sum() / assigned.sum()),
+        "moe_expert_load_min": float(load.min()),
+        "moe_expert_load_max": float(load.max()),
+    }
     if aux.any():
         metrics["moe_aux_loss"] = float(aux.sum() / forwards.sum())
     return metrics

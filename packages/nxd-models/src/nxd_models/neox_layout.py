@@ -48,31 +48,46 @@ class NeoXLayout:
 def neox_layout(config: GPTConfig) -> NeoXLayout:
     """The GPT-NeoX checkpoint layout of `config`'s model; ModelConfigError for what NeoX's model cannot hold."""
     if config.moe is not None:
-        raise ModelConfigError("a GPT-NeoX checkpoint of a mixture of experts is not read by nxd (its megablocks "
-                               "experts have a layout of their own)")  # fmt: skip
+        raise ModelConfigError(
+            "a GPT-NeoX checkpoint of a mixture of experts is not read by nxd (its megablocks "
+            "experts have a layout of their own)"
+        )
     if config.qk_layernorm:
-        raise ModelConfigError("a GPT-NeoX checkpoint with use_qk_layernorm is not read or written by nxd yet (its "
-                               "norm is split over the tensor-parallel ranks' heads)")
+        raise ModelConfigError(
+            "a GPT-NeoX checkpoint with use_qk_layernorm is not read or written by nxd yet (its "
+            "norm is split over the tensor-parallel ranks' heads)"
+        )
     if config.position_embedding_type == "rpe":
-        raise ModelConfigError("a GPT-NeoX checkpoint of an rpe model keeps a copy of the bucket table in every "
-                               "layer (each pipeline stage trains its own); nxd does not read or write one")
+        raise ModelConfigError(
+            "a GPT-NeoX checkpoint of an rpe model keeps a copy of the bucket table in every "
+            "layer (each pipeline stage trains its own); nxd does not read or write one"
+        )
     if set(config.attention_layers or ()) & {*GATING_KINDS, *MAMBA_KINDS, *RWKV_KINDS}:
-        raise ModelConfigError("a GPT-NeoX checkpoint of gmlp, amlp, mamba or rwkv layers is not read or written by "
-                               "nxd yet: its checkpoint layout covers NeoX's transformer layers")
+        raise ModelConfigError(
+            "a GPT-NeoX checkpoint of gmlp, amlp, mamba or rwkv layers is not read or written by "
+            "nxd yet: its checkpoint layout covers NeoX's transformer layers"
+        )
     if config.num_unique_layers not in (None, config.num_layers):
-        raise ModelConfigError("a GPT-NeoX checkpoint holds every layer's own weights; nxd does not read or write one "
-                               "of a model whose layers share them (num_unique_layers)")  # fmt: skip
+        raise ModelConfigError(
+            "a GPT-NeoX checkpoint holds every layer's own weights; nxd does not read or write one "
+            "of a model whose layers share them (num_unique_layers)"
+        )
     layers, parallel = config.num_layers, config.transformer_block_type != "pre_ln"
-    norm_names = {"layernorm": ("weight", "bias"), "rmsnorm": ("scale",), "scalenorm": ("g",),
-                  "non_parametric_layernorm": ()}[config.normalization]  # fmt: skip
+    norm_names = {
+        "layernorm": ("weight", "bias"),
+        "rmsnorm": ("scale",),
+        "scalenorm": ("g",),
+        "non_parametric_layernorm": (),
+    }[config.normalization]
     ours_of = {"weight": "weight", "bias": "bias", "scale": "weight", "g": "weight"}
     sources = {"model.embed_tokens.weight": NeoXSource(0, "word_embeddings.weight", "rows")}
     if config.position_embedding_type == "learned_absolute":
         sources["model.position_embeddings.weight"] = NeoXSource(0, "position_embeddings.weight", "one")
         if config.position_embedding_norm:  # bitsandbytes' StableEmbedding: its LayerNorm under the table's name
             for name in ("weight", "bias"):
-                sources[f"model.position_embeddings.norm.{name}"] = NeoXSource(0, f"position_embeddings.norm.{name}",
-                                                                               "one")  # fmt: skip
+                sources[f"model.position_embeddings.norm.{name}"] = NeoXSource(
+                    0, f"position_embeddings.norm.{name}", "one"
+                )
     row_bias = "sum" if parallel else "one"
     for index in range(layers):
         ours, at = f"model.layers.{index}.", index + 2
@@ -83,8 +98,11 @@ def neox_layout(config: GPTConfig) -> NeoXLayout:
         kinds = ("weight", "bias") if config.attention_has_bias else ("weight",)
         for kind in kinds:
             for part in "qkv":
-                key = (f"{ours}self_attn.qkv_proj.{kind}_{part}" if config.qkv_linear
-                       else f"{ours}self_attn.{part}_proj.{kind}")  # fmt: skip
+                key = (
+                    f"{ours}self_attn.qkv_proj.{kind}_{part}"
+                    if config.qkv_linear
+                    else f"{ours}self_attn.{part}_proj.{kind}"
+                )
                 sources[key] = NeoXSource(at, f"attention.query_key_value.{kind}", "rows", part)
         sources[f"{ours}self_attn.o_proj.weight"] = NeoXSource(at, "attention.dense.weight", "columns")
         if config.attention_has_bias:

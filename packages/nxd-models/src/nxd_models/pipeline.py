@@ -40,17 +40,25 @@ def pipeline_stage_problems(model: nn.Module) -> list[str]:
     if not isinstance(model, GPTForCausalLM):
         return [f"pipeline parallelism: expected an nxd or transformers causal LM, found {type(model).__name__}"]
     if model.lm_head.weight is model.model.embed_tokens.weight:  # tied (a score head never is)
-        return ["model.share_embeddings_and_output_weights: expected False with pipeline parallelism (the "
-                "embedding and the output layer live on different stages), found True"]  # fmt: skip
+        return [
+            "model.share_embeddings_and_output_weights: expected False with pipeline parallelism (the "
+            "embedding and the output layer live on different stages), found True"
+        ]
     if model.config.soft_prompt_tokens:
-        return ["model.soft_prompt: the prompt enters before the first stage's layers and the last stage drops its "
-                "positions; expected pipeline_model_parallel_size 1 with it"]  # fmt: skip
+        return [
+            "model.soft_prompt: the prompt enters before the first stage's layers and the last stage drops its "
+            "positions; expected pipeline_model_parallel_size 1 with it"
+        ]
     if model.config.num_unique_layers not in (None, model.config.num_layers):
-        return ["model.num_unique_layers: a shared layer runs at several positions, which pipeline stages would hold "
-                "apart; expected pipeline_model_parallel_size 1 with it"]  # fmt: skip
+        return [
+            "model.num_unique_layers: a shared layer runs at several positions, which pipeline stages would hold "
+            "apart; expected pipeline_model_parallel_size 1 with it"
+        ]
     if model.config.position_embedding_type == "rpe":
-        return ["model.position_embedding_type: rpe's one table serves every layer, so its stages would each train "
-                "a copy that drifts apart (as GPT-NeoX's do); expected pipeline_model_parallel_size 1 with rpe"]
+        return [
+            "model.position_embedding_type: rpe's one table serves every layer, so its stages would each train "
+            "a copy that drifts apart (as GPT-NeoX's do); expected pipeline_model_parallel_size 1 with rpe"
+        ]
     return []
 
 

@@ -33,8 +33,9 @@ class StableEmbedding(nn.Embedding):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Embedding's name)
         rows, norm = super().forward(input), self.norm
-        return nn.functional.layer_norm(rows.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(),
-                                        norm.eps).to(rows.dtype)  # fmt: skip
+        return nn.functional.layer_norm(
+            rows.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(), norm.eps
+        ).to(rows.dtype)
 
 
 def alibi_slopes(heads: int) -> list[float]:

@@ -22,8 +22,9 @@ class QKVLinear(nn.Module):
             self.register_parameter(f"bias_{name}", nn.Parameter(torch.empty(rows)) if bias else None)
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.project(hidden, (self.weight_q, self.weight_k, self.weight_v),
-                            (self.bias_q, self.bias_k, self.bias_v))  # fmt: skip
+        return self.project(
+            hidden, (self.weight_q, self.weight_k, self.weight_v), (self.bias_q, self.bias_k, self.bias_v)
+        )
 
     def project(
         self,

@@ -37,8 +37,15 @@ WKV_CHUNK = 16
 """Tokens per chunk of `wkv`'s chunked form."""
 
 
-def wkv(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
-        starts: torch.Tensor | None = None, chunk: int = WKV_CHUNK) -> torch.Tensor:  # fmt: skip
+def wkv(
+    r: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    starts: torch.Tensor | None = None,
+    chunk: int = WKV_CHUNK,
+) -> torch.Tensor:
     """The WKV recurrence (see the module docstring) in fp32, `chunk` tokens at a time: r, k, v and w (the decay's
     log-log, before exp(-exp(.))) are (batch, seq, heads, head_size), u (heads, head_size); `starts` (batch, seq) True
     where a packed document begins (the state restarts there). Returns (batch, seq, heads, head_size).
@@ -65,8 +72,8 @@ def wkv(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: t
         until = total - decay_c  # before each token
         allowed, reads_state, carries = before, None, None
         if documents is not None:
-            doc = documents[:, start:start + chunk]  # (batch, chunk)
-            entering = documents[:, start - 1:start] if start else doc[:, :1] - 1  # the state's document
+            doc = documents[:, start : start + chunk]  # (batch, chunk)
+            entering = documents[:, start - 1 : start] if start else doc[:, :1] - 1  # the state's document
             allowed = before & (doc[:, :, None] == doc[:, None, :])[:, None]  # (batch, 1, chunk, chunk)
             reads_state = (doc == entering)[:, None, :, None].float()
             carries = (doc[:, -1:] == entering)[:, None, :, None].float()  # (batch, 1, 1, 1)
@@ -84,8 +91,14 @@ def wkv(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: t
     return torch.cat(outputs, dim=2)[:, :, :seq].transpose(1, 2)
 
 
-def wkv_steps(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
-              starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def wkv_steps(
+    r: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    starts: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`wkv` one token at a time, as NeoX's CUDA kernel runs it (short sequences, and the chunked form's reference)."""
     r, k, v, decay = r.float(), k.float(), v.float(), torch.exp(-torch.exp(w.float()))
     state = r.new_zeros(r.shape[0], r.shape[2], r.shape[3], r.shape[3])  # (batch, heads, key, value)
@@ -93,8 +106,9 @@ def wkv_steps(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
     bonus = u.float().unsqueeze(-1)
     outputs = []
     # unbind, not indexing: the backward stacks each input's gradient once instead of once per step
-    for step, (r_t, k_t, v_t, decay_t) in enumerate(zip(r.unbind(1), k.unbind(1), v.unbind(1), decay.unbind(1),
-                                                        strict=True)):  # fmt: skip
+    for step, (r_t, k_t, v_t, decay_t) in enumerate(
+        zip(r.unbind(1), k.unbind(1), v.unbind(1), decay.unbind(1), strict=True)
+    ):
         if keep is not None:
             state = state * keep[step][:, None, None, None]
         kv = k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
@@ -138,8 +152,10 @@ class TimeMix(nn.Module):
         xx = _shifted(x, starts) - x
         mixed = torch.tanh((x + xx * self.time_maa_x) @ self.time_maa_w1).view(batch * seq, 5, -1).transpose(0, 1)
         mw, mk, mv, mr, mg = torch.bmm(mixed, self.time_maa_w2).view(5, batch, seq, hidden).unbind(0)
-        xw, xk, xv, xr, xg = (x + xx * (getattr(self, f"time_maa_{name}") + m)
-                              for name, m in zip("wkvrg", (mw, mk, mv, mr, mg), strict=True))  # fmt: skip
+        xw, xk, xv, xr, xg = (
+            x + xx * (getattr(self, f"time_maa_{name}") + m)
+            for name, m in zip("wkvrg", (mw, mk, mv, mr, mg), strict=True)
+        )
         r, k, v = self.receptance(xr), self.key(xk), self.value(xv)
         g = F.silu(self.gate(xg))
         w = self.time_decay + torch.tanh(xw @ self.time_decay_w1) @ self.time_decay_w2
@@ -196,8 +212,17 @@ class RWKVLayer(nn.Module):
     """NeoX's RWKVResidualLayer; called as a `DecoderLayer` is (the arguments of attention it has no use for are
     accepted and ignored). `layer` is 0-based."""
 
-    def __init__(self, hidden: int, dim_att: int, heads: int, ffn: int, layer: int, layers: int,
-                 attention_dropout: float, hidden_dropout: float):  # fmt: skip
+    def __init__(
+        self,
+        hidden: int,
+        dim_att: int,
+        heads: int,
+        ffn: int,
+        layer: int,
+        layers: int,
+        attention_dropout: float,
+        hidden_dropout: float,
+    ):
         super().__init__()
         self.layer = layer
         self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
@@ -213,9 +238,15 @@ class RWKVLayer(nn.Module):
         dim_att, head_size = self.att.time_decay.shape[-1], self.att.head_size
         return (12 + head_size) * dim_att + 2 * self.ffn.key.out_features
 
-    def forward(self, hidden: torch.Tensor, rotary: object = None, allowed: object = None,
-                documents: torch.Tensor | None = None, cache: LayerCache | None = None,
-                position_bias: object = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rotary: object = None,
+        allowed: object = None,
+        documents: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        position_bias: object = None,
+    ) -> torch.Tensor:
         if cache is None:
             return self._mix(hidden, documents)
         seq = hidden.shape[1]  # decoding: the layer over every cached position, this call's outputs kept

@@ -21,12 +21,18 @@ def score_mapping(causal_lm: HFMapping, pad_token_id: int | None = None) -> HFMa
     model_type = causal_lm.config.get("model_type")
     architecture = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
     if architecture is None:
-        raise ModelConfigError(f"a reward model exports as transformers' sequence classifier of its decoder, and "
-                               f"transformers has none for model_type {model_type!r}")  # fmt: skip
+        raise ModelConfigError(
+            f"a reward model exports as transformers' sequence classifier of its decoder, and "
+            f"transformers has none for model_type {model_type!r}"
+        )
     config = {**causal_lm.config, "architectures": [architecture], "num_labels": 1, "tie_word_embeddings": False}
     config.pop("id2label", None), config.pop("label2id", None)
     if pad_token_id is not None:
         config["pad_token_id"] = pad_token_id
-    return replace(causal_lm, config=config, keys={**causal_lm.keys, SCORE_KEY: "score.weight"},
-                   vocab_padded_keys=tuple(key for key in causal_lm.vocab_padded_keys if key != SCORE_KEY),
-                   tied={key: value for key, value in causal_lm.tied.items() if key != SCORE_KEY})  # fmt: skip
+    return replace(
+        causal_lm,
+        config=config,
+        keys={**causal_lm.keys, SCORE_KEY: "score.weight"},
+        vocab_padded_keys=tuple(key for key in causal_lm.vocab_padded_keys if key != SCORE_KEY),
+        tied={key: value for key, value in causal_lm.tied.items() if key != SCORE_KEY},
+    )

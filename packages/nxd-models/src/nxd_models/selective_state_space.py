@@ -41,8 +41,16 @@ DT_MIN, DT_MAX, DT_FLOOR = 0.001, 0.1, 1e-4
 """The range of the initial step sizes and their floor (mamba-ssm's defaults, as NeoX draws them)."""
 
 
-def selective_scan(x: torch.Tensor, delta: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-                   d: torch.Tensor, z: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def selective_scan(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    z: torch.Tensor,
+    starts: torch.Tensor | None = None,
+) -> torch.Tensor:
     """y * silu(z) of the recurrence in the module docstring, in fp32: x, delta (already softplus'ed) and z are
     (batch, inner, seq), a (inner, state), b and c (batch, state, seq), d (inner,); `starts` (batch, seq) True where a
     packed document begins (the state starts from zero there)."""
@@ -82,8 +90,9 @@ class MambaMixer(nn.Module):
         super().__init__()
         self.inner, self.dt_rank = inner, math.ceil(hidden / 16)
         self.in_proj = nn.Linear(hidden, 2 * inner, bias=linear_bias)
-        self.conv1d = nn.Conv1d(inner, inner, CONVOLUTION_WIDTH, groups=inner, padding=CONVOLUTION_WIDTH - 1,
-                                bias=conv_bias)  # fmt: skip
+        self.conv1d = nn.Conv1d(
+            inner, inner, CONVOLUTION_WIDTH, groups=inner, padding=CONVOLUTION_WIDTH - 1, bias=conv_bias
+        )
         self.x_proj = nn.Linear(inner, self.dt_rank + 2 * STATE_SIZE, bias=linear_bias)
         self.dt_proj = nn.Linear(self.dt_rank, inner)
         self.A_log = nn.Parameter(torch.empty(inner * STATE_SIZE))
@@ -137,8 +146,7 @@ class MambaLayer(nn.Module):
     """x + mixer(norm(x)) (GPT-NeoX's ParallelMambaResidualLayer); called as a `DecoderLayer` is (the arguments of
     attention it has no use for are accepted and ignored)."""
 
-    def __init__(self, hidden: int, inner: int, norm: Callable[[int], nn.Module], conv_bias: bool,
-                 linear_bias: bool):  # fmt: skip
+    def __init__(self, hidden: int, inner: int, norm: Callable[[int], nn.Module], conv_bias: bool, linear_bias: bool):
         super().__init__()
         self.input_layernorm = norm(hidden)
         self.mixer = MambaMixer(hidden, inner, conv_bias, linear_bias)
@@ -150,9 +158,15 @@ class MambaLayer(nn.Module):
         where it scans, keeps only its inputs, so the plan is high by up to 9x there."""
         return 54 * self.mixer.inner
 
-    def forward(self, hidden: torch.Tensor, rotary: object = None, allowed: object = None,
-                documents: torch.Tensor | None = None, cache: LayerCache | None = None,
-                position_bias: object = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rotary: object = None,
+        allowed: object = None,
+        documents: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        position_bias: object = None,
+    ) -> torch.Tensor:
         normed = self.input_layernorm(hidden)
         if cache is None:
             return hidden + self.mixer(normed, documents)

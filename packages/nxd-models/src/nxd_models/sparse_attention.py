@@ -61,41 +61,61 @@ class SparsitySpec:
         if "sparse_fixed" in kinds:
             local, grouped = self.local_blocks(), self.num_global_blocks
             if grouped < 1 or local < 1 or local % grouped:
-                found.append(f"{key}.num_local_blocks: expected a positive multiple of num_global_blocks "
-                             f"({grouped}), found {local}")  # fmt: skip
+                found.append(
+                    f"{key}.num_local_blocks: expected a positive multiple of num_global_blocks "
+                    f"({grouped}), found {local}"
+                )
             elif not 1 <= self.num_different_global_patterns <= local // grouped:
-                found.append(f"{key}.num_different_global_patterns: expected 1 up to num_local_blocks / "
-                             f"num_global_blocks ({local // grouped}), found {self.num_different_global_patterns}")
+                found.append(
+                    f"{key}.num_different_global_patterns: expected 1 up to num_local_blocks / "
+                    f"num_global_blocks ({local // grouped}), found {self.num_different_global_patterns}"
+                )
             elif self.num_different_global_patterns > 1 and not self.different_layout_per_head:
-                found.append(f"{key}.num_different_global_patterns: more than one pattern needs "
-                             f"different_layout_per_head true, found {self.num_different_global_patterns} with false")
+                found.append(
+                    f"{key}.num_different_global_patterns: more than one pattern needs "
+                    f"different_layout_per_head true, found {self.num_different_global_patterns} with false"
+                )
         if "sparse_variable" in kinds and (not self.local_window_blocks or min(self.local_window_blocks) < 1):
-            found.append(f"{key}.local_window_blocks: expected positive block counts, found "
-                         f"{list(self.local_window_blocks)}")  # fmt: skip
+            found.append(
+                f"{key}.local_window_blocks: expected positive block counts, found {list(self.local_window_blocks)}"
+            )
         if kinds & {"sparse_variable", "bslongformer"}:
             ends = self.global_block_end_indices
             if min(self.global_block_indices, default=0) < 0:
-                found.append(f"{key}.global_block_indices: expected block indices of 0 or more, found "
-                             f"{list(self.global_block_indices)}")  # fmt: skip
-            if ends is not None and (len(ends) != len(self.global_block_indices) or
-                                     any(s >= e for s, e in zip(self.global_block_indices, ends, strict=False))):
-                found.append(f"{key}.global_block_end_indices: expected one end after each of global_block_indices "
-                             f"({list(self.global_block_indices)}), found {list(ends)}")  # fmt: skip
+                found.append(
+                    f"{key}.global_block_indices: expected block indices of 0 or more, found "
+                    f"{list(self.global_block_indices)}"
+                )
+            if ends is not None and (
+                len(ends) != len(self.global_block_indices)
+                or any(s >= e for s, e in zip(self.global_block_indices, ends, strict=False))
+            ):
+                found.append(
+                    f"{key}.global_block_end_indices: expected one end after each of global_block_indices "
+                    f"({list(self.global_block_indices)}), found {list(ends)}"
+                )
         for kind in sorted(kinds & {"sparse_variable", "bigbird"}):
             count = self.random_blocks(kind)
             if not 0 <= count <= blocks:
-                found.append(f"{key}.num_random_blocks: expected 0 up to the {blocks} blocks of a sequence, found "
-                             f"{count}")  # fmt: skip
+                found.append(
+                    f"{key}.num_random_blocks: expected 0 up to the {blocks} blocks of a sequence, found {count}"
+                )
         for kind in sorted(kinds & {"local", "bigbird", "bslongformer"}):
             window = self.window_blocks(kind)
             if not 1 <= window <= blocks:
-                name = "num_local_blocks" if kind == "local" and self.num_local_blocks is not None else \
-                    "num_sliding_window_blocks"  # fmt: skip
-                found.append(f"{key}.{name}: expected 1 up to the {blocks} blocks of a sequence ({kind} layers), "
-                             f"found {window}")  # fmt: skip
+                name = (
+                    "num_local_blocks"
+                    if kind == "local" and self.num_local_blocks is not None
+                    else "num_sliding_window_blocks"
+                )
+                found.append(
+                    f"{key}.{name}: expected 1 up to the {blocks} blocks of a sequence ({kind} layers), found {window}"
+                )
         if "bigbird" in kinds and not 1 <= self.num_global_blocks <= blocks:
-            found.append(f"{key}.num_global_blocks: expected 1 up to the {blocks} blocks of a sequence, found "
-                         f"{self.num_global_blocks}")  # fmt: skip
+            found.append(
+                f"{key}.num_global_blocks: expected 1 up to the {blocks} blocks of a sequence, found "
+                f"{self.num_global_blocks}"
+            )
         return found
 
     def local_blocks(self) -> int:
@@ -134,7 +154,7 @@ def _sliding(layout: torch.Tensor, window: int) -> None:
     """Row r sees blocks r - window // 2 .. r (the window is centred; its future half is causal-masked)."""
     reach = window // 2
     for row in range(layout.shape[0]):
-        layout[row, max(0, row - reach):row + reach + 1] = True
+        layout[row, max(0, row - reach) : row + reach + 1] = True
 
 
 def _fixed(layout: torch.Tensor, spec: SparsitySpec, head: int, draw: random.Random) -> None:
@@ -147,10 +167,10 @@ def _fixed(layout: torch.Tensor, spec: SparsitySpec, head: int, draw: random.Ran
     first = local - (1 + head % spec.num_different_global_patterns) * grouped
     whole = blocks - blocks % local
     for start in range(first, whole, local):
-        layout[start:, start:start + grouped] = True
+        layout[start:, start : start + grouped] = True
     if whole < blocks:  # a short last window: its global group as far in as fits
         start = min(whole + first, blocks - grouped)
-        layout[start:, start:start + grouped] = True
+        layout[start:, start : start + grouped] = True
 
 
 def _variable(layout: torch.Tensor, spec: SparsitySpec, head: int, draw: random.Random) -> None:
@@ -163,7 +183,7 @@ def _variable(layout: torch.Tensor, spec: SparsitySpec, head: int, draw: random.
     sizes = list(spec.local_window_blocks)
     while start < blocks:
         size = sizes.pop(0) if len(sizes) > 1 else sizes[0]
-        layout[start:start + size, start:start + size] = True
+        layout[start : start + size, start : start + size] = True
         start += size
     _global_blocks(layout, spec, rows=False)
 
@@ -175,9 +195,9 @@ def _global_blocks(layout: torch.Tensor, spec: SparsitySpec, rows: bool) -> None
     ends = spec.global_block_end_indices or [index + 1 for index in spec.global_block_indices]
     for start, end in zip(spec.global_block_indices, ends, strict=True):
         if start < blocks:
-            layout[:, start:min(end, blocks)] = True
+            layout[:, start : min(end, blocks)] = True
             if rows:
-                layout[start:min(end, blocks), :] = True
+                layout[start : min(end, blocks), :] = True
 
 
 def _bigbird(layout: torch.Tensor, spec: SparsitySpec, head: int, draw: random.Random) -> None:
@@ -186,7 +206,7 @@ def _bigbird(layout: torch.Tensor, spec: SparsitySpec, head: int, draw: random.R
     for row in range(blocks):
         layout[row, draw.sample(range(row + 1), min(count, row + 1))] = True
     _sliding(layout, spec.window_blocks("bigbird"))
-    layout[:, :spec.num_global_blocks] = True
+    layout[:, : spec.num_global_blocks] = True
 
 
 def _longformer(layout: torch.Tensor, spec: SparsitySpec, head: int, draw: random.Random) -> None:
@@ -196,8 +216,13 @@ def _longformer(layout: torch.Tensor, spec: SparsitySpec, head: int, draw: rando
     _global_blocks(layout, spec, rows=True)
 
 
-_BUILDERS = {"local": _local, "sparse_fixed": _fixed, "sparse_variable": _variable, "bigbird": _bigbird,
-             "bslongformer": _longformer}  # fmt: skip
+_BUILDERS = {
+    "local": _local,
+    "sparse_fixed": _fixed,
+    "sparse_variable": _variable,
+    "bigbird": _bigbird,
+    "bslongformer": _longformer,
+}
 
 
 class BlockSparseLayout:
@@ -239,9 +264,11 @@ class BlockSparseLayout:
 
     def _check_length(self, keys: int) -> None:
         if keys > self.blocks * self.block:
-            raise ModelConfigError(f"model.attention_layers: a {self.kind} layer's layout covers "
-                                   f"{self.blocks * self.block} positions (encoder_seq_length in whole blocks), "
-                                   f"found {keys}")  # fmt: skip
+            raise ModelConfigError(
+                f"model.attention_layers: a {self.kind} layer's layout covers "
+                f"{self.blocks * self.block} positions (encoder_seq_length in whole blocks), "
+                f"found {keys}"
+            )
 
 
 @cache
@@ -257,13 +284,20 @@ def _block_mask(layout: BlockSparseLayout, start: int, local: int, length: int, 
         from torch.nn.attention.flex_attention import create_block_mask
 
         # FlexAttention's own tiles (128 x 128): a tile the layout leaves empty is skipped, a partial one masked
-        cached[key] = create_block_mask(layout.mask_mod(slice(start, start + local), torch.device(device)), None,
-                                        local, length, length, device=device)  # fmt: skip
+        cached[key] = create_block_mask(
+            layout.mask_mod(slice(start, start + local), torch.device(device)),
+            None,
+            local,
+            length,
+            length,
+            device=device,
+        )
     return cached[key]
 
 
-def flex_block_sparse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: BlockMask, *,
-                      compiled: bool = True) -> torch.Tensor:  # fmt: skip
+def flex_block_sparse(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: BlockMask, *, compiled: bool = True
+) -> torch.Tensor:
     """FlexAttention over the layout's blocks only (compiled: its kernels; eager: its reference, forward only on
     the CPU)."""
     from torch.nn.attention.flex_attention import flex_attention

@@ -43,15 +43,20 @@ class TinyAttention(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The queries, and the keys and values side by side (what a decoding cache keeps)."""
         query_key_value = self.proj_qkv(x)
-        return query_key_value[..., :self.dim], query_key_value[..., self.dim:]
+        return query_key_value[..., : self.dim], query_key_value[..., self.dim :]
 
     def forward(self, query: torch.Tensor, keys_values: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         """`keys_values` (batch, tokens, 2 x dim) of every position read; `allowed` (1 or batch, 1, seq, tokens): the
         mask where not plain causal."""
         key, value = keys_values.split(self.dim, dim=-1)
-        context = F.scaled_dot_product_attention(query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1),
-                                                 attn_mask=allowed, is_causal=allowed is None,
-                                                 scale=self.dim**-0.5)  # fmt: skip
+        context = F.scaled_dot_product_attention(
+            query.unsqueeze(1),
+            key.unsqueeze(1),
+            value.unsqueeze(1),
+            attn_mask=allowed,
+            is_causal=allowed is None,
+            scale=self.dim**-0.5,
+        )
         return self.proj_ffn(context.squeeze(1))
 
 
@@ -65,8 +70,9 @@ class SpatialGatingUnit(nn.Module):
         self.proj = nn.Linear(length, length)
         self.attn = TinyAttention(inner, attention_dim) if attention_dim else None
 
-    def forward(self, x: torch.Tensor, documents: torch.Tensor | None = None,
-                cache: LayerCache | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, x: torch.Tensor, documents: torch.Tensor | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
         res, gate = x.chunk(2, dim=-1)
         gate = self.norm(gate)
         batch, seq, _ = gate.shape
@@ -80,8 +86,10 @@ class SpatialGatingUnit(nn.Module):
         total = gates.shape[1]
         first = total - seq
         if total > self.length:
-            raise ModelConfigError(f"model.attention_layers: a gMLP layer's spatial projection covers {self.length} "
-                                   f"positions (the training sequence); found position {total - 1}")  # fmt: skip
+            raise ModelConfigError(
+                f"model.attention_layers: a gMLP layer's spatial projection covers {self.length} "
+                f"positions (the training sequence); found position {total - 1}"
+            )
         allowed = _allowed(first, seq, documents, gate.device)
         weight = self.proj.weight[first:total, :total].masked_fill(~allowed, 0)  # (seq, total) or (b, seq, total)
         mixed = weight @ gates + self.proj.bias[first:total, None]
@@ -106,8 +114,14 @@ class GMLPLayer(nn.Module):
     """A gMLP (or aMLP with `attention_dim`) decoder layer: out(sgu(act(in(norm(x))))), no residual; called as a
     `DecoderLayer` is (the arguments of attention it has no use for are accepted and ignored)."""
 
-    def __init__(self, hidden: int, length: int, norm: Callable[[int], nn.Module], activation: Activation,
-                 attention_dim: int | None):  # fmt: skip
+    def __init__(
+        self,
+        hidden: int,
+        length: int,
+        norm: Callable[[int], nn.Module],
+        activation: Activation,
+        attention_dim: int | None,
+    ):
         super().__init__()
         inner = WIDTH_MULTIPLE * hidden
         self.input_layernorm = norm(hidden)
@@ -122,8 +136,14 @@ class GMLPLayer(nn.Module):
         normed and mixed gate and the product."""
         return 6 * self.spatial_gating.inner
 
-    def forward(self, hidden: torch.Tensor, rotary: object = None, allowed: object = None,
-                documents: torch.Tensor | None = None, cache: LayerCache | None = None,
-                position_bias: object = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rotary: object = None,
+        allowed: object = None,
+        documents: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        position_bias: object = None,
+    ) -> torch.Tensor:
         inner = self.activation(self.input_proj(self.input_layernorm(hidden)))
         return self.output_proj(self.spatial_gating(inner, documents, cache))

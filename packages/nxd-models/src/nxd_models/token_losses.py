@@ -32,14 +32,14 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index
     plain tensor either way.
     """
     logits = logits if logits.dtype == torch.float64 else logits.float()
-    losses = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=ignore_index,
-                             reduction="none")  # fmt: skip
+    losses = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=ignore_index, reduction="none")
     losses = losses.full_tensor() if is_dtensor(losses) else losses
     return losses.view(labels.shape)
 
 
-def chunked_token_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor,
-                                chunk_tokens: int) -> torch.Tensor:  # fmt: skip
+def chunked_token_cross_entropy(
+    hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, chunk_tokens: int
+) -> torch.Tensor:
     """`token_cross_entropy(head(hidden), labels)`, computed for the counted labels only, `chunk_tokens`
     of them at a time (0: all at once).
 
@@ -66,8 +66,13 @@ def chunked_token_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: t
     if chunk_tokens <= 0 or len(flat_labels) <= chunk_tokens:
         losses = chunk_losses(flat_hidden, flat_labels)
     else:
-        losses = torch.cat([checkpoint(chunk_losses, part, part_labels, use_reentrant=False, preserve_rng_state=False)
-                            for part, part_labels in zip(flat_hidden.split(chunk_tokens),
-                                                         flat_labels.split(chunk_tokens), strict=True)])  # fmt: skip
+        losses = torch.cat(
+            [
+                checkpoint(chunk_losses, part, part_labels, use_reentrant=False, preserve_rng_state=False)
+                for part, part_labels in zip(
+                    flat_hidden.split(chunk_tokens), flat_labels.split(chunk_tokens), strict=True
+                )
+            ]
+        )
     # a tensor of its own, not a view: a data-parallel wrapper hooks its backward on the model's output
     return losses.new_zeros(labels.shape).masked_scatter(counted.view(labels.shape), losses)

@@ -19,4 +19,3 @@ def apply_activation_checkpointing(modules: Iterable[nn.Module]) -> int:
         checkpoint(module)
         count += 1
     return count
-

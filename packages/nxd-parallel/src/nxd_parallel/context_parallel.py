@@ -96,8 +96,14 @@ def _pairs(ring: _Ring, step: int) -> list[tuple[int, int, bool]]:
     return [(q, k, own[q] == visiting[k]) for q in (0, 1) for k in (0, 1) if visiting[k] <= own[q]]
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
-            q_docs: torch.Tensor | None, k_docs: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def _scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    causal: bool,
+    q_docs: torch.Tensor | None,
+    k_docs: torch.Tensor | None,
+) -> torch.Tensor:
     """Scaled scores of one chunk pair with the hidden entries at -inf."""
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     allowed = None
@@ -154,7 +160,8 @@ class _RingAttention(torch.autograd.Function):
                 merged = torch.logaddexp(lse[qh], block_lse)
                 safe = _finite(merged)[..., None]
                 out[qh] = out[qh] * torch.exp(lse[qh][..., None] - safe) + block_out * torch.exp(
-                    block_lse[..., None] - safe)
+                    block_lse[..., None] - safe
+                )
                 lse[qh] = merged
             if pending is not None:
                 _wait(pending[0])

@@ -55,11 +55,24 @@ def apply_data_parallel(
     return model
 
 
-def _apply(module: nn.Module, mesh: DeviceMesh, zero1: bool, policy: MixedPrecisionPolicy,
-           ignored: set[nn.Parameter], offload: OffloadPolicy, reshard: bool = False) -> None:
+def _apply(
+    module: nn.Module,
+    mesh: DeviceMesh,
+    zero1: bool,
+    policy: MixedPrecisionPolicy,
+    ignored: set[nn.Parameter],
+    offload: OffloadPolicy,
+    reshard: bool = False,
+) -> None:
     if zero1:
-        fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy, ignored_params=ignored or None,
-                    offload_policy=offload)  # fmt: skip
+        fully_shard(
+            module,
+            mesh=mesh,
+            reshard_after_forward=reshard,
+            mp_policy=policy,
+            ignored_params=ignored or None,
+            offload_policy=offload,
+        )
     else:
         replicate(module, mesh=mesh, mp_policy=policy, ignored_params=ignored or None)
 

@@ -26,13 +26,23 @@ class ParallelDims:
     ep: int = 1
 
     def __post_init__(self) -> None:
-        problems = [f"{name}: expected a positive integer, found {value}"
-                    for name, value in (("world_size", self.world_size), ("tp", self.tp), ("pp", self.pp),
-                                        ("cp", self.cp), ("ep", self.ep)) if value < 1]  # fmt: skip
+        problems = [
+            f"{name}: expected a positive integer, found {value}"
+            for name, value in (
+                ("world_size", self.world_size),
+                ("tp", self.tp),
+                ("pp", self.pp),
+                ("cp", self.cp),
+                ("ep", self.ep),
+            )
+            if value < 1
+        ]
         model_parallel = self.tp * self.pp * self.cp
         if not problems and self.world_size % model_parallel:
-            problems.append(f"tp * pp * cp = {self.tp} * {self.pp} * {self.cp} = {model_parallel}: expected a divisor "
-                            f"of the world size {self.world_size}")  # fmt: skip
+            problems.append(
+                f"tp * pp * cp = {self.tp} * {self.pp} * {self.cp} = {model_parallel}: expected a divisor "
+                f"of the world size {self.world_size}"
+            )
         elif not problems and self.dp % self.ep:
             problems.append(f"ep = {self.ep}: expected a divisor of the data-parallel size {self.dp}")
         if problems:

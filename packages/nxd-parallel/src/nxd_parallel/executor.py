@@ -50,12 +50,18 @@ class Totals:
 class DirectExecutor:
     """Micro-batches one after the other through a whole (or tensor/data/context-parallel) model."""
 
-    def __init__(self, model: nn.Module, forward: Forward, device: torch.device,
-                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        forward: Forward,
+        device: torch.device,
+        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    ):
         self.model, self.forward, self.device, self.autocast = model, forward, device, autocast
 
-    def run(self, batches: list[Batch], loss_fn: LossFunction, *, scale: torch.Tensor | float = 1.0,
-            training: bool = True) -> Totals:  # fmt: skip
+    def run(
+        self, batches: list[Batch], loss_fn: LossFunction, *, scale: torch.Tensor | float = 1.0, training: bool = True
+    ) -> Totals:
         """Forward (and with `training`, backward of loss * scale) of every micro-batch."""
         from torch.distributed.tensor.parallel import loss_parallel  # loaded by the first step, not by a config check
 
@@ -82,29 +88,39 @@ class PipelineExecutor:
     more, on micro-batch 0, to infer shapes before its first step: results are kept per number,
     so that call is overwritten by the real one."""
 
-    def __init__(self, model: StagedModel, pp: DeviceMesh, device: torch.device, microbatches: int,
-                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):  # fmt: skip
+    def __init__(
+        self,
+        model: StagedModel,
+        pp: DeviceMesh,
+        device: torch.device,
+        microbatches: int,
+        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    ):
         self.device, self.autocast = device, autocast
         self._loss_fn: LossFunction | None = None
         self._scale: torch.Tensor | float = 1.0
         self._batches: list[Batch] = []
         self._results: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
-        self.schedule = build_schedule(model.stages, model.numbers, model.num_stages, pp.get_group(), device,
-                                       microbatches, self._stage_loss)  # fmt: skip
+        self.schedule = build_schedule(
+            model.stages, model.numbers, model.num_stages, pp.get_group(), device, microbatches, self._stage_loss
+        )
 
     def _stage_loss(self, token_losses: torch.Tensor, number: torch.Tensor) -> torch.Tensor:
         loss, metrics = self._loss_fn(token_losses, self._batches[int(number)])
         self._results[int(number)] = (loss, metrics)
         return loss * self._scale
 
-    def run(self, batches: list[Batch], loss_fn: LossFunction, *, scale: torch.Tensor | float = 1.0,
-            training: bool = True) -> Totals:  # fmt: skip
+    def run(
+        self, batches: list[Batch], loss_fn: LossFunction, *, scale: torch.Tensor | float = 1.0, training: bool = True
+    ) -> Totals:
         """Forward (and with `training`, backward of loss * scale) of every micro-batch; the totals
         are zero on ranks without the last stage."""
         self._loss_fn, self._scale, self._batches, self._results = loss_fn, scale, batches, {}
-        inputs = dict(arg_mbs=[(batch["input_ids"],) for batch in batches],
-                      kwarg_mbs=[{k: v for k, v in batch.items() if k in MODEL_INPUTS} for batch in batches],
-                      target_mbs=[torch.tensor(number) for number in range(len(batches))])  # fmt: skip
+        inputs = dict(
+            arg_mbs=[(batch["input_ids"],) for batch in batches],
+            kwarg_mbs=[{k: v for k, v in batch.items() if k in MODEL_INPUTS} for batch in batches],
+            target_mbs=[torch.tensor(number) for number in range(len(batches))],
+        )
         from torch.distributed.tensor.parallel import loss_parallel
 
         try:
@@ -121,10 +137,15 @@ class PipelineExecutor:
             self._loss_fn, self._batches, self._results = None, [], {}
 
 
-def build_executor(model: nn.Module | StagedModel, forward: Forward, device: torch.device, *,
-                   pp: DeviceMesh | None, microbatches: int,
-                   autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                   ) -> DirectExecutor | PipelineExecutor:  # fmt: skip
+def build_executor(
+    model: nn.Module | StagedModel,
+    forward: Forward,
+    device: torch.device,
+    *,
+    pp: DeviceMesh | None,
+    microbatches: int,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> DirectExecutor | PipelineExecutor:
     """The executor for `model`: the pipeline schedule when it is a rank's stages, otherwise direct."""
     if isinstance(model, StagedModel):
         return PipelineExecutor(model, pp, device, microbatches, autocast)

@@ -33,12 +33,21 @@ from .tp_plans import MOE_STYLE
 def moe_modules(model: nn.Module, plan: Mapping[str, str]) -> list[nn.Module]:
     """The modules of `model` that `plan` marks "moe"."""
     names = [name for name, _ in model.named_modules()]
-    return [model.get_submodule(name) for pattern, style in plan.items() if style == MOE_STYLE
-            for name in fnmatch.filter(names, pattern)]  # fmt: skip
+    return [
+        model.get_submodule(name)
+        for pattern, style in plan.items()
+        if style == MOE_STYLE
+        for name in fnmatch.filter(names, pattern)
+    ]
 
 
-def apply_expert_parallel(layers: list[nn.Module], experts_mesh: DeviceMesh, *, sequence_parallel: bool = False,
-                          reduce_dtype: torch.dtype | None = None) -> None:  # fmt: skip
+def apply_expert_parallel(
+    layers: list[nn.Module],
+    experts_mesh: DeviceMesh,
+    *,
+    sequence_parallel: bool = False,
+    reduce_dtype: torch.dtype | None = None,
+) -> None:
     """Split the experts of each MoE layer of `layers` (meta or not) over `experts_mesh`, whose dimensions
     are `ep` (whole experts), `tp` (each expert's ffn) or both, and route their tokens accordingly;
     `reduce_dtype` is the dtype of the sum of the ffn slices over tp (None: the activations')."""
@@ -103,8 +112,11 @@ def _expert_major(by_source: list[list[int]]) -> torch.Tensor:
         for count in row:
             starts[-1].append(offset)
             offset += count
-    pieces = [torch.arange(starts[source][expert], starts[source][expert] + by_source[source][expert])
-              for expert in range(len(by_source[0])) for source in range(len(by_source))]  # fmt: skip
+    pieces = [
+        torch.arange(starts[source][expert], starts[source][expert] + by_source[source][expert])
+        for expert in range(len(by_source[0]))
+        for source in range(len(by_source))
+    ]
     return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
 
 

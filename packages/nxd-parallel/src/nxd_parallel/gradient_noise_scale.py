@@ -50,8 +50,10 @@ class GradientNoiseScale:
             if name in self.summed:
                 self.summed[name][0].add_(local.to(self.summed[name][0].device, torch.float32))
             else:
-                self.summed[name] = (local.detach().to("cpu" if self.offload else local.device, torch.float32,
-                                                       copy=True), groups)  # fmt: skip
+                self.summed[name] = (
+                    local.detach().to("cpu" if self.offload else local.device, torch.float32, copy=True),
+                    groups,
+                )
         if self.updates % self.n_batches == self.n_batches - 1:
             for total, _ in self.summed.values():
                 total.div_(self.n_batches)  # the mean gradient of the n_batches steps

@@ -40,8 +40,10 @@ def replicated_heads(num_heads: int, kv_replicator: int, tp: int, rank: int) -> 
     """The original head behind each head copy that tp rank `rank` computes, in order."""
     copies = num_heads * kv_replicator
     if copies % tp:
-        raise ParallelConfigError(f"kv_replicator: {num_heads} KV heads x {kv_replicator} copies = {copies}; "
-                                  f"expected a multiple of the tensor-parallel size {tp}")  # fmt: skip
+        raise ParallelConfigError(
+            f"kv_replicator: {num_heads} KV heads x {kv_replicator} copies = {copies}; "
+            f"expected a multiple of the tensor-parallel size {tp}"
+        )
     per_rank = copies // tp
     return [(rank * per_rank + index) // kv_replicator for index in range(per_rank)]
 
@@ -81,10 +83,12 @@ class ReplicatedKVParallel(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, nn.Linear) or module.out_features % self.head_dim:
-            raise ParallelConfigError(f"kv_replicator: expected a Linear with whole heads of {self.head_dim}, "
-                                      f"found {module}")  # fmt: skip
-        heads = replicated_heads(module.out_features // self.head_dim, self.kv_replicator, device_mesh.size(),
-                                 device_mesh.get_local_rank())  # fmt: skip
+            raise ParallelConfigError(
+                f"kv_replicator: expected a Linear with whole heads of {self.head_dim}, found {module}"
+            )
+        heads = replicated_heads(
+            module.out_features // self.head_dim, self.kv_replicator, device_mesh.size(), device_mesh.get_local_rank()
+        )
         group = device_mesh.get_group()
         rows = HeadRows(heads, self.head_dim, group)
 
@@ -115,8 +119,12 @@ class QKVParallel(ParallelStyle):
                     module.register_parameter(f"{kind}_{name}", nn.Parameter(shards))
         rows = None
         if replicate_kv:
-            heads = replicated_heads(module.weight_k.shape[0] // self.head_dim, self.kv_replicator,
-                                     device_mesh.size(), device_mesh.get_local_rank())  # fmt: skip
+            heads = replicated_heads(
+                module.weight_k.shape[0] // self.head_dim,
+                self.kv_replicator,
+                device_mesh.size(),
+                device_mesh.get_local_rank(),
+            )
             rows = HeadRows(heads, self.head_dim, group)
 
         def part(tensor: torch.Tensor | None) -> torch.Tensor | None:

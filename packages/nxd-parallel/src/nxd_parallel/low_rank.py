@@ -32,9 +32,11 @@ from .errors import ParallelConfigError
 from .kv_replication import HeadRows, SumGradOverGroup, replicated_heads, whole_input
 from .tp_plans import LOW_RANK_STYLES
 
-ADAPTED_STYLES = {"colwise": ("lora_a_colwise", "lora_b_colwise"),
-                  "colwise_kv": ("lora_a_colwise", "lora_b_colwise_kv"),
-                  "rowwise": ("lora_a_rowwise", "lora_b_rowwise")}  # fmt: skip
+ADAPTED_STYLES = {
+    "colwise": ("lora_a_colwise", "lora_b_colwise"),
+    "colwise_kv": ("lora_a_colwise", "lora_b_colwise_kv"),
+    "rowwise": ("lora_a_rowwise", "lora_b_rowwise"),
+}
 """Base layer style -> the styles of its adapter's A and B."""
 
 
@@ -58,30 +60,43 @@ class LowRankParallel(ParallelStyle):
         group, style = device_mesh.get_group(), self.style
         replicated_kv = style == "lora_b_colwise_kv" and self.kv_replicator > 1
         placement = {"lora_b_colwise": Shard(0), "lora_b_colwise_kv": Shard(0), "lora_a_rowwise": Shard(1)}
-        weight = distribute_tensor(module.weight.data, device_mesh, [Replicate() if replicated_kv else
-                                   placement.get(style, Replicate())], src_data_rank=None)  # fmt: skip
+        weight = distribute_tensor(
+            module.weight.data,
+            device_mesh,
+            [Replicate() if replicated_kv else placement.get(style, Replicate())],
+            src_data_rank=None,
+        )
         module.register_parameter("weight", nn.Parameter(weight, requires_grad=module.weight.requires_grad))
         sequence = [Shard(1)] if self.sequence_parallel else [Replicate()]
 
         if style == "lora_a_colwise":
+
             def forward(hidden: torch.Tensor) -> torch.Tensor:
                 return F.linear(whole_input(hidden, group), SumGradOverGroup.apply(_local(module.weight), group))
         elif replicated_kv:
-            heads = replicated_heads(module.out_features // self.head_dim, self.kv_replicator, device_mesh.size(),
-                                     device_mesh.get_local_rank())  # fmt: skip
+            heads = replicated_heads(
+                module.out_features // self.head_dim,
+                self.kv_replicator,
+                device_mesh.size(),
+                device_mesh.get_local_rank(),
+            )
             rows = HeadRows(heads, self.head_dim, group)
 
             def forward(hidden: torch.Tensor) -> torch.Tensor:
                 return F.linear(hidden, rows(_local(module.weight)))
         elif style in ("lora_b_colwise", "lora_b_colwise_kv"):
+
             def forward(hidden: torch.Tensor) -> torch.Tensor:
                 return F.linear(hidden, _local(module.weight))
         elif style == "lora_a_rowwise":
+
             def forward(hidden: torch.Tensor) -> torch.Tensor:
-                partial = DTensor.from_local(F.linear(_local(hidden), _local(module.weight)), device_mesh,
-                                             [Partial()], run_check=False)  # fmt: skip
+                partial = DTensor.from_local(
+                    F.linear(_local(hidden), _local(module.weight)), device_mesh, [Partial()], run_check=False
+                )
                 return partial.redistribute(device_mesh, sequence).to_local()
         else:  # lora_b_rowwise: on a sequence shard each rank's gradient is partial
+
             def forward(hidden: torch.Tensor) -> torch.Tensor:
                 weight = _local(module.weight)
                 return F.linear(hidden, SumGradOverGroup.apply(weight, group) if self.sequence_parallel else weight)

@@ -44,16 +44,20 @@ def copy_part(target: torch.Tensor, source: torch.Tensor) -> None:
         target.to_local().copy_(part.to_local())
 
 
-def materialise(model: nn.Module, values: InitialValues, device: torch.device, *, ranks_at_once: int,
-                loaded: Collection[str] = ()) -> nn.Module:  # fmt: skip
+def materialise(
+    model: nn.Module, values: InitialValues, device: torch.device, *, ranks_at_once: int, loaded: Collection[str] = ()
+) -> nn.Module:
     """Allocate `model`'s shards on `device` and fill them from `values` (the same seeded values on
     every rank), this rank's wave at a time; the tensors named in `loaded` (filled by the caller next)
     are allocated only."""
     tied = tied_parameters(model)
     model.to_empty(device=device)
     retie(model, tied)  # to_empty allocates tied parameters apart
-    targets = {name: tensor for name, tensor in (dict(model.named_parameters()) | dict(model.named_buffers())).items()
-               if name not in loaded}  # fmt: skip
+    targets = {
+        name: tensor
+        for name, tensor in (dict(model.named_parameters()) | dict(model.named_buffers())).items()
+        if name not in loaded
+    }
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     ranks_at_once = max(1, ranks_at_once)

@@ -32,8 +32,18 @@ from .pipeline import rank_stages
 
 GIB = 2**30
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_SPLIT = {"colwise", "colwise_output", "vocab", "qkv", "colwise_kv", "rowwise", "lora_b_colwise", "lora_b_colwise_kv",
-          "lora_a_rowwise", "heads"}  # fmt: skip
+_SPLIT = {
+    "colwise",
+    "colwise_output",
+    "vocab",
+    "qkv",
+    "colwise_kv",
+    "rowwise",
+    "lora_b_colwise",
+    "lora_b_colwise_kv",
+    "lora_a_rowwise",
+    "heads",
+}
 _KV = {"colwise_kv", "lora_b_colwise_kv"}
 
 
@@ -113,11 +123,25 @@ class RankMemory:
         return steady + max(self.activations + self.loss, self.step)
 
 
-def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], widths: LayerWidths, *,
-                sizes: Sizes, state: StateBytes, work: Workload, zero1: bool, sequence_parallel: bool,
-                kv_replicator: int, recompute: str | None, recompute_modules: tuple[str, ...] = (),
-                virtual_stages: int = 1, runtime: int = 0, zero3: bool = False,
-                cpu_offload: bool = False) -> list[RankMemory]:  # fmt: skip
+def memory_plan(
+    model: nn.Module,
+    tp_plan: dict[str, str],
+    stages: list[range],
+    widths: LayerWidths,
+    *,
+    sizes: Sizes,
+    state: StateBytes,
+    work: Workload,
+    zero1: bool,
+    sequence_parallel: bool,
+    kv_replicator: int,
+    recompute: str | None,
+    recompute_modules: tuple[str, ...] = (),
+    virtual_stages: int = 1,
+    runtime: int = 0,
+    zero3: bool = False,
+    cpu_offload: bool = False,
+) -> list[RankMemory]:
     """Each pipeline rank's memory for `model` (a meta build of the whole model, adapters included) split
     by `tp_plan` and `stages` (the layers of each pipeline stage, `pipeline_ranges`). FSDP2's gathered copies:
     every layer's between forward and backward (zero1), or two layers' at a time (zero3: the one computing
@@ -156,23 +180,34 @@ def memory_plan(model: nn.Module, tp_plan: dict[str, str], stages: list[range], 
         layers = sum(len(stages[number]) for number in numbers)
         in_flight = min(sizes.pp - pp_rank, work.microbatches) if sizes.pp > 1 else 1
         tokens = work.micro_batch * work.seq_length // sizes.cp
-        activations = in_flight * _activation_bytes(widths, tokens, layers, state.compute, sizes.tp,
-                                                    sequence_parallel, recompute, recompute_modules)  # fmt: skip
+        activations = in_flight * _activation_bytes(
+            widths, tokens, layers, state.compute, sizes.tp, sequence_parallel, recompute, recompute_modules
+        )
         last = len(stages) - 1 in numbers
         loss_tokens = min(work.loss_chunk_tokens, tokens) if work.loss_chunk_tokens > 0 else tokens
         # logits in the compute dtype; their fp32 copy, log-softmax and its gradient
         loss = loss_tokens * -(-widths.vocab // sizes.tp) * (state.compute + 12) if last else 0
-        sharded = {"gradients": trained * state.gradient, "master_weights": trained * state.master,
-                   "optimizer_state": trained * state.optimizer_state + int(blocks) * state.block_state,
-                   "step": trained * state.step_copies}
+        sharded = {
+            "gradients": trained * state.gradient,
+            "master_weights": trained * state.master,
+            "optimizer_state": trained * state.optimizer_state + int(blocks) * state.block_state,
+            "step": trained * state.step_copies,
+        }
         offloaded = 0
         if cpu_offload and zero1 and sizes.dp * sizes.cp > 1:
             offloaded = held * state.parameter + sum(sharded.values())
             held, sharded = 0, dict.fromkeys(sharded, 0)
-        plans.append(RankMemory(
-            stage=pp_rank, parameters=(held + gathered) * state.parameter, **sharded, activations=activations,
-            loss=loss, runtime=runtime, offloaded=offloaded,
-        ))  # fmt: skip
+        plans.append(
+            RankMemory(
+                stage=pp_rank,
+                parameters=(held + gathered) * state.parameter,
+                **sharded,
+                activations=activations,
+                loss=loss,
+                runtime=runtime,
+                offloaded=offloaded,
+            )
+        )
     return plans
 
 
@@ -186,16 +221,23 @@ def _on_stages(name: str, numbers: list[int], stages: list[range]) -> bool:
     return (0 if first else len(stages) - 1) in numbers
 
 
-def _block_state_values(parameter: nn.Parameter, share: int, data: int, style: str | None, tp: int,
-                        kv_replicator: int) -> float:  # fmt: skip
+def _block_state_values(
+    parameter: nn.Parameter, share: int, data: int, style: str | None, tp: int, kv_replicator: int
+) -> float:
     """Values of `parameter`'s state in 256-value blocks (8-bit Adam's) on one rank: its `share` over its `data`
     ranks where each shard is whole rows of whole blocks; with the last axis's split undone where that split
     (over tp for row-parallel weights and column-parallel biases, over ZeRO's ranks for a vector) would cut
     blocks; the whole tensor where rows are not whole blocks."""
     if parameter.dim() == 0 or parameter.shape[-1] % 256:
         return parameter.numel()
-    tp_last = tp if tp > 1 and style in _SPLIT and not (style in _KV and kv_replicator > 1) and \
-        (style in ("rowwise", "lora_a_rowwise")) == (parameter.dim() > 1) else 1  # fmt: skip
+    tp_last = (
+        tp
+        if tp > 1
+        and style in _SPLIT
+        and not (style in _KV and kv_replicator > 1)
+        and (style in ("rowwise", "lora_a_rowwise")) == (parameter.dim() > 1)
+        else 1
+    )
     data_last = data if parameter.dim() == 1 else 1
     if parameter.shape[-1] % (256 * tp_last * data_last) == 0:
         return share / data
@@ -214,8 +256,16 @@ def _tp_share(parameter: nn.Parameter, style: str | None, tp: int, kv_replicator
     return -(-count // tp)
 
 
-def _activation_bytes(w: LayerWidths, tokens: int, layers: int, dtype_bytes: int, tp: int, sequence_parallel: bool,
-                      recompute: str | None, recompute_modules: tuple[str, ...]) -> int:  # fmt: skip
+def _activation_bytes(
+    w: LayerWidths,
+    tokens: int,
+    layers: int,
+    dtype_bytes: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: str | None,
+    recompute_modules: tuple[str, ...],
+) -> int:
     """Saved activations of `layers` decoder layers for `tokens` tokens of one micro-batch."""
     norm_inputs = 2 * w.hidden / (tp if sequence_parallel else 1)
     linear_inputs = 2 * w.hidden  # the normed inputs of the q/k/v and the gate/up projections

@@ -59,8 +59,9 @@ def global_norm(tensors: Iterable[torch.Tensor], across: ProcessGroup | None = N
     return global_squares([local_part_and_groups(tensor) for tensor in tensors], across).sqrt()
 
 
-def global_squares(parts: Sequence[tuple[torch.Tensor, tuple]], across: ProcessGroup | None = None,
-                   device: torch.device | None = None) -> torch.Tensor:  # fmt: skip
+def global_squares(
+    parts: Sequence[tuple[torch.Tensor, tuple]], across: ProcessGroup | None = None, device: torch.device | None = None
+) -> torch.Tensor:
     """The sum of squares of local `parts`, each with the groups over which its tensor's other parts lie (as
     `local_part_and_groups` gives them), over every rank; `across` as for `global_norm`. The sums meet on
     `device` (default: the parts'), so parts kept on the host reduce where the groups communicate."""
@@ -83,8 +84,9 @@ def global_squares(parts: Sequence[tuple[torch.Tensor, tuple]], across: ProcessG
     return total
 
 
-def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float, across: ProcessGroup | None = None
-                   ) -> torch.Tensor:  # fmt: skip
+def clip_gradients(
+    parameters: Iterable[nn.Parameter], max_norm: float, across: ProcessGroup | None = None
+) -> torch.Tensor:
     """Scale gradients so that their global norm (see `global_norm` for `across`) is at most `max_norm`
     (torch's clip_grad_norm_ rule, coefficient max_norm / (norm + 1e-6) capped at 1); returns the norm
     before clipping."""

@@ -43,8 +43,9 @@ class ShardableModel(Protocol):
 
     def build_on_meta(self) -> nn.Module: ...
 
-    def initial_values(self, *, seed: int, device: torch.device,
-                       names: Collection[str] | None = None) -> Iterable[tuple[str, torch.Tensor]]: ...
+    def initial_values(
+        self, *, seed: int, device: torch.device, names: Collection[str] | None = None
+    ) -> Iterable[tuple[str, torch.Tensor]]: ...
 
     def tp_plan(self) -> dict[str, str]: ...
 
@@ -141,13 +142,21 @@ def pipeline_ranges(family: ShardableModel, model: nn.Module, layout: Layout, pp
     if layout.pipeline_cuts is not None:
         key, numbers = "model.pipeline_cuts", {f"{LAYER_PREFIX}{index}": index for index in range(len(layers))}
         if unknown := [name for name in layout.pipeline_cuts if name not in numbers]:
-            raise ParallelConfigError(f"{key}: {', '.join(map(repr, unknown))} names no decoder layer; expected "
-                                      f"{LAYER_PREFIX}0 to {LAYER_PREFIX}{len(layers) - 1}")  # fmt: skip
+            raise ParallelConfigError(
+                f"{key}: {', '.join(map(repr, unknown))} names no decoder layer; expected "
+                f"{LAYER_PREFIX}0 to {LAYER_PREFIX}{len(layers) - 1}"
+            )
         cuts = [numbers[name] for name in layout.pipeline_cuts]
     layer_cost, first_cost, last_cost = family.stage_costs(model)
     try:
-        return stage_ranges(len(layers), pp * layout.virtual_stages, cuts=cuts, layer_cost=layer_cost,
-                            first_cost=first_cost, last_cost=last_cost)  # fmt: skip
+        return stage_ranges(
+            len(layers),
+            pp * layout.virtual_stages,
+            cuts=cuts,
+            layer_cost=layer_cost,
+            first_cost=first_cost,
+            last_cost=last_cost,
+        )
     except ParallelConfigError as error:
         raise ParallelConfigError(*(f"{key}: {problem}" for problem in error.problems)) from None
 
@@ -176,8 +185,7 @@ def build_parallel_model(
     def whole(names: Collection[str]) -> Iterable[tuple[str, torch.Tensor]]:
         return family.initial_values(seed=seed, device=init_device, names=names)
 
-    materialised = partial(_materialised, values=whole, device=device, layout=layout, prepare=prepare,
-                           loaded=loaded)  # fmt: skip
+    materialised = partial(_materialised, values=whole, device=device, layout=layout, prepare=prepare, loaded=loaded)
     shard = partial(_shard, family=family, layout=layout, mesh=mesh, prepare=prepare)
     pp = mesh.get("pp")
     if pp is None:
@@ -187,8 +195,9 @@ def build_parallel_model(
         numbers = rank_stages(pp.get_local_rank(), pp.size(), layout.virtual_stages)
         stages = []
         for number in numbers:
-            stage = family.keep_pipeline_stage(family.build_on_meta(), ranges[number], first=number == 0,
-                                               last=number == len(ranges) - 1)  # fmt: skip
+            stage = family.keep_pipeline_stage(
+                family.build_on_meta(), ranges[number], first=number == 0, last=number == len(ranges) - 1
+            )
             stages.append(materialised(shard(stage, first_layer=FIRST_LAYER if number == 0 else None)))
         model = StagedModel(stages, numbers, len(ranges))
     torch.manual_seed(seed)
@@ -199,8 +208,15 @@ def _keep_dtypes(module: nn.Module, cast: bool = True) -> None:
     """No precision policy: parameters stay as built."""
 
 
-def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: ParallelMesh,
-           prepare: PrepareParameters, first_layer: str | None) -> nn.Module:  # fmt: skip
+def _shard(
+    model: nn.Module,
+    *,
+    family: ShardableModel,
+    layout: Layout,
+    mesh: ParallelMesh,
+    prepare: PrepareParameters,
+    first_layer: str | None,
+) -> nn.Module:
     """Tensor/sequence, context and data parallelism and recomputation, applied to a meta-device model
     (or pipeline stage); `first_layer` is where its input enters the sequence-parallel region."""
     # DTensor's and FSDP's modules load here, when a model is sharded, not with the layout a config check reads
@@ -215,14 +231,21 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
     names = [name for name, _ in model.named_modules()]  # a pipeline stage lacks the other stages' parts
     plan = {pattern: style for pattern, style in family.tp_plan().items() if fnmatch.filter(names, pattern)}
     if tp is not None:
-        apply_tensor_parallel(model, plan, tp, sequence_parallel=layout.sequence_parallel,
-                              reduce_dtype=layout.reduce_dtype, kv_replicator=layout.kv_replicator,
-                              head_dim=family.head_dim)  # fmt: skip
+        apply_tensor_parallel(
+            model,
+            plan,
+            tp,
+            sequence_parallel=layout.sequence_parallel,
+            reduce_dtype=layout.reduce_dtype,
+            kv_replicator=layout.kv_replicator,
+            head_dim=family.head_dim,
+        )
         prepare(model, cast=False)  # the TP parameters are new objects
     moe = moe_modules(model, plan) if mesh.experts() is not None else []
     if moe:
-        apply_expert_parallel(moe, mesh.experts(), sequence_parallel=layout.sequence_parallel,
-                              reduce_dtype=layout.reduce_dtype)
+        apply_expert_parallel(
+            moe, mesh.experts(), sequence_parallel=layout.sequence_parallel, reduce_dtype=layout.reduce_dtype
+        )
         prepare(model, cast=False)
     if cp is not None:
         family.use_context_parallel(model, partial(ring_attention, group=cp.get_group()))
@@ -232,16 +255,29 @@ def _shard(model: nn.Module, *, family: ShardableModel, layout: Layout, mesh: Pa
     if layout.compile_blocks:
         compile_blocks(family.decoder_layers(model))
     if data is not None:  # context-parallel ranks hold the same weights: their gradients are reduced too
-        apply_data_parallel(model, data, zero1=layout.zero1, zero3=layout.zero3, cpu_offload=layout.cpu_offload,
-                            blocks=family.decoder_layers(model),
-                            mp_policy=MixedPrecisionPolicy(reduce_dtype=layout.grad_reduce_dtype),
-                            experts=[layer.experts for layer in moe] if mesh.get("ep") is not None else (),
-                            experts_mesh=mesh.get("edp"))  # fmt: skip
+        apply_data_parallel(
+            model,
+            data,
+            zero1=layout.zero1,
+            zero3=layout.zero3,
+            cpu_offload=layout.cpu_offload,
+            blocks=family.decoder_layers(model),
+            mp_policy=MixedPrecisionPolicy(reduce_dtype=layout.grad_reduce_dtype),
+            experts=[layer.experts for layer in moe] if mesh.get("ep") is not None else (),
+            experts_mesh=mesh.get("edp"),
+        )
     return model
 
 
-def _materialised(model: nn.Module, *, values: InitialValues, device: torch.device, layout: Layout,
-                  prepare: PrepareParameters, loaded: Collection[str]) -> nn.Module:  # fmt: skip
+def _materialised(
+    model: nn.Module,
+    *,
+    values: InitialValues,
+    device: torch.device,
+    layout: Layout,
+    prepare: PrepareParameters,
+    loaded: Collection[str],
+) -> nn.Module:
     from .materialise import materialise
 
     materialise(model, values, device, ranks_at_once=layout.ranks_at_once, loaded=loaded)
@@ -256,13 +292,19 @@ def tensor_parallel_problems(sizes: dict[str, int], source: str, tp: int, kv_rep
         return []
     heads, kv_name = list(sizes)[:2]
     kv_copies = sizes[kv_name] * kv_replicator
-    problems = [f"{source}: {name}: expected a multiple of tensor_model_parallel_size ({tp}), found {size}"
-                for name, size in sizes.items() if name != kv_name and size % tp]  # fmt: skip
+    problems = [
+        f"{source}: {name}: expected a multiple of tensor_model_parallel_size ({tp}), found {size}"
+        for name, size in sizes.items()
+        if name != kv_name and size % tp
+    ]
     if kv_copies % tp:
-        problems.append(f"distributed_strategy.kv_replicator: {sizes[kv_name]} KV heads x {kv_replicator} "
-                        f"= {kv_copies}; expected a multiple of tensor_model_parallel_size ({tp})")  # fmt: skip
+        problems.append(
+            f"distributed_strategy.kv_replicator: {sizes[kv_name]} KV heads x {kv_replicator} "
+            f"= {kv_copies}; expected a multiple of tensor_model_parallel_size ({tp})"
+        )
     elif sizes[heads] % kv_copies:
-        problems.append(f"distributed_strategy.kv_replicator: {sizes[kv_name]} KV heads x {kv_replicator} "
-                        f"= {kv_copies}; expected a divisor of {heads} ({sizes[heads]})")  # fmt: skip
+        problems.append(
+            f"distributed_strategy.kv_replicator: {sizes[kv_name]} KV heads x {kv_replicator} "
+            f"= {kv_copies}; expected a divisor of {heads} ({sizes[heads]})"
+        )
     return problems
-

@@ -24,8 +24,15 @@ if TYPE_CHECKING:  # torch.distributed.pipelining imports torch._dynamo: loaded 
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 
 
-def stage_ranges(num_layers: int, stages: int, *, cuts: Sequence[int] | None = None,
-                 layer_cost: float = 1.0, first_cost: float = 0.0, last_cost: float = 0.0) -> list[range]:  # fmt: skip
+def stage_ranges(
+    num_layers: int,
+    stages: int,
+    *,
+    cuts: Sequence[int] | None = None,
+    layer_cost: float = 1.0,
+    first_cost: float = 0.0,
+    last_cost: float = 0.0,
+) -> list[range]:
     """The layers of each of `stages` stages: after the layers numbered in `cuts` (stages - 1 of them,
     increasing), or balanced by cost when `cuts` is None. Every stage gets at least one layer."""
     if stages > num_layers:
@@ -37,8 +44,9 @@ def stage_ranges(num_layers: int, stages: int, *, cuts: Sequence[int] | None = N
     if len(cuts) != stages - 1:
         problems.append(f"expected {stages - 1} cut(s) for {stages} stages, found {len(cuts)}")
     if any(not 0 <= cut < num_layers - 1 for cut in cuts):
-        problems.append(f"expected cuts after layers 0 to {num_layers - 2} (the last layer ends the last stage), "
-                        f"found {cuts}")  # fmt: skip
+        problems.append(
+            f"expected cuts after layers 0 to {num_layers - 2} (the last layer ends the last stage), found {cuts}"
+        )
     if any(b <= a for a, b in zip(cuts, cuts[1:], strict=False)):
         problems.append(f"expected strictly increasing cuts, found {cuts}")
     if problems:
@@ -57,8 +65,11 @@ def _balanced(num_layers: int, stages: int, layer: float, first: float, last: fl
     best = {(0, 0): (0.0, None)}  # (stages used, layers covered) -> (largest cost so far, previous split)
     for stage in range(stages):
         for end in range(stage + 1, num_layers - (stages - stage - 1) + 1):
-            options = [(max(best[(stage, start)][0], cost(start, end, stage)), start)
-                       for start in range(stage, end) if (stage, start) in best]  # fmt: skip
+            options = [
+                (max(best[(stage, start)][0], cost(start, end, stage)), start)
+                for start in range(stage, end)
+                if (stage, start) in best
+            ]
             if options:
                 best[(stage + 1, end)] = min(options, key=lambda option: (round(option[0], 9), option[1]))
     bounds, end = [num_layers], num_layers
@@ -90,8 +101,10 @@ def build_schedule(
     stage); `loss_fn(logits, labels)` must already be normalised."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
-    stages = [PipelineStage(module, number, num_stages, device, group=group)
-              for module, number in zip(modules, stage_numbers, strict=True)]  # fmt: skip
+    stages = [
+        PipelineStage(module, number, num_stages, device, group=group)
+        for module, number in zip(modules, stage_numbers, strict=True)
+    ]
     if len(stages) == 1:
         return Schedule1F1B(stages[0], microbatches, loss_fn=loss_fn, scale_grads=False)
     return ScheduleInterleaved1F1B(stages, microbatches, loss_fn=loss_fn, scale_grads=False)

@@ -35,8 +35,16 @@ def loopback_interface() -> str | None:
     return next((name for name in ("lo", "lo0") if name in names), None)
 
 
-def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int, timeout: timedelta, *,
-                     agent_store: bool = False, single_host: bool = False) -> tuple[dist.Store, int]:  # fmt: skip
+def rendezvous_store(
+    master_addr: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    *,
+    agent_store: bool = False,
+    single_host: bool = False,
+) -> tuple[dist.Store, int]:
     """The store every rank of this round meets on, and the round: a client of torchrun's agent store when the
     agent serves one (kept across rounds), else a store rank 0 hosts for this launch alone (on the loopback only
     when `single_host`). Keys are prefixed by round."""
@@ -49,34 +57,64 @@ def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: 
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", master_port))
         listener.listen(128)
-        store = dist.TCPStore("127.0.0.1", master_port, world_size, is_master=True, timeout=timeout,
-                              wait_for_workers=False, master_listen_fd=listener.detach())  # fmt: skip
+        store = dist.TCPStore(
+            "127.0.0.1",
+            master_port,
+            world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=listener.detach(),
+        )
     else:
-        store = dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=timeout,
-                              wait_for_workers=False)  # fmt: skip
+        store = dist.TCPStore(
+            master_addr, master_port, world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        )
     started = store.add(f"nxd/starts/{rank}", 1) if agent_store else 1  # this rank's starts in the job
     return dist.PrefixStore(round_prefix(started), store), started
 
 
-def client_store(master_addr: str, master_port: int, world_size: int, timeout: timedelta, *, round: int = 1,
-                 agent_store: bool = False, single_host: bool = False, suffix: str = "") -> dist.Store:  # fmt: skip
+def client_store(
+    master_addr: str,
+    master_port: int,
+    world_size: int,
+    timeout: timedelta,
+    *,
+    round: int = 1,
+    agent_store: bool = False,
+    single_host: bool = False,
+    suffix: str = "",
+) -> dist.Store:
     """A connection of its own to the run's store (for a watch thread that must not share training's),
     under `round`'s prefix (what `init_world` returned) and `suffix`."""
     if single_host and not agent_store:
         master_addr = "127.0.0.1"
-    store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout,
-                          wait_for_workers=False)  # fmt: skip
+    store = dist.TCPStore(
+        master_addr, master_port, world_size, is_master=False, timeout=timeout, wait_for_workers=False
+    )
     return dist.PrefixStore(round_prefix(round) + suffix, store)
 
 
-def init_world(backend: str, master_addr: str, master_port: int, rank: int, world_size: int, timeout: timedelta, *,
-               agent_store: bool = False, single_host: bool = False, device_id: object = None) -> int:  # fmt: skip
+def init_world(
+    backend: str,
+    master_addr: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    *,
+    agent_store: bool = False,
+    single_host: bool = False,
+    device_id: object = None,
+) -> int:
     """Initialise the default process group on this round's store (see the module's docstring); the round."""
     if single_host and (interface := loopback_interface()) is not None:
         for name in LOOPBACK_VARIABLES:
             os.environ.setdefault(name, interface)
-    store, started = rendezvous_store(master_addr, master_port, rank, world_size, timeout, agent_store=agent_store,
-                                      single_host=single_host)  # fmt: skip
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
-                            device_id=device_id)  # fmt: skip
+    store, started = rendezvous_store(
+        master_addr, master_port, rank, world_size, timeout, agent_store=agent_store, single_host=single_host
+    )
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+    )
     return started

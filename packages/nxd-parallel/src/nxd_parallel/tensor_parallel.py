@@ -138,14 +138,16 @@ class _HeadColumns(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         def shard(_: str, owner: nn.Module, mesh: DeviceMesh) -> None:
             for name, parameter in list(owner.named_parameters(recurse=False)):
-                owner.register_parameter(name, nn.Parameter(distribute_tensor(parameter, mesh, [Shard(1)]),
-                                                            parameter.requires_grad))  # fmt: skip
+                owner.register_parameter(
+                    name, nn.Parameter(distribute_tensor(parameter, mesh, [Shard(1)]), parameter.requires_grad)
+                )
 
         return distribute_module(module, device_mesh, shard)
 
 
-def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | None, kv_replicator: int,
-           head_dim: int | None) -> ParallelStyle | None:  # fmt: skip
+def _style(
+    name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | None, kv_replicator: int, head_dim: int | None
+) -> ParallelStyle | None:
     activations = Shard(1) if sequence_parallel else Replicate()
     if name == "colwise_kv" and kv_replicator > 1:
         return ReplicatedKVParallel(kv_replicator, head_dim)
@@ -154,8 +156,9 @@ def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | No
     if name in ("colwise", "colwise_kv"):
         return _ColwiseReducing(input_layouts=activations, reduce_dtype=reduce_dtype)
     if name == "colwise_output":
-        return _ColwiseReducing(input_layouts=activations, output_layouts=Shard(-1), use_local_output=False,
-                                reduce_dtype=reduce_dtype)  # fmt: skip
+        return _ColwiseReducing(
+            input_layouts=activations, output_layouts=Shard(-1), use_local_output=False, reduce_dtype=reduce_dtype
+        )
     if name == "rowwise":
         return _RowwiseReducing(output_layouts=activations, reduce_dtype=reduce_dtype)
     if name == "score":
@@ -171,8 +174,9 @@ def _style(name: str, *, sequence_parallel: bool, reduce_dtype: torch.dtype | No
     if name == "replicated_with_grad_allreduce":
         return SequenceParallel(sequence_dim=2, use_local_output=True)
     if name in LOW_RANK_STYLES:
-        return LowRankParallel(name, sequence_parallel=sequence_parallel, kv_replicator=kv_replicator,
-                               head_dim=head_dim)  # fmt: skip
+        return LowRankParallel(
+            name, sequence_parallel=sequence_parallel, kv_replicator=kv_replicator, head_dim=head_dim
+        )
     raise AssertionError(name)
 
 
@@ -200,8 +204,13 @@ def apply_tensor_parallel(
     tied = tied_parameters(model)
     styles = {}
     for pattern, name in plan.items():
-        style = _style(name, sequence_parallel=sequence_parallel, reduce_dtype=reduce_dtype,
-                       kv_replicator=kv_replicator, head_dim=head_dim)  # fmt: skip
+        style = _style(
+            name,
+            sequence_parallel=sequence_parallel,
+            reduce_dtype=reduce_dtype,
+            kv_replicator=kv_replicator,
+            head_dim=head_dim,
+        )
         if style is not None:
             styles[pattern] = style
     frozen = {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
@@ -211,12 +220,14 @@ def apply_tensor_parallel(
         parameter.requires_grad_(name not in frozen)
     if sequence_parallel:
         names = [name for name, _ in model.named_modules()]
-        blocks = {pattern.removesuffix(BASE_LAYER).rpartition(".")[0] for pattern, style in plan.items()
-                  if style in _GATHERED_ONCE}  # fmt: skip
+        blocks = {
+            pattern.removesuffix(BASE_LAYER).rpartition(".")[0]
+            for pattern, style in plan.items()
+            if style in _GATHERED_ONCE
+        }
         for block in {name for pattern in blocks for name in fnmatch.filter(names, pattern)}:
             model.get_submodule(block).register_forward_pre_hook(_gather_sequence_once(mesh), with_kwargs=True)
     return model
-
 
 
 def enter_sequence_parallel(model: nn.Module, first_layer: str, mesh: DeviceMesh) -> None:
@@ -227,6 +238,8 @@ def enter_sequence_parallel(model: nn.Module, first_layer: str, mesh: DeviceMesh
     kept the layer's input, so a recomputation replays it from the whole input. Registered before, the
     checkpoint would keep the split input and its replay would split it a second time."""
     if first_layer not in dict(model.named_modules()):
-        raise ParallelConfigError(f"sequence parallelism needs the first decoder layer; {first_layer!r} is no "
-                                  f"module of {type(model).__name__}")  # fmt: skip
+        raise ParallelConfigError(
+            f"sequence parallelism needs the first decoder layer; {first_layer!r} is no "
+            f"module of {type(model).__name__}"
+        )
     model.get_submodule(first_layer).register_forward_pre_hook(_scatter_sequence(mesh), with_kwargs=True)

@@ -32,22 +32,29 @@ def adam8bit_support_problem(device: torch.device | str) -> str | None:
     try:
         _bitsandbytes()
     except ImportError:
-        return ("model.optim.name: adam8bit expected the bitsandbytes package, found it not installed; install "
-                "nxd-train[bnb] (pip install bitsandbytes)")  # fmt: skip
+        return (
+            "model.optim.name: adam8bit expected the bitsandbytes package, found it not installed; install "
+            "nxd-train[bnb] (pip install bitsandbytes)"
+        )
     kind = torch.device(device).type
     key = _DISPATCH_KEYS.get(kind)
     try:
         kernel = key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
-            "bitsandbytes::optimizer_update_8bit_blockwise", key)
+            "bitsandbytes::optimizer_update_8bit_blockwise", key
+        )
     except RuntimeError:  # a bitsandbytes before 0.50, without the operator
         import bitsandbytes
 
-        return (f"model.optim.name: adam8bit expected bitsandbytes 0.50 or later (its optimizer kernels for every "
-                f"device), found {bitsandbytes.__version__}; pip install -U bitsandbytes")  # fmt: skip
+        return (
+            f"model.optim.name: adam8bit expected bitsandbytes 0.50 or later (its optimizer kernels for every "
+            f"device), found {bitsandbytes.__version__}; pip install -U bitsandbytes"
+        )
     if not kernel:
-        return (f"model.optim.name: adam8bit expected a device bitsandbytes' installed build has 8-bit optimizer "
-                f"kernels for (the CPU; CUDA and XPU in builds for them), found {kind}; use adamw on this "
-                f"device")  # fmt: skip
+        return (
+            f"model.optim.name: adam8bit expected a device bitsandbytes' installed build has 8-bit optimizer "
+            f"kernels for (the CPU; CUDA and XPU in builds for them), found {kind}; use adamw on this "
+            f"device"
+        )
     return None
 
 
@@ -62,8 +69,13 @@ class _Codes:
 
 
 def _hide_codes(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    state = {index: {key: _Codes(value) if torch.is_tensor(value) and value.dtype == torch.uint8 else value
-                     for key, value in values.items()} for index, values in state_dict["state"].items()}  # fmt: skip
+    state = {
+        index: {
+            key: _Codes(value) if torch.is_tensor(value) and value.dtype == torch.uint8 else value
+            for key, value in values.items()
+        }
+        for index, values in state_dict["state"].items()
+    }
     return {**state_dict, "state": state}
 
 
@@ -104,14 +116,32 @@ class Adam8bit(torch.optim.Optimizer):
 
     keeps_state_precision = True
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, min_8bit_size: int = 4096) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        min_8bit_size: int = 4096,
+    ) -> None:
         if lr < 0 or eps <= 0 or weight_decay < 0 or min_8bit_size < 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"adam8bit: expected lr, weight_decay and min_8bit_size >= 0, eps > 0 and betas in "
-                             f"[0, 1), found lr {lr}, betas {betas}, eps {eps}, weight_decay {weight_decay}, "
-                             f"min_8bit_size {min_8bit_size}")  # fmt: skip
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
-                                  "min_8bit_size": min_8bit_size, "fp32_state": False})  # fmt: skip
+            raise ValueError(
+                f"adam8bit: expected lr, weight_decay and min_8bit_size >= 0, eps > 0 and betas in "
+                f"[0, 1), found lr {lr}, betas {betas}, eps {eps}, weight_decay {weight_decay}, "
+                f"min_8bit_size {min_8bit_size}"
+            )
+        super().__init__(
+            params,
+            {
+                "lr": lr,
+                "betas": tuple(betas),
+                "eps": eps,
+                "weight_decay": weight_decay,
+                "min_8bit_size": min_8bit_size,
+                "fp32_state": False,
+            },
+        )
         self._functional = _bitsandbytes()
         self._maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.register_load_state_dict_pre_hook(_hide_codes)
@@ -120,8 +150,10 @@ class Adam8bit(torch.optim.Optimizer):
     def _quantization_maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The signed (first moment) and unsigned (second moment) dynamic maps, made once per device."""
         if device not in self._maps:
-            self._maps[device] = (self._functional.create_dynamic_map(signed=True).to(device),
-                                  self._functional.create_dynamic_map(signed=False).to(device))  # fmt: skip
+            self._maps[device] = (
+                self._functional.create_dynamic_map(signed=True).to(device),
+                self._functional.create_dynamic_map(signed=False).to(device),
+            )
         return self._maps[device]
 
     @torch.no_grad()
@@ -158,11 +190,26 @@ class Adam8bit(torch.optim.Optimizer):
             signed, unsigned = self._quantization_maps(contiguous.device)
             maxima = [_local(state[key]).view(-1) for key in ("absmax_exp_avg", "absmax_exp_avg_sq")]
             self._functional.optimizer_update_8bit_blockwise(
-                "adam", grad, contiguous, *moments, beta1, beta2, 0.0, 0.0, eps, step, lr, signed, unsigned, *maxima,
-                weight_decay=decay)  # fmt: skip
+                "adam",
+                grad,
+                contiguous,
+                *moments,
+                beta1,
+                beta2,
+                0.0,
+                0.0,
+                eps,
+                step,
+                lr,
+                signed,
+                unsigned,
+                *maxima,
+                weight_decay=decay,
+            )
         else:
             self._functional.optimizer_update_32bit(
-                "adam", grad, contiguous, moments[0], beta1, eps, step, lr, moments[1], beta2, weight_decay=decay)
+                "adam", grad, contiguous, moments[0], beta1, eps, step, lr, moments[1], beta2, weight_decay=decay
+            )
         if contiguous is not target:
             target.copy_(contiguous)
         if value is not p:  # every rank holding these rows stepped them alike: its shard needs no communication
@@ -182,8 +229,11 @@ def _block_placements(p: DTensor) -> list[Placement]:
     if p.ndim == 0 or p.shape[-1] % BLOCK:
         return gathered
     last = p.ndim - 1
-    on_last = [i for i, placement in enumerate(p.placements)
-               if not placement.is_replicate() and getattr(placement, "dim", last) % p.ndim == last]  # fmt: skip
+    on_last = [
+        i
+        for i, placement in enumerate(p.placements)
+        if not placement.is_replicate() and getattr(placement, "dim", last) % p.ndim == last
+    ]
     split = math.prod(p.device_mesh.shape[i] for i in on_last)
     if all(type(p.placements[i]) is Shard for i in on_last) and p.shape[-1] % (BLOCK * split) == 0:
         return list(p.placements)
@@ -212,12 +262,18 @@ def _initial_state(state: dict[str, Any], p: torch.Tensor, *, eight_bit: bool) -
     from torch.distributed.tensor import DTensor
 
     placements = _block_placements(p)  # the parameter's own where its shards are whole blocks: no gather then
-    codes = p.to_local() if tuple(placements) == p.placements else \
-        p.redistribute(p.device_mesh, placements).to_local()  # fmt: skip
+    codes = p.to_local() if tuple(placements) == p.placements else p.redistribute(p.device_mesh, placements).to_local()
     for key in ("exp_avg", "exp_avg_sq"):
-        state[key] = DTensor.from_local(torch.zeros_like(codes, dtype=torch.uint8), p.device_mesh, placements,
-                                        run_check=False, shape=p.shape, stride=p.stride())  # fmt: skip
+        state[key] = DTensor.from_local(
+            torch.zeros_like(codes, dtype=torch.uint8),
+            p.device_mesh,
+            placements,
+            run_check=False,
+            shape=p.shape,
+            stride=p.stride(),
+        )
         maxima = torch.zeros(_maxima_shape(codes.shape), dtype=torch.float32, device=codes.device)
         stride = torch.empty(shape, device="meta").stride()
-        state[f"absmax_{key}"] = DTensor.from_local(maxima, p.device_mesh, placements, run_check=False,
-                                                    shape=torch.Size(shape), stride=stride)  # fmt: skip
+        state[f"absmax_{key}"] = DTensor.from_local(
+            maxima, p.device_mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride
+        )

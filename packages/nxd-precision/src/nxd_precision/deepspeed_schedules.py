@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def deepspeed_schedule(kind: str, p: Mapping[str, Any], lr: float
-                       ) -> tuple[Callable[[int], float], Callable[[int], float] | None]:  # fmt: skip
+def deepspeed_schedule(
+    kind: str, p: Mapping[str, Any], lr: float
+) -> tuple[Callable[[int], float], Callable[[int], float] | None]:
     """(step -> learning rate, step -> betas[0] or None) of DeepSpeed's schedule `kind` with its params `p` (absent
     ones take DeepSpeed's defaults); `lr` is the optimizer's rate, which only WarmupCosineLR scales."""
     if kind in ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR"):

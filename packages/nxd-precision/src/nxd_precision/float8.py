@@ -60,29 +60,42 @@ def float8_config(spec: Float8Spec) -> Any:
     """torchao's Float8LinearConfig for `spec`."""
     config, cast = _torchao()
     if spec.recipe not in FP8_RECIPES:
-        raise PrecisionConfigError(f"precision.fp8.recipe: expected one of {', '.join(FP8_RECIPES)}, found "
-                                   f"{spec.recipe!r}")  # fmt: skip
+        raise PrecisionConfigError(
+            f"precision.fp8.recipe: expected one of {', '.join(FP8_RECIPES)}, found {spec.recipe!r}"
+        )
     if spec.format is not None and spec.format not in FP8_FORMATS:
-        raise PrecisionConfigError(f"precision.fp8.format: expected one of {', '.join(FP8_FORMATS)}, found "
-                                   f"{spec.format!r}")  # fmt: skip
+        raise PrecisionConfigError(
+            f"precision.fp8.format: expected one of {', '.join(FP8_FORMATS)}, found {spec.format!r}"
+        )
     rowwise = spec.recipe == "rowwise"
     if rowwise and spec.all_gather:
-        raise PrecisionConfigError("precision.fp8.all_gather: torchao gathers float8 weights for tensorwise scaling "
-                                   "only; expected precision.fp8.recipe tensorwise with it, found rowwise")  # fmt: skip
+        raise PrecisionConfigError(
+            "precision.fp8.all_gather: torchao gathers float8 weights for tensorwise scaling "
+            "only; expected precision.fp8.recipe tensorwise with it, found rowwise"
+        )
     granularity = cast.ScalingGranularity.AXISWISE if rowwise else cast.ScalingGranularity.TENSORWISE
-    grads = torch.float8_e4m3fn if (spec.format or ("e4m3" if rowwise else "hybrid")) == "e4m3" else \
-        torch.float8_e5m2  # fmt: skip
+    grads = torch.float8_e4m3fn if (spec.format or ("e4m3" if rowwise else "hybrid")) == "e4m3" else torch.float8_e5m2
     operand = cast.CastConfig(scaling_granularity=granularity, target_dtype=torch.float8_e4m3fn)
     grad_output = cast.CastConfig(scaling_granularity=granularity, target_dtype=grads)
     kept = {}
     if not spec.weight_gradient:  # the weight gradient's matmul in high precision (torchao's "gw_hp")
-        kept = {"cast_config_input_for_grad_weight": cast.CastConfig(scaling_type=cast.ScalingType.DISABLED,
-                                                                     target_dtype=torch.float8_e4m3fn),
-                "cast_config_grad_output_for_grad_weight": cast.CastConfig(scaling_type=cast.ScalingType.DISABLED,
-                                                                           target_dtype=grads)}  # fmt: skip
-    return config(cast_config_input=operand, cast_config_weight=operand, cast_config_grad_output=grad_output,
-                  round_scales_to_power_of_2=rowwise, emulate=spec.emulate,
-                  enable_fsdp_float8_all_gather=spec.all_gather, **kept)  # fmt: skip
+        kept = {
+            "cast_config_input_for_grad_weight": cast.CastConfig(
+                scaling_type=cast.ScalingType.DISABLED, target_dtype=torch.float8_e4m3fn
+            ),
+            "cast_config_grad_output_for_grad_weight": cast.CastConfig(
+                scaling_type=cast.ScalingType.DISABLED, target_dtype=grads
+            ),
+        }
+    return config(
+        cast_config_input=operand,
+        cast_config_weight=operand,
+        cast_config_grad_output=grad_output,
+        round_scales_to_power_of_2=rowwise,
+        emulate=spec.emulate,
+        enable_fsdp_float8_all_gather=spec.all_gather,
+        **kept,
+    )
 
 
 def use_float8(module: nn.Module, spec: Float8Spec) -> list[str]:
@@ -98,8 +111,13 @@ def use_float8(module: nn.Module, spec: Float8Spec) -> list[str]:
         if not isinstance(layer, nn.Linear) or isinstance(layer, Float8Linear):
             return False
         sized = not layer.in_features % FLOAT8_MATMUL_MULTIPLE and not layer.out_features % FLOAT8_MATMUL_MULTIPLE
-        wanted = ".layers." in f".{name}" and not name.endswith(SKIPPED) and "lora_" not in name and sized and \
-            not any(fnmatch.fnmatchcase(name, pattern) for pattern in spec.kept)  # fmt: skip
+        wanted = (
+            ".layers." in f".{name}"
+            and not name.endswith(SKIPPED)
+            and "lora_" not in name
+            and sized
+            and not any(fnmatch.fnmatchcase(name, pattern) for pattern in spec.kept)
+        )
         if wanted:
             swapped.append(name)
         return wanted
@@ -117,8 +135,12 @@ def float8_coverage(module: nn.Module, spec: Float8Spec) -> tuple[list[str], dic
 
     kept: dict[str, int] = {}
     for name, layer in module.named_modules():
-        if ".layers." in f".{name}" and not isinstance(layer, Float8Linear) and "lora_" not in name and \
-                any(p.dim() > 1 for p in layer.parameters(recurse=False)):  # fmt: skip
+        if (
+            ".layers." in f".{name}"
+            and not isinstance(layer, Float8Linear)
+            and "lora_" not in name
+            and any(p.dim() > 1 for p in layer.parameters(recurse=False))
+        ):
             kept[type(layer).__name__] = kept.get(type(layer).__name__, 0) + 1
     return swapped, kept
 
@@ -137,10 +159,12 @@ def float8_support_problem(spec: Float8Spec, device: torch.device) -> str | None
         found = f"compute capability {'.'.join(map(str, torch.cuda.get_device_capability(device)))}"
     else:
         found = f"the {device.type} device"
-    return (f"precision.fp8: float8 matmuls (torch._scaled_mm) need a GPU of CUDA compute capability 8.9 or newer "
-            f"(Ada, Hopper, Blackwell) or ROCm's MI300, found {found}; set precision.fp8.emulate: true to train with "
-            "torchao's emulation (float8 numerics, higher-precision matmuls: slower, for checking), or remove "
-            "precision.fp8")  # fmt: skip
+    return (
+        f"precision.fp8: float8 matmuls (torch._scaled_mm) need a GPU of CUDA compute capability 8.9 or newer "
+        f"(Ada, Hopper, Blackwell) or ROCm's MI300, found {found}; set precision.fp8.emulate: true to train with "
+        "torchao's emulation (float8 numerics, higher-precision matmuls: slower, for checking), or remove "
+        "precision.fp8"
+    )
 
 
 def _torchao() -> tuple[Any, Any]:
@@ -152,8 +176,10 @@ def _torchao() -> tuple[Any, Any]:
         from torchao.float8 import config as cast
         from torchao.float8.config import Float8LinearConfig
     except ImportError:
-        raise PrecisionConfigError("precision.fp8: needs torchao's float8; install it with pip install "
-                                   "'nxd-precision[fp8]' (or 'nxd-train[fp8]')") from None  # fmt: skip
+        raise PrecisionConfigError(
+            "precision.fp8: needs torchao's float8; install it with pip install "
+            "'nxd-precision[fp8]' (or 'nxd-train[fp8]')"
+        ) from None
     finally:
         quiet.setLevel(level)
     return Float8LinearConfig, cast

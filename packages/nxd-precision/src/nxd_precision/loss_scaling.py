@@ -34,12 +34,16 @@ class LossScaling:
     """Restore the hysteresis after every step without an overflow (not only when the scale grows)."""
 
     def __post_init__(self) -> None:
-        problems = [f"precision.{name}: expected {what}, found {value}" for name, value, what in (
-            ("loss_scale", self.loss_scale, "0 (dynamic) or a positive scale"),
-            ("loss_scale_window", self.loss_scale_window, "at least 1 step"),
-            ("hysteresis", self.hysteresis, "at least 1 overflow"),
-            ("min_loss_scale", self.min_loss_scale, "a positive scale"),
-        ) if (value < 0 if name == "loss_scale" else value <= 0)]  # fmt: skip
+        problems = [
+            f"precision.{name}: expected {what}, found {value}"
+            for name, value, what in (
+                ("loss_scale", self.loss_scale, "0 (dynamic) or a positive scale"),
+                ("loss_scale_window", self.loss_scale_window, "at least 1 step"),
+                ("hysteresis", self.hysteresis, "at least 1 overflow"),
+                ("min_loss_scale", self.min_loss_scale, "a positive scale"),
+            )
+            if (value < 0 if name == "loss_scale" else value <= 0)
+        ]
         if problems:
             raise PrecisionConfigError("; ".join(problems))
 
@@ -111,8 +115,13 @@ class LossScaler:
         return absorbed
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "hysteresis_left": self.hysteresis_left, "step": self.step,
-                "last_overflow": self.last_overflow, "skipped": self.skipped}  # fmt: skip
+        return {
+            "scale": self.scale,
+            "hysteresis_left": self.hysteresis_left,
+            "step": self.step,
+            "last_overflow": self.last_overflow,
+            "skipped": self.skipped,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scale, self.hysteresis_left = float(state["scale"]), int(state["hysteresis_left"])

@@ -27,11 +27,18 @@ class Lion(torch.optim.Optimizer):
     """Lion (Chen et al. 2023, arXiv:2302.06675): the sign of the momentum interpolated with the gradient is
     the update; weight decay multiplies the weights by 1 - lr x weight_decay first. One state tensor."""
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+    ) -> None:
         if lr < 0 or weight_decay < 0 or not all(0.0 <= beta <= 1.0 for beta in betas):
-            raise ValueError(f"Lion: expected lr and weight_decay >= 0 and betas in [0, 1], found lr {lr}, "
-                             f"weight_decay {weight_decay}, betas {betas}")  # fmt: skip
+            raise ValueError(
+                f"Lion: expected lr and weight_decay >= 0 and betas in [0, 1], found lr {lr}, "
+                f"weight_decay {weight_decay}, betas {betas}"
+            )
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
 
     @torch.no_grad()
@@ -59,11 +66,19 @@ class MadgradWD(torch.optim.Optimizer):
     gradients plus eps, and momentum averages the weights towards the step's point. The step count is
     kept per parameter (`step`), where NeoX keeps one for the optimizer."""
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-2, momentum: float = 0.9, weight_decay: float = 0.0,
-                 eps: float = 1e-6) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-2,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        eps: float = 1e-6,
+    ) -> None:
         if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0 or eps < 0:
-            raise ValueError(f"madgrad_wd: expected lr > 0, momentum in [0, 1), weight_decay >= 0 and eps >= 0, "
-                             f"found lr {lr}, momentum {momentum}, weight_decay {weight_decay}, eps {eps}")  # fmt: skip
+            raise ValueError(
+                f"madgrad_wd: expected lr > 0, momentum in [0, 1), weight_decay >= 0 and eps >= 0, "
+                f"found lr {lr}, momentum {momentum}, weight_decay {weight_decay}, eps {eps}"
+            )
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eps": eps})
 
     @torch.no_grad()
@@ -112,14 +127,24 @@ class SM3(torch.optim.Optimizer):
     which every rank gathers, so that every layout steps as one process does; each rank keeps the same
     accumulators (a small fraction of the parameter) and its own shard of the momentum."""
 
-    def __init__(self, params: Iterable[Any], lr: float = 0.1, momentum: float = 0.0, beta: float = 0.0,
-                 eps: float = 1e-30, weight_decay: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 0.1,
+        momentum: float = 0.0,
+        beta: float = 0.0,
+        eps: float = 1e-30,
+        weight_decay: float = 0.0,
+    ) -> None:
         if lr < 0 or not 0 <= momentum < 1 or not 0 <= beta < 1 or eps < 0 or weight_decay < 0:
-            raise ValueError(f"sm3: expected lr >= 0, momentum and beta in [0, 1), eps >= 0 and weight_decay >= 0, "
-                             f"found lr {lr}, momentum {momentum}, beta {beta}, eps {eps}, "
-                             f"weight_decay {weight_decay}")  # fmt: skip
-        super().__init__(params, {"lr": lr, "momentum": momentum, "beta": beta, "eps": eps,
-                                  "weight_decay": weight_decay})  # fmt: skip
+            raise ValueError(
+                f"sm3: expected lr >= 0, momentum and beta in [0, 1), eps >= 0 and weight_decay >= 0, "
+                f"found lr {lr}, momentum {momentum}, beta {beta}, eps {eps}, "
+                f"weight_decay {weight_decay}"
+            )
+        super().__init__(
+            params, {"lr": lr, "momentum": momentum, "beta": beta, "eps": eps, "weight_decay": weight_decay}
+        )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:

@@ -46,11 +46,12 @@ def neuron_runtime_env(
         "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": _text(async_exec_max_inflight_requests),
         "BUCKET_CAP_MB": _text(bucket_size_collectives),
         "NEURON_RT_EXEC_TIMEOUT": _text(neuron_rt_exec_timeout),
-        "NEURON_EXPERIMENTAL_COMPRESS_RG": None if neuron_experimental_compress_rg is None
+        "NEURON_EXPERIMENTAL_COMPRESS_RG": None
+        if neuron_experimental_compress_rg is None
         else str(int(neuron_experimental_compress_rg)),
         "NEURON_LOGICAL_NC_CONFIG": _text(lnc),
         "NEURON_FUSE_SOFTMAX": "1" if fuse_softmax else None,
-    }  # fmt: skip
+    }
     result = {name: value for name, value in wanted.items() if value is not None and name not in current}
     if compiler_flags:
         existing = current.get("NEURON_CC_FLAGS")

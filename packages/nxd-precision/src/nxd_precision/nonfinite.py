@@ -37,8 +37,9 @@ class NonFiniteGuard:
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
-            raise PrecisionConfigError(f"trainer.on_nonfinite: expected one of {', '.join(POLICIES)}, "
-                                       f"found {self.policy!r}")  # fmt: skip
+            raise PrecisionConfigError(
+                f"trainer.on_nonfinite: expected one of {', '.join(POLICIES)}, found {self.policy!r}"
+            )
 
     def check(self, step: int, loss: float, grad_norm: float, cause: str = "") -> bool:
         """Whether optimizer step `step` (1-based) must be skipped; NonFiniteStop when the run must end. `cause`,
@@ -52,10 +53,12 @@ class NonFiniteGuard:
         self.skipped, self.streak = self.skipped + 1, self.streak + 1
         self._first_of_streak = self._first_of_streak or step
         if self.streak >= self.max_consecutive:
-            raise NonFiniteStop(f"steps {self._first_of_streak} to {step}: {self.streak} steps in a row had a "
-                                f"non-finite loss or gradient norm (last: {what}), each skipped without an update; "
-                                f"stopping (trainer.max_consecutive_nonfinite: {self.max_consecutive}). "
-                                f"{_HINT}")  # fmt: skip
+            raise NonFiniteStop(
+                f"steps {self._first_of_streak} to {step}: {self.streak} steps in a row had a "
+                f"non-finite loss or gradient norm (last: {what}), each skipped without an update; "
+                f"stopping (trainer.max_consecutive_nonfinite: {self.max_consecutive}). "
+                f"{_HINT}"
+            )
         return True
 
     def zero_gradient_warning(self, step: int, grad_norm: float) -> str | None:
@@ -64,9 +67,13 @@ class NonFiniteGuard:
         self._zero_steps = self._zero_steps + 1 if grad_norm == 0.0 else 0
         if self._zero_steps != ZERO_GRADIENT_STEPS:
             return None
-        return (f"warning: the gradient norm has been exactly 0 for {ZERO_GRADIENT_STEPS} steps up to step {step}: "
-                "nothing trains (look at model.init_method_std, the precision type and whether any label counts)")
+        return (
+            f"warning: the gradient norm has been exactly 0 for {ZERO_GRADIENT_STEPS} steps up to step {step}: "
+            "nothing trains (look at model.init_method_std, the precision type and whether any label counts)"
+        )
 
 
-_HINT = ("The weights hold the last finite update (no checkpoint was written after the first non-finite step); "
-         "look at model.optim.lr, model.init_method_std, the precision type and the data.")
+_HINT = (
+    "The weights hold the last finite update (no checkpoint was written after the first non-finite step); "
+    "look at model.optim.lr, model.init_method_std, the precision type and the data."
+)

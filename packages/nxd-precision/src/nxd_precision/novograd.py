@@ -14,11 +14,30 @@ class Novograd(Optimizer):
     """NeMo's NovoGrad: a second moment per layer (one number per parameter tensor), optional layer-wise update
     clipping (`luc`)."""
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.95, 0.98), eps: float = 1e-8,
-                 weight_decay: float = 0.0, grad_averaging: bool = False, amsgrad: bool = False,
-                 luc: bool = False, luc_trust: float = 1e-3, luc_eps: float = 1e-8):  # fmt: skip
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, grad_averaging=grad_averaging,
-                        amsgrad=amsgrad, luc=luc, luc_trust=luc_trust, luc_eps=luc_eps)  # fmt: skip
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.95, 0.98),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        grad_averaging: bool = False,
+        amsgrad: bool = False,
+        luc: bool = False,
+        luc_trust: float = 1e-3,
+        luc_eps: float = 1e-8,
+    ):
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            grad_averaging=grad_averaging,
+            amsgrad=amsgrad,
+            luc=luc,
+            luc_trust=luc_trust,
+            luc_eps=luc_eps,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()

@@ -41,9 +41,13 @@ class PrecisionOptimizer:
     `optimizer` is what an LR scheduler drives. Call `collect_gradients` before reading or clipping
     `gradient_tensors`."""
 
-    def __init__(self, parameters: Iterable[torch.Tensor], policy: PrecisionPolicy,
-                 build: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
-                 generator: torch.Generator | None = None):  # fmt: skip
+    def __init__(
+        self,
+        parameters: Iterable[torch.Tensor],
+        policy: PrecisionPolicy,
+        build: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+        generator: torch.Generator | None = None,
+    ):
         self.parameters = [p for p in parameters if p.requires_grad]
         self.policy, self.generator = policy, generator
         self.copies_needed = any(p.dtype != FP32 for p in self.parameters)
@@ -113,11 +117,16 @@ class PrecisionOptimizer:
         name_of = {id(copy): name for copy, name in zip(self.copies, names, strict=True)}
         # hyperparameters only: which parameters a group holds is this run's business (a pipeline stage
         # holds some of them, and every rank's checkpoint shares one copy of these values)
-        groups = {str(index): {k: v for k, v in group.items() if k != "params"}
-                  for index, group in enumerate(self.optimizer.param_groups)}  # fmt: skip
+        groups = {
+            str(index): {k: v for k, v in group.items() if k != "params"}
+            for index, group in enumerate(self.optimizer.param_groups)
+        }
         result: dict[str, Any] = {
-            "state": {name_of[id(copy)]: dict(self.optimizer.state[copy]) for copy in self.copies
-                      if copy in self.optimizer.state},
+            "state": {
+                name_of[id(copy)]: dict(self.optimizer.state[copy])
+                for copy in self.copies
+                if copy in self.optimizer.state
+            },
             "param_groups": groups,
         }
         if masters and self.persistent and self.copies_needed:
@@ -179,8 +188,14 @@ class PrecisionOptimizer:
             if is_dtensor(value):
                 from torch.distributed.tensor import DTensor
 
-                return DTensor.from_local(rounded, value.device_mesh, value.placements, run_check=False,
-                                          shape=value.shape, stride=value.stride())  # fmt: skip
+                return DTensor.from_local(
+                    rounded,
+                    value.device_mesh,
+                    value.placements,
+                    run_check=False,
+                    shape=value.shape,
+                    stride=value.stride(),
+                )
             return rounded
         return value.to(dtype)
 

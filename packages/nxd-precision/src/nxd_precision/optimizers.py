@@ -77,8 +77,11 @@ def implementation(name: str, parameters: Sequence[torch.Tensor]) -> dict[str, b
 
 
 def parameter_groups(
-    parameters: Iterable[torch.Tensor], weight_decay: float | None, decay_norms_and_biases: bool,
-    scales: Sequence[tuple[float, float]] | None = None, lr: float | None = None,
+    parameters: Iterable[torch.Tensor],
+    weight_decay: float | None,
+    decay_norms_and_biases: bool,
+    scales: Sequence[tuple[float, float]] | None = None,
+    lr: float | None = None,
 ) -> list[dict[str, Any]]:
     """Megatron's grouping: no weight decay on biases and norm weights (1-D parameters) unless
     do_layer_norm_weight_decay asks for it; one group for an optimizer without weight decay (None).
@@ -101,15 +104,25 @@ def parameter_groups(
     grouped: dict[tuple[float, float], list[torch.Tensor]] = {}
     for parameter, (lr_scale, decay_scale) in zip(trainable, scales, strict=True):
         grouped.setdefault((lr_scale, decay_scale if decays(parameter) else 0.0), []).append(parameter)
-    return [{"params": params, "lr": lr * lr_scale, "lr_scale": lr_scale}
-            | ({} if weight_decay is None else {"weight_decay": weight_decay * decay_scale,
-                                                "weight_decay_scale": decay_scale})
-            for (lr_scale, decay_scale), params in grouped.items()]  # fmt: skip
+    return [
+        {"params": params, "lr": lr * lr_scale, "lr_scale": lr_scale}
+        | (
+            {}
+            if weight_decay is None
+            else {"weight_decay": weight_decay * decay_scale, "weight_decay_scale": decay_scale}
+        )
+        for (lr_scale, decay_scale), params in grouped.items()
+    ]
 
 
 def build_optimizer(
-    name: str, parameters: Iterable[torch.Tensor], options: Mapping[str, Any], *, decay_norms_and_biases: bool,
-    scales: Sequence[tuple[float, float]] | None = None, fp32_state: Sequence[bool] | None = None,
+    name: str,
+    parameters: Iterable[torch.Tensor],
+    options: Mapping[str, Any],
+    *,
+    decay_norms_and_biases: bool,
+    scales: Sequence[tuple[float, float]] | None = None,
+    fp32_state: Sequence[bool] | None = None,
 ) -> torch.optim.Optimizer:
     """Optimizer `name` over `parameters` (a model's, or their fp32 copies) with `options` (lr,
     weight_decay, betas, ...); `scales` as `parameter_groups` takes them; `fp32_state`, one flag per trainable
@@ -125,8 +138,9 @@ def build_optimizer(
     return cls(groups, **(chosen | arguments))
 
 
-def _fp32_state_groups(groups: list[dict[str, Any]], trainable: Sequence[torch.Tensor],
-                       fp32_state: Sequence[bool]) -> list[dict[str, Any]]:
+def _fp32_state_groups(
+    groups: list[dict[str, Any]], trainable: Sequence[torch.Tensor], fp32_state: Sequence[bool]
+) -> list[dict[str, Any]]:
     """`groups` with the flagged parameters moved to copies of their groups that keep fp32 moments (as
     bitsandbytes' per-parameter override of optim_bits does). Each group says whether it decays by its
     weight_decay_scale, so that `apply_options` sets a resumed run's weight decay on every group that decays, not
@@ -138,8 +152,11 @@ def _fp32_state_groups(groups: list[dict[str, Any]], trainable: Sequence[torch.T
             group = group | {"weight_decay_scale": 1.0 if group["weight_decay"] else 0.0}
         kept = [p for p in group["params"] if id(p) not in flagged]
         moved = [p for p in group["params"] if id(p) in flagged]
-        split += [group | {"params": params} | extra for params, extra in ((kept, {}),
-                  (moved, {"fp32_state": True})) if params]  # fmt: skip
+        split += [
+            group | {"params": params} | extra
+            for params, extra in ((kept, {}), (moved, {"fp32_state": True}))
+            if params
+        ]
     return split
 
 
@@ -173,10 +190,15 @@ def bytes_per_value(policy: PrecisionPolicy, optimizer: str, options: Mapping[st
     copies = policy.param_dtype != torch.float32
     persistent = copies and policy.master_dtype is not None
     state_size = size[policy.optimizer_state_dtype]
-    return {"parameter": size[policy.param_dtype], "gradient": size[policy.grad_accumulation_dtype],
-            "master": 4 if persistent else 0, "optimizer_state": states * state_size,
-            "step_copies": (8 if copies and not persistent else 0) + (states * (4 - state_size) if copies else 0),
-            "compute": size[policy.compute_dtype], "block_state": 2 if optimizer == "adam8bit" else 0}  # fmt: skip
+    return {
+        "parameter": size[policy.param_dtype],
+        "gradient": size[policy.grad_accumulation_dtype],
+        "master": 4 if persistent else 0,
+        "optimizer_state": states * state_size,
+        "step_copies": (8 if copies and not persistent else 0) + (states * (4 - state_size) if copies else 0),
+        "compute": size[policy.compute_dtype],
+        "block_state": 2 if optimizer == "adam8bit" else 0,
+    }
 
 
 def apply_options(optimizer: torch.optim.Optimizer, name: str, options: Mapping[str, Any]) -> None:

@@ -118,12 +118,17 @@ def resolve_policy(
     param, compute, master, accumulation, reduction, rounding = fields
     stepped = master or param
     return PrecisionPolicy(
-        type=type, param_dtype=param, compute_dtype=compute, master_dtype=master,
-        grad_accumulation_dtype=accumulation, grad_reduction_dtype=reduction,
-        optimizer_state_dtype=FP32 if fp32_optimizer_state else stepped, stochastic_rounding=rounding,
+        type=type,
+        param_dtype=param,
+        compute_dtype=compute,
+        master_dtype=master,
+        grad_accumulation_dtype=accumulation,
+        grad_reduction_dtype=reduction,
+        optimizer_state_dtype=FP32 if fp32_optimizer_state else stepped,
+        stochastic_rounding=rounding,
         parallel_layers_reduce_dtype=parallel_layers_reduce_dtype or (FP32 if type in ("fp32", *LOSS_SCALED) else BF16),
         float8=float8,
-    )  # fmt: skip
+    )
 
 
 def bf16_support_problem(policy: PrecisionPolicy, device: torch.device) -> str | None:
@@ -132,8 +137,10 @@ def bf16_support_problem(policy: PrecisionPolicy, device: torch.device) -> str |
         return None
     if device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
         name = torch.cuda.get_device_name(device)
-        return (f"precision.type: {policy.type} computes in bf16, which {name} does not support natively "
-                "(compute capability 8.0 or newer); expected fp32 on this device")  # fmt: skip
+        return (
+            f"precision.type: {policy.type} computes in bf16, which {name} does not support natively "
+            "(compute capability 8.0 or newer); expected fp32 on this device"
+        )
     if device.type == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):
         return f"precision.type: {policy.type} computes in bf16, which MPS supports from macOS 14; expected fp32"
     return None

@@ -19,10 +19,19 @@ from .deepspeed_schedules import deepspeed_schedule
 from .errors import PrecisionConfigError
 
 SCHEDULE_NAMES = (
-    "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy", "SquareAnnealing",
-    "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR", "NeoXAnnealing", "TransformersSchedule",
+    "LinearAnnealingWithWarmUp",
+    "CosineAnnealing",
+    "WarmupPolicy",
+    "WarmupHoldPolicy",
+    "SquareAnnealing",
+    "NoamAnnealing",
+    "WarmupAnnealing",
+    "StepLR",
+    "ExponentialLR",
+    "NeoXAnnealing",
+    "TransformersSchedule",
     "DeepSpeedSchedule",
-)  # fmt: skip
+)
 _MIN_LR = {"SquareAnnealing": 1e-5}
 """NeMo's default min_lr where it is not 0."""
 
@@ -34,8 +43,9 @@ def _steps(count: int | None, ratio: float | None, max_steps: int) -> int:
 def schedule_function(name: str, options: Mapping[str, Any], lr: float, run_steps: int) -> Callable[[int], float]:
     """step -> learning rate of schedule `name` with peak `lr`; its `max_steps` defaults to `run_steps`."""
     if name not in SCHEDULE_NAMES:
-        raise PrecisionConfigError(f"model.optim.sched.name: expected one of {', '.join(SCHEDULE_NAMES)}, "
-                                   f"found {name!r}")  # fmt: skip
+        raise PrecisionConfigError(
+            f"model.optim.sched.name: expected one of {', '.join(SCHEDULE_NAMES)}, found {name!r}"
+        )
     if name == "DeepSpeedSchedule":
         return deepspeed_schedule(options["type"], options, lr)[0]
     if name == "StepLR":
@@ -44,11 +54,17 @@ def schedule_function(name: str, options: Mapping[str, Any], lr: float, run_step
         return lambda step: lr * options.get("gamma", 0.9) ** step
     max_steps = options.get("max_steps") or run_steps
     if name == "TransformersSchedule":
-        return transformers_schedule(lr, options.get("type", "linear"), max_steps, options.get("warmup_steps"),
-                                     options.get("warmup_ratio"))  # fmt: skip
+        return transformers_schedule(
+            lr, options.get("type", "linear"), max_steps, options.get("warmup_steps"), options.get("warmup_ratio")
+        )
     if name == "NeoXAnnealing":
-        return neox_annealing(lr, max_steps, options.get("warmup_ratio", 0.01), options.get("decay_style", "linear"),
-                              options.get("min_lr", 0.0))  # fmt: skip
+        return neox_annealing(
+            lr,
+            max_steps,
+            options.get("warmup_ratio", 0.01),
+            options.get("decay_style", "linear"),
+            options.get("min_lr", 0.0),
+        )
     if name == "LinearAnnealingWithWarmUp":
         linear_warmup = options.get("warmup_steps") or 0
 
@@ -93,15 +109,18 @@ def schedule_function(name: str, options: Mapping[str, Any], lr: float, run_step
     return warmup_policy
 
 
-def transformers_schedule(lr: float, kind: str, max_steps: int, warmup_steps: int | None,
-                          warmup_ratio: float | None) -> Callable[[int], float]:  # fmt: skip
+def transformers_schedule(
+    lr: float, kind: str, max_steps: int, warmup_steps: int | None, warmup_ratio: float | None
+) -> Callable[[int], float]:
     """transformers' schedule `kind` (its `get_scheduler`) with peak `lr` over `max_steps`: the warmup is
     warmup_steps when given and positive, else ceil(warmup_ratio x max_steps), as TrainingArguments counts it."""
     try:
         from transformers import get_scheduler
     except ImportError:
-        raise PrecisionConfigError("model.optim.sched.name: TransformersSchedule needs transformers (pip install "
-                                   "'nxd-precision[schedules]'), which is not installed") from None
+        raise PrecisionConfigError(
+            "model.optim.sched.name: TransformersSchedule needs transformers (pip install "
+            "'nxd-precision[schedules]'), which is not installed"
+        ) from None
 
     warmup = warmup_steps if warmup_steps else math.ceil((warmup_ratio or 0.0) * max_steps)
     holder = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
@@ -109,8 +128,9 @@ def transformers_schedule(lr: float, kind: str, max_steps: int, warmup_steps: in
     return lambda step: lr * factor(step)
 
 
-def neox_annealing(lr: float, decay_steps: int, warmup_ratio: float, style: str,
-                   min_lr: float) -> Callable[[int], float]:  # fmt: skip
+def neox_annealing(
+    lr: float, decay_steps: int, warmup_ratio: float, style: str, min_lr: float
+) -> Callable[[int], float]:
     """GPT-NeoX's AnnealingLR (megatron/learning_rates.py) at step s: linear warmup over warmup_ratio x
     decay_steps steps (a fraction of a step counts; step 0 takes step 1's rate), then `style` over the steps from
     warmup to decay_steps, floored at min_lr. Nothing stops the decay at decay_steps: linear stays at min_lr and
@@ -152,8 +172,9 @@ def _cosine(lr: float, max_steps: int, warmup: int, constant: int, min_lr: float
     return cosine
 
 
-def build_scheduler(optimizer: Optimizer, name: str | None, options: Mapping[str, Any], lr: float,
-                    run_steps: int) -> LRScheduler:  # fmt: skip
+def build_scheduler(
+    optimizer: Optimizer, name: str | None, options: Mapping[str, Any], lr: float, run_steps: int
+) -> LRScheduler:
     """A LambdaLR over every parameter group: schedule `name` (None: a constant learning rate)."""
     if name is None or lr == 0:
         return LambdaLR(optimizer, lambda step: 1.0)

@@ -35,8 +35,9 @@ def stochastic_round(values: torch.Tensor, generator: torch.Generator | None = N
 
 
 @torch.no_grad()
-def copy_stochastically_rounded_(target: torch.Tensor, source: torch.Tensor,
-                                 generator: torch.Generator | None = None) -> torch.Tensor:  # fmt: skip
+def copy_stochastically_rounded_(
+    target: torch.Tensor, source: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """target (bf16) <- stochastic_round(source), in place; returns target."""
     return target.copy_(stochastic_round(source, generator))
 

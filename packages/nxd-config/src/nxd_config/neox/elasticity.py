@@ -16,9 +16,45 @@ import math
 from dataclasses import dataclass
 
 HIGHLY_COMPOSITE = (
-    1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840, 1260, 1680, 2520, 5040, 7560, 10080, 15120, 20160,
-    25200, 27720, 45360, 50400, 55440, 83160, 110880, 166320, 221760, 277200, 332640, 498960, 554400, 665280, 720720,
-)  # fmt: skip
+    1,
+    2,
+    4,
+    6,
+    12,
+    24,
+    36,
+    48,
+    60,
+    120,
+    180,
+    240,
+    360,
+    720,
+    840,
+    1260,
+    1680,
+    2520,
+    5040,
+    7560,
+    10080,
+    15120,
+    20160,
+    25200,
+    27720,
+    45360,
+    50400,
+    55440,
+    83160,
+    110880,
+    166320,
+    221760,
+    277200,
+    332640,
+    498960,
+    554400,
+    665280,
+    720720,
+)
 """The 38 smallest highly composite numbers (batches up to 720K), as DeepSpeed lists them."""
 
 
@@ -53,57 +89,91 @@ def _scaled(base: int, limit: int) -> int:
     return fits[-1] * base
 
 
-def _version_01(micro_batches: list[int], limit: int, low: int | None, high: int | None,
-                prefer_larger: bool) -> tuple[int, list[int]]:  # fmt: skip
+def _version_01(
+    micro_batches: list[int], limit: int, low: int | None, high: int | None, prefer_larger: bool
+) -> tuple[int, list[int]]:
     low = low or 1
     high = high or limit // min(micro_batches)
     if any(micro > limit for micro in micro_batches):
-        raise ElasticityError(f"expected every micro_batch_sizes entry at most max_train_batch_size ({limit}), "
-                              f"found {micro_batches}")  # fmt: skip
+        raise ElasticityError(
+            f"expected every micro_batch_sizes entry at most max_train_batch_size ({limit}), found {micro_batches}"
+        )
     candidates = {_scaled(base, limit) for base in [*micro_batches, math.lcm(*micro_batches)]}
     counted = {batch: valid_sizes(batch, micro_batches, low, high) for batch in candidates}
     most = max(len(sizes) for sizes in counted.values())
     if not most:
-        raise ElasticityError(f"none of the candidate batches {sorted(counted)} splits into micro_batch_sizes "
-                              f"{micro_batches} on any data-parallel size from {low} to {high}")  # fmt: skip
+        raise ElasticityError(
+            f"none of the candidate batches {sorted(counted)} splits into micro_batch_sizes "
+            f"{micro_batches} on any data-parallel size from {low} to {high}"
+        )
     tied = [batch for batch, sizes in counted.items() if len(sizes) == most]
     best = max(tied) if prefer_larger else min(tied)
     return best, counted[best]
 
 
-def elastic_batch(*, micro_batches: list[int], max_batch: int, data_parallel: int, min_gpus: int = 1,
-                  max_gpus: int = 10000, prefer_larger: bool = True, version: float = 0.2, gpus_per_node: int = 1,
-                  model_parallel: int = 1) -> ElasticBatch:  # fmt: skip
+def elastic_batch(
+    *,
+    micro_batches: list[int],
+    max_batch: int,
+    data_parallel: int,
+    min_gpus: int = 1,
+    max_gpus: int = 10000,
+    prefer_larger: bool = True,
+    version: float = 0.2,
+    gpus_per_node: int = 1,
+    model_parallel: int = 1,
+) -> ElasticBatch:
     """DeepSpeed's compute_elastic_config for a run of `data_parallel` data-parallel ranks."""
     if version == 0.1:
         if model_parallel > 1:
-            raise ElasticityError(f"version 0.1 does not take model parallelism; expected model_parallel_size 1 or "
-                                  f"version 0.2, found model_parallel_size {model_parallel}")  # fmt: skip
+            raise ElasticityError(
+                f"version 0.1 does not take model parallelism; expected model_parallel_size 1 or "
+                f"version 0.2, found model_parallel_size {model_parallel}"
+            )
         batch, sizes = _version_01(micro_batches, max_batch, min_gpus, max_gpus, prefer_larger)
     elif version == 0.2:
         # the run's processes, as a scheduler counts them (DeepSpeed's engine passes the data-parallel size, which
         # its node arithmetic divides by the model-parallel size once more)
-        batch, sizes = _version_02(micro_batches, max_batch, data_parallel * model_parallel, min_gpus, max_gpus,
-                                   prefer_larger, gpus_per_node, model_parallel)  # fmt: skip
+        batch, sizes = _version_02(
+            micro_batches,
+            max_batch,
+            data_parallel * model_parallel,
+            min_gpus,
+            max_gpus,
+            prefer_larger,
+            gpus_per_node,
+            model_parallel,
+        )
     else:
         raise ElasticityError(f"expected version 0.1 or 0.2, found {version}")
     if data_parallel not in sizes:
-        raise ElasticityError(f"the global batch {batch} is valid on data-parallel sizes {sizes}; this run has "
-                              f"{data_parallel}")  # fmt: skip
+        raise ElasticityError(
+            f"the global batch {batch} is valid on data-parallel sizes {sizes}; this run has {data_parallel}"
+        )
     micro = next((m for m in sorted(set(micro_batches), reverse=True) if batch // data_parallel % m == 0), None)
     if micro is None:
         raise ElasticityError(f"no micro_batch_sizes entry divides {batch} // {data_parallel}")
     return ElasticBatch(batch, tuple(sizes), micro)
 
 
-def _version_02(micro_batches: list[int], limit: int, current: int, low: int, high: int, prefer_larger: bool,
-                gpus_per_node: int, model_parallel: int) -> tuple[int, list[int]]:  # fmt: skip
+def _version_02(
+    micro_batches: list[int],
+    limit: int,
+    current: int,
+    low: int,
+    high: int,
+    prefer_larger: bool,
+    gpus_per_node: int,
+    model_parallel: int,
+) -> tuple[int, list[int]]:
     if gpus_per_node % model_parallel:
-        raise ElasticityError(f"expected num_gpus_per_node ({gpus_per_node}) to be a multiple of "
-                              f"model_parallel_size ({model_parallel})")  # fmt: skip
+        raise ElasticityError(
+            f"expected num_gpus_per_node ({gpus_per_node}) to be a multiple of model_parallel_size ({model_parallel})"
+        )
     per_node = gpus_per_node // model_parallel
-    batch, nodes = _version_01(micro_batches, limit // per_node, low // gpus_per_node, high // gpus_per_node,
-                               prefer_larger)  # fmt: skip
+    batch, nodes = _version_01(
+        micro_batches, limit // per_node, low // gpus_per_node, high // gpus_per_node, prefer_larger
+    )
     batch, sizes = batch * per_node, [count * per_node for count in nodes]
     if current // model_parallel in sizes:
         return batch, sizes

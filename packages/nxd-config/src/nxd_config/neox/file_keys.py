@@ -33,19 +33,27 @@ def _pretraining_paths(a: Arguments, t: Translation) -> None:
     given = [name for name, value in paths.items() if value is not None]
     labelled = [key for key in (f"{name}_label_data_paths" for name in paths) if a[key] is not None]
     if path is not None and labelled:
-        t.refuse(labelled[0], "expected train/valid/test_data_paths with label data paths (GPT-NeoX reads labels only "
-                 "for them), found data_path")  # fmt: skip
+        t.refuse(
+            labelled[0],
+            "expected train/valid/test_data_paths with label data paths (GPT-NeoX reads labels only "
+            "for them), found data_path",
+        )
     if path is not None and given:
-        t.refuse("data_path", f"expected data_path or train/valid/test_data_paths, found both (data_path and "
-                 f"{', '.join(f'{name}_data_paths' for name in given)})")  # fmt: skip
+        t.refuse(
+            "data_path",
+            f"expected data_path or train/valid/test_data_paths, found both (data_path and "
+            f"{', '.join(f'{name}_data_paths' for name in given)})",
+        )
     elif path is not None:
         t.set("data.data_prefix", path, "data_path")
         t.set("data.splits_string", str(split), "split")
     elif given:
         if len(given) != 3:
             missing = sorted(set(paths) - set(given))
-            t.refuse(f"{missing[0]}_data_paths", f"expected train, valid and test data paths together (as GPT-NeoX "
-                     f"does), found only {', '.join(given)}")  # fmt: skip
+            t.refuse(
+                f"{missing[0]}_data_paths",
+                f"expected train, valid and test data paths together (as GPT-NeoX does), found only {', '.join(given)}",
+            )
         else:
             blends = {}
             for name, section in (("train", "train"), ("valid", "validation"), ("test", "test")):
@@ -66,11 +74,17 @@ def _pretraining_paths(a: Arguments, t: Translation) -> None:
     elif alpha is not None and alpha != 1.0:
         t.notice("weighted_sampler_alpha", "used only with weight_by_num_documents: true, which this run does not set")
     if path is None and not given and labelled:
-        t.refuse(labelled[0], "expected train/valid/test_data_paths beside label data paths (a label file masks the "
-                 "loss of its data file's documents), found none")  # fmt: skip
+        t.refuse(
+            labelled[0],
+            "expected train/valid/test_data_paths beside label data paths (a label file masks the "
+            "loss of its data file's documents), found none",
+        )
     elif path is None and not given:
-        t.notice("data_path", "no data_path or train/valid/test_data_paths: nxd trains on its built-in corpus "
-                 "(Python's standard library, with a BPE trained on it)")  # fmt: skip
+        t.notice(
+            "data_path",
+            "no data_path or train/valid/test_data_paths: nxd trains on its built-in corpus "
+            "(Python's standard library, with a BPE trained on it)",
+        )
 
 
 def _labels(a: Arguments, t: Translation, paths: dict[str, Any]) -> None:
@@ -82,10 +96,15 @@ def _labels(a: Arguments, t: Translation, paths: dict[str, Any]) -> None:
         if given is None:
             continue
         keys.append(key)
-        if not isinstance(given, list) or not all(isinstance(p, str) for p in given) or not isinstance(
-                data_paths, list) or len(given) != len(data_paths):  # fmt: skip
-            t.refuse(key, f"expected one label prefix per {name}_data_paths entry ({show(data_paths)}), found "
-                     f"{show(given)}")  # fmt: skip
+        if (
+            not isinstance(given, list)
+            or not all(isinstance(p, str) for p in given)
+            or not isinstance(data_paths, list)
+            or len(given) != len(data_paths)
+        ):
+            t.refuse(
+                key, f"expected one label prefix per {name}_data_paths entry ({show(data_paths)}), found {show(given)}"
+            )
             continue
         for data, label in zip(data_paths, given, strict=True):
             if labels.get(data, label) != label:
@@ -118,12 +137,17 @@ def tokenizer_keys(a: Arguments, t: Translation) -> None:
     if lowered == "gpt2bpetokenizer":
         if vocab is None and merges is None:
             return  # no tokenizer named: the data's own (pre-tokenised) ids and the model's vocabulary decide
-        t.set("data.tokenizer", {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": vocab,
-                                 "merge_file": merges}, *keys)  # fmt: skip
+        t.set(
+            "data.tokenizer",
+            {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": vocab, "merge_file": merges},
+            *keys,
+        )
     elif lowered in ("hftokenizer", "hfgpt2tokenizer"):
         if vocab is None:
-            t.refuse("vocab_file", f"expected a local tokenizer (a tokenizer.json, or a directory with one) for "
-                     f"{kind}, found none")  # fmt: skip
+            t.refuse(
+                "vocab_file",
+                f"expected a local tokenizer (a tokenizer.json, or a directory with one) for {kind}, found none",
+            )
             return
         t.set("data.tokenizer", {"library": "huggingface", "type": vocab}, *keys)
     elif lowered == "spmtokenizer":
@@ -137,13 +161,18 @@ def tokenizer_keys(a: Arguments, t: Translation) -> None:
         t.set("data.tokenizer", {"library": "megatron", "type": "CharLevelTokenizer"}, *keys)
     elif lowered == "tiktokentokenizer":
         if not isinstance(vocab, str) or not vocab:
-            t.refuse("vocab_file", f"expected a tiktoken encoding name (such as cl100k_base) for TiktokenTokenizer, "
-                     f"found {show(vocab)}")  # fmt: skip
+            t.refuse(
+                "vocab_file",
+                f"expected a tiktoken encoding name (such as cl100k_base) for TiktokenTokenizer, found {show(vocab)}",
+            )
             return
         t.set("data.tokenizer", {"library": "megatron", "type": "TiktokenTokenizer", "vocab_file": vocab}, *keys)
     else:
-        t.refuse("tokenizer_type", f"expected GPT2BPETokenizer, HFTokenizer, HFGPT2Tokenizer, SPMTokenizer, "
-                 f"CharLevelTokenizer or TiktokenTokenizer, found {show(kind)}")  # fmt: skip
+        t.refuse(
+            "tokenizer_type",
+            f"expected GPT2BPETokenizer, HFTokenizer, HFGPT2Tokenizer, SPMTokenizer, "
+            f"CharLevelTokenizer or TiktokenTokenizer, found {show(kind)}",
+        )
 
 
 def checkpoints_keys(a: Arguments, t: Translation) -> None:
@@ -155,8 +184,9 @@ def checkpoints_keys(a: Arguments, t: Translation) -> None:
     if save is not None:
         t.set("exp_manager.explicit_log_dir", save, "save")
         if factor is None and extra is None:
-            t.refuse("save", "expected checkpoint_factor or extra_save_iters with save (GPT-NeoX's rule), found "
-                     "neither")  # fmt: skip
+            t.refuse(
+                "save", "expected checkpoint_factor or extra_save_iters with save (GPT-NeoX's rule), found neither"
+            )
     params = "exp_manager.checkpoint_callback_params"
     steps: set[int] = set()
     if scale not in ("linear", "log"):
@@ -172,13 +202,17 @@ def checkpoints_keys(a: Arguments, t: Translation) -> None:
         elif factor <= 1:
             t.refuse("checkpoint_factor", f"expected more than 1 with checkpoint_scale log, found {factor}")
         elif not isinstance(a["train_iters"], int):
-            t.refuse("checkpoint_scale", "expected train_iters with checkpoint_scale log (its saves are the powers of "
-                     "checkpoint_factor up to train_iters), found none")  # fmt: skip
+            t.refuse(
+                "checkpoint_scale",
+                "expected train_iters with checkpoint_scale log (its saves are the powers of "
+                "checkpoint_factor up to train_iters), found none",
+            )
         else:
             steps |= _powers(factor, a["train_iters"])
     if extra is not None:
-        if not isinstance(extra, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                                   for s in extra):  # fmt: skip
+        if not isinstance(extra, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in extra
+        ):
             t.refuse("extra_save_iters", f"expected a list of iterations (whole numbers from 0), found {show(extra)}")
         else:
             if 0 in extra:
@@ -261,13 +295,21 @@ def logging_keys(a: Arguments, t: Translation) -> None:
         t.set("exp_manager.create_tensorboard_logger", True, "tensorboard_dir")
         where = save or log_dir
         if board != where:
-            t.notice("tensorboard_dir", f"TensorBoard events are written in the run directory "
-                     f"({where!r}) rather than {board!r}" if where else "TensorBoard events are written in the run "
-                     "directory")  # fmt: skip
+            t.notice(
+                "tensorboard_dir",
+                f"TensorBoard events are written in the run directory ({where!r}) rather than {board!r}"
+                if where
+                else "TensorBoard events are written in the run directory",
+            )
     wandb = typed(t, a, "use_wandb", bool, "true or false")
     t.set("exp_manager.create_wandb_logger", bool(wandb), "use_wandb")
-    for key, ours in (("wandb_project", "project"), ("wandb_group", "group"), ("wandb_team", "entity"),
-                      ("wandb_host", "host"), ("wandb_run_name", "name")):  # fmt: skip
+    for key, ours in (
+        ("wandb_project", "project"),
+        ("wandb_group", "group"),
+        ("wandb_team", "entity"),
+        ("wandb_host", "host"),
+        ("wandb_run_name", "name"),
+    ):
         value = typed(t, a, key, str, "a name")
         if value is None or (key, value) in (("wandb_host", WANDB_HOST), ("wandb_project", "neox")) and not wandb:
             continue  # unset, or a default: W&B's own host (or WANDB_BASE_URL), NeoX's project
@@ -286,8 +328,13 @@ def comet_keys(a: Arguments, t: Translation) -> None:
     """use_comet and the experiment's workspace, project, name, tags and other values."""
     comet = typed(t, a, "use_comet", bool, "true or false")
     t.set("exp_manager.create_comet_logger", bool(comet), "use_comet")
-    for key, ours in (("comet_workspace", "workspace"), ("comet_project", "project"), ("comet_experiment_name", "name"),
-                      ("comet_tags", "tags"), ("comet_others", "others")):  # fmt: skip
+    for key, ours in (
+        ("comet_workspace", "workspace"),
+        ("comet_project", "project"),
+        ("comet_experiment_name", "name"),
+        ("comet_tags", "tags"),
+        ("comet_others", "others"),
+    ):
         if (value := a[key]) is None:
             continue
         if not comet:
@@ -301,8 +348,10 @@ def statistics_keys(a: Arguments, t: Translation) -> None:
     t.set("exp_manager.log_gradient_zeros", a["log_grad_pct_zeros"], "log_grad_pct_zeros")
     t.set("exp_manager.log_optimizer_states", a["log_optimizer_states"], "log_optimizer_states")
     noise = typed(t, a, "log_gradient_noise_scale", bool, "true or false")
-    settings = {"gradient_noise_scale_n_batches": ("n_batches", 5),
-                "gradient_noise_scale_cpu_offload": ("cpu_offload", False)}  # fmt: skip
+    settings = {
+        "gradient_noise_scale_n_batches": ("n_batches", 5),
+        "gradient_noise_scale_cpu_offload": ("cpu_offload", False),
+    }
     if noise:
         t.set("exp_manager.gradient_noise_scale.enabled", True, "log_gradient_noise_scale")
     for key, (ours, default) in settings.items():
@@ -317,22 +366,29 @@ def profiler_keys(a: Arguments, t: Translation) -> None:
     (profile_step_start: 10 is the 11th step); nxd counts optimizer steps from 1."""
     profile = typed(t, a, "profile", bool, "true or false")
     memory = typed(t, a, "memory_profiling", bool, "true or false")
-    window = [typed(t, a, key, int, "a whole number of iterations") for key in ("profile_step_start",
-                                                                               "profile_step_stop")]  # fmt: skip
+    window = [
+        typed(t, a, key, int, "a whole number of iterations") for key in ("profile_step_start", "profile_step_stop")
+    ]
     if not (profile or memory):
-        for key, value, default in (("profile_step_start", window[0], 10), ("profile_step_stop", window[1], 12),
-                                    ("memory_profiling_path", a["memory_profiling_path"], None)):  # fmt: skip
+        for key, value, default in (
+            ("profile_step_start", window[0], 10),
+            ("profile_step_stop", window[1], 12),
+            ("memory_profiling_path", a["memory_profiling_path"], None),
+        ):
             if value != default:
                 t.notice(key, "used only with profile or memory_profiling, which this run does not set")
         return
     if None not in window and window[1] < window[0]:
-        t.refuse("profile_step_stop", f"expected an iteration at or after profile_step_start ({window[0]}), found "
-                 f"{window[1]}")  # fmt: skip
+        t.refuse(
+            "profile_step_stop",
+            f"expected an iteration at or after profile_step_start ({window[0]}), found {window[1]}",
+        )
         return
     t.set("exp_manager.profiler.enabled", bool(profile), "profile")
     t.set("exp_manager.profiler.memory", bool(memory), "memory_profiling")
-    for key, ours, value in zip(("profile_step_start", "profile_step_stop"), ("start_step", "stop_step"), window,
-                                strict=True):  # fmt: skip
+    for key, ours, value in zip(
+        ("profile_step_start", "profile_step_stop"), ("start_step", "stop_step"), window, strict=True
+    ):
         if value is not None:
             t.set(f"exp_manager.profiler.{ours}", value + 1, key)
     if (path := typed(t, a, "memory_profiling_path", str, "a directory")) is not None:
@@ -340,4 +396,3 @@ def profiler_keys(a: Arguments, t: Translation) -> None:
             t.set("exp_manager.profiler.memory_dir", path, "memory_profiling_path")
         else:
             t.notice("memory_profiling_path", "used only with memory_profiling, which this run does not set")
-

@@ -43,8 +43,13 @@ def expanded_nodes(root: yaml.Node) -> tuple[int, int]:
         node, children_done = stack.pop()
         if id(node) in written:
             continue
-        children = ([child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode)
-                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])  # fmt: skip
+        children = (
+            [child for pair in node.value for child in pair]
+            if isinstance(node, yaml.MappingNode)
+            else list(node.value)
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
         if children_done:
             open_nodes.discard(id(node))
             written[id(node)] = 1 + sum(written[id(child)] for child in children)
@@ -66,8 +71,12 @@ class _Loader(yaml.SafeLoader):
         written, expanded = expanded_nodes(node)
         if expanded - written > MAX_ALIAS_NODES:
             raise yaml.constructor.ConstructorError(
-                None, None, f"aliases that expand {written:,} written nodes to {expanded:,} (nxd reads at most "
-                f"{MAX_ALIAS_NODES:,} nodes added by aliases)", node.start_mark)  # fmt: skip
+                None,
+                None,
+                f"aliases that expand {written:,} written nodes to {expanded:,} (nxd reads at most "
+                f"{MAX_ALIAS_NODES:,} nodes added by aliases)",
+                node.start_mark,
+            )
         return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -80,8 +89,11 @@ class _Loader(yaml.SafeLoader):
                 continue
             if key in first:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"the key {key!r} twice in one mapping (first at line {first[key] + 1})",
-                    key_node.start_mark)  # fmt: skip
+                    None,
+                    None,
+                    f"the key {key!r} twice in one mapping (first at line {first[key] + 1})",
+                    key_node.start_mark,
+                )
             first[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
@@ -123,8 +135,9 @@ def read_file(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(ConfigIssue.mismatch("", "a mapping of keys at the top level", Described(
-            f"a {type(data).__name__}")), name)  # fmt: skip
+        raise ConfigError(
+            ConfigIssue.mismatch("", "a mapping of keys at the top level", Described(f"a {type(data).__name__}")), name
+        )
     bad = [key for key in data if not isinstance(key, str)]
     if bad:
         raise ConfigError(ConfigIssue.mismatch(str(bad[0]), "a string key", bad[0]), name)
@@ -142,8 +155,13 @@ def merge(files: list[NeoXFile]) -> tuple[dict[str, Any], dict[str, str]]:
             key = canonical(raw)
             if key in origin:
                 where = "earlier in the same file" if origin[key] == file.name else f"by {origin[key]}"
-                issues.append(ConfigIssue(raw, f"set again in {file.name}; it was already set {where} (GPT-NeoX "
-                                                "takes each key from one file: remove one of them)"))  # fmt: skip
+                issues.append(
+                    ConfigIssue(
+                        raw,
+                        f"set again in {file.name}; it was already set {where} (GPT-NeoX "
+                        "takes each key from one file: remove one of them)",
+                    )
+                )
                 continue
             merged[key], origin[key] = value, file.name
     if issues:

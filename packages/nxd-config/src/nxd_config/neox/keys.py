@@ -40,29 +40,46 @@ class NeoXKey:
 M, N, R = KeyStatus.MAPPED, KeyStatus.NOTICE, KeyStatus.REFUSED
 
 _KERNEL = "a CUDA kernel choice with the same arithmetic; nxd runs torch's own kernels"
-_LAUNCHER = ("a setting of DeepSpeed's launcher that nxd's launches do not need (`nxd-train launch` writes an sbatch "
-             "script or each host's torchrun command)")  # fmt: skip
+_LAUNCHER = (
+    "a setting of DeepSpeed's launcher that nxd's launches do not need (`nxd-train launch` writes an sbatch "
+    "script or each host's torchrun command)"
+)
 _DERIVED = "NeoX derives it while it runs (a value written in a file is overwritten); nxd derives its own"
 _COMET = "with use_comet (a notice without it)"
-_MAMBA_SCAN = ("a kernel choice of mamba-ssm for mamba layers; nxd scans with mamba-ssm's fused selective-scan kernel "
-               "wherever mamba-ssm is installed on CUDA (whatever this key), and with its PyTorch scan (the same "
-               "arithmetic) elsewhere")
-_MAMBA_KERNEL = ("a kernel choice of causal-conv1d / mamba-ssm for mamba layers; nxd's torch convolution and "
-                 "projections compute the same")
-_TE_KERNEL = ("Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
-              "is the te_fp8_* keys')")  # fmt: skip
-_TE_FUSED = ("Transformer Engine's fused module in place of NeoX's own layers; nxd computes NeoX's own layers as the "
-             "file describes them (TE's module fixes its epsilon and biases and skips NeoX's position and "
-             "query/key options)")  # fmt: skip
-_TE_DELAYED = ("Transformer Engine's delayed scaling (an amax history); torchao's float8 scales each cast from "
-               "its operand's current amax, as history 1 with most_recent does: other values are noticed")
+_MAMBA_SCAN = (
+    "a kernel choice of mamba-ssm for mamba layers; nxd scans with mamba-ssm's fused selective-scan kernel "
+    "wherever mamba-ssm is installed on CUDA (whatever this key), and with its PyTorch scan (the same "
+    "arithmetic) elsewhere"
+)
+_MAMBA_KERNEL = (
+    "a kernel choice of causal-conv1d / mamba-ssm for mamba layers; nxd's torch convolution and "
+    "projections compute the same"
+)
+_TE_KERNEL = (
+    "Transformer Engine's kernel for a layer nxd's own layers compute with the same arithmetic (its fp8 "
+    "is the te_fp8_* keys')"
+)
+_TE_FUSED = (
+    "Transformer Engine's fused module in place of NeoX's own layers; nxd computes NeoX's own layers as the "
+    "file describes them (TE's module fixes its epsilon and biases and skips NeoX's position and "
+    "query/key options)"
+)
+_TE_DELAYED = (
+    "Transformer Engine's delayed scaling (an amax history); torchao's float8 scales each cast from "
+    "its operand's current amax, as history 1 with most_recent does: other values are noticed"
+)
 _RL = "used only with train_impl: reinforce (online RL with a generation server), which nxd refuses"
-_FP16 = ("NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed: the fp16 block's loss_scale, "
-         "loss_scale_window, hysteresis and min_loss_scale set nxd's loss scaling")  # fmt: skip
-_PAIRS = ("with train_impl dpo or rm: one prefix a split (document i pairs with the other side's i); labels: -100 "
-          "where nothing is trained")  # fmt: skip
+_FP16 = (
+    "NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed: the fp16 block's loss_scale, "
+    "loss_scale_window, hysteresis and min_loss_scale set nxd's loss scaling"
+)
+_PAIRS = (
+    "with train_impl dpo or rm: one prefix a split (document i pairs with the other side's i); labels: -100 "
+    "where nothing is trained"
+)
 _DS_TOOL = "a DeepSpeed tool that nxd does not run"
 
+# fmt: off
 _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     # ----------------------------------------------------------------------------- LR scheduler
     ("lr_decay_style", "LR scheduler", "linear", M, "model.optim.sched.decay_style",
@@ -635,7 +652,8 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("no_ssh_check", "Launcher", False, N, "", _LAUNCHER),
     ("comment", "Launcher", None, M, "trainer.cluster.comment", "sbatch --comment"),
     ("account", "Launcher", None, M, "trainer.cluster.account", "sbatch --account"),
-)  # fmt: skip
+)
+# fmt: on
 
 NEOX_KEYS: dict[str, NeoXKey] = {entry[0]: NeoXKey(*entry) for entry in _ENTRIES}
 """Every GPT-NeoX argument by name."""

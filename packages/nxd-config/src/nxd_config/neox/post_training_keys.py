@@ -18,46 +18,90 @@ def post_training_keys(a: Arguments, t: Translation) -> None:
     impl = choice(t, a, "train_impl", IMPLS)
     dataset = choice(t, a, "dataset_impl", ("gpt2", "pairwise", "online"))
     if impl == "reinforce":
-        t.refuse("train_impl", "expected normal, dpo, kto or rm, found reinforce: online RL that trains on what a "
-                 "generation server samples (online_dataserver_*) is not in nxd")  # fmt: skip
+        t.refuse(
+            "train_impl",
+            "expected normal, dpo, kto or rm, found reinforce: online RL that trains on what a "
+            "generation server samples (online_dataserver_*) is not in nxd",
+        )
     if dataset == "online":
-        t.refuse("dataset_impl", "expected gpt2 or pairwise, found online: it serves reinforce's generated samples, "
-                 "which nxd does not train on")  # fmt: skip
+        t.refuse(
+            "dataset_impl",
+            "expected gpt2 or pairwise, found online: it serves reinforce's generated samples, "
+            "which nxd does not train on",
+        )
     elif dataset is not None and impl in ("normal", "dpo", "kto", "rm"):
         wanted = "pairwise" if impl in ("dpo", "rm") else "gpt2"
         if dataset != wanted:
-            t.refuse("dataset_impl", f"expected {wanted} with train_impl {impl} (GPT-NeoX reads "
-                     f"{'pos/neg pairs' if wanted == 'pairwise' else 'one document a sample'} for it), found "
-                     f"{dataset}")  # fmt: skip
+            t.refuse(
+                "dataset_impl",
+                f"expected {wanted} with train_impl {impl} (GPT-NeoX reads "
+                f"{'pos/neg pairs' if wanted == 'pairwise' else 'one document a sample'} for it), found "
+                f"{dataset}",
+            )
     _unused_files(a, t, impl)
     if impl == "dpo":
         reference_free = typed(t, a, "dpo_reference_free", bool, "true or false")
-        t.set("model_alignment_strategy.dpo", {"kl_beta": a["dpo_beta"], "reference_free": bool(reference_free)},
-              "train_impl", "dpo_beta", "dpo_reference_free")  # fmt: skip
+        t.set(
+            "model_alignment_strategy.dpo",
+            {"kl_beta": a["dpo_beta"], "reference_free": bool(reference_free)},
+            "train_impl",
+            "dpo_beta",
+            "dpo_reference_free",
+        )
         if reference_free and a["precompute_model_name"] is not None:
-            t.refuse("precompute_model_name", "expected none with dpo_reference_free: true (no reference log-probs are "
-                     "read), found " + show(a["precompute_model_name"]))  # fmt: skip
+            t.refuse(
+                "precompute_model_name",
+                "expected none with dpo_reference_free: true (no reference log-probs are "
+                "read), found " + show(a["precompute_model_name"]),
+            )
         _pairs(a, t, with_reference=not reference_free)
     elif impl == "rm":
         t.set("model_alignment_strategy.reward_model", {"z_loss": a["z_loss"]}, "train_impl", "z_loss")
         _pairs(a, t, with_reference=False)
     elif impl == "kto":
         if a["data_path"] is not None:
-            t.refuse("data_path", "expected train/valid/test_data_paths with train_impl kto (each with its label and "
-                     "reward files), found data_path")  # fmt: skip
-        t.set("model_alignment_strategy.kto", {"beta": a["kto_beta"], "desirable_weight": a["kto_desirable_weight"],
-                                               "undesirable_weight": a["kto_undesirable_weight"],
-                                               "kl_estimate": "batch_halves"},
-              "train_impl", "kto_beta", "kto_desirable_weight", "kto_undesirable_weight")  # fmt: skip
+            t.refuse(
+                "data_path",
+                "expected train/valid/test_data_paths with train_impl kto (each with its label and "
+                "reward files), found data_path",
+            )
+        t.set(
+            "model_alignment_strategy.kto",
+            {
+                "beta": a["kto_beta"],
+                "desirable_weight": a["kto_desirable_weight"],
+                "undesirable_weight": a["kto_undesirable_weight"],
+                "kl_estimate": "batch_halves",
+            },
+            "train_impl",
+            "kto_beta",
+            "kto_desirable_weight",
+            "kto_undesirable_weight",
+        )
         _examples(a, t)
     if a["precompute_model_name"] is not None and impl not in ("dpo", "kto"):
-        t.refuse("precompute_model_name", f"expected none with train_impl {impl} (reference log-probs are read by "
-                 f"dpo and kto), found {show(a['precompute_model_name'])}")  # fmt: skip
+        t.refuse(
+            "precompute_model_name",
+            f"expected none with train_impl {impl} (reference log-probs are read by "
+            f"dpo and kto), found {show(a['precompute_model_name'])}",
+        )
 
 
-PRETRAINING_DATA = ("data_path", "split", "train_data_paths", "valid_data_paths", "test_data_paths",
-                    "train_label_data_paths", "valid_label_data_paths", "test_label_data_paths", "train_data_weights",
-                    "valid_data_weights", "test_data_weights", "weight_by_num_documents", "weighted_sampler_alpha")
+PRETRAINING_DATA = (
+    "data_path",
+    "split",
+    "train_data_paths",
+    "valid_data_paths",
+    "test_data_paths",
+    "train_label_data_paths",
+    "valid_label_data_paths",
+    "test_label_data_paths",
+    "train_data_weights",
+    "valid_data_weights",
+    "test_data_weights",
+    "weight_by_num_documents",
+    "weighted_sampler_alpha",
+)
 """The data keys of train_impl normal (and, but for blending, kto)."""
 
 
@@ -68,17 +112,24 @@ def _unused_files(a: Arguments, t: Translation, impl: str | None) -> None:
         if not a.given(key):
             continue
         if impl in ("dpo", "rm"):
-            t.refuse(key, f"expected it unset with train_impl {impl}, which reads pos/neg_*_data_paths, found "
-                     f"{show(a[key])}")  # fmt: skip
+            t.refuse(
+                key, f"expected it unset with train_impl {impl}, which reads pos/neg_*_data_paths, found {show(a[key])}"
+            )
         elif impl == "kto" and key in ("weight_by_num_documents", "weighted_sampler_alpha", "split"):
-            t.notice(key, "accepted, changes nothing here: train_impl kto reads one path a split (train/valid/"
-                     "test_data_paths), with nothing to blend or cut")  # fmt: skip
+            t.notice(
+                key,
+                "accepted, changes nothing here: train_impl kto reads one path a split (train/valid/"
+                "test_data_paths), with nothing to blend or cut",
+            )
     for prefix, impls in (("pos_", ("dpo", "rm")), ("neg_", ("dpo", "rm"))):
         for split, _ in SPLITS:
             for key in (f"{prefix}{split}_data_paths", f"{prefix}{split}_label_data_paths"):
                 if a[key] is not None and impl not in impls:
-                    t.refuse(key, f"expected none with train_impl {impl} (pos/neg pairs are read by dpo and rm), "
-                             f"found {show(a[key])}")  # fmt: skip
+                    t.refuse(
+                        key,
+                        f"expected none with train_impl {impl} (pos/neg pairs are read by dpo and rm), "
+                        f"found {show(a[key])}",
+                    )
     for split, _ in SPLITS:
         key = f"{split}_reward_data_paths"
         if a[key] is not None and impl != "kto":
@@ -93,8 +144,11 @@ def _one(t: Translation, a: Arguments, key: str) -> str | None:
     if isinstance(value, str):
         return value
     if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], str):
-        t.refuse(key, f"expected one path prefix in a list (nxd reads one set of post-training files a split; "
-                 f"join them into one with preprocessing), found {show(value)}")  # fmt: skip
+        t.refuse(
+            key,
+            f"expected one path prefix in a list (nxd reads one set of post-training files a split; "
+            f"join them into one with preprocessing), found {show(value)}",
+        )
         return None
     return value[0]
 
@@ -110,9 +164,12 @@ def _pairs(a: Arguments, t: Translation, *, with_reference: bool) -> None:
     splits: dict[str, dict[str, Any]] = {}
     keys = []
     for split, section in SPLITS:
-        names = {"chosen": f"pos_{split}_data_paths", "rejected": f"neg_{split}_data_paths",
-                 "chosen_labels": f"pos_{split}_label_data_paths",
-                 "rejected_labels": f"neg_{split}_label_data_paths"}  # fmt: skip
+        names = {
+            "chosen": f"pos_{split}_data_paths",
+            "rejected": f"neg_{split}_data_paths",
+            "chosen_labels": f"pos_{split}_label_data_paths",
+            "rejected_labels": f"neg_{split}_label_data_paths",
+        }
         files = {role: _one(t, a, key) for role, key in names.items()}
         if not any(a[key] is not None for key in names.values()):
             continue
@@ -126,12 +183,17 @@ def _pairs(a: Arguments, t: Translation, *, with_reference: bool) -> None:
             t.refuse(missing, f"expected pos and neg {split} label paths together (or neither), found only the other")
             continue
         if with_reference:
-            files |= {"chosen_reference": _reference(a, files["chosen"]),
-                      "rejected_reference": _reference(a, files["rejected"])}  # fmt: skip
+            files |= {
+                "chosen_reference": _reference(a, files["chosen"]),
+                "rejected_reference": _reference(a, files["rejected"]),
+            }
         splits[section] = {role: value for role, value in files.items() if value is not None}
     if "train" not in splits:
-        t.refuse("pos_train_data_paths", "expected the training pairs (pos_train_data_paths and neg_train_data_paths) "
-                 "with train_impl dpo or rm, found none")  # fmt: skip
+        t.refuse(
+            "pos_train_data_paths",
+            "expected the training pairs (pos_train_data_paths and neg_train_data_paths) "
+            "with train_impl dpo or rm, found none",
+        )
         return
     t.set("data.pair_documents", splits, *keys, *(["precompute_model_name"] if with_reference else []))
 
@@ -141,8 +203,11 @@ def _examples(a: Arguments, t: Translation) -> None:
     splits: dict[str, dict[str, Any]] = {}
     keys = []
     for split, section in SPLITS:
-        names = {"documents": f"{split}_data_paths", "labels": f"{split}_label_data_paths",
-                 "rewards": f"{split}_reward_data_paths"}  # fmt: skip
+        names = {
+            "documents": f"{split}_data_paths",
+            "labels": f"{split}_label_data_paths",
+            "rewards": f"{split}_reward_data_paths",
+        }
         if a[names["documents"]] is None:
             for key in (names["labels"], names["rewards"]):
                 if a[key] is not None:
@@ -154,8 +219,11 @@ def _examples(a: Arguments, t: Translation) -> None:
             continue
         if files["rewards"] is None:
             if a[names["rewards"]] is None:
-                t.refuse(names["rewards"], f"expected one reward document per example with train_impl kto (written by "
-                         f"preprocess_data_with_chat_template.py --reward-key), found none for {names['documents']}")
+                t.refuse(
+                    names["rewards"],
+                    f"expected one reward document per example with train_impl kto (written by "
+                    f"preprocess_data_with_chat_template.py --reward-key), found none for {names['documents']}",
+                )
             continue
         if a[f"{split}_data_weights"] is not None:
             t.notice(f"{split}_data_weights", "accepted, changes nothing here: one path a split has nothing to blend")

@@ -1,7 +1,7 @@
 """The GPT-NeoX key table (key, group, NeoX default, status, nxd consumer, note), generated from `keys.NEOX_KEYS`.
 
-    python -m nxd_config.neox.table                     print the table as Markdown
-    python -m nxd_config.neox.table --update docs/config-reference.md  rewrite the table between its markers
+python -m nxd_config.neox.table                     print the table as Markdown
+python -m nxd_config.neox.table --update docs/config-reference.md  rewrite the table between its markers
 """
 
 from __future__ import annotations
@@ -19,10 +19,18 @@ START, END = "<!-- neox-keys:start -->", "<!-- neox-keys:end -->"
 def key_table() -> str:
     """Every NeoX argument as a Markdown table, with a line counting them by status."""
     return dialect_key_table(
-        "GPT-NeoX arguments", ["key", "group", "NeoX default", "status", "nxd", "note"], list(NEOX_KEYS.values()),
-        lambda key: [f"`{key.name}`", key.group, f"`{json.dumps(key.default)}`", str(key.status),
-                     f"`{key.consumer}`" if key.consumer else "", key.note],
-    )  # fmt: skip
+        "GPT-NeoX arguments",
+        ["key", "group", "NeoX default", "status", "nxd", "note"],
+        list(NEOX_KEYS.values()),
+        lambda key: [
+            f"`{key.name}`",
+            key.group,
+            f"`{json.dumps(key.default)}`",
+            str(key.status),
+            f"`{key.consumer}`" if key.consumer else "",
+            key.note,
+        ],
+    )
 
 
 def update(readme: Path) -> bool:

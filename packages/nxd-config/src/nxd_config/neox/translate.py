@@ -17,16 +17,29 @@ from . import file_keys, inference_keys, model_keys, post_training_keys, trainin
 from .keys import NEOX_KEYS, KeyStatus, NeoXKey
 from .translation import Arguments, Translation, is_default, mapping
 
-GROUPS = (model_keys.model_keys, model_keys.sharing_keys, model_keys.soft_prompt_keys, model_keys.mup_keys,
-          model_keys.attention_keys,
-          model_keys.mlp_keys,
-          model_keys.moe_keys,
-          training_keys.parallel_keys, training_keys.launcher_keys, training_keys.precision_keys,
-          training_keys.float8_keys,
-          training_keys.optimizer_keys, training_keys.loop_keys, file_keys.data_keys,
-          post_training_keys.post_training_keys, file_keys.tokenizer_keys, file_keys.checkpoints_keys,
-          file_keys.resume_keys, file_keys.logging_keys,
-          inference_keys.inference_keys, inference_keys.autotuning_keys)  # fmt: skip
+GROUPS = (
+    model_keys.model_keys,
+    model_keys.sharing_keys,
+    model_keys.soft_prompt_keys,
+    model_keys.mup_keys,
+    model_keys.attention_keys,
+    model_keys.mlp_keys,
+    model_keys.moe_keys,
+    training_keys.parallel_keys,
+    training_keys.launcher_keys,
+    training_keys.precision_keys,
+    training_keys.float8_keys,
+    training_keys.optimizer_keys,
+    training_keys.loop_keys,
+    file_keys.data_keys,
+    post_training_keys.post_training_keys,
+    file_keys.tokenizer_keys,
+    file_keys.checkpoints_keys,
+    file_keys.resume_keys,
+    file_keys.logging_keys,
+    inference_keys.inference_keys,
+    inference_keys.autotuning_keys,
+)
 """Each group of mapped keys, in the order they are translated."""
 
 
@@ -62,8 +75,10 @@ def _with_extra_deepspeed_args(t: Translation, values: dict[str, Any]) -> dict[s
     for key, value in extra.items():
         entry = NEOX_KEYS.get(key)
         if entry is None or entry.group != "DeepSpeed" or key == "deepspeed_extra_args":
-            t.refuse(f"deepspeed_extra_args.{key}", "expected a DeepSpeed config key (such as comms_logger or "
-                     "flops_profiler)")  # fmt: skip
+            t.refuse(
+                f"deepspeed_extra_args.{key}",
+                "expected a DeepSpeed config key (such as comms_logger or flops_profiler)",
+            )
         elif key in merged:
             t.refuse(f"deepspeed_extra_args.{key}", f"expected {key} once, found it at the top level too")
         else:
@@ -76,4 +91,3 @@ def _judge(t: Translation, entry: NeoXKey, value: Any) -> None:
         t.notice(entry.name, f"accepted, changes nothing here: {entry.note}")
     else:
         t.refuse(entry.name, f"expected {show(entry.default)} (GPT-NeoX's default), found {show(value)}: {entry.note}")
-

@@ -97,7 +97,6 @@ def choice(t: Translation, a: Arguments, key: str, choices: Iterable[str], refus
     return None
 
 
-
 def mapping(t: Translation, key: str, value: Any) -> dict[str, Any] | None:
     """`value` when it is a mapping with string keys (a DeepSpeed block), else an error naming `key` and None."""
     if value is None:

@@ -37,6 +37,7 @@ _UNUSED = "QEfficient's code does not read it either"
 _LOADER = "a DataLoader setting; nxd's loader reads records in the training process (data.num_workers sets workers)"
 _DDP = "nxd's data parallelism (FSDP2) has no such setting"
 
+# fmt: off
 _ENTRIES: tuple[tuple[str, Any, KeyStatus, str, str], ...] = (
     # ----------------------------------------------------------------------------- model
     ("model.model_type", "hf", M, "model_source", "hf only: a Hugging Face model (custom registered classes refused)"),
@@ -210,11 +211,16 @@ _ENTRIES: tuple[tuple[str, Any, KeyStatus, str, str], ...] = (
     ("dpo.ref_model_sync_steps", 512, N, "", "used only with sync_ref_model"),
     ("dpo.reference_model_name", None, R, "", "nxd's reference is the model being trained, before training"),
 )
+# fmt: on
 
-CALLBACK_ALIASES = {"JSONLoggerCallback": "json_logger", "Printer": "printer",
-                    "QAICProfilerCallback": "qaic_profiler_callback",
-                    "QAICOpByOpVerifierCallback": "qaic_op_by_op_verifier_callback"}  # fmt: skip
+CALLBACK_ALIASES = {
+    "JSONLoggerCallback": "json_logger",
+    "Printer": "printer",
+    "QAICProfilerCallback": "qaic_profiler_callback",
+    "QAICOpByOpVerifierCallback": "qaic_op_by_op_verifier_callback",
+}
 """Callback names as QEfficient's reference writes them -> the names its code registers."""
 
-QEFF_KEYS: dict[str, QeffKey] = {name: QeffKey(name, default, status, consumer, note)
-                                 for name, default, status, consumer, note in _ENTRIES}  # fmt: skip
+QEFF_KEYS: dict[str, QeffKey] = {
+    name: QeffKey(name, default, status, consumer, note) for name, default, status, consumer, note in _ENTRIES
+}

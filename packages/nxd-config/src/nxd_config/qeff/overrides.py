@@ -17,7 +17,7 @@ def qeff_override(override: str, values: Mapping[str, Any]) -> str:
     """`override` with its key in `section.key` form (dashes read as underscores), `+` added where the file
     lacks the key; an unknown flat key is left for the translation's did-you-mean."""
     prefix = override[:1] if override[:1] in "+~" else ""
-    key, sep, value = override[len(prefix):].partition("=")
+    key, sep, value = override[len(prefix) :].partition("=")
     key = key.replace("-", "_")
     if key.partition(".")[0] not in SECTIONS:
         key = _section_key(key) or key

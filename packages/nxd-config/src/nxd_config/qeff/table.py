@@ -22,10 +22,17 @@ FIELDS_START, FIELDS_END = "<!-- qeff-trainer-fields:start -->", "<!-- qeff-trai
 def key_table() -> str:
     """Every QEfficient key as a Markdown table, with a line counting them by status."""
     return dialect_key_table(
-        "QEfficient fine-tuning keys", ["key", "QEfficient default", "status", "nxd", "note"], list(QEFF_KEYS.values()),
-        lambda key: [f"`{key.name}`", f"`{json.dumps(key.default)}`", str(key.status),
-                     f"`{key.consumer}`" if key.consumer else "", key.note],
-    )  # fmt: skip
+        "QEfficient fine-tuning keys",
+        ["key", "QEfficient default", "status", "nxd", "note"],
+        list(QEFF_KEYS.values()),
+        lambda key: [
+            f"`{key.name}`",
+            f"`{json.dumps(key.default)}`",
+            str(key.status),
+            f"`{key.consumer}`" if key.consumer else "",
+            key.note,
+        ],
+    )
 
 
 def update(readme: Path) -> bool:

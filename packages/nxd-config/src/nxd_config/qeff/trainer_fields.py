@@ -17,17 +17,56 @@ from .keys import QEFF_KEYS
 
 TRL_VERSION = "1.16.0"
 """The TRL release whose SFTConfig / DPOConfig fields (beyond TrainingArguments') are listed below."""
-TRL_SFT_FIELDS = ("activation_offloading", "assistant_only_loss", "chat_template_path", "completion_only_loss",
-                  "dataset_kwargs", "dataset_num_proc", "dataset_text_field", "eos_token", "eval_packing",
-                  "loss_type", "max_length", "model_init_kwargs", "packing", "packing_strategy", "pad_to_multiple_of",
-                  "pad_token", "padding_free", "router_aux_loss_coef", "shuffle_dataset", "truncation_mode",
-                  "trust_remote_code")  # fmt: skip
-TRL_DPO_FIELDS = ("activation_offloading", "beta", "dataset_num_proc", "disable_dropout", "discopop_tau",
-                  "f_alpha_divergence_coef", "f_divergence_type", "label_smoothing", "ld_alpha", "loss_type",
-                  "loss_weights", "max_length", "model_init_kwargs", "pad_to_multiple_of", "pad_token",
-                  "padding_free", "precompute_ref_batch_size", "precompute_ref_log_probs", "ref_model_mixup_alpha",
-                  "ref_model_sync_steps", "router_aux_loss_coef", "sync_ref_model", "truncation_mode",
-                  "trust_remote_code", "use_weighting")  # fmt: skip
+TRL_SFT_FIELDS = (
+    "activation_offloading",
+    "assistant_only_loss",
+    "chat_template_path",
+    "completion_only_loss",
+    "dataset_kwargs",
+    "dataset_num_proc",
+    "dataset_text_field",
+    "eos_token",
+    "eval_packing",
+    "loss_type",
+    "max_length",
+    "model_init_kwargs",
+    "packing",
+    "packing_strategy",
+    "pad_to_multiple_of",
+    "pad_token",
+    "padding_free",
+    "router_aux_loss_coef",
+    "shuffle_dataset",
+    "truncation_mode",
+    "trust_remote_code",
+)
+TRL_DPO_FIELDS = (
+    "activation_offloading",
+    "beta",
+    "dataset_num_proc",
+    "disable_dropout",
+    "discopop_tau",
+    "f_alpha_divergence_coef",
+    "f_divergence_type",
+    "label_smoothing",
+    "ld_alpha",
+    "loss_type",
+    "loss_weights",
+    "max_length",
+    "model_init_kwargs",
+    "pad_to_multiple_of",
+    "pad_token",
+    "padding_free",
+    "precompute_ref_batch_size",
+    "precompute_ref_log_probs",
+    "ref_model_mixup_alpha",
+    "ref_model_sync_steps",
+    "router_aux_loss_coef",
+    "sync_ref_model",
+    "truncation_mode",
+    "trust_remote_code",
+    "use_weighting",
+)
 
 _DTYPE = "training.torch_dtype (fp16, bf16 or fp32) sets the precision"
 INSTEAD = {
@@ -35,9 +74,14 @@ INSTEAD = {
     "weight_decay": "optimizers.weight_decay sets it",
     "optim": "optimizers.optimizer_name chooses the optimizer",
     "lr_scheduler_type": "scheduler.scheduler_name chooses the schedule",
-    "warmup_steps": "scheduler.warmup_steps sets it", "warmup_ratio": "scheduler.warmup_ratio sets it",
-    "fp16": _DTYPE, "bf16": _DTYPE, "torch_dtype": _DTYPE, "dtype": _DTYPE,
-    "data_seed": "dataset.data_seed seeds the data", "use_cache": "model.use_cache is the model's key",
+    "warmup_steps": "scheduler.warmup_steps sets it",
+    "warmup_ratio": "scheduler.warmup_ratio sets it",
+    "fp16": _DTYPE,
+    "bf16": _DTYPE,
+    "torch_dtype": _DTYPE,
+    "dtype": _DTYPE,
+    "data_seed": "dataset.data_seed seeds the data",
+    "use_cache": "model.use_cache is the model's key",
     "ddp_backend": "training.ddp_config.ddp_backend is where QEfficient reads it",
     "ddp_timeout": "training.ddp_config.ddp_timeout is where QEfficient reads it",
     "ddp_find_unused_parameters": "training.ddp_config holds the DDP settings",
@@ -50,18 +94,26 @@ INSTEAD = {
     "max_prompt_length": "dpo.max_prompt_length is the DPO section's key",
 }
 """Fields QEfficient ignores -> the key of a QEfficient file that does their job."""
-NXD_ONLY = {"adam_beta1": "model.optim.betas", "adam_beta2": "model.optim.betas", "adam_epsilon": "model.optim.eps",
-            "max_grad_norm": "trainer.gradient_clip_val", "torch_compile_mode": "model.fusions.torch_compile",
-            "eval_accumulation_steps": "trainer.limit_val_batches", "push_to_hub": "nxd-train ckpt export-hf",
-            "fsdp": "distributed_strategy.zero1 (FSDP2 sharding)",
-            "deepspeed": "distributed_strategy.zero1"}  # fmt: skip
+NXD_ONLY = {
+    "adam_beta1": "model.optim.betas",
+    "adam_beta2": "model.optim.betas",
+    "adam_epsilon": "model.optim.eps",
+    "max_grad_norm": "trainer.gradient_clip_val",
+    "torch_compile_mode": "model.fusions.torch_compile",
+    "eval_accumulation_steps": "trainer.limit_val_batches",
+    "push_to_hub": "nxd-train ckpt export-hf",
+    "fsdp": "distributed_strategy.zero1 (FSDP2 sharding)",
+    "deepspeed": "distributed_strategy.zero1",
+}
 """Fields no QEfficient key sets -> the nxd key (in an NxDT-dialect config) that does."""
 
 
 def unknown_key_notice(name: str) -> str:
     """The notice for `section.key` (or a section) that no QEfficient config class holds."""
-    return f"not a QEfficient key: QEfficient keeps it in extra_params and never reads it, and nxd ignores it too " \
-           f"({_instead(name)})"  # fmt: skip
+    return (
+        f"not a QEfficient key: QEfficient keeps it in extra_params and never reads it, and nxd ignores it too "
+        f"({_instead(name)})"
+    )
 
 
 def _instead(name: str) -> str:
@@ -82,8 +134,9 @@ def trainer_fields() -> list[tuple[str, str]]:
     SFTConfig / DPOConfig field of TRL_VERSION, as a QEfficient file would write it."""
     from transformers import TrainingArguments
 
-    rows = [(f"training.{field.name}", "TrainingArguments") for field in dataclasses.fields(TrainingArguments)
-            if field.init]  # fmt: skip
+    rows = [
+        (f"training.{field.name}", "TrainingArguments") for field in dataclasses.fields(TrainingArguments) if field.init
+    ]
     rows += [(f"training.{name}", f"TRL {TRL_VERSION} SFTConfig") for name in TRL_SFT_FIELDS]
     rows += [(f"dpo.{name}", f"TRL {TRL_VERSION} DPOConfig") for name in TRL_DPO_FIELDS]
     return rows
@@ -103,7 +156,11 @@ def field_table() -> str:
             nxd, instead = "notice: ignored, as in QEfficient", _instead(name)
         own += not instead
         rows.append(f"| `{name}` | {origin} | {nxd} | {instead} |")
-    head = [f"{len(rows)} Trainer and TRL fields a QEfficient file may write: {own} are QEfficient's own keys, "
-            f"{len(rows) - own} are kept in extra_params and ignored (a notice each).", "",
-            "| key | from | nxd | instead |", "|---|---|---|---|"]  # fmt: skip
+    head = [
+        f"{len(rows)} Trainer and TRL fields a QEfficient file may write: {own} are QEfficient's own keys, "
+        f"{len(rows) - own} are kept in extra_params and ignored (a notice each).",
+        "",
+        "| key | from | nxd | instead |",
+        "|---|---|---|---|",
+    ]
     return "\n".join(head + rows) + "\n"

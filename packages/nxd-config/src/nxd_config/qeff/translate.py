@@ -23,17 +23,37 @@ from ..neox.translation import Translation
 from .keys import CALLBACK_ALIASES, QEFF_KEYS, SECTIONS
 from .trainer_fields import unknown_key_notice
 
-NESTED = ("model.peft_config", "training.ddp_config", "training.gradient_checkpointing_kwargs",
-          "callbacks.early_stopping", "callbacks.json_logger")  # fmt: skip
+NESTED = (
+    "model.peft_config",
+    "training.ddp_config",
+    "training.gradient_checkpointing_kwargs",
+    "callbacks.early_stopping",
+    "callbacks.json_logger",
+)
 """Keys whose value is a block of named settings, read key by key."""
-ALPACA_FUNCTIONS = ("QEfficient.finetune.experimental.preprocessing.alpaca_func:create_alpaca_prompt",
-                    "preprocess/alpaca_func:create_alpaca_prompt")  # fmt: skip
+ALPACA_FUNCTIONS = (
+    "QEfficient.finetune.experimental.preprocessing.alpaca_func:create_alpaca_prompt",
+    "preprocess/alpaca_func:create_alpaca_prompt",
+)
 """QEfficient's built-in Alpaca prompt function, as its code and its reference name it."""
 BUILTIN_ALPACA = "nxd_data.formatters:alpaca_prompt"
-PRECISION = {"fp16": "fp16", "float16": "fp16", "bf16": "mixed_precision", "bfloat16": "mixed_precision",
-             "fp32": "fp32", "float32": "fp32"}  # fmt: skip
-SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-             "inverse_sqrt")  # fmt: skip
+PRECISION = {
+    "fp16": "fp16",
+    "float16": "fp16",
+    "bf16": "mixed_precision",
+    "bfloat16": "mixed_precision",
+    "fp32": "fp32",
+    "float32": "fp32",
+}
+SCHEDULES = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
 OPTIMIZERS = ("adamw", "adam", "sgd")
 NXD_SECTIONS = ("generate", "eval")
 """nxd's sections a QEfficient file may carry as they are: what `nxd-train generate` and `nxd-train eval` do."""
@@ -64,8 +84,11 @@ def flatten(t: Translation, values: Mapping[str, Any]) -> dict[str, Any]:
                 t.set(f"{section}.{key}", value, f"{section}.{key}")
             continue
         if section not in SECTIONS and isinstance(body, Mapping):
-            t.notice(section, f"not a QEfficient section: QEfficient keeps it in extra_params and never reads it, and "
-                     f"nxd ignores it too (sections: {', '.join(SECTIONS)}){_close(section, SECTIONS)}")  # fmt: skip
+            t.notice(
+                section,
+                f"not a QEfficient section: QEfficient keeps it in extra_params and never reads it, and "
+                f"nxd ignores it too (sections: {', '.join(SECTIONS)}){_close(section, SECTIONS)}",
+            )
             continue
         if section not in SECTIONS:  # a flat override naming no key of any section
             leaves = {name.rpartition(".")[2] for name in QEFF_KEYS}
@@ -108,8 +131,9 @@ def translate(values: Mapping[str, Any], name: str, environ: Mapping[str, str] |
     k = Keys(flat)
     for key, value in k.values.items():
         entry = QEFF_KEYS[key]
-        if entry.status is KeyStatus.NOTICE and (value != entry.default and value is not None
-                                                 or key.startswith("callbacks.")):  # a callback named is asked for
+        if entry.status is KeyStatus.NOTICE and (
+            value != entry.default and value is not None or key.startswith("callbacks.")
+        ):  # a callback named is asked for
             t.notice(key, f"accepted, changes nothing here: {entry.note}")
         elif entry.status is KeyStatus.REFUSED and value not in (entry.default, None, False, {}):
             t.refuse(key, f"expected {show(entry.default)} (QEfficient's default), found {show(value)}: {entry.note}")
@@ -124,8 +148,9 @@ def translate(values: Mapping[str, Any], name: str, environ: Mapping[str, str] |
     _callbacks(t, k)
     if method == "dpo":
         _dpo(t, k)
-    elif given := sorted(key for key, value in k.values.items()
-                         if key.startswith("dpo.") and value != QEFF_KEYS[key].default):  # fmt: skip
+    elif given := sorted(
+        key for key, value in k.values.items() if key.startswith("dpo.") and value != QEFF_KEYS[key].default
+    ):
         t.refuse(given[0], f"the dpo section applies to training.type dpo; found type {show(k['training.type'])}")
     t.read = set(k.values)
     return t
@@ -136,8 +161,11 @@ def translate(values: Mapping[str, Any], name: str, environ: Mapping[str, str] |
 
 def _model(t: Translation, k: Keys) -> None:
     if k["model.model_type"] != "hf":
-        t.refuse("model.model_type", f"expected hf, found {show(k['model.model_type'])}: nxd builds Hugging Face "
-                 "models from their config.json (QEfficient's registered classes are not read)")  # fmt: skip
+        t.refuse(
+            "model.model_type",
+            f"expected hf, found {show(k['model.model_type'])}: nxd builds Hugging Face "
+            "models from their config.json (QEfficient's registered classes are not read)",
+        )
     model = _local(t, "model.model_name", k["model.model_name"])
     for path in ("model.model_config", "exp_manager.resume_from_checkpoint"):
         t.claim(path, "model.model_name")
@@ -152,28 +180,45 @@ def _model(t: Translation, k: Keys) -> None:
         t.set("data.tokenizer.library", "huggingface", tokenizer_key or "model.model_name")
         t.set("data.tokenizer.type", tokenizer, tokenizer_key or "model.model_name")
     if k["model.load_in_4bit"]:
-        t.refuse("model.load_in_4bit", "expected false, found true: 4-bit base weights (QLoRA) need bitsandbytes on "
-                 "a CUDA device, and nxd's LoRA keeps the base in the precision type's dtype (training.torch_dtype "
-                 "bf16 halves its memory)")  # fmt: skip
+        t.refuse(
+            "model.load_in_4bit",
+            "expected false, found true: 4-bit base weights (QLoRA) need bitsandbytes on "
+            "a CUDA device, and nxd's LoRA keeps the base in the precision type's dtype (training.torch_dtype "
+            "bf16 halves its memory)",
+        )
     attention = k["model.attn_implementation"]
     if attention not in ("sdpa", "eager", None):
-        t.notice("model.attn_implementation", f"{attention}: nxd computes attention with torch's SDPA (the same "
-                 "attention, by the kernel torch picks for this device)")  # fmt: skip
+        t.notice(
+            "model.attn_implementation",
+            f"{attention}: nxd computes attention with torch's SDPA (the same "
+            "attention, by the kernel torch picks for this device)",
+        )
     if not k["model.use_peft"]:
         return
     peft = "model_alignment_strategy.peft"
-    for key, target in (("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout"),
-                        ("target_modules", "target_modules"), ("bias", "lora_bias")):  # fmt: skip
+    for key, target in (
+        ("lora_r", "lora_rank"),
+        ("lora_alpha", "lora_alpha"),
+        ("lora_dropout", "lora_dropout"),
+        ("target_modules", "target_modules"),
+        ("bias", "lora_bias"),
+    ):
         value = k[f"model.peft_config.{key}"]
         t.set(f"{peft}.{target}", "none" if key == "bias" and value is None else value, f"model.peft_config.{key}")
     t.set(f"{peft}.save_lora_config_adapter", True, "model.use_peft")
     if str(k["model.peft_config.peft_type"]).upper() != "LORA":
-        t.refuse("model.peft_config.peft_type", f"expected LORA, found {show(k['model.peft_config.peft_type'])}: "
-                 "nxd's adapters are LoRA (IA3 and the other peft methods are not built)")  # fmt: skip
+        t.refuse(
+            "model.peft_config.peft_type",
+            f"expected LORA, found {show(k['model.peft_config.peft_type'])}: "
+            "nxd's adapters are LoRA (IA3 and the other peft methods are not built)",
+        )
     task = str(k["model.peft_config.task_type"]).upper()
     if task not in ("CAUSAL_LM", "SEQ_CLS"):
-        t.refuse("model.peft_config.task_type", f"expected CAUSAL_LM, found {show(k['model.peft_config.task_type'])}:"
-                 " nxd fine-tunes decoder-only causal language models")  # fmt: skip
+        t.refuse(
+            "model.peft_config.task_type",
+            f"expected CAUSAL_LM, found {show(k['model.peft_config.task_type'])}:"
+            " nxd fine-tunes decoder-only causal language models",
+        )
 
 
 def _local(t: Translation, key: str, value: Any) -> str | None:
@@ -193,9 +238,12 @@ def _local(t: Translation, key: str, value: Any) -> str | None:
         return snapshot_download(value, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
     except Exception as error:  # offline, unknown repository, gated model: all one message
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        t.refuse(key, f"{value!r} is not a folder here and the Hugging Face hub did not give it ({first}); expected "
-                 "a local model folder, or a hub id this machine can reach or has cached (HF_HUB_OFFLINE=1 reads "
-                 "the cache only; HF_HOME says where it is)")  # fmt: skip
+        t.refuse(
+            key,
+            f"{value!r} is not a folder here and the Hugging Face hub did not give it ({first}); expected "
+            "a local model folder, or a hub id this machine can reach or has cached (HF_HUB_OFFLINE=1 reads "
+            "the cache only; HF_HOME says where it is)",
+        )
         return None
 
 
@@ -207,20 +255,31 @@ def _method(t: Translation, k: Keys) -> str | None:
     kind = str(k["training.type"]).lower()
     auto = k["model.auto_class_name"]
     if auto not in ("AutoModelForCausalLM", "AutoModelForSequenceClassification"):
-        t.refuse("model.auto_class_name", f"expected AutoModelForCausalLM or AutoModelForSequenceClassification, "
-                 f"found {show(auto)}")  # fmt: skip
+        t.refuse(
+            "model.auto_class_name",
+            f"expected AutoModelForCausalLM or AutoModelForSequenceClassification, found {show(auto)}",
+        )
         return None
     if auto == "AutoModelForSequenceClassification":
         if k["dataset.dataset_type"] != "dpo_dataset":
-            t.refuse("model.auto_class_name", "AutoModelForSequenceClassification trains a reward model on "
-                     f"preference pairs; expected dataset_type dpo_dataset, found {show(k['dataset.dataset_type'])}")
+            t.refuse(
+                "model.auto_class_name",
+                "AutoModelForSequenceClassification trains a reward model on "
+                f"preference pairs; expected dataset_type dpo_dataset, found {show(k['dataset.dataset_type'])}",
+            )
             return None
         if k["model.use_peft"]:
-            t.refuse("model.use_peft", "expected false with AutoModelForSequenceClassification: nxd's reward models "
-                     "train every weight (LoRA adapters beside the score head are not built)")  # fmt: skip
+            t.refuse(
+                "model.use_peft",
+                "expected false with AutoModelForSequenceClassification: nxd's reward models "
+                "train every weight (LoRA adapters beside the score head are not built)",
+            )
         length = k["dataset.max_seq_length"]
-        t.set("model_alignment_strategy.reward_model", {"max_prompt_length": length // 2 if isinstance(length, int)
-                                                       else None}, "model.auto_class_name")  # fmt: skip
+        t.set(
+            "model_alignment_strategy.reward_model",
+            {"max_prompt_length": length // 2 if isinstance(length, int) else None},
+            "model.auto_class_name",
+        )
         return "reward_model"
     if kind in ("sft", "base"):
         t.set("model_alignment_strategy.sft.packing", bool(k["training.packing"]), "training.packing")
@@ -243,13 +302,18 @@ def _dataset(t: Translation, k: Keys, method: str | None) -> None:
         return
     if (kind == "preference") != (method in ("dpo", "reward_model")) and method is not None:
         wanted = "dpo_dataset" if method == "dpo" else "sft_dataset or seq_completion"
-        t.refuse("dataset.dataset_type", f"{k['dataset.dataset_type']} does not feed training.type "
-                 f"{k['training.type']}; expected {wanted}")  # fmt: skip
+        t.refuse(
+            "dataset.dataset_type",
+            f"{k['dataset.dataset_type']} does not feed training.type {k['training.type']}; expected {wanted}",
+        )
     if kind == "preference":
         for key in ("prompt_template", "prompt_func", "completion_template", "completion_func"):
             if k[f"dataset.{key}"] is not None:
-                t.refuse(f"dataset.{key}", "dpo_dataset reads its prompt_column, chosen_column and rejected_column "
-                         "as they are; expected no template or function")  # fmt: skip
+                t.refuse(
+                    f"dataset.{key}",
+                    "dpo_dataset reads its prompt_column, chosen_column and rejected_column "
+                    "as they are; expected no template or function",
+                )
     t.set(f"{d}.kind", kind, "dataset.dataset_type")
     path_key = "dataset.json_file_path" if k["dataset.json_file_path"] else "dataset.dataset_name"
     t.set(f"{d}.path", k[path_key], path_key)
@@ -264,15 +328,17 @@ def _dataset(t: Translation, k: Keys, method: str | None) -> None:
         t.set(f"{d}.num_samples", samples, "dataset.dataset_num_samples")
     seed_key = _spelling(t, k, "dataset.data_seed", "dataset.seed")
     t.set(f"{d}.seed", k[seed_key], seed_key)
-    t.set(f"{d}.drop_empty", k["dataset.remove_samples_with_empty_columns"],
-          "dataset.remove_samples_with_empty_columns")  # fmt: skip
+    t.set(
+        f"{d}.drop_empty", k["dataset.remove_samples_with_empty_columns"], "dataset.remove_samples_with_empty_columns"
+    )
     if k["dataset.dataset_disc_style"] is not None:
         t.set(f"{d}.category", k["dataset.dataset_disc_style"], "dataset.dataset_disc_style")
     for part in ("prompt", "completion") if kind != "preference" else ():
         template, func = k[f"dataset.{part}_template"], k[f"dataset.{part}_func"]
         if template is not None:
-            t.set(f"{d}.{part}_template", _template(t, f"dataset.{part}_template", template),
-                  f"dataset.{part}_template")  # fmt: skip
+            t.set(
+                f"{d}.{part}_template", _template(t, f"dataset.{part}_template", template), f"dataset.{part}_template"
+            )
         if func is not None:
             t.set(f"{d}.{part}_func", _function(t, f"dataset.{part}_func", func), f"dataset.{part}_func")
     for column in ("prompt_column", "chosen_column", "rejected_column"):
@@ -301,8 +367,7 @@ def _template(t: Translation, key: str, template: Any) -> Any:
     fixed = QUOTED_FIELD.sub(r"{\1}", template)
     if fixed != template:
         names = ", ".join(sorted(set(QUOTED_FIELD.findall(template))))
-        t.notice(key, f"{{'{names}'}} read as the column(s) {names} (a quoted field names no column in "
-                 "str.format)")  # fmt: skip
+        t.notice(key, f"{{'{names}'}} read as the column(s) {names} (a quoted field names no column in str.format)")
     return fixed
 
 
@@ -323,8 +388,11 @@ def _training(t: Translation, k: Keys, method: str | None, environ: Mapping[str,
     t.set("exp_manager.require_empty_log_dir", not k["training.overwrite_output_dir"], "training.overwrite_output_dir")
     t.set("exp_manager.resume_if_exists", False, "training.resume_from_checkpoint")
     if k["training.resume_from_checkpoint"]:
-        t.set("exp_manager.resume_from_checkpoint", k["training.resume_from_checkpoint"],
-              "training.resume_from_checkpoint")  # fmt: skip
+        t.set(
+            "exp_manager.resume_from_checkpoint",
+            k["training.resume_from_checkpoint"],
+            "training.resume_from_checkpoint",
+        )
         t.set("model.weight_init_only", False, "training.resume_from_checkpoint")
     t.set("seed", k["training.seed"], "training.seed")
     t.set("trainer.max_epochs", k["training.num_train_epochs"], "training.num_train_epochs")
@@ -343,10 +411,16 @@ def _training(t: Translation, k: Keys, method: str | None, environ: Mapping[str,
     t.set("trainer.log_every_n_steps", k["training.logging_steps"], "training.logging_steps")
     _saving(t, k)
     if not k["training.average_tokens_across_devices"]:
-        t.refuse("training.average_tokens_across_devices", "expected true, found false: nxd divides the loss by the "
-                 "global batch's token count, so gradients are the same in any layout")  # fmt: skip
-    t.set("distributed_strategy.collective_timeout", k["training.ddp_config.ddp_timeout"],
-          "training.ddp_config.ddp_timeout")  # fmt: skip
+        t.refuse(
+            "training.average_tokens_across_devices",
+            "expected true, found false: nxd divides the loss by the "
+            "global batch's token count, so gradients are the same in any layout",
+        )
+    t.set(
+        "distributed_strategy.collective_timeout",
+        k["training.ddp_config.ddp_timeout"],
+        "training.ddp_config.ddp_timeout",
+    )
     t.set("distributed_strategy.tensor_model_parallel_size", k["training.tp_degree"], "training.tp_degree")
     t.set("distributed_strategy.pipeline_model_parallel_size", k["training.pp_degree"], "training.pp_degree")
     if k["training.gradient_checkpointing"]:
@@ -360,11 +434,17 @@ def _training(t: Translation, k: Keys, method: str | None, environ: Mapping[str,
             t.refuse("training.report_to", f"expected tensorboard, wandb, trackio or none, found {show(report)}")
         elif report == "trackio":
             t.notice("training.report_to", "trackio: nxd logs to TensorBoard, W&B and metrics.csv; trackio is not one")
-    t.set("exp_manager.create_tensorboard_logger", bool({"tensorboard", "all"} & set(reports)) or
-          k.given("callbacks.tensorboard"), "training.report_to")  # fmt: skip
+    t.set(
+        "exp_manager.create_tensorboard_logger",
+        bool({"tensorboard", "all"} & set(reports)) or k.given("callbacks.tensorboard"),
+        "training.report_to",
+    )
     if "wandb" in reports and importlib.util.find_spec("wandb") is None:
-        t.notice("training.report_to", "wandb: the wandb package is not installed here (pip install "
-                 "'nxd-train[wandb]'); nxd logs to metrics.csv and TensorBoard")  # fmt: skip
+        t.notice(
+            "training.report_to",
+            "wandb: the wandb package is not installed here (pip install "
+            "'nxd-train[wandb]'); nxd logs to metrics.csv and TensorBoard",
+        )
     elif "wandb" in reports:
         t.set("exp_manager.create_wandb_logger", True, "training.report_to")
 
@@ -373,8 +453,9 @@ def _spelling(t: Translation, k: Keys, code: str, reference: str) -> str:
     """The key of the two spellings (QEfficient's code's, its reference's) the file uses; both with different
     values are refused."""
     if k.given(code) and k.given(reference) and k[code] != k[reference]:
-        t.refuse(reference, f"expected one of {code} and {reference}, found both ({show(k[code])} and "
-                 f"{show(k[reference])})")  # fmt: skip
+        t.refuse(
+            reference, f"expected one of {code} and {reference}, found both ({show(k[code])} and {show(k[reference])})"
+        )
     return reference if k.given(reference) and not k.given(code) else code
 
 
@@ -397,16 +478,25 @@ def _batch(t: Translation, k: Keys, environ: Mapping[str, str]) -> None:
     model_parallel = degrees[0] * degrees[1]
     dp = max(1, world // model_parallel)
     if k["training.ddp_degree"] not in (None, dp):
-        t.refuse("training.ddp_degree", f"expected the data-parallel size of the launch ({world} processes / "
-                 f"tp x pp {model_parallel} = {dp}), found {show(k['training.ddp_degree'])}")  # fmt: skip
-    for key, value in (("training.per_device_train_batch_size", micro), ("training.gradient_accumulation_steps",
-                                                                         steps)):  # fmt: skip
+        t.refuse(
+            "training.ddp_degree",
+            f"expected the data-parallel size of the launch ({world} processes / "
+            f"tp x pp {model_parallel} = {dp}), found {show(k['training.ddp_degree'])}",
+        )
+    for key, value in (
+        ("training.per_device_train_batch_size", micro),
+        ("training.gradient_accumulation_steps", steps),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             t.refuse(key, f"expected a positive whole number, found {show(value)}")
             return
     t.set("data.micro_batch_size", micro, "training.per_device_train_batch_size")
-    t.set("data.global_batch_size", micro * steps * dp, "training.per_device_train_batch_size",
-          "training.gradient_accumulation_steps")  # fmt: skip
+    t.set(
+        "data.global_batch_size",
+        micro * steps * dp,
+        "training.per_device_train_batch_size",
+        "training.gradient_accumulation_steps",
+    )
 
 
 def _strategy(value: Any) -> Any:
@@ -448,8 +538,7 @@ def _saving(t: Translation, k: Keys) -> None:
     t.set(f"{params}.mode", "max", "training.save_total_limit")
     if k["training.metric_for_best_model"] not in ("eval_loss", "loss", None):
         found = show(k["training.metric_for_best_model"])
-        t.refuse("training.metric_for_best_model", f"expected eval_loss, found {found}: nxd judges the validation "
-                 "loss")  # fmt: skip
+        t.refuse("training.metric_for_best_model", f"expected eval_loss, found {found}: nxd judges the validation loss")
 
 
 def _optimizer(t: Translation, k: Keys) -> None:
@@ -484,8 +573,11 @@ def _optimizer(t: Translation, k: Keys) -> None:
         if warmup == 0:
             sched["warmup_ratio"] = k["scheduler.warmup_ratio"]
         elif k["scheduler.warmup_ratio"] != QEFF_KEYS["scheduler.warmup_ratio"].default:
-            t.notice("scheduler.warmup_ratio", f"passed over: warmup_steps {int(warmup)} is above 0 and wins (set "
-                     "warmup_steps: 0 to warm up by the ratio)")  # fmt: skip
+            t.notice(
+                "scheduler.warmup_ratio",
+                f"passed over: warmup_steps {int(warmup)} is above 0 and wins (set "
+                "warmup_steps: 0 to warm up by the ratio)",
+            )
     else:
         t.refuse("scheduler.warmup_steps", f"expected a step count or a ratio below 1, found {show(warmup)}")
     t.set("model.optim.sched", sched, sched_key, "scheduler.warmup_steps", "scheduler.warmup_ratio")
@@ -494,19 +586,29 @@ def _optimizer(t: Translation, k: Keys) -> None:
 def _callbacks(t: Translation, k: Keys) -> None:
     if k.given("callbacks.early_stopping"):
         if not k["training.do_eval"] or _strategy(k["training.eval_strategy"]) == "no":
-            t.refuse("callbacks.early_stopping", "judges the evaluation loss; expected training.eval_strategy steps "
-                     "or epoch with do_eval, found no evaluation")  # fmt: skip
+            t.refuse(
+                "callbacks.early_stopping",
+                "judges the evaluation loss; expected training.eval_strategy steps "
+                "or epoch with do_eval, found no evaluation",
+            )
         t.set("exp_manager.create_early_stopping_callback", True, "callbacks.early_stopping")
         params = "exp_manager.early_stopping_callback_params"
-        t.set(f"{params}.patience", k["callbacks.early_stopping.early_stopping_patience"],
-              "callbacks.early_stopping.early_stopping_patience")  # fmt: skip
-        t.set(f"{params}.min_delta", k["callbacks.early_stopping.early_stopping_threshold"],
-              "callbacks.early_stopping.early_stopping_threshold")  # fmt: skip
+        t.set(
+            f"{params}.patience",
+            k["callbacks.early_stopping.early_stopping_patience"],
+            "callbacks.early_stopping.early_stopping_patience",
+        )
+        t.set(
+            f"{params}.min_delta",
+            k["callbacks.early_stopping.early_stopping_threshold"],
+            "callbacks.early_stopping.early_stopping_threshold",
+        )
     if k.given("callbacks.json_logger"):
         path = k["callbacks.json_logger.log_path"] or "training_logs.jsonl"
         if not isinstance(path, str) or Path(path).name != path.removeprefix("./"):
-            t.refuse("callbacks.json_logger.log_path", f"expected a file name in training.output_dir, found "
-                     f"{show(path)}")  # fmt: skip
+            t.refuse(
+                "callbacks.json_logger.log_path", f"expected a file name in training.output_dir, found {show(path)}"
+            )
             return
         t.set("exp_manager.json_log_file", Path(path).name, "callbacks.json_logger")
 

@@ -26,29 +26,46 @@ class NxdConfig(Section):
 
     name: OneLine = key("nxd", "Experiment name.", by="nxd-train")
     model_source: Literal["megatron", "hf"] = key(
-        "megatron", "megatron: the Megatron-style model built from model keys; hf: a Hugging Face "
-        "architecture from model.model_config.", by="nxd-models",
+        "megatron",
+        "megatron: the Megatron-style model built from model keys; hf: a Hugging Face "
+        "architecture from model.model_config.",
+        by="nxd-models",
     )
-    seed: int = key(1234, "Seed of every random number generator (per rank offsets derived); below 2**32 (numpy's).",
-                    by="nxd-train", ge=0, lt=2**32)  # fmt: skip
+    seed: int = key(
+        1234,
+        "Seed of every random number generator (per rank offsets derived); below 2**32 (numpy's).",
+        by="nxd-train",
+        ge=0,
+        lt=2**32,
+    )
     trainer: TrainerConfig = key(TrainerConfig(), "Loop length, logging, validation, clipping.")
     exp_manager: ExpManagerConfig = key(ExpManagerConfig(), "Log directory, checkpoints, resume.")
-    distributed_strategy: DistributedStrategyConfig = key(
-        DistributedStrategyConfig(), "Parallel layout."
-    )
+    distributed_strategy: DistributedStrategyConfig = key(DistributedStrategyConfig(), "Parallel layout.")
     data: DataConfig = key(DataConfig(), "Data, batch sizes and tokenizer.")
     model: ModelConfig = key(ModelConfig(), "Architecture, fusions, memory and optimizer.")
     precision: PrecisionConfig = key(PrecisionConfig(), "Dtype policy.")
     model_alignment_strategy: AlignmentConfig | None = key(
-        None, "Fine-tuning method (sft, dpo, orpo, kto, reward_model) and LoRA. Older spelling: "
-        "data.alignment_strategy."
+        None,
+        "Fine-tuning method (sft, dpo, orpo, kto, reward_model) and LoRA. Older spelling: data.alignment_strategy.",
     )
-    generate: GenerateConfig = key(GenerateConfig(), "What nxd-train generate samples.", status=Status.EXTENSION,
-                                   note="GPT-NeoX's text generation keys (generate.py)")  # fmt: skip
-    eval: EvalConfig = key(EvalConfig(), "What nxd-train eval benchmarks.", status=Status.EXTENSION,
-                           note="GPT-NeoX's eval_tasks and eval_results_prefix (eval.py)")  # fmt: skip
-    tune: TuneConfig = key(TuneConfig(), "What nxd-train tune searches.", status=Status.EXTENSION,
-                           note="GPT-NeoX's DeepSpeed autotuning block")  # fmt: skip
+    generate: GenerateConfig = key(
+        GenerateConfig(),
+        "What nxd-train generate samples.",
+        status=Status.EXTENSION,
+        note="GPT-NeoX's text generation keys (generate.py)",
+    )
+    eval: EvalConfig = key(
+        EvalConfig(),
+        "What nxd-train eval benchmarks.",
+        status=Status.EXTENSION,
+        note="GPT-NeoX's eval_tasks and eval_results_prefix (eval.py)",
+    )
+    tune: TuneConfig = key(
+        TuneConfig(),
+        "What nxd-train tune searches.",
+        status=Status.EXTENSION,
+        note="GPT-NeoX's DeepSpeed autotuning block",
+    )
     compiler_flags: str | None = key(
         None, "Neuron compiler flags (NEURON_CC_FLAGS).", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
     )
@@ -56,15 +73,23 @@ class NxdConfig(Section):
         None, "Neuron compiled-artifact cache.", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE
     )
     aync_exec_max_inflight_requests: int | None = key(
-        None, "Neuron runtime queue depth (the reference's spelling).", by=RUNTIME,
-        status=Status.NEURON_ONLY, note=_NEURON_NOTE, ge=1,
+        None,
+        "Neuron runtime queue depth (the reference's spelling).",
+        by=RUNTIME,
+        status=Status.NEURON_ONLY,
+        note=_NEURON_NOTE,
+        ge=1,
     )
     bucket_size_collectives: int | None = key(
         None, "Neuron collectives bucket size in MB.", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE, ge=1
     )
     neuron_rt_exec_timeout: int | None = key(
-        None, "Neuron runtime execution timeout in seconds.", by=RUNTIME,
-        status=Status.NEURON_ONLY, note=_NEURON_NOTE, ge=1,
+        None,
+        "Neuron runtime execution timeout in seconds.",
+        by=RUNTIME,
+        status=Status.NEURON_ONLY,
+        note=_NEURON_NOTE,
+        ge=1,
     )
     neuron_experimental_compress_rg: bool | None = key(
         None, "Neuron compressed replica groups.", by=RUNTIME, status=Status.NEURON_ONLY, note=_NEURON_NOTE

@@ -92,8 +92,10 @@ def _one_line(value: Any) -> Any:
     if isinstance(value, str):
         for position, char in enumerate(value):
             if unicodedata.category(char) in ("Cc", "Zl", "Zp"):  # control characters, line and paragraph breaks
-                raise ValueError(f"expected one line of text without control characters (it is written into job "
-                                 f"scripts), found {value!r}: {char!r} at position {position}")  # fmt: skip
+                raise ValueError(
+                    f"expected one line of text without control characters (it is written into job "
+                    f"scripts), found {value!r}: {char!r} at position {position}"
+                )
     return value
 
 

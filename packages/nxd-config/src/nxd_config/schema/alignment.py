@@ -23,40 +23,51 @@ PREFERENCE_METHODS = ("dpo", "orpo", "kto", "reward_model")
 
 class SFTConfig(Section):
     packing: bool = key(
-        False, "Pack records into rows of seq_length (best fit; each record attends only to itself and keeps its "
-        "prompt masking) instead of padding one record per row.", by=DATA,
+        False,
+        "Pack records into rows of seq_length (best fit; each record attends only to itself and keeps its "
+        "prompt masking) instead of padding one record per row.",
+        by=DATA,
     )
 
 
 class DPOConfig(Section):
     kl_beta: float = key(0.01, "Beta of the DPO loss (strength of the pull towards the reference).", by=ALIGN, gt=0.0)
     loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = key(
-        "sigmoid", "DPO loss, of h = the chosen minus the rejected response's log-ratio to the reference: sigmoid, "
+        "sigmoid",
+        "DPO loss, of h = the chosen minus the rejected response's log-ratio to the reference: sigmoid, "
         "-log sigmoid(beta h); ipo, (h' - 1 / (2 beta))^2 with log-ratios averaged per response token (as TRL); "
         "hinge, max(0, 1 - beta h); robust, sigmoid corrected for preference labels flipped with probability "
-        "label_smoothing.", by=ALIGN,
+        "label_smoothing.",
+        by=ALIGN,
     )
     label_smoothing: float = key(
-        0.0, "nxd extension (TRL's key): the probability that a preference label is flipped, in [0, 0.5); robust "
-        "divides it out, sigmoid becomes conservative DPO (cDPO). Not used by ipo or hinge.", by=ALIGN, ge=0.0, lt=0.5,
+        0.0,
+        "nxd extension (TRL's key): the probability that a preference label is flipped, in [0, 0.5); robust "
+        "divides it out, sigmoid becomes conservative DPO (cDPO). Not used by ipo or hinge.",
+        by=ALIGN,
+        ge=0.0,
+        lt=0.5,
     )
     reference_free: bool = key(
-        False, "nxd extension (GPT-NeoX's dpo_reference_free): no reference model; its log-probs count as 0.",
+        False,
+        "nxd extension (GPT-NeoX's dpo_reference_free): no reference model; its log-probs count as 0.",
         by=ALIGN,
     )
     max_prompt_length: int | None = key(
-        None, "Longest prompt kept in prompt + response (required with train_dir records). Older spelling: "
+        None,
+        "Longest prompt kept in prompt + response (required with train_dir records). Older spelling: "
         "max_dpo_prompt_length.",
-        by=DATA, ge=1,
+        by=DATA,
+        ge=1,
     )
     precompute_ref_log_probs: bool = key(
-        True, "Compute the reference model's log-probs (the initial weights; under LoRA, the base) once before "
+        True,
+        "Compute the reference model's log-probs (the initial weights; under LoRA, the base) once before "
         "training, for train and validation data, kept with the run and its checkpoints; False runs the reference "
-        "beside the policy every step (LoRA: the adapters switched off; else a frozen copy of the model).", by=ALIGN
+        "beside the policy every step (LoRA: the adapters switched off; else a frozen copy of the model).",
+        by=ALIGN,
     )
-    truncation_mode: Truncation = key(
-        "keep_start", "Which end of an over-long prompt + response is kept.", by=DATA
-    )
+    truncation_mode: Truncation = key("keep_start", "Which end of an over-long prompt + response is kept.", by=DATA)
 
 
 class ORPOConfig(Section):
@@ -64,57 +75,63 @@ class ORPOConfig(Section):
     max_prompt_length: int | None = key(
         None, "Longest prompt kept in prompt + response (required with train_dir records).", by=DATA, ge=1
     )
-    truncation_mode: Truncation = key(
-        "keep_start", "Which end of an over-long prompt + response is kept.", by=DATA
-    )
+    truncation_mode: Truncation = key("keep_start", "Which end of an over-long prompt + response is kept.", by=DATA)
 
 
 class KTOConfig(Section):
-    beta: float = key(0.1, "nxd extension. Beta of the KTO loss (strength of the pull towards the reference).",
-                      by=ALIGN, gt=0.0)  # fmt: skip
+    beta: float = key(
+        0.1, "nxd extension. Beta of the KTO loss (strength of the pull towards the reference).", by=ALIGN, gt=0.0
+    )
     desirable_weight: float = key(
-        1.0, "Weight of the desirable examples' losses (raise it when they are fewer than the undesirable ones).",
-        by=ALIGN, gt=0.0,
+        1.0,
+        "Weight of the desirable examples' losses (raise it when they are fewer than the undesirable ones).",
+        by=ALIGN,
+        gt=0.0,
     )
     undesirable_weight: float = key(1.0, "Weight of the undesirable examples' losses.", by=ALIGN, gt=0.0)
     kl_estimate: Literal["mismatched", "batch_halves"] = key(
-        "mismatched", "nxd extension. KTO's KL baseline: mismatched, the KTO paper's and TRL's (each prompt with "
+        "mismatched",
+        "nxd extension. KTO's KL baseline: mismatched, the KTO paper's and TRL's (each prompt with "
         "another record's completion, averaged over the global batch); batch_halves, GPT-NeoX's (each half of a "
         "micro-batch measured on the other half's examples, each clamped at 0 before the mean), which reads "
         "data.example_documents (each document's reward: its sign the kind, its size a factor on beta) and needs an "
         "even micro_batch_size. Unlike GPT-NeoX's own step, beta is not diluted by the share of the row a document "
-        "fills and each example keeps its own weight.", by=ALIGN,
+        "fills and each example keeps its own weight.",
+        by=ALIGN,
     )
     max_prompt_length: int | None = key(
         None, "Longest prompt kept in prompt + completion (required with train_dir records).", by=DATA, ge=1
     )
     precompute_ref_log_probs: bool = key(
-        True, "Compute the reference model's log-probs of every example (and KL sequence) once before training (kept "
-        "with the run and its checkpoints); False runs the reference beside the policy every step.", by=ALIGN,
+        True,
+        "Compute the reference model's log-probs of every example (and KL sequence) once before training (kept "
+        "with the run and its checkpoints); False runs the reference beside the policy every step.",
+        by=ALIGN,
     )
-    truncation_mode: Truncation = key(
-        "keep_start", "Which end of an over-long prompt + completion is kept.", by=DATA
-    )
+    truncation_mode: Truncation = key("keep_start", "Which end of an over-long prompt + completion is kept.", by=DATA)
 
 
 class RewardModelConfig(Section):
     packing: bool = key(
-        True, "nxd extension. Each micro-batch's sequences are packed into one row without padding, attention "
+        True,
+        "nxd extension. Each micro-batch's sequences are packed into one row without padding, attention "
         "confined to each sequence (the same scores, less work); false pads each to the micro-batch's longest. "
         "Rows stay padded under pipeline parallelism (its stages pass one shape), context parallelism (its ring "
         "attention would compute the whole packed row) and where attention takes masks only (the unfused kernel, "
-        "ALiBi).", by=DATA,
+        "ALiBi).",
+        by=DATA,
     )
     z_loss: float = key(
-        0.0, "nxd extension (GPT-NeoX's z_loss): weight of r_chosen^2 + r_rejected^2 added to each pair's loss, "
-        "keeping the scores near 0.", by=ALIGN, ge=0.0,
+        0.0,
+        "nxd extension (GPT-NeoX's z_loss): weight of r_chosen^2 + r_rejected^2 added to each pair's loss, "
+        "keeping the scores near 0.",
+        by=ALIGN,
+        ge=0.0,
     )
     max_prompt_length: int | None = key(
         None, "Longest prompt kept in prompt + response (required with train_dir records).", by=DATA, ge=1
     )
-    truncation_mode: Truncation = key(
-        "keep_start", "Which end of an over-long prompt + response is kept.", by=DATA
-    )
+    truncation_mode: Truncation = key("keep_start", "Which end of an over-long prompt + response is kept.", by=DATA)
 
 
 class PeftConfig(Section):
@@ -122,17 +139,22 @@ class PeftConfig(Section):
     lora_alpha: int = key(32, "LoRA scaling numerator (updates are scaled by alpha / r).", by=ALIGN, ge=1)
     lora_dropout: float = key(0.05, "Dropout on the input of each adapter (its A).", by=ALIGN, ge=0.0, lt=1.0)
     lora_bias: Literal["none", "all", "lora_only"] = key(
-        "none", "Biases that train with the adapters: none, all (every bias of the model) or lora_only (those of the "
-        "adapted layers).", by=ALIGN,
+        "none",
+        "Biases that train with the adapters: none, all (every bias of the model) or lora_only (those of the "
+        "adapted layers).",
+        by=ALIGN,
     )
     lora_verbose: bool = key(False, "Log every adapted layer and this rank's trainable tensors.", by=ALIGN)
     target_modules: frozen_list(str) = key(
-        ("qkv_proj",), "Linear layers of the decoder that get adapters: NxDT's qkv_proj (q, k and v, or the fused QKV "
+        ("qkv_proj",),
+        "Linear layers of the decoder that get adapters: NxDT's qkv_proj (q, k and v, or the fused QKV "
         "module), gate_up_proj (gate and up), o_proj, down_proj, or transformers' q_proj, k_proj, v_proj, gate_proj, "
-        "up_proj.", by=ALIGN,
+        "up_proj.",
+        by=ALIGN,
     )
     load_lora_from_ckpt: bool = key(
-        False, "exp_manager.resume_from_checkpoint names a LoRA checkpoint: start from its adapters, and its base "
+        False,
+        "exp_manager.resume_from_checkpoint names a LoRA checkpoint: start from its adapters, and its base "
         "when saved with save_lora_base (else the base is the Hugging Face directory model.model_config).",
         by="nxd-ckpt",
     )
@@ -140,33 +162,41 @@ class PeftConfig(Section):
         False, "Checkpoints also hold the frozen base model, under its own names.", by="nxd-ckpt"
     )
     merge_lora: bool = key(
-        False, "Checkpoints also hold the merged weights W + (alpha / r) B A under the base model's names, computed "
-        "in fp32 (the live weights never change).", by="nxd-ckpt",
+        False,
+        "Checkpoints also hold the merged weights W + (alpha / r) B A under the base model's names, computed "
+        "in fp32 (the live weights never change).",
+        by="nxd-ckpt",
     )
-    save_lora_config_adapter: bool = key(
-        True, "Each checkpoint holds peft's adapter_config.json.", by="nxd-ckpt"
-    )
+    save_lora_config_adapter: bool = key(True, "Each checkpoint holds peft's adapter_config.json.", by="nxd-ckpt")
     merge_sharded_lora: bool = key(
-        False, "Each checkpoint also holds adapter_model.safetensors: the whole adapter gathered from every shard, "
-        "in peft's layout for the Hugging Face model.", by="nxd-ckpt",
+        False,
+        "Each checkpoint also holds adapter_model.safetensors: the whole adapter gathered from every shard, "
+        "in peft's layout for the Hugging Face model.",
+        by="nxd-ckpt",
     )
 
 
 class AlignmentConfig(Section):
     sft: SFTConfig | None = key(
-        None, "Supervised fine-tuning: the loss on the outputs of input/output records, or on the assistant turns "
-        "of messages records (rendered with the tokenizer's chat template), in data.train_dir.", by=ALIGN,
+        None,
+        "Supervised fine-tuning: the loss on the outputs of input/output records, or on the assistant turns "
+        "of messages records (rendered with the tokenizer's chat template), in data.train_dir.",
+        by=ALIGN,
     )
     dpo: DPOConfig | None = key(None, "Direct preference optimisation.", by=ALIGN)
     orpo: ORPOConfig | None = key(None, "Odds-ratio preference optimisation.", by=ALIGN)
     kto: KTOConfig | None = key(
-        None, "nxd extension. Kahneman-Tversky optimisation: prompt / completion / label records (label true for a "
-        "desirable completion), against a reference.", by=ALIGN,
+        None,
+        "nxd extension. Kahneman-Tversky optimisation: prompt / completion / label records (label true for a "
+        "desirable completion), against a reference.",
+        by=ALIGN,
     )
     reward_model: RewardModelConfig | None = key(
-        None, "nxd extension. A reward model: the output layer becomes a score head, trained on the same prompt / "
+        None,
+        "nxd extension. A reward model: the output layer becomes a score head, trained on the same prompt / "
         "chosen / rejected records as DPO (an optional margin per record) with the pairwise loss -log sigmoid(r_chosen "
-        "- r_rejected - margin); exports as transformers' *ForSequenceClassification.", by=ALIGN,
+        "- r_rejected - margin); exports as transformers' *ForSequenceClassification.",
+        by=ALIGN,
     )
     peft: PeftConfig | None = key(None, "LoRA adapters; combines with any method.", by=ALIGN)
 

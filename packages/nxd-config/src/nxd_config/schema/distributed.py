@@ -17,28 +17,38 @@ class DistributedStrategyConfig(Section):
         1, "Context-parallel degree (cp); > 1 needs model.fusions.ring_attention.", by=PAR, ge=1
     )
     zero1: bool = key(
-        True, "Shard optimizer state and gradients over data-parallel ranks (ZeRO-1; the gradients too, which is "
-        "ZeRO-2's sharding).", by=PAR,
+        True,
+        "Shard optimizer state and gradients over data-parallel ranks (ZeRO-1; the gradients too, which is "
+        "ZeRO-2's sharding).",
+        by=PAR,
     )
     zero3: bool = key(
-        False, "With zero1: each decoder layer gathers its parameters for its forward, frees them, and gathers them "
+        False,
+        "With zero1: each decoder layer gathers its parameters for its forward, frees them, and gathers them "
         "again for its backward (ZeRO-3), so a rank holds its shards and about two layers' whole parameters.",
-        by=PAR, status=Status.EXTENSION, note="DeepSpeed's ZeRO stage 3 (GPT-NeoX files); NxDT has zero1 only",
-    )  # fmt: skip
+        by=PAR,
+        status=Status.EXTENSION,
+        note="DeepSpeed's ZeRO stage 3 (GPT-NeoX files); NxDT has zero1 only",
+    )
     cpu_offload: bool = key(
-        False, "With zero1: each rank's shards of the parameters, gradients and optimizer state live in host memory "
+        False,
+        "With zero1: each rank's shards of the parameters, gradients and optimizer state live in host memory "
         "and the optimizer steps there (FSDP2's CPUOffloadPolicy); the device holds the gathered parameters while "
         "computing. Needs more than one data-parallel rank.",
-        by=PAR, status=Status.EXTENSION,
+        by=PAR,
+        status=Status.EXTENSION,
         note="DeepSpeed's zero_optimization offload_optimizer / offload_param (GPT-NeoX files)",
-    )  # fmt: skip
+    )
     collective_timeout: int = key(
-        1800, "Seconds a rank waits for a silent peer (no heartbeat) before every rank stops with one message naming "
+        1800,
+        "Seconds a rank waits for a silent peer (no heartbeat) before every rank stops with one message naming "
         "it; also the timeout of the default process group and the checkpoint group (gloo, NCCL), which torch "
         "applies to start-up too.",
-        by=PAR, status=Status.EXTENSION, ge=1,
+        by=PAR,
+        status=Status.EXTENSION,
+        ge=1,
         note="torch's own default is the same 30 minutes; NxDT has no such key",
-    )  # fmt: skip
+    )
     sequence_parallel: bool = key(
         False, "Shard norm and dropout activations along the sequence over the tp ranks.", by=PAR
     )

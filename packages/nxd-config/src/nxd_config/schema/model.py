@@ -15,8 +15,15 @@ from .optim import Optimizer
 MODELS = "nxd-models"
 
 InitMethod = Literal[
-    "normal", "scaled_normal", "single_residual_scaled_normal", "small_init", "wang_init", "xavier_uniform",
-    "xavier_normal", "orthogonal", "scaled_orthogonal",
+    "normal",
+    "scaled_normal",
+    "single_residual_scaled_normal",
+    "small_init",
+    "wang_init",
+    "xavier_uniform",
+    "xavier_normal",
+    "orthogonal",
+    "scaled_orthogonal",
 ]
 PAR = "nxd-parallel"
 APP = "nxd-train"
@@ -27,9 +34,7 @@ class FusionsConfig(Section):
     flash_attention: bool = key(
         False, "Use flash / memory-efficient attention kernels where the device has them.", by=MODELS
     )
-    ring_attention: bool = key(
-        False, "Ring attention over the context-parallel group; required when cp > 1.", by=PAR
-    )
+    ring_attention: bool = key(False, "Ring attention over the context-parallel group; required when cp > 1.", by=PAR)
     torch_compile: bool = key(
         False,
         "Compile each decoder block with torch.compile (inductor), after tensor parallelism and recompute "
@@ -90,35 +95,56 @@ class MoEConfig(Section):
         "(sample_second_expert), fills capacity with first choices before second ones and renormalises; capacity "
         "max(ceil(T / num_experts x capacity_factor x top_k), min_capacity); the load-balancing loss counts first "
         "choices, num_experts x sum(mean probability x share of first choices).",
-        by=MODELS, extension_values=("neox_sinkhorn", "deepspeed"),
-    )  # fmt: skip
+        by=MODELS,
+        extension_values=("neox_sinkhorn", "deepspeed"),
+    )
     eval_capacity_factor: Annotated[float | None, NoneString] = key(
-        None, "The capacity factor of evaluation forwards; null: capacity_factor.", by=MODELS, gt=0.0,
-        status=Status.EXTENSION, note="GPT-NeoX's moe_eval_capacity_factor; NxDT has no such key",
-    )  # fmt: skip
+        None,
+        "The capacity factor of evaluation forwards; null: capacity_factor.",
+        by=MODELS,
+        gt=0.0,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's moe_eval_capacity_factor; NxDT has no such key",
+    )
     min_capacity: int = key(
-        0, "An expert takes at least this many tokens when capacity drops tokens.", by=MODELS, ge=0,
-        status=Status.EXTENSION, note="GPT-NeoX's moe_min_capacity; NxDT has no such key",
-    )  # fmt: skip
+        0,
+        "An expert takes at least this many tokens when capacity drops tokens.",
+        by=MODELS,
+        ge=0,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's moe_min_capacity; NxDT has no such key",
+    )
     residual: bool = key(
-        False, "PR-MoE (Megatron-style models): a dense MLP beside the experts, the two outputs mixed per token by "
-        "softmax(Linear(hidden, 2)).", by=MODELS,
-        status=Status.EXTENSION, note="GPT-NeoX's moe_use_residual; NxDT has no such key",
-    )  # fmt: skip
+        False,
+        "PR-MoE (Megatron-style models): a dense MLP beside the experts, the two outputs mixed per token by "
+        "softmax(Linear(hidden, 2)).",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's moe_use_residual; NxDT has no such key",
+    )
     glu: bool = key(
-        False, "The experts gate their activation, act(gate(x)) x up(x), even when the model's activation is "
-        "ungated.", by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's moe_glu; NxDT has no such key",
-    )  # fmt: skip
+        False,
+        "The experts gate their activation, act(gate(x)) x up(x), even when the model's activation is ungated.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's moe_glu; NxDT has no such key",
+    )
     random_token_selection: bool = key(
-        True, "routing_algorithm deepspeed, top-1: an expert over capacity keeps a random choice of its tokens while "
-        "training; false: the first in token order.", by=MODELS,
-        status=Status.EXTENSION, note="DeepSpeed's use_rts; NxDT has no such key",
-    )  # fmt: skip
+        True,
+        "routing_algorithm deepspeed, top-1: an expert over capacity keeps a random choice of its tokens while "
+        "training; false: the first in token order.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="DeepSpeed's use_rts; NxDT has no such key",
+    )
     sample_second_expert: bool = key(
-        True, "routing_algorithm deepspeed, top-2: the second expert is the largest of the other logits plus Gumbel "
-        "noise while training; false: the second-largest logit.", by=MODELS,
-        status=Status.EXTENSION, note="DeepSpeed's top2_2nd_expert_sampling; NxDT has no such key",
-    )  # fmt: skip
+        True,
+        "routing_algorithm deepspeed, top-2: the second expert is the largest of the other logits plus Gumbel "
+        "noise while training; false: the second-largest logit.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="DeepSpeed's top2_2nd_expert_sampling; NxDT has no such key",
+    )
     router_activation: Literal["softmax", "sigmoid"] = key(
         "softmax", "Turns router logits into the affinities that weigh the experts' outputs.", by=MODELS
     )
@@ -144,11 +170,16 @@ class MoEConfig(Section):
         False, "Rescale each token's kept affinities to sum to 1 (Mixtral's routing).", by=MODELS
     )
     jitter_eps: float | None = key(
-        None, "While training, the top-k router reads its input times uniform noise drawn in [1 - jitter_eps, 1 + "
+        None,
+        "While training, the top-k router reads its input times uniform noise drawn in [1 - jitter_eps, 1 + "
         "jitter_eps) for each value (activation recompute draws the same); null: no jitter. Only with "
-        "routing_algorithm top_k.", by=MODELS, gt=0.0, lt=1.0, status=Status.EXTENSION,
+        "routing_algorithm top_k.",
+        by=MODELS,
+        gt=0.0,
+        lt=1.0,
+        status=Status.EXTENSION,
         note="GPT-NeoX's moe_jitter_eps; NxDT has no such key",
-    )  # fmt: skip
+    )
 
 
 _NEOX = {"by": MODELS, "status": Status.EXTENSION}
@@ -161,45 +192,70 @@ class SparseAttentionConfig(Section):
 
     block: int = key(16, "Tokens per block, each way.", ge=1, note="GPT-NeoX's sparsity_config.block", **_NEOX)
     different_layout_per_head: bool = key(
-        False, "Each head builds its own layout (its own random blocks; sparse_fixed: its own global pattern); "
+        False,
+        "Each head builds its own layout (its own random blocks; sparse_fixed: its own global pattern); "
         "false: every head has head 0's. local layers always share one.",
-        note="GPT-NeoX's sparsity_config.different_layout_per_head", **_NEOX,
-    )  # fmt: skip
+        note="GPT-NeoX's sparsity_config.different_layout_per_head",
+        **_NEOX,
+    )
     num_local_blocks: int | None = key(
-        None, "sparse_fixed: blocks per local window (null: 4). local: the sliding window in blocks, centred, so "
-        "a row sees window // 2 blocks back (null: num_sliding_window_blocks, else 4).", ge=1,
-        note="GPT-NeoX's sparsity_config.num_local_blocks", **_NEOX,
-    )  # fmt: skip
+        None,
+        "sparse_fixed: blocks per local window (null: 4). local: the sliding window in blocks, centred, so "
+        "a row sees window // 2 blocks back (null: num_sliding_window_blocks, else 4).",
+        ge=1,
+        note="GPT-NeoX's sparsity_config.num_local_blocks",
+        **_NEOX,
+    )
     num_global_blocks: int = key(
-        1, "sparse_fixed: the blocks of each local window every later row sees (the window's last ones). bigbird: "
-        "the first blocks, seen by every row.", ge=1, note="GPT-NeoX's sparsity_config.num_global_blocks", **_NEOX,
-    )  # fmt: skip
+        1,
+        "sparse_fixed: the blocks of each local window every later row sees (the window's last ones). bigbird: "
+        "the first blocks, seen by every row.",
+        ge=1,
+        note="GPT-NeoX's sparsity_config.num_global_blocks",
+        **_NEOX,
+    )
     num_different_global_patterns: int = key(
-        1, "sparse_fixed with different_layout_per_head: head h takes the (h mod this)-th global group from a "
-        "window's end.", ge=1, note="GPT-NeoX's sparsity_config.num_different_global_patterns", **_NEOX,
-    )  # fmt: skip
+        1,
+        "sparse_fixed with different_layout_per_head: head h takes the (h mod this)-th global group from a "
+        "window's end.",
+        ge=1,
+        note="GPT-NeoX's sparsity_config.num_different_global_patterns",
+        **_NEOX,
+    )
     num_random_blocks: int | None = key(
-        None, "sparse_variable and bigbird: random blocks per row (bigbird draws past ones), drawn with the run's "
-        "seed and the layer's number (null: 0 for sparse_variable, 1 for bigbird).", ge=0,
-        note="GPT-NeoX's sparsity_config.num_random_blocks", **_NEOX,
-    )  # fmt: skip
+        None,
+        "sparse_variable and bigbird: random blocks per row (bigbird draws past ones), drawn with the run's "
+        "seed and the layer's number (null: 0 for sparse_variable, 1 for bigbird).",
+        ge=0,
+        note="GPT-NeoX's sparsity_config.num_random_blocks",
+        **_NEOX,
+    )
     local_window_blocks: frozen_list(int) = key(
-        (4,), "sparse_variable: the sizes in blocks of consecutive local windows; the last repeats to the end.",
-        note="GPT-NeoX's sparsity_config.local_window_blocks", **_NEOX,
-    )  # fmt: skip
+        (4,),
+        "sparse_variable: the sizes in blocks of consecutive local windows; the last repeats to the end.",
+        note="GPT-NeoX's sparsity_config.local_window_blocks",
+        **_NEOX,
+    )
     global_block_indices: frozen_list(int) = key(
-        (0,), "sparse_variable and bslongformer: the global blocks every later row sees (bslongformer's also see "
+        (0,),
+        "sparse_variable and bslongformer: the global blocks every later row sees (bslongformer's also see "
         "every earlier block); with global_block_end_indices, where each global range starts.",
-        note="GPT-NeoX's sparsity_config.global_block_indices", **_NEOX,
-    )  # fmt: skip
+        note="GPT-NeoX's sparsity_config.global_block_indices",
+        **_NEOX,
+    )
     global_block_end_indices: frozen_list(int) | None = key(
-        None, "The end (exclusive) of each global range, one per global_block_indices.",
-        note="GPT-NeoX's sparsity_config.global_block_end_indices", **_NEOX,
-    )  # fmt: skip
+        None,
+        "The end (exclusive) of each global range, one per global_block_indices.",
+        note="GPT-NeoX's sparsity_config.global_block_end_indices",
+        **_NEOX,
+    )
     num_sliding_window_blocks: int | None = key(
-        None, "bigbird and bslongformer: the sliding window in blocks, centred (null: 3).", ge=1,
-        note="GPT-NeoX's sparsity_config.num_sliding_window_blocks", **_NEOX,
-    )  # fmt: skip
+        None,
+        "bigbird and bslongformer: the sliding window in blocks, centred (null: 3).",
+        ge=1,
+        note="GPT-NeoX's sparsity_config.num_sliding_window_blocks",
+        **_NEOX,
+    )
 
 
 class SoftPromptConfig(Section):
@@ -208,12 +264,16 @@ class SoftPromptConfig(Section):
 
     n_tokens: int = key(10, "Learned vectors before every sequence.", ge=1, note="GPT-NeoX's n_tokens", **_NEOX)
     init_string: str = key(
-        "", "When set, the prompt starts as the embedding rows of this text's tokens (the run's tokenizer, the "
+        "",
+        "When set, the prompt starts as the embedding rows of this text's tokens (the run's tokenizer, the "
         "weights the run starts from), repeated to n_tokens; else each value is drawn from U(-init_range, "
-        "init_range).", note="GPT-NeoX's init_string", **_NEOX,
-    )  # fmt: skip
-    init_range: float = key(0.5, "The uniform draw's bound without init_string.", gt=0.0,
-                            note="GPT-NeoX's init_range", **_NEOX)  # fmt: skip
+        "init_range).",
+        note="GPT-NeoX's init_string",
+        **_NEOX,
+    )
+    init_range: float = key(
+        0.5, "The uniform draw's bound without init_string.", gt=0.0, note="GPT-NeoX's init_range", **_NEOX
+    )
 
 
 class MupConfig(Section):
@@ -222,47 +282,76 @@ class MupConfig(Section):
     the attention scores and the output layer's input scale with the model's width against it."""
 
     base_shapes_file: str | None = key(
-        None, "mup's base-shape file (YAML: each parameter's base size of every width dimension, null for the "
+        None,
+        "mup's base-shape file (YAML: each parameter's base size of every width dimension, null for the "
         "others), written by save_base_shapes or mup's make_base_shapes; required.",
-        note="GPT-NeoX's base_shapes_file (NeoX's per-rank files name NeoX's modules, not nxd's)", **_NEOX,
-    )  # fmt: skip
+        note="GPT-NeoX's base_shapes_file (NeoX's per-rank files name NeoX's modules, not nxd's)",
+        **_NEOX,
+    )
     save_base_shapes: bool = key(
-        False, "Write base_shapes_file for this model as the base (its widths against a model width_scale times as "
-        "wide, as mup's make_base_shapes) and exit with 0 without training.", by=APP,
-        status=Status.EXTENSION, note="GPT-NeoX's save_base_shapes (NeoX exits with 1 after saving)",
-    )  # fmt: skip
-    width_scale: int = key(2, "How much wider the delta model of save_base_shapes is.", by=APP, ge=2,
-                           status=Status.EXTENSION, note="GPT-NeoX's mup_width_scale")  # fmt: skip
-    init_scale: float = key(1.0, "Every drawn weight is multiplied by it.", gt=0.0,
-                            note="GPT-NeoX's mup_init_scale", **_NEOX)  # fmt: skip
+        False,
+        "Write base_shapes_file for this model as the base (its widths against a model width_scale times as "
+        "wide, as mup's make_base_shapes) and exit with 0 without training.",
+        by=APP,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's save_base_shapes (NeoX exits with 1 after saving)",
+    )
+    width_scale: int = key(
+        2,
+        "How much wider the delta model of save_base_shapes is.",
+        by=APP,
+        ge=2,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's mup_width_scale",
+    )
+    init_scale: float = key(
+        1.0, "Every drawn weight is multiplied by it.", gt=0.0, note="GPT-NeoX's mup_init_scale", **_NEOX
+    )
     attention_temperature: float = key(
-        1.0, "The attention scores q.k / d are divided by it.", gt=0.0,
-        note="GPT-NeoX's mup_attn_temp (documented there, not read by NeoX's code)", **_NEOX,
-    )  # fmt: skip
+        1.0,
+        "The attention scores q.k / d are divided by it.",
+        gt=0.0,
+        note="GPT-NeoX's mup_attn_temp (documented there, not read by NeoX's code)",
+        **_NEOX,
+    )
     output_temperature: float = key(
-        1.0, "The logits are divided by it.", gt=0.0,
-        note="GPT-NeoX's mup_output_temp (documented there, not read by NeoX's code)", **_NEOX,
-    )  # fmt: skip
-    embedding_multiplier: float = key(1.0, "The embedding layer's output (after its dropout) is multiplied by it.",
-                                      note="GPT-NeoX's mup_embedding_mult", **_NEOX)  # fmt: skip
+        1.0,
+        "The logits are divided by it.",
+        gt=0.0,
+        note="GPT-NeoX's mup_output_temp (documented there, not read by NeoX's code)",
+        **_NEOX,
+    )
+    embedding_multiplier: float = key(
+        1.0,
+        "The embedding layer's output (after its dropout) is multiplied by it.",
+        note="GPT-NeoX's mup_embedding_mult",
+        **_NEOX,
+    )
     coord_check: bool = key(
-        False, "Run mup's coordinate check instead of training: the model at each of coord_check_widths trains 4 "
+        False,
+        "Run mup's coordinate check instead of training: the model at each of coord_check_widths trains 4 "
         "steps on the first micro-batches, with muP and without, recording each module's mean absolute output; "
         "written as coord_check_up and coord_check_sp (.csv, and .png plots where matplotlib is installed) in the "
-        "working directory, then exit with 0.", by=APP,
-        status=Status.EXTENSION, note="GPT-NeoX's coord_check (NeoX plots with mup's package and exits with 1)",
-    )  # fmt: skip
+        "working directory, then exit with 0.",
+        by=APP,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's coord_check (NeoX plots with mup's package and exits with 1)",
+    )
     coord_check_widths: list[int] | None = key(
-        None, "The hidden sizes the coordinate check trains (the MLP and head widths the model sets scale with "
-        "them); null: GPT-NeoX's, num_attention_heads x 2^p for p in 2 .. 8.", by=APP,
-        status=Status.EXTENSION, note="nxd extension: NeoX fixes its widths",
-    )  # fmt: skip
+        None,
+        "The hidden sizes the coordinate check trains (the MLP and head widths the model sets scale with "
+        "them); null: GPT-NeoX's, num_attention_heads x 2^p for p in 2 .. 8.",
+        by=APP,
+        status=Status.EXTENSION,
+        note="nxd extension: NeoX fixes its widths",
+    )
 
 
 GATED_ACTIVATIONS = ("swiglu", "geglu", "reglu", "bilinear", "glu")
 """model.activation values that gate the MLP: act(gate(x)) * up(x)."""
-AttentionKind = Literal["dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
-                        "mamba", "rwkv"]
+AttentionKind = Literal[
+    "dense", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp", "mamba", "rwkv"
+]
 
 
 class ModelConfig(Section):
@@ -304,8 +393,10 @@ class ModelConfig(Section):
         note="a layout option of Neuron's NKI kernel",
     )
     pipeline_cuts: frozen_list(str) | None = key(
-        None, "Layer names that end each pipeline stage but the last (NxD's cut after the named layer), e.g. "
-        "model.layers.9 (pp * virtual pp - 1 of them); unset balances the stages by parameter count.", by=PAR
+        None,
+        "Layer names that end each pipeline stage but the last (NxD's cut after the named layer), e.g. "
+        "model.layers.9 (pp * virtual pp - 1 of them); unset balances the stages by parameter count.",
+        by=PAR,
     )
     use_cpu_initialization: bool = key(
         True, "Materialise weights on the CPU, then move them; False materialises on the device.", by=MODELS
@@ -323,9 +414,7 @@ class ModelConfig(Section):
         False, "Also recompute the MLP (selective); full granularity recomputes it anyway.", by=PAR
     )
     fusions: FusionsConfig = key(FusionsConfig(), "Attention kernel choices.", by=MODELS)
-    do_layer_norm_weight_decay: bool = key(
-        False, "Apply weight decay to norm weights and biases too.", by=APP
-    )
+    do_layer_norm_weight_decay: bool = key(False, "Apply weight decay to norm weights and biases too.", by=APP)
     optim: Optimizer | None = key(None, "Optimizer (required) with its learning-rate schedule.", by=APP)
     # --- Megatron-style architecture
     ffn_hidden_size: int | None = key(None, "MLP inner width; null means 4 * hidden_size.", by=MODELS, ge=1)
@@ -335,9 +424,7 @@ class ModelConfig(Section):
         None, "Per-head width; null means hidden_size / num_attention_heads.", by=MODELS, ge=1
     )
     init_method_std: float = key(0.02, "Standard deviation of the normal weight init.", by=MODELS, gt=0.0)
-    use_scaled_init_method: bool = key(
-        True, "Scale output-projection init by 1/sqrt(2 * num_layers).", by=MODELS
-    )
+    use_scaled_init_method: bool = key(True, "Scale output-projection init by 1/sqrt(2 * num_layers).", by=MODELS)
     hidden_dropout: float = key(0.1, "Dropout on the residual branches.", by=MODELS, ge=0.0, lt=1.0)
     attention_dropout: float = key(0.1, "Dropout on the attention probabilities.", by=MODELS, ge=0.0, lt=1.0)
     ffn_dropout: float = key(0.0, "Dropout inside the MLP.", by=MODELS, ge=0.0, lt=1.0)
@@ -354,12 +441,15 @@ class ModelConfig(Section):
     )
     layernorm_epsilon: float = key(1e-5, "Norm epsilon.", by=MODELS, gt=0.0)
     qk_layernorm: bool = key(
-        False, "One norm of the normalization type applied to each token's queries and then its keys (the same "
+        False,
+        "One norm of the normalization type applied to each token's queries and then its keys (the same "
         "weights), built over (heads, head_dim) as GPT-NeoX builds it: a layernorm standardises all heads of a token "
         "together (across the tensor-parallel ranks' heads), rmsnorm and scalenorm each head; needs as many key/value "
-        "heads as query heads.", by=MODELS, status=Status.EXTENSION,
+        "heads as query heads.",
+        by=MODELS,
+        status=Status.EXTENSION,
         note="GPT-NeoX's use_qk_layernorm; NxDT has no such key",
-    )  # fmt: skip
+    )
     make_vocab_size_divisible_by: int = key(
         128, "Pad the vocabulary to a multiple of this (times tp).", by=MODELS, ge=1
     )
@@ -370,9 +460,7 @@ class ModelConfig(Section):
         status=Status.NO_EFFECT,
         note="a CUDA kernel choice of Megatron/Apex with identical results; nxd uses torch's norms",
     )
-    share_embeddings_and_output_weights: bool = key(
-        True, "Tie the output layer to the input embedding.", by=MODELS
-    )
+    share_embeddings_and_output_weights: bool = key(True, "Tie the output layer to the input embedding.", by=MODELS)
     position_embedding_type: Literal["learned_absolute", "rope", "sinusoidal", "alibi", "rpe", "none"] = key(
         "learned_absolute",
         "Position encoding: learned_absolute, rope, or the nxd extension values (from GPT-NeoX) sinusoidal (fixed "
@@ -383,19 +471,31 @@ class ModelConfig(Section):
         extension_values=("sinusoidal", "alibi", "rpe", "none"),
     )
     rpe_num_buckets: int = key(
-        32, "With rpe: buckets of key-to-query distance; the first half are single distances, the rest grow "
-        "logarithmically up to rpe_max_distance.", by=MODELS, status=Status.EXTENSION, ge=2,
+        32,
+        "With rpe: buckets of key-to-query distance; the first half are single distances, the rest grow "
+        "logarithmically up to rpe_max_distance.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        ge=2,
         note="GPT-NeoX's rpe_num_buckets; NxDT has no such key",
-    )  # fmt: skip
+    )
     rpe_max_distance: int = key(
-        128, "With rpe: the distance from which every key shares the last bucket.", by=MODELS,
-        status=Status.EXTENSION, ge=1, note="GPT-NeoX's rpe_max_distance; NxDT has no such key",
-    )  # fmt: skip
+        128,
+        "With rpe: the distance from which every key shares the last bucket.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        ge=1,
+        note="GPT-NeoX's rpe_max_distance; NxDT has no such key",
+    )
     position_embedding_offset: int = key(
-        0, "Added to every position id before the learned_absolute or sinusoidal table (OPT's learned positions "
+        0,
+        "Added to every position id before the learned_absolute or sinusoidal table (OPT's learned positions "
         "start at 2); with learned_absolute, max_position_embeddings must hold encoder_seq_length + offset rows.",
-        by=MODELS, status=Status.EXTENSION, ge=0, note="GPT-NeoX's opt_pos_emb_offset; NxDT has no such key",
-    )  # fmt: skip
+        by=MODELS,
+        status=Status.EXTENSION,
+        ge=0,
+        note="GPT-NeoX's opt_pos_emb_offset; NxDT has no such key",
+    )
     rotary_percentage: float = key(
         1.0, "Fraction of each head's dimensions that RoPE rotates.", by=MODELS, gt=0.0, le=1.0
     )
@@ -421,12 +521,18 @@ class ModelConfig(Section):
     )
     has_bias: bool = key(True, "Biases in the linear layers.", by=MODELS)
     attention_bias: bool | None = key(
-        None, "Biases in the query, key, value and output projections; null follows has_bias.", by=MODELS,
-        status=Status.EXTENSION, note="from GPT-NeoX's use_bias_in_attn_linear; null keeps NxDT's has_bias",
+        None,
+        "Biases in the query, key, value and output projections; null follows has_bias.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="from GPT-NeoX's use_bias_in_attn_linear; null keeps NxDT's has_bias",
     )
     mlp_bias: bool | None = key(
-        None, "Biases in the MLP's linear layers; null follows has_bias.", by=MODELS,
-        status=Status.EXTENSION, note="from GPT-NeoX's use_bias_in_mlp; null keeps NxDT's has_bias",
+        None,
+        "Biases in the MLP's linear layers; null follows has_bias.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="from GPT-NeoX's use_bias_in_mlp; null keeps NxDT's has_bias",
     )
     init_method: InitMethod = key(
         "normal",
@@ -469,68 +575,114 @@ class ModelConfig(Section):
         "dense everywhere. Sparse, gMLP, mamba and rwkv layers take no context parallelism, gMLP, mamba and rwkv "
         "layers no sequence parallelism (their weights are whole on every tensor-parallel rank); gMLP layers need an "
         "ungated activation; sparse layers drop their output with attention_dropout, as GPT-NeoX's do.",
-        by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's attention_config; NxDT has no such key",
-    )  # fmt: skip
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's attention_config; NxDT has no such key",
+    )
     mamba_inner_size: int | None = key(
-        None, "The channels of a mamba layer; null: 2 x hidden_size.", by=MODELS, ge=1,
-        status=Status.EXTENSION, note="GPT-NeoX's intermediate_size / expansion_factor for mamba layers",
-    )  # fmt: skip
+        None,
+        "The channels of a mamba layer; null: 2 x hidden_size.",
+        by=MODELS,
+        ge=1,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's intermediate_size / expansion_factor for mamba layers",
+    )
     mamba_conv_bias: bool = key(
-        True, "A bias on a mamba layer's convolution.", by=MODELS,
-        status=Status.EXTENSION, note="GPT-NeoX's mamba_use_bias_in_conv; NxDT has no such key",
-    )  # fmt: skip
+        True,
+        "A bias on a mamba layer's convolution.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's mamba_use_bias_in_conv; NxDT has no such key",
+    )
     mamba_linear_bias: bool = key(
-        False, "Biases on a mamba layer's in, x and out projections.", by=MODELS,
-        status=Status.EXTENSION, note="GPT-NeoX's mamba_use_bias_in_linears; NxDT has no such key",
-    )  # fmt: skip
+        False,
+        "Biases on a mamba layer's in, x and out projections.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's mamba_use_bias_in_linears; NxDT has no such key",
+    )
     rwkv_dim_att: int | None = key(
-        None, "The width of an rwkv layer's time mix (num_attention_heads heads of it); null: hidden_size.", by=MODELS,
-        ge=1, status=Status.EXTENSION, note="GPT-NeoX's dim_att; NxDT has no such key",
-    )  # fmt: skip
+        None,
+        "The width of an rwkv layer's time mix (num_attention_heads heads of it); null: hidden_size.",
+        by=MODELS,
+        ge=1,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's dim_att; NxDT has no such key",
+    )
     rwkv_ffn_size: int | None = key(
-        None, "The width of an rwkv layer's channel mix; null: 3.5 x hidden_size rounded down to a multiple of 32.",
-        by=MODELS, ge=1, status=Status.EXTENSION, note="GPT-NeoX's ffn_dim; NxDT has no such key",
-    )  # fmt: skip
+        None,
+        "The width of an rwkv layer's channel mix; null: 3.5 x hidden_size rounded down to a multiple of 32.",
+        by=MODELS,
+        ge=1,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's ffn_dim; NxDT has no such key",
+    )
     gmlp_attention_dim: int = key(
-        64, "The width of an amlp layer's single-head attention; acted on only by amlp layers.", by=MODELS, ge=1,
-        status=Status.EXTENSION, note="GPT-NeoX's gmlp_attn_dim; NxDT has no such key",
-    )  # fmt: skip
+        64,
+        "The width of an amlp layer's single-head attention; acted on only by amlp layers.",
+        by=MODELS,
+        ge=1,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's gmlp_attn_dim; NxDT has no such key",
+    )
     soft_prompt: SoftPromptConfig | None = key(
-        None, "Soft prompt tuning: a learned prompt (see the soft_prompt keys) before every sequence, and every other "
+        None,
+        "Soft prompt tuning: a learned prompt (see the soft_prompt keys) before every sequence, and every other "
         "weight frozen; null: none. Language-model training or sft only, without LoRA, pipeline or context "
-        "parallelism.", by=MODELS,
-        status=Status.EXTENSION, note="GPT-NeoX's soft_prompt_tuning; NxDT has no such key",
-    )  # fmt: skip
+        "parallelism.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's soft_prompt_tuning; NxDT has no such key",
+    )
     num_unique_layers: int | None = key(
-        None, "Decoder layers with their own weights (Megatron's parameter sharing): the num_layers positions run "
+        None,
+        "Decoder layers with their own weights (Megatron's parameter sharing): the num_layers positions run "
         "them in param_sharing_style's order; a divisor of num_layers; null: every layer its own. Not with pipeline "
         "parallelism (a shared layer would live on several stages), sequence parallelism, attention_layers or "
-        "moe.", by=MODELS, ge=1,
-        status=Status.EXTENSION, note="GPT-NeoX's num_unique_layers; NxDT has no such key",
-    )  # fmt: skip
+        "moe.",
+        by=MODELS,
+        ge=1,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's num_unique_layers; NxDT has no such key",
+    )
     param_sharing_style: Literal["grouped", "spaced"] = key(
-        "grouped", "With num_unique_layers: grouped runs unique layer i mod num_unique_layers at position i (4 "
+        "grouped",
+        "With num_unique_layers: grouped runs unique layer i mod num_unique_layers at position i (4 "
         "layers, 2 unique: [1, 2, 1, 2]); spaced runs i // (num_layers / num_unique_layers) ([1, 1, 2, 2]).",
-        by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's param_sharing_style; NxDT has no such key",
-    )  # fmt: skip
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's param_sharing_style; NxDT has no such key",
+    )
     sparse_attention: SparseAttentionConfig = key(
-        SparseAttentionConfig(), "The block-sparse layouts' settings.", by=MODELS, status=Status.EXTENSION,
+        SparseAttentionConfig(),
+        "The block-sparse layouts' settings.",
+        by=MODELS,
+        status=Status.EXTENSION,
         note="GPT-NeoX's sparsity_config; NxDT has no such key",
-    )  # fmt: skip
+    )
     mup: MupConfig | None = key(
-        None, "muP (see the mup keys); null: the standard parametrisation. Megatron-style models with attention "
+        None,
+        "muP (see the mup keys); null: the standard parametrisation. Megatron-style models with attention "
         "layers, drawn from normal init methods, trained with adam, adamw or sgd; not with peft or reward_model.",
-        by=MODELS, status=Status.EXTENSION, note="GPT-NeoX's use_mup; NxDT has no such key",
-    )  # fmt: skip
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's use_mup; NxDT has no such key",
+    )
     position_embedding_multiplier: float = key(
-        1.0, "The learned or sinusoidal position embeddings are multiplied by it.", by=MODELS,
-        status=Status.EXTENSION, note="GPT-NeoX's mup_rp_embedding_mult; NxDT has no such key",
-    )  # fmt: skip
+        1.0,
+        "The learned or sinusoidal position embeddings are multiplied by it.",
+        by=MODELS,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's mup_rp_embedding_mult; NxDT has no such key",
+    )
     position_embedding_norm: bool = key(
-        False, "The learned position table is bitsandbytes' StableEmbedding: a LayerNorm over its rows, and fp32 "
-        "moments under adam8bit. Needs learned_absolute positions.", by=MODELS, status=Status.EXTENSION,
+        False,
+        "The learned position table is bitsandbytes' StableEmbedding: a LayerNorm over its rows, and fp32 "
+        "moments under adam8bit. Needs learned_absolute positions.",
+        by=MODELS,
+        status=Status.EXTENSION,
         note="GPT-NeoX's use_bnb_optimizer with pos_emb learned; NxDT has no such key",
-    )  # fmt: skip
+    )
     moe: MoEConfig | None = key(
         None,
         "Mixture-of-experts layers (see the moe keys); null builds dense MLPs. With model_source: hf the "

@@ -23,16 +23,12 @@ _Betas = Annotated[frozen_list(Annotated[float, Field(ge=0.0, lt=1.0)]), Field(m
 
 
 class _Scheduler(Section):
-    max_steps: int | None = key(
-        None, "Step at which the schedule ends; null uses trainer.max_steps.", by=APP, ge=1
-    )
+    max_steps: int | None = key(None, "Step at which the schedule ends; null uses trainer.max_steps.", by=APP, ge=1)
 
 
 class _Warmup(_Scheduler):
     warmup_steps: int | None = key(None, "Linear warmup length in steps.", by=APP, ge=0)
-    warmup_ratio: float | None = key(
-        None, "Warmup length as a fraction of max_steps.", by=APP, ge=0.0, le=1.0
-    )
+    warmup_ratio: float | None = key(None, "Warmup length as a fraction of max_steps.", by=APP, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _one_warmup(self) -> _Warmup:
@@ -90,42 +86,78 @@ class NeoXAnnealing(_Scheduler):
     """GPT-NeoX's AnnealingLR: a linear warmup over a fraction of the decay horizon, then a decay of the chosen
     style; min_lr floors the rate after warmup, and nothing stops the decay at the horizon (as in NeoX)."""
 
-    name: Literal["NeoXAnnealing"] = key(..., "GPT-NeoX's AnnealingLR.", by=APP, status=Status.EXTENSION,
-                                         note="GPT-NeoX's learning-rate schedule")
+    name: Literal["NeoXAnnealing"] = key(
+        ..., "GPT-NeoX's AnnealingLR.", by=APP, status=Status.EXTENSION, note="GPT-NeoX's learning-rate schedule"
+    )
     decay_style: Literal["constant", "linear", "cosine", "exponential"] = key(
         "linear",
         "After warmup, at n steps past it over the E steps from warmup to max_steps: constant lr; linear "
         "lr (E - n) / E; cosine min_lr + (lr - min_lr) (1 + cos(pi n / E)) / 2; exponential lr exp(-0.693 n / E).",
-        by=APP, status=Status.EXTENSION, note="GPT-NeoX's lr_decay_style",
-    )  # fmt: skip
+        by=APP,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's lr_decay_style",
+    )
     warmup_ratio: float = key(
-        0.01, "Warmup length as a fraction of max_steps (a fraction of a step counts): step s uses "
-        "lr max(1, s) / (warmup_ratio max_steps) while s <= that length.", by=APP, ge=0.0, lt=1.0,
-        status=Status.EXTENSION, note="GPT-NeoX's warmup",
-    )  # fmt: skip
-    min_lr: float = key(0.0, "Floor of the learning rate after warmup.", by=APP, ge=0.0, status=Status.EXTENSION,
-                        note="GPT-NeoX's min_lr")  # fmt: skip
+        0.01,
+        "Warmup length as a fraction of max_steps (a fraction of a step counts): step s uses "
+        "lr max(1, s) / (warmup_ratio max_steps) while s <= that length.",
+        by=APP,
+        ge=0.0,
+        lt=1.0,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's warmup",
+    )
+    min_lr: float = key(
+        0.0,
+        "Floor of the learning rate after warmup.",
+        by=APP,
+        ge=0.0,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's min_lr",
+    )
 
 
 class TransformersSchedule(Section):
     """A schedule of transformers' `get_scheduler`, by its name there, so runs written for the Trainer (or
     TRL) follow its learning rates exactly."""
 
-    name: Literal["TransformersSchedule"] = key(..., "transformers' schedules.", by=APP, status=Status.EXTENSION,
-                                                note="transformers' get_scheduler")  # fmt: skip
-    type: Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-                  "inverse_sqrt"] = key(
-        "linear", "transformers' SchedulerType name; the schedule runs over max_steps.", by=APP,
-        status=Status.EXTENSION, note="TrainingArguments.lr_scheduler_type",
-    )  # fmt: skip
-    warmup_steps: int | None = key(None, "Warmup length in steps (wins over warmup_ratio).", by=APP, ge=0,
-                                   status=Status.EXTENSION, note="TrainingArguments.warmup_steps")  # fmt: skip
+    name: Literal["TransformersSchedule"] = key(
+        ..., "transformers' schedules.", by=APP, status=Status.EXTENSION, note="transformers' get_scheduler"
+    )
+    type: Literal[
+        "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
+    ] = key(
+        "linear",
+        "transformers' SchedulerType name; the schedule runs over max_steps.",
+        by=APP,
+        status=Status.EXTENSION,
+        note="TrainingArguments.lr_scheduler_type",
+    )
+    warmup_steps: int | None = key(
+        None,
+        "Warmup length in steps (wins over warmup_ratio).",
+        by=APP,
+        ge=0,
+        status=Status.EXTENSION,
+        note="TrainingArguments.warmup_steps",
+    )
     warmup_ratio: float | None = key(
-        None, "Warmup length as a fraction of max_steps, rounded up as the Trainer rounds it.", by=APP, ge=0.0,
-        lt=1.0, status=Status.EXTENSION, note="TrainingArguments.warmup_ratio",
-    )  # fmt: skip
-    max_steps: int | None = key(None, "Steps the schedule spans; null uses the run's optimizer steps.", by=APP, ge=1,
-                                status=Status.EXTENSION, note="TrainingArguments.max_steps")  # fmt: skip
+        None,
+        "Warmup length as a fraction of max_steps, rounded up as the Trainer rounds it.",
+        by=APP,
+        ge=0.0,
+        lt=1.0,
+        status=Status.EXTENSION,
+        note="TrainingArguments.warmup_ratio",
+    )
+    max_steps: int | None = key(
+        None,
+        "Steps the schedule spans; null uses the run's optimizer steps.",
+        by=APP,
+        ge=1,
+        status=Status.EXTENSION,
+        note="TrainingArguments.max_steps",
+    )
 
 
 _DS = "DeepSpeed's scheduler params"
@@ -136,74 +168,136 @@ class DeepSpeedSchedule(Section):
     update of step s uses DeepSpeed's value at its iteration s - 1, as DeepSpeed steps its scheduler after each
     update."""
 
-    name: Literal["DeepSpeedSchedule"] = key(..., "DeepSpeed's schedules.", by=APP, status=Status.EXTENSION,
-                                             note="DeepSpeed's scheduler block")  # fmt: skip
+    name: Literal["DeepSpeedSchedule"] = key(
+        ..., "DeepSpeed's schedules.", by=APP, status=Status.EXTENSION, note="DeepSpeed's scheduler block"
+    )
     type: Literal["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"] = key(
-        ..., "WarmupLR: warmup_min_lr to warmup_max_lr over warmup_num_steps (log or linear), then constant; "
+        ...,
+        "WarmupLR: warmup_min_lr to warmup_max_lr over warmup_num_steps (log or linear), then constant; "
         "WarmupDecayLR: then linear to 0 at total_num_steps; WarmupCosineLR: ratios of model.optim.lr, cosine to "
         "cos_min_ratio at total_num_steps; OneCycle: cycle_min_lr up to cycle_max_lr over cycle_first_step_size, "
         "down over cycle_second_step_size, then decay_lr_rate every decay_step_size, with Adam's betas[0] cycled "
         "inversely between cycle_min_mom and cycle_max_mom (cycle_momentum); LRRangeTest: lr_range_test_min_lr "
-        "grown by lr_range_test_step_rate every lr_range_test_step_size steps.", by=APP, status=Status.EXTENSION,
+        "grown by lr_range_test_step_rate every lr_range_test_step_size steps.",
+        by=APP,
+        status=Status.EXTENSION,
         note="DeepSpeed's scheduler type",
     )
-    warmup_min_lr: float = key(0.0, "WarmupLR, WarmupDecayLR: the first rate.", by=APP, ge=0.0,
-                               status=Status.EXTENSION, note=_DS)  # fmt: skip
-    warmup_max_lr: float | None = key(None, "WarmupLR, WarmupDecayLR: the rate after warmup; null: model.optim.lr.",
-                                      by=APP, ge=0.0, status=Status.EXTENSION, note=_DS)  # fmt: skip
-    warmup_num_steps: int = key(1000, "Warmup steps (at least 2, as DeepSpeed takes it).", by=APP, ge=0,
-                                status=Status.EXTENSION, note=_DS)  # fmt: skip
-    warmup_type: Literal["log", "linear"] = key("log", "The warmup's rise: log(i + 1) / log(n) or i / n.", by=APP,
-                                                status=Status.EXTENSION, note=_DS)  # fmt: skip
-    total_num_steps: int | None = key(None, "WarmupDecayLR, WarmupCosineLR: where the decay ends (required).",
-                                      by=APP, ge=1, status=Status.EXTENSION, note=_DS)  # fmt: skip
-    warmup_min_ratio: float = key(0.0, "WarmupCosineLR: the first rate over model.optim.lr.", by=APP, ge=0.0,
-                                  status=Status.EXTENSION, note=_DS)  # fmt: skip
-    cos_min_ratio: float = key(0.0001, "WarmupCosineLR: the last rate over model.optim.lr.", by=APP, ge=0.0,
-                               status=Status.EXTENSION, note=_DS)  # fmt: skip
-    cycle_min_lr: float | None = key(None, "OneCycle: the low rate (required).", by=APP, ge=0.0,
-                                     status=Status.EXTENSION, note=_DS)  # fmt: skip
-    cycle_max_lr: float | None = key(None, "OneCycle: the high rate (required).", by=APP, ge=0.0,
-                                     status=Status.EXTENSION, note=_DS)  # fmt: skip
-    decay_lr_rate: float = key(0.0, "OneCycle: after the cycle, cycle_min_lr / (1 + rate x intervals).", by=APP,
-                               status=Status.EXTENSION, note=_DS)  # fmt: skip
-    cycle_first_step_size: int = key(2000, "OneCycle: steps of the rise.", by=APP, ge=1, status=Status.EXTENSION,
-                                     note=_DS)  # fmt: skip
-    cycle_second_step_size: int | None = key(None, "OneCycle: steps of the fall; null: cycle_first_step_size.",
-                                             by=APP, ge=1, status=Status.EXTENSION, note=_DS)  # fmt: skip
-    cycle_first_stair_count: int = key(0, "OneCycle: accepted as DeepSpeed accepts it; its OneCycle never reads "
-                                       "it, so the cycle is continuous.", by=APP, status=Status.EXTENSION,
-                                       note=_DS)  # fmt: skip
-    cycle_second_stair_count: int | None = key(None, "As cycle_first_stair_count.", by=APP, status=Status.EXTENSION,
-                                               note=_DS)  # fmt: skip
-    decay_step_size: int = key(0, "OneCycle: steps per decay interval after the cycle; 0: no decay.", by=APP, ge=0,
-                               status=Status.EXTENSION, note=_DS)  # fmt: skip
-    cycle_momentum: bool = key(True, "OneCycle: cycle Adam's betas[0] inversely to the rate.", by=APP,
-                               status=Status.EXTENSION, note=_DS)  # fmt: skip
-    cycle_min_mom: float = key(0.8, "OneCycle: the low betas[0] (also the first step's).", by=APP,
-                               status=Status.EXTENSION, note=_DS)  # fmt: skip
+    warmup_min_lr: float = key(
+        0.0, "WarmupLR, WarmupDecayLR: the first rate.", by=APP, ge=0.0, status=Status.EXTENSION, note=_DS
+    )
+    warmup_max_lr: float | None = key(
+        None,
+        "WarmupLR, WarmupDecayLR: the rate after warmup; null: model.optim.lr.",
+        by=APP,
+        ge=0.0,
+        status=Status.EXTENSION,
+        note=_DS,
+    )
+    warmup_num_steps: int = key(
+        1000, "Warmup steps (at least 2, as DeepSpeed takes it).", by=APP, ge=0, status=Status.EXTENSION, note=_DS
+    )
+    warmup_type: Literal["log", "linear"] = key(
+        "log", "The warmup's rise: log(i + 1) / log(n) or i / n.", by=APP, status=Status.EXTENSION, note=_DS
+    )
+    total_num_steps: int | None = key(
+        None,
+        "WarmupDecayLR, WarmupCosineLR: where the decay ends (required).",
+        by=APP,
+        ge=1,
+        status=Status.EXTENSION,
+        note=_DS,
+    )
+    warmup_min_ratio: float = key(
+        0.0, "WarmupCosineLR: the first rate over model.optim.lr.", by=APP, ge=0.0, status=Status.EXTENSION, note=_DS
+    )
+    cos_min_ratio: float = key(
+        0.0001, "WarmupCosineLR: the last rate over model.optim.lr.", by=APP, ge=0.0, status=Status.EXTENSION, note=_DS
+    )
+    cycle_min_lr: float | None = key(
+        None, "OneCycle: the low rate (required).", by=APP, ge=0.0, status=Status.EXTENSION, note=_DS
+    )
+    cycle_max_lr: float | None = key(
+        None, "OneCycle: the high rate (required).", by=APP, ge=0.0, status=Status.EXTENSION, note=_DS
+    )
+    decay_lr_rate: float = key(
+        0.0,
+        "OneCycle: after the cycle, cycle_min_lr / (1 + rate x intervals).",
+        by=APP,
+        status=Status.EXTENSION,
+        note=_DS,
+    )
+    cycle_first_step_size: int = key(
+        2000, "OneCycle: steps of the rise.", by=APP, ge=1, status=Status.EXTENSION, note=_DS
+    )
+    cycle_second_step_size: int | None = key(
+        None,
+        "OneCycle: steps of the fall; null: cycle_first_step_size.",
+        by=APP,
+        ge=1,
+        status=Status.EXTENSION,
+        note=_DS,
+    )
+    cycle_first_stair_count: int = key(
+        0,
+        "OneCycle: accepted as DeepSpeed accepts it; its OneCycle never reads it, so the cycle is continuous.",
+        by=APP,
+        status=Status.EXTENSION,
+        note=_DS,
+    )
+    cycle_second_stair_count: int | None = key(
+        None, "As cycle_first_stair_count.", by=APP, status=Status.EXTENSION, note=_DS
+    )
+    decay_step_size: int = key(
+        0,
+        "OneCycle: steps per decay interval after the cycle; 0: no decay.",
+        by=APP,
+        ge=0,
+        status=Status.EXTENSION,
+        note=_DS,
+    )
+    cycle_momentum: bool = key(
+        True, "OneCycle: cycle Adam's betas[0] inversely to the rate.", by=APP, status=Status.EXTENSION, note=_DS
+    )
+    cycle_min_mom: float = key(
+        0.8, "OneCycle: the low betas[0] (also the first step's).", by=APP, status=Status.EXTENSION, note=_DS
+    )
     cycle_max_mom: float = key(0.9, "OneCycle: the high betas[0].", by=APP, status=Status.EXTENSION, note=_DS)
-    decay_mom_rate: float = key(0.0, "OneCycle: after the cycle, cycle_max_mom x (1 + rate x intervals).", by=APP,
-                                status=Status.EXTENSION, note=_DS)  # fmt: skip
-    lr_range_test_min_lr: float = key(0.001, "LRRangeTest: the first rate.", by=APP, ge=0.0,
-                                      status=Status.EXTENSION, note=_DS)  # fmt: skip
-    lr_range_test_step_size: int = key(2000, "LRRangeTest: steps per interval.", by=APP, ge=1,
-                                       status=Status.EXTENSION, note=_DS)  # fmt: skip
-    lr_range_test_step_rate: float = key(1.0, "LRRangeTest: growth per interval.", by=APP, status=Status.EXTENSION,
-                                         note=_DS)  # fmt: skip
-    lr_range_test_staircase: bool = key(False, "LRRangeTest: grow in whole intervals.", by=APP,
-                                        status=Status.EXTENSION, note=_DS)  # fmt: skip
+    decay_mom_rate: float = key(
+        0.0,
+        "OneCycle: after the cycle, cycle_max_mom x (1 + rate x intervals).",
+        by=APP,
+        status=Status.EXTENSION,
+        note=_DS,
+    )
+    lr_range_test_min_lr: float = key(
+        0.001, "LRRangeTest: the first rate.", by=APP, ge=0.0, status=Status.EXTENSION, note=_DS
+    )
+    lr_range_test_step_size: int = key(
+        2000, "LRRangeTest: steps per interval.", by=APP, ge=1, status=Status.EXTENSION, note=_DS
+    )
+    lr_range_test_step_rate: float = key(
+        1.0, "LRRangeTest: growth per interval.", by=APP, status=Status.EXTENSION, note=_DS
+    )
+    lr_range_test_staircase: bool = key(
+        False, "LRRangeTest: grow in whole intervals.", by=APP, status=Status.EXTENSION, note=_DS
+    )
 
     @model_validator(mode="after")
     def _required(self) -> DeepSpeedSchedule:
-        needed = {"WarmupDecayLR": ("total_num_steps",), "WarmupCosineLR": ("total_num_steps",),
-                  "OneCycle": ("cycle_min_lr", "cycle_max_lr")}.get(self.type, ())  # fmt: skip
+        needed = {
+            "WarmupDecayLR": ("total_num_steps",),
+            "WarmupCosineLR": ("total_num_steps",),
+            "OneCycle": ("cycle_min_lr", "cycle_max_lr"),
+        }.get(self.type, ())
         if missing := [name for name in needed if getattr(self, name) is None]:
             raise ValueError(f"{self.type} needs {', '.join(missing)}; found nothing")
         warmup = max(2, self.warmup_num_steps)
         if self.type == "WarmupCosineLR" and self.total_num_steps <= warmup:
-            raise ValueError(f"WarmupCosineLR decays from warmup_num_steps ({warmup}, at least 2) to total_num_steps; "
-                             f"expected total_num_steps above it, found {self.total_num_steps}")  # fmt: skip
+            raise ValueError(
+                f"WarmupCosineLR decays from warmup_num_steps ({warmup}, at least 2) to total_num_steps; "
+                f"expected total_num_steps above it, found {self.total_num_steps}"
+            )
         return self
 
 
@@ -219,10 +313,19 @@ class ExponentialLR(Section):
 
 
 SCHEDULER_NAMES = (
-    "LinearAnnealingWithWarmUp", "CosineAnnealing", "WarmupPolicy", "WarmupHoldPolicy",
-    "SquareAnnealing", "NoamAnnealing", "WarmupAnnealing", "StepLR", "ExponentialLR", "NeoXAnnealing",
-    "TransformersSchedule", "DeepSpeedSchedule",
-)  # fmt: skip
+    "LinearAnnealingWithWarmUp",
+    "CosineAnnealing",
+    "WarmupPolicy",
+    "WarmupHoldPolicy",
+    "SquareAnnealing",
+    "NoamAnnealing",
+    "WarmupAnnealing",
+    "StepLR",
+    "ExponentialLR",
+    "NeoXAnnealing",
+    "TransformersSchedule",
+    "DeepSpeedSchedule",
+)
 
 
 def _reject_rprop_scheduler(value: Any) -> Any:
@@ -235,9 +338,18 @@ def _reject_rprop_scheduler(value: Any) -> Any:
 
 
 Scheduler = Annotated[
-    LinearAnnealingWithWarmUp | CosineAnnealing | WarmupPolicy | WarmupHoldPolicy | SquareAnnealing
-    | NoamAnnealing | WarmupAnnealing | StepLR | ExponentialLR | NeoXAnnealing
-    | TransformersSchedule | DeepSpeedSchedule,
+    LinearAnnealingWithWarmUp
+    | CosineAnnealing
+    | WarmupPolicy
+    | WarmupHoldPolicy
+    | SquareAnnealing
+    | NoamAnnealing
+    | WarmupAnnealing
+    | StepLR
+    | ExponentialLR
+    | NeoXAnnealing
+    | TransformersSchedule
+    | DeepSpeedSchedule,
     Field(discriminator="name"),
     BeforeValidator(_reject_rprop_scheduler),
 ]
@@ -334,35 +446,67 @@ class Novograd(_Optimizer):
 
 
 class Lion(_Optimizer):
-    name: Literal["lion"] = key(..., "Lion: the sign of the interpolated momentum is the update.", by=APP,
-                                status=Status.EXTENSION, note="GPT-NeoX's optimizer type lion")
+    name: Literal["lion"] = key(
+        ...,
+        "Lion: the sign of the interpolated momentum is the update.",
+        by=APP,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's optimizer type lion",
+    )
     betas: _Betas = key((0.9, 0.99), "Interpolation (update) and running-average (momentum) coefficients.", by=APP)
 
 
 class MadgradWD(_Optimizer):
-    name: Literal["madgrad_wd"] = key(..., "MADGRAD with decoupled weight decay, as GPT-NeoX steps it.", by=APP,
-                                      status=Status.EXTENSION, note="GPT-NeoX's optimizer type madgrad_wd")
+    name: Literal["madgrad_wd"] = key(
+        ...,
+        "MADGRAD with decoupled weight decay, as GPT-NeoX steps it.",
+        by=APP,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's optimizer type madgrad_wd",
+    )
     momentum: float = key(0.9, "Momentum towards each step's dual-averaging point.", by=APP, ge=0.0, lt=1.0)
     eps: float = key(1e-6, "Added to the cube root of the sum of squares, and to lr.", by=APP, ge=0.0)
 
 
 class SM3(_Optimizer):
-    name: Literal["sm3"] = key(..., "SM3: Adagrad's adaptive rates from one accumulator per tensor axis (memory of "
-                               "a row and a column, not a matrix).", by=APP, status=Status.EXTENSION,
-                               note="GPT-NeoX's optimizer type sm3")  # fmt: skip
-    momentum: float = key(0.0, "Weight of the last update mixed into each step's (keeps one more tensor).", by=APP,
-                          ge=0.0, lt=1.0)  # fmt: skip
-    beta: float = key(0.0, "0: the accumulators sum squared gradients (SM3-II); above 0: the new square's share is "
-                      "1 - beta, a running average.", by=APP, ge=0.0, lt=1.0)  # fmt: skip
-    eps: float = key(1e-30, "Added under the square root (above 0: an entry whose gradient and accumulators are 0 "
-                     "would otherwise step by 0/0).", by=APP, gt=0.0)
+    name: Literal["sm3"] = key(
+        ...,
+        "SM3: Adagrad's adaptive rates from one accumulator per tensor axis (memory of "
+        "a row and a column, not a matrix).",
+        by=APP,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's optimizer type sm3",
+    )
+    momentum: float = key(
+        0.0, "Weight of the last update mixed into each step's (keeps one more tensor).", by=APP, ge=0.0, lt=1.0
+    )
+    beta: float = key(
+        0.0,
+        "0: the accumulators sum squared gradients (SM3-II); above 0: the new square's share is "
+        "1 - beta, a running average.",
+        by=APP,
+        ge=0.0,
+        lt=1.0,
+    )
+    eps: float = key(
+        1e-30,
+        "Added under the square root (above 0: an entry whose gradient and accumulators are 0 "
+        "would otherwise step by 0/0).",
+        by=APP,
+        gt=0.0,
+    )
 
 
 class Adam8bit(_Optimizer):
-    name: Literal["adam8bit"] = key(..., "bitsandbytes' 8-bit Adam: both moments kept as 8-bit codes in blocks of 256 "
-                                    "values (a quarter of Adam's state), weight decay decoupled; every layout steps "
-                                    "as one process (pip install nxd-train[bnb]).", by=APP, status=Status.EXTENSION,
-                                    note="GPT-NeoX's use_bnb_optimizer with optimizer type adam")  # fmt: skip
+    name: Literal["adam8bit"] = key(
+        ...,
+        "bitsandbytes' 8-bit Adam: both moments kept as 8-bit codes in blocks of 256 "
+        "values (a quarter of Adam's state), weight decay decoupled; every layout steps "
+        "as one process (pip install nxd-train[bnb]).",
+        by=APP,
+        status=Status.EXTENSION,
+        note="GPT-NeoX's use_bnb_optimizer with optimizer type adam",
+    )
     betas: _Betas = key((0.9, 0.999), "Coefficients of the running averages of the gradient and its square.", by=APP)
     eps: float = key(1e-8, "Term added to the denominator for stability.", by=APP, gt=0.0)
     min_8bit_size: int = key(4096, "Tensors of fewer values keep fp32 moments (bitsandbytes' default).", by=APP, ge=0)
@@ -391,12 +535,38 @@ class Adafactor(_Optimizer):
 
 
 OPTIMIZER_NAMES = (
-    "adamw", "adamw_fp32OptState", "sgd", "adam", "adadelta", "adamax", "adagrad", "rmsprop",
-    "rprop", "novograd", "adafactor", "lion", "madgrad_wd", "sm3", "adam8bit",
-)  # fmt: skip
+    "adamw",
+    "adamw_fp32OptState",
+    "sgd",
+    "adam",
+    "adadelta",
+    "adamax",
+    "adagrad",
+    "rmsprop",
+    "rprop",
+    "novograd",
+    "adafactor",
+    "lion",
+    "madgrad_wd",
+    "sm3",
+    "adam8bit",
+)
 
 Optimizer = Annotated[
-    AdamW | AdamWFp32OptState | SGD | Adam | Adadelta | Adamax | Adagrad | RMSprop | Rprop
-    | Novograd | Adafactor | Lion | MadgradWD | SM3 | Adam8bit,
+    AdamW
+    | AdamWFp32OptState
+    | SGD
+    | Adam
+    | Adadelta
+    | Adamax
+    | Adagrad
+    | RMSprop
+    | Rprop
+    | Novograd
+    | Adafactor
+    | Lion
+    | MadgradWD
+    | SM3
+    | Adam8bit,
     Field(discriminator="name"),
 ]
