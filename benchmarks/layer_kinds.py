@@ -54,7 +54,7 @@ def tokens_per_second(kind: str, args: argparse.Namespace, device: torch.device)
         activation="gelu" if kind in GATING_KINDS else "swiglu",
         has_bias=False,
         attention_layers=None if kind == "dense" else (kind, kind),
-        sparsity=SPARSITY,
+        layer_settings=(SPARSITY,),
     )
     model = build_causal_lm(config, seed=0).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -111,7 +111,7 @@ def layer_parameters(kind: str, args: argparse.Namespace) -> int:
         activation="gelu" if kind in GATING_KINDS else "swiglu",
         has_bias=False,
         attention_layers=None if kind == "dense" else (kind,),
-        sparsity=SPARSITY,
+        layer_settings=(SPARSITY,),
     )
     model = build_causal_lm(config, seed=0)
     return sum(parameter.numel() for parameter in model.model.layers[0].parameters())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from nxd_models import GPTConfig, ModelConfigError, build_causal_lm
+from nxd_models import GPTConfig, ModelConfigError, RWKVSpec, build_causal_lm
 from nxd_models.decoding import decoding_cache, decoding_logits
 from nxd_models.rwkv import wkv, wkv_steps
 
@@ -154,7 +154,7 @@ def test_a_width_the_heads_do_not_divide_is_refused():
         match="model.rwkv_dim_att: an rwkv layer's time mix has num_attention_heads "
         "heads; expected a multiple of 2, found 33",
     ):
-        _config(rwkv_dim_att=33)
+        _config(layer_settings=(RWKVSpec(dim_att=33),))
 
 
 def test_the_chunked_recurrence_is_neoxs_kernel():

@@ -124,7 +124,7 @@ def _model(**changes):
                 make_vocab_size_divisible_by=8,
                 position_embedding_type="rope",
                 attention_layers=layers,
-                sparsity=SparsitySpec(block=4, different_layout_per_head=True, num_random_blocks=1),
+                layer_settings=(SparsitySpec(block=4, different_layout_per_head=True, num_random_blocks=1),),
             ),
             **changes,
         }
@@ -203,7 +203,7 @@ def _model_spec(sparsity: SparsitySpec) -> GPTConfig:
         num_attention_heads=4,
         seq_length=16,
         attention_layers=("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer"),
-        sparsity=sparsity,
+        layer_settings=(sparsity,),
     )
 
 

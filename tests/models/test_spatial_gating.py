@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from nxd_models import GPTConfig, ModelConfigError, build_causal_lm
+from nxd_models import GMLPSpec, GPTConfig, ModelConfigError, build_causal_lm
 from nxd_models.decoding import decoding_cache, decoding_logits
 from nxd_models.flops import training_flops_per_token
 
@@ -25,7 +25,7 @@ def _config(**changes) -> GPTConfig:
                 make_vocab_size_divisible_by=8,
                 position_embedding_type="none",
                 attention_layers=("gmlp", "amlp", "dense"),
-                gmlp_attention_dim=8,
+                layer_settings=(GMLPSpec(attention_dim=8),),
             ),
             **changes,
         }

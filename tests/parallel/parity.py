@@ -13,6 +13,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from functools import partial
+from importlib import import_module
 
 import torch
 import torch.distributed as dist
@@ -20,9 +21,12 @@ import torch.multiprocessing as mp
 from nxd_align import LoraFamily, LoraSpec, TokenObjective
 from nxd_models import (
     AttentionKernel,
+    GMLPSpec,
     GPTConfig,
+    MambaSpec,
     MoESpec,
     MupSpec,
+    RWKVSpec,
     SparsitySpec,
     gpt_base_shapes,
     model_family,
@@ -179,20 +183,24 @@ NEOX_SHAPES = {
     ),
     "sparse": dict(
         position_embedding_type="rope",
-        sparsity=SparsitySpec(
-            block=4,
-            different_layout_per_head=True,
-            num_local_blocks=2,
-            num_different_global_patterns=2,
-            num_random_blocks=1,
-            global_block_indices=(0, 2),
-            global_block_end_indices=(1, 3),
-            seed=5,
+        layer_settings=(
+            SparsitySpec(
+                block=4,
+                different_layout_per_head=True,
+                num_local_blocks=2,
+                num_different_global_patterns=2,
+                num_random_blocks=1,
+                global_block_indices=(0, 2),
+                global_block_end_indices=(1, 3),
+                seed=5,
+            ),
         ),
     ),
-    "gmlp": dict(position_embedding_type="rope", gmlp_attention_dim=8),
-    "mamba": dict(position_embedding_type="rope", normalization="rmsnorm", mamba_linear_bias=True),
-    "rwkv": dict(position_embedding_type="rope", rwkv_ffn_size=64),
+    "gmlp": dict(position_embedding_type="rope", layer_settings=(GMLPSpec(attention_dim=8),)),
+    "mamba": dict(
+        position_embedding_type="rope", normalization="rmsnorm", layer_settings=(MambaSpec(linear_bias=True),)
+    ),
+    "rwkv": dict(position_embedding_type="rope", layer_settings=(RWKVSpec(ffn_size=64),)),
     "mup": dict(position_embedding_type="learned_absolute", position_embedding_multiplier=0.5),
 }
 """GPT-NeoX's model shapes: Pythia's (parallel residual from two layernorms, rotary on a quarter of each head,
@@ -271,23 +279,7 @@ def model_spec(
             loss_chunk_tokens=loss_chunk,
         )
     if family in NEOX_SHAPES:  # GPT-NeoX's shapes (untied, so that pipeline stages hold whole layers)
-        turns = LAYER_TURNS.get(family)
-        kinds = tuple(turns[index % len(turns)] for index in range(layers)) if turns else None
-        config = GPTConfig(
-            attention_layers=kinds,
-            vocab_size=VOCAB,
-            num_layers=layers,
-            hidden_size=32,
-            num_attention_heads=4,
-            seq_length=SEQ,
-            ffn_hidden_size=48,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            make_vocab_size_divisible_by=8,
-            share_embeddings_and_output_weights=False,
-            loss_chunk_tokens=loss_chunk,
-            **NEOX_SHAPES[family],
-        )
+        config = _neox_sized(layers, loss_chunk, LAYER_TURNS.get(family), NEOX_SHAPES[family])
         if family == "mup":  # base shapes a quarter as wide
             shapes = gpt_base_shapes(replace(config, hidden_size=8, ffn_hidden_size=12), 2)
             config = replace(config, mup=MupSpec(tuple((name, tuple(shape)) for name, shape in shapes.items()), **MUP))
@@ -334,6 +326,34 @@ def model_spec(
     return config
 
 
+def _neox_sized(layers: int, loss_chunk: int, turns: tuple[str, ...] | None, shape: dict) -> GPTConfig:
+    """A GPT-NeoX-sized model of `shape` whose layers take the kinds `turns` in turn (None: dense)."""
+    return GPTConfig(
+        attention_layers=tuple(turns[index % len(turns)] for index in range(layers)) if turns else None,
+        vocab_size=VOCAB,
+        num_layers=layers,
+        hidden_size=32,
+        num_attention_heads=4,
+        seq_length=SEQ,
+        ffn_hidden_size=48,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        make_vocab_size_divisible_by=8,
+        share_embeddings_and_output_weights=False,
+        loss_chunk_tokens=loss_chunk,
+        **shape,
+    )
+
+
+def plug_in_spec(module: str, layers: int, loss_chunk: int) -> GPTConfig:
+    """The GPT-NeoX-sized model of a layer kind nxd does not ship: `module` registers its `KIND` in this process
+    (`ensure_registered`) and gives its `SHAPE` (attention_layers in turn, and the other GPTConfig fields)."""
+    plug_in = import_module(module)
+    plug_in.ensure_registered()
+    shape = dict(plug_in.SHAPE)
+    return _neox_sized(layers, loss_chunk, shape.pop("attention_layers"), shape)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -365,6 +385,8 @@ class Scenario:
     """Tokens per loss chunk (Megatron-style models); the one-process references use 0, whole logits."""
     attention: AttentionKernel = AttentionKernel.FLASH
     """The fusions keys' attention kernel (fused_softmax: flash_attention False, NxDT's Mixtral recipes)."""
+    plug_in: str | None = None
+    """A module defining a layer kind nxd does not ship (see `plug_in_spec`): the model is built of it instead."""
     optimizer: str = "adamw"
     """adamw, sm3 (GPT-NeoX's: accumulators over whole tensors, with momentum and weight decay) or adam8bit
     (bitsandbytes' 8-bit Adam, quantized in blocks over whole tensors)."""
@@ -374,6 +396,8 @@ class Scenario:
         return LoraFamily(family, LoraSpec(rank=4, alpha=8, targets=self.lora)) if self.lora else family
 
     def spec(self) -> GPTConfig | LlamaConfig | Qwen3Config:
+        if self.plug_in is not None:
+            return plug_in_spec(self.plug_in, self.layers, self.loss_chunk)
         return model_spec(self.family, self.kv_heads, self.qkv, self.layers, self.tied, self.loss_chunk)
 
 

@@ -13,9 +13,13 @@ from .family import ModelFamily, model_family
 from .gpt import GPTConfig, GPTForCausalLM
 from .hf import HFOverrides, load_hf_config
 from .initialisation import InitModule, Seeder, init_rule, initial_values, seed_or_drawn
+from .layer_kinds import LayerKind, layer_kinds, register_layer_kind, unregister_layer_kind
 from .maximal_update import MupSpec, base_shapes_text, read_base_shapes
 from .moe import MoESpec, routing_metrics, set_aux_loss_weights, take_routing_totals
+from .rwkv import RWKVSpec
+from .selective_state_space import MambaSpec
 from .sparse_attention import SparsitySpec
+from .spatial_gating import GMLPSpec
 from .token_losses import IGNORE_INDEX
 
 __version__ = _distribution_version("nxd-models")  # one source: the pyproject's version
@@ -25,14 +29,18 @@ __all__ = [
     "IGNORE_INDEX",
     "AttentionKernel",
     "Ceiling",
+    "GMLPSpec",
     "GPTConfig",
     "GPTForCausalLM",
     "HFOverrides",
     "InitModule",
+    "LayerKind",
+    "MambaSpec",
     "MoESpec",
     "MupSpec",
     "ModelConfigError",
     "ModelFamily",
+    "RWKVSpec",
     "Seeder",
     "SparsitySpec",
     "base_shapes_text",
@@ -44,15 +52,18 @@ __all__ = [
     "init_rule",
     "initial_values",
     "initialise",
+    "layer_kinds",
     "load_hf_config",
     "model_family",
     "neox_widths",
     "peak_memory",
     "read_base_shapes",
+    "register_layer_kind",
     "resident_memory",
     "routing_metrics",
     "seed_or_drawn",
     "set_aux_loss_weights",
     "take_routing_totals",
+    "unregister_layer_kind",
     "widened",
 ]

@@ -7,26 +7,20 @@ from collections import Counter
 
 from torch import nn
 
+from .layer_kinds import layer_kinds
 from .qkv import QKVLinear
-from .rwkv import TimeMix
-from .selective_state_space import STATE_SIZE, MambaMixer
-from .spatial_gating import SpatialGatingUnit, TinyAttention
 
 
 def training_flops_per_token(model: nn.Module, seq_length: int) -> int:
     """6 x (weights of every matmul, output layer included, embedding lookups excluded) plus the attention
     score and context matmuls, 12 x layers x attention width x seq_length (the PaLM paper's count, which
-    ignores causal masking so that figures compare across frameworks). A gMLP layer's spatial projection mixes
-    each of its inner features over the sequence: 6 x inner x seq_length, counted as attention is. A Mamba layer's
-    convolution counts as matmul weights and its scan as three multiply-adds per channel and state; an RWKV layer's
-    low-rank mixing and decay weights as matmul weights and its recurrence as two multiply-adds per state entry."""
+    ignores causal masking so that figures compare across frameworks), plus what each layer kind counts beyond its
+    linear layers (`LayerKind.flops`: a gMLP layer's spatial projection as attention, a Mamba layer's convolution
+    and scan, an RWKV layer's low-rank mixing and recurrence)."""
     runs = _runs(model)
     modules = list(model.named_modules())
-    spatial = {f"{name}.proj": module for name, module in modules if isinstance(module, SpatialGatingUnit)}
     matmul_weights = sum(
-        runs(name) * module.weight.numel()
-        for name, module in modules
-        if isinstance(module, nn.Linear) and name not in spatial
+        runs(name) * module.weight.numel() for name, module in modules if isinstance(module, nn.Linear)
     )
     fused = [(name, module) for name, module in modules if isinstance(module, QKVLinear)]
     matmul_weights += sum(
@@ -38,16 +32,10 @@ def training_flops_per_token(model: nn.Module, seq_length: int) -> int:
         if name.endswith("q_proj") and isinstance(module, nn.Linear)
     ]
     query_widths += [runs(name) * m.weight_q.shape[0] for name, m in fused]
-    query_widths += [module.dim for module in model.modules() if isinstance(module, TinyAttention)]
     attention = sum(12 * width * seq_length for width in query_widths)
-    attention += sum(6 * unit.inner * seq_length for unit in spatial.values())
-    mixers = [(name, m) for name, m in modules if isinstance(m, MambaMixer)]
-    matmul_weights += sum(runs(name) * (m.conv1d.weight.numel() + 3 * m.inner * STATE_SIZE) for name, m in mixers)
-    for name, m in modules:
-        if isinstance(m, TimeMix):
-            low_rank = (m.time_maa_w1, m.time_maa_w2, m.time_decay_w1, m.time_decay_w2)
-            matmul_weights += runs(name) * (sum(p.numel() for p in low_rank) + 2 * m.time_decay.numel() * m.head_size)
-    return 6 * matmul_weights + attention
+    counts = dict.fromkeys(kind.flops for kind in layer_kinds() if kind.flops is not None)
+    beyond = sum(runs(name) * count(module, seq_length) for count in counts for name, module in modules)
+    return 6 * matmul_weights + attention + beyond
 
 
 def _runs(model: nn.Module):  # noqa: ANN202

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,17 +31,14 @@ from .distributed_types import is_dtensor
 from .errors import ModelConfigError
 from .init_methods import INIT_METHODS, init_weight, normal_std
 from .kv_cache import KVCache, LayerCache, decoding_mask
+from .layer_kinds import LayerKind, kinds_of, layer_kind, layer_kinds
 from .maximal_update import MupSpec, Width, widths
 from .moe import Experts, MoELayer, MoESpec
 from .norms import NORMS, QueryKeyNorm, ScaleNorm, build_norm
 from .positions import RelativePositionBias, StableEmbedding, alibi_bias, alibi_slopes, sinusoidal_embedding
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
-from .rwkv import RWKV_KINDS, ChannelMix, RWKVLayer, TimeMix
 from .score_head import ScoreHead
-from .selective_state_space import MAMBA_KINDS, MambaLayer, init_mamba_part
-from .sparse_attention import SPARSE_KINDS, BlockSparseLayout, SparsitySpec
-from .spatial_gating import GATING_KINDS, GMLPLayer
 from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy
 
 if TYPE_CHECKING:
@@ -105,23 +102,11 @@ class GPTConfig:
     sliding_window: int | None = None
     """Mistral's sliding-window attention: query i sees keys i - window < j <= i (None: full causal)."""
     attention_layers: tuple[str, ...] | None = None
-    """One kind per layer (`LAYER_KINDS`: dense, a block-sparse layout, or a gMLP / aMLP, Mamba or RWKV block);
-    None: dense everywhere."""
-    sparsity: SparsitySpec = SparsitySpec()
-    """The block-sparse layouts' settings (GPT-NeoX's sparsity_config)."""
-    gmlp_attention_dim: int = 64
-    """The width of an amlp layer's single-head attention (GPT-NeoX's gmlp_attn_dim)."""
-    mamba_inner_size: int | None = None
-    """The channels of a mamba layer (None: 2 x hidden_size)."""
-    mamba_conv_bias: bool = True
-    """A bias on a mamba layer's convolution (GPT-NeoX's mamba_use_bias_in_conv)."""
-    mamba_linear_bias: bool = False
-    """Biases on a mamba layer's in, x and out projections (GPT-NeoX's mamba_use_bias_in_linears)."""
-    rwkv_dim_att: int | None = None
-    """The width of an rwkv layer's time mix, num_attention_heads heads of it (None: hidden_size; NeoX's dim_att)."""
-    rwkv_ffn_size: int | None = None
-    """The width of an rwkv layer's channel mix (None: 3.5 x hidden_size rounded down to a multiple of 32, as NeoX's
-    ffn_dim)."""
+    """One kind per layer (a registered `LayerKind`: dense, a block-sparse layout, or a gMLP / aMLP, Mamba or RWKV
+    block); None: dense everywhere."""
+    layer_settings: tuple[Any, ...] = ()
+    """The settings of the kinds in use, one dataclass each (`SparsitySpec`, `GMLPSpec`, `MambaSpec`, `RWKVSpec` or
+    a plug-in kind's): a kind without one takes its defaults (see `settings`)."""
     soft_prompt_tokens: int = 0
     """GPT-NeoX's soft prompt tuning: this many learned vectors before every sequence (`SoftPrompt`); 0: none."""
     soft_prompt_init_range: float = 0.5
@@ -207,13 +192,10 @@ class GPTConfig:
             return tuple(index // (self.num_layers // unique) for index in range(self.num_layers))
         return tuple(index % unique for index in range(self.num_layers))
 
-    @property
-    def rwkv_width(self) -> int:
-        return self.rwkv_dim_att or self.hidden_size
-
-    @property
-    def rwkv_ffn(self) -> int:
-        return self.rwkv_ffn_size or int(3.5 * self.hidden_size) // 32 * 32
+    def settings(self, kind: str) -> Any:
+        """The settings of layer kind `kind`: its settings dataclass from layer_settings, or that class's defaults."""
+        wanted = layer_kind(kind).settings
+        return next((spec for spec in self.layer_settings if type(spec) is wanted), None) or wanted()
 
     @property
     def max_positions(self) -> int:
@@ -331,44 +313,11 @@ def _problems(c: GPTConfig) -> list[str]:
             f"{c.max_positions}"
         )
     if c.attention_layers is not None:
-        kinds = set(c.attention_layers)
-        if len(c.attention_layers) != c.num_layers:
-            found.append(
-                f"model.attention_layers: expected one kind per layer ({c.num_layers}), found {len(c.attention_layers)}"
-            )
-        if kinds - set(LAYER_KINDS):
-            found.append(
-                f"model.attention_layers: expected kinds among {', '.join(LAYER_KINDS)}, found "
-                f"{', '.join(sorted(kinds - set(LAYER_KINDS)))}"
-            )
-        else:
-            found += c.sparsity.problems(kinds, c.seq_length + c.soft_prompt_tokens)  # the layouts' length
-        gating = sorted(kinds & set(GATING_KINDS))
-        if gating and c.gated:
-            found.append(
-                f"model.activation: {', '.join(gating)} layers split their inner activations into a value "
-                f"and a gate themselves; expected an ungated activation, found {c.activation}"
-            )
-        whole = sorted(kinds & set(WHOLE_LAYER_KINDS))
-        if whole and c.moe is not None:
-            found.append(
-                f"model.moe: {', '.join(whole)} layers have no MLP to replace with experts; expected one "
-                "of model.moe and those layers"
-            )
-        scanning = sorted(kinds & {*MAMBA_KINDS, *RWKV_KINDS})
-        if scanning and c.soft_prompt_tokens:
-            found.append(
-                f"model.soft_prompt: every packed document sees the prompt's positions, which a "
-                f"{scanning[0]} layer's scan cannot give; expected no soft prompt with {', '.join(scanning)} "
-                "layers"
-            )
-        if "rwkv" in kinds and c.rwkv_width % c.num_attention_heads:
-            found.append(
-                f"model.rwkv_dim_att: an rwkv layer's time mix has num_attention_heads heads; expected a "
-                f"multiple of {c.num_attention_heads}, found {c.rwkv_width}"
-            )
-        if "amlp" in kinds and c.gmlp_attention_dim < 1:
-            found.append(f"model.gmlp_attention_dim: expected 1 or more, found {c.gmlp_attention_dim}")
+        found += _layer_kind_problems(c)
+    settled = {kind.settings for kind in layer_kinds()}
+    for spec in c.layer_settings:
+        if type(spec) not in settled:
+            found.append(f"model.layer_settings: {type(spec).__name__} is the settings of no registered layer kind")
     if c.mup is not None:
         found += _mup_problems(c)
     if c.moe is not None and c.moe.frequency > c.num_layers:
@@ -381,10 +330,55 @@ def _problems(c: GPTConfig) -> list[str]:
     return found
 
 
+def _layer_kind_problems(c: GPTConfig) -> list[str]:
+    """What the registry's kinds say of `c`: their own problems (a transformer kind's first), and the rules every
+    block shares."""
+    names, found = set(c.attention_layers), []
+    if len(c.attention_layers) != c.num_layers:
+        found.append(
+            f"model.attention_layers: expected one kind per layer ({c.num_layers}), found {len(c.attention_layers)}"
+        )
+    known = [kind.name for kind in layer_kinds()]
+    if names - set(known):
+        return [
+            *found,
+            f"model.attention_layers: expected kinds among {', '.join(known)}, found "
+            f"{', '.join(sorted(names - set(known)))}",
+        ]
+    kinds, asked = kinds_of(c), []
+    for kind in sorted(kinds, key=lambda kind: kind.is_block):
+        if kind.problems is not None and kind.problems not in asked:
+            asked.append(kind.problems)
+            found += [] if kind.is_block else kind.problems(c, names)
+    gating = sorted(kind.name for kind in kinds if kind.splits_activation)
+    if gating and c.gated:
+        found.append(
+            f"model.activation: {', '.join(gating)} layers split their inner activations into a value "
+            f"and a gate themselves; expected an ungated activation, found {c.activation}"
+        )
+    whole = sorted(kind.name for kind in kinds if kind.is_block)
+    if whole and c.moe is not None:
+        found.append(
+            f"model.moe: {', '.join(whole)} layers have no MLP to replace with experts; expected one "
+            "of model.moe and those layers"
+        )
+    scanning = sorted(kind.name for kind in kinds if kind.scans)
+    if scanning and c.soft_prompt_tokens:
+        found.append(
+            f"model.soft_prompt: every packed document sees the prompt's positions, which a "
+            f"{scanning[0]} layer's scan cannot give; expected no soft prompt with {', '.join(scanning)} "
+            "layers"
+        )
+    blocks = [kind.problems for kind in kinds if kind.is_block and kind.problems is not None]
+    for problems in dict.fromkeys(blocks):
+        found += problems(c, names)
+    return found
+
+
 def _mup_problems(c: GPTConfig) -> list[str]:
     """muP's rules are those of transformer layers drawn from normal distributions."""
     found = []
-    whole = sorted(set(c.attention_layers or ()) & set(WHOLE_LAYER_KINDS))
+    whole = sorted(kind.name for kind in kinds_of(c) if kind.is_block)
     if whole:
         found.append(
             f"model.mup: muP's rules cover attention and MLP layers; expected none of {', '.join(whole)} "
@@ -406,10 +400,6 @@ BLOCK_TYPES = ("pre_ln", "gpt_j", "gpt_neox")
 """pre_ln: sequential pre-norm blocks; gpt_j: attention and MLP in parallel from one norm of the input;
 gpt_neox: in parallel from two norms of the input (GPT-NeoX's gpt_j_residual, Pythia)."""
 POSITIONS = ("learned_absolute", "rope", "sinusoidal", "alibi", "rpe", "none")
-LAYER_KINDS = ("dense", *SPARSE_KINDS, *GATING_KINDS, *MAMBA_KINDS, *RWKV_KINDS)
-"""Every kind a decoder layer can have (dense: full causal attention and an MLP)."""
-WHOLE_LAYER_KINDS = (*GATING_KINDS, *MAMBA_KINDS, *RWKV_KINDS)
-"""Kinds that replace attention and MLP with a block of their own, whole on every tensor-parallel rank."""
 SHARING_STYLES = ("grouped", "spaced")
 """How shared layers repeat (see `GPTConfig.param_sharing_style`)."""
 SCORE_BIASES = ("alibi", "rpe")
@@ -435,12 +425,8 @@ class SelfAttention(nn.Module):
             self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
             self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
-        kind = config.attention_kind(layer_number)
-        self.sparse = (
-            BlockSparseLayout(kind, config.sparsity, heads, config.seq_length + config.soft_prompt_tokens, layer_number)
-            if kind in SPARSE_KINDS
-            else None
-        )
+        kind = layer_kind(config.attention_kind(layer_number))
+        self.sparse = None if kind.attention_layout is None else kind.attention_layout(config, kind.name, layer_number)
         """The layer's block-sparse layout (plain values: built from the config, never trained or saved)."""
         self.core_attention = CoreAttention(
             layer_number,
@@ -617,39 +603,8 @@ class SoftPrompt(nn.Module):
 
 def _layer(config: GPTConfig, layer_number: int, kernel: AttentionKernel) -> nn.Module:
     """Decoder layer `layer_number` (1-based) of the kind `attention_layers` gives it."""
-    kind = config.attention_kind(layer_number)
-
-    def norm(width: int) -> nn.Module:
-        return build_norm(config.normalization, width, config.layernorm_epsilon)
-
-    if kind in GATING_KINDS:
-        return GMLPLayer(
-            config.hidden_size,
-            config.seq_length + config.soft_prompt_tokens,
-            norm,
-            ACTIVATIONS[config.activation][0],
-            config.gmlp_attention_dim if kind == "amlp" else None,
-        )
-    if kind in MAMBA_KINDS:
-        return MambaLayer(
-            config.hidden_size,
-            config.mamba_inner_size or 2 * config.hidden_size,
-            norm,
-            config.mamba_conv_bias,
-            config.mamba_linear_bias,
-        )
-    if kind in RWKV_KINDS:
-        return RWKVLayer(
-            config.hidden_size,
-            config.rwkv_width,
-            config.num_attention_heads,
-            config.rwkv_ffn,
-            layer_number - 1,
-            config.num_layers,
-            config.attention_dropout,
-            config.hidden_dropout,
-        )
-    return DecoderLayer(config, layer_number, kernel)
+    kind = layer_kind(config.attention_kind(layer_number))
+    return DecoderLayer(config, layer_number, kernel) if kind.build is None else kind.build(config, layer_number)
 
 
 class GPTDecoder(nn.Module):
@@ -796,6 +751,14 @@ class GPTForCausalLM(nn.Module):
         if config.mup is not None:
             readout = "model.embed_tokens.weight" if config.share_embeddings_and_output_weights else "lm_head.weight"
             self.readout_multiplier = 1 / (self.mup_widths[readout].multiplier * config.mup.output_temperature)
+        self.layer_kinds = kinds_of(config)
+        """The kinds of the layers (their own initialisation; plain records, never trained or saved)."""
+        self.output_projections = (
+            "o_proj",
+            "down_proj",
+            *(n for kind in self.layer_kinds for n in kind.output_projections),
+        )
+        """Name endings of the linear layers drawn by output_layer_init_method."""
         if config.soft_prompt_tokens:  # prompt tuning: the prompt trains, every other weight stays as it starts
             for name, parameter in self.named_parameters():
                 parameter.requires_grad_(name.startswith("model.soft_prompt."))
@@ -863,30 +826,12 @@ class GPTForCausalLM(nn.Module):
             init_weight(weight, method, std=c.init_method_std, layers=c.num_layers, hidden=c.hidden_size, fans=fans)
 
         qkv_fans = (c.hidden_size, (c.num_attention_heads + 2 * c.kv_heads) * c.head_dim)
-        if init_mamba_part(name, module):
-            pass
-        elif isinstance(module, TimeMix | ChannelMix):  # NeoX's curves for the layer's place in the stack
-            module.reset_curves()
-        elif name.endswith(
-            (
-                ".att.receptance",
-                ".att.key",
-                ".att.value",
-                ".att.gate",
-                ".att.output",
-                ".ffn.key",
-                ".ffn.receptance",
-                ".ffn.value",
-            )
-        ):
-            module.reset_parameters()  # NeoX leaves RWKV's linear layers to torch's default draw
-        elif name.endswith(".spatial_gating.proj"):  # NeoX's W = 0 and b = 1: the gate starts as the identity
-            nn.init.zeros_(module.weight)
-            nn.init.ones_(module.bias)
-        elif name.endswith((".spatial_gating.attn.proj_qkv", ".spatial_gating.attn.proj_ffn", ".mlp.coefficient")):
-            module.reset_parameters()  # NeoX's aMLP attention and DeepSpeed's PR-MoE mix keep torch's default draw
+        if any(kind.init(name, module) for kind in self.layer_kinds if kind.init is not None):
+            pass  # a layer kind's own draw
+        elif name.endswith(".mlp.coefficient"):
+            module.reset_parameters()  # DeepSpeed's PR-MoE mix keeps torch's default draw
         elif isinstance(module, nn.Linear | nn.Embedding):
-            if name.endswith(("o_proj", "down_proj", "output_proj", ".mixer.out_proj")):
+            if name.endswith(self.output_projections):
                 draw(module.weight, c.output_init)
             elif name.endswith(("q_proj", "k_proj", "v_proj")):
                 draw(module.weight, c.init_method, qkv_fans)
@@ -976,19 +921,29 @@ def gpt_tp_plan(config: GPTConfig) -> dict[str, str]:
         plan["model.relative_position_bias"] = "heads"
     if config.qk_layernorm:  # a rank's heads as a slice of all, so that the norm's reductions cover every head
         plan["model.layers.*.self_attn.qk_norm"] = "replicated_with_grad_allreduce"
-    if set(config.attention_layers or ()) & set(WHOLE_LAYER_KINDS):  # gMLP, Mamba and RWKV layers are whole on
-        # every rank: the layer entries name the layers that hold such a part
-        kinds = config.attention_layers
-        holders = {"input_layernorm": [index for index, kind in enumerate(kinds) if kind not in RWKV_KINDS]}
-        attending = [index for index, kind in enumerate(kinds) if kind not in WHOLE_LAYER_KINDS]
-        plan = {
-            pattern.replace("*", str(index)) if pattern.startswith("model.layers.*.") else pattern: style
-            for pattern, style in plan.items()
-            for index in (
-                holders.get(pattern.rsplit(".", 1)[-1], attending) if pattern.startswith("model.layers.*.") else (0,)
-            )
-        }
+    if any(kind.is_block for kind in kinds_of(config)):  # blocks are whole on every rank but for their own
+        # entries: the layer entries name each layer
+        plan = _per_layer(plan, [layer_kind(name) for name in config.attention_layers])
     return {**plan, **moe_tp_plan(config.moe_layers)}
+
+
+def _per_layer(plan: dict[str, str], kinds: list[LayerKind]) -> dict[str, str]:
+    """`plan` with each `model.layers.*.` entry named for every layer holding that part: a transformer layer holds
+    them all, a block those of its own plan (with its styles), whose other entries follow."""
+    layer = "model.layers.*."
+    per_layer = {}
+    for pattern, style in plan.items():
+        if not pattern.startswith(layer):
+            per_layer[pattern] = style
+            continue
+        part = pattern.removeprefix(layer)
+        for index, kind in enumerate(kinds):
+            if not kind.is_block or part in kind.tp_plan:
+                per_layer[f"model.layers.{index}.{part}"] = kind.tp_plan.get(part, style)
+    for index, kind in enumerate(kinds):
+        for part, style in kind.tp_plan.items():
+            per_layer.setdefault(f"model.layers.{index}.{part}", style)
+    return per_layer
 
 
 def moe_tp_plan(layers: Iterable[int]) -> dict[str, str]:

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 
 from .errors import ModelConfigError
 from .gpt import GPTConfig
-from .rwkv import RWKV_KINDS
-from .selective_state_space import MAMBA_KINDS
-from .spatial_gating import GATING_KINDS
+from .layer_kinds import kinds_of, layer_kinds, names_list
 
 
 @dataclass(frozen=True)
@@ -62,10 +60,11 @@ def neox_layout(config: GPTConfig) -> NeoXLayout:
             "a GPT-NeoX checkpoint of an rpe model keeps a copy of the bucket table in every "
             "layer (each pipeline stage trains its own); nxd does not read or write one"
         )
-    if set(config.attention_layers or ()) & {*GATING_KINDS, *MAMBA_KINDS, *RWKV_KINDS}:
+    if any(not kind.has_neox_layout for kind in kinds_of(config)):
+        unread = names_list([kind.name for kind in layer_kinds() if not kind.has_neox_layout])
         raise ModelConfigError(
-            "a GPT-NeoX checkpoint of gmlp, amlp, mamba or rwkv layers is not read or written by "
-            "nxd yet: its checkpoint layout covers NeoX's transformer layers"
+            f"a GPT-NeoX checkpoint of {unread} layers is not read or written by nxd yet: its checkpoint layout "
+            "covers NeoX's transformer layers"
         )
     if config.num_unique_layers not in (None, config.num_layers):
         raise ModelConfigError(

@@ -4,6 +4,9 @@ it), which torch lacks."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -22,6 +25,11 @@ class ScaleNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=self.eps) * self.weight
+
+
+def norm_builder(kind: str, eps: float) -> Callable[[int], nn.Module]:
+    """The norm layer `kind` for any width: what a block builds its norms with."""
+    return functools.partial(build_norm, kind, eps=eps)
 
 
 def build_norm(kind: str, hidden: int, eps: float) -> nn.Module:

@@ -20,14 +20,19 @@ and the token shift restart). Decoding recomputes the layer over the cached inpu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .kv_cache import LayerCache
+from .layer_kinds import LayerKind
 
-RWKV_KINDS = ("rwkv",)
-"""Layer kinds that are an RWKV block in place of attention and MLP."""
+if TYPE_CHECKING:
+    from .gpt import GPTConfig
+
 MIX_RANK, DECAY_RANK = 32, 64
 """The ranks of the time mix's data-dependent interpolation and decay (NeoX's TIME_MIX_EXTRA_DIM and
 TIME_DECAY_EXTRA_DIM)."""
@@ -259,3 +264,75 @@ class RWKVLayer(nn.Module):
             x = self.ln1(x)
         x = self.drop0(x + self.att(self.ln1(x), starts))
         return self.drop1(x + self.ffn(self.ln2(x), starts))
+
+
+@dataclass(frozen=True)
+class RWKVSpec:
+    """The settings of rwkv layers (GPT-NeoX's)."""
+
+    dim_att: int | None = None
+    """The width of the time mix, num_attention_heads heads of it (None: hidden_size; NeoX's dim_att)."""
+    ffn_size: int | None = None
+    """The width of the channel mix (None: 3.5 x hidden_size rounded down to a multiple of 32, as NeoX's ffn_dim)."""
+
+    def width(self, hidden: int) -> int:
+        return self.dim_att or hidden
+
+    def ffn(self, hidden: int) -> int:
+        return self.ffn_size or int(3.5 * hidden) // 32 * 32
+
+
+def _build(config: GPTConfig, layer_number: int) -> RWKVLayer:
+    spec, hidden = config.settings("rwkv"), config.hidden_size
+    return RWKVLayer(
+        hidden,
+        spec.width(hidden),
+        config.num_attention_heads,
+        spec.ffn(hidden),
+        layer_number - 1,
+        config.num_layers,
+        config.attention_dropout,
+        config.hidden_dropout,
+    )
+
+
+_TORCH_DRAWN = (
+    *(f".att.{name}" for name in ("receptance", "key", "value", "gate", "output")),
+    *(f".ffn.{name}" for name in ("key", "receptance", "value")),
+)
+"""NeoX leaves the linear layers of both mixes to torch's default draw."""
+
+
+@torch.no_grad()
+def _init(name: str, module: nn.Module) -> bool:
+    """NeoX's curves for the layer's place in the stack; its linear layers keep torch's default draw."""
+    if isinstance(module, TimeMix | ChannelMix):
+        module.reset_curves()
+    elif name.endswith(_TORCH_DRAWN):
+        module.reset_parameters()
+    else:
+        return False
+    return True
+
+
+def _flops(module: nn.Module, seq_length: int) -> int:
+    """The low-rank mixing and decay weights as matmul weights, the recurrence as two multiply-adds per state
+    entry."""
+    if isinstance(module, TimeMix):
+        low_rank = (module.time_maa_w1, module.time_maa_w2, module.time_decay_w1, module.time_decay_w2)
+        return 6 * (sum(p.numel() for p in low_rank) + 2 * module.time_decay.numel() * module.head_size)
+    return 0
+
+
+def _problems(config: GPTConfig, kinds: set[str]) -> list[str]:
+    width, heads = config.settings("rwkv").width(config.hidden_size), config.num_attention_heads
+    if width % heads:
+        return [
+            f"model.rwkv_dim_att: an rwkv layer's time mix has num_attention_heads heads; expected a multiple of "
+            f"{heads}, found {width}"
+        ]
+    return []
+
+
+KINDS = (LayerKind("rwkv", build=_build, settings=RWKVSpec, init=_init, flops=_flops, problems=_problems, scans=True),)
+"""The RWKV-6 block."""

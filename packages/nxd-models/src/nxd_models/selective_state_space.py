@@ -24,21 +24,38 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .kv_cache import LayerCache
+from .layer_kinds import LayerKind
+from .norms import norm_builder
 
-MAMBA_KINDS = ("mamba",)
-"""Layer kinds that are a Mamba block in place of attention and MLP."""
+if TYPE_CHECKING:
+    from .gpt import GPTConfig
+
 STATE_SIZE = 16
 """States per channel (GPT-NeoX's d_state)."""
 CONVOLUTION_WIDTH = 4
 """The causal convolution's width (GPT-NeoX's d_conv)."""
 DT_MIN, DT_MAX, DT_FLOOR = 0.001, 0.1, 1e-4
 """The range of the initial step sizes and their floor (mamba-ssm's defaults, as NeoX draws them)."""
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """The settings of mamba layers (GPT-NeoX's)."""
+
+    inner_size: int | None = None
+    """The channels of a mamba layer (None: 2 x hidden_size)."""
+    conv_bias: bool = True
+    """A bias on the convolution (GPT-NeoX's mamba_use_bias_in_conv)."""
+    linear_bias: bool = False
+    """Biases on the in, x and out projections (GPT-NeoX's mamba_use_bias_in_linears)."""
 
 
 def selective_scan(
@@ -173,3 +190,33 @@ class MambaLayer(nn.Module):
         seq = normed.shape[1]  # decoding: the scan over every cached position, this call's outputs kept
         everything, _ = cache.extend(normed.unsqueeze(1), normed.new_empty(normed.shape[0], 1, seq, 0))
         return hidden + self.mixer(everything.squeeze(1))[:, -seq:]
+
+
+def _build(config: GPTConfig, layer_number: int) -> MambaLayer:
+    spec = config.settings("mamba")
+    norm = norm_builder(config.normalization, config.layernorm_epsilon)
+    return MambaLayer(
+        config.hidden_size, spec.inner_size or 2 * config.hidden_size, norm, spec.conv_bias, spec.linear_bias
+    )
+
+
+def _flops(module: nn.Module, seq_length: int) -> int:
+    """The convolution as matmul weights, the scan as three multiply-adds per channel and state."""
+    if isinstance(module, MambaMixer):
+        return 6 * (module.conv1d.weight.numel() + 3 * module.inner * STATE_SIZE)
+    return 0
+
+
+KINDS = (
+    LayerKind(
+        "mamba",
+        build=_build,
+        settings=MambaSpec,
+        init=init_mamba_part,
+        output_projections=(".mixer.out_proj",),
+        tp_plan={"input_layernorm": "sequence"},
+        flops=_flops,
+        scans=True,
+    ),
+)
+"""The Mamba block."""

@@ -25,12 +25,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from .errors import ModelConfigError
+from .layer_kinds import LayerKind
 
 if TYPE_CHECKING:  # FlexAttention imports sympy: loaded where a block mask is made
     from torch.nn.attention.flex_attention import BlockMask
 
+    from .gpt import GPTConfig
+
 SPARSE_KINDS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
-"""Layer kinds whose attention follows a block-sparse layout."""
+"""Layer kinds whose attention follows a block-sparse layout (their settings: one `SparsitySpec`)."""
 
 
 @dataclass(frozen=True)
@@ -304,3 +307,20 @@ def flex_block_sparse(
 
     function = _compiled_flex() if compiled else flex_attention
     return function(query, key, value, block_mask=mask, enable_gqa=key.shape[1] != query.shape[1])
+
+
+def _layout(config: GPTConfig, kind: str, layer_number: int) -> BlockSparseLayout:
+    """The layer's layout over the training sequence (a soft prompt's positions included)."""
+    length = config.seq_length + config.soft_prompt_tokens
+    return BlockSparseLayout(kind, config.settings(kind), config.num_attention_heads, length, layer_number)
+
+
+def _problems(config: GPTConfig, kinds: set[str]) -> list[str]:
+    spec = config.settings(next(kind for kind in SPARSE_KINDS if kind in kinds))
+    return spec.problems(kinds, config.seq_length + config.soft_prompt_tokens)
+
+
+KINDS = tuple(
+    LayerKind(kind, settings=SparsitySpec, attention_layout=_layout, problems=_problems) for kind in SPARSE_KINDS
+)
+"""Transformer layers whose attention reads a block-sparse layout."""

@@ -15,17 +15,34 @@ Decoding caches each position's normed gate (and the tiny attention's keys and v
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .activations import Activation
+from .activations import ACTIVATIONS, Activation
 from .errors import ModelConfigError
 from .kv_cache import LayerCache
+from .layer_kinds import LayerKind
+from .norms import norm_builder
+
+if TYPE_CHECKING:
+    from .gpt import GPTConfig
 
 GATING_KINDS = ("gmlp", "amlp")
 """Layer kinds that are a gMLP block in place of attention and MLP."""
+
+
+@dataclass(frozen=True)
+class GMLPSpec:
+    """The settings of gmlp and amlp layers (GPT-NeoX's)."""
+
+    attention_dim: int = 64
+    """The width of an amlp layer's single-head attention (GPT-NeoX's gmlp_attn_dim)."""
+
+
 WIDTH_MULTIPLE = 4
 """The inner width is 4 x hidden_size, as GPT-NeoX fixes it (GMLPBlock's ff_mult)."""
 
@@ -147,3 +164,59 @@ class GMLPLayer(nn.Module):
     ) -> torch.Tensor:
         inner = self.activation(self.input_proj(self.input_layernorm(hidden)))
         return self.output_proj(self.spatial_gating(inner, documents, cache))
+
+
+def _build(config: GPTConfig, layer_number: int) -> GMLPLayer:
+    kind = config.attention_kind(layer_number)
+    return GMLPLayer(
+        config.hidden_size,
+        config.seq_length + config.soft_prompt_tokens,
+        norm_builder(config.normalization, config.layernorm_epsilon),
+        ACTIVATIONS[config.activation][0],
+        config.settings(kind).attention_dim if kind == "amlp" else None,
+    )
+
+
+@torch.no_grad()
+def _init(name: str, module: nn.Module) -> bool:
+    """NeoX's W = 0 and b = 1 (the gate starts as the identity); the aMLP attention keeps torch's default draw."""
+    if name.endswith(".spatial_gating.proj"):
+        nn.init.zeros_(module.weight)
+        nn.init.ones_(module.bias)
+    elif name.endswith((".spatial_gating.attn.proj_qkv", ".spatial_gating.attn.proj_ffn")):
+        module.reset_parameters()
+    else:
+        return False
+    return True
+
+
+def _flops(module: nn.Module, seq_length: int) -> int:
+    """The spatial projection mixes each inner feature over the sequence: 6 x inner x seq_length, counted as
+    attention is (not as its seq x seq weights); the tiny attention's scores and context as attention's."""
+    if isinstance(module, SpatialGatingUnit):
+        return 6 * module.inner * seq_length - 6 * module.proj.weight.numel()
+    if isinstance(module, TinyAttention):
+        return 12 * module.dim * seq_length
+    return 0
+
+
+def _problems(config: GPTConfig, kinds: set[str]) -> list[str]:
+    dim = config.settings("amlp").attention_dim
+    return [f"model.gmlp_attention_dim: expected 1 or more, found {dim}"] if "amlp" in kinds and dim < 1 else []
+
+
+KINDS = tuple(
+    LayerKind(
+        kind,
+        build=_build,
+        settings=GMLPSpec,
+        init=_init,
+        output_projections=("output_proj",),
+        tp_plan={"input_layernorm": "sequence"},
+        flops=_flops,
+        problems=_problems,
+        splits_activation=True,
+    )
+    for kind in GATING_KINDS
+)
+"""gMLP and aMLP blocks."""
