@@ -24,10 +24,10 @@ from pathlib import Path
 
 from nxd_config import load_config
 from nxd_data import PretrainingSampler, WithPadding, collate, preprocess_jsonl
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import default_config_path
-from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
-from nxd_train.loop import train
-from nxd_train.preflight import plan_run
+from nxd_train.run.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
+from nxd_train.run.loop import train
 from smoke import parse_args
 from torch.utils.data import DataLoader
 

@@ -26,12 +26,12 @@ import torch
 import transformers
 from nxd_config import load_config
 from nxd_models.generation import generate
-from nxd_train.ckpt_commands import export_command
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import default_config_path
-from nxd_train.corpus import default_cache_dir
-from nxd_train.inference import load_run
-from nxd_train.loop import train
-from nxd_train.preflight import plan_run
+from nxd_train.commands.ckpt import export_command
+from nxd_train.inference.loading import load_run
+from nxd_train.run.corpus import default_cache_dir
+from nxd_train.run.loop import train
 from smoke import parse_args
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -134,7 +134,7 @@ def _evaluation(run, root: Path, hf, limit: int | None) -> None:
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-    from nxd_train.lm_eval_model import NxdLM
+    from nxd_train.inference.lm_eval_model import NxdLM
 
     tasks = root / "tasks"
     _write_tasks(tasks)

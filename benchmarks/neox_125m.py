@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 from nxd_config import load_config
 from nxd_models import peak_memory
-from nxd_train.corpus import default_cache_dir
-from nxd_train.loop import train
-from nxd_train.preflight import plan_run
+from nxd_train.checks.preflight import plan_run
+from nxd_train.run.corpus import default_cache_dir
+from nxd_train.run.loop import train
 from smoke import parse_args
 from throughput import StepTimer, unshifted_windows, with_random_tokens
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Trainer, TrainingArguments

@@ -29,9 +29,9 @@ TYPES = ("fp32", "autocast", "mixed_precision", "mixed_precisionSR", "bf16SR")
 
 def child(config: Path, precision: str, steps: int, shape: list[str]) -> None:
     from nxd_config import load_config
-    from nxd_train.corpus import default_cache_dir
-    from nxd_train.loop import train
-    from nxd_train.preflight import plan_run
+    from nxd_train.checks.preflight import plan_run
+    from nxd_train.run.corpus import default_cache_dir
+    from nxd_train.run.loop import train
 
     with tempfile.TemporaryDirectory() as scratch:
         cfg = load_config(

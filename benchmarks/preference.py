@@ -43,9 +43,9 @@ import datasets
 import torch
 from nxd_config import load_config
 from nxd_data import PretrainingSampler
-from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
-from nxd_train.loop import train
-from nxd_train.preflight import plan_run
+from nxd_train.checks.preflight import plan_run
+from nxd_train.run.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
+from nxd_train.run.loop import train
 from sft import (  # the script's folder
     ACCUMULATION,
     LR,

@@ -35,7 +35,7 @@ import torch
 import yaml
 from nxd_data import load_tokenizer
 from nxd_train.cli import main as nxd_main
-from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
+from nxd_train.run.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
 from sft import records, step_times  # benchmarks/ is the script's folder
 from smoke import parse_args
 from throughput import StepTimer

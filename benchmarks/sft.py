@@ -41,9 +41,9 @@ import torch
 from nxd_config import load_config
 from nxd_data import load_tokenizer
 from nxd_models import device_ceiling
-from nxd_train.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
-from nxd_train.loop import train
-from nxd_train.preflight import plan_run
+from nxd_train.checks.preflight import plan_run
+from nxd_train.run.corpus import builtin_tokenizer, default_cache_dir, stdlib_corpus
+from nxd_train.run.loop import train
 from smoke import parse_args  # benchmarks/ is the script's folder
 from throughput import StepTimer
 from transformers import LlamaConfig, PreTrainedTokenizerFast

@@ -39,11 +39,11 @@ import torch
 from nxd_config import NxdConfig, load_config
 from nxd_data import SampleFormat, TokenStream
 from nxd_models import device_ceiling, model_family, peak_memory
-from nxd_train.corpus import default_cache_dir
-from nxd_train.data import DataSplits
-from nxd_train.loop import train
-from nxd_train.plan import RunPlan
-from nxd_train.preflight import plan_run
+from nxd_train.checks.preflight import plan_run
+from nxd_train.run.corpus import default_cache_dir
+from nxd_train.run.data import DataSplits
+from nxd_train.run.loop import train
+from nxd_train.run.plan import RunPlan
 from smoke import TINY_MODEL, parse_args
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 from nxd_config import load_config
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import default_config_path
-from nxd_train.corpus import default_cache_dir
-from nxd_train.loop import train
-from nxd_train.preflight import plan_run
+from nxd_train.run.corpus import default_cache_dir
+from nxd_train.run.loop import train
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 FAST = ["trainer.log_every_n_steps=1", "exp_manager.create_tensorboard_logger=False", "trainer.limit_val_batches=0"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from nxd_ckpt import MARKER, Checkpointer, CheckpointError, HFExport, SavePolicy, load_checkpoint
-from nxd_train.ckpt_commands import export_command, verify_command
+from nxd_train.commands.ckpt import export_command, verify_command
 
 from .test_store import empty, state
 from .test_untrusted_checkpoints import Exec, reseal

@@ -118,7 +118,7 @@ import sys, time
 from datetime import timedelta
 import torch
 from nxd_parallel import LaunchWorld
-from nxd_train.cluster import LaunchedEnvironment, RanksDidNotMeet, RoundStrategy
+from nxd_train.cluster.environment import LaunchedEnvironment, RanksDidNotMeet, RoundStrategy
 world = LaunchWorld(launcher="env", world_size=2, rank=1, local_rank=1, local_world_size=2, node_rank=0, num_nodes=1,
                     master_addr="127.0.0.1", master_port=int(sys.argv[1]))
 strategy = RoundStrategy(world, cluster_environment=LaunchedEnvironment(world), timeout=timedelta(seconds=2),

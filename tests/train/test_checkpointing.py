@@ -7,9 +7,9 @@ import pytest
 import torch
 from nxd_ckpt import MARKER, list_checkpoints
 from nxd_config import ConfigNotice, load_config
+from nxd_train.checks.preflight import PreflightError, plan_run
 from nxd_train.cli import default_config_path, main
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import PreflightError, plan_run
+from nxd_train.run.corpus import default_cache_dir
 from safetensors.torch import load_file
 
 from tests.training_runs import assert_identical, saved_state

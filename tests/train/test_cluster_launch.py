@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from nxd_config import HostfileError, load_config, read_hostfile, select_hosts
+from nxd_train.checks.launcher import launcher_world
 from nxd_train.cli import main
-from nxd_train.cluster_launch import host_commands, sbatch_script
-from nxd_train.launcher_check import launcher_world
+from nxd_train.cluster.scripts import host_commands, sbatch_script
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 HOSTS = "# four nodes\nnode0 slots=4\nnode1 slots=4\nnode2 slots=4  # spare\nnode3 slots=4\n"
@@ -121,8 +121,8 @@ def test_the_launchers_world_must_be_the_configs():
 def test_a_restarted_job_continues_in_the_folder_its_first_round_took(tmp_path):
     """torchrun's rounds share a run id, Slurm's requeues a job id (also a batch script running nxd-train with no
     srun); the round that starts again finds its versioned log directory by the job recorded there."""
-    from nxd_train.launcher_check import job_of, restarted
-    from nxd_train.logdir import record_launch
+    from nxd_train.checks.launcher import job_of, restarted
+    from nxd_train.logging.log_dir import record_launch
 
     batch = job_of(None, {"SLURM_JOB_ID": "4711", "SLURM_RESTART_COUNT": "1"})
     assert (batch.launcher, batch.job_id, batch.restart, batch.tag) == ("slurm", "4711", 1, "slurm 4711")

@@ -7,9 +7,9 @@ from nxd_config import load_config
 from nxd_config.schema.optim import OPTIMIZER_NAMES, SCHEDULER_NAMES
 from nxd_precision.optimizers import OPTIMIZER_NAMES as BUILT_OPTIMIZERS
 from nxd_precision.schedules import SCHEDULE_NAMES
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import default_config_path
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import plan_run
+from nxd_train.run.corpus import default_cache_dir
 
 
 def test_every_configurable_optimizer_and_schedule_is_built():

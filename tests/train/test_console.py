@@ -10,8 +10,8 @@ import termios
 from pathlib import Path
 
 import pytest
-from nxd_train import monitor as monitor_module
-from nxd_train.monitor import Monitor
+from nxd_train.logging import monitor as monitor_module
+from nxd_train.logging.monitor import Monitor
 
 
 def _terminal(columns: int) -> tuple[int, int]:

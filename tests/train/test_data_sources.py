@@ -11,10 +11,10 @@ import datasets
 import pytest
 from nxd_ckpt import CheckpointError
 from nxd_config import ConfigError, load_config
+from nxd_train.checks.preflight import PreflightError, plan_run
 from nxd_train.cli import default_config_path, main
-from nxd_train.corpus import default_cache_dir
-from nxd_train.loop import train
-from nxd_train.preflight import PreflightError, plan_run
+from nxd_train.run.corpus import default_cache_dir
+from nxd_train.run.loop import train
 
 from tests.conftest import TEXT
 from tests.training_runs import hf_run_config, losses, read_metrics

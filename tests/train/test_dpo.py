@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from nxd_ckpt import MARKER, list_checkpoints, read_info
 from nxd_ckpt.marker import write_marker
 from nxd_config import load_config
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import default_config_path, main
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import plan_run
+from nxd_train.run.corpus import default_cache_dir
 from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM
 

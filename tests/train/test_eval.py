@@ -153,7 +153,7 @@ def test_lm_eval_missing_names_the_extra(monkeypatch):
     import sys
 
     from nxd_config.schema.inference import EvalConfig
-    from nxd_train.evaluation import evaluation_problems
+    from nxd_train.inference.evaluation import evaluation_problems
 
     monkeypatch.setitem(sys.modules, "lm_eval.tasks", None)  # as where the extra is not installed
     assert evaluation_problems(EvalConfig(tasks=("arc_easy",))) == [
@@ -208,7 +208,7 @@ def test_two_tensor_parallel_processes_score_what_one_does(tmp_path, monkeypatch
 
 def test_a_task_file_with_a_syntax_error_is_named_with_its_line(tmp_path):
     from nxd_config.schema.inference import EvalConfig
-    from nxd_train.evaluation import evaluation_problems
+    from nxd_train.inference.evaluation import evaluation_problems
 
     _write_tasks(tmp_path / "tasks")
     broken = tmp_path / "tasks" / "mine.yaml"

@@ -47,9 +47,9 @@ def _plan(tmp_path, *overrides: str):  # noqa: ANN202
     """nxd-train's plan of the default job on 2 processes with emulated float8 and `overrides`, or its
     PreflightError."""
     from nxd_config import load_config
+    from nxd_train.checks.preflight import PreflightError, plan_run
     from nxd_train.cli import default_config_path
-    from nxd_train.corpus import default_cache_dir
-    from nxd_train.preflight import PreflightError, plan_run
+    from nxd_train.run.corpus import default_cache_dir
 
     cfg = load_config(
         default_config_path(),
@@ -62,7 +62,7 @@ def _plan(tmp_path, *overrides: str):  # noqa: ANN202
 
 
 def test_the_gather_reaches_the_policy_and_a_layer_of_float8_weights_alone_is_refused_on_gloo(tmp_path, monkeypatch):
-    monkeypatch.setattr("nxd_train.preflight.accelerator_name", lambda: "cpu")  # gloo's, on any host
+    monkeypatch.setattr("nxd_train.checks.preflight.accelerator_name", lambda: "cpu")  # gloo's, on any host
     assert _plan(tmp_path / "gathered", *ZERO3_GATHER).policy.float8.all_gather
     refused = _plan(tmp_path, *ZERO3_GATHER, "model.normalization=non_parametric_layernorm")
     assert any(

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from nxd_config import load_config
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import default_config_path, main
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import plan_run
+from nxd_train.run.corpus import default_cache_dir
 from safetensors.torch import load_file
 
 from tests.training_runs import FAST, kto_job, kto_records, losses

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from nxd_config import ConfigError, load_config
 from nxd_train.cli import main
-from nxd_train.cluster_launch import LaunchError, host_commands, sbatch_script
+from nxd_train.cluster.scripts import LaunchError, host_commands, sbatch_script
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 SBATCH_KEYS = {

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 from nxd_config import ConfigNotice, load_config
+from nxd_train.checks.preflight import PreflightError, plan_run
 from nxd_train.cli import default_config_path
-from nxd_train.corpus import default_cache_dir
-from nxd_train.loop import train
-from nxd_train.monitor import Monitor
-from nxd_train.plan import Cadence, batch_limit
-from nxd_train.preflight import PreflightError, plan_run
+from nxd_train.logging.monitor import Monitor
+from nxd_train.run.corpus import default_cache_dir
+from nxd_train.run.loop import train
+from nxd_train.run.plan import Cadence, batch_limit
 
 from tests.training_runs import hf_run_config, losses, read_metrics, train_in_process
 
@@ -68,7 +68,7 @@ def test_validation_and_test_losses_are_logged(train_here):
 
 def test_a_step_faster_than_the_measured_ceiling_logs_no_mfu_and_says_why(tmp_path, monkeypatch):
     """A ceiling measured while other work held the cores: MFU is unknown, never 100%."""
-    import nxd_train.run as run_module
+    import nxd_train.run.setup as run_module
     from nxd_models import Ceiling
 
     monkeypatch.setattr(run_module, "device_ceiling", lambda device, dtype: Ceiling(1.0, "cpu: measured", True))

@@ -11,8 +11,8 @@ import pytest
 import torch
 from nxd_ckpt import MODEL_KEY, list_checkpoints, load_checkpoint
 from nxd_config import load_config
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import main
-from nxd_train.preflight import plan_run
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from tests.qeff_fixtures import tiny_model

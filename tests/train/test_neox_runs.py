@@ -15,9 +15,9 @@ import torch
 import yaml
 from nxd_config import load_config
 from nxd_config.neox.files import read_file
+from nxd_train.checks.preflight import PreflightError, plan_run
 from nxd_train.cli import main
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import PreflightError, plan_run
+from nxd_train.run.corpus import default_cache_dir
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
@@ -211,7 +211,7 @@ def test_a_hugging_face_gpt_neox_directory_starts_a_neox_run(
 ):
     """`load` at a directory transformers' GPTNeoXForCausalLM saved (as Pythia's are published) with `finetune`:
     the run starts from those weights, streamed in; with a zero learning rate its export holds them unchanged."""
-    from nxd_train.loop import train
+    from nxd_train.run.loop import train
     from safetensors.torch import load_file
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 

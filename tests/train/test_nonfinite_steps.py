@@ -37,7 +37,7 @@ def test_the_stop_policy_stops_at_the_first_non_finite_step(train_here):
 def test_one_poisoned_step_is_skipped_and_training_goes_on_finite(train_here, monkeypatch):
     """Step 3's micro-batches give a NaN loss: no update and no learning-rate step (step 4 runs at step
     3's rate), the count logged; every later step is finite, and so are the weights."""
-    import nxd_train.loop as loop
+    import nxd_train.run.loop as loop
 
     clean = train_here("trainer.max_steps=5", "model.optim.sched.warmup_steps=2")
     poisoned_step = {"now": 0}

@@ -49,9 +49,9 @@ def test_two_zero1_processes_step_as_one_and_resume_in_one(optimizer, tmp_path, 
 
 def test_without_bitsandbytes_adam8bit_is_refused_before_launch(tmp_path, monkeypatch):
     from nxd_config import load_config
+    from nxd_train.checks.preflight import PreflightError, plan_run
     from nxd_train.cli import default_config_path
-    from nxd_train.corpus import default_cache_dir
-    from nxd_train.preflight import PreflightError, plan_run
+    from nxd_train.run.corpus import default_cache_dir
 
     monkeypatch.setitem(sys.modules, "bitsandbytes.functional", None)  # as where the extra is not installed
     cfg = load_config(default_config_path(), [f"+exp_manager.explicit_log_dir={tmp_path}", "model.optim.name=adam8bit"])

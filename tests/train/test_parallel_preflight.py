@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from nxd_config import ConfigError, load_config
+from nxd_train.checks.preflight import PreflightError, plan_run
 from nxd_train.cli import default_config_path
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import PreflightError, plan_run
+from nxd_train.run.corpus import default_cache_dir
 
 
 def _problems(*overrides: str, source=None) -> list[str]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from nxd_config import load_config
 from nxd_parallel import GIB
-from nxd_train import memory_check
+from nxd_train.checks import memory as memory_check
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import default_config_path, main
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import plan_run
+from nxd_train.run.corpus import default_cache_dir
 
 LONG = ["model.encoder_seq_length=1024", "data.micro_batch_size=4", "data.global_batch_size=8"]
 

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from nxd_train import plot as plot_module
 from nxd_train.cli import main
-from nxd_train.plot import Run, panels
+from nxd_train.logging import plot as plot_module
+from nxd_train.logging.plot import Run, panels
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 from nxd_config import ConfigError, load_config
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import default_config_path
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import plan_run
+from nxd_train.run.corpus import default_cache_dir
 
 from tests.training_runs import FAST, losses
 

@@ -16,9 +16,9 @@ import datasets
 import pytest
 from nxd_ckpt import list_checkpoints
 from nxd_config import ConfigNotice, load_config
+from nxd_train.checks.preflight import PreflightError, plan_run
 from nxd_train.cli import default_config_path, main
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import PreflightError, plan_run
+from nxd_train.run.corpus import default_cache_dir
 
 from tests.training_runs import FAST, losses, saved_state, train_in_process
 

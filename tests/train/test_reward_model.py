@@ -13,9 +13,9 @@ import torch
 import yaml
 from nxd_ckpt import MODEL_KEY, list_checkpoints
 from nxd_config import load_config
+from nxd_train.checks.preflight import plan_run
 from nxd_train.cli import default_config_path, main
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import plan_run
+from nxd_train.run.corpus import default_cache_dir
 from transformers import AutoModelForSequenceClassification
 
 from tests.train.test_lora import ROOT, hf_base  # noqa: F401 - the fixture

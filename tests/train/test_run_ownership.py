@@ -15,10 +15,10 @@ import time
 import pytest
 from nxd_ckpt import list_checkpoints
 from nxd_config import ConfigError, ConfigNotice, load_config
+from nxd_train.checks.preflight import PreflightError, plan_run
 from nxd_train.cli import default_config_path, main
-from nxd_train.corpus import default_cache_dir
-from nxd_train.logdir import LOCK_FILE, LogDirLock
-from nxd_train.preflight import PreflightError, plan_run
+from nxd_train.logging.log_dir import LOCK_FILE, LogDirLock
+from nxd_train.run.corpus import default_cache_dir
 
 from tests.training_runs import FAST, losses, read_metrics, run_command, train_in_process
 
@@ -49,7 +49,7 @@ def test_a_killed_holder_leaves_the_log_directory_free(tmp_path):
     log_dir = tmp_path / "run"
     log_dir.mkdir()
     hold = (
-        "import sys, time; from pathlib import Path; from nxd_train.logdir import LogDirLock; "
+        "import sys, time; from pathlib import Path; from nxd_train.logging.log_dir import LogDirLock; "
         "lock = LogDirLock(Path(sys.argv[1])); assert lock.acquire(); print('held', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", hold, str(log_dir)], stdout=subprocess.PIPE, text=True)

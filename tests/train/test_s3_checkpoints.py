@@ -81,9 +81,9 @@ def test_without_boto3_or_checkpoints_the_run_is_refused_before_launch(tmp_path,
 
     import pytest
     from nxd_config import load_config
+    from nxd_train.checks.preflight import PreflightError, plan_run
     from nxd_train.cli import default_config_path
-    from nxd_train.corpus import default_cache_dir
-    from nxd_train.preflight import PreflightError, plan_run
+    from nxd_train.run.corpus import default_cache_dir
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "boto3" else real(name, *rest))

@@ -9,7 +9,7 @@ import re
 import pytest
 from nxd_config import load_config
 from nxd_train.cli import default_config_path, main
-from nxd_train.tuning import Candidate, candidates
+from nxd_train.commands.tune import Candidate, candidates
 
 from tests.config.test_neox_dialect import MODEL, errors, load, notices
 

@@ -7,9 +7,9 @@ import importlib.util
 
 import pytest
 from nxd_config import load_config
+from nxd_train.checks.preflight import PreflightError, plan_run
 from nxd_train.cli import default_config_path
-from nxd_train.corpus import default_cache_dir
-from nxd_train.preflight import PreflightError, plan_run
+from nxd_train.run.corpus import default_cache_dir
 
 from tests.training_runs import tensorboard_scalars, wandb_history
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from .command import main
+from nxd_train.command import main
 
 sys.exit(main())

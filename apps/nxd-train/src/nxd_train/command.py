@@ -21,19 +21,18 @@ SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG
 parent's choice and kept)."""
 
 
-OTHER_COMMANDS = ("config", "plan", "launch", "data", "ckpt", "plot", "-h", "--help")
-"""Subcommands that keep Python's own Ctrl-C: they clean up after themselves (temporary files, staging folders)."""
-
-
 def main() -> int:
     # torch logs a deprecation for each enum torchao registers, and transformers imports torchao wherever it is
     # installed (nxd-train[fp8]): not the user's to act on, so not printed at every start
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
-    training = len(sys.argv) < 2 or sys.argv[1] not in OTHER_COMMANDS
+    from nxd_train.commands.table import COMMANDS  # argparse alone: nothing that Ctrl-C could interrupt half loaded
+
+    own_ctrl_c = {command.name for command in COMMANDS if command.keeps_ctrl_c} | {"-h", "--help"}
+    training = len(sys.argv) < 2 or sys.argv[1] not in own_ctrl_c
     for signum, default in SIGNALS.items() if training else ():
         if signal.getsignal(signum) is default:
             signal.signal(signum, _exit_at_once)
-    from .cli import main as command
+    from nxd_train.cli import main as command
 
     return command()
 

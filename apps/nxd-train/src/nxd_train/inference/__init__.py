@@ -1,0 +1,1 @@
+"""A trained run stood up for inference: generate and eval."""

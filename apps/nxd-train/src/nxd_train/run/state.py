@@ -1,0 +1,239 @@
+"""The state of a run set up (`Run`): what its loop, its reference pass and its checkpoints read, apart
+from `run.setup`, which builds it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning_fabric import Fabric
+from nxd_align import Objective
+from nxd_ckpt import Checkpointer, CheckpointUploader
+from nxd_data import PretrainingSampler, WithPadding, truncate
+from nxd_models import Ceiling
+from nxd_parallel import DirectExecutor, ParallelDims, ParallelMesh, PipelineExecutor, StagedModel, split_sequence
+from nxd_precision import LossScaler, PrecisionOptimizer, PrecisionPolicy
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader, Dataset
+
+from nxd_train.logging.log_dir import LogDirLock
+from nxd_train.logging.monitor import Monitor
+from nxd_train.run.checkpointing import TrainingState, rng_states
+from nxd_train.run.plan import RunPlan
+from nxd_train.run.profiling import StepProfiler
+from nxd_train.run.statistics import StepStatistics
+from nxd_train.run.trainer_outputs import TrainerOutputs
+
+Batch = dict[str, torch.Tensor]
+
+
+def forward_autocast(fabric: Fabric, policy: PrecisionPolicy) -> Callable[[], AbstractContextManager]:
+    """The autocast forward passes run under: Fabric's (bf16, or none), or torch's fp16 one for fp16_autocast,
+    which Fabric would swap for bf16 on a CPU."""
+    if policy.autocast and policy.compute_dtype == torch.float16:
+        return partial(torch.autocast, fabric.device.type, dtype=torch.float16)
+    return fabric.autocast
+
+
+class UploadsFailed(Exception):
+    """Training ended, but checkpoints the run was to copy to S3 are not there: the run exits 1 so that the job
+    says so (the checkpoints are in the log directory still, unless retention removed them)."""
+
+
+@dataclass
+class Run:
+    plan: RunPlan
+    fabric: Fabric
+    dims: ParallelDims
+    mesh: ParallelMesh
+    log_dir: Path
+    monitor: Monitor
+    model: nn.Module | StagedModel
+    executor: DirectExecutor | PipelineExecutor
+    optimizer: PrecisionOptimizer
+    scheduler: LRScheduler
+    training: TrainingState
+    sampler: PretrainingSampler
+    """The training sampler, at the position the run starts from."""
+    checkpointer: Checkpointer
+    checkpoint_record: dict[str, Any]
+    """What every checkpoint's marker records of the run (layout, versions, config, Hugging Face mapping)."""
+    steps: int
+    start_step: int = 0
+    saved_rng: bytes | None = None
+    """This rank's RNG states from the checkpoint resumed (restored once the data loader has started)."""
+    flops_per_token: int = 0
+    ceiling: Ceiling | None = None
+    """The peak FLOP/s of this run's devices together (MFU's denominator)."""
+    mfu_unknown_said: bool = False
+    """Whether the log has said why a step's MFU is left out (its rate beat the ceiling)."""
+    objective: Objective | None = None
+    """The plan's objective, told how this run splits sequences (context parallel); set by `setup`."""
+    train_data: Dataset | None = None
+    validation_data: Dataset | None = None
+    test_data: Dataset | None = None
+    """The datasets trained and validated on: the plan's, with DPO's reference log-probs when precomputed."""
+    padding: Batch | None = None
+    """The sample that fills short batches (adds nothing to the loss)."""
+    trainer_outputs: TrainerOutputs | None = None
+    """Rank 0's Trainer-style folders (exp_manager.trainer_checkpoints)."""
+    resumed_metrics: dict[str, float] = field(default_factory=dict)
+    """The values the resumed checkpoint recorded (early stopping's count among them)."""
+    profiler: StepProfiler | None = None
+    """The profiler window's recorder (exp_manager.profiler); None costs a run nothing."""
+    statistics: StepStatistics | None = None
+    """The gradient and optimizer-state statistics a step logs (exp_manager.log_gradient_zeros ...)."""
+    step_passes: list[Callable[[list[Batch]], None]] = field(default_factory=list)
+    """What runs on a step's micro-batches before the objective, in order: the live reference (adds
+    `reference_log_probs`), KTO's KL baseline (adds `kto_kl`, keeps the example rows)."""
+    attach: list[Callable[[Path], None]] = field(default_factory=list)
+    """What rank 0 writes into each checkpoint folder beside the shards (peft adapter files, DPO's table)."""
+    checkpoint_group: torch.distributed.ProcessGroup | None = None
+    scaler: LossScaler | None = None
+    """fp16's loss scale (None for the other precision types)."""
+    log_dir_lock: LogDirLock = field(default_factory=lambda: LogDirLock(None))
+    """Rank 0's hold on `log_dir` (the others hold nothing)."""
+    uploads: CheckpointUploader | None = None
+    """Rank 0's uploads of complete checkpoints to S3 (exp_manager.s3_checkpoints)."""
+
+    def finish_uploads(self, *, wait: bool) -> None:
+        """Rank 0's checkpoint uploads: waited for, and those that failed named (training went on meanwhile: a
+        failed upload never stops it), then UploadsFailed; or, when the run stops (`wait` False), those still
+        running named."""
+        if self.uploads is None:
+            return
+        uploads, self.uploads, where = self.uploads, None, self.plan.checkpoints.s3.url
+        if not wait:
+            if pending := uploads.pending:
+                self.monitor.info(
+                    f"s3: the run stops before {', '.join(pending)} finished uploading to {where}; "
+                    f"they are only in {self.checkpointer.root}"
+                )
+            return
+        if failed := uploads.close():
+            message = (
+                f"s3: {len(failed)} checkpoint(s) not uploaded to {where}: {', '.join(failed)}; they are only "
+                f"in {self.checkpointer.root}, unless retention removed them"
+            )
+            self.monitor.info(message)
+            raise UploadsFailed(f"{len(failed)} checkpoint(s) not uploaded to {where} (named above)")
+
+    @property
+    def token_mesh(self) -> DeviceMesh | None:
+        """Ranks that split the tokens of a step (data x context)."""
+        return self.mesh.get("dp_cp")
+
+    @property
+    def pp_mesh(self) -> DeviceMesh | None:
+        return self.mesh.get("pp")
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per rank per step."""
+        return self.sampler.accumulation
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch
+
+    def on_device(self, batch: Batch) -> Batch:
+        """A micro-batch on the device; with context parallelism, this rank's part of each sequence."""
+        batch = self.fabric.to_device(batch)
+        if self.dims.cp > 1:  # per-token entries only (per-row values such as reference log-probs stay whole)
+            batch = {
+                key: split_sequence(value, self.dims.cp, self.mesh.rank("cp")) if value.dim() > 1 else value
+                for key, value in batch.items()
+            }
+        return batch
+
+    def micro_batches(
+        self,
+        dataset: Dataset,
+        sampler: Iterable[list[int]],
+        lengths: Iterable[int] | None = None,
+        inspect: Callable[[Batch], None] | None = None,
+    ) -> Iterator[Batch]:
+        """This rank's micro-batches of `dataset` as `sampler` orders them, on the device; with `lengths`, each cut
+        to its length first (the whole sequence, before context parallelism splits it); `inspect` sees each whole
+        micro-batch on the host."""
+        loader = DataLoader(
+            WithPadding(dataset, self.padding),
+            batch_sampler=sampler,
+            collate_fn=self.plan.data.collate(self.trim_to, self.packable),
+            num_workers=self.plan.batches.num_workers,
+        )
+        batches = iter(loader) if lengths is None else map(truncate, loader, lengths)
+        if inspect is not None:
+            batches = map(lambda batch: inspect(batch) or batch, batches)
+        return map(self.on_device, batches)
+
+    @property
+    def trim_to(self) -> int | None:
+        """Micro-batches of pairs and of padded SFT records are cut to their longest sequence, in multiples of
+        8 and of the ranks that split the sequence; pipeline stages keep one shape, so every column stays."""
+        return None if self.dims.pp > 1 else math.lcm(8, self.dims.tp * self.dims.cp * 2)
+
+    @property
+    def packable(self) -> bool:
+        """Whether a micro-batch's sequences may share one row: not across pipeline stages (one shape)
+        or context-parallel ranks (ring attention computes whole blocks, so a wider row costs its width
+        squared), nor where the attention kernel takes masks only."""
+        return self.dims.pp == 1 and self.dims.cp == 1 and self.plan.family.attends_document_spans
+
+    def train_batches(self) -> Iterator[Batch]:
+        """The training micro-batches from the run's start to its last step."""
+        curriculum = self.plan.batches.curriculum
+        lengths = (
+            None
+            if curriculum is None
+            else (
+                curriculum.length(step + 1)
+                for step in range(self.start_step, self.steps)
+                for _ in range(self.accumulation)
+            )
+        )
+        return self.micro_batches(self.train_data, replace(self.sampler, steps=self.steps - self.start_step), lengths)
+
+    def eval_sampler(self, dataset: Dataset) -> PretrainingSampler:
+        b = self.plan.batches
+        return PretrainingSampler(
+            len(dataset),
+            b.global_batch_size,
+            b.micro_batch_size,
+            self.dims.dp,
+            self.mesh.data_parallel_rank,
+            seed=self.plan.launch.seed,
+            drop_last=b.validation_drop_last,
+            pad_to_global_batch=b.pad_to_global_batch,
+        )
+
+    def summed(self, tensor: torch.Tensor, *meshes: DeviceMesh | None) -> torch.Tensor:
+        """`tensor` summed over the ranks of each 1-D mesh given (data x context, pipeline), in place."""
+        for mesh in meshes:
+            if mesh is not None:
+                torch.distributed.all_reduce(tensor, group=mesh.get_group())
+        return tensor
+
+    def save_checkpoint(self, done: int, logged: dict[str, float]) -> None:
+        """Everything needed to continue after optimizer step `done` (in the background when asynchronous)."""
+        gbs, rank = self.plan.batches.global_batch_size, self.fabric.global_rank
+        consumed = self.sampler.consumed_samples + (done - self.start_step) * gbs
+        progress = {"step": done, "consumed_samples": consumed}
+        sampler = self.sampler.state_dict() | {"consumed_samples": consumed}
+        state = self.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
+        self.checkpointer.save(
+            state,
+            step=done,
+            consumed_samples=consumed,
+            metrics=logged,
+            extra=self.checkpoint_record,
+            keep=done == self.steps,
+        )  # the last step stays
