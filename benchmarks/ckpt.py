@@ -55,8 +55,8 @@ def main() -> None:
     from nxd_models import causal_lm_logits
     from nxd_precision import PrecisionOptimizer, resolve_policy
     from nxd_train.checks.preflight import plan_run
-    from nxd_train.run.checkpointing import TrainingState, rng_states
     from nxd_train.run.corpus import default_cache_dir
+    from nxd_train.run.training_state import TrainingState, rng_states
     from torch.optim.lr_scheduler import LambdaLR
 
     cfg = load_config(args.config, ["trainer.max_steps=1"])

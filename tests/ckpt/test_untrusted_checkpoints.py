@@ -26,7 +26,7 @@ from nxd_ckpt import (
 from nxd_ckpt.checksums import file_digest
 from nxd_ckpt.marker import write_marker
 from nxd_ckpt.store import saved_keys
-from nxd_train.run.checkpointing import restore_rng_states, rng_states
+from nxd_train.run.training_state import restore_rng_states, rng_states
 
 from tests.neox_checkpoints import pythia_parts, write_neox_checkpoint
 

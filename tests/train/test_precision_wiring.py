@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 from nxd_config import load_config
-from nxd_train.checks.preflight import neuron_environment, precision_policy
 from nxd_train.cli import default_config_path
+from nxd_train.run.settings import neuron_environment, precision_policy
 
 
 def test_the_policy_reads_the_manual_knobs_and_the_optimizer() -> None:

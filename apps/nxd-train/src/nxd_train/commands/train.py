@@ -36,7 +36,7 @@ def _save_base_shapes(config: NxdConfig, path: str, quiet: bool) -> int:
     training, as GPT-NeoX stops after saving."""
     from nxd_models import ModelConfigError
 
-    from nxd_train.checks.preflight import write_base_shapes
+    from nxd_train.run.model_specs import write_base_shapes
 
     if quiet:
         return 0

@@ -26,10 +26,11 @@ from torch import nn
 
 from nxd_train.checks.preflight import plan_run
 from nxd_train.logging.log_dir import CHECKPOINT_DIR, resumable_log_dir
-from nxd_train.run.checkpointing import Resume, load_adapters, load_weights, start_new_soft_prompt
-from nxd_train.run.data import run_tokenizer
+from nxd_train.run.checkpointing import Resume, start_new_soft_prompt
 from nxd_train.run.plan import RunPlan
 from nxd_train.run.state import forward_autocast
+from nxd_train.run.tokenizers import run_tokenizer
+from nxd_train.run.training_state import load_adapters, load_weights
 
 
 class InferenceError(Exception):

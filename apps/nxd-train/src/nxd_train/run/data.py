@@ -31,7 +31,6 @@ from nxd_data import (
     RecordForm,
     SampleFormat,
     TextTokenizer,
-    TokenizerSource,
     collate,
     collate_packed_pairs,
     collate_pairs,
@@ -45,120 +44,11 @@ from nxd_data import (
 )
 from torch.utils.data import Dataset
 
+from nxd_train.checks.data_keys import names_data
 from nxd_train.run.corpus import Corpus, builtin_tokenizer, stdlib_corpus
+from nxd_train.run.tokenizers import configured_tokenizer
 
 Sample = dict[str, torch.Tensor]
-
-PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss", "no_seqlen_plus_one_input_tokens")
-"""Megatron data flags that shape pretraining samples; SFT records set their own masks and positions."""
-
-
-def _tokenizer_of(data: DataConfig, trust_remote_code: bool) -> TextTokenizer:
-    """The tokenizer `data.tokenizer` names, in any form nxd-data reads (a folder's own code only when trusted)."""
-    t = data.tokenizer
-    key = "model" if t is not None and t.library == "sentencepiece" else "type"  # library sentencepiece: its file
-    location = None if t is None else getattr(t, key)
-    if location is None:
-        raise DataError(
-            "data.tokenizer.type: expected a tokenizer file or directory (or, with library megatron, "
-            "GPT2BPETokenizer, CharLevelTokenizer or TiktokenTokenizer), found none"
-        )
-    source = TokenizerSource(location, t.library, t.vocab_file, t.merge_file, trust_remote_code=trust_remote_code)
-    return load_tokenizer(source, f"data.tokenizer.{key}")
-
-
-DATA_COMPANIONS = ("tokenizer", "val_dir", "label_prefixes", "index_mapping_dir")
-"""Keys that describe a run's own data: with no data source beside them, the run has forgotten its data (the built-in
-corpus is for configs that name none)."""
-
-
-def _names_data(data: DataConfig) -> bool:
-    """Whether `data` names a pretraining source of its own (else the built-in corpus is read)."""
-    return data.is_set("data_prefix") or data.train_dir is not None or data.dataset is not None
-
-
-def data_left_out(data: DataConfig, fine_tuning: bool = False) -> list[str]:
-    """One message per key describing pretraining data when the config names no data source (it forgot its data;
-    nxd trains on the built-in corpus only when a config names no data at all)."""
-    if fine_tuning or _names_data(data):
-        return []
-    return [
-        f"data.{name}: set without data to train on; expected data.data_prefix (Megatron indexed data) or "
-        "data.train_dir (Hugging Face data) beside it, found neither (nxd trains on its built-in corpus only "
-        "when a config names no data at all)"
-        for name in DATA_COMPANIONS
-        if getattr(data, name) is not None and data.is_set(name)
-    ]
-
-
-def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[str]:
-    """One message per data key whose value nxd cannot act on (never a silent no-op)."""
-    messages = []
-    if fine_tuning:
-        messages += [
-            f"data.{name}: applies to pretraining data (Megatron indexed datasets); fine-tuning reads "
-            f"data.train_dir; expected it unset, found {getattr(data, name)!r}"
-            for name in ("data_prefix", "splits_string", "index_mapping_dir")
-            if data.is_set(name) and getattr(data, name) is not None
-        ]
-        messages += [
-            f"data.{name}: applies to pretraining samples; fine-tuning records carry their own masks and "
-            "positions (packing keeps each record apart); expected False, found True"
-            for name in PRETRAINING_FLAGS
-            if getattr(data, name)
-        ]
-        if data.tokenizer is None:
-            messages.append(
-                "data.tokenizer: expected the tokenizer of the model being fine-tuned (a tokenizer.json "
-                "file or a directory holding one), found none"
-            )
-    if (t := data.tokenizer) is not None:
-        if t.library == "sentencepiece":
-            if t.model is None:
-                messages.append(
-                    "data.tokenizer.model: expected the SentencePiece model file of library sentencepiece, found none"
-                )
-            if t.type is not None:
-                messages.append(
-                    f"data.tokenizer.type: library sentencepiece reads data.tokenizer.model; expected "
-                    f"type unset, found {t.type!r}"
-                )
-        elif t.type is None:
-            messages.append(
-                "data.tokenizer.type: expected a tokenizer.json file, a tokenizer directory or (library "
-                "megatron) GPT2BPETokenizer, CharLevelTokenizer or TiktokenTokenizer, found "
-                "null"
-            )
-        foreign = [] if t.library == "sentencepiece" else [("model", t.model, "library sentencepiece")]
-        if t.sentencepiece_legacy:
-            messages.append(
-                "data.tokenizer.sentencepiece_legacy: expected False: nxd adds no special tokens to a "
-                "SentencePiece model (legacy mode's purpose), found True"
-            )
-        if t.library != "megatron":
-            foreign += [(name, getattr(t, name), "library megatron") for name in ("vocab_file", "merge_file")]
-        elif t.type in ("CharLevelTokenizer", "TiktokenTokenizer"):
-            foreign.append(("merge_file", t.merge_file, "GPT2BPETokenizer"))
-            if t.type == "CharLevelTokenizer":
-                foreign.append(("vocab_file", t.vocab_file, "GPT2BPETokenizer and TiktokenTokenizer"))
-        messages += [
-            f"data.tokenizer.{name}: applies to {library}, which this tokenizer is not; expected it unset, "
-            f"found {value!r}"
-            for name, value, library in foreign
-            if value is not None
-        ]
-    if (
-        data.is_set("data_prefix")
-        and data.train_dir is not None
-        and not (data.use_sft_style_data_module or fine_tuning)
-    ):
-        messages.append(
-            "data.train_dir: expected one data source, found data_prefix as well (set "
-            "use_sft_style_data_module: True to read train_dir)"
-        )
-    if data.use_sft_style_data_module and data.train_dir is None:
-        messages.append("data.use_sft_style_data_module: expected data.train_dir to read, found none")
-    return messages
 
 
 @dataclass(frozen=True)
@@ -231,19 +121,6 @@ class ModelVocabulary:
     """The file it was read from (named in the log and in errors)."""
 
 
-def run_tokenizer(data: DataConfig, cache_dir: Path, trust_remote_code: bool = False) -> TextTokenizer:
-    """The tokenizer a run's data is tokenised with: data.tokenizer's, or the built-in corpus's BPE (a run of
-    pre-tokenised data names none: DataError)."""
-    if data.tokenizer is not None:
-        return _tokenizer_of(data, trust_remote_code)
-    if _names_data(data):
-        raise DataError(
-            "data.tokenizer: expected the tokenizer of the model's vocabulary (the run's data is "
-            "pre-tokenised, so it names none), found none"
-        )
-    return load_tokenizer(builtin_tokenizer(stdlib_corpus(), cache_dir))
-
-
 def build_datasets(
     data: DataConfig,
     seq_length: int,
@@ -268,11 +145,11 @@ def build_datasets(
         if data.pair_documents is not None or data.example_documents is not None:
             return _document_splits(data, seq_length, preference, trust_remote_code)
         return _preference_splits(data, seq_length, preference, trust_remote_code)
-    own_data = _names_data(data)
+    own_data = names_data(data)
     corpus = None if own_data else stdlib_corpus()  # read once: its digest names the cached files
     hf_data = data.train_dir is not None and (data.use_sft_style_data_module or not data.is_set("data_prefix"))
     if data.tokenizer is not None:
-        tokenizer, name = _tokenizer_of(data, trust_remote_code), data.tokenizer.type
+        tokenizer, name = configured_tokenizer(data, trust_remote_code), data.tokenizer.type
     elif hf_data and vocabulary is not None:
         return _pre_tokenised_splits(data, seq_length, vocabulary, cache_dir / "hf-data")
     elif own_data:
@@ -429,7 +306,7 @@ def _sft_splits(
     data: DataConfig, seq_length: int, cache_dir: Path, packing: bool, trust_remote_code: bool
 ) -> DataSplits:
     """SFT records of train_dir (and val_dir), padded or packed into rows of seq_length."""
-    tokenizer = _tokenizer_of(data, trust_remote_code)
+    tokenizer = configured_tokenizer(data, trust_remote_code)
     splits = {}
     for key, split, location in (
         ("data.train_dir", "train", data.train_dir),
@@ -473,7 +350,7 @@ def _preference_splits(
     """Preference pairs (DPO, ORPO, reward models, which also read where each row's score is and the
     pair's margin) or KTO examples of train_dir (and val_dir), one sample each, of two sequences (a
     pair; an example and its KL sequence)."""
-    tokenizer = _tokenizer_of(data, trust_remote_code)
+    tokenizer = configured_tokenizer(data, trust_remote_code)
     kto = isinstance(preference, KTOConfig)
     splits, notes = {}, []
     for key, split, location in (
@@ -529,7 +406,7 @@ def _document_splits(
 ) -> DataSplits:
     """Pairs (data.pair_documents) or KTO examples (data.example_documents) from pre-tokenised indexed
     documents, one document a row."""
-    tokenizer = _tokenizer_of(data, trust_remote_code)
+    tokenizer = configured_tokenizer(data, trust_remote_code)
     kto, scores = data.example_documents is not None, isinstance(preference, RewardModelConfig)
     sections = data.example_documents if kto else data.pair_documents
     name = "example_documents" if kto else "pair_documents"

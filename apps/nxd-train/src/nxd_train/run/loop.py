@@ -25,11 +25,11 @@ from torch.utils.data import Dataset
 
 from nxd_train.cluster import peers
 from nxd_train.cluster.interrupts import StopRequests, TrainingInterrupted, requeue
-from nxd_train.run.checkpointing import restore_rng_states
 from nxd_train.run.plan import EarlyStopping, RunPlan, batch_limit
 from nxd_train.run.setup import setup
 from nxd_train.run.state import Batch, Run
 from nxd_train.run.statistics import PREFIXES as STATISTICS
+from nxd_train.run.training_state import restore_rng_states
 
 
 def train(plan: RunPlan) -> Path:

@@ -42,8 +42,9 @@ from nxd_precision import prepare_parameters
 from torch import nn
 from torch.utils.data import Dataset
 
-from nxd_train.run.checkpointing import Resume, load_weights
+from nxd_train.run.checkpointing import Resume
 from nxd_train.run.state import Batch, Run, forward_autocast
+from nxd_train.run.training_state import load_weights
 
 
 @contextlib.contextmanager

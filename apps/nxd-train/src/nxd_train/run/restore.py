@@ -18,10 +18,11 @@ from nxd_precision import apply_options, apply_schedule
 from torch import nn
 
 from nxd_train.logging.monitor import Monitor
-from nxd_train.run.checkpointing import Resume, holds_frozen_base, load_adapters, load_weights
+from nxd_train.run.checkpointing import Resume
 from nxd_train.run.plan import RunPlan
 from nxd_train.run.reference import prepare_reference
 from nxd_train.run.state import Run
+from nxd_train.run.training_state import holds_frozen_base, load_adapters, load_weights
 
 Group = torch.distributed.ProcessGroup | None
 

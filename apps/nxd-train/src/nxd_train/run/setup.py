@@ -56,22 +56,14 @@ from nxd_train.cluster.peers import PeerWatch
 from nxd_train.cluster.peers import current as current_watch
 from nxd_train.logging.log_dir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir, record_launch
 from nxd_train.logging.monitor import RANK_LOGS, Monitor, rank_log_name
-from nxd_train.run.checkpointing import (
-    HEAD_RECORD,
-    Resume,
-    TrainingState,
-    export_of,
-    export_record,
-    fresh_prefixes,
-    start_new_soft_prompt,
-    versions,
-)
+from nxd_train.run.checkpointing import HEAD_RECORD, Resume, export_of, fresh_prefixes, start_new_soft_prompt
 from nxd_train.run.plan import RunPlan
 from nxd_train.run.profiling import StepProfiler
 from nxd_train.run.restore import load_initial_weights, restore
 from nxd_train.run.state import Run, forward_autocast
 from nxd_train.run.statistics import StepStatistics
 from nxd_train.run.trainer_outputs import TrainerOutputs
+from nxd_train.run.training_state import TrainingState, export_record, versions
 
 NEURON_DEVICE_TYPES = ("neuron", "xla")
 """Device types of AWS Neuron cores, whose runtime reads the plan's Neuron variables."""

@@ -26,11 +26,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from nxd_train.logging.log_dir import LogDirLock
 from nxd_train.logging.monitor import Monitor
-from nxd_train.run.checkpointing import TrainingState, rng_states
 from nxd_train.run.plan import RunPlan
 from nxd_train.run.profiling import StepProfiler
 from nxd_train.run.statistics import StepStatistics
 from nxd_train.run.trainer_outputs import TrainerOutputs
+from nxd_train.run.training_state import TrainingState, rng_states
 
 Batch = dict[str, torch.Tensor]
 
