@@ -29,17 +29,22 @@ def notices_to_stderr(quiet: bool = False) -> Iterator[None]:
     """Print the notices nxd's packages raise inside (ConfigNotice, and every warning class of an nxd
     package) as 'notice: ...' lines once the block ends (even on error); `quiet` (the processes a launch starts
     besides the first of each node, which plan the same run again) keeps them to this process."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConfigNotice)
-        try:
-            yield
-        finally:
-            for warning in caught:
-                if issubclass(warning.category, ConfigNotice) or warning.category.__module__.startswith("nxd_"):
-                    if not quiet:
-                        print(f"notice: {warning.message}", file=sys.stderr)
-                else:
-                    warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    others: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigNotice)
+            try:
+                yield
+            finally:
+                for warning in caught:
+                    if issubclass(warning.category, ConfigNotice) or warning.category.__module__.startswith("nxd_"):
+                        if not quiet:
+                            print(f"notice: {warning.message}", file=sys.stderr)
+                    else:
+                        others.append(warning)
+    finally:  # another library's warnings go to the handler outside the block (inside it they would be caught again)
+        for warning in others:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 QUIET_EXIT_DELAY = 3.0
