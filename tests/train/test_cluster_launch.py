@@ -121,7 +121,8 @@ def test_the_launchers_world_must_be_the_configs():
 def test_a_restarted_job_continues_in_the_folder_its_first_round_took(tmp_path):
     """torchrun's rounds share a run id, Slurm's requeues a job id (also a batch script running nxd-train with no
     srun); the round that starts again finds its versioned log directory by the job recorded there."""
-    from nxd_train.checks.launcher import job_of, restarted
+    from nxd_train.checks.launcher import restarted
+    from nxd_train.cluster.job import job_of
     from nxd_train.logging.log_dir import record_launch
 
     batch = job_of(None, {"SLURM_JOB_ID": "4711", "SLURM_RESTART_COUNT": "1"})

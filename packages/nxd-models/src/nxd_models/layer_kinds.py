@@ -15,29 +15,27 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
 from .errors import ModelConfigError
 
-if TYPE_CHECKING:
-    from .gpt import GPTConfig
-
 
 @dataclass(frozen=True)
 class LayerKind:
-    """One kind of decoder layer. Every hook takes plain values; a hook left None means the kind adds nothing there."""
+    """One kind of decoder layer. A hook left None means the kind adds nothing there; `config` is the model's
+    `GPTConfig` (typed Any: the registry sits below the decoder that reads it)."""
 
     name: str
     """The name `attention_layers` gives it."""
-    build: Callable[[GPTConfig, int], nn.Module] | None = None
+    build: Callable[[Any, int], nn.Module] | None = None
     """A block in place of attention and MLP: (config, layer number, 1-based) -> the layer, called as a transformer
     layer is (hidden, rotary, allowed, documents, cache, position_bias); None: the transformer layer."""
     settings: type | None = None
     """The dataclass of the kind's settings: `GPTConfig.settings(name)` finds it in layer_settings, else its
     defaults."""
-    attention_layout: Callable[[GPTConfig, str, int], Any] | None = None
+    attention_layout: Callable[[Any, str, int], Any] | None = None
     """A transformer kind whose attention follows a layout: (config, kind, layer number) -> the layout
     (`BlockSparseLayout`), which masks the attention core's scores; None: causal attention."""
     init: Callable[[str, nn.Module], bool] | None = None
@@ -52,7 +50,7 @@ class LayerKind:
     flops: Callable[[nn.Module, int], int] | None = None
     """Training FLOPs per token of one module (any module of a model; 0 for those not the kind's) beyond 6 x the
     weights of its linear layers, which are counted already: (module, seq_length) -> FLOPs."""
-    problems: Callable[[GPTConfig, set[str]], list[str]] | None = None
+    problems: Callable[[Any, set[str]], list[str]] | None = None
     """What a config using the kind gets wrong, in the words of nxd's keys: (config, the kinds in use) -> messages.
     Kinds sharing one function are asked once."""
     splits_activation: bool = False
@@ -118,7 +116,7 @@ def layer_kind(name: str) -> LayerKind:
     return kind
 
 
-def kinds_of(config: GPTConfig) -> tuple[LayerKind, ...]:
+def kinds_of(config: Any) -> tuple[LayerKind, ...]:
     """The distinct kinds `config`'s layers use, in registry order (dense alone without attention_layers)."""
     used = set(config.attention_layers or (DENSE.name,))
     return tuple(kind for kind in layer_kinds() if kind.name in used)

@@ -21,7 +21,7 @@ and the token shift restart). Decoding recomputes the layer over the cached inpu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +29,6 @@ from torch import nn
 
 from .kv_cache import LayerCache
 from .layer_kinds import LayerKind
-
-if TYPE_CHECKING:
-    from .gpt import GPTConfig
 
 MIX_RANK, DECAY_RANK = 32, 64
 """The ranks of the time mix's data-dependent interpolation and decay (NeoX's TIME_MIX_EXTRA_DIM and
@@ -282,7 +279,7 @@ class RWKVSpec:
         return self.ffn_size or int(3.5 * hidden) // 32 * 32
 
 
-def _build(config: GPTConfig, layer_number: int) -> RWKVLayer:
+def _build(config: Any, layer_number: int) -> RWKVLayer:
     spec, hidden = config.settings("rwkv"), config.hidden_size
     return RWKVLayer(
         hidden,
@@ -324,7 +321,7 @@ def _flops(module: nn.Module, seq_length: int) -> int:
     return 0
 
 
-def _problems(config: GPTConfig, kinds: set[str]) -> list[str]:
+def _problems(config: Any, kinds: set[str]) -> list[str]:
     width, heads = config.settings("rwkv").width(config.hidden_size), config.num_attention_heads
     if width % heads:
         return [

@@ -25,7 +25,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,9 +34,6 @@ from torch import nn
 from .kv_cache import LayerCache
 from .layer_kinds import LayerKind
 from .norms import norm_builder
-
-if TYPE_CHECKING:
-    from .gpt import GPTConfig
 
 STATE_SIZE = 16
 """States per channel (GPT-NeoX's d_state)."""
@@ -192,7 +189,7 @@ class MambaLayer(nn.Module):
         return hidden + self.mixer(everything.squeeze(1))[:, -seq:]
 
 
-def _build(config: GPTConfig, layer_number: int) -> MambaLayer:
+def _build(config: Any, layer_number: int) -> MambaLayer:
     spec = config.settings("mamba")
     norm = norm_builder(config.normalization, config.layernorm_epsilon)
     return MambaLayer(

@@ -20,7 +20,7 @@ import math
 import random
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,7 +30,6 @@ from .layer_kinds import LayerKind
 if TYPE_CHECKING:  # FlexAttention imports sympy: loaded where a block mask is made
     from torch.nn.attention.flex_attention import BlockMask
 
-    from .gpt import GPTConfig
 
 SPARSE_KINDS = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
 """Layer kinds whose attention follows a block-sparse layout (their settings: one `SparsitySpec`)."""
@@ -309,13 +308,13 @@ def flex_block_sparse(
     return function(query, key, value, block_mask=mask, enable_gqa=key.shape[1] != query.shape[1])
 
 
-def _layout(config: GPTConfig, kind: str, layer_number: int) -> BlockSparseLayout:
+def _layout(config: Any, kind: str, layer_number: int) -> BlockSparseLayout:
     """The layer's layout over the training sequence (a soft prompt's positions included)."""
     length = config.seq_length + config.soft_prompt_tokens
     return BlockSparseLayout(kind, config.settings(kind), config.num_attention_heads, length, layer_number)
 
 
-def _problems(config: GPTConfig, kinds: set[str]) -> list[str]:
+def _problems(config: Any, kinds: set[str]) -> list[str]:
     spec = config.settings(next(kind for kind in SPARSE_KINDS if kind in kinds))
     return spec.problems(kinds, config.seq_length + config.soft_prompt_tokens)
 

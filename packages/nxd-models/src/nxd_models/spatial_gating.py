@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +27,6 @@ from .errors import ModelConfigError
 from .kv_cache import LayerCache
 from .layer_kinds import LayerKind
 from .norms import norm_builder
-
-if TYPE_CHECKING:
-    from .gpt import GPTConfig
 
 GATING_KINDS = ("gmlp", "amlp")
 """Layer kinds that are a gMLP block in place of attention and MLP."""
@@ -166,7 +163,7 @@ class GMLPLayer(nn.Module):
         return self.output_proj(self.spatial_gating(inner, documents, cache))
 
 
-def _build(config: GPTConfig, layer_number: int) -> GMLPLayer:
+def _build(config: Any, layer_number: int) -> GMLPLayer:
     kind = config.attention_kind(layer_number)
     return GMLPLayer(
         config.hidden_size,
@@ -200,7 +197,7 @@ def _flops(module: nn.Module, seq_length: int) -> int:
     return 0
 
 
-def _problems(config: GPTConfig, kinds: set[str]) -> list[str]:
+def _problems(config: Any, kinds: set[str]) -> list[str]:
     dim = config.settings("amlp").attention_dim
     return [f"model.gmlp_attention_dim: expected 1 or more, found {dim}"] if "amlp" in kinds and dim < 1 else []
 

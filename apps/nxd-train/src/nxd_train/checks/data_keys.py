@@ -5,18 +5,14 @@ from __future__ import annotations
 
 from nxd_config.schema.data import DataConfig
 
+from nxd_train.run.corpus import names_data
+
 PRETRAINING_FLAGS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss", "no_seqlen_plus_one_input_tokens")
 """Megatron data flags that shape pretraining samples; SFT records set their own masks and positions."""
-
 
 DATA_COMPANIONS = ("tokenizer", "val_dir", "label_prefixes", "index_mapping_dir")
 """Keys that describe a run's own data: with no data source beside them, the run has forgotten its data (the built-in
 corpus is for configs that name none)."""
-
-
-def names_data(data: DataConfig) -> bool:
-    """Whether `data` names a pretraining source of its own (else the built-in corpus is read)."""
-    return data.is_set("data_prefix") or data.train_dir is not None or data.dataset is not None
 
 
 def data_left_out(data: DataConfig, fine_tuning: bool = False) -> list[str]:

@@ -32,11 +32,9 @@ from nxd_precision import (
 
 from nxd_train.checks.continuation import resume_changes, resume_of, resumed_schedule
 from nxd_train.checks.data_keys import data_left_out
-from nxd_train.checks.errors import PreflightError
 from nxd_train.checks.float8 import float8_problems, float8_spec
-from nxd_train.checks.launcher import Job, job_of, launcher_world, restarted
+from nxd_train.checks.launcher import launcher_world, restarted
 from nxd_train.checks.layout import layout_problems
-from nxd_train.checks.resume import architecture, data_identity
 from nxd_train.checks.run_problems import (
     earlier_run_problems,
     files_in,
@@ -45,14 +43,16 @@ from nxd_train.checks.run_problems import (
     optimizer_problems,
     sample_index_problem,
 )
+from nxd_train.cluster.job import Job, job_of
 from nxd_train.logging.log_dir import (
     log_dir_problems,
 )
 from nxd_train.run.checkpointing import Resume, checkpoint_problems, head_problem, initial_weights_problems
 from nxd_train.run.data import DataSplits, build_datasets
+from nxd_train.run.identity import architecture, data_identity
 from nxd_train.run.model_specs import PLACEHOLDER_VOCABULARY, model_vocabulary, run_family, training_method
 from nxd_train.run.objective_specs import adapters_of, initial_weights, objective_of, preference_config, reference_of
-from nxd_train.run.plan import RunPlan
+from nxd_train.run.plan import PreflightError, RunPlan
 from nxd_train.run.settings import layout_of, loop_settings, optional_path, precision_policy
 from nxd_train.run.tokenizers import run_tokenizer
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from lightning_fabric.loggers import Logger
 
-from nxd_train.run.plan import CometSettings
+from nxd_train.logging.settings import CometSettings
 
 KEY_FILE = "comet_experiment_key"
 FOLDER = "comet"

@@ -21,8 +21,8 @@ from lightning_fabric.loggers import CSVLogger, Logger, TensorBoardLogger
 from tqdm import tqdm
 
 from nxd_train.logging.comet_logger import CometLogger
+from nxd_train.logging.settings import CometSettings, WandbSettings
 from nxd_train.logging.wandb_logger import WandbLogger
-from nxd_train.run.plan import CometSettings, WandbSettings
 
 FORMATS = {
     "loss": "{:.4f}",

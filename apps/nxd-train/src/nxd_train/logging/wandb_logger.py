@@ -11,7 +11,7 @@ from typing import Any
 
 from lightning_fabric.loggers import Logger
 
-from nxd_train.run.plan import WandbSettings
+from nxd_train.logging.settings import WandbSettings
 
 RUN_ID_FILE = "wandb_run_id"
 

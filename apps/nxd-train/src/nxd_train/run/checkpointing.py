@@ -32,8 +32,8 @@ from nxd_models import ModelConfigError, ModelFamily
 from nxd_parallel import StagedModel, modules_of
 from torch import nn
 
-from nxd_train.checks.resume import HF_SHAPE_KEYS
 from nxd_train.logging.log_dir import CHECKPOINT_DIR
+from nxd_train.run.identity import HF_SHAPE_KEYS
 
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""

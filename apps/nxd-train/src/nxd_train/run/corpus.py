@@ -16,6 +16,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from nxd_config.schema.data import DataConfig
 from nxd_data import save_atomically
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -72,3 +73,8 @@ def builtin_tokenizer(corpus: Corpus, cache_dir: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_atomically(path, tokenizer.to_str().encode())
     return path
+
+
+def names_data(data: DataConfig) -> bool:
+    """Whether `data` names a pretraining source of its own (else the built-in corpus is read)."""
+    return data.is_set("data_prefix") or data.train_dir is not None or data.dataset is not None

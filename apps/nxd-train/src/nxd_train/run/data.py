@@ -44,8 +44,7 @@ from nxd_data import (
 )
 from torch.utils.data import Dataset
 
-from nxd_train.checks.data_keys import names_data
-from nxd_train.run.corpus import Corpus, builtin_tokenizer, stdlib_corpus
+from nxd_train.run.corpus import Corpus, builtin_tokenizer, names_data, stdlib_corpus
 from nxd_train.run.tokenizers import configured_tokenizer
 
 Sample = dict[str, torch.Tensor]

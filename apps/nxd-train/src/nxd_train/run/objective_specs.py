@@ -12,11 +12,10 @@ from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, Reward
 from nxd_models import ModelFamily
 from nxd_precision import PrecisionPolicy
 
-from nxd_train.checks.errors import PreflightError
 from nxd_train.run.checkpointing import Resume, is_hf_directory, resume_choice
 from nxd_train.run.data import DataSplits
 from nxd_train.run.model_specs import peft_config, training_method
-from nxd_train.run.plan import Adapters, Reference
+from nxd_train.run.plan import Adapters, PreflightError, Reference
 
 
 def preference_config(cfg: NxdConfig) -> DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig | None:

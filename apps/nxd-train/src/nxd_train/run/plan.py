@@ -6,7 +6,7 @@ plan, never the config.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,9 @@ from nxd_models import ModelFamily
 from nxd_parallel import LaunchWorld, Layout
 from nxd_precision import LossScaling, PrecisionPolicy, resolve_policy
 
-from nxd_train.checks.launcher import Job
 from nxd_train.cluster.interrupts import Preemption
+from nxd_train.cluster.job import Job
+from nxd_train.logging.settings import CometSettings, WandbSettings
 from nxd_train.run.checkpointing import Resume
 from nxd_train.run.data import DataSplits
 from nxd_train.run.profiling import ProfilerWindow
@@ -183,28 +184,6 @@ class Logging:
 
 
 @dataclass(frozen=True)
-class WandbSettings:
-    """Where a run's values go in Weights & Biases (exp_manager.wandb_logger_kwargs)."""
-
-    project: str | None = None
-    name: str | None = None
-    group: str | None = None
-    entity: str | None = None
-    host: str | None = None
-
-
-@dataclass(frozen=True)
-class CometSettings:
-    """Where a run's values go in Comet (exp_manager.comet_logger_kwargs)."""
-
-    workspace: str | None = None
-    project: str | None = None
-    name: str | None = None
-    tags: tuple[str, ...] = ()
-    others: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True)
 class Checkpoints:
     """When checkpoints are written and what they hold (`exp_manager` checkpoint keys)."""
 
@@ -298,3 +277,11 @@ class RunPlan:
         """Fabric's precision plugin: its autocast for the bf16 autocast type; nxd holds every other dtype itself
         (fp16_autocast's autocast is torch's own: `run_state.forward_autocast`)."""
         return "bf16-mixed" if self.policy.autocast and self.policy.compute_dtype == torch.bfloat16 else "32-true"
+
+
+class PreflightError(Exception):
+    """Problems found before launch, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("cannot train this config:\n" + "\n".join(f"  {problem}" for problem in problems))

@@ -14,19 +14,18 @@ from nxd_data import SequenceCurriculum
 from nxd_parallel import LaunchWorld, Layout
 from nxd_precision import Float8Spec, LossScaling, PrecisionPolicy, neuron_runtime_env, resolve_policy
 
-from nxd_train.checks.launcher import Job
 from nxd_train.cluster.interrupts import Preemption
+from nxd_train.cluster.job import Job
+from nxd_train.logging.settings import CometSettings, WandbSettings
 from nxd_train.run.checkpointing import save_policy
 from nxd_train.run.plan import (
     Batches,
     Cadence,
     Checkpoints,
-    CometSettings,
     EarlyStopping,
     Launch,
     Logging,
     Update,
-    WandbSettings,
 )
 from nxd_train.run.profiling import ProfilerWindow
 from nxd_train.run.statistics import StatisticsSettings

@@ -50,13 +50,13 @@ from nxd_precision import (
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from nxd_train.checks.resume import IDENTITY
 from nxd_train.cluster.environment import LaunchedEnvironment, RoundStrategy
 from nxd_train.cluster.peers import PeerWatch
 from nxd_train.cluster.peers import current as current_watch
 from nxd_train.logging.log_dir import CHECKPOINT_DIR, LogDirError, LogDirLock, hold_log_dir, record_launch
 from nxd_train.logging.monitor import RANK_LOGS, Monitor, rank_log_name
 from nxd_train.run.checkpointing import HEAD_RECORD, Resume, export_of, fresh_prefixes, start_new_soft_prompt
+from nxd_train.run.identity import IDENTITY
 from nxd_train.run.plan import RunPlan
 from nxd_train.run.profiling import StepProfiler
 from nxd_train.run.restore import load_initial_weights, restore

@@ -13,8 +13,7 @@ from nxd_data import (
     load_tokenizer,
 )
 
-from nxd_train.checks.data_keys import names_data
-from nxd_train.run.corpus import builtin_tokenizer, stdlib_corpus
+from nxd_train.run.corpus import builtin_tokenizer, names_data, stdlib_corpus
 
 
 def configured_tokenizer(data: DataConfig, trust_remote_code: bool) -> TextTokenizer:
