@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -20,8 +19,7 @@ from nxd_config import NxdConfig
 from nxd_data import TextTokenizer
 from nxd_models import ModelFamily
 from nxd_models.decoding import decoding_cache, decoding_logits, prepare_for_decoding
-from nxd_parallel import ParallelDims, build_parallel_model
-from nxd_precision import prepare_parameters
+from nxd_parallel import ParallelDims
 from torch import nn
 
 from nxd_train.checks.preflight import plan_run
@@ -135,7 +133,7 @@ def layout_note(cfg: NxdConfig) -> str | None:
 def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
     """Launch the layout's processes and load the run's weights into its model; PreflightError for a config that
     would not run, InferenceError when there are no weights to load."""
-    from nxd_train.run.setup import launch_processes
+    from nxd_train.run.setup import launch_processes, sharded_model
 
     plan = plan_run(inference_config(cfg), cache_dir)
     exp = cfg.exp_manager
@@ -156,15 +154,7 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
         )
     fabric = launch_processes(plan)
     mesh = ParallelDims(fabric.world_size, tp=plan.launch.tp).build_mesh(fabric.device.type)
-    model = build_parallel_model(
-        plan.family,
-        plan.layout,
-        mesh,
-        fabric.device,
-        seed=plan.launch.seed,
-        use_cpu_initialization=plan.launch.use_cpu_initialization,
-        prepare=partial(prepare_parameters, policy=plan.policy),
-    )
+    model = sharded_model(plan, fabric, mesh)
     adapters = newest.path if newest is not None else start.path if lora and plan.adapters.from_checkpoint else None
     if lora is not None and adapters is not None:  # the base the run started from, then the checkpoint's adapters
         base = plan.adapters.base_source or (None if plan.adapters.from_checkpoint else start)

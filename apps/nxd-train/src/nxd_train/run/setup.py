@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging as logging_module
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -310,6 +310,14 @@ def _model(plan: RunPlan, fabric: Fabric, mesh: ParallelMesh, resume: Resume | N
     starts_loaded = resume is not None and resume.weights_only and plan.lora is None  # no random values to draw
     kept = fresh_prefixes(plan.family, resume) if starts_loaded else ()  # initialised, not loaded
     loaded = [name for name in plan.family.parameter_shapes() if not name.startswith(kept)] if starts_loaded else ()
+    return sharded_model(plan, fabric, mesh, loaded)
+
+
+def sharded_model(
+    plan: RunPlan, fabric: Fabric, mesh: ParallelMesh, loaded: Sequence[str] = ()
+) -> nn.Module | StagedModel:
+    """The plan's model built in its layout over `mesh`, seeded, its parameters in the plan's precision; the names in
+    `loaded` are left for a checkpoint to fill (not drawn)."""
     return build_parallel_model(
         plan.family,
         plan.layout,
