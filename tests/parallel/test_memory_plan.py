@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from nxd_models import GPTConfig, build_causal_lm, model_family
 from nxd_models.attention import rotary_cos_sin
-from nxd_parallel import GIB, LayerWidths, Layout, Sizes, StateBytes, Workload, memory_plan, pipeline_ranges
+from nxd_parallel import GIB, LayerWidths, Layout, ParallelDims, StateBytes, Workload, memory_plan, pipeline_ranges
 from nxd_precision import bytes_per_value, resolve_policy
 
 SPEC = GPTConfig(
@@ -31,8 +31,13 @@ LAYER = 2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 96 * 64
 EMBED = OUTPUT = 128 * 64
 
 
+def _dims(tp: int = 1, pp: int = 1, cp: int = 1, dp: int = 1, ep: int = 1) -> ParallelDims:
+    """The layout of tp x pp x cp x dp ranks."""
+    return ParallelDims(tp * pp * cp * dp, tp=tp, pp=pp, cp=cp, ep=ep)
+
+
 def _plan(
-    sizes: Sizes,
+    sizes: ParallelDims,
     layout: Layout = Layout(),  # noqa: B008
     state: StateBytes = FP32,
     work=Workload(2, 32, 4),  # noqa: B008
@@ -60,32 +65,32 @@ def _plan(
 
 def test_parameters_split_as_each_layout_shards_them():
     whole = 4 * LAYER + EMBED + OUTPUT + 64  # the final norm
-    assert _plan(Sizes())[0].parameters == 4 * whole
+    assert _plan(_dims())[0].parameters == 4 * whole
     # tp2: every matmul weight, the embedding and the output split; the 9 norms stay whole
     norms = 4 * 2 * 64 + 64
-    assert _plan(Sizes(tp=2))[0].parameters == 4 * ((whole - norms) // 2 + norms)
+    assert _plan(_dims(tp=2))[0].parameters == 4 * ((whole - norms) // 2 + norms)
     # kv_replicator 2: the k and v weights stay whole on both ranks
     kv = 4 * 2 * 32 * 64
-    assert _plan(Sizes(tp=2), Layout(kv_replicator=2))[0].parameters == 4 * ((whole - norms - kv) // 2 + norms + kv)
+    assert _plan(_dims(tp=2), Layout(kv_replicator=2))[0].parameters == 4 * ((whole - norms - kv) // 2 + norms + kv)
     # pp2: two layers each, the embedding first and the final norm and output layer last
-    first, last = _plan(Sizes(pp=2))
+    first, last = _plan(_dims(pp=2))
     assert (first.parameters, last.parameters) == (4 * (2 * LAYER + EMBED), 4 * (2 * LAYER + OUTPUT + 64))
     # ZeRO-1 over 2 ranks: half of each state, plus the gathered parameters FSDP2 computes with
-    zero1 = _plan(Sizes(dp=2), Layout(zero1=True))[0]
+    zero1 = _plan(_dims(dp=2), Layout(zero1=True))[0]
     assert (zero1.parameters, zero1.gradients, zero1.optimizer_state) == (
         4 * whole // 2 + 4 * whole,
         4 * whole // 2,
         8 * whole // 2,
     )
     # ZeRO-3: the same shards; gathered, the embedding, final norm and output layer and two layers at a time
-    zero3 = _plan(Sizes(dp=2), Layout(zero1=True, zero3=True))[0]
+    zero3 = _plan(_dims(dp=2), Layout(zero1=True, zero3=True))[0]
     assert (zero3.parameters, zero3.gradients) == (
         4 * whole // 2 + 4 * (EMBED + OUTPUT + 64 + 2 * LAYER),
         4 * whole // 2,
     )
     # CPU offload: the shards (parameters, gradients, optimizer state) in host memory, the gathered copies on
     # the device
-    offloaded = _plan(Sizes(dp=2), Layout(zero1=True, zero3=True, cpu_offload=True))[0]
+    offloaded = _plan(_dims(dp=2), Layout(zero1=True, zero3=True, cpu_offload=True))[0]
     assert (offloaded.parameters, offloaded.gradients, offloaded.optimizer_state) == (
         4 * (EMBED + OUTPUT + 64 + 2 * LAYER),
         0,
@@ -104,23 +109,23 @@ def test_eight_bit_adam_divides_its_state_where_shards_are_whole_blocks():
     state = StateBytes(**bytes_per_value(resolve_policy("fp32"), "adam8bit", {}))
     assert (state.optimizer_state, state.block_state) == (0, 2)
     for sizes, layout in (
-        (Sizes(), Layout()),
-        (Sizes(tp=2), Layout()),
-        (Sizes(dp=2), Layout(zero1=True)),
-        (Sizes(dp=2, tp=2), Layout(zero1=True)),
+        (_dims(), Layout()),
+        (_dims(tp=2), Layout()),
+        (_dims(dp=2), Layout(zero1=True)),
+        (_dims(dp=2, tp=2), Layout(zero1=True)),
     ):
         adamw = _plan(sizes, layout, FP32, spec=wide)[0].optimizer_state
         assert _plan(sizes, layout, state, spec=wide)[0].optimizer_state * 4 == adamw, (sizes, layout)
     # 768 wide: o_proj's tp2 halves of 384 columns would cut blocks, so it keeps its whole last axis (2 bytes for
     # its other half too); down_proj's halves of 1536 columns are 768, whole blocks
     cut = GPTConfig(**{**SPEC.__dict__, "hidden_size": 768, "ffn_hidden_size": 1536, "vocab_size": 256})
-    halves = _plan(Sizes(tp=2), Layout(), FP32, spec=cut)[0].optimizer_state // 4
+    halves = _plan(_dims(tp=2), Layout(), FP32, spec=cut)[0].optimizer_state // 4
     other_halves = 4 * 768 * 768 // 2  # o_proj of 4 layers
-    assert _plan(Sizes(tp=2), Layout(), state, spec=cut)[0].optimizer_state == halves + 2 * other_halves
+    assert _plan(_dims(tp=2), Layout(), state, spec=cut)[0].optimizer_state == halves + 2 * other_halves
     whole = 4 * LAYER + EMBED + OUTPUT + 64
-    for sizes, layout in ((Sizes(), Layout()), (Sizes(tp=2), Layout()), (Sizes(dp=2), Layout(zero1=True))):
+    for sizes, layout in ((_dims(), Layout()), (_dims(tp=2), Layout()), (_dims(dp=2), Layout(zero1=True))):
         assert _plan(sizes, layout, state)[0].optimizer_state == 2 * whole
-    first, last = _plan(Sizes(pp=2), Layout(), state)
+    first, last = _plan(_dims(pp=2), Layout(), state)
     assert (first.optimizer_state, last.optimizer_state) == (2 * (2 * LAYER + EMBED), 2 * (2 * LAYER + OUTPUT + 64))
 
 
@@ -157,22 +162,22 @@ def _saved_layer_bytes() -> int:
 
 def test_activations_match_what_autograd_saves_within_two_percent():
     widths = LayerWidths(**model_family(SPEC).layer_widths())
-    planned = _plan(Sizes(), work=Workload(2, 32, 1))[0].activations / SPEC.num_layers
+    planned = _plan(_dims(), work=Workload(2, 32, 1))[0].activations / SPEC.num_layers
     measured = _saved_layer_bytes()
     assert abs(planned - measured) <= 0.02 * measured, (planned, measured, widths)
 
 
 def test_recompute_and_sequence_parallelism_shrink_the_activations_as_counted():
     work = Workload(2, 32, 1)
-    plain = _plan(Sizes(), work=work)[0].activations
-    full = _plan(Sizes(), Layout(recompute="full"), work=work)[0].activations
+    plain = _plan(_dims(), work=work)[0].activations
+    full = _plan(_dims(), Layout(recompute="full"), work=work)[0].activations
     tokens = 2 * 32
     assert full == 4 * tokens * (4 * 64) + plain // 4  # each layer's input, plus one layer recomputed
-    tp = _plan(Sizes(tp=2), work=work)[0].activations
-    sp = _plan(Sizes(tp=2), Layout(sequence_parallel=True), work=work)[0].activations
+    tp = _plan(_dims(tp=2), work=work)[0].activations
+    sp = _plan(_dims(tp=2), Layout(sequence_parallel=True), work=work)[0].activations
     assert tp - sp == 4 * tokens * 4 * (2 * 64 // 2)  # the norm inputs split over the two ranks
-    assert _plan(Sizes(cp=2), work=work)[0].activations == plain // 2
-    first, last = _plan(Sizes(pp=2), work=Workload(2, 32, 4))
+    assert _plan(_dims(cp=2), work=work)[0].activations == plain // 2
+    first, last = _plan(_dims(pp=2), work=Workload(2, 32, 4))
     assert first.activations == 2 * last.activations  # 1F1B: the first stage holds two micro-batches in flight
     assert first.loss == 0 and last.loss == tokens * 128 * (4 + 12)
     assert GIB == 2**30
@@ -187,7 +192,7 @@ def test_experts_split_over_expert_and_tensor_parallel_ranks_as_counted():
     family = model_family(spec)
     meta = family.build_on_meta()
 
-    def plan(sizes: Sizes, zero1: bool = False) -> int:
+    def plan(sizes: ParallelDims, zero1: bool = False) -> int:
         return memory_plan(
             meta,
             family.tp_plan(),
@@ -204,12 +209,12 @@ def test_experts_split_over_expert_and_tensor_parallel_ranks_as_counted():
 
     # per layer: norms, attention as above, a router 4 x 64 and 4 experts of gate/up/down 3 x 96 x 64
     experts, dense = 4 * 4 * 3 * 96 * 64, 4 * (2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 4 * 64) + EMBED + OUTPUT + 64
-    assert plan(Sizes()) == 4 * (dense + experts)
+    assert plan(_dims()) == 4 * (dense + experts)
     # ep2 (of dp 2): half the experts on each rank, the rest whole
-    assert plan(Sizes(dp=2, ep=2)) == 4 * (dense + experts // 2)
+    assert plan(_dims(dp=2, ep=2)) == 4 * (dense + experts // 2)
     # ep2 x tp2: the experts' ffn halves too; the tensor-parallel weights (attention, embedding, output) halve
     norms_router = 4 * (2 * 64 + 4 * 64) + 64
-    assert plan(Sizes(dp=2, ep=2, tp=2)) == 4 * ((dense - norms_router) // 2 + norms_router + experts // 4)
+    assert plan(_dims(dp=2, ep=2, tp=2)) == 4 * ((dense - norms_router) // 2 + norms_router + experts // 4)
     # ZeRO-1 over dp 4 with ep 2: dense values over 4 ranks, experts (half per rank) over the 2 holding them,
     # plus the gathered copy FSDP2 computes with
-    assert plan(Sizes(dp=4, ep=2), zero1=True) == 4 * (dense // 4 + experts // 2 // 2) + 4 * (dense + experts // 2)
+    assert plan(_dims(dp=4, ep=2), zero1=True) == 4 * (dense // 4 + experts // 2 // 2) + 4 * (dense + experts // 2)

@@ -11,7 +11,7 @@ from .executor import DirectExecutor, PipelineExecutor, build_executor
 from .gradient_noise_scale import GradientNoiseScale
 from .host_memory import keep_freed_host_memory
 from .launch_world import LaunchWorld, LaunchWorldError, launch_world
-from .memory_plan import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan
+from .memory_plan import GIB, LayerWidths, RankMemory, StateBytes, Workload, memory_plan
 from .norms import clip_gradients, global_norm
 from .parallelize import (
     Layout,
@@ -41,7 +41,6 @@ __all__ = [
     "ParallelMesh",
     "PipelineExecutor",
     "RankMemory",
-    "Sizes",
     "StagedModel",
     "StateBytes",
     "Workload",

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from .dims import ParallelDims
 from .pipeline import rank_stages
 
 GIB = 2**30
@@ -92,15 +93,6 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class Sizes:
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    dp: int = 1
-    ep: int = 1
-
-
-@dataclass(frozen=True)
 class RankMemory:
     """One pipeline stage's ranks, in bytes."""
 
@@ -129,7 +121,7 @@ def memory_plan(
     stages: list[range],
     widths: LayerWidths,
     *,
-    sizes: Sizes,
+    sizes: ParallelDims,
     state: StateBytes,
     work: Workload,
     zero1: bool,
@@ -143,9 +135,9 @@ def memory_plan(
     cpu_offload: bool = False,
 ) -> list[RankMemory]:
     """Each pipeline rank's memory for `model` (a meta build of the whole model, adapters included) split
-    by `tp_plan` and `stages` (the layers of each pipeline stage, `pipeline_ranges`). FSDP2's gathered copies:
-    every layer's between forward and backward (zero1), or two layers' at a time (zero3: the one computing
-    and the one gathered ahead), beside the embedding's and output layer's. With `cpu_offload` the sharded
+    by `tp_plan` and `stages` (the layers of each pipeline stage, `pipeline_ranges`) over the layout `sizes`.
+    FSDP2's gathered copies: every layer's between forward and backward (zero1), or two layers' at a time (zero3: the
+    one computing and the one gathered ahead), beside the embedding's and output layer's. With `cpu_offload` the sharded
     state is counted in host memory (`offloaded`) and the device keeps the gathered copies only."""
     modules = [name for name, _ in model.named_modules()]
     styles = {name: style for pattern, style in tp_plan.items() for name in fnmatch.filter(modules, pattern)}

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 from nxd_models import resident_memory
-from nxd_parallel import GIB, LayerWidths, RankMemory, Sizes, StateBytes, Workload, memory_plan, pipeline_ranges
+from nxd_parallel import GIB, LayerWidths, RankMemory, StateBytes, Workload, memory_plan, pipeline_ranges
 from nxd_precision import bytes_per_value
 from torch import nn
 
@@ -40,9 +40,10 @@ def rank_memory(
     `meta`, the family's meta build (made here when None). CPU offload moves the shards off an accelerator;
     on a CPU run they stay in the memory counted."""
     family, layout, launch, batches = plan.family, plan.layout, plan.launch, plan.batches
-    dp = launch.world_size // (launch.tp * launch.pp * launch.cp)
+    sizes = launch.parallel
+    dp = sizes.dp
     meta = family.build_on_meta() if meta is None else meta
-    stages = pipeline_ranges(family, meta, layout, launch.pp)
+    stages = pipeline_ranges(family, meta, layout, sizes.pp)
     update = plan.update
     state = StateBytes(**bytes_per_value(plan.policy, update.optimizer, update.options))
     work = Workload(
@@ -56,7 +57,7 @@ def rank_memory(
         family.tp_plan(),
         stages,
         LayerWidths(**family.layer_widths()),
-        sizes=Sizes(tp=launch.tp, pp=launch.pp, cp=launch.cp, dp=dp, ep=launch.ep),
+        sizes=sizes,
         state=state,
         work=work,
         zero1=layout.zero1,
@@ -86,13 +87,14 @@ def available_memory(plan: RunPlan, device: torch.device, given_gib: float | Non
 def fitting_changes(plan: RunPlan, limit: int, *, runtime: int, meta: nn.Module) -> list[tuple[str, int]]:
     """Single key changes that bring the largest rank under `limit`: (the key and value, the new peak)."""
     layout, launch, batches = plan.layout, plan.launch, plan.batches
-    dp = launch.world_size // (launch.tp * launch.pp * launch.cp)
+    sizes = launch.parallel
+    dp = sizes.dp
     candidates: list[tuple[str, RunPlan, int | None]] = []
-    if dp * launch.cp > 1 and not layout.zero1:
+    if dp * sizes.cp > 1 and not layout.zero1:
         candidates.append(("distributed_strategy.zero1: True", replace(plan, layout=replace(layout, zero1=True)), None))
-    if dp * launch.cp > 1 and layout.zero1 and not layout.zero3:
+    if dp * sizes.cp > 1 and layout.zero1 and not layout.zero3:
         candidates.append(("distributed_strategy.zero3: True", replace(plan, layout=replace(layout, zero3=True)), None))
-    if launch.tp > 1 and not layout.sequence_parallel:
+    if sizes.tp > 1 and not layout.sequence_parallel:
         candidates.append(
             (
                 "distributed_strategy.sequence_parallel: True",
@@ -137,7 +139,8 @@ def memory_report(plan: RunPlan, given_gib: float | None = None) -> tuple[str, b
     launch = plan.launch
     columns = COLUMNS + ((OFFLOADED,) if any(rank.offloaded for rank in ranks) else ())
     lines = [
-        f"memory plan per rank: {launch.world_size} rank(s), tp {launch.tp}, pp {launch.pp}, cp {launch.cp}; "
+        f"memory plan per rank: {launch.world_size} rank(s), tp {launch.parallel.tp}, pp {launch.parallel.pp}, "
+        f"cp {launch.parallel.cp}; "
         f"precision {plan.policy.type}, optimizer {plan.update.optimizer}; micro-batch "
         f"{plan.batches.micro_batch_size} x {plan.seq_length} tokens",
         "| pipeline stage | "

@@ -153,7 +153,7 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
             "exp_manager.resume_from_checkpoint"
         )
     fabric = launch_processes(plan)
-    mesh = ParallelDims(fabric.world_size, tp=plan.launch.tp).build_mesh(fabric.device.type)
+    mesh = ParallelDims(fabric.world_size, tp=plan.launch.parallel.tp).build_mesh(fabric.device.type)
     model = sharded_model(plan, fabric, mesh)
     adapters = newest.path if newest is not None else start.path if lora and plan.adapters.from_checkpoint else None
     if lora is not None and adapters is not None:  # the base the run started from, then the checkpoint's adapters

@@ -16,7 +16,7 @@ from nxd_align import LoraFamily, Objective, TokenObjective
 from nxd_ckpt import S3Target, SavePolicy
 from nxd_data import SequenceCurriculum
 from nxd_models import ModelFamily
-from nxd_parallel import LaunchWorld, Layout
+from nxd_parallel import LaunchWorld, Layout, ParallelDims
 from nxd_precision import LossScaling, PrecisionPolicy, resolve_policy
 
 from nxd_train.cluster.interrupts import Preemption
@@ -91,10 +91,8 @@ class Launch:
 
     devices: int = 1
     num_nodes: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
+    parallel: ParallelDims = ParallelDims(1)
+    """The layout's sizes over devices x num_nodes processes (tp, pp, cp, ep; dp what they leave)."""
     seed: int = 1234
     use_cpu_initialization: bool = True
     neuron_environment: dict[str, str] = field(default_factory=dict)

@@ -11,7 +11,7 @@ import torch
 from nxd_ckpt import S3Target
 from nxd_config import NxdConfig
 from nxd_data import SequenceCurriculum
-from nxd_parallel import LaunchWorld, Layout
+from nxd_parallel import LaunchWorld, Layout, ParallelDims
 from nxd_precision import Float8Spec, LossScaling, PrecisionPolicy, neuron_runtime_env, resolve_policy
 
 from nxd_train.cluster.interrupts import Preemption
@@ -217,10 +217,13 @@ def loop_settings(
         launch=Launch(
             devices=t.devices,
             num_nodes=t.num_nodes,
-            tp=ds.tensor_model_parallel_size,
-            pp=ds.pipeline_model_parallel_size,
-            cp=ds.context_parallel_size,
-            ep=ds.expert_model_parallel_size,
+            parallel=ParallelDims(
+                t.devices * t.num_nodes,
+                tp=ds.tensor_model_parallel_size,
+                pp=ds.pipeline_model_parallel_size,
+                cp=ds.context_parallel_size,
+                ep=ds.expert_model_parallel_size,
+            ),
             seed=cfg.seed,
             use_cpu_initialization=cfg.model.use_cpu_initialization,
             neuron_environment=neuron_environment(cfg, os.environ),

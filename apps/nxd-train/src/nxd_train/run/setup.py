@@ -10,6 +10,7 @@ import logging as logging_module
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -81,7 +82,7 @@ def setup(plan: RunPlan) -> Run:
     the order a run stands up: the launcher's world, the device mesh, the log directory, the data order,
     the model with its initial weights, the update, the checkpointer, the state it continues from."""
     fabric = launch_processes(plan)
-    dims = ParallelDims(fabric.world_size, tp=plan.launch.tp, pp=plan.launch.pp, cp=plan.launch.cp, ep=plan.launch.ep)
+    dims = replace(plan.launch.parallel, world_size=fabric.world_size)  # the launched world (checked: the same)
     mesh = dims.build_mesh(fabric.device.type)
     log_dir, lock = _hold_log_dir(plan, fabric)
     if (watch := current_watch()) is not None:  # a silent peer's stop writes this rank's stacks beside its log
