@@ -195,6 +195,8 @@ class GPTConfig:
     def settings(self, kind: str) -> Any:
         """The settings of layer kind `kind`: its settings dataclass from layer_settings, or that class's defaults."""
         wanted = layer_kind(kind).settings
+        if wanted is None:  # a kind without settings
+            return None
         return next((spec for spec in self.layer_settings if type(spec) is wanted), None) or wanted()
 
     @property
