@@ -3,9 +3,9 @@ and muP), or a Hugging Face config with NxDT's overrides, and the family (with L
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nxd_align import LoraFamily, LoraSpec
 from nxd_config import NxdConfig
@@ -13,18 +13,16 @@ from nxd_config.schema.model import MoEConfig, MupConfig, SparseAttentionConfig
 from nxd_data import save_atomically
 from nxd_models import (
     AttentionKernel,
-    GMLPSpec,
     GPTConfig,
     HFOverrides,
-    MambaSpec,
     ModelConfigError,
     ModelFamily,
     MoESpec,
     MupSpec,
-    RWKVSpec,
     SparsitySpec,
     base_shapes_text,
     gpt_base_shapes,
+    layer_kinds,
     load_hf_config,
     model_family,
     read_base_shapes,
@@ -39,66 +37,41 @@ if TYPE_CHECKING:
 def megatron_model(
     cfg: NxdConfig, vocab_size: int, seq_length: int, prompt_ids: tuple[int, ...] = (), *, mup: bool = True
 ) -> GPTConfig:
-    """The Megatron-style model of `cfg` (without muP's settings when `mup` is False)."""
+    """The Megatron-style model of `cfg` (without muP's settings when `mup` is False): every model key of a
+    `GPTConfig` field's name passes through as it is; the others are given here."""
     m, prompt = cfg.model, cfg.model.soft_prompt
-    config = GPTConfig(
-        vocab_size=vocab_size,
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        seq_length=seq_length,
-        ffn_hidden_size=m.ffn_hidden_size,
-        num_kv_heads=m.num_kv_heads,
-        kv_channels=m.kv_channels,
-        max_position_embeddings=m.max_position_embeddings,
-        init_method_std=m.init_method_std,
-        use_scaled_init_method=m.use_scaled_init_method,
-        hidden_dropout=m.hidden_dropout,
-        attention_dropout=m.attention_dropout,
-        ffn_dropout=m.ffn_dropout,
-        apply_query_key_layer_scaling=m.apply_query_key_layer_scaling,
-        normalization=m.normalization,
-        layernorm_epsilon=m.layernorm_epsilon,
-        qk_layernorm=m.qk_layernorm,
-        transformer_block_type=m.transformer_block_type,
-        make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
-        tensor_parallel_size=cfg.distributed_strategy.tensor_model_parallel_size,
-        share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
-        position_embedding_type=m.position_embedding_type,
-        position_embedding_offset=m.position_embedding_offset,
-        rpe_num_buckets=m.rpe_num_buckets,
-        rpe_max_distance=m.rpe_max_distance,
-        rotary_percentage=m.rotary_percentage,
-        rope_theta=m.rope_theta or 10000.0,
-        activation=m.activation,
-        has_bias=m.has_bias,
-        attention_bias=m.attention_bias,
-        mlp_bias=m.mlp_bias,
-        init_method=m.init_method,
-        output_layer_init_method=m.output_layer_init_method,
-        qkv_linear=m.qkv_linear,
-        fuse_qkv=m.fuse_qkv,
-        sliding_window=m.sliding_window_size,
-        loss_chunk_tokens=m.fusions.loss_chunk_tokens,
-        moe=moe_spec(m.moe),
-        attention_layers=m.attention_layers,
-        layer_settings=(
-            sparsity_spec(m.sparse_attention, cfg.seed),
-            GMLPSpec(m.gmlp_attention_dim),
-            MambaSpec(m.mamba_inner_size, m.mamba_conv_bias, m.mamba_linear_bias),
-            RWKVSpec(m.rwkv_dim_att, m.rwkv_ffn_size),
-        ),
-        num_unique_layers=m.num_unique_layers,
-        param_sharing_style=m.param_sharing_style,
-        soft_prompt_tokens=0 if prompt is None else prompt.n_tokens,
-        soft_prompt_init_range=0.5 if prompt is None else prompt.init_range,
-        soft_prompt_init_ids=prompt_ids,
-        position_embedding_multiplier=m.position_embedding_multiplier,
-        position_embedding_norm=m.position_embedding_norm,
-    )
+    given = {
+        "vocab_size": vocab_size,
+        "seq_length": seq_length,
+        "tensor_parallel_size": cfg.distributed_strategy.tensor_model_parallel_size,
+        "rope_theta": m.rope_theta or 10000.0,
+        "sliding_window": m.sliding_window_size,
+        "loss_chunk_tokens": m.fusions.loss_chunk_tokens,
+        "moe": moe_spec(m.moe),
+        "mup": None,
+        "layer_settings": layer_settings(cfg),
+        "soft_prompt_tokens": 0 if prompt is None else prompt.n_tokens,
+        "soft_prompt_init_range": 0.5 if prompt is None else prompt.init_range,
+        "soft_prompt_init_ids": prompt_ids,
+    }
+    same = {f.name: getattr(m, f.name) for f in fields(GPTConfig) if f.name in type(m).model_fields}
+    config = GPTConfig(**{**same, **given})
     if not mup or m.mup is None:
         return config
     return replace(config, mup=_mup_spec(m.mup, config))
+
+
+def layer_settings(cfg: NxdConfig) -> tuple[Any, ...]:
+    """Each layer kind's settings from the model keys named `<kind>_<field>` (model.mamba_inner_size is
+    `MambaSpec.inner_size`; kinds sharing a settings class read the first one's keys, a field without a key keeps its
+    default), the block-sparse layouts' from model.sparse_attention."""
+    m = cfg.model
+    specs = {SparsitySpec: sparsity_spec(m.sparse_attention, cfg.seed)}
+    for kind in layer_kinds():
+        if kind.settings is not None and kind.settings not in specs:
+            keys = {f.name: f"{kind.name}_{f.name}" for f in fields(kind.settings)}
+            specs[kind.settings] = kind.settings(**{k: getattr(m, key) for k, key in keys.items() if hasattr(m, key)})
+    return tuple(specs.values())
 
 
 def _mup_spec(mup: MupConfig, config: GPTConfig) -> MupSpec:
