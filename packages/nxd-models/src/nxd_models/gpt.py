@@ -347,11 +347,13 @@ def _layer_kind_problems(c: GPTConfig) -> list[str]:
             f"model.attention_layers: expected kinds among {', '.join(known)}, found "
             f"{', '.join(sorted(names - set(known)))}",
         ]
-    kinds, asked = kinds_of(c), []
-    for kind in sorted(kinds, key=lambda kind: kind.is_block):
-        if kind.problems is not None and kind.problems not in asked:
-            asked.append(kind.problems)
-            found += [] if kind.is_block else kind.problems(c, names)
+    kinds = kinds_of(c)
+
+    def own_problems(blocks: bool) -> list[str]:  # kinds sharing one function are asked once
+        asked = dict.fromkeys(kind.problems for kind in kinds if kind.is_block == blocks and kind.problems)
+        return [problem for problems in asked for problem in problems(c, names)]
+
+    found += own_problems(blocks=False)
     gating = sorted(kind.name for kind in kinds if kind.splits_activation)
     if gating and c.gated:
         found.append(
@@ -371,10 +373,7 @@ def _layer_kind_problems(c: GPTConfig) -> list[str]:
             f"{scanning[0]} layer's scan cannot give; expected no soft prompt with {', '.join(scanning)} "
             "layers"
         )
-    blocks = [kind.problems for kind in kinds if kind.is_block and kind.problems is not None]
-    for problems in dict.fromkeys(blocks):
-        found += problems(c, names)
-    return found
+    return found + own_problems(blocks=True)
 
 
 def _mup_problems(c: GPTConfig) -> list[str]:

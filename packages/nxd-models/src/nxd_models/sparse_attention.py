@@ -315,8 +315,7 @@ def _layout(config: Any, kind: str, layer_number: int) -> BlockSparseLayout:
 
 
 def _problems(config: Any, kinds: set[str]) -> list[str]:
-    spec = config.settings(next(kind for kind in SPARSE_KINDS if kind in kinds))
-    return spec.problems(kinds, config.seq_length + config.soft_prompt_tokens)
+    return config.settings(SPARSE_KINDS[0]).problems(kinds, config.seq_length + config.soft_prompt_tokens)
 
 
 KINDS = tuple(

@@ -9,11 +9,10 @@ from pathlib import Path
 from nxd_ckpt import CheckpointError, CheckpointWarning, latest_checkpoint, read_info
 from nxd_config import ConfigNotice, NxdConfig
 
-from nxd_train.logging.log_dir import CHECKPOINT_DIR, resumable_log_dir
+from nxd_train.logging.log_dir import CHECKPOINT_DIR, optional_path, resumable_log_dir
 from nxd_train.run.checkpointing import Resume, resume_choice
 from nxd_train.run.identity import IDENTITY, compare
 from nxd_train.run.plan import PreflightError
-from nxd_train.run.settings import optional_path
 
 
 def resume_of(cfg: NxdConfig) -> tuple[Resume | None, Path | None]:

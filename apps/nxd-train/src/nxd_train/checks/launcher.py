@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 
 from nxd_config import ConfigNotice, NxdConfig
 from nxd_parallel import LaunchWorld, LaunchWorldError, launch_world
 
 from nxd_train.cluster.job import LAUNCHER_NAMES, Job
-from nxd_train.logging.log_dir import launched_log_dir
+from nxd_train.logging.log_dir import launched_log_dir, optional_path
 
 
 def launcher_world(
@@ -66,7 +65,7 @@ def restarted(cfg: NxdConfig, job: Job | None) -> NxdConfig:
     if job is None or job.restart == 0:
         return cfg
     exp = cfg.exp_manager
-    folder = exp.explicit_log_dir or launched_log_dir(_path(exp.exp_dir), exp.name or cfg.name, job.tag)
+    folder = exp.explicit_log_dir or launched_log_dir(optional_path(exp.exp_dir), exp.name or cfg.name, job.tag)
     if folder is None:
         return cfg
     if not exp.resume_if_exists:
@@ -75,7 +74,3 @@ def restarted(cfg: NxdConfig, job: Job | None) -> NxdConfig:
         )
     update = {"resume_if_exists": True, "resume_ignore_no_checkpoint": True, "explicit_log_dir": str(folder)}
     return cfg.model_copy(update={"exp_manager": exp.model_copy(update=update)})
-
-
-def _path(value: str | None) -> Path | None:
-    return None if value is None else Path(value)

@@ -13,12 +13,7 @@ from nxd_config import NxdConfig
 from nxd_models import GPTConfig, ModelFamily
 
 from nxd_train.checks.data_keys import unavailable_data_keys
-from nxd_train.logging.log_dir import (
-    LOCK_FILE,
-    changed_keys,
-    earlier_config,
-    earlier_records,
-)
+from nxd_train.logging.log_dir import LOCK_FILE, changed_keys, earlier_config, earlier_records
 from nxd_train.run.model_specs import training_method
 
 

@@ -15,14 +15,6 @@ from nxd_train.commands.support import exit_if_distributed, load, notices_to_std
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    return generate_command(args.files, args.overrides, args.dialect)
-
-
-def run_eval(args: argparse.Namespace) -> int:
-    return eval_command(args.files, args.overrides, args.dialect, args)
-
-
-def generate_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
     from nxd_train.inference.generation import run_generation, settings_notices, settings_problems
 
     def check(config: NxdConfig) -> list[str]:
@@ -31,17 +23,23 @@ def generate_command(paths: Sequence[Path], overrides: Sequence[str], dialect: s
         return settings_problems(config.generate)
 
     return _inference(
-        paths, overrides, dialect, check, lambda run, config: run_generation(run, config.generate, config.seed)
+        args.files,
+        args.overrides,
+        args.dialect,
+        check,
+        lambda run, config: run_generation(run, config.generate, config.seed),
     )
 
 
-def eval_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None, args: argparse.Namespace) -> int:
+def run_eval(args: argparse.Namespace) -> int:
     from nxd_train.inference.evaluation import evaluation_problems, run_evaluation, with_command_line
 
     def check(config: NxdConfig) -> list[str]:
         return evaluation_problems(config.eval)
 
-    return _inference(paths, overrides, dialect, check, run_evaluation, adjust=lambda c: with_command_line(c, args))
+    return _inference(
+        args.files, args.overrides, args.dialect, check, run_evaluation, adjust=lambda c: with_command_line(c, args)
+    )
 
 
 def _inference(

@@ -14,11 +14,8 @@ from nxd_train.commands.support import load, names, notices_to_stderr
 
 
 def run(args: argparse.Namespace) -> int:
-    return launch_command(args.files, args.overrides, args)
-
-
-def launch_command(files: list[Path], overrides: list[str], args: argparse.Namespace) -> int:
     """Check the job for its layout, write its script (never over a file that exists), submit it if asked."""
+    files, overrides = args.files, args.overrides
     config = load(files, overrides, args.dialect)
     if config is None:
         return 1

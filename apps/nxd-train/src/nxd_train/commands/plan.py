@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 
 from nxd_train.commands.support import load, names, notices_to_stderr
 
 
 def run(args: argparse.Namespace) -> int:
-    return plan_command(args.files, args.overrides, args.device_memory, args.dialect)
-
-
-def plan_command(
-    paths: Sequence[Path], overrides: Sequence[str], device_memory: float | None, dialect: str | None
-) -> int:
-    config = load(paths, overrides, dialect)
+    config = load(args.files, args.overrides, args.dialect)
     if config is None:
         return 1
-    path = names(paths)
+    path = names(args.files)
     from nxd_train.checks.memory import memory_report
     from nxd_train.checks.preflight import PreflightError, plan_run
     from nxd_train.run.corpus import default_cache_dir
@@ -31,6 +23,6 @@ def plan_command(
     except PreflightError as error:
         print(f"{path}: {error}", file=sys.stderr)
         return 1
-    report, fits = memory_report(plan, device_memory)
+    report, fits = memory_report(plan, args.device_memory)
     print(f"{path}: {report}")
     return 0 if fits else 1

@@ -59,10 +59,14 @@ def _gib(text: str) -> float:
 
 def add_config_items(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
     """The config files and overrides a command reads, and --dialect."""
-    from nxd_config import DIALECTS
-
     note = " (no file: the embedded tiny config)" if optional else ""
     parser.add_argument("items", nargs="*" if optional else "+", metavar="FILE|OVERRIDE", help=ITEMS_HELP + note)
+    add_dialect(parser)
+
+
+def add_dialect(parser: argparse.ArgumentParser) -> None:
+    from nxd_config import DIALECTS  # loaded when the parser is built, not when the table is read
+
     parser.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
 
 
@@ -79,8 +83,6 @@ def _actions(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
 
 
 def _train(parser: argparse.ArgumentParser) -> None:
-    from nxd_config import DIALECTS
-
     parser.add_argument(
         "--config",
         "-c",
@@ -89,7 +91,7 @@ def _train(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="config file, repeatable for GPT-NeoX files (default: the embedded tiny config)",
     )
-    parser.add_argument("--dialect", choices=DIALECTS, default=None, help=DIALECT_HELP)
+    add_dialect(parser)
     parser.add_argument(
         "overrides",
         nargs="*",

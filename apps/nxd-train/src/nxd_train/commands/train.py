@@ -8,7 +8,6 @@ import errno
 import os
 import sys
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,10 +24,6 @@ from nxd_train.commands.support import (
 
 if TYPE_CHECKING:
     from nxd_train.run.plan import RunPlan
-
-
-def run(args: argparse.Namespace) -> int:
-    return train_command(args.config or [default_config_path()], args.overrides, args.dialect)
 
 
 def _save_base_shapes(config: NxdConfig, path: str, quiet: bool) -> int:
@@ -72,9 +67,10 @@ def _coordinate_check(plan: RunPlan, widths: list[int] | None, path: str, quiet:
     return 0
 
 
-def train_command(paths: Sequence[Path], overrides: Sequence[str], dialect: str | None) -> int:
+def run(args: argparse.Namespace) -> int:
     from nxd_train.checks.launcher import readable_world
 
+    paths, overrides, dialect = args.config or [default_config_path()], args.overrides, args.dialect
     world = readable_world(os.environ)
     quiet = world is not None and world.local_rank != 0  # the first process of each node speaks for it
     launch = (

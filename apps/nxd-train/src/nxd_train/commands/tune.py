@@ -170,13 +170,9 @@ def fastest(outcomes: Sequence[Outcome]) -> Outcome | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return tune_command(args.files, args.overrides, args.dialect, args.device_memory, args.output)
-
-
-def tune_command(
-    files: list[Path], overrides: list[str], dialect: str | None, device_memory: float | None, output: Path | None
-) -> int:
     """Search, print what each candidate measured, and write the fastest config (never over a file that exists)."""
+    files, overrides, dialect = args.files, args.overrides, args.dialect
+    device_memory, output = args.device_memory, args.output
     from nxd_train.checks.memory import memory_report
     from nxd_train.checks.preflight import PreflightError, plan_run
     from nxd_train.commands.support import load, notices_to_stderr

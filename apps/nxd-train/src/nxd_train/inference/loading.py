@@ -23,7 +23,7 @@ from nxd_parallel import ParallelDims
 from torch import nn
 
 from nxd_train.checks.preflight import plan_run
-from nxd_train.logging.log_dir import CHECKPOINT_DIR, resumable_log_dir
+from nxd_train.logging.log_dir import CHECKPOINT_DIR, optional_path, resumable_log_dir
 from nxd_train.run.checkpointing import Resume, start_new_soft_prompt
 from nxd_train.run.plan import RunPlan
 from nxd_train.run.state import forward_autocast
@@ -137,7 +137,7 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
 
     plan = plan_run(inference_config(cfg), cache_dir)
     exp = cfg.exp_manager
-    folder = resumable_log_dir(_path(exp.explicit_log_dir), _path(exp.exp_dir), exp.name or cfg.name)
+    folder = resumable_log_dir(optional_path(exp.explicit_log_dir), optional_path(exp.exp_dir), exp.name or cfg.name)
     newest, passed_over = newest_usable(folder / CHECKPOINT_DIR)
     start, lora = plan.resume, plan.lora
     if newest is None and start is None and passed_over:
@@ -170,10 +170,6 @@ def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
     return LoadedRun(
         plan, fabric, model, tokenizer, newest.path if newest is not None else start.path, tuple(passed_over)
     )
-
-
-def _path(value: str | None) -> Path | None:
-    return None if value is None else Path(value)
 
 
 def say(run: LoadedRun, line: str) -> None:

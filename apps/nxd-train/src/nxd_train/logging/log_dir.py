@@ -55,6 +55,11 @@ class LogDirError(Exception):
     """The log directory cannot be this run's: another run holds it, or it cannot be written."""
 
 
+def optional_path(value: str | None) -> Path | None:
+    """A config's folder key as a path (None stays None)."""
+    return None if value is None else Path(value)
+
+
 def _versions(exp_dir: Path | None, name: str) -> tuple[Path, list[int]]:
     base = Path(exp_dir or DEFAULT_EXP_DIR) / name
     found = [int(m.group(1)) for p in base.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]

@@ -13,15 +13,7 @@ from typing import Any
 
 import torch
 from nxd_data import save_atomically
-from nxd_models import (
-    COORD_STEPS,
-    IGNORE_INDEX,
-    build_causal_lm,
-    coordinate_sizes,
-    model_family,
-    neox_widths,
-    widened,
-)
+from nxd_models import COORD_STEPS, IGNORE_INDEX, build_causal_lm, coordinate_sizes, model_family, neox_widths, widened
 from nxd_precision import build_optimizer
 from torch import nn
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import torch
 from nxd_ckpt import S3Target
@@ -16,17 +15,10 @@ from nxd_precision import Float8Spec, LossScaling, PrecisionPolicy, neuron_runti
 
 from nxd_train.cluster.interrupts import Preemption
 from nxd_train.cluster.job import Job
+from nxd_train.logging.log_dir import optional_path
 from nxd_train.logging.settings import CometSettings, WandbSettings
 from nxd_train.run.checkpointing import save_policy
-from nxd_train.run.plan import (
-    Batches,
-    Cadence,
-    Checkpoints,
-    EarlyStopping,
-    Launch,
-    Logging,
-    Update,
-)
+from nxd_train.run.plan import Batches, Cadence, Checkpoints, EarlyStopping, Launch, Logging, Update
 from nxd_train.run.profiling import ProfilerWindow
 from nxd_train.run.statistics import StatisticsSettings
 
@@ -89,10 +81,6 @@ def neuron_environment(cfg: NxdConfig, current: Mapping[str, str]) -> dict[str, 
         lnc=cfg.trainer.lnc,
         fuse_softmax=cfg.model.fusions.softmax,
     )
-
-
-def optional_path(value: str | None) -> Path | None:
-    return None if value is None else Path(value)
 
 
 def layout_of(cfg: NxdConfig, policy: PrecisionPolicy) -> Layout:

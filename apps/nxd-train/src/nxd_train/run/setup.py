@@ -41,13 +41,7 @@ from nxd_parallel import (
     keep_freed_host_memory,
     modules_of,
 )
-from nxd_precision import (
-    LossScaler,
-    PrecisionOptimizer,
-    build_optimizer,
-    build_scheduler,
-    prepare_parameters,
-)
+from nxd_precision import LossScaler, PrecisionOptimizer, build_optimizer, build_scheduler, prepare_parameters
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 

@@ -6,12 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nxd_config.schema.data import DataConfig
-from nxd_data import (
-    DataError,
-    TextTokenizer,
-    TokenizerSource,
-    load_tokenizer,
-)
+from nxd_data import DataError, TextTokenizer, TokenizerSource, load_tokenizer
 
 from nxd_train.run.corpus import builtin_tokenizer, names_data, stdlib_corpus
 

@@ -13,10 +13,7 @@ import numpy as np
 import nxd_ckpt  # its DCP and DTensor parts (nxd_ckpt.load_checkpoint ...) load when a run first uses them
 import torch
 from nxd_align import LoraFamily, base_key, is_adapter_key
-from nxd_ckpt import (
-    CheckpointError,
-    read_info,
-)
+from nxd_ckpt import CheckpointError, read_info
 from nxd_models import ModelFamily
 from nxd_parallel import StagedModel, modules_of
 from nxd_precision import LossScaler, PrecisionOptimizer
