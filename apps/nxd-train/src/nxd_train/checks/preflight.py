@@ -45,9 +45,10 @@ from nxd_train.checks.run_problems import (
 )
 from nxd_train.cluster.job import Job, job_of
 from nxd_train.logging.log_dir import log_dir_problems, optional_path
-from nxd_train.run.checkpointing import Resume, checkpoint_problems, head_problem, initial_weights_problems
+from nxd_train.run.checkpointing import Resume, checkpoint_problems
 from nxd_train.run.data import DataSplits, build_datasets
 from nxd_train.run.identity import architecture, data_identity
+from nxd_train.run.initial_weights import head_problem, initial_weights_problems
 from nxd_train.run.model_specs import PLACEHOLDER_VOCABULARY, model_vocabulary, run_family, training_method
 from nxd_train.run.objective_specs import adapters_of, initial_weights, objective_of, preference_config, reference_of
 from nxd_train.run.plan import PreflightError, RunPlan

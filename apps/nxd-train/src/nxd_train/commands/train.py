@@ -109,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from nxd_train.logging.comet_logger import CometStartError
     from nxd_train.logging.log_dir import LogDirError, disk_full
     from nxd_train.logging.wandb_logger import WandbStartError
-    from nxd_train.run.loop import train
-    from nxd_train.run.state import UploadsFailed
+    from nxd_train.run.loop import UploadsFailed, train
 
     try:
         train(plan)

@@ -24,11 +24,11 @@ from torch import nn
 
 from nxd_train.checks.preflight import plan_run
 from nxd_train.logging.log_dir import CHECKPOINT_DIR, optional_path, resumable_log_dir
-from nxd_train.run.checkpointing import Resume, start_new_soft_prompt
+from nxd_train.run.checkpointing import Resume
+from nxd_train.run.initial_weights import load_adapters, load_weights, start_new_soft_prompt
 from nxd_train.run.plan import RunPlan
 from nxd_train.run.state import forward_autocast
 from nxd_train.run.tokenizers import run_tokenizer
-from nxd_train.run.training_state import load_adapters, load_weights
 
 
 class InferenceError(Exception):
@@ -133,7 +133,8 @@ def layout_note(cfg: NxdConfig) -> str | None:
 def load_run(cfg: NxdConfig, cache_dir: Path) -> LoadedRun:
     """Launch the layout's processes and load the run's weights into its model; PreflightError for a config that
     would not run, InferenceError when there are no weights to load."""
-    from nxd_train.run.setup import launch_processes, sharded_model
+    from nxd_train.run.initial_weights import sharded_model
+    from nxd_train.run.setup import launch_processes
 
     plan = plan_run(inference_config(cfg), cache_dir)
     exp = cfg.exp_manager

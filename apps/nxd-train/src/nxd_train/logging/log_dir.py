@@ -12,10 +12,14 @@ import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from nxd_ckpt import list_checkpoints
 from nxd_data import save_atomically
+
+if TYPE_CHECKING:
+    from lightning_fabric import Fabric
 
 DEFAULT_EXP_DIR = "nxd_logs"
 CHECKPOINT_DIR = "checkpoints"
@@ -183,6 +187,32 @@ def hold_log_dir(
                 "this one another exp_manager.explicit_log_dir"
             )
         lock.release()  # a run starting at the same moment took this version: take the next
+
+
+def hold_on_rank_0(
+    fabric: Fabric,
+    explicit_log_dir: Path | None,
+    exp_dir: Path | None,
+    name: str,
+    continued: Path | None,
+    written: tuple[str, ...] = (),
+    launch_tag: str | None = None,
+) -> tuple[Path, LogDirLock]:
+    """`hold_log_dir` on rank 0 (recording the launch's tag there, so that a restarted round finds the folder),
+    told to every rank; a LogDirError on every rank when rank 0 could not hold it. The others hold no lock."""
+    lock, held = LogDirLock(None), None
+    if fabric.global_rank == 0:
+        try:
+            path, lock = hold_log_dir(explicit_log_dir, exp_dir, name, continued, written)
+            if launch_tag is not None:
+                record_launch(path, launch_tag)
+            held = (str(path), None)
+        except LogDirError as error:
+            held = (None, str(error))
+    path, problem = fabric.broadcast(held, src=0)
+    if problem is not None:
+        raise LogDirError(problem)
+    return Path(path), lock
 
 
 def _check_foreign(path: Path, key: str, written: tuple[str, ...], shared: tuple[str, ...]) -> None:

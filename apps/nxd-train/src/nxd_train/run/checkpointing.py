@@ -12,7 +12,6 @@ import json
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import nxd_ckpt  # its DCP and DTensor parts (nxd_ckpt.load_checkpoint ...) load when a run first uses them
 from nxd_ckpt import (
@@ -29,11 +28,8 @@ from nxd_ckpt import (
 from nxd_config import NxdConfig
 from nxd_config.schema.exp_manager import interval_seconds
 from nxd_models import ModelConfigError, ModelFamily
-from nxd_parallel import StagedModel, modules_of
-from torch import nn
 
 from nxd_train.logging.log_dir import CHECKPOINT_DIR
-from nxd_train.run.identity import HF_SHAPE_KEYS
 
 LOGGED = ("step", "consumed_samples", "epoch", "loss", "lr", "grad_norm", "val_loss")
 """Values a run logs, which monitor and the filename template may name."""
@@ -257,111 +253,3 @@ def export_of(
         return replace(nxd_ckpt.HFExport.of(family.hf_mapping(pad_id)), tokenizer_files=dict(tokenizer_files or {}))
     except ModelConfigError as error:
         return str(error)
-
-
-OUTPUT_LAYER = "lm_head."
-"""The prefix of the output layer's weights (both families' name, a score head's too)."""
-
-
-def head_problem(family: ModelFamily, start: Resume | None) -> str | None:
-    """Why the weights at `start` cannot be this run's: a reward model's as a causal LM's base, or a
-    causal LM's checkpoint continued as a reward model (a new reward model starts from a causal LM's
-    weights with model.weight_init_only)."""
-    if start is None:
-        return None
-    found = start.head
-    if found == family.head:
-        return None
-    if found == "score":
-        return (
-            f"{start.path}: holds a reward model (its output layer is a score head); expected a causal LM's "
-            f"weights as the start of causal LM training (model_alignment_strategy.reward_model trains reward "
-            f"models)"
-        )
-    if not start.weights_only:
-        return (
-            f"{start.path}: holds a causal LM, which a reward model cannot continue; expected "
-            f"model.weight_init_only: True to start the reward model from its weights (the score head then "
-            f"starts from its initialisation)"
-        )
-    return None
-
-
-SOFT_PROMPT = "model.soft_prompt."
-"""The prefix of a soft prompt's weights."""
-
-
-def fresh_prefixes(family: ModelFamily, start: Resume) -> tuple[str, ...]:
-    """The weights a start of `family` from `start` leaves at their initial values: a reward model's score head
-    when it starts from a causal LM's weights, and a soft prompt the weights do not hold (prompt tuning starts a
-    model's weights with a new prompt; a prompt-tuned checkpoint holds its own)."""
-    fresh = () if loads_output_layer(family, start) else (OUTPUT_LAYER,)
-    if getattr(family.spec, "soft_prompt_tokens", 0) and (
-        start.hugging_face or start.neox or not any(SOFT_PROMPT in key for key in nxd_ckpt.saved_keys(start.path))
-    ):
-        fresh += (SOFT_PROMPT,)
-    return fresh
-
-
-def start_new_soft_prompt(model: nn.Module | StagedModel, family: ModelFamily, start: Resume | None) -> None:
-    """A soft prompt the start weights do not hold (or a run from scratch's) takes init_string's embedding rows of
-    the weights the model now holds; every rank calls it."""
-    if start is not None and SOFT_PROMPT not in fresh_prefixes(family, start):
-        return
-    for module in modules_of(model):
-        if hasattr(module, "start_soft_prompt"):
-            module.start_soft_prompt()
-
-
-def loads_output_layer(family: ModelFamily, start: Resume) -> bool:
-    """Whether the weights at `start` hold this model's output layer: not when a reward model starts
-    from a causal LM (its score head keeps its initial values)."""
-    return not (family.head == "score" and start.head == "causal_lm")
-
-
-def initial_weights_problems(family: ModelFamily, initial: Resume | None) -> list[str]:
-    """Why a Hugging Face directory or GPT-NeoX checkpoint of initial weights cannot load into `family`'s
-    model (its names and shapes only are read), before launch."""
-    if initial is None or not (initial.hugging_face or initial.neox):
-        return []
-    if not loads_output_layer(family, initial):
-        family = family.with_head("causal_lm")  # the base's own output layer is read past
-    if initial.neox:
-        try:
-            nxd_ckpt.check_neox_weights(initial.path, family.neox_layout(), family.parameter_shapes())
-        except (CheckpointError, ModelConfigError) as error:
-            return [
-                f"{initial.path}: cannot read this GPT-NeoX checkpoint: {error}"
-                if isinstance(error, ModelConfigError)
-                else str(error)
-            ]
-        return []
-    export = export_of(family, reading=True)
-    if not isinstance(export, nxd_ckpt.HFExport):
-        return [f"{initial.path}: cannot import Hugging Face weights: {export}"]
-    if differ := _config_differences(initial.path / "config.json", export.config):
-        return [
-            f"{initial.path / 'config.json'}: describes another architecture than this run's "
-            f"({'; '.join(differ)}); expected the same, since weights of one shape can hold other heads"
-        ]
-    try:
-        nxd_ckpt.check_hf_weights(initial.path, export, family.parameter_shapes())
-    except CheckpointError as error:
-        return [str(error)]
-    return []
-
-
-def _config_differences(path: Path, ours: dict[str, Any]) -> list[str]:
-    """`key: theirs there, ours here` for each architecture value both config.json files state."""
-    try:
-        theirs = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []  # a missing or damaged config.json is named by the import itself
-    return [
-        f"{key}: {theirs[key]} there, {ours[key]} here"
-        for key in HF_SHAPE_KEYS
-        if isinstance(theirs, dict)
-        and theirs.get(key) is not None
-        and ours.get(key) is not None
-        and theirs[key] != ours[key]
-    ]

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from nxd_data import PretrainingSampler
 from nxd_models import IGNORE_INDEX, peak_memory, routing_metrics, take_routing_totals
 from nxd_parallel import clip_gradients, global_norm, modules_of
 from nxd_precision import NonFiniteGuard, NonFiniteStop
@@ -29,7 +30,12 @@ from nxd_train.run.plan import EarlyStopping, RunPlan, batch_limit
 from nxd_train.run.setup import setup
 from nxd_train.run.state import Batch, Run
 from nxd_train.run.statistics import PREFIXES as STATISTICS
-from nxd_train.run.training_state import restore_rng_states
+from nxd_train.run.training_state import restore_rng_states, rng_states
+
+
+class UploadsFailed(Exception):
+    """Training ended, but checkpoints the run was to copy to S3 are not there: the run exits 1 so that the job
+    says so (the checkpoints are in the log directory still, unless retention removed them)."""
 
 
 def train(plan: RunPlan) -> Path:
@@ -109,7 +115,7 @@ def _train(run: Run) -> Path:
                 logged.update(stopper.record())  # a resume continues the count
             exiting = cadence.exit_interval is not None and done % cadence.exit_interval == 0 and done < run.steps
             if checkpoints.enabled and not guard.streak and (checkpoint_due(run, done, index) or stopping or exiting):
-                run.save_checkpoint(done, logged)
+                save_checkpoint(run, done, logged)
                 saved_at = done
             if exiting:
                 _exit_at_interval(run, done, saved=saved_at == done)
@@ -169,7 +175,7 @@ def _close(run: Run) -> None:
     """End a run that stops early: `_settle`, uploads still running are named (a stop does not wait for them), the
     logs are flushed."""
     _settle(run)
-    run.finish_uploads(wait=False)
+    finish_uploads(run, wait=False)
     run.monitor.close()
 
 
@@ -178,7 +184,7 @@ def _end(run: Run) -> None:
     a long upload holds no collective open) and names those that failed (UploadsFailed); the logs are flushed."""
     run.fabric.barrier()
     try:
-        run.finish_uploads(wait=True)
+        finish_uploads(run, wait=True)
     finally:
         run.monitor.close()
 
@@ -205,7 +211,7 @@ def _stop_on_signal(run: Run, signum: int, done: int, logged: dict[str, float], 
         where = "the step was not finite, so nothing was saved; a resume starts from the last complete checkpoint"
     else:
         if not saved:
-            run.save_checkpoint(done, logged)
+            save_checkpoint(run, done, logged)
         run.checkpointer.wait()
         job = run.plan.launch.job
         if run.plan.preemption.requeues(signum, slurm=job is not None and job.launcher == "slurm"):
@@ -218,11 +224,12 @@ def _stop_on_signal(run: Run, signum: int, done: int, logged: dict[str, float], 
                 f"naming {run.log_dir} (its newest checkpoint; NxDT: exp_manager.resume_from_checkpoint, or "
                 "exp_manager.resume_if_exists=True) to continue from it"
             )
-    _close(run)
-    raise TrainingInterrupted(
+    stopped = TrainingInterrupted(
         f"stopped by {signal.Signals(signum).name} after step {done} of {run.steps}: {where}",
         run.plan.preemption.code(signum),
     )
+    _close(run)
+    raise stopped
 
 
 def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int) -> dict[str, float]:
@@ -235,18 +242,18 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     count = run.summed(sum(objective.count(batch) for batch in batches).double(), run.token_mesh)
     loss_scale = 1.0 if run.scaler is None else run.scaler.scale
     totals = run.executor.run(batches, objective.loss, scale=run.dims.dp * run.dims.cp * loss_scale / count)
-    run.optimizer.collect_gradients()
-    if run.scaler is not None:
-        run.scaler.unscale_(run.optimizer.gradient_tensors)
-    logged = run.plan.cadence.log_due(step, run.steps)
-    statistics = {} if run.statistics is None else run.statistics.gradients(run.optimizer, logged)
-    grad_norm = gradient_norm(run)
     sums = {
         "loss": totals.loss,
         **{name: totals.metrics.get(name, torch.zeros_like(totals.loss)) for name in objective.metric_names},
     }  # none on ranks without the last stage
     values = {name: (run.summed(value, run.token_mesh, run.pp_mesh) / count).item() for name, value in sums.items()}
     values = objective.report(values)
+    run.optimizer.collect_gradients()
+    if run.scaler is not None:
+        run.scaler.unscale_(run.optimizer.gradient_tensors)
+    logged = run.plan.cadence.log_due(step, run.steps)
+    statistics = {} if run.statistics is None else run.statistics.gradients(run.optimizer, logged)
+    grad_norm = gradient_norm(run)
     moe = routing(run)
     if "moe_aux_loss" in moe:  # the loss trained on: cross-entropy plus the weighted load-balancing loss
         values["loss"] += run.plan.family.moe.router_aux_loss_coef * moe["moe_aux_loss"]
@@ -296,7 +303,7 @@ def evaluate_with_characters(run: Run, dataset: Dataset | None, limit: int | flo
     counts them, padding samples left out."""
     if dataset is None:
         return None, 0.0
-    sampler = run.eval_sampler(dataset)
+    sampler = eval_sampler(run, dataset)
     count = batch_limit(limit, sampler.steps_per_epoch)
     if count == 0:
         return None, 0.0
@@ -394,3 +401,57 @@ def checkpoint_due(run: Run, done: int, index: int) -> bool:
         elapsed = run.fabric.broadcast(elapsed, src=0)
     epoch_end = policy.on_epoch_end and (index + 1 == run.steps_per_epoch or done == run.steps)
     return policy.due(done, elapsed) or epoch_end or (policy.keeps_any and done == run.steps)
+
+
+def finish_uploads(run: Run, *, wait: bool) -> None:
+    """Rank 0's checkpoint uploads: waited for, and those that failed named (training went on meanwhile: a
+    failed upload never stops it), then UploadsFailed; or, when the run stops (`wait` False), those still
+    running named."""
+    if run.uploads is None:
+        return
+    uploads, run.uploads, where = run.uploads, None, run.plan.checkpoints.s3.url
+    if not wait:
+        if pending := uploads.pending:
+            run.monitor.info(
+                f"s3: the run stops before {', '.join(pending)} finished uploading to {where}; "
+                f"they are only in {run.checkpointer.root}"
+            )
+        return
+    if failed := uploads.close():
+        message = (
+            f"s3: {len(failed)} checkpoint(s) not uploaded to {where}: {', '.join(failed)}; they are only "
+            f"in {run.checkpointer.root}, unless retention removed them"
+        )
+        run.monitor.info(message)
+        raise UploadsFailed(f"{len(failed)} checkpoint(s) not uploaded to {where} (named above)")
+
+
+def eval_sampler(run: Run, dataset: Dataset) -> PretrainingSampler:
+    b = run.plan.batches
+    return PretrainingSampler(
+        len(dataset),
+        b.global_batch_size,
+        b.micro_batch_size,
+        run.dims.dp,
+        run.mesh.data_parallel_rank,
+        seed=run.plan.launch.seed,
+        drop_last=b.validation_drop_last,
+        pad_to_global_batch=b.pad_to_global_batch,
+    )
+
+
+def save_checkpoint(run: Run, done: int, logged: dict[str, float]) -> None:
+    """Everything needed to continue after optimizer step `done` (in the background when asynchronous)."""
+    gbs, rank = run.plan.batches.global_batch_size, run.fabric.global_rank
+    consumed = run.sampler.consumed_samples + (done - run.start_step) * gbs
+    progress = {"step": done, "consumed_samples": consumed}
+    sampler = run.sampler.state_dict() | {"consumed_samples": consumed}
+    state = run.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
+    run.checkpointer.save(
+        state,
+        step=done,
+        consumed_samples=consumed,
+        metrics=logged,
+        extra=run.checkpoint_record,
+        keep=done == run.steps,
+    )  # the last step stays

@@ -43,8 +43,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from nxd_train.run.checkpointing import Resume
+from nxd_train.run.initial_weights import load_weights
 from nxd_train.run.state import Batch, Run, forward_autocast
-from nxd_train.run.training_state import load_weights
 
 
 @contextlib.contextmanager

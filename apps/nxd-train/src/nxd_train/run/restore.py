@@ -1,44 +1,21 @@
-"""Where a run starts, put in place: its initial weights (an nxd checkpoint, a Hugging Face or GPT-NeoX
-folder: weight_init_only), or the whole state of the checkpoint it continues (weights, optimizer,
-schedule, step, data position, random states). `run.setup` calls `load_initial_weights` while it builds
-the model (before the optimizer copies the weights) and `restore` once the run stands."""
+"""Where a run continues, put in place once it stands: its reference log-probs (from the initial weights), then the
+whole state of the checkpoint it continues (weights, optimizer, schedule, step, data position, random states), or
+a GPT-NeoX iteration's position from its weights alone. The weights it starts from are `initial_weights`'."""
 
 from __future__ import annotations
 
 import time
 import warnings
 from dataclasses import replace
-from pathlib import Path
 
 import torch
-from nxd_align import LoraFamily
 from nxd_ckpt import CheckpointError, read_info
-from nxd_parallel import StagedModel
 from nxd_precision import apply_options, apply_schedule
-from torch import nn
 
-from nxd_train.logging.monitor import Monitor
 from nxd_train.run.checkpointing import Resume
-from nxd_train.run.plan import RunPlan
+from nxd_train.run.initial_weights import load_base, load_time
 from nxd_train.run.reference import prepare_reference
 from nxd_train.run.state import Run
-from nxd_train.run.training_state import holds_frozen_base, load_adapters, load_weights
-
-Group = torch.distributed.ProcessGroup | None
-
-
-def load_initial_weights(
-    plan: RunPlan, model: nn.Module | StagedModel, resume: Resume, group: Group, monitor: Monitor
-) -> None:
-    """The initial weights from an nxd checkpoint or a Hugging Face directory (weight_init_only)."""
-    started = time.perf_counter()
-    lora = plan.lora
-    if lora is not None and plan.adapters.from_checkpoint:
-        _load_base(plan, lora, model, resume.path, group)
-        load_adapters(model, resume.path, lora, group)
-    else:
-        load_weights(model, resume, plan.family, group, lora)
-    monitor.info(f"initial weights from {resume.path}{_took(started, plan)}")
 
 
 def restore(run: Run, resume: Resume | None) -> None:
@@ -52,28 +29,6 @@ def restore(run: Run, resume: Resume | None) -> None:
         _resume(run, resume)
     elif resume is not None and resume.start_step:
         _continue_at(run, resume.start_step)
-
-
-def _took(started: float, plan: RunPlan) -> str:
-    return f" in {time.perf_counter() - started:.2f} s" if plan.checkpoints.time_loads else ""
-
-
-def _load_base(plan: RunPlan, lora: LoraFamily, model: nn.Module | StagedModel, checkpoint: Path, group: Group) -> None:
-    """The base weights under the adapters of LoRA checkpoint `checkpoint`, when it does not hold them
-    unmerged: from the plan's base source; none is needed when the run that saved it started from
-    the seeded initialisation (which this run repeats)."""
-    if holds_frozen_base(checkpoint):
-        return
-    if (source := plan.adapters.base_source) is None:
-        saved_config = read_info(checkpoint).extra.get("config", {})
-        if saved_config.get("exp_manager", {}).get("resume_from_checkpoint") is None:
-            return
-        raise CheckpointError(
-            f"{checkpoint}: holds LoRA adapters without their base model (saved without "
-            "save_lora_base); expected the base in exp_manager.resume_from_checkpoint (continuing "
-            "a run) or in model.model_config as a Hugging Face directory (load_lora_from_ckpt)"
-        )
-    load_weights(model, source, plan.family, group, lora)
 
 
 def _continue_at(run: Run, step: int) -> None:
@@ -104,7 +59,7 @@ def _resume(run: Run, resume: Resume) -> None:
     world size, every rank's RNG states (a LoRA run's base first, when the checkpoint holds adapters only)."""
     started, monitor, rank, group = time.perf_counter(), run.monitor, run.fabric.global_rank, run.checkpoint_group
     if run.plan.lora is not None:
-        _load_base(run.plan, run.plan.lora, run.model, resume.path, group)
+        load_base(run.plan, run.plan.lora, run.model, resume.path, group)
     progress, sampler_state = {"step": 0, "consumed_samples": 0}, run.sampler.state_dict()
     checkpoints = run.plan.checkpoints
     same_world = resume.world_size == run.fabric.world_size
@@ -145,5 +100,5 @@ def _resume(run: Run, resume: Resume) -> None:
         )
     monitor.info(
         f"resumed from {resume.path} at step {run.start_step} ({progress['consumed_samples']} samples)"
-        f"{_took(started, run.plan)}"
+        f"{load_time(started, run.plan)}"
     )

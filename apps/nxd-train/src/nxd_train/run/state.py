@@ -30,7 +30,7 @@ from nxd_train.run.plan import RunPlan
 from nxd_train.run.profiling import StepProfiler
 from nxd_train.run.statistics import StepStatistics
 from nxd_train.run.trainer_outputs import TrainerOutputs
-from nxd_train.run.training_state import TrainingState, rng_states
+from nxd_train.run.training_state import TrainingState
 
 Batch = dict[str, torch.Tensor]
 
@@ -41,11 +41,6 @@ def forward_autocast(fabric: Fabric, policy: PrecisionPolicy) -> Callable[[], Ab
     if policy.autocast and policy.compute_dtype == torch.float16:
         return partial(torch.autocast, fabric.device.type, dtype=torch.float16)
     return fabric.autocast
-
-
-class UploadsFailed(Exception):
-    """Training ended, but checkpoints the run was to copy to S3 are not there: the run exits 1 so that the job
-    says so (the checkpoints are in the log directory still, unless retention removed them)."""
 
 
 @dataclass
@@ -103,28 +98,6 @@ class Run:
     """Rank 0's hold on `log_dir` (the others hold nothing)."""
     uploads: CheckpointUploader | None = None
     """Rank 0's uploads of complete checkpoints to S3 (exp_manager.s3_checkpoints)."""
-
-    def finish_uploads(self, *, wait: bool) -> None:
-        """Rank 0's checkpoint uploads: waited for, and those that failed named (training went on meanwhile: a
-        failed upload never stops it), then UploadsFailed; or, when the run stops (`wait` False), those still
-        running named."""
-        if self.uploads is None:
-            return
-        uploads, self.uploads, where = self.uploads, None, self.plan.checkpoints.s3.url
-        if not wait:
-            if pending := uploads.pending:
-                self.monitor.info(
-                    f"s3: the run stops before {', '.join(pending)} finished uploading to {where}; "
-                    f"they are only in {self.checkpointer.root}"
-                )
-            return
-        if failed := uploads.close():
-            message = (
-                f"s3: {len(failed)} checkpoint(s) not uploaded to {where}: {', '.join(failed)}; they are only "
-                f"in {self.checkpointer.root}, unless retention removed them"
-            )
-            self.monitor.info(message)
-            raise UploadsFailed(f"{len(failed)} checkpoint(s) not uploaded to {where} (named above)")
 
     @property
     def token_mesh(self) -> DeviceMesh | None:
@@ -202,38 +175,9 @@ class Run:
         )
         return self.micro_batches(self.train_data, replace(self.sampler, steps=self.steps - self.start_step), lengths)
 
-    def eval_sampler(self, dataset: Dataset) -> PretrainingSampler:
-        b = self.plan.batches
-        return PretrainingSampler(
-            len(dataset),
-            b.global_batch_size,
-            b.micro_batch_size,
-            self.dims.dp,
-            self.mesh.data_parallel_rank,
-            seed=self.plan.launch.seed,
-            drop_last=b.validation_drop_last,
-            pad_to_global_batch=b.pad_to_global_batch,
-        )
-
     def summed(self, tensor: torch.Tensor, *meshes: DeviceMesh | None) -> torch.Tensor:
         """`tensor` summed over the ranks of each 1-D mesh given (data x context, pipeline), in place."""
         for mesh in meshes:
             if mesh is not None:
                 torch.distributed.all_reduce(tensor, group=mesh.get_group())
         return tensor
-
-    def save_checkpoint(self, done: int, logged: dict[str, float]) -> None:
-        """Everything needed to continue after optimizer step `done` (in the background when asynchronous)."""
-        gbs, rank = self.plan.batches.global_batch_size, self.fabric.global_rank
-        consumed = self.sampler.consumed_samples + (done - self.start_step) * gbs
-        progress = {"step": done, "consumed_samples": consumed}
-        sampler = self.sampler.state_dict() | {"consumed_samples": consumed}
-        state = self.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
-        self.checkpointer.save(
-            state,
-            step=done,
-            consumed_samples=consumed,
-            metrics=logged,
-            extra=self.checkpoint_record,
-            keep=done == self.steps,
-        )  # the last step stays

@@ -5,37 +5,20 @@ from __future__ import annotations
 
 import json
 import random
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import nxd_ckpt  # its DCP and DTensor parts (nxd_ckpt.load_checkpoint ...) load when a run first uses them
 import torch
-from nxd_align import LoraFamily, base_key, is_adapter_key
-from nxd_ckpt import CheckpointError, read_info
-from nxd_models import ModelFamily
-from nxd_parallel import StagedModel, modules_of
+from nxd_align import LoraFamily
+from nxd_ckpt import CheckpointError
+from nxd_parallel import StagedModel
 from nxd_precision import LossScaler, PrecisionOptimizer
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from nxd_train.run.checkpointing import OUTPUT_LAYER, PACKAGES, Resume, export_of, fresh_prefixes
-
-
-def export_record(export: nxd_ckpt.HFExport | str) -> dict[str, Any]:
-    """What the completion marker says about Hugging Face export: the mapping, or why there is none."""
-    return {"hf_export": export.to_json()} if isinstance(export, nxd_ckpt.HFExport) else {"hf_export_problem": export}
-
-
-def versions() -> dict[str, str]:
-    found = {}
-    for package in PACKAGES:
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = "unknown"
-    return found
+from nxd_train.run.initial_weights import holds_frozen_base
 
 
 def rng_states() -> bytes:
@@ -177,57 +160,3 @@ class TrainingState:
         except (ValueError, KeyError) as error:
             raise CheckpointError(f"{path}: the optimizer state does not fit this run's optimizer: {error}") from None
         self.scheduler.load_state_dict(state["scheduler"])
-
-
-def holds_frozen_base(path: Path) -> bool:
-    """Whether LoRA checkpoint `path` holds the base model unmerged (save_lora_base), so loading it
-    restores the base too (merged weights are for export, never a base to train on)."""
-    return read_info(path).extra.get(nxd_ckpt.LORA_RECORD, {}).get("base") == "frozen"
-
-
-def load_weights(
-    model: nn.Module | StagedModel,
-    resume: Resume,
-    family: ModelFamily,
-    process_group: torch.distributed.ProcessGroup | None,
-    lora: LoraFamily | None = None,
-) -> None:
-    """Only the model weights of `resume` (an nxd checkpoint, a Hugging Face directory read through the
-    model's mapping, or a GPT-NeoX checkpoint read through its NeoX layout, each checked against the whole
-    model's shapes) into `model`, whatever its layout (pipeline stages load their own parts). With `lora`
-    they are the base model's weights, and the adapters keep their initial values; a reward model
-    starting from a causal LM takes all but the output layer (its score head keeps its initial values)."""
-    skip = fresh_prefixes(family, resume)
-    if not (resume.hugging_face or resume.neox):
-        weights = model.state_dict() if lora is None else lora.base_weights(model)
-        weights = {key: value for key, value in weights.items() if not key.startswith(skip)}
-        nxd_ckpt.load_checkpoint(resume.path, {nxd_ckpt.MODEL_KEY: weights}, process_group=process_group)
-        return
-    live = {
-        base_key(key): value
-        for module in modules_of(model)
-        for key, value in module.state_dict().items()
-        if not is_adapter_key(key) and not base_key(key).startswith(skip)
-    }
-    if OUTPUT_LAYER in skip:
-        family = family.with_head("causal_lm")  # read through the base's own mapping, its output layer left
-    if resume.neox:
-        nxd_ckpt.load_neox_weights(resume.path, family.neox_layout(), family.parameter_shapes(), live)
-        return
-    export = export_of(family, reading=True)
-    if not isinstance(export, nxd_ckpt.HFExport):
-        raise CheckpointError(f"{resume.path}: cannot import Hugging Face weights: {export}")
-    nxd_ckpt.load_hf_weights(resume.path, export, family.parameter_shapes(), live)  # each rank reads its own shards
-
-
-def load_adapters(
-    model: nn.Module | StagedModel, path: Path, lora: LoraFamily, process_group: torch.distributed.ProcessGroup | None
-) -> None:
-    """The adapters (and the base, when it was saved unmerged) of LoRA checkpoint `path` (load_lora_from_ckpt)."""
-    if nxd_ckpt.LORA_RECORD not in read_info(path).extra:
-        raise CheckpointError(
-            f"model_alignment_strategy.peft.load_lora_from_ckpt: {path} is not a checkpoint of a "
-            "LoRA run; expected one whose run had model_alignment_strategy.peft"
-        )
-    weights = lora.checkpoint_weights(model, base="frozen" if holds_frozen_base(path) else None)
-    nxd_ckpt.load_checkpoint(path, {nxd_ckpt.MODEL_KEY: weights}, process_group=process_group)
