@@ -9,11 +9,10 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nxd_ckpt
 import torch
-from lightning_fabric import Fabric
 from nxd_align import LoraFamily, base_key, is_adapter_key
 from nxd_ckpt import CheckpointError, read_info
 from nxd_models import ModelConfigError, ModelFamily, set_aux_loss_weights
@@ -25,6 +24,9 @@ from nxd_train.logging.monitor import Monitor
 from nxd_train.run.checkpointing import Resume, export_of
 from nxd_train.run.identity import HF_SHAPE_KEYS
 from nxd_train.run.plan import RunPlan
+
+if TYPE_CHECKING:
+    from lightning_fabric import Fabric
 
 Group = torch.distributed.ProcessGroup | None
 
