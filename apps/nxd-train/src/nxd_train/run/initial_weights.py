@@ -20,13 +20,14 @@ from nxd_parallel import ParallelMesh, StagedModel, build_parallel_model, module
 from nxd_precision import prepare_parameters
 from torch import nn
 
-from nxd_train.logging.monitor import Monitor
 from nxd_train.run.checkpointing import Resume, export_of
 from nxd_train.run.identity import HF_SHAPE_KEYS
 from nxd_train.run.plan import RunPlan
 
 if TYPE_CHECKING:
     from lightning_fabric import Fabric
+
+    from nxd_train.logging.monitor import Monitor
 
 Group = torch.distributed.ProcessGroup | None
 
