@@ -41,7 +41,7 @@ from nxd_data import SampleFormat, TokenStream
 from nxd_models import device_ceiling, model_family, peak_memory
 from nxd_train.checks.preflight import plan_run
 from nxd_train.run.corpus import default_cache_dir
-from nxd_train.run.data import DataSplits
+from nxd_train.run.data_splits import DataSplits
 from nxd_train.run.loop import train
 from nxd_train.run.plan import RunPlan
 from smoke import TINY_MODEL, parse_args

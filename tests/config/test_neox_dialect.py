@@ -226,6 +226,7 @@ READERS = [
             for kind in ("data_paths", "label_data_paths", "reward_data_paths")
         },
     },
+    {"train_impl": "reinforce", "reinforce_leave_one_out": True, "kl_impl": "abs", "kl_div_beta": 0.05},
 ]
 """Files that between them take every branch of the translation."""
 
@@ -645,7 +646,8 @@ def test_a_sparsity_config_without_sparse_layers_is_noticed(tmp_path):
             {"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.1}}},
             "optimizer.params.weight_decay: GPT-NeoX takes weight decay from the top-level weight_decay key",
         ),
-        ({"train_impl": "reinforce"}, "train_impl: expected normal, dpo, kto or rm, found reinforce: online RL"),
+        ({"train_impl": "reinforce"}, "model_alignment_strategy.grpo.rewards): expected at least one reward"),
+        ({"train_impl": "reinforce", "kl_impl": "full"}, "kl_impl: expected abs, mse or kl, found full"),
         ({"train_impl": "kto"}, "train_data_paths: expected the training examples with train_impl kto, found none"),
         (
             {"pos_emb": "alibi", "model_parallel_size": 1, "num_gpus": 2},
@@ -1583,7 +1585,10 @@ def test_post_training_keys_become_nxd_methods_and_documents(tmp_path):
             "precompute_model_name: expected none with dpo_reference_free: true",
         ),
         ({"train_impl": "kto"}, "pos_train_data_paths: expected none with train_impl kto"),
-        ({"dataset_impl": "online"}, "dataset_impl: expected gpt2 or pairwise, found online"),
+        (
+            {"dataset_impl": "online"},
+            "dataset_impl: expected pairwise with train_impl dpo (GPT-NeoX reads pos/neg pairs for it), found online",
+        ),
         ({"train_impl": "normal"}, "dataset_impl: expected gpt2 with train_impl normal"),
     ],
 )
@@ -1771,3 +1776,27 @@ def test_neox_s3_keys(tmp_path):
         tmp_path, {**MODEL, "save": "runs/x", "checkpoint_factor": 10, "s3_path": "s3://b", "s3_chunk_size": 1024}
     )
     assert any("chunk_size" in m and "5242880" in m for m in small), small
+
+
+def test_reinforce_becomes_grpo_with_neox_settings():
+    """train_impl reinforce: GRPO with GPT-NeoX's baseline, unscaled rewards, its KL estimate and beta and no
+    importance correction; the generation server's keys are notices (nxd samples the completions itself)."""
+    keys = {"train_impl": "reinforce", "dataset_impl": "online", "online_dataserver_ports": [10000, 10001]}
+    for extra, baseline, estimator in (
+        ({"reinforce_leave_one_out": True, "kl_impl": "abs", "kl_div_beta": 0.05}, "leave_one_out", "abs"),
+        ({"kl_impl": "kl"}, "running_mean", "k1"),
+        ({}, "running_mean", "mse"),
+    ):
+        t = translate({**MODEL, **keys, **extra}, "run")
+        assert t.tree["model_alignment_strategy"]["grpo"] == {
+            "baseline": baseline,
+            "scale_rewards": "none",
+            "loss_type": "dapo",
+            "beta": extra.get("kl_div_beta", 0.1),
+            "kl_estimator": estimator,
+            "kl_importance_correction": False,
+        }
+        said = " ".join(t.notices)
+        assert "dataset_impl: accepted: online reads the samples a generation server sends" in said
+        assert "online_dataserver_ports: accepted, changes nothing here" in said
+        assert not t.issues

@@ -119,7 +119,7 @@ def test_dpo_with_bf16_gradient_accumulation_trains_as_neoxs_benchmarking_files_
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["train_impl=reinforce"], "train_impl: expected normal, dpo, kto or rm, found reinforce: online RL"),
+        (["train_impl=reinforce"], "model_alignment_strategy.grpo.rewards): expected at least one reward"),
         pytest.param(
             ["+precompute_model_name=missing"], "data.pair_documents.train: data prefix ", marks=pytest.mark.slow
         ),

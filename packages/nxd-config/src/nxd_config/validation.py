@@ -211,8 +211,14 @@ def _remove(data: dict[str, Any], keys: list[str | int]) -> bool:
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The sections (BaseModel classes) an annotation admits."""
-    return [alt for alt in alternatives(annotation) if isinstance(alt, type) and issubclass(alt, BaseModel)]
+    """The sections (BaseModel classes) an annotation admits, or a list of it holds."""
+    found = []
+    for alt in alternatives(annotation):
+        if typing.get_origin(alt) is tuple:
+            found += [item for arg in typing.get_args(alt) if arg is not Ellipsis for item in _models_in(arg)]
+        elif isinstance(alt, type) and issubclass(alt, BaseModel):
+            found.append(alt)
+    return found
 
 
 def _field(model: type[BaseModel], name: str) -> Any:

@@ -16,6 +16,7 @@ from .kto import kto_dataset
 from .megatron import MegatronDataBuilder
 from .preference import collate_packed_pairs, collate_pairs, preference_dataset
 from .preprocess import preprocess_jsonl
+from .prompts import PROMPT_INDEX, Prompt, PromptDataset, collate_prompts, prompt_dataset
 from .sampler import PADDING, PretrainingSampler, WithPadding
 from .samples import SampleFormat, collate
 from .sft import sft_dataset
@@ -25,6 +26,7 @@ __version__ = _distribution_version("nxd-data")  # one source: the pyproject's v
 
 __all__ = [
     "PADDING",
+    "PROMPT_INDEX",
     "DataError",
     "DocumentFiles",
     "ExampleDocuments",
@@ -35,6 +37,8 @@ __all__ = [
     "MegatronDataBuilder",
     "PairDocuments",
     "PretrainingSampler",
+    "Prompt",
+    "PromptDataset",
     "RecordForm",
     "SampleFormat",
     "SequenceCurriculum",
@@ -45,12 +49,14 @@ __all__ = [
     "collate",
     "collate_packed_pairs",
     "collate_pairs",
+    "collate_prompts",
     "formatted_splits",
     "hf_pretraining_dataset",
     "kto_dataset",
     "load_tokenizer",
     "preference_dataset",
     "preprocess_jsonl",
+    "prompt_dataset",
     "save_atomically",
     "sft_dataset",
     "token_dtype",

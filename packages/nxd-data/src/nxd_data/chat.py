@@ -21,8 +21,8 @@ from .tokenizer import TextTokenizer
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def message_problem(messages: Any) -> str | None:
-    """Why `messages` is not a conversation nxd can train on, or None."""
+def message_problem(messages: Any, *, needs_assistant: bool = True) -> str | None:
+    """Why `messages` is not a conversation nxd can train on (a prompt, without `needs_assistant`), or None."""
     if not isinstance(messages, list) or not messages:
         return f"expected messages to be a non-empty list of {{role, content}} objects, found {_shown(messages)}"
     for number, message in enumerate(messages):
@@ -32,7 +32,7 @@ def message_problem(messages: Any) -> str | None:
             return f"messages[{number}].role: expected one of {', '.join(ROLES)}, found {_shown(message['role'])}"
         if not isinstance(message["content"], str):
             return f"messages[{number}].content: expected a string, found {_shown(message['content'])}"
-    if not any(message["role"] == "assistant" for message in messages):
+    if needs_assistant and not any(message["role"] == "assistant" for message in messages):
         return "messages: expected at least one assistant turn to learn from, found none"
     return None
 

@@ -20,7 +20,7 @@ from .rwkv import RWKVSpec
 from .selective_state_space import MambaSpec
 from .sparse_attention import SparsitySpec
 from .spatial_gating import GMLPSpec
-from .token_losses import IGNORE_INDEX
+from .token_losses import IGNORE_INDEX, set_loss_temperature
 
 __version__ = _distribution_version("nxd-models")  # one source: the pyproject's version
 
@@ -63,6 +63,7 @@ __all__ = [
     "routing_metrics",
     "seed_or_drawn",
     "set_aux_loss_weights",
+    "set_loss_temperature",
     "take_routing_totals",
     "unregister_layer_kind",
     "widened",

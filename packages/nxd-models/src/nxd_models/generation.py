@@ -85,15 +85,23 @@ def generate(
     end_id: int,
     vocab_size: int,
     sampling: Sampling = Sampling(),
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     return_logits: bool = False,
     device: torch.device | str = "cpu",
     stop: Callable[[int, list[int]], bool] | None = None,
+    entropies: list[float] | None = None,
+    lockstep: Callable[[bool], bool] | None = None,
 ) -> list[Completion]:
     """Continue each of `prompts` (token ids, none empty) by up to `maximum_tokens` tokens within `context`
     positions, one forward per position: over the new tokens with a key/value cache from `new_cache`, over the
     whole prefix when it is None (recompute). Logits beyond `vocab_size` (padding rows) are never chosen.
-    `stop(row, tokens)`, when given, ends a row once it says so of the row's tokens so far (stop sequences)."""
+    `stop(row, tokens)`, when given, ends a row once it says so of the row's tokens so far (stop sequences).
+    `generator` may be one generator a row, so that a row's samples depend on its own stream only (online RL
+    samples the same completions of a prompt whatever else is in the batch). `entropies`, when given, receives
+    the entropy of each chosen token's distribution (the logits divided by the temperature, before top-k and
+    top-p), row by row in order. `lockstep(more)`, when given, tells whether any of the processes that generate
+    together has more to do: this one runs a forward without effect until none has, so processes whose model
+    gathers its weights in each forward (ZeRO-3) run the same number of forwards."""
     if not prompts:
         return []
     lengths = [len(prompt) for prompt in prompts]
@@ -115,20 +123,41 @@ def generate(
     warpers = None if sampling.greedy else sampling.warpers()
     cache = new_cache() if new_cache is not None else None
     fed, position = 0, min(lengths)
-    while position < width and not all(_ended(c, maximum_tokens) for c in completions):
+    drawn: list[list[float]] = [[] for _ in prompts]
+    while True:
+        more = position < width and not all(_ended(c, maximum_tokens) for c in completions)
+        if lockstep is not None and lockstep(more) and not more:
+            step(tokens[:, :1], torch.zeros((rows, 1), dtype=torch.long, device=device), None)  # its part of theirs
+            continue
+        if not more:
+            break
         start = fed if cache is not None else 0
         positions = torch.arange(start, position, device=device).expand(rows, -1)
         logits = whole_logits(step(tokens[:, start:position], positions, cache))[:, -1, :vocab_size].float()
         fed = position
+        if entropies is not None:
+            tempered = torch.log_softmax(logits / (sampling.temperature or 1.0), dim=-1)
+            entropy = (-(tempered.exp() * tempered).sum(-1)).tolist()
         if warpers is not None:
             logits = warpers(tokens[:, :position], logits)
-            chosen = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).view(-1)
+            probabilities = torch.softmax(logits, dim=-1)
+            if isinstance(generator, Sequence):  # a stream a row: its draws do not depend on the other rows
+                chosen = torch.cat(
+                    [
+                        torch.multinomial(probabilities[row : row + 1], 1, generator=g).view(-1)
+                        for row, g in enumerate(generator)
+                    ]
+                )
+            else:
+                chosen = torch.multinomial(probabilities, 1, generator=generator).view(-1)
         else:
             chosen = logits.argmax(dim=-1)
         for row, (completion, token) in enumerate(zip(completions, chosen.tolist(), strict=True)):
             if position < lengths[row] or _ended(completion, maximum_tokens):
                 continue
             tokens[row, position] = token
+            if entropies is not None:
+                drawn[row].append(entropy[row])
             if completion.logits is not None:
                 completion.logits.append(logits[row].tolist())
             if token == end_id:
@@ -137,6 +166,8 @@ def generate(
                 completion.tokens.append(token)
                 completion.stopped = stop is not None and stop(row, completion.tokens)
         position += 1
+    if entropies is not None:
+        entropies.extend(value for row in drawn for value in row)
     return completions
 
 

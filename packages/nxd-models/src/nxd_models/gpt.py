@@ -39,7 +39,7 @@ from .positions import RelativePositionBias, StableEmbedding, alibi_bias, alibi_
 from .qkv import QKVLinear, qkv_part_unit
 from .recompute_units import ActivationMultiplyMLP
 from .score_head import ScoreHead
-from .token_losses import IGNORE_INDEX, chunked_token_cross_entropy
+from .token_losses import IGNORE_INDEX, LOSS_TEMPERATURE, chunked_token_cross_entropy
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -790,11 +790,15 @@ class GPTForCausalLM(nn.Module):
         if isinstance(self.lm_head, ScoreHead):  # a reward model: its scores stand for the token losses
             return self.lm_head.scores(hidden)
         if not prompt:
-            return chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)
+            return chunked_token_cross_entropy(
+                hidden, self.lm_head, labels, self.config.loss_chunk_tokens, getattr(self, LOSS_TEMPERATURE, 1.0)
+            )
         # a soft prompt's positions, counted nowhere (sequence parallelism holds the whole sequence only in the
         # output layer), then cut off in a copy
         labels = torch.cat([labels.new_full((labels.shape[0], prompt), IGNORE_INDEX), labels], dim=1)
-        losses = chunked_token_cross_entropy(hidden, self.lm_head, labels, self.config.loss_chunk_tokens)
+        losses = chunked_token_cross_entropy(
+            hidden, self.lm_head, labels, self.config.loss_chunk_tokens, getattr(self, LOSS_TEMPERATURE, 1.0)
+        )
         return losses[:, prompt:].clone()
 
     @torch.no_grad()

@@ -21,7 +21,7 @@ import torch
 
 from .build import hf_attention_inputs, layer_mask_kinds
 from .score_head import ScoreHead
-from .token_losses import chunked_token_cross_entropy
+from .token_losses import LOSS_TEMPERATURE, chunked_token_cross_entropy
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -60,7 +60,8 @@ def _stage_forward(
     if isinstance(self.lm_head, ScoreHead):
         return self.lm_head.scores(hidden)
     chunk = getattr(self, "nxd_loss_chunk_tokens", 0)  # the family's loss_chunk_tokens
-    return chunked_token_cross_entropy(hidden, self.lm_head, labels, chunk)  # the counted positions only
+    temperature = getattr(self, LOSS_TEMPERATURE, 1.0)  # online RL's sampling temperature
+    return chunked_token_cross_entropy(hidden, self.lm_head, labels, chunk, temperature)  # the counted positions only
 
 
 @contextlib.contextmanager

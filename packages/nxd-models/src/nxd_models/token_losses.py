@@ -10,6 +10,8 @@ cost of running the output layer's forward twice.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,8 +39,21 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index
     return losses.view(labels.shape)
 
 
+LOSS_TEMPERATURE = "nxd_loss_temperature"
+"""The attribute of a model with an output layer that divides its logits before the per-token losses."""
+
+
+def set_loss_temperature(model: nn.Module | Iterable[nn.Module], temperature: float) -> None:
+    """Take every per-token loss of `model` (or of each of its pipeline stages) from its logits divided by
+    `temperature`: the log-probs of the distribution online RL samples from (as TRL's GRPOTrainer takes them)."""
+    for module in [model] if isinstance(model, nn.Module) else model:
+        for inner in module.modules():
+            if isinstance(getattr(inner, "lm_head", None), nn.Module):
+                setattr(inner, LOSS_TEMPERATURE, float(temperature))
+
+
 def chunked_token_cross_entropy(
-    hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, chunk_tokens: int
+    hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, chunk_tokens: int, temperature: float = 1.0
 ) -> torch.Tensor:
     """`token_cross_entropy(head(hidden), labels)`, computed for the counted labels only, `chunk_tokens`
     of them at a time (0: all at once).
@@ -49,7 +64,7 @@ def chunked_token_cross_entropy(
     on it apply; a sharded `hidden` (a DTensor) is gathered first. With `chunk_tokens`, each chunk runs
     under activation checkpointing: only one chunk's logits exist at once, in the forward and in the
     backward (which recomputes them). Values equal the whole computation's up to the matmul's
-    summation order."""
+    summation order. A `temperature` other than 1 divides the logits first."""
     mesh = hidden.device_mesh if is_dtensor(hidden) else None
     if mesh is not None:
         from torch.distributed.tensor import DTensor, Replicate
@@ -61,7 +76,8 @@ def chunked_token_cross_entropy(
     def chunk_losses(part: torch.Tensor, part_labels: torch.Tensor) -> torch.Tensor:
         if mesh is not None:
             part = DTensor.from_local(part, mesh, [Replicate()] * mesh.ndim, run_check=False)
-        return token_cross_entropy(head(part), part_labels)
+        logits = head(part)
+        return token_cross_entropy(logits if temperature == 1 else logits / temperature, part_labels)
 
     if chunk_tokens <= 0 or len(flat_labels) <= chunk_tokens:
         losses = chunk_losses(flat_hidden, flat_labels)

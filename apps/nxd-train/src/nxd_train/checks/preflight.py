@@ -35,6 +35,7 @@ from nxd_train.checks.data_keys import data_left_out
 from nxd_train.checks.float8 import float8_problems, float8_spec
 from nxd_train.checks.launcher import launcher_world, restarted
 from nxd_train.checks.layout import layout_problems
+from nxd_train.checks.online import online_plan
 from nxd_train.checks.run_problems import (
     earlier_run_problems,
     files_in,
@@ -46,12 +47,20 @@ from nxd_train.checks.run_problems import (
 from nxd_train.cluster.job import Job, job_of
 from nxd_train.logging.log_dir import log_dir_problems, optional_path
 from nxd_train.run.checkpointing import Resume, checkpoint_problems
-from nxd_train.run.data import DataSplits, build_datasets
+from nxd_train.run.data import build_datasets
+from nxd_train.run.data_splits import DataSplits
 from nxd_train.run.identity import architecture, data_identity
 from nxd_train.run.initial_weights import head_problem, initial_weights_problems
 from nxd_train.run.model_specs import PLACEHOLDER_VOCABULARY, model_vocabulary, run_family, training_method
-from nxd_train.run.objective_specs import adapters_of, initial_weights, objective_of, preference_config, reference_of
-from nxd_train.run.plan import PreflightError, RunPlan
+from nxd_train.run.objective_specs import (
+    adapters_of,
+    grpo_config,
+    initial_weights,
+    objective_of,
+    preference_config,
+    reference_of,
+)
+from nxd_train.run.plan import OnlineRL, PreflightError, RunPlan
 from nxd_train.run.settings import layout_of, loop_settings, precision_policy
 from nxd_train.run.tokenizers import run_tokenizer
 
@@ -156,6 +165,7 @@ class _Planning:
     family: ModelFamily | LoraFamily | None = None
     layout: Layout | None = None
     identity: dict = field(default_factory=dict)
+    online: OnlineRL | None = None
 
 
 def _launch(p: _Planning) -> None:
@@ -279,6 +289,7 @@ def _data(p: _Planning) -> None:
                 seed=cfg.seed,
                 sft=None if alignment is None else alignment.sft,
                 preference=preference_config(cfg),
+                grpo=grpo_config(cfg),
                 vocabulary=model_vocabulary(cfg),
                 trust_remote_code=cfg.model.trust_remote_code,
             )
@@ -355,6 +366,12 @@ def _weights(p: _Planning) -> None:
         p.problems += initial_weights_problems(p.family, initial_weights(p.cfg, p.resume))
 
 
+def _online(p: _Planning) -> None:
+    """An online-RL run's rewards and reference (model_alignment_strategy.grpo)."""
+    p.online, problems = online_plan(p.cfg, p.resume, p.family)
+    p.problems += problems
+
+
 def _identity(p: _Planning) -> None:
     """What checkpoints record and resumes compare, and what this run changes from the checkpoint's."""
     cfg, resume = p.cfg, p.resume
@@ -381,6 +398,7 @@ STAGES: tuple[Callable[[_Planning], None], ...] = (
     _float8,
     _layout,
     _weights,
+    _online,
     _identity,
 )
 """`plan_run`'s stages, in order."""
@@ -417,6 +435,7 @@ def plan_run(cfg: NxdConfig, cache_dir: Path, *, data_required: bool = True, her
         objective=objective_of(cfg),
         adapters=adapters_of(cfg, p.resume),
         reference=None if data is None else reference_of(cfg, p.resume, p.family, data, p.policy),
+        online=p.online,
         resume=p.resume,
         log_dir=p.log_dir,
         identity=p.identity,

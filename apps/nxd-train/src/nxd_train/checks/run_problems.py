@@ -22,7 +22,7 @@ def not_in_this_release(cfg: NxdConfig) -> list[str]:
     if (alignment := cfg.model_alignment_strategy) is not None:
         if alignment.method is None and alignment.peft is None:
             found.append(
-                "model_alignment_strategy: expected a method (sft, dpo, orpo, kto, reward_model) or peft, "
+                "model_alignment_strategy: expected a method (sft, dpo, orpo, kto, reward_model, grpo) or peft, "
                 "found an empty section; remove it to pretrain"
             )
         if alignment.reward_model is not None and alignment.peft is not None:

@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from nxd_train.logging.log_dir import LogDirError, disk_full
     from nxd_train.logging.wandb_logger import WandbStartError
     from nxd_train.run.loop import UploadsFailed, train
+    from nxd_train.run.rollouts import RolloutError
 
     try:
         train(plan)
@@ -127,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except DataError as error:  # met in a sample while training: only this rank knows, so it says so and leaves
         print(f"{path}: {_worker_message(error)}", file=sys.stderr, flush=True)
+        exit_if_distributed(1, group_wide=False)
+        return 1
+    except RolloutError as error:  # a reward failed on this rank's completions (on_reward_error: stop)
+        print(f"{path}: {error}", file=sys.stderr, flush=True)
         exit_if_distributed(1, group_wide=False)
         return 1
     except (NonFiniteStop, TrainingInterrupted) as error:  # every rank stops after the same step

@@ -10,15 +10,12 @@ an indexed dataset in the cache and then read exactly like `data_prefix` data.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from filelock import FileLock
-from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, RewardModelConfig, SFTConfig
+from nxd_config.schema.alignment import DPOConfig, GRPOConfig, KTOConfig, ORPOConfig, RewardModelConfig, SFTConfig
 from nxd_config.schema.data import DataConfig
 from nxd_data import (
     DataError,
@@ -31,9 +28,6 @@ from nxd_data import (
     RecordForm,
     SampleFormat,
     TextTokenizer,
-    collate,
-    collate_packed_pairs,
-    collate_pairs,
     formatted_splits,
     hf_pretraining_dataset,
     kto_dataset,
@@ -42,59 +36,11 @@ from nxd_data import (
     sft_dataset,
     token_dtype,
 )
-from torch.utils.data import Dataset
 
 from nxd_train.run.corpus import Corpus, builtin_tokenizer, names_data, stdlib_corpus
+from nxd_train.run.data_splits import DataSplits
+from nxd_train.run.prompt_data import prompt_splits
 from nxd_train.run.tokenizers import configured_tokenizer
-
-Sample = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class DataSplits:
-    train: Dataset
-    validation: Dataset | None
-    test: Dataset | None
-    padding: dict[str, torch.Tensor]
-    """A sample that adds nothing to the loss (fills a short evaluation batch)."""
-    vocab_size: int
-    """Tokens the tokenizer can produce (the model's vocabulary must hold at least this many)."""
-    tokenizer: str
-    shuffled: bool
-    """The dataset is already in a shuffled order (Megatron's shuffle index): the sampler reads it in order."""
-    notes: tuple[str, ...] = ()
-    """What the run should tell about its data (records skipped, fill of packed rows ...)."""
-    tokenizer_files: dict[str, str] = field(default_factory=dict)
-    """The tokenizer's files (name -> path), which a Hugging Face export copies beside the weights."""
-    tokenizer_fingerprint: str | None = None
-    """The tokenizer's identity (its vocabulary, merges and special ids), which a resume must keep; None for
-    data already tokenised."""
-    rows_per_sample: int = 1
-    """Sequences per sample: 2 for preference pairs (chosen and rejected, collated onto adjacent rows)."""
-    trained_rows_per_sample: int | None = None
-    """Sequences per sample a step trains on, when fewer than rows_per_sample (KTO's KL sequence only
-    goes through a forward without gradients); None: all of them."""
-    pad_id: int | None = None
-    """The id rows are padded with, where a reward model's export must name it (transformers' sequence
-    classifiers read the score at the last other token)."""
-    reference_in_data: bool = False
-    """Every sample carries its reference log-probs (precomputed files): no reference model runs."""
-
-    packed_pairs: bool = False
-    """A reward model's micro-batches are packed into one row, where the layout lets them."""
-    padded_rows: bool = False
-    """Rows are records padded to seq_length (SFT): a micro-batch drops the padding columns after its longest."""
-
-    def collate(self, trim_to: int | None, packable: bool = False) -> Callable[[list[Sample]], Sample]:
-        """How samples become a micro-batch; pairs drop their trailing padding columns (to a multiple of
-        `trim_to`, None keeps every column: pipeline stages pass one shape), as do padded SFT records
-        (`padded_rows`), or with `packed_pairs`,
-        where the layout is `packable`, are packed into one row of a multiple of `trim_to`."""
-        if self.rows_per_sample != 2:
-            return partial(collate, trim_to=trim_to) if self.padded_rows and trim_to is not None else collate
-        if self.packed_pairs and packable and trim_to is not None:
-            return partial(collate_packed_pairs, multiple_of=trim_to)
-        return partial(collate_pairs, trim_to=trim_to)
 
 
 def _builtin_prefix(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: Path) -> str:
@@ -129,15 +75,18 @@ def build_datasets(
     seed: int,
     sft: SFTConfig | None = None,
     preference: DPOConfig | ORPOConfig | KTOConfig | RewardModelConfig | None = None,
+    grpo: GRPOConfig | None = None,
     vocabulary: ModelVocabulary | None = None,
     trust_remote_code: bool = False,
 ) -> DataSplits:
-    """The run's datasets (SFT records when `sft` is given, preference pairs with `preference`);
+    """The run's datasets (SFT records when `sft` is given, preference pairs with `preference`, prompts with `grpo`);
     `train_samples` None means one epoch of the training data. Pre-tokenised Hugging Face data with
     no tokenizer takes its vocabulary and end-of-document id from `vocabulary` (the model's). A tokenizer
     folder's own code runs only with `trust_remote_code`. DataError names the key and file of any problem."""
     if data.dataset is not None:
         data = _with_dataset_records(data, cache_dir)
+    if grpo is not None:
+        return prompt_splits(data, seq_length, cache_dir, grpo, trust_remote_code)
     if sft is not None:
         return _sft_splits(data, seq_length, cache_dir, sft.packing, trust_remote_code)
     if preference is not None:

@@ -27,10 +27,11 @@ from torch.utils.data import Dataset
 from nxd_train.cluster import peers
 from nxd_train.cluster.interrupts import StopRequests, TrainingInterrupted, requeue
 from nxd_train.run.plan import EarlyStopping, RunPlan, batch_limit
+from nxd_train.run.rollouts import COMPLETIONS_FILE, ROLLOUT_PREFIXES
 from nxd_train.run.setup import setup
 from nxd_train.run.state import Batch, Run
 from nxd_train.run.statistics import PREFIXES as STATISTICS
-from nxd_train.run.training_state import restore_rng_states, rng_states
+from nxd_train.run.training_state import restore_rng_states, rng_states, saved_extra
 
 
 class UploadsFailed(Exception):
@@ -68,6 +69,8 @@ def _train(run: Run) -> Path:
             "random states as seeded: the checkpoint holds them pickled (an earlier nxd), and a "
             "checkpoint is never unpickled"
         )
+    if run.rollouts is not None and run.saved_rng is not None and (extra := saved_extra(run.saved_rng)):
+        run.rollouts.load_state(extra["rollouts"])
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
     guard = NonFiniteGuard(plan.update.on_nonfinite, plan.update.max_consecutive_nonfinite)
@@ -100,6 +103,8 @@ def _train(run: Run) -> Path:
             done = step + 1
             if cadence.log_due(done, run.steps):
                 shown = log_values(run, values, epoch, done, window_time / window_steps)
+                if run.rollouts is not None and run.fabric.global_rank == 0:
+                    run.rollouts.write_samples(run.log_dir / COMPLETIONS_FILE, done)
                 skipped = guard.skipped + (0 if run.scaler is None else run.scaler.skipped)
                 run.monitor.metrics(done, shown | ({"skipped_steps": skipped} if skipped else {}))
                 window_time, window_steps = 0.0, 0
@@ -248,6 +253,8 @@ def train_step(run: Run, batches: list[Batch], guard: NonFiniteGuard, step: int)
     }  # none on ranks without the last stage
     values = {name: (run.summed(value, run.token_mesh, run.pp_mesh) / count).item() for name, value in sums.items()}
     values = objective.report(values)
+    if run.rollouts is not None:  # what the step's rollouts sampled
+        values.update(run.rollouts.metrics)
     run.optimizer.collect_gradients()
     if run.scaler is not None:
         run.scaler.unscale_(run.optimizer.gradient_tensors)
@@ -361,7 +368,7 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
     processed = gbs * (data.trained_rows_per_sample or data.rows_per_sample) * length
     shown = {
         "loss": values["loss"],
-        **{name: values[name] for name in run.plan.objective.metric_names},
+        **{name: values[name] for name in run.plan.objective.metric_names if name in values},  # report may drop helpers
         "lr": values["lr"],
         "epoch": epoch,
         "consumed_samples": done * gbs,
@@ -372,7 +379,7 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
         {
             name: value
             for name, value in values.items()
-            if name.startswith(("moe_", *STATISTICS)) or name in ("loss_scale", "curriculum_seqlen")
+            if name.startswith(("moe_", *STATISTICS, *ROLLOUT_PREFIXES)) or name in ("loss_scale", "curriculum_seqlen")
         }
     )
     if logging.parameter_norm:
@@ -443,10 +450,11 @@ def eval_sampler(run: Run, dataset: Dataset) -> PretrainingSampler:
 def save_checkpoint(run: Run, done: int, logged: dict[str, float]) -> None:
     """Everything needed to continue after optimizer step `done` (in the background when asynchronous)."""
     gbs, rank = run.plan.batches.global_batch_size, run.fabric.global_rank
-    consumed = run.sampler.consumed_samples + (done - run.start_step) * gbs
+    consumed = run.sampler.consumed_samples + run.drawn(done - run.start_step) * gbs
     progress = {"step": done, "consumed_samples": consumed}
     sampler = run.sampler.state_dict() | {"consumed_samples": consumed}
-    state = run.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states()}, saving=True)
+    extra = None if run.rollouts is None else {"rollouts": run.rollouts.state()}
+    state = run.training.state(progress=progress, sampler=sampler, rng={f"rank{rank}": rng_states(extra)}, saving=True)
     run.checkpointer.save(
         state,
         step=done,

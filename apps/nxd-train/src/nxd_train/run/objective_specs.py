@@ -8,12 +8,12 @@ from pathlib import Path
 from nxd_align import LoraFamily, Objective, objective_for, reference_digest
 from nxd_ckpt import read_info
 from nxd_config import NxdConfig
-from nxd_config.schema.alignment import DPOConfig, KTOConfig, ORPOConfig, RewardModelConfig
+from nxd_config.schema.alignment import DPOConfig, GRPOConfig, KTOConfig, ORPOConfig, RewardModelConfig
 from nxd_models import ModelFamily
 from nxd_precision import PrecisionPolicy
 
 from nxd_train.run.checkpointing import Resume, is_hf_directory, resume_choice
-from nxd_train.run.data import DataSplits
+from nxd_train.run.data_splits import DataSplits
 from nxd_train.run.model_specs import peft_config, training_method
 from nxd_train.run.plan import Adapters, PreflightError, Reference
 
@@ -24,6 +24,12 @@ def preference_config(cfg: NxdConfig) -> DPOConfig | ORPOConfig | KTOConfig | Re
     if alignment is None:
         return None
     return alignment.dpo or alignment.orpo or alignment.kto or alignment.reward_model
+
+
+def grpo_config(cfg: NxdConfig) -> GRPOConfig | None:
+    """The grpo block, when the run trains online on its own samples."""
+    alignment = cfg.model_alignment_strategy
+    return None if alignment is None else alignment.grpo
 
 
 def objective_of(cfg: NxdConfig) -> Objective:
@@ -44,6 +50,17 @@ def objective_of(cfg: NxdConfig) -> Objective:
         }
     elif isinstance(block, RewardModelConfig):
         settings = {"z_loss": block.z_loss}
+    elif (grpo := grpo_config(cfg)) is not None:
+        settings = {
+            "max_new_tokens": grpo.max_new_tokens,
+            "loss_type": grpo.loss_type,
+            "epsilon": grpo.epsilon,
+            "epsilon_high": grpo.epsilon_high,
+            "importance_sampling": grpo.importance_sampling_level,
+            "beta": grpo.beta,
+            "kl_estimator": grpo.kl_estimator,
+            "kl_importance_correction": grpo.kl_importance_correction,
+        }
     else:
         settings = {} if block is None else {"beta": block.beta}
     return objective_for(training_method(cfg), **settings)

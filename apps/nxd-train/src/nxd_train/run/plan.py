@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 from nxd_align import LoraFamily, Objective, TokenObjective
+from nxd_align.rewards import Reward
 from nxd_ckpt import S3Target, SavePolicy
+from nxd_config.schema.alignment import GRPOConfig
 from nxd_data import SequenceCurriculum
 from nxd_models import ModelFamily
 from nxd_parallel import LaunchWorld, Layout, ParallelDims
@@ -23,7 +25,7 @@ from nxd_train.cluster.interrupts import Preemption
 from nxd_train.cluster.job import Job
 from nxd_train.logging.settings import CometSettings, WandbSettings
 from nxd_train.run.checkpointing import Resume
-from nxd_train.run.data import DataSplits
+from nxd_train.run.data_splits import DataSplits
 from nxd_train.run.profiling import ProfilerWindow
 from nxd_train.run.statistics import StatisticsSettings
 
@@ -236,6 +238,16 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class OnlineRL:
+    """What a GRPO run samples and scores each step (model_alignment_strategy.grpo)."""
+
+    grpo: GRPOConfig
+    rewards: tuple[Reward, ...]
+    initial: Resume | None = None
+    """The reference's weights when beta > 0 (the run's initial weights); None: the seeded initialisation."""
+
+
+@dataclass(frozen=True)
 class RunPlan:
     family: ModelFamily | LoraFamily
     data: DataSplits
@@ -256,6 +268,8 @@ class RunPlan:
     """LoRA settings when the family is a LoraFamily."""
     reference: Reference | None = None
     """DPO's reference log-probs, when the objective needs them."""
+    online: OnlineRL | None = None
+    """The rollouts of an online-RL run (GRPO)."""
     resume: Resume | None = None
     """The checkpoint (or weights) the run starts from."""
     log_dir: Path | None = None

@@ -48,7 +48,7 @@ from nxd_train.run.state import Batch, Run, forward_autocast
 
 
 @contextlib.contextmanager
-def _reference_mode(model: nn.Module | StagedModel, lora: bool) -> Iterator[None]:
+def reference_mode(model: nn.Module | StagedModel, lora: bool) -> Iterator[None]:
     """`model` computing the reference: eval mode (no dropout), adapters off under LoRA, no gradients."""
     stages = model.stages if isinstance(model, StagedModel) else [model]
     modes = [stage.training for stage in stages]
@@ -98,7 +98,7 @@ def compute_table(run: Run, dataset: Dataset) -> torch.Tensor:
     batches = run.micro_batches(dataset, [order[i : i + micro] for i in range(0, len(order), micro)])
     rows = run.plan.data.rows_per_sample
     table = torch.zeros(samples, rows, dtype=torch.float64, device=run.fabric.device)
-    with _reference_mode(run.model, run.plan.lora is not None):
+    with reference_mode(run.model, run.plan.lora is not None):
         for call in range(calls):
             step = [next(batches) for _ in range(per_call // micro)]
             values = _row_log_probs(run.executor, step).view(per_call, rows)
@@ -195,7 +195,7 @@ def _baseline_pass(run: Run, batches: list[Batch]) -> None:
     the KL rows stay (measured with the rest) and their labels are ignored instead."""
     whole = isinstance(run.executor, PipelineExecutor)
     kl_rows = [{key: value[1::2] for key, value in batch.items()} for batch in batches]
-    with _reference_mode(run.model, lora=False):
+    with reference_mode(run.model, lora=False):
         policy = run.summed(
             _row_log_probs(run.executor, batches if whole else kl_rows), run.mesh.get("cp"), run.pp_mesh
         )
@@ -214,40 +214,46 @@ def _baseline_pass(run: Run, batches: list[Batch]) -> None:
         batch[KL_KEY] = kl
 
 
-def _live_pass(run: Run) -> Callable[[list[Batch]], None]:
-    """Each step's reference log-probs, computed just before the policy's pass on the same micro-batches."""
+def frozen_reference(
+    run: Run, initial: Resume | None
+) -> tuple[nn.Module | StagedModel, DirectExecutor | PipelineExecutor, bool]:
+    """The reference model beside the policy, its executor, and whether it is the policy with its adapters off
+    (LoRA); else a frozen copy of the `initial` weights (None: the seeded initialisation), sharded like the policy."""
     plan = run.plan
     if plan.lora is not None:
-        model, executor = run.model, run.executor
-    else:  # a frozen copy of the initial weights, sharded like the policy
-        initial = plan.reference.initial
-        model = build_parallel_model(
-            plan.family,
-            plan.layout,
-            run.mesh,
-            run.fabric.device,
-            seed=plan.launch.seed,
-            use_cpu_initialization=plan.launch.use_cpu_initialization,
-            prepare=partial(prepare_parameters, policy=plan.policy),
-            loaded=() if initial is None else plan.family.parameter_shapes(),
-        )
-        if initial is not None:
-            load_weights(model, initial, plan.family, run.checkpoint_group)
-        for parameter in model.parameters():
-            parameter.requires_grad_(False)
-        executor = build_executor(
-            model,
-            plan.family.token_losses,
-            run.fabric.device,
-            pp=run.pp_mesh,
-            microbatches=run.accumulation,
-            autocast=forward_autocast(run.fabric, plan.policy),
-        )
-    lora = plan.lora is not None
+        return run.model, run.executor, True
+    model = build_parallel_model(
+        plan.family,
+        plan.layout,
+        run.mesh,
+        run.fabric.device,
+        seed=plan.launch.seed,
+        use_cpu_initialization=plan.launch.use_cpu_initialization,
+        prepare=partial(prepare_parameters, policy=plan.policy),
+        loaded=() if initial is None else plan.family.parameter_shapes(),
+    )
+    if initial is not None:
+        load_weights(model, initial, plan.family, run.checkpoint_group)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    executor = build_executor(
+        model,
+        plan.family.token_losses,
+        run.fabric.device,
+        pp=run.pp_mesh,
+        microbatches=run.accumulation,
+        autocast=forward_autocast(run.fabric, plan.policy),
+    )
+    return model, executor, False
+
+
+def _live_pass(run: Run) -> Callable[[list[Batch]], None]:
+    """Each step's reference log-probs, computed just before the policy's pass on the same micro-batches."""
+    model, executor, lora = frozen_reference(run, run.plan.reference.initial)
     sequence = run.mesh.get("cp")
 
     def attach(batches: list[Batch]) -> None:
-        with _reference_mode(model, lora):
+        with reference_mode(model, lora):
             values = run.summed(_row_log_probs(executor, batches), sequence, run.pp_mesh)
         start = 0
         for batch in batches:

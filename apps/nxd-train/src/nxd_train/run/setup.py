@@ -36,6 +36,7 @@ from nxd_train.run.initial_weights import initial_model
 from nxd_train.run.plan import RunPlan
 from nxd_train.run.profiling import StepProfiler
 from nxd_train.run.restore import restore
+from nxd_train.run.rollouts import Rollouts
 from nxd_train.run.saving import set_up_saving
 from nxd_train.run.state import Run, forward_autocast
 from nxd_train.run.statistics import StepStatistics
@@ -184,6 +185,10 @@ def setup(plan: RunPlan) -> Run:
             else None,
             log_dir_lock=lock,
         )
+        if plan.online is not None:  # sample, score and lay out each step's prompts before the policy's pass
+            online = plan.online
+            run.rollouts = Rollouts(run, online.grpo, online.rewards, plan.data.text_tokenizer, online.initial)
+            run.step_passes.append(run.rollouts)
         restore(run, resume)
         _announce(run, resume, host_memory)
     except BaseException:

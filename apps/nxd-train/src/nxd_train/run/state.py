@@ -3,13 +3,14 @@ from `run.setup`, which builds it."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning_fabric import Fabric
@@ -31,6 +32,9 @@ from nxd_train.run.profiling import StepProfiler
 from nxd_train.run.statistics import StepStatistics
 from nxd_train.run.trainer_outputs import TrainerOutputs
 from nxd_train.run.training_state import TrainingState
+
+if TYPE_CHECKING:
+    from nxd_train.run.rollouts import Rollouts
 
 Batch = dict[str, torch.Tensor]
 
@@ -98,6 +102,17 @@ class Run:
     """Rank 0's hold on `log_dir` (the others hold nothing)."""
     uploads: CheckpointUploader | None = None
     """Rank 0's uploads of complete checkpoints to S3 (exp_manager.s3_checkpoints)."""
+    rollouts: Rollouts | None = None
+    """An online-RL run's step pass: what it sampled (metrics, completions) and its sampling stream."""
+
+    @property
+    def repeats(self) -> int:
+        """Steps each global batch of samples serves: online RL's num_iterations, else 1."""
+        return 1 if self.plan.online is None else self.plan.online.grpo.num_iterations
+
+    def drawn(self, steps: int) -> int:
+        """Global batches of samples `steps` steps draw."""
+        return -(-steps // self.repeats)
 
     @property
     def token_mesh(self) -> DeviceMesh | None:
@@ -173,7 +188,9 @@ class Run:
                 for _ in range(self.accumulation)
             )
         )
-        return self.micro_batches(self.train_data, replace(self.sampler, steps=self.steps - self.start_step), lengths)
+        steps = self.drawn(self.steps - self.start_step)
+        loaded = self.micro_batches(self.train_data, replace(self.sampler, steps=steps), lengths)
+        return loaded if self.repeats == 1 else _repeated(loaded, self.accumulation, self.repeats)
 
     def summed(self, tensor: torch.Tensor, *meshes: DeviceMesh | None) -> torch.Tensor:
         """`tensor` summed over the ranks of each 1-D mesh given (data x context, pipeline), in place."""
@@ -181,3 +198,11 @@ class Run:
             if mesh is not None:
                 torch.distributed.all_reduce(tensor, group=mesh.get_group())
         return tensor
+
+
+def _repeated(batches: Iterator[Batch], accumulation: int, repeats: int) -> Iterator[Batch]:
+    """Each step's `accumulation` micro-batches, handed out for `repeats` steps (the same dicts: the rollout pass
+    rewrites them once, and the later steps train on its rows again)."""
+    while step := list(itertools.islice(batches, accumulation)):
+        for _ in range(repeats):
+            yield from step

@@ -21,9 +21,10 @@ from torch.optim.lr_scheduler import LRScheduler
 from nxd_train.run.initial_weights import holds_frozen_base
 
 
-def rng_states() -> bytes:
+def rng_states(extra: dict[str, Any] | None = None) -> bytes:
     """This process's python, numpy, torch (and CUDA) generator states, as JSON (a checkpoint is read
-    without unpickling anything: a state someone else saved must not run code)."""
+    without unpickling anything: a state someone else saved must not run code); with `extra`, the run's own
+    streams beside them (online RL's sampling stream), which `saved_extra` reads back."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     version, python_state, gauss = random.getstate()
     kind, keys, position, has_gauss, cached = np.random.get_state()
@@ -33,8 +34,20 @@ def rng_states() -> bytes:
             "numpy": [kind, keys.tolist(), position, has_gauss, cached],
             "torch": torch.get_rng_state().tolist(),
             "cuda": None if cuda is None else [state.tolist() for state in cuda],
+            **({} if extra is None else {"extra": extra}),
         }
     ).encode()
+
+
+def saved_extra(blob: bytes) -> dict[str, Any] | None:
+    """The `extra` states `rng_states` saved in `blob` (None without: a run that had none, or an earlier nxd)."""
+    if not isinstance(blob, bytes) or not blob.startswith(b"{"):
+        return None
+    try:
+        extra = json.loads(blob).get("extra")
+    except ValueError:
+        return None
+    return extra if isinstance(extra, dict) else None
 
 
 def restore_rng_states(blob: bytes) -> bool:

@@ -68,7 +68,11 @@ _TE_DELAYED = (
     "Transformer Engine's delayed scaling (an amax history); torchao's float8 scales each cast from "
     "its operand's current amax, as history 1 with most_recent does: other values are noticed"
 )
-_RL = "used only with train_impl: reinforce (online RL with a generation server), which nxd refuses"
+_RL = (
+    "a generation server's (train_impl reinforce with dataset_impl online); nxd samples the completions itself from "
+    "the policy, so no data or weight server is used"
+)
+_REINFORCE = "with train_impl reinforce (model_alignment_strategy.grpo); otherwise a notice"
 _FP16 = (
     "NeoX's own copy of a loss scaling setting, not what it hands DeepSpeed: the fp16 block's loss_scale, "
     "loss_scale_window, hysteresis and min_loss_scale set nxd's loss scaling"
@@ -259,9 +263,7 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "with rwkv layers, the channel mix's width (unset: intermediate_size, else expansion_factor (3.5) x hidden_size, "
      "rounded down to a multiple of 32, as NeoX computes it); otherwise a notice"),
     ("fused_kernels_build_path", "Model", None, N, "", "nxd builds no fused kernels"),
-    ("serve_model_weights", "Model", False, R, "",
-     "serving weights to a generation server (online RL, train_impl reinforce) is not in nxd: export a checkpoint "
-     "with `nxd-train ckpt export-hf` and serve it with an inference server"),
+    ("serve_model_weights", "Model", False, N, "", _RL),
     ("weight_server_port", "Model", 6000, N, "", _RL),
     ("online_dataserver_ips", "Model", "localhost", N, "", _RL),
     ("online_dataserver_ports", "Model", 10000, N, "", _RL),
@@ -446,11 +448,13 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "documents joined while they fit; unpacked: one document a sample (padding not trained on)"),
     ("dataset_impl", "Training", "gpt2", M, "",
      "gpt2 (one document a sample with train_impl normal or kto) or pairwise (dpo and rm); online (reinforce's "
-     "generation server) is refused"),
+     "generation server) is a notice: nxd samples reinforce's completions itself"),
     ("train_impl", "Training", "normal", M, "model_alignment_strategy",
      "normal (pretraining, or SFT with label files); dpo, kto (GPT-NeoX's KL estimate from the other half of each "
-     "micro-batch) and rm (a score head in place of the LM head); reinforce (online RL with a generation server) is "
-     "refused"),
+     "micro-batch) and rm (a score head in place of the LM head); reinforce, model_alignment_strategy.grpo with "
+     "GPT-NeoX's baseline (reinforce_leave_one_out, else the last 100 groups' mean), unscaled rewards and its KL "
+     "(kl_impl, kl_div_beta); the loss is averaged over the completion tokens of the global batch (GPT-NeoX divides "
+     "each micro-batch's sum by its tokens and its rows)"),
     ("dpo_fp32", "Training", True, N, "", "nxd takes DPO's log-probs in fp32 (summed in fp64) whatever the precision"),
     ("dpo_reference_free", "Training", False, M, "model_alignment_strategy.dpo.reference_free", ""),
     ("dpo_beta", "Training", 0.1, M, "model_alignment_strategy.dpo.kl_beta", ""),
@@ -460,10 +464,13 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
     ("kto_beta", "Training", 0.1, M, "model_alignment_strategy.kto.beta", ""),
     ("z_loss", "Training", 0.0, M, "model_alignment_strategy.reward_model.z_loss",
      "with train_impl rm: z_loss x (r_chosen^2 + r_rejected^2) added to each pair's loss"),
-    ("fp32_reinforce", "Training", True, N, "", _RL),
-    ("kl_impl", "Training", "mse", N, "", _RL),
-    ("kl_div_beta", "Training", 0.1, N, "", _RL),
-    ("reinforce_leave_one_out", "Training", False, N, "", _RL),
+    ("fp32_reinforce", "Training", True, N, "",
+     "nxd takes the log-probs of reinforce's loss in fp32 whatever the precision"),
+    ("kl_impl", "Training", "mse", M, "model_alignment_strategy.grpo.kl_estimator",
+     "abs, mse and kl (as k1); full (the whole vocabulary's KL) is refused; " + _REINFORCE),
+    ("kl_div_beta", "Training", 0.1, M, "model_alignment_strategy.grpo.beta", _REINFORCE),
+    ("reinforce_leave_one_out", "Training", False, M, "model_alignment_strategy.grpo.baseline",
+     "true: leave_one_out; false: running_mean (the last 100 groups' means); " + _REINFORCE),
     ("allow_chopped", "Training", True, M, "data.allow_chopped",
      "with pack_until_overflow or unpacked: a document longer than seq_length + 1 is cut (true) or left out"),
     ("mmap_warmup", "Training", False, M, "data.skip_warmup", ""),

@@ -17,17 +17,11 @@ IMPLS = ("normal", "dpo", "kto", "rm", "reinforce")
 def post_training_keys(a: Arguments, t: Translation) -> None:
     impl = choice(t, a, "train_impl", IMPLS)
     dataset = choice(t, a, "dataset_impl", ("gpt2", "pairwise", "online"))
-    if impl == "reinforce":
-        t.refuse(
-            "train_impl",
-            "expected normal, dpo, kto or rm, found reinforce: online RL that trains on what a "
-            "generation server samples (online_dataserver_*) is not in nxd",
-        )
-    if dataset == "online":
-        t.refuse(
+    if dataset == "online" and impl == "reinforce":
+        t.notice(
             "dataset_impl",
-            "expected gpt2 or pairwise, found online: it serves reinforce's generated samples, "
-            "which nxd does not train on",
+            "accepted: online reads the samples a generation server sends; nxd samples reinforce's completions "
+            "itself from the policy (model_alignment_strategy.grpo), so no data server is read",
         )
     elif dataset is not None and impl in ("normal", "dpo", "kto", "rm"):
         wanted = "pairwise" if impl in ("dpo", "rm") else "gpt2"
@@ -58,6 +52,8 @@ def post_training_keys(a: Arguments, t: Translation) -> None:
     elif impl == "rm":
         t.set("model_alignment_strategy.reward_model", {"z_loss": a["z_loss"]}, "train_impl", "z_loss")
         _pairs(a, t, with_reference=False)
+    elif impl == "reinforce":
+        _reinforce(a, t)
     elif impl == "kto":
         if a["data_path"] is not None:
             t.refuse(
@@ -79,12 +75,51 @@ def post_training_keys(a: Arguments, t: Translation) -> None:
             "kto_undesirable_weight",
         )
         _examples(a, t)
+    for key in REINFORCE_KEYS if impl != "reinforce" else ():
+        if a.given(key):
+            t.notice(key, "accepted, changes nothing here: read with train_impl reinforce only")
     if a["precompute_model_name"] is not None and impl not in ("dpo", "kto"):
         t.refuse(
             "precompute_model_name",
             f"expected none with train_impl {impl} (reference log-probs are read by "
             f"dpo and kto), found {show(a['precompute_model_name'])}",
         )
+
+
+REINFORCE_KEYS = ("kl_impl", "kl_div_beta", "reinforce_leave_one_out")
+KL_IMPLS = {"abs": "abs", "mse": "mse", "kl": "k1"}
+"""GPT-NeoX's kl_impl -> GRPO's kl_estimator."""
+
+
+def _reinforce(a: Arguments, t: Translation) -> None:
+    """train_impl reinforce: GRPO with GPT-NeoX's REINFORCE settings. Its baseline is the mean of the group's other
+    completions (reinforce_leave_one_out) or of the last 100 groups' means, rewards are not scaled, the KL term is
+    kl_div_beta x kl_impl's estimate, with no importance correction (one update per rollout: the plain policy
+    gradient). Completions come from the policy itself, not a generation server; the rewards are nxd's
+    (model_alignment_strategy.grpo.rewards), which the file cannot name."""
+    kl_impl = choice(t, a, "kl_impl", ("abs", "mse", "kl", "full"))
+    if kl_impl == "full":
+        t.refuse(
+            "kl_impl",
+            "expected abs, mse or kl, found full: the whole vocabulary's KL needs every logit of every completion "
+            "token, and nxd's loss reads the sampled tokens' log-probs only",
+        )
+    leave_one_out = typed(t, a, "reinforce_leave_one_out", bool, "true or false")
+    t.set(
+        "model_alignment_strategy.grpo",
+        {
+            "baseline": "leave_one_out" if leave_one_out else "running_mean",
+            "scale_rewards": "none",
+            "loss_type": "dapo",
+            "beta": a["kl_div_beta"],
+            "kl_estimator": KL_IMPLS.get(kl_impl, "mse"),
+            "kl_importance_correction": False,
+        },
+        "train_impl",
+        "reinforce_leave_one_out",
+        "kl_impl",
+        "kl_div_beta",
+    )
 
 
 PRETRAINING_DATA = (

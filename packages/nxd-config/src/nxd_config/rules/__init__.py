@@ -13,6 +13,9 @@ from ..schema import NxdConfig
 from .alignment import (
     alignment_needs_train_data,
     dpo_label_smoothing_fits_the_loss,
+    grpo_groups_and_lengths,
+    grpo_layouts,
+    grpo_rewards,
     kto_kl_estimate_fits_the_data,
     one_alignment_method,
     preference_prompt_length,
@@ -112,6 +115,9 @@ RULES: tuple[Rule, ...] = (
     post_training_documents,
     kto_kl_estimate_fits_the_data,
     reward_packing_under_pipelines,
+    grpo_rewards,
+    grpo_groups_and_lengths,
+    grpo_layouts,
 )
 
 

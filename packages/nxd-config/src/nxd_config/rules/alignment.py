@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from ..schema import NxdConfig
 from ..schema.alignment import METHODS, PREFERENCE_METHODS
 from .data import documents_of
-from .findings import ALIGN, CP, MBS, PP, SEQ, Finding, error, notice
+from .findings import ALIGN, CP, MBS, PP, SEQ, SP, Finding, error, notice
 
 
 def one_alignment_method(c: NxdConfig) -> Iterator[Finding]:
@@ -129,3 +129,81 @@ def reward_packing_under_pipelines(c: NxdConfig) -> Iterator[Finding]:
         if d.context_parallel_size > 1:
             why.append("context parallelism (its ring attention would compute the whole packed row)")
         yield notice(path, f"rows stay padded under {' and '.join(why)}; the scores are the same", path, PP, CP)
+
+
+GRPO = f"{ALIGN}.grpo"
+EP = "distributed_strategy.expert_model_parallel_size"
+
+
+def grpo_rewards(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if a is None or a.grpo is None:
+        return
+    if not a.grpo.rewards:
+        yield error(f"{GRPO}.rewards", "expected at least one reward (a function, builtin or model), found none")
+    for index, reward in enumerate(a.grpo.rewards):
+        path = f"{GRPO}.rewards[{index}]"
+        given = [name for name in ("function", "builtin", "model") if getattr(reward, name) is not None]
+        if len(given) != 1:
+            yield error(path, f"expected exactly one of function, builtin or model, found {', '.join(given) or 'none'}")
+        if reward.function is not None and (reward.function.count(":") != 1 or not all(reward.function.split(":"))):
+            yield error(f"{path}.function", f"expected module:function (an import path), found {reward.function!r}")
+        if reward.builtin in ("regex", "format") and not reward.pattern:
+            yield error(
+                f"{path}.pattern", f"expected the regular expression builtin {reward.builtin} matches, found none"
+            )
+
+
+def grpo_groups_and_lengths(c: NxdConfig) -> Iterator[Finding]:
+    a = c.model_alignment_strategy
+    if a is None or a.grpo is None:
+        return
+    g = a.grpo
+    grouped = g.baseline in ("group_mean", "leave_one_out") or g.scale_rewards == "group"
+    if g.num_generations < 2 and grouped:
+        yield error(
+            f"{GRPO}.num_generations",
+            f"expected at least 2 completions a prompt: a group of 1 has no spread for baseline {g.baseline} and "
+            f"scale_rewards {g.scale_rewards} to work with (its advantage would always be 0), found 1",
+        )
+    if c.seq_length is not None and g.max_new_tokens >= c.seq_length:
+        yield error(
+            f"{GRPO}.max_new_tokens",
+            f"expected less than the sequence length ({c.seq_length}) so that prompt and completion fit, found "
+            f"{g.max_new_tokens}",
+            f"{GRPO}.max_new_tokens",
+            *SEQ,
+        )
+
+
+def grpo_layouts(c: NxdConfig) -> Iterator[Finding]:
+    """Rollouts run on the policy as it is sharded: tensor and data parallel (ZeRO-1 and -3 included); the layouts
+    its cached generation cannot take yet are refused by name."""
+    a = c.model_alignment_strategy
+    if a is None or a.grpo is None:
+        return
+    ds = c.distributed_strategy
+    for path, size in ((PP, ds.pipeline_model_parallel_size), (CP, ds.context_parallel_size)):
+        if size > 1:
+            yield error(
+                path,
+                f"expected 1 with {GRPO}: rollouts are sampled with a key/value cache on the policy, which pipeline "
+                f"stages and context-parallel ranks do not serve yet; found {size} (tensor and data parallelism do)",
+                path,
+                GRPO,
+            )
+    if ds.expert_model_parallel_size > 1:
+        yield error(
+            EP,
+            f"expected 1 with {GRPO} (rollouts do not route experts across ranks), found "
+            f"{ds.expert_model_parallel_size}",
+            EP,
+            GRPO,
+        )
+    if ds.sequence_parallel and ds.tensor_model_parallel_size > 1:
+        yield error(
+            SP,
+            f"expected False with {GRPO}: a rollout's one-token steps cannot be split over the tensor-parallel ranks",
+            SP,
+            GRPO,
+        )

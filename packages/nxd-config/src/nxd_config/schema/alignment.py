@@ -1,5 +1,5 @@
-"""`model_alignment_strategy`: SFT, DPO, ORPO, KTO or reward-model training, each optionally with LoRA
-(`peft`).
+"""`model_alignment_strategy`: SFT, DPO, ORPO, KTO, reward-model or online (GRPO) training, each optionally with
+LoRA (`peft`).
 
 A method is chosen by writing its block: `sft:` alone (even empty) selects SFT with defaults.
 """
@@ -10,13 +10,13 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
-from ._base import Section, frozen_list, key
+from ._base import Section, Status, frozen_list, key
 
 ALIGN = "nxd-align"
 DATA = "nxd-data"
 
 Truncation = Literal["keep_start", "keep_end"]
-METHODS = ("sft", "dpo", "orpo", "kto", "reward_model")
+METHODS = ("sft", "dpo", "orpo", "kto", "reward_model", "grpo")
 PREFERENCE_METHODS = ("dpo", "orpo", "kto", "reward_model")
 """The methods trained on preference data (a prompt and responses, cut to max_prompt_length)."""
 
@@ -176,6 +176,154 @@ class PeftConfig(Section):
     )
 
 
+class RewardConfig(Section):
+    """One reward of a GRPO run: exactly one of function, builtin or model."""
+
+    name: str | None = key(
+        None,
+        "What the reward is logged as (rewards/<name>/mean); default: the function's, builtin's or folder's name.",
+        by=ALIGN,
+    )
+    function: str | None = key(
+        None,
+        "A Python function named by import path, module:function (as QEfficient's prompt_func), called with "
+        "prompts=, completions= (texts, or assistant messages for chat prompts), completion_ids= and each of the "
+        "record's other fields as a list; returns one float per completion, or None to leave it unscored.",
+        by=ALIGN,
+    )
+    builtin: Literal["exact_match", "regex", "numeric", "format"] | None = key(
+        None,
+        "A verifiable reward: exact_match, 1 when the completion (stripped) equals the record's `field`; regex, 1 "
+        "when `pattern` is found in the completion; numeric, 1 when the completion's answer (after '####', else "
+        "its last number) is within `tolerance` of the record's `field`; format, 1 when the whole completion "
+        "matches `pattern`. 0 otherwise.",
+        by=ALIGN,
+    )
+    model: str | None = key(
+        None,
+        "A reward model: the folder of an nxd run trained with reward_model (its newest checkpoint, or a "
+        "checkpoint folder), or a Hugging Face *ForSequenceClassification folder or hub id; it scores prompt + "
+        "completion with the policy's tokenizer.",
+        by=ALIGN,
+        status=Status.LIMITED,
+        note="reward models are refused in this release; functions and builtins score completions",
+    )
+    trust_remote_code: bool = key(False, "Run a Hugging Face reward model's own code (its auto_map).", by=ALIGN)
+    field: str = key("answer", "The record field exact_match and numeric compare with.", by=ALIGN)
+    pattern: str | None = key(None, "The regular expression of regex and format (Python's re).", by=ALIGN)
+    tolerance: float = key(0.0, "How far numeric's answer may be from the record's.", by=ALIGN, ge=0.0)
+    weight: float = key(1.0, "The reward's weight in the sum the advantages are computed from.", by=ALIGN)
+
+
+class GRPOConfig(Section):
+    num_generations: int = key(
+        8,
+        "Completions sampled per prompt (the group). data.global_batch_size counts prompts, each with its group.",
+        by=ALIGN,
+        ge=1,
+    )
+    max_new_tokens: int = key(
+        512, "Longest completion; prompt + completion must fit model.encoder_seq_length.", by=ALIGN, ge=1
+    )
+    temperature: float = key(
+        1.0,
+        "Sampling temperature; the loss's log-probs are of the model's logits divided by it, as TRL's.",
+        by=ALIGN,
+        gt=0.0,
+    )
+    top_k: int = key(0, "Sample among the k likeliest tokens (0: all).", by=ALIGN, ge=0)
+    top_p: float = key(
+        1.0, "Sample from the smallest set of tokens whose probability reaches top_p.", by=ALIGN, gt=0.0, le=1.0
+    )
+    stop: frozen_list(str) = key(
+        (), "Strings that end a completion (kept in it), besides the end-of-document token.", by=ALIGN
+    )
+    seed: int | None = key(
+        None,
+        "Seed of the rollouts' sampling: each completion draws from its own stream, seeded by it, the rollout's "
+        "number and the prompt, so a layout or a resume samples the same completions; null: the run's seed.",
+        by=ALIGN,
+    )
+    mask_truncated_completions: bool = key(
+        False, "Leave completions that reached max_new_tokens without ending out of the loss.", by=ALIGN
+    )
+    baseline: Literal["group_mean", "leave_one_out", "running_mean"] = key(
+        "group_mean",
+        "What a reward is compared with: its group's mean (GRPO), the mean of the group's other completions (RLOO, "
+        "GPT-NeoX's reinforce_leave_one_out), or the mean of the last 100 groups' means (GPT-NeoX's REINFORCE).",
+        by=ALIGN,
+    )
+    scale_rewards: Literal["group", "batch", "none"] = key(
+        "group",
+        "The standard deviation the centred rewards are divided by (plus 1e-4): the group's, the global batch's, or "
+        "none (Dr. GRPO).",
+        by=ALIGN,
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = key(
+        "dapo",
+        "How the per-token terms are averaged: dapo, over every completion token of the global batch; bnpo, each "
+        "micro-batch's tokens, then over micro-batches; grpo, each completion's tokens, then over completions; "
+        "dr_grpo, each completion's token sum over max_new_tokens, then over completions.",
+        by=ALIGN,
+    )
+    epsilon: float = key(
+        0.2, "The ratio's lower clip, 1 - epsilon (and the upper one unless epsilon_high).", by=ALIGN, ge=0.0
+    )
+    epsilon_high: float | None = key(
+        None, "The ratio's upper clip, 1 + epsilon_high (DAPO's clip-higher).", by=ALIGN, ge=0.0
+    )
+    importance_sampling_level: Literal["token", "sequence"] = key(
+        "token", "The importance ratio per token, or per sequence (GSPO: the mean log-ratio over its tokens).", by=ALIGN
+    )
+    num_iterations: int = key(
+        1,
+        "Optimizer steps on each rollout batch (mu); its log-probs at sampling time are kept for the ratio.",
+        by=ALIGN,
+        ge=1,
+    )
+    beta: float = key(
+        0.0,
+        "Weight of the KL to the reference model (the initial weights; under LoRA, the base); 0 loads no reference.",
+        by=ALIGN,
+        ge=0.0,
+    )
+    kl_estimator: Literal["k3", "k1", "abs", "mse"] = key(
+        "k3",
+        "The per-token KL estimate: k3, exp(ref - logp) - (ref - logp) - 1 (TRL's); k1, logp - ref; abs, its "
+        "magnitude; mse, half its square (GPT-NeoX's kl_impl kl, abs and mse).",
+        by=ALIGN,
+    )
+    kl_importance_correction: bool = key(
+        True,
+        "Weight the KL term by the importance ratio (TRL's use_bias_correction_kl); 1 on the sampling policy, it "
+        "adds KL x grad log p to the gradient. False: the KL's own gradient only (GPT-NeoX's REINFORCE).",
+        by=ALIGN,
+    )
+    dynamic_sampling: bool = key(
+        False,
+        "Drop groups whose rewards are all equal (no advantage to learn from) and sample more prompts until the "
+        "step's prompts are filled (DAPO), at most 8 draws a step.",
+        by=ALIGN,
+        status=Status.LIMITED,
+        note="only false in this release",
+    )
+    rewards: frozen_list(RewardConfig) = key((), "The rewards, summed with their weights.", by=ALIGN)
+    on_reward_error: Literal["stop", "skip"] = key(
+        "stop",
+        "A reward that raises, returns the wrong count or NaN: stop the run naming it and the record, or drop that "
+        "group from the step and count it (rollouts/skipped_groups).",
+        by=ALIGN,
+    )
+    prompt_field: str = key(
+        "prompt",
+        "The record field holding the prompt: a string, or chat messages rendered with the tokenizer's template.",
+        by=DATA,
+    )
+    log_completions: int = key(
+        4, "Sampled completions with their rewards written to completions.jsonl at each logging step.", by=ALIGN, ge=0
+    )
+
+
 class AlignmentConfig(Section):
     sft: SFTConfig | None = key(
         None,
@@ -198,6 +346,13 @@ class AlignmentConfig(Section):
         "- r_rejected - margin); exports as transformers' *ForSequenceClassification.",
         by=ALIGN,
     )
+    grpo: GRPOConfig | None = key(
+        None,
+        "nxd extension. Online reinforcement learning (GRPO and its variants: Dr. GRPO, DAPO, GSPO, RLOO, GPT-NeoX's "
+        "REINFORCE): each step samples completions of its prompts (data.train_dir records) from the policy, scores "
+        "them with the rewards and trains on their advantages.",
+        by=ALIGN,
+    )
     peft: PeftConfig | None = key(None, "LoRA adapters; combines with any method.", by=ALIGN)
 
     @model_validator(mode="before")
@@ -210,7 +365,7 @@ class AlignmentConfig(Section):
 
     @property
     def method(self) -> str | None:
-        """The chosen method: 'sft', 'dpo', 'orpo', 'kto', 'reward_model', or None (only LoRA, or nothing)."""
+        """The chosen method: 'sft', 'dpo', 'orpo', 'kto', 'reward_model', 'grpo', or None (only LoRA, or nothing)."""
         for name in METHODS:
             if getattr(self, name) is not None:
                 return name

@@ -1,0 +1,80 @@
+"""What an online-RL run (model_alignment_strategy.grpo) needs before launch: its rewards loaded (a function that
+does not import is named by its key), a reference's weights when beta > 0, and the parts of this release it
+cannot take yet, each refused by its key."""
+
+from __future__ import annotations
+
+from nxd_align.rewards import Reward, RewardError, builtin_reward, import_reward
+from nxd_config import NxdConfig
+from nxd_config.schema.alignment import GRPOConfig, RewardConfig
+from nxd_models import ModelFamily
+
+from nxd_train.run.checkpointing import Resume
+from nxd_train.run.objective_specs import grpo_config, initial_weights
+from nxd_train.run.plan import OnlineRL
+
+GRPO = "model_alignment_strategy.grpo"
+
+
+def online_plan(cfg: NxdConfig, resume: Resume | None, family: ModelFamily | None) -> tuple[OnlineRL | None, list[str]]:
+    """The run's rollout plan (None for other runs) and the problems that stop it."""
+    grpo = grpo_config(cfg)
+    if grpo is None:
+        return None, []
+    problems, rewards = [], []
+    for index, spec in enumerate(grpo.rewards):
+        try:
+            rewards.append(_reward(spec, f"{GRPO}.rewards[{index}]"))
+        except RewardError as error:
+            problems.append(str(error))
+    if len({reward.name for reward in rewards}) < len(rewards):
+        problems.append(
+            f"{GRPO}.rewards: expected each reward under its own name (they are logged as rewards/<name>/mean), "
+            f"found {', '.join(reward.name for reward in rewards)}: give them names"
+        )
+    initial = initial_weights(cfg, resume)
+    if grpo.beta and initial is None and cfg.model_alignment_strategy.peft is None:
+        problems.append(
+            f"{GRPO}.beta: a KL to the reference needs the weights the run starts from (model.weight_init_only with "
+            "exp_manager.resume_from_checkpoint, or a Hugging Face model), and this run starts from a random "
+            f"initialisation; expected beta 0, or initial weights, found {grpo.beta}"
+        )
+    problems += _not_yet(cfg, grpo, family)
+    return OnlineRL(grpo, tuple(rewards), initial), problems
+
+
+def _reward(spec: RewardConfig, key: str) -> Reward:
+    if spec.function is not None:
+        return Reward(
+            spec.name or spec.function.partition(":")[2], import_reward(spec.function, f"{key}.function"), spec.weight
+        )
+    if spec.builtin is not None:
+        function = builtin_reward(spec.builtin, field=spec.field, pattern=spec.pattern, tolerance=spec.tolerance)
+        return Reward(spec.name or spec.builtin, function, spec.weight)
+    raise RewardError(
+        f"{key}.model: reward models score completions in a later release; expected a function or a builtin "
+        f"reward, found model {spec.model!r}"
+    )
+
+
+def _not_yet(cfg: NxdConfig, grpo: GRPOConfig, family: ModelFamily | None) -> list[str]:
+    problems = []
+    if grpo.dynamic_sampling:
+        problems.append(
+            f"{GRPO}.dynamic_sampling: refilling a step with more prompts is in a later release; expected False"
+        )
+    if family is not None and family.moe is not None:
+        problems.append(
+            f"{GRPO}: a mixture-of-experts model samples with every token routed, which its training routing is not; "
+            "expected a dense model"
+        )
+    if grpo.num_iterations > 1:
+        params = cfg.exp_manager.checkpoint_callback_params
+        every = params.every_n_train_steps
+        if cfg.exp_manager.create_checkpoint_callback and every and every % grpo.num_iterations:
+            problems.append(
+                f"exp_manager.checkpoint_callback_params.every_n_train_steps: expected a multiple of {GRPO}."
+                f"num_iterations ({grpo.num_iterations}): a checkpoint inside a rollout batch's updates could not "
+                f"resume them, found {every}"
+            )
+    return problems

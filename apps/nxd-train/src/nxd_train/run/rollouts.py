@@ -1,0 +1,398 @@
+"""Online RL's step pass: each step's prompts become rollout micro-batches before the policy's pass.
+
+On every data-parallel rank, for its own prompts: `num_generations` completions each, sampled from the policy as it
+is sharded (ranks that gather weights in each forward run their forwards in lockstep). Each completion draws from
+a stream of its own, seeded by the run's seed, the rollout's number and the prompt's index and place in its group:
+whatever the layout, and after a resume, a prompt gets the same completions from the same weights. They are
+scored by the rewards, turned into advantages (group by group; the "batch" scale and the running baseline see
+every rank's rewards), and laid out as rows of prompt + completion whose labels are the completion's tokens (and
+its end-of-document token when it ended). With num_iterations > 1 the rows also carry the log-probs they were
+sampled with, and a rollout batch serves that many steps; with beta > 0 they carry the reference's. What a step
+sampled is summed up in `metrics` (TRL's names) and a few completions are kept for completions.jsonl.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from nxd_align import ADVANTAGE_KEY, IGNORE_INDEX, OLD_KEY, REFERENCE_TOKENS_KEY, Advantages, weighted_rewards
+from nxd_align.rewards import Reward, RewardError, checked
+from nxd_config.schema.alignment import GRPOConfig
+from nxd_data import PROMPT_INDEX, Prompt, PromptDataset, TextTokenizer
+from nxd_models import set_loss_temperature
+from nxd_models.decoding import decoding_cache, decoding_logits
+from nxd_models.generation import Completion, Sampling, generate
+from nxd_parallel import modules_of
+
+from nxd_train.run.checkpointing import Resume
+from nxd_train.run.reference import frozen_reference, reference_mode
+from nxd_train.run.state import Batch, Run
+
+COMPLETIONS_FILE = "completions.jsonl"
+"""Where a few sampled completions and their rewards are written at each logging step (rank 0's)."""
+
+
+class RolloutError(Exception):
+    """A reward stopped the run (on_reward_error: stop); the message names it and the record."""
+
+
+@dataclass
+class Sampled:
+    """One step's completions on this rank, row by row (a prompt's group on consecutive rows)."""
+
+    prompts: list[Prompt | None]
+    """Each row's prompt (None for a padding sample's rows)."""
+    completions: list[Completion]
+    rewards: torch.Tensor
+    per_function: torch.Tensor
+    kept: torch.Tensor
+    """Rows whose group is trained on (a group a reward could not score is dropped with on_reward_error: skip)."""
+
+
+class Rollouts:
+    """The step pass of a GRPO run (module docstring)."""
+
+    def __init__(
+        self,
+        run: Run,
+        grpo: GRPOConfig,
+        rewards: Sequence[Reward],
+        tokenizer: TextTokenizer,
+        initial: Resume | None,
+    ):
+        """`initial`: the reference's weights with beta > 0 (None: the seeded initialisation)."""
+        self.run, self.grpo, self.rewards, self.tokenizer = run, grpo, list(rewards), tokenizer
+        self.group = grpo.num_generations
+        self.sampling = Sampling(grpo.temperature, grpo.top_k, grpo.top_p if grpo.top_p < 1 else 0.0)  # 0: no nucleus
+        self.seed = run.plan.launch.seed if grpo.seed is None else grpo.seed
+        self.draws = 0
+        """Rollouts sampled so far (training and evaluation): part of each completion's seed."""
+        self.advantages = Advantages(grpo.num_generations, grpo.baseline, grpo.scale_rewards)
+        self.reference = frozen_reference(run, initial) if grpo.beta else None
+        for model in (run.model, *(() if self.reference is None else (self.reference[0],))):
+            set_loss_temperature(modules_of(model), grpo.temperature)  # the log-probs of what was sampled
+        self.metrics: dict[str, float] = {}
+        self.samples: list[dict[str, Any]] = []
+        self.skipped_groups = 0
+        self.uses = 0
+        """Steps the current rollout batch has served (num_iterations)."""
+
+    def __call__(self, batches: list[Batch]) -> None:
+        if not torch.is_grad_enabled():  # evaluation: fresh completions of the validation prompts
+            self._roll_out(batches, self.run.validation_data)
+            return
+        if PROMPT_INDEX not in batches[0]:  # the same rollout batch again (num_iterations)
+            self.uses += 1
+            return
+        self._roll_out(batches, self.run.train_data)
+        self.uses = 1
+
+    def write_samples(self, path: Path, step: int) -> None:
+        """The step's kept completions with their rewards, one JSON line each, appended to `path`."""
+        if not self.samples:
+            return
+        with open(path, "a") as file:
+            for sample in self.samples:
+                file.write(json.dumps({"step": step, **sample}) + "\n")
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the rollouts drawn (the next ones' seeds), the running baseline, the skipped
+        groups."""
+        return {
+            "draws": self.draws,
+            "advantages": self.advantages.state_dict(),
+            "skipped_groups": self.skipped_groups,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.draws = int(state["draws"])
+        self.advantages.load_state_dict(state.get("advantages", {}))
+        self.skipped_groups = int(state.get("skipped_groups", 0))
+
+    def _roll_out(self, batches: list[Batch], dataset: PromptDataset) -> None:
+        started = time.perf_counter()
+        indices = [index for batch in batches for index in batch[PROMPT_INDEX].tolist()]
+        rows = [dataset.prompts[index] if index >= 0 else None for index in indices for _ in range(self.group)]
+        self.draws += 1
+        streams = [self._stream(index, place) for index in indices for place in range(self.group)]
+        completions, entropies = self._sample(rows, streams)
+        generated = time.perf_counter() - started
+        sampled = self._score(rows, completions)
+        advantages = self.advantages(sampled.rewards, self._batch_std) * sampled.kept
+        laid_out = self._lay_out(sampled, advantages)
+        start = 0
+        for batch in batches:
+            count = len(batch[PROMPT_INDEX]) * self.group
+            batch.clear()
+            batch.update({key: value[start : start + count] for key, value in laid_out.items()})
+            start += count
+        if self.grpo.num_iterations > 1:
+            self._attach_log_probs(batches, OLD_KEY, self.run.model, self.run.executor, lora=False)
+        if self.reference is not None:
+            model, executor, lora = self.reference
+            self._attach_log_probs(batches, REFERENCE_TOKENS_KEY, model, executor, lora=lora)
+        self._summarise(sampled, advantages, entropies, generated, time.perf_counter() - started)
+
+    def _stream(self, index: int, place: int) -> torch.Generator:
+        """The sampling stream of completion `place` of prompt `index` in this rollout."""
+        key = f"{self.seed}/{self.draws}/{index}/{place}".encode()
+        seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
+        return torch.Generator(device=self.run.fabric.device).manual_seed(seed)
+
+    def _sample(
+        self, rows: list[Prompt | None], streams: list[torch.Generator]
+    ) -> tuple[list[Completion], list[float]]:
+        """Every row's completion, the model in eval mode without gradients (dropout off, as TRL samples)."""
+        run, tokenizer, stops = self.run, self.tokenizer, self.grpo.stop
+        prompts = [row.tokens if row is not None else [tokenizer.eod_id] for row in rows]
+
+        def stopped(row: int, tokens: list[int]) -> bool:
+            text = tokenizer.decode(tokens)
+            return any(stop in text for stop in stops)
+
+        lockstep = None
+        if run.dims.dp > 1:  # every data-parallel rank runs as many forwards (a ZeRO-3 forward gathers weights)
+            group = run.mesh.get("dp_cp").get_group()
+
+            def lockstep(more: bool) -> bool:
+                flag = torch.tensor([float(more)], device=run.fabric.device)
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
+                return bool(flag.item())
+
+        entropies: list[float] = []
+        model = run.model
+        with reference_mode(model, lora=False), run.executor.autocast():
+            completions = generate(
+                lambda ids, positions, cache: decoding_logits(model, ids, positions, cache),
+                lambda: decoding_cache(model),
+                prompts,
+                maximum_tokens=self.grpo.max_new_tokens,
+                context=run.plan.seq_length,
+                end_id=tokenizer.eod_id,
+                vocab_size=tokenizer.vocab_size,
+                sampling=self.sampling,
+                generator=streams,
+                device=run.fabric.device,
+                stop=stopped if stops else None,
+                entropies=entropies,
+                lockstep=lockstep,
+            )
+        return completions, entropies
+
+    def _score(self, rows: list[Prompt | None], completions: list[Completion]) -> Sampled:
+        """Each reward's scores of the real rows (NaN on padding rows), their weighted sum, and which groups stay."""
+        count, functions = len(rows), len(self.rewards)
+        per_function = torch.full((count, functions), math.nan, dtype=torch.float64)
+        kept = torch.tensor([row is not None for row in rows], dtype=torch.float64)
+        real = [index for index, row in enumerate(rows) if row is not None]
+        for column, reward in enumerate(self.rewards):
+            try:
+                scores = self._call(reward, [rows[i] for i in real], [completions[i] for i in real])
+                per_function[real, column] = torch.tensor(scores, dtype=torch.float64)
+            except RewardError as error:
+                if self.grpo.on_reward_error == "stop":
+                    raise RolloutError(str(error)) from None
+                self._score_by_group(reward, column, rows, completions, per_function, kept)
+        weights = [reward.weight for reward in self.rewards]
+        return Sampled(rows, completions, weighted_rewards(per_function, weights), per_function, kept)
+
+    def _score_by_group(
+        self,
+        reward: Reward,
+        column: int,
+        rows: list[Prompt | None],
+        completions: list[Completion],
+        per_function: torch.Tensor,
+        kept: torch.Tensor,
+    ) -> None:
+        """on_reward_error: skip: the reward again, group by group; a group it fails on is dropped and counted."""
+        for start in range(0, len(rows), self.group):
+            group = range(start, start + self.group)
+            if rows[start] is None or not kept[start]:
+                continue
+            try:
+                scores = self._call(reward, [rows[i] for i in group], [completions[i] for i in group])
+                per_function[start : start + self.group, column] = torch.tensor(scores, dtype=torch.float64)
+            except RewardError:
+                kept[start : start + self.group] = 0.0
+                self.skipped_groups += 1
+
+    def _call(self, reward: Reward, rows: list[Prompt], completions: list[Completion]) -> list[float]:
+        """`reward` over these rows, as TRL calls a reward function (module docstring of nxd_align.rewards)."""
+        texts = [self.tokenizer.decode(c.tokens) for c in completions]
+        shown = [
+            text if isinstance(row.text, str) else [{"role": "assistant", "content": text}]
+            for row, text in zip(rows, texts, strict=True)
+        ]
+        fields: dict[str, list[Any]] = {}
+        for name in {name for row in rows for name in row.record if name != self.grpo.prompt_field}:
+            fields[name] = [row.record.get(name) for row in rows]
+        return checked(
+            reward,
+            len(rows),
+            lambda function: function(
+                prompts=[row.text for row in rows],
+                completions=shown,
+                completion_ids=[c.tokens for c in completions],
+                **fields,
+            ),
+            [row.place for row in rows],
+        )
+
+    def _batch_std(self, rewards: torch.Tensor) -> torch.Tensor:
+        """The standard deviation of the global batch's rewards (every data-parallel rank's), NaN left out."""
+        present = ~rewards.isnan()
+        values = rewards.nan_to_num(0.0)
+        moments = torch.stack([present.sum().double(), values.sum(), values.square().sum()])
+        moments = self.run.summed(moments.to(self.run.fabric.device), self.run.token_mesh).cpu()
+        count, total, squares = moments.tolist()
+        if count < 2:
+            return torch.tensor(math.nan, dtype=torch.float64)
+        return torch.tensor(max(squares - total * total / count, 0.0) / (count - 1), dtype=torch.float64).sqrt()
+
+    def _lay_out(self, sampled: Sampled, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows of prompt + completion (+ end-of-document when it ended), padded to one width."""
+        run, eod = self.run, self.tokenizer.eod_id
+        sequences, labels = [], []
+        for prompt, completion, kept in zip(sampled.prompts, sampled.completions, sampled.kept.tolist(), strict=True):
+            tokens = [] if prompt is None else list(prompt.tokens)
+            answer = [*completion.tokens, *([eod] if completion.finished else [])]
+            truncated = not completion.finished and not completion.stopped
+            trained = (
+                prompt is not None and kept and answer and not (truncated and self.grpo.mask_truncated_completions)
+            )
+            row_labels = [IGNORE_INDEX] * max(len(tokens) - 1, 0) + (
+                answer if trained else [IGNORE_INDEX] * len(answer)
+            )
+            sequences.append([*(tokens or [eod]), *answer])
+            labels.append(row_labels)
+        width = max(len(sequence) for sequence in sequences)
+        if (multiple := run.trim_to) is not None:
+            width = min(-(-width // multiple) * multiple, run.plan.seq_length)
+        else:
+            width = run.plan.seq_length
+        ids = torch.full((len(sequences), width), eod, dtype=torch.long)
+        label_ids = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long)
+        for row, (sequence, row_labels) in enumerate(zip(sequences, labels, strict=True)):
+            ids[row, : len(sequence)] = torch.tensor(sequence)
+            label_ids[row, : len(row_labels)] = torch.tensor(row_labels, dtype=torch.long)
+        device = run.fabric.device
+        return {
+            "input_ids": ids.to(device),
+            "labels": label_ids.to(device),
+            "position_ids": torch.arange(width).expand(len(sequences), -1).contiguous().to(device),
+            ADVANTAGE_KEY: advantages.float().to(device),
+        }
+
+    def _attach_log_probs(self, batches: list[Batch], key: str, model: Any, executor: Any, *, lora: bool) -> None:
+        """Each row's per-token log-probs under `model` (the policy at sampling time, or the reference) as `key`."""
+
+        def capture(token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            batch[key] = (-token_losses).detach().float()
+            return token_losses.new_zeros((), dtype=torch.float64), {}
+
+        with reference_mode(model, lora):
+            executor.run(batches, capture, training=False)
+
+    def _summarise(
+        self, sampled: Sampled, advantages: torch.Tensor, entropies: list[float], generated: float, took: float
+    ) -> None:
+        """The step's rollout metrics over every data-parallel rank (TRL's names), and a few samples kept."""
+        run = self.run
+        real = torch.tensor([p is not None for p in sampled.prompts])
+        lengths = torch.tensor([float(len(c.tokens) + c.finished) for c in sampled.completions])[real]
+        truncated = torch.tensor([float(not c.finished and not c.stopped) for c in sampled.completions])[real]
+        rewards = sampled.rewards[real]
+        groups = rewards.view(-1, self.group) if len(rewards) else rewards.view(0, self.group)
+        group_std = groups.nan_to_num(0.0).std(dim=1, unbiased=True) if self.group > 1 else torch.zeros(len(groups))
+        sums = {
+            "completions": float(len(lengths)),
+            "groups": float(len(groups)),
+            "reward": float(rewards.nansum()),
+            "reward_squares": float(rewards.nan_to_num(0.0).square().sum()),
+            "advantage_squares": float(advantages[real].double().square().sum()),
+            "length": float(lengths.sum()),
+            "truncated": float(truncated.sum()),
+            "zero_std": float((group_std.abs() < 1e-6).sum()),
+            "entropy": float(sum(entropies)),
+            "entropy_tokens": float(len(entropies)),
+            "generation_seconds": generated,
+            "step_rollout_seconds": took,
+            "skipped_groups": float(self.skipped_groups),
+        }
+        for column, reward in enumerate(self.rewards):
+            scores = sampled.per_function[real, column]
+            sums[f"rewards/{reward.name}/sum"] = float(scores.nansum())
+            sums[f"rewards/{reward.name}/squares"] = float(scores.nan_to_num(0.0).square().sum())
+            sums[f"rewards/{reward.name}/count"] = float((~scores.isnan()).sum())
+        names = list(sums)
+        device = run.fabric.device
+        totals = run.summed(torch.tensor([sums[n] for n in names], dtype=torch.float64, device=device), run.token_mesh)
+        shortest = float(lengths.min()) if len(lengths) else math.inf
+        longest = float(lengths.max()) if len(lengths) else -math.inf
+        extremes = torch.tensor([shortest, -longest], dtype=torch.float64, device=device)
+        if run.token_mesh is not None:
+            torch.distributed.all_reduce(extremes, op=torch.distributed.ReduceOp.MIN, group=run.token_mesh.get_group())
+        total = dict(zip(names, totals.tolist(), strict=True))
+        self.metrics = _metrics(total, extremes.tolist(), self.rewards, run.dims.dp)
+        self.samples = [
+            {
+                "prompt": prompt.text,
+                "completion": self.tokenizer.decode(completion.tokens),
+                "reward": None if math.isnan(reward) else reward,
+            }
+            for prompt, completion, reward in zip(
+                sampled.prompts, sampled.completions, sampled.rewards.tolist(), strict=True
+            )
+            if prompt is not None
+        ][: self.grpo.log_completions]
+
+
+def _mean_std(total: float, squares: float, count: float) -> tuple[float, float]:
+    if count < 1:
+        return math.nan, math.nan
+    mean = total / count
+    return mean, math.sqrt(max(squares - total * mean, 0.0) / (count - 1)) if count > 1 else 0.0
+
+
+def _metrics(total: dict[str, float], extremes: list[float], rewards: Sequence[Reward], dp: int) -> dict[str, float]:
+    """The logged rollout values from the sums over the data-parallel ranks."""
+    share = total
+    completions = share["completions"]
+    reward, reward_std = _mean_std(share["reward"], share["reward_squares"], completions)
+    values = {
+        "reward": reward,
+        "reward_std": reward_std,
+        "advantages/std": math.sqrt(share["advantage_squares"] / completions) if completions else math.nan,
+        "frac_reward_zero_std": share["zero_std"] / share["groups"] if share["groups"] else math.nan,
+        "completions/mean_length": share["length"] / completions if completions else math.nan,
+        "completions/min_length": extremes[0],
+        "completions/max_length": -extremes[1],
+        "completions/clipped_ratio": share["truncated"] / completions if completions else math.nan,
+        "entropy": share["entropy"] / share["entropy_tokens"] if share["entropy_tokens"] else math.nan,
+        "rollouts/tokens_per_s": share["length"] / (share["generation_seconds"] / dp)
+        if share["generation_seconds"]
+        else math.nan,
+        "rollouts/generation_seconds": share["generation_seconds"] / dp,
+        "rollouts/seconds": share["step_rollout_seconds"] / dp,
+        "rollouts/skipped_groups": share["skipped_groups"],
+    }
+    for reward_spec in rewards:
+        name = reward_spec.name
+        mean, std = _mean_std(
+            share[f"rewards/{name}/sum"], share[f"rewards/{name}/squares"], share[f"rewards/{name}/count"]
+        )
+        values[f"rewards/{name}/mean"], values[f"rewards/{name}/std"] = mean, std
+    return values
+
+
+ROLLOUT_PREFIXES = ("reward", "advantages/", "frac_reward_zero_std", "completions/", "entropy", "rollouts/")
+"""What the rollout metrics are logged as (TRL's names where TRL has one)."""
