@@ -19,6 +19,7 @@ FAST = {
     "ckpt_checksums": "nxd ChecksummingWriter",
     "data": "tiny  ",
     "generation": "| nxd_until |",
+    "grpo": "| nxd GRPO |",
     "install_sizes": "| nxd-config |",
     "layer_kinds": "| rwkv |",
     "mamba_scan": "| nxd / transformers |",

@@ -192,7 +192,7 @@ def test_at_most_one_alignment_method(minimal) -> None:
     minimal["data"]["train_dir"] = "/data/x.jsonl"
     minimal["model_alignment_strategy"] = {"sft": {}, "orpo": {"max_prompt_length": 64}, "peft": {}}
     assert errors(minimal) == [
-        "model_alignment_strategy: expected at most one of sft, dpo, orpo, kto, reward_model (peft combines with any), "
+        "model_alignment_strategy: expected at most one of sft, dpo, orpo, kto, reward_model, grpo (peft combines with any), "
         "found sft, orpo"
     ]
 

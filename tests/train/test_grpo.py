@@ -165,3 +165,10 @@ def test_a_reward_that_fails_stops_the_run_naming_it_and_the_record_or_its_group
         _train(tmp_path / "stop", *SHORT, reward)
     rows = _train(tmp_path / "skip", *SHORT, reward, f"+{GRPO}.on_reward_error=skip")
     assert rows[-1]["rollouts/skipped_groups"] > 0
+
+
+def test_dynamic_sampling_replaces_groups_whose_rewards_are_all_equal(tmp_path):
+    plain = _train(tmp_path / "plain", *SHORT)
+    refilled = _train(tmp_path / "refilled", *SHORT, f"+{GRPO}.dynamic_sampling=True")
+    assert refilled[-1]["rollouts/refilled_groups"] > 0
+    assert sum(r["frac_reward_zero_std"] for r in refilled) < sum(r["frac_reward_zero_std"] for r in plain)

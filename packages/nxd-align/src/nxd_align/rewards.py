@@ -1,7 +1,8 @@
 """Rewards of sampled completions: Python functions named by import path and the built-in verifiable ones.
 
 A reward is called with the step's prompts and completions (texts, or assistant messages for chat prompts), the
-completions' token ids and each of the records' other fields as a list, as TRL calls its reward functions, and
+completions' token ids (and nxd's `prompt_ids`) and each of the records' other fields as a list, as TRL calls its
+reward functions (so a function takes **kwargs for what it does not read), and
 returns one float per completion, or None where it has no opinion (left out of the weighted sum). `checked` runs
 one and says, in one line naming it and the record, what is wrong with what it returned.
 """
@@ -28,7 +29,8 @@ class RewardError(Exception):
 @dataclass(frozen=True)
 class Reward:
     name: str
-    function: RewardFunction
+    function: RewardFunction | None
+    """None until a caller that loads it supplies it (a reward model)."""
     weight: float = 1.0
 
 

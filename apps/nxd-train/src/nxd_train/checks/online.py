@@ -4,6 +4,8 @@ cannot take yet, each refused by its key."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nxd_align.rewards import Reward, RewardError, builtin_reward, import_reward
 from nxd_config import NxdConfig
 from nxd_config.schema.alignment import GRPOConfig, RewardConfig
@@ -12,20 +14,30 @@ from nxd_models import ModelFamily
 from nxd_train.run.checkpointing import Resume
 from nxd_train.run.objective_specs import grpo_config, initial_weights
 from nxd_train.run.plan import OnlineRL
+from nxd_train.run.reward_models import RewardModelError, reward_model_source
 
 GRPO = "model_alignment_strategy.grpo"
 
 
-def online_plan(cfg: NxdConfig, resume: Resume | None, family: ModelFamily | None) -> tuple[OnlineRL | None, list[str]]:
-    """The run's rollout plan (None for other runs) and the problems that stop it."""
+def online_plan(
+    cfg: NxdConfig, resume: Resume | None, family: ModelFamily | None, tokenizer: str | None
+) -> tuple[OnlineRL | None, list[str]]:
+    """The run's rollout plan (None for other runs) and the problems that stop it; `tokenizer`: the policy's
+    tokenizer's fingerprint, which a reward model's must equal."""
     grpo = grpo_config(cfg)
     if grpo is None:
         return None, []
-    problems, rewards = [], []
+    problems, rewards, models = [], [], {}
     for index, spec in enumerate(grpo.rewards):
+        key = f"{GRPO}.rewards[{index}]"
         try:
-            rewards.append(_reward(spec, f"{GRPO}.rewards[{index}]"))
-        except RewardError as error:
+            if spec.model is not None:
+                name = spec.name or Path(spec.model.rstrip("/")).name
+                models[name] = reward_model_source(spec.model, f"{key}.model", tokenizer, spec.trust_remote_code)
+                rewards.append(Reward(name, None, spec.weight))
+            else:
+                rewards.append(_reward(spec, key))
+        except (RewardError, RewardModelError) as error:
             problems.append(str(error))
     if len({reward.name for reward in rewards}) < len(rewards):
         problems.append(
@@ -40,7 +52,7 @@ def online_plan(cfg: NxdConfig, resume: Resume | None, family: ModelFamily | Non
             f"initialisation; expected beta 0, or initial weights, found {grpo.beta}"
         )
     problems += _not_yet(cfg, grpo, family)
-    return OnlineRL(grpo, tuple(rewards), initial), problems
+    return OnlineRL(grpo, tuple(rewards), initial, models), problems
 
 
 def _reward(spec: RewardConfig, key: str) -> Reward:
@@ -48,21 +60,12 @@ def _reward(spec: RewardConfig, key: str) -> Reward:
         return Reward(
             spec.name or spec.function.partition(":")[2], import_reward(spec.function, f"{key}.function"), spec.weight
         )
-    if spec.builtin is not None:
-        function = builtin_reward(spec.builtin, field=spec.field, pattern=spec.pattern, tolerance=spec.tolerance)
-        return Reward(spec.name or spec.builtin, function, spec.weight)
-    raise RewardError(
-        f"{key}.model: reward models score completions in a later release; expected a function or a builtin "
-        f"reward, found model {spec.model!r}"
-    )
+    function = builtin_reward(spec.builtin, field=spec.field, pattern=spec.pattern, tolerance=spec.tolerance)
+    return Reward(spec.name or spec.builtin, function, spec.weight)
 
 
 def _not_yet(cfg: NxdConfig, grpo: GRPOConfig, family: ModelFamily | None) -> list[str]:
     problems = []
-    if grpo.dynamic_sampling:
-        problems.append(
-            f"{GRPO}.dynamic_sampling: refilling a step with more prompts is in a later release; expected False"
-        )
     if family is not None and family.moe is not None:
         problems.append(
             f"{GRPO}: a mixture-of-experts model samples with every token routed, which its training routing is not; "

@@ -368,7 +368,8 @@ def _weights(p: _Planning) -> None:
 
 def _online(p: _Planning) -> None:
     """An online-RL run's rewards and reference (model_alignment_strategy.grpo)."""
-    p.online, problems = online_plan(p.cfg, p.resume, p.family)
+    tokenizer = None if p.data is None else p.data.tokenizer_fingerprint
+    p.online, problems = online_plan(p.cfg, p.resume, p.family, tokenizer)
     p.problems += problems
 
 

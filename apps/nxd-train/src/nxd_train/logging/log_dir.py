@@ -31,6 +31,8 @@ LAUNCH_FILE = ".nxd-launch"
 launcher restarts finds it."""
 NAME_ROOM = 64
 """Characters a checkpoint's folder name adds to the run's name (--step=N-consumed_samples=M.partial)."""
+COMPLETIONS_FILE = "completions.jsonl"
+"""Where an online-RL run writes a few sampled completions and their rewards at each logging step."""
 WRITTEN = (
     "config.yaml",
     "metrics.csv",
@@ -46,6 +48,7 @@ WRITTEN = (
     "model.safetensors",
     "adapter_config.json",
     "adapter_model.safetensors",
+    COMPLETIONS_FILE,
 )
 """Files a run writes in its log directory (with the json_log_file it is given): names another's folder must
 not hold, and that must not be links. Trainer-style checkpoint-N folders are not among them: a name another

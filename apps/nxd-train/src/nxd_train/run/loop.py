@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from nxd_ckpt import CheckpointError
 from nxd_data import PretrainingSampler
 from nxd_models import IGNORE_INDEX, peak_memory, routing_metrics, take_routing_totals
 from nxd_parallel import clip_gradients, global_norm, modules_of
@@ -26,8 +27,9 @@ from torch.utils.data import Dataset
 
 from nxd_train.cluster import peers
 from nxd_train.cluster.interrupts import StopRequests, TrainingInterrupted, requeue
+from nxd_train.logging.log_dir import COMPLETIONS_FILE
 from nxd_train.run.plan import EarlyStopping, RunPlan, batch_limit
-from nxd_train.run.rollouts import COMPLETIONS_FILE, ROLLOUT_PREFIXES
+from nxd_train.run.rollouts import ROLLOUT_PREFIXES
 from nxd_train.run.setup import setup
 from nxd_train.run.state import Batch, Run
 from nxd_train.run.statistics import PREFIXES as STATISTICS
@@ -69,8 +71,15 @@ def _train(run: Run) -> Path:
             "random states as seeded: the checkpoint holds them pickled (an earlier nxd), and a "
             "checkpoint is never unpickled"
         )
-    if run.rollouts is not None and run.saved_rng is not None and (extra := saved_extra(run.saved_rng)):
-        run.rollouts.load_state(extra["rollouts"])
+    if run.rollouts is not None:  # the rollouts a resumed run had drawn (its next completions' seeds)
+        if run.start_step % run.repeats:
+            raise CheckpointError(
+                f"the checkpoint of step {run.start_step} was saved inside a rollout batch's "
+                f"model_alignment_strategy.grpo.num_iterations ({run.repeats}) updates, whose rollouts it does not "
+                "hold; expected a checkpoint at a multiple of num_iterations"
+            )
+        extra = None if run.saved_rng is None else saved_extra(run.saved_rng)
+        run.rollouts.resume(None if extra is None else extra.get("rollouts"), run.drawn(run.start_step))
     window_time, window_steps = 0.0, 0  # training time since the last log line (validation excluded)
     logged: dict[str, float] = {}  # the latest value of everything logged, for checkpoint names and ranking
     guard = NonFiniteGuard(plan.update.on_nonfinite, plan.update.max_consecutive_nonfinite)

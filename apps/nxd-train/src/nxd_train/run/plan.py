@@ -27,6 +27,7 @@ from nxd_train.logging.settings import CometSettings, WandbSettings
 from nxd_train.run.checkpointing import Resume
 from nxd_train.run.data_splits import DataSplits
 from nxd_train.run.profiling import ProfilerWindow
+from nxd_train.run.reward_models import RewardModelSource
 from nxd_train.run.statistics import StatisticsSettings
 
 
@@ -243,8 +244,11 @@ class OnlineRL:
 
     grpo: GRPOConfig
     rewards: tuple[Reward, ...]
+    """In the config's order; a reward model's has no function until set-up loads it (`reward_models`)."""
     initial: Resume | None = None
     """The reference's weights when beta > 0 (the run's initial weights); None: the seeded initialisation."""
+    reward_models: dict[str, RewardModelSource] = field(default_factory=dict)
+    """Each reward model's source, by its reward's name."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,11 @@ from nxd_parallel import modules_of
 
 from nxd_train.run.checkpointing import Resume
 from nxd_train.run.reference import frozen_reference, reference_mode
+from nxd_train.run.reward_models import RewardModel, RewardModelSource, scored_by
 from nxd_train.run.state import Batch, Run
 
-COMPLETIONS_FILE = "completions.jsonl"
-"""Where a few sampled completions and their rewards are written at each logging step (rank 0's)."""
+REFILL_ROUNDS = 8
+"""Dynamic sampling's draws of replacement groups a rollout at most."""
 
 
 class RolloutError(Exception):
@@ -67,9 +68,20 @@ class Rollouts:
         rewards: Sequence[Reward],
         tokenizer: TextTokenizer,
         initial: Resume | None,
+        models: dict[str, RewardModelSource],
     ):
-        """`initial`: the reference's weights with beta > 0 (None: the seeded initialisation)."""
-        self.run, self.grpo, self.rewards, self.tokenizer = run, grpo, list(rewards), tokenizer
+        """`initial`: the reference's weights with beta > 0 (None: the seeded initialisation); `models`: the
+        reward models to load, by the name of the reward they serve."""
+        self.run, self.grpo, self.tokenizer = run, grpo, tokenizer
+        self.rewards = [
+            reward
+            if reward.function is not None
+            else replace(
+                reward,
+                function=scored_by(RewardModel(models[reward.name], run.fabric.device, run.log_dir), tokenizer.eod_id),
+            )
+            for reward in rewards
+        ]
         self.group = grpo.num_generations
         self.sampling = Sampling(grpo.temperature, grpo.top_k, grpo.top_p if grpo.top_p < 1 else 0.0)  # 0: no nucleus
         self.seed = run.plan.launch.seed if grpo.seed is None else grpo.seed
@@ -82,6 +94,7 @@ class Rollouts:
         self.metrics: dict[str, float] = {}
         self.samples: list[dict[str, Any]] = []
         self.skipped_groups = 0
+        self.refilled_groups = 0
         self.uses = 0
         """Steps the current rollout batch has served (num_iterations)."""
 
@@ -110,12 +123,19 @@ class Rollouts:
             "draws": self.draws,
             "advantages": self.advantages.state_dict(),
             "skipped_groups": self.skipped_groups,
+            "refilled_groups": self.refilled_groups,
         }
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def resume(self, state: dict[str, Any] | None, drawn: int) -> None:
+        """Continue from a checkpoint's `state`; without one (other random states, or a resume at another world
+        size), from the `drawn` rollouts its steps took, with a fresh running baseline."""
+        if state is None:
+            self.draws = drawn
+            return
         self.draws = int(state["draws"])
         self.advantages.load_state_dict(state.get("advantages", {}))
         self.skipped_groups = int(state.get("skipped_groups", 0))
+        self.refilled_groups = int(state.get("refilled_groups", 0))
 
     def _roll_out(self, batches: list[Batch], dataset: PromptDataset) -> None:
         started = time.perf_counter()
@@ -126,6 +146,8 @@ class Rollouts:
         completions, entropies = self._sample(rows, streams)
         generated = time.perf_counter() - started
         sampled = self._score(rows, completions)
+        if self.grpo.dynamic_sampling:
+            entropies += self._refill(sampled, dataset)
         advantages = self.advantages(sampled.rewards, self._batch_std) * sampled.kept
         laid_out = self._lay_out(sampled, advantages)
         start = 0
@@ -141,11 +163,60 @@ class Rollouts:
             self._attach_log_probs(batches, REFERENCE_TOKENS_KEY, model, executor, lora=lora)
         self._summarise(sampled, advantages, entropies, generated, time.perf_counter() - started)
 
-    def _stream(self, index: int, place: int) -> torch.Generator:
+    def _refill(self, sampled: Sampled, dataset: PromptDataset) -> list[float]:
+        """DAPO's dynamic sampling: each group whose rewards are all equal (nothing to learn from) is replaced by the
+        group of another prompt (drawn from a stream seeded like the completions') whose rewards differ, in at most
+        REFILL_ROUNDS rounds; a group still flat then stays (its advantages are 0). Every data-parallel rank runs as
+        many rounds (generation runs in lockstep). Returns the entropies of what was sampled."""
+        entropies: list[float] = []
+        for attempt in range(REFILL_ROUNDS):
+            flat = [start for start in range(0, len(sampled.prompts), self.group) if self._flat(sampled, start)]
+            if not self._anywhere(len(flat)):
+                break
+            picker = torch.Generator().manual_seed(self._seed(f"refill/{attempt}"))
+            fresh = torch.randint(len(dataset), (len(flat),), generator=picker).tolist()
+            rows = [dataset.prompts[index] for index in fresh for _ in range(self.group)]
+            streams = [
+                self._stream(f"refill{attempt}:{index}", place) for index in fresh for place in range(self.group)
+            ]
+            completions, more = self._sample(rows or [None], streams or [self._stream("idle", 0)])
+            entropies += more
+            if not rows:
+                continue
+            candidates = self._score(rows, completions)
+            for number, start in enumerate(flat):
+                offset = number * self.group
+                if self._flat(candidates, offset):
+                    continue
+                span, taken = slice(start, start + self.group), slice(offset, offset + self.group)
+                for name in ("prompts", "completions", "rewards", "per_function", "kept"):
+                    getattr(sampled, name)[span] = getattr(candidates, name)[taken]
+                self.refilled_groups += 1
+        return entropies
+
+    def _flat(self, sampled: Sampled, start: int) -> bool:
+        """Whether the trained group at `start` has rewards all equal (a padding sample's group is not trained)."""
+        rewards = sampled.rewards[start : start + self.group]
+        if sampled.prompts[start] is None or not sampled.kept[start] or rewards.isnan().all():
+            return False
+        present = rewards[~rewards.isnan()]
+        return bool((present.max() - present.min()).abs() < 1e-9)
+
+    def _anywhere(self, count: int) -> bool:
+        """Whether any data-parallel rank has `count` > 0 (each asks with its own)."""
+        flag = torch.tensor([float(count)], device=self.run.fabric.device)
+        if self.run.token_mesh is not None:
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.run.token_mesh.get_group())
+        return flag.item() > 0
+
+    def _stream(self, index: int | str, place: int) -> torch.Generator:
         """The sampling stream of completion `place` of prompt `index` in this rollout."""
-        key = f"{self.seed}/{self.draws}/{index}/{place}".encode()
-        seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
-        return torch.Generator(device=self.run.fabric.device).manual_seed(seed)
+        return torch.Generator(device=self.run.fabric.device).manual_seed(self._seed(f"{index}/{place}"))
+
+    def _seed(self, name: str) -> int:
+        """A seed for `name` in this rollout, from the run's seed and the rollout's number."""
+        key = f"{self.seed}/{self.draws}/{name}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
 
     def _sample(
         self, rows: list[Prompt | None], streams: list[torch.Generator]
@@ -242,6 +313,7 @@ class Rollouts:
                 prompts=[row.text for row in rows],
                 completions=shown,
                 completion_ids=[c.tokens for c in completions],
+                prompt_ids=[row.tokens for row in rows],
                 **fields,
             ),
             [row.place for row in rows],
@@ -327,6 +399,7 @@ class Rollouts:
             "generation_seconds": generated,
             "step_rollout_seconds": took,
             "skipped_groups": float(self.skipped_groups),
+            "refilled_groups": float(self.refilled_groups),
         }
         for column, reward in enumerate(self.rewards):
             scores = sampled.per_function[real, column]
@@ -384,6 +457,7 @@ def _metrics(total: dict[str, float], extremes: list[float], rewards: Sequence[R
         "rollouts/generation_seconds": share["generation_seconds"] / dp,
         "rollouts/seconds": share["step_rollout_seconds"] / dp,
         "rollouts/skipped_groups": share["skipped_groups"],
+        "rollouts/refilled_groups": share["refilled_groups"],
     }
     for reward_spec in rewards:
         name = reward_spec.name

@@ -187,7 +187,9 @@ def setup(plan: RunPlan) -> Run:
         )
         if plan.online is not None:  # sample, score and lay out each step's prompts before the policy's pass
             online = plan.online
-            run.rollouts = Rollouts(run, online.grpo, online.rewards, plan.data.text_tokenizer, online.initial)
+            run.rollouts = Rollouts(
+                run, online.grpo, online.rewards, plan.data.text_tokenizer, online.initial, online.reward_models
+            )
             run.step_passes.append(run.rollouts)
         restore(run, resume)
         _announce(run, resume, host_memory)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
-from ._base import Section, Status, frozen_list, key
+from ._base import Section, frozen_list, key
 
 ALIGN = "nxd-align"
 DATA = "nxd-data"
@@ -203,10 +203,8 @@ class RewardConfig(Section):
         None,
         "A reward model: the folder of an nxd run trained with reward_model (its newest checkpoint, or a "
         "checkpoint folder), or a Hugging Face *ForSequenceClassification folder or hub id; it scores prompt + "
-        "completion with the policy's tokenizer.",
+        "completion (their token ids, so its tokenizer must be the policy's) at its closing end-of-document token.",
         by=ALIGN,
-        status=Status.LIMITED,
-        note="reward models are refused in this release; functions and builtins score completions",
     )
     trust_remote_code: bool = key(False, "Run a Hugging Face reward model's own code (its auto_map).", by=ALIGN)
     field: str = key("answer", "The record field exact_match and numeric compare with.", by=ALIGN)
@@ -301,11 +299,10 @@ class GRPOConfig(Section):
     )
     dynamic_sampling: bool = key(
         False,
-        "Drop groups whose rewards are all equal (no advantage to learn from) and sample more prompts until the "
-        "step's prompts are filled (DAPO), at most 8 draws a step.",
+        "Replace each group whose rewards are all equal (no advantage to learn from) by the group of another "
+        "prompt of the training data whose rewards differ (DAPO), in at most 8 rounds of draws a step; a group still "
+        "flat then stays. Logged as rollouts/refilled_groups.",
         by=ALIGN,
-        status=Status.LIMITED,
-        note="only false in this release",
     )
     rewards: frozen_list(RewardConfig) = key((), "The rewards, summed with their weights.", by=ALIGN)
     on_reward_error: Literal["stop", "skip"] = key(
