@@ -2,14 +2,17 @@
 
     uv run --group bench python benchmarks/grpo.py [--steps 8] [--new-tokens 32] [--width 256] [--layers 4]
 
-Both train the same Llama shape (nxd's Megatron-style model and the LlamaForCausalLM of its Hugging Face mapping,
-each from its own initialisation) on the same prompts (configs/data/addition_prompts.jsonl, single-digit sums),
-with the same tokenizer (configs/data/addition_tokenizer.json), 8 prompts a step and 8 completions each (64
+Both train the same Llama (nxd's Megatron-style model and the LlamaForCausalLM of its Hugging Face mapping, from the
+same initial weights, which nxd reads from the transformers folder) on the same prompts
+(configs/data/addition_prompts.jsonl, single-digit sums), with the same tokenizer
+(configs/data/addition_tokenizer.json), 8 prompts a step and 8 completions each (64
 completions, one micro-batch), `new_tokens` new tokens at most, temperature 1, the dapo loss, beta 0, one update a
 rollout, AdamW at a constant rate, fp32. The reward is 1 for the right sum (an exact-match function in both).
 
-Printed per framework: completions per second and the step time (medians after the first step), and how a step
-splits between sampling the completions and the rest (scoring and training); then the ratio nxd / TRL.
+Printed per framework: completions per second and the step time (medians after the first step), how a step splits
+between sampling the completions and the rest (scoring and training), the completions' mean length and the sampled
+tokens per second; then the ratios nxd / TRL (the sampling streams differ, so the completions' lengths may too: the
+tokens per second compare the sampling itself).
 """
 
 from __future__ import annotations
@@ -59,13 +62,14 @@ def overrides(args: argparse.Namespace, log_dir: Path) -> list[str]:
         f"model_alignment_strategy.grpo.num_generations={GROUP}",
         f"model_alignment_strategy.grpo.max_new_tokens={args.new_tokens}",
         "model_alignment_strategy.grpo.rewards=[{function: 'grpo:exact_answer'}]",
-        "model_alignment_strategy.grpo.log_completions=0",
+        "+model_alignment_strategy.grpo.log_completions=0",
         f"+exp_manager.explicit_log_dir={log_dir}",
     ]
 
 
 def nxd_run(args: argparse.Namespace, folder: Path) -> dict[str, float]:
-    plan = plan_run(load_config(CONFIG, overrides(args, folder / "nxd")), default_cache_dir())
+    start = ["+model.weight_init_only=True", f"+exp_manager.resume_from_checkpoint={folder / 'initial'}"]
+    plan = plan_run(load_config(CONFIG, [*overrides(args, folder / "nxd"), *start]), default_cache_dir())
     with open(train(plan) / "metrics.csv") as handle:
         logged = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(handle)]
     rows = [row for row in logged if "loss" in row]
@@ -79,6 +83,7 @@ def trl_run(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     cfg = load_config(CONFIG, overrides(args, folder / "plan"))
     plan = plan_run(cfg, default_cache_dir())
     model = hf_model(cfg, plan)
+    model.save_pretrained(folder / "initial")  # nxd starts from these weights too
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_file=str(DATA / "addition_tokenizer.json"),
         eos_token="<|endoftext|>",
@@ -150,21 +155,30 @@ def main() -> None:
     args = parse_args(parser, steps=2, new_tokens=4, width=64, layers=2)
     torch.set_num_threads(torch.get_num_threads())
     with tempfile.TemporaryDirectory() as folder:
-        found = {"nxd GRPO": nxd_run(args, Path(folder)), "TRL GRPOTrainer": trl_run(args, Path(folder))}
+        trl = trl_run(args, Path(folder))  # writes the initial weights both start from
+        found = {"nxd GRPO": nxd_run(args, Path(folder)), "TRL GRPOTrainer": trl}
     completions = PROMPTS * GROUP
     print(
         f"\nGRPO, {PROMPTS} prompts x {GROUP} completions of up to {args.new_tokens} tokens, Llama {args.layers} x "
         f"{args.width}, fp32, {torch.get_num_threads()} threads, {args.steps} steps (medians after the first)\n"
     )
-    print("| framework | completions/s | step s | sampling s | scoring + training s | mean completion tokens |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| framework | completions/s | step s | sampling s | scoring + training s | mean completion tokens | "
+        "sampled tokens/s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, figures in found.items():
         print(
             f"| {name} | {completions / figures['step']:.1f} | {figures['step']:.3f} | {figures['sampling']:.3f} | "
-            f"{figures['step'] - figures['sampling']:.3f} | {figures['length']:.1f} |"
+            f"{figures['step'] - figures['sampling']:.3f} | {figures['length']:.1f} | "
+            f"{completions * figures['length'] / figures['sampling']:,.0f} |"
         )
     ours, theirs = found["nxd GRPO"], found["TRL GRPOTrainer"]
-    print(f"\nnxd / TRL completions per second: {theirs['step'] / ours['step']:.2f}x")
+    per_token = (ours["length"] / ours["sampling"]) / (theirs["length"] / theirs["sampling"])
+    print(
+        f"\nnxd / TRL completions per second: {theirs['step'] / ours['step']:.2f}x; sampled tokens per second: "
+        f"{per_token:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -96,14 +96,17 @@ def test_the_example_learns_addition(tmp_path):
     ids=["dp2", "dp2-zero1", "tp2"],
 )
 def test_two_processes_sample_and_log_what_one_process_does(tmp_path, layout):
-    job = [*SHORT, "trainer.max_steps=4", "data.micro_batch_size=2"]
+    job = [*SHORT, "trainer.max_steps=4", "data.micro_batch_size=2", f"+{GRPO}.num_iterations=2"]  # 2 rollouts
     single = _train(tmp_path / "one", *job)
     result = run_command(str(EXAMPLE), *_job(tmp_path / "two", *job, *layout), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     double = [row for row in read_metrics(tmp_path / "two") if "loss" in row]
-    for one, two in zip(single, double, strict=True):
+    for step, (one, two) in enumerate(zip(single, double, strict=True)):
         assert two["reward"] == one["reward"] and two["completions/mean_length"] == one["completions/mean_length"]
-        assert abs(two["loss"] - one["loss"]) < 1e-6 and abs(two["grad_norm"] - one["grad_norm"]) < 1e-5
+        # the first rollout's two updates within 1e-6; later, Adam's scaling of small gradients carries the tensor-
+        # parallel sums' other order a little further (about 1e-6 by step 4)
+        assert abs(two["loss"] - one["loss"]) < (1e-6 if step < 2 else 5e-6)
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
 
 
 def test_a_resumed_run_samples_and_trains_as_the_uninterrupted_one(tmp_path):
