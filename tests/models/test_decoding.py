@@ -161,3 +161,36 @@ def test_a_row_ends_at_the_end_of_document_token():
     assert ended.finished and ended.tokens == greedy[: greedy.index(greedy[2])]
     with pytest.raises(Exception, match="leaves no room in the model's context of 32 positions"):
         generate(lambda i, p, c: None, None, [list(range(32))], maximum_tokens=4, context=32, end_id=0, vocab_size=97)
+
+
+def test_a_row_with_a_stream_of_its_own_samples_alike_whatever_else_the_batch_holds():
+    """Online RL's sampling: with one generator a row, a row's completion depends on its stream only, not on the
+    other rows (a shorter prompt beside it starts decoding earlier), and `entropies` gets each of its tokens'."""
+    table = torch.randn(20, 20, generator=torch.Generator().manual_seed(0))
+
+    def step(ids: torch.Tensor, positions: torch.Tensor, cache: object) -> torch.Tensor:
+        return table[ids]  # each position's logits from its own token
+
+    def sample(prompts: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
+        streams = [torch.Generator().manual_seed(7 + row) for row in range(len(prompts))]
+        entropies: list[list[float]] = []
+        found = generate(
+            step,
+            None,
+            prompts,
+            maximum_tokens=5,
+            context=30,
+            end_id=19,
+            vocab_size=20,
+            sampling=Sampling(1.0, 0, 0.0),
+            generator=streams,
+            entropies=entropies,
+        )
+        return [completion.tokens for completion in found], entropies
+
+    (alone,), (alone_entropies,) = sample([[3, 4, 5, 6]])
+    (beside, _), (beside_entropies, _) = sample([[3, 4, 5, 6], [1]])
+    assert alone == beside and alone_entropies == beside_entropies
+    logits = table[torch.tensor([6, *alone[:-1]])]
+    expected = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    assert len(alone_entropies) == len(alone) and alone_entropies == pytest.approx(expected[: len(alone)].tolist())

@@ -77,10 +77,18 @@ def _grpo(tmp_path: Path, tokenizer: Path, reward_model: Path, *overrides: str) 
     ]
 
 
-def test_a_reward_model_of_another_tokenizer_is_refused(tmp_path, hf_reward_model):
+def test_a_reward_model_of_another_tokenizer_or_not_a_classifier_is_refused(
+    tmp_path, hf_reward_model, chat_tokenizer_dir
+):
+    from transformers import AutoConfig, LlamaForCausalLM
+
     addition = ROOT / "configs" / "data" / "addition_tokenizer.json"
     with pytest.raises(PreflightError, match=rf"{GRPO}.rewards\[0\].model: .*tokenizer is not the policy's"):
         plan_run(load_config(EXAMPLE, _grpo(tmp_path, addition, hf_reward_model)), default_cache_dir())
+    causal = tmp_path / "causal_lm"
+    LlamaForCausalLM(AutoConfig.from_pretrained(hf_reward_model)).save_pretrained(causal)
+    with pytest.raises(PreflightError, match=rf"{GRPO}.rewards\[0\].model: .*expected a \*ForSequenceClassification"):
+        plan_run(load_config(EXAMPLE, _grpo(tmp_path, chat_tokenizer_dir, causal)), default_cache_dir())
 
 
 def test_an_nxd_reward_model_run_scores_the_completions(tmp_path, train_here, chat_tokenizer_dir):

@@ -69,8 +69,8 @@ def prompt_dataset(
     field: str = "prompt",
     limit: int | None = None,
 ) -> PromptDataset:
-    """The prompts at `location`; each must leave at least one position of the `room` (sequence length minus the
-    longest completion) free; a DataError names the first bad record."""
+    """The prompts at `location`, each within `room` tokens (the sequence length less the longest completion); a
+    DataError names the first bad record."""
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template is not None else None
     prompts = []
     for place, record in read_records(location, where, split, limit):

@@ -89,7 +89,7 @@ def generate(
     return_logits: bool = False,
     device: torch.device | str = "cpu",
     stop: Callable[[int, list[int]], bool] | None = None,
-    entropies: list[float] | None = None,
+    entropies: list[list[float]] | None = None,
     lockstep: Callable[[bool], bool] | None = None,
 ) -> list[Completion]:
     """Continue each of `prompts` (token ids, none empty) by up to `maximum_tokens` tokens within `context`
@@ -98,8 +98,8 @@ def generate(
     `stop(row, tokens)`, when given, ends a row once it says so of the row's tokens so far (stop sequences).
     `generator` may be one generator a row, so that a row's samples depend on its own stream only (online RL
     samples the same completions of a prompt whatever else is in the batch). `entropies`, when given, receives
-    the entropy of each chosen token's distribution (the logits divided by the temperature, before top-k and
-    top-p), row by row in order. `lockstep(more)`, when given, tells whether any of the processes that generate
+    one list a row: the entropy of each of its chosen tokens' distributions (the logits divided by the
+    temperature, before top-k and top-p). `lockstep(more)`, when given, tells whether any of the processes that generate
     together has more to do: this one runs a forward without effect until none has, so processes whose model
     gathers its weights in each forward (ZeRO-3) run the same number of forwards."""
     if not prompts:
@@ -141,13 +141,11 @@ def generate(
         if warpers is not None:
             logits = warpers(tokens[:, :position], logits)
             probabilities = torch.softmax(logits, dim=-1)
-            if isinstance(generator, Sequence):  # a stream a row: its draws do not depend on the other rows
-                chosen = torch.cat(
-                    [
-                        torch.multinomial(probabilities[row : row + 1], 1, generator=g).view(-1)
-                        for row, g in enumerate(generator)
-                    ]
-                )
+            if isinstance(generator, Sequence):  # a stream a row, drawn from for the row's own tokens only
+                chosen = probabilities.argmax(dim=-1)
+                for row, g in enumerate(generator):
+                    if position >= lengths[row] and not _ended(completions[row], maximum_tokens):
+                        chosen[row] = torch.multinomial(probabilities[row], 1, generator=g)[0]
             else:
                 chosen = torch.multinomial(probabilities, 1, generator=generator).view(-1)
         else:
@@ -167,7 +165,7 @@ def generate(
                 completion.stopped = stop is not None and stop(row, completion.tokens)
         position += 1
     if entropies is not None:
-        entropies.extend(value for row in drawn for value in row)
+        entropies.extend(drawn)
     return completions
 
 

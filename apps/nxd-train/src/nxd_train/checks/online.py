@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from nxd_align.rewards import Reward, RewardError, builtin_reward, import_reward
+from nxd_ckpt import CheckpointError
 from nxd_config import NxdConfig
-from nxd_config.schema.alignment import GRPOConfig, RewardConfig
+from nxd_config.schema.alignment import RewardConfig
 from nxd_models import ModelFamily
 
 from nxd_train.run.checkpointing import Resume
@@ -37,7 +38,7 @@ def online_plan(
                 rewards.append(Reward(name, None, spec.weight))
             else:
                 rewards.append(_reward(spec, key))
-        except (RewardError, RewardModelError) as error:
+        except (RewardError, RewardModelError, CheckpointError) as error:
             problems.append(str(error))
     if len({reward.name for reward in rewards}) < len(rewards):
         problems.append(
@@ -51,7 +52,7 @@ def online_plan(
             "exp_manager.resume_from_checkpoint, or a Hugging Face model), and this run starts from a random "
             f"initialisation; expected beta 0, or initial weights, found {grpo.beta}"
         )
-    problems += _not_yet(cfg, grpo, family)
+    problems += _not_yet(family)
     return OnlineRL(grpo, tuple(rewards), initial, models), problems
 
 
@@ -64,20 +65,10 @@ def _reward(spec: RewardConfig, key: str) -> Reward:
     return Reward(spec.name or spec.builtin, function, spec.weight)
 
 
-def _not_yet(cfg: NxdConfig, grpo: GRPOConfig, family: ModelFamily | None) -> list[str]:
-    problems = []
-    if family is not None and family.moe is not None:
-        problems.append(
-            f"{GRPO}: a mixture-of-experts model samples with every token routed, which its training routing is not; "
-            "expected a dense model"
-        )
-    if grpo.num_iterations > 1:
-        params = cfg.exp_manager.checkpoint_callback_params
-        every = params.every_n_train_steps
-        if cfg.exp_manager.create_checkpoint_callback and every and every % grpo.num_iterations:
-            problems.append(
-                f"exp_manager.checkpoint_callback_params.every_n_train_steps: expected a multiple of {GRPO}."
-                f"num_iterations ({grpo.num_iterations}): a checkpoint inside a rollout batch's updates could not "
-                f"resume them, found {every}"
-            )
-    return problems
+def _not_yet(family: ModelFamily | None) -> list[str]:
+    if family is None or family.moe is None:
+        return []
+    return [
+        f"model.moe: a mixture-of-experts policy would sample with every token routed, which its training routing "
+        f"is not; expected a dense model with {GRPO}"
+    ]

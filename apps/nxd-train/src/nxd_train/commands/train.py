@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from nxd_train.logging.log_dir import LogDirError, disk_full
     from nxd_train.logging.wandb_logger import WandbStartError
     from nxd_train.run.loop import UploadsFailed, train
+    from nxd_train.run.reward_models import RewardModelError
     from nxd_train.run.rollouts import RolloutError
 
     try:
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{path}: {_worker_message(error)}", file=sys.stderr, flush=True)
         exit_if_distributed(1, group_wide=False)
         return 1
-    except RolloutError as error:  # a reward failed on this rank's completions (on_reward_error: stop)
+    except (RolloutError, RewardModelError) as error:  # a reward failed or could not load, on this rank
         print(f"{path}: {error}", file=sys.stderr, flush=True)
         exit_if_distributed(1, group_wide=False)
         return 1

@@ -38,7 +38,7 @@ from nxd_data import (
 )
 
 from nxd_train.run.corpus import Corpus, builtin_tokenizer, names_data, stdlib_corpus
-from nxd_train.run.data_splits import DataSplits
+from nxd_train.run.data_splits import DataSplits, record_splits
 from nxd_train.run.prompt_data import prompt_splits
 from nxd_train.run.tokenizers import configured_tokenizer
 
@@ -271,22 +271,8 @@ def _sft_splits(
                 cache_dir=cache_dir / "sft",
                 limit=data.dev_choose_samples,
             )
-    train = splits["data.train_dir"]
     notes = tuple(dataset.summary(key) for key, dataset in splits.items())
-    files = tokenizer.export_files(cache_dir / "tokenizers")
-    return DataSplits(
-        train,
-        splits.get("data.val_dir"),
-        None,
-        train.padding(),
-        tokenizer.vocab_size,
-        data.tokenizer.type,
-        shuffled=False,
-        notes=notes,
-        tokenizer_files=files,
-        tokenizer_fingerprint=tokenizer.fingerprint,
-        padded_rows=not packing,
-    )
+    return record_splits(splits, tokenizer, data.tokenizer.type, cache_dir, notes, padded_rows=not packing)
 
 
 def _preference_splits(

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import torch
 from nxd_data import TextTokenizer, collate, collate_packed_pairs, collate_pairs, collate_prompts
@@ -63,3 +65,29 @@ class DataSplits:
         if self.packed_pairs and packable and trim_to is not None:
             return partial(collate_packed_pairs, multiple_of=trim_to)
         return partial(collate_pairs, trim_to=trim_to)
+
+
+def record_splits(
+    splits: dict[str, Dataset],
+    tokenizer: TextTokenizer,
+    name: str,
+    cache_dir: Path,
+    notes: tuple[str, ...],
+    **extra: Any,
+) -> DataSplits:
+    """The splits of records read from data.train_dir (and data.val_dir), tokenised by `tokenizer` (named `name`),
+    whose files an export copies from `cache_dir`."""
+    train = splits["data.train_dir"]
+    return DataSplits(
+        train,
+        splits.get("data.val_dir"),
+        None,
+        train.padding(),
+        tokenizer.vocab_size,
+        name,
+        shuffled=False,
+        notes=notes,
+        tokenizer_files=tokenizer.export_files(cache_dir / "tokenizers"),
+        tokenizer_fingerprint=tokenizer.fingerprint,
+        **extra,
+    )

@@ -18,7 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from nxd_ckpt import CheckpointError
 from nxd_data import PretrainingSampler
 from nxd_models import IGNORE_INDEX, peak_memory, routing_metrics, take_routing_totals
 from nxd_parallel import clip_gradients, global_norm, modules_of
@@ -29,7 +28,7 @@ from nxd_train.cluster import peers
 from nxd_train.cluster.interrupts import StopRequests, TrainingInterrupted, requeue
 from nxd_train.logging.log_dir import COMPLETIONS_FILE
 from nxd_train.run.plan import EarlyStopping, RunPlan, batch_limit
-from nxd_train.run.rollouts import ROLLOUT_PREFIXES
+from nxd_train.run.rollout_metrics import ROLLOUT_PREFIXES
 from nxd_train.run.setup import setup
 from nxd_train.run.state import Batch, Run
 from nxd_train.run.statistics import PREFIXES as STATISTICS
@@ -72,11 +71,11 @@ def _train(run: Run) -> Path:
             "checkpoint is never unpickled"
         )
     if run.rollouts is not None:  # the rollouts a resumed run had drawn (its next completions' seeds)
-        if run.start_step % run.repeats:
-            raise CheckpointError(
-                f"the checkpoint of step {run.start_step} was saved inside a rollout batch's "
-                f"model_alignment_strategy.grpo.num_iterations ({run.repeats}) updates, whose rollouts it does not "
-                "hold; expected a checkpoint at a multiple of num_iterations"
+        if run.start_step % run.repeats:  # its data position is after that rollout's prompts
+            run.monitor.info(
+                f"resumed at step {run.start_step}, inside a rollout batch's model_alignment_strategy.grpo."
+                f"num_iterations ({run.repeats}) updates, which the checkpoint does not hold: the run goes on with "
+                "a new rollout of the next prompts (it trains that many updates fewer on the last one)"
             )
         extra = None if run.saved_rng is None else saved_extra(run.saved_rng)
         run.rollouts.resume(None if extra is None else extra.get("rollouts"), run.drawn(run.start_step))
@@ -380,7 +379,7 @@ def log_values(run: Run, values: dict[str, float], epoch: int, done: int, step_t
         **{name: values[name] for name in run.plan.objective.metric_names if name in values},  # report may drop helpers
         "lr": values["lr"],
         "epoch": epoch,
-        "consumed_samples": done * gbs,
+        "consumed_samples": run.drawn(done) * gbs,
     }
     if logging.gradient_norm:
         shown["grad_norm"] = values["grad_norm"]

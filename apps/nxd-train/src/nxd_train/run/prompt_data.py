@@ -9,7 +9,7 @@ from nxd_config.schema.alignment import GRPOConfig
 from nxd_config.schema.data import DataConfig
 from nxd_data import prompt_dataset
 
-from nxd_train.run.data_splits import DataSplits
+from nxd_train.run.data_splits import DataSplits, record_splits
 from nxd_train.run.tokenizers import configured_tokenizer
 
 
@@ -34,23 +34,17 @@ def prompt_splits(
         )
         if location is not None
     }
-    train = splits["data.train_dir"]
     notes = tuple(
         f"{key}: {len(dataset):,} prompts (longest {max(dataset.lengths())} tokens), {grpo.num_generations} "
         f"completions of up to {grpo.max_new_tokens} token{'s' if grpo.max_new_tokens != 1 else ''} each a step"
         for key, dataset in splits.items()
     )
-    return DataSplits(
-        train,
-        splits.get("data.val_dir"),
-        None,
-        train.padding(),
-        tokenizer.vocab_size,
+    return record_splits(
+        splits,
+        tokenizer,
         data.tokenizer.type,
-        shuffled=False,
-        notes=notes,
-        tokenizer_files=tokenizer.export_files(cache_dir / "tokenizers"),
-        tokenizer_fingerprint=tokenizer.fingerprint,
+        cache_dir,
+        notes,
         rows_per_sample=grpo.num_generations,
         text_tokenizer=tokenizer,
     )

@@ -57,6 +57,7 @@ def reward_model_source(location: str, key: str, tokenizer_fingerprint: str | No
                 f"{key}: {checkpoint} was trained with another tokenizer than the policy's ({_why()})"
             )
         return RewardModelSource(str(checkpoint), True, trust)
+    _check_classifier(location, key, trust)
     try:
         tokenizer = load_tokenizer(TokenizerSource(location, trust_remote_code=trust), key)
     except DataError as error:
@@ -64,6 +65,26 @@ def reward_model_source(location: str, key: str, tokenizer_fingerprint: str | No
     if tokenizer_fingerprint is not None and tokenizer.fingerprint != tokenizer_fingerprint:
         raise RewardModelError(f"{key}: {location}'s tokenizer is not the policy's ({_why()})")
     return RewardModelSource(location, False, trust)
+
+
+def _check_classifier(location: str, key: str, trust: bool) -> None:
+    """A RewardModelError naming `key` unless `location`'s config.json describes a sequence classifier with one
+    label (transformers' AutoConfig reads it: a folder, or a hub id)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(location, trust_remote_code=trust)
+    except (OSError, ValueError) as error:
+        raise RewardModelError(
+            f"{key}: {location}: expected a Hugging Face sequence classifier's folder or hub id, or an nxd reward "
+            f"model run; found none readable ({str(error).splitlines()[0]})"
+        ) from None
+    architectures = getattr(config, "architectures", None) or []
+    if not any(name.endswith("ForSequenceClassification") for name in architectures) or config.num_labels != 1:
+        raise RewardModelError(
+            f"{key}: {location}: expected a *ForSequenceClassification with one label (a score head), found "
+            f"{', '.join(architectures) or 'no architecture'} with {config.num_labels} labels"
+        )
 
 
 def _why() -> str:

@@ -4,11 +4,13 @@ On every data-parallel rank, for its own prompts: `num_generations` completions 
 is sharded (ranks that gather weights in each forward run their forwards in lockstep). Each completion draws from
 a stream of its own, seeded by the run's seed, the rollout's number and the prompt's index and place in its group:
 whatever the layout, and after a resume, a prompt gets the same completions from the same weights. They are
-scored by the rewards, turned into advantages (group by group; the "batch" scale and the running baseline see
-every rank's rewards), and laid out as rows of prompt + completion whose labels are the completion's tokens (and
-its end-of-document token when it ended). With num_iterations > 1 the rows also carry the log-probs they were
-sampled with, and a rollout batch serves that many steps; with beta > 0 they carry the reference's. What a step
-sampled is summed up in `metrics` (TRL's names) and a few completions are kept for completions.jsonl.
+scored by the rewards, turned into advantages (group by group; the "batch" scale sees every rank's rewards, the
+running baseline is each rank's own, as GPT-NeoX's data server keeps it), and laid out as rows of prompt +
+completion whose labels are the completion's tokens (and its end-of-document token when it ended). With
+num_iterations > 1 the rows also carry the log-probs they were sampled with, and a rollout batch serves that many
+steps; with beta > 0 they carry the reference's. What a step sampled is summed up in `metrics` (TRL's names) and a
+few completions are kept for completions.jsonl. Evaluation rollouts draw from streams of their own and change no
+training state.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 from nxd_align import ADVANTAGE_KEY, IGNORE_INDEX, OLD_KEY, REFERENCE_TOKENS_KEY, Advantages, weighted_rewards
+from nxd_align.advantages import nan_std
 from nxd_align.rewards import Reward, RewardError, checked
 from nxd_config.schema.alignment import GRPOConfig
 from nxd_data import PROMPT_INDEX, Prompt, PromptDataset, TextTokenizer
@@ -35,6 +38,7 @@ from nxd_parallel import modules_of
 from nxd_train.run.checkpointing import Resume
 from nxd_train.run.reference import frozen_reference, reference_mode
 from nxd_train.run.reward_models import RewardModel, RewardModelSource, scored_by
+from nxd_train.run.rollout_metrics import rollout_metrics
 from nxd_train.run.state import Batch, Run
 
 REFILL_ROUNDS = 8
@@ -56,6 +60,8 @@ class Sampled:
     per_function: torch.Tensor
     kept: torch.Tensor
     """Rows whose group is trained on (a group a reward could not score is dropped with on_reward_error: skip)."""
+    entropies: list[list[float]]
+    """Each row's sampled tokens' entropies."""
 
 
 class Rollouts:
@@ -86,7 +92,12 @@ class Rollouts:
         self.sampling = Sampling(grpo.temperature, grpo.top_k, grpo.top_p if grpo.top_p < 1 else 0.0)  # 0: no nucleus
         self.seed = run.plan.launch.seed if grpo.seed is None else grpo.seed
         self.draws = 0
-        """Rollouts sampled so far (training and evaluation): part of each completion's seed."""
+        """Training rollouts sampled so far: part of each completion's seed."""
+        self.evaluations = 0
+        """Evaluation rollouts so far (their seeds are apart from training's, and they change no training state)."""
+        self.tag = ""
+        """The rollout in progress, in the seeds: its training number, or eval/ and its evaluation number."""
+        self.sampling_seconds = 0.0
         self.advantages = Advantages(grpo.num_generations, grpo.baseline, grpo.scale_rewards)
         self.reference = frozen_reference(run, initial) if grpo.beta else None
         for model in (run.model, *(() if self.reference is None else (self.reference[0],))):
@@ -95,18 +106,12 @@ class Rollouts:
         self.samples: list[dict[str, Any]] = []
         self.skipped_groups = 0
         self.refilled_groups = 0
-        self.uses = 0
-        """Steps the current rollout batch has served (num_iterations)."""
 
     def __call__(self, batches: list[Batch]) -> None:
-        if not torch.is_grad_enabled():  # evaluation: fresh completions of the validation prompts
-            self._roll_out(batches, self.run.validation_data)
-            return
-        if PROMPT_INDEX not in batches[0]:  # the same rollout batch again (num_iterations)
-            self.uses += 1
-            return
-        self._roll_out(batches, self.run.train_data)
-        self.uses = 1
+        if not torch.is_grad_enabled():  # evaluation (no gradients): fresh completions of the validation prompts
+            self._roll_out(batches, self.run.validation_data, training=False)
+        elif PROMPT_INDEX in batches[0]:  # else the same rollout batch again (num_iterations)
+            self._roll_out(batches, self.run.train_data, training=True)
 
     def write_samples(self, path: Path, step: int) -> None:
         """The step's kept completions with their rewards, one JSON line each, appended to `path`."""
@@ -137,18 +142,24 @@ class Rollouts:
         self.skipped_groups = int(state.get("skipped_groups", 0))
         self.refilled_groups = int(state.get("refilled_groups", 0))
 
-    def _roll_out(self, batches: list[Batch], dataset: PromptDataset) -> None:
-        started = time.perf_counter()
+    def _roll_out(self, batches: list[Batch], dataset: PromptDataset, *, training: bool) -> None:
+        """The micro-batches' prompts sampled, scored and laid out in place; an evaluation's rollout keeps its own
+        baseline and leaves the training metrics, samples and counters as they were."""
+        started, self.sampling_seconds = time.perf_counter(), 0.0
         indices = [index for batch in batches for index in batch[PROMPT_INDEX].tolist()]
         rows = [dataset.prompts[index] if index >= 0 else None for index in indices for _ in range(self.group)]
-        self.draws += 1
+        if training:
+            self.draws += 1
+        else:
+            self.evaluations += 1
+        self.tag = str(self.draws) if training else f"eval/{self.evaluations}"
         streams = [self._stream(index, place) for index in indices for place in range(self.group)]
         completions, entropies = self._sample(rows, streams)
-        generated = time.perf_counter() - started
-        sampled = self._score(rows, completions)
-        if self.grpo.dynamic_sampling:
-            entropies += self._refill(sampled, dataset)
-        advantages = self.advantages(sampled.rewards, self._batch_std) * sampled.kept
+        sampled = self._score(rows, completions, entropies, training=training)
+        if self.grpo.dynamic_sampling and training:
+            self._refill(sampled, dataset)
+        rule = self.advantages if training else Advantages(self.group, self.grpo.baseline, self.grpo.scale_rewards)
+        advantages = rule(sampled.rewards, self._batch_std) * sampled.kept
         laid_out = self._lay_out(sampled, advantages)
         start = 0
         for batch in batches:
@@ -161,46 +172,48 @@ class Rollouts:
         if self.reference is not None:
             model, executor, lora = self.reference
             self._attach_log_probs(batches, REFERENCE_TOKENS_KEY, model, executor, lora=lora)
-        self._summarise(sampled, advantages, entropies, generated, time.perf_counter() - started)
+        if training:
+            self._summarise(sampled, advantages, self.sampling_seconds, time.perf_counter() - started)
 
-    def _refill(self, sampled: Sampled, dataset: PromptDataset) -> list[float]:
+    def _refill(self, sampled: Sampled, dataset: PromptDataset) -> None:
         """DAPO's dynamic sampling: each group whose rewards are all equal (nothing to learn from) is replaced by the
-        group of another prompt (drawn from a stream seeded like the completions') whose rewards differ, in at most
-        REFILL_ROUNDS rounds; a group still flat then stays (its advantages are 0). Every data-parallel rank runs as
-        many rounds (generation runs in lockstep). Returns the entropies of what was sampled."""
-        entropies: list[float] = []
+        group of another prompt whose rewards differ, in at most REFILL_ROUNDS rounds; a group still flat then stays
+        (its advantages are 0). Each data-parallel rank draws its own replacement prompts (so which ones depends on
+        the layout), and every rank runs as many rounds (generation runs in lockstep)."""
+        rank = self.run.mesh.data_parallel_rank
         for attempt in range(REFILL_ROUNDS):
-            flat = [start for start in range(0, len(sampled.prompts), self.group) if self._flat(sampled, start)]
+            flat = [start for start in range(0, len(sampled.prompts), self.group) if self._spread(sampled, start) == 0]
             if not self._anywhere(len(flat)):
                 break
-            picker = torch.Generator().manual_seed(self._seed(f"refill/{attempt}"))
+            picker = torch.Generator().manual_seed(self._seed(f"refill/{attempt}/rank{rank}"))
             fresh = torch.randint(len(dataset), (len(flat),), generator=picker).tolist()
             rows = [dataset.prompts[index] for index in fresh for _ in range(self.group)]
             streams = [
-                self._stream(f"refill{attempt}:{index}", place) for index in fresh for place in range(self.group)
+                self._stream(f"refill{attempt}/rank{rank}:{index}", place)
+                for index in fresh
+                for place in range(self.group)
             ]
-            completions, more = self._sample(rows or [None], streams or [self._stream("idle", 0)])
-            entropies += more
+            completions, entropies = self._sample(rows or [None], streams or [self._stream("idle", 0)])
             if not rows:
                 continue
-            candidates = self._score(rows, completions)
+            candidates = self._score(rows, completions, entropies, training=True)
             for number, start in enumerate(flat):
                 offset = number * self.group
-                if self._flat(candidates, offset):
+                if not self._spread(candidates, offset):  # unscored, dropped or flat again: not taken
                     continue
                 span, taken = slice(start, start + self.group), slice(offset, offset + self.group)
-                for name in ("prompts", "completions", "rewards", "per_function", "kept"):
+                for name in ("prompts", "completions", "rewards", "per_function", "kept", "entropies"):
                     getattr(sampled, name)[span] = getattr(candidates, name)[taken]
                 self.refilled_groups += 1
-        return entropies
 
-    def _flat(self, sampled: Sampled, start: int) -> bool:
-        """Whether the trained group at `start` has rewards all equal (a padding sample's group is not trained)."""
+    def _spread(self, sampled: Sampled, start: int) -> float | None:
+        """How far apart the rewards of the group at `start` are; None for a group not trained on (a padding
+        sample's, one dropped by on_reward_error: skip, or one no reward scored)."""
         rewards = sampled.rewards[start : start + self.group]
         if sampled.prompts[start] is None or not sampled.kept[start] or rewards.isnan().all():
-            return False
+            return None
         present = rewards[~rewards.isnan()]
-        return bool((present.max() - present.min()).abs() < 1e-9)
+        return 0.0 if (present.max() - present.min()).abs() < 1e-9 else float(present.max() - present.min())
 
     def _anywhere(self, count: int) -> bool:
         """Whether any data-parallel rank has `count` > 0 (each asks with its own)."""
@@ -215,13 +228,15 @@ class Rollouts:
 
     def _seed(self, name: str) -> int:
         """A seed for `name` in this rollout, from the run's seed and the rollout's number."""
-        key = f"{self.seed}/{self.draws}/{name}".encode()
+        key = f"{self.seed}/{self.tag}/{name}".encode()
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
 
     def _sample(
         self, rows: list[Prompt | None], streams: list[torch.Generator]
-    ) -> tuple[list[Completion], list[float]]:
-        """Every row's completion, the model in eval mode without gradients (dropout off, as TRL samples)."""
+    ) -> tuple[list[Completion], list[list[float]]]:
+        """Every row's completion and its tokens' entropies, the model in eval mode without gradients (dropout off,
+        as TRL samples); the time it took adds to `sampling_seconds`."""
+        started = time.perf_counter()
         run, tokenizer, stops = self.run, self.tokenizer, self.grpo.stop
         prompts = [row.tokens if row is not None else [tokenizer.eod_id] for row in rows]
 
@@ -238,7 +253,7 @@ class Rollouts:
                 torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
                 return bool(flag.item())
 
-        entropies: list[float] = []
+        entropies: list[list[float]] = []
         model = run.model
         with reference_mode(model, lora=False), run.executor.autocast():
             completions = generate(
@@ -256,10 +271,15 @@ class Rollouts:
                 entropies=entropies,
                 lockstep=lockstep,
             )
+        self.sampling_seconds += time.perf_counter() - started
         return completions, entropies
 
-    def _score(self, rows: list[Prompt | None], completions: list[Completion]) -> Sampled:
-        """Each reward's scores of the real rows (NaN on padding rows), their weighted sum, and which groups stay."""
+    def _score(
+        self, rows: list[Prompt | None], completions: list[Completion], entropies: list[list[float]], *, training: bool
+    ) -> Sampled:
+        """Each reward's scores of the real rows (NaN on padding rows), their weighted sum, and which groups stay.
+        A reward that fails stops the run naming the first record of the first group it fails on, or (skip) drops
+        the groups it fails on (counted when `training`)."""
         count, functions = len(rows), len(self.rewards)
         per_function = torch.full((count, functions), math.nan, dtype=torch.float64)
         kept = torch.tensor([row is not None for row in rows], dtype=torch.float64)
@@ -269,11 +289,13 @@ class Rollouts:
                 scores = self._call(reward, [rows[i] for i in real], [completions[i] for i in real])
                 per_function[real, column] = torch.tensor(scores, dtype=torch.float64)
             except RewardError as error:
+                failures = self._score_by_group(reward, column, rows, completions, per_function, kept)
                 if self.grpo.on_reward_error == "stop":
-                    raise RolloutError(str(error)) from None
-                self._score_by_group(reward, column, rows, completions, per_function, kept)
+                    raise RolloutError(str(failures[0] if failures else error)) from None
+                if training:
+                    self.skipped_groups += len(failures)
         weights = [reward.weight for reward in self.rewards]
-        return Sampled(rows, completions, weighted_rewards(per_function, weights), per_function, kept)
+        return Sampled(rows, completions, weighted_rewards(per_function, weights), per_function, kept, entropies)
 
     def _score_by_group(
         self,
@@ -283,8 +305,9 @@ class Rollouts:
         completions: list[Completion],
         per_function: torch.Tensor,
         kept: torch.Tensor,
-    ) -> None:
-        """on_reward_error: skip: the reward again, group by group; a group it fails on is dropped and counted."""
+    ) -> list[RewardError]:
+        """The reward again, group by group: a group it fails on is dropped (`kept` 0); the failures, in order."""
+        failures = []
         for start in range(0, len(rows), self.group):
             group = range(start, start + self.group)
             if rows[start] is None or not kept[start]:
@@ -292,9 +315,10 @@ class Rollouts:
             try:
                 scores = self._call(reward, [rows[i] for i in group], [completions[i] for i in group])
                 per_function[start : start + self.group, column] = torch.tensor(scores, dtype=torch.float64)
-            except RewardError:
+            except RewardError as error:
                 kept[start : start + self.group] = 0.0
-                self.skipped_groups += 1
+                failures.append(error)
+        return failures
 
     def _call(self, reward: Reward, rows: list[Prompt], completions: list[Completion]) -> list[float]:
         """`reward` over these rows, as TRL calls a reward function (module docstring of nxd_align.rewards)."""
@@ -374,26 +398,27 @@ class Rollouts:
         with reference_mode(model, lora):
             executor.run(batches, capture, training=False)
 
-    def _summarise(
-        self, sampled: Sampled, advantages: torch.Tensor, entropies: list[float], generated: float, took: float
-    ) -> None:
+    def _summarise(self, sampled: Sampled, advantages: torch.Tensor, generated: float, took: float) -> None:
         """The step's rollout metrics over every data-parallel rank (TRL's names), and a few samples kept."""
         run = self.run
         real = torch.tensor([p is not None for p in sampled.prompts])
+        entropies = [
+            value for prompt, row in zip(sampled.prompts, sampled.entropies, strict=True) if prompt for value in row
+        ]
         lengths = torch.tensor([float(len(c.tokens) + c.finished) for c in sampled.completions])[real]
         truncated = torch.tensor([float(not c.finished and not c.stopped) for c in sampled.completions])[real]
         rewards = sampled.rewards[real]
         groups = rewards.view(-1, self.group) if len(rewards) else rewards.view(0, self.group)
-        group_std = groups.nan_to_num(0.0).std(dim=1, unbiased=True) if self.group > 1 else torch.zeros(len(groups))
         sums = {
             "completions": float(len(lengths)),
+            "scored": float((~rewards.isnan()).sum()),
             "groups": float(len(groups)),
             "reward": float(rewards.nansum()),
             "reward_squares": float(rewards.nan_to_num(0.0).square().sum()),
             "advantage_squares": float(advantages[real].double().square().sum()),
             "length": float(lengths.sum()),
             "truncated": float(truncated.sum()),
-            "zero_std": float((group_std.abs() < 1e-6).sum()),
+            "zero_std": float((nan_std(groups, dim=1).nan_to_num(0.0) < 1e-6).sum()),
             "entropy": float(sum(entropies)),
             "entropy_tokens": float(len(entropies)),
             "generation_seconds": generated,
@@ -415,7 +440,7 @@ class Rollouts:
         if run.token_mesh is not None:
             torch.distributed.all_reduce(extremes, op=torch.distributed.ReduceOp.MIN, group=run.token_mesh.get_group())
         total = dict(zip(names, totals.tolist(), strict=True))
-        self.metrics = _metrics(total, extremes.tolist(), self.rewards, run.dims.dp)
+        self.metrics = rollout_metrics(total, extremes.tolist(), self.rewards, run.dims.dp)
         self.samples = [
             {
                 "prompt": prompt.text,
@@ -427,46 +452,3 @@ class Rollouts:
             )
             if prompt is not None
         ][: self.grpo.log_completions]
-
-
-def _mean_std(total: float, squares: float, count: float) -> tuple[float, float]:
-    if count < 1:
-        return math.nan, math.nan
-    mean = total / count
-    return mean, math.sqrt(max(squares - total * mean, 0.0) / (count - 1)) if count > 1 else 0.0
-
-
-def _metrics(total: dict[str, float], extremes: list[float], rewards: Sequence[Reward], dp: int) -> dict[str, float]:
-    """The logged rollout values from the sums over the data-parallel ranks."""
-    share = total
-    completions = share["completions"]
-    reward, reward_std = _mean_std(share["reward"], share["reward_squares"], completions)
-    values = {
-        "reward": reward,
-        "reward_std": reward_std,
-        "advantages/std": math.sqrt(share["advantage_squares"] / completions) if completions else math.nan,
-        "frac_reward_zero_std": share["zero_std"] / share["groups"] if share["groups"] else math.nan,
-        "completions/mean_length": share["length"] / completions if completions else math.nan,
-        "completions/min_length": extremes[0],
-        "completions/max_length": -extremes[1],
-        "completions/clipped_ratio": share["truncated"] / completions if completions else math.nan,
-        "entropy": share["entropy"] / share["entropy_tokens"] if share["entropy_tokens"] else math.nan,
-        "rollouts/tokens_per_s": share["length"] / (share["generation_seconds"] / dp)
-        if share["generation_seconds"]
-        else math.nan,
-        "rollouts/generation_seconds": share["generation_seconds"] / dp,
-        "rollouts/seconds": share["step_rollout_seconds"] / dp,
-        "rollouts/skipped_groups": share["skipped_groups"],
-        "rollouts/refilled_groups": share["refilled_groups"],
-    }
-    for reward_spec in rewards:
-        name = reward_spec.name
-        mean, std = _mean_std(
-            share[f"rewards/{name}/sum"], share[f"rewards/{name}/squares"], share[f"rewards/{name}/count"]
-        )
-        values[f"rewards/{name}/mean"], values[f"rewards/{name}/std"] = mean, std
-    return values
-
-
-ROLLOUT_PREFIXES = ("reward", "advantages/", "frac_reward_zero_std", "completions/", "entropy", "rollouts/")
-"""What the rollout metrics are logged as (TRL's names where TRL has one)."""

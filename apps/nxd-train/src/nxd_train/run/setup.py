@@ -92,7 +92,8 @@ def setup(plan: RunPlan) -> Run:
             reshuffle_each_epoch=b.reshuffle_each_epoch,
             lengths=plan.data.train.row_lengths.tobytes() if b.group_by_length else None,  # fine-tuning records
         )
-        steps = plan.cadence.total_steps(sampler.steps_per_epoch)
+        repeats = 1 if plan.online is None else plan.online.grpo.num_iterations  # steps each global batch serves
+        steps = plan.cadence.total_steps(sampler.steps_per_epoch * repeats)
         continues_here = resume is not None and not resume.weights_only and plan.log_dir is not None
         monitor = Monitor(  # a continued run keeps the rows its checkpoint covers
             log_dir,
@@ -244,7 +245,7 @@ def _announce(run: Run, resume: Resume | None, host_memory: str | None) -> None:
         f"nxd-train: {plan.logging.name}: {plan.family.parameter_count():,} parameters, {fabric.world_size} "
         f"process(es) ({layout}), {plan.objective.name}, global batch {b.global_batch_size} "
         f"({run.sampler.accumulation} x {b.micro_batch_size} per rank), {run.steps} steps of "
-        f"{run.sampler.steps_per_epoch} per epoch, {plan.data.tokenizer}; logs in {run.log_dir}"
+        f"{run.steps_per_epoch} per epoch, {plan.data.tokenizer}; logs in {run.log_dir}"
     )
     for line in (*plan.data.notes, *([host_memory] if host_memory else [])):
         monitor.info(line)

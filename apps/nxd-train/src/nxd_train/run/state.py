@@ -130,7 +130,8 @@ class Run:
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.sampler.steps_per_epoch
+        """Optimizer steps a pass over the training data takes (each global batch serves `repeats` of them)."""
+        return self.sampler.steps_per_epoch * self.repeats
 
     def on_device(self, batch: Batch) -> Batch:
         """A micro-batch on the device; with context parallelism, this rank's part of each sequence."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from ..schema import NxdConfig
@@ -152,6 +153,14 @@ def grpo_rewards(c: NxdConfig) -> Iterator[Finding]:
             yield error(
                 f"{path}.pattern", f"expected the regular expression builtin {reward.builtin} matches, found none"
             )
+        elif reward.pattern:
+            try:
+                re.compile(reward.pattern)
+            except re.error as problem:
+                yield error(
+                    f"{path}.pattern",
+                    f"expected a regular expression (Python's re), found {reward.pattern!r}: {problem}",
+                )
 
 
 def grpo_groups_and_lengths(c: NxdConfig) -> Iterator[Finding]:

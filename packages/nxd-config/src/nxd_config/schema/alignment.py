@@ -187,8 +187,9 @@ class RewardConfig(Section):
     function: str | None = key(
         None,
         "A Python function named by import path, module:function (as QEfficient's prompt_func), called with "
-        "prompts=, completions= (texts, or assistant messages for chat prompts), completion_ids= and each of the "
-        "record's other fields as a list; returns one float per completion, or None to leave it unscored.",
+        "prompts=, completions= (texts, or assistant messages for chat prompts), completion_ids=, prompt_ids= and "
+        "each of the record's other fields as a list (so it takes **kwargs for what it does not read); returns one "
+        "float per completion, or None to leave it unscored.",
         by=ALIGN,
     )
     builtin: Literal["exact_match", "regex", "numeric", "format"] | None = key(
@@ -203,7 +204,8 @@ class RewardConfig(Section):
         None,
         "A reward model: the folder of an nxd run trained with reward_model (its newest checkpoint, or a "
         "checkpoint folder), or a Hugging Face *ForSequenceClassification folder or hub id; it scores prompt + "
-        "completion (their token ids, so its tokenizer must be the policy's) at its closing end-of-document token.",
+        "completion + end-of-document (their token ids, so its tokenizer must be the policy's) where transformers' "
+        "own forward reads the score: at the last token that is not the model's pad id.",
         by=ALIGN,
     )
     trust_remote_code: bool = key(False, "Run a Hugging Face reward model's own code (its auto_map).", by=ALIGN)
