@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from lightning_fabric import Fabric
@@ -33,10 +33,22 @@ from nxd_train.run.statistics import StepStatistics
 from nxd_train.run.trainer_outputs import TrainerOutputs
 from nxd_train.run.training_state import TrainingState
 
-if TYPE_CHECKING:
-    from nxd_train.run.rollouts import Rollouts
-
 Batch = dict[str, torch.Tensor]
+
+
+class RolloutPass(Protocol):
+    """What the loop asks of an online-RL run's step pass (run.rollouts.Rollouts)."""
+
+    metrics: dict[str, float]
+    """What the step's rollouts sampled, as logged."""
+
+    def __call__(self, batches: list[Batch]) -> None: ...
+
+    def write_samples(self, path: Path, step: int) -> None: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def resume(self, state: dict[str, Any] | None, drawn: int) -> None: ...
 
 
 def forward_autocast(fabric: Fabric, policy: PrecisionPolicy) -> Callable[[], AbstractContextManager]:
@@ -102,7 +114,7 @@ class Run:
     """Rank 0's hold on `log_dir` (the others hold nothing)."""
     uploads: CheckpointUploader | None = None
     """Rank 0's uploads of complete checkpoints to S3 (exp_manager.s3_checkpoints)."""
-    rollouts: Rollouts | None = None
+    rollouts: RolloutPass | None = None
     """An online-RL run's step pass: what it sampled (metrics, completions) and its sampling stream."""
 
     @property
