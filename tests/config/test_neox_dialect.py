@@ -646,7 +646,7 @@ def test_a_sparsity_config_without_sparse_layers_is_noticed(tmp_path):
             {"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.1}}},
             "optimizer.params.weight_decay: GPT-NeoX takes weight decay from the top-level weight_decay key",
         ),
-        ({"train_impl": "reinforce"}, "model_alignment_strategy.grpo.rewards): expected at least one reward"),
+        ({"train_impl": "reinforce"}, "data.train_dir: expected the GRPO training data"),
         ({"train_impl": "reinforce", "kl_impl": "full"}, "kl_impl: expected abs, mse or kl, found full"),
         ({"train_impl": "kto"}, "train_data_paths: expected the training examples with train_impl kto, found none"),
         (
@@ -1795,6 +1795,7 @@ def test_reinforce_becomes_grpo_with_neox_settings():
             "beta": extra.get("kl_div_beta", 0.1),
             "kl_estimator": estimator,
             "kl_importance_correction": False,
+            "max_new_tokens": 64,  # half of seq_length
         }
         said = " ".join(t.notices)
         assert "dataset_impl: accepted: online reads the samples a generation server sends" in said

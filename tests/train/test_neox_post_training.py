@@ -119,7 +119,7 @@ def test_dpo_with_bf16_gradient_accumulation_trains_as_neoxs_benchmarking_files_
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["train_impl=reinforce"], "model_alignment_strategy.grpo.rewards): expected at least one reward"),
+        (["train_impl=reinforce"], "model_alignment_strategy.grpo.rewards: expected at least one reward"),
         pytest.param(
             ["+precompute_model_name=missing"], "data.pair_documents.train: data prefix ", marks=pytest.mark.slow
         ),
@@ -152,3 +152,33 @@ def test_kto_reward_documents_that_do_not_line_up_are_named(neox_root, tmp_path)
         "data.example_documents.train.rewards: data/kto/llama3_train_messages_reward_document: expected one "
         "reward document per document of data/kto/llama3_train_messages_document (48), found 5"
     ) in result.stderr
+
+
+def test_neox_reinforce_trains_on_two_processes_once_its_translation_names_rewards(neox_root, tmp_path):
+    """post-training/configs/llama3-8b-reinforce.yml (shrunk): nxd samples the completions itself (no data server),
+    its prompts the label documents' unlabelled starts. A NeoX file cannot name rewards (NeoX's server scored the
+    completions), so run as written it is refused by that key; its translation takes them, and trains."""
+    config = str(CONFIGS / "reinforce.yml")
+    refused = run_command(config, "num_gpus=2", cwd=neox_root)
+    assert refused.returncode != 0 and "model_alignment_strategy.grpo.rewards: expected at least one reward" in (
+        refused.stderr
+    )
+    translated = run_command("config", "translate", config, "num_gpus=2", cwd=neox_root)
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    nxd_file = tmp_path / "reinforce.yaml"
+    nxd_file.write_text(translated.stdout)
+    save = neox_root / "checkpoints" / "reinforce" / "llama3" / "llama3-8b-instruct"
+    shutil.rmtree(save, ignore_errors=True)
+    result = run_command(
+        str(nxd_file),
+        "+model_alignment_strategy.grpo.rewards=[{builtin: regex, pattern: '[a-z]', name: words}]",
+        "+model_alignment_strategy.grpo.num_generations=4",
+        "model_alignment_strategy.grpo.max_new_tokens=16",  # half of seq_length, 64, leaves too little for the chats
+        cwd=neox_root,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    rows = [row for row in read_metrics(save) if "loss" in row]
+    assert len(rows) == 3 and all(math.isfinite(row["loss"]) and 0 <= row["rewards/words/mean"] <= 1 for row in rows)
+    assert all("kl" in row for row in rows)  # kl_div_beta 0.1 against the loaded weights (kl_impl abs)
+    assert "initial weights from" in result.stdout + result.stderr

@@ -16,7 +16,15 @@ from .kto import kto_dataset
 from .megatron import MegatronDataBuilder
 from .preference import collate_packed_pairs, collate_pairs, preference_dataset
 from .preprocess import preprocess_jsonl
-from .prompts import PROMPT_INDEX, Prompt, PromptDataset, collate_prompts, prompt_dataset
+from .prompts import (
+    PROMPT_INDEX,
+    PROMPT_SPLIT,
+    Prompt,
+    PromptDataset,
+    collate_prompts,
+    document_prompts,
+    prompt_dataset,
+)
 from .sampler import PADDING, PretrainingSampler, WithPadding
 from .samples import SampleFormat, collate
 from .sft import sft_dataset
@@ -27,6 +35,7 @@ __version__ = _distribution_version("nxd-data")  # one source: the pyproject's v
 __all__ = [
     "PADDING",
     "PROMPT_INDEX",
+    "PROMPT_SPLIT",
     "DataError",
     "DocumentFiles",
     "ExampleDocuments",
@@ -50,6 +59,7 @@ __all__ = [
     "collate_packed_pairs",
     "collate_pairs",
     "collate_prompts",
+    "document_prompts",
     "formatted_splits",
     "hf_pretraining_dataset",
     "kto_dataset",

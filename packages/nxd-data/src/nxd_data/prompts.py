@@ -1,8 +1,11 @@
 """Prompt data of online RL (GRPO): records of a prompt and whatever else the rewards read (an answer ...).
 
 Records come from jsonl (plain, .gz, .zst) or Hugging Face data. The prompt field holds a string (tokens: BOS +
-its text) or a list of messages, rendered with the tokenizer's chat template and its generation prompt. A sample
-is one prompt, by its index: the run samples its completions and reads the record back for the rewards.
+its text) or a list of messages, rendered with the tokenizer's chat template and its generation prompt. Or they are
+pre-tokenised documents with their label documents (GPT-NeoX's post-training data): a document's tokens before its
+first labelled one are the prompt, its labelled tokens (less the end-of-document token) the record's `answer`. A
+sample is one prompt, by its index and its split's number: the run samples its completions and reads the record
+back for the rewards.
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ from torch.utils.data import Dataset
 
 from .chat import ChatRenderer, message_problem
 from .errors import DataError
+from .indexed import IndexedDataset
+from .samples import IGNORE_INDEX
 from .sft import read_records
 from .tokenizer import TextTokenizer
 
 PROMPT_INDEX = "prompt_index"
 """A prompt sample's key: its index in the dataset (-1 for the padding that fills a short batch)."""
+PROMPT_SPLIT = "prompt_split"
+"""A prompt sample's key: its split's number (SPLITS), so that a step pass finds its record."""
+SPLITS = ("train", "validation", "test")
 
 
 @dataclass(frozen=True)
@@ -35,18 +43,18 @@ class Prompt:
 
 
 class PromptDataset(Dataset):
-    def __init__(self, prompts: list[Prompt]):
-        self.prompts = prompts
+    def __init__(self, prompts: list[Prompt], split: str = "train"):
+        self.prompts, self.split = prompts, split
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {PROMPT_INDEX: torch.tensor(index)}
+        return {PROMPT_INDEX: torch.tensor(index), PROMPT_SPLIT: torch.tensor(SPLITS.index(self.split))}
 
     def padding(self) -> dict[str, torch.Tensor]:
         """The sample that fills a short batch: no prompt, no completions trained on."""
-        return {PROMPT_INDEX: torch.tensor(-1)}
+        return {PROMPT_INDEX: torch.tensor(-1), PROMPT_SPLIT: torch.tensor(SPLITS.index(self.split))}
 
     def lengths(self) -> list[int]:
         return [len(prompt.tokens) for prompt in self.prompts]
@@ -92,7 +100,47 @@ def prompt_dataset(
         prompts.append(Prompt(tokens, text, record, place))
     if not prompts:
         raise DataError(f"{where}: holds no records")
-    return PromptDataset(prompts)
+    return PromptDataset(prompts, split)
+
+
+def document_prompts(
+    documents: str,
+    labels: str,
+    where: str,
+    split: str,
+    tokenizer: TextTokenizer,
+    *,
+    room: int,
+    limit: int | None = None,
+) -> PromptDataset:
+    """The prompts of pre-tokenised `documents` and their `labels` documents (module docstring), each within `room`
+    tokens; a DataError names the file and the document."""
+    texts, marks = IndexedDataset(documents), IndexedDataset(labels)
+    if len(texts) != len(marks):
+        raise DataError(
+            f"{where}: {labels} holds {len(marks):,} label documents; expected one for each of the {len(texts):,} "
+            f"documents of {documents}"
+        )
+    prompts = []
+    for index in range(len(texts) if limit is None else min(limit, len(texts))):
+        tokens, label = texts[index].tolist(), marks[index].tolist()
+        place = f"{documents} document {index}"
+        first = next((position for position, value in enumerate(label) if value != IGNORE_INDEX), None)
+        if len(label) != len(tokens) or not first:
+            found = "no prompt before them" if first == 0 else "none" if first is None else f"{len(label)} labels"
+            expected = f"a prompt, then labelled answer tokens ({len(tokens)} labels)"
+            raise DataError(f"{where}: {place}: expected {expected}, found {found}")
+        answer = [t for t, mark in zip(tokens, label, strict=True) if mark != IGNORE_INDEX and t != tokenizer.eod_id]
+        prompt = tokens[:first]
+        if len(prompt) > room:
+            raise DataError(
+                f"{where}: {place}: the prompt is {len(prompt)} tokens; expected at most {room} (the sequence length "
+                "less max_new_tokens), found longer"
+            )
+        prompts.append(Prompt(prompt, tokenizer.decode(prompt), {"answer": tokenizer.decode(answer)}, place))
+    if not prompts:
+        raise DataError(f"{where}: {documents} holds no documents")
+    return PromptDataset(prompts, split)
 
 
 def _prompt_of(record: Any, place: str, where: str, field: str) -> str | list[dict[str, Any]]:
@@ -116,4 +164,4 @@ def _prompt_of(record: Any, place: str, where: str, field: str) -> str | list[di
 
 
 def collate_prompts(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {PROMPT_INDEX: torch.stack([sample[PROMPT_INDEX] for sample in samples])}
+    return {key: torch.stack([sample[key] for sample in samples]) for key in (PROMPT_INDEX, PROMPT_SPLIT)}

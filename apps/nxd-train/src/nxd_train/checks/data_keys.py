@@ -29,10 +29,11 @@ def data_left_out(data: DataConfig, fine_tuning: bool = False) -> list[str]:
     ]
 
 
-def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False) -> list[str]:
-    """One message per data key whose value nxd cannot act on (never a silent no-op)."""
+def unavailable_data_keys(data: DataConfig, fine_tuning: bool = False, documents: bool = False) -> list[str]:
+    """One message per data key whose value nxd cannot act on (never a silent no-op); `documents`: a fine-tuning run
+    that reads pre-tokenised documents with their label documents (online RL's prompts) rather than records."""
     messages = []
-    if fine_tuning:
+    if fine_tuning and not documents:
         messages += [
             f"data.{name}: applies to pretraining data (Megatron indexed datasets); fine-tuning reads "
             f"data.train_dir; expected it unset, found {getattr(data, name)!r}"

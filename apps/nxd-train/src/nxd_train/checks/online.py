@@ -29,6 +29,11 @@ def online_plan(
     if grpo is None:
         return None, []
     problems, rewards, models = [], [], {}
+    if not grpo.rewards:  # a GPT-NeoX file names none (its data server scored the completions)
+        problems.append(
+            f"{GRPO}.rewards: expected at least one reward (a function, builtin or model), found none; a GPT-NeoX "
+            "file cannot name them: translate it (nxd-train config translate) and add them"
+        )
     for index, spec in enumerate(grpo.rewards):
         key = f"{GRPO}.rewards[{index}]"
         try:

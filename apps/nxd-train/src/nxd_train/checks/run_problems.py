@@ -35,7 +35,9 @@ def not_in_this_release(cfg: NxdConfig) -> list[str]:
                 "model_alignment_strategy.peft: save_lora_base and merge_lora both write the base weights "
                 "of a checkpoint; expected at most one of them True"
             )
-    return found + compile_problems(cfg) + unavailable_data_keys(cfg.data, fine_tuning=training_method(cfg) is not None)
+    method = training_method(cfg)
+    documents = method == "grpo" and cfg.data.train_dir is None and bool(cfg.data.label_prefixes)  # prompt documents
+    return found + compile_problems(cfg) + unavailable_data_keys(cfg.data, method is not None, documents)
 
 
 def compile_problems(cfg: NxdConfig) -> list[str]:

@@ -272,7 +272,15 @@ def _sft_splits(
                 limit=data.dev_choose_samples,
             )
     notes = tuple(dataset.summary(key) for key, dataset in splits.items())
-    return record_splits(splits, tokenizer, data.tokenizer.type, cache_dir, notes, padded_rows=not packing)
+    return record_splits(
+        splits["data.train_dir"],
+        splits.get("data.val_dir"),
+        tokenizer,
+        data.tokenizer.type,
+        cache_dir,
+        notes,
+        padded_rows=not packing,
+    )
 
 
 def _preference_splits(

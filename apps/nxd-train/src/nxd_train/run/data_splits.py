@@ -68,20 +68,21 @@ class DataSplits:
 
 
 def record_splits(
-    splits: dict[str, Dataset],
+    train: Dataset,
+    validation: Dataset | None,
     tokenizer: TextTokenizer,
     name: str,
     cache_dir: Path,
     notes: tuple[str, ...],
+    test: Dataset | None = None,
     **extra: Any,
 ) -> DataSplits:
-    """The splits of records read from data.train_dir (and data.val_dir), tokenised by `tokenizer` (named `name`),
-    whose files an export copies from `cache_dir`."""
-    train = splits["data.train_dir"]
+    """The splits of records (or documents) a tokenizer read, `tokenizer` (named `name`), whose files an export
+    copies from `cache_dir`."""
     return DataSplits(
         train,
-        splits.get("data.val_dir"),
-        None,
+        validation,
+        test,
         train.padding(),
         tokenizer.vocab_size,
         name,

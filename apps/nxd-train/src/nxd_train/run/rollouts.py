@@ -29,7 +29,8 @@ from nxd_align import ADVANTAGE_KEY, IGNORE_INDEX, OLD_KEY, REFERENCE_TOKENS_KEY
 from nxd_align.advantages import nan_std
 from nxd_align.rewards import Reward, RewardError, checked
 from nxd_config.schema.alignment import GRPOConfig
-from nxd_data import PROMPT_INDEX, Prompt, PromptDataset, TextTokenizer
+from nxd_data import PROMPT_INDEX, PROMPT_SPLIT, Prompt, PromptDataset, TextTokenizer
+from nxd_data.prompts import SPLITS
 from nxd_models import set_loss_temperature
 from nxd_models.decoding import decoding_cache, decoding_logits
 from nxd_models.generation import Completion, Sampling, generate
@@ -108,10 +109,11 @@ class Rollouts:
         self.refilled_groups = 0
 
     def __call__(self, batches: list[Batch]) -> None:
-        if not torch.is_grad_enabled():  # evaluation (no gradients): fresh completions of the validation prompts
-            self._roll_out(batches, self.run.validation_data, training=False)
-        elif PROMPT_INDEX in batches[0]:  # else the same rollout batch again (num_iterations)
-            self._roll_out(batches, self.run.train_data, training=True)
+        if PROMPT_INDEX not in batches[0]:  # the same rollout batch again (num_iterations)
+            return
+        split = SPLITS[int(batches[0][PROMPT_SPLIT][0])]
+        dataset = {"train": self.run.train_data, "validation": self.run.validation_data, "test": self.run.test_data}
+        self._roll_out(batches, dataset[split], training=torch.is_grad_enabled())  # evaluation runs without them
 
     def write_samples(self, path: Path, step: int) -> None:
         """The step's kept completions with their rewards, one JSON line each, appended to `path`."""

@@ -453,8 +453,10 @@ _ENTRIES: tuple[tuple[str, str, Any, KeyStatus, str, str], ...] = (
      "normal (pretraining, or SFT with label files); dpo, kto (GPT-NeoX's KL estimate from the other half of each "
      "micro-batch) and rm (a score head in place of the LM head); reinforce, model_alignment_strategy.grpo with "
      "GPT-NeoX's baseline (reinforce_leave_one_out, else the last 100 groups' mean), unscaled rewards and its KL "
-     "(kl_impl, kl_div_beta); the loss is averaged over the completion tokens of the global batch (GPT-NeoX divides "
-     "each micro-batch's sum by its tokens and its rows)"),
+     "(kl_impl, kl_div_beta), completions of up to half of seq_length, prompts from the label documents; the loss "
+     "is averaged over the completion tokens of the global batch (GPT-NeoX divides each micro-batch's sum by its "
+     "tokens and its rows); the rewards are nxd's, which the file's translation takes (`nxd-train config "
+     "translate`)"),
     ("dpo_fp32", "Training", True, N, "", "nxd takes DPO's log-probs in fp32 (summed in fp64) whatever the precision"),
     ("dpo_reference_free", "Training", False, M, "model_alignment_strategy.dpo.reference_free", ""),
     ("dpo_beta", "Training", 0.1, M, "model_alignment_strategy.dpo.kl_beta", ""),

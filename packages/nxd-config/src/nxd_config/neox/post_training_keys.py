@@ -95,8 +95,9 @@ def _reinforce(a: Arguments, t: Translation) -> None:
     """train_impl reinforce: GRPO with GPT-NeoX's REINFORCE settings. Its baseline is the mean of the group's other
     completions (reinforce_leave_one_out) or of the last 100 groups' means, rewards are not scaled, the KL term is
     kl_div_beta x kl_impl's estimate, with no importance correction (one update per rollout: the plain policy
-    gradient). Completions come from the policy itself, not a generation server; the rewards are nxd's
-    (model_alignment_strategy.grpo.rewards), which the file cannot name."""
+    gradient). Completions come from the policy itself, not a generation server, of up to half of seq_length (the
+    server decided their length); the rewards are nxd's (model_alignment_strategy.grpo.rewards), which the file
+    cannot name: its translation (nxd-train config translate) takes them."""
     kl_impl = choice(t, a, "kl_impl", ("abs", "mse", "kl", "full"))
     if kl_impl == "full":
         t.refuse(
@@ -114,6 +115,7 @@ def _reinforce(a: Arguments, t: Translation) -> None:
             "beta": a["kl_div_beta"],
             "kl_estimator": KL_IMPLS.get(kl_impl, "mse"),
             "kl_importance_correction": False,
+            "max_new_tokens": max(1, int(a["seq_length"] or 2) // 2),
         },
         "train_impl",
         "reinforce_leave_one_out",

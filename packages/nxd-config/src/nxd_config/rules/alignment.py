@@ -68,12 +68,14 @@ def dpo_label_smoothing_fits_the_loss(c: NxdConfig) -> Iterator[Finding]:
 
 def alignment_needs_train_data(c: NxdConfig) -> Iterator[Finding]:
     a = c.model_alignment_strategy
+    prompt_documents = a is not None and a.grpo is not None and c.data.label_prefixes and c.data.is_set("data_prefix")
     if (
         a is not None
         and a.method is not None
         and c.data.train_dir is None
         and documents_of(c) is None
         and c.data.dataset is None
+        and not prompt_documents
     ):
         yield error(
             "data.train_dir",
@@ -140,8 +142,6 @@ def grpo_rewards(c: NxdConfig) -> Iterator[Finding]:
     a = c.model_alignment_strategy
     if a is None or a.grpo is None:
         return
-    if not a.grpo.rewards:
-        yield error(f"{GRPO}.rewards", "expected at least one reward (a function, builtin or model), found none")
     for index, reward in enumerate(a.grpo.rewards):
         path = f"{GRPO}.rewards[{index}]"
         given = [name for name in ("function", "builtin", "model") if getattr(reward, name) is not None]

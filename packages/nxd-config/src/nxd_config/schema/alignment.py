@@ -348,8 +348,9 @@ class AlignmentConfig(Section):
     grpo: GRPOConfig | None = key(
         None,
         "nxd extension. Online reinforcement learning (GRPO and its variants: Dr. GRPO, DAPO, GSPO, RLOO, GPT-NeoX's "
-        "REINFORCE): each step samples completions of its prompts (data.train_dir records) from the policy, scores "
-        "them with the rewards and trains on their advantages.",
+        "REINFORCE): each step samples completions of its prompts (data.train_dir records, or data.data_prefix "
+        "documents with their data.label_prefixes) from the policy, scores them with the rewards and trains on their "
+        "advantages.",
         by=ALIGN,
     )
     peft: PeftConfig | None = key(None, "LoRA adapters; combines with any method.", by=ALIGN)
