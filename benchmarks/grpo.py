@@ -5,7 +5,7 @@
 Both train the same Llama (nxd's Megatron-style model and the LlamaForCausalLM of its Hugging Face mapping, from the
 same initial weights, which nxd reads from the transformers folder) on the same prompts
 (configs/data/addition_prompts.jsonl, single-digit sums), with the same tokenizer
-(configs/data/addition_tokenizer.json), 8 prompts a step and 8 completions each (64
+(configs/data/addition_tokenizer.json; BOS first on both sides), 8 prompts a step and 8 completions each (64
 completions, one micro-batch), `new_tokens` new tokens at most, temperature 1, the dapo loss, beta 0, one update a
 rollout, AdamW at a constant rate, fp32. The reward is 1 for the right sum (an exact-match function in both).
 
@@ -32,6 +32,7 @@ from nxd_train.run.corpus import default_cache_dir
 from nxd_train.run.loop import train
 from smoke import parse_args  # benchmarks/ is the script's folder
 from throughput import StepTimer, hf_model
+from tokenizers import Tokenizer, processors
 from transformers import PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
 
@@ -84,8 +85,10 @@ def trl_run(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     plan = plan_run(cfg, default_cache_dir())
     model = hf_model(cfg, plan)
     model.save_pretrained(folder / "initial")  # nxd starts from these weights too
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_file=str(DATA / "addition_tokenizer.json"),
+    words = Tokenizer.from_file(str(DATA / "addition_tokenizer.json"))
+    words.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(  # prompts begin with BOS, as nxd's do
+        tokenizer_object=words,
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",
         bos_token="<s>",

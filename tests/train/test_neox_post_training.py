@@ -119,7 +119,7 @@ def test_dpo_with_bf16_gradient_accumulation_trains_as_neoxs_benchmarking_files_
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["train_impl=reinforce"], "model_alignment_strategy.grpo.rewards: expected at least one reward"),
+        (["train_impl=reinforce"], "pos_train_data_paths: expected none with train_impl reinforce"),
         pytest.param(
             ["+precompute_model_name=missing"], "data.pair_documents.train: data prefix ", marks=pytest.mark.slow
         ),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from nxd_ckpt import CheckpointError, export_hf, is_checkpoint_dir, newest_usable, read_info
+from nxd_ckpt import CheckpointError, is_checkpoint_dir, newest_usable, read_info
 from nxd_data import DataError, TokenizerSource, load_tokenizer
 
 from nxd_train.logging.log_dir import CHECKPOINT_DIR
@@ -111,6 +111,7 @@ class RewardModel:
     """A loaded reward model: `scores` of token sequences (each its prompt + completion + end-of-document)."""
 
     def __init__(self, source: RewardModelSource, device: torch.device, work_dir: Path):
+        from nxd_ckpt import export_hf  # torch.distributed.checkpoint: at set-up, not for a config check
         from transformers import AutoModelForSequenceClassification
 
         if source.nxd_checkpoint:
