@@ -143,6 +143,10 @@ def test_what_cannot_run_is_refused_before_launch_by_key(tmp_path):
         (["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2"], "expected 1 with " + GRPO),
         ([f"{GRPO}.rewards=[{{builtin: regex}}]"], f"{GRPO}.rewards[0].pattern: expected the regular expression"),
         ([f"{GRPO}.rewards=[{{builtin: regex, pattern: '('}}]"], f"{GRPO}.rewards[0].pattern: expected a regular"),
+        (
+            [f"{GRPO}.rewards=[{{builtin: exact_match, tolerance: 0.1}}]"],
+            f"{GRPO}.rewards[0].tolerance: read by builtin",
+        ),
     ]
     for overrides, message in cases:
         assert message in _refusal(tmp_path, *overrides), overrides

@@ -284,6 +284,11 @@ class RunPlan:
     """What a resume must keep, recorded in every checkpoint: architecture, tokenizer, data."""
 
     @property
+    def repeats(self) -> int:
+        """Steps each global batch of samples serves: online RL's num_iterations, else 1."""
+        return 1 if self.online is None else self.online.grpo.num_iterations
+
+    @property
     def lora(self) -> LoraFamily | None:
         """The family, when it carries LoRA adapters."""
         return self.family if isinstance(self.family, LoraFamily) else None

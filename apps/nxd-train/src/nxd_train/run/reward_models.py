@@ -100,7 +100,7 @@ def _newest_checkpoint(path: Path, key: str) -> Path | None:
         return path
     if not (path / CHECKPOINT_DIR).is_dir():
         return None
-    newest, passed_over = newest_usable(path / CHECKPOINT_DIR)
+    newest, passed_over = newest_usable(path / CHECKPOINT_DIR, contents=False)  # the export verifies its files
     if newest is None:
         found = "; ".join(passed_over) if passed_over else "none"
         raise RewardModelError(f"{key}: {path}: expected a complete checkpoint of a reward model, found {found}")

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from nxd_align.rewards import Reward
 
 
-def _mean_std(total: float, squares: float, count: float) -> tuple[float, float]:
+def mean_std(total: float, squares: float, count: float) -> tuple[float, float]:
+    """The mean and unbiased standard deviation of `count` values from their sum and sum of squares."""
     if count < 1:
         return math.nan, math.nan
     mean = total / count
@@ -21,7 +22,7 @@ def rollout_metrics(
 ) -> dict[str, float]:
     """The logged rollout values from the sums over the data-parallel ranks."""
     completions = share["completions"]
-    reward, reward_std = _mean_std(share["reward"], share["reward_squares"], share["scored"])
+    reward, reward_std = mean_std(share["reward"], share["reward_squares"], share["scored"])
     values = {
         "reward": reward,
         "reward_std": reward_std,
@@ -42,7 +43,7 @@ def rollout_metrics(
     }
     for reward_spec in rewards:
         name = reward_spec.name
-        mean, std = _mean_std(
+        mean, std = mean_std(
             share[f"rewards/{name}/sum"], share[f"rewards/{name}/squares"], share[f"rewards/{name}/count"]
         )
         values[f"rewards/{name}/mean"], values[f"rewards/{name}/std"] = mean, std

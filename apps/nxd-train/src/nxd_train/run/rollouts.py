@@ -39,7 +39,7 @@ from nxd_parallel import modules_of
 from nxd_train.run.checkpointing import Resume
 from nxd_train.run.reference import frozen_reference, reference_mode
 from nxd_train.run.reward_models import RewardModel, RewardModelSource, scored_by
-from nxd_train.run.rollout_metrics import rollout_metrics
+from nxd_train.run.rollout_metrics import mean_std, rollout_metrics
 from nxd_train.run.state import Batch, Run
 
 REFILL_ROUNDS = 8
@@ -286,12 +286,13 @@ class Rollouts:
         per_function = torch.full((count, functions), math.nan, dtype=torch.float64)
         kept = torch.tensor([row is not None for row in rows], dtype=torch.float64)
         real = [index for index, row in enumerate(rows) if row is not None]
-        for column, reward in enumerate(self.rewards):
+        texts = [self.tokenizer.decode(c.tokens) if row else "" for row, c in zip(rows, completions, strict=True)]
+        for column, reward in enumerate(self.rewards):  # each reward sees the texts decoded once
             try:
-                scores = self._call(reward, [rows[i] for i in real], [completions[i] for i in real])
+                scores = self._call(reward, rows, completions, texts, real)
                 per_function[real, column] = torch.tensor(scores, dtype=torch.float64)
             except RewardError as error:
-                failures = self._score_by_group(reward, column, rows, completions, per_function, kept)
+                failures = self._score_by_group(reward, column, rows, completions, texts, per_function, kept)
                 if self.grpo.on_reward_error == "stop":
                     raise RolloutError(str(failures[0] if failures else error)) from None
                 if training:
@@ -305,6 +306,7 @@ class Rollouts:
         column: int,
         rows: list[Prompt | None],
         completions: list[Completion],
+        texts: list[str],
         per_function: torch.Tensor,
         kept: torch.Tensor,
     ) -> list[RewardError]:
@@ -315,16 +317,27 @@ class Rollouts:
             if rows[start] is None or not kept[start]:
                 continue
             try:
-                scores = self._call(reward, [rows[i] for i in group], [completions[i] for i in group])
+                scores = self._call(reward, rows, completions, texts, group)
                 per_function[start : start + self.group, column] = torch.tensor(scores, dtype=torch.float64)
             except RewardError as error:
                 kept[start : start + self.group] = 0.0
                 failures.append(error)
         return failures
 
-    def _call(self, reward: Reward, rows: list[Prompt], completions: list[Completion]) -> list[float]:
-        """`reward` over these rows, as TRL calls a reward function (module docstring of nxd_align.rewards)."""
-        texts = [self.tokenizer.decode(c.tokens) for c in completions]
+    def _call(
+        self,
+        reward: Reward,
+        rows: list[Prompt | None],
+        completions: list[Completion],
+        texts: list[str],
+        chosen: Sequence[int],
+    ) -> list[float]:
+        """`reward` over the `chosen` rows, as TRL calls a reward function (module docstring of nxd_align.rewards)."""
+        rows, completions, texts = (
+            [rows[i] for i in chosen],
+            [completions[i] for i in chosen],
+            [texts[i] for i in chosen],
+        )
         shown = [
             text if isinstance(row.text, str) else [{"role": "assistant", "content": text}]
             for row, text in zip(rows, texts, strict=True)
@@ -352,9 +365,7 @@ class Rollouts:
         moments = torch.stack([present.sum().double(), values.sum(), values.square().sum()])
         moments = self.run.summed(moments.to(self.run.fabric.device), self.run.token_mesh).cpu()
         count, total, squares = moments.tolist()
-        if count < 2:
-            return torch.tensor(math.nan, dtype=torch.float64)
-        return torch.tensor(max(squares - total * total / count, 0.0) / (count - 1), dtype=torch.float64).sqrt()
+        return torch.tensor(mean_std(total, squares, count)[1] if count >= 2 else math.nan, dtype=torch.float64)
 
     def _lay_out(self, sampled: Sampled, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
         """Rows of prompt + completion (+ end-of-document when it ended), padded to one width."""

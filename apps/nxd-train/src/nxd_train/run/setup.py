@@ -92,8 +92,7 @@ def setup(plan: RunPlan) -> Run:
             reshuffle_each_epoch=b.reshuffle_each_epoch,
             lengths=plan.data.train.row_lengths.tobytes() if b.group_by_length else None,  # fine-tuning records
         )
-        repeats = 1 if plan.online is None else plan.online.grpo.num_iterations  # steps each global batch serves
-        steps = plan.cadence.total_steps(sampler.steps_per_epoch * repeats)
+        steps = plan.cadence.total_steps(sampler.steps_per_epoch * plan.repeats)
         continues_here = resume is not None and not resume.weights_only and plan.log_dir is not None
         monitor = Monitor(  # a continued run keeps the rows its checkpoint covers
             log_dir,

@@ -119,8 +119,7 @@ class Run:
 
     @property
     def repeats(self) -> int:
-        """Steps each global batch of samples serves: online RL's num_iterations, else 1."""
-        return 1 if self.plan.online is None else self.plan.online.grpo.num_iterations
+        return self.plan.repeats
 
     def drawn(self, steps: int) -> int:
         """Global batches of samples `steps` steps draw."""

@@ -147,6 +147,15 @@ def grpo_rewards(c: NxdConfig) -> Iterator[Finding]:
         given = [name for name in ("function", "builtin", "model") if getattr(reward, name) is not None]
         if len(given) != 1:
             yield error(path, f"expected exactly one of function, builtin or model, found {', '.join(given) or 'none'}")
+        for name, kinds in (
+            ("field", ("exact_match", "numeric")),
+            ("pattern", ("regex", "format")),
+            ("tolerance", ("numeric",)),
+        ):
+            if reward.is_set(name) and reward.builtin not in kinds:
+                yield error(f"{path}.{name}", f"read by builtin {' and '.join(kinds)} only; expected it unset here")
+        if reward.is_set("trust_remote_code") and reward.model is None:
+            yield error(f"{path}.trust_remote_code", "read for a reward model only; expected it unset here")
         if reward.function is not None and (reward.function.count(":") != 1 or not all(reward.function.split(":"))):
             yield error(f"{path}.function", f"expected module:function (an import path), found {reward.function!r}")
         if reward.builtin in ("regex", "format") and not reward.pattern:
