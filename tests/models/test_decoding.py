@@ -194,3 +194,54 @@ def test_a_row_with_a_stream_of_its_own_samples_alike_whatever_else_the_batch_ho
     logits = table[torch.tensor([6, *alone[:-1]])]
     expected = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
     assert len(alone_entropies) == len(alone) and alone_entropies == pytest.approx(expected[: len(alone)].tolist())
+
+
+def _llama_hf() -> torch.nn.Module:
+    config = LlamaConfig(
+        num_key_value_heads=2,
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+    )
+    return prepare_for_decoding(build_causal_lm(config, seed=5))
+
+
+@pytest.mark.parametrize("family", ["megatron", "transformers"])
+def test_rows_that_end_leave_the_batch_and_the_others_sample_as_alone(family):
+    """A row that has ended leaves the batch with its rows of the cache (nxd's KVCache or transformers'): the
+    forwards shrink, and every row's completion is still the one it samples alone from its stream."""
+    model = _megatron("llama_gqa") if family == "megatron" else _llama_hf()
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12, 13]]
+    sizes: list[int] = []
+
+    def step(ids: torch.Tensor, positions: torch.Tensor, cache: object) -> torch.Tensor:
+        sizes.append(ids.shape[0])
+        return decoding_logits(model, ids, positions, cache)
+
+    def sample(rows: list[list[int]], places: list[int], end_id: int) -> list[list[int]]:
+        with torch.no_grad():
+            found = generate(
+                step,
+                lambda: decoding_cache(model),
+                rows,
+                maximum_tokens=12,
+                context=32,
+                end_id=end_id,
+                vocab_size=97,
+                sampling=Sampling(1.0, 0, 0.0),
+                generator=[torch.Generator().manual_seed(40 + place) for place in places],
+            )
+        return [[*c.tokens, *([end_id] if c.finished else [])] for c in found]
+
+    free = sample(prompts, [0, 1, 2, 3], end_id=0)
+    end_id = free[0][2]  # row 0 ends at its third token; the others when they draw it, or at 12 tokens
+    together = sample(prompts, [0, 1, 2, 3], end_id)
+    alone = [sample([prompt], [place], end_id)[0] for place, prompt in enumerate(prompts)]
+    assert together == alone
+    assert len({len(tokens) for tokens in together}) > 1  # rows end apart: the comparison covers a pruned batch
+    sizes.clear()
+    sample(prompts, [0, 1, 2, 3], end_id)
+    assert sizes[-1] < sizes[0] == len(prompts)

@@ -12,11 +12,11 @@ from nxd_models import AttentionKernel, GPTConfig, build_causal_lm, causal_lm_lo
 LENGTHS = (5, 7, 4)  # three documents in one sample of 16 tokens
 
 
-def packed(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def packed(vocab: int, lengths: tuple[int, ...] = LENGTHS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Token ids, restarting position ids and document ids of two packed samples."""
-    ids = torch.randint(0, vocab, (2, sum(LENGTHS)), generator=torch.Generator().manual_seed(0))
-    positions = torch.cat([torch.arange(n) for n in LENGTHS]).expand(2, -1)
-    documents = torch.cat([torch.full((n,), d) for d, n in enumerate(LENGTHS)]).expand(2, -1)
+    ids = torch.randint(0, vocab, (2, sum(lengths)), generator=torch.Generator().manual_seed(0))
+    positions = torch.cat([torch.arange(n) for n in lengths]).expand(2, -1)
+    documents = torch.cat([torch.full((n,), d) for d, n in enumerate(lengths)]).expand(2, -1)
     return ids, positions, documents
 
 
@@ -59,7 +59,7 @@ def hf_llama(tmp_path, kernel: AttentionKernel) -> torch.nn.Module:
                 "num_attention_heads": 4,
                 "num_key_value_heads": 2,
                 "vocab_size": 200,
-                "max_position_embeddings": 64,
+                "max_position_embeddings": 1024,
             }
         )
     )
@@ -142,7 +142,9 @@ def test_a_document_split_in_two_runs_is_masked_as_one(tmp_path, family: str) ->
 
 
 @pytest.mark.parametrize("family", ["megatron", "hf"])
-def test_contiguous_documents_take_the_span_path(tmp_path, monkeypatch, family: str) -> None:
+def test_contiguous_documents_of_long_rows_take_the_span_path(tmp_path, monkeypatch, family: str) -> None:
+    """Rows longer than MASKED_ROWS_UP_TO attend each document span by span (a call per layer here, the rows'
+    spans alike); shorter rows through one masked product. Either gives each document its logits alone."""
     import nxd_models.attention
     import nxd_models.build
 
@@ -164,13 +166,21 @@ def test_contiguous_documents_take_the_span_path(tmp_path, monkeypatch, family: 
             hidden_size=32,
             num_attention_heads=4,
             num_kv_heads=2,
-            seq_length=16,
+            seq_length=1024,
             ffn_hidden_size=48,
             hidden_dropout=0.0,
             attention_dropout=0.0,
         )
         model = build_causal_lm(config)
-    ids, positions, documents = packed(200)
+    long = (300, 150, 100)
+    assert sum(long) > nxd_models.attention.MASKED_ROWS_UP_TO >= sum(LENGTHS)
+    ids, positions, documents = packed(200, long)
     with torch.no_grad():
-        causal_lm_logits(model, ids, positions, documents)
+        together = causal_lm_logits(model, ids, positions, documents)
+        alone = causal_lm_logits(model, ids[:, 300:450], torch.arange(150).expand(2, -1))
     assert len(calls) == 2  # once per layer
+    torch.testing.assert_close(together[:, 300:450], alone, rtol=1e-5, atol=1e-5)
+    calls.clear()
+    with torch.no_grad():
+        causal_lm_logits(model, *packed(200))
+    assert not calls

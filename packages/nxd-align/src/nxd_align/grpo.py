@@ -4,7 +4,9 @@ A rollout batch holds, per row, one completion of a prompt (its tokens are the r
 ignored), the row's advantage (`ADVANTAGE_KEY`), and per token the log-probs the completion had when it was
 sampled (`OLD_KEY`, only when the batch trains more than one update: else the current ones, detached, so the
 ratio is 1 and its gradient the plain policy gradient) and under the frozen reference (`REFERENCE_TOKENS_KEY`,
-with beta > 0). The loss follows TRL's GRPOTrainer term for term:
+with beta > 0). The completions may also be packed as documents of rows (`document_ids` numbering them in the
+advantages' order, a row's padded tail a document numbered after them; nxd-data's `completion_rows`): the per-token
+values are then read per document. The loss follows TRL's GRPOTrainer term for term:
 
     ratio = exp(logp - old)                 per token, or per sequence (GSPO: the masked mean of logp - old)
     term  = -min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A) + beta * KL * ratio
@@ -27,9 +29,10 @@ import torch
 from torch.distributed import ProcessGroup
 
 from .objectives import IGNORE_INDEX, Batch
+from .reward import DOCUMENTS_KEY
 
 ADVANTAGE_KEY = "advantages"
-"""A rollout batch's advantage of each row (rows,)."""
+"""A rollout batch's advantage of each completion (completions,): one a row, or a document each when packed."""
 OLD_KEY = "old_log_probs"
 """The per-token log-probs of each row's completion when it was sampled (rows, seq), aligned with the labels."""
 REFERENCE_TOKENS_KEY = "reference_token_log_probs"
@@ -95,26 +98,31 @@ class GRPOObjective:
             return mask.sum()
         if self.loss_type == "bnpo":
             return torch.ones((), dtype=torch.long, device=mask.device)
-        return torch.tensor(len(mask), device=mask.device)
+        return torch.tensor(len(batch[ADVANTAGE_KEY]), device=mask.device)
 
     def loss(self, token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        completions = Completions(batch)
         mask = (batch["labels"] != IGNORE_INDEX).double()
         log_probs = -token_losses.double()
         old = batch.get(OLD_KEY)
         old = log_probs.detach() if old is None else old.double()
-        advantages = batch[ADVANTAGE_KEY].double().unsqueeze(-1)
+        advantages = batch[ADVANTAGE_KEY].double()
         log_ratio = log_probs - old
         if self.importance_sampling == "sequence":
-            log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-        ratio = torch.exp(log_ratio)
+            log_ratio = completions.sums(log_ratio * mask) / completions.sums(mask).clamp(min=1.0)
+            ratio = torch.exp(log_ratio)  # one a completion
+            token_ratio, token_advantages = completions.spread(ratio), completions.spread(advantages)
+        else:
+            ratio = token_ratio = torch.exp(log_ratio)
+            advantages = token_advantages = completions.spread(advantages)
         low, high = self.epsilon, self.epsilon if self.epsilon_high is None else self.epsilon_high
-        clipped = torch.clamp(ratio, 1 - low, 1 + high)
-        terms = -torch.min(ratio * advantages, clipped * advantages)
+        clipped = torch.clamp(token_ratio, 1 - low, 1 + high)
+        terms = -torch.min(token_ratio * token_advantages, clipped * token_advantages)
         metrics: dict[str, torch.Tensor] = {}
         if self.beta:
             kl = kl_estimate(log_probs, batch[REFERENCE_TOKENS_KEY].double(), self.kl_estimator)
             if self.kl_importance_correction:  # 1 on the sampling policy, but it adds KL x grad log p
-                kl = kl * ratio
+                kl = kl * token_ratio
             terms = terms + self.beta * kl
             metrics["kl"] = (kl.detach() * mask).sum()
         terms = terms * mask
@@ -123,7 +131,7 @@ class GRPOObjective:
         elif self.loss_type == "bnpo":
             total = terms.sum() / mask.sum().clamp(min=1.0)
         elif self.loss_type == "grpo":
-            total = (terms.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum()
+            total = (completions.sums(terms) / completions.sums(mask).clamp(min=1.0)).sum()
         else:
             total = terms.sum() / self.max_new_tokens
         # clipped shares, as TRL logs them: of the completion tokens, or per sequence of the completions
@@ -155,3 +163,23 @@ class GRPOObjective:
             if name in values:
                 values[name] = values[name] / share if share > 0 else float("nan")
         return values
+
+
+class Completions:
+    """Where a batch's completions are: one a row, or packed as documents of rows (`document_ids`)."""
+
+    def __init__(self, batch: Batch):
+        self.documents, self.count = batch.get(DOCUMENTS_KEY), len(batch[ADVANTAGE_KEY])
+
+    def sums(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-token `values` summed per completion (completions,)."""
+        if self.documents is None:
+            return values.sum(-1)
+        sums = values.new_zeros(self.count + 1)  # the last: the rows' padded tails
+        return sums.index_add(0, self.documents.flatten(), values.flatten())[: self.count]
+
+    def spread(self, values: torch.Tensor) -> torch.Tensor:
+        """One value a completion (completions,) at each of its tokens (0 on a padded tail), broadcastable."""
+        if self.documents is None:
+            return values.unsqueeze(-1)
+        return torch.cat([values, values.new_zeros(1)])[self.documents]

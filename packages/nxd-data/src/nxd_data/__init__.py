@@ -1,9 +1,10 @@
 """nxd_data: Megatron indexed datasets, GPT pretraining samples, blending, Hugging Face data,
-supervised fine-tuning records (packed or padded), preference pairs, KTO examples and exact-resume
-sampling."""
+supervised fine-tuning records (packed or padded), preference pairs, KTO examples, online RL's prompts and
+completion rows, and exact-resume sampling."""
 
 from importlib.metadata import version as _distribution_version
 
+from .completion_rows import completion_rows
 from .curriculum import SequenceCurriculum, truncate
 from .documents import DocumentFiles, ExampleDocuments, PairDocuments
 from .errors import DataError
@@ -59,6 +60,7 @@ __all__ = [
     "collate_packed_pairs",
     "collate_pairs",
     "collate_prompts",
+    "completion_rows",
     "document_prompts",
     "formatted_splits",
     "hf_pretraining_dataset",

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .attention import _FAST_BACKENDS, AttentionKernel, document_spans, span_attention
+from .attention import _FAST_BACKENDS, MASKED_ROWS_UP_TO, AttentionKernel, document_spans, span_attention
 from .context_parallel import DOCUMENTS_KWARG, hf_splits_sequence
 from .gpt import GPTConfig, GPTForCausalLM
 from .hf_types import import_model_classes, is_hf_model
@@ -185,13 +185,15 @@ def hf_attention_inputs(
 
     Without documents attention is causal over the whole row. With them a context-parallel attention
     masks documents from their ids, the span kernel takes each document's span (when every document is
-    one run and no sliding window is shorter than the longest document), and otherwise the masks are
+    one run, no sliding window is shorter than the longest document and the rows are longer than
+    `MASKED_ROWS_UP_TO`), and otherwise the masks are
     causal within each document, sliding windows kept."""
     if document_ids is not None and hf_splits_sequence(model):
         return None, {DOCUMENTS_KWARG: document_ids}
     if (
         document_ids is not None
         and getattr(model, "nxd_document_spans", False)
+        and shape[-1] > MASKED_ROWS_UP_TO
         and (spans := document_spans(document_ids)) is not None
         and not _window_applies(model.config, max(end - start for row in spans for start, end in row))
     ):

@@ -3,7 +3,9 @@
 Prompts of one batch share positions, as GPT-NeoX's generate.py runs them: rows are filled from the shortest
 prompt's end, a row still inside its own prompt takes its prompt's next token instead of the model's choice,
 so no padding enters any attention and greedy rows get the tokens they would get alone (sampled rows draw
-from one generator, so a batch's samples depend on its rows). Choices follow NeoX:
+from one generator, so a batch's samples depend on its rows). A row that has ended leaves the batch, and its
+rows of the cache with it (the cache's `reorder_cache(rows)`, transformers' own method, which nxd's `KVCache`
+has too): the forwards run over the rows still generating only. Choices follow NeoX:
 greedy where temperature, top_k and top_p are all 0, otherwise the logits in float32 divided by the
 temperature, filtered to the top k and the top-p nucleus (transformers' own logits warpers), and sampled
 from a seeded generator, so a seed repeats its samples. A row ends at the end-of-document token (not part
@@ -124,46 +126,55 @@ def generate(
     cache = new_cache() if new_cache is not None else None
     fed, position = 0, min(lengths)
     drawn: list[list[float]] = [[] for _ in prompts]
+    live = list(range(rows))
+    """The rows still in the batch, by their place in `prompts` (the batch's row i is prompt live[i])."""
     while True:
-        more = position < width and not all(_ended(c, maximum_tokens) for c in completions)
+        more = position < width and bool(live)
         if lockstep is not None and lockstep(more) and not more:
-            step(tokens[:, :1], torch.zeros((rows, 1), dtype=torch.long, device=device), None)  # its part of theirs
+            step(tokens[:1, :1], torch.zeros((1, 1), dtype=torch.long, device=device), None)  # its part of theirs
             continue
         if not more:
             break
         start = fed if cache is not None else 0
-        positions = torch.arange(start, position, device=device).expand(rows, -1)
-        logits = whole_logits(step(tokens[:, start:position], positions, cache))[:, -1, :vocab_size].float()
+        batch = tokens[live] if len(live) < rows else tokens
+        positions = torch.arange(start, position, device=device).expand(len(live), -1)
+        logits = whole_logits(step(batch[:, start:position], positions, cache))[:, -1, :vocab_size].float()
         fed = position
         if entropies is not None:
             tempered = torch.log_softmax(logits / (sampling.temperature or 1.0), dim=-1)
             entropy = (-(tempered.exp() * tempered).sum(-1)).tolist()
         if warpers is not None:
-            logits = warpers(tokens[:, :position], logits)
+            logits = warpers(batch[:, :position], logits)
             probabilities = torch.softmax(logits, dim=-1)
             if isinstance(generator, Sequence):  # a stream a row, drawn from for the row's own tokens only
                 chosen = probabilities.argmax(dim=-1)
-                for row, g in enumerate(generator):
-                    if position >= lengths[row] and not _ended(completions[row], maximum_tokens):
-                        chosen[row] = torch.multinomial(probabilities[row], 1, generator=g)[0]
+                for place, row in enumerate(live):
+                    if position >= lengths[row]:
+                        chosen[place] = torch.multinomial(probabilities[place], 1, generator=generator[row])[0]
             else:
                 chosen = torch.multinomial(probabilities, 1, generator=generator).view(-1)
         else:
             chosen = logits.argmax(dim=-1)
-        for row, (completion, token) in enumerate(zip(completions, chosen.tolist(), strict=True)):
-            if position < lengths[row] or _ended(completion, maximum_tokens):
+        for place, (row, token) in enumerate(zip(live, chosen.tolist(), strict=True)):
+            if position < lengths[row]:
                 continue
+            completion = completions[row]
             tokens[row, position] = token
             if entropies is not None:
-                drawn[row].append(entropy[row])
+                drawn[row].append(entropy[place])
             if completion.logits is not None:
-                completion.logits.append(logits[row].tolist())
+                completion.logits.append(logits[place].tolist())
             if token == end_id:
                 completion.finished = True
             else:
                 completion.tokens.append(token)
                 completion.stopped = stop is not None and stop(row, completion.tokens)
         position += 1
+        staying = [place for place, row in enumerate(live) if not _ended(completions[row], maximum_tokens)]
+        if len(staying) < len(live):
+            if cache is not None and staying:
+                cache.reorder_cache(torch.tensor(staying, dtype=torch.long, device=device))
+            live = [live[place] for place in staying]
     if entropies is not None:
         entropies.extend(drawn)
     return completions

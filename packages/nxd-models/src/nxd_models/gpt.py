@@ -18,6 +18,7 @@ from torch import nn
 
 from .activations import ACTIVATIONS
 from .attention import (
+    MASKED_ROWS_UP_TO,
     AttentionKernel,
     CoreAttention,
     Spans,
@@ -703,9 +704,9 @@ class GPTDecoder(nn.Module):
     ) -> torch.Tensor:
         """`hidden` through `layers` (all of them, or a pipeline stage's). A context-parallel attention
         masks documents itself (its part of the sequence is not contiguous); the others get each
-        document's span, or a mask where a document is not one contiguous run (or the kernel is the
-        unfused one, which takes masks only). With a `cache` the tokens extend those it holds, attending
-        to them under the decoding mask."""
+        document's span, or a mask where a document is not one contiguous run, the kernel is the
+        unfused one (it takes masks only) or the rows are short (`MASKED_ROWS_UP_TO`). With a `cache`
+        the tokens extend those it holds, attending to them under the decoding mask."""
         allowed = None
         seq, window = position_ids.shape[-1], self.config.sliding_window  # whole rows (sequence parallel splits hidden)
         if cache is not None:
@@ -717,7 +718,11 @@ class GPTDecoder(nn.Module):
         if window is not None:  # sliding window: a mask (and documents within it)
             allowed = sliding_window_mask(seq, window, document_ids, hidden.device)
         elif document_ids is not None and not self.context_parallel:
-            masks_only = self.kernel is AttentionKernel.UNFUSED or self.config.position_embedding_type in SCORE_BIASES
+            masks_only = (
+                self.kernel is AttentionKernel.UNFUSED
+                or self.config.position_embedding_type in SCORE_BIASES
+                or seq <= MASKED_ROWS_UP_TO
+            )
             allowed = (None if masks_only else spans) or document_mask(document_ids)
         rotary = bias = None
         if self.config.position_embedding_type == "rope":

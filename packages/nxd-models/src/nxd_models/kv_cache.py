@@ -31,6 +31,12 @@ class KVCache:
         """The cache of the layer at `position` in the stack."""
         return LayerCache(self, position)
 
+    def reorder_cache(self, rows: torch.Tensor) -> None:
+        """Keep only the batch's `rows`, in their order (transformers' `Cache.reorder_cache`): generation drops
+        the rows that have ended."""
+        for layer, (keys, values) in self._layers.items():
+            self._layers[layer] = keys.index_select(0, rows), values.index_select(0, rows)
+
     def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this call's keys and values to position `layer`'s; returns every cached key and value."""
         past, new = self._length.get(layer, 0), key.shape[2]

@@ -29,7 +29,7 @@ from nxd_align import ADVANTAGE_KEY, IGNORE_INDEX, OLD_KEY, REFERENCE_TOKENS_KEY
 from nxd_align.advantages import nan_std
 from nxd_align.rewards import Reward, RewardError, checked
 from nxd_config.schema.alignment import GRPOConfig
-from nxd_data import PROMPT_INDEX, PROMPT_SPLIT, Prompt, PromptDataset, TextTokenizer
+from nxd_data import PROMPT_INDEX, PROMPT_SPLIT, Prompt, PromptDataset, TextTokenizer, completion_rows
 from nxd_data.prompts import SPLITS
 from nxd_models import set_loss_temperature
 from nxd_models.decoding import decoding_cache, decoding_logits
@@ -162,12 +162,11 @@ class Rollouts:
             self._refill(sampled, dataset)
         rule = self.advantages if training else Advantages(self.group, self.grpo.baseline, self.grpo.scale_rewards)
         advantages = rule(sampled.rewards, self._batch_std) * sampled.kept
-        laid_out = self._lay_out(sampled, advantages)
         start = 0
         for batch in batches:
             count = len(batch[PROMPT_INDEX]) * self.group
             batch.clear()
-            batch.update({key: value[start : start + count] for key, value in laid_out.items()})
+            batch.update(self._lay_out(sampled, advantages, slice(start, start + count)))
             start += count
         if self.grpo.num_iterations > 1:
             self._attach_log_probs(batches, OLD_KEY, self.run.model, self.run.executor, lora=False)
@@ -367,39 +366,31 @@ class Rollouts:
         count, total, squares = moments.tolist()
         return torch.tensor(mean_std(total, squares, count)[1] if count >= 2 else math.nan, dtype=torch.float64)
 
-    def _lay_out(self, sampled: Sampled, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Rows of prompt + completion (+ end-of-document when it ended), padded to one width."""
+    def _lay_out(self, sampled: Sampled, advantages: torch.Tensor, rows: slice) -> dict[str, torch.Tensor]:
+        """The micro-batch of `rows`: each prompt + its completion (+ end-of-document when it ended), trained on the
+        completion's tokens; packed as documents of rows where the layout allows it (nxd-data's `completion_rows`),
+        else one a row, padded to the longest (in the multiple the layout needs)."""
         run, eod = self.run, self.tokenizer.eod_id
         sequences, labels = [], []
-        for prompt, completion, kept in zip(sampled.prompts, sampled.completions, sampled.kept.tolist(), strict=True):
-            tokens = [] if prompt is None else list(prompt.tokens)
+        for prompt, completion, kept in zip(
+            sampled.prompts[rows], sampled.completions[rows], sampled.kept[rows].tolist(), strict=True
+        ):
+            tokens = [eod] if prompt is None else list(prompt.tokens)
             answer = [*completion.tokens, *([eod] if completion.finished else [])]
             truncated = not completion.finished and not completion.stopped
             trained = (
                 prompt is not None and kept and answer and not (truncated and self.grpo.mask_truncated_completions)
             )
-            row_labels = [IGNORE_INDEX] * max(len(tokens) - 1, 0) + (
-                answer if trained else [IGNORE_INDEX] * len(answer)
-            )
-            sequences.append([*(tokens or [eod]), *answer])
-            labels.append(row_labels)
-        width = max(len(sequence) for sequence in sequences)
+            sequences.append([*tokens, *answer])
+            labels.append([IGNORE_INDEX] * (len(tokens) - 1) + (answer if trained else [IGNORE_INDEX] * len(answer)))
+            labels[-1].append(IGNORE_INDEX)  # the last token predicts nothing
+        width = run.plan.seq_length
         if (multiple := run.trim_to) is not None:
-            width = min(-(-width // multiple) * multiple, run.plan.seq_length)
-        else:
-            width = run.plan.seq_length
-        ids = torch.full((len(sequences), width), eod, dtype=torch.long)
-        label_ids = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long)
-        for row, (sequence, row_labels) in enumerate(zip(sequences, labels, strict=True)):
-            ids[row, : len(sequence)] = torch.tensor(sequence)
-            label_ids[row, : len(row_labels)] = torch.tensor(row_labels, dtype=torch.long)
-        device = run.fabric.device
-        return {
-            "input_ids": ids.to(device),
-            "labels": label_ids.to(device),
-            "position_ids": torch.arange(width).expand(len(sequences), -1).contiguous().to(device),
-            ADVANTAGE_KEY: advantages.float().to(device),
-        }
+            width = min(-(-max(map(len, sequences)) // multiple) * multiple, width)
+        packed = run.trim_to is not None and run.dims.cp == 1  # rows no wider than unpacked: any kernel gains
+        laid_out = completion_rows(sequences, labels, width=width, pad_id=eod, packed=packed)
+        laid_out[ADVANTAGE_KEY] = advantages[rows].float()
+        return {key: value.to(run.fabric.device) for key, value in laid_out.items()}
 
     def _attach_log_probs(self, batches: list[Batch], key: str, model: Any, executor: Any, *, lora: bool) -> None:
         """Each row's per-token log-probs under `model` (the policy at sampling time, or the reference) as `key`."""
