@@ -1,6 +1,6 @@
 """GRPO through nxd-train: the shipped example (single-digit addition from a random start) samples, scores and
-trains, logging TRL's metric names and completions.jsonl; two data-parallel processes and two tensor-parallel ones
-log what one process logs (the same completions: each draws from its own seeded stream); a resumed run repeats
+trains, logging TRL's metric names and completions.jsonl; two data-parallel processes, two tensor-parallel ones and
+two pipeline stages (gathered for sampling) log what one process logs (the same completions: each draws from its own seeded stream); a resumed run repeats
 the uninterrupted one; and what cannot run is refused before launch, by key."""
 
 from __future__ import annotations
@@ -92,8 +92,17 @@ def test_the_example_learns_addition(tmp_path):
         pytest.param(
             ["trainer.devices=2", "distributed_strategy.tensor_model_parallel_size=2"], marks=pytest.mark.slow
         ),
+        ["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2"],
+        pytest.param(
+            [
+                "trainer.devices=4",
+                "distributed_strategy.pipeline_model_parallel_size=2",
+                "distributed_strategy.tensor_model_parallel_size=2",
+            ],
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=["dp2", "dp2-zero1", "tp2"],
+    ids=["dp2", "dp2-zero1", "tp2", "pp2", "pp2-tp2"],
 )
 def test_two_processes_sample_and_log_what_one_process_does(tmp_path, layout):
     job = [*SHORT, "trainer.max_steps=4", "data.micro_batch_size=2", f"+{GRPO}.num_iterations=2"]  # 2 rollouts
@@ -103,10 +112,11 @@ def test_two_processes_sample_and_log_what_one_process_does(tmp_path, layout):
     double = [row for row in read_metrics(tmp_path / "two") if "loss" in row]
     for step, (one, two) in enumerate(zip(single, double, strict=True)):
         assert two["reward"] == one["reward"] and two["completions/mean_length"] == one["completions/mean_length"]
-        # the first rollout's two updates within 1e-6; later, Adam's scaling of small gradients carries the tensor-
-        # parallel sums' other order a little further (about 1e-6 by step 4)
+        # the first rollout's two updates within 1e-6; later, Adam's scaling of small gradients carries the sums' other
+        # order a little further (tensor-parallel sums, or pipeline stages training padded rows where one process
+        # packs them: about 1e-6 in the loss and 1e-5 in the gradient norm by step 4)
         assert abs(two["loss"] - one["loss"]) < (1e-6 if step < 2 else 5e-6)
-        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5 if step < 2 else 5e-5)
 
 
 def test_a_resumed_run_samples_and_trains_as_the_uninterrupted_one(tmp_path):
@@ -140,7 +150,7 @@ def test_what_cannot_run_is_refused_before_launch_by_key(tmp_path):
         ([f"{GRPO}.max_new_tokens=16"], f"{GRPO}.max_new_tokens: expected less than the sequence length (16)"),
         ([f"{GRPO}.rewards=[{{function: 'no_such_module:score'}}]"], f"{GRPO}.rewards[0].function: no_such_module"),
         ([f"+{GRPO}.beta=0.04"], f"{GRPO}.beta: a KL to the reference needs the weights the run starts from"),
-        (["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2"], "expected 1 with " + GRPO),
+        (["trainer.devices=2", "distributed_strategy.context_parallel_size=2"], "expected 1 with " + GRPO),
         ([f"{GRPO}.rewards=[{{builtin: regex}}]"], f"{GRPO}.rewards[0].pattern: expected the regular expression"),
         ([f"{GRPO}.rewards=[{{builtin: regex, pattern: '('}}]"], f"{GRPO}.rewards[0].pattern: expected a regular"),
         (

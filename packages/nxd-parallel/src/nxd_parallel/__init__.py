@@ -23,6 +23,7 @@ from .parallelize import (
     tensor_parallel_problems,
 )
 from .rendezvous import client_store, init_world
+from .stage_gathering import GatheredStages
 from .tensor_statistics import tensor_norms, zero_percentages
 from .tp_plans import check_plan
 
@@ -31,6 +32,7 @@ __version__ = _distribution_version("nxd-parallel")  # one source: the pyproject
 __all__ = [
     "DirectExecutor",
     "GIB",
+    "GatheredStages",
     "GradientNoiseScale",
     "LaunchWorld",
     "LaunchWorldError",

@@ -16,7 +16,7 @@ import torch
 from nxd_align import LoraFamily, base_key, is_adapter_key
 from nxd_ckpt import CheckpointError, read_info
 from nxd_models import ModelConfigError, ModelFamily, set_aux_loss_weights
-from nxd_parallel import ParallelMesh, StagedModel, build_parallel_model, modules_of
+from nxd_parallel import GatheredStages, ParallelMesh, StagedModel, build_parallel_model, modules_of
 from nxd_precision import prepare_parameters
 from torch import nn
 
@@ -69,6 +69,19 @@ def sharded_model(
         use_cpu_initialization=plan.launch.use_cpu_initialization,
         prepare=partial(prepare_parameters, policy=plan.policy),
         loaded=loaded,
+    )
+
+
+def gathered_stages(plan: RunPlan, fabric: Fabric, mesh: ParallelMesh) -> GatheredStages:
+    """The whole model beside this rank's pipeline stages, built as `sharded_model` builds them (refreshed from the
+    stages before each use)."""
+    return GatheredStages(
+        plan.family,
+        plan.layout,
+        mesh,
+        fabric.device,
+        seed=plan.launch.seed,
+        prepare=partial(prepare_parameters, policy=plan.policy),
     )
 
 

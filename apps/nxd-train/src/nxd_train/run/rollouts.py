@@ -34,9 +34,10 @@ from nxd_data.prompts import SPLITS
 from nxd_models import set_loss_temperature
 from nxd_models.decoding import decoding_cache, decoding_logits
 from nxd_models.generation import Completion, Sampling, generate
-from nxd_parallel import modules_of
+from nxd_parallel import StagedModel, modules_of
 
 from nxd_train.run.checkpointing import Resume
+from nxd_train.run.initial_weights import gathered_stages
 from nxd_train.run.reference import frozen_reference, reference_mode
 from nxd_train.run.reward_models import RewardModel, RewardModelSource, scored_by
 from nxd_train.run.rollout_metrics import mean_std, rollout_metrics
@@ -101,6 +102,16 @@ class Rollouts:
         self.sampling_seconds = 0.0
         self.advantages = Advantages(grpo.num_generations, grpo.baseline, grpo.scale_rewards)
         self.reference = frozen_reference(run, initial) if grpo.beta else None
+        self.whole = None
+        """With pipeline stages: the whole model sampling runs on (refreshed from the stages each rollout)."""
+        self.policy: Any = run.model
+        """What this rollout samples from: the policy, or its gathered stages."""
+        if isinstance(run.model, StagedModel):
+            self.whole = gathered_stages(run.plan, run.fabric, run.mesh)
+            run.monitor.info(
+                f"rollouts: each process samples on the whole policy, its {run.dims.pp} pipeline stages gathered "
+                "before each rollout (a cached generation runs token by token, which a pipeline schedule does not)"
+            )
         for model in (run.model, *(() if self.reference is None else (self.reference[0],))):
             set_loss_temperature(modules_of(model), grpo.temperature)  # the log-probs of what was sampled
         self.metrics: dict[str, float] = {}
@@ -156,6 +167,7 @@ class Rollouts:
             self.evaluations += 1
         self.tag = str(self.draws) if training else f"eval/{self.evaluations}"
         streams = [self._stream(index, place) for index in indices for place in range(self.group)]
+        self.policy = self.run.model if self.whole is None else self.whole.refresh(self.run.model)
         completions, entropies = self._sample(rows, streams)
         sampled = self._score(rows, completions, entropies, training=training)
         if self.grpo.dynamic_sampling and training:
@@ -246,7 +258,7 @@ class Rollouts:
             return any(stop in text for stop in stops)
 
         lockstep = None
-        if run.dims.dp > 1:  # every data-parallel rank runs as many forwards (a ZeRO-3 forward gathers weights)
+        if run.dims.dp > 1 and self.whole is None:  # as many forwards on every data-parallel rank (ZeRO-3 gathers)
             group = run.mesh.get("dp_cp").get_group()
 
             def lockstep(more: bool) -> bool:
@@ -255,7 +267,7 @@ class Rollouts:
                 return bool(flag.item())
 
         entropies: list[list[float]] = []
-        model = run.model
+        model = self.policy
         with reference_mode(model, lora=False), run.executor.autocast():
             completions = generate(
                 lambda ids, positions, cache: decoding_logits(model, ids, positions, cache),

@@ -195,21 +195,22 @@ def grpo_groups_and_lengths(c: NxdConfig) -> Iterator[Finding]:
 
 
 def grpo_layouts(c: NxdConfig) -> Iterator[Finding]:
-    """Rollouts run on the policy as it is sharded: tensor and data parallel (ZeRO-1 and -3 included); the layouts
-    its cached generation cannot take yet are refused by name."""
+    """Rollouts run on the policy as it is sharded: tensor and data parallel (ZeRO-1 and -3 included), pipeline
+    stages gathered into the whole model on each process; the layouts its cached generation cannot take are
+    refused by name."""
     a = c.model_alignment_strategy
     if a is None or a.grpo is None:
         return
     ds = c.distributed_strategy
-    for path, size in ((PP, ds.pipeline_model_parallel_size), (CP, ds.context_parallel_size)):
-        if size > 1:
-            yield error(
-                path,
-                f"expected 1 with {GRPO}: rollouts are sampled with a key/value cache on the policy, which pipeline "
-                f"stages and context-parallel ranks do not serve yet; found {size} (tensor and data parallelism do)",
-                path,
-                GRPO,
-            )
+    if ds.context_parallel_size > 1:
+        yield error(
+            CP,
+            f"expected 1 with {GRPO}: rollouts are sampled with a key/value cache on the policy, which "
+            f"context-parallel ranks do not serve; found {ds.context_parallel_size} (tensor, data and pipeline "
+            "parallelism do)",
+            CP,
+            GRPO,
+        )
     if ds.expert_model_parallel_size > 1:
         yield error(
             EP,

@@ -1,0 +1,96 @@
+"""Every pipeline stage's weights in one whole model on each pipeline rank, for work that needs the whole model on
+every rank: online RL samples its completions token by token with a key/value cache, which a pipeline schedule does
+not run. The whole model is tensor-parallel as the stages are (each rank keeps its tensor-parallel share) and has no
+data-parallel wrapper; `refresh` copies the stages' current values in: each tensor is gathered where its stage lives
+(out of ZeRO's data-parallel shards too) and sent over the pipeline group. It costs one whole model's memory a rank.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .dims import ParallelMesh
+from .parallelize import Layout, ShardableModel, StagedModel, _keep_dtypes, pipeline_ranges
+
+PrepareParameters = Callable[..., None]
+
+
+class GatheredStages:
+    """The whole model beside a rank's pipeline stages (module docstring)."""
+
+    def __init__(
+        self,
+        family: ShardableModel,
+        layout: Layout,
+        mesh: ParallelMesh,
+        device: torch.device,
+        *,
+        seed: int,
+        prepare: PrepareParameters | None = None,
+    ):
+        """`family`, `layout`, `mesh`, `seed` and `prepare` as the stages were built with
+        (`build_parallel_model`)."""
+        # DTensor's modules load here, when a run gathers stages, not with the package
+        from .materialise import materialise
+        from .tensor_parallel import apply_tensor_parallel
+
+        prepare = prepare or _keep_dtypes
+        pp = mesh.get("pp")
+        if pp is None:
+            raise ValueError("gathered stages: expected a pipeline-parallel mesh")
+        self.group = pp.get_group()
+        ranges = pipeline_ranges(family, family.build_on_meta(), layout, pp.size())
+        self.owners: dict[str, int] = {}
+        """Each state entry's pipeline rank (the one holding its stage)."""
+        for number, layers in enumerate(ranges):
+            stage = family.keep_pipeline_stage(
+                family.build_on_meta(), layers, first=number == 0, last=number == len(ranges) - 1
+            )
+            owner = dist.get_global_rank(self.group, number % pp.size())  # rank_stages: a rank's are pp apart
+            self.owners |= {name: owner for name in stage.state_dict()}
+        model = family.build_on_meta()
+        prepare(model, cast=True)
+        if (tp := mesh.get("tp")) is not None:
+            names = [name for name, _ in model.named_modules()]
+            plan = {pattern: style for pattern, style in family.tp_plan().items() if fnmatch.filter(names, pattern)}
+            apply_tensor_parallel(
+                model,
+                plan,
+                tp,
+                sequence_parallel=False,
+                reduce_dtype=layout.reduce_dtype,
+                kv_replicator=layout.kv_replicator,
+                head_dim=family.head_dim,
+            )
+            prepare(model, cast=False)
+        values = partial(family.initial_values, seed=seed, device=torch.device("cpu"))
+        self.model = materialise(
+            model, lambda names: values(names=names), device, ranks_at_once=layout.ranks_at_once, loaded=self.owners
+        )
+        prepare(model, cast=False)
+
+    @torch.no_grad()
+    def refresh(self, stages: StagedModel) -> nn.Module:
+        """The whole model with the stages' current values (every rank of the pipeline group calls it)."""
+        from torch.distributed.tensor import DTensor
+
+        from .materialise import copy_part
+
+        mine = stages.state_dict()
+        targets = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        for name, owner in self.owners.items():
+            target = targets[name]
+            if name in mine:
+                value = mine[name]
+                whole = (value.full_tensor() if isinstance(value, DTensor) else value).to(target.dtype).clone()
+            else:
+                whole = torch.empty(target.shape, dtype=target.dtype, device=target.device)
+            dist.broadcast(whole, src=owner, group=self.group)
+            copy_part(target, whole)
+        return self.model
