@@ -150,7 +150,7 @@ def test_what_cannot_run_is_refused_before_launch_by_key(tmp_path):
         ([f"{GRPO}.max_new_tokens=16"], f"{GRPO}.max_new_tokens: expected less than the sequence length (16)"),
         ([f"{GRPO}.rewards=[{{function: 'no_such_module:score'}}]"], f"{GRPO}.rewards[0].function: no_such_module"),
         ([f"+{GRPO}.beta=0.04"], f"{GRPO}.beta: a KL to the reference needs the weights the run starts from"),
-        (["trainer.devices=2", "distributed_strategy.context_parallel_size=2"], "expected 1 with " + GRPO),
+        (["trainer.devices=2", "+distributed_strategy.context_parallel_size=2"], "expected 1 with " + GRPO),
         ([f"{GRPO}.rewards=[{{builtin: regex}}]"], f"{GRPO}.rewards[0].pattern: expected the regular expression"),
         ([f"{GRPO}.rewards=[{{builtin: regex, pattern: '('}}]"], f"{GRPO}.rewards[0].pattern: expected a regular"),
         (

@@ -1,12 +1,14 @@
 """Online RL's step pass: each step's prompts become rollout micro-batches before the policy's pass.
 
 On every data-parallel rank, for its own prompts: `num_generations` completions each, sampled from the policy as it
-is sharded (ranks that gather weights in each forward run their forwards in lockstep). Each completion draws from
+is sharded (ranks that gather weights in each forward run their forwards in lockstep; pipeline stages are gathered
+into the whole model first, nxd-parallel's `GatheredStages`). Each completion draws from
 a stream of its own, seeded by the run's seed, the rollout's number and the prompt's index and place in its group:
 whatever the layout, and after a resume, a prompt gets the same completions from the same weights. They are
 scored by the rewards, turned into advantages (group by group; the "batch" scale sees every rank's rewards, the
-running baseline is each rank's own, as GPT-NeoX's data server keeps it), and laid out as rows of prompt +
-completion whose labels are the completion's tokens (and its end-of-document token when it ended). With
+running baseline is each rank's own, as GPT-NeoX's data server keeps it), and laid out as sequences of prompt +
+completion whose labels are the completion's tokens (and its end-of-document token when it ended), packed as
+documents of rows unless pipeline stages need one shape. With
 num_iterations > 1 the rows also carry the log-probs they were sampled with, and a rollout batch serves that many
 steps; with beta > 0 they carry the reference's. What a step sampled is summed up in `metrics` (TRL's names) and a
 few completions are kept for completions.jsonl. Evaluation rollouts draw from streams of their own and change no
