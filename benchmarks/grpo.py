@@ -7,7 +7,10 @@ same initial weights, which nxd reads from the transformers folder) on the same 
 (configs/data/addition_prompts.jsonl, single-digit sums), with the same tokenizer
 (configs/data/addition_tokenizer.json; BOS first on both sides), 8 prompts a step and 8 completions each (64
 completions, one micro-batch), `new_tokens` new tokens at most, temperature 1, the dapo loss, beta 0, one update a
-rollout, AdamW at a constant rate, fp32. The reward is 1 for the right sum (an exact-match function in both).
+rollout, AdamW at a constant rate of 1e-7, fp32. The reward is 1 for the right sum (an exact-match function in both).
+The rate is that small so that the steps sample what the initial weights sample on both sides: Adam moves every
+weight by about the rate whatever the gradient, and at 1e-4 the first rewarded completion shortens the next
+steps' completions within a few steps on one side and not on the other, which times luck rather than work.
 
 Printed per framework: completions per second and the step time (medians after the first step), how a step splits
 between sampling the completions and the rest (scoring and training), the completions' mean length and the sampled
@@ -40,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "grpo_tiny.yaml"
 DATA = ROOT / "configs" / "data"
 PROMPTS, GROUP = 8, 8
+RATE = 1e-7
 
 
 def exact_answer(completions: list[str], answer: list[str], **_: object) -> list[float]:
@@ -59,7 +63,8 @@ def overrides(args: argparse.Namespace, log_dir: Path) -> list[str]:
         f"model.ffn_hidden_size={args.width * 11 // 4}",
         f"model.num_layers={args.layers}",
         "model.optim.sched.warmup_steps=0",
-        "model.optim.lr=1e-4",
+        f"model.optim.lr={RATE}",
+        f"model.optim.sched.min_lr={RATE}",  # the example's cosine ends above it: a constant rate here
         f"model_alignment_strategy.grpo.num_generations={GROUP}",
         f"model_alignment_strategy.grpo.max_new_tokens={args.new_tokens}",
         "model_alignment_strategy.grpo.rewards=[{function: 'grpo:exact_answer'}]",
@@ -107,7 +112,7 @@ def trl_run(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         temperature=1.0,
         loss_type="dapo",
         beta=0.0,
-        learning_rate=1e-4,
+        learning_rate=RATE,
         lr_scheduler_type="constant",
         max_steps=args.steps,
         logging_steps=1,

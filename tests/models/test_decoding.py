@@ -245,3 +245,36 @@ def test_rows_that_end_leave_the_batch_and_the_others_sample_as_alone(family):
     sizes.clear()
     sample(prompts, [0, 1, 2, 3], end_id)
     assert sizes[-1] < sizes[0] == len(prompts)
+
+
+def test_inverse_cdf_sampling_by_hand():
+    """Probabilities (0.1, 0, 0.6, 0.3): cumulative (0.1, 0.1, 0.7, 1.0); a draw u takes the first token whose
+    cumulative probability exceeds u, so the zero-probability token 1 is never taken."""
+    from nxd_models.generation import _inverse_cdf
+
+    probabilities = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(6, -1)
+    draws = torch.tensor([0.05, 0.1, 0.5, 0.7, 0.95, 0.999999], dtype=torch.float64)
+    assert _inverse_cdf(probabilities, draws).tolist() == [0, 2, 2, 3, 3, 3]
+    filtered = torch.tensor([[0.25, 0.75, 0.0, 0.0]])  # top-k zeroed the tail: a draw near 1 stays inside
+    assert _inverse_cdf(filtered, torch.tensor([1 - 1e-17], dtype=torch.float64)).tolist() == [1]
+
+
+def test_rows_with_streams_of_their_own_sample_the_models_distribution():
+    """4,000 rows of one prompt, each with its own stream: the first tokens' frequencies follow the softmax of the
+    logits (each within 4 standard errors)."""
+    logits = torch.tensor([1.0, 0.0, 2.0, -1.0, 0.5])
+    found = generate(
+        lambda ids, positions, cache: logits.expand(ids.shape[0], ids.shape[1], -1),
+        None,
+        [[0]] * 4000,
+        maximum_tokens=1,
+        context=4,
+        end_id=4,
+        vocab_size=5,
+        sampling=Sampling(1.0, 0, 0.0),
+        generator=[torch.Generator().manual_seed(row) for row in range(4000)],
+    )
+    counts = torch.bincount(torch.tensor([c.tokens[0] if c.tokens else 4 for c in found]), minlength=5)
+    expected = torch.softmax(logits, -1)
+    error = (expected * (1 - expected) / 4000).sqrt()
+    assert ((counts / 4000 - expected).abs() < 4 * error).all(), (counts / 4000, expected)

@@ -99,7 +99,9 @@ def generate(
     whole prefix when it is None (recompute). Logits beyond `vocab_size` (padding rows) are never chosen.
     `stop(row, tokens)`, when given, ends a row once it says so of the row's tokens so far (stop sequences).
     `generator` may be one generator a row, so that a row's samples depend on its own stream only (online RL
-    samples the same completions of a prompt whatever else is in the batch). `entropies`, when given, receives
+    samples the same completions of a prompt whatever else is in the batch): each row draws a uniform number for
+    each token it may choose, up front, and takes the token where its cumulative probability passes the number
+    (inverse-CDF sampling, one vectorised choice a position for the whole batch). `entropies`, when given, receives
     one list a row: the entropy of each of its chosen tokens' distributions (the logits divided by the
     temperature, before top-k and top-p). `lockstep(more)`, when given, tells whether any of the processes that generate
     together has more to do: this one runs a forward without effect until none has, so processes whose model
@@ -128,6 +130,10 @@ def generate(
     drawn: list[list[float]] = [[] for _ in prompts]
     live = list(range(rows))
     """The rows still in the batch, by their place in `prompts` (the batch's row i is prompt live[i])."""
+    uniforms = None
+    if warpers is not None and isinstance(generator, Sequence):  # each row's draws, one per token it may choose
+        draws = max(maximum_tokens, 1)
+        uniforms = torch.stack([torch.rand(draws, generator=g, dtype=torch.float64, device=device) for g in generator])
     while True:
         more = position < width and bool(live)
         if lockstep is not None and lockstep(more) and not more:
@@ -146,11 +152,9 @@ def generate(
         if warpers is not None:
             logits = warpers(batch[:, :position], logits)
             probabilities = torch.softmax(logits, dim=-1)
-            if isinstance(generator, Sequence):  # a stream a row, drawn from for the row's own tokens only
-                chosen = probabilities.argmax(dim=-1)
-                for place, row in enumerate(live):
-                    if position >= lengths[row]:
-                        chosen[place] = torch.multinomial(probabilities[place], 1, generator=generator[row])[0]
+            if uniforms is not None:  # a stream a row: its k-th token from its k-th draw, by the inverse CDF
+                drawn_at = torch.tensor([len(completions[row].tokens) for row in live], device=device)
+                chosen = _inverse_cdf(probabilities, uniforms[live, drawn_at.clamp(max=draws - 1)])
             else:
                 chosen = torch.multinomial(probabilities, 1, generator=generator).view(-1)
         else:
@@ -178,6 +182,16 @@ def generate(
     if entropies is not None:
         entropies.extend(drawn)
     return completions
+
+
+def _inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative probability exceeds its uniform draw (scaled by the row's total, so
+    rounding never runs past the vocabulary); a token of zero probability is never chosen."""
+    cumulative = probabilities.double().cumsum(-1)
+    chosen = torch.searchsorted(cumulative, (uniforms * cumulative[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    chosen = chosen.clamp(max=probabilities.shape[-1] - 1)
+    possible = probabilities.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) > 0
+    return torch.where(possible, chosen, probabilities.argmax(-1))
 
 
 def _ended(completion: Completion, maximum_tokens: int) -> bool:
