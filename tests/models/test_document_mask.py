@@ -184,3 +184,40 @@ def test_contiguous_documents_of_long_rows_take_the_span_path(tmp_path, monkeypa
     with torch.no_grad():
         causal_lm_logits(model, *packed(200))
     assert not calls
+
+
+@pytest.mark.parametrize("kind", ["dense", "mamba", "rwkv", "gmlp", "local", "sparse_fixed"])
+def test_a_family_packs_exactly_where_a_packed_document_computes_as_alone(kind: str) -> None:
+    """`packs_exactly` (what online RL packs its completions by) against the model itself: a document packed after
+    another (at row position 5, off any block boundary) gives its logits alone exactly where every layer kind reads
+    only its document's tokens and position ids; gMLP's spatial projection and block-sparse layouts read row places."""
+    from nxd_models import model_family
+    from nxd_models.sparse_attention import SparsitySpec
+
+    sparse = (SparsitySpec(block=2, num_local_blocks=2, num_sliding_window_blocks=2),)
+    config = GPTConfig(
+        vocab_size=64,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_kv_heads=4,
+        seq_length=16,
+        ffn_hidden_size=48,
+        activation="gelu",
+        attention_layers=(kind, kind),
+        layer_settings=sparse if kind in ("local", "sparse_fixed") else (),
+    )
+    family = model_family(config)
+    model = family.build(seed=1).eval()
+    noise = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # weights away from their initialisation (gMLP's spatial projection starts near 0)
+        for parameter in model.parameters():
+            parameter.add_(0.2 * torch.randn(parameter.shape, generator=noise))
+    ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    documents = torch.tensor([[0] * 5 + [1] * 11])
+    positions = torch.tensor([[*range(5), *range(11)]])
+    with torch.no_grad():
+        packed = causal_lm_logits(model, ids, positions, documents)[:, 5:]
+        alone = causal_lm_logits(model, ids[:, 5:], torch.arange(11)[None])
+    assert family.packs_exactly == torch.allclose(packed, alone, atol=1e-5)
+    assert family.packs_exactly == (kind in ("dense", "mamba", "rwkv"))

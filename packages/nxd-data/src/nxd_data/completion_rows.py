@@ -1,7 +1,7 @@
 """Online RL's training rows: each sampled completion after its prompt, with the labels it is trained on.
 
 A rollout's sequences differ in length (a completion ends at its end-of-document token or its limit), so rows of one
-sequence each, padded to the longest, are mostly padding. Packed (where the model attends document spans), the
+sequence each, padded to the longest, are mostly padding. Packed (where a document computes in a row as alone), the
 sequences share rows of the same width by best-fit decreasing, each from its own start: `position_ids` restart,
 `document_ids` number the sequences in their given order (what per-sequence values such as advantages are indexed
 by) and a row's padded tail is one more document, numbered after them. A forward then costs the real tokens, and

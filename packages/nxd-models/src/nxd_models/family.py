@@ -29,6 +29,7 @@ from .hf_moe import moe_of
 from .hf_recompute import recompute_core_attention
 from .hf_types import is_hf_config
 from .initialisation import init_rule, initial_values
+from .layer_kinds import layer_kind
 from .moe import MoESpec, moe_layers
 from .neox_layout import NeoXLayout, neox_layout
 from .pipeline import decoder_layers, keep_pipeline_stage, pipeline_stage_problems
@@ -64,6 +65,12 @@ class ModelFamily(ABC):
     def _finish(self, model: nn.Module) -> nn.Module:
         """What a family adds to each model it builds (nothing here)."""
         return model
+
+    @property
+    def packs_exactly(self) -> bool:
+        """Whether a document packed into a row after others computes as it does alone (each layer reads its
+        document's tokens and position ids only, not their places in the row)."""
+        return True
 
     @property
     def attends_document_spans(self) -> bool:
@@ -321,6 +328,11 @@ class MegatronFamily(ModelFamily):
     @property
     def attends_document_spans(self) -> bool:
         return super().attends_document_spans and self.spec.position_embedding_type not in SCORE_BIASES
+
+    @property
+    def packs_exactly(self) -> bool:
+        kinds = set(self.spec.attention_layers or ("dense",))
+        return not any(layer_kind(kind).reads_row_positions for kind in kinds)
 
     @property
     def moe(self) -> MoESpec | None:

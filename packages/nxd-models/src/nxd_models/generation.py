@@ -128,7 +128,7 @@ def generate(
     cache = new_cache() if new_cache is not None else None
     fed, position = 0, min(lengths)
     drawn: list[list[float]] = [[] for _ in prompts]
-    live = list(range(rows))
+    live = list(range(rows)) if maximum_tokens > 0 else []
     """The rows still in the batch, by their place in `prompts` (the batch's row i is prompt live[i])."""
     uniforms = None
     if warpers is not None and isinstance(generator, Sequence):  # each row's draws, one per token it may choose

@@ -57,6 +57,10 @@ class LayerKind:
     """The block splits its inner activations into a value and a gate itself (it refuses a gated activation)."""
     scans: bool = False
     """The block scans the sequence from its start (no soft prompt can stand before every packed document)."""
+    reads_row_positions: bool = False
+    """The layer's output at a token depends on the token's place in its row (gMLP's spatial projection, a block-sparse
+    layout), not only on its document's tokens and position ids: a document packed after others computes otherwise
+    than alone."""
     neox_layout: bool | None = None
     """Whether nxd reads and writes the kind in GPT-NeoX checkpoints; None: a transformer kind does, a block does
     not."""

@@ -319,6 +319,7 @@ def _problems(config: Any, kinds: set[str]) -> list[str]:
 
 
 KINDS = tuple(
-    LayerKind(kind, settings=SparsitySpec, attention_layout=_layout, problems=_problems) for kind in SPARSE_KINDS
+    LayerKind(kind, settings=SparsitySpec, attention_layout=_layout, problems=_problems, reads_row_positions=True)
+    for kind in SPARSE_KINDS
 )
 """Transformer layers whose attention reads a block-sparse layout."""

@@ -213,6 +213,7 @@ KINDS = tuple(
         flops=_flops,
         problems=_problems,
         splits_activation=True,
+        reads_row_positions=True,
     )
     for kind in GATING_KINDS
 )

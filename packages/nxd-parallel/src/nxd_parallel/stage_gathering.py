@@ -82,13 +82,16 @@ class GatheredStages:
 
         from .materialise import copy_part
 
-        mine = stages.state_dict()
+        mine, rank = stages.state_dict(), dist.get_rank()
         targets = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
         for name, owner in self.owners.items():
             target = targets[name]
-            if name in mine:
+            if owner == rank:
+                if name not in mine:
+                    raise KeyError(f"gathered stages: this rank's stages hold no {name!r}, which their meta build has")
                 value = mine[name]
-                whole = (value.full_tensor() if isinstance(value, DTensor) else value).to(target.dtype).clone()
+                whole = value.full_tensor() if isinstance(value, DTensor) else value  # offloaded shards: on the host
+                whole = whole.to(device=target.device, dtype=target.dtype, copy=True)
             else:
                 whole = torch.empty(target.shape, dtype=target.dtype, device=target.device)
             dist.broadcast(whole, src=owner, group=self.group)

@@ -174,6 +174,8 @@ class Rollouts:
         sampled = self._score(rows, completions, entropies, training=training)
         if self.grpo.dynamic_sampling and training:
             self._refill(sampled, dataset)
+        if self.whole is not None:
+            sampled = self._first_stages(sampled)
         rule = self.advantages if training else Advantages(self.group, self.grpo.baseline, self.grpo.scale_rewards)
         advantages = rule(sampled.rewards, self._batch_std) * sampled.kept
         start = 0
@@ -220,6 +222,14 @@ class Rollouts:
                 for name in ("prompts", "completions", "rewards", "per_function", "kept", "entropies"):
                     getattr(sampled, name)[span] = getattr(candidates, name)[taken]
                 self.refilled_groups += 1
+
+    def _first_stages(self, sampled: Sampled) -> Sampled:
+        """What the first pipeline rank sampled and scored, on every pipeline rank: the first stage's inputs and the
+        last stage's labels come from one rollout even where sampling or a reward is not deterministic."""
+        group = self.run.mesh.get("pp").get_group()
+        found = [sampled]
+        torch.distributed.broadcast_object_list(found, src=torch.distributed.get_global_rank(group, 0), group=group)
+        return found[0]
 
     def _spread(self, sampled: Sampled, start: int) -> float | None:
         """How far apart the rewards of the group at `start` are; None for a group not trained on (a padding
@@ -401,7 +411,8 @@ class Rollouts:
         width = run.plan.seq_length
         if (multiple := run.trim_to) is not None:
             width = min(-(-max(map(len, sequences)) // multiple) * multiple, width)
-        packed = run.trim_to is not None and run.dims.cp == 1  # rows no wider than unpacked: any kernel gains
+        # rows no wider than unpacked ones: any kernel gains, where a packed completion computes as it was sampled
+        packed = run.trim_to is not None and run.dims.cp == 1 and run.plan.family.packs_exactly
         laid_out = completion_rows(sequences, labels, width=width, pad_id=eod, packed=packed)
         laid_out[ADVANTAGE_KEY] = advantages[rows].float()
         return {key: value.to(run.fabric.device) for key, value in laid_out.items()}
