@@ -8,7 +8,6 @@ data-parallel wrapper; `refresh` copies the stages' current values in: each tens
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -16,9 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .dims import ParallelMesh
-from .parallelize import Layout, ShardableModel, StagedModel, _keep_dtypes, pipeline_ranges
-
-PrepareParameters = Callable[..., None]
+from .parallelize import Layout, PrepareParameters, ShardableModel, StagedModel, _keep_dtypes, pipeline_ranges
 
 
 class GatheredStages:
@@ -69,7 +66,7 @@ class GatheredStages:
                 head_dim=family.head_dim,
             )
             prepare(model, cast=False)
-        values = partial(family.initial_values, seed=seed, device=torch.device("cpu"))
+        values = partial(family.initial_values, seed=seed, device=torch.device("cpu"))  # the unsent entries only
         self.model = materialise(
             model, lambda names: values(names=names), device, ranks_at_once=layout.ranks_at_once, loaded=self.owners
         )
