@@ -28,6 +28,8 @@ from .errors import ParallelConfigError
 from .pipeline import rank_stages, stage_ranges
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from .materialise import InitialValues
 
 LAYER_PREFIX = "model.layers."
@@ -224,23 +226,11 @@ def _shard(
 
     from .data_parallel import apply_data_parallel
     from .expert_parallel import apply_expert_parallel, moe_modules
-    from .tensor_parallel import apply_tensor_parallel, enter_sequence_parallel
+    from .tensor_parallel import enter_sequence_parallel
 
     tp, cp, data = mesh.get("tp"), mesh.get("cp"), mesh.get("dp_cp")
     prepare(model, cast=True)
-    names = [name for name, _ in model.named_modules()]  # a pipeline stage lacks the other stages' parts
-    plan = {pattern: style for pattern, style in family.tp_plan().items() if fnmatch.filter(names, pattern)}
-    if tp is not None:
-        apply_tensor_parallel(
-            model,
-            plan,
-            tp,
-            sequence_parallel=layout.sequence_parallel,
-            reduce_dtype=layout.reduce_dtype,
-            kv_replicator=layout.kv_replicator,
-            head_dim=family.head_dim,
-        )
-        prepare(model, cast=False)  # the TP parameters are new objects
+    plan = shard_tensor_parallel(model, family, layout, tp, prepare, sequence_parallel=layout.sequence_parallel)
     moe = moe_modules(model, plan) if mesh.experts() is not None else []
     if moe:
         apply_expert_parallel(
@@ -267,6 +257,35 @@ def _shard(
             experts_mesh=mesh.get("edp"),
         )
     return model
+
+
+def shard_tensor_parallel(
+    model: nn.Module,
+    family: ShardableModel,
+    layout: Layout,
+    tp: DeviceMesh | None,
+    prepare: PrepareParameters,
+    *,
+    sequence_parallel: bool,
+) -> dict[str, str]:
+    """`family`'s tensor-parallel plan, the entries that name modules of `model` (a pipeline stage lacks the other
+    stages' parts), applied over `tp` where there is one."""
+    from .tensor_parallel import apply_tensor_parallel
+
+    names = [name for name, _ in model.named_modules()]
+    plan = {pattern: style for pattern, style in family.tp_plan().items() if fnmatch.filter(names, pattern)}
+    if tp is not None:
+        apply_tensor_parallel(
+            model,
+            plan,
+            tp,
+            sequence_parallel=sequence_parallel,
+            reduce_dtype=layout.reduce_dtype,
+            kv_replicator=layout.kv_replicator,
+            head_dim=family.head_dim,
+        )
+        prepare(model, cast=False)  # the TP parameters are new objects
+    return plan
 
 
 def _materialised(

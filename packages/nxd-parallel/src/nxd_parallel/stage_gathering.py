@@ -7,15 +7,21 @@ data-parallel wrapper; `refresh` copies the stages' current values in: each tens
 
 from __future__ import annotations
 
-import fnmatch
-from functools import partial
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .dims import ParallelMesh
-from .parallelize import Layout, PrepareParameters, ShardableModel, StagedModel, _keep_dtypes, pipeline_ranges
+from .parallelize import (
+    Layout,
+    PrepareParameters,
+    ShardableModel,
+    StagedModel,
+    _keep_dtypes,
+    _materialised,
+    pipeline_ranges,
+    shard_tensor_parallel,
+)
 
 
 class GatheredStages:
@@ -33,10 +39,6 @@ class GatheredStages:
     ):
         """`family`, `layout`, `mesh`, `seed` and `prepare` as the stages were built with
         (`build_parallel_model`)."""
-        # DTensor's modules load here, when a run gathers stages, not with the package
-        from .materialise import materialise
-        from .tensor_parallel import apply_tensor_parallel
-
         prepare = prepare or _keep_dtypes
         pp = mesh.get("pp")
         if pp is None:
@@ -53,24 +55,15 @@ class GatheredStages:
             self.owners |= {name: owner for name in stage.state_dict()}
         model = family.build_on_meta()
         prepare(model, cast=True)
-        if (tp := mesh.get("tp")) is not None:
-            names = [name for name, _ in model.named_modules()]
-            plan = {pattern: style for pattern, style in family.tp_plan().items() if fnmatch.filter(names, pattern)}
-            apply_tensor_parallel(
-                model,
-                plan,
-                tp,
-                sequence_parallel=False,
-                reduce_dtype=layout.reduce_dtype,
-                kv_replicator=layout.kv_replicator,
-                head_dim=family.head_dim,
-            )
-            prepare(model, cast=False)
-        values = partial(family.initial_values, seed=seed, device=torch.device("cpu"))  # the unsent entries only
-        self.model = materialise(
-            model, lambda names: values(names=names), device, ranks_at_once=layout.ranks_at_once, loaded=self.owners
+        shard_tensor_parallel(model, family, layout, mesh.get("tp"), prepare, sequence_parallel=False)
+        self.model = _materialised(  # the entries the stages send are allocated only
+            model,
+            values=lambda names: family.initial_values(seed=seed, device=torch.device("cpu"), names=names),
+            device=device,
+            layout=layout,
+            prepare=prepare,
+            loaded=self.owners,
         )
-        prepare(model, cast=False)
 
     @torch.no_grad()
     def refresh(self, stages: StagedModel) -> nn.Module:
