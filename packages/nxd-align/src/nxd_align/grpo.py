@@ -29,7 +29,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from .objectives import IGNORE_INDEX, Batch
-from .reward import DOCUMENTS_KEY
+from .reward import DOCUMENTS_KEY, document_sums
 
 ADVANTAGE_KEY = "advantages"
 """A rollout batch's advantage of each completion (completions,): one a row, or a document each when packed."""
@@ -173,10 +173,7 @@ class Completions:
 
     def sums(self, values: torch.Tensor) -> torch.Tensor:
         """Per-token `values` summed per completion (completions,)."""
-        if self.documents is None:
-            return values.sum(-1)
-        sums = values.new_zeros(self.count + 1)  # the last: the rows' padded tails
-        return sums.index_add(0, self.documents.flatten(), values.flatten())[: self.count]
+        return values.sum(-1) if self.documents is None else document_sums(values, self.documents, self.count)
 
     def spread(self, values: torch.Tensor) -> torch.Tensor:
         """One value a completion (completions,) at each of its tokens (0 on a padded tail), broadcastable."""

@@ -60,7 +60,13 @@ def _per_sequence(values: torch.Tensor, batch: Batch, *, at_score: bool) -> torc
     if at_score:
         scored = torch.cat([positions, positions.new_full((1,), -1)])  # the tail scores nowhere
         values = values * (batch["position_ids"] == scored[documents])
-    sums = torch.zeros(count + 1, dtype=values.dtype, device=values.device)
+    return document_sums(values, documents, count)
+
+
+def document_sums(values: torch.Tensor, documents: torch.Tensor, count: int) -> torch.Tensor:
+    """Per-position `values` summed per document (count,) of rows packed as `collate_packed_pairs` and
+    `completion_rows` pack them: documents 0 .. count - 1, and `count` for the rows' padded tails (left out)."""
+    sums = values.new_zeros(count + 1)
     return sums.index_add(0, documents.flatten(), values.flatten())[:count]
 
 
