@@ -120,6 +120,17 @@ def test_two_processes_sample_and_log_what_one_process_does(tmp_path, layout):
         assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-7 if step == 0 else 5e-5)
 
 
+def test_a_reward_that_fails_on_the_first_pipeline_rank_stops_every_rank(tmp_path):
+    """Under pipeline stages only the first pipeline rank samples and scores: a reward failing there reaches the
+    other rank too, and the run stops with the reward's message instead of waiting for a rollout."""
+    reward = f"{GRPO}.rewards=[{{function: 'math:sqrt'}}]"  # imports; called with keywords, it raises TypeError
+    layout = ["trainer.devices=2", "distributed_strategy.pipeline_model_parallel_size=2"]
+    job = _job(tmp_path / "run", *SHORT, "data.micro_batch_size=2", reward, *layout)
+    result = run_command(str(EXAMPLE), *job, cwd=tmp_path, timeout=300)
+    assert result.returncode != 0 and "reward sqrt: raised TypeError" in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+
 def test_a_resumed_run_samples_and_trains_as_the_uninterrupted_one(tmp_path):
     job = [
         *SHORT,

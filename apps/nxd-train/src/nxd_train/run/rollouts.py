@@ -1,8 +1,9 @@
 """Online RL's step pass: each step's prompts become rollout micro-batches before the policy's pass.
 
 On every data-parallel rank, for its own prompts: `num_generations` completions each, sampled from the policy as it
-is sharded (ranks that gather weights in each forward run their forwards in lockstep; pipeline stages are gathered
-into the whole model first, nxd-parallel's `GatheredStages`). Each completion draws from
+is sharded (ranks that gather weights in each forward run their forwards in lockstep; under pipeline stages the
+first pipeline rank samples on the whole model, nxd-parallel's `GatheredStages`, and sends the scored completions to
+the others). Each completion draws from
 a stream of its own, seeded by the run's seed, the rollout's number and the prompt's index and place in its group:
 whatever the layout, and after a resume, a prompt gets the same completions from the same weights. They are
 scored by the rewards, turned into advantages (group by group; the "batch" scale sees every rank's rewards, the
@@ -106,14 +107,18 @@ class Rollouts:
         self.reference = frozen_reference(run, initial) if grpo.beta else None
         self.whole = None
         """With pipeline stages: the whole model sampling runs on (refreshed from the stages each rollout)."""
-        self.policy: Any = run.model
-        """What this rollout samples from: the policy, or its gathered stages."""
         if isinstance(run.model, StagedModel):
             self.whole = gathered_stages(run.plan, run.fabric, run.mesh)
             run.monitor.info(
-                f"rollouts: each process samples on the whole policy, its {run.dims.pp} pipeline stages gathered "
-                "before each rollout (a cached generation runs token by token, which a pipeline schedule does not)"
+                f"rollouts: the first of the {run.dims.pp} pipeline ranks samples on the whole policy, its stages "
+                "gathered before each rollout (a cached generation runs token by token, which a pipeline schedule "
+                "does not), and sends the scored completions to the others"
             )
+        self.policy = run.model if self.whole is None else self.whole.model
+        """What rollouts sample from: the policy, or its gathered stages."""
+        self.packed = run.trim_to is not None and run.dims.cp == 1 and run.plan.family.packs_exactly
+        """Whether completions train packed as documents of rows: rows no wider than unpacked ones (any kernel gains),
+        where a packed completion computes as it was sampled (pipeline stages pass one shape: trim_to is None)."""
         for model in (run.model, *(() if self.reference is None else (self.reference[0],))):
             set_loss_temperature(modules_of(model), grpo.temperature)  # the log-probs of what was sampled
         self.metrics: dict[str, float] = {}
@@ -169,13 +174,10 @@ class Rollouts:
             self.evaluations += 1
         self.tag = str(self.draws) if training else f"eval/{self.evaluations}"
         streams = [self._stream(index, place) for index in indices for place in range(self.group)]
-        self.policy = self.run.model if self.whole is None else self.whole.refresh(self.run.model)
-        completions, entropies = self._sample(rows, streams)
-        sampled = self._score(rows, completions, entropies, training=training)
-        if self.grpo.dynamic_sampling and training:
-            self._refill(sampled, dataset)
-        if self.whole is not None:
-            sampled = self._first_stages(sampled)
+        if self.whole is None:
+            sampled = self._sampled(rows, streams, dataset, training=training)
+        else:
+            sampled = self._on_first_stage(rows, streams, dataset, training=training)
         rule = self.advantages if training else Advantages(self.group, self.grpo.baseline, self.grpo.scale_rewards)
         advantages = rule(sampled.rewards, self._batch_std) * sampled.kept
         start = 0
@@ -223,13 +225,36 @@ class Rollouts:
                     getattr(sampled, name)[span] = getattr(candidates, name)[taken]
                 self.refilled_groups += 1
 
-    def _first_stages(self, sampled: Sampled) -> Sampled:
-        """What the first pipeline rank sampled and scored, on every pipeline rank: the first stage's inputs and the
-        last stage's labels come from one rollout even where sampling or a reward is not deterministic."""
+    def _sampled(
+        self, rows: list[Prompt | None], streams: list[torch.Generator], dataset: PromptDataset, *, training: bool
+    ) -> Sampled:
+        """The rows' completions, scored (with dynamic sampling, flat groups replaced)."""
+        completions, entropies = self._sample(rows, streams)
+        sampled = self._score(rows, completions, entropies, training=training)
+        if self.grpo.dynamic_sampling and training:
+            self._refill(sampled, dataset)
+        return sampled
+
+    def _on_first_stage(
+        self, rows: list[Prompt | None], streams: list[torch.Generator], dataset: PromptDataset, *, training: bool
+    ) -> Sampled:
+        """With pipeline stages: every pipeline rank sends its stages' weights into the whole model, the first one
+        samples and scores, and the others receive what it found (with its counters and sampling time), so the first
+        stage's inputs and the last stage's labels are of one rollout; a failure there stops every rank."""
+        self.whole.refresh(self.run.model)
         group = self.run.mesh.get("pp").get_group()
-        found = [sampled]
+        found: list[Any] = [None]
+        if self.run.mesh.rank("pp") == 0:
+            try:
+                sampled = self._sampled(rows, streams, dataset, training=training)
+                found = [(sampled, self.skipped_groups, self.refilled_groups, self.sampling_seconds)]
+            except Exception as error:  # noqa: BLE001 - sent to the other stages, then raised on every rank
+                found = [error]
         torch.distributed.broadcast_object_list(found, src=torch.distributed.get_global_rank(group, 0), group=group)
-        return found[0]
+        if isinstance(found[0], Exception):
+            raise found[0]
+        sampled, self.skipped_groups, self.refilled_groups, self.sampling_seconds = found[0]
+        return sampled
 
     def _spread(self, sampled: Sampled, start: int) -> float | None:
         """How far apart the rewards of the group at `start` are; None for a group not trained on (a padding
@@ -411,9 +436,7 @@ class Rollouts:
         width = run.plan.seq_length
         if (multiple := run.trim_to) is not None:
             width = min(-(-max(map(len, sequences)) // multiple) * multiple, width)
-        # rows no wider than unpacked ones: any kernel gains, where a packed completion computes as it was sampled
-        packed = run.trim_to is not None and run.dims.cp == 1 and run.plan.family.packs_exactly
-        laid_out = completion_rows(sequences, labels, width=width, pad_id=eod, packed=packed)
+        laid_out = completion_rows(sequences, labels, width=width, pad_id=eod, packed=self.packed)
         laid_out[ADVANTAGE_KEY] = advantages[rows].float()
         return {key: value.to(run.fabric.device) for key, value in laid_out.items()}
 
